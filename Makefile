@@ -1,0 +1,172 @@
+# iflow -- build, test, demo, bench, install.
+#
+#   make              build bin/iflow-* (CPU build; all dependencies must be installed)
+#   make deps         install the Debian -dev packages the build needs, if any are missing
+#   make demo         deps + build + convert stories260K + generate a story (the main job)
+#   make check        deps + build + the whole test suite (SANITIZE=1: under ASan + UBSan)
+#   make bench        deps + build + benchmarks, JSON on stdout
+#   make fuzz         build the libFuzzer targets (clang) and run each for FUZZ_SECONDS
+#   make docs         regenerate the option lists of man/ and completions/ from the option tables
+#   make install      PREFIX=/usr/local: binaries, man pages, completions
+#
+# Test data (models, goldens, tokenizer vectors) is read in place from $(IFLOW_TEST_DATA),
+# default ../shared.
+
+CC       ?= cc
+PREFIX   ?= /usr/local
+IFLOW_TEST_DATA ?= ../shared
+export IFLOW_TEST_DATA
+
+PKGS     := libzstd inih jansson libpcre2-8 libutf8proc libxxhash
+DEBS     := libzstd-dev libinih-dev libjansson-dev libpcre2-dev libutf8proc-dev libxxhash-dev pkg-config
+
+ifeq ($(SANITIZE),1)
+  BUILD  := build/san
+  OPT    := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+  LDSAN  := -fsanitize=address,undefined
+else
+  BUILD  := build/rel
+  OPT    := -O2 -g
+  LDSAN  :=
+endif
+
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+
+CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp $(OPT) $(PKG_CFLAGS) -I.
+LDLIBS   += $(PKG_LIBS) -lm
+LDFLAGS  += -fopenmp $(LDSAN)
+
+# Per-ISA flags for the runtime-dispatched kernel files.
+AVX2_FLAGS   := -mavx2 -mfma -mf16c
+AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c
+
+LIB_SRC  := $(wildcard libcore/*.c) $(wildcard kernels/cpu/*.c)
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
+LIB      := $(BUILD)/libiflow.a
+
+CMD_COMMON := $(filter-out cmd/iflow-%.c,$(wildcard cmd/*.c))
+CMD_COMMON_OBJ := $(CMD_COMMON:%.c=$(BUILD)/%.o)
+TOOLS    := $(patsubst cmd/%.c,%,$(wildcard cmd/iflow-*.c))
+BINS     := $(TOOLS:%=bin/%)
+
+UNIT_SRC := $(wildcard tests/unit/test_*.c)
+UNIT_BIN := $(UNIT_SRC:%.c=$(BUILD)/%)
+UNIT_COMMON := $(filter-out tests/unit/test_%.c,$(wildcard tests/unit/*.c))
+
+FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_SECONDS ?= 20
+
+.PHONY: all deps demo check check-unit check-cli bench fuzz fuzz-build docs install clean cuda
+all: $(BINS)
+
+# ---- library and programs -------------------------------------------------------------------
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/kernels/cpu/%_avx2.o: kernels/cpu/%_avx2.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(AVX2_FLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/kernels/cpu/%_avx512.o: kernels/cpu/%_avx512.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(AVX512_FLAGS) -MMD -MP -c $< -o $@
+
+$(LIB): $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+# bin/ always holds the build of the last `make` (sanitized or not).
+bin/%: $(BUILD)/cmd/%.o $(CMD_COMMON_OBJ) $(LIB)
+	@mkdir -p bin
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BINS): .build-mode
+.build-mode: FORCE
+	@echo "$(BUILD)" | cmp -s - $@ || echo "$(BUILD)" > $@
+FORCE:
+
+# ---- dependencies ----------------------------------------------------------------------------
+
+deps:
+	@if pkg-config --exists $(PKGS) 2>/dev/null; then :; else \
+	  echo "make deps: installing $(DEBS)"; \
+	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $(DEBS) >/dev/null && \
+	  pkg-config --exists $(PKGS) || { echo "make deps: still missing: $(PKGS)" >&2; exit 1; }; \
+	fi
+
+# Recursive so that the pkg-config flags are computed after deps has installed the packages.
+demo: deps
+	@$(MAKE) --no-print-directory all
+	@mkdir -p build
+	bin/iflow-convert $(IFLOW_TEST_DATA)/models/stories260K/hf -o build/stories260K.ifs
+	bin/iflow-convert --info build/stories260K.ifs | head -n 12
+	bin/iflow-run -m build/stories260K.ifs -p "Once upon a time" -n 96 --temp 0.8 --top-p 0.9 --seed 42 -v
+	@echo
+
+# ---- tests -----------------------------------------------------------------------------------
+
+$(BUILD)/tests/unit/test_%: tests/unit/test_%.c $(UNIT_COMMON) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(UNIT_COMMON) $(LIB) $(LDLIBS)
+
+check: deps
+	@$(MAKE) --no-print-directory all unit-bins
+	@tests/run.sh $(BUILD)
+
+unit-bins: $(UNIT_BIN)
+.PHONY: unit-bins
+
+# ---- benchmarks ------------------------------------------------------------------------------
+
+bench: deps
+	@$(MAKE) --no-print-directory all $(BUILD)/membw
+	@bench/bench.sh $(BUILD)
+
+$(BUILD)/membw: $(IFLOW_TEST_DATA)/tools/membw.c
+	@mkdir -p $(dir $@)
+	$(CC) -O3 -march=native -fopenmp $< -o $@
+
+# ---- fuzzing (clang + libFuzzer) -------------------------------------------------------------
+
+FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -fopenmp $(PKG_CFLAGS) -I.
+FUZZ_LIB_SRC := $(filter-out kernels/cpu/%_avx2.c kernels/cpu/%_avx512.c,$(LIB_SRC))
+fuzz-build: $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
+build/fuzz/%: tests/fuzz/%.c $(LIB_SRC)
+	@mkdir -p build/fuzz
+	clang $(FUZZ_CFLAGS) -DIFK_NO_SIMD -o $@ $< $(FUZZ_LIB_SRC) $(LDLIBS)
+
+fuzz: deps fuzz-build
+	@for f in $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%); do \
+	  n=$$(basename $$f); mkdir -p build/fuzz/corpus-$$n; \
+	  echo "== $$n ($(FUZZ_SECONDS)s)"; \
+	  $$f -max_total_time=$(FUZZ_SECONDS) -max_len=65536 build/fuzz/corpus-$$n tests/fuzz/seeds/$$n 2>&1 | tail -n 2 || exit 1; \
+	done
+
+# ---- docs, install ---------------------------------------------------------------------------
+
+docs: all
+	tools/gendocs.sh
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man5 \
+	  $(DESTDIR)$(PREFIX)/share/man/man7 \
+	  $(DESTDIR)$(PREFIX)/share/bash-completion/completions $(DESTDIR)$(PREFIX)/share/zsh/site-functions \
+	  $(DESTDIR)$(PREFIX)/share/iflow/specs
+	install -m 755 $(BINS) $(DESTDIR)$(PREFIX)/bin/
+	install -m 644 man/*.1 $(DESTDIR)$(PREFIX)/share/man/man1/
+	install -m 644 man/*.5 $(DESTDIR)$(PREFIX)/share/man/man5/
+	install -m 644 specs/*.ini $(DESTDIR)$(PREFIX)/share/iflow/specs/
+	for t in $(TOOLS); do \
+	  install -m 644 completions/bash/$$t $(DESTDIR)$(PREFIX)/share/bash-completion/completions/$$t; \
+	  install -m 644 completions/zsh/_$$t $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_$$t; \
+	done
+
+clean:
+	rm -rf build bin .build-mode
+
+-include $(LIB_OBJ:.o=.d) $(CMD_COMMON_OBJ:.o=.d) $(TOOLS:%=$(BUILD)/cmd/%.d)

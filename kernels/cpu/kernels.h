@@ -1,0 +1,83 @@
+/*
+ * kernels.h -- iflow's CPU compute kernels.
+ *
+ * Contract
+ *   Kernels know nothing of models, files or options: they take pointers, shapes, strides and a
+ *   thread count, and they never allocate on the caller's behalf (scratch they need is on the
+ *   stack or in per-thread static buffers they own), never print, never fail. Activations are
+ *   F32; weights may be F32, F16 or BF16 (IFK_* codes, equal to libcore's IFLOW_DT_* codes).
+ *   Matrices are row-major. A weight matrix W of shape [N][K] (N output rows, K inputs) is the
+ *   layout of a PyTorch nn.Linear weight, so y = x W^T.
+ *
+ *   Each kernel has a scalar reference (kernels/cpu/ref.c) and SIMD paths (AVX2+F16C+FMA,
+ *   AVX-512F) chosen once at run time from cpuid; ifk_set_isa() forces a path (tests use it
+ *   to compare each SIMD path against the reference). Results of SIMD paths differ from the
+ *   reference only by float summation order.
+ *
+ *   Threads: kernels taking n_threads split their work with OpenMP across at most that many
+ *   threads; n_threads <= 0 means all cores.
+ */
+#ifndef IFK_KERNELS_H
+#define IFK_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum { IFK_F32 = 0, IFK_F16 = 1, IFK_BF16 = 2 };
+
+enum { IFK_ISA_AUTO = -1, IFK_ISA_SCALAR = 0, IFK_ISA_AVX2 = 1, IFK_ISA_AVX512 = 2 };
+
+/* Best ISA this CPU supports. */
+int ifk_isa_detect(void);
+/* Force a path (IFK_ISA_AUTO restores the detected one). Returns the path now in use; a path
+ * the CPU lacks is refused and the current one kept. Not thread-safe: call before computing. */
+int ifk_set_isa(int isa);
+/* "scalar", "avx2", "avx512". */
+const char *ifk_isa_name(int isa);
+int ifk_isa_current(void);
+
+/* Matrix product with a weight matrix:
+ *   y[t][n] = sum_k W[n][k] * x[t][k]      for 0 <= t < T, 0 <= n < N
+ * W:  [N][K] of type wtype, rows contiguous (row n starts at W + n*K elements).
+ * x:  [T][K] F32, row t at x + t*ldx.     y: [T][N] F32, row t at y + t*ldy.
+ * T == 1 is the decode matrix-vector product; T > 1 (prefill) reads each weight row once for
+ * all T tokens. Threads split N. */
+void ifk_matmul(float *y, size_t ldy, const void *W, int wtype, const float *x, size_t ldx,
+                int T, int N, int K, int n_threads);
+
+/* out[k] = W[row][k] as F32, for 0 <= k < K (an embedding lookup). */
+void ifk_get_row(float *out, const void *W, int wtype, size_t row, int K);
+
+/* y[i] = x[i] / sqrt(mean(x^2) + eps) * w[i], for i < n. y may equal x. */
+void ifk_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
+
+/* Rotary position embedding, in place, on one token's vector of n_heads heads of head_dim.
+ * Pair i (0 <= i < rot_dim/2) of each head is rotated by angle pos * theta^(-2i/rot_dim),
+ * times freq_scale[i] when freq_scale is non-NULL (context-extension schemes precompute it).
+ * Layout IFK_ROPE_HALF (Hugging Face rotate_half): the pair is (x[i], x[i + rot_dim/2]).
+ * Layout IFK_ROPE_INTERLEAVED (Meta / GGUF):       the pair is (x[2i], x[2i+1]).
+ * Dimensions at or past rot_dim are left alone (partial rotary). */
+enum { IFK_ROPE_HALF = 0, IFK_ROPE_INTERLEAVED = 1 };
+void ifk_rope(float *x, int n_heads, int head_dim, int rot_dim, int pos, float theta,
+              const float *freq_scale, int layout);
+
+/* In-place softmax over n values (max-subtracted, F32). */
+void ifk_softmax(float *x, int n);
+
+/* g[i] = silu(g[i]) * u[i]  (SwiGLU); silu(v) = v / (1 + exp(-v)). */
+void ifk_silu_mul(float *g, const float *u, int n);
+
+/* y[i] += x[i]. */
+void ifk_add(float *y, const float *x, int n);
+
+/* Causal attention of T query tokens over a KV cache, grouped-query style.
+ *   q:   [T][n_heads * head_dim]      query t sits at absolute position pos0 + t
+ *   k,v: [n_ctx][n_kv_heads * head_dim] cache rows 0 .. pos0+T-1 are valid (row stride kv_ld)
+ *   out: [T][n_heads * head_dim]
+ * Query head h reads kv head h / (n_heads / n_kv_heads). Query t attends to rows 0..pos0+t.
+ * Scores are scaled by `scale` (usually 1/sqrt(head_dim)). Threads split (t, h) pairs. */
+void ifk_attention(float *out, const float *q, const float *k, const float *v, size_t kv_ld,
+                   int T, int pos0, int n_heads, int n_kv_heads, int head_dim, float scale,
+                   int n_threads);
+
+#endif

@@ -1,0 +1,142 @@
+/* dtype.c -- see dtype.h. */
+#include "dtype.h"
+#include "error.h"
+#include "../kernels/cpu/kernels.h"
+
+#include <math.h>
+#include <string.h>
+#include <strings.h>
+
+_Static_assert(IFLOW_DT_F32 == IFK_F32 && IFLOW_DT_F16 == IFK_F16 && IFLOW_DT_BF16 == IFK_BF16,
+               "dtype codes must match the kernels' weight codes");
+
+static const char *const dt_names[IFLOW_DT_COUNT_] = {"f32", "f16", "bf16", "u8", "i32"};
+static const size_t dt_size[IFLOW_DT_COUNT_] = {4, 2, 2, 1, 4};
+
+const char *iflow_dtype_name(int dt)
+{
+    return (dt >= 0 && dt < IFLOW_DT_COUNT_) ? dt_names[dt] : NULL;
+}
+
+int iflow_dtype_from_name(const char *name)
+{
+    static const struct { const char *alias; int dt; } aliases[] = {
+        {"float32", IFLOW_DT_F32}, {"float16", IFLOW_DT_F16}, {"bfloat16", IFLOW_DT_BF16},
+        {"fp32", IFLOW_DT_F32},    {"fp16", IFLOW_DT_F16},
+    };
+    for (int i = 0; i < IFLOW_DT_COUNT_; i++)
+        if (strcasecmp(name, dt_names[i]) == 0)
+            return i;
+    for (size_t i = 0; i < sizeof aliases / sizeof aliases[0]; i++)
+        if (strcasecmp(name, aliases[i].alias) == 0)
+            return aliases[i].dt;
+    return -1;
+}
+
+size_t iflow_dtype_nbytes(int dt, uint64_t n)
+{
+    if (dt < 0 || dt >= IFLOW_DT_COUNT_)
+        return 0;
+    if (n > SIZE_MAX / dt_size[dt])
+        return SIZE_MAX;
+    return (size_t)n * dt_size[dt];
+}
+
+int iflow_dtype_is_float(int dt)
+{
+    return dt == IFLOW_DT_F32 || dt == IFLOW_DT_F16 || dt == IFLOW_DT_BF16;
+}
+
+float iflow_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: normalise */
+            int e = -1;
+            do { e++; man <<= 1; } while (!(man & 0x400));
+            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ff) << 13);
+        }
+    } else if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+uint16_t iflow_f32_to_f16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000;
+    int32_t exp = (int32_t)((x >> 23) & 0xff);
+    uint32_t man = x & 0x7fffff;
+    if (exp == 0xff) /* inf or nan (keep a quiet nan) */
+        return (uint16_t)(sign | 0x7c00 | (man ? 0x200 : 0));
+    int32_t e = exp - 127 + 15;
+    if (e >= 0x1f)
+        return (uint16_t)(sign | 0x7c00);
+    if (e <= 0) { /* subnormal or zero in f16 */
+        if (e < -10)
+            return (uint16_t)sign;
+        man |= 0x800000;
+        uint32_t shift = (uint32_t)(14 - e);
+        uint32_t half = man >> shift, rem = man & ((1u << shift) - 1), mid = 1u << (shift - 1);
+        if (rem > mid || (rem == mid && (half & 1)))
+            half++;
+        return (uint16_t)(sign | half);
+    }
+    uint32_t half = sign | ((uint32_t)e << 10) | (man >> 13), rem = man & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (half & 1)))
+        half++; /* a carry into the exponent is the correct rounding, up to inf */
+    return (uint16_t)half;
+}
+
+float iflow_bf16_to_f32(uint16_t b)
+{
+    uint32_t bits = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+uint16_t iflow_f32_to_bf16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffff) > 0x7f800000) /* nan: keep it a quiet nan */
+        return (uint16_t)((x >> 16) | 0x40);
+    x += 0x7fff + ((x >> 16) & 1);
+    return (uint16_t)(x >> 16);
+}
+
+int iflow_convert(void *dst, int dst_dt, const void *src, int src_dt, size_t n)
+{
+    if (!iflow_dtype_is_float(dst_dt) || !iflow_dtype_is_float(src_dt))
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "cannot convert %s to %s",
+                            iflow_dtype_name(src_dt) ? iflow_dtype_name(src_dt) : "?",
+                            iflow_dtype_name(dst_dt) ? iflow_dtype_name(dst_dt) : "?");
+    if (dst_dt == src_dt) {
+        if (dst != src)
+            memmove(dst, src, iflow_dtype_nbytes(src_dt, n));
+        return 0;
+    }
+    const uint16_t *s16 = src;
+    const float *s32 = src;
+    uint16_t *d16 = dst;
+    float *d32 = dst;
+    for (size_t i = 0; i < n; i++) {
+        float v = src_dt == IFLOW_DT_F32 ? s32[i]
+                : src_dt == IFLOW_DT_F16 ? iflow_f16_to_f32(s16[i])
+                                         : iflow_bf16_to_f32(s16[i]);
+        if (dst_dt == IFLOW_DT_F32)
+            d32[i] = v;
+        else
+            d16[i] = dst_dt == IFLOW_DT_F16 ? iflow_f32_to_f16(v) : iflow_f32_to_bf16(v);
+    }
+    return 0;
+}

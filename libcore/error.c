@@ -1,0 +1,51 @@
+/* error.c -- see error.h. */
+#include "error.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static _Thread_local char errbuf[1024];
+
+static const char *const names[IFLOW_E_COUNT_] = {
+    "ok", "io", "nomem", "format", "truncated", "checksum", "unsupported",
+    "invalid", "notfound", "shape", "spec", "range",
+};
+
+const char *iflow_strerror(int code)
+{
+    if (code > 0 || -code >= IFLOW_E_COUNT_)
+        return "unknown";
+    return names[-code];
+}
+
+int iflow_vseterr(int code, const char *fmt, va_list ap)
+{
+    vsnprintf(errbuf, sizeof errbuf, fmt, ap);
+    return code;
+}
+
+int iflow_seterr(int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    iflow_vseterr(code, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+int iflow_preperr(int code, const char *fmt, ...)
+{
+    char prefix[512], old[sizeof errbuf];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    memcpy(old, errbuf, sizeof old);
+    snprintf(errbuf, sizeof errbuf, "%s: %s", prefix, old);
+    return code;
+}
+
+const char *iflow_errmsg(void)
+{
+    return errbuf;
+}

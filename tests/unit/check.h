@@ -1,0 +1,68 @@
+/*
+ * check.h -- the unit tests' tiny harness.
+ *
+ * A test file defines  static void test_xxx(void)  functions and a main() that calls
+ * RUN(test_xxx) for each, then returns check_summary(). CHECK(cond, fmt, ...) records one
+ * assertion; a failed one prints "FAIL file:line: message" to stderr. check_summary() prints
+ * "<program>: N passed, N failed" and returns the exit status (0 when nothing failed).
+ * SKIP(fmt, ...) inside a test reports why it could not run (missing test data) and returns.
+ *
+ * test_data(rel) returns "$IFLOW_TEST_DATA/rel" (default ../shared) in a static buffer, or NULL
+ * if that file does not exist.
+ */
+#ifndef IFLOW_CHECK_H
+#define IFLOW_CHECK_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int check_passed_, check_failed_, check_skipped_;
+static const char *check_current_ = "";
+
+#define CHECK(cond, ...)                                                                   \
+    do {                                                                                   \
+        if (cond) {                                                                        \
+            check_passed_++;                                                               \
+        } else {                                                                           \
+            check_failed_++;                                                               \
+            fprintf(stderr, "FAIL %s:%d (%s): ", __FILE__, __LINE__, check_current_);    \
+            fprintf(stderr, __VA_ARGS__);                                                  \
+            fputc('\n', stderr);                                                           \
+        }                                                                                  \
+    } while (0)
+
+#define SKIP(...)                                                                          \
+    do {                                                                                   \
+        check_skipped_++;                                                                  \
+        fprintf(stderr, "SKIP %s: ", check_current_);                                     \
+        fprintf(stderr, __VA_ARGS__);                                                      \
+        fputc('\n', stderr);                                                               \
+        return;                                                                            \
+    } while (0)
+
+#define RUN(fn)                                                                            \
+    do {                                                                                   \
+        check_current_ = #fn;                                                              \
+        fn();                                                                              \
+    } while (0)
+
+static inline const char *test_data(const char *rel)
+{
+    static char buf[4096];
+    const char *root = getenv("IFLOW_TEST_DATA");
+    snprintf(buf, sizeof buf, "%s/%s", root && *root ? root : "../shared", rel);
+    return access(buf, R_OK) == 0 ? buf : NULL;
+}
+
+static inline int check_summary(const char *prog)
+{
+    printf("%s: %d passed, %d failed", prog, check_passed_, check_failed_);
+    if (check_skipped_)
+        printf(", %d skipped", check_skipped_);
+    printf("\n");
+    return check_failed_ ? 1 : 0;
+}
+
+#endif
