@@ -7,7 +7,7 @@
 #include <string.h>
 #include <strings.h>
 
-_Static_assert(IFLOW_DT_F32 == IFK_F32 && IFLOW_DT_F16 == IFK_F16 && IFLOW_DT_BF16 == IFK_BF16,
+_Static_assert((int)IFLOW_DT_F32 == (int)IFK_F32 && (int)IFLOW_DT_F16 == (int)IFK_F16 && (int)IFLOW_DT_BF16 == (int)IFK_BF16,
                "dtype codes must match the kernels' weight codes");
 
 static const char *const dt_names[IFLOW_DT_COUNT_] = {"f32", "f16", "bf16", "u8", "i32"};
@@ -40,6 +40,19 @@ size_t iflow_dtype_nbytes(int dt, uint64_t n)
     if (n > SIZE_MAX / dt_size[dt])
         return SIZE_MAX;
     return (size_t)n * dt_size[dt];
+}
+
+size_t iflow_tensor_nbytes(int dt, int n_dims, const int64_t *shape)
+{
+    uint64_t n = 1;
+    if (n_dims < 1 || dt < 0 || dt >= IFLOW_DT_COUNT_)
+        return 0;
+    for (int d = 0; d < n_dims; d++) {
+        if (shape[d] < 0 || (shape[d] && n > UINT64_MAX / (uint64_t)shape[d]))
+            return SIZE_MAX;
+        n *= (uint64_t)shape[d];
+    }
+    return iflow_dtype_nbytes(dt, n);
 }
 
 int iflow_dtype_is_float(int dt)

@@ -29,6 +29,9 @@ const char *iflow_dtype_name(int dt);
 int iflow_dtype_from_name(const char *name);
 /* Bytes taken by n elements of dt; 0 for an unknown type. Returns SIZE_MAX on overflow. */
 size_t iflow_dtype_nbytes(int dt, uint64_t n);
+/* Bytes of a tensor of this type and shape (outermost dimension first); rows are the last
+ * dimension. 0 for an unknown type or an empty shape, SIZE_MAX on overflow. */
+size_t iflow_tensor_nbytes(int dt, int n_dims, const int64_t *shape);
 /* 1 for F32/F16/BF16. */
 int iflow_dtype_is_float(int dt);
 

@@ -41,7 +41,14 @@ int iflow_preperr(int code, const char *fmt, ...)
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, errbuf, sizeof old);
-    snprintf(errbuf, sizeof errbuf, "%s: %s", prefix, old);
+    size_t n = strlen(prefix);
+    if (n > sizeof errbuf - 3)
+        n = sizeof errbuf - 3;
+    memcpy(errbuf, prefix, n);
+    memcpy(errbuf + n, ": ", 2);
+    size_t rest = sizeof errbuf - n - 3;
+    strncpy(errbuf + n + 2, old, rest);
+    errbuf[sizeof errbuf - 1] = 0;
     return code;
 }
 

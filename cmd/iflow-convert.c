@@ -1,0 +1,137 @@
+/* iflow-convert -- Hugging Face model directory -> iflow shard file; shard inspection. */
+#include "cmd/io.h"
+#include "cmd/opt.h"
+#include "libcore/convert.h"
+#include "libcore/dtype.h"
+#include "libcore/error.h"
+#include "libcore/shard.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum { O_OUTPUT = 'o', O_DTYPE = 't', O_VERBOSE = 'v', O_SPEC = 256, O_SYNTHETIC, O_SEED, O_ZSTD, O_INFO, O_JSON };
+
+static const iflow_opt opts[] = {
+    {O_OUTPUT, "output", 'o', "FILE", "write the shard to FILE (default: standard output, never a terminal)", "file"},
+    {O_DTYPE, "dtype", 't', "TYPE", "store weight matrices as TYPE: f32, f16 or bf16 (default: as in the source)", "f32 f16 bf16"},
+    {O_SPEC, "spec", 0, "FILE", "use this model spec instead of the one serving config.json's architecture", "file"},
+    {O_SYNTHETIC, "synthetic", 0, "DIR", "write seeded random weights of the shape in DIR/config.json", "dir"},
+    {O_SEED, "seed", 0, "N", "seed of --synthetic weights (default 0)", NULL},
+    {O_ZSTD, "zstd", 0, NULL, "compress the shard with zstd (an .ifs.zst file)", NULL},
+    {O_INFO, "info", 0, "FILE", "print the header and tensor table of shard FILE ('-': standard input)", "file"},
+    {O_JSON, "json", 0, NULL, "with --info: print JSON instead of text", NULL},
+    {O_VERBOSE, "verbose", 'v', NULL, "report time and peak memory on standard error", NULL},
+    {0},
+};
+
+static const iflow_tool tool = {
+    "iflow-convert", "[options] MODEL_DIR | --synthetic DIR | --info FILE",
+    "Convert a Hugging Face model directory to an iflow shard file, or describe a shard file.", opts,
+};
+
+static int info(const char *path, int as_json)
+{
+    iflow_shard *sh;
+    if (iflow_shard_open(&sh, path, 0) < 0)
+        die(&tool, NULL);
+    json_error_t je;
+    json_t *meta = json_loads(iflow_shard_meta(sh), 0, &je), *tensors = json_array();
+    uint64_t total = 0;
+    for (size_t i = 0; i < iflow_shard_n_records(sh); i++) {
+        const iflow_shard_rec *r = iflow_shard_rec_at(sh, i);
+        json_t *shape = json_array();
+        for (int d = 0; d < r->n_dims; d++)
+            json_array_append_new(shape, json_integer(r->shape[d]));
+        char hash[17];
+        snprintf(hash, sizeof hash, "%016llx", (unsigned long long)r->xxh64);
+        json_array_append_new(tensors, json_pack("{s:s, s:s, s:s, s:o, s:I, s:I, s:s}", "name", r->name, "kind",
+                                                 r->kind == IFLOW_REC_TENSOR ? "tensor" : "blob", "type",
+                                                 iflow_dtype_name(r->dtype) ? iflow_dtype_name(r->dtype) : "?", "shape",
+                                                 shape, "offset", (json_int_t)r->offset, "bytes", (json_int_t)r->nbytes,
+                                                 "xxh64", hash));
+        total += r->nbytes;
+    }
+    if (as_json) {
+        json_t *out = json_pack("{s:s, s:o?, s:o, s:I}", "file", path, "meta", meta, "records", tensors, "bytes",
+                                (json_int_t)total);
+        json_dumpf(out, stdout, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+        putchar('\n');
+        json_decref(out);
+    } else {
+        const json_t *hp = json_object_get(meta, "hparams");
+        printf("file: %s\nformat: iflow shard v%d, %zu records, %llu payload bytes, checksums ok\n", path,
+               IFLOW_SHARD_VERSION, iflow_shard_n_records(sh), (unsigned long long)total);
+        printf("spec: %s\nblocks:", json_string_value(json_object_get(meta, "spec")));
+        const char *k;
+        json_t *v;
+        json_object_foreach(json_object_get(meta, "blocks"), k, v) printf(" %s=%s", k, json_string_value(v));
+        printf("\nhparams:");
+        json_object_foreach((json_t *)hp, k, v) {
+            char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+            printf(" %s=%s", k, s);
+            free(s);
+        }
+        const char *tok = json_string_value(json_object_get(json_object_get(meta, "tokenizer"), "format"));
+        printf("\ntokenizer: %s\n", tok ? tok : "none");
+        printf("%-6s %-32s %-5s %-16s %12s %12s  %s\n", "kind", "name", "type", "shape", "offset", "bytes", "xxh64");
+        for (size_t i = 0; i < json_array_size(tensors); i++) {
+            const json_t *t = json_array_get(tensors, i), *shape = json_object_get(t, "shape");
+            char dims[64] = "";
+            for (size_t d = 0; d < json_array_size(shape); d++)
+                snprintf(dims + strlen(dims), sizeof dims - strlen(dims), "%s%lld", d ? "x" : "",
+                         (long long)json_integer_value(json_array_get(shape, d)));
+            printf("%-6s %-32s %-5s %-16s %12lld %12lld  %s\n", json_string_value(json_object_get(t, "kind")),
+                   json_string_value(json_object_get(t, "name")), json_string_value(json_object_get(t, "type")), dims,
+                   (long long)json_integer_value(json_object_get(t, "offset")),
+                   (long long)json_integer_value(json_object_get(t, "bytes")),
+                   json_string_value(json_object_get(t, "xxh64")));
+        }
+        json_decref(meta);
+        json_decref(tensors);
+    }
+    iflow_shard_close(sh);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *out = "-", *info_path = NULL, *synthetic = NULL, *dirs[8];
+    iflow_convert_opts o = {.dtype = -1};
+    int as_json = 0, verbose = 0, c;
+    const char *arg;
+    while ((c = opt_next(&tool, argc, argv, &arg)) != 0) {
+        switch (c) {
+        case O_OUTPUT: out = arg; break;
+        case O_DTYPE:
+            if (!iflow_dtype_is_float(o.dtype = iflow_dtype_from_name(arg)))
+                die_usage(&tool, "unknown type '%s' for --dtype (f32, f16, bf16)", arg);
+            break;
+        case O_SPEC: o.spec_path = arg; break;
+        case O_SYNTHETIC: synthetic = arg; o.flags |= IFLOW_CONVERT_SYNTHETIC; break;
+        case O_SEED: o.seed = opt_u64(&tool, "seed", arg); break;
+        case O_ZSTD: o.flags |= IFLOW_CONVERT_ZSTD; break;
+        case O_INFO: info_path = arg; break;
+        case O_JSON: as_json = 1; break;
+        case O_VERBOSE: verbose = 1; break;
+        }
+    }
+    int n_operands = argc - opt_index();
+    if (info_path)
+        return n_operands ? die_usage(&tool, "--info takes no other operand"), 2 : info(info_path, as_json);
+    if (synthetic ? n_operands != 0 : n_operands != 1)
+        die_usage(&tool, synthetic ? "--synthetic takes no other operand" : "expected one model directory");
+    if (strcmp(out, "-") == 0 && isatty(1))
+        die_usage(&tool, "refusing to write a binary shard to a terminal (use -o FILE or a pipe)");
+    o.spec_dirs = dirs;
+    o.n_spec_dirs = (size_t)spec_dirs(dirs, 8);
+    double t0 = now_s();
+    if (iflow_convert(synthetic ? synthetic : argv[opt_index()], out, &o) < 0)
+        die(&tool, NULL);
+    if (verbose)
+        fprintf(stderr, "%s: wrote %s in %.2f s, peak RSS %.1f MiB\n", tool.name, strcmp(out, "-") ? out : "<stdout>",
+                now_s() - t0, peak_rss_mib());
+    return 0;
+}

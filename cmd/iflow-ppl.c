@@ -1,0 +1,144 @@
+/* iflow-ppl -- perplexity of a model over a text file, under a stated protocol. */
+#include "cmd/io.h"
+#include "cmd/opt.h"
+#include "libcore/error.h"
+#include "libcore/model.h"
+#include "libcore/ppl.h"
+#include "libcore/tokenizer.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+    O_MODEL = 'm', O_FILE = 'f', O_CTX = 'c', O_THREADS = 't', O_VERBOSE = 'v',
+    O_CHUNKS = 256, O_PROTOCOL, O_MAX_TOKENS, O_JSON, O_LOGPROBS,
+};
+
+static const iflow_opt opts[] = {
+    {O_MODEL, "model", 'm', "FILE", "model shard file ('-': standard input)", "file"},
+    {O_FILE, "file", 'f', "TEXT", "text file to score ('-': standard input)", "file"},
+    {O_CTX, "ctx-size", 'c', "N", "window length in tokens, BOS included (default 512)", NULL},
+    {O_CHUNKS, "chunks", 0, "N", "score at most N windows (default: the whole text)", NULL},
+    {O_PROTOCOL, "protocol", 0, "NAME", "windows (default: BOS + c-1 tokens, all scored) or llama.cpp (second halves)", "windows llama.cpp"},
+    {O_MAX_TOKENS, "max-tokens", 0, "N", "use only the first N tokens of the text", NULL},
+    {O_THREADS, "threads", 't', "N", "compute threads (default: all cores)", NULL},
+    {O_JSON, "json", 0, NULL, "print the result as one JSON object", NULL},
+    {O_LOGPROBS, "logprobs", 0, "FILE", "write every scored position's log-probability to FILE as TSV", "file"},
+    {O_VERBOSE, "verbose", 'v', NULL, "print progress and timings on standard error", NULL},
+    {0},
+};
+
+static const iflow_tool tool = {
+    "iflow-ppl", "-m MODEL -f TEXT [-c N] [options]",
+    "Measure a model's perplexity on a text, under a stated protocol.", opts,
+};
+
+static void write_row(void *user, long position, long window, int window_pos, int32_t input_id, int32_t next_id,
+                      double logprob)
+{
+    fprintf(user, "%ld\t%ld\t%d\t%d\t%d\t%.12f\n", position, window, window_pos, input_id, next_id, logprob);
+}
+
+static const char *describe(int protocol, int c, char *buf, size_t cap)
+{
+    if (protocol == IFLOW_PPL_WINDOWS)
+        snprintf(buf, cap, "non-overlapping windows of %d tokens (BOS + %d text tokens), every position scored", c, c - 1);
+    else
+        snprintf(buf, cap, "llama.cpp: chunks of %d tokens, first replaced by BOS, positions %d..%d scored", c, c / 2, c - 2);
+    return buf;
+}
+
+int main(int argc, char **argv)
+{
+    const char *model = NULL, *file = NULL, *logprobs_path = NULL;
+    int c_len = 512, threads = 0, protocol = IFLOW_PPL_WINDOWS, as_json = 0, verbose = 0, c;
+    long chunks = 0, max_tokens = 0;
+    const char *arg;
+    while ((c = opt_next(&tool, argc, argv, &arg)) != 0) {
+        switch (c) {
+        case O_MODEL: model = arg; break;
+        case O_FILE: file = arg; break;
+        case O_CTX: c_len = (int)opt_long(&tool, "ctx-size", arg, 2, 1 << 20); break;
+        case O_CHUNKS: chunks = opt_long(&tool, "chunks", arg, 1, 1L << 40); break;
+        case O_MAX_TOKENS: max_tokens = opt_long(&tool, "max-tokens", arg, 1, 1L << 40); break;
+        case O_THREADS: threads = (int)opt_long(&tool, "threads", arg, 1, 1024); break;
+        case O_JSON: as_json = 1; break;
+        case O_LOGPROBS: logprobs_path = arg; break;
+        case O_VERBOSE: verbose = 1; break;
+        case O_PROTOCOL:
+            if (strcmp(arg, "windows") == 0) protocol = IFLOW_PPL_WINDOWS;
+            else if (strcmp(arg, "llama.cpp") == 0) protocol = IFLOW_PPL_LLAMACPP;
+            else die_usage(&tool, "unknown protocol '%s' (windows, llama.cpp)", arg);
+            break;
+        }
+    }
+    if (opt_index() < argc)
+        die_usage(&tool, "unexpected operand '%s'", argv[opt_index()]);
+    if (!model || !file)
+        die_usage(&tool, "need a model (-m FILE) and a text (-f FILE)");
+    if (strcmp(model, "-") == 0 && strcmp(file, "-") == 0)
+        die_usage(&tool, "the model and the text cannot both come from standard input");
+
+    double t0 = now_s();
+    iflow_model *m;
+    iflow_ctx *ctx;
+    char *text;
+    size_t len, n_ids;
+    int32_t *ids;
+    if (iflow_model_open(&m, model, 0) < 0)
+        die(&tool, NULL);
+    const iflow_tokenizer *tok = iflow_model_tokenizer(m);
+    if (!tok)
+        die(&tool, "model '%s' has no tokenizer", model);
+    if (slurp(file, &text, &len) < 0 || iflow_tokenizer_encode(tok, text, len, 0, &ids, &n_ids) < 0)
+        die(&tool, NULL);
+    if (max_tokens && (size_t)max_tokens < n_ids)
+        n_ids = (size_t)max_tokens;
+    if (iflow_ctx_open(&ctx, m, c_len, threads) < 0)
+        die(&tool, NULL);
+    FILE *lp = NULL;
+    if (logprobs_path) {
+        if (!(lp = fopen(logprobs_path, "w")))
+            die(&tool, "cannot create '%s'", logprobs_path);
+        fprintf(lp, "position\twindow\twindow_pos\tinput_token_id\tnext_token_id\tlogprob\n");
+    }
+    double t1 = now_s();
+    iflow_ppl_opts po = {protocol, c_len, chunks};
+    iflow_ppl_result r;
+    if (iflow_ppl_run(ctx, ids, n_ids, iflow_model_hparams(m)->bos, &po, &r, lp ? write_row : NULL, lp) < 0)
+        die(&tool, NULL);
+    double t2 = now_s();
+    if (lp && fclose(lp) != 0)
+        die(&tool, "cannot write '%s'", logprobs_path);
+    if (r.n_scored == 0)
+        die(&tool, "the text gives no window to score (%zu tokens, context %d)", n_ids, c_len);
+
+    double nll = r.nll_sum / (double)r.n_scored, ppl = exp(nll);
+    char proto[160];
+    describe(protocol, c_len, proto, sizeof proto);
+    if (as_json) {
+        json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:I, s:I, s:I, s:f, s:f, s:f, s:f}", "model", model, "file", file,
+                              "protocol", protocol == IFLOW_PPL_WINDOWS ? "windows" : "llama.cpp", "ctx", c_len,
+                              "windows", (json_int_t)r.n_windows, "text_tokens", (json_int_t)n_ids, "tokens_scored",
+                              (json_int_t)r.n_scored, "mean_nll", nll, "ppl", ppl, "seconds", t2 - t1,
+                              "tokens_per_second", (double)r.n_scored / (t2 - t1 > 0 ? t2 - t1 : 1));
+        json_object_set_new(o, "protocol_description", json_string(proto));
+        json_dumpf(o, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+        putchar('\n');
+        json_decref(o);
+    } else {
+        printf("perplexity: %.6f\nmean NLL: %.10f\ntokens scored: %ld in %ld windows\nprotocol: %s\n", ppl, nll,
+               r.n_scored, r.n_windows, proto);
+    }
+    if (verbose)
+        fprintf(stderr, "%s: load+tokenize %.3f s; scored %ld tokens in %.3f s (%.1f tok/s)\n", tool.name, t1 - t0,
+                r.n_scored, t2 - t1, (double)r.n_scored / (t2 - t1 > 0 ? t2 - t1 : 1));
+    free(ids);
+    free(text);
+    iflow_ctx_close(ctx);
+    iflow_model_close(m);
+    return 0;
+}

@@ -1,0 +1,53 @@
+/* io.c -- see io.h. */
+#include "io.h"
+#include "libcore/error.h"
+#include "libcore/util.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#define MAX_TEXT ((size_t)1 << 32)
+
+int slurp(const char *path, char **data, size_t *len)
+{
+    if (strcmp(path, "-") != 0)
+        return iflow_read_file(path, MAX_TEXT, data, len);
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    for (size_t r; buf && (r = fread(buf + n, 1, cap - n, stdin)) > 0;) {
+        n += r;
+        if (n == cap) {
+            char *nb = realloc(buf, 2 * cap + 1);
+            if (!nb)
+                free(buf);
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    if (!buf)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory reading standard input");
+    if (ferror(stdin)) {
+        free(buf);
+        return iflow_seterr(IFLOW_EIO, "cannot read standard input");
+    }
+    buf[n] = 0;
+    *data = buf;
+    *len = n;
+    return 0;
+}
+
+double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+double peak_rss_mib(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss / 1024.0;
+}

@@ -1,0 +1,590 @@
+/* model.c -- decoder-only transformer from blocks; KV cache; forward pass. See model.h. */
+#include "model.h"
+#include "dtype.h"
+#include "error.h"
+#include "../kernels/cpu/kernels.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_BATCH 128 /* tokens per forward pass; longer prompts are run in chunks */
+
+/* ===================================================================== hyperparameters ==== */
+
+typedef struct { const char *key; int *dst; int min; } int_field;
+
+static int get_int(const json_t *hp, const char *key, int *dst, int min, const char *what)
+{
+    const json_t *v = json_object_get(hp, key);
+    if (!json_is_integer(v) && !(json_is_real(v) && json_real_value(v) == floor(json_real_value(v))))
+        return iflow_seterr(IFLOW_EFORMAT, "hyperparameter '%s' is missing or not an integer in '%s'", key, what);
+    json_int_t x = json_is_integer(v) ? json_integer_value(v) : (json_int_t)json_real_value(v);
+    if (x < min || x > (1 << 30))
+        return iflow_seterr(IFLOW_ERANGE, "hyperparameter '%s' = %lld is out of range in '%s'", key, (long long)x, what);
+    *dst = (int)x;
+    return 0;
+}
+
+static int get_float(const json_t *hp, const char *key, float *dst, const char *what)
+{
+    const json_t *v = json_object_get(hp, key);
+    if (!json_is_number(v))
+        return iflow_seterr(IFLOW_EFORMAT, "hyperparameter '%s' is missing or not a number in '%s'", key, what);
+    *dst = (float)json_number_value(v);
+    return 0;
+}
+
+static int get_bool(const json_t *hp, const char *key, int *dst, const char *what)
+{
+    const json_t *v = json_object_get(hp, key);
+    if (!json_is_boolean(v))
+        return iflow_seterr(IFLOW_EFORMAT, "hyperparameter '%s' is missing or not a boolean in '%s'", key, what);
+    *dst = json_is_true(v);
+    return 0;
+}
+
+/* A block must be one of the choices the engine implements. */
+static int check_block(const json_t *blocks, const char *block, const char *const *choices, int *index,
+                       const char *what)
+{
+    const char *v = json_string_value(json_object_get(blocks, block));
+    if (!v)
+        return iflow_seterr(IFLOW_EFORMAT, "block '%s' is not chosen in '%s'", block, what);
+    for (int i = 0; choices[i]; i++)
+        if (strcmp(v, choices[i]) == 0) {
+            if (index)
+                *index = i;
+            return 0;
+        }
+    return iflow_seterr(IFLOW_EUNSUPPORTED, "block %s = %s is not implemented (in '%s')", block, v, what);
+}
+
+static int read_blocks(iflow_hparams *hp, const json_t *blocks, const char *what)
+{
+    static const char *const layout[] = {"decoder", NULL}, *const norm[] = {"rms", NULL},
+                             *const act[] = {"silu", NULL}, *const ffn[] = {"gated", NULL},
+                             *const pos[] = {"rope", NULL}, *const rope[] = {"half", "interleaved", NULL};
+    static const char *const known[] = {"layout", "norm", "activation", "ffn", "position", "rope_layout", NULL};
+    int rc;
+    const char *key;
+    json_t *val;
+    json_object_foreach((json_t *)blocks, key, val) {
+        int ok = 0;
+        for (int i = 0; known[i]; i++)
+            ok |= strcmp(key, known[i]) == 0;
+        if (!ok)
+            return iflow_seterr(IFLOW_EUNSUPPORTED, "unknown block '%s' in '%s'", key, what);
+    }
+    if ((rc = check_block(blocks, "layout", layout, NULL, what)) || (rc = check_block(blocks, "norm", norm, NULL, what)) ||
+        (rc = check_block(blocks, "activation", act, NULL, what)) || (rc = check_block(blocks, "ffn", ffn, NULL, what)) ||
+        (rc = check_block(blocks, "position", pos, NULL, what)) ||
+        (rc = check_block(blocks, "rope_layout", rope, &hp->rope_layout, what)))
+        return rc;
+    return 0;
+}
+
+static int read_rope_scaling(iflow_hparams *hp, const json_t *h, const char *what)
+{
+    static const char *const kinds[] = {"none", "linear", "llama3", "default", NULL};
+    const char *v = json_string_value(json_object_get(h, "rope_scaling"));
+    int rc;
+    if (!v)
+        return iflow_seterr(IFLOW_EFORMAT, "hyperparameter 'rope_scaling' is missing in '%s'", what);
+    hp->rope_scaling = -1;
+    for (int i = 0; kinds[i]; i++)
+        if (strcmp(v, kinds[i]) == 0)
+            hp->rope_scaling = i == 3 ? IFLOW_ROPE_SCALING_NONE : i;
+    if (hp->rope_scaling < 0)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "block rope_scaling = %s is not implemented (in '%s')", v, what);
+    if ((rc = get_float(h, "rope_factor", &hp->rope_factor, what)) || (rc = get_float(h, "rope_low_freq", &hp->rope_low_freq, what)) ||
+        (rc = get_float(h, "rope_high_freq", &hp->rope_high_freq, what)) ||
+        (rc = get_int(h, "rope_orig_ctx", &hp->rope_orig_ctx, 1, what)))
+        return rc;
+    if (hp->rope_scaling != IFLOW_ROPE_SCALING_NONE && !(hp->rope_factor > 0))
+        return iflow_seterr(IFLOW_ERANGE, "rope_factor must be positive in '%s'", what);
+    return 0;
+}
+
+/* bos is an integer; eos an integer or a list of them (Llama 3.1 has several). */
+static int read_special(iflow_hparams *hp, const json_t *h, const char *what)
+{
+    const json_t *eos = json_object_get(h, "eos");
+    int rc = get_int(h, "bos", &hp->bos, -1, what);
+    if (rc)
+        return rc;
+    hp->n_eos = 0;
+    if (json_is_array(eos)) {
+        size_t i;
+        const json_t *e;
+        json_array_foreach(eos, i, e) {
+            if (!json_is_integer(e) || hp->n_eos == IFLOW_MAX_EOS)
+                return iflow_seterr(IFLOW_EFORMAT, "bad 'eos' list in '%s'", what);
+            hp->eos[hp->n_eos++] = (int)json_integer_value(e);
+        }
+        return 0;
+    }
+    if ((rc = get_int(h, "eos", &hp->eos[0], -1, what)))
+        return rc;
+    hp->n_eos = hp->eos[0] >= 0;
+    return 0;
+}
+
+int iflow_hparams_from_json(iflow_hparams *hp, const json_t *resolved, const char *what)
+{
+    const json_t *h = json_object_get(resolved, "hparams"), *b = json_object_get(resolved, "blocks");
+    memset(hp, 0, sizeof *hp);
+    if (!json_is_object(h) || !json_is_object(b))
+        return iflow_seterr(IFLOW_EFORMAT, "no 'blocks' and 'hparams' in the model description of '%s'", what);
+    const int_field ints[] = {
+        {"dim", &hp->dim, 1},           {"n_layers", &hp->n_layers, 1}, {"n_heads", &hp->n_heads, 1},
+        {"n_kv_heads", &hp->n_kv_heads, 1}, {"head_dim", &hp->head_dim, 0}, {"ffn_dim", &hp->ffn_dim, 1},
+        {"vocab_size", &hp->vocab_size, 1}, {"max_seq", &hp->max_seq, 1}, {"rope_dim", &hp->rope_dim, 0},
+    };
+    int rc;
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        if ((rc = get_int(h, ints[i].key, ints[i].dst, ints[i].min, what)))
+            return rc;
+    if ((rc = get_float(h, "norm_eps", &hp->norm_eps, what)) || (rc = get_float(h, "rope_theta", &hp->rope_theta, what)) ||
+        (rc = get_bool(h, "attn_bias", &hp->attn_bias, what)) || (rc = get_bool(h, "mlp_bias", &hp->mlp_bias, what)) ||
+        (rc = get_bool(h, "tie_embeddings", &hp->tie_embeddings, what)) || (rc = read_blocks(hp, b, what)) ||
+        (rc = read_rope_scaling(hp, h, what)) || (rc = read_special(hp, h, what)))
+        return rc;
+    if (!hp->head_dim) {
+        if (hp->dim % hp->n_heads)
+            return iflow_seterr(IFLOW_ESHAPE, "dim %d is not a multiple of n_heads %d in '%s'", hp->dim, hp->n_heads, what);
+        hp->head_dim = hp->dim / hp->n_heads;
+    }
+    if (!hp->rope_dim)
+        hp->rope_dim = hp->head_dim;
+    if (hp->n_heads % hp->n_kv_heads)
+        return iflow_seterr(IFLOW_ESHAPE, "n_heads %d is not a multiple of n_kv_heads %d in '%s'", hp->n_heads,
+                            hp->n_kv_heads, what);
+    if (hp->rope_dim > hp->head_dim || hp->rope_dim % 2 || hp->head_dim % 2)
+        return iflow_seterr(IFLOW_ESHAPE, "rope_dim %d does not fit head_dim %d in '%s'", hp->rope_dim, hp->head_dim, what);
+    return 0;
+}
+
+/* ===================================================================== tensor list ======== */
+
+static void req(iflow_tensor_req *r, size_t *n, const char *name, int64_t d0, int64_t d1)
+{
+    iflow_tensor_req *t = &r[(*n)++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->n_dims = d1 ? 2 : 1;
+    t->shape[0] = d0;
+    t->shape[1] = d1;
+    t->is_vector = d1 == 0;
+}
+
+int iflow_model_tensors(const iflow_hparams *hp, iflow_tensor_req **reqs, size_t *n)
+{
+    size_t cap = 3 + (size_t)hp->n_layers * 16;
+    iflow_tensor_req *r = calloc(cap, sizeof *r);
+    if (!r)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    int64_t D = hp->dim, Q = (int64_t)hp->n_heads * hp->head_dim, KV = (int64_t)hp->n_kv_heads * hp->head_dim,
+            F = hp->ffn_dim, V = hp->vocab_size;
+    char name[48];
+    *n = 0;
+    req(r, n, "tok_embd", V, D);
+    for (int l = 0; l < hp->n_layers; l++) {
+#define L(suffix, d0, d1) (snprintf(name, sizeof name, "blk.%d." suffix, l), req(r, n, name, d0, d1))
+        L("attn_norm", D, 0);
+        L("wq", Q, D);
+        L("wk", KV, D);
+        L("wv", KV, D);
+        L("wo", D, Q);
+        if (hp->attn_bias) {
+            L("bq", Q, 0);
+            L("bk", KV, 0);
+            L("bv", KV, 0);
+            L("bo", D, 0);
+        }
+        L("ffn_norm", D, 0);
+        L("ffn_gate", F, D);
+        L("ffn_up", F, D);
+        L("ffn_down", D, F);
+        if (hp->mlp_bias) {
+            L("ffn_gate_b", F, 0);
+            L("ffn_up_b", F, 0);
+            L("ffn_down_b", D, 0);
+        }
+#undef L
+    }
+    req(r, n, "output_norm", D, 0);
+    if (!hp->tie_embeddings)
+        req(r, n, "output", V, D);
+    *reqs = r;
+    return 0;
+}
+
+/* ===================================================================== model ============== */
+
+typedef struct { const void *data; int type; } weight;   /* a matrix [rows][cols] of type */
+
+typedef struct {
+    const float *attn_norm, *ffn_norm;                       /* [dim]                       */
+    weight wq, wk, wv, wo;                                   /* [Q][dim] [KV][dim] x2 [dim][Q] */
+    const float *bq, *bk, *bv, *bo;                          /* [Q] [KV] [KV] [dim] or NULL  */
+    weight gate, up, down;                                   /* [F][dim] [F][dim] [dim][F]  */
+    const float *gate_b, *up_b, *down_b;                     /* [F] [F] [dim] or NULL        */
+} layer_weights;
+
+struct iflow_model {
+    iflow_shard *shard;
+    iflow_hparams hp;
+    iflow_tokenizer *tok;
+    weight tok_embd;              /* [vocab][dim] */
+    weight output;                /* [vocab][dim] (tok_embd when tied) */
+    const float *output_norm;     /* [dim] */
+    layer_weights *layers;        /* [n_layers] */
+    float *rope_scale;            /* [rope_dim/2] or NULL */
+    uint64_t decode_bytes;
+};
+
+/* Find a tensor and check it against what the blocks need. */
+static int bind(iflow_model *m, const iflow_tensor_req *r, const iflow_shard_rec **out)
+{
+    const char *path = iflow_shard_path(m->shard);
+    const iflow_shard_rec *t = iflow_shard_find(m->shard, r->name);
+    if (!t || t->kind != IFLOW_REC_TENSOR)
+        return iflow_seterr(IFLOW_ENOTFOUND, "missing tensor '%s' in '%s'", r->name, path);
+    if (t->n_dims != r->n_dims || t->shape[0] != r->shape[0] || (r->n_dims == 2 && t->shape[1] != r->shape[1]))
+        return iflow_seterr(IFLOW_ESHAPE, "tensor '%s' in '%s' has shape [%lld, %lld], expected [%lld, %lld]", r->name,
+                            path, (long long)t->shape[0], (long long)(t->n_dims > 1 ? t->shape[1] : 0),
+                            (long long)r->shape[0], (long long)r->shape[1]);
+    if (r->is_vector ? t->dtype != IFLOW_DT_F32 : !iflow_dtype_is_float(t->dtype))
+        return iflow_seterr(IFLOW_ESHAPE, "tensor '%s' in '%s' has type %s, which the engine cannot use there", r->name,
+                            path, iflow_dtype_name(t->dtype) ? iflow_dtype_name(t->dtype) : "?");
+    if (!r->is_vector && strcmp(r->name, "tok_embd") != 0)
+        m->decode_bytes += t->nbytes;
+    *out = t;
+    return 0;
+}
+
+/* Point each weight slot at its tensor; the slot is chosen by the tensor's name. */
+static void *slot(iflow_model *m, const char *name, int *is_weight)
+{
+    int l;
+    char suffix[32];
+    *is_weight = 1;
+    if (strcmp(name, "tok_embd") == 0) return &m->tok_embd;
+    if (strcmp(name, "output") == 0) return &m->output;
+    *is_weight = 0;
+    if (strcmp(name, "output_norm") == 0) return &m->output_norm;
+    if (sscanf(name, "blk.%d.%31s", &l, suffix) != 2 || l < 0 || l >= m->hp.n_layers)
+        return NULL;
+    layer_weights *w = &m->layers[l];
+    static const struct { const char *s; size_t off; int is_weight; } map[] = {
+#define F(n, field, isw) {n, offsetof(layer_weights, field), isw}
+        F("attn_norm", attn_norm, 0), F("ffn_norm", ffn_norm, 0), F("wq", wq, 1), F("wk", wk, 1),
+        F("wv", wv, 1), F("wo", wo, 1), F("bq", bq, 0), F("bk", bk, 0), F("bv", bv, 0), F("bo", bo, 0),
+        F("ffn_gate", gate, 1), F("ffn_up", up, 1), F("ffn_down", down, 1), F("ffn_gate_b", gate_b, 0),
+        F("ffn_up_b", up_b, 0), F("ffn_down_b", down_b, 0),
+#undef F
+    };
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+        if (strcmp(suffix, map[i].s) == 0) {
+            *is_weight = map[i].is_weight;
+            return (char *)w + map[i].off;
+        }
+    return NULL;
+}
+
+static int bind_all(iflow_model *m)
+{
+    iflow_tensor_req *reqs;
+    size_t n;
+    int rc = iflow_model_tensors(&m->hp, &reqs, &n);
+    if (rc)
+        return rc;
+    m->layers = calloc((size_t)m->hp.n_layers, sizeof *m->layers);
+    if (!m->layers)
+        rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        const iflow_shard_rec *t;
+        int is_weight;
+        void *dst = slot(m, reqs[i].name, &is_weight);
+        if ((rc = bind(m, &reqs[i], &t)) < 0)
+            break;
+        if (is_weight)
+            *(weight *)dst = (weight){t->data, t->dtype};
+        else
+            *(const float **)dst = t->data;
+    }
+    free(reqs);
+    if (rc == 0 && m->hp.tie_embeddings) {
+        m->output = m->tok_embd;
+        m->decode_bytes += iflow_tensor_nbytes(m->tok_embd.type, 2, (int64_t[]){m->hp.vocab_size, m->hp.dim});
+    }
+    return rc;
+}
+
+/* Per-pair frequency multipliers for context-extension schemes. */
+static int make_rope_scale(iflow_model *m)
+{
+    const iflow_hparams *hp = &m->hp;
+    if (hp->rope_scaling == IFLOW_ROPE_SCALING_NONE)
+        return 0;
+    int half = hp->rope_dim / 2;
+    if (!(m->rope_scale = malloc((size_t)half * sizeof(float))))
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    for (int i = 0; i < half; i++) {
+        float s = 1.0f / hp->rope_factor;
+        if (hp->rope_scaling == IFLOW_ROPE_SCALING_LLAMA3) {
+            /* Llama 3.1: keep high frequencies, divide low ones by factor, blend between. */
+            double freq = pow(hp->rope_theta, -2.0 * i / hp->rope_dim), wavelen = 2 * M_PI / freq;
+            double lo_wl = hp->rope_orig_ctx / hp->rope_low_freq, hi_wl = hp->rope_orig_ctx / hp->rope_high_freq;
+            if (wavelen < hi_wl)
+                s = 1.0f;
+            else if (wavelen <= lo_wl) {
+                double smooth = (hp->rope_orig_ctx / wavelen - hp->rope_low_freq) / (hp->rope_high_freq - hp->rope_low_freq);
+                s = (float)((1 - smooth) / hp->rope_factor + smooth);
+            }
+        }
+        m->rope_scale[i] = s;
+    }
+    return 0;
+}
+
+static int load_tokenizer(iflow_model *m, const json_t *meta)
+{
+    const char *path = iflow_shard_path(m->shard);
+    const json_t *t = json_object_get(meta, "tokenizer");
+    const char *format = json_string_value(json_object_get(t, "format"));
+    const char *record = json_string_value(json_object_get(t, "record"));
+    if (!format || !record)
+        return 0; /* a model without a tokenizer still runs on token ids */
+    const iflow_shard_rec *r = iflow_shard_find(m->shard, record);
+    if (!r || r->kind != IFLOW_REC_BLOB)
+        return iflow_seterr(IFLOW_ENOTFOUND, "missing tokenizer record '%s' in '%s'", record, path);
+    char what[512];
+    snprintf(what, sizeof what, "%s:%s", path, record);
+    if (strcmp(format, "hf-json") == 0)
+        return iflow_tokenizer_from_hf_json(&m->tok, r->data, r->nbytes, what);
+    if (strcmp(format, "gguf") == 0)
+        return iflow_tokenizer_from_gguf(&m->tok, r->data, r->nbytes, what);
+    return iflow_seterr(IFLOW_EUNSUPPORTED, "unknown tokenizer format '%s' in '%s'", format, path);
+}
+
+int iflow_model_open(iflow_model **out, const char *path, int flags)
+{
+    *out = NULL;
+    iflow_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    int rc = iflow_shard_open(&m->shard, path, (flags & IFLOW_MODEL_NO_VERIFY) ? IFLOW_SHARD_NO_VERIFY : 0);
+    json_t *meta = NULL;
+    if (rc == 0) {
+        json_error_t je;
+        meta = json_loads(iflow_shard_meta(m->shard), 0, &je);
+        if (!meta)
+            rc = iflow_seterr(IFLOW_EFORMAT, "bad meta record in '%s': %s at line %d", path, je.text, je.line);
+    }
+    if (rc == 0)
+        rc = iflow_hparams_from_json(&m->hp, meta, path);
+    if (rc == 0)
+        rc = bind_all(m);
+    if (rc == 0)
+        rc = make_rope_scale(m);
+    if (rc == 0)
+        rc = load_tokenizer(m, meta);
+    json_decref(meta);
+    if (rc < 0) {
+        iflow_model_close(m);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}
+
+void iflow_model_close(iflow_model *m)
+{
+    if (!m)
+        return;
+    iflow_tokenizer_close(m->tok);
+    iflow_shard_close(m->shard);
+    free(m->layers);
+    free(m->rope_scale);
+    free(m);
+}
+
+const iflow_hparams *iflow_model_hparams(const iflow_model *m) { return &m->hp; }
+const iflow_tokenizer *iflow_model_tokenizer(const iflow_model *m) { return m->tok; }
+const iflow_shard *iflow_model_shard(const iflow_model *m) { return m->shard; }
+uint64_t iflow_model_decode_bytes(const iflow_model *m) { return m->decode_bytes; }
+
+int iflow_model_is_eos(const iflow_model *m, int32_t id)
+{
+    for (int i = 0; i < m->hp.n_eos; i++)
+        if (m->hp.eos[i] == id)
+            return 1;
+    return 0;
+}
+
+/* ===================================================================== context =========== */
+
+struct iflow_ctx {
+    const iflow_model *m;
+    int n_ctx, n_past, n_threads;
+    float *k_cache, *v_cache;   /* [n_layers][n_ctx][kv_dim] */
+    /* scratch for one batch of B tokens */
+    float *x;                   /* [B][dim]   residual stream        */
+    float *xb;                  /* [B][dim]   normed input            */
+    float *q;                   /* [B][Q]     queries                 */
+    float *att;                 /* [B][Q]     attention output        */
+    float *gate, *up;           /* [B][F]     FFN hidden              */
+    float *last;                /* [dim]      final-normed last token */
+};
+
+int iflow_ctx_open(iflow_ctx **out, const iflow_model *m, int n_ctx, int n_threads)
+{
+    const iflow_hparams *hp = &m->hp;
+    *out = NULL;
+    if (n_ctx <= 0)
+        n_ctx = hp->max_seq;
+    iflow_ctx *c = calloc(1, sizeof *c);
+    if (!c)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    c->m = m;
+    c->n_ctx = n_ctx;
+    c->n_threads = n_threads > 0 ? n_threads : omp_get_num_procs();
+    size_t kvd = (size_t)hp->n_kv_heads * hp->head_dim, Q = (size_t)hp->n_heads * hp->head_dim;
+    size_t cache = (size_t)hp->n_layers * (size_t)n_ctx * kvd;
+    c->k_cache = calloc(cache, sizeof(float));
+    c->v_cache = calloc(cache, sizeof(float));
+    c->x = malloc(MAX_BATCH * (size_t)hp->dim * sizeof(float));
+    c->xb = malloc(MAX_BATCH * (size_t)hp->dim * sizeof(float));
+    c->q = malloc(MAX_BATCH * Q * sizeof(float));
+    c->att = malloc(MAX_BATCH * Q * sizeof(float));
+    c->gate = malloc(MAX_BATCH * (size_t)hp->ffn_dim * sizeof(float));
+    c->up = malloc(MAX_BATCH * (size_t)hp->ffn_dim * sizeof(float));
+    c->last = malloc((size_t)hp->dim * sizeof(float));
+    if (!c->k_cache || !c->v_cache || !c->x || !c->xb || !c->q || !c->att || !c->gate || !c->up || !c->last) {
+        iflow_ctx_close(c);
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory for a context of %d positions", n_ctx);
+    }
+    *out = c;
+    return 0;
+}
+
+void iflow_ctx_close(iflow_ctx *c)
+{
+    if (!c)
+        return;
+    free(c->k_cache);
+    free(c->v_cache);
+    free(c->x);
+    free(c->xb);
+    free(c->q);
+    free(c->att);
+    free(c->gate);
+    free(c->up);
+    free(c->last);
+    free(c);
+}
+
+void iflow_ctx_reset(iflow_ctx *c) { c->n_past = 0; }
+int iflow_ctx_n_past(const iflow_ctx *c) { return c->n_past; }
+int iflow_ctx_n_ctx(const iflow_ctx *c) { return c->n_ctx; }
+int iflow_ctx_n_vocab(const iflow_ctx *c) { return c->m->hp.vocab_size; }
+
+/* y[t] = W x[t] (+ b) for T tokens. */
+static void linear(const iflow_ctx *c, float *y, int ldy, weight W, const float *b, const float *x, int ldx, int T,
+                   int N, int K)
+{
+    ifk_matmul(y, (size_t)ldy, W.data, W.type, x, (size_t)ldx, T, N, K, c->n_threads);
+    if (b)
+        for (int t = 0; t < T; t++)
+            ifk_add(y + (size_t)t * ldy, b, N);
+}
+
+/* Attention sub-block of one layer for T tokens at positions pos0..pos0+T-1; adds into x. */
+static void attention_block(iflow_ctx *c, int l, int T, int pos0)
+{
+    const iflow_model *m = c->m;
+    const iflow_hparams *hp = &m->hp;
+    const layer_weights *w = &m->layers[l];
+    int D = hp->dim, Q = hp->n_heads * hp->head_dim, KV = hp->n_kv_heads * hp->head_dim;
+    float *kc = c->k_cache + (size_t)l * c->n_ctx * KV, *vc = c->v_cache + (size_t)l * c->n_ctx * KV;
+    for (int t = 0; t < T; t++)
+        ifk_rmsnorm(c->xb + (size_t)t * D, c->x + (size_t)t * D, w->attn_norm, D, hp->norm_eps);
+    /* Q into scratch; K and V straight into their cache rows. */
+    linear(c, c->q, Q, w->wq, w->bq, c->xb, D, T, Q, D);
+    linear(c, kc + (size_t)pos0 * KV, KV, w->wk, w->bk, c->xb, D, T, KV, D);
+    linear(c, vc + (size_t)pos0 * KV, KV, w->wv, w->bv, c->xb, D, T, KV, D);
+    for (int t = 0; t < T; t++) {
+        ifk_rope(c->q + (size_t)t * Q, hp->n_heads, hp->head_dim, hp->rope_dim, pos0 + t, hp->rope_theta,
+                 m->rope_scale, hp->rope_layout);
+        ifk_rope(kc + (size_t)(pos0 + t) * KV, hp->n_kv_heads, hp->head_dim, hp->rope_dim, pos0 + t, hp->rope_theta,
+                 m->rope_scale, hp->rope_layout);
+    }
+    ifk_attention(c->att, c->q, kc, vc, (size_t)KV, T, pos0, hp->n_heads, hp->n_kv_heads, hp->head_dim,
+                  1.0f / sqrtf((float)hp->head_dim), c->n_threads);
+    /* o-projection into xb (free now), then the residual add */
+    linear(c, c->xb, D, w->wo, w->bo, c->att, Q, T, D, Q);
+    ifk_add(c->x, c->xb, T * D);
+}
+
+/* Gated FFN sub-block of one layer for T tokens; adds into x. */
+static void ffn_block(iflow_ctx *c, int l, int T)
+{
+    const iflow_hparams *hp = &c->m->hp;
+    const layer_weights *w = &c->m->layers[l];
+    int D = hp->dim, F = hp->ffn_dim;
+    for (int t = 0; t < T; t++)
+        ifk_rmsnorm(c->xb + (size_t)t * D, c->x + (size_t)t * D, w->ffn_norm, D, hp->norm_eps);
+    linear(c, c->gate, F, w->gate, w->gate_b, c->xb, D, T, F, D);
+    linear(c, c->up, F, w->up, w->up_b, c->xb, D, T, F, D);
+    ifk_silu_mul(c->gate, c->up, T * F);
+    linear(c, c->xb, D, w->down, w->down_b, c->gate, F, T, D, F);
+    ifk_add(c->x, c->xb, T * D);
+}
+
+/* One batch of T <= MAX_BATCH tokens. */
+static void forward_batch(iflow_ctx *c, const int32_t *ids, int T, float *logits, int all_logits)
+{
+    const iflow_model *m = c->m;
+    const iflow_hparams *hp = &m->hp;
+    int D = hp->dim, pos0 = c->n_past;
+    for (int t = 0; t < T; t++)
+        ifk_get_row(c->x + (size_t)t * D, m->tok_embd.data, m->tok_embd.type, (size_t)ids[t], D);
+    for (int l = 0; l < hp->n_layers; l++) {
+        attention_block(c, l, T, pos0);
+        ffn_block(c, l, T);
+    }
+    c->n_past += T;
+    if (!logits)
+        return;
+    if (all_logits) {
+        for (int t = 0; t < T; t++)
+            ifk_rmsnorm(c->xb + (size_t)t * D, c->x + (size_t)t * D, m->output_norm, D, hp->norm_eps);
+        linear(c, logits, hp->vocab_size, m->output, NULL, c->xb, D, T, hp->vocab_size, D);
+    } else {
+        ifk_rmsnorm(c->last, c->x + (size_t)(T - 1) * D, m->output_norm, D, hp->norm_eps);
+        linear(c, logits, hp->vocab_size, m->output, NULL, c->last, D, 1, hp->vocab_size, D);
+    }
+}
+
+int iflow_ctx_eval(iflow_ctx *c, const int32_t *ids, int n, float *logits, int all_logits)
+{
+    const iflow_hparams *hp = &c->m->hp;
+    if (n <= 0)
+        return iflow_seterr(IFLOW_EINVAL, "no tokens to evaluate");
+    if (n > c->n_ctx - c->n_past)
+        return iflow_seterr(IFLOW_ERANGE, "context full: %d tokens at position %d exceed the context of %d", n,
+                            c->n_past, c->n_ctx);
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= hp->vocab_size)
+            return iflow_seterr(IFLOW_ERANGE, "token id %d is outside the vocabulary (%d)", ids[i], hp->vocab_size);
+    for (int done = 0; done < n;) {
+        int T = n - done < MAX_BATCH ? n - done : MAX_BATCH, last_batch = done + T == n;
+        float *out = all_logits ? logits + (size_t)done * hp->vocab_size : last_batch ? logits : NULL;
+        forward_batch(c, ids + done, T, out, all_logits);
+        done += T;
+    }
+    return 0;
+}

@@ -1,0 +1,90 @@
+/*
+ * model.h -- a decoder-only transformer assembled from atomic blocks, and its inference context.
+ *
+ * The engine branches on blocks (norm, activation, ffn, position, rope layout, biases, tied
+ * output), never on a model's name. The blocks and hyperparameters come from the resolved spec
+ * stored in a shard's meta record (see spec.h); iflow_model_tensors() lists the tensors those
+ * blocks need, so the converter checks a checkpoint against the same list the engine binds.
+ *
+ * Contract
+ *   iflow_model_open() opens a shard (path or "-"), parses its meta, binds every tensor it needs
+ *   (checking names, shapes and types: the error names the tensor) and loads the tokenizer. The
+ *   model owns the shard; weights are used in place (mmap) and never copied.
+ *   An iflow_ctx owns a KV cache of n_ctx positions and scratch for one batch of tokens; many
+ *   contexts may share one model (each on its own thread). iflow_ctx_eval() runs tokens at the
+ *   next positions: T > 1 is a prefill (matrix products over the whole batch), T == 1 a decode
+ *   step. Arithmetic is F32 over F32/F16/BF16 weights.
+ */
+#ifndef IFLOW_MODEL_H
+#define IFLOW_MODEL_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shard.h"
+#include "tokenizer.h"
+
+enum { IFLOW_ROPE_SCALING_NONE = 0, IFLOW_ROPE_SCALING_LINEAR = 1, IFLOW_ROPE_SCALING_LLAMA3 = 2 };
+#define IFLOW_MAX_EOS 8
+
+typedef struct {
+    /* shape */
+    int dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim, vocab_size, max_seq;
+    /* blocks */
+    int rope_layout;          /* IFK_ROPE_HALF or IFK_ROPE_INTERLEAVED */
+    int attn_bias, mlp_bias, tie_embeddings;
+    /* numbers */
+    float norm_eps, rope_theta;
+    int rope_dim;             /* rotated dimensions per head (head_dim unless partial) */
+    int rope_scaling;         /* IFLOW_ROPE_SCALING_* */
+    float rope_factor, rope_low_freq, rope_high_freq;
+    int rope_orig_ctx;
+    /* special tokens (-1: none) */
+    int bos, eos[IFLOW_MAX_EOS], n_eos;
+} iflow_hparams;
+
+/* Read {"blocks": {...}, "hparams": {...}} (a resolved spec). A block choice the engine lacks
+ * gives IFLOW_EUNSUPPORTED naming the block; `what` names the source in messages. */
+int iflow_hparams_from_json(iflow_hparams *hp, const json_t *resolved, const char *what);
+
+typedef struct {
+    char    name[48];
+    int     n_dims;
+    int64_t shape[2];
+    int     is_vector;   /* norms and biases: kept F32 by the converter */
+} iflow_tensor_req;
+
+/* The tensors the engine needs for hp, in file order. *reqs is malloc'd; caller frees. */
+int iflow_model_tensors(const iflow_hparams *hp, iflow_tensor_req **reqs, size_t *n);
+
+typedef struct iflow_model iflow_model;
+
+enum { IFLOW_MODEL_NO_VERIFY = 1 }; /* skip payload checksums at open */
+
+int  iflow_model_open(iflow_model **out, const char *path, int flags);
+void iflow_model_close(iflow_model *m);
+const iflow_hparams *iflow_model_hparams(const iflow_model *m);
+const iflow_tokenizer *iflow_model_tokenizer(const iflow_model *m);
+const iflow_shard *iflow_model_shard(const iflow_model *m);
+/* 1 if id is one of the model's end-of-sequence tokens. */
+int iflow_model_is_eos(const iflow_model *m, int32_t id);
+/* Bytes of weights read per decoded token (all matrices but the embedding table). */
+uint64_t iflow_model_decode_bytes(const iflow_model *m);
+
+typedef struct iflow_ctx iflow_ctx;
+
+/* n_ctx <= 0: the model's max_seq. n_threads <= 0: all cores. */
+int  iflow_ctx_open(iflow_ctx **out, const iflow_model *m, int n_ctx, int n_threads);
+void iflow_ctx_close(iflow_ctx *c);
+/* Forget every position (the cache is reused). */
+void iflow_ctx_reset(iflow_ctx *c);
+int  iflow_ctx_n_past(const iflow_ctx *c);
+int  iflow_ctx_n_ctx(const iflow_ctx *c);
+int  iflow_ctx_n_vocab(const iflow_ctx *c);
+/* Run n tokens at positions n_past .. n_past+n-1. logits: NULL; or [vocab] for the last token;
+ * or, with all_logits, [n][vocab]. IFLOW_ERANGE if the cache would overflow or an id is out of
+ * the vocabulary. */
+int  iflow_ctx_eval(iflow_ctx *c, const int32_t *ids, int n, float *logits, int all_logits);
+
+#endif

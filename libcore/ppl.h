@@ -1,0 +1,52 @@
+/*
+ * ppl.h -- perplexity of a model over a token sequence, under a stated protocol.
+ *
+ * Protocols (the text's token ids x_1..x_n carry no BOS; c is the context length):
+ *   IFLOW_PPL_WINDOWS   (iflow's default) non-overlapping windows of c-1 text tokens, each fed
+ *                       after a BOS from an empty cache; every position is scored, so each
+ *                       x_i is predicted exactly once (x_1 from BOS alone). The last window may
+ *                       be shorter.
+ *   IFLOW_PPL_LLAMACPP  llama.cpp's llama-perplexity: the sequence [BOS] x_1..x_n is cut into
+ *                       floor((n+1)/c) chunks of c tokens; each chunk's first token is replaced
+ *                       by BOS, and only the second half is scored (logits at c/2 .. c-2).
+ * Both match ../shared/golden (see its README) to float precision.
+ *
+ * Contract
+ *   iflow_ppl_run() evaluates with the given context (whose n_ctx must be >= c), summing the
+ *   negative log-likelihood in double precision. If cb is non-NULL it is called once per
+ *   scored position. Nothing is printed; nothing is allocated beyond one window's logits.
+ */
+#ifndef IFLOW_PPL_H
+#define IFLOW_PPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+
+enum { IFLOW_PPL_WINDOWS = 0, IFLOW_PPL_LLAMACPP = 1 };
+
+typedef struct {
+    int protocol;
+    int n_ctx;          /* c */
+    long max_windows;   /* 0: as many as the text gives */
+} iflow_ppl_opts;
+
+typedef struct {
+    double nll_sum;     /* sum of -log p over scored positions */
+    long n_scored;
+    long n_windows;
+} iflow_ppl_result;
+
+/* position: index (from 0) of the predicting token in [BOS] x_1..x_n terms of the text,
+ * i.e. the prediction of x_{position+1}. */
+typedef void (*iflow_ppl_cb)(void *user, long position, long window, int window_pos, int32_t input_id,
+                             int32_t next_id, double logprob);
+
+int iflow_ppl_run(iflow_ctx *ctx, const int32_t *text_ids, size_t n, int32_t bos, const iflow_ppl_opts *o,
+                  iflow_ppl_result *res, iflow_ppl_cb cb, void *user);
+
+/* log_softmax(logits)[id] in double precision. */
+double iflow_logprob(const float *logits, int n_vocab, int32_t id);
+
+#endif

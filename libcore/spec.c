@@ -1,0 +1,340 @@
+/* spec.c -- model specs (the .ini files in specs/). See spec.h. */
+#include "spec.h"
+#include "error.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fnmatch.h>
+#include <ini.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    iflow_spec *spec;
+    int err;          /* error code set by the handler */
+} load_state;
+
+static char *trim(char *s)
+{
+    while (*s == ' ' || *s == '\t')
+        s++;
+    size_t n = strlen(s);
+    while (n && (s[n - 1] == ' ' || s[n - 1] == '\t'))
+        s[--n] = 0;
+    return s;
+}
+
+static int push_kv(iflow_spec_kv **arr, size_t *n, const char *key, const char *value)
+{
+    for (size_t i = 0; i < *n; i++)
+        if (strcmp((*arr)[i].key, key) == 0)
+            return iflow_seterr(IFLOW_ESPEC, "duplicate key '%s'", key);
+    iflow_spec_kv *na = realloc(*arr, (*n + 1) * sizeof *na);
+    if (!na)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    *arr = na;
+    na[*n].key = strdup(key);
+    na[*n].value = strdup(value);
+    (*n)++;
+    return na[*n - 1].key && na[*n - 1].value ? 0 : iflow_seterr(IFLOW_ENOMEM, "out of memory");
+}
+
+static int push_str(char ***arr, size_t *n, const char *s)
+{
+    char **na = realloc(*arr, (*n + 1) * sizeof *na);
+    if (!na)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    *arr = na;
+    na[(*n)++] = strdup(s);
+    return na[*n - 1] ? 0 : iflow_seterr(IFLOW_ENOMEM, "out of memory");
+}
+
+/* architectures = A, B, C */
+static int push_list(char ***arr, size_t *n, const char *value)
+{
+    char *copy = strdup(value), *save = NULL;
+    int rc = copy ? 0 : iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    for (char *tok = copy ? strtok_r(copy, ",", &save) : NULL; tok && rc == 0; tok = strtok_r(NULL, ",", &save))
+        if (*trim(tok))
+            rc = push_str(arr, n, trim(tok));
+    free(copy);
+    return rc;
+}
+
+static int model_key(iflow_spec *s, const char *name, const char *value)
+{
+    char **slot = strcmp(name, "name") == 0 ? &s->name : strcmp(name, "description") == 0 ? &s->description : NULL;
+    if (strcmp(name, "architectures") == 0)
+        return push_list(&s->architectures, &s->n_architectures, value);
+    if (!slot)
+        return iflow_seterr(IFLOW_ESPEC, "unknown key '%s' in [model]", name);
+    if (*slot)
+        return iflow_seterr(IFLOW_ESPEC, "duplicate key '%s' in [model]", name);
+    return (*slot = strdup(value)) ? 0 : iflow_seterr(IFLOW_ENOMEM, "out of memory");
+}
+
+static int handler(void *user, const char *section, const char *name, const char *value)
+{
+    load_state *st = user;
+    iflow_spec *s = st->spec;
+    int rc;
+    if (strcmp(section, "model") == 0)
+        rc = model_key(s, name, value);
+    else if (strcmp(section, "blocks") == 0)
+        rc = push_kv(&s->blocks, &s->n_blocks, name, value);
+    else if (strcmp(section, "hparams") == 0)
+        rc = push_kv(&s->hparams, &s->n_hparams, name, value);
+    else if (strcmp(section, "tensors") == 0)
+        rc = push_kv(&s->tensors, &s->n_tensors, name, value);
+    else if (strcmp(section, "ignore") == 0)
+        rc = strcmp(name, "pattern") == 0 ? push_str(&s->ignore, &s->n_ignore, value)
+                                          : iflow_seterr(IFLOW_ESPEC, "unknown key '%s' in [ignore] (use 'pattern')", name);
+    else
+        rc = iflow_seterr(IFLOW_ESPEC, "unknown section [%s]", section);
+    st->err = rc;
+    return rc == 0;
+}
+
+int iflow_spec_load(iflow_spec **out, const char *path)
+{
+    *out = NULL;
+    iflow_spec *s = calloc(1, sizeof *s);
+    if (!s || !(s->path = strdup(path)))
+        return free(s), iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    load_state st = {s, 0};
+    iflow_seterr(IFLOW_ESPEC, "syntax error");
+    int line = ini_parse(path, handler, &st);
+    int rc = 0;
+    if (line == -1)
+        rc = iflow_seterr(IFLOW_ENOTFOUND, "cannot open spec '%s': %s", path, strerror(errno));
+    else if (line == -2)
+        rc = iflow_seterr(IFLOW_ENOMEM, "out of memory reading spec '%s'", path);
+    else if (line > 0)
+        rc = iflow_preperr(st.err ? st.err : IFLOW_ESPEC, "%s:%d", path, line);
+    else if (!s->name || !s->n_architectures)
+        rc = iflow_seterr(IFLOW_ESPEC, "spec '%s' lacks [model] name or architectures", path);
+    if (rc < 0) {
+        iflow_spec_close(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+static void free_kvs(iflow_spec_kv *kv, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(kv[i].key);
+        free(kv[i].value);
+    }
+    free(kv);
+}
+
+static void free_strs(char **a, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(a[i]);
+    free(a);
+}
+
+void iflow_spec_close(iflow_spec *s)
+{
+    if (!s)
+        return;
+    free_kvs(s->blocks, s->n_blocks);
+    free_kvs(s->hparams, s->n_hparams);
+    free_kvs(s->tensors, s->n_tensors);
+    free_strs(s->architectures, s->n_architectures);
+    free_strs(s->ignore, s->n_ignore);
+    free(s->name);
+    free(s->description);
+    free(s->path);
+    free(s);
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Try every *.ini of one directory, in name order. 1 = found, 0 = not here, <0 = error. */
+static int find_in_dir(iflow_spec **out, const char *dir, const char *arch)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    char **names = NULL;
+    size_t n = 0;
+    int rc = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL && rc == 0;) {
+        size_t len = strlen(e->d_name);
+        if (len > 4 && strcmp(e->d_name + len - 4, ".ini") == 0)
+            rc = push_str(&names, &n, e->d_name);
+    }
+    closedir(d);
+    if (n)
+        qsort(names, n, sizeof *names, cmp_str);
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        char path[4096];
+        iflow_spec *s;
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        if ((rc = iflow_spec_load(&s, path)) < 0)
+            break;
+        for (size_t a = 0; a < s->n_architectures && !*out; a++)
+            if (strcmp(s->architectures[a], arch) == 0)
+                *out = s;
+        if (*out)
+            rc = 1;
+        else
+            iflow_spec_close(s);
+    }
+    free_strs(names, n);
+    return rc;
+}
+
+int iflow_spec_find(iflow_spec **out, const char *const *dirs, size_t n_dirs, const char *architecture)
+{
+    *out = NULL;
+    char searched[1024] = "";
+    for (size_t i = 0; i < n_dirs; i++) {
+        int rc = find_in_dir(out, dirs[i], architecture);
+        if (rc != 0)
+            return rc < 0 ? rc : 0;
+        size_t len = strlen(searched);
+        snprintf(searched + len, sizeof searched - len, "%s%s", len ? ", " : "", dirs[i]);
+    }
+    return iflow_seterr(IFLOW_ENOTFOUND, "unknown architecture '%s': no spec serves it (searched %s)", architecture,
+                        n_dirs ? searched : "nowhere");
+}
+
+/* ---- resolving against config.json ---- */
+
+/* config["a"]["b"] for the dotted key "a.b"; NULL if any part is missing or null. */
+static const json_t *lookup(const json_t *config, const char *dotted)
+{
+    char key[256];
+    const json_t *v = config;
+    const char *p = dotted;
+    while (v && *p) {
+        const char *dot = strchr(p, '.');
+        size_t n = dot ? (size_t)(dot - p) : strlen(p);
+        if (n >= sizeof key || !json_is_object(v))
+            return NULL;
+        memcpy(key, p, n);
+        key[n] = 0;
+        v = json_object_get(v, key);
+        p = dot ? dot + 1 : p + n;
+    }
+    return v && !json_is_null(v) ? v : NULL;
+}
+
+/* A literal: number, true/false, or a bare word (a string choice such as "none"). NULL if the
+ * alternative looks like a config key instead. */
+static json_t *literal(const char *alt)
+{
+    char *end;
+    if (strcmp(alt, "true") == 0) return json_true();
+    if (strcmp(alt, "false") == 0) return json_false();
+    long long iv = strtoll(alt, &end, 10);
+    if (*alt && !*end) return json_integer(iv);
+    double dv = strtod(alt, &end);
+    if (*alt && !*end) return json_real(dv);
+    return NULL;
+}
+
+/* Evaluate "a, b, 10000": alternatives left to right; a number or true/false is a literal, a
+ * word is a config.json key (dotted for nested keys) taken when present. When none is present
+ * and there are several alternatives, a last one without a dot is a string literal ("none"). */
+static int eval_alternatives(const iflow_spec *s, const iflow_spec_kv *kv, const json_t *config, json_t **value)
+{
+    char *copy = strdup(kv->value), *save = NULL, *last = NULL;
+    int n_alt = 0;
+    *value = NULL;
+    if (!copy)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    for (char *tok = strtok_r(copy, ",", &save); tok && !*value; tok = strtok_r(NULL, ",", &save)) {
+        last = trim(tok);
+        n_alt++;
+        const json_t *v;
+        if (!(*value = literal(last)) && (v = lookup(config, last)))
+            *value = json_deep_copy(v);
+    }
+    int rc = 0;
+    if (!*value && n_alt > 1 && last && *last && !strchr(last, '.'))
+        *value = json_string(last);
+    else if (!*value)
+        rc = iflow_seterr(IFLOW_ESPEC, "config.json lacks '%s', needed for hyperparameter '%s' (spec '%s')",
+                          kv->value, kv->key, s->path);
+    free(copy);
+    return rc;
+}
+
+int iflow_spec_resolve(const iflow_spec *s, const json_t *config, json_t **resolved)
+{
+    *resolved = NULL;
+    json_t *out = json_object(), *blocks = json_object(), *hp = json_object();
+    int rc = out && blocks && hp ? 0 : iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    for (size_t i = 0; i < s->n_blocks && rc == 0; i++)
+        rc = json_object_set_new(blocks, s->blocks[i].key, json_string(s->blocks[i].value)) ? IFLOW_ENOMEM : 0;
+    for (size_t i = 0; i < s->n_hparams && rc == 0; i++) {
+        json_t *v;
+        rc = eval_alternatives(s, &s->hparams[i], config, &v);
+        if (rc == 0)
+            json_object_set_new(hp, s->hparams[i].key, v);
+    }
+    if (rc == 0) {
+        json_object_set_new(out, "spec", json_string(s->name));
+        json_object_set(out, "blocks", blocks);
+        json_object_set(out, "hparams", hp);
+        *resolved = out;
+        out = NULL;
+    }
+    json_decref(blocks);
+    json_decref(hp);
+    json_decref(out);
+    return rc;
+}
+
+/* Match `name` against `pattern` where "{L}" stands for a decimal layer index. */
+static int match_layer(const char *pattern, const char *name, long *layer)
+{
+    const char *brace = strstr(pattern, "{L}");
+    if (!brace)
+        return strcmp(pattern, name) == 0;
+    size_t pre = (size_t)(brace - pattern);
+    if (strncmp(pattern, name, pre) != 0)
+        return 0;
+    char *end;
+    const char *num = name + pre;
+    if (*num < '0' || *num > '9')
+        return 0;
+    *layer = strtol(num, &end, 10);
+    return strcmp(end, brace + 3) == 0;
+}
+
+static void subst_layer(const char *pattern, long layer, char *buf, size_t cap)
+{
+    const char *brace = strstr(pattern, "{L}");
+    if (!brace)
+        snprintf(buf, cap, "%s", pattern);
+    else
+        snprintf(buf, cap, "%.*s%ld%s", (int)(brace - pattern), pattern, layer, brace + 3);
+}
+
+int iflow_spec_source_name(const iflow_spec *s, const char *iflow_name, char *buf, size_t cap)
+{
+    for (size_t i = 0; i < s->n_tensors; i++) {
+        long layer = 0;
+        if (match_layer(s->tensors[i].key, iflow_name, &layer)) {
+            subst_layer(s->tensors[i].value, layer, buf, cap);
+            return 0;
+        }
+    }
+    return iflow_seterr(IFLOW_ENOTFOUND, "spec '%s' does not map tensor '%s'", s->path, iflow_name);
+}
+
+int iflow_spec_ignored(const iflow_spec *s, const char *source_name)
+{
+    for (size_t i = 0; i < s->n_ignore; i++)
+        if (fnmatch(s->ignore[i], source_name, 0) == 0)
+            return 1;
+    return 0;
+}
