@@ -18,7 +18,7 @@ IFLOW_TEST_DATA ?= ../shared
 export IFLOW_TEST_DATA
 
 PKGS     := libzstd inih jansson libpcre2-8 libutf8proc libxxhash
-DEBS     := libzstd-dev libinih-dev libjansson-dev libpcre2-dev libutf8proc-dev libxxhash-dev pkg-config
+DEBS     := libzstd-dev libinih-dev libjansson-dev libpcre2-dev libutf8proc-dev libxxhash-dev pkg-config jq
 
 ifeq ($(SANITIZE),1)
   BUILD  := build/san
@@ -91,7 +91,7 @@ FORCE:
 # ---- dependencies ----------------------------------------------------------------------------
 
 deps:
-	@if pkg-config --exists $(PKGS) 2>/dev/null; then :; else \
+	@if pkg-config --exists $(PKGS) 2>/dev/null && command -v jq >/dev/null; then :; else \
 	  echo "make deps: installing $(DEBS)"; \
 	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 	  $$SUDO apt-get update -qq && \

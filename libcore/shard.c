@@ -246,11 +246,22 @@ static int in_need(instream *in, void *buf, size_t n, const char *what)
     return 0;
 }
 
-/* Discard n bytes (padding). */
+/* Padding after a payload must be zero: then every byte of a shard is covered by a check. */
+static int check_padding(const unsigned char *pad, size_t n, uint64_t at, const char *path)
+{
+    for (size_t i = 0; i < n; i++)
+        if (pad[i])
+            return iflow_seterr(IFLOW_EFORMAT, "nonzero padding at byte %llu in '%s'", (unsigned long long)(at + i), path);
+    return 0;
+}
+
+/* Read and check n bytes of padding. */
 static int in_skip(instream *in, size_t n, const char *what)
 {
     unsigned char pad[IFLOW_SHARD_ALIGN];
-    return n ? in_need(in, pad, n, what) : 0;
+    uint64_t at = in->pos;
+    int rc = n ? in_need(in, pad, n, what) : 0;
+    return rc ? rc : check_padding(pad, n, at, in->path);
 }
 
 /* ===================================================================== streaming reader === */
@@ -413,6 +424,8 @@ static int open_mapped(iflow_shard *sh, const unsigned char *p, size_t len, int 
         at = rec.offset + align_up(rec.nbytes);
         if (at > len)
             return iflow_seterr(IFLOW_ETRUNC, "truncated shard: padding after '%s' runs past the end of '%s'", rec.name, sh->path);
+        if ((rc = check_padding(p + rec.offset + rec.nbytes, (size_t)(at - rec.offset - rec.nbytes), rec.offset + rec.nbytes, sh->path)) < 0)
+            return rc;
     }
 }
 

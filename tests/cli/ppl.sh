@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# iflow-ppl against ../shared/golden (stories260K.wiki1024.*): per-position log-probabilities
+# within 1e-4 of the float64 reference, perplexity within 0.01 % relative, three protocols.
+. "$(dirname "$0")/lib.sh"
+G=$DATA/golden
+WIKI=$DATA/data/wikitext-2-raw/wiki.test.raw
+$BIN/iflow-convert "$DATA/models/stories260K/hf" -o "$TMP/s.ifs" || { bad "convert"; summary; exit 1; }
+
+# worst |ours - golden| over rows joined on position; args: ours.tsv golden.tsv golden-logprob-column
+maxdiff() {
+    awk -F'\t' -v col="$3" 'FNR == 1 { next }
+        NR == FNR { lp[$1] = $6; next }
+        { if (!($1 in lp)) { missing++; next } d = lp[$1] - $col; if (d < 0) d = -d; if (d > m) m = d; n++ }
+        END { if (missing || n == 0) print "missing"; else printf "%.3g %d\n", m, n }' "$1" "$2"
+}
+within() { awk -v a="$1" -v t="$2" 'BEGIN { exit !(a <= t) }'; }
+
+# Protocol W: windows of 256 (BOS + 255), the golden's 1023 text tokens
+run $BIN/iflow-ppl -m "$TMP/s.ifs" -f "$WIKI" -c 256 --max-tokens 1023 --json --logprobs "$TMP/w.tsv"
+expect_rc 0 "protocol W"
+expect_eq "$(jq -r '.tokens_scored, .windows' <<<"$out" | tr '\n' ' ')" "1023 5 " "protocol W: 1023 tokens in 5 windows"
+expect_close "$(jq -r .mean_nll <<<"$out")" 4.6224841484028385 1e-4 "protocol W mean NLL (0.01 %)"
+expect_close "$(jq -r .ppl <<<"$out")" 101.74647178632603 1e-4 "protocol W perplexity (0.01 %)"
+read -r d rows <<<"$(maxdiff "$TMP/w.tsv" "$G/stories260K.wiki1024.win256.logprobs.tsv" 6)"
+expect_eq "$rows" 1023 "protocol W: every golden position scored"
+within "$d" 1e-4 && ok || bad "protocol W: max |logprob diff| $d > 1e-4"
+echo "protocol W: max |logprob - golden| = $d over $rows positions"
+
+# Protocol F: one pass of all 1024 ids is one window of 1024
+run $BIN/iflow-ppl -m "$TMP/s.ifs" -f "$WIKI" -c 1024 --max-tokens 1023 --json --logprobs "$TMP/f.tsv"
+expect_rc 0 "protocol F"
+expect_close "$(jq -r .mean_nll <<<"$out")" 4.72151736402959 1e-4 "protocol F mean NLL (0.01 %)"
+read -r d rows <<<"$(maxdiff "$TMP/f.tsv" "$G/stories260K.wiki1024.logprobs.tsv" 4)"
+expect_eq "$rows" 1023 "protocol F: every golden position scored"
+within "$d" 1e-4 && ok || bad "protocol F: max |logprob diff| $d > 1e-4"
+echo "protocol F: max |logprob - golden| = $d over $rows positions"
+
+# Protocol L: llama.cpp's llama-perplexity, 4 chunks of 256
+run $BIN/iflow-ppl -m "$TMP/s.ifs" -f "$WIKI" -c 256 --chunks 4 --protocol llama.cpp --json
+expect_rc 0 "protocol L"
+expect_eq "$(jq -r .tokens_scored <<<"$out")" 508 "protocol L: 4 x 127 predictions"
+expect_close "$(jq -r .ppl <<<"$out")" 73.10460587481293 1e-4 "protocol L perplexity vs torch float64"
+
+# the issue's command line, text output
+run $BIN/iflow-ppl -m "$TMP/s.ifs" -f "$WIKI" -c 256 --chunks 4
+expect_rc 0 "text output"
+expect_match "$out" "^perplexity: [0-9.]+
+mean NLL: [0-9.]+
+tokens scored: 1020 in 4 windows
+protocol: non-overlapping windows of 256 tokens \(BOS \+ 255 text tokens\), every position scored$" "text output format"
+
+# errors
+run $BIN/iflow-ppl -m "$TMP/s.ifs"
+expect_rc 2 "no text file"
+run $BIN/iflow-ppl -m "$TMP/s.ifs" -f "$TMP/nope.txt"
+expect_rc 1 "missing text file"
+expect_eq "$err" "iflow-ppl: cannot open '$TMP/nope.txt': No such file or directory" "missing text file: message"
+run $BIN/iflow-ppl -m "$TMP/s.ifs" -f "$WIKI" --protocol foo
+expect_rc 2 "unknown protocol"
+
+summary

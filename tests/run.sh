@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# tests/run.sh BUILD_DIR -- run every unit-test binary and every CLI test script.
+#
+# Each test prints one summary line "<name>: P passed, F failed[, S skipped]"; this script
+# echoes them and ends with the totals as "N passed, N failed". Exit status: 0 only if every
+# test program exited 0 and nothing failed.
+set -u
+build=${1:?usage: tests/run.sh BUILD_DIR}
+cd "$(dirname "$0")/.." || exit 2
+export IFLOW_TEST_DATA=${IFLOW_TEST_DATA:-../shared}
+[ -d "$IFLOW_TEST_DATA/models" ] || { echo "tests/run.sh: test data not found in '$IFLOW_TEST_DATA' (set IFLOW_TEST_DATA)" >&2; exit 2; }
+
+passed=0 failed=0 skipped=0 broken=0
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+
+tally() { # name, command...
+    local name=$1; shift
+    local t0=$SECONDS
+    "$@" >"$log" 2>&1
+    local rc=$?
+    local line
+    line=$(grep -E '^[A-Za-z0-9_./-]+: [0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
+    if [ -z "$line" ] || [ $rc -ne 0 ]; then
+        cat "$log"
+    fi
+    if [ -z "$line" ]; then
+        echo "$name: no summary line (exit $rc)"
+        broken=$((broken + 1))
+        return
+    fi
+    echo "$line ($((SECONDS - t0)) s)"
+    local p f s
+    p=$(sed -E 's/.*: ([0-9]+) passed.*/\1/' <<<"$line")
+    f=$(sed -E 's/.*, ([0-9]+) failed.*/\1/' <<<"$line")
+    s=$(sed -nE 's/.*, ([0-9]+) skipped.*/\1/p' <<<"$line")
+    passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + ${s:-0}))
+    [ $rc -eq 0 ] || [ "$f" -gt 0 ] || broken=$((broken + 1))
+}
+
+for t in "$build"/tests/unit/test_*; do
+    [ -x "$t" ] && tally "$(basename "$t")" "$t"
+done
+for t in tests/cli/*.sh; do
+    case $t in */lib.sh) continue ;; esac
+    tally "$(basename "$t" .sh)" bash "$t"
+done
+
+echo "----"
+[ $skipped -gt 0 ] && echo "($skipped skipped: see SKIP lines above)"
+[ $broken -gt 0 ] && echo "$broken test program(s) crashed or exited non-zero without failing a check"
+echo "$passed passed, $failed failed"
+[ $failed -eq 0 ] && [ $broken -eq 0 ]
