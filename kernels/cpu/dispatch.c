@@ -1,0 +1,196 @@
+/*
+ * dispatch.c -- picks an instruction-set path once, and threads the kernels that take n_threads.
+ *
+ * The paths (ref.c, *_avx2.c, *_avx512.c) are single-threaded; this file splits the work:
+ * ifk_matmul hands each OpenMP thread a contiguous range of output rows, ifk_attention hands
+ * out (token, head) pairs. Built with -DIFK_NO_SIMD (the fuzz build, which leaves the SIMD
+ * files out), only the scalar path exists.
+ */
+#include <omp.h>
+#include <stdatomic.h>
+
+#include "kernels/cpu/impl.h"
+#include "kernels/cpu/kernels.h"
+
+#ifndef IFK_NO_SIMD
+#include <cpuid.h>
+#endif
+
+typedef struct {
+    IFK_DECL_MATMUL_ROWS((*matmul_rows));
+    IFK_DECL_ATTEND((*attend));
+    void (*rmsnorm)(float *y, const float *x, const float *w, int n, float eps);
+    void (*softmax)(float *x, int n);
+    void (*silu_mul)(float *g, const float *u, int n);
+    void (*add)(float *y, const float *x, int n);
+    void (*get_row)(float *out, const void *W, int wtype, size_t row, int K);
+} ifk_path;
+
+#define IFK_PATH(X)                                                                         \
+    { ifk_##X##_matmul_rows, ifk_##X##_attend, ifk_##X##_rmsnorm, ifk_##X##_softmax,        \
+      ifk_##X##_silu_mul, ifk_##X##_add, ifk_##X##_get_row }
+
+static const ifk_path path_scalar = IFK_PATH(ref);
+#ifndef IFK_NO_SIMD
+static const ifk_path path_avx2 = IFK_PATH(avx2);
+static const ifk_path path_avx512 = IFK_PATH(avx512);
+#endif
+
+/* -1 until first use; then the IFK_ISA_* in use. */
+static _Atomic int isa_now = -1;
+
+int ifk_isa_detect(void)
+{
+#ifdef IFK_NO_SIMD
+    return IFK_ISA_SCALAR;
+#else
+    /* __builtin_cpu_supports also checks that the OS saves the AVX / AVX-512 registers.
+     * F16C is read from cpuid directly (clang 14's builtin does not know it). */
+    unsigned a, b, c, d;
+    int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+    __builtin_cpu_init();
+    if (!f16c || !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+        return IFK_ISA_SCALAR;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+        return IFK_ISA_AVX512;
+    return IFK_ISA_AVX2;
+#endif
+}
+
+int ifk_isa_current(void)
+{
+    int isa = atomic_load_explicit(&isa_now, memory_order_relaxed);
+    if (isa < 0) {
+        isa = ifk_isa_detect();
+        atomic_store_explicit(&isa_now, isa, memory_order_relaxed);
+    }
+    return isa;
+}
+
+int ifk_set_isa(int isa)
+{
+    int best = ifk_isa_detect();
+    if (isa == IFK_ISA_AUTO)
+        isa = best;
+    if (isa >= IFK_ISA_SCALAR && isa <= best)
+        atomic_store_explicit(&isa_now, isa, memory_order_relaxed);
+    return ifk_isa_current();
+}
+
+const char *ifk_isa_name(int isa)
+{
+    switch (isa) {
+    case IFK_ISA_SCALAR: return "scalar";
+    case IFK_ISA_AVX2: return "avx2";
+    case IFK_ISA_AVX512: return "avx512";
+    default: return "unknown";
+    }
+}
+
+static const ifk_path *path(void)
+{
+#ifndef IFK_NO_SIMD
+    switch (ifk_isa_current()) {
+    case IFK_ISA_AVX512: return &path_avx512;
+    case IFK_ISA_AVX2: return &path_avx2;
+    default: break;
+    }
+#endif
+    return &path_scalar;
+}
+
+/* Threads to use for `work` multiply-adds: the request (all cores when <= 0), but no more
+ * than one per ~64K multiply-adds, so that tiny products do not pay for waking a team. */
+static int threads_for(int n_threads, double work)
+{
+    int nt = n_threads > 0 ? n_threads : omp_get_num_procs();
+    double cap = work / 65536.0;
+    if (cap < nt)
+        nt = cap < 1.0 ? 1 : (int)cap;
+    return nt;
+}
+
+void ifk_matmul(float *y, size_t ldy, const void *W, int wtype, const float *x, size_t ldx,
+                int T, int N, int K, int n_threads)
+{
+    if (T <= 0 || N <= 0)
+        return;
+    const ifk_path *p = path();
+    int nt = threads_for(n_threads, (double)T * N * K);
+    /* Row ranges start at multiples of 16 (one cache line of y) where N allows. */
+    int blocks = (N + 15) / 16;
+    if (nt > blocks)
+        nt = blocks;
+    if (nt <= 1) {
+        p->matmul_rows(y, ldy, W, wtype, x, ldx, T, 0, N, K);
+        return;
+    }
+#pragma omp parallel num_threads(nt)
+    {
+        int id = omp_get_thread_num(), team = omp_get_num_threads();
+        int n0 = (int)((long long)blocks * id / team) * 16;
+        int n1 = (int)((long long)blocks * (id + 1) / team) * 16;
+        if (n1 > N)
+            n1 = N;
+        if (n0 < n1)
+            p->matmul_rows(y, ldy, W, wtype, x, ldx, T, n0, n1, K);
+    }
+}
+
+void ifk_get_row(float *out, const void *W, int wtype, size_t row, int K)
+{
+    path()->get_row(out, W, wtype, row, K);
+}
+
+void ifk_rmsnorm(float *y, const float *x, const float *w, int n, float eps)
+{
+    path()->rmsnorm(y, x, w, n, eps);
+}
+
+void ifk_rope(float *x, int n_heads, int head_dim, int rot_dim, int pos, float theta,
+              const float *freq_scale, int layout)
+{
+    ifk_ref_rope(x, n_heads, head_dim, rot_dim, pos, theta, freq_scale, layout);
+}
+
+void ifk_softmax(float *x, int n)
+{
+    path()->softmax(x, n);
+}
+
+void ifk_silu_mul(float *g, const float *u, int n)
+{
+    path()->silu_mul(g, u, n);
+}
+
+void ifk_add(float *y, const float *x, int n)
+{
+    path()->add(y, x, n);
+}
+
+void ifk_attention(float *out, const float *q, const float *k, const float *v, size_t kv_ld,
+                   int T, int pos0, int n_heads, int n_kv_heads, int head_dim, float scale,
+                   int n_threads)
+{
+    if (T <= 0 || n_heads <= 0 || n_kv_heads <= 0 || head_dim <= 0)
+        return;
+    const ifk_path *p = path();
+    int group = n_heads / n_kv_heads > 0 ? n_heads / n_kv_heads : 1;
+    size_t ld = (size_t)n_heads * head_dim;
+    int pairs = T * n_heads;
+    double work = (double)pairs * (pos0 + (T + 1) / 2.0) * head_dim * 2.0;
+    int nt = threads_for(n_threads, work);
+    if (nt > pairs)
+        nt = pairs;
+    /* Pair i is (t = i / n_heads, h = i % n_heads): neighbours share a kv head. Later tokens
+     * see more keys, so the pairs are dealt out dynamically. */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
+    for (int i = 0; i < pairs; i++) {
+        int t = i / n_heads, h = i % n_heads;
+        int g = h / group < n_kv_heads ? h / group : n_kv_heads - 1;
+        p->attend(out + (size_t)t * ld + (size_t)h * head_dim, q + (size_t)t * ld + (size_t)h * head_dim,
+                  k + (size_t)g * head_dim, v + (size_t)g * head_dim, kv_ld, pos0 + t + 1,
+                  head_dim, scale);
+    }
+}

@@ -1,0 +1,57 @@
+/*
+ * impl.h -- what dispatch.c needs from each instruction-set path (internal to kernels/cpu).
+ *
+ * Every path X in {ref, avx2, avx512} provides the same single-threaded pieces; dispatch.c
+ * picks one set at run time and does all the threading, so a path never sees n_threads:
+ *
+ *   ifk_X_matmul_rows   rows n0 <= n < n1 of the product of ifk_matmul, all T tokens:
+ *                         y[t][n] = sum_k W[n][k] * x[t][k]
+ *   ifk_X_attend        one query vector against n_keys cache rows (the kv head's columns
+ *                       already selected): out = softmax(scale * K q) V
+ *   ifk_X_rmsnorm, _softmax, _silu_mul, _add, _get_row   as in kernels.h
+ *
+ * RoPE has only the scalar version (ifk_ref_rope): it is cheap next to the matmuls.
+ * The SIMD files are compiled with their ISA flags (see the Makefile) and are left out of the
+ * -DIFK_NO_SIMD build, so nothing outside them may reference their symbols in that build.
+ */
+#ifndef IFK_IMPL_H
+#define IFK_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* W: [N][K] of wtype; x: [T][K] at stride ldx; y: [T][N] at stride ldy; only n0 <= n < n1. */
+#define IFK_DECL_MATMUL_ROWS(name)                                                          \
+    void name(float *y, size_t ldy, const void *W, int wtype, const float *x, size_t ldx,   \
+              int T, int n0, int n1, int K)
+
+/* q: [head_dim]; k, v: n_keys rows of [head_dim] at stride kv_ld; out: [head_dim]. */
+#define IFK_DECL_ATTEND(name)                                                               \
+    void name(float *out, const float *q, const float *k, const float *v, size_t kv_ld,     \
+              int n_keys, int head_dim, float scale)
+
+#define IFK_DECL_PATH(X)                                                                    \
+    IFK_DECL_MATMUL_ROWS(ifk_##X##_matmul_rows);                                            \
+    IFK_DECL_ATTEND(ifk_##X##_attend);                                                      \
+    void ifk_##X##_rmsnorm(float *y, const float *x, const float *w, int n, float eps);     \
+    void ifk_##X##_softmax(float *x, int n);                                                \
+    void ifk_##X##_silu_mul(float *g, const float *u, int n);                               \
+    void ifk_##X##_add(float *y, const float *x, int n);                                    \
+    void ifk_##X##_get_row(float *out, const void *W, int wtype, size_t row, int K);
+
+IFK_DECL_PATH(ref)
+IFK_DECL_PATH(avx2)
+IFK_DECL_PATH(avx512)
+
+/* y[i] = e^x[i] with the path's vector exp (tests measure its error against exp()). */
+void ifk_avx2_exp(float *y, const float *x, int n);
+void ifk_avx512_exp(float *y, const float *x, int n);
+
+void ifk_ref_rope(float *x, int n_heads, int head_dim, int rot_dim, int pos, float theta,
+                  const float *freq_scale, int layout);
+
+/* Exact scalar conversions (ref.c): IEEE half (subnormals, inf, NaN) and bfloat16 to float. */
+float ifk_f16_to_f32(uint16_t h);
+float ifk_bf16_to_f32(uint16_t b);
+
+#endif

@@ -1,0 +1,193 @@
+/*
+ * matmul_avx2.c -- y = x W^T with AVX2 + FMA + F16C, for F32 / F16 / BF16 weights.
+ *
+ * The same plan as matmul_avx512.c with 8-lane registers. Decode streams 4 weight rows at a
+ * time against x. Prefill converts a block of PF_NB rows x PF_KC columns to F32 (per-thread
+ * buffer, kept in L2) and passes every token over it, 4 rows x 3 tokens at a time: 12
+ * accumulators + 3 token registers + 1 weight register = the 16 ymm registers.
+ */
+#include "kernels/cpu/impl.h"
+#include "kernels/cpu/vec_avx2.h"
+
+/* ---- decode ------------------------------------------------------------------------------ */
+
+/* y[n] = W[n] . x for n0 <= n < n1.  W: [N][K] of wt; x: [K]; y: [N]. */
+IFK_INLINE void gemv(int wt, float *y, const void *W, const float *x, int n0, int n1, int K)
+{
+    const int K8 = K & ~7, rest = K - K8;
+    int n = n0;
+    for (; n + 4 <= n1; n += 4) {
+        size_t r0 = (size_t)n * K, r1 = r0 + K, r2 = r1 + K, r3 = r2 + K;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        int k = 0;
+        for (; k < K8; k += 8) {
+            __m256 xv = _mm256_loadu_ps(x + k);
+            a0 = _mm256_fmadd_ps(v8_load_w(W, wt, r0 + k), xv, a0);
+            a1 = _mm256_fmadd_ps(v8_load_w(W, wt, r1 + k), xv, a1);
+            a2 = _mm256_fmadd_ps(v8_load_w(W, wt, r2 + k), xv, a2);
+            a3 = _mm256_fmadd_ps(v8_load_w(W, wt, r3 + k), xv, a3);
+        }
+        if (rest) {
+            __m256 xv = v8_load_part(x + k, rest);
+            a0 = _mm256_fmadd_ps(v8_load_w_part(W, wt, r0 + k, rest), xv, a0);
+            a1 = _mm256_fmadd_ps(v8_load_w_part(W, wt, r1 + k, rest), xv, a1);
+            a2 = _mm256_fmadd_ps(v8_load_w_part(W, wt, r2 + k, rest), xv, a2);
+            a3 = _mm256_fmadd_ps(v8_load_w_part(W, wt, r3 + k, rest), xv, a3);
+        }
+        _mm_storeu_ps(y + n, v8_hsum4(a0, a1, a2, a3));
+    }
+    for (; n < n1; n++) {
+        size_t r0 = (size_t)n * K;
+        __m256 a0 = _mm256_setzero_ps();
+        int k = 0;
+        for (; k < K8; k += 8)
+            a0 = _mm256_fmadd_ps(v8_load_w(W, wt, r0 + k), _mm256_loadu_ps(x + k), a0);
+        if (rest)
+            a0 = _mm256_fmadd_ps(v8_load_w_part(W, wt, r0 + k, rest), v8_load_part(x + k, rest), a0);
+        y[n] = v8_hsum(a0);
+    }
+}
+
+/* ---- prefill ----------------------------------------------------------------------------- */
+
+#define PF_NB 32  /* rows per block */
+#define PF_KC 512 /* K elements per chunk */
+#define MR 4      /* rows per micro-tile */
+#define MT 3      /* tokens per micro-tile */
+
+/* Per-thread F32 copy of one block's chunk of F16 / BF16 rows: [PF_NB][PF_KC]. */
+static _Thread_local _Alignas(64) float wbuf[PF_NB * PF_KC];
+
+/* s[i][j] = w_i . x_j over len elements, for MR rows w_i and MT tokens x_j (pointers may
+ * repeat: callers pad a short tile that way). w: MR x [len] F32; x: MT x [len]. */
+IFK_INLINE void dot_tile(float s[MR][MT], const float *const w[MR], const float *const x[MT], int len)
+{
+    __m256 acc[MR][MT];
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < MT; j++)
+            acc[i][j] = _mm256_setzero_ps();
+    const int len8 = len & ~7;
+    int k = 0;
+    for (; k < len8; k += 8) {
+        __m256 xv[MT];
+#pragma GCC unroll 4
+        for (int j = 0; j < MT; j++)
+            xv[j] = _mm256_loadu_ps(x[j] + k);
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; i++) {
+            __m256 wv = _mm256_loadu_ps(w[i] + k);
+#pragma GCC unroll 4
+            for (int j = 0; j < MT; j++)
+                acc[i][j] = _mm256_fmadd_ps(wv, xv[j], acc[i][j]);
+        }
+    }
+    if (k < len) {
+        __m256 xv[MT];
+#pragma GCC unroll 4
+        for (int j = 0; j < MT; j++)
+            xv[j] = v8_load_part(x[j] + k, len - k);
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; i++) {
+            __m256 wv = v8_load_part(w[i] + k, len - k);
+#pragma GCC unroll 4
+            for (int j = 0; j < MT; j++)
+                acc[i][j] = _mm256_fmadd_ps(wv, xv[j], acc[i][j]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < MT; j++) {
+        float col[4];
+        _mm_storeu_ps(col, v8_hsum4(acc[0][j], acc[1][j], acc[2][j], acc[3][j]));
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; i++)
+            s[i][j] = col[i];
+    }
+}
+
+/* dst[r][k] = W[n + r][k0 + k] as F32 for r < nr, k < kc.  dst: [nr][PF_KC]. */
+IFK_INLINE void convert_block(float *dst, const void *W, int wt, int n, int nr, int K, int k0, int kc)
+{
+    const int kc8 = kc & ~7;
+    for (int r = 0; r < nr; r++) {
+        size_t src = (size_t)(n + r) * K + k0;
+        float *d = dst + (size_t)r * PF_KC;
+        int k = 0;
+        for (; k < kc8; k += 8)
+            _mm256_store_ps(d + k, v8_load_w(W, wt, src + k));
+        if (k < kc)
+            v8_store_part(d + k, kc - k, v8_load_w_part(W, wt, src + k, kc - k));
+    }
+}
+
+/* y[t][n] = W[n] . x[t] for all t < T, n0 <= n < n1.  W: [N][K] of wt; x: [T][K] at stride
+ * ldx; y: [T][N] at stride ldy. */
+IFK_INLINE void gemm(int wt, float *y, size_t ldy, const void *W, const float *x, size_t ldx,
+                     int T, int n0, int n1, int K)
+{
+    for (int nb = n0; nb < n1; nb += PF_NB) {
+        const int nr = n1 - nb < PF_NB ? n1 - nb : PF_NB;
+        for (int k0 = 0; k0 < K; k0 += PF_KC) {
+            const int kc = K - k0 < PF_KC ? K - k0 : PF_KC;
+            const float *wb;
+            size_t wld;
+            if (wt == IFK_F32) {
+                wb = (const float *)W + (size_t)nb * K + k0;
+                wld = (size_t)K;
+            } else {
+                convert_block(wbuf, W, wt, nb, nr, K, k0, kc);
+                wb = wbuf;
+                wld = PF_KC;
+            }
+            for (int t = 0; t < T; t += MT) {
+                const int nt = T - t < MT ? T - t : MT;
+                const float *xp[MT];
+                for (int j = 0; j < MT; j++)
+                    xp[j] = x + (size_t)(t + (j < nt ? j : nt - 1)) * ldx + k0;
+                for (int r = 0; r < nr; r += MR) {
+                    const int rr = nr - r < MR ? nr - r : MR;
+                    const float *wp[MR];
+                    for (int i = 0; i < MR; i++)
+                        wp[i] = wb + (size_t)(r + (i < rr ? i : rr - 1)) * wld;
+                    float s[MR][MT];
+                    dot_tile(s, wp, xp, kc);
+                    for (int j = 0; j < nt; j++) {
+                        float *yt = y + (size_t)(t + j) * ldy + nb + r;
+                        for (int i = 0; i < rr; i++)
+                            yt[i] = k0 == 0 ? s[i][j] : yt[i] + s[i][j];
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* ---- entry ------------------------------------------------------------------------------- */
+
+IFK_DECL_MATMUL_ROWS(ifk_avx2_matmul_rows)
+{
+    if (K <= 0) {
+        for (int t = 0; t < T; t++)
+            for (int n = n0; n < n1; n++)
+                y[(size_t)t * ldy + n] = 0.0f;
+        return;
+    }
+    if (wtype != IFK_F32 && wtype != IFK_F16 && wtype != IFK_BF16) {
+        ifk_ref_matmul_rows(y, ldy, W, wtype, x, ldx, T, n0, n1, K);
+        return;
+    }
+    if (T == 1) {
+        switch (wtype) {
+        case IFK_F32: gemv(IFK_F32, y, W, x, n0, n1, K); break;
+        case IFK_F16: gemv(IFK_F16, y, W, x, n0, n1, K); break;
+        default: gemv(IFK_BF16, y, W, x, n0, n1, K); break;
+        }
+        return;
+    }
+    switch (wtype) {
+    case IFK_F32: gemm(IFK_F32, y, ldy, W, x, ldx, T, n0, n1, K); break;
+    case IFK_F16: gemm(IFK_F16, y, ldy, W, x, ldx, T, n0, n1, K); break;
+    default: gemm(IFK_BF16, y, ldy, W, x, ldx, T, n0, n1, K); break;
+    }
+}

@@ -1,0 +1,195 @@
+/*
+ * matmul_avx512.c -- y = x W^T with AVX-512, for F32 / F16 / BF16 weights.
+ *
+ * Decode (T == 1) is a matrix-vector product bounded by memory bandwidth: it streams 4 weight
+ * rows at a time against the vector x (which stays in L1), one accumulator per row.
+ *
+ * Prefill (T > 1) is compute-bound. The rows are taken in blocks of PF_NB and K in chunks of
+ * PF_KC; a block's chunk (converted to F32 in a per-thread buffer unless already F32) stays in
+ * L2 while every token passes over it, 4 rows x 4 tokens at a time (16 accumulators in
+ * registers). Partial sums over K chunks are added into y.
+ */
+#include "kernels/cpu/impl.h"
+#include "kernels/cpu/vec_avx512.h"
+
+/* ---- decode ------------------------------------------------------------------------------ */
+
+/* y[n] = W[n] . x for n0 <= n < n1.  W: [N][K] of wt; x: [K]; y: [N]. */
+IFK_INLINE void gemv(int wt, float *y, const void *W, const float *x, int n0, int n1, int K)
+{
+    const int K16 = K & ~15;
+    const __mmask16 tail = v16_mask(K - K16);
+    int n = n0;
+    for (; n + 4 <= n1; n += 4) {
+        size_t r0 = (size_t)n * K, r1 = r0 + K, r2 = r1 + K, r3 = r2 + K;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        int k = 0;
+        for (; k < K16; k += 16) {
+            __m512 xv = _mm512_loadu_ps(x + k);
+            a0 = _mm512_fmadd_ps(v16_load_w(W, wt, r0 + k), xv, a0);
+            a1 = _mm512_fmadd_ps(v16_load_w(W, wt, r1 + k), xv, a1);
+            a2 = _mm512_fmadd_ps(v16_load_w(W, wt, r2 + k), xv, a2);
+            a3 = _mm512_fmadd_ps(v16_load_w(W, wt, r3 + k), xv, a3);
+        }
+        if (k < K) {
+            __m512 xv = _mm512_maskz_loadu_ps(tail, x + k);
+            a0 = _mm512_fmadd_ps(v16_load_w_mask(W, wt, r0 + k, tail), xv, a0);
+            a1 = _mm512_fmadd_ps(v16_load_w_mask(W, wt, r1 + k, tail), xv, a1);
+            a2 = _mm512_fmadd_ps(v16_load_w_mask(W, wt, r2 + k, tail), xv, a2);
+            a3 = _mm512_fmadd_ps(v16_load_w_mask(W, wt, r3 + k, tail), xv, a3);
+        }
+        _mm_storeu_ps(y + n, v16_hsum4(a0, a1, a2, a3));
+    }
+    for (; n < n1; n++) {
+        size_t r0 = (size_t)n * K;
+        __m512 a0 = _mm512_setzero_ps();
+        int k = 0;
+        for (; k < K16; k += 16)
+            a0 = _mm512_fmadd_ps(v16_load_w(W, wt, r0 + k), _mm512_loadu_ps(x + k), a0);
+        if (k < K)
+            a0 = _mm512_fmadd_ps(v16_load_w_mask(W, wt, r0 + k, tail),
+                                 _mm512_maskz_loadu_ps(tail, x + k), a0);
+        y[n] = _mm512_reduce_add_ps(a0);
+    }
+}
+
+/* ---- prefill ----------------------------------------------------------------------------- */
+
+#define PF_NB 32  /* rows per block */
+#define PF_KC 512 /* K elements per chunk */
+
+/* Per-thread F32 copy of one block's chunk of F16 / BF16 rows: [PF_NB][PF_KC]. */
+static _Thread_local _Alignas(64) float wbuf[PF_NB * PF_KC];
+
+/* s[i][j] = w_i . x_j over len elements, for 4 rows w_i and 4 tokens x_j (any of which may
+ * alias: callers repeat a pointer to pad a short block). w: 4 x [len] F32; x: 4 x [len]. */
+IFK_INLINE void dot4x4(__m128 s[4], const float *const w[4], const float *const x[4], int len)
+{
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++)
+            acc[i][j] = _mm512_setzero_ps();
+    const int len16 = len & ~15;
+    int k = 0;
+    for (; k < len16; k += 16) {
+        __m512 xv[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++)
+            xv[j] = _mm512_loadu_ps(x[j] + k);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            __m512 wv = _mm512_loadu_ps(w[i] + k);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++)
+                acc[i][j] = _mm512_fmadd_ps(wv, xv[j], acc[i][j]);
+        }
+    }
+    if (k < len) {
+        __mmask16 m = v16_mask(len - k);
+        __m512 xv[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++)
+            xv[j] = _mm512_maskz_loadu_ps(m, x[j] + k);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            __m512 wv = _mm512_maskz_loadu_ps(m, w[i] + k);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++)
+                acc[i][j] = _mm512_fmadd_ps(wv, xv[j], acc[i][j]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++)
+        s[i] = v16_hsum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+}
+
+/* dst[r][k] = W[n + r][k0 + k] as F32 for r < nr, k < kc.  dst: [nr][PF_KC]. */
+IFK_INLINE void convert_block(float *dst, const void *W, int wt, int n, int nr, int K, int k0, int kc)
+{
+    const int kc16 = kc & ~15;
+    for (int r = 0; r < nr; r++) {
+        size_t src = (size_t)(n + r) * K + k0;
+        float *d = dst + (size_t)r * PF_KC;
+        int k = 0;
+        for (; k < kc16; k += 16)
+            _mm512_store_ps(d + k, v16_load_w(W, wt, src + k));
+        if (k < kc)
+            _mm512_mask_storeu_ps(d + k, v16_mask(kc - k), v16_load_w_mask(W, wt, src + k, v16_mask(kc - k)));
+    }
+}
+
+/* y[t][n] = W[n] . x[t] for all t < T, n0 <= n < n1.  W: [N][K] of wt; x: [T][K] at stride
+ * ldx; y: [T][N] at stride ldy. */
+IFK_INLINE void gemm(int wt, float *y, size_t ldy, const void *W, const float *x, size_t ldx,
+                     int T, int n0, int n1, int K)
+{
+    for (int nb = n0; nb < n1; nb += PF_NB) {
+        const int nr = n1 - nb < PF_NB ? n1 - nb : PF_NB;
+        for (int k0 = 0; k0 < K; k0 += PF_KC) {
+            const int kc = K - k0 < PF_KC ? K - k0 : PF_KC;
+            const float *wb;
+            size_t wld;
+            if (wt == IFK_F32) {
+                wb = (const float *)W + (size_t)nb * K + k0;
+                wld = (size_t)K;
+            } else {
+                convert_block(wbuf, W, wt, nb, nr, K, k0, kc);
+                wb = wbuf;
+                wld = PF_KC;
+            }
+            for (int t = 0; t < T; t += 4) {
+                const int nt = T - t < 4 ? T - t : 4;
+                const float *xp[4];
+                for (int j = 0; j < 4; j++)
+                    xp[j] = x + (size_t)(t + (j < nt ? j : nt - 1)) * ldx + k0;
+                for (int r = 0; r < nr; r += 4) {
+                    const int rr = nr - r < 4 ? nr - r : 4;
+                    const float *wp[4];
+                    for (int i = 0; i < 4; i++)
+                        wp[i] = wb + (size_t)(r + (i < rr ? i : rr - 1)) * wld;
+                    __m128 s[4];
+                    dot4x4(s, wp, xp, kc);
+                    float out[4][4];
+                    for (int i = 0; i < 4; i++)
+                        _mm_storeu_ps(out[i], s[i]);
+                    for (int j = 0; j < nt; j++) {
+                        float *yt = y + (size_t)(t + j) * ldy + nb + r;
+                        for (int i = 0; i < rr; i++)
+                            yt[i] = k0 == 0 ? out[i][j] : yt[i] + out[i][j];
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* ---- entry ------------------------------------------------------------------------------- */
+
+IFK_DECL_MATMUL_ROWS(ifk_avx512_matmul_rows)
+{
+    if (K <= 0) {
+        for (int t = 0; t < T; t++)
+            for (int n = n0; n < n1; n++)
+                y[(size_t)t * ldy + n] = 0.0f;
+        return;
+    }
+    if (wtype != IFK_F32 && wtype != IFK_F16 && wtype != IFK_BF16) {
+        ifk_ref_matmul_rows(y, ldy, W, wtype, x, ldx, T, n0, n1, K);
+        return;
+    }
+    if (T == 1) {
+        switch (wtype) {
+        case IFK_F32: gemv(IFK_F32, y, W, x, n0, n1, K); break;
+        case IFK_F16: gemv(IFK_F16, y, W, x, n0, n1, K); break;
+        default: gemv(IFK_BF16, y, W, x, n0, n1, K); break;
+        }
+        return;
+    }
+    switch (wtype) {
+    case IFK_F32: gemm(IFK_F32, y, ldy, W, x, ldx, T, n0, n1, K); break;
+    case IFK_F16: gemm(IFK_F16, y, ldy, W, x, ldx, T, n0, n1, K); break;
+    default: gemm(IFK_BF16, y, ldy, W, x, ldx, T, n0, n1, K); break;
+    }
+}

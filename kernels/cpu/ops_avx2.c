@@ -1,0 +1,215 @@
+/*
+ * ops_avx2.c -- the elementwise kernels and attention with AVX2 + FMA + F16C.
+ *
+ * The same plan as ops_avx512.c: attention walks the keys in chunks of ATT_CHUNK with an
+ * online softmax (a chunk that raises the running maximum rescales what was accumulated).
+ */
+#include <math.h>
+
+#include "kernels/cpu/impl.h"
+#include "kernels/cpu/vec_avx2.h"
+
+#define ATT_CHUNK 512
+
+/* y, x: [n]. */
+void ifk_avx2_exp(float *y, const float *x, int n)
+{
+    for (int i = 0; i < n; i += 8) {
+        int r = n - i < 8 ? n - i : 8;
+        v8_store_part(y + i, r, v8_exp(v8_load_part(x + i, r)));
+    }
+}
+
+/* out: [K] = W[row] as F32; W: [*][K] of wtype. */
+void ifk_avx2_get_row(float *out, const void *W, int wtype, size_t row, int K)
+{
+    if (wtype != IFK_F32 && wtype != IFK_F16 && wtype != IFK_BF16) {
+        ifk_ref_get_row(out, W, wtype, row, K);
+        return;
+    }
+    size_t base = row * (size_t)K;
+    int k = 0;
+    for (; k + 8 <= K; k += 8)
+        _mm256_storeu_ps(out + k, v8_load_w(W, wtype, base + k));
+    if (k < K)
+        v8_store_part(out + k, K - k, v8_load_w_part(W, wtype, base + k, K - k));
+}
+
+/* y, x, w: [n]. */
+void ifk_avx2_rmsnorm(float *y, const float *x, const float *w, int n, float eps)
+{
+    if (n <= 0)
+        return;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
+        a0 = _mm256_fmadd_ps(v0, v0, a0);
+        a1 = _mm256_fmadd_ps(v1, v1, a1);
+    }
+    for (; i < n; i += 8) {
+        __m256 v = v8_load_part(x + i, n - i < 8 ? n - i : 8);
+        a0 = _mm256_fmadd_ps(v, v, a0);
+    }
+    float ss = v8_hsum(_mm256_add_ps(a0, a1));
+    __m256 inv = _mm256_set1_ps((float)(1.0 / sqrt((double)ss / n + (double)eps)));
+    for (i = 0; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), inv),
+                                              _mm256_loadu_ps(w + i)));
+    if (i < n) {
+        int r = n - i;
+        v8_store_part(y + i, r, _mm256_mul_ps(_mm256_mul_ps(v8_load_part(x + i, r), inv),
+                                              v8_load_part(w + i, r)));
+    }
+}
+
+/* max of x[0..n); n >= 1. */
+static float vmax(const float *x, int n)
+{
+    __m256 mv = _mm256_set1_ps(-INFINITY);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
+    float m = v8_hmax(mv);
+    for (; i < n; i++)
+        m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+/* x[i] = e^(x[i] - mx) for i < n; returns their sum. */
+static float exp_sub_sum(float *x, int n, float mx)
+{
+    const __m256 mv = _mm256_set1_ps(mx);
+    __m256 sum = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = v8_exp(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
+        sum = _mm256_add_ps(sum, e);
+        _mm256_storeu_ps(x + i, e);
+    }
+    if (i < n) {
+        __m256i m = v8_mask(n - i);
+        __m256 e = _mm256_and_ps(v8_exp(_mm256_sub_ps(v8_load_part(x + i, n - i), mv)), _mm256_castsi256_ps(m));
+        sum = _mm256_add_ps(sum, e);
+        _mm256_maskstore_ps(x + i, m, e);
+    }
+    return v8_hsum(sum);
+}
+
+/* x: [n], in place. */
+void ifk_avx2_softmax(float *x, int n)
+{
+    if (n <= 0)
+        return;
+    float sum = exp_sub_sum(x, n, vmax(x, n));
+    __m256 inv = _mm256_set1_ps(1.0f / sum);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
+    if (i < n)
+        v8_store_part(x + i, n - i, _mm256_mul_ps(v8_load_part(x + i, n - i), inv));
+}
+
+/* g, u: [n]; g = g / (1 + e^-g) * u. */
+void ifk_avx2_silu_mul(float *g, const float *u, int n)
+{
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (int i = 0; i < n; i += 8) {
+        int r = n - i < 8 ? n - i : 8;
+        __m256 gv = v8_load_part(g + i, r);
+        __m256 e = v8_exp(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+        __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, e));
+        v8_store_part(g + i, r, _mm256_mul_ps(s, v8_load_part(u + i, r)));
+    }
+}
+
+/* y, x: [n]. */
+void ifk_avx2_add(float *y, const float *x, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_loadu_ps(x + i)));
+    for (; i < n; i++)
+        y[i] += x[i];
+}
+
+/* s[j] = scale * (q . k_j) for j < nj.  q: [hd]; k: nj rows of [hd] at stride kv_ld; s: [nj]. */
+static void scores(float *s, const float *q, const float *k, size_t kv_ld, int nj, int hd, float scale)
+{
+    int j = 0;
+    for (; j + 4 <= nj; j += 4) {
+        const float *k0 = k + (size_t)j * kv_ld, *k1 = k0 + kv_ld, *k2 = k1 + kv_ld, *k3 = k2 + kv_ld;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int d = 0; d < hd; d += 8) {
+            int r = hd - d < 8 ? hd - d : 8;
+            __m256 qv = v8_load_part(q + d, r);
+            a0 = _mm256_fmadd_ps(v8_load_part(k0 + d, r), qv, a0);
+            a1 = _mm256_fmadd_ps(v8_load_part(k1 + d, r), qv, a1);
+            a2 = _mm256_fmadd_ps(v8_load_part(k2 + d, r), qv, a2);
+            a3 = _mm256_fmadd_ps(v8_load_part(k3 + d, r), qv, a3);
+        }
+        _mm_storeu_ps(s + j, _mm_mul_ps(v8_hsum4(a0, a1, a2, a3), _mm_set1_ps(scale)));
+    }
+    for (; j < nj; j++) {
+        const float *k0 = k + (size_t)j * kv_ld;
+        __m256 a0 = _mm256_setzero_ps();
+        for (int d = 0; d < hd; d += 8) {
+            int r = hd - d < 8 ? hd - d : 8;
+            a0 = _mm256_fmadd_ps(v8_load_part(k0 + d, r), v8_load_part(q + d, r), a0);
+        }
+        s[j] = v8_hsum(a0) * scale;
+    }
+}
+
+/* out[d] = c * out[d] + sum_j p[j] v_j[d].  out: [hd]; v: nj rows of [hd] at stride kv_ld. */
+static void accumulate_v(float *out, float c, const float *p, const float *v, size_t kv_ld, int nj, int hd)
+{
+    const __m256 cv = _mm256_set1_ps(c);
+    for (int d = 0; d < hd; d += 32) {          /* 4 registers of out at a time */
+        __m256i m[4];
+        __m256 acc[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            int left = hd - d - 8 * i;
+            m[i] = v8_mask(left <= 0 ? 0 : left < 8 ? left : 8);
+            acc[i] = _mm256_mul_ps(_mm256_maskload_ps(out + d + 8 * i, m[i]), cv);
+        }
+        const float *vd = v + d;
+        for (int j = 0; j < nj; j++, vd += kv_ld) {
+            __m256 pj = _mm256_set1_ps(p[j]);
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++)
+                acc[i] = _mm256_fmadd_ps(pj, _mm256_maskload_ps(vd + 8 * i, m[i]), acc[i]);
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++)
+            _mm256_maskstore_ps(out + d + 8 * i, m[i], acc[i]);
+    }
+}
+
+/* q: [head_dim]; k, v: n_keys rows of [head_dim] at stride kv_ld; out: [head_dim]. */
+IFK_DECL_ATTEND(ifk_avx2_attend)
+{
+    _Alignas(32) float s[ATT_CHUNK];
+    for (int d = 0; d < head_dim; d++)
+        out[d] = 0.0f;
+    if (n_keys <= 0)
+        return;
+    float mx = -INFINITY;
+    float sum = 0.0f;
+    for (int j0 = 0; j0 < n_keys; j0 += ATT_CHUNK) {
+        const int nj = n_keys - j0 < ATT_CHUNK ? n_keys - j0 : ATT_CHUNK;
+        scores(s, q, k + (size_t)j0 * kv_ld, kv_ld, nj, head_dim, scale);
+        float cmx = vmax(s, nj);
+        float c = 1.0f;                          /* rescales what earlier chunks summed */
+        if (cmx > mx) {
+            c = j0 == 0 ? 0.0f : expf(mx - cmx);
+            mx = cmx;
+        }
+        sum = sum * c + exp_sub_sum(s, nj, mx);
+        accumulate_v(out, c, s, v + (size_t)j0 * kv_ld, kv_ld, nj, head_dim);
+    }
+    const float inv = 1.0f / sum;
+    for (int d = 0; d < head_dim; d++)
+        out[d] *= inv;
+}
