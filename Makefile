@@ -57,7 +57,7 @@ UNIT_COMMON := $(filter-out tests/unit/test_%.c,$(wildcard tests/unit/*.c))
 FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_SECONDS ?= 20
 
-.PHONY: all deps demo check check-unit check-cli bench fuzz fuzz-build docs install clean cuda
+.PHONY: all deps demo check bench fuzz fuzz-deps fuzz-build fuzz-run docs install clean
 all: $(BINS)
 
 # ---- library and programs -------------------------------------------------------------------
@@ -140,7 +140,15 @@ build/fuzz/%: tests/fuzz/%.c $(LIB_SRC)
 	@mkdir -p build/fuzz
 	clang $(FUZZ_CFLAGS) -DIFK_NO_SIMD -o $@ $< $(FUZZ_LIB_SRC) $(LDLIBS)
 
-fuzz: deps fuzz-build
+fuzz-deps:
+	@command -v clang >/dev/null || { SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq clang >/dev/null; }
+
+fuzz: deps fuzz-deps
+	@$(MAKE) --no-print-directory fuzz-build
+	@$(MAKE) --no-print-directory fuzz-run
+
+fuzz-run:
 	@for f in $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%); do \
 	  n=$$(basename $$f); mkdir -p build/fuzz/corpus-$$n; \
 	  echo "== $$n ($(FUZZ_SECONDS)s)"; \

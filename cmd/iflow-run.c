@@ -203,6 +203,8 @@ static int run(const run_opts *o)
 {
     if (strcmp(o->model, "-") == 0 && !o->prompt)
         die_usage(&tool, "the model comes from standard input, so prompts must come from -p");
+    if (!o->prompt && isatty(0))
+        die_usage(&tool, "no prompt: give -p TEXT or pipe prompts, one per line, to standard input");
     generator g = {.o = o};
     iflow_model *m;
     double t0 = now_s();
@@ -220,8 +222,6 @@ static int run(const run_opts *o)
     if (o->prompt) {
         generate(&g, o->prompt, strlen(o->prompt));
     } else {
-        if (isatty(0))
-            die_usage(&tool, "no prompt: give -p TEXT or pipe prompts, one per line, to standard input");
         char *line = NULL;
         size_t cap = 0;
         ssize_t len;

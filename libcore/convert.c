@@ -175,11 +175,11 @@ static int tensor_payload(job *j, size_t i, int dt, const void **data, size_t *n
         *cap = need;
     }
     if (t)
-        return *data = *buf, iflow_convert(*buf, dt, t->data, t->dtype, n);
+        return *data = *buf, iflow_dtype_convert(*buf, dt, t->data, t->dtype, n);
     float *tmp = (float *)((char *)*buf + *nbytes); /* synthetic: F32 values, then converted */
     synth_fill(tmp, n, r, j->o->seed);
     *data = *buf;
-    return iflow_convert(*buf, dt, tmp, IFLOW_DT_F32, n);
+    return iflow_dtype_convert(*buf, dt, tmp, IFLOW_DT_F32, n);
 }
 
 static int write_tensors(job *j, iflow_shard_writer *w)
@@ -190,8 +190,8 @@ static int write_tensors(job *j, iflow_shard_writer *w)
     for (size_t i = 0; i < j->n_reqs && rc == 0; i++) {
         const iflow_tensor_req *r = &j->reqs[i];
         int dt = target_type(j, r, j->src[i] ? j->src[i]->dtype : IFLOW_DT_F32);
-        const void *data;
-        size_t nbytes;
+        const void *data = NULL;
+        size_t nbytes = 0;
         if ((rc = tensor_payload(j, i, dt, &data, &nbytes, &buf, &cap)) == 0)
             rc = iflow_shard_write_tensor(w, r->name, dt, r->n_dims, r->shape, data, nbytes);
         if (j->src[i])

@@ -127,7 +127,7 @@ uint16_t iflow_f32_to_bf16(float f)
     return (uint16_t)(x >> 16);
 }
 
-int iflow_convert(void *dst, int dst_dt, const void *src, int src_dt, size_t n)
+int iflow_dtype_convert(void *dst, int dst_dt, const void *src, int src_dt, size_t n)
 {
     if (!iflow_dtype_is_float(dst_dt) || !iflow_dtype_is_float(src_dt))
         return iflow_seterr(IFLOW_EUNSUPPORTED, "cannot convert %s to %s",

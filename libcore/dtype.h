@@ -41,6 +41,6 @@ float    iflow_bf16_to_f32(uint16_t b);
 uint16_t iflow_f32_to_bf16(float f);
 
 /* Convert n elements between float types (src and dst must not overlap unless equal types). */
-int iflow_convert(void *dst, int dst_dt, const void *src, int src_dt, size_t n);
+int iflow_dtype_convert(void *dst, int dst_dt, const void *src, int src_dt, size_t n);
 
 #endif

@@ -305,7 +305,7 @@ static int bind_all(iflow_model *m)
     if (!m->layers)
         rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
     for (size_t i = 0; i < n && rc == 0; i++) {
-        const iflow_shard_rec *t;
+        const iflow_shard_rec *t = NULL;
         int is_weight;
         void *dst = slot(m, reqs[i].name, &is_weight);
         if ((rc = bind(m, &reqs[i], &t)) < 0)

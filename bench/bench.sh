@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# bench/bench.sh BUILD_DIR -- iflow's benchmarks as one JSON object on stdout (progress on stderr).
+#
+# For stories260K (F32, from its HF folder) and the synthetic TinyLlama-1.1B shape (F16 and F32):
+# convert time and peak RSS, load time, prefill and decode tokens/s at 1 and 2 threads, and
+# decode speed as a fraction of the read bandwidth that ../shared/tools/membw.c measures
+# (decode streams every weight matrix once per token). No thresholds: these are measurements.
+set -euo pipefail
+build=${1:?usage: bench/bench.sh BUILD_DIR}
+cd "$(dirname "$0")/.."
+DATA=${IFLOW_TEST_DATA:-../shared}
+work=${IFLOW_BENCH_DIR:-build/bench}
+mkdir -p "$work"
+log() { echo "bench: $*" >&2; }
+
+cc -O2 -std=c11 -D_GNU_SOURCE -fopenmp -I. $(pkg-config --cflags jansson) bench/iflow-bench.c "$build/libiflow.a" \
+    $(pkg-config --libs libzstd inih jansson libpcre2-8 libutf8proc libxxhash) -lm -o "$work/iflow-bench"
+
+membw() { # threads -> read-only GB/s
+    OMP_NUM_THREADS=$1 OMP_PROC_BIND=close OMP_PLACES=cores "$build/membw" 1 5 2>/dev/null |
+        sed -nE 's/^read-only sum : *([0-9.]+) GB\/s/\1/p'
+}
+log "measuring memory bandwidth"
+bw1=$(membw 1)
+bw2=$(membw 2)
+
+convert() { # name, args... -> JSON {convert_s, peak_rss_mib}
+    local name=$1; shift
+    local line
+    line=$(bin/iflow-convert "$@" -o "$work/$name.ifs" -v 2>&1 >/dev/null | tail -n 1)
+    sed -nE 's/.* in ([0-9.]+) s, peak RSS ([0-9.]+) MiB/{"convert_s": \1, "convert_peak_rss_mib": \2}/p' <<<"$line"
+}
+
+entry() { # name, prefill, decode, convert args...
+    local name=$1 pre=$2 dec=$3; shift 3
+    log "$name: converting"
+    local conv run size
+    conv=$(convert "$name" "$@")
+    size=$(stat -c %s "$work/$name.ifs")
+    log "$name: running"
+    run=$("$work/iflow-bench" "$work/$name.ifs" "$pre" "$dec" 1 2)
+    rm -f "$work/$name.ifs"
+    jq -n --arg name "$name" --argjson conv "$conv" --argjson run "$run" --argjson size "$size" \
+        --argjson bw1 "$bw1" --argjson bw2 "$bw2" '
+        {name: $name, file_bytes: $size} + $conv + {load_s: $run.load_s,
+         decode_bytes_per_token: $run.decode_bytes_per_token,
+         runs: [$run.runs[] | . + {membw_gbps: (if .threads == 1 then $bw1 else $bw2 end)}
+                | . + {decode_fraction_of_bandwidth: (.decode_weight_gbps / .membw_gbps)}]}'
+}
+
+s260=$(entry stories260K-f32 128 128 "$DATA/models/stories260K/hf")
+tl16=$(entry tinyllama-1.1b-f16 64 16 --synthetic "$DATA/models/synthetic/tinyllama-1.1b" -t f16)
+tl32=$(entry tinyllama-1.1b-f32 64 16 --synthetic "$DATA/models/synthetic/tinyllama-1.1b" -t f32)
+
+jq -n --argjson bw1 "$bw1" --argjson bw2 "$bw2" --argjson a "$s260" --argjson b "$tl16" --argjson c "$tl32" \
+    --arg cpu "$(sed -nE 's/^model name\s*: //p' /proc/cpuinfo | head -n 1)" --arg cores "$(nproc)" '
+    {machine: {cpu: $cpu, cores: ($cores | tonumber), membw_read_gbps: {"1": $bw1, "2": $bw2}},
+     models: [$a, $b, $c]}'

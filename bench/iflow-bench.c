@@ -1,0 +1,76 @@
+/* iflow-bench -- load, prefill and decode speed of one shard file, as one JSON object.
+ *
+ *   iflow-bench MODEL [PREFILL_TOKENS=128] [DECODE_TOKENS=32] [THREADS...]
+ *
+ * Token ids are fixed pseudo-random ids (speed does not depend on them). For each thread count
+ * it times one prefill of PREFILL_TOKENS tokens and DECODE_TOKENS single-token steps after it,
+ * best of 2 runs. decode_weight_gbps = bytes of weights read per token (all matrices but the
+ * embedding table) x tokens/s, the figure to compare with the memory bandwidth. */
+#include "libcore/error.h"
+#include "libcore/model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: iflow-bench MODEL [PREFILL_TOKENS] [DECODE_TOKENS] [THREADS...]\n");
+        return 2;
+    }
+    int n_prefill = argc > 2 ? atoi(argv[2]) : 128, n_decode = argc > 3 ? atoi(argv[3]) : 32;
+    double t0 = now();
+    iflow_model *m;
+    if (iflow_model_open(&m, argv[1], 0) < 0) {
+        fprintf(stderr, "iflow-bench: %s\n", iflow_errmsg());
+        return 1;
+    }
+    double t_load = now() - t0;
+    const iflow_hparams *hp = iflow_model_hparams(m);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n_prefill + n_decode));
+    uint32_t s = 12345;
+    for (int i = 0; i < n_prefill + n_decode; i++)
+        ids[i] = (int32_t)((s = s * 1664525u + 1013904223u) >> 8) % hp->vocab_size;
+    float *logits = malloc(sizeof(float) * (size_t)hp->vocab_size);
+    printf("{\"model\": \"%s\", \"load_s\": %.4f, \"decode_bytes_per_token\": %llu, \"runs\": [", argv[1], t_load,
+           (unsigned long long)iflow_model_decode_bytes(m));
+    int n_threads_args = argc > 4 ? argc - 4 : 2;
+    for (int a = 0; a < n_threads_args; a++) {
+        int threads = argc > 4 ? atoi(argv[4 + a]) : a + 1;
+        double best_pre = 1e30, best_dec = 1e30;
+        for (int rep = 0; rep < 2; rep++) {
+            iflow_ctx *c;
+            if (iflow_ctx_open(&c, m, n_prefill + n_decode + 1, threads) < 0) {
+                fprintf(stderr, "iflow-bench: %s\n", iflow_errmsg());
+                return 1;
+            }
+            double a0 = now();
+            iflow_ctx_eval(c, ids, n_prefill, logits, 0);
+            double a1 = now();
+            for (int i = 0; i < n_decode; i++)
+                iflow_ctx_eval(c, ids + n_prefill + i, 1, logits, 0);
+            double a2 = now();
+            best_pre = a1 - a0 < best_pre ? a1 - a0 : best_pre;
+            best_dec = a2 - a1 < best_dec ? a2 - a1 : best_dec;
+            iflow_ctx_close(c);
+        }
+        double dec_tps = n_decode / best_dec;
+        printf("%s{\"threads\": %d, \"prefill_tokens\": %d, \"prefill_tok_s\": %.2f, \"decode_tokens\": %d, "
+               "\"decode_tok_s\": %.3f, \"decode_weight_gbps\": %.3f}",
+               a ? ", " : "", threads, n_prefill, n_prefill / best_pre, n_decode, dec_tps,
+               dec_tps * (double)iflow_model_decode_bytes(m) / 1e9);
+    }
+    printf("]}\n");
+    free(ids);
+    free(logits);
+    iflow_model_close(m);
+    return 0;
+}

@@ -1,0 +1,33 @@
+/* fuzz_spec.c -- spec (.ini) parsing and resolution against a fixed config.json. */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "libcore/spec.h"
+#include "memfile.h"
+
+static const char config[] =
+    "{\"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 8, \"rope_scaling\": "
+    "{\"factor\": 2.0, \"rope_type\": \"llama3\"}, \"architectures\": [\"LlamaForCausalLM\"], \"eos_token_id\": [1, 2]}";
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    char path[64], buf[512];
+    int fd = memfile(data, size, path, sizeof path);
+    if (fd < 0)
+        return 0;
+    iflow_spec *s;
+    if (iflow_spec_load(&s, path) == 0) {
+        json_error_t je;
+        json_t *cfg = json_loads(config, 0, &je), *resolved = NULL;
+        if (iflow_spec_resolve(s, cfg, &resolved) == 0)
+            json_decref(resolved);
+        const char *names[] = {"tok_embd", "blk.0.wq", "blk.12345678901234567890.wq", "output"};
+        for (size_t i = 0; i < 4; i++)
+            iflow_spec_source_name(s, names[i], buf, sizeof buf);
+        iflow_spec_ignored(s, "model.layers.0.self_attn.rotary_emb.inv_freq");
+        json_decref(cfg);
+        iflow_spec_close(s);
+    }
+    close(fd);
+    return 0;
+}
