@@ -150,9 +150,10 @@ fuzz: deps fuzz-deps
 
 fuzz-run:
 	@for f in $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%); do \
-	  n=$$(basename $$f); mkdir -p build/fuzz/corpus-$$n; \
+	  n=$$(basename $$f); mkdir -p build/fuzz/corpus-$$n; seeds=tests/fuzz/seeds/$$n; [ -d $$seeds ] || seeds=; \
 	  echo "== $$n ($(FUZZ_SECONDS)s)"; \
-	  $$f -max_total_time=$(FUZZ_SECONDS) -max_len=65536 build/fuzz/corpus-$$n tests/fuzz/seeds/$$n 2>&1 | tail -n 2 || exit 1; \
+	  if $$f -max_total_time=$(FUZZ_SECONDS) -max_len=65536 build/fuzz/corpus-$$n $$seeds >build/fuzz/$$n.log 2>&1; \
+	  then tail -n 1 build/fuzz/$$n.log; else tail -n 40 build/fuzz/$$n.log; echo "fuzz: $$n failed" >&2; exit 1; fi; \
 	done
 
 # ---- docs, install ---------------------------------------------------------------------------
