@@ -31,11 +31,12 @@ static int convert(const char *rel, const char *out, int dtype)
     return rc;
 }
 
+/* The file's first JSON value (the first record of a .jsonl file). */
 static json_t *load_json(const char *rel)
 {
     const char *p = test_data(rel);
     json_error_t je;
-    return p ? json_load_file(p, 0, &je) : NULL;
+    return p ? json_load_file(p, JSON_DISABLE_EOF_CHECK, &je) : NULL;
 }
 
 static int32_t *ids_of(const json_t *a, size_t *n)
