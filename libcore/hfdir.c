@@ -2,6 +2,7 @@
 #include "hfdir.h"
 #include "error.h"
 #include "jsonutil.h"
+#include "quote.h"
 #include "safetensors.h"
 
 #include <errno.h>
@@ -129,7 +130,7 @@ static int build_index(iflow_hfdir *h)
         size_t *s = slot_for(h, h->t[i].name);
         if (*s)
             return iflow_seterr(IFLOW_EFORMAT, "tensor '%s' is in both '%s' and '%s'",
-                                h->t[i].name, iflow_st_path(h->files[h->t[*s - 1].file]),
+                                iflow_quote(h->t[i].name), iflow_st_path(h->files[h->t[*s - 1].file]),
                                 iflow_st_path(h->files[h->t[i].file]));
         *s = i + 1;
     }
@@ -186,7 +187,7 @@ static int check_shard_name(const char *name, const char *tensor, const char *in
 {
     if (!*name || strchr(name, '/') || strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
         return iflow_seterr(IFLOW_EFORMAT, "tensor '%s' is mapped to '%s', not a file name in "
-                            "the model directory, by '%s'", tensor, name, index);
+                            "the model directory, by '%s'", iflow_quote(tensor), iflow_quote(name), index);
     return 0;
 }
 
@@ -202,7 +203,7 @@ static int shard_names(const json_t *map, const char *index, const char ***names
     json_object_foreach((json_t *)map, key, v) {
         if (!json_is_string(v))
             return iflow_seterr(IFLOW_EFORMAT, "tensor '%s' is mapped to %s, not a file name, "
-                                "by '%s'", key, iflow_json_type_name(v), index);
+                                "by '%s'", iflow_quote(key), iflow_json_type_name(v), index);
         int rc = check_shard_name(json_string_value(v), key, index);
         if (rc < 0)
             return rc;
@@ -224,8 +225,8 @@ static int open_shards(iflow_hfdir *h, const char **names, size_t n, const char 
         return iflow_seterr(IFLOW_ENOMEM, "out of memory opening %zu shards of '%s'", n, h->path);
     for (size_t i = 0; i < n; i++) {
         if (!has_file(h, names[i]))
-            return iflow_seterr(IFLOW_ENOTFOUND, "shard '%s' listed in '%s' not found", names[i],
-                                index);
+            return iflow_seterr(IFLOW_ENOTFOUND, "shard '%s' listed in '%s' not found",
+                                iflow_quote(names[i]), index);
         int rc = open_weights(h, names[i]);
         if (rc < 0)
             return rc;
@@ -243,12 +244,12 @@ static int check_weight_map(const iflow_hfdir *h, const json_t *map, const char 
         const char *want = json_string_value(v);
         if (!t)
             return iflow_seterr(IFLOW_ENOTFOUND, "tensor '%s' mapped to '%s' by '%s' is not in "
-                                "that file", key, want, index);
+                                "that file", iflow_quote(key), iflow_quote(want), index);
         const char *have = iflow_st_path(h->files[t->file]);
         size_t lh = strlen(have), lw = strlen(want);
         if (lh < lw + 1 || have[lh - lw - 1] != '/' || strcmp(have + lh - lw, want) != 0)
             return iflow_seterr(IFLOW_EFORMAT, "tensor '%s' mapped to '%s' by '%s' is in '%s' "
-                                "instead", key, want, index, have);
+                                "instead", iflow_quote(key), iflow_quote(want), index, have);
     }
     return 0;
 }

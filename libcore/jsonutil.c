@@ -1,6 +1,7 @@
 /* jsonutil.c -- see jsonutil.h. */
 #include "jsonutil.h"
 #include "error.h"
+#include "quote.h"
 
 #include <errno.h>
 #include <math.h>
@@ -58,7 +59,7 @@ int iflow_json_load_buf(json_t **out, const void *buf, size_t n, const char *nam
     if (json_error_code(&err) == json_error_out_of_memory)
         return iflow_seterr(IFLOW_ENOMEM, "%s: out of memory parsing json", name);
     return iflow_seterr(IFLOW_EFORMAT, "%s:%d:%d: invalid json: %s", name, err.line,
-                        err.column, err.text);
+                        err.column, iflow_quote(err.text));
 }
 
 int iflow_json_load_file(json_t **out, const char *path)
@@ -171,7 +172,7 @@ static const json_t *lookup_present(const json_t *obj, const char *path, const c
 {
     const json_t *v = iflow_json_lookup(obj, path);
     if (!v || json_is_null(v)) {
-        iflow_seterr(IFLOW_ENOTFOUND, "missing key '%s' in '%s'", path ? path : "(null)",
+        iflow_seterr(IFLOW_ENOTFOUND, "missing key '%s' in '%s'", iflow_quote(path),
                      where ? where : "json");
         return NULL;
     }
@@ -183,7 +184,7 @@ static int wrong_type(const json_t *v, const char *path, const char *want, const
     const char *article = json_is_integer(v) || json_is_array(v) || json_is_object(v) ? "an "
                           : json_is_string(v) || json_is_real(v)                     ? "a "
                                                                                      : "";
-    return iflow_seterr(IFLOW_EFORMAT, "key '%s' is %s%s, expected %s in '%s'", path, article,
+    return iflow_seterr(IFLOW_EFORMAT, "key '%s' is %s%s, expected %s in '%s'", iflow_quote(path), article,
                         iflow_json_type_name(v), want, where ? where : "json");
 }
 
@@ -195,7 +196,7 @@ int iflow_json_get_int(const json_t *obj, const char *path, int64_t *out, const 
     int64_t x;
     if (as_int(v, &x) < 0)
         return json_is_real(v) ? iflow_seterr(IFLOW_EFORMAT,
-                                              "key '%s' is %g, expected an integer in '%s'", path,
+                                              "key '%s' is %g, expected an integer in '%s'", iflow_quote(path),
                                               json_real_value(v), where ? where : "json")
                                : wrong_type(v, path, "an integer", where);
     *out = x;

@@ -2,6 +2,7 @@
 #include "safetensors.h"
 #include "dtype.h"
 #include "error.h"
+#include "quote.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -92,13 +93,13 @@ static int get_u64(const json_t *v, uint64_t *out)
 static int parse_shape(iflow_st *st, iflow_src_tensor *t, const json_t *shape)
 {
     if (!json_is_array(shape))
-        return iflow_seterr(IFLOW_EFORMAT, "tensor '%s' has no shape array in '%s'", t->name,
-                            st->path);
+        return iflow_seterr(IFLOW_EFORMAT, "tensor '%s' has no shape array in '%s'",
+                            iflow_quote(t->name), st->path);
     size_t nd = json_array_size(shape);
     if (nd > IFLOW_SRC_MAX_DIMS)
         return iflow_seterr(IFLOW_EUNSUPPORTED,
                             "tensor '%s' has %zu dimensions (at most %d supported) in '%s'",
-                            t->name, nd, IFLOW_SRC_MAX_DIMS, st->path);
+                            iflow_quote(t->name), nd, IFLOW_SRC_MAX_DIMS, st->path);
     t->n_dims = (int)nd;
     for (int d = 0; d < IFLOW_SRC_MAX_DIMS; d++)
         t->shape[d] = 1;
@@ -107,7 +108,7 @@ static int parse_shape(iflow_st *st, iflow_src_tensor *t, const json_t *shape)
         if (get_u64(json_array_get(shape, d), &v) < 0)
             return iflow_seterr(IFLOW_EFORMAT,
                                 "tensor '%s' shape entry %zu is not a non-negative integer in '%s'",
-                                t->name, d, st->path);
+                                iflow_quote(t->name), d, st->path);
         t->shape[d] = (int64_t)v;
     }
     return 0;
@@ -125,17 +126,19 @@ static int check_size(iflow_st *st, const iflow_src_tensor *t, int bits, uint64_
     overflow |= __builtin_mul_overflow(n, (uint64_t)bits, &nbits);
     if (overflow)
         return iflow_seterr(IFLOW_EFORMAT, "tensor '%s' shape %s of %s overflows 64 bits in '%s'",
-                            t->name, shape_str(sh, sizeof sh, t), t->dtype_name, st->path);
+                            iflow_quote(t->name), shape_str(sh, sizeof sh, t), t->dtype_name,
+                            st->path);
     if (nbits % 8)
         return iflow_seterr(IFLOW_EFORMAT,
                             "tensor '%s' shape %s of %s is not a whole number of bytes in '%s'",
-                            t->name, shape_str(sh, sizeof sh, t), t->dtype_name, st->path);
+                            iflow_quote(t->name), shape_str(sh, sizeof sh, t), t->dtype_name,
+                            st->path);
     if (nbits / 8 != end - begin)
         return iflow_seterr(IFLOW_EFORMAT,
                             "tensor '%s' shape %s of %s needs %" PRIu64 " bytes but data_offsets "
                             "[%" PRIu64 ", %" PRIu64 ") hold %" PRIu64 " in '%s'",
-                            t->name, shape_str(sh, sizeof sh, t), t->dtype_name, nbits / 8, begin,
-                            end, end - begin, st->path);
+                            iflow_quote(t->name), shape_str(sh, sizeof sh, t), t->dtype_name,
+                            nbits / 8, begin, end, end - begin, st->path);
     return 0;
 }
 
@@ -146,16 +149,16 @@ static int parse_offsets(iflow_st *st, const iflow_src_tensor *t, const json_t *
         get_u64(json_array_get(offs, 0), begin) < 0 || get_u64(json_array_get(offs, 1), end) < 0)
         return iflow_seterr(IFLOW_EFORMAT,
                             "tensor '%s' data_offsets is not a pair of non-negative integers "
-                            "in '%s'", t->name, st->path);
+                            "in '%s'", iflow_quote(t->name), st->path);
     if (*begin > *end)
         return iflow_seterr(IFLOW_EFORMAT,
                             "tensor '%s' data_offsets [%" PRIu64 ", %" PRIu64 ") end before they "
-                            "begin in '%s'", t->name, *begin, *end, st->path);
+                            "begin in '%s'", iflow_quote(t->name), *begin, *end, st->path);
     if (*end > st->data_size)
         return iflow_seterr(IFLOW_ETRUNC,
                             "tensor '%s' data [%" PRIu64 ", %" PRIu64 ") lies outside the data "
                             "region (%" PRIu64 " bytes) in '%s'",
-                            t->name, *begin, *end, st->data_size, st->path);
+                            iflow_quote(t->name), *begin, *end, st->data_size, st->path);
     return 0;
 }
 
@@ -164,16 +167,17 @@ static int parse_entry(iflow_st *st, iflow_src_tensor *t, const char *name, cons
 {
     t->name = name;
     if (!json_is_object(v))
-        return iflow_seterr(IFLOW_EFORMAT, "tensor '%s' entry is not a json object in '%s'", name,
+        return iflow_seterr(IFLOW_EFORMAT, "tensor '%s' entry is not a json object in '%s'",
+                            iflow_quote(name),
                             st->path);
     const json_t *dt = json_object_get(v, "dtype");
     if (!json_is_string(dt))
-        return iflow_seterr(IFLOW_EFORMAT, "tensor '%s' has no dtype string in '%s'", name,
-                            st->path);
+        return iflow_seterr(IFLOW_EFORMAT, "tensor '%s' has no dtype string in '%s'",
+                            iflow_quote(name), st->path);
     int di = dtype_index(json_string_value(dt));
     if (di < 0)
-        return iflow_seterr(IFLOW_EFORMAT, "tensor '%s' has unknown dtype '%s' in '%s'", name,
-                            json_string_value(dt), st->path);
+        return iflow_seterr(IFLOW_EFORMAT, "tensor '%s' has unknown dtype '%s' in '%s'",
+                            iflow_quote(name), iflow_quote(json_string_value(dt)), st->path);
     t->dtype = dtypes[di].dt;
     t->dtype_name = dtypes[di].name;
     int rc = parse_shape(st, t, json_object_get(v, "shape"));
@@ -212,8 +216,8 @@ static int check_overlaps(iflow_st *st)
             return iflow_seterr(IFLOW_EFORMAT,
                                 "tensor '%s' data [%" PRIu64 ", %" PRIu64 ") overlaps tensor '%s' "
                                 "data [%" PRIu64 ", %" PRIu64 ") in '%s'",
-                                t->name, b, b + t->nbytes, last->name, lb, lb + last->nbytes,
-                                st->path);
+                                iflow_quote(t->name), b, b + t->nbytes, iflow_quote(last->name), lb,
+                                lb + last->nbytes, st->path);
         }
         if (!last || t->file_offset + t->nbytes > last->file_offset + last->nbytes)
             last = t;
@@ -239,7 +243,7 @@ static int build_name_index(iflow_st *st)
     for (size_t i = 1; i < st->n; i++) /* jansson rejected duplicate keys; keep the invariant */
         if (strcmp(st->by_name[i - 1]->name, st->by_name[i]->name) == 0)
             return iflow_seterr(IFLOW_EFORMAT, "duplicate tensor name '%s' in '%s'",
-                                st->by_name[i]->name, st->path);
+                                iflow_quote(st->by_name[i]->name), st->path);
     return 0;
 }
 
@@ -262,15 +266,16 @@ static int parse_json(iflow_st *st, uint64_t n)
         const char *q = strstr(err.text, "near '\"");
         size_t len = q ? strlen(q + 7) : 0;
         if (len >= 2 && q[7 + len - 1] == '\'' && q[7 + len - 2] == '"')
-            return iflow_seterr(IFLOW_EFORMAT, "duplicate tensor name '%.*s' in '%s' at byte "
-                                "%" PRIu64, (int)(len - 2), q + 7, st->path,
+            return iflow_seterr(IFLOW_EFORMAT, "duplicate tensor name '%s' in '%s' at byte "
+                                "%" PRIu64, iflow_quoten(q + 7, len - 2), st->path,
                                 8 + (uint64_t)err.position);
         return iflow_seterr(IFLOW_EFORMAT, "duplicate tensor name in '%s' at byte %" PRIu64
-                            " (%s)", st->path, 8 + (uint64_t)err.position, err.text);
+                            " (%s)", st->path, 8 + (uint64_t)err.position, iflow_quote(err.text));
     }
     default:
         return iflow_seterr(IFLOW_EFORMAT, "malformed json in the header of '%s' at byte "
-                            "%" PRIu64 ": %s", st->path, 8 + (uint64_t)err.position, err.text);
+                            "%" PRIu64 ": %s", st->path, 8 + (uint64_t)err.position,
+                            iflow_quote(err.text));
     }
 }
 

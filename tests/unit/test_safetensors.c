@@ -685,6 +685,8 @@ static void test_bad_headers(void)
         {"[1, 2]", 0, IFLOW_EFORMAT, "does not start with '{'"},
         {"{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}} x", 8,
          IFLOW_EFORMAT, "malformed json"},
+        {"{\"a\\nb\": {\"dtype\": \"F32\", \"shape\": [3], \"data_offsets\": [0, 8]}}", 8,
+         IFLOW_EFORMAT, "tensor 'a\\x0ab' shape [3] of F32 needs 12 bytes"},
         {"{\"a\\u0000b\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}}", 8,
          IFLOW_EFORMAT, "malformed json"},
     };
