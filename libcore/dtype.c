@@ -138,18 +138,25 @@ int iflow_dtype_convert(void *dst, int dst_dt, const void *src, int src_dt, size
             memmove(dst, src, iflow_dtype_nbytes(src_dt, n));
         return 0;
     }
-    const uint16_t *s16 = src;
-    const float *s32 = src;
-    uint16_t *d16 = dst;
-    float *d32 = dst;
+    /* Loads and stores go through memcpy: source data mapped from a file need not be aligned. */
+    const unsigned char *sp = src;
+    unsigned char *dp = dst;
+    size_t ss = src_dt == IFLOW_DT_F32 ? 4 : 2, ds = dst_dt == IFLOW_DT_F32 ? 4 : 2;
     for (size_t i = 0; i < n; i++) {
-        float v = src_dt == IFLOW_DT_F32 ? s32[i]
-                : src_dt == IFLOW_DT_F16 ? iflow_f16_to_f32(s16[i])
-                                         : iflow_bf16_to_f32(s16[i]);
-        if (dst_dt == IFLOW_DT_F32)
-            d32[i] = v;
-        else
-            d16[i] = dst_dt == IFLOW_DT_F16 ? iflow_f32_to_f16(v) : iflow_f32_to_bf16(v);
+        float v;
+        uint16_t h;
+        if (src_dt == IFLOW_DT_F32) {
+            memcpy(&v, sp + i * ss, 4);
+        } else {
+            memcpy(&h, sp + i * ss, 2);
+            v = src_dt == IFLOW_DT_F16 ? iflow_f16_to_f32(h) : iflow_bf16_to_f32(h);
+        }
+        if (dst_dt == IFLOW_DT_F32) {
+            memcpy(dp + i * ds, &v, 4);
+        } else {
+            h = dst_dt == IFLOW_DT_F16 ? iflow_f32_to_f16(v) : iflow_f32_to_bf16(v);
+            memcpy(dp + i * ds, &h, 2);
+        }
     }
     return 0;
 }

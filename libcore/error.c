@@ -18,9 +18,19 @@ const char *iflow_strerror(int code)
     return names[-code];
 }
 
+/* Messages are one line: control characters that came from a file (a tensor name with a
+ * newline, say) are replaced by '?'. */
+static void one_line(char *s)
+{
+    for (; *s; s++)
+        if ((unsigned char)*s < 0x20 || *s == 0x7f)
+            *s = '?';
+}
+
 int iflow_vseterr(int code, const char *fmt, va_list ap)
 {
     vsnprintf(errbuf, sizeof errbuf, fmt, ap);
+    one_line(errbuf);
     return code;
 }
 
