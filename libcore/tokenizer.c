@@ -427,6 +427,8 @@ static int piece_into(const iflow_tokenizer *t, int32_t id, int first, tok_buf *
         memmove(out->p + start, out->p + start + 1, out->n - start - 1);
         out->n--;
     }
+    if (rc == 0 && out->p)
+        out->p[out->n] = 0; /* edits above may have shortened the text */
     return rc;
 }
 
