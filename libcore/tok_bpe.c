@@ -188,9 +188,34 @@ static int emit_bytes(const iflow_tokenizer *t, const char *w, const bpe_sym *sy
     return 0;
 }
 
-int tok_bpe_word(const iflow_tokenizer *t, tok_scratch *s, const char *w, size_t n, tok_ids *out)
+static int bpe_piece(const iflow_tokenizer *t, tok_scratch *s, const char *w, size_t n, tok_ids *out)
 {
     size_t nsym;
+    int rc = init_syms(t, s, w, n, &nsym);
+    if (rc < 0 || (rc = run_merges(t, s, w, nsym)) < 0)
+        return rc;
+    for (int32_t i = nsym ? 0 : -1; i >= 0; i = s->syms[i].next) {
+        const bpe_sym *sym = &s->syms[i];
+        rc = sym->id >= 0 ? tok_ids_push(out, sym->id) : emit_bytes(t, w, sym, out);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Where the next piece starts: before a U+2581 that follows another character (see split_meta). */
+static size_t next_cut(const char *w, size_t n, size_t from)
+{
+    for (const char *p = w + from; (p = memchr(p, 0xE2, n - (size_t)(p - w))); p++) {
+        size_t i = (size_t)(p - w);
+        if (i + 3 <= n && memcmp(p, "\xE2\x96\x81", 3) == 0 && (i < 3 || memcmp(p - 3, "\xE2\x96\x81", 3) != 0))
+            return i;
+    }
+    return n;
+}
+
+int tok_bpe_word(const iflow_tokenizer *t, tok_scratch *s, const char *w, size_t n, tok_ids *out)
+{
     if (n == 0)
         return 0;
     if (n > INT32_MAX)
@@ -200,12 +225,12 @@ int tok_bpe_word(const iflow_tokenizer *t, tok_scratch *s, const char *w, size_t
         if (id >= 0)
             return tok_ids_push(out, id);
     }
-    int rc = init_syms(t, s, w, n, &nsym);
-    if (rc < 0 || (rc = run_merges(t, s, w, nsym)) < 0)
-        return rc;
-    for (int32_t i = nsym ? 0 : -1; i >= 0; i = s->syms[i].next) {
-        const bpe_sym *sym = &s->syms[i];
-        rc = sym->id >= 0 ? tok_ids_push(out, sym->id) : emit_bytes(t, w, sym, out);
+    if (!t->split_meta)
+        return bpe_piece(t, s, w, n, out);
+    /* long SentencePiece texts: merge word by word, which gives the same result */
+    for (size_t a = 0, b; a < n; a = b) {
+        b = next_cut(w, n, a + 1);
+        int rc = bpe_piece(t, s, w + a, b - a, out);
         if (rc < 0)
             return rc;
     }

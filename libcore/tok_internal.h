@@ -110,6 +110,7 @@ struct iflow_tokenizer {
     int model;
 
     int32_t n_vocab;
+    uint32_t max_token_len;   /* bytes of the longest token text */
     char *arena;
     uint32_t *tok_off, *tok_len;
     uint8_t *attr;
@@ -121,6 +122,8 @@ struct iflow_tokenizer {
     iflow_u64map merges;      /* (left id << 32 | right id) -> (rank, merged id) */
     int by_score;             /* merge the pair whose concatenation has the best score */
     int byte_fallback, ignore_merges, fuse_unk;
+    int split_meta;           /* no token has U+2581 right after another character, so a word
+                                 can be cut before each such U+2581 without changing the merges */
     int32_t byte_tok[256];    /* id of <0xXX>, -1 if missing */
 
     /* WordPiece */

@@ -185,16 +185,22 @@ static int piece_push(tok_scratch *s, size_t a, size_t b, int m)
 
 static int match_setup(tok_scratch *s)
 {
-    if (s->md)
+    if (!s->md && !(s->md = pcre2_match_data_create(1, NULL)))
+        return tok_nomem();
+    return 0;
+}
+
+/* The JIT's default 32 KiB stack was too small: give it up to 8 MiB. */
+static int bigger_stack(tok_scratch *s)
+{
+    if (s->jit)
         return 0;
-    s->md = pcre2_match_data_create(1, NULL);
     s->mctx = pcre2_match_context_create(NULL);
     s->jit = pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, NULL);
-    if (!s->md || !s->mctx)
-        return tok_nomem();
-    if (s->jit)
-        pcre2_jit_stack_assign(s->mctx, NULL, s->jit);
-    return 0;
+    if (!s->mctx || !s->jit)
+        return 0;
+    pcre2_jit_stack_assign(s->mctx, NULL, s->jit);
+    return 1;
 }
 
 /* Split text[off, off+len) by re into s->pieces (absolute offsets, matches flagged). */
@@ -205,6 +211,8 @@ static int find_pieces(const pcre2_code *re, tok_scratch *s, const char *text, s
     s->n_pieces = 0;
     while (pos < len) {
         int rc = pcre2_match(re, subj, len, pos, 0, s->md, s->mctx);
+        if (rc == PCRE2_ERROR_JIT_STACKLIMIT && bigger_stack(s))
+            continue;
         if (rc == PCRE2_ERROR_NOMATCH)
             break;
         if (rc < 0) {

@@ -24,11 +24,25 @@ static size_t prev_char(const char *w, size_t start, size_t end)
     return i + (size_t)tok_utf8_next(w + i, end - i, &cp) == end ? i : end - 1;
 }
 
+/* End of the longest whole-character prefix of w[start, n) of at most max bytes. */
+static size_t clamp_end(const char *w, size_t start, size_t n, size_t max)
+{
+    size_t e = start;
+    while (e < n) {
+        int32_t cp;
+        size_t k = (size_t)tok_utf8_next(w + e, n - e, &cp);
+        if (e + k - start > max)
+            break;
+        e += k;
+    }
+    return e;
+}
+
 /* Longest token matching w[start, end') for some end' <= end; its end in *end_out, or -1. */
 static int32_t longest(const iflow_tokenizer *t, tok_scratch *s, const char *w, size_t start, size_t n,
                        size_t *end_out)
 {
-    for (size_t end = n; end > start; end = prev_char(w, start, end)) {
+    for (size_t end = clamp_end(w, start, n, t->max_token_len); end > start; end = prev_char(w, start, end)) {
         int32_t id;
         if (start == 0) {
             id = iflow_strmap_get(&t->vocab, w, end);

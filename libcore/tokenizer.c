@@ -63,13 +63,29 @@ static int index_bytes(iflow_tokenizer *t)
     return 0;
 }
 
+/* Is there a token with U+2581 right after a character other than U+2581? */
+static int meta_inside(const iflow_tokenizer *t)
+{
+    for (int32_t id = 0; id < t->n_vocab; id++) {
+        const char *s = tok_text(t, id);
+        size_t n = t->tok_len[id];
+        for (const char *p = s + 1; n > 3 && (p = memmem(p, n - (size_t)(p - s), "\xE2\x96\x81", 3)); p++)
+            if (p - s < 3 || memcmp(p - 3, "\xE2\x96\x81", 3) != 0)
+                return 1;
+    }
+    return 0;
+}
+
 int tok_vocab_index(iflow_tokenizer *t)
 {
+    t->split_meta = !meta_inside(t);
     if (iflow_strmap_reserve(&t->vocab, (size_t)t->n_vocab) < 0)
         return IFLOW_ENOMEM;
-    for (int32_t id = 0; id < t->n_vocab; id++)
+    for (int32_t id = 0; id < t->n_vocab; id++) {
         if (t->tok_len[id] && iflow_strmap_put(&t->vocab, tok_text(t, id), t->tok_len[id], id) < 0)
             return IFLOW_ENOMEM;
+        t->max_token_len = t->tok_len[id] > t->max_token_len ? t->tok_len[id] : t->max_token_len;
+    }
     return index_bytes(t);
 }
 
