@@ -30,6 +30,8 @@ int tok_vocab_alloc(iflow_tokenizer *t, int32_t n, size_t bytes)
 {
     if (n <= 0)
         return iflow_seterr(IFLOW_EFORMAT, "empty vocabulary in '%s'", t->name);
+    if (bytes > UINT32_MAX)
+        return iflow_seterr(IFLOW_EFORMAT, "vocabulary text of %zu bytes is too large in '%s'", bytes, t->name);
     t->n_vocab = n;
     t->tok_off = calloc((size_t)n, sizeof *t->tok_off);
     t->tok_len = calloc((size_t)n, sizeof *t->tok_len);
@@ -37,8 +39,6 @@ int tok_vocab_alloc(iflow_tokenizer *t, int32_t n, size_t bytes)
     t->arena = malloc(bytes + 1);
     if (!t->tok_off || !t->tok_len || !t->attr || !t->arena)
         return tok_nomem();
-    if (bytes > UINT32_MAX)
-        return iflow_seterr(IFLOW_EFORMAT, "vocabulary text of %zu bytes is too large in '%s'", bytes, t->name);
     memset(t->attr, TOK_UNUSED, (size_t)n);
     return 0;
 }
