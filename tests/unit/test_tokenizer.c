@@ -56,15 +56,34 @@ static int contains(const char *s, const char *sub)
     return strstr(s, sub) != NULL;
 }
 
-/* tests/fixtures/tokenizers/<file>, found next to this source file or from the repo root. */
+/* Cut the last n path components off path (in place). */
+static void dirname_n(char *path, int n)
+{
+    while (n-- > 0) {
+        char *slash = strrchr(path, '/');
+        if (!slash)
+            return;
+        *slash = 0;
+    }
+}
+
+/* tests/fixtures/tokenizers/<file>: next to this source file, from the current directory (the
+ * repo root), or from the repo root above the binary (<root>/build/<mode>/tests/unit/test_x). */
 static const char *fixture(const char *file)
 {
     static char buf[4096];
+    char exe[2048];
     const char *src = __FILE__, *slash = strrchr(src, '/');
     snprintf(buf, sizeof buf, "%.*s/../fixtures/tokenizers/%s", slash ? (int)(slash - src) : 1, slash ? src : ".", file);
     if (access(buf, R_OK) == 0)
         return buf;
     snprintf(buf, sizeof buf, "tests/fixtures/tokenizers/%s", file);
+    if (access(buf, R_OK) == 0)
+        return buf;
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    exe[n > 0 ? n : 0] = 0;
+    dirname_n(exe, 5);
+    snprintf(buf, sizeof buf, "%s/tests/fixtures/tokenizers/%s", exe, file);
     return access(buf, R_OK) == 0 ? buf : NULL;
 }
 
@@ -296,8 +315,11 @@ static void test_hf_fixtures(void)
     };
     for (int i = 0; i < 3; i++) {
         iflow_tokenizer *t;
-        if (!test_data(dirs[i][0]) || !fixture(dirs[i][1]))
-            SKIP("no %s or %s", dirs[i][0], dirs[i][1]);
+        if (!test_data(dirs[i][0]))
+            SKIP("no %s", dirs[i][0]);
+        CHECK(fixture(dirs[i][1]) != NULL, "fixture %s not found (run from the repo root)", dirs[i][1]);
+        if (!fixture(dirs[i][1]))
+            continue;
         int rc = iflow_tokenizer_open(&t, test_data(dirs[i][0]));
         CHECK(rc == 0, "%s: %s", dirs[i][0], iflow_errmsg());
         if (rc)
