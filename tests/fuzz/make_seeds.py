@@ -211,6 +211,15 @@ def json_seeds(data):
     return seeds
 
 
+def encode_seeds(data):
+    sep = "\n__ggml_vocab_test__\n"
+    tests = open(os.path.join(data, "tokenizer-tests/ggml-vocab-gpt-2.gguf.inp"), encoding="utf-8").read().split(sep)
+    seeds = {"inp%02d.txt" % i: tests[k].encode() for i, k in enumerate([0, 1, 10, 18, 21, 22, 33, 45])}
+    seeds["invalid_utf8.txt"] = b"ok \x80\xbf bad \xc3 tail \xe2\x82 \xed\xa0\x80 \xf4\x90\x80\x80 \xff\xfe end\xc3"
+    seeds["specials.txt"] = "<s>Hi</s> <|endoftext|> [CLS] x [SEP] <unk> \u2581a".encode()
+    return seeds
+
+
 def write(target, seeds):
     d = os.path.join(HERE, "seeds", target)
     os.makedirs(d, exist_ok=True)
@@ -227,6 +236,7 @@ def main():
     args = ap.parse_args()
     write("fuzz_gguf", gguf_seeds())
     write("fuzz_tokenizer_json", json_seeds(args.data))
+    write("fuzz_encode", encode_seeds(args.data))
 
 
 if __name__ == "__main__":
