@@ -173,24 +173,43 @@ void ifk_attention(float *out, const float *q, const float *k, const float *v, s
                    int T, int pos0, int n_heads, int n_kv_heads, int head_dim, float scale,
                    int n_threads)
 {
-    if (T <= 0 || n_heads <= 0 || n_kv_heads <= 0 || head_dim <= 0)
+    /* Shapes outside the contract (heads not a multiple of kv heads) compute nothing. */
+    if (T <= 0 || pos0 < 0 || n_heads <= 0 || n_kv_heads <= 0 || head_dim <= 0 || n_heads % n_kv_heads)
         return;
     const ifk_path *p = path();
-    int group = n_heads / n_kv_heads > 0 ? n_heads / n_kv_heads : 1;
-    size_t ld = (size_t)n_heads * head_dim;
-    int pairs = T * n_heads;
-    double work = (double)pairs * (pos0 + (T + 1) / 2.0) * head_dim * 2.0;
+    const int group = n_heads / n_kv_heads;
+    const size_t ld = (size_t)n_heads * head_dim;
+    double work = (double)T * n_heads * (pos0 + (T + 1) / 2.0) * head_dim * 2.0;
     int nt = threads_for(n_threads, work);
-    if (nt > pairs)
-        nt = pairs;
-    /* Pair i is (t = i / n_heads, h = i % n_heads): neighbours share a kv head. Later tokens
-     * see more keys, so the pairs are dealt out dynamically. */
+    /* A unit of work is a block of tb tokens x hs heads of one kv head's group: the cache rows
+     * it reads are shared by all its queries. Up to IFK_ATT_MAXQ queries a unit, but enough
+     * units to keep every thread busy. */
+    int hs = group, tb = 1;
+    while (hs > IFK_ATT_MAXQ)
+        hs = (hs + 1) / 2;
+    while (tb * 2 * hs <= IFK_ATT_MAXQ && tb < T)
+        tb *= 2;
+    tb = tb < T ? tb : T;
+#define N_UNITS (((T + tb - 1) / tb) * n_kv_heads * ((group + hs - 1) / hs))
+    while (N_UNITS < 4 * nt && (tb > 1 || hs > 1)) {
+        if (tb > 1)
+            tb = (tb + 1) / 2;
+        else
+            hs = (hs + 1) / 2;
+    }
+    const int n_tb = (T + tb - 1) / tb, n_hs = (group + hs - 1) / hs, units = N_UNITS;
+#undef N_UNITS
+    if (nt > units)
+        nt = units;
+    /* Unit u: token block u % n_tb (neighbouring units share cache rows), head slice
+     * (u / n_tb) % n_hs of kv head u / (n_tb * n_hs). Later tokens see more rows, so units are
+     * dealt out dynamically. */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
-    for (int i = 0; i < pairs; i++) {
-        int t = i / n_heads, h = i % n_heads;
-        int g = h / group < n_kv_heads ? h / group : n_kv_heads - 1;
-        p->attend(out + (size_t)t * ld + (size_t)h * head_dim, q + (size_t)t * ld + (size_t)h * head_dim,
-                  k + (size_t)g * head_dim, v + (size_t)g * head_dim, kv_ld, pos0 + t + 1,
-                  head_dim, scale);
+    for (int u = 0; u < units; u++) {
+        int t0 = (u % n_tb) * tb, h0 = ((u / n_tb) % n_hs) * hs, g = u / (n_tb * n_hs);
+        int nt_u = T - t0 < tb ? T - t0 : tb, nh_u = group - h0 < hs ? group - h0 : hs;
+        size_t off = (size_t)t0 * ld + (size_t)(g * group + h0) * head_dim;
+        p->attend(out + off, q + off, ld, k + (size_t)g * head_dim, v + (size_t)g * head_dim, kv_ld,
+                  nt_u, nh_u, pos0 + t0, head_dim, scale);
     }
 }

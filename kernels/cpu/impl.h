@@ -6,8 +6,9 @@
  *
  *   ifk_X_matmul_rows   rows n0 <= n < n1 of the product of ifk_matmul, all T tokens:
  *                         y[t][n] = sum_k W[n][k] * x[t][k]
- *   ifk_X_attend        one query vector against n_keys cache rows (the kv head's columns
- *                       already selected): out = softmax(scale * K q) V
+ *   ifk_X_attend        a block of queries that share one kv head (nt consecutive tokens x
+ *                       nh consecutive query heads) against the cache, causally:
+ *                       out = softmax(scale * K q) V over the rows each query may see
  *   ifk_X_rmsnorm, _softmax, _silu_mul, _add, _get_row   as in kernels.h
  *
  * RoPE has only the scalar version (ifk_ref_rope): it is cheap next to the matmuls.
@@ -25,10 +26,13 @@
     void name(float *y, size_t ldy, const void *W, int wtype, const float *x, size_t ldx,   \
               int T, int n0, int n1, int K)
 
-/* q: [head_dim]; k, v: n_keys rows of [head_dim] at stride kv_ld; out: [head_dim]. */
+/* Query (i, h), 0 <= i < nt, 0 <= h < nh, is q + i*ld + h*head_dim ([head_dim]); its result
+ * goes to out + i*ld + h*head_dim. It sees cache rows 0 .. pos + i: k, v are those rows of
+ * [head_dim] at stride kv_ld (the kv head's columns already selected). nt * nh <= IFK_ATT_MAXQ. */
+#define IFK_ATT_MAXQ 16
 #define IFK_DECL_ATTEND(name)                                                               \
-    void name(float *out, const float *q, const float *k, const float *v, size_t kv_ld,     \
-              int n_keys, int head_dim, float scale)
+    void name(float *out, const float *q, size_t ld, const float *k, const float *v,        \
+              size_t kv_ld, int nt, int nh, int pos, int head_dim, float scale)
 
 #define IFK_DECL_PATH(X)                                                                    \
     IFK_DECL_MATMUL_ROWS(ifk_##X##_matmul_rows);                                            \

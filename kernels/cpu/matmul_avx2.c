@@ -1,57 +1,94 @@
 /*
  * matmul_avx2.c -- y = x W^T with AVX2 + FMA + F16C, for F32 / F16 / BF16 weights.
  *
- * The same plan as matmul_avx512.c with 8-lane registers. Decode streams 4 weight rows at a
- * time against x. Prefill converts a block of PF_NB rows x PF_KC columns to F32 (per-thread
- * buffer, kept in L2) and passes every token over it, 4 rows x 3 tokens at a time: 12
- * accumulators + 3 token registers + 1 weight register = the 16 ymm registers.
+ * The same plan as matmul_avx512.c with 8-lane registers. Prefill converts a block of PF_NB
+ * rows x PF_KC columns to F32 (per-thread buffer, kept in L2) and passes every token over it,
+ * 4 rows x 3 tokens at a time: 12 accumulators + 3 token registers + 1 weight register = the
+ * 16 ymm registers.
  */
 #include "kernels/cpu/impl.h"
 #include "kernels/cpu/vec_avx2.h"
 
 /* ---- decode ------------------------------------------------------------------------------ */
 
-/* y[n] = W[n] . x for n0 <= n < n1.  W: [N][K] of wt; x: [K]; y: [N]. */
-IFK_INLINE void gemv(int wt, float *y, const void *W, const float *x, int n0, int n1, int K)
+/* As in matmul_avx512.c: rows one after another (one forward stream) while a row and x fit in
+ * L1 together, otherwise WIDE rows interleaved so that each x load serves WIDE rows. */
+#define SEQ_BYTES 24576 /* rows with K * (4 + weight size) up to this are read one at a time */
+#define WIDE 8          /* rows read together otherwise */
+
+/* The 8 partial sums of W[r] . x (r: element offset of the row).  W: [*][K] of wt; x: [K]. */
+IFK_INLINE __m256 row_dot(int wt, const void *W, size_t r, const float *x, int K)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0;
+    int k = 0;
+    for (; k + 16 <= K; k += 16) {
+        s0 = _mm256_fmadd_ps(v8_load_w(W, wt, r + k), _mm256_loadu_ps(x + k), s0);
+        s1 = _mm256_fmadd_ps(v8_load_w(W, wt, r + k + 8), _mm256_loadu_ps(x + k + 8), s1);
+    }
+    for (; k + 8 <= K; k += 8)
+        s0 = _mm256_fmadd_ps(v8_load_w(W, wt, r + k), _mm256_loadu_ps(x + k), s0);
+    if (k < K)
+        s1 = _mm256_fmadd_ps(v8_load_w_part(W, wt, r + k, K - k), v8_load_part(x + k, K - k), s1);
+    return _mm256_add_ps(s0, s1);
+}
+
+/* y[n] = W[n] . x for n0 <= n < n1, rows one after another.  W: [N][K] of wt; x: [K]; y: [N]. */
+IFK_INLINE void gemv_seq(int wt, float *y, const void *W, const float *x, int n0, int n1, int K)
+{
+    int n = n0;
+    for (; n + 4 <= n1; n += 4) {
+        size_t r = (size_t)n * K;
+        __m256 s0 = row_dot(wt, W, r, x, K);
+        __m256 s1 = row_dot(wt, W, r + K, x, K);
+        __m256 s2 = row_dot(wt, W, r + 2 * (size_t)K, x, K);
+        __m256 s3 = row_dot(wt, W, r + 3 * (size_t)K, x, K);
+        _mm_storeu_ps(y + n, v8_hsum4(s0, s1, s2, s3));
+    }
+    for (; n < n1; n++)
+        y[n] = v8_hsum(row_dot(wt, W, (size_t)n * K, x, K));
+}
+
+/* The same, WIDE rows interleaved (the rows left over go one at a time). */
+IFK_INLINE void gemv_wide(int wt, float *y, const void *W, const float *x, int n0, int n1, int K)
 {
     const int K8 = K & ~7, rest = K - K8;
     int n = n0;
-    for (; n + 4 <= n1; n += 4) {
-        size_t r0 = (size_t)n * K, r1 = r0 + K, r2 = r1 + K, r3 = r2 + K;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        int k = 0;
-        for (; k < K8; k += 8) {
+    for (; n + WIDE <= n1; n += WIDE) {
+        const size_t r = (size_t)n * K;
+        __m256 acc[WIDE];
+#pragma GCC unroll 8
+        for (int i = 0; i < WIDE; i++)
+            acc[i] = _mm256_setzero_ps();
+        for (int k = 0; k < K8; k += 8) {
             __m256 xv = _mm256_loadu_ps(x + k);
-            a0 = _mm256_fmadd_ps(v8_load_w(W, wt, r0 + k), xv, a0);
-            a1 = _mm256_fmadd_ps(v8_load_w(W, wt, r1 + k), xv, a1);
-            a2 = _mm256_fmadd_ps(v8_load_w(W, wt, r2 + k), xv, a2);
-            a3 = _mm256_fmadd_ps(v8_load_w(W, wt, r3 + k), xv, a3);
+#pragma GCC unroll 8
+            for (int i = 0; i < WIDE; i++)
+                acc[i] = _mm256_fmadd_ps(v8_load_w(W, wt, r + (size_t)i * K + k), xv, acc[i]);
         }
         if (rest) {
-            __m256 xv = v8_load_part(x + k, rest);
-            a0 = _mm256_fmadd_ps(v8_load_w_part(W, wt, r0 + k, rest), xv, a0);
-            a1 = _mm256_fmadd_ps(v8_load_w_part(W, wt, r1 + k, rest), xv, a1);
-            a2 = _mm256_fmadd_ps(v8_load_w_part(W, wt, r2 + k, rest), xv, a2);
-            a3 = _mm256_fmadd_ps(v8_load_w_part(W, wt, r3 + k, rest), xv, a3);
+            __m256 xv = v8_load_part(x + K8, rest);
+#pragma GCC unroll 8
+            for (int i = 0; i < WIDE; i++)
+                acc[i] = _mm256_fmadd_ps(v8_load_w_part(W, wt, r + (size_t)i * K + K8, rest), xv, acc[i]);
         }
-        _mm_storeu_ps(y + n, v8_hsum4(a0, a1, a2, a3));
+        _mm_storeu_ps(y + n, v8_hsum4(acc[0], acc[1], acc[2], acc[3]));
+        _mm_storeu_ps(y + n + 4, v8_hsum4(acc[4], acc[5], acc[6], acc[7]));
     }
-    for (; n < n1; n++) {
-        size_t r0 = (size_t)n * K;
-        __m256 a0 = _mm256_setzero_ps();
-        int k = 0;
-        for (; k < K8; k += 8)
-            a0 = _mm256_fmadd_ps(v8_load_w(W, wt, r0 + k), _mm256_loadu_ps(x + k), a0);
-        if (rest)
-            a0 = _mm256_fmadd_ps(v8_load_w_part(W, wt, r0 + k, rest), v8_load_part(x + k, rest), a0);
-        y[n] = v8_hsum(a0);
-    }
+    gemv_seq(wt, y, W, x, n, n1, K);
+}
+
+IFK_INLINE void gemv(int wt, float *y, const void *W, const float *x, int n0, int n1, int K)
+{
+    if ((size_t)K * (4 + (wt == IFK_F32 ? 4 : 2)) <= SEQ_BYTES)
+        gemv_seq(wt, y, W, x, n0, n1, K);
+    else
+        gemv_wide(wt, y, W, x, n0, n1, K);
 }
 
 /* ---- prefill ----------------------------------------------------------------------------- */
 
-#define PF_NB 32  /* rows per block */
-#define PF_KC 512 /* K elements per chunk */
+#define PF_NB 16   /* rows per block */
+#define PF_KC 1024 /* K elements per chunk */
 #define MR 4      /* rows per micro-tile */
 #define MT 3      /* tokens per micro-tile */
 

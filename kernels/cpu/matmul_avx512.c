@@ -1,8 +1,8 @@
 /*
  * matmul_avx512.c -- y = x W^T with AVX-512, for F32 / F16 / BF16 weights.
  *
- * Decode (T == 1) is a matrix-vector product bounded by memory bandwidth: it streams 4 weight
- * rows at a time against the vector x (which stays in L1), one accumulator per row.
+ * Decode (T == 1) is a matrix-vector product bounded by memory bandwidth: the weights are
+ * streamed once against the vector x (see gemv below for the access pattern).
  *
  * Prefill (T > 1) is compute-bound. The rows are taken in blocks of PF_NB and K in chunks of
  * PF_KC; a block's chunk (converted to F32 in a per-thread buffer unless already F32) stays in
@@ -14,49 +14,87 @@
 
 /* ---- decode ------------------------------------------------------------------------------ */
 
-/* y[n] = W[n] . x for n0 <= n < n1.  W: [N][K] of wt; x: [K]; y: [N]. */
-IFK_INLINE void gemv(int wt, float *y, const void *W, const float *x, int n0, int n1, int K)
+/* Measured on Zen 4 (one thread, weights from DRAM): a single forward stream through W is the
+ * fastest pattern, but only while x stays in L1 between rows; once a row plus x overflow L1,
+ * x is refetched from L2 for every row and the stream slows by a third. Long rows are therefore
+ * read 16 at a time, interleaved, so that each x load serves 16 rows. */
+#define SEQ_BYTES 24576 /* rows with K * (4 + weight size) up to this are read one at a time */
+#define WIDE 16         /* rows read together otherwise */
+
+/* The 16 partial sums of W[r] . x (r: element offset of the row).  W: [*][K] of wt; x: [K]. */
+IFK_INLINE __m512 row_dot(int wt, const void *W, size_t r, const float *x, int K)
 {
-    const int K16 = K & ~15;
-    const __mmask16 tail = v16_mask(K - K16);
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0;
+    int k = 0;
+    for (; k + 32 <= K; k += 32) {
+        s0 = _mm512_fmadd_ps(v16_load_w(W, wt, r + k), _mm512_loadu_ps(x + k), s0);
+        s1 = _mm512_fmadd_ps(v16_load_w(W, wt, r + k + 16), _mm512_loadu_ps(x + k + 16), s1);
+    }
+    for (; k < K; k += 16) {
+        __mmask16 m = v16_mask(K - k < 16 ? K - k : 16);
+        s0 = _mm512_fmadd_ps(v16_load_w_mask(W, wt, r + k, m), _mm512_maskz_loadu_ps(m, x + k), s0);
+    }
+    return _mm512_add_ps(s0, s1);
+}
+
+/* y[n] = W[n] . x for n0 <= n < n1, rows one after another.  W: [N][K] of wt; x: [K]; y: [N]. */
+IFK_INLINE void gemv_seq(int wt, float *y, const void *W, const float *x, int n0, int n1, int K)
+{
     int n = n0;
     for (; n + 4 <= n1; n += 4) {
-        size_t r0 = (size_t)n * K, r1 = r0 + K, r2 = r1 + K, r3 = r2 + K;
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        int k = 0;
-        for (; k < K16; k += 16) {
-            __m512 xv = _mm512_loadu_ps(x + k);
-            a0 = _mm512_fmadd_ps(v16_load_w(W, wt, r0 + k), xv, a0);
-            a1 = _mm512_fmadd_ps(v16_load_w(W, wt, r1 + k), xv, a1);
-            a2 = _mm512_fmadd_ps(v16_load_w(W, wt, r2 + k), xv, a2);
-            a3 = _mm512_fmadd_ps(v16_load_w(W, wt, r3 + k), xv, a3);
-        }
-        if (k < K) {
-            __m512 xv = _mm512_maskz_loadu_ps(tail, x + k);
-            a0 = _mm512_fmadd_ps(v16_load_w_mask(W, wt, r0 + k, tail), xv, a0);
-            a1 = _mm512_fmadd_ps(v16_load_w_mask(W, wt, r1 + k, tail), xv, a1);
-            a2 = _mm512_fmadd_ps(v16_load_w_mask(W, wt, r2 + k, tail), xv, a2);
-            a3 = _mm512_fmadd_ps(v16_load_w_mask(W, wt, r3 + k, tail), xv, a3);
-        }
-        _mm_storeu_ps(y + n, v16_hsum4(a0, a1, a2, a3));
+        size_t r = (size_t)n * K;
+        __m512 s0 = row_dot(wt, W, r, x, K);
+        __m512 s1 = row_dot(wt, W, r + K, x, K);
+        __m512 s2 = row_dot(wt, W, r + 2 * (size_t)K, x, K);
+        __m512 s3 = row_dot(wt, W, r + 3 * (size_t)K, x, K);
+        _mm_storeu_ps(y + n, v16_hsum4(s0, s1, s2, s3));
     }
-    for (; n < n1; n++) {
-        size_t r0 = (size_t)n * K;
-        __m512 a0 = _mm512_setzero_ps();
-        int k = 0;
-        for (; k < K16; k += 16)
-            a0 = _mm512_fmadd_ps(v16_load_w(W, wt, r0 + k), _mm512_loadu_ps(x + k), a0);
-        if (k < K)
-            a0 = _mm512_fmadd_ps(v16_load_w_mask(W, wt, r0 + k, tail),
-                                 _mm512_maskz_loadu_ps(tail, x + k), a0);
-        y[n] = _mm512_reduce_add_ps(a0);
+    for (; n < n1; n++)
+        y[n] = _mm512_reduce_add_ps(row_dot(wt, W, (size_t)n * K, x, K));
+}
+
+/* The same, WIDE rows interleaved (the rows left over go one at a time). */
+IFK_INLINE void gemv_wide(int wt, float *y, const void *W, const float *x, int n0, int n1, int K)
+{
+    int n = n0;
+    for (; n + WIDE <= n1; n += WIDE) {
+        const size_t r = (size_t)n * K;
+        __m512 acc[WIDE];
+#pragma GCC unroll 16
+        for (int i = 0; i < WIDE; i++)
+            acc[i] = _mm512_setzero_ps();
+        for (int k = 0; k < K; k += 16) {
+            __mmask16 m = v16_mask(K - k < 16 ? K - k : 16);
+            __m512 xv = _mm512_maskz_loadu_ps(m, x + k);
+            if (K - k >= 16) {
+#pragma GCC unroll 16
+                for (int i = 0; i < WIDE; i++)
+                    acc[i] = _mm512_fmadd_ps(v16_load_w(W, wt, r + (size_t)i * K + k), xv, acc[i]);
+            } else {
+#pragma GCC unroll 16
+                for (int i = 0; i < WIDE; i++)
+                    acc[i] = _mm512_fmadd_ps(v16_load_w_mask(W, wt, r + (size_t)i * K + k, m), xv, acc[i]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < WIDE; i += 4)
+            _mm_storeu_ps(y + n + i, v16_hsum4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]));
     }
+    gemv_seq(wt, y, W, x, n, n1, K);
+}
+
+IFK_INLINE void gemv(int wt, float *y, const void *W, const float *x, int n0, int n1, int K)
+{
+    if ((size_t)K * (4 + (wt == IFK_F32 ? 4 : 2)) <= SEQ_BYTES)
+        gemv_seq(wt, y, W, x, n0, n1, K);
+    else
+        gemv_wide(wt, y, W, x, n0, n1, K);
 }
 
 /* ---- prefill ----------------------------------------------------------------------------- */
 
-#define PF_NB 32  /* rows per block */
-#define PF_KC 512 /* K elements per chunk */
+#define PF_NB 16   /* rows per block */
+#define PF_KC 2048 /* K elements per chunk */
 
 /* Per-thread F32 copy of one block's chunk of F16 / BF16 rows: [PF_NB][PF_KC]. */
 static _Thread_local _Alignas(64) float wbuf[PF_NB * PF_KC];

@@ -9,7 +9,7 @@
 #include "kernels/cpu/impl.h"
 #include "kernels/cpu/vec_avx2.h"
 
-#define ATT_CHUNK 512
+#define ATT_CHUNK 64
 
 /* y, x: [n]. */
 void ifk_avx2_exp(float *y, const float *x, int n)
@@ -187,29 +187,43 @@ static void accumulate_v(float *out, float c, const float *p, const float *v, si
     }
 }
 
-/* q: [head_dim]; k, v: n_keys rows of [head_dim] at stride kv_ld; out: [head_dim]. */
+/* See IFK_DECL_ATTEND in impl.h. The keys go by in chunks of ATT_CHUNK rows (which stay in L1
+ * while every query of the block uses them); each query keeps a running max m, a running sum
+ * l and its unnormalised output in out. */
 IFK_DECL_ATTEND(ifk_avx2_attend)
 {
     _Alignas(32) float s[ATT_CHUNK];
-    for (int d = 0; d < head_dim; d++)
-        out[d] = 0.0f;
-    if (n_keys <= 0)
-        return;
-    float mx = -INFINITY;
-    float sum = 0.0f;
-    for (int j0 = 0; j0 < n_keys; j0 += ATT_CHUNK) {
-        const int nj = n_keys - j0 < ATT_CHUNK ? n_keys - j0 : ATT_CHUNK;
-        scores(s, q, k + (size_t)j0 * kv_ld, kv_ld, nj, head_dim, scale);
-        float cmx = vmax(s, nj);
-        float c = 1.0f;                          /* rescales what earlier chunks summed */
-        if (cmx > mx) {
-            c = j0 == 0 ? 0.0f : expf(mx - cmx);
-            mx = cmx;
-        }
-        sum = sum * c + exp_sub_sum(s, nj, mx);
-        accumulate_v(out, c, s, v + (size_t)j0 * kv_ld, kv_ld, nj, head_dim);
+    float m[IFK_ATT_MAXQ], l[IFK_ATT_MAXQ];
+    for (int qi = 0; qi < nt * nh; qi++) {
+        float *o = out + (size_t)(qi / nh) * ld + (size_t)(qi % nh) * head_dim;
+        for (int d = 0; d < head_dim; d++)
+            o[d] = 0.0f;
+        m[qi] = -INFINITY;
+        l[qi] = 0.0f;
     }
-    const float inv = 1.0f / sum;
-    for (int d = 0; d < head_dim; d++)
-        out[d] *= inv;
+    for (int j0 = 0; j0 < pos + nt; j0 += ATT_CHUNK) {
+        const float *kc = k + (size_t)j0 * kv_ld, *vc = v + (size_t)j0 * kv_ld;
+        for (int qi = 0; qi < nt * nh; qi++) {
+            const int i = qi / nh, n_keys = pos + i + 1;
+            if (j0 >= n_keys)
+                continue;
+            const int nj = n_keys - j0 < ATT_CHUNK ? n_keys - j0 : ATT_CHUNK;
+            const size_t off = (size_t)i * ld + (size_t)(qi % nh) * head_dim;
+            scores(s, q + off, kc, kv_ld, nj, head_dim, scale);
+            float cmx = vmax(s, nj);
+            float c = 1.0f;                      /* rescales what earlier chunks summed */
+            if (cmx > m[qi]) {
+                c = j0 == 0 ? 0.0f : expf(m[qi] - cmx);
+                m[qi] = cmx;
+            }
+            l[qi] = l[qi] * c + exp_sub_sum(s, nj, m[qi]);
+            accumulate_v(out + off, c, s, vc, kv_ld, nj, head_dim);
+        }
+    }
+    for (int qi = 0; qi < nt * nh; qi++) {
+        float *o = out + (size_t)(qi / nh) * ld + (size_t)(qi % nh) * head_dim;
+        const float inv = 1.0f / l[qi];
+        for (int d = 0; d < head_dim; d++)
+            o[d] *= inv;
+    }
 }

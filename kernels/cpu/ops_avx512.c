@@ -11,7 +11,7 @@
 #include "kernels/cpu/impl.h"
 #include "kernels/cpu/vec_avx512.h"
 
-#define ATT_CHUNK 512
+#define ATT_CHUNK 64
 
 /* y, x: [n]. */
 void ifk_avx512_exp(float *y, const float *x, int n)
@@ -165,43 +165,57 @@ static void accumulate_v(float *out, float c, const float *p, const float *v, si
     }
 }
 
-/* q: [head_dim]; k, v: n_keys rows of [head_dim] at stride kv_ld; out: [head_dim]. */
+/* See IFK_DECL_ATTEND in impl.h. The keys go by in chunks of ATT_CHUNK rows (which stay in L1
+ * while every query of the block uses them); each query keeps a running max m, a running sum
+ * l and its unnormalised output in out. */
 IFK_DECL_ATTEND(ifk_avx512_attend)
 {
     _Alignas(64) float s[ATT_CHUNK];
-    for (int d = 0; d < head_dim; d++)
-        out[d] = 0.0f;
-    if (n_keys <= 0)
-        return;
-    float mx = -INFINITY;
-    float sum = 0.0f;
-    for (int j0 = 0; j0 < n_keys; j0 += ATT_CHUNK) {
-        const int nj = n_keys - j0 < ATT_CHUNK ? n_keys - j0 : ATT_CHUNK;
-        scores(s, q, k + (size_t)j0 * kv_ld, kv_ld, nj, head_dim, scale);
-        __m512 mv = _mm512_set1_ps(-INFINITY);
-        for (int j = 0; j < nj; j += 16) {
-            __mmask16 m = v16_mask(nj - j < 16 ? nj - j : 16);
-            mv = _mm512_mask_max_ps(mv, m, mv, _mm512_maskz_loadu_ps(m, s + j));
-        }
-        float cmx = _mm512_reduce_max_ps(mv);
-        float c = 1.0f;                          /* rescales what earlier chunks summed */
-        if (cmx > mx) {
-            c = j0 == 0 ? 0.0f : expf(mx - cmx);
-            mx = cmx;
-        }
-        __m512 mxv = _mm512_set1_ps(mx), sv = _mm512_setzero_ps();
-        for (int j = 0; j < nj; j += 16) {
-            __mmask16 m = v16_mask(nj - j < 16 ? nj - j : 16);
-            __m512 e = v16_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), mxv));
-            sv = _mm512_mask_add_ps(sv, m, sv, e);
-            _mm512_mask_storeu_ps(s + j, m, e);
-        }
-        sum = sum * c + _mm512_reduce_add_ps(sv);
-        accumulate_v(out, c, s, v + (size_t)j0 * kv_ld, kv_ld, nj, head_dim);
+    float m[IFK_ATT_MAXQ], l[IFK_ATT_MAXQ];
+    for (int qi = 0; qi < nt * nh; qi++) {
+        float *o = out + (size_t)(qi / nh) * ld + (size_t)(qi % nh) * head_dim;
+        for (int d = 0; d < head_dim; d++)
+            o[d] = 0.0f;
+        m[qi] = -INFINITY;
+        l[qi] = 0.0f;
     }
-    const __m512 inv = _mm512_set1_ps(1.0f / sum);
-    for (int d = 0; d < head_dim; d += 16) {
-        __mmask16 m = v16_mask(head_dim - d < 16 ? head_dim - d : 16);
-        _mm512_mask_storeu_ps(out + d, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, out + d), inv));
+    for (int j0 = 0; j0 < pos + nt; j0 += ATT_CHUNK) {
+        const float *kc = k + (size_t)j0 * kv_ld, *vc = v + (size_t)j0 * kv_ld;
+        for (int qi = 0; qi < nt * nh; qi++) {
+            const int i = qi / nh, n_keys = pos + i + 1;
+            if (j0 >= n_keys)
+                continue;
+            const int nj = n_keys - j0 < ATT_CHUNK ? n_keys - j0 : ATT_CHUNK;
+            const size_t off = (size_t)i * ld + (size_t)(qi % nh) * head_dim;
+            scores(s, q + off, kc, kv_ld, nj, head_dim, scale);
+            __m512 mv = _mm512_set1_ps(-INFINITY);
+            for (int j = 0; j < nj; j += 16) {
+                __mmask16 mk = v16_mask(nj - j < 16 ? nj - j : 16);
+                mv = _mm512_mask_max_ps(mv, mk, mv, _mm512_maskz_loadu_ps(mk, s + j));
+            }
+            float cmx = _mm512_reduce_max_ps(mv);
+            float c = 1.0f;                      /* rescales what earlier chunks summed */
+            if (cmx > m[qi]) {
+                c = j0 == 0 ? 0.0f : expf(m[qi] - cmx);
+                m[qi] = cmx;
+            }
+            __m512 mxv = _mm512_set1_ps(m[qi]), sv = _mm512_setzero_ps();
+            for (int j = 0; j < nj; j += 16) {
+                __mmask16 mk = v16_mask(nj - j < 16 ? nj - j : 16);
+                __m512 e = v16_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + j), mxv));
+                sv = _mm512_mask_add_ps(sv, mk, sv, e);
+                _mm512_mask_storeu_ps(s + j, mk, e);
+            }
+            l[qi] = l[qi] * c + _mm512_reduce_add_ps(sv);
+            accumulate_v(out + off, c, s, vc, kv_ld, nj, head_dim);
+        }
+    }
+    for (int qi = 0; qi < nt * nh; qi++) {
+        float *o = out + (size_t)(qi / nh) * ld + (size_t)(qi % nh) * head_dim;
+        const __m512 inv = _mm512_set1_ps(1.0f / l[qi]);
+        for (int d = 0; d < head_dim; d += 16) {
+            __mmask16 mk = v16_mask(head_dim - d < 16 ? head_dim - d : 16);
+            _mm512_mask_storeu_ps(o + d, mk, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, o + d), inv));
+        }
     }
 }

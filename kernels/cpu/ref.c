@@ -161,9 +161,10 @@ static float score(const float *q, const float *k_row, int head_dim, float scale
     return (float)s * scale;
 }
 
-/* q: [head_dim]; k, v: n_keys rows of [head_dim] at stride kv_ld; out: [head_dim].
+/* One query. q: [head_dim]; k, v: n_keys rows of [head_dim] at stride kv_ld; out: [head_dim].
  * Two passes over the keys (max, then exp-weighted sum), so no score buffer is needed. */
-IFK_DECL_ATTEND(ifk_ref_attend)
+static void attend_one(float *out, const float *q, const float *k, const float *v, size_t kv_ld,
+                       int n_keys, int head_dim, float scale)
 {
     for (int d = 0; d < head_dim; d++)
         out[d] = 0.0f;
@@ -185,4 +186,14 @@ IFK_DECL_ATTEND(ifk_ref_attend)
     float inv = (float)(1.0 / sum);
     for (int d = 0; d < head_dim; d++)
         out[d] *= inv;
+}
+
+/* See IFK_DECL_ATTEND in impl.h: each query of the block on its own. */
+IFK_DECL_ATTEND(ifk_ref_attend)
+{
+    for (int i = 0; i < nt; i++)
+        for (int h = 0; h < nh; h++) {
+            size_t off = (size_t)i * ld + (size_t)h * head_dim;
+            attend_one(out + off, q + off, k, v, kv_ld, pos + i + 1, head_dim, scale);
+        }
 }

@@ -2,7 +2,8 @@
  * test_kernels.c -- the CPU kernels: the scalar reference against hand-computed values and
  * direct formulas, then every SIMD path this CPU has against the reference on random data of
  * awkward shapes (K not a multiple of the vector width, odd N, short token tails, padded
- * strides, pos0 > 0, contexts longer than the attention chunk).
+ * strides, pos0 > 0, contexts longer than the attention chunk, rows long enough for the
+ * interleaved decode path and for several K chunks in prefill).
  *
  * Tolerances (SIMD vs reference; the reference accumulates dot products in double):
  *   matmul, attention scores:  |y - ref| <= 1e-5 * sum_k |w_k x_k|        (float summation order)
@@ -328,7 +329,7 @@ static void test_matmul(void)
     static const int shapes[][3] = { /* T, N, K */
         {1, 1, 1}, {1, 7, 8}, {1, 33, 172}, {1, 17, 2049}, {1, 64, 256}, {1, 5, 15},
         {3, 9, 172}, {2, 4, 16}, {17, 37, 100}, {64, 40, 33}, {5, 70, 1100}, {64, 67, 2049},
-        {17, 3, 1}, {4, 129, 520}};
+        {17, 3, 1}, {4, 129, 520}, {1, 37, 4099}, {1, 16, 6000}, {2, 21, 4500}};
     static const int threads[] = {1, 2, 0};
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
         int T = shapes[si][0], N = shapes[si][1], K = shapes[si][2];

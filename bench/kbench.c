@@ -1,0 +1,224 @@
+/*
+ * kbench.c -- micro-benchmark of the CPU kernels; one JSON object per line on stdout.
+ *
+ *   kbench [--isa scalar|avx2|avx512] [--threads N] [--quick]
+ *
+ * decode:    ifk_matmul with T = 1 on TinyLlama-sized weights, F32 / F16 / BF16, at 1 thread
+ *            and at --threads (default: all cores). GBps = bytes of weights / time. Each call
+ *            reads the next of several copies of the matrix (>= 256 MiB in all), so weights
+ *            come from DRAM as they do in a real model, not from the last-level cache.
+ * prefill:   ifk_matmul with T = 64 and 256; GFLOPs = 2 T N K / time.
+ * attention: ifk_attention for one decode token (T = 1) and a 64-token prefill chunk over a
+ *            2048-position cache, 32 query heads over 4 kv heads of 64 (TinyLlama).
+ *
+ * Times: the best and the median of rounds (a decode round reads every copy once).
+ *
+ * Build (from the repository root; the per-file flags are the Makefile's):
+ *   for f in kernels/cpu/[a-z]*.c; do case $f in *_avx2.c) fl="-mavx2 -mfma -mf16c";;
+ *     *_avx512.c) fl="-mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c";; *) fl=;; esac;
+ *     gcc -std=c11 -D_GNU_SOURCE -O2 -fopenmp -I. $fl -c $f -o /tmp/$(basename $f .c).o; done
+ *   gcc -std=c11 -D_GNU_SOURCE -O2 -fopenmp -I. bench/kbench.c /tmp/{ref,dispatch,matmul_avx2,
+ *     matmul_avx512,ops_avx2,ops_avx512}.o -lm -o kbench
+ */
+#include <omp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/cpu/kernels.h"
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static const char *wname(int wt)
+{
+    return wt == IFK_F32 ? "f32" : wt == IFK_F16 ? "f16" : "bf16";
+}
+
+/* Small random values that are valid in every weight type (F16/BF16 as bit patterns). */
+static void fill_w(void *W, int wt, size_t n, uint32_t seed)
+{
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        uint32_t r = seed >> 8;
+        if (wt == IFK_F32)
+            ((float *)W)[i] = ((float)(r & 0xffff) - 32768.0f) / 65536.0f;
+        else if (wt == IFK_F16)
+            ((uint16_t *)W)[i] = (uint16_t)(((r & 1) << 15) | ((9 + (r >> 1) % 6) << 10) | ((r >> 4) & 0x3ff));
+        else
+            ((uint16_t *)W)[i] = (uint16_t)(((r & 1) << 15) | ((121 + (r >> 1) % 6) << 7) | ((r >> 4) & 0x7f));
+    }
+}
+
+static void fill_x(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
+}
+
+#define MAX_ROUNDS 1000
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Sorts t. */
+static double median_of(double *t, int n)
+{
+    qsort(t, (size_t)n, sizeof *t, cmp_double);
+    return t[n / 2];
+}
+
+static double best_of(const double *t, int n)
+{
+    double b = t[0];
+    for (int i = 1; i < n; i++)
+        b = t[i] < b ? t[i] : b;
+    return b;
+}
+
+static void bench_decode(int N, int K, int wt, int threads, double min_s)
+{
+    size_t bytes = (size_t)N * K * (wt == IFK_F32 ? 4 : 2);
+    int copies = (int)((256u << 20) / bytes) + 1;
+    char **W = malloc((size_t)copies * sizeof *W);
+    for (int c = 0; c < copies; c++) {
+        W[c] = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+        fill_w(W[c], wt, (size_t)N * K, (uint32_t)c + 1);
+    }
+    float *x = aligned_alloc(64, ((size_t)K * 4 + 63) & ~(size_t)63);
+    float *y = aligned_alloc(64, ((size_t)N * 4 + 63) & ~(size_t)63);
+    fill_x(x, (size_t)K);
+    for (int c = 0; c < copies; c++) /* warm-up: page faults, thread team */
+        ifk_matmul(y, (size_t)N, W[c], wt, x, (size_t)K, 1, N, K, threads);
+    /* rounds of one call per copy; report the best and the median round */
+    double times[MAX_ROUNDS], t_start = now();
+    int rounds = 0;
+    do {
+        double t0 = now();
+        for (int c = 0; c < copies; c++)
+            ifk_matmul(y, (size_t)N, W[c], wt, x, (size_t)K, 1, N, K, threads);
+        times[rounds++] = (now() - t0) / copies;
+    } while (rounds < MAX_ROUNDS && (rounds < 3 || now() - t_start < min_s));
+    double best = best_of(times, rounds), med = median_of(times, rounds);
+    printf("{\"bench\":\"decode\",\"isa\":\"%s\",\"wtype\":\"%s\",\"N\":%d,\"K\":%d,\"threads\":%d,"
+           "\"us\":%.2f,\"GBps\":%.2f,\"GBps_median\":%.2f}\n",
+           ifk_isa_name(ifk_isa_current()), wname(wt), N, K, threads, best * 1e6, bytes / best * 1e-9,
+           bytes / med * 1e-9);
+    fflush(stdout);
+    for (int c = 0; c < copies; c++)
+        free(W[c]);
+    free(W);
+    free(x);
+    free(y);
+}
+
+static void bench_prefill(int T, int N, int K, int wt, int threads, double min_s)
+{
+    size_t bytes = (size_t)N * K * (wt == IFK_F32 ? 4 : 2);
+    void *W = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    float *x = aligned_alloc(64, (size_t)T * K * 4);
+    float *y = aligned_alloc(64, (size_t)T * N * 4);
+    fill_w(W, wt, (size_t)N * K, 7);
+    fill_x(x, (size_t)T * K);
+    ifk_matmul(y, (size_t)N, W, wt, x, (size_t)K, T, N, K, threads);
+    double times[MAX_ROUNDS], t_start = now();
+    int rounds = 0;
+    do {
+        double t0 = now();
+        ifk_matmul(y, (size_t)N, W, wt, x, (size_t)K, T, N, K, threads);
+        times[rounds++] = now() - t0;
+    } while (rounds < MAX_ROUNDS && (rounds < 3 || now() - t_start < min_s));
+    double best = best_of(times, rounds), med = median_of(times, rounds), flop = 2.0 * T * N * K;
+    printf("{\"bench\":\"prefill\",\"isa\":\"%s\",\"wtype\":\"%s\",\"T\":%d,\"N\":%d,\"K\":%d,\"threads\":%d,"
+           "\"us\":%.1f,\"GFLOPs\":%.1f,\"GFLOPs_median\":%.1f}\n",
+           ifk_isa_name(ifk_isa_current()), wname(wt), T, N, K, threads, best * 1e6, flop / best * 1e-9,
+           flop / med * 1e-9);
+    fflush(stdout);
+    free(W);
+    free(x);
+    free(y);
+}
+
+static void bench_attention(int T, int n_ctx, int threads, double min_s)
+{
+    const int NH = 32, NKV = 4, HD = 64;
+    size_t kv_ld = (size_t)NKV * HD;
+    float *q = malloc((size_t)T * NH * HD * 4), *out = malloc((size_t)T * NH * HD * 4);
+    float *k = malloc((size_t)n_ctx * kv_ld * 4), *v = malloc((size_t)n_ctx * kv_ld * 4);
+    fill_x(q, (size_t)T * NH * HD);
+    fill_x(k, (size_t)n_ctx * kv_ld);
+    fill_x(v, (size_t)n_ctx * kv_ld);
+    int pos0 = n_ctx - T;
+    ifk_attention(out, q, k, v, kv_ld, T, pos0, NH, NKV, HD, 0.125f, threads);
+    double times[MAX_ROUNDS], t_start = now();
+    int rounds = 0;
+    do {
+        double t0 = now();
+        ifk_attention(out, q, k, v, kv_ld, T, pos0, NH, NKV, HD, 0.125f, threads);
+        times[rounds++] = now() - t0;
+    } while (rounds < MAX_ROUNDS && (rounds < 3 || now() - t_start < min_s));
+    double best = best_of(times, rounds), med = median_of(times, rounds);
+    double flop = 0;
+    for (int i = 0; i < T; i++)
+        flop += 4.0 * NH * HD * (pos0 + i + 1);
+    printf("{\"bench\":\"attention\",\"isa\":\"%s\",\"T\":%d,\"pos0\":%d,\"heads\":%d,\"kv_heads\":%d,"
+           "\"head_dim\":%d,\"threads\":%d,\"us\":%.1f,\"GFLOPs\":%.2f,\"GFLOPs_median\":%.2f}\n",
+           ifk_isa_name(ifk_isa_current()), T, pos0, NH, NKV, HD, threads, best * 1e6, flop / best * 1e-9,
+           flop / med * 1e-9);
+    fflush(stdout);
+    free(q);
+    free(out);
+    free(k);
+    free(v);
+}
+
+int main(int argc, char **argv)
+{
+    int threads = omp_get_num_procs(), quick = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
+            const char *s = argv[++i];
+            int want = !strcmp(s, "scalar") ? IFK_ISA_SCALAR : !strcmp(s, "avx2") ? IFK_ISA_AVX2 : IFK_ISA_AVX512;
+            if (ifk_set_isa(want) != want) {
+                fprintf(stderr, "kbench: this CPU lacks %s\n", s);
+                return 1;
+            }
+        } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
+            threads = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--quick")) {
+            quick = 1;
+        } else {
+            fprintf(stderr, "usage: kbench [--isa scalar|avx2|avx512] [--threads N] [--quick]\n");
+            return 2;
+        }
+    }
+    double min_s = quick ? 0.1 : 0.5;
+    static const int shapes[][2] = {{2048, 2048}, {5632, 2048}, {2048, 5632}, {32000, 2048}, {256, 2048}};
+    const int n_shapes = 5;
+    int tl[2] = {1, threads};
+    int n_tl = threads > 1 ? 2 : 1;
+    for (int s = 0; s < n_shapes; s++)
+        for (int wt = IFK_F32; wt <= IFK_BF16; wt++)
+            for (int ti = 0; ti < n_tl; ti++)
+                bench_decode(shapes[s][0], shapes[s][1], wt, tl[ti], min_s);
+    static const int Ts[] = {64, 256};
+    for (int s = 0; s < n_shapes; s++)
+        for (int wt = IFK_F32; wt <= IFK_BF16; wt++)
+            for (int ti = 0; ti < 2; ti++)
+                for (int tj = 0; tj < n_tl; tj++)
+                    bench_prefill(Ts[ti], shapes[s][0], shapes[s][1], wt, tl[tj], min_s);
+    for (int tj = 0; tj < n_tl; tj++) {
+        bench_attention(1, 2048, tl[tj], min_s);
+        bench_attention(64, 2048, tl[tj], min_s);
+    }
+    return 0;
+}

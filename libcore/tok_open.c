@@ -1,0 +1,142 @@
+/* tok_open.c -- iflow_tokenizer_open(): a tokenizer.json, a GGUF file (sniffed by its magic),
+ * or a model directory (tokenizer.json, with bos/eos from tokenizer_config.json / config.json). */
+#include "error.h"
+#include "gguf.h"
+#include "tok_internal.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static int read_file(const char *path, char **buf, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    tok_buf b = {0};
+    char chunk[65536];
+    size_t n;
+    if (!f)
+        return iflow_seterr(IFLOW_EIO, "cannot open '%s': %s", path, strerror(errno));
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0)
+        if (tok_buf_put(&b, chunk, n) < 0)
+            break;
+    int bad = ferror(f) || n > 0;
+    fclose(f);
+    if (bad) {
+        free(b.p);
+        return n > 0 ? IFLOW_ENOMEM : iflow_seterr(IFLOW_EIO, "cannot read '%s'", path);
+    }
+    *buf = b.p;
+    *len = b.n;
+    return 0;
+}
+
+static int is_gguf(const char *path)
+{
+    char magic[4] = {0};
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return 0;
+    size_t n = fread(magic, 1, 4, f);
+    fclose(f);
+    return n == 4 && memcmp(magic, "GGUF", 4) == 0;
+}
+
+static int open_gguf(iflow_tokenizer **out, const char *path)
+{
+    iflow_gguf *g;
+    int rc = iflow_gguf_open(&g, path);
+    if (rc < 0)
+        return rc;
+    rc = tok_from_gguf_handle(out, g);
+    iflow_gguf_close(g);
+    return rc;
+}
+
+static int open_json(iflow_tokenizer **out, const char *path)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    int rc = read_file(path, &buf, &len);
+    if (rc == 0)
+        rc = iflow_tokenizer_from_hf_json(out, buf, len, path);
+    free(buf);
+    return rc;
+}
+
+static int open_file(iflow_tokenizer **out, const char *path)
+{
+    return is_gguf(path) ? open_gguf(out, path) : open_json(out, path);
+}
+
+/* ---- model directories -------------------------------------------------------------------- */
+
+/* "bos_token": "<s>" or {"content": "<s>", ...} in tokenizer_config.json. */
+static int32_t config_token(const iflow_tokenizer *t, const json_t *cfg, const char *key)
+{
+    const json_t *v = json_object_get(cfg, key);
+    const json_t *s = json_is_object(v) ? json_object_get(v, "content") : v;
+    if (!json_is_string(s))
+        return -1;
+    return iflow_strmap_get(&t->vocab, json_string_value(s), json_string_length(s));
+}
+
+/* "eos_token_id": 2 or [2, 7] in config.json. */
+static int32_t config_id(const iflow_tokenizer *t, const json_t *cfg, const char *key)
+{
+    const json_t *v = json_object_get(cfg, key);
+    if (json_is_array(v))
+        v = json_array_get(v, 0);
+    json_int_t id = json_is_integer(v) ? json_integer_value(v) : -1;
+    return id >= 0 && id < t->n_vocab ? (int32_t)id : -1;
+}
+
+static json_t *load_json_file(const char *dir, const char *file)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    return json_load_file(path, 0, NULL);
+}
+
+/* Optional files: anything missing or malformed is ignored. */
+static void apply_dir_config(iflow_tokenizer *t, const char *dir)
+{
+    json_t *tc = load_json_file(dir, "tokenizer_config.json"), *c = load_json_file(dir, "config.json");
+    int32_t bos = config_token(t, tc, "bos_token"), eos = config_token(t, tc, "eos_token");
+    if (bos < 0)
+        bos = config_id(t, c, "bos_token_id");
+    if (eos < 0)
+        eos = config_id(t, c, "eos_token_id");
+    if (bos >= 0)
+        t->bos = bos;
+    if (eos >= 0)
+        t->eos = eos;
+    json_decref(tc);
+    json_decref(c);
+}
+
+static int open_dir(iflow_tokenizer **out, const char *dir)
+{
+    char path[4096];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    if (stat(path, &st) != 0)
+        return iflow_seterr(IFLOW_ENOTFOUND, "no tokenizer.json in directory '%s'", dir);
+    int rc = open_json(out, path);
+    if (rc == 0)
+        apply_dir_config(*out, dir);
+    return rc;
+}
+
+int iflow_tokenizer_open(iflow_tokenizer **out, const char *path)
+{
+    struct stat st;
+    if (!out || !path)
+        return iflow_seterr(IFLOW_EINVAL, "iflow_tokenizer_open: null argument");
+    *out = NULL;
+    if (stat(path, &st) != 0)
+        return iflow_seterr(errno == ENOENT ? IFLOW_ENOTFOUND : IFLOW_EIO, "cannot open '%s': %s", path, strerror(errno));
+    return S_ISDIR(st.st_mode) ? open_dir(out, path) : open_file(out, path);
+}

@@ -1,0 +1,80 @@
+/*
+ * tokenizer.h -- text <-> token ids for the models iflow runs.
+ *
+ * Contract
+ *   An iflow_tokenizer is built from a HF tokenizer.json, from the tokenizer.ggml.* keys of a
+ *   GGUF file, or by iflow_tokenizer_open() from a path (a tokenizer.json, a GGUF file, or a
+ *   directory holding tokenizer.json). It owns copies of everything it needs: the caller's
+ *   buffers may be freed right after the constructor returns. It is immutable once built, so
+ *   encode/decode may run on one tokenizer from many threads at once. iflow_tokenizer_close()
+ *   frees it (NULL is a no-op).
+ *
+ *   Families: byte-level BPE (GPT-2 byte<->unicode map) with the pre-tokenizer of the file
+ *   (GGUF: chosen by tokenizer.ggml.pre -- gpt-2, llama-bpe, qwen2, falcon, deepseek-llm,
+ *   deepseek-coder, starcoder, mpt, refact, ...; tokenizer.json: its Split / ByteLevel / Digits /
+ *   Punctuation / Whitespace / BertPreTokenizer / Metaspace / Sequence pre_tokenizer, regexes run
+ *   through PCRE2 in UTF + UCP mode); SentencePiece-style BPE with byte fallback (GGUF model
+ *   'llama': merges by SPM score; tokenizer.json: BPE merges by rank); WordPiece (BERT).
+ *   Unigram models are not supported (IFLOW_EUNSUPPORTED).
+ *
+ *   Encoding: added / special tokens are cut out of the text first. Tokens marked special
+ *   (tokenizer.json "special": true; GGUF control and unknown tokens) are matched only with
+ *   IFLOW_TOK_PARSE_SPECIAL, otherwise their text is tokenized as plain text; non-special added
+ *   tokens (GGUF user-defined) are always matched. IFLOW_TOK_ADD_BOS adds what the tokenizer's
+ *   own template adds around one sequence: BOS for Llama-style files (GGUF add_bos_token,
+ *   default true for SPM; tokenizer.json TemplateProcessing / BertProcessing / RobertaProcessing),
+ *   so for BERT it adds [CLS] ... [SEP]; for a tokenizer without a template it adds nothing.
+ *   Text that is not valid UTF-8 is accepted: invalid bytes are kept as single-byte units
+ *   (byte-level BPE and byte fallback encode them losslessly; normalizers that need Unicode
+ *   replace them with U+FFFD first). tokenizer.json truncation and padding are ignored.
+ *
+ *   Decoding: iflow_tokenizer_piece() gives the bytes of one token as it appears in decoded
+ *   text; decode() concatenates pieces, with `first` set for the first token that is not a
+ *   control token. Control/special tokens decode to "". Byte-level and SPM decoding are exact
+ *   inverses of encoding where the vocabulary allows (raw bytes are returned, not repaired into
+ *   valid UTF-8).
+ *
+ *   Errors: 0 (or a count) on success, a negative IFLOW_E* code with a message naming the file
+ *   and the place on failure (error.h). The library never prints, never exits.
+ */
+#ifndef IFLOW_TOKENIZER_H
+#define IFLOW_TOKENIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct iflow_tokenizer iflow_tokenizer;
+
+enum { IFLOW_TOK_ADD_BOS = 1, IFLOW_TOK_PARSE_SPECIAL = 2 };
+
+/* From the text of a tokenizer.json (len bytes, need not be NUL-terminated); name for messages. */
+int iflow_tokenizer_from_hf_json(iflow_tokenizer **out, const char *json, size_t len, const char *name);
+/* From a whole GGUF file in memory (tokenizer.ggml.* keys). */
+int iflow_tokenizer_from_gguf(iflow_tokenizer **out, const void *buf, size_t len, const char *name);
+/* From a tokenizer.json, a GGUF file (sniffed by its magic), or a directory holding
+ * tokenizer.json. For a directory, bos/eos also come from tokenizer_config.json
+ * ("bos_token"/"eos_token") or config.json ("bos_token_id"/"eos_token_id") when present. */
+int iflow_tokenizer_open(iflow_tokenizer **out, const char *path);
+void iflow_tokenizer_close(iflow_tokenizer *t);
+
+/* Token ids of text[0..len). *ids is malloc'd (NULL when *n_ids == 0); the caller frees it.
+ * Returns 0 or < 0. */
+int iflow_tokenizer_encode(const iflow_tokenizer *t, const char *text, size_t len, int flags, int32_t **ids,
+                           size_t *n_ids);
+
+/* Bytes of one token as it appears in decoded text; `first` = this is the first token of the
+ * text after an optional BOS (SentencePiece drops that piece's leading space; HF decoder
+ * Strip). Writes at most cap bytes (no NUL) and returns the number written, or < 0
+ * (IFLOW_ERANGE for an id outside the vocabulary). Special/control tokens give "". */
+int iflow_tokenizer_piece(const iflow_tokenizer *t, int32_t id, int first, char *buf, size_t cap);
+
+/* Text of a whole sequence: *text is malloc'd and NUL-terminated, *len excludes the NUL. */
+int iflow_tokenizer_decode(const iflow_tokenizer *t, const int32_t *ids, size_t n, char **text, size_t *len);
+
+int32_t iflow_tokenizer_n_vocab(const iflow_tokenizer *t);
+int32_t iflow_tokenizer_bos(const iflow_tokenizer *t); /* -1 if none */
+int32_t iflow_tokenizer_eos(const iflow_tokenizer *t); /* -1 if none */
+/* "bpe-bytelevel/<pre-tokenizer>", "spm-bpe", "bpe", "wordpiece". */
+const char *iflow_tokenizer_kind(const iflow_tokenizer *t);
+
+#endif

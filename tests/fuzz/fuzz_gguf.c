@@ -1,0 +1,96 @@
+/* fuzz_gguf.c -- libFuzzer target: the GGUF reader and the GGUF tokenizer loader on arbitrary
+ * bytes. Every accepted file is walked completely (all keys through every getter, every
+ * tensor's first and last data byte) and, if it holds a vocabulary, used to encode and decode. */
+#include "libcore/gguf.h"
+#include "libcore/tokenizer.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static volatile uint64_t sink;
+
+static void walk_kv(const iflow_gguf *g, int64_t i)
+{
+    const char *key = iflow_gguf_key(g, i), *s;
+    const iflow_gguf_str *items;
+    const int32_t *ia;
+    const float *fa;
+    const void *raw;
+    size_t n, len;
+    uint32_t u32;
+    int32_t i32;
+    uint64_t u64;
+    float f;
+    int b, et;
+    sink += (uint64_t)iflow_gguf_kv_type(g, i) + iflow_gguf_arr_count(g, i) + (uint64_t)iflow_gguf_arr_type(g, i);
+    if (iflow_gguf_get_str(g, key, &s, &len) == 0)
+        sink += len ? (uint8_t)s[len - 1] : 0;
+    sink += iflow_gguf_get_u32(g, key, &u32) == 0 ? u32 : 0;
+    sink += iflow_gguf_get_i32(g, key, &i32) == 0 ? (uint64_t)i32 : 0;
+    sink += iflow_gguf_get_u64(g, key, &u64) == 0 ? u64 : 0;
+    sink += iflow_gguf_get_f32(g, key, &f) == 0 && f == f ? 1 : 0;
+    sink += iflow_gguf_get_bool(g, key, &b) == 0 ? (uint64_t)b : 0;
+    if (iflow_gguf_get_arr_str(g, key, &items, &n) == 0)
+        for (size_t k = 0; k < n; k++)
+            sink += items[k].len ? (uint8_t)items[k].ptr[items[k].len - 1] : 0;
+    if (iflow_gguf_get_arr_i32(g, key, &ia, &n) == 0 && n)
+        sink += (uint64_t)ia[n - 1];
+    if (iflow_gguf_get_arr_f32(g, key, &fa, &n) == 0 && n)
+        sink += fa[n - 1] == fa[n - 1];
+    if (iflow_gguf_get_arr(g, key, &et, &raw, &n) == 0 && n)
+        sink += ((const uint8_t *)raw)[0];
+}
+
+static void walk(const iflow_gguf *g)
+{
+    for (int64_t i = 0; i < iflow_gguf_n_kv(g); i++)
+        walk_kv(g, i);
+    for (int64_t i = 0; i < iflow_gguf_n_tensors(g); i++) {
+        const iflow_gguf_tensor *t = iflow_gguf_tensor_at(g, i);
+        const uint8_t *d = iflow_gguf_tensor_data(g, i);
+        sink += iflow_gguf_find_tensor(g, t->name) == i;
+        if (t->nbytes)
+            sink += d[0] + d[t->nbytes - 1];
+    }
+}
+
+static void use_tokenizer(const iflow_tokenizer *t, const uint8_t *data, size_t size)
+{
+    static const char *const texts[] = {"Hello world", " <s>a</s> ", "3333 \xe4\xb8\xad\xe6\x96\x87 \xf0\x9f\x9a\x80", ""};
+    for (size_t k = 0; k < 5; k++) {
+        const char *text = k < 4 ? texts[k] : (const char *)data;
+        size_t len = k < 4 ? strlen(texts[k]) : (size < 256 ? size : 256);
+        for (int flags = 0; flags < 4; flags++) {
+            int32_t *ids;
+            size_t n;
+            char *out, buf[32];
+            if (iflow_tokenizer_encode(t, text, len, flags, &ids, &n) != 0)
+                continue;
+            if (iflow_tokenizer_decode(t, ids, n, &out, NULL) == 0)
+                free(out);
+            for (size_t i = 0; i < n; i++)
+                sink += (uint64_t)iflow_tokenizer_piece(t, ids[i], i == 0, buf, sizeof buf);
+            free(ids);
+        }
+    }
+    for (int32_t id = 0; id < iflow_tokenizer_n_vocab(t) && id < 512; id++) {
+        char buf[8];
+        sink += (uint64_t)iflow_tokenizer_piece(t, id, id & 1, buf, sizeof buf);
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    iflow_gguf *g;
+    iflow_tokenizer *t;
+    if (iflow_gguf_open_mem(&g, data, size, "fuzz.gguf") == 0) {
+        walk(g);
+        iflow_gguf_close(g);
+    }
+    if (iflow_tokenizer_from_gguf(&t, data, size, "fuzz.gguf") == 0) {
+        use_tokenizer(t, data, size);
+        iflow_tokenizer_close(t);
+    }
+    return 0;
+}

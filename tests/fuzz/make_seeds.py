@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""Write the small seed inputs of the fuzz targets (tests/fuzz/seeds/<target>/); each < 20 KB.
+
+    python3 tests/fuzz/make_seeds.py [--data ../shared]
+
+The committed seeds are this script's output; rerun it only to change them.
+"""
+import argparse
+import json
+import os
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# ---- GGUF -------------------------------------------------------------------------------------
+U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 = range(13)
+FMT = {U8: "<B", I8: "<b", U16: "<H", I16: "<h", U32: "<I", I32: "<i", F32: "<f", BOOL: "<?", U64: "<Q", I64: "<q",
+       F64: "<d"}
+
+
+def gstr(s):
+    b = s.encode() if isinstance(s, str) else s
+    return struct.pack("<Q", len(b)) + b
+
+
+def gval(t, v):
+    if t == STR:
+        return gstr(v)
+    if t == ARR:
+        et, items = v
+        return struct.pack("<IQ", et, len(items)) + b"".join(gval(et, x) for x in items)
+    return struct.pack(FMT[t], v)
+
+
+def gguf(kvs, tensors=(), data=b"", version=3, align=32):
+    out = b"GGUF" + struct.pack("<IQQ", version, len(tensors), len(kvs))
+    for k, t, v in kvs:
+        out += gstr(k) + struct.pack("<I", t) + gval(t, v)
+    for name, ne, typ, off in tensors:
+        out += gstr(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", x) for x in ne)
+        out += struct.pack("<IQ", typ, off)
+    if tensors:
+        out += b"\0" * (-len(out) % align) + data
+    return out
+
+
+def byte_chars():
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return [chr(c) for _, c in sorted(zip(bs, cs))]
+
+
+def spm_vocab():
+    toks = ["<unk>", "<s>", "</s>"] + ["<0x%02X>" % b for b in range(256)]
+    toks += ["\u2581", "a", "b", "c", "\u2581a", "ab", "\u2581ab", "\u2581the", "he", "<|user|>"]
+    types = [2, 3, 3] + [6] * 256 + [1] * 9 + [4]
+    scores = [0.0] * 259 + [-1.0, -2.0, -2.0, -3.0, -1.5, -2.5, -1.2, -0.5, -1.8, 0.0]
+    return [("general.architecture", STR, "llama"), ("tokenizer.ggml.model", STR, "llama"),
+            ("tokenizer.ggml.tokens", ARR, (STR, toks)), ("tokenizer.ggml.scores", ARR, (F32, scores)),
+            ("tokenizer.ggml.token_type", ARR, (I32, types)), ("tokenizer.ggml.bos_token_id", U32, 1),
+            ("tokenizer.ggml.eos_token_id", U32, 2), ("tokenizer.ggml.unknown_token_id", U32, 0),
+            ("tokenizer.ggml.add_bos_token", BOOL, True)]
+
+
+def bpe_vocab(pre):
+    chars = byte_chars()
+    merges = ["\u0120 t", "h e", "\u0120t he", "i n", "\u0120 a", "e r", "\u0120 \u0120", "1 2"]
+    toks = chars + ["".join(m.split(" ")) for m in merges] + ["<|endoftext|>", "<tool>"]
+    types = [1] * (len(toks) - 2) + [3, 4]
+    return [("tokenizer.ggml.model", STR, "gpt2"), ("tokenizer.ggml.pre", STR, pre),
+            ("tokenizer.ggml.tokens", ARR, (STR, toks)), ("tokenizer.ggml.token_type", ARR, (I32, types)),
+            ("tokenizer.ggml.merges", ARR, (STR, merges)), ("tokenizer.ggml.bos_token_id", U32, len(toks) - 2),
+            ("tokenizer.ggml.eos_token_id", U32, len(toks) - 2)]
+
+
+def all_types():
+    return [("general.alignment", U32, 32), ("a.u8", U8, 7), ("a.i8", I8, -3), ("a.u16", U16, 9), ("a.i16", I16, -9),
+            ("a.u32", U32, 4000000000), ("a.i32", I32, -5), ("a.f32", F32, 1.5), ("a.bool", BOOL, True),
+            ("a.str", STR, "llama"), ("a.u64", U64, 1 << 40), ("a.i64", I64, -1), ("a.f64", F64, 2.25),
+            ("a.arr", ARR, (I32, [1, -2, 3])), ("a.strs", ARR, (STR, ["x", "", "yz"])), ("a.f", ARR, (F32, [0.5]))]
+
+
+def gguf_seeds():
+    tensors = [("f32", [4, 2], 0, 0), ("f16", [8], 1, 32), ("q4_0", [32, 2], 2, 64), ("q6_k", [256], 14, 128)]
+    data = bytes(range(256)) * 2
+    return {
+        "all_types.gguf": gguf(all_types()),
+        "tensors.gguf": gguf(all_types()[:3], tensors, data[:128 + 210]),
+        "spm_vocab.gguf": gguf(spm_vocab()),
+        "bpe_llama3.gguf": gguf(bpe_vocab("llama-bpe")),
+        "bpe_deepseek.gguf": gguf(bpe_vocab("deepseek-llm")),
+        "bpe_falcon_v2.gguf": gguf(bpe_vocab("falcon"), version=2),
+        "truncated.gguf": gguf(spm_vocab())[:300],
+    }
+
+
+# ---- tokenizer.json ---------------------------------------------------------------------------
+
+def template(first, last=None):
+    single = [{"SpecialToken": {"id": first, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}]
+    specials = {first: {"id": first, "ids": [0], "tokens": [first]}}
+    if last:
+        single.append({"SpecialToken": {"id": last, "type_id": 0}})
+        specials[last] = {"id": last, "ids": [1], "tokens": [last]}
+    return {"type": "TemplateProcessing", "single": single, "pair": single, "special_tokens": specials}
+
+
+def added(tokens):
+    return [{"id": i, "content": c, "single_word": sw, "lstrip": ls, "rstrip": rs, "normalized": False,
+             "special": sp} for i, c, sp, ls, rs, sw in tokens]
+
+
+def bytelevel_json():
+    chars = byte_chars()
+    vocab = {"<|begin_of_text|>": 0, "<|end_of_text|>": 1, "<tool>": 2}
+    for c in chars:
+        vocab[c] = len(vocab)
+    merges = [["\u0120", "t"], ["h", "e"], ["\u0120t", "he"], ["i", "n"], ["\u0120", "\u0120"], ["1", "2"]]
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    llama3 = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+              "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+    return {"version": "1.0", "added_tokens": added([(0, "<|begin_of_text|>", True, False, False, False),
+                                                     (1, "<|end_of_text|>", True, False, True, False),
+                                                     (2, "<tool>", False, True, False, True)]),
+            "normalizer": None,
+            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": llama3}, "behavior": "Isolated", "invert": False},
+                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
+            "post_processor": {"type": "Sequence", "processors": [
+                {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+                template("<|begin_of_text|>")]},
+            "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                      "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": True,
+                      "vocab": vocab, "merges": [" ".join(m) for m in merges]}}
+
+
+def metaspace_json():
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for b in list(range(32)) + [0xC3, 0xA9, 0xE2, 0x96, 0x81]:
+        vocab["<0x%02X>" % b] = len(vocab)
+    for p in ["\u2581", "a", "b", "c", "e", "h", "t", "\u2581t", "he", "\u2581the", "\u2581a", "ab"]:
+        vocab[p] = len(vocab)
+    merges = [["\u2581", "t"], ["h", "e"], ["\u2581t", "he"], ["\u2581", "a"], ["a", "b"]]
+    return {"version": "1.0", "added_tokens": added([(0, "<unk>", True, False, False, False),
+                                                     (1, "<s>", True, False, False, False),
+                                                     (2, "</s>", True, False, False, False)]),
+            "normalizer": {"type": "Sequence", "normalizers": [
+                {"type": "NFKC"}, {"type": "Lowercase"}, {"type": "Strip", "strip_left": False, "strip_right": True},
+                {"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "}, {"type": "StripAccents"},
+                {"type": "NFD"}, {"type": "NFC"}, {"type": "NFKD"}]},
+            "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": True},
+            "post_processor": template("<s>", "</s>"),
+            "decoder": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True},
+            "model": {"type": "BPE", "unk_token": "<unk>", "fuse_unk": True, "byte_fallback": True,
+                      "vocab": vocab, "merges": merges}}
+
+
+def misc_pretok_json():
+    vocab = {"[UNK]": 0, "[CLS]": 1, "[SEP]": 2}
+    for w in ["hello", "world", ",", "!", "1", "2", "3", "a", "##b", "##c", "don", "'", "t", "-", "x"]:
+        vocab[w] = len(vocab)
+    return {"version": "1.0", "added_tokens": added([(0, "[UNK]", True, False, False, False),
+                                                     (1, "[CLS]", True, False, False, False),
+                                                     (2, "[SEP]", True, False, False, False)]),
+            "normalizer": {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "x"}, {"type": "Replace",
+                           "pattern": {"String": "--"}, "content": "-"}]},
+            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+                {"type": "WhitespaceSplit"}, {"type": "Whitespace"}, {"type": "Punctuation", "behavior": "Contiguous"},
+                {"type": "Digits", "individual_digits": False}, {"type": "CharDelimiterSplit", "delimiter": "-"},
+                {"type": "Split", "pattern": {"String": "a"}, "behavior": "MergedWithPrevious", "invert": False},
+                {"type": "Split", "pattern": {"String": "b"}, "behavior": "MergedWithNext", "invert": True},
+                {"type": "Split", "pattern": {"Regex": "c+"}, "behavior": "Removed", "invert": False}]},
+            "post_processor": {"type": "BertProcessing", "sep": ["[SEP]", 2], "cls": ["[CLS]", 1]},
+            "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": True},
+            "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+                      "max_input_chars_per_word": 10, "vocab": vocab}}
+
+
+def bert_small_json(data):
+    full = json.load(open(os.path.join(data, "models/tokenizers/all-minilm-l6-v2/tokenizer.json"), encoding="utf-8"))
+    vocab = full["model"]["vocab"]
+    keep = {k: v for k, v in vocab.items() if v < 104}  # [PAD], [unused*], [UNK], [CLS], [SEP], [MASK]
+    for k, v in sorted(vocab.items(), key=lambda kv: kv[1]):
+        if 999 <= v < 1400:
+            keep[k] = len(keep)
+    for w in ("hello", "world", "##s", "##ing", "un", "##aff", "##able", "cafe", "the"):
+        keep.setdefault(w, len(keep))
+    full["model"]["vocab"] = keep
+    full["truncation"] = full["padding"] = None
+    return full
+
+
+def json_seeds(data):
+    sep = b"\xff\xff"
+    dump = lambda j: json.dumps(j, ensure_ascii=False).encode()
+    seeds = {
+        "bytelevel.json": dump(bytelevel_json()) + sep + b"<|begin_of_text|>Hello the 1234 <tool>  \n\n it's",
+        "metaspace.json": dump(metaspace_json()) + sep + "  The  \u00c9t\u00e9 ab\u00e9 <s>\tx ".encode(),
+        "misc_pretok.json": dump(misc_pretok_json()) + sep + b"hello, world!! don't 123 a-b--c abcabc [CLS]",
+        "bert_small.json": dump(bert_small_json(data)) + sep + "Hello WORLD caf\u00e9 \u4e2d\u6587 unaffable".encode(),
+    }
+    stories = os.path.join(data, "models/stories260K/hf/tokenizer.json")
+    seeds["stories260K.json"] = open(stories, "rb").read() + sep + b"Once upon a time <s> \xe4\xb8\xad \xff"
+    return seeds
+
+
+def encode_seeds(data):
+    sep = "\n__ggml_vocab_test__\n"
+    tests = open(os.path.join(data, "tokenizer-tests/ggml-vocab-gpt-2.gguf.inp"), encoding="utf-8").read().split(sep)
+    seeds = {"inp%02d.txt" % i: tests[k].encode() for i, k in enumerate([0, 1, 10, 18, 21, 22, 33, 45])}
+    seeds["invalid_utf8.txt"] = b"ok \x80\xbf bad \xc3 tail \xe2\x82 \xed\xa0\x80 \xf4\x90\x80\x80 \xff\xfe end\xc3"
+    seeds["specials.txt"] = "<s>Hi</s> <|endoftext|> [CLS] x [SEP] <unk> \u2581a".encode()
+    return seeds
+
+
+def write(target, seeds):
+    d = os.path.join(HERE, "seeds", target)
+    os.makedirs(d, exist_ok=True)
+    for name, blob in seeds.items():
+        assert len(blob) < 20 * 1024, (name, len(blob))
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(blob)
+        print(f"{target}/{name}: {len(blob)} bytes")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", default=os.environ.get("IFLOW_TEST_DATA", os.path.join(HERE, "..", "..", "..", "shared")))
+    args = ap.parse_args()
+    write("fuzz_gguf", gguf_seeds())
+    write("fuzz_tokenizer_json", json_seeds(args.data))
+    write("fuzz_encode", encode_seeds(args.data))
+
+
+if __name__ == "__main__":
+    main()

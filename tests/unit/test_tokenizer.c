@@ -1,0 +1,581 @@
+/* test_tokenizer.c -- the tokenizer against reference ids: llama.cpp's vocab test vectors
+ * (tokenizer-tests/ggml-vocab-X.gguf.inp/.out), the stories260K goldens (tokenizer.json and GGUF), ids from
+ * HF `tokenizers` committed under tests/fixtures/tokenizers (smollm2, all-minilm, stories260K),
+ * round trips, the wiki.test.raw count and speed, and malformed inputs. */
+#include "check.h"
+#include "libcore/error.h"
+#include "libcore/tokenizer.h"
+
+#include <jansson.h>
+#include <stdint.h>
+#include <time.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SANITIZED 1
+#endif
+#endif
+#ifndef SANITIZED
+#define SANITIZED 0
+#endif
+
+#define SEP "\n__ggml_vocab_test__\n"
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *f = path ? fopen(path, "rb") : NULL;
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf) {
+        buf[n] = 0;
+        *len = (size_t)n;
+    }
+    return buf;
+}
+
+static int contains(const char *s, const char *sub)
+{
+    return strstr(s, sub) != NULL;
+}
+
+/* Cut the last n path components off path (in place). */
+static void dirname_n(char *path, int n)
+{
+    while (n-- > 0) {
+        char *slash = strrchr(path, '/');
+        if (!slash)
+            return;
+        *slash = 0;
+    }
+}
+
+/* tests/fixtures/tokenizers/<file>: next to this source file, from the current directory (the
+ * repo root), or from the repo root above the binary (<root>/build/<mode>/tests/unit/test_x). */
+static const char *fixture(const char *file)
+{
+    static char buf[4096];
+    char exe[2048];
+    const char *src = __FILE__, *slash = strrchr(src, '/');
+    snprintf(buf, sizeof buf, "%.*s/../fixtures/tokenizers/%s", slash ? (int)(slash - src) : 1, slash ? src : ".", file);
+    if (access(buf, R_OK) == 0)
+        return buf;
+    snprintf(buf, sizeof buf, "tests/fixtures/tokenizers/%s", file);
+    if (access(buf, R_OK) == 0)
+        return buf;
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    exe[n > 0 ? n : 0] = 0;
+    dirname_n(exe, 5);
+    snprintf(buf, sizeof buf, "%s/tests/fixtures/tokenizers/%s", exe, file);
+    return access(buf, R_OK) == 0 ? buf : NULL;
+}
+
+static int same_ids(const int32_t *a, size_t na, const int32_t *b, size_t nb)
+{
+    return na == nb && (na == 0 || memcmp(a, b, na * sizeof *a) == 0);
+}
+
+static int same_json_ids(const json_t *arr, const int32_t *ids, size_t n)
+{
+    if (!json_is_array(arr) || json_array_size(arr) != n)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (json_integer_value(json_array_get(arr, i)) != ids[i])
+            return 0;
+    return 1;
+}
+
+/* encode then compare with a JSON id list */
+static int encode_matches(const iflow_tokenizer *t, const char *text, size_t len, int flags, const json_t *want)
+{
+    int32_t *ids;
+    size_t n;
+    int ok = iflow_tokenizer_encode(t, text, len, flags, &ids, &n) == 0 && same_json_ids(want, ids, n);
+    free(ids);
+    return ok;
+}
+
+/* decode(encode(text)) == text */
+static int round_trips(const iflow_tokenizer *t, const char *text, size_t len)
+{
+    int32_t *ids;
+    size_t n, dl = 0;
+    char *d = NULL;
+    int ok = iflow_tokenizer_encode(t, text, len, 0, &ids, &n) == 0 && iflow_tokenizer_decode(t, ids, n, &d, &dl) == 0 &&
+             dl == len && memcmp(d, text, len) == 0;
+    free(ids);
+    free(d);
+    return ok;
+}
+
+/* ---- llama.cpp vocab test vectors --------------------------------------------------------- */
+
+/* Parse " 1 2 3" into ids. */
+static size_t parse_ids(const char *line, int32_t *ids, size_t cap)
+{
+    size_t n = 0;
+    char *end;
+    for (const char *p = line; *p && n < cap; p = end) {
+        long v = strtol(p, &end, 10);
+        if (end == p)
+            break;
+        ids[n++] = (int32_t)v;
+    }
+    return n;
+}
+
+/* Run one family's .inp/.out; returns the number of tests, counts passes. */
+static int run_vectors(const iflow_tokenizer *t, char *inp, size_t ninp, char *out, int *exact, int *rt)
+{
+    int tests = 0;
+    char *ip = inp, *op = out;
+    static int32_t want[4096];
+    while (ip < inp + ninp) {
+        char *e = strstr(ip, SEP), *nl = strchr(op, '\n');
+        if (!e || !nl)
+            break;
+        *nl = 0;
+        size_t nw = parse_ids(op, want, 4096), n;
+        int32_t *ids;
+        int ok = iflow_tokenizer_encode(t, ip, (size_t)(e - ip), 0, &ids, &n) == 0 && same_ids(ids, n, want, nw);
+        if (!ok && tests < 100)
+            fprintf(stderr, "  mismatch on test %d: '%.*s'\n", tests, (int)(e - ip), ip);
+        *exact += ok;
+        *rt += round_trips(t, ip, (size_t)(e - ip));
+        free(ids);
+        tests++;
+        ip = e + strlen(SEP);
+        op = nl + 1;
+    }
+    return tests;
+}
+
+static void test_vocab_vectors(void)
+{
+    static const char *const fams[] = {"deepseek-llm", "falcon", "gpt-2", "llama-spm", "mpt", "phi-3", "refact"};
+    int total = 0, total_ok = 0;
+    for (size_t f = 0; f < sizeof fams / sizeof fams[0]; f++) {
+        char rel[160], *inp, *out;
+        size_t ni, no;
+        iflow_tokenizer *t;
+        snprintf(rel, sizeof rel, "tokenizer-tests/ggml-vocab-%s.gguf", fams[f]);
+        const char *path = test_data(rel);
+        if (!path)
+            SKIP("no %s", rel);
+        int rc = iflow_tokenizer_open(&t, path);
+        CHECK(rc == 0, "%s: %s", fams[f], iflow_errmsg());
+        if (rc)
+            continue;
+        snprintf(rel, sizeof rel, "tokenizer-tests/ggml-vocab-%s.gguf.inp", fams[f]);
+        inp = slurp(test_data(rel), &ni);
+        snprintf(rel, sizeof rel, "tokenizer-tests/ggml-vocab-%s.gguf.out", fams[f]);
+        out = slurp(test_data(rel), &no);
+        int exact = 0, rt = 0, n = inp && out ? run_vectors(t, inp, ni, out, &exact, &rt) : 0;
+        printf("tokenizer-tests %-13s %-28s exact %2d/%d  round trip %2d/%d\n", fams[f], iflow_tokenizer_kind(t), exact,
+               n, rt, n);
+        CHECK(n == 46 && exact == 46, "%s: %d/%d exact", fams[f], exact, n);
+        CHECK(rt == n, "%s: %d/%d round trips", fams[f], rt, n);
+        total += n;
+        total_ok += exact;
+        free(inp);
+        free(out);
+        iflow_tokenizer_close(t);
+    }
+    printf("tokenizer-tests: %d/%d exact\n", total_ok, total);
+}
+
+/* baichuan and gpt-neox have no .out: load them and check round trips on the test strings. */
+static void test_vocab_roundtrip_only(void)
+{
+    static const char *const fams[] = {"baichuan", "gpt-neox"};
+    size_t ni;
+    char *inp = slurp(test_data("tokenizer-tests/ggml-vocab-gpt-2.gguf.inp"), &ni);
+    if (!inp)
+        SKIP("no test strings");
+    for (size_t f = 0; f < 2; f++) {
+        char rel[160];
+        iflow_tokenizer *t;
+        snprintf(rel, sizeof rel, "tokenizer-tests/ggml-vocab-%s.gguf", fams[f]);
+        int rc = test_data(rel) ? iflow_tokenizer_open(&t, test_data(rel)) : -1;
+        CHECK(rc == 0, "%s: %s", fams[f], iflow_errmsg());
+        if (rc)
+            continue;
+        int n = 0, ok = 0;
+        for (char *ip = inp, *e; (e = strstr(ip, SEP)); ip = e + strlen(SEP), n++)
+            ok += round_trips(t, ip, (size_t)(e - ip));
+        printf("tokenizer-tests %-13s %-28s round trip %d/%d (n_vocab %d)\n", fams[f], iflow_tokenizer_kind(t), ok, n,
+               iflow_tokenizer_n_vocab(t));
+        CHECK(ok == n && n == 46, "%s: %d/%d round trips", fams[f], ok, n);
+        iflow_tokenizer_close(t);
+    }
+    free(inp);
+}
+
+/* ---- stories260K goldens ------------------------------------------------------------------ */
+
+static void golden_lines(const iflow_tokenizer *t, const char *label)
+{
+    FILE *f = fopen(test_data("golden/stories260K.tokenizer.jsonl"), "r");
+    char *line = NULL;
+    size_t cap = 0;
+    int n = 0, ok1 = 0, ok2 = 0;
+    while (f && getline(&line, &cap, f) > 0) {
+        json_t *j = json_loads(line, JSON_ALLOW_NUL, NULL);
+        const json_t *text = json_object_get(j, "text");
+        const char *s = json_string_value(text);
+        size_t len = json_string_length(text);
+        ok1 += s && encode_matches(t, s, len, IFLOW_TOK_ADD_BOS, json_object_get(j, "ids"));
+        ok2 += s && encode_matches(t, s, len, IFLOW_TOK_ADD_BOS | IFLOW_TOK_PARSE_SPECIAL,
+                                   json_object_get(j, "ids_parse_special"));
+        json_decref(j);
+        n++;
+    }
+    free(line);
+    if (f)
+        fclose(f);
+    printf("stories260K golden (%s): ids %d/%d, ids_parse_special %d/%d\n", label, ok1, n, ok2, n);
+    CHECK(n == 254 && ok1 == n && ok2 == n, "%s: %d/%d and %d/%d", label, ok1, n, ok2, n);
+}
+
+static void test_stories_golden(void)
+{
+    const char *paths[2] = {"models/stories260K/hf/tokenizer.json", "models/stories260K/gguf/stories260K.gguf"};
+    if (!test_data("golden/stories260K.tokenizer.jsonl"))
+        SKIP("no golden/stories260K.tokenizer.jsonl");
+    for (int i = 0; i < 2; i++) {
+        iflow_tokenizer *t;
+        int rc = test_data(paths[i]) ? iflow_tokenizer_open(&t, test_data(paths[i])) : -1;
+        CHECK(rc == 0, "%s: %s", paths[i], iflow_errmsg());
+        if (rc)
+            continue;
+        CHECK(strcmp(iflow_tokenizer_kind(t), "spm-bpe") == 0 && iflow_tokenizer_bos(t) == 1 &&
+                  iflow_tokenizer_eos(t) == 2 && iflow_tokenizer_n_vocab(t) == 512, "%s: kind/bos/eos", paths[i]);
+        golden_lines(t, i ? "gguf" : "tokenizer.json");
+        iflow_tokenizer_close(t);
+    }
+}
+
+/* ---- HF tokenizers reference ids ---------------------------------------------------------- */
+
+static void fixture_lines(const iflow_tokenizer *t, const char *file)
+{
+    FILE *f = fopen(fixture(file), "r");
+    char *line = NULL;
+    size_t cap = 0;
+    int n = 0, ok[4] = {0};
+    while (f && getline(&line, &cap, f) > 0) {
+        json_t *j = json_loads(line, JSON_ALLOW_NUL, NULL);
+        const json_t *text = json_object_get(j, "text"), *dec = json_object_get(j, "decoded");
+        const char *s = json_string_value(text);
+        size_t len = json_string_length(text), n_ids = 0, dl = 0;
+        int32_t *ids = NULL;
+        char *d = NULL;
+        ok[0] += s && encode_matches(t, s, len, IFLOW_TOK_ADD_BOS, json_object_get(j, "ids"));
+        ok[1] += s && encode_matches(t, s, len, IFLOW_TOK_ADD_BOS | IFLOW_TOK_PARSE_SPECIAL,
+                                     json_object_get(j, "ids_parse_special"));
+        ok[2] += s && encode_matches(t, s, len, 0, json_object_get(j, "ids_plain"));
+        if (s && iflow_tokenizer_encode(t, s, len, 0, &ids, &n_ids) == 0 && iflow_tokenizer_decode(t, ids, n_ids, &d, &dl) == 0)
+            ok[3] += dl == json_string_length(dec) && memcmp(d, json_string_value(dec), dl) == 0;
+        free(ids);
+        free(d);
+        json_decref(j);
+        n++;
+    }
+    free(line);
+    if (f)
+        fclose(f);
+    printf("hf tokenizers %-24s %-30s ids %d/%d, parse_special %d/%d, plain %d/%d, decoded %d/%d\n", file,
+           iflow_tokenizer_kind(t), ok[0], n, ok[1], n, ok[2], n, ok[3], n);
+    CHECK(n > 0 && ok[0] == n && ok[1] == n && ok[2] == n && ok[3] == n, "%s", file);
+}
+
+static void test_hf_fixtures(void)
+{
+    static const char *const dirs[][2] = {
+        {"models/tokenizers/smollm2-135m", "smollm2-135m.jsonl"},
+        {"models/tokenizers/all-minilm-l6-v2", "all-minilm-l6-v2.jsonl"},
+        {"models/stories260K/hf", "stories260K.jsonl"},
+    };
+    for (int i = 0; i < 3; i++) {
+        iflow_tokenizer *t;
+        if (!test_data(dirs[i][0]))
+            SKIP("no %s", dirs[i][0]);
+        CHECK(fixture(dirs[i][1]) != NULL, "fixture %s not found (run from the repo root)", dirs[i][1]);
+        if (!fixture(dirs[i][1]))
+            continue;
+        int rc = iflow_tokenizer_open(&t, test_data(dirs[i][0]));
+        CHECK(rc == 0, "%s: %s", dirs[i][0], iflow_errmsg());
+        if (rc)
+            continue;
+        fixture_lines(t, dirs[i][1]);
+        iflow_tokenizer_close(t);
+    }
+}
+
+/* ---- whole-file count and speed ----------------------------------------------------------- */
+
+static void check_wiki_prefix(const int32_t *ids, size_t n)
+{
+    size_t len;
+    char *txt = slurp(test_data("golden/stories260K.wiki1024.ids.txt"), &len);
+    int32_t want[1024];
+    size_t nw = 0;
+    for (char *p = txt, *end; p && nw < 1024; p = end) {
+        long v = strtol(p, &end, 10);
+        if (end == p)
+            break;
+        want[nw++] = (int32_t)v;
+    }
+    CHECK(!txt || (nw == 1024 && n >= 1024 && memcmp(ids, want, sizeof want) == 0), "first 1024 wiki ids");
+    free(txt);
+}
+
+static void test_wiki_speed(void)
+{
+    const char *paths[2] = {"models/stories260K/hf/tokenizer.json", "models/stories260K/gguf/stories260K.gguf"};
+    size_t len;
+    char *text = slurp(test_data("data/wikitext-2-raw/wiki.test.raw"), &len);
+    if (!text)
+        SKIP("no wiki.test.raw");
+    for (int i = 0; i < 2; i++) {
+        iflow_tokenizer *t;
+        int32_t *ids = NULL;
+        size_t n = 0, dl = 0;
+        char *d = NULL;
+        if (!test_data(paths[i]) || iflow_tokenizer_open(&t, test_data(paths[i])) != 0)
+            continue;
+        double t0 = now();
+        int rc = iflow_tokenizer_encode(t, text, len, IFLOW_TOK_ADD_BOS, &ids, &n);
+        double t1 = now();
+        printf("wiki.test.raw (%zu bytes) with stories260K %s: %zu ids in %.3f s (%.1f MB/s)\n", len,
+               i ? "gguf" : "tokenizer.json", n, t1 - t0, (double)len / 1e6 / (t1 - t0));
+        CHECK(rc == 0 && n == 809290 && ids[0] == 1 && ids[1] == 410, "%zu ids, want 809290", n);
+        CHECK(SANITIZED || t1 - t0 < 1.0, "encoding took %.3f s", t1 - t0);
+        check_wiki_prefix(ids, n);
+        CHECK(n > 0 && iflow_tokenizer_decode(t, ids, n, &d, &dl) == 0 && dl == len && memcmp(d, text, len) == 0,
+              "wiki round trip");
+        free(ids);
+        free(d);
+        iflow_tokenizer_close(t);
+    }
+    free(text);
+}
+
+/* A long word must not be quadratic. */
+static void test_long_word(void)
+{
+    iflow_tokenizer *t;
+    const char *path = test_data("tokenizer-tests/ggml-vocab-gpt-2.gguf");
+    if (!path || iflow_tokenizer_open(&t, path) != 0)
+        SKIP("no gpt-2 vocab");
+    size_t len = 1 << 20;
+    char *text = malloc(len);
+    for (size_t i = 0; i < len; i++)
+        text[i] = "abcdefghij"[i * 7 % 10];
+    int32_t *ids;
+    size_t n;
+    double t0 = now();
+    int rc = iflow_tokenizer_encode(t, text, len, 0, &ids, &n);
+    double dt = now() - t0;
+    printf("one 1 MiB word with gpt-2: %zu ids in %.3f s\n", n, dt);
+    CHECK(rc == 0 && n > 0 && (SANITIZED || dt < 2.0), "long word: rc %d, %.3f s", rc, dt);
+    CHECK(round_trips(t, text, len), "long word round trip");
+    free(ids);
+    free(text);
+    iflow_tokenizer_close(t);
+}
+
+/* ---- API details -------------------------------------------------------------------------- */
+
+static void test_pieces(void)
+{
+    iflow_tokenizer *t;
+    const char *path = test_data("models/stories260K/hf/tokenizer.json");
+    if (!path || iflow_tokenizer_open(&t, path) != 0)
+        SKIP("no stories260K tokenizer.json");
+    char buf[16];
+    int32_t *ids;
+    size_t n;
+    CHECK(iflow_tokenizer_encode(t, "Once upon", 9, IFLOW_TOK_ADD_BOS, &ids, &n) == 0 && n == 3 && ids[0] == 1 &&
+              ids[1] == 403 && ids[2] == 407, "Once upon");
+    CHECK(iflow_tokenizer_piece(t, 1, 1, buf, sizeof buf) == 0, "BOS piece is empty");
+    CHECK(iflow_tokenizer_piece(t, 403, 1, buf, sizeof buf) == 4 && memcmp(buf, "Once", 4) == 0, "first piece");
+    CHECK(iflow_tokenizer_piece(t, 403, 0, buf, sizeof buf) == 5 && memcmp(buf, " Once", 5) == 0, "later piece");
+    CHECK(iflow_tokenizer_piece(t, 403, 0, buf, 2) == 2 && memcmp(buf, " O", 2) == 0, "truncated piece");
+    CHECK(iflow_tokenizer_piece(t, 3 + 'A', 0, buf, sizeof buf) == 1 && buf[0] == 'A', "byte-fallback piece");
+    CHECK(iflow_tokenizer_piece(t, 512, 0, buf, sizeof buf) == IFLOW_ERANGE && contains(iflow_errmsg(), "512"),
+          "id out of range: %s", iflow_errmsg());
+    free(ids);
+    CHECK(iflow_tokenizer_encode(t, NULL, 0, IFLOW_TOK_ADD_BOS, &ids, &n) == 0 && n == 1 && ids[0] == 1, "empty + BOS");
+    free(ids);
+    CHECK(iflow_tokenizer_encode(t, "", 0, 0, &ids, &n) == 0 && n == 0 && ids == NULL, "empty");
+    CHECK(iflow_tokenizer_encode(t, "<s></s>", 7, IFLOW_TOK_PARSE_SPECIAL, &ids, &n) == 0 && n == 2 && ids[0] == 1 &&
+              ids[1] == 2, "specials parsed");
+    free(ids);
+    char *d;
+    size_t dl;
+    int32_t seq[] = {1, 403, 407, 2};
+    CHECK(iflow_tokenizer_decode(t, seq, 4, &d, &dl) == 0 && strcmp(d, "Once upon") == 0 && dl == 9, "decode");
+    free(d);
+    iflow_tokenizer_close(t);
+}
+
+static void test_bert_template(void)
+{
+    iflow_tokenizer *t;
+    const char *path = test_data("models/tokenizers/all-minilm-l6-v2/tokenizer.json");
+    if (!path || iflow_tokenizer_open(&t, path) != 0)
+        SKIP("no all-minilm tokenizer.json");
+    int32_t *ids;
+    size_t n;
+    char *d;
+    CHECK(iflow_tokenizer_encode(t, "Hello, World!", 13, IFLOW_TOK_ADD_BOS, &ids, &n) == 0 && n == 6 && ids[0] == 101 &&
+              ids[5] == 102, "[CLS] ... [SEP]");
+    CHECK(iflow_tokenizer_decode(t, ids, n, &d, NULL) == 0 && strcmp(d, "hello, world!") == 0, "bert decode '%s'", d);
+    free(d);
+    CHECK(iflow_tokenizer_piece(t, 999999, 0, NULL, 0) == IFLOW_ERANGE, "piece range");
+    int32_t wp[] = {101, 7592, 1010, 2088, 999, 102}; /* hello , world ! */
+    CHECK(iflow_tokenizer_decode(t, wp, 6, &d, NULL) == 0 && strcmp(d, "hello, world!") == 0, "bert decode ids '%s'", d);
+    CHECK(iflow_tokenizer_bos(t) == 101 && iflow_tokenizer_eos(t) == 102 && strcmp(iflow_tokenizer_kind(t), "wordpiece") == 0,
+          "bert bos/eos/kind");
+    free(ids);
+    free(d);
+    iflow_tokenizer_close(t);
+}
+
+/* Bytes that are not UTF-8 survive byte-level BPE and byte fallback. */
+static void test_invalid_utf8(void)
+{
+    static const char *const paths[] = {"tokenizer-tests/ggml-vocab-gpt-2.gguf", "tokenizer-tests/ggml-vocab-llama-spm.gguf",
+                                        "models/stories260K/hf/tokenizer.json", "models/tokenizers/smollm2-135m/tokenizer.json"};
+    /* lone continuation bytes, cut sequences, a surrogate, a code point past U+10FFFF (no 0xFE/0xFF,
+     * which never occur in UTF-8 and are missing from some byte-level vocabularies) */
+    static const char text[] = "ok \x80\xbf bad \xc3 tail \xe2\x82 \xed\xa0\x80 \xf4\x90\x80\x80 end\xc3";
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+        iflow_tokenizer *t;
+        if (!test_data(paths[i]) || iflow_tokenizer_open(&t, test_data(paths[i])) != 0)
+            continue;
+        CHECK(round_trips(t, text, sizeof text - 1), "%s: invalid utf-8 round trip", paths[i]);
+        iflow_tokenizer_close(t);
+    }
+}
+
+/* ---- malformed input ---------------------------------------------------------------------- */
+
+static void test_bad_gguf(void)
+{
+    size_t len;
+    char *buf = slurp(test_data("tokenizer-tests/ggml-vocab-deepseek-llm.gguf"), &len);
+    iflow_tokenizer *t;
+    if (!buf)
+        SKIP("no deepseek-llm vocab");
+    CHECK(iflow_tokenizer_from_gguf(&t, buf, 100000, "cut.gguf") == IFLOW_ETRUNC &&
+              contains(iflow_errmsg(), "truncated gguf array at byte") && contains(iflow_errmsg(), "in 'cut.gguf'"),
+          "truncated: %s", iflow_errmsg());
+
+    /* a token string whose length lies: the 1000th token claims 2^40 bytes */
+    char *key = memmem(buf, len, "tokenizer.ggml.tokens", 21);
+    size_t at = (size_t)(key - buf) + 21 + 4 + 4 + 8;
+    for (int i = 0; i < 1000; i++) {
+        uint64_t l;
+        memcpy(&l, buf + at, 8);
+        at += 8 + l;
+    }
+    uint64_t lie = 1ull << 40;
+    char expect[128];
+    memcpy(buf + at, &lie, 8);
+    snprintf(expect, sizeof expect, "truncated gguf string at byte %zu in 'lying.gguf'", at);
+    CHECK(iflow_tokenizer_from_gguf(&t, buf, len, "lying.gguf") == IFLOW_ETRUNC && contains(iflow_errmsg(), expect),
+          "lying length: %s", iflow_errmsg());
+    free(buf);
+
+    buf = slurp(test_data("tokenizer-tests/ggml-vocab-deepseek-llm.gguf"), &len);
+    char *pre = memmem(buf, len, "tokenizer.ggml.pre", 18);
+    memcpy(memmem(pre, len - (size_t)(pre - buf), "deepseek-llm", 12), "deepseek-xyz", 12);
+    CHECK(iflow_tokenizer_from_gguf(&t, buf, len, "x.gguf") == IFLOW_EUNSUPPORTED &&
+              strcmp(iflow_errmsg(), "unknown pre-tokenizer 'deepseek-xyz' in 'x.gguf'") == 0, "unknown pre: %s",
+          iflow_errmsg());
+    free(buf);
+
+    static const unsigned char no_tok[] = "GGUF\x03\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0";
+    CHECK(iflow_tokenizer_from_gguf(&t, no_tok, 24, "empty.gguf") == IFLOW_ENOTFOUND &&
+              strcmp(iflow_errmsg(), "missing key 'tokenizer.ggml.model' in 'empty.gguf'") == 0, "no model: %s",
+          iflow_errmsg());
+}
+
+/* Load JSON text; the error message must contain `want`. */
+static void bad_json(const char *json, int code, const char *want)
+{
+    iflow_tokenizer *t = NULL;
+    int rc = iflow_tokenizer_from_hf_json(&t, json, strlen(json), "bad.json");
+    CHECK(rc == code && contains(iflow_errmsg(), want) && contains(iflow_errmsg(), "'bad.json'"),
+          "rc %d (want %d): '%s' lacks '%s'", rc, code, iflow_errmsg(), want);
+    iflow_tokenizer_close(t);
+}
+
+#define VOCAB "\"vocab\":{\"a\":0,\"b\":1,\"ab\":2}"
+
+static void test_bad_json(void)
+{
+    bad_json("{\"model\": {\"type\": \"BPE\",", IFLOW_EFORMAT, "malformed json in 'bad.json' at line 1 column");
+    bad_json("[1, 2]", IFLOW_EFORMAT, "not an object");
+    bad_json("{}", IFLOW_EFORMAT, "missing object 'model'");
+    bad_json("{\"model\":{\"type\":\"Unigram\",\"vocab\":[[\"a\",0.0]]}}", IFLOW_EUNSUPPORTED, "unsupported vocab");
+    bad_json("{\"model\":{\"type\":\"BPE\"," VOCAB ",\"merges\":[\"a c\"]}}", IFLOW_EFORMAT, "merge 0 ('a' + 'c')");
+    bad_json("{\"model\":{\"type\":\"BPE\"," VOCAB ",\"merges\":[\"abc\"]}}", IFLOW_EFORMAT, "bad merge 0");
+    bad_json("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":-1},\"merges\":[]}}", IFLOW_EFORMAT, "bad token id -1");
+    bad_json("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":99999999},\"merges\":[]}}", IFLOW_EFORMAT, "bad token id");
+    bad_json("{\"model\":{\"type\":\"BPE\"," VOCAB ",\"merges\":[]},\"normalizer\":{\"type\":\"Foo\"}}",
+             IFLOW_EUNSUPPORTED, "unsupported normalizer 'Foo'");
+    bad_json("{\"model\":{\"type\":\"BPE\"," VOCAB ",\"merges\":[]},\"pre_tokenizer\":{\"type\":\"Split\","
+             "\"pattern\":{\"Regex\":\"(a\"},\"behavior\":\"Isolated\"}}",
+             IFLOW_EFORMAT, "bad regex in pre_tokenizer Split of 'bad.json' at offset 2");
+    bad_json("{\"model\":{\"type\":\"BPE\"," VOCAB ",\"merges\":[]},\"added_tokens\":[{\"id\":1}]}", IFLOW_EFORMAT,
+             "bad content in added_tokens");
+    bad_json("{\"model\":{\"type\":\"BPE\"," VOCAB ",\"merges\":[]},\"decoder\":{\"type\":\"CTC\"}}",
+             IFLOW_EUNSUPPORTED, "unsupported decoder 'CTC'");
+
+    iflow_tokenizer *t;
+    size_t len;
+    char *buf = slurp(test_data("models/stories260K/hf/tokenizer.json"), &len);
+    if (buf) {
+        CHECK(iflow_tokenizer_from_hf_json(&t, buf, len / 2, "half.json") == IFLOW_EFORMAT &&
+                  contains(iflow_errmsg(), "malformed json in 'half.json' at line"), "half json: %s", iflow_errmsg());
+        free(buf);
+    }
+    CHECK(iflow_tokenizer_open(&t, "/nonexistent/tokenizer.json") == IFLOW_ENOTFOUND &&
+              contains(iflow_errmsg(), "'/nonexistent/tokenizer.json'"), "missing file: %s", iflow_errmsg());
+}
+
+int main(void)
+{
+    RUN(test_vocab_vectors);
+    RUN(test_vocab_roundtrip_only);
+    RUN(test_stories_golden);
+    RUN(test_hf_fixtures);
+    RUN(test_wiki_speed);
+    RUN(test_long_word);
+    RUN(test_pieces);
+    RUN(test_bert_template);
+    RUN(test_invalid_utf8);
+    RUN(test_bad_gguf);
+    RUN(test_bad_json);
+    return check_summary("test_tokenizer");
+}
