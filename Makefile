@@ -81,7 +81,7 @@ $(LIB): $(LIB_OBJ)
 # bin/ always holds the build of the last `make` (sanitized or not).
 bin/%: $(BUILD)/cmd/%.o $(CMD_COMMON_OBJ) $(LIB)
 	@mkdir -p bin
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS)
 
 $(BINS): .build-mode
 .build-mode: FORCE

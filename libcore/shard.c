@@ -34,11 +34,14 @@ static int kind_of_tag(const unsigned char *tag)
     return 0;
 }
 
-/* Check the file header at h (64 bytes). */
-static int check_file_header(const unsigned char *h, const char *path)
+/* Check the start of a file: n bytes at h. Wrong magic first (a file that is no shard at all),
+ * then a header cut short, then the header itself. */
+static int check_file_header(const unsigned char *h, size_t n, const char *path)
 {
-    if (memcmp(h, MAGIC, 8) != 0)
+    if (memcmp(h, MAGIC, n < 8 ? n : 8) != 0 || n == 0)
         return iflow_seterr(IFLOW_EFORMAT, "not an iflow shard (bad magic at byte 0): '%s'", path);
+    if (n < FILE_HDR)
+        return iflow_seterr(IFLOW_ETRUNC, "truncated shard: file header needs 64 bytes, file has %zu in '%s'", n, path);
     if (rd_u32(h + 60) != XXH32(h, 60, 0))
         return iflow_seterr(IFLOW_ECHECKSUM, "corrupt shard file header (checksum mismatch at byte 60) in '%s'", path);
     uint32_t version = rd_u32(h + 8);
@@ -285,10 +288,9 @@ int iflow_shard_reader_open(iflow_shard_reader **out, const char *path)
         return free(r), iflow_seterr(IFLOW_ENOMEM, "out of memory opening '%s'", path);
     int rc = in_open(&r->in, r->path);
     unsigned char h[FILE_HDR];
+    ssize_t got = rc == 0 ? in_read(&r->in, h, FILE_HDR) : 0;
     if (rc == 0)
-        rc = in_need(&r->in, h, FILE_HDR, "file header");
-    if (rc == 0)
-        rc = check_file_header(h, r->in.path);
+        rc = got < 0 ? (int)got : check_file_header(h, (size_t)got, r->in.path);
     if (rc < 0) {
         iflow_shard_reader_close(r);
         return rc;
@@ -385,9 +387,7 @@ static int open_mapped(iflow_shard *sh, const unsigned char *p, size_t len, int 
     char name[MAX_NAME + 1];
     iflow_shard_rec rec;
     int rc;
-    if (len < FILE_HDR)
-        return iflow_seterr(IFLOW_ETRUNC, "truncated shard: file header needs 64 bytes, file has %zu in '%s'", len, sh->path);
-    if ((rc = check_file_header(p, sh->path)) < 0)
+    if ((rc = check_file_header(p, len < FILE_HDR ? len : FILE_HDR, sh->path)) < 0)
         return rc;
     uint64_t at = FILE_HDR;
     for (;;) {

@@ -10,7 +10,7 @@ for bin in $BIN/iflow-*; do
     done
     # every option of the table appears in --help, the man page and each completion
     for o in $("$bin" --help | grep -oE -- '--[a-z][a-z-]+' | sort -u); do
-        grep -q -- "\\\\-\\\\-${o#--}" "man/$name.1" && grep -q -- "$o" "completions/bash/$name" &&
+        sed 's/\\-/-/g' "man/$name.1" | grep -q -- "$o" && grep -q -- "$o" "completions/bash/$name" &&
             grep -q -- "$o" "completions/zsh/_$name" && grep -q -- "-l ${o#--}" "completions/fish/$name.fish" &&
             ok || bad "$name: option $o missing from a man page or completion"
     done
