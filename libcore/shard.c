@@ -38,7 +38,7 @@ static int kind_of_tag(const unsigned char *tag)
  * then a header cut short, then the header itself. */
 static int check_file_header(const unsigned char *h, size_t n, const char *path)
 {
-    if (memcmp(h, MAGIC, n < 8 ? n : 8) != 0 || n == 0)
+    if (n == 0 || memcmp(h, MAGIC, n < 8 ? n : 8) != 0)
         return iflow_seterr(IFLOW_EFORMAT, "not an iflow shard (bad magic at byte 0): '%s'", path);
     if (n < FILE_HDR)
         return iflow_seterr(IFLOW_ETRUNC, "truncated shard: file header needs 64 bytes, file has %zu in '%s'", n, path);
