@@ -105,7 +105,7 @@ demo: deps
 	@mkdir -p build
 	bin/iflow-convert $(IFLOW_TEST_DATA)/models/stories260K/hf -o build/stories260K.ifs
 	bin/iflow-convert --info build/stories260K.ifs | head -n 12
-	bin/iflow-run -m build/stories260K.ifs -p "Once upon a time" -n 96 --temp 0.8 --top-p 0.9 --seed 42 -v
+	bin/iflow-run -m build/stories260K.ifs -p "Once upon a time" -n 96 --temp 0.8 --top-p 0.9 --seed 42 --echo -v
 	@echo
 
 # ---- tests -----------------------------------------------------------------------------------
@@ -165,6 +165,7 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man5 \
 	  $(DESTDIR)$(PREFIX)/share/man/man7 \
 	  $(DESTDIR)$(PREFIX)/share/bash-completion/completions $(DESTDIR)$(PREFIX)/share/zsh/site-functions \
+	  $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d \
 	  $(DESTDIR)$(PREFIX)/share/iflow/specs
 	install -m 755 $(BINS) $(DESTDIR)$(PREFIX)/bin/
 	install -m 644 man/*.1 $(DESTDIR)$(PREFIX)/share/man/man1/
@@ -173,6 +174,7 @@ install: all
 	for t in $(TOOLS); do \
 	  install -m 644 completions/bash/$$t $(DESTDIR)$(PREFIX)/share/bash-completion/completions/$$t; \
 	  install -m 644 completions/zsh/_$$t $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_$$t; \
+	  install -m 644 completions/fish/$$t.fish $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/$$t.fish; \
 	done
 
 clean:

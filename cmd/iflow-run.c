@@ -234,12 +234,15 @@ static int run(const run_opts *o)
         }
         free(line);
     }
+    char threads[16] = "all";
+    if (o->threads)
+        snprintf(threads, sizeof threads, "%d", o->threads);
     if (o->verbose)
         fprintf(stderr,
                 "%s: load %.3f s; prompt %ld tokens in %.3f s (%.1f tok/s); generated %ld tokens in %.3f s (%.1f tok/s); "
-                "%d threads; seed %llu\n",
+                "threads %s; seed %llu\n",
                 tool.name, t_load, g.n_prompt_tokens, g.t_prompt, g.n_prompt_tokens / (g.t_prompt > 0 ? g.t_prompt : 1),
-                g.n_gen_tokens, g.t_gen, g.n_gen_tokens / (g.t_gen > 0 ? g.t_gen : 1), o->threads,
+                g.n_gen_tokens, g.t_gen, g.n_gen_tokens / (g.t_gen > 0 ? g.t_gen : 1), threads,
                 (unsigned long long)o->sp.seed);
     free(g.logits);
     iflow_sampler_close(g.sampler);
