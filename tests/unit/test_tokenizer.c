@@ -329,6 +329,77 @@ static void test_hf_fixtures(void)
     }
 }
 
+/* ---- GGUF vocabularies vs HF tokenizers on an equivalent tokenizer.json ------------------- */
+
+/* Replace the value of tokenizer.ggml.pre (same length) in a GGUF file held in memory. */
+static int patch_pre(char *buf, size_t len, const char *from, const char *to)
+{
+    char *key = memmem(buf, len, "tokenizer.ggml.pre", 18);
+    char *val = key ? memmem(key, len - (size_t)(key - buf), from, strlen(from)) : NULL;
+    if (!val || strlen(from) != strlen(to))
+        return -1;
+    memcpy(val, to, strlen(to));
+    return 0;
+}
+
+/* The tokenizer a gguf-<family>.jsonl fixture describes: its first line may name the vocab
+ * and a pre-tokenizer to patch in, else the vocab is the family's own. */
+static iflow_tokenizer *fixture_gguf(const char *family, FILE *f, long *body)
+{
+    char rel[256], line[512];
+    json_t *head = fgets(line, sizeof line, f) ? json_loads(line, 0, NULL) : NULL;
+    const json_t *pre = json_object_get(head, "pre");
+    const char *vocab = json_string_value(json_object_get(head, "vocab"));
+    size_t len;
+    iflow_tokenizer *t = NULL;
+    if (!vocab)
+        fseek(f, 0, SEEK_SET);
+    *body = ftell(f);
+    snprintf(rel, sizeof rel, "tokenizer-tests/ggml-vocab-%s.gguf", vocab ? vocab : family);
+    char *buf = slurp(test_data(rel), &len);
+    if (buf && (!pre || patch_pre(buf, len, json_string_value(json_array_get(pre, 0)),
+                                  json_string_value(json_array_get(pre, 1))) == 0))
+        iflow_tokenizer_from_gguf(&t, buf, len, rel);
+    free(buf);
+    json_decref(head);
+    return t;
+}
+
+static void test_gguf_vs_hf(void)
+{
+    static const char *const fams[] = {"gpt-2", "falcon", "deepseek-llm", "refact", "qwen2", "llama3"};
+    for (size_t i = 0; i < sizeof fams / sizeof fams[0]; i++) {
+        char file[64], *line = NULL;
+        size_t cap = 0;
+        long body;
+        int n = 0, ok = 0;
+        snprintf(file, sizeof file, "gguf-%s.jsonl", fams[i]);
+        FILE *f = fixture(file) ? fopen(fixture(file), "r") : NULL;
+        CHECK(f != NULL, "fixture %s not found", file);
+        iflow_tokenizer *t = f ? fixture_gguf(fams[i], f, &body) : NULL;
+        if (!t) {
+            if (f)
+                fclose(f);
+            SKIP("no vocab for %s", fams[i]);
+        }
+        while (getline(&line, &cap, f) > 0) {
+            json_t *j = json_loads(line, JSON_ALLOW_NUL, NULL);
+            const json_t *text = json_object_get(j, "text");
+            int same = encode_matches(t, json_string_value(text), json_string_length(text), 0, json_object_get(j, "ids"));
+            if (!same && n - ok < 3)
+                fprintf(stderr, "  %s differs from HF on '%s'\n", fams[i], json_string_value(text));
+            ok += same;
+            n++;
+            json_decref(j);
+        }
+        printf("gguf %-13s %-28s vs HF tokenizers: %d/%d\n", fams[i], iflow_tokenizer_kind(t), ok, n);
+        CHECK(n > 100 && ok == n, "%s: %d/%d", fams[i], ok, n);
+        free(line);
+        fclose(f);
+        iflow_tokenizer_close(t);
+    }
+}
+
 /* ---- whole-file count and speed ----------------------------------------------------------- */
 
 static void check_wiki_prefix(const int32_t *ids, size_t n)
@@ -570,6 +641,7 @@ int main(void)
     RUN(test_vocab_roundtrip_only);
     RUN(test_stories_golden);
     RUN(test_hf_fixtures);
+    RUN(test_gguf_vs_hf);
     RUN(test_wiki_speed);
     RUN(test_long_word);
     RUN(test_pieces);
