@@ -133,7 +133,7 @@ $(BUILD)/membw: $(IFLOW_TEST_DATA)/tools/membw.c
 
 # ---- fuzzing (clang + libFuzzer) -------------------------------------------------------------
 
-FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -fopenmp $(PKG_CFLAGS) -I.
+FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -fopenmp $(PKG_CFLAGS) -I.
 FUZZ_LIB_SRC := $(filter-out kernels/cpu/%_avx2.c kernels/cpu/%_avx512.c,$(LIB_SRC))
 fuzz-build: $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
 build/fuzz/%: tests/fuzz/%.c $(LIB_SRC)
