@@ -133,12 +133,15 @@ $(BUILD)/membw: $(IFLOW_TEST_DATA)/tools/membw.c
 
 # ---- fuzzing (clang + libFuzzer) -------------------------------------------------------------
 
-FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -fopenmp $(PKG_CFLAGS) -I.
+FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -fopenmp $(PKG_CFLAGS) -I. -DIFK_NO_SIMD
 FUZZ_LIB_SRC := $(filter-out kernels/cpu/%_avx2.c kernels/cpu/%_avx512.c,$(LIB_SRC))
+FUZZ_OBJ := $(FUZZ_LIB_SRC:%.c=build/fuzz/obj/%.o)
 fuzz-build: $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
-build/fuzz/%: tests/fuzz/%.c $(LIB_SRC)
-	@mkdir -p build/fuzz
-	clang $(FUZZ_CFLAGS) -DIFK_NO_SIMD -o $@ $< $(FUZZ_LIB_SRC) $(LDLIBS)
+build/fuzz/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
+build/fuzz/%: tests/fuzz/%.c $(FUZZ_OBJ)
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_OBJ) $(LDLIBS)
 
 fuzz-deps:
 	@command -v clang >/dev/null || { SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
@@ -180,4 +183,4 @@ install: all
 clean:
 	rm -rf build bin .build-mode
 
--include $(LIB_OBJ:.o=.d) $(CMD_COMMON_OBJ:.o=.d) $(TOOLS:%=$(BUILD)/cmd/%.d)
+-include $(FUZZ_OBJ:.o=.d) $(LIB_OBJ:.o=.d) $(CMD_COMMON_OBJ:.o=.d) $(TOOLS:%=$(BUILD)/cmd/%.d)
