@@ -8,7 +8,7 @@
  * SKIP(fmt, ...) inside a test reports why it could not run (missing test data) and returns.
  *
  * test_data(rel) returns "$IFLOW_TEST_DATA/rel" (default ../shared) in a static buffer, or NULL
- * if that file does not exist.
+ * if that file does not exist. test_read_file() and test_write_file() move whole files.
  */
 #ifndef IFLOW_CHECK_H
 #define IFLOW_CHECK_H
@@ -54,6 +54,34 @@ static inline const char *test_data(const char *rel)
     const char *root = getenv("IFLOW_TEST_DATA");
     snprintf(buf, sizeof buf, "%s/%s", root && *root ? root : "../shared", rel);
     return access(buf, R_OK) == 0 ? buf : NULL;
+}
+
+/* The whole file, malloc'd; NULL if it cannot be read. */
+static inline void *test_read_file(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void *buf = malloc(*n ? *n : 1);
+    if (buf && fread(buf, 1, *n, f) != *n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    return buf;
+}
+
+/* Write n bytes to path; a test that cannot write its fixtures cannot go on: exit 2. */
+static inline void test_write_file(const char *path, const void *data, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(data, 1, n, f) != n || fclose(f) != 0) {
+        fprintf(stderr, "cannot write %s\n", path);
+        exit(2);
+    }
 }
 
 static inline int check_summary(const char *prog)

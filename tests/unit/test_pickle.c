@@ -26,23 +26,6 @@
             fprintf(stderr, "  %s\n", m_);                                                       \
     } while (0)
 
-static void *read_all(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    *n = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *buf = malloc(*n ? *n : 1);
-    if (fread(buf, 1, *n, f) != *n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    return buf;
-}
-
 /* ---- the real checkpoint ------------------------------------------------------------------- */
 
 /* Every NAMES.txt row: "model.<name>" has that dtype, shape and storage member. */
@@ -89,7 +72,7 @@ static void check_against_bin(const iflow_pt *pt)
 {
     const char *bp = test_data("models/xs-ckpt/model.bin");
     size_t bn;
-    unsigned char *bin = bp ? read_all(bp, &bn) : NULL;
+    unsigned char *bin = bp ? test_read_file(bp, &bn) : NULL;
     if (!bin) {
         CHECK(0, "cannot read model.bin");
         return;
@@ -171,7 +154,7 @@ static void test_xs_ckpt_truncated(void)
 {
     const char *path = test_data("models/xs-ckpt/ckpt.pt");
     size_t n;
-    unsigned char *buf = path ? read_all(path, &n) : NULL;
+    unsigned char *buf = path ? test_read_file(path, &n) : NULL;
     if (!buf)
         SKIP("no xs-ckpt/ckpt.pt");
     const size_t cuts[] = {0, 3, 21, 100, 24488, n / 2, n - 23, n - 1};

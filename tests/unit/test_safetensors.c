@@ -31,33 +31,6 @@ static const char *tmp_path(const char *rel)
     return buf[k];
 }
 
-static void write_file(const char *path, const void *data, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    if (!f || fwrite(data, 1, n, f) != n) {
-        fprintf(stderr, "cannot write %s\n", path);
-        exit(2);
-    }
-    fclose(f);
-}
-
-static void *read_file(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    *n = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *buf = malloc(*n ? *n : 1);
-    if (fread(buf, 1, *n, f) != *n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    return buf;
-}
-
 static void make_dir(const char *path)
 {
     if (mkdir(path, 0755) < 0) {
@@ -114,7 +87,7 @@ static void write_st(const char *path, const wtensor *t, size_t n)
         memcpy(buf + off, t[i].data, t[i].nbytes);
         off += t[i].nbytes;
     }
-    write_file(path, buf, total);
+    test_write_file(path, buf, total);
     free(buf);
     free(text);
 }
@@ -127,7 +100,7 @@ static void write_raw(const char *path, const char *header, size_t data_len)
     for (int i = 0; i < 8; i++)
         buf[i] = (unsigned char)((uint64_t)hl >> (8 * i));
     memcpy(buf + 8, header, hl);
-    write_file(path, buf, total);
+    test_write_file(path, buf, total);
     free(buf);
 }
 
@@ -196,7 +169,7 @@ static void cross_check(const char *hf_rel, const char *bin_rel)
 {
     const char *bp = test_data(bin_rel);
     size_t bn = 0;
-    void *bin = bp ? read_file(bp, &bn) : NULL;
+    void *bin = bp ? test_read_file(bp, &bn) : NULL;
     const char *hp = test_data(hf_rel);
     if (!bin || !hp) {
         free(bin);
@@ -356,7 +329,7 @@ static void test_open_mem_matches_file(void)
 {
     const char *path = test_data("models/xs-ckpt/hf/model.safetensors");
     size_t n;
-    void *buf = path ? read_file(path, &n) : NULL;
+    void *buf = path ? test_read_file(path, &n) : NULL;
     if (!buf)
         SKIP("no xs-ckpt");
     iflow_st *a, *b;
@@ -400,7 +373,7 @@ static void test_sharded_dir(void)
     snprintf(dir, sizeof dir, "%s", tmp_path("sharded"));
     make_dir(dir);
     const char *cfg = "{\"model_type\": \"llama\", \"hidden_size\": 64}";
-    write_file(tmp_path("sharded/config.json"), cfg, strlen(cfg));
+    test_write_file(tmp_path("sharded/config.json"), cfg, strlen(cfg));
     size_t n = iflow_st_n_tensors(st), cut = 20;
     wtensor w[64];
     json_t *map = json_object();
@@ -473,7 +446,7 @@ static void test_sharded_dir(void)
     rc = iflow_hfdir_open(&h, dir, 0);
     CHECK_ERR(rc, IFLOW_EFORMAT, "model-00002-of-00002.safetensors", "is in both");
     /* No weight_map. */
-    write_file(tmp_path("sharded/model.safetensors.index.json"), "{\"metadata\": {}}", 16);
+    test_write_file(tmp_path("sharded/model.safetensors.index.json"), "{\"metadata\": {}}", 16);
     rc = iflow_hfdir_open(&h, dir, 0);
     CHECK_ERR(rc, IFLOW_EFORMAT, "model.safetensors.index.json", "no weight_map");
 
@@ -501,7 +474,7 @@ static void test_dir_errors(void)
 
     snprintf(d, sizeof d, "%s", tmp_path("noweights"));
     make_dir(d);
-    write_file(tmp_path("noweights/config.json"), "{}", 2);
+    test_write_file(tmp_path("noweights/config.json"), "{}", 2);
     rc = iflow_hfdir_open(&h, d, 0);
     CHECK_ERR(rc, IFLOW_ENOTFOUND, d, "no weights in model directory");
     rc = iflow_hfdir_open(&h, d, IFLOW_HFDIR_CONFIG_ONLY);
@@ -509,28 +482,28 @@ static void test_dir_errors(void)
               iflow_hfdir_find(h, "w") == NULL,
           "config only: %s", iflow_errmsg());
     iflow_hfdir_close(h);
-    write_file(tmp_path("noweights/pytorch_model.bin"), "PK", 2);
+    test_write_file(tmp_path("noweights/pytorch_model.bin"), "PK", 2);
     rc = iflow_hfdir_open(&h, d, 0);
     CHECK_ERR(rc, IFLOW_EUNSUPPORTED, d, "pytorch_model.bin");
 
     snprintf(d, sizeof d, "%s", tmp_path("badconfig"));
     make_dir(d);
-    write_file(tmp_path("badconfig/config.json"), "{\n  \"a\": 1,\n  \"b\" 2\n}\n", 22);
+    test_write_file(tmp_path("badconfig/config.json"), "{\n  \"a\": 1,\n  \"b\" 2\n}\n", 22);
     rc = iflow_hfdir_open(&h, d, IFLOW_HFDIR_CONFIG_ONLY);
     CHECK_ERR(rc, IFLOW_EFORMAT, "badconfig/config.json:3:", "invalid json");
-    write_file(tmp_path("badconfig/config.json"), "[1, 2]", 6);
+    test_write_file(tmp_path("badconfig/config.json"), "[1, 2]", 6);
     rc = iflow_hfdir_open(&h, d, IFLOW_HFDIR_CONFIG_ONLY);
     CHECK_ERR(rc, IFLOW_EFORMAT, "badconfig/config.json", "expected a json object");
-    write_file(tmp_path("badconfig/config.json"), "{}", 2);
-    write_file(tmp_path("badconfig/generation_config.json"), "{", 1);
+    test_write_file(tmp_path("badconfig/config.json"), "{}", 2);
+    test_write_file(tmp_path("badconfig/generation_config.json"), "{", 1);
     rc = iflow_hfdir_open(&h, d, IFLOW_HFDIR_CONFIG_ONLY);
     CHECK_ERR(rc, IFLOW_EFORMAT, "badconfig/generation_config.json:1:", "invalid json");
 
     /* A bad weight file's message names the file. */
     snprintf(d, sizeof d, "%s", tmp_path("badweights"));
     make_dir(d);
-    write_file(tmp_path("badweights/config.json"), "{}", 2);
-    write_file(tmp_path("badweights/model.safetensors"), "\x10\0\0\0", 4);
+    test_write_file(tmp_path("badweights/config.json"), "{}", 2);
+    test_write_file(tmp_path("badweights/model.safetensors"), "\x10\0\0\0", 4);
     rc = iflow_hfdir_open(&h, d, 0);
     CHECK_ERR(rc, IFLOW_ETRUNC, "badweights/model.safetensors", "truncated");
 }
@@ -560,7 +533,7 @@ static void test_truncated(void)
 {
     const char *src = test_data("models/stories260K/hf/model.safetensors");
     size_t n;
-    unsigned char *buf = src ? read_file(src, &n) : NULL;
+    unsigned char *buf = src ? test_read_file(src, &n) : NULL;
     if (!buf)
         SKIP("no stories260K");
     const char *path = tmp_path("cut.safetensors");
@@ -576,7 +549,7 @@ static void test_truncated(void)
                            "lies outside", "tensor 'model.norm.weight' data [1039872, 1040128) "
                                            "lies outside the data region (1040127 bytes)"};
     for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
-        write_file(path, buf, cuts[i]);
+        test_write_file(path, buf, cuts[i]);
         iflow_st *st;
         int rc = st_open_file(path, &st);
         CHECK_ERR(rc, codes[i], path, texts[i]);
@@ -592,7 +565,7 @@ static void test_header_length_lies(void)
 {
     const char *src = test_data("models/stories260K/hf/model.safetensors");
     size_t n;
-    unsigned char *buf = src ? read_file(src, &n) : NULL;
+    unsigned char *buf = src ? test_read_file(src, &n) : NULL;
     if (!buf)
         SKIP("no stories260K");
     const char *path = tmp_path("x/model.safetensors");
@@ -610,7 +583,7 @@ static void test_header_length_lies(void)
         memcpy(copy, buf, n);
         for (int b = 0; b < 8; b++)
             copy[b] = (unsigned char)(cases[i].len >> (8 * b));
-        write_file(path, copy, n);
+        test_write_file(path, copy, n);
         iflow_st *st;
         int rc = st_open_file(path, &st);
         CHECK_ERR(rc, cases[i].code, path, cases[i].text);
@@ -825,7 +798,7 @@ static void test_jsonutil(void)
     CHECK_ERR(rc, IFLOW_ENOTFOUND, "nope.json", "cannot open");
     rc = iflow_json_load_object(&j, tmp_path("nope.json"));
     CHECK_ERR(rc, IFLOW_ENOTFOUND, "nope.json", "cannot open");
-    write_file(tmp_path("arr.json"), "[1]", 3);
+    test_write_file(tmp_path("arr.json"), "[1]", 3);
     rc = iflow_json_load_object(&j, tmp_path("arr.json"));
     CHECK_ERR(rc, IFLOW_EFORMAT, "arr.json", "expected a json object, found array");
     CHECK(strcmp(iflow_json_type_name(json_null()), "null") == 0, "type name");

@@ -93,32 +93,6 @@ static void test_stream_reader(void)
     iflow_shard_reader_close(r);
 }
 
-static unsigned char *load(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    *len = (size_t)ftell(f);
-    rewind(f);
-    unsigned char *b = malloc(*len);
-    if (b && fread(b, 1, *len, f) != *len) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    return b;
-}
-
-static void save(const char *path, const unsigned char *b, size_t len)
-{
-    FILE *f = fopen(path, "wb");
-    if (f) {
-        fwrite(b, 1, len, f);
-        fclose(f);
-    }
-}
-
 /* Opening through mmap and through the stream reader must both fail. */
 static int both_fail(const char *path, int *code)
 {
@@ -138,13 +112,13 @@ static int both_fail(const char *path, int *code)
 static void test_truncation_everywhere(void)
 {
     size_t len;
-    unsigned char *b = load(path_of("a.ifs"), &len);
+    unsigned char *b = test_read_file(path_of("a.ifs"), &len);
     CHECK(b != NULL, "read back");
     if (!b)
         return;
     int all = 1, code;
     for (size_t cut = 0; cut < len; cut++) {
-        save(path_of("cut.ifs"), b, cut);
+        test_write_file(path_of("cut.ifs"), b, cut);
         if (!both_fail(path_of("cut.ifs"), &code) || (cut >= 64 && code != IFLOW_ETRUNC)) {
             CHECK(0, "a file cut at %zu of %zu bytes was accepted or misnamed (%s)", cut, len, iflow_errmsg());
             all = 0;
@@ -158,13 +132,13 @@ static void test_truncation_everywhere(void)
 static void test_every_byte_flip(void)
 {
     size_t len;
-    unsigned char *b = load(path_of("a.ifs"), &len);
+    unsigned char *b = test_read_file(path_of("a.ifs"), &len);
     if (!b)
         return;
     int code;
     for (size_t i = 0; i < len; i++) {
         b[i] ^= 0x10;
-        save(path_of("flip.ifs"), b, len);
+        test_write_file(path_of("flip.ifs"), b, len);
         b[i] ^= 0x10;
         if (!both_fail(path_of("flip.ifs"), &code)) {
             CHECK(0, "a flipped byte at offset %zu was not detected", i);
@@ -179,14 +153,14 @@ static void test_messages(void)
 {
     iflow_shard *sh;
     size_t len;
-    unsigned char *b = load(path_of("a.ifs"), &len);
+    unsigned char *b = test_read_file(path_of("a.ifs"), &len);
     if (!b)
         return;
-    save(path_of("t.ifs"), b, len - 64); /* drop the END! record's last bytes */
+    test_write_file(path_of("t.ifs"), b, len - 64); /* drop the END! record's last bytes */
     CHECK(iflow_shard_open(&sh, path_of("t.ifs"), 0) == IFLOW_ETRUNC, "cut end record");
     CHECK(strstr(iflow_errmsg(), "truncated shard") && strstr(iflow_errmsg(), "t.ifs"), "message: %s", iflow_errmsg());
     b[len - 200] ^= 1; /* inside the 'odd' payload or the last header */
-    save(path_of("c.ifs"), b, len);
+    test_write_file(path_of("c.ifs"), b, len);
     CHECK(iflow_shard_open(&sh, path_of("c.ifs"), 0) < 0, "corruption near the end");
     CHECK(strstr(iflow_errmsg(), "c.ifs") != NULL, "message names the file: %s", iflow_errmsg());
     free(b);
