@@ -7,6 +7,7 @@
  * writer below.
  */
 #include "check.h"
+#include "libcore/convert.h"
 
 #include "libcore/dtype.h"
 #include "libcore/error.h"
@@ -359,6 +360,43 @@ static void test_open_mem_matches_file(void)
 }
 
 /* Split stories260K into two shards + index and check the directory reads the same. */
+/* With the real config and tokenizer beside it, the sharded copy converts to the very same
+ * shard bytes as the single-file original. */
+static void check_sharded_converts_same(const char *dir)
+{
+    const char *specs[] = {"specs"}, *files[] = {"config.json", "tokenizer.json", "generation_config.json"};
+    char orig[512], path[600];
+    snprintf(orig, sizeof orig, "%s", test_data("models/stories260K/hf"));
+    for (int i = 0; i < 3; i++) {
+        size_t n;
+        snprintf(path, sizeof path, "%s/%s", orig, files[i]);
+        void *data = test_read_file(path, &n);
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        if (data)
+            test_write_file(path, data, n);
+        free(data);
+    }
+    iflow_convert_opts o = {.dtype = -1, .spec_dirs = specs, .n_spec_dirs = 1};
+    char a[600], b[600];
+    snprintf(a, sizeof a, "%s", tmp_path("from-single.ifs"));
+    snprintf(b, sizeof b, "%s", tmp_path("from-sharded.ifs"));
+    CHECK(iflow_convert(orig, a, &o) == 0, "convert single: %s", iflow_errmsg());
+    CHECK(iflow_convert(dir, b, &o) == 0, "convert sharded: %s", iflow_errmsg());
+    size_t na = 0, nb = 0;
+    void *da = test_read_file(a, &na), *db = test_read_file(b, &nb);
+    CHECK(da && db && na == nb && memcmp(da, db, na) == 0, "sharded and single-file checkpoints convert to different shards");
+    free(da);
+    free(db);
+    /* back to the minimal config the rest of this test expects */
+    const char *cfg = "{\"model_type\": \"llama\", \"hidden_size\": 64}";
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    test_write_file(path, cfg, strlen(cfg));
+    for (int i = 1; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        remove(path);
+    }
+}
+
 static void test_sharded_dir(void)
 {
     const char *src = test_data("models/stories260K/hf/model.safetensors");
@@ -415,6 +453,7 @@ static void test_sharded_dir(void)
         /* File order, then offset order: the second file's tensors come reversed. */
         CHECK(strcmp(iflow_hfdir_tensor(h, cut)->name, w[n - 1].name) == 0, "order in file 1");
         iflow_hfdir_close(h);
+        check_sharded_converts_same(dir);
     }
 
     /* The index maps a tensor to the other shard. */
