@@ -29,6 +29,10 @@ run bash -c "$BIN/iflow-convert '$DATA/models/stories260K/hf' | $BIN/iflow-run -
 expect_rc 0 "model from a pipe"
 expect_eq "$out" "$(sed -n 1p "$G/stories260K.greedy64.jsonl" | jq -r .continuation)" "model from a pipe: text"
 
+run bash -c "$BIN/iflow-convert --zstd '$DATA/models/stories260K/hf' | $BIN/iflow-run -m - -p 'Once upon a time' -n 64 --temp 0"
+expect_rc 0 "zstd-compressed model from a pipe"
+expect_eq "$out" "$(sed -n 1p "$G/stories260K.greedy64.jsonl" | jq -r .continuation)" "zstd model from a pipe: text"
+
 # ---- xs-ckpt: 64 greedy tokens from BOS ----
 $BIN/iflow-convert "$DATA/models/xs-ckpt/hf" -o "$TMP/xs.ifs"
 run $BIN/iflow-run -m "$TMP/xs.ifs" -p "" -n 64 --temp 0 --json
