@@ -1,0 +1,71 @@
+/*
+ * quant.h -- block-quantized weight types (the Inferflow paper, section 3) and their layouts.
+ *
+ * Every type is block-wise min/max linear quantization (paper Eq. 1-2): a block of B weights
+ * w is stored as two FP16 numbers and B integer levels q in 0..L-1, where
+ *     delta = (max(w) - min(w)) / (L - 1),   q = round((w - min(w)) / delta),
+ *     w'    = min + q * delta.
+ * (delta = 0 when max == min: every q is 0 and w' = min.) round() is round-half-away-from-zero
+ * (C's roundf). Q3H is the paper's 3.5-bit type: L = 11 levels, and each pair of adjacent
+ * levels is one 7-bit code c = q[2i] * 11 + q[2i+1] (Eq. 3-5).
+ *
+ * Byte layout of one block (all little-endian):
+ *     offset 0: f16 delta      offset 2: f16 min      offset 4: the packed levels below
+ *
+ *   type        B   L    level bytes  block bytes  bits/weight   packing of the levels
+ *   Q8_B32     32  256   32           36           9.0           qs[i] = q[i]
+ *   Q8_B64     64  256   64           68           8.5           qs[i] = q[i]
+ *   Q6_B64     64   64   48           52           6.5           ql[32]: ql[j] = q[j] & 15 | (q[j+32] & 15) << 4
+ *                                                                qh[16]: qh[j] = (q[j] >> 4) | (q[j+16] >> 4) << 2
+ *                                                                        | (q[j+32] >> 4) << 4 | (q[j+48] >> 4) << 6
+ *   Q5_B64     64   32   40           44           5.5           ql[32] as Q6; qh[8]: bit i of the
+ *                                                                little-endian u64 = q[i] >> 4
+ *   Q4_B32     32   16   16           20           5.0           qs[j] = q[j] | q[j+16] << 4
+ *   Q4_B64     64   16   32           36           4.5           qs[j] = q[j] | q[j+32] << 4
+ *   Q3H_B64    64   11   28           32           4.0           32 codes c[i] = q[2i]*11 + q[2i+1] (0..120):
+ *                                                                cl[16]: cl[j] = c[j] & 15 | (c[j+16] & 15) << 4
+ *                                                                ch[12]: three u32 planes; bit i of plane p
+ *                                                                        = bit (4+p) of c[i]
+ *   Q3_B32     32    8   12           16           4.0           ql[8]: ql[j] = q[j]&3 | (q[j+8]&3)<<2
+ *                                                                        | (q[j+16]&3)<<4 | (q[j+24]&3)<<6
+ *                                                                qh[4]: bit i of the u32 = q[i] >> 2
+ *   Q2_B32     32    4    8           12           3.0           qs[j] = q[j] | q[j+8]<<2 | q[j+16]<<4 | q[j+24]<<6
+ *
+ * Rows: a weight matrix [N][K] is stored row by row; each row is ceil(K/B) whole blocks, so a
+ * row length that is not a multiple of B (stories260K's 172) is padded: the last block's min
+ * and delta come from its real elements only, and its padding levels are 0. Kernels treat the
+ * activations past K as zero, so padding never contributes. Row bytes = ceil(K/B) * block bytes.
+ *
+ * The codes continue libcore's dtype codes (they are stored in shard files; never renumber).
+ */
+#ifndef IFK_QUANT_H
+#define IFK_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum {
+    IFK_Q8_B32 = 16, IFK_Q8_B64 = 17, IFK_Q6_B64 = 18, IFK_Q5_B64 = 19, IFK_Q4_B32 = 20,
+    IFK_Q4_B64 = 21, IFK_Q3H_B64 = 22, IFK_Q3_B32 = 23, IFK_Q2_B32 = 24,
+    IFK_QTYPE_END_ = 25
+};
+
+typedef struct {
+    const char *name;        /* "q8_b32", "q3h", ... as iflow-quant spells them        */
+    int         block;       /* B                                                       */
+    int         levels;      /* L                                                       */
+    int         block_bytes; /* bytes of one block, the two FP16 numbers included        */
+    double      bits;        /* nominal bits per weight: 8, 6, 5, 4, 3.5, 3, 2            */
+} ifk_qtype_info;
+
+/* NULL if type is not a quantized type. */
+const ifk_qtype_info *ifk_qtype(int type);
+/* Bytes of one row of K weights of a quantized type (whole blocks). */
+size_t ifk_qrow_bytes(int type, int K);
+
+/* Reference quantization and dequantization of one row of K weights (scalar, exact to the
+ * formulas above); these define the types, and every fast path is tested against them. */
+void ifk_quantize_row(void *dst, int type, const float *src, int K);
+void ifk_dequantize_row(float *dst, int type, const void *src, int K);
+
+#endif
