@@ -14,7 +14,7 @@
 
 enum {
     O_MODEL = 'm', O_FILE = 'f', O_CTX = 'c', O_THREADS = 't', O_VERBOSE = 'v',
-    O_CHUNKS = 256, O_PROTOCOL, O_MAX_TOKENS, O_JSON, O_LOGPROBS,
+    O_CHUNKS = 256, O_PROTOCOL, O_MAX_TOKENS, O_JSON, O_LOGPROBS, O_KL_BASE,
 };
 
 static const iflow_opt opts[] = {
@@ -24,6 +24,7 @@ static const iflow_opt opts[] = {
     {O_CHUNKS, "chunks", 0, "N", "score at most N windows (default: the whole text)", NULL},
     {O_PROTOCOL, "protocol", 0, "NAME", "windows (default: BOS + c-1 tokens, all scored) or llama.cpp (second halves)", "windows llama.cpp"},
     {O_MAX_TOKENS, "max-tokens", 0, "N", "use only the first N tokens of the text", NULL},
+    {O_KL_BASE, "kl-base", 0, "FILE", "also compare with base model FILE: KL divergence, top-1 agreement, delta perplexity", "file"},
     {O_THREADS, "threads", 't', "N", "compute threads (default: all cores)", NULL},
     {O_JSON, "json", 0, NULL, "print the result as one JSON object", NULL},
     {O_LOGPROBS, "logprobs", 0, "FILE", "write every scored position's log-probability to FILE as TSV", "file"},
@@ -53,7 +54,7 @@ static const char *describe(int protocol, int c, char *buf, size_t cap)
 
 int main(int argc, char **argv)
 {
-    const char *model = NULL, *file = NULL, *logprobs_path = NULL;
+    const char *model = NULL, *file = NULL, *logprobs_path = NULL, *base_path = NULL;
     int c_len = 512, threads = 0, protocol = IFLOW_PPL_WINDOWS, as_json = 0, verbose = 0, c;
     long chunks = 0, max_tokens = 0;
     const char *arg;
@@ -67,6 +68,7 @@ int main(int argc, char **argv)
         case O_THREADS: threads = (int)opt_long(&tool, "threads", arg, 1, 1024); break;
         case O_JSON: as_json = 1; break;
         case O_LOGPROBS: logprobs_path = arg; break;
+        case O_KL_BASE: base_path = arg; break;
         case O_VERBOSE: verbose = 1; break;
         case O_PROTOCOL:
             if (strcmp(arg, "windows") == 0) protocol = IFLOW_PPL_WINDOWS;
@@ -81,6 +83,8 @@ int main(int argc, char **argv)
         die_usage(&tool, "need a model (-m FILE) and a text (-f FILE)");
     if (strcmp(model, "-") == 0 && strcmp(file, "-") == 0)
         die_usage(&tool, "the model and the text cannot both come from standard input");
+    if (base_path && strcmp(base_path, "-") == 0 && (strcmp(model, "-") == 0 || strcmp(file, "-") == 0))
+        die_usage(&tool, "only one of the model, the base model and the text can come from standard input");
 
     double t0 = now_s();
     iflow_model *m;
@@ -99,6 +103,10 @@ int main(int argc, char **argv)
         n_ids = (size_t)max_tokens;
     if (iflow_ctx_open(&ctx, m, c_len, threads) < 0)
         die(&tool, NULL);
+    iflow_model *base = NULL;
+    iflow_ctx *base_ctx = NULL;
+    if (base_path && (iflow_model_open(&base, base_path, 0) < 0 || iflow_ctx_open(&base_ctx, base, c_len, threads) < 0))
+        die(&tool, NULL);
     FILE *lp = NULL;
     if (logprobs_path) {
         if (!(lp = fopen(logprobs_path, "w")))
@@ -106,7 +114,7 @@ int main(int argc, char **argv)
         fprintf(lp, "position\twindow\twindow_pos\tinput_token_id\tnext_token_id\tlogprob\n");
     }
     double t1 = now_s();
-    iflow_ppl_opts po = {protocol, c_len, chunks};
+    iflow_ppl_opts po = {protocol, c_len, chunks, base_ctx};
     iflow_ppl_result r;
     if (iflow_ppl_run(ctx, ids, n_ids, iflow_model_hparams(m)->bos, &po, &r, lp ? write_row : NULL, lp) < 0)
         die(&tool, NULL);
@@ -126,18 +134,33 @@ int main(int argc, char **argv)
                               (json_int_t)r.n_scored, "mean_nll", nll, "ppl", ppl, "seconds", t2 - t1,
                               "tokens_per_second", (double)r.n_scored / (t2 - t1 > 0 ? t2 - t1 : 1));
         json_object_set_new(o, "protocol_description", json_string(proto));
+        if (base)
+            json_object_update(o, json_pack("{s:s, s:f, s:f, s:f, s:f, s:f}", "kl_base", base_path, "base_ppl",
+                                            exp(r.base_nll_sum / (double)r.n_scored), "delta_ppl",
+                                            ppl - exp(r.base_nll_sum / (double)r.n_scored), "mean_kld",
+                                            r.kld_sum / (double)r.n_scored, "max_kld", r.kld_max, "top1_agreement",
+                                            (double)r.top1_same / (double)r.n_scored));
         json_dumpf(o, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
         putchar('\n');
         json_decref(o);
     } else {
         printf("perplexity: %.6f\nmean NLL: %.10f\ntokens scored: %ld in %ld windows\nprotocol: %s\n", ppl, nll,
                r.n_scored, r.n_windows, proto);
+        if (base) {
+            double base_ppl = exp(r.base_nll_sum / (double)r.n_scored);
+            printf("base: %s\nbase perplexity: %.6f (delta %+.6f)\nmean KL divergence: %.8f (max %.6f)\n"
+                   "top-1 agreement: %.4f %%\n",
+                   base_path, base_ppl, ppl - base_ppl, r.kld_sum / (double)r.n_scored, r.kld_max,
+                   100.0 * (double)r.top1_same / (double)r.n_scored);
+        }
     }
     if (verbose)
         fprintf(stderr, "%s: load+tokenize %.3f s; scored %ld tokens in %.3f s (%.1f tok/s)\n", tool.name, t1 - t0,
                 r.n_scored, t2 - t1, (double)r.n_scored / (t2 - t1 > 0 ? t2 - t1 : 1));
     free(ids);
     free(text);
+    iflow_ctx_close(base_ctx);
+    iflow_model_close(base);
     iflow_ctx_close(ctx);
     iflow_model_close(m);
     return 0;

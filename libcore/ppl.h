@@ -11,10 +11,15 @@
  *                       by BOS, and only the second half is scored (logits at c/2 .. c-2).
  * Both match ../shared/golden (see its README) to float precision.
  *
+ * With a base context (o->base, another model with the same vocabulary, e.g. the unquantized
+ * one), every window is also run through the base, and each scored position adds
+ * KL(P_base || P_model) = sum_v p_base(v) (log p_base(v) - log p_model(v)), whether the two
+ * argmax tokens agree, and the base's own negative log-likelihood (for delta perplexity).
+ *
  * Contract
- *   iflow_ppl_run() evaluates with the given context (whose n_ctx must be >= c), summing the
- *   negative log-likelihood in double precision. If cb is non-NULL it is called once per
- *   scored position. Nothing is printed; nothing is allocated beyond one window's logits.
+ *   iflow_ppl_run() evaluates with the given context (whose n_ctx must be >= c), summing in
+ *   double precision. If cb is non-NULL it is called once per scored position. Nothing is
+ *   printed; nothing is allocated beyond one window's logits (two with a base).
  */
 #ifndef IFLOW_PPL_H
 #define IFLOW_PPL_H
@@ -30,12 +35,18 @@ typedef struct {
     int protocol;
     int n_ctx;          /* c */
     long max_windows;   /* 0: as many as the text gives */
+    iflow_ctx *base;    /* NULL, or the context of a reference model for KL divergence */
 } iflow_ppl_opts;
 
 typedef struct {
     double nll_sum;     /* sum of -log p over scored positions */
     long n_scored;
     long n_windows;
+    /* with a base model */
+    double base_nll_sum;   /* the base's sum of -log p over the same positions  */
+    double kld_sum;        /* sum of KL(P_base || P_model)                       */
+    double kld_max;
+    long top1_same;        /* positions where both models' argmax agree          */
 } iflow_ppl_result;
 
 /* position: index (from 0) of the predicting token in [BOS] x_1..x_n terms of the text,

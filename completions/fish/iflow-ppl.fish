@@ -5,6 +5,7 @@ complete -c iflow-ppl -l ctx-size -s c -x -d 'window length in tokens, BOS inclu
 complete -c iflow-ppl -l chunks -x -d 'score at most N windows (default: the whole text)'
 complete -c iflow-ppl -l protocol -x -a 'windows llama.cpp' -d 'windows (default: BOS + c-1 tokens, all scored) or llama.cpp (second halves)'
 complete -c iflow-ppl -l max-tokens -x -d 'use only the first N tokens of the text'
+complete -c iflow-ppl -l kl-base -r -d 'also compare with base model FILE: KL divergence, top-1 agreement, delta perplexity'
 complete -c iflow-ppl -l threads -s t -x -d 'compute threads (default: all cores)'
 complete -c iflow-ppl -l json -d 'print the result as one JSON object'
 complete -c iflow-ppl -l logprobs -r -d 'write every scored position\'s log-probability to FILE as TSV'

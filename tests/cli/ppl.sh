@@ -49,6 +49,17 @@ mean NLL: [0-9.]+
 tokens scored: 1020 in 4 windows
 protocol: non-overlapping windows of 256 tokens \(BOS \+ 255 text tokens\), every position scored$" "text output format"
 
+# --kl-base: a model against itself has zero divergence; bf16 weights against f32 a small one
+run $BIN/iflow-ppl -m "$TMP/s.ifs" --kl-base "$TMP/s.ifs" -f "$WIKI" -c 256 --chunks 2 --json
+expect_eq "$(jq -r '.mean_kld, .max_kld, .top1_agreement, .delta_ppl' <<<"$out" | tr '\n' ' ')" "0 0 1 0 " "--kl-base with itself"
+$BIN/iflow-convert "$DATA/models/stories260K/hf" -t bf16 -o "$TMP/sb.ifs"
+run $BIN/iflow-ppl -m "$TMP/sb.ifs" --kl-base "$TMP/s.ifs" -f "$WIKI" -c 256 --chunks 4 --json
+expect_rc 0 "--kl-base bf16 vs f32"
+awk -v k="$(jq -r .mean_kld <<<"$out")" -v a="$(jq -r .top1_agreement <<<"$out")" 'BEGIN { exit !(k > 0 && k < 1e-3 && a > 0.98) }' &&
+    ok || bad "--kl-base bf16 vs f32: mean KLD $(jq -r .mean_kld <<<"$out"), agreement $(jq -r .top1_agreement <<<"$out")"
+run $BIN/iflow-ppl -m "$TMP/s.ifs" --kl-base "$TMP/s.ifs" -f "$WIKI" -c 256 --chunks 1
+expect_match "$out" "top-1 agreement: 100.0000 %" "--kl-base text output"
+
 # errors
 run $BIN/iflow-ppl -m "$TMP/s.ifs"
 expect_rc 2 "no text file"
