@@ -3,6 +3,7 @@
 #include "dtype.h"
 #include "error.h"
 #include "../kernels/cpu/kernels.h"
+#include "../kernels/cpu/quant.h"
 
 #include <math.h>
 #include <omp.h>
@@ -256,7 +257,8 @@ static int bind(iflow_model *m, const iflow_tensor_req *r, const iflow_shard_rec
         return iflow_seterr(IFLOW_ESHAPE, "tensor '%s' in '%s' has shape [%lld, %lld], expected [%lld, %lld]", r->name,
                             path, (long long)t->shape[0], (long long)(t->n_dims > 1 ? t->shape[1] : 0),
                             (long long)r->shape[0], (long long)r->shape[1]);
-    if (r->is_vector ? t->dtype != IFLOW_DT_F32 : !iflow_dtype_is_float(t->dtype))
+    int matrix_ok = iflow_dtype_is_float(t->dtype) || ifk_qtype(t->dtype) != NULL;
+    if (r->is_vector ? t->dtype != IFLOW_DT_F32 : !matrix_ok)
         return iflow_seterr(IFLOW_ESHAPE, "tensor '%s' in '%s' has type %s, which the engine cannot use there", r->name,
                             path, iflow_dtype_name(t->dtype) ? iflow_dtype_name(t->dtype) : "?");
     if (!r->is_vector && strcmp(r->name, "tok_embd") != 0)

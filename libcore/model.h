@@ -13,7 +13,8 @@
  *   An iflow_ctx owns a KV cache of n_ctx positions and scratch for one batch of tokens; many
  *   contexts may share one model (each on its own thread). iflow_ctx_eval() runs tokens at the
  *   next positions: T > 1 is a prefill (matrix products over the whole batch), T == 1 a decode
- *   step. Arithmetic is F32 over F32/F16/BF16 weights.
+ *   step. Arithmetic is F32 over F32/F16/BF16 weights, or block-quantized ones
+ *   (kernels/cpu/quant.h) used in place without dequantizing the model.
  */
 #ifndef IFLOW_MODEL_H
 #define IFLOW_MODEL_H
