@@ -68,4 +68,26 @@ size_t ifk_qrow_bytes(int type, int K);
 void ifk_quantize_row(void *dst, int type, const float *src, int K);
 void ifk_dequantize_row(float *dst, int type, const void *src, int K);
 
+/* The scalar oracle of the quantized matrix product (quant_ref.c): every row is dequantized
+ * and dotted with x in double,
+ *     y[t][n] = sum_k dequant(W[n])[k] * x[t][k]      for 0 <= t < T, 0 <= n < N
+ * W: [N][ifk_qrow_bytes(type, K)] bytes; x: [T][K] F32 at stride ldx; y: [T][N] at stride ldy.
+ * An unknown type gives zeros. */
+void ifk_qmatmul_ref(float *y, size_t ldy, const void *W, int type, const float *x, size_t ldx,
+                     int T, int N, int K);
+
+/* The fast quantized matrix product (qdispatch.c), same arguments and result as
+ * ifk_qmatmul_ref up to the rounding of x to int8: the SIMD paths quantize each token's x in
+ * blocks of 32 (one F32 scale each, round to nearest) and keep the blocks' exact F32 sums for
+ * the min term, so for every output
+ *     |y - y_ref| <= sum_i |w'_i| * amax_b(i) / 254 * (1 + 1e-3) + 1e-5 * sum_i |w'_i x_i|
+ * where amax_b is max |x| over the weight block of element i (typically ~1e-4 of
+ * sum_i |w'_i x_i| on random data). Scalar path (IFK_ISA_SCALAR, -DIFK_NO_SIMD): the oracle.
+ * Threads split N; n_threads <= 0 means all cores. */
+void ifk_qmatmul(float *y, size_t ldy, const void *W, int type, const float *x, size_t ldx,
+                 int T, int N, int K, int n_threads);
+
+/* out[k] = dequant(W[row])[k] for 0 <= k < K, bit-identical to ifk_dequantize_row. */
+void ifk_qget_row(float *out, const void *W, int type, size_t row, int K);
+
 #endif

@@ -1,0 +1,65 @@
+/*
+ * qimpl.h -- what qdispatch.c needs from each instruction-set path of the quantized matrix
+ * product (internal to kernels/cpu; the types and layouts are quant.h's).
+ *
+ * The SIMD paths compute  dot(w'_block, x_block) = min * sum(x_block) + delta * sum(q_i x_i)
+ * with x rounded to int8 once per call (ifk_qx below): sum(q_i xq_i) is then an integer dot
+ * product of unsigned levels and signed activations. qdispatch.c quantizes x (with the path's
+ * ifk_X_qx_quantize) into a per-thread scratch buffer and splits the rows between threads;
+ * a path never sees n_threads. The scalar path is the oracle, ifk_qmatmul_ref_rows.
+ */
+#ifndef IFK_QIMPL_H
+#define IFK_QIMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* x of T tokens, rounded to int8 in the layout of one weight type.
+ *
+ * Each weight block of B elements of x has its exact F32 sum (for the min term) and int8
+ * values round(x / s) with one scale s = max|x| / 127 per group of 32 elements (s = 0 and
+ * values 0 for an all-zero group):
+ *   B = 32: the group is the block.
+ *   B = 64: group g in {0, 1} holds the elements i with (i / 4) % 2 == g, i.e. the
+ *           alternating runs of 4 that are the even / odd int32 lanes of a u8 x s8 dot
+ *           product over the block (vpdpbusd, maddubs + madd), so a lane needs one scale.
+ * Elements past K are 0 (as are their sums and scales), so the weights' padding levels
+ * never contribute. */
+typedef struct {
+    int type;     /* the weight type (IFK_Q*) */
+    int B;        /* its block */
+    int nb;       /* weight blocks per row: ceil(K / B) */
+    int K;
+    int T;
+    size_t q_ld;  /* bytes from one token to the next in q: nb * B rounded up to 64 */
+    size_t s_ld;  /* floats from one token to the next in s0, s1, sum: nb rounded up to 16 */
+    int8_t *q;    /* [T][q_ld]   the int8 values, 0 past K; 64-byte aligned */
+    float *s0;    /* [T][s_ld]   scale of group 0 of each block, 0 past nb */
+    float *s1;    /* [T][s_ld]   scale of group 1 of each block (B = 64), 0 past nb */
+    float *sum;   /* [T][s_ld]   sum of the block's x, 0 past nb */
+} ifk_qx;
+
+/* Tokens t0 <= t < t1 of x: [T][K] at stride ldx into qx (whose fields are set). */
+#define IFK_DECL_QX_QUANTIZE(name) \
+    void name(const ifk_qx *qx, const float *x, size_t ldx, int t0, int t1)
+
+/* Rows n0 <= n < n1 of y[t][n] = sum_k dequant(W[n])[k] * x[t][k] for all qx->T tokens.
+ * W: [N][qx->nb * block_bytes]; y: [T][N] at stride ldy. */
+#define IFK_DECL_QMATMUL_ROWS(name) \
+    void name(float *y, size_t ldy, const void *W, const ifk_qx *qx, int n0, int n1)
+
+/* out: [K] = dequant(row)[0..K), bit-identical to ifk_dequantize_row. */
+#define IFK_DECL_QGET_ROW(name) void name(float *out, const void *row, int type, int K)
+
+IFK_DECL_QX_QUANTIZE(ifk_avx2_qx_quantize);
+IFK_DECL_QMATMUL_ROWS(ifk_avx2_qmatmul_rows);
+IFK_DECL_QGET_ROW(ifk_avx2_qget_row);
+IFK_DECL_QX_QUANTIZE(ifk_avx512_qx_quantize);
+IFK_DECL_QMATMUL_ROWS(ifk_avx512_qmatmul_rows);
+IFK_DECL_QGET_ROW(ifk_avx512_qget_row);
+
+/* quant_ref.c: the oracle on rows n0 <= n < n1 (arguments as ifk_qmatmul_ref). */
+void ifk_qmatmul_ref_rows(float *y, size_t ldy, const void *W, int type, const float *x, size_t ldx,
+                          int T, int n0, int n1, int K);
+
+#endif
