@@ -5,6 +5,7 @@
 #include "model.h"
 #include "quote.h"
 #include "shard.h"
+#include "../kernels/cpu/kernels.h"
 #include "../kernels/cpu/quant.h"
 
 #include <fnmatch.h>
@@ -231,12 +232,13 @@ static size_t row_bytes(int dt, int K)
     return iflow_tensor_nbytes(dt, 1, &k);
 }
 
+/* (ifk_get_row: the kernels' SIMD widening of F16/BF16, exact like iflow_dtype_convert.) */
 static void row_to_f32(float *dst, const void *src, int src_dt, int K)
 {
     if (iflow_dtype_is_quant(src_dt))
         ifk_dequantize_row(dst, src_dt, src, K);
     else
-        iflow_dtype_convert(dst, IFLOW_DT_F32, src, src_dt, (size_t)K);
+        ifk_get_row(dst, src, src_dt, 0, K);
 }
 
 static void row_from_f32(void *dst, int dst_dt, const float *src, int K)
