@@ -198,7 +198,7 @@ static void protocol_case(const char *name, int protocol, int ctx_len, long max_
     iflow_model *m;
     iflow_ctx *c;
     iflow_ppl_result r;
-    iflow_ppl_opts o = {protocol, ctx_len, max_windows};
+    iflow_ppl_opts o = {protocol, ctx_len, max_windows, NULL};
     CHECK(iflow_model_open(&m, s_f32, 0) == 0 && iflow_ctx_open(&c, m, ctx_len, 0) == 0, "open: %s", iflow_errmsg());
     CHECK(iflow_ppl_run(c, ids + 1, n - 1, 1, &o, &r, collect, &got) == 0, "%s: %s", name, iflow_errmsg());
     CHECK(r.n_scored == want_scored, "%s: %ld scored, want %ld", name, r.n_scored, want_scored);
@@ -322,7 +322,7 @@ static void test_half_precision(void)
         iflow_model *m;
         iflow_ctx *c;
         iflow_ppl_result r;
-        iflow_ppl_opts o = {IFLOW_PPL_WINDOWS, 256, 0};
+        iflow_ppl_opts o = {IFLOW_PPL_WINDOWS, 256, 0, NULL};
         CHECK(iflow_model_open(&m, paths[k], 0) == 0 && iflow_ctx_open(&c, m, 256, 0) == 0, "open %s", names[k]);
         iflow_ppl_run(c, ids + 1, n - 1, 1, &o, &r, NULL, NULL);
         double ppl = exp(r.nll_sum / (double)r.n_scored), ref = 101.74647178632603;
