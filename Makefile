@@ -175,6 +175,7 @@ install: all
 	install -m 644 man/*.1 $(DESTDIR)$(PREFIX)/share/man/man1/
 	install -m 644 man/*.5 $(DESTDIR)$(PREFIX)/share/man/man5/
 	install -m 644 specs/*.ini $(DESTDIR)$(PREFIX)/share/iflow/specs/
+	[ ! -f docs/quant-quality.tsv ] || install -m 644 docs/quant-quality.tsv $(DESTDIR)$(PREFIX)/share/iflow/
 	for t in $(TOOLS); do \
 	  install -m 644 completions/bash/$$t $(DESTDIR)$(PREFIX)/share/bash-completion/completions/$$t; \
 	  install -m 644 completions/zsh/_$$t $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_$$t; \

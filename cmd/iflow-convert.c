@@ -32,6 +32,23 @@ static const iflow_tool tool = {
     "Convert a Hugging Face model directory to an iflow shard file, or describe a shard file.", opts,
 };
 
+/* "quantization: q4_b64 (embed=q6, output=q6)": the type and overrides iflow-quant applied. */
+static void print_quantization(const json_t *q)
+{
+    const char *type = json_string_value(json_object_get(q, "type"));
+    const json_t *rules = json_object_get(q, "overrides");
+    if (!type)
+        return;
+    printf("quantization: %s", type);
+    for (size_t i = 0; i < json_array_size(rules); i++) {
+        const json_t *r = json_array_get(rules, i);
+        const char *pattern = json_string_value(json_object_get(r, "pattern")),
+                   *rtype = json_string_value(json_object_get(r, "type"));
+        printf("%s%s=%s", i ? ", " : " (", pattern ? pattern : "?", rtype ? rtype : "?");
+    }
+    printf("%s\n", json_array_size(rules) ? ")" : "");
+}
+
 static int info(const char *path, int as_json)
 {
     iflow_shard *sh;
@@ -76,14 +93,15 @@ static int info(const char *path, int as_json)
         }
         const char *tok = json_string_value(json_object_get(json_object_get(meta, "tokenizer"), "format"));
         printf("\ntokenizer: %s\n", tok ? tok : "none");
-        printf("%-6s %-32s %-5s %-16s %12s %12s  %s\n", "kind", "name", "type", "shape", "offset", "bytes", "xxh64");
+        print_quantization(json_object_get(meta, "quantization"));
+        printf("%-6s %-32s %-6s %-16s %12s %12s  %s\n", "kind", "name", "type", "shape", "offset", "bytes", "xxh64");
         for (size_t i = 0; i < json_array_size(tensors); i++) {
             const json_t *t = json_array_get(tensors, i), *shape = json_object_get(t, "shape");
             char dims[64] = "";
             for (size_t d = 0; d < json_array_size(shape); d++)
                 snprintf(dims + strlen(dims), sizeof dims - strlen(dims), "%s%lld", d ? "x" : "",
                          (long long)json_integer_value(json_array_get(shape, d)));
-            printf("%-6s %-32s %-5s %-16s %12lld %12lld  %s\n", json_string_value(json_object_get(t, "kind")),
+            printf("%-6s %-32s %-6s %-16s %12lld %12lld  %s\n", json_string_value(json_object_get(t, "kind")),
                    json_string_value(json_object_get(t, "name")), json_string_value(json_object_get(t, "type")), dims,
                    (long long)json_integer_value(json_object_get(t, "offset")),
                    (long long)json_integer_value(json_object_get(t, "bytes")),
@@ -106,7 +124,9 @@ int main(int argc, char **argv)
         switch (c) {
         case O_OUTPUT: out = arg; break;
         case O_DTYPE:
-            if (!iflow_dtype_is_float(o.dtype = iflow_dtype_from_name(arg)))
+            if (iflow_dtype_is_quant(o.dtype = iflow_dtype_from_name(arg)) || iflow_dtype_ambiguity(arg))
+                die_usage(&tool, "type '%s' is a quantized type: pipe the shard through iflow-quant", arg);
+            if (!iflow_dtype_is_float(o.dtype))
                 die_usage(&tool, "unknown type '%s' for --dtype (f32, f16, bf16)", arg);
             break;
         case O_SPEC: o.spec_path = arg; break;

@@ -134,12 +134,15 @@ int main(int argc, char **argv)
                               (json_int_t)r.n_scored, "mean_nll", nll, "ppl", ppl, "seconds", t2 - t1,
                               "tokens_per_second", (double)r.n_scored / (t2 - t1 > 0 ? t2 - t1 : 1));
         json_object_set_new(o, "protocol_description", json_string(proto));
-        if (base)
-            json_object_update(o, json_pack("{s:s, s:f, s:f, s:f, s:f, s:f}", "kl_base", base_path, "base_ppl",
-                                            exp(r.base_nll_sum / (double)r.n_scored), "delta_ppl",
-                                            ppl - exp(r.base_nll_sum / (double)r.n_scored), "mean_kld",
-                                            r.kld_sum / (double)r.n_scored, "max_kld", r.kld_max, "top1_agreement",
-                                            (double)r.top1_same / (double)r.n_scored));
+        if (base) {
+            json_t *kl = json_pack("{s:s, s:f, s:f, s:f, s:f, s:f}", "kl_base", base_path, "base_ppl",
+                                   exp(r.base_nll_sum / (double)r.n_scored), "delta_ppl",
+                                   ppl - exp(r.base_nll_sum / (double)r.n_scored), "mean_kld",
+                                   r.kld_sum / (double)r.n_scored, "max_kld", r.kld_max, "top1_agreement",
+                                   (double)r.top1_same / (double)r.n_scored);
+            json_object_update(o, kl); /* copies references: kl is still ours to release */
+            json_decref(kl);
+        }
         json_dumpf(o, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
         putchar('\n');
         json_decref(o);

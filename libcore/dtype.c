@@ -2,35 +2,66 @@
 #include "dtype.h"
 #include "error.h"
 #include "../kernels/cpu/kernels.h"
+#include "../kernels/cpu/quant.h"
 
+#include <limits.h>
 #include <math.h>
 #include <string.h>
 #include <strings.h>
 
 _Static_assert((int)IFLOW_DT_F32 == (int)IFK_F32 && (int)IFLOW_DT_F16 == (int)IFK_F16 && (int)IFLOW_DT_BF16 == (int)IFK_BF16,
                "dtype codes must match the kernels' weight codes");
+#define SAME(a, b) ((int)(a) == (int)(b))
+_Static_assert(SAME(IFLOW_DT_Q8_B32, IFK_Q8_B32) && SAME(IFLOW_DT_Q8_B64, IFK_Q8_B64) && SAME(IFLOW_DT_Q6_B64, IFK_Q6_B64) &&
+               SAME(IFLOW_DT_Q5_B64, IFK_Q5_B64) && SAME(IFLOW_DT_Q4_B32, IFK_Q4_B32) && SAME(IFLOW_DT_Q4_B64, IFK_Q4_B64) &&
+               SAME(IFLOW_DT_Q3H_B64, IFK_Q3H_B64) && SAME(IFLOW_DT_Q3_B32, IFK_Q3_B32) && SAME(IFLOW_DT_Q2_B32, IFK_Q2_B32) &&
+               SAME(IFLOW_DT_QEND_, IFK_QTYPE_END_),
+               "quantized dtype codes must match kernels/cpu/quant.h");
+#undef SAME
 
 static const char *const dt_names[IFLOW_DT_COUNT_] = {"f32", "f16", "bf16", "u8", "i32"};
 static const size_t dt_size[IFLOW_DT_COUNT_] = {4, 2, 2, 1, 4};
+/* The canonical spellings: the block size is named only where a bit width has two. */
+static const char *const q_names[IFLOW_DT_QEND_ - IFLOW_DT_QFIRST] = {
+    "q8_b32", "q8_b64", "q6", "q5", "q4_b32", "q4_b64", "q3h", "q3_b32", "q2",
+};
 
 const char *iflow_dtype_name(int dt)
 {
-    return (dt >= 0 && dt < IFLOW_DT_COUNT_) ? dt_names[dt] : NULL;
+    if (dt >= 0 && dt < IFLOW_DT_COUNT_)
+        return dt_names[dt];
+    return iflow_dtype_is_quant(dt) ? q_names[dt - IFLOW_DT_QFIRST] : NULL;
 }
 
 int iflow_dtype_from_name(const char *name)
 {
     static const struct { const char *alias; int dt; } aliases[] = {
-        {"float32", IFLOW_DT_F32}, {"float16", IFLOW_DT_F16}, {"bfloat16", IFLOW_DT_BF16},
-        {"fp32", IFLOW_DT_F32},    {"fp16", IFLOW_DT_F16},
+        {"float32", IFLOW_DT_F32}, {"float16", IFLOW_DT_F16},     {"bfloat16", IFLOW_DT_BF16},
+        {"fp32", IFLOW_DT_F32},    {"fp16", IFLOW_DT_F16},        {"q8", IFLOW_DT_Q8_B32},
+        {"q6_b64", IFLOW_DT_Q6_B64}, {"q5_b64", IFLOW_DT_Q5_B64}, {"q3h_b64", IFLOW_DT_Q3H_B64},
+        {"q2_b32", IFLOW_DT_Q2_B32},
     };
-    for (int i = 0; i < IFLOW_DT_COUNT_; i++)
-        if (strcasecmp(name, dt_names[i]) == 0)
-            return i;
+    for (int dt = 0; dt < IFLOW_DT_QEND_; dt++)
+        if (iflow_dtype_name(dt) && strcasecmp(name, iflow_dtype_name(dt)) == 0)
+            return dt;
     for (size_t i = 0; i < sizeof aliases / sizeof aliases[0]; i++)
         if (strcasecmp(name, aliases[i].alias) == 0)
             return aliases[i].dt;
     return -1;
+}
+
+const char *iflow_dtype_ambiguity(const char *name)
+{
+    if (strcasecmp(name, "q4") == 0)
+        return "q4_b32 or q4_b64";
+    if (strcasecmp(name, "q3") == 0)
+        return "q3h or q3_b32";
+    return NULL;
+}
+
+int iflow_dtype_is_quant(int dt)
+{
+    return dt >= IFLOW_DT_QFIRST && dt < IFLOW_DT_QEND_;
 }
 
 size_t iflow_dtype_nbytes(int dt, uint64_t n)
@@ -42,10 +73,32 @@ size_t iflow_dtype_nbytes(int dt, uint64_t n)
     return (size_t)n * dt_size[dt];
 }
 
+/* Rows of whole blocks: the product of the outer dimensions times the bytes of one row. */
+static size_t quant_tensor_nbytes(int dt, int n_dims, const int64_t *shape)
+{
+    uint64_t rows = 1;
+    int64_t K = shape[n_dims - 1];
+    if (K < 0 || K > INT_MAX)
+        return SIZE_MAX;
+    for (int d = 0; d < n_dims - 1; d++) {
+        if (shape[d] < 0 || (shape[d] && rows > UINT64_MAX / (uint64_t)shape[d]))
+            return SIZE_MAX;
+        rows *= (uint64_t)shape[d];
+    }
+    size_t row = ifk_qrow_bytes(dt, (int)K);
+    if (row && rows > SIZE_MAX / row)
+        return SIZE_MAX;
+    return (size_t)rows * row;
+}
+
 size_t iflow_tensor_nbytes(int dt, int n_dims, const int64_t *shape)
 {
     uint64_t n = 1;
-    if (n_dims < 1 || dt < 0 || dt >= IFLOW_DT_COUNT_)
+    if (n_dims < 1)
+        return 0;
+    if (iflow_dtype_is_quant(dt))
+        return quant_tensor_nbytes(dt, n_dims, shape);
+    if (dt < 0 || dt >= IFLOW_DT_COUNT_)
         return 0;
     for (int d = 0; d < n_dims; d++) {
         if (shape[d] < 0 || (shape[d] && n > UINT64_MAX / (uint64_t)shape[d]))
