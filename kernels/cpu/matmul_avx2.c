@@ -163,7 +163,8 @@ IFK_INLINE void gemm(int wt, float *y, size_t ldy, const void *W, const float *x
             ifk_prefetch_walk pw = {(const char *)W + ((size_t)nb2 * K + k02) * es, (size_t)K * es, 0,
                                     (size_t)(K - k02 < PF_KC ? K - k02 : PF_KC) * es,
                                     nb2 < n1 ? (n1 - nb2 < PF_NB ? n1 - nb2 : PF_NB) : 0};
-            /* One 8-element step of MR rows of this block: es/2 lines of the next. */
+            /* A step of dot_tile reads es/2 lines of this block (4 rows x 8 elements); it
+             * prefetches as many of the next, which has the same shape or a smaller one. */
             const int pf_lines = (int)es / 2;
             for (int t = 0; t < T; t += MT) {
                 const int nt = T - t < MT ? T - t : MT;

@@ -163,9 +163,10 @@ IFK_INLINE void gemm(int wt, float *y, size_t ldy, const void *W, const float *x
                 k02 = 0;
             }
             ifk_prefetch_walk pw = {(const char *)W + ((size_t)nb2 * K + k02) * es, (size_t)K * es, 0,
-                                (size_t)(K - k02 < PF_KC ? K - k02 : PF_KC) * es,
-                                nb2 < n1 ? (n1 - nb2 < PF_NB ? n1 - nb2 : PF_NB) : 0};
-            /* One 16-element step of a row of this block: es lines of the next (same shape). */
+                                    (size_t)(K - k02 < PF_KC ? K - k02 : PF_KC) * es,
+                                    nb2 < n1 ? (n1 - nb2 < PF_NB ? n1 - nb2 : PF_NB) : 0};
+            /* A step of dot4x4 reads es lines of this block (4 rows x 16 elements); it
+             * prefetches as many of the next, which has the same shape or a smaller one. */
             const int pf_lines = (int)es;
             for (int t = 0; t < T; t += 4) {
                 const int nt = T - t < 4 ? T - t : 4;

@@ -1,15 +1,18 @@
 /*
  * ops_avx2.c -- the elementwise kernels and attention with AVX2 + FMA + F16C.
  *
- * The same plan as ops_avx512.c: attention walks the keys in chunks of ATT_CHUNK with an
- * online softmax (a chunk that raises the running maximum rescales what was accumulated).
+ * The same plan as ops_avx512.c: attention walks the keys in chunks with an online softmax (a
+ * chunk that raises a query's running maximum rescales what was accumulated), from packed
+ * copies of the chunk's K and V rows when several queries share them.
  */
 #include <math.h>
+#include <string.h>
 
 #include "kernels/cpu/impl.h"
 #include "kernels/cpu/vec_avx2.h"
 
-#define ATT_CHUNK 64
+#define ATT_CHUNK 64    /* most keys a chunk */
+#define ATT_PACK 2048   /* floats of K (and of V) copied a chunk, when packing */
 
 /* y, x: [n]. */
 void ifk_avx2_exp(float *y, const float *x, int n)
@@ -187,12 +190,24 @@ static void accumulate_v(float *out, float c, const float *p, const float *v, si
     }
 }
 
-/* See IFK_DECL_ATTEND in impl.h. The keys go by in chunks of ATT_CHUNK rows (which stay in L1
- * while every query of the block uses them); each query keeps a running max m, a running sum
- * l and its unnormalised output in out. */
+/* dst[j][d] = src[j * kv_ld + d] for j < nj, d < hd.  dst: [nj][hd]. */
+static void pack_rows(float *dst, const float *src, size_t kv_ld, int nj, int hd)
+{
+    for (int j = 0; j < nj; j++, dst += hd, src += kv_ld)
+        memcpy(dst, src, (size_t)hd * sizeof *dst);
+}
+
+/* See IFK_DECL_ATTEND in impl.h. The keys go by in chunks, and every query of the block uses a
+ * chunk before the next: each query keeps a running max m, a running sum l and its
+ * unnormalised output in out. When several queries share the chunks, each chunk's K and V rows
+ * are first copied side by side into a stack buffer: rows of the cache are kv_ld apart, often a
+ * power of two, and would crowd a few sets of L1, so the copy is what stays in L1. */
 IFK_DECL_ATTEND(ifk_avx2_attend)
 {
-    _Alignas(32) float s[ATT_CHUNK];
+    _Alignas(32) float s[ATT_CHUNK], kbuf[ATT_PACK], vbuf[ATT_PACK];
+    const int pack = nt * nh > 1 && head_dim * 4 <= ATT_PACK;
+    int step = pack ? ATT_PACK / head_dim : ATT_CHUNK;     /* keys a chunk */
+    step = step < ATT_CHUNK ? step : ATT_CHUNK;
     float m[IFK_ATT_MAXQ], l[IFK_ATT_MAXQ];
     for (int qi = 0; qi < nt * nh; qi++) {
         float *o = out + (size_t)(qi / nh) * ld + (size_t)(qi % nh) * head_dim;
@@ -201,15 +216,24 @@ IFK_DECL_ATTEND(ifk_avx2_attend)
         m[qi] = -INFINITY;
         l[qi] = 0.0f;
     }
-    for (int j0 = 0; j0 < pos + nt; j0 += ATT_CHUNK) {
+    for (int j0 = 0; j0 < pos + nt; j0 += step) {
         const float *kc = k + (size_t)j0 * kv_ld, *vc = v + (size_t)j0 * kv_ld;
+        size_t cld = kv_ld;
+        if (pack) {
+            int nj = pos + nt - j0 < step ? pos + nt - j0 : step;
+            pack_rows(kbuf, kc, kv_ld, nj, head_dim);
+            pack_rows(vbuf, vc, kv_ld, nj, head_dim);
+            kc = kbuf;
+            vc = vbuf;
+            cld = (size_t)head_dim;
+        }
         for (int qi = 0; qi < nt * nh; qi++) {
             const int i = qi / nh, n_keys = pos + i + 1;
             if (j0 >= n_keys)
                 continue;
-            const int nj = n_keys - j0 < ATT_CHUNK ? n_keys - j0 : ATT_CHUNK;
+            const int nj = n_keys - j0 < step ? n_keys - j0 : step;
             const size_t off = (size_t)i * ld + (size_t)(qi % nh) * head_dim;
-            scores(s, q + off, kc, kv_ld, nj, head_dim, scale);
+            scores(s, q + off, kc, cld, nj, head_dim, scale);
             float cmx = vmax(s, nj);
             float c = 1.0f;                      /* rescales what earlier chunks summed */
             if (cmx > m[qi]) {
@@ -217,7 +241,7 @@ IFK_DECL_ATTEND(ifk_avx2_attend)
                 m[qi] = cmx;
             }
             l[qi] = l[qi] * c + exp_sub_sum(s, nj, m[qi]);
-            accumulate_v(out + off, c, s, vc, kv_ld, nj, head_dim);
+            accumulate_v(out + off, c, s, vc, cld, nj, head_dim);
         }
     }
     for (int qi = 0; qi < nt * nh; qi++) {
