@@ -43,20 +43,17 @@ void ifk_avx2_rmsnorm(float *y, const float *x, const float *w, int n, float eps
 {
     if (n <= 0)
         return;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
-        a0 = _mm256_fmadd_ps(v0, v0, a0);
-        a1 = _mm256_fmadd_ps(v1, v1, a1);
-    }
-    for (; i < n; i += 8) {
+    __m256d a0 = _mm256_setzero_pd(), a1 = a0;   /* sum of squares in double, as ref.c */
+    for (int i = 0; i < n; i += 8) {
         __m256 v = v8_load_part(x + i, n - i < 8 ? n - i : 8);
-        a0 = _mm256_fmadd_ps(v, v, a0);
+        __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v)), hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+        a0 = _mm256_fmadd_pd(lo, lo, a0);
+        a1 = _mm256_fmadd_pd(hi, hi, a1);
     }
-    float ss = v8_hsum(_mm256_add_ps(a0, a1));
-    __m256 inv = _mm256_set1_ps((float)(1.0 / sqrt((double)ss / n + (double)eps)));
-    for (i = 0; i + 8 <= n; i += 8)
+    double ss = v4d_hsum(_mm256_add_pd(a0, a1));
+    __m256 inv = _mm256_set1_ps((float)(1.0 / sqrt(ss / n + (double)eps)));
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), inv),
                                               _mm256_loadu_ps(w + i)));
     if (i < n) {
@@ -79,24 +76,23 @@ static float vmax(const float *x, int n)
     return m;
 }
 
-/* x[i] = e^(x[i] - mx) for i < n; returns their sum. */
-static float exp_sub_sum(float *x, int n, float mx)
+/* x[i] = e^(x[i] - mx) for i < n; returns their sum (added in double when wide). */
+static double exp_sub_sum(float *x, int n, float mx, int wide)
 {
     const __m256 mv = _mm256_set1_ps(mx);
     __m256 sum = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 e = v8_exp(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
-        sum = _mm256_add_ps(sum, e);
-        _mm256_storeu_ps(x + i, e);
+    __m256d dsum = _mm256_setzero_pd();
+    for (int i = 0; i < n; i += 8) {
+        int r = n - i < 8 ? n - i : 8;
+        __m256 e = _mm256_and_ps(v8_exp(_mm256_sub_ps(v8_load_part(x + i, r), mv)), _mm256_castsi256_ps(v8_mask(r)));
+        if (wide)
+            dsum = _mm256_add_pd(dsum, _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(e)),
+                                                     _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1))));
+        else
+            sum = _mm256_add_ps(sum, e);
+        v8_store_part(x + i, r, e);
     }
-    if (i < n) {
-        __m256i m = v8_mask(n - i);
-        __m256 e = _mm256_and_ps(v8_exp(_mm256_sub_ps(v8_load_part(x + i, n - i), mv)), _mm256_castsi256_ps(m));
-        sum = _mm256_add_ps(sum, e);
-        _mm256_maskstore_ps(x + i, m, e);
-    }
-    return v8_hsum(sum);
+    return wide ? v4d_hsum(dsum) : v8_hsum(sum);
 }
 
 /* x: [n], in place. */
@@ -104,8 +100,8 @@ void ifk_avx2_softmax(float *x, int n)
 {
     if (n <= 0)
         return;
-    float sum = exp_sub_sum(x, n, vmax(x, n));
-    __m256 inv = _mm256_set1_ps(1.0f / sum);
+    double sum = exp_sub_sum(x, n, vmax(x, n), 1);
+    __m256 inv = _mm256_set1_ps((float)(1.0 / sum));
     int i = 0;
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
@@ -240,7 +236,7 @@ IFK_DECL_ATTEND(ifk_avx2_attend)
                 c = j0 == 0 ? 0.0f : expf(m[qi] - cmx);
                 m[qi] = cmx;
             }
-            l[qi] = l[qi] * c + exp_sub_sum(s, nj, m[qi]);
+            l[qi] = l[qi] * c + (float)exp_sub_sum(s, nj, m[qi], 0);
             accumulate_v(out + off, c, s, vc, cld, nj, head_dim);
         }
     }

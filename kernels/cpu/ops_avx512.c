@@ -43,20 +43,16 @@ void ifk_avx512_rmsnorm(float *y, const float *x, const float *w, int n, float e
 {
     if (n <= 0)
         return;
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0;
-    int i = 0;
-    for (; i + 32 <= n; i += 32) {
-        __m512 v0 = _mm512_loadu_ps(x + i), v1 = _mm512_loadu_ps(x + i + 16);
-        a0 = _mm512_fmadd_ps(v0, v0, a0);
-        a1 = _mm512_fmadd_ps(v1, v1, a1);
-    }
-    for (; i < n; i += 16) {
+    __m512d a0 = _mm512_setzero_pd(), a1 = a0;   /* sum of squares in double, as ref.c */
+    for (int i = 0; i < n; i += 16) {
         __m512 v = _mm512_maskz_loadu_ps(v16_mask(n - i < 16 ? n - i : 16), x + i);
-        a0 = _mm512_fmadd_ps(v, v, a0);
+        __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v)), hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1));
+        a0 = _mm512_fmadd_pd(lo, lo, a0);
+        a1 = _mm512_fmadd_pd(hi, hi, a1);
     }
-    float ss = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-    __m512 inv = _mm512_set1_ps((float)(1.0 / sqrt((double)ss / n + (double)eps)));
-    for (i = 0; i < n; i += 16) {
+    double ss = _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
+    __m512 inv = _mm512_set1_ps((float)(1.0 / sqrt(ss / n + (double)eps)));
+    for (int i = 0; i < n; i += 16) {
         __mmask16 m = v16_mask(n - i < 16 ? n - i : 16);
         __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv);
         _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w + i)));
@@ -74,14 +70,15 @@ void ifk_avx512_softmax(float *x, int n)
         mv = _mm512_mask_max_ps(mv, m, mv, _mm512_maskz_loadu_ps(m, x + i));
     }
     __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
-    __m512 sum = _mm512_setzero_ps();
+    __m512d sum = _mm512_setzero_pd();           /* in double, as ref.c */
     for (int i = 0; i < n; i += 16) {
         __mmask16 m = v16_mask(n - i < 16 ? n - i : 16);
-        __m512 e = v16_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), mx));
-        sum = _mm512_mask_add_ps(sum, m, sum, e);
+        __m512 e = _mm512_maskz_mov_ps(m, v16_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), mx)));
+        sum = _mm512_add_pd(sum, _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(e)),
+                                               _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1))));
         _mm512_mask_storeu_ps(x + i, m, e);
     }
-    __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+    __m512 inv = _mm512_set1_ps((float)(1.0 / _mm512_reduce_add_pd(sum)));
     for (int i = 0; i < n; i += 16) {
         __mmask16 m = v16_mask(n - i < 16 ? n - i : 16);
         _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv));
