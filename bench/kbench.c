@@ -1,7 +1,7 @@
 /*
  * kbench.c -- micro-benchmark of the CPU kernels; one JSON object per line on stdout.
  *
- *   kbench [--isa scalar|avx2|avx512] [--threads N] [--quick]
+ *   kbench [--isa scalar|avx2|avx512] [--threads N] [--only decode|prefill|attention] [--quick]
  *
  * decode:    ifk_matmul with T = 1 on TinyLlama-sized weights, F32 / F16 / BF16, at 1 thread
  *            and at --threads (default: all cores). GBps = bytes of weights / time. Each call
@@ -196,6 +196,7 @@ static void bench_attention(int T, int n_ctx, int threads, double min_s)
 int main(int argc, char **argv)
 {
     int threads = omp_get_num_procs(), quick = 0;
+    const char *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
             const char *s = argv[++i];
@@ -211,10 +212,13 @@ int main(int argc, char **argv)
             }
         } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
             threads = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--only") && i + 1 < argc) {
+            only = argv[++i];
         } else if (!strcmp(argv[i], "--quick")) {
             quick = 1;
         } else {
-            fprintf(stderr, "usage: kbench [--isa scalar|avx2|avx512] [--threads N] [--quick]\n");
+            fprintf(stderr, "usage: kbench [--isa scalar|avx2|avx512] [--threads N] "
+                            "[--only decode|prefill|attention] [--quick]\n");
             return 2;
         }
     }
@@ -223,17 +227,17 @@ int main(int argc, char **argv)
     const int n_shapes = 5;
     int tl[2] = {1, threads};
     int n_tl = threads > 1 ? 2 : 1;
-    for (int s = 0; s < n_shapes; s++)
+    for (int s = 0; s < n_shapes && (!only || !strcmp(only, "decode")); s++)
         for (int wt = IFK_F32; wt <= IFK_BF16; wt++)
             for (int ti = 0; ti < n_tl; ti++)
                 bench_decode(shapes[s][0], shapes[s][1], wt, tl[ti], min_s);
     static const int Ts[] = {64, 256};
-    for (int s = 0; s < n_shapes; s++)
+    for (int s = 0; s < n_shapes && (!only || !strcmp(only, "prefill")); s++)
         for (int wt = IFK_F32; wt <= IFK_BF16; wt++)
             for (int ti = 0; ti < 2; ti++)
                 for (int tj = 0; tj < n_tl; tj++)
                     bench_prefill(Ts[ti], shapes[s][0], shapes[s][1], wt, tl[tj], min_s);
-    for (int tj = 0; tj < n_tl; tj++) {
+    for (int tj = 0; tj < n_tl && (!only || !strcmp(only, "attention")); tj++) {
         bench_attention(1, 2048, tl[tj], min_s);
         bench_attention(64, 2048, tl[tj], min_s);
     }
