@@ -1,13 +1,14 @@
 /*
  * kbench.c -- micro-benchmark of the CPU kernels; one JSON object per line on stdout.
  *
- *   kbench [--isa scalar|avx2|avx512] [--threads N] [--quick]
+ *   kbench [--isa scalar|avx2|avx512] [--threads N] [--only decode|prefill|attention] [--quick]
  *
  * decode:    ifk_matmul with T = 1 on TinyLlama-sized weights, F32 / F16 / BF16, at 1 thread
  *            and at --threads (default: all cores). GBps = bytes of weights / time. Each call
  *            reads the next of several copies of the matrix (>= 256 MiB in all), so weights
  *            come from DRAM as they do in a real model, not from the last-level cache.
- * prefill:   ifk_matmul with T = 64 and 256; GFLOPs = 2 T N K / time.
+ * prefill:   ifk_matmul with T = 64 and 256 (one matrix, reused: this is compute-bound);
+ *            GFLOPs = 2 T N K / time.
  * attention: ifk_attention for one decode token (T = 1) and a 64-token prefill chunk over a
  *            2048-position cache, 32 query heads over 4 kv heads of 64 (TinyLlama).
  *
@@ -34,6 +35,17 @@ static double now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* 64-byte aligned, or exit: a benchmark without its memory has nothing to say. */
+static void *alloc64(size_t bytes)
+{
+    void *p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (!p) {
+        fprintf(stderr, "kbench: out of memory (%zu bytes)\n", bytes);
+        exit(1);
+    }
+    return p;
 }
 
 static const char *wname(int wt)
@@ -89,13 +101,13 @@ static void bench_decode(int N, int K, int wt, int threads, double min_s)
 {
     size_t bytes = (size_t)N * K * (wt == IFK_F32 ? 4 : 2);
     int copies = (int)((256u << 20) / bytes) + 1;
-    char **W = malloc((size_t)copies * sizeof *W);
+    char **W = alloc64((size_t)copies * sizeof *W);
     for (int c = 0; c < copies; c++) {
-        W[c] = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+        W[c] = alloc64(bytes);
         fill_w(W[c], wt, (size_t)N * K, (uint32_t)c + 1);
     }
-    float *x = aligned_alloc(64, ((size_t)K * 4 + 63) & ~(size_t)63);
-    float *y = aligned_alloc(64, ((size_t)N * 4 + 63) & ~(size_t)63);
+    float *x = alloc64((size_t)K * 4);
+    float *y = alloc64((size_t)N * 4);
     fill_x(x, (size_t)K);
     for (int c = 0; c < copies; c++) /* warm-up: page faults, thread team */
         ifk_matmul(y, (size_t)N, W[c], wt, x, (size_t)K, 1, N, K, threads);
@@ -124,9 +136,9 @@ static void bench_decode(int N, int K, int wt, int threads, double min_s)
 static void bench_prefill(int T, int N, int K, int wt, int threads, double min_s)
 {
     size_t bytes = (size_t)N * K * (wt == IFK_F32 ? 4 : 2);
-    void *W = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-    float *x = aligned_alloc(64, (size_t)T * K * 4);
-    float *y = aligned_alloc(64, (size_t)T * N * 4);
+    void *W = alloc64(bytes);
+    float *x = alloc64((size_t)T * K * 4);
+    float *y = alloc64((size_t)T * N * 4);
     fill_w(W, wt, (size_t)N * K, 7);
     fill_x(x, (size_t)T * K);
     ifk_matmul(y, (size_t)N, W, wt, x, (size_t)K, T, N, K, threads);
@@ -152,8 +164,8 @@ static void bench_attention(int T, int n_ctx, int threads, double min_s)
 {
     const int NH = 32, NKV = 4, HD = 64;
     size_t kv_ld = (size_t)NKV * HD;
-    float *q = malloc((size_t)T * NH * HD * 4), *out = malloc((size_t)T * NH * HD * 4);
-    float *k = malloc((size_t)n_ctx * kv_ld * 4), *v = malloc((size_t)n_ctx * kv_ld * 4);
+    float *q = alloc64((size_t)T * NH * HD * 4), *out = alloc64((size_t)T * NH * HD * 4);
+    float *k = alloc64((size_t)n_ctx * kv_ld * 4), *v = alloc64((size_t)n_ctx * kv_ld * 4);
     fill_x(q, (size_t)T * NH * HD);
     fill_x(k, (size_t)n_ctx * kv_ld);
     fill_x(v, (size_t)n_ctx * kv_ld);
@@ -184,20 +196,29 @@ static void bench_attention(int T, int n_ctx, int threads, double min_s)
 int main(int argc, char **argv)
 {
     int threads = omp_get_num_procs(), quick = 0;
+    const char *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
             const char *s = argv[++i];
-            int want = !strcmp(s, "scalar") ? IFK_ISA_SCALAR : !strcmp(s, "avx2") ? IFK_ISA_AVX2 : IFK_ISA_AVX512;
+            int want = !strcmp(s, "scalar") ? IFK_ISA_SCALAR : !strcmp(s, "avx2") ? IFK_ISA_AVX2
+                     : !strcmp(s, "avx512") ? IFK_ISA_AVX512 : -2;
+            if (want == -2) {
+                fprintf(stderr, "kbench: unknown --isa '%s' (scalar, avx2, avx512)\n", s);
+                return 2;
+            }
             if (ifk_set_isa(want) != want) {
                 fprintf(stderr, "kbench: this CPU lacks %s\n", s);
                 return 1;
             }
         } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
             threads = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--only") && i + 1 < argc) {
+            only = argv[++i];
         } else if (!strcmp(argv[i], "--quick")) {
             quick = 1;
         } else {
-            fprintf(stderr, "usage: kbench [--isa scalar|avx2|avx512] [--threads N] [--quick]\n");
+            fprintf(stderr, "usage: kbench [--isa scalar|avx2|avx512] [--threads N] "
+                            "[--only decode|prefill|attention] [--quick]\n");
             return 2;
         }
     }
@@ -206,17 +227,17 @@ int main(int argc, char **argv)
     const int n_shapes = 5;
     int tl[2] = {1, threads};
     int n_tl = threads > 1 ? 2 : 1;
-    for (int s = 0; s < n_shapes; s++)
+    for (int s = 0; s < n_shapes && (!only || !strcmp(only, "decode")); s++)
         for (int wt = IFK_F32; wt <= IFK_BF16; wt++)
             for (int ti = 0; ti < n_tl; ti++)
                 bench_decode(shapes[s][0], shapes[s][1], wt, tl[ti], min_s);
     static const int Ts[] = {64, 256};
-    for (int s = 0; s < n_shapes; s++)
+    for (int s = 0; s < n_shapes && (!only || !strcmp(only, "prefill")); s++)
         for (int wt = IFK_F32; wt <= IFK_BF16; wt++)
             for (int ti = 0; ti < 2; ti++)
                 for (int tj = 0; tj < n_tl; tj++)
                     bench_prefill(Ts[ti], shapes[s][0], shapes[s][1], wt, tl[tj], min_s);
-    for (int tj = 0; tj < n_tl; tj++) {
+    for (int tj = 0; tj < n_tl && (!only || !strcmp(only, "attention")); tj++) {
         bench_attention(1, 2048, tl[tj], min_s);
         bench_attention(64, 2048, tl[tj], min_s);
     }

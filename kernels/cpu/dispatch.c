@@ -3,8 +3,8 @@
  *
  * The paths (ref.c, *_avx2.c, *_avx512.c) are single-threaded; this file splits the work:
  * ifk_matmul hands each OpenMP thread a contiguous range of output rows, ifk_attention hands
- * out (token, head) pairs. Built with -DIFK_NO_SIMD (the fuzz build, which leaves the SIMD
- * files out), only the scalar path exists.
+ * out blocks of (token, head) pairs that share a kv head. Built with -DIFK_NO_SIMD (the fuzz
+ * build, which leaves the SIMD files out), only the scalar path exists.
  */
 #include <omp.h>
 #include <stdatomic.h>
@@ -100,15 +100,28 @@ static const ifk_path *path(void)
     return &path_scalar;
 }
 
+/* omp_get_num_procs() costs a system call; the count is read once. */
+static int num_procs(void)
+{
+    static _Atomic int procs = 0;
+    int n = atomic_load_explicit(&procs, memory_order_relaxed);
+    if (n <= 0) {
+        n = omp_get_num_procs();
+        n = n > 0 ? n : 1;
+        atomic_store_explicit(&procs, n, memory_order_relaxed);
+    }
+    return n;
+}
+
 /* Threads to use for `work` multiply-adds: the request (all cores when <= 0), but no more
  * than one per ~64K multiply-adds, so that tiny products do not pay for waking a team. */
 static int threads_for(int n_threads, double work)
 {
-    int nt = n_threads > 0 ? n_threads : omp_get_num_procs();
     double cap = work / 65536.0;
-    if (cap < nt)
-        nt = cap < 1.0 ? 1 : (int)cap;
-    return nt;
+    if (cap < 2.0)
+        return 1;
+    int nt = n_threads > 0 ? n_threads : num_procs();
+    return cap < nt ? (int)cap : nt;
 }
 
 void ifk_matmul(float *y, size_t ldy, const void *W, int wtype, const float *x, size_t ldx,
@@ -169,6 +182,12 @@ void ifk_add(float *y, const float *x, int n)
     path()->add(y, x, n);
 }
 
+/* Units of tb tokens x hs heads in T tokens x n_kv kv heads x group heads each. */
+static int att_units(int T, int tb, int n_kv, int group, int hs)
+{
+    return ((T + tb - 1) / tb) * n_kv * ((group + hs - 1) / hs);
+}
+
 void ifk_attention(float *out, const float *q, const float *k, const float *v, size_t kv_ld,
                    int T, int pos0, int n_heads, int n_kv_heads, int head_dim, float scale,
                    int n_threads)
@@ -183,22 +202,21 @@ void ifk_attention(float *out, const float *q, const float *k, const float *v, s
     int nt = threads_for(n_threads, work);
     /* A unit of work is a block of tb tokens x hs heads of one kv head's group: the cache rows
      * it reads are shared by all its queries. Up to IFK_ATT_MAXQ queries a unit, but enough
-     * units to keep every thread busy. */
+     * units to keep every thread busy (more when T > 1: later tokens see more rows). */
     int hs = group, tb = 1;
     while (hs > IFK_ATT_MAXQ)
         hs = (hs + 1) / 2;
     while (tb * 2 * hs <= IFK_ATT_MAXQ && tb < T)
         tb *= 2;
-    tb = tb < T ? tb : T;
-#define N_UNITS (((T + tb - 1) / tb) * n_kv_heads * ((group + hs - 1) / hs))
-    while (N_UNITS < 4 * nt && (tb > 1 || hs > 1)) {
+    const int want = (T > 1 ? 4 : 2) * nt;
+    while (att_units(T, tb, n_kv_heads, group, hs) < want && (tb > 1 || hs > 1)) {
         if (tb > 1)
             tb = (tb + 1) / 2;
         else
             hs = (hs + 1) / 2;
     }
-    const int n_tb = (T + tb - 1) / tb, n_hs = (group + hs - 1) / hs, units = N_UNITS;
-#undef N_UNITS
+    const int n_tb = (T + tb - 1) / tb, n_hs = (group + hs - 1) / hs;
+    const int units = att_units(T, tb, n_kv_heads, group, hs);
     if (nt > units)
         nt = units;
     /* Unit u: token block u % n_tb (neighbouring units share cache rows), head slice

@@ -54,6 +54,30 @@ void ifk_avx512_exp(float *y, const float *x, int n);
 void ifk_ref_rope(float *x, int n_heads, int head_dim, int rot_dim, int pos, float theta,
                   const float *freq_scale, int layout);
 
+/* A walk over the cache lines of a block of weights (rows of `bytes` bytes at stride `stride`),
+ * which the prefill kernels prefetch into L2 a few lines at a time while they compute on the
+ * block before it. */
+typedef struct {
+    const char *row; /* start of the current row */
+    size_t stride;   /* bytes from one row to the next */
+    size_t off;      /* offset of the next line in the row */
+    size_t bytes;    /* bytes per row */
+    int rows;        /* rows left, counting the current one; 0: done */
+} ifk_prefetch_walk;
+
+static inline void ifk_prefetch_next(ifk_prefetch_walk *pw, int lines)
+{
+    for (int i = 0; i < lines && pw->rows > 0; i++) {
+        __builtin_prefetch(pw->row + pw->off, 0, 2);
+        pw->off += 64;
+        if (pw->off >= pw->bytes) {
+            pw->off = 0;
+            pw->row += pw->stride;
+            pw->rows--;
+        }
+    }
+}
+
 /* Exact scalar conversions (ref.c): IEEE half (subnormals, inf, NaN) and bfloat16 to float. */
 float ifk_f16_to_f32(uint16_t h);
 float ifk_bf16_to_f32(uint16_t b);

@@ -1,10 +1,10 @@
 /*
  * matmul_avx2.c -- y = x W^T with AVX2 + FMA + F16C, for F32 / F16 / BF16 weights.
  *
- * The same plan as matmul_avx512.c with 8-lane registers. Prefill converts a block of PF_NB
- * rows x PF_KC columns to F32 (per-thread buffer, kept in L2) and passes every token over it,
- * 4 rows x 3 tokens at a time: 12 accumulators + 3 token registers + 1 weight register = the
- * 16 ymm registers.
+ * The same plan as matmul_avx512.c with 8-lane registers. Prefill passes every token over a
+ * block of PF_NB rows x PF_KC columns (kept in L2, the next one prefetched meanwhile), 4 rows x
+ * 3 tokens at a time: 12 accumulators + 3 token registers + 1 weight register = the 16 ymm
+ * registers.
  */
 #include "kernels/cpu/impl.h"
 #include "kernels/cpu/vec_avx2.h"
@@ -89,15 +89,14 @@ IFK_INLINE void gemv(int wt, float *y, const void *W, const float *x, int n0, in
 
 #define PF_NB 16   /* rows per block */
 #define PF_KC 1024 /* K elements per chunk */
-#define MR 4      /* rows per micro-tile */
-#define MT 3      /* tokens per micro-tile */
+#define MR 4       /* rows per micro-tile */
+#define MT 3       /* tokens per micro-tile */
 
-/* Per-thread F32 copy of one block's chunk of F16 / BF16 rows: [PF_NB][PF_KC]. */
-static _Thread_local _Alignas(64) float wbuf[PF_NB * PF_KC];
-
-/* s[i][j] = w_i . x_j over len elements, for MR rows w_i and MT tokens x_j (pointers may
- * repeat: callers pad a short tile that way). w: MR x [len] F32; x: MT x [len]. */
-IFK_INLINE void dot_tile(float s[MR][MT], const float *const w[MR], const float *const x[MT], int len)
+/* s[i][j] = w_i . x_j over len elements, for MR rows w_i = W + w[i] (elements of type wt) and
+ * MT tokens x_j (rows and tokens may repeat: callers pad a short tile that way).
+ * x: MT x [len]. Each step of 8 elements also prefetches pf_lines lines of pw. */
+IFK_INLINE void dot_tile(int wt, float s[MR][MT], const void *W, const size_t w[MR],
+                         const float *const x[MT], int len, ifk_prefetch_walk *pw, int pf_lines)
 {
     __m256 acc[MR][MT];
 #pragma GCC unroll 4
@@ -108,13 +107,14 @@ IFK_INLINE void dot_tile(float s[MR][MT], const float *const w[MR], const float 
     const int len8 = len & ~7;
     int k = 0;
     for (; k < len8; k += 8) {
+        ifk_prefetch_next(pw, pf_lines);
         __m256 xv[MT];
 #pragma GCC unroll 4
         for (int j = 0; j < MT; j++)
             xv[j] = _mm256_loadu_ps(x[j] + k);
 #pragma GCC unroll 4
         for (int i = 0; i < MR; i++) {
-            __m256 wv = _mm256_loadu_ps(w[i] + k);
+            __m256 wv = v8_load_w(W, wt, w[i] + k);
 #pragma GCC unroll 4
             for (int j = 0; j < MT; j++)
                 acc[i][j] = _mm256_fmadd_ps(wv, xv[j], acc[i][j]);
@@ -127,7 +127,7 @@ IFK_INLINE void dot_tile(float s[MR][MT], const float *const w[MR], const float 
             xv[j] = v8_load_part(x[j] + k, len - k);
 #pragma GCC unroll 4
         for (int i = 0; i < MR; i++) {
-            __m256 wv = v8_load_part(w[i] + k, len - k);
+            __m256 wv = v8_load_w_part(W, wt, w[i] + k, len - k);
 #pragma GCC unroll 4
             for (int j = 0; j < MT; j++)
                 acc[i][j] = _mm256_fmadd_ps(wv, xv[j], acc[i][j]);
@@ -143,40 +143,29 @@ IFK_INLINE void dot_tile(float s[MR][MT], const float *const w[MR], const float 
     }
 }
 
-/* dst[r][k] = W[n + r][k0 + k] as F32 for r < nr, k < kc.  dst: [nr][PF_KC]. */
-IFK_INLINE void convert_block(float *dst, const void *W, int wt, int n, int nr, int K, int k0, int kc)
-{
-    const int kc8 = kc & ~7;
-    for (int r = 0; r < nr; r++) {
-        size_t src = (size_t)(n + r) * K + k0;
-        float *d = dst + (size_t)r * PF_KC;
-        int k = 0;
-        for (; k < kc8; k += 8)
-            _mm256_store_ps(d + k, v8_load_w(W, wt, src + k));
-        if (k < kc)
-            v8_store_part(d + k, kc - k, v8_load_w_part(W, wt, src + k, kc - k));
-    }
-}
-
 /* y[t][n] = W[n] . x[t] for all t < T, n0 <= n < n1.  W: [N][K] of wt; x: [T][K] at stride
  * ldx; y: [T][N] at stride ldy. */
 IFK_INLINE void gemm(int wt, float *y, size_t ldy, const void *W, const float *x, size_t ldx,
                      int T, int n0, int n1, int K)
 {
+    const size_t es = wt == IFK_F32 ? 4 : 2;
     for (int nb = n0; nb < n1; nb += PF_NB) {
         const int nr = n1 - nb < PF_NB ? n1 - nb : PF_NB;
         for (int k0 = 0; k0 < K; k0 += PF_KC) {
             const int kc = K - k0 < PF_KC ? K - k0 : PF_KC;
-            const float *wb;
-            size_t wld;
-            if (wt == IFK_F32) {
-                wb = (const float *)W + (size_t)nb * K + k0;
-                wld = (size_t)K;
-            } else {
-                convert_block(wbuf, W, wt, nb, nr, K, k0, kc);
-                wb = wbuf;
-                wld = PF_KC;
+            const size_t wrow = (size_t)nb * K + k0;  /* the block's first element */
+            /* The next block: the next K chunk of these rows, else the next rows' first. */
+            int nb2 = nb, k02 = k0 + PF_KC;
+            if (k02 >= K) {
+                nb2 = nb + PF_NB;
+                k02 = 0;
             }
+            ifk_prefetch_walk pw = {(const char *)W + ((size_t)nb2 * K + k02) * es, (size_t)K * es, 0,
+                                    (size_t)(K - k02 < PF_KC ? K - k02 : PF_KC) * es,
+                                    nb2 < n1 ? (n1 - nb2 < PF_NB ? n1 - nb2 : PF_NB) : 0};
+            /* A step of dot_tile reads es/2 lines of this block (4 rows x 8 elements); it
+             * prefetches as many of the next, which has the same shape or a smaller one. */
+            const int pf_lines = (int)es / 2;
             for (int t = 0; t < T; t += MT) {
                 const int nt = T - t < MT ? T - t : MT;
                 const float *xp[MT];
@@ -184,11 +173,11 @@ IFK_INLINE void gemm(int wt, float *y, size_t ldy, const void *W, const float *x
                     xp[j] = x + (size_t)(t + (j < nt ? j : nt - 1)) * ldx + k0;
                 for (int r = 0; r < nr; r += MR) {
                     const int rr = nr - r < MR ? nr - r : MR;
-                    const float *wp[MR];
+                    size_t wp[MR];
                     for (int i = 0; i < MR; i++)
-                        wp[i] = wb + (size_t)(r + (i < rr ? i : rr - 1)) * wld;
+                        wp[i] = wrow + (size_t)(r + (i < rr ? i : rr - 1)) * K;
                     float s[MR][MT];
-                    dot_tile(s, wp, xp, kc);
+                    dot_tile(wt, s, W, wp, xp, kc, &pw, pf_lines);
                     for (int j = 0; j < nt; j++) {
                         float *yt = y + (size_t)(t + j) * ldy + nb + r;
                         for (int i = 0; i < rr; i++)

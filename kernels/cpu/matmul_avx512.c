@@ -5,9 +5,11 @@
  * streamed once against the vector x (see gemv below for the access pattern).
  *
  * Prefill (T > 1) is compute-bound. The rows are taken in blocks of PF_NB and K in chunks of
- * PF_KC; a block's chunk (converted to F32 in a per-thread buffer unless already F32) stays in
- * L2 while every token passes over it, 4 rows x 4 tokens at a time (16 accumulators in
- * registers). Partial sums over K chunks are added into y.
+ * PF_KC; a block's chunk stays in L2 while every token passes over it, 4 rows x 4 tokens at a
+ * time (16 accumulators in registers; F16 / BF16 converted in registers as they are loaded,
+ * which measured as fast as converting the block once into a buffer). While the first tokens
+ * pass, the next block is prefetched, so DRAM and the FMA units work at the same time. Partial
+ * sums over K chunks are added into y.
  */
 #include "kernels/cpu/impl.h"
 #include "kernels/cpu/vec_avx512.h"
@@ -93,15 +95,14 @@ IFK_INLINE void gemv(int wt, float *y, const void *W, const float *x, int n0, in
 
 /* ---- prefill ----------------------------------------------------------------------------- */
 
-#define PF_NB 16   /* rows per block */
-#define PF_KC 2048 /* K elements per chunk */
+#define PF_NB 32   /* rows per block */
+#define PF_KC 1024 /* K elements per chunk */
 
-/* Per-thread F32 copy of one block's chunk of F16 / BF16 rows: [PF_NB][PF_KC]. */
-static _Thread_local _Alignas(64) float wbuf[PF_NB * PF_KC];
-
-/* s[i][j] = w_i . x_j over len elements, for 4 rows w_i and 4 tokens x_j (any of which may
- * alias: callers repeat a pointer to pad a short block). w: 4 x [len] F32; x: 4 x [len]. */
-IFK_INLINE void dot4x4(__m128 s[4], const float *const w[4], const float *const x[4], int len)
+/* s[i][j] = w_i . x_j over len elements, for 4 rows w_i = W + w[i] (elements of type wt) and 4
+ * tokens x_j (rows and tokens may repeat: callers pad a short block that way). x: 4 x [len].
+ * Each step of 16 elements also prefetches pf_lines lines of pw. */
+IFK_INLINE void dot4x4(int wt, __m128 s[4], const void *W, const size_t w[4], const float *const x[4],
+                       int len, ifk_prefetch_walk *pw, int pf_lines)
 {
     __m512 acc[4][4];
 #pragma GCC unroll 4
@@ -112,13 +113,14 @@ IFK_INLINE void dot4x4(__m128 s[4], const float *const w[4], const float *const 
     const int len16 = len & ~15;
     int k = 0;
     for (; k < len16; k += 16) {
+        ifk_prefetch_next(pw, pf_lines);
         __m512 xv[4];
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++)
             xv[j] = _mm512_loadu_ps(x[j] + k);
 #pragma GCC unroll 4
         for (int i = 0; i < 4; i++) {
-            __m512 wv = _mm512_loadu_ps(w[i] + k);
+            __m512 wv = v16_load_w(W, wt, w[i] + k);
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++)
                 acc[i][j] = _mm512_fmadd_ps(wv, xv[j], acc[i][j]);
@@ -132,7 +134,7 @@ IFK_INLINE void dot4x4(__m128 s[4], const float *const w[4], const float *const 
             xv[j] = _mm512_maskz_loadu_ps(m, x[j] + k);
 #pragma GCC unroll 4
         for (int i = 0; i < 4; i++) {
-            __m512 wv = _mm512_maskz_loadu_ps(m, w[i] + k);
+            __m512 wv = v16_load_w_mask(W, wt, w[i] + k, m);
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++)
                 acc[i][j] = _mm512_fmadd_ps(wv, xv[j], acc[i][j]);
@@ -143,40 +145,29 @@ IFK_INLINE void dot4x4(__m128 s[4], const float *const w[4], const float *const 
         s[i] = v16_hsum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
 }
 
-/* dst[r][k] = W[n + r][k0 + k] as F32 for r < nr, k < kc.  dst: [nr][PF_KC]. */
-IFK_INLINE void convert_block(float *dst, const void *W, int wt, int n, int nr, int K, int k0, int kc)
-{
-    const int kc16 = kc & ~15;
-    for (int r = 0; r < nr; r++) {
-        size_t src = (size_t)(n + r) * K + k0;
-        float *d = dst + (size_t)r * PF_KC;
-        int k = 0;
-        for (; k < kc16; k += 16)
-            _mm512_store_ps(d + k, v16_load_w(W, wt, src + k));
-        if (k < kc)
-            _mm512_mask_storeu_ps(d + k, v16_mask(kc - k), v16_load_w_mask(W, wt, src + k, v16_mask(kc - k)));
-    }
-}
-
 /* y[t][n] = W[n] . x[t] for all t < T, n0 <= n < n1.  W: [N][K] of wt; x: [T][K] at stride
  * ldx; y: [T][N] at stride ldy. */
 IFK_INLINE void gemm(int wt, float *y, size_t ldy, const void *W, const float *x, size_t ldx,
                      int T, int n0, int n1, int K)
 {
+    const size_t es = wt == IFK_F32 ? 4 : 2;
     for (int nb = n0; nb < n1; nb += PF_NB) {
         const int nr = n1 - nb < PF_NB ? n1 - nb : PF_NB;
         for (int k0 = 0; k0 < K; k0 += PF_KC) {
             const int kc = K - k0 < PF_KC ? K - k0 : PF_KC;
-            const float *wb;
-            size_t wld;
-            if (wt == IFK_F32) {
-                wb = (const float *)W + (size_t)nb * K + k0;
-                wld = (size_t)K;
-            } else {
-                convert_block(wbuf, W, wt, nb, nr, K, k0, kc);
-                wb = wbuf;
-                wld = PF_KC;
+            const size_t wrow = (size_t)nb * K + k0;  /* the block's first element */
+            /* The next block: the next K chunk of these rows, else the next rows' first. */
+            int nb2 = nb, k02 = k0 + PF_KC;
+            if (k02 >= K) {
+                nb2 = nb + PF_NB;
+                k02 = 0;
             }
+            ifk_prefetch_walk pw = {(const char *)W + ((size_t)nb2 * K + k02) * es, (size_t)K * es, 0,
+                                    (size_t)(K - k02 < PF_KC ? K - k02 : PF_KC) * es,
+                                    nb2 < n1 ? (n1 - nb2 < PF_NB ? n1 - nb2 : PF_NB) : 0};
+            /* A step of dot4x4 reads es lines of this block (4 rows x 16 elements); it
+             * prefetches as many of the next, which has the same shape or a smaller one. */
+            const int pf_lines = (int)es;
             for (int t = 0; t < T; t += 4) {
                 const int nt = T - t < 4 ? T - t : 4;
                 const float *xp[4];
@@ -184,11 +175,11 @@ IFK_INLINE void gemm(int wt, float *y, size_t ldy, const void *W, const float *x
                     xp[j] = x + (size_t)(t + (j < nt ? j : nt - 1)) * ldx + k0;
                 for (int r = 0; r < nr; r += 4) {
                     const int rr = nr - r < 4 ? nr - r : 4;
-                    const float *wp[4];
+                    size_t wp[4];
                     for (int i = 0; i < 4; i++)
-                        wp[i] = wb + (size_t)(r + (i < rr ? i : rr - 1)) * wld;
+                        wp[i] = wrow + (size_t)(r + (i < rr ? i : rr - 1)) * K;
                     __m128 s[4];
-                    dot4x4(s, wp, xp, kc);
+                    dot4x4(wt, s, W, wp, xp, kc, &pw, pf_lines);
                     float out[4][4];
                     for (int i = 0; i < 4; i++)
                         _mm_storeu_ps(out[i], s[i]);

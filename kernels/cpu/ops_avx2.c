@@ -1,15 +1,18 @@
 /*
  * ops_avx2.c -- the elementwise kernels and attention with AVX2 + FMA + F16C.
  *
- * The same plan as ops_avx512.c: attention walks the keys in chunks of ATT_CHUNK with an
- * online softmax (a chunk that raises the running maximum rescales what was accumulated).
+ * The same plan as ops_avx512.c: attention walks the keys in chunks with an online softmax (a
+ * chunk that raises a query's running maximum rescales what was accumulated), from packed
+ * copies of the chunk's K and V rows when several queries share them.
  */
 #include <math.h>
+#include <string.h>
 
 #include "kernels/cpu/impl.h"
 #include "kernels/cpu/vec_avx2.h"
 
-#define ATT_CHUNK 64
+#define ATT_CHUNK 64    /* most keys a chunk */
+#define ATT_PACK 2048   /* floats of K (and of V) copied a chunk, when packing */
 
 /* y, x: [n]. */
 void ifk_avx2_exp(float *y, const float *x, int n)
@@ -40,20 +43,17 @@ void ifk_avx2_rmsnorm(float *y, const float *x, const float *w, int n, float eps
 {
     if (n <= 0)
         return;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
-        a0 = _mm256_fmadd_ps(v0, v0, a0);
-        a1 = _mm256_fmadd_ps(v1, v1, a1);
-    }
-    for (; i < n; i += 8) {
+    __m256d a0 = _mm256_setzero_pd(), a1 = a0;   /* sum of squares in double, as ref.c */
+    for (int i = 0; i < n; i += 8) {
         __m256 v = v8_load_part(x + i, n - i < 8 ? n - i : 8);
-        a0 = _mm256_fmadd_ps(v, v, a0);
+        __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v)), hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+        a0 = _mm256_fmadd_pd(lo, lo, a0);
+        a1 = _mm256_fmadd_pd(hi, hi, a1);
     }
-    float ss = v8_hsum(_mm256_add_ps(a0, a1));
-    __m256 inv = _mm256_set1_ps((float)(1.0 / sqrt((double)ss / n + (double)eps)));
-    for (i = 0; i + 8 <= n; i += 8)
+    double ss = v4d_hsum(_mm256_add_pd(a0, a1));
+    __m256 inv = _mm256_set1_ps((float)(1.0 / sqrt(ss / n + (double)eps)));
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), inv),
                                               _mm256_loadu_ps(w + i)));
     if (i < n) {
@@ -76,24 +76,23 @@ static float vmax(const float *x, int n)
     return m;
 }
 
-/* x[i] = e^(x[i] - mx) for i < n; returns their sum. */
-static float exp_sub_sum(float *x, int n, float mx)
+/* x[i] = e^(x[i] - mx) for i < n; returns their sum (added in double when wide). */
+static double exp_sub_sum(float *x, int n, float mx, int wide)
 {
     const __m256 mv = _mm256_set1_ps(mx);
     __m256 sum = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 e = v8_exp(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
-        sum = _mm256_add_ps(sum, e);
-        _mm256_storeu_ps(x + i, e);
+    __m256d dsum = _mm256_setzero_pd();
+    for (int i = 0; i < n; i += 8) {
+        int r = n - i < 8 ? n - i : 8;
+        __m256 e = _mm256_and_ps(v8_exp(_mm256_sub_ps(v8_load_part(x + i, r), mv)), _mm256_castsi256_ps(v8_mask(r)));
+        if (wide)
+            dsum = _mm256_add_pd(dsum, _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(e)),
+                                                     _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1))));
+        else
+            sum = _mm256_add_ps(sum, e);
+        v8_store_part(x + i, r, e);
     }
-    if (i < n) {
-        __m256i m = v8_mask(n - i);
-        __m256 e = _mm256_and_ps(v8_exp(_mm256_sub_ps(v8_load_part(x + i, n - i), mv)), _mm256_castsi256_ps(m));
-        sum = _mm256_add_ps(sum, e);
-        _mm256_maskstore_ps(x + i, m, e);
-    }
-    return v8_hsum(sum);
+    return wide ? v4d_hsum(dsum) : v8_hsum(sum);
 }
 
 /* x: [n], in place. */
@@ -101,8 +100,8 @@ void ifk_avx2_softmax(float *x, int n)
 {
     if (n <= 0)
         return;
-    float sum = exp_sub_sum(x, n, vmax(x, n));
-    __m256 inv = _mm256_set1_ps(1.0f / sum);
+    double sum = exp_sub_sum(x, n, vmax(x, n), 1);
+    __m256 inv = _mm256_set1_ps((float)(1.0 / sum));
     int i = 0;
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
@@ -187,12 +186,24 @@ static void accumulate_v(float *out, float c, const float *p, const float *v, si
     }
 }
 
-/* See IFK_DECL_ATTEND in impl.h. The keys go by in chunks of ATT_CHUNK rows (which stay in L1
- * while every query of the block uses them); each query keeps a running max m, a running sum
- * l and its unnormalised output in out. */
+/* dst[j][d] = src[j * kv_ld + d] for j < nj, d < hd.  dst: [nj][hd]. */
+static void pack_rows(float *dst, const float *src, size_t kv_ld, int nj, int hd)
+{
+    for (int j = 0; j < nj; j++, dst += hd, src += kv_ld)
+        memcpy(dst, src, (size_t)hd * sizeof *dst);
+}
+
+/* See IFK_DECL_ATTEND in impl.h. The keys go by in chunks, and every query of the block uses a
+ * chunk before the next: each query keeps a running max m, a running sum l and its
+ * unnormalised output in out. When several queries share the chunks, each chunk's K and V rows
+ * are first copied side by side into a stack buffer: rows of the cache are kv_ld apart, often a
+ * power of two, and would crowd a few sets of L1, so the copy is what stays in L1. */
 IFK_DECL_ATTEND(ifk_avx2_attend)
 {
-    _Alignas(32) float s[ATT_CHUNK];
+    _Alignas(32) float s[ATT_CHUNK], kbuf[ATT_PACK], vbuf[ATT_PACK];
+    const int pack = nt * nh > 1 && head_dim * 4 <= ATT_PACK;
+    int step = pack ? ATT_PACK / head_dim : ATT_CHUNK;     /* keys a chunk */
+    step = step < ATT_CHUNK ? step : ATT_CHUNK;
     float m[IFK_ATT_MAXQ], l[IFK_ATT_MAXQ];
     for (int qi = 0; qi < nt * nh; qi++) {
         float *o = out + (size_t)(qi / nh) * ld + (size_t)(qi % nh) * head_dim;
@@ -201,23 +212,32 @@ IFK_DECL_ATTEND(ifk_avx2_attend)
         m[qi] = -INFINITY;
         l[qi] = 0.0f;
     }
-    for (int j0 = 0; j0 < pos + nt; j0 += ATT_CHUNK) {
+    for (int j0 = 0; j0 < pos + nt; j0 += step) {
         const float *kc = k + (size_t)j0 * kv_ld, *vc = v + (size_t)j0 * kv_ld;
+        size_t cld = kv_ld;
+        if (pack) {
+            int nj = pos + nt - j0 < step ? pos + nt - j0 : step;
+            pack_rows(kbuf, kc, kv_ld, nj, head_dim);
+            pack_rows(vbuf, vc, kv_ld, nj, head_dim);
+            kc = kbuf;
+            vc = vbuf;
+            cld = (size_t)head_dim;
+        }
         for (int qi = 0; qi < nt * nh; qi++) {
             const int i = qi / nh, n_keys = pos + i + 1;
             if (j0 >= n_keys)
                 continue;
-            const int nj = n_keys - j0 < ATT_CHUNK ? n_keys - j0 : ATT_CHUNK;
+            const int nj = n_keys - j0 < step ? n_keys - j0 : step;
             const size_t off = (size_t)i * ld + (size_t)(qi % nh) * head_dim;
-            scores(s, q + off, kc, kv_ld, nj, head_dim, scale);
+            scores(s, q + off, kc, cld, nj, head_dim, scale);
             float cmx = vmax(s, nj);
             float c = 1.0f;                      /* rescales what earlier chunks summed */
             if (cmx > m[qi]) {
                 c = j0 == 0 ? 0.0f : expf(m[qi] - cmx);
                 m[qi] = cmx;
             }
-            l[qi] = l[qi] * c + exp_sub_sum(s, nj, m[qi]);
-            accumulate_v(out + off, c, s, vc, kv_ld, nj, head_dim);
+            l[qi] = l[qi] * c + (float)exp_sub_sum(s, nj, m[qi], 0);
+            accumulate_v(out + off, c, s, vc, cld, nj, head_dim);
         }
     }
     for (int qi = 0; qi < nt * nh; qi++) {

@@ -1,17 +1,18 @@
 /*
  * ops_avx512.c -- the elementwise kernels and attention with AVX-512.
  *
- * Attention walks the keys in chunks of ATT_CHUNK with an online softmax: each chunk's scores
- * sit in a stack buffer; when a chunk raises the running maximum, what was accumulated so far
- * is rescaled by e^(old max - new max). Up to ATT_CHUNK keys this is the plain max-subtracted
- * softmax.
+ * Attention walks the keys in chunks with an online softmax: each chunk's scores sit in a
+ * stack buffer; when a chunk raises a query's running maximum, what was accumulated so far is
+ * rescaled by e^(old max - new max). Up to one chunk of keys this is the plain max-subtracted
+ * softmax. Head sizes 64 and 128 get code with q in registers and no masks.
  */
 #include <math.h>
 
 #include "kernels/cpu/impl.h"
 #include "kernels/cpu/vec_avx512.h"
 
-#define ATT_CHUNK 64
+#define ATT_CHUNK 64    /* most keys a chunk */
+#define ATT_PACK 2048   /* floats of K (and of V) copied a chunk, when packing */
 
 /* y, x: [n]. */
 void ifk_avx512_exp(float *y, const float *x, int n)
@@ -42,20 +43,16 @@ void ifk_avx512_rmsnorm(float *y, const float *x, const float *w, int n, float e
 {
     if (n <= 0)
         return;
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0;
-    int i = 0;
-    for (; i + 32 <= n; i += 32) {
-        __m512 v0 = _mm512_loadu_ps(x + i), v1 = _mm512_loadu_ps(x + i + 16);
-        a0 = _mm512_fmadd_ps(v0, v0, a0);
-        a1 = _mm512_fmadd_ps(v1, v1, a1);
-    }
-    for (; i < n; i += 16) {
+    __m512d a0 = _mm512_setzero_pd(), a1 = a0;   /* sum of squares in double, as ref.c */
+    for (int i = 0; i < n; i += 16) {
         __m512 v = _mm512_maskz_loadu_ps(v16_mask(n - i < 16 ? n - i : 16), x + i);
-        a0 = _mm512_fmadd_ps(v, v, a0);
+        __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v)), hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1));
+        a0 = _mm512_fmadd_pd(lo, lo, a0);
+        a1 = _mm512_fmadd_pd(hi, hi, a1);
     }
-    float ss = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-    __m512 inv = _mm512_set1_ps((float)(1.0 / sqrt((double)ss / n + (double)eps)));
-    for (i = 0; i < n; i += 16) {
+    double ss = _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
+    __m512 inv = _mm512_set1_ps((float)(1.0 / sqrt(ss / n + (double)eps)));
+    for (int i = 0; i < n; i += 16) {
         __mmask16 m = v16_mask(n - i < 16 ? n - i : 16);
         __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv);
         _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w + i)));
@@ -73,14 +70,15 @@ void ifk_avx512_softmax(float *x, int n)
         mv = _mm512_mask_max_ps(mv, m, mv, _mm512_maskz_loadu_ps(m, x + i));
     }
     __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
-    __m512 sum = _mm512_setzero_ps();
+    __m512d sum = _mm512_setzero_pd();           /* in double, as ref.c */
     for (int i = 0; i < n; i += 16) {
         __mmask16 m = v16_mask(n - i < 16 ? n - i : 16);
-        __m512 e = v16_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), mx));
-        sum = _mm512_mask_add_ps(sum, m, sum, e);
+        __m512 e = _mm512_maskz_mov_ps(m, v16_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), mx)));
+        sum = _mm512_add_pd(sum, _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(e)),
+                                               _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1))));
         _mm512_mask_storeu_ps(x + i, m, e);
     }
-    __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+    __m512 inv = _mm512_set1_ps((float)(1.0 / _mm512_reduce_add_pd(sum)));
     for (int i = 0; i < n; i += 16) {
         __mmask16 m = v16_mask(n - i < 16 ? n - i : 16);
         _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv));
@@ -110,67 +108,153 @@ void ifk_avx512_add(float *y, const float *x, int n)
     }
 }
 
-/* s[j] = scale * (q . k_j) for j < nj.  q: [hd]; k: nj rows of [hd] at stride kv_ld; s: [nj]. */
-static void scores(float *s, const float *q, const float *k, size_t kv_ld, int nj, int hd, float scale)
+/* s[j] = scale * (q . k_j) for j < nj.  q: [head_dim]; k: nj rows of [head_dim] at stride
+ * kv_ld; s: [nj]. Called with a constant hd (a multiple of 16, at most 128) it keeps q in
+ * registers and needs no masks; hd == 0 means any head_dim. */
+IFK_INLINE void scores(int hd, float *s, const float *q, const float *k, size_t kv_ld, int nj,
+                       int head_dim, float scale)
 {
-    const __m512 sc = _mm512_set1_ps(scale);
+    const int fixed = hd > 0;
+    if (!fixed)
+        hd = head_dim;
+    __m512 qr[8];
+    if (fixed)
+#pragma GCC unroll 8
+        for (int d = 0; d < hd; d += 16)
+            qr[d / 16] = _mm512_loadu_ps(q + d);
+    const __m128 sc = _mm_set1_ps(scale);
     int j = 0;
     for (; j + 4 <= nj; j += 4) {
         const float *k0 = k + (size_t)j * kv_ld, *k1 = k0 + kv_ld, *k2 = k1 + kv_ld, *k3 = k2 + kv_ld;
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+#pragma GCC unroll 8
         for (int d = 0; d < hd; d += 16) {
-            __mmask16 m = v16_mask(hd - d < 16 ? hd - d : 16);
-            __m512 qv = _mm512_maskz_loadu_ps(m, q + d);
+            __mmask16 m = fixed ? (__mmask16)0xffff : v16_mask(hd - d < 16 ? hd - d : 16);
+            __m512 qv = fixed ? qr[d / 16] : _mm512_maskz_loadu_ps(m, q + d);
             a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, k0 + d), qv, a0);
             a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, k1 + d), qv, a1);
             a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, k2 + d), qv, a2);
             a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, k3 + d), qv, a3);
         }
-        _mm_storeu_ps(s + j, _mm_mul_ps(v16_hsum4(a0, a1, a2, a3), _mm512_castps512_ps128(sc)));
+        _mm_storeu_ps(s + j, _mm_mul_ps(v16_hsum4(a0, a1, a2, a3), sc));
     }
     for (; j < nj; j++) {
         const float *k0 = k + (size_t)j * kv_ld;
         __m512 a0 = _mm512_setzero_ps();
+#pragma GCC unroll 8
         for (int d = 0; d < hd; d += 16) {
-            __mmask16 m = v16_mask(hd - d < 16 ? hd - d : 16);
-            a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, k0 + d), _mm512_maskz_loadu_ps(m, q + d), a0);
+            __mmask16 m = fixed ? (__mmask16)0xffff : v16_mask(hd - d < 16 ? hd - d : 16);
+            __m512 qv = fixed ? qr[d / 16] : _mm512_maskz_loadu_ps(m, q + d);
+            a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, k0 + d), qv, a0);
         }
         s[j] = _mm512_reduce_add_ps(a0) * scale;
     }
 }
 
-/* out[d] = c * out[d] + sum_j p[j] v_j[d].  out: [hd]; v: nj rows of [hd] at stride kv_ld. */
-static void accumulate_v(float *out, float c, const float *p, const float *v, size_t kv_ld, int nj, int hd)
+/* out[d] = c * out[d] + sum_j p[j] v_j[d].  out: [head_dim]; p: [nj]; v: nj rows of
+ * [head_dim] at stride kv_ld. hd as for scores(). */
+IFK_INLINE void accumulate_v(int hd, float *out, float c, const float *p, const float *v, size_t kv_ld,
+                             int nj, int head_dim)
 {
+    const int fixed = hd > 0;
+    if (!fixed)
+        hd = head_dim;
     const __m512 cv = _mm512_set1_ps(c);
-    for (int d = 0; d < hd; d += 64) {          /* 4 registers of out at a time */
-        __mmask16 m[4];
-        __m512 acc[4];
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) {
+    for (int d = 0; d < hd; d += 128) {         /* up to 8 registers of out at a time */
+        const int nr = fixed ? (hd - d < 128 ? hd - d : 128) / 16 : 8;
+        __mmask16 m[8];
+        __m512 acc[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < nr; i++) {
             int left = hd - d - 16 * i;
-            m[i] = v16_mask(left <= 0 ? 0 : left < 16 ? left : 16);
+            m[i] = fixed ? (__mmask16)0xffff : v16_mask(left <= 0 ? 0 : left < 16 ? left : 16);
             acc[i] = _mm512_mul_ps(_mm512_maskz_loadu_ps(m[i], out + d + 16 * i), cv);
         }
         const float *vd = v + d;
         for (int j = 0; j < nj; j++, vd += kv_ld) {
             __m512 pj = _mm512_set1_ps(p[j]);
-#pragma GCC unroll 4
-            for (int i = 0; i < 4; i++)
+#pragma GCC unroll 8
+            for (int i = 0; i < nr; i++)
                 acc[i] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(m[i], vd + 16 * i), acc[i]);
         }
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; i++)
+#pragma GCC unroll 8
+        for (int i = 0; i < nr; i++)
             _mm512_mask_storeu_ps(out + d + 16 * i, m[i], acc[i]);
     }
 }
 
-/* See IFK_DECL_ATTEND in impl.h. The keys go by in chunks of ATT_CHUNK rows (which stay in L1
- * while every query of the block uses them); each query keeps a running max m, a running sum
- * l and its unnormalised output in out. */
-IFK_DECL_ATTEND(ifk_avx512_attend)
+/* One query's pass over one chunk of nj keys: scores, softmax update, V sum.  o, q:
+ * [head_dim]; kc, vc: nj rows at stride kv_ld; m, l: the query's running max and sum. */
+IFK_INLINE void attend_chunk(int hd, float *o, const float *q, const float *kc, const float *vc,
+                             size_t kv_ld, int nj, int head_dim, float scale, int first,
+                             float *m, float *l)
 {
     _Alignas(64) float s[ATT_CHUNK];
+    scores(hd, s, q, kc, kv_ld, nj, head_dim, scale);
+    __m512 mv = _mm512_set1_ps(-INFINITY);
+    for (int j = 0; j < nj; j += 16) {
+        __mmask16 mk = v16_mask(nj - j < 16 ? nj - j : 16);
+        mv = _mm512_mask_max_ps(mv, mk, mv, _mm512_maskz_loadu_ps(mk, s + j));
+    }
+    float cmx = _mm512_reduce_max_ps(mv);
+    float c = 1.0f;                              /* rescales what earlier chunks summed */
+    if (cmx > *m) {
+        c = first ? 0.0f : expf(*m - cmx);
+        *m = cmx;
+    }
+    __m512 mxv = _mm512_set1_ps(*m), sv = _mm512_setzero_ps();
+    for (int j = 0; j < nj; j += 16) {
+        __mmask16 mk = v16_mask(nj - j < 16 ? nj - j : 16);
+        __m512 e = v16_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + j), mxv));
+        sv = _mm512_mask_add_ps(sv, mk, sv, e);
+        _mm512_mask_storeu_ps(s + j, mk, e);
+    }
+    *l = *l * c + _mm512_reduce_add_ps(sv);
+    accumulate_v(hd, o, c, s, vc, kv_ld, nj, head_dim);
+}
+
+static void attend_chunk_64(float *o, const float *q, const float *kc, const float *vc, size_t kv_ld,
+                            int nj, int head_dim, float scale, int first, float *m, float *l)
+{
+    attend_chunk(64, o, q, kc, vc, kv_ld, nj, head_dim, scale, first, m, l);
+}
+
+static void attend_chunk_128(float *o, const float *q, const float *kc, const float *vc, size_t kv_ld,
+                             int nj, int head_dim, float scale, int first, float *m, float *l)
+{
+    attend_chunk(128, o, q, kc, vc, kv_ld, nj, head_dim, scale, first, m, l);
+}
+
+static void attend_chunk_any(float *o, const float *q, const float *kc, const float *vc, size_t kv_ld,
+                             int nj, int head_dim, float scale, int first, float *m, float *l)
+{
+    attend_chunk(0, o, q, kc, vc, kv_ld, nj, head_dim, scale, first, m, l);
+}
+
+/* dst[j][d] = src[j * kv_ld + d] for j < nj, d < hd.  dst: [nj][hd]. */
+static void pack_rows(float *dst, const float *src, size_t kv_ld, int nj, int hd)
+{
+    for (int j = 0; j < nj; j++, dst += hd, src += kv_ld)
+        for (int d = 0; d < hd; d += 16) {
+            __mmask16 mk = v16_mask(hd - d < 16 ? hd - d : 16);
+            _mm512_mask_storeu_ps(dst + d, mk, _mm512_maskz_loadu_ps(mk, src + d));
+        }
+}
+
+/* See IFK_DECL_ATTEND in impl.h. The keys go by in chunks, and every query of the block uses a
+ * chunk before the next: each query keeps a running max m, a running sum l and its
+ * unnormalised output in out. When several queries share the chunks, each chunk's K and V rows
+ * are first copied side by side into a stack buffer: rows of the cache are kv_ld apart, often a
+ * power of two, and would crowd a few sets of L1, so the copy is what stays in L1. */
+IFK_DECL_ATTEND(ifk_avx512_attend)
+{
+    _Alignas(64) float kbuf[ATT_PACK], vbuf[ATT_PACK];
+    void (*chunk)(float *, const float *, const float *, const float *, size_t, int, int, float, int,
+                  float *, float *) =
+        head_dim == 64 ? attend_chunk_64 : head_dim == 128 ? attend_chunk_128 : attend_chunk_any;
+    const int pack = nt * nh > 1 && head_dim * 4 <= ATT_PACK;
+    int step = pack ? ATT_PACK / head_dim : ATT_CHUNK;     /* keys a chunk */
+    step = step < ATT_CHUNK ? step : ATT_CHUNK;
     float m[IFK_ATT_MAXQ], l[IFK_ATT_MAXQ];
     for (int qi = 0; qi < nt * nh; qi++) {
         float *o = out + (size_t)(qi / nh) * ld + (size_t)(qi % nh) * head_dim;
@@ -179,35 +263,24 @@ IFK_DECL_ATTEND(ifk_avx512_attend)
         m[qi] = -INFINITY;
         l[qi] = 0.0f;
     }
-    for (int j0 = 0; j0 < pos + nt; j0 += ATT_CHUNK) {
+    for (int j0 = 0; j0 < pos + nt; j0 += step) {
         const float *kc = k + (size_t)j0 * kv_ld, *vc = v + (size_t)j0 * kv_ld;
+        size_t cld = kv_ld;
+        if (pack) {
+            int nj = pos + nt - j0 < step ? pos + nt - j0 : step;
+            pack_rows(kbuf, kc, kv_ld, nj, head_dim);
+            pack_rows(vbuf, vc, kv_ld, nj, head_dim);
+            kc = kbuf;
+            vc = vbuf;
+            cld = (size_t)head_dim;
+        }
         for (int qi = 0; qi < nt * nh; qi++) {
             const int i = qi / nh, n_keys = pos + i + 1;
             if (j0 >= n_keys)
                 continue;
-            const int nj = n_keys - j0 < ATT_CHUNK ? n_keys - j0 : ATT_CHUNK;
+            const int nj = n_keys - j0 < step ? n_keys - j0 : step;
             const size_t off = (size_t)i * ld + (size_t)(qi % nh) * head_dim;
-            scores(s, q + off, kc, kv_ld, nj, head_dim, scale);
-            __m512 mv = _mm512_set1_ps(-INFINITY);
-            for (int j = 0; j < nj; j += 16) {
-                __mmask16 mk = v16_mask(nj - j < 16 ? nj - j : 16);
-                mv = _mm512_mask_max_ps(mv, mk, mv, _mm512_maskz_loadu_ps(mk, s + j));
-            }
-            float cmx = _mm512_reduce_max_ps(mv);
-            float c = 1.0f;                      /* rescales what earlier chunks summed */
-            if (cmx > m[qi]) {
-                c = j0 == 0 ? 0.0f : expf(m[qi] - cmx);
-                m[qi] = cmx;
-            }
-            __m512 mxv = _mm512_set1_ps(m[qi]), sv = _mm512_setzero_ps();
-            for (int j = 0; j < nj; j += 16) {
-                __mmask16 mk = v16_mask(nj - j < 16 ? nj - j : 16);
-                __m512 e = v16_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + j), mxv));
-                sv = _mm512_mask_add_ps(sv, mk, sv, e);
-                _mm512_mask_storeu_ps(s + j, mk, e);
-            }
-            l[qi] = l[qi] * c + _mm512_reduce_add_ps(sv);
-            accumulate_v(out + off, c, s, vc, kv_ld, nj, head_dim);
+            chunk(out + off, q + off, kc, vc, cld, nj, head_dim, scale, j0 == 0, &m[qi], &l[qi]);
         }
     }
     for (int qi = 0; qi < nt * nh; qi++) {

@@ -58,6 +58,12 @@ IFK_INLINE float v8_hsum(__m256 a)
     return _mm_cvtss_f32(s);
 }
 
+IFK_INLINE double v4d_hsum(__m256d a)
+{
+    __m128d s = _mm_add_pd(_mm256_castpd256_pd128(a), _mm256_extractf128_pd(a, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
+}
+
 IFK_INLINE float v8_hmax(__m256 a)
 {
     __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));

@@ -9,6 +9,16 @@
  *   quantize -> dequantize:     |w - w'| <= delta/2 (rounding to a level)
  *                                + 2^-11 (|min| + (L-1) delta) + 2^-25 L        (FP16 storage)
  *                                + 2^-23 max|w|                                 (float arithmetic)
+ *   ifk_qmatmul, SIMD paths (x rounded to int8 in groups of 32, exact F32 block sums for the
+ *   min term), per output y[t][n] against the oracle ifk_qmatmul_ref:
+ *       |y - ref| <= sum_i |w'_i| amax_b(i) / 254 * (1 + 1e-3)  (each x_i is off by at most
+ *                                                                half its group's step, and
+ *                                                                the group's max |x| is at
+ *                                                                most its block's, amax_b)
+ *                    + 1e-5 sum_i (|min_b(i)| + q_i delta_b(i)) |x_i|   (float summation)
+ *       scalar path: the oracle itself, bit-exact. On random data the error is ~1e-4 of
+ *       sum |w'_i x_i| (printed).
+ *   ifk_qget_row: bit-exact to ifk_dequantize_row on every path.
  */
 #include <math.h>
 #include <stdint.h>
@@ -280,6 +290,301 @@ static void test_all_levels(void)
     }
 }
 
+/* ---- (c) ifk_qmatmul on every path against the oracle ----------------------------------- */
+
+static const int isas[] = { IFK_ISA_SCALAR, IFK_ISA_AVX2, IFK_ISA_AVX512 };
+#define N_ISAS 3
+
+/* Largest error / sum |w'x| against the oracle, per path and type, for rows of K >= 1024:
+ * [0] normal x and weights, [1] with outliers (printed by test_qmatmul_paths). */
+static double worst_rel[2][N_ISAS][N_TYPES];
+
+/* Random weights: normal, optionally with a few outliers (they set the blocks' ranges). */
+static void fill_weights(float *w, size_t n, float scale, int outliers)
+{
+    for (size_t i = 0; i < n; i++)
+        w[i] = scale * rnd_normal() * (outliers && rnd_u32() % 61 == 0 ? 8.0f : 1.0f);
+}
+
+/* The SIMD paths' arithmetic, in double: x rounded to int8 per group of 32 (qimpl.h: the
+ * block for B = 32; for B = 64 the alternating runs of 4) exactly as the kernels round it
+ * (float ops, ties to even), and per block (min + z delta) sum(x) + delta sum((q - z) xq s)
+ * with z the level offset of the path's integer product. *mag gets the sum of the terms'
+ * magnitudes (for the float summation tolerance).  row: one quantized row; x: [K]. */
+static double model_dot(const uint8_t *row, int type, const float *dq, const float *x, int K, int z, double *mag)
+{
+    const ifk_qtype_info *qt = ifk_qtype(type);
+    double y = 0.0, a = 0.0;
+    for (int k0 = 0; k0 < K; k0 += qt->block) {
+        int b = k0 / qt->block, kn = K - k0 < qt->block ? K - k0 : qt->block;
+        double d = blk_delta(row, type, b), m = blk_min(row, type, b);
+        float amax[2] = { 0.0f, 0.0f };
+        double sx = 0.0, sxa = 0.0;
+        for (int i = 0; i < kn; i++) {
+            int g = qt->block == 64 ? (i / 4) % 2 : 0;
+            amax[g] = fmaxf(amax[g], fabsf(x[k0 + i]));
+            sx += x[k0 + i];
+            sxa += fabs(x[k0 + i]);
+        }
+        y += (m + z * d) * sx;
+        a += fabs(m + z * d) * sxa;
+        for (int i = 0; i < kn; i++) {
+            int g = qt->block == 64 ? (i / 4) % 2 : 0;
+            float pre = amax[g] < 0x1p-64f ? 0x1p64f : 1.0f;
+            float inv = amax[g] > 0.0f ? 127.0f / (amax[g] * pre) : 0.0f, sc = amax[g] / 127.0f;
+            double xq = nearbyintf(x[k0 + i] * pre * inv);
+            int q = level_of(row, type, dq, k0 + i);
+            y += d * (q - z) * xq * sc;
+            a += d * fabs((double)(q - z) * xq * sc);
+        }
+    }
+    *mag = a;
+    return y;
+}
+
+/* Compares ifk_qmatmul on every available path with the oracle (within the int8 bound of
+ * quant.h) and with model_dot (within float summation error) for one shape. ldx >= K, ldy >= N
+ * pad the strides. xscale: magnitude of x; outliers: a few weights x8 and x x10. */
+static void check_qmatmul(int ti, int T, int N, int K, size_t ldx, size_t ldy, int threads, float xscale, int outliers)
+{
+    int type = all_types[ti];
+    const ifk_qtype_info *qt = ifk_qtype(type);
+    size_t rb = ifk_qrow_bytes(type, K);
+    float *w = malloc((size_t)N * K * sizeof *w), *wd = malloc((size_t)N * K * sizeof *wd);
+    uint8_t *W = malloc((size_t)N * rb);
+    float *x = malloc((size_t)T * ldx * sizeof *x);
+    float *ref = malloc((size_t)T * ldy * sizeof *ref), *y = malloc((size_t)T * ldy * sizeof *y);
+    fill_weights(w, (size_t)N * K, 0.05f, outliers);
+    for (int n = 0; n < N; n++) {
+        ifk_quantize_row(W + n * rb, type, w + (size_t)n * K, K);
+        ifk_dequantize_row(wd + (size_t)n * K, type, W + n * rb, K);
+    }
+    for (size_t i = 0; i < (size_t)T * ldx; i++)
+        x[i] = xscale * rnd_normal() * (outliers && rnd_u32() % 97 == 0 ? 10.0f : 1.0f);
+    for (size_t i = 0; i < (size_t)T * ldy; i++)
+        ref[i] = -1.0f;
+    ifk_qmatmul_ref(ref, ldy, W, type, x, ldx, T, N, K);
+    for (int p = 0; p < N_ISAS; p++) {
+        if (ifk_set_isa(isas[p]) != isas[p])
+            continue;
+        for (size_t i = 0; i < (size_t)T * ldy; i++)
+            y[i] = -1.0f;
+        ifk_qmatmul(y, ldy, W, type, x, ldx, T, N, K, threads);
+        /* the level offset z of the path's integer dot product (quant.h) */
+        int z = isas[p] == IFK_ISA_AVX2 && qt->levels == 256 ? 128 : 0;
+        int bad = 0, bad_model = 0, pad_ok = 1;
+        for (int t = 0; t < T; t++) {
+            const float *xt = x + t * ldx;
+            for (int n = 0; n < N; n++) {
+                const float *wn = wd + (size_t)n * K;
+                const uint8_t *row = W + n * rb;
+                double r = ref[(size_t)t * ldy + n], v = y[(size_t)t * ldy + n], e = fabs(v - r);
+                if (isas[p] == IFK_ISA_SCALAR) {
+                    bad += !(v == r);
+                    continue;
+                }
+                /* quant.h's bound against the oracle */
+                double bound = 0.0, a = 0.0, mag = 0.0;
+                for (int k0 = 0; k0 < K; k0 += qt->block) {
+                    int kn = K - k0 < qt->block ? K - k0 : qt->block;
+                    double amax = 0.0, sw = 0.0;
+                    float mn = blk_min(row, type, k0 / qt->block), d = blk_delta(row, type, k0 / qt->block);
+                    for (int i = k0; i < k0 + kn; i++) {
+                        amax = fmax(amax, fabs(xt[i]));
+                        sw += fabs(wn[i] - mn - (double)z * d);
+                        a += (fabs(mn) + fabs(wn[i] - mn) + z * d) * fabs(xt[i]);
+                        mag += fabs((double)wn[i] * xt[i]);
+                    }
+                    bound += sw * amax / 254.0;
+                }
+                double tol = bound * (1 + 1e-3) + 1e-5 * a + 1e-30;
+                if (xscale > 1e-35f && !(e <= tol) && bad++ < 3)
+                    CHECK(0, "%s %s T=%d N=%d K=%d thr=%d: y[%d][%d] = %.9g, oracle %.9g, error %.3g > %.3g",
+                          ifk_isa_name(isas[p]), qt->name, T, N, K, threads, t, n, v, r, e, tol);
+                if (K >= 1024)
+                    worst_rel[outliers][p][ti] = fmax(worst_rel[outliers][p][ti], e / (mag + 1e-30));
+                /* the int8 arithmetic itself, up to float summation order */
+                double mm, model = model_dot(row, type, wn, xt, K, z, &mm);
+                double em = fabs(v - model), tm = 1e-5 * mm + 1e-30;
+                if (!(em <= tm) && bad_model++ < 3)
+                    CHECK(0, "%s %s T=%d N=%d K=%d thr=%d: y[%d][%d] = %.9g, int8 model %.9g, error %.3g > %.3g",
+                          ifk_isa_name(isas[p]), qt->name, T, N, K, threads, t, n, v, model, em, tm);
+            }
+            for (size_t n = (size_t)N; n < ldy; n++)
+                pad_ok &= y[(size_t)t * ldy + n] == -1.0f;
+        }
+        CHECK(bad == 0 && bad_model == 0, "%s %s T=%d N=%d K=%d: %d outputs off the oracle, %d off the model",
+              ifk_isa_name(isas[p]), qt->name, T, N, K, bad, bad_model);
+        CHECK(pad_ok, "%s %s: wrote past N in a padded row of y", ifk_isa_name(isas[p]), qt->name);
+    }
+    ifk_set_isa(IFK_ISA_AUTO);
+    free(w);
+    free(wd);
+    free(W);
+    free(x);
+    free(ref);
+    free(y);
+}
+
+static void test_qmatmul_paths(void)
+{
+    static const int Ks[] = { 172, 64, 96, 2049, 33, 32, 1, 1100 };
+    static const int Ns[] = { 1, 3, 17, 37 };
+    static const int Ts[] = { 1, 2, 7, 64 };
+    for (int ti = 0; ti < N_TYPES; ti++)
+        for (size_t a = 0; a < sizeof Ks / sizeof *Ks; a++)
+            for (size_t b = 0; b < sizeof Ns / sizeof *Ns; b++)
+                for (size_t c = 0; c < sizeof Ts / sizeof *Ts; c++) {
+                    int K = Ks[a], N = Ns[b], T = Ts[c];
+                    if ((double)T * N * K > 3e6 && !(N == 17 && T == 7))
+                        continue; /* keep the oracle's time down; one large shape per K */
+                    int pad = (int)(a + b + c) % 3 == 0 ? 5 : 0;
+                    check_qmatmul(ti, T, N, K, (size_t)K + pad, (size_t)N + pad, (int)(a + c) % 2 + 1, 1.0f,
+                                  (int)(a + b + c) % 2);
+                }
+    ifk_set_isa(IFK_ISA_AUTO);
+}
+
+/* Larger shapes with threads (the row split) and decode-sized rows. */
+static void test_qmatmul_large(void)
+{
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        for (int outliers = 0; outliers < 2; outliers++) {
+            check_qmatmul(ti, 1, 300, 2048, 2048, 300, 2, 1.0f, outliers);
+            check_qmatmul(ti, 5, 64, 5632, 5632, 64, 2, 1.0f, outliers);
+        }
+    }
+    printf("test_qkernels: max |y - oracle| / sum |w'x|, K >= 1024, normal data [with outliers]:");
+    for (int p = 1; p < N_ISAS; p++) {
+        if (ifk_set_isa(isas[p]) != isas[p])
+            continue;
+        printf("\n  %-7s", ifk_isa_name(isas[p]));
+        for (int ti = 0; ti < N_TYPES; ti++)
+            printf(" %s %.1e [%.1e]", ifk_qtype(all_types[ti])->name, worst_rel[0][p][ti], worst_rel[1][p][ti]);
+    }
+    printf("\n");
+    ifk_set_isa(IFK_ISA_AUTO);
+}
+
+/* ---- (e) edge inputs through ifk_qmatmul ------------------------------------------------- */
+
+static void test_qmatmul_edges(void)
+{
+    enum { N = 5, K = 130, T = 3 };
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        int type = all_types[ti];
+        const char *name = ifk_qtype(type)->name;
+        size_t rb = ifk_qrow_bytes(type, K);
+        uint8_t W[N * 300];
+        float w[N * K], x[T * K], y[T * N];
+        /* zero x, zero weights: exact zeros, no NaN */
+        memset(x, 0, sizeof x);
+        fill_weights(w, N * K, 1.0f, 1);
+        for (int n = 0; n < N; n++)
+            ifk_quantize_row(W + n * rb, type, w + n * K, K);
+        for (int p = 0; p < N_ISAS; p++) {
+            if (ifk_set_isa(isas[p]) != isas[p])
+                continue;
+            ifk_qmatmul(y, N, W, type, x, K, T, N, K, 1);
+            int ok = 1;
+            for (int i = 0; i < T * N; i++)
+                ok &= y[i] == 0.0f;
+            CHECK(ok, "%s %s: x = 0 gives y = 0", ifk_isa_name(isas[p]), name);
+        }
+        memset(w, 0, sizeof w);
+        for (int n = 0; n < N; n++)
+            ifk_quantize_row(W + n * rb, type, w + n * K, K);
+        for (int i = 0; i < T * K; i++)
+            x[i] = rnd_normal();
+        for (int p = 0; p < N_ISAS; p++) {
+            if (ifk_set_isa(isas[p]) != isas[p])
+                continue;
+            ifk_qmatmul(y, N, W, type, x, K, T, N, K, 1);
+            int ok = 1;
+            for (int i = 0; i < T * N; i++)
+                ok &= y[i] == 0.0f;
+            CHECK(ok, "%s %s: W = 0 gives y = 0", ifk_isa_name(isas[p]), name);
+        }
+        ifk_set_isa(IFK_ISA_AUTO);
+        /* x of huge and of tiny magnitude; constant weight blocks; huge weights */
+        for (int n = 0; n < N; n++)
+            ifk_set_isa(IFK_ISA_AUTO);
+        check_qmatmul(ti, 3, 7, 200, 200, 7, 1, 1e30f, 1);
+        check_qmatmul(ti, 3, 7, 200, 200, 7, 1, 1e-30f, 1);
+        check_qmatmul(ti, 2, 3, 100, 100, 3, 1, 1e-40f, 0); /* subnormal x: the model only */
+    }
+}
+
+/* ---- (d) ifk_qget_row -------------------------------------------------------------------- */
+
+static void test_qget_row(void)
+{
+    static const int Ks[] = { 172, 33, 2049, 64, 1 };
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        int type = all_types[ti];
+        const ifk_qtype_info *qt = ifk_qtype(type);
+        for (size_t a = 0; a < sizeof Ks / sizeof *Ks; a++) {
+            int K = Ks[a], N = 3;
+            size_t rb = ifk_qrow_bytes(type, K);
+            float *w = malloc((size_t)N * K * sizeof *w), *ref = malloc((size_t)K * sizeof *ref);
+            float *out = malloc((size_t)(K + 1) * sizeof *out);
+            uint8_t *W = malloc((size_t)N * rb);
+            fill_weights(w, (size_t)N * K, 0.1f, 1);
+            for (int n = 0; n < N; n++)
+                ifk_quantize_row(W + n * rb, type, w + (size_t)n * K, K);
+            for (int p = 0; p < N_ISAS; p++) {
+                if (ifk_set_isa(isas[p]) != isas[p])
+                    continue;
+                for (int n = 0; n < N; n++) {
+                    ifk_dequantize_row(ref, type, W + n * rb, K);
+                    out[K] = 12345.0f;
+                    ifk_qget_row(out, W, type, (size_t)n, K);
+                    CHECK(memcmp(out, ref, (size_t)K * sizeof *out) == 0 && out[K] == 12345.0f,
+                          "%s %s K=%d row %d: qget_row != dequantize_row", ifk_isa_name(isas[p]), qt->name, K, n);
+                }
+            }
+            ifk_set_isa(IFK_ISA_AUTO);
+            free(w);
+            free(ref);
+            free(out);
+            free(W);
+        }
+    }
+}
+
+/* Q3H: the multiply-shift split of the 7-bit codes, exhaustively; then every (q[2i], q[2i+1])
+ * pair through every path's unpacking (get_row) and product. */
+static void test_q3h_codes(void)
+{
+    int bad = 0;
+    for (int c = 0; c <= 120; c++)
+        bad += (c * 5984) >> 16 != c / 11 || (c << 8) - 2815 * ((c * 5984) >> 16) != ((c % 11) << 8 | c / 11);
+    CHECK(bad == 0, "c / 11 = mulhi(c, 5984) and (c << 8) - 2815 a = (b << 8) | a for c <= 120");
+    enum { K = 4 * 64 };
+    float w[K], ref[K], out[K];
+    int pair = 0;
+    for (int b = 0; b < 4; b++) {
+        for (int i = 0; i < 32; i++, pair++) {
+            int c = pair < 121 ? pair : 120 - pair % 121;
+            w[b * 64 + 2 * i] = (float)(c / 11) - 5.0f;
+            w[b * 64 + 2 * i + 1] = (float)(c % 11) - 5.0f;
+        }
+        w[b * 64] = -5.0f;  /* each block spans all 11 levels: delta 1, min -5 */
+        w[b * 64 + 1] = 5.0f;
+    }
+    uint8_t W[4 * 32];
+    ifk_quantize_row(W, IFK_Q3H_B64, w, K);
+    ifk_dequantize_row(ref, IFK_Q3H_B64, W, K);
+    CHECK(memcmp(ref, w, sizeof w) == 0, "Q3H reference round trip of all codes");
+    for (int p = 0; p < N_ISAS; p++) {
+        if (ifk_set_isa(isas[p]) != isas[p])
+            continue;
+        ifk_qget_row(out, W, IFK_Q3H_B64, 0, K);
+        CHECK(memcmp(out, w, sizeof w) == 0, "%s: Q3H get_row of all codes", ifk_isa_name(isas[p]));
+    }
+    ifk_set_isa(IFK_ISA_AUTO);
+}
+
 int main(void)
 {
     RUN(test_table2);
@@ -287,5 +592,10 @@ int main(void)
     RUN(test_roundtrip_random);
     RUN(test_edge_blocks);
     RUN(test_all_levels);
+    RUN(test_q3h_codes);
+    RUN(test_qget_row);
+    RUN(test_qmatmul_edges);
+    RUN(test_qmatmul_paths);
+    RUN(test_qmatmul_large);
     return check_summary("test_qkernels");
 }

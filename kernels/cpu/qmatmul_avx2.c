@@ -1,0 +1,447 @@
+/*
+ * qmatmul_avx2.c -- the quantized matrix product with AVX2 (+ FMA, F16C).
+ *
+ * The plan of qmatmul_avx512.c with 8-lane registers and no VNNI: the u8 x s8 dot product is
+ * maddubs (pairs to int16) + madd with ones (to int32 lanes of 4 bytes). maddubs saturates
+ * past 32767, which 8-bit levels could reach (2 * 255 * 127), so Q8 levels are made signed,
+ * q - 128, and multiplied as |q - 128| x sign(x, q - 128) (at most 2 * 128 * 127); the min
+ * term then uses min + 128 delta. For the other types the two maddubs results of a 64-block
+ * fit in int16 together (at most 4 * 63 * 127) and share one madd.
+ *
+ * Blocks go by groups of 8 (one gather of the 8 headers of a row). Tiles: decode 4 rows x 1
+ * token, prefill 2 rows x 4 tokens (the 16 ymm registers).
+ */
+#include <immintrin.h>
+#include <string.h>
+
+#include "kernels/cpu/qimpl.h"
+#include "kernels/cpu/quant.h"
+
+#define QK_INLINE static inline __attribute__((always_inline))
+
+/* ---- activation quantization ------------------------------------------------------------- */
+
+QK_INLINE __m256i lanes_below(int n)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* 8 floats of x from element k (lanes at or past K are 0).  x: [K]. */
+QK_INLINE __m256 load_x8(const float *x, int k, int K)
+{
+    if (k + 8 <= K)
+        return _mm256_loadu_ps(x + k);
+    return _mm256_maskload_ps(x + k, lanes_below(K - k));
+}
+
+QK_INLINE __m256 abs8(__m256 v)
+{
+    return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v);
+}
+
+QK_INLINE float hmax8(__m256 v)
+{
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
+
+QK_INLINE float hsum8(__m256 v)
+{
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+
+/* A group whose max |x| is below 2^-64 is scaled by 2^64 first (exactly), so that 127 / amax
+ * cannot overflow. */
+QK_INLINE float prescale(float amax)
+{
+    return amax < 0x1p-64f ? 0x1p64f : 1.0f;
+}
+
+/* 127 / (amax * prescale), or 0 when amax is 0. */
+QK_INLINE float inv_scale(float amax)
+{
+    return amax > 0.0f ? 127.0f / (amax * prescale(amax)) : 0.0f;
+}
+
+/* round(v[i] * pre[i] * inv[i]) for 4 vectors of 8 -> 32 int8 in order, stored at q: [32]. */
+QK_INLINE void store_i8x32(int8_t *q, const __m256 v[4], const __m256 pre[4], const __m256 inv[4])
+{
+    __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(v[0], pre[0]), inv[0]));
+    __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(v[1], pre[1]), inv[1]));
+    __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(v[2], pre[2]), inv[2]));
+    __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(v[3], pre[3]), inv[3]));
+    /* packs work within 128-bit lanes: 0 1 4 5 | 2 3 6 7 (in 4-element runs), then
+     * 0 4 1 5 2 6 3 7 ... undone by one dword permutation */
+    __m256i s01 = _mm256_packs_epi32(i0, i1), s23 = _mm256_packs_epi32(i2, i3);
+    __m256i b = _mm256_packs_epi16(s01, s23);
+    b = _mm256_max_epi8(b, _mm256_set1_epi8(-127));
+    b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_store_si256((__m256i *)q, b);
+}
+
+/* Elements [k0, k0 + 32) of x as one group.  q: [32]; s, sum: one float each. */
+QK_INLINE void quantize32(const float *x, int K, int k0, int8_t *q, float *s, float *sum)
+{
+    __m256 v[4], pre[4], inv[4];
+    for (int i = 0; i < 4; i++)
+        v[i] = load_x8(x, k0 + 8 * i, K);
+    float amax = hmax8(_mm256_max_ps(_mm256_max_ps(abs8(v[0]), abs8(v[1])), _mm256_max_ps(abs8(v[2]), abs8(v[3]))));
+    for (int i = 0; i < 4; i++) {
+        pre[i] = _mm256_set1_ps(prescale(amax));
+        inv[i] = _mm256_set1_ps(inv_scale(amax));
+    }
+    store_i8x32(q, v, pre, inv);
+    *s = amax / 127.0f;
+    *sum = hsum8(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
+}
+
+/* Block b of a 64-block type: group 0 is lanes 0-3 of each 8 (the even runs of 4). */
+QK_INLINE void quantize64(const float *x, int K, int b, int8_t *q, float *s0, float *s1, float *sum)
+{
+    __m256 v[8];
+    for (int i = 0; i < 8; i++)
+        v[i] = load_x8(x, b * 64 + 8 * i, K);
+    __m256 a = abs8(v[0]);
+    for (int i = 1; i < 8; i++)
+        a = _mm256_max_ps(a, abs8(v[i]));
+    __m128 a0 = _mm256_castps256_ps128(a), a1 = _mm256_extractf128_ps(a, 1);
+    a0 = _mm_max_ps(a0, _mm_movehl_ps(a0, a0));
+    a1 = _mm_max_ps(a1, _mm_movehl_ps(a1, a1));
+    float amax0 = _mm_cvtss_f32(_mm_max_ss(a0, _mm_movehdup_ps(a0)));
+    float amax1 = _mm_cvtss_f32(_mm_max_ss(a1, _mm_movehdup_ps(a1)));
+    float i0 = inv_scale(amax0), i1 = inv_scale(amax1), p0 = prescale(amax0), p1 = prescale(amax1);
+    __m256 pre[4], inv[4];
+    for (int i = 0; i < 4; i++) {
+        pre[i] = _mm256_setr_ps(p0, p0, p0, p0, p1, p1, p1, p1);
+        inv[i] = _mm256_setr_ps(i0, i0, i0, i0, i1, i1, i1, i1);
+    }
+    store_i8x32(q, v, pre, inv);
+    store_i8x32(q + 32, v + 4, pre, inv);
+    *s0 = amax0 / 127.0f;
+    *s1 = amax1 / 127.0f;
+    __m256 s = v[0];
+    for (int i = 1; i < 8; i++)
+        s = _mm256_add_ps(s, v[i]);
+    *sum = hsum8(s);
+}
+
+IFK_DECL_QX_QUANTIZE(ifk_avx2_qx_quantize)
+{
+    for (int t = t0; t < t1; t++) {
+        const float *xt = x + (size_t)t * ldx;                  /* [K] */
+        int8_t *q = qx->q + (size_t)t * qx->q_ld;               /* [q_ld] */
+        float *s0 = qx->s0 + (size_t)t * qx->s_ld, *s1 = qx->s1 + (size_t)t * qx->s_ld;
+        float *sum = qx->sum + (size_t)t * qx->s_ld;            /* each [s_ld] */
+        for (int b = 0; b < qx->nb; b++) {
+            if (qx->B == 32) {
+                quantize32(xt, qx->K, b * 32, q + 32 * b, s0 + b, sum + b);
+                s1[b] = 0.0f;
+            } else {
+                quantize64(xt, qx->K, b, q + 64 * b, s0 + b, s1 + b, sum + b);
+            }
+        }
+        memset(q + (size_t)qx->nb * qx->B, 0, qx->q_ld - (size_t)qx->nb * qx->B);
+        for (size_t b = (size_t)qx->nb; b < qx->s_ld; b++)
+            s0[b] = s1[b] = sum[b] = 0.0f;
+    }
+}
+
+/* ---- unpacking the levels of one block to bytes ------------------------------------------ */
+
+QK_INLINE uint32_t rd32(const uint8_t *p)
+{
+    uint32_t u;
+    memcpy(&u, p, 4);
+    return u;
+}
+
+/* Bytes i < 32: 0xFF where bit i of u is set, else 0. */
+QK_INLINE __m256i bits_to_bytes(uint32_t u)
+{
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)u),
+                                    _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                     2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+}
+
+/* 16 bytes p[j] & 15 then p[j] >> 4 (j < 16).  p: [16]. */
+QK_INLINE __m256i nibbles32(const uint8_t *p)
+{
+    __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(15));
+}
+
+/* Bytes 8L + j = (p[j] >> 2L) & 3 for L < 4, j < 8.  p: [8]. */
+QK_INLINE __m256i crumbs32(const uint8_t *p)
+{
+    long long u;
+    memcpy(&u, p, 8);
+    __m256i v = _mm256_srlv_epi64(_mm256_set1_epi64x(u), _mm256_setr_epi64x(0, 2, 4, 6));
+    return _mm256_and_si256(v, _mm256_set1_epi8(3));
+}
+
+/* The 64 levels of a 64-block as two vectors of 32 bytes: l[0] levels 0-31, l[1] 32-63. */
+QK_INLINE void levels64(__m256i l[2], int type, const uint8_t *blk)
+{
+    const uint8_t *lv = blk + 4;
+    const __m256i m15 = _mm256_set1_epi8(15);
+    if (type == IFK_Q8_B64) {
+        l[0] = _mm256_loadu_si256((const __m256i *)lv);
+        l[1] = _mm256_loadu_si256((const __m256i *)(lv + 32));
+        return;
+    }
+    if (type == IFK_Q3H_B64) {
+        __m256i c = nibbles32(lv);
+        c = _mm256_or_si256(c, _mm256_and_si256(bits_to_bytes(rd32(lv + 16)), _mm256_set1_epi8(16)));
+        c = _mm256_or_si256(c, _mm256_and_si256(bits_to_bytes(rd32(lv + 20)), _mm256_set1_epi8(32)));
+        c = _mm256_or_si256(c, _mm256_and_si256(bits_to_bytes(rd32(lv + 24)), _mm256_set1_epi8(64)));
+        /* a = c / 11 = mulhi(c, 5984), and the int16 lane (c << 8) - 2815 a = (b << 8) | a */
+        for (int h = 0; h < 2; h++) {
+            __m256i c16 = _mm256_cvtepu8_epi16(h ? _mm256_extracti128_si256(c, 1) : _mm256_castsi256_si128(c));
+            __m256i a = _mm256_mulhi_epu16(c16, _mm256_set1_epi16(5984));
+            l[h] = _mm256_sub_epi16(_mm256_slli_epi16(c16, 8), _mm256_mullo_epi16(a, _mm256_set1_epi16(2815)));
+        }
+        return;
+    }
+    /* Q4_B64, Q5_B64, Q6_B64: the low nibbles */
+    __m256i v = _mm256_loadu_si256((const __m256i *)lv);
+    l[0] = _mm256_and_si256(v, m15);
+    l[1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m15);
+    if (type == IFK_Q5_B64) {
+        const __m256i b4 = _mm256_set1_epi8(16);
+        l[0] = _mm256_or_si256(l[0], _mm256_and_si256(bits_to_bytes(rd32(lv + 32)), b4));
+        l[1] = _mm256_or_si256(l[1], _mm256_and_si256(bits_to_bytes(rd32(lv + 36)), b4));
+    } else if (type == IFK_Q6_B64) {
+        /* level 16L + j has high bits (qh[j] >> 2L) & 3; moved to bits 4-5 of the byte */
+        __m256i h = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(lv + 32)));
+        const __m256i m30 = _mm256_set1_epi8(0x30);
+        l[0] = _mm256_or_si256(l[0], _mm256_and_si256(_mm256_sllv_epi64(h, _mm256_setr_epi64x(4, 4, 2, 2)), m30));
+        l[1] = _mm256_or_si256(l[1], _mm256_and_si256(_mm256_srlv_epi64(h, _mm256_setr_epi64x(0, 0, 2, 2)), m30));
+    }
+}
+
+/* The 32 levels of a 32-block as bytes. */
+QK_INLINE __m256i levels32(int type, const uint8_t *blk)
+{
+    const uint8_t *lv = blk + 4;
+    switch (type) {
+    case IFK_Q8_B32:
+        return _mm256_loadu_si256((const __m256i *)lv);
+    case IFK_Q4_B32:
+        return nibbles32(lv);
+    case IFK_Q3_B32:
+        return _mm256_or_si256(crumbs32(lv), _mm256_and_si256(bits_to_bytes(rd32(lv + 8)), _mm256_set1_epi8(4)));
+    default: /* IFK_Q2_B32 */
+        return crumbs32(lv);
+    }
+}
+
+QK_INLINE int block_of(int type)
+{
+    return type == IFK_Q8_B32 || type == IFK_Q4_B32 || type == IFK_Q3_B32 || type == IFK_Q2_B32 ? 32 : 64;
+}
+
+QK_INLINE int block_bytes_of(int type)
+{
+    switch (type) {
+    case IFK_Q8_B32: return 36;
+    case IFK_Q8_B64: return 68;
+    case IFK_Q6_B64: return 52;
+    case IFK_Q5_B64: return 44;
+    case IFK_Q4_B32: return 20;
+    case IFK_Q4_B64: return 36;
+    case IFK_Q3H_B64: return 32;
+    case IFK_Q3_B32: return 16;
+    default: return 12;
+    }
+}
+
+/* ---- the tile: R rows x C tokens --------------------------------------------------------- */
+
+/* The int32 lanes of sum_i lev_i * x_i over 4 bytes (lev unsigned, x signed; Q8 levels are
+ * passed as |q - 128| and the x as sign(x, q - 128) by the caller). */
+QK_INLINE __m256i dot4(__m256i lev, __m256i x)
+{
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(lev, x), _mm256_set1_epi16(1));
+}
+
+/* y[t0 + j][n + r] for r < R, j < C.  W: [N][nb * BB] bytes; y: [T][N] at stride ldy. */
+QK_INLINE void tile(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, int n, int t0,
+                    const int type, const int R, const int C)
+{
+    const int B = block_of(type), BB = block_bytes_of(type), nb = qx->nb;
+    const int q8 = type == IFK_Q8_B32 || type == IFK_Q8_B64;
+    const size_t rb = (size_t)nb * BB;
+    const uint8_t *row[4];              /* R rows of [nb * BB] */
+    const int8_t *xq[4];                /* C tokens of [q_ld] */
+    const float *s0[4], *s1[4], *xs[4]; /* C tokens of [s_ld] */
+    for (int r = 0; r < R; r++)
+        row[r] = W + (size_t)(n + r) * rb;
+    for (int j = 0; j < C; j++) {
+        xq[j] = qx->q + (size_t)(t0 + j) * qx->q_ld;
+        s0[j] = qx->s0 + (size_t)(t0 + j) * qx->s_ld;
+        s1[j] = qx->s1 + (size_t)(t0 + j) * qx->s_ld;
+        xs[j] = qx->sum + (size_t)(t0 + j) * qx->s_ld;
+    }
+    __m256 acc[4][4], accm[4][4]; /* [R][C]: delta terms, min terms */
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < C; j++)
+            acc[r][j] = accm[r][j] = _mm256_setzero_ps();
+    /* delta * x scale per block of the group: [R][C][8] (B = 32), [R][C][8][2] (B = 64) */
+    _Alignas(32) float ds[4][4][16];
+    const __m256i hdr_at = _mm256_mullo_epi32(_mm256_set1_epi32(BB), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int g = 0; g < nb; g += 8) {
+        const int ng = nb - g < 8 ? nb - g : 8;
+        for (int r = 0; r < R; r++) {
+            __m256i h = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)(row[r] + (size_t)g * BB),
+                                                    hdr_at, lanes_below(ng), 1);
+            /* u16 halves -> F16 pairs: [d0..d3 m0..m3 | d4..d7 m4..m7] -> [d0..d7 | m0..m7] */
+            __m256i p = _mm256_packus_epi32(_mm256_and_si256(h, _mm256_set1_epi32(0xffff)), _mm256_srli_epi32(h, 16));
+            p = _mm256_permute4x64_epi64(p, 0xD8);
+            __m256 d = _mm256_cvtph_ps(_mm256_castsi256_si128(p));
+            __m256 m = _mm256_cvtph_ps(_mm256_extracti128_si256(p, 1));
+            if (q8)
+                m = _mm256_fmadd_ps(d, _mm256_set1_ps(128.0f), m);
+            for (int j = 0; j < C; j++) {
+                accm[r][j] = _mm256_fmadd_ps(m, _mm256_loadu_ps(xs[j] + g), accm[r][j]);
+                __m256 d0 = _mm256_mul_ps(d, _mm256_loadu_ps(s0[j] + g));
+                if (B == 32) {
+                    _mm256_store_ps(ds[r][j], d0);
+                } else {
+                    __m256 d1 = _mm256_mul_ps(d, _mm256_loadu_ps(s1[j] + g));
+                    __m256 lo = _mm256_unpacklo_ps(d0, d1), hi = _mm256_unpackhi_ps(d0, d1);
+                    _mm256_store_ps(ds[r][j], _mm256_permute2f128_ps(lo, hi, 0x20));
+                    _mm256_store_ps(ds[r][j] + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+                }
+            }
+        }
+        for (int i = 0; i < ng; i++) {
+            const size_t b = (size_t)(g + i);
+            __m256i lev[4][2];
+            for (int r = 0; r < R; r++) {
+                if (B == 64)
+                    levels64(lev[r], type, row[r] + b * BB);
+                else
+                    lev[r][0] = levels32(type, row[r] + b * BB);
+                if (q8) /* signed q - 128 (kept for the signs) */
+                    for (int h = 0; h < B / 32; h++)
+                        lev[r][h] = _mm256_xor_si256(lev[r][h], _mm256_set1_epi8((char)0x80));
+            }
+            for (int j = 0; j < C; j++) {
+                __m256i x0 = _mm256_load_si256((const __m256i *)(xq[j] + b * B));
+                __m256i x1 = B == 64 ? _mm256_load_si256((const __m256i *)(xq[j] + b * B + 32)) : x0;
+                for (int r = 0; r < R; r++) {
+                    __m256i p;
+                    if (q8) {
+                        p = dot4(_mm256_abs_epi8(lev[r][0]), _mm256_sign_epi8(x0, lev[r][0]));
+                        if (B == 64)
+                            p = _mm256_add_epi32(p, dot4(_mm256_abs_epi8(lev[r][1]), _mm256_sign_epi8(x1, lev[r][1])));
+                    } else if (B == 64) {
+                        p = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lev[r][0], x0),
+                                                               _mm256_maddubs_epi16(lev[r][1], x1)),
+                                              _mm256_set1_epi16(1));
+                    } else {
+                        p = dot4(lev[r][0], x0);
+                    }
+                    __m256 sc = B == 64 ? _mm256_castsi256_ps(_mm256_broadcastq_epi64(
+                                              _mm_loadl_epi64((const __m128i *)(ds[r][j] + 2 * i))))
+                                        : _mm256_broadcast_ss(ds[r][j] + i);
+                    acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[r][j]);
+                }
+            }
+        }
+    }
+    for (int j = 0; j < C; j++)
+        for (int r = 0; r < R; r++)
+            y[(size_t)(t0 + j) * ldy + n + r] = hsum8(_mm256_add_ps(acc[r][j], accm[r][j]));
+}
+
+/* Rows n0 <= n < n1, all tokens, of one type. */
+QK_INLINE void rows_of(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, int n0, int n1, const int type)
+{
+    const int T = qx->T;
+    int n = n0;
+    if (T == 1) {
+        for (; n + 4 <= n1; n += 4)
+            tile(y, ldy, W, qx, n, 0, type, 4, 1);
+    } else {
+        for (; n + 2 <= n1; n += 2) {
+            int t = 0;
+            for (; t + 4 <= T; t += 4)
+                tile(y, ldy, W, qx, n, t, type, 2, 4);
+            for (; t < T; t++)
+                tile(y, ldy, W, qx, n, t, type, 2, 1);
+        }
+    }
+    for (; n < n1; n++) {
+        int t = 0;
+        for (; t + 4 <= T; t += 4)
+            tile(y, ldy, W, qx, n, t, type, 1, 4);
+        for (; t < T; t++)
+            tile(y, ldy, W, qx, n, t, type, 1, 1);
+    }
+}
+
+#define QK_ROWS_FN(TYPE)                                                                          \
+    static void rows_##TYPE(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, int n0, int n1) \
+    {                                                                                             \
+        rows_of(y, ldy, W, qx, n0, n1, TYPE);                                                     \
+    }
+QK_ROWS_FN(IFK_Q8_B32)
+QK_ROWS_FN(IFK_Q8_B64)
+QK_ROWS_FN(IFK_Q6_B64)
+QK_ROWS_FN(IFK_Q5_B64)
+QK_ROWS_FN(IFK_Q4_B32)
+QK_ROWS_FN(IFK_Q4_B64)
+QK_ROWS_FN(IFK_Q3H_B64)
+QK_ROWS_FN(IFK_Q3_B32)
+QK_ROWS_FN(IFK_Q2_B32)
+
+IFK_DECL_QMATMUL_ROWS(ifk_avx2_qmatmul_rows)
+{
+    const uint8_t *w = W;
+    switch (qx->type) {
+    case IFK_Q8_B32: rows_IFK_Q8_B32(y, ldy, w, qx, n0, n1); break;
+    case IFK_Q8_B64: rows_IFK_Q8_B64(y, ldy, w, qx, n0, n1); break;
+    case IFK_Q6_B64: rows_IFK_Q6_B64(y, ldy, w, qx, n0, n1); break;
+    case IFK_Q5_B64: rows_IFK_Q5_B64(y, ldy, w, qx, n0, n1); break;
+    case IFK_Q4_B32: rows_IFK_Q4_B32(y, ldy, w, qx, n0, n1); break;
+    case IFK_Q4_B64: rows_IFK_Q4_B64(y, ldy, w, qx, n0, n1); break;
+    case IFK_Q3H_B64: rows_IFK_Q3H_B64(y, ldy, w, qx, n0, n1); break;
+    case IFK_Q3_B32: rows_IFK_Q3_B32(y, ldy, w, qx, n0, n1); break;
+    case IFK_Q2_B32: rows_IFK_Q2_B32(y, ldy, w, qx, n0, n1); break;
+    default: break;
+    }
+}
+
+/* ---- one row decoded to F32 -------------------------------------------------------------- */
+
+IFK_DECL_QGET_ROW(ifk_avx2_qget_row)
+{
+    const int B = block_of(type), BB = block_bytes_of(type);
+    const uint8_t *blk = row;  /* [nb][BB] */
+    for (int k = 0; k < K; k += B, blk += BB) {
+        __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)rd32(blk)));
+        __m256 d = _mm256_broadcastss_ps(dm), m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
+        _Alignas(32) uint8_t q[64];
+        if (B == 64) {
+            __m256i l[2];
+            levels64(l, type, blk);
+            _mm256_store_si256((__m256i *)q, l[0]);
+            _mm256_store_si256((__m256i *)(q + 32), l[1]);
+        } else {
+            _mm256_store_si256((__m256i *)q, levels32(type, blk));
+        }
+        for (int i = 0; i < B && k + i < K; i += 8) {
+            __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + i)))), d, m);
+            if (K - k - i >= 8)
+                _mm256_storeu_ps(out + k + i, v);
+            else
+                _mm256_maskstore_ps(out + k + i, lanes_below(K - k - i), v);
+        }
+    }
+}

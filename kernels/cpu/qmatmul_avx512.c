@@ -1,0 +1,408 @@
+/*
+ * qmatmul_avx512.c -- the quantized matrix product with AVX-512 and AVX512_VNNI.
+ *
+ * Per weight block, dot(w', x) = min * sum(x) + delta * sum_i q_i x_i, and with x rounded to
+ * int8 (qimpl.h's ifk_qx) the second sum is vpdpbusd (unsigned levels x signed x) into int32
+ * lanes, converted to float and scaled by delta * the x scale of the lane's group. The levels
+ * are unpacked to bytes in registers (shifts, masks, mask-register adds; Q3H's 7-bit codes
+ * are split into c / 11 and c % 11 with a multiply-shift).
+ *
+ * Blocks go by groups of 16: one gather fetches the 16 (delta, min) headers of a row, so the
+ * scales are converted 16 at a time and the min terms are one FMA per group.
+ *
+ * A tile is R rows x C tokens: each unpacked block serves C tokens, each x block R rows.
+ * Decode (T == 1) takes 4 rows at a time (4 forward streams through W); prefill 4 x 4.
+ *
+ * Every function here carries target("avx512vnni") on top of the file's -mavx512* flags;
+ * qdispatch.c calls this path only on CPUs that have it.
+ */
+#include <immintrin.h>
+#include <string.h>
+
+#include "kernels/cpu/qimpl.h"
+#include "kernels/cpu/quant.h"
+
+#define QK_INLINE static inline __attribute__((always_inline, target("avx512vnni")))
+#define QK_FN __attribute__((target("avx512vnni")))
+
+/* ---- activation quantization ------------------------------------------------------------- */
+
+/* Lanes 0..n-1 (0 <= n <= 16). */
+QK_INLINE __mmask16 mask16(int n)
+{
+    return (__mmask16)((1u << n) - 1u);
+}
+
+/* 16 floats of x from element k (lanes at or past K are 0).  x: [K]. */
+QK_INLINE __m512 load_x16(const float *x, int k, int K)
+{
+    if (k + 16 <= K)
+        return _mm512_loadu_ps(x + k);
+    return _mm512_maskz_loadu_ps(mask16(K - k > 0 ? K - k : 0), x + k);
+}
+
+/* A group whose max |x| is below 2^-64 is scaled by 2^64 first (exactly), so that 127 / amax
+ * cannot overflow. */
+QK_INLINE float prescale(float amax)
+{
+    return amax < 0x1p-64f ? 0x1p64f : 1.0f;
+}
+
+/* 127 / (amax * prescale), or 0 when amax is 0. */
+QK_INLINE float inv_scale(float amax)
+{
+    return amax > 0.0f ? 127.0f / (amax * prescale(amax)) : 0.0f;
+}
+
+/* round(v * pre * inv) as 16 int8. */
+QK_INLINE __m128i to_i8(__m512 v, __m512 pre, __m512 inv)
+{
+    return _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(v, pre), inv)));
+}
+
+/* Block b of a 32-block type.  x: [K]; q: [32] of the block; s, sum: the block's entries. */
+QK_INLINE void quantize_b32(const float *x, int K, int b, int8_t *q, float *s, float *sum)
+{
+    __m512 v0 = load_x16(x, b * 32, K), v1 = load_x16(x, b * 32 + 16, K);
+    __m512 a = _mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1));
+    float amax = _mm512_reduce_max_ps(a);
+    __m512 pre = _mm512_set1_ps(prescale(amax)), inv = _mm512_set1_ps(inv_scale(amax));
+    _mm_store_si128((__m128i *)q, to_i8(v0, pre, inv));
+    _mm_store_si128((__m128i *)(q + 16), to_i8(v1, pre, inv));
+    *s = amax / 127.0f;
+    *sum = _mm512_reduce_add_ps(_mm512_add_ps(v0, v1));
+}
+
+/* Block b of a 64-block type: group 0 is lanes 0-3, 8-11 of each 16 (the even runs of 4). */
+QK_INLINE void quantize_b64(const float *x, int K, int b, int8_t *q, float *s0, float *s1, float *sum)
+{
+    __m512 v[4];
+    for (int i = 0; i < 4; i++)
+        v[i] = load_x16(x, b * 64 + 16 * i, K);
+    __m512 a = _mm512_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])),
+                             _mm512_max_ps(_mm512_abs_ps(v[2]), _mm512_abs_ps(v[3])));
+    float amax0 = _mm512_mask_reduce_max_ps(0x0F0F, a), amax1 = _mm512_mask_reduce_max_ps(0xF0F0, a);
+    __m512 inv = _mm512_mask_blend_ps(0x0F0F, _mm512_set1_ps(inv_scale(amax1)), _mm512_set1_ps(inv_scale(amax0)));
+    __m512 pre = _mm512_mask_blend_ps(0x0F0F, _mm512_set1_ps(prescale(amax1)), _mm512_set1_ps(prescale(amax0)));
+    for (int i = 0; i < 4; i++)
+        _mm_store_si128((__m128i *)(q + 16 * i), to_i8(v[i], pre, inv));
+    *s0 = amax0 / 127.0f;
+    *s1 = amax1 / 127.0f;
+    *sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(v[0], v[1]), _mm512_add_ps(v[2], v[3])));
+}
+
+QK_FN IFK_DECL_QX_QUANTIZE(ifk_avx512_qx_quantize)
+{
+    for (int t = t0; t < t1; t++) {
+        const float *xt = x + (size_t)t * ldx;                  /* [K] */
+        int8_t *q = qx->q + (size_t)t * qx->q_ld;               /* [q_ld] */
+        float *s0 = qx->s0 + (size_t)t * qx->s_ld, *s1 = qx->s1 + (size_t)t * qx->s_ld;
+        float *sum = qx->sum + (size_t)t * qx->s_ld;            /* each [s_ld] */
+        for (int b = 0; b < qx->nb; b++) {
+            if (qx->B == 32) {
+                quantize_b32(xt, qx->K, b, q + 32 * b, s0 + b, sum + b);
+                s1[b] = 0.0f;
+            } else {
+                quantize_b64(xt, qx->K, b, q + 64 * b, s0 + b, s1 + b, sum + b);
+            }
+        }
+        memset(q + (size_t)qx->nb * qx->B, 0, qx->q_ld - (size_t)qx->nb * qx->B);
+        for (size_t b = (size_t)qx->nb; b < qx->s_ld; b++)
+            s0[b] = s1[b] = sum[b] = 0.0f;
+    }
+}
+
+/* ---- unpacking the levels of one block to bytes ------------------------------------------ */
+
+/* Every int16 lane of the low 256 bits shifted by a, of the high 256 by b. */
+QK_INLINE __m512i srl16_halves(__m512i v, int a, int b)
+{
+    return _mm512_srlv_epi16(v, _mm512_inserti64x4(_mm512_set1_epi16((short)a), _mm256_set1_epi16((short)b), 1));
+}
+
+/* 32 bytes lo[j] & 15 then lo[j] >> 4 (j < 32): the nibble planes of Q4_B64, Q5, Q6.  p: [32]. */
+QK_INLINE __m512i nibbles64(const uint8_t *p)
+{
+    __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_and_si512(srl16_halves(v, 0, 4), _mm512_set1_epi8(15));
+}
+
+/* 16 bytes lo[j] & 15 then lo[j] >> 4.  p: [16]. */
+QK_INLINE __m256i nibbles32(const uint8_t *p)
+{
+    __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+    v = _mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4));
+    return _mm256_and_si256(v, _mm256_set1_epi8(15));
+}
+
+/* Bytes 8L + j = (p[j] >> 2L) & 3 for L < 4, j < 8: the 2-bit planes of Q3_B32, Q2_B32. */
+QK_INLINE __m256i crumbs32(const uint8_t *p)
+{
+    long long u;
+    memcpy(&u, p, 8);
+    __m256i v = _mm256_srlv_epi64(_mm256_set1_epi64x(u), _mm256_setr_epi64x(0, 2, 4, 6));
+    return _mm256_and_si256(v, _mm256_set1_epi8(3));
+}
+
+QK_INLINE uint32_t rd32(const uint8_t *p)
+{
+    uint32_t u;
+    memcpy(&u, p, 4);
+    return u;
+}
+
+QK_INLINE uint64_t rd64(const uint8_t *p)
+{
+    uint64_t u;
+    memcpy(&u, p, 8);
+    return u;
+}
+
+/* The 64 levels of a 64-block as bytes.  blk: [block_bytes]. */
+QK_INLINE __m512i levels64(int type, const uint8_t *blk)
+{
+    const uint8_t *lv = blk + 4;
+    switch (type) {
+    case IFK_Q8_B64:
+        return _mm512_loadu_si512(lv);
+    case IFK_Q6_B64: {
+        /* high 2 bits of level 16L + j: (qh[j] >> 2L) & 3, rotated to bits 4-5 of the byte */
+        __m512i h = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(lv + 32)));
+        h = _mm512_rolv_epi32(h, _mm512_setr_epi32(4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0, 30, 30, 30, 30));
+        return _mm512_ternarylogic_epi32(nibbles64(lv), h, _mm512_set1_epi8(0x30), 0xF8); /* a | b & c */
+    }
+    case IFK_Q5_B64:
+        return _mm512_mask_add_epi8(nibbles64(lv), _cvtu64_mask64(rd64(lv + 32)), nibbles64(lv),
+                                    _mm512_set1_epi8(16));
+    case IFK_Q4_B64:
+        return nibbles64(lv);
+    default: { /* IFK_Q3H_B64 */
+        __m256i c = nibbles32(lv);
+        c = _mm256_mask_add_epi8(c, _cvtu32_mask32(rd32(lv + 16)), c, _mm256_set1_epi8(16));
+        c = _mm256_mask_add_epi8(c, _cvtu32_mask32(rd32(lv + 20)), c, _mm256_set1_epi8(32));
+        c = _mm256_mask_add_epi8(c, _cvtu32_mask32(rd32(lv + 24)), c, _mm256_set1_epi8(64));
+        /* c = 11 a + b (c <= 120): a = (c * 187) >> 11 = mulhi(c, 5984); the int16 lane
+         * (b << 8) | a = (c << 8) - 2815 a puts a, b at bytes 2i, 2i+1 */
+        __m512i c16 = _mm512_cvtepu8_epi16(c);
+        __m512i a = _mm512_mulhi_epu16(c16, _mm512_set1_epi16(5984));
+        return _mm512_sub_epi16(_mm512_slli_epi16(c16, 8), _mm512_mullo_epi16(a, _mm512_set1_epi16(2815)));
+    }
+    }
+}
+
+/* The 32 levels of a 32-block as bytes.  blk: [block_bytes]. */
+QK_INLINE __m256i levels32(int type, const uint8_t *blk)
+{
+    const uint8_t *lv = blk + 4;
+    switch (type) {
+    case IFK_Q8_B32:
+        return _mm256_loadu_si256((const __m256i *)lv);
+    case IFK_Q4_B32:
+        return nibbles32(lv);
+    case IFK_Q3_B32: {
+        __m256i q = crumbs32(lv);
+        return _mm256_mask_add_epi8(q, _cvtu32_mask32(rd32(lv + 8)), q, _mm256_set1_epi8(4));
+    }
+    default: /* IFK_Q2_B32 */
+        return crumbs32(lv);
+    }
+}
+
+QK_INLINE int block_of(int type)
+{
+    return type == IFK_Q8_B32 || type == IFK_Q4_B32 || type == IFK_Q3_B32 || type == IFK_Q2_B32 ? 32 : 64;
+}
+
+QK_INLINE int block_bytes_of(int type)
+{
+    switch (type) {
+    case IFK_Q8_B32: return 36;
+    case IFK_Q8_B64: return 68;
+    case IFK_Q6_B64: return 52;
+    case IFK_Q5_B64: return 44;
+    case IFK_Q4_B32: return 20;
+    case IFK_Q4_B64: return 36;
+    case IFK_Q3H_B64: return 32;
+    case IFK_Q3_B32: return 16;
+    default: return 12;
+    }
+}
+
+/* ---- the tile: R rows x C tokens --------------------------------------------------------- */
+
+QK_INLINE float hsum512(__m512 v)
+{
+    __m256 s = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+
+/* y[t0 + j][n + r] for r < R, j < C.  W: [N][nb * BB] bytes; y: [T][N] at stride ldy. */
+QK_INLINE void tile(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, int n, int t0,
+                    const int type, const int R, const int C)
+{
+    const int B = block_of(type), BB = block_bytes_of(type), nb = qx->nb;
+    const size_t rb = (size_t)nb * BB;
+    const uint8_t *row[4];              /* R rows of [nb * BB] */
+    const int8_t *xq[4];                /* C tokens of [q_ld] */
+    const float *s0[4], *s1[4], *xs[4]; /* C tokens of [s_ld] */
+    for (int r = 0; r < R; r++)
+        row[r] = W + (size_t)(n + r) * rb;
+    for (int j = 0; j < C; j++) {
+        xq[j] = qx->q + (size_t)(t0 + j) * qx->q_ld;
+        s0[j] = qx->s0 + (size_t)(t0 + j) * qx->s_ld;
+        s1[j] = qx->s1 + (size_t)(t0 + j) * qx->s_ld;
+        xs[j] = qx->sum + (size_t)(t0 + j) * qx->s_ld;
+    }
+    __m512 acc[4][4], accm[4][4];  /* [R][C]: the delta terms (B = 64) and the min terms */
+    __m256 acc8[4][4];             /* [R][C]: the delta terms (B = 32) */
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < C; j++) {
+            acc[r][j] = accm[r][j] = _mm512_setzero_ps();
+            acc8[r][j] = _mm256_setzero_ps();
+        }
+    /* delta * x scale of each block of the group, per row and token: [R][C][16] floats for
+     * B = 32; [R][C][16][2] (group 0, group 1) for B = 64 */
+    _Alignas(64) float ds[4][4][32];
+    const __m512i hdr_at = _mm512_mullo_epi32(_mm512_set1_epi32(BB),
+                                              _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    for (int g = 0; g < nb; g += 16) {
+        const int ng = nb - g < 16 ? nb - g : 16;
+        for (int r = 0; r < R; r++) {
+            __m512i h = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mask16(ng), hdr_at,
+                                                    row[r] + (size_t)g * BB, 1);
+            __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
+            __m512 m = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16)));
+            for (int j = 0; j < C; j++) {
+                accm[r][j] = _mm512_fmadd_ps(m, _mm512_loadu_ps(xs[j] + g), accm[r][j]);
+                __m512 d0 = _mm512_mul_ps(d, _mm512_loadu_ps(s0[j] + g));
+                if (B == 32) {
+                    _mm512_store_ps(ds[r][j], d0);
+                } else {
+                    __m512 d1 = _mm512_mul_ps(d, _mm512_loadu_ps(s1[j] + g));
+                    const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+                    _mm512_store_ps(ds[r][j], _mm512_permutex2var_ps(d0, lo, d1));
+                    _mm512_store_ps(ds[r][j] + 16, _mm512_permutex2var_ps(d0, _mm512_add_epi32(lo, _mm512_set1_epi32(8)), d1));
+                }
+            }
+        }
+        for (int i = 0; i < ng; i++) {
+            const size_t b = (size_t)(g + i);
+            if (B == 64) {
+                __m512i lev[4];
+                for (int r = 0; r < R; r++)
+                    lev[r] = levels64(type, row[r] + b * BB);
+                for (int j = 0; j < C; j++) {
+                    __m512i xv = _mm512_load_si512(xq[j] + b * 64);
+                    for (int r = 0; r < R; r++) {
+                        __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lev[r], xv));
+                        __m512 sc = _mm512_castsi512_ps(
+                            _mm512_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)(ds[r][j] + 2 * i))));
+                        acc[r][j] = _mm512_fmadd_ps(p, sc, acc[r][j]);
+                    }
+                }
+            } else {
+                __m256i lev[4];
+                for (int r = 0; r < R; r++)
+                    lev[r] = levels32(type, row[r] + b * BB);
+                for (int j = 0; j < C; j++) {
+                    __m256i xv = _mm256_load_si256((const __m256i *)(xq[j] + b * 32));
+                    for (int r = 0; r < R; r++) {
+                        __m256 p = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lev[r], xv));
+                        acc8[r][j] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(ds[r][j] + i), acc8[r][j]);
+                    }
+                }
+            }
+        }
+    }
+    for (int j = 0; j < C; j++)
+        for (int r = 0; r < R; r++) {
+            __m512 a = B == 64 ? acc[r][j] : _mm512_zextps256_ps512(acc8[r][j]);
+            y[(size_t)(t0 + j) * ldy + n + r] = hsum512(_mm512_add_ps(a, accm[r][j]));
+        }
+}
+
+/* Rows n0 <= n < n1, all tokens, of one type. */
+QK_INLINE void rows_of(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, int n0, int n1, const int type)
+{
+    const int T = qx->T;
+    int n = n0;
+    for (; n + 4 <= n1; n += 4) {
+        int t = 0;
+        for (; t + 4 <= T; t += 4)
+            tile(y, ldy, W, qx, n, t, type, 4, 4);
+        for (; t < T; t++)
+            tile(y, ldy, W, qx, n, t, type, 4, 1);
+    }
+    for (; n < n1; n++) {
+        int t = 0;
+        for (; t + 4 <= T; t += 4)
+            tile(y, ldy, W, qx, n, t, type, 1, 4);
+        for (; t < T; t++)
+            tile(y, ldy, W, qx, n, t, type, 1, 1);
+    }
+}
+
+#define QK_ROWS_FN(TYPE)                                                                          \
+    QK_FN static void rows_##TYPE(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, int n0, int n1) \
+    {                                                                                             \
+        rows_of(y, ldy, W, qx, n0, n1, TYPE);                                                     \
+    }
+QK_ROWS_FN(IFK_Q8_B32)
+QK_ROWS_FN(IFK_Q8_B64)
+QK_ROWS_FN(IFK_Q6_B64)
+QK_ROWS_FN(IFK_Q5_B64)
+QK_ROWS_FN(IFK_Q4_B32)
+QK_ROWS_FN(IFK_Q4_B64)
+QK_ROWS_FN(IFK_Q3H_B64)
+QK_ROWS_FN(IFK_Q3_B32)
+QK_ROWS_FN(IFK_Q2_B32)
+
+QK_FN IFK_DECL_QMATMUL_ROWS(ifk_avx512_qmatmul_rows)
+{
+    const uint8_t *w = W;
+    switch (qx->type) {
+    case IFK_Q8_B32: rows_IFK_Q8_B32(y, ldy, w, qx, n0, n1); break;
+    case IFK_Q8_B64: rows_IFK_Q8_B64(y, ldy, w, qx, n0, n1); break;
+    case IFK_Q6_B64: rows_IFK_Q6_B64(y, ldy, w, qx, n0, n1); break;
+    case IFK_Q5_B64: rows_IFK_Q5_B64(y, ldy, w, qx, n0, n1); break;
+    case IFK_Q4_B32: rows_IFK_Q4_B32(y, ldy, w, qx, n0, n1); break;
+    case IFK_Q4_B64: rows_IFK_Q4_B64(y, ldy, w, qx, n0, n1); break;
+    case IFK_Q3H_B64: rows_IFK_Q3H_B64(y, ldy, w, qx, n0, n1); break;
+    case IFK_Q3_B32: rows_IFK_Q3_B32(y, ldy, w, qx, n0, n1); break;
+    case IFK_Q2_B32: rows_IFK_Q2_B32(y, ldy, w, qx, n0, n1); break;
+    default: break;
+    }
+}
+
+/* ---- one row decoded to F32 -------------------------------------------------------------- */
+
+/* out: [n] (n <= 16) = m + q * d for 16 levels. */
+QK_INLINE void store_dq16(float *out, __m128i q, __m512 d, __m512 m, int n)
+{
+    __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)), d, m);
+    if (n >= 16)
+        _mm512_storeu_ps(out, v);
+    else
+        _mm512_mask_storeu_ps(out, mask16(n), v);
+}
+
+QK_FN IFK_DECL_QGET_ROW(ifk_avx512_qget_row)
+{
+    const int B = block_of(type), BB = block_bytes_of(type);
+    const uint8_t *blk = row;  /* [nb][BB] */
+    for (int k = 0; k < K; k += B, blk += BB) {
+        uint16_t h[2];
+        memcpy(h, blk, 4);
+        __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)h[0]));
+        __m512 m = _mm512_cvtph_ps(_mm256_set1_epi16((short)h[1]));
+        _Alignas(64) uint8_t q[64];
+        if (B == 64)
+            _mm512_store_si512(q, levels64(type, blk));
+        else
+            _mm256_store_si256((__m256i *)q, levels32(type, blk));
+        for (int i = 0; i < B && k + i < K; i += 16)
+            store_dq16(out + k + i, _mm_load_si128((const __m128i *)(q + i)), d, m, K - k - i);
+    }
+}
