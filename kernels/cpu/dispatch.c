@@ -11,6 +11,7 @@
 
 #include "kernels/cpu/impl.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/quant.h"
 
 #ifndef IFK_NO_SIMD
 #include <cpuid.h>
@@ -127,6 +128,10 @@ static int threads_for(int n_threads, double work)
 void ifk_matmul(float *y, size_t ldy, const void *W, int wtype, const float *x, size_t ldx,
                 int T, int N, int K, int n_threads)
 {
+    if (ifk_qtype(wtype)) { /* block-quantized weights have their own kernels (quant.h) */
+        ifk_qmatmul(y, ldy, W, wtype, x, ldx, T, N, K, n_threads);
+        return;
+    }
     if (T <= 0 || N <= 0)
         return;
     const ifk_path *p = path();
@@ -153,7 +158,10 @@ void ifk_matmul(float *y, size_t ldy, const void *W, int wtype, const float *x, 
 
 void ifk_get_row(float *out, const void *W, int wtype, size_t row, int K)
 {
-    path()->get_row(out, W, wtype, row, K);
+    if (ifk_qtype(wtype))
+        ifk_qget_row(out, W, wtype, row, K);
+    else
+        path()->get_row(out, W, wtype, row, K);
 }
 
 void ifk_rmsnorm(float *y, const float *x, const float *w, int n, float eps)
