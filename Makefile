@@ -6,6 +6,7 @@
 #   make check        deps + build + the whole test suite (SANITIZE=1: under ASan + UBSan)
 #   make bench        deps + build + benchmarks, JSON on stdout
 #   make fuzz         build the libFuzzer targets (clang) and run each for FUZZ_SECONDS
+#   make quality      measure every weight type against F32 (writes docs/quant-quality.*)
 #   make docs         regenerate the option lists of man/ and completions/ from the option tables
 #   make install      PREFIX=/usr/local: binaries, man pages, completions
 #
@@ -57,7 +58,7 @@ UNIT_COMMON := $(filter-out tests/unit/test_%.c,$(wildcard tests/unit/*.c))
 FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_SECONDS ?= 20
 
-.PHONY: all deps demo check bench fuzz fuzz-deps fuzz-build fuzz-run docs install clean
+.PHONY: all deps demo check bench quality fuzz fuzz-deps fuzz-build fuzz-run docs install clean
 all: $(BINS)
 
 # ---- library and programs -------------------------------------------------------------------
@@ -124,8 +125,12 @@ unit-bins: $(UNIT_BIN)
 # ---- benchmarks ------------------------------------------------------------------------------
 
 bench: deps
-	@$(MAKE) --no-print-directory all $(BUILD)/membw
+	@$(MAKE) --no-print-directory all $(BUILD)/membw $(BUILD)/kbench
 	@bench/bench.sh $(BUILD)
+
+$(BUILD)/kbench: bench/kbench.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIB) $(LDLIBS)
 
 $(BUILD)/membw: $(IFLOW_TEST_DATA)/tools/membw.c
 	@mkdir -p $(dir $@)
@@ -159,6 +164,12 @@ fuzz-run:
 	  if $$f -max_total_time=$(FUZZ_SECONDS) -max_len=65536 build/fuzz/corpus-$$n $$seeds >build/fuzz/$$n.log 2>&1; \
 	  then tail -n 1 build/fuzz/$$n.log; else tail -n 40 build/fuzz/$$n.log; echo "fuzz: $$n failed" >&2; exit 1; fi; \
 	done
+
+# ---- quantization quality (docs/QUANTIZATION.md) --------------------------------------------
+
+quality: deps
+	@$(MAKE) --no-print-directory all
+	tools/quality.sh
 
 # ---- docs, install ---------------------------------------------------------------------------
 

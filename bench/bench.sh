@@ -4,7 +4,8 @@
 # For stories260K (F32, from its HF folder) and the synthetic TinyLlama-1.1B shape (F16 and F32):
 # convert time and peak RSS, load time, prefill and decode tokens/s at 1 and 2 threads, and
 # decode speed as a fraction of the read bandwidth that ../shared/tools/membw.c measures
-# (decode streams every weight matrix once per token). No thresholds: these are measurements.
+# (decode streams every weight matrix once per token); then the kernel micro-benchmarks
+# (bench/kbench.c). No thresholds: these are measurements.
 set -euo pipefail
 build=${1:?usage: bench/bench.sh BUILD_DIR}
 cd "$(dirname "$0")/.."
@@ -52,7 +53,11 @@ s260=$(entry stories260K-f32 128 128 "$DATA/models/stories260K/hf")
 tl16=$(entry tinyllama-1.1b-f16 64 16 --synthetic "$DATA/models/synthetic/tinyllama-1.1b" -t f16)
 tl32=$(entry tinyllama-1.1b-f32 64 16 --synthetic "$DATA/models/synthetic/tinyllama-1.1b" -t f32)
 
+log "kernel micro-benchmarks"
+kern=$("$build/kbench" --quick | jq -s .)
+
 jq -n --argjson bw1 "$bw1" --argjson bw2 "$bw2" --argjson a "$s260" --argjson b "$tl16" --argjson c "$tl32" \
+    --argjson kern "$kern" \
     --arg cpu "$(sed -nE 's/^model name\s*: //p' /proc/cpuinfo | head -n 1)" --arg cores "$(nproc)" '
     {machine: {cpu: $cpu, cores: ($cores | tonumber), membw_read_gbps: {"1": $bw1, "2": $bw2}},
-     models: [$a, $b, $c]}'
+     models: [$a, $b, $c], kernels: $kern}'
