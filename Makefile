@@ -125,7 +125,7 @@ unit-bins: $(UNIT_BIN)
 # ---- benchmarks ------------------------------------------------------------------------------
 
 bench: deps
-	@$(MAKE) --no-print-directory all $(BUILD)/membw $(BUILD)/kbench
+	@$(MAKE) --no-print-directory all $(BUILD)/membw $(BUILD)/kbench >&2
 	@bench/bench.sh $(BUILD)
 
 $(BUILD)/kbench: bench/kbench.c $(LIB)
