@@ -279,8 +279,10 @@ QK_INLINE void tile(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, in
     const uint8_t *row[4];              /* R rows of [nb * BB] */
     const int8_t *xq[4];                /* C tokens of [q_ld] */
     const float *s0[4], *s1[4], *xs[4]; /* C tokens of [s_ld] */
+    #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
         row[r] = W + (size_t)(n + r) * rb;
+    #pragma GCC unroll 4
     for (int j = 0; j < C; j++) {
         xq[j] = qx->q + (size_t)(t0 + j) * qx->q_ld;
         s0[j] = qx->s0 + (size_t)(t0 + j) * qx->s_ld;
@@ -288,7 +290,9 @@ QK_INLINE void tile(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, in
         xs[j] = qx->sum + (size_t)(t0 + j) * qx->s_ld;
     }
     __m256 acc[4][4], accm[4][4]; /* [R][C]: delta terms, min terms */
+    #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
+        #pragma GCC unroll 4
         for (int j = 0; j < C; j++)
             acc[r][j] = accm[r][j] = _mm256_setzero_ps();
     /* delta * x scale per block of the group: [R][C][8] (B = 32), [R][C][8][2] (B = 64) */
@@ -296,6 +300,7 @@ QK_INLINE void tile(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, in
     const __m256i hdr_at = _mm256_mullo_epi32(_mm256_set1_epi32(BB), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     for (int g = 0; g < nb; g += 8) {
         const int ng = nb - g < 8 ? nb - g : 8;
+        #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             __m256i h = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)(row[r] + (size_t)g * BB),
                                                     hdr_at, lanes_below(ng), 1);
@@ -306,6 +311,7 @@ QK_INLINE void tile(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, in
             __m256 m = _mm256_cvtph_ps(_mm256_extracti128_si256(p, 1));
             if (q8)
                 m = _mm256_fmadd_ps(d, _mm256_set1_ps(128.0f), m);
+            #pragma GCC unroll 4
             for (int j = 0; j < C; j++) {
                 accm[r][j] = _mm256_fmadd_ps(m, _mm256_loadu_ps(xs[j] + g), accm[r][j]);
                 __m256 d0 = _mm256_mul_ps(d, _mm256_loadu_ps(s0[j] + g));
@@ -322,18 +328,22 @@ QK_INLINE void tile(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, in
         for (int i = 0; i < ng; i++) {
             const size_t b = (size_t)(g + i);
             __m256i lev[4][2];
+            #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
                 if (B == 64)
                     levels64(lev[r], type, row[r] + b * BB);
                 else
                     lev[r][0] = levels32(type, row[r] + b * BB);
                 if (q8) /* signed q - 128 (kept for the signs) */
+                    #pragma GCC unroll 4
                     for (int h = 0; h < B / 32; h++)
                         lev[r][h] = _mm256_xor_si256(lev[r][h], _mm256_set1_epi8((char)0x80));
             }
+            #pragma GCC unroll 4
             for (int j = 0; j < C; j++) {
                 __m256i x0 = _mm256_load_si256((const __m256i *)(xq[j] + b * B));
                 __m256i x1 = B == 64 ? _mm256_load_si256((const __m256i *)(xq[j] + b * B + 32)) : x0;
+                #pragma GCC unroll 4
                 for (int r = 0; r < R; r++) {
                     __m256i p;
                     if (q8) {
@@ -355,7 +365,9 @@ QK_INLINE void tile(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, in
             }
         }
     }
+    #pragma GCC unroll 4
     for (int j = 0; j < C; j++)
+        #pragma GCC unroll 4
         for (int r = 0; r < R; r++)
             y[(size_t)(t0 + j) * ldy + n + r] = hsum8(_mm256_add_ps(acc[r][j], accm[r][j]));
 }
