@@ -8,8 +8,8 @@
  * term then uses min + 128 delta. For the other types the two maddubs results of a 64-block
  * fit in int16 together (at most 4 * 63 * 127) and share one madd.
  *
- * Blocks go by groups of 8 (one gather of the 8 headers of a row). Tiles: decode 4 rows x 1
- * token, prefill 2 rows x 4 tokens (the 16 ymm registers).
+ * Blocks go by groups of 8 (one gather of the 8 headers of a row). Decode reads one row at a
+ * time (one forward stream); prefill works on tiles of 2 rows x 4 tokens.
  */
 #include <immintrin.h>
 #include <string.h>
@@ -262,132 +262,197 @@ QK_INLINE int block_bytes_of(int type)
 
 /* ---- the tile: R rows x C tokens --------------------------------------------------------- */
 
-/* The int32 lanes of sum_i lev_i * x_i over 4 bytes (lev unsigned, x signed; Q8 levels are
- * passed as |q - 128| and the x as sign(x, q - 128) by the caller). */
+/* Software prefetch distance in a row stream (bytes); see qmatmul_avx512.c. */
+#ifndef PF_AHEAD
+#define PF_AHEAD 2048
+#endif
+
+QK_INLINE int is_q8(int type)
+{
+    return type == IFK_Q8_B32 || type == IFK_Q8_B64;
+}
+
+/* The levels of one block as bytes, lev[0] (and lev[1] for B = 64); Q8 levels as q - 128. */
+QK_INLINE void block_levels(__m256i lev[2], int type, const uint8_t *blk)
+{
+    if (block_of(type) == 64)
+        levels64(lev, type, blk);
+    else
+        lev[0] = levels32(type, blk);
+    if (is_q8(type))
+        for (int h = 0; h < block_of(type) / 32; h++)
+            lev[h] = _mm256_xor_si256(lev[h], _mm256_set1_epi8((char)0x80));
+}
+
+/* The int32 lanes of sum_i lev_i * x_i over 4 bytes (lev unsigned, x signed). */
 QK_INLINE __m256i dot4(__m256i lev, __m256i x)
 {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(lev, x), _mm256_set1_epi16(1));
 }
+
+/* The int32 lanes of one block's levels times x's int8 values, as float (lane i: bytes 4i..4i+3
+ * of each 32).  lev: from block_levels; xq: [B]. Q8: |q - 128| x sign(x, q - 128). For the
+ * other types the two halves of a 64-block share one madd (at most 4 * 63 * 127 < 32768). */
+QK_INLINE __m256 block_dot(const __m256i lev[2], const int8_t *xq, const int type)
+{
+    __m256i x0 = _mm256_load_si256((const __m256i *)xq), p;
+    if (is_q8(type)) {
+        p = dot4(_mm256_abs_epi8(lev[0]), _mm256_sign_epi8(x0, lev[0]));
+        if (block_of(type) == 64) {
+            __m256i x1 = _mm256_load_si256((const __m256i *)(xq + 32));
+            p = _mm256_add_epi32(p, dot4(_mm256_abs_epi8(lev[1]), _mm256_sign_epi8(x1, lev[1])));
+        }
+    } else if (block_of(type) == 64) {
+        __m256i x1 = _mm256_load_si256((const __m256i *)(xq + 32));
+        p = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lev[0], x0), _mm256_maddubs_epi16(lev[1], x1)),
+                              _mm256_set1_epi16(1));
+    } else {
+        p = dot4(lev[0], x0);
+    }
+    return _mm256_cvtepi32_ps(p);
+}
+
+/* The scale of block i of a group for an int32 lane: ds[i] (B = 32), or the pair ds[2i],
+ * ds[2i + 1] repeated (B = 64: the lanes alternate between the block's two x groups). */
+QK_INLINE __m256 block_scale(const float *ds, int i, const int type)
+{
+    if (block_of(type) == 64)
+        return _mm256_castsi256_ps(_mm256_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)(ds + 2 * i))));
+    return _mm256_broadcast_ss(ds + i);
+}
+
+/* For blocks g .. g + ng - 1 (ng <= 8) of one row and one token: ds = delta * x scale ([8],
+ * or [8][2] pairs for B = 64), and *accm += the min terms (min + 128 delta for Q8).
+ * row: [nb * BB] bytes; s0, s1, xs: the token's [s_ld] arrays. */
+QK_INLINE void group_scales(float *ds, __m256 *accm, const uint8_t *row, const float *s0, const float *s1,
+                            const float *xs, int g, int ng, const int type)
+{
+    const int BB = block_bytes_of(type);
+    const __m256i at = _mm256_mullo_epi32(_mm256_set1_epi32(BB), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    __m256i h = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)(row + (size_t)g * BB), at,
+                                            lanes_below(ng), 1);
+    /* u16 halves -> F16: [d0..d3 m0..m3 | d4..d7 m4..m7] -> [d0..d7 | m0..m7] */
+    __m256i p = _mm256_packus_epi32(_mm256_and_si256(h, _mm256_set1_epi32(0xffff)), _mm256_srli_epi32(h, 16));
+    p = _mm256_permute4x64_epi64(p, 0xD8);
+    __m256 d = _mm256_cvtph_ps(_mm256_castsi256_si128(p));
+    __m256 m = _mm256_cvtph_ps(_mm256_extracti128_si256(p, 1));
+    if (is_q8(type))
+        m = _mm256_fmadd_ps(d, _mm256_set1_ps(128.0f), m);
+    *accm = _mm256_fmadd_ps(m, _mm256_loadu_ps(xs + g), *accm);
+    __m256 d0 = _mm256_mul_ps(d, _mm256_loadu_ps(s0 + g));
+    if (block_of(type) == 64) {
+        __m256 d1 = _mm256_mul_ps(d, _mm256_loadu_ps(s1 + g));
+        __m256 lo = _mm256_unpacklo_ps(d0, d1), hi = _mm256_unpackhi_ps(d0, d1);
+        _mm256_store_ps(ds, _mm256_permute2f128_ps(lo, hi, 0x20));
+        _mm256_store_ps(ds + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+    } else {
+        _mm256_store_ps(ds, d0);
+    }
+}
+
+/* ---- prefill: a tile of R rows x C tokens ------------------------------------------------ */
 
 /* y[t0 + j][n + r] for r < R, j < C.  W: [N][nb * BB] bytes; y: [T][N] at stride ldy. */
 QK_INLINE void tile(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, int n, int t0,
                     const int type, const int R, const int C)
 {
     const int B = block_of(type), BB = block_bytes_of(type), nb = qx->nb;
-    const int q8 = type == IFK_Q8_B32 || type == IFK_Q8_B64;
     const size_t rb = (size_t)nb * BB;
-    const uint8_t *row[4];              /* R rows of [nb * BB] */
-    const int8_t *xq[4];                /* C tokens of [q_ld] */
-    const float *s0[4], *s1[4], *xs[4]; /* C tokens of [s_ld] */
-    #pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-        row[r] = W + (size_t)(n + r) * rb;
-    #pragma GCC unroll 4
-    for (int j = 0; j < C; j++) {
-        xq[j] = qx->q + (size_t)(t0 + j) * qx->q_ld;
-        s0[j] = qx->s0 + (size_t)(t0 + j) * qx->s_ld;
-        s1[j] = qx->s1 + (size_t)(t0 + j) * qx->s_ld;
-        xs[j] = qx->sum + (size_t)(t0 + j) * qx->s_ld;
-    }
     __m256 acc[4][4], accm[4][4]; /* [R][C]: delta terms, min terms */
-    #pragma GCC unroll 4
+    _Alignas(32) float ds[4][4][16];
+#pragma GCC unroll 4
     for (int r = 0; r < R; r++)
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int j = 0; j < C; j++)
             acc[r][j] = accm[r][j] = _mm256_setzero_ps();
-    /* delta * x scale per block of the group: [R][C][8] (B = 32), [R][C][8][2] (B = 64) */
-    _Alignas(32) float ds[4][4][16];
-    const __m256i hdr_at = _mm256_mullo_epi32(_mm256_set1_epi32(BB), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     for (int g = 0; g < nb; g += 8) {
         const int ng = nb - g < 8 ? nb - g : 8;
-        #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            __m256i h = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)(row[r] + (size_t)g * BB),
-                                                    hdr_at, lanes_below(ng), 1);
-            /* u16 halves -> F16 pairs: [d0..d3 m0..m3 | d4..d7 m4..m7] -> [d0..d7 | m0..m7] */
-            __m256i p = _mm256_packus_epi32(_mm256_and_si256(h, _mm256_set1_epi32(0xffff)), _mm256_srli_epi32(h, 16));
-            p = _mm256_permute4x64_epi64(p, 0xD8);
-            __m256 d = _mm256_cvtph_ps(_mm256_castsi256_si128(p));
-            __m256 m = _mm256_cvtph_ps(_mm256_extracti128_si256(p, 1));
-            if (q8)
-                m = _mm256_fmadd_ps(d, _mm256_set1_ps(128.0f), m);
-            #pragma GCC unroll 4
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
             for (int j = 0; j < C; j++) {
-                accm[r][j] = _mm256_fmadd_ps(m, _mm256_loadu_ps(xs[j] + g), accm[r][j]);
-                __m256 d0 = _mm256_mul_ps(d, _mm256_loadu_ps(s0[j] + g));
-                if (B == 32) {
-                    _mm256_store_ps(ds[r][j], d0);
-                } else {
-                    __m256 d1 = _mm256_mul_ps(d, _mm256_loadu_ps(s1[j] + g));
-                    __m256 lo = _mm256_unpacklo_ps(d0, d1), hi = _mm256_unpackhi_ps(d0, d1);
-                    _mm256_store_ps(ds[r][j], _mm256_permute2f128_ps(lo, hi, 0x20));
-                    _mm256_store_ps(ds[r][j] + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
-                }
+                size_t t = (size_t)(t0 + j) * qx->s_ld;
+                group_scales(ds[r][j], &accm[r][j], W + (size_t)(n + r) * rb, qx->s0 + t, qx->s1 + t, qx->sum + t,
+                             g, ng, type);
             }
-        }
         for (int i = 0; i < ng; i++) {
             const size_t b = (size_t)(g + i);
             __m256i lev[4][2];
-            #pragma GCC unroll 4
+#pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
-                if (B == 64)
-                    levels64(lev[r], type, row[r] + b * BB);
-                else
-                    lev[r][0] = levels32(type, row[r] + b * BB);
-                if (q8) /* signed q - 128 (kept for the signs) */
-                    #pragma GCC unroll 4
-                    for (int h = 0; h < B / 32; h++)
-                        lev[r][h] = _mm256_xor_si256(lev[r][h], _mm256_set1_epi8((char)0x80));
+                const uint8_t *blk = W + (size_t)(n + r) * rb + b * BB;
+                _mm_prefetch((const char *)blk + PF_AHEAD, _MM_HINT_T0);
+                block_levels(lev[r], type, blk);
             }
-            #pragma GCC unroll 4
+#pragma GCC unroll 4
             for (int j = 0; j < C; j++) {
-                __m256i x0 = _mm256_load_si256((const __m256i *)(xq[j] + b * B));
-                __m256i x1 = B == 64 ? _mm256_load_si256((const __m256i *)(xq[j] + b * B + 32)) : x0;
-                #pragma GCC unroll 4
-                for (int r = 0; r < R; r++) {
-                    __m256i p;
-                    if (q8) {
-                        p = dot4(_mm256_abs_epi8(lev[r][0]), _mm256_sign_epi8(x0, lev[r][0]));
-                        if (B == 64)
-                            p = _mm256_add_epi32(p, dot4(_mm256_abs_epi8(lev[r][1]), _mm256_sign_epi8(x1, lev[r][1])));
-                    } else if (B == 64) {
-                        p = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lev[r][0], x0),
-                                                               _mm256_maddubs_epi16(lev[r][1], x1)),
-                                              _mm256_set1_epi16(1));
-                    } else {
-                        p = dot4(lev[r][0], x0);
-                    }
-                    __m256 sc = B == 64 ? _mm256_castsi256_ps(_mm256_broadcastq_epi64(
-                                              _mm_loadl_epi64((const __m128i *)(ds[r][j] + 2 * i))))
-                                        : _mm256_broadcast_ss(ds[r][j] + i);
-                    acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[r][j]);
-                }
+                const int8_t *xq = qx->q + (size_t)(t0 + j) * qx->q_ld + b * B;
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++)
+                    acc[r][j] = _mm256_fmadd_ps(block_dot(lev[r], xq, type), block_scale(ds[r][j], i, type), acc[r][j]);
             }
         }
     }
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int j = 0; j < C; j++)
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int r = 0; r < R; r++)
             y[(size_t)(t0 + j) * ldy + n + r] = hsum8(_mm256_add_ps(acc[r][j], accm[r][j]));
 }
 
-/* Rows n0 <= n < n1, all tokens, of one type. */
+/* ---- decode: one row at a time ---------------------------------------------------------- */
+
+/* W[row] . x for T = 1, the row read as one forward stream (prefetched ahead); the scales of
+ * group g + 1 are made while group g is multiplied, 4 accumulators.  row: [nb * BB] bytes. */
+QK_INLINE float gemv_row(const uint8_t *row, const ifk_qx *qx, const int type)
+{
+    const int B = block_of(type), BB = block_bytes_of(type), nb = qx->nb;
+    __m256 acc[4] = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() };
+    __m256 accm = _mm256_setzero_ps();
+    _Alignas(32) float ds[2][16];
+    group_scales(ds[0], &accm, row, qx->s0, qx->s1, qx->sum, 0, nb < 8 ? nb : 8, type);
+    for (int g = 0, cur = 0; g < nb; g += 8, cur ^= 1) {
+        const int ng = nb - g < 8 ? nb - g : 8;
+        if (g + 8 < nb)
+            group_scales(ds[cur ^ 1], &accm, row, qx->s0, qx->s1, qx->sum, g + 8, nb - g - 8 < 8 ? nb - g - 8 : 8, type);
+        const uint8_t *blk = row + (size_t)g * BB;
+        const int8_t *xq = qx->q + (size_t)g * B;
+        int i = 0;
+        for (; i + 4 <= ng; i += 4)
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++) {
+                __m256i lev[2];
+                _mm_prefetch((const char *)blk + (size_t)(i + u) * BB + PF_AHEAD, _MM_HINT_T0);
+                block_levels(lev, type, blk + (size_t)(i + u) * BB);
+                acc[u] = _mm256_fmadd_ps(block_dot(lev, xq + (size_t)(i + u) * B, type), block_scale(ds[cur], i + u, type), acc[u]);
+            }
+        for (; i < ng; i++) {
+            __m256i lev[2];
+            block_levels(lev, type, blk + (size_t)i * BB);
+            acc[0] = _mm256_fmadd_ps(block_dot(lev, xq + (size_t)i * B, type), block_scale(ds[cur], i, type), acc[0]);
+        }
+    }
+    return hsum8(_mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])), accm));
+}
+
+/* Rows n0 <= n < n1, all tokens, of one type: decode row by row, prefill in tiles of 2 rows x
+ * 4 tokens (8 accumulators, 4 level and 2 x registers: the 16 ymm registers). */
 QK_INLINE void rows_of(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, int n0, int n1, const int type)
 {
     const int T = qx->T;
     int n = n0;
     if (T == 1) {
-        for (; n + 4 <= n1; n += 4)
-            tile(y, ldy, W, qx, n, 0, type, 4, 1);
-    } else {
-        for (; n + 2 <= n1; n += 2) {
-            int t = 0;
-            for (; t + 4 <= T; t += 4)
-                tile(y, ldy, W, qx, n, t, type, 2, 4);
-            for (; t < T; t++)
-                tile(y, ldy, W, qx, n, t, type, 2, 1);
-        }
+        const size_t rb = (size_t)qx->nb * block_bytes_of(type);
+        for (; n < n1; n++)
+            y[n] = gemv_row(W + (size_t)n * rb, qx, type);
+        return;
+    }
+    for (; n + 2 <= n1; n += 2) {
+        int t = 0;
+        for (; t + 4 <= T; t += 4)
+            tile(y, ldy, W, qx, n, t, type, 2, 4);
+        for (; t < T; t++)
+            tile(y, ldy, W, qx, n, t, type, 2, 1);
     }
     for (; n < n1; n++) {
         int t = 0;
