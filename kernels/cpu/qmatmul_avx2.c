@@ -146,6 +146,13 @@ IFK_DECL_QX_QUANTIZE(ifk_avx2_qx_quantize)
         memset(q + (size_t)qx->nb * qx->B, 0, qx->q_ld - (size_t)qx->nb * qx->B);
         for (size_t b = (size_t)qx->nb; b < qx->s_ld; b++)
             s0[b] = s1[b] = sum[b] = 0.0f;
+        float *bk = qx->blk + (size_t)t * qx->s_ld * 4;        /* [s_ld][4] */
+        for (size_t b = 0; b < qx->s_ld; b++) {
+            bk[4 * b] = s0[b];
+            bk[4 * b + 1] = sum[b];
+            bk[4 * b + 2] = s1[b];
+            bk[4 * b + 3] = 0.0f;
+        }
     }
 }
 

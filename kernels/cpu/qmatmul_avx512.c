@@ -109,6 +109,13 @@ QK_FN IFK_DECL_QX_QUANTIZE(ifk_avx512_qx_quantize)
         memset(q + (size_t)qx->nb * qx->B, 0, qx->q_ld - (size_t)qx->nb * qx->B);
         for (size_t b = (size_t)qx->nb; b < qx->s_ld; b++)
             s0[b] = s1[b] = sum[b] = 0.0f;
+        float *bk = qx->blk + (size_t)t * qx->s_ld * 4;        /* [s_ld][4] */
+        for (size_t b = 0; b < qx->s_ld; b++) {
+            bk[4 * b] = s0[b];
+            bk[4 * b + 1] = sum[b];
+            bk[4 * b + 2] = s1[b];
+            bk[4 * b + 3] = 0.0f;
+        }
     }
 }
 
@@ -374,49 +381,46 @@ QK_INLINE void group_scales(float *ds, __m512 *accm, const uint8_t *row, const i
     }
 }
 
-/* acc + the delta term of one block: its levels times x's int8 values, scaled by sc[i] (B = 32)
- * or the pair sc[2i], sc[2i + 1] (B = 64).  blk: [BB]; xq: [B]. */
-QK_INLINE __m512 gemv_block(__m512 acc, const uint8_t *blk, const int8_t *xq, const float *sc, int i, const int type)
+/* acc + the delta term of one block, *accm + its min term (in lane 1; the other lanes collect
+ * junk that is never read): the block's header is converted on its own, as
+ * [d, m, d, m] * { s0, sum, s1, 0 } = [d s0, m sum, d s1, 0].  blk: [BB]; xq: [B]; sx: [4]. */
+QK_INLINE __m512 gemv_block(__m512 acc, __m128 *accm, const uint8_t *blk, const int8_t *xq, const float *sx, const int type)
 {
     _mm_prefetch((const char *)blk + PF_AHEAD, _MM_HINT_T0);
     if (block_of(type) == 64) {
+        __m128 r = _mm_mul_ps(_mm_cvtph_ps(_mm_set1_epi32((int)rd32(blk))), _mm_load_ps(sx));
+        *accm = _mm_add_ps(*accm, r);
+        __m512 sc = _mm512_castpd_ps(_mm512_broadcastsd_pd(_mm_castps_pd(_mm_permute_ps(r, 0x88))));
         __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), levels64(type, blk), _mm512_load_si512(xq));
-        return _mm512_fmadd_ps(_mm512_cvtepi32_ps(p),
-                               _mm512_castsi512_ps(_mm512_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)(sc + 2 * i)))), acc);
+        return _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc);
     }
+    __m128 r = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)rd32(blk))), _mm_load_ps(sx));
+    *accm = _mm_add_ps(*accm, r);
     __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), levels32(type, blk), _mm256_load_si256((const __m256i *)xq));
-    return _mm512_castps256_ps512(_mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(sc + i), _mm512_castps512_ps256(acc)));
+    return _mm512_castps256_ps512(_mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcastss_ps(r), _mm512_castps512_ps256(acc)));
 }
 
-/* W[row] . x for T = 1, the row read as one forward stream with a software prefetch ahead.
- * The scales of group g + 1 are made while group g's blocks are multiplied, so that the
- * header gather finds its lines cached and ds is stored well before it is read. */
+/* W[row] . x for T = 1: the row read as one forward stream (prefetched ahead), 4 accumulators
+ * for the FMA latency.  row: [nb * BB] bytes. */
 QK_INLINE float gemv_row(const uint8_t *row, const ifk_qx *qx, const int type)
 {
     const int B = block_of(type), BB = block_bytes_of(type), nb = qx->nb;
     __m512 acc[4] = { _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps() };
-    __m512 accm = _mm512_setzero_ps();
-    _Alignas(64) float ds[2][32];
-    group_scales(ds[0], &accm, row, qx, 0, nb < 16 ? nb : 16, type);
-    for (int g = 0, cur = 0; g < nb; g += 16, cur ^= 1) {
-        const int ng = nb - g < 16 ? nb - g : 16;
-        if (g + 16 < nb)
-            group_scales(ds[cur ^ 1], &accm, row, qx, g + 16, nb - g - 16 < 16 ? nb - g - 16 : 16, type);
-        const uint8_t *blk = row + (size_t)g * BB;
-        const float *sc = ds[cur];
-        int i = 0;
-        for (; i + 4 <= ng; i += 4) { /* 4 accumulators: the FMA latency */
+    __m128 accm[4] = { _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps() };
+    int b = 0;
+    for (; b + 4 <= nb; b += 4)
 #pragma GCC unroll 4
-            for (int u = 0; u < 4; u++)
-                acc[u] = gemv_block(acc[u], blk + (size_t)(i + u) * BB, qx->q + (size_t)(g + i + u) * B, sc, i + u, type);
-        }
-        for (; i < ng; i++)
-            acc[0] = gemv_block(acc[0], blk + (size_t)i * BB, qx->q + (size_t)(g + i) * B, sc, i, type);
-    }
+        for (int u = 0; u < 4; u++)
+            acc[u] = gemv_block(acc[u], &accm[u], row + (size_t)(b + u) * BB, qx->q + (size_t)(b + u) * B,
+                                 qx->blk + 4 * (size_t)(b + u), type);
+    for (; b < nb; b++)
+        acc[0] = gemv_block(acc[0], &accm[0], row + (size_t)b * BB, qx->q + (size_t)b * B, qx->blk + 4 * (size_t)b, type);
     if (B == 32) /* only the low halves were accumulated */
         for (int a = 0; a < 4; a++)
             acc[a] = _mm512_zextps256_ps512(_mm512_castps512_ps256(acc[a]));
-    return hsum512(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(_mm512_add_ps(acc[2], acc[3]), accm)));
+    __m128 m = _mm_add_ps(_mm_add_ps(accm[0], accm[1]), _mm_add_ps(accm[2], accm[3]));
+    return hsum512(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]))) +
+           _mm_cvtss_f32(_mm_movehdup_ps(m));
 }
 
 /* Rows n0 <= n < n1, all tokens, of one type. */
