@@ -409,37 +409,43 @@ QK_INLINE void tile(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, in
 
 /* ---- decode: one row at a time ---------------------------------------------------------- */
 
-/* W[row] . x for T = 1, the row read as one forward stream (prefetched ahead); the scales of
- * group g + 1 are made while group g is multiplied, 4 accumulators.  row: [nb * BB] bytes. */
+/* acc + the delta term of one block, *accm + its min term (lane 1; the other lanes collect
+ * junk that is never read): the block's header is converted on its own, as
+ * [d, m, d, m] * { s0, sum, s1, 0 } = [d s0, m sum, d s1, 0] (Q8: m + 128 d for the min).
+ * blk: [BB]; xq: [B]; sx: [4]. */
+QK_INLINE __m256 gemv_block(__m256 acc, __m128 *accm, const uint8_t *blk, const int8_t *xq, const float *sx, const int type)
+{
+    _mm_prefetch((const char *)blk + PF_AHEAD, _MM_HINT_T0);
+    __m128 dm = _mm_cvtph_ps(_mm_set1_epi32((int)rd32(blk)));
+    if (is_q8(type))
+        dm = _mm_fmadd_ps(_mm_moveldup_ps(dm), _mm_setr_ps(0.0f, 128.0f, 0.0f, 128.0f), dm);
+    __m128 r = _mm_mul_ps(dm, _mm_load_ps(sx));
+    *accm = _mm_add_ps(*accm, r);
+    __m256 sc = block_of(type) == 64 ? _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(_mm_permute_ps(r, 0x88))))
+                                     : _mm256_broadcastss_ps(r);
+    __m256i lev[2];
+    block_levels(lev, type, blk);
+    return _mm256_fmadd_ps(block_dot(lev, xq, type), sc, acc);
+}
+
+/* W[row] . x for T = 1: the row read as one forward stream (prefetched ahead), 4 accumulators
+ * for the FMA latency.  row: [nb * BB] bytes. */
 QK_INLINE float gemv_row(const uint8_t *row, const ifk_qx *qx, const int type)
 {
     const int B = block_of(type), BB = block_bytes_of(type), nb = qx->nb;
     __m256 acc[4] = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() };
-    __m256 accm = _mm256_setzero_ps();
-    _Alignas(32) float ds[2][16];
-    group_scales(ds[0], &accm, row, qx->s0, qx->s1, qx->sum, 0, nb < 8 ? nb : 8, type);
-    for (int g = 0, cur = 0; g < nb; g += 8, cur ^= 1) {
-        const int ng = nb - g < 8 ? nb - g : 8;
-        if (g + 8 < nb)
-            group_scales(ds[cur ^ 1], &accm, row, qx->s0, qx->s1, qx->sum, g + 8, nb - g - 8 < 8 ? nb - g - 8 : 8, type);
-        const uint8_t *blk = row + (size_t)g * BB;
-        const int8_t *xq = qx->q + (size_t)g * B;
-        int i = 0;
-        for (; i + 4 <= ng; i += 4)
+    __m128 accm[4] = { _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps() };
+    int b = 0;
+    for (; b + 4 <= nb; b += 4)
 #pragma GCC unroll 4
-            for (int u = 0; u < 4; u++) {
-                __m256i lev[2];
-                _mm_prefetch((const char *)blk + (size_t)(i + u) * BB + PF_AHEAD, _MM_HINT_T0);
-                block_levels(lev, type, blk + (size_t)(i + u) * BB);
-                acc[u] = _mm256_fmadd_ps(block_dot(lev, xq + (size_t)(i + u) * B, type), block_scale(ds[cur], i + u, type), acc[u]);
-            }
-        for (; i < ng; i++) {
-            __m256i lev[2];
-            block_levels(lev, type, blk + (size_t)i * BB);
-            acc[0] = _mm256_fmadd_ps(block_dot(lev, xq + (size_t)i * B, type), block_scale(ds[cur], i, type), acc[0]);
-        }
-    }
-    return hsum8(_mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])), accm));
+        for (int u = 0; u < 4; u++)
+            acc[u] = gemv_block(acc[u], &accm[u], row + (size_t)(b + u) * BB, qx->q + (size_t)(b + u) * B,
+                                qx->blk + 4 * (size_t)(b + u), type);
+    for (; b < nb; b++)
+        acc[0] = gemv_block(acc[0], &accm[0], row + (size_t)b * BB, qx->q + (size_t)b * B, qx->blk + 4 * (size_t)b, type);
+    __m128 m = _mm_add_ps(_mm_add_ps(accm[0], accm[1]), _mm_add_ps(accm[2], accm[3]));
+    return hsum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))) +
+           _mm_cvtss_f32(_mm_movehdup_ps(m));
 }
 
 /* Rows n0 <= n < n1, all tokens, of one type: decode row by row, prefill in tiles of 2 rows x
