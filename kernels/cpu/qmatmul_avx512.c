@@ -252,134 +252,143 @@ QK_INLINE float hsum512(__m512 v)
     return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
 }
 
-/* y[t0 + j][n + r] for r < R, j < C.  W: [N][nb * BB] bytes; y: [T][N] at stride ldy. */
-QK_INLINE void tile(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, int n, int t0,
-                    const int type, const int R, const int C)
+#define PF_KC 64 /* prefill: blocks per chunk of K (headers converted once per chunk and row) */
+
+/* delta d[i] and min m[i] of blocks c0 + i of a row, i < nc (<= PF_KC; 0 past nc).
+ * row: [nb * BB] bytes; d, m: [PF_KC]. */
+QK_INLINE void chunk_headers(float *d, float *m, const uint8_t *row, int c0, int nc, const int type)
 {
-    const int B = block_of(type), BB = block_bytes_of(type), nb = qx->nb;
-    const size_t rb = (size_t)nb * BB;
-    const uint8_t *row[4];              /* R rows of [nb * BB] */
-    const int8_t *xq[4];                /* C tokens of [q_ld] */
-    const float *s0[4], *s1[4], *xs[4]; /* C tokens of [s_ld] */
-    #pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-        row[r] = W + (size_t)(n + r) * rb;
-    #pragma GCC unroll 4
-    for (int j = 0; j < C; j++) {
-        xq[j] = qx->q + (size_t)(t0 + j) * qx->q_ld;
-        s0[j] = qx->s0 + (size_t)(t0 + j) * qx->s_ld;
-        s1[j] = qx->s1 + (size_t)(t0 + j) * qx->s_ld;
-        xs[j] = qx->sum + (size_t)(t0 + j) * qx->s_ld;
+    const int BB = block_bytes_of(type);
+    const __m512i at = _mm512_mullo_epi32(_mm512_set1_epi32(BB),
+                                          _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    for (int g = 0; g < PF_KC; g += 16) {
+        int ng = nc - g < 0 ? 0 : nc - g < 16 ? nc - g : 16;
+        __m512i h = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mask16(ng), at, row + (size_t)(c0 + g) * BB, 1);
+        _mm512_store_ps(d + g, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)));
+        _mm512_store_ps(m + g, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16))));
     }
-    __m512 acc[4][4], accm[4][4];  /* [R][C]: the delta terms (B = 64) and the min terms */
-    __m256 acc8[4][4];             /* [R][C]: the delta terms (B = 32) */
-    #pragma GCC unroll 4
+}
+
+/* The blocks c0 .. c0 + nc - 1 of rows n .. n + R - 1 against tokens t0 .. t0 + C - 1:
+ * y[t0 + j][n + r] = (first ? 0 : y[t0 + j][n + r]) + their part of the product.
+ * y: [T][N] at stride ldy; lv: [R][PF_KC][B] the chunk's levels as bytes; d, m: [R][PF_KC]
+ * from chunk_headers. */
+QK_INLINE void tile(float *y, size_t ldy, const uint8_t (*lv)[PF_KC * 64], const ifk_qx *qx, int n, int t0, int c0,
+                    int nc, int first, const float (*d)[PF_KC], const float (*m)[PF_KC], const int type, const int R,
+                    const int C)
+{
+    const int B = block_of(type);
+    __m512 acc[4][4], accm[4][4]; /* [R][C]: the delta terms (B = 64; low halves for B = 32), min terms */
+    /* delta * x scale per row, token and block of the chunk: [PF_KC] (B = 32), or [PF_KC][2]
+     * pairs (B = 64: x groups 0 and 1) */
+    _Alignas(64) float ds[4][4][2 * PF_KC];
+#pragma GCC unroll 4
     for (int r = 0; r < R; r++)
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int j = 0; j < C; j++) {
+            const size_t st = (size_t)(t0 + j) * qx->s_ld + (size_t)c0;
             acc[r][j] = accm[r][j] = _mm512_setzero_ps();
-            acc8[r][j] = _mm256_setzero_ps();
-        }
-    /* delta * x scale of each block of the group, per row and token: [R][C][16] floats for
-     * B = 32; [R][C][16][2] (group 0, group 1) for B = 64 */
-    _Alignas(64) float ds[4][4][32];
-    const __m512i hdr_at = _mm512_mullo_epi32(_mm512_set1_epi32(BB),
-                                              _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-    for (int g = 0; g < nb; g += 16) {
-        const int ng = nb - g < 16 ? nb - g : 16;
-        #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            __m512i h = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mask16(ng), hdr_at,
-                                                    row[r] + (size_t)g * BB, 1);
-            __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
-            __m512 m = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16)));
-            #pragma GCC unroll 4
-            for (int j = 0; j < C; j++) {
-                accm[r][j] = _mm512_fmadd_ps(m, _mm512_loadu_ps(xs[j] + g), accm[r][j]);
-                __m512 d0 = _mm512_mul_ps(d, _mm512_loadu_ps(s0[j] + g));
+            for (int g = 0; g < nc; g += 16) {
+                __m512 dv = _mm512_load_ps(d[r] + g);
+                accm[r][j] = _mm512_fmadd_ps(_mm512_load_ps(m[r] + g), _mm512_loadu_ps(qx->sum + st + g), accm[r][j]);
+                __m512 d0 = _mm512_mul_ps(dv, _mm512_loadu_ps(qx->s0 + st + g));
                 if (B == 32) {
-                    _mm512_store_ps(ds[r][j], d0);
+                    _mm512_store_ps(ds[r][j] + g, d0);
                 } else {
-                    __m512 d1 = _mm512_mul_ps(d, _mm512_loadu_ps(s1[j] + g));
+                    __m512 d1 = _mm512_mul_ps(dv, _mm512_loadu_ps(qx->s1 + st + g));
                     const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-                    _mm512_store_ps(ds[r][j], _mm512_permutex2var_ps(d0, lo, d1));
-                    _mm512_store_ps(ds[r][j] + 16, _mm512_permutex2var_ps(d0, _mm512_add_epi32(lo, _mm512_set1_epi32(8)), d1));
+                    _mm512_store_ps(ds[r][j] + 2 * g, _mm512_permutex2var_ps(d0, lo, d1));
+                    _mm512_store_ps(ds[r][j] + 2 * g + 16,
+                                    _mm512_permutex2var_ps(d0, _mm512_add_epi32(lo, _mm512_set1_epi32(8)), d1));
                 }
             }
         }
-        for (int i = 0; i < ng; i++) {
-            const size_t b = (size_t)(g + i);
-            if (B == 64) {
-                __m512i lev[4];
-                #pragma GCC unroll 4
-                for (int r = 0; r < R; r++)
-                {
-                    _mm_prefetch((const char *)row[r] + b * BB + PF_AHEAD, _MM_HINT_T0);
-                    lev[r] = levels64(type, row[r] + b * BB);
+    for (int i = 0; i < nc; i++) {
+        const size_t b = (size_t)(c0 + i);
+        if (B == 64) {
+            __m512i lev[4];
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                lev[r] = _mm512_load_si512(lv[r] + (size_t)i * 64);
+#pragma GCC unroll 4
+            for (int j = 0; j < C; j++) {
+                __m512i xv = _mm512_load_si512(qx->q + (size_t)(t0 + j) * qx->q_ld + b * 64);
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) {
+                    __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lev[r], xv));
+                    __m512 sc = _mm512_castsi512_ps(
+                        _mm512_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)(ds[r][j] + 2 * i))));
+                    acc[r][j] = _mm512_fmadd_ps(p, sc, acc[r][j]);
                 }
-                #pragma GCC unroll 4
-                for (int j = 0; j < C; j++) {
-                    __m512i xv = _mm512_load_si512(xq[j] + b * 64);
-                    #pragma GCC unroll 4
-                    for (int r = 0; r < R; r++) {
-                        __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lev[r], xv));
-                        __m512 sc = _mm512_castsi512_ps(
-                            _mm512_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)(ds[r][j] + 2 * i))));
-                        acc[r][j] = _mm512_fmadd_ps(p, sc, acc[r][j]);
-                    }
-                }
-            } else {
-                __m256i lev[4];
-                #pragma GCC unroll 4
-                for (int r = 0; r < R; r++)
-                {
-                    _mm_prefetch((const char *)row[r] + b * BB + PF_AHEAD, _MM_HINT_T0);
-                    lev[r] = levels32(type, row[r] + b * BB);
-                }
-                #pragma GCC unroll 4
-                for (int j = 0; j < C; j++) {
-                    __m256i xv = _mm256_load_si256((const __m256i *)(xq[j] + b * 32));
-                    #pragma GCC unroll 4
-                    for (int r = 0; r < R; r++) {
-                        __m256 p = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lev[r], xv));
-                        acc8[r][j] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(ds[r][j] + i), acc8[r][j]);
-                    }
+            }
+        } else {
+            __m256i lev[4];
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                lev[r] = _mm256_load_si256((const __m256i *)(lv[r] + (size_t)i * 32));
+#pragma GCC unroll 4
+            for (int j = 0; j < C; j++) {
+                __m256i xv = _mm256_load_si256((const __m256i *)(qx->q + (size_t)(t0 + j) * qx->q_ld + b * 32));
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) {
+                    __m256 p = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lev[r], xv));
+                    acc[r][j] = _mm512_castps256_ps512(
+                        _mm256_fmadd_ps(p, _mm256_broadcast_ss(ds[r][j] + i), _mm512_castps512_ps256(acc[r][j])));
                 }
             }
         }
     }
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int j = 0; j < C; j++)
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            __m512 a = B == 64 ? acc[r][j] : _mm512_zextps256_ps512(acc8[r][j]);
-            y[(size_t)(t0 + j) * ldy + n + r] = hsum512(_mm512_add_ps(a, accm[r][j]));
+            __m512 a = B == 64 ? acc[r][j] : _mm512_zextps256_ps512(_mm512_castps512_ps256(acc[r][j]));
+            float *yp = y + (size_t)(t0 + j) * ldy + n + r;
+            *yp = (first ? 0.0f : *yp) + hsum512(_mm512_add_ps(a, accm[r][j]));
         }
+}
+
+/* The levels of blocks c0 .. c0 + nc - 1 of a row as bytes.  row: [nb * BB]; lv: [nc][B]. */
+QK_INLINE void chunk_levels(uint8_t *lv, const uint8_t *row, int c0, int nc, const int type)
+{
+    const int BB = block_bytes_of(type);
+    for (int i = 0; i < nc; i++) {
+        const uint8_t *blk = row + (size_t)(c0 + i) * BB;
+        _mm_prefetch((const char *)blk + PF_AHEAD, _MM_HINT_T0);
+        if (block_of(type) == 64)
+            _mm512_store_si512(lv + (size_t)i * 64, levels64(type, blk));
+        else
+            _mm256_store_si256((__m256i *)(lv + (size_t)i * 32), levels32(type, blk));
+    }
+}
+
+/* Prefill: rows n .. n + R - 1 against all tokens, K in chunks of PF_KC blocks whose levels
+ * and headers are decoded once (into L1) and serve every token tile (C = 4, then single
+ * tokens). */
+QK_INLINE void gemm_rows(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, int n, const int type, const int R)
+{
+    const int T = qx->T, nb = qx->nb;
+    const size_t rb = (size_t)nb * block_bytes_of(type);
+    _Alignas(64) float d[4][PF_KC], m[4][PF_KC];
+    _Alignas(64) uint8_t lv[4][PF_KC * 64];
+    for (int c0 = 0; c0 < nb; c0 += PF_KC) {
+        const int nc = nb - c0 < PF_KC ? nb - c0 : PF_KC;
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            chunk_headers(d[r], m[r], W + (size_t)(n + r) * rb, c0, nc, type);
+            chunk_levels(lv[r], W + (size_t)(n + r) * rb, c0, nc, type);
+        }
+        const float(*dc)[PF_KC] = (const float(*)[PF_KC])d, (*mc)[PF_KC] = (const float(*)[PF_KC])m;
+        const uint8_t(*lc)[PF_KC * 64] = (const uint8_t(*)[PF_KC * 64])lv;
+        int t = 0;
+        for (; t + 4 <= T; t += 4)
+            tile(y, ldy, lc, qx, n, t, c0, nc, c0 == 0, dc, mc, type, R, 4);
+        for (; t < T; t++)
+            tile(y, ldy, lc, qx, n, t, c0, nc, c0 == 0, dc, mc, type, R, 1);
+    }
 }
 
 /* ---- decode: one row at a time ---------------------------------------------------------- */
-
-/* delta * x scale of the blocks g .. g + ng - 1 of a row into ds ([16] for B = 32, [16][2]
- * pairs for B = 64), and their min terms added to *accm.  row: [nb * BB] bytes. */
-QK_INLINE void group_scales(float *ds, __m512 *accm, const uint8_t *row, const ifk_qx *qx, int g, int ng, const int type)
-{
-    const int B = block_of(type), BB = block_bytes_of(type);
-    const __m512i at = _mm512_mullo_epi32(_mm512_set1_epi32(BB),
-                                          _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-    __m512i h = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mask16(ng), at, row + (size_t)g * BB, 1);
-    __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
-    __m512 m = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16)));
-    *accm = _mm512_fmadd_ps(m, _mm512_load_ps(qx->sum + g), *accm);
-    __m512 d0 = _mm512_mul_ps(d, _mm512_load_ps(qx->s0 + g));
-    if (B == 64) {
-        __m512 d1 = _mm512_mul_ps(d, _mm512_load_ps(qx->s1 + g));
-        const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-        _mm512_store_ps(ds, _mm512_permutex2var_ps(d0, lo, d1));
-        _mm512_store_ps(ds + 16, _mm512_permutex2var_ps(d0, _mm512_add_epi32(lo, _mm512_set1_epi32(8)), d1));
-    } else {
-        _mm512_store_ps(ds, d0);
-    }
-}
 
 /* acc + the delta term of one block, *accm + its min term (in lane 1; the other lanes collect
  * junk that is never read): the block's header is converted on its own, as
@@ -434,20 +443,10 @@ QK_INLINE void rows_of(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx,
             y[n] = gemv_row(W + (size_t)n * rb, qx, type);
         return;
     }
-    for (; n + 4 <= n1; n += 4) {
-        int t = 0;
-        for (; t + 4 <= T; t += 4)
-            tile(y, ldy, W, qx, n, t, type, 4, 4);
-        for (; t < T; t++)
-            tile(y, ldy, W, qx, n, t, type, 4, 1);
-    }
-    for (; n < n1; n++) {
-        int t = 0;
-        for (; t + 4 <= T; t += 4)
-            tile(y, ldy, W, qx, n, t, type, 1, 4);
-        for (; t < T; t++)
-            tile(y, ldy, W, qx, n, t, type, 1, 1);
-    }
+    for (; n + 4 <= n1; n += 4)
+        gemm_rows(y, ldy, W, qx, n, type, 4);
+    for (; n < n1; n++)
+        gemm_rows(y, ldy, W, qx, n, type, 1);
 }
 
 #define QK_ROWS_FN(TYPE)                                                                          \
