@@ -8,8 +8,9 @@
  * term then uses min + 128 delta. For the other types the two maddubs results of a 64-block
  * fit in int16 together (at most 4 * 63 * 127) and share one madd.
  *
- * Blocks go by groups of 8 (one gather of the 8 headers of a row). Decode reads one row at a
- * time (one forward stream); prefill works on tiles of 2 rows x 4 tokens.
+ * Decode reads one row at a time (one forward stream, prefetched) and converts each block's
+ * header on its own; prefill decodes chunks of 64 blocks of 2 rows once (levels to bytes,
+ * headers 8 per gather) and passes tiles of 4 tokens over them.
  */
 #include <immintrin.h>
 #include <string.h>
@@ -267,7 +268,7 @@ QK_INLINE int block_bytes_of(int type)
     }
 }
 
-/* ---- the tile: R rows x C tokens --------------------------------------------------------- */
+/* ---- one block ---------------------------------------------------------------------------- */
 
 /* Software prefetch distance in a row stream (bytes); see qmatmul_avx512.c. */
 #ifndef PF_AHEAD
@@ -328,83 +329,129 @@ QK_INLINE __m256 block_scale(const float *ds, int i, const int type)
     return _mm256_broadcast_ss(ds + i);
 }
 
-/* For blocks g .. g + ng - 1 (ng <= 8) of one row and one token: ds = delta * x scale ([8],
- * or [8][2] pairs for B = 64), and *accm += the min terms (min + 128 delta for Q8).
- * row: [nb * BB] bytes; s0, s1, xs: the token's [s_ld] arrays. */
-QK_INLINE void group_scales(float *ds, __m256 *accm, const uint8_t *row, const float *s0, const float *s1,
-                            const float *xs, int g, int ng, const int type)
+/* ---- prefill: tiles of R rows x C tokens over chunks of K -------------------------------- */
+
+#define PF_KC 64 /* blocks per chunk of K (levels and headers decoded once per chunk and row) */
+
+/* delta d[i] and min m[i] (min + 128 delta for Q8) of blocks c0 + i of a row, i < nc (<= PF_KC;
+ * 0 past nc).  row: [nb * BB] bytes; d, m: [PF_KC]. */
+QK_INLINE void chunk_headers(float *d, float *m, const uint8_t *row, int c0, int nc, const int type)
 {
     const int BB = block_bytes_of(type);
     const __m256i at = _mm256_mullo_epi32(_mm256_set1_epi32(BB), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    __m256i h = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)(row + (size_t)g * BB), at,
-                                            lanes_below(ng), 1);
-    /* u16 halves -> F16: [d0..d3 m0..m3 | d4..d7 m4..m7] -> [d0..d7 | m0..m7] */
-    __m256i p = _mm256_packus_epi32(_mm256_and_si256(h, _mm256_set1_epi32(0xffff)), _mm256_srli_epi32(h, 16));
-    p = _mm256_permute4x64_epi64(p, 0xD8);
-    __m256 d = _mm256_cvtph_ps(_mm256_castsi256_si128(p));
-    __m256 m = _mm256_cvtph_ps(_mm256_extracti128_si256(p, 1));
-    if (is_q8(type))
-        m = _mm256_fmadd_ps(d, _mm256_set1_ps(128.0f), m);
-    *accm = _mm256_fmadd_ps(m, _mm256_loadu_ps(xs + g), *accm);
-    __m256 d0 = _mm256_mul_ps(d, _mm256_loadu_ps(s0 + g));
-    if (block_of(type) == 64) {
-        __m256 d1 = _mm256_mul_ps(d, _mm256_loadu_ps(s1 + g));
-        __m256 lo = _mm256_unpacklo_ps(d0, d1), hi = _mm256_unpackhi_ps(d0, d1);
-        _mm256_store_ps(ds, _mm256_permute2f128_ps(lo, hi, 0x20));
-        _mm256_store_ps(ds + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
-    } else {
-        _mm256_store_ps(ds, d0);
+    for (int g = 0; g < PF_KC; g += 8) {
+        int ng = nc - g < 0 ? 0 : nc - g < 8 ? nc - g : 8;
+        __m256i h = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)(row + (size_t)(c0 + g) * BB), at,
+                                                lanes_below(ng), 1);
+        /* u16 halves -> F16: [d0..d3 m0..m3 | d4..d7 m4..m7] -> [d0..d7 | m0..m7] */
+        __m256i p = _mm256_packus_epi32(_mm256_and_si256(h, _mm256_set1_epi32(0xffff)), _mm256_srli_epi32(h, 16));
+        p = _mm256_permute4x64_epi64(p, 0xD8);
+        __m256 dv = _mm256_cvtph_ps(_mm256_castsi256_si128(p)), mv = _mm256_cvtph_ps(_mm256_extracti128_si256(p, 1));
+        if (is_q8(type))
+            mv = _mm256_fmadd_ps(dv, _mm256_set1_ps(128.0f), mv);
+        _mm256_store_ps(d + g, dv);
+        _mm256_store_ps(m + g, mv);
     }
 }
 
-/* ---- prefill: a tile of R rows x C tokens ------------------------------------------------ */
-
-/* y[t0 + j][n + r] for r < R, j < C.  W: [N][nb * BB] bytes; y: [T][N] at stride ldy. */
-QK_INLINE void tile(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, int n, int t0,
-                    const int type, const int R, const int C)
+/* The levels of blocks c0 .. c0 + nc - 1 of a row as bytes (block_levels: Q8 as q - 128).
+ * row: [nb * BB]; lv: [nc][B]. */
+QK_INLINE void chunk_levels(uint8_t *lv, const uint8_t *row, int c0, int nc, const int type)
 {
-    const int B = block_of(type), BB = block_bytes_of(type), nb = qx->nb;
-    const size_t rb = (size_t)nb * BB;
-    __m256 acc[4][4], accm[4][4]; /* [R][C]: delta terms, min terms */
-    _Alignas(32) float ds[4][4][16];
+    const int B = block_of(type), BB = block_bytes_of(type);
+    for (int i = 0; i < nc; i++) {
+        const uint8_t *blk = row + (size_t)(c0 + i) * BB;
+        __m256i l[2];
+        _mm_prefetch((const char *)blk + PF_AHEAD, _MM_HINT_T0);
+        block_levels(l, type, blk);
+        for (int h = 0; h < B / 32; h++)
+            _mm256_store_si256((__m256i *)(lv + (size_t)i * B + 32 * h), l[h]);
+    }
+}
+
+/* The blocks c0 .. c0 + nc - 1 of rows n .. n + R - 1 against tokens t0 .. t0 + C - 1:
+ * y[t0 + j][n + r] = (first ? 0 : y[t0 + j][n + r]) + their part of the product.
+ * y: [T][N] at stride ldy; lv: [R][PF_KC][B] from chunk_levels; d, m: [R][PF_KC] from
+ * chunk_headers. */
+QK_INLINE void tile(float *y, size_t ldy, const uint8_t (*lv)[PF_KC * 64], const ifk_qx *qx, int n, int t0, int c0,
+                    int nc, int first, const float (*d)[PF_KC], const float (*m)[PF_KC], const int type, const int R,
+                    const int C)
+{
+    const int B = block_of(type);
+    __m256 acc[4][4];
+    float mins[4][4]; /* [R][C] the min terms */
+    /* delta * x scale per row, token and block: [PF_KC] (B = 32) or [PF_KC][2] pairs (B = 64) */
+    _Alignas(32) float ds[4][4][2 * PF_KC];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int j = 0; j < C; j++)
-            acc[r][j] = accm[r][j] = _mm256_setzero_ps();
-    for (int g = 0; g < nb; g += 8) {
-        const int ng = nb - g < 8 ? nb - g : 8;
+        for (int j = 0; j < C; j++) {
+            const size_t st = (size_t)(t0 + j) * qx->s_ld + (size_t)c0;
+            __m256 am = _mm256_setzero_ps();
+            for (int g = 0; g < nc; g += 8) {
+                __m256 dv = _mm256_load_ps(d[r] + g);
+                am = _mm256_fmadd_ps(_mm256_load_ps(m[r] + g), _mm256_loadu_ps(qx->sum + st + g), am);
+                __m256 d0 = _mm256_mul_ps(dv, _mm256_loadu_ps(qx->s0 + st + g));
+                if (B == 32) {
+                    _mm256_store_ps(ds[r][j] + g, d0);
+                } else {
+                    __m256 d1 = _mm256_mul_ps(dv, _mm256_loadu_ps(qx->s1 + st + g));
+                    __m256 lo = _mm256_unpacklo_ps(d0, d1), hi = _mm256_unpackhi_ps(d0, d1);
+                    _mm256_store_ps(ds[r][j] + 2 * g, _mm256_permute2f128_ps(lo, hi, 0x20));
+                    _mm256_store_ps(ds[r][j] + 2 * g + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+                }
+            }
+            mins[r][j] = hsum8(am);
+            acc[r][j] = _mm256_setzero_ps();
+        }
+    for (int i = 0; i < nc; i++) {
+        const size_t b = (size_t)(c0 + i);
+        __m256i lev[4][2];
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+            for (int h = 0; h < B / 32; h++)
+                lev[r][h] = _mm256_load_si256((const __m256i *)(lv[r] + (size_t)i * B + 32 * h));
 #pragma GCC unroll 4
-            for (int j = 0; j < C; j++) {
-                size_t t = (size_t)(t0 + j) * qx->s_ld;
-                group_scales(ds[r][j], &accm[r][j], W + (size_t)(n + r) * rb, qx->s0 + t, qx->s1 + t, qx->sum + t,
-                             g, ng, type);
-            }
-        for (int i = 0; i < ng; i++) {
-            const size_t b = (size_t)(g + i);
-            __m256i lev[4][2];
+        for (int j = 0; j < C; j++) {
+            const int8_t *xq = qx->q + (size_t)(t0 + j) * qx->q_ld + b * B;
 #pragma GCC unroll 4
-            for (int r = 0; r < R; r++) {
-                const uint8_t *blk = W + (size_t)(n + r) * rb + b * BB;
-                _mm_prefetch((const char *)blk + PF_AHEAD, _MM_HINT_T0);
-                block_levels(lev[r], type, blk);
-            }
-#pragma GCC unroll 4
-            for (int j = 0; j < C; j++) {
-                const int8_t *xq = qx->q + (size_t)(t0 + j) * qx->q_ld + b * B;
-#pragma GCC unroll 4
-                for (int r = 0; r < R; r++)
-                    acc[r][j] = _mm256_fmadd_ps(block_dot(lev[r], xq, type), block_scale(ds[r][j], i, type), acc[r][j]);
-            }
+            for (int r = 0; r < R; r++)
+                acc[r][j] = _mm256_fmadd_ps(block_dot(lev[r], xq, type), block_scale(ds[r][j], i, type), acc[r][j]);
         }
     }
 #pragma GCC unroll 4
     for (int j = 0; j < C; j++)
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++)
-            y[(size_t)(t0 + j) * ldy + n + r] = hsum8(_mm256_add_ps(acc[r][j], accm[r][j]));
+        for (int r = 0; r < R; r++) {
+            float *yp = y + (size_t)(t0 + j) * ldy + n + r;
+            *yp = (first ? 0.0f : *yp) + hsum8(acc[r][j]) + mins[r][j];
+        }
+}
+
+/* Prefill: rows n .. n + R - 1 against all tokens, K in chunks of PF_KC blocks decoded once
+ * (into L1) for every token tile (C = 4, then single tokens). */
+QK_INLINE void gemm_rows(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, int n, const int type, const int R)
+{
+    const int T = qx->T, nb = qx->nb;
+    const size_t rb = (size_t)nb * block_bytes_of(type);
+    _Alignas(32) float d[4][PF_KC], m[4][PF_KC];
+    _Alignas(32) uint8_t lv[4][PF_KC * 64];
+    for (int c0 = 0; c0 < nb; c0 += PF_KC) {
+        const int nc = nb - c0 < PF_KC ? nb - c0 : PF_KC;
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            chunk_headers(d[r], m[r], W + (size_t)(n + r) * rb, c0, nc, type);
+            chunk_levels(lv[r], W + (size_t)(n + r) * rb, c0, nc, type);
+        }
+        const float(*dc)[PF_KC] = (const float(*)[PF_KC])d, (*mc)[PF_KC] = (const float(*)[PF_KC])m;
+        const uint8_t(*lc)[PF_KC * 64] = (const uint8_t(*)[PF_KC * 64])lv;
+        int t = 0;
+        for (; t + 4 <= T; t += 4)
+            tile(y, ldy, lc, qx, n, t, c0, nc, c0 == 0, dc, mc, type, R, 4);
+        for (; t < T; t++)
+            tile(y, ldy, lc, qx, n, t, c0, nc, c0 == 0, dc, mc, type, R, 1);
+    }
 }
 
 /* ---- decode: one row at a time ---------------------------------------------------------- */
@@ -449,31 +496,20 @@ QK_INLINE float gemv_row(const uint8_t *row, const ifk_qx *qx, const int type)
 }
 
 /* Rows n0 <= n < n1, all tokens, of one type: decode row by row, prefill in tiles of 2 rows x
- * 4 tokens (8 accumulators, 4 level and 2 x registers: the 16 ymm registers). */
+ * 4 tokens (8 accumulators, 4 level and 2 x registers: about the 16 ymm registers). */
 QK_INLINE void rows_of(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, int n0, int n1, const int type)
 {
-    const int T = qx->T;
     int n = n0;
-    if (T == 1) {
+    if (qx->T == 1) {
         const size_t rb = (size_t)qx->nb * block_bytes_of(type);
         for (; n < n1; n++)
             y[n] = gemv_row(W + (size_t)n * rb, qx, type);
         return;
     }
-    for (; n + 2 <= n1; n += 2) {
-        int t = 0;
-        for (; t + 4 <= T; t += 4)
-            tile(y, ldy, W, qx, n, t, type, 2, 4);
-        for (; t < T; t++)
-            tile(y, ldy, W, qx, n, t, type, 2, 1);
-    }
-    for (; n < n1; n++) {
-        int t = 0;
-        for (; t + 4 <= T; t += 4)
-            tile(y, ldy, W, qx, n, t, type, 1, 4);
-        for (; t < T; t++)
-            tile(y, ldy, W, qx, n, t, type, 1, 1);
-    }
+    for (; n + 2 <= n1; n += 2)
+        gemm_rows(y, ldy, W, qx, n, type, 2);
+    for (; n < n1; n++)
+        gemm_rows(y, ldy, W, qx, n, type, 1);
 }
 
 #define QK_ROWS_FN(TYPE)                                                                          \

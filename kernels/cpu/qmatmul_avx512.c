@@ -7,11 +7,15 @@
  * are unpacked to bytes in registers (shifts, masks, mask-register adds; Q3H's 7-bit codes
  * are split into c / 11 and c % 11 with a multiply-shift).
  *
- * Blocks go by groups of 16: one gather fetches the 16 (delta, min) headers of a row, so the
- * scales are converted 16 at a time and the min terms are one FMA per group.
+ * Decode (T == 1) is bound by memory bandwidth: each row is read as one forward stream (rows
+ * one after another, a software prefetch 2 KiB ahead), and each block's header is converted
+ * on its own, [d, m, d, m] * {s0, sum, s1, 0}, which is cheaper than gathering the headers of
+ * several blocks (a gather is ~2 cycles per element on Zen 4, and the hardware prefetcher does
+ * not follow it).
  *
- * A tile is R rows x C tokens: each unpacked block serves C tokens, each x block R rows.
- * Decode (T == 1) takes 4 rows at a time (4 forward streams through W); prefill 4 x 4.
+ * Prefill (T > 1) is compute-bound: rows go by 4, K by chunks of 64 blocks whose levels
+ * (as bytes) and headers (as F32, 16 per gather) are decoded once into L1; then every tile of
+ * 4 tokens passes over the chunk, 4 rows x 4 tokens = 16 int8 dot products per block.
  *
  * Every function here carries target("avx512vnni") on top of the file's -mavx512* flags;
  * qdispatch.c calls this path only on CPUs that have it.
@@ -235,11 +239,10 @@ QK_INLINE int block_bytes_of(int type)
     }
 }
 
-/* ---- the tile: R rows x C tokens --------------------------------------------------------- */
+/* ---- prefill: tiles of R rows x C tokens over chunks of K -------------------------------- */
 
-/* Software prefetch distance in a row stream (bytes). The gathers of block headers are not
- * followed by the hardware prefetcher; without this, one thread streams Q4_B64 at ~14 GB/s
- * instead of ~19 (Zen 4, DRAM). */
+/* Software prefetch distance in a row stream (bytes): measured on Zen 4 (one thread, DRAM),
+ * Q4_B64 decode reads ~14 GB/s without it, ~19 with it. */
 #ifndef PF_AHEAD
 #define PF_AHEAD 2048
 #endif
