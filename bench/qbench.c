@@ -2,11 +2,11 @@
  * qbench.c -- micro-benchmark of the quantized matrix product (ifk_qmatmul); one JSON object
  * per line on stdout.
  *
- *   qbench [--isa scalar|avx2|avx512] [--threads N] [--type NAME]... [--shape NxK]... [--decode]
- *          [--quick]
+ *   qbench [--isa scalar|avx2|avx512] [--threads N] [--no-single] [--type NAME]... [--shape NxK]...
+ *          [--decode] [--quick]
  *
  * decode:  T = 1 on the TinyLlama shapes (N x K = 2048x2048, 5632x2048, 2048x5632, 32000x2048,
- *          256x2048) at 1 thread and at --threads (default: all cores). GBps = bytes of the
+ *          256x2048) at 1 thread (unless --no-single) and at --threads (default: all cores). GBps = bytes of the
  *          quantized weights / time. Each call reads the next of several copies of the matrix
  *          (>= 256 MiB in all), so the weights come from DRAM, as in a model.
  * prefill: T = 64 on 2048x2048 and 5632x2048; GFLOPs = 2 T N K / time.
@@ -152,7 +152,7 @@ static int type_by_name(const char *s)
 
 int main(int argc, char **argv)
 {
-    int threads = omp_get_num_procs(), quick = 0, decode_only = 0, types[IFK_QTYPE_END_], n_types = 0;
+    int threads = omp_get_num_procs(), quick = 0, decode_only = 0, single = 1, types[IFK_QTYPE_END_], n_types = 0;
     int shapes[16][2] = { { 2048, 2048 }, { 5632, 2048 }, { 2048, 5632 }, { 32000, 2048 }, { 256, 2048 } };
     int n_shapes = 5, own_shapes = 0;
     for (int i = 1; i < argc; i++) {
@@ -178,13 +178,15 @@ int main(int argc, char **argv)
                 return 1;
             }
             n_shapes = ++own_shapes;
+        } else if (!strcmp(argv[i], "--no-single")) {
+            single = 0;
         } else if (!strcmp(argv[i], "--decode")) {
             decode_only = 1;
         } else if (!strcmp(argv[i], "--quick")) {
             quick = 1;
         } else {
-            fprintf(stderr, "usage: qbench [--isa scalar|avx2|avx512] [--threads N] [--type NAME]... [--shape NxK]... "
-                            "[--decode] [--quick]\n");
+            fprintf(stderr, "usage: qbench [--isa scalar|avx2|avx512] [--threads N] [--no-single] [--type NAME]... "
+                            "[--shape NxK]... [--decode] [--quick]\n");
             return 1;
         }
     }
@@ -192,12 +194,12 @@ int main(int argc, char **argv)
         for (int t = IFK_Q8_B32; t < IFK_QTYPE_END_; t++)
             types[n_types++] = t;
     const double min_s = quick ? 0.2 : 1.0;
-    int thread_counts[2] = { 1, threads }, n_tc = threads > 1 ? 2 : 1;
+    int thread_counts[2] = { 1, threads }, n_tc = threads > 1 ? 2 : 1, tc0 = single || threads == 1 ? 0 : 1;
     for (int ti = 0; ti < n_types; ti++) {
-        for (int c = 0; c < n_tc; c++)
+        for (int c = tc0; c < n_tc; c++)
             for (int s = 0; s < n_shapes; s++)
                 bench_decode(types[ti], shapes[s][0], shapes[s][1], thread_counts[c], min_s);
-        for (int c = 0; c < n_tc && !decode_only; c++) {
+        for (int c = tc0; c < n_tc && !decode_only; c++) {
             bench_prefill(types[ti], 64, 2048, 2048, thread_counts[c], min_s);
             if (!quick)
                 bench_prefill(types[ti], 64, 5632, 2048, thread_counts[c], min_s);

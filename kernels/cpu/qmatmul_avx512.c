@@ -402,7 +402,7 @@ QK_INLINE __m512 gemv_block(__m512 acc, __m128 *accm, const uint8_t *blk, const 
     if (block_of(type) == 64) {
         __m128 r = _mm_mul_ps(_mm_cvtph_ps(_mm_set1_epi32((int)rd32(blk))), _mm_load_ps(sx));
         *accm = _mm_add_ps(*accm, r);
-        __m512 sc = _mm512_castpd_ps(_mm512_broadcastsd_pd(_mm_castps_pd(_mm_permute_ps(r, 0x88))));
+        __m512 sc = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2), _mm512_castps128_ps512(r));
         __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), levels64(type, blk), _mm512_load_si512(xq));
         return _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc);
     }
