@@ -69,13 +69,14 @@ static int qx_init(ifk_qx *qx, int type, int T, int K)
     qx->q_ld = ((size_t)qx->nb * t->block + 63) & ~(size_t)63;
     qx->s_ld = ((size_t)qx->nb + 15) & ~(size_t)15;
     size_t qbytes = (size_t)T * qx->q_ld, sbytes = (size_t)T * qx->s_ld * sizeof(float);
-    char *p = scratch_get(qbytes + 3 * sbytes);
+    char *p = scratch_get(qbytes + 7 * sbytes);
     if (!p)
         return 0;
     qx->q = (int8_t *)p;
     qx->s0 = (float *)(p + qbytes);
     qx->s1 = (float *)(p + qbytes + sbytes);
     qx->sum = (float *)(p + qbytes + 2 * sbytes);
+    qx->blk = (float *)(p + qbytes + 3 * sbytes);
     return 1;
 }
 

@@ -37,6 +37,7 @@ typedef struct {
     float *s0;    /* [T][s_ld]   scale of group 0 of each block, 0 past nb */
     float *s1;    /* [T][s_ld]   scale of group 1 of each block (B = 64), 0 past nb */
     float *sum;   /* [T][s_ld]   sum of the block's x, 0 past nb */
+    float *blk;   /* [T][s_ld][4] the same per block: { s0, sum, s1, 0 } (s1 = 0 for B = 32) */
 } ifk_qx;
 
 /* Tokens t0 <= t < t1 of x: [T][K] at stride ldx into qx (whose fields are set). */

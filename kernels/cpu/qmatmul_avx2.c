@@ -8,8 +8,9 @@
  * term then uses min + 128 delta. For the other types the two maddubs results of a 64-block
  * fit in int16 together (at most 4 * 63 * 127) and share one madd.
  *
- * Blocks go by groups of 8 (one gather of the 8 headers of a row). Tiles: decode 4 rows x 1
- * token, prefill 2 rows x 4 tokens (the 16 ymm registers).
+ * Decode reads one row at a time (one forward stream, prefetched) and converts each block's
+ * header on its own; prefill decodes chunks of 64 blocks of 2 rows once (levels to bytes,
+ * headers 8 per gather) and passes tiles of 4 tokens over them.
  */
 #include <immintrin.h>
 #include <string.h>
@@ -146,6 +147,13 @@ IFK_DECL_QX_QUANTIZE(ifk_avx2_qx_quantize)
         memset(q + (size_t)qx->nb * qx->B, 0, qx->q_ld - (size_t)qx->nb * qx->B);
         for (size_t b = (size_t)qx->nb; b < qx->s_ld; b++)
             s0[b] = s1[b] = sum[b] = 0.0f;
+        float *bk = qx->blk + (size_t)t * qx->s_ld * 4;        /* [s_ld][4] */
+        for (size_t b = 0; b < qx->s_ld; b++) {
+            bk[4 * b] = s0[b];
+            bk[4 * b + 1] = sum[b];
+            bk[4 * b + 2] = s1[b];
+            bk[4 * b + 3] = 0.0f;
+        }
     }
 }
 
@@ -260,130 +268,248 @@ QK_INLINE int block_bytes_of(int type)
     }
 }
 
-/* ---- the tile: R rows x C tokens --------------------------------------------------------- */
+/* ---- one block ---------------------------------------------------------------------------- */
 
-/* The int32 lanes of sum_i lev_i * x_i over 4 bytes (lev unsigned, x signed; Q8 levels are
- * passed as |q - 128| and the x as sign(x, q - 128) by the caller). */
+/* Software prefetch distance in a row stream (bytes); see qmatmul_avx512.c. */
+#ifndef PF_AHEAD
+#define PF_AHEAD 2048
+#endif
+
+QK_INLINE int is_q8(int type)
+{
+    return type == IFK_Q8_B32 || type == IFK_Q8_B64;
+}
+
+/* The levels of one block as bytes, lev[0] (and lev[1] for B = 64); Q8 levels as q - 128. */
+QK_INLINE void block_levels(__m256i lev[2], int type, const uint8_t *blk)
+{
+    if (block_of(type) == 64)
+        levels64(lev, type, blk);
+    else
+        lev[0] = levels32(type, blk);
+    if (is_q8(type))
+        for (int h = 0; h < block_of(type) / 32; h++)
+            lev[h] = _mm256_xor_si256(lev[h], _mm256_set1_epi8((char)0x80));
+}
+
+/* The int32 lanes of sum_i lev_i * x_i over 4 bytes (lev unsigned, x signed). */
 QK_INLINE __m256i dot4(__m256i lev, __m256i x)
 {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(lev, x), _mm256_set1_epi16(1));
 }
 
-/* y[t0 + j][n + r] for r < R, j < C.  W: [N][nb * BB] bytes; y: [T][N] at stride ldy. */
-QK_INLINE void tile(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, int n, int t0,
-                    const int type, const int R, const int C)
+/* The int32 lanes of one block's levels times x's int8 values, as float (lane i: bytes 4i..4i+3
+ * of each 32).  lev: from block_levels; xq: [B]. Q8: |q - 128| x sign(x, q - 128). For the
+ * other types the two halves of a 64-block share one madd (at most 4 * 63 * 127 < 32768). */
+QK_INLINE __m256 block_dot(const __m256i lev[2], const int8_t *xq, const int type)
 {
-    const int B = block_of(type), BB = block_bytes_of(type), nb = qx->nb;
-    const int q8 = type == IFK_Q8_B32 || type == IFK_Q8_B64;
-    const size_t rb = (size_t)nb * BB;
-    const uint8_t *row[4];              /* R rows of [nb * BB] */
-    const int8_t *xq[4];                /* C tokens of [q_ld] */
-    const float *s0[4], *s1[4], *xs[4]; /* C tokens of [s_ld] */
-    for (int r = 0; r < R; r++)
-        row[r] = W + (size_t)(n + r) * rb;
-    for (int j = 0; j < C; j++) {
-        xq[j] = qx->q + (size_t)(t0 + j) * qx->q_ld;
-        s0[j] = qx->s0 + (size_t)(t0 + j) * qx->s_ld;
-        s1[j] = qx->s1 + (size_t)(t0 + j) * qx->s_ld;
-        xs[j] = qx->sum + (size_t)(t0 + j) * qx->s_ld;
-    }
-    __m256 acc[4][4], accm[4][4]; /* [R][C]: delta terms, min terms */
-    for (int r = 0; r < R; r++)
-        for (int j = 0; j < C; j++)
-            acc[r][j] = accm[r][j] = _mm256_setzero_ps();
-    /* delta * x scale per block of the group: [R][C][8] (B = 32), [R][C][8][2] (B = 64) */
-    _Alignas(32) float ds[4][4][16];
-    const __m256i hdr_at = _mm256_mullo_epi32(_mm256_set1_epi32(BB), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    for (int g = 0; g < nb; g += 8) {
-        const int ng = nb - g < 8 ? nb - g : 8;
-        for (int r = 0; r < R; r++) {
-            __m256i h = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)(row[r] + (size_t)g * BB),
-                                                    hdr_at, lanes_below(ng), 1);
-            /* u16 halves -> F16 pairs: [d0..d3 m0..m3 | d4..d7 m4..m7] -> [d0..d7 | m0..m7] */
-            __m256i p = _mm256_packus_epi32(_mm256_and_si256(h, _mm256_set1_epi32(0xffff)), _mm256_srli_epi32(h, 16));
-            p = _mm256_permute4x64_epi64(p, 0xD8);
-            __m256 d = _mm256_cvtph_ps(_mm256_castsi256_si128(p));
-            __m256 m = _mm256_cvtph_ps(_mm256_extracti128_si256(p, 1));
-            if (q8)
-                m = _mm256_fmadd_ps(d, _mm256_set1_ps(128.0f), m);
-            for (int j = 0; j < C; j++) {
-                accm[r][j] = _mm256_fmadd_ps(m, _mm256_loadu_ps(xs[j] + g), accm[r][j]);
-                __m256 d0 = _mm256_mul_ps(d, _mm256_loadu_ps(s0[j] + g));
-                if (B == 32) {
-                    _mm256_store_ps(ds[r][j], d0);
-                } else {
-                    __m256 d1 = _mm256_mul_ps(d, _mm256_loadu_ps(s1[j] + g));
-                    __m256 lo = _mm256_unpacklo_ps(d0, d1), hi = _mm256_unpackhi_ps(d0, d1);
-                    _mm256_store_ps(ds[r][j], _mm256_permute2f128_ps(lo, hi, 0x20));
-                    _mm256_store_ps(ds[r][j] + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
-                }
-            }
+    __m256i x0 = _mm256_load_si256((const __m256i *)xq), p;
+    if (is_q8(type)) {
+        p = dot4(_mm256_abs_epi8(lev[0]), _mm256_sign_epi8(x0, lev[0]));
+        if (block_of(type) == 64) {
+            __m256i x1 = _mm256_load_si256((const __m256i *)(xq + 32));
+            p = _mm256_add_epi32(p, dot4(_mm256_abs_epi8(lev[1]), _mm256_sign_epi8(x1, lev[1])));
         }
-        for (int i = 0; i < ng; i++) {
-            const size_t b = (size_t)(g + i);
-            __m256i lev[4][2];
-            for (int r = 0; r < R; r++) {
-                if (B == 64)
-                    levels64(lev[r], type, row[r] + b * BB);
-                else
-                    lev[r][0] = levels32(type, row[r] + b * BB);
-                if (q8) /* signed q - 128 (kept for the signs) */
-                    for (int h = 0; h < B / 32; h++)
-                        lev[r][h] = _mm256_xor_si256(lev[r][h], _mm256_set1_epi8((char)0x80));
-            }
-            for (int j = 0; j < C; j++) {
-                __m256i x0 = _mm256_load_si256((const __m256i *)(xq[j] + b * B));
-                __m256i x1 = B == 64 ? _mm256_load_si256((const __m256i *)(xq[j] + b * B + 32)) : x0;
-                for (int r = 0; r < R; r++) {
-                    __m256i p;
-                    if (q8) {
-                        p = dot4(_mm256_abs_epi8(lev[r][0]), _mm256_sign_epi8(x0, lev[r][0]));
-                        if (B == 64)
-                            p = _mm256_add_epi32(p, dot4(_mm256_abs_epi8(lev[r][1]), _mm256_sign_epi8(x1, lev[r][1])));
-                    } else if (B == 64) {
-                        p = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lev[r][0], x0),
-                                                               _mm256_maddubs_epi16(lev[r][1], x1)),
-                                              _mm256_set1_epi16(1));
-                    } else {
-                        p = dot4(lev[r][0], x0);
-                    }
-                    __m256 sc = B == 64 ? _mm256_castsi256_ps(_mm256_broadcastq_epi64(
-                                              _mm_loadl_epi64((const __m128i *)(ds[r][j] + 2 * i))))
-                                        : _mm256_broadcast_ss(ds[r][j] + i);
-                    acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[r][j]);
-                }
-            }
-        }
+    } else if (block_of(type) == 64) {
+        __m256i x1 = _mm256_load_si256((const __m256i *)(xq + 32));
+        p = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lev[0], x0), _mm256_maddubs_epi16(lev[1], x1)),
+                              _mm256_set1_epi16(1));
+    } else {
+        p = dot4(lev[0], x0);
     }
-    for (int j = 0; j < C; j++)
-        for (int r = 0; r < R; r++)
-            y[(size_t)(t0 + j) * ldy + n + r] = hsum8(_mm256_add_ps(acc[r][j], accm[r][j]));
+    return _mm256_cvtepi32_ps(p);
 }
 
-/* Rows n0 <= n < n1, all tokens, of one type. */
-QK_INLINE void rows_of(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, int n0, int n1, const int type)
+/* The scale of block i of a group for an int32 lane: ds[i] (B = 32), or the pair ds[2i],
+ * ds[2i + 1] repeated (B = 64: the lanes alternate between the block's two x groups). */
+QK_INLINE __m256 block_scale(const float *ds, int i, const int type)
 {
-    const int T = qx->T;
-    int n = n0;
-    if (T == 1) {
-        for (; n + 4 <= n1; n += 4)
-            tile(y, ldy, W, qx, n, 0, type, 4, 1);
-    } else {
-        for (; n + 2 <= n1; n += 2) {
-            int t = 0;
-            for (; t + 4 <= T; t += 4)
-                tile(y, ldy, W, qx, n, t, type, 2, 4);
-            for (; t < T; t++)
-                tile(y, ldy, W, qx, n, t, type, 2, 1);
+    if (block_of(type) == 64)
+        return _mm256_castsi256_ps(_mm256_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)(ds + 2 * i))));
+    return _mm256_broadcast_ss(ds + i);
+}
+
+/* ---- prefill: tiles of R rows x C tokens over chunks of K -------------------------------- */
+
+#define PF_KC 64 /* blocks per chunk of K (levels and headers decoded once per chunk and row) */
+
+/* delta d[i] and min m[i] (min + 128 delta for Q8) of blocks c0 + i of a row, i < nc (<= PF_KC;
+ * 0 past nc).  row: [nb * BB] bytes; d, m: [PF_KC]. */
+QK_INLINE void chunk_headers(float *d, float *m, const uint8_t *row, int c0, int nc, const int type)
+{
+    const int BB = block_bytes_of(type);
+    const __m256i at = _mm256_mullo_epi32(_mm256_set1_epi32(BB), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int g = 0; g < PF_KC; g += 8) {
+        int ng = nc - g < 0 ? 0 : nc - g < 8 ? nc - g : 8;
+        __m256i h = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)(row + (size_t)(c0 + g) * BB), at,
+                                                lanes_below(ng), 1);
+        /* u16 halves -> F16: [d0..d3 m0..m3 | d4..d7 m4..m7] -> [d0..d7 | m0..m7] */
+        __m256i p = _mm256_packus_epi32(_mm256_and_si256(h, _mm256_set1_epi32(0xffff)), _mm256_srli_epi32(h, 16));
+        p = _mm256_permute4x64_epi64(p, 0xD8);
+        __m256 dv = _mm256_cvtph_ps(_mm256_castsi256_si128(p)), mv = _mm256_cvtph_ps(_mm256_extracti128_si256(p, 1));
+        if (is_q8(type))
+            mv = _mm256_fmadd_ps(dv, _mm256_set1_ps(128.0f), mv);
+        _mm256_store_ps(d + g, dv);
+        _mm256_store_ps(m + g, mv);
+    }
+}
+
+/* The levels of blocks c0 .. c0 + nc - 1 of a row as bytes (block_levels: Q8 as q - 128).
+ * row: [nb * BB]; lv: [nc][B]. */
+QK_INLINE void chunk_levels(uint8_t *lv, const uint8_t *row, int c0, int nc, const int type)
+{
+    const int B = block_of(type), BB = block_bytes_of(type);
+    for (int i = 0; i < nc; i++) {
+        const uint8_t *blk = row + (size_t)(c0 + i) * BB;
+        __m256i l[2];
+        _mm_prefetch((const char *)blk + PF_AHEAD, _MM_HINT_T0);
+        block_levels(l, type, blk);
+        for (int h = 0; h < B / 32; h++)
+            _mm256_store_si256((__m256i *)(lv + (size_t)i * B + 32 * h), l[h]);
+    }
+}
+
+/* The blocks c0 .. c0 + nc - 1 of rows n .. n + R - 1 against tokens t0 .. t0 + C - 1:
+ * y[t0 + j][n + r] = (first ? 0 : y[t0 + j][n + r]) + their part of the product.
+ * y: [T][N] at stride ldy; lv: [R][PF_KC][B] from chunk_levels; d, m: [R][PF_KC] from
+ * chunk_headers. */
+QK_INLINE void tile(float *y, size_t ldy, const uint8_t (*lv)[PF_KC * 64], const ifk_qx *qx, int n, int t0, int c0,
+                    int nc, int first, const float (*d)[PF_KC], const float (*m)[PF_KC], const int type, const int R,
+                    const int C)
+{
+    const int B = block_of(type);
+    __m256 acc[4][4];
+    float mins[4][4]; /* [R][C] the min terms */
+    /* delta * x scale per row, token and block: [PF_KC] (B = 32) or [PF_KC][2] pairs (B = 64) */
+    _Alignas(32) float ds[4][4][2 * PF_KC];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < C; j++) {
+            const size_t st = (size_t)(t0 + j) * qx->s_ld + (size_t)c0;
+            __m256 am = _mm256_setzero_ps();
+            for (int g = 0; g < nc; g += 8) {
+                __m256 dv = _mm256_load_ps(d[r] + g);
+                am = _mm256_fmadd_ps(_mm256_load_ps(m[r] + g), _mm256_loadu_ps(qx->sum + st + g), am);
+                __m256 d0 = _mm256_mul_ps(dv, _mm256_loadu_ps(qx->s0 + st + g));
+                if (B == 32) {
+                    _mm256_store_ps(ds[r][j] + g, d0);
+                } else {
+                    __m256 d1 = _mm256_mul_ps(dv, _mm256_loadu_ps(qx->s1 + st + g));
+                    __m256 lo = _mm256_unpacklo_ps(d0, d1), hi = _mm256_unpackhi_ps(d0, d1);
+                    _mm256_store_ps(ds[r][j] + 2 * g, _mm256_permute2f128_ps(lo, hi, 0x20));
+                    _mm256_store_ps(ds[r][j] + 2 * g + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+                }
+            }
+            mins[r][j] = hsum8(am);
+            acc[r][j] = _mm256_setzero_ps();
+        }
+    for (int i = 0; i < nc; i++) {
+        const size_t b = (size_t)(c0 + i);
+        __m256i lev[4][2];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+            for (int h = 0; h < B / 32; h++)
+                lev[r][h] = _mm256_load_si256((const __m256i *)(lv[r] + (size_t)i * B + 32 * h));
+#pragma GCC unroll 4
+        for (int j = 0; j < C; j++) {
+            const int8_t *xq = qx->q + (size_t)(t0 + j) * qx->q_ld + b * B;
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                acc[r][j] = _mm256_fmadd_ps(block_dot(lev[r], xq, type), block_scale(ds[r][j], i, type), acc[r][j]);
         }
     }
-    for (; n < n1; n++) {
+#pragma GCC unroll 4
+    for (int j = 0; j < C; j++)
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            float *yp = y + (size_t)(t0 + j) * ldy + n + r;
+            *yp = (first ? 0.0f : *yp) + hsum8(acc[r][j]) + mins[r][j];
+        }
+}
+
+/* Prefill: rows n .. n + R - 1 against all tokens, K in chunks of PF_KC blocks decoded once
+ * (into L1) for every token tile (C = 4, then single tokens). */
+QK_INLINE void gemm_rows(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, int n, const int type, const int R)
+{
+    const int T = qx->T, nb = qx->nb;
+    const size_t rb = (size_t)nb * block_bytes_of(type);
+    _Alignas(32) float d[4][PF_KC], m[4][PF_KC];
+    _Alignas(32) uint8_t lv[4][PF_KC * 64];
+    for (int c0 = 0; c0 < nb; c0 += PF_KC) {
+        const int nc = nb - c0 < PF_KC ? nb - c0 : PF_KC;
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            chunk_headers(d[r], m[r], W + (size_t)(n + r) * rb, c0, nc, type);
+            chunk_levels(lv[r], W + (size_t)(n + r) * rb, c0, nc, type);
+        }
+        const float(*dc)[PF_KC] = (const float(*)[PF_KC])d, (*mc)[PF_KC] = (const float(*)[PF_KC])m;
+        const uint8_t(*lc)[PF_KC * 64] = (const uint8_t(*)[PF_KC * 64])lv;
         int t = 0;
         for (; t + 4 <= T; t += 4)
-            tile(y, ldy, W, qx, n, t, type, 1, 4);
+            tile(y, ldy, lc, qx, n, t, c0, nc, c0 == 0, dc, mc, type, R, 4);
         for (; t < T; t++)
-            tile(y, ldy, W, qx, n, t, type, 1, 1);
+            tile(y, ldy, lc, qx, n, t, c0, nc, c0 == 0, dc, mc, type, R, 1);
     }
+}
+
+/* ---- decode: one row at a time ---------------------------------------------------------- */
+
+/* acc + the delta term of one block, *accm + its min term (lane 1; the other lanes collect
+ * junk that is never read): the block's header is converted on its own, as
+ * [d, m, d, m] * { s0, sum, s1, 0 } = [d s0, m sum, d s1, 0] (Q8: m + 128 d for the min).
+ * blk: [BB]; xq: [B]; sx: [4]. */
+QK_INLINE __m256 gemv_block(__m256 acc, __m128 *accm, const uint8_t *blk, const int8_t *xq, const float *sx, const int type)
+{
+    _mm_prefetch((const char *)blk + PF_AHEAD, _MM_HINT_T0);
+    __m128 dm = _mm_cvtph_ps(_mm_set1_epi32((int)rd32(blk)));
+    if (is_q8(type))
+        dm = _mm_fmadd_ps(_mm_moveldup_ps(dm), _mm_setr_ps(0.0f, 128.0f, 0.0f, 128.0f), dm);
+    __m128 r = _mm_mul_ps(dm, _mm_load_ps(sx));
+    *accm = _mm_add_ps(*accm, r);
+    __m256 sc = block_of(type) == 64 ? _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(_mm_permute_ps(r, 0x88))))
+                                     : _mm256_broadcastss_ps(r);
+    __m256i lev[2];
+    block_levels(lev, type, blk);
+    return _mm256_fmadd_ps(block_dot(lev, xq, type), sc, acc);
+}
+
+/* W[row] . x for T = 1: the row read as one forward stream (prefetched ahead), 4 accumulators
+ * for the FMA latency.  row: [nb * BB] bytes. */
+QK_INLINE float gemv_row(const uint8_t *row, const ifk_qx *qx, const int type)
+{
+    const int B = block_of(type), BB = block_bytes_of(type), nb = qx->nb;
+    __m256 acc[4] = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() };
+    __m128 accm[4] = { _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps() };
+    int b = 0;
+    for (; b + 4 <= nb; b += 4)
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++)
+            acc[u] = gemv_block(acc[u], &accm[u], row + (size_t)(b + u) * BB, qx->q + (size_t)(b + u) * B,
+                                qx->blk + 4 * (size_t)(b + u), type);
+    for (; b < nb; b++)
+        acc[0] = gemv_block(acc[0], &accm[0], row + (size_t)b * BB, qx->q + (size_t)b * B, qx->blk + 4 * (size_t)b, type);
+    __m128 m = _mm_add_ps(_mm_add_ps(accm[0], accm[1]), _mm_add_ps(accm[2], accm[3]));
+    return hsum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))) +
+           _mm_cvtss_f32(_mm_movehdup_ps(m));
+}
+
+/* Rows n0 <= n < n1, all tokens, of one type: decode row by row, prefill in tiles of 2 rows x
+ * 4 tokens (8 accumulators, 4 level and 2 x registers: about the 16 ymm registers). */
+QK_INLINE void rows_of(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, int n0, int n1, const int type)
+{
+    int n = n0;
+    if (qx->T == 1) {
+        const size_t rb = (size_t)qx->nb * block_bytes_of(type);
+        for (; n < n1; n++)
+            y[n] = gemv_row(W + (size_t)n * rb, qx, type);
+        return;
+    }
+    for (; n + 2 <= n1; n += 2)
+        gemm_rows(y, ldy, W, qx, n, type, 2);
+    for (; n < n1; n++)
+        gemm_rows(y, ldy, W, qx, n, type, 1);
 }
 
 #define QK_ROWS_FN(TYPE)                                                                          \

@@ -7,11 +7,15 @@
  * are unpacked to bytes in registers (shifts, masks, mask-register adds; Q3H's 7-bit codes
  * are split into c / 11 and c % 11 with a multiply-shift).
  *
- * Blocks go by groups of 16: one gather fetches the 16 (delta, min) headers of a row, so the
- * scales are converted 16 at a time and the min terms are one FMA per group.
+ * Decode (T == 1) is bound by memory bandwidth: each row is read as one forward stream (rows
+ * one after another, a software prefetch 2 KiB ahead), and each block's header is converted
+ * on its own, [d, m, d, m] * {s0, sum, s1, 0}, which is cheaper than gathering the headers of
+ * several blocks (a gather is ~2 cycles per element on Zen 4, and the hardware prefetcher does
+ * not follow it).
  *
- * A tile is R rows x C tokens: each unpacked block serves C tokens, each x block R rows.
- * Decode (T == 1) takes 4 rows at a time (4 forward streams through W); prefill 4 x 4.
+ * Prefill (T > 1) is compute-bound: rows go by 4, K by chunks of 64 blocks whose levels
+ * (as bytes) and headers (as F32, 16 per gather) are decoded once into L1; then every tile of
+ * 4 tokens passes over the chunk, 4 rows x 4 tokens = 16 int8 dot products per block.
  *
  * Every function here carries target("avx512vnni") on top of the file's -mavx512* flags;
  * qdispatch.c calls this path only on CPUs that have it.
@@ -109,6 +113,13 @@ QK_FN IFK_DECL_QX_QUANTIZE(ifk_avx512_qx_quantize)
         memset(q + (size_t)qx->nb * qx->B, 0, qx->q_ld - (size_t)qx->nb * qx->B);
         for (size_t b = (size_t)qx->nb; b < qx->s_ld; b++)
             s0[b] = s1[b] = sum[b] = 0.0f;
+        float *bk = qx->blk + (size_t)t * qx->s_ld * 4;        /* [s_ld][4] */
+        for (size_t b = 0; b < qx->s_ld; b++) {
+            bk[4 * b] = s0[b];
+            bk[4 * b + 1] = sum[b];
+            bk[4 * b + 2] = s1[b];
+            bk[4 * b + 3] = 0.0f;
+        }
     }
 }
 
@@ -228,7 +239,13 @@ QK_INLINE int block_bytes_of(int type)
     }
 }
 
-/* ---- the tile: R rows x C tokens --------------------------------------------------------- */
+/* ---- prefill: tiles of R rows x C tokens over chunks of K -------------------------------- */
+
+/* Software prefetch distance in a row stream (bytes): measured on Zen 4 (one thread, DRAM),
+ * Q4_B64 decode reads ~14 GB/s without it, ~19 with it. */
+#ifndef PF_AHEAD
+#define PF_AHEAD 2048
+#endif
 
 QK_INLINE float hsum512(__m512 v)
 {
@@ -238,89 +255,184 @@ QK_INLINE float hsum512(__m512 v)
     return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
 }
 
-/* y[t0 + j][n + r] for r < R, j < C.  W: [N][nb * BB] bytes; y: [T][N] at stride ldy. */
-QK_INLINE void tile(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, int n, int t0,
-                    const int type, const int R, const int C)
+#define PF_KC 64 /* prefill: blocks per chunk of K (headers converted once per chunk and row) */
+
+/* delta d[i] and min m[i] of blocks c0 + i of a row, i < nc (<= PF_KC; 0 past nc).
+ * row: [nb * BB] bytes; d, m: [PF_KC]. */
+QK_INLINE void chunk_headers(float *d, float *m, const uint8_t *row, int c0, int nc, const int type)
+{
+    const int BB = block_bytes_of(type);
+    const __m512i at = _mm512_mullo_epi32(_mm512_set1_epi32(BB),
+                                          _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    for (int g = 0; g < PF_KC; g += 16) {
+        int ng = nc - g < 0 ? 0 : nc - g < 16 ? nc - g : 16;
+        __m512i h = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mask16(ng), at, row + (size_t)(c0 + g) * BB, 1);
+        _mm512_store_ps(d + g, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)));
+        _mm512_store_ps(m + g, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16))));
+    }
+}
+
+/* The blocks c0 .. c0 + nc - 1 of rows n .. n + R - 1 against tokens t0 .. t0 + C - 1:
+ * y[t0 + j][n + r] = (first ? 0 : y[t0 + j][n + r]) + their part of the product.
+ * y: [T][N] at stride ldy; lv: [R][PF_KC][B] the chunk's levels as bytes; d, m: [R][PF_KC]
+ * from chunk_headers. */
+QK_INLINE void tile(float *y, size_t ldy, const uint8_t (*lv)[PF_KC * 64], const ifk_qx *qx, int n, int t0, int c0,
+                    int nc, int first, const float (*d)[PF_KC], const float (*m)[PF_KC], const int type, const int R,
+                    const int C)
+{
+    const int B = block_of(type);
+    __m512 acc[4][4], accm[4][4]; /* [R][C]: the delta terms (B = 64; low halves for B = 32), min terms */
+    /* delta * x scale per row, token and block of the chunk: [PF_KC] (B = 32), or [PF_KC][2]
+     * pairs (B = 64: x groups 0 and 1) */
+    _Alignas(64) float ds[4][4][2 * PF_KC];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < C; j++) {
+            const size_t st = (size_t)(t0 + j) * qx->s_ld + (size_t)c0;
+            acc[r][j] = accm[r][j] = _mm512_setzero_ps();
+            for (int g = 0; g < nc; g += 16) {
+                __m512 dv = _mm512_load_ps(d[r] + g);
+                accm[r][j] = _mm512_fmadd_ps(_mm512_load_ps(m[r] + g), _mm512_loadu_ps(qx->sum + st + g), accm[r][j]);
+                __m512 d0 = _mm512_mul_ps(dv, _mm512_loadu_ps(qx->s0 + st + g));
+                if (B == 32) {
+                    _mm512_store_ps(ds[r][j] + g, d0);
+                } else {
+                    __m512 d1 = _mm512_mul_ps(dv, _mm512_loadu_ps(qx->s1 + st + g));
+                    const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+                    _mm512_store_ps(ds[r][j] + 2 * g, _mm512_permutex2var_ps(d0, lo, d1));
+                    _mm512_store_ps(ds[r][j] + 2 * g + 16,
+                                    _mm512_permutex2var_ps(d0, _mm512_add_epi32(lo, _mm512_set1_epi32(8)), d1));
+                }
+            }
+        }
+    for (int i = 0; i < nc; i++) {
+        const size_t b = (size_t)(c0 + i);
+        if (B == 64) {
+            __m512i lev[4];
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                lev[r] = _mm512_load_si512(lv[r] + (size_t)i * 64);
+#pragma GCC unroll 4
+            for (int j = 0; j < C; j++) {
+                __m512i xv = _mm512_load_si512(qx->q + (size_t)(t0 + j) * qx->q_ld + b * 64);
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) {
+                    __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lev[r], xv));
+                    __m512 sc = _mm512_castsi512_ps(
+                        _mm512_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)(ds[r][j] + 2 * i))));
+                    acc[r][j] = _mm512_fmadd_ps(p, sc, acc[r][j]);
+                }
+            }
+        } else {
+            __m256i lev[4];
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                lev[r] = _mm256_load_si256((const __m256i *)(lv[r] + (size_t)i * 32));
+#pragma GCC unroll 4
+            for (int j = 0; j < C; j++) {
+                __m256i xv = _mm256_load_si256((const __m256i *)(qx->q + (size_t)(t0 + j) * qx->q_ld + b * 32));
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) {
+                    __m256 p = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lev[r], xv));
+                    acc[r][j] = _mm512_castps256_ps512(
+                        _mm256_fmadd_ps(p, _mm256_broadcast_ss(ds[r][j] + i), _mm512_castps512_ps256(acc[r][j])));
+                }
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < C; j++)
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            __m512 a = B == 64 ? acc[r][j] : _mm512_zextps256_ps512(_mm512_castps512_ps256(acc[r][j]));
+            float *yp = y + (size_t)(t0 + j) * ldy + n + r;
+            *yp = (first ? 0.0f : *yp) + hsum512(_mm512_add_ps(a, accm[r][j]));
+        }
+}
+
+/* The levels of blocks c0 .. c0 + nc - 1 of a row as bytes.  row: [nb * BB]; lv: [nc][B]. */
+QK_INLINE void chunk_levels(uint8_t *lv, const uint8_t *row, int c0, int nc, const int type)
+{
+    const int BB = block_bytes_of(type);
+    for (int i = 0; i < nc; i++) {
+        const uint8_t *blk = row + (size_t)(c0 + i) * BB;
+        _mm_prefetch((const char *)blk + PF_AHEAD, _MM_HINT_T0);
+        if (block_of(type) == 64)
+            _mm512_store_si512(lv + (size_t)i * 64, levels64(type, blk));
+        else
+            _mm256_store_si256((__m256i *)(lv + (size_t)i * 32), levels32(type, blk));
+    }
+}
+
+/* Prefill: rows n .. n + R - 1 against all tokens, K in chunks of PF_KC blocks whose levels
+ * and headers are decoded once (into L1) and serve every token tile (C = 4, then single
+ * tokens). */
+QK_INLINE void gemm_rows(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, int n, const int type, const int R)
+{
+    const int T = qx->T, nb = qx->nb;
+    const size_t rb = (size_t)nb * block_bytes_of(type);
+    _Alignas(64) float d[4][PF_KC], m[4][PF_KC];
+    _Alignas(64) uint8_t lv[4][PF_KC * 64];
+    for (int c0 = 0; c0 < nb; c0 += PF_KC) {
+        const int nc = nb - c0 < PF_KC ? nb - c0 : PF_KC;
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            chunk_headers(d[r], m[r], W + (size_t)(n + r) * rb, c0, nc, type);
+            chunk_levels(lv[r], W + (size_t)(n + r) * rb, c0, nc, type);
+        }
+        const float(*dc)[PF_KC] = (const float(*)[PF_KC])d, (*mc)[PF_KC] = (const float(*)[PF_KC])m;
+        const uint8_t(*lc)[PF_KC * 64] = (const uint8_t(*)[PF_KC * 64])lv;
+        int t = 0;
+        for (; t + 4 <= T; t += 4)
+            tile(y, ldy, lc, qx, n, t, c0, nc, c0 == 0, dc, mc, type, R, 4);
+        for (; t < T; t++)
+            tile(y, ldy, lc, qx, n, t, c0, nc, c0 == 0, dc, mc, type, R, 1);
+    }
+}
+
+/* ---- decode: one row at a time ---------------------------------------------------------- */
+
+/* acc + the delta term of one block, *accm + its min term (in lane 1; the other lanes collect
+ * junk that is never read): the block's header is converted on its own, as
+ * [d, m, d, m] * { s0, sum, s1, 0 } = [d s0, m sum, d s1, 0].  blk: [BB]; xq: [B]; sx: [4]. */
+QK_INLINE __m512 gemv_block(__m512 acc, __m128 *accm, const uint8_t *blk, const int8_t *xq, const float *sx, const int type)
+{
+    _mm_prefetch((const char *)blk + PF_AHEAD, _MM_HINT_T0);
+    if (block_of(type) == 64) {
+        __m128 r = _mm_mul_ps(_mm_cvtph_ps(_mm_set1_epi32((int)rd32(blk))), _mm_load_ps(sx));
+        *accm = _mm_add_ps(*accm, r);
+        __m512 sc = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2), _mm512_castps128_ps512(r));
+        __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), levels64(type, blk), _mm512_load_si512(xq));
+        return _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc);
+    }
+    __m128 r = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)rd32(blk))), _mm_load_ps(sx));
+    *accm = _mm_add_ps(*accm, r);
+    __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), levels32(type, blk), _mm256_load_si256((const __m256i *)xq));
+    return _mm512_castps256_ps512(_mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcastss_ps(r), _mm512_castps512_ps256(acc)));
+}
+
+/* W[row] . x for T = 1: the row read as one forward stream (prefetched ahead), 4 accumulators
+ * for the FMA latency.  row: [nb * BB] bytes. */
+QK_INLINE float gemv_row(const uint8_t *row, const ifk_qx *qx, const int type)
 {
     const int B = block_of(type), BB = block_bytes_of(type), nb = qx->nb;
-    const size_t rb = (size_t)nb * BB;
-    const uint8_t *row[4];              /* R rows of [nb * BB] */
-    const int8_t *xq[4];                /* C tokens of [q_ld] */
-    const float *s0[4], *s1[4], *xs[4]; /* C tokens of [s_ld] */
-    for (int r = 0; r < R; r++)
-        row[r] = W + (size_t)(n + r) * rb;
-    for (int j = 0; j < C; j++) {
-        xq[j] = qx->q + (size_t)(t0 + j) * qx->q_ld;
-        s0[j] = qx->s0 + (size_t)(t0 + j) * qx->s_ld;
-        s1[j] = qx->s1 + (size_t)(t0 + j) * qx->s_ld;
-        xs[j] = qx->sum + (size_t)(t0 + j) * qx->s_ld;
-    }
-    __m512 acc[4][4], accm[4][4];  /* [R][C]: the delta terms (B = 64) and the min terms */
-    __m256 acc8[4][4];             /* [R][C]: the delta terms (B = 32) */
-    for (int r = 0; r < R; r++)
-        for (int j = 0; j < C; j++) {
-            acc[r][j] = accm[r][j] = _mm512_setzero_ps();
-            acc8[r][j] = _mm256_setzero_ps();
-        }
-    /* delta * x scale of each block of the group, per row and token: [R][C][16] floats for
-     * B = 32; [R][C][16][2] (group 0, group 1) for B = 64 */
-    _Alignas(64) float ds[4][4][32];
-    const __m512i hdr_at = _mm512_mullo_epi32(_mm512_set1_epi32(BB),
-                                              _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-    for (int g = 0; g < nb; g += 16) {
-        const int ng = nb - g < 16 ? nb - g : 16;
-        for (int r = 0; r < R; r++) {
-            __m512i h = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mask16(ng), hdr_at,
-                                                    row[r] + (size_t)g * BB, 1);
-            __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
-            __m512 m = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16)));
-            for (int j = 0; j < C; j++) {
-                accm[r][j] = _mm512_fmadd_ps(m, _mm512_loadu_ps(xs[j] + g), accm[r][j]);
-                __m512 d0 = _mm512_mul_ps(d, _mm512_loadu_ps(s0[j] + g));
-                if (B == 32) {
-                    _mm512_store_ps(ds[r][j], d0);
-                } else {
-                    __m512 d1 = _mm512_mul_ps(d, _mm512_loadu_ps(s1[j] + g));
-                    const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-                    _mm512_store_ps(ds[r][j], _mm512_permutex2var_ps(d0, lo, d1));
-                    _mm512_store_ps(ds[r][j] + 16, _mm512_permutex2var_ps(d0, _mm512_add_epi32(lo, _mm512_set1_epi32(8)), d1));
-                }
-            }
-        }
-        for (int i = 0; i < ng; i++) {
-            const size_t b = (size_t)(g + i);
-            if (B == 64) {
-                __m512i lev[4];
-                for (int r = 0; r < R; r++)
-                    lev[r] = levels64(type, row[r] + b * BB);
-                for (int j = 0; j < C; j++) {
-                    __m512i xv = _mm512_load_si512(xq[j] + b * 64);
-                    for (int r = 0; r < R; r++) {
-                        __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lev[r], xv));
-                        __m512 sc = _mm512_castsi512_ps(
-                            _mm512_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)(ds[r][j] + 2 * i))));
-                        acc[r][j] = _mm512_fmadd_ps(p, sc, acc[r][j]);
-                    }
-                }
-            } else {
-                __m256i lev[4];
-                for (int r = 0; r < R; r++)
-                    lev[r] = levels32(type, row[r] + b * BB);
-                for (int j = 0; j < C; j++) {
-                    __m256i xv = _mm256_load_si256((const __m256i *)(xq[j] + b * 32));
-                    for (int r = 0; r < R; r++) {
-                        __m256 p = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lev[r], xv));
-                        acc8[r][j] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(ds[r][j] + i), acc8[r][j]);
-                    }
-                }
-            }
-        }
-    }
-    for (int j = 0; j < C; j++)
-        for (int r = 0; r < R; r++) {
-            __m512 a = B == 64 ? acc[r][j] : _mm512_zextps256_ps512(acc8[r][j]);
-            y[(size_t)(t0 + j) * ldy + n + r] = hsum512(_mm512_add_ps(a, accm[r][j]));
-        }
+    __m512 acc[4] = { _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps() };
+    __m128 accm[4] = { _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps() };
+    int b = 0;
+    for (; b + 4 <= nb; b += 4)
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++)
+            acc[u] = gemv_block(acc[u], &accm[u], row + (size_t)(b + u) * BB, qx->q + (size_t)(b + u) * B,
+                                 qx->blk + 4 * (size_t)(b + u), type);
+    for (; b < nb; b++)
+        acc[0] = gemv_block(acc[0], &accm[0], row + (size_t)b * BB, qx->q + (size_t)b * B, qx->blk + 4 * (size_t)b, type);
+    if (B == 32) /* only the low halves were accumulated */
+        for (int a = 0; a < 4; a++)
+            acc[a] = _mm512_zextps256_ps512(_mm512_castps512_ps256(acc[a]));
+    __m128 m = _mm_add_ps(_mm_add_ps(accm[0], accm[1]), _mm_add_ps(accm[2], accm[3]));
+    return hsum512(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]))) +
+           _mm_cvtss_f32(_mm_movehdup_ps(m));
 }
 
 /* Rows n0 <= n < n1, all tokens, of one type. */
@@ -328,20 +440,16 @@ QK_INLINE void rows_of(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx,
 {
     const int T = qx->T;
     int n = n0;
-    for (; n + 4 <= n1; n += 4) {
-        int t = 0;
-        for (; t + 4 <= T; t += 4)
-            tile(y, ldy, W, qx, n, t, type, 4, 4);
-        for (; t < T; t++)
-            tile(y, ldy, W, qx, n, t, type, 4, 1);
+    if (T == 1) {
+        const size_t rb = (size_t)qx->nb * block_bytes_of(type);
+        for (; n < n1; n++)
+            y[n] = gemv_row(W + (size_t)n * rb, qx, type);
+        return;
     }
-    for (; n < n1; n++) {
-        int t = 0;
-        for (; t + 4 <= T; t += 4)
-            tile(y, ldy, W, qx, n, t, type, 1, 4);
-        for (; t < T; t++)
-            tile(y, ldy, W, qx, n, t, type, 1, 1);
-    }
+    for (; n + 4 <= n1; n += 4)
+        gemm_rows(y, ldy, W, qx, n, type, 4);
+    for (; n < n1; n++)
+        gemm_rows(y, ldy, W, qx, n, type, 1);
 }
 
 #define QK_ROWS_FN(TYPE)                                                                          \

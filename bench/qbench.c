@@ -1,0 +1,209 @@
+/*
+ * qbench.c -- micro-benchmark of the quantized matrix product (ifk_qmatmul); one JSON object
+ * per line on stdout.
+ *
+ *   qbench [--isa scalar|avx2|avx512] [--threads N] [--no-single] [--type NAME]... [--shape NxK]...
+ *          [--decode] [--quick]
+ *
+ * decode:  T = 1 on the TinyLlama shapes (N x K = 2048x2048, 5632x2048, 2048x5632, 32000x2048,
+ *          256x2048) at 1 thread (unless --no-single) and at --threads (default: all cores). GBps = bytes of the
+ *          quantized weights / time. Each call reads the next of several copies of the matrix
+ *          (>= 256 MiB in all), so the weights come from DRAM, as in a model.
+ * prefill: T = 64 on 2048x2048 and 5632x2048; GFLOPs = 2 T N K / time.
+ * Times: the best and the median of rounds (a decode round reads every copy once). Other
+ * processes on the machine show up in the median first; compare best-of figures.
+ *
+ * Build (from the repository root; per-file flags as the Makefile's):
+ *   for f in kernels/cpu/[a-z]*.c; do case $f in *_avx2.c) fl="-mavx2 -mfma -mf16c";;
+ *     *_avx512.c) fl="-mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c";; *) fl=;; esac;
+ *     gcc -std=c11 -D_GNU_SOURCE -O2 -fopenmp -I. $fl -c $f -o /tmp/$(basename $f .c).o; done
+ *   gcc -std=c11 -D_GNU_SOURCE -O2 -fopenmp -I. bench/qbench.c /tmp/{ref,dispatch,matmul_avx2,
+ *     matmul_avx512,ops_avx2,ops_avx512,quant_ref,qdispatch,qmatmul_avx2,qmatmul_avx512}.o -lm -o qbench
+ */
+#include <omp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/quant.h"
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Deterministic pseudo-normal values (sum of 4 uniforms), scaled. */
+static void fill(float *a, size_t n, uint32_t seed, float scale)
+{
+    for (size_t i = 0; i < n; i++) {
+        float s = 0.0f;
+        for (int j = 0; j < 4; j++) {
+            seed = seed * 1664525u + 1013904223u;
+            s += (float)(seed >> 8) / 16777216.0f;
+        }
+        a[i] = (s - 2.0f) * scale;
+    }
+}
+
+/* A quantized [N][K] matrix of type: rows quantized from random floats. */
+static uint8_t *make_matrix(int type, int N, int K, uint32_t seed)
+{
+    size_t rb = ifk_qrow_bytes(type, K);
+    uint8_t *W = aligned_alloc(64, ((size_t)N * rb + 63) & ~(size_t)63);
+    float *row = malloc((size_t)K * sizeof *row);
+    for (int n = 0; n < N; n++) {
+        fill(row, (size_t)K, seed + (uint32_t)n * 7919u, 0.05f);
+        ifk_quantize_row(W + (size_t)n * rb, type, row, K);
+    }
+    free(row);
+    return W;
+}
+
+#define MAX_ROUNDS 1000
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void best_median(double *t, int n, double *best, double *med)
+{
+    qsort(t, (size_t)n, sizeof *t, cmp_double);
+    *best = t[0];
+    *med = t[n / 2];
+}
+
+static void bench_decode(int type, int N, int K, int threads, double min_s)
+{
+    size_t bytes = (size_t)N * ifk_qrow_bytes(type, K);
+    int copies = (int)((256u << 20) / bytes) + 1;
+    uint8_t **W = malloc((size_t)copies * sizeof *W);
+    W[0] = make_matrix(type, N, K, 1);
+    for (int c = 1; c < copies; c++) { /* copies of the first (quantizing is slow) */
+        W[c] = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+        memcpy(W[c], W[0], bytes);
+    }
+    float *x = aligned_alloc(64, ((size_t)K * 4 + 63) & ~(size_t)63);
+    float *y = aligned_alloc(64, ((size_t)N * 4 + 63) & ~(size_t)63);
+    fill(x, (size_t)K, 99, 1.0f);
+    for (int c = 0; c < copies; c++) /* warm-up: page faults, thread team, scratch */
+        ifk_qmatmul(y, (size_t)N, W[c], type, x, (size_t)K, 1, N, K, threads);
+    double times[MAX_ROUNDS], t_start = now();
+    int rounds = 0;
+    do {
+        double t0 = now();
+        for (int c = 0; c < copies; c++)
+            ifk_qmatmul(y, (size_t)N, W[c], type, x, (size_t)K, 1, N, K, threads);
+        times[rounds++] = (now() - t0) / copies;
+    } while (rounds < MAX_ROUNDS && (rounds < 3 || now() - t_start < min_s));
+    double best, med;
+    best_median(times, rounds, &best, &med);
+    printf("{\"bench\":\"qdecode\",\"isa\":\"%s\",\"wtype\":\"%s\",\"N\":%d,\"K\":%d,\"threads\":%d,"
+           "\"us\":%.2f,\"GBps\":%.2f,\"GBps_median\":%.2f}\n",
+           ifk_isa_name(ifk_isa_current()), ifk_qtype(type)->name, N, K, threads, best * 1e6,
+           bytes / best * 1e-9, bytes / med * 1e-9);
+    fflush(stdout);
+    for (int c = 0; c < copies; c++)
+        free(W[c]);
+    free(W);
+    free(x);
+    free(y);
+}
+
+static void bench_prefill(int type, int T, int N, int K, int threads, double min_s)
+{
+    uint8_t *W = make_matrix(type, N, K, 7);
+    float *x = aligned_alloc(64, (size_t)T * K * 4);
+    float *y = aligned_alloc(64, (size_t)T * N * 4);
+    fill(x, (size_t)T * K, 5, 1.0f);
+    ifk_qmatmul(y, (size_t)N, W, type, x, (size_t)K, T, N, K, threads);
+    double times[MAX_ROUNDS], t_start = now();
+    int rounds = 0;
+    do {
+        double t0 = now();
+        ifk_qmatmul(y, (size_t)N, W, type, x, (size_t)K, T, N, K, threads);
+        times[rounds++] = now() - t0;
+    } while (rounds < MAX_ROUNDS && (rounds < 3 || now() - t_start < min_s));
+    double best, med, flop = 2.0 * T * N * K;
+    best_median(times, rounds, &best, &med);
+    printf("{\"bench\":\"qprefill\",\"isa\":\"%s\",\"wtype\":\"%s\",\"T\":%d,\"N\":%d,\"K\":%d,\"threads\":%d,"
+           "\"us\":%.1f,\"GFLOPs\":%.1f,\"GFLOPs_median\":%.1f}\n",
+           ifk_isa_name(ifk_isa_current()), ifk_qtype(type)->name, T, N, K, threads, best * 1e6,
+           flop / best * 1e-9, flop / med * 1e-9);
+    fflush(stdout);
+    free(W);
+    free(x);
+    free(y);
+}
+
+static int type_by_name(const char *s)
+{
+    for (int t = IFK_Q8_B32; t < IFK_QTYPE_END_; t++)
+        if (!strcmp(ifk_qtype(t)->name, s))
+            return t;
+    return -1;
+}
+
+int main(int argc, char **argv)
+{
+    int threads = omp_get_num_procs(), quick = 0, decode_only = 0, single = 1, types[IFK_QTYPE_END_], n_types = 0;
+    int shapes[16][2] = { { 2048, 2048 }, { 5632, 2048 }, { 2048, 5632 }, { 32000, 2048 }, { 256, 2048 } };
+    int n_shapes = 5, own_shapes = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
+            const char *s = argv[++i];
+            int want = !strcmp(s, "scalar") ? IFK_ISA_SCALAR : !strcmp(s, "avx2") ? IFK_ISA_AVX2 : IFK_ISA_AVX512;
+            if (ifk_set_isa(want) != want) {
+                fprintf(stderr, "qbench: this CPU lacks %s\n", s);
+                return 1;
+            }
+        } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
+            threads = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--type") && i + 1 < argc && n_types < IFK_QTYPE_END_) {
+            int t = type_by_name(argv[++i]);
+            if (t < 0) {
+                fprintf(stderr, "qbench: unknown type %s\n", argv[i]);
+                return 1;
+            }
+            types[n_types++] = t;
+        } else if (!strcmp(argv[i], "--shape") && i + 1 < argc && own_shapes < 16) {
+            if (sscanf(argv[++i], "%dx%d", &shapes[own_shapes][0], &shapes[own_shapes][1]) != 2) {
+                fprintf(stderr, "qbench: --shape NxK\n");
+                return 1;
+            }
+            n_shapes = ++own_shapes;
+        } else if (!strcmp(argv[i], "--no-single")) {
+            single = 0;
+        } else if (!strcmp(argv[i], "--decode")) {
+            decode_only = 1;
+        } else if (!strcmp(argv[i], "--quick")) {
+            quick = 1;
+        } else {
+            fprintf(stderr, "usage: qbench [--isa scalar|avx2|avx512] [--threads N] [--no-single] [--type NAME]... "
+                            "[--shape NxK]... [--decode] [--quick]\n");
+            return 1;
+        }
+    }
+    if (n_types == 0)
+        for (int t = IFK_Q8_B32; t < IFK_QTYPE_END_; t++)
+            types[n_types++] = t;
+    const double min_s = quick ? 0.2 : 1.0;
+    int thread_counts[2] = { 1, threads }, n_tc = threads > 1 ? 2 : 1, tc0 = single || threads == 1 ? 0 : 1;
+    for (int ti = 0; ti < n_types; ti++) {
+        for (int c = tc0; c < n_tc; c++)
+            for (int s = 0; s < n_shapes; s++)
+                bench_decode(types[ti], shapes[s][0], shapes[s][1], thread_counts[c], min_s);
+        for (int c = tc0; c < n_tc && !decode_only; c++) {
+            bench_prefill(types[ti], 64, 2048, 2048, thread_counts[c], min_s);
+            if (!quick)
+                bench_prefill(types[ti], 64, 5632, 2048, thread_counts[c], min_s);
+        }
+    }
+    return 0;
+}
