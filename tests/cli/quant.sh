@@ -190,4 +190,24 @@ expect_eq "$(sed -n '1p;9p' <<<"$out")" '{"type":"q8_b32","code":16,"bits":8.0,"
     "--list-types --json"
 expect_eq "$(jq -r .type <<<"$out" | paste -sd' ')" "$TYPES" "--list-types --json: one line per type"
 
+# ---- a Q8 model still writes the golden stories (issue 3: >= 16 tokens identical to F32) ----
+G=$DATA/golden
+$BIN/iflow-convert "$DATA/models/stories260K/hf" -o "$TMP/g32.ifs"
+$BIN/iflow-quant -t q8_b32 -i "$TMP/g32.ifs" -o "$TMP/g8.ifs"
+$BIN/iflow-quant -t q8_b32 --keep '*=f32' -i "$TMP/g8.ifs" -o "$TMP/g8deq.ifs"
+same_prefix() { jq -n --argjson a "$1" --argjson b "$2" \
+    'first(range(0; [$a, $b] | map(length) | min) as $i | select($a[$i] != $b[$i]) | $i) // ([$a, $b] | map(length) | min)'; }
+seen=""
+while read -r rec; do
+    prompt=$(jq -r .prompt <<<"$rec")
+    want=$(jq -c .gen_ids <<<"$rec")
+    q8=$($BIN/iflow-run -m "$TMP/g8.ifs" -p "$prompt" -n 64 --temp 0 --json | jq -c .gen_ids)
+    deq=$($BIN/iflow-run -m "$TMP/g8deq.ifs" -p "$prompt" -n 64 --temp 0 --json | jq -c .gen_ids)
+    n=$(same_prefix "$q8" "$want")
+    seen="$seen $n"
+    [ "$n" -ge 16 ] && ok || bad "q8_b32 greedy for '$prompt' leaves the F32 text after $n tokens"
+    expect_eq "$deq" "$want" "q8_b32 weights dequantized to f32: greedy for '$prompt' is the golden one"
+done <"$G/stories260K.greedy64.jsonl"
+echo "q8_b32 greedy tokens identical to F32 on the 5 golden prompts:$seen (of 64)"
+
 summary
