@@ -13,6 +13,7 @@
 #ifndef IFLOW_CHECK_H
 #define IFLOW_CHECK_H
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,6 +83,17 @@ static inline void test_write_file(const char *path, const void *data, size_t n)
         fprintf(stderr, "cannot write %s\n", path);
         exit(2);
     }
+}
+
+/* A fixed-seed xorshift generator: tests see the same "random" data on every run. */
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static inline uint32_t rnd_u32(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
 }
 
 static inline int check_summary(const char *prog)

@@ -22,15 +22,6 @@
 
 /* ---- helpers ----------------------------------------------------------------------------- */
 
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-
-static uint32_t rnd_u32(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
 
 /* uniform in [lo, hi) */
 static float rnd(float lo, float hi)

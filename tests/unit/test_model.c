@@ -3,6 +3,7 @@
  * log-probabilities under three perplexity protocols, xs-ckpt, and invariances (prefill equals
  * decode, thread count does not change results, F16/BF16 weights stay close). */
 #include "check.h"
+#include "testmodel.h"
 #include "libcore/convert.h"
 #include "libcore/dtype.h"
 #include "libcore/error.h"
@@ -16,20 +17,6 @@
 
 static char dir[] = "/tmp/iflow-test-model-XXXXXX";
 static char s_f32[300], s_f16[300], s_bf16[300], xs[300];
-
-static int convert(const char *rel, const char *out, int dtype)
-{
-    const char *specs[] = {"specs"};
-    iflow_convert_opts o = {.dtype = dtype, .spec_dirs = specs, .n_spec_dirs = 1};
-    const char *src = test_data(rel);
-    if (!src)
-        return -1;
-    char copy[4096];
-    snprintf(copy, sizeof copy, "%s", src);
-    int rc = iflow_convert(copy, out, &o);
-    CHECK(rc == 0, "convert %s: %s", rel, iflow_errmsg());
-    return rc;
-}
 
 /* The file's first JSON value (the first record of a .jsonl file). */
 static json_t *load_json(const char *rel)
@@ -364,8 +351,8 @@ int main(void)
     snprintf(s_f16, sizeof s_f16, "%s/s16.ifs", dir);
     snprintf(s_bf16, sizeof s_bf16, "%s/sbf16.ifs", dir);
     snprintf(xs, sizeof xs, "%s/xs.ifs", dir);
-    if (convert("models/stories260K/hf", s_f32, -1) || convert("models/stories260K/hf", s_f16, IFLOW_DT_F16) ||
-        convert("models/stories260K/hf", s_bf16, IFLOW_DT_BF16) || convert("models/xs-ckpt/hf", xs, -1)) {
+    if (test_convert("models/stories260K/hf", s_f32, -1) || test_convert("models/stories260K/hf", s_f16, IFLOW_DT_F16) ||
+        test_convert("models/stories260K/hf", s_bf16, IFLOW_DT_BF16) || test_convert("models/xs-ckpt/hf", xs, -1)) {
         fprintf(stderr, "test data missing or conversion failed\n");
         return check_summary("test_model") | 1;
     }

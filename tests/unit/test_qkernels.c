@@ -36,15 +36,6 @@ static const int all_types[] = { IFK_Q8_B32, IFK_Q8_B64, IFK_Q6_B64, IFK_Q5_B64,
                                  IFK_Q4_B64, IFK_Q3H_B64, IFK_Q3_B32, IFK_Q2_B32 };
 #define N_TYPES ((int)(sizeof all_types / sizeof all_types[0]))
 
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-
-static uint32_t rnd_u32(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
 
 /* uniform in (0, 1) */
 static double rnd_unit(void)

@@ -8,6 +8,7 @@
  *     |w - w'| <= r / (L-1) / 2  +  (|min| + r) * 2^-10  +  1e-7
  * (half a step, plus the f16 rounding of min and of delta times up to L-1 levels). */
 #include "check.h"
+#include "testmodel.h"
 #include "libcore/convert.h"
 #include "libcore/dtype.h"
 #include "libcore/error.h"
@@ -30,20 +31,6 @@ static const char *path_of(const char *name)
     i = (i + 1) % 4;
     snprintf(buf[i], sizeof buf[i], "%s/%s", dir, name);
     return buf[i];
-}
-
-static int convert(const char *rel, const char *out)
-{
-    const char *specs[] = {"specs"};
-    iflow_convert_opts o = {.dtype = -1, .spec_dirs = specs, .n_spec_dirs = 1};
-    const char *src = test_data(rel);
-    if (!src)
-        return -1;
-    char copy[4096];
-    snprintf(copy, sizeof copy, "%s", src);
-    int rc = iflow_convert(copy, out, &o);
-    CHECK(rc == 0, "convert %s: %s", rel, iflow_errmsg());
-    return rc;
 }
 
 /* ---- the types ---------------------------------------------------------------------------- */
@@ -495,7 +482,7 @@ int main(void)
     RUN(test_matching);
     RUN(test_choose);
     RUN(test_check_rules);
-    if (convert("models/stories260K/hf", s_f32) || convert("models/xs-ckpt/hf", xs_f32)) {
+    if (test_convert("models/stories260K/hf", s_f32, -1) || test_convert("models/xs-ckpt/hf", xs_f32, -1)) {
         fprintf(stderr, "test data missing or conversion failed\n");
         return check_summary("test_quant") | 1;
     }
