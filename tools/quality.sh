@@ -26,7 +26,7 @@ measure() { # model-name hf-dir -> TSV rows: model type bits ppl dppl mean_kld m
             f16|bf16) bin/iflow-convert "$hf" -t "$t" -o "$work/q.ifs" ;;
             *) bin/iflow-quant -t "$t" --keep "*=$t" -i "$work/$name.ifs" -o "$work/q.ifs" ;;
         esac
-        bits=$(case $t in f16|bf16) echo 16 ;; *) bin/iflow-quant --list-types --json | jq -r --arg t "$t" 'select(.name == $t) | .bits_per_weight' ;; esac)
+        bits=$(case $t in f16|bf16) echo 16 ;; *) bin/iflow-quant --list-types --json | jq -r --arg t "$t" 'select(.type == $t) | .bits_per_weight' ;; esac)
         bin/iflow-ppl -m "$work/q.ifs" --kl-base "$work/$name.ifs" -f "$WIKI" -c 256 --chunks "$CHUNKS" --json |
             jq -r --arg m "$name" --arg t "$t" --arg b "$bits" \
                 '[$m, $t, $b, .ppl, .delta_ppl, .mean_kld, .max_kld, .top1_agreement, .base_ppl, .tokens_scored] | @tsv'
