@@ -3,7 +3,9 @@
 #
 # For stories260K (F32, from its HF folder) and the synthetic TinyLlama-1.1B shape (F16 and F32):
 # convert time and peak RSS, load time, prefill and decode tokens/s at 1 and 2 threads, and
-# decode speed as a fraction of the read bandwidth that ../shared/tools/membw.c measures
+# decode speed as a fraction of the read bandwidth that ../shared/tools/membw.c measures; the
+# same for TinyLlama with every matrix in each quantized type (bytes read per token are the
+# quantized bytes)
 # (decode streams every weight matrix once per token); then the kernel micro-benchmarks
 # (bench/kbench.c). No thresholds: these are measurements.
 set -euo pipefail
@@ -53,11 +55,30 @@ s260=$(entry stories260K-f32 128 128 "$DATA/models/stories260K/hf")
 tl16=$(entry tinyllama-1.1b-f16 64 16 --synthetic "$DATA/models/synthetic/tinyllama-1.1b" -t f16)
 tl32=$(entry tinyllama-1.1b-f32 64 16 --synthetic "$DATA/models/synthetic/tinyllama-1.1b" -t f32)
 
+quant_entries() { # TinyLlama F16 -> each quantized type (every matrix): decode and prefill
+    log "tinyllama-1.1b quantized: converting F16"
+    bin/iflow-convert --synthetic "$DATA/models/synthetic/tinyllama-1.1b" -t f16 -o "$work/tl-src.ifs"
+    local t out=()
+    for t in ${IFLOW_BENCH_TYPES:-q8_b32 q8_b64 q6 q5 q4_b32 q4_b64 q3h q3_b32 q2}; do
+        log "tinyllama-1.1b-$t: quantizing and running"
+        bin/iflow-quant -t "$t" --keep "*=$t" -i "$work/tl-src.ifs" -o "$work/tl-$t.ifs"
+        out+=("$(jq -c --arg t "$t" --argjson size "$(stat -c %s "$work/tl-$t.ifs")" --argjson bw1 "$bw1" --argjson bw2 "$bw2" '
+            {name: ("tinyllama-1.1b-" + $t), type: $t, file_bytes: $size, load_s, decode_bytes_per_token,
+             runs: [.runs[] | . + {membw_gbps: (if .threads == 1 then $bw1 else $bw2 end)}
+                    | . + {decode_fraction_of_bandwidth: (.decode_weight_gbps / .membw_gbps)}]}' \
+            <<<"$("$work/iflow-bench" "$work/tl-$t.ifs" 16 16 1 2)")")
+        rm -f "$work/tl-$t.ifs"
+    done
+    rm -f "$work/tl-src.ifs"
+    printf '%s\n' "${out[@]}" | jq -s .
+}
+quant=$(quant_entries)
+
 log "kernel micro-benchmarks"
 kern=$("$build/kbench" --quick | jq -s .)
 
 jq -n --argjson bw1 "$bw1" --argjson bw2 "$bw2" --argjson a "$s260" --argjson b "$tl16" --argjson c "$tl32" \
-    --argjson kern "$kern" \
+    --argjson kern "$kern" --argjson quant "$quant" \
     --arg cpu "$(sed -nE 's/^model name\s*: //p' /proc/cpuinfo | head -n 1)" --arg cores "$(nproc)" '
     {machine: {cpu: $cpu, cores: ($cores | tonumber), membw_read_gbps: {"1": $bw1, "2": $bw2}},
-     models: [$a, $b, $c], kernels: $kern}'
+     models: [$a, $b, $c], quantized: $quant, kernels: $kern}'
