@@ -120,4 +120,18 @@ cmp -s "$TMP/syn1.ifs" "$TMP/syn3.ifs" && bad "--synthetic ignores the seed" || 
 run $BIN/iflow-run -m "$TMP/syn1.ifs" -p "Once" -n 8 --temp 0
 expect_rc 0 "a synthetic model runs"
 
+# the optional blocks no shared checkpoint has: q/k/v/o and MLP biases, a separate output matrix
+mkdir -p "$TMP/syn2" && cp "$HF/tokenizer.json" "$TMP/syn2/"
+sed 's/"attention_bias": false/"attention_bias": true/; s/"mlp_bias": false/"mlp_bias": true/; s/"tie_word_embeddings": true/"tie_word_embeddings": false/' \
+    "$HF/config.json" >"$TMP/syn2/config.json"
+run $BIN/iflow-convert --synthetic "$TMP/syn2" -o "$TMP/syn-bias.ifs"
+expect_rc 0 "--synthetic with biases and an untied output"
+info=$($BIN/iflow-convert --info "$TMP/syn-bias.ifs")
+for t in "blk\.4\.bq +f32 +64 " "blk\.4\.bk +f32 +32 " "blk\.0\.bo +f32 +64 " "blk\.0\.ffn_gate_b +f32 +172 " \
+         "blk\.0\.ffn_down_b +f32 +64 " "output +f32 +512x64 "; do
+    expect_match "$info" "tensor +$t" "biases/untied: $t"
+done
+run $BIN/iflow-run -m "$TMP/syn-bias.ifs" -p "Once" -n 8 --temp 0 --json
+expect_eq "$(jq '.gen_ids | length' <<<"$out")" 8 "a model with biases and an untied output runs"
+
 summary
