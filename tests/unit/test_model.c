@@ -3,7 +3,7 @@
  * log-probabilities under three perplexity protocols, xs-ckpt, and invariances (prefill equals
  * decode, thread count does not change results, F16/BF16 weights stay close). */
 #include "check.h"
-#include "testmodel.h"
+#include "testlib.h"
 #include "libcore/convert.h"
 #include "libcore/dtype.h"
 #include "libcore/error.h"

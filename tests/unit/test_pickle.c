@@ -3,6 +3,7 @@
  * export model.bin; hand-assembled checkpoints for the edge cases and the refusals.
  */
 #include "check.h"
+#include "testlib.h"
 
 #include "libcore/dtype.h"
 #include "libcore/error.h"
@@ -14,17 +15,6 @@
 
 #include <stdint.h>
 
-#define CHECK_ERR(rc, want, where, text)                                                         \
-    do {                                                                                         \
-        const char *m_ = iflow_errmsg();                                                         \
-        CHECK((rc) == (want), "rc %d (%s), want %d (%s): %s", (rc), iflow_strerror(rc), (want), \
-              iflow_strerror(want), m_);                                                         \
-        CHECK(strstr(m_, (where)) != NULL, "message does not name '%s': %s", (where), m_);       \
-        CHECK(strstr(m_, (text)) != NULL, "message lacks '%s': %s", (text), m_);                 \
-        CHECK(!strchr(m_, '\n'), "message spans lines: %s", m_);                                 \
-        if (getenv("SHOW_ERRORS"))                                                               \
-            fprintf(stderr, "  %s\n", m_);                                                       \
-    } while (0)
 
 /* ---- the real checkpoint ------------------------------------------------------------------- */
 

@@ -8,7 +8,7 @@
  *     |w - w'| <= r / (L-1) / 2  +  (|min| + r) * 2^-10  +  1e-7
  * (half a step, plus the f16 rounding of min and of delta times up to L-1 levels). */
 #include "check.h"
-#include "testmodel.h"
+#include "testlib.h"
 #include "libcore/convert.h"
 #include "libcore/dtype.h"
 #include "libcore/error.h"

@@ -7,6 +7,7 @@
  * writer below.
  */
 #include "check.h"
+#include "testlib.h"
 #include "libcore/convert.h"
 
 #include "libcore/dtype.h"
@@ -114,18 +115,6 @@ static wtensor from_src(const iflow_src_tensor *s)
 
 /* ---- error checks --------------------------------------------------------------------------- */
 
-/* rc is negative `want`, the message is one line naming `where` and containing `text`. */
-#define CHECK_ERR(rc, want, where, text)                                                         \
-    do {                                                                                         \
-        const char *m_ = iflow_errmsg();                                                         \
-        CHECK((rc) == (want), "rc %d (%s), want %d (%s): %s", (rc), iflow_strerror(rc), (want), \
-              iflow_strerror(want), m_);                                                         \
-        CHECK(strstr(m_, (where)) != NULL, "message does not name '%s': %s", (where), m_);       \
-        CHECK(strstr(m_, (text)) != NULL, "message lacks '%s': %s", (text), m_);                 \
-        CHECK(!strchr(m_, '\n'), "message spans lines: %s", m_);                                 \
-        if (getenv("SHOW_ERRORS"))                                                               \
-            fprintf(stderr, "  %s\n", m_);                                                       \
-    } while (0)
 
 static int st_open_file(const char *path, iflow_st **st)
 {
