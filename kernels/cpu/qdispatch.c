@@ -66,7 +66,8 @@ static int qx_init(ifk_qx *qx, int type, int T, int K)
     qx->nb = (K + t->block - 1) / t->block;
     qx->K = K;
     qx->T = T;
-    qx->q_ld = ((size_t)qx->nb * t->block + 63) & ~(size_t)63;
+    qx->x16 = ifk_qx_x16(type);
+    qx->q_ld = ((size_t)qx->nb * t->block * (qx->x16 ? 2 : 1) + 63) & ~(size_t)63;
     qx->s_ld = ((size_t)qx->nb + 15) & ~(size_t)15;
     size_t qbytes = (size_t)T * qx->q_ld, sbytes = (size_t)T * qx->s_ld * sizeof(float);
     char *p = scratch_get(qbytes + 7 * sbytes);

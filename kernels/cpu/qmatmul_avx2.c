@@ -2,11 +2,10 @@
  * qmatmul_avx2.c -- the quantized matrix product with AVX2 (+ FMA, F16C).
  *
  * The plan of qmatmul_avx512.c with 8-lane registers and no VNNI: the u8 x s8 dot product is
- * maddubs (pairs to int16) + madd with ones (to int32 lanes of 4 bytes). maddubs saturates
- * past 32767, which 8-bit levels could reach (2 * 255 * 127), so Q8 levels are made signed,
- * q - 128, and multiplied as |q - 128| x sign(x, q - 128) (at most 2 * 128 * 127); the min
- * term then uses min + 128 delta. For the other types the two maddubs results of a 64-block
- * fit in int16 together (at most 4 * 63 * 127) and share one madd.
+ * maddubs (pairs to int16) + madd with ones (to int32 lanes of 4 bytes); for the int8-x types
+ * (5 bits and fewer) maddubs cannot saturate (2 * 31 * 127), and the two maddubs results of a
+ * 64-block share one madd (4 * 31 * 127 < 32768). Q8 and Q6 take int16 x: the levels widened
+ * to int16, then madd (s16 x s16 pairs to int32).
  *
  * Decode reads one row at a time (one forward stream, prefetched) and converts each block's
  * header on its own; prefill decodes chunks of 64 blocks of 2 rows once (levels to bytes,
@@ -54,17 +53,17 @@ QK_INLINE float hsum8(__m256 v)
     return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
 }
 
-/* A group whose max |x| is below 2^-64 is scaled by 2^64 first (exactly), so that 127 / amax
- * cannot overflow. */
+/* A group whose max |x| is below 2^-64 is scaled by 2^64 first (exactly), so that
+ * top / amax cannot overflow. */
 QK_INLINE float prescale(float amax)
 {
     return amax < 0x1p-64f ? 0x1p64f : 1.0f;
 }
 
-/* 127 / (amax * prescale), or 0 when amax is 0. */
-QK_INLINE float inv_scale(float amax)
+/* top / (amax * prescale) (top = 127 for int8, 32767 for int16), or 0 when amax is 0. */
+QK_INLINE float inv_scale(float amax, float top)
 {
-    return amax > 0.0f ? 127.0f / (amax * prescale(amax)) : 0.0f;
+    return amax > 0.0f ? top / (amax * prescale(amax)) : 0.0f;
 }
 
 /* round(v[i] * pre[i] * inv[i]) for 4 vectors of 8 -> 32 int8 in order, stored at q: [32]. */
@@ -92,7 +91,7 @@ QK_INLINE void quantize32(const float *x, int K, int k0, int8_t *q, float *s, fl
     float amax = hmax8(_mm256_max_ps(_mm256_max_ps(abs8(v[0]), abs8(v[1])), _mm256_max_ps(abs8(v[2]), abs8(v[3]))));
     for (int i = 0; i < 4; i++) {
         pre[i] = _mm256_set1_ps(prescale(amax));
-        inv[i] = _mm256_set1_ps(inv_scale(amax));
+        inv[i] = _mm256_set1_ps(inv_scale(amax, 127.0f));
     }
     store_i8x32(q, v, pre, inv);
     *s = amax / 127.0f;
@@ -113,7 +112,7 @@ QK_INLINE void quantize64(const float *x, int K, int b, int8_t *q, float *s0, fl
     a1 = _mm_max_ps(a1, _mm_movehl_ps(a1, a1));
     float amax0 = _mm_cvtss_f32(_mm_max_ss(a0, _mm_movehdup_ps(a0)));
     float amax1 = _mm_cvtss_f32(_mm_max_ss(a1, _mm_movehdup_ps(a1)));
-    float i0 = inv_scale(amax0), i1 = inv_scale(amax1), p0 = prescale(amax0), p1 = prescale(amax1);
+    float i0 = inv_scale(amax0, 127.0f), i1 = inv_scale(amax1, 127.0f), p0 = prescale(amax0), p1 = prescale(amax1);
     __m256 pre[4], inv[4];
     for (int i = 0; i < 4; i++) {
         pre[i] = _mm256_setr_ps(p0, p0, p0, p0, p1, p1, p1, p1);
@@ -129,22 +128,47 @@ QK_INLINE void quantize64(const float *x, int K, int b, int8_t *q, float *s0, fl
     *sum = hsum8(s);
 }
 
+/* Block b of an int16 type: one group, the block of B (32 or 64).  q: [B] of the block. */
+QK_INLINE void quantize_x16(const float *x, int K, int b, int B, int16_t *q, float *s, float *sum)
+{
+    __m256 v[8], a = _mm256_setzero_ps(), t = _mm256_setzero_ps();
+    for (int i = 0; i < B / 8; i++) {
+        v[i] = load_x8(x, b * B + 8 * i, K);
+        a = _mm256_max_ps(a, abs8(v[i]));
+        t = _mm256_add_ps(t, v[i]);
+    }
+    float amax = hmax8(a);
+    __m256 pre = _mm256_set1_ps(prescale(amax)), inv = _mm256_set1_ps(inv_scale(amax, 32767.0f));
+    for (int i = 0; i < B / 8; i += 2) {
+        __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(v[i], pre), inv));
+        __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(v[i + 1], pre), inv));
+        /* packs works within 128-bit lanes: 0-3 8-11 | 4-7 12-15, put back in order */
+        _mm256_store_si256((__m256i *)(q + 8 * i), _mm256_permute4x64_epi64(_mm256_packs_epi32(i0, i1), 0xD8));
+    }
+    *s = amax / 32767.0f;
+    *sum = hsum8(t);
+}
+
 IFK_DECL_QX_QUANTIZE(ifk_avx2_qx_quantize)
 {
+    const size_t used = (size_t)qx->nb * qx->B * (qx->x16 ? 2 : 1); /* bytes of q per token */
     for (int t = t0; t < t1; t++) {
         const float *xt = x + (size_t)t * ldx;                  /* [K] */
         int8_t *q = qx->q + (size_t)t * qx->q_ld;               /* [q_ld] */
         float *s0 = qx->s0 + (size_t)t * qx->s_ld, *s1 = qx->s1 + (size_t)t * qx->s_ld;
         float *sum = qx->sum + (size_t)t * qx->s_ld;            /* each [s_ld] */
         for (int b = 0; b < qx->nb; b++) {
-            if (qx->B == 32) {
+            if (qx->x16) {
+                quantize_x16(xt, qx->K, b, qx->B, (int16_t *)q + (size_t)qx->B * b, s0 + b, sum + b);
+                s1[b] = 0.0f;
+            } else if (qx->B == 32) {
                 quantize32(xt, qx->K, b * 32, q + 32 * b, s0 + b, sum + b);
                 s1[b] = 0.0f;
             } else {
                 quantize64(xt, qx->K, b, q + 64 * b, s0 + b, s1 + b, sum + b);
             }
         }
-        memset(q + (size_t)qx->nb * qx->B, 0, qx->q_ld - (size_t)qx->nb * qx->B);
+        memset(q + used, 0, qx->q_ld - used);
         for (size_t b = (size_t)qx->nb; b < qx->s_ld; b++)
             s0[b] = s1[b] = sum[b] = 0.0f;
         float *bk = qx->blk + (size_t)t * qx->s_ld * 4;        /* [s_ld][4] */
@@ -275,21 +299,13 @@ QK_INLINE int block_bytes_of(int type)
 #define PF_AHEAD 2048
 #endif
 
-QK_INLINE int is_q8(int type)
-{
-    return type == IFK_Q8_B32 || type == IFK_Q8_B64;
-}
-
-/* The levels of one block as bytes, lev[0] (and lev[1] for B = 64); Q8 levels as q - 128. */
+/* The levels of one block as bytes: lev[0] (levels 0-31) and lev[1] (32-63, B = 64). */
 QK_INLINE void block_levels(__m256i lev[2], int type, const uint8_t *blk)
 {
     if (block_of(type) == 64)
         levels64(lev, type, blk);
     else
         lev[0] = levels32(type, blk);
-    if (is_q8(type))
-        for (int h = 0; h < block_of(type) / 32; h++)
-            lev[h] = _mm256_xor_si256(lev[h], _mm256_set1_epi8((char)0x80));
 }
 
 /* The int32 lanes of sum_i lev_i * x_i over 4 bytes (lev unsigned, x signed). */
@@ -298,33 +314,46 @@ QK_INLINE __m256i dot4(__m256i lev, __m256i x)
     return _mm256_madd_epi16(_mm256_maddubs_epi16(lev, x), _mm256_set1_epi16(1));
 }
 
-/* The int32 lanes of one block's levels times x's int8 values, as float (lane i: bytes 4i..4i+3
- * of each 32).  lev: from block_levels; xq: [B]. Q8: |q - 128| x sign(x, q - 128). For the
- * other types the two halves of a 64-block share one madd (at most 4 * 63 * 127 < 32768). */
+/* sum of lev_i * x_i over 32 levels (bytes) and 32 int16 x, in 8 int32 lanes.  xq: [32]. */
+QK_INLINE __m256i dot_x16_32(__m256i lev, const int16_t *xq)
+{
+    __m256i lo = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(lev)), hi = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(lev, 1));
+    return _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_load_si256((const __m256i *)xq)),
+                            _mm256_madd_epi16(hi, _mm256_load_si256((const __m256i *)(xq + 16))));
+}
+
+/* One block's levels times x's values, as float lanes. int8 x: lane i holds bytes 4i..4i+3 of
+ * each 32 (the two halves of a 64-block share one madd: at most 4 * 31 * 127 < 32768);
+ * int16 x (ifk_qx_x16 types): any lane, one x scale per block.  lev: from block_levels;
+ * xq: the block's x values ([B] int8 or int16). */
 QK_INLINE __m256 block_dot(const __m256i lev[2], const int8_t *xq, const int type)
 {
-    __m256i x0 = _mm256_load_si256((const __m256i *)xq), p;
-    if (is_q8(type)) {
-        p = dot4(_mm256_abs_epi8(lev[0]), _mm256_sign_epi8(x0, lev[0]));
-        if (block_of(type) == 64) {
-            __m256i x1 = _mm256_load_si256((const __m256i *)(xq + 32));
-            p = _mm256_add_epi32(p, dot4(_mm256_abs_epi8(lev[1]), _mm256_sign_epi8(x1, lev[1])));
-        }
+    __m256i p;
+    if (ifk_qx_x16(type)) {
+        p = dot_x16_32(lev[0], (const int16_t *)xq);
+        if (block_of(type) == 64)
+            p = _mm256_add_epi32(p, dot_x16_32(lev[1], (const int16_t *)xq + 32));
     } else if (block_of(type) == 64) {
-        __m256i x1 = _mm256_load_si256((const __m256i *)(xq + 32));
+        __m256i x0 = _mm256_load_si256((const __m256i *)xq), x1 = _mm256_load_si256((const __m256i *)(xq + 32));
         p = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lev[0], x0), _mm256_maddubs_epi16(lev[1], x1)),
                               _mm256_set1_epi16(1));
     } else {
-        p = dot4(lev[0], x0);
+        p = dot4(lev[0], _mm256_load_si256((const __m256i *)xq));
     }
     return _mm256_cvtepi32_ps(p);
 }
 
-/* The scale of block i of a group for an int32 lane: ds[i] (B = 32), or the pair ds[2i],
- * ds[2i + 1] repeated (B = 64: the lanes alternate between the block's two x groups). */
+/* Whether a block has one x scale (int16 x, or B = 32) rather than a pair (int8 x, B = 64). */
+QK_INLINE int one_scale(int type)
+{
+    return ifk_qx_x16(type) || block_of(type) == 32;
+}
+
+/* The scale of block i for an int32 lane: ds[i] (one_scale), or the pair ds[2i], ds[2i + 1]
+ * repeated (the lanes alternate between the block's two x groups). */
 QK_INLINE __m256 block_scale(const float *ds, int i, const int type)
 {
-    if (block_of(type) == 64)
+    if (!one_scale(type))
         return _mm256_castsi256_ps(_mm256_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)(ds + 2 * i))));
     return _mm256_broadcast_ss(ds + i);
 }
@@ -333,8 +362,7 @@ QK_INLINE __m256 block_scale(const float *ds, int i, const int type)
 
 #define PF_KC 64 /* blocks per chunk of K (levels and headers decoded once per chunk and row) */
 
-/* delta d[i] and min m[i] (min + 128 delta for Q8) of blocks c0 + i of a row, i < nc (<= PF_KC;
- * 0 past nc).  row: [nb * BB] bytes; d, m: [PF_KC]. */
+/* delta d[i] and min m[i] of blocks c0 + i of a row, i < nc (<= PF_KC; 0 past nc).  row: [nb * BB] bytes; d, m: [PF_KC]. */
 QK_INLINE void chunk_headers(float *d, float *m, const uint8_t *row, int c0, int nc, const int type)
 {
     const int BB = block_bytes_of(type);
@@ -346,15 +374,12 @@ QK_INLINE void chunk_headers(float *d, float *m, const uint8_t *row, int c0, int
         /* u16 halves -> F16: [d0..d3 m0..m3 | d4..d7 m4..m7] -> [d0..d7 | m0..m7] */
         __m256i p = _mm256_packus_epi32(_mm256_and_si256(h, _mm256_set1_epi32(0xffff)), _mm256_srli_epi32(h, 16));
         p = _mm256_permute4x64_epi64(p, 0xD8);
-        __m256 dv = _mm256_cvtph_ps(_mm256_castsi256_si128(p)), mv = _mm256_cvtph_ps(_mm256_extracti128_si256(p, 1));
-        if (is_q8(type))
-            mv = _mm256_fmadd_ps(dv, _mm256_set1_ps(128.0f), mv);
-        _mm256_store_ps(d + g, dv);
-        _mm256_store_ps(m + g, mv);
+        _mm256_store_ps(d + g, _mm256_cvtph_ps(_mm256_castsi256_si128(p)));
+        _mm256_store_ps(m + g, _mm256_cvtph_ps(_mm256_extracti128_si256(p, 1)));
     }
 }
 
-/* The levels of blocks c0 .. c0 + nc - 1 of a row as bytes (block_levels: Q8 as q - 128).
+/* The levels of blocks c0 .. c0 + nc - 1 of a row as bytes.
  * row: [nb * BB]; lv: [nc][B]. */
 QK_INLINE void chunk_levels(uint8_t *lv, const uint8_t *row, int c0, int nc, const int type)
 {
@@ -380,7 +405,7 @@ QK_INLINE void tile(float *y, size_t ldy, const uint8_t (*lv)[PF_KC * 64], const
     const int B = block_of(type);
     __m256 acc[4][4];
     float mins[4][4]; /* [R][C] the min terms */
-    /* delta * x scale per row, token and block: [PF_KC] (B = 32) or [PF_KC][2] pairs (B = 64) */
+    /* delta * x scale per row, token and block: [PF_KC] (one_scale) or [PF_KC][2] pairs */
     _Alignas(32) float ds[4][4][2 * PF_KC];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
@@ -392,7 +417,7 @@ QK_INLINE void tile(float *y, size_t ldy, const uint8_t (*lv)[PF_KC * 64], const
                 __m256 dv = _mm256_load_ps(d[r] + g);
                 am = _mm256_fmadd_ps(_mm256_load_ps(m[r] + g), _mm256_loadu_ps(qx->sum + st + g), am);
                 __m256 d0 = _mm256_mul_ps(dv, _mm256_loadu_ps(qx->s0 + st + g));
-                if (B == 32) {
+                if (one_scale(type)) {
                     _mm256_store_ps(ds[r][j] + g, d0);
                 } else {
                     __m256 d1 = _mm256_mul_ps(dv, _mm256_loadu_ps(qx->s1 + st + g));
@@ -414,7 +439,7 @@ QK_INLINE void tile(float *y, size_t ldy, const uint8_t (*lv)[PF_KC * 64], const
                 lev[r][h] = _mm256_load_si256((const __m256i *)(lv[r] + (size_t)i * B + 32 * h));
 #pragma GCC unroll 4
         for (int j = 0; j < C; j++) {
-            const int8_t *xq = qx->q + (size_t)(t0 + j) * qx->q_ld + b * B;
+            const int8_t *xq = qx->q + (size_t)(t0 + j) * qx->q_ld + b * B * (ifk_qx_x16(type) ? 2 : 1);
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++)
                 acc[r][j] = _mm256_fmadd_ps(block_dot(lev[r], xq, type), block_scale(ds[r][j], i, type), acc[r][j]);
@@ -458,18 +483,15 @@ QK_INLINE void gemm_rows(float *y, size_t ldy, const uint8_t *W, const ifk_qx *q
 
 /* acc + the delta term of one block, *accm + its min term (lane 1; the other lanes collect
  * junk that is never read): the block's header is converted on its own, as
- * [d, m, d, m] * { s0, sum, s1, 0 } = [d s0, m sum, d s1, 0] (Q8: m + 128 d for the min).
- * blk: [BB]; xq: [B]; sx: [4]. */
+ * [d, m, d, m] * { s0, sum, s1, 0 } = [d s0, m sum, d s1, 0].  blk: [BB]; xq: the block's x
+ * values ([B] int8 or int16); sx: [4]. */
 QK_INLINE __m256 gemv_block(__m256 acc, __m128 *accm, const uint8_t *blk, const int8_t *xq, const float *sx, const int type)
 {
     _mm_prefetch((const char *)blk + PF_AHEAD, _MM_HINT_T0);
-    __m128 dm = _mm_cvtph_ps(_mm_set1_epi32((int)rd32(blk)));
-    if (is_q8(type))
-        dm = _mm_fmadd_ps(_mm_moveldup_ps(dm), _mm_setr_ps(0.0f, 128.0f, 0.0f, 128.0f), dm);
-    __m128 r = _mm_mul_ps(dm, _mm_load_ps(sx));
+    __m128 r = _mm_mul_ps(_mm_cvtph_ps(_mm_set1_epi32((int)rd32(blk))), _mm_load_ps(sx));
     *accm = _mm_add_ps(*accm, r);
-    __m256 sc = block_of(type) == 64 ? _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(_mm_permute_ps(r, 0x88))))
-                                     : _mm256_broadcastss_ps(r);
+    __m256 sc = one_scale(type) ? _mm256_broadcastss_ps(r)
+                                : _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(_mm_permute_ps(r, 0x88))));
     __m256i lev[2];
     block_levels(lev, type, blk);
     return _mm256_fmadd_ps(block_dot(lev, xq, type), sc, acc);
@@ -479,17 +501,18 @@ QK_INLINE __m256 gemv_block(__m256 acc, __m128 *accm, const uint8_t *blk, const 
  * for the FMA latency.  row: [nb * BB] bytes. */
 QK_INLINE float gemv_row(const uint8_t *row, const ifk_qx *qx, const int type)
 {
-    const int B = block_of(type), BB = block_bytes_of(type), nb = qx->nb;
+    const int BB = block_bytes_of(type), nb = qx->nb;
+    const size_t xb = (size_t)block_of(type) * (ifk_qx_x16(type) ? 2 : 1); /* bytes of x per block */
     __m256 acc[4] = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() };
     __m128 accm[4] = { _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps() };
     int b = 0;
     for (; b + 4 <= nb; b += 4)
 #pragma GCC unroll 4
         for (int u = 0; u < 4; u++)
-            acc[u] = gemv_block(acc[u], &accm[u], row + (size_t)(b + u) * BB, qx->q + (size_t)(b + u) * B,
+            acc[u] = gemv_block(acc[u], &accm[u], row + (size_t)(b + u) * BB, qx->q + (size_t)(b + u) * xb,
                                 qx->blk + 4 * (size_t)(b + u), type);
     for (; b < nb; b++)
-        acc[0] = gemv_block(acc[0], &accm[0], row + (size_t)b * BB, qx->q + (size_t)b * B, qx->blk + 4 * (size_t)b, type);
+        acc[0] = gemv_block(acc[0], &accm[0], row + (size_t)b * BB, qx->q + (size_t)b * xb, qx->blk + 4 * (size_t)b, type);
     __m128 m = _mm_add_ps(_mm_add_ps(accm[0], accm[1]), _mm_add_ps(accm[2], accm[3]));
     return hsum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))) +
            _mm_cvtss_f32(_mm_movehdup_ps(m));

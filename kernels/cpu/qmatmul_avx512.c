@@ -45,17 +45,17 @@ QK_INLINE __m512 load_x16(const float *x, int k, int K)
     return _mm512_maskz_loadu_ps(mask16(K - k > 0 ? K - k : 0), x + k);
 }
 
-/* A group whose max |x| is below 2^-64 is scaled by 2^64 first (exactly), so that 127 / amax
- * cannot overflow. */
+/* A group whose max |x| is below 2^-64 is scaled by 2^64 first (exactly), so that
+ * top / amax cannot overflow. */
 QK_INLINE float prescale(float amax)
 {
     return amax < 0x1p-64f ? 0x1p64f : 1.0f;
 }
 
-/* 127 / (amax * prescale), or 0 when amax is 0. */
-QK_INLINE float inv_scale(float amax)
+/* top / (amax * prescale) (top = 127 for int8, 32767 for int16), or 0 when amax is 0. */
+QK_INLINE float inv_scale(float amax, float top)
 {
-    return amax > 0.0f ? 127.0f / (amax * prescale(amax)) : 0.0f;
+    return amax > 0.0f ? top / (amax * prescale(amax)) : 0.0f;
 }
 
 /* round(v * pre * inv) as 16 int8. */
@@ -70,7 +70,7 @@ QK_INLINE void quantize_b32(const float *x, int K, int b, int8_t *q, float *s, f
     __m512 v0 = load_x16(x, b * 32, K), v1 = load_x16(x, b * 32 + 16, K);
     __m512 a = _mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1));
     float amax = _mm512_reduce_max_ps(a);
-    __m512 pre = _mm512_set1_ps(prescale(amax)), inv = _mm512_set1_ps(inv_scale(amax));
+    __m512 pre = _mm512_set1_ps(prescale(amax)), inv = _mm512_set1_ps(inv_scale(amax, 127.0f));
     _mm_store_si128((__m128i *)q, to_i8(v0, pre, inv));
     _mm_store_si128((__m128i *)(q + 16), to_i8(v1, pre, inv));
     *s = amax / 127.0f;
@@ -86,7 +86,8 @@ QK_INLINE void quantize_b64(const float *x, int K, int b, int8_t *q, float *s0, 
     __m512 a = _mm512_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])),
                              _mm512_max_ps(_mm512_abs_ps(v[2]), _mm512_abs_ps(v[3])));
     float amax0 = _mm512_mask_reduce_max_ps(0x0F0F, a), amax1 = _mm512_mask_reduce_max_ps(0xF0F0, a);
-    __m512 inv = _mm512_mask_blend_ps(0x0F0F, _mm512_set1_ps(inv_scale(amax1)), _mm512_set1_ps(inv_scale(amax0)));
+    __m512 inv = _mm512_mask_blend_ps(0x0F0F, _mm512_set1_ps(inv_scale(amax1, 127.0f)),
+                                      _mm512_set1_ps(inv_scale(amax0, 127.0f)));
     __m512 pre = _mm512_mask_blend_ps(0x0F0F, _mm512_set1_ps(prescale(amax1)), _mm512_set1_ps(prescale(amax0)));
     for (int i = 0; i < 4; i++)
         _mm_store_si128((__m128i *)(q + 16 * i), to_i8(v[i], pre, inv));
@@ -95,22 +96,44 @@ QK_INLINE void quantize_b64(const float *x, int K, int b, int8_t *q, float *s0, 
     *sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(v[0], v[1]), _mm512_add_ps(v[2], v[3])));
 }
 
+/* Block b of an int16 type: one group, the block of B (32 or 64).  q: [B] of the block. */
+QK_INLINE void quantize_x16(const float *x, int K, int b, int B, int16_t *q, float *s, float *sum)
+{
+    __m512 v[4], a = _mm512_setzero_ps(), t = _mm512_setzero_ps();
+    for (int i = 0; i < B / 16; i++) {
+        v[i] = load_x16(x, b * B + 16 * i, K);
+        a = _mm512_max_ps(a, _mm512_abs_ps(v[i]));
+        t = _mm512_add_ps(t, v[i]);
+    }
+    float amax = _mm512_reduce_max_ps(a);
+    __m512 pre = _mm512_set1_ps(prescale(amax)), inv = _mm512_set1_ps(inv_scale(amax, 32767.0f));
+    for (int i = 0; i < B / 16; i++)
+        _mm256_store_si256((__m256i *)(q + 16 * i),
+                           _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(v[i], pre), inv))));
+    *s = amax / 32767.0f;
+    *sum = _mm512_reduce_add_ps(t);
+}
+
 QK_FN IFK_DECL_QX_QUANTIZE(ifk_avx512_qx_quantize)
 {
+    const size_t used = (size_t)qx->nb * qx->B * (qx->x16 ? 2 : 1); /* bytes of q per token */
     for (int t = t0; t < t1; t++) {
         const float *xt = x + (size_t)t * ldx;                  /* [K] */
         int8_t *q = qx->q + (size_t)t * qx->q_ld;               /* [q_ld] */
         float *s0 = qx->s0 + (size_t)t * qx->s_ld, *s1 = qx->s1 + (size_t)t * qx->s_ld;
         float *sum = qx->sum + (size_t)t * qx->s_ld;            /* each [s_ld] */
         for (int b = 0; b < qx->nb; b++) {
-            if (qx->B == 32) {
+            if (qx->x16) {
+                quantize_x16(xt, qx->K, b, qx->B, (int16_t *)q + (size_t)qx->B * b, s0 + b, sum + b);
+                s1[b] = 0.0f;
+            } else if (qx->B == 32) {
                 quantize_b32(xt, qx->K, b, q + 32 * b, s0 + b, sum + b);
                 s1[b] = 0.0f;
             } else {
                 quantize_b64(xt, qx->K, b, q + 64 * b, s0 + b, s1 + b, sum + b);
             }
         }
-        memset(q + (size_t)qx->nb * qx->B, 0, qx->q_ld - (size_t)qx->nb * qx->B);
+        memset(q + used, 0, qx->q_ld - used);
         for (size_t b = (size_t)qx->nb; b < qx->s_ld; b++)
             s0[b] = s1[b] = sum[b] = 0.0f;
         float *bk = qx->blk + (size_t)t * qx->s_ld * 4;        /* [s_ld][4] */
@@ -239,6 +262,27 @@ QK_INLINE int block_bytes_of(int type)
     }
 }
 
+/* The int32 lanes of one block's levels times x's int16 values (ifk_qx_x16 types: Q8, Q6):
+ * the levels widened to int16, vpdpwssd.  blk: [BB]; xq: [B] int16, 64-byte aligned. */
+QK_INLINE __m512i dot_x16(int type, const uint8_t *blk, const int16_t *xq)
+{
+    const uint8_t *lv = blk + 4;
+    __m512i lo, hi;
+    if (type == IFK_Q8_B32)
+        return _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)lv)),
+                                   _mm512_load_si512(xq));
+    if (type == IFK_Q8_B64) {
+        lo = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)lv));
+        hi = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(lv + 32)));
+    } else {
+        __m512i l = levels64(type, blk);
+        lo = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(l));
+        hi = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(l, 1));
+    }
+    return _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512(xq)), hi,
+                               _mm512_load_si512(xq + 32));
+}
+
 /* ---- prefill: tiles of R rows x C tokens over chunks of K -------------------------------- */
 
 /* Software prefetch distance in a row stream (bytes): measured on Zen 4 (one thread, DRAM),
@@ -280,10 +324,10 @@ QK_INLINE void tile(float *y, size_t ldy, const uint8_t (*lv)[PF_KC * 64], const
                     int nc, int first, const float (*d)[PF_KC], const float (*m)[PF_KC], const int type, const int R,
                     const int C)
 {
-    const int B = block_of(type);
-    __m512 acc[4][4], accm[4][4]; /* [R][C]: the delta terms (B = 64; low halves for B = 32), min terms */
-    /* delta * x scale per row, token and block of the chunk: [PF_KC] (B = 32), or [PF_KC][2]
-     * pairs (B = 64: x groups 0 and 1) */
+    const int B = block_of(type), x16 = ifk_qx_x16(type), one = B == 32 || x16; /* one x scale per block */
+    __m512 acc[4][4], accm[4][4]; /* [R][C]: the delta terms (low halves for int8 x, B = 32), min terms */
+    /* delta * x scale per row, token and block of the chunk: [PF_KC] (one), or [PF_KC][2]
+     * pairs (int8 x, B = 64: x groups 0 and 1) */
     _Alignas(64) float ds[4][4][2 * PF_KC];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
@@ -295,7 +339,7 @@ QK_INLINE void tile(float *y, size_t ldy, const uint8_t (*lv)[PF_KC * 64], const
                 __m512 dv = _mm512_load_ps(d[r] + g);
                 accm[r][j] = _mm512_fmadd_ps(_mm512_load_ps(m[r] + g), _mm512_loadu_ps(qx->sum + st + g), accm[r][j]);
                 __m512 d0 = _mm512_mul_ps(dv, _mm512_loadu_ps(qx->s0 + st + g));
-                if (B == 32) {
+                if (one) {
                     _mm512_store_ps(ds[r][j] + g, d0);
                 } else {
                     __m512 d1 = _mm512_mul_ps(dv, _mm512_loadu_ps(qx->s1 + st + g));
@@ -308,7 +352,27 @@ QK_INLINE void tile(float *y, size_t ldy, const uint8_t (*lv)[PF_KC * 64], const
         }
     for (int i = 0; i < nc; i++) {
         const size_t b = (size_t)(c0 + i);
-        if (B == 64) {
+        if (x16) {
+            __m512i l16[4][2]; /* [R]: the levels as int16, elements 0-31 and 32-63 */
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                l16[r][0] = _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i *)(lv[r] + (size_t)i * B)));
+                l16[r][1] = B == 64 ? _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i *)(lv[r] + (size_t)i * B + 32)))
+                                    : l16[r][0];
+            }
+#pragma GCC unroll 4
+            for (int j = 0; j < C; j++) {
+                const int16_t *xq = (const int16_t *)(qx->q + (size_t)(t0 + j) * qx->q_ld) + b * B;
+                __m512i x0 = _mm512_load_si512(xq), x1 = B == 64 ? _mm512_load_si512(xq + 32) : x0;
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) {
+                    __m512i p = _mm512_dpwssd_epi32(_mm512_setzero_si512(), l16[r][0], x0);
+                    if (B == 64)
+                        p = _mm512_dpwssd_epi32(p, l16[r][1], x1);
+                    acc[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_set1_ps(ds[r][j][i]), acc[r][j]);
+                }
+            }
+        } else if (B == 64) {
             __m512i lev[4];
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++)
@@ -345,7 +409,7 @@ QK_INLINE void tile(float *y, size_t ldy, const uint8_t (*lv)[PF_KC * 64], const
     for (int j = 0; j < C; j++)
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            __m512 a = B == 64 ? acc[r][j] : _mm512_zextps256_ps512(_mm512_castps512_ps256(acc[r][j]));
+            __m512 a = !one || x16 ? acc[r][j] : _mm512_zextps256_ps512(_mm512_castps512_ps256(acc[r][j]));
             float *yp = y + (size_t)(t0 + j) * ldy + n + r;
             *yp = (first ? 0.0f : *yp) + hsum512(_mm512_add_ps(a, accm[r][j]));
         }
@@ -395,10 +459,16 @@ QK_INLINE void gemm_rows(float *y, size_t ldy, const uint8_t *W, const ifk_qx *q
 
 /* acc + the delta term of one block, *accm + its min term (in lane 1; the other lanes collect
  * junk that is never read): the block's header is converted on its own, as
- * [d, m, d, m] * { s0, sum, s1, 0 } = [d s0, m sum, d s1, 0].  blk: [BB]; xq: [B]; sx: [4]. */
+ * [d, m, d, m] * { s0, sum, s1, 0 } = [d s0, m sum, d s1, 0].  blk: [BB]; xq: the block's x
+ * values ([B] int8, or int16 for x16 types); sx: [4]. */
 QK_INLINE __m512 gemv_block(__m512 acc, __m128 *accm, const uint8_t *blk, const int8_t *xq, const float *sx, const int type)
 {
     _mm_prefetch((const char *)blk + PF_AHEAD, _MM_HINT_T0);
+    if (ifk_qx_x16(type)) { /* one x scale per block: [d s0, m sum, 0, 0] */
+        __m128 r = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)rd32(blk))), _mm_load_ps(sx));
+        *accm = _mm_add_ps(*accm, r);
+        return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_x16(type, blk, (const int16_t *)xq)), _mm512_broadcastss_ps(r), acc);
+    }
     if (block_of(type) == 64) {
         __m128 r = _mm_mul_ps(_mm_cvtph_ps(_mm_set1_epi32((int)rd32(blk))), _mm_load_ps(sx));
         *accm = _mm_add_ps(*accm, r);
@@ -417,17 +487,18 @@ QK_INLINE __m512 gemv_block(__m512 acc, __m128 *accm, const uint8_t *blk, const 
 QK_INLINE float gemv_row(const uint8_t *row, const ifk_qx *qx, const int type)
 {
     const int B = block_of(type), BB = block_bytes_of(type), nb = qx->nb;
+    const size_t xb = (size_t)B * (ifk_qx_x16(type) ? 2 : 1); /* bytes of x per block */
     __m512 acc[4] = { _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps() };
     __m128 accm[4] = { _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps() };
     int b = 0;
     for (; b + 4 <= nb; b += 4)
 #pragma GCC unroll 4
         for (int u = 0; u < 4; u++)
-            acc[u] = gemv_block(acc[u], &accm[u], row + (size_t)(b + u) * BB, qx->q + (size_t)(b + u) * B,
+            acc[u] = gemv_block(acc[u], &accm[u], row + (size_t)(b + u) * BB, qx->q + (size_t)(b + u) * xb,
                                  qx->blk + 4 * (size_t)(b + u), type);
     for (; b < nb; b++)
-        acc[0] = gemv_block(acc[0], &accm[0], row + (size_t)b * BB, qx->q + (size_t)b * B, qx->blk + 4 * (size_t)b, type);
-    if (B == 32) /* only the low halves were accumulated */
+        acc[0] = gemv_block(acc[0], &accm[0], row + (size_t)b * BB, qx->q + (size_t)b * xb, qx->blk + 4 * (size_t)b, type);
+    if (B == 32 && !ifk_qx_x16(type)) /* only the low halves were accumulated */
         for (int a = 0; a < 4; a++)
             acc[a] = _mm512_zextps256_ps512(_mm512_castps512_ps256(acc[a]));
     __m128 m = _mm_add_ps(_mm_add_ps(accm[0], accm[1]), _mm_add_ps(accm[2], accm[3]));

@@ -77,15 +77,17 @@ void ifk_qmatmul_ref(float *y, size_t ldy, const void *W, int type, const float 
                      int T, int N, int K);
 
 /* The fast quantized matrix product (qdispatch.c), same arguments and result as
- * ifk_qmatmul_ref up to the rounding of x to int8. The SIMD paths compute each block as
- *     (min + z delta) * sum(x) + delta * sum_i (q_i - z) * xq_i * s
- * with sum(x) exact in F32 and x rounded to int8 per group of 32 (xq = round(x / s),
- * s = max|x| / 127 of the group); z = 0, or 128 for Q8 on the AVX2 path. So per output
- *     |y - y_ref| <= sum_i |q_i - z| delta_b(i) * amax_b(i) / 254 * (1 + 1e-3)
- *                    + 1e-5 * sum_i (|min_b(i)| + q_i delta_b(i) + z delta_b(i)) |x_i|
+ * ifk_qmatmul_ref up to the rounding of x to integers. The SIMD paths compute each block as
+ *     min * sum(x) + delta * sum_i q_i * xq_i * s
+ * with sum(x) exact in F32 and x rounded once per call, xq = round(x / s) with s = max|x| / top
+ * of its group: int8 (top = 127) per group of 32 elements for Q5 and below; int16 (top = 32767)
+ * per block for Q8 and Q6, where int8 x would add more error than the weights' own rounding.
+ * So per output
+ *     |y - y_ref| <= sum_i q_i delta_b(i) * amax_b(i) / (2 top) * (1 + 1e-3)
+ *                    + 1e-5 * sum_i (|min_b(i)| + q_i delta_b(i)) |x_i|
  * where amax_b is max |x| over element i's weight block. Measured on normal data with
- * K >= 1024: at most ~2.5e-3 of sum_i |w'_i x_i| (~2e-2 with outliers in x and W).
- * Scalar path (IFK_ISA_SCALAR, -DIFK_NO_SIMD): the oracle itself.
+ * K >= 1024: at most ~2.5e-3 of sum_i |w'_i x_i| for int8 x (~2e-2 with outliers in x and W),
+ * ~1e-5 for int16 x. Scalar path (IFK_ISA_SCALAR, -DIFK_NO_SIMD): the oracle itself.
  * Threads split N; n_threads <= 0 means all cores. */
 void ifk_qmatmul(float *y, size_t ldy, const void *W, int type, const float *x, size_t ldx,
                  int T, int N, int K, int n_threads);

@@ -9,15 +9,17 @@
  *   quantize -> dequantize:     |w - w'| <= delta/2 (rounding to a level)
  *                                + 2^-11 (|min| + (L-1) delta) + 2^-25 L        (FP16 storage)
  *                                + 2^-23 max|w|                                 (float arithmetic)
- *   ifk_qmatmul, SIMD paths (x rounded to int8 in groups of 32, exact F32 block sums for the
- *   min term), per output y[t][n] against the oracle ifk_qmatmul_ref:
- *       |y - ref| <= sum_i |w'_i| amax_b(i) / 254 * (1 + 1e-3)  (each x_i is off by at most
- *                                                                half its group's step, and
- *                                                                the group's max |x| is at
- *                                                                most its block's, amax_b)
- *                    + 1e-5 sum_i (|min_b(i)| + q_i delta_b(i)) |x_i|   (float summation)
- *       scalar path: the oracle itself, bit-exact. On random data the error is ~1e-4 of
- *       sum |w'_i x_i| (printed).
+ *   ifk_qmatmul, SIMD paths (x rounded to integers: int8 per group of 32, or int16 per block
+ *   for Q8 and Q6; exact F32 block sums for the min term), per output y[t][n]:
+ *     against the oracle ifk_qmatmul_ref (quant.h's bound):
+ *       |y - ref| <= sum_i q_i delta_b(i) amax_b(i) / (2 top) * (1 + 1e-3)
+ *                    + 1e-5 sum_i (|min_b(i)| + q_i delta_b(i)) |x_i|
+ *       (top = 127 or 32767: each x_i is off by at most half its group's step, and the
+ *       group's max |x| is at most its block's, amax_b; then float summation)
+ *     against model_dot, the same integer arithmetic in double:
+ *       |y - model| <= 1e-5 * the sum of the terms' magnitudes          (float summation)
+ *     scalar path: the oracle itself, bit-exact. The largest error relative to
+ *     sum |w'_i x_i| on rows of K >= 1024 is printed.
  *   ifk_qget_row: bit-exact to ifk_dequantize_row on every path.
  */
 #include <math.h>
@@ -27,6 +29,7 @@
 
 #include "kernels/cpu/impl.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/qimpl.h"
 #include "kernels/cpu/quant.h"
 #include "tests/unit/check.h"
 
@@ -297,14 +300,16 @@ static void fill_weights(float *w, size_t n, float scale, int outliers)
         w[i] = scale * rnd_normal() * (outliers && rnd_u32() % 61 == 0 ? 8.0f : 1.0f);
 }
 
-/* The SIMD paths' arithmetic, in double: x rounded to int8 per group of 32 (qimpl.h: the
- * block for B = 32; for B = 64 the alternating runs of 4) exactly as the kernels round it
- * (float ops, ties to even), and per block (min + z delta) sum(x) + delta sum((q - z) xq s)
- * with z the level offset of the path's integer product. *mag gets the sum of the terms'
- * magnitudes (for the float summation tolerance).  row: one quantized row; x: [K]. */
-static double model_dot(const uint8_t *row, int type, const float *dq, const float *x, int K, int z, double *mag)
+/* The SIMD paths' arithmetic, in double: x rounded per group (qimpl.h: int8 per 32 elements,
+ * the block for B = 32 and the alternating runs of 4 for B = 64; int16 per block for the
+ * ifk_qx_x16 types) exactly as the kernels round it (float ops, ties to even), and per block
+ * min sum(x) + delta sum(q xq s). *mag gets the sum of the terms' magnitudes (for the float
+ * summation tolerance).  row: one quantized row; dq: [K] its decoded values; x: [K]. */
+static double model_dot(const uint8_t *row, int type, const float *dq, const float *x, int K, double *mag)
 {
     const ifk_qtype_info *qt = ifk_qtype(type);
+    const int x16 = ifk_qx_x16(type);
+    const float top = x16 ? 32767.0f : 127.0f;
     double y = 0.0, a = 0.0;
     for (int k0 = 0; k0 < K; k0 += qt->block) {
         int b = k0 / qt->block, kn = K - k0 < qt->block ? K - k0 : qt->block;
@@ -312,21 +317,21 @@ static double model_dot(const uint8_t *row, int type, const float *dq, const flo
         float amax[2] = { 0.0f, 0.0f };
         double sx = 0.0, sxa = 0.0;
         for (int i = 0; i < kn; i++) {
-            int g = qt->block == 64 ? (i / 4) % 2 : 0;
+            int g = qt->block == 64 && !x16 ? (i / 4) % 2 : 0;
             amax[g] = fmaxf(amax[g], fabsf(x[k0 + i]));
             sx += x[k0 + i];
             sxa += fabs(x[k0 + i]);
         }
-        y += (m + z * d) * sx;
-        a += fabs(m + z * d) * sxa;
+        y += m * sx;
+        a += fabs(m) * sxa;
         for (int i = 0; i < kn; i++) {
-            int g = qt->block == 64 ? (i / 4) % 2 : 0;
+            int g = qt->block == 64 && !x16 ? (i / 4) % 2 : 0;
             float pre = amax[g] < 0x1p-64f ? 0x1p64f : 1.0f;
-            float inv = amax[g] > 0.0f ? 127.0f / (amax[g] * pre) : 0.0f, sc = amax[g] / 127.0f;
+            float inv = amax[g] > 0.0f ? top / (amax[g] * pre) : 0.0f, sc = amax[g] / top;
             double xq = nearbyintf(x[k0 + i] * pre * inv);
             int q = level_of(row, type, dq, k0 + i);
-            y += d * (q - z) * xq * sc;
-            a += d * fabs((double)(q - z) * xq * sc);
+            y += d * q * xq * sc;
+            a += d * fabs((double)q * xq * sc);
         }
     }
     *mag = a;
@@ -361,8 +366,6 @@ static void check_qmatmul(int ti, int T, int N, int K, size_t ldx, size_t ldy, i
         for (size_t i = 0; i < (size_t)T * ldy; i++)
             y[i] = -1.0f;
         ifk_qmatmul(y, ldy, W, type, x, ldx, T, N, K, threads);
-        /* the level offset z of the path's integer dot product (quant.h) */
-        int z = isas[p] == IFK_ISA_AVX2 && qt->levels == 256 ? 128 : 0;
         int bad = 0, bad_model = 0, pad_ok = 1;
         for (int t = 0; t < T; t++) {
             const float *xt = x + t * ldx;
@@ -379,14 +382,14 @@ static void check_qmatmul(int ti, int T, int N, int K, size_t ldx, size_t ldy, i
                 for (int k0 = 0; k0 < K; k0 += qt->block) {
                     int kn = K - k0 < qt->block ? K - k0 : qt->block;
                     double amax = 0.0, sw = 0.0;
-                    float mn = blk_min(row, type, k0 / qt->block), d = blk_delta(row, type, k0 / qt->block);
+                    float mn = blk_min(row, type, k0 / qt->block);
                     for (int i = k0; i < k0 + kn; i++) {
                         amax = fmax(amax, fabs(xt[i]));
-                        sw += fabs(wn[i] - mn - (double)z * d);
-                        a += (fabs(mn) + fabs(wn[i] - mn) + z * d) * fabs(xt[i]);
+                        sw += fabs(wn[i] - mn);
+                        a += (fabs(mn) + fabs(wn[i] - mn)) * fabs(xt[i]);
                         mag += fabs((double)wn[i] * xt[i]);
                     }
-                    bound += sw * amax / 254.0;
+                    bound += sw * amax / (ifk_qx_x16(type) ? 65534.0 : 254.0);
                 }
                 double tol = bound * (1 + 1e-3) + 1e-5 * a + 1e-30;
                 if (xscale > 1e-35f && !(e <= tol) && bad++ < 3)
@@ -395,7 +398,7 @@ static void check_qmatmul(int ti, int T, int N, int K, size_t ldx, size_t ldy, i
                 if (K >= 1024)
                     worst_rel[outliers][p][ti] = fmax(worst_rel[outliers][p][ti], e / (mag + 1e-30));
                 /* the int8 arithmetic itself, up to float summation order */
-                double mm, model = model_dot(row, type, wn, xt, K, z, &mm);
+                double mm, model = model_dot(row, type, wn, xt, K, &mm);
                 double em = fabs(v - model), tm = 1e-5 * mm + 1e-30;
                 if (!(em <= tm) && bad_model++ < 3)
                     CHECK(0, "%s %s T=%d N=%d K=%d thr=%d: y[%d][%d] = %.9g, int8 model %.9g, error %.3g > %.3g",
