@@ -110,13 +110,14 @@ typedef struct {
     long n_prompt_tokens, n_gen_tokens;
 } generator;
 
-static void put_piece(const generator *g, int32_t id, int first, json_t *text_acc, char **acc, size_t *acc_len)
+/* Decode one token: print it, or (to_buffer, for --json) append it to *acc. */
+static void put_piece(const generator *g, int32_t id, int first, int to_buffer, char **acc, size_t *acc_len)
 {
     char buf[256];
     int n = iflow_tokenizer_piece(g->tok, id, first, buf, sizeof buf);
     if (n <= 0)
         return;
-    if (text_acc) {
+    if (to_buffer) {
         char *na = realloc(*acc, *acc_len + (size_t)n + 1);
         if (!na)
             die(&tool, "out of memory");
@@ -171,7 +172,7 @@ static void generate(generator *g, const char *prompt, size_t prompt_len)
             break;
         }
         gen[n_gen++] = next;
-        put_piece(g, next, first && n_gen == 1, js, &acc, &acc_len);
+        put_piece(g, next, first && n_gen == 1, js != NULL, &acc, &acc_len);
         if ((int)n_gen == o->n_predict)
             break;
         if (iflow_ctx_n_past(g->ctx) >= iflow_ctx_n_ctx(g->ctx)) {

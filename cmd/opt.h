@@ -32,7 +32,7 @@ typedef struct {
     const iflow_opt *opts;     /* terminated by an entry with name == NULL         */
 } iflow_tool;
 
-/* Parse the next option. Returns its id, 0 when options end (*optind_out: first operand), or
+/* Parse the next option. Returns its id, 0 when options end (opt_index(): first operand), or
  * exits: --help (0), --version (0), --iflow-doc (0), usage errors (2). *arg gets the value. */
 int opt_next(const iflow_tool *t, int argc, char **argv, const char **arg);
 int opt_index(void);
