@@ -75,6 +75,10 @@ $(BUILD)/kernels/cpu/%_avx512.o: kernels/cpu/%_avx512.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(AVX512_FLAGS) -MMD -MP -c $< -o $@
 
+$(BUILD)/kernels/cpu/%_avx512gfni.o: kernels/cpu/%_avx512gfni.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(AVX512_FLAGS) -MMD -MP -c $< -o $@
+
 $(LIB): $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^

@@ -201,9 +201,9 @@ int main(int argc, char **argv)
         if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
             const char *s = argv[++i];
             int want = !strcmp(s, "scalar") ? IFK_ISA_SCALAR : !strcmp(s, "avx2") ? IFK_ISA_AVX2
-                     : !strcmp(s, "avx512") ? IFK_ISA_AVX512 : -2;
+                     : !strcmp(s, "avx512") ? IFK_ISA_AVX512 : !strcmp(s, "avx512gfni") ? IFK_ISA_AVX512GFNI : -2;
             if (want == -2) {
-                fprintf(stderr, "kbench: unknown --isa '%s' (scalar, avx2, avx512)\n", s);
+                fprintf(stderr, "kbench: unknown --isa '%s' (scalar, avx2, avx512, avx512gfni)\n", s);
                 return 2;
             }
             if (ifk_set_isa(want) != want) {

@@ -2,7 +2,7 @@
  * qbench.c -- micro-benchmark of the quantized matrix product (ifk_qmatmul); one JSON object
  * per line on stdout.
  *
- *   qbench [--isa scalar|avx2|avx512] [--threads N] [--no-single] [--type NAME]... [--shape NxK]...
+ *   qbench [--isa scalar|avx2|avx512|avx512gfni] [--threads N] [--no-single] [--type NAME]... [--shape NxK]...
  *          [--decode] [--quick]
  *
  * decode:  T = 1 on the TinyLlama shapes (N x K = 2048x2048, 5632x2048, 2048x5632, 32000x2048,
@@ -158,7 +158,8 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
             const char *s = argv[++i];
-            int want = !strcmp(s, "scalar") ? IFK_ISA_SCALAR : !strcmp(s, "avx2") ? IFK_ISA_AVX2 : IFK_ISA_AVX512;
+            int want = !strcmp(s, "scalar") ? IFK_ISA_SCALAR : !strcmp(s, "avx2") ? IFK_ISA_AVX2
+                     : !strcmp(s, "avx512") ? IFK_ISA_AVX512 : IFK_ISA_AVX512GFNI;
             if (ifk_set_isa(want) != want) {
                 fprintf(stderr, "qbench: this CPU lacks %s\n", s);
                 return 1;

@@ -54,7 +54,9 @@ int ifk_isa_detect(void)
         return IFK_ISA_SCALAR;
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
-        return IFK_ISA_AVX512;
+        return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("gfni")
+                   ? IFK_ISA_AVX512GFNI
+                   : IFK_ISA_AVX512;
     return IFK_ISA_AVX2;
 #endif
 }
@@ -85,6 +87,7 @@ const char *ifk_isa_name(int isa)
     case IFK_ISA_SCALAR: return "scalar";
     case IFK_ISA_AVX2: return "avx2";
     case IFK_ISA_AVX512: return "avx512";
+    case IFK_ISA_AVX512GFNI: return "avx512gfni";
     default: return "unknown";
     }
 }
@@ -93,7 +96,8 @@ static const ifk_path *path(void)
 {
 #ifndef IFK_NO_SIMD
     switch (ifk_isa_current()) {
-    case IFK_ISA_AVX512: return &path_avx512;
+    case IFK_ISA_AVX512:
+    case IFK_ISA_AVX512GFNI: return &path_avx512;
     case IFK_ISA_AVX2: return &path_avx2;
     default: break;
     }

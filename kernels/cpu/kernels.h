@@ -10,7 +10,7 @@
  *   layout of a PyTorch nn.Linear weight, so y = x W^T.
  *
  *   Each kernel has a scalar reference (kernels/cpu/ref.c) and SIMD paths (AVX2+F16C+FMA,
- *   AVX-512F) chosen once at run time from cpuid; ifk_set_isa() forces a path (tests use it
+ *   AVX-512F+BW+VL+DQ; and for the quantized product also AVX512_VNNI, and GFNI) chosen once at run time from cpuid; ifk_set_isa() forces a path (tests use it
  *   to compare each SIMD path against the reference). Results of SIMD paths differ from the
  *   reference only by float summation order.
  *
@@ -25,14 +25,17 @@
 
 enum { IFK_F32 = 0, IFK_F16 = 1, IFK_BF16 = 2 };
 
-enum { IFK_ISA_AUTO = -1, IFK_ISA_SCALAR = 0, IFK_ISA_AVX2 = 1, IFK_ISA_AVX512 = 2 };
+/* Paths, each a superset of the one before. IFK_ISA_AVX512GFNI is AVX-512 with AVX512_VNNI and
+ * GFNI (Ice Lake, Zen 4 and later): only the quantized product uses the extra instructions
+ * (Q3H's unpacking, qmatmul_avx512.c); every other kernel runs its AVX-512 code. */
+enum { IFK_ISA_AUTO = -1, IFK_ISA_SCALAR = 0, IFK_ISA_AVX2 = 1, IFK_ISA_AVX512 = 2, IFK_ISA_AVX512GFNI = 3 };
 
 /* Best ISA this CPU supports. */
 int ifk_isa_detect(void);
 /* Force a path (IFK_ISA_AUTO restores the detected one). Returns the path now in use; a path
  * the CPU lacks is refused and the current one kept. Not thread-safe: call before computing. */
 int ifk_set_isa(int isa);
-/* "scalar", "avx2", "avx512". */
+/* "scalar", "avx2", "avx512", "avx512gfni". */
 const char *ifk_isa_name(int isa);
 int ifk_isa_current(void);
 

@@ -2,9 +2,10 @@
  * qdispatch.c -- the quantized matrix product and row lookup: picks a path, quantizes x once
  * per call into a per-thread scratch buffer, and splits the rows between OpenMP threads.
  *
- * Paths: IFK_ISA_AVX512 uses qmatmul_avx512.c when the CPU also has AVX512_VNNI (the int8
- * dot product, vpdpbusd), else the AVX2 path; IFK_ISA_AVX2 uses qmatmul_avx2.c; the scalar
- * path is the oracle of quant_ref.c. Built with -DIFK_NO_SIMD, only the scalar path exists.
+ * Paths: IFK_ISA_AVX512GFNI uses qmatmul_avx512.c compiled a second time with GFNI
+ * (qmatmul_avx512gfni.c; it differs in Q3H's unpacking); IFK_ISA_AVX512 uses qmatmul_avx512.c
+ * when the CPU also has AVX512_VNNI (the int8 dot product, vpdpbusd), else the AVX2 path;
+ * IFK_ISA_AVX2 uses qmatmul_avx2.c; the scalar path is the oracle of quant_ref.c. Built with -DIFK_NO_SIMD, only the scalar path exists.
  */
 #include <omp.h>
 #include <stdlib.h>
@@ -14,7 +15,7 @@
 #include "kernels/cpu/qimpl.h"
 #include "kernels/cpu/quant.h"
 
-enum { QPATH_SCALAR, QPATH_AVX2, QPATH_AVX512 };
+enum { QPATH_SCALAR, QPATH_AVX2, QPATH_AVX512, QPATH_AVX512GFNI };
 
 #ifndef IFK_NO_SIMD
 static int has_vnni(void)
@@ -30,6 +31,7 @@ static int qpath(void)
     return QPATH_SCALAR;
 #else
     switch (ifk_isa_current()) {
+    case IFK_ISA_AVX512GFNI: return QPATH_AVX512GFNI; /* implies VNNI */
     case IFK_ISA_AVX512: return has_vnni() ? QPATH_AVX512 : QPATH_AVX2;
     case IFK_ISA_AVX2: return QPATH_AVX2;
     default: return QPATH_SCALAR;
@@ -137,8 +139,10 @@ void ifk_qmatmul(float *y, size_t ldy, const void *W, int type, const float *x, 
         return;
     }
 #ifndef IFK_NO_SIMD
-    IFK_DECL_QX_QUANTIZE((*quantize)) = path == QPATH_AVX512 ? ifk_avx512_qx_quantize : ifk_avx2_qx_quantize;
-    IFK_DECL_QMATMUL_ROWS((*rows)) = path == QPATH_AVX512 ? ifk_avx512_qmatmul_rows : ifk_avx2_qmatmul_rows;
+    IFK_DECL_QX_QUANTIZE((*quantize)) = path == QPATH_AVX2 ? ifk_avx2_qx_quantize : ifk_avx512_qx_quantize;
+    IFK_DECL_QMATMUL_ROWS((*rows)) = path == QPATH_AVX2     ? ifk_avx2_qmatmul_rows
+                                     : path == QPATH_AVX512 ? ifk_avx512_qmatmul_rows
+                                                            : ifk_avx512gfni_qmatmul_rows;
     if (nt <= 1) {
         quantize(&qx, x, ldx, 0, T);
         rows(y, ldy, W, &qx, 0, N);
@@ -169,6 +173,7 @@ void ifk_qget_row(float *out, const void *W, int type, size_t row, int K)
     }
     switch (qpath()) {
 #ifndef IFK_NO_SIMD
+    case QPATH_AVX512GFNI: ifk_avx512gfni_qget_row(out, r, type, K); break;
     case QPATH_AVX512: ifk_avx512_qget_row(out, r, type, K); break;
     case QPATH_AVX2: ifk_avx2_qget_row(out, r, type, K); break;
 #endif

@@ -71,6 +71,8 @@ IFK_DECL_QGET_ROW(ifk_avx2_qget_row);
 IFK_DECL_QX_QUANTIZE(ifk_avx512_qx_quantize);
 IFK_DECL_QMATMUL_ROWS(ifk_avx512_qmatmul_rows);
 IFK_DECL_QGET_ROW(ifk_avx512_qget_row);
+IFK_DECL_QMATMUL_ROWS(ifk_avx512gfni_qmatmul_rows); /* x quantized by ifk_avx512_qx_quantize */
+IFK_DECL_QGET_ROW(ifk_avx512gfni_qget_row);
 
 /* quant_ref.c: the oracle on rows n0 <= n < n1 (arguments as ifk_qmatmul_ref). */
 void ifk_qmatmul_ref_rows(float *y, size_t ldy, const void *W, int type, const float *x, size_t ldx,

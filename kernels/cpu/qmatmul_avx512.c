@@ -18,7 +18,10 @@
  * 4 tokens passes over the chunk, 4 rows x 4 tokens = 16 int8 dot products per block.
  *
  * Every function here carries target("avx512vnni") on top of the file's -mavx512* flags;
- * qdispatch.c calls this path only on CPUs that have it.
+ * qdispatch.c calls this path only on CPUs that have it. qmatmul_avx512gfni.c compiles this
+ * file again with QK_GFNI = 1: target("avx512vnni,gfni") and the ifk_avx512gfni_* names,
+ * where the high bits of Q3H's codes are unpacked with a GF(2) bit transpose
+ * (levels_q3h_gfni) instead of three mask-register adds.
  */
 #include <immintrin.h>
 #include <string.h>
@@ -26,8 +29,18 @@
 #include "kernels/cpu/qimpl.h"
 #include "kernels/cpu/quant.h"
 
-#define QK_INLINE static inline __attribute__((always_inline, target("avx512vnni")))
-#define QK_FN __attribute__((target("avx512vnni")))
+#ifndef QK_GFNI
+#define QK_GFNI 0
+#endif
+#if QK_GFNI
+#define QK_TARGET "avx512vnni,gfni"
+#define QK_NAME(name) ifk_avx512gfni_##name
+#else
+#define QK_TARGET "avx512vnni"
+#define QK_NAME(name) ifk_avx512_##name
+#endif
+#define QK_INLINE static inline __attribute__((always_inline, target(QK_TARGET)))
+#define QK_FN __attribute__((target(QK_TARGET)))
 
 /* ---- activation quantization ------------------------------------------------------------- */
 
@@ -114,6 +127,7 @@ QK_INLINE void quantize_x16(const float *x, int K, int b, int B, int16_t *q, flo
     *sum = _mm512_reduce_add_ps(t);
 }
 
+#if !QK_GFNI /* the GFNI build uses this one */
 QK_FN IFK_DECL_QX_QUANTIZE(ifk_avx512_qx_quantize)
 {
     const size_t used = (size_t)qx->nb * qx->B * (qx->x16 ? 2 : 1); /* bytes of q per token */
@@ -145,6 +159,8 @@ QK_FN IFK_DECL_QX_QUANTIZE(ifk_avx512_qx_quantize)
         }
     }
 }
+
+#endif
 
 /* ---- unpacking the levels of one block to bytes ------------------------------------------ */
 
@@ -192,6 +208,30 @@ QK_INLINE uint64_t rd64(const uint8_t *p)
     return u;
 }
 
+#if QK_GFNI
+/* Q3H's 64 levels as bytes with GFNI (the same bytes as levels64's other Q3H path).  Code
+ * c[i] (i < 32): the low nibble as nibbles32; bits 4-6 from the three u32 planes P0, P1, P2
+ * at bytes 20, 24, 28 of the block: qword j of a register gets the plane bytes
+ * [0, P2[j], P1[j], P0[j], 0, 0, 0, 0] (vpshufb), and vgf2p8affineqb with that qword as the
+ * matrix and the bytes 1 << i as the data transposes it, putting bit i of P0, P1, P2 at bits
+ * 4, 5, 6 of byte i, code 8j + i.  blk: [32], the whole block. */
+QK_INLINE __m512i levels_q3h_gfni(const uint8_t *blk)
+{
+    /* bytes 16..31 of the block in both lanes: ch[0..11] are bytes 4..15 of each lane */
+    const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 16)));
+    const __m256i at = _mm256_setr_epi8(-1, 12, 8, 4, -1, -1, -1, -1, -1, 13, 9, 5, -1, -1, -1, -1,
+                                        -1, 14, 10, 6, -1, -1, -1, -1, -1, 15, 11, 7, -1, -1, -1, -1);
+    const __m256i hi = _mm256_gf2p8affine_epi64_epi8(_mm256_set1_epi64x(0x8040201008040201LL),
+                                                     _mm256_shuffle_epi8(t, at), 0);
+    const __m256i c = _mm256_or_si256(nibbles32(blk + 4), hi);
+    /* c = 11 a + b (c <= 120): a = (c * 187) >> 11 = mulhi(c, 5984); the int16 lane
+     * (b << 8) | a = (c << 8) - 2815 a puts a, b at bytes 2i, 2i+1 */
+    const __m512i c16 = _mm512_cvtepu8_epi16(c);
+    const __m512i a = _mm512_mulhi_epu16(c16, _mm512_set1_epi16(5984));
+    return _mm512_sub_epi16(_mm512_slli_epi16(c16, 8), _mm512_mullo_epi16(a, _mm512_set1_epi16(2815)));
+}
+#endif
+
 /* The 64 levels of a 64-block as bytes.  blk: [block_bytes]. */
 QK_INLINE __m512i levels64(int type, const uint8_t *blk)
 {
@@ -211,6 +251,9 @@ QK_INLINE __m512i levels64(int type, const uint8_t *blk)
     case IFK_Q4_B64:
         return nibbles64(lv);
     default: { /* IFK_Q3H_B64 */
+#if QK_GFNI
+        return levels_q3h_gfni(blk);
+#else
         __m256i c = nibbles32(lv);
         c = _mm256_mask_add_epi8(c, _cvtu32_mask32(rd32(lv + 16)), c, _mm256_set1_epi8(16));
         c = _mm256_mask_add_epi8(c, _cvtu32_mask32(rd32(lv + 20)), c, _mm256_set1_epi8(32));
@@ -220,6 +263,7 @@ QK_INLINE __m512i levels64(int type, const uint8_t *blk)
         __m512i c16 = _mm512_cvtepu8_epi16(c);
         __m512i a = _mm512_mulhi_epu16(c16, _mm512_set1_epi16(5984));
         return _mm512_sub_epi16(_mm512_slli_epi16(c16, 8), _mm512_mullo_epi16(a, _mm512_set1_epi16(2815)));
+#endif
     }
     }
 }
@@ -538,7 +582,7 @@ QK_ROWS_FN(IFK_Q3H_B64)
 QK_ROWS_FN(IFK_Q3_B32)
 QK_ROWS_FN(IFK_Q2_B32)
 
-QK_FN IFK_DECL_QMATMUL_ROWS(ifk_avx512_qmatmul_rows)
+QK_FN IFK_DECL_QMATMUL_ROWS(QK_NAME(qmatmul_rows))
 {
     const uint8_t *w = W;
     switch (qx->type) {
@@ -567,7 +611,7 @@ QK_INLINE void store_dq16(float *out, __m128i q, __m512 d, __m512 m, int n)
         _mm512_mask_storeu_ps(out, mask16(n), v);
 }
 
-QK_FN IFK_DECL_QGET_ROW(ifk_avx512_qget_row)
+QK_FN IFK_DECL_QGET_ROW(QK_NAME(qget_row))
 {
     const int B = block_of(type), BB = block_bytes_of(type);
     const uint8_t *blk = row;  /* [nb][BB] */

@@ -286,8 +286,8 @@ static void test_all_levels(void)
 
 /* ---- (c) ifk_qmatmul on every path against the oracle ----------------------------------- */
 
-static const int isas[] = { IFK_ISA_SCALAR, IFK_ISA_AVX2, IFK_ISA_AVX512 };
-#define N_ISAS 3
+static const int isas[] = { IFK_ISA_SCALAR, IFK_ISA_AVX2, IFK_ISA_AVX512, IFK_ISA_AVX512GFNI };
+#define N_ISAS 4
 
 /* Largest error / sum |w'x| against the oracle, per path and type, for rows of K >= 1024:
  * [0] normal x and weights, [1] with outliers (printed by test_qmatmul_paths). */
