@@ -80,5 +80,6 @@ kern=$("$build/kbench" --quick | jq -s .)
 jq -n --argjson bw1 "$bw1" --argjson bw2 "$bw2" --argjson a "$s260" --argjson b "$tl16" --argjson c "$tl32" \
     --argjson kern "$kern" --argjson quant "$quant" \
     --arg cpu "$(sed -nE 's/^model name\s*: //p' /proc/cpuinfo | head -n 1)" --arg cores "$(nproc)" '
-    {machine: {cpu: $cpu, cores: ($cores | tonumber), membw_read_gbps: {"1": $bw1, "2": $bw2}},
+    {machine: {cpu: $cpu, cores: ($cores | tonumber), kernel_path: ($kern[0].isa // null),
+               membw_read_gbps: {"1": $bw1, "2": $bw2}},
      models: [$a, $b, $c], quantized: $quant, kernels: $kern}'

@@ -5,12 +5,15 @@
  * Token ids are fixed pseudo-random ids (speed does not depend on them). For each thread count
  * it times one prefill of PREFILL_TOKENS tokens and DECODE_TOKENS single-token steps after it,
  * best of 2 runs. decode_weight_gbps = bytes of weights read per token (all matrices but the
- * embedding table) x tokens/s, the figure to compare with the memory bandwidth. */
+ * embedding table) x tokens/s, the figure to compare with the memory bandwidth.
+ * IFLOW_BENCH_ISA=scalar|avx2|avx512|avx512gfni forces a kernel path (to compare paths). */
 #include "libcore/error.h"
 #include "libcore/model.h"
+#include "kernels/cpu/kernels.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 static double now(void)
@@ -26,6 +29,17 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: iflow-bench MODEL [PREFILL_TOKENS] [DECODE_TOKENS] [THREADS...]\n");
         return 2;
     }
+    const char *isa = getenv("IFLOW_BENCH_ISA");
+    if (isa && *isa) {
+        int want = -2;
+        for (int i = IFK_ISA_SCALAR; i <= IFK_ISA_AVX512GFNI; i++)
+            if (!strcmp(isa, ifk_isa_name(i)))
+                want = i;
+        if (want == -2 || ifk_set_isa(want) != want) {
+            fprintf(stderr, "iflow-bench: kernel path '%s' is unknown or not supported here\n", isa);
+            return 2;
+        }
+    }
     int n_prefill = argc > 2 ? atoi(argv[2]) : 128, n_decode = argc > 3 ? atoi(argv[3]) : 32;
     double t0 = now();
     iflow_model *m;
@@ -40,7 +54,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < n_prefill + n_decode; i++)
         ids[i] = (int32_t)((s = s * 1664525u + 1013904223u) >> 8) % hp->vocab_size;
     float *logits = malloc(sizeof(float) * (size_t)hp->vocab_size);
-    printf("{\"model\": \"%s\", \"load_s\": %.4f, \"decode_bytes_per_token\": %llu, \"runs\": [", argv[1], t_load,
+    printf("{\"model\": \"%s\", \"kernel_path\": \"%s\", \"load_s\": %.4f, \"decode_bytes_per_token\": %llu, \"runs\": [", argv[1], ifk_isa_name(ifk_isa_current()), t_load,
            (unsigned long long)iflow_model_decode_bytes(m));
     int n_threads_args = argc > 4 ? argc - 4 : 2;
     for (int a = 0; a < n_threads_args; a++) {
