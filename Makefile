@@ -143,7 +143,7 @@ $(BUILD)/membw: $(IFLOW_TEST_DATA)/tools/membw.c
 # ---- fuzzing (clang + libFuzzer) -------------------------------------------------------------
 
 FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -fopenmp $(PKG_CFLAGS) -I. -DIFK_NO_SIMD
-FUZZ_LIB_SRC := $(filter-out kernels/cpu/%_avx2.c kernels/cpu/%_avx512.c,$(LIB_SRC))
+FUZZ_LIB_SRC := $(filter-out kernels/cpu/%_avx2.c kernels/cpu/%_avx512.c kernels/cpu/%_avx512gfni.c,$(LIB_SRC))
 FUZZ_OBJ := $(FUZZ_LIB_SRC:%.c=build/fuzz/obj/%.o)
 fuzz-build: $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
 .SECONDARY: $(FUZZ_OBJ)

@@ -13,12 +13,8 @@
  * Times: the best and the median of rounds (a decode round reads every copy once). Other
  * processes on the machine show up in the median first; compare best-of figures.
  *
- * Build (from the repository root; per-file flags as the Makefile's):
- *   for f in kernels/cpu/[a-z]*.c; do case $f in *_avx2.c) fl="-mavx2 -mfma -mf16c";;
- *     *_avx512.c) fl="-mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c";; *) fl=;; esac;
- *     gcc -std=c11 -D_GNU_SOURCE -O2 -fopenmp -I. $fl -c $f -o /tmp/$(basename $f .c).o; done
- *   gcc -std=c11 -D_GNU_SOURCE -O2 -fopenmp -I. bench/qbench.c /tmp/{ref,dispatch,matmul_avx2,
- *     matmul_avx512,ops_avx2,ops_avx512,quant_ref,qdispatch,qmatmul_avx2,qmatmul_avx512}.o -lm -o qbench
+ * Build (from the repository root, after `make`):
+ *   gcc -std=c11 -D_GNU_SOURCE -O2 -fopenmp -I. bench/qbench.c build/rel/libiflow.a -lm -o qbench
  */
 #include <omp.h>
 #include <stdint.h>
