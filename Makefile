@@ -129,10 +129,10 @@ unit-bins: $(UNIT_BIN)
 # ---- benchmarks ------------------------------------------------------------------------------
 
 bench: deps
-	@$(MAKE) --no-print-directory all $(BUILD)/membw $(BUILD)/kbench >&2
+	@$(MAKE) --no-print-directory all $(BUILD)/membw $(BUILD)/kbench $(BUILD)/qbench >&2
 	@bench/bench.sh $(BUILD)
 
-$(BUILD)/kbench: bench/kbench.c $(LIB)
+$(BUILD)/kbench $(BUILD)/qbench: $(BUILD)/%: bench/%.c bench/bench.h $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIB) $(LDLIBS)
 

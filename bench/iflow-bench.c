@@ -7,6 +7,7 @@
  * best of 2 runs. decode_weight_gbps = bytes of weights read per token (all matrices but the
  * embedding table) x tokens/s, the figure to compare with the memory bandwidth.
  * IFLOW_BENCH_ISA=scalar|avx2|avx512|avx512gfni forces a kernel path (to compare paths). */
+#include "bench/bench.h"
 #include "libcore/error.h"
 #include "libcore/model.h"
 #include "kernels/cpu/kernels.h"
@@ -15,13 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 int main(int argc, char **argv)
 {
@@ -41,13 +35,13 @@ int main(int argc, char **argv)
         }
     }
     int n_prefill = argc > 2 ? atoi(argv[2]) : 128, n_decode = argc > 3 ? atoi(argv[3]) : 32;
-    double t0 = now();
+    double t0 = bench_now();
     iflow_model *m;
     if (iflow_model_open(&m, argv[1], 0) < 0) {
         fprintf(stderr, "iflow-bench: %s\n", iflow_errmsg());
         return 1;
     }
-    double t_load = now() - t0;
+    double t_load = bench_now() - t0;
     const iflow_hparams *hp = iflow_model_hparams(m);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n_prefill + n_decode));
     uint32_t s = 12345;
@@ -66,12 +60,12 @@ int main(int argc, char **argv)
                 fprintf(stderr, "iflow-bench: %s\n", iflow_errmsg());
                 return 1;
             }
-            double a0 = now();
+            double a0 = bench_now();
             iflow_ctx_eval(c, ids, n_prefill, logits, 0);
-            double a1 = now();
+            double a1 = bench_now();
             for (int i = 0; i < n_decode; i++)
                 iflow_ctx_eval(c, ids + n_prefill + i, 1, logits, 0);
-            double a2 = now();
+            double a2 = bench_now();
             best_pre = a1 - a0 < best_pre ? a1 - a0 : best_pre;
             best_dec = a2 - a1 < best_dec ? a2 - a1 : best_dec;
             iflow_ctx_close(c);

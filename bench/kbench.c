@@ -1,7 +1,7 @@
 /*
  * kbench.c -- micro-benchmark of the CPU kernels; one JSON object per line on stdout.
  *
- *   kbench [--isa scalar|avx2|avx512] [--threads N] [--only decode|prefill|attention] [--quick]
+ *   kbench [--isa scalar|avx2|avx512|avx512gfni] [--threads N] [--only decode|prefill|attention] [--quick]
  *
  * decode:    ifk_matmul with T = 1 on TinyLlama-sized weights, F32 / F16 / BF16, at 1 thread
  *            and at --threads (default: all cores). GBps = bytes of weights / time. Each call
@@ -14,12 +14,7 @@
  *
  * Times: the best and the median of rounds (a decode round reads every copy once).
  *
- * Build (from the repository root; the per-file flags are the Makefile's):
- *   for f in kernels/cpu/[a-z]*.c; do case $f in *_avx2.c) fl="-mavx2 -mfma -mf16c";;
- *     *_avx512.c) fl="-mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c";; *) fl=;; esac;
- *     gcc -std=c11 -D_GNU_SOURCE -O2 -fopenmp -I. $fl -c $f -o /tmp/$(basename $f .c).o; done
- *   gcc -std=c11 -D_GNU_SOURCE -O2 -fopenmp -I. bench/kbench.c /tmp/{ref,dispatch,matmul_avx2,
- *     matmul_avx512,ops_avx2,ops_avx512}.o -lm -o kbench
+ * Built by `make bench` (build/rel/kbench, linked with libiflow.a).
  */
 #include <omp.h>
 #include <stdint.h>
@@ -28,24 +23,13 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench.h"
 #include "kernels/cpu/kernels.h"
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* 64-byte aligned, or exit: a benchmark without its memory has nothing to say. */
+/* 64-byte aligned, or exit (bench.h). */
 static void *alloc64(size_t bytes)
 {
-    void *p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-    if (!p) {
-        fprintf(stderr, "kbench: out of memory (%zu bytes)\n", bytes);
-        exit(1);
-    }
-    return p;
+    return bench_alloc64("kbench", bytes);
 }
 
 static const char *wname(int wt)
@@ -74,29 +58,6 @@ static void fill_x(float *x, size_t n)
         x[i] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
 }
 
-#define MAX_ROUNDS 1000
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* Sorts t. */
-static double median_of(double *t, int n)
-{
-    qsort(t, (size_t)n, sizeof *t, cmp_double);
-    return t[n / 2];
-}
-
-static double best_of(const double *t, int n)
-{
-    double b = t[0];
-    for (int i = 1; i < n; i++)
-        b = t[i] < b ? t[i] : b;
-    return b;
-}
-
 static void bench_decode(int N, int K, int wt, int threads, double min_s)
 {
     size_t bytes = (size_t)N * K * (wt == IFK_F32 ? 4 : 2);
@@ -112,15 +73,16 @@ static void bench_decode(int N, int K, int wt, int threads, double min_s)
     for (int c = 0; c < copies; c++) /* warm-up: page faults, thread team */
         ifk_matmul(y, (size_t)N, W[c], wt, x, (size_t)K, 1, N, K, threads);
     /* rounds of one call per copy; report the best and the median round */
-    double times[MAX_ROUNDS], t_start = now();
+    double times[BENCH_MAX_ROUNDS], t_start = bench_now();
     int rounds = 0;
     do {
-        double t0 = now();
+        double t0 = bench_now();
         for (int c = 0; c < copies; c++)
             ifk_matmul(y, (size_t)N, W[c], wt, x, (size_t)K, 1, N, K, threads);
-        times[rounds++] = (now() - t0) / copies;
-    } while (rounds < MAX_ROUNDS && (rounds < 3 || now() - t_start < min_s));
-    double best = best_of(times, rounds), med = median_of(times, rounds);
+        times[rounds++] = (bench_now() - t0) / copies;
+    } while (rounds < BENCH_MAX_ROUNDS && (rounds < 3 || bench_now() - t_start < min_s));
+    double best, med;
+    bench_best_median(times, rounds, &best, &med);
     printf("{\"bench\":\"decode\",\"isa\":\"%s\",\"wtype\":\"%s\",\"N\":%d,\"K\":%d,\"threads\":%d,"
            "\"us\":%.2f,\"GBps\":%.2f,\"GBps_median\":%.2f}\n",
            ifk_isa_name(ifk_isa_current()), wname(wt), N, K, threads, best * 1e6, bytes / best * 1e-9,
@@ -142,14 +104,15 @@ static void bench_prefill(int T, int N, int K, int wt, int threads, double min_s
     fill_w(W, wt, (size_t)N * K, 7);
     fill_x(x, (size_t)T * K);
     ifk_matmul(y, (size_t)N, W, wt, x, (size_t)K, T, N, K, threads);
-    double times[MAX_ROUNDS], t_start = now();
+    double times[BENCH_MAX_ROUNDS], t_start = bench_now();
     int rounds = 0;
     do {
-        double t0 = now();
+        double t0 = bench_now();
         ifk_matmul(y, (size_t)N, W, wt, x, (size_t)K, T, N, K, threads);
-        times[rounds++] = now() - t0;
-    } while (rounds < MAX_ROUNDS && (rounds < 3 || now() - t_start < min_s));
-    double best = best_of(times, rounds), med = median_of(times, rounds), flop = 2.0 * T * N * K;
+        times[rounds++] = bench_now() - t0;
+    } while (rounds < BENCH_MAX_ROUNDS && (rounds < 3 || bench_now() - t_start < min_s));
+    double best, med, flop = 2.0 * T * N * K;
+    bench_best_median(times, rounds, &best, &med);
     printf("{\"bench\":\"prefill\",\"isa\":\"%s\",\"wtype\":\"%s\",\"T\":%d,\"N\":%d,\"K\":%d,\"threads\":%d,"
            "\"us\":%.1f,\"GFLOPs\":%.1f,\"GFLOPs_median\":%.1f}\n",
            ifk_isa_name(ifk_isa_current()), wname(wt), T, N, K, threads, best * 1e6, flop / best * 1e-9,
@@ -171,14 +134,15 @@ static void bench_attention(int T, int n_ctx, int threads, double min_s)
     fill_x(v, (size_t)n_ctx * kv_ld);
     int pos0 = n_ctx - T;
     ifk_attention(out, q, k, v, kv_ld, T, pos0, NH, NKV, HD, 0.125f, threads);
-    double times[MAX_ROUNDS], t_start = now();
+    double times[BENCH_MAX_ROUNDS], t_start = bench_now();
     int rounds = 0;
     do {
-        double t0 = now();
+        double t0 = bench_now();
         ifk_attention(out, q, k, v, kv_ld, T, pos0, NH, NKV, HD, 0.125f, threads);
-        times[rounds++] = now() - t0;
-    } while (rounds < MAX_ROUNDS && (rounds < 3 || now() - t_start < min_s));
-    double best = best_of(times, rounds), med = median_of(times, rounds);
+        times[rounds++] = bench_now() - t0;
+    } while (rounds < BENCH_MAX_ROUNDS && (rounds < 3 || bench_now() - t_start < min_s));
+    double best, med;
+    bench_best_median(times, rounds, &best, &med);
     double flop = 0;
     for (int i = 0; i < T; i++)
         flop += 4.0 * NH * HD * (pos0 + i + 1);

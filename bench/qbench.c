@@ -13,8 +13,7 @@
  * Times: the best and the median of rounds (a decode round reads every copy once). Other
  * processes on the machine show up in the median first; compare best-of figures.
  *
- * Build (from the repository root, after `make`):
- *   gcc -std=c11 -D_GNU_SOURCE -O2 -fopenmp -I. bench/qbench.c build/rel/libiflow.a -lm -o qbench
+ * Built by `make bench` (build/rel/qbench, linked with libiflow.a); bench.sh does not run it.
  */
 #include <omp.h>
 #include <stdint.h>
@@ -23,15 +22,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/quant.h"
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* Deterministic pseudo-normal values (sum of 4 uniforms), scaled. */
 static void fill(float *a, size_t n, uint32_t seed, float scale)
@@ -50,7 +43,7 @@ static void fill(float *a, size_t n, uint32_t seed, float scale)
 static uint8_t *make_matrix(int type, int N, int K, uint32_t seed)
 {
     size_t rb = ifk_qrow_bytes(type, K);
-    uint8_t *W = aligned_alloc(64, ((size_t)N * rb + 63) & ~(size_t)63);
+    uint8_t *W = bench_alloc64("qbench", (size_t)N * rb);
     float *row = malloc((size_t)K * sizeof *row);
     for (int n = 0; n < N; n++) {
         fill(row, (size_t)K, seed + (uint32_t)n * 7919u, 0.05f);
@@ -58,21 +51,6 @@ static uint8_t *make_matrix(int type, int N, int K, uint32_t seed)
     }
     free(row);
     return W;
-}
-
-#define MAX_ROUNDS 1000
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static void best_median(double *t, int n, double *best, double *med)
-{
-    qsort(t, (size_t)n, sizeof *t, cmp_double);
-    *best = t[0];
-    *med = t[n / 2];
 }
 
 static void bench_decode(int type, int N, int K, int threads, double min_s)
@@ -90,16 +68,16 @@ static void bench_decode(int type, int N, int K, int threads, double min_s)
     fill(x, (size_t)K, 99, 1.0f);
     for (int c = 0; c < copies; c++) /* warm-up: page faults, thread team, scratch */
         ifk_qmatmul(y, (size_t)N, W[c], type, x, (size_t)K, 1, N, K, threads);
-    double times[MAX_ROUNDS], t_start = now();
+    double times[BENCH_MAX_ROUNDS], t_start = bench_now();
     int rounds = 0;
     do {
-        double t0 = now();
+        double t0 = bench_now();
         for (int c = 0; c < copies; c++)
             ifk_qmatmul(y, (size_t)N, W[c], type, x, (size_t)K, 1, N, K, threads);
-        times[rounds++] = (now() - t0) / copies;
-    } while (rounds < MAX_ROUNDS && (rounds < 3 || now() - t_start < min_s));
+        times[rounds++] = (bench_now() - t0) / copies;
+    } while (rounds < BENCH_MAX_ROUNDS && (rounds < 3 || bench_now() - t_start < min_s));
     double best, med;
-    best_median(times, rounds, &best, &med);
+    bench_best_median(times, rounds, &best, &med);
     printf("{\"bench\":\"qdecode\",\"isa\":\"%s\",\"wtype\":\"%s\",\"N\":%d,\"K\":%d,\"threads\":%d,"
            "\"us\":%.2f,\"GBps\":%.2f,\"GBps_median\":%.2f}\n",
            ifk_isa_name(ifk_isa_current()), ifk_qtype(type)->name, N, K, threads, best * 1e6,
@@ -119,15 +97,15 @@ static void bench_prefill(int type, int T, int N, int K, int threads, double min
     float *y = aligned_alloc(64, (size_t)T * N * 4);
     fill(x, (size_t)T * K, 5, 1.0f);
     ifk_qmatmul(y, (size_t)N, W, type, x, (size_t)K, T, N, K, threads);
-    double times[MAX_ROUNDS], t_start = now();
+    double times[BENCH_MAX_ROUNDS], t_start = bench_now();
     int rounds = 0;
     do {
-        double t0 = now();
+        double t0 = bench_now();
         ifk_qmatmul(y, (size_t)N, W, type, x, (size_t)K, T, N, K, threads);
-        times[rounds++] = now() - t0;
-    } while (rounds < MAX_ROUNDS && (rounds < 3 || now() - t_start < min_s));
+        times[rounds++] = bench_now() - t0;
+    } while (rounds < BENCH_MAX_ROUNDS && (rounds < 3 || bench_now() - t_start < min_s));
     double best, med, flop = 2.0 * T * N * K;
-    best_median(times, rounds, &best, &med);
+    bench_best_median(times, rounds, &best, &med);
     printf("{\"bench\":\"qprefill\",\"isa\":\"%s\",\"wtype\":\"%s\",\"T\":%d,\"N\":%d,\"K\":%d,\"threads\":%d,"
            "\"us\":%.1f,\"GFLOPs\":%.1f,\"GFLOPs_median\":%.1f}\n",
            ifk_isa_name(ifk_isa_current()), ifk_qtype(type)->name, T, N, K, threads, best * 1e6,

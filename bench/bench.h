@@ -1,0 +1,54 @@
+/*
+ * bench.h -- the timing harness the benchmark programs share (kbench.c, qbench.c,
+ * iflow-bench.c; header-only).
+ *
+ *   bench_now()            monotonic seconds
+ *   bench_alloc64()        64-byte aligned memory, or exit(1) with a message
+ *   bench_best_median()    best and median of n timed rounds (sorts them)
+ *
+ * A benchmark repeats a call for at least a minimum time and at least 3 rounds (at most
+ * BENCH_MAX_ROUNDS) and reports the best round and the median. Other processes on the
+ * machine show up in the median first, so compare best-of figures.
+ */
+#ifndef IFLOW_BENCH_H
+#define IFLOW_BENCH_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#define BENCH_MAX_ROUNDS 1000
+
+static inline double bench_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* A benchmark without its memory has nothing to say: exits. prog names the program. */
+static inline void *bench_alloc64(const char *prog, size_t bytes)
+{
+    void *p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (!p) {
+        fprintf(stderr, "%s: out of memory (%zu bytes)\n", prog, bytes);
+        exit(1);
+    }
+    return p;
+}
+
+static inline int bench_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* t: [n] times, n >= 1; sorted on return. */
+static inline void bench_best_median(double *t, int n, double *best, double *med)
+{
+    qsort(t, (size_t)n, sizeof *t, bench_cmp_double);
+    *best = t[0];
+    *med = t[n / 2];
+}
+
+#endif
