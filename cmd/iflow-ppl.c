@@ -158,8 +158,8 @@ int main(int argc, char **argv)
         }
     }
     if (verbose)
-        fprintf(stderr, "%s: load+tokenize %.3f s; scored %ld tokens in %.3f s (%.1f tok/s)\n", tool.name, t1 - t0,
-                r.n_scored, t2 - t1, (double)r.n_scored / (t2 - t1 > 0 ? t2 - t1 : 1));
+        fprintf(stderr, "%s: load+tokenize %.3f s; scored %ld tokens in %.3f s (%.1f tok/s); kernels %s\n", tool.name,
+                t1 - t0, r.n_scored, t2 - t1, (double)r.n_scored / (t2 - t1 > 0 ? t2 - t1 : 1), iflow_kernel_path());
     free(ids);
     free(text);
     iflow_ctx_close(base_ctx);

@@ -34,7 +34,7 @@ static const iflow_opt opts[] = {
     {O_TOKENIZE, "tokenize", 0, NULL, "print the token ids of all of standard input, space-separated, and exit", NULL},
     {O_BOS, "bos", 0, NULL, "with --tokenize: add the beginning-of-sequence token", NULL},
     {O_PARSE_SPECIAL, "parse-special", 0, NULL, "with --tokenize: read special-token text such as <s> as the special token", NULL},
-    {O_VERBOSE, "verbose", 'v', NULL, "print timings on standard error", NULL},
+    {O_VERBOSE, "verbose", 'v', NULL, "print timings, threads, the kernel path and the seed on standard error", NULL},
     {0},
 };
 
@@ -241,9 +241,9 @@ static int run(const run_opts *o)
     if (o->verbose)
         fprintf(stderr,
                 "%s: load %.3f s; prompt %ld tokens in %.3f s (%.1f tok/s); generated %ld tokens in %.3f s (%.1f tok/s); "
-                "threads %s; seed %llu\n",
+                "threads %s; kernels %s; seed %llu\n",
                 tool.name, t_load, g.n_prompt_tokens, g.t_prompt, g.n_prompt_tokens / (g.t_prompt > 0 ? g.t_prompt : 1),
-                g.n_gen_tokens, g.t_gen, g.n_gen_tokens / (g.t_gen > 0 ? g.t_gen : 1), threads,
+                g.n_gen_tokens, g.t_gen, g.n_gen_tokens / (g.t_gen > 0 ? g.t_gen : 1), threads, iflow_kernel_path(),
                 (unsigned long long)o->sp.seed);
     free(g.logits);
     iflow_sampler_close(g.sampler);

@@ -419,6 +419,8 @@ const iflow_tokenizer *iflow_model_tokenizer(const iflow_model *m) { return m->t
 const iflow_shard *iflow_model_shard(const iflow_model *m) { return m->shard; }
 uint64_t iflow_model_decode_bytes(const iflow_model *m) { return m->decode_bytes; }
 
+const char *iflow_kernel_path(void) { return ifk_isa_name(ifk_isa_current()); }
+
 int iflow_model_is_eos(const iflow_model *m, int32_t id)
 {
     for (int i = 0; i < m->hp.n_eos; i++)

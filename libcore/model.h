@@ -72,6 +72,9 @@ const iflow_shard *iflow_model_shard(const iflow_model *m);
 int iflow_model_is_eos(const iflow_model *m, int32_t id);
 /* Bytes of weights read per decoded token (all matrices but the embedding table). */
 uint64_t iflow_model_decode_bytes(const iflow_model *m);
+/* The CPU kernel path this process computes with, chosen from cpuid: "scalar", "avx2",
+ * "avx512" or "avx512gfni" (kernels/cpu/kernels.h). A static string. */
+const char *iflow_kernel_path(void);
 
 typedef struct iflow_ctx iflow_ctx;
 

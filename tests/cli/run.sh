@@ -48,6 +48,10 @@ run $BIN/iflow-run -m "$TMP/s.ifs" -p "The little dog" -n 64 --temp 0.8 --top-p 
 run $BIN/iflow-run -m "$TMP/s.ifs" -p "The little dog" -n 64 --temp 1 --top-k 1 --seed 9
 expect_eq "$out" "$(sed -n 2p "$G/stories260K.greedy64.jsonl" | jq -r .continuation)" "--top-k 1 is greedy"
 
+# ---- -v: timings, threads, the kernel path and the seed on standard error ----
+run $BIN/iflow-run -m "$TMP/s.ifs" -p "Once upon a time" -n 4 --temp 0.5 --seed 11 -t 1 -v
+expect_match "$err" "^iflow-run: load [0-9.]+ s; prompt 5 tokens in [0-9.]+ s \([0-9.]+ tok/s\); generated 4 tokens in [0-9.]+ s \([0-9.]+ tok/s\); threads 1; kernels (scalar|avx2|avx512|avx512gfni); seed 11$" "-v line"
+
 # ---- --echo, -n 0 ----
 run $BIN/iflow-run -m "$TMP/s.ifs" -p "Once upon a time" -n 4 --temp 0 --echo
 expect_eq "$out" "Once upon a time, there was a" "--echo"
