@@ -5,10 +5,11 @@
  *   bench_now()            monotonic seconds
  *   bench_alloc64()        64-byte aligned memory, or exit(1) with a message
  *   bench_best_median()    best and median of n timed rounds (sorts them)
+ *   BENCH_ROUNDS()         times a statement in rounds: at least 3, and at least a minimum
+ *                          time in all (at most BENCH_MAX_ROUNDS); best and median round
  *
- * A benchmark repeats a call for at least a minimum time and at least 3 rounds (at most
- * BENCH_MAX_ROUNDS) and reports the best round and the median. Other processes on the
- * machine show up in the median first, so compare best-of figures.
+ * Report the best round and the median: other processes on the machine show up in the median
+ * first, so compare best-of figures.
  */
 #ifndef IFLOW_BENCH_H
 #define IFLOW_BENCH_H
@@ -50,5 +51,20 @@ static inline void bench_best_median(double *t, int n, double *best, double *med
     *best = t[0];
     *med = t[n / 2];
 }
+
+/* Runs the statement(s) after `med` as one round, repeatedly: at least 3 rounds and at least
+ * min_s seconds in all, at most BENCH_MAX_ROUNDS. *best and *med get the best and the median
+ * round in seconds. */
+#define BENCH_ROUNDS(min_s, best, med, ...)                                                    \
+    do {                                                                                       \
+        double bench_t_[BENCH_MAX_ROUNDS], bench_start_ = bench_now();                         \
+        int bench_n_ = 0;                                                                      \
+        do {                                                                                   \
+            double bench_t0_ = bench_now();                                                    \
+            __VA_ARGS__;                                                                       \
+            bench_t_[bench_n_++] = bench_now() - bench_t0_;                                    \
+        } while (bench_n_ < BENCH_MAX_ROUNDS && (bench_n_ < 3 || bench_now() - bench_start_ < (min_s))); \
+        bench_best_median(bench_t_, bench_n_, (best), (med));                                 \
+    } while (0)
 
 #endif

@@ -73,16 +73,12 @@ static void bench_decode(int N, int K, int wt, int threads, double min_s)
     for (int c = 0; c < copies; c++) /* warm-up: page faults, thread team */
         ifk_matmul(y, (size_t)N, W[c], wt, x, (size_t)K, 1, N, K, threads);
     /* rounds of one call per copy; report the best and the median round */
-    double times[BENCH_MAX_ROUNDS], t_start = bench_now();
-    int rounds = 0;
-    do {
-        double t0 = bench_now();
-        for (int c = 0; c < copies; c++)
-            ifk_matmul(y, (size_t)N, W[c], wt, x, (size_t)K, 1, N, K, threads);
-        times[rounds++] = (bench_now() - t0) / copies;
-    } while (rounds < BENCH_MAX_ROUNDS && (rounds < 3 || bench_now() - t_start < min_s));
     double best, med;
-    bench_best_median(times, rounds, &best, &med);
+    BENCH_ROUNDS(min_s, &best, &med,
+                 for (int c = 0; c < copies; c++)
+                     ifk_matmul(y, (size_t)N, W[c], wt, x, (size_t)K, 1, N, K, threads));
+    best /= copies; /* per call */
+    med /= copies;
     printf("{\"bench\":\"decode\",\"isa\":\"%s\",\"wtype\":\"%s\",\"N\":%d,\"K\":%d,\"threads\":%d,"
            "\"us\":%.2f,\"GBps\":%.2f,\"GBps_median\":%.2f}\n",
            ifk_isa_name(ifk_isa_current()), wname(wt), N, K, threads, best * 1e6, bytes / best * 1e-9,
@@ -104,15 +100,9 @@ static void bench_prefill(int T, int N, int K, int wt, int threads, double min_s
     fill_w(W, wt, (size_t)N * K, 7);
     fill_x(x, (size_t)T * K);
     ifk_matmul(y, (size_t)N, W, wt, x, (size_t)K, T, N, K, threads);
-    double times[BENCH_MAX_ROUNDS], t_start = bench_now();
-    int rounds = 0;
-    do {
-        double t0 = bench_now();
-        ifk_matmul(y, (size_t)N, W, wt, x, (size_t)K, T, N, K, threads);
-        times[rounds++] = bench_now() - t0;
-    } while (rounds < BENCH_MAX_ROUNDS && (rounds < 3 || bench_now() - t_start < min_s));
     double best, med, flop = 2.0 * T * N * K;
-    bench_best_median(times, rounds, &best, &med);
+    BENCH_ROUNDS(min_s, &best, &med,
+                 ifk_matmul(y, (size_t)N, W, wt, x, (size_t)K, T, N, K, threads));
     printf("{\"bench\":\"prefill\",\"isa\":\"%s\",\"wtype\":\"%s\",\"T\":%d,\"N\":%d,\"K\":%d,\"threads\":%d,"
            "\"us\":%.1f,\"GFLOPs\":%.1f,\"GFLOPs_median\":%.1f}\n",
            ifk_isa_name(ifk_isa_current()), wname(wt), T, N, K, threads, best * 1e6, flop / best * 1e-9,
@@ -134,15 +124,9 @@ static void bench_attention(int T, int n_ctx, int threads, double min_s)
     fill_x(v, (size_t)n_ctx * kv_ld);
     int pos0 = n_ctx - T;
     ifk_attention(out, q, k, v, kv_ld, T, pos0, NH, NKV, HD, 0.125f, threads);
-    double times[BENCH_MAX_ROUNDS], t_start = bench_now();
-    int rounds = 0;
-    do {
-        double t0 = bench_now();
-        ifk_attention(out, q, k, v, kv_ld, T, pos0, NH, NKV, HD, 0.125f, threads);
-        times[rounds++] = bench_now() - t0;
-    } while (rounds < BENCH_MAX_ROUNDS && (rounds < 3 || bench_now() - t_start < min_s));
     double best, med;
-    bench_best_median(times, rounds, &best, &med);
+    BENCH_ROUNDS(min_s, &best, &med,
+                 ifk_attention(out, q, k, v, kv_ld, T, pos0, NH, NKV, HD, 0.125f, threads));
     double flop = 0;
     for (int i = 0; i < T; i++)
         flop += 4.0 * NH * HD * (pos0 + i + 1);

@@ -26,6 +26,12 @@
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/quant.h"
 
+/* 64-byte aligned, or exit (bench.h). */
+static void *alloc64(size_t bytes)
+{
+    return bench_alloc64("qbench", bytes);
+}
+
 /* Deterministic pseudo-normal values (sum of 4 uniforms), scaled. */
 static void fill(float *a, size_t n, uint32_t seed, float scale)
 {
@@ -43,7 +49,7 @@ static void fill(float *a, size_t n, uint32_t seed, float scale)
 static uint8_t *make_matrix(int type, int N, int K, uint32_t seed)
 {
     size_t rb = ifk_qrow_bytes(type, K);
-    uint8_t *W = bench_alloc64("qbench", (size_t)N * rb);
+    uint8_t *W = alloc64((size_t)N * rb);
     float *row = malloc((size_t)K * sizeof *row);
     for (int n = 0; n < N; n++) {
         fill(row, (size_t)K, seed + (uint32_t)n * 7919u, 0.05f);
@@ -57,27 +63,23 @@ static void bench_decode(int type, int N, int K, int threads, double min_s)
 {
     size_t bytes = (size_t)N * ifk_qrow_bytes(type, K);
     int copies = (int)((256u << 20) / bytes) + 1;
-    uint8_t **W = malloc((size_t)copies * sizeof *W);
+    uint8_t **W = alloc64((size_t)copies * sizeof *W);
     W[0] = make_matrix(type, N, K, 1);
     for (int c = 1; c < copies; c++) { /* copies of the first (quantizing is slow) */
-        W[c] = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+        W[c] = alloc64(bytes);
         memcpy(W[c], W[0], bytes);
     }
-    float *x = aligned_alloc(64, ((size_t)K * 4 + 63) & ~(size_t)63);
-    float *y = aligned_alloc(64, ((size_t)N * 4 + 63) & ~(size_t)63);
+    float *x = alloc64((size_t)K * 4);
+    float *y = alloc64((size_t)N * 4);
     fill(x, (size_t)K, 99, 1.0f);
     for (int c = 0; c < copies; c++) /* warm-up: page faults, thread team, scratch */
         ifk_qmatmul(y, (size_t)N, W[c], type, x, (size_t)K, 1, N, K, threads);
-    double times[BENCH_MAX_ROUNDS], t_start = bench_now();
-    int rounds = 0;
-    do {
-        double t0 = bench_now();
-        for (int c = 0; c < copies; c++)
-            ifk_qmatmul(y, (size_t)N, W[c], type, x, (size_t)K, 1, N, K, threads);
-        times[rounds++] = (bench_now() - t0) / copies;
-    } while (rounds < BENCH_MAX_ROUNDS && (rounds < 3 || bench_now() - t_start < min_s));
     double best, med;
-    bench_best_median(times, rounds, &best, &med);
+    BENCH_ROUNDS(min_s, &best, &med,
+                 for (int c = 0; c < copies; c++)
+                     ifk_qmatmul(y, (size_t)N, W[c], type, x, (size_t)K, 1, N, K, threads));
+    best /= copies; /* per call */
+    med /= copies;
     printf("{\"bench\":\"qdecode\",\"isa\":\"%s\",\"wtype\":\"%s\",\"N\":%d,\"K\":%d,\"threads\":%d,"
            "\"us\":%.2f,\"GBps\":%.2f,\"GBps_median\":%.2f}\n",
            ifk_isa_name(ifk_isa_current()), ifk_qtype(type)->name, N, K, threads, best * 1e6,
@@ -93,19 +95,13 @@ static void bench_decode(int type, int N, int K, int threads, double min_s)
 static void bench_prefill(int type, int T, int N, int K, int threads, double min_s)
 {
     uint8_t *W = make_matrix(type, N, K, 7);
-    float *x = aligned_alloc(64, (size_t)T * K * 4);
-    float *y = aligned_alloc(64, (size_t)T * N * 4);
+    float *x = alloc64((size_t)T * K * 4);
+    float *y = alloc64((size_t)T * N * 4);
     fill(x, (size_t)T * K, 5, 1.0f);
     ifk_qmatmul(y, (size_t)N, W, type, x, (size_t)K, T, N, K, threads);
-    double times[BENCH_MAX_ROUNDS], t_start = bench_now();
-    int rounds = 0;
-    do {
-        double t0 = bench_now();
-        ifk_qmatmul(y, (size_t)N, W, type, x, (size_t)K, T, N, K, threads);
-        times[rounds++] = bench_now() - t0;
-    } while (rounds < BENCH_MAX_ROUNDS && (rounds < 3 || bench_now() - t_start < min_s));
     double best, med, flop = 2.0 * T * N * K;
-    bench_best_median(times, rounds, &best, &med);
+    BENCH_ROUNDS(min_s, &best, &med,
+                 ifk_qmatmul(y, (size_t)N, W, type, x, (size_t)K, T, N, K, threads));
     printf("{\"bench\":\"qprefill\",\"isa\":\"%s\",\"wtype\":\"%s\",\"T\":%d,\"N\":%d,\"K\":%d,\"threads\":%d,"
            "\"us\":%.1f,\"GFLOPs\":%.1f,\"GFLOPs_median\":%.1f}\n",
            ifk_isa_name(ifk_isa_current()), ifk_qtype(type)->name, T, N, K, threads, best * 1e6,
