@@ -16,8 +16,6 @@ work=${IFLOW_BENCH_DIR:-build/bench}
 mkdir -p "$work"
 log() { echo "bench: $*" >&2; }
 
-cc -O2 -std=c11 -D_GNU_SOURCE -fopenmp -I. $(pkg-config --cflags jansson) bench/iflow-bench.c "$build/libiflow.a" \
-    $(pkg-config --libs libzstd inih jansson libpcre2-8 libutf8proc libxxhash) -lm -o "$work/iflow-bench"
 
 membw() { # threads -> read-only GB/s
     OMP_NUM_THREADS=$1 OMP_PROC_BIND=close OMP_PLACES=cores "$build/membw" 1 5 2>/dev/null |
@@ -41,7 +39,7 @@ entry() { # name, prefill, decode, convert args...
     conv=$(convert "$name" "$@")
     size=$(stat -c %s "$work/$name.ifs")
     log "$name: running"
-    run=$("$work/iflow-bench" "$work/$name.ifs" "$pre" "$dec" 1 2)
+    run=$("$build/iflow-bench" "$work/$name.ifs" "$pre" "$dec" 1 2)
     rm -f "$work/$name.ifs"
     jq -n --arg name "$name" --argjson conv "$conv" --argjson run "$run" --argjson size "$size" \
         --argjson bw1 "$bw1" --argjson bw2 "$bw2" '
@@ -66,7 +64,7 @@ quant_entries() { # TinyLlama F16 -> each quantized type (every matrix): decode 
             {name: ("tinyllama-1.1b-" + $t), type: $t, file_bytes: $size, load_s, decode_bytes_per_token,
              runs: [.runs[] | . + {membw_gbps: (if .threads == 1 then $bw1 else $bw2 end)}
                     | . + {decode_fraction_of_bandwidth: (.decode_weight_gbps / .membw_gbps)}]}' \
-            <<<"$("$work/iflow-bench" "$work/tl-$t.ifs" 16 16 1 2)")")
+            <<<"$("$build/iflow-bench" "$work/tl-$t.ifs" 16 16 1 2)")")
         rm -f "$work/tl-$t.ifs"
     done
     rm -f "$work/tl-src.ifs"
