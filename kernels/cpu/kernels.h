@@ -10,8 +10,9 @@
  *   layout of a PyTorch nn.Linear weight, so y = x W^T.
  *
  *   Each kernel has a scalar reference (kernels/cpu/ref.c) and SIMD paths (AVX2+F16C+FMA,
- *   AVX-512F+BW+VL+DQ; and for the quantized product also AVX512_VNNI, and GFNI) chosen once at run time from cpuid; ifk_set_isa() forces a path (tests use it
- *   to compare each SIMD path against the reference). Results of SIMD paths differ from the
+ *   AVX-512F+BW+VL+DQ; and for the quantized product also AVX512_VNNI, and GFNI) chosen
+ *   once at run time from cpuid; ifk_set_isa() forces a path (tests use it to compare each
+ *   SIMD path against the reference). Results of SIMD paths differ from the
  *   reference only by float summation order.
  *
  *   Threads: kernels taking n_threads split their work with OpenMP across at most that many

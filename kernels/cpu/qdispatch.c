@@ -5,7 +5,8 @@
  * Paths: IFK_ISA_AVX512GFNI uses qmatmul_avx512.c compiled a second time with GFNI
  * (qmatmul_avx512gfni.c; it differs in Q3H's unpacking); IFK_ISA_AVX512 uses qmatmul_avx512.c
  * when the CPU also has AVX512_VNNI (the int8 dot product, vpdpbusd), else the AVX2 path;
- * IFK_ISA_AVX2 uses qmatmul_avx2.c; the scalar path is the oracle of quant_ref.c. Built with -DIFK_NO_SIMD, only the scalar path exists.
+ * IFK_ISA_AVX2 uses qmatmul_avx2.c; the scalar path is the oracle of quant_ref.c. Built with
+ * -DIFK_NO_SIMD, only the scalar path exists.
  */
 #include <omp.h>
 #include <stdlib.h>

@@ -208,6 +208,16 @@ QK_INLINE uint64_t rd64(const uint8_t *p)
     return u;
 }
 
+/* Q3H's 32 codes c = 11 a + b (c <= 120, one per byte) as the 64 levels a, b at bytes 2i,
+ * 2i+1: a = (c * 187) >> 11 = mulhi(c, 5984), and the int16 lane (b << 8) | a is
+ * (c << 8) - 2815 a. */
+QK_INLINE __m512i q3h_split(__m256i c)
+{
+    const __m512i c16 = _mm512_cvtepu8_epi16(c);
+    const __m512i a = _mm512_mulhi_epu16(c16, _mm512_set1_epi16(5984));
+    return _mm512_sub_epi16(_mm512_slli_epi16(c16, 8), _mm512_mullo_epi16(a, _mm512_set1_epi16(2815)));
+}
+
 #if QK_GFNI
 /* Q3H's 64 levels as bytes with GFNI (the same bytes as levels64's other Q3H path).  Code
  * c[i] (i < 32): the low nibble as nibbles32; bits 4-6 from the three u32 planes P0, P1, P2
@@ -223,12 +233,7 @@ QK_INLINE __m512i levels_q3h_gfni(const uint8_t *blk)
                                         -1, 14, 10, 6, -1, -1, -1, -1, -1, 15, 11, 7, -1, -1, -1, -1);
     const __m256i hi = _mm256_gf2p8affine_epi64_epi8(_mm256_set1_epi64x(0x8040201008040201LL),
                                                      _mm256_shuffle_epi8(t, at), 0);
-    const __m256i c = _mm256_or_si256(nibbles32(blk + 4), hi);
-    /* c = 11 a + b (c <= 120): a = (c * 187) >> 11 = mulhi(c, 5984); the int16 lane
-     * (b << 8) | a = (c << 8) - 2815 a puts a, b at bytes 2i, 2i+1 */
-    const __m512i c16 = _mm512_cvtepu8_epi16(c);
-    const __m512i a = _mm512_mulhi_epu16(c16, _mm512_set1_epi16(5984));
-    return _mm512_sub_epi16(_mm512_slli_epi16(c16, 8), _mm512_mullo_epi16(a, _mm512_set1_epi16(2815)));
+    return q3h_split(_mm256_or_si256(nibbles32(blk + 4), hi));
 }
 #endif
 
@@ -258,11 +263,7 @@ QK_INLINE __m512i levels64(int type, const uint8_t *blk)
         c = _mm256_mask_add_epi8(c, _cvtu32_mask32(rd32(lv + 16)), c, _mm256_set1_epi8(16));
         c = _mm256_mask_add_epi8(c, _cvtu32_mask32(rd32(lv + 20)), c, _mm256_set1_epi8(32));
         c = _mm256_mask_add_epi8(c, _cvtu32_mask32(rd32(lv + 24)), c, _mm256_set1_epi8(64));
-        /* c = 11 a + b (c <= 120): a = (c * 187) >> 11 = mulhi(c, 5984); the int16 lane
-         * (b << 8) | a = (c << 8) - 2815 a puts a, b at bytes 2i, 2i+1 */
-        __m512i c16 = _mm512_cvtepu8_epi16(c);
-        __m512i a = _mm512_mulhi_epu16(c16, _mm512_set1_epi16(5984));
-        return _mm512_sub_epi16(_mm512_slli_epi16(c16, 8), _mm512_mullo_epi16(a, _mm512_set1_epi16(2815)));
+        return q3h_split(c);
 #endif
     }
     }
