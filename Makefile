@@ -42,7 +42,7 @@ LDFLAGS  += -fopenmp $(LDSAN)
 AVX2_FLAGS   := -mavx2 -mfma -mf16c
 AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c
 
-LIB_SRC  := $(wildcard libcore/*.c) $(wildcard kernels/cpu/*.c)
+LIB_SRC  := $(wildcard libcore/*/*.c) $(wildcard kernels/cpu/*.c)
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 LIB      := $(BUILD)/libiflow.a
 

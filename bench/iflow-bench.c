@@ -8,8 +8,8 @@
  * embedding table) x tokens/s, the figure to compare with the memory bandwidth.
  * IFLOW_BENCH_ISA=scalar|avx2|avx512|avx512gfni forces a kernel path (to compare paths). */
 #include "bench/bench.h"
-#include "libcore/error.h"
-#include "libcore/model.h"
+#include "libcore/base/error.h"
+#include "libcore/engine/model.h"
 #include "kernels/cpu/kernels.h"
 
 #include <stdio.h>

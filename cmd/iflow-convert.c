@@ -1,10 +1,10 @@
 /* iflow-convert -- Hugging Face model directory -> iflow shard file; shard inspection. */
 #include "cmd/io.h"
 #include "cmd/opt.h"
-#include "libcore/convert.h"
-#include "libcore/dtype.h"
-#include "libcore/error.h"
-#include "libcore/shard.h"
+#include "libcore/formats/convert.h"
+#include "libcore/base/dtype.h"
+#include "libcore/base/error.h"
+#include "libcore/formats/shard.h"
 
 #include <jansson.h>
 #include <stdio.h>

@@ -1,10 +1,10 @@
 /* iflow-ppl -- perplexity of a model over a text file, under a stated protocol. */
 #include "cmd/io.h"
 #include "cmd/opt.h"
-#include "libcore/error.h"
-#include "libcore/model.h"
-#include "libcore/ppl.h"
-#include "libcore/tokenizer.h"
+#include "libcore/base/error.h"
+#include "libcore/engine/model.h"
+#include "libcore/engine/ppl.h"
+#include "libcore/tokenizers/tokenizer.h"
 
 #include <jansson.h>
 #include <math.h>

@@ -1,9 +1,9 @@
 /* iflow-quant -- quantize the weight matrices of an iflow shard, tensor by tensor; list the types. */
 #include "cmd/io.h"
 #include "cmd/opt.h"
-#include "libcore/dtype.h"
-#include "libcore/error.h"
-#include "libcore/quant.h"
+#include "libcore/base/dtype.h"
+#include "libcore/base/error.h"
+#include "libcore/formats/quant.h"
 
 #include <jansson.h>
 #include <limits.h>

@@ -1,10 +1,10 @@
 /* iflow-run -- generate text from a model; or print the token ids of a text. */
 #include "cmd/io.h"
 #include "cmd/opt.h"
-#include "libcore/error.h"
-#include "libcore/model.h"
-#include "libcore/sampler.h"
-#include "libcore/tokenizer.h"
+#include "libcore/base/error.h"
+#include "libcore/engine/model.h"
+#include "libcore/engine/sampler.h"
+#include "libcore/tokenizers/tokenizer.h"
 
 #include <jansson.h>
 #include <stdio.h>

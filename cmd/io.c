@@ -1,7 +1,7 @@
 /* io.c -- see io.h. */
 #include "io.h"
-#include "libcore/error.h"
-#include "libcore/util.h"
+#include "libcore/base/error.h"
+#include "libcore/base/util.h"
 
 #include <stdlib.h>
 #include <string.h>

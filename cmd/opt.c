@@ -1,6 +1,6 @@
 /* opt.c -- option parsing, --help and generated docs. See opt.h. */
 #include "opt.h"
-#include "libcore/error.h"
+#include "libcore/base/error.h"
 
 #include <errno.h>
 #include <getopt.h>

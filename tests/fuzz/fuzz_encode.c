@@ -3,7 +3,7 @@
  * SentencePiece with byte fallback, for text without U+2581). The tokenizers are loaded once
  * from $IFLOW_TEST_DATA (default ../shared, as `make fuzz` runs from the repo root); a
  * tokenizer that is missing there is skipped. */
-#include "libcore/tokenizer.h"
+#include "libcore/tokenizers/tokenizer.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -1,8 +1,8 @@
 /* fuzz_gguf.c -- libFuzzer target: the GGUF reader and the GGUF tokenizer loader on arbitrary
  * bytes. Every accepted file is walked completely (all keys through every getter, every
  * tensor's first and last data byte) and, if it holds a vocabulary, used to encode and decode. */
-#include "libcore/gguf.h"
-#include "libcore/tokenizer.h"
+#include "libcore/formats/gguf.h"
+#include "libcore/tokenizers/tokenizer.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -6,9 +6,9 @@
  * Every getter then runs on a list of real config keys, on every key of the object and of the
  * objects one level down, and on dotted paths built from them.
  */
-#include "libcore/error.h"
-#include "libcore/hfdir.h"
-#include "libcore/jsonutil.h"
+#include "libcore/base/error.h"
+#include "libcore/formats/hfdir.h"
+#include "libcore/base/jsonutil.h"
 
 #include <stdint.h>
 #include <stdio.h>

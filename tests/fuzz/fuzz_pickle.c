@@ -7,9 +7,9 @@
  * time in the pickle interpreter. A successful open must give tensors whose every reachable
  * element lies inside their storage and inside the input (ASan checks the reads below).
  */
-#include "libcore/error.h"
-#include "libcore/pickle.h"
-#include "libcore/safetensors.h"
+#include "libcore/base/error.h"
+#include "libcore/formats/pickle.h"
+#include "libcore/formats/safetensors.h"
 #include "tests/zipwrite.h"
 
 #include <stdint.h>

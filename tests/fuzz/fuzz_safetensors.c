@@ -5,8 +5,8 @@
  * byte lies inside the input (ASan checks the reads below), whose sizes agree with their
  * shapes, that do not overlap, and that iflow_st_find() finds again.
  */
-#include "libcore/error.h"
-#include "libcore/safetensors.h"
+#include "libcore/base/error.h"
+#include "libcore/formats/safetensors.h"
 
 #include <stdint.h>
 #include <stdlib.h>

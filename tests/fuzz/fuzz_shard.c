@@ -2,7 +2,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "libcore/shard.h"
+#include "libcore/formats/shard.h"
 #include "memfile.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -2,7 +2,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "libcore/spec.h"
+#include "libcore/formats/spec.h"
 #include "memfile.h"
 
 static const char config[] =

@@ -1,7 +1,7 @@
 /* fuzz_tokenizer_json.c -- libFuzzer target: the tokenizer.json loader, then encoding and
  * decoding. Input: JSON text, optionally followed by "\xff\xff" and a text to encode (JSON
  * text never contains 0xFF bytes, so the split is unambiguous). */
-#include "libcore/tokenizer.h"
+#include "libcore/tokenizers/tokenizer.h"
 
 #include <stdint.h>
 #include <stdlib.h>

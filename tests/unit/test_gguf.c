@@ -2,8 +2,8 @@
  * each way a header can lie (truncation at every byte, string lengths, counts, tensor
  * extents), and the real vocab / model files in $IFLOW_TEST_DATA. */
 #include "check.h"
-#include "libcore/error.h"
-#include "libcore/gguf.h"
+#include "libcore/base/error.h"
+#include "libcore/formats/gguf.h"
 
 #include <stdint.h>
 

@@ -4,12 +4,12 @@
  * decode, thread count does not change results, F16/BF16 weights stay close). */
 #include "check.h"
 #include "testlib.h"
-#include "libcore/convert.h"
-#include "libcore/dtype.h"
-#include "libcore/error.h"
-#include "libcore/model.h"
-#include "libcore/ppl.h"
-#include "libcore/sampler.h"
+#include "libcore/formats/convert.h"
+#include "libcore/base/dtype.h"
+#include "libcore/base/error.h"
+#include "libcore/engine/model.h"
+#include "libcore/engine/ppl.h"
+#include "libcore/engine/sampler.h"
 
 #include <jansson.h>
 #include <math.h>

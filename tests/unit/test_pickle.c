@@ -5,12 +5,12 @@
 #include "check.h"
 #include "testlib.h"
 
-#include "libcore/dtype.h"
-#include "libcore/error.h"
-#include "libcore/jsonutil.h"
-#include "libcore/pickle.h"
-#include "libcore/safetensors.h"
-#include "libcore/zip.h"
+#include "libcore/base/dtype.h"
+#include "libcore/base/error.h"
+#include "libcore/base/jsonutil.h"
+#include "libcore/formats/pickle.h"
+#include "libcore/formats/safetensors.h"
+#include "libcore/formats/zip.h"
 #include "tests/zipwrite.h"
 
 #include <stdint.h>

@@ -9,11 +9,11 @@
  * (half a step, plus the f16 rounding of min and of delta times up to L-1 levels). */
 #include "check.h"
 #include "testlib.h"
-#include "libcore/convert.h"
-#include "libcore/dtype.h"
-#include "libcore/error.h"
-#include "libcore/quant.h"
-#include "libcore/shard.h"
+#include "libcore/formats/convert.h"
+#include "libcore/base/dtype.h"
+#include "libcore/base/error.h"
+#include "libcore/formats/quant.h"
+#include "libcore/formats/shard.h"
 #include "kernels/cpu/quant.h"
 
 #include <jansson.h>

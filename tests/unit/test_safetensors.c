@@ -8,13 +8,13 @@
  */
 #include "check.h"
 #include "testlib.h"
-#include "libcore/convert.h"
+#include "libcore/formats/convert.h"
 
-#include "libcore/dtype.h"
-#include "libcore/error.h"
-#include "libcore/hfdir.h"
-#include "libcore/jsonutil.h"
-#include "libcore/safetensors.h"
+#include "libcore/base/dtype.h"
+#include "libcore/base/error.h"
+#include "libcore/formats/hfdir.h"
+#include "libcore/base/jsonutil.h"
+#include "libcore/formats/safetensors.h"
 
 #include <ftw.h>
 #include <stdint.h>

@@ -1,9 +1,9 @@
 /* test_shard.c -- the shard format: round trips through a file, a stream and zstd; truncation at
  * every offset and every single-byte corruption are detected; the writer leaves nothing behind. */
 #include "check.h"
-#include "libcore/dtype.h"
-#include "libcore/error.h"
-#include "libcore/shard.h"
+#include "libcore/base/dtype.h"
+#include "libcore/base/error.h"
+#include "libcore/formats/shard.h"
 
 #include <stdint.h>
 #include <stdlib.h>

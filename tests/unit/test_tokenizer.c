@@ -3,8 +3,8 @@
  * HF `tokenizers` committed under tests/fixtures/tokenizers (smollm2, all-minilm, stories260K),
  * round trips, the wiki.test.raw count and speed, and malformed inputs. */
 #include "check.h"
-#include "libcore/error.h"
-#include "libcore/tokenizer.h"
+#include "libcore/base/error.h"
+#include "libcore/tokenizers/tokenizer.h"
 
 #include <jansson.h>
 #include <stdint.h>

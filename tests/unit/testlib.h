@@ -4,8 +4,8 @@
 #define IFLOW_TESTLIB_H
 
 #include "check.h"
-#include "libcore/convert.h"
-#include "libcore/error.h"
+#include "libcore/formats/convert.h"
+#include "libcore/base/error.h"
 
 /* rc is negative `want`, the message is one line naming `where` and containing `text`.
  * SHOW_ERRORS=1 in the environment prints each message. */

@@ -1,6 +1,6 @@
 /* tok_hfjson.c -- a tokenizer from a HF tokenizer.json: model (BPE, WordPiece), normalizer,
  * pre_tokenizer, post_processor (what IFLOW_TOK_ADD_BOS adds), decoder and added_tokens. */
-#include "error.h"
+#include "libcore/base/error.h"
 #include "tok_internal.h"
 
 #include <jansson.h>

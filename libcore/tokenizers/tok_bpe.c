@@ -2,7 +2,7 @@
  * the merged piece (SentencePiece BPE, GGUF llama). Symbols form a linked list over the word;
  * candidate pairs sit in a binary heap ordered by (priority, left position), and stale
  * candidates are skipped when popped, so a word of n units costs O(n log n). */
-#include "error.h"
+#include "libcore/base/error.h"
 #include "tok_internal.h"
 
 #include <stdlib.h>

@@ -19,7 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "strmap.h"
+#include "libcore/base/strmap.h"
 #include "tokenizer.h"
 
 /* Token attributes; the values are GGUF's tokenizer.ggml.token_type codes. */

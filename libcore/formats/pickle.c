@@ -1,9 +1,9 @@
 /* pickle.c -- see pickle.h. Opcodes: CPython Lib/pickletools.py; torch side:
  * torch/serialization.py (persistent_id) and torch/_utils.py (_rebuild_tensor_v2). */
 #include "pickle.h"
-#include "dtype.h"
-#include "error.h"
-#include "quote.h"
+#include "libcore/base/dtype.h"
+#include "libcore/base/error.h"
+#include "libcore/base/quote.h"
 #include "zip.h"
 
 #include <errno.h>

@@ -1,7 +1,7 @@
 /* tok_open.c -- iflow_tokenizer_open(): a tokenizer.json, a GGUF file (sniffed by its magic),
  * or a model directory (tokenizer.json, with bos/eos from tokenizer_config.json / config.json). */
-#include "error.h"
-#include "gguf.h"
+#include "libcore/base/error.h"
+#include "libcore/formats/gguf.h"
 #include "tok_internal.h"
 
 #include <errno.h>

@@ -1,8 +1,8 @@
 /* dtype.c -- see dtype.h. */
 #include "dtype.h"
 #include "error.h"
-#include "../kernels/cpu/kernels.h"
-#include "../kernels/cpu/quant.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/quant.h"
 
 #include <limits.h>
 #include <math.h>

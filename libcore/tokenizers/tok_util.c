@@ -1,5 +1,5 @@
 /* tok_util.c -- growable buffers, UTF-8 and Unicode predicates for the tokenizer. */
-#include "error.h"
+#include "libcore/base/error.h"
 #include "tok_internal.h"
 
 #include <stdlib.h>

@@ -23,8 +23,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "shard.h"
-#include "tokenizer.h"
+#include "libcore/formats/shard.h"
+#include "libcore/tokenizers/tokenizer.h"
 
 enum { IFLOW_ROPE_SCALING_NONE = 0, IFLOW_ROPE_SCALING_LINEAR = 1, IFLOW_ROPE_SCALING_LLAMA3 = 2 };
 #define IFLOW_MAX_EOS 8

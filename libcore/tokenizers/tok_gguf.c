@@ -1,8 +1,8 @@
 /* tok_gguf.c -- a tokenizer from the tokenizer.ggml.* keys of a GGUF file: model 'llama'
  * (SentencePiece BPE, merges by score, byte fallback) or 'gpt2' (byte-level BPE with merges by
  * rank and the pre-tokenizer named by tokenizer.ggml.pre). */
-#include "error.h"
-#include "gguf.h"
+#include "libcore/base/error.h"
+#include "libcore/formats/gguf.h"
 #include "tok_internal.h"
 
 #include <stdio.h>

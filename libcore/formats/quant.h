@@ -38,7 +38,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "dtype.h"
+#include "libcore/base/dtype.h"
 
 /* ---- the types ---- */
 

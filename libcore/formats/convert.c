@@ -1,12 +1,12 @@
 /* convert.c -- Hugging Face model directory -> shard file. See convert.h. */
 #include "convert.h"
-#include "dtype.h"
-#include "error.h"
+#include "libcore/base/dtype.h"
+#include "libcore/base/error.h"
 #include "hfdir.h"
-#include "model.h"
+#include "libcore/engine/model.h"
 #include "shard.h"
 #include "spec.h"
-#include "util.h"
+#include "libcore/base/util.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /* tok_norm.c -- normalizer steps: Prepend, Replace, NFC/NFD/NFKC/NFKD, Lowercase, Strip,
  * StripAccents and BertNormalizer, with HF tokenizers' semantics. */
-#include "error.h"
+#include "libcore/base/error.h"
 #include "tok_internal.h"
 
 #include <stdlib.h>

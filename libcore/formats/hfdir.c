@@ -1,8 +1,8 @@
 /* hfdir.c -- see hfdir.h. */
 #include "hfdir.h"
-#include "error.h"
-#include "jsonutil.h"
-#include "quote.h"
+#include "libcore/base/error.h"
+#include "libcore/base/jsonutil.h"
+#include "libcore/base/quote.h"
 #include "safetensors.h"
 
 #include <errno.h>

@@ -1,7 +1,7 @@
 /* tokenizer.c -- see tokenizer.h: vocabulary storage, added tokens, the encode pipeline and
  * decoding. Loaders are in tok_hfjson.c / tok_gguf.c / tok_open.c, the steps in tok_*.c. */
 #include "tokenizer.h"
-#include "error.h"
+#include "libcore/base/error.h"
 #include "tok_internal.h"
 
 #include <stdio.h>

@@ -1,6 +1,6 @@
 /* sampler.c -- see sampler.h. */
 #include "sampler.h"
-#include "error.h"
+#include "libcore/base/error.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 /* tok_wordpiece.c -- WordPiece (BERT): greedy longest-match-first over one word, later pieces
  * carrying the continuation prefix ("##"); a word with an unmatched rest, or longer than
  * max_input_chars_per_word characters, becomes [UNK]. */
-#include "error.h"
+#include "libcore/base/error.h"
 #include "tok_internal.h"
 
 static size_t count_chars(const char *w, size_t n)

@@ -1,6 +1,6 @@
 /* ppl.c -- perplexity protocols. See ppl.h. */
 #include "ppl.h"
-#include "error.h"
+#include "libcore/base/error.h"
 
 #include <math.h>
 #include <stdlib.h>

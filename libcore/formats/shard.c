@@ -1,8 +1,8 @@
 /* shard.c -- the shard file format: reader (mmap or stream), writer. See shard.h. */
 #include "shard.h"
-#include "dtype.h"
-#include "error.h"
-#include "util.h"
+#include "libcore/base/dtype.h"
+#include "libcore/base/error.h"
+#include "libcore/base/util.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,8 +1,8 @@
 /* safetensors.c -- see safetensors.h. */
 #include "safetensors.h"
-#include "dtype.h"
-#include "error.h"
-#include "quote.h"
+#include "libcore/base/dtype.h"
+#include "libcore/base/error.h"
+#include "libcore/base/quote.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -2,8 +2,8 @@
  * (central directory header), 4.3.14-16 (zip64 end record and locator, end record), 4.5.3
  * (zip64 extra field). */
 #include "zip.h"
-#include "error.h"
-#include "quote.h"
+#include "libcore/base/error.h"
+#include "libcore/base/quote.h"
 
 #include <inttypes.h>
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 /* gguf.c -- see gguf.h. */
 #include "gguf.h"
-#include "error.h"
-#include "strmap.h"
+#include "libcore/base/error.h"
+#include "libcore/base/strmap.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,6 +1,6 @@
 /* tok_pretok.c -- pre-tokenizer steps (regex splits, ByteLevel, Metaspace) and the named
  * pre-tokenizers of GGUF files (tokenizer.ggml.pre). */
-#include "error.h"
+#include "libcore/base/error.h"
 #include "tok_internal.h"
 
 #include <stdio.h>

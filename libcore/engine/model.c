@@ -1,9 +1,9 @@
 /* model.c -- decoder-only transformer from blocks; KV cache; forward pass. See model.h. */
 #include "model.h"
-#include "dtype.h"
-#include "error.h"
-#include "../kernels/cpu/kernels.h"
-#include "../kernels/cpu/quant.h"
+#include "libcore/base/dtype.h"
+#include "libcore/base/error.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/quant.h"
 
 #include <math.h>
 #include <omp.h>

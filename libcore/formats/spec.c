@@ -1,6 +1,6 @@
 /* spec.c -- model specs (the .ini files in specs/). See spec.h. */
 #include "spec.h"
-#include "error.h"
+#include "libcore/base/error.h"
 
 #include <dirent.h>
 #include <errno.h>

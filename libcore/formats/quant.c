@@ -1,12 +1,12 @@
 /* quant.c -- the quantization policy and the streaming shard transform. See quant.h. */
 #include "quant.h"
-#include "error.h"
-#include "jsonutil.h"
-#include "model.h"
-#include "quote.h"
+#include "libcore/base/error.h"
+#include "libcore/base/jsonutil.h"
+#include "libcore/engine/model.h"
+#include "libcore/base/quote.h"
 #include "shard.h"
-#include "../kernels/cpu/kernels.h"
-#include "../kernels/cpu/quant.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/quant.h"
 
 #include <fnmatch.h>
 #include <jansson.h>
