@@ -21,12 +21,19 @@ export IFLOW_TEST_DATA
 PKGS     := libzstd inih jansson libpcre2-8 libutf8proc libxxhash
 DEBS     := libzstd-dev libinih-dev libjansson-dev libpcre2-dev libutf8proc-dev libxxhash-dev pkg-config jq
 
+# CUDA=1 when nvcc is found (see kernels/cuda below); a CUDA=0 build has a folder of its own.
+NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))
+ifeq ($(CUDA),)
+  CUDA := $(if $(NVCC),1,0)
+endif
+NOCUDA_SUFFIX := $(if $(filter 1,$(CUDA)),,-nocuda)
+
 ifeq ($(SANITIZE),1)
-  BUILD  := build/san
+  BUILD  := build/san$(NOCUDA_SUFFIX)
   OPT    := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
   LDSAN  := -fsanitize=address,undefined
 else
-  BUILD  := build/rel
+  BUILD  := build/rel$(NOCUDA_SUFFIX)
   OPT    := -O2 -g
   LDSAN  :=
 endif
@@ -44,6 +51,26 @@ AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c
 
 LIB_SRC  := $(wildcard libcore/*/*.c) $(wildcard kernels/cpu/*.c)
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
+
+# ---- CUDA (kernels/cuda) -----------------------------------------------------------------------
+# Built when nvcc is found (CUDA=1); `make CUDA=0` builds without. The CUDA runtime is linked
+# statically (so the programs start on a machine with no driver and say so when asked for a
+# GPU); cuBLAS and cuBLASLt dynamically, from the toolkit's lib64 (rpath).
+# sm_80 code also runs on sm_86/sm_89; PTX of compute_90 lets newer GPUs JIT it.
+CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90]
+ifeq ($(CUDA),1)
+  CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+  NVCCFLAGS ?= -O3 -std=c++17 $(CUDA_ARCH) -I. -Xcompiler -Wall,-Wno-unused-parameter,-fPIC
+  CUDA_SRC  := $(wildcard kernels/cuda/*.cu)
+  CUDA_OBJ  := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
+  LIB_OBJ   += $(CUDA_OBJ)
+  CFLAGS    += -DIFLOW_HAVE_CUDA=1
+  LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart_static -ldl -lrt -lpthread -lstdc++
+endif
+
+$(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu $(wildcard kernels/cuda/*.h kernels/cuda/*.cuh) kernels/cpu/quant.h kernels/cpu/kernels.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 LIB      := $(BUILD)/libiflow.a
 
 CMD_COMMON := $(filter-out cmd/iflow-%.c,$(wildcard cmd/*.c))
@@ -119,10 +146,26 @@ $(BUILD)/tests/unit/test_%: tests/unit/test_%.c $(UNIT_COMMON) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(UNIT_COMMON) $(LIB) $(LDLIBS)
 
+# GPU tests (tests/gpu): built by `make check` (so CI catches a CUDA change that breaks them),
+# run by `make check-gpu` on a machine with a GPU.
+GPU_TEST_SRC := $(if $(filter 1,$(CUDA)),$(wildcard tests/gpu/test_*.c))
+GPU_TEST_BIN := $(GPU_TEST_SRC:%.c=$(BUILD)/%)
+$(BUILD)/tests/gpu/test_%: tests/gpu/test_%.c $(UNIT_COMMON) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(UNIT_COMMON) $(LIB) $(LDLIBS)
+
+check-gpu: deps
+	@[ "$(CUDA)" = 1 ] || { echo "make check-gpu: this build has no CUDA (nvcc not found)" >&2; exit 2; }
+	@$(MAKE) --no-print-directory all gpu-bins
+	@tests/run.sh --gpu $(BUILD)
+
+gpu-bins: $(GPU_TEST_BIN)
+.PHONY: gpu-bins check-gpu
+
 # check also builds the benchmark programs (not run: speed is measured by make bench), so a
 # change that breaks them fails CI.
 check: deps
-	@$(MAKE) --no-print-directory all unit-bins $(BENCH_BINS)
+	@$(MAKE) --no-print-directory all unit-bins gpu-bins $(BENCH_BINS)
 	@tests/run.sh $(BUILD)
 
 unit-bins: $(UNIT_BIN)

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # tests/run.sh BUILD_DIR -- run every unit-test binary and every CLI test script.
+# tests/run.sh --gpu BUILD_DIR -- run the GPU tests instead (tests/gpu: test_* binaries, *.sh).
 #
 # Each test prints one summary line "<name>: P passed, F failed[, S skipped]"; this script
 # echoes them and ends with the totals as "N passed, N failed". Exit status: 0 only if every
 # test program exited 0 and nothing failed.
 set -u
-build=${1:?usage: tests/run.sh BUILD_DIR}
+suite=unit cli=tests/cli
+if [ "${1:-}" = --gpu ]; then suite=gpu cli=tests/gpu; shift; fi
+build=${1:?usage: tests/run.sh [--gpu] BUILD_DIR}
 cd "$(dirname "$0")/.." || exit 2
 export IFLOW_TEST_DATA=${IFLOW_TEST_DATA:-../shared}
 [ -d "$IFLOW_TEST_DATA/models" ] || { echo "tests/run.sh: test data not found in '$IFLOW_TEST_DATA' (set IFLOW_TEST_DATA)" >&2; exit 2; }
@@ -38,10 +41,11 @@ tally() { # name, command...
     [ $rc -eq 0 ] || [ "$f" -gt 0 ] || broken=$((broken + 1))
 }
 
-for t in "$build"/tests/unit/test_*; do
+for t in "$build"/tests/$suite/test_*; do
     [ -x "$t" ] && tally "$(basename "$t")" "$t"
 done
-for t in tests/cli/*.sh; do
+for t in "$cli"/*.sh; do
+    [ -f "$t" ] || continue
     case $t in */lib.sh) continue ;; esac
     tally "$(basename "$t" .sh)" bash "$t"
 done

@@ -10,8 +10,11 @@
  *   iflow_model_open() opens a shard (path or "-"), parses its meta, binds every tensor it needs
  *   (checking names, shapes and types: the error names the tensor) and loads the tokenizer. The
  *   model owns the shard; weights are used in place (mmap) and never copied.
- *   An iflow_ctx owns a KV cache of n_ctx positions and scratch for one batch of tokens; many
- *   contexts may share one model (each on its own thread). iflow_ctx_eval() runs tokens at the
+ *   iflow_model_place() puts the weights on devices (libcore/device); without it everything
+ *   runs on the CPU as the mapping holds it.
+ *   An iflow_ctx owns a KV cache of n_ctx positions and scratch for one batch of tokens, on the
+ *   devices of the model's placement; many contexts may share one model placed on the CPU
+ *   (each on its own thread); a device other than the CPU serves one thread at a time. iflow_ctx_eval() runs tokens at the
  *   next positions: T > 1 is a prefill (matrix products over the whole batch), T == 1 a decode
  *   step. Arithmetic is F32 over F32/F16/BF16 weights, or block-quantized ones
  *   (kernels/cpu/quant.h) used in place without dequantizing the model.
@@ -23,6 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "libcore/device/device.h"
 #include "libcore/formats/shard.h"
 #include "libcore/tokenizers/tokenizer.h"
 
@@ -76,6 +80,46 @@ uint64_t iflow_model_decode_bytes(const iflow_model *m);
  * "avx512" or "avx512gfni" (kernels/cpu/kernels.h). A static string. */
 const char *iflow_kernel_path(void);
 
+/* ---- placement: which device computes what ------------------------------------------------
+ *
+ * A placement is data: a list of devices, the device of each layer, and the device of the
+ * output (final norm and output matrix). Token embeddings are looked up on the host and the
+ * rows sent to the first layer's device (only T x dim floats cross, and the table, often the
+ * largest matrix, never takes device memory). The hidden state crosses between devices once
+ * per boundary. A NULL device is "the context's CPU": each context runs those layers on its
+ * own CPU device with the thread count given to iflow_ctx_open(). A model that was never
+ * placed runs everything there. (Head-group placement within a layer will extend this.) */
+#define IFLOW_MAX_DEVICES 16
+
+typedef struct {
+    int           n_devices;
+    iflow_device *devices[IFLOW_MAX_DEVICES]; /* borrowed (NULL: the context's CPU); close after the model */
+    const int    *layer_device;               /* [n_layers]: an index into devices                       */
+    int           output_device;              /* index of the device computing the logits               */
+} iflow_placement;
+
+/* Bytes a placement needs on each device for one context of n_ctx positions. Weights on a
+ * host-memory device are used in place from the mapping and count as 0 there. */
+typedef struct {
+    uint64_t weights, kv, scratch;
+} iflow_device_bytes;
+
+/* Fill need[0..p->n_devices) for a context of n_ctx (<= 0: the model's max_seq) positions; check
+ * that the placement matches the model (layer count, device indices) and that every weight has
+ * a kernel on its device (IFLOW_EUNSUPPORTED naming the tensor, its type and the device). */
+int iflow_placement_bytes(const iflow_model *m, const iflow_placement *p, int n_ctx, iflow_device_bytes *need);
+
+/* Put the model on the devices of p: check it as iflow_placement_bytes does, check that each
+ * device has the memory (IFLOW_ENOMEM naming the device, what it needs and what it lacks,
+ * before anything is copied), then copy each weight to its device. Call before opening
+ * contexts; a previous placement is released. On failure the model is left as it was. */
+int iflow_model_place(iflow_model *m, const iflow_placement *p, int n_ctx);
+
+/* A placement of the first n_first layers on device 0 and the rest on device 1, the output on
+ * device 0 when every layer is there (llama.cpp's --gpu-layers). layer_device: [n_layers]. */
+void iflow_placement_first_n(iflow_placement *p, int *layer_device, int n_layers, iflow_device *first,
+                             int n_first, iflow_device *rest);
+
 typedef struct iflow_ctx iflow_ctx;
 
 /* n_ctx <= 0: the model's max_seq. n_threads <= 0: all cores. */
@@ -90,5 +134,8 @@ int  iflow_ctx_n_vocab(const iflow_ctx *c);
  * or, with all_logits, [n][vocab]. IFLOW_ERANGE if the cache would overflow or an id is out of
  * the vocabulary. */
 int  iflow_ctx_eval(iflow_ctx *c, const int32_t *ids, int n, float *logits, int all_logits);
+/* Run n tokens as iflow_ctx_eval and set *next to the most likely token after the last one
+ * (the lowest id among equal logits), found on the output device: only the id is copied back. */
+int  iflow_ctx_eval_argmax(iflow_ctx *c, const int32_t *ids, int n, int32_t *next);
 
 #endif

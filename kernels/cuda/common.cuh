@@ -1,0 +1,64 @@
+/*
+ * common.cuh -- what the .cu files of kernels/cuda share: the device handle, error recording,
+ * scratch buffers. Internal to kernels/cuda; the C contract is cuda_kernels.h.
+ *
+ * Error handling: every CUDA runtime call goes through IFKC_CK(call, "what"), every cuBLAS call
+ * through IFKC_CKB(call, "what"), every launch is followed by IFKC_CKL("kernel name"). On
+ * failure they record "what: <CUDA error name>: <CUDA message>" with ifkc_seterr() and return
+ * the mapped IFKC_E* code from the enclosing function.
+ */
+#ifndef IFKC_COMMON_CUH
+#define IFKC_COMMON_CUH
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/cuda_kernels.h"
+
+/* Scratch slots of a handle: each grows on demand and is reused by later calls. */
+enum {
+    IFKC_SCRATCH_W16 = 0,   /* dequantized / converted weight tiles for cuBLAS (F16 or BF16) */
+    IFKC_SCRATCH_X16 = 1,   /* activations rounded to F16 / BF16 for cuBLAS                  */
+    IFKC_SCRATCH_ATTN = 2,  /* partial softmax results of split decoding attention          */
+    IFKC_SCRATCH_MISC = 3,  /* small results (argmax)                                         */
+    IFKC_SCRATCH_N_
+};
+
+struct ifkc_dev {
+    int            index;
+    cudaStream_t   stream;
+    cublasHandle_t blas;
+    int            sm_count;
+    void          *scratch[IFKC_SCRATCH_N_];
+    size_t         scratch_bytes[IFKC_SCRATCH_N_];
+};
+
+/* Record a message (printf format) and return code. */
+int ifkc_seterr(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Map a CUDA error to an IFKC code and record "what: name: message". */
+int ifkc_cuda_err(cudaError_t e, const char *what);
+int ifkc_blas_err(cublasStatus_t s, const char *what);
+/* A scratch slot of at least nbytes (device memory, contents undefined). */
+int ifkc_scratch(ifkc_dev *d, int slot, size_t nbytes, void **p);
+
+#define IFKC_CK(call, what)                                                                       \
+    do {                                                                                          \
+        cudaError_t e_ = (call);                                                                  \
+        if (e_ != cudaSuccess)                                                                    \
+            return ifkc_cuda_err(e_, what);                                                       \
+    } while (0)
+
+#define IFKC_CKB(call, what)                                                                      \
+    do {                                                                                          \
+        cublasStatus_t s_ = (call);                                                               \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                          \
+            return ifkc_blas_err(s_, what);                                                       \
+    } while (0)
+
+/* After a <<<...>>> launch: a bad configuration is reported now; faults inside the kernel come
+ * with the next synchronizing call (ifkc_download, ifkc_sync). */
+#define IFKC_CKL(name) IFKC_CK(cudaGetLastError(), "launch of " name)
+
+static inline unsigned ifkc_cdiv(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
+
+#endif

@@ -1,0 +1,156 @@
+/*
+ * cuda_kernels.h -- iflow's CUDA kernels behind C entry points (the .cu files of kernels/cuda).
+ *
+ * Contract
+ *   Like kernels/cpu, these know nothing of models, files or options: device pointers, shapes,
+ *   strides. Unlike the CPU kernels they can fail (no driver, no device, out of memory, a
+ *   launch error), so every entry point returns 0 or a negative IFKC_E* code and records a
+ *   one-line message, read with ifkc_errmsg() (thread-local, lowercase, naming the CUDA call
+ *   and the CUDA error: "cudaMalloc of 4.0 GiB on cuda:0: out of memory"). Nothing prints,
+ *   nothing exits. Every CUDA runtime and cuBLAS call is checked.
+ *
+ *   A device handle (ifkc_dev) owns one GPU's stream, its cuBLAS handle and the scratch buffers
+ *   the kernels need (dequantized weight tiles for cuBLAS, F16 copies of activations, the
+ *   partial results of split attention); the caller owns everything else. Operations are
+ *   enqueued on the handle's stream in call order; ifkc_download() and ifkc_sync() wait for
+ *   them. A handle is used by one host thread at a time.
+ *
+ *   Element types: activations are F32. Weights are any iflow type, with the codes of
+ *   kernels/cpu/kernels.h (IFK_F32/F16/BF16) and kernels/cpu/quant.h (IFK_Q8_B32 .. IFK_Q2_B32),
+ *   in the byte layouts those headers define, read in place (a quantized matrix is never
+ *   expanded in device memory; prefill dequantizes a tile at a time into scratch). A weight
+ *   matrix W is [N][K] row-major (a row is ifk_qrow_bytes(type, K) bytes for quantized types),
+ *   and y = x W^T, as on the CPU. KV caches are F32 or F16 (IFK_F32, IFK_F16).
+ *
+ *   Each kernel has a CPU reference it is tested against (tests/gpu/test_cuda.c, make check-gpu):
+ *   ifk_matmul / ifk_qmatmul_ref, ifk_attention, ifk_rmsnorm, ifk_rope, ifk_silu_mul, ifk_add.
+ *
+ *   Built by nvcc when the Makefile finds it (CUDA=1, the default then); `make CUDA=0` leaves
+ *   this directory out and libcore reports that the build has no CUDA.
+ */
+#ifndef IFKC_CUDA_KERNELS_H
+#define IFKC_CUDA_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum {
+    IFKC_OK = 0,
+    IFKC_ENODEV = -1,      /* no CUDA driver, no device, or a device index out of range */
+    IFKC_ENOMEM = -2,      /* device (or pinned host) memory exhausted                  */
+    IFKC_ECUDA = -3,       /* any other CUDA runtime or cuBLAS failure                   */
+    IFKC_EUNSUPPORTED = -4,/* a weight type, KV type or head_dim these kernels lack      */
+    IFKC_EINVAL = -5       /* a bad argument (negative size, NULL pointer)               */
+};
+
+/* The message of the last failure on this thread ("" if none). */
+const char *ifkc_errmsg(void);
+
+/* ---- devices ------------------------------------------------------------------------------ */
+
+/* Number of CUDA devices. With no driver or no GPU this is IFKC_ENODEV with a message saying
+ * which ("no CUDA driver (libcuda.so not found)", "no CUDA-capable device"), never a crash. */
+int ifkc_device_count(int *n);
+
+typedef struct {
+    char     name[96];        /* "NVIDIA H100 80GB HBM3"                          */
+    uint64_t mem_total;       /* bytes                                             */
+    uint64_t mem_free;        /* bytes, at the time of the call                    */
+    int      cc_major, cc_minor;
+    int      sm_count;
+    double   mem_bw_peak;     /* bytes/s from the memory clock and bus width (0 if unknown) */
+    int      runtime_version; /* cudaRuntimeGetVersion, e.g. 13000                 */
+    int      driver_version;  /* cudaDriverGetVersion                              */
+} ifkc_device_info;
+
+int ifkc_device_info_get(int index, ifkc_device_info *out);
+
+typedef struct ifkc_dev ifkc_dev;
+
+/* Open device `index`: a stream and a cuBLAS handle. */
+int  ifkc_open(ifkc_dev **out, int index);
+void ifkc_close(ifkc_dev *d);
+
+/* Device memory. ifkc_malloc'd memory is not zeroed (ifkc_memset0 does that). */
+int  ifkc_malloc(ifkc_dev *d, void **p, size_t nbytes);
+void ifkc_free(ifkc_dev *d, void *p);
+int  ifkc_memset0(ifkc_dev *d, void *p, size_t nbytes);
+/* Host -> device; the host buffer may be reused when this returns. */
+int  ifkc_upload(ifkc_dev *d, void *dst, const void *src, size_t nbytes);
+/* Device -> host; waits for everything enqueued before it. */
+int  ifkc_download(ifkc_dev *d, void *dst, const void *src, size_t nbytes);
+/* Device -> device on the same device. */
+int  ifkc_copy(ifkc_dev *d, void *dst, const void *src, size_t nbytes);
+/* Wait for every enqueued operation; reports an asynchronous kernel fault. */
+int  ifkc_sync(ifkc_dev *d);
+
+/* ---- matrix products (kernels/cuda/matmul.cu) ------------------------------------------------ */
+
+/* 1 if ifkc_matmul computes weights of this type. */
+int ifkc_supports_wtype(int wtype);
+
+/* y[t][n] = sum_k W[n][k] * x[t][k] for 0 <= t < T, 0 <= n < N; x [T][K] at stride ldx, y [T][N]
+ * at stride ldy (elements), all on the device.
+ * T <= IFKC_MATVEC_MAX_T: the decode kernels, which read W once in place for all T rows and
+ * accumulate in F32 (quantized blocks as min * sum(x) + delta * sum(q * x), the padding of a
+ * row's last block skipped). T larger: cuBLAS, F32 weights with SGEMM, F16 and BF16 weights
+ * with tensor cores (x rounded once to the weight's 16-bit type, F32 accumulation), quantized
+ * weights dequantized to F16 a tile of rows at a time into the handle's scratch. */
+#define IFKC_MATVEC_MAX_T 8
+int ifkc_matmul(ifkc_dev *d, float *y, size_t ldy, const void *W, int wtype, const float *x,
+                size_t ldx, int T, int N, int K);
+
+/* ---- attention (kernels/cuda/attention.cu) --------------------------------------------------- */
+
+/* Causal grouped-query attention, the contract of ifk_attention (kernels/cpu/kernels.h):
+ *   q [T][n_heads*head_dim] F32, query t at position pos0 + t; out likewise;
+ *   k, v [n_ctx][n_kv_heads*head_dim] of kv_type (IFK_F32 or IFK_F16), row stride kv_ld
+ *   elements; rows 0 .. pos0+T-1 valid. Query head h reads kv head h / (n_heads/n_kv_heads).
+ * head_dim: 64, 80, 96, 128 or 256 (others: IFKC_EUNSUPPORTED).
+ * T == 1 runs the decoding kernel: the context is split into chunks, each block computes a
+ * partial softmax (running max, sum, weighted V) for its chunk and all query heads of one KV
+ * head, and a second kernel merges the partials (flash-decoding). T > 1 runs the prefill
+ * kernel: query tiles against K/V tiles with an online softmax, so memory stays linear in the
+ * context. Both are also callable alone. */
+int ifkc_attention(ifkc_dev *d, float *out, const float *q, const void *k, const void *v,
+                   int kv_type, size_t kv_ld, int T, int pos0, int n_heads, int n_kv_heads,
+                   int head_dim, float scale);
+int ifkc_attention_decode(ifkc_dev *d, float *out, const float *q, const void *k, const void *v,
+                          int kv_type, size_t kv_ld, int n_pos, int n_heads, int n_kv_heads,
+                          int head_dim, float scale);
+int ifkc_attention_prefill(ifkc_dev *d, float *out, const float *q, const void *k, const void *v,
+                           int kv_type, size_t kv_ld, int T, int pos0, int n_heads,
+                           int n_kv_heads, int head_dim, float scale);
+
+/* Store T rows of n F32 values (src, stride ld_src) into cache rows pos0.. of kv_type (F32 or
+ * F16, round-to-nearest-even), stride ld_dst. */
+int ifkc_kv_store(ifkc_dev *d, void *cache, int kv_type, size_t ld_dst, int pos0,
+                  const float *src, size_t ld_src, int T, int n);
+
+/* ---- element-wise and per-token operations (kernels/cuda/ops.cu) ----------------------------- */
+
+/* y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, for T rows of n (contiguous rows). y may equal x. */
+int ifkc_rmsnorm(ifkc_dev *d, float *y, const float *x, const float *w, int T, int n, float eps);
+/* RoPE in place on T tokens (row stride ld elements) at positions pos0..pos0+T-1; the rest as
+ * ifk_rope (freq_scale: device array [rot_dim/2] or NULL; layout IFK_ROPE_HALF/INTERLEAVED).
+ * Angles are computed in double from pos and the frequency, as the CPU reference does. */
+int ifkc_rope(ifkc_dev *d, float *x, size_t ld, int T, int n_heads, int head_dim, int rot_dim,
+              int pos0, float theta, const float *freq_scale, int layout);
+/* g[i] = silu(g[i]) * u[i] for i < n. */
+int ifkc_silu_mul(ifkc_dev *d, float *g, const float *u, size_t n);
+/* y[i] += x[i] for i < n. */
+int ifkc_add(ifkc_dev *d, float *y, const float *x, size_t n);
+/* y[t][i] += b[i] for T rows of n at stride ldy. */
+int ifkc_add_bias(ifkc_dev *d, float *y, size_t ldy, const float *b, int T, int n);
+/* The index of the largest of x[0..n) (the lowest index among equals), copied to the host. */
+int ifkc_argmax(ifkc_dev *d, int32_t *out, const float *x, int n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

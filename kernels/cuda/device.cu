@@ -1,0 +1,225 @@
+/* device.cu -- devices, memory, copies, error messages. See cuda_kernels.h and common.cuh. */
+#include "kernels/cuda/common.cuh"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static __thread char errmsg[512];
+
+const char *ifkc_errmsg(void) { return errmsg; }
+
+int ifkc_seterr(int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(errmsg, sizeof errmsg, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+int ifkc_cuda_err(cudaError_t e, const char *what)
+{
+    int code = IFKC_ECUDA;
+    if (e == cudaErrorMemoryAllocation)
+        code = IFKC_ENOMEM;
+    else if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver || e == cudaErrorInvalidDevice)
+        code = IFKC_ENODEV;
+    cudaGetLastError(); /* clear a sticky-free error so the next call starts clean */
+    return ifkc_seterr(code, "%s: %s: %s", what, cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+int ifkc_blas_err(cublasStatus_t s, const char *what)
+{
+    int code = s == CUBLAS_STATUS_ALLOC_FAILED ? IFKC_ENOMEM : IFKC_ECUDA;
+    return ifkc_seterr(code, "%s: %s: %s", what, cublasGetStatusName(s), cublasGetStatusString(s));
+}
+
+int ifkc_device_count(int *n)
+{
+    *n = 0;
+    cudaError_t e = cudaGetDeviceCount(n);
+    if (e == cudaErrorInsufficientDriver) {
+        *n = 0;
+        cudaGetLastError();
+        return ifkc_seterr(IFKC_ENODEV, "no CUDA driver (libcuda.so is missing or older than the CUDA %d.%d runtime)",
+                           CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
+    }
+    if (e == cudaErrorNoDevice || (e == cudaSuccess && *n == 0)) {
+        *n = 0;
+        cudaGetLastError();
+        return ifkc_seterr(IFKC_ENODEV, "no CUDA-capable device");
+    }
+    if (e != cudaSuccess) {
+        *n = 0;
+        return ifkc_cuda_err(e, "cudaGetDeviceCount");
+    }
+    return 0;
+}
+
+int ifkc_device_info_get(int index, ifkc_device_info *out)
+{
+    int n;
+    int rc = ifkc_device_count(&n);
+    memset(out, 0, sizeof *out);
+    if (rc)
+        return rc;
+    if (index < 0 || index >= n)
+        return ifkc_seterr(IFKC_ENODEV, "no device cuda:%d (%d device%s)", index, n, n == 1 ? "" : "s");
+    cudaDeviceProp p;
+    IFKC_CK(cudaGetDeviceProperties(&p, index), "cudaGetDeviceProperties");
+    snprintf(out->name, sizeof out->name, "%.95s", p.name);
+    out->cc_major = p.major;
+    out->cc_minor = p.minor;
+    out->sm_count = p.multiProcessorCount;
+    int clock_khz = 0, bus_bits = 0;
+    if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, index) == cudaSuccess &&
+        cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, index) == cudaSuccess)
+        out->mem_bw_peak = 2.0 * clock_khz * 1e3 * (bus_bits / 8.0); /* double data rate */
+    cudaGetLastError();
+    IFKC_CK(cudaRuntimeGetVersion(&out->runtime_version), "cudaRuntimeGetVersion");
+    IFKC_CK(cudaDriverGetVersion(&out->driver_version), "cudaDriverGetVersion");
+    int cur;
+    IFKC_CK(cudaGetDevice(&cur), "cudaGetDevice");
+    IFKC_CK(cudaSetDevice(index), "cudaSetDevice");
+    size_t fr = 0, tot = 0;
+    cudaError_t e = cudaMemGetInfo(&fr, &tot);
+    cudaSetDevice(cur);
+    if (e != cudaSuccess)
+        return ifkc_cuda_err(e, "cudaMemGetInfo");
+    out->mem_free = fr;
+    out->mem_total = tot;
+    return 0;
+}
+
+int ifkc_open(ifkc_dev **out, int index)
+{
+    *out = NULL;
+    ifkc_device_info info;
+    int rc = ifkc_device_info_get(index, &info);
+    if (rc)
+        return rc;
+    ifkc_dev *d = (ifkc_dev *)calloc(1, sizeof *d);
+    if (!d)
+        return ifkc_seterr(IFKC_ENOMEM, "out of host memory");
+    d->index = index;
+    d->sm_count = info.sm_count;
+    cudaError_t e = cudaSetDevice(index);
+    if (e == cudaSuccess)
+        e = cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        free(d);
+        return ifkc_cuda_err(e, "opening cuda device");
+    }
+    cublasStatus_t s = cublasCreate(&d->blas);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasSetStream(d->blas, d->stream);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        rc = ifkc_blas_err(s, "cublasCreate");
+        if (d->blas)
+            cublasDestroy(d->blas);
+        cudaStreamDestroy(d->stream);
+        free(d);
+        return rc;
+    }
+    *out = d;
+    return 0;
+}
+
+void ifkc_close(ifkc_dev *d)
+{
+    if (!d)
+        return;
+    cudaSetDevice(d->index);
+    cudaStreamSynchronize(d->stream);
+    for (int i = 0; i < IFKC_SCRATCH_N_; i++)
+        cudaFree(d->scratch[i]);
+    cublasDestroy(d->blas);
+    cudaStreamDestroy(d->stream);
+    free(d);
+}
+
+static void human(char *buf, size_t n, size_t bytes)
+{
+    if (bytes >= (1ull << 30))
+        snprintf(buf, n, "%.1f GiB", bytes / 1073741824.0);
+    else if (bytes >= (1ull << 20))
+        snprintf(buf, n, "%.1f MiB", bytes / 1048576.0);
+    else
+        snprintf(buf, n, "%zu bytes", bytes);
+}
+
+int ifkc_malloc(ifkc_dev *d, void **p, size_t nbytes)
+{
+    *p = NULL;
+    IFKC_CK(cudaSetDevice(d->index), "cudaSetDevice");
+    cudaError_t e = cudaMalloc(p, nbytes ? nbytes : 1);
+    if (e != cudaSuccess) {
+        char h[32], what[96];
+        human(h, sizeof h, nbytes);
+        snprintf(what, sizeof what, "cudaMalloc of %s on cuda:%d", h, d->index);
+        *p = NULL;
+        return ifkc_cuda_err(e, what);
+    }
+    return 0;
+}
+
+void ifkc_free(ifkc_dev *d, void *p)
+{
+    if (p) {
+        cudaSetDevice(d->index);
+        cudaFree(p);
+    }
+}
+
+int ifkc_scratch(ifkc_dev *d, int slot, size_t nbytes, void **p)
+{
+    if (d->scratch_bytes[slot] < nbytes) {
+        /* Kernels still queued may read the old buffer: wait before freeing it. */
+        IFKC_CK(cudaStreamSynchronize(d->stream), "cudaStreamSynchronize");
+        cudaFree(d->scratch[slot]);
+        d->scratch[slot] = NULL;
+        d->scratch_bytes[slot] = 0;
+        int rc = ifkc_malloc(d, &d->scratch[slot], nbytes);
+        if (rc)
+            return rc;
+        d->scratch_bytes[slot] = nbytes;
+    }
+    *p = d->scratch[slot];
+    return 0;
+}
+
+int ifkc_memset0(ifkc_dev *d, void *p, size_t nbytes)
+{
+    IFKC_CK(cudaMemsetAsync(p, 0, nbytes, d->stream), "cudaMemsetAsync");
+    return 0;
+}
+
+int ifkc_upload(ifkc_dev *d, void *dst, const void *src, size_t nbytes)
+{
+    /* From pageable memory the copy is staged by the driver and the call returns when src may
+     * be reused; the stream orders it with the kernels around it. */
+    IFKC_CK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, d->stream), "cudaMemcpy host to device");
+    IFKC_CK(cudaStreamSynchronize(d->stream), "cudaStreamSynchronize after upload");
+    return 0;
+}
+
+int ifkc_download(ifkc_dev *d, void *dst, const void *src, size_t nbytes)
+{
+    IFKC_CK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, d->stream), "cudaMemcpy device to host");
+    IFKC_CK(cudaStreamSynchronize(d->stream), "cudaStreamSynchronize after download");
+    return 0;
+}
+
+int ifkc_copy(ifkc_dev *d, void *dst, const void *src, size_t nbytes)
+{
+    IFKC_CK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, d->stream), "cudaMemcpy device to device");
+    return 0;
+}
+
+int ifkc_sync(ifkc_dev *d)
+{
+    IFKC_CK(cudaStreamSynchronize(d->stream), "cudaStreamSynchronize");
+    return 0;
+}

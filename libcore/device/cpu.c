@@ -1,0 +1,169 @@
+/* cpu.c -- the CPU device: today's kernels (kernels/cpu) behind the device vtable. See device.h.
+ *
+ * Memory is the host's, so weights are used in place from the model's mapping and upload /
+ * download are memcpy. Every operation runs to completion before it returns and never fails.
+ */
+#include "device_impl.h"
+#include "libcore/base/error.h"
+#include "kernels/cpu/kernels.h"
+
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void cpu_close(iflow_device *d) { free(d); }
+
+static int cpu_alloc(iflow_device *d, void **p, size_t nbytes)
+{
+    /* calloc: a large KV cache is zero pages until the context grows into it. */
+    *p = calloc(1, nbytes ? nbytes : 1);
+    if (!*p) {
+        char h[32];
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory allocating %s on the cpu", iflow_bytes_str(h, sizeof h, nbytes));
+    }
+    return 0;
+}
+
+static void cpu_free(iflow_device *d, void *p) { free(p); }
+
+static int cpu_copy(iflow_device *d, void *dst, const void *src, size_t nbytes)
+{
+    if (dst != src)
+        memmove(dst, src, nbytes);
+    return 0;
+}
+
+static int cpu_supports(const iflow_device *d, int wtype) { return 1; /* every type has a CPU kernel */ }
+
+static int cpu_matmul(iflow_device *d, float *y, size_t ldy, const void *W, int wtype, const float *x, size_t ldx,
+                      int T, int N, int K)
+{
+    ifk_matmul(y, ldy, W, wtype, x, ldx, T, N, K, d->n_threads);
+    return 0;
+}
+
+static int cpu_rmsnorm(iflow_device *d, float *y, const float *x, const float *w, int T, int n, float eps)
+{
+    for (int t = 0; t < T; t++)
+        ifk_rmsnorm(y + (size_t)t * n, x + (size_t)t * n, w, n, eps);
+    return 0;
+}
+
+static int cpu_rope(iflow_device *d, float *x, size_t ld, int T, int n_heads, int head_dim, int rot_dim, int pos0,
+                    float theta, const float *freq_scale, int layout)
+{
+    for (int t = 0; t < T; t++)
+        ifk_rope(x + (size_t)t * ld, n_heads, head_dim, rot_dim, pos0 + t, theta, freq_scale, layout);
+    return 0;
+}
+
+static int cpu_attention(iflow_device *d, float *out, const float *q, const float *k, const float *v, size_t kv_ld,
+                         int T, int pos0, int n_heads, int n_kv_heads, int head_dim, float scale)
+{
+    ifk_attention(out, q, k, v, kv_ld, T, pos0, n_heads, n_kv_heads, head_dim, scale, d->n_threads);
+    return 0;
+}
+
+static int cpu_silu_mul(iflow_device *d, float *g, const float *u, size_t n)
+{
+    ifk_silu_mul(g, u, (int)n);
+    return 0;
+}
+
+static int cpu_add(iflow_device *d, float *y, const float *x, size_t n)
+{
+    ifk_add(y, x, (int)n);
+    return 0;
+}
+
+static int cpu_add_bias(iflow_device *d, float *y, size_t ldy, const float *b, int T, int n)
+{
+    for (int t = 0; t < T; t++)
+        ifk_add(y + (size_t)t * ldy, b, n);
+    return 0;
+}
+
+static int cpu_argmax(iflow_device *d, int32_t *out, const float *x, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    *out = best;
+    return 0;
+}
+
+static int cpu_query(const iflow_device *d, iflow_device_info *info)
+{
+    iflow_cpu_info(info);
+    return 0;
+}
+
+static const iflow_device_ops cpu_ops = {
+    cpu_close, cpu_query, cpu_alloc, cpu_free, cpu_copy, cpu_copy, cpu_supports, cpu_matmul, cpu_rmsnorm,
+    cpu_rope, cpu_attention, cpu_silu_mul, cpu_add, cpu_add_bias, cpu_argmax,
+};
+
+/* The CPU's brand string, from /proc/cpuinfo ("" if unreadable). */
+static void cpu_model(char *buf, size_t n)
+{
+    char line[256];
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    buf[0] = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, "model name", 10) == 0) {
+            char *v = strchr(line, ':');
+            if (v) {
+                v += 1 + (v[1] == ' ');
+                v[strcspn(v, "\n")] = 0;
+                snprintf(buf, n, "%s", v);
+            }
+            break;
+        }
+    if (f)
+        fclose(f);
+}
+
+/* MemTotal and MemAvailable from /proc/meminfo (0 if unreadable). */
+static void cpu_memory(uint64_t *total, uint64_t *avail)
+{
+    char line[256];
+    unsigned long long kb;
+    FILE *f = fopen("/proc/meminfo", "r");
+    *total = *avail = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        if (sscanf(line, "MemTotal: %llu kB", &kb) == 1)
+            *total = kb * 1024;
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+            *avail = kb * 1024;
+    }
+    if (f)
+        fclose(f);
+}
+
+void iflow_cpu_info(iflow_device_info *info)
+{
+    memset(info, 0, sizeof *info);
+    info->kind = IFLOW_DEVICE_CPU;
+    snprintf(info->name, sizeof info->name, "cpu");
+    cpu_model(info->model, sizeof info->model);
+    cpu_memory(&info->mem_total, &info->mem_free);
+    info->units = omp_get_num_procs();
+    snprintf(info->detail, sizeof info->detail, "kernels %s", ifk_isa_name(ifk_isa_current()));
+}
+
+int iflow_cpu_open(iflow_device **out, int n_threads)
+{
+    iflow_device *d = calloc(1, sizeof *d);
+    *out = NULL;
+    if (!d)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    d->ops = &cpu_ops;
+    d->host_memory = 1;
+    d->n_threads = n_threads > 0 ? n_threads : omp_get_num_procs();
+    iflow_cpu_info(&d->info);
+    *out = d;
+    return 0;
+}

@@ -1,0 +1,177 @@
+/* cuda.c -- the CUDA device: kernels/cuda's C entry points behind the device vtable. See device.h.
+ *
+ * Built in every configuration: with IFLOW_HAVE_CUDA (make found nvcc) it calls kernels/cuda;
+ * without, opening a CUDA device says that the build has none. kernels/cuda reports failures
+ * as IFKC_E* codes with their own message; each is turned into an IFLOW_E* code here with the
+ * message kept.
+ */
+#include "device_impl.h"
+#include "libcore/base/error.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if IFLOW_HAVE_CUDA
+
+#include "kernels/cpu/kernels.h"
+#include "kernels/cuda/cuda_kernels.h"
+
+/* An IFKC_E* code as an IFLOW_E* code, the message carried over, prefixed with the device. */
+static int fail(const iflow_device *d, int rc)
+{
+    int code = rc == IFKC_ENOMEM        ? IFLOW_ENOMEM
+               : rc == IFKC_ENODEV      ? IFLOW_ENOTFOUND
+               : rc == IFKC_EUNSUPPORTED ? IFLOW_EUNSUPPORTED
+               : rc == IFKC_EINVAL      ? IFLOW_EINVAL
+                                         : IFLOW_EIO;
+    if (d)
+        return iflow_seterr(code, "%s: %s", d->info.name, ifkc_errmsg());
+    return iflow_seterr(code, "%s", ifkc_errmsg());
+}
+
+#define DEV(d) ((ifkc_dev *)(d)->impl)
+#define CALL(d, expr) do { int rc_ = (expr); return rc_ ? fail(d, rc_) : 0; } while (0)
+
+static void cu_close(iflow_device *d)
+{
+    ifkc_close(DEV(d));
+    free(d);
+}
+
+static int cu_alloc(iflow_device *d, void **p, size_t n)
+{
+    int rc = ifkc_malloc(DEV(d), p, n);
+    if (rc == 0 && (rc = ifkc_memset0(DEV(d), *p, n)) != 0) {
+        ifkc_free(DEV(d), *p);
+        *p = NULL;
+    }
+    return rc ? fail(d, rc) : 0;
+}
+
+static void cu_free(iflow_device *d, void *p) { ifkc_free(DEV(d), p); }
+static int cu_upload(iflow_device *d, void *dst, const void *src, size_t n) { CALL(d, ifkc_upload(DEV(d), dst, src, n)); }
+static int cu_download(iflow_device *d, void *dst, const void *src, size_t n) { CALL(d, ifkc_download(DEV(d), dst, src, n)); }
+static int cu_supports(const iflow_device *d, int wtype) { return ifkc_supports_wtype(wtype); }
+
+static int cu_matmul(iflow_device *d, float *y, size_t ldy, const void *W, int wtype, const float *x, size_t ldx, int T,
+                     int N, int K)
+{
+    CALL(d, ifkc_matmul(DEV(d), y, ldy, W, wtype, x, ldx, T, N, K));
+}
+
+static int cu_rmsnorm(iflow_device *d, float *y, const float *x, const float *w, int T, int n, float eps)
+{
+    CALL(d, ifkc_rmsnorm(DEV(d), y, x, w, T, n, eps));
+}
+
+static int cu_rope(iflow_device *d, float *x, size_t ld, int T, int n_heads, int head_dim, int rot_dim, int pos0,
+                   float theta, const float *freq_scale, int layout)
+{
+    CALL(d, ifkc_rope(DEV(d), x, ld, T, n_heads, head_dim, rot_dim, pos0, theta, freq_scale, layout));
+}
+
+static int cu_attention(iflow_device *d, float *out, const float *q, const float *k, const float *v, size_t kv_ld,
+                        int T, int pos0, int n_heads, int n_kv_heads, int head_dim, float scale)
+{
+    CALL(d, ifkc_attention(DEV(d), out, q, k, v, IFK_F32, kv_ld, T, pos0, n_heads, n_kv_heads, head_dim, scale));
+}
+
+static int cu_silu_mul(iflow_device *d, float *g, const float *u, size_t n) { CALL(d, ifkc_silu_mul(DEV(d), g, u, n)); }
+static int cu_add(iflow_device *d, float *y, const float *x, size_t n) { CALL(d, ifkc_add(DEV(d), y, x, n)); }
+
+static int cu_add_bias(iflow_device *d, float *y, size_t ldy, const float *b, int T, int n)
+{
+    CALL(d, ifkc_add_bias(DEV(d), y, ldy, b, T, n));
+}
+
+static int cu_argmax(iflow_device *d, int32_t *out, const float *x, int n) { CALL(d, ifkc_argmax(DEV(d), out, x, n)); }
+
+static int cu_query(const iflow_device *d, iflow_device_info *info) { return iflow_cuda_info(d->info.index, info); }
+
+static const iflow_device_ops cuda_ops = {
+    cu_close, cu_query, cu_alloc, cu_free, cu_upload, cu_download, cu_supports, cu_matmul, cu_rmsnorm,
+    cu_rope, cu_attention, cu_silu_mul, cu_add, cu_add_bias, cu_argmax,
+};
+
+int iflow_cuda_count(const char **why)
+{
+    int n = 0;
+    if (ifkc_device_count(&n) < 0) {
+        static __thread char msg[512];
+        snprintf(msg, sizeof msg, "%s", ifkc_errmsg());
+        *why = msg;
+        return 0;
+    }
+    *why = NULL;
+    return n;
+}
+
+int iflow_cuda_info(int index, iflow_device_info *info)
+{
+    ifkc_device_info k;
+    memset(info, 0, sizeof *info);
+    int rc = ifkc_device_info_get(index, &k);
+    if (rc)
+        return fail(NULL, rc);
+    info->kind = IFLOW_DEVICE_CUDA;
+    info->index = index;
+    snprintf(info->name, sizeof info->name, "cuda:%d", index);
+    snprintf(info->model, sizeof info->model, "%s", k.name);
+    info->mem_total = k.mem_total;
+    info->mem_free = k.mem_free;
+    info->units = k.sm_count;
+    info->cc_major = k.cc_major;
+    info->cc_minor = k.cc_minor;
+    info->mem_bw_peak = k.mem_bw_peak;
+    snprintf(info->detail, sizeof info->detail, "cuda driver %d.%d, runtime %d.%d", k.driver_version / 1000,
+             k.driver_version % 1000 / 10, k.runtime_version / 1000, k.runtime_version % 1000 / 10);
+    return 0;
+}
+
+int iflow_cuda_open(iflow_device **out, int index)
+{
+    *out = NULL;
+    iflow_device *d = calloc(1, sizeof *d);
+    if (!d)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    int rc = iflow_cuda_info(index, &d->info);
+    if (rc == 0) {
+        ifkc_dev *k;
+        if ((rc = ifkc_open(&k, index)) < 0)
+            rc = fail(NULL, rc);
+        else
+            d->impl = k;
+    }
+    if (rc < 0) {
+        free(d);
+        return iflow_preperr(rc, "cannot open cuda:%d", index);
+    }
+    d->ops = &cuda_ops;
+    *out = d;
+    return 0;
+}
+
+#else /* no CUDA in this build */
+
+static const char no_cuda[] = "this build has no CUDA (built with CUDA=0 or without nvcc)";
+
+int iflow_cuda_count(const char **why)
+{
+    *why = no_cuda;
+    return 0;
+}
+
+int iflow_cuda_info(int index, iflow_device_info *info)
+{
+    memset(info, 0, sizeof *info);
+    return iflow_seterr(IFLOW_EUNSUPPORTED, "%s", no_cuda);
+}
+
+int iflow_cuda_open(iflow_device **out, int index)
+{
+    *out = NULL;
+    return iflow_seterr(IFLOW_EUNSUPPORTED, "cannot open cuda:%d: %s", index, no_cuda);
+}
+
+#endif

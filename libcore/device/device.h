@@ -1,0 +1,122 @@
+/*
+ * device.h -- where the forward pass computes: a device owns memory and runs operations.
+ *
+ * Contract
+ *   A device (iflow_device) is a vtable (iflow_device_ops) plus what it says of itself
+ *   (iflow_device_info). Two backends exist: the CPU (libcore/device/cpu.c, over kernels/cpu)
+ *   and CUDA (libcore/device/cuda.c, over kernels/cuda's C entry points). The engine
+ *   (libcore/engine/model.c) is written once against the ops below and never asks which
+ *   backend it runs on; which device runs which layer is data (iflow_placement in model.h), so
+ *   a partition plan plugs in without a new code path.
+ *
+ *   Memory. Every pointer an op takes is memory of that device: from its alloc(), or weights
+ *   placed on it with iflow_device_put(). A device whose memory is the host's (`host_memory`,
+ *   the CPU) uses weights in place from the model's mapping, so putting them costs nothing;
+ *   any other device copies them once. upload()/download() move bytes between the host and the
+ *   device; download() waits for every operation enqueued before it, so operations may run
+ *   asynchronously in between (CUDA enqueues them on one stream).
+ *
+ *   Operations have the contracts of the CPU kernels they are named after (kernels/cpu/
+ *   kernels.h): matmul is ifk_matmul (weights of any iflow type; y = x W^T), rmsnorm runs over
+ *   T contiguous rows, rope over T rows at positions pos0.., attention is ifk_attention over an
+ *   F32 KV cache. Each returns 0 or a negative IFLOW_E* code with the message set (a CUDA
+ *   failure names the CUDA call and error); CPU operations never fail.
+ *
+ *   Lifecycle: iflow_device_open() / iflow_device_close(). A device is used by one thread at a
+ *   time; close it after everything placed on it (models, contexts) is closed.
+ */
+#ifndef IFLOW_DEVICE_H
+#define IFLOW_DEVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum { IFLOW_DEVICE_CPU = 0, IFLOW_DEVICE_CUDA = 1 };
+
+typedef struct {
+    int      kind;             /* IFLOW_DEVICE_CPU or IFLOW_DEVICE_CUDA                       */
+    int      index;            /* cuda:N; 0 for the CPU                                       */
+    char     name[16];         /* "cpu", "cuda:0"                                             */
+    char     model[96];        /* "NVIDIA H100 80GB HBM3"; the CPU's brand string             */
+    uint64_t mem_total;        /* bytes (the CPU: physical memory)                           */
+    uint64_t mem_free;         /* bytes available when asked (the CPU: MemAvailable)          */
+    int      units;            /* streaming multiprocessors; the CPU: cores                  */
+    int      cc_major, cc_minor; /* CUDA compute capability; 0 for the CPU                   */
+    double   mem_bw_peak;      /* bytes/s from clocks and bus width; 0 if unknown (the CPU)   */
+    char     detail[64];       /* "kernels avx512gfni"; "driver 13.0, runtime 13.0"          */
+} iflow_device_info;
+
+typedef struct iflow_device iflow_device;
+
+typedef struct {
+    void (*close)(iflow_device *d);
+    /* What the device says of itself now (free memory re-read). */
+    int  (*query)(const iflow_device *d, iflow_device_info *info);
+    int  (*alloc)(iflow_device *d, void **p, size_t nbytes);              /* zeroed memory */
+    void (*free)(iflow_device *d, void *p);
+    int  (*upload)(iflow_device *d, void *dst, const void *src, size_t nbytes);
+    int  (*download)(iflow_device *d, void *dst, const void *src, size_t nbytes);
+    /* 1 if matmul computes weights of this iflow dtype code. */
+    int  (*supports)(const iflow_device *d, int wtype);
+    /* y [T][N] at ldy = x [T][K] at ldx times W [N][K]^T. */
+    int  (*matmul)(iflow_device *d, float *y, size_t ldy, const void *W, int wtype, const float *x,
+                   size_t ldx, int T, int N, int K);
+    /* y[t] = rmsnorm(x[t]) * w for T contiguous rows of n. */
+    int  (*rmsnorm)(iflow_device *d, float *y, const float *x, const float *w, int T, int n, float eps);
+    /* RoPE in place, T rows of n_heads*head_dim at stride ld, positions pos0..; freq_scale
+     * [rot_dim/2] on this device or NULL. */
+    int  (*rope)(iflow_device *d, float *x, size_t ld, int T, int n_heads, int head_dim, int rot_dim,
+                 int pos0, float theta, const float *freq_scale, int layout);
+    /* ifk_attention: out, q [T][n_heads*head_dim]; k, v F32 cache rows at stride kv_ld. */
+    int  (*attention)(iflow_device *d, float *out, const float *q, const float *k, const float *v,
+                      size_t kv_ld, int T, int pos0, int n_heads, int n_kv_heads, int head_dim, float scale);
+    int  (*silu_mul)(iflow_device *d, float *g, const float *u, size_t n);   /* g = silu(g) * u */
+    int  (*add)(iflow_device *d, float *y, const float *x, size_t n);        /* y += x          */
+    /* y[t][i] += b[i], T rows of n at stride ldy. */
+    int  (*add_bias)(iflow_device *d, float *y, size_t ldy, const float *b, int T, int n);
+    /* *out (host) = index of the largest of x[0..n), the lowest among equals. */
+    int  (*argmax)(iflow_device *d, int32_t *out, const float *x, int n);
+} iflow_device_ops;
+
+struct iflow_device {
+    const iflow_device_ops *ops;
+    iflow_device_info info;
+    int   host_memory;   /* device memory is host memory: weights are used in place */
+    int   n_threads;     /* CPU: threads per operation (<= 0: all cores)           */
+    void *impl;          /* the backend's own state                                 */
+};
+
+/* Open a device by name: "cpu", "cuda" (= cuda:0) or "cuda:N". n_threads is the CPU's thread
+ * count (<= 0: all cores). A CUDA device in a build without CUDA, or on a machine without a
+ * driver or GPU, is IFLOW_EUNSUPPORTED or IFLOW_ENOTFOUND with the reason in the message. */
+int  iflow_device_open(iflow_device **out, const char *name, int n_threads);
+void iflow_device_close(iflow_device *d);
+
+/* "auto": cuda:0 when one can be opened, else the CPU. *fallback (may be NULL) receives why
+ * the CPU was chosen (a static or thread-local string; "" when a GPU was opened). */
+int  iflow_device_open_auto(iflow_device **out, int n_threads, const char **fallback);
+
+/* Every device this process can use: the CPU first, then cuda:0.. . *n receives the count
+ * (at most cap are written). Never fails because there is no GPU; iflow_device_cuda_status()
+ * then says why there is none. */
+int  iflow_device_list(iflow_device_info *out, int cap, int *n);
+/* What d says of itself now (its query op; d NULL: the CPU). */
+int  iflow_device_query(const iflow_device *d, iflow_device_info *info);
+
+/* "cuda 13.0 runtime, 1 device"; or why CUDA is unavailable ("this build has no CUDA (built
+ * with CUDA=0)", "no CUDA driver ...", "no CUDA-capable device"). Thread-local string. */
+const char *iflow_device_cuda_status(void);
+
+/* Make n bytes of host data available on d: *out = host itself on a host-memory device (or d
+ * NULL, the host), else a new device copy (free it with iflow_device_unput). */
+int  iflow_device_put(iflow_device *d, const void **out, const void *host, size_t n);
+void iflow_device_unput(iflow_device *d, const void *p);
+
+/* Copy n bytes from src on device a to dst on device b (through the host where neither is the
+ * host; stage is a host buffer of at least n bytes for that case). */
+int  iflow_device_transfer(iflow_device *b, void *dst, iflow_device *a, const void *src, size_t n, void *stage);
+
+/* Bytes as "1.5 GiB", "12.0 MiB", "512 bytes" into buf. Returns buf. */
+const char *iflow_bytes_str(char *buf, size_t n, uint64_t bytes);
+
+#endif

@@ -1,0 +1,18 @@
+/*
+ * device_impl.h -- what the backends (cpu.c, cuda.c) give device.c. Internal to libcore/device.
+ */
+#ifndef IFLOW_DEVICE_IMPL_H
+#define IFLOW_DEVICE_IMPL_H
+
+#include "device.h"
+
+int  iflow_cpu_open(iflow_device **out, int n_threads);
+void iflow_cpu_info(iflow_device_info *info);
+
+/* CUDA (cuda.c): in a build without CUDA these say so with IFLOW_EUNSUPPORTED. */
+int  iflow_cuda_open(iflow_device **out, int index);
+/* Number of CUDA devices, 0 with *why set when there are none. */
+int  iflow_cuda_count(const char **why);
+int  iflow_cuda_info(int index, iflow_device_info *info);
+
+#endif

@@ -1,0 +1,299 @@
+/*
+ * test_device.c -- the device layer and placement, on the CPU.
+ *
+ * What a GPU adds is tested by tests/gpu (make check-gpu). Here:
+ *   - devices by name, the device list, the CUDA status when there is no GPU (or no CUDA);
+ *   - layer placement over several CPU devices gives logits bit-identical to one device (the
+ *     same kernels in the same order: only where the hidden state lives changes);
+ *   - a "detached" CPU device (host_memory = 0: weights copied to its own memory, activations
+ *     crossing by upload/download, logits copied back) exercises every path a GPU device takes
+ *     through the engine, also bit-identical;
+ *   - iflow_ctx_eval_argmax equals the argmax of the logits;
+ *   - placement errors: bad indices, a weight type a device has no kernel for (named), a device
+ *     without the memory (named, with the bytes missing), all before anything is copied.
+ */
+#include "tests/unit/testlib.h"
+#include "libcore/base/dtype.h"
+#include "libcore/device/device.h"
+#include "libcore/engine/model.h"
+#include "libcore/formats/quant.h"
+
+#include <math.h>
+
+static char dir[] = "/tmp/iflow-test-device-XXXXXX";
+static char s_f32[512], s_q4[512];
+
+/* ---- a CPU device that pretends its memory is not the host's ---- */
+
+static iflow_device_ops detached_ops;
+static uint64_t detached_free = 0;    /* 0: as much as the machine has */
+static int detached_refuses = -1;     /* a weight type it claims to lack (-1: none) */
+static int detached_allocs, detached_frees;
+
+static int detached_alloc(iflow_device *d, void **p, size_t n)
+{
+    *p = calloc(1, n ? n : 1);
+    detached_allocs += *p != NULL;
+    return *p ? 0 : iflow_seterr(IFLOW_ENOMEM, "detached: out of memory");
+}
+
+static void detached_free_fn(iflow_device *d, void *p)
+{
+    detached_frees += p != NULL;
+    free(p);
+}
+
+static int detached_query(const iflow_device *d, iflow_device_info *info)
+{
+    *info = d->info;
+    if (detached_free)
+        info->mem_free = detached_free;
+    return 0;
+}
+
+static int detached_supports(const iflow_device *d, int wtype) { return wtype != detached_refuses; }
+
+/* A CPU device whose memory the engine must treat as foreign. */
+static iflow_device *open_detached(const char *name, int threads)
+{
+    iflow_device *d;
+    if (iflow_device_open(&d, "cpu", threads) < 0)
+        return NULL;
+    detached_ops = *d->ops;
+    detached_ops.alloc = detached_alloc;
+    detached_ops.free = detached_free_fn;
+    detached_ops.query = detached_query;
+    detached_ops.supports = detached_supports;
+    d->ops = &detached_ops;
+    d->host_memory = 0;
+    snprintf(d->info.name, sizeof d->info.name, "%s", name);
+    return d;
+}
+
+/* ---- helpers ---- */
+
+#define N_PROMPT 9
+#define N_DECODE 6
+static const int32_t prompt[N_PROMPT] = {1, 403, 407, 261, 378, 432, 383, 286, 261};
+
+/* Prefill logits [N_PROMPT][vocab] then N_DECODE greedy steps' logits, into out (malloc'd). */
+static float *run_model(iflow_model *m, int *n_out)
+{
+    int V = iflow_model_hparams(m)->vocab_size, n = (N_PROMPT + N_DECODE) * V;
+    float *out = calloc((size_t)n, sizeof(float));
+    iflow_ctx *c;
+    int rc = iflow_ctx_open(&c, m, 64, 1);
+    CHECK(rc == 0, "ctx open: %s", iflow_errmsg());
+    if (rc) {
+        free(out);
+        return NULL;
+    }
+    CHECK(iflow_ctx_eval(c, prompt, N_PROMPT, out, 1) == 0, "prefill: %s", iflow_errmsg());
+    float *last = out + (size_t)(N_PROMPT - 1) * V;
+    for (int s = 0; s < N_DECODE; s++) {
+        int32_t next = 0;
+        for (int i = 1; i < V; i++)
+            if (last[i] > last[next])
+                next = i;
+        float *dst = out + (size_t)(N_PROMPT + s) * V;
+        CHECK(iflow_ctx_eval(c, &next, 1, dst, 0) == 0, "decode: %s", iflow_errmsg());
+        last = dst;
+    }
+    iflow_ctx_close(c);
+    *n_out = n;
+    return out;
+}
+
+static int bit_identical(const float *a, const float *b, int n)
+{
+    return memcmp(a, b, (size_t)n * sizeof(float)) == 0;
+}
+
+/* ---- tests ---- */
+
+static void test_names_and_list(void)
+{
+    iflow_device *d;
+    CHECK(iflow_device_open(&d, "cpu", 1) == 0, "cpu opens");
+    CHECK(d->host_memory && d->info.kind == IFLOW_DEVICE_CPU && strcmp(d->info.name, "cpu") == 0, "cpu info");
+    CHECK(d->info.units >= 1 && d->info.mem_total > 0, "cpu has cores and memory");
+    iflow_device_close(d);
+    int rc = iflow_device_open(&d, "tpu:0", 1);
+    CHECK_ERR(rc, IFLOW_EINVAL, "tpu:0", "unknown device");
+    rc = iflow_device_open(&d, "cuda:x", 1);
+    CHECK_ERR(rc, IFLOW_EINVAL, "cuda:x", "unknown device");
+
+    iflow_device_info list[8];
+    int n = 0;
+    CHECK(iflow_device_list(list, 8, &n) == 0 && n >= 1, "list");
+    CHECK(list[0].kind == IFLOW_DEVICE_CPU, "the cpu comes first");
+    const char *status = iflow_device_cuda_status();
+    CHECK(status && *status && !strchr(status, '\n'), "cuda status is one line: '%s'", status);
+    if (n == 1) {
+        /* No GPU here (or no CUDA in this build): asking for one fails with the reason. */
+        rc = iflow_device_open(&d, "cuda", 1);
+        CHECK(rc == IFLOW_EUNSUPPORTED || rc == IFLOW_ENOTFOUND, "cuda without a gpu: rc %d", rc);
+        CHECK(strstr(iflow_errmsg(), "cuda:0") != NULL, "message names cuda:0: %s", iflow_errmsg());
+        const char *why = NULL;
+        CHECK(iflow_device_open_auto(&d, 1, &why) == 0 && d->info.kind == IFLOW_DEVICE_CPU, "auto falls back to the cpu");
+        CHECK(why && *why, "auto says why: '%s'", why ? why : "(null)");
+        iflow_device_close(d);
+    }
+}
+
+/* Every way of splitting stories260K's 5 layers over 2 and 3 CPU devices gives the same bits. */
+static void test_layer_split_identical(void)
+{
+    iflow_model *m;
+    int n_ref, n;
+    CHECK(iflow_model_open(&m, s_f32, 0) == 0, "open: %s", iflow_errmsg());
+    float *ref = run_model(m, &n_ref);
+    int L = iflow_model_hparams(m)->n_layers;
+    iflow_device *cpu[3];
+    for (int i = 0; i < 3; i++)
+        iflow_device_open(&cpu[i], "cpu", i + 1); /* thread counts differ too */
+    int splits[][8] = {{0, 0, 0, 1, 1}, {1, 0, 0, 0, 0}, {0, 1, 0, 1, 0}, {0, 1, 2, 2, 1}, {2, 2, 2, 2, 2}};
+    int outs[] = {1, 0, 0, 2, 0};
+    for (size_t k = 0; k < sizeof splits / sizeof splits[0] && ref; k++) {
+        iflow_placement p = {.n_devices = 3, .layer_device = splits[k], .output_device = outs[k]};
+        for (int i = 0; i < 3; i++)
+            p.devices[i] = cpu[i];
+        CHECK(L == 5, "stories260K has 5 layers");
+        int rc = iflow_model_place(m, &p, 64);
+        CHECK(rc == 0, "place %zu: %s", k, iflow_errmsg());
+        float *got = rc ? NULL : run_model(m, &n);
+        CHECK(got && n == n_ref && bit_identical(got, ref, n), "split %zu: logits bit-identical to one device", k);
+        free(got);
+    }
+    iflow_model_close(m);
+    for (int i = 0; i < 3; i++)
+        iflow_device_close(cpu[i]);
+    free(ref);
+}
+
+/* Weights copied to a device's own memory, the hidden state crossing by upload/download, the
+ * logits copied back: the GPU's paths through the engine, on the CPU. F32 and q4_b64. */
+static void test_detached_identical(void)
+{
+    const char *paths[] = {s_f32, s_q4};
+    for (int k = 0; k < 2; k++) {
+        iflow_model *m;
+        int n_ref, n;
+        CHECK(iflow_model_open(&m, paths[k], 0) == 0, "open: %s", iflow_errmsg());
+        float *ref = run_model(m, &n_ref);
+        iflow_device *det = open_detached("det:0", 1);
+        int layers[5];
+        iflow_placement p;
+        /* all on the detached device; then 3 layers there, 2 on the context's CPU (NULL) */
+        detached_allocs = detached_frees = 0;
+        for (int first = 5; first >= 3; first -= 2) {
+            iflow_placement_first_n(&p, layers, 5, det, first, NULL);
+            int rc = iflow_model_place(m, &p, 64);
+            CHECK(rc == 0, "place: %s", iflow_errmsg());
+            CHECK(detached_allocs > 0, "weights were copied to the detached device");
+            float *got = rc ? NULL : run_model(m, &n);
+            CHECK(got && n == n_ref && bit_identical(got, ref, n), "%s, %d layers detached: bit-identical",
+                  k ? "q4_b64" : "f32", first);
+            /* greedy on the output device */
+            iflow_ctx *c;
+            int32_t next = -1;
+            if (iflow_ctx_open(&c, m, 64, 1) == 0) {
+                CHECK(iflow_ctx_eval_argmax(c, prompt, N_PROMPT, &next) == 0, "argmax: %s", iflow_errmsg());
+                const float *last = ref + (size_t)(N_PROMPT - 1) * iflow_model_hparams(m)->vocab_size;
+                int32_t want = 0;
+                for (int i = 1; i < iflow_model_hparams(m)->vocab_size; i++)
+                    if (last[i] > last[want])
+                        want = i;
+                CHECK(next == want, "eval_argmax %d, argmax of the logits %d", next, want);
+                iflow_ctx_close(c);
+            }
+            free(got);
+        }
+        iflow_model_close(m);
+        CHECK(detached_allocs == detached_frees, "every device allocation freed (%d allocs, %d frees)", detached_allocs,
+              detached_frees);
+        iflow_device_close(det);
+        free(ref);
+    }
+}
+
+static void test_place_errors(void)
+{
+    iflow_model *m;
+    CHECK(iflow_model_open(&m, s_q4, 0) == 0, "open: %s", iflow_errmsg());
+    iflow_device *det = open_detached("det:0", 1);
+    int layers[5] = {0, 0, 0, 0, 7};
+    iflow_placement p = {.n_devices = 1, .devices = {det}, .layer_device = layers, .output_device = 0};
+    int rc = iflow_model_place(m, &p, 64);
+    CHECK_ERR(rc, IFLOW_EINVAL, "layer 4", "device 7");
+    layers[4] = 0;
+    p.output_device = 3;
+    rc = iflow_model_place(m, &p, 64);
+    CHECK_ERR(rc, IFLOW_EINVAL, "output device 3", "1 devices");
+    p.output_device = 0;
+
+    /* a type the device lacks: named with the tensor, before anything is copied */
+    detached_refuses = IFLOW_DT_Q4_B64;
+    detached_allocs = 0;
+    rc = iflow_model_place(m, &p, 64);
+    CHECK_ERR(rc, IFLOW_EUNSUPPORTED, "blk.0.wq", "q4_b64");
+    CHECK(strstr(iflow_errmsg(), "det:0") != NULL, "names the device: %s", iflow_errmsg());
+    CHECK(detached_allocs == 0, "nothing copied");
+    detached_refuses = -1;
+
+    /* too little memory: the device, the bytes missing, before anything is copied */
+    iflow_device_bytes need[IFLOW_MAX_DEVICES];
+    CHECK(iflow_placement_bytes(m, &p, 64, need) == 0, "bytes: %s", iflow_errmsg());
+    uint64_t total = need[0].weights + need[0].kv + need[0].scratch;
+    const iflow_hparams *hp = iflow_model_hparams(m);
+    uint64_t kv = 2ull * 64 * hp->n_layers * hp->n_kv_heads * hp->head_dim * sizeof(float);
+    CHECK(need[0].kv == kv, "kv bytes %llu, want %llu", (unsigned long long)need[0].kv, (unsigned long long)kv);
+    CHECK(need[0].weights > iflow_model_decode_bytes(m) / 2, "weights counted: %llu", (unsigned long long)need[0].weights);
+    detached_free = total - 1000;
+    rc = iflow_model_place(m, &p, 64);
+    CHECK_ERR(rc, IFLOW_ENOMEM, "det:0", "lacks 1000 bytes");
+    CHECK(detached_allocs == 0, "nothing copied");
+    detached_free = total;
+    CHECK(iflow_model_place(m, &p, 64) == 0, "exactly enough memory fits: %s", iflow_errmsg());
+    detached_free = 0;
+
+    /* a failed placement leaves the previous one working */
+    layers[0] = 5;
+    rc = iflow_model_place(m, &p, 64);
+    CHECK(rc == IFLOW_EINVAL, "bad placement refused");
+    iflow_ctx *c;
+    int32_t next;
+    CHECK(iflow_ctx_open(&c, m, 16, 1) == 0 && iflow_ctx_eval_argmax(c, prompt, 4, &next) == 0, "still runs: %s",
+          iflow_errmsg());
+    iflow_ctx_close(c);
+    iflow_model_close(m);
+    iflow_device_close(det);
+}
+
+int main(void)
+{
+    if (!mkdtemp(dir))
+        return perror("mkdtemp"), 1;
+    snprintf(s_f32, sizeof s_f32, "%s/s.ifs", dir);
+    snprintf(s_q4, sizeof s_q4, "%s/s.q4.ifs", dir);
+    iflow_quant_policy qp;
+    int qrc = -1;
+    if (test_convert("models/stories260K/hf", s_f32, -1) == 0 && iflow_quant_policy_init(&qp, IFLOW_DT_Q4_B64) == 0) {
+        qrc = iflow_quantize_shard(s_f32, s_q4, &qp, 0, NULL);
+        CHECK(qrc == 0, "quantize: %s", iflow_errmsg());
+        iflow_quant_policy_free(&qp);
+    }
+    if (qrc) {
+        fprintf(stderr, "test data missing or conversion failed\n");
+        return check_summary("test_device") | 1;
+    }
+    RUN(test_names_and_list);
+    RUN(test_layer_split_identical);
+    RUN(test_detached_identical);
+    RUN(test_place_errors);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", dir);
+    return check_summary("test_device");
+}
