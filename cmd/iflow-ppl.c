@@ -1,4 +1,5 @@
 /* iflow-ppl -- perplexity of a model over a text file, under a stated protocol. */
+#include "cmd/devices.h"
 #include "cmd/io.h"
 #include "cmd/opt.h"
 #include "libcore/base/error.h"
@@ -14,7 +15,7 @@
 
 enum {
     O_MODEL = 'm', O_FILE = 'f', O_CTX = 'c', O_THREADS = 't', O_VERBOSE = 'v',
-    O_CHUNKS = 256, O_PROTOCOL, O_MAX_TOKENS, O_JSON, O_LOGPROBS, O_KL_BASE,
+    O_CHUNKS = 256, O_PROTOCOL, O_MAX_TOKENS, O_JSON, O_LOGPROBS, O_KL_BASE, O_DEVICE, O_GPU_LAYERS,
 };
 
 static const iflow_opt opts[] = {
@@ -26,6 +27,8 @@ static const iflow_opt opts[] = {
     {O_MAX_TOKENS, "max-tokens", 0, "N", "use only the first N tokens of the text", NULL},
     {O_KL_BASE, "kl-base", 0, "FILE", "also compare with base model FILE: KL divergence, top-1 agreement, delta perplexity", "file"},
     {O_THREADS, "threads", 't', "N", "compute threads (default: all cores)", NULL},
+    {O_DEVICE, "device", 0, "DEV", "compute on auto (a GPU if there is one, else the CPU), cpu, cuda or cuda:N (default auto)", "auto cpu cuda"},
+    {O_GPU_LAYERS, "gpu-layers", 0, "N", "put the first N layers on the GPU and the rest on the CPU (default: all)", NULL},
     {O_JSON, "json", 0, NULL, "print the result as one JSON object", NULL},
     {O_LOGPROBS, "logprobs", 0, "FILE", "write every scored position's log-probability to FILE as TSV", "file"},
     {O_VERBOSE, "verbose", 'v', NULL, "print progress and timings on standard error", NULL},
@@ -57,6 +60,7 @@ int main(int argc, char **argv)
     const char *model = NULL, *file = NULL, *logprobs_path = NULL, *base_path = NULL;
     int c_len = 512, threads = 0, protocol = IFLOW_PPL_WINDOWS, as_json = 0, verbose = 0, c;
     long chunks = 0, max_tokens = 0;
+    device_opts dev = {.gpu_layers = -1};
     const char *arg;
     while ((c = opt_next(&tool, argc, argv, &arg)) != 0) {
         switch (c) {
@@ -70,6 +74,8 @@ int main(int argc, char **argv)
         case O_LOGPROBS: logprobs_path = arg; break;
         case O_KL_BASE: base_path = arg; break;
         case O_VERBOSE: verbose = 1; break;
+        case O_DEVICE: dev.device = arg; break;
+        case O_GPU_LAYERS: dev.gpu_layers = (int)opt_long(&tool, "gpu-layers", arg, 0, 1 << 20); break;
         case O_PROTOCOL:
             if (strcmp(arg, "windows") == 0) protocol = IFLOW_PPL_WINDOWS;
             else if (strcmp(arg, "llama.cpp") == 0) protocol = IFLOW_PPL_LLAMACPP;
@@ -101,12 +107,22 @@ int main(int argc, char **argv)
         die(&tool, NULL);
     if (max_tokens && (size_t)max_tokens < n_ids)
         n_ids = (size_t)max_tokens;
+    dev.threads = threads;
+    dev.n_ctx = c_len;
+    dev.verbose = verbose;
+    placed pl, base_pl = {0};
+    devices_place(&tool, m, &dev, &pl);
     if (iflow_ctx_open(&ctx, m, c_len, threads) < 0)
         die(&tool, NULL);
     iflow_model *base = NULL;
     iflow_ctx *base_ctx = NULL;
-    if (base_path && (iflow_model_open(&base, base_path, 0) < 0 || iflow_ctx_open(&base_ctx, base, c_len, threads) < 0))
-        die(&tool, NULL);
+    if (base_path) {
+        if (iflow_model_open(&base, base_path, 0) < 0)
+            die(&tool, NULL);
+        devices_place(&tool, base, &dev, &base_pl);
+        if (iflow_ctx_open(&base_ctx, base, c_len, threads) < 0)
+            die(&tool, NULL);
+    }
     FILE *lp = NULL;
     if (logprobs_path) {
         if (!(lp = fopen(logprobs_path, "w")))
@@ -166,5 +182,7 @@ int main(int argc, char **argv)
     iflow_model_close(base);
     iflow_ctx_close(ctx);
     iflow_model_close(m);
+    devices_release(&base_pl);
+    devices_release(&pl);
     return 0;
 }

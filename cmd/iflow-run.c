@@ -1,4 +1,5 @@
 /* iflow-run -- generate text from a model; or print the token ids of a text. */
+#include "cmd/devices.h"
 #include "cmd/io.h"
 #include "cmd/opt.h"
 #include "libcore/base/error.h"
@@ -16,7 +17,8 @@
 
 enum {
     O_MODEL = 'm', O_PROMPT = 'p', O_NPREDICT = 'n', O_THREADS = 't', O_CTX = 'c', O_VERBOSE = 'v',
-    O_TEMP = 256, O_TOPK, O_TOPP, O_SEED, O_ECHO, O_JSON, O_TOKENIZE, O_BOS, O_PARSE_SPECIAL,
+    O_TEMP = 256, O_TOPK, O_TOPP, O_SEED, O_ECHO, O_JSON, O_TOKENIZE, O_BOS, O_PARSE_SPECIAL, O_DEVICE,
+    O_GPU_LAYERS, O_LIST_DEVICES,
 };
 
 static const iflow_opt opts[] = {
@@ -29,6 +31,9 @@ static const iflow_opt opts[] = {
     {O_SEED, "seed", 0, "N", "random seed; the same seed gives the same output (default: from the clock)", NULL},
     {O_THREADS, "threads", 't', "N", "compute threads (default: all cores)", NULL},
     {O_CTX, "ctx-size", 'c', "N", "context length in tokens (default: the model's)", NULL},
+    {O_DEVICE, "device", 0, "DEV", "compute on auto (a GPU if there is one, else the CPU), cpu, cuda or cuda:N (default auto)", "auto cpu cuda"},
+    {O_GPU_LAYERS, "gpu-layers", 0, "N", "put the first N layers on the GPU and the rest on the CPU (default: all)", NULL},
+    {O_LIST_DEVICES, "list-devices", 0, NULL, "print the devices this machine has (with --json: JSON Lines) and exit", NULL},
     {O_ECHO, "echo", 0, NULL, "print the prompt before its continuation", NULL},
     {O_JSON, "json", 0, NULL, "print one JSON object per prompt: prompt, ids, text, stop reason", NULL},
     {O_TOKENIZE, "tokenize", 0, NULL, "print the token ids of all of standard input, space-separated, and exit", NULL},
@@ -45,7 +50,8 @@ static const iflow_tool tool = {
 
 typedef struct {
     const char *model, *prompt;
-    int n_predict, threads, n_ctx, echo, json, tokenize, bos, parse_special, verbose;
+    int n_predict, threads, n_ctx, echo, json, tokenize, bos, parse_special, verbose, list_devices;
+    device_opts dev;
     iflow_sampler_params sp;
 } run_opts;
 
@@ -139,6 +145,18 @@ static json_t *ids_json(const int32_t *ids, size_t n)
     return a;
 }
 
+/* Run n tokens and choose the next one. Greedy decoding finds it on the device that computes
+ * the logits, which then copies back only the id; sampling needs them all. */
+static int step(generator *g, const int32_t *ids, int n, int32_t *next)
+{
+    if (g->o->sp.temp == 0)
+        return iflow_ctx_eval_argmax(g->ctx, ids, n, next);
+    int rc = iflow_ctx_eval(g->ctx, ids, n, g->logits, 0);
+    if (rc == 0)
+        *next = iflow_sampler_sample(g->sampler, g->logits);
+    return rc;
+}
+
 /* Generate the continuation of one prompt; prints it (or its JSON line). */
 static void generate(generator *g, const char *prompt, size_t prompt_len)
 {
@@ -160,13 +178,13 @@ static void generate(generator *g, const char *prompt, size_t prompt_len)
     double t0 = now_s();
     if ((int)n_ids >= iflow_ctx_n_ctx(g->ctx))
         die(&tool, "prompt of %zu tokens does not fit the context of %d", n_ids, iflow_ctx_n_ctx(g->ctx));
-    if (iflow_ctx_eval(g->ctx, ids, (int)n_ids, g->logits, 0) < 0)
+    int32_t next;
+    if (step(g, ids, (int)n_ids, &next) < 0)
         die(&tool, NULL);
     double t1 = now_s();
     g->t_prompt += t1 - t0;
     g->n_prompt_tokens += (long)n_ids;
     while ((int)n_gen < o->n_predict) {
-        int32_t next = iflow_sampler_sample(g->sampler, g->logits);
         if (iflow_model_is_eos(g->m, next)) {
             stop = "eos";
             break;
@@ -179,7 +197,8 @@ static void generate(generator *g, const char *prompt, size_t prompt_len)
             stop = "context";
             break;
         }
-        if (iflow_ctx_eval(g->ctx, &next, 1, g->logits, 0) < 0)
+        int32_t cur = next;
+        if (step(g, &cur, 1, &next) < 0)
             die(&tool, NULL);
     }
     g->t_gen += now_s() - t1;
@@ -215,6 +234,8 @@ static int run(const run_opts *o)
     if (!(g.tok = iflow_model_tokenizer(m)))
         die(&tool, "model '%s' has no tokenizer", o->model);
     const iflow_hparams *hp = iflow_model_hparams(m);
+    placed pl;
+    devices_place(&tool, m, &o->dev, &pl);
     if (iflow_ctx_open(&g.ctx, m, o->n_ctx, o->threads) < 0 || iflow_sampler_open(&g.sampler, &o->sp, hp->vocab_size) < 0)
         die(&tool, NULL);
     if (!(g.logits = malloc(sizeof(float) * (size_t)hp->vocab_size)))
@@ -249,12 +270,13 @@ static int run(const run_opts *o)
     iflow_sampler_close(g.sampler);
     iflow_ctx_close(g.ctx);
     iflow_model_close(m);
+    devices_release(&pl);
     return 0;
 }
 
 int main(int argc, char **argv)
 {
-    run_opts o = {.n_predict = 128, .sp = {.temp = 0.8f, .top_k = 40, .top_p = 0.95f}};
+    run_opts o = {.n_predict = 128, .dev = {.gpu_layers = -1}, .sp = {.temp = 0.8f, .top_k = 40, .top_p = 0.95f}};
     o.sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
     int c;
     const char *arg;
@@ -275,7 +297,17 @@ int main(int argc, char **argv)
         case O_BOS: o.bos = 1; break;
         case O_PARSE_SPECIAL: o.parse_special = 1; break;
         case O_VERBOSE: o.verbose = 1; break;
+        case O_DEVICE: o.dev.device = arg; break;
+        case O_GPU_LAYERS: o.dev.gpu_layers = (int)opt_long(&tool, "gpu-layers", arg, 0, 1 << 20); break;
+        case O_LIST_DEVICES: o.list_devices = 1; break;
         }
+    }
+    o.dev.threads = o.threads;
+    o.dev.n_ctx = o.n_ctx;
+    o.dev.verbose = o.verbose;
+    if (o.list_devices) {
+        devices_list(&tool, o.json);
+        return 0;
     }
     if (opt_index() < argc)
         die_usage(&tool, "unexpected operand '%s'", argv[opt_index()]);

@@ -49,7 +49,7 @@ run $BIN/iflow-run -m "$TMP/s.ifs" -p "The little dog" -n 64 --temp 1 --top-k 1 
 expect_eq "$out" "$(sed -n 2p "$G/stories260K.greedy64.jsonl" | jq -r .continuation)" "--top-k 1 is greedy"
 
 # ---- -v: timings, threads, the kernel path and the seed on standard error ----
-run $BIN/iflow-run -m "$TMP/s.ifs" -p "Once upon a time" -n 4 --temp 0.5 --seed 11 -t 1 -v
+run $BIN/iflow-run -m "$TMP/s.ifs" -p "Once upon a time" -n 4 --temp 0.5 --seed 11 -t 1 -v --device cpu
 expect_match "$err" "^iflow-run: load [0-9.]+ s; prompt 5 tokens in [0-9.]+ s \([0-9.]+ tok/s\); generated 4 tokens in [0-9.]+ s \([0-9.]+ tok/s\); threads 1; kernels (scalar|avx2|avx512|avx512gfni); seed 11$" "-v line"
 
 # ---- --echo, -n 0 ----
@@ -82,5 +82,33 @@ Try 'iflow-run --help' for more information." "negative temperature: message"
 run bash -c "$BIN/iflow-run -m '$TMP/s.ifs' -n 4 </dev/null"
 expect_rc 0 "no prompts on stdin: nothing to do"
 expect_eq "$out" "" "no prompts on stdin: no output"
+
+# ---- devices (no GPU on the test machines: every path here is the CPU's) ----
+run $BIN/iflow-run --list-devices
+expect_rc 0 "--list-devices"
+expect_match "$out" "^cpu      .*memory .* cores, kernels (scalar|avx2|avx512|avx512gfni)" "--list-devices: the cpu first"
+if ! [[ $out =~ cuda:0 ]]; then
+    expect_match "$out" $'\n\(no GPU: [^\n]+\)$' "--list-devices without a GPU says why"
+    run $BIN/iflow-run -m "$TMP/s.ifs" -p "Once upon a time" -n 8 --temp 0 --device cuda
+    expect_rc 1 "--device cuda without a GPU"
+    expect_one_line "--device cuda without a GPU"
+    expect_match "$err" "^iflow-run: cannot open cuda:0: " "--device cuda without a GPU: message"
+    run $BIN/iflow-run -m "$TMP/s.ifs" -p "Once upon a time" -n 8 --temp 0 -v
+    expect_match "$err" "iflow-run: device auto: running on the cpu \\(" "--device auto falls back to the cpu under -v"
+fi
+run $BIN/iflow-run --list-devices --json
+expect_eq "$(printf '%s\n' "$out" | head -n 1 | jq -r '.name + " " + (.units > 0 | tostring)')" "cpu true" "--list-devices --json"
+run $BIN/iflow-run -m "$TMP/s.ifs" -p "Once upon a time" -n 24 --temp 0
+greedy_auto=$out
+run $BIN/iflow-run -m "$TMP/s.ifs" -p "Once upon a time" -n 24 --temp 0 --device cpu
+expect_eq "$out" "$greedy_auto" "--device cpu gives the default's greedy text"
+run $BIN/iflow-run -m "$TMP/s.ifs" -p hi --device tpu
+expect_rc 2 "unknown device"
+expect_eq "$err" "iflow-run: unknown device 'tpu' (expected auto, cpu, cuda or cuda:N)
+Try 'iflow-run --help' for more information." "unknown device: message"
+run $BIN/iflow-run -m "$TMP/s.ifs" -p hi --device cpu --gpu-layers 2
+expect_rc 2 "--gpu-layers with --device cpu"
+expect_eq "$err" "iflow-run: --gpu-layers 2 needs a GPU, but --device is cpu
+Try 'iflow-run --help' for more information." "--gpu-layers with --device cpu: message"
 
 summary

@@ -1,0 +1,101 @@
+/* devices.c -- see devices.h. */
+#include "cmd/devices.h"
+#include "libcore/base/error.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Open the GPU the options ask for, or NULL for the CPU. */
+static iflow_device *open_gpu(const iflow_tool *t, const device_opts *o)
+{
+    const char *name = o->device ? o->device : "auto";
+    iflow_device *d = NULL;
+    if (strcmp(name, "cpu") == 0) {
+        if (o->gpu_layers > 0)
+            die_usage(t, "--gpu-layers %d needs a GPU, but --device is cpu", o->gpu_layers);
+        return NULL;
+    }
+    if (strcmp(name, "auto") == 0) {
+        const char *why;
+        if (iflow_device_open_auto(&d, o->threads, &why) < 0)
+            die(t, NULL);
+        if (d->info.kind == IFLOW_DEVICE_CPU) {
+            if (o->verbose)
+                fprintf(stderr, "%s: device auto: running on the cpu (%s)\n", t->name, why);
+            iflow_device_close(d);
+            return NULL;
+        }
+        return d;
+    }
+    if (strncmp(name, "cuda", 4) != 0)
+        die_usage(t, "unknown device '%s' (expected auto, cpu, cuda or cuda:N)", name);
+    if (iflow_device_open(&d, name, o->threads) < 0)
+        die(t, NULL);
+    return d;
+}
+
+void devices_place(const iflow_tool *t, iflow_model *m, const device_opts *o, placed *p)
+{
+    memset(p, 0, sizeof *p);
+    if (!(p->gpu = open_gpu(t, o)))
+        return;
+    const iflow_hparams *hp = iflow_model_hparams(m);
+    int n_gpu = o->gpu_layers < 0 || o->gpu_layers > hp->n_layers ? hp->n_layers : o->gpu_layers;
+    if (!(p->layer_device = malloc(sizeof(int) * (size_t)hp->n_layers)))
+        die(t, "out of memory");
+    iflow_placement pl;
+    iflow_placement_first_n(&pl, p->layer_device, hp->n_layers, p->gpu, n_gpu, NULL);
+    if (iflow_model_place(m, &pl, o->n_ctx) < 0)
+        die(t, NULL);
+    if (o->verbose)
+        fprintf(stderr, "%s: device %s (%s): %d of %d layers%s, the rest on the cpu\n", t->name, p->gpu->info.name,
+                p->gpu->info.model, n_gpu, hp->n_layers, pl.output_device == 0 ? " and the output" : "");
+}
+
+void devices_release(placed *p)
+{
+    iflow_device_close(p->gpu);
+    free(p->layer_device);
+    memset(p, 0, sizeof *p);
+}
+
+void devices_list(const iflow_tool *t, int as_json)
+{
+    iflow_device_info info[IFLOW_MAX_DEVICES];
+    int n;
+    if (iflow_device_list(info, IFLOW_MAX_DEVICES, &n) < 0)
+        die(t, NULL);
+    if (n > IFLOW_MAX_DEVICES)
+        n = IFLOW_MAX_DEVICES;
+    for (int i = 0; i < n; i++) {
+        const iflow_device_info *d = &info[i];
+        char tot[32], fr[32];
+        if (as_json) {
+            json_t *j = json_pack("{s:s, s:s, s:I, s:I, s:i, s:s}", "name", d->name, "model", d->model, "mem_total",
+                                  (json_int_t)d->mem_total, "mem_free", (json_int_t)d->mem_free, "units", d->units,
+                                  "detail", d->detail);
+            if (d->kind == IFLOW_DEVICE_CUDA) {
+                char cc[16];
+                snprintf(cc, sizeof cc, "%d.%d", d->cc_major, d->cc_minor);
+                json_object_set_new(j, "compute_capability", json_string(cc));
+                json_object_set_new(j, "mem_bw_peak", json_real(d->mem_bw_peak));
+            }
+            json_dumpf(j, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER);
+            putchar('\n');
+            json_decref(j);
+        } else if (d->kind == IFLOW_DEVICE_CUDA) {
+            printf("%-8s %s, %s memory (%s free), compute capability %d.%d, %d SMs, %s\n", d->name, d->model,
+                   iflow_bytes_str(tot, sizeof tot, d->mem_total), iflow_bytes_str(fr, sizeof fr, d->mem_free),
+                   d->cc_major, d->cc_minor, d->units, d->detail);
+        } else {
+            printf("%-8s %s, %s memory (%s available), %d cores, %s\n", d->name, d->model[0] ? d->model : "unknown cpu",
+                   iflow_bytes_str(tot, sizeof tot, d->mem_total), iflow_bytes_str(fr, sizeof fr, d->mem_free), d->units,
+                   d->detail);
+        }
+    }
+    if (n == 1 && !as_json)
+        printf("(no GPU: %s)\n", iflow_device_cuda_status());
+    fflush(stdout);
+}

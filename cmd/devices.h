@@ -1,0 +1,35 @@
+/*
+ * devices.h -- the programs' shared handling of --device, --gpu-layers and --list-devices.
+ *
+ * devices_place() turns the options into a placement (libcore/engine/model.h) and puts the
+ * model on it: --device cpu runs everything on the CPU as before; cuda or cuda:N puts the first
+ * --gpu-layers layers (default: all, and then the output too) on that GPU and the rest on the
+ * CPU; auto (the default) does that when a GPU can be opened and otherwise runs on the CPU,
+ * saying why under -v. Failures die() with the library's message.
+ */
+#ifndef IFLOW_CMD_DEVICES_H
+#define IFLOW_CMD_DEVICES_H
+
+#include "cmd/opt.h"
+#include "libcore/engine/model.h"
+
+typedef struct {
+    const char *device;   /* "auto" (NULL too), "cpu", "cuda", "cuda:N"  */
+    int gpu_layers;       /* layers on the GPU; < 0: all                 */
+    int threads, n_ctx, verbose;
+} device_opts;
+
+typedef struct {
+    iflow_device *gpu;    /* NULL when everything runs on the CPU */
+    int *layer_device;
+} placed;
+
+/* Place m as o says; the returned state is released with devices_release() after the model
+ * is closed. */
+void devices_place(const iflow_tool *t, iflow_model *m, const device_opts *o, placed *p);
+void devices_release(placed *p);
+
+/* Print every device (--list-devices): a table, or JSON Lines with as_json. */
+void devices_list(const iflow_tool *t, int as_json);
+
+#endif
