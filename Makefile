@@ -1,10 +1,13 @@
 # iflow -- build, test, demo, bench, install.
 #
-#   make              build bin/iflow-* (CPU build; all dependencies must be installed)
+#   make              build bin/iflow-* (all dependencies must be installed; with nvcc, kernels/cuda
+#                     too: CUDA=0 leaves them out)
 #   make deps         install the Debian -dev packages the build needs, if any are missing
 #   make demo         deps + build + convert stories260K + generate a story (the main job)
 #   make check        deps + build + the whole test suite (SANITIZE=1: under ASan + UBSan)
 #   make bench        deps + build + benchmarks, JSON on stdout
+#   make check-gpu    the GPU tests (tests/gpu), on a machine with a GPU (CUDA=1)
+#   make bench-gpu    the GPU benchmarks, JSON on stdout (tools/gpu-bundle.sh packs both for a lent GPU)
 #   make fuzz         build the libFuzzer targets (clang) and run each for FUZZ_SECONDS
 #   make quality      measure every weight type against F32 (writes docs/quant-quality.*)
 #   make docs         regenerate the option lists of man/ and completions/ from the option tables
@@ -177,10 +180,17 @@ bench: deps
 	@$(MAKE) --no-print-directory all $(BUILD)/membw $(BENCH_BINS) >&2
 	@bench/bench.sh $(BUILD)
 
-BENCH_BINS := $(BUILD)/kbench $(BUILD)/qbench $(BUILD)/iflow-bench
-$(BENCH_BINS): $(BUILD)/%: bench/%.c bench/bench.h $(LIB)
+BENCH_BINS := $(BUILD)/kbench $(BUILD)/qbench $(BUILD)/iflow-bench $(if $(filter 1,$(CUDA)),$(BUILD)/gpubench)
+$(sort $(BENCH_BINS) $(BUILD)/gpubench): $(BUILD)/%: bench/%.c bench/bench.h $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIB) $(LDLIBS)
+
+# GPU speed (bench/bench-gpu.sh): kernels (bench/gpubench.c) and whole models on cuda:0, JSON.
+bench-gpu: deps
+	@[ "$(CUDA)" = 1 ] || { echo "make bench-gpu: this build has no CUDA (nvcc not found)" >&2; exit 2; }
+	@$(MAKE) --no-print-directory all $(BUILD)/iflow-bench $(BUILD)/gpubench >&2
+	@bench/bench-gpu.sh $(BUILD)
+.PHONY: bench-gpu
 
 $(BUILD)/membw: $(IFLOW_TEST_DATA)/tools/membw.c
 	@mkdir -p $(dir $@)

@@ -6,7 +6,10 @@
  * it times one prefill of PREFILL_TOKENS tokens and DECODE_TOKENS single-token steps after it,
  * best of 2 runs. decode_weight_gbps = bytes of weights read per token (all matrices but the
  * embedding table) x tokens/s, the figure to compare with the memory bandwidth.
- * IFLOW_BENCH_ISA=scalar|avx2|avx512|avx512gfni forces a kernel path (to compare paths). */
+ * IFLOW_BENCH_ISA=scalar|avx2|avx512|avx512gfni forces a kernel path (to compare paths).
+ * IFLOW_BENCH_DEVICE=cuda|cuda:N places every layer and the output on that GPU; decode is then
+ * timed as greedy decoding runs it (iflow_ctx_eval_argmax: only the id comes back), and the
+ * thread count only matters for the CPU's share (the embedding lookup). */
 #include "bench/bench.h"
 #include "libcore/base/error.h"
 #include "libcore/engine/model.h"
@@ -41,6 +44,24 @@ int main(int argc, char **argv)
         fprintf(stderr, "iflow-bench: %s\n", iflow_errmsg());
         return 1;
     }
+    const char *devname = getenv("IFLOW_BENCH_DEVICE");
+    iflow_device *dev = NULL;
+    int *layer_dev = NULL;
+    if (devname && *devname && strcmp(devname, "cpu") != 0) {
+        iflow_placement p;
+        int L = iflow_model_hparams(m)->n_layers;
+        layer_dev = malloc(sizeof(int) * (size_t)L);
+        int n_ctx = (argc > 2 ? atoi(argv[2]) : 128) + (argc > 3 ? atoi(argv[3]) : 32) + 1;
+        if (!layer_dev || iflow_device_open(&dev, devname, 0) < 0) {
+            fprintf(stderr, "iflow-bench: %s\n", layer_dev ? iflow_errmsg() : "out of memory");
+            return 1;
+        }
+        iflow_placement_first_n(&p, layer_dev, L, dev, L, NULL);
+        if (iflow_model_place(m, &p, n_ctx) < 0) {
+            fprintf(stderr, "iflow-bench: %s\n", iflow_errmsg());
+            return 1;
+        }
+    }
     double t_load = bench_now() - t0;
     const iflow_hparams *hp = iflow_model_hparams(m);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n_prefill + n_decode));
@@ -48,7 +69,9 @@ int main(int argc, char **argv)
     for (int i = 0; i < n_prefill + n_decode; i++)
         ids[i] = (int32_t)((s = s * 1664525u + 1013904223u) >> 8) % hp->vocab_size;
     float *logits = malloc(sizeof(float) * (size_t)hp->vocab_size);
-    printf("{\"model\": \"%s\", \"kernel_path\": \"%s\", \"load_s\": %.4f, \"decode_bytes_per_token\": %llu, \"runs\": [", argv[1], ifk_isa_name(ifk_isa_current()), t_load,
+    printf("{\"model\": \"%s\", \"device\": \"%s\", \"kernel_path\": \"%s\", \"load_s\": %.4f, "
+           "\"decode_bytes_per_token\": %llu, \"runs\": [",
+           argv[1], dev ? dev->info.name : "cpu", ifk_isa_name(ifk_isa_current()), t_load,
            (unsigned long long)iflow_model_decode_bytes(m));
     int n_threads_args = argc > 4 ? argc - 4 : 2;
     for (int a = 0; a < n_threads_args; a++) {
@@ -61,11 +84,18 @@ int main(int argc, char **argv)
                 return 1;
             }
             double a0 = bench_now();
-            iflow_ctx_eval(c, ids, n_prefill, logits, 0);
+            int rc = iflow_ctx_eval(c, ids, n_prefill, logits, 0);
             double a1 = bench_now();
-            for (int i = 0; i < n_decode; i++)
-                iflow_ctx_eval(c, ids + n_prefill + i, 1, logits, 0);
+            for (int i = 0; i < n_decode && rc == 0; i++) {
+                int32_t next;
+                rc = dev ? iflow_ctx_eval_argmax(c, ids + n_prefill + i, 1, &next)
+                         : iflow_ctx_eval(c, ids + n_prefill + i, 1, logits, 0);
+            }
             double a2 = bench_now();
+            if (rc < 0) {
+                fprintf(stderr, "iflow-bench: %s\n", iflow_errmsg());
+                return 1;
+            }
             best_pre = a1 - a0 < best_pre ? a1 - a0 : best_pre;
             best_dec = a2 - a1 < best_dec ? a2 - a1 : best_dec;
             iflow_ctx_close(c);
@@ -80,5 +110,7 @@ int main(int argc, char **argv)
     free(ids);
     free(logits);
     iflow_model_close(m);
+    iflow_device_close(dev);
+    free(layer_dev);
     return 0;
 }

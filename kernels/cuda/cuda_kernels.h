@@ -22,7 +22,7 @@
  *   matrix W is [N][K] row-major (a row is ifk_qrow_bytes(type, K) bytes for quantized types),
  *   and y = x W^T, as on the CPU. KV caches are F32 or F16 (IFK_F32, IFK_F16).
  *
- *   Each kernel has a CPU reference it is tested against (tests/gpu/test_cuda.c, make check-gpu):
+ *   Each kernel has a CPU reference it is tested against (tests/gpu/test_cuda_*.c, make check-gpu):
  *   ifk_matmul / ifk_qmatmul_ref, ifk_attention, ifk_rmsnorm, ifk_rope, ifk_silu_mul, ifk_add.
  *
  *   Built by nvcc when the Makefile finds it (CUDA=1, the default then); `make CUDA=0` leaves

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# tests/gpu/cli.sh -- the programs on a GPU give the CPU's results (make check-gpu; needs a GPU).
+#
+#   - greedy tokens with --device cuda equal --device cpu's: stories260K (F32, F16, BF16) on the
+#     five golden prompts and xs-ckpt, 64 tokens each; the TinyLlama-1.1B shape (synthetic, F16),
+#     32 tokens;
+#   - every quantized type of stories260K on the GPU against the CPU running the same weights
+#     dequantized to F32 (the GPU's matrix-vector kernels compute with the exact dequantized
+#     values; the CPU's quantized kernels round activations to integers, so they are not the
+#     reference here): at least the first 32 tokens equal on every prompt, and the count of the
+#     64 that agree is printed;
+#   - GPU/CPU hybrid (--gpu-layers 2 of 5) gives the CPU's greedy tokens;
+#   - iflow-ppl on the GPU within 0.1 % of the CPU's perplexity;
+#   - a placement that does not fit names the device and the bytes it lacks, before loading.
+# What is observed is printed on lines starting with "OBSERVED" (the make check-gpu log keeps them).
+. "$(dirname "$0")/../cli/lib.sh"
+
+G=$DATA/golden
+run $BIN/iflow-run --list-devices
+expect_match "$out" $'\ncuda:0 ' "--list-devices shows cuda:0"
+printf 'OBSERVED %s\n' "$out" >&2
+
+greedy() { # model device n prompt -> gen ids as one JSON array
+    $BIN/iflow-run -m "$1" --device "$2" -n "$3" -p "$4" --temp 0 --json | jq -c .gen_ids
+}
+
+# common prefix length of two JSON arrays
+agree() { jq -n --argjson a "$1" --argjson b "$2" \
+    '[range(0; [($a|length), ($b|length)] | min) | select($a[.] != $b[.])] | if length == 0 then ([($a|length), ($b|length)] | min) else .[0] end'; }
+
+$BIN/iflow-convert "$DATA/models/stories260K/hf" -o "$TMP/s.ifs" 2>/dev/null
+$BIN/iflow-convert "$DATA/models/stories260K/hf" -t f16 -o "$TMP/s16.ifs" 2>/dev/null
+$BIN/iflow-convert "$DATA/models/stories260K/hf" -t bf16 -o "$TMP/sbf16.ifs" 2>/dev/null
+$BIN/iflow-convert "$DATA/models/xs-ckpt/hf" -o "$TMP/xs.ifs" 2>/dev/null
+
+# ---- greedy: float weights, 64 tokens, exactly the CPU's ----
+for model in s s16 sbf16; do
+    while IFS= read -r rec; do
+        prompt=$(jq -r .prompt <<<"$rec")
+        cpu=$(greedy "$TMP/$model.ifs" cpu 64 "$prompt")
+        gpu=$(greedy "$TMP/$model.ifs" cuda 64 "$prompt")
+        expect_eq "$gpu" "$cpu" "$model: greedy ids on the GPU for '$prompt'"
+    done <"$G/stories260K.greedy64.jsonl"
+done
+cpu=$(greedy "$TMP/xs.ifs" cpu 64 "Once upon a time")
+gpu=$(greedy "$TMP/xs.ifs" cuda 64 "Once upon a time")
+expect_eq "$gpu" "$cpu" "xs-ckpt: greedy ids on the GPU"
+
+# ---- hybrid: 2 of 5 layers on the GPU ----
+prompt=$(head -n 1 "$G/stories260K.greedy64.jsonl" | jq -r .prompt)
+cpu=$(greedy "$TMP/s.ifs" cpu 64 "$prompt")
+run $BIN/iflow-run -m "$TMP/s.ifs" --device cuda --gpu-layers 2 -n 64 -p "$prompt" --temp 0 --json -v
+expect_eq "$(jq -c .gen_ids <<<"$out")" "$cpu" "--gpu-layers 2: the CPU's greedy ids"
+expect_match "$err" "device cuda:0 \(.*\): 2 of 5 layers, the rest on the cpu" "--gpu-layers 2 -v line"
+
+# ---- quantized types against their dequantized weights on the CPU ----
+for t in q8_b32 q8_b64 q6 q5 q4_b32 q4_b64 q3h q3_b32 q2; do
+    $BIN/iflow-quant -t "$t" --keep "*=$t" -i "$TMP/s.ifs" -o "$TMP/q.ifs" 2>/dev/null
+    $BIN/iflow-quant -t "$t" --keep '*=f32' -i "$TMP/q.ifs" -o "$TMP/deq.ifs" 2>/dev/null
+    total=0 least=64
+    while IFS= read -r rec; do
+        prompt=$(jq -r .prompt <<<"$rec")
+        n=$(agree "$(greedy "$TMP/q.ifs" cuda 64 "$prompt")" "$(greedy "$TMP/deq.ifs" cpu 64 "$prompt")")
+        total=$((total + n))
+        [ "$n" -lt "$least" ] && least=$n
+    done <"$G/stories260K.greedy64.jsonl"
+    echo "OBSERVED $t: GPU greedy agrees with the dequantized CPU model on $total of 320 tokens (least $least of 64)" >&2
+    [ "$least" -ge 32 ] && ok || bad "$t: only $least tokens agree on some prompt"
+done
+
+# ---- perplexity within 0.1 % ----
+for model in s xs; do
+    run $BIN/iflow-ppl -m "$TMP/$model.ifs" -f "$DATA/data/wikitext-2-raw/wiki.test.raw" -c 256 --chunks 8 --json --device cpu
+    p_cpu=$(jq .ppl <<<"$out")
+    run $BIN/iflow-ppl -m "$TMP/$model.ifs" -f "$DATA/data/wikitext-2-raw/wiki.test.raw" -c 256 --chunks 8 --json --device cuda
+    p_gpu=$(jq .ppl <<<"$out")
+    echo "OBSERVED $model perplexity: cpu $p_cpu, gpu $p_gpu" >&2
+    expect_close "$p_gpu" "$p_cpu" 0.001 "$model: GPU perplexity within 0.1 %"
+done
+
+# ---- the TinyLlama-1.1B shape (synthetic F16) ----
+if [ -f "$DATA/models/synthetic/tinyllama-1.1b/config.json" ]; then
+    $BIN/iflow-convert --synthetic "$DATA/models/synthetic/tinyllama-1.1b" -t f16 -o "$TMP/tl.ifs" 2>/dev/null
+    cpu=$(greedy "$TMP/tl.ifs" cpu 32 "Once upon a time")
+    gpu=$(greedy "$TMP/tl.ifs" cuda 32 "Once upon a time")
+    echo "OBSERVED tinyllama-1.1b f16: $(agree "$gpu" "$cpu") of 32 greedy tokens agree" >&2
+    expect_eq "$gpu" "$cpu" "tinyllama-1.1b f16: greedy ids on the GPU"
+    run $BIN/iflow-ppl -m "$TMP/tl.ifs" -f "$DATA/data/wikitext-2-raw/wiki.test.raw" -c 512 --chunks 2 --json --device cpu
+    p_cpu=$(jq .ppl <<<"$out")
+    run $BIN/iflow-ppl -m "$TMP/tl.ifs" -f "$DATA/data/wikitext-2-raw/wiki.test.raw" -c 512 --chunks 2 --json --device cuda
+    p_gpu=$(jq .ppl <<<"$out")
+    echo "OBSERVED tinyllama-1.1b perplexity: cpu $p_cpu, gpu $p_gpu" >&2
+    expect_close "$p_gpu" "$p_cpu" 0.001 "tinyllama-1.1b: GPU perplexity within 0.1 %"
+    # a placement that cannot fit: refused with the device and the bytes, before loading
+    run $BIN/iflow-run -m "$TMP/tl.ifs" --device cuda -c 16000000 -p hi -n 1
+    expect_rc 1 "a KV cache larger than the GPU"
+    expect_match "$err" "^iflow-run: cuda:0 lacks [0-9.]+ GiB for this placement: it needs" "too large: message"
+    expect_one_line "too large"
+    rm -f "$TMP/tl.ifs"
+fi
+
+summary

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# tools/gpu-bundle.sh [DIR] -- everything `make check-gpu` and `make bench-gpu` need, in one
+# folder (default .gpu, git-ignored) that the device tool can carry to a lent GPU machine.
+#
+# That machine receives the working tree only: no ../shared, and no Debian -dev packages (it
+# cannot install any). So this builds here with CUDA (sm_80, sm_90 and PTX), then gathers:
+#   bin/            the programs            build/   the GPU tests, iflow-bench, gpubench
+#   lib/            the shared libraries they need beyond glibc and CUDA's own (jansson, inih,
+#                   utf8proc, xxhash, zstd, pcre2, gomp), and jq with its libraries
+#   shared/         the test data the GPU tests read: stories260K, xs-ckpt, the synthetic
+#                   TinyLlama shape, the greedy goldens, WikiText-2's test split
+#   run.sh          `bash .gpu/run.sh check` (= make check-gpu) or `bash .gpu/run.sh bench`
+#                   (= make bench-gpu), with the paths above set
+# Then, on the device: carry [".gpu"] and run `bash .gpu/run.sh check`. cuBLAS comes from the
+# machine's CUDA toolkit (/usr/local/cuda/lib64, the programs' rpath).
+set -euo pipefail
+out=${1:-.gpu}
+cd "$(dirname "$0")/.."
+DATA=${IFLOW_TEST_DATA:-../shared}
+log() { echo "gpu-bundle: $*" >&2; }
+
+make --no-print-directory deps >&2
+make --no-print-directory -j"$(nproc)" CUDA=1 all gpu-bins build/rel/iflow-bench build/rel/gpubench >&2
+
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/build/tests/gpu" "$out/lib" "$out/shared/models/synthetic" "$out/shared/golden" \
+    "$out/shared/data/wikitext-2-raw"
+cp bin/iflow-* "$out/bin/"
+cp build/rel/tests/gpu/test_* "$out/build/tests/gpu/"
+cp build/rel/iflow-bench build/rel/gpubench "$out/build/"
+cp "$(command -v jq)" "$out/bin/"
+
+# Shared libraries outside glibc and CUDA that the programs and jq load.
+libs() { ldd "$@" | awk '$3 ~ /^\// { print $3 }' | sort -u |
+    grep -Ev '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libcublas[^/]*|libcublasLt[^/]*)\.so' ; }
+for l in $(libs "$out"/bin/* "$out"/build/tests/gpu/* "$out"/build/iflow-bench); do
+    cp -L "$l" "$out/lib/"
+done
+
+cp -r "$DATA/models/stories260K" "$out/shared/models/"
+cp -r "$DATA/models/xs-ckpt" "$out/shared/models/"
+cp -r "$DATA/models/synthetic/tinyllama-1.1b" "$out/shared/models/synthetic/"
+cp "$DATA/golden/stories260K.greedy64.jsonl" "$DATA/golden/xs-ckpt.greedy64.json" "$out/shared/golden/"
+cp "$DATA/data/wikitext-2-raw/wiki.test.raw" "$out/shared/data/wikitext-2-raw/"
+
+cat >"$out/run.sh" <<'EOF'
+#!/usr/bin/env bash
+# run.sh check|bench -- make check-gpu or make bench-gpu from this bundle (tools/gpu-bundle.sh).
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+cd "$here/.."
+export PATH=$here/bin:$PATH LD_LIBRARY_PATH=$here/lib:${LD_LIBRARY_PATH:-} IFLOW_TEST_DATA=$here/shared BIN=$here/bin
+case ${1:-check} in
+check) exec tests/run.sh --gpu "$here/build" ;;
+bench) exec bench/bench-gpu.sh "$here/build" ;;
+*) echo "usage: run.sh check|bench" >&2; exit 2 ;;
+esac
+EOF
+chmod +x "$out/run.sh"
+log "$(du -sh "$out" | cut -f1) in $out; on the device: carry [\"$out\"], run: bash $out/run.sh check"
