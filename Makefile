@@ -58,7 +58,8 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 # ---- CUDA (kernels/cuda) -----------------------------------------------------------------------
 # Built when nvcc is found (CUDA=1); `make CUDA=0` builds without. The CUDA runtime is linked
 # statically (so the programs start on a machine with no driver and say so when asked for a
-# GPU); cuBLAS and cuBLASLt dynamically, from the toolkit's lib64 (rpath).
+# GPU); cuBLAS is dlopen()ed when a GPU is first opened (kernels/cuda/blas.cuh: linking it costs
+# every start 150 ms), found through the rpath to the toolkit's lib64.
 # sm_80 code also runs on sm_86/sm_89; PTX of compute_90 lets newer GPUs JIT it.
 CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90]
 ifeq ($(CUDA),1)
@@ -68,7 +69,7 @@ ifeq ($(CUDA),1)
   CUDA_OBJ  := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
   LIB_OBJ   += $(CUDA_OBJ)
   CFLAGS    += -DIFLOW_HAVE_CUDA=1
-  LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart_static -ldl -lrt -lpthread -lstdc++
+  LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++
 endif
 
 $(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu $(wildcard kernels/cuda/*.h kernels/cuda/*.cuh) kernels/cpu/quant.h kernels/cpu/kernels.h

@@ -85,6 +85,9 @@ int  ifkc_upload(ifkc_dev *d, void *dst, const void *src, size_t nbytes);
 int  ifkc_download(ifkc_dev *d, void *dst, const void *src, size_t nbytes);
 /* Device -> device on the same device. */
 int  ifkc_copy(ifkc_dev *d, void *dst, const void *src, size_t nbytes);
+/* Make d's GPU the calling thread's current device. The operations below assume it is (one
+ * thread driving several GPUs calls this before each one's work). */
+int  ifkc_make_current(ifkc_dev *d);
 /* Wait for every enqueued operation; reports an asynchronous kernel fault. */
 int  ifkc_sync(ifkc_dev *d);
 

@@ -1,4 +1,5 @@
 /* device.cu -- devices, memory, copies, error messages. See cuda_kernels.h and common.cuh. */
+#include "kernels/cuda/blas.cuh"
 #include "kernels/cuda/common.cuh"
 
 #include <stdarg.h>
@@ -33,7 +34,9 @@ int ifkc_cuda_err(cudaError_t e, const char *what)
 int ifkc_blas_err(cublasStatus_t s, const char *what)
 {
     int code = s == CUBLAS_STATUS_ALLOC_FAILED ? IFKC_ENOMEM : IFKC_ECUDA;
-    return ifkc_seterr(code, "%s: %s: %s", what, cublasGetStatusName(s), cublasGetStatusString(s));
+    const ifkc_blas_api *b = ifkc_blas(); /* loaded: a status comes from a call through it */
+    return ifkc_seterr(code, "%s: %s: %s", what, b ? b->status_name(s) : "cublas error",
+                       b ? b->status_string(s) : "");
 }
 
 int ifkc_device_count(int *n)
@@ -100,6 +103,9 @@ int ifkc_open(ifkc_dev **out, int index)
     int rc = ifkc_device_info_get(index, &info);
     if (rc)
         return rc;
+    const ifkc_blas_api *blas = ifkc_blas();
+    if (!blas)
+        return IFKC_ENODEV;
     ifkc_dev *d = (ifkc_dev *)calloc(1, sizeof *d);
     if (!d)
         return ifkc_seterr(IFKC_ENOMEM, "out of host memory");
@@ -112,13 +118,13 @@ int ifkc_open(ifkc_dev **out, int index)
         free(d);
         return ifkc_cuda_err(e, "opening cuda device");
     }
-    cublasStatus_t s = cublasCreate(&d->blas);
+    cublasStatus_t s = blas->create(&d->blas);
     if (s == CUBLAS_STATUS_SUCCESS)
-        s = cublasSetStream(d->blas, d->stream);
+        s = blas->set_stream(d->blas, d->stream);
     if (s != CUBLAS_STATUS_SUCCESS) {
         rc = ifkc_blas_err(s, "cublasCreate");
         if (d->blas)
-            cublasDestroy(d->blas);
+            blas->destroy(d->blas);
         cudaStreamDestroy(d->stream);
         free(d);
         return rc;
@@ -135,7 +141,7 @@ void ifkc_close(ifkc_dev *d)
     cudaStreamSynchronize(d->stream);
     for (int i = 0; i < IFKC_SCRATCH_N_; i++)
         cudaFree(d->scratch[i]);
-    cublasDestroy(d->blas);
+    ifkc_blas()->destroy(d->blas); /* loaded: the handle was opened through it */
     cudaStreamDestroy(d->stream);
     free(d);
 }
@@ -215,6 +221,12 @@ int ifkc_download(ifkc_dev *d, void *dst, const void *src, size_t nbytes)
 int ifkc_copy(ifkc_dev *d, void *dst, const void *src, size_t nbytes)
 {
     IFKC_CK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, d->stream), "cudaMemcpy device to device");
+    return 0;
+}
+
+int ifkc_make_current(ifkc_dev *d)
+{
+    IFKC_CK(cudaSetDevice(d->index), "cudaSetDevice");
     return 0;
 }
 

@@ -31,7 +31,14 @@ static int fail(const iflow_device *d, int rc)
 }
 
 #define DEV(d) ((ifkc_dev *)(d)->impl)
-#define CALL(d, expr) do { int rc_ = (expr); return rc_ ? fail(d, rc_) : 0; } while (0)
+/* Every operation first makes its GPU current, so one thread may drive several. */
+#define CALL(d, expr)                                                                              \
+    do {                                                                                           \
+        int rc_ = ifkc_make_current(DEV(d));                                                       \
+        if (rc_ == 0)                                                                              \
+            rc_ = (expr);                                                                          \
+        return rc_ ? fail(d, rc_) : 0;                                                             \
+    } while (0)
 
 static void cu_close(iflow_device *d)
 {

@@ -1,0 +1,687 @@
+/*
+ * gpubench.c -- micro-benchmark of the CUDA kernels (kernels/cuda); one JSON object per line on
+ * stdout.
+ *
+ *   gpubench [--device N] [--only device|copy|matvec|prefill|attention_decode|attention_prefill]
+ *            [--quick]
+ *
+ * device:            the GPU as ifkc_device_info_get sees it (name, memory, SMs, compute
+ *                    capability, runtime and driver versions, peak bandwidth from the memory
+ *                    clock and bus width).
+ * copy:              ifkc_copy of a 1 GiB buffer to another on the device. A copy reads N bytes
+ *                    and writes N, so the memory system moves 2N bytes per copy: bw_gbps = 2N / t
+ *                    is the measured bandwidth, the ceiling every read-bound kernel below is
+ *                    compared with (its fraction_of_bw = bytes it reads / t / bw_gbps). A kernel
+ *                    that only reads can in principle beat it slightly (no read/write turnaround),
+ *                    so a fraction a little above 1 is possible; read_gbps = N / t is reported too
+ *                    but is not the ceiling. Always measured before matvec and attention_decode
+ *                    (their fractions need it), so --only of those prints this line as well.
+ * matvec:            ifkc_matmul with T = 1 (decode) for every weight type (F32, F16, BF16 and
+ *                    the nine quantized types) on the Llama-2-7B shapes N x K = 4096 x 4096
+ *                    (attention projections), 11008 x 4096 (gate, up), 4096 x 11008 (down) and
+ *                    32000 x 4096 (output); and T = 8 (batched decode) for F16, Q8_B64 and Q4_B64.
+ *                    weight_gbps = bytes of the weight matrix / time per call. Calls go round-robin
+ *                    over several copies of the matrix (>= 256 MiB in all), so the 50 MB L2 of an
+ *                    H100 cannot serve a repeat: weights come from HBM as in a real model.
+ * prefill:           ifkc_matmul with T = 512 (cuBLAS) for F16, BF16, F32, Q8_B64 and Q4_B64 on
+ *                    4096 x 4096 and 11008 x 4096; tflops = 2 T N K / time (one matrix, reused).
+ * attention_decode:  ifkc_attention_decode over 1024, 4096, 16384 and 65536 positions, 32 query
+ *                    heads over 8 KV heads of 128 (grouped-query attention as in Llama-3-8B), KV
+ *                    F16 and F32. kv_gbps = bytes of K and V read (2 n_pos n_kv_heads head_dim
+ *                    elem_size) / time; round-robin over copies of the cache (>= 256 MiB in all),
+ *                    as for matvec.
+ * attention_prefill: ifkc_attention_prefill of T = 512 queries at pos0 = 0 (a first prompt
+ *                    chunk), same heads, KV F16; tflops = 4 (T (T+1) / 2) n_heads head_dim / time
+ *                    (causal: query t sees t + 1 positions; QK^T and PV are 2 flops per
+ *                    multiply-add each).
+ *
+ * Timing: each measurement enqueues calls on the device's stream and ends a round with
+ * ifkc_sync(), timed on the host (bench.h). Two warm-up passes first (cuBLAS set-up, first
+ * touches); then a round is as many passes over the copies as make it last >= 5 ms, so the
+ * synchronisation adds < 1 %. Times are per call: the best and the median round. Small shapes
+ * include the launch cost of back-to-back calls, as a model's decode step pays it.
+ *
+ * Data: pseudo-random from fixed seeds. To keep set-up fast for large matrices, 256 distinct
+ * rows are generated (quantized types through ifk_quantize_row, the reference quantizer) and
+ * replicated on the device to fill the matrix; KV caches likewise repeat 256 distinct positions.
+ * The kernels' speed does not depend on the values.
+ *
+ * --only NAME: the device line and that measurement (and copy, as said above).
+ *
+ * A failing measurement prints {"bench":..., "case":..., "error": ifkc_errmsg()} and the others
+ * go on (the exit status is then 1). With no usable GPU it prints one line on stderr saying why
+ * and exits 1. --quick: fewer shapes and shorter rounds.
+ *
+ * Built by the Makefile as $(BUILD)/gpubench when CUDA is on; run by bench/bench-gpu.sh
+ * (make bench-gpu).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench/bench.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/quant.h"
+#include "kernels/cuda/cuda_kernels.h"
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+#define MIN_TOTAL_BYTES ((size_t)256 << 20) /* copies of a weight matrix or KV cache: >= 5x L2 */
+#define PATTERN_ROWS 256                    /* distinct rows generated on the host            */
+#define ROUND_TARGET_S 5e-3                 /* a timed round lasts at least this long          */
+
+typedef struct {
+    ifkc_dev *d;
+    double min_s;   /* least time spent on each measurement's rounds            */
+    double bw_gbps; /* the copy bench's 2N/t (0 until measured)                  */
+    double peak_gbps;
+    int failed;     /* some measurement printed an error                         */
+} gpubench;
+
+/* ---- output ------------------------------------------------------------------------------------ */
+
+/* s as a JSON string. */
+static void json_str(const char *s)
+{
+    putchar('"');
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            printf("\\%c", c);
+        else if (c < 0x20)
+            printf("\\u%04x", c);
+        else
+            putchar(c);
+    }
+    putchar('"');
+}
+
+/* One error line for a failed measurement: the case it was and the kernels' message. */
+static void report_error(gpubench *g, const char *bench, const char *what)
+{
+    printf("{\"bench\":");
+    json_str(bench);
+    printf(",\"case\":");
+    json_str(what);
+    printf(",\"error\":");
+    json_str(ifkc_errmsg());
+    printf("}\n");
+    fflush(stdout);
+    g->failed = 1;
+}
+
+static const char *wtype_name(int wt)
+{
+    if (wt == IFK_F32)
+        return "f32";
+    if (wt == IFK_F16)
+        return "f16";
+    if (wt == IFK_BF16)
+        return "bf16";
+    const ifk_qtype_info *q = ifk_qtype(wt);
+    return q ? q->name : "?";
+}
+
+/* ---- data -------------------------------------------------------------------------------------- */
+
+/* Uniform in [-1, 1), from a 32-bit LCG state. */
+static float rnd(uint32_t *s)
+{
+    *s = *s * 1664525u + 1013904223u;
+    return (float)(*s >> 8) / 8388608.0f - 1.0f;
+}
+
+/* F32 -> F16 bits, round to nearest even; magnitudes below F16's smallest normal (6.1e-5)
+ * become signed zero, which is all random benchmark data needs. |f| < 65504. */
+static uint16_t f16_bits(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000;
+    int e = (int)((x >> 23) & 0xff) - 127 + 15;
+    if (e <= 0)
+        return (uint16_t)sign;
+    uint32_t m = x & 0x7fffff, h = ((uint32_t)e << 10) | (m >> 13), rest = m & 0x1fff;
+    if (rest > 0x1000 || (rest == 0x1000 && (h & 1)))
+        h++; /* a carry into the exponent is the right result */
+    return (uint16_t)(sign | h);
+}
+
+/* F32 -> BF16 bits, round to nearest even (finite input). */
+static uint16_t bf16_bits(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
+}
+
+/* Bytes of one row of K weights of type wt. */
+static size_t row_bytes(int wt, int K)
+{
+    if (wt == IFK_F32)
+        return (size_t)K * 4;
+    if (wt == IFK_F16 || wt == IFK_BF16)
+        return (size_t)K * 2;
+    return ifk_qrow_bytes(wt, K);
+}
+
+/* One row of K random weights (about N(0, 0.03)-sized, as trained weights are) in type wt.
+ * tmp: [K] floats of scratch. */
+static void make_row(void *dst, int wt, int K, uint32_t seed, float *tmp)
+{
+    uint32_t s = seed * 2654435761u + 1;
+    for (int k = 0; k < K; k++)
+        tmp[k] = 0.05f * rnd(&s);
+    if (wt == IFK_F32)
+        memcpy(dst, tmp, (size_t)K * 4);
+    else if (wt == IFK_F16)
+        for (int k = 0; k < K; k++)
+            ((uint16_t *)dst)[k] = f16_bits(tmp[k]);
+    else if (wt == IFK_BF16)
+        for (int k = 0; k < K; k++)
+            ((uint16_t *)dst)[k] = bf16_bits(tmp[k]);
+    else
+        ifk_quantize_row(dst, wt, tmp, K);
+}
+
+/* Fills total bytes at dst with copies of the host block src[0 .. block): uploads it once, then
+ * doubles the filled prefix with device copies. total is a multiple of block. */
+static int fill_tiled(ifkc_dev *d, char *dst, const void *src, size_t block, size_t total)
+{
+    size_t filled = block < total ? block : total;
+    int rc = ifkc_upload(d, dst, src, filled);
+    while (!rc && filled < total) {
+        size_t n = filled < total - filled ? filled : total - filled;
+        rc = ifkc_copy(d, dst + filled, dst, n);
+        filled += n;
+    }
+    return rc ? rc : ifkc_sync(d);
+}
+
+/* n random F32 values in [-1, 1) on the device. */
+static int fill_random_f32(ifkc_dev *d, float *dst, size_t n, uint32_t seed)
+{
+    float *h = bench_alloc64("gpubench", n * 4);
+    uint32_t s = seed;
+    for (size_t i = 0; i < n; i++)
+        h[i] = rnd(&s);
+    int rc = ifkc_upload(d, dst, h, n * 4);
+    free(h);
+    return rc;
+}
+
+/* An [N][K] weight matrix of type wt at dst: PATTERN_ROWS distinct random rows, repeated. */
+static int fill_weights(ifkc_dev *d, char *dst, int wt, int N, int K)
+{
+    int R = N < PATTERN_ROWS ? N : PATTERN_ROWS;
+    size_t rb = row_bytes(wt, K);
+    char *h = bench_alloc64("gpubench", (size_t)R * rb);
+    float *tmp = bench_alloc64("gpubench", (size_t)K * 4);
+    for (int r = 0; r < R; r++)
+        make_row(h + (size_t)r * rb, wt, K, (uint32_t)r, tmp);
+    int rc = fill_tiled(d, dst, h, (size_t)R * rb, (size_t)N * rb);
+    free(h);
+    free(tmp);
+    return rc;
+}
+
+/* A KV cache of n_pos rows of `row` elements of kv_type: PATTERN_ROWS distinct rows, repeated. */
+static int fill_kv(ifkc_dev *d, char *dst, int kv_type, int n_pos, int row, uint32_t seed)
+{
+    int R = n_pos < PATTERN_ROWS ? n_pos : PATTERN_ROWS;
+    size_t rb = (size_t)row * (kv_type == IFK_F32 ? 4 : 2);
+    char *h = bench_alloc64("gpubench", (size_t)R * rb);
+    uint32_t s = seed;
+    for (size_t i = 0; i < (size_t)R * row; i++) {
+        float v = rnd(&s);
+        if (kv_type == IFK_F32)
+            ((float *)h)[i] = v;
+        else
+            ((uint16_t *)h)[i] = f16_bits(v);
+    }
+    int rc = fill_tiled(d, dst, h, (size_t)R * rb, (size_t)n_pos * rb);
+    free(h);
+    return rc;
+}
+
+/* How many copies of an object of `bytes` make at least MIN_TOTAL_BYTES. */
+static int copies_for(size_t bytes)
+{
+    return (int)((MIN_TOTAL_BYTES + bytes - 1) / bytes);
+}
+
+/* Distance between copies: bytes rounded up to 256 (the alignment cudaMalloc gives). */
+static size_t copy_stride(size_t bytes)
+{
+    return (bytes + 255) & ~(size_t)255;
+}
+
+/* Fills copies 1 .. n-1 (stride apart) from copy 0 (bytes long). */
+static int replicate(ifkc_dev *d, char *base, size_t bytes, size_t stride, int n)
+{
+    int rc = 0;
+    for (int c = 1; c < n && !rc; c++)
+        rc = ifkc_copy(d, base + (size_t)c * stride, base, bytes);
+    return rc ? rc : ifkc_sync(d);
+}
+
+/* ---- timing ------------------------------------------------------------------------------------ */
+
+/* Enqueues call number i of a pass (0 <= i < the pass's length). */
+typedef int (*enqueue_fn)(void *arg, int i);
+
+/* Enqueues `passes` passes of `unit` calls and waits for them. */
+static int run_passes(ifkc_dev *d, enqueue_fn fn, void *arg, int unit, int passes)
+{
+    int rc = 0;
+    for (int p = 0; p < passes && !rc; p++)
+        for (int i = 0; i < unit && !rc; i++)
+            rc = fn(arg, i);
+    return rc ? rc : ifkc_sync(d);
+}
+
+/* Times calls of fn: two warm-up passes (a pass = unit calls, one per copy of the data), then
+ * rounds of as many passes as last >= ROUND_TARGET_S, each ended by ifkc_sync. *best and *med:
+ * seconds per call, the best and the median round. */
+static int time_calls(gpubench *g, enqueue_fn fn, void *arg, int unit, double *best, double *med)
+{
+    int rc = run_passes(g->d, fn, arg, unit, 1);
+    if (rc)
+        return rc;
+    double t0 = bench_now();
+    if ((rc = run_passes(g->d, fn, arg, unit, 1)))
+        return rc;
+    double t_pass = bench_now() - t0;
+    int passes = t_pass >= ROUND_TARGET_S ? 1 : (int)ceil(ROUND_TARGET_S / (t_pass > 1e-7 ? t_pass : 1e-7));
+    BENCH_ROUNDS(g->min_s, best, med, if (!rc) rc = run_passes(g->d, fn, arg, unit, passes));
+    double calls = (double)unit * passes;
+    *best /= calls;
+    *med /= calls;
+    return rc;
+}
+
+/* ---- device ------------------------------------------------------------------------------------ */
+
+static int bench_device(gpubench *g, int index)
+{
+    ifkc_device_info in;
+    if (ifkc_device_info_get(index, &in)) {
+        report_error(g, "device", "ifkc_device_info_get");
+        return -1;
+    }
+    g->peak_gbps = in.mem_bw_peak * 1e-9;
+    printf("{\"bench\":\"device\",\"index\":%d,\"name\":", index);
+    json_str(in.name);
+    printf(",\"mem_total_gib\":%.2f,\"mem_free_gib\":%.2f,\"sm_count\":%d,\"compute_capability\":\"%d.%d\","
+           "\"runtime_version\":%d,\"driver_version\":%d,\"peak_gbps\":%.1f}\n",
+           in.mem_total / GIB, in.mem_free / GIB, in.sm_count, in.cc_major, in.cc_minor,
+           in.runtime_version, in.driver_version, g->peak_gbps);
+    fflush(stdout);
+    return 0;
+}
+
+/* ---- copy -------------------------------------------------------------------------------------- */
+
+typedef struct {
+    ifkc_dev *d;
+    char *dst;
+    const char *src;
+    size_t n;
+} copy_args;
+
+static int copy_call(void *arg, int i)
+{
+    copy_args *a = arg;
+    return ifkc_copy(a->d, a->dst, a->src, a->n);
+}
+
+/* Sets g->bw_gbps. */
+static void bench_copy(gpubench *g)
+{
+    const size_t N = (size_t)1 << 30;
+    char *buf = NULL;
+    double best, med;
+    if (ifkc_malloc(g->d, (void **)&buf, 2 * N) || ifkc_memset0(g->d, buf, 2 * N)) {
+        report_error(g, "copy", "allocating 2 x 1 GiB");
+        goto out;
+    }
+    copy_args a = {g->d, buf + N, buf, N};
+    if (time_calls(g, copy_call, &a, 1, &best, &med)) {
+        report_error(g, "copy", "ifkc_copy of 1 GiB");
+        goto out;
+    }
+    g->bw_gbps = 2.0 * N / best * 1e-9;
+    printf("{\"bench\":\"copy\",\"bytes\":%zu,\"us\":%.1f,\"us_median\":%.1f,\"bw_gbps\":%.1f,"
+           "\"bw_gbps_median\":%.1f,\"read_gbps\":%.1f,\"peak_gbps\":%.1f,",
+           N, best * 1e6, med * 1e6, g->bw_gbps, 2.0 * N / med * 1e-9, N / best * 1e-9, g->peak_gbps);
+    if (g->peak_gbps > 0)
+        printf("\"fraction_of_peak\":%.3f}\n", g->bw_gbps / g->peak_gbps);
+    else
+        printf("\"fraction_of_peak\":null}\n");
+    fflush(stdout);
+out:
+    ifkc_free(g->d, buf);
+}
+
+/* bytes / t as a fraction of the copy bench's bandwidth, or null before it. */
+static void print_fraction(double gbps, double bw)
+{
+    if (bw > 0)
+        printf(",\"fraction_of_bw\":%.3f", gbps / bw);
+    else
+        printf(",\"fraction_of_bw\":null");
+}
+
+/* ---- matvec and prefill ------------------------------------------------------------------------ */
+
+typedef struct {
+    ifkc_dev *d;
+    float *y;
+    const char *W; /* copy c at W + c * stride */
+    size_t stride;
+    int copies, wtype;
+    const float *x;
+    int T, N, K;
+} matmul_args;
+
+static int matmul_call(void *arg, int i)
+{
+    matmul_args *a = arg;
+    return ifkc_matmul(a->d, a->y, (size_t)a->N, a->W + (size_t)(i % a->copies) * a->stride, a->wtype,
+                       a->x, (size_t)a->K, a->T, a->N, a->K);
+}
+
+/* Device buffers of one product: `copies` weight matrices, x [T][K], y [T][N]; filled. */
+static int matmul_setup(gpubench *g, matmul_args *a, int wt, int T, int N, int K, int copies)
+{
+    size_t bytes = (size_t)N * row_bytes(wt, K);
+    *a = (matmul_args){g->d, NULL, NULL, copy_stride(bytes), copies, wt, NULL, T, N, K};
+    int rc = ifkc_malloc(g->d, (void **)&a->W, a->stride * copies);
+    if (!rc)
+        rc = ifkc_malloc(g->d, (void **)&a->x, (size_t)T * K * 4);
+    if (!rc)
+        rc = ifkc_malloc(g->d, (void **)&a->y, (size_t)T * N * 4);
+    if (!rc)
+        rc = fill_weights(g->d, (char *)a->W, wt, N, K);
+    if (!rc)
+        rc = replicate(g->d, (char *)a->W, bytes, a->stride, copies);
+    if (!rc)
+        rc = fill_random_f32(g->d, (float *)a->x, (size_t)T * K, 99);
+    return rc;
+}
+
+static void matmul_free(gpubench *g, matmul_args *a)
+{
+    ifkc_free(g->d, (void *)a->W);
+    ifkc_free(g->d, (void *)a->x);
+    ifkc_free(g->d, a->y);
+}
+
+/* Returns 0 if ifkc_matmul takes wt, else prints a line saying it was skipped. */
+static int check_wtype(const char *bench, int wt, int T, int N, int K)
+{
+    if (ifkc_supports_wtype(wt))
+        return 0;
+    printf("{\"bench\":\"%s\",\"wtype\":\"%s\",\"T\":%d,\"N\":%d,\"K\":%d,"
+           "\"skipped\":\"weight type not supported by ifkc_matmul\"}\n",
+           bench, wtype_name(wt), T, N, K);
+    fflush(stdout);
+    return -1;
+}
+
+/* Decode-sized products (T <= IFKC_MATVEC_MAX_T): weight bytes read per second. */
+static void bench_matvec(gpubench *g, int wt, int T, int N, int K)
+{
+    if (check_wtype("matvec", wt, T, N, K))
+        return;
+    char what[96];
+    snprintf(what, sizeof what, "%s T=%d N=%d K=%d", wtype_name(wt), T, N, K);
+    size_t bytes = (size_t)N * row_bytes(wt, K);
+    int copies = copies_for(bytes);
+    matmul_args a;
+    double best, med;
+    if (matmul_setup(g, &a, wt, T, N, K, copies) || time_calls(g, matmul_call, &a, copies, &best, &med)) {
+        report_error(g, "matvec", what);
+        goto out;
+    }
+    double gbps = bytes / best * 1e-9;
+    printf("{\"bench\":\"matvec\",\"wtype\":\"%s\",\"T\":%d,\"N\":%d,\"K\":%d,\"weight_bytes\":%zu,"
+           "\"copies\":%d,\"us\":%.2f,\"us_median\":%.2f,\"weight_gbps\":%.1f,\"weight_gbps_median\":%.1f",
+           wtype_name(wt), T, N, K, bytes, copies, best * 1e6, med * 1e6, gbps, bytes / med * 1e-9);
+    print_fraction(gbps, g->bw_gbps);
+    printf("}\n");
+    fflush(stdout);
+out:
+    matmul_free(g, &a);
+}
+
+/* Prompt-sized products (cuBLAS): flops per second; one matrix (compute-bound, L2 irrelevant). */
+static void bench_prefill(gpubench *g, int wt, int T, int N, int K)
+{
+    if (check_wtype("prefill", wt, T, N, K))
+        return;
+    char what[96];
+    snprintf(what, sizeof what, "%s T=%d N=%d K=%d", wtype_name(wt), T, N, K);
+    matmul_args a;
+    double best, med, flop = 2.0 * T * N * K;
+    if (matmul_setup(g, &a, wt, T, N, K, 1) || time_calls(g, matmul_call, &a, 1, &best, &med)) {
+        report_error(g, "prefill", what);
+        goto out;
+    }
+    printf("{\"bench\":\"prefill\",\"wtype\":\"%s\",\"T\":%d,\"N\":%d,\"K\":%d,\"us\":%.1f,"
+           "\"us_median\":%.1f,\"tflops\":%.2f,\"tflops_median\":%.2f}\n",
+           wtype_name(wt), T, N, K, best * 1e6, med * 1e6, flop / best * 1e-12, flop / med * 1e-12);
+    fflush(stdout);
+out:
+    matmul_free(g, &a);
+}
+
+/* ---- attention --------------------------------------------------------------------------------- */
+
+enum { ATT_HEADS = 32, ATT_KV_HEADS = 8, ATT_HEAD_DIM = 128 };
+
+typedef struct {
+    ifkc_dev *d;
+    float *out;
+    const float *q;
+    const char *kv; /* copy c: K at kv + c * stride, V half a stride later */
+    size_t stride;
+    int copies, kv_type, T, n_pos;
+} attention_args;
+
+static int attention_decode_call(void *arg, int i)
+{
+    attention_args *a = arg;
+    const char *k = a->kv + (size_t)(i % a->copies) * a->stride;
+    return ifkc_attention_decode(a->d, a->out, a->q, k, k + a->stride / 2, a->kv_type,
+                                 (size_t)ATT_KV_HEADS * ATT_HEAD_DIM, a->n_pos, ATT_HEADS, ATT_KV_HEADS,
+                                 ATT_HEAD_DIM, 1.0f / sqrtf((float)ATT_HEAD_DIM));
+}
+
+static int attention_prefill_call(void *arg, int i)
+{
+    attention_args *a = arg;
+    return ifkc_attention_prefill(a->d, a->out, a->q, a->kv, a->kv + a->stride / 2, a->kv_type,
+                                  (size_t)ATT_KV_HEADS * ATT_HEAD_DIM, a->T, 0, ATT_HEADS, ATT_KV_HEADS,
+                                  ATT_HEAD_DIM, 1.0f / sqrtf((float)ATT_HEAD_DIM));
+}
+
+/* Bytes of one of K or V over n_pos positions. */
+static size_t kv_bytes(int kv_type, int n_pos)
+{
+    return (size_t)n_pos * ATT_KV_HEADS * ATT_HEAD_DIM * (kv_type == IFK_F32 ? 4 : 2);
+}
+
+/* Device buffers of one attention call: `copies` (K, V) pairs of n_pos positions, q and out of
+ * T queries; filled. */
+static int attention_setup(gpubench *g, attention_args *a, int kv_type, int T, int n_pos, int copies)
+{
+    size_t half = copy_stride(kv_bytes(kv_type, n_pos)), qn = (size_t)T * ATT_HEADS * ATT_HEAD_DIM;
+    *a = (attention_args){g->d, NULL, NULL, NULL, 2 * half, copies, kv_type, T, n_pos};
+    int rc = ifkc_malloc(g->d, (void **)&a->kv, a->stride * copies);
+    if (!rc)
+        rc = ifkc_malloc(g->d, (void **)&a->q, qn * 4);
+    if (!rc)
+        rc = ifkc_malloc(g->d, (void **)&a->out, qn * 4);
+    if (!rc)
+        rc = fill_kv(g->d, (char *)a->kv, kv_type, n_pos, ATT_KV_HEADS * ATT_HEAD_DIM, 1);
+    if (!rc)
+        rc = fill_kv(g->d, (char *)a->kv + half, kv_type, n_pos, ATT_KV_HEADS * ATT_HEAD_DIM, 2);
+    if (!rc)
+        rc = replicate(g->d, (char *)a->kv, a->stride, a->stride, copies);
+    if (!rc)
+        rc = fill_random_f32(g->d, (float *)a->q, qn, 3);
+    return rc;
+}
+
+static void attention_free(gpubench *g, attention_args *a)
+{
+    ifkc_free(g->d, (void *)a->kv);
+    ifkc_free(g->d, (void *)a->q);
+    ifkc_free(g->d, a->out);
+}
+
+/* One decode token over n_pos cached positions: K and V bytes read per second. */
+static void bench_attention_decode(gpubench *g, int kv_type, int n_pos)
+{
+    char what[64];
+    snprintf(what, sizeof what, "kv %s n_pos=%d", wtype_name(kv_type), n_pos);
+    size_t bytes = 2 * kv_bytes(kv_type, n_pos);
+    int copies = copies_for(bytes);
+    attention_args a;
+    double best, med;
+    if (attention_setup(g, &a, kv_type, 1, n_pos, copies) ||
+        time_calls(g, attention_decode_call, &a, copies, &best, &med)) {
+        report_error(g, "attention_decode", what);
+        goto out;
+    }
+    double gbps = bytes / best * 1e-9;
+    printf("{\"bench\":\"attention_decode\",\"kv_type\":\"%s\",\"n_pos\":%d,\"heads\":%d,\"kv_heads\":%d,"
+           "\"head_dim\":%d,\"kv_bytes\":%zu,\"copies\":%d,\"us\":%.2f,\"us_median\":%.2f,\"kv_gbps\":%.1f,"
+           "\"kv_gbps_median\":%.1f",
+           wtype_name(kv_type), n_pos, ATT_HEADS, ATT_KV_HEADS, ATT_HEAD_DIM, bytes, copies, best * 1e6,
+           med * 1e6, gbps, bytes / med * 1e-9);
+    print_fraction(gbps, g->bw_gbps);
+    printf("}\n");
+    fflush(stdout);
+out:
+    attention_free(g, &a);
+}
+
+/* T causal queries from position 0: flops per second. */
+static void bench_attention_prefill(gpubench *g, int kv_type, int T)
+{
+    char what[64];
+    snprintf(what, sizeof what, "kv %s T=%d pos0=0", wtype_name(kv_type), T);
+    attention_args a;
+    double best, med, flop = 4.0 * (T * (T + 1.0) / 2) * ATT_HEADS * ATT_HEAD_DIM;
+    if (attention_setup(g, &a, kv_type, T, T, 1) ||
+        time_calls(g, attention_prefill_call, &a, 1, &best, &med)) {
+        report_error(g, "attention_prefill", what);
+        goto out;
+    }
+    printf("{\"bench\":\"attention_prefill\",\"kv_type\":\"%s\",\"T\":%d,\"pos0\":0,\"heads\":%d,"
+           "\"kv_heads\":%d,\"head_dim\":%d,\"us\":%.1f,\"us_median\":%.1f,\"tflops\":%.2f,"
+           "\"tflops_median\":%.2f}\n",
+           wtype_name(kv_type), T, ATT_HEADS, ATT_KV_HEADS, ATT_HEAD_DIM, best * 1e6, med * 1e6,
+           flop / best * 1e-12, flop / med * 1e-12);
+    fflush(stdout);
+out:
+    attention_free(g, &a);
+}
+
+/* ---- main -------------------------------------------------------------------------------------- */
+
+static int wanted(const char *only, const char *name)
+{
+    return !only || !strcmp(only, name);
+}
+
+static void run_matvec(gpubench *g, int quick)
+{
+    static const int shapes[][2] = {{4096, 4096}, {11008, 4096}, {4096, 11008}, {32000, 4096}};
+    static const int batched[] = {IFK_F16, IFK_Q8_B64, IFK_Q4_B64};
+    int n_shapes = quick ? 2 : 4;
+    for (int s = 0; s < n_shapes; s++) {
+        for (int wt = IFK_F32; wt <= IFK_BF16; wt++)
+            bench_matvec(g, wt, 1, shapes[s][0], shapes[s][1]);
+        for (int wt = IFK_Q8_B32; wt < IFK_QTYPE_END_; wt++)
+            bench_matvec(g, wt, 1, shapes[s][0], shapes[s][1]);
+    }
+    for (int s = 0; s < n_shapes; s++)
+        for (int b = 0; b < 3; b++)
+            bench_matvec(g, batched[b], 8, shapes[s][0], shapes[s][1]);
+}
+
+static void run_prefill(gpubench *g, int quick)
+{
+    static const int shapes[][2] = {{4096, 4096}, {11008, 4096}};
+    static const int types[] = {IFK_F16, IFK_BF16, IFK_F32, IFK_Q8_B64, IFK_Q4_B64};
+    for (int s = 0; s < (quick ? 1 : 2); s++)
+        for (int t = 0; t < 5; t++)
+            bench_prefill(g, types[t], 512, shapes[s][0], shapes[s][1]);
+}
+
+static void run_attention_decode(gpubench *g, int quick)
+{
+    static const int ctx[] = {1024, 4096, 16384, 65536};
+    static const int kv_types[] = {IFK_F16, IFK_F32};
+    for (int t = 0; t < 2; t++)
+        for (int c = 0; c < 4; c++)
+            if (!quick || c % 2 == 0)
+                bench_attention_decode(g, kv_types[t], ctx[c]);
+}
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: gpubench [--device N] [--only device|copy|matvec|prefill|attention_decode|"
+                    "attention_prefill] [--quick]\n");
+    return 2;
+}
+
+int main(int argc, char **argv)
+{
+    int quick = 0, index = 0;
+    const char *only = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--only") && i + 1 < argc)
+            only = argv[++i];
+        else if (!strcmp(argv[i], "--device") && i + 1 < argc)
+            index = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--quick"))
+            quick = 1;
+        else
+            return usage();
+    }
+    static const char *const names[] = {"device", "copy", "matvec", "prefill", "attention_decode",
+                                        "attention_prefill"};
+    int known = !only;
+    for (int i = 0; i < 6 && !known; i++)
+        known = !strcmp(only, names[i]);
+    if (!known)
+        return usage();
+
+    gpubench g = {.min_s = quick ? 0.1 : 0.5};
+    if (ifkc_open(&g.d, index)) {
+        fprintf(stderr, "gpubench: %s\n", ifkc_errmsg());
+        return 1;
+    }
+    bench_device(&g, index); /* always: it names the machine the other lines were measured on */
+    if (ifkc_make_current(g.d)) {
+        fprintf(stderr, "gpubench: %s\n", ifkc_errmsg());
+        return 1;
+    }
+    if (wanted(only, "copy") || wanted(only, "matvec") || wanted(only, "attention_decode"))
+        bench_copy(&g);
+    if (wanted(only, "matvec"))
+        run_matvec(&g, quick);
+    if (wanted(only, "prefill"))
+        run_prefill(&g, quick);
+    if (wanted(only, "attention_decode"))
+        run_attention_decode(&g, quick);
+    if (wanted(only, "attention_prefill"))
+        bench_attention_prefill(&g, IFK_F16, 512);
+    ifkc_close(g.d);
+    return g.failed;
+}

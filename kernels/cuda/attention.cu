@@ -1,0 +1,711 @@
+/*
+ * attention.cu -- causal grouped-query attention over an F32 or F16 KV cache, and the cache
+ * store. Contract: cuda_kernels.h (ifkc_attention*, ifkc_kv_store); reference: ifk_attention.
+ *
+ * Plan
+ *   Scores are computed in log2 units: q is multiplied once by scale * log2(e), so every
+ *   exponential is an exp2f and the softmax is unchanged. All sums are F32.
+ *
+ *   Decode (one query token, n_pos keys): flash-decoding in two kernels.
+ *   1. attn_decode_chunk, grid (chunk, kv head, query-head slice), 256 threads. A block owns
+ *      up to DEC_GMAX query heads of one kv head (the whole group for ratios up to 8; larger
+ *      groups are cut into slices) and a chunk of at most DEC_CHUNK_MAX keys, and reads each
+ *      K and V row of its chunk exactly once for all its query heads.
+ *      - A cache row is read as 16-byte pieces (4 F32 or 8 F16 values). The lanes of a warp
+ *        form segments of S lanes (S = the row's piece count rounded up to a power of two,
+ *        at most 32); a segment reads one row, lane by lane contiguous, so a warp reads
+ *        32/S whole rows per load instruction: fully coalesced. Each warp keeps DEC_UNROLL
+ *        such loads in flight before using them (memory-level parallelism).
+ *      - Pass 1: score = q . k for every query head, summed over the segment by a
+ *        reduce-scatter of xor shuffles (9 shuffles for 8 heads, not 40), stored to shared
+ *        memory [head][key].
+ *      - Per head: the chunk maximum m, p = exp2(score - m) in place, l = sum p.
+ *      - Pass 2: every lane accumulates p * v for the pieces it owns, all heads at once; the
+ *        segments of a warp are summed with shuffles, the warps one after another in shared
+ *        memory (a fixed order: results do not depend on timing).
+ *      - With one chunk the block writes out = acc / l; otherwise it writes the partial
+ *        (acc, m, l) to the handle's IFKC_SCRATCH_ATTN slot.
+ *   2. attn_decode_merge, one block per query head: M = max m_c, then
+ *      out = sum_c acc_c * exp2(m_c - M) / sum_c l_c * exp2(m_c - M).
+ *      The chunk length is chosen on the host so that n_kv_heads * slices * chunks is about
+ *      two blocks per SM (the kernel fits two per SM), within [DEC_CHUNK_MIN, DEC_CHUNK_MAX]
+ *      keys, a multiple of 32: a context up to 64 keys is one chunk and needs no merge; 4k
+ *      keys and more give every SM work; very long contexts give more waves of full chunks.
+ *      The 16-byte loads need 16-byte aligned K/V rows (k, v and kv_ld * element size); a
+ *      cache that is not aligned so runs the prefill kernel with T = 1 instead (correct, not
+ *      bandwidth-optimal).
+ *
+ *   Prefill (T query tokens at pos0.., causal): attn_prefill_tile, grid (query tile, query
+ *   head), 128 threads. A block holds a tile of PF_BQ = 32 queries of one head in shared
+ *   memory and walks the key tiles of PF_BK = 32 keys it can see (keys 0 .. pos0 + last
+ *   token of the tile): the K tile, later the V tile in the same buffer, is loaded
+ *   cooperatively (consecutive threads, consecutive elements; any alignment) and converted
+ *   to F32 in shared memory, the 32 x 32 scores are computed (4 threads a query row, 8 keys
+ *   each; then head_dim/4 output dims each for P V), masked (key j visible to token t
+ *   iff j <= pos0 + t), and merged into the running (max, sum, output) of each row: the
+ *   online softmax of flash attention. Memory stays linear in the context; nothing of size
+ *   T x n_ctx is stored. Tiles of the last tokens (the most keys) are scheduled first.
+ *   Rows of a tile past T see no key and are not written.
+ *
+ *   Head dims 64, 80, 96, 128, 256 and both cache types are template instances of the two
+ *   kernels (10 each); the merge kernel takes head_dim at run time.
+ */
+#include "kernels/cuda/common.cuh"
+
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "kernels/cpu/kernels.h"
+
+#define IFKC_LOG2E 1.4426950408889634f
+#define FULL_MASK 0xffffffffu
+
+/* ---- cache element access --------------------------------------------------------------- */
+
+static __device__ __forceinline__ float kv_float(float x) { return x; }
+static __device__ __forceinline__ float kv_float(__half x) { return __half2float(x); }
+
+/* A 16-byte piece of a cache row as E floats. */
+template <typename KV> struct kv_piece;
+template <> struct kv_piece<float> {
+    static constexpr int E = 4;
+    /* f: [4] */
+    static __device__ __forceinline__ void unpack(uint4 r, float *f)
+    {
+        f[0] = __uint_as_float(r.x);
+        f[1] = __uint_as_float(r.y);
+        f[2] = __uint_as_float(r.z);
+        f[3] = __uint_as_float(r.w);
+    }
+};
+template <> struct kv_piece<__half> {
+    static constexpr int E = 8;
+    /* f: [8] */
+    static __device__ __forceinline__ void unpack(uint4 r, float *f)
+    {
+        const unsigned w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            __half2 h = __halves2half2(__ushort_as_half((unsigned short)(w[i] & 0xffffu)),
+                                       __ushort_as_half((unsigned short)(w[i] >> 16)));
+            float2 f2 = __half22float2(h);
+            f[2 * i] = f2.x;
+            f[2 * i + 1] = f2.y;
+        }
+    }
+};
+
+static __host__ __device__ constexpr int pow2_at_least(int x) { return x <= 1 ? 1 : 2 * pow2_at_least((x + 1) / 2); }
+
+/* ---- decode ------------------------------------------------------------------------------ */
+
+enum {
+    DEC_WARPS = 8,
+    DEC_THREADS = DEC_WARPS * 32,
+    DEC_GMAX = 8,          /* query heads per block                              */
+    DEC_CHUNK_MIN = 64,    /* keys per chunk, at least (shorter contexts: 1 chunk) */
+    DEC_CHUNK_MAX = 1024,  /* keys per chunk, at most (the score buffer)         */
+    DEC_UNROLL = 4         /* row loads in flight per lane                       */
+};
+
+/* How a row of D elements of KV is spread over a warp. */
+template <int D, typename KV> struct dec_shape {
+    static constexpr int E = kv_piece<KV>::E;       /* elements per 16-byte piece        */
+    static constexpr int P = D / E;                  /* pieces per row                    */
+    static constexpr int S = pow2_at_least(P) < 32 ? pow2_at_least(P) : 32; /* lanes per row */
+    static constexpr int PPL = (P + S - 1) / S;      /* pieces per lane                   */
+    static constexpr int KPW = 32 / S;               /* rows a warp reads at once         */
+    static constexpr int STEP = DEC_WARPS * KPW;     /* rows the block reads at once      */
+    static_assert(D % E == 0, "head_dim must be a multiple of the piece");
+};
+
+struct dec_args {
+    float *out;           /* [n_heads][D]: written when n_chunks == 1               */
+    float *part_o;        /* [n_heads][n_chunks][D]: unnormalized chunk outputs     */
+    float *part_ml;       /* [n_heads][n_chunks][2]: chunk max (log2 units), sum    */
+    const float *q;       /* [n_heads][D]                                           */
+    const void *k, *v;    /* [n_pos][kv_ld] of KV, 16-byte aligned rows             */
+    size_t kv_ld;
+    int n_pos, group, chunk_len, n_chunks;
+    float qscale;         /* scale * log2(e)                                        */
+};
+
+template <typename T> static __device__ __forceinline__ T warp_sum(T v)
+{
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+        v += __shfl_xor_sync(FULL_MASK, v, off);
+    return v;
+}
+
+static __device__ __forceinline__ float warp_max(float v)
+{
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, off));
+    return v;
+}
+
+/* Sums the 8 values acc[0..8) of each lane over the S lanes of its segment (S a power of two,
+ * 8 <= S <= 32; segments S-aligned in the warp). Reduce-scatter: at each of the first three
+ * steps a lane keeps half of its values, sends the other half to its partner and adds what it
+ * receives; then the single value left is summed over the remaining lanes. 9 shuffles for
+ * S = 32 where 8 separate reductions take 40. Returns the sum for value
+ * g = (sl & S/2 ? 4 : 0) | (sl & S/4 ? 2 : 0) | (sl & S/8 ? 1 : 0), sl the lane in the segment;
+ * acc is clobbered. */
+template <int S> static __device__ __forceinline__ float segment_reduce_scatter(float (&acc)[DEC_GMAX], int sl)
+{
+    static_assert(DEC_GMAX == 8 && S >= 8 && S <= 32, "three halving steps inside a segment");
+#pragma unroll
+    for (int step = 0, c = DEC_GMAX; step < 3; step++, c >>= 1) {
+        const int off = S >> (step + 1);
+        const bool up = (sl & off) != 0; /* keep the upper half */
+#pragma unroll
+        for (int i = 0; i < c / 2; i++) {
+            const float keep = up ? acc[i + c / 2] : acc[i];
+            const float send = up ? acc[i] : acc[i + c / 2];
+            acc[i] = keep + __shfl_xor_sync(FULL_MASK, send, off);
+        }
+    }
+    float v = acc[0];
+#pragma unroll
+    for (int off = S / 16; off > 0; off >>= 1)
+        v += __shfl_xor_sync(FULL_MASK, v, off);
+    return v;
+}
+
+template <int D, typename KV>
+__global__ void __launch_bounds__(DEC_THREADS, 2) attn_decode_chunk(dec_args a)
+{
+    using SH = dec_shape<D, KV>;
+    constexpr int E = SH::E, P = SH::P, S = SH::S, PPL = SH::PPL, KPW = SH::KPW, STEP = SH::STEP;
+    /* Scores, then probabilities. Rows padded by 4 floats: the 8 heads' scores of one key
+     * (and of the up to 4 keys of a warp) are stored at once to distinct banks. */
+    __shared__ float s_p[DEC_GMAX][DEC_CHUNK_MAX + 4];
+    __shared__ float s_o[DEC_GMAX][D];             /* the block's weighted V sums */
+    __shared__ float s_m[DEC_GMAX], s_l[DEC_GMAX];
+
+    const int c = blockIdx.x, kvh = blockIdx.y, g0 = blockIdx.z * DEC_GMAX;
+    const int G = min(DEC_GMAX, a.group - g0);
+    const int h0 = kvh * a.group + g0;
+    const int j0 = c * a.chunk_len;
+    const int n = min(a.chunk_len, a.n_pos - j0);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int seg = lane / S, sl = lane % S;
+    const KV *kb = (const KV *)a.k + (size_t)j0 * a.kv_ld + (size_t)kvh * D;
+    const KV *vb = (const KV *)a.v + (size_t)j0 * a.kv_ld + (size_t)kvh * D;
+
+    /* The query elements of the pieces this lane owns, in log2 units. */
+    float qr[DEC_GMAX][PPL][E];
+#pragma unroll
+    for (int g = 0; g < DEC_GMAX; g++)
+#pragma unroll
+        for (int i = 0; i < PPL; i++)
+#pragma unroll
+            for (int e = 0; e < E; e++) {
+                const int p = sl + i * S;
+                qr[g][i][e] = (g < G && p < P) ? a.q[(size_t)(h0 + g) * D + p * E + e] * a.qscale : 0.0f;
+            }
+
+    /* Pass 1: scores. Row j of the chunk is read by segment seg of warp w when
+     * j = w*KPW + seg + u*STEP (mod STEP*DEC_UNROLL); jb is warp-uniform, so every lane
+     * reaches the shuffles. */
+    for (int jb = warp * KPW; jb < n; jb += STEP * DEC_UNROLL) {
+        uint4 kr[DEC_UNROLL][PPL];
+#pragma unroll
+        for (int u = 0; u < DEC_UNROLL; u++) {
+            const int j = jb + u * STEP + seg;
+#pragma unroll
+            for (int i = 0; i < PPL; i++) {
+                const int p = sl + i * S;
+                kr[u][i] = (j < n && p < P) ? __ldg((const uint4 *)(kb + (size_t)j * a.kv_ld + p * E))
+                                            : make_uint4(0, 0, 0, 0);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < DEC_UNROLL; u++) {
+            float acc[DEC_GMAX];
+#pragma unroll
+            for (int g = 0; g < DEC_GMAX; g++)
+                acc[g] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < PPL; i++) {
+                float kf[E];
+                kv_piece<KV>::unpack(kr[u][i], kf);
+#pragma unroll
+                for (int g = 0; g < DEC_GMAX; g++)
+#pragma unroll
+                    for (int e = 0; e < E; e++)
+                        acc[g] = fmaf(qr[g][i][e], kf[e], acc[g]);
+            }
+            const float sc = segment_reduce_scatter<S>(acc, sl);
+            const int j = jb + u * STEP + seg;
+            if ((sl & (S / 8 - 1)) == 0) {
+                const int g = ((sl & (S / 2)) ? 4 : 0) | ((sl & (S / 4)) ? 2 : 0) | ((sl & (S / 8)) ? 1 : 0);
+                if (g < G && j < n)
+                    s_p[g][j] = sc;
+            }
+        }
+    }
+    __syncthreads();
+
+    /* Chunk maximum, probabilities, their sum: warp w handles heads w, w + DEC_WARPS, ... */
+    for (int g = warp; g < G; g += DEC_WARPS) {
+        float m = -INFINITY;
+        for (int j = lane; j < n; j += 32)
+            m = fmaxf(m, s_p[g][j]);
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int j = lane; j < n; j += 32) {
+            const float p = exp2f(s_p[g][j] - m);
+            s_p[g][j] = p;
+            l += p;
+        }
+        l = warp_sum(l);
+        if (lane == 0) {
+            s_m[g] = m;
+            s_l[g] = l;
+        }
+    }
+    __syncthreads();
+
+    /* Pass 2: acc[g] += p[g][j] * v[j] over this lane's rows and pieces. */
+    float acc[DEC_GMAX][PPL][E];
+#pragma unroll
+    for (int g = 0; g < DEC_GMAX; g++)
+#pragma unroll
+        for (int i = 0; i < PPL; i++)
+#pragma unroll
+            for (int e = 0; e < E; e++)
+                acc[g][i][e] = 0.0f;
+    for (int jb = warp * KPW; jb < n; jb += STEP * DEC_UNROLL) {
+        uint4 vr[DEC_UNROLL][PPL];
+#pragma unroll
+        for (int u = 0; u < DEC_UNROLL; u++) {
+            const int j = jb + u * STEP + seg;
+#pragma unroll
+            for (int i = 0; i < PPL; i++) {
+                const int p = sl + i * S;
+                vr[u][i] = (j < n && p < P) ? __ldg((const uint4 *)(vb + (size_t)j * a.kv_ld + p * E))
+                                            : make_uint4(0, 0, 0, 0);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < DEC_UNROLL; u++) {
+            const int j = jb + u * STEP + seg;
+            if (j >= n) /* s_p past n is stale; the row was not loaded */
+                continue;
+#pragma unroll
+            for (int i = 0; i < PPL; i++) {
+                float vf[E];
+                kv_piece<KV>::unpack(vr[u][i], vf);
+#pragma unroll
+                for (int g = 0; g < DEC_GMAX; g++) {
+                    const float p = g < G ? s_p[g][j] : 0.0f;
+#pragma unroll
+                    for (int e = 0; e < E; e++)
+                        acc[g][i][e] = fmaf(p, vf[e], acc[g][i][e]);
+                }
+            }
+        }
+    }
+
+    /* Sum the segments of each warp (lanes sl of all segments own the same pieces) ... */
+#pragma unroll
+    for (int off = S; off < 32; off <<= 1)
+#pragma unroll
+        for (int g = 0; g < DEC_GMAX; g++)
+#pragma unroll
+            for (int i = 0; i < PPL; i++)
+#pragma unroll
+                for (int e = 0; e < E; e++)
+                    acc[g][i][e] += __shfl_xor_sync(FULL_MASK, acc[g][i][e], off);
+    /* ... then the warps, in order, into s_o. */
+    for (int w = 0; w < DEC_WARPS; w++) {
+        if (warp == w && seg == 0) {
+#pragma unroll
+            for (int g = 0; g < DEC_GMAX; g++)
+#pragma unroll
+                for (int i = 0; i < PPL; i++) {
+                    const int p = sl + i * S;
+                    if (g < G && p < P)
+#pragma unroll
+                        for (int e = 0; e < E; e++)
+                            s_o[g][p * E + e] = (w == 0 ? 0.0f : s_o[g][p * E + e]) + acc[g][i][e];
+                }
+        }
+        __syncthreads();
+    }
+
+    for (int idx = threadIdx.x; idx < G * D; idx += DEC_THREADS) {
+        const int g = idx / D, dd = idx % D;
+        if (a.n_chunks == 1)
+            a.out[(size_t)(h0 + g) * D + dd] = s_o[g][dd] / s_l[g];
+        else
+            a.part_o[((size_t)(h0 + g) * a.n_chunks + c) * D + dd] = s_o[g][dd];
+    }
+    if (a.n_chunks > 1 && threadIdx.x < G) {
+        const int g = threadIdx.x;
+        float *ml = a.part_ml + ((size_t)(h0 + g) * a.n_chunks + c) * 2;
+        ml[0] = s_m[g];
+        ml[1] = s_l[g];
+    }
+}
+
+/* One block per query head h.
+ * out: [n_heads][D]; part_o: [n_heads][n_chunks][D]; part_ml: [n_heads][n_chunks][2]. */
+__global__ void attn_decode_merge(float *out, const float *part_o, const float *part_ml, int n_chunks, int D)
+{
+    const int h = blockIdx.x;
+    const float *ml = part_ml + (size_t)h * n_chunks * 2;
+    const float *po = part_o + (size_t)h * n_chunks * D;
+    float M = -INFINITY;
+    for (int c = 0; c < n_chunks; c++)
+        M = fmaxf(M, ml[2 * c]);
+    float L = 0.0f;
+    for (int c = 0; c < n_chunks; c++)
+        L += ml[2 * c + 1] * exp2f(ml[2 * c] - M);
+    const float inv = 1.0f / L;
+    for (int dd = threadIdx.x; dd < D; dd += blockDim.x) {
+        float o = 0.0f;
+        for (int c = 0; c < n_chunks; c++)
+            o = fmaf(po[(size_t)c * D + dd], exp2f(ml[2 * c] - M), o);
+        out[(size_t)h * D + dd] = o * inv;
+    }
+}
+
+/* ---- prefill ----------------------------------------------------------------------------- */
+
+enum { PF_BQ = 32, PF_BK = 32, PF_THREADS = 128 };
+
+struct pf_args {
+    float *out;           /* [T][n_heads*D]                  */
+    const float *q;       /* [T][n_heads*D]                  */
+    const void *k, *v;    /* [pos0+T][kv_ld] of KV           */
+    size_t kv_ld;
+    int T, pos0, n_heads, group;
+    float qscale;         /* scale * log2(e)                 */
+};
+
+/* Shared memory of attn_prefill_tile<D>: Q [BQ][D+1], K then V [BK][D+1], P [BQ][BK+1]
+ * floats (the +1 rows keep the column reads of the score loop free of bank conflicts). K and V
+ * take turns in one buffer: 70 KB at D = 256 (under the 99 KB of sm_86/sm_89), 37 KB at 128. */
+static size_t pf_smem_bytes(int D)
+{
+    return sizeof(float) * ((size_t)PF_BQ * (D + 1) + (size_t)PF_BK * (D + 1) + (size_t)PF_BQ * (PF_BK + 1));
+}
+
+/* Rows jt .. jt+BK-1 of one kv head's cache (g: row 0 of the head, stride ld) into s [BK][D+1]
+ * as F32; rows at or past n_keys as 0. Consecutive threads read consecutive elements. */
+template <int D, typename KV>
+static __device__ __forceinline__ void pf_load_tile(float *s, const KV *g, size_t ld, int jt, int n_keys)
+{
+    for (int idx = threadIdx.x; idx < PF_BK * D; idx += PF_THREADS) {
+        const int cc = idx / D, dd = idx % D, j = jt + cc;
+        s[cc * (D + 1) + dd] = j < n_keys ? kv_float(g[(size_t)j * ld + dd]) : 0.0f;
+    }
+}
+
+template <int D, typename KV>
+__global__ void __launch_bounds__(PF_THREADS) attn_prefill_tile(pf_args a)
+{
+    static_assert(PF_THREADS == PF_BQ * 4 && PF_BK == 32 && D % 4 == 0, "thread layout: 4 per row");
+    constexpr int QLD = D + 1, KLD = D + 1, PLD = PF_BK + 1, NC = PF_BK / 4, NO = D / 4;
+    extern __shared__ float smem[];
+    float *s_q = smem;                  /* [BQ][QLD]           */
+    float *s_kv = s_q + PF_BQ * QLD;    /* [BK][KLD]: K, then V */
+    float *s_p = s_kv + PF_BK * KLD;    /* [BQ][PLD]           */
+
+    const int tile = gridDim.x - 1 - blockIdx.x; /* last tokens (most keys) first */
+    const int h = blockIdx.y, kvh = h / a.group;
+    const int t0 = tile * PF_BQ, nt = min(PF_BQ, a.T - t0);
+    const int n_keys = a.pos0 + t0 + nt;         /* keys the tile's last token sees */
+    const size_t qld = (size_t)a.n_heads * D;
+    const int r = threadIdx.x / 4, cq = threadIdx.x % 4; /* row r; keys / dims cq + 4*i */
+    const int last = r < nt ? a.pos0 + t0 + r : -1;      /* last key row r sees */
+    const KV *kg = (const KV *)a.k + (size_t)kvh * D;
+    const KV *vg = (const KV *)a.v + (size_t)kvh * D;
+
+    for (int idx = threadIdx.x; idx < PF_BQ * D; idx += PF_THREADS) {
+        const int rr = idx / D, dd = idx % D;
+        s_q[rr * QLD + dd] = rr < nt ? a.q[(size_t)(t0 + rr) * qld + (size_t)h * D + dd] * a.qscale : 0.0f;
+    }
+
+    float o[NO];
+#pragma unroll
+    for (int i = 0; i < NO; i++)
+        o[i] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+
+    for (int jt = 0; jt < n_keys; jt += PF_BK) {
+        __syncthreads(); /* the previous tile's V and P are used up (and Q is stored) */
+        pf_load_tile<D, KV>(s_kv, kg, a.kv_ld, jt, n_keys);
+        __syncthreads();
+
+        float s[NC];
+#pragma unroll
+        for (int i = 0; i < NC; i++)
+            s[i] = 0.0f;
+#pragma unroll 8
+        for (int dd = 0; dd < D; dd++) {
+            const float qv = s_q[r * QLD + dd];
+#pragma unroll
+            for (int i = 0; i < NC; i++)
+                s[i] = fmaf(qv, s_kv[(cq + 4 * i) * KLD + dd], s[i]);
+        }
+        float tmax = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < NC; i++) {
+            if (jt + cq + 4 * i > last)
+                s[i] = -INFINITY;
+            tmax = fmaxf(tmax, s[i]);
+        }
+        /* The 4 threads of a row are lanes 4r'..4r'+3 of one warp. */
+        tmax = fmaxf(tmax, __shfl_xor_sync(FULL_MASK, tmax, 1));
+        tmax = fmaxf(tmax, __shfl_xor_sync(FULL_MASK, tmax, 2));
+        const float m_new = fmaxf(m, tmax);
+        const float alpha = m_new == -INFINITY ? 1.0f : exp2f(m - m_new);
+        float rs = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NC; i++) {
+            const float p = s[i] == -INFINITY ? 0.0f : exp2f(s[i] - m_new);
+            s_p[r * PLD + cq + 4 * i] = p;
+            rs += p;
+        }
+        rs += __shfl_xor_sync(FULL_MASK, rs, 1);
+        rs += __shfl_xor_sync(FULL_MASK, rs, 2);
+        l = l * alpha + rs;
+        m = m_new;
+#pragma unroll
+        for (int i = 0; i < NO; i++)
+            o[i] *= alpha;
+        __syncthreads(); /* P complete, K used up */
+        pf_load_tile<D, KV>(s_kv, vg, a.kv_ld, jt, n_keys);
+        __syncthreads();
+
+#pragma unroll 4
+        for (int cc = 0; cc < PF_BK; cc++) {
+            const float p = s_p[r * PLD + cc];
+#pragma unroll
+            for (int i = 0; i < NO; i++)
+                o[i] = fmaf(p, s_kv[cc * KLD + cq + 4 * i], o[i]);
+        }
+    }
+
+    if (r < nt) {
+        float *orow = a.out + (size_t)(t0 + r) * qld + (size_t)h * D;
+        const float inv = 1.0f / l;
+#pragma unroll
+        for (int i = 0; i < NO; i++)
+            orow[cq + 4 * i] = o[i] * inv;
+    }
+}
+
+/* ---- host side --------------------------------------------------------------------------- */
+
+/* The shared argument checks; fn names the caller in the message. out, q: [T][n_heads*head_dim];
+ * k, v: [n_ctx][kv_ld] (only their being non-NULL is checked here). */
+static int attn_check(const char *fn, ifkc_dev *d, const float *out, const float *q, const void *k,
+                      const void *v, int kv_type, size_t kv_ld, int n_heads, int n_kv_heads, int head_dim)
+{
+    if (!d || !out || !q || !k || !v)
+        return ifkc_seterr(IFKC_EINVAL, "%s: a NULL handle or pointer", fn);
+    if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads)
+        return ifkc_seterr(IFKC_EINVAL, "%s: %d heads cannot share %d kv heads", fn, n_heads, n_kv_heads);
+    if (head_dim != 64 && head_dim != 80 && head_dim != 96 && head_dim != 128 && head_dim != 256)
+        return ifkc_seterr(IFKC_EUNSUPPORTED, "%s: head_dim %d is not supported (64, 80, 96, 128 or 256)", fn,
+                           head_dim);
+    if (kv_type != IFK_F32 && kv_type != IFK_F16)
+        return ifkc_seterr(IFKC_EUNSUPPORTED, "%s: kv cache type %d is not supported (f32 or f16)", fn, kv_type);
+    if (kv_ld < (size_t)n_kv_heads * head_dim)
+        return ifkc_seterr(IFKC_EINVAL, "%s: kv row stride %zu is shorter than %d kv heads of %d", fn, kv_ld,
+                           n_kv_heads, head_dim);
+    return 0;
+}
+
+template <int D, typename KV> static int prefill_launch(ifkc_dev *d, const pf_args &a)
+{
+    const size_t smem = pf_smem_bytes(D);
+    IFKC_CK(cudaFuncSetAttribute(attn_prefill_tile<D, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+            "cudaFuncSetAttribute (prefill attention shared memory)");
+    dim3 grid(ifkc_cdiv((size_t)a.T, PF_BQ), (unsigned)a.n_heads);
+    attn_prefill_tile<D, KV><<<grid, PF_THREADS, smem, d->stream>>>(a);
+    IFKC_CKL("attn_prefill_tile");
+    return 0;
+}
+
+template <typename KV> static int prefill_dispatch(ifkc_dev *d, const pf_args &a, int head_dim)
+{
+    switch (head_dim) {
+    case 64: return prefill_launch<64, KV>(d, a);
+    case 80: return prefill_launch<80, KV>(d, a);
+    case 96: return prefill_launch<96, KV>(d, a);
+    case 128: return prefill_launch<128, KV>(d, a);
+    default: return prefill_launch<256, KV>(d, a);
+    }
+}
+
+/* Arguments already checked; T >= 1. */
+static int prefill_run(ifkc_dev *d, float *out, const float *q, const void *k, const void *v, int kv_type,
+                       size_t kv_ld, int T, int pos0, int n_heads, int n_kv_heads, int head_dim, float scale)
+{
+    pf_args a;
+    a.out = out;
+    a.q = q;
+    a.k = k;
+    a.v = v;
+    a.kv_ld = kv_ld;
+    a.T = T;
+    a.pos0 = pos0;
+    a.n_heads = n_heads;
+    a.group = n_heads / n_kv_heads;
+    a.qscale = scale * IFKC_LOG2E;
+    return kv_type == IFK_F32 ? prefill_dispatch<float>(d, a, head_dim) : prefill_dispatch<__half>(d, a, head_dim);
+}
+
+/* Keys per chunk: about two blocks per SM over all (kv head, slice) pairs, a multiple of 32,
+ * within [DEC_CHUNK_MIN, DEC_CHUNK_MAX]. */
+static int decode_chunk_len(int n_pos, int blocks_per_chunk, int sm_count)
+{
+    const long long want = 2LL * (sm_count > 0 ? sm_count : 100);
+    long long len = ((long long)n_pos * blocks_per_chunk + want - 1) / want;
+    len = (len + 31) / 32 * 32;
+    if (len < DEC_CHUNK_MIN)
+        len = DEC_CHUNK_MIN;
+    if (len > DEC_CHUNK_MAX)
+        len = DEC_CHUNK_MAX;
+    return (int)len;
+}
+
+template <int D, typename KV> static int decode_launch(ifkc_dev *d, const dec_args &a, dim3 grid, int n_heads)
+{
+    attn_decode_chunk<D, KV><<<grid, DEC_THREADS, 0, d->stream>>>(a);
+    IFKC_CKL("attn_decode_chunk");
+    if (a.n_chunks > 1) {
+        attn_decode_merge<<<n_heads, D < 128 ? D : 128, 0, d->stream>>>(a.out, a.part_o, a.part_ml, a.n_chunks, D);
+        IFKC_CKL("attn_decode_merge");
+    }
+    return 0;
+}
+
+template <typename KV> static int decode_dispatch(ifkc_dev *d, const dec_args &a, dim3 grid, int n_heads, int head_dim)
+{
+    switch (head_dim) {
+    case 64: return decode_launch<64, KV>(d, a, grid, n_heads);
+    case 80: return decode_launch<80, KV>(d, a, grid, n_heads);
+    case 96: return decode_launch<96, KV>(d, a, grid, n_heads);
+    case 128: return decode_launch<128, KV>(d, a, grid, n_heads);
+    default: return decode_launch<256, KV>(d, a, grid, n_heads);
+    }
+}
+
+extern "C" int ifkc_attention_decode(ifkc_dev *d, float *out, const float *q, const void *k, const void *v,
+                                     int kv_type, size_t kv_ld, int n_pos, int n_heads, int n_kv_heads,
+                                     int head_dim, float scale)
+{
+    int rc = attn_check("decoding attention", d, out, q, k, v, kv_type, kv_ld, n_heads, n_kv_heads, head_dim);
+    if (rc)
+        return rc;
+    if (n_pos <= 0)
+        return ifkc_seterr(IFKC_EINVAL, "decoding attention: %d keys (at least 1)", n_pos);
+    const size_t es = kv_type == IFK_F32 ? 4 : 2;
+    if ((uintptr_t)k % 16 || (uintptr_t)v % 16 || kv_ld * es % 16)
+        return prefill_run(d, out, q, k, v, kv_type, kv_ld, 1, n_pos - 1, n_heads, n_kv_heads, head_dim, scale);
+
+    const int group = n_heads / n_kv_heads;
+    const int slices = (group + DEC_GMAX - 1) / DEC_GMAX;
+    const int chunk_len = decode_chunk_len(n_pos, n_kv_heads * slices, d->sm_count);
+    const int n_chunks = (n_pos + chunk_len - 1) / chunk_len;
+
+    dec_args a;
+    a.out = out;
+    a.part_o = NULL;
+    a.part_ml = NULL;
+    a.q = q;
+    a.k = k;
+    a.v = v;
+    a.kv_ld = kv_ld;
+    a.n_pos = n_pos;
+    a.group = group;
+    a.chunk_len = chunk_len;
+    a.n_chunks = n_chunks;
+    a.qscale = scale * IFKC_LOG2E;
+    if (n_chunks > 1) {
+        const size_t n_part = (size_t)n_heads * n_chunks;
+        void *p;
+        rc = ifkc_scratch(d, IFKC_SCRATCH_ATTN, n_part * (head_dim + 2) * sizeof(float), &p);
+        if (rc)
+            return rc;
+        a.part_o = (float *)p;
+        a.part_ml = a.part_o + n_part * head_dim;
+    }
+    dim3 grid((unsigned)n_chunks, (unsigned)n_kv_heads, (unsigned)slices);
+    return kv_type == IFK_F32 ? decode_dispatch<float>(d, a, grid, n_heads, head_dim)
+                              : decode_dispatch<__half>(d, a, grid, n_heads, head_dim);
+}
+
+extern "C" int ifkc_attention_prefill(ifkc_dev *d, float *out, const float *q, const void *k, const void *v,
+                                      int kv_type, size_t kv_ld, int T, int pos0, int n_heads, int n_kv_heads,
+                                      int head_dim, float scale)
+{
+    int rc = attn_check("prefill attention", d, out, q, k, v, kv_type, kv_ld, n_heads, n_kv_heads, head_dim);
+    if (rc)
+        return rc;
+    if (T < 0 || pos0 < 0 || (long long)pos0 + T > INT32_MAX)
+        return ifkc_seterr(IFKC_EINVAL, "prefill attention: bad token range (T %d at position %d)", T, pos0);
+    if (T == 0)
+        return 0;
+    return prefill_run(d, out, q, k, v, kv_type, kv_ld, T, pos0, n_heads, n_kv_heads, head_dim, scale);
+}
+
+extern "C" int ifkc_attention(ifkc_dev *d, float *out, const float *q, const void *k, const void *v, int kv_type,
+                              size_t kv_ld, int T, int pos0, int n_heads, int n_kv_heads, int head_dim, float scale)
+{
+    if (T < 0 || pos0 < 0 || (long long)pos0 + T > INT32_MAX)
+        return ifkc_seterr(IFKC_EINVAL, "attention: bad token range (T %d at position %d)", T, pos0);
+    if (T == 1)
+        return ifkc_attention_decode(d, out, q, k, v, kv_type, kv_ld, pos0 + 1, n_heads, n_kv_heads, head_dim,
+                                     scale);
+    return ifkc_attention_prefill(d, out, q, k, v, kv_type, kv_ld, T, pos0, n_heads, n_kv_heads, head_dim, scale);
+}
+
+/* ---- cache store ------------------------------------------------------------------------- */
+
+static __device__ __forceinline__ void kv_put(float *p, float x) { *p = x; }
+static __device__ __forceinline__ void kv_put(__half *p, float x) { *p = __float2half_rn(x); }
+
+/* cache: rows pos0 .. pos0+T-1 of [*][ld_dst] KV; src: [T][ld_src] F32, n values a row. */
+template <typename KV>
+__global__ void kv_store_rows(KV *cache, size_t ld_dst, int pos0, const float *src, size_t ld_src, int T, int n)
+{
+    const size_t total = (size_t)T * n;
+    for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += (size_t)gridDim.x * blockDim.x) {
+        const size_t t = idx / n, i = idx % n;
+        kv_put(cache + ((size_t)pos0 + t) * ld_dst + i, src[t * ld_src + i]);
+    }
+}
+
+extern "C" int ifkc_kv_store(ifkc_dev *d, void *cache, int kv_type, size_t ld_dst, int pos0, const float *src,
+                             size_t ld_src, int T, int n)
+{
+    if (!d || !cache || !src)
+        return ifkc_seterr(IFKC_EINVAL, "kv store: a NULL handle or pointer");
+    if (kv_type != IFK_F32 && kv_type != IFK_F16)
+        return ifkc_seterr(IFKC_EUNSUPPORTED, "kv store: kv cache type %d is not supported (f32 or f16)", kv_type);
+    if (T < 0 || n < 0 || pos0 < 0 || (T > 1 && (ld_dst < (size_t)n || ld_src < (size_t)n)))
+        return ifkc_seterr(IFKC_EINVAL, "kv store: bad shape (T %d, n %d, position %d, strides %zu, %zu)", T, n,
+                           pos0, ld_dst, ld_src);
+    if (T == 0 || n == 0)
+        return 0;
+    const size_t total = (size_t)T * n;
+    size_t blocks = (total + 255) / 256;
+    if (blocks > 8192)
+        blocks = 8192;
+    if (kv_type == IFK_F32)
+        kv_store_rows<float><<<(unsigned)blocks, 256, 0, d->stream>>>((float *)cache, ld_dst, pos0, src, ld_src, T, n);
+    else
+        kv_store_rows<__half><<<(unsigned)blocks, 256, 0, d->stream>>>((__half *)cache, ld_dst, pos0, src, ld_src, T, n);
+    IFKC_CKL("kv_store_rows");
+    return 0;
+}

@@ -1,0 +1,419 @@
+/*
+ * test_cuda_matmul.c -- ifkc_matmul (kernels/cuda/matmul.cu) for every weight type against the
+ * CPU references on random data with a fixed seed: ifk_qmatmul_ref for the quantized types,
+ * ifk_matmul on the scalar path (IFK_ISA_SCALAR) for F32 / F16 / BF16; both sum in double.
+ * Needs a GPU: without one it fails at once, saying so. Run by `make check-gpu`.
+ *
+ * Covered: all 12 weight types; T = 1, 2, 3, 8 (the matrix-vector kernels, TM = 1, 2, 4, 8) and
+ * T = 9, 64 (cuBLAS); N = 1, 37, 300, 1000; K = 32, 37, 64, 172, 1000, 4096 (37 and 172 leave
+ * a partial last block for every quantized type, and send F16 / BF16 (and for 37 F32) to the
+ * element-wise kernel); strided x and y (ldx > K, ldy > N; y's columns past N must stay
+ * untouched); x not 16-byte aligned (a copy to scratch first); a quantized matrix larger than
+ * one prefill tile; the argument checks (an unsupported type code is IFKC_EUNSUPPORTED and the
+ * message names it; bad shapes and NULL pointers are IFKC_EINVAL); and N = 4096, K = 11008 at
+ * T = 1 and 64 for Q4_B64, Q8_B64 and F16, whose decode speed is printed (not checked).
+ *
+ * Tolerances, per output y[t][n], with w' the decoded weights and
+ *     S  = sum_k |w'_k x_k|,       S' = sum_k (|min_b(k)| + q_k delta_b(k)) |x_k|
+ * (S' = S for F32 / F16 / BF16; for quantized blocks S' bounds the magnitude of both terms of
+ * min * sum(x) + delta * sum(q x), which is how the kernels compute a block):
+ *     T <= 8, every type (F32 accumulation, another order):  |y - ref| <= 1e-5 * S'
+ *     T > 8, F32 (SGEMM, no TF32):                            |y - ref| <= 1e-5 * S
+ *     T > 8, F16 weights (x rounded once to F16, 2^-11):      |y - ref| <= 2e-3 * S
+ *     T > 8, quantized (w' and x rounded to F16, 2 x 2^-11):  |y - ref| <= 2e-3 * S
+ *     T > 8, BF16 weights (x rounded once to BF16, 2^-8):     |y - ref| <= 5e-3 * S
+ * Float sums of up to 11008 terms are ~1e-6 of S; any indexing error (a wrong level, block,
+ * row or element of x) is of the order of S itself.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/cpu/impl.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/quant.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "libcore/base/dtype.h"
+#include "tests/unit/check.h"
+
+static ifkc_dev *dev;
+
+static const int all_types[] = { IFK_F32, IFK_F16, IFK_BF16, IFK_Q8_B32, IFK_Q8_B64, IFK_Q6_B64,
+                                 IFK_Q5_B64, IFK_Q4_B32, IFK_Q4_B64, IFK_Q3H_B64, IFK_Q3_B32, IFK_Q2_B32 };
+#define N_TYPES ((int)(sizeof all_types / sizeof all_types[0]))
+
+/* ---- helpers ----------------------------------------------------------------------------- */
+
+/* uniform in (0, 1) */
+static double rnd_unit(void)
+{
+    return ((double)(rnd_u32() & 0xffffff) + 0.5) / 16777216.0;
+}
+
+/* standard normal (Box-Muller) */
+static float rnd_normal(void)
+{
+    return (float)(sqrt(-2.0 * log(rnd_unit())) * cos(6.283185307179586 * rnd_unit()));
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "test_cuda_matmul: out of host memory (%zu bytes)\n", n);
+        exit(2);
+    }
+    return p;
+}
+
+/* Device buffer holding a copy of host[0..n) (n bytes; host NULL: uninitialized); exits on
+ * failure (nothing to test). */
+static void *dup_to_dev(const void *host, size_t n)
+{
+    void *p;
+    int rc = ifkc_malloc(dev, &p, n);
+    if (rc == 0 && host)
+        rc = ifkc_upload(dev, p, host, n);
+    if (rc) {
+        fprintf(stderr, "test_cuda_matmul: device buffer of %zu bytes: %s\n", n, ifkc_errmsg());
+        exit(2);
+    }
+    return p;
+}
+
+static const char *tname(int type)
+{
+    const char *s = iflow_dtype_name(type);
+    return s ? s : "?";
+}
+
+static int is_quant(int type)
+{
+    return ifk_qtype(type) != NULL;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---- a weight matrix on both sides ------------------------------------------------------- */
+
+typedef struct {
+    int type, N, K;
+    size_t row_bytes;
+    void *host;   /* [N][row_bytes] in the type's layout */
+    void *dev;    /* the same on the device */
+    float *dq;    /* [N][K] decoded weights w' */
+    float *mag;   /* [N][K] |w'| (float types) or |min_b| + q delta_b (quantized) */
+} wmat;
+
+static size_t row_bytes_of(int type, int K)
+{
+    if (is_quant(type))
+        return ifk_qrow_bytes(type, K);
+    return (size_t)K * (type == IFK_F32 ? 4 : 2);
+}
+
+/* Random N x K weights of a type (normal * 0.05, a few larger), uploaded. */
+static wmat wmat_make(int type, int N, int K)
+{
+    wmat w = { type, N, K, row_bytes_of(type, K), NULL, NULL, NULL, NULL };
+    w.host = xmalloc((size_t)N * w.row_bytes);
+    w.dq = xmalloc((size_t)N * K * sizeof(float));
+    w.mag = xmalloc((size_t)N * K * sizeof(float));
+    float *src = xmalloc((size_t)K * sizeof(float));
+    for (int n = 0; n < N; n++) {
+        for (int k = 0; k < K; k++)
+            src[k] = 0.05f * rnd_normal() * (rnd_u32() % 64 == 0 ? 8.0f : 1.0f);
+        uint8_t *row = (uint8_t *)w.host + (size_t)n * w.row_bytes;
+        float *dq = w.dq + (size_t)n * K, *mag = w.mag + (size_t)n * K;
+        if (type == IFK_F32) {
+            memcpy(row, src, (size_t)K * 4);
+        } else if (type == IFK_F16 || type == IFK_BF16) {
+            uint16_t *h = (uint16_t *)row;
+            for (int k = 0; k < K; k++)
+                h[k] = type == IFK_F16 ? iflow_f32_to_f16(src[k]) : iflow_f32_to_bf16(src[k]);
+        } else {
+            ifk_quantize_row(row, type, src, K);
+        }
+        if (is_quant(type)) {
+            const ifk_qtype_info *qt = ifk_qtype(type);
+            ifk_dequantize_row(dq, type, row, K);
+            for (int k = 0; k < K; k++) {
+                const uint8_t *blk = row + (size_t)(k / qt->block) * qt->block_bytes;
+                float mn = ifk_f16_to_f32((uint16_t)(blk[2] | blk[3] << 8));
+                mag[k] = fabsf(mn) + (dq[k] - mn); /* q delta = w' - min */
+            }
+        } else {
+            for (int k = 0; k < K; k++) {
+                dq[k] = type == IFK_F32    ? src[k]
+                        : type == IFK_F16 ? ifk_f16_to_f32(((uint16_t *)row)[k])
+                                          : ifk_bf16_to_f32(((uint16_t *)row)[k]);
+                mag[k] = fabsf(dq[k]);
+            }
+        }
+    }
+    free(src);
+    w.dev = dup_to_dev(w.host, (size_t)N * w.row_bytes);
+    return w;
+}
+
+static void wmat_free(wmat *w)
+{
+    ifkc_free(dev, w->dev);
+    free(w->host);
+    free(w->dq);
+    free(w->mag);
+}
+
+/* Random activations x: [T][ldx] (normal, the padding past K NaN so that reading it shows). */
+static float *x_make(int T, int K, size_t ldx)
+{
+    float *x = xmalloc((size_t)T * ldx * sizeof(float));
+    for (int t = 0; t < T; t++)
+        for (size_t k = 0; k < ldx; k++)
+            x[(size_t)t * ldx + k] = k < (size_t)K ? rnd_normal() : NAN;
+    return x;
+}
+
+/* The CPU reference yref: [T][N] (stride N). */
+static void reference(float *yref, const wmat *w, const float *x, size_t ldx, int T)
+{
+    if (!is_quant(w->type)) {
+        ifk_matmul(yref, (size_t)w->N, w->host, w->type, x, ldx, T, w->N, w->K, 0);
+        return;
+    }
+    /* the oracle is single-threaded: rows in parallel chunks */
+    const int chunk = 16, nc = (w->N + chunk - 1) / chunk;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int c = 0; c < nc; c++) {
+        int n0 = c * chunk, nr = w->N - n0 < chunk ? w->N - n0 : chunk;
+        ifk_qmatmul_ref(yref + n0, (size_t)w->N, (const uint8_t *)w->host + (size_t)n0 * w->row_bytes, w->type, x,
+                        ldx, T, nr, w->K);
+    }
+}
+
+/* The tolerance factor of quant.h's table at the top for this path. */
+static double tol_factor(int type, int T)
+{
+    if (T <= IFKC_MATVEC_MAX_T || type == IFK_F32)
+        return 1e-5;
+    return type == IFK_BF16 ? 5e-3 : 2e-3;
+}
+
+/* Worst |y - ref| / tolerance seen per type and path (0: matvec, 1: cuBLAS), for the report. */
+static double worst[IFK_QTYPE_END_][2];
+
+/* One product: W (uploaded) times x [T][ldx] into y [T][ldy] on the device; x at a float
+ * offset xoff inside its device buffer (1: not 16-byte aligned). Compares every output. */
+static void run_case(const wmat *w, const float *x, size_t ldx, int T, size_t ldy, int xoff)
+{
+    const int N = w->N, K = w->K;
+    const size_t nx = (size_t)T * ldx, ny = (size_t)T * ldy;
+    float *xd = dup_to_dev(NULL, (nx + (size_t)xoff) * sizeof(float));
+    CHECK(ifkc_upload(dev, xd + xoff, x, nx * sizeof(float)) == 0, "upload x: %s", ifkc_errmsg());
+    const float sentinel = 12345.5f;
+    float *y = xmalloc(ny * sizeof(float)), *yref = xmalloc((size_t)T * N * sizeof(float));
+    for (size_t i = 0; i < ny; i++)
+        y[i] = sentinel;
+    float *yd = dup_to_dev(y, ny * sizeof(float));
+
+    int rc = ifkc_matmul(dev, yd, ldy, w->dev, w->type, xd + xoff, ldx, T, N, K);
+    CHECK(rc == 0, "%s T=%d N=%d K=%d: ifkc_matmul: %d %s", tname(w->type), T, N, K, rc, ifkc_errmsg());
+    rc = rc ? rc : ifkc_download(dev, y, yd, ny * sizeof(float));
+    CHECK(rc == 0, "%s T=%d N=%d K=%d: download: %s", tname(w->type), T, N, K, ifkc_errmsg());
+    if (rc == 0) {
+        reference(yref, w, x, ldx, T);
+        const double f = tol_factor(w->type, T);
+        const int gemm = T > IFKC_MATVEC_MAX_T;
+        int bad = 0, bad_pad = 0;
+        double wr = 0.0;
+#pragma omp parallel for reduction(+ : bad, bad_pad) reduction(max : wr)
+        for (int n = 0; n < N; n++)
+            for (int t = 0; t < T; t++) {
+                const float *xt = x + (size_t)t * ldx, *dq = w->dq + (size_t)n * K, *mg = w->mag + (size_t)n * K;
+                double s = 0.0, s2 = 0.0;
+                for (int k = 0; k < K; k++) {
+                    s += fabs((double)dq[k] * xt[k]);
+                    s2 += (double)mg[k] * fabs(xt[k]);
+                }
+                double tol = f * (gemm ? s : s2) + 1e-30;
+                double e = fabs((double)y[(size_t)t * ldy + n] - yref[(size_t)t * N + n]);
+                if (!(e <= tol)) {
+                    bad++;
+                    e = isnan(e) ? INFINITY : e;
+                }
+                wr = fmax(wr, e / tol);
+            }
+        for (int t = 0; t < T; t++)
+            for (size_t n = (size_t)N; n < ldy; n++)
+                bad_pad += y[(size_t)t * ldy + n] != sentinel;
+        CHECK(bad == 0, "%s T=%d N=%d K=%d ldx=%zu ldy=%zu xoff=%d: %d of %d outputs off (worst %.3g x tolerance)",
+              tname(w->type), T, N, K, ldx, ldy, xoff, bad, T * N, wr);
+        CHECK(bad_pad == 0, "%s T=%d N=%d K=%d: %d elements of y past N were written", tname(w->type), T, N, K,
+              bad_pad);
+        if (wr > worst[w->type][gemm])
+            worst[w->type][gemm] = wr;
+    }
+    ifkc_free(dev, xd);
+    ifkc_free(dev, yd);
+    free(y);
+    free(yref);
+}
+
+/* ---- tests ------------------------------------------------------------------------------- */
+
+static void test_supports(void)
+{
+    for (int i = 0; i < N_TYPES; i++)
+        CHECK(ifkc_supports_wtype(all_types[i]) == 1, "%s is supported", tname(all_types[i]));
+    CHECK(!ifkc_supports_wtype(3) && !ifkc_supports_wtype(IFK_QTYPE_END_) && !ifkc_supports_wtype(-1),
+          "codes 3, 25, -1 are not weight types");
+}
+
+static void test_shapes(void)
+{
+    static const int Ns[] = { 1, 37, 300, 1000 }, Ks[] = { 32, 37, 64, 172, 1000, 4096 },
+                     Ts[] = { 1, 2, 3, 8, 9, 64 };
+    for (int ti = 0; ti < N_TYPES; ti++)
+        for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++)
+            for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
+                wmat w = wmat_make(all_types[ti], Ns[ni], Ks[ki]);
+                float *x = x_make(64, Ks[ki], (size_t)Ks[ki]);
+                for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++)
+                    run_case(&w, x, (size_t)Ks[ki], Ts[i], (size_t)Ns[ni], 0);
+                free(x);
+                wmat_free(&w);
+            }
+}
+
+/* ldx > K, ldy > N; x not 16-byte aligned; ldx not a multiple of 4. */
+static void test_strides(void)
+{
+    static const int Ts[] = { 1, 3, 8, 9 };
+    for (int ti = 0; ti < N_TYPES; ti++)
+        for (int K = 172; K <= 1000; K += 828) {
+            wmat w = wmat_make(all_types[ti], 300, K);
+            for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+                float *x = x_make(Ts[i], K, (size_t)K + 3);
+                run_case(&w, x, (size_t)K + 3, Ts[i], 300 + 5, 0); /* ldx odd: x copied for T > 1 */
+                run_case(&w, x, (size_t)K + 3, Ts[i], 300 + 5, 1); /* x + 1 float: unaligned */
+                free(x);
+                x = x_make(Ts[i], K, (size_t)K + 4);
+                run_case(&w, x, (size_t)K + 4, Ts[i], 300 + 8, 0); /* aligned strides, in place */
+                free(x);
+            }
+            wmat_free(&w);
+        }
+}
+
+/* A quantized matrix of more rows than one 64 MiB F16 tile (K = 8192: 4096 rows per tile). */
+static void test_tiles(void)
+{
+    wmat w = wmat_make(IFK_Q4_B32, 4096 + 100, 8192);
+    float *x = x_make(16, 8192, 8192);
+    run_case(&w, x, 8192, 16, 4096 + 100, 0);
+    free(x);
+    wmat_free(&w);
+}
+
+static void test_errors(void)
+{
+    float *buf = dup_to_dev(NULL, 4096);
+    int rc = ifkc_matmul(dev, buf, 8, buf, 3, buf, 8, 1, 8, 8);
+    CHECK(rc == IFKC_EUNSUPPORTED, "weight type 3: rc %d, want IFKC_EUNSUPPORTED", rc);
+    CHECK(strstr(ifkc_errmsg(), "type 3") != NULL, "the message names the type code: %s", ifkc_errmsg());
+    rc = ifkc_matmul(dev, buf, 8, buf, IFK_QTYPE_END_, buf, 8, 1, 8, 8);
+    CHECK(rc == IFKC_EUNSUPPORTED, "weight type %d: rc %d", IFK_QTYPE_END_, rc);
+    CHECK(strstr(ifkc_errmsg(), "type 25") != NULL, "the message names the type code: %s", ifkc_errmsg());
+    rc = ifkc_matmul(dev, buf, 8, buf, IFK_F32, buf, 8, 0, 8, 8);
+    CHECK(rc == IFKC_EINVAL, "T = 0: rc %d, want IFKC_EINVAL", rc);
+    rc = ifkc_matmul(dev, buf, 8, buf, IFK_Q4_B64, buf, 8, 1, -1, 8);
+    CHECK(rc == IFKC_EINVAL, "N = -1: rc %d", rc);
+    rc = ifkc_matmul(dev, buf, 8, buf, IFK_F16, buf, 8, 1, 8, 0);
+    CHECK(rc == IFKC_EINVAL, "K = 0: rc %d", rc);
+    rc = ifkc_matmul(dev, NULL, 8, buf, IFK_F32, buf, 8, 1, 8, 8);
+    CHECK(rc == IFKC_EINVAL, "y NULL: rc %d", rc);
+    rc = ifkc_matmul(dev, buf, 8, NULL, IFK_Q8_B32, buf, 8, 1, 8, 8);
+    CHECK(rc == IFKC_EINVAL, "W NULL: rc %d", rc);
+    rc = ifkc_matmul(dev, buf, 8, buf, IFK_F32, NULL, 8, 1, 8, 8);
+    CHECK(rc == IFKC_EINVAL, "x NULL: rc %d", rc);
+    rc = ifkc_matmul(dev, buf, 8, buf, IFK_F32, buf, 4, 2, 8, 8);
+    CHECK(rc == IFKC_EINVAL, "ldx < K with T = 2: rc %d", rc);
+    CHECK(ifkc_sync(dev) == 0, "the device is still usable: %s", ifkc_errmsg());
+    ifkc_free(dev, buf);
+}
+
+/* Average seconds of one ifkc_matmul over reps calls (after a warm-up). */
+static double time_matmul(const wmat *w, float *yd, const float *xd, int T, int reps)
+{
+    ifkc_matmul(dev, yd, (size_t)w->N, w->dev, w->type, xd, (size_t)w->K, T, w->N, w->K);
+    ifkc_sync(dev);
+    double t0 = now_s();
+    for (int i = 0; i < reps; i++)
+        ifkc_matmul(dev, yd, (size_t)w->N, w->dev, w->type, xd, (size_t)w->K, T, w->N, w->K);
+    ifkc_sync(dev);
+    return (now_s() - t0) / reps;
+}
+
+/* N = 4096, K = 11008 (a 7B model's down projection) for Q4_B64, Q8_B64, F16: checked at
+ * T = 1 and 64; decode (T = 1) bandwidth printed against the device's peak. */
+static void test_large(void)
+{
+    static const int types[] = { IFK_Q4_B64, IFK_Q8_B64, IFK_F16 };
+    const int N = 4096, K = 11008;
+    ifkc_device_info info;
+    double peak = ifkc_device_info_get(0, &info) == 0 ? info.mem_bw_peak : 0.0;
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        wmat w = wmat_make(types[i], N, K);
+        float *x = x_make(64, K, K);
+        run_case(&w, x, K, 1, N, 0);
+        run_case(&w, x, K, 64, N, 0);
+        float *xd = dup_to_dev(x, (size_t)64 * K * sizeof(float)), *yd = dup_to_dev(NULL, (size_t)64 * N * 4);
+        double s1 = time_matmul(&w, yd, xd, 1, 200), s64 = time_matmul(&w, yd, xd, 64, 20);
+        double bytes = (double)N * w.row_bytes;
+        printf("  %-7s %dx%d  T=1: %7.1f us, %6.0f GB/s (%.0f%% of the %.0f GB/s peak)   T=64: %7.1f us\n",
+               tname(types[i]), N, K, s1 * 1e6, bytes / s1 / 1e9, peak > 0 ? 100.0 * bytes / s1 / peak : 0.0,
+               peak / 1e9, s64 * 1e6);
+        ifkc_free(dev, xd);
+        ifkc_free(dev, yd);
+        free(x);
+        wmat_free(&w);
+    }
+}
+
+int main(void)
+{
+    int n = 0;
+    int rc = ifkc_device_count(&n);
+    if (rc || n < 1) {
+        fprintf(stderr, "test_cuda_matmul: no GPU to run on: %s\n", rc ? ifkc_errmsg() : "0 devices");
+        CHECK(0, "a CUDA device is needed (this test runs only under make check-gpu on a GPU machine)");
+        return check_summary("test_cuda_matmul");
+    }
+    rc = ifkc_open(&dev, 0);
+    if (rc) {
+        CHECK(0, "opening cuda:0: %s", ifkc_errmsg());
+        return check_summary("test_cuda_matmul");
+    }
+    ifk_set_isa(IFK_ISA_SCALAR); /* the CPU side is the scalar reference */
+
+    RUN(test_supports);
+    RUN(test_errors);
+    RUN(test_shapes);
+    RUN(test_strides);
+    RUN(test_tiles);
+    RUN(test_large);
+
+    printf("  worst |y - ref| / tolerance:\n");
+    for (int i = 0; i < N_TYPES; i++)
+        printf("    %-7s matvec %.3g   cublas %.3g\n", tname(all_types[i]), worst[all_types[i]][0],
+               worst[all_types[i]][1]);
+    ifkc_close(dev);
+    return check_summary("test_cuda_matmul");
+}

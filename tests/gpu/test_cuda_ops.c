@@ -1,0 +1,552 @@
+/*
+ * test_cuda_ops.c -- the CUDA attention, cache-store and per-token kernels (kernels/cuda/
+ * attention.cu, ops.cu) against their scalar CPU references on random data with a fixed seed.
+ * Needs a GPU: without one it fails at once, saying so. Run by `make check-gpu`.
+ *
+ * Covered: decoding attention (F32 and F16 caches, head_dim 64/80/96/128/256, GQA ratios 1, 4,
+ * 8, contexts of 1, 17 and 4097 keys, long contexts of 16384 and 40000 keys, a group larger
+ * than one block's 8 heads, a padded and an unaligned row stride), prefill attention (T = 2,
+ * 17, 100 at pos0 = 0 and pos0 > 0, the same shapes), the argument checks, kv_store (F32 and
+ * F16, bit-exact), rmsnorm, rope (both layouts, freq_scale or not, partial rot_dim, several
+ * positions), silu_mul, add, add_bias, argmax (ties, n = 1, a vocabulary of 151936).
+ *
+ * Tolerances (the CPU reference accumulates dot products and sums in double):
+ *   attention:  |o - ref| <= 1e-4 * max |v|. The GPU sums in F32 in another order: scores
+ *               (head_dim terms), probabilities and weighted V (up to 40000 terms, split over
+ *               chunks and lanes); the float error of such sums is ~1e-6 relative, 1e-4 leaves
+ *               room for the longest sums while any indexing or masking error (a wrong key,
+ *               a missing rescale) is far larger.
+ *   rmsnorm:    |y - ref| <= 1e-6 * |ref| + 1e-30: both sum squares in double; only the
+ *               float rounding of 1/sqrt may differ (1 ulp = 1.2e-7 relative).
+ *   rope:       |x - ref| <= 1e-6 absolute for |x| <= 1: angles, cos and sin in double on both
+ *               sides, rounded once to float; CUDA's double pow/sincos may differ from libm by
+ *               an ulp of double, which changes the float cos/sin at most by 1 float ulp.
+ *   silu_mul:   |g - ref| <= 1e-6 * |ref| + 1e-30: CUDA's expf is within 2 ulp, glibc's 1.
+ *   kv_store, add, add_bias, argmax: exact.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/impl.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "libcore/base/dtype.h"
+#include "tests/unit/check.h"
+
+static ifkc_dev *dev;
+
+/* ---- helpers ----------------------------------------------------------------------------- */
+
+/* uniform in [lo, hi) */
+static float rnd(float lo, float hi)
+{
+    return lo + (hi - lo) * (float)(rnd_u32() & 0xffffff) / 16777216.0f;
+}
+
+static void fill(float *a, size_t n, float lo, float hi)
+{
+    for (size_t i = 0; i < n; i++)
+        a[i] = rnd(lo, hi);
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "test_cuda_ops: out of host memory (%zu bytes)\n", n);
+        exit(2);
+    }
+    return p;
+}
+
+/* Device buffer holding a copy of host[0..n) (n bytes); exits on failure (nothing to test). */
+static void *dup_to_dev(const void *host, size_t n)
+{
+    void *p;
+    int rc = ifkc_malloc(dev, &p, n);
+    if (rc == 0 && host)
+        rc = ifkc_upload(dev, p, host, n);
+    if (rc) {
+        fprintf(stderr, "test_cuda_ops: device buffer of %zu bytes: %s\n", n, ifkc_errmsg());
+        exit(2);
+    }
+    return p;
+}
+
+/* Download n bytes; a failure (a kernel fault shows here) is a failed check. */
+static int from_dev(void *host, const void *p, size_t n)
+{
+    int rc = ifkc_download(dev, host, p, n);
+    CHECK(rc == 0, "download: %s", ifkc_errmsg());
+    return rc;
+}
+
+static const char *kvname(int kv_type)
+{
+    return kv_type == IFK_F32 ? "f32" : "f16";
+}
+
+/* ---- attention --------------------------------------------------------------------------- */
+
+enum { VIA_DISPATCH, VIA_DIRECT };
+
+/* One attention case: T queries at pos0 over a cache of pos0 + T rows of stride kv_ld
+ * (n_kv*head_dim + pad). via: through ifkc_attention or the decode / prefill entry itself. */
+static void attn_case(int kv_type, int head_dim, int n_heads, int n_kv, int T, int pos0, size_t pad, int via)
+{
+    const size_t kv_ld = (size_t)n_kv * head_dim + pad, n_ctx = (size_t)pos0 + T;
+    const size_t nq = (size_t)T * n_heads * head_dim, nkv = n_ctx * kv_ld;
+    const float scale = 1.0f / sqrtf((float)head_dim);
+    float *q = xmalloc(nq * 4), *k = xmalloc(nkv * 4), *v = xmalloc(nkv * 4);
+    float *ref = xmalloc(nq * 4), *got = xmalloc(nq * 4);
+    fill(q, nq, -3.0f, 3.0f); /* scores of a few units: a softmax neither flat nor one-hot */
+    fill(k, nkv, -1.0f, 1.0f);
+    fill(v, nkv, -1.0f, 1.0f);
+    const void *k_up = k, *v_up = v;
+    uint16_t *kh = NULL, *vh = NULL;
+    if (kv_type == IFK_F16) { /* the reference reads the same F16 values */
+        kh = xmalloc(nkv * 2);
+        vh = xmalloc(nkv * 2);
+        for (size_t i = 0; i < nkv; i++) {
+            kh[i] = iflow_f32_to_f16(k[i]);
+            vh[i] = iflow_f32_to_f16(v[i]);
+            k[i] = ifk_f16_to_f32(kh[i]);
+            v[i] = ifk_f16_to_f32(vh[i]);
+        }
+        k_up = kh;
+        v_up = vh;
+    }
+    float vmax = 0.0f;
+    for (size_t i = 0; i < nkv; i++)
+        vmax = fmaxf(vmax, fabsf(v[i]));
+    ifk_attention(ref, q, k, v, kv_ld, T, pos0, n_heads, n_kv, head_dim, scale, 0);
+
+    const size_t es = kv_type == IFK_F32 ? 4 : 2;
+    float *dq = dup_to_dev(q, nq * 4), *dout = dup_to_dev(NULL, nq * 4);
+    void *dk = dup_to_dev(k_up, nkv * es), *dv = dup_to_dev(v_up, nkv * es);
+    int rc;
+    if (via == VIA_DISPATCH)
+        rc = ifkc_attention(dev, dout, dq, dk, dv, kv_type, kv_ld, T, pos0, n_heads, n_kv, head_dim, scale);
+    else if (T == 1)
+        rc = ifkc_attention_decode(dev, dout, dq, dk, dv, kv_type, kv_ld, pos0 + 1, n_heads, n_kv, head_dim, scale);
+    else
+        rc = ifkc_attention_prefill(dev, dout, dq, dk, dv, kv_type, kv_ld, T, pos0, n_heads, n_kv, head_dim, scale);
+    CHECK(rc == 0, "attention %s d%d %d/%d T%d pos0 %d: %s", kvname(kv_type), head_dim, n_heads, n_kv, T, pos0,
+          ifkc_errmsg());
+    if (rc == 0 && from_dev(got, dout, nq * 4) == 0) {
+        double worst = 0.0;
+        size_t at = 0;
+        for (size_t i = 0; i < nq; i++) {
+            double e = fabs((double)got[i] - ref[i]);
+            if (!(e <= worst)) { /* NaN counts as worst */
+                worst = isnan(e) ? INFINITY : e;
+                at = i;
+            }
+        }
+        CHECK(worst <= 1e-4 * vmax,
+              "attention %s d%d heads %d/%d T%d pos0 %d ld %zu: |err| %.3g at %zu (got %g, ref %g; max |v| %g)",
+              kvname(kv_type), head_dim, n_heads, n_kv, T, pos0, kv_ld, worst, at, got[at], ref[at], vmax);
+    }
+    ifkc_free(dev, dq);
+    ifkc_free(dev, dout);
+    ifkc_free(dev, dk);
+    ifkc_free(dev, dv);
+    free(q);
+    free(k);
+    free(v);
+    free(ref);
+    free(got);
+    free(kh);
+    free(vh);
+}
+
+static const int head_dims[] = {64, 80, 96, 128, 256};
+static const int ratios[] = {1, 4, 8};
+
+static void test_attention_decode(void)
+{
+    static const int ctx[] = {1, 17, 4097};
+    for (int kt = IFK_F32; kt <= IFK_F16; kt++)
+        for (size_t di = 0; di < sizeof head_dims / sizeof *head_dims; di++)
+            for (size_t ri = 0; ri < sizeof ratios / sizeof *ratios; ri++)
+                for (size_t ci = 0; ci < sizeof ctx / sizeof *ctx; ci++)
+                    attn_case(kt, head_dims[di], 2 * ratios[ri], 2, 1, ctx[ci] - 1, 0,
+                              ci % 2 ? VIA_DIRECT : VIA_DISPATCH);
+}
+
+static void test_attention_decode_long(void)
+{
+    /* A Llama-3-8B layer (32 heads, 8 kv heads): several chunks on every SM. */
+    attn_case(IFK_F16, 128, 32, 8, 1, 16383, 0, VIA_DISPATCH);
+    attn_case(IFK_F32, 128, 32, 8, 1, 16383, 0, VIA_DIRECT);
+    /* Long enough that chunks reach their maximum length (1024 keys) on any GPU. */
+    attn_case(IFK_F16, 64, 8, 8, 1, 39999, 0, VIA_DISPATCH);
+    /* Groups of 7 (Qwen2.5-7B) and of 16 (two head slices of one kv head). */
+    attn_case(IFK_F16, 128, 28, 4, 1, 5000, 0, VIA_DISPATCH);
+    attn_case(IFK_F32, 128, 32, 2, 1, 3000, 0, VIA_DISPATCH);
+    attn_case(IFK_F16, 64, 16, 1, 1, 700, 0, VIA_DIRECT);
+    /* A padded row stride that keeps rows 16-byte aligned (the fast kernel) ... */
+    attn_case(IFK_F32, 96, 8, 2, 1, 2000, 8, VIA_DISPATCH);
+    attn_case(IFK_F16, 80, 8, 2, 1, 2000, 16, VIA_DISPATCH);
+    /* ... and strides that do not (the fallback). */
+    attn_case(IFK_F16, 128, 8, 2, 1, 1500, 4, VIA_DISPATCH);
+    attn_case(IFK_F32, 64, 4, 4, 1, 300, 1, VIA_DIRECT);
+}
+
+static void test_attention_prefill(void)
+{
+    static const int Ts[] = {2, 17, 100};
+    static const int pos0s[] = {0, 45};
+    for (int kt = IFK_F32; kt <= IFK_F16; kt++)
+        for (size_t di = 0; di < sizeof head_dims / sizeof *head_dims; di++)
+            for (size_t ri = 0; ri < sizeof ratios / sizeof *ratios; ri++)
+                for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++)
+                    for (size_t pi = 0; pi < sizeof pos0s / sizeof *pos0s; pi++)
+                        attn_case(kt, head_dims[di], 2 * ratios[ri], 2, Ts[ti], pos0s[pi], 0,
+                                  (ti + pi) % 2 ? VIA_DIRECT : VIA_DISPATCH);
+    /* Padded and unaligned strides, a long prompt after a long context, T = 1 through the
+     * prefill entry. */
+    attn_case(IFK_F32, 128, 8, 2, 33, 70, 24, VIA_DISPATCH);
+    attn_case(IFK_F16, 64, 4, 1, 40, 10, 3, VIA_DIRECT);
+    attn_case(IFK_F16, 128, 8, 8, 300, 1000, 0, VIA_DISPATCH);
+    attn_case(IFK_F32, 256, 2, 1, 65, 0, 0, VIA_DISPATCH);
+    attn_case(IFK_F32, 64, 4, 2, 1, 77, 0, VIA_DIRECT); /* T == 1: the decode entry */
+    {
+        const int hd = 96, nh = 4, nkv = 2, T = 1, pos0 = 50;
+        const size_t ld = (size_t)nkv * hd, n_ctx = (size_t)pos0 + T;
+        float *q = xmalloc((size_t)nh * hd * 4), *k = xmalloc(n_ctx * ld * 4), *v = xmalloc(n_ctx * ld * 4);
+        float *ref = xmalloc((size_t)nh * hd * 4), *got = xmalloc((size_t)nh * hd * 4);
+        fill(q, (size_t)nh * hd, -1, 1);
+        fill(k, n_ctx * ld, -1, 1);
+        fill(v, n_ctx * ld, -1, 1);
+        ifk_attention(ref, q, k, v, ld, T, pos0, nh, nkv, hd, 0.1f, 0);
+        float *dq = dup_to_dev(q, (size_t)nh * hd * 4), *dout = dup_to_dev(NULL, (size_t)nh * hd * 4);
+        float *dk = dup_to_dev(k, n_ctx * ld * 4), *dv = dup_to_dev(v, n_ctx * ld * 4);
+        int rc = ifkc_attention_prefill(dev, dout, dq, dk, dv, IFK_F32, ld, T, pos0, nh, nkv, hd, 0.1f);
+        CHECK(rc == 0, "prefill with T = 1: %s", ifkc_errmsg());
+        if (rc == 0 && from_dev(got, dout, (size_t)nh * hd * 4) == 0) {
+            double worst = 0.0;
+            for (int i = 0; i < nh * hd; i++)
+                worst = fmax(worst, fabs((double)got[i] - ref[i]));
+            CHECK(worst <= 1e-4, "prefill with T = 1: |err| %g", worst);
+        }
+        ifkc_free(dev, dq);
+        ifkc_free(dev, dout);
+        ifkc_free(dev, dk);
+        ifkc_free(dev, dv);
+        free(q);
+        free(k);
+        free(v);
+        free(ref);
+        free(got);
+    }
+}
+
+static void test_attention_args(void)
+{
+    float *buf = dup_to_dev(NULL, 1 << 20);
+    int rc = ifkc_attention(dev, buf, buf, buf, buf, IFK_F32, 2 * 72, 1, 0, 4, 2, 72, 1.0f);
+    CHECK(rc == IFKC_EUNSUPPORTED && strstr(ifkc_errmsg(), "head_dim 72"), "head_dim 72: %d %s", rc, ifkc_errmsg());
+    rc = ifkc_attention(dev, buf, buf, buf, buf, IFK_BF16, 2 * 64, 3, 0, 4, 2, 64, 1.0f);
+    CHECK(rc == IFKC_EUNSUPPORTED && strstr(ifkc_errmsg(), "type"), "bf16 cache: %d %s", rc, ifkc_errmsg());
+    rc = ifkc_attention(dev, buf, buf, buf, buf, IFK_F32, 3 * 64, 1, 0, 4, 3, 64, 1.0f);
+    CHECK(rc == IFKC_EINVAL && *ifkc_errmsg(), "4 heads over 3 kv heads: %d %s", rc, ifkc_errmsg());
+    rc = ifkc_attention(dev, buf, buf, buf, buf, IFK_F32, 64, 1, 0, 4, 2, 64, 1.0f);
+    CHECK(rc == IFKC_EINVAL && *ifkc_errmsg(), "kv_ld too short: %d %s", rc, ifkc_errmsg());
+    rc = ifkc_attention_decode(dev, buf, buf, buf, buf, IFK_F32, 128, 0, 2, 2, 64, 1.0f);
+    CHECK(rc == IFKC_EINVAL && *ifkc_errmsg(), "decode of 0 keys: %d %s", rc, ifkc_errmsg());
+    rc = ifkc_attention(dev, buf, NULL, buf, buf, IFK_F32, 128, 1, 0, 2, 2, 64, 1.0f);
+    CHECK(rc == IFKC_EINVAL && *ifkc_errmsg(), "NULL q: %d %s", rc, ifkc_errmsg());
+    rc = ifkc_kv_store(dev, buf, IFK_BF16, 64, 0, buf, 64, 1, 64);
+    CHECK(rc == IFKC_EUNSUPPORTED, "kv_store bf16: %d %s", rc, ifkc_errmsg());
+    CHECK(ifkc_sync(dev) == 0, "sync after argument errors: %s", ifkc_errmsg());
+    ifkc_free(dev, buf);
+}
+
+/* ---- kv_store ---------------------------------------------------------------------------- */
+
+static void test_kv_store(void)
+{
+    const int T = 5, n = 300, pos0 = 3, rows = 10;
+    const size_t ld_src = 310, ld_dst = 320;
+    float *src = xmalloc((size_t)T * ld_src * 4);
+    fill(src, (size_t)T * ld_src, -70000.0f, 70000.0f);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < n; i += 3)
+            src[(size_t)t * ld_src + i] *= 1e-4f; /* most values finite in F16 too */
+    /* Values that exercise F16 rounding: ties to even, subnormals, overflow, signed zero. */
+    const float special[] = {0.0f, -0.0f, 1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f, 0x1p-20f, -0x1.8p-24f, 0x1p-26f,
+                             65504.0f, 65520.0f, -1e6f, 3.14159265f, 1e-3f};
+    for (size_t i = 0; i < sizeof special / sizeof *special; i++)
+        src[i * 7 + 1] = special[i];
+    float *dsrc = dup_to_dev(src, (size_t)T * ld_src * 4);
+    for (int kt = IFK_F32; kt <= IFK_F16; kt++) {
+        const size_t es = kt == IFK_F32 ? 4 : 2, bytes = rows * ld_dst * es;
+        unsigned char *guard = xmalloc(bytes), *got = xmalloc(bytes);
+        memset(guard, 0x5a, bytes);
+        void *dc = dup_to_dev(guard, bytes);
+        int rc = ifkc_kv_store(dev, dc, kt, ld_dst, pos0, dsrc, ld_src, T, n);
+        CHECK(rc == 0, "kv_store %s: %s", kvname(kt), ifkc_errmsg());
+        if (rc == 0 && from_dev(got, dc, bytes) == 0) {
+            int bad = 0;
+            for (int r = 0; r < rows && !bad; r++)
+                for (size_t i = 0; i < ld_dst && !bad; i++) {
+                    const size_t at = (r * ld_dst + i) * es;
+                    const int inside = r >= pos0 && r < pos0 + T && i < (size_t)n;
+                    unsigned char want[4];
+                    if (!inside) {
+                        memcpy(want, guard + at, es);
+                    } else if (kt == IFK_F32) {
+                        memcpy(want, &src[(size_t)(r - pos0) * ld_src + i], 4);
+                    } else {
+                        uint16_t h = iflow_f32_to_f16(src[(size_t)(r - pos0) * ld_src + i]);
+                        memcpy(want, &h, 2);
+                    }
+                    if (memcmp(want, got + at, es)) {
+                        bad = 1;
+                        CHECK(0, "kv_store %s: row %d element %zu differs (%s)", kvname(kt), r, i,
+                              inside ? "stored value" : "outside the stored rows");
+                    }
+                }
+            CHECK(!bad, "kv_store %s bit-exact", kvname(kt));
+        }
+        ifkc_free(dev, dc);
+        free(guard);
+        free(got);
+    }
+    ifkc_free(dev, dsrc);
+    free(src);
+}
+
+/* ---- rmsnorm ----------------------------------------------------------------------------- */
+
+static void test_rmsnorm(void)
+{
+    static const int ns[] = {1, 7, 1000, 4096, 5120};
+    const int T = 3;
+    for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
+        for (int inplace = 0; inplace <= 1; inplace++) {
+            const int n = ns[ni];
+            const size_t tn = (size_t)T * n;
+            float *x = xmalloc(tn * 4), *w = xmalloc((size_t)n * 4), *ref = xmalloc(tn * 4), *got = xmalloc(tn * 4);
+            fill(x, tn, -2.0f, 2.0f);
+            fill(w, n, 0.5f, 1.5f);
+            for (int t = 0; t < T; t++)
+                ifk_rmsnorm(ref + (size_t)t * n, x + (size_t)t * n, w, n, 1e-5f);
+            float *dx = dup_to_dev(x, tn * 4), *dw = dup_to_dev(w, (size_t)n * 4);
+            float *dy = inplace ? dx : dup_to_dev(NULL, tn * 4);
+            int rc = ifkc_rmsnorm(dev, dy, dx, dw, T, n, 1e-5f);
+            CHECK(rc == 0, "rmsnorm n %d: %s", n, ifkc_errmsg());
+            if (rc == 0 && from_dev(got, dy, tn * 4) == 0) {
+                size_t bad = tn;
+                for (size_t i = 0; i < tn && bad == tn; i++)
+                    if (!(fabsf(got[i] - ref[i]) <= 1e-6f * fabsf(ref[i]) + 1e-30f))
+                        bad = i;
+                CHECK(bad == tn, "rmsnorm n %d%s: element %zu is %g, reference %g", n, inplace ? " in place" : "",
+                      bad, bad < tn ? got[bad] : 0.0f, bad < tn ? ref[bad] : 0.0f);
+            }
+            if (!inplace)
+                ifkc_free(dev, dy);
+            ifkc_free(dev, dx);
+            ifkc_free(dev, dw);
+            free(x);
+            free(w);
+            free(ref);
+            free(got);
+        }
+}
+
+/* ---- rope -------------------------------------------------------------------------------- */
+
+static void rope_case(int head_dim, int rot_dim, int pos0, int layout, int with_fs)
+{
+    const int T = 4, n_heads = 3;
+    const size_t ld = (size_t)n_heads * head_dim + 5, n = (size_t)T * ld;
+    const float theta = 10000.0f;
+    float *x = xmalloc(n * 4), *ref = xmalloc(n * 4), *got = xmalloc(n * 4), fs[128];
+    fill(x, n, -1.0f, 1.0f);
+    fill(fs, 128, 0.25f, 1.0f);
+    memcpy(ref, x, n * 4);
+    for (int t = 0; t < T; t++)
+        ifk_rope(ref + (size_t)t * ld, n_heads, head_dim, rot_dim, pos0 + t, theta, with_fs ? fs : NULL, layout);
+    float *dx = dup_to_dev(x, n * 4), *dfs = dup_to_dev(fs, sizeof fs);
+    int rc = ifkc_rope(dev, dx, ld, T, n_heads, head_dim, rot_dim, pos0, theta, with_fs ? dfs : NULL, layout);
+    CHECK(rc == 0, "rope: %s", ifkc_errmsg());
+    if (rc == 0 && from_dev(got, dx, n * 4) == 0) {
+        double worst = 0.0;
+        for (size_t i = 0; i < n; i++)
+            worst = fmax(worst, fabs((double)got[i] - ref[i])); /* padding: ref == x, so checked too */
+        CHECK(worst <= 1e-6, "rope d%d rot %d pos0 %d %s%s: |err| %g", head_dim, rot_dim, pos0,
+              layout == IFK_ROPE_HALF ? "half" : "interleaved", with_fs ? " freq_scale" : "", worst);
+    }
+    ifkc_free(dev, dx);
+    ifkc_free(dev, dfs);
+    free(x);
+    free(ref);
+    free(got);
+}
+
+static void test_rope(void)
+{
+    static const int pos[] = {0, 7, 4095, 100000};
+    for (int layout = IFK_ROPE_HALF; layout <= IFK_ROPE_INTERLEAVED; layout++)
+        for (int fs = 0; fs <= 1; fs++)
+            for (size_t pi = 0; pi < sizeof pos / sizeof *pos; pi++) {
+                rope_case(128, 128, pos[pi], layout, fs);
+                rope_case(64, 32, pos[pi], layout, fs); /* partial rotary */
+                rope_case(80, 24, pos[pi], layout, fs);
+            }
+    rope_case(64, 200, 5, IFK_ROPE_HALF, 0); /* rot_dim past head_dim: the whole head */
+}
+
+/* ---- element-wise ------------------------------------------------------------------------ */
+
+static void test_silu_mul_add(void)
+{
+    const size_t n = 1000003;
+    float *g = xmalloc(n * 4), *u = xmalloc(n * 4), *ref = xmalloc(n * 4), *got = xmalloc(n * 4);
+    fill(g, n, -20.0f, 20.0f);
+    fill(u, n, -3.0f, 3.0f);
+    float *dg = dup_to_dev(g, n * 4), *du = dup_to_dev(u, n * 4);
+
+    memcpy(ref, g, n * 4);
+    ifk_silu_mul(ref, u, (int)n);
+    int rc = ifkc_silu_mul(dev, dg, du, n);
+    CHECK(rc == 0, "silu_mul: %s", ifkc_errmsg());
+    if (rc == 0 && from_dev(got, dg, n * 4) == 0) {
+        size_t bad = n;
+        for (size_t i = 0; i < n && bad == n; i++)
+            if (!(fabsf(got[i] - ref[i]) <= 1e-6f * fabsf(ref[i]) + 1e-30f))
+                bad = i;
+        CHECK(bad == n, "silu_mul: element %zu is %g, reference %g", bad, bad < n ? got[bad] : 0.0f,
+              bad < n ? ref[bad] : 0.0f);
+    }
+
+    /* add: y = silu result (now in dg and ref) + u */
+    ifk_add(ref, u, (int)n);
+    rc = ifkc_add(dev, dg, du, n);
+    CHECK(rc == 0, "add: %s", ifkc_errmsg());
+    if (rc == 0 && from_dev(got, dg, n * 4) == 0)
+        CHECK(memcmp(got, ref, n * 4) == 0, "add: not bit-exact");
+    ifkc_free(dev, dg);
+    ifkc_free(dev, du);
+    free(g);
+    free(u);
+    free(ref);
+    free(got);
+}
+
+static void test_add_bias(void)
+{
+    const int T = 3, n = 1000;
+    const size_t ldy = 1024, ny = (size_t)T * ldy;
+    float *y = xmalloc(ny * 4), *b = xmalloc((size_t)n * 4), *ref = xmalloc(ny * 4), *got = xmalloc(ny * 4);
+    fill(y, ny, -5.0f, 5.0f);
+    fill(b, n, -1.0f, 1.0f);
+    memcpy(ref, y, ny * 4);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < n; i++)
+            ref[(size_t)t * ldy + i] += b[i];
+    float *dy = dup_to_dev(y, ny * 4), *db = dup_to_dev(b, (size_t)n * 4);
+    int rc = ifkc_add_bias(dev, dy, ldy, db, T, n);
+    CHECK(rc == 0, "add_bias: %s", ifkc_errmsg());
+    if (rc == 0 && from_dev(got, dy, ny * 4) == 0)
+        CHECK(memcmp(got, ref, ny * 4) == 0, "add_bias: not bit-exact (or padding touched)");
+    ifkc_free(dev, dy);
+    ifkc_free(dev, db);
+    free(y);
+    free(b);
+    free(ref);
+    free(got);
+}
+
+/* ---- argmax ------------------------------------------------------------------------------ */
+
+static int host_argmax(const float *x, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+static void argmax_case(const float *x, int n, const char *what)
+{
+    float *dx = dup_to_dev(x, (size_t)n * 4);
+    int32_t got = -1;
+    int rc = ifkc_argmax(dev, &got, dx, n);
+    CHECK(rc == 0, "argmax %s: %s", what, ifkc_errmsg());
+    CHECK(rc != 0 || got == host_argmax(x, n), "argmax %s: %d, expected %d", what, (int)got, host_argmax(x, n));
+    ifkc_free(dev, dx);
+}
+
+static void test_argmax(void)
+{
+    const int n = 151936;
+    float *x = xmalloc((size_t)n * 4);
+    fill(x, n, -10.0f, 10.0f);
+    argmax_case(x, n, "random 151936");
+    x[123456] = 50.0f;
+    x[1000] = 50.0f; /* a tie in another block: the lower index wins */
+    x[150000] = 50.0f;
+    argmax_case(x, n, "ties across blocks");
+    x[1001] = 50.0f; /* a tie in the same block */
+    x[999] = 50.0f;
+    argmax_case(x, n, "ties in a block");
+    x[n - 1] = 60.0f;
+    argmax_case(x, n, "last element");
+    for (int i = 0; i < n; i++)
+        x[i] = -1.0f;
+    argmax_case(x, n, "all equal");
+    x[0] = 3.0f;
+    argmax_case(x, 1, "n = 1");
+    x[0] = -INFINITY;
+    x[1] = -INFINITY;
+    argmax_case(x, 2, "all -inf");
+    fill(x, 1000, -1.0f, 1.0f);
+    x[777] = 2.0f;
+    argmax_case(x, 1000, "n = 1000");
+    const int big = 300007; /* more elements than the blocks' minimum share x the maximum blocks */
+    float *y = xmalloc((size_t)big * 4);
+    fill(y, big, -1.0f, 1.0f);
+    y[big - 2] = 1.5f;
+    argmax_case(y, big, "300007");
+    free(y);
+    free(x);
+    int32_t got;
+    CHECK(ifkc_argmax(dev, &got, NULL, 5) == IFKC_EINVAL, "argmax of NULL");
+}
+
+int main(void)
+{
+    int n = 0;
+    int rc = ifkc_device_count(&n);
+    if (rc || n < 1) {
+        fprintf(stderr, "test_cuda_ops: no GPU to run on: %s\n", rc ? ifkc_errmsg() : "0 devices");
+        CHECK(0, "a CUDA device is needed (this test runs only under make check-gpu on a GPU machine)");
+        return check_summary("test_cuda_ops");
+    }
+    rc = ifkc_open(&dev, 0);
+    if (rc) {
+        CHECK(0, "opening cuda:0: %s", ifkc_errmsg());
+        return check_summary("test_cuda_ops");
+    }
+    ifk_set_isa(IFK_ISA_SCALAR); /* the CPU side is the scalar reference */
+
+    RUN(test_attention_args);
+    RUN(test_attention_decode);
+    RUN(test_attention_decode_long);
+    RUN(test_attention_prefill);
+    RUN(test_kv_store);
+    RUN(test_rmsnorm);
+    RUN(test_rope);
+    RUN(test_silu_mul_add);
+    RUN(test_add_bias);
+    RUN(test_argmax);
+
+    ifkc_close(dev);
+    return check_summary("test_cuda_ops");
+}
