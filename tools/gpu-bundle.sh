@@ -3,7 +3,7 @@
 # folder (default .gpu, git-ignored) that the device tool can carry to a lent GPU machine.
 #
 # That machine receives the working tree only: no ../shared, and no Debian -dev packages (it
-# cannot install any). So this builds here with CUDA (sm_80, sm_90 and PTX), then gathers:
+# cannot install any). So this builds here, then gathers:
 #   bin/            the programs            build/   the GPU tests, iflow-bench, gpubench
 #   lib/            the shared libraries they need beyond glibc and CUDA's own (jansson, inih,
 #                   utf8proc, xxhash, zstd, pcre2, gomp), and jq with its libraries
@@ -19,26 +19,36 @@ cd "$(dirname "$0")/.."
 DATA=${IFLOW_TEST_DATA:-../shared}
 log() { echo "gpu-bundle: $*" >&2; }
 
+# The programs that compute on the GPU are built for Hopper only (sm_90: the lent machines are
+# H100 and H200), in a build folder of their own, and stripped, to stay well inside the 64 MiB
+# the device tool carries; iflow-convert and iflow-quant need no GPU and come from CUDA=0.
+B=build/gpu-bundle
 make --no-print-directory deps >&2
-make --no-print-directory -j"$(nproc)" CUDA=1 all gpu-bins build/rel/iflow-bench build/rel/gpubench >&2
-
+make --no-print-directory -j"$(nproc)" CUDA=0 all >&2
 rm -rf "$out"
-mkdir -p "$out/bin" "$out/build/tests/gpu" "$out/lib" "$out/shared/models/synthetic" "$out/shared/golden" \
-    "$out/shared/data/wikitext-2-raw"
-cp bin/iflow-* "$out/bin/"
-cp build/rel/tests/gpu/test_* "$out/build/tests/gpu/"
-cp build/rel/iflow-bench build/rel/gpubench "$out/build/"
+mkdir -p "$out/bin" "$out/build/tests/gpu" "$out/lib" "$out/shared/models/stories260K" "$out/shared/models/xs-ckpt" \
+    "$out/shared/models/synthetic" "$out/shared/golden" "$out/shared/data/wikitext-2-raw"
+strip -o "$out/bin/iflow-convert" bin/iflow-convert
+strip -o "$out/bin/iflow-quant" bin/iflow-quant
+make --no-print-directory -j"$(nproc)" CUDA=1 BUILD=$B CUDA_ARCH="-gencode arch=compute_90,code=sm_90" \
+    all gpu-bins $B/iflow-bench $B/gpubench >&2
+strip -o "$out/bin/iflow-run" bin/iflow-run
+strip -o "$out/bin/iflow-ppl" bin/iflow-ppl
+for t in $B/tests/gpu/test_*; do strip -o "$out/build/tests/gpu/$(basename "$t")" "$t"; done
+strip -o "$out/build/iflow-bench" $B/iflow-bench
+strip -o "$out/build/gpubench" $B/gpubench
 cp "$(command -v jq)" "$out/bin/"
+make --no-print-directory -j"$(nproc)" all >&2 # bin/ back to the default build
 
 # Shared libraries outside glibc and CUDA that the programs and jq load.
 libs() { ldd "$@" | awk '$3 ~ /^\// { print $3 }' | sort -u |
-    grep -Ev '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libcublas[^/]*|libcublasLt[^/]*)\.so' ; }
+    grep -Ev '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' ; }
 for l in $(libs "$out"/bin/* "$out"/build/tests/gpu/* "$out"/build/iflow-bench); do
     cp -L "$l" "$out/lib/"
 done
 
-cp -r "$DATA/models/stories260K" "$out/shared/models/"
-cp -r "$DATA/models/xs-ckpt" "$out/shared/models/"
+cp -r "$DATA/models/stories260K/hf" "$out/shared/models/stories260K/"
+cp -r "$DATA/models/xs-ckpt/hf" "$out/shared/models/xs-ckpt/"
 cp -r "$DATA/models/synthetic/tinyllama-1.1b" "$out/shared/models/synthetic/"
 cp "$DATA/golden/stories260K.greedy64.jsonl" "$DATA/golden/xs-ckpt.greedy64.json" "$out/shared/golden/"
 cp "$DATA/data/wikitext-2-raw/wiki.test.raw" "$out/shared/data/wikitext-2-raw/"
@@ -49,7 +59,7 @@ cat >"$out/run.sh" <<'EOF'
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
-export PATH=$here/bin:$PATH LD_LIBRARY_PATH=$here/lib:${LD_LIBRARY_PATH:-} IFLOW_TEST_DATA=$here/shared BIN=$here/bin
+export IFLOW_SPEC_PATH=$PWD/specs PATH=$here/bin:$PATH LD_LIBRARY_PATH=$here/lib:${LD_LIBRARY_PATH:-} IFLOW_TEST_DATA=$here/shared BIN=$here/bin
 case ${1:-check} in
 check) exec tests/run.sh --gpu "$here/build" ;;
 bench) exec bench/bench-gpu.sh "$here/build" ;;

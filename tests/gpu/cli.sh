@@ -28,10 +28,10 @@ greedy() { # model device n prompt -> gen ids as one JSON array
 agree() { jq -n --argjson a "$1" --argjson b "$2" \
     '[range(0; [($a|length), ($b|length)] | min) | select($a[.] != $b[.])] | if length == 0 then ([($a|length), ($b|length)] | min) else .[0] end'; }
 
-$BIN/iflow-convert "$DATA/models/stories260K/hf" -o "$TMP/s.ifs" 2>/dev/null
-$BIN/iflow-convert "$DATA/models/stories260K/hf" -t f16 -o "$TMP/s16.ifs" 2>/dev/null
-$BIN/iflow-convert "$DATA/models/stories260K/hf" -t bf16 -o "$TMP/sbf16.ifs" 2>/dev/null
-$BIN/iflow-convert "$DATA/models/xs-ckpt/hf" -o "$TMP/xs.ifs" 2>/dev/null
+$BIN/iflow-convert "$DATA/models/stories260K/hf" -o "$TMP/s.ifs"
+$BIN/iflow-convert "$DATA/models/stories260K/hf" -t f16 -o "$TMP/s16.ifs"
+$BIN/iflow-convert "$DATA/models/stories260K/hf" -t bf16 -o "$TMP/sbf16.ifs"
+$BIN/iflow-convert "$DATA/models/xs-ckpt/hf" -o "$TMP/xs.ifs"
 
 # ---- greedy: float weights, 64 tokens, exactly the CPU's ----
 for model in s s16 sbf16; do
@@ -55,8 +55,8 @@ expect_match "$err" "device cuda:0 \(.*\): 2 of 5 layers, the rest on the cpu" "
 
 # ---- quantized types against their dequantized weights on the CPU ----
 for t in q8_b32 q8_b64 q6 q5 q4_b32 q4_b64 q3h q3_b32 q2; do
-    $BIN/iflow-quant -t "$t" --keep "*=$t" -i "$TMP/s.ifs" -o "$TMP/q.ifs" 2>/dev/null
-    $BIN/iflow-quant -t "$t" --keep '*=f32' -i "$TMP/q.ifs" -o "$TMP/deq.ifs" 2>/dev/null
+    $BIN/iflow-quant -t "$t" --keep "*=$t" -i "$TMP/s.ifs" -o "$TMP/q.ifs"
+    $BIN/iflow-quant -t "$t" --keep '*=f32' -i "$TMP/q.ifs" -o "$TMP/deq.ifs"
     total=0 least=64
     while IFS= read -r rec; do
         prompt=$(jq -r .prompt <<<"$rec")
@@ -80,7 +80,7 @@ done
 
 # ---- the TinyLlama-1.1B shape (synthetic F16) ----
 if [ -f "$DATA/models/synthetic/tinyllama-1.1b/config.json" ]; then
-    $BIN/iflow-convert --synthetic "$DATA/models/synthetic/tinyllama-1.1b" -t f16 -o "$TMP/tl.ifs" 2>/dev/null
+    $BIN/iflow-convert --synthetic "$DATA/models/synthetic/tinyllama-1.1b" -t f16 -o "$TMP/tl.ifs"
     cpu=$(greedy "$TMP/tl.ifs" cpu 32 "Once upon a time")
     gpu=$(greedy "$TMP/tl.ifs" cuda 32 "Once upon a time")
     echo "OBSERVED tinyllama-1.1b f16: $(agree "$gpu" "$cpu") of 32 greedy tokens agree" >&2
