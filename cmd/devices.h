@@ -5,7 +5,9 @@
  * model on it: --device cpu runs everything on the CPU as before; cuda or cuda:N puts the first
  * --gpu-layers layers (default: all, and then the output too) on that GPU and the rest on the
  * CPU; auto (the default) does that when a GPU can be opened and otherwise runs on the CPU,
- * saying why under -v. Failures die() with the library's message.
+ * saying why under -v. With a plan (--plan FILE) the model is placed as the plan says: its
+ * cpu:N devices are CPU devices of one process with the plan's thread counts (default: the
+ * cores shared out), cuda:N are GPUs. Failures die() with the library's message.
  */
 #ifndef IFLOW_CMD_DEVICES_H
 #define IFLOW_CMD_DEVICES_H
@@ -14,6 +16,7 @@
 #include "libcore/engine/model.h"
 
 typedef struct {
+    const char *plan;     /* a partition plan file (man iflow-plan.5), or NULL */
     const char *device;   /* "auto" (NULL too), "cpu", "cuda", "cuda:N"  */
     int gpu_layers;       /* layers on the GPU; < 0: all                 */
     int threads, n_ctx, verbose;
@@ -22,6 +25,8 @@ typedef struct {
 typedef struct {
     iflow_device *gpu;    /* NULL when everything runs on the CPU */
     int *layer_device;
+    int n_plan_devices;   /* with a plan: its devices */
+    iflow_device *plan_devices[16];
 } placed;
 
 /* Place m as o says; the returned state is released with devices_release() after the model

@@ -15,7 +15,7 @@
 
 enum {
     O_MODEL = 'm', O_FILE = 'f', O_CTX = 'c', O_THREADS = 't', O_VERBOSE = 'v',
-    O_CHUNKS = 256, O_PROTOCOL, O_MAX_TOKENS, O_JSON, O_LOGPROBS, O_KL_BASE, O_DEVICE, O_GPU_LAYERS,
+    O_CHUNKS = 256, O_PROTOCOL, O_MAX_TOKENS, O_JSON, O_LOGPROBS, O_KL_BASE, O_DEVICE, O_GPU_LAYERS, O_PLAN,
 };
 
 static const iflow_opt opts[] = {
@@ -29,6 +29,7 @@ static const iflow_opt opts[] = {
     {O_THREADS, "threads", 't', "N", "compute threads (default: all cores)", NULL},
     {O_DEVICE, "device", 0, "DEV", "compute on auto (a GPU if there is one, else the CPU), cpu, cuda or cuda:N (default auto)", "auto cpu cuda"},
     {O_GPU_LAYERS, "gpu-layers", 0, "N", "put the first N layers on the GPU and the rest on the CPU (default: all)", NULL},
+    {O_PLAN, "plan", 0, "FILE", "place the model over the devices of partition plan FILE (iflow-partition, iflow-plan(5))", "file"},
     {O_JSON, "json", 0, NULL, "print the result as one JSON object", NULL},
     {O_LOGPROBS, "logprobs", 0, "FILE", "write every scored position's log-probability to FILE as TSV", "file"},
     {O_VERBOSE, "verbose", 'v', NULL, "print progress and timings on standard error", NULL},
@@ -75,6 +76,7 @@ int main(int argc, char **argv)
         case O_KL_BASE: base_path = arg; break;
         case O_VERBOSE: verbose = 1; break;
         case O_DEVICE: dev.device = arg; break;
+        case O_PLAN: dev.plan = arg; break;
         case O_GPU_LAYERS: dev.gpu_layers = (int)opt_long(&tool, "gpu-layers", arg, 0, 1 << 20); break;
         case O_PROTOCOL:
             if (strcmp(arg, "windows") == 0) protocol = IFLOW_PPL_WINDOWS;

@@ -18,7 +18,7 @@
 enum {
     O_MODEL = 'm', O_PROMPT = 'p', O_NPREDICT = 'n', O_THREADS = 't', O_CTX = 'c', O_VERBOSE = 'v',
     O_TEMP = 256, O_TOPK, O_TOPP, O_SEED, O_ECHO, O_JSON, O_TOKENIZE, O_BOS, O_PARSE_SPECIAL, O_DEVICE,
-    O_GPU_LAYERS, O_LIST_DEVICES,
+    O_GPU_LAYERS, O_LIST_DEVICES, O_PLAN,
 };
 
 static const iflow_opt opts[] = {
@@ -33,6 +33,7 @@ static const iflow_opt opts[] = {
     {O_CTX, "ctx-size", 'c', "N", "context length in tokens (default: the model's)", NULL},
     {O_DEVICE, "device", 0, "DEV", "compute on auto (a GPU if there is one, else the CPU), cpu, cuda or cuda:N (default auto)", "auto cpu cuda"},
     {O_GPU_LAYERS, "gpu-layers", 0, "N", "put the first N layers on the GPU and the rest on the CPU (default: all)", NULL},
+    {O_PLAN, "plan", 0, "FILE", "place the model over the devices of partition plan FILE (iflow-partition, iflow-plan(5))", "file"},
     {O_LIST_DEVICES, "list-devices", 0, NULL, "print the devices this machine has (with --json: JSON Lines) and exit", NULL},
     {O_ECHO, "echo", 0, NULL, "print the prompt before its continuation", NULL},
     {O_JSON, "json", 0, NULL, "print one JSON object per prompt: prompt, ids, text, stop reason", NULL},
@@ -300,6 +301,7 @@ int main(int argc, char **argv)
         case O_DEVICE: o.dev.device = arg; break;
         case O_GPU_LAYERS: o.dev.gpu_layers = (int)opt_long(&tool, "gpu-layers", arg, 0, 1 << 20); break;
         case O_LIST_DEVICES: o.list_devices = 1; break;
+        case O_PLAN: o.dev.plan = arg; break;
         }
     }
     o.dev.threads = o.threads;

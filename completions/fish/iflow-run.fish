@@ -10,6 +10,7 @@ complete -c iflow-run -l threads -s t -x -d 'compute threads (default: all cores
 complete -c iflow-run -l ctx-size -s c -x -d 'context length in tokens (default: the model\'s)'
 complete -c iflow-run -l device -x -a 'auto cpu cuda' -d 'compute on auto (a GPU if there is one, else the CPU), cpu, cuda or cuda:N (default auto)'
 complete -c iflow-run -l gpu-layers -x -d 'put the first N layers on the GPU and the rest on the CPU (default: all)'
+complete -c iflow-run -l plan -r -d 'place the model over the devices of partition plan FILE (iflow-partition, iflow-plan(5))'
 complete -c iflow-run -l list-devices -d 'print the devices this machine has (with --json: JSON Lines) and exit'
 complete -c iflow-run -l echo -d 'print the prompt before its continuation'
 complete -c iflow-run -l json -d 'print one JSON object per prompt: prompt, ids, text, stop reason'

@@ -115,6 +115,13 @@ int iflow_placement_bytes(const iflow_model *m, const iflow_placement *p, int n_
  * contexts; a previous placement is released. On failure the model is left as it was. */
 int iflow_model_place(iflow_model *m, const iflow_placement *p, int n_ctx);
 
+/* Place m as a partition plan says (plan.h): devices[i] is the opened device of the plan's
+ * device i (NULL: the context's CPU). Checked as iflow_model_place (and the plan against the
+ * model: iflow_plan_check); a layer split over several devices sums its parts' attention
+ * outputs and FFN outputs across them (an all-reduce through host memory, in part order). */
+struct iflow_plan_s;
+int iflow_model_place_plan(iflow_model *m, const struct iflow_plan_s *plan, iflow_device *const *devices, int n_ctx);
+
 /* A placement of the first n_first layers on device 0 and the rest on device 1, the output on
  * device 0 when every layer is there (llama.cpp's --gpu-layers). layer_device: [n_layers]. */
 void iflow_placement_first_n(iflow_placement *p, int *layer_device, int n_layers, iflow_device *first,

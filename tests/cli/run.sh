@@ -111,4 +111,40 @@ expect_rc 2 "--gpu-layers with --device cpu"
 expect_eq "$err" "iflow-run: --gpu-layers 2 needs a GPU, but --device is cpu
 Try 'iflow-run --help' for more information." "--gpu-layers with --device cpu: message"
 
+# ---- --plan: a hybrid plan over four virtual CPU devices gives the same greedy text ----
+cat >"$TMP/plan.ini" <<'EOF'
+[plan]
+strategy = hybrid
+layers = 5
+heads = 8
+kv_heads = 4
+ffn = 172
+output = cpu:3
+[device cpu:0]
+layers = 0-2
+heads = 0-3
+ffn = 0-85
+[device cpu:1]
+layers = 0-2
+heads = 4-7
+ffn = 86-171
+[device cpu:2]
+layers = 3-4
+heads = 0-3
+ffn = 0-85
+[device cpu:3]
+layers = 3-4
+heads = 4-7
+ffn = 86-171
+EOF
+run $BIN/iflow-run -m "$TMP/s.ifs" -p "Once upon a time" -n 24 --temp 0 --plan "$TMP/plan.ini" -v
+expect_eq "$out" "$greedy_auto" "--plan (hybrid, 4 cpu devices): the single device's greedy text"
+expect_match "$err" "^iflow-run: plan .*plan.ini \\(hybrid\\): 4 devices, output on cpu:3" "--plan -v line"
+run $BIN/iflow-run -m "$TMP/s.ifs" -p hi --plan "$TMP/plan.ini" --device cpu
+expect_rc 2 "--plan with --device"
+sed 's/^heads = 4-7/heads = 2-7/' "$TMP/plan.ini" >"$TMP/bad.ini"
+run $BIN/iflow-run -m "$TMP/s.ifs" -p hi --plan "$TMP/bad.ini"
+expect_rc 1 "a plan with overlapping heads"
+expect_eq "$err" "iflow-run: plan: query head 2 of layer 0 is on both cpu:0 and cpu:1" "overlapping heads: message"
+
 summary

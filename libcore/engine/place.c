@@ -1,0 +1,508 @@
+/* place.c -- putting a model's weights on devices: whole layers (iflow_placement) or head and
+ * FFN-column ranges of layers (iflow_plan). See model.h and plan.h.
+ *
+ * A placement becomes a list of parts per layer (model_impl.h). Building it goes in three steps,
+ * so that nothing is copied before everything is known to fit:
+ *   1. describe: for each layer, its parts (device, head range, column range);
+ *   2. measure:  the bytes each device needs (weights, KV cache, scratch), and refusals (a
+ *                weight type without a kernel on its device, a column split inside a block
+ *                of a quantized type), and the fit against each device's free memory;
+ *   3. copy:     each part's slices to its device. Row slices of a matrix are a pointer into
+ *                the mapping (rows are contiguous for every type); column slices (wo, down
+ *                split by heads or columns) are built on the host, row by row.
+ */
+#include "model_impl.h"
+#include "plan.h"
+#include "libcore/base/dtype.h"
+#include "libcore/base/error.h"
+#include "kernels/cpu/quant.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static iflow_device *dev_of(const iflow_model *m, int i) { return m->devs[i]; }
+static int host_dev(const iflow_device *d) { return !d || d->host_memory; }
+static const char *dev_name(const iflow_device *d) { return d ? d->info.name : "cpu"; }
+
+/* Bytes of `rows` rows of `cols` elements of a weight type (quantized rows: whole blocks). */
+static uint64_t rows_bytes(int type, int64_t rows, int64_t cols)
+{
+    return iflow_tensor_nbytes(type, 2, (int64_t[]){rows, cols});
+}
+
+/* ---- 1. describe ---- */
+
+/* What a placement asks for, before anything is checked: parts per layer. */
+typedef struct {
+    int n_devs;
+    iflow_device *devs[IFLOW_MAX_DEVICES];
+    int output_dev;
+    int *part0;          /* [n_layers + 1] */
+    layer_part *parts;   /* ranges and device only */
+} layout;
+
+static void layout_free(layout *L)
+{
+    free(L->part0);
+    free(L->parts);
+}
+
+static int layout_alloc(layout *L, int n_layers, int n_parts)
+{
+    L->part0 = calloc((size_t)n_layers + 1, sizeof *L->part0);
+    L->parts = calloc((size_t)(n_parts ? n_parts : 1), sizeof *L->parts);
+    return L->part0 && L->parts ? 0 : iflow_seterr(IFLOW_ENOMEM, "out of memory");
+}
+
+/* The kv heads query heads q0..q1-1 read. */
+static void kv_range(const iflow_hparams *hp, layer_part *p)
+{
+    int group = hp->n_heads / hp->n_kv_heads;
+    p->kv0 = p->q0 / group;
+    p->kv1 = (p->q1 - 1) / group + 1;
+}
+
+static void whole(const iflow_hparams *hp, layer_part *p, int dev)
+{
+    memset(p, 0, sizeof *p);
+    p->dev = dev;
+    p->q1 = hp->n_heads;
+    p->f1 = hp->ffn_dim;
+    kv_range(hp, p);
+}
+
+static int describe_placement(const iflow_model *m, const iflow_placement *pl, layout *L)
+{
+    const iflow_hparams *hp = &m->hp;
+    if (pl->n_devices < 1 || pl->n_devices > IFLOW_MAX_DEVICES)
+        return iflow_seterr(IFLOW_EINVAL, "a placement needs 1 to %d devices, not %d", IFLOW_MAX_DEVICES, pl->n_devices);
+    if (pl->output_device < 0 || pl->output_device >= pl->n_devices)
+        return iflow_seterr(IFLOW_EINVAL, "output device %d is not one of the placement's %d devices", pl->output_device,
+                            pl->n_devices);
+    for (int l = 0; l < hp->n_layers; l++)
+        if (pl->layer_device[l] < 0 || pl->layer_device[l] >= pl->n_devices)
+            return iflow_seterr(IFLOW_EINVAL, "layer %d is placed on device %d, but the placement has %d devices", l,
+                                pl->layer_device[l], pl->n_devices);
+    int rc = layout_alloc(L, hp->n_layers, hp->n_layers);
+    if (rc)
+        return rc;
+    L->n_devs = pl->n_devices;
+    memcpy(L->devs, pl->devices, sizeof L->devs);
+    L->output_dev = pl->output_device;
+    for (int l = 0; l < hp->n_layers; l++) {
+        whole(hp, &L->parts[l], pl->layer_device[l]);
+        L->part0[l + 1] = l + 1;
+    }
+    return 0;
+}
+
+static int describe_plan(const iflow_model *m, const iflow_plan *plan, iflow_device *const *devices, layout *L)
+{
+    const iflow_hparams *hp = &m->hp;
+    int rc = iflow_plan_check(plan, hp->n_layers, hp->n_heads, hp->n_kv_heads, hp->ffn_dim);
+    if (rc)
+        return rc;
+    int n = 0, idx[IFLOW_PLAN_MAX_DEVICES];
+    for (int l = 0; l < hp->n_layers; l++)
+        n += iflow_plan_layer_devices(plan, l, idx);
+    if ((rc = layout_alloc(L, hp->n_layers, n)))
+        return rc;
+    L->n_devs = plan->n_devices;
+    for (int i = 0; i < plan->n_devices; i++)
+        L->devs[i] = devices[i];
+    L->output_dev = plan->output_device;
+    n = 0;
+    for (int l = 0; l < hp->n_layers; l++) {
+        int k = iflow_plan_layer_devices(plan, l, idx);
+        /* parts in head order, so that part 0 holds head 0 (and adds the output biases) */
+        for (int a = 0; a < k; a++)
+            for (int b = a + 1; b < k; b++)
+                if (plan->devices[idx[b]].head0 < plan->devices[idx[a]].head0 ||
+                    (plan->devices[idx[b]].head0 == plan->devices[idx[a]].head0 &&
+                     plan->devices[idx[b]].ffn0 < plan->devices[idx[a]].ffn0)) {
+                    int t = idx[a];
+                    idx[a] = idx[b];
+                    idx[b] = t;
+                }
+        for (int a = 0; a < k; a++) {
+            const iflow_plan_device *d = &plan->devices[idx[a]];
+            layer_part *p = &L->parts[n++];
+            memset(p, 0, sizeof *p);
+            p->dev = idx[a];
+            p->q0 = d->head0, p->q1 = d->head1, p->f0 = d->ffn0, p->f1 = d->ffn1;
+            kv_range(hp, p);
+        }
+        L->part0[l + 1] = n;
+    }
+    return 0;
+}
+
+/* ---- 2. measure ---- */
+
+/* A column slice [c0, c1) of a matrix with K columns of this type: legal for float types
+ * always, for quantized types only on block boundaries (the last block may be the padded one). */
+static int column_split_ok(int type, int c0, int c1, int K)
+{
+    const ifk_qtype_info *q = ifk_qtype(type);
+    if (!q || (c0 == 0 && c1 == K))
+        return 1;
+    return c0 % q->block == 0 && (c1 % q->block == 0 || c1 == K);
+}
+
+/* Weight bytes of one part, or a refusal naming the tensor. */
+static int part_bytes(const iflow_model *m, int l, const layer_part *p, iflow_device *d, uint64_t *bytes)
+{
+    const iflow_hparams *hp = &m->hp;
+    const layer_weights *w = &m->layers[l];
+    int64_t D = hp->dim, hd = hp->head_dim, nq = (int64_t)(p->q1 - p->q0) * hd, nkv = (int64_t)(p->kv1 - p->kv0) * hd,
+            nf = p->f1 - p->f0;
+    struct { const char *name; weight W; int64_t rows, cols; int c0, c1, K; } mats[] = {
+        {"wq", w->wq, nq, D, 0, 0, 0},
+        {"wk", w->wk, nkv, D, 0, 0, 0},
+        {"wv", w->wv, nkv, D, 0, 0, 0},
+        {"wo", w->wo, D, nq, p->q0 * (int)hd, p->q1 * (int)hd, hp->n_heads * (int)hd},
+        {"ffn_gate", w->gate, nf, D, 0, 0, 0},
+        {"ffn_up", w->up, nf, D, 0, 0, 0},
+        {"ffn_down", w->down, D, nf, p->f0, p->f1, hp->ffn_dim},
+    };
+    uint64_t b = 0;
+    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+        if (d && !d->ops->supports(d, mats[i].W.type))
+            return iflow_seterr(IFLOW_EUNSUPPORTED, "tensor 'blk.%d.%s' has type %s, which has no kernel on %s", l,
+                                mats[i].name, iflow_dtype_name(mats[i].W.type), d->info.name);
+        if (mats[i].K && !column_split_ok(mats[i].W.type, mats[i].c0, mats[i].c1, mats[i].K))
+            return iflow_seterr(IFLOW_EUNSUPPORTED,
+                                "cannot split the columns of 'blk.%d.%s' (%s, blocks of %d) at %d-%d: a split of a "
+                                "quantized matrix must fall on block boundaries",
+                                l, mats[i].name, iflow_dtype_name(mats[i].W.type), ifk_qtype(mats[i].W.type)->block,
+                                mats[i].c0, mats[i].c1 - 1);
+        b += rows_bytes(mats[i].W.type, mats[i].rows, mats[i].cols);
+    }
+    b += (uint64_t)(2 * D) * sizeof(float);                                           /* the two norms */
+    if (hp->attn_bias)
+        b += (uint64_t)(nq + 2 * nkv + D) * sizeof(float);
+    if (hp->mlp_bias)
+        b += (uint64_t)(2 * nf + D) * sizeof(float);
+    *bytes = b;
+    return 0;
+}
+
+static uint64_t kv_bytes(const iflow_hparams *hp, const layer_part *p, int n_ctx)
+{
+    return 2ull * (uint64_t)n_ctx * (uint64_t)(p->kv1 - p->kv0) * hp->head_dim * sizeof(float);
+}
+
+/* Scratch of one batch on a device that runs layers (forward.c's dev_scratch). */
+static uint64_t scratch_bytes(const iflow_hparams *hp)
+{
+    uint64_t D = hp->dim, Q = (uint64_t)hp->n_heads * hp->head_dim, F = hp->ffn_dim;
+    return MAX_BATCH * (2 * D + 2 * Q + 2 * F) * sizeof(float);
+}
+
+static int measure(const iflow_model *m, const layout *L, int n_ctx, iflow_device_bytes *need)
+{
+    const iflow_hparams *hp = &m->hp;
+    memset(need, 0, (size_t)L->n_devs * sizeof *need);
+    int uses[IFLOW_MAX_DEVICES] = {0};
+    for (int l = 0; l < hp->n_layers; l++)
+        for (int k = L->part0[l]; k < L->part0[l + 1]; k++) {
+            const layer_part *p = &L->parts[k];
+            iflow_device *d = L->devs[p->dev];
+            uint64_t b = 0;
+            int rc = part_bytes(m, l, p, d, &b);
+            if (rc)
+                return rc;
+            if (!host_dev(d))
+                need[p->dev].weights += b;
+            need[p->dev].kv += kv_bytes(hp, p, n_ctx);
+            uses[p->dev] = 1;
+        }
+    iflow_device *od = L->devs[L->output_dev];
+    if (od && !od->ops->supports(od, m->output.type))
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "tensor '%s' has type %s, which has no kernel on %s",
+                            hp->tie_embeddings ? "tok_embd" : "output", iflow_dtype_name(m->output.type), od->info.name);
+    if (!host_dev(od))
+        need[L->output_dev].weights += rows_bytes(m->output.type, hp->vocab_size, hp->dim) + (uint64_t)hp->dim * sizeof(float);
+    uses[L->output_dev] = 1;
+    for (int i = 0; i < L->n_devs; i++) {
+        if (uses[i])
+            need[i].scratch += scratch_bytes(hp);
+        if (i == L->output_dev)
+            need[i].scratch += (uint64_t)hp->vocab_size * sizeof(float); /* one row of logits */
+        if (m->rope_scale && !host_dev(L->devs[i]))
+            need[i].weights += (uint64_t)hp->rope_dim / 2 * sizeof(float);
+    }
+    return 0;
+}
+
+/* Every device must hold what the placement puts on it; the message names the first that
+ * cannot and by how much. */
+static int check_fit(const layout *L, const iflow_device_bytes *need, int n_ctx)
+{
+    for (int i = 0; i < L->n_devs; i++) {
+        iflow_device *d = L->devs[i];
+        uint64_t total = need[i].weights + need[i].kv + need[i].scratch;
+        iflow_device_info info;
+        int rc = iflow_device_query(d, &info);
+        if (rc)
+            return rc;
+        if (info.mem_free && total > info.mem_free) {
+            char a[32], b[32], c[32], e[32], f[32], g[32];
+            return iflow_seterr(IFLOW_ENOMEM,
+                                "%s lacks %s for this placement: it needs %s (weights %s, KV cache %s for %d positions, "
+                                "scratch %s) and has %s free",
+                                dev_name(d), iflow_bytes_str(a, sizeof a, total - info.mem_free),
+                                iflow_bytes_str(b, sizeof b, total), iflow_bytes_str(c, sizeof c, need[i].weights),
+                                iflow_bytes_str(e, sizeof e, need[i].kv), n_ctx, iflow_bytes_str(f, sizeof f, need[i].scratch),
+                                iflow_bytes_str(g, sizeof g, info.mem_free));
+        }
+    }
+    return 0;
+}
+
+/* ---- 3. copy ---- */
+
+/* Put n bytes on part p's device, remembering what to free. */
+static int put(iflow_model *m, layer_part *p, int *n_dev_copies, const void *host, size_t n, const void **out)
+{
+    iflow_device *d = dev_of(m, p->dev);
+    int rc = iflow_device_put(d, out, host, n);
+    if (rc == 0 && !host_dev(d))
+        p->dev_copy[(*n_dev_copies)++] = *out;
+    return rc;
+}
+
+/* Rows r0..r0+rows-1 of a matrix with `cols` columns: a pointer into it. */
+static const void *row_slice(weight W, int64_t r0, int64_t cols)
+{
+    return (const char *)W.data + rows_bytes(W.type, r0, cols);
+}
+
+/* Columns c0..c1-1 of every one of `rows` rows of a K-column matrix, as a new host matrix. */
+static void *column_slice(weight W, int64_t rows, int64_t K, int64_t c0, int64_t c1)
+{
+    size_t in_row = rows_bytes(W.type, 1, K), out_row = rows_bytes(W.type, 1, c1 - c0),
+           skip = c0 ? rows_bytes(W.type, 1, c0) : 0;
+    /* quantized: c0 is on a block boundary, so the slice is whole blocks; a float type's
+     * columns are elements */
+    size_t n = out_row * (size_t)rows;
+    char *out = malloc(n ? n : 1);
+    if (!out)
+        return NULL;
+    for (int64_t r = 0; r < rows; r++)
+        memcpy(out + (size_t)r * out_row, (const char *)W.data + (size_t)r * in_row + skip, out_row);
+    return out;
+}
+
+/* A weight slice: rows (a view) or columns (a host copy), put on the part's device. */
+static int put_weight(iflow_model *m, layer_part *p, int *nd, int *nh, weight src, int is_cols, int64_t a0, int64_t a1,
+                      int64_t other, int64_t full, weight *dst)
+{
+    const void *host, *out;
+    void *copy = NULL;
+    size_t n;
+    if (!is_cols) {
+        host = row_slice(src, a0, other);
+        n = rows_bytes(src.type, a1 - a0, other);
+    } else if (a0 == 0 && a1 == full) {
+        host = src.data;
+        n = rows_bytes(src.type, other, full);
+    } else {
+        if (!(copy = column_slice(src, other, full, a0, a1)))
+            return iflow_seterr(IFLOW_ENOMEM, "out of memory slicing columns");
+        host = copy;
+        n = rows_bytes(src.type, other, a1 - a0);
+    }
+    int rc = put(m, p, nd, host, n, &out);
+    if (copy && rc == 0 && host_dev(dev_of(m, p->dev)))
+        p->host_copy[(*nh)++] = copy; /* the device uses the host copy itself */
+    else
+        free(copy);
+    if (rc == 0)
+        *dst = (weight){out, src.type};
+    return rc;
+}
+
+/* A vector slice [a0, a1) of floats (NULL stays NULL). */
+static int put_vector(iflow_model *m, layer_part *p, int *nd, const float *src, int64_t a0, int64_t a1, const float **dst)
+{
+    if (!src) {
+        *dst = NULL;
+        return 0;
+    }
+    return put(m, p, nd, src + a0, (size_t)(a1 - a0) * sizeof(float), (const void **)dst);
+}
+
+static int copy_part(iflow_model *m, int l, layer_part *p, int first)
+{
+    const iflow_hparams *hp = &m->hp;
+    const layer_weights *w = &m->layers[l];
+    layer_weights *o = &p->w;
+    int64_t D = hp->dim, hd = hp->head_dim, Q = (int64_t)hp->n_heads * hd, F = hp->ffn_dim;
+    int64_t q0 = p->q0 * hd, q1 = p->q1 * hd, k0 = p->kv0 * hd, k1 = p->kv1 * hd;
+    int nd = 0, nh = 0, rc;
+    if ((rc = put_vector(m, p, &nd, w->attn_norm, 0, D, &o->attn_norm)) ||
+        (rc = put_vector(m, p, &nd, w->ffn_norm, 0, D, &o->ffn_norm)) ||
+        (rc = put_weight(m, p, &nd, &nh, w->wq, 0, q0, q1, D, 0, &o->wq)) ||
+        (rc = put_weight(m, p, &nd, &nh, w->wk, 0, k0, k1, D, 0, &o->wk)) ||
+        (rc = put_weight(m, p, &nd, &nh, w->wv, 0, k0, k1, D, 0, &o->wv)) ||
+        (rc = put_weight(m, p, &nd, &nh, w->wo, 1, q0, q1, D, Q, &o->wo)) ||
+        (rc = put_vector(m, p, &nd, w->bq, q0, q1, &o->bq)) || (rc = put_vector(m, p, &nd, w->bk, k0, k1, &o->bk)) ||
+        (rc = put_vector(m, p, &nd, w->bv, k0, k1, &o->bv)) ||
+        (rc = put_vector(m, p, &nd, first ? w->bo : NULL, 0, D, &o->bo)) ||
+        (rc = put_weight(m, p, &nd, &nh, w->gate, 0, p->f0, p->f1, D, 0, &o->gate)) ||
+        (rc = put_weight(m, p, &nd, &nh, w->up, 0, p->f0, p->f1, D, 0, &o->up)) ||
+        (rc = put_weight(m, p, &nd, &nh, w->down, 1, p->f0, p->f1, D, F, &o->down)) ||
+        (rc = put_vector(m, p, &nd, w->gate_b, p->f0, p->f1, &o->gate_b)) ||
+        (rc = put_vector(m, p, &nd, w->up_b, p->f0, p->f1, &o->up_b)) ||
+        (rc = put_vector(m, p, &nd, first ? w->down_b : NULL, 0, D, &o->down_b)))
+        return iflow_preperr(rc, "cannot place layer %d on %s", l, dev_name(dev_of(m, p->dev)));
+    return 0;
+}
+
+/* The output, the output norm and the rope table on their devices. */
+static int copy_shared(iflow_model *m)
+{
+    const iflow_hparams *hp = &m->hp;
+    iflow_device *od = dev_of(m, m->output_dev);
+    int rc = iflow_device_put(od, &m->output_w.data, m->output.data, rows_bytes(m->output.type, hp->vocab_size, hp->dim));
+    m->output_w.type = m->output.type;
+    if (rc == 0)
+        rc = iflow_device_put(od, (const void **)&m->output_norm_w, m->output_norm, (size_t)hp->dim * sizeof(float));
+    for (int i = 0; rc == 0 && i < m->n_devs && m->rope_scale; i++)
+        rc = iflow_device_put(dev_of(m, i), (const void **)&m->rope_scale_w[i], m->rope_scale,
+                              (size_t)hp->rope_dim / 2 * sizeof(float));
+    return rc;
+}
+
+void iflow_unplace(iflow_model *m)
+{
+    int n = m->part0 ? m->part0[m->hp.n_layers] : 0;
+    for (int k = 0; k < n; k++) {
+        layer_part *p = &m->parts[k];
+        for (size_t i = 0; i < sizeof p->dev_copy / sizeof p->dev_copy[0]; i++)
+            iflow_device_unput(dev_of(m, p->dev), p->dev_copy[i]);
+        free(p->host_copy[0]);
+        free(p->host_copy[1]);
+    }
+    if (m->n_devs) {
+        iflow_device_unput(dev_of(m, m->output_dev), m->output_w.data);
+        iflow_device_unput(dev_of(m, m->output_dev), m->output_norm_w);
+        for (int i = 0; i < m->n_devs; i++)
+            iflow_device_unput(dev_of(m, i), m->rope_scale_w[i]);
+    }
+    free(m->part0);
+    free(m->parts);
+    m->part0 = NULL;
+    m->parts = NULL;
+    m->n_devs = 0;
+    m->split = 0;
+    memset(m->devs, 0, sizeof m->devs);
+    memset(m->rope_scale_w, 0, sizeof m->rope_scale_w);
+    m->output_w = (weight){0};
+    m->output_norm_w = NULL;
+}
+
+/* Copy the weights as L says; on failure the model is back on the host. Takes L's arrays. */
+static int apply(iflow_model *m, layout *L)
+{
+    iflow_unplace(m);
+    m->n_devs = L->n_devs;
+    memcpy(m->devs, L->devs, sizeof m->devs);
+    m->output_dev = L->output_dev;
+    m->part0 = L->part0;
+    m->parts = L->parts;
+    L->part0 = NULL;
+    L->parts = NULL;
+    int rc = 0;
+    for (int l = 0; l < m->hp.n_layers && rc == 0; l++) {
+        m->split |= m->part0[l + 1] - m->part0[l] > 1;
+        for (int k = m->part0[l]; k < m->part0[l + 1] && rc == 0; k++)
+            rc = copy_part(m, l, &m->parts[k], k == m->part0[l]);
+    }
+    if (rc == 0)
+        rc = copy_shared(m);
+    if (rc < 0) {
+        iflow_unplace(m);
+        if (iflow_place_on_host(m) < 0)
+            return IFLOW_ENOMEM;
+    }
+    return rc;
+}
+
+int iflow_place_on_host(iflow_model *m)
+{
+    iflow_placement pl = {.n_devices = 1};
+    layout L = {0};
+    int *ld = calloc((size_t)m->hp.n_layers, sizeof *ld);
+    if (!ld)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    pl.layer_device = ld;
+    int rc = describe_placement(m, &pl, &L);
+    free(ld);
+    if (rc == 0)
+        rc = apply(m, &L);
+    layout_free(&L);
+    return rc;
+}
+
+/* ---- the public entry points ---- */
+
+static int place_layout(iflow_model *m, layout *L, int n_ctx)
+{
+    iflow_device_bytes need[IFLOW_MAX_DEVICES];
+    if (n_ctx <= 0)
+        n_ctx = m->hp.max_seq;
+    int rc = measure(m, L, n_ctx, need);
+    if (rc == 0)
+        rc = check_fit(L, need, n_ctx);
+    if (rc == 0)
+        rc = apply(m, L);
+    return rc;
+}
+
+int iflow_placement_bytes(const iflow_model *m, const iflow_placement *p, int n_ctx, iflow_device_bytes *need)
+{
+    layout L = {0};
+    int rc = describe_placement(m, p, &L);
+    if (rc == 0)
+        rc = measure(m, &L, n_ctx <= 0 ? m->hp.max_seq : n_ctx, need);
+    layout_free(&L);
+    return rc;
+}
+
+int iflow_model_place(iflow_model *m, const iflow_placement *p, int n_ctx)
+{
+    layout L = {0};
+    int rc = describe_placement(m, p, &L);
+    if (rc == 0)
+        rc = place_layout(m, &L, n_ctx);
+    layout_free(&L);
+    return rc;
+}
+
+int iflow_model_place_plan(iflow_model *m, const struct iflow_plan_s *plan, iflow_device *const *devices, int n_ctx)
+{
+    layout L = {0};
+    int rc = describe_plan(m, plan, devices, &L);
+    if (rc == 0)
+        rc = place_layout(m, &L, n_ctx);
+    layout_free(&L);
+    return rc;
+}
+
+void iflow_placement_first_n(iflow_placement *p, int *layer_device, int n_layers, iflow_device *first, int n_first,
+                             iflow_device *rest)
+{
+    memset(p, 0, sizeof *p);
+    if (n_first > n_layers)
+        n_first = n_layers;
+    p->n_devices = 2;
+    p->devices[0] = first;
+    p->devices[1] = rest;
+    for (int l = 0; l < n_layers; l++)
+        layer_device[l] = l < n_first ? 0 : 1;
+    p->layer_device = layer_device;
+    p->output_device = n_first == n_layers ? 0 : 1;
+}
