@@ -5,7 +5,9 @@
  * if it is elsewhere. A layer split over several devices (tensor partition) runs each part on
  * its device against a copy of the hidden state; each part's attention output and FFN output
  * are partial sums over its heads and columns, added up in part order in host memory (the
- * all-reduce) and added to the residual stream, which is then sent back to every part.
+ * all-reduce) and added to the residual stream, which is then sent back to every part. The
+ * parts of a split layer run concurrently, a thread each; a device is only ever used by the
+ * part running on it, and every part has a device of its own within a layer (plan.h).
  */
 #include "model_impl.h"
 #include "libcore/base/error.h"
@@ -13,6 +15,8 @@
 
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -279,15 +283,48 @@ static int all_reduce(iflow_ctx *c, int k0, int k1, int T)
     return 0;
 }
 
+/* One part's share of a split sub-block, run on a thread of its own. */
+typedef struct {
+    iflow_ctx *c;
+    int k, T, pos0, is_ffn, rc;
+    char err[512];            /* the message of a failure (messages are per thread) */
+} part_job;
+
+static void *run_part(void *arg)
+{
+    part_job *j = arg;
+    int dv = j->c->m->parts[j->k].dev;
+    j->rc = move_to(j->c, HOST, dv, j->T);
+    if (j->rc == 0)
+        j->rc = j->is_ffn ? ffn_block(j->c, &j->c->dev[dv], j->k, j->T, 0)
+                          : attention_block(j->c, &j->c->dev[dv], j->k, j->T, j->pos0, 0);
+    if (j->rc < 0)
+        snprintf(j->err, sizeof j->err, "%s", iflow_errmsg());
+    return NULL;
+}
+
 /* One sub-block (attention or FFN) of a layer split over parts k0..k1-1: each part on its own
- * device from the residual stream c->xh, then c->xh += the sum of their outputs. */
+ * device, concurrently (a thread per part beyond the first; each device computes with its own
+ * threads), from the residual stream c->xh; then c->xh += the sum of their outputs. */
 static int split_block(iflow_ctx *c, int k0, int k1, int T, int pos0, int is_ffn)
 {
-    for (int k = k0; k < k1; k++) {
-        int dv = c->m->parts[k].dev;
-        TRY(move_to(c, HOST, dv, T));
-        TRY(is_ffn ? ffn_block(c, &c->dev[dv], k, T, 0) : attention_block(c, &c->dev[dv], k, T, pos0, 0));
+    part_job jobs[IFLOW_MAX_DEVICES];
+    pthread_t th[IFLOW_MAX_DEVICES];
+    int started[IFLOW_MAX_DEVICES] = {0}, n = k1 - k0;
+    for (int i = 0; i < n; i++)
+        jobs[i] = (part_job){.c = c, .k = k0 + i, .T = T, .pos0 = pos0, .is_ffn = is_ffn};
+    for (int i = 1; i < n; i++)
+        started[i] = pthread_create(&th[i], NULL, run_part, &jobs[i]) == 0;
+    run_part(&jobs[0]);
+    for (int i = 1; i < n; i++) {
+        if (started[i])
+            pthread_join(th[i], NULL);
+        else
+            run_part(&jobs[i]); /* no thread to be had: run it here */
     }
+    for (int i = 0; i < n; i++)
+        if (jobs[i].rc < 0)
+            return iflow_seterr(jobs[i].rc, "%s", jobs[i].err);
     TRY(all_reduce(c, k0, k1, T));
     ifk_add(c->xh, c->acc, T * c->m->hp.dim);
     return 0;
