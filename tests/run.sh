@@ -9,6 +9,7 @@ set -u
 suite=unit cli=tests/cli
 if [ "${1:-}" = --gpu ]; then suite=gpu cli=tests/gpu; shift; fi
 build=${1:?usage: tests/run.sh [--gpu] BUILD_DIR}
+export IFLOW_TEST_BUILD=$build   # the CLI tests skip their slowest cases in sanitizer builds
 cd "$(dirname "$0")/.." || exit 2
 export IFLOW_TEST_DATA=${IFLOW_TEST_DATA:-../shared}
 [ -d "$IFLOW_TEST_DATA/models" ] || { echo "tests/run.sh: test data not found in '$IFLOW_TEST_DATA' (set IFLOW_TEST_DATA)" >&2; exit 2; }
