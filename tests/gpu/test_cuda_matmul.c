@@ -36,9 +36,8 @@
 #include "kernels/cpu/quant.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "libcore/base/dtype.h"
-#include "tests/unit/check.h"
+#include "tests/gpu/gpulib.h"
 
-static ifkc_dev *dev;
 
 static const int all_types[] = { IFK_F32, IFK_F16, IFK_BF16, IFK_Q8_B32, IFK_Q8_B64, IFK_Q6_B64,
                                  IFK_Q5_B64, IFK_Q4_B32, IFK_Q4_B64, IFK_Q3H_B64, IFK_Q3_B32, IFK_Q2_B32 };
@@ -58,30 +57,7 @@ static float rnd_normal(void)
     return (float)(sqrt(-2.0 * log(rnd_unit())) * cos(6.283185307179586 * rnd_unit()));
 }
 
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    if (!p) {
-        fprintf(stderr, "test_cuda_matmul: out of host memory (%zu bytes)\n", n);
-        exit(2);
-    }
-    return p;
-}
 
-/* Device buffer holding a copy of host[0..n) (n bytes; host NULL: uninitialized); exits on
- * failure (nothing to test). */
-static void *dup_to_dev(const void *host, size_t n)
-{
-    void *p;
-    int rc = ifkc_malloc(dev, &p, n);
-    if (rc == 0 && host)
-        rc = ifkc_upload(dev, p, host, n);
-    if (rc) {
-        fprintf(stderr, "test_cuda_matmul: device buffer of %zu bytes: %s\n", n, ifkc_errmsg());
-        exit(2);
-    }
-    return p;
-}
 
 static const char *tname(int type)
 {
@@ -123,10 +99,10 @@ static size_t row_bytes_of(int type, int K)
 static wmat wmat_make(int type, int N, int K)
 {
     wmat w = { type, N, K, row_bytes_of(type, K), NULL, NULL, NULL, NULL };
-    w.host = xmalloc((size_t)N * w.row_bytes);
-    w.dq = xmalloc((size_t)N * K * sizeof(float));
-    w.mag = xmalloc((size_t)N * K * sizeof(float));
-    float *src = xmalloc((size_t)K * sizeof(float));
+    w.host = gpu_xmalloc((size_t)N * w.row_bytes);
+    w.dq = gpu_xmalloc((size_t)N * K * sizeof(float));
+    w.mag = gpu_xmalloc((size_t)N * K * sizeof(float));
+    float *src = gpu_xmalloc((size_t)K * sizeof(float));
     for (int n = 0; n < N; n++) {
         for (int k = 0; k < K; k++)
             src[k] = 0.05f * rnd_normal() * (rnd_u32() % 64 == 0 ? 8.0f : 1.0f);
@@ -159,7 +135,7 @@ static wmat wmat_make(int type, int N, int K)
         }
     }
     free(src);
-    w.dev = dup_to_dev(w.host, (size_t)N * w.row_bytes);
+    w.dev = gpu_dup(w.host, (size_t)N * w.row_bytes);
     return w;
 }
 
@@ -174,7 +150,7 @@ static void wmat_free(wmat *w)
 /* Random activations x: [T][ldx] (normal, the padding past K NaN so that reading it shows). */
 static float *x_make(int T, int K, size_t ldx)
 {
-    float *x = xmalloc((size_t)T * ldx * sizeof(float));
+    float *x = gpu_xmalloc((size_t)T * ldx * sizeof(float));
     for (int t = 0; t < T; t++)
         for (size_t k = 0; k < ldx; k++)
             x[(size_t)t * ldx + k] = k < (size_t)K ? rnd_normal() : NAN;
@@ -215,13 +191,13 @@ static void run_case(const wmat *w, const float *x, size_t ldx, int T, size_t ld
 {
     const int N = w->N, K = w->K;
     const size_t nx = (size_t)T * ldx, ny = (size_t)T * ldy;
-    float *xd = dup_to_dev(NULL, (nx + (size_t)xoff) * sizeof(float));
+    float *xd = gpu_dup(NULL, (nx + (size_t)xoff) * sizeof(float));
     CHECK(ifkc_upload(dev, xd + xoff, x, nx * sizeof(float)) == 0, "upload x: %s", ifkc_errmsg());
     const float sentinel = 12345.5f;
-    float *y = xmalloc(ny * sizeof(float)), *yref = xmalloc((size_t)T * N * sizeof(float));
+    float *y = gpu_xmalloc(ny * sizeof(float)), *yref = gpu_xmalloc((size_t)T * N * sizeof(float));
     for (size_t i = 0; i < ny; i++)
         y[i] = sentinel;
-    float *yd = dup_to_dev(y, ny * sizeof(float));
+    float *yd = gpu_dup(y, ny * sizeof(float));
 
     int rc = ifkc_matmul(dev, yd, ldy, w->dev, w->type, xd + xoff, ldx, T, N, K);
     CHECK(rc == 0, "%s T=%d N=%d K=%d: ifkc_matmul: %d %s", tname(w->type), T, N, K, rc, ifkc_errmsg());
@@ -324,7 +300,7 @@ static void test_tiles(void)
 
 static void test_errors(void)
 {
-    float *buf = dup_to_dev(NULL, 4096);
+    float *buf = gpu_dup(NULL, 4096);
     int rc = ifkc_matmul(dev, buf, 8, buf, 3, buf, 8, 1, 8, 8);
     CHECK(rc == IFKC_EUNSUPPORTED, "weight type 3: rc %d, want IFKC_EUNSUPPORTED", rc);
     CHECK(strstr(ifkc_errmsg(), "type 3") != NULL, "the message names the type code: %s", ifkc_errmsg());
@@ -374,7 +350,7 @@ static void test_large(void)
         float *x = x_make(64, K, K);
         run_case(&w, x, K, 1, N, 0);
         run_case(&w, x, K, 64, N, 0);
-        float *xd = dup_to_dev(x, (size_t)64 * K * sizeof(float)), *yd = dup_to_dev(NULL, (size_t)64 * N * 4);
+        float *xd = gpu_dup(x, (size_t)64 * K * sizeof(float)), *yd = gpu_dup(NULL, (size_t)64 * N * 4);
         double s1 = time_matmul(&w, yd, xd, 1, 200), s64 = time_matmul(&w, yd, xd, 64, 20);
         double bytes = (double)N * w.row_bytes;
         printf("  %-7s %dx%d  T=1: %7.1f us, %6.0f GB/s (%.0f%% of the %.0f GB/s peak)   T=64: %7.1f us\n",
@@ -389,18 +365,8 @@ static void test_large(void)
 
 int main(void)
 {
-    int n = 0;
-    int rc = ifkc_device_count(&n);
-    if (rc || n < 1) {
-        fprintf(stderr, "test_cuda_matmul: no GPU to run on: %s\n", rc ? ifkc_errmsg() : "0 devices");
-        CHECK(0, "a CUDA device is needed (this test runs only under make check-gpu on a GPU machine)");
+    if (!gpu_open("test_cuda_matmul"))
         return check_summary("test_cuda_matmul");
-    }
-    rc = ifkc_open(&dev, 0);
-    if (rc) {
-        CHECK(0, "opening cuda:0: %s", ifkc_errmsg());
-        return check_summary("test_cuda_matmul");
-    }
     ifk_set_isa(IFK_ISA_SCALAR); /* the CPU side is the scalar reference */
 
     RUN(test_supports);

@@ -33,9 +33,8 @@
 #include "kernels/cpu/kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "libcore/base/dtype.h"
-#include "tests/unit/check.h"
+#include "tests/gpu/gpulib.h"
 
-static ifkc_dev *dev;
 
 /* ---- helpers ----------------------------------------------------------------------------- */
 
@@ -51,37 +50,8 @@ static void fill(float *a, size_t n, float lo, float hi)
         a[i] = rnd(lo, hi);
 }
 
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    if (!p) {
-        fprintf(stderr, "test_cuda_ops: out of host memory (%zu bytes)\n", n);
-        exit(2);
-    }
-    return p;
-}
 
-/* Device buffer holding a copy of host[0..n) (n bytes); exits on failure (nothing to test). */
-static void *dup_to_dev(const void *host, size_t n)
-{
-    void *p;
-    int rc = ifkc_malloc(dev, &p, n);
-    if (rc == 0 && host)
-        rc = ifkc_upload(dev, p, host, n);
-    if (rc) {
-        fprintf(stderr, "test_cuda_ops: device buffer of %zu bytes: %s\n", n, ifkc_errmsg());
-        exit(2);
-    }
-    return p;
-}
 
-/* Download n bytes; a failure (a kernel fault shows here) is a failed check. */
-static int from_dev(void *host, const void *p, size_t n)
-{
-    int rc = ifkc_download(dev, host, p, n);
-    CHECK(rc == 0, "download: %s", ifkc_errmsg());
-    return rc;
-}
 
 static const char *kvname(int kv_type)
 {
@@ -99,16 +69,16 @@ static void attn_case(int kv_type, int head_dim, int n_heads, int n_kv, int T, i
     const size_t kv_ld = (size_t)n_kv * head_dim + pad, n_ctx = (size_t)pos0 + T;
     const size_t nq = (size_t)T * n_heads * head_dim, nkv = n_ctx * kv_ld;
     const float scale = 1.0f / sqrtf((float)head_dim);
-    float *q = xmalloc(nq * 4), *k = xmalloc(nkv * 4), *v = xmalloc(nkv * 4);
-    float *ref = xmalloc(nq * 4), *got = xmalloc(nq * 4);
+    float *q = gpu_xmalloc(nq * 4), *k = gpu_xmalloc(nkv * 4), *v = gpu_xmalloc(nkv * 4);
+    float *ref = gpu_xmalloc(nq * 4), *got = gpu_xmalloc(nq * 4);
     fill(q, nq, -3.0f, 3.0f); /* scores of a few units: a softmax neither flat nor one-hot */
     fill(k, nkv, -1.0f, 1.0f);
     fill(v, nkv, -1.0f, 1.0f);
     const void *k_up = k, *v_up = v;
     uint16_t *kh = NULL, *vh = NULL;
     if (kv_type == IFK_F16) { /* the reference reads the same F16 values */
-        kh = xmalloc(nkv * 2);
-        vh = xmalloc(nkv * 2);
+        kh = gpu_xmalloc(nkv * 2);
+        vh = gpu_xmalloc(nkv * 2);
         for (size_t i = 0; i < nkv; i++) {
             kh[i] = iflow_f32_to_f16(k[i]);
             vh[i] = iflow_f32_to_f16(v[i]);
@@ -124,8 +94,8 @@ static void attn_case(int kv_type, int head_dim, int n_heads, int n_kv, int T, i
     ifk_attention(ref, q, k, v, kv_ld, T, pos0, n_heads, n_kv, head_dim, scale, 0);
 
     const size_t es = kv_type == IFK_F32 ? 4 : 2;
-    float *dq = dup_to_dev(q, nq * 4), *dout = dup_to_dev(NULL, nq * 4);
-    void *dk = dup_to_dev(k_up, nkv * es), *dv = dup_to_dev(v_up, nkv * es);
+    float *dq = gpu_dup(q, nq * 4), *dout = gpu_dup(NULL, nq * 4);
+    void *dk = gpu_dup(k_up, nkv * es), *dv = gpu_dup(v_up, nkv * es);
     int rc;
     if (via == VIA_DISPATCH)
         rc = ifkc_attention(dev, dout, dq, dk, dv, kv_type, kv_ld, T, pos0, n_heads, n_kv, head_dim, scale);
@@ -135,7 +105,7 @@ static void attn_case(int kv_type, int head_dim, int n_heads, int n_kv, int T, i
         rc = ifkc_attention_prefill(dev, dout, dq, dk, dv, kv_type, kv_ld, T, pos0, n_heads, n_kv, head_dim, scale);
     CHECK(rc == 0, "attention %s d%d %d/%d T%d pos0 %d: %s", kvname(kv_type), head_dim, n_heads, n_kv, T, pos0,
           ifkc_errmsg());
-    if (rc == 0 && from_dev(got, dout, nq * 4) == 0) {
+    if (rc == 0 && gpu_fetch(got, dout, nq * 4) == 0) {
         double worst = 0.0;
         size_t at = 0;
         for (size_t i = 0; i < nq; i++) {
@@ -216,17 +186,17 @@ static void test_attention_prefill(void)
     {
         const int hd = 96, nh = 4, nkv = 2, T = 1, pos0 = 50;
         const size_t ld = (size_t)nkv * hd, n_ctx = (size_t)pos0 + T;
-        float *q = xmalloc((size_t)nh * hd * 4), *k = xmalloc(n_ctx * ld * 4), *v = xmalloc(n_ctx * ld * 4);
-        float *ref = xmalloc((size_t)nh * hd * 4), *got = xmalloc((size_t)nh * hd * 4);
+        float *q = gpu_xmalloc((size_t)nh * hd * 4), *k = gpu_xmalloc(n_ctx * ld * 4), *v = gpu_xmalloc(n_ctx * ld * 4);
+        float *ref = gpu_xmalloc((size_t)nh * hd * 4), *got = gpu_xmalloc((size_t)nh * hd * 4);
         fill(q, (size_t)nh * hd, -1, 1);
         fill(k, n_ctx * ld, -1, 1);
         fill(v, n_ctx * ld, -1, 1);
         ifk_attention(ref, q, k, v, ld, T, pos0, nh, nkv, hd, 0.1f, 0);
-        float *dq = dup_to_dev(q, (size_t)nh * hd * 4), *dout = dup_to_dev(NULL, (size_t)nh * hd * 4);
-        float *dk = dup_to_dev(k, n_ctx * ld * 4), *dv = dup_to_dev(v, n_ctx * ld * 4);
+        float *dq = gpu_dup(q, (size_t)nh * hd * 4), *dout = gpu_dup(NULL, (size_t)nh * hd * 4);
+        float *dk = gpu_dup(k, n_ctx * ld * 4), *dv = gpu_dup(v, n_ctx * ld * 4);
         int rc = ifkc_attention_prefill(dev, dout, dq, dk, dv, IFK_F32, ld, T, pos0, nh, nkv, hd, 0.1f);
         CHECK(rc == 0, "prefill with T = 1: %s", ifkc_errmsg());
-        if (rc == 0 && from_dev(got, dout, (size_t)nh * hd * 4) == 0) {
+        if (rc == 0 && gpu_fetch(got, dout, (size_t)nh * hd * 4) == 0) {
             double worst = 0.0;
             for (int i = 0; i < nh * hd; i++)
                 worst = fmax(worst, fabs((double)got[i] - ref[i]));
@@ -246,7 +216,7 @@ static void test_attention_prefill(void)
 
 static void test_attention_args(void)
 {
-    float *buf = dup_to_dev(NULL, 1 << 20);
+    float *buf = gpu_dup(NULL, 1 << 20);
     int rc = ifkc_attention(dev, buf, buf, buf, buf, IFK_F32, 2 * 72, 1, 0, 4, 2, 72, 1.0f);
     CHECK(rc == IFKC_EUNSUPPORTED && strstr(ifkc_errmsg(), "head_dim 72"), "head_dim 72: %d %s", rc, ifkc_errmsg());
     rc = ifkc_attention(dev, buf, buf, buf, buf, IFK_BF16, 2 * 64, 3, 0, 4, 2, 64, 1.0f);
@@ -271,7 +241,7 @@ static void test_kv_store(void)
 {
     const int T = 5, n = 300, pos0 = 3, rows = 10;
     const size_t ld_src = 310, ld_dst = 320;
-    float *src = xmalloc((size_t)T * ld_src * 4);
+    float *src = gpu_xmalloc((size_t)T * ld_src * 4);
     fill(src, (size_t)T * ld_src, -70000.0f, 70000.0f);
     for (int t = 0; t < T; t++)
         for (int i = 0; i < n; i += 3)
@@ -281,15 +251,15 @@ static void test_kv_store(void)
                              65504.0f, 65520.0f, -1e6f, 3.14159265f, 1e-3f};
     for (size_t i = 0; i < sizeof special / sizeof *special; i++)
         src[i * 7 + 1] = special[i];
-    float *dsrc = dup_to_dev(src, (size_t)T * ld_src * 4);
+    float *dsrc = gpu_dup(src, (size_t)T * ld_src * 4);
     for (int kt = IFK_F32; kt <= IFK_F16; kt++) {
         const size_t es = kt == IFK_F32 ? 4 : 2, bytes = rows * ld_dst * es;
-        unsigned char *guard = xmalloc(bytes), *got = xmalloc(bytes);
+        unsigned char *guard = gpu_xmalloc(bytes), *got = gpu_xmalloc(bytes);
         memset(guard, 0x5a, bytes);
-        void *dc = dup_to_dev(guard, bytes);
+        void *dc = gpu_dup(guard, bytes);
         int rc = ifkc_kv_store(dev, dc, kt, ld_dst, pos0, dsrc, ld_src, T, n);
         CHECK(rc == 0, "kv_store %s: %s", kvname(kt), ifkc_errmsg());
-        if (rc == 0 && from_dev(got, dc, bytes) == 0) {
+        if (rc == 0 && gpu_fetch(got, dc, bytes) == 0) {
             int bad = 0;
             for (int r = 0; r < rows && !bad; r++)
                 for (size_t i = 0; i < ld_dst && !bad; i++) {
@@ -330,16 +300,16 @@ static void test_rmsnorm(void)
         for (int inplace = 0; inplace <= 1; inplace++) {
             const int n = ns[ni];
             const size_t tn = (size_t)T * n;
-            float *x = xmalloc(tn * 4), *w = xmalloc((size_t)n * 4), *ref = xmalloc(tn * 4), *got = xmalloc(tn * 4);
+            float *x = gpu_xmalloc(tn * 4), *w = gpu_xmalloc((size_t)n * 4), *ref = gpu_xmalloc(tn * 4), *got = gpu_xmalloc(tn * 4);
             fill(x, tn, -2.0f, 2.0f);
             fill(w, n, 0.5f, 1.5f);
             for (int t = 0; t < T; t++)
                 ifk_rmsnorm(ref + (size_t)t * n, x + (size_t)t * n, w, n, 1e-5f);
-            float *dx = dup_to_dev(x, tn * 4), *dw = dup_to_dev(w, (size_t)n * 4);
-            float *dy = inplace ? dx : dup_to_dev(NULL, tn * 4);
+            float *dx = gpu_dup(x, tn * 4), *dw = gpu_dup(w, (size_t)n * 4);
+            float *dy = inplace ? dx : gpu_dup(NULL, tn * 4);
             int rc = ifkc_rmsnorm(dev, dy, dx, dw, T, n, 1e-5f);
             CHECK(rc == 0, "rmsnorm n %d: %s", n, ifkc_errmsg());
-            if (rc == 0 && from_dev(got, dy, tn * 4) == 0) {
+            if (rc == 0 && gpu_fetch(got, dy, tn * 4) == 0) {
                 size_t bad = tn;
                 for (size_t i = 0; i < tn && bad == tn; i++)
                     if (!(fabsf(got[i] - ref[i]) <= 1e-6f * fabsf(ref[i]) + 1e-30f))
@@ -365,16 +335,16 @@ static void rope_case(int head_dim, int rot_dim, int pos0, int layout, int with_
     const int T = 4, n_heads = 3;
     const size_t ld = (size_t)n_heads * head_dim + 5, n = (size_t)T * ld;
     const float theta = 10000.0f;
-    float *x = xmalloc(n * 4), *ref = xmalloc(n * 4), *got = xmalloc(n * 4), fs[128];
+    float *x = gpu_xmalloc(n * 4), *ref = gpu_xmalloc(n * 4), *got = gpu_xmalloc(n * 4), fs[128];
     fill(x, n, -1.0f, 1.0f);
     fill(fs, 128, 0.25f, 1.0f);
     memcpy(ref, x, n * 4);
     for (int t = 0; t < T; t++)
         ifk_rope(ref + (size_t)t * ld, n_heads, head_dim, rot_dim, pos0 + t, theta, with_fs ? fs : NULL, layout);
-    float *dx = dup_to_dev(x, n * 4), *dfs = dup_to_dev(fs, sizeof fs);
+    float *dx = gpu_dup(x, n * 4), *dfs = gpu_dup(fs, sizeof fs);
     int rc = ifkc_rope(dev, dx, ld, T, n_heads, head_dim, rot_dim, pos0, theta, with_fs ? dfs : NULL, layout);
     CHECK(rc == 0, "rope: %s", ifkc_errmsg());
-    if (rc == 0 && from_dev(got, dx, n * 4) == 0) {
+    if (rc == 0 && gpu_fetch(got, dx, n * 4) == 0) {
         double worst = 0.0;
         for (size_t i = 0; i < n; i++)
             worst = fmax(worst, fabs((double)got[i] - ref[i])); /* padding: ref == x, so checked too */
@@ -406,16 +376,16 @@ static void test_rope(void)
 static void test_silu_mul_add(void)
 {
     const size_t n = 1000003;
-    float *g = xmalloc(n * 4), *u = xmalloc(n * 4), *ref = xmalloc(n * 4), *got = xmalloc(n * 4);
+    float *g = gpu_xmalloc(n * 4), *u = gpu_xmalloc(n * 4), *ref = gpu_xmalloc(n * 4), *got = gpu_xmalloc(n * 4);
     fill(g, n, -20.0f, 20.0f);
     fill(u, n, -3.0f, 3.0f);
-    float *dg = dup_to_dev(g, n * 4), *du = dup_to_dev(u, n * 4);
+    float *dg = gpu_dup(g, n * 4), *du = gpu_dup(u, n * 4);
 
     memcpy(ref, g, n * 4);
     ifk_silu_mul(ref, u, (int)n);
     int rc = ifkc_silu_mul(dev, dg, du, n);
     CHECK(rc == 0, "silu_mul: %s", ifkc_errmsg());
-    if (rc == 0 && from_dev(got, dg, n * 4) == 0) {
+    if (rc == 0 && gpu_fetch(got, dg, n * 4) == 0) {
         size_t bad = n;
         for (size_t i = 0; i < n && bad == n; i++)
             if (!(fabsf(got[i] - ref[i]) <= 1e-6f * fabsf(ref[i]) + 1e-30f))
@@ -428,7 +398,7 @@ static void test_silu_mul_add(void)
     ifk_add(ref, u, (int)n);
     rc = ifkc_add(dev, dg, du, n);
     CHECK(rc == 0, "add: %s", ifkc_errmsg());
-    if (rc == 0 && from_dev(got, dg, n * 4) == 0)
+    if (rc == 0 && gpu_fetch(got, dg, n * 4) == 0)
         CHECK(memcmp(got, ref, n * 4) == 0, "add: not bit-exact");
     ifkc_free(dev, dg);
     ifkc_free(dev, du);
@@ -442,17 +412,17 @@ static void test_add_bias(void)
 {
     const int T = 3, n = 1000;
     const size_t ldy = 1024, ny = (size_t)T * ldy;
-    float *y = xmalloc(ny * 4), *b = xmalloc((size_t)n * 4), *ref = xmalloc(ny * 4), *got = xmalloc(ny * 4);
+    float *y = gpu_xmalloc(ny * 4), *b = gpu_xmalloc((size_t)n * 4), *ref = gpu_xmalloc(ny * 4), *got = gpu_xmalloc(ny * 4);
     fill(y, ny, -5.0f, 5.0f);
     fill(b, n, -1.0f, 1.0f);
     memcpy(ref, y, ny * 4);
     for (int t = 0; t < T; t++)
         for (int i = 0; i < n; i++)
             ref[(size_t)t * ldy + i] += b[i];
-    float *dy = dup_to_dev(y, ny * 4), *db = dup_to_dev(b, (size_t)n * 4);
+    float *dy = gpu_dup(y, ny * 4), *db = gpu_dup(b, (size_t)n * 4);
     int rc = ifkc_add_bias(dev, dy, ldy, db, T, n);
     CHECK(rc == 0, "add_bias: %s", ifkc_errmsg());
-    if (rc == 0 && from_dev(got, dy, ny * 4) == 0)
+    if (rc == 0 && gpu_fetch(got, dy, ny * 4) == 0)
         CHECK(memcmp(got, ref, ny * 4) == 0, "add_bias: not bit-exact (or padding touched)");
     ifkc_free(dev, dy);
     ifkc_free(dev, db);
@@ -475,7 +445,7 @@ static int host_argmax(const float *x, int n)
 
 static void argmax_case(const float *x, int n, const char *what)
 {
-    float *dx = dup_to_dev(x, (size_t)n * 4);
+    float *dx = gpu_dup(x, (size_t)n * 4);
     int32_t got = -1;
     int rc = ifkc_argmax(dev, &got, dx, n);
     CHECK(rc == 0, "argmax %s: %s", what, ifkc_errmsg());
@@ -486,7 +456,7 @@ static void argmax_case(const float *x, int n, const char *what)
 static void test_argmax(void)
 {
     const int n = 151936;
-    float *x = xmalloc((size_t)n * 4);
+    float *x = gpu_xmalloc((size_t)n * 4);
     fill(x, n, -10.0f, 10.0f);
     argmax_case(x, n, "random 151936");
     x[123456] = 50.0f;
@@ -510,7 +480,7 @@ static void test_argmax(void)
     x[777] = 2.0f;
     argmax_case(x, 1000, "n = 1000");
     const int big = 300007; /* more elements than the blocks' minimum share x the maximum blocks */
-    float *y = xmalloc((size_t)big * 4);
+    float *y = gpu_xmalloc((size_t)big * 4);
     fill(y, big, -1.0f, 1.0f);
     y[big - 2] = 1.5f;
     argmax_case(y, big, "300007");
@@ -522,18 +492,8 @@ static void test_argmax(void)
 
 int main(void)
 {
-    int n = 0;
-    int rc = ifkc_device_count(&n);
-    if (rc || n < 1) {
-        fprintf(stderr, "test_cuda_ops: no GPU to run on: %s\n", rc ? ifkc_errmsg() : "0 devices");
-        CHECK(0, "a CUDA device is needed (this test runs only under make check-gpu on a GPU machine)");
+    if (!gpu_open("test_cuda_ops"))
         return check_summary("test_cuda_ops");
-    }
-    rc = ifkc_open(&dev, 0);
-    if (rc) {
-        CHECK(0, "opening cuda:0: %s", ifkc_errmsg());
-        return check_summary("test_cuda_ops");
-    }
     ifk_set_isa(IFK_ISA_SCALAR); /* the CPU side is the scalar reference */
 
     RUN(test_attention_args);
