@@ -9,12 +9,16 @@
  * IFLOW_BENCH_ISA=scalar|avx2|avx512|avx512gfni forces a kernel path (to compare paths).
  * IFLOW_BENCH_DEVICE=cuda|cuda:N places every layer and the output on that GPU; decode is then
  * timed as greedy decoding runs it (iflow_ctx_eval_argmax: only the id comes back), and the
- * thread count only matters for the CPU's share (the embedding lookup). */
+ * thread count only matters for the CPU's share (the embedding lookup).
+ * IFLOW_BENCH_PLAN=FILE places the model as a partition plan says (plan.h; cpu:N devices get the
+ * plan's thread counts, or the cores shared out), to compare with iflow-partition's estimates. */
 #include "bench/bench.h"
 #include "libcore/base/error.h"
 #include "libcore/engine/model.h"
+#include "libcore/engine/plan.h"
 #include "kernels/cpu/kernels.h"
 
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,9 +48,26 @@ int main(int argc, char **argv)
         fprintf(stderr, "iflow-bench: %s\n", iflow_errmsg());
         return 1;
     }
-    const char *devname = getenv("IFLOW_BENCH_DEVICE");
-    iflow_device *dev = NULL;
+    const char *devname = getenv("IFLOW_BENCH_DEVICE"), *plan_path = getenv("IFLOW_BENCH_PLAN");
+    iflow_device *dev = NULL, *plan_devs[IFLOW_PLAN_MAX_DEVICES] = {0};
+    iflow_plan plan = {0};
     int *layer_dev = NULL;
+    if (plan_path && *plan_path) {
+        int n_cpu = 0, rc = iflow_plan_load(&plan, plan_path);
+        for (int i = 0; i < plan.n_devices; i++)
+            n_cpu += strncmp(plan.devices[i].name, "cpu", 3) == 0;
+        for (int i = 0; i < plan.n_devices && rc == 0; i++) {
+            const iflow_plan_device *d = &plan.devices[i];
+            int is_cpu = strncmp(d->name, "cpu", 3) == 0, threads = d->threads ? d->threads : omp_get_num_procs() / n_cpu;
+            rc = iflow_device_open(&plan_devs[i], is_cpu ? "cpu" : d->name, threads > 0 ? threads : 1);
+        }
+        int n_ctx = (argc > 2 ? atoi(argv[2]) : 128) + (argc > 3 ? atoi(argv[3]) : 32) + 1;
+        if (rc < 0 || iflow_model_place_plan(m, &plan, plan_devs, n_ctx) < 0) {
+            fprintf(stderr, "iflow-bench: %s\n", iflow_errmsg());
+            return 1;
+        }
+        devname = NULL;
+    }
     if (devname && *devname && strcmp(devname, "cpu") != 0) {
         iflow_placement p;
         int L = iflow_model_hparams(m)->n_layers;
@@ -71,7 +92,7 @@ int main(int argc, char **argv)
     float *logits = malloc(sizeof(float) * (size_t)hp->vocab_size);
     printf("{\"model\": \"%s\", \"device\": \"%s\", \"kernel_path\": \"%s\", \"load_s\": %.4f, "
            "\"decode_bytes_per_token\": %llu, \"runs\": [",
-           argv[1], dev ? dev->info.name : "cpu", ifk_isa_name(ifk_isa_current()), t_load,
+           argv[1], dev ? dev->info.name : plan.n_devices ? plan_path : "cpu", ifk_isa_name(ifk_isa_current()), t_load,
            (unsigned long long)iflow_model_decode_bytes(m));
     int n_threads_args = argc > 4 ? argc - 4 : 2;
     for (int a = 0; a < n_threads_args; a++) {
@@ -111,6 +132,8 @@ int main(int argc, char **argv)
     free(logits);
     iflow_model_close(m);
     iflow_device_close(dev);
+    for (int i = 0; i < plan.n_devices; i++)
+        iflow_device_close(plan_devs[i]);
     free(layer_dev);
     return 0;
 }
