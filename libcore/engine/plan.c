@@ -304,6 +304,9 @@ int iflow_plan_check(const iflow_plan *p, int n_layers, int n_heads, int n_kv_he
     if (p->output_device < 0 || p->output_device >= p->n_devices)
         return iflow_seterr(IFLOW_EINVAL, "plan: output device %d is not one of its %d devices", p->output_device,
                             p->n_devices);
+    if (n_heads < 1 || n_kv_heads < 1 || n_heads % n_kv_heads || n_layers < 1 || ffn_dim < 1)
+        return iflow_seterr(IFLOW_ESHAPE, "plan: a model of %d layers, %d heads, %d kv heads, ffn %d cannot be partitioned",
+                            n_layers, n_heads, n_kv_heads, ffn_dim);
     int group = n_heads / n_kv_heads;
     for (int i = 0; i < p->n_devices; i++) {
         const iflow_plan_device *d = &p->devices[i];

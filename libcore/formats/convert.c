@@ -209,13 +209,22 @@ static int synthetic_default_type(job *j)
     return iflow_dtype_is_float(dt) ? dt : IFLOW_DT_F16;
 }
 
-static int prepare(job *j, const char *src_dir)
+/* Open the directory (hfdir flags), pick its spec and resolve config.json against it. */
+static int open_resolved(job *j, const char *src_dir, int hfdir_flags)
 {
-    int synth = j->o->flags & IFLOW_CONVERT_SYNTHETIC, rc;
-    if ((rc = iflow_hfdir_open(&j->dir, src_dir, synth ? IFLOW_HFDIR_CONFIG_ONLY : 0)) < 0 || (rc = pick_spec(j)) < 0)
+    int rc;
+    if ((rc = iflow_hfdir_open(&j->dir, src_dir, hfdir_flags)) < 0 || (rc = pick_spec(j)) < 0)
         return rc;
     if ((rc = iflow_spec_resolve(j->spec, iflow_hfdir_config(j->dir), &j->resolved)) < 0)
         return iflow_preperr(rc, "%s", src_dir);
+    return 0;
+}
+
+static int prepare(job *j, const char *src_dir)
+{
+    int synth = j->o->flags & IFLOW_CONVERT_SYNTHETIC, rc;
+    if ((rc = open_resolved(j, src_dir, synth ? IFLOW_HFDIR_CONFIG_ONLY : 0)) < 0)
+        return rc;
     if ((rc = iflow_hparams_from_json(&j->hp, j->resolved, src_dir)) < 0 ||
         (rc = iflow_model_tensors(&j->hp, &j->reqs, &j->n_reqs)) < 0)
         return rc;
@@ -246,6 +255,21 @@ int iflow_convert(const char *src_dir, const char *out_path, const iflow_convert
         iflow_shard_writer_abort(w);
     free(j.src);
     free(j.reqs);
+    json_decref(j.resolved);
+    iflow_spec_close(j.spec);
+    iflow_hfdir_close(j.dir);
+    return rc;
+}
+
+int iflow_convert_resolve(const char *src_dir, const iflow_convert_opts *opts, json_t **resolved)
+{
+    job j = {.o = opts};
+    *resolved = NULL;
+    int rc = open_resolved(&j, src_dir, IFLOW_HFDIR_CONFIG_ONLY);
+    if (rc == 0) {
+        *resolved = j.resolved;
+        j.resolved = NULL;
+    }
     json_decref(j.resolved);
     iflow_spec_close(j.spec);
     iflow_hfdir_close(j.dir);

@@ -14,6 +14,7 @@
 #ifndef IFLOW_CONVERT_H
 #define IFLOW_CONVERT_H
 
+#include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -29,5 +30,12 @@ typedef struct {
 } iflow_convert_opts;
 
 int iflow_convert(const char *src_dir, const char *out_path, const iflow_convert_opts *opts);
+
+/* The first step of iflow_convert() alone: read src_dir's config.json (no weights needed), pick
+ * its spec as iflow_convert() does (opts->spec_path, else the spec in opts->spec_dirs serving its
+ * architecture) and resolve it. *resolved receives {"spec", "blocks", "hparams"}, the form a
+ * shard's meta record stores; the caller json_decref()s it. Only spec_path and spec_dirs of opts
+ * are read. For tools that need a model's shape without its weights (iflow-partition --config). */
+int iflow_convert_resolve(const char *src_dir, const iflow_convert_opts *opts, json_t **resolved);
 
 #endif

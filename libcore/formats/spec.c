@@ -156,6 +156,8 @@ void iflow_spec_close(iflow_spec *s)
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 /* Try every *.ini of one directory, in name order. 1 = found, 0 = not here, <0 = error. */
+#define DEVICES_INI "devices.ini"
+
 static int find_in_dir(iflow_spec **out, const char *dir, const char *arch)
 {
     DIR *d = opendir(dir);
@@ -166,7 +168,8 @@ static int find_in_dir(iflow_spec **out, const char *dir, const char *arch)
     int rc = 0;
     for (struct dirent *e; (e = readdir(d)) != NULL && rc == 0;) {
         size_t len = strlen(e->d_name);
-        if (len > 4 && strcmp(e->d_name + len - 4, ".ini") == 0)
+        /* devices.ini shares the directory (it describes devices for iflow-partition: partition.h) */
+        if (len > 4 && strcmp(e->d_name + len - 4, ".ini") == 0 && strcmp(e->d_name, DEVICES_INI) != 0)
             rc = push_str(&names, &n, e->d_name);
     }
     closedir(d);

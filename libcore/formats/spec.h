@@ -38,7 +38,8 @@ int  iflow_spec_load(iflow_spec **out, const char *path);
 void iflow_spec_close(iflow_spec *spec);
 
 /* Load the first spec (in directory order, then file name order) whose [model] architectures
- * list `architecture`. IFLOW_ENOTFOUND names the architecture and the directories searched. */
+ * list `architecture`; "devices.ini" (device descriptions, partition.h) is not a spec and is
+ * skipped. IFLOW_ENOTFOUND names the architecture and the directories searched. */
 int iflow_spec_find(iflow_spec **out, const char *const *dirs, size_t n_dirs, const char *architecture);
 
 /* Resolve against config.json. */

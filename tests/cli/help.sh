@@ -2,7 +2,7 @@
 # --help, --version and usage errors of every program: exact text and exit codes.
 . "$(dirname "$0")/lib.sh"
 EXP=tests/cli/expected
-for t in iflow-convert iflow-quant iflow-run iflow-ppl; do
+for t in iflow-convert iflow-quant iflow-run iflow-ppl iflow-partition; do
     run $BIN/$t --help
     expect_rc 0 "$t --help"
     expect_eq "$out" "$(cat $EXP/$t.help)" "$t --help text"
