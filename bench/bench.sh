@@ -7,7 +7,9 @@
 # same for TinyLlama with every matrix in each quantized type (bytes read per token are the
 # quantized bytes)
 # (decode streams every weight matrix once per token); then the kernel micro-benchmarks
-# (bench/kbench.c). No thresholds: these are measurements.
+# (bench/kbench.c); and the TinyLlama shape split by layer and by tensor over virtual CPU devices
+# (cpu:1, cpu:2; iflow-run --plan), measured against iflow-partition's estimate, so the cost
+# model's error shows. No thresholds: these are measurements.
 set -euo pipefail
 build=${1:?usage: bench/bench.sh BUILD_DIR}
 cd "$(dirname "$0")/.."
@@ -72,12 +74,38 @@ quant_entries() { # TinyLlama F16 -> each quantized type (every matrix): decode 
 }
 quant=$(quant_entries)
 
+partition_entries() { # TinyLlama F16 on virtual CPU devices: measured decode against the cost model
+    log "partition: TinyLlama F16 on cpu:1 and cpu:2, measured against iflow-partition's estimates"
+    bin/iflow-convert --synthetic "$DATA/models/synthetic/tinyllama-1.1b" -t f16 -o "$work/tl-part.ifs"
+    local n s out=() est meas
+    for n in 1 2; do
+        # each virtual device gets one core and the one-thread bandwidth measured above
+        for s in layer tensor; do
+            [ "$n" = 1 ] && [ "$s" = tensor ] && continue
+            bin/iflow-partition -m "$work/tl-part.ifs" --devices "cpu:$n" --strategy "$s" --cpu-bw "$bw1" \
+                --ctx 64 -o "$work/plan.ini" >/dev/null
+            est=$(bin/iflow-partition -m "$work/tl-part.ifs" --devices "cpu:$n" --cpu-bw "$bw1" --ctx 64 --compare --json |
+                jq -c --arg s "$s" 'select(.strategy == $s) | {ms_per_token, decode_tokens_per_s}')
+            sed -i 's/^\[device cpu:\([0-9]*\)\]$/[device cpu:\1]\nthreads = 1/' "$work/plan.ini"
+            meas=$(IFLOW_BENCH_PLAN="$work/plan.ini" "$build/iflow-bench" "$work/tl-part.ifs" 16 16 "$n" |
+                jq -c '.runs[0] | {decode_tok_s, prefill_tok_s}')
+            out+=("$(jq -cn --arg s "$s" --argjson n "$n" --argjson est "$est" --argjson meas "$meas" \
+                '{devices: ("cpu:" + ($n | tostring)), strategy: $s, estimated_decode_tok_s: $est.decode_tokens_per_s,
+                  measured_decode_tok_s: $meas.decode_tok_s, measured_over_estimated: ($meas.decode_tok_s / $est.decode_tokens_per_s),
+                  measured_prefill_tok_s: $meas.prefill_tok_s}')")
+        done
+    done
+    rm -f "$work/tl-part.ifs" "$work/plan.ini"
+    printf '%s\n' "${out[@]}" | jq -s .
+}
+part=$(partition_entries)
+
 log "kernel micro-benchmarks"
 kern=$("$build/kbench" --quick | jq -s .)
 
 jq -n --argjson bw1 "$bw1" --argjson bw2 "$bw2" --argjson a "$s260" --argjson b "$tl16" --argjson c "$tl32" \
-    --argjson kern "$kern" --argjson quant "$quant" \
+    --argjson kern "$kern" --argjson quant "$quant" --argjson part "$part" \
     --arg cpu "$(sed -nE 's/^model name\s*: //p' /proc/cpuinfo | head -n 1)" --arg cores "$(nproc)" '
     {machine: {cpu: $cpu, cores: ($cores | tonumber), kernel_path: ($kern[0].isa // null),
                membw_read_gbps: {"1": $bw1, "2": $bw2}},
-     models: [$a, $b, $c], quantized: $quant, kernels: $kern}'
+     models: [$a, $b, $c], quantized: $quant, partition: $part, kernels: $kern}'
