@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* ---- reading ---- */
@@ -239,6 +240,16 @@ int iflow_plan_save(const iflow_plan *p, const char *path)
     if (strcmp(path, "-") == 0) {
         write_plan(stdout, p);
         return fflush(stdout) == 0 ? 0 : iflow_seterr(IFLOW_EIO, "cannot write the plan to standard output");
+    }
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+        /* /dev/null, a FIFO: written in place; a rename over it would replace the device */
+        FILE *f = fopen(path, "w");
+        if (!f)
+            return iflow_seterr(IFLOW_EIO, "cannot open plan '%s': %s", path, strerror(errno));
+        write_plan(f, p);
+        int bad = ferror(f) | (fclose(f) != 0);
+        return bad ? iflow_seterr(IFLOW_EIO, "cannot write plan '%s'", path) : 0;
     }
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());

@@ -544,6 +544,7 @@ struct iflow_shard_writer {
     int fd;
     char *path;      /* target name ("-" for stdout) */
     char *tmp;       /* temporary file, renamed to path at close; NULL for stdout */
+    int direct;      /* fd is path itself, opened as it is (a device or a FIFO: never renamed over) */
     ZSTD_CCtx *cctx;
     unsigned char *zout;
     size_t zout_cap;
@@ -611,7 +612,17 @@ int iflow_shard_writer_open(iflow_shard_writer **out, const char *path, int flag
     if (!w || !(w->path = strdup(path)))
         return free(w), iflow_seterr(IFLOW_ENOMEM, "out of memory opening '%s'", path);
     w->fd = 1;
-    if (strcmp(path, "-") != 0) {
+    struct stat st;
+    if (strcmp(path, "-") != 0 && stat(path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+        /* /dev/null, a FIFO, a terminal: written in place; renaming a temporary file over it
+         * would replace the device with a regular file */
+        if ((w->fd = open(path, O_WRONLY)) < 0) {
+            int e = errno;
+            iflow_shard_writer_abort(w);
+            return iflow_seterr(IFLOW_EIO, "cannot open '%s': %s", path, strerror(e));
+        }
+        w->direct = 1;
+    } else if (strcmp(path, "-") != 0) {
         size_t n = strlen(path) + 16;
         w->tmp = malloc(n);
         if (!w->tmp)
@@ -715,6 +726,11 @@ int iflow_shard_writer_close(iflow_shard_writer *w)
     int rc = write_record(w, "END!", "", IFLOW_DT_U8, 1, count, NULL, 0);
     if (rc == 0 && w->cctx)
         rc = zstd_pump(w, NULL, 0, ZSTD_e_end);
+    if (rc == 0 && w->direct) {
+        if (close(w->fd) != 0)
+            rc = iflow_seterr(IFLOW_EIO, "cannot write '%s': %s", w->path, strerror(errno));
+        w->fd = -1;
+    }
     if (rc == 0 && w->tmp) {
         if (close(w->fd) != 0)
             rc = iflow_seterr(IFLOW_EIO, "cannot write '%s': %s", w->path, strerror(errno));
@@ -734,6 +750,8 @@ void iflow_shard_writer_abort(iflow_shard_writer *w)
 {
     if (!w)
         return;
+    if (w->direct && w->fd >= 0)
+        close(w->fd);
     if (w->tmp) {
         if (w->fd >= 0)
             close(w->fd);

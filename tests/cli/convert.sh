@@ -134,4 +134,9 @@ done
 run $BIN/iflow-run -m "$TMP/syn-bias.ifs" -p "Once" -n 8 --temp 0 --json
 expect_eq "$(jq '.gen_ids | length' <<<"$out")" 8 "a model with biases and an untied output runs"
 
+# ---- an output that is a device: written in place, never replaced by a renamed file ----
+run $BIN/iflow-convert "$DATA/models/stories260K/hf" -o /dev/null
+expect_rc 0 "-o /dev/null"
+[ -c /dev/null ] && ok || bad "-o /dev/null replaced /dev/null with a regular file"
+
 summary

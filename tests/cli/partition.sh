@@ -90,4 +90,9 @@ expect_match "$err" "hybrid needs a device count G x T with G, T > 1.*3 devices 
 run $P -m "$TMP/nothing.ifs" --devices 2xL40S
 expect_rc 1 "missing model"
 expect_match "$err" "nothing\.ifs" "missing model: named"
+# ---- -o /dev/null writes in place (a rename over it would replace the device) ----
+run $BIN/iflow-partition -m "$TMP/s.ifs" --devices cpu:2 --strategy tensor -o /dev/null
+expect_rc 0 "-o /dev/null"
+[ -c /dev/null ] && ok || bad "-o /dev/null replaced /dev/null with a regular file"
+
 summary

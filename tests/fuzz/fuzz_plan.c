@@ -2,7 +2,9 @@
  * fixed shape and a save) and device description files (partition.h: iflow_devdb_load, then a
  * machine parsed from it). The first input byte picks the parser. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "libcore/engine/partition.h"
 #include "libcore/engine/plan.h"
@@ -22,7 +24,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (iflow_plan_load(&p, path) == 0) {
             iflow_plan_check(&p, 5, 8, 4, 172);
             iflow_plan_check(&p, p.n_layers, p.n_heads, p.n_kv_heads, p.ffn_dim);
-            iflow_plan_save(&p, "/dev/null");
+            char out[80];
+            snprintf(out, sizeof out, "%s.out", path);
+            if (iflow_plan_save(&p, out) == 0)
+                unlink(out);
         }
     } else {
         iflow_devdb *db;
