@@ -69,14 +69,17 @@ for t in q8_b32 q8_b64 q6 q5 q4_b32 q4_b64 q3h q3_b32 q2; do
 done
 
 # ---- perplexity within 0.1 % ----
-for model in s xs; do
-    run $BIN/iflow-ppl -m "$TMP/$model.ifs" -f "$DATA/data/wikitext-2-raw/wiki.test.raw" -c 256 --chunks 8 --json --device cpu
-    p_cpu=$(jq .ppl <<<"$out")
-    run $BIN/iflow-ppl -m "$TMP/$model.ifs" -f "$DATA/data/wikitext-2-raw/wiki.test.raw" -c 256 --chunks 8 --json --device cuda
-    p_gpu=$(jq .ppl <<<"$out")
-    echo "OBSERVED $model perplexity: cpu $p_cpu, gpu $p_gpu" >&2
-    expect_close "$p_gpu" "$p_cpu" 0.001 "$model: GPU perplexity within 0.1 %"
-done
+ppl_close() { # model ctx chunks name: the GPU's perplexity within 0.1 % of the CPU's
+    local p_cpu p_gpu dev
+    for dev in cpu cuda; do
+        run $BIN/iflow-ppl -m "$1" -f "$DATA/data/wikitext-2-raw/wiki.test.raw" -c "$2" --chunks "$3" --json --device $dev
+        [ $dev = cpu ] && p_cpu=$(jq .ppl <<<"$out") || p_gpu=$(jq .ppl <<<"$out")
+    done
+    echo "OBSERVED $4 perplexity: cpu $p_cpu, gpu $p_gpu" >&2
+    expect_close "$p_gpu" "$p_cpu" 0.001 "$4: GPU perplexity within 0.1 %"
+}
+ppl_close "$TMP/s.ifs" 256 8 stories260K
+ppl_close "$TMP/xs.ifs" 256 8 xs-ckpt
 
 # ---- the TinyLlama-1.1B shape (synthetic F16) ----
 if [ -f "$DATA/models/synthetic/tinyllama-1.1b/config.json" ]; then
@@ -85,12 +88,7 @@ if [ -f "$DATA/models/synthetic/tinyllama-1.1b/config.json" ]; then
     gpu=$(greedy "$TMP/tl.ifs" cuda 32 "Once upon a time")
     echo "OBSERVED tinyllama-1.1b f16: $(agree "$gpu" "$cpu") of 32 greedy tokens agree" >&2
     expect_eq "$gpu" "$cpu" "tinyllama-1.1b f16: greedy ids on the GPU"
-    run $BIN/iflow-ppl -m "$TMP/tl.ifs" -f "$DATA/data/wikitext-2-raw/wiki.test.raw" -c 512 --chunks 2 --json --device cpu
-    p_cpu=$(jq .ppl <<<"$out")
-    run $BIN/iflow-ppl -m "$TMP/tl.ifs" -f "$DATA/data/wikitext-2-raw/wiki.test.raw" -c 512 --chunks 2 --json --device cuda
-    p_gpu=$(jq .ppl <<<"$out")
-    echo "OBSERVED tinyllama-1.1b perplexity: cpu $p_cpu, gpu $p_gpu" >&2
-    expect_close "$p_gpu" "$p_cpu" 0.001 "tinyllama-1.1b: GPU perplexity within 0.1 %"
+    ppl_close "$TMP/tl.ifs" 512 2 tinyllama-1.1b
     # a placement that cannot fit: refused with the device and the bytes, before loading
     run $BIN/iflow-run -m "$TMP/tl.ifs" --device cuda -c 16000000 -p hi -n 1
     expect_rc 1 "a KV cache larger than the GPU"

@@ -45,17 +45,6 @@ static const int all_types[] = { IFK_F32, IFK_F16, IFK_BF16, IFK_Q8_B32, IFK_Q8_
 
 /* ---- helpers ----------------------------------------------------------------------------- */
 
-/* uniform in (0, 1) */
-static double rnd_unit(void)
-{
-    return ((double)(rnd_u32() & 0xffffff) + 0.5) / 16777216.0;
-}
-
-/* standard normal (Box-Muller) */
-static float rnd_normal(void)
-{
-    return (float)(sqrt(-2.0 * log(rnd_unit())) * cos(6.283185307179586 * rnd_unit()));
-}
 
 
 

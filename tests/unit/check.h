@@ -7,12 +7,14 @@
  * "<program>: N passed, N failed" and returns the exit status (0 when nothing failed).
  * SKIP(fmt, ...) inside a test reports why it could not run (missing test data) and returns.
  *
+ * rnd_u32(), rnd_unit() and rnd_normal() give the same "random" numbers on every run.
  * test_data(rel) returns "$IFLOW_TEST_DATA/rel" (default ../shared) in a static buffer, or NULL
  * if that file does not exist. test_read_file() and test_write_file() move whole files.
  */
 #ifndef IFLOW_CHECK_H
 #define IFLOW_CHECK_H
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,6 +96,17 @@ static inline uint32_t rnd_u32(void)
     rng_state ^= rng_state >> 7;
     rng_state ^= rng_state << 17;
     return (uint32_t)(rng_state >> 16);
+}
+
+/* Uniform in (0, 1), and standard normal (Box-Muller), from rnd_u32. */
+static inline double rnd_unit(void)
+{
+    return ((double)(rnd_u32() & 0xffffff) + 0.5) / 16777216.0;
+}
+
+static inline float rnd_normal(void)
+{
+    return (float)(sqrt(-2.0 * log(rnd_unit())) * cos(6.283185307179586 * rnd_unit()));
 }
 
 static inline int check_summary(const char *prog)

@@ -40,17 +40,6 @@ static const int all_types[] = { IFK_Q8_B32, IFK_Q8_B64, IFK_Q6_B64, IFK_Q5_B64,
 #define N_TYPES ((int)(sizeof all_types / sizeof all_types[0]))
 
 
-/* uniform in (0, 1) */
-static double rnd_unit(void)
-{
-    return ((double)(rnd_u32() & 0xffffff) + 0.5) / 16777216.0;
-}
-
-/* standard normal (Box-Muller) */
-static float rnd_normal(void)
-{
-    return (float)(sqrt(-2.0 * log(rnd_unit())) * cos(6.283185307179586 * rnd_unit()));
-}
 
 static uint16_t rd16(const uint8_t *p)
 {
