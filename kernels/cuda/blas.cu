@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #define IFKC_STR_(x) #x
 #define IFKC_STR(x) IFKC_STR_(x)
@@ -29,8 +30,9 @@ static void load(void)
 {
     /* The programs' rpath names the toolkit's lib64, and dlopen searches the caller's runpath;
      * the fixed path is for programs built without it. */
-    void *lib = dlopen(blas_soname, RTLD_NOW | RTLD_LOCAL);
-    if (!lib)
+    const char *env = getenv("IFLOW_CUBLAS"); /* a path, where cuBLAS lives elsewhere (a pip wheel) */
+    void *lib = dlopen(env && *env ? env : blas_soname, RTLD_NOW | RTLD_LOCAL);
+    if (!lib && !(env && *env))
         lib = dlopen("/usr/local/cuda/lib64/" "libcublas.so." IFKC_STR(CUBLAS_VER_MAJOR), RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
         const char *e = dlerror();

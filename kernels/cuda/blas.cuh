@@ -6,7 +6,8 @@
  * pipelines and tests. So kernels/cuda names no cuBLAS symbol: ifkc_blas() dlopen()s
  * libcublas.so.<major of the cuBLAS headers built against> once (thread-safe), resolves the few
  * functions iflow calls, and returns their table, or NULL with the reason in ifkc_errmsg().
- * A machine without cuBLAS can still list its GPUs; opening one then fails with that reason.
+ * IFLOW_CUBLAS=PATH in the environment names the library file instead (cuBLAS from a pip wheel,
+ * say). A machine without cuBLAS can still list its GPUs; opening one then fails with that reason.
  */
 #ifndef IFKC_BLAS_CUH
 #define IFKC_BLAS_CUH
