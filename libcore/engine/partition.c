@@ -19,7 +19,6 @@
 #include <string.h>
 #include <strings.h>
 
-#define ENGINE_BATCH 128   /* tokens per forward pass: the engine's scratch rows (model_impl.h) */
 #define DEFAULT_CTX 4096
 
 /* ===================================================================== device descriptions == */
@@ -543,13 +542,6 @@ int iflow_model_shape_from_shard(iflow_model_shape *s, const char *path)
 
 /* ===================================================================== bytes of a plan ====== */
 
-static uint64_t mat_bytes(int type, int64_t rows, int64_t cols)
-{
-    if (rows <= 0 || cols <= 0)
-        return 0;
-    return iflow_tensor_nbytes(type, 2, (int64_t[]){rows, cols});
-}
-
 typedef struct {
     uint64_t attn_w, ffn_w;        /* weight bytes of the part's attention and FFN slices */
     double attn_flop, ffn_flop;    /* per token: 2 x elements                              */
@@ -562,20 +554,14 @@ static part_size part_of(const iflow_model_shape *m, int l, int q0, int q1, int 
 {
     const iflow_hparams *hp = &m->hp;
     const int *t = &m->types[l * IFLOW_PM_COUNT];
-    int g = hp->n_heads / hp->n_kv_heads;
     part_size p = {0};
     p.nq = q1 - q0;
-    p.nkv = p.nq > 0 ? (q1 - 1) / g - q0 / g + 1 : 0;
+    p.nkv = iflow_part_kv_heads(hp, q0, q1);
     p.nf = f1 - f0;
     int64_t D = hp->dim, hd = hp->head_dim, nq = (int64_t)p.nq * hd, nkv = (int64_t)p.nkv * hd, nf = p.nf;
-    p.attn_w = mat_bytes(t[IFLOW_PM_WQ], nq, D) + mat_bytes(t[IFLOW_PM_WK], nkv, D) + mat_bytes(t[IFLOW_PM_WV], nkv, D) +
-               mat_bytes(t[IFLOW_PM_WO], D, nq) + (uint64_t)D * 4;
-    p.ffn_w = mat_bytes(t[IFLOW_PM_GATE], nf, D) + mat_bytes(t[IFLOW_PM_UP], nf, D) + mat_bytes(t[IFLOW_PM_DOWN], D, nf) +
-              (uint64_t)D * 4;
-    if (hp->attn_bias)
-        p.attn_w += (uint64_t)(nq + 2 * nkv + D) * 4;
-    if (hp->mlp_bias)
-        p.ffn_w += (uint64_t)(2 * nf + D) * 4;
+    iflow_part_bytes b = iflow_part_weight_bytes(hp, t, q0, q1, f0, f1); /* footprint.h, as place.c */
+    p.attn_w = b.attn;
+    p.ffn_w = b.ffn;
     p.attn_flop = 2.0 * (double)D * (double)(2 * nq + 2 * nkv);
     p.ffn_flop = 2.0 * (double)D * (double)(3 * nf);
     return p;
@@ -584,22 +570,14 @@ static part_size part_of(const iflow_model_shape *m, int l, int q0, int q1, int 
 /* KV cache of one layer part: K and V rows (F32, as the engine keeps them) for n_ctx positions. */
 static uint64_t kv_part(const iflow_model_shape *m, int nkv, int n_ctx, int seqs)
 {
-    return 2ull * (uint64_t)n_ctx * (uint64_t)seqs * (uint64_t)nkv * (uint64_t)m->hp.head_dim * 4;
+    return (uint64_t)seqs * iflow_part_kv_bytes(&m->hp, nkv, n_ctx);
 }
 
-static uint64_t output_bytes(const iflow_model_shape *m)
-{
-    return mat_bytes(m->output_type, m->hp.vocab_size, m->hp.dim) + (uint64_t)m->hp.dim * 4;
-}
+static uint64_t output_bytes(const iflow_model_shape *m) { return iflow_output_bytes(&m->hp, m->output_type); }
 
 /* Scratch of a device that runs layers (forward.c: one batch of activations); the output
- * device also holds a row of logits per sequence. */
-static uint64_t scratch_bytes(const iflow_model_shape *m, int batch)
-{
-    const iflow_hparams *hp = &m->hp;
-    uint64_t rows = batch > ENGINE_BATCH ? (uint64_t)batch : ENGINE_BATCH;
-    return rows * (2ull * hp->dim + 2ull * hp->n_heads * hp->head_dim + 2ull * hp->ffn_dim) * 4;
-}
+ * device also holds a row of logits per sequence, counted where the output is placed. */
+static uint64_t scratch_bytes(const iflow_model_shape *m, int batch) { return iflow_scratch_bytes(&m->hp, batch); }
 
 /* ===================================================================== the cost model ====== */
 

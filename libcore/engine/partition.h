@@ -49,6 +49,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "libcore/engine/footprint.h"   /* IFLOW_PM_*: the matrices of a layer */
 #include "libcore/engine/model.h"
 #include "libcore/engine/plan.h"
 
@@ -97,8 +98,6 @@ typedef struct {
 int iflow_machine_parse(iflow_machine *m, const char *spec, const iflow_devdb *db, const iflow_machine_opts *o);
 
 /* ---- the model ---- */
-
-enum { IFLOW_PM_WQ, IFLOW_PM_WK, IFLOW_PM_WV, IFLOW_PM_WO, IFLOW_PM_GATE, IFLOW_PM_UP, IFLOW_PM_DOWN, IFLOW_PM_COUNT };
 
 typedef struct {
     iflow_hparams hp;

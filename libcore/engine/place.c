@@ -11,6 +11,7 @@
  *                the mapping (rows are contiguous for every type); column slices (wo, down
  *                split by heads or columns) are built on the host, row by row.
  */
+#include "footprint.h"
 #include "model_impl.h"
 #include "plan.h"
 #include "libcore/base/dtype.h"
@@ -24,12 +25,6 @@
 static iflow_device *dev_of(const iflow_model *m, int i) { return m->devs[i]; }
 static int host_dev(const iflow_device *d) { return !d || d->host_memory; }
 static const char *dev_name(const iflow_device *d) { return d ? d->info.name : "cpu"; }
-
-/* Bytes of `rows` rows of `cols` elements of a weight type (quantized rows: whole blocks). */
-static uint64_t rows_bytes(int type, int64_t rows, int64_t cols)
-{
-    return iflow_tensor_nbytes(type, 2, (int64_t[]){rows, cols});
-}
 
 /* ---- 1. describe ---- */
 
@@ -58,9 +53,8 @@ static int layout_alloc(layout *L, int n_layers, int n_parts)
 /* The kv heads query heads q0..q1-1 read. */
 static void kv_range(const iflow_hparams *hp, layer_part *p)
 {
-    int group = hp->n_heads / hp->n_kv_heads;
-    p->kv0 = p->q0 / group;
-    p->kv1 = (p->q1 - 1) / group + 1;
+    p->kv0 = iflow_part_kv0(hp, p->q0);
+    p->kv1 = p->kv0 + iflow_part_kv_heads(hp, p->q0, p->q1);
 }
 
 static void whole(const iflow_hparams *hp, layer_part *p, int dev)
@@ -150,24 +144,23 @@ static int column_split_ok(int type, int c0, int c1, int K)
     return c0 % q->block == 0 && (c1 % q->block == 0 || c1 == K);
 }
 
-/* Weight bytes of one part, or a refusal naming the tensor. */
+/* Weight bytes of one part (footprint.h), or a refusal naming the tensor. */
 static int part_bytes(const iflow_model *m, int l, const layer_part *p, iflow_device *d, uint64_t *bytes)
 {
     const iflow_hparams *hp = &m->hp;
     const layer_weights *w = &m->layers[l];
-    int64_t D = hp->dim, hd = hp->head_dim, nq = (int64_t)(p->q1 - p->q0) * hd, nkv = (int64_t)(p->kv1 - p->kv0) * hd,
-            nf = p->f1 - p->f0;
-    struct { const char *name; weight W; int64_t rows, cols; int c0, c1, K; } mats[] = {
-        {"wq", w->wq, nq, D, 0, 0, 0},
-        {"wk", w->wk, nkv, D, 0, 0, 0},
-        {"wv", w->wv, nkv, D, 0, 0, 0},
-        {"wo", w->wo, D, nq, p->q0 * (int)hd, p->q1 * (int)hd, hp->n_heads * (int)hd},
-        {"ffn_gate", w->gate, nf, D, 0, 0, 0},
-        {"ffn_up", w->up, nf, D, 0, 0, 0},
-        {"ffn_down", w->down, D, nf, p->f0, p->f1, hp->ffn_dim},
+    int64_t hd = hp->head_dim;
+    struct { const char *name; weight W; int c0, c1, K; } mats[IFLOW_PM_COUNT] = {
+        [IFLOW_PM_WQ] = {"wq", w->wq, 0, 0, 0},
+        [IFLOW_PM_WK] = {"wk", w->wk, 0, 0, 0},
+        [IFLOW_PM_WV] = {"wv", w->wv, 0, 0, 0},
+        [IFLOW_PM_WO] = {"wo", w->wo, p->q0 * (int)hd, p->q1 * (int)hd, hp->n_heads * (int)hd},
+        [IFLOW_PM_GATE] = {"ffn_gate", w->gate, 0, 0, 0},
+        [IFLOW_PM_UP] = {"ffn_up", w->up, 0, 0, 0},
+        [IFLOW_PM_DOWN] = {"ffn_down", w->down, p->f0, p->f1, hp->ffn_dim},
     };
-    uint64_t b = 0;
-    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+    int types[IFLOW_PM_COUNT];
+    for (int i = 0; i < IFLOW_PM_COUNT; i++) {
         if (d && !d->ops->supports(d, mats[i].W.type))
             return iflow_seterr(IFLOW_EUNSUPPORTED, "tensor 'blk.%d.%s' has type %s, which has no kernel on %s", l,
                                 mats[i].name, iflow_dtype_name(mats[i].W.type), d->info.name);
@@ -177,27 +170,11 @@ static int part_bytes(const iflow_model *m, int l, const layer_part *p, iflow_de
                                 "quantized matrix must fall on block boundaries",
                                 l, mats[i].name, iflow_dtype_name(mats[i].W.type), ifk_qtype(mats[i].W.type)->block,
                                 mats[i].c0, mats[i].c1 - 1);
-        b += rows_bytes(mats[i].W.type, mats[i].rows, mats[i].cols);
+        types[i] = mats[i].W.type;
     }
-    b += (uint64_t)(2 * D) * sizeof(float);                                           /* the two norms */
-    if (hp->attn_bias)
-        b += (uint64_t)(nq + 2 * nkv + D) * sizeof(float);
-    if (hp->mlp_bias)
-        b += (uint64_t)(2 * nf + D) * sizeof(float);
-    *bytes = b;
+    iflow_part_bytes b = iflow_part_weight_bytes(hp, types, p->q0, p->q1, p->f0, p->f1);
+    *bytes = b.attn + b.ffn;
     return 0;
-}
-
-static uint64_t kv_bytes(const iflow_hparams *hp, const layer_part *p, int n_ctx)
-{
-    return 2ull * (uint64_t)n_ctx * (uint64_t)(p->kv1 - p->kv0) * hp->head_dim * sizeof(float);
-}
-
-/* Scratch of one batch on a device that runs layers (forward.c's dev_scratch). */
-static uint64_t scratch_bytes(const iflow_hparams *hp)
-{
-    uint64_t D = hp->dim, Q = (uint64_t)hp->n_heads * hp->head_dim, F = hp->ffn_dim;
-    return MAX_BATCH * (2 * D + 2 * Q + 2 * F) * sizeof(float);
 }
 
 static int measure(const iflow_model *m, const layout *L, int n_ctx, iflow_device_bytes *need)
@@ -215,7 +192,7 @@ static int measure(const iflow_model *m, const layout *L, int n_ctx, iflow_devic
                 return rc;
             if (!host_dev(d))
                 need[p->dev].weights += b;
-            need[p->dev].kv += kv_bytes(hp, p, n_ctx);
+            need[p->dev].kv += iflow_part_kv_bytes(hp, p->kv1 - p->kv0, n_ctx);
             uses[p->dev] = 1;
         }
     iflow_device *od = L->devs[L->output_dev];
@@ -223,11 +200,11 @@ static int measure(const iflow_model *m, const layout *L, int n_ctx, iflow_devic
         return iflow_seterr(IFLOW_EUNSUPPORTED, "tensor '%s' has type %s, which has no kernel on %s",
                             hp->tie_embeddings ? "tok_embd" : "output", iflow_dtype_name(m->output.type), od->info.name);
     if (!host_dev(od))
-        need[L->output_dev].weights += rows_bytes(m->output.type, hp->vocab_size, hp->dim) + (uint64_t)hp->dim * sizeof(float);
+        need[L->output_dev].weights += iflow_output_bytes(hp, m->output.type);
     uses[L->output_dev] = 1;
     for (int i = 0; i < L->n_devs; i++) {
         if (uses[i])
-            need[i].scratch += scratch_bytes(hp);
+            need[i].scratch += iflow_scratch_bytes(hp, 1);
         if (i == L->output_dev)
             need[i].scratch += (uint64_t)hp->vocab_size * sizeof(float); /* one row of logits */
         if (m->rope_scale && !host_dev(L->devs[i]))
@@ -276,14 +253,14 @@ static int put(iflow_model *m, layer_part *p, int *n_dev_copies, const void *hos
 /* Rows r0..r0+rows-1 of a matrix with `cols` columns: a pointer into it. */
 static const void *row_slice(weight W, int64_t r0, int64_t cols)
 {
-    return (const char *)W.data + rows_bytes(W.type, r0, cols);
+    return (const char *)W.data + iflow_matrix_bytes(W.type, r0, cols);
 }
 
 /* Columns c0..c1-1 of every one of `rows` rows of a K-column matrix, as a new host matrix. */
 static void *column_slice(weight W, int64_t rows, int64_t K, int64_t c0, int64_t c1)
 {
-    size_t in_row = rows_bytes(W.type, 1, K), out_row = rows_bytes(W.type, 1, c1 - c0),
-           skip = c0 ? rows_bytes(W.type, 1, c0) : 0;
+    size_t in_row = iflow_matrix_bytes(W.type, 1, K), out_row = iflow_matrix_bytes(W.type, 1, c1 - c0),
+           skip = c0 ? iflow_matrix_bytes(W.type, 1, c0) : 0;
     /* quantized: c0 is on a block boundary, so the slice is whole blocks; a float type's
      * columns are elements */
     size_t n = out_row * (size_t)rows;
@@ -304,15 +281,15 @@ static int put_weight(iflow_model *m, layer_part *p, int *nd, int *nh, weight sr
     size_t n;
     if (!is_cols) {
         host = row_slice(src, a0, other);
-        n = rows_bytes(src.type, a1 - a0, other);
+        n = iflow_matrix_bytes(src.type, a1 - a0, other);
     } else if (a0 == 0 && a1 == full) {
         host = src.data;
-        n = rows_bytes(src.type, other, full);
+        n = iflow_matrix_bytes(src.type, other, full);
     } else {
         if (!(copy = column_slice(src, other, full, a0, a1)))
             return iflow_seterr(IFLOW_ENOMEM, "out of memory slicing columns");
         host = copy;
-        n = rows_bytes(src.type, other, a1 - a0);
+        n = iflow_matrix_bytes(src.type, other, a1 - a0);
     }
     int rc = put(m, p, nd, host, n, &out);
     if (copy && rc == 0 && host_dev(dev_of(m, p->dev)))
@@ -366,7 +343,7 @@ static int copy_shared(iflow_model *m)
 {
     const iflow_hparams *hp = &m->hp;
     iflow_device *od = dev_of(m, m->output_dev);
-    int rc = iflow_device_put(od, &m->output_w.data, m->output.data, rows_bytes(m->output.type, hp->vocab_size, hp->dim));
+    int rc = iflow_device_put(od, &m->output_w.data, m->output.data, iflow_matrix_bytes(m->output.type, hp->vocab_size, hp->dim));
     m->output_w.type = m->output.type;
     if (rc == 0)
         rc = iflow_device_put(od, (const void **)&m->output_norm_w, m->output_norm, (size_t)hp->dim * sizeof(float));

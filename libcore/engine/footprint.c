@@ -1,0 +1,52 @@
+/* footprint.c -- the bytes the engine keeps on a device. See footprint.h. */
+#include "footprint.h"
+#include "model_impl.h"
+#include "libcore/base/dtype.h"
+
+uint64_t iflow_matrix_bytes(int type, int64_t rows, int64_t cols)
+{
+    if (rows <= 0 || cols <= 0)
+        return 0;
+    return iflow_tensor_nbytes(type, 2, (int64_t[]){rows, cols});
+}
+
+int iflow_part_kv0(const iflow_hparams *hp, int q0) { return q0 / (hp->n_heads / hp->n_kv_heads); }
+
+int iflow_part_kv_heads(const iflow_hparams *hp, int q0, int q1)
+{
+    return q1 > q0 ? iflow_part_kv0(hp, q1 - 1) - iflow_part_kv0(hp, q0) + 1 : 0;
+}
+
+iflow_part_bytes iflow_part_weight_bytes(const iflow_hparams *hp, const int *t, int q0, int q1, int f0, int f1)
+{
+    int64_t D = hp->dim, hd = hp->head_dim, nq = (int64_t)(q1 - q0) * hd,
+            nkv = (int64_t)iflow_part_kv_heads(hp, q0, q1) * hd, nf = f1 - f0;
+    iflow_part_bytes b;
+    b.attn = iflow_matrix_bytes(t[IFLOW_PM_WQ], nq, D) + iflow_matrix_bytes(t[IFLOW_PM_WK], nkv, D) +
+             iflow_matrix_bytes(t[IFLOW_PM_WV], nkv, D) + iflow_matrix_bytes(t[IFLOW_PM_WO], D, nq) +
+             (uint64_t)D * sizeof(float);
+    b.ffn = iflow_matrix_bytes(t[IFLOW_PM_GATE], nf, D) + iflow_matrix_bytes(t[IFLOW_PM_UP], nf, D) +
+            iflow_matrix_bytes(t[IFLOW_PM_DOWN], D, nf) + (uint64_t)D * sizeof(float);
+    if (hp->attn_bias)
+        b.attn += (uint64_t)(nq + 2 * nkv + D) * sizeof(float);
+    if (hp->mlp_bias)
+        b.ffn += (uint64_t)(2 * nf + D) * sizeof(float);
+    return b;
+}
+
+uint64_t iflow_part_kv_bytes(const iflow_hparams *hp, int n_kv_heads, int n_ctx)
+{
+    return 2ull * (uint64_t)n_ctx * (uint64_t)n_kv_heads * (uint64_t)hp->head_dim * sizeof(float);
+}
+
+uint64_t iflow_scratch_bytes(const iflow_hparams *hp, int batch)
+{
+    uint64_t rows = batch > MAX_BATCH ? (uint64_t)batch : MAX_BATCH;
+    uint64_t D = hp->dim, Q = (uint64_t)hp->n_heads * hp->head_dim, F = hp->ffn_dim;
+    return rows * (2 * D + 2 * Q + 2 * F) * sizeof(float);
+}
+
+uint64_t iflow_output_bytes(const iflow_hparams *hp, int output_type)
+{
+    return iflow_matrix_bytes(output_type, hp->vocab_size, hp->dim) + (uint64_t)hp->dim * sizeof(float);
+}
