@@ -18,7 +18,6 @@
 #include "libcore/engine/plan.h"
 #include "kernels/cpu/kernels.h"
 
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,14 +52,9 @@ int main(int argc, char **argv)
     iflow_plan plan = {0};
     int *layer_dev = NULL;
     if (plan_path && *plan_path) {
-        int n_cpu = 0, rc = iflow_plan_load(&plan, plan_path);
-        for (int i = 0; i < plan.n_devices; i++)
-            n_cpu += strncmp(plan.devices[i].name, "cpu", 3) == 0;
-        for (int i = 0; i < plan.n_devices && rc == 0; i++) {
-            const iflow_plan_device *d = &plan.devices[i];
-            int is_cpu = strncmp(d->name, "cpu", 3) == 0, threads = d->threads ? d->threads : omp_get_num_procs() / n_cpu;
-            rc = iflow_device_open(&plan_devs[i], is_cpu ? "cpu" : d->name, threads > 0 ? threads : 1);
-        }
+        int rc = iflow_plan_load(&plan, plan_path);
+        if (rc == 0)
+            rc = iflow_plan_open_devices(&plan, plan_devs);
         int n_ctx = (argc > 2 ? atoi(argv[2]) : 128) + (argc > 3 ? atoi(argv[3]) : 32) + 1;
         if (rc < 0 || iflow_model_place_plan(m, &plan, plan_devs, n_ctx) < 0) {
             fprintf(stderr, "iflow-bench: %s\n", iflow_errmsg());
@@ -132,8 +126,7 @@ int main(int argc, char **argv)
     free(logits);
     iflow_model_close(m);
     iflow_device_close(dev);
-    for (int i = 0; i < plan.n_devices; i++)
-        iflow_device_close(plan_devs[i]);
+    iflow_plan_close_devices(&plan, plan_devs);
     free(layer_dev);
     return 0;
 }

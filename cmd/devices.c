@@ -3,7 +3,6 @@
 #include "libcore/base/error.h"
 #include "libcore/engine/plan.h"
 
-#include <omp.h>
 
 #include <jansson.h>
 #include <stdio.h>
@@ -39,23 +38,6 @@ static iflow_device *open_gpu(const iflow_tool *t, const device_opts *o)
     return d;
 }
 
-/* The devices of a plan, opened: cpu and cpu:N share this machine's cores unless the plan gives
- * thread counts. */
-static void open_plan_devices(const iflow_tool *t, const iflow_plan *plan, placed *p)
-{
-    int n_cpu = 0;
-    for (int i = 0; i < plan->n_devices; i++)
-        n_cpu += strncmp(plan->devices[i].name, "cpu", 3) == 0;
-    for (int i = 0; i < plan->n_devices; i++) {
-        const iflow_plan_device *d = &plan->devices[i];
-        int is_cpu = strcmp(d->name, "cpu") == 0 || strncmp(d->name, "cpu:", 4) == 0;
-        int threads = d->threads ? d->threads : omp_get_num_procs() / (n_cpu ? n_cpu : 1);
-        if (iflow_device_open(&p->plan_devices[i], is_cpu ? "cpu" : d->name, threads > 0 ? threads : 1) < 0)
-            die(t, NULL);
-        p->n_plan_devices = i + 1;
-    }
-}
-
 static void place_plan(const iflow_tool *t, iflow_model *m, const device_opts *o, placed *p)
 {
     iflow_plan plan;
@@ -65,7 +47,9 @@ static void place_plan(const iflow_tool *t, iflow_model *m, const device_opts *o
         die_usage(t, "--plan places the layers; --gpu-layers cannot be given with it");
     if (iflow_plan_load(&plan, o->plan) < 0)
         die(t, NULL);
-    open_plan_devices(t, &plan, p);
+    if (iflow_plan_open_devices(&plan, p->plan_devices) < 0)
+        die(t, NULL);
+    p->n_plan_devices = plan.n_devices;
     if (iflow_model_place_plan(m, &plan, p->plan_devices, o->n_ctx) < 0)
         die(t, NULL);
     if (o->verbose)

@@ -1,8 +1,10 @@
 /* plan.c -- partition plans: the ini form, and checking a plan against a model. See plan.h. */
 #include "plan.h"
 #include "libcore/base/error.h"
+#include "libcore/device/device.h"
 
 #include <errno.h>
+#include <omp.h>
 #include <ini.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -263,6 +265,35 @@ int iflow_plan_save(const iflow_plan *p, const char *path)
         return iflow_seterr(IFLOW_EIO, "cannot write plan '%s': %s", path, strerror(errno));
     }
     return 0;
+}
+
+/* ---- devices ---- */
+
+static int is_cpu_name(const char *name) { return strcmp(name, "cpu") == 0 || strncmp(name, "cpu:", 4) == 0; }
+
+int iflow_plan_open_devices(const iflow_plan *p, iflow_device **devs)
+{
+    int n_cpu = 0, rc = 0;
+    for (int i = 0; i < p->n_devices; i++) {
+        n_cpu += is_cpu_name(p->devices[i].name);
+        devs[i] = NULL;
+    }
+    for (int i = 0; i < p->n_devices && rc == 0; i++) {
+        const iflow_plan_device *d = &p->devices[i];
+        int cpu = is_cpu_name(d->name), threads = d->threads ? d->threads : cpu ? omp_get_num_procs() / n_cpu : 0;
+        rc = iflow_device_open(&devs[i], cpu ? "cpu" : d->name, threads > 0 ? threads : 1);
+    }
+    if (rc < 0)
+        iflow_plan_close_devices(p, devs);
+    return rc;
+}
+
+void iflow_plan_close_devices(const iflow_plan *p, iflow_device **devs)
+{
+    for (int i = 0; i < p->n_devices; i++) {
+        iflow_device_close(devs[i]);
+        devs[i] = NULL;
+    }
 }
 
 /* ---- checking ---- */

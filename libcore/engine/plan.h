@@ -56,6 +56,14 @@ int  iflow_plan_save(const iflow_plan *p, const char *path);
  * IFLOW_EINVAL naming the layer and head or column left uncovered or covered twice. */
 int  iflow_plan_check(const iflow_plan *p, int n_layers, int n_heads, int n_kv_heads, int ffn_dim);
 
+/* Open the plan's devices into devs[0 .. n_devices): "cpu" and "cpu:N" are CPU devices sharing
+ * this machine's cores (a device's own thread count, else the cores divided among the plan's
+ * CPU devices); any other name is opened as iflow_device_open() knows it ("cuda:1"). On failure
+ * the devices already opened are closed and devs[] is all NULL. */
+struct iflow_device;
+int  iflow_plan_open_devices(const iflow_plan *p, struct iflow_device **devs);
+void iflow_plan_close_devices(const iflow_plan *p, struct iflow_device **devs);
+
 /* The devices holding layer l, in plan order, into idx[]; returns how many. */
 int  iflow_plan_layer_devices(const iflow_plan *p, int l, int *idx);
 

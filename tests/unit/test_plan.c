@@ -74,20 +74,6 @@ static void make_plan(iflow_plan *p, const iflow_hparams *hp, int groups, int he
     p->output_device = p->n_devices - 1;
 }
 
-/* Open the plan's devices: every one a CPU device of one thread. */
-static void open_devices(const iflow_plan *p, iflow_device **devs)
-{
-    for (int i = 0; i < p->n_devices; i++)
-        if (iflow_device_open(&devs[i], "cpu", 1) < 0)
-            devs[i] = NULL;
-}
-
-static void close_devices(const iflow_plan *p, iflow_device **devs)
-{
-    for (int i = 0; i < p->n_devices; i++)
-        iflow_device_close(devs[i]);
-}
-
 static void run_case(const char *path, const char *name, int groups, int heads, const float *ref, const int32_t *ref_gen)
 {
     iflow_model *m;
@@ -110,7 +96,7 @@ static void run_case(const char *path, const char *name, int groups, int heads, 
         if (p.devices[i].layer1 <= p.devices[i].layer0)
             p.devices[i].layer0 = p.devices[i].layer1 = 0;
     CHECK(memcmp(&p, &q, sizeof p) == 0, "%s: the plan reads back as written", name);
-    open_devices(&q, devs);
+    CHECK(iflow_plan_open_devices(&q, devs) == 0, "open devices: %s", iflow_errmsg());
     int rc = iflow_model_place_plan(m, &q, devs, 5 + N_GEN + 1);
     CHECK(rc == 0, "%s %dx%d: place: %s", name, groups, heads, iflow_errmsg());
     if (rc == 0 && generate(m, out, gen) == 0) {
@@ -129,7 +115,7 @@ static void run_case(const char *path, const char *name, int groups, int heads, 
         CHECK(same, "%s %dx%d: the single device's %d greedy tokens", name, groups, heads, N_GEN);
     }
     iflow_model_close(m);
-    close_devices(&q, devs);
+    iflow_plan_close_devices(&q, devs);
     free(out);
 }
 
@@ -233,7 +219,7 @@ static void test_quantized_split(void)
     iflow_plan p;
     iflow_device *devs[IFLOW_PLAN_MAX_DEVICES] = {0};
     make_plan(&p, iflow_model_hparams(m), 1, 2);
-    open_devices(&p, devs);
+    CHECK(iflow_plan_open_devices(&p, devs) == 0, "open devices: %s", iflow_errmsg());
     int rc = iflow_model_place_plan(m, &p, devs, 16);
     CHECK_ERR(rc, IFLOW_EUNSUPPORTED, "blk.0.ffn_down", "block boundaries");
     /* heads on block boundaries and the FFN whole per layer group: fine (wo's 64 columns split
@@ -242,7 +228,7 @@ static void test_quantized_split(void)
     rc = iflow_plan_check(&p, 5, 8, 4, 172);
     CHECK(rc == IFLOW_EINVAL, "an empty FFN range is refused by the check");
     iflow_model_close(m);
-    close_devices(&p, devs);
+    iflow_plan_close_devices(&p, devs);
 }
 
 int main(void)
