@@ -372,22 +372,30 @@ static int forward_layers(iflow_ctx *c, const int32_t *ids, int T, dev_scratch *
     return 0;
 }
 
-/* Logits of `rows` hidden states of s->x starting at row r0, into dst ([rows][vocab]) on the
- * host; on a device that is not the host they are computed into device memory and copied. */
-static int output_logits(iflow_ctx *c, dev_scratch *s, int r0, int rows, float *dst)
+/* Logits of `rows` hidden states of s->x starting at row r0, computed on s's device: into
+ * host ([rows][vocab]) when the device's memory is the host's, else into device scratch. *y
+ * receives where they are. */
+static int compute_logits(iflow_ctx *c, dev_scratch *s, int r0, int rows, float *host, float **y)
 {
     const iflow_model *m = c->m;
     const iflow_hparams *hp = &m->hp;
     iflow_device *d = s->dev;
     int D = hp->dim, V = hp->vocab_size;
     TRY(d->ops->rmsnorm(d, s->xb, s->x + (size_t)r0 * D, m->output_norm_w, rows, D, hp->norm_eps));
-    float *y = dst;
+    *y = host;
     if (!d->host_memory) {
         TRY(logits_rows(s, V, rows));
-        y = s->logits;
+        *y = s->logits;
     }
-    TRY(linear(s, y, V, m->output_w, NULL, s->xb, D, rows, V, D));
-    return y == dst ? 0 : d->ops->download(d, dst, y, (size_t)rows * V * sizeof(float));
+    return linear(s, *y, V, m->output_w, NULL, s->xb, D, rows, V, D);
+}
+
+/* The same logits, into dst on the host. */
+static int output_logits(iflow_ctx *c, dev_scratch *s, int r0, int rows, float *dst)
+{
+    float *y;
+    TRY(compute_logits(c, s, r0, rows, dst, &y));
+    return y == dst ? 0 : s->dev->ops->download(s->dev, dst, y, (size_t)rows * c->m->hp.vocab_size * sizeof(float));
 }
 
 /* One batch of T <= MAX_BATCH tokens. */
@@ -430,7 +438,6 @@ int iflow_ctx_eval(iflow_ctx *c, const int32_t *ids, int n, float *logits, int a
 
 int iflow_ctx_eval_argmax(iflow_ctx *c, const int32_t *ids, int n, int32_t *next)
 {
-    const iflow_hparams *hp = &c->m->hp;
     TRY(check_eval(c, ids, n));
     int done = 0;
     while (n - done > MAX_BATCH) {
@@ -438,16 +445,10 @@ int iflow_ctx_eval_argmax(iflow_ctx *c, const int32_t *ids, int n, int32_t *next
         done += MAX_BATCH;
     }
     dev_scratch *s;
-    int T = n - done, D = hp->dim, V = hp->vocab_size;
+    int T = n - done;
+    float *y;
     TRY(forward_layers(c, ids + done, T, &s));
     c->n_past += T;
-    iflow_device *d = s->dev;
-    float *y = c->last_logits;
-    if (!d->host_memory) {
-        TRY(logits_rows(s, V, 1));
-        y = s->logits;
-    }
-    TRY(d->ops->rmsnorm(d, s->xb, s->x + (size_t)(T - 1) * D, c->m->output_norm_w, 1, D, hp->norm_eps));
-    TRY(linear(s, y, V, c->m->output_w, NULL, s->xb, D, 1, V, D));
-    return d->ops->argmax(d, next, y, V);
+    TRY(compute_logits(c, s, T - 1, 1, c->last_logits, &y));
+    return s->dev->ops->argmax(s->dev, next, y, c->m->hp.vocab_size);
 }
