@@ -14,6 +14,7 @@
 
 #include "cmd/opt.h"
 #include "libcore/engine/model.h"
+#include "libcore/engine/plan.h"
 
 typedef struct {
     const char *plan;     /* a partition plan file (man iflow-plan.5), or NULL */
@@ -26,7 +27,7 @@ typedef struct {
     iflow_device *gpu;    /* NULL when everything runs on the CPU */
     int *layer_device;
     int n_plan_devices;   /* with a plan: its devices */
-    iflow_device *plan_devices[16];
+    iflow_device *plan_devices[IFLOW_PLAN_MAX_DEVICES];
 } placed;
 
 /* Place m as o says; the returned state is released with devices_release() after the model
