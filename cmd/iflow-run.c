@@ -1,4 +1,5 @@
 /* iflow-run -- generate text from a model; or print the token ids of a text. */
+#include "cmd/batch.h"
 #include "cmd/devices.h"
 #include "cmd/io.h"
 #include "cmd/opt.h"
@@ -18,7 +19,7 @@
 enum {
     O_MODEL = 'm', O_PROMPT = 'p', O_NPREDICT = 'n', O_THREADS = 't', O_CTX = 'c', O_VERBOSE = 'v',
     O_TEMP = 256, O_TOPK, O_TOPP, O_SEED, O_ECHO, O_JSON, O_TOKENIZE, O_BOS, O_PARSE_SPECIAL, O_DEVICE,
-    O_GPU_LAYERS, O_LIST_DEVICES, O_PLAN,
+    O_GPU_LAYERS, O_LIST_DEVICES, O_PLAN, O_BATCH, O_PARALLEL, O_KV_TYPE, O_METRICS, O_DRY_RUN,
 };
 
 static const iflow_opt opts[] = {
@@ -35,6 +36,11 @@ static const iflow_opt opts[] = {
     {O_GPU_LAYERS, "gpu-layers", 0, "N", "put the first N layers on the GPU and the rest on the CPU (default: all)", NULL},
     {O_PLAN, "plan", 0, "FILE", "place the model over the devices of partition plan FILE (iflow-partition, iflow-plan(5))", "file"},
     {O_LIST_DEVICES, "list-devices", 0, NULL, "print the devices this machine has (with --json: JSON Lines) and exit", NULL},
+    {O_BATCH, "batch", 0, NULL, "read JSON Lines requests from standard input, run them together (continuous batching) and write one JSON result per request as each finishes", NULL},
+    {O_PARALLEL, "parallel", 0, "N", "with --batch: requests running at once (default 16)", NULL},
+    {O_KV_TYPE, "kv-type", 0, "TYPE", "with --batch: KV cache type f32, f16 or q8 (INT8 with a scale per group; default f32)", "f32 f16 q8"},
+    {O_METRICS, "metrics", 0, "FILE", "with --batch: write throughput and latency metrics to FILE as JSON", "file"},
+    {O_DRY_RUN, "dry-run", 0, NULL, "print the memory plan of --batch (weights, KV cache per request and in total, scratch) and the largest --parallel that fits, then exit", NULL},
     {O_ECHO, "echo", 0, NULL, "print the prompt before its continuation", NULL},
     {O_JSON, "json", 0, NULL, "print one JSON object per prompt: prompt, ids, text, stop reason", NULL},
     {O_TOKENIZE, "tokenize", 0, NULL, "print the token ids of all of standard input, space-separated, and exit", NULL},
@@ -52,6 +58,8 @@ static const iflow_tool tool = {
 typedef struct {
     const char *model, *prompt;
     int n_predict, threads, n_ctx, echo, json, tokenize, bos, parse_special, verbose, list_devices;
+    int batch, parallel, kv_type, dry_run;
+    const char *metrics;
     device_opts dev;
     iflow_sampler_params sp;
 } run_opts;
@@ -220,6 +228,36 @@ static void generate(generator *g, const char *prompt, size_t prompt_len)
     free(gen);
 }
 
+/* --batch and --dry-run: the continuous-batching engine (cmd/batch.c). */
+static int run_batch(const run_opts *o)
+{
+    if (strcmp(o->model, "-") == 0 && !o->dry_run)
+        die_usage(&tool, "--batch reads requests from standard input, so the model must be a file");
+    if (o->prompt)
+        die_usage(&tool, "--batch reads its prompts from standard input; -p does not go with it");
+    iflow_model *m;
+    if (iflow_model_open(&m, o->model, o->dry_run ? IFLOW_MODEL_NO_VERIFY : 0) < 0)
+        die(&tool, NULL);
+    if (!iflow_model_tokenizer(m))
+        die(&tool, "model '%s' has no tokenizer", o->model);
+    batch_opts b = {.parallel = o->parallel, .n_ctx = o->n_ctx, .kv_type = o->kv_type, .threads = o->threads,
+                    .max_tokens = o->n_predict, .verbose = o->verbose, .json = o->json, .sp = o->sp,
+                    .metrics = o->metrics, .model = o->model};
+    int rc;
+    if (o->dry_run) {
+        rc = batch_dry_run(&tool, m, &b);
+    } else {
+        placed pl;
+        devices_place(&tool, m, &o->dev, &pl);
+        rc = batch_run(&tool, m, &b);
+        iflow_model_close(m);
+        devices_release(&pl);
+        return rc;
+    }
+    iflow_model_close(m);
+    return rc;
+}
+
 static int run(const run_opts *o)
 {
     if (strcmp(o->model, "-") == 0 && !o->prompt)
@@ -302,6 +340,14 @@ int main(int argc, char **argv)
         case O_GPU_LAYERS: o.dev.gpu_layers = (int)opt_long(&tool, "gpu-layers", arg, 0, 1 << 20); break;
         case O_LIST_DEVICES: o.list_devices = 1; break;
         case O_PLAN: o.dev.plan = arg; break;
+        case O_BATCH: o.batch = 1; break;
+        case O_PARALLEL: o.parallel = (int)opt_long(&tool, "parallel", arg, 1, IFLOW_MAX_STEP); break;
+        case O_KV_TYPE:
+            if ((o.kv_type = ifk_kv_type_from_name(arg)) < 0)
+                die_usage(&tool, "--kv-type must be f32, f16 or q8, not '%s'", arg);
+            break;
+        case O_METRICS: o.metrics = arg; break;
+        case O_DRY_RUN: o.dry_run = 1; break;
         }
     }
     o.dev.threads = o.threads;
@@ -315,5 +361,9 @@ int main(int argc, char **argv)
         die_usage(&tool, "unexpected operand '%s'", argv[opt_index()]);
     if (!o.model)
         die_usage(&tool, "no model given (-m FILE)");
-    return o.tokenize ? tokenize(&o) : run(&o);
+    if ((o.parallel || o.metrics || o.kv_type) && !o.batch && !o.dry_run)
+        die_usage(&tool, "--parallel, --kv-type and --metrics go with --batch");
+    if (o.tokenize)
+        return tokenize(&o);
+    return o.batch || o.dry_run ? run_batch(&o) : run(&o);
 }

@@ -95,6 +95,20 @@ static int cpu_argmax(iflow_device *d, int32_t *out, const float *x, int n)
     return 0;
 }
 
+static int cpu_kv_store(iflow_device *d, void *pool, const ifk_kv_layout *L, const ifk_kv_seq *seqs, int n_seqs,
+                        const float *x, size_t ldx)
+{
+    ifk_kv_store(pool, L, seqs, n_seqs, x, ldx, d->n_threads);
+    return 0;
+}
+
+static int cpu_attention_paged(iflow_device *d, float *out, const float *q, size_t ld, const void *k, const void *v,
+                               const ifk_kv_layout *L, const ifk_kv_seq *seqs, int n_seqs, int n_heads, float scale)
+{
+    ifk_attention_paged(out, q, ld, k, v, L, seqs, n_seqs, n_heads, scale, d->n_threads);
+    return 0;
+}
+
 static int cpu_query(const iflow_device *d, iflow_device_info *info)
 {
     iflow_cpu_info(info);
@@ -103,7 +117,7 @@ static int cpu_query(const iflow_device *d, iflow_device_info *info)
 
 static const iflow_device_ops cpu_ops = {
     cpu_close, cpu_query, cpu_alloc, cpu_free, cpu_copy, cpu_copy, cpu_supports, cpu_matmul, cpu_rmsnorm,
-    cpu_rope, cpu_attention, cpu_silu_mul, cpu_add, cpu_add_bias, cpu_argmax,
+    cpu_rope, cpu_attention, cpu_silu_mul, cpu_add, cpu_add_bias, cpu_argmax, cpu_kv_store, cpu_attention_paged,
 };
 
 /* The CPU's brand string, from /proc/cpuinfo ("" if unreadable). */

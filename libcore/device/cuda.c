@@ -94,11 +94,69 @@ static int cu_add_bias(iflow_device *d, float *y, size_t ldy, const float *b, in
 
 static int cu_argmax(iflow_device *d, int32_t *out, const float *x, int n) { CALL(d, ifkc_argmax(DEV(d), out, x, n)); }
 
+/* The paged KV cache on a GPU: F32 and F16 pools, each sequence's positions within its first
+ * block (one block per sequence, as iflow_ctx uses it). Paged attention over several blocks,
+ * and Q8 pools, are not implemented on CUDA yet. */
+static int cu_kv_check(const iflow_device *d, const ifk_kv_layout *L, const ifk_kv_seq *seqs, int n_seqs)
+{
+    if (L->type != IFK_KV_F32 && L->type != IFK_KV_F16)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "%s: a %s KV cache is not implemented on cuda yet", d->info.name,
+                            ifk_kv_type_name(L->type));
+    for (int s = 0; s < n_seqs; s++)
+        if (seqs[s].pos0 + seqs[s].n_rows > L->block)
+            return iflow_seterr(IFLOW_EUNSUPPORTED,
+                                "%s: attention over several KV blocks is not implemented on cuda yet (position %d, "
+                                "block of %d)", d->info.name, seqs[s].pos0 + seqs[s].n_rows - 1, L->block);
+    return 0;
+}
+
+/* Start of block b of a pool, and the element type the kernels take. */
+static void *cu_block(void *pool, const ifk_kv_layout *L, int32_t b)
+{
+    return (char *)pool + (size_t)b * L->block * ifk_kv_row_bytes(L);
+}
+
+static int cu_kv_store(iflow_device *d, void *pool, const ifk_kv_layout *L, const ifk_kv_seq *seqs, int n_seqs,
+                       const float *x, size_t ldx)
+{
+    int rc = cu_kv_check(d, L, seqs, n_seqs), KV = L->n_kv_heads * L->head_dim;
+    int wtype = L->type == IFK_KV_F16 ? IFK_F16 : IFK_F32;
+    for (int s = 0; s < n_seqs && rc == 0; s++) {
+        rc = ifkc_make_current(DEV(d));
+        if (rc == 0)
+            rc = ifkc_kv_store(DEV(d), cu_block(pool, L, seqs[s].table[0]), wtype, (size_t)KV, seqs[s].pos0,
+                               x + (size_t)seqs[s].row0 * ldx, ldx, seqs[s].n_rows, KV);
+        if (rc < 0)
+            return fail(d, rc);
+    }
+    return rc;
+}
+
+static int cu_attention_paged(iflow_device *d, float *out, const float *q, size_t ld, const void *k, const void *v,
+                              const ifk_kv_layout *L, const ifk_kv_seq *seqs, int n_seqs, int n_heads, float scale)
+{
+    int rc = cu_kv_check(d, L, seqs, n_seqs), KV = L->n_kv_heads * L->head_dim;
+    int wtype = L->type == IFK_KV_F16 ? IFK_F16 : IFK_F32;
+    if (ld != (size_t)n_heads * L->head_dim && rc == 0)
+        rc = iflow_seterr(IFLOW_EUNSUPPORTED, "%s: paged attention needs contiguous query rows", d->info.name);
+    for (int s = 0; s < n_seqs && rc == 0; s++) {
+        size_t off = (size_t)seqs[s].row0 * ld;
+        rc = ifkc_make_current(DEV(d));
+        if (rc == 0)
+            rc = ifkc_attention(DEV(d), out + off, q + off, cu_block((void *)k, L, seqs[s].table[0]),
+                                cu_block((void *)v, L, seqs[s].table[0]), wtype, (size_t)KV, seqs[s].n_rows,
+                                seqs[s].pos0, n_heads, L->n_kv_heads, L->head_dim, scale);
+        if (rc < 0)
+            return fail(d, rc);
+    }
+    return rc;
+}
+
 static int cu_query(const iflow_device *d, iflow_device_info *info) { return iflow_cuda_info(d->info.index, info); }
 
 static const iflow_device_ops cuda_ops = {
     cu_close, cu_query, cu_alloc, cu_free, cu_upload, cu_download, cu_supports, cu_matmul, cu_rmsnorm,
-    cu_rope, cu_attention, cu_silu_mul, cu_add, cu_add_bias, cu_argmax,
+    cu_rope, cu_attention, cu_silu_mul, cu_add, cu_add_bias, cu_argmax, cu_kv_store, cu_attention_paged,
 };
 
 int iflow_cuda_count(const char **why)

@@ -31,6 +31,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/cpu/kvcache.h" /* ifk_kv_layout, ifk_kv_seq: the paged KV cache's layout */
+
 enum { IFLOW_DEVICE_CPU = 0, IFLOW_DEVICE_CUDA = 1 };
 
 typedef struct {
@@ -76,6 +78,14 @@ typedef struct {
     int  (*add_bias)(iflow_device *d, float *y, size_t ldy, const float *b, int T, int n);
     /* *out (host) = index of the largest of x[0..n), the lowest among equals. */
     int  (*argmax)(iflow_device *d, int32_t *out, const float *x, int n);
+    /* The paged KV cache (kernels/cpu/kvcache.h; pools in this device's memory, block tables
+     * and the sequence list in host memory): ifk_kv_store and ifk_attention_paged. A backend
+     * may support a subset (a layout type, one block per sequence) and refuse the rest with
+     * IFLOW_EUNSUPPORTED. */
+    int  (*kv_store)(iflow_device *d, void *pool, const ifk_kv_layout *L, const ifk_kv_seq *seqs, int n_seqs,
+                     const float *x, size_t ldx);
+    int  (*attention_paged)(iflow_device *d, float *out, const float *q, size_t ld, const void *k, const void *v,
+                            const ifk_kv_layout *L, const ifk_kv_seq *seqs, int n_seqs, int n_heads, float scale);
 } iflow_device_ops;
 
 struct iflow_device {

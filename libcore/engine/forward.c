@@ -8,6 +8,12 @@
  * all-reduce) and added to the residual stream, which is then sent back to every part. The
  * parts of a split layer run concurrently, a thread each; a device is only ever used by the
  * part running on it, and every part has a device of its own within a layer (plan.h).
+ *
+ * Keys and values live in a paged KV cache (iflow_kv; kernels/cpu/kvcache.h): per layer part,
+ * a K pool and a V pool of blocks on the part's device. A step's rows belong to one or more
+ * sequences, each at its own positions with its own block table; the matrix products run over
+ * all rows at once, and attention per sequence. A context's own cache (iflow_ctx_eval) is one
+ * F32 block of n_ctx positions, i.e. the contiguous cache.
  */
 #include "model_impl.h"
 #include "libcore/base/error.h"
@@ -31,19 +37,32 @@ typedef struct {
     float *q;                   /* [B][Q]     queries                 */
     float *att;                 /* [B][Q]     attention output        */
     float *gate, *up;           /* [B][F]     FFN hidden              */
+    float *kx, *vx;             /* [B][KV]    new keys and values, before they are stored */
     float *logits;              /* [logits_rows][vocab] (output device, not host memory) */
     int logits_rows;
 } dev_scratch;
+
+/* A paged KV cache: per layer part, a K pool and a V pool of the same layout. */
+struct iflow_kv {
+    const iflow_model *m;
+    int n_parts;
+    ifk_kv_layout *L;           /* [n_parts]: the part's kv heads, the cache's type and blocks */
+    void **k, **v;              /* [n_parts] pools on the part's device                        */
+    iflow_device **dev;         /* [n_parts] the device that allocated them; NULL: the host    */
+};
 
 struct iflow_ctx {
     const iflow_model *m;
     int n_ctx, n_past, n_threads;
     int n_dev;
     dev_scratch dev[IFLOW_MAX_DEVICES];
-    float **k_cache, **v_cache; /* [n_parts] -> [n_ctx][part's kv heads * head_dim] on its device */
+    iflow_kv *kv;               /* the context's own cache (one block of n_ctx), or NULL     */
+    int32_t table0[1];          /* its block table: {0}                                     */
     float *stage;               /* [B][dim] host: embedding rows, crossings between devices */
     float *xh, *acc;            /* [B][dim] host: the residual stream and the all-reduce sum of a split layer */
     float *last_logits;         /* [vocab] host, for iflow_ctx_eval_argmax on a host device */
+    float *out_logits;          /* [out_rows][vocab] host: a step's logits before they are handed out */
+    int out_rows;
 };
 
 static void scratch_free(dev_scratch *s)
@@ -51,7 +70,7 @@ static void scratch_free(dev_scratch *s)
     iflow_device *d = s->dev;
     if (!d)
         return;
-    float *bufs[] = {s->x, s->xb, s->q, s->att, s->gate, s->up, s->logits};
+    float *bufs[] = {s->x, s->xb, s->q, s->att, s->gate, s->up, s->kx, s->vx, s->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             d->ops->free(d, bufs[i]);
@@ -61,14 +80,17 @@ static void scratch_free(dev_scratch *s)
 static int scratch_alloc(dev_scratch *s, const iflow_hparams *hp)
 {
     iflow_device *d = s->dev;
-    size_t D = (size_t)hp->dim, Q = (size_t)hp->n_heads * hp->head_dim, F = (size_t)hp->ffn_dim;
+    size_t D = (size_t)hp->dim, Q = (size_t)hp->n_heads * hp->head_dim, F = (size_t)hp->ffn_dim,
+           KV = (size_t)hp->n_kv_heads * hp->head_dim;
     int rc;
     if ((rc = d->ops->alloc(d, (void **)&s->x, MAX_BATCH * D * sizeof(float))) ||
         (rc = d->ops->alloc(d, (void **)&s->xb, MAX_BATCH * D * sizeof(float))) ||
         (rc = d->ops->alloc(d, (void **)&s->q, MAX_BATCH * Q * sizeof(float))) ||
         (rc = d->ops->alloc(d, (void **)&s->att, MAX_BATCH * Q * sizeof(float))) ||
         (rc = d->ops->alloc(d, (void **)&s->gate, MAX_BATCH * F * sizeof(float))) ||
-        (rc = d->ops->alloc(d, (void **)&s->up, MAX_BATCH * F * sizeof(float))))
+        (rc = d->ops->alloc(d, (void **)&s->up, MAX_BATCH * F * sizeof(float))) ||
+        (rc = d->ops->alloc(d, (void **)&s->kx, MAX_BATCH * KV * sizeof(float))) ||
+        (rc = d->ops->alloc(d, (void **)&s->vx, MAX_BATCH * KV * sizeof(float))))
         return rc;
     return 0;
 }
@@ -88,12 +110,97 @@ static int logits_rows(dev_scratch *s, int vocab, int rows)
     return rc;
 }
 
-int iflow_ctx_open(iflow_ctx **out, const iflow_model *m, int n_ctx, int n_threads)
+/* ---- the paged KV cache ----------------------------------------------------------------- */
+
+/* The layout of part k's pools. */
+static ifk_kv_layout part_layout(const iflow_model *m, int k, int type, int block, int n_blocks)
+{
+    const layer_part *p = &m->parts[k];
+    return (ifk_kv_layout){.type = type, .block = block, .n_kv_heads = p->kv1 - p->kv0, .head_dim = m->hp.head_dim,
+                           .group = ifk_kv_group(m->hp.head_dim), .n_blocks = n_blocks};
+}
+
+uint64_t iflow_kv_block_bytes(const iflow_model *m, int type, int block)
+{
+    uint64_t n = 0;
+    for (int k = 0; k < m->part0[m->hp.n_layers]; k++) {
+        ifk_kv_layout L = part_layout(m, k, type, block, 1);
+        n += 2 * (uint64_t)ifk_kv_pool_bytes(&L);
+    }
+    return n;
+}
+
+static int kv_alloc(iflow_device *d, void **p, size_t n)
+{
+    if (d && !d->host_memory)
+        return d->ops->alloc(d, p, n);
+    *p = calloc(1, n ? n : 1); /* zero pages until the cache grows into them */
+    return *p ? 0 : iflow_seterr(IFLOW_ENOMEM, "out of memory");
+}
+
+int iflow_kv_open(iflow_kv **out, const iflow_model *m, int type, int block, int n_blocks)
+{
+    *out = NULL;
+    if (!ifk_kv_type_name(type) || block <= 0 || n_blocks <= 0)
+        return iflow_seterr(IFLOW_EINVAL, "bad KV cache shape: type %d, %d blocks of %d positions", type, n_blocks,
+                            block);
+    int n_parts = m->part0[m->hp.n_layers], rc = 0;
+    iflow_kv *kv = calloc(1, sizeof *kv);
+    if (!kv)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    kv->m = m;
+    kv->n_parts = n_parts;
+    kv->L = calloc((size_t)n_parts, sizeof *kv->L);
+    kv->k = calloc((size_t)n_parts, sizeof *kv->k);
+    kv->v = calloc((size_t)n_parts, sizeof *kv->v);
+    kv->dev = calloc((size_t)n_parts, sizeof *kv->dev);
+    if (!kv->L || !kv->k || !kv->v || !kv->dev)
+        rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    for (int k = 0; k < n_parts && rc == 0; k++) {
+        iflow_device *d = m->devs[m->parts[k].dev];
+        kv->L[k] = part_layout(m, k, type, block, n_blocks);
+        kv->dev[k] = d && !d->host_memory ? d : NULL;
+        size_t n = ifk_kv_pool_bytes(&kv->L[k]);
+        if ((rc = kv_alloc(kv->dev[k], &kv->k[k], n)) == 0)
+            rc = kv_alloc(kv->dev[k], &kv->v[k], n);
+    }
+    if (rc < 0) {
+        iflow_kv_close(kv);
+        return iflow_preperr(rc, "cannot allocate a KV cache of %d blocks of %d positions", n_blocks, block);
+    }
+    *out = kv;
+    return 0;
+}
+
+void iflow_kv_close(iflow_kv *kv)
+{
+    if (!kv)
+        return;
+    for (int k = 0; k < kv->n_parts; k++) {
+        void *pools[] = {kv->k ? kv->k[k] : NULL, kv->v ? kv->v[k] : NULL};
+        for (int i = 0; i < 2; i++) {
+            if (!pools[i])
+                continue;
+            if (kv->dev && kv->dev[k])
+                kv->dev[k]->ops->free(kv->dev[k], pools[i]);
+            else
+                free(pools[i]);
+        }
+    }
+    free(kv->L);
+    free(kv->k);
+    free(kv->v);
+    free(kv->dev);
+    free(kv);
+}
+
+/* ---- contexts ---------------------------------------------------------------------------- */
+
+/* A context with scratch on every device; its own cache of n_ctx positions unless n_ctx < 0. */
+static int ctx_open(iflow_ctx **out, const iflow_model *m, int n_ctx, int n_threads)
 {
     const iflow_hparams *hp = &m->hp;
     *out = NULL;
-    if (n_ctx <= 0)
-        n_ctx = hp->max_seq;
     iflow_ctx *c = calloc(1, sizeof *c);
     if (!c)
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
@@ -101,15 +208,13 @@ int iflow_ctx_open(iflow_ctx **out, const iflow_model *m, int n_ctx, int n_threa
     c->n_ctx = n_ctx;
     c->n_threads = n_threads > 0 ? n_threads : omp_get_num_procs();
     c->n_dev = m->n_devs;
-    int n_parts = m->part0[hp->n_layers], rc = 0;
+    int rc = 0;
     size_t B = MAX_BATCH * (size_t)hp->dim * sizeof(float);
-    c->k_cache = calloc((size_t)n_parts, sizeof *c->k_cache);
-    c->v_cache = calloc((size_t)n_parts, sizeof *c->v_cache);
     c->stage = malloc(B);
     c->xh = malloc(B);
     c->acc = malloc(B);
     c->last_logits = malloc((size_t)hp->vocab_size * sizeof(float));
-    if (!c->k_cache || !c->v_cache || !c->stage || !c->xh || !c->acc || !c->last_logits)
+    if (!c->stage || !c->xh || !c->acc || !c->last_logits)
         rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
     for (int i = 0; i < m->n_devs && rc == 0; i++) {
         dev_scratch *s = &c->dev[i];
@@ -121,35 +226,31 @@ int iflow_ctx_open(iflow_ctx **out, const iflow_model *m, int n_ctx, int n_threa
         if (rc == 0)
             rc = scratch_alloc(s, hp);
     }
-    for (int k = 0; k < n_parts && rc == 0; k++) {
-        const layer_part *p = &m->parts[k];
-        iflow_device *d = c->dev[p->dev].dev;
-        size_t n = (size_t)n_ctx * (size_t)(p->kv1 - p->kv0) * hp->head_dim * sizeof(float);
-        if ((rc = d->ops->alloc(d, (void **)&c->k_cache[k], n)) == 0)
-            rc = d->ops->alloc(d, (void **)&c->v_cache[k], n);
-    }
+    if (rc == 0 && n_ctx > 0)
+        rc = iflow_kv_open(&c->kv, m, IFK_KV_F32, n_ctx, 1);
     if (rc < 0) {
         iflow_ctx_close(c);
-        return iflow_preperr(rc, "cannot open a context of %d positions", n_ctx);
+        return n_ctx > 0 ? iflow_preperr(rc, "cannot open a context of %d positions", n_ctx) : rc;
     }
     *out = c;
     return 0;
+}
+
+int iflow_ctx_open(iflow_ctx **out, const iflow_model *m, int n_ctx, int n_threads)
+{
+    return ctx_open(out, m, n_ctx > 0 ? n_ctx : m->hp.max_seq, n_threads);
+}
+
+int iflow_ctx_open_steps(iflow_ctx **out, const iflow_model *m, int n_threads)
+{
+    return ctx_open(out, m, -1, n_threads);
 }
 
 void iflow_ctx_close(iflow_ctx *c)
 {
     if (!c)
         return;
-    const iflow_model *m = c->m;
-    for (int k = 0; k < m->part0[m->hp.n_layers]; k++) {
-        iflow_device *d = c->dev[m->parts[k].dev].dev;
-        if (!d)
-            continue;
-        if (c->k_cache && c->k_cache[k])
-            d->ops->free(d, c->k_cache[k]);
-        if (c->v_cache && c->v_cache[k])
-            d->ops->free(d, c->v_cache[k]);
-    }
+    iflow_kv_close(c->kv);
     for (int i = 0; i < c->n_dev; i++) {
         iflow_device *d = c->dev[i].dev;
         int owned = c->dev[i].owned;
@@ -157,12 +258,11 @@ void iflow_ctx_close(iflow_ctx *c)
         if (owned)
             iflow_device_close(d);
     }
-    free(c->k_cache);
-    free(c->v_cache);
     free(c->stage);
     free(c->xh);
     free(c->acc);
     free(c->last_logits);
+    free(c->out_logits);
     free(c);
 }
 
@@ -187,28 +287,42 @@ static int linear(dev_scratch *s, float *y, int ldy, weight W, const float *b, c
     return b ? d->ops->add_bias(d, y, (size_t)ldy, b, T, N) : 0;
 }
 
-/* Attention sub-block of part k (of a layer) for T tokens at positions pos0..pos0+T-1 on its
- * device s: its heads' output projection into s->xb (a partial sum when the layer is split),
- * added into s->x when `residual`. */
-static int attention_block(iflow_ctx *c, dev_scratch *s, int k, int T, int pos0, int residual)
+/* The rows of one step: T tokens in sequences seq[0..n_seq), each sequence's rows contiguous
+ * and in order, cached in kv. */
+typedef struct {
+    iflow_kv *kv;
+    const ifk_kv_seq *seq;
+    int n_seq, T;
+} step_rows;
+
+/* Attention sub-block of part k (of a layer) for a step's rows on its device s: its heads'
+ * output projection into s->xb (a partial sum when the layer is split), added into s->x when
+ * `residual`. The new keys and values go through s->kx / s->vx into the cache's blocks. */
+static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows *r, int residual)
 {
     const iflow_model *m = c->m;
     const iflow_hparams *hp = &m->hp;
     const layer_part *p = &m->parts[k];
     const layer_weights *w = &p->w;
+    const ifk_kv_layout *L = &r->kv->L[k];
     iflow_device *d = s->dev;
     const float *rope_scale = m->rope_scale_w[p->dev];
-    int D = hp->dim, hd = hp->head_dim, nq = p->q1 - p->q0, nkv = p->kv1 - p->kv0, Q = nq * hd, KV = nkv * hd;
-    float *kc = c->k_cache[k], *vc = c->v_cache[k];
+    int D = hp->dim, hd = hp->head_dim, nq = p->q1 - p->q0, nkv = p->kv1 - p->kv0, Q = nq * hd, KV = nkv * hd, T = r->T;
     TRY(d->ops->rmsnorm(d, s->xb, s->x, w->attn_norm, T, D, hp->norm_eps));
-    /* Q into scratch; K and V straight into their cache rows. */
     TRY(linear(s, s->q, Q, w->wq, w->bq, s->xb, D, T, Q, D));
-    TRY(linear(s, kc + (size_t)pos0 * KV, KV, w->wk, w->bk, s->xb, D, T, KV, D));
-    TRY(linear(s, vc + (size_t)pos0 * KV, KV, w->wv, w->bv, s->xb, D, T, KV, D));
-    TRY(d->ops->rope(d, s->q, (size_t)Q, T, nq, hd, hp->rope_dim, pos0, hp->rope_theta, rope_scale, hp->rope_layout));
-    TRY(d->ops->rope(d, kc + (size_t)pos0 * KV, (size_t)KV, T, nkv, hd, hp->rope_dim, pos0, hp->rope_theta, rope_scale,
-                     hp->rope_layout));
-    TRY(d->ops->attention(d, s->att, s->q, kc, vc, (size_t)KV, T, pos0, nq, nkv, hd, 1.0f / sqrtf((float)hd)));
+    TRY(linear(s, s->kx, KV, w->wk, w->bk, s->xb, D, T, KV, D));
+    TRY(linear(s, s->vx, KV, w->wv, w->bv, s->xb, D, T, KV, D));
+    for (int i = 0; i < r->n_seq; i++) {
+        const ifk_kv_seq *q = &r->seq[i];
+        TRY(d->ops->rope(d, s->q + (size_t)q->row0 * Q, (size_t)Q, q->n_rows, nq, hd, hp->rope_dim, q->pos0,
+                         hp->rope_theta, rope_scale, hp->rope_layout));
+        TRY(d->ops->rope(d, s->kx + (size_t)q->row0 * KV, (size_t)KV, q->n_rows, nkv, hd, hp->rope_dim, q->pos0,
+                         hp->rope_theta, rope_scale, hp->rope_layout));
+    }
+    TRY(d->ops->kv_store(d, r->kv->k[k], L, r->seq, r->n_seq, s->kx, (size_t)KV));
+    TRY(d->ops->kv_store(d, r->kv->v[k], L, r->seq, r->n_seq, s->vx, (size_t)KV));
+    TRY(d->ops->attention_paged(d, s->att, s->q, (size_t)Q, r->kv->k[k], r->kv->v[k], L, r->seq, r->n_seq, nq,
+                                1.0f / sqrtf((float)hd)));
     /* o-projection into xb (free now), then the residual add */
     TRY(linear(s, s->xb, D, w->wo, w->bo, s->att, Q, T, D, Q));
     return residual ? d->ops->add(d, s->x, s->xb, (size_t)T * D) : 0;
@@ -286,7 +400,8 @@ static int all_reduce(iflow_ctx *c, int k0, int k1, int T)
 /* One part's share of a split sub-block, run on a thread of its own. */
 typedef struct {
     iflow_ctx *c;
-    int k, T, pos0, is_ffn, rc;
+    const step_rows *r;
+    int k, is_ffn, rc;
     char err[512];            /* the message of a failure (messages are per thread) */
 } part_job;
 
@@ -294,10 +409,10 @@ static void *run_part(void *arg)
 {
     part_job *j = arg;
     int dv = j->c->m->parts[j->k].dev;
-    j->rc = move_to(j->c, HOST, dv, j->T);
+    j->rc = move_to(j->c, HOST, dv, j->r->T);
     if (j->rc == 0)
-        j->rc = j->is_ffn ? ffn_block(j->c, &j->c->dev[dv], j->k, j->T, 0)
-                          : attention_block(j->c, &j->c->dev[dv], j->k, j->T, j->pos0, 0);
+        j->rc = j->is_ffn ? ffn_block(j->c, &j->c->dev[dv], j->k, j->r->T, 0)
+                          : attention_block(j->c, &j->c->dev[dv], j->k, j->r, 0);
     if (j->rc < 0)
         snprintf(j->err, sizeof j->err, "%s", iflow_errmsg());
     return NULL;
@@ -306,13 +421,14 @@ static void *run_part(void *arg)
 /* One sub-block (attention or FFN) of a layer split over parts k0..k1-1: each part on its own
  * device, concurrently (a thread per part beyond the first; each device computes with its own
  * threads), from the residual stream c->xh; then c->xh += the sum of their outputs. */
-static int split_block(iflow_ctx *c, int k0, int k1, int T, int pos0, int is_ffn)
+static int split_block(iflow_ctx *c, int k0, int k1, const step_rows *r, int is_ffn)
 {
+    const int T = r->T;
     part_job jobs[IFLOW_MAX_DEVICES];
     pthread_t th[IFLOW_MAX_DEVICES];
     int started[IFLOW_MAX_DEVICES] = {0}, n = k1 - k0;
     for (int i = 0; i < n; i++)
-        jobs[i] = (part_job){.c = c, .k = k0 + i, .T = T, .pos0 = pos0, .is_ffn = is_ffn};
+        jobs[i] = (part_job){.c = c, .r = r, .k = k0 + i, .is_ffn = is_ffn};
     for (int i = 1; i < n; i++)
         started[i] = pthread_create(&th[i], NULL, run_part, &jobs[i]) == 0;
     run_part(&jobs[0]);
@@ -344,12 +460,12 @@ static int embed(iflow_ctx *c, const int32_t *ids, int T, int to)
     return c->dev[to].dev->ops->upload(c->dev[to].dev, c->dev[to].x, rows, (size_t)T * D * sizeof(float));
 }
 
-/* The layers of one batch of T <= MAX_BATCH tokens; the hidden state ends on the output device.
+/* The layers for a step's rows (ids [r->T]); the hidden state ends on the output device.
  * Returns the output device's scratch. */
-static int forward_layers(iflow_ctx *c, const int32_t *ids, int T, dev_scratch **out)
+static int forward_layers(iflow_ctx *c, const int32_t *ids, const step_rows *r, dev_scratch **out)
 {
     const iflow_model *m = c->m;
-    int pos0 = c->n_past, first_whole = m->part0[1] - m->part0[0] == 1;
+    int T = r->T, first_whole = m->part0[1] - m->part0[0] == 1;
     int cur = first_whole ? m->parts[0].dev : HOST;
     TRY(embed(c, ids, T, cur));
     for (int l = 0; l < m->hp.n_layers; l++) {
@@ -358,13 +474,13 @@ static int forward_layers(iflow_ctx *c, const int32_t *ids, int T, dev_scratch *
             int dv = m->parts[k0].dev;
             TRY(move_to(c, cur, dv, T));
             cur = dv;
-            TRY(attention_block(c, &c->dev[dv], k0, T, pos0, 1));
+            TRY(attention_block(c, &c->dev[dv], k0, r, 1));
             TRY(ffn_block(c, &c->dev[dv], k0, T, 1));
         } else {
             TRY(move_to_host(c, cur, T));
             cur = HOST;
-            TRY(split_block(c, k0, k1, T, pos0, 0));
-            TRY(split_block(c, k0, k1, T, pos0, 1));
+            TRY(split_block(c, k0, k1, r, 0));
+            TRY(split_block(c, k0, k1, r, 1));
         }
     }
     TRY(move_to(c, cur, m->output_dev, T));
@@ -372,22 +488,38 @@ static int forward_layers(iflow_ctx *c, const int32_t *ids, int T, dev_scratch *
     return 0;
 }
 
-/* Logits of `rows` hidden states of s->x starting at row r0, computed on s's device: into
- * host ([rows][vocab]) when the device's memory is the host's, else into device scratch. *y
+/* T tokens of the context's own sequence at its next positions. */
+static int forward_own(iflow_ctx *c, const int32_t *ids, int T, dev_scratch **out)
+{
+    ifk_kv_seq seq = {.row0 = 0, .n_rows = T, .pos0 = c->n_past, .table = c->table0};
+    step_rows r = {.kv = c->kv, .seq = &seq, .n_seq = 1, .T = T};
+    TRY(forward_layers(c, ids, &r, out));
+    c->n_past += T;
+    return 0;
+}
+
+/* Logits of `rows` normalized hidden states in s->xb, computed on s's device: into host
+ * ([rows][vocab]) when the device's memory is the host's, else into device scratch. *y
  * receives where they are. */
-static int compute_logits(iflow_ctx *c, dev_scratch *s, int r0, int rows, float *host, float **y)
+static int project_logits(iflow_ctx *c, dev_scratch *s, int rows, float *host, float **y)
 {
     const iflow_model *m = c->m;
-    const iflow_hparams *hp = &m->hp;
-    iflow_device *d = s->dev;
-    int D = hp->dim, V = hp->vocab_size;
-    TRY(d->ops->rmsnorm(d, s->xb, s->x + (size_t)r0 * D, m->output_norm_w, rows, D, hp->norm_eps));
+    int D = m->hp.dim, V = m->hp.vocab_size;
     *y = host;
-    if (!d->host_memory) {
+    if (!s->dev->host_memory) {
         TRY(logits_rows(s, V, rows));
         *y = s->logits;
     }
     return linear(s, *y, V, m->output_w, NULL, s->xb, D, rows, V, D);
+}
+
+/* Logits of `rows` hidden states of s->x starting at row r0 (see project_logits). */
+static int compute_logits(iflow_ctx *c, dev_scratch *s, int r0, int rows, float *host, float **y)
+{
+    const iflow_hparams *hp = &c->m->hp;
+    iflow_device *d = s->dev;
+    TRY(d->ops->rmsnorm(d, s->xb, s->x + (size_t)r0 * hp->dim, c->m->output_norm_w, rows, hp->dim, hp->norm_eps));
+    return project_logits(c, s, rows, host, y);
 }
 
 /* The same logits, into dst on the host. */
@@ -402,25 +534,32 @@ static int output_logits(iflow_ctx *c, dev_scratch *s, int r0, int rows, float *
 static int forward_batch(iflow_ctx *c, const int32_t *ids, int T, float *logits, int all_logits)
 {
     dev_scratch *s;
-    TRY(forward_layers(c, ids, T, &s));
-    c->n_past += T;
+    TRY(forward_own(c, ids, T, &s));
     if (!logits)
         return 0;
     return all_logits ? output_logits(c, s, 0, T, logits) : output_logits(c, s, T - 1, 1, logits);
 }
 
+/* ids [n] all in the vocabulary. */
+static int check_ids(const iflow_ctx *c, const int32_t *ids, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= c->m->hp.vocab_size)
+            return iflow_seterr(IFLOW_ERANGE, "token id %d is outside the vocabulary (%d)", ids[i],
+                                c->m->hp.vocab_size);
+    return 0;
+}
+
 static int check_eval(const iflow_ctx *c, const int32_t *ids, int n)
 {
-    const iflow_hparams *hp = &c->m->hp;
+    if (!c->kv)
+        return iflow_seterr(IFLOW_EINVAL, "this context has no cache of its own (it runs iflow_ctx_step)");
     if (n <= 0)
         return iflow_seterr(IFLOW_EINVAL, "no tokens to evaluate");
     if (n > c->n_ctx - c->n_past)
         return iflow_seterr(IFLOW_ERANGE, "context full: %d tokens at position %d exceed the context of %d", n,
                             c->n_past, c->n_ctx);
-    for (int i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= hp->vocab_size)
-            return iflow_seterr(IFLOW_ERANGE, "token id %d is outside the vocabulary (%d)", ids[i], hp->vocab_size);
-    return 0;
+    return check_ids(c, ids, n);
 }
 
 int iflow_ctx_eval(iflow_ctx *c, const int32_t *ids, int n, float *logits, int all_logits)
@@ -447,8 +586,75 @@ int iflow_ctx_eval_argmax(iflow_ctx *c, const int32_t *ids, int n, int32_t *next
     dev_scratch *s;
     int T = n - done;
     float *y;
-    TRY(forward_layers(c, ids + done, T, &s));
-    c->n_past += T;
+    TRY(forward_own(c, ids + done, T, &s));
     TRY(compute_logits(c, s, T - 1, 1, c->last_logits, &y));
     return s->dev->ops->argmax(s->dev, next, y, c->m->hp.vocab_size);
+}
+
+/* ---- steps of several sequences ------------------------------------------------------------ */
+
+/* c->out_logits with room for `rows` rows. */
+static int out_logits_rows(iflow_ctx *c, int rows)
+{
+    if (c->out_rows >= rows)
+        return 0;
+    float *p = realloc(c->out_logits, (size_t)rows * c->m->hp.vocab_size * sizeof(float));
+    if (!p)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    c->out_logits = p;
+    c->out_rows = rows;
+    return 0;
+}
+
+/* The logits after the last row of every sequence that asks for them, one matrix product for
+ * all of them (the output matrix is read once per step). */
+static int step_logits(iflow_ctx *c, dev_scratch *s, const iflow_step_seq *seqs, const ifk_kv_seq *seq, int n_seqs)
+{
+    const iflow_hparams *hp = &c->m->hp;
+    iflow_device *d = s->dev;
+    int D = hp->dim, V = hp->vocab_size, n_out = 0;
+    for (int i = 0; i < n_seqs; i++)
+        if (seqs[i].logits) {
+            int r = seq[i].row0 + seq[i].n_rows - 1;
+            TRY(d->ops->rmsnorm(d, s->xb + (size_t)n_out * D, s->x + (size_t)r * D, c->m->output_norm_w, 1, D,
+                                hp->norm_eps));
+            n_out++;
+        }
+    if (n_out == 0)
+        return 0;
+    TRY(out_logits_rows(c, n_out));
+    float *y;
+    TRY(project_logits(c, s, n_out, c->out_logits, &y));
+    if (y != c->out_logits)
+        TRY(d->ops->download(d, c->out_logits, y, (size_t)n_out * V * sizeof(float)));
+    for (int i = 0, j = 0; i < n_seqs; i++)
+        if (seqs[i].logits)
+            memcpy(seqs[i].logits, c->out_logits + (size_t)j++ * V, (size_t)V * sizeof(float));
+    return 0;
+}
+
+int iflow_ctx_step(iflow_ctx *c, iflow_kv *kv, const iflow_step_seq *seqs, int n_seqs)
+{
+    int32_t ids[MAX_BATCH];
+    ifk_kv_seq seq[MAX_BATCH];
+    int T = 0;
+    if (kv->m != c->m)
+        return iflow_seterr(IFLOW_EINVAL, "the KV cache belongs to another model");
+    if (n_seqs <= 0)
+        return iflow_seterr(IFLOW_EINVAL, "no sequences in the step");
+    for (int i = 0; i < n_seqs; i++) {
+        const iflow_step_seq *q = &seqs[i];
+        if (q->n <= 0 || q->pos0 < 0 || !q->table)
+            return iflow_seterr(IFLOW_EINVAL, "sequence %d of the step has %d tokens at position %d", i, q->n, q->pos0);
+        if (T + q->n > MAX_BATCH)
+            return iflow_seterr(IFLOW_ERANGE, "a step holds at most %d tokens", MAX_BATCH);
+        TRY(check_ids(c, q->ids, q->n));
+        memcpy(ids + T, q->ids, (size_t)q->n * sizeof *ids);
+        seq[i] = (ifk_kv_seq){.row0 = T, .n_rows = q->n, .pos0 = q->pos0, .table = q->table};
+        T += q->n;
+    }
+    step_rows r = {.kv = kv, .seq = seq, .n_seq = n_seqs, .T = T};
+    dev_scratch *s;
+    TRY(forward_layers(c, ids, &r, &s));
+    return step_logits(c, s, seqs, seq, n_seqs);
 }

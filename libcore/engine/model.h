@@ -141,6 +141,38 @@ int  iflow_ctx_n_vocab(const iflow_ctx *c);
  * or, with all_logits, [n][vocab]. IFLOW_ERANGE if the cache would overflow or an id is out of
  * the vocabulary. */
 int  iflow_ctx_eval(iflow_ctx *c, const int32_t *ids, int n, float *logits, int all_logits);
+/* ---- steps of many sequences over a paged KV cache (the batch engine, libcore/serving) -----
+ *
+ * An iflow_kv is a paged KV cache on the devices of the model's placement (open it after
+ * placing the model): per layer part, pools of n_blocks blocks of `block` positions, of type
+ * IFK_KV_F32, IFK_KV_F16 or IFK_KV_Q8 (kernels/cpu/kvcache.h has the layout). Which blocks a
+ * sequence uses is its block table, kept by the caller. iflow_ctx_step runs one forward step
+ * for several sequences at once: all their tokens go through each matrix product together
+ * (the weights are read once per step), attention runs per sequence over its own blocks.
+ * A sequence's results do not depend on the other sequences of the step (the kernels are
+ * batch-invariant), so a request gives the same tokens alone or in any batch. */
+typedef struct iflow_kv iflow_kv;
+
+#define IFLOW_MAX_STEP 128 /* tokens in one step (and in one forward pass of iflow_ctx_eval) */
+
+int  iflow_kv_open(iflow_kv **out, const iflow_model *m, int type, int block, int n_blocks);
+void iflow_kv_close(iflow_kv *kv);
+/* Bytes one block takes over all layers (K and V) for this model's placement. */
+uint64_t iflow_kv_block_bytes(const iflow_model *m, int type, int block);
+
+typedef struct {
+    const int32_t *ids;      /* [n] tokens at positions pos0 .. pos0 + n - 1               */
+    int n, pos0;
+    const int32_t *table;    /* block ids covering positions 0 .. pos0 + n - 1 (host)       */
+    float *logits;           /* [vocab] host: the logits after the last token; NULL: none */
+} iflow_step_seq;
+
+/* A context with scratch but no cache of its own, for iflow_ctx_step. */
+int  iflow_ctx_open_steps(iflow_ctx **out, const iflow_model *m, int n_threads);
+/* One step: at most IFLOW_MAX_STEP tokens in all; positions before each sequence's pos0
+ * must be in its blocks already. */
+int  iflow_ctx_step(iflow_ctx *c, iflow_kv *kv, const iflow_step_seq *seqs, int n_seqs);
+
 /* Run n tokens as iflow_ctx_eval and set *next to the most likely token after the last one
  * (the lowest id among equal logits), found on the output device: only the id is copied back. */
 int  iflow_ctx_eval_argmax(iflow_ctx *c, const int32_t *ids, int n, int32_t *next);

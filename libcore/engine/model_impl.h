@@ -8,7 +8,7 @@
 
 #include "model.h"
 
-#define MAX_BATCH 128 /* tokens per forward pass; longer prompts are run in chunks */
+#define MAX_BATCH IFLOW_MAX_STEP /* tokens per forward pass; longer prompts are run in chunks */
 
 typedef struct { const void *data; int type; } weight;   /* a matrix [rows][cols] of type */
 

@@ -1,0 +1,580 @@
+/* batch.c -- iflow-run --batch and --dry-run. See batch.h. */
+#include "cmd/batch.h"
+#include "cmd/io.h"
+#include "libcore/base/error.h"
+#include "libcore/serving/batch.h"
+#include "libcore/tokenizers/tokenizer.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <omp.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- a bounded queue of items between two threads ---------------------------------------- */
+
+typedef struct item {
+    struct item *next;
+    long line;                    /* 1-based input line                                      */
+    char *id;                     /* the request's "id" as compact JSON (the line number if none) */
+    char *error;                  /* a refused request: the message                          */
+    iflow_request req;            /* prompt (malloc'd), parameters; user = this item          */
+    iflow_result *res;            /* the finished result (writer side)                       */
+} item;
+
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    item *head, *tail;
+    int n, cap, closed;
+} queue;
+
+static void q_init(queue *q, int cap)
+{
+    memset(q, 0, sizeof *q);
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_cond_init(&q->cv, NULL);
+    q->cap = cap;
+}
+
+static void q_destroy(queue *q)
+{
+    pthread_mutex_destroy(&q->mu);
+    pthread_cond_destroy(&q->cv);
+}
+
+/* Append (waits while full, unless the queue was closed: then 0 and the item is not taken). */
+static int q_push(queue *q, item *it)
+{
+    pthread_mutex_lock(&q->mu);
+    while (q->cap > 0 && q->n >= q->cap && !q->closed)
+        pthread_cond_wait(&q->cv, &q->mu);
+    int ok = !q->closed;
+    if (ok) {
+        it->next = NULL;
+        if (q->tail)
+            q->tail->next = it;
+        else
+            q->head = it;
+        q->tail = it;
+        q->n++;
+        pthread_cond_broadcast(&q->cv);
+    }
+    pthread_mutex_unlock(&q->mu);
+    return ok;
+}
+
+/* Take the first item; `wait`: until there is one or the queue is closed. NULL if none. */
+static item *q_pop(queue *q, int wait, int *closed)
+{
+    pthread_mutex_lock(&q->mu);
+    while (wait && !q->head && !q->closed)
+        pthread_cond_wait(&q->cv, &q->mu);
+    item *it = q->head;
+    if (it) {
+        q->head = it->next;
+        if (!q->head)
+            q->tail = NULL;
+        q->n--;
+        pthread_cond_broadcast(&q->cv);
+    }
+    if (closed)
+        *closed = q->closed && !q->head;
+    pthread_mutex_unlock(&q->mu);
+    return it;
+}
+
+static void q_close(queue *q)
+{
+    pthread_mutex_lock(&q->mu);
+    q->closed = 1;
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+}
+
+static void item_free(item *it)
+{
+    if (!it)
+        return;
+    free(it->id);
+    free(it->error);
+    free((void *)it->req.prompt);
+    for (int i = 0; i < it->req.n_stop; i++)
+        free((void *)it->req.stop[i]);
+    iflow_result_free(it->res);
+    free(it);
+}
+
+/* ---- the reader: lines -> requests ---------------------------------------------------------- */
+
+typedef struct {
+    const batch_opts *o;
+    const iflow_model *m;
+    queue *out;
+    int n_ctx;
+} reader;
+
+static void item_fail(item *it, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void item_fail(item *it, const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (!it->error)
+        it->error = strdup(buf);
+}
+
+/* A number field as a double within [lo, hi]; 1 if present and good, 0 if absent, -1 if bad. */
+static int num_field(item *it, json_t *v, const char *name, double lo, double hi, double *out)
+{
+    if (!v)
+        return 0;
+    if (!json_is_number(v) || json_number_value(v) < lo || json_number_value(v) > hi) {
+        item_fail(it, "field '%s' must be a number from %g to %g", name, lo, hi);
+        return -1;
+    }
+    *out = json_number_value(v);
+    return 1;
+}
+
+static void parse_stop(item *it, json_t *v)
+{
+    if (!v)
+        return;
+    if (json_is_string(v)) {
+        it->req.stop[it->req.n_stop++] = strdup(json_string_value(v));
+        return;
+    }
+    if (!json_is_array(v) || json_array_size(v) > IFLOW_MAX_STOP) {
+        item_fail(it, "field 'stop' must be a string or an array of at most %d strings", IFLOW_MAX_STOP);
+        return;
+    }
+    size_t i;
+    json_t *s;
+    json_array_foreach(v, i, s)
+    {
+        if (!json_is_string(s) || json_string_length(s) == 0) {
+            item_fail(it, "field 'stop' must hold non-empty strings");
+            return;
+        }
+        it->req.stop[it->req.n_stop++] = strdup(json_string_value(s));
+    }
+}
+
+/* One line -> one item (a request, or an error to report). */
+static item *parse_line(const reader *rd, const char *line, size_t len, long line_no)
+{
+    static const char *const known[] = {"id", "prompt", "max_tokens", "temperature", "top_k", "top_p", "seed", "stop"};
+    const batch_opts *o = rd->o;
+    item *it = calloc(1, sizeof *it);
+    if (!it)
+        return NULL;
+    it->line = line_no;
+    it->req.user = it;
+    it->req.max_tokens = o->max_tokens;
+    it->req.sampling = o->sp;
+    it->req.sampling.seed = o->sp.seed + (uint64_t)line_no; /* each request its own stream */
+    json_error_t jerr;
+    json_t *js = json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *id = js && json_is_object(js) ? json_object_get(js, "id") : NULL;
+    if (id)
+        it->id = json_dumps(id, JSON_COMPACT | JSON_ENCODE_ANY);
+    else {
+        char buf[32];
+        snprintf(buf, sizeof buf, "%ld", line_no);
+        it->id = strdup(buf);
+    }
+    if (!js) {
+        item_fail(it, "not JSON: %s (column %d)", jerr.text, jerr.column);
+        return it;
+    }
+    if (!json_is_object(js)) {
+        item_fail(it, "a request must be a JSON object");
+        json_decref(js);
+        return it;
+    }
+    const char *key;
+    json_t *v;
+    json_object_foreach(js, key, v)
+    {
+        size_t k = 0;
+        while (k < sizeof known / sizeof known[0] && strcmp(key, known[k]))
+            k++;
+        if (k == sizeof known / sizeof known[0])
+            item_fail(it, "unknown field '%s'", key);
+    }
+    json_t *prompt = json_object_get(js, "prompt");
+    if (!prompt || !json_is_string(prompt))
+        item_fail(it, "field 'prompt' (a string) is missing");
+    double d;
+    if (num_field(it, json_object_get(js, "max_tokens"), "max_tokens", 1, 1 << 24, &d) > 0)
+        it->req.max_tokens = (int)d;
+    if (num_field(it, json_object_get(js, "temperature"), "temperature", 0, 100, &d) > 0)
+        it->req.sampling.temp = (float)d;
+    if (num_field(it, json_object_get(js, "top_k"), "top_k", 0, 1 << 24, &d) > 0)
+        it->req.sampling.top_k = (int)d;
+    if (num_field(it, json_object_get(js, "top_p"), "top_p", 1e-6, 1, &d) > 0)
+        it->req.sampling.top_p = (float)d;
+    json_t *seed = json_object_get(js, "seed");
+    if (seed && (!json_is_integer(seed) || json_integer_value(seed) < 0))
+        item_fail(it, "field 'seed' must be a non-negative integer");
+    else if (seed)
+        it->req.sampling.seed = (uint64_t)json_integer_value(seed);
+    parse_stop(it, json_object_get(js, "stop"));
+    if (!it->error) {
+        int32_t *ids;
+        size_t n;
+        if (iflow_tokenizer_encode(iflow_model_tokenizer(rd->m), json_string_value(prompt), json_string_length(prompt),
+                                   IFLOW_TOK_ADD_BOS, &ids, &n) < 0)
+            item_fail(it, "%s", iflow_errmsg());
+        else if (n == 0)
+            item_fail(it, "the prompt is empty and the tokenizer adds no beginning-of-sequence token");
+        else if ((int)n >= rd->n_ctx)
+            item_fail(it, "the prompt of %zu tokens does not fit the context of %d", n, rd->n_ctx);
+        it->req.prompt = ids;
+        it->req.n_prompt = (int)n;
+    }
+    json_decref(js);
+    return it;
+}
+
+static void *reader_main(void *arg)
+{
+    const reader *rd = arg;
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    long line_no = 0;
+    while ((len = getline(&line, &cap, stdin)) >= 0) {
+        line_no++;
+        while (len && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+            len--;
+        if (len == 0)
+            continue; /* blank lines are not requests */
+        item *it = parse_line(rd, line, (size_t)len, line_no);
+        if (!it || !q_push(rd->out, it)) {
+            item_free(it);
+            break;
+        }
+    }
+    free(line);
+    q_close(rd->out);
+    return NULL;
+}
+
+/* ---- the writer: results -> lines ------------------------------------------------------------ */
+
+typedef struct {
+    queue *in;
+    int failed;                   /* a write failed: the output is closed */
+    /* metrics of delivered results (the main thread reads them after joining) */
+    double *ttft, *tpot;          /* [n_ok] seconds */
+    long n_ok, n_err, cap;
+    uint64_t gen_tokens, prompt_tokens;
+} writer;
+
+static json_t *result_json(const item *it)
+{
+    json_error_t e;
+    json_t *o = json_object(), *id = json_loads(it->id, JSON_DECODE_ANY, &e);
+    json_object_set_new(o, "id", id ? id : json_string(it->id));
+    if (it->error) {
+        json_object_set_new(o, "line", json_integer(it->line));
+        json_object_set_new(o, "error", json_string(it->error));
+        return o;
+    }
+    const iflow_result *r = it->res;
+    double gen_s = r->t_done - r->t_first;
+    json_object_set_new(o, "text", json_stringn(r->text ? r->text : "", r->text_len));
+    json_object_set_new(o, "finish_reason", json_string(iflow_finish_name(r->finish)));
+    json_object_set_new(o, "prompt_tokens", json_integer(r->n_prompt));
+    json_object_set_new(o, "completion_tokens", json_integer(r->n_tokens));
+    json_object_set_new(o, "ttft_ms", json_real(round((r->t_first - r->t_added) * 1e6) / 1e3));
+    json_object_set_new(o, "tokens_per_s",
+                        json_real(r->n_tokens > 1 && gen_s > 0 ? round((r->n_tokens - 1) / gen_s * 100) / 100 : 0));
+    return o;
+}
+
+static void writer_note(writer *w, const item *it)
+{
+    if (it->error) {
+        w->n_err++;
+        return;
+    }
+    const iflow_result *r = it->res;
+    if (w->n_ok == w->cap) {
+        long cap = w->cap ? 2 * w->cap : 1024;
+        double *a = realloc(w->ttft, (size_t)cap * sizeof *a), *b = a ? realloc(w->tpot, (size_t)cap * sizeof *b) : NULL;
+        if (a)
+            w->ttft = a;
+        if (!a || !b)
+            return;
+        w->tpot = b;
+        w->cap = cap;
+    }
+    w->ttft[w->n_ok] = r->t_first - r->t_added;
+    w->tpot[w->n_ok] = r->n_tokens > 1 ? (r->t_done - r->t_first) / (r->n_tokens - 1) : NAN;
+    w->n_ok++;
+    w->gen_tokens += (uint64_t)r->n_tokens;
+    w->prompt_tokens += (uint64_t)r->n_prompt;
+}
+
+static void *writer_main(void *arg)
+{
+    writer *w = arg;
+    int closed;
+    item *it;
+    while ((it = q_pop(w->in, 1, &closed)) != NULL || !closed) {
+        if (!it)
+            continue;
+        if (!w->failed) {
+            json_t *js = result_json(it);
+            char *s = json_dumps(js, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
+            json_decref(js);
+            if (!s || fputs(s, stdout) == EOF || putchar('\n') == EOF || fflush(stdout) == EOF)
+                w->failed = 1;
+            free(s);
+            if (!w->failed)
+                writer_note(w, it);
+        }
+        item_free(it);
+    }
+    return NULL;
+}
+
+/* ---- metrics ------------------------------------------------------------------------------------ */
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* {mean, p50, p90, p99} in milliseconds of the finite values of v[0..n) (sorted in place). */
+static json_t *dist_json(double *v, long n)
+{
+    long k = 0;
+    for (long i = 0; i < n; i++)
+        if (isfinite(v[i]))
+            v[k++] = v[i];
+    json_t *o = json_object();
+    if (k == 0)
+        return o;
+    qsort(v, (size_t)k, sizeof *v, cmp_double);
+    double sum = 0;
+    for (long i = 0; i < k; i++)
+        sum += v[i];
+    double p[] = {0.5, 0.9, 0.99};
+    const char *names[] = {"p50", "p90", "p99"};
+    json_object_set_new(o, "mean", json_real(round(sum / k * 1e6) / 1e3));
+    for (int i = 0; i < 3; i++) {
+        long at = (long)ceil(p[i] * k) - 1;
+        json_object_set_new(o, names[i], json_real(round(v[at < 0 ? 0 : at] * 1e6) / 1e3));
+    }
+    return o;
+}
+
+static json_t *metrics_json(const batch_opts *o, const iflow_model *m, writer *w, const iflow_batch_stats *st,
+                            const iflow_batch_params *p, double wall)
+{
+    json_t *js = json_object();
+    json_object_set_new(js, "requests", json_integer(w->n_ok));
+    json_object_set_new(js, "errors", json_integer(w->n_err));
+    json_object_set_new(js, "wall_s", json_real(round(wall * 1e3) / 1e3));
+    json_object_set_new(js, "requests_per_s", json_real(wall > 0 ? round(w->n_ok / wall * 1e3) / 1e3 : 0));
+    json_object_set_new(js, "prompt_tokens", json_integer((json_int_t)w->prompt_tokens));
+    json_object_set_new(js, "generated_tokens", json_integer((json_int_t)w->gen_tokens));
+    json_object_set_new(js, "generated_tokens_per_s",
+                        json_real(wall > 0 ? round((double)w->gen_tokens / wall * 100) / 100 : 0));
+    json_object_set_new(js, "ttft_ms", dist_json(w->ttft, w->n_ok));
+    json_object_set_new(js, "token_latency_ms", dist_json(w->tpot, w->n_ok));
+    json_object_set_new(js, "parallel", json_integer(p->parallel));
+    json_object_set_new(js, "steps", json_integer((json_int_t)st->steps));
+    json_object_set_new(js, "tokens_per_step", json_real(st->steps ? (double)st->step_tokens / st->steps : 0));
+    json_object_set_new(js, "batch_occupancy",
+                        json_real(st->steps ? round((double)st->running_sum / st->steps / p->parallel * 1e4) / 1e4 : 0));
+    json_t *kv = json_object();
+    json_object_set_new(kv, "type", json_string(ifk_kv_type_name(p->kv_type)));
+    json_object_set_new(kv, "block_positions", json_integer(p->block));
+    json_object_set_new(kv, "block_bytes", json_integer((json_int_t)iflow_batch_block_bytes(m, p->kv_type, p->block)));
+    json_object_set_new(kv, "blocks_total", json_integer(st->blocks_total));
+    json_object_set_new(kv, "blocks_peak", json_integer(st->blocks_peak));
+    json_object_set_new(js, "kv_blocks", kv);
+    json_object_set_new(js, "threads", json_integer(o->threads > 0 ? o->threads : omp_get_num_procs()));
+    return js;
+}
+
+/* ---- the main loop --------------------------------------------------------------------------------- */
+
+/* An id already running or queued in the engine: ids[0..n) are theirs. */
+static int id_in_flight(item **live, int n, const char *id)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(live[i]->id, id) == 0)
+            return 1;
+    return 0;
+}
+
+static void forget(item **live, int *n, const item *it)
+{
+    for (int i = 0; i < *n; i++)
+        if (live[i] == it) {
+            live[i] = live[--*n];
+            return;
+        }
+}
+
+int batch_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
+{
+    iflow_batch_params p = {.parallel = o->parallel, .n_ctx = o->n_ctx, .kv_type = o->kv_type, .n_threads = o->threads};
+    iflow_batch *b;
+    if (iflow_batch_open(&b, m, &p) < 0)
+        die(t, NULL);
+    const iflow_batch_params *bp = iflow_batch_params_of(b);
+    signal(SIGPIPE, SIG_IGN); /* a closed output is seen as a failed write */
+    queue in, out;
+    q_init(&in, 2 * bp->parallel);
+    q_init(&out, 0);
+    reader rd = {.o = o, .m = m, .out = &in, .n_ctx = bp->n_ctx};
+    writer w = {.in = &out};
+    pthread_t rt, wt;
+    if (pthread_create(&rt, NULL, reader_main, &rd) || pthread_create(&wt, NULL, writer_main, &w))
+        die(t, "cannot start the reader and writer threads");
+    const int max_live = 2 * bp->parallel;
+    item **live = malloc(sizeof *live * (size_t)max_live);
+    int n_live = 0, input_done = 0, rc = 0;
+    double t0 = now_s();
+    if (!live)
+        die(t, "out of memory");
+    while (rc == 0 && !w.failed) {
+        /* feed the engine: keep up to `parallel` queued behind the running ones */
+        while (!input_done && n_live < max_live) {
+            int closed;
+            item *it = q_pop(&in, iflow_batch_pending(b) == 0, &closed);
+            if (!it) {
+                input_done = closed;
+                break;
+            }
+            if (!it->error && id_in_flight(live, n_live, it->id))
+                item_fail(it, "duplicate id %s: a request with this id is still running", it->id);
+            if (!it->error && iflow_batch_add(b, &it->req) < 0)
+                item_fail(it, "%s", iflow_errmsg());
+            if (it->error)
+                q_push(&out, it);
+            else
+                live[n_live++] = it;
+        }
+        if (iflow_batch_pending(b) == 0) {
+            if (input_done)
+                break;
+            continue;
+        }
+        if (iflow_batch_step(b) < 0) {
+            rc = 1;
+            break;
+        }
+        iflow_result *r;
+        while (iflow_batch_take(b, &r) == 1) {
+            item *it = r->user;
+            it->res = r;
+            forget(live, &n_live, it);
+            q_push(&out, it);
+        }
+    }
+    double wall = now_s() - t0;
+    char err[512] = "";
+    if (rc)
+        snprintf(err, sizeof err, "%s", iflow_errmsg());
+    q_close(&out);
+    pthread_join(wt, NULL);
+    q_close(&in); /* a reader blocked on a full queue gives up; one in getline ends with the input */
+    if (!w.failed && !rc)
+        pthread_join(rt, NULL);
+    else
+        pthread_detach(rt);
+    iflow_batch_stats st;
+    iflow_batch_get_stats(b, &st);
+    if (o->metrics || o->verbose) {
+        json_t *js = metrics_json(o, m, &w, &st, bp, wall);
+        if (o->metrics && json_dump_file(js, o->metrics, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9)) != 0)
+            fprintf(stderr, "%s: cannot write metrics to '%s': %s\n", t->name, o->metrics, strerror(errno));
+        if (o->verbose) {
+            char *s = json_dumps(js, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
+            fprintf(stderr, "%s: %s\n", t->name, s ? s : "");
+            free(s);
+        }
+        json_decref(js);
+    }
+    iflow_batch_close(b); /* requests still in it (after a failure) go with it; their items below */
+    for (int i = 0; i < n_live; i++)
+        item_free(live[i]);
+    free(live);
+    item *it;
+    while ((it = q_pop(&out, 0, NULL)) != NULL)
+        item_free(it);
+    free(w.ttft);
+    free(w.tpot);
+    if (rc)
+        die(t, "%s", err);
+    if (!w.failed) {
+        q_destroy(&in);
+        q_destroy(&out);
+    }
+    return w.failed ? 1 : 0;
+}
+
+/* ---- --dry-run ----------------------------------------------------------------------------------- */
+
+int batch_dry_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
+{
+    const iflow_hparams *hp = iflow_model_hparams(m);
+    int n_ctx = o->n_ctx > 0 && o->n_ctx < hp->max_seq ? o->n_ctx : hp->max_seq, block = 16;
+    int parallel = o->parallel > 0 ? o->parallel : 16;
+    uint64_t per_block = iflow_batch_block_bytes(m, o->kv_type, block);
+    uint64_t per_req = (uint64_t)((n_ctx + block - 1) / block) * per_block;
+    uint64_t weights = 0;
+    const iflow_shard *sh = iflow_model_shard(m);
+    for (size_t i = 0; i < iflow_shard_n_records(sh); i++)
+        weights += iflow_shard_rec_at(sh, i)->nbytes;
+    /* scratch: a step's activations on the host (iflow_ctx) and its logits */
+    uint64_t D = (uint64_t)hp->dim, Q = (uint64_t)hp->n_heads * hp->head_dim, F = (uint64_t)hp->ffn_dim,
+             KV = (uint64_t)hp->n_kv_heads * hp->head_dim;
+    uint64_t scratch = IFLOW_MAX_STEP * 4 * (5 * D + 2 * Q + 2 * F + 2 * KV) + IFLOW_MAX_STEP * 4ull * hp->vocab_size;
+    iflow_device_info info;
+    iflow_device_query(NULL, &info);
+    uint64_t fixed = weights + scratch, avail = info.mem_free;
+    long fit = avail > fixed ? (long)((avail - fixed) / per_req) : 0;
+    if (fit > IFLOW_MAX_STEP)
+        fit = IFLOW_MAX_STEP;
+    char a[32], b2[32], c[32], d[32], e[32], f[32];
+    if (o->json) {
+        json_t *js = json_pack("{s:s, s:i, s:s, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:i}", "model", o->model, "n_ctx", n_ctx,
+                               "kv_type", ifk_kv_type_name(o->kv_type), "parallel", parallel, "weights_bytes",
+                               (json_int_t)weights, "kv_block_bytes", (json_int_t)per_block, "kv_per_request_bytes",
+                               (json_int_t)per_req, "kv_total_bytes", (json_int_t)(per_req * (uint64_t)parallel),
+                               "scratch_bytes", (json_int_t)scratch, "memory_available_bytes", (json_int_t)avail,
+                               "max_parallel", (int)fit);
+        json_dumpf(js, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        putchar('\n');
+        json_decref(js);
+        return 0;
+    }
+    printf("model             %s: %d layers, dim %d, context %d\n", o->model, hp->n_layers, hp->dim, n_ctx);
+    printf("weights           %s\n", iflow_bytes_str(a, sizeof a, weights));
+    printf("kv cache          %s, blocks of %d positions, %s a block\n", ifk_kv_type_name(o->kv_type), block,
+           iflow_bytes_str(b2, sizeof b2, per_block));
+    printf("kv per request    %s (%d positions)\n", iflow_bytes_str(c, sizeof c, per_req), n_ctx);
+    printf("kv total          %s (--parallel %d)\n", iflow_bytes_str(d, sizeof d, per_req * (uint64_t)parallel),
+           parallel);
+    printf("scratch           %s\n", iflow_bytes_str(e, sizeof e, scratch));
+    printf("total             %s\n", iflow_bytes_str(f, sizeof f, fixed + per_req * (uint64_t)parallel));
+    printf("memory available  %s (%s)\n", iflow_bytes_str(a, sizeof a, avail), info.name);
+    printf("largest parallel  %ld%s\n", fit, fit == IFLOW_MAX_STEP ? " (the most one step holds)" : "");
+    return 0;
+}

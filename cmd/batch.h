@@ -1,0 +1,32 @@
+/*
+ * batch.h -- iflow-run --batch: JSON Lines requests in, JSON Lines results out, through the
+ * continuous-batching engine (libcore/serving/batch.h).
+ *
+ * Three threads: a reader parses and tokenizes the next requests, the main thread runs the
+ * engine's steps, a writer formats and writes the results, so tokenizing and writing overlap
+ * with the compute. The reader stays at most a bounded number of requests ahead, so memory is
+ * flat however long the input is. Request fields, results and metrics: man/iflow-run.1.
+ */
+#ifndef IFLOW_CMD_BATCH_H
+#define IFLOW_CMD_BATCH_H
+
+#include "cmd/opt.h"
+#include "libcore/engine/model.h"
+#include "libcore/engine/sampler.h"
+
+typedef struct {
+    int parallel, n_ctx, kv_type, threads, max_tokens, verbose, json;
+    iflow_sampler_params sp;     /* defaults for requests that do not say */
+    const char *metrics;         /* --metrics FILE, or NULL */
+    const char *model;           /* for messages */
+} batch_opts;
+
+/* Run every request of standard input; returns the exit status (0; 1 when a result could not
+ * be written, the output having been closed). */
+int batch_run(const iflow_tool *t, iflow_model *m, const batch_opts *o);
+
+/* --dry-run: print the memory plan of --batch with these options, and the largest --parallel
+ * that fits the memory of the model's devices. */
+int batch_dry_run(const iflow_tool *t, iflow_model *m, const batch_opts *o);
+
+#endif

@@ -1,0 +1,281 @@
+/* kvcache.c -- the paged KV cache's kernels. See kvcache.h.
+ *
+ * Portable C compiled three times (GCC target clones: x86-64-v4, x86-64-v3, baseline) and
+ * picked at load time. Sums are written as 16 explicit lanes added in a fixed tree, and the
+ * file is compiled without FMA contraction (-std=c11), so every clone gives the same bits.
+ */
+#include "kernels/cpu/kvcache.h"
+
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#if defined(__GNUC__) && !defined(__clang__) && !defined(IFK_NO_SIMD)
+#define KV_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define KV_CLONES
+#endif
+
+/* ---- layout --------------------------------------------------------------------------- */
+
+int ifk_kv_group(int head_dim) { return head_dim % 32 == 0 ? 32 : head_dim; }
+
+static const char *const type_names[] = {"f32", "f16", "q8"};
+
+const char *ifk_kv_type_name(int type)
+{
+    return type >= 0 && type <= IFK_KV_Q8 ? type_names[type] : NULL;
+}
+
+int ifk_kv_type_from_name(const char *name)
+{
+    for (int t = 0; t <= IFK_KV_Q8; t++)
+        if (strcmp(name, type_names[t]) == 0)
+            return t;
+    return -1;
+}
+
+size_t ifk_kv_row_bytes(const ifk_kv_layout *L)
+{
+    size_t kv = (size_t)L->n_kv_heads * L->head_dim;
+    switch (L->type) {
+    case IFK_KV_F32: return kv * 4;
+    case IFK_KV_F16: return kv * 2;
+    case IFK_KV_Q8: return kv + kv / (size_t)L->group * 2;
+    default: return 0;
+    }
+}
+
+size_t ifk_kv_pool_bytes(const ifk_kv_layout *L)
+{
+    return (size_t)L->n_blocks * (size_t)L->block * ifk_kv_row_bytes(L);
+}
+
+/* The pool row of position pos of a sequence. */
+static inline size_t row_of(const ifk_kv_layout *L, const int32_t *table, int pos)
+{
+    return (size_t)table[pos / L->block] * (size_t)L->block + (size_t)(pos % L->block);
+}
+
+/* ---- half precision (exact both ways; round to nearest even into half) ------------------ */
+
+static inline float h2f(uint16_t h)
+{
+    uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, bits;
+    if (e == 0) {
+        float f = (float)m * 0x1p-24f;
+        return s ? -f : f;
+    }
+    if (e == 31)
+        bits = s | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0);
+    else
+        bits = s | ((e + 112) << 23) | (m << 13);
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline uint16_t f2h(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t s = (x >> 16) & 0x8000, a = x & 0x7fffffffu;
+    if (a >= 0x7f800000u) /* inf, NaN */
+        return (uint16_t)(s | 0x7c00 | (a > 0x7f800000u ? 0x200 : 0));
+    if (a >= 0x477ff000u) /* rounds to >= 65520: inf */
+        return (uint16_t)(s | 0x7c00);
+    if (a < 0x38800000u) { /* subnormal half (or zero): round a * 2^24 to an integer, RNE */
+        float v;
+        memcpy(&v, &a, 4);
+        return (uint16_t)(s | (uint32_t)nearbyintf(v * 0x1p24f));
+    }
+    uint32_t r = a - 0x38000000u; /* rebias 127 -> 15 */
+    r += 0xfff + ((r >> 13) & 1);
+    return (uint16_t)(s | (r >> 13));
+}
+
+/* ---- one head of one position, to F32 ----------------------------------------------------- */
+
+/* out [head_dim] = head g of pool row r. */
+static inline void load_head(float *out, const void *pool, const ifk_kv_layout *L, size_t r, int g)
+{
+    const int hd = L->head_dim, KV = L->n_kv_heads * hd;
+    const size_t off = r * (size_t)KV + (size_t)g * hd;
+    switch (L->type) {
+    case IFK_KV_F32:
+        memcpy(out, (const float *)pool + off, (size_t)hd * sizeof(float));
+        break;
+    case IFK_KV_F16: {
+        const uint16_t *h = (const uint16_t *)pool + off;
+        for (int d = 0; d < hd; d++)
+            out[d] = h2f(h[d]);
+        break;
+    }
+    case IFK_KV_Q8: {
+        const int8_t *q = (const int8_t *)pool + off;
+        const uint16_t *sc = (const uint16_t *)((const int8_t *)pool + (size_t)L->n_blocks * L->block * KV) +
+                             r * (size_t)(KV / L->group) + (size_t)g * (hd / L->group);
+        for (int d0 = 0; d0 < hd; d0 += L->group) {
+            const float s = h2f(sc[d0 / L->group]);
+            for (int d = d0; d < d0 + L->group; d++)
+                out[d] = (float)q[d] * s;
+        }
+        break;
+    }
+    default:
+        memset(out, 0, (size_t)hd * sizeof(float));
+    }
+}
+
+void ifk_kv_load_row(float *out, const void *pool, const ifk_kv_layout *L, const int32_t *table, int pos)
+{
+    size_t r = row_of(L, table, pos);
+    for (int g = 0; g < L->n_kv_heads; g++)
+        load_head(out + (size_t)g * L->head_dim, pool, L, r, g);
+}
+
+/* ---- store ---------------------------------------------------------------------------- */
+
+/* Pool row r = x [KV]. */
+static void store_row(void *pool, const ifk_kv_layout *L, size_t r, const float *x)
+{
+    const int KV = L->n_kv_heads * L->head_dim;
+    switch (L->type) {
+    case IFK_KV_F32:
+        memcpy((float *)pool + r * KV, x, (size_t)KV * sizeof(float));
+        break;
+    case IFK_KV_F16: {
+        uint16_t *h = (uint16_t *)pool + r * KV;
+        for (int i = 0; i < KV; i++)
+            h[i] = f2h(x[i]);
+        break;
+    }
+    case IFK_KV_Q8: {
+        const int G = L->group;
+        int8_t *q = (int8_t *)pool + r * KV;
+        uint16_t *sc = (uint16_t *)((int8_t *)pool + (size_t)L->n_blocks * L->block * KV) + r * (size_t)(KV / G);
+        for (int i0 = 0; i0 < KV; i0 += G) {
+            float amax = 0.0f;
+            for (int i = i0; i < i0 + G; i++)
+                amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+            uint16_t hs = f2h(amax / 127.0f);
+            float s = h2f(hs), inv = s > 0.0f ? 1.0f / s : 0.0f;
+            sc[i0 / G] = hs;
+            for (int i = i0; i < i0 + G; i++) {
+                float v = nearbyintf(x[i] * inv);
+                q[i] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : v);
+            }
+        }
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+KV_CLONES
+void ifk_kv_store(void *pool, const ifk_kv_layout *L, const ifk_kv_seq *seqs, int n_seqs, const float *x, size_t ldx,
+                  int n_threads)
+{
+    for (int s = 0; s < n_seqs; s++)
+        for (int i = 0; i < seqs[s].n_rows; i++)
+            store_row(pool, L, row_of(L, seqs[s].table, seqs[s].pos0 + i), x + (size_t)(seqs[s].row0 + i) * ldx);
+}
+
+/* ---- attention ---------------------------------------------------------------------------- */
+
+/* a . b over n, as 16 lanes summed in a fixed tree. */
+static inline float dot(const float *a, const float *b, int n)
+{
+    float acc[16] = {0};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int u = 0; u < 16; u++)
+            acc[u] += a[i + u] * b[i + u];
+    for (; i < n; i++)
+        acc[i & 15] += a[i] * b[i];
+    for (int w = 8; w; w >>= 1)
+        for (int u = 0; u < w; u++)
+            acc[u] += acc[u + w];
+    return acc[0];
+}
+
+/* The nh query heads of kv head g for one query row that attends to keys 0 .. n_keys - 1.
+ * q, out: [nh][hd] (the row's heads g*nh ..). Online softmax over chunks of IFK_KV_CHUNK keys. */
+static void attend(float *out, const float *q, const void *k, const void *v, const ifk_kv_layout *L,
+                   const int32_t *table, int n_keys, int g, int nh, float scale)
+{
+    const int hd = L->head_dim;
+    float kf[hd], vf[hd], m[nh], l[nh], s[nh][IFK_KV_CHUNK];
+    for (int h = 0; h < nh; h++) {
+        m[h] = -INFINITY;
+        l[h] = 0.0f;
+        memset(out + (size_t)h * hd, 0, (size_t)hd * sizeof(float));
+    }
+    for (int j0 = 0; j0 < n_keys; j0 += IFK_KV_CHUNK) {
+        const int nj = n_keys - j0 < IFK_KV_CHUNK ? n_keys - j0 : IFK_KV_CHUNK;
+        for (int j = 0; j < nj; j++) {
+            load_head(kf, k, L, row_of(L, table, j0 + j), g);
+            for (int h = 0; h < nh; h++)
+                s[h][j] = dot(q + (size_t)h * hd, kf, hd) * scale;
+        }
+        for (int h = 0; h < nh; h++) {
+            float mx = m[h];
+            for (int j = 0; j < nj; j++)
+                mx = s[h][j] > mx ? s[h][j] : mx;
+            const float corr = expf(m[h] - mx); /* 0 on the first chunk (m = -inf) */
+            float *o = out + (size_t)h * hd;
+            for (int d = 0; d < hd; d++)
+                o[d] *= corr;
+            l[h] *= corr;
+            m[h] = mx;
+            for (int j = 0; j < nj; j++) {
+                s[h][j] = expf(s[h][j] - mx);
+                l[h] += s[h][j];
+            }
+        }
+        for (int j = 0; j < nj; j++) {
+            load_head(vf, v, L, row_of(L, table, j0 + j), g);
+            for (int h = 0; h < nh; h++) {
+                float *o = out + (size_t)h * hd;
+                const float p = s[h][j];
+                for (int d = 0; d < hd; d++)
+                    o[d] += p * vf[d];
+            }
+        }
+    }
+    for (int h = 0; h < nh; h++) {
+        float *o = out + (size_t)h * hd;
+        const float inv = 1.0f / l[h];
+        for (int d = 0; d < hd; d++)
+            o[d] *= inv;
+    }
+}
+
+KV_CLONES
+void ifk_attention_paged(float *out, const float *q, size_t ld, const void *k, const void *v,
+                         const ifk_kv_layout *L, const ifk_kv_seq *seqs, int n_seqs, int n_heads,
+                         float scale, int n_threads)
+{
+    const int n_kv = L->n_kv_heads, hd = L->head_dim;
+    if (n_seqs <= 0 || n_kv <= 0 || n_heads % n_kv)
+        return;
+    const int nh = n_heads / n_kv;
+    int first[n_seqs + 1]; /* unit index of each sequence's first row */
+    first[0] = 0;
+    for (int s = 0; s < n_seqs; s++)
+        first[s + 1] = first[s] + seqs[s].n_rows * n_kv;
+    const int units = first[n_seqs];
+    int nt = n_threads > 0 ? n_threads : omp_get_num_procs();
+    if (nt > units)
+        nt = units;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
+    for (int u = 0; u < units; u++) {
+        int s = 0;
+        while (first[s + 1] <= u)
+            s++;
+        const int i = (u - first[s]) / n_kv, g = (u - first[s]) % n_kv;
+        const size_t off = (size_t)(seqs[s].row0 + i) * ld + (size_t)g * nh * hd;
+        attend(out + off, q + off, k, v, L, seqs[s].table, seqs[s].pos0 + i + 1, g, nh, scale);
+    }
+}

@@ -1,0 +1,76 @@
+/*
+ * kvcache.h -- the paged KV cache: storing key/value rows into blocks and attending over them.
+ *
+ * Layout (one pool; a layer part has a K pool and a V pool of the same layout)
+ *   A pool is n_blocks blocks of `block` positions. Position p of a sequence lives in block
+ *   table[p / block] at slot p % block; the row of that slot, r = table[p / block] * block +
+ *   p % block, holds the n_kv_heads * head_dim values of the position:
+ *     IFK_KV_F32  float    data[n_blocks * block][KV]
+ *     IFK_KV_F16  uint16_t data[n_blocks * block][KV]             (IEEE half, round to nearest even)
+ *     IFK_KV_Q8   int8_t   data[n_blocks * block][KV], then
+ *                 uint16_t scale[n_blocks * block][KV / group]    (F16; value = q * scale)
+ *   where KV = n_kv_heads * head_dim. Q8 is symmetric group quantization (PPL.LLM's INT8 KV):
+ *   each run of `group` values of one head at one position has its own scale, maxabs / 127.
+ *   A contiguous cache is the special case of one sequence with table {0, 1, 2, ...}.
+ *
+ * Contract
+ *   A step's rows belong to sequences: sequence s owns rows row0 .. row0 + n_rows - 1 of q/x,
+ *   at positions pos0 .. pos0 + n_rows - 1, with its own block table (host memory) covering
+ *   positions 0 .. pos0 + n_rows - 1. Tables of different sequences never share a block that
+ *   is written.
+ *   Results are batch-invariant: the output row of a query depends only on that query, the
+ *   sequence's cached rows and the layout, never on which other sequences or rows share the
+ *   call, nor on the thread count (keys are taken in fixed chunks of IFK_KV_CHUNK from
+ *   position 0 with an online softmax; float sums in a fixed order, no FMA contraction).
+ *   Kernels never allocate and never fail; threads split (row, kv head) units.
+ */
+#ifndef IFK_KVCACHE_H
+#define IFK_KVCACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum { IFK_KV_F32 = 0, IFK_KV_F16 = 1, IFK_KV_Q8 = 2 };
+#define IFK_KV_CHUNK 64 /* keys per online-softmax step */
+
+typedef struct {
+    int type;           /* IFK_KV_*                                      */
+    int block;          /* positions per block                          */
+    int n_kv_heads, head_dim;
+    int group;          /* Q8: values per scale; divides head_dim      */
+    int64_t n_blocks;
+} ifk_kv_layout;
+
+typedef struct {
+    int row0, n_rows, pos0;
+    const int32_t *table; /* [ceil((pos0 + n_rows) / block)] block ids */
+} ifk_kv_seq;
+
+/* The Q8 group for head_dim: 32 when it divides head_dim, else head_dim. */
+int ifk_kv_group(int head_dim);
+/* Bytes of one pool of layout L; 0 for an unknown type. */
+size_t ifk_kv_pool_bytes(const ifk_kv_layout *L);
+/* Bytes per position per pool (values and scales). */
+size_t ifk_kv_row_bytes(const ifk_kv_layout *L);
+/* "f32", "f16", "q8"; NULL for an unknown code. */
+const char *ifk_kv_type_name(int type);
+/* The code of a name above, or -1. */
+int ifk_kv_type_from_name(const char *name);
+
+/* Store each sequence's rows of x (F32 [rows][KV] at stride ldx) at its positions. */
+void ifk_kv_store(void *pool, const ifk_kv_layout *L, const ifk_kv_seq *seqs, int n_seqs, const float *x,
+                  size_t ldx, int n_threads);
+
+/* Causal grouped-query attention of every sequence's query rows over its cached positions:
+ *   q, out: [rows][n_heads * head_dim] at stride ld; query row row0 + i of sequence s sits at
+ *   position pos0 + i and attends to positions 0 .. pos0 + i (already stored).
+ * Query head h reads kv head h / (n_heads / n_kv_heads). Scores are scaled by `scale`. */
+void ifk_attention_paged(float *out, const float *q, size_t ld, const void *k, const void *v,
+                         const ifk_kv_layout *L, const ifk_kv_seq *seqs, int n_seqs, int n_heads,
+                         float scale, int n_threads);
+
+/* One stored row back as F32 (tests, and a CPU fallback): out [KV] = position pos of a
+ * sequence with block table `table`. */
+void ifk_kv_load_row(float *out, const void *pool, const ifk_kv_layout *L, const int32_t *table, int pos);
+
+#endif

@@ -1,0 +1,421 @@
+/* batch.c -- continuous batching over a paged KV cache. See batch.h. */
+#include "libcore/serving/batch.h"
+#include "libcore/base/error.h"
+#include "kernels/cpu/kvcache.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum { QUEUED, PREFILL, DECODE };
+
+/* One request, from add() to its result. */
+typedef struct req {
+    struct req *next;             /* the queue, then the running list, in arrival order    */
+    int state;
+    int32_t *prompt;              /* [n_prompt]                                             */
+    int n_prompt, max_tokens;
+    int n_done;                   /* prompt tokens already in the cache                    */
+    int32_t pending;              /* DECODE: the last drawn token, not yet in the cache    */
+    int32_t *blocks;              /* [n_reserved] block table (n_held filled)              */
+    int n_reserved, n_held;
+    iflow_sampler_params sp;
+    iflow_sampler *sampler;
+    char *stop[IFLOW_MAX_STOP];
+    int n_stop;
+    size_t max_stop;              /* the longest stop string                               */
+    int first_piece;              /* the text starts at the first generated token           */
+    iflow_result *res;
+} req;
+
+struct iflow_batch {
+    const iflow_model *m;
+    const iflow_tokenizer *tok;
+    iflow_batch_params p;
+    iflow_kv *kv;
+    iflow_ctx *ctx;
+    int32_t *free_blocks;         /* [n_blocks] a stack */
+    int n_free, n_unreserved;
+    req *queue, *queue_tail;      /* waiting, in arrival order */
+    req *running;                 /* in admission order */
+    int n_running, n_queued;
+    iflow_result **done;          /* finished, waiting for take() (a ring) */
+    int done_head, done_n, done_cap;
+    float *logits;                /* [step_tokens][vocab] one row per sequence of a step */
+    iflow_batch_stats st;
+};
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+const char *iflow_finish_name(int finish)
+{
+    static const char *const names[] = {"eos", "length", "stop", "context"};
+    return finish >= 0 && finish <= IFLOW_FINISH_CONTEXT ? names[finish] : "?";
+}
+
+uint64_t iflow_batch_block_bytes(const iflow_model *m, int kv_type, int block)
+{
+    return iflow_kv_block_bytes(m, kv_type, block);
+}
+
+/* ---- lifecycle ------------------------------------------------------------------------- */
+
+int iflow_batch_open(iflow_batch **out, const iflow_model *m, const iflow_batch_params *p)
+{
+    const iflow_hparams *hp = iflow_model_hparams(m);
+    *out = NULL;
+    iflow_batch_params q = *p;
+    if (q.parallel <= 0)
+        q.parallel = 16;
+    if (q.n_ctx <= 0 || q.n_ctx > hp->max_seq)
+        q.n_ctx = hp->max_seq;
+    if (q.block <= 0)
+        q.block = 16;
+    if (q.n_blocks <= 0)
+        q.n_blocks = q.parallel * ((q.n_ctx + q.block - 1) / q.block);
+    if (q.step_tokens <= 0 || q.step_tokens > IFLOW_MAX_STEP)
+        q.step_tokens = IFLOW_MAX_STEP;
+    if (q.parallel > q.step_tokens)
+        return iflow_seterr(IFLOW_EINVAL, "%d parallel requests exceed the %d tokens of a step", q.parallel,
+                            q.step_tokens);
+    if (!ifk_kv_type_name(q.kv_type))
+        return iflow_seterr(IFLOW_EINVAL, "unknown KV cache type %d", q.kv_type);
+    iflow_batch *b = calloc(1, sizeof *b);
+    if (!b)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    b->m = m;
+    b->tok = iflow_model_tokenizer(m);
+    b->p = q;
+    int rc = 0;
+    b->free_blocks = malloc((size_t)q.n_blocks * sizeof *b->free_blocks);
+    b->logits = malloc((size_t)q.step_tokens * hp->vocab_size * sizeof(float));
+    if (!b->free_blocks || !b->logits)
+        rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    if (rc == 0)
+        rc = iflow_kv_open(&b->kv, m, q.kv_type, q.block, q.n_blocks);
+    if (rc == 0)
+        rc = iflow_ctx_open_steps(&b->ctx, m, q.n_threads);
+    if (rc < 0) {
+        iflow_batch_close(b);
+        return rc;
+    }
+    for (int i = 0; i < q.n_blocks; i++) /* block 0 on top: the first request gets 0, 1, ... */
+        b->free_blocks[i] = q.n_blocks - 1 - i;
+    b->n_free = b->n_unreserved = q.n_blocks;
+    b->st.blocks_total = q.n_blocks;
+    *out = b;
+    return 0;
+}
+
+void iflow_result_free(iflow_result *r)
+{
+    if (!r)
+        return;
+    free(r->tokens);
+    free(r->text);
+    free(r);
+}
+
+static void req_free(req *r)
+{
+    if (!r)
+        return;
+    free(r->prompt);
+    free(r->blocks);
+    iflow_sampler_close(r->sampler);
+    for (int i = 0; i < r->n_stop; i++)
+        free(r->stop[i]);
+    iflow_result_free(r->res);
+    free(r);
+}
+
+void iflow_batch_close(iflow_batch *b)
+{
+    if (!b)
+        return;
+    for (req *lists[] = {b->queue, b->running}, **l = lists; l < lists + 2; l++)
+        for (req *r = *l, *n; r; r = n) {
+            n = r->next;
+            req_free(r);
+        }
+    for (int i = 0; i < b->done_n; i++)
+        iflow_result_free(b->done[(b->done_head + i) % b->done_cap]);
+    free(b->done);
+    iflow_ctx_close(b->ctx);
+    iflow_kv_close(b->kv);
+    free(b->free_blocks);
+    free(b->logits);
+    free(b);
+}
+
+const iflow_batch_params *iflow_batch_params_of(const iflow_batch *b) { return &b->p; }
+int iflow_batch_pending(const iflow_batch *b) { return b->n_running + b->n_queued; }
+
+void iflow_batch_get_stats(const iflow_batch *b, iflow_batch_stats *st)
+{
+    *st = b->st;
+    st->blocks_used = b->p.n_blocks - b->n_free;
+    st->running = b->n_running;
+    st->queued = b->n_queued;
+}
+
+/* ---- requests ---------------------------------------------------------------------------- */
+
+static int blocks_for(const iflow_batch *b, int positions) { return (positions + b->p.block - 1) / b->p.block; }
+
+int iflow_batch_add(iflow_batch *b, const iflow_request *q)
+{
+    const iflow_hparams *hp = iflow_model_hparams(b->m);
+    if (q->n_prompt <= 0)
+        return iflow_seterr(IFLOW_EINVAL, "the prompt has no tokens");
+    if (q->max_tokens <= 0)
+        return iflow_seterr(IFLOW_EINVAL, "max_tokens is %d; it must be at least 1", q->max_tokens);
+    if (q->n_stop < 0 || q->n_stop > IFLOW_MAX_STOP)
+        return iflow_seterr(IFLOW_EINVAL, "%d stop strings: at most %d", q->n_stop, IFLOW_MAX_STOP);
+    for (int i = 0; i < q->n_prompt; i++)
+        if (q->prompt[i] < 0 || q->prompt[i] >= hp->vocab_size)
+            return iflow_seterr(IFLOW_ERANGE, "prompt token %d is id %d, outside the vocabulary (%d)", i, q->prompt[i],
+                                hp->vocab_size);
+    if (q->n_prompt >= b->p.n_ctx)
+        return iflow_seterr(IFLOW_ERANGE, "the prompt of %d tokens does not fit the context of %d", q->n_prompt,
+                            b->p.n_ctx);
+    int max_tokens = q->max_tokens < b->p.n_ctx - q->n_prompt ? q->max_tokens : b->p.n_ctx - q->n_prompt;
+    /* the last drawn token is never stored: the cache holds n_prompt + max_tokens - 1 positions */
+    int need = blocks_for(b, q->n_prompt + max_tokens - 1);
+    if (need > b->p.n_blocks)
+        return iflow_seterr(IFLOW_ERANGE, "the request needs %d KV blocks; the cache has %d", need, b->p.n_blocks);
+    req *r = calloc(1, sizeof *r);
+    if (!r)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    r->res = calloc(1, sizeof *r->res);
+    r->prompt = malloc((size_t)q->n_prompt * sizeof *r->prompt);
+    r->blocks = malloc((size_t)need * sizeof *r->blocks);
+    if (r->res)
+        r->res->tokens = malloc((size_t)max_tokens * sizeof *r->res->tokens);
+    int ok = r->res && r->prompt && r->blocks && r->res->tokens;
+    for (int i = 0; i < q->n_stop && ok; i++) {
+        ok = (r->stop[i] = strdup(q->stop[i] ? q->stop[i] : "")) != NULL;
+        r->n_stop = i + 1;
+        size_t n = strlen(r->stop[i]);
+        r->max_stop = n > r->max_stop ? n : r->max_stop;
+    }
+    if (!ok) {
+        req_free(r);
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    }
+    memcpy(r->prompt, q->prompt, (size_t)q->n_prompt * sizeof *r->prompt);
+    r->n_prompt = q->n_prompt;
+    r->max_tokens = max_tokens;
+    r->n_reserved = need;
+    r->sp = q->sampling;
+    r->first_piece = q->n_prompt == 1 && q->prompt[0] == hp->bos;
+    r->res->user = q->user;
+    r->res->n_prompt = q->n_prompt;
+    r->res->t_added = now();
+    r->state = QUEUED;
+    if (b->queue_tail)
+        b->queue_tail->next = r;
+    else
+        b->queue = r;
+    b->queue_tail = r;
+    b->n_queued++;
+    return 0;
+}
+
+/* Start queued requests while there is room (arrival order: the first that does not fit
+ * waits, and so do the ones behind it). */
+static int admit(iflow_batch *b)
+{
+    while (b->queue && b->n_running < b->p.parallel && b->queue->n_reserved <= b->n_unreserved) {
+        req *r = b->queue;
+        if (!r->sampler && r->sp.temp > 0) {
+            int rc = iflow_sampler_open(&r->sampler, &r->sp, iflow_model_hparams(b->m)->vocab_size);
+            if (rc < 0)
+                return rc;
+        }
+        b->queue = r->next;
+        if (!b->queue)
+            b->queue_tail = NULL;
+        b->n_queued--;
+        r->next = NULL;
+        req **tail = &b->running;
+        while (*tail)
+            tail = &(*tail)->next;
+        *tail = r;
+        b->n_running++;
+        b->n_unreserved -= r->n_reserved;
+        r->state = PREFILL;
+        r->res->t_started = now();
+    }
+    return 0;
+}
+
+/* Blocks for positions 0 .. end - 1 of r, taken from the free stack (reserved at admission). */
+static void hold_blocks(iflow_batch *b, req *r, int end)
+{
+    int need = blocks_for(b, end);
+    while (r->n_held < need)
+        r->blocks[r->n_held++] = b->free_blocks[--b->n_free];
+}
+
+/* r is done: its blocks go back, its result to the done ring. */
+static int finish(iflow_batch *b, req *r, int why)
+{
+    if (b->done_n == b->done_cap) {
+        int cap = b->done_cap ? 2 * b->done_cap : 16;
+        iflow_result **d = malloc((size_t)cap * sizeof *d);
+        if (!d)
+            return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+        for (int i = 0; i < b->done_n; i++)
+            d[i] = b->done[(b->done_head + i) % b->done_cap];
+        free(b->done);
+        b->done = d;
+        b->done_head = 0;
+        b->done_cap = cap;
+    }
+    r->res->finish = why;
+    r->res->t_done = now();
+    b->done[(b->done_head + b->done_n++) % b->done_cap] = r->res;
+    r->res = NULL;
+    while (r->n_held > 0)
+        b->free_blocks[b->n_free++] = r->blocks[--r->n_held];
+    b->n_unreserved += r->n_reserved;
+    for (req **p = &b->running; *p; p = &(*p)->next)
+        if (*p == r) {
+            *p = r->next;
+            break;
+        }
+    b->n_running--;
+    req_free(r);
+    return 0;
+}
+
+int iflow_batch_take(iflow_batch *b, iflow_result **out)
+{
+    *out = NULL;
+    if (b->done_n == 0)
+        return 0;
+    *out = b->done[b->done_head];
+    b->done_head = (b->done_head + 1) % b->done_cap;
+    b->done_n--;
+    return 1;
+}
+
+/* Append token id's text to r's result; 1 if a stop string now appears in it (the text is
+ * then cut before it). A stop string may span tokens: only the tail that could hold a new
+ * match is searched. */
+static int append_text(iflow_batch *b, req *r, int32_t id)
+{
+    iflow_result *res = r->res;
+    char piece[256];
+    int n = b->tok ? iflow_tokenizer_piece(b->tok, id, r->first_piece && res->n_tokens == 1, piece, sizeof piece) : 0;
+    if (n <= 0)
+        return 0;
+    char *t = realloc(res->text, res->text_len + (size_t)n + 1);
+    if (!t)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    memcpy(t + res->text_len, piece, (size_t)n);
+    size_t old = res->text_len;
+    res->text = t;
+    res->text_len += (size_t)n;
+    t[res->text_len] = 0;
+    size_t from = old >= r->max_stop ? old - r->max_stop + 1 : 0;
+    size_t cut = res->text_len + 1;
+    for (int i = 0; i < r->n_stop; i++) {
+        size_t sl = strlen(r->stop[i]);
+        if (sl == 0)
+            continue;
+        const char *hit = memmem(t + from, res->text_len - from, r->stop[i], sl);
+        if (hit && (size_t)(hit - t) < cut)
+            cut = (size_t)(hit - t);
+    }
+    if (cut > res->text_len)
+        return 0;
+    res->text_len = cut;
+    t[cut] = 0;
+    return 1;
+}
+
+/* r drew token id after its last cached position: record it, and finish r if it ends there. */
+static int accept(iflow_batch *b, req *r, int32_t id)
+{
+    iflow_result *res = r->res;
+    if (res->n_tokens == 0)
+        res->t_first = now();
+    if (iflow_model_is_eos(b->m, id))
+        return finish(b, r, IFLOW_FINISH_EOS);
+    res->tokens[res->n_tokens++] = id;
+    b->st.generated++;
+    int stop = append_text(b, r, id);
+    if (stop < 0)
+        return stop;
+    if (stop)
+        return finish(b, r, IFLOW_FINISH_STOP);
+    if (res->n_tokens == r->max_tokens) /* clipped by the context, or max_tokens itself */
+        return finish(b, r, r->n_prompt + res->n_tokens >= b->p.n_ctx ? IFLOW_FINISH_CONTEXT : IFLOW_FINISH_LENGTH);
+    r->pending = id;
+    r->state = DECODE;
+    return 0;
+}
+
+/* ---- a step ---------------------------------------------------------------------------------- */
+
+int iflow_batch_step(iflow_batch *b)
+{
+    const int V = iflow_model_hparams(b->m)->vocab_size;
+    iflow_step_seq seqs[IFLOW_MAX_STEP];
+    req *who[IFLOW_MAX_STEP];
+    int n = 0, tokens = 0, rc;
+    if ((rc = admit(b)) < 0)
+        return rc;
+    /* decode tokens first (one each), then prompt chunks in admission order */
+    for (req *r = b->running; r && tokens < b->p.step_tokens; r = r->next)
+        if (r->state == DECODE) {
+            int pos = r->n_prompt + r->res->n_tokens - 1;
+            hold_blocks(b, r, pos + 1);
+            seqs[n] = (iflow_step_seq){.ids = &r->pending, .n = 1, .pos0 = pos, .table = r->blocks,
+                                       .logits = b->logits + (size_t)n * V};
+            who[n++] = r;
+            tokens++;
+        }
+    for (req *r = b->running; r && tokens < b->p.step_tokens; r = r->next)
+        if (r->state == PREFILL) {
+            int chunk = r->n_prompt - r->n_done;
+            if (chunk > b->p.step_tokens - tokens)
+                chunk = b->p.step_tokens - tokens;
+            hold_blocks(b, r, r->n_done + chunk);
+            int last = r->n_done + chunk == r->n_prompt;
+            seqs[n] = (iflow_step_seq){.ids = r->prompt + r->n_done, .n = chunk, .pos0 = r->n_done, .table = r->blocks,
+                                       .logits = last ? b->logits + (size_t)n * V : NULL};
+            who[n++] = r;
+            tokens += chunk;
+        }
+    if (n == 0)
+        return iflow_batch_pending(b);
+    if ((rc = iflow_ctx_step(b->ctx, b->kv, seqs, n)) < 0)
+        return rc;
+    b->st.steps++;
+    b->st.step_tokens += (uint64_t)tokens;
+    b->st.running_sum += (uint64_t)b->n_running;
+    int used = b->p.n_blocks - b->n_free;
+    if (used > b->st.blocks_peak)
+        b->st.blocks_peak = used;
+    for (int i = 0; i < n; i++) {
+        req *r = who[i];
+        if (r->state == PREFILL) {
+            r->n_done += seqs[i].n;
+            b->st.prompt += (uint64_t)seqs[i].n;
+        }
+        if (!seqs[i].logits)
+            continue;
+        int32_t id = r->sampler ? iflow_sampler_sample(r->sampler, seqs[i].logits) : iflow_argmax(seqs[i].logits, V);
+        if ((rc = accept(b, r, id)) < 0)
+            return rc;
+    }
+    return iflow_batch_pending(b);
+}

@@ -1,0 +1,103 @@
+/*
+ * batch.h -- continuous batching: many requests share every step of the forward pass.
+ *
+ * The shape of the seeds' engines (Inferflow's AddQuery/Infer, ColossalAI's add_request/step):
+ * add a request, run a step, take the finished results.
+ *
+ * Contract
+ *   iflow_batch_open() opens, for a model (placed or not), a paged KV cache of n_blocks
+ *   blocks of `block` positions (model.h's iflow_kv) and a step context. iflow_batch_add()
+ *   queues a request whose prompt is already tokenized (copied; the caller's memory is not
+ *   kept). iflow_batch_step() runs one step:
+ *     1. admission, in arrival order: a queued request starts while fewer than `parallel` run
+ *        and the unreserved blocks cover its prompt plus max_tokens, which it then reserves
+ *        (so a running request never waits for memory: no preemption);
+ *     2. every decoding request contributes its next token, and prefilling requests fill the
+ *        rest of the step's token budget with chunks of their prompts, so prefill and decode
+ *        go through one step together and the weights are read once for all of them;
+ *     3. each request whose logits the step computed draws its next token with its own
+ *        sampler; one that ends (EOS, max_tokens, a stop string, the context) gives its blocks
+ *        back at once and its result waits for iflow_batch_take().
+ *   A request's tokens depend only on the model, its prompt and its sampling parameters,
+ *   never on the other requests, when they joined, or the step budget: the kernels are
+ *   batch-invariant (kernels/cpu/kvcache.h, kernels.h) and every request has its own sampler.
+ *   Errors: add() refuses a request that can never run (empty, a token outside the
+ *   vocabulary, a prompt that fills the context, more blocks than the cache has) with
+ *   IFLOW_EINVAL / IFLOW_ERANGE and the reason, and nothing is queued; step() fails only on an
+ *   engine error (a device failure), after which the batch must be closed.
+ *   Not thread-safe: one thread drives a batch.
+ */
+#ifndef IFLOW_BATCH_H
+#define IFLOW_BATCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "libcore/engine/model.h"
+#include "libcore/engine/sampler.h"
+
+typedef struct {
+    int parallel;      /* requests running at once (decoding or prefilling); default 16      */
+    int n_ctx;         /* positions per request; <= 0: the model's max_seq                  */
+    int kv_type;       /* IFK_KV_F32 (default), IFK_KV_F16, IFK_KV_Q8                      */
+    int block;         /* positions per KV block; <= 0: 16                                  */
+    int n_blocks;      /* blocks in the cache; <= 0: enough for parallel requests of n_ctx */
+    int step_tokens;   /* tokens per step; <= 0 or more than IFLOW_MAX_STEP: the max  */
+    int n_threads;     /* <= 0: all cores                                                   */
+} iflow_batch_params;
+
+enum { IFLOW_FINISH_EOS = 0, IFLOW_FINISH_LENGTH, IFLOW_FINISH_STOP, IFLOW_FINISH_CONTEXT };
+/* "eos", "length", "stop", "context". */
+const char *iflow_finish_name(int finish);
+
+#define IFLOW_MAX_STOP 8
+
+typedef struct {
+    const int32_t *prompt;          /* [n_prompt] token ids (a BOS included if wanted)       */
+    int n_prompt;
+    int max_tokens;                 /* tokens to generate at most (>= 1)                     */
+    iflow_sampler_params sampling;  /* temp 0: greedy                                        */
+    const char *stop[IFLOW_MAX_STOP]; /* stop strings (copied); the text ends before one    */
+    int n_stop;
+    void *user;                     /* handed back in the result                            */
+} iflow_request;
+
+typedef struct {
+    void *user;
+    int32_t *tokens;                /* [n_tokens] generated (an ending EOS not included)     */
+    int n_tokens, n_prompt;
+    char *text;                     /* the generated text, NUL-terminated, cut before a stop */
+    size_t text_len;
+    int finish;                     /* IFLOW_FINISH_*                                        */
+    double t_added, t_started, t_first, t_done; /* seconds (CLOCK_MONOTONIC)                */
+} iflow_result;
+
+typedef struct {
+    uint64_t steps, step_tokens;    /* steps run and the tokens they held                   */
+    uint64_t running_sum;           /* sum over steps of the requests running               */
+    uint64_t generated, prompt;     /* tokens generated, prompt tokens prefilled            */
+    int blocks_total, blocks_used, blocks_peak;
+    int running, queued;            /* now                                                  */
+} iflow_batch_stats;
+
+typedef struct iflow_batch iflow_batch;
+
+int  iflow_batch_open(iflow_batch **out, const iflow_model *m, const iflow_batch_params *p);
+void iflow_batch_close(iflow_batch *b);
+/* The parameters in force (defaults filled in). */
+const iflow_batch_params *iflow_batch_params_of(const iflow_batch *b);
+
+int  iflow_batch_add(iflow_batch *b, const iflow_request *r);
+/* One step. Returns the number of requests running or queued after it (0: idle), or < 0. */
+int  iflow_batch_step(iflow_batch *b);
+/* 1 and *out set to a finished result (free it with iflow_result_free), or 0 if none. */
+int  iflow_batch_take(iflow_batch *b, iflow_result **out);
+void iflow_result_free(iflow_result *r);
+/* Requests running or queued. */
+int  iflow_batch_pending(const iflow_batch *b);
+void iflow_batch_get_stats(const iflow_batch *b, iflow_batch_stats *st);
+
+/* Bytes of KV cache one block takes over all layers (K and V), for memory plans. */
+uint64_t iflow_batch_block_bytes(const iflow_model *m, int kv_type, int block);
+
+#endif

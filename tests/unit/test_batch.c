@@ -1,0 +1,397 @@
+/*
+ * test_batch.c -- the paged KV cache and continuous batching (libcore/serving/batch.h).
+ *
+ * References, all computed here by an independent path through the engine:
+ *   - paged vs contiguous: the same tokens run through iflow_ctx_eval (one contiguous F32 block)
+ *     and through iflow_ctx_step over a paged cache whose blocks were used by another sequence,
+ *     freed and handed out again in a scrambled order, with the same chunking: the logits must
+ *     be bit-identical (paging changes only where a row lives);
+ *   - continuous batching vs alone: each request run alone (one request in the batch) against
+ *     the same requests joining a running batch at different steps, queued behind a small
+ *     `parallel`, with a small step budget that splits prompts into chunks: the tokens must be
+ *     identical, greedy and seeded sampling, on stories260K and xs-ckpt (batch invariance);
+ *   - alone vs iflow-run's path: greedy tokens of a request alone equal iflow_ctx_eval_argmax's;
+ *   - F16 and INT8 KV: perplexity over 256 tokens of WikiText-2 on xs-ckpt within stated deltas
+ *     of the F32 cache: F16 0.05 %, INT8 2 % (measured +1.55 %: head_dim 8, so each group of 8
+ *     values has its own scale, the hardest case; BATCH_SHOW=1 prints them);
+ *   - finish reasons, stop strings across token boundaries, blocks returned, refused requests.
+ */
+#include "tests/unit/testlib.h"
+#include "libcore/engine/model.h"
+#include "libcore/serving/batch.h"
+#include "libcore/tokenizers/tokenizer.h"
+
+static char dir[] = "/tmp/iflow-test-batch-XXXXXX";
+static char s260[512], xs[512];
+
+/* ---- paged vs contiguous --------------------------------------------------------------- */
+
+static void paged_vs_contiguous(const char *path)
+{
+    iflow_model *m;
+    if (iflow_model_open(&m, path, 0) < 0) {
+        CHECK(0, "open %s: %s", path, iflow_errmsg());
+        return;
+    }
+    const int V = iflow_model_hparams(m)->vocab_size, N = 61, CH = 7, BLOCK = 4;
+    int32_t ids[64];
+    for (int i = 0; i < N; i++)
+        ids[i] = i == 0 ? 1 : (int32_t)(rnd_u32() % (uint32_t)(V - 3)) + 3;
+    float *a = malloc(sizeof(float) * V), *b = malloc(sizeof(float) * V);
+    iflow_ctx *c, *sc;
+    iflow_kv *kv;
+    int rc = iflow_ctx_open(&c, m, 64, 2);
+    CHECK(rc == 0, "ctx: %s", iflow_errmsg());
+    rc = iflow_ctx_open_steps(&sc, m, 2);
+    CHECK(rc == 0, "step ctx: %s", iflow_errmsg());
+    rc = iflow_kv_open(&kv, m, IFK_KV_F32, BLOCK, 40);
+    CHECK(rc == 0, "kv: %s", iflow_errmsg());
+    /* another sequence fills blocks 0..15 with different tokens first */
+    int32_t used[16], table[16];
+    for (int i = 0; i < 16; i++)
+        used[i] = i;
+    int32_t other[64];
+    for (int i = 0; i < 64; i++)
+        other[i] = (int32_t)(rnd_u32() % (uint32_t)(V - 3)) + 3;
+    iflow_step_seq o = {.ids = other, .n = 64, .pos0 = 0, .table = used};
+    CHECK(iflow_ctx_step(sc, kv, &o, 1) == 0, "other sequence: %s", iflow_errmsg());
+    /* the real one gets those blocks back in a scrambled order, plus fresh ones */
+    for (int i = 0; i < 16; i++)
+        table[i] = (int32_t)((i * 7 + 3) % 16) + (i % 3 == 0 ? 20 : 0);
+    int same = 1, steps = 0;
+    for (int p = 0; p < N && rc == 0; p += CH) {
+        int n = N - p < CH ? N - p : CH;
+        rc = iflow_ctx_eval(c, ids + p, n, a, 0);
+        iflow_step_seq s = {.ids = ids + p, .n = n, .pos0 = p, .table = table, .logits = b};
+        if (rc == 0)
+            rc = iflow_ctx_step(sc, kv, &s, 1);
+        same &= rc == 0 && memcmp(a, b, sizeof(float) * V) == 0;
+        steps++;
+    }
+    CHECK(rc == 0, "%s: %s", path, iflow_errmsg());
+    CHECK(same, "%s: paged logits differ from the contiguous cache's (%d chunks)", path, steps);
+    iflow_kv_close(kv);
+    iflow_ctx_close(sc);
+    iflow_ctx_close(c);
+    free(a);
+    free(b);
+    iflow_model_close(m);
+}
+
+static void test_paged_vs_contiguous(void)
+{
+    paged_vs_contiguous(s260);
+    paged_vs_contiguous(xs);
+}
+
+/* ---- continuous batching vs alone ------------------------------------------------------ */
+
+#define N_REQ 10
+
+typedef struct {
+    int32_t prompt[48];
+    int n_prompt, max_tokens;
+    iflow_sampler_params sp;
+    int32_t out[64];
+    int n_out, finish;
+} tcase;
+
+static void make_cases(tcase *t, int V, float temp)
+{
+    for (int i = 0; i < N_REQ; i++) {
+        memset(&t[i], 0, sizeof t[i]);
+        t[i].n_prompt = 1 + (i * 11) % 40;
+        t[i].prompt[0] = 1;
+        for (int j = 1; j < t[i].n_prompt; j++)
+            t[i].prompt[j] = (int32_t)(rnd_u32() % (uint32_t)(V - 3)) + 3;
+        t[i].max_tokens = 8 + (i * 13) % 40;
+        t[i].sp = (iflow_sampler_params){.temp = temp, .top_k = 40, .top_p = 0.95f, .seed = 1000 + (uint64_t)i};
+    }
+}
+
+static int add_case(iflow_batch *b, tcase *t)
+{
+    iflow_request r = {.prompt = t->prompt, .n_prompt = t->n_prompt, .max_tokens = t->max_tokens,
+                       .sampling = t->sp, .user = t};
+    return iflow_batch_add(b, &r);
+}
+
+/* Take every finished result into its case. */
+static void take_all(iflow_batch *b)
+{
+    iflow_result *r;
+    while (iflow_batch_take(b, &r) == 1) {
+        tcase *t = r->user;
+        memcpy(t->out, r->tokens, sizeof(int32_t) * (size_t)r->n_tokens);
+        t->n_out = r->n_tokens;
+        t->finish = r->finish;
+        iflow_result_free(r);
+    }
+}
+
+static int drain(iflow_batch *b)
+{
+    int rc;
+    while ((rc = iflow_batch_step(b)) > 0)
+        take_all(b);
+    take_all(b);
+    return rc;
+}
+
+static void batching_vs_alone(const char *path, float temp, int kv_type)
+{
+    iflow_model *m;
+    if (iflow_model_open(&m, path, 0) < 0) {
+        CHECK(0, "open %s: %s", path, iflow_errmsg());
+        return;
+    }
+    const int V = iflow_model_hparams(m)->vocab_size;
+    tcase alone[N_REQ], mixed[N_REQ];
+    make_cases(alone, V, temp);
+    memcpy(mixed, alone, sizeof mixed);
+    /* alone: one request at a time, the whole prompt in one step */
+    iflow_batch_params p1 = {.parallel = 1, .n_ctx = 128, .kv_type = kv_type, .n_threads = 1};
+    iflow_batch *b;
+    int rc = iflow_batch_open(&b, m, &p1);
+    CHECK(rc == 0, "open alone: %s", iflow_errmsg());
+    for (int i = 0; i < N_REQ && rc == 0; i++) {
+        rc = add_case(b, &alone[i]);
+        if (rc == 0)
+            rc = drain(b);
+    }
+    CHECK(rc == 0, "alone: %s", iflow_errmsg());
+    iflow_batch_stats st;
+    iflow_batch_get_stats(b, &st);
+    CHECK(st.blocks_used == 0 && st.running == 0, "alone: %d blocks still held", st.blocks_used);
+    iflow_batch_close(b);
+    /* mixed: 4 at a time, 9 tokens a step, requests joining while others run, 2 threads */
+    iflow_batch_params p4 = {.parallel = 4, .n_ctx = 128, .kv_type = kv_type, .block = 8, .step_tokens = 9,
+                             .n_threads = 2};
+    rc = iflow_batch_open(&b, m, &p4);
+    CHECK(rc == 0, "open mixed: %s", iflow_errmsg());
+    int next = 0;
+    for (int round = 0; rc == 0 && (next < N_REQ || iflow_batch_pending(b)); round++) {
+        for (int k = 0; k < 1 + round % 3 && next < N_REQ && rc == 0; k++)
+            rc = add_case(b, &mixed[next++]);
+        for (int s = 0; s < 1 + round % 4 && rc == 0; s++)
+            rc = iflow_batch_step(b) < 0 ? -1 : 0;
+        take_all(b);
+    }
+    CHECK(rc == 0, "mixed: %s", iflow_errmsg());
+    iflow_batch_get_stats(b, &st);
+    CHECK(st.blocks_used == 0 && st.running == 0 && st.queued == 0, "mixed: %d blocks still held", st.blocks_used);
+    CHECK(st.blocks_peak <= st.blocks_total && st.blocks_peak > 0, "block peak %d of %d", st.blocks_peak, st.blocks_total);
+    iflow_batch_close(b);
+    int same = 0;
+    for (int i = 0; i < N_REQ; i++) {
+        int eq = alone[i].n_out == mixed[i].n_out && alone[i].finish == mixed[i].finish &&
+                 memcmp(alone[i].out, mixed[i].out, sizeof(int32_t) * (size_t)alone[i].n_out) == 0;
+        same += eq;
+        CHECK(eq, "%s temp %.1f kv %s: request %d alone gives %d tokens (%s), in the batch %d (%s)", path, temp,
+              ifk_kv_type_name(kv_type), i, alone[i].n_out, iflow_finish_name(alone[i].finish), mixed[i].n_out,
+              iflow_finish_name(mixed[i].finish));
+        CHECK(alone[i].n_out > 0, "request %d generated nothing", i);
+    }
+    if (temp == 0 && kv_type == IFK_KV_F32) { /* alone = the plain context's greedy decoding */
+        iflow_ctx *c;
+        for (int i = 0; i < N_REQ; i++) {
+            CHECK(iflow_ctx_open(&c, m, 128, 1) == 0, "ctx: %s", iflow_errmsg());
+            int32_t id, got[64];
+            int n = 0;
+            rc = iflow_ctx_eval_argmax(c, alone[i].prompt, alone[i].n_prompt, &id);
+            while (rc == 0 && n < alone[i].max_tokens && !iflow_model_is_eos(m, id)) {
+                got[n++] = id;
+                if (n < alone[i].max_tokens)
+                    rc = iflow_ctx_eval_argmax(c, &id, 1, &id);
+            }
+            CHECK(rc == 0 && n == alone[i].n_out && memcmp(got, alone[i].out, sizeof(int32_t) * (size_t)n) == 0,
+                  "%s request %d: the batch engine alone differs from iflow_ctx_eval_argmax", path, i);
+            iflow_ctx_close(c);
+        }
+    }
+    iflow_model_close(m);
+}
+
+static void test_batching(void)
+{
+    batching_vs_alone(s260, 0.0f, IFK_KV_F32);
+    batching_vs_alone(s260, 0.8f, IFK_KV_F32);
+    batching_vs_alone(xs, 0.0f, IFK_KV_F32);
+    batching_vs_alone(xs, 0.9f, IFK_KV_F32);
+    batching_vs_alone(s260, 0.8f, IFK_KV_Q8);
+    batching_vs_alone(xs, 0.0f, IFK_KV_F16);
+}
+
+/* ---- KV cache types: perplexity ---------------------------------------------------------- */
+
+/* Perplexity of the first n tokens of ids, one position per step (F32 logits of every position). */
+static double ppl_steps(iflow_model *m, int kv_type, const int32_t *ids, int n)
+{
+    const int V = iflow_model_hparams(m)->vocab_size;
+    iflow_ctx *c;
+    iflow_kv *kv;
+    int32_t table[64];
+    for (int i = 0; i < 64; i++)
+        table[i] = 63 - i;
+    if (iflow_ctx_open_steps(&c, m, 2) < 0 || iflow_kv_open(&kv, m, kv_type, 8, 64) < 0) {
+        CHECK(0, "open: %s", iflow_errmsg());
+        return NAN;
+    }
+    float *lg = malloc(sizeof(float) * V);
+    double nll = 0;
+    for (int p = 0; p + 1 < n; p++) {
+        iflow_step_seq s = {.ids = ids + p, .n = 1, .pos0 = p, .table = table, .logits = lg};
+        if (iflow_ctx_step(c, kv, &s, 1) < 0) {
+            CHECK(0, "step: %s", iflow_errmsg());
+            break;
+        }
+        double mx = lg[0], sum = 0;
+        for (int i = 1; i < V; i++)
+            mx = lg[i] > mx ? lg[i] : mx;
+        for (int i = 0; i < V; i++)
+            sum += exp(lg[i] - mx);
+        nll += mx + log(sum) - lg[ids[p + 1]];
+    }
+    free(lg);
+    iflow_kv_close(kv);
+    iflow_ctx_close(c);
+    return exp(nll / (n - 1));
+}
+
+static void test_kv_types(void)
+{
+    const char *wiki = test_data("data/wikitext-2-raw/wiki.test.raw");
+    if (!wiki)
+        SKIP("WikiText-2 missing");
+    iflow_model *m;
+    if (iflow_model_open(&m, xs, 0) < 0) {
+        CHECK(0, "open: %s", iflow_errmsg());
+        return;
+    }
+    char *text;
+    size_t len = 0;
+    int32_t *ids;
+    size_t n;
+    text = test_read_file(wiki, &len);
+    CHECK(text != NULL, "read %s", wiki);
+    if (len > 20000)
+        len = 20000;
+    CHECK(iflow_tokenizer_encode(iflow_model_tokenizer(m), text, len, IFLOW_TOK_ADD_BOS, &ids, &n) == 0, "encode");
+    const int N = 256; /* the model's context */
+    CHECK(n >= (size_t)N, "%zu tokens", n);
+    double f32 = ppl_steps(m, IFK_KV_F32, ids, N), f16 = ppl_steps(m, IFK_KV_F16, ids, N),
+           q8 = ppl_steps(m, IFK_KV_Q8, ids, N);
+    if (getenv("BATCH_SHOW"))
+        fprintf(stderr, "xs-ckpt ppl over %d tokens: kv f32 %.4f, f16 %.4f (%+.4f %%), q8 %.4f (%+.4f %%)\n", N, f32,
+                f16, 100 * (f16 / f32 - 1), q8, 100 * (q8 / f32 - 1));
+    CHECK(fabs(f16 / f32 - 1) < 5e-4, "f16 KV perplexity %.4f vs f32 %.4f", f16, f32);
+    CHECK(fabs(q8 / f32 - 1) < 2e-2, "q8 KV perplexity %.4f vs f32 %.4f", q8, f32);
+    /* a TinyStories model on Wikipedia text: high, but far below the vocabulary's 512 */
+    CHECK(f32 > 1 && f32 < 400, "f32 perplexity %.3f is implausible", f32);
+    free(ids);
+    free(text);
+    iflow_model_close(m);
+}
+
+/* ---- finish reasons, stop strings, refusals ------------------------------------------------- */
+
+static void test_finish_and_errors(void)
+{
+    iflow_model *m;
+    if (iflow_model_open(&m, s260, 0) < 0) {
+        CHECK(0, "open: %s", iflow_errmsg());
+        return;
+    }
+    const iflow_tokenizer *tok = iflow_model_tokenizer(m);
+    int32_t *ids;
+    size_t n;
+    CHECK(iflow_tokenizer_encode(tok, "Once upon a time", 16, IFLOW_TOK_ADD_BOS, &ids, &n) == 0, "encode");
+    iflow_batch_params p = {.parallel = 2, .n_ctx = 40, .block = 4, .n_blocks = 12, .n_threads = 1};
+    iflow_batch *b;
+    CHECK(iflow_batch_open(&b, m, &p) == 0, "open: %s", iflow_errmsg());
+    iflow_request r = {.prompt = ids, .n_prompt = (int)n, .max_tokens = 5};
+    iflow_result *res = NULL;
+    /* length */
+    CHECK(iflow_batch_add(b, &r) == 0, "add: %s", iflow_errmsg());
+    while (iflow_batch_step(b) > 0)
+        ;
+    CHECK(iflow_batch_take(b, &res) == 1, "a result");
+    CHECK(res && res->finish == IFLOW_FINISH_LENGTH && res->n_tokens == 5, "finish %s after %d tokens",
+          res ? iflow_finish_name(res->finish) : "-", res ? res->n_tokens : -1);
+    char *full = res && res->text ? strdup(res->text) : NULL;
+    iflow_result_free(res);
+    /* stop: a string spanning the first tokens' boundary; the text ends before it */
+    CHECK(full && strlen(full) > 4, "text '%s'", full ? full : "");
+    if (full && strlen(full) > 4) {
+        char stop[8];
+        size_t fl = strlen(full), at = fl / 2;
+        snprintf(stop, sizeof stop, "%.3s", full + at - 1);
+        r.stop[0] = "\x01never";
+        r.stop[1] = stop;
+        r.n_stop = 2;
+        CHECK(iflow_batch_add(b, &r) == 0, "add: %s", iflow_errmsg());
+        while (iflow_batch_step(b) > 0)
+            ;
+        CHECK(iflow_batch_take(b, &res) == 1, "a result");
+        const char *hit = strstr(full, stop);
+        CHECK(res && res->finish == IFLOW_FINISH_STOP && hit && res->text_len == (size_t)(hit - full) &&
+                  strncmp(res->text, full, res->text_len) == 0,
+              "stop '%s' in '%s': finish %s, text '%s'", stop, full, res ? iflow_finish_name(res->finish) : "-",
+              res && res->text ? res->text : "");
+        iflow_result_free(res);
+        r.n_stop = 0;
+    }
+    free(full);
+    /* context: max_tokens clipped to what the context of 40 holds */
+    r.max_tokens = 1000;
+    CHECK(iflow_batch_add(b, &r) == 0, "add: %s", iflow_errmsg());
+    while (iflow_batch_step(b) > 0)
+        ;
+    CHECK(iflow_batch_take(b, &res) == 1, "a result");
+    CHECK(res && (res->finish == IFLOW_FINISH_CONTEXT || res->finish == IFLOW_FINISH_EOS) &&
+              res->n_prompt + res->n_tokens <= 40,
+          "finish %s with %d + %d tokens", res ? iflow_finish_name(res->finish) : "-", res ? res->n_prompt : 0,
+          res ? res->n_tokens : 0);
+    iflow_result_free(res);
+    /* refusals */
+    int32_t bad = 100000, big[40] = {1};
+    iflow_request e = {.prompt = &bad, .n_prompt = 1, .max_tokens = 4};
+    CHECK_ERR(iflow_batch_add(b, &e), IFLOW_ERANGE, "100000", "outside the vocabulary");
+    e.n_prompt = 0;
+    CHECK_ERR(iflow_batch_add(b, &e), IFLOW_EINVAL, "prompt", "no tokens");
+    e.prompt = big, e.n_prompt = 40;
+    CHECK_ERR(iflow_batch_add(b, &e), IFLOW_ERANGE, "40 tokens", "does not fit the context of 40");
+    e.n_prompt = 1, e.max_tokens = 0;
+    CHECK_ERR(iflow_batch_add(b, &e), IFLOW_EINVAL, "max_tokens", "at least 1");
+    CHECK(iflow_batch_pending(b) == 0, "refused requests are not queued");
+    iflow_batch_close(b);
+    /* a request needing more blocks than the cache has */
+    p.n_blocks = 2;
+    CHECK(iflow_batch_open(&b, m, &p) == 0, "open: %s", iflow_errmsg());
+    r.max_tokens = 30;
+    CHECK_ERR(iflow_batch_add(b, &r), IFLOW_ERANGE, "KV blocks", "the cache has 2");
+    iflow_batch_close(b);
+    free(ids);
+    iflow_model_close(m);
+}
+
+int main(void)
+{
+    if (!mkdtemp(dir))
+        return perror("mkdtemp"), 1;
+    snprintf(s260, sizeof s260, "%s/s.ifs", dir);
+    snprintf(xs, sizeof xs, "%s/xs.ifs", dir);
+    if (test_convert("models/stories260K/hf", s260, -1) != 0 || test_convert("models/xs-ckpt/hf", xs, -1) != 0) {
+        fprintf(stderr, "test data missing or conversion failed\n");
+        return check_summary("test_batch") | 1;
+    }
+    RUN(test_paged_vs_contiguous);
+    RUN(test_batching);
+    RUN(test_kv_types);
+    RUN(test_finish_and_errors);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", dir);
+    return check_summary("test_batch");
+}
