@@ -407,6 +407,7 @@ static json_t *metrics_json(const batch_opts *o, const iflow_model *m, writer *w
     json_object_set_new(kv, "blocks_peak", json_integer(st->blocks_peak));
     json_object_set_new(js, "kv_blocks", kv);
     json_object_set_new(js, "threads", json_integer(o->threads > 0 ? o->threads : omp_get_num_procs()));
+    json_object_set_new(js, "peak_rss_mib", json_real(round(peak_rss_mib() * 10) / 10));
     return js;
 }
 

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# iflow-run --batch: JSON Lines in and out through the continuous-batching engine. Greedy results
+# against ../shared/golden (every golden prompt in one batch), batch composition not changing a
+# seeded request's text, error results for bad lines (line number and id, the others going on),
+# a closed output, --dry-run, --metrics, and a soak of 10,000 short requests (each id exactly
+# once, peak RSS flat between 1,000 and 10,000 requests).
+. "$(dirname "$0")/lib.sh"
+G=$DATA/golden
+$BIN/iflow-convert "$DATA/models/stories260K/hf" -o "$TMP/s.ifs" || { bad "convert"; summary; exit 1; }
+
+# ---- every golden prompt in one batch: each text equals the golden greedy continuation ----
+jq -c '{id: .prompt, prompt, max_tokens: 64, temperature: 0}' "$G/stories260K.greedy64.jsonl" >"$TMP/golden.jsonl"
+n=$(wc -l <"$TMP/golden.jsonl")
+run bash -c "$BIN/iflow-run -m '$TMP/s.ifs' --batch --parallel 4 -t 2 <'$TMP/golden.jsonl'"
+expect_rc 0 "golden prompts in a batch"
+expect_eq "$(wc -l <<<"$out")" "$n" "one result per golden prompt"
+while IFS= read -r rec; do
+    p=$(jq -r .prompt <<<"$rec")
+    got=$(jq -r --arg p "$p" 'select(.id == $p) | .text' <<<"$out")
+    expect_eq "$got" "$(jq -r .continuation <<<"$rec")" "batched greedy text for '$p'"
+done <"$G/stories260K.greedy64.jsonl"
+expect_eq "$(jq -r .finish_reason <<<"$out" | sort -u | tr '\n' ' ')" "length " "finish reasons"
+
+# ---- a seeded request alone and among 15 others: the same text ----
+req='{"id":"me","prompt":"Once upon a time","max_tokens":48,"temperature":0.9,"top_k":40,"top_p":0.95,"seed":7}'
+run bash -c "echo '$req' | $BIN/iflow-run -m '$TMP/s.ifs' --batch"
+alone=$(jq -r .text <<<"$out")
+{
+    for i in $(seq 1 7); do echo "{\"id\":$i,\"prompt\":\"Lily saw a $i\",\"max_tokens\":$((10 + i * 5)),\"temperature\":0.8}"; done
+    echo "$req"
+    for i in $(seq 8 15); do echo "{\"id\":$i,\"prompt\":\"Tom had $i\",\"max_tokens\":$((70 - i * 3))}"; done
+} >"$TMP/mixed.jsonl"
+run bash -c "$BIN/iflow-run -m '$TMP/s.ifs' --batch --parallel 6 -t 2 <'$TMP/mixed.jsonl'"
+expect_rc 0 "mixed batch"
+expect_eq "$(jq -r 'select(.id == "me") | .text' <<<"$out")" "$alone" "seeded text alone and in a batch"
+expect_eq "$(wc -l <<<"$out")" 16 "16 results"
+run bash -c "$BIN/iflow-run -m '$TMP/s.ifs' --batch --parallel 16 --kv-type q8 -t 1 <'$TMP/mixed.jsonl'"
+expect_rc 0 "q8 KV cache"
+expect_eq "$(jq -r .id <<<"$out" | sort | tr '\n' ' ')" "$(jq -r .id "$TMP/mixed.jsonl" | sort | tr '\n' ' ')" "q8: every id"
+
+# ---- bad lines: an error result with the line number and id; the others go on ----
+long=$(printf 'Once upon a time %.0s' $(seq 1 40))
+cat >"$TMP/bad.jsonl" <<EOF
+{"id":"ok1","prompt":"Once upon a time","max_tokens":4}
+not json
+{"id":"nop","max_tokens":4}
+{"id":"typo","prompt":"x","max_token":4}
+{"id":"ok1","prompt":"dup","max_tokens":4}
+
+{"id":"long","prompt":"$long","max_tokens":4}
+{"id":"neg","prompt":"x","temperature":-1}
+["an array"]
+{"id":"ok2","prompt":"One day","max_tokens":4}
+EOF
+run bash -c "$BIN/iflow-run -m '$TMP/s.ifs' --batch -c 64 <'$TMP/bad.jsonl'"
+expect_rc 0 "bad lines do not stop the batch"
+line() { jq -c --arg id "$1" 'select((.id | tostring) == $id) | [.line, .error]' <<<"$out"; }
+expect_eq "$(line 2)" '[2,"not JSON: '"'"'['"'"' or '"'"'{'"'"' expected near '"'"'not'"'"' (column 3)"]' "invalid JSON"
+expect_eq "$(line nop)" '[3,"field '"'"'prompt'"'"' (a string) is missing"]' "missing prompt"
+expect_eq "$(line typo)" '[4,"unknown field '"'"'max_token'"'"'"]' "unknown field"
+expect_eq "$(jq -c 'select(.line == 5) | .error' <<<"$out")" '"duplicate id \"ok1\": a request with this id is still running"' "duplicate id"
+expect_match "$(line long)" '^\[7,"the prompt of [0-9]+ tokens does not fit the context of 64"\]$' "prompt longer than the context"
+expect_eq "$(line neg)" '[8,"field '"'"'temperature'"'"' must be a number from 0 to 100"]' "bad number"
+expect_eq "$(line 9)" '[9,"a request must be a JSON object"]' "not an object"
+expect_eq "$(jq -r 'select(.text) | .id' <<<"$out" | sort | tr '\n' ' ')" "ok1 ok2 " "the good requests finish"
+expect_eq "$(jq -r 'select(.id == "ok2") | [.finish_reason, .completion_tokens] | @tsv' <<<"$out")" "length	4" "max_tokens"
+
+# ---- stop strings end the text before them ----
+full=$(echo '{"prompt":"Once upon a time","max_tokens":30,"temperature":0}' | $BIN/iflow-run -m "$TMP/s.ifs" --batch | jq -r .text)
+stop=${full:12:4}
+run bash -c "echo '{\"prompt\":\"Once upon a time\",\"max_tokens\":30,\"temperature\":0,\"stop\":[\"zzz\",\"$stop\"]}' | $BIN/iflow-run -m '$TMP/s.ifs' --batch"
+expect_eq "$(jq -r .finish_reason <<<"$out")" stop "finish reason stop"
+expect_eq "$(jq -r .text <<<"$out")" "${full%%"$stop"*}" "text cut before '$stop'"
+
+# ---- a closed output stops cleanly: exit 1, no message, no crash ----
+yes '{"prompt":"Once upon a time","max_tokens":8}' | head -n 300 >"$TMP/many.jsonl"
+run bash -c "$BIN/iflow-run -m '$TMP/s.ifs' --batch <'$TMP/many.jsonl' | head -n 1 >/dev/null; echo \${PIPESTATUS[0]}"
+expect_eq "$out" 1 "closed output: exit status"
+expect_eq "$err" "" "closed output: nothing on stderr"
+
+# ---- --metrics and -v ----
+run bash -c "$BIN/iflow-run -m '$TMP/s.ifs' --batch --parallel 8 --metrics '$TMP/m.json' <'$TMP/mixed.jsonl' >/dev/null"
+expect_rc 0 "metrics run"
+expect_eq "$(jq -r '[.requests, .errors, (.ttft_ms | keys | join(",")), (.token_latency_ms.p50 > 0), (.batch_occupancy > 0), .kv_blocks.type, .kv_blocks.blocks_peak <= .kv_blocks.blocks_total] | @tsv' "$TMP/m.json")" \
+    "16	0	mean,p50,p90,p99	true	true	f32	true" "metrics fields"
+
+# ---- --dry-run ----
+run $BIN/iflow-run -m "$TMP/s.ifs" --dry-run --parallel 32 -c 256 --kv-type q8
+expect_rc 0 "dry run"
+# 5 layers x (K + V) x 16 positions x (4 kv heads x 8 dims + 4 x 1 F16 scales of groups of 8) = 6400
+expect_eq "$(sed -n 3,5p <<<"$out")" "kv cache          q8, blocks of 16 positions, 6400 bytes a block
+kv per request    102400 bytes (256 positions)
+kv total          3.1 MiB (--parallel 32)" "dry run: the KV plan"
+expect_match "$out" "largest parallel  [0-9]+" "dry run: the largest --parallel"
+run $BIN/iflow-run -m "$TMP/s.ifs" --dry-run --json -c 256
+expect_eq "$(jq -c '[.n_ctx, .kv_type, .parallel, .kv_per_request_bytes]' <<<"$out")" '[256,"f32",16,327680]' "dry run --json"
+
+# ---- usage errors ----
+run $BIN/iflow-run -m "$TMP/s.ifs" --parallel 4 -p hi
+expect_rc 2 "--parallel without --batch"
+expect_eq "$err" "iflow-run: --parallel, --kv-type and --metrics go with --batch
+Try 'iflow-run --help' for more information." "--parallel without --batch: message"
+run $BIN/iflow-run -m "$TMP/s.ifs" --batch --kv-type q4
+expect_rc 2 "bad --kv-type"
+
+# ---- soak: 10,000 short requests, each id once, memory flat ----
+if [[ ${IFLOW_TEST_BUILD:-} == *san* ]]; then
+    echo "SKIP $NAME: the 10,000-request soak (sanitizer build)" >&2
+else
+    soak() { # N -> peak RSS MiB
+        seq 1 "$1" | awk '{ printf "{\"id\":%d,\"prompt\":\"Tom %d\",\"max_tokens\":%d}\n", $1, $1 % 97, 1 + $1 % 5 }' >"$TMP/soak.jsonl"
+        $BIN/iflow-run -m "$TMP/s.ifs" --batch --parallel 64 -c 64 -t 1 --metrics "$TMP/soak.json" <"$TMP/soak.jsonl" >"$TMP/soak.out"
+        jq -r .peak_rss_mib "$TMP/soak.json"
+    }
+    rss1=$(soak 1000)
+    rss10=$(soak 10000)
+    expect_eq "$(jq -r .id "$TMP/soak.out" | sort -n | uniq | wc -l) $(wc -l <"$TMP/soak.out")" "10000 10000" "soak: every id exactly once"
+    expect_eq "$(jq -r 'select(.error) | .id' "$TMP/soak.out" | wc -l)" 0 "soak: no errors"
+    awk -v a="$rss1" -v b="$rss10" 'BEGIN { exit !(b <= a + 8) }' && ok || bad "soak: peak RSS grew from $rss1 MiB (1,000 requests) to $rss10 MiB (10,000)"
+    echo "soak: peak RSS $rss1 MiB for 1,000 requests, $rss10 MiB for 10,000" >&2
+fi
+
+summary
