@@ -9,7 +9,10 @@
 # (decode streams every weight matrix once per token); then the kernel micro-benchmarks
 # (bench/kbench.c); and the TinyLlama shape split by layer and by tensor over virtual CPU devices
 # (cpu:1, cpu:2; iflow-run --plan), measured against iflow-partition's estimate, so the cost
-# model's error shows. No thresholds: these are measurements.
+# model's error shows; and continuous batching (bench/batchbench.c): generated tokens/s of 1, 4
+# and 16 streams on the TinyLlama shape in Q4_B64, and a replay of 200 WikiText prompts arriving
+# as a Poisson process (IFLOW_BENCH_REPLAY_RATE requests/s, default 1) with its latency metrics.
+# No thresholds: these are measurements.
 set -euo pipefail
 build=${1:?usage: bench/bench.sh BUILD_DIR}
 cd "$(dirname "$0")/.."
@@ -100,12 +103,28 @@ partition_entries() { # TinyLlama F16 on virtual CPU devices: measured decode ag
 }
 part=$(partition_entries)
 
+batch_entries() { # continuous batching on the TinyLlama shape, Q4_B64: streams and a Poisson replay
+    log "batch: TinyLlama Q4_B64, 1/4/16 streams at 1 and 2 threads, and a replay of 200 WikiText prompts"
+    bin/iflow-convert --synthetic "$DATA/models/synthetic/tinyllama-1.1b" -t f16 -o "$work/tl-b16.ifs"
+    bin/iflow-quant -t q4_b64 --keep "*=q4_b64" -i "$work/tl-b16.ifs" -o "$work/tl-bq4.ifs"
+    rm -f "$work/tl-b16.ifs"
+    local s1 s2 rp
+    s1=$("$build/batchbench" "$work/tl-bq4.ifs" streams 1 8 64 1 4 16)
+    s2=$("$build/batchbench" "$work/tl-bq4.ifs" streams 2 8 64 1 4 16)
+    rp=$("$build/batchbench" "$work/tl-bq4.ifs" replay 2 "$DATA/data/wikitext-2-raw/wiki.test.raw" 200 \
+        "${IFLOW_BENCH_REPLAY_RATE:-1}" 16 32)
+    rm -f "$work/tl-bq4.ifs"
+    jq -n --argjson s1 "$s1" --argjson s2 "$s2" --argjson rp "$rp" \
+        '{model: "tinyllama-1.1b-q4_b64", streams: {"1": $s1, "2": $s2}, replay: $rp[0]}'
+}
+batch=$(batch_entries)
+
 log "kernel micro-benchmarks"
 kern=$("$build/kbench" --quick | jq -s .)
 
 jq -n --argjson bw1 "$bw1" --argjson bw2 "$bw2" --argjson a "$s260" --argjson b "$tl16" --argjson c "$tl32" \
-    --argjson kern "$kern" --argjson quant "$quant" --argjson part "$part" \
+    --argjson kern "$kern" --argjson quant "$quant" --argjson part "$part" --argjson batch "$batch" \
     --arg cpu "$(sed -nE 's/^model name\s*: //p' /proc/cpuinfo | head -n 1)" --arg cores "$(nproc)" '
     {machine: {cpu: $cpu, cores: ($cores | tonumber), kernel_path: ($kern[0].isa // null),
                membw_read_gbps: {"1": $bw1, "2": $bw2}},
-     models: [$a, $b, $c], quantized: $quant, partition: $part, kernels: $kern}'
+     models: [$a, $b, $c], quantized: $quant, partition: $part, batch: $batch, kernels: $kern}'

@@ -3,6 +3,7 @@
 #include "cmd/io.h"
 #include "libcore/base/error.h"
 #include "libcore/serving/batch.h"
+#include "libcore/serving/metrics.h"
 #include "libcore/tokenizers/tokenizer.h"
 
 #include <errno.h>
@@ -273,10 +274,7 @@ static void *reader_main(void *arg)
 typedef struct {
     queue *in;
     int failed;                   /* a write failed: the output is closed */
-    /* metrics of delivered results (the main thread reads them after joining) */
-    double *ttft, *tpot;          /* [n_ok] seconds */
-    long n_ok, n_err, cap;
-    uint64_t gen_tokens, prompt_tokens;
+    iflow_metrics met;            /* of delivered results (read by the main thread after joining) */
 } writer;
 
 static json_t *result_json(const item *it)
@@ -301,30 +299,6 @@ static json_t *result_json(const item *it)
     return o;
 }
 
-static void writer_note(writer *w, const item *it)
-{
-    if (it->error) {
-        w->n_err++;
-        return;
-    }
-    const iflow_result *r = it->res;
-    if (w->n_ok == w->cap) {
-        long cap = w->cap ? 2 * w->cap : 1024;
-        double *a = realloc(w->ttft, (size_t)cap * sizeof *a), *b = a ? realloc(w->tpot, (size_t)cap * sizeof *b) : NULL;
-        if (a)
-            w->ttft = a;
-        if (!a || !b)
-            return;
-        w->tpot = b;
-        w->cap = cap;
-    }
-    w->ttft[w->n_ok] = r->t_first - r->t_added;
-    w->tpot[w->n_ok] = r->n_tokens > 1 ? (r->t_done - r->t_first) / (r->n_tokens - 1) : NAN;
-    w->n_ok++;
-    w->gen_tokens += (uint64_t)r->n_tokens;
-    w->prompt_tokens += (uint64_t)r->n_prompt;
-}
-
 static void *writer_main(void *arg)
 {
     writer *w = arg;
@@ -340,75 +314,16 @@ static void *writer_main(void *arg)
             if (!s || fputs(s, stdout) == EOF || putchar('\n') == EOF || fflush(stdout) == EOF)
                 w->failed = 1;
             free(s);
-            if (!w->failed)
-                writer_note(w, it);
+            if (!w->failed) {
+                if (it->error)
+                    iflow_metrics_add_error(&w->met);
+                else
+                    iflow_metrics_add(&w->met, it->res);
+            }
         }
         item_free(it);
     }
     return NULL;
-}
-
-/* ---- metrics ------------------------------------------------------------------------------------ */
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* {mean, p50, p90, p99} in milliseconds of the finite values of v[0..n) (sorted in place). */
-static json_t *dist_json(double *v, long n)
-{
-    long k = 0;
-    for (long i = 0; i < n; i++)
-        if (isfinite(v[i]))
-            v[k++] = v[i];
-    json_t *o = json_object();
-    if (k == 0)
-        return o;
-    qsort(v, (size_t)k, sizeof *v, cmp_double);
-    double sum = 0;
-    for (long i = 0; i < k; i++)
-        sum += v[i];
-    double p[] = {0.5, 0.9, 0.99};
-    const char *names[] = {"p50", "p90", "p99"};
-    json_object_set_new(o, "mean", json_real(round(sum / k * 1e6) / 1e3));
-    for (int i = 0; i < 3; i++) {
-        long at = (long)ceil(p[i] * k) - 1;
-        json_object_set_new(o, names[i], json_real(round(v[at < 0 ? 0 : at] * 1e6) / 1e3));
-    }
-    return o;
-}
-
-static json_t *metrics_json(const batch_opts *o, const iflow_model *m, writer *w, const iflow_batch_stats *st,
-                            const iflow_batch_params *p, double wall)
-{
-    json_t *js = json_object();
-    json_object_set_new(js, "requests", json_integer(w->n_ok));
-    json_object_set_new(js, "errors", json_integer(w->n_err));
-    json_object_set_new(js, "wall_s", json_real(round(wall * 1e3) / 1e3));
-    json_object_set_new(js, "requests_per_s", json_real(wall > 0 ? round(w->n_ok / wall * 1e3) / 1e3 : 0));
-    json_object_set_new(js, "prompt_tokens", json_integer((json_int_t)w->prompt_tokens));
-    json_object_set_new(js, "generated_tokens", json_integer((json_int_t)w->gen_tokens));
-    json_object_set_new(js, "generated_tokens_per_s",
-                        json_real(wall > 0 ? round((double)w->gen_tokens / wall * 100) / 100 : 0));
-    json_object_set_new(js, "ttft_ms", dist_json(w->ttft, w->n_ok));
-    json_object_set_new(js, "token_latency_ms", dist_json(w->tpot, w->n_ok));
-    json_object_set_new(js, "parallel", json_integer(p->parallel));
-    json_object_set_new(js, "steps", json_integer((json_int_t)st->steps));
-    json_object_set_new(js, "tokens_per_step", json_real(st->steps ? (double)st->step_tokens / st->steps : 0));
-    json_object_set_new(js, "batch_occupancy",
-                        json_real(st->steps ? round((double)st->running_sum / st->steps / p->parallel * 1e4) / 1e4 : 0));
-    json_t *kv = json_object();
-    json_object_set_new(kv, "type", json_string(ifk_kv_type_name(p->kv_type)));
-    json_object_set_new(kv, "block_positions", json_integer(p->block));
-    json_object_set_new(kv, "block_bytes", json_integer((json_int_t)iflow_batch_block_bytes(m, p->kv_type, p->block)));
-    json_object_set_new(kv, "blocks_total", json_integer(st->blocks_total));
-    json_object_set_new(kv, "blocks_peak", json_integer(st->blocks_peak));
-    json_object_set_new(js, "kv_blocks", kv);
-    json_object_set_new(js, "threads", json_integer(o->threads > 0 ? o->threads : omp_get_num_procs()));
-    json_object_set_new(js, "peak_rss_mib", json_real(round(peak_rss_mib() * 10) / 10));
-    return js;
 }
 
 /* ---- the main loop --------------------------------------------------------------------------------- */
@@ -499,10 +414,10 @@ int batch_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
         pthread_join(rt, NULL);
     else
         pthread_detach(rt);
-    iflow_batch_stats st;
-    iflow_batch_get_stats(b, &st);
     if (o->metrics || o->verbose) {
-        json_t *js = metrics_json(o, m, &w, &st, bp, wall);
+        json_t *js = iflow_metrics_json(&w.met, m, b, wall);
+        json_object_set_new(js, "threads", json_integer(o->threads > 0 ? o->threads : omp_get_num_procs()));
+        json_object_set_new(js, "peak_rss_mib", json_real(round(peak_rss_mib() * 10) / 10));
         if (o->metrics && json_dump_file(js, o->metrics, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9)) != 0)
             fprintf(stderr, "%s: cannot write metrics to '%s': %s\n", t->name, o->metrics, strerror(errno));
         if (o->verbose) {
@@ -519,8 +434,7 @@ int batch_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
     item *it;
     while ((it = q_pop(&out, 0, NULL)) != NULL)
         item_free(it);
-    free(w.ttft);
-    free(w.tpot);
+    iflow_metrics_free(&w.met);
     if (rc)
         die(t, "%s", err);
     if (!w.failed) {
