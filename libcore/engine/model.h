@@ -122,6 +122,9 @@ int iflow_model_place(iflow_model *m, const iflow_placement *p, int n_ctx);
 struct iflow_plan_s;
 int iflow_model_place_plan(iflow_model *m, const struct iflow_plan_s *plan, iflow_device *const *devices, int n_ctx);
 
+/* 1 if every device of m's placement computes in host memory (the CPU). */
+int iflow_model_host_only(const iflow_model *m);
+
 /* A placement of the first n_first layers on device 0 and the rest on device 1, the output on
  * device 0 when every layer is there (llama.cpp's --gpu-layers). layer_device: [n_layers]. */
 void iflow_placement_first_n(iflow_placement *p, int *layer_device, int n_layers, iflow_device *first,

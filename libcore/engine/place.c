@@ -469,6 +469,14 @@ int iflow_model_place_plan(iflow_model *m, const struct iflow_plan_s *plan, iflo
     return rc;
 }
 
+int iflow_model_host_only(const iflow_model *m)
+{
+    for (int i = 0; i < m->n_devs; i++)
+        if (m->devs[i] && !m->devs[i]->host_memory)
+            return 0;
+    return 1;
+}
+
 void iflow_placement_first_n(iflow_placement *p, int *layer_device, int n_layers, iflow_device *first, int n_first,
                              iflow_device *rest)
 {

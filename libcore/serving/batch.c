@@ -74,8 +74,8 @@ int iflow_batch_open(iflow_batch **out, const iflow_model *m, const iflow_batch_
         q.parallel = 16;
     if (q.n_ctx <= 0 || q.n_ctx > hp->max_seq)
         q.n_ctx = hp->max_seq;
-    if (q.block <= 0)
-        q.block = 16;
+    if (q.block <= 0) /* CUDA's attention reads one block per sequence so far: a whole context */
+        q.block = iflow_model_host_only(m) ? 16 : q.n_ctx;
     if (q.n_blocks <= 0)
         q.n_blocks = q.parallel * ((q.n_ctx + q.block - 1) / q.block);
     if (q.step_tokens <= 0 || q.step_tokens > IFLOW_MAX_STEP)

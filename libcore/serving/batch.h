@@ -40,7 +40,7 @@ typedef struct {
     int parallel;      /* requests running at once (decoding or prefilling); default 16      */
     int n_ctx;         /* positions per request; <= 0: the model's max_seq                  */
     int kv_type;       /* IFK_KV_F32 (default), IFK_KV_F16, IFK_KV_Q8                      */
-    int block;         /* positions per KV block; <= 0: 16                                  */
+    int block;         /* positions per KV block; <= 0: 16 (n_ctx on a GPU placement)       */
     int n_blocks;      /* blocks in the cache; <= 0: enough for parallel requests of n_ctx */
     int step_tokens;   /* tokens per step; <= 0 or more than IFLOW_MAX_STEP: the max  */
     int n_threads;     /* <= 0: all cores                                                   */
