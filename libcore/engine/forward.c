@@ -606,30 +606,42 @@ static int out_logits_rows(iflow_ctx *c, int rows)
     return 0;
 }
 
-/* The logits after the last row of every sequence that asks for them, one matrix product for
- * all of them (the output matrix is read once per step). */
+/* The logits (or the argmax) after the last row of every sequence that asks for them, one
+ * matrix product for all of them (the output matrix is read once per step). */
 static int step_logits(iflow_ctx *c, dev_scratch *s, const iflow_step_seq *seqs, const ifk_kv_seq *seq, int n_seqs)
 {
     const iflow_hparams *hp = &c->m->hp;
     iflow_device *d = s->dev;
-    int D = hp->dim, V = hp->vocab_size, n_out = 0;
+    int D = hp->dim, V = hp->vocab_size, n_out = 0, n_full = 0;
     for (int i = 0; i < n_seqs; i++)
-        if (seqs[i].logits) {
+        if (seqs[i].logits || seqs[i].next) {
             int r = seq[i].row0 + seq[i].n_rows - 1;
             TRY(d->ops->rmsnorm(d, s->xb + (size_t)n_out * D, s->x + (size_t)r * D, c->m->output_norm_w, 1, D,
                                 hp->norm_eps));
             n_out++;
+            n_full += seqs[i].logits != NULL;
         }
     if (n_out == 0)
         return 0;
     TRY(out_logits_rows(c, n_out));
     float *y;
     TRY(project_logits(c, s, n_out, c->out_logits, &y));
-    if (y != c->out_logits)
+    if (y != c->out_logits && n_full == n_out)
         TRY(d->ops->download(d, c->out_logits, y, (size_t)n_out * V * sizeof(float)));
-    for (int i = 0, j = 0; i < n_seqs; i++)
-        if (seqs[i].logits)
-            memcpy(seqs[i].logits, c->out_logits + (size_t)j++ * V, (size_t)V * sizeof(float));
+    for (int i = 0, j = 0; i < n_seqs; i++) {
+        if (!seqs[i].logits && !seqs[i].next)
+            continue;
+        const float *row = y + (size_t)j * V;
+        if (seqs[i].logits) {
+            if (y == c->out_logits || n_full == n_out)
+                memcpy(seqs[i].logits, c->out_logits + (size_t)j * V, (size_t)V * sizeof(float));
+            else
+                TRY(d->ops->download(d, seqs[i].logits, row, (size_t)V * sizeof(float)));
+        } else {
+            TRY(d->ops->argmax(d, seqs[i].next, row, V));
+        }
+        j++;
+    }
     return 0;
 }
 

@@ -168,6 +168,9 @@ typedef struct {
     int n, pos0;
     const int32_t *table;    /* block ids covering positions 0 .. pos0 + n - 1 (host)       */
     float *logits;           /* [vocab] host: the logits after the last token; NULL: none */
+    int32_t *next;           /* or, with logits NULL: the most likely next token (the lowest id
+                              * among equal logits), found on the output device so that only
+                              * the id is copied back; NULL: none                             */
 } iflow_step_seq;
 
 /* A context with scratch but no cache of its own, for iflow_ctx_step. */

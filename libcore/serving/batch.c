@@ -17,6 +17,7 @@ typedef struct req {
     int n_prompt, max_tokens;
     int n_done;                   /* prompt tokens already in the cache                    */
     int32_t pending;              /* DECODE: the last drawn token, not yet in the cache    */
+    int32_t drawn;                /* greedy: the argmax the step found on the output device */
     int32_t *blocks;              /* [n_reserved] block table (n_held filled)              */
     int n_reserved, n_held;
     iflow_sampler_params sp;
@@ -365,9 +366,18 @@ static int accept(iflow_batch *b, req *r, int32_t id)
 
 /* ---- a step ---------------------------------------------------------------------------------- */
 
+/* Sequence n of the step is r's last row before a draw: its logits for r's sampler, or for a
+ * greedy request only the argmax (found where the logits are; only the id crosses). */
+static void wants_token(iflow_batch *b, req *r, iflow_step_seq *q, int n)
+{
+    if (r->sampler)
+        q->logits = b->logits + (size_t)n * iflow_model_hparams(b->m)->vocab_size;
+    else
+        q->next = &r->drawn;
+}
+
 int iflow_batch_step(iflow_batch *b)
 {
-    const int V = iflow_model_hparams(b->m)->vocab_size;
     iflow_step_seq seqs[IFLOW_MAX_STEP];
     req *who[IFLOW_MAX_STEP];
     int n = 0, tokens = 0, rc;
@@ -378,8 +388,8 @@ int iflow_batch_step(iflow_batch *b)
         if (r->state == DECODE) {
             int pos = r->n_prompt + r->res->n_tokens - 1;
             hold_blocks(b, r, pos + 1);
-            seqs[n] = (iflow_step_seq){.ids = &r->pending, .n = 1, .pos0 = pos, .table = r->blocks,
-                                       .logits = b->logits + (size_t)n * V};
+            seqs[n] = (iflow_step_seq){.ids = &r->pending, .n = 1, .pos0 = pos, .table = r->blocks};
+            wants_token(b, r, &seqs[n], n);
             who[n++] = r;
             tokens++;
         }
@@ -390,8 +400,9 @@ int iflow_batch_step(iflow_batch *b)
                 chunk = b->p.step_tokens - tokens;
             hold_blocks(b, r, r->n_done + chunk);
             int last = r->n_done + chunk == r->n_prompt;
-            seqs[n] = (iflow_step_seq){.ids = r->prompt + r->n_done, .n = chunk, .pos0 = r->n_done, .table = r->blocks,
-                                       .logits = last ? b->logits + (size_t)n * V : NULL};
+            seqs[n] = (iflow_step_seq){.ids = r->prompt + r->n_done, .n = chunk, .pos0 = r->n_done, .table = r->blocks};
+            if (last)
+                wants_token(b, r, &seqs[n], n);
             who[n++] = r;
             tokens += chunk;
         }
@@ -411,9 +422,9 @@ int iflow_batch_step(iflow_batch *b)
             r->n_done += seqs[i].n;
             b->st.prompt += (uint64_t)seqs[i].n;
         }
-        if (!seqs[i].logits)
+        if (!seqs[i].logits && !seqs[i].next)
             continue;
-        int32_t id = r->sampler ? iflow_sampler_sample(r->sampler, seqs[i].logits) : iflow_argmax(seqs[i].logits, V);
+        int32_t id = r->sampler ? iflow_sampler_sample(r->sampler, seqs[i].logits) : r->drawn;
         if ((rc = accept(b, r, id)) < 0)
             return rc;
     }
