@@ -97,22 +97,52 @@ static void sift(iflow_cand *h, int n, int i)
     }
 }
 
+/* Move the k best candidates to the front, sorted; the others stay behind them in some order. */
+static void select_front(iflow_cands *cs, int k)
+{
+    if (cs->sorted)
+        return;
+    if (k >= cs->n) {
+        iflow_cands_sort(cs);
+        return;
+    }
+    iflow_cand *h = cs->c;
+    for (int i = k / 2 - 1; i >= 0; i--)
+        sift(h, k, i);
+    for (int i = k; i < cs->n; i++)
+        if (before(&h[i], &h[0])) {
+            iflow_cand t = h[0];
+            h[0] = h[i], h[i] = t;
+            sift(h, k, 0);
+        }
+    qsort(h, (size_t)k, sizeof *h, by_logit);
+}
+
 void iflow_cands_top_k(iflow_cands *cs, int k)
 {
     if (k <= 0 || k >= cs->n)
         return;
-    if (!cs->sorted) {
-        iflow_cand *h = cs->c;
-        for (int i = k / 2 - 1; i >= 0; i--)
-            sift(h, k, i);
-        for (int i = k; i < cs->n; i++)
-            if (before(&h[i], &h[0])) {
-                h[0] = h[i];
-                sift(h, k, 0);
-            }
-    }
+    select_front(cs, k);
     cs->n = k;
-    iflow_cands_sort(cs);
+    cs->sorted = 1;
+}
+
+/* The largest logit and the softmax normalizer of the whole list, without sorting. */
+static float max_logit(const iflow_cands *cs)
+{
+    float mx = -INFINITY;
+    for (int i = 0; i < cs->n; i++)
+        if (cs->c[i].logit > mx)
+            mx = cs->c[i].logit;
+    return mx;
+}
+
+static double normalizer(const iflow_cands *cs, float mx)
+{
+    double z = 0;
+    for (int i = 0; i < cs->n; i++)
+        z += expf(cs->c[i].logit - mx);
+    return z;
 }
 
 /* Keep the first n of the sorted list. */
@@ -187,14 +217,27 @@ void iflow_cands_top_p(iflow_cands *cs, float p)
 {
     if (p <= 0 || p >= 1)
         return;
-    iflow_cands_softmax(cs);
-    double cum = 0;
-    for (int i = 0; i < cs->n; i++) {
-        cum += cs->c[i].p;
-        if (cum >= p) {
-            keep(cs, i + 1);
-            return;
+    /* Sort only as far as the mass needs: the best 64, 256, ... until they reach p (the
+     * probabilities are those of the whole list, so the cut is the full sort's). */
+    float mx = max_logit(cs);
+    if (mx == -INFINITY)
+        return;
+    double z = normalizer(cs, mx);
+    for (int k = cs->sorted ? cs->n : 64;; k *= 4) {
+        if (k > cs->n)
+            k = cs->n;
+        select_front(cs, k);
+        double cum = 0;
+        for (int i = 0; i < k; i++) {
+            cum += (float)(expf(cs->c[i].logit - mx) / z);
+            if (cum >= p) {
+                keep(cs, i + 1);
+                cs->sorted = 1;
+                return;
+            }
         }
+        if (k == cs->n)
+            return;
     }
 }
 
@@ -297,11 +340,23 @@ int32_t iflow_cands_mirostat(iflow_cands *cs, float tau, float eta, int m, int n
 
 int32_t iflow_cands_mirostat2(iflow_cands *cs, float tau, float eta, float *mu, double u)
 {
-    iflow_cands_softmax(cs);
-    int n = 0;
-    while (n < cs->n && -log2f(cs->c[n].p) <= *mu)
-        n++;
-    keep(cs, n);
+    /* Keep the tokens with surprise <= mu (a prefix of the sorted list): filter, then sort those. */
+    float mx = max_logit(cs);
+    if (mx != -INFINITY) {
+        double z = normalizer(cs, mx);
+        int n = 0, best = 0;
+        for (int i = 0; i < cs->n; i++)
+            if (before(&cs->c[i], &cs->c[best]))
+                best = i;
+        iflow_cand first = cs->c[best];
+        for (int i = 0; i < cs->n; i++)
+            if (-log2f((float)(expf(cs->c[i].logit - mx) / z)) <= *mu)
+                cs->c[n++] = cs->c[i];
+        if (n == 0)
+            cs->c[n++] = first;
+        cs->n = n;
+        cs->sorted = 0;
+    }
     return mirostat_draw(cs, tau, eta, mu, u);
 }
 
@@ -337,10 +392,14 @@ static int by_score(const void *a, const void *b)
 
 void iflow_cands_fsd(iflow_cands *cs, const int32_t *hist, int n_hist, int k, float alpha, int n, float beta)
 {
-    iflow_cands_softmax(cs); /* P_LM over the whole list, before cutting */
-    keep(cs, k);
-    for (int i = 0; i < cs->n; i++)
-        cs->c[i].p = (1 - alpha) * cs->c[i].p - alpha * iflow_antilm_prob(hist, n_hist, n, beta, cs->c[i].id);
+    /* P_LM over the whole list (no sort needed), then the k best by selection. */
+    float mx = max_logit(cs);
+    double z = mx == -INFINITY ? cs->n : normalizer(cs, mx);
+    iflow_cands_top_k(cs, k < 1 ? 1 : k);
+    for (int i = 0; i < cs->n; i++) {
+        double plm = (mx == -INFINITY ? 1 : expf(cs->c[i].logit - mx)) / z;
+        cs->c[i].p = (float)((1 - alpha) * plm - alpha * iflow_antilm_prob(hist, n_hist, n, beta, cs->c[i].id));
+    }
     qsort(cs->c, (size_t)cs->n, sizeof *cs->c, by_score);
     cs->sorted = 0;
 }

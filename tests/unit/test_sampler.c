@@ -221,6 +221,27 @@ static void test_top_p(void)
         grid_dist(L8, V, iflow_cands_top_p, (float)m, f);
         expect_close(f, want, V, 2.0 / GRID, "top-p");
     }
+    /* A large list, cut by partial sorts (64, 256, ... best): the same set as a full sort. */
+    enum { N = 6000 };
+    static float big[N];
+    static iflow_cand b1[N], b2[N];
+    for (int i = 0; i < N; i++)
+        big[i] = (float)(rnd_normal() * (i % 2 ? 1.0 : 3.0));
+    for (double m = 0.05; m < 1; m += 0.1) {
+        iflow_cands x, y;
+        iflow_cands_init(&x, b1, big, N);
+        iflow_cands_init(&y, b2, big, N);
+        iflow_cands_top_p(&x, (float)m);
+        iflow_cands_softmax(&y);
+        double cum = 0;
+        int k = 0;
+        while (k < N && cum < m)
+            cum += y.c[k++].p;
+        int same = x.n == k;
+        for (int i = 0; i < k && same; i++)
+            same = x.c[i].id == y.c[i].id;
+        CHECK(same, "top-p %.2f of %d logits: %d kept, a full sort keeps %d", m, N, x.n, k);
+    }
     /* The cut is made at temperature 1, then the temperature reshapes the survivors. */
     ref_prefix_mass(p1, ord, V, 0.8, keep);
     ref_softmax(d, keep, V, 1.7, want);
@@ -359,6 +380,31 @@ static void test_mirostat(void)
         }
         expect_close(f, want, V, 2.0 / GRID, "mirostat v2");
         CHECK(moved, "mirostat v2 updates mu by eta * (surprise - tau)");
+    }
+    /* v2 on a large list (a filter, then a sort of what passed): the full sort's prefix. */
+    {
+        enum { NB = 6000 };
+        static float big[NB];
+        static iflow_cand b1[NB], b2[NB];
+        for (int i = 0; i < NB; i++)
+            big[i] = (float)(rnd_normal() * 2.5);
+        for (float mu = 2; mu < 14; mu += 3) {
+            iflow_cands x, y;
+            iflow_cands_init(&x, b1, big, NB);
+            iflow_cands_init(&y, b2, big, NB);
+            float m1 = mu;
+            int32_t id = iflow_cands_mirostat2(&x, 5, 0.1f, &m1, 0.3);
+            iflow_cands_softmax(&y);
+            int k = 0;
+            while (k < NB && -log2(y.c[k].p) <= mu)
+                k++;
+            if (k == 0)
+                k = 1;
+            int same = x.n == k;
+            for (int i = 0; i < k && same; i++)
+                same = x.c[i].id == y.c[i].id;
+            CHECK(same && id >= 0, "mirostat v2 mu %g: %d kept, the sorted prefix has %d", mu, x.n, k);
+        }
     }
     /* v1, one step: k from the Zipf estimate of the top m probabilities. */
     enum { N = 1000 };
