@@ -395,11 +395,14 @@ int main(int argc, char **argv)
     o.dev.verbose = o.verbose;
     if (o.list_devices) {
         devices_list(&tool, o.json);
+        free(o.stops);
         return 0;
     }
     if (opt_index() < argc)
         die_usage(&tool, "unexpected operand '%s'", argv[opt_index()]);
     if (!o.model)
         die_usage(&tool, "no model given (-m FILE)");
-    return o.tokenize ? tokenize(&o) : run(&o);
+    int rc = o.tokenize ? tokenize(&o) : run(&o);
+    free(o.stops);
+    return rc;
 }

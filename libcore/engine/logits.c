@@ -1,6 +1,7 @@
 /* logits.c -- see logits.h. */
 #include "logits.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -272,8 +273,10 @@ void iflow_cands_temperature(iflow_cands *cs, float t)
         cs->sorted = 1;
         return;
     }
-    for (int i = 0; i < cs->n; i++)
-        cs->c[i].logit /= t;
+    for (int i = 0; i < cs->n; i++) { /* a tiny t must not turn finite logits into inf (inf - inf) */
+        float l = cs->c[i].logit, v = l / t;
+        cs->c[i].logit = isinf(v) && !isinf(l) ? (v > 0 ? FLT_MAX : -FLT_MAX) : v;
+    }
 }
 
 int32_t iflow_cands_greedy(iflow_cands *cs)

@@ -140,6 +140,8 @@ static int set_preset(iflow_sampler_params *p, const char *name, const char *v)
 
 int iflow_sampler_params_set(iflow_sampler_params *p, const char *name, const char *v)
 {
+    if (!name || !v)
+        return iflow_seterr(IFLOW_EINVAL, "sampling parameter %s has no %s", name ? name : "(null)", name ? "value" : "name");
     const field *f = find_field(name);
     if (!f) {
         char list[512];

@@ -74,7 +74,8 @@ int iflow_stop_feed(iflow_stop *s, const char *text, size_t n, const char **emit
 {
     /* Move the held tail to the front, then append. */
     size_t held = s->used - s->start;
-    memmove(s->buf, s->buf + s->start, held);
+    if (held)
+        memmove(s->buf, s->buf + s->start, held);
     s->start = 0, s->used = held;
     if (held + n + 1 > s->cap) {
         size_t cap = 2 * (held + n) + 64;

@@ -147,6 +147,10 @@ static void test_temperature(void)
         iflow_sampler_params p = {.temp = (float)t, .seed = 1};
         check_sampler_dist(&p, want, "sampler temperature");
     }
+    /* a tiny t is greedy in the limit, not NaN */
+    iflow_sampler_params tiny = {.temp = 1e-30f, .seed = 1};
+    double one[V] = {1, 0, 0, 0, 0, 0, 0, 0};
+    check_sampler_dist(&tiny, one, "temperature 1e-30");
     /* t 0: greedy; the processor keeps the first of the maxima */
     float tie[4] = {1, 3, 3, 0};
     iflow_cand buf[4];
