@@ -365,7 +365,7 @@ int32_t iflow_cands_mirostat2(iflow_cands *cs, float tau, float eta, float *mu, 
 
 float iflow_antilm_prob(const int32_t *h, int len, int n, float beta, int32_t y)
 {
-    if (n < 1 || len < n - 1)
+    if (n < 1 || len < n - 1 || len <= 0)
         return 0;
     double score = 0, rest = 1;
     for (int i = n - 1; i >= 0; i--) {

@@ -304,7 +304,9 @@ int32_t iflow_sampler_sample(iflow_sampler *s, const float *logits)
     iflow_cands cs;
     iflow_cands_init(&cs, s->c, logits, s->n_vocab);
     int w = p->repeat_last_n < 0 || p->repeat_last_n > s->n_hist ? s->n_hist : p->repeat_last_n;
-    iflow_cands_penalize(&cs, s->hist + s->n_hist - w, w, p->repeat_penalty, p->frequency_penalty, p->presence_penalty);
+    if (w > 0)
+        iflow_cands_penalize(&cs, s->hist + s->n_hist - w, w, p->repeat_penalty, p->frequency_penalty,
+                             p->presence_penalty);
     switch (p->kind) {
     case IFLOW_SAMPLER_GREEDY:
         return iflow_cands_greedy(&cs);

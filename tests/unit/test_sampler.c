@@ -514,8 +514,12 @@ static void test_fsd(void)
     for (int i = 0; i < 3; i++)
         CHECK(fabs(cs.c[i].p - score[cs.c[i].id]) < 1e-5, "fsd score of %d", cs.c[i].id);
 
-    iflow_sampler_params p = {.kind = IFLOW_SAMPLER_FSD};
+    iflow_sampler_params p = {.kind = IFLOW_SAMPLER_FSD, .repeat_penalty = 1.5f};
     iflow_sampler *s;
+    CHECK(iflow_sampler_open(&s, &p, V) == 0, "open");
+    CHECK(iflow_sampler_sample(s, L8) == 0, "before any token is accepted (no history at all) fsd is greedy");
+    iflow_sampler_close(s);
+    p.repeat_penalty = 0;
     CHECK(iflow_sampler_open(&s, &p, V) == 0, "open");
     for (int i = 0; i < 5; i++)
         iflow_sampler_accept(s, h[i]);
