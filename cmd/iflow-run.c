@@ -6,6 +6,7 @@
 #include "libcore/base/error.h"
 #include "libcore/engine/model.h"
 #include "libcore/engine/sampler.h"
+#include "libcore/engine/stop.h"
 #include "libcore/tokenizers/tokenizer.h"
 
 #include <jansson.h>
@@ -19,16 +20,35 @@
 enum {
     O_MODEL = 'm', O_PROMPT = 'p', O_NPREDICT = 'n', O_THREADS = 't', O_CTX = 'c', O_VERBOSE = 'v',
     O_TEMP = 256, O_TOPK, O_TOPP, O_SEED, O_ECHO, O_JSON, O_TOKENIZE, O_BOS, O_PARSE_SPECIAL, O_DEVICE,
-    O_GPU_LAYERS, O_LIST_DEVICES, O_PLAN, O_BATCH, O_PARALLEL, O_KV_TYPE, O_METRICS, O_DRY_RUN,
+    O_GPU_LAYERS, O_LIST_DEVICES, O_PLAN, O_STOP, O_BATCH, O_PARALLEL, O_KV_TYPE, O_METRICS, O_DRY_RUN,
+    /* sampling: set through iflow_sampler_params_set() by their long names */
+    O_SAMPLER, O_MINP, O_TYPICAL, O_TFS, O_MIROSTAT_TAU, O_MIROSTAT_ETA, O_REPEAT_PENALTY, O_REPEAT_LAST_N,
+    O_FREQUENCY_PENALTY, O_PRESENCE_PENALTY, O_FSD_ALPHA, O_FSD_K, O_FSD_N, O_FSD_BETA, O_FSD_RANDOM_STEPS,
 };
 
 static const iflow_opt opts[] = {
     {O_MODEL, "model", 'm', "FILE", "model shard file ('-': standard input); with --tokenize also a Hugging Face directory or a GGUF file", "file"},
     {O_PROMPT, "prompt", 'p', "TEXT", "generate from TEXT (default: one prompt per line of standard input)", NULL},
     {O_NPREDICT, "n-predict", 'n', "N", "generate at most N tokens per prompt (default 128)", NULL},
+    {O_STOP, "stop", 0, "TEXT", "end a continuation where TEXT appears, TEXT not printed (repeatable)", NULL},
+    {O_SAMPLER, "sampler", 0, "NAME", "chain (default: every cut set), greedy, top-k, top-p, min-p, typical, tfs (that cut alone), mirostat, mirostat2, fsd or rfsd", "chain greedy top-k top-p min-p typical tfs mirostat mirostat2 fsd rfsd"},
     {O_TEMP, "temp", 0, "T", "sampling temperature; 0 is greedy (default 0.8)", NULL},
     {O_TOPK, "top-k", 0, "K", "sample from the K most likely tokens; 0 for all (default 40)", NULL},
-    {O_TOPP, "top-p", 0, "P", "sample from the smallest set of tokens whose probability reaches P (default 0.95)", NULL},
+    {O_TOPP, "top-p", 0, "P", "sample from the smallest set of tokens whose probability reaches P; 1 for all (default 0.95)", NULL},
+    {O_MINP, "min-p", 0, "P", "drop the tokens less likely than P times the most likely one (default 0: off)", NULL},
+    {O_TYPICAL, "typical", 0, "P", "locally typical sampling: keep the most typical tokens up to mass P (default 1: off)", NULL},
+    {O_TFS, "tfs", 0, "Z", "tail-free sampling with parameter Z (default 1: off)", NULL},
+    {O_MIROSTAT_TAU, "mirostat-tau", 0, "T", "mirostat: target surprise in bits (default 5)", NULL},
+    {O_MIROSTAT_ETA, "mirostat-eta", 0, "E", "mirostat: learning rate (default 0.1)", NULL},
+    {O_REPEAT_PENALTY, "repeat-penalty", 0, "R", "divide positive logits and multiply negative ones of recent tokens by R (default 1: off)", NULL},
+    {O_REPEAT_LAST_N, "repeat-last-n", 0, "N", "the penalties look at the last N tokens, prompt included; -1 for all (default 64)", NULL},
+    {O_FREQUENCY_PENALTY, "frequency-penalty", 0, "F", "lower a recent token's logit by F per occurrence (default 0)", NULL},
+    {O_PRESENCE_PENALTY, "presence-penalty", 0, "P", "lower a recent token's logit by P once (default 0)", NULL},
+    {O_FSD_ALPHA, "fsd-alpha", 0, "A", "fsd: weight of the n-gram anti-model of the text so far (default 0.65)", NULL},
+    {O_FSD_K, "fsd-k", 0, "K", "fsd: choose among the K most likely tokens (default 3)", NULL},
+    {O_FSD_N, "fsd-n", 0, "N", "fsd: n-gram order of the anti-model (default 3)", NULL},
+    {O_FSD_BETA, "fsd-beta", 0, "B", "fsd: smoothing of the anti-model (default 0.9)", NULL},
+    {O_FSD_RANDOM_STEPS, "fsd-random-steps", 0, "N", "rfsd: draw the first N tokens at random, then choose as fsd; 0 for all (default 0)", NULL},
     {O_SEED, "seed", 0, "N", "random seed; the same seed gives the same output (default: from the clock)", NULL},
     {O_THREADS, "threads", 't', "N", "compute threads (default: all cores)", NULL},
     {O_CTX, "ctx-size", 'c', "N", "context length in tokens (default: the model's)", NULL},
@@ -42,7 +62,7 @@ static const iflow_opt opts[] = {
     {O_METRICS, "metrics", 0, "FILE", "with --batch: write throughput and latency metrics to FILE as JSON", "file"},
     {O_DRY_RUN, "dry-run", 0, NULL, "print the memory plan of --batch (weights, KV cache per request and in total, scratch) and the largest --parallel that fits, then exit", NULL},
     {O_ECHO, "echo", 0, NULL, "print the prompt before its continuation", NULL},
-    {O_JSON, "json", 0, NULL, "print one JSON object per prompt: prompt, ids, text, stop reason", NULL},
+    {O_JSON, "json", 0, NULL, "print one JSON object per prompt: prompt, ids, text, why it stopped", NULL},
     {O_TOKENIZE, "tokenize", 0, NULL, "print the token ids of all of standard input, space-separated, and exit", NULL},
     {O_BOS, "bos", 0, NULL, "with --tokenize: add the beginning-of-sequence token", NULL},
     {O_PARSE_SPECIAL, "parse-special", 0, NULL, "with --tokenize: read special-token text such as <s> as the special token", NULL},
@@ -62,6 +82,8 @@ typedef struct {
     const char *metrics;
     device_opts dev;
     iflow_sampler_params sp;
+    const char **stops;   /* [n_stops] --stop strings */
+    int n_stops;
 } run_opts;
 
 /* ---- --tokenize ---- */
@@ -120,30 +142,43 @@ typedef struct {
     const iflow_tokenizer *tok;
     iflow_ctx *ctx;
     iflow_sampler *sampler;
+    iflow_stop *stop;
     float *logits;
     double t_prompt, t_gen;
     long n_prompt_tokens, n_gen_tokens;
 } generator;
 
-/* Decode one token: print it, or (to_buffer, for --json) append it to *acc. */
-static void put_piece(const generator *g, int32_t id, int first, int to_buffer, char **acc, size_t *acc_len)
+/* Print text, or (to_buffer, for --json) append it to *acc. */
+static void put_text(const char *t, size_t n, int to_buffer, char **acc, size_t *acc_len)
 {
-    char buf[256];
-    int n = iflow_tokenizer_piece(g->tok, id, first, buf, sizeof buf);
-    if (n <= 0)
+    if (n == 0)
         return;
     if (to_buffer) {
-        char *na = realloc(*acc, *acc_len + (size_t)n + 1);
+        char *na = realloc(*acc, *acc_len + n + 1);
         if (!na)
             die(&tool, "out of memory");
-        memcpy(na + *acc_len, buf, (size_t)n);
-        *acc_len += (size_t)n;
+        memcpy(na + *acc_len, t, n);
+        *acc_len += n;
         na[*acc_len] = 0;
         *acc = na;
     } else {
-        fwrite(buf, 1, (size_t)n, stdout);
+        fwrite(t, 1, n, stdout);
         fflush(stdout);
     }
+}
+
+/* Decode one token and put what the stop strings let through; 1 when one of them matched. */
+static int put_piece(const generator *g, int32_t id, int first, int to_buffer, char **acc, size_t *acc_len)
+{
+    char buf[256];
+    const char *e;
+    size_t ne;
+    int n = iflow_tokenizer_piece(g->tok, id, first, buf, sizeof buf);
+    int rc = iflow_stop_feed(g->stop, buf, n > 0 ? (size_t)n : 0, &e, &ne);
+    if (rc < 0)
+        die(&tool, NULL);
+    put_text(e, ne, to_buffer, acc, acc_len);
+    return rc;
 }
 
 static json_t *ids_json(const int32_t *ids, size_t n)
@@ -158,7 +193,7 @@ static json_t *ids_json(const int32_t *ids, size_t n)
  * the logits, which then copies back only the id; sampling needs them all. */
 static int step(generator *g, const int32_t *ids, int n, int32_t *next)
 {
-    if (g->o->sp.temp == 0)
+    if (iflow_sampler_is_greedy(g->sampler))
         return iflow_ctx_eval_argmax(g->ctx, ids, n, next);
     int rc = iflow_ctx_eval(g->ctx, ids, n, g->logits, 0);
     if (rc == 0)
@@ -184,6 +219,11 @@ static void generate(generator *g, const char *prompt, size_t prompt_len)
     if (o->echo && !js)
         fwrite(prompt, 1, prompt_len, stdout);
     iflow_ctx_reset(g->ctx);
+    iflow_sampler_reset(g->sampler);
+    iflow_stop_reset(g->stop);
+    for (size_t i = (size_t)has_bos; i < n_ids; i++) /* the penalties and FSD see the prompt */
+        if (iflow_sampler_accept(g->sampler, ids[i]) < 0)
+            die(&tool, NULL);
     double t0 = now_s();
     if ((int)n_ids >= iflow_ctx_n_ctx(g->ctx))
         die(&tool, "prompt of %zu tokens does not fit the context of %d", n_ids, iflow_ctx_n_ctx(g->ctx));
@@ -199,7 +239,12 @@ static void generate(generator *g, const char *prompt, size_t prompt_len)
             break;
         }
         gen[n_gen++] = next;
-        put_piece(g, next, first && n_gen == 1, js != NULL, &acc, &acc_len);
+        if (iflow_sampler_accept(g->sampler, next) < 0)
+            die(&tool, NULL);
+        if (put_piece(g, next, first && n_gen == 1, js != NULL, &acc, &acc_len)) {
+            stop = "stop";
+            break;
+        }
         if ((int)n_gen == o->n_predict)
             break;
         if (iflow_ctx_n_past(g->ctx) >= iflow_ctx_n_ctx(g->ctx)) {
@@ -210,6 +255,12 @@ static void generate(generator *g, const char *prompt, size_t prompt_len)
         if (step(g, &cur, 1, &next) < 0)
             die(&tool, NULL);
     }
+    if (strcmp(stop, "stop") != 0) { /* the tail held back for a stop string that did not come */
+        const char *e;
+        size_t ne;
+        iflow_stop_flush(g->stop, &e, &ne);
+        put_text(e, ne, js != NULL, &acc, &acc_len);
+    }
     g->t_gen += now_s() - t1;
     g->n_gen_tokens += (long)n_gen;
     if (js) {
@@ -218,6 +269,8 @@ static void generate(generator *g, const char *prompt, size_t prompt_len)
         json_object_set_new(js, "gen_ids", ids_json(gen, n_gen));
         json_object_set_new(js, "text", acc ? json_stringn(acc, acc_len) : json_string(""));
         json_object_set_new(js, "stop", json_string(stop));
+        if (iflow_stop_which(g->stop) >= 0)
+            json_object_set_new(js, "stop_string", json_string(o->stops[iflow_stop_which(g->stop)]));
         json_dumpf(js, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER);
         json_decref(js);
     }
@@ -275,7 +328,8 @@ static int run(const run_opts *o)
     const iflow_hparams *hp = iflow_model_hparams(m);
     placed pl;
     devices_place(&tool, m, &o->dev, &pl);
-    if (iflow_ctx_open(&g.ctx, m, o->n_ctx, o->threads) < 0 || iflow_sampler_open(&g.sampler, &o->sp, hp->vocab_size) < 0)
+    if (iflow_ctx_open(&g.ctx, m, o->n_ctx, o->threads) < 0 || iflow_sampler_open(&g.sampler, &o->sp, hp->vocab_size) < 0 ||
+        iflow_stop_open(&g.stop, o->stops, o->n_stops) < 0)
         die(&tool, NULL);
     if (!(g.logits = malloc(sizeof(float) * (size_t)hp->vocab_size)))
         die(&tool, "out of memory");
@@ -305,29 +359,56 @@ static int run(const run_opts *o)
                 tool.name, t_load, g.n_prompt_tokens, g.t_prompt, g.n_prompt_tokens / (g.t_prompt > 0 ? g.t_prompt : 1),
                 g.n_gen_tokens, g.t_gen, g.n_gen_tokens / (g.t_gen > 0 ? g.t_gen : 1), threads, iflow_kernel_path(),
                 (unsigned long long)o->sp.seed);
+    char chain[256];
+    if (o->verbose)
+        fprintf(stderr, "%s: sampler: %s\n", tool.name, iflow_sampler_describe(g.sampler, chain, sizeof chain));
     free(g.logits);
     iflow_sampler_close(g.sampler);
+    iflow_stop_close(g.stop);
     iflow_ctx_close(g.ctx);
     iflow_model_close(m);
     devices_release(&pl);
     return 0;
 }
 
+/* The sampling options, by the names iflow_sampler_params_set() knows ("--min-p"). */
+typedef struct {
+    char names[64][40];
+    const char *name[64], *value[64];
+    int n;
+} sampling_opts;
+
+static void sampling_opt(sampling_opts *so, int id, const char *arg)
+{
+    if (so->n == 64)
+        die_usage(&tool, "too many sampling options");
+    for (const iflow_opt *op = opts; op->name; op++)
+        if (op->id == id)
+            snprintf(so->names[so->n], sizeof so->names[0], "--%s", op->name);
+    so->name[so->n] = so->names[so->n];
+    so->value[so->n++] = arg;
+}
+
 int main(int argc, char **argv)
 {
-    run_opts o = {.n_predict = 128, .dev = {.gpu_layers = -1}, .sp = {.temp = 0.8f, .top_k = 40, .top_p = 0.95f}};
+    run_opts o = {.n_predict = 128, .dev = {.gpu_layers = -1}};
+    iflow_sampler_params_default(&o.sp);
     o.sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    sampling_opts so = {.n = 0};
+    if (!(o.stops = calloc((size_t)argc, sizeof *o.stops)))
+        die(&tool, "out of memory");
     int c;
     const char *arg;
     while ((c = opt_next(&tool, argc, argv, &arg)) != 0) {
+        if (c == O_TEMP || c == O_TOPK || c == O_TOPP || c == O_SEED || (c >= O_SAMPLER && c <= O_FSD_RANDOM_STEPS)) {
+            sampling_opt(&so, c, arg);
+            continue;
+        }
         switch (c) {
         case O_MODEL: o.model = arg; break;
         case O_PROMPT: o.prompt = arg; break;
         case O_NPREDICT: o.n_predict = (int)opt_long(&tool, "n-predict", arg, 0, 1 << 24); break;
-        case O_TEMP: o.sp.temp = (float)opt_double(&tool, "temp", arg, 0, 100); break;
-        case O_TOPK: o.sp.top_k = (int)opt_long(&tool, "top-k", arg, 0, 1 << 24); break;
-        case O_TOPP: o.sp.top_p = (float)opt_double(&tool, "top-p", arg, 1e-6, 1); break;
-        case O_SEED: o.sp.seed = opt_u64(&tool, "seed", arg); break;
+        case O_STOP: o.stops[o.n_stops++] = arg; break;
         case O_THREADS: o.threads = (int)opt_long(&tool, "threads", arg, 1, 1024); break;
         case O_CTX: o.n_ctx = (int)opt_long(&tool, "ctx-size", arg, 1, 1 << 24); break;
         case O_ECHO: o.echo = 1; break;
@@ -350,11 +431,17 @@ int main(int argc, char **argv)
         case O_DRY_RUN: o.dry_run = 1; break;
         }
     }
+    if (iflow_sampler_params_set_all(&o.sp, so.name, so.value, so.n) < 0)
+        die_usage(&tool, "%s", iflow_errmsg());
+    for (int i = 0; i < o.n_stops; i++)
+        if (!o.stops[i][0])
+            die_usage(&tool, "--stop needs a non-empty string");
     o.dev.threads = o.threads;
     o.dev.n_ctx = o.n_ctx;
     o.dev.verbose = o.verbose;
     if (o.list_devices) {
         devices_list(&tool, o.json);
+        free(o.stops);
         return 0;
     }
     if (opt_index() < argc)
@@ -363,7 +450,7 @@ int main(int argc, char **argv)
         die_usage(&tool, "no model given (-m FILE)");
     if ((o.parallel || o.metrics || o.kv_type) && !o.batch && !o.dry_run)
         die_usage(&tool, "--parallel, --kv-type and --metrics go with --batch");
-    if (o.tokenize)
-        return tokenize(&o);
-    return o.batch || o.dry_run ? run_batch(&o) : run(&o);
+    int rc = o.tokenize ? tokenize(&o) : o.batch || o.dry_run ? run_batch(&o) : run(&o);
+    free(o.stops);
+    return rc;
 }

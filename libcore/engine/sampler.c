@@ -1,18 +1,27 @@
 /* sampler.c -- see sampler.h. */
 #include "sampler.h"
+#include "logits.h"
 #include "libcore/base/error.h"
 
+#include <errno.h>
 #include <math.h>
+#include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
-
-typedef struct { float p; int32_t id; } cand;
+#include <string.h>
 
 struct iflow_sampler {
-    iflow_sampler_params p;
+    iflow_sampler_params p; /* defaults filled in */
     int n_vocab;
-    uint64_t st[4];     /* xoshiro256** state */
-    cand *c;            /* [n_vocab] */
+    uint64_t st[4];         /* xoshiro256** state */
+    iflow_cand *c;          /* [n_vocab] scratch */
+    int32_t *hist;          /* [cap] accepted tokens */
+    int n_hist, cap;
+    float mu;               /* mirostat */
+    long n_sampled;         /* samples since the last reset */
 };
+
+/* ---- the generator ---- */
 
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
@@ -34,30 +43,247 @@ static uint64_t splitmix(uint64_t *x)
     return z ^ (z >> 31);
 }
 
+/* ---- parameters by name ---- */
+
+static const char *const kind_names[IFLOW_SAMPLER_KINDS_] = {"chain", "greedy", "mirostat", "mirostat2", "fsd", "rfsd"};
+
+const char *iflow_sampler_kind_name(int kind)
+{
+    return kind >= 0 && kind < IFLOW_SAMPLER_KINDS_ ? kind_names[kind] : "unknown";
+}
+
+/* type: 'f' float, 'i' int, 'u' uint64, 's' the preset, 'm' mirostat 0/1/2 (sets kind). */
+typedef struct {
+    const char *name, *alias;
+    char type;
+    double min, max;
+    size_t off;
+} field;
+
+#define F(name, alias, type, min, max, member) {name, alias, type, min, max, offsetof(iflow_sampler_params, member)}
+static const field fields[] = {
+    {"sampler", NULL, 's', 0, 0, 0},
+    F("temperature", "temp", 'f', 0, 100, temp),
+    F("top_k", NULL, 'i', 0, 1 << 24, top_k),
+    F("top_p", NULL, 'f', 0, 1, top_p),
+    F("min_p", NULL, 'f', 0, 1, min_p),
+    F("typical_p", "typical", 'f', 0, 1, typical_p),
+    F("tfs_z", "tfs", 'f', 0, 1, tfs_z),
+    {"mirostat", NULL, 'm', 0, 2, 0},
+    F("mirostat_tau", NULL, 'f', 0, 100, mirostat_tau),
+    F("mirostat_eta", NULL, 'f', 0, 1, mirostat_eta),
+    F("repeat_penalty", NULL, 'f', 0, 100, repeat_penalty),
+    F("repeat_last_n", NULL, 'i', -1, 1 << 24, repeat_last_n),
+    F("frequency_penalty", NULL, 'f', -2, 2, frequency_penalty),
+    F("presence_penalty", NULL, 'f', -2, 2, presence_penalty),
+    F("fsd_alpha", NULL, 'f', 0, 1, fsd_alpha),
+    F("fsd_k", NULL, 'i', 0, 1 << 24, fsd_k),
+    F("fsd_n", NULL, 'i', 0, 16, fsd_n),
+    F("fsd_beta", NULL, 'f', 0, 1, fsd_beta),
+    F("fsd_random_steps", NULL, 'i', 0, 1 << 24, fsd_random_steps),
+    F("seed", NULL, 'u', 0, 0, seed),
+};
+#define N_FIELDS (int)(sizeof fields / sizeof fields[0])
+
+/* a equals b with the leading dashes of a skipped and '-' taken as '_'. */
+static int same_name(const char *a, const char *b)
+{
+    if (!b)
+        return 0;
+    while (*a == '-')
+        a++;
+    for (; *a && *b; a++, b++)
+        if (*a != *b && !((*a == '-' || *a == '_') && (*b == '-' || *b == '_')))
+            return 0;
+    return !*a && !*b;
+}
+
+static const field *find_field(const char *name)
+{
+    for (int i = 0; i < N_FIELDS; i++)
+        if (same_name(name, fields[i].name) || same_name(name, fields[i].alias))
+            return &fields[i];
+    return NULL;
+}
+
+void iflow_sampler_params_default(iflow_sampler_params *p)
+{
+    *p = (iflow_sampler_params){.temp = 0.8f, .top_k = 40, .top_p = 0.95f};
+}
+
+/* A preset: a cut's name keeps that cut alone. */
+static int set_preset(iflow_sampler_params *p, const char *name, const char *v)
+{
+    static const char *const cuts[] = {"top-k", "top-p", "min-p", "typical", "tfs"};
+    for (int k = 0; k < IFLOW_SAMPLER_KINDS_; k++)
+        if (same_name(v, kind_names[k])) {
+            p->kind = k;
+            return 0;
+        }
+    for (int c = 0; c < 5; c++) {
+        if (!same_name(v, cuts[c]))
+            continue;
+        iflow_sampler_params q = *p;
+        p->kind = IFLOW_SAMPLER_CHAIN;
+        p->top_k = c == 0 ? (q.top_k > 0 ? q.top_k : 40) : 0;
+        p->top_p = c == 1 ? (q.top_p > 0 && q.top_p < 1 ? q.top_p : 0.95f) : 0;
+        p->min_p = c == 2 ? (q.min_p > 0 ? q.min_p : 0.05f) : 0;
+        p->typical_p = c == 3 ? (q.typical_p > 0 && q.typical_p < 1 ? q.typical_p : 0.95f) : 0;
+        p->tfs_z = c == 4 ? (q.tfs_z > 0 && q.tfs_z < 1 ? q.tfs_z : 0.95f) : 0;
+        return 0;
+    }
+    return iflow_seterr(IFLOW_EINVAL,
+                        "unknown sampler '%s' for %s (chain, greedy, top-k, top-p, min-p, typical, tfs, mirostat, "
+                        "mirostat2, fsd, rfsd)",
+                        v, name);
+}
+
+int iflow_sampler_params_set(iflow_sampler_params *p, const char *name, const char *v)
+{
+    if (!name || !v)
+        return iflow_seterr(IFLOW_EINVAL, "sampling parameter %s has no %s", name ? name : "(null)", name ? "value" : "name");
+    const field *f = find_field(name);
+    if (!f) {
+        char list[512];
+        int n = 0;
+        for (int i = 0; i < N_FIELDS && n < (int)sizeof list; i++)
+            n += snprintf(list + n, sizeof list - (size_t)n, "%s%s", i ? ", " : "", fields[i].name);
+        return iflow_seterr(IFLOW_EINVAL, "unknown sampling parameter '%s' (expected %s)", name, list);
+    }
+    if (f->type == 's')
+        return set_preset(p, name, v);
+    char *end;
+    errno = 0;
+    if (f->type == 'u') {
+        unsigned long long u = strtoull(v, &end, 10);
+        if (!*v || *end || errno || *v == '-')
+            return iflow_seterr(IFLOW_EINVAL, "invalid value '%s' for %s (a non-negative integer)", v, name);
+        *(uint64_t *)((char *)p + f->off) = u;
+        return 0;
+    }
+    if (f->type == 'f') {
+        double d = strtod(v, &end);
+        if (!*v || *end || errno || !(d >= f->min && d <= f->max))
+            return iflow_seterr(IFLOW_EINVAL, "invalid value '%s' for %s (a number from %g to %g)", v, name, f->min,
+                                f->max);
+        *(float *)((char *)p + f->off) = (float)d;
+        return 0;
+    }
+    long l = strtol(v, &end, 10);
+    if (!*v || *end || errno || l < f->min || l > f->max)
+        return iflow_seterr(IFLOW_EINVAL, "invalid value '%s' for %s (an integer from %ld to %ld)", v, name,
+                            (long)f->min, (long)f->max);
+    if (f->type == 'm') {
+        if (l)
+            p->kind = l == 1 ? IFLOW_SAMPLER_MIROSTAT : IFLOW_SAMPLER_MIROSTAT2;
+        else if (p->kind == IFLOW_SAMPLER_MIROSTAT || p->kind == IFLOW_SAMPLER_MIROSTAT2)
+            p->kind = IFLOW_SAMPLER_CHAIN;
+        return 0;
+    }
+    *(int *)((char *)p + f->off) = (int)l;
+    return 0;
+}
+
+int iflow_sampler_params_set_all(iflow_sampler_params *p, const char *const *names, const char *const *values, int n)
+{
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < n; i++) {
+            const field *f = find_field(names[i]);
+            if ((f && f->type == 's') != (pass == 0))
+                continue;
+            int rc = iflow_sampler_params_set(p, names[i], values[i]);
+            if (rc < 0)
+                return rc;
+        }
+    return 0;
+}
+
+/* ---- the sampler ---- */
+
 int iflow_sampler_open(iflow_sampler **out, const iflow_sampler_params *p, int n_vocab)
 {
     *out = NULL;
-    if (!(p->temp >= 0) || n_vocab <= 0 || !(p->top_p > 0))
-        return iflow_seterr(IFLOW_EINVAL, "bad sampling parameters (temp %g, top-p %g)", p->temp, p->top_p);
+    if (!(p->temp >= 0) || !(p->top_p >= 0) || !(p->min_p >= 0 && p->min_p <= 1) || !(p->typical_p >= 0) ||
+        !(p->tfs_z >= 0) || p->kind < 0 || p->kind >= IFLOW_SAMPLER_KINDS_ || p->repeat_last_n < -1 ||
+        p->fsd_k < 0 || p->fsd_n < 0 || p->fsd_random_steps < 0 || !(p->mirostat_tau >= 0) ||
+        !(p->mirostat_eta >= 0) || !(p->repeat_penalty >= 0) || !(p->fsd_alpha >= 0 && p->fsd_alpha <= 1) ||
+        !(p->fsd_beta >= 0 && p->fsd_beta <= 1) || n_vocab <= 0)
+        return iflow_seterr(IFLOW_EINVAL, "bad sampling parameters (temp %g, top-p %g, min-p %g, kind %d)", p->temp,
+                            p->top_p, p->min_p, p->kind);
     iflow_sampler *s = calloc(1, sizeof *s);
     if (!s || !(s->c = malloc((size_t)n_vocab * sizeof *s->c))) {
         free(s);
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
     }
     s->p = *p;
+    iflow_sampler_params *q = &s->p;
+    if (q->mirostat_tau == 0)
+        q->mirostat_tau = 5;
+    if (q->mirostat_eta == 0)
+        q->mirostat_eta = 0.1f;
+    if (q->repeat_penalty == 0)
+        q->repeat_penalty = 1;
+    if (q->repeat_last_n == 0)
+        q->repeat_last_n = 64;
+    if (q->fsd_alpha == 0)
+        q->fsd_alpha = 0.65f;
+    if (q->fsd_k == 0)
+        q->fsd_k = 3;
+    if (q->fsd_n == 0)
+        q->fsd_n = 3;
+    if (q->fsd_beta == 0)
+        q->fsd_beta = 0.9f;
     s->n_vocab = n_vocab;
     uint64_t x = p->seed;
     for (int i = 0; i < 4; i++)
         s->st[i] = splitmix(&x);
+    iflow_sampler_reset(s);
     *out = s;
     return 0;
 }
 
 void iflow_sampler_close(iflow_sampler *s)
 {
-    if (s)
+    if (s) {
         free(s->c);
+        free(s->hist);
+    }
     free(s);
+}
+
+void iflow_sampler_reset(iflow_sampler *s)
+{
+    s->n_hist = 0;
+    s->mu = 2 * s->p.mirostat_tau;
+    s->n_sampled = 0;
+}
+
+int iflow_sampler_accept(iflow_sampler *s, int32_t token)
+{
+    if (token < 0 || token >= s->n_vocab)
+        return iflow_seterr(IFLOW_ERANGE, "token %d is outside the vocabulary of %d", token, s->n_vocab);
+    if (s->n_hist == s->cap) {
+        int cap = s->cap ? 2 * s->cap : 256;
+        int32_t *h = realloc(s->hist, (size_t)cap * sizeof *h);
+        if (!h)
+            return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+        s->hist = h, s->cap = cap;
+    }
+    s->hist[s->n_hist++] = token;
+    return 0;
+}
+
+static int has_penalties(const iflow_sampler_params *p)
+{
+    return p->repeat_penalty != 1 || p->frequency_penalty != 0 || p->presence_penalty != 0;
+}
+
+int iflow_sampler_is_greedy(const iflow_sampler *s)
+{
+    int k = s->p.kind;
+    return !has_penalties(&s->p) &&
+           (k == IFLOW_SAMPLER_GREEDY ||
+            (s->p.temp == 0 && (k == IFLOW_SAMPLER_CHAIN || k == IFLOW_SAMPLER_MIROSTAT || k == IFLOW_SAMPLER_MIROSTAT2)));
 }
 
 int32_t iflow_argmax(const float *x, int n)
@@ -69,44 +295,84 @@ int32_t iflow_argmax(const float *x, int n)
     return best;
 }
 
-static int by_prob_desc(const void *a, const void *b)
-{
-    const cand *x = a, *y = b;
-    if (x->p != y->p)
-        return x->p < y->p ? 1 : -1;
-    return x->id < y->id ? -1 : x->id > y->id;
-}
-
 int32_t iflow_sampler_sample(iflow_sampler *s, const float *logits)
 {
-    if (s->p.temp == 0)
+    const iflow_sampler_params *p = &s->p;
+    s->n_sampled++;
+    if (iflow_sampler_is_greedy(s))
         return iflow_argmax(logits, s->n_vocab);
-    int n = s->n_vocab;
-    float mx = logits[iflow_argmax(logits, n)];
-    for (int i = 0; i < n; i++)
-        s->c[i] = (cand){expf((logits[i] - mx) / s->p.temp), i};
-    qsort(s->c, (size_t)n, sizeof *s->c, by_prob_desc);
-    if (s->p.top_k > 0 && s->p.top_k < n)
-        n = s->p.top_k;
-    double total = 0;
-    for (int i = 0; i < n; i++)
-        total += s->c[i].p;
-    if (s->p.top_p < 1) {
-        double mass = 0;
-        for (int i = 0; i < n; i++) {
-            mass += s->c[i].p;
-            if (mass >= s->p.top_p * total) {
-                n = i + 1;
-                total = mass;
-                break;
-            }
-        }
+    iflow_cands cs;
+    iflow_cands_init(&cs, s->c, logits, s->n_vocab);
+    int w = p->repeat_last_n < 0 || p->repeat_last_n > s->n_hist ? s->n_hist : p->repeat_last_n;
+    if (w > 0)
+        iflow_cands_penalize(&cs, s->hist + s->n_hist - w, w, p->repeat_penalty, p->frequency_penalty,
+                             p->presence_penalty);
+    switch (p->kind) {
+    case IFLOW_SAMPLER_GREEDY:
+        return iflow_cands_greedy(&cs);
+    case IFLOW_SAMPLER_MIROSTAT:
+    case IFLOW_SAMPLER_MIROSTAT2:
+        if (p->temp == 0)
+            return iflow_cands_greedy(&cs);
+        iflow_cands_temperature(&cs, p->temp);
+        if (p->kind == IFLOW_SAMPLER_MIROSTAT)
+            return iflow_cands_mirostat(&cs, p->mirostat_tau, p->mirostat_eta, 100, s->n_vocab, &s->mu, next_unit(s));
+        return iflow_cands_mirostat2(&cs, p->mirostat_tau, p->mirostat_eta, &s->mu, next_unit(s));
+    case IFLOW_SAMPLER_FSD:
+    case IFLOW_SAMPLER_RFSD:
+        iflow_cands_fsd(&cs, s->hist, s->n_hist, p->fsd_k, p->fsd_alpha, p->fsd_n, p->fsd_beta);
+        if (p->kind == IFLOW_SAMPLER_RFSD && (p->fsd_random_steps == 0 || s->n_sampled <= p->fsd_random_steps))
+            return iflow_cands_draw_scores(&cs, next_unit(s));
+        return cs.c[0].id;
+    default:
+        if (p->temp == 0)
+            return iflow_cands_greedy(&cs);
+        iflow_cands_top_k(&cs, p->top_k);
+        iflow_cands_tail_free(&cs, p->tfs_z);
+        iflow_cands_typical(&cs, p->typical_p);
+        iflow_cands_top_p(&cs, p->top_p);
+        iflow_cands_min_p(&cs, p->min_p);
+        iflow_cands_temperature(&cs, p->temp);
+        return iflow_cands_draw(&cs, next_unit(s));
     }
-    double r = next_unit(s) * total, acc = 0;
-    for (int i = 0; i < n; i++) {
-        acc += s->c[i].p;
-        if (r < acc)
-            return s->c[i].id;
+}
+
+const char *iflow_sampler_describe(const iflow_sampler *s, char *buf, int cap)
+{
+    const iflow_sampler_params *p = &s->p;
+    int n = 0;
+#define ADD(...) (n += snprintf(buf + n, n < cap ? (size_t)(cap - n) : 0, __VA_ARGS__))
+    buf[0] = 0;
+    if (has_penalties(p)) {
+        char last[16] = "all";
+        if (p->repeat_last_n >= 0)
+            snprintf(last, sizeof last, "%d", p->repeat_last_n);
+        ADD("penalties (repeat %g, frequency %g, presence %g, last %s) -> ", p->repeat_penalty, p->frequency_penalty,
+            p->presence_penalty, last);
     }
-    return s->c[n - 1].id;
+    int k = p->kind;
+    if (k == IFLOW_SAMPLER_GREEDY || (p->temp == 0 && k != IFLOW_SAMPLER_FSD && k != IFLOW_SAMPLER_RFSD))
+        ADD("greedy");
+    else if (k == IFLOW_SAMPLER_MIROSTAT || k == IFLOW_SAMPLER_MIROSTAT2) {
+        ADD("temp %g -> %s (tau %g, eta %g)", p->temp, kind_names[k], p->mirostat_tau, p->mirostat_eta);
+    } else if (k == IFLOW_SAMPLER_FSD || k == IFLOW_SAMPLER_RFSD) {
+        ADD("%s (alpha %g, k %d, n %d, beta %g", kind_names[k], p->fsd_alpha, p->fsd_k, p->fsd_n, p->fsd_beta);
+        if (k == IFLOW_SAMPLER_RFSD && p->fsd_random_steps)
+            ADD(", random for %d steps", p->fsd_random_steps);
+        ADD(")");
+    } else {
+        if (p->top_k > 0)
+            ADD("top-k %d -> ", p->top_k);
+        if (p->tfs_z > 0 && p->tfs_z < 1)
+            ADD("tfs %g -> ", p->tfs_z);
+        if (p->typical_p > 0 && p->typical_p < 1)
+            ADD("typical %g -> ", p->typical_p);
+        if (p->top_p > 0 && p->top_p < 1)
+            ADD("top-p %g -> ", p->top_p);
+        if (p->min_p > 0)
+            ADD("min-p %g -> ", p->min_p);
+        ADD("temp %g -> draw", p->temp);
+    }
+#undef ADD
+    return buf;
 }

@@ -1,30 +1,97 @@
 /*
- * sampler.h -- choosing the next token from logits.
+ * sampler.h -- choosing the next token from logits: a chain of logit processors (logits.h)
+ * with the state some of them keep (recent tokens, mirostat's mu, a seeded generator).
  *
  * Contract
- *   temp == 0: greedy (the lowest id among the maxima). Otherwise, in this order (as Hugging
- *   Face transformers does): divide logits by temp; keep the top_k largest (top_k <= 0: all);
- *   keep the smallest prefix of those, by falling probability, whose mass reaches top_p
- *   (top_p >= 1: all); draw from what is left. The generator is a seeded xoshiro256**, so one
- *   seed gives one sequence on every machine. The sampler owns its scratch; logits are read only.
+ *   One sampler serves one sequence: open it with parameters, call iflow_sampler_accept() for
+ *   every token of the sequence (the prompt's, then each generated one that is kept), and
+ *   iflow_sampler_sample() for the next token; iflow_sampler_reset() starts a new sequence (the
+ *   generator runs on). The sampler owns its scratch ([n_vocab] candidates and the accepted
+ *   tokens); logits are read only. Not thread-safe: one sampler per request.
+ *
+ *   Every field of iflow_sampler_params is "off" or its default at zero, so a zeroed struct is
+ *   greedy decoding, and callers that zero the fields they do not know keep their behaviour.
+ *
+ *   The chain, by kind:
+ *     chain (0)    penalties -> top-k -> tail-free -> typical -> top-p -> min-p -> temperature ->
+ *                  draw (llama.cpp's order: the cuts see the model's own distribution and the
+ *                  temperature reshapes what survives them). Each stage is skipped when off.
+ *                  temp 0: penalties -> greedy.
+ *     greedy       penalties -> the largest logit (the lowest id among equal maxima).
+ *     mirostat     penalties -> temperature -> Mirostat v1 (m = 100); temp 0: greedy.
+ *     mirostat2    penalties -> temperature -> Mirostat v2; temp 0: greedy.
+ *     fsd          penalties -> FSD (logits.h): the best-scoring of the fsd_k most likely tokens;
+ *                  deterministic, temperature is not used.
+ *     rfsd         randomized FSD: as fsd, but for the first fsd_random_steps samples (0: every
+ *                  one) the token is drawn from the FSD scores clipped at 0 (the Inferflow paper:
+ *                  "select between FSD and sampling in the first T steps").
+ *   Penalties see the last repeat_last_n accepted tokens (-1: all of them), FSD's n-gram anti-LM
+ *   all accepted tokens. The random stages take one number from a xoshiro256** generator seeded
+ *   by `seed` through splitmix64, so one seed gives one sequence on every machine and for every
+ *   thread count.
+ *
+ *   Names: iflow_sampler_params_set() sets a field from text, by the names of the table in
+ *   sampler.c (request fields "temperature", "top_k", "min_p", ...; the command line's
+ *   "--temp", "--top-k", "--min-p", ... are the same fields: '-' and '_' are alike and leading
+ *   dashes are ignored). "sampler" (or "--sampler") NAME is a preset: chain, greedy, top-k,
+ *   top-p, min-p, typical, tfs, mirostat, mirostat2, fsd, rfsd; the names of a cut keep that
+ *   cut alone (the others off; its value is set to a default when it is off) and fields set
+ *   after it still apply, so iflow_sampler_params_set_all() applies "sampler" first.
  */
 #ifndef IFLOW_SAMPLER_H
 #define IFLOW_SAMPLER_H
 
 #include <stdint.h>
 
+enum { IFLOW_SAMPLER_CHAIN, IFLOW_SAMPLER_GREEDY, IFLOW_SAMPLER_MIROSTAT, IFLOW_SAMPLER_MIROSTAT2,
+       IFLOW_SAMPLER_FSD, IFLOW_SAMPLER_RFSD, IFLOW_SAMPLER_KINDS_ };
+
 typedef struct {
-    float temp;
-    int top_k;
-    float top_p;
+    float temp;              /* 0: greedy */
+    int top_k;               /* <= 0: off */
+    float top_p;             /* 0 or >= 1: off */
     uint64_t seed;
+    int kind;                /* IFLOW_SAMPLER_*; 0: the chain */
+    float min_p;             /* 0: off */
+    float typical_p;         /* 0 or >= 1: off */
+    float tfs_z;             /* 0 or >= 1: off */
+    float mirostat_tau;      /* target surprise in bits; 0: 5 */
+    float mirostat_eta;      /* learning rate; 0: 0.1 */
+    float repeat_penalty;    /* 0 or 1: off */
+    int repeat_last_n;       /* window of the penalties; 0: 64; -1: every accepted token */
+    float frequency_penalty; /* per occurrence in the window; 0: off */
+    float presence_penalty;  /* once if in the window; 0: off */
+    float fsd_alpha;         /* weight of the anti-LM; 0: 0.65 */
+    int fsd_k;               /* candidates; 0: 3 */
+    int fsd_n;               /* n-gram order of the anti-LM; 0: 3 */
+    float fsd_beta;          /* smoothing of the anti-LM; 0: 0.9 */
+    int fsd_random_steps;    /* rfsd: samples drawn at random; 0: all */
 } iflow_sampler_params;
 
 typedef struct iflow_sampler iflow_sampler;
 
+/* iflow-run's defaults: the chain with temp 0.8, top-k 40, top-p 0.95, the rest off. */
+void iflow_sampler_params_default(iflow_sampler_params *p);
+/* Set one field from text. IFLOW_EINVAL for an unknown name or a bad value, with a message
+ * that names it as given ("invalid value 'x' for --min-p (a number from 0 to 1)"). */
+int iflow_sampler_params_set(iflow_sampler_params *p, const char *name, const char *value);
+/* names, values: [n]; "sampler" first wherever it is, then the rest in order. */
+int iflow_sampler_params_set_all(iflow_sampler_params *p, const char *const *names, const char *const *values, int n);
+/* The preset and kind names ("chain", "greedy", ...), and a kind's name. */
+const char *iflow_sampler_kind_name(int kind);
+
 int  iflow_sampler_open(iflow_sampler **out, const iflow_sampler_params *p, int n_vocab);
 void iflow_sampler_close(iflow_sampler *s);
+/* Forget the accepted tokens and mirostat's state; the generator runs on. */
+void iflow_sampler_reset(iflow_sampler *s);
+/* Record a token of the sequence (IFLOW_ERANGE outside the vocabulary, IFLOW_ENOMEM). */
+int iflow_sampler_accept(iflow_sampler *s, int32_t token);
 int32_t iflow_sampler_sample(iflow_sampler *s, const float *logits);
+/* 1 when the choice is always the argmax of the raw logits (greedy, no penalties): the caller
+ * may then find it on the device that computed the logits and skip the sampler. */
+int iflow_sampler_is_greedy(const iflow_sampler *s);
+/* The chain as it runs, one line ("penalties(repeat 1.1, last 64) top-k 40 ... draw"). */
+const char *iflow_sampler_describe(const iflow_sampler *s, char *buf, int cap);
 /* Index of the largest value (the first one on ties). */
 int32_t iflow_argmax(const float *x, int n);
 

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# iflow-run's samplers and stop strings on stories260K: --stop cuts the text (across token
+# boundaries, the stop string not printed) and --json says why; every --sampler runs, gives one
+# output per seed whatever the thread count; FSD and the penalties repeat less than greedy.
+. "$(dirname "$0")/lib.sh"
+G=$DATA/golden
+$BIN/iflow-convert "$DATA/models/stories260K/hf" -o "$TMP/s.ifs" || { bad "convert"; summary; exit 1; }
+R() { run $BIN/iflow-run -m "$TMP/s.ifs" "$@"; }
+greedy=$(sed -n 1p "$G/stories260K.greedy64.jsonl" | jq -r .continuation) # of "Once upon a time"
+
+# ---- stop strings ----
+R -p "Once upon a time" -n 64 --temp 0 --stop park
+expect_rc 0 "--stop"
+expect_eq "$out" "${greedy%%park*}" "--stop park: the text before the first 'park'"
+R -p "Once upon a time" -n 64 --temp 0 --stop "e l" --stop park
+expect_eq "$out" "${greedy%%e l*}" "--stop 'e l' (spans two tokens) wins over a later 'park'"
+R -p "Once upon a time" -n 64 --temp 0 --stop park --json
+expect_eq "$(jq -r .text <<<"$out")" "${greedy%%park*}" "--stop --json: text"
+expect_eq "$(jq -r '.stop + " " + .stop_string' <<<"$out")" "stop park" "--stop --json: why it stopped"
+n=$(jq '.gen_ids | length' <<<"$out")
+[ "$n" -gt 10 ] && [ "$n" -lt 64 ] && ok || bad "--stop --json: $n ids, expected fewer than 64"
+# a stop string whose start ends the text is held back, then printed when it does not come
+tail3=${greedy: -3}
+R -p "Once upon a time" -n 64 --temp 0 --stop "${tail3}QQ"
+expect_eq "$out" "$greedy" "a stop string that never completes: the held-back tail is printed"
+R -p "Once upon a time" -n 64 --temp 0 --stop "${tail3}QQ" --json
+expect_eq "$(jq -r '.stop + " " + (.stop_string // "-") + " " + (.gen_ids | length | tostring)' <<<"$out")" "length - 64" \
+    "no stop string matched: length, 64 ids"
+R -p "Once upon a time" -n 64 --temp 0 --stop ""
+expect_rc 2 "--stop ''"
+expect_eq "$err" "iflow-run: --stop needs a non-empty string
+Try 'iflow-run --help' for more information." "--stop '': message"
+
+# ---- every sampler: one output per seed, for any thread count ----
+for s in chain greedy top-k top-p min-p typical tfs mirostat mirostat2 fsd rfsd; do
+    R -p "The little dog" -n 48 --sampler $s --seed 21 -t 1
+    expect_rc 0 "--sampler $s"
+    a=$out
+    [ -n "$a" ] && ok || bad "--sampler $s printed nothing"
+    R -p "The little dog" -n 48 --sampler $s --seed 21 -t 2
+    expect_eq "$out" "$a" "--sampler $s: seed 21 gives the same text with -t 1 and -t 2"
+done
+R -p "The little dog" -n 64 --sampler min-p --min-p 0.05 --temp 0.9 --seed 4 -t 1
+a=$out
+R -p "The little dog" -n 64 --sampler min-p --min-p 0.05 --temp 0.9 --seed 4 -t 2
+expect_eq "$out" "$a" "seeded min-p: the same output with -t 1 and -t 2"
+R -p "The little dog" -n 64 --sampler min-p --min-p 0.05 --temp 0.9 --seed 5 -t 2
+[ "$out" != "$a" ] && ok || bad "min-p: seeds 4 and 5 gave the same 64 tokens"
+R -p "Once upon a time" -n 64 --sampler greedy --temp 0.8
+expect_eq "$out" "$greedy" "--sampler greedy ignores the temperature"
+R -p "Once upon a time" -n 64 --sampler min-p --min-p 1 --temp 1.5 --seed 1
+expect_eq "$out" "$greedy" "--min-p 1 keeps only the most likely token: greedy"
+
+# ---- the chain as it runs, under -v ----
+R -p "Once upon a time" -n 2 --sampler min-p --temp 0.9 --repeat-penalty 1.1 -v --device cpu
+expect_match "$err" $'\niflow-run: sampler: penalties \\(repeat 1.1, frequency 0, presence 0, last 64\\) -> min-p 0.05 -> temp 0.9 -> draw$' "-v: the chain"
+R -p "Once upon a time" -n 2 --sampler mirostat2 --mirostat-tau 4 -v --device cpu
+expect_match "$err" $'\niflow-run: sampler: temp 0.8 -> mirostat2 \\(tau 4, eta 0.1\\)$' "-v: mirostat2"
+R -p "Once upon a time" -n 2 --sampler fsd --fsd-alpha 0.6 -v --device cpu
+expect_match "$err" $'\niflow-run: sampler: fsd \\(alpha 0.6, k 3, n 3, beta 0.9\\)$' "-v: fsd"
+
+# ---- FSD and the penalties repeat less than greedy (distinct 3-grams of 200 tokens) ----
+trigrams() { jq -r '.gen_ids | map(tostring) | join(" ")' <<<"$1" |
+    awk '{ for (i = 1; i + 2 <= NF; i++) seen[$i" "$(i+1)" "$(i+2)] = 1; n = 0; for (k in seen) n++; print n }'; }
+R -p "Once upon a time" -n 200 --temp 0 --json
+g3=$(trigrams "$out")
+R -p "Once upon a time" -n 200 --sampler fsd --json
+f3=$(trigrams "$out")
+[ "$f3" -gt $((g3 + 20)) ] && ok || bad "fsd: $f3 distinct 3-grams of 198, greedy $g3"
+R -p "Once upon a time" -n 200 --sampler fsd --json
+expect_eq "$(trigrams "$out")" "$f3" "fsd is deterministic"
+R -p "Once upon a time" -n 200 --temp 0 --repeat-penalty 1.2 --json
+p3=$(trigrams "$out")
+[ "$p3" -gt $((g3 + 20)) ] && ok || bad "greedy with --repeat-penalty 1.2: $p3 distinct 3-grams of 198, greedy $g3"
+R -p "Once upon a time" -n 200 --temp 0 --presence-penalty 1 --frequency-penalty 0.5 --json
+p3=$(trigrams "$out")
+[ "$p3" -gt $((g3 + 20)) ] && ok || bad "greedy with presence and frequency penalties: $p3 distinct 3-grams of 198, greedy $g3"
+
+# ---- usage errors: one table of names and ranges ----
+R -p hi --sampler beam
+expect_rc 2 "--sampler beam"
+expect_eq "$err" "iflow-run: unknown sampler 'beam' for --sampler (chain, greedy, top-k, top-p, min-p, typical, tfs, mirostat, mirostat2, fsd, rfsd)
+Try 'iflow-run --help' for more information." "--sampler beam: message"
+R -p hi --min-p 2
+expect_rc 2 "--min-p 2"
+expect_eq "$err" "iflow-run: invalid value '2' for --min-p (a number from 0 to 1)
+Try 'iflow-run --help' for more information." "--min-p 2: message"
+R -p hi --repeat-last-n x
+expect_eq "$err" "iflow-run: invalid value 'x' for --repeat-last-n (an integer from -1 to 16777216)
+Try 'iflow-run --help' for more information." "--repeat-last-n x: message"
+
+summary
