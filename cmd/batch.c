@@ -4,6 +4,7 @@
 #include "libcore/base/error.h"
 #include "libcore/serving/batch.h"
 #include "libcore/serving/metrics.h"
+#include "libcore/serving/request.h"
 #include "libcore/tokenizers/tokenizer.h"
 
 #include <errno.h>
@@ -21,9 +22,9 @@
 typedef struct item {
     struct item *next;
     long line;                    /* 1-based input line                                      */
-    char *id;                     /* the request's "id" as compact JSON (the line number if none) */
+    iflow_request_fields f;       /* the parsed line (f.id: compact JSON, the line number if none) */
     char *error;                  /* a refused request: the message                          */
-    iflow_request req;            /* prompt (malloc'd), parameters; user = this item          */
+    iflow_request req;            /* the tokenized prompt (malloc'd) and f's parameters; user = this item */
     iflow_result *res;            /* the finished result (writer side)                       */
 } item;
 
@@ -101,11 +102,9 @@ static void item_free(item *it)
 {
     if (!it)
         return;
-    free(it->id);
+    iflow_request_fields_free(&it->f);
     free(it->error);
     free((void *)it->req.prompt);
-    for (int i = 0; i < it->req.n_stop; i++)
-        free((void *)it->req.stop[i]);
     iflow_result_free(it->res);
     free(it);
 }
@@ -131,117 +130,37 @@ static void item_fail(item *it, const char *fmt, ...)
         it->error = strdup(buf);
 }
 
-/* A number field as a double within [lo, hi]; 1 if present and good, 0 if absent, -1 if bad. */
-static int num_field(item *it, json_t *v, const char *name, double lo, double hi, double *out)
-{
-    if (!v)
-        return 0;
-    if (!json_is_number(v) || json_number_value(v) < lo || json_number_value(v) > hi) {
-        item_fail(it, "field '%s' must be a number from %g to %g", name, lo, hi);
-        return -1;
-    }
-    *out = json_number_value(v);
-    return 1;
-}
-
-static void parse_stop(item *it, json_t *v)
-{
-    if (!v)
-        return;
-    if (json_is_string(v)) {
-        it->req.stop[it->req.n_stop++] = strdup(json_string_value(v));
-        return;
-    }
-    if (!json_is_array(v) || json_array_size(v) > IFLOW_MAX_STOP) {
-        item_fail(it, "field 'stop' must be a string or an array of at most %d strings", IFLOW_MAX_STOP);
-        return;
-    }
-    size_t i;
-    json_t *s;
-    json_array_foreach(v, i, s)
-    {
-        if (!json_is_string(s) || json_string_length(s) == 0) {
-            item_fail(it, "field 'stop' must hold non-empty strings");
-            return;
-        }
-        it->req.stop[it->req.n_stop++] = strdup(json_string_value(s));
-    }
-}
-
 /* One line -> one item (a request, or an error to report). */
 static item *parse_line(const reader *rd, const char *line, size_t len, long line_no)
 {
-    static const char *const known[] = {"id", "prompt", "max_tokens", "temperature", "top_k", "top_p", "seed", "stop"};
     const batch_opts *o = rd->o;
     item *it = calloc(1, sizeof *it);
     if (!it)
         return NULL;
     it->line = line_no;
-    it->req.user = it;
-    it->req.max_tokens = o->max_tokens;
-    it->req.sampling = o->sp;
-    it->req.sampling.seed = o->sp.seed + (uint64_t)line_no; /* each request its own stream */
-    json_error_t jerr;
-    json_t *js = json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);
-    json_t *id = js && json_is_object(js) ? json_object_get(js, "id") : NULL;
-    if (id)
-        it->id = json_dumps(id, JSON_COMPACT | JSON_ENCODE_ANY);
-    else {
-        char buf[32];
-        snprintf(buf, sizeof buf, "%ld", line_no);
-        it->id = strdup(buf);
-    }
-    if (!js) {
-        item_fail(it, "not JSON: %s (column %d)", jerr.text, jerr.column);
+    if (iflow_request_parse(&it->f, line, len, line_no, o->max_tokens, &o->sp) < 0) {
+        item_fail(it, "%s", iflow_errmsg());
+        if (!it->f.id)
+            it->f.id = strdup("null");
         return it;
     }
-    if (!json_is_object(js)) {
-        item_fail(it, "a request must be a JSON object");
-        json_decref(js);
+    iflow_request *q = &it->req;
+    *q = (iflow_request){.max_tokens = it->f.max_tokens, .sampling = it->f.sp, .n_stop = it->f.n_stop, .user = it};
+    for (int i = 0; i < it->f.n_stop; i++)
+        q->stop[i] = it->f.stop[i];
+    int32_t *ids;
+    size_t n;
+    if (iflow_tokenizer_encode(iflow_model_tokenizer(rd->m), it->f.prompt, it->f.prompt_len, IFLOW_TOK_ADD_BOS, &ids,
+                               &n) < 0) {
+        item_fail(it, "%s", iflow_errmsg());
         return it;
     }
-    const char *key;
-    json_t *v;
-    json_object_foreach(js, key, v)
-    {
-        size_t k = 0;
-        while (k < sizeof known / sizeof known[0] && strcmp(key, known[k]))
-            k++;
-        if (k == sizeof known / sizeof known[0])
-            item_fail(it, "unknown field '%s'", key);
-    }
-    json_t *prompt = json_object_get(js, "prompt");
-    if (!prompt || !json_is_string(prompt))
-        item_fail(it, "field 'prompt' (a string) is missing");
-    double d;
-    if (num_field(it, json_object_get(js, "max_tokens"), "max_tokens", 1, 1 << 24, &d) > 0)
-        it->req.max_tokens = (int)d;
-    if (num_field(it, json_object_get(js, "temperature"), "temperature", 0, 100, &d) > 0)
-        it->req.sampling.temp = (float)d;
-    if (num_field(it, json_object_get(js, "top_k"), "top_k", 0, 1 << 24, &d) > 0)
-        it->req.sampling.top_k = (int)d;
-    if (num_field(it, json_object_get(js, "top_p"), "top_p", 1e-6, 1, &d) > 0)
-        it->req.sampling.top_p = (float)d;
-    json_t *seed = json_object_get(js, "seed");
-    if (seed && (!json_is_integer(seed) || json_integer_value(seed) < 0))
-        item_fail(it, "field 'seed' must be a non-negative integer");
-    else if (seed)
-        it->req.sampling.seed = (uint64_t)json_integer_value(seed);
-    parse_stop(it, json_object_get(js, "stop"));
-    if (!it->error) {
-        int32_t *ids;
-        size_t n;
-        if (iflow_tokenizer_encode(iflow_model_tokenizer(rd->m), json_string_value(prompt), json_string_length(prompt),
-                                   IFLOW_TOK_ADD_BOS, &ids, &n) < 0)
-            item_fail(it, "%s", iflow_errmsg());
-        else if (n == 0)
-            item_fail(it, "the prompt is empty and the tokenizer adds no beginning-of-sequence token");
-        else if ((int)n >= rd->n_ctx)
-            item_fail(it, "the prompt of %zu tokens does not fit the context of %d", n, rd->n_ctx);
-        it->req.prompt = ids;
-        it->req.n_prompt = (int)n;
-    }
-    json_decref(js);
+    q->prompt = ids;
+    q->n_prompt = (int)n;
+    if (n == 0)
+        item_fail(it, "the prompt is empty and the tokenizer adds no beginning-of-sequence token");
+    else if ((int)n >= rd->n_ctx)
+        item_fail(it, "the prompt of %zu tokens does not fit the context of %d", n, rd->n_ctx);
     return it;
 }
 
@@ -280,8 +199,8 @@ typedef struct {
 static json_t *result_json(const item *it)
 {
     json_error_t e;
-    json_t *o = json_object(), *id = json_loads(it->id, JSON_DECODE_ANY, &e);
-    json_object_set_new(o, "id", id ? id : json_string(it->id));
+    json_t *o = json_object(), *id = json_loads(it->f.id, JSON_DECODE_ANY, &e);
+    json_object_set_new(o, "id", id ? id : json_string(it->f.id));
     if (it->error) {
         json_object_set_new(o, "line", json_integer(it->line));
         json_object_set_new(o, "error", json_string(it->error));
@@ -291,6 +210,8 @@ static json_t *result_json(const item *it)
     double gen_s = r->t_done - r->t_first;
     json_object_set_new(o, "text", json_stringn(r->text ? r->text : "", r->text_len));
     json_object_set_new(o, "finish_reason", json_string(iflow_finish_name(r->finish)));
+    if (r->stop_index >= 0 && r->stop_index < it->f.n_stop)
+        json_object_set_new(o, "stop_string", json_string(it->f.stop[r->stop_index]));
     json_object_set_new(o, "prompt_tokens", json_integer(r->n_prompt));
     json_object_set_new(o, "completion_tokens", json_integer(r->n_tokens));
     json_object_set_new(o, "ttft_ms", json_real(round((r->t_first - r->t_added) * 1e6) / 1e3));
@@ -332,7 +253,7 @@ static void *writer_main(void *arg)
 static int id_in_flight(item **live, int n, const char *id)
 {
     for (int i = 0; i < n; i++)
-        if (strcmp(live[i]->id, id) == 0)
+        if (strcmp(live[i]->f.id, id) == 0)
             return 1;
     return 0;
 }
@@ -377,8 +298,8 @@ int batch_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
                 input_done = closed;
                 break;
             }
-            if (!it->error && id_in_flight(live, n_live, it->id))
-                item_fail(it, "duplicate id %s: a request with this id is still running", it->id);
+            if (!it->error && id_in_flight(live, n_live, it->f.id))
+                item_fail(it, "duplicate id %s: a request with this id is still running", it->f.id);
             if (!it->error && iflow_batch_add(b, &it->req) < 0)
                 item_fail(it, "%s", iflow_errmsg());
             if (it->error)

@@ -106,6 +106,8 @@ static const field *find_field(const char *name)
     return NULL;
 }
 
+int iflow_sampler_param_known(const char *name) { return name && find_field(name) != NULL; }
+
 void iflow_sampler_params_default(iflow_sampler_params *p)
 {
     *p = (iflow_sampler_params){.temp = 0.8f, .top_k = 40, .top_p = 0.95f};

@@ -75,6 +75,8 @@ void iflow_sampler_params_default(iflow_sampler_params *p);
 /* Set one field from text. IFLOW_EINVAL for an unknown name or a bad value, with a message
  * that names it as given ("invalid value 'x' for --min-p (a number from 0 to 1)"). */
 int iflow_sampler_params_set(iflow_sampler_params *p, const char *name, const char *value);
+/* 1 if name is a field of the table (or "sampler"), else 0. */
+int iflow_sampler_param_known(const char *name);
 /* names, values: [n]; "sampler" first wherever it is, then the rest in order. */
 int iflow_sampler_params_set_all(iflow_sampler_params *p, const char *const *names, const char *const *values, int n);
 /* The preset and kind names ("chain", "greedy", ...), and a kind's name. */

@@ -1,6 +1,7 @@
 /* batch.c -- continuous batching over a paged KV cache. See batch.h. */
 #include "libcore/serving/batch.h"
 #include "libcore/base/error.h"
+#include "libcore/engine/stop.h"
 #include "kernels/cpu/kvcache.h"
 
 #include <stdlib.h>
@@ -20,12 +21,11 @@ typedef struct req {
     int32_t drawn;                /* greedy: the argmax the step found on the output device */
     int32_t *blocks;              /* [n_reserved] block table (n_held filled)              */
     int n_reserved, n_held;
-    iflow_sampler_params sp;
     iflow_sampler *sampler;
-    char *stop[IFLOW_MAX_STOP];
-    int n_stop;
-    size_t max_stop;              /* the longest stop string                               */
+    int greedy;                   /* the sampler always takes the argmax                   */
+    iflow_stop *stop;             /* the stop strings' matcher                             */
     int first_piece;              /* the text starts at the first generated token           */
+    void (*on_text)(void *user, const char *text, size_t n);
     iflow_result *res;
 } req;
 
@@ -129,8 +129,7 @@ static void req_free(req *r)
     free(r->prompt);
     free(r->blocks);
     iflow_sampler_close(r->sampler);
-    for (int i = 0; i < r->n_stop; i++)
-        free(r->stop[i]);
+    iflow_stop_close(r->stop);
     iflow_result_free(r->res);
     free(r);
 }
@@ -198,24 +197,29 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
     r->blocks = malloc((size_t)need * sizeof *r->blocks);
     if (r->res)
         r->res->tokens = malloc((size_t)max_tokens * sizeof *r->res->tokens);
-    int ok = r->res && r->prompt && r->blocks && r->res->tokens;
-    for (int i = 0; i < q->n_stop && ok; i++) {
-        ok = (r->stop[i] = strdup(q->stop[i] ? q->stop[i] : "")) != NULL;
-        r->n_stop = i + 1;
-        size_t n = strlen(r->stop[i]);
-        r->max_stop = n > r->max_stop ? n : r->max_stop;
-    }
-    if (!ok) {
+    if (!r->res || !r->prompt || !r->blocks || !r->res->tokens) {
         req_free(r);
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
     }
+    /* the sampler sees the prompt (not its BOS), as iflow-run's plain mode does */
+    int rc = iflow_sampler_open(&r->sampler, &q->sampling, hp->vocab_size);
+    for (int i = q->prompt[0] == hp->bos; i < q->n_prompt && rc == 0; i++)
+        rc = iflow_sampler_accept(r->sampler, q->prompt[i]);
+    if (rc == 0)
+        rc = iflow_stop_open(&r->stop, q->stop, q->n_stop);
+    if (rc < 0) {
+        req_free(r);
+        return rc;
+    }
+    r->greedy = iflow_sampler_is_greedy(r->sampler);
     memcpy(r->prompt, q->prompt, (size_t)q->n_prompt * sizeof *r->prompt);
     r->n_prompt = q->n_prompt;
     r->max_tokens = max_tokens;
     r->n_reserved = need;
-    r->sp = q->sampling;
     r->first_piece = q->n_prompt == 1 && q->prompt[0] == hp->bos;
+    r->on_text = q->on_text;
     r->res->user = q->user;
+    r->res->stop_index = -1;
     r->res->n_prompt = q->n_prompt;
     r->res->t_added = now();
     r->state = QUEUED;
@@ -234,11 +238,6 @@ static int admit(iflow_batch *b)
 {
     while (b->queue && b->n_running < b->p.parallel && b->queue->n_reserved <= b->n_unreserved) {
         req *r = b->queue;
-        if (!r->sampler && r->sp.temp > 0) {
-            int rc = iflow_sampler_open(&r->sampler, &r->sp, iflow_model_hparams(b->m)->vocab_size);
-            if (rc < 0)
-                return rc;
-        }
         b->queue = r->next;
         if (!b->queue)
             b->queue_tail = NULL;
@@ -264,6 +263,24 @@ static void hold_blocks(iflow_batch *b, req *r, int end)
         r->blocks[r->n_held++] = b->free_blocks[--b->n_free];
 }
 
+/* Final text of r: into its result, and to its on_text. */
+static int put_text(req *r, const char *text, size_t n)
+{
+    iflow_result *res = r->res;
+    if (n == 0)
+        return 0;
+    char *t = realloc(res->text, res->text_len + n + 1);
+    if (!t)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    memcpy(t + res->text_len, text, n);
+    res->text = t;
+    res->text_len += n;
+    t[res->text_len] = 0;
+    if (r->on_text)
+        r->on_text(res->user, text, n);
+    return 0;
+}
+
 /* r is done: its blocks go back, its result to the done ring. */
 static int finish(iflow_batch *b, req *r, int why)
 {
@@ -278,6 +295,13 @@ static int finish(iflow_batch *b, req *r, int why)
         b->done = d;
         b->done_head = 0;
         b->done_cap = cap;
+    }
+    if (why != IFLOW_FINISH_STOP) { /* the tail held back for a stop string that did not come */
+        const char *e;
+        size_t ne;
+        iflow_stop_flush(r->stop, &e, &ne);
+        if (put_text(r, e, ne) < 0)
+            return -1;
     }
     r->res->finish = why;
     r->res->t_done = now();
@@ -307,39 +331,24 @@ int iflow_batch_take(iflow_batch *b, iflow_result **out)
     return 1;
 }
 
-/* Append token id's text to r's result; 1 if a stop string now appears in it (the text is
- * then cut before it). A stop string may span tokens: only the tail that could hold a new
- * match is searched. */
+/* Append token id's text: 1 if a stop string now appears in the text (it then ends before
+ * it), 0 if not, < 0 on failure. */
 static int append_text(iflow_batch *b, req *r, int32_t id)
 {
-    iflow_result *res = r->res;
     char piece[256];
-    int n = b->tok ? iflow_tokenizer_piece(b->tok, id, r->first_piece && res->n_tokens == 1, piece, sizeof piece) : 0;
+    int n = b->tok ? iflow_tokenizer_piece(b->tok, id, r->first_piece && r->res->n_tokens == 1, piece, sizeof piece) : 0;
     if (n <= 0)
         return 0;
-    char *t = realloc(res->text, res->text_len + (size_t)n + 1);
-    if (!t)
-        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
-    memcpy(t + res->text_len, piece, (size_t)n);
-    size_t old = res->text_len;
-    res->text = t;
-    res->text_len += (size_t)n;
-    t[res->text_len] = 0;
-    size_t from = old >= r->max_stop ? old - r->max_stop + 1 : 0;
-    size_t cut = res->text_len + 1;
-    for (int i = 0; i < r->n_stop; i++) {
-        size_t sl = strlen(r->stop[i]);
-        if (sl == 0)
-            continue;
-        const char *hit = memmem(t + from, res->text_len - from, r->stop[i], sl);
-        if (hit && (size_t)(hit - t) < cut)
-            cut = (size_t)(hit - t);
-    }
-    if (cut > res->text_len)
-        return 0;
-    res->text_len = cut;
-    t[cut] = 0;
-    return 1;
+    const char *emit;
+    size_t n_emit;
+    int hit = iflow_stop_feed(r->stop, piece, (size_t)n, &emit, &n_emit);
+    if (hit < 0)
+        return hit;
+    if (put_text(r, emit, n_emit) < 0)
+        return -1;
+    if (hit)
+        r->res->stop_index = iflow_stop_which(r->stop);
+    return hit;
 }
 
 /* r drew token id after its last cached position: record it, and finish r if it ends there. */
@@ -352,7 +361,9 @@ static int accept(iflow_batch *b, req *r, int32_t id)
         return finish(b, r, IFLOW_FINISH_EOS);
     res->tokens[res->n_tokens++] = id;
     b->st.generated++;
-    int stop = append_text(b, r, id);
+    int stop = iflow_sampler_accept(r->sampler, id);
+    if (stop == 0)
+        stop = append_text(b, r, id);
     if (stop < 0)
         return stop;
     if (stop)
@@ -370,10 +381,10 @@ static int accept(iflow_batch *b, req *r, int32_t id)
  * greedy request only the argmax (found where the logits are; only the id crosses). */
 static void wants_token(iflow_batch *b, req *r, iflow_step_seq *q, int n)
 {
-    if (r->sampler)
-        q->logits = b->logits + (size_t)n * iflow_model_hparams(b->m)->vocab_size;
-    else
+    if (r->greedy)
         q->next = &r->drawn;
+    else
+        q->logits = b->logits + (size_t)n * iflow_model_hparams(b->m)->vocab_size;
 }
 
 int iflow_batch_step(iflow_batch *b)
@@ -424,7 +435,7 @@ int iflow_batch_step(iflow_batch *b)
         }
         if (!seqs[i].logits && !seqs[i].next)
             continue;
-        int32_t id = r->sampler ? iflow_sampler_sample(r->sampler, seqs[i].logits) : r->drawn;
+        int32_t id = r->greedy ? r->drawn : iflow_sampler_sample(r->sampler, seqs[i].logits);
         if ((rc = accept(b, r, id)) < 0)
             return rc;
     }

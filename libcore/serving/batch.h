@@ -16,7 +16,8 @@
  *        rest of the step's token budget with chunks of their prompts, so prefill and decode
  *        go through one step together and the weights are read once for all of them;
  *     3. each request whose logits the step computed draws its next token with its own
- *        sampler; one that ends (EOS, max_tokens, a stop string, the context) gives its blocks
+ *        sampler (sampler.h: it sees the prompt and every kept token; a greedy one takes the
+ *        argmax on the device that computed the logits); one that ends (EOS, max_tokens, a stop string, the context) gives its blocks
  *        back at once and its result waits for iflow_batch_take().
  *   A request's tokens depend only on the model, its prompt and its sampling parameters,
  *   never on the other requests, when they joined, or the step budget: the kernels are
@@ -57,9 +58,12 @@ typedef struct {
     int n_prompt;
     int max_tokens;                 /* tokens to generate at most (>= 1)                     */
     iflow_sampler_params sampling;  /* temp 0: greedy                                        */
-    const char *stop[IFLOW_MAX_STOP]; /* stop strings (copied); the text ends before one    */
+    const char *stop[IFLOW_MAX_STOP]; /* stop strings (copied, none empty); the text ends before one */
     int n_stop;
-    void *user;                     /* handed back in the result                            */
+    void *user;                     /* handed back in the result and to on_text             */
+    /* Optional: called during iflow_batch_step() with each piece of text as it becomes final
+     * (a tail that may start a stop string is held back until it is settled). */
+    void (*on_text)(void *user, const char *text, size_t n);
 } iflow_request;
 
 typedef struct {
@@ -69,6 +73,7 @@ typedef struct {
     char *text;                     /* the generated text, NUL-terminated, cut before a stop */
     size_t text_len;
     int finish;                     /* IFLOW_FINISH_*                                        */
+    int stop_index;                 /* IFLOW_FINISH_STOP: which stop string; else -1         */
     double t_added, t_started, t_first, t_done; /* seconds (CLOCK_MONOTONIC)                */
 } iflow_result;
 

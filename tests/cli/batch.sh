@@ -38,6 +38,16 @@ run bash -c "$BIN/iflow-run -m '$TMP/s.ifs' --batch --parallel 16 --kv-type q8 -
 expect_rc 0 "q8 KV cache"
 expect_eq "$(jq -r .id <<<"$out" | sort | tr '\n' ' ')" "$(jq -r .id "$TMP/mixed.jsonl" | sort | tr '\n' ' ')" "q8: every id"
 
+# ---- sampling fields of sampler.h's table, per request: alone and in a batch the same ----
+for r in '{"id":"m","prompt":"Once upon a time","max_tokens":40,"sampler":"mirostat2","mirostat_tau":4,"seed":3}' \
+         '{"id":"m","prompt":"Once upon a time","max_tokens":40,"min_p":0.1,"temperature":1.2,"repeat_penalty":1.2,"seed":4}' \
+         '{"id":"m","prompt":"Once upon a time","max_tokens":40,"sampler":"fsd","fsd_alpha":0.6}'; do
+    one=$(echo "$r" | $BIN/iflow-run -m "$TMP/s.ifs" --batch | jq -r .text)
+    run bash -c "{ head -n 5 '$TMP/mixed.jsonl'; echo '$r'; tail -n 5 '$TMP/mixed.jsonl'; } | $BIN/iflow-run -m '$TMP/s.ifs' --batch --parallel 4"
+    expect_eq "$(jq -r 'select(.id == "m") | .text' <<<"$out")" "$one" "alone and in a batch: $r"
+    expect_match "$one" '.{20}' "some text from $r"
+done
+
 # ---- bad lines: an error result with the line number and id; the others go on ----
 long=$(printf 'Once upon a time %.0s' $(seq 1 40))
 cat >"$TMP/bad.jsonl" <<EOF
@@ -57,10 +67,10 @@ expect_rc 0 "bad lines do not stop the batch"
 line() { jq -c --arg id "$1" 'select((.id | tostring) == $id) | [.line, .error]' <<<"$out"; }
 expect_eq "$(line 2)" '[2,"not JSON: '"'"'['"'"' or '"'"'{'"'"' expected near '"'"'not'"'"' (column 3)"]' "invalid JSON"
 expect_eq "$(line nop)" '[3,"field '"'"'prompt'"'"' (a string) is missing"]' "missing prompt"
-expect_eq "$(line typo)" '[4,"unknown field '"'"'max_token'"'"'"]' "unknown field"
+expect_eq "$(line typo)" '[4,"unknown field '"'"'max_token'"'"' (see iflow-run(1), BATCH GENERATION)"]' "unknown field"
 expect_eq "$(jq -c 'select(.line == 5) | .error' <<<"$out")" '"duplicate id \"ok1\": a request with this id is still running"' "duplicate id"
 expect_match "$(line long)" '^\[7,"the prompt of [0-9]+ tokens does not fit the context of 64"\]$' "prompt longer than the context"
-expect_eq "$(line neg)" '[8,"field '"'"'temperature'"'"' must be a number from 0 to 100"]' "bad number"
+expect_eq "$(line neg)" '[8,"invalid value '"'"'-1'"'"' for temperature (a number from 0 to 100)"]' "bad number"
 expect_eq "$(line 9)" '[9,"a request must be a JSON object"]' "not an object"
 expect_eq "$(jq -r 'select(.text) | .id' <<<"$out" | sort | tr '\n' ' ')" "ok1 ok2 " "the good requests finish"
 expect_eq "$(jq -r 'select(.id == "ok2") | [.finish_reason, .completion_tokens] | @tsv' <<<"$out")" "length	4" "max_tokens"
@@ -70,6 +80,7 @@ full=$(echo '{"prompt":"Once upon a time","max_tokens":30,"temperature":0}' | $B
 stop=${full:12:4}
 run bash -c "echo '{\"prompt\":\"Once upon a time\",\"max_tokens\":30,\"temperature\":0,\"stop\":[\"zzz\",\"$stop\"]}' | $BIN/iflow-run -m '$TMP/s.ifs' --batch"
 expect_eq "$(jq -r .finish_reason <<<"$out")" stop "finish reason stop"
+expect_eq "$(jq -r .stop_string <<<"$out")" "$stop" "stop_string names the one that matched"
 expect_eq "$(jq -r .text <<<"$out")" "${full%%"$stop"*}" "text cut before '$stop'"
 
 # ---- a closed output stops cleanly: exit 1, no message, no crash ----

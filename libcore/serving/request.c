@@ -1,0 +1,133 @@
+/* request.c -- a batch request line. See request.h. */
+#include "libcore/serving/request.h"
+#include "libcore/base/error.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void iflow_request_fields_free(iflow_request_fields *f)
+{
+    free(f->id);
+    free(f->prompt);
+    for (int i = 0; i < f->n_stop; i++)
+        free(f->stop[i]);
+    memset(f, 0, sizeof *f);
+}
+
+static int oom(void) { return iflow_seterr(IFLOW_ENOMEM, "out of memory"); }
+
+static int parse_stop(iflow_request_fields *f, const json_t *v)
+{
+    if (json_is_string(v) && json_string_length(v) > 0) {
+        if (!(f->stop[f->n_stop] = strdup(json_string_value(v))))
+            return oom();
+        f->n_stop++;
+        return 0;
+    }
+    if (!json_is_array(v) || json_array_size(v) > IFLOW_MAX_STOP)
+        return iflow_seterr(IFLOW_EINVAL, "field 'stop' must be a non-empty string or an array of at most %d",
+                            IFLOW_MAX_STOP);
+    size_t i;
+    json_t *s;
+    json_array_foreach(v, i, s)
+    {
+        if (!json_is_string(s) || json_string_length(s) == 0 || strlen(json_string_value(s)) != json_string_length(s))
+            return iflow_seterr(IFLOW_EINVAL, "field 'stop' must hold non-empty strings");
+        if (!(f->stop[f->n_stop] = strdup(json_string_value(s))))
+            return oom();
+        f->n_stop++;
+    }
+    return 0;
+}
+
+/* A sampling field's value as the text iflow_sampler_params_set() reads. */
+static int value_text(const char *key, const json_t *v, char *buf, size_t cap)
+{
+    if (json_is_integer(v))
+        snprintf(buf, cap, "%lld", (long long)json_integer_value(v));
+    else if (json_is_real(v))
+        snprintf(buf, cap, "%.17g", json_real_value(v));
+    else if (json_is_string(v) && json_string_length(v) < cap && strlen(json_string_value(v)) == json_string_length(v))
+        snprintf(buf, cap, "%s", json_string_value(v));
+    else
+        return iflow_seterr(IFLOW_EINVAL, "field '%s' must be a number%s", key,
+                            strcmp(key, "sampler") == 0 ? " or a sampler's name" : "");
+    return 0;
+}
+
+/* The fields of an object, checked; f->id is set already. */
+static int parse_object(iflow_request_fields *f, const json_t *js)
+{
+    enum { MAX_SAMPLING = 32 };
+    const char *names[MAX_SAMPLING];
+    char values[MAX_SAMPLING][64];
+    const char *vals[MAX_SAMPLING];
+    int n = 0, rc;
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)js, key, v)
+    {
+        if (strcmp(key, "id") == 0)
+            continue;
+        if (strcmp(key, "prompt") == 0) {
+            if (!json_is_string(v))
+                return iflow_seterr(IFLOW_EINVAL, "field 'prompt' must be a string");
+            if (!(f->prompt = malloc(json_string_length(v) + 1)))
+                return oom();
+            memcpy(f->prompt, json_string_value(v), json_string_length(v) + 1);
+            f->prompt_len = json_string_length(v);
+        } else if (strcmp(key, "max_tokens") == 0) {
+            if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > (1 << 24))
+                return iflow_seterr(IFLOW_EINVAL, "field 'max_tokens' must be an integer from 1 to %d", 1 << 24);
+            f->max_tokens = (int)json_integer_value(v);
+        } else if (strcmp(key, "stop") == 0) {
+            if ((rc = parse_stop(f, v)) < 0)
+                return rc;
+        } else {
+            if (!iflow_sampler_param_known(key))
+                return iflow_seterr(IFLOW_EINVAL, "unknown field '%s' (see iflow-run(1), BATCH GENERATION)", key);
+            if (n == MAX_SAMPLING)
+                return iflow_seterr(IFLOW_EINVAL, "too many fields");
+            if ((rc = value_text(key, v, values[n], sizeof values[n])) < 0)
+                return rc;
+            names[n] = key;
+            vals[n] = values[n];
+            n++;
+        }
+    }
+    if (!f->prompt)
+        return iflow_seterr(IFLOW_EINVAL, "field 'prompt' (a string) is missing");
+    return iflow_sampler_params_set_all(&f->sp, names, vals, n);
+}
+
+int iflow_request_parse(iflow_request_fields *f, const char *line, size_t len, long line_no, int max_tokens,
+                        const iflow_sampler_params *defaults)
+{
+    memset(f, 0, sizeof *f);
+    f->max_tokens = max_tokens;
+    f->sp = *defaults;
+    f->sp.seed = defaults->seed + (uint64_t)line_no; /* overridden by a "seed" field */
+    json_error_t jerr;
+    json_t *js = json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);
+    const json_t *id = json_is_object(js) ? json_object_get(js, "id") : NULL;
+    if (id)
+        f->id = json_dumps(id, JSON_COMPACT | JSON_ENCODE_ANY);
+    else {
+        char buf[32];
+        snprintf(buf, sizeof buf, "%ld", line_no);
+        f->id = strdup(buf);
+    }
+    int rc;
+    if (!f->id)
+        rc = oom();
+    else if (!js)
+        rc = iflow_seterr(IFLOW_EINVAL, "not JSON: %s (column %d)", jerr.text, jerr.column);
+    else if (!json_is_object(js))
+        rc = iflow_seterr(IFLOW_EINVAL, "a request must be a JSON object");
+    else
+        rc = parse_object(f, js);
+    json_decref(js);
+    return rc;
+}

@@ -1,0 +1,40 @@
+/*
+ * request.h -- one line of a batch's input: a JSON request, parsed and checked (untrusted
+ * input: tests/fuzz/fuzz_request.c).
+ *
+ * Contract
+ *   A request is a JSON object on one line. Fields: "prompt" (a string, required), "id" (any
+ *   JSON value, kept as compact JSON text; the line number when absent), "max_tokens" (an
+ *   integer >= 1), "stop" (a string, or an array of at most IFLOW_MAX_STOP non-empty strings),
+ *   and every sampling parameter of sampler.h's name table ("temperature", "top_k", "top_p",
+ *   "min_p", "seed", "sampler", "mirostat", "repeat_penalty", ...: numbers, or a string for
+ *   "sampler"). A field that is absent keeps the default given; "seed" defaults to the given
+ *   seed plus the line number, so every request has its own stream and a rerun repeats it.
+ *   An unknown field, a value of the wrong type or range, duplicate keys, or a line that is not
+ *   one JSON object is IFLOW_EINVAL with a one-line message naming the field; the fields read
+ *   so far (the id at least, when it could be read) are kept for the error result.
+ *   iflow_request_fields_free() releases what a parse allocated, after success or failure.
+ */
+#ifndef IFLOW_REQUEST_H
+#define IFLOW_REQUEST_H
+
+#include <stddef.h>
+
+#include "libcore/engine/sampler.h"
+#include "libcore/serving/batch.h"
+
+typedef struct {
+    char *id;                       /* compact JSON                                        */
+    char *prompt;                   /* NUL-terminated (may hold NULs: prompt_len counts)  */
+    size_t prompt_len;
+    int max_tokens;
+    iflow_sampler_params sp;
+    char *stop[IFLOW_MAX_STOP];
+    int n_stop;
+} iflow_request_fields;
+
+int  iflow_request_parse(iflow_request_fields *out, const char *line, size_t len, long line_no, int max_tokens,
+                         const iflow_sampler_params *defaults);
+void iflow_request_fields_free(iflow_request_fields *f);
+
+#endif
