@@ -6,6 +6,7 @@
 #include "libcore/base/error.h"
 #include "libcore/engine/model.h"
 #include "libcore/engine/sampler.h"
+#include "libcore/serving/batch.h"
 #include "libcore/engine/stop.h"
 #include "libcore/tokenizers/tokenizer.h"
 
@@ -134,51 +135,40 @@ static int tokenize(const run_opts *o)
     return 0;
 }
 
-/* ---- generation ---- */
+/* ---- generation ----
+ *
+ * One prompt after another through the batch engine (libcore/serving/batch.h) with one request
+ * in flight: the text is printed as the engine makes it final (on_text), and a prompt gives
+ * the same tokens here as the same request in --batch. Prompt i (from 0) samples with seed
+ * --seed + i. */
 
 typedef struct {
     const run_opts *o;
     const iflow_model *m;
     const iflow_tokenizer *tok;
-    iflow_ctx *ctx;
-    iflow_sampler *sampler;
-    iflow_stop *stop;
-    float *logits;
+    iflow_batch *b;
+    char *acc;                    /* --json: the text so far */
+    size_t acc_len;
     double t_prompt, t_gen;
-    long n_prompt_tokens, n_gen_tokens;
+    long n_prompt_tokens, n_gen_tokens, n_prompts;
 } generator;
 
-/* Print text, or (to_buffer, for --json) append it to *acc. */
-static void put_text(const char *t, size_t n, int to_buffer, char **acc, size_t *acc_len)
+/* Print final text at once, or (for --json) keep it. */
+static void on_text(void *user, const char *t, size_t n)
 {
-    if (n == 0)
-        return;
-    if (to_buffer) {
-        char *na = realloc(*acc, *acc_len + n + 1);
+    generator *g = user;
+    if (g->o->json) {
+        char *na = realloc(g->acc, g->acc_len + n + 1);
         if (!na)
             die(&tool, "out of memory");
-        memcpy(na + *acc_len, t, n);
-        *acc_len += n;
-        na[*acc_len] = 0;
-        *acc = na;
+        memcpy(na + g->acc_len, t, n);
+        g->acc_len += n;
+        na[g->acc_len] = 0;
+        g->acc = na;
     } else {
         fwrite(t, 1, n, stdout);
         fflush(stdout);
     }
-}
-
-/* Decode one token and put what the stop strings let through; 1 when one of them matched. */
-static int put_piece(const generator *g, int32_t id, int first, int to_buffer, char **acc, size_t *acc_len)
-{
-    char buf[256];
-    const char *e;
-    size_t ne;
-    int n = iflow_tokenizer_piece(g->tok, id, first, buf, sizeof buf);
-    int rc = iflow_stop_feed(g->stop, buf, n > 0 ? (size_t)n : 0, &e, &ne);
-    if (rc < 0)
-        die(&tool, NULL);
-    put_text(e, ne, to_buffer, acc, acc_len);
-    return rc;
 }
 
 static json_t *ids_json(const int32_t *ids, size_t n)
@@ -189,96 +179,55 @@ static json_t *ids_json(const int32_t *ids, size_t n)
     return a;
 }
 
-/* Run n tokens and choose the next one. Greedy decoding finds it on the device that computes
- * the logits, which then copies back only the id; sampling needs them all. */
-static int step(generator *g, const int32_t *ids, int n, int32_t *next)
-{
-    if (iflow_sampler_is_greedy(g->sampler))
-        return iflow_ctx_eval_argmax(g->ctx, ids, n, next);
-    int rc = iflow_ctx_eval(g->ctx, ids, n, g->logits, 0);
-    if (rc == 0)
-        *next = iflow_sampler_sample(g->sampler, g->logits);
-    return rc;
-}
-
 /* Generate the continuation of one prompt; prints it (or its JSON line). */
 static void generate(generator *g, const char *prompt, size_t prompt_len)
 {
     const run_opts *o = g->o;
-    int32_t *ids, *gen = malloc(sizeof(int32_t) * (size_t)(o->n_predict > 0 ? o->n_predict : 1));
-    size_t n_ids, n_gen = 0, acc_len = 0;
-    char *acc = NULL;
-    const char *stop = "length";
-    if (!gen || iflow_tokenizer_encode(g->tok, prompt, prompt_len, IFLOW_TOK_ADD_BOS, &ids, &n_ids) < 0)
+    int32_t *ids;
+    size_t n_ids;
+    if (iflow_tokenizer_encode(g->tok, prompt, prompt_len, IFLOW_TOK_ADD_BOS, &ids, &n_ids) < 0)
         die(&tool, NULL);
     if (n_ids == 0)
         die(&tool, "prompt is empty and the tokenizer adds no beginning-of-sequence token");
-    int has_bos = iflow_model_hparams(g->m)->bos >= 0 && ids[0] == iflow_model_hparams(g->m)->bos;
-    int first = n_ids == (size_t)has_bos; /* the continuation starts the text */
-    json_t *js = o->json ? json_object() : NULL;
-    if (o->echo && !js)
+    if (o->echo && !o->json)
         fwrite(prompt, 1, prompt_len, stdout);
-    iflow_ctx_reset(g->ctx);
-    iflow_sampler_reset(g->sampler);
-    iflow_stop_reset(g->stop);
-    for (size_t i = (size_t)has_bos; i < n_ids; i++) /* the penalties and FSD see the prompt */
-        if (iflow_sampler_accept(g->sampler, ids[i]) < 0)
+    iflow_result *r = NULL;
+    g->acc_len = 0;
+    if (o->n_predict > 0) {
+        iflow_request q = {.prompt = ids, .n_prompt = (int)n_ids, .max_tokens = o->n_predict, .sampling = o->sp,
+                           .n_stop = o->n_stops, .user = g, .on_text = on_text};
+        q.sampling.seed += (uint64_t)g->n_prompts;
+        for (int i = 0; i < o->n_stops; i++)
+            q.stop[i] = o->stops[i];
+        if (iflow_batch_add(g->b, &q) < 0)
             die(&tool, NULL);
-    double t0 = now_s();
-    if ((int)n_ids >= iflow_ctx_n_ctx(g->ctx))
-        die(&tool, "prompt of %zu tokens does not fit the context of %d", n_ids, iflow_ctx_n_ctx(g->ctx));
-    int32_t next;
-    if (step(g, ids, (int)n_ids, &next) < 0)
-        die(&tool, NULL);
-    double t1 = now_s();
-    g->t_prompt += t1 - t0;
+        int rc;
+        while ((rc = iflow_batch_step(g->b)) > 0)
+            ;
+        if (rc < 0 || iflow_batch_take(g->b, &r) != 1)
+            die(&tool, NULL);
+        g->t_prompt += r->t_first - r->t_started;
+        g->t_gen += r->t_done - r->t_first;
+        g->n_gen_tokens += r->n_tokens;
+    }
     g->n_prompt_tokens += (long)n_ids;
-    while ((int)n_gen < o->n_predict) {
-        if (iflow_model_is_eos(g->m, next)) {
-            stop = "eos";
-            break;
-        }
-        gen[n_gen++] = next;
-        if (iflow_sampler_accept(g->sampler, next) < 0)
-            die(&tool, NULL);
-        if (put_piece(g, next, first && n_gen == 1, js != NULL, &acc, &acc_len)) {
-            stop = "stop";
-            break;
-        }
-        if ((int)n_gen == o->n_predict)
-            break;
-        if (iflow_ctx_n_past(g->ctx) >= iflow_ctx_n_ctx(g->ctx)) {
-            stop = "context";
-            break;
-        }
-        int32_t cur = next;
-        if (step(g, &cur, 1, &next) < 0)
-            die(&tool, NULL);
-    }
-    if (strcmp(stop, "stop") != 0) { /* the tail held back for a stop string that did not come */
-        const char *e;
-        size_t ne;
-        iflow_stop_flush(g->stop, &e, &ne);
-        put_text(e, ne, js != NULL, &acc, &acc_len);
-    }
-    g->t_gen += now_s() - t1;
-    g->n_gen_tokens += (long)n_gen;
-    if (js) {
+    g->n_prompts++;
+    if (o->json) {
+        json_t *js = json_object();
         json_object_set_new(js, "prompt", json_stringn(prompt, prompt_len));
         json_object_set_new(js, "prompt_ids", ids_json(ids, n_ids));
-        json_object_set_new(js, "gen_ids", ids_json(gen, n_gen));
-        json_object_set_new(js, "text", acc ? json_stringn(acc, acc_len) : json_string(""));
-        json_object_set_new(js, "stop", json_string(stop));
-        if (iflow_stop_which(g->stop) >= 0)
-            json_object_set_new(js, "stop_string", json_string(o->stops[iflow_stop_which(g->stop)]));
+        json_object_set_new(js, "gen_ids", ids_json(r ? r->tokens : NULL, r ? (size_t)r->n_tokens : 0));
+        json_object_set_new(js, "text", json_stringn(g->acc ? g->acc : "", g->acc_len));
+        json_object_set_new(js, "stop", json_string(r ? iflow_finish_name(r->finish) : "length"));
+        if (r && r->stop_index >= 0)
+            json_object_set_new(js, "stop_string", json_string(o->stops[r->stop_index]));
         json_dumpf(js, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER);
         json_decref(js);
     }
     putchar('\n');
     fflush(stdout);
-    free(acc);
+    iflow_result_free(r);
     free(ids);
-    free(gen);
 }
 
 /* --batch and --dry-run: the continuous-batching engine (cmd/batch.c). */
@@ -325,14 +274,12 @@ static int run(const run_opts *o)
     g.m = m;
     if (!(g.tok = iflow_model_tokenizer(m)))
         die(&tool, "model '%s' has no tokenizer", o->model);
-    const iflow_hparams *hp = iflow_model_hparams(m);
     placed pl;
     devices_place(&tool, m, &o->dev, &pl);
-    if (iflow_ctx_open(&g.ctx, m, o->n_ctx, o->threads) < 0 || iflow_sampler_open(&g.sampler, &o->sp, hp->vocab_size) < 0 ||
-        iflow_stop_open(&g.stop, o->stops, o->n_stops) < 0)
+    iflow_batch_params bp = {.parallel = 1, .n_ctx = o->n_ctx, .n_threads = o->threads};
+    iflow_sampler *chain; /* for -v: the chain the requests run */
+    if (iflow_batch_open(&g.b, m, &bp) < 0 || iflow_sampler_open(&chain, &o->sp, iflow_model_hparams(m)->vocab_size) < 0)
         die(&tool, NULL);
-    if (!(g.logits = malloc(sizeof(float) * (size_t)hp->vocab_size)))
-        die(&tool, "out of memory");
     double t_load = now_s() - t0;
     if (o->prompt) {
         generate(&g, o->prompt, strlen(o->prompt));
@@ -359,13 +306,12 @@ static int run(const run_opts *o)
                 tool.name, t_load, g.n_prompt_tokens, g.t_prompt, g.n_prompt_tokens / (g.t_prompt > 0 ? g.t_prompt : 1),
                 g.n_gen_tokens, g.t_gen, g.n_gen_tokens / (g.t_gen > 0 ? g.t_gen : 1), threads, iflow_kernel_path(),
                 (unsigned long long)o->sp.seed);
-    char chain[256];
+    char desc[256];
     if (o->verbose)
-        fprintf(stderr, "%s: sampler: %s\n", tool.name, iflow_sampler_describe(g.sampler, chain, sizeof chain));
-    free(g.logits);
-    iflow_sampler_close(g.sampler);
-    iflow_stop_close(g.stop);
-    iflow_ctx_close(g.ctx);
+        fprintf(stderr, "%s: sampler: %s\n", tool.name, iflow_sampler_describe(chain, desc, sizeof desc));
+    iflow_sampler_close(chain);
+    free(g.acc);
+    iflow_batch_close(g.b);
     iflow_model_close(m);
     devices_release(&pl);
     return 0;

@@ -108,7 +108,7 @@ int iflow_request_parse(iflow_request_fields *f, const char *line, size_t len, l
     memset(f, 0, sizeof *f);
     f->max_tokens = max_tokens;
     f->sp = *defaults;
-    f->sp.seed = defaults->seed + (uint64_t)line_no; /* overridden by a "seed" field */
+    f->sp.seed = defaults->seed + (uint64_t)(line_no - 1); /* line 1: the seed itself; a "seed" field overrides */
     json_error_t jerr;
     json_t *js = json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);
     const json_t *id = json_is_object(js) ? json_object_get(js, "id") : NULL;

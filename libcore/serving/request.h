@@ -9,7 +9,8 @@
  *   and every sampling parameter of sampler.h's name table ("temperature", "top_k", "top_p",
  *   "min_p", "seed", "sampler", "mirostat", "repeat_penalty", ...: numbers, or a string for
  *   "sampler"). A field that is absent keeps the default given; "seed" defaults to the given
- *   seed plus the line number, so every request has its own stream and a rerun repeats it.
+ *   seed plus the line number minus one (iflow-run's plain mode seeds its n-th prompt, from 0,
+ *   the same way), so every request has its own stream and a rerun repeats it.
  *   An unknown field, a value of the wrong type or range, duplicate keys, or a line that is not
  *   one JSON object is IFLOW_EINVAL with a one-line message naming the field; the fields read
  *   so far (the id at least, when it could be read) are kept for the error result.

@@ -48,6 +48,12 @@ for r in '{"id":"m","prompt":"Once upon a time","max_tokens":40,"sampler":"miros
     expect_match "$one" '.{20}' "some text from $r"
 done
 
+# ---- the plain mode and --batch: the same engine, the same seeds, the same text ----
+printf 'The little dog\nOnce upon a time\n' >"$TMP/two.txt"
+plain=$($BIN/iflow-run -m "$TMP/s.ifs" -n 40 --temp 0.9 --min-p 0.05 --seed 5 <"$TMP/two.txt")
+run bash -c "jq -R -c '{prompt: .}' '$TMP/two.txt' | $BIN/iflow-run -m '$TMP/s.ifs' --batch -n 40 --temp 0.9 --min-p 0.05 --seed 5 --parallel 2"
+expect_eq "$(jq -r .text <<<"$out" | sort)" "$(sort <<<"$plain")" "plain mode and --batch give the same seeded texts"
+
 # ---- bad lines: an error result with the line number and id; the others go on ----
 long=$(printf 'Once upon a time %.0s' $(seq 1 40))
 cat >"$TMP/bad.jsonl" <<EOF
