@@ -21,8 +21,9 @@ PREFIX   ?= /usr/local
 IFLOW_TEST_DATA ?= ../shared
 export IFLOW_TEST_DATA
 
-PKGS     := libzstd inih jansson libpcre2-8 libutf8proc libxxhash
-DEBS     := libzstd-dev libinih-dev libjansson-dev libpcre2-dev libutf8proc-dev libxxhash-dev pkg-config jq
+PKGS     := libzstd inih jansson libpcre2-8 libutf8proc libxxhash ompi-c
+DEBS     := libzstd-dev libinih-dev libjansson-dev libpcre2-dev libutf8proc-dev libxxhash-dev pkg-config jq \
+            libopenmpi-dev openmpi-bin
 
 # CUDA=1 when nvcc is found (see kernels/cuda below); a CUDA=0 build has a folder of its own.
 NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))

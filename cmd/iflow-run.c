@@ -1,5 +1,6 @@
 /* iflow-run -- generate text from a model; or print the token ids of a text. */
 #include "cmd/batch.h"
+#include "cmd/comm_mpi.h"
 #include "cmd/devices.h"
 #include "cmd/io.h"
 #include "cmd/opt.h"
@@ -268,6 +269,14 @@ static int run(const run_opts *o)
         die_usage(&tool, "no prompt: give -p TEXT or pipe prompts, one per line, to standard input");
     generator g = {.o = o};
     iflow_model *m;
+    /* mpirun -np N: this process computes plan device `rank`; process 0 prints */
+    iflow_comm *comm = comm_mpi_open(&tool);
+    if (comm && !o->dev.plan)
+        die_usage(&tool, "under mpirun, --plan gives each process its device");
+    if (comm && !o->prompt)
+        die_usage(&tool, "under mpirun, give the prompt with -p (standard input reaches process 0 only)");
+    if (comm && comm->rank != 0 && !freopen("/dev/null", "w", stdout))
+        die(&tool, "cannot silence the output of process %d", comm->rank);
     double t0 = now_s();
     if (iflow_model_open(&m, o->model, 0) < 0)
         die(&tool, NULL);
@@ -278,7 +287,8 @@ static int run(const run_opts *o)
     devices_place(&tool, m, &o->dev, &pl);
     iflow_batch_params bp = {.parallel = 1, .n_ctx = o->n_ctx, .n_threads = o->threads};
     iflow_sampler *chain; /* for -v: the chain the requests run */
-    if (iflow_batch_open(&g.b, m, &bp) < 0 || iflow_sampler_open(&chain, &o->sp, iflow_model_hparams(m)->vocab_size) < 0)
+    if (iflow_batch_open(&g.b, m, &bp) < 0 || iflow_sampler_open(&chain, &o->sp, iflow_model_hparams(m)->vocab_size) < 0 ||
+        iflow_batch_set_comm(g.b, comm) < 0)
         die(&tool, NULL);
     double t_load = now_s() - t0;
     if (o->prompt) {
@@ -314,6 +324,7 @@ static int run(const run_opts *o)
     iflow_batch_close(g.b);
     iflow_model_close(m);
     devices_release(&pl);
+    comm_mpi_close(comm);
     return 0;
 }
 

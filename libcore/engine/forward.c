@@ -16,6 +16,7 @@
  * F32 block of n_ctx positions, i.e. the contiguous cache.
  */
 #include "model_impl.h"
+#include "comm.h"
 #include "libcore/base/error.h"
 #include "kernels/cpu/kernels.h"
 
@@ -63,6 +64,7 @@ struct iflow_ctx {
     float *last_logits;         /* [vocab] host, for iflow_ctx_eval_argmax on a host device */
     float *out_logits;          /* [out_rows][vocab] host: a step's logits before they are handed out */
     int out_rows;
+    iflow_comm *comm;           /* several processes (comm.h), or NULL */
 };
 
 static void scratch_free(dev_scratch *s)
@@ -488,6 +490,118 @@ static int forward_layers(iflow_ctx *c, const int32_t *ids, const step_rows *r, 
     return 0;
 }
 
+/* ---- one plan over several processes (comm.h) ---------------------------------------------
+ *
+ * Process r computes the parts on plan device r. `holder` is the process whose copy of the
+ * hidden state is current (ALL: every process's c->xh is); `cur` is where that process keeps
+ * it (a device index, or HOST). */
+enum { ALL = -2 };
+
+/* Make process `to` hold the state (from `holder`, through the host). */
+static int hand_over(iflow_ctx *c, int *holder, int *cur, int to, int T)
+{
+    iflow_comm *cm = c->comm;
+    size_t n = (size_t)T * c->m->hp.dim * sizeof(float);
+    if (*holder == to)
+        return 0;
+    if (*holder == ALL) { /* `to` has it in c->xh (cur is HOST everywhere); the others' go stale */
+        *holder = to;
+        return 0;
+    }
+    if (cm->rank == *holder) {
+        TRY(move_to_host(c, *cur, T));
+        TRY(cm->ops->send(cm, c->xh, n, to));
+    } else if (cm->rank == to) {
+        TRY(cm->ops->recv(cm, c->xh, n, *holder));
+        *cur = HOST;
+    }
+    *holder = to;
+    return 0;
+}
+
+/* Every process's c->xh = the holder's state. */
+static int share(iflow_ctx *c, int *holder, int *cur, int T)
+{
+    iflow_comm *cm = c->comm;
+    if (*holder != ALL) {
+        if (cm->rank == *holder)
+            TRY(move_to_host(c, *cur, T));
+        TRY(cm->ops->bcast(cm, c->xh, (size_t)T * c->m->hp.dim * sizeof(float), *holder));
+    }
+    *holder = ALL;
+    *cur = HOST;
+    return 0;
+}
+
+/* One sub-block of a layer split over parts k0..k1-1: this process's part (if any) from c->xh,
+ * its partial output summed with every other process's, added to c->xh everywhere. */
+static int split_block_comm(iflow_ctx *c, int k0, int k1, const step_rows *r, int is_ffn)
+{
+    iflow_comm *cm = c->comm;
+    size_t n = (size_t)r->T * c->m->hp.dim;
+    memset(c->acc, 0, n * sizeof(float));
+    for (int k = k0; k < k1; k++) {
+        int dv = c->m->parts[k].dev;
+        if (dv != cm->rank)
+            continue;
+        dev_scratch *s = &c->dev[dv];
+        TRY(move_to(c, HOST, dv, r->T));
+        TRY(is_ffn ? ffn_block(c, s, k, r->T, 0) : attention_block(c, s, k, r, 0));
+        if (s->dev->host_memory)
+            memcpy(c->acc, s->xb, n * sizeof(float));
+        else
+            TRY(s->dev->ops->download(s->dev, c->acc, s->xb, n * sizeof(float)));
+    }
+    TRY(cm->ops->allreduce_sum(cm, c->acc, n));
+    ifk_add(c->xh, c->acc, (int)n);
+    return 0;
+}
+
+/* The layers for a step's rows, this process's share; the state ends with the output device's
+ * process, whose scratch *out is (NULL on the other processes). */
+static int forward_layers_comm(iflow_ctx *c, const int32_t *ids, const step_rows *r, dev_scratch **out)
+{
+    const iflow_model *m = c->m;
+    const int me = c->comm->rank, T = r->T;
+    int holder = ALL, cur = HOST;
+    TRY(embed(c, ids, T, HOST)); /* every process looks the rows up: they are the same */
+    for (int l = 0; l < m->hp.n_layers; l++) {
+        int k0 = m->part0[l], k1 = m->part0[l + 1];
+        if (k1 - k0 == 1) {
+            int dv = m->parts[k0].dev;
+            TRY(hand_over(c, &holder, &cur, dv, T));
+            if (me == dv) {
+                TRY(move_to(c, cur, dv, T));
+                cur = dv;
+                TRY(attention_block(c, &c->dev[dv], k0, r, 1));
+                TRY(ffn_block(c, &c->dev[dv], k0, T, 1));
+            }
+        } else {
+            TRY(share(c, &holder, &cur, T));
+            TRY(split_block_comm(c, k0, k1, r, 0));
+            TRY(split_block_comm(c, k0, k1, r, 1));
+        }
+    }
+    TRY(hand_over(c, &holder, &cur, m->output_dev, T));
+    *out = NULL;
+    if (me == m->output_dev) {
+        TRY(move_to(c, cur, m->output_dev, T));
+        *out = &c->dev[m->output_dev];
+    }
+    return 0;
+}
+
+int iflow_ctx_set_comm(iflow_ctx *c, iflow_comm *comm)
+{
+    if (comm && comm->size != c->m->n_devs)
+        return iflow_seterr(IFLOW_EINVAL, "%d processes for a placement of %d devices: run one process per device",
+                            comm->size, c->m->n_devs);
+    if (comm && (comm->rank < 0 || comm->rank >= comm->size))
+        return iflow_seterr(IFLOW_EINVAL, "process rank %d outside 0..%d", comm->rank, comm->size - 1);
+    c->comm = comm;
+    return 0;
+}
+
 /* T tokens of the context's own sequence at its next positions. */
 static int forward_own(iflow_ctx *c, const int32_t *ids, int T, dev_scratch **out)
 {
@@ -552,6 +666,8 @@ static int check_ids(const iflow_ctx *c, const int32_t *ids, int n)
 
 static int check_eval(const iflow_ctx *c, const int32_t *ids, int n)
 {
+    if (c->comm)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "a context over several processes runs iflow_ctx_step only");
     if (!c->kv)
         return iflow_seterr(IFLOW_EINVAL, "this context has no cache of its own (it runs iflow_ctx_step)");
     if (n <= 0)
@@ -667,6 +783,21 @@ int iflow_ctx_step(iflow_ctx *c, iflow_kv *kv, const iflow_step_seq *seqs, int n
     }
     step_rows r = {.kv = kv, .seq = seq, .n_seq = n_seqs, .T = T};
     dev_scratch *s;
-    TRY(forward_layers(c, ids, &r, &s));
-    return step_logits(c, s, seqs, seq, n_seqs);
+    if (!c->comm) {
+        TRY(forward_layers(c, ids, &r, &s));
+        return step_logits(c, s, seqs, seq, n_seqs);
+    }
+    /* several processes: the output device's process computes the logits, all receive them */
+    iflow_comm *cm = c->comm;
+    int root = c->m->output_dev;
+    TRY(forward_layers_comm(c, ids, &r, &s));
+    if (cm->rank == root)
+        TRY(step_logits(c, s, seqs, seq, n_seqs));
+    for (int i = 0; i < n_seqs; i++) {
+        if (seqs[i].logits)
+            TRY(cm->ops->bcast(cm, seqs[i].logits, (size_t)c->m->hp.vocab_size * sizeof(float), root));
+        else if (seqs[i].next)
+            TRY(cm->ops->bcast(cm, seqs[i].next, sizeof(int32_t), root));
+    }
+    return 0;
 }

@@ -179,6 +179,11 @@ int  iflow_ctx_open_steps(iflow_ctx **out, const iflow_model *m, int n_threads);
  * must be in its blocks already. */
 int  iflow_ctx_step(iflow_ctx *c, iflow_kv *kv, const iflow_step_seq *seqs, int n_seqs);
 
+/* Run c's steps as process comm->rank of comm->size, one per device of the model's placement
+ * (comm.h; NULL: this process computes everything). IFLOW_EINVAL when the counts differ. */
+struct iflow_comm;
+int  iflow_ctx_set_comm(iflow_ctx *c, struct iflow_comm *comm);
+
 /* Run n tokens as iflow_ctx_eval and set *next to the most likely token after the last one
  * (the lowest id among equal logits), found on the output device: only the id is copied back. */
 int  iflow_ctx_eval_argmax(iflow_ctx *c, const int32_t *ids, int n, int32_t *next);

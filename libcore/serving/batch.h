@@ -101,6 +101,9 @@ void iflow_result_free(iflow_result *r);
 /* Requests running or queued. */
 int  iflow_batch_pending(const iflow_batch *b);
 void iflow_batch_get_stats(const iflow_batch *b, iflow_batch_stats *st);
+/* Run the batch's steps as one process of several (model.h's iflow_ctx_set_comm): every
+ * process must add the same requests in the same order. */
+int  iflow_batch_set_comm(iflow_batch *b, struct iflow_comm *comm);
 
 /* Bytes of KV cache one block takes over all layers (K and V), for memory plans. */
 uint64_t iflow_batch_block_bytes(const iflow_model *m, int kv_type, int block);

@@ -1,0 +1,41 @@
+/*
+ * comm.h -- one model over several processes: the communication a forward pass needs.
+ *
+ * Contract
+ *   With a partition plan of N devices run as N processes (mpirun -np N iflow-run --plan ...),
+ *   process r computes the layer parts of plan device r and nothing else; every process has
+ *   the same placement, runs the same engine loop on the same requests, and sees the same
+ *   logits, so their samplers draw the same tokens. What crosses between processes:
+ *     - the hidden state of a step's rows, sent from the process that computed the last layer
+ *       to the one that computes the next (layer partition: pipeline boundaries);
+ *     - for a layer split over several devices, the state broadcast to all, and each sub-block's
+ *       partial outputs summed over all processes (all-reduce; a process without a part of
+ *       that layer adds zeros);
+ *     - the logits (or the argmax ids) of the step, broadcast from the output device's process.
+ *   An iflow_comm is a vtable over a transport that is not iflow's own (MPI: cmd/comm_mpi.c;
+ *   NCCL between GPUs is to come). Within one process the devices of a plan share host memory
+ *   instead (forward.c's split_block), so no comm is set there.
+ *   Each op returns 0 or a negative IFLOW_E* code with the message set; every process must
+ *   call the same ops in the same order (the forward pass guarantees it).
+ */
+#ifndef IFLOW_COMM_H
+#define IFLOW_COMM_H
+
+#include <stddef.h>
+
+typedef struct iflow_comm iflow_comm;
+
+typedef struct {
+    int (*bcast)(iflow_comm *c, void *buf, size_t bytes, int root);
+    int (*allreduce_sum)(iflow_comm *c, float *buf, size_t n);   /* buf [n] += every process's */
+    int (*send)(iflow_comm *c, const void *buf, size_t bytes, int to);
+    int (*recv)(iflow_comm *c, void *buf, size_t bytes, int from);
+} iflow_comm_ops;
+
+struct iflow_comm {
+    const iflow_comm_ops *ops;
+    int rank, size;
+    void *impl;
+};
+
+#endif
