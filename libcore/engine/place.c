@@ -99,7 +99,7 @@ static int describe_plan(const iflow_model *m, const iflow_plan *plan, iflow_dev
 {
     const iflow_hparams *hp = &m->hp;
     int rc = iflow_plan_check(plan, hp->n_layers, hp->n_heads, hp->n_kv_heads, hp->ffn_dim);
-    if (rc == 0 && m->split_plan && (rc = iflow_plan_same_partition(plan, m->split_plan)) < 0)
+    if (rc == 0 && m->split_plan && (rc = iflow_plan_same_partition(plan, m->split_plan, "its split's plan")) < 0)
         return iflow_preperr(rc, "model '%s' is split by another plan", m->split_dir);
     if (rc)
         return rc;

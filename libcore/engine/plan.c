@@ -278,21 +278,21 @@ static void part_str(char *buf, size_t cap, const iflow_plan_device *d)
         snprintf(buf, cap, "no layers");
 }
 
-int iflow_plan_same_partition(const iflow_plan *a, const iflow_plan *b)
+int iflow_plan_same_partition(const iflow_plan *a, const iflow_plan *b, const char *b_name)
 {
     if (a->n_devices != b->n_devices)
-        return iflow_seterr(IFLOW_EINVAL, "a plan of %d devices is not one of %d", a->n_devices, b->n_devices);
+        return iflow_seterr(IFLOW_EINVAL, "a plan of %d devices, %s has %d", a->n_devices, b_name, b->n_devices);
     for (int i = 0; i < a->n_devices; i++) {
         char x[128], y[128];
         part_str(x, sizeof x, &a->devices[i]);
         part_str(y, sizeof y, &b->devices[i]);
         if (strcmp(x, y) != 0)
-            return iflow_seterr(IFLOW_EINVAL, "device %d (%s) holds %s, not %s as %s does", i, a->devices[i].name, x, y,
-                                b->devices[i].name);
+            return iflow_seterr(IFLOW_EINVAL, "device %d (%s) holds %s, but %s in %s", i, a->devices[i].name, x, y,
+                                b_name);
     }
     if (a->output_device != b->output_device)
-        return iflow_seterr(IFLOW_EINVAL, "the output is on device %d (%s), not %d (%s)", a->output_device,
-                            a->devices[a->output_device].name, b->output_device, b->devices[b->output_device].name);
+        return iflow_seterr(IFLOW_EINVAL, "the output is on device %d (%s), but on device %d in %s", a->output_device,
+                            a->devices[a->output_device].name, b->output_device, b_name);
     return 0;
 }
 
