@@ -22,7 +22,7 @@ enum {
 };
 
 static const iflow_opt opts[] = {
-    {O_MODEL, "model", 'm', "FILE", "model shard file ('-': standard input) or directory of split files (iflow-partition --split); with --tokenize also a Hugging Face directory or a GGUF file", "file"},
+    {O_MODEL, "model", 'm', "FILE", "model shard file ('-': standard input) or a directory of per-device files (written by iflow-partition); with --tokenize also a Hugging Face directory or a GGUF file", "file"},
     {O_PROMPT, "prompt", 'p', "TEXT", "generate from TEXT (default: one prompt per line of standard input)", NULL},
     {O_NPREDICT, "n-predict", 'n', "N", "generate at most N tokens per prompt (default 128)", NULL},
     {O_TEMP, "temp", 0, "T", "sampling temperature; 0 is greedy (default 0.8)", NULL},
