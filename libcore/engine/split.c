@@ -48,7 +48,7 @@ static void add(iflow_split_tensor *t, size_t *n, const char *name, int64_t d0, 
 int iflow_split_tensors(const iflow_hparams *hp, const iflow_plan *p, int dev, iflow_split_tensor **out, size_t *n)
 {
     const iflow_plan_device *d = &p->devices[dev];
-    int layers = holds_layers(d) ? d->layer1 - d->layer0 : 0, kv0 = iflow_part_kv0(hp, d->head0);
+    int layers = holds_layers(d) ? d->layer1 - d->layer0 : 0, l0 = layers ? d->layer0 : 0, kv0 = iflow_part_kv0(hp, d->head0);
     int64_t D = hp->dim, hd = hp->head_dim, V = hp->vocab_size;
     int64_t q0 = d->head0 * hd, q1 = d->head1 * hd, k0 = kv0 * hd,
             k1 = (kv0 + iflow_part_kv_heads(hp, d->head0, d->head1)) * hd, f0 = d->ffn0, f1 = d->ffn1;
@@ -60,7 +60,7 @@ int iflow_split_tensors(const iflow_hparams *hp, const iflow_plan *p, int dev, i
     *n = 0;
     if (embed || (output && hp->tie_embeddings))
         add(t, n, "tok_embd", V, D, 0, 0, V);
-    for (int l = layers ? d->layer0 : 0; l < d->layer0 + layers; l++) {
+    for (int l = l0; l < l0 + layers; l++) {
 #define L(suffix, d0, d1, cols, a0, a1) (snprintf(name, sizeof name, "blk.%d." suffix, l), add(t, n, name, d0, d1, cols, a0, a1))
         L("attn_norm", D, 0, 0, 0, D);
         L("wq", q1 - q0, D, 0, q0, q1);

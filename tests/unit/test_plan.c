@@ -14,7 +14,10 @@
  * model split into one file per device and loaded from those files alone gives exactly (bit for
  * bit) the logits and tokens of the whole model placed by the same plan, since each device
  * computes the same slices: placed on the plan's devices, and as opened (every plan device the
- * context's CPU). Then a quantized model's split (columns cut on block boundaries), and the
+ * context's CPU). The same again for stories260K's shape with attention and FFN biases and an
+ * untied output (synthetic weights: the bias slices, bo and ffn_down_b on head 0's part only,
+ * the output matrix on the output device). Then a quantized model's split (columns cut on
+ * block boundaries), and the
  * refusals: a missing file, a file of another split (another plan, another model's meta,
  * another model's weights under the same meta), a truncated file, a split file opened alone, a
  * plan of another partition, and a split writer that fails leaving no file behind.
@@ -29,11 +32,12 @@
 #include "libcore/formats/shard.h"
 
 #include <dirent.h>
+#include <sys/stat.h>
 #include <math.h>
 #include <unistd.h>
 
 static char dir[] = "/tmp/iflow-test-plan-XXXXXX";
-static char s_f32[512], xs[512], s_q8[512], plan_path[512], split_dir[512];
+static char s_f32[512], xs[512], s_q8[512], biased[512], plan_path[512], split_dir[512];
 
 #define N_GEN 64
 
@@ -198,6 +202,70 @@ static void model_cases(const char *path, const char *name)
 }
 
 static void test_stories260K(void) { model_cases(s_f32, "stories260K"); }
+
+/* stories260K's shape with attention and FFN biases and an untied output matrix, synthetic
+ * weights: the bias slices (bo and ffn_down_b added by part 0 only) and the output matrix on
+ * its own device, placed by plans and split into files. */
+static int make_biased(void)
+{
+    char src[600], cfg[700], tok[700];
+    snprintf(src, sizeof src, "%s/biased-hf", dir);
+    snprintf(cfg, sizeof cfg, "%s/config.json", src);
+    snprintf(tok, sizeof tok, "%s/tokenizer.json", src);
+    const char *s = test_data("models/stories260K/hf/config.json");
+    json_t *c = s ? json_load_file(s, JSON_PRESERVE_ORDER, NULL) : NULL;
+    const char *t = test_data("models/stories260K/hf/tokenizer.json"); /* test_data's buffer is reused */
+    int rc = -1;
+    if (c && t && mkdir(src, 0777) == 0 && symlink(t, tok) == 0) {
+        json_object_set_new(c, "attention_bias", json_true());
+        json_object_set_new(c, "mlp_bias", json_true());
+        json_object_set_new(c, "tie_word_embeddings", json_false());
+        const char *specs[] = {"specs"};
+        iflow_convert_opts o = {.dtype = -1, .spec_dirs = specs, .n_spec_dirs = 1, .seed = 7,
+                                .flags = IFLOW_CONVERT_SYNTHETIC};
+        if (json_dump_file(c, cfg, 0) == 0)
+            rc = iflow_convert(src, biased, &o);
+        CHECK(rc == 0, "synthetic biased model: %s", iflow_errmsg());
+    }
+    json_decref(c);
+    return rc;
+}
+
+static void test_biased(void)
+{
+    if (make_biased() != 0)
+        return;
+    model_cases(biased, "stories260K-shape biased untied");
+    /* who holds what: the output biases on the part with head 0, the embeddings on the device of
+     * layer 0's head 0, the output matrix (untied) on the output device only */
+    iflow_model *m;
+    if (iflow_model_open(&m, biased, 0) < 0) {
+        CHECK(0, "open: %s", iflow_errmsg());
+        return;
+    }
+    iflow_plan p;
+    make_plan(&p, iflow_model_hparams(m), 1, 2);
+    iflow_model_close(m);
+    CHECK(iflow_split_write(biased, &p, split_dir) == 0, "split: %s", iflow_errmsg());
+    for (int i = 0; i < 2; i++) {
+        char path[700];
+        iflow_shard *sh;
+        iflow_split_path(path, sizeof path, split_dir, i);
+        if (iflow_shard_open(&sh, path, 0) < 0) {
+            CHECK(0, "open %s: %s", path, iflow_errmsg());
+            continue;
+        }
+        const iflow_shard_rec *bq = iflow_shard_find(sh, "blk.3.bq"), *down = iflow_shard_find(sh, "blk.3.ffn_down");
+        CHECK(!iflow_shard_find(sh, "blk.3.bo") == (i != 0) && !iflow_shard_find(sh, "blk.3.ffn_down_b") == (i != 0),
+              "device %d: the output biases only with head 0", i);
+        CHECK(!iflow_shard_find(sh, "tok_embd") == (i != 0), "device %d: the embeddings on device 0", i);
+        CHECK(!iflow_shard_find(sh, "output") == (i != 1) && !iflow_shard_find(sh, "output_norm") == (i != 1),
+              "device %d: the output on the output device (1)", i);
+        CHECK(bq && bq->shape[0] == 32, "device %d: its 4 heads' query bias", i);
+        CHECK(down && down->shape[0] == 64 && down->shape[1] == 86, "device %d: its 86 columns of ffn_down", i);
+        iflow_shard_close(sh);
+    }
+}
 static void test_xs_ckpt(void) { model_cases(xs, "xs-ckpt"); }
 
 /* ---- the file form and the checks ---- */
@@ -467,6 +535,7 @@ int main(void)
     snprintf(s_q8, sizeof s_q8, "%s/s.q8.ifs", dir);
     snprintf(plan_path, sizeof plan_path, "%s/plan.ini", dir);
     snprintf(split_dir, sizeof split_dir, "%s/split", dir);
+    snprintf(biased, sizeof biased, "%s/biased.ifs", dir);
     iflow_quant_policy qp;
     int rc = -1;
     if (test_convert("models/stories260K/hf", s_f32, -1) == 0 && test_convert("models/xs-ckpt/hf", xs, -1) == 0 &&
@@ -481,6 +550,7 @@ int main(void)
     RUN(test_file_errors);
     RUN(test_stories260K);
     RUN(test_xs_ckpt);
+    RUN(test_biased);
     RUN(test_quantized_split);
     RUN(test_split_errors);
     char cmd[300];
