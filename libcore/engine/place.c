@@ -9,7 +9,9 @@
  *                of a quantized type), and the fit against each device's free memory;
  *   3. copy:     each part's slices to its device. Row slices of a matrix are a pointer into
  *                the mapping (rows are contiguous for every type); column slices (wo, down
- *                split by heads or columns) are built on the host, row by row.
+ *                split by heads or columns) are built on the host, row by row (slice.h).
+ * A split model (split.h) has no whole layers: each part takes its weights from its device's own
+ * file, already cut to the part's ranges, so step 3 only puts them on the device.
  */
 #include "footprint.h"
 #include "model_impl.h"
