@@ -25,7 +25,10 @@ static int get_int(const json_t *hp, const char *key, int *dst, int min, const c
     const json_t *v = json_object_get(hp, key);
     if (!json_is_integer(v) && !(json_is_real(v) && json_real_value(v) == floor(json_real_value(v))))
         return iflow_seterr(IFLOW_EFORMAT, "hyperparameter '%s' is missing or not an integer in '%s'", key, what);
-    json_int_t x = json_is_integer(v) ? json_integer_value(v) : (json_int_t)json_real_value(v);
+    double r = json_is_real(v) ? json_real_value(v) : 0; /* range-checked before any cast */
+    if (json_is_real(v) && (r < min || r > (1 << 30)))
+        return iflow_seterr(IFLOW_ERANGE, "hyperparameter '%s' = %g is out of range in '%s'", key, r, what);
+    json_int_t x = json_is_integer(v) ? json_integer_value(v) : (json_int_t)r;
     if (x < min || x > (1 << 30))
         return iflow_seterr(IFLOW_ERANGE, "hyperparameter '%s' = %lld is out of range in '%s'", key, (long long)x, what);
     *dst = (int)x;
