@@ -38,22 +38,27 @@ static iflow_device *open_gpu(const iflow_tool *t, const device_opts *o)
     return d;
 }
 
+/* Place m as plan file o->plan says; or, for a split model without --plan, as its own plan. */
 static void place_plan(const iflow_tool *t, iflow_model *m, const device_opts *o, placed *p)
 {
     iflow_plan plan;
+    const iflow_plan *own = iflow_model_split_plan(m);
+    const char *what = o->plan ? "--plan" : "a split model's plan";
     if (o->device && strcmp(o->device, "auto") != 0)
-        die_usage(t, "--plan names the devices; --device %s cannot be given with it", o->device);
+        die_usage(t, "%s names the devices; --device %s cannot be given with it", what, o->device);
     if (o->gpu_layers >= 0)
-        die_usage(t, "--plan places the layers; --gpu-layers cannot be given with it");
-    if (iflow_plan_load(&plan, o->plan) < 0)
+        die_usage(t, "%s places the layers; --gpu-layers cannot be given with it", what);
+    if (o->plan && iflow_plan_load(&plan, o->plan) < 0)
         die(t, NULL);
+    if (!o->plan)
+        plan = *own;
     if (iflow_plan_open_devices(&plan, p->plan_devices) < 0)
         die(t, NULL);
     p->n_plan_devices = plan.n_devices;
     if (iflow_model_place_plan(m, &plan, p->plan_devices, o->n_ctx) < 0)
         die(t, NULL);
     if (o->verbose)
-        fprintf(stderr, "%s: plan %s (%s): %d devices, output on %s\n", t->name, o->plan,
+        fprintf(stderr, "%s: plan %s (%s): %d devices, output on %s\n", t->name, o->plan ? o->plan : "of the split model",
                 plan.strategy[0] ? plan.strategy : "no strategy named", plan.n_devices,
                 plan.devices[plan.output_device].name);
 }
@@ -61,7 +66,7 @@ static void place_plan(const iflow_tool *t, iflow_model *m, const device_opts *o
 void devices_place(const iflow_tool *t, iflow_model *m, const device_opts *o, placed *p)
 {
     memset(p, 0, sizeof *p);
-    if (o->plan) {
+    if (o->plan || iflow_model_split_plan(m)) {
         place_plan(t, m, o, p);
         return;
     }

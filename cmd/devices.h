@@ -7,7 +7,9 @@
  * CPU; auto (the default) does that when a GPU can be opened and otherwise runs on the CPU,
  * saying why under -v. With a plan (--plan FILE) the model is placed as the plan says: its
  * cpu:N devices are CPU devices of one process with the plan's thread counts (default: the
- * cores shared out), cuda:N are GPUs. Failures die() with the library's message.
+ * cores shared out), cuda:N are GPUs. A split model (a directory of iflow-partition --split) is
+ * placed by its own plan unless --plan gives another of the same partition. Failures die()
+ * with the library's message.
  */
 #ifndef IFLOW_CMD_DEVICES_H
 #define IFLOW_CMD_DEVICES_H

@@ -5,6 +5,7 @@
 #include "libcore/base/error.h"
 #include "libcore/engine/partition.h"
 #include "libcore/engine/plan.h"
+#include "libcore/engine/split.h"
 
 #include <jansson.h>
 #include <limits.h>
@@ -16,6 +17,7 @@
 enum {
     O_MODEL = 'm', O_OUTPUT = 'o', O_VERBOSE = 'v',
     O_CONFIG = 256, O_DEVICES, O_STRATEGY, O_COMPARE, O_JSON, O_CTX, O_BATCH, O_DTYPE, O_OBJECTIVE, O_CPU_BW, O_LINK_BW,
+    O_PLAN, O_SPLIT,
 };
 
 static const iflow_opt opts[] = {
@@ -36,12 +38,14 @@ static const iflow_opt opts[] = {
      "latency throughput"},
     {O_CPU_BW, "cpu-bw", 0, "GBPS", "memory bandwidth of each CPU device, GB/s (default: specs/devices.ini's, 20)", NULL},
     {O_LINK_BW, "link-bw", 0, "GBPS", "link bandwidth of every device, GB/s (default: each description's)", NULL},
+    {O_SPLIT, "split", 0, "DIR", "write DIR/plan.ini and one shard file per device of the plan, holding only its slices", "dir"},
+    {O_PLAN, "plan", 0, "FILE", "with --split: split by this plan (iflow-plan(5)) instead of planning one", "file"},
     {O_VERBOSE, "verbose", 'v', NULL, "print the chosen plan's memory and time breakdown on standard error", NULL},
     {0},
 };
 
 static const iflow_tool tool = {
-    "iflow-partition", "(-m FILE | --config DIR) --devices LIST [--strategy NAME] [-o FILE] [--compare] [options]",
+    "iflow-partition", "(-m FILE | --config DIR) (--devices LIST | --plan FILE) [--strategy NAME] [-o FILE] [--compare] [--split DIR] [options]",
     "Plan how a model is split over devices: by layer, by tensor, hybrid, GPU+CPU.", opts,
 };
 
@@ -186,7 +190,7 @@ static void compare(const iflow_model_shape *m, const iflow_machine *mc, const i
 
 int main(int argc, char **argv)
 {
-    const char *model = NULL, *config = NULL, *devices = NULL, *out = NULL, *arg;
+    const char *model = NULL, *config = NULL, *devices = NULL, *out = NULL, *plan_path = NULL, *split = NULL, *arg;
     int strategy = IFLOW_STRAT_AUTO, do_compare = 0, as_json = 0, verbose = 0, dtype = IFLOW_DT_F16, c;
     iflow_partition_opts po = {.n_ctx = 4096, .batch = 1, .objective = IFLOW_OBJ_LATENCY};
     iflow_machine_opts mo = {0};
@@ -217,18 +221,36 @@ int main(int argc, char **argv)
         case O_CPU_BW: mo.cpu_bw = opt_double(&tool, "cpu-bw", arg, 0.001, 1e6) * 1e9; break;
         case O_LINK_BW: mo.link_bw = opt_double(&tool, "link-bw", arg, 0.001, 1e6) * 1e9; break;
         case O_VERBOSE: verbose = 1; break;
+        case O_PLAN: plan_path = arg; break;
+        case O_SPLIT: split = arg; break;
         }
     }
     if (opt_index() < argc)
         die_usage(&tool, "unexpected operand '%s' (give the model with -m FILE or --config DIR)", argv[opt_index()]);
     if (!model == !config)
         die_usage(&tool, model ? "give -m FILE or --config DIR, not both" : "no model: give -m FILE or --config DIR");
+    if (plan_path && !split)
+        die_usage(&tool, "--plan FILE is the plan for --split DIR: give --split");
+    if (split && !model)
+        die_usage(&tool, "--split needs the model's weights: give -m FILE (or - for standard input)");
+    if (split && do_compare)
+        die_usage(&tool, "--split writes a split model; --compare prints estimates: give one of them");
+    if (plan_path && devices)
+        die_usage(&tool, "--plan names the devices; --devices cannot be given with it");
+    if (split && !plan_path && strcmp(model, "-") == 0)
+        die_usage(&tool, "a model from standard input is read once: give the plan with --plan FILE");
+    if (model && strcmp(model, "-") == 0 && isatty(0))
+        die_usage(&tool, "no input: pipe a shard to standard input or give -m FILE");
+    if (plan_path) {
+        iflow_plan plan;
+        if (iflow_plan_load(&plan, plan_path) < 0 || iflow_split_write(model, &plan, split) < 0)
+            die(&tool, NULL);
+        return 0;
+    }
     if (!devices)
         die_usage(&tool, "no devices: give --devices LIST (such as 4xH100-80G or cpu:4)");
     if (as_json && !do_compare && (!out || strcmp(out, "-") == 0))
         die_usage(&tool, "--json without --compare prints the plan's cost: write the plan with -o FILE");
-    if (model && strcmp(model, "-") == 0 && isatty(0))
-        die_usage(&tool, "no input: pipe a shard to standard input or give -m FILE");
 
     iflow_devdb *db = load_devices();
     iflow_machine mc;
@@ -268,7 +290,9 @@ int main(int argc, char **argv)
     }
     if (verbose)
         print_cost_verbose(&plan, &cost, &mc, &po);
-    if (iflow_plan_save(&plan, out ? out : "-") < 0)
+    if (split && iflow_split_write(model, &plan, split) < 0)
+        die(&tool, NULL);
+    if ((out || !split) && iflow_plan_save(&plan, out ? out : "-") < 0)
         die(&tool, NULL);
     if (as_json && !do_compare)
         print_json(cost_json(plan.strategy, &plan, &cost, 0));

@@ -19,7 +19,7 @@ enum {
 };
 
 static const iflow_opt opts[] = {
-    {O_MODEL, "model", 'm', "FILE", "model shard file ('-': standard input)", "file"},
+    {O_MODEL, "model", 'm', "FILE", "model shard file ('-': standard input) or a directory of per-device files (written by iflow-partition)", "file"},
     {O_FILE, "file", 'f', "TEXT", "text file to score ('-': standard input)", "file"},
     {O_CTX, "ctx-size", 'c', "N", "window length in tokens, BOS included (default 512)", NULL},
     {O_CHUNKS, "chunks", 0, "N", "score at most N windows (default: the whole text)", NULL},

@@ -29,7 +29,7 @@ enum {
 };
 
 static const iflow_opt opts[] = {
-    {O_MODEL, "model", 'm', "FILE", "model shard file ('-': standard input); with --tokenize also a Hugging Face directory or a GGUF file", "file"},
+    {O_MODEL, "model", 'm', "FILE", "model shard file ('-': standard input) or a directory of per-device files (written by iflow-partition); with --tokenize also a Hugging Face directory or a GGUF file", "file"},
     {O_PROMPT, "prompt", 'p', "TEXT", "generate from TEXT (default: one prompt per line of standard input)", NULL},
     {O_NPREDICT, "n-predict", 'n', "N", "generate at most N tokens per prompt (default 128)", NULL},
     {O_STOP, "stop", 0, "TEXT", "end a continuation where TEXT appears, TEXT not printed (repeatable)", NULL},

@@ -12,6 +12,8 @@ complete -c iflow-partition -l dtype -x -a 'f32 f16 bf16 q8_b32 q8_b64 q6 q5 q4_
 complete -c iflow-partition -l objective -x -a 'latency throughput' -d 'what auto and hybrid optimize: latency (default) or throughput'
 complete -c iflow-partition -l cpu-bw -x -d 'memory bandwidth of each CPU device, GB/s (default: specs/devices.ini\'s, 20)'
 complete -c iflow-partition -l link-bw -x -d 'link bandwidth of every device, GB/s (default: each description\'s)'
+complete -c iflow-partition -l split -r -d 'write DIR/plan.ini and one shard file per device of the plan, holding only its slices'
+complete -c iflow-partition -l plan -r -d 'with --split: split by this plan (iflow-plan(5)) instead of planning one'
 complete -c iflow-partition -l verbose -s v -d 'print the chosen plan\'s memory and time breakdown on standard error'
 complete -c iflow-partition -l help -s h -d 'print this help and exit'
 complete -c iflow-partition -l version -d 'print the version and exit'

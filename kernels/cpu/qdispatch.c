@@ -9,6 +9,7 @@
  * -DIFK_NO_SIMD, only the scalar path exists.
  */
 #include <omp.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,6 +46,13 @@ static int qpath(void)
 static _Thread_local void *scratch;       /* 64-byte aligned, never shrinks */
 static _Thread_local size_t scratch_bytes;
 
+/* A thread's scratch is freed when the thread ends (the engine runs the parts of a split layer
+ * on threads of their own, one per sub-block: without this each would leak its scratch). */
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static int scratch_key_ok;
+static void scratch_key_init(void) { scratch_key_ok = pthread_key_create(&scratch_key, free) == 0; }
+
 /* NULL if it cannot grow to `bytes`. */
 static void *scratch_get(size_t bytes)
 {
@@ -56,6 +64,9 @@ static void *scratch_get(size_t bytes)
         free(scratch);
         scratch = p;
         scratch_bytes = want;
+        pthread_once(&scratch_once, scratch_key_init);
+        if (scratch_key_ok)
+            pthread_setspecific(scratch_key, p);
     }
     return scratch;
 }

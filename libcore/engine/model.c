@@ -1,6 +1,8 @@
 /* model.c -- a decoder-only transformer from blocks: hyperparameters, the tensor list, binding a shard.
  * Placement is place.c, the forward pass forward.c. See model.h. */
 #include "model_impl.h"
+#include "plan.h"
+#include "split.h"
 #include "libcore/base/dtype.h"
 #include "libcore/base/error.h"
 #include "kernels/cpu/kernels.h"
@@ -11,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 
 /* ===================================================================== hyperparameters ==== */
@@ -22,7 +25,10 @@ static int get_int(const json_t *hp, const char *key, int *dst, int min, const c
     const json_t *v = json_object_get(hp, key);
     if (!json_is_integer(v) && !(json_is_real(v) && json_real_value(v) == floor(json_real_value(v))))
         return iflow_seterr(IFLOW_EFORMAT, "hyperparameter '%s' is missing or not an integer in '%s'", key, what);
-    json_int_t x = json_is_integer(v) ? json_integer_value(v) : (json_int_t)json_real_value(v);
+    double r = json_is_real(v) ? json_real_value(v) : 0; /* range-checked before any cast */
+    if (json_is_real(v) && (r < min || r > (1 << 30)))
+        return iflow_seterr(IFLOW_ERANGE, "hyperparameter '%s' = %g is out of range in '%s'", key, r, what);
+    json_int_t x = json_is_integer(v) ? json_integer_value(v) : (json_int_t)r;
     if (x < min || x > (1 << 30))
         return iflow_seterr(IFLOW_ERANGE, "hyperparameter '%s' = %lld is out of range in '%s'", key, (long long)x, what);
     *dst = (int)x;
@@ -224,13 +230,8 @@ int iflow_model_tensors(const iflow_hparams *hp, iflow_tensor_req **reqs, size_t
 
 /* ===================================================================== model ============== */
 
-/* Find a tensor and check it against what the blocks need. */
-static int bind(iflow_model *m, const iflow_tensor_req *r, const iflow_shard_rec **out)
+int iflow_tensor_check(const iflow_tensor_req *r, const iflow_shard_rec *t, const char *path)
 {
-    const char *path = iflow_shard_path(m->shard);
-    const iflow_shard_rec *t = iflow_shard_find(m->shard, r->name);
-    if (!t || t->kind != IFLOW_REC_TENSOR)
-        return iflow_seterr(IFLOW_ENOTFOUND, "missing tensor '%s' in '%s'", r->name, path);
     if (t->n_dims != r->n_dims || t->shape[0] != r->shape[0] || (r->n_dims == 2 && t->shape[1] != r->shape[1]))
         return iflow_seterr(IFLOW_ESHAPE, "tensor '%s' in '%s' has shape [%lld, %lld], expected [%lld, %lld]", r->name,
                             path, (long long)t->shape[0], (long long)(t->n_dims > 1 ? t->shape[1] : 0),
@@ -239,12 +240,24 @@ static int bind(iflow_model *m, const iflow_tensor_req *r, const iflow_shard_rec
     if (r->is_vector ? t->dtype != IFLOW_DT_F32 : !matrix_ok)
         return iflow_seterr(IFLOW_ESHAPE, "tensor '%s' in '%s' has type %s, which the engine cannot use there", r->name,
                             path, iflow_dtype_name(t->dtype) ? iflow_dtype_name(t->dtype) : "?");
-    *out = t;
     return 0;
 }
 
-/* The slot of the model that tensor `name` fills. */
-static void *slot(iflow_model *m, const char *name, int *is_weight)
+/* Find a tensor of shard sh and check it against what the blocks need. */
+static int bind(const iflow_shard *sh, const iflow_tensor_req *r, const iflow_shard_rec **out)
+{
+    const char *path = iflow_shard_path(sh);
+    const iflow_shard_rec *t = iflow_shard_find(sh, r->name);
+    if (!t || t->kind != IFLOW_REC_TENSOR)
+        return iflow_seterr(IFLOW_ENOTFOUND, "missing tensor '%s' in '%s'", r->name, path);
+    int rc = iflow_tensor_check(r, t, path);
+    if (rc == 0)
+        *out = t;
+    return rc;
+}
+
+/* The slot of the model that tensor `name` fills; a layer's tensors go into layers[l]. */
+static void *slot(iflow_model *m, layer_weights *layers, const char *name, int *is_weight)
 {
     int l;
     char suffix[32];
@@ -255,7 +268,7 @@ static void *slot(iflow_model *m, const char *name, int *is_weight)
     if (strcmp(name, "output_norm") == 0) return &m->output_norm;
     if (sscanf(name, "blk.%d.%31s", &l, suffix) != 2 || l < 0 || l >= m->hp.n_layers)
         return NULL;
-    layer_weights *w = &m->layers[l];
+    layer_weights *w = &layers[l];
     static const struct { const char *s; size_t off; int is_weight; } map[] = {
 #define F(n, field, isw) {n, offsetof(layer_weights, field), isw}
         F("attn_norm", attn_norm, 0), F("ffn_norm", ffn_norm, 0), F("wq", wq, 1), F("wk", wk, 1),
@@ -285,8 +298,8 @@ static int bind_all(iflow_model *m)
     for (size_t i = 0; i < n && rc == 0; i++) {
         const iflow_shard_rec *t = NULL;
         int is_weight;
-        void *dst = slot(m, reqs[i].name, &is_weight);
-        if ((rc = bind(m, &reqs[i], &t)) < 0)
+        void *dst = slot(m, m->layers, reqs[i].name, &is_weight);
+        if ((rc = bind(m->shard, &reqs[i], &t)) < 0)
             break;
         if (is_weight)
             *(weight *)dst = (weight){t->data, t->dtype};
@@ -349,24 +362,118 @@ static int load_tokenizer(iflow_model *m, const json_t *meta)
     return iflow_seterr(IFLOW_EUNSUPPORTED, "unknown tokenizer format '%s' in '%s'", format, path);
 }
 
+static int parse_meta(const iflow_shard *sh, json_t **meta)
+{
+    json_error_t je;
+    if ((*meta = json_loads(iflow_shard_meta(sh), 0, &je)))
+        return 0;
+    return iflow_seterr(IFLOW_EFORMAT, "bad meta record in '%s': %s at line %d", iflow_shard_path(sh), je.text, je.line);
+}
+
+static int shard_flags(int flags) { return (flags & IFLOW_MODEL_NO_VERIFY) ? IFLOW_SHARD_NO_VERIFY : 0; }
+
+/* A model from one shard. */
+static int open_whole(iflow_model *m, const char *path, int flags, json_t **meta)
+{
+    int index, count;
+    int rc = iflow_shard_open(&m->shard, path, shard_flags(flags));
+    if (rc == 0)
+        rc = parse_meta(m->shard, meta);
+    if (rc == 0 && iflow_split_is_part(*meta, &index, &count))
+        rc = iflow_seterr(IFLOW_EINVAL,
+                          "'%s' is device %d of a %d-device split model (iflow-partition --split): open its directory",
+                          path, index, count);
+    if (rc == 0)
+        rc = iflow_hparams_from_json(&m->hp, *meta, path);
+    if (rc == 0)
+        rc = bind_all(m);
+    return rc;
+}
+
+/* Device dev's slices, from its own file, into split_layers (and the embeddings, the output). */
+static int bind_device(iflow_model *m, int dev)
+{
+    const iflow_plan *p = m->split_plan;
+    iflow_split_tensor *t;
+    size_t n;
+    int rc = iflow_split_tensors(&m->hp, p, dev, &t, &n), tied_output = dev == p->output_device && m->hp.tie_embeddings;
+    layer_weights *layers = m->split_layers + (size_t)dev * m->hp.n_layers;
+    for (size_t k = 0; k < n && rc == 0; k++) {
+        const iflow_shard_rec *r = NULL;
+        const char *name = t[k].req.name;
+        int is_embd = strcmp(name, "tok_embd") == 0, is_weight;
+        if ((rc = bind(m->split_shards[dev], &t[k].req, &r)) < 0)
+            break;
+        weight w = {r->data, r->dtype};
+        if (is_embd) {
+            if (dev == iflow_split_embed_device(p))
+                m->tok_embd = w;
+            if (tied_output)
+                m->output = w;
+        } else {
+            void *dst = slot(m, layers, name, &is_weight);
+            if (is_weight)
+                *(weight *)dst = w;
+            else
+                *(const float **)dst = r->data;
+        }
+        if (!t[k].req.is_vector && (!is_embd || tied_output))
+            m->decode_bytes += r->nbytes;
+    }
+    free(t);
+    return rc;
+}
+
+/* A directory of iflow-partition --split: its plan, then each device's file, checked to belong
+ * together (split.h) and bound; *meta0 is device 0's meta. */
+static int open_split(iflow_model *m, const char *dir, int flags, json_t **meta0)
+{
+    char plan_path[4096], path[4096], path0[4096];
+    if (!(m->split_plan = calloc(1, sizeof *m->split_plan)) || !(m->split_dir = strdup(dir)))
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    const iflow_plan *p = m->split_plan;
+    snprintf(plan_path, sizeof plan_path, "%s/%s", dir, IFLOW_SPLIT_PLAN);
+    int rc = iflow_plan_load(m->split_plan, plan_path);
+    if (rc < 0)
+        return iflow_preperr(rc, "'%s' is not a split model", dir);
+    for (int i = 0; i < p->n_devices && rc == 0; i++) {
+        json_t *meta = NULL, **mine = i ? &meta : meta0;
+        iflow_split_path(path, sizeof path, dir, i);
+        rc = iflow_shard_open(&m->split_shards[i], path, shard_flags(flags));
+        if (rc == 0)
+            rc = parse_meta(m->split_shards[i], mine);
+        if (rc == 0 && i == 0) {
+            m->shard = m->split_shards[0];
+            snprintf(path0, sizeof path0, "%s", path);
+            const iflow_hparams *hp = &m->hp;
+            if ((rc = iflow_hparams_from_json(&m->hp, *meta0, path)) == 0 &&
+                (rc = iflow_plan_check(p, hp->n_layers, hp->n_heads, hp->n_kv_heads, hp->ffn_dim)) == 0 &&
+                !(m->split_layers = calloc((size_t)p->n_devices * hp->n_layers, sizeof *m->split_layers)))
+                rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
+        }
+        if (rc == 0)
+            rc = iflow_split_check_meta(*mine, path, p, plan_path, i, i ? *meta0 : NULL, path0);
+        if (rc == 0)
+            rc = iflow_split_check_source(m->split_shards[i], m->split_shards[0]);
+        if (rc == 0)
+            rc = bind_device(m, i);
+        json_decref(meta);
+        if (rc < 0)
+            rc = iflow_preperr(rc, "split model '%s', device %d (%s)", dir, i, p->devices[i].name);
+    }
+    return rc;
+}
+
 int iflow_model_open(iflow_model **out, const char *path, int flags)
 {
     *out = NULL;
     iflow_model *m = calloc(1, sizeof *m);
     if (!m)
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
-    int rc = iflow_shard_open(&m->shard, path, (flags & IFLOW_MODEL_NO_VERIFY) ? IFLOW_SHARD_NO_VERIFY : 0);
+    struct stat st;
     json_t *meta = NULL;
-    if (rc == 0) {
-        json_error_t je;
-        meta = json_loads(iflow_shard_meta(m->shard), 0, &je);
-        if (!meta)
-            rc = iflow_seterr(IFLOW_EFORMAT, "bad meta record in '%s': %s at line %d", path, je.text, je.line);
-    }
-    if (rc == 0)
-        rc = iflow_hparams_from_json(&m->hp, meta, path);
-    if (rc == 0)
-        rc = bind_all(m);
+    int rc = strcmp(path, "-") != 0 && stat(path, &st) == 0 && S_ISDIR(st.st_mode) ? open_split(m, path, flags, &meta)
+                                                                                    : open_whole(m, path, flags, &meta);
     if (rc == 0)
         rc = make_rope_scale(m);
     if (rc == 0)
@@ -388,12 +495,18 @@ void iflow_model_close(iflow_model *m)
         return;
     iflow_unplace(m);
     iflow_tokenizer_close(m->tok);
-    iflow_shard_close(m->shard);
+    iflow_shard_close(m->shard); /* a split model's device 0 */
+    for (int i = 1; i < IFLOW_MAX_DEVICES; i++)
+        iflow_shard_close(m->split_shards[i]);
+    free(m->split_layers);
+    free(m->split_plan);
+    free(m->split_dir);
     free(m->layers);
     free(m->rope_scale);
     free(m);
 }
 
+const struct iflow_plan_s *iflow_model_split_plan(const iflow_model *m) { return m->split_plan; }
 const iflow_hparams *iflow_model_hparams(const iflow_model *m) { return &m->hp; }
 const iflow_tokenizer *iflow_model_tokenizer(const iflow_model *m) { return m->tok; }
 const iflow_shard *iflow_model_shard(const iflow_model *m) { return m->shard; }

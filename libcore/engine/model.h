@@ -9,7 +9,11 @@
  * Contract
  *   iflow_model_open() opens a shard (path or "-"), parses its meta, binds every tensor it needs
  *   (checking names, shapes and types: the error names the tensor) and loads the tokenizer. The
- *   model owns the shard; weights are used in place (mmap) and never copied.
+ *   model owns the shard; weights are used in place (mmap) and never copied. Given a directory
+ *   written by iflow-partition --split (split.h), it opens one file per device of the plan in
+ *   it, checks that they belong together (a missing or foreign file is refused, named), and
+ *   binds each device's slices from its own file: such a model runs only as its plan places it
+ *   (iflow_model_split_plan()), and until placed each plan device is the context's CPU.
  *   iflow_model_place() puts the weights on devices (libcore/device); without it everything
  *   runs on the CPU as the mapping holds it.
  *   An iflow_ctx owns a KV cache of n_ctx positions and scratch for one batch of tokens, on the
@@ -63,6 +67,10 @@ typedef struct {
 /* The tensors the engine needs for hp, in file order. *reqs is malloc'd; caller frees. */
 int iflow_model_tensors(const iflow_hparams *hp, iflow_tensor_req **reqs, size_t *n);
 
+/* Tensor record t (of file `path`) has the shape r asks for and a type the engine can use
+ * there; else IFLOW_ESHAPE naming the tensor and the file. */
+int iflow_tensor_check(const iflow_tensor_req *r, const iflow_shard_rec *t, const char *path);
+
 typedef struct iflow_model iflow_model;
 
 enum { IFLOW_MODEL_NO_VERIFY = 1 }; /* skip payload checksums at open */
@@ -72,9 +80,15 @@ void iflow_model_close(iflow_model *m);
 const iflow_hparams *iflow_model_hparams(const iflow_model *m);
 const iflow_tokenizer *iflow_model_tokenizer(const iflow_model *m);
 const iflow_shard *iflow_model_shard(const iflow_model *m);
+/* The plan a split model was cut by (its directory's plan.ini), or NULL for a model from one
+ * shard. iflow_model_place_plan() takes only a plan of the same partition (device names and
+ * threads may differ); iflow_model_place() refuses a split model. */
+struct iflow_plan_s;
+const struct iflow_plan_s *iflow_model_split_plan(const iflow_model *m);
 /* 1 if id is one of the model's end-of-sequence tokens. */
 int iflow_model_is_eos(const iflow_model *m, int32_t id);
-/* Bytes of weights read per decoded token (all matrices but the embedding table). */
+/* Bytes of weights read per decoded token (all matrices but the embedding table; for a split
+ * model, what its devices hold, KV heads replicated on several devices counted on each). */
 uint64_t iflow_model_decode_bytes(const iflow_model *m);
 /* The CPU kernel path this process computes with, chosen from cpuid: "scalar", "avx2",
  * "avx512" or "avx512gfni" (kernels/cpu/kernels.h). A static string. */

@@ -1,6 +1,6 @@
 /*
  * model_impl.h -- the model's insides, shared by the three files of the engine and nothing
- * else: model.c (hyperparameters, binding a shard's tensors), place.c (putting weights on
+ * else: model.c (hyperparameters, binding a shard's tensors, or a split model's files), place.c (putting weights on
  * devices, by layer or by head and column ranges) and forward.c (contexts, the forward pass).
  */
 #ifndef IFLOW_MODEL_IMPL_H
@@ -54,6 +54,13 @@ struct iflow_model {
     const float *output_norm_w;
     const float *rope_scale_w[IFLOW_MAX_DEVICES];
     int split;                    /* some layer has several parts */
+
+    /* a split model (a directory of iflow-partition --split, split.h): layers is NULL, and each
+     * plan device's slices come from its own file */
+    struct iflow_plan_s *split_plan;                 /* NULL for a model from one shard        */
+    char *split_dir;
+    iflow_shard *split_shards[IFLOW_MAX_DEVICES];    /* [plan devices]; [0] is also shard      */
+    layer_weights *split_layers;                     /* [plan devices][n_layers]: device i's slices of layer l */
 };
 
 /* place.c: the placement every model starts with (every layer whole on the context's CPU). */

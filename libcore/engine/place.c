@@ -9,14 +9,16 @@
  *                of a quantized type), and the fit against each device's free memory;
  *   3. copy:     each part's slices to its device. Row slices of a matrix are a pointer into
  *                the mapping (rows are contiguous for every type); column slices (wo, down
- *                split by heads or columns) are built on the host, row by row.
+ *                split by heads or columns) are built on the host, row by row (slice.h).
+ * A split model (split.h) has no whole layers: each part takes its weights from its device's own
+ * file, already cut to the part's ranges, so step 3 only puts them on the device.
  */
 #include "footprint.h"
 #include "model_impl.h"
 #include "plan.h"
+#include "slice.h"
 #include "libcore/base/dtype.h"
 #include "libcore/base/error.h"
-#include "kernels/cpu/quant.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,6 +71,10 @@ static void whole(const iflow_hparams *hp, layer_part *p, int dev)
 static int describe_placement(const iflow_model *m, const iflow_placement *pl, layout *L)
 {
     const iflow_hparams *hp = &m->hp;
+    if (m->split_plan)
+        return iflow_seterr(IFLOW_EUNSUPPORTED,
+                            "model '%s' is split into one file per device: it runs only as its plan places it",
+                            m->split_dir);
     if (pl->n_devices < 1 || pl->n_devices > IFLOW_MAX_DEVICES)
         return iflow_seterr(IFLOW_EINVAL, "a placement needs 1 to %d devices, not %d", IFLOW_MAX_DEVICES, pl->n_devices);
     if (pl->output_device < 0 || pl->output_device >= pl->n_devices)
@@ -95,6 +101,8 @@ static int describe_plan(const iflow_model *m, const iflow_plan *plan, iflow_dev
 {
     const iflow_hparams *hp = &m->hp;
     int rc = iflow_plan_check(plan, hp->n_layers, hp->n_heads, hp->n_kv_heads, hp->ffn_dim);
+    if (rc == 0 && m->split_plan && (rc = iflow_plan_same_partition(plan, m->split_plan, "its split's plan")) < 0)
+        return iflow_preperr(rc, "model '%s' is split by another plan", m->split_dir);
     if (rc)
         return rc;
     int n = 0, idx[IFLOW_PLAN_MAX_DEVICES];
@@ -134,46 +142,52 @@ static int describe_plan(const iflow_model *m, const iflow_plan *plan, iflow_dev
 
 /* ---- 2. measure ---- */
 
-/* A column slice [c0, c1) of a matrix with K columns of this type: legal for float types
- * always, for quantized types only on block boundaries (the last block may be the padded one). */
-static int column_split_ok(int type, int c0, int c1, int K)
+/* Where part p of layer l takes its weights from, and the ranges of the layer that src's
+ * matrices hold (*base): the whole layer for a model from one shard; for a split model, its
+ * device's slices from its own file (whose ranges are the part's, as the plan is the split's:
+ * nothing is cut at load). */
+static const layer_weights *part_source(const iflow_model *m, int l, const layer_part *p, layer_part *base)
 {
-    const ifk_qtype_info *q = ifk_qtype(type);
-    if (!q || (c0 == 0 && c1 == K))
-        return 1;
-    return c0 % q->block == 0 && (c1 % q->block == 0 || c1 == K);
+    if (!m->split_layers) {
+        whole(&m->hp, base, 0);
+        return &m->layers[l];
+    }
+    const iflow_plan_device *d = &m->split_plan->devices[p->dev];
+    memset(base, 0, sizeof *base);
+    base->q0 = d->head0, base->q1 = d->head1, base->f0 = d->ffn0, base->f1 = d->ffn1;
+    kv_range(&m->hp, base);
+    return &m->split_layers[(size_t)p->dev * m->hp.n_layers + l];
 }
 
 /* Weight bytes of one part (footprint.h), or a refusal naming the tensor. */
 static int part_bytes(const iflow_model *m, int l, const layer_part *p, iflow_device *d, uint64_t *bytes)
 {
     const iflow_hparams *hp = &m->hp;
-    const layer_weights *w = &m->layers[l];
-    int64_t hd = hp->head_dim;
+    layer_part b;
+    const layer_weights *w = part_source(m, l, p, &b);
+    int hd = hp->head_dim;
     struct { const char *name; weight W; int c0, c1, K; } mats[IFLOW_PM_COUNT] = {
         [IFLOW_PM_WQ] = {"wq", w->wq, 0, 0, 0},
         [IFLOW_PM_WK] = {"wk", w->wk, 0, 0, 0},
         [IFLOW_PM_WV] = {"wv", w->wv, 0, 0, 0},
-        [IFLOW_PM_WO] = {"wo", w->wo, p->q0 * (int)hd, p->q1 * (int)hd, hp->n_heads * (int)hd},
+        [IFLOW_PM_WO] = {"wo", w->wo, (p->q0 - b.q0) * hd, (p->q1 - b.q0) * hd, (b.q1 - b.q0) * hd},
         [IFLOW_PM_GATE] = {"ffn_gate", w->gate, 0, 0, 0},
         [IFLOW_PM_UP] = {"ffn_up", w->up, 0, 0, 0},
-        [IFLOW_PM_DOWN] = {"ffn_down", w->down, p->f0, p->f1, hp->ffn_dim},
+        [IFLOW_PM_DOWN] = {"ffn_down", w->down, p->f0 - b.f0, p->f1 - b.f0, b.f1 - b.f0},
     };
-    int types[IFLOW_PM_COUNT];
+    int types[IFLOW_PM_COUNT], rc;
     for (int i = 0; i < IFLOW_PM_COUNT; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.%s", l, mats[i].name);
         if (d && !d->ops->supports(d, mats[i].W.type))
-            return iflow_seterr(IFLOW_EUNSUPPORTED, "tensor 'blk.%d.%s' has type %s, which has no kernel on %s", l,
-                                mats[i].name, iflow_dtype_name(mats[i].W.type), d->info.name);
-        if (mats[i].K && !column_split_ok(mats[i].W.type, mats[i].c0, mats[i].c1, mats[i].K))
-            return iflow_seterr(IFLOW_EUNSUPPORTED,
-                                "cannot split the columns of 'blk.%d.%s' (%s, blocks of %d) at %d-%d: a split of a "
-                                "quantized matrix must fall on block boundaries",
-                                l, mats[i].name, iflow_dtype_name(mats[i].W.type), ifk_qtype(mats[i].W.type)->block,
-                                mats[i].c0, mats[i].c1 - 1);
+            return iflow_seterr(IFLOW_EUNSUPPORTED, "tensor '%s' has type %s, which has no kernel on %s", name,
+                                iflow_dtype_name(mats[i].W.type), d->info.name);
+        if (mats[i].K && (rc = iflow_slice_columns_check(mats[i].W.type, mats[i].c0, mats[i].c1, mats[i].K, name)))
+            return rc;
         types[i] = mats[i].W.type;
     }
-    iflow_part_bytes b = iflow_part_weight_bytes(hp, types, p->q0, p->q1, p->f0, p->f1);
-    *bytes = b.attn + b.ffn;
+    iflow_part_bytes pb = iflow_part_weight_bytes(hp, types, p->q0, p->q1, p->f0, p->f1);
+    *bytes = pb.attn + pb.ffn;
     return 0;
 }
 
@@ -250,28 +264,6 @@ static int put(iflow_model *m, layer_part *p, int *n_dev_copies, const void *hos
     return rc;
 }
 
-/* Rows r0..r0+rows-1 of a matrix with `cols` columns: a pointer into it. */
-static const void *row_slice(weight W, int64_t r0, int64_t cols)
-{
-    return (const char *)W.data + iflow_matrix_bytes(W.type, r0, cols);
-}
-
-/* Columns c0..c1-1 of every one of `rows` rows of a K-column matrix, as a new host matrix. */
-static void *column_slice(weight W, int64_t rows, int64_t K, int64_t c0, int64_t c1)
-{
-    size_t in_row = iflow_matrix_bytes(W.type, 1, K), out_row = iflow_matrix_bytes(W.type, 1, c1 - c0),
-           skip = c0 ? iflow_matrix_bytes(W.type, 1, c0) : 0;
-    /* quantized: c0 is on a block boundary, so the slice is whole blocks; a float type's
-     * columns are elements */
-    size_t n = out_row * (size_t)rows;
-    char *out = malloc(n ? n : 1);
-    if (!out)
-        return NULL;
-    for (int64_t r = 0; r < rows; r++)
-        memcpy(out + (size_t)r * out_row, (const char *)W.data + (size_t)r * in_row + skip, out_row);
-    return out;
-}
-
 /* A weight slice: rows (a view) or columns (a host copy), put on the part's device. */
 static int put_weight(iflow_model *m, layer_part *p, int *nd, int *nh, weight src, int is_cols, int64_t a0, int64_t a1,
                       int64_t other, int64_t full, weight *dst)
@@ -280,13 +272,13 @@ static int put_weight(iflow_model *m, layer_part *p, int *nd, int *nh, weight sr
     void *copy = NULL;
     size_t n;
     if (!is_cols) {
-        host = row_slice(src, a0, other);
+        host = iflow_slice_rows(src.data, src.type, a0, other);
         n = iflow_matrix_bytes(src.type, a1 - a0, other);
     } else if (a0 == 0 && a1 == full) {
         host = src.data;
         n = iflow_matrix_bytes(src.type, other, full);
     } else {
-        if (!(copy = column_slice(src, other, full, a0, a1)))
+        if (!(copy = iflow_slice_columns(src.data, src.type, other, full, a0, a1)))
             return iflow_seterr(IFLOW_ENOMEM, "out of memory slicing columns");
         host = copy;
         n = iflow_matrix_bytes(src.type, other, a1 - a0);
@@ -314,10 +306,13 @@ static int put_vector(iflow_model *m, layer_part *p, int *nd, const float *src, 
 static int copy_part(iflow_model *m, int l, layer_part *p, int first)
 {
     const iflow_hparams *hp = &m->hp;
-    const layer_weights *w = &m->layers[l];
+    layer_part b;
+    const layer_weights *w = part_source(m, l, p, &b);
     layer_weights *o = &p->w;
-    int64_t D = hp->dim, hd = hp->head_dim, Q = (int64_t)hp->n_heads * hd, F = hp->ffn_dim;
-    int64_t q0 = p->q0 * hd, q1 = p->q1 * hd, k0 = p->kv0 * hd, k1 = p->kv1 * hd;
+    /* the part's ranges within what w holds */
+    int64_t D = hp->dim, hd = hp->head_dim, Q = (int64_t)(b.q1 - b.q0) * hd, F = b.f1 - b.f0;
+    int64_t q0 = (p->q0 - b.q0) * hd, q1 = (p->q1 - b.q0) * hd, k0 = (p->kv0 - b.kv0) * hd, k1 = (p->kv1 - b.kv0) * hd;
+    int64_t f0 = p->f0 - b.f0, f1 = p->f1 - b.f0;
     int nd = 0, nh = 0, rc;
     if ((rc = put_vector(m, p, &nd, w->attn_norm, 0, D, &o->attn_norm)) ||
         (rc = put_vector(m, p, &nd, w->ffn_norm, 0, D, &o->ffn_norm)) ||
@@ -328,11 +323,11 @@ static int copy_part(iflow_model *m, int l, layer_part *p, int first)
         (rc = put_vector(m, p, &nd, w->bq, q0, q1, &o->bq)) || (rc = put_vector(m, p, &nd, w->bk, k0, k1, &o->bk)) ||
         (rc = put_vector(m, p, &nd, w->bv, k0, k1, &o->bv)) ||
         (rc = put_vector(m, p, &nd, first ? w->bo : NULL, 0, D, &o->bo)) ||
-        (rc = put_weight(m, p, &nd, &nh, w->gate, 0, p->f0, p->f1, D, 0, &o->gate)) ||
-        (rc = put_weight(m, p, &nd, &nh, w->up, 0, p->f0, p->f1, D, 0, &o->up)) ||
-        (rc = put_weight(m, p, &nd, &nh, w->down, 1, p->f0, p->f1, D, F, &o->down)) ||
-        (rc = put_vector(m, p, &nd, w->gate_b, p->f0, p->f1, &o->gate_b)) ||
-        (rc = put_vector(m, p, &nd, w->up_b, p->f0, p->f1, &o->up_b)) ||
+        (rc = put_weight(m, p, &nd, &nh, w->gate, 0, f0, f1, D, 0, &o->gate)) ||
+        (rc = put_weight(m, p, &nd, &nh, w->up, 0, f0, f1, D, 0, &o->up)) ||
+        (rc = put_weight(m, p, &nd, &nh, w->down, 1, f0, f1, D, F, &o->down)) ||
+        (rc = put_vector(m, p, &nd, w->gate_b, f0, f1, &o->gate_b)) ||
+        (rc = put_vector(m, p, &nd, w->up_b, f0, f1, &o->up_b)) ||
         (rc = put_vector(m, p, &nd, first ? w->down_b : NULL, 0, D, &o->down_b)))
         return iflow_preperr(rc, "cannot place layer %d on %s", l, dev_name(dev_of(m, p->dev)));
     return 0;
@@ -412,12 +407,19 @@ int iflow_place_on_host(iflow_model *m)
 {
     iflow_placement pl = {.n_devices = 1};
     layout L = {0};
-    int *ld = calloc((size_t)m->hp.n_layers, sizeof *ld);
-    if (!ld)
-        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
-    pl.layer_device = ld;
-    int rc = describe_placement(m, &pl, &L);
-    free(ld);
+    int rc;
+    if (m->split_plan) {
+        /* a split model has no whole layers: its plan's parts, each device the context's CPU */
+        iflow_device *none[IFLOW_PLAN_MAX_DEVICES] = {0};
+        rc = describe_plan(m, m->split_plan, none, &L);
+    } else {
+        int *ld = calloc((size_t)m->hp.n_layers, sizeof *ld);
+        if (!ld)
+            return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+        pl.layer_device = ld;
+        rc = describe_placement(m, &pl, &L);
+        free(ld);
+    }
     if (rc == 0)
         rc = apply(m, &L);
     layout_free(&L);

@@ -267,6 +267,35 @@ int iflow_plan_save(const iflow_plan *p, const char *path)
     return 0;
 }
 
+/* ---- comparing ---- */
+
+static void part_str(char *buf, size_t cap, const iflow_plan_device *d)
+{
+    if (d->layer1 > d->layer0)
+        snprintf(buf, cap, "layers %d-%d, heads %d-%d, ffn %d-%d", d->layer0, d->layer1 - 1, d->head0, d->head1 - 1,
+                 d->ffn0, d->ffn1 - 1);
+    else
+        snprintf(buf, cap, "no layers");
+}
+
+int iflow_plan_same_partition(const iflow_plan *a, const iflow_plan *b, const char *b_name)
+{
+    if (a->n_devices != b->n_devices)
+        return iflow_seterr(IFLOW_EINVAL, "a plan of %d devices, %s has %d", a->n_devices, b_name, b->n_devices);
+    for (int i = 0; i < a->n_devices; i++) {
+        char x[128], y[128];
+        part_str(x, sizeof x, &a->devices[i]);
+        part_str(y, sizeof y, &b->devices[i]);
+        if (strcmp(x, y) != 0)
+            return iflow_seterr(IFLOW_EINVAL, "device %d (%s) holds %s, but %s in %s", i, a->devices[i].name, x, y,
+                                b_name);
+    }
+    if (a->output_device != b->output_device)
+        return iflow_seterr(IFLOW_EINVAL, "the output is on device %d (%s), but on device %d in %s", a->output_device,
+                            a->devices[a->output_device].name, b->output_device, b_name);
+    return 0;
+}
+
 /* ---- devices ---- */
 
 static int is_cpu_name(const char *name) { return strcmp(name, "cpu") == 0 || strncmp(name, "cpu:", 4) == 0; }

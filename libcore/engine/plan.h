@@ -56,6 +56,11 @@ int  iflow_plan_save(const iflow_plan *p, const char *path);
  * IFLOW_EINVAL naming the layer and head or column left uncovered or covered twice. */
 int  iflow_plan_check(const iflow_plan *p, int n_layers, int n_heads, int n_kv_heads, int ffn_dim);
 
+/* a and b split a model the same way: the same devices in the same order holding the same
+ * layers, heads and FFN columns, the same output device (names and threads may differ); else
+ * IFLOW_EINVAL naming the first difference (b_name names b in it). */
+int  iflow_plan_same_partition(const iflow_plan *a, const iflow_plan *b, const char *b_name);
+
 /* Open the plan's devices into devs[0 .. n_devices): "cpu" and "cpu:N" are CPU devices sharing
  * this machine's cores (a device's own thread count, else the cores divided among the plan's
  * CPU devices); any other name is opened as iflow_device_open() knows it ("cuda:1"). On failure

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # iflow-partition: the --compare table of stories260K on 4 described H100s (exact), its JSON
 # fields, a 70B shape on 8 and on 1 H100, plans written with -o that parse back (sections,
-# ranges), a shard from a pipe, cpu:N, and errors: exact messages and exit codes.
+# ranges), a shard from a pipe, cpu:N, and errors: exact messages and exit codes. --split: one
+# file per device (from a file and from a pipe: the same bytes), run by iflow-run -m DIR and
+# iflow-ppl -m DIR with the whole model + plan's output; a missing, foreign or truncated file.
 . "$(dirname "$0")/lib.sh"
 P=$BIN/iflow-partition
 S=$DATA/models/stories260K/hf
@@ -70,6 +72,76 @@ expect_rc 0 "--json -o"
 expect_eq "$(jq -r '[.strategy, .fits, .stages] | map(tostring) | join(" ")' <<<"$out")" "layer true 2" "the plan's cost as JSON"
 expect_match "$err" $'^iflow-partition: layer plan on 2xL40S: layout 2x1, 2 stages, ctx 4096, batch 1 \\(KV cache of 1 sequence\\)\n  cuda:0 ' "-v"
 expect_match "$err" "decode step: read [0-9.]+ ms \+ all-reduce 0\.000 ms \+ transfers [0-9.]+ ms \+ output [0-9.]+ ms = [0-9.]+ ms" "-v breakdown"
+
+# ---- --split: one shard file per device ----
+gen() { $BIN/iflow-run -p "Once upon a time" -n 64 --temp 0 --json -t 1 "$@" | jq -c .gen_ids; }
+ref=$(gen -m "$TMP/s.ifs")
+expect_match "$ref" '^\[[0-9]+(,[0-9]+){63}\]$' "64 greedy tokens"
+for strat in layer tensor hybrid; do
+    run $P -m "$TMP/s.ifs" --devices cpu:4 --strategy $strat -o "$TMP/$strat.ini" --split "$TMP/split-$strat"
+    expect_rc 0 "--split $strat"
+    expect_eq "$out" "" "--split: nothing on standard output"
+    expect_eq "$(cd "$TMP/split-$strat" && ls | paste -sd' ')" "device-0.ifs device-1.ifs device-2.ifs device-3.ifs plan.ini" \
+        "$strat: four device files and the plan"
+    cmp -s "$TMP/$strat.ini" "$TMP/split-$strat/plan.ini" && ok || bad "$strat: DIR/plan.ini is the plan"
+    expect_eq "$(gen -m "$TMP/s.ifs" --plan "$TMP/$strat.ini")" "$ref" "$strat: the whole model + plan"
+    expect_eq "$(gen -m "$TMP/split-$strat")" "$ref" "$strat: iflow-run -m DIR, the split files alone"
+done
+# each file holds only its slices, and says so in its meta
+expect_eq "$($BIN/iflow-convert --info "$TMP/split-tensor/device-1.ifs" --json | jq -c '.meta.shard | [.index, .count, .device, .layers, .heads, .kv_heads, .ffn, .embeddings, .output]')" \
+    '[1,4,"cpu:1",[0,5],[2,4],[1,2],[43,86],false,false]' "device 1's shard object"
+total=$(stat -c %s "$TMP/s.ifs")
+for f in "$TMP"/split-tensor/device-*.ifs; do
+    [ "$(stat -c %s "$f")" -lt $((total / 2)) ] && ok || bad "$f holds less than half the model"
+done
+# from a pipe, by a plan file: the same files, byte for byte
+run bash -c "$BIN/iflow-convert '$S' | $P -m - --plan '$TMP/hybrid.ini' --split '$TMP/split-pipe'"
+expect_rc 0 "--split from a pipe"
+for i in 0 1 2 3; do
+    cmp -s "$TMP/split-pipe/device-$i.ifs" "$TMP/split-hybrid/device-$i.ifs" && ok || bad "device-$i.ifs from a pipe differs"
+done
+# perplexity from the split files: the whole model + plan's
+ppl() { $BIN/iflow-ppl -f "$DATA/data/wikitext-2-raw/wiki.test.raw" -c 64 --chunks 2 --json -t 1 "$@" | jq -r .ppl; }
+p_split=$(ppl -m "$TMP/split-hybrid")
+expect_match "$p_split" '^[0-9]+\.[0-9]+$' "iflow-ppl -m DIR: a perplexity"
+expect_eq "$p_split" "$(ppl -m "$TMP/s.ifs" --plan "$TMP/hybrid.ini")" "iflow-ppl -m DIR: the whole model + plan's"
+# the plan of a split model may rename its devices, not change its partition
+sed 's/cpu:\([0-3]\)/cpu:1\1/g' "$TMP/hybrid.ini" >"$TMP/renamed.ini"
+expect_eq "$(gen -m "$TMP/split-hybrid" --plan "$TMP/renamed.ini")" "$ref" "the split's plan with its devices renamed"
+run $BIN/iflow-run -m "$TMP/split-hybrid" --plan "$TMP/layer.ini" -p "Once" -n 4 --temp 0
+expect_rc 1 "another partition's plan"
+expect_match "$err" "^iflow-run: model '.*split-hybrid' is split by another plan: device 0 \(cpu:0\) holds layers 0-0, heads 0-7, ffn 0-171, but layers 0-2, heads 0-3, ffn 0-85 in its split's plan$" \
+    "another partition's plan: why"
+run $BIN/iflow-run -m "$TMP/split-hybrid" --device cpu -p "Once" -n 4 --temp 0
+expect_rc 2 "--device with a split model"
+# errors: a missing file, a file of another split, a truncated file, a pipe without --plan
+mv "$TMP/split-hybrid/device-2.ifs" "$TMP/d2"
+run $BIN/iflow-run -m "$TMP/split-hybrid" -p "Once" -n 4 --temp 0
+expect_rc 1 "a missing file"
+expect_match "$err" "^iflow-run: split model '.*split-hybrid', device 2 \(cpu:2\): cannot open '.*split-hybrid/device-2.ifs': No such file or directory$" \
+    "a missing file: named"
+cp "$TMP/split-tensor/device-2.ifs" "$TMP/split-hybrid/device-2.ifs"
+run $BIN/iflow-run -m "$TMP/split-hybrid" -p "Once" -n 4 --temp 0
+expect_rc 1 "a file of another split"
+expect_match "$err" "device-2.ifs' is from another split: its partition differs from plan '.*split-hybrid/plan.ini'$" \
+    "a file of another split: named"
+head -c 100000 "$TMP/d2" >"$TMP/split-hybrid/device-2.ifs"
+run $BIN/iflow-run -m "$TMP/split-hybrid" -p "Once" -n 4 --temp 0
+expect_rc 1 "a truncated file"
+expect_match "$err" "truncated shard: .* in '.*split-hybrid/device-2.ifs'$" "a truncated file: named"
+expect_one_line "a truncated file"
+run $BIN/iflow-run -m "$TMP/split-hybrid/device-0.ifs" -p "Once" -n 4 --temp 0
+expect_rc 1 "one split file alone"
+expect_match "$err" "is device 0 of a 4-device split model \(iflow-partition --split\): open its directory$" "one split file alone: why"
+run bash -c "$BIN/iflow-convert '$S' | $P -m - --devices cpu:2 --split '$TMP/split-x'"
+expect_rc 2 "a pipe without --plan"
+expect_match "$err" "a model from standard input is read once: give the plan with --plan FILE" "a pipe without --plan: why"
+run bash -c "head -c 300000 '$TMP/s.ifs' | $P -m - --plan '$TMP/hybrid.ini' --split '$TMP/split-cut'"
+expect_rc 1 "a source that ends early"
+expect_match "$err" "^iflow-partition: cannot split '<stdin>' into '.*split-cut': truncated shard" "a source that ends early: why"
+expect_eq "$(ls -A "$TMP/split-cut" | wc -l)" 0 "a failed split leaves no file"
+run $P -m "$TMP/s.ifs" --plan "$TMP/hybrid.ini"
+expect_rc 2 "--plan without --split"
 
 # ---- errors ----
 run $P -m "$TMP/s.ifs" --devices 4xB200 --compare

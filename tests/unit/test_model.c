@@ -341,6 +341,13 @@ static void test_errors(void)
     CHECK(strstr(iflow_errmsg(), "512") != NULL, "message: %s", iflow_errmsg());
     iflow_ctx_close(c);
     iflow_model_close(m);
+    /* a hyperparameter written as a huge whole real is out of range, checked before any cast
+     * (found by fuzz_split) */
+    json_t *j = json_loads("{\"blocks\": {}, \"hparams\": {\"dim\": 6.2e94}}", 0, NULL);
+    iflow_hparams hp;
+    int rc = iflow_hparams_from_json(&hp, j, "huge.json");
+    CHECK_ERR(rc, IFLOW_ERANGE, "huge.json", "hyperparameter 'dim' = 6.2e+94 is out of range");
+    json_decref(j);
 }
 
 int main(void)

@@ -9,18 +9,35 @@
  * differs: per-position logits within 1e-4 (absolute; the logits are O(10)) and the same 64
  * greedy tokens, on stories260K and xs-ckpt (8 heads over 4 kv heads: 8 devices replicate each
  * kv head on two). PLAN_SHOW=1 in the environment prints each case's largest logit difference.
+ *
+ * Split files (iflow-partition --split, split.h): for every plan of 2, 3 and 4 devices, the
+ * model split into one file per device and loaded from those files alone gives exactly (bit for
+ * bit) the logits and tokens of the whole model placed by the same plan, since each device
+ * computes the same slices: placed on the plan's devices, and as opened (every plan device the
+ * context's CPU). The same again for stories260K's shape with attention and FFN biases and an
+ * untied output (synthetic weights: the bias slices, bo and ffn_down_b on head 0's part only,
+ * the output matrix on the output device). Then a quantized model's split (columns cut on
+ * block boundaries), and the
+ * refusals: a missing file, a file of another split (another plan, another model's meta,
+ * another model's weights under the same meta), a truncated file, a split file opened alone, a
+ * plan of another partition, and a split writer that fails leaving no file behind.
  */
 #include "tests/unit/testlib.h"
 #include "libcore/base/dtype.h"
 #include "libcore/device/device.h"
 #include "libcore/engine/model.h"
 #include "libcore/engine/plan.h"
+#include "libcore/engine/split.h"
 #include "libcore/formats/quant.h"
+#include "libcore/formats/shard.h"
 
+#include <dirent.h>
+#include <sys/stat.h>
 #include <math.h>
+#include <unistd.h>
 
 static char dir[] = "/tmp/iflow-test-plan-XXXXXX";
-static char s_f32[512], xs[512], s_q8[512], plan_path[512];
+static char s_f32[512], xs[512], s_q8[512], biased[512], plan_path[512], split_dir[512];
 
 #define N_GEN 64
 
@@ -74,6 +91,47 @@ static void make_plan(iflow_plan *p, const iflow_hparams *hp, int groups, int he
     p->output_device = p->n_devices - 1;
 }
 
+/* Split `path` by plan q into split_dir, open the directory alone and run it twice: placed on
+ * its plan's devices, and as opened. want/want_gen: the whole model placed by q. */
+static void split_case(const char *path, const char *name, const iflow_plan *q, const float *want,
+                       const int32_t *want_gen)
+{
+    iflow_model *m;
+    int rc = iflow_split_write(path, q, split_dir);
+    CHECK(rc == 0, "%s %s x%d: split: %s", name, q->strategy, q->n_devices, iflow_errmsg());
+    if (rc || iflow_model_open(&m, split_dir, 0) < 0) {
+        CHECK(rc, "%s: open the split: %s", name, iflow_errmsg());
+        return;
+    }
+    const iflow_hparams *hp = iflow_model_hparams(m);
+    size_t n = (size_t)(5 + N_GEN) * hp->vocab_size;
+    float *out = calloc(n, sizeof(float));
+    int32_t gen[N_GEN] = {0};
+    iflow_device *devs[IFLOW_PLAN_MAX_DEVICES] = {0};
+    const iflow_plan *own = iflow_model_split_plan(m);
+    iflow_plan mine = {0};
+    CHECK(own && own->n_devices == q->n_devices, "%s: the split model carries its plan", name);
+    if (own)
+        mine = *own;
+    for (int placed = 0; placed < 2 && own; placed++) {
+        if (placed) {
+            CHECK(iflow_plan_open_devices(&mine, devs) == 0, "open devices: %s", iflow_errmsg());
+            CHECK(iflow_model_place_plan(m, &mine, devs, 5 + N_GEN + 1) == 0, "place the split: %s", iflow_errmsg());
+        }
+        memset(out, 0, n * sizeof(float));
+        rc = generate(m, out, gen);
+        CHECK(rc == 0, "%s: run the split: %s", name, iflow_errmsg());
+        CHECK(memcmp(out, want, n * sizeof(float)) == 0, "%s %s x%d split files%s: the logits of the whole model + plan",
+              name, q->strategy, q->n_devices, placed ? " on the plan's devices" : " as opened");
+        CHECK(memcmp(gen, want_gen, sizeof gen) == 0, "%s %s x%d split files: the same %d greedy tokens", name,
+              q->strategy, q->n_devices, N_GEN);
+    }
+    iflow_model_close(m);
+    if (own)
+        iflow_plan_close_devices(&mine, devs);
+    free(out);
+}
+
 static void run_case(const char *path, const char *name, int groups, int heads, const float *ref, const int32_t *ref_gen)
 {
     iflow_model *m;
@@ -113,6 +171,8 @@ static void run_case(const char *path, const char *name, int groups, int heads, 
             CHECK(worst <= 1e-4, "%s %d layer groups x %d head groups: max logit diff %g > 1e-4", name, groups, heads,
                   worst);
         CHECK(same, "%s %dx%d: the single device's %d greedy tokens", name, groups, heads, N_GEN);
+        if (q.n_devices >= 2 && q.n_devices <= 4)
+            split_case(path, name, &q, out, gen);
     }
     iflow_model_close(m);
     iflow_plan_close_devices(&q, devs);
@@ -142,6 +202,70 @@ static void model_cases(const char *path, const char *name)
 }
 
 static void test_stories260K(void) { model_cases(s_f32, "stories260K"); }
+
+/* stories260K's shape with attention and FFN biases and an untied output matrix, synthetic
+ * weights: the bias slices (bo and ffn_down_b added by part 0 only) and the output matrix on
+ * its own device, placed by plans and split into files. */
+static int make_biased(void)
+{
+    char src[600], cfg[700], tok[700];
+    snprintf(src, sizeof src, "%s/biased-hf", dir);
+    snprintf(cfg, sizeof cfg, "%s/config.json", src);
+    snprintf(tok, sizeof tok, "%s/tokenizer.json", src);
+    const char *s = test_data("models/stories260K/hf/config.json");
+    json_t *c = s ? json_load_file(s, JSON_PRESERVE_ORDER, NULL) : NULL;
+    const char *t = test_data("models/stories260K/hf/tokenizer.json"); /* test_data's buffer is reused */
+    int rc = -1;
+    if (c && t && mkdir(src, 0777) == 0 && symlink(t, tok) == 0) {
+        json_object_set_new(c, "attention_bias", json_true());
+        json_object_set_new(c, "mlp_bias", json_true());
+        json_object_set_new(c, "tie_word_embeddings", json_false());
+        const char *specs[] = {"specs"};
+        iflow_convert_opts o = {.dtype = -1, .spec_dirs = specs, .n_spec_dirs = 1, .seed = 7,
+                                .flags = IFLOW_CONVERT_SYNTHETIC};
+        if (json_dump_file(c, cfg, 0) == 0)
+            rc = iflow_convert(src, biased, &o);
+        CHECK(rc == 0, "synthetic biased model: %s", iflow_errmsg());
+    }
+    json_decref(c);
+    return rc;
+}
+
+static void test_biased(void)
+{
+    if (make_biased() != 0)
+        return;
+    model_cases(biased, "stories260K-shape biased untied");
+    /* who holds what: the output biases on the part with head 0, the embeddings on the device of
+     * layer 0's head 0, the output matrix (untied) on the output device only */
+    iflow_model *m;
+    if (iflow_model_open(&m, biased, 0) < 0) {
+        CHECK(0, "open: %s", iflow_errmsg());
+        return;
+    }
+    iflow_plan p;
+    make_plan(&p, iflow_model_hparams(m), 1, 2);
+    iflow_model_close(m);
+    CHECK(iflow_split_write(biased, &p, split_dir) == 0, "split: %s", iflow_errmsg());
+    for (int i = 0; i < 2; i++) {
+        char path[700];
+        iflow_shard *sh;
+        iflow_split_path(path, sizeof path, split_dir, i);
+        if (iflow_shard_open(&sh, path, 0) < 0) {
+            CHECK(0, "open %s: %s", path, iflow_errmsg());
+            continue;
+        }
+        const iflow_shard_rec *bq = iflow_shard_find(sh, "blk.3.bq"), *down = iflow_shard_find(sh, "blk.3.ffn_down");
+        CHECK(!iflow_shard_find(sh, "blk.3.bo") == (i != 0) && !iflow_shard_find(sh, "blk.3.ffn_down_b") == (i != 0),
+              "device %d: the output biases only with head 0", i);
+        CHECK(!iflow_shard_find(sh, "tok_embd") == (i != 0), "device %d: the embeddings on device 0", i);
+        CHECK(!iflow_shard_find(sh, "output") == (i != 1) && !iflow_shard_find(sh, "output_norm") == (i != 1),
+              "device %d: the output on the output device (1)", i);
+        CHECK(bq && bq->shape[0] == 32, "device %d: its 4 heads' query bias", i);
+        CHECK(down && down->shape[0] == 64 && down->shape[1] == 86, "device %d: its 86 columns of ffn_down", i);
+        iflow_shard_close(sh);
+    }
+}
 static void test_xs_ckpt(void) { model_cases(xs, "xs-ckpt"); }
 
 /* ---- the file form and the checks ---- */
@@ -227,8 +351,179 @@ static void test_quantized_split(void)
     p.devices[0].ffn1 = 172, p.devices[1].ffn0 = 172, p.devices[1].ffn1 = 172;
     rc = iflow_plan_check(&p, 5, 8, 4, 172);
     CHECK(rc == IFLOW_EINVAL, "an empty FFN range is refused by the check");
+    /* FFN columns cut at 96 (3 whole blocks | the rest, ending in the padded block): placed, and
+     * split into files whose slices are whole blocks copied */
+    p.devices[0].ffn1 = 96, p.devices[1].ffn0 = 96;
+    CHECK(iflow_plan_check(&p, 5, 8, 4, 172) == 0, "check: %s", iflow_errmsg());
+    size_t n = (size_t)(5 + N_GEN) * iflow_model_hparams(m)->vocab_size;
+    float *out = calloc(n, sizeof(float));
+    int32_t gen[N_GEN];
+    rc = iflow_model_place_plan(m, &p, devs, 5 + N_GEN + 1);
+    CHECK(rc == 0, "place q8_b32 on block boundaries: %s", iflow_errmsg());
+    if (rc == 0 && generate(m, out, gen) == 0)
+        split_case(s_q8, "stories260K q8_b32", &p, out, gen);
+    free(out);
     iflow_model_close(m);
     iflow_plan_close_devices(&p, devs);
+}
+
+/* ---- split files: the refusals ---- */
+
+static void copy_file(const char *src, const char *dst)
+{
+    FILE *a = fopen(src, "rb"), *b = fopen(dst, "wb");
+    char buf[65536];
+    size_t k;
+    CHECK(a && b, "copy %s to %s", src, dst);
+    while (a && b && (k = fread(buf, 1, sizeof buf, a)) > 0)
+        CHECK(fwrite(buf, 1, k, b) == k, "write %s", dst);
+    if (a)
+        fclose(a);
+    if (b)
+        fclose(b);
+}
+
+/* src rewritten record by record into dst with the first weight of tensor `victim` changed: the
+ * same meta, other weights. */
+static int copy_perturbed(const char *src, const char *dst, const char *victim)
+{
+    iflow_shard_reader *r = NULL;
+    iflow_shard_writer *w = NULL;
+    iflow_shard_rec rec;
+    int rc = iflow_shard_reader_open(&r, src), more;
+    if (rc == 0)
+        rc = iflow_shard_writer_open(&w, dst, 0);
+    while (rc == 0 && (more = iflow_shard_reader_next(r, &rec)) != 0) {
+        if ((rc = more < 0 ? more : 0))
+            break;
+        if (rec.kind == IFLOW_REC_BLOB) {
+            rc = iflow_shard_write_blob(w, rec.name, rec.data, rec.nbytes);
+            continue;
+        }
+        float *d = malloc(rec.nbytes);
+        memcpy(d, rec.data, rec.nbytes);
+        if (strcmp(rec.name, victim) == 0)
+            d[0] += 1.0f;
+        rc = iflow_shard_write_tensor(w, rec.name, rec.dtype, rec.n_dims, rec.shape, d, rec.nbytes);
+        free(d);
+    }
+    if (rc == 0)
+        rc = iflow_shard_writer_close(w);
+    else
+        iflow_shard_writer_abort(w);
+    iflow_shard_reader_close(r);
+    return rc;
+}
+
+static int dir_entries(const char *path)
+{
+    DIR *d = opendir(path);
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d));)
+        n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+    if (d)
+        closedir(d);
+    return n;
+}
+
+static void open_fails(const char *path, int code, const char *where, const char *text)
+{
+    iflow_model *m = NULL;
+    int rc = iflow_model_open(&m, path, 0);
+    CHECK_ERR(rc, code, where, text);
+    CHECK(m == NULL, "no model after a failed open");
+    iflow_model_close(m);
+}
+
+static void test_split_errors(void)
+{
+    iflow_model *m;
+    if (iflow_model_open(&m, s_f32, 0) < 0) {
+        CHECK(0, "open: %s", iflow_errmsg());
+        return;
+    }
+    iflow_hparams hp = *iflow_model_hparams(m);
+    iflow_model_close(m);
+    iflow_plan tensor, layer, two;
+    make_plan(&tensor, &hp, 1, 4);
+    make_plan(&layer, &hp, 4, 1);
+    make_plan(&two, &hp, 1, 2);
+    char a[600], b[600], c[600], e[600], alt[600], f[700], g[700];
+    snprintf(a, sizeof a, "%s/a", dir);
+    snprintf(b, sizeof b, "%s/b", dir);
+    snprintf(c, sizeof c, "%s/c", dir);
+    snprintf(e, sizeof e, "%s/e", dir);
+    snprintf(alt, sizeof alt, "%s/alt.ifs", dir);
+    CHECK(iflow_split_write(s_f32, &tensor, a) == 0, "split a: %s", iflow_errmsg());
+    CHECK(iflow_split_write(s_f32, &layer, b) == 0, "split b: %s", iflow_errmsg());
+
+    /* one file alone is not a model */
+    snprintf(f, sizeof f, "%s/device-1.ifs", a);
+    open_fails(f, IFLOW_EINVAL, "device-1.ifs", "device 1 of a 4-device split model");
+
+    /* a split model runs only by its plan's partition */
+    if (iflow_model_open(&m, a, 0) == 0) {
+        iflow_device *none[IFLOW_PLAN_MAX_DEVICES] = {0};
+        int rc = iflow_model_place_plan(m, &layer, none, 16), ld[16];
+        CHECK_ERR(rc, IFLOW_EINVAL, a, "split by another plan");
+        iflow_placement pl;
+        iflow_placement_first_n(&pl, ld, hp.n_layers, NULL, hp.n_layers, NULL);
+        rc = iflow_model_place(m, &pl, 16);
+        CHECK_ERR(rc, IFLOW_EUNSUPPORTED, a, "only as its plan places it");
+        iflow_model_close(m);
+    } else
+        CHECK(0, "open a: %s", iflow_errmsg());
+
+    /* a missing file */
+    snprintf(f, sizeof f, "%s/device-2.ifs", a);
+    snprintf(g, sizeof g, "%s/gone", a);
+    CHECK(rename(f, g) == 0, "rename");
+    open_fails(a, IFLOW_ENOTFOUND, "device-2.ifs", "device 2 (cpu:2)");
+    CHECK(rename(g, f) == 0, "rename back");
+
+    /* a file of another split: another plan */
+    snprintf(f, sizeof f, "%s/device-1.ifs", b);
+    snprintf(g, sizeof g, "%s/device-1.ifs", a);
+    copy_file(f, g);
+    open_fails(a, IFLOW_EINVAL, "device-1.ifs", "its partition differs from plan");
+    /* another model's meta (quantized), the same plan */
+    CHECK(iflow_split_write(s_q8, &layer, c) == 0, "split c: %s", iflow_errmsg());
+    snprintf(f, sizeof f, "%s/device-1.ifs", c);
+    snprintf(g, sizeof g, "%s/device-1.ifs", b);
+    copy_file(f, g);
+    open_fails(b, IFLOW_EINVAL, "device-1.ifs", "its model differs from that of");
+    /* the same meta, other weights: only the source digest tells */
+    CHECK(copy_perturbed(s_f32, alt, "blk.4.wq") == 0, "perturbed copy: %s", iflow_errmsg());
+    CHECK(iflow_split_write(alt, &layer, c) == 0, "split c: %s", iflow_errmsg());
+    CHECK(iflow_split_write(s_f32, &layer, b) == 0, "split b again: %s", iflow_errmsg());
+    snprintf(f, sizeof f, "%s/device-1.ifs", c);
+    copy_file(f, g);
+    open_fails(b, IFLOW_EINVAL, "device-1.ifs", "'split' records differ");
+
+    /* a truncated file */
+    CHECK(iflow_split_write(s_f32, &layer, b) == 0, "split b again: %s", iflow_errmsg());
+    snprintf(f, sizeof f, "%s/device-0.ifs", b);
+    CHECK(truncate(f, 5000) == 0, "truncate");
+    open_fails(b, IFLOW_ETRUNC, "device-0.ifs", "truncated shard");
+    /* no plan */
+    snprintf(f, sizeof f, "%s/plan.ini", b);
+    unlink(f);
+    open_fails(b, IFLOW_EIO, "plan.ini", "is not a split model");
+
+    /* a writer that fails leaves no file: a column cut inside a q8_b32 block (FFN 86 | 86), a
+     * source that ends early */
+    int rc = iflow_split_write(s_q8, &two, e);
+    CHECK_ERR(rc, IFLOW_EUNSUPPORTED, "blk.0.ffn_down", "block boundaries");
+    CHECK(dir_entries(e) == 0, "a failed split leaves nothing in %s (%d entries)", e, dir_entries(e));
+    copy_file(s_f32, alt);
+    CHECK(truncate(alt, 600000) == 0, "truncate");
+    rc = iflow_split_write(alt, &two, e);
+    CHECK_ERR(rc, IFLOW_ETRUNC, alt, "truncated shard");
+    CHECK(dir_entries(e) == 0, "a failed split leaves nothing in %s (%d entries)", e, dir_entries(e));
+    /* a split file is not split again */
+    snprintf(f, sizeof f, "%s/device-0.ifs", a);
+    rc = iflow_split_write(f, &two, e);
+    CHECK_ERR(rc, IFLOW_EINVAL, "device-0.ifs", "split the whole model");
 }
 
 int main(void)
@@ -239,6 +534,8 @@ int main(void)
     snprintf(xs, sizeof xs, "%s/xs.ifs", dir);
     snprintf(s_q8, sizeof s_q8, "%s/s.q8.ifs", dir);
     snprintf(plan_path, sizeof plan_path, "%s/plan.ini", dir);
+    snprintf(split_dir, sizeof split_dir, "%s/split", dir);
+    snprintf(biased, sizeof biased, "%s/biased.ifs", dir);
     iflow_quant_policy qp;
     int rc = -1;
     if (test_convert("models/stories260K/hf", s_f32, -1) == 0 && test_convert("models/xs-ckpt/hf", xs, -1) == 0 &&
@@ -253,7 +550,9 @@ int main(void)
     RUN(test_file_errors);
     RUN(test_stories260K);
     RUN(test_xs_ckpt);
+    RUN(test_biased);
     RUN(test_quantized_split);
+    RUN(test_split_errors);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0)
