@@ -68,6 +68,13 @@ size_t ifk_qrow_bytes(int type, int K);
 void ifk_quantize_row(void *dst, int type, const float *src, int K);
 void ifk_dequantize_row(float *dst, int type, const void *src, int K);
 
+/* Error-minimizing quantization of one row (quant_search.c), in the same layout: each block's
+ * FP16 step and minimum and its levels are searched to minimize sum_i imp[i] (w_i - w'_i)^2
+ * (imp: [K] non-negative importances of the row's columns, or NULL for all 1). Per block this
+ * error is never above that of ifk_quantize_row (the paper's rule). Deterministic: a pure
+ * function of its arguments. */
+void ifk_quantize_row_search(void *dst, int type, const float *src, const float *imp, int K);
+
 /* The scalar oracle of the quantized matrix product (quant_ref.c): every row is dequantized
  * and dotted with x in double,
  *     y[t][n] = sum_k dequant(W[n])[k] * x[t][k]      for 0 <= t < T, 0 <= n < N

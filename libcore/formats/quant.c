@@ -241,17 +241,21 @@ static void row_to_f32(float *dst, const void *src, int src_dt, int K)
         ifk_get_row(dst, src, src_dt, 0, K);
 }
 
-static void row_from_f32(void *dst, int dst_dt, const float *src, int K)
+/* imp: [K] importances of the columns, or NULL. */
+static void row_from_f32(void *dst, int dst_dt, const float *src, int K, int method, const float *imp)
 {
-    if (iflow_dtype_is_quant(dst_dt))
+    if (iflow_dtype_is_quant(dst_dt) && method == IFLOW_QUANT_MINMAX)
         ifk_quantize_row(dst, dst_dt, src, K);
+    else if (iflow_dtype_is_quant(dst_dt))
+        ifk_quantize_row_search(dst, dst_dt, src, imp, K);
     else
         iflow_dtype_convert(dst, dst_dt, src, IFLOW_DT_F32, (size_t)K);
 }
 
 /* rows x K elements of src_dt -> dst_dt through F32, one row at a time; threads split rows.
- * Both types are float or quantized (checked by the policy). */
-static int convert_rows(void *dst, int dst_dt, const void *src, int src_dt, size_t rows, int K, const char *name)
+ * Both types are float or quantized (checked by the policy). imp: [K] or NULL. */
+static int convert_rows(void *dst, int dst_dt, const void *src, int src_dt, size_t rows, int K, int method,
+                        const float *imp, const char *name)
 {
     size_t in_row = row_bytes(src_dt, K), out_row = row_bytes(dst_dt, K);
     int failed = 0;
@@ -266,7 +270,7 @@ static int convert_rows(void *dst, int dst_dt, const void *src, int src_dt, size
         for (size_t i = 0; i < rows; i++)
             if (tmp) {
                 row_to_f32(tmp, (const char *)src + i * in_row, src_dt, K);
-                row_from_f32((char *)dst + i * out_row, dst_dt, tmp, K);
+                row_from_f32((char *)dst + i * out_row, dst_dt, tmp, K, method, imp);
             }
         free(tmp);
     }
@@ -297,7 +301,7 @@ static int write_tensor(qjob *j, const iflow_shard_rec *rec)
                                     nbytes);
             j->cap = nbytes;
         }
-        int rc = convert_rows(j->buf, dt, rec->data, rec->dtype, rows, (int)K, rec->name);
+        int rc = convert_rows(j->buf, dt, rec->data, rec->dtype, rows, (int)K, j->p->method, NULL, rec->name);
         if (rc < 0)
             return rc;
         data = j->buf;
@@ -321,7 +325,8 @@ static json_t *quant_object(const iflow_quant_policy *p, const json_t *previous)
             json_object_set_new(o, "default", json_true());
         json_array_append_new(rules, o);
     }
-    return json_pack("{s:s, s:o, s:b, s:O?}", "type", iflow_dtype_name(p->target), "overrides", rules, "requantize",
+    return json_pack("{s:s, s:s, s:o, s:b, s:O?}", "type", iflow_dtype_name(p->target), "method",
+                     p->method == IFLOW_QUANT_MINMAX ? "minmax" : "search", "overrides", rules, "requantize",
                      p->requantize, "source", previous);
 }
 

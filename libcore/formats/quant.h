@@ -72,8 +72,19 @@ typedef struct {
     int   is_default;   /* set by the policy, not given by the user          */
 } iflow_quant_rule;
 
+/* How a block's two numbers are chosen (the layout is the same). */
+enum {
+    IFLOW_QUANT_SEARCH = 0,   /* error-minimizing search (ifk_quantize_row_search): default */
+    IFLOW_QUANT_MINMAX = 1,   /* the paper's rule: the block's plain min and max           */
+};
+
+struct iflow_imatrix;
+
 typedef struct {
     int               target;       /* IFLOW_DT_Q*: the type of matrices                 */
+    int               method;       /* IFLOW_QUANT_SEARCH or IFLOW_QUANT_MINMAX          */
+    const struct iflow_imatrix *imatrix; /* importances of matrix columns (search only),
+                                       or NULL: every column's error weighs the same      */
     int               requantize;   /* allow quantized -> another quantized type         */
     iflow_quant_rule *rules;        /* the defaults, then the user's, in order           */
     size_t            n_rules;

@@ -60,6 +60,25 @@ expect_eq "$(tensors "$TMP/z.ifs.zst")" "$(tensors "$TMP/s.q4_b64.ifs")" "--zstd
 run $Q -t q4_b64 -v -i "$TMP/s.ifs" -o "$TMP/v.ifs"
 expect_match "$err" "^iflow-quant: wrote $TMP/v\.ifs: 47 tensors \(11 f32, 1 q6, 35 q4_b64\), 0\.99 MiB of tensors -> 0\.15 MiB, in [0-9.]+ s, peak RSS [0-9.]+ MiB$" "-v"
 
+# ---- --method: search (the default) and minmax; the thread count does not change the bytes ----
+for t in q8_b64 q4_b64 q3h; do
+    run env OMP_NUM_THREADS=1 $Q -t $t -i "$TMP/xs.ifs" -o "$TMP/t1.ifs"
+    expect_rc 0 "$t, 1 thread"
+    run env OMP_NUM_THREADS=3 $Q -t $t --method search -i "$TMP/xs.ifs" -o "$TMP/t3.ifs"
+    expect_rc 0 "$t, 3 threads"
+    cmp -s "$TMP/t1.ifs" "$TMP/t3.ifs" && ok || bad "$t: 1 and 3 threads give different bytes"
+    cmp -s "$TMP/t1.ifs" "$TMP/xs.$t.ifs" && ok || bad "$t: --method search is not the default"
+    run env OMP_NUM_THREADS=3 $Q -t $t --method minmax -i "$TMP/xs.ifs" -o "$TMP/m3.ifs"
+    $Q -t $t --method minmax -i "$TMP/xs.ifs" -o "$TMP/m1.ifs"
+    cmp -s "$TMP/m1.ifs" "$TMP/m3.ifs" && ok || bad "$t --method minmax: runs differ"
+    cmp -s "$TMP/m1.ifs" "$TMP/t1.ifs" && bad "$t: minmax and search give the same bytes" || ok
+    expect_eq "$($BIN/iflow-convert --json --info "$TMP/m1.ifs" | jq -r .meta.quantization.method) $($BIN/iflow-convert \
+        --json --info "$TMP/t1.ifs" | jq -r .meta.quantization.method)" "minmax search" "$t: the meta names the method"
+done
+usage_m=$($Q -t q4_b64 --method best -i "$TMP/s.ifs" -o "$TMP/out.ifs" 2>&1)
+expect_eq "$usage_m" "iflow-quant: unknown method 'best' for --method (search, minmax)
+Try 'iflow-quant --help' for more information." "--method best"
+
 # ---- --keep ----
 keep_rows() { # options... -> the types of tok_embd, blk.0.wq, blk.0.ffn_down, blk.1.wq, blk.1.ffn_down
     $Q "$@" -i "$TMP/s.ifs" -o "$TMP/k.ifs" || { bad "iflow-quant $*"; return; }
