@@ -6,7 +6,9 @@
  *     delta = (max(w) - min(w)) / (L - 1),   q = round((w - min(w)) / delta),
  *     w'    = min + q * delta.
  * (delta = 0 when max == min: every q is 0 and w' = min.) round() is round-half-away-from-zero
- * (C's roundf). Q3H is the paper's 3.5-bit type: L = 11 levels, and each pair of adjacent
+ * (C's roundf). That is the paper's rule, ifk_quantize_row below; the layout and the decoding
+ * w' = min + q * delta hold for any delta, min and levels, which ifk_quantize_row_search
+ * chooses to minimize the block's squared error instead. Q3H is the paper's 3.5-bit type: L = 11 levels, and each pair of adjacent
  * levels is one 7-bit code c = q[2i] * 11 + q[2i+1] (Eq. 3-5).
  *
  * Byte layout of one block (all little-endian):
