@@ -21,7 +21,8 @@
  *      any block (same weighting).
  * Steps 1-2 work in level units of each candidate (v = (x - origin) / delta; the residual
  * r = v - l is O(1), so the sums that give E do not cancel) in float, in 4 lanes (SSE2, or
- * the same arithmetic in plain C elsewhere). Cost per weight: up to NGRID + 1 + NREFINE passes
+ * the same arithmetic in plain C elsewhere and with -DIFK_NO_SIMD: the same bits, which the
+ * fuzz build's scalar library and an x86-64 build were seen to agree on). Cost per weight: up to NGRID + 1 + NREFINE passes
  * of ~13 flops, plus three exact passes (docs/QUANTIZATION.md gives the measured time).
  *
  * The result depends only on the block (float arithmetic in a fixed order, no FMA contraction
@@ -34,7 +35,7 @@
 #include "kernels/cpu/qblock.h"
 #include "kernels/cpu/quant.h"
 
-#if defined(__SSE2__)
+#if defined(__SSE2__) && !defined(IFK_NO_SIMD)
 #include <emmintrin.h>
 #endif
 
@@ -63,7 +64,7 @@ typedef struct {
 
 /* The five weighted sums over the block of l, l^2, r, l r, r^2 (weighted by w): S[5]. Each of
  * LANES lanes sums every LANES-th element in element order; then lanes (0 + 2) + (1 + 3). */
-#if defined(__SSE2__)
+#if defined(__SSE2__) && !defined(IFK_NO_SIMD)
 static void level_sums(const qblk *b, float o, float s, double S[5])
 {
     const __m128 vo = _mm_set1_ps(o), vs = _mm_set1_ps(s), top = _mm_set1_ps(b->top), zero = _mm_setzero_ps(),
