@@ -32,8 +32,8 @@ raw=${QUALITY_TSV:-$work/all.tsv}
 touch "$raw"
 
 # The second half of the text: calibration for the importance matrices. The scored windows
-# come from its first 300 KB (about 70,000 tokens, more than either protocol scores), so each
-# run does not tokenize the whole file.
+# come from its first 300 KB (about 70,000 tokens, more than either protocol scores; the same
+# windows as from the whole file).
 tail -c $(($(wc -c <"$WIKI") / 2)) "$WIKI" >"$work/calib.txt"
 head -c 300000 "$WIKI" >"$work/text.txt"
 
