@@ -4,6 +4,7 @@
 #include "cmd/opt.h"
 #include "libcore/base/error.h"
 #include "libcore/engine/model.h"
+#include "libcore/engine/observe.h"
 #include "libcore/engine/ppl.h"
 #include "libcore/tokenizers/tokenizer.h"
 
@@ -16,6 +17,7 @@
 enum {
     O_MODEL = 'm', O_FILE = 'f', O_CTX = 'c', O_THREADS = 't', O_VERBOSE = 'v',
     O_CHUNKS = 256, O_PROTOCOL, O_MAX_TOKENS, O_JSON, O_LOGPROBS, O_KL_BASE, O_DEVICE, O_GPU_LAYERS, O_PLAN,
+    O_SAVE_IMATRIX,
 };
 
 static const iflow_opt opts[] = {
@@ -30,6 +32,7 @@ static const iflow_opt opts[] = {
     {O_DEVICE, "device", 0, "DEV", "compute on auto (a GPU if there is one, else the CPU), cpu, cuda or cuda:N (default auto)", "auto cpu cuda"},
     {O_GPU_LAYERS, "gpu-layers", 0, "N", "put the first N layers on the GPU and the rest on the CPU (default: all)", NULL},
     {O_PLAN, "plan", 0, "FILE", "place the model over the devices of partition plan FILE (iflow-partition, iflow-plan(5))", "file"},
+    {O_SAVE_IMATRIX, "save-imatrix", 0, "FILE", "also write the importance matrix of the text to FILE, for iflow-quant (computes on the CPU)", "file"},
     {O_JSON, "json", 0, NULL, "print the result as one JSON object", NULL},
     {O_LOGPROBS, "logprobs", 0, "FILE", "write every scored position's log-probability to FILE as TSV", "file"},
     {O_VERBOSE, "verbose", 'v', NULL, "print progress and timings on standard error", NULL},
@@ -58,7 +61,7 @@ static const char *describe(int protocol, int c, char *buf, size_t cap)
 
 int main(int argc, char **argv)
 {
-    const char *model = NULL, *file = NULL, *logprobs_path = NULL, *base_path = NULL;
+    const char *model = NULL, *file = NULL, *logprobs_path = NULL, *base_path = NULL, *imatrix_path = NULL;
     int c_len = 512, threads = 0, protocol = IFLOW_PPL_WINDOWS, as_json = 0, verbose = 0, c;
     long chunks = 0, max_tokens = 0;
     device_opts dev = {.gpu_layers = -1};
@@ -74,6 +77,7 @@ int main(int argc, char **argv)
         case O_JSON: as_json = 1; break;
         case O_LOGPROBS: logprobs_path = arg; break;
         case O_KL_BASE: base_path = arg; break;
+        case O_SAVE_IMATRIX: imatrix_path = arg; break;
         case O_VERBOSE: verbose = 1; break;
         case O_DEVICE: dev.device = arg; break;
         case O_PLAN: dev.plan = arg; break;
@@ -94,6 +98,10 @@ int main(int argc, char **argv)
     if (base_path && strcmp(base_path, "-") == 0 && (strcmp(model, "-") == 0 || strcmp(file, "-") == 0))
         die_usage(&tool, "only one of the model, the base model and the text can come from standard input");
 
+    if (imatrix_path && ((dev.device && strcmp(dev.device, "cpu") != 0) || dev.plan || dev.gpu_layers >= 0))
+        die_usage(&tool, "--save-imatrix computes on the CPU: leave out --device, --plan and --gpu-layers");
+    if (imatrix_path)
+        dev.device = "cpu";
     double t0 = now_s();
     iflow_model *m;
     iflow_ctx *ctx;
@@ -131,12 +139,28 @@ int main(int argc, char **argv)
             die(&tool, "cannot create '%s'", logprobs_path);
         fprintf(lp, "position\twindow\twindow_pos\tinput_token_id\tnext_token_id\tlogprob\n");
     }
+    iflow_imatrix_collector *col = NULL;
+    if (imatrix_path && (iflow_imatrix_collector_open(&col, iflow_model_hparams(m)) < 0 ||
+                         iflow_ctx_set_observer(ctx, iflow_imatrix_collector_observe, col) < 0))
+        die(&tool, NULL);
     double t1 = now_s();
     iflow_ppl_opts po = {protocol, c_len, chunks, base_ctx};
     iflow_ppl_result r;
     if (iflow_ppl_run(ctx, ids, n_ids, iflow_model_hparams(m)->bos, &po, &r, lp ? write_row : NULL, lp) < 0)
         die(&tool, NULL);
     double t2 = now_s();
+    if (col) {
+        iflow_imatrix *im;
+        iflow_ctx_set_observer(ctx, NULL, NULL);
+        if (iflow_imatrix_collector_result(col, &im) < 0)
+            die(&tool, NULL);
+        if (im->n == 0)
+            die(&tool, "no activations were observed for --save-imatrix");
+        if (iflow_imatrix_save(im, imatrix_path) < 0)
+            die(&tool, NULL);
+        iflow_imatrix_free(im);
+        iflow_imatrix_collector_close(col);
+    }
     if (lp && fclose(lp) != 0)
         die(&tool, "cannot write '%s'", logprobs_path);
     if (r.n_scored == 0)

@@ -3,6 +3,7 @@
 #include "cmd/opt.h"
 #include "libcore/base/dtype.h"
 #include "libcore/base/error.h"
+#include "libcore/formats/imatrix.h"
 #include "libcore/formats/quant.h"
 
 #include <jansson.h>
@@ -12,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-enum { O_TYPE = 't', O_INPUT = 'i', O_OUTPUT = 'o', O_VERBOSE = 'v', O_KEEP = 256, O_REQUANT, O_ZSTD, O_LIST, O_JSON };
+enum { O_TYPE = 't', O_INPUT = 'i', O_OUTPUT = 'o', O_VERBOSE = 'v', O_KEEP = 256, O_METHOD, O_IMATRIX, O_REQUANT, O_ZSTD, O_LIST, O_JSON };
 
 static const iflow_opt opts[] = {
     {O_TYPE, "type", 't', "TYPE", "quantize weight matrices to TYPE (see --list-types)",
@@ -20,6 +21,10 @@ static const iflow_opt opts[] = {
     {O_INPUT, "input", 'i', "FILE", "read the shard from FILE (default: standard input)", "file"},
     {O_OUTPUT, "output", 'o', "FILE", "write the shard to FILE (default: standard output, never a terminal)", "file"},
     {O_KEEP, "keep", 0, "LIST", "override types: PATTERN[=TYPE],... (tensor-name patterns; no TYPE: keep as is)", NULL},
+    {O_METHOD, "method", 0, "NAME", "choose each block's step and minimum: search (default: least squared error) or minmax (the paper's rule)",
+     "search minmax"},
+    {O_IMATRIX, "imatrix", 0, "FILE", "weigh each column's rounding error by its mean squared activation in FILE (made by iflow-ppl)",
+     "file"},
     {O_REQUANT, "requantize", 0, NULL, "allow quantizing a quantized tensor again (dequantized first)", NULL},
     {O_ZSTD, "zstd", 0, NULL, "compress the shard with zstd (an .ifs.zst file)", NULL},
     {O_LIST, "list-types", 0, NULL, "print the types: bits, block size, bits per weight, measured quality", NULL},
@@ -125,8 +130,8 @@ static void report(const char *out, const iflow_quant_stats *st, double seconds)
 
 int main(int argc, char **argv)
 {
-    const char *in = "-", *out = "-", *keep[MAX_KEEP], *arg;
-    int type = -1, n_keep = 0, list = 0, as_json = 0, verbose = 0, flags = 0, requantize = 0, c;
+    const char *in = "-", *out = "-", *keep[MAX_KEEP], *arg, *imatrix_path = NULL;
+    int type = -1, method = IFLOW_QUANT_SEARCH, n_keep = 0, list = 0, as_json = 0, verbose = 0, flags = 0, requantize = 0, c;
     while ((c = opt_next(&tool, argc, argv, &arg)) != 0) {
         switch (c) {
         case O_TYPE: type = parse_type(arg); break;
@@ -137,6 +142,12 @@ int main(int argc, char **argv)
                 die_usage(&tool, "too many --keep options (at most %d; join lists with commas)", MAX_KEEP);
             keep[n_keep++] = arg;
             break;
+        case O_METHOD:
+            if (strcmp(arg, "search") == 0) method = IFLOW_QUANT_SEARCH;
+            else if (strcmp(arg, "minmax") == 0) method = IFLOW_QUANT_MINMAX;
+            else die_usage(&tool, "unknown method '%s' for --method (search, minmax)", arg);
+            break;
+        case O_IMATRIX: imatrix_path = arg; break;
         case O_REQUANT: requantize = 1; break;
         case O_ZSTD: flags |= IFLOW_QUANT_ZSTD; break;
         case O_LIST: list = 1; break;
@@ -152,6 +163,8 @@ int main(int argc, char **argv)
         return list_types(as_json);
     if (type < 0)
         die_usage(&tool, "no type: give -t TYPE (iflow-quant --list-types lists them)");
+    if (imatrix_path && method == IFLOW_QUANT_MINMAX)
+        die_usage(&tool, "--imatrix needs --method search (minmax takes no weights)");
     if (strcmp(in, "-") == 0 && isatty(0))
         die_usage(&tool, "no input: give -i FILE or pipe a shard to standard input");
     if (strcmp(out, "-") == 0 && isatty(1))
@@ -161,6 +174,12 @@ int main(int argc, char **argv)
     if (iflow_quant_policy_init(&p, type) < 0)
         die(&tool, NULL);
     p.requantize = requantize;
+    p.method = method;
+    iflow_imatrix *im = NULL;
+    if (imatrix_path && iflow_imatrix_load(&im, imatrix_path) < 0)
+        die(&tool, NULL);
+    p.imatrix = im;
+    p.imatrix_name = imatrix_path;
     for (int i = 0; i < n_keep; i++)
         if (iflow_quant_policy_add_keep(&p, keep[i]) < 0)
             die_usage(&tool, "%s", iflow_errmsg());
@@ -168,6 +187,7 @@ int main(int argc, char **argv)
     double t0 = now_s();
     int rc = iflow_quantize_shard(in, out, &p, flags, &st);
     iflow_quant_policy_free(&p);
+    iflow_imatrix_free(im);
     if (rc < 0)
         die(&tool, NULL);
     if (verbose)

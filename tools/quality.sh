@@ -1,53 +1,126 @@
 #!/usr/bin/env bash
 # tools/quality.sh -- measure every weight type against the unquantized model (make quality).
 #
-# For stories260K and xs-ckpt (converted from their HF folders, F32), each type quantizes every
-# weight matrix (--keep '*=TYPE': the type's own effect, no higher-precision embeddings), then
-# iflow-ppl scores WikiText-2 windows (protocol windows, c = 256, the first $CHUNKS windows)
-# with --kl-base against the F32 model: perplexity, delta perplexity, mean and max KL divergence,
-# and the share of positions whose top-1 token is unchanged.
+# For stories260K and xs-ckpt (converted from their HF folders, F32), each type is quantized
+# three ways: --method minmax (the paper's rule), --method search (the default), and search with
+# --imatrix (an importance matrix from the model itself on calibration text: the second half of
+# WikiText-2's test file, 100 windows of 256 tokens, disjoint from the scored windows). Each is
+# scored by iflow-ppl --kl-base against the F32 model under two protocols:
+#   llama.cpp  -c 256, the first $CHUNKS (64) chunks, the second half of each scored (the protocol of
+#              llama.cpp's perplexity --kl-divergence); the default policy (below 6 bits the
+#              embeddings and the output matrix get q6, as llama.cpp keeps its output matrix);
+#              the types of $LTYPES (those with a llama.cpp peer of about the same size).
+#   windows    -c 256, the first $WCHUNKS (24) windows, every position scored; every matrix in the
+#              type (--keep '*=TYPE': the type's own effect), plus f16 and bf16 for reference.
+# Reported: perplexity, mean KL divergence, top-1 agreement.
 # Writes docs/quant-quality.md (tables) and docs/quant-quality.tsv (the column iflow-quant
-# --list-types shows); prints progress on stderr.
+# --list-types shows: the default method, windows protocol); prints progress on stderr. The raw
+# rows go to $QUALITY_TSV when set; rows already there are kept, not measured again (to resume
+# a run). If this build's forward pass does not report activations (iflow-ppl --save-imatrix
+# fails), the imatrix columns are "-".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${IFLOW_TEST_DATA:-../shared}
-CHUNKS=${CHUNKS:-100}
+CHUNKS=${CHUNKS:-64}
+WCHUNKS=${WCHUNKS:-24}
 WIKI=$DATA/data/wikitext-2-raw/wiki.test.raw
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-types="f16 bf16 q8_b32 q8_b64 q6 q5 q4_b32 q4_b64 q3h q3_b32 q2"
+types="q8_b32 q8_b64 q6 q5 q4_b32 q4_b64 q3h q3_b32 q2"
+ltypes=${LTYPES:-"q8_b64 q6 q5 q4_b32 q4_b64 q3h"}   # llama.cpp protocol: the types llama.cpp has peers of
+raw=${QUALITY_TSV:-$work/all.tsv}
+touch "$raw"
 
-measure() { # model-name hf-dir -> TSV rows: model type bits ppl dppl mean_kld max_kld top1
-    local name=$1 hf=$2
-    bin/iflow-convert "$hf" -o "$work/$name.ifs"
-    for t in $types; do
-        echo "quality: $name $t" >&2
-        case $t in
-            f16|bf16) bin/iflow-convert "$hf" -t "$t" -o "$work/q.ifs" ;;
-            *) bin/iflow-quant -t "$t" --keep "*=$t" -i "$work/$name.ifs" -o "$work/q.ifs" ;;
-        esac
-        bits=$(case $t in f16|bf16) echo 16 ;; *) bin/iflow-quant --list-types --json | jq -r --arg t "$t" 'select(.type == $t) | .bits_per_weight' ;; esac)
-        bin/iflow-ppl -m "$work/q.ifs" --kl-base "$work/$name.ifs" -f "$WIKI" -c 256 --chunks "$CHUNKS" --json |
-            jq -r --arg m "$name" --arg t "$t" --arg b "$bits" \
-                '[$m, $t, $b, .ppl, .delta_ppl, .mean_kld, .max_kld, .top1_agreement, .base_ppl, .tokens_scored] | @tsv'
+# The second half of the text: calibration for the importance matrices. The scored windows
+# come from its first 300 KB (about 70,000 tokens, more than either protocol scores; the same
+# windows as from the whole file).
+tail -c $(($(wc -c <"$WIKI") / 2)) "$WIKI" >"$work/calib.txt"
+head -c 300000 "$WIKI" >"$work/text.txt"
+
+have() { # model-name protocol type method: is the row there?
+    awk -F'\t' -v m="$1" -v p="$2" -v t="$3" -v k="$4" '$1 == m && $2 == p && $3 == t && $4 == k { f = 1 } END { exit !f }' "$raw"
+}
+
+score() { # model-name protocol type method quantized-shard base-shard -> one TSV row
+    local name=$1 proto=$2 t=$3 method=$4 q=$5 base=$6 bits chunks=$CHUNKS
+    [ "$proto" = windows ] && chunks=$WCHUNKS
+    bits=$(case $t in f16|bf16) echo 16 ;; *) bin/iflow-quant --list-types --json | jq -r --arg t "$t" 'select(.type == $t) | .bits_per_weight' ;; esac)
+    bin/iflow-ppl -m "$q" --kl-base "$base" -f "$work/text.txt" -c 256 --chunks "$chunks" --protocol "$proto" --json |
+        jq -r --arg m "$name" --arg p "$proto" --arg t "$t" --arg meth "$method" --arg b "$bits" \
+            '[$m, $p, $t, $meth, $b, .ppl, .delta_ppl, .mean_kld, .max_kld, .top1_agreement, .base_ppl, .tokens_scored] | @tsv' >>"$raw"
+}
+
+measure() { # model-name hf-dir
+    local name=$1 hf=$2 base=$work/$1.ifs im=""
+    bin/iflow-convert "$hf" -o "$base"
+    if bin/iflow-ppl -m "$base" -f "$work/calib.txt" -c 256 --chunks 100 --save-imatrix "$work/$name.imatrix" >/dev/null 2>"$work/im.err"; then
+        im=$work/$name.imatrix
+    else
+        echo "quality: $name: no importance matrix ($(cat "$work/im.err")): imatrix columns left out" >&2
+    fi
+    for proto in llama.cpp windows; do
+        if [ $proto = windows ]; then
+            for t in f16 bf16; do
+                have "$name" $proto "$t" - && continue
+                bin/iflow-convert "$hf" -t "$t" -o "$work/q.ifs"
+                score "$name" $proto "$t" - "$work/q.ifs" "$base"
+            done
+        fi
+        tt=$types; [ $proto = llama.cpp ] && tt=$ltypes
+        for t in $tt; do
+            keep=(); [ $proto = windows ] && keep=(--keep "*=$t")
+            for method in minmax search imatrix; do
+                have "$name" $proto "$t" $method && continue
+                echo "quality: $name $proto $t $method" >&2
+                case $method in
+                    imatrix) [ -n "$im" ] || continue
+                             bin/iflow-quant -t "$t" "${keep[@]}" --imatrix "$im" -i "$base" -o "$work/q.ifs" ;;
+                    *) bin/iflow-quant -t "$t" "${keep[@]}" --method $method -i "$base" -o "$work/q.ifs" ;;
+                esac
+                score "$name" $proto "$t" $method "$work/q.ifs" "$base"
+            done
+        done
     done
 }
 
-{ measure stories260K "$DATA/models/stories260K/hf"; measure xs-ckpt "$DATA/models/xs-ckpt/hf"; } >"$work/all.tsv"
+measure xs-ckpt "$DATA/models/xs-ckpt/hf"
+measure stories260K "$DATA/models/stories260K/hf"
+
+# One table per model and protocol: a row per type, the three methods side by side.
+table() { # model protocol
+    awk -F'\t' -v m="$1" -v p="$2" '
+        $1 == m && $2 == p {
+            if (!seen[$3]++) order[++n] = $3
+            bits[$3] = $5; base = $11; tok = $12
+            ppl[$3, $4] = sprintf("%.2f", $6); kld[$3, $4] = sprintf("%.4f", $8); top[$3, $4] = sprintf("%.1f", 100 * $10)
+        }
+        function g(a, t, k) { return ((t, k) in a) ? a[t, k] : "-" }
+        END {
+            printf "\n### %s, %s protocol: F32 perplexity %.4f over %d scored tokens\n\n", m, p, base, tok
+            print "| type | bits/weight | KLD minmax | KLD search | KLD imatrix | ppl minmax | ppl search | ppl imatrix | top-1 % minmax / search / imatrix |"
+            print "|---|---|---|---|---|---|---|---|---|"
+            for (i = 1; i <= n; i++) {
+                t = order[i]
+                if (t == "f16" || t == "bf16")
+                    printf "| %s | %s | %s (the type itself) | | | %s | | | %s |\n", t, bits[t], g(kld, t, "-"), g(ppl, t, "-"), g(top, t, "-")
+                else
+                    printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s / %s / %s |\n", t, bits[t], g(kld, t, "minmax"), g(kld, t, "search"),
+                        g(kld, t, "imatrix"), g(ppl, t, "minmax"), g(ppl, t, "search"), g(ppl, t, "imatrix"),
+                        g(top, t, "minmax"), g(top, t, "search"), g(top, t, "imatrix")
+            }
+        }' "$raw"
+}
 
 {
     echo "<!-- written by tools/quality.sh (make quality); do not edit -->"
-    for m in stories260K xs-ckpt; do
-        awk -F'\t' -v m="$m" '$1 == m { printf "\n### %s: F32 perplexity %.4f over %d WikiText-2 tokens\n\n", m, $9, $10; exit }' "$work/all.tsv"
-        echo "| type | bits/weight | perplexity | delta ppl | mean KLD | max KLD | top-1 same |"
-        echo "|---|---|---|---|---|---|---|"
-        awk -F'\t' -v m="$m" '$1 == m { printf "| %s | %s | %.4f | %+.4f | %.6f | %.4f | %.2f %% |\n", $2, $3, $4, $5, $6, $7, 100 * $8 }' "$work/all.tsv"
+    for p in llama.cpp windows; do
+        for m in xs-ckpt stories260K; do table $m $p; done
     done
 } >docs/quant-quality.md
 
 {
-    echo "# type<TAB>measured quality (tools/quality.sh, make quality): mean KL divergence from F32 on WikiText-2"
-    awk -F'\t' '$2 != "f16" && $2 != "bf16" { k[$2] = k[$2] sprintf("%s%s KLD %.4f", k[$2] ? ", " : "", $1, $6) }
-        END { for (t in k) print t "\t" k[t] }' "$work/all.tsv" | sort
+    echo "# type<TAB>measured quality (tools/quality.sh, make quality): mean KL divergence from F32 on WikiText-2, default method"
+    awk -F'\t' '$2 == "windows" && $4 == "search" { k[$3] = k[$3] sprintf("%s%s KLD %.4f", k[$3] ? ", " : "", $1, $8) }
+        END { for (t in k) print t "\t" k[t] }' "$raw" | sort
 } >docs/quant-quality.tsv
 cat docs/quant-quality.md

@@ -3,6 +3,8 @@ complete -c iflow-quant -l type -s t -x -a 'q8_b32 q8_b64 q6 q5 q4_b32 q4_b64 q3
 complete -c iflow-quant -l input -s i -r -d 'read the shard from FILE (default: standard input)'
 complete -c iflow-quant -l output -s o -r -d 'write the shard to FILE (default: standard output, never a terminal)'
 complete -c iflow-quant -l keep -x -d 'override types: PATTERN[=TYPE],... (tensor-name patterns; no TYPE: keep as is)'
+complete -c iflow-quant -l method -x -a 'search minmax' -d 'choose each block\'s step and minimum: search (default: least squared error) or minmax (the paper\'s rule)'
+complete -c iflow-quant -l imatrix -r -d 'weigh each column\'s rounding error by its mean squared activation in FILE (made by iflow-ppl)'
 complete -c iflow-quant -l requantize -d 'allow quantizing a quantized tensor again (dequantized first)'
 complete -c iflow-quant -l zstd -d 'compress the shard with zstd (an .ifs.zst file)'
 complete -c iflow-quant -l list-types -d 'print the types: bits, block size, bits per weight, measured quality'

@@ -6,7 +6,9 @@
  *     delta = (max(w) - min(w)) / (L - 1),   q = round((w - min(w)) / delta),
  *     w'    = min + q * delta.
  * (delta = 0 when max == min: every q is 0 and w' = min.) round() is round-half-away-from-zero
- * (C's roundf). Q3H is the paper's 3.5-bit type: L = 11 levels, and each pair of adjacent
+ * (C's roundf). That is the paper's rule, ifk_quantize_row below; the layout and the decoding
+ * w' = min + q * delta hold for any delta, min and levels, which ifk_quantize_row_search
+ * chooses to minimize the block's squared error instead. Q3H is the paper's 3.5-bit type: L = 11 levels, and each pair of adjacent
  * levels is one 7-bit code c = q[2i] * 11 + q[2i+1] (Eq. 3-5).
  *
  * Byte layout of one block (all little-endian):
@@ -67,6 +69,13 @@ size_t ifk_qrow_bytes(int type, int K);
  * formulas above); these define the types, and every fast path is tested against them. */
 void ifk_quantize_row(void *dst, int type, const float *src, int K);
 void ifk_dequantize_row(float *dst, int type, const void *src, int K);
+
+/* Error-minimizing quantization of one row (quant_search.c), in the same layout: each block's
+ * FP16 step and minimum and its levels are searched to minimize sum_i imp[i] (w_i - w'_i)^2
+ * (imp: [K] non-negative importances of the row's columns, or NULL for all 1). Per block this
+ * error is never above that of ifk_quantize_row (the paper's rule). Deterministic: a pure
+ * function of its arguments. */
+void ifk_quantize_row_search(void *dst, int type, const float *src, const float *imp, int K);
 
 /* The scalar oracle of the quantized matrix product (quant_ref.c): every row is dequantized
  * and dotted with x in double,

@@ -17,10 +17,11 @@
 #include <string.h>
 
 #include "kernels/cpu/impl.h"
+#include "kernels/cpu/qblock.h"
 #include "kernels/cpu/qimpl.h"
 #include "kernels/cpu/quant.h"
 
-#define QMAX_BLOCK 64
+#define QMAX_BLOCK IFK_QMAX_BLOCK
 
 static const ifk_qtype_info qtypes[IFK_QTYPE_END_ - IFK_Q8_B32] = {
     [IFK_Q8_B32 - IFK_Q8_B32] = { "q8_b32", 32, 256, 36, 8.0 },
@@ -52,7 +53,7 @@ size_t ifk_qrow_bytes(int type, int K)
 /* ---- FP16 and little-endian fields ------------------------------------------------------- */
 
 /* Round-to-nearest-even float -> IEEE half; finite values past the range saturate to +-65504. */
-static uint16_t f32_to_f16(float f)
+uint16_t ifk_f32_to_f16_sat(float f)
 {
     uint32_t x;
     memcpy(&x, &f, sizeof x);
@@ -209,8 +210,9 @@ static void unpack_levels(uint8_t *q, int type, const uint8_t *lv)
 /* ---- blocks ------------------------------------------------------------------------------ */
 
 /* One block of n (1..B) weights w: [n] -> blk: [block_bytes]; levels past n are 0. */
-static void quantize_block(uint8_t *blk, int type, const ifk_qtype_info *t, const float *w, int n)
+void ifk_qblock_minmax(uint8_t *blk, int type, const float *w, int n)
 {
+    const ifk_qtype_info *t = ifk_qtype(type);
     float mn = w[0], mx = w[0];
     for (int i = 1; i < n; i++) {
         mn = w[i] < mn ? w[i] : mn;
@@ -225,13 +227,18 @@ static void quantize_block(uint8_t *blk, int type, const ifk_qtype_info *t, cons
             q[i] = (uint8_t)(r >= 0.0 ? (r <= top ? r : top) : 0); /* NaN -> 0 */
         }
     }
-    put_u16(blk, f32_to_f16((float)(((double)mx - (double)mn) / top)));
-    put_u16(blk + 2, f32_to_f16(mn));
+    ifk_qblock_store(blk, type, ifk_f32_to_f16_sat((float)(((double)mx - (double)mn) / top)), ifk_f32_to_f16_sat(mn), q);
+}
+
+void ifk_qblock_store(uint8_t *blk, int type, uint16_t d16, uint16_t m16, const uint8_t *q)
+{
+    put_u16(blk, d16);
+    put_u16(blk + 2, m16);
     pack_levels(blk + 4, type, q);
 }
 
 /* One block blk -> its first n (1..B) decoded weights w: [n]. */
-static void dequantize_block(float *w, int type, const uint8_t *blk, int n)
+void ifk_qblock_decode(float *w, int type, const uint8_t *blk, int n)
 {
     uint8_t q[QMAX_BLOCK];
     unpack_levels(q, type, blk + 4);
@@ -251,7 +258,7 @@ void ifk_quantize_row(void *dst, int type, const float *src, int K)
     uint8_t *out = dst;
     for (int k = 0; k < K; k += t->block) {
         int n = K - k < t->block ? K - k : t->block;
-        quantize_block(out, type, t, src + k, n);
+        ifk_qblock_minmax(out, type, src + k, n);
         out += t->block_bytes;
     }
 }
@@ -268,7 +275,7 @@ void ifk_dequantize_row(float *dst, int type, const void *src, int K)
     const uint8_t *in = src;
     for (int k = 0; k < K; k += t->block) {
         int n = K - k < t->block ? K - k : t->block;
-        dequantize_block(dst + k, type, in, n);
+        ifk_qblock_decode(dst + k, type, in, n);
         in += t->block_bytes;
     }
 }
@@ -280,7 +287,7 @@ static double qdot_ref(const uint8_t *row, int type, const ifk_qtype_info *t, co
     double s = 0.0;
     for (int k = 0; k < K; k += t->block) {
         int n = K - k < t->block ? K - k : t->block;
-        dequantize_block(w, type, row, n);
+        ifk_qblock_decode(w, type, row, n);
         for (int i = 0; i < n; i++)
             s += (double)w[i] * x[k + i];
         row += t->block_bytes;

@@ -17,6 +17,7 @@
  */
 #include "model_impl.h"
 #include "comm.h"
+#include "observe.h"
 #include "libcore/base/error.h"
 #include "kernels/cpu/kernels.h"
 
@@ -252,6 +253,7 @@ void iflow_ctx_close(iflow_ctx *c)
 {
     if (!c)
         return;
+    iflow_ctx_set_observer(c, NULL, NULL);
     iflow_kv_close(c->kv);
     for (int i = 0; i < c->n_dev; i++) {
         iflow_device *d = c->dev[i].dev;
@@ -279,6 +281,15 @@ int iflow_ctx_n_vocab(const iflow_ctx *c) { return c->m->hp.vocab_size; }
         if (rc_ < 0)                                                                               \
             return rc_;                                                                            \
     } while (0)
+
+/* The layer of part k. */
+static int layer_of_part(const iflow_model *m, int k)
+{
+    int l = 0;
+    while (l + 1 < m->hp.n_layers && m->part0[l + 1] <= k)
+        l++;
+    return l;
+}
 
 /* y[t] = W x[t] (+ b) for T tokens, on device s. */
 static int linear(dev_scratch *s, float *y, int ldy, weight W, const float *b, const float *x, int ldx, int T, int N,
@@ -311,6 +322,8 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
     const float *rope_scale = m->rope_scale_w[p->dev];
     int D = hp->dim, hd = hp->head_dim, nq = p->q1 - p->q0, nkv = p->kv1 - p->kv0, Q = nq * hd, KV = nkv * hd, T = r->T;
     TRY(d->ops->rmsnorm(d, s->xb, s->x, w->attn_norm, T, D, hp->norm_eps));
+    if (d->host_memory && p->q0 == 0) /* the inputs of every matrix, for importance matrices (observe.h) */
+        iflow_observe(c, layer_of_part(m, k), IFLOW_OBS_ATTN_IN, 0, s->xb, D, T, D);
     TRY(linear(s, s->q, Q, w->wq, w->bq, s->xb, D, T, Q, D));
     TRY(linear(s, s->kx, KV, w->wk, w->bk, s->xb, D, T, KV, D));
     TRY(linear(s, s->vx, KV, w->wv, w->bv, s->xb, D, T, KV, D));
@@ -326,6 +339,8 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
     TRY(d->ops->attention_paged(d, s->att, s->q, (size_t)Q, r->kv->k[k], r->kv->v[k], L, r->seq, r->n_seq, nq,
                                 1.0f / sqrtf((float)hd)));
     /* o-projection into xb (free now), then the residual add */
+    if (d->host_memory)
+        iflow_observe(c, layer_of_part(m, k), IFLOW_OBS_ATTN_OUT, p->q0 * hd, s->att, Q, T, Q);
     TRY(linear(s, s->xb, D, w->wo, w->bo, s->att, Q, T, D, Q));
     return residual ? d->ops->add(d, s->x, s->xb, (size_t)T * D) : 0;
 }
@@ -340,9 +355,13 @@ static int ffn_block(iflow_ctx *c, dev_scratch *s, int k, int T, int residual)
     iflow_device *d = s->dev;
     int D = hp->dim, F = p->f1 - p->f0;
     TRY(d->ops->rmsnorm(d, s->xb, s->x, w->ffn_norm, T, D, hp->norm_eps));
+    if (d->host_memory && p->f0 == 0)
+        iflow_observe(c, layer_of_part(c->m, k), IFLOW_OBS_FFN_IN, 0, s->xb, D, T, D);
     TRY(linear(s, s->gate, F, w->gate, w->gate_b, s->xb, D, T, F, D));
     TRY(linear(s, s->up, F, w->up, w->up_b, s->xb, D, T, F, D));
     TRY(d->ops->silu_mul(d, s->gate, s->up, (size_t)T * F));
+    if (d->host_memory)
+        iflow_observe(c, layer_of_part(c->m, k), IFLOW_OBS_FFN_MID, p->f0, s->gate, F, T, F);
     TRY(linear(s, s->xb, D, w->down, w->down_b, s->gate, F, T, D, F));
     return residual ? d->ops->add(d, s->x, s->xb, (size_t)T * D) : 0;
 }
@@ -633,6 +652,8 @@ static int compute_logits(iflow_ctx *c, dev_scratch *s, int r0, int rows, float 
     const iflow_hparams *hp = &c->m->hp;
     iflow_device *d = s->dev;
     TRY(d->ops->rmsnorm(d, s->xb, s->x + (size_t)r0 * hp->dim, c->m->output_norm_w, rows, hp->dim, hp->norm_eps));
+    if (d->host_memory)
+        iflow_observe(c, -1, IFLOW_OBS_OUTPUT_IN, 0, s->xb, hp->dim, rows, hp->dim);
     return project_logits(c, s, rows, host, y);
 }
 

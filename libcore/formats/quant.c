@@ -1,5 +1,6 @@
 /* quant.c -- the quantization policy and the streaming shard transform. See quant.h. */
 #include "quant.h"
+#include "imatrix.h"
 #include "libcore/base/error.h"
 #include "libcore/base/jsonutil.h"
 #include "libcore/engine/model.h"
@@ -222,6 +223,8 @@ typedef struct {
     int tied;
     void *buf;                 /* the output tensor                             */
     size_t cap;
+    float *imp;                /* [imp_cap] importances of the tensor's columns   */
+    size_t imp_cap;
     iflow_quant_stats st;
 } qjob;
 
@@ -241,17 +244,21 @@ static void row_to_f32(float *dst, const void *src, int src_dt, int K)
         ifk_get_row(dst, src, src_dt, 0, K);
 }
 
-static void row_from_f32(void *dst, int dst_dt, const float *src, int K)
+/* imp: [K] importances of the columns, or NULL. */
+static void row_from_f32(void *dst, int dst_dt, const float *src, int K, int method, const float *imp)
 {
-    if (iflow_dtype_is_quant(dst_dt))
+    if (iflow_dtype_is_quant(dst_dt) && method == IFLOW_QUANT_MINMAX)
         ifk_quantize_row(dst, dst_dt, src, K);
+    else if (iflow_dtype_is_quant(dst_dt))
+        ifk_quantize_row_search(dst, dst_dt, src, imp, K);
     else
         iflow_dtype_convert(dst, dst_dt, src, IFLOW_DT_F32, (size_t)K);
 }
 
 /* rows x K elements of src_dt -> dst_dt through F32, one row at a time; threads split rows.
- * Both types are float or quantized (checked by the policy). */
-static int convert_rows(void *dst, int dst_dt, const void *src, int src_dt, size_t rows, int K, const char *name)
+ * Both types are float or quantized (checked by the policy). imp: [K] or NULL. */
+static int convert_rows(void *dst, int dst_dt, const void *src, int src_dt, size_t rows, int K, int method,
+                        const float *imp, const char *name)
 {
     size_t in_row = row_bytes(src_dt, K), out_row = row_bytes(dst_dt, K);
     int failed = 0;
@@ -266,11 +273,39 @@ static int convert_rows(void *dst, int dst_dt, const void *src, int src_dt, size
         for (size_t i = 0; i < rows; i++)
             if (tmp) {
                 row_to_f32(tmp, (const char *)src + i * in_row, src_dt, K);
-                row_from_f32((char *)dst + i * out_row, dst_dt, tmp, K);
+                row_from_f32((char *)dst + i * out_row, dst_dt, tmp, K, method, imp);
             }
         free(tmp);
     }
     return failed ? iflow_seterr(IFLOW_ENOMEM, "out of memory converting '%s'", iflow_quote(name)) : 0;
+}
+
+/* The importances of tensor `name`'s K columns when it is quantized to dt with an imatrix
+ * (quant.h), else *imp = NULL. */
+static int importances(qjob *j, const char *name, int dt, int K, const float **imp)
+{
+    const iflow_imatrix_entry *e = j->p->imatrix ? iflow_imatrix_find(j->p->imatrix, name) : NULL;
+    *imp = NULL;
+    if (!e || !iflow_dtype_is_quant(dt) || j->p->method != IFLOW_QUANT_SEARCH)
+        return 0;
+    if (e->K != K) /* iflow_imatrix_check_model saw to this; a shard may still lie about shapes */
+        return iflow_seterr(IFLOW_ESHAPE, "imatrix '%s' has %d columns for tensor '%s', '%s' has %d", j->p->imatrix_name,
+                            e->K, iflow_quote(name), j->in_name, K);
+    if ((size_t)K > j->imp_cap) {
+        free(j->imp);
+        j->imp_cap = 0;
+        if (!(j->imp = malloc((size_t)K * sizeof *j->imp)))
+            return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+        j->imp_cap = (size_t)K;
+    }
+    double mean = 0.0;
+    for (int k = 0; k < K; k++)
+        mean += e->mean_sq[k];
+    mean /= K;
+    for (int k = 0; k < K; k++)
+        j->imp[k] = (float)(e->mean_sq[k] + 1e-3 * mean);
+    *imp = j->imp;
+    return 0;
 }
 
 /* The output payload of one tensor record: rows of the last dimension. */
@@ -297,7 +332,10 @@ static int write_tensor(qjob *j, const iflow_shard_rec *rec)
                                     nbytes);
             j->cap = nbytes;
         }
-        int rc = convert_rows(j->buf, dt, rec->data, rec->dtype, rows, (int)K, rec->name);
+        const float *imp = NULL;
+        int rc = importances(j, rec->name, dt, (int)K, &imp);
+        if (rc == 0)
+            rc = convert_rows(j->buf, dt, rec->data, rec->dtype, rows, (int)K, j->p->method, imp, rec->name);
         if (rc < 0)
             return rc;
         data = j->buf;
@@ -321,8 +359,13 @@ static json_t *quant_object(const iflow_quant_policy *p, const json_t *previous)
             json_object_set_new(o, "default", json_true());
         json_array_append_new(rules, o);
     }
-    return json_pack("{s:s, s:o, s:b, s:O?}", "type", iflow_dtype_name(p->target), "overrides", rules, "requantize",
-                     p->requantize, "source", previous);
+    json_t *o = json_pack("{s:s, s:s, s:o, s:b, s:O?}", "type", iflow_dtype_name(p->target), "method",
+                          p->method == IFLOW_QUANT_MINMAX ? "minmax" : "search", "overrides", rules, "requantize",
+                          p->requantize, "source", previous);
+    if (o && p->imatrix)
+        json_object_set_new(o, "imatrix", json_pack("{s:s, s:I}", "file", p->imatrix_name ? p->imatrix_name : "",
+                                                    "tokens", (json_int_t)p->imatrix->n_tokens));
+    return o;
 }
 
 /* Learn what the policy needs from the model description (tied embeddings; the tensor names
@@ -346,6 +389,19 @@ static int read_model(qjob *j, const json_t *meta)
         names[i] = reqs[i].name;
     j->tied = hp.tie_embeddings;
     rc = iflow_quant_check_rules(j->p, names, n, j->tied, j->in_name);
+    if (rc == 0 && j->p->imatrix) {
+        int64_t *cols = malloc((n ? n : 1) * sizeof *cols);
+        int *mult = malloc((n ? n : 1) * sizeof *mult);
+        for (size_t i = 0; cols && mult && i < n; i++) {
+            cols[i] = reqs[i].shape[1];
+            mult[i] = !reqs[i].is_vector && (j->tied || strcmp(names[i], "tok_embd") != 0);
+        }
+        rc = cols && mult ? iflow_imatrix_check_model(j->p->imatrix, names, cols, mult, n,
+                                                      j->p->imatrix_name ? j->p->imatrix_name : "?", j->in_name)
+                          : iflow_seterr(IFLOW_ENOMEM, "out of memory");
+        free(cols);
+        free(mult);
+    }
     free(names);
     free(reqs);
     return rc;
@@ -408,6 +464,7 @@ int iflow_quantize_shard(const char *in_path, const char *out_path, const iflow_
         iflow_shard_writer_abort(j.w);
     iflow_shard_reader_close(j.r);
     free(j.buf);
+    free(j.imp);
     if (stats)
         *stats = j.st;
     return rc;

@@ -25,12 +25,18 @@
  *   pure function of the policy and one tensor's name, rank and type.
  *   iflow_quantize_shard() reads a shard one record at a time (a path or "-"), writes its meta
  *   record with a "quantization" object added ({"type", "overrides", "requantize", "source":
- *   the input's own "quantization" object or null}), copies the other blobs (the tokenizer)
+ *   the input's own "quantization" object or null, "method", and with an importance matrix
+ *   "imatrix": {"file", "tokens"}}), copies the other blobs (the tokenizer)
  *   unchanged, and writes each tensor in its chosen type, converting row by row on all cores
  *   (the result does not depend on the thread count). Memory: one source tensor plus one
  *   output tensor. The output is written through iflow_shard_writer (a file appears under its
  *   name only when complete; to standard output a failure leaves the stream without its END!
  *   record, which every reader reports as truncated). Errors name the tensor and the input.
+ *
+ *   Importance (policy imatrix, method search): the rows of a matrix with an imatrix entry are
+ *   quantized with the importance of column k = mean_sq[k] + 1e-3 * (the mean of mean_sq), so a
+ *   column no calibration token reached still counts a little. The imatrix must fit the model
+ *   (iflow_imatrix_check_model), checked before any tensor is written.
  */
 #ifndef IFLOW_QUANT_H
 #define IFLOW_QUANT_H
@@ -72,8 +78,20 @@ typedef struct {
     int   is_default;   /* set by the policy, not given by the user          */
 } iflow_quant_rule;
 
+/* How a block's two numbers are chosen (the layout is the same). */
+enum {
+    IFLOW_QUANT_SEARCH = 0,   /* error-minimizing search (ifk_quantize_row_search): default */
+    IFLOW_QUANT_MINMAX = 1,   /* the paper's rule: the block's plain min and max           */
+};
+
+struct iflow_imatrix;
+
 typedef struct {
     int               target;       /* IFLOW_DT_Q*: the type of matrices                 */
+    int               method;       /* IFLOW_QUANT_SEARCH or IFLOW_QUANT_MINMAX          */
+    const struct iflow_imatrix *imatrix; /* importances of matrix columns (search only),
+                                       or NULL: every column's error weighs the same      */
+    const char       *imatrix_name; /* its file, for messages                             */
     int               requantize;   /* allow quantized -> another quantized type         */
     iflow_quant_rule *rules;        /* the defaults, then the user's, in order           */
     size_t            n_rules;

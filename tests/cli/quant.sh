@@ -60,6 +60,53 @@ expect_eq "$(tensors "$TMP/z.ifs.zst")" "$(tensors "$TMP/s.q4_b64.ifs")" "--zstd
 run $Q -t q4_b64 -v -i "$TMP/s.ifs" -o "$TMP/v.ifs"
 expect_match "$err" "^iflow-quant: wrote $TMP/v\.ifs: 47 tensors \(11 f32, 1 q6, 35 q4_b64\), 0\.99 MiB of tensors -> 0\.15 MiB, in [0-9.]+ s, peak RSS [0-9.]+ MiB$" "-v"
 
+# ---- --method: search (the default) and minmax; the thread count does not change the bytes ----
+for t in q8_b64 q4_b64 q3h; do
+    run env OMP_NUM_THREADS=1 $Q -t $t -i "$TMP/xs.ifs" -o "$TMP/t1.ifs"
+    expect_rc 0 "$t, 1 thread"
+    run env OMP_NUM_THREADS=3 $Q -t $t --method search -i "$TMP/xs.ifs" -o "$TMP/t3.ifs"
+    expect_rc 0 "$t, 3 threads"
+    cmp -s "$TMP/t1.ifs" "$TMP/t3.ifs" && ok || bad "$t: 1 and 3 threads give different bytes"
+    cmp -s "$TMP/t1.ifs" "$TMP/xs.$t.ifs" && ok || bad "$t: --method search is not the default"
+    run env OMP_NUM_THREADS=3 $Q -t $t --method minmax -i "$TMP/xs.ifs" -o "$TMP/m3.ifs"
+    $Q -t $t --method minmax -i "$TMP/xs.ifs" -o "$TMP/m1.ifs"
+    cmp -s "$TMP/m1.ifs" "$TMP/m3.ifs" && ok || bad "$t --method minmax: runs differ"
+    cmp -s "$TMP/m1.ifs" "$TMP/t1.ifs" && bad "$t: minmax and search give the same bytes" || ok
+    expect_eq "$($BIN/iflow-convert --json --info "$TMP/m1.ifs" | jq -r .meta.quantization.method) $($BIN/iflow-convert \
+        --json --info "$TMP/t1.ifs" | jq -r .meta.quantization.method)" "minmax search" "$t: the meta names the method"
+done
+usage_m=$($Q -t q4_b64 --method best -i "$TMP/s.ifs" -o "$TMP/out.ifs" 2>&1)
+expect_eq "$usage_m" "iflow-quant: unknown method 'best' for --method (search, minmax)
+Try 'iflow-quant --help' for more information." "--method best"
+
+# ---- --imatrix: a bad or foreign importance matrix is refused naming the tensor, nothing written ----
+printf 'IFIMTX01\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0IFIMEND!' >"$TMP/empty.imatrix"
+run $Q -t q4_b64 --imatrix "$TMP/empty.imatrix" -i "$TMP/xs.ifs" -o "$TMP/out.ifs"
+expect_eq "$rc $err" "1 iflow-quant: imatrix '$TMP/empty.imatrix' has no entry for tensor 'tok_embd' of model '$TMP/xs.ifs' (an imatrix of another model?)" \
+    "--imatrix without the model's tensors"
+expect_no_file "$TMP/out.ifs*" "a foreign imatrix"
+head -c 20 "$TMP/empty.imatrix" >"$TMP/cut.imatrix"
+run $Q -t q4_b64 --imatrix "$TMP/cut.imatrix" -i "$TMP/xs.ifs" -o "$TMP/out.ifs"
+expect_eq "$rc $err" "1 iflow-quant: truncated imatrix: the header at byte 0 needs 24 bytes, file ends at byte 20 in '$TMP/cut.imatrix'" \
+    "a truncated imatrix"
+run $Q -t q4_b64 --method minmax --imatrix "$TMP/empty.imatrix" -i "$TMP/xs.ifs" -o "$TMP/out.ifs"
+expect_eq "$rc $err" "2 iflow-quant: --imatrix needs --method search (minmax takes no weights)
+Try 'iflow-quant --help' for more information." "--imatrix with minmax"
+# an importance matrix of the model itself (iflow-ppl --save-imatrix), then used
+run $BIN/iflow-ppl -m "$TMP/xs.ifs" -f "$DATA/data/wikitext-2-raw/wiki.test.raw" -c 64 --chunks 4 --save-imatrix "$TMP/xs.imatrix"
+expect_rc 0 "iflow-ppl --save-imatrix"
+run $Q -t q4_b64 --imatrix "$TMP/xs.imatrix" -i "$TMP/xs.ifs" -o "$TMP/im.ifs"
+expect_rc 0 "--imatrix of the model itself"
+expect_eq "$($BIN/iflow-convert --json --info "$TMP/im.ifs" | jq -c .meta.quantization.imatrix)" \
+    "{\"file\":\"$TMP/xs.imatrix\",\"tokens\":256}" "the meta names the imatrix and its tokens"
+cmp -s "$TMP/im.ifs" "$TMP/xs.q4_b64.ifs" && bad "--imatrix changed nothing" || ok
+run $Q -t q4_b64 --imatrix "$TMP/xs.imatrix" -i "$TMP/s.ifs" -o "$TMP/out.ifs"
+expect_match "$err" "^iflow-quant: imatrix '$TMP/xs\.imatrix' has [0-9]+ columns for tensor '[a-z0-9_.]+', model '$TMP/s\.ifs' has [0-9]+ \(an imatrix of another model\?\)$" \
+    "another model's imatrix"
+run $BIN/iflow-ppl -m "$TMP/xs.ifs" -f "$DATA/data/wikitext-2-raw/wiki.test.raw" --device cuda --save-imatrix "$TMP/x.imatrix"
+expect_eq "$rc $err" "2 iflow-ppl: --save-imatrix computes on the CPU: leave out --device, --plan and --gpu-layers
+Try 'iflow-ppl --help' for more information." "--save-imatrix on a GPU"
+
 # ---- --keep ----
 keep_rows() { # options... -> the types of tok_embd, blk.0.wq, blk.0.ffn_down, blk.1.wq, blk.1.ffn_down
     $Q "$@" -i "$TMP/s.ifs" -o "$TMP/k.ifs" || { bad "iflow-quant $*"; return; }

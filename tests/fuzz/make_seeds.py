@@ -220,6 +220,21 @@ def encode_seeds(data):
     return seeds
 
 
+# ---- importance matrices (iflow-imatrix(5)) -----------------------------------------------------
+def imatrix_seeds():
+    def entry(name, K, count, vals):
+        b = name.encode()
+        return struct.pack("<H", len(b)) + b + struct.pack("<IQ", K, count) + struct.pack("<%df" % K, *vals)
+
+    def im(entries, ntok=256):
+        return b"IFIMTX01" + struct.pack("<IIQ", len(entries), 0, ntok) + b"".join(entries) + b"IFIMEND!"
+
+    good = im([entry("blk.0.wq", 64, 256, [0.5 + i * 0.01 for i in range(64)]), entry("blk.0.wo", 64, 256, [1.0] * 64),
+               entry("blk.0.ffn_down", 172, 256, [0.25] * 172), entry("output", 64, 256, [2.0] * 64)])
+    return {"good": good, "wrong_size": im([entry("blk.0.wq", 32, 10, [1.0] * 32)]), "empty": im([]),
+            "truncated": good[:100]}
+
+
 def write(target, seeds):
     d = os.path.join(HERE, "seeds", target)
     os.makedirs(d, exist_ok=True)
@@ -237,6 +252,7 @@ def main():
     write("fuzz_gguf", gguf_seeds())
     write("fuzz_tokenizer_json", json_seeds(args.data))
     write("fuzz_encode", encode_seeds(args.data))
+    write("fuzz_imatrix", imatrix_seeds())
 
 
 if __name__ == "__main__":
