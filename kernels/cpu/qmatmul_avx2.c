@@ -479,17 +479,25 @@ QK_INLINE void gemm_rows(float *y, size_t ldy, const uint8_t *W, const ifk_qx *q
     }
 }
 
-/* ---- decode: one row at a time ---------------------------------------------------------- */
+/* ---- decode: rows interleaved, with prefill's arithmetic --------------------------------- */
 
-/* acc + the delta term of one block, *accm + its min term (lane 1; the other lanes collect
- * junk that is never read): the block's header is converted on its own, as
- * [d, m, d, m] * { s0, sum, s1, 0 } = [d s0, m sum, d s1, 0].  blk: [BB]; xq: the block's x
- * values ([B] int8 or int16); sx: [4]. */
-QK_INLINE __m256 gemv_block(__m256 acc, __m128 *accm, const uint8_t *blk, const int8_t *xq, const float *sx, const int type)
+/* As in qmatmul_avx512.c: decode (T == 1) computes every output with exactly tile()'s float
+ * operations in the same order (per chunk of PF_KC blocks: the delta terms fmadd'ed block
+ * after block into one accumulator, the min terms 8 blocks at a time into another, then
+ * (first ? 0 : y) + hsum8(delta terms) + hsum8(min terms)), so y[t] depends only on W and
+ * x[t]. Each block's header is converted on its own ([d, m, d, m] * {s0, sum, s1, 0} gives
+ * tile's delta * scale products) and its min kept as F16 bits until 8 are converted together.
+ * One FMA chain per row, so rows go DR at a time, interleaved, each a forward stream. */
+#define DR 4 /* decode: rows read together */
+
+/* acc + the delta term of one block; its min's F16 bits to *mh.  blk: [BB]; xq: the block's x
+ * values ([B] int8 or int16); sx: [4] = { s0, sum, s1, 0 }. */
+QK_INLINE __m256 gemv_block(__m256 acc, uint16_t *mh, const uint8_t *blk, const int8_t *xq, const float *sx, const int type)
 {
     _mm_prefetch((const char *)blk + PF_AHEAD, _MM_HINT_T0);
-    __m128 r = _mm_mul_ps(_mm_cvtph_ps(_mm_set1_epi32((int)rd32(blk))), _mm_load_ps(sx));
-    *accm = _mm_add_ps(*accm, r);
+    const uint32_t h = rd32(blk);
+    *mh = (uint16_t)(h >> 16);
+    const __m128 r = _mm_mul_ps(_mm_cvtph_ps(_mm_set1_epi32((int)h)), _mm_load_ps(sx)); /* [d s0, m sum, d s1, 0] */
     __m256 sc = one_scale(type) ? _mm256_broadcastss_ps(r)
                                 : _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(_mm_permute_ps(r, 0x88))));
     __m256i lev[2];
@@ -497,36 +505,57 @@ QK_INLINE __m256 gemv_block(__m256 acc, __m128 *accm, const uint8_t *blk, const 
     return _mm256_fmadd_ps(block_dot(lev, xq, type), sc, acc);
 }
 
-/* W[row] . x for T = 1: the row read as one forward stream (prefetched ahead), 4 accumulators
- * for the FMA latency.  row: [nb * BB] bytes. */
-QK_INLINE float gemv_row(const uint8_t *row, const ifk_qx *qx, const int type)
+/* out[r] = W[row r] . x for R rows (R <= DR), T = 1.  rows[r]: [nb * BB] bytes; out: [R]. */
+QK_INLINE void gemv_rows(float *out, const uint8_t *const *rows, const ifk_qx *qx, const int type, const int R)
 {
     const int BB = block_bytes_of(type), nb = qx->nb;
     const size_t xb = (size_t)block_of(type) * (ifk_qx_x16(type) ? 2 : 1); /* bytes of x per block */
-    __m256 acc[4] = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() };
-    __m128 accm[4] = { _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps() };
-    int b = 0;
-    for (; b + 4 <= nb; b += 4)
+    for (int c0 = 0; c0 < nb; c0 += PF_KC) {
+        const int nc = nb - c0 < PF_KC ? nb - c0 : PF_KC;
+        __m256 acc[DR], accm[DR];
+        _Alignas(16) uint16_t mh[DR][8]; /* the mins of 8 blocks, F16 */
 #pragma GCC unroll 4
-        for (int u = 0; u < 4; u++)
-            acc[u] = gemv_block(acc[u], &accm[u], row + (size_t)(b + u) * BB, qx->q + (size_t)(b + u) * xb,
-                                qx->blk + 4 * (size_t)(b + u), type);
-    for (; b < nb; b++)
-        acc[0] = gemv_block(acc[0], &accm[0], row + (size_t)b * BB, qx->q + (size_t)b * xb, qx->blk + 4 * (size_t)b, type);
-    __m128 m = _mm_add_ps(_mm_add_ps(accm[0], accm[1]), _mm_add_ps(accm[2], accm[3]));
-    return hsum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))) +
-           _mm_cvtss_f32(_mm_movehdup_ps(m));
+        for (int r = 0; r < R; r++)
+            acc[r] = accm[r] = _mm256_setzero_ps();
+        for (int g = 0; g < nc; g += 8) {
+            const int ng = nc - g < 8 ? nc - g : 8;
+            for (int i = 0; i < ng; i++) {
+                const size_t b = (size_t)(c0 + g + i);
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++)
+                    acc[r] = gemv_block(acc[r], &mh[r][i], rows[r] + b * BB, qx->q + b * xb, qx->blk + 4 * b, type);
+            }
+            const __m256 sum = _mm256_loadu_ps(qx->sum + c0 + g); /* 0 past nb */
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                for (int i = ng; i < 8; i++)
+                    mh[r][i] = 0;
+                accm[r] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_load_si128((const __m128i *)mh[r])), sum, accm[r]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            out[r] = (c0 == 0 ? 0.0f : out[r]) + hsum8(acc[r]) + hsum8(accm[r]);
+    }
 }
 
-/* Rows n0 <= n < n1, all tokens, of one type: decode row by row, prefill in tiles of 2 rows x
- * 4 tokens (8 accumulators, 4 level and 2 x registers: about the 16 ymm registers). */
+/* Rows n0 <= n < n1, all tokens, of one type: decode DR rows at a time, prefill in tiles of 2
+ * rows x 4 tokens (8 accumulators, 4 level and 2 x registers: about the 16 ymm registers). */
 QK_INLINE void rows_of(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, int n0, int n1, const int type)
 {
     int n = n0;
     if (qx->T == 1) {
         const size_t rb = (size_t)qx->nb * block_bytes_of(type);
-        for (; n < n1; n++)
-            y[n] = gemv_row(W + (size_t)n * rb, qx, type);
+        for (; n + DR <= n1; n += DR) {
+            const uint8_t *rows[DR];
+            for (int r = 0; r < DR; r++)
+                rows[r] = W + (size_t)(n + r) * rb;
+            gemv_rows(y + n, rows, qx, type, DR);
+        }
+        for (; n < n1; n++) {
+            const uint8_t *row = W + (size_t)n * rb;
+            gemv_rows(y + n, &row, qx, type, 1);
+        }
         return;
     }
     for (; n + 2 <= n1; n += 2)

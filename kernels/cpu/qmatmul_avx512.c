@@ -500,55 +500,76 @@ QK_INLINE void gemm_rows(float *y, size_t ldy, const uint8_t *W, const ifk_qx *q
     }
 }
 
-/* ---- decode: one row at a time ---------------------------------------------------------- */
+/* ---- decode: rows interleaved, with prefill's arithmetic --------------------------------- */
 
-/* acc + the delta term of one block, *accm + its min term (in lane 1; the other lanes collect
- * junk that is never read): the block's header is converted on its own, as
- * [d, m, d, m] * { s0, sum, s1, 0 } = [d s0, m sum, d s1, 0].  blk: [BB]; xq: the block's x
- * values ([B] int8, or int16 for x16 types); sx: [4]. */
-QK_INLINE __m512 gemv_block(__m512 acc, __m128 *accm, const uint8_t *blk, const int8_t *xq, const float *sx, const int type)
+/* Decode (T == 1) computes every output with exactly the float operations of tile() above, in
+ * the same order, so that y[t] depends only on W and x[t] (kernels.h): per chunk of PF_KC
+ * blocks, one accumulator of the delta terms (fmadd of each block's integer dot product, as
+ * float, by delta * the x scale(s), block after block) and one of the min terms (fmadd of 16
+ * blocks' mins by their x sums at a time); hsum512 of the two's sum added into y chunk after
+ * chunk. Each block's header is converted on its own as [d, m, d, m] * {s0, sum, s1, 0}
+ * (which gives tile's delta * scale products: the same multiplications) and its min kept as
+ * F16 bits until 16 are converted together, which is cheaper than gathering the headers of
+ * several blocks (a gather is ~2 cycles per element on Zen 4, and the hardware prefetcher does
+ * not follow it). One FMA chain per row, so rows go DR at a time, interleaved, each read as a
+ * forward stream (software prefetch PF_AHEAD ahead). */
+#define DR 4 /* decode: rows read together */
+
+/* acc + the delta term of one block; its min's F16 bits to *mh.  blk: [BB]; xq: the block's x
+ * values ([B] int8, or int16 for x16 types); sx: [4] = { s0, sum, s1, 0 }. For B = 32 and int8
+ * x only the low 256 bits of acc are meaningful (as in tile). */
+QK_INLINE __m512 gemv_block(__m512 acc, uint16_t *mh, const uint8_t *blk, const int8_t *xq, const float *sx, const int type)
 {
     _mm_prefetch((const char *)blk + PF_AHEAD, _MM_HINT_T0);
-    if (ifk_qx_x16(type)) { /* one x scale per block: [d s0, m sum, 0, 0] */
-        __m128 r = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)rd32(blk))), _mm_load_ps(sx));
-        *accm = _mm_add_ps(*accm, r);
+    const uint32_t h = rd32(blk);
+    *mh = (uint16_t)(h >> 16);
+    const __m128 r = _mm_mul_ps(_mm_cvtph_ps(_mm_set1_epi32((int)h)), _mm_load_ps(sx)); /* [d s0, m sum, d s1, 0] */
+    if (ifk_qx_x16(type)) /* one x scale per block */
         return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_x16(type, blk, (const int16_t *)xq)), _mm512_broadcastss_ps(r), acc);
-    }
-    if (block_of(type) == 64) {
-        __m128 r = _mm_mul_ps(_mm_cvtph_ps(_mm_set1_epi32((int)rd32(blk))), _mm_load_ps(sx));
-        *accm = _mm_add_ps(*accm, r);
+    if (block_of(type) == 64) { /* lanes alternate between the block's x groups 0 and 1 */
         __m512 sc = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2), _mm512_castps128_ps512(r));
         __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), levels64(type, blk), _mm512_load_si512(xq));
         return _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc);
     }
-    __m128 r = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)rd32(blk))), _mm_load_ps(sx));
-    *accm = _mm_add_ps(*accm, r);
     __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), levels32(type, blk), _mm256_load_si256((const __m256i *)xq));
     return _mm512_castps256_ps512(_mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcastss_ps(r), _mm512_castps512_ps256(acc)));
 }
 
-/* W[row] . x for T = 1: the row read as one forward stream (prefetched ahead), 4 accumulators
- * for the FMA latency.  row: [nb * BB] bytes. */
-QK_INLINE float gemv_row(const uint8_t *row, const ifk_qx *qx, const int type)
+/* out[r] = W[row r] . x for R rows (R <= DR), T = 1.  rows[r]: [nb * BB] bytes; out: [R]. */
+QK_INLINE void gemv_rows(float *out, const uint8_t *const *rows, const ifk_qx *qx, const int type, const int R)
 {
-    const int B = block_of(type), BB = block_bytes_of(type), nb = qx->nb;
-    const size_t xb = (size_t)B * (ifk_qx_x16(type) ? 2 : 1); /* bytes of x per block */
-    __m512 acc[4] = { _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps() };
-    __m128 accm[4] = { _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps() };
-    int b = 0;
-    for (; b + 4 <= nb; b += 4)
+    const int BB = block_bytes_of(type), nb = qx->nb;
+    const size_t xb = (size_t)block_of(type) * (ifk_qx_x16(type) ? 2 : 1); /* bytes of x per block */
+    const int low = block_of(type) == 32 && !ifk_qx_x16(type);           /* 256-bit accumulators */
+    for (int c0 = 0; c0 < nb; c0 += PF_KC) {
+        const int nc = nb - c0 < PF_KC ? nb - c0 : PF_KC;
+        __m512 acc[DR], accm[DR];
+        _Alignas(32) uint16_t mh[DR][16]; /* the mins of 16 blocks, F16 */
 #pragma GCC unroll 4
-        for (int u = 0; u < 4; u++)
-            acc[u] = gemv_block(acc[u], &accm[u], row + (size_t)(b + u) * BB, qx->q + (size_t)(b + u) * xb,
-                                 qx->blk + 4 * (size_t)(b + u), type);
-    for (; b < nb; b++)
-        acc[0] = gemv_block(acc[0], &accm[0], row + (size_t)b * BB, qx->q + (size_t)b * xb, qx->blk + 4 * (size_t)b, type);
-    if (B == 32 && !ifk_qx_x16(type)) /* only the low halves were accumulated */
-        for (int a = 0; a < 4; a++)
-            acc[a] = _mm512_zextps256_ps512(_mm512_castps512_ps256(acc[a]));
-    __m128 m = _mm_add_ps(_mm_add_ps(accm[0], accm[1]), _mm_add_ps(accm[2], accm[3]));
-    return hsum512(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]))) +
-           _mm_cvtss_f32(_mm_movehdup_ps(m));
+        for (int r = 0; r < R; r++)
+            acc[r] = accm[r] = _mm512_setzero_ps();
+        for (int g = 0; g < nc; g += 16) {
+            const int ng = nc - g < 16 ? nc - g : 16;
+            for (int i = 0; i < ng; i++) {
+                const size_t b = (size_t)(c0 + g + i);
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++)
+                    acc[r] = gemv_block(acc[r], &mh[r][i], rows[r] + b * BB, qx->q + b * xb, qx->blk + 4 * b, type);
+            }
+            const __m512 sum = _mm512_loadu_ps(qx->sum + c0 + g); /* 0 past nb */
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                for (int i = ng; i < 16; i++)
+                    mh[r][i] = 0;
+                accm[r] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)mh[r])), sum, accm[r]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            __m512 a = low ? _mm512_zextps256_ps512(_mm512_castps512_ps256(acc[r])) : acc[r];
+            out[r] = (c0 == 0 ? 0.0f : out[r]) + hsum512(_mm512_add_ps(a, accm[r]));
+        }
+    }
 }
 
 /* Rows n0 <= n < n1, all tokens, of one type. */
@@ -558,8 +579,16 @@ QK_INLINE void rows_of(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx,
     int n = n0;
     if (T == 1) {
         const size_t rb = (size_t)qx->nb * block_bytes_of(type);
-        for (; n < n1; n++)
-            y[n] = gemv_row(W + (size_t)n * rb, qx, type);
+        for (; n + DR <= n1; n += DR) {
+            const uint8_t *rows[DR];
+            for (int r = 0; r < DR; r++)
+                rows[r] = W + (size_t)(n + r) * rb;
+            gemv_rows(y + n, rows, qx, type, DR);
+        }
+        for (; n < n1; n++) {
+            const uint8_t *row = W + (size_t)n * rb;
+            gemv_rows(y + n, &row, qx, type, 1);
+        }
         return;
     }
     for (; n + 4 <= n1; n += 4)
