@@ -16,15 +16,15 @@
 /* As in matmul_avx512.c: decode computes every output with exactly prefill's arithmetic (K in
  * chunks of PF_KC; per chunk one 8-lane accumulator, fmadd(w, x) over steps of 8 from the
  * chunk's start, the last step a partial load with the other lanes 0; v8_hsum4's tree; chunk
- * sums added in order), so y[t] depends only on W and x[t]. It streams R rows interleaved, one
- * FMA chain each: 4 while a row and x fit in L1 together, otherwise WIDE (each x load then
- * serves WIDE rows). */
+ * sums added in order), so y[t] depends only on W and x[t]. It streams rows one at a time while
+ * a row and x fit in L1 together, otherwise WIDE rows interleaved, one FMA chain each (each x
+ * load then serves WIDE rows). */
 #define PF_KC 1024      /* K elements per chunk (prefill's blocking; decode sums the same way) */
-#define SEQ_BYTES 24576 /* rows with K * (4 + weight size) up to this are read 4 at a time */
+#define SEQ_BYTES 24576 /* rows with K * (4 + weight size) up to this are read one at a time */
 #define WIDE 8          /* rows read together otherwise */
 
-/* out[i] = W[w[i]] . x for R rows (R = 4 or 8; rows may repeat: callers pad a short group that
- * way).  W: [*][K] of wt (w[i]: the row's first element); x: [K]; out: [R]. */
+/* out[i] = W[w[i]] . x for R rows (R = 1, 4 or 8; rows may repeat: callers pad a short group
+ * that way).  W: [*][K] of wt (w[i]: the row's first element); x: [K]; out: [R]. */
 IFK_INLINE void gemv_tile(int wt, const int R, float *out, const void *W, const size_t *w, const float *x, int K)
 {
     for (int k0 = 0; k0 < K; k0 += PF_KC) {
@@ -49,8 +49,11 @@ IFK_INLINE void gemv_tile(int wt, const int R, float *out, const void *W, const 
 #pragma GCC unroll 2
         for (int i = 0; i < R; i += 4) {
             float s[4];
-            _mm_storeu_ps(s, v8_hsum4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]));
-            for (int j = 0; j < 4; j++)
+            if (R == 1) /* the same tree for one vector */
+                _mm_storeu_ps(s, v8_hsum4(acc[0], acc[0], acc[0], acc[0]));
+            else
+                _mm_storeu_ps(s, v8_hsum4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]));
+            for (int j = 0; j < (R < 4 ? R : 4); j++)
                 out[i + j] = k0 == 0 ? s[j] : out[i + j] + s[j];
         }
     }
@@ -81,7 +84,7 @@ IFK_INLINE void gemv_rows(int wt, const int R, float *y, const void *W, const fl
 IFK_INLINE void gemv(int wt, float *y, const void *W, const float *x, int n0, int n1, int K)
 {
     if ((size_t)K * (4 + (wt == IFK_F32 ? 4 : 2)) <= SEQ_BYTES)
-        gemv_rows(wt, 4, y, W, x, n0, n1, K);
+        gemv_rows(wt, 1, y, W, x, n0, n1, K);
     else
         gemv_rows(wt, WIDE, y, W, x, n0, n1, K);
 }

@@ -26,19 +26,20 @@
  * accumulator of 16 lanes per output, fmadd(w, x) over steps of 16 from the chunk's start
  * (the last step masked: w and x lanes past K are 0), summed by v16_hsum4's tree; the chunk
  * sums added into y in order (y = s_0, then y = y + s_c). Only the traversal differs: prefill
- * passes tiles of 4 rows x 4 tokens over a block held in L2, decode streams R rows at a time,
- * interleaved, one FMA chain each (R independent chains hide the FMA latency).
+ * passes tiles of 4 rows x 4 tokens over a block held in L2, decode streams the rows, one FMA
+ * chain each.
  *
  * Measured on Zen 4 (one thread, weights from DRAM): the weights stream fastest while x stays
- * in L1 between rows; once R rows' lines plus x overflow L1, x is refetched from L2 for every
- * row and the stream slows by a third. Short rows are therefore read 4 at a time, long ones 16
- * at a time (each x load then serves 16 rows). */
+ * in L1 between rows; once a row plus x overflow L1, x is refetched from L2 for every row and
+ * the stream slows by a third. Short rows are therefore read one after another (one forward
+ * stream: interleaving several short rows measured a quarter slower for F16), long ones 16 at
+ * a time (each x load then serves 16 rows). */
 #define PF_KC 1024         /* K elements per chunk (prefill's blocking; decode sums the same way) */
-#define SEQ_BYTES 24576    /* rows with K * (4 + weight size) up to this are read 4 at a time */
+#define SEQ_BYTES 24576    /* rows with K * (4 + weight size) up to this are read one at a time */
 #define WIDE 16            /* rows read together otherwise */
 
-/* out[i] = W[w[i]] . x for R rows (R a multiple of 4, at most 16; rows may repeat: callers pad
- * a short group that way).  W: [*][K] of wt (w[i]: the row's first element); x: [K]; out: [R]. */
+/* out[i] = W[w[i]] . x for R rows (R = 1, or a multiple of 4 up to WIDE; rows may repeat:
+ * callers pad a short group that way).  W: [*][K] of wt (w[i]: the row's first element); x: [K]; out: [R]. */
 IFK_INLINE void gemv_tile(int wt, const int R, float *out, const void *W, const size_t *w, const float *x, int K)
 {
     for (int k0 = 0; k0 < K; k0 += PF_KC) {
@@ -64,8 +65,11 @@ IFK_INLINE void gemv_tile(int wt, const int R, float *out, const void *W, const 
 #pragma GCC unroll 4
         for (int i = 0; i < R; i += 4) {
             float s[4];
-            _mm_storeu_ps(s, v16_hsum4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]));
-            for (int j = 0; j < 4; j++)
+            if (R == 1) /* the same tree for one vector */
+                _mm_storeu_ps(s, v16_hsum4(acc[0], acc[0], acc[0], acc[0]));
+            else
+                _mm_storeu_ps(s, v16_hsum4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]));
+            for (int j = 0; j < (R < 4 ? R : 4); j++)
                 out[i + j] = k0 == 0 ? s[j] : out[i + j] + s[j];
         }
     }
@@ -96,7 +100,7 @@ IFK_INLINE void gemv_rows(int wt, const int R, float *y, const void *W, const fl
 IFK_INLINE void gemv(int wt, float *y, const void *W, const float *x, int n0, int n1, int K)
 {
     if ((size_t)K * (4 + (wt == IFK_F32 ? 4 : 2)) <= SEQ_BYTES)
-        gemv_rows(wt, 4, y, W, x, n0, n1, K);
+        gemv_rows(wt, 1, y, W, x, n0, n1, K);
     else
         gemv_rows(wt, WIDE, y, W, x, n0, n1, K);
 }
