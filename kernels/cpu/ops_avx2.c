@@ -3,7 +3,8 @@
  *
  * The same plan as ops_avx512.c: attention walks the keys in chunks with an online softmax (a
  * chunk that raises a query's running maximum rescales what was accumulated), from packed
- * copies of the chunk's K and V rows when several queries share them.
+ * copies of the chunk's K and V rows when several queries share them; chunk boundaries depend
+ * on head_dim alone (kernels.h's batch invariance).
  */
 #include <math.h>
 #include <string.h>

@@ -4,7 +4,9 @@
  * Attention walks the keys in chunks with an online softmax: each chunk's scores sit in a
  * stack buffer; when a chunk raises a query's running maximum, what was accumulated so far is
  * rescaled by e^(old max - new max). Up to one chunk of keys this is the plain max-subtracted
- * softmax. Head sizes 64 and 128 get code with q in registers and no masks.
+ * softmax. Head sizes 64 and 128 get code with q in registers and no masks. Chunk boundaries
+ * depend on head_dim alone, so a query's result does not depend on the batch it came in
+ * (kernels.h's batch invariance).
  */
 #include <math.h>
 

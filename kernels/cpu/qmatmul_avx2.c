@@ -9,7 +9,9 @@
  *
  * Decode reads one row at a time (one forward stream, prefetched) and converts each block's
  * header on its own; prefill decodes chunks of 64 blocks of 2 rows once (levels to bytes,
- * headers 8 per gather) and passes tiles of 4 tokens over them.
+ * headers 8 per gather) and passes tiles of 2 tokens over them. Both sum each output in the
+ * same order (qmatmul_avx512.c's, with 8 lanes; see tile), so row t of y depends only on W
+ * and x[t] (kernels.h's batch invariance).
  */
 #include <immintrin.h>
 #include <string.h>

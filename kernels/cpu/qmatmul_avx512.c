@@ -15,7 +15,12 @@
  *
  * Prefill (T > 1) is compute-bound: rows go by 4, K by chunks of 64 blocks whose levels
  * (as bytes) and headers (as F32, 16 per gather) are decoded once into L1; then every tile of
- * 4 tokens passes over the chunk, 4 rows x 4 tokens = 16 int8 dot products per block.
+ * 2 tokens passes over the chunk, 4 rows x 2 tokens x 2 accumulators.
+ *
+ * Batch invariance (kernels.h): decode and prefill compute each output with the same float
+ * operations in the same order (see tile: per chunk, two FMA chains of delta terms by block
+ * parity, two add chains of min terms likewise, then hsum512 and the chunk sums added in
+ * order), and x is rounded per token, so row t of y depends only on W and x[t].
  *
  * Every function here carries target("avx512vnni") on top of the file's -mavx512* flags;
  * qdispatch.c calls this path only on CPUs that have it. qmatmul_avx512gfni.c compiles this
