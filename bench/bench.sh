@@ -11,7 +11,9 @@
 # (cpu:1, cpu:2; iflow-run --plan), measured against iflow-partition's estimate, so the cost
 # model's error shows; and continuous batching (bench/batchbench.c): generated tokens/s of 1, 4
 # and 16 streams on the TinyLlama shape in Q4_B64, and a replay of 200 WikiText prompts arriving
-# as a Poisson process (IFLOW_BENCH_REPLAY_RATE requests/s, default 1) with its latency metrics.
+# as a Poisson process (IFLOW_BENCH_REPLAY_RATE requests/s, default 1) with its latency metrics;
+# and generation past the context (bench/shiftbench.c): perplexity and tokens/s of WikiText read
+# through a small context with RoPE-key shifts, recomputation, and restarts.
 # No thresholds: these are measurements.
 set -euo pipefail
 build=${1:?usage: bench/bench.sh BUILD_DIR}
@@ -119,12 +121,21 @@ batch_entries() { # continuous batching on the TinyLlama shape, Q4_B64: streams 
 }
 batch=$(batch_entries)
 
+shift_entries() { # generating past the context: context shifts on xs-ckpt over WikiText-2
+    log "context shift: xs-ckpt, 4096 WikiText tokens through a context of 256 (keep 4), rope vs recompute vs restart"
+    bin/iflow-convert "$DATA/models/xs-ckpt/hf" -o "$work/xs.ifs"
+    "$build/shiftbench" "$work/xs.ifs" "$DATA/data/wikitext-2-raw/wiki.test.raw" 256 4 4096 1
+    rm -f "$work/xs.ifs"
+}
+ctxshift=$(shift_entries)
+
 log "kernel micro-benchmarks"
 kern=$("$build/kbench" --quick | jq -s .)
 
 jq -n --argjson bw1 "$bw1" --argjson bw2 "$bw2" --argjson a "$s260" --argjson b "$tl16" --argjson c "$tl32" \
-    --argjson kern "$kern" --argjson quant "$quant" --argjson part "$part" --argjson batch "$batch" \
+    --argjson kern "$kern" --argjson quant "$quant" --argjson part "$part" --argjson batch "$batch" --argjson ctxshift "$ctxshift" \
     --arg cpu "$(sed -nE 's/^model name\s*: //p' /proc/cpuinfo | head -n 1)" --arg cores "$(nproc)" '
     {machine: {cpu: $cpu, cores: ($cores | tonumber), kernel_path: ($kern[0].isa // null),
                membw_read_gbps: {"1": $bw1, "2": $bw2}},
-     models: [$a, $b, $c], quantized: $quant, partition: $part, batch: $batch, kernels: $kern}'
+     models: [$a, $b, $c], quantized: $quant, partition: $part, batch: $batch, context_shift: $ctxshift,
+     kernels: $kern}'

@@ -206,14 +206,16 @@ static item *parse_line(const reader *rd, const char *line, size_t len, long lin
     if (!it)
         return NULL;
     it->line = line_no;
-    if (iflow_request_parse(&it->f, line, len, line_no, o->max_tokens, &o->sp) < 0) {
+    iflow_request_defaults d = {.max_tokens = o->max_tokens, .context_shift = o->context_shift, .keep = o->keep, .sp = o->sp};
+    if (iflow_request_parse(&it->f, line, len, line_no, &d) < 0) {
         item_fail(it, "%s", iflow_errmsg());
         if (!it->f.id)
             it->f.id = strdup("null");
         return it;
     }
     iflow_request *q = &it->req;
-    *q = (iflow_request){.max_tokens = it->f.max_tokens, .sampling = it->f.sp, .n_stop = it->f.n_stop, .user = it};
+    *q = (iflow_request){.max_tokens = it->f.max_tokens, .sampling = it->f.sp, .n_stop = it->f.n_stop,
+                         .context_shift = it->f.context_shift, .keep = it->f.keep, .user = it};
     for (int i = 0; i < it->f.n_stop; i++)
         q->stop[i] = it->f.stop[i];
     int32_t *ids;

@@ -16,6 +16,7 @@
 
 typedef struct {
     int parallel, n_ctx, kv_type, threads, max_tokens, verbose, json;
+    int context_shift, keep;     /* defaults for requests that do not say */
     iflow_sampler_params sp;     /* defaults for requests that do not say */
     const char *metrics;         /* --metrics FILE, or NULL */
     const char *model;           /* for messages */

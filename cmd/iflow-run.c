@@ -23,6 +23,7 @@ enum {
     O_MODEL = 'm', O_PROMPT = 'p', O_NPREDICT = 'n', O_THREADS = 't', O_CTX = 'c', O_VERBOSE = 'v',
     O_TEMP = 256, O_TOPK, O_TOPP, O_SEED, O_ECHO, O_JSON, O_TOKENIZE, O_BOS, O_PARSE_SPECIAL, O_DEVICE,
     O_GPU_LAYERS, O_LIST_DEVICES, O_PLAN, O_STOP, O_BATCH, O_PARALLEL, O_KV_TYPE, O_METRICS, O_DRY_RUN,
+    O_CONTEXT_SHIFT, O_KEEP,
     /* sampling: set through iflow_sampler_params_set() by their long names */
     O_SAMPLER, O_MINP, O_TYPICAL, O_TFS, O_MIROSTAT_TAU, O_MIROSTAT_ETA, O_REPEAT_PENALTY, O_REPEAT_LAST_N,
     O_FREQUENCY_PENALTY, O_PRESENCE_PENALTY, O_FSD_ALPHA, O_FSD_K, O_FSD_N, O_FSD_BETA, O_FSD_RANDOM_STEPS,
@@ -51,6 +52,8 @@ static const iflow_opt opts[] = {
     {O_FSD_N, "fsd-n", 0, "N", "fsd: n-gram order of the anti-model (default 3)", NULL},
     {O_FSD_BETA, "fsd-beta", 0, "B", "fsd: smoothing of the anti-model (default 0.9)", NULL},
     {O_FSD_RANDOM_STEPS, "fsd-random-steps", 0, "N", "rfsd: draw the first N tokens at random, then choose as fsd; 0 for all (default 0)", NULL},
+    {O_CONTEXT_SHIFT, "context-shift", 0, "MODE", "when the context is full: none (stop there), rope (keep --keep positions, drop the older half of the rest, rotate the cached keys after them) or recompute (the same, the kept tokens evaluated again); default none, rope when --keep is given", "none rope recompute"},
+    {O_KEEP, "keep", 0, "N", "a context shift keeps the first N prompt tokens, the beginning-of-sequence token included; -1 for the whole prompt (default 4)", NULL},
     {O_SEED, "seed", 0, "N", "random seed; the same seed gives the same output (default: from the clock)", NULL},
     {O_THREADS, "threads", 't', "N", "compute threads (default: all cores)", NULL},
     {O_CTX, "ctx-size", 'c', "N", "context length in tokens (default: the model's)", NULL},
@@ -81,6 +84,7 @@ typedef struct {
     const char *model, *prompt;
     int n_predict, threads, n_ctx, echo, json, tokenize, bos, parse_special, verbose, list_devices;
     int batch, parallel, kv_type, dry_run;
+    int context_shift, keep;
     const char *metrics;
     device_opts dev;
     iflow_sampler_params sp;
@@ -196,7 +200,8 @@ static void generate(generator *g, const char *prompt, size_t prompt_len)
     g->acc_len = 0;
     if (o->n_predict > 0) {
         iflow_request q = {.prompt = ids, .n_prompt = (int)n_ids, .max_tokens = o->n_predict, .sampling = o->sp,
-                           .n_stop = o->n_stops, .user = g, .on_text = on_text};
+                           .n_stop = o->n_stops, .context_shift = o->context_shift, .keep = o->keep, .user = g,
+                           .on_text = on_text};
         q.sampling.seed += (uint64_t)g->n_prompts;
         for (int i = 0; i < o->n_stops; i++)
             q.stop[i] = o->stops[i];
@@ -245,6 +250,7 @@ static int run_batch(const run_opts *o)
         die(&tool, "model '%s' has no tokenizer", o->model);
     batch_opts b = {.parallel = o->parallel, .n_ctx = o->n_ctx, .kv_type = o->kv_type, .threads = o->threads,
                     .max_tokens = o->n_predict, .verbose = o->verbose, .json = o->json, .sp = o->sp,
+                    .context_shift = o->context_shift, .keep = o->keep,
                     .metrics = o->metrics, .model = o->model};
     int rc;
     if (o->dry_run) {
@@ -348,7 +354,8 @@ static void sampling_opt(sampling_opts *so, int id, const char *arg)
 
 int main(int argc, char **argv)
 {
-    run_opts o = {.n_predict = 128, .dev = {.gpu_layers = -1}};
+    run_opts o = {.n_predict = 128, .dev = {.gpu_layers = -1}, .context_shift = -1, .keep = 4};
+    int keep_given = 0;
     iflow_sampler_params_default(&o.sp);
     o.sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
     sampling_opts so = {.n = 0};
@@ -386,8 +393,18 @@ int main(int argc, char **argv)
             break;
         case O_METRICS: o.metrics = arg; break;
         case O_DRY_RUN: o.dry_run = 1; break;
+        case O_CONTEXT_SHIFT:
+            if ((o.context_shift = iflow_shift_from_name(arg)) < 0)
+                die_usage(&tool, "--context-shift must be none, rope or recompute, not '%s'", arg);
+            break;
+        case O_KEEP:
+            o.keep = (int)opt_long(&tool, "keep", arg, -1, 1 << 24);
+            keep_given = 1;
+            break;
         }
     }
+    if (o.context_shift < 0) /* --keep alone asks for a shift */
+        o.context_shift = keep_given ? IFLOW_SHIFT_ROPE : IFLOW_SHIFT_NONE;
     if (iflow_sampler_params_set_all(&o.sp, so.name, so.value, so.n) < 0)
         die_usage(&tool, "%s", iflow_errmsg());
     for (int i = 0; i < o.n_stops; i++)

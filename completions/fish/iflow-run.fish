@@ -21,6 +21,8 @@ complete -c iflow-run -l fsd-k -x -d 'fsd: choose among the K most likely tokens
 complete -c iflow-run -l fsd-n -x -d 'fsd: n-gram order of the anti-model (default 3)'
 complete -c iflow-run -l fsd-beta -x -d 'fsd: smoothing of the anti-model (default 0.9)'
 complete -c iflow-run -l fsd-random-steps -x -d 'rfsd: draw the first N tokens at random, then choose as fsd; 0 for all (default 0)'
+complete -c iflow-run -l context-shift -x -a 'none rope recompute' -d 'when the context is full: none (stop there), rope (keep --keep positions, drop the older half of the rest, rotate the cached keys after them) or recompute (the same, the kept tokens evaluated again); default none, rope when --keep is given'
+complete -c iflow-run -l keep -x -d 'a context shift keeps the first N prompt tokens, the beginning-of-sequence token included; -1 for the whole prompt (default 4)'
 complete -c iflow-run -l seed -x -d 'random seed; the same seed gives the same output (default: from the clock)'
 complete -c iflow-run -l threads -s t -x -d 'compute threads (default: all cores)'
 complete -c iflow-run -l ctx-size -s c -x -d 'context length in tokens (default: the model\'s)'

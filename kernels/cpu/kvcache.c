@@ -5,6 +5,7 @@
  * file is compiled without FMA contraction (-std=c11), so every clone gives the same bits.
  */
 #include "kernels/cpu/kvcache.h"
+#include "kernels/cpu/kernels.h"
 
 #include <math.h>
 #include <omp.h>
@@ -180,6 +181,40 @@ void ifk_kv_store(void *pool, const ifk_kv_layout *L, const ifk_kv_seq *seqs, in
     for (int s = 0; s < n_seqs; s++)
         for (int i = 0; i < seqs[s].n_rows; i++)
             store_row(pool, L, row_of(L, seqs[s].table, seqs[s].pos0 + i), x + (size_t)(seqs[s].row0 + i) * ldx);
+}
+
+/* ---- context shift ------------------------------------------------------------------------ */
+
+/* Pool row dst = pool row src, as stored (values, and Q8's scales). */
+static void copy_row(void *pool, const ifk_kv_layout *L, size_t dst, size_t src)
+{
+    const size_t KV = (size_t)L->n_kv_heads * L->head_dim;
+    switch (L->type) {
+    case IFK_KV_F32: memmove((float *)pool + dst * KV, (float *)pool + src * KV, KV * sizeof(float)); break;
+    case IFK_KV_F16: memmove((uint16_t *)pool + dst * KV, (uint16_t *)pool + src * KV, KV * 2); break;
+    case IFK_KV_Q8: {
+        const size_t ns = KV / (size_t)L->group;
+        uint16_t *sc = (uint16_t *)((int8_t *)pool + (size_t)L->n_blocks * L->block * KV);
+        memmove((int8_t *)pool + dst * KV, (int8_t *)pool + src * KV, KV);
+        memmove(sc + dst * ns, sc + src * ns, ns * 2);
+        break;
+    }
+    default: break;
+    }
+}
+
+void ifk_kv_shift(void *k, void *v, const ifk_kv_layout *L, const int32_t *table, int n_past, int keep, int discard,
+                  const ifk_rope_params *rp, float *tmp)
+{
+    if (discard <= 0 || keep < 0 || keep + discard > n_past)
+        return;
+    for (int p = keep + discard; p < n_past; p++) {
+        size_t src = row_of(L, table, p), dst = row_of(L, table, p - discard);
+        ifk_kv_load_row(tmp, k, L, table, p);
+        ifk_rope(tmp, L->n_kv_heads, L->head_dim, rp->rot_dim, -discard, rp->theta, rp->freq_scale, rp->layout);
+        store_row(k, L, dst, tmp);
+        copy_row(v, L, dst, src);
+    }
 }
 
 /* ---- attention ---------------------------------------------------------------------------- */

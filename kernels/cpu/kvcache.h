@@ -69,6 +69,25 @@ void ifk_attention_paged(float *out, const float *q, size_t ld, const void *k, c
                          const ifk_kv_layout *L, const ifk_kv_seq *seqs, int n_seqs, int n_heads,
                          float scale, int n_threads);
 
+/* Rotary parameters as ifk_rope takes them (kernels.h). */
+typedef struct {
+    int rot_dim;
+    float theta;
+    const float *freq_scale; /* [rot_dim / 2] or NULL */
+    int layout;              /* IFK_ROPE_HALF or IFK_ROPE_INTERLEAVED */
+} ifk_rope_params;
+
+/* Context shift (StreamingLLM's attention sinks; Neural Speed's shift-RoPE-K): of a sequence's
+ * n_past cached positions keep 0 .. keep - 1, drop keep .. keep + discard - 1, and move
+ * keep + discard .. n_past - 1 down by `discard`. Values move as stored. Keys are rotated back
+ * by `discard` positions instead of being recomputed: RoPE rotates pair i by pos * f_i, so
+ * R(-d f_i) R(p f_i) k = R((p - d) f_i) k; each key row is loaded as F32, rotated by ifk_rope
+ * at position -discard and stored again (F32 keys lose nothing but the rotation's rounding;
+ * F16 and Q8 keys are rounded a second time). tmp: [n_kv_heads * head_dim] scratch. Rows are
+ * moved in ascending order, so the ranges may overlap. */
+void ifk_kv_shift(void *k, void *v, const ifk_kv_layout *L, const int32_t *table, int n_past, int keep, int discard,
+                  const ifk_rope_params *rp, float *tmp);
+
 /* One stored row back as F32 (tests, and a CPU fallback): out [KV] = position pos of a
  * sequence with block table `table`. */
 void ifk_kv_load_row(float *out, const void *pool, const ifk_kv_layout *L, const int32_t *table, int pos);

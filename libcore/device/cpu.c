@@ -102,6 +102,17 @@ static int cpu_kv_store(iflow_device *d, void *pool, const ifk_kv_layout *L, con
     return 0;
 }
 
+static int cpu_kv_shift(iflow_device *d, void *k, void *v, const ifk_kv_layout *L, const int32_t *table, int n_past,
+                        int keep, int discard, const ifk_rope_params *rp)
+{
+    float *tmp = malloc((size_t)L->n_kv_heads * L->head_dim * sizeof(float));
+    if (!tmp)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    ifk_kv_shift(k, v, L, table, n_past, keep, discard, rp, tmp);
+    free(tmp);
+    return 0;
+}
+
 static int cpu_attention_paged(iflow_device *d, float *out, const float *q, size_t ld, const void *k, const void *v,
                                const ifk_kv_layout *L, const ifk_kv_seq *seqs, int n_seqs, int n_heads, float scale)
 {
@@ -117,7 +128,7 @@ static int cpu_query(const iflow_device *d, iflow_device_info *info)
 
 static const iflow_device_ops cpu_ops = {
     cpu_close, cpu_query, cpu_alloc, cpu_free, cpu_copy, cpu_copy, cpu_supports, cpu_matmul, cpu_rmsnorm,
-    cpu_rope, cpu_attention, cpu_silu_mul, cpu_add, cpu_add_bias, cpu_argmax, cpu_kv_store, cpu_attention_paged,
+    cpu_rope, cpu_attention, cpu_silu_mul, cpu_add, cpu_add_bias, cpu_argmax, cpu_kv_store, cpu_attention_paged, cpu_kv_shift,
 };
 
 /* The CPU's brand string, from /proc/cpuinfo ("" if unreadable). */

@@ -86,6 +86,10 @@ typedef struct {
                      const float *x, size_t ldx);
     int  (*attention_paged)(iflow_device *d, float *out, const float *q, size_t ld, const void *k, const void *v,
                             const ifk_kv_layout *L, const ifk_kv_seq *seqs, int n_seqs, int n_heads, float scale);
+    /* ifk_kv_shift (context shift: drop positions, rotate the keys after them back); NULL:
+     * the backend cannot (the engine says so with IFLOW_EUNSUPPORTED). */
+    int  (*kv_shift)(iflow_device *d, void *k, void *v, const ifk_kv_layout *L, const int32_t *table, int n_past,
+                     int keep, int discard, const ifk_rope_params *rp);
 } iflow_device_ops;
 
 struct iflow_device {

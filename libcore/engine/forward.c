@@ -197,6 +197,60 @@ void iflow_kv_close(iflow_kv *kv)
     free(kv);
 }
 
+int iflow_kv_read_row(const iflow_kv *kv, int layer, int value, const int32_t *table, int pos, float *out)
+{
+    const iflow_model *m = kv->m;
+    if (layer < 0 || layer >= m->hp.n_layers)
+        return iflow_seterr(IFLOW_ERANGE, "layer %d of %d", layer, m->hp.n_layers);
+    for (int k = m->part0[layer]; k < m->part0[layer + 1]; k++) {
+        if (kv->dev[k])
+            return iflow_seterr(IFLOW_EUNSUPPORTED, "reading KV rows from %s", kv->dev[k]->info.name);
+        const layer_part *p = &m->parts[k];
+        ifk_kv_load_row(out + (size_t)p->kv0 * m->hp.head_dim, value ? kv->v[k] : kv->k[k], &kv->L[k], table, pos);
+    }
+    return 0;
+}
+
+int iflow_kv_can_shift(const iflow_kv *kv, const char **device)
+{
+    for (int k = 0; k < kv->n_parts; k++)
+        if (kv->dev[k] && !kv->dev[k]->ops->kv_shift) {
+            if (device)
+                *device = kv->dev[k]->info.name;
+            return 0;
+        }
+    return 1;
+}
+
+int iflow_kv_shift(iflow_kv *kv, const int32_t *table, int n_past, int keep, int discard)
+{
+    const iflow_model *m = kv->m;
+    const iflow_hparams *hp = &m->hp;
+    if (keep < 0 || discard <= 0 || keep + discard > n_past)
+        return iflow_seterr(IFLOW_EINVAL, "cannot drop %d positions after the first %d of %d", discard, keep, n_past);
+    for (int k = 0; k < kv->n_parts; k++) {
+        if (!kv->k[k] || !kv->v[k])
+            continue;
+        ifk_rope_params rp = {hp->rope_dim, hp->rope_theta, m->rope_scale, hp->rope_layout};
+        iflow_device *d = kv->dev[k];
+        if (!d) { /* pools in host memory */
+            float *tmp = malloc((size_t)kv->L[k].n_kv_heads * kv->L[k].head_dim * sizeof(float));
+            if (!tmp)
+                return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+            ifk_kv_shift(kv->k[k], kv->v[k], &kv->L[k], table, n_past, keep, discard, &rp, tmp);
+            free(tmp);
+            continue;
+        }
+        if (!d->ops->kv_shift)
+            return iflow_seterr(IFLOW_EUNSUPPORTED, "context shift is not implemented on %s", d->info.name);
+        rp.freq_scale = m->rope_scale_w[m->parts[k].dev];
+        int rc = d->ops->kv_shift(d, kv->k[k], kv->v[k], &kv->L[k], table, n_past, keep, discard, &rp);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
 /* ---- contexts ---------------------------------------------------------------------------- */
 
 /* A context with scratch on every device; its own cache of n_ctx positions unless n_ctx < 0. */

@@ -176,6 +176,16 @@ int  iflow_kv_open(iflow_kv **out, const iflow_model *m, int type, int block, in
 void iflow_kv_close(iflow_kv *kv);
 /* Bytes one block takes over all layers (K and V) for this model's placement. */
 uint64_t iflow_kv_block_bytes(const iflow_model *m, int type, int block);
+/* Context shift of one sequence (block table `table`, n_past positions cached), in every
+ * layer: keep positions 0 .. keep - 1, drop the next `discard`, move the rest down by discard
+ * with their keys rotated back (kernels/cpu/kvcache.h's ifk_kv_shift). The sequence then has
+ * n_past - discard positions. IFLOW_EUNSUPPORTED on a device without the operation. */
+int iflow_kv_shift(iflow_kv *kv, const int32_t *table, int n_past, int keep, int discard);
+/* Tests: out [n_kv_heads * head_dim] = layer's K (value 0) or V (value 1) row at position pos of
+ * the sequence with block table `table`, as F32. Host pools only (else IFLOW_EUNSUPPORTED). */
+int iflow_kv_read_row(const iflow_kv *kv, int layer, int value, const int32_t *table, int pos, float *out);
+/* 1 if every device of kv can shift; else 0 and *device (if not NULL) names one that cannot. */
+int iflow_kv_can_shift(const iflow_kv *kv, const char **device);
 
 typedef struct {
     const int32_t *ids;      /* [n] tokens at positions pos0 .. pos0 + n - 1               */

@@ -16,7 +16,14 @@ typedef struct req {
     int state;
     int32_t *prompt;              /* [n_prompt]                                             */
     int n_prompt, max_tokens;
-    int n_done;                   /* prompt tokens already in the cache                    */
+    int clipped;                  /* max_tokens was cut to what the context holds          */
+    const int32_t *fill;          /* PREFILL: the tokens to evaluate from position 0: the
+                                   * prompt, or after a RECOMPUTE shift the kept window    */
+    int n_fill;
+    int n_done;                   /* of fill, the tokens already in the cache              */
+    int n_past;                   /* positions in the cache                                */
+    int shift, keep;              /* context shift (IFLOW_SHIFT_*) and positions it keeps  */
+    int32_t *window;              /* shift: [n_ctx + 1] the token at each cache position   */
     int32_t pending;              /* DECODE: the last drawn token, not yet in the cache    */
     int32_t drawn;                /* greedy: the argmax the step found on the output device */
     int32_t *blocks;              /* [n_reserved] block table (n_held filled)              */
@@ -51,6 +58,21 @@ static double now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static const char *const shift_names[] = {"none", "rope", "recompute"};
+
+const char *iflow_shift_name(int shift)
+{
+    return shift >= 0 && shift <= IFLOW_SHIFT_RECOMPUTE ? shift_names[shift] : "?";
+}
+
+int iflow_shift_from_name(const char *name)
+{
+    for (int i = 0; i <= IFLOW_SHIFT_RECOMPUTE; i++)
+        if (strcmp(name, shift_names[i]) == 0)
+            return i;
+    return -1;
 }
 
 const char *iflow_finish_name(int finish)
@@ -127,6 +149,7 @@ static void req_free(req *r)
     if (!r)
         return;
     free(r->prompt);
+    free(r->window);
     free(r->blocks);
     iflow_sampler_close(r->sampler);
     iflow_stop_close(r->stop);
@@ -185,9 +208,22 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
     if (q->n_prompt >= b->p.n_ctx)
         return iflow_seterr(IFLOW_ERANGE, "the prompt of %d tokens does not fit the context of %d", q->n_prompt,
                             b->p.n_ctx);
-    int max_tokens = q->max_tokens < b->p.n_ctx - q->n_prompt ? q->max_tokens : b->p.n_ctx - q->n_prompt;
-    /* the last drawn token is never stored: the cache holds n_prompt + max_tokens - 1 positions */
-    int need = blocks_for(b, q->n_prompt + max_tokens - 1);
+    if (q->context_shift < IFLOW_SHIFT_NONE || q->context_shift > IFLOW_SHIFT_RECOMPUTE)
+        return iflow_seterr(IFLOW_EINVAL, "unknown context shift %d", q->context_shift);
+    int shift = q->context_shift, keep = q->keep < 0 || q->keep > q->n_prompt ? q->n_prompt : q->keep;
+    if (shift && keep > b->p.n_ctx - 2)
+        return iflow_seterr(IFLOW_ERANGE, "keeping %d positions leaves nothing to shift in a context of %d", keep,
+                            b->p.n_ctx);
+    const char *dev;
+    if (shift == IFLOW_SHIFT_ROPE && !iflow_kv_can_shift(b->kv, &dev))
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "context shift 'rope' is not implemented on %s (use 'recompute')", dev);
+    int max_tokens = q->max_tokens;
+    if (!shift && max_tokens > b->p.n_ctx - q->n_prompt)
+        max_tokens = b->p.n_ctx - q->n_prompt;
+    /* the last drawn token is never stored: the cache holds n_prompt + max_tokens - 1 positions
+     * (at most n_ctx when the context shifts) */
+    int64_t span = (int64_t)q->n_prompt + max_tokens - 1;
+    int need = blocks_for(b, span < b->p.n_ctx ? (int)span : b->p.n_ctx);
     if (need > b->p.n_blocks)
         return iflow_seterr(IFLOW_ERANGE, "the request needs %d KV blocks; the cache has %d", need, b->p.n_blocks);
     req *r = calloc(1, sizeof *r);
@@ -196,9 +232,11 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
     r->res = calloc(1, sizeof *r->res);
     r->prompt = malloc((size_t)q->n_prompt * sizeof *r->prompt);
     r->blocks = malloc((size_t)need * sizeof *r->blocks);
+    if (shift)
+        r->window = malloc(((size_t)b->p.n_ctx + 1) * sizeof *r->window);
     if (r->res)
         r->res->tokens = malloc((size_t)max_tokens * sizeof *r->res->tokens);
-    if (!r->res || !r->prompt || !r->blocks || !r->res->tokens) {
+    if (!r->res || !r->prompt || !r->blocks || !r->res->tokens || (shift && !r->window)) {
         req_free(r);
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
     }
@@ -216,6 +254,13 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
     memcpy(r->prompt, q->prompt, (size_t)q->n_prompt * sizeof *r->prompt);
     r->n_prompt = q->n_prompt;
     r->max_tokens = max_tokens;
+    r->clipped = max_tokens < q->max_tokens;
+    r->fill = r->prompt;
+    r->n_fill = q->n_prompt;
+    r->shift = shift;
+    r->keep = keep;
+    if (shift)
+        memcpy(r->window, q->prompt, (size_t)q->n_prompt * sizeof *r->window);
     r->n_reserved = need;
     r->first_piece = q->n_prompt == 1 && q->prompt[0] == hp->bos;
     r->on_text = q->on_text;
@@ -370,13 +415,36 @@ static int accept(iflow_batch *b, req *r, int32_t id)
     if (stop)
         return finish(b, r, IFLOW_FINISH_STOP);
     if (res->n_tokens == r->max_tokens) /* clipped by the context, or max_tokens itself */
-        return finish(b, r, r->n_prompt + res->n_tokens >= b->p.n_ctx ? IFLOW_FINISH_CONTEXT : IFLOW_FINISH_LENGTH);
+        return finish(b, r, r->clipped ? IFLOW_FINISH_CONTEXT : IFLOW_FINISH_LENGTH);
     r->pending = id;
     r->state = DECODE;
     return 0;
 }
 
 /* ---- a step ---------------------------------------------------------------------------------- */
+
+/* r's context is full: keep its first positions, drop the older half of the rest. ROPE moves
+ * the cache (keys rotated); RECOMPUTE sends the kept window, with the pending token, back
+ * through prefill. */
+static int shift_context(iflow_batch *b, req *r)
+{
+    int discard = (r->n_past - r->keep) / 2, rc;
+    if (r->shift == IFLOW_SHIFT_ROPE && (rc = iflow_kv_shift(b->kv, r->blocks, r->n_past, r->keep, discard)) < 0)
+        return rc;
+    memmove(r->window + r->keep, r->window + r->keep + discard,
+            (size_t)(r->n_past - r->keep - discard) * sizeof *r->window);
+    r->n_past -= discard;
+    b->st.shifts++;
+    if (r->shift == IFLOW_SHIFT_RECOMPUTE) {
+        r->window[r->n_past] = r->pending;
+        r->fill = r->window;
+        r->n_fill = r->n_past + 1;
+        r->n_done = r->n_past = 0;
+        r->state = PREFILL;
+        b->st.recomputed += (uint64_t)r->n_fill;
+    }
+    return 0;
+}
 
 /* Sequence n of the step is r's last row before a draw: its logits for r's sampler, or for a
  * greedy request only the argmax (found where the logits are; only the id crosses). */
@@ -398,7 +466,13 @@ int iflow_batch_step(iflow_batch *b)
     /* decode tokens first (one each), then prompt chunks in admission order */
     for (req *r = b->running; r && tokens < b->p.step_tokens; r = r->next)
         if (r->state == DECODE) {
-            int pos = r->n_prompt + r->res->n_tokens - 1;
+            if (r->n_past == b->p.n_ctx && (rc = shift_context(b, r)) < 0)
+                return rc;
+            if (r->state != DECODE)
+                continue; /* its window is prefilled again below */
+            int pos = r->n_past;
+            if (r->window)
+                r->window[pos] = r->pending;
             hold_blocks(b, r, pos + 1);
             seqs[n] = (iflow_step_seq){.ids = &r->pending, .n = 1, .pos0 = pos, .table = r->blocks};
             wants_token(b, r, &seqs[n], n);
@@ -407,12 +481,12 @@ int iflow_batch_step(iflow_batch *b)
         }
     for (req *r = b->running; r && tokens < b->p.step_tokens; r = r->next)
         if (r->state == PREFILL) {
-            int chunk = r->n_prompt - r->n_done;
+            int chunk = r->n_fill - r->n_done;
             if (chunk > b->p.step_tokens - tokens)
                 chunk = b->p.step_tokens - tokens;
             hold_blocks(b, r, r->n_done + chunk);
-            int last = r->n_done + chunk == r->n_prompt;
-            seqs[n] = (iflow_step_seq){.ids = r->prompt + r->n_done, .n = chunk, .pos0 = r->n_done, .table = r->blocks};
+            int last = r->n_done + chunk == r->n_fill;
+            seqs[n] = (iflow_step_seq){.ids = r->fill + r->n_done, .n = chunk, .pos0 = r->n_done, .table = r->blocks};
             if (last)
                 wants_token(b, r, &seqs[n], n);
             who[n++] = r;
@@ -432,8 +506,11 @@ int iflow_batch_step(iflow_batch *b)
         req *r = who[i];
         if (r->state == PREFILL) {
             r->n_done += seqs[i].n;
-            b->st.prompt += (uint64_t)seqs[i].n;
-        }
+            r->n_past = r->n_done;
+            if (r->fill == r->prompt)
+                b->st.prompt += (uint64_t)seqs[i].n;
+        } else
+            r->n_past++;
         if (!seqs[i].logits && !seqs[i].next)
             continue;
         int32_t id = r->greedy ? r->drawn : iflow_sampler_sample(r->sampler, seqs[i].logits);

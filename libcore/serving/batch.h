@@ -53,6 +53,20 @@ const char *iflow_finish_name(int finish);
 
 #define IFLOW_MAX_STOP 8
 
+/* What a request does when its context is full (iflow_request.context_shift):
+ *   NONE       it ends there (finish reason "context"; max_tokens is clipped at admission);
+ *   ROPE       keep the first `keep` positions (attention sinks), drop the older half of the
+ *              rest, and rotate the cached keys after them back to their new positions
+ *              (model.h's iflow_kv_shift: no recomputation, one pass over the cache);
+ *   RECOMPUTE  the same tokens kept, their cache recomputed from the tokens (a prefill of
+ *              the kept window: what plain truncation costs).
+ * Either way generation goes on up to max_tokens, in the blocks of one context: memory stays
+ * flat however long the request runs. */
+enum { IFLOW_SHIFT_NONE = 0, IFLOW_SHIFT_ROPE, IFLOW_SHIFT_RECOMPUTE };
+/* "none", "rope", "recompute"; and back (-1 for another name). */
+const char *iflow_shift_name(int shift);
+int iflow_shift_from_name(const char *name);
+
 typedef struct {
     const int32_t *prompt;          /* [n_prompt] token ids (a BOS included if wanted)       */
     int n_prompt;
@@ -60,6 +74,9 @@ typedef struct {
     iflow_sampler_params sampling;  /* temp 0: greedy                                        */
     const char *stop[IFLOW_MAX_STOP]; /* stop strings (copied, none empty); the text ends before one */
     int n_stop;
+    int context_shift;              /* IFLOW_SHIFT_*                                         */
+    int keep;                       /* positions a shift keeps (BOS included; at most the
+                                     * prompt's length; -1: the whole prompt)               */
     void *user;                     /* handed back in the result and to on_text             */
     /* Optional: called during iflow_batch_step() with each piece of text as it becomes final
      * (a tail that may start a stop string is held back until it is settled). */
@@ -81,6 +98,7 @@ typedef struct {
     uint64_t steps, step_tokens;    /* steps run and the tokens they held                   */
     uint64_t running_sum;           /* sum over steps of the requests running               */
     uint64_t generated, prompt;     /* tokens generated, prompt tokens prefilled            */
+    uint64_t shifts, recomputed;    /* context shifts, and the tokens re-evaluated for them */
     int blocks_total, blocks_used, blocks_peak;
     int running, queued;            /* now                                                  */
 } iflow_batch_stats;

@@ -82,6 +82,13 @@ static int parse_object(iflow_request_fields *f, const json_t *js)
             if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > (1 << 24))
                 return iflow_seterr(IFLOW_EINVAL, "field 'max_tokens' must be an integer from 1 to %d", 1 << 24);
             f->max_tokens = (int)json_integer_value(v);
+        } else if (strcmp(key, "keep") == 0) {
+            if (!json_is_integer(v) || json_integer_value(v) < -1 || json_integer_value(v) > (1 << 24))
+                return iflow_seterr(IFLOW_EINVAL, "field 'keep' must be an integer from -1 to %d", 1 << 24);
+            f->keep = (int)json_integer_value(v);
+        } else if (strcmp(key, "context_shift") == 0) {
+            if (!json_is_string(v) || (f->context_shift = iflow_shift_from_name(json_string_value(v))) < 0)
+                return iflow_seterr(IFLOW_EINVAL, "field 'context_shift' must be \"none\", \"rope\" or \"recompute\"");
         } else if (strcmp(key, "stop") == 0) {
             if ((rc = parse_stop(f, v)) < 0)
                 return rc;
@@ -102,13 +109,15 @@ static int parse_object(iflow_request_fields *f, const json_t *js)
     return iflow_sampler_params_set_all(&f->sp, names, vals, n);
 }
 
-int iflow_request_parse(iflow_request_fields *f, const char *line, size_t len, long line_no, int max_tokens,
-                        const iflow_sampler_params *defaults)
+int iflow_request_parse(iflow_request_fields *f, const char *line, size_t len, long line_no,
+                        const iflow_request_defaults *d)
 {
     memset(f, 0, sizeof *f);
-    f->max_tokens = max_tokens;
-    f->sp = *defaults;
-    f->sp.seed = defaults->seed + (uint64_t)(line_no - 1); /* line 1: the seed itself; a "seed" field overrides */
+    f->max_tokens = d->max_tokens;
+    f->context_shift = d->context_shift;
+    f->keep = d->keep;
+    f->sp = d->sp;
+    f->sp.seed = d->sp.seed + (uint64_t)(line_no - 1); /* line 1: the seed itself; a "seed" field overrides */
     json_error_t jerr;
     json_t *js = json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);
     const json_t *id = json_is_object(js) ? json_object_get(js, "id") : NULL;

@@ -6,7 +6,7 @@
  *   A request is a JSON object on one line. Fields: "prompt" (a string, required), "id" (any
  *   JSON value, kept as compact JSON text; the line number when absent), "max_tokens" (an
  *   integer >= 1), "stop" (a string, or an array of at most IFLOW_MAX_STOP non-empty strings),
- *   and every sampling parameter of sampler.h's name table ("temperature", "top_k", "top_p",
+ *   "context_shift" ("none", "rope" or "recompute": batch.h), "keep" (an integer >= -1), and every sampling parameter of sampler.h's name table ("temperature", "top_k", "top_p",
  *   "min_p", "seed", "sampler", "mirostat", "repeat_penalty", ...: numbers, or a string for
  *   "sampler"). A field that is absent keeps the default given; "seed" defaults to the given
  *   seed plus the line number minus one (iflow-run's plain mode seeds its n-th prompt, from 0,
@@ -32,10 +32,17 @@ typedef struct {
     iflow_sampler_params sp;
     char *stop[IFLOW_MAX_STOP];
     int n_stop;
+    int context_shift, keep;        /* batch.h's iflow_request fields                      */
 } iflow_request_fields;
 
-int  iflow_request_parse(iflow_request_fields *out, const char *line, size_t len, long line_no, int max_tokens,
-                         const iflow_sampler_params *defaults);
+/* What a field that is absent gets. */
+typedef struct {
+    int max_tokens, context_shift, keep;
+    iflow_sampler_params sp;
+} iflow_request_defaults;
+
+int  iflow_request_parse(iflow_request_fields *out, const char *line, size_t len, long line_no,
+                         const iflow_request_defaults *defaults);
 void iflow_request_fields_free(iflow_request_fields *f);
 
 #endif

@@ -9,10 +9,10 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    iflow_sampler_params d;
-    iflow_sampler_params_default(&d);
+    iflow_request_defaults d = {.max_tokens = 16, .keep = 4};
+    iflow_sampler_params_default(&d.sp);
     iflow_request_fields f;
-    if (iflow_request_parse(&f, (const char *)data, size, 7, 16, &d) == 0) {
+    if (iflow_request_parse(&f, (const char *)data, size, 7, &d) == 0) {
         iflow_sampler *s;
         if (iflow_sampler_open(&s, &f.sp, 64) == 0) {
             float logits[64];
@@ -21,7 +21,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             iflow_sampler_sample(s, logits);
             iflow_sampler_close(s);
         }
-        if (!f.prompt || !f.id || f.max_tokens < 1)
+        if (!f.prompt || !f.id || f.max_tokens < 1 || f.keep < -1 || !iflow_shift_name(f.context_shift) ||
+            iflow_shift_name(f.context_shift)[0] == '?')
             abort();
     }
     iflow_request_fields_free(&f);
