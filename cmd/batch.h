@@ -19,6 +19,8 @@ typedef struct {
     int context_shift, keep;     /* defaults for requests that do not say */
     iflow_sampler_params sp;     /* defaults for requests that do not say */
     const char *metrics;         /* --metrics FILE, or NULL */
+    const iflow_model *draft;    /* --draft (placed), or NULL */
+    int draft_n, draft_top_k;
     const char *model;           /* for messages */
 } batch_opts;
 

@@ -23,7 +23,7 @@ enum {
     O_MODEL = 'm', O_PROMPT = 'p', O_NPREDICT = 'n', O_THREADS = 't', O_CTX = 'c', O_VERBOSE = 'v',
     O_TEMP = 256, O_TOPK, O_TOPP, O_SEED, O_ECHO, O_JSON, O_TOKENIZE, O_BOS, O_PARSE_SPECIAL, O_DEVICE,
     O_GPU_LAYERS, O_LIST_DEVICES, O_PLAN, O_STOP, O_BATCH, O_PARALLEL, O_KV_TYPE, O_METRICS, O_DRY_RUN,
-    O_CONTEXT_SHIFT, O_KEEP,
+    O_CONTEXT_SHIFT, O_KEEP, O_DRAFT, O_DRAFT_N, O_DRAFT_TOP_K,
     /* sampling: set through iflow_sampler_params_set() by their long names */
     O_SAMPLER, O_MINP, O_TYPICAL, O_TFS, O_MIROSTAT_TAU, O_MIROSTAT_ETA, O_REPEAT_PENALTY, O_REPEAT_LAST_N,
     O_FREQUENCY_PENALTY, O_PRESENCE_PENALTY, O_FSD_ALPHA, O_FSD_K, O_FSD_N, O_FSD_BETA, O_FSD_RANDOM_STEPS,
@@ -54,6 +54,9 @@ static const iflow_opt opts[] = {
     {O_FSD_RANDOM_STEPS, "fsd-random-steps", 0, "N", "rfsd: draw the first N tokens at random, then choose as fsd; 0 for all (default 0)", NULL},
     {O_CONTEXT_SHIFT, "context-shift", 0, "MODE", "when the context is full: none (stop there), rope (keep --keep positions, drop the older half of the rest, rotate the cached keys after them) or recompute (the same, the kept tokens evaluated again); default none, rope when --keep is given", "none rope recompute"},
     {O_KEEP, "keep", 0, "N", "a context shift keeps the first N prompt tokens, the beginning-of-sequence token included; -1 for the whole prompt (default 4)", NULL},
+    {O_DRAFT, "draft", 0, "FILE", "speculative decoding: draft model FILE (sharing the model's tokenizer) proposes tokens that the model checks in one step; greedy output is unchanged, sampled output keeps its distribution", "file"},
+    {O_DRAFT_N, "draft-n", 0, "N", "with --draft: tokens the draft proposes per step, 1 to 16 (default 5)", NULL},
+    {O_DRAFT_TOP_K, "draft-top-k", 0, "K", "with --draft: accept a proposal when it is among the model's K most likely tokens (faster, no longer the model's distribution; default 0: the exact rule)", NULL},
     {O_SEED, "seed", 0, "N", "random seed; the same seed gives the same output (default: from the clock)", NULL},
     {O_THREADS, "threads", 't', "N", "compute threads (default: all cores)", NULL},
     {O_CTX, "ctx-size", 'c', "N", "context length in tokens (default: the model's)", NULL},
@@ -85,6 +88,8 @@ typedef struct {
     int n_predict, threads, n_ctx, echo, json, tokenize, bos, parse_special, verbose, list_devices;
     int batch, parallel, kv_type, dry_run;
     int context_shift, keep;
+    const char *draft;
+    int draft_n, draft_top_k;
     const char *metrics;
     device_opts dev;
     iflow_sampler_params sp;
@@ -236,6 +241,19 @@ static void generate(generator *g, const char *prompt, size_t prompt_len)
     free(ids);
 }
 
+/* --draft: the draft model, on the device the options name (a plan places the model only). */
+static iflow_model *open_draft(const run_opts *o, placed *pl)
+{
+    iflow_model *d;
+    if (iflow_model_open(&d, o->draft, 0) < 0)
+        die(&tool, NULL);
+    device_opts dev = o->dev;
+    dev.plan = NULL;
+    dev.gpu_layers = -1;
+    devices_place(&tool, d, &dev, pl);
+    return d;
+}
+
 /* --batch and --dry-run: the continuous-batching engine (cmd/batch.c). */
 static int run_batch(const run_opts *o)
 {
@@ -256,9 +274,15 @@ static int run_batch(const run_opts *o)
     if (o->dry_run) {
         rc = batch_dry_run(&tool, m, &b);
     } else {
-        placed pl;
+        placed pl, dpl;
         devices_place(&tool, m, &o->dev, &pl);
+        iflow_model *d = o->draft ? open_draft(o, &dpl) : NULL;
+        b.draft = d, b.draft_n = o->draft_n, b.draft_top_k = o->draft_top_k;
         rc = batch_run(&tool, m, &b);
+        if (d) {
+            iflow_model_close(d);
+            devices_release(&dpl);
+        }
         iflow_model_close(m);
         devices_release(&pl);
         return rc;
@@ -289,12 +313,14 @@ static int run(const run_opts *o)
     g.m = m;
     if (!(g.tok = iflow_model_tokenizer(m)))
         die(&tool, "model '%s' has no tokenizer", o->model);
-    placed pl;
+    placed pl, dpl;
     devices_place(&tool, m, &o->dev, &pl);
+    iflow_model *draft = o->draft ? open_draft(o, &dpl) : NULL;
     iflow_batch_params bp = {.parallel = 1, .n_ctx = o->n_ctx, .n_threads = o->threads};
     iflow_sampler *chain; /* for -v: the chain the requests run */
     if (iflow_batch_open(&g.b, m, &bp) < 0 || iflow_sampler_open(&chain, &o->sp, iflow_model_hparams(m)->vocab_size) < 0 ||
-        iflow_batch_set_comm(g.b, comm) < 0)
+        iflow_batch_set_comm(g.b, comm) < 0 ||
+        (draft && iflow_batch_set_draft(g.b, draft, o->draft_n, o->draft_top_k) < 0))
         die(&tool, NULL);
     double t_load = now_s() - t0;
     if (o->prompt) {
@@ -325,9 +351,20 @@ static int run(const run_opts *o)
     char desc[256];
     if (o->verbose)
         fprintf(stderr, "%s: sampler: %s\n", tool.name, iflow_sampler_describe(chain, desc, sizeof desc));
+    iflow_batch_stats st;
+    iflow_batch_get_stats(g.b, &st);
+    if (o->verbose && draft)
+        fprintf(stderr, "%s: draft: %llu tokens proposed, %llu accepted (%.1f %%), %.2f tokens a step\n", tool.name,
+                (unsigned long long)st.drafted, (unsigned long long)st.accepted,
+                st.drafted ? 100.0 * (double)st.accepted / (double)st.drafted : 0.0,
+                st.steps ? (double)st.generated / (double)st.steps : 0.0);
     iflow_sampler_close(chain);
     free(g.acc);
     iflow_batch_close(g.b);
+    if (draft) {
+        iflow_model_close(draft);
+        devices_release(&dpl);
+    }
     iflow_model_close(m);
     devices_release(&pl);
     comm_mpi_close(comm);
@@ -354,7 +391,7 @@ static void sampling_opt(sampling_opts *so, int id, const char *arg)
 
 int main(int argc, char **argv)
 {
-    run_opts o = {.n_predict = 128, .dev = {.gpu_layers = -1}, .context_shift = -1, .keep = 4};
+    run_opts o = {.n_predict = 128, .dev = {.gpu_layers = -1}, .context_shift = -1, .keep = 4, .draft_n = 5};
     int keep_given = 0;
     iflow_sampler_params_default(&o.sp);
     o.sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
@@ -397,6 +434,9 @@ int main(int argc, char **argv)
             if ((o.context_shift = iflow_shift_from_name(arg)) < 0)
                 die_usage(&tool, "--context-shift must be none, rope or recompute, not '%s'", arg);
             break;
+        case O_DRAFT: o.draft = arg; break;
+        case O_DRAFT_N: o.draft_n = (int)opt_long(&tool, "draft-n", arg, 1, IFLOW_MAX_DRAFT); break;
+        case O_DRAFT_TOP_K: o.draft_top_k = (int)opt_long(&tool, "draft-top-k", arg, 0, 1 << 24); break;
         case O_KEEP:
             o.keep = (int)opt_long(&tool, "keep", arg, -1, 1 << 24);
             keep_given = 1;
@@ -422,6 +462,8 @@ int main(int argc, char **argv)
         die_usage(&tool, "unexpected operand '%s'", argv[opt_index()]);
     if (!o.model)
         die_usage(&tool, "no model given (-m FILE)");
+    if ((o.draft_n != 5 || o.draft_top_k) && !o.draft)
+        die_usage(&tool, "--draft-n and --draft-top-k go with --draft");
     if ((o.parallel || o.metrics || o.kv_type) && !o.batch && !o.dry_run)
         die_usage(&tool, "--parallel, --kv-type and --metrics go with --batch");
     int rc = o.tokenize ? tokenize(&o) : o.batch || o.dry_run ? run_batch(&o) : run(&o);

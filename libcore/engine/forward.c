@@ -797,8 +797,11 @@ static int out_logits_rows(iflow_ctx *c, int rows)
     return 0;
 }
 
-/* The logits (or the argmax) after the last row of every sequence that asks for them, one
- * matrix product for all of them (the output matrix is read once per step). */
+/* Rows of output a step sequence asks for. */
+static int out_rows_of(const iflow_step_seq *q) { return q->n_out > 0 ? q->n_out : 1; }
+
+/* The logits (or the argmax) after the last n_out rows of every sequence that asks for them,
+ * one matrix product for all of them (the output matrix is read once per step). */
 static int step_logits(iflow_ctx *c, dev_scratch *s, const iflow_step_seq *seqs, const ifk_kv_seq *seq, int n_seqs)
 {
     const iflow_hparams *hp = &c->m->hp;
@@ -806,11 +809,11 @@ static int step_logits(iflow_ctx *c, dev_scratch *s, const iflow_step_seq *seqs,
     int D = hp->dim, V = hp->vocab_size, n_out = 0, n_full = 0;
     for (int i = 0; i < n_seqs; i++)
         if (seqs[i].logits || seqs[i].next) {
-            int r = seq[i].row0 + seq[i].n_rows - 1;
-            TRY(d->ops->rmsnorm(d, s->xb + (size_t)n_out * D, s->x + (size_t)r * D, c->m->output_norm_w, 1, D,
+            int k = out_rows_of(&seqs[i]), r = seq[i].row0 + seq[i].n_rows - k;
+            TRY(d->ops->rmsnorm(d, s->xb + (size_t)n_out * D, s->x + (size_t)r * D, c->m->output_norm_w, k, D,
                                 hp->norm_eps));
-            n_out++;
-            n_full += seqs[i].logits != NULL;
+            n_out += k;
+            n_full += seqs[i].logits ? k : 0;
         }
     if (n_out == 0)
         return 0;
@@ -822,16 +825,18 @@ static int step_logits(iflow_ctx *c, dev_scratch *s, const iflow_step_seq *seqs,
     for (int i = 0, j = 0; i < n_seqs; i++) {
         if (!seqs[i].logits && !seqs[i].next)
             continue;
+        int k = out_rows_of(&seqs[i]);
         const float *row = y + (size_t)j * V;
         if (seqs[i].logits) {
             if (y == c->out_logits || n_full == n_out)
-                memcpy(seqs[i].logits, c->out_logits + (size_t)j * V, (size_t)V * sizeof(float));
+                memcpy(seqs[i].logits, c->out_logits + (size_t)j * V, (size_t)k * V * sizeof(float));
             else
-                TRY(d->ops->download(d, seqs[i].logits, row, (size_t)V * sizeof(float)));
+                TRY(d->ops->download(d, seqs[i].logits, row, (size_t)k * V * sizeof(float)));
         } else {
-            TRY(d->ops->argmax(d, seqs[i].next, row, V));
+            for (int t = 0; t < k; t++)
+                TRY(d->ops->argmax(d, seqs[i].next + t, row + (size_t)t * V, V));
         }
-        j++;
+        j += k;
     }
     return 0;
 }
@@ -849,6 +854,9 @@ int iflow_ctx_step(iflow_ctx *c, iflow_kv *kv, const iflow_step_seq *seqs, int n
         const iflow_step_seq *q = &seqs[i];
         if (q->n <= 0 || q->pos0 < 0 || !q->table)
             return iflow_seterr(IFLOW_EINVAL, "sequence %d of the step has %d tokens at position %d", i, q->n, q->pos0);
+        if (q->n_out < 0 || q->n_out > q->n)
+            return iflow_seterr(IFLOW_EINVAL, "sequence %d of the step asks for %d rows of output of its %d", i, q->n_out,
+                                q->n);
         if (T + q->n > MAX_BATCH)
             return iflow_seterr(IFLOW_ERANGE, "a step holds at most %d tokens", MAX_BATCH);
         TRY(check_ids(c, q->ids, q->n));
@@ -869,10 +877,11 @@ int iflow_ctx_step(iflow_ctx *c, iflow_kv *kv, const iflow_step_seq *seqs, int n
     if (cm->rank == root)
         TRY(step_logits(c, s, seqs, seq, n_seqs));
     for (int i = 0; i < n_seqs; i++) {
+        size_t k = (size_t)out_rows_of(&seqs[i]);
         if (seqs[i].logits)
-            TRY(cm->ops->bcast(cm, seqs[i].logits, (size_t)c->m->hp.vocab_size * sizeof(float), root));
+            TRY(cm->ops->bcast(cm, seqs[i].logits, k * c->m->hp.vocab_size * sizeof(float), root));
         else if (seqs[i].next)
-            TRY(cm->ops->bcast(cm, seqs[i].next, sizeof(int32_t), root));
+            TRY(cm->ops->bcast(cm, seqs[i].next, k * sizeof(int32_t), root));
     }
     return 0;
 }

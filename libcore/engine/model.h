@@ -191,10 +191,12 @@ typedef struct {
     const int32_t *ids;      /* [n] tokens at positions pos0 .. pos0 + n - 1               */
     int n, pos0;
     const int32_t *table;    /* block ids covering positions 0 .. pos0 + n - 1 (host)       */
-    float *logits;           /* [vocab] host: the logits after the last token; NULL: none */
-    int32_t *next;           /* or, with logits NULL: the most likely next token (the lowest id
-                              * among equal logits), found on the output device so that only
-                              * the id is copied back; NULL: none                             */
+    float *logits;           /* [n_out][vocab] host: the logits after each of the last n_out
+                              * tokens; NULL: none                                          */
+    int32_t *next;           /* or, with logits NULL: [n_out] the most likely next token (the
+                              * lowest id among equal logits) after each of them, found on the
+                              * output device so that only the ids are copied back; NULL: none */
+    int n_out;               /* rows of output (<= n): 0 means 1, the last token's           */
 } iflow_step_seq;
 
 /* A context with scratch but no cache of its own, for iflow_ctx_step. */

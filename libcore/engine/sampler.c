@@ -339,6 +339,118 @@ int32_t iflow_sampler_sample(iflow_sampler *s, const float *logits)
     }
 }
 
+/* ---- for speculative decoding ---- */
+
+int iflow_sampler_has_dist(const iflow_sampler *s)
+{
+    int k = s->p.kind;
+    return k == IFLOW_SAMPLER_CHAIN || k == IFLOW_SAMPLER_GREEDY ||
+           ((k == IFLOW_SAMPLER_MIROSTAT || k == IFLOW_SAMPLER_MIROSTAT2) && s->p.temp == 0);
+}
+
+int iflow_sampler_dist(iflow_sampler *s, const float *logits, float *probs)
+{
+    const iflow_sampler_params *p = &s->p;
+    if (!iflow_sampler_has_dist(s))
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "the %s sampler draws from no fixed distribution",
+                            iflow_sampler_kind_name(p->kind));
+    memset(probs, 0, (size_t)s->n_vocab * sizeof *probs);
+    if (iflow_sampler_is_greedy(s)) {
+        probs[iflow_argmax(logits, s->n_vocab)] = 1;
+        return 0;
+    }
+    iflow_cands cs;
+    iflow_cands_init(&cs, s->c, logits, s->n_vocab);
+    int w = p->repeat_last_n < 0 || p->repeat_last_n > s->n_hist ? s->n_hist : p->repeat_last_n;
+    if (w > 0)
+        iflow_cands_penalize(&cs, s->hist + s->n_hist - w, w, p->repeat_penalty, p->frequency_penalty,
+                             p->presence_penalty);
+    if (p->kind != IFLOW_SAMPLER_CHAIN || p->temp == 0) { /* greedy after the penalties */
+        probs[iflow_cands_greedy(&cs)] = 1;
+        return 0;
+    }
+    iflow_cands_top_k(&cs, p->top_k);
+    iflow_cands_tail_free(&cs, p->tfs_z);
+    iflow_cands_typical(&cs, p->typical_p);
+    iflow_cands_top_p(&cs, p->top_p);
+    iflow_cands_min_p(&cs, p->min_p);
+    iflow_cands_temperature(&cs, p->temp);
+    iflow_cands_softmax(&cs);
+    for (int i = 0; i < cs.n; i++)
+        probs[cs.c[i].id] = cs.c[i].p;
+    return 0;
+}
+
+double iflow_sampler_uniform(iflow_sampler *s) { return next_unit(s); }
+
+/* Index at u of the cumulative sum of x [n] (>= 0), scaled to its total. */
+static int32_t draw_dense(const float *x, int n, double u)
+{
+    double total = 0, acc = 0;
+    for (int i = 0; i < n; i++)
+        total += x[i];
+    double r = u * total;
+    int32_t last = 0;
+    for (int i = 0; i < n; i++) {
+        if (x[i] <= 0)
+            continue;
+        acc += x[i];
+        last = i;
+        if (r < acc)
+            return i;
+    }
+    return last;
+}
+
+int32_t iflow_sampler_draw(iflow_sampler *s, const float *probs) { return draw_dense(probs, s->n_vocab, next_unit(s)); }
+
+int iflow_sampler_n_accepted(const iflow_sampler *s) { return s->n_hist; }
+
+void iflow_sampler_truncate(iflow_sampler *s, int n)
+{
+    if (n >= 0 && n < s->n_hist)
+        s->n_hist = n;
+}
+
+int32_t iflow_spec_verify(const float *p, const float *q, int n, int32_t d, double u_accept, double u_draw, int top_k,
+                          int *accepted)
+{
+    double sp = 0, sq = 0;
+    for (int i = 0; i < n; i++)
+        sp += p[i], sq += q[i];
+    if (top_k > 0) { /* rank of d under p: tokens more probable, or as probable with a lower id */
+        int rank = 0;
+        for (int i = 0; i < n && rank < top_k; i++)
+            rank += p[i] > p[d] || (p[i] == p[d] && i < d);
+        *accepted = rank < top_k;
+        return *accepted ? d : iflow_argmax(p, n);
+    }
+    double pd = p[d] / sp, qd = sq > 0 ? q[d] / sq : 0;
+    *accepted = qd > 0 && u_accept * qd < pd; /* u < min(1, pd / qd) */
+    if (*accepted)
+        return d;
+    /* the residual max(0, p - q), drawn without building it: two passes over n */
+    double total = 0;
+    for (int i = 0; i < n; i++) {
+        double r = p[i] / sp - (sq > 0 ? q[i] / sq : 0);
+        total += r > 0 ? r : 0;
+    }
+    if (!(total > 0)) /* p == q: nothing left over; p itself */
+        return draw_dense(p, n, u_draw);
+    double target = u_draw * total, acc = 0;
+    int32_t last = 0;
+    for (int i = 0; i < n; i++) {
+        double r = p[i] / sp - (sq > 0 ? q[i] / sq : 0);
+        if (r <= 0)
+            continue;
+        acc += r;
+        last = i;
+        if (target < acc)
+            return i;
+    }
+    return last;
+}
+
 const char *iflow_sampler_describe(const iflow_sampler *s, char *buf, int cap)
 {
     const iflow_sampler_params *p = &s->p;

@@ -92,6 +92,33 @@ int32_t iflow_sampler_sample(iflow_sampler *s, const float *logits);
 /* 1 when the choice is always the argmax of the raw logits (greedy, no penalties): the caller
  * may then find it on the device that computed the logits and skip the sampler. */
 int iflow_sampler_is_greedy(const iflow_sampler *s);
+/* ---- for speculative decoding ----
+ * 1 when the choice is a draw from a fixed distribution of the logits (the chain, greedy;
+ * not mirostat, whose cut moves with what it draws, nor FSD / rFSD). */
+int iflow_sampler_has_dist(const iflow_sampler *s);
+/* probs [n_vocab] = the distribution the next draw would come from: the chain's penalties,
+ * cuts and temperature applied, 0 for every token cut (greedy: 1 on the choice). Draws
+ * nothing. IFLOW_EUNSUPPORTED unless iflow_sampler_has_dist(). */
+int iflow_sampler_dist(iflow_sampler *s, const float *logits, float *probs);
+/* Uniform in [0, 1) from s's generator. */
+double iflow_sampler_uniform(iflow_sampler *s);
+/* A token drawn from probs [n_vocab] (>= 0, not all 0; need not sum to 1) with s's generator. */
+int32_t iflow_sampler_draw(iflow_sampler *s, const float *probs);
+/* Tokens accepted so far (since the last reset); forget those after the first n. */
+int  iflow_sampler_n_accepted(const iflow_sampler *s);
+void iflow_sampler_truncate(iflow_sampler *s, int n);
+
+/* Speculative sampling's verdict on a draft token d drawn from q (Leviathan et al., "Fast
+ * inference from transformers via speculative decoding", 2023; Chen et al. 2023): accept d with
+ * probability min(1, p[d] / q[d]) (u_accept decides), else draw from the residual
+ * max(0, p - q), normalized (u_draw decides). The token returned is distributed as p whatever
+ * q is; *accepted says whether it is d. p, q: [n] (need not sum to 1: each is normalized).
+ * top_k > 0 is the flexible rule instead: d is accepted when it is among the top_k most
+ * probable tokens under p (ties by lower id), else p's most probable token is taken: faster,
+ * no longer distributed as p. */
+int32_t iflow_spec_verify(const float *p, const float *q, int n, int32_t d, double u_accept, double u_draw, int top_k,
+                          int *accepted);
+
 /* The chain as it runs, one line ("penalties(repeat 1.1, last 64) top-k 40 ... draw"). */
 const char *iflow_sampler_describe(const iflow_sampler *s, char *buf, int cap);
 /* Index of the largest value (the first one on ties). */

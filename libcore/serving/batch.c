@@ -24,8 +24,14 @@ typedef struct req {
     int n_past;                   /* positions in the cache                                */
     int shift, keep;              /* context shift (IFLOW_SHIFT_*) and positions it keeps  */
     int32_t *window;              /* shift: [n_ctx + 1] the token at each cache position   */
+    /* speculative decoding (b->draft) */
+    iflow_sampler *dsampler;      /* the draft's draws (same settings, its own stream); NULL: no proposals */
+    int d_past;                   /* positions of the draft's cache that hold this request's tokens */
+    int n_prop;                   /* proposals this step                                   */
+    int32_t vids[IFLOW_MAX_DRAFT + 1]; /* this step's rows: the pending token, the proposals */
+    int32_t vnext[IFLOW_MAX_DRAFT + 1]; /* greedy: the model's argmax after each row        */
+    float *q;                     /* sampled: [n_draft][vocab] the draft's distributions   */
     int32_t pending;              /* DECODE: the last drawn token, not yet in the cache    */
-    int32_t drawn;                /* greedy: the argmax the step found on the output device */
     int32_t *blocks;              /* [n_reserved] block table (n_held filled)              */
     int n_reserved, n_held;
     iflow_sampler *sampler;
@@ -49,8 +55,16 @@ struct iflow_batch {
     int n_running, n_queued;
     iflow_result **done;          /* finished, waiting for take() (a ring) */
     int done_head, done_n, done_cap;
-    float *logits;                /* [step_tokens][vocab] one row per sequence of a step */
+    float *logits;                /* [step_tokens][vocab] the rows of output of a step     */
     iflow_batch_stats st;
+    /* speculative decoding: the draft model, its cache and step context */
+    const iflow_model *draft;
+    iflow_kv *dkv;
+    iflow_ctx *dctx;
+    int n_draft, accept_top_k;
+    float *dlogits;               /* [parallel][vocab] the draft's logits of a step         */
+    float *p_dist;                /* [vocab] scratch: the model's distribution              */
+    int32_t dids[IFLOW_MAX_STEP]; /* a catch-up step's tokens                              */
 };
 
 static double now(void)
@@ -151,6 +165,8 @@ static void req_free(req *r)
     free(r->prompt);
     free(r->window);
     free(r->blocks);
+    free(r->q);
+    iflow_sampler_close(r->dsampler);
     iflow_sampler_close(r->sampler);
     iflow_stop_close(r->stop);
     iflow_result_free(r->res);
@@ -171,9 +187,48 @@ void iflow_batch_close(iflow_batch *b)
     free(b->done);
     iflow_ctx_close(b->ctx);
     iflow_kv_close(b->kv);
+    iflow_ctx_close(b->dctx);
+    iflow_kv_close(b->dkv);
+    free(b->dlogits);
+    free(b->p_dist);
     free(b->free_blocks);
     free(b->logits);
     free(b);
+}
+
+int iflow_batch_set_draft(iflow_batch *b, const iflow_model *draft, int n_draft, int accept_top_k)
+{
+    const iflow_hparams *hp = iflow_model_hparams(b->m), *dp = iflow_model_hparams(draft);
+    if (b->draft || b->n_running || b->n_queued)
+        return iflow_seterr(IFLOW_EINVAL, "a draft model is set before the first request, once");
+    if (n_draft < 1 || n_draft > IFLOW_MAX_DRAFT || accept_top_k < 0)
+        return iflow_seterr(IFLOW_EINVAL, "%d draft tokens a step: from 1 to %d", n_draft, IFLOW_MAX_DRAFT);
+    if (dp->vocab_size != hp->vocab_size)
+        return iflow_seterr(IFLOW_EINVAL, "the draft model's vocabulary of %d tokens is not the model's %d",
+                            dp->vocab_size, hp->vocab_size);
+    if (dp->max_seq < b->p.n_ctx)
+        return iflow_seterr(IFLOW_ERANGE, "the draft model holds %d positions, the context is %d", dp->max_seq,
+                            b->p.n_ctx);
+    int rc = iflow_kv_open(&b->dkv, draft, b->p.kv_type, b->p.block, b->p.n_blocks);
+    if (rc == 0)
+        rc = iflow_ctx_open_steps(&b->dctx, draft, b->p.n_threads);
+    b->dlogits = malloc((size_t)b->p.parallel * hp->vocab_size * sizeof(float));
+    float *p = malloc((size_t)hp->vocab_size * sizeof(float));
+    if (rc == 0 && (!b->dlogits || !p))
+        rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    if (rc < 0) {
+        free(p);
+        iflow_ctx_close(b->dctx);
+        iflow_kv_close(b->dkv);
+        free(b->dlogits);
+        b->dctx = NULL, b->dkv = NULL, b->dlogits = NULL;
+        return rc;
+    }
+    b->p_dist = p;
+    b->draft = draft;
+    b->n_draft = n_draft;
+    b->accept_top_k = accept_top_k;
+    return 0;
 }
 
 const iflow_batch_params *iflow_batch_params_of(const iflow_batch *b) { return &b->p; }
@@ -214,6 +269,8 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
     if (shift && keep > b->p.n_ctx - 2)
         return iflow_seterr(IFLOW_ERANGE, "keeping %d positions leaves nothing to shift in a context of %d", keep,
                             b->p.n_ctx);
+    if (shift && b->draft)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "a context shift does not go with a draft model yet");
     const char *dev;
     if (shift == IFLOW_SHIFT_ROPE && !iflow_kv_can_shift(b->kv, &dev))
         return iflow_seterr(IFLOW_EUNSUPPORTED, "context shift 'rope' is not implemented on %s (use 'recompute')", dev);
@@ -246,6 +303,16 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
         rc = iflow_sampler_accept(r->sampler, q->prompt[i]);
     if (rc == 0)
         rc = iflow_stop_open(&r->stop, q->stop, q->n_stop);
+    if (rc == 0 && b->draft && iflow_sampler_has_dist(r->sampler)) { /* the draft's own stream */
+        iflow_sampler_params dsp = q->sampling;
+        dsp.seed ^= 0x9e3779b97f4a7c15ull;
+        rc = iflow_sampler_open(&r->dsampler, &dsp, hp->vocab_size);
+        for (int i = q->prompt[0] == hp->bos; i < q->n_prompt && rc == 0; i++)
+            rc = iflow_sampler_accept(r->dsampler, q->prompt[i]);
+        if (rc == 0 && !iflow_sampler_is_greedy(r->sampler) &&
+            !(r->q = malloc((size_t)b->n_draft * hp->vocab_size * sizeof *r->q)))
+            rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    }
     if (rc < 0) {
         req_free(r);
         return rc;
@@ -397,25 +464,31 @@ static int append_text(iflow_batch *b, req *r, int32_t id)
     return hit;
 }
 
-/* r drew token id after its last cached position: record it, and finish r if it ends there. */
+/* r is done (why: IFLOW_FINISH_*): 1, or < 0 on failure. */
+static int ended(iflow_batch *b, req *r, int why) { return finish(b, r, why) < 0 ? -1 : 1; }
+
+/* r drew token id after its last cached position: record it, and finish r if it ends there.
+ * 0 if r goes on, 1 if it ended (r is gone), < 0 on failure. */
 static int accept(iflow_batch *b, req *r, int32_t id)
 {
     iflow_result *res = r->res;
     if (res->n_tokens == 0)
         res->t_first = now();
     if (iflow_model_is_eos(b->m, id))
-        return finish(b, r, IFLOW_FINISH_EOS);
+        return ended(b, r, IFLOW_FINISH_EOS);
     res->tokens[res->n_tokens++] = id;
     b->st.generated++;
     int stop = iflow_sampler_accept(r->sampler, id);
+    if (stop == 0 && r->dsampler)
+        stop = iflow_sampler_accept(r->dsampler, id);
     if (stop == 0)
         stop = append_text(b, r, id);
     if (stop < 0)
         return stop;
     if (stop)
-        return finish(b, r, IFLOW_FINISH_STOP);
+        return ended(b, r, IFLOW_FINISH_STOP);
     if (res->n_tokens == r->max_tokens) /* clipped by the context, or max_tokens itself */
-        return finish(b, r, r->clipped ? IFLOW_FINISH_CONTEXT : IFLOW_FINISH_LENGTH);
+        return ended(b, r, r->clipped ? IFLOW_FINISH_CONTEXT : IFLOW_FINISH_LENGTH);
     r->pending = id;
     r->state = DECODE;
     return 0;
@@ -448,22 +521,148 @@ static int shift_context(iflow_batch *b, req *r)
 
 /* Sequence n of the step is r's last row before a draw: its logits for r's sampler, or for a
  * greedy request only the argmax (found where the logits are; only the id crosses). */
-static void wants_token(iflow_batch *b, req *r, iflow_step_seq *q, int n)
+static void wants_token(iflow_batch *b, req *r, iflow_step_seq *q, int rows, int *out_row)
 {
+    q->n_out = rows;
     if (r->greedy)
-        q->next = &r->drawn;
+        q->next = r->vnext;
     else
-        q->logits = b->logits + (size_t)n * iflow_model_hparams(b->m)->vocab_size;
+        q->logits = b->logits + (size_t)*out_row * iflow_model_hparams(b->m)->vocab_size;
+    *out_row += rows;
+}
+
+/* The token at position pos of r (no context shift: the prompt, then what r generated). */
+static int32_t token_at(const req *r, int pos)
+{
+    return pos < r->n_prompt ? r->prompt[pos] : r->res->tokens[pos - r->n_prompt];
+}
+
+/* Speculative decoding, before the model's step: how many tokens each decoding request may
+ * propose (within the step's budget and its max_tokens), the draft's cache brought up to the
+ * model's for those, then n_prop draft steps of one token for all of them at once. */
+static int draft_phase(iflow_batch *b)
+{
+    const int V = iflow_model_hparams(b->m)->vocab_size;
+    iflow_step_seq seqs[IFLOW_MAX_STEP];
+    req *who[IFLOW_MAX_STEP];
+    int n_dec = 0, max_k = 0, rc;
+    for (req *r = b->running; r; r = r->next)
+        n_dec += r->state == DECODE;
+    int extra = b->p.step_tokens - n_dec;
+    for (req *r = b->running; r; r = r->next) {
+        if (r->state != DECODE)
+            continue;
+        int k = b->n_draft, left = r->max_tokens - r->res->n_tokens - 1;
+        k = !r->dsampler ? 0 : k < left ? k : left;
+        k = k < extra ? k : extra;
+        r->n_prop = k > 0 ? k : 0;
+        extra -= r->n_prop;
+        max_k = r->n_prop > max_k ? r->n_prop : max_k;
+        if (r->n_prop)
+            hold_blocks(b, r, r->n_past + r->n_prop + 1);
+    }
+    for (;;) { /* catch up: the positions the model has and the draft has not */
+        int n = 0, tokens = 0;
+        for (req *r = b->running; r && tokens < IFLOW_MAX_STEP; r = r->next) {
+            if (r->state != DECODE || !r->n_prop || r->d_past >= r->n_past)
+                continue;
+            int chunk = r->n_past - r->d_past;
+            chunk = chunk < IFLOW_MAX_STEP - tokens ? chunk : IFLOW_MAX_STEP - tokens;
+            for (int i = 0; i < chunk; i++)
+                b->dids[tokens + i] = token_at(r, r->d_past + i);
+            seqs[n] = (iflow_step_seq){.ids = b->dids + tokens, .n = chunk, .pos0 = r->d_past, .table = r->blocks};
+            who[n++] = r;
+            tokens += chunk;
+        }
+        if (n == 0)
+            break;
+        if ((rc = iflow_ctx_step(b->dctx, b->dkv, seqs, n)) < 0)
+            return rc;
+        for (int i = 0; i < n; i++)
+            who[i]->d_past += seqs[i].n;
+    }
+    for (int j = 0; j < max_k; j++) { /* proposals: one token each per draft step */
+        int n = 0;
+        for (req *r = b->running; r; r = r->next) {
+            if (r->state != DECODE || r->n_prop <= j)
+                continue;
+            if (j == 0)
+                r->vids[0] = r->pending;
+            seqs[n] = (iflow_step_seq){.ids = &r->vids[j], .n = 1, .pos0 = r->n_past + j, .table = r->blocks};
+            if (iflow_sampler_is_greedy(r->dsampler))
+                seqs[n].next = &r->vids[j + 1];
+            else
+                seqs[n].logits = b->dlogits + (size_t)n * V;
+            who[n++] = r;
+        }
+        if ((rc = iflow_ctx_step(b->dctx, b->dkv, seqs, n)) < 0)
+            return rc;
+        for (int i = 0; i < n; i++) {
+            req *r = who[i];
+            r->d_past = r->n_past + j + 1;
+            if (seqs[i].logits) {
+                float *q = r->q + (size_t)j * V;
+                if ((rc = iflow_sampler_dist(r->dsampler, seqs[i].logits, q)) < 0)
+                    return rc;
+                r->vids[j + 1] = iflow_sampler_draw(r->dsampler, q);
+            }
+            if ((rc = iflow_sampler_accept(r->dsampler, r->vids[j + 1])) < 0)
+                return rc;
+        }
+        b->st.drafted += (uint64_t)n;
+    }
+    return 0;
+}
+
+/* After the model's step: r's rows were its pending token and n_prop proposals. Keep the
+ * proposals the model accepts, then one token of its own (the correction of the first it
+ * rejects, or the next after all of them). 0, 1 if r ended (it is gone), or < 0. */
+static int verify(iflow_batch *b, req *r, const iflow_step_seq *q)
+{
+    const int V = iflow_model_hparams(b->m)->vocab_size, k = r->n_prop, P = r->n_past;
+    int rc = 0;
+    if (r->dsampler) /* the draft's history back to the model's: the proposals go */
+        iflow_sampler_truncate(r->dsampler, iflow_sampler_n_accepted(r->sampler));
+    r->n_prop = 0;
+    r->n_past = P + 1; /* the pending token is in the cache now */
+    for (int i = 0; i <= k; i++) {
+        int32_t tok;
+        int acc = 0;
+        if (r->greedy) {
+            tok = q->next[i];
+            acc = i < k && tok == r->vids[i + 1];
+        } else if (i < k) {
+            if ((rc = iflow_sampler_dist(r->sampler, q->logits + (size_t)i * V, b->p_dist)) < 0)
+                return rc;
+            double u1 = iflow_sampler_uniform(r->sampler), u2 = iflow_sampler_uniform(r->sampler);
+            tok = iflow_spec_verify(b->p_dist, r->q + (size_t)i * V, V, r->vids[i + 1], u1, u2, b->accept_top_k, &acc);
+        } else {
+            tok = iflow_sampler_sample(r->sampler, q->logits + (size_t)i * V);
+        }
+        if (i < k)
+            b->st.accepted += (uint64_t)acc;
+        if ((rc = accept(b, r, tok)) != 0)
+            return rc; /* ended (r is gone) or failed */
+        if (!acc)
+            break;
+        r->n_past++; /* the accepted proposal is in the cache */
+    }
+    if (r->d_past > r->n_past)
+        r->d_past = r->n_past;
+    return 0;
 }
 
 int iflow_batch_step(iflow_batch *b)
 {
     iflow_step_seq seqs[IFLOW_MAX_STEP];
     req *who[IFLOW_MAX_STEP];
-    int n = 0, tokens = 0, rc;
+    int n = 0, tokens = 0, out_row = 0, rc;
     if ((rc = admit(b)) < 0)
         return rc;
-    /* decode tokens first (one each), then prompt chunks in admission order */
+    if (b->draft && (rc = draft_phase(b)) < 0)
+        return rc;
+    /* decode tokens first (one each, and the draft's proposals), then prompt chunks in
+     * admission order */
     for (req *r = b->running; r && tokens < b->p.step_tokens; r = r->next)
         if (r->state == DECODE) {
             if (r->n_past == b->p.n_ctx && (rc = shift_context(b, r)) < 0)
@@ -473,11 +672,12 @@ int iflow_batch_step(iflow_batch *b)
             int pos = r->n_past;
             if (r->window)
                 r->window[pos] = r->pending;
-            hold_blocks(b, r, pos + 1);
-            seqs[n] = (iflow_step_seq){.ids = &r->pending, .n = 1, .pos0 = pos, .table = r->blocks};
-            wants_token(b, r, &seqs[n], n);
+            r->vids[0] = r->pending; /* then the proposals, if any */
+            hold_blocks(b, r, pos + 1 + r->n_prop);
+            seqs[n] = (iflow_step_seq){.ids = r->vids, .n = 1 + r->n_prop, .pos0 = pos, .table = r->blocks};
+            wants_token(b, r, &seqs[n], 1 + r->n_prop, &out_row);
             who[n++] = r;
-            tokens++;
+            tokens += 1 + r->n_prop;
         }
     for (req *r = b->running; r && tokens < b->p.step_tokens; r = r->next)
         if (r->state == PREFILL) {
@@ -488,7 +688,7 @@ int iflow_batch_step(iflow_batch *b)
             int last = r->n_done + chunk == r->n_fill;
             seqs[n] = (iflow_step_seq){.ids = r->fill + r->n_done, .n = chunk, .pos0 = r->n_done, .table = r->blocks};
             if (last)
-                wants_token(b, r, &seqs[n], n);
+                wants_token(b, r, &seqs[n], 1, &out_row);
             who[n++] = r;
             tokens += chunk;
         }
@@ -504,16 +704,18 @@ int iflow_batch_step(iflow_batch *b)
         b->st.blocks_peak = used;
     for (int i = 0; i < n; i++) {
         req *r = who[i];
-        if (r->state == PREFILL) {
-            r->n_done += seqs[i].n;
-            r->n_past = r->n_done;
-            if (r->fill == r->prompt)
-                b->st.prompt += (uint64_t)seqs[i].n;
-        } else
-            r->n_past++;
+        if (r->state == DECODE) {
+            if ((rc = verify(b, r, &seqs[i])) < 0)
+                return rc;
+            continue;
+        }
+        r->n_done += seqs[i].n;
+        r->n_past = r->n_done;
+        if (r->fill == r->prompt)
+            b->st.prompt += (uint64_t)seqs[i].n;
         if (!seqs[i].logits && !seqs[i].next)
             continue;
-        int32_t id = r->greedy ? r->drawn : iflow_sampler_sample(r->sampler, seqs[i].logits);
+        int32_t id = r->greedy ? r->vnext[0] : iflow_sampler_sample(r->sampler, seqs[i].logits);
         if ((rc = accept(b, r, id)) < 0)
             return rc;
     }

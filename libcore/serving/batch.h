@@ -99,6 +99,7 @@ typedef struct {
     uint64_t running_sum;           /* sum over steps of the requests running               */
     uint64_t generated, prompt;     /* tokens generated, prompt tokens prefilled            */
     uint64_t shifts, recomputed;    /* context shifts, and the tokens re-evaluated for them */
+    uint64_t drafted, accepted;     /* draft tokens proposed, and those the model accepted  */
     int blocks_total, blocks_used, blocks_peak;
     int running, queued;            /* now                                                  */
 } iflow_batch_stats;
@@ -122,6 +123,22 @@ void iflow_batch_get_stats(const iflow_batch *b, iflow_batch_stats *st);
 /* Run the batch's steps as one process of several (model.h's iflow_ctx_set_comm): every
  * process must add the same requests in the same order. */
 int  iflow_batch_set_comm(iflow_batch *b, struct iflow_comm *comm);
+
+/* ---- speculative decoding ----
+ * With a draft model, each step first lets the draft propose up to n_draft tokens for every
+ * decoding request (greedily, or drawn from the draft's distribution under the request's
+ * sampler settings), then the model evaluates each request's last token and its proposals in
+ * the same step (n + 1 rows of logits) and keeps the longest accepted prefix plus one token of
+ * its own: greedy requests accept a proposal equal to the model's argmax, so their tokens are
+ * exactly those of decoding without a draft; sampled ones use speculative sampling's rule
+ * (sampler.h's iflow_spec_verify), so their tokens are distributed as without a draft (the
+ * draws differ), or, with accept_top_k > 0, the flexible rule. The draft keeps its own paged
+ * cache with the same block tables. Requests whose sampler draws from no fixed distribution
+ * (mirostat, FSD) decode without proposals; a draft does not go with a context shift.
+ * The draft must share the model's vocabulary (the same tokenizer) and hold n_ctx positions.
+ * Set it before adding requests. */
+#define IFLOW_MAX_DRAFT 16
+int iflow_batch_set_draft(iflow_batch *b, const iflow_model *draft, int n_draft, int accept_top_k);
 
 /* Bytes of KV cache one block takes over all layers (K and V), for memory plans. */
 uint64_t iflow_batch_block_bytes(const iflow_model *m, int kv_type, int block);

@@ -100,5 +100,9 @@ json_t *iflow_metrics_json(iflow_metrics *m, const iflow_model *model, const ifl
     json_object_set_new(kv, "blocks_total", json_integer(st.blocks_total));
     json_object_set_new(kv, "blocks_peak", json_integer(st.blocks_peak));
     json_object_set_new(js, "kv_blocks", kv);
+    if (st.drafted) /* speculative decoding */
+        json_object_set_new(js, "draft", json_pack("{s:I, s:I, s:o}", "proposed", (json_int_t)st.drafted, "accepted",
+                                                   (json_int_t)st.accepted, "acceptance_rate",
+                                                   real((double)st.accepted / (double)st.drafted, 4)));
     return js;
 }
