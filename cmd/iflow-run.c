@@ -8,6 +8,7 @@
 #include "libcore/engine/model.h"
 #include "libcore/engine/sampler.h"
 #include "libcore/serving/batch.h"
+#include "libcore/serving/beam.h"
 #include "libcore/engine/stop.h"
 #include "libcore/tokenizers/tokenizer.h"
 
@@ -23,7 +24,7 @@ enum {
     O_MODEL = 'm', O_PROMPT = 'p', O_NPREDICT = 'n', O_THREADS = 't', O_CTX = 'c', O_VERBOSE = 'v',
     O_TEMP = 256, O_TOPK, O_TOPP, O_SEED, O_ECHO, O_JSON, O_TOKENIZE, O_BOS, O_PARSE_SPECIAL, O_DEVICE,
     O_GPU_LAYERS, O_LIST_DEVICES, O_PLAN, O_STOP, O_BATCH, O_PARALLEL, O_KV_TYPE, O_METRICS, O_DRY_RUN,
-    O_CONTEXT_SHIFT, O_KEEP, O_DRAFT, O_DRAFT_N, O_DRAFT_TOP_K,
+    O_CONTEXT_SHIFT, O_KEEP, O_DRAFT, O_DRAFT_N, O_DRAFT_TOP_K, O_BEAMS, O_LENGTH_PENALTY,
     /* sampling: set through iflow_sampler_params_set() by their long names */
     O_SAMPLER, O_MINP, O_TYPICAL, O_TFS, O_MIROSTAT_TAU, O_MIROSTAT_ETA, O_REPEAT_PENALTY, O_REPEAT_LAST_N,
     O_FREQUENCY_PENALTY, O_PRESENCE_PENALTY, O_FSD_ALPHA, O_FSD_K, O_FSD_N, O_FSD_BETA, O_FSD_RANDOM_STEPS,
@@ -54,6 +55,8 @@ static const iflow_opt opts[] = {
     {O_FSD_RANDOM_STEPS, "fsd-random-steps", 0, "N", "rfsd: draw the first N tokens at random, then choose as fsd; 0 for all (default 0)", NULL},
     {O_CONTEXT_SHIFT, "context-shift", 0, "MODE", "when the context is full: none (stop there), rope (keep --keep positions, drop the older half of the rest, rotate the cached keys after them) or recompute (the same, the kept tokens evaluated again); default none, rope when --keep is given", "none rope recompute"},
     {O_KEEP, "keep", 0, "N", "a context shift keeps the first N prompt tokens, the beginning-of-sequence token included; -1 for the whole prompt (default 4)", NULL},
+    {O_BEAMS, "beams", 0, "N", "beam search with N beams (1 to 32) instead of sampling: print the most probable continuation found (with --json: every beam, ranked, with its log-probability and score)", NULL},
+    {O_LENGTH_PENALTY, "length-penalty", 0, "P", "with --beams: rank beams by log-probability / length^P; 0 ranks by log-probability alone, more favours longer ones (default 1)", NULL},
     {O_DRAFT, "draft", 0, "FILE", "speculative decoding: draft model FILE (sharing the model's tokenizer) proposes tokens that the model checks in one step; greedy output is unchanged, sampled output keeps its distribution", "file"},
     {O_DRAFT_N, "draft-n", 0, "N", "with --draft: tokens the draft proposes per step, 1 to 16 (default 5)", NULL},
     {O_DRAFT_TOP_K, "draft-top-k", 0, "K", "with --draft: accept a proposal when it is among the model's K most likely tokens (faster, no longer the model's distribution; default 0: the exact rule)", NULL},
@@ -90,6 +93,8 @@ typedef struct {
     int context_shift, keep;
     const char *draft;
     int draft_n, draft_top_k;
+    int beams;
+    float length_penalty;
     const char *metrics;
     device_opts dev;
     iflow_sampler_params sp;
@@ -189,6 +194,74 @@ static json_t *ids_json(const int32_t *ids, size_t n)
     return a;
 }
 
+/* The text of a continuation (gen after the prompt; `first`: the prompt is a lone BOS). */
+static char *continuation_text(const iflow_tokenizer *tok, const int32_t *gen, int n, int first, size_t *len)
+{
+    char *text = NULL, piece[256];
+    size_t cap = 0;
+    *len = 0;
+    for (int i = 0; i <= n; i++) {
+        int k = i < n ? iflow_tokenizer_piece(tok, gen[i], first && i == 0, piece, sizeof piece) : 0;
+        if (k < 0)
+            die(&tool, NULL);
+        if (*len + (size_t)k + 1 > cap) {
+            cap = 2 * cap + (size_t)k + 64;
+            if (!(text = realloc(text, cap)))
+                die(&tool, "out of memory");
+        }
+        memcpy(text + *len, piece, (size_t)k);
+        *len += (size_t)k;
+    }
+    text[*len] = 0;
+    return text;
+}
+
+/* --beams: the search, then the best continuation (with --json, every beam). */
+static void generate_beams(generator *g, const char *prompt, size_t prompt_len, const int32_t *ids, size_t n_ids)
+{
+    const run_opts *o = g->o;
+    iflow_beam_params bp = {.n_beams = o->beams, .max_tokens = o->n_predict, .length_penalty = o->length_penalty,
+                            .n_ctx = o->n_ctx, .n_threads = o->threads};
+    iflow_beam *bs;
+    int nb;
+    double t0 = now_s();
+    if (iflow_beam_search(g->m, ids, (int)n_ids, &bp, &bs, &nb) < 0)
+        die(&tool, NULL);
+    g->t_gen += now_s() - t0;
+    int first = n_ids == 1 && ids[0] == iflow_model_hparams(g->m)->bos;
+    size_t len;
+    if (!o->json) {
+        char *text = continuation_text(g->tok, bs[0].tokens, bs[0].n_tokens, first, &len);
+        fwrite(text, 1, len, stdout);
+        free(text);
+    } else {
+        json_t *js = json_object(), *arr = json_array();
+        json_object_set_new(js, "prompt", json_stringn(prompt, prompt_len));
+        json_object_set_new(js, "prompt_ids", ids_json(ids, n_ids));
+        for (int i = 0; i < nb; i++) {
+            char *text = continuation_text(g->tok, bs[i].tokens, bs[i].n_tokens, first, &len);
+            json_t *b = json_object();
+            json_object_set_new(b, "text", json_stringn(text, len));
+            json_object_set_new(b, "gen_ids", ids_json(bs[i].tokens, (size_t)bs[i].n_tokens));
+            json_object_set_new(b, "logprob", json_real(bs[i].logprob));
+            json_object_set_new(b, "score", json_real(bs[i].score));
+            json_object_set_new(b, "stop", json_string(iflow_finish_name(bs[i].finish)));
+            json_array_append_new(arr, b);
+            if (i == 0) { /* the best one also where a sampled run puts its continuation */
+                json_object_set(js, "gen_ids", json_object_get(b, "gen_ids"));
+                json_object_set_new(js, "text", json_stringn(text, len));
+                json_object_set(js, "stop", json_object_get(b, "stop"));
+            }
+            free(text);
+        }
+        json_object_set_new(js, "beams", arr);
+        json_dumpf(js, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        json_decref(js);
+    }
+    g->n_gen_tokens += bs[0].n_tokens;
+    iflow_beams_free(bs, nb);
+}
+
 /* Generate the continuation of one prompt; prints it (or its JSON line). */
 static void generate(generator *g, const char *prompt, size_t prompt_len)
 {
@@ -201,6 +274,15 @@ static void generate(generator *g, const char *prompt, size_t prompt_len)
         die(&tool, "prompt is empty and the tokenizer adds no beginning-of-sequence token");
     if (o->echo && !o->json)
         fwrite(prompt, 1, prompt_len, stdout);
+    if (o->beams && o->n_predict > 0) {
+        generate_beams(g, prompt, prompt_len, ids, n_ids);
+        g->n_prompt_tokens += (long)n_ids;
+        g->n_prompts++;
+        putchar('\n');
+        fflush(stdout);
+        free(ids);
+        return;
+    }
     iflow_result *r = NULL;
     g->acc_len = 0;
     if (o->n_predict > 0) {
@@ -391,8 +473,9 @@ static void sampling_opt(sampling_opts *so, int id, const char *arg)
 
 int main(int argc, char **argv)
 {
-    run_opts o = {.n_predict = 128, .dev = {.gpu_layers = -1}, .context_shift = -1, .keep = 4, .draft_n = 5};
-    int keep_given = 0;
+    run_opts o = {.n_predict = 128, .dev = {.gpu_layers = -1}, .context_shift = -1, .keep = 4, .draft_n = 5,
+                  .length_penalty = 1.0f};
+    int keep_given = 0, lp_given = 0;
     iflow_sampler_params_default(&o.sp);
     o.sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
     sampling_opts so = {.n = 0};
@@ -434,6 +517,8 @@ int main(int argc, char **argv)
             if ((o.context_shift = iflow_shift_from_name(arg)) < 0)
                 die_usage(&tool, "--context-shift must be none, rope or recompute, not '%s'", arg);
             break;
+        case O_BEAMS: o.beams = (int)opt_long(&tool, "beams", arg, 1, IFLOW_MAX_BEAMS); break;
+        case O_LENGTH_PENALTY: o.length_penalty = (float)opt_double(&tool, "length-penalty", arg, -100, 100); lp_given = 1; break;
         case O_DRAFT: o.draft = arg; break;
         case O_DRAFT_N: o.draft_n = (int)opt_long(&tool, "draft-n", arg, 1, IFLOW_MAX_DRAFT); break;
         case O_DRAFT_TOP_K: o.draft_top_k = (int)opt_long(&tool, "draft-top-k", arg, 0, 1 << 24); break;
@@ -462,6 +547,10 @@ int main(int argc, char **argv)
         die_usage(&tool, "unexpected operand '%s'", argv[opt_index()]);
     if (!o.model)
         die_usage(&tool, "no model given (-m FILE)");
+    if (lp_given && !o.beams)
+        die_usage(&tool, "--length-penalty goes with --beams");
+    if (o.beams && (o.batch || o.draft || o.n_stops || o.context_shift != IFLOW_SHIFT_NONE))
+        die_usage(&tool, "--beams goes with neither --batch, --draft, --stop nor a context shift");
     if ((o.draft_n != 5 || o.draft_top_k) && !o.draft)
         die_usage(&tool, "--draft-n and --draft-top-k go with --draft");
     if ((o.parallel || o.metrics || o.kv_type) && !o.batch && !o.dry_run)

@@ -183,6 +183,21 @@ void ifk_kv_store(void *pool, const ifk_kv_layout *L, const ifk_kv_seq *seqs, in
             store_row(pool, L, row_of(L, seqs[s].table, seqs[s].pos0 + i), x + (size_t)(seqs[s].row0 + i) * ldx);
 }
 
+void ifk_kv_block_extent(const ifk_kv_layout *L, int64_t blk, size_t *val, size_t *val_bytes, size_t *scale,
+                         size_t *scale_bytes)
+{
+    const size_t KV = (size_t)L->n_kv_heads * L->head_dim, rows = (size_t)L->block, r0 = (size_t)blk * rows;
+    size_t elt = L->type == IFK_KV_F32 ? 4 : L->type == IFK_KV_F16 ? 2 : 1;
+    *val = r0 * KV * elt;
+    *val_bytes = rows * KV * elt;
+    *scale = *scale_bytes = 0;
+    if (L->type == IFK_KV_Q8) {
+        size_t ns = KV / (size_t)L->group;
+        *scale = (size_t)L->n_blocks * rows * KV + r0 * ns * 2;
+        *scale_bytes = rows * ns * 2;
+    }
+}
+
 /* ---- context shift ------------------------------------------------------------------------ */
 
 /* Pool row dst = pool row src, as stored (values, and Q8's scales). */

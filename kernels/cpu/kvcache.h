@@ -88,6 +88,11 @@ typedef struct {
 void ifk_kv_shift(void *k, void *v, const ifk_kv_layout *L, const int32_t *table, int n_past, int keep, int discard,
                   const ifk_rope_params *rp, float *tmp);
 
+/* Where block blk of a pool lives: its values (*val, val_bytes) and, for Q8, its scales
+ * (*scale, scale_bytes; 0 otherwise), as byte offsets into the pool. */
+void ifk_kv_block_extent(const ifk_kv_layout *L, int64_t blk, size_t *val, size_t *val_bytes, size_t *scale,
+                         size_t *scale_bytes);
+
 /* One stored row back as F32 (tests, and a CPU fallback): out [KV] = position pos of a
  * sequence with block table `table`. */
 void ifk_kv_load_row(float *out, const void *pool, const ifk_kv_layout *L, const int32_t *table, int pos);

@@ -211,6 +211,47 @@ int iflow_kv_read_row(const iflow_kv *kv, int layer, int value, const int32_t *t
     return 0;
 }
 
+/* n bytes at offset off of pool p (on device d, or the host) to offset dst. */
+static int pool_copy(iflow_device *d, void *p, size_t dst, size_t src, size_t n)
+{
+    if (n == 0)
+        return 0;
+    if (!d) {
+        memcpy((char *)p + dst, (char *)p + src, n);
+        return 0;
+    }
+    void *tmp = malloc(n); /* through the host: the device layer has no copy within a device */
+    if (!tmp)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    int rc = d->ops->download(d, tmp, (char *)p + src, n);
+    if (rc == 0)
+        rc = d->ops->upload(d, (char *)p + dst, tmp, n);
+    free(tmp);
+    return rc;
+}
+
+int iflow_kv_copy_block(iflow_kv *kv, int dst, int src)
+{
+    if (dst < 0 || src < 0 || (kv->n_parts && (dst >= kv->L[0].n_blocks || src >= kv->L[0].n_blocks)))
+        return iflow_seterr(IFLOW_ERANGE, "cannot copy KV block %d to %d", src, dst);
+    for (int k = 0; k < kv->n_parts; k++) {
+        size_t vd, vs, n, sd, ss, ns;
+        ifk_kv_block_extent(&kv->L[k], dst, &vd, &n, &sd, &ns);
+        ifk_kv_block_extent(&kv->L[k], src, &vs, &n, &ss, &ns);
+        for (int w = 0; w < 2; w++) {
+            void *p = w ? kv->v[k] : kv->k[k];
+            if (!p)
+                continue;
+            int rc = pool_copy(kv->dev[k], p, vd, vs, n);
+            if (rc == 0)
+                rc = pool_copy(kv->dev[k], p, sd, ss, ns);
+            if (rc < 0)
+                return rc;
+        }
+    }
+    return 0;
+}
+
 int iflow_kv_can_shift(const iflow_kv *kv, const char **device)
 {
     for (int k = 0; k < kv->n_parts; k++)

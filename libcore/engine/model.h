@@ -181,6 +181,9 @@ uint64_t iflow_kv_block_bytes(const iflow_model *m, int type, int block);
  * with their keys rotated back (kernels/cpu/kvcache.h's ifk_kv_shift). The sequence then has
  * n_past - discard positions. IFLOW_EUNSUPPORTED on a device without the operation. */
 int iflow_kv_shift(iflow_kv *kv, const int32_t *table, int n_past, int keep, int discard);
+/* Block dst = block src in every layer (K and V): a sequence that forks (beam search) gets its
+ * own copy of a partly filled block it shares. */
+int iflow_kv_copy_block(iflow_kv *kv, int dst, int src);
 /* Tests: out [n_kv_heads * head_dim] = layer's K (value 0) or V (value 1) row at position pos of
  * the sequence with block table `table`, as F32. Host pools only (else IFLOW_EUNSUPPORTED). */
 int iflow_kv_read_row(const iflow_kv *kv, int layer, int value, const int32_t *table, int pos, float *out);

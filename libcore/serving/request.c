@@ -82,6 +82,9 @@ static int parse_object(iflow_request_fields *f, const json_t *js)
             if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > (1 << 24))
                 return iflow_seterr(IFLOW_EINVAL, "field 'max_tokens' must be an integer from 1 to %d", 1 << 24);
             f->max_tokens = (int)json_integer_value(v);
+        } else if (strcmp(key, "beams") == 0) {
+            return iflow_seterr(IFLOW_EINVAL, "field 'beams': beam search runs in iflow-run's plain mode (--beams), "
+                                              "not in --batch yet");
         } else if (strcmp(key, "keep") == 0) {
             if (!json_is_integer(v) || json_integer_value(v) < -1 || json_integer_value(v) > (1 << 24))
                 return iflow_seterr(IFLOW_EINVAL, "field 'keep' must be an integer from -1 to %d", 1 << 24);

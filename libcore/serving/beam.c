@@ -1,0 +1,327 @@
+/* beam.c -- beam search over a paged KV cache with shared prefixes. See beam.h. */
+#include "libcore/serving/beam.h"
+#include "libcore/base/error.h"
+#include "libcore/serving/batch.h"
+#include "kernels/cpu/kvcache.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BLOCK 16
+
+/* A hypothesis: generated tokens (the last one not yet in the cache while it is live), the
+ * blocks that hold its positions. */
+typedef struct {
+    int32_t *table;               /* [max_tab] block ids (n_past positions, and room)         */
+    int32_t *tokens;              /* [max_tokens]                                            */
+    int n_tokens, n_past;
+    double logprob;
+    int32_t eos;                  /* the end-of-sequence token that ended it, or -1          */
+} hyp;
+
+typedef struct {
+    const iflow_model *m;
+    iflow_kv *kv;
+    iflow_ctx *ctx;
+    int max_tab, n_blocks;
+    int32_t *free_ids;            /* [n_blocks] a stack */
+    int n_free;
+    int *ref;                     /* [n_blocks] hypotheses holding each block */
+} search;
+
+typedef struct {
+    int beam;
+    int32_t token;
+    double logprob;
+} cand;
+
+static int take_block(search *s)
+{
+    if (s->n_free == 0)
+        return iflow_seterr(IFLOW_ERANGE, "beam search ran out of KV blocks");
+    int b = s->free_ids[--s->n_free];
+    s->ref[b] = 1;
+    return b;
+}
+
+static void drop_block(search *s, int b)
+{
+    if (--s->ref[b] == 0)
+        s->free_ids[s->n_free++] = b;
+}
+
+static void hyp_release(search *s, hyp *h)
+{
+    if (h->table)
+        for (int i = 0; i < (h->n_past + BLOCK - 1) / BLOCK; i++)
+            drop_block(s, h->table[i]);
+    free(h->table);
+    free(h->tokens);
+    memset(h, 0, sizeof *h);
+}
+
+static int hyp_alloc(hyp *h, int max_tab, int max_tokens)
+{
+    h->table = malloc((size_t)max_tab * sizeof *h->table);
+    h->tokens = malloc((size_t)(max_tokens > 0 ? max_tokens : 1) * sizeof *h->tokens);
+    return h->table && h->tokens ? 0 : iflow_seterr(IFLOW_ENOMEM, "out of memory");
+}
+
+/* Child of parent extended by token (parent's blocks shared). */
+static int hyp_fork(search *s, hyp *child, const hyp *parent, int32_t token, double logprob, int max_tokens)
+{
+    if (hyp_alloc(child, s->max_tab, max_tokens) < 0)
+        return -1;
+    int nb = (parent->n_past + BLOCK - 1) / BLOCK;
+    for (int i = 0; i < nb; i++)
+        s->ref[child->table[i] = parent->table[i]]++;
+    memcpy(child->tokens, parent->tokens, (size_t)parent->n_tokens * sizeof *child->tokens);
+    child->tokens[parent->n_tokens] = token;
+    child->n_tokens = parent->n_tokens + 1;
+    child->n_past = parent->n_past;
+    child->logprob = logprob;
+    return 0;
+}
+
+/* The block that position pos of h goes into, owned by h alone: a new one at a block
+ * boundary, a copy of a shared one otherwise. */
+static int own_block(search *s, hyp *h, int pos)
+{
+    int i = pos / BLOCK, b, rc;
+    if (pos % BLOCK == 0) {
+        if ((b = take_block(s)) < 0)
+            return b;
+        h->table[i] = b;
+        return 0;
+    }
+    if (s->ref[h->table[i]] == 1)
+        return 0;
+    if ((b = take_block(s)) < 0)
+        return b;
+    if ((rc = iflow_kv_copy_block(s->kv, b, h->table[i])) < 0) {
+        drop_block(s, b);
+        return rc;
+    }
+    drop_block(s, h->table[i]);
+    h->table[i] = b;
+    return 0;
+}
+
+/* log_softmax of logits [V] in place into lp (double). */
+static void log_softmax(double *lp, const float *logits, int V)
+{
+    double mx = logits[0], sum = 0;
+    for (int i = 1; i < V; i++)
+        mx = logits[i] > mx ? logits[i] : mx;
+    for (int i = 0; i < V; i++)
+        sum += exp((double)logits[i] - mx);
+    double lse = mx + log(sum);
+    for (int i = 0; i < V; i++)
+        lp[i] = (double)logits[i] - lse;
+}
+
+/* Higher log-probability first; ties: the lower beam, then the lower token. */
+static int cand_cmp(const void *a, const void *b)
+{
+    const cand *x = a, *y = b;
+    if (x->logprob != y->logprob)
+        return x->logprob > y->logprob ? -1 : 1;
+    if (x->beam != y->beam)
+        return x->beam - y->beam;
+    return (x->token > y->token) - (x->token < y->token);
+}
+
+/* The k best tokens of beam `beam` (log-probs lp [V], the beam's sum base) appended to cs. */
+static int top_tokens(cand *cs, int n, const double *lp, int V, int k, int beam, double base)
+{
+    int n0 = n;
+    for (int t = 0; t < V; t++) {
+        cand c = {beam, t, base + lp[t]};
+        if (n - n0 < k) {
+            cs[n++] = c;
+        } else {
+            int worst = n0; /* replace the worst kept if t beats it */
+            for (int i = n0 + 1; i < n; i++)
+                if (cand_cmp(&cs[i], &cs[worst]) > 0)
+                    worst = i;
+            if (cand_cmp(&c, &cs[worst]) < 0)
+                cs[worst] = c;
+        }
+    }
+    return n;
+}
+
+static double score_of(double logprob, int length, float lp)
+{
+    return lp == 0 ? logprob : logprob / pow((double)(length > 0 ? length : 1), lp);
+}
+
+static int beam_score_cmp(const void *a, const void *b)
+{
+    const iflow_beam *x = a, *y = b;
+    return x->score > y->score ? -1 : x->score < y->score;
+}
+
+/* A hypothesis that ended into the results (its tokens taken over). */
+static int finish_hyp(iflow_beam **res, int *n_res, int *cap, hyp *h, int why, float lp)
+{
+    if (*n_res == *cap) {
+        int c = *cap ? 2 * *cap : 16;
+        iflow_beam *r = realloc(*res, (size_t)c * sizeof *r);
+        if (!r)
+            return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+        *res = r, *cap = c;
+    }
+    iflow_beam *b = &(*res)[(*n_res)++];
+    int length = h->n_tokens + (why == IFLOW_FINISH_EOS);
+    *b = (iflow_beam){.tokens = h->tokens, .n_tokens = h->n_tokens, .logprob = h->logprob,
+                      .score = score_of(h->logprob, length, lp), .finish = why,
+                      .eos = why == IFLOW_FINISH_EOS ? h->eos : -1};
+    h->tokens = NULL;
+    return 0;
+}
+
+/* Prefill the prompt into h (positions 0 .. n - 1); logits after the last token. */
+static int prefill(search *s, hyp *h, const int32_t *prompt, int n, float *logits)
+{
+    for (int p = 0, rc; p < n; p += IFLOW_MAX_STEP) {
+        int k = n - p < IFLOW_MAX_STEP ? n - p : IFLOW_MAX_STEP;
+        for (int q = p; q < p + k; q++)
+            if (q % BLOCK == 0 && (rc = own_block(s, h, q)) < 0)
+                return rc;
+        iflow_step_seq seq = {.ids = prompt + p, .n = k, .pos0 = p, .table = h->table,
+                              .logits = p + k == n ? logits : NULL};
+        if ((rc = iflow_ctx_step(s->ctx, s->kv, &seq, 1)) < 0)
+            return rc;
+        h->n_past = p + k;
+    }
+    return 0;
+}
+
+int iflow_beam_search(const iflow_model *m, const int32_t *prompt, int n_prompt, const iflow_beam_params *p,
+                      iflow_beam **out, int *n_out)
+{
+    const iflow_hparams *hp = iflow_model_hparams(m);
+    const int W = p->n_beams, V = hp->vocab_size;
+    *out = NULL, *n_out = 0;
+    if (W < 1 || W > IFLOW_MAX_BEAMS || p->max_tokens < 1 || isnan(p->length_penalty))
+        return iflow_seterr(IFLOW_EINVAL, "beam search: %d beams (1 to %d), %d tokens", W, IFLOW_MAX_BEAMS,
+                            p->max_tokens);
+    if (n_prompt <= 0)
+        return iflow_seterr(IFLOW_EINVAL, "the prompt has no tokens");
+    int n_ctx = p->n_ctx > 0 && p->n_ctx <= hp->max_seq ? p->n_ctx : hp->max_seq;
+    if (n_prompt >= n_ctx)
+        return iflow_seterr(IFLOW_ERANGE, "the prompt of %d tokens does not fit the context of %d", n_prompt, n_ctx);
+    search s = {.m = m, .max_tab = (n_ctx + BLOCK - 1) / BLOCK};
+    s.n_blocks = W * (s.max_tab + 1) + 1;
+    hyp live[IFLOW_MAX_BEAMS] = {{0}}, next[IFLOW_MAX_BEAMS] = {{0}};
+    int n_live = 0, rc = 0, n_res = 0, cap = 0;
+    iflow_beam *res = NULL;
+    float *logits = malloc((size_t)W * V * sizeof *logits);
+    double *lp = malloc((size_t)V * sizeof *lp);
+    cand *cs = malloc((size_t)W * 2 * W * sizeof *cs);
+    s.free_ids = malloc((size_t)s.n_blocks * sizeof *s.free_ids);
+    s.ref = calloc((size_t)s.n_blocks, sizeof *s.ref);
+    if (!logits || !lp || !cs || !s.free_ids || !s.ref)
+        rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    if (rc == 0)
+        rc = iflow_kv_open(&s.kv, m, p->kv_type, BLOCK, s.n_blocks);
+    if (rc == 0)
+        rc = iflow_ctx_open_steps(&s.ctx, m, p->n_threads);
+    for (int i = 0; rc == 0 && i < s.n_blocks; i++)
+        s.free_ids[s.n_free++] = s.n_blocks - 1 - i;
+    if (rc == 0 && (rc = hyp_alloc(&live[0], s.max_tab, p->max_tokens)) == 0) {
+        n_live = 1;
+        rc = prefill(&s, &live[0], prompt, n_prompt, logits);
+    }
+    int n_finished = 0;
+    while (rc == 0 && n_live > 0) {
+        /* every live beam's 2W best extensions, ranked together */
+        int n_c = 0;
+        for (int i = 0; i < n_live; i++) {
+            log_softmax(lp, logits + (size_t)i * V, V);
+            n_c = top_tokens(cs, n_c, lp, V, 2 * W < V ? 2 * W : V, i, live[i].logprob);
+        }
+        qsort(cs, (size_t)n_c, sizeof *cs, cand_cmp);
+        int n_next = 0;
+        for (int r = 0; r < n_c && n_next < W && rc == 0; r++) {
+            const hyp *par = &live[cs[r].beam];
+            if (iflow_model_is_eos(m, cs[r].token)) {
+                if (r >= W)
+                    continue;
+                hyp done = {.tokens = malloc((size_t)(par->n_tokens + 1) * sizeof *done.tokens),
+                            .n_tokens = par->n_tokens, .logprob = cs[r].logprob, .eos = cs[r].token};
+                if (!done.tokens) {
+                    rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
+                    break;
+                }
+                memcpy(done.tokens, par->tokens, (size_t)par->n_tokens * sizeof *done.tokens);
+                rc = finish_hyp(&res, &n_res, &cap, &done, IFLOW_FINISH_EOS, p->length_penalty);
+                free(done.tokens); /* NULL once the results hold it */
+                n_finished++;
+                continue;
+            }
+            rc = hyp_fork(&s, &next[n_next], par, cs[r].token, cs[r].logprob, p->max_tokens);
+            if (rc == 0)
+                n_next++;
+        }
+        for (int i = 0; i < n_live; i++)
+            hyp_release(&s, &live[i]);
+        memcpy(live, next, sizeof(hyp) * (size_t)n_next);
+        memset(next, 0, sizeof next);
+        n_live = n_next;
+        if (rc < 0)
+            break;
+        /* beams that cannot grow end here */
+        for (int i = 0; i < n_live && rc == 0;) {
+            int why = live[i].n_tokens == p->max_tokens ? IFLOW_FINISH_LENGTH
+                      : live[i].n_past >= n_ctx         ? IFLOW_FINISH_CONTEXT
+                                                        : -1;
+            if (why < 0) {
+                i++;
+                continue;
+            }
+            rc = finish_hyp(&res, &n_res, &cap, &live[i], why, p->length_penalty);
+            hyp_release(&s, &live[i]);
+            live[i] = live[--n_live];
+            memset(&live[n_live], 0, sizeof live[n_live]);
+        }
+        if (rc < 0 || n_finished >= W || n_live == 0)
+            break;
+        /* one step: every live beam's last token */
+        iflow_step_seq seqs[IFLOW_MAX_BEAMS];
+        for (int i = 0; i < n_live && rc == 0; i++) {
+            hyp *h = &live[i];
+            rc = own_block(&s, h, h->n_past);
+            seqs[i] = (iflow_step_seq){.ids = &h->tokens[h->n_tokens - 1], .n = 1, .pos0 = h->n_past, .table = h->table,
+                                       .logits = logits + (size_t)i * V};
+        }
+        if (rc == 0)
+            rc = iflow_ctx_step(s.ctx, s.kv, seqs, n_live);
+        for (int i = 0; i < n_live && rc == 0; i++)
+            live[i].n_past++;
+    }
+    for (int i = 0; i < n_live; i++)
+        hyp_release(&s, &live[i]);
+    free(logits), free(lp), free(cs), free(s.free_ids), free(s.ref);
+    iflow_ctx_close(s.ctx);
+    iflow_kv_close(s.kv);
+    if (rc < 0) {
+        iflow_beams_free(res, n_res);
+        return rc;
+    }
+    qsort(res, (size_t)n_res, sizeof *res, beam_score_cmp);
+    for (int i = W; i < n_res; i++)
+        free(res[i].tokens);
+    *out = res;
+    *n_out = n_res < W ? n_res : W;
+    return 0;
+}
+
+void iflow_beams_free(iflow_beam *b, int n)
+{
+    for (int i = 0; b && i < n; i++)
+        free(b[i].tokens);
+    free(b);
+}

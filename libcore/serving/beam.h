@@ -1,0 +1,55 @@
+/*
+ * beam.h -- beam search: the n most probable continuations, kept side by side.
+ *
+ * Contract
+ *   iflow_beam_search() runs one prompt with `n_beams` live beams over a paged KV cache
+ *   (model.h's iflow_kv). Each step evaluates every live beam's last token in one
+ *   iflow_ctx_step (the weights are read once for all beams), extends each beam by its
+ *   2 * n_beams most probable tokens, and keeps the n_beams extensions of the highest summed
+ *   log-probability. An extension by the end-of-sequence token, among the first n_beams of
+ *   the ranking, is a finished hypothesis instead (as Hugging Face's beam search does).
+ *   Beams share the blocks of their common prefix: a fork copies only the partly filled block
+ *   it would write into (iflow_kv_copy_block), when it writes.
+ *   The search ends when n_beams hypotheses have finished (early stopping), when the live
+ *   beams reach max_tokens or the context, or when no beam is left. The results are the
+ *   finished hypotheses and the beams still live, ranked by score = logprob / length^lp
+ *   (length: the tokens generated, an ending EOS included; lp = length_penalty, 0: the plain
+ *   sum), best first, at most n_beams of them.
+ *   With n_beams = 1 the search is greedy decoding: the argmax at every step (the lowest id
+ *   among equal logits).
+ *   Errors: IFLOW_EINVAL for bad parameters or an empty prompt, IFLOW_ERANGE for a prompt that
+ *   fills the context or a token outside the vocabulary, and the engine's errors.
+ */
+#ifndef IFLOW_BEAM_H
+#define IFLOW_BEAM_H
+
+#include <stdint.h>
+
+#include "libcore/engine/model.h"
+
+#define IFLOW_MAX_BEAMS 32
+
+typedef struct {
+    int n_beams;            /* 1 .. IFLOW_MAX_BEAMS                                        */
+    int max_tokens;         /* tokens to generate at most (>= 1)                           */
+    float length_penalty;   /* score = logprob / length^length_penalty; 1 is HF's default */
+    int n_ctx;              /* positions; <= 0: the model's max_seq                         */
+    int kv_type;            /* IFK_KV_* (kernels/cpu/kvcache.h)                             */
+    int n_threads;          /* <= 0: all cores                                              */
+} iflow_beam_params;
+
+typedef struct {
+    int32_t *tokens;        /* [n_tokens] generated (an ending EOS not included)           */
+    int n_tokens;
+    double logprob;         /* natural log-probability of the tokens (and of the EOS)     */
+    double score;           /* logprob / length^length_penalty                            */
+    int finish;             /* batch.h's IFLOW_FINISH_EOS, _LENGTH or _CONTEXT             */
+    int32_t eos;            /* IFLOW_FINISH_EOS: the end-of-sequence token; else -1        */
+} iflow_beam;
+
+/* *out: [*n_out] beams, best first (free with iflow_beams_free). */
+int  iflow_beam_search(const iflow_model *m, const int32_t *prompt, int n_prompt, const iflow_beam_params *p,
+                       iflow_beam **out, int *n_out);
+void iflow_beams_free(iflow_beam *b, int n);
+
+#endif

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# iflow-run --beams: width 1 prints the greedy text; wider beams come ranked in --json with
+# scores that follow --length-penalty, the best at least as probable as greedy's continuation
+# (the same length: stories260K never ends a text by itself); bad combinations are refused.
+. "$(dirname "$0")/lib.sh"
+$BIN/iflow-convert "$DATA/models/stories260K/hf" -o "$TMP/s.ifs" || { bad "convert"; summary; exit 1; }
+P="Once upon a time"
+run $BIN/iflow-run -m "$TMP/s.ifs" -p "$P" -n 40 --temp 0
+greedy=$out
+run $BIN/iflow-run -m "$TMP/s.ifs" -p "$P" -n 40 --beams 1
+expect_rc 0 "--beams 1"
+expect_eq "$out" "$greedy" "--beams 1 is greedy"
+run $BIN/iflow-run -m "$TMP/s.ifs" -p "$P" -n 40 --beams 1 --json
+g1=$(jq .beams[0].logprob <<<"$out")
+run $BIN/iflow-run -m "$TMP/s.ifs" -p "$P" -n 40 --beams 4 --json --length-penalty 0
+expect_rc 0 "--beams 4"
+expect_eq "$(jq '.beams | length' <<<"$out")" 4 "four beams"
+expect_eq "$(jq '[.beams[].score] | . == (sort | reverse)' <<<"$out")" true "ranked by score"
+expect_eq "$(jq '[.beams[] | .score == .logprob] | all' <<<"$out")" true "length penalty 0: score = logprob"
+expect_eq "$(jq --argjson g "$g1" '.beams[0].logprob >= $g' <<<"$out")" true "the best beam is at least as probable as greedy"
+expect_eq "$(jq -r '.text == .beams[0].text and .stop == .beams[0].stop' <<<"$out")" true "text and stop are the best beam's"
+run $BIN/iflow-run -m "$TMP/s.ifs" -p "$P" -n 40 --beams 3 --json --length-penalty 2
+expect_eq "$(jq '[.beams[] | (.score - .logprob / pow(.gen_ids | length; 2)) | fabs < 1e-9] | all' <<<"$out")" true \
+    "length penalty 2: score = logprob / length^2"
+# several prompts from standard input
+printf '%s\n' "$P" "Lily saw" >"$TMP/p.txt"
+run bash -c "$BIN/iflow-run -m '$TMP/s.ifs' -n 12 --beams 2 <'$TMP/p.txt'"
+expect_eq "$(wc -l <<<"$out")" 2 "a line per prompt"
+
+run $BIN/iflow-run -m "$TMP/s.ifs" -p "$P" --beams 2 --stop x
+expect_rc 2 "--beams with --stop"
+expect_eq "$(head -n 1 <<<"$err")" "iflow-run: --beams goes with neither --batch, --draft, --stop nor a context shift" "--beams with --stop: message"
+run $BIN/iflow-run -m "$TMP/s.ifs" -p "$P" --length-penalty 2
+expect_rc 2 "--length-penalty without --beams"
+run $BIN/iflow-run -m "$TMP/s.ifs" -p "$P" --beams 33
+expect_rc 2 "--beams 33"
+run bash -c "echo '{\"prompt\":\"hi\",\"beams\":2}' | $BIN/iflow-run -m '$TMP/s.ifs' --batch"
+expect_eq "$(jq -r .error <<<"$out")" "field 'beams': beam search runs in iflow-run's plain mode (--beams), not in --batch yet" "--batch: beams refused"
+summary
