@@ -686,6 +686,74 @@ __global__ void kv_store_rows(KV *cache, size_t ld_dst, int pos0, const float *s
     }
 }
 
+/* Rows r0 .. r0 + n - 1 (r0 >= keep + discard) move to r - discard; in k, pair i of each head is
+ * rotated by -discard * theta^(-2i/rot_dim) * fs[i] (angles in double, as ifk_rope), then
+ * stored in the cache's type. One thread per (row, pair) for k, per (row, value) for v. */
+template <typename KV>
+__global__ void kv_shift_rows(KV *k, KV *v, size_t ld, int n_kv_heads, int head_dim, int rot_dim, int r0, int n,
+                              int discard, float theta, const float *fs, int interleaved)
+{
+    const int half = rot_dim / 2, KVN = n_kv_heads * head_dim;
+    const size_t nk = (size_t)n * n_kv_heads * half, nv = (size_t)n * KVN;
+    for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < nk + nv;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        if (idx >= nk) { /* a value, and the key values past rot_dim, as they are */
+            const size_t j = idx - nk, r = j / KVN, e = j % KVN;
+            const size_t src = ((size_t)r0 + r) * ld + e, dst = src - (size_t)discard * ld;
+            v[dst] = v[src];
+            if ((int)(e % head_dim) >= 2 * half)
+                k[dst] = k[src];
+            continue;
+        }
+        const size_t r = idx / ((size_t)n_kv_heads * half), rest = idx % ((size_t)n_kv_heads * half);
+        const int h = (int)(rest / half), i = (int)(rest % half);
+        double angle = -(double)discard * pow((double)theta, -2.0 * i / rot_dim);
+        if (fs)
+            angle *= fs[i];
+        double sd, cd;
+        sincos(angle, &sd, &cd);
+        const float c = (float)cd, s = (float)sd;
+        const int ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
+        const size_t src = ((size_t)r0 + r) * ld + (size_t)h * head_dim, dst = src - (size_t)discard * ld;
+        const float x0 = kv_float(k[src + ia]), x1 = kv_float(k[src + ib]);
+        kv_put(k + dst + ia, __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)));
+        kv_put(k + dst + ib, __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c)));
+    }
+}
+
+extern "C" int ifkc_kv_shift(ifkc_dev *d, void *k, void *v, int kv_type, size_t ld, int n_kv_heads, int head_dim,
+                             int rot_dim, int n_past, int keep, int discard, float theta, const float *freq_scale,
+                             int layout)
+{
+    if (!d || !k || !v)
+        return ifkc_seterr(IFKC_EINVAL, "kv shift: a NULL handle or pointer");
+    if (kv_type != IFK_F32 && kv_type != IFK_F16)
+        return ifkc_seterr(IFKC_EUNSUPPORTED, "kv shift: kv cache type %d is not supported (f32 or f16)", kv_type);
+    if (keep < 0 || discard <= 0 || keep + discard > n_past || n_kv_heads <= 0 || head_dim <= 0 ||
+        ld < (size_t)n_kv_heads * head_dim || (layout != IFK_ROPE_HALF && layout != IFK_ROPE_INTERLEAVED))
+        return ifkc_seterr(IFKC_EINVAL, "kv shift: bad shape (%d of %d positions after %d, %d heads of %d)", discard,
+                           n_past, keep, n_kv_heads, head_dim);
+    if (rot_dim > head_dim || rot_dim <= 0)
+        rot_dim = head_dim;
+    for (int r0 = keep + discard; r0 < n_past; r0 += discard) { /* a launch's rows never overlap its sources */
+        const int n = n_past - r0 < discard ? n_past - r0 : discard;
+        const size_t total = (size_t)n * n_kv_heads * (rot_dim / 2 + head_dim);
+        size_t blocks = (total + 255) / 256;
+        if (blocks > 8192)
+            blocks = 8192;
+        if (kv_type == IFK_F32)
+            kv_shift_rows<float><<<(unsigned)blocks, 256, 0, d->stream>>>((float *)k, (float *)v, ld, n_kv_heads, head_dim,
+                                                                          rot_dim, r0, n, discard, theta, freq_scale,
+                                                                          layout == IFK_ROPE_INTERLEAVED);
+        else
+            kv_shift_rows<__half><<<(unsigned)blocks, 256, 0, d->stream>>>((__half *)k, (__half *)v, ld, n_kv_heads,
+                                                                           head_dim, rot_dim, r0, n, discard, theta,
+                                                                           freq_scale, layout == IFK_ROPE_INTERLEAVED);
+        IFKC_CKL("kv_shift_rows");
+    }
+    return 0;
+}
+
 extern "C" int ifkc_kv_store(ifkc_dev *d, void *cache, int kv_type, size_t ld_dst, int pos0, const float *src,
                              size_t ld_src, int T, int n)
 {

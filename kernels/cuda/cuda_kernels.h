@@ -134,6 +134,14 @@ int ifkc_attention_prefill(ifkc_dev *d, float *out, const float *q, const void *
 int ifkc_kv_store(ifkc_dev *d, void *cache, int kv_type, size_t ld_dst, int pos0,
                   const float *src, size_t ld_src, int T, int n);
 
+/* Context shift of one contiguous cache (kernels/cpu/kvcache.h's ifk_kv_shift): rows
+ * keep + discard .. n_past - 1 of k and v (kv_type F32 or F16, n_kv_heads * head_dim values a
+ * row, stride ld) move down by discard; the keys are rotated as ifk_rope at position -discard
+ * (freq_scale: device array or NULL). Rows move in launches of `discard` rows, so sources are
+ * read before they are overwritten. */
+int ifkc_kv_shift(ifkc_dev *d, void *k, void *v, int kv_type, size_t ld, int n_kv_heads, int head_dim, int rot_dim,
+                  int n_past, int keep, int discard, float theta, const float *freq_scale, int layout);
+
 /* ---- element-wise and per-token operations (kernels/cuda/ops.cu) ----------------------------- */
 
 /* y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, for T rows of n (contiguous rows). y may equal x. */

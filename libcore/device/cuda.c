@@ -132,6 +132,21 @@ static int cu_kv_store(iflow_device *d, void *pool, const ifk_kv_layout *L, cons
     return rc;
 }
 
+static int cu_kv_shift(iflow_device *d, void *k, void *v, const ifk_kv_layout *L, const int32_t *table, int n_past,
+                       int keep, int discard, const ifk_rope_params *rp)
+{
+    ifk_kv_seq whole = {.row0 = 0, .n_rows = n_past, .pos0 = 0, .table = table};
+    int rc = cu_kv_check(d, L, &whole, 1);
+    if (rc < 0)
+        return rc;
+    rc = ifkc_make_current(DEV(d));
+    if (rc == 0)
+        rc = ifkc_kv_shift(DEV(d), cu_block(k, L, table[0]), cu_block(v, L, table[0]),
+                           L->type == IFK_KV_F16 ? IFK_F16 : IFK_F32, (size_t)L->n_kv_heads * L->head_dim, L->n_kv_heads,
+                           L->head_dim, rp->rot_dim, n_past, keep, discard, rp->theta, rp->freq_scale, rp->layout);
+    return rc < 0 ? fail(d, rc) : 0;
+}
+
 static int cu_attention_paged(iflow_device *d, float *out, const float *q, size_t ld, const void *k, const void *v,
                               const ifk_kv_layout *L, const ifk_kv_seq *seqs, int n_seqs, int n_heads, float scale)
 {
@@ -157,6 +172,7 @@ static int cu_query(const iflow_device *d, iflow_device_info *info) { return ifl
 static const iflow_device_ops cuda_ops = {
     cu_close, cu_query, cu_alloc, cu_free, cu_upload, cu_download, cu_supports, cu_matmul, cu_rmsnorm,
     cu_rope, cu_attention, cu_silu_mul, cu_add, cu_add_bias, cu_argmax, cu_kv_store, cu_attention_paged,
+    cu_kv_shift,
 };
 
 int iflow_cuda_count(const char **why)

@@ -6,7 +6,8 @@
  * Covered: decoding attention (F32 and F16 caches, head_dim 64/80/96/128/256, GQA ratios 1, 4,
  * 8, contexts of 1, 17 and 4097 keys, long contexts of 16384 and 40000 keys, a group larger
  * than one block's 8 heads, a padded and an unaligned row stride), prefill attention (T = 2,
- * 17, 100 at pos0 = 0 and pos0 > 0, the same shapes), the argument checks, kv_store (F32 and
+ * 17, 100 at pos0 = 0 and pos0 > 0, the same shapes), the argument checks, kv_shift (against
+ * the CPU's ifk_kv_shift: keys within 1e-5 relative, values bit for bit), kv_store (F32 and
  * F16, bit-exact), rmsnorm, rope (both layouts, freq_scale or not, partial rot_dim, several
  * positions), silu_mul, add, add_bias, argmax (ties, n = 1, a vocabulary of 151936).
  *
@@ -31,6 +32,7 @@
 
 #include "kernels/cpu/impl.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/kvcache.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "libcore/base/dtype.h"
 #include "tests/gpu/gpulib.h"
@@ -290,6 +292,59 @@ static void test_kv_store(void)
     free(src);
 }
 
+/* ---- kv_shift: against the CPU kernel (kernels/cpu/kvcache.h) ---------------------------- */
+
+static void test_kv_shift(void)
+{
+    enum { NKV = 2, HD = 64, KV = NKV * HD, ROWS = 100, NPAST = 90, KEEP = 4, DISCARD = 29 };
+    float fs[HD / 2];
+    for (int i = 0; i < HD / 2; i++)
+        fs[i] = 0.5f + (float)i / HD;
+    float *dfs = gpu_dup(fs, sizeof fs);
+    for (int kt = IFK_F32; kt <= IFK_F16; kt++)
+        for (int layout = IFK_ROPE_HALF; layout <= IFK_ROPE_INTERLEAVED; layout++)
+            for (int rot = 32; rot <= 64; rot += 32) {
+                ifk_kv_layout L = {.type = kt == IFK_F32 ? IFK_KV_F32 : IFK_KV_F16, .block = ROWS, .n_kv_heads = NKV,
+                                   .head_dim = HD, .group = ifk_kv_group(HD), .n_blocks = 1};
+                const size_t bytes = ifk_kv_pool_bytes(&L);
+                unsigned char *k = gpu_xmalloc(bytes), *v = gpu_xmalloc(bytes), *gk = gpu_xmalloc(bytes),
+                              *gv = gpu_xmalloc(bytes);
+                float row[KV], tmp[KV];
+                int32_t table[1] = {0};
+                for (int p = 0; p < ROWS; p++) {
+                    ifk_kv_seq s = {.row0 = 0, .n_rows = 1, .pos0 = p, .table = table};
+                    fill(row, KV, -2.0f, 2.0f);
+                    ifk_kv_store(k, &L, &s, 1, row, KV, 1);
+                    fill(row, KV, -2.0f, 2.0f);
+                    ifk_kv_store(v, &L, &s, 1, row, KV, 1);
+                }
+                void *dk = gpu_dup(k, bytes), *dv = gpu_dup(v, bytes);
+                ifk_rope_params rp = {rot, 10000.0f, fs, layout};
+                ifk_kv_shift(k, v, &L, table, NPAST, KEEP, DISCARD, &rp, tmp);
+                int rc = ifkc_kv_shift(dev, dk, dv, kt, KV, NKV, HD, rot, NPAST, KEEP, DISCARD, 10000.0f, dfs, layout);
+                CHECK(rc == 0, "kv_shift %s: %s", kvname(kt), ifkc_errmsg());
+                if (rc == 0 && gpu_fetch(gk, dk, bytes) == 0 && gpu_fetch(gv, dv, bytes) == 0) {
+                    double worst = 0;
+                    for (int p = 0; p < ROWS; p++) {
+                        float a[KV], b[KV];
+                        ifk_kv_load_row(a, k, &L, table, p);
+                        ifk_kv_load_row(b, gk, &L, table, p);
+                        for (int i = 0; i < KV; i++)
+                            worst = fmax(worst, fabs((double)a[i] - b[i]) / (fabs(a[i]) + 1e-3));
+                    }
+                    CHECK(worst < 1e-5, "kv_shift %s layout %d rot %d: keys differ from the CPU's by %.3g (relative)",
+                          kvname(kt), layout, rot, worst);
+                    CHECK(memcmp(gv, v, bytes) == 0, "kv_shift %s: values not moved as the CPU moves them", kvname(kt));
+                }
+                ifkc_free(dev, dk);
+                ifkc_free(dev, dv);
+                free(k), free(v), free(gk), free(gv);
+            }
+    ifkc_free(dev, dfs);
+    CHECK(ifkc_kv_shift(dev, dfs, dfs, IFK_F32, 64, 1, 64, 64, 10, 4, 7, 1e4f, NULL, IFK_ROPE_HALF) == IFKC_EINVAL,
+          "kv_shift: dropping past the end is refused");
+}
+
 /* ---- rmsnorm ----------------------------------------------------------------------------- */
 
 static void test_rmsnorm(void)
@@ -501,6 +556,7 @@ int main(void)
     RUN(test_attention_decode_long);
     RUN(test_attention_prefill);
     RUN(test_kv_store);
+    RUN(test_kv_shift);
     RUN(test_rmsnorm);
     RUN(test_rope);
     RUN(test_silu_mul_add);
