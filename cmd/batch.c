@@ -3,6 +3,7 @@
 #include "cmd/io.h"
 #include "libcore/base/error.h"
 #include "libcore/serving/batch.h"
+#include "libcore/serving/beam.h"
 #include "libcore/serving/metrics.h"
 #include "libcore/serving/request.h"
 #include "libcore/tokenizers/tokenizer.h"
@@ -28,6 +29,11 @@ typedef struct item {
     char *error;                  /* a refused request: the message                          */
     iflow_request req;            /* the tokenized prompt (malloc'd) and f's parameters; user = this item */
     iflow_result *res;            /* the finished result (writer side)                       */
+    iflow_beam_run *beam;         /* a beam search while it runs                             */
+    iflow_beam *beams;            /* its results, best first (res holds the best one too)   */
+    char **btext;                 /* [n_beams] their texts                                  */
+    size_t *blen;
+    int n_beams;
 } item;
 
 typedef struct {
@@ -108,6 +114,12 @@ static void item_free(item *it)
     free(it->error);
     free((void *)it->req.prompt);
     iflow_result_free(it->res);
+    iflow_beam_close(it->beam);
+    for (int i = 0; it->btext && i < it->n_beams; i++)
+        free(it->btext[i]);
+    free(it->btext);
+    free(it->blen);
+    iflow_beams_free(it->beams, it->n_beams);
     free(it);
 }
 
@@ -297,6 +309,16 @@ static json_t *result_json(const item *it)
     json_object_set_new(o, "ttft_ms", json_real(round((r->t_first - r->t_added) * 1e6) / 1e3));
     json_object_set_new(o, "tokens_per_s",
                         json_real(r->n_tokens > 1 && gen_s > 0 ? round((r->n_tokens - 1) / gen_s * 100) / 100 : 0));
+    if (it->beams) { /* every beam, ranked (the best is the text above) */
+        json_t *a = json_array();
+        for (int i = 0; i < it->n_beams; i++) {
+            const iflow_beam *b = &it->beams[i];
+            json_array_append_new(a, json_pack("{s:s%, s:f, s:f, s:s, s:i}", "text", it->btext[i], it->blen[i],
+                                               "logprob", b->logprob, "score", b->score, "finish_reason",
+                                               iflow_finish_name(b->finish), "completion_tokens", b->n_tokens));
+        }
+        json_object_set_new(o, "beams", a);
+    }
     return o;
 }
 
@@ -328,6 +350,64 @@ static void *writer_main(void *arg)
 }
 
 /* ---- the main loop --------------------------------------------------------------------------------- */
+
+/* ---- beam search requests: run beside the batch, one forward step per loop ------------------- */
+
+/* Start it->req as a beam search: 0, or < 0 with the reason. */
+static int beam_start(item *it, const iflow_model *m, const iflow_batch_params *bp)
+{
+    iflow_beam_params p = {.n_beams = it->f.beams, .max_tokens = it->f.max_tokens,
+                           .length_penalty = it->f.length_penalty, .n_ctx = bp->n_ctx, .kv_type = bp->kv_type,
+                           .n_threads = bp->n_threads};
+    it->res = calloc(1, sizeof *it->res);
+    if (!it->res)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    it->res->t_added = it->res->t_started = now_s();
+    it->res->n_prompt = it->req.n_prompt;
+    it->res->stop_index = -1;
+    return iflow_beam_open(&it->beam, m, it->req.prompt, it->req.n_prompt, &p);
+}
+
+/* One step of it's search: 1 while it runs, 0 when its results are in the item, < 0. */
+static int beam_advance(item *it, const iflow_model *m)
+{
+    int rc = iflow_beam_step(it->beam);
+    if (rc > 0) {
+        if (it->res->t_first == 0)
+            it->res->t_first = now_s(); /* the prompt is in: the first tokens are chosen next */
+        return 1;
+    }
+    if (rc == 0)
+        rc = iflow_beam_take(it->beam, &it->beams, &it->n_beams);
+    iflow_beam_close(it->beam);
+    it->beam = NULL;
+    if (rc < 0)
+        return rc;
+    const iflow_tokenizer *tok = iflow_model_tokenizer(m);
+    int first = it->req.n_prompt == 1 && it->req.prompt[0] == iflow_model_hparams(m)->bos;
+    it->btext = calloc((size_t)it->n_beams, sizeof *it->btext);
+    it->blen = calloc((size_t)it->n_beams, sizeof *it->blen);
+    if (!it->btext || !it->blen)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    for (int i = 0; i < it->n_beams; i++)
+        if ((rc = iflow_tokenizer_continuation(tok, it->beams[i].tokens, (size_t)it->beams[i].n_tokens, first,
+                                               &it->btext[i], &it->blen[i])) < 0)
+            return rc;
+    iflow_result *r = it->res; /* the best beam is the request's result */
+    const iflow_beam *best = &it->beams[0];
+    r->tokens = malloc(((size_t)best->n_tokens + 1) * sizeof *r->tokens);
+    r->text = strdup(it->btext[0]);
+    if (!r->tokens || !r->text)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    memcpy(r->tokens, best->tokens, (size_t)best->n_tokens * sizeof *r->tokens);
+    r->n_tokens = best->n_tokens;
+    r->text_len = it->blen[0];
+    r->finish = best->finish;
+    r->t_done = now_s();
+    if (r->t_first == 0)
+        r->t_first = r->t_done;
+    return 0;
+}
 
 /* An id already running or queued in the engine: ids[0..n) are theirs. */
 static int id_in_flight(item **live, int n, const char *id)
@@ -369,36 +449,57 @@ int batch_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
     const int max_live = 2 * bp->parallel;
     item **live = malloc(sizeof *live * (size_t)max_live);
     int n_live = 0, input_done = 0, rc = 0;
+    item **beams = malloc(sizeof *beams * (size_t)max_live); /* the beam searches running */
+    int n_beams = 0;
     double t0 = now_s();
-    if (!live)
+    if (!live || !beams)
         die(t, "out of memory");
     while (rc == 0 && !w.failed) {
         /* feed the engine: keep up to `parallel` queued behind the running ones */
         while (!input_done && n_live < max_live) {
             int closed;
-            item *it = q_pop(&in, iflow_batch_pending(b) == 0, &closed);
+            item *it = q_pop(&in, iflow_batch_pending(b) == 0 && n_beams == 0, &closed);
             if (!it) {
                 input_done = closed;
                 break;
             }
             if (!it->error && id_in_flight(live, n_live, it->f.id))
                 item_fail(it, "duplicate id %s: a request with this id is still running", it->f.id);
-            if (!it->error && iflow_batch_add(b, &it->req) < 0)
+            if (!it->error && (it->f.beams ? beam_start(it, m, bp) : iflow_batch_add(b, &it->req)) < 0)
                 item_fail(it, "%s", iflow_errmsg());
-            if (it->error)
+            if (it->error) {
                 q_push(&out, it);
-            else
-                live[n_live++] = it;
+                continue;
+            }
+            live[n_live++] = it;
+            if (it->f.beams)
+                beams[n_beams++] = it;
         }
-        if (iflow_batch_pending(b) == 0) {
+        if (iflow_batch_pending(b) == 0 && n_beams == 0) {
             if (input_done)
                 break;
             continue;
         }
-        if (iflow_batch_step(b) < 0) {
-            rc = 1;
-            break;
+        for (int i = 0; i < n_beams && rc == 0;) { /* each search one step further */
+            item *it = beams[i];
+            int s = beam_advance(it, m);
+            if (s < 0)
+                rc = 1;
+            if (s <= 0) { /* finished (or failed: reported below) */
+                beams[i] = beams[--n_beams];
+                forget(live, &n_live, it);
+                if (s == 0)
+                    q_push(&out, it);
+                else
+                    item_free(it);
+                continue;
+            }
+            i++;
         }
+        if (rc == 0 && iflow_batch_pending(b) > 0 && iflow_batch_step(b) < 0)
+            rc = 1;
+        if (rc)
+            break;
         iflow_result *r;
         while (iflow_batch_take(b, &r) == 1) {
             item *it = r->user;
@@ -436,9 +537,10 @@ int batch_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
         json_decref(js);
     }
     iflow_batch_close(b); /* requests still in it (after a failure) go with it; their items below */
-    for (int i = 0; i < n_live; i++)
+    for (int i = 0; i < n_live; i++) /* the beam searches among them too */
         item_free(live[i]);
     free(live);
+    free(beams);
     item *it;
     while ((it = q_pop(&out, 0, NULL)) != NULL || (it = q_pop(&in, 0, NULL)) != NULL)
         item_free(it);

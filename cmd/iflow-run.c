@@ -197,22 +197,9 @@ static json_t *ids_json(const int32_t *ids, size_t n)
 /* The text of a continuation (gen after the prompt; `first`: the prompt is a lone BOS). */
 static char *continuation_text(const iflow_tokenizer *tok, const int32_t *gen, int n, int first, size_t *len)
 {
-    char *text = NULL, piece[256];
-    size_t cap = 0;
-    *len = 0;
-    for (int i = 0; i <= n; i++) {
-        int k = i < n ? iflow_tokenizer_piece(tok, gen[i], first && i == 0, piece, sizeof piece) : 0;
-        if (k < 0)
-            die(&tool, NULL);
-        if (*len + (size_t)k + 1 > cap) {
-            cap = 2 * cap + (size_t)k + 64;
-            if (!(text = realloc(text, cap)))
-                die(&tool, "out of memory");
-        }
-        memcpy(text + *len, piece, (size_t)k);
-        *len += (size_t)k;
-    }
-    text[*len] = 0;
+    char *text;
+    if (iflow_tokenizer_continuation(tok, gen, (size_t)n, first, &text, len) < 0)
+        die(&tool, NULL);
     return text;
 }
 
@@ -550,7 +537,7 @@ int main(int argc, char **argv)
     if (lp_given && !o.beams)
         die_usage(&tool, "--length-penalty goes with --beams");
     if (o.beams && (o.batch || o.draft || o.n_stops || o.context_shift != IFLOW_SHIFT_NONE))
-        die_usage(&tool, "--beams goes with neither --batch, --draft, --stop nor a context shift");
+        die_usage(&tool, "--beams goes with neither --batch (give \"beams\" per request), --draft, --stop nor a context shift");
     if ((o.draft_n != 5 || o.draft_top_k) && !o.draft)
         die_usage(&tool, "--draft-n and --draft-top-k go with --draft");
     if ((o.parallel || o.metrics || o.kv_type) && !o.batch && !o.dry_run)

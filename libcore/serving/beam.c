@@ -199,124 +199,210 @@ static int prefill(search *s, hyp *h, const int32_t *prompt, int n, float *logit
     return 0;
 }
 
-int iflow_beam_search(const iflow_model *m, const int32_t *prompt, int n_prompt, const iflow_beam_params *p,
-                      iflow_beam **out, int *n_out)
+struct iflow_beam_run {
+    search s;
+    iflow_beam_params p;
+    int n_ctx;
+    int32_t *prompt;              /* [n_prompt] */
+    int n_prompt;
+    hyp live[IFLOW_MAX_BEAMS];
+    int n_live, n_finished, started, done;
+    float *logits;                /* [n_beams][vocab] after each live beam's last token */
+    double *lp;                   /* [vocab] */
+    cand *cs;                     /* [n_beams * 2 n_beams] */
+    iflow_beam *res;              /* [n_res] finished hypotheses */
+    int n_res, cap;
+};
+
+int iflow_beam_open(iflow_beam_run **out, const iflow_model *m, const int32_t *prompt, int n_prompt,
+                    const iflow_beam_params *p)
 {
     const iflow_hparams *hp = iflow_model_hparams(m);
     const int W = p->n_beams, V = hp->vocab_size;
-    *out = NULL, *n_out = 0;
+    *out = NULL;
     if (W < 1 || W > IFLOW_MAX_BEAMS || p->max_tokens < 1 || isnan(p->length_penalty))
         return iflow_seterr(IFLOW_EINVAL, "beam search: %d beams (1 to %d), %d tokens", W, IFLOW_MAX_BEAMS,
                             p->max_tokens);
     if (n_prompt <= 0)
         return iflow_seterr(IFLOW_EINVAL, "the prompt has no tokens");
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= V)
+            return iflow_seterr(IFLOW_ERANGE, "prompt token %d is id %d, outside the vocabulary (%d)", i, prompt[i], V);
     int n_ctx = p->n_ctx > 0 && p->n_ctx <= hp->max_seq ? p->n_ctx : hp->max_seq;
     if (n_prompt >= n_ctx)
         return iflow_seterr(IFLOW_ERANGE, "the prompt of %d tokens does not fit the context of %d", n_prompt, n_ctx);
-    search s = {.m = m, .max_tab = (n_ctx + BLOCK - 1) / BLOCK};
-    s.n_blocks = W * (s.max_tab + 1) + 1;
-    hyp live[IFLOW_MAX_BEAMS] = {{0}}, next[IFLOW_MAX_BEAMS] = {{0}};
-    int n_live = 0, rc = 0, n_res = 0, cap = 0;
-    iflow_beam *res = NULL;
-    float *logits = malloc((size_t)W * V * sizeof *logits);
-    double *lp = malloc((size_t)V * sizeof *lp);
-    cand *cs = malloc((size_t)W * 2 * W * sizeof *cs);
-    s.free_ids = malloc((size_t)s.n_blocks * sizeof *s.free_ids);
-    s.ref = calloc((size_t)s.n_blocks, sizeof *s.ref);
-    if (!logits || !lp || !cs || !s.free_ids || !s.ref)
+    iflow_beam_run *r = calloc(1, sizeof *r);
+    if (!r)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    r->p = *p;
+    r->n_ctx = n_ctx;
+    r->s = (search){.m = m, .max_tab = (n_ctx + BLOCK - 1) / BLOCK};
+    r->s.n_blocks = W * (r->s.max_tab + 1) + 1;
+    r->prompt = malloc((size_t)n_prompt * sizeof *r->prompt);
+    r->n_prompt = n_prompt;
+    r->logits = malloc((size_t)W * V * sizeof *r->logits);
+    r->lp = malloc((size_t)V * sizeof *r->lp);
+    r->cs = malloc((size_t)W * 2 * W * sizeof *r->cs);
+    r->s.free_ids = malloc((size_t)r->s.n_blocks * sizeof *r->s.free_ids);
+    r->s.ref = calloc((size_t)r->s.n_blocks, sizeof *r->s.ref);
+    int rc = 0;
+    if (!r->prompt || !r->logits || !r->lp || !r->cs || !r->s.free_ids || !r->s.ref)
         rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
     if (rc == 0)
-        rc = iflow_kv_open(&s.kv, m, p->kv_type, BLOCK, s.n_blocks);
+        rc = iflow_kv_open(&r->s.kv, m, p->kv_type, BLOCK, r->s.n_blocks);
     if (rc == 0)
-        rc = iflow_ctx_open_steps(&s.ctx, m, p->n_threads);
-    for (int i = 0; rc == 0 && i < s.n_blocks; i++)
-        s.free_ids[s.n_free++] = s.n_blocks - 1 - i;
-    if (rc == 0 && (rc = hyp_alloc(&live[0], s.max_tab, p->max_tokens)) == 0) {
-        n_live = 1;
-        rc = prefill(&s, &live[0], prompt, n_prompt, logits);
-    }
-    int n_finished = 0;
-    while (rc == 0 && n_live > 0) {
-        /* every live beam's 2W best extensions, ranked together */
-        int n_c = 0;
-        for (int i = 0; i < n_live; i++) {
-            log_softmax(lp, logits + (size_t)i * V, V);
-            n_c = top_tokens(cs, n_c, lp, V, 2 * W < V ? 2 * W : V, i, live[i].logprob);
-        }
-        qsort(cs, (size_t)n_c, sizeof *cs, cand_cmp);
-        int n_next = 0;
-        for (int r = 0; r < n_c && n_next < W && rc == 0; r++) {
-            const hyp *par = &live[cs[r].beam];
-            if (iflow_model_is_eos(m, cs[r].token)) {
-                if (r >= W)
-                    continue;
-                hyp done = {.tokens = malloc((size_t)(par->n_tokens + 1) * sizeof *done.tokens),
-                            .n_tokens = par->n_tokens, .logprob = cs[r].logprob, .eos = cs[r].token};
-                if (!done.tokens) {
-                    rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
-                    break;
-                }
-                memcpy(done.tokens, par->tokens, (size_t)par->n_tokens * sizeof *done.tokens);
-                rc = finish_hyp(&res, &n_res, &cap, &done, IFLOW_FINISH_EOS, p->length_penalty);
-                free(done.tokens); /* NULL once the results hold it */
-                n_finished++;
-                continue;
-            }
-            rc = hyp_fork(&s, &next[n_next], par, cs[r].token, cs[r].logprob, p->max_tokens);
-            if (rc == 0)
-                n_next++;
-        }
-        for (int i = 0; i < n_live; i++)
-            hyp_release(&s, &live[i]);
-        memcpy(live, next, sizeof(hyp) * (size_t)n_next);
-        memset(next, 0, sizeof next);
-        n_live = n_next;
-        if (rc < 0)
-            break;
-        /* beams that cannot grow end here */
-        for (int i = 0; i < n_live && rc == 0;) {
-            int why = live[i].n_tokens == p->max_tokens ? IFLOW_FINISH_LENGTH
-                      : live[i].n_past >= n_ctx         ? IFLOW_FINISH_CONTEXT
-                                                        : -1;
-            if (why < 0) {
-                i++;
-                continue;
-            }
-            rc = finish_hyp(&res, &n_res, &cap, &live[i], why, p->length_penalty);
-            hyp_release(&s, &live[i]);
-            live[i] = live[--n_live];
-            memset(&live[n_live], 0, sizeof live[n_live]);
-        }
-        if (rc < 0 || n_finished >= W || n_live == 0)
-            break;
-        /* one step: every live beam's last token */
-        iflow_step_seq seqs[IFLOW_MAX_BEAMS];
-        for (int i = 0; i < n_live && rc == 0; i++) {
-            hyp *h = &live[i];
-            rc = own_block(&s, h, h->n_past);
-            seqs[i] = (iflow_step_seq){.ids = &h->tokens[h->n_tokens - 1], .n = 1, .pos0 = h->n_past, .table = h->table,
-                                       .logits = logits + (size_t)i * V};
-        }
-        if (rc == 0)
-            rc = iflow_ctx_step(s.ctx, s.kv, seqs, n_live);
-        for (int i = 0; i < n_live && rc == 0; i++)
-            live[i].n_past++;
-    }
-    for (int i = 0; i < n_live; i++)
-        hyp_release(&s, &live[i]);
-    free(logits), free(lp), free(cs), free(s.free_ids), free(s.ref);
-    iflow_ctx_close(s.ctx);
-    iflow_kv_close(s.kv);
+        rc = iflow_ctx_open_steps(&r->s.ctx, m, p->n_threads);
+    if (rc == 0)
+        rc = hyp_alloc(&r->live[0], r->s.max_tab, p->max_tokens);
     if (rc < 0) {
-        iflow_beams_free(res, n_res);
+        iflow_beam_close(r);
         return rc;
     }
-    qsort(res, (size_t)n_res, sizeof *res, beam_score_cmp);
-    for (int i = W; i < n_res; i++)
-        free(res[i].tokens);
-    *out = res;
-    *n_out = n_res < W ? n_res : W;
+    memcpy(r->prompt, prompt, (size_t)n_prompt * sizeof *prompt);
+    for (int i = 0; i < r->s.n_blocks; i++)
+        r->s.free_ids[r->s.n_free++] = r->s.n_blocks - 1 - i;
+    r->n_live = 1;
+    *out = r;
     return 0;
+}
+
+/* The live beams' 2W best extensions each, ranked together: the next live beams, and the
+ * hypotheses that end (EOS among the first W; max_tokens; the context). */
+static int extend(iflow_beam_run *r)
+{
+    search *s = &r->s;
+    const iflow_model *m = s->m;
+    const int W = r->p.n_beams, V = iflow_model_hparams(m)->vocab_size;
+    hyp next[IFLOW_MAX_BEAMS] = {{0}};
+    int n_c = 0, n_next = 0, rc = 0;
+    for (int i = 0; i < r->n_live; i++) {
+        log_softmax(r->lp, r->logits + (size_t)i * V, V);
+        n_c = top_tokens(r->cs, n_c, r->lp, V, 2 * W < V ? 2 * W : V, i, r->live[i].logprob);
+    }
+    qsort(r->cs, (size_t)n_c, sizeof *r->cs, cand_cmp);
+    for (int k = 0; k < n_c && n_next < W && rc == 0; k++) {
+        const cand *c = &r->cs[k];
+        const hyp *par = &r->live[c->beam];
+        if (iflow_model_is_eos(m, c->token)) {
+            if (k >= W)
+                continue;
+            hyp done = {.tokens = malloc((size_t)(par->n_tokens + 1) * sizeof *done.tokens),
+                        .n_tokens = par->n_tokens, .logprob = c->logprob, .eos = c->token};
+            if (!done.tokens) {
+                rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
+                break;
+            }
+            memcpy(done.tokens, par->tokens, (size_t)par->n_tokens * sizeof *done.tokens);
+            rc = finish_hyp(&r->res, &r->n_res, &r->cap, &done, IFLOW_FINISH_EOS, r->p.length_penalty);
+            free(done.tokens); /* NULL once the results hold it */
+            r->n_finished++;
+            continue;
+        }
+        if ((rc = hyp_fork(s, &next[n_next], par, c->token, c->logprob, r->p.max_tokens)) == 0)
+            n_next++;
+        else
+            hyp_release(s, &next[n_next]);
+    }
+    for (int i = 0; i < r->n_live; i++)
+        hyp_release(s, &r->live[i]);
+    memcpy(r->live, next, sizeof(hyp) * (size_t)n_next);
+    r->n_live = n_next;
+    /* beams that cannot grow end here */
+    for (int i = 0; i < r->n_live && rc == 0;) {
+        hyp *h = &r->live[i];
+        int why = h->n_tokens == r->p.max_tokens ? IFLOW_FINISH_LENGTH : h->n_past >= r->n_ctx ? IFLOW_FINISH_CONTEXT : -1;
+        if (why < 0) {
+            i++;
+            continue;
+        }
+        rc = finish_hyp(&r->res, &r->n_res, &r->cap, h, why, r->p.length_penalty);
+        hyp_release(s, h);
+        r->live[i] = r->live[--r->n_live];
+        memset(&r->live[r->n_live], 0, sizeof r->live[r->n_live]);
+    }
+    if (r->n_finished >= W || r->n_live == 0)
+        r->done = 1;
+    return rc;
+}
+
+/* One forward step: every live beam's last token, each into a block of its own. */
+static int feed(iflow_beam_run *r)
+{
+    const int V = iflow_model_hparams(r->s.m)->vocab_size;
+    iflow_step_seq seqs[IFLOW_MAX_BEAMS];
+    int rc = 0;
+    for (int i = 0; i < r->n_live && rc == 0; i++) {
+        hyp *h = &r->live[i];
+        rc = own_block(&r->s, h, h->n_past);
+        seqs[i] = (iflow_step_seq){.ids = &h->tokens[h->n_tokens - 1], .n = 1, .pos0 = h->n_past, .table = h->table,
+                                   .logits = r->logits + (size_t)i * V};
+    }
+    if (rc == 0)
+        rc = iflow_ctx_step(r->s.ctx, r->s.kv, seqs, r->n_live);
+    for (int i = 0; i < r->n_live && rc == 0; i++)
+        r->live[i].n_past++;
+    return rc;
+}
+
+int iflow_beam_step(iflow_beam_run *r)
+{
+    int rc;
+    if (r->done)
+        return 0;
+    if (!r->started) {
+        r->started = 1;
+        rc = prefill(&r->s, &r->live[0], r->prompt, r->n_prompt, r->logits);
+        return rc < 0 ? rc : 1;
+    }
+    if ((rc = extend(r)) < 0)
+        return rc;
+    if (r->done)
+        return 0;
+    return (rc = feed(r)) < 0 ? rc : 1;
+}
+
+int iflow_beam_take(iflow_beam_run *r, iflow_beam **out, int *n_out)
+{
+    *out = NULL, *n_out = 0;
+    if (!r->done)
+        return iflow_seterr(IFLOW_EINVAL, "the beam search has not finished");
+    const int W = r->p.n_beams;
+    qsort(r->res, (size_t)r->n_res, sizeof *r->res, beam_score_cmp);
+    for (int i = W; i < r->n_res; i++)
+        free(r->res[i].tokens);
+    *out = r->res;
+    *n_out = r->n_res < W ? r->n_res : W;
+    r->res = NULL, r->n_res = r->cap = 0;
+    return 0;
+}
+
+void iflow_beam_close(iflow_beam_run *r)
+{
+    if (!r)
+        return;
+    for (int i = 0; i < r->n_live; i++)
+        hyp_release(&r->s, &r->live[i]);
+    iflow_beams_free(r->res, r->n_res);
+    free(r->prompt), free(r->logits), free(r->lp), free(r->cs), free(r->s.free_ids), free(r->s.ref);
+    iflow_ctx_close(r->s.ctx);
+    iflow_kv_close(r->s.kv);
+    free(r);
+}
+
+int iflow_beam_search(const iflow_model *m, const int32_t *prompt, int n_prompt, const iflow_beam_params *p,
+                      iflow_beam **out, int *n_out)
+{
+    iflow_beam_run *r;
+    *out = NULL, *n_out = 0;
+    int rc = iflow_beam_open(&r, m, prompt, n_prompt, p);
+    if (rc < 0)
+        return rc;
+    while ((rc = iflow_beam_step(r)) > 0)
+        ;
+    if (rc == 0)
+        rc = iflow_beam_take(r, out, n_out);
+    iflow_beam_close(r);
+    return rc;
 }
 
 void iflow_beams_free(iflow_beam *b, int n)

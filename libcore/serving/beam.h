@@ -47,7 +47,18 @@ typedef struct {
     int32_t eos;            /* IFLOW_FINISH_EOS: the end-of-sequence token; else -1        */
 } iflow_beam;
 
-/* *out: [*n_out] beams, best first (free with iflow_beams_free). */
+/* Step by step, for a caller that interleaves a search with other work (iflow-run --batch):
+ * open checks the parameters and the prompt and takes the memory; each step runs one forward
+ * pass (the prompt first, then every live beam's last token) and returns 1 while there is more
+ * to do, 0 when the search has ended, < 0 on failure; take hands over the results as below. */
+typedef struct iflow_beam_run iflow_beam_run;
+int  iflow_beam_open(iflow_beam_run **out, const iflow_model *m, const int32_t *prompt, int n_prompt,
+                     const iflow_beam_params *p);
+int  iflow_beam_step(iflow_beam_run *r);
+int  iflow_beam_take(iflow_beam_run *r, iflow_beam **out, int *n_out);
+void iflow_beam_close(iflow_beam_run *r);
+
+/* The whole search at once. *out: [*n_out] beams, best first (free with iflow_beams_free). */
 int  iflow_beam_search(const iflow_model *m, const int32_t *prompt, int n_prompt, const iflow_beam_params *p,
                        iflow_beam **out, int *n_out);
 void iflow_beams_free(iflow_beam *b, int n);

@@ -1,8 +1,10 @@
 /* request.c -- a batch request line. See request.h. */
 #include "libcore/serving/request.h"
 #include "libcore/base/error.h"
+#include "libcore/serving/beam.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,7 +66,7 @@ static int parse_object(iflow_request_fields *f, const json_t *js)
     const char *names[MAX_SAMPLING];
     char values[MAX_SAMPLING][64];
     const char *vals[MAX_SAMPLING];
-    int n = 0, rc;
+    int n = 0, rc, lp_given = 0;
     const char *key;
     json_t *v;
     json_object_foreach((json_t *)js, key, v)
@@ -83,8 +85,14 @@ static int parse_object(iflow_request_fields *f, const json_t *js)
                 return iflow_seterr(IFLOW_EINVAL, "field 'max_tokens' must be an integer from 1 to %d", 1 << 24);
             f->max_tokens = (int)json_integer_value(v);
         } else if (strcmp(key, "beams") == 0) {
-            return iflow_seterr(IFLOW_EINVAL, "field 'beams': beam search runs in iflow-run's plain mode (--beams), "
-                                              "not in --batch yet");
+            if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > IFLOW_MAX_BEAMS)
+                return iflow_seterr(IFLOW_EINVAL, "field 'beams' must be an integer from 1 to %d", IFLOW_MAX_BEAMS);
+            f->beams = (int)json_integer_value(v);
+        } else if (strcmp(key, "length_penalty") == 0) {
+            if (!json_is_number(v) || !(fabs(json_number_value(v)) <= 100))
+                return iflow_seterr(IFLOW_EINVAL, "field 'length_penalty' must be a number from -100 to 100");
+            f->length_penalty = (float)json_number_value(v);
+            lp_given = 1;
         } else if (strcmp(key, "keep") == 0) {
             if (!json_is_integer(v) || json_integer_value(v) < -1 || json_integer_value(v) > (1 << 24))
                 return iflow_seterr(IFLOW_EINVAL, "field 'keep' must be an integer from -1 to %d", 1 << 24);
@@ -109,6 +117,10 @@ static int parse_object(iflow_request_fields *f, const json_t *js)
     }
     if (!f->prompt)
         return iflow_seterr(IFLOW_EINVAL, "field 'prompt' (a string) is missing");
+    if (lp_given && !f->beams)
+        return iflow_seterr(IFLOW_EINVAL, "field 'length_penalty' goes with 'beams'");
+    if (f->beams && (f->n_stop || f->context_shift))
+        return iflow_seterr(IFLOW_EINVAL, "field 'beams' goes with neither 'stop' nor a context shift");
     return iflow_sampler_params_set_all(&f->sp, names, vals, n);
 }
 
@@ -119,6 +131,7 @@ int iflow_request_parse(iflow_request_fields *f, const char *line, size_t len, l
     f->max_tokens = d->max_tokens;
     f->context_shift = d->context_shift;
     f->keep = d->keep;
+    f->length_penalty = 1.0f;
     f->sp = d->sp;
     f->sp.seed = d->sp.seed + (uint64_t)(line_no - 1); /* line 1: the seed itself; a "seed" field overrides */
     json_error_t jerr;

@@ -6,7 +6,9 @@
  *   A request is a JSON object on one line. Fields: "prompt" (a string, required), "id" (any
  *   JSON value, kept as compact JSON text; the line number when absent), "max_tokens" (an
  *   integer >= 1), "stop" (a string, or an array of at most IFLOW_MAX_STOP non-empty strings),
- *   "context_shift" ("none", "rope" or "recompute": batch.h), "keep" (an integer >= -1), and every sampling parameter of sampler.h's name table ("temperature", "top_k", "top_p",
+ *   "context_shift" ("none", "rope" or "recompute": batch.h), "keep" (an integer >= -1), "beams"
+ *   (an integer from 1 to IFLOW_MAX_BEAMS: beam search, beam.h; not with "stop" or a context
+ *   shift), "length_penalty" (a number, with "beams"), and every sampling parameter of sampler.h's name table ("temperature", "top_k", "top_p",
  *   "min_p", "seed", "sampler", "mirostat", "repeat_penalty", ...: numbers, or a string for
  *   "sampler"). A field that is absent keeps the default given; "seed" defaults to the given
  *   seed plus the line number minus one (iflow-run's plain mode seeds its n-th prompt, from 0,
@@ -33,6 +35,8 @@ typedef struct {
     char *stop[IFLOW_MAX_STOP];
     int n_stop;
     int context_shift, keep;        /* batch.h's iflow_request fields                      */
+    int beams;                      /* 0: none; else beam search of that width (beam.h)    */
+    float length_penalty;           /* with beams (default 1)                              */
 } iflow_request_fields;
 
 /* What a field that is absent gets. */

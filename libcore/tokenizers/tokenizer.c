@@ -466,10 +466,16 @@ int iflow_tokenizer_piece(const iflow_tokenizer *t, int32_t id, int first, char 
 
 int iflow_tokenizer_decode(const iflow_tokenizer *t, const int32_t *ids, size_t n, char **text, size_t *len)
 {
+    return iflow_tokenizer_continuation(t, ids, n, 1, text, len);
+}
+
+int iflow_tokenizer_continuation(const iflow_tokenizer *t, const int32_t *ids, size_t n, int starts, char **text,
+                                 size_t *len)
+{
     tok_buf b = {0};
     if (!t || !text || (!ids && n))
         return iflow_seterr(IFLOW_EINVAL, "iflow_tokenizer_decode: null argument");
-    int first = 1, rc = tok_buf_put(&b, "", 0);
+    int first = starts, rc = tok_buf_put(&b, "", 0);
     for (size_t i = 0; rc == 0 && i < n; i++) {
         rc = piece_into(t, ids[i], first, &b);
         if (rc == 0 && !is_hidden(t, ids[i]))

@@ -70,6 +70,10 @@ int iflow_tokenizer_piece(const iflow_tokenizer *t, int32_t id, int first, char 
 
 /* Text of a whole sequence: *text is malloc'd and NUL-terminated, *len excludes the NUL. */
 int iflow_tokenizer_decode(const iflow_tokenizer *t, const int32_t *ids, size_t n, char **text, size_t *len);
+/* The same for tokens that continue a prompt: `starts` says they begin the text (the prompt
+ * was at most a BOS), as for the first token of iflow_tokenizer_decode. */
+int iflow_tokenizer_continuation(const iflow_tokenizer *t, const int32_t *ids, size_t n, int starts, char **text,
+                                 size_t *len);
 
 int32_t iflow_tokenizer_n_vocab(const iflow_tokenizer *t);
 int32_t iflow_tokenizer_bos(const iflow_tokenizer *t); /* -1 if none */

@@ -29,11 +29,24 @@ expect_eq "$(wc -l <<<"$out")" 2 "a line per prompt"
 
 run $BIN/iflow-run -m "$TMP/s.ifs" -p "$P" --beams 2 --stop x
 expect_rc 2 "--beams with --stop"
-expect_eq "$(head -n 1 <<<"$err")" "iflow-run: --beams goes with neither --batch, --draft, --stop nor a context shift" "--beams with --stop: message"
+expect_eq "$(head -n 1 <<<"$err")" "iflow-run: --beams goes with neither --batch (give \"beams\" per request), --draft, --stop nor a context shift" "--beams with --stop: message"
 run $BIN/iflow-run -m "$TMP/s.ifs" -p "$P" --length-penalty 2
 expect_rc 2 "--length-penalty without --beams"
 run $BIN/iflow-run -m "$TMP/s.ifs" -p "$P" --beams 33
 expect_rc 2 "--beams 33"
-run bash -c "echo '{\"prompt\":\"hi\",\"beams\":2}' | $BIN/iflow-run -m '$TMP/s.ifs' --batch"
-expect_eq "$(jq -r .error <<<"$out")" "field 'beams': beam search runs in iflow-run's plain mode (--beams), not in --batch yet" "--batch: beams refused"
+# ---- --batch: "beams" per request, beside sampled ones; the same beams as the plain mode ----
+run $BIN/iflow-run -m "$TMP/s.ifs" -p "$P" -n 24 --beams 3 --length-penalty 0.5 --json
+plain=$(jq -c '[.beams[] | [.text, (.logprob * 1e6 | round), (.score * 1e6 | round), .stop]]' <<<"$out")
+printf '%s\n' '{"id":"s","prompt":"Lily saw","max_tokens":30,"temperature":0.8}' \
+    "{\"id\":\"b\",\"prompt\":\"$P\",\"max_tokens\":24,\"beams\":3,\"length_penalty\":0.5}" \
+    '{"id":"g","prompt":"The sun","max_tokens":30,"temperature":0}' \
+    '{"id":"e","prompt":"x","beams":2,"stop":"y"}' '{"id":"f","prompt":"x","length_penalty":2}' >"$TMP/req.jsonl"
+run bash -c "$BIN/iflow-run -m '$TMP/s.ifs' --batch --parallel 2 <'$TMP/req.jsonl'"
+expect_rc 0 "--batch with a beam request"
+expect_eq "$(jq -c 'select(.id == "b") | [.beams[] | [.text, (.logprob * 1e6 | round), (.score * 1e6 | round), .finish_reason]]' <<<"$out")" "$plain" \
+    "--batch: the beams of the plain mode"
+expect_eq "$(jq -r 'select(.id == "b") | .text == .beams[0].text' <<<"$out")" true "--batch: text is the best beam's"
+expect_eq "$(jq -r 'select(.id == "e") | .error' <<<"$out")" "field 'beams' goes with neither 'stop' nor a context shift" "--batch: beams with stop"
+expect_eq "$(jq -r 'select(.id == "f") | .error' <<<"$out")" "field 'length_penalty' goes with 'beams'" "--batch: length_penalty alone"
+expect_eq "$(jq -r 'select(.id == "s" or .id == "g") | .finish_reason' <<<"$out" | sort -u)" "length" "--batch: the other requests finish"
 summary
