@@ -11,11 +11,13 @@
 #include <jansson.h>
 #include <math.h>
 #include <omp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---- a bounded queue of items between two threads ---------------------------------------- */
 
@@ -109,6 +111,71 @@ static void item_free(item *it)
     free(it);
 }
 
+/* ---- lines from a descriptor, stoppable from another thread ---------------------------------- */
+
+/* getline() cannot be interrupted: a reader blocked in it on a quiet pipe would outlive the run
+ * (and the model its tokenizer belongs to). This one waits in poll() on the input and on a stop
+ * pipe, so the main thread can always end and join it. */
+typedef struct {
+    int fd, stop_fd;
+    char *buf;
+    size_t cap, pos, len;         /* buf[pos..len): read, not yet returned */
+} line_in;
+
+#define LINE_MAX_BYTES ((size_t)1 << 30)
+
+/* The next line without its newline (*line points into the buffer until the next call): its
+ * length; -1 at the end of the input, on a read error, or when stopped; -2 for a line longer
+ * than LINE_MAX_BYTES (or no memory for it). The last line needs no newline. */
+static ssize_t line_next(line_in *r, char **line)
+{
+    size_t scanned = r->pos;
+    for (;;) {
+        char *nl = r->len > scanned ? memchr(r->buf + scanned, '\n', r->len - scanned) : NULL;
+        if (nl) {
+            *line = r->buf + r->pos;
+            ssize_t n = nl - (r->buf + r->pos);
+            r->pos = (size_t)(nl - r->buf) + 1;
+            return n;
+        }
+        scanned = r->len;
+        if (r->pos > 0) { /* keep the partial line at the front */
+            memmove(r->buf, r->buf + r->pos, r->len - r->pos);
+            r->len -= r->pos;
+            scanned -= r->pos;
+            r->pos = 0;
+        }
+        if (r->len == r->cap) {
+            size_t cap = r->cap ? 2 * r->cap : 1 << 16;
+            char *b = cap <= LINE_MAX_BYTES ? realloc(r->buf, cap) : NULL;
+            if (!b)
+                return -2;
+            r->buf = b;
+            r->cap = cap;
+        }
+        struct pollfd pf[2] = {{.fd = r->fd, .events = POLLIN}, {.fd = r->stop_fd, .events = POLLIN}};
+        if (poll(pf, 2, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        if (pf[1].revents)
+            return -1;
+        ssize_t got = read(r->fd, r->buf + r->len, r->cap - r->len);
+        if (got < 0 && (errno == EINTR || errno == EAGAIN))
+            continue;
+        if (got <= 0) { /* the end: a last line without a newline, then nothing */
+            if (r->len == r->pos)
+                return -1;
+            *line = r->buf + r->pos;
+            ssize_t n = (ssize_t)(r->len - r->pos);
+            r->pos = r->len;
+            return n;
+        }
+        r->len += (size_t)got;
+    }
+}
+
 /* ---- the reader: lines -> requests ---------------------------------------------------------- */
 
 typedef struct {
@@ -116,6 +183,7 @@ typedef struct {
     const iflow_model *m;
     queue *out;
     int n_ctx;
+    int stop_fd;                  /* readable when the main thread wants the reader to end */
 } reader;
 
 static void item_fail(item *it, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -167,11 +235,11 @@ static item *parse_line(const reader *rd, const char *line, size_t len, long lin
 static void *reader_main(void *arg)
 {
     const reader *rd = arg;
-    char *line = NULL;
-    size_t cap = 0;
+    line_in in = {.fd = STDIN_FILENO, .stop_fd = rd->stop_fd};
+    char *line;
     ssize_t len;
     long line_no = 0;
-    while ((len = getline(&line, &cap, stdin)) >= 0) {
+    while ((len = line_next(&in, &line)) >= 0) {
         line_no++;
         while (len && (line[len - 1] == '\n' || line[len - 1] == '\r'))
             len--;
@@ -183,7 +251,17 @@ static void *reader_main(void *arg)
             break;
         }
     }
-    free(line);
+    if (len == -2) { /* report it, then read no further: the rest of the line cannot be skipped */
+        item *it = calloc(1, sizeof *it);
+        if (it) {
+            it->line = line_no + 1;
+            it->f.id = strdup("null");
+            item_fail(it, "the line is longer than %zu bytes", LINE_MAX_BYTES);
+            if (!q_push(rd->out, it))
+                item_free(it);
+        }
+    }
+    free(in.buf);
     q_close(rd->out);
     return NULL;
 }
@@ -275,10 +353,13 @@ int batch_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
         die(t, NULL);
     const iflow_batch_params *bp = iflow_batch_params_of(b);
     signal(SIGPIPE, SIG_IGN); /* a closed output is seen as a failed write */
+    int stop[2];
+    if (pipe(stop) < 0)
+        die(t, "cannot make a pipe: %s", strerror(errno));
     queue in, out;
     q_init(&in, 2 * bp->parallel);
     q_init(&out, 0);
-    reader rd = {.o = o, .m = m, .out = &in, .n_ctx = bp->n_ctx};
+    reader rd = {.o = o, .m = m, .out = &in, .n_ctx = bp->n_ctx, .stop_fd = stop[0]};
     writer w = {.in = &out};
     pthread_t rt, wt;
     if (pthread_create(&rt, NULL, reader_main, &rd) || pthread_create(&wt, NULL, writer_main, &w))
@@ -330,11 +411,15 @@ int batch_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
         snprintf(err, sizeof err, "%s", iflow_errmsg());
     q_close(&out);
     pthread_join(wt, NULL);
-    q_close(&in); /* a reader blocked on a full queue gives up; one in getline ends with the input */
-    if (!w.failed && !rc)
-        pthread_join(rt, NULL);
-    else
-        pthread_detach(rt);
+    /* the reader ends: at the end of the input, or told to (blocked on the full queue or waiting
+     * for input) when the run ended early */
+    q_close(&in);
+    if (write(stop[1], "", 1) < 0) {
+        /* cannot fail on a fresh pipe with room for a byte */
+    }
+    pthread_join(rt, NULL);
+    close(stop[0]);
+    close(stop[1]);
     if (o->metrics || o->verbose) {
         json_t *js = iflow_metrics_json(&w.met, m, b, wall);
         json_object_set_new(js, "threads", json_integer(o->threads > 0 ? o->threads : omp_get_num_procs()));
@@ -353,15 +438,13 @@ int batch_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
         item_free(live[i]);
     free(live);
     item *it;
-    while ((it = q_pop(&out, 0, NULL)) != NULL)
+    while ((it = q_pop(&out, 0, NULL)) != NULL || (it = q_pop(&in, 0, NULL)) != NULL)
         item_free(it);
     iflow_metrics_free(&w.met);
+    q_destroy(&in);
+    q_destroy(&out);
     if (rc)
         die(t, "%s", err);
-    if (!w.failed) {
-        q_destroy(&in);
-        q_destroy(&out);
-    }
     return w.failed ? 1 : 0;
 }
 

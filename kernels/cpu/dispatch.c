@@ -4,7 +4,9 @@
  * The paths (ref.c, *_avx2.c, *_avx512.c) are single-threaded; this file splits the work:
  * ifk_matmul hands each OpenMP thread a contiguous range of output rows, ifk_attention hands
  * out blocks of (token, head) pairs that share a kv head. Built with -DIFK_NO_SIMD (the fuzz
- * build, which leaves the SIMD files out), only the scalar path exists.
+ * build, which leaves the SIMD files out), only the scalar path exists. The paths compute each
+ * output row (and each attention query) the same way whatever block or range it falls in, so
+ * the split (and T) never changes a result (kernels.h's batch invariance).
  */
 #include <omp.h>
 #include <stdatomic.h>

@@ -15,6 +15,14 @@
  *   SIMD path against the reference). Results of SIMD paths differ from the
  *   reference only by float summation order.
  *
+ *   Batch invariance: on every path, row t of a matrix product (ifk_matmul, ifk_qmatmul)
+ *   depends only on W and x[t], bit for bit: not on T, not on the row's place in the batch,
+ *   not on n_threads (decode, T == 1, and prefill, T > 1, sum each output in the same order).
+ *   Likewise the output of an attention query depends only on the query, its position and the
+ *   cache rows it sees. So a request gives the same tokens alone or in any batch
+ *   (tests/unit/test_invariance.c checks every path and weight type). Results may differ
+ *   between paths (ifk_set_isa).
+ *
  *   Threads: kernels taking n_threads split their work with OpenMP across at most that many
  *   threads; n_threads <= 0 means all cores.
  */
@@ -45,7 +53,8 @@ int ifk_isa_current(void);
  * W:  [N][K] of type wtype, rows contiguous (row n starts at W + n*K elements).
  * x:  [T][K] F32, row t at x + t*ldx.     y: [T][N] F32, row t at y + t*ldy.
  * T == 1 is the decode matrix-vector product; T > 1 (prefill) reads each weight row once for
- * all T tokens. Threads split N. */
+ * all T tokens. Threads split N. Row t of y is bit-identical to a call with x[t] alone (T = 1),
+ * whatever T, t and n_threads (batch invariance, above). */
 void ifk_matmul(float *y, size_t ldy, const void *W, int wtype, const float *x, size_t ldx,
                 int T, int N, int K, int n_threads);
 
@@ -79,7 +88,9 @@ void ifk_add(float *y, const float *x, int n);
  *   k,v: [n_ctx][n_kv_heads * head_dim] cache rows 0 .. pos0+T-1 are valid (row stride kv_ld)
  *   out: [T][n_heads * head_dim]
  * Query head h reads kv head h / (n_heads / n_kv_heads). Query t attends to rows 0..pos0+t.
- * Scores are scaled by `scale` (usually 1/sqrt(head_dim)). Threads split (t, h) pairs. */
+ * Scores are scaled by `scale` (usually 1/sqrt(head_dim)). Threads split (t, h) pairs.
+ * Output row t is bit-identical to a call with T = 1 for query t at position pos0 + t over the
+ * same cache rows, whatever T and n_threads (batch invariance, above). */
 void ifk_attention(float *out, const float *q, const float *k, const float *v, size_t kv_ld,
                    int T, int pos0, int n_heads, int n_kv_heads, int head_dim, float scale,
                    int n_threads);

@@ -4,91 +4,94 @@
  * The same plan as matmul_avx512.c with 8-lane registers. Prefill passes every token over a
  * block of PF_NB rows x PF_KC columns (kept in L2, the next one prefetched meanwhile), 4 rows x
  * 3 tokens at a time: 12 accumulators + 3 token registers + 1 weight register = the 16 ymm
- * registers.
+ * registers. The same guarantee too (kernels.h): decode and prefill compute each output with
+ * the same float operations in the same order, so y[t] is bit-identical whatever T, the
+ * token's place in the batch and the rows' split between threads.
  */
 #include "kernels/cpu/impl.h"
 #include "kernels/cpu/vec_avx2.h"
 
 /* ---- decode ------------------------------------------------------------------------------ */
 
-/* As in matmul_avx512.c: rows one after another (one forward stream) while a row and x fit in
- * L1 together, otherwise WIDE rows interleaved so that each x load serves WIDE rows. */
+/* As in matmul_avx512.c: decode computes every output with exactly prefill's arithmetic (K in
+ * chunks of PF_KC; per chunk one 8-lane accumulator, fmadd(w, x) over steps of 8 from the
+ * chunk's start, the last step a partial load with the other lanes 0; v8_hsum4's tree; chunk
+ * sums added in order), so y[t] depends only on W and x[t]. It streams rows one at a time while
+ * a row and x fit in L1 together, otherwise WIDE rows interleaved, one FMA chain each (each x
+ * load then serves WIDE rows). */
+#define PF_KC 1024      /* K elements per chunk (prefill's blocking; decode sums the same way) */
 #define SEQ_BYTES 24576 /* rows with K * (4 + weight size) up to this are read one at a time */
 #define WIDE 8          /* rows read together otherwise */
 
-/* The 8 partial sums of W[r] . x (r: element offset of the row).  W: [*][K] of wt; x: [K]. */
-IFK_INLINE __m256 row_dot(int wt, const void *W, size_t r, const float *x, int K)
+/* out[i] = W[w[i]] . x for R rows (R = 1, 4 or 8; rows may repeat: callers pad a short group
+ * that way).  W: [*][K] of wt (w[i]: the row's first element); x: [K]; out: [R]. */
+IFK_INLINE void gemv_tile(int wt, const int R, float *out, const void *W, const size_t *w, const float *x, int K)
 {
-    __m256 s0 = _mm256_setzero_ps(), s1 = s0;
-    int k = 0;
-    for (; k + 16 <= K; k += 16) {
-        s0 = _mm256_fmadd_ps(v8_load_w(W, wt, r + k), _mm256_loadu_ps(x + k), s0);
-        s1 = _mm256_fmadd_ps(v8_load_w(W, wt, r + k + 8), _mm256_loadu_ps(x + k + 8), s1);
-    }
-    for (; k + 8 <= K; k += 8)
-        s0 = _mm256_fmadd_ps(v8_load_w(W, wt, r + k), _mm256_loadu_ps(x + k), s0);
-    if (k < K)
-        s1 = _mm256_fmadd_ps(v8_load_w_part(W, wt, r + k, K - k), v8_load_part(x + k, K - k), s1);
-    return _mm256_add_ps(s0, s1);
-}
-
-/* y[n] = W[n] . x for n0 <= n < n1, rows one after another.  W: [N][K] of wt; x: [K]; y: [N]. */
-IFK_INLINE void gemv_seq(int wt, float *y, const void *W, const float *x, int n0, int n1, int K)
-{
-    int n = n0;
-    for (; n + 4 <= n1; n += 4) {
-        size_t r = (size_t)n * K;
-        __m256 s0 = row_dot(wt, W, r, x, K);
-        __m256 s1 = row_dot(wt, W, r + K, x, K);
-        __m256 s2 = row_dot(wt, W, r + 2 * (size_t)K, x, K);
-        __m256 s3 = row_dot(wt, W, r + 3 * (size_t)K, x, K);
-        _mm_storeu_ps(y + n, v8_hsum4(s0, s1, s2, s3));
-    }
-    for (; n < n1; n++)
-        y[n] = v8_hsum(row_dot(wt, W, (size_t)n * K, x, K));
-}
-
-/* The same, WIDE rows interleaved (the rows left over go one at a time). */
-IFK_INLINE void gemv_wide(int wt, float *y, const void *W, const float *x, int n0, int n1, int K)
-{
-    const int K8 = K & ~7, rest = K - K8;
-    int n = n0;
-    for (; n + WIDE <= n1; n += WIDE) {
-        const size_t r = (size_t)n * K;
+    for (int k0 = 0; k0 < K; k0 += PF_KC) {
+        const int kc = K - k0 < PF_KC ? K - k0 : PF_KC, len8 = kc & ~7;
         __m256 acc[WIDE];
 #pragma GCC unroll 8
-        for (int i = 0; i < WIDE; i++)
+        for (int i = 0; i < R; i++)
             acc[i] = _mm256_setzero_ps();
-        for (int k = 0; k < K8; k += 8) {
-            __m256 xv = _mm256_loadu_ps(x + k);
+        int k = 0;
+        for (; k < len8; k += 8) {
+            __m256 xv = _mm256_loadu_ps(x + k0 + k);
 #pragma GCC unroll 8
-            for (int i = 0; i < WIDE; i++)
-                acc[i] = _mm256_fmadd_ps(v8_load_w(W, wt, r + (size_t)i * K + k), xv, acc[i]);
+            for (int i = 0; i < R; i++)
+                acc[i] = _mm256_fmadd_ps(v8_load_w(W, wt, w[i] + k0 + k), xv, acc[i]);
         }
-        if (rest) {
-            __m256 xv = v8_load_part(x + K8, rest);
+        if (k < kc) {
+            __m256 xv = v8_load_part(x + k0 + k, kc - k);
 #pragma GCC unroll 8
-            for (int i = 0; i < WIDE; i++)
-                acc[i] = _mm256_fmadd_ps(v8_load_w_part(W, wt, r + (size_t)i * K + K8, rest), xv, acc[i]);
+            for (int i = 0; i < R; i++)
+                acc[i] = _mm256_fmadd_ps(v8_load_w_part(W, wt, w[i] + k0 + k, kc - k), xv, acc[i]);
         }
-        _mm_storeu_ps(y + n, v8_hsum4(acc[0], acc[1], acc[2], acc[3]));
-        _mm_storeu_ps(y + n + 4, v8_hsum4(acc[4], acc[5], acc[6], acc[7]));
+#pragma GCC unroll 2
+        for (int i = 0; i < R; i += 4) {
+            float s[4];
+            if (R == 1) /* the same tree for one vector */
+                _mm_storeu_ps(s, v8_hsum4(acc[0], acc[0], acc[0], acc[0]));
+            else
+                _mm_storeu_ps(s, v8_hsum4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]));
+            for (int j = 0; j < (R < 4 ? R : 4); j++)
+                out[i + j] = k0 == 0 ? s[j] : out[i + j] + s[j];
+        }
     }
-    gemv_seq(wt, y, W, x, n, n1, K);
+}
+
+/* y[n] = W[n] . x for n0 <= n < n1, R rows at a time (the rows left over 4 at a time, the
+ * last group padded).  W: [N][K] of wt; x: [K]; y: [N]. */
+IFK_INLINE void gemv_rows(int wt, const int R, float *y, const void *W, const float *x, int n0, int n1, int K)
+{
+    size_t w[WIDE];
+    int n = n0;
+    for (; n + R <= n1; n += R) {
+        for (int i = 0; i < R; i++)
+            w[i] = (size_t)(n + i) * K;
+        gemv_tile(wt, R, y + n, W, w, x, K);
+    }
+    for (; n < n1; n += 4) {
+        const int rr = n1 - n < 4 ? n1 - n : 4;
+        float out[4];
+        for (int i = 0; i < 4; i++)
+            w[i] = (size_t)(n + (i < rr ? i : rr - 1)) * K;
+        gemv_tile(wt, 4, out, W, w, x, K);
+        for (int i = 0; i < rr; i++)
+            y[n + i] = out[i];
+    }
 }
 
 IFK_INLINE void gemv(int wt, float *y, const void *W, const float *x, int n0, int n1, int K)
 {
     if ((size_t)K * (4 + (wt == IFK_F32 ? 4 : 2)) <= SEQ_BYTES)
-        gemv_seq(wt, y, W, x, n0, n1, K);
+        gemv_rows(wt, 1, y, W, x, n0, n1, K);
     else
-        gemv_wide(wt, y, W, x, n0, n1, K);
+        gemv_rows(wt, WIDE, y, W, x, n0, n1, K);
 }
 
 /* ---- prefill ----------------------------------------------------------------------------- */
 
 #define PF_NB 16   /* rows per block */
-#define PF_KC 1024 /* K elements per chunk */
 #define MR 4       /* rows per micro-tile */
 #define MT 3       /* tokens per micro-tile */
 

@@ -2,7 +2,7 @@
  * matmul_avx512.c -- y = x W^T with AVX-512, for F32 / F16 / BF16 weights.
  *
  * Decode (T == 1) is a matrix-vector product bounded by memory bandwidth: the weights are
- * streamed once against the vector x (see gemv below for the access pattern).
+ * streamed once against the vector x, several rows interleaved (see gemv below).
  *
  * Prefill (T > 1) is compute-bound. The rows are taken in blocks of PF_NB and K in chunks of
  * PF_KC; a block's chunk stays in L2 while every token passes over it, 4 rows x 4 tokens at a
@@ -10,93 +10,109 @@
  * which measured as fast as converting the block once into a buffer). While the first tokens
  * pass, the next block is prefetched, so DRAM and the FMA units work at the same time. Partial
  * sums over K chunks are added into y.
+ *
+ * Batch invariance (kernels.h): decode and prefill compute each output y[t][n] with the same
+ * float operations in the same order (K chunks of PF_KC, one FMA chain of 16 lanes per chunk,
+ * v16_hsum4's tree, chunk sums added in order), so y[t] is bit-identical whatever T, the
+ * token's place in the batch and the rows' split between threads.
  */
 #include "kernels/cpu/impl.h"
 #include "kernels/cpu/vec_avx512.h"
 
 /* ---- decode ------------------------------------------------------------------------------ */
 
-/* Measured on Zen 4 (one thread, weights from DRAM): a single forward stream through W is the
- * fastest pattern, but only while x stays in L1 between rows; once a row plus x overflow L1,
- * x is refetched from L2 for every row and the stream slows by a third. Long rows are therefore
- * read 16 at a time, interleaved, so that each x load serves 16 rows. */
-#define SEQ_BYTES 24576 /* rows with K * (4 + weight size) up to this are read one at a time */
-#define WIDE 16         /* rows read together otherwise */
+/* Decode computes every output with exactly the arithmetic of prefill's gemm (below), so that
+ * y[t] depends only on W and x[t] (kernels.h): K in chunks of PF_KC elements; per chunk one
+ * accumulator of 16 lanes per output, fmadd(w, x) over steps of 16 from the chunk's start
+ * (the last step masked: w and x lanes past K are 0), summed by v16_hsum4's tree; the chunk
+ * sums added into y in order (y = s_0, then y = y + s_c). Only the traversal differs: prefill
+ * passes tiles of 4 rows x 4 tokens over a block held in L2, decode streams the rows, one FMA
+ * chain each.
+ *
+ * Measured on Zen 4 (one thread, weights from DRAM): the weights stream fastest while x stays
+ * in L1 between rows; once a row plus x overflow L1, x is refetched from L2 for every row and
+ * the stream slows by a third. Long rows are therefore read 16 at a time (each x load then
+ * serves 16 rows), shorter ones 4 at a time from 8 KiB a row, else one after another (one
+ * forward stream; interleaving 4 F16 rows of 4 KiB measured a quarter slower, 4 F32 rows of
+ * 8 KiB a tenth faster than one at a time). */
+#define PF_KC 1024         /* K elements per chunk (prefill's blocking; decode sums the same way) */
+#define SEQ_BYTES 24576    /* rows with K * (4 + weight size) up to this are read 1 or 4 at a time */
+#define MULTI_BYTES 8192   /* ... 4 at a time from this many bytes a row */
+#define WIDE 16            /* rows read together otherwise */
 
-/* The 16 partial sums of W[r] . x (r: element offset of the row).  W: [*][K] of wt; x: [K]. */
-IFK_INLINE __m512 row_dot(int wt, const void *W, size_t r, const float *x, int K)
+/* out[i] = W[w[i]] . x for R rows (R = 1, or a multiple of 4 up to WIDE; rows may repeat:
+ * callers pad a short group that way).  W: [*][K] of wt (w[i]: the row's first element); x: [K]; out: [R]. */
+IFK_INLINE void gemv_tile(int wt, const int R, float *out, const void *W, const size_t *w, const float *x, int K)
 {
-    __m512 s0 = _mm512_setzero_ps(), s1 = s0;
-    int k = 0;
-    for (; k + 32 <= K; k += 32) {
-        s0 = _mm512_fmadd_ps(v16_load_w(W, wt, r + k), _mm512_loadu_ps(x + k), s0);
-        s1 = _mm512_fmadd_ps(v16_load_w(W, wt, r + k + 16), _mm512_loadu_ps(x + k + 16), s1);
-    }
-    for (; k < K; k += 16) {
-        __mmask16 m = v16_mask(K - k < 16 ? K - k : 16);
-        s0 = _mm512_fmadd_ps(v16_load_w_mask(W, wt, r + k, m), _mm512_maskz_loadu_ps(m, x + k), s0);
-    }
-    return _mm512_add_ps(s0, s1);
-}
-
-/* y[n] = W[n] . x for n0 <= n < n1, rows one after another.  W: [N][K] of wt; x: [K]; y: [N]. */
-IFK_INLINE void gemv_seq(int wt, float *y, const void *W, const float *x, int n0, int n1, int K)
-{
-    int n = n0;
-    for (; n + 4 <= n1; n += 4) {
-        size_t r = (size_t)n * K;
-        __m512 s0 = row_dot(wt, W, r, x, K);
-        __m512 s1 = row_dot(wt, W, r + K, x, K);
-        __m512 s2 = row_dot(wt, W, r + 2 * (size_t)K, x, K);
-        __m512 s3 = row_dot(wt, W, r + 3 * (size_t)K, x, K);
-        _mm_storeu_ps(y + n, v16_hsum4(s0, s1, s2, s3));
-    }
-    for (; n < n1; n++)
-        y[n] = _mm512_reduce_add_ps(row_dot(wt, W, (size_t)n * K, x, K));
-}
-
-/* The same, WIDE rows interleaved (the rows left over go one at a time). */
-IFK_INLINE void gemv_wide(int wt, float *y, const void *W, const float *x, int n0, int n1, int K)
-{
-    int n = n0;
-    for (; n + WIDE <= n1; n += WIDE) {
-        const size_t r = (size_t)n * K;
+    for (int k0 = 0; k0 < K; k0 += PF_KC) {
+        const int kc = K - k0 < PF_KC ? K - k0 : PF_KC, len16 = kc & ~15;
         __m512 acc[WIDE];
 #pragma GCC unroll 16
-        for (int i = 0; i < WIDE; i++)
+        for (int i = 0; i < R; i++)
             acc[i] = _mm512_setzero_ps();
-        for (int k = 0; k < K; k += 16) {
-            __mmask16 m = v16_mask(K - k < 16 ? K - k : 16);
-            __m512 xv = _mm512_maskz_loadu_ps(m, x + k);
-            if (K - k >= 16) {
+        int k = 0;
+        for (; k < len16; k += 16) {
+            __m512 xv = _mm512_loadu_ps(x + k0 + k);
 #pragma GCC unroll 16
-                for (int i = 0; i < WIDE; i++)
-                    acc[i] = _mm512_fmadd_ps(v16_load_w(W, wt, r + (size_t)i * K + k), xv, acc[i]);
-            } else {
+            for (int i = 0; i < R; i++)
+                acc[i] = _mm512_fmadd_ps(v16_load_w(W, wt, w[i] + k0 + k), xv, acc[i]);
+        }
+        if (k < kc) {
+            __mmask16 m = v16_mask(kc - k);
+            __m512 xv = _mm512_maskz_loadu_ps(m, x + k0 + k);
 #pragma GCC unroll 16
-                for (int i = 0; i < WIDE; i++)
-                    acc[i] = _mm512_fmadd_ps(v16_load_w_mask(W, wt, r + (size_t)i * K + k, m), xv, acc[i]);
-            }
+            for (int i = 0; i < R; i++)
+                acc[i] = _mm512_fmadd_ps(v16_load_w_mask(W, wt, w[i] + k0 + k, m), xv, acc[i]);
         }
 #pragma GCC unroll 4
-        for (int i = 0; i < WIDE; i += 4)
-            _mm_storeu_ps(y + n + i, v16_hsum4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]));
+        for (int i = 0; i < R; i += 4) {
+            float s[4];
+            if (R == 1) /* the same tree for one vector */
+                _mm_storeu_ps(s, v16_hsum4(acc[0], acc[0], acc[0], acc[0]));
+            else
+                _mm_storeu_ps(s, v16_hsum4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]));
+            for (int j = 0; j < (R < 4 ? R : 4); j++)
+                out[i + j] = k0 == 0 ? s[j] : out[i + j] + s[j];
+        }
     }
-    gemv_seq(wt, y, W, x, n, n1, K);
+}
+
+/* y[n] = W[n] . x for n0 <= n < n1, R rows at a time (the rows left over 4 at a time, the
+ * last group padded).  W: [N][K] of wt; x: [K]; y: [N]. */
+IFK_INLINE void gemv_rows(int wt, const int R, float *y, const void *W, const float *x, int n0, int n1, int K)
+{
+    size_t w[WIDE];
+    int n = n0;
+    for (; n + R <= n1; n += R) {
+        for (int i = 0; i < R; i++)
+            w[i] = (size_t)(n + i) * K;
+        gemv_tile(wt, R, y + n, W, w, x, K);
+    }
+    for (; n < n1; n += 4) {
+        const int rr = n1 - n < 4 ? n1 - n : 4;
+        float out[4];
+        for (int i = 0; i < 4; i++)
+            w[i] = (size_t)(n + (i < rr ? i : rr - 1)) * K;
+        gemv_tile(wt, 4, out, W, w, x, K);
+        for (int i = 0; i < rr; i++)
+            y[n + i] = out[i];
+    }
 }
 
 IFK_INLINE void gemv(int wt, float *y, const void *W, const float *x, int n0, int n1, int K)
 {
-    if ((size_t)K * (4 + (wt == IFK_F32 ? 4 : 2)) <= SEQ_BYTES)
-        gemv_seq(wt, y, W, x, n0, n1, K);
+    const size_t row_bytes = (size_t)K * (wt == IFK_F32 ? 4 : 2);
+    if (row_bytes + (size_t)K * 4 > SEQ_BYTES)
+        gemv_rows(wt, WIDE, y, W, x, n0, n1, K);
+    else if (row_bytes >= MULTI_BYTES)
+        gemv_rows(wt, 4, y, W, x, n0, n1, K);
     else
-        gemv_wide(wt, y, W, x, n0, n1, K);
+        gemv_rows(wt, 1, y, W, x, n0, n1, K);
 }
 
 /* ---- prefill ----------------------------------------------------------------------------- */
 
 #define PF_NB 32   /* rows per block */
-#define PF_KC 1024 /* K elements per chunk */
 
 /* s[i][j] = w_i . x_j over len elements, for 4 rows w_i = W + w[i] (elements of type wt) and 4
  * tokens x_j (rows and tokens may repeat: callers pad a short block that way). x: 4 x [len].

@@ -3,7 +3,8 @@
  *
  * The same plan as ops_avx512.c: attention walks the keys in chunks with an online softmax (a
  * chunk that raises a query's running maximum rescales what was accumulated), from packed
- * copies of the chunk's K and V rows when several queries share them.
+ * copies of the chunk's K and V rows when several queries share them; chunk boundaries depend
+ * on head_dim alone (kernels.h's batch invariance).
  */
 #include <math.h>
 #include <string.h>
@@ -198,12 +199,17 @@ static void pack_rows(float *dst, const float *src, size_t kv_ld, int nj, int hd
  * unnormalised output in out. When several queries share the chunks, each chunk's K and V rows
  * are first copied side by side into stack buffers (ATT_PACK floats each), which stay in L1
  * while every query uses them; the cache rows themselves are kv_ld apart, often a power of
- * two, and crowd a few sets of L1. (Measured: a third less time for GQA decode attention.) */
+ * two, and crowd a few sets of L1. (Measured: a third less time for GQA decode attention.)
+ * A query's arithmetic depends only on its position and head_dim: chunk boundaries are
+ * multiples of a step fixed by head_dim, packing copies values exactly, and the queries of a
+ * block never mix, so its result is the same in any block of any call. */
 IFK_DECL_ATTEND(ifk_avx2_attend)
 {
     _Alignas(32) float s[ATT_CHUNK], kbuf[ATT_PACK], vbuf[ATT_PACK];
-    const int pack = nt * nh > 1 && head_dim * 4 <= ATT_PACK;
-    int step = pack ? ATT_PACK / head_dim : ATT_CHUNK;     /* keys a chunk */
+    const int packable = head_dim * 4 <= ATT_PACK, pack = nt * nh > 1 && packable;
+    /* Keys a chunk: a function of head_dim alone, never of the block (whether it packs), so
+     * that a query's result does not depend on the batch it came in (kernels.h). */
+    int step = packable ? ATT_PACK / head_dim : ATT_CHUNK;
     step = step < ATT_CHUNK ? step : ATT_CHUNK;
     float m[IFK_ATT_MAXQ], l[IFK_ATT_MAXQ];
     for (int qi = 0; qi < nt * nh; qi++) {

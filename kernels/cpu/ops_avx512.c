@@ -4,7 +4,9 @@
  * Attention walks the keys in chunks with an online softmax: each chunk's scores sit in a
  * stack buffer; when a chunk raises a query's running maximum, what was accumulated so far is
  * rescaled by e^(old max - new max). Up to one chunk of keys this is the plain max-subtracted
- * softmax. Head sizes 64 and 128 get code with q in registers and no masks.
+ * softmax. Head sizes 64 and 128 get code with q in registers and no masks. Chunk boundaries
+ * depend on head_dim alone, so a query's result does not depend on the batch it came in
+ * (kernels.h's batch invariance).
  */
 #include <math.h>
 
@@ -246,15 +248,20 @@ static void pack_rows(float *dst, const float *src, size_t kv_ld, int nj, int hd
  * unnormalised output in out. When several queries share the chunks, each chunk's K and V rows
  * are first copied side by side into stack buffers (ATT_PACK floats each), which stay in L1
  * while every query uses them; the cache rows themselves are kv_ld apart, often a power of
- * two, and crowd a few sets of L1. (Measured: a third less time for GQA decode attention.) */
+ * two, and crowd a few sets of L1. (Measured: a third less time for GQA decode attention.)
+ * A query's arithmetic depends only on its position and head_dim: chunk boundaries are
+ * multiples of a step fixed by head_dim, packing copies values exactly, and the queries of a
+ * block never mix, so its result is the same in any block of any call. */
 IFK_DECL_ATTEND(ifk_avx512_attend)
 {
     _Alignas(64) float kbuf[ATT_PACK], vbuf[ATT_PACK];
     void (*chunk)(float *, const float *, const float *, const float *, size_t, int, int, float, int,
                   float *, float *) =
         head_dim == 64 ? attend_chunk_64 : head_dim == 128 ? attend_chunk_128 : attend_chunk_any;
-    const int pack = nt * nh > 1 && head_dim * 4 <= ATT_PACK;
-    int step = pack ? ATT_PACK / head_dim : ATT_CHUNK;     /* keys a chunk */
+    const int packable = head_dim * 4 <= ATT_PACK, pack = nt * nh > 1 && packable;
+    /* Keys a chunk: a function of head_dim alone, never of the block (whether it packs), so
+     * that a query's result does not depend on the batch it came in (kernels.h). */
+    int step = packable ? ATT_PACK / head_dim : ATT_CHUNK;
     step = step < ATT_CHUNK ? step : ATT_CHUNK;
     float m[IFK_ATT_MAXQ], l[IFK_ATT_MAXQ];
     for (int qi = 0; qi < nt * nh; qi++) {

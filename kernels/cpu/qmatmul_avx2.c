@@ -9,7 +9,9 @@
  *
  * Decode reads one row at a time (one forward stream, prefetched) and converts each block's
  * header on its own; prefill decodes chunks of 64 blocks of 2 rows once (levels to bytes,
- * headers 8 per gather) and passes tiles of 4 tokens over them.
+ * headers 8 per gather) and passes tiles of 2 tokens over them. Both sum each output in the
+ * same order (qmatmul_avx512.c's, with 8 lanes; see tile), so row t of y depends only on W
+ * and x[t] (kernels.h's batch invariance).
  */
 #include <immintrin.h>
 #include <string.h>
@@ -394,28 +396,53 @@ QK_INLINE void chunk_levels(uint8_t *lv, const uint8_t *row, int c0, int nc, con
     }
 }
 
-/* The blocks c0 .. c0 + nc - 1 of rows n .. n + R - 1 against tokens t0 .. t0 + C - 1:
- * y[t0 + j][n + r] = (first ? 0 : y[t0 + j][n + r]) + their part of the product.
- * y: [T][N] at stride ldy; lv: [R][PF_KC][B] from chunk_levels; d, m: [R][PF_KC] from
- * chunk_headers. */
-QK_INLINE void tile(float *y, size_t ldy, const uint8_t (*lv)[PF_KC * 64], const ifk_qx *qx, int n, int t0, int c0,
-                    int nc, int first, const float (*d)[PF_KC], const float (*m)[PF_KC], const int type, const int R,
-                    const int C)
+/* The delta terms of block i of the chunk (block b of the row) for R rows x C tokens, added
+ * into a[r][j]: block_dot fmadd block_scale.  lv, ds as in tile. */
+QK_INLINE void tile_block(__m256 (*a)[2], const uint8_t (*lv)[PF_KC * 64], const ifk_qx *qx, int t0, size_t b, int i,
+                          const float (*ds)[2][2 * PF_KC], const int type, const int R, const int C)
 {
     const int B = block_of(type);
-    __m256 acc[4][4];
-    float mins[4][4]; /* [R][C] the min terms */
-    /* delta * x scale per row, token and block: [PF_KC] (one_scale) or [PF_KC][2] pairs */
-    _Alignas(32) float ds[4][4][2 * PF_KC];
-#pragma GCC unroll 4
+    __m256i lev[2][2];
+#pragma GCC unroll 2
     for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
+#pragma GCC unroll 2
+        for (int h = 0; h < B / 32; h++)
+            lev[r][h] = _mm256_load_si256((const __m256i *)(lv[r] + (size_t)i * B + 32 * h));
+#pragma GCC unroll 2
+    for (int j = 0; j < C; j++) {
+        const int8_t *xq = qx->q + (size_t)(t0 + j) * qx->q_ld + b * B * (ifk_qx_x16(type) ? 2 : 1);
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++)
+            a[r][j] = _mm256_fmadd_ps(block_dot(lev[r], xq, type), block_scale(ds[r][j], i, type), a[r][j]);
+    }
+}
+
+/* The blocks c0 .. c0 + nc - 1 of rows n .. n + R - 1 (R <= 2) against tokens t0 .. t0 + C - 1
+ * (C <= 2): y[t0 + j][n + r] = (first ? 0 : y[t0 + j][n + r]) + their part of the product.
+ * y: [T][N] at stride ldy; lv: [R][PF_KC][B] from chunk_levels; d: [R][PF_KC] from
+ * chunk_headers; mt: [PF_KC / 2][8] from chunk_mins.
+ *
+ * The arithmetic, which decode (gemv_row) repeats exactly, per output: the delta terms go into
+ * two accumulators, blocks 0, 2, 4, ... of the chunk into the first and 1, 3, 5, ... into the
+ * second (fmadd); the min terms m_i * sum_i (rounded) likewise into two sums, even and odd
+ * blocks, each added in block order; the result is hsum8(first + second) + (even mins + odd
+ * mins). Two chains each, so that decode, one row at a time, is not bound by the FMA and add
+ * latencies. Here the min terms of the R x C outputs go 8 lanes at a time, lane
+ * 4 r + 2 j + (block parity), one vector multiply and add per pair of blocks. */
+QK_INLINE void tile(float *y, size_t ldy, const uint8_t (*lv)[PF_KC * 64], const ifk_qx *qx, int n, int t0, int c0,
+                    int nc, int first, const float (*d)[PF_KC], const float (*mt)[8], const int type, const int R,
+                    const int C)
+{
+    __m256 acc[2][2][2]; /* [chain][R][C] the delta terms */
+    /* delta * x scale per row, token and block: [PF_KC] (one_scale) or [PF_KC][2] pairs */
+    _Alignas(32) float ds[2][2][2 * PF_KC];
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
         for (int j = 0; j < C; j++) {
             const size_t st = (size_t)(t0 + j) * qx->s_ld + (size_t)c0;
-            __m256 am = _mm256_setzero_ps();
             for (int g = 0; g < nc; g += 8) {
                 __m256 dv = _mm256_load_ps(d[r] + g);
-                am = _mm256_fmadd_ps(_mm256_load_ps(m[r] + g), _mm256_loadu_ps(qx->sum + st + g), am);
                 __m256 d0 = _mm256_mul_ps(dv, _mm256_loadu_ps(qx->s0 + st + g));
                 if (one_scale(type)) {
                     _mm256_store_ps(ds[r][j] + g, d0);
@@ -426,70 +453,94 @@ QK_INLINE void tile(float *y, size_t ldy, const uint8_t (*lv)[PF_KC * 64], const
                     _mm256_store_ps(ds[r][j] + 2 * g + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
                 }
             }
-            mins[r][j] = hsum8(am);
-            acc[r][j] = _mm256_setzero_ps();
+            acc[0][r][j] = acc[1][r][j] = _mm256_setzero_ps();
         }
-    for (int i = 0; i < nc; i++) {
-        const size_t b = (size_t)(c0 + i);
-        __m256i lev[4][2];
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++)
-#pragma GCC unroll 2
-            for (int h = 0; h < B / 32; h++)
-                lev[r][h] = _mm256_load_si256((const __m256i *)(lv[r] + (size_t)i * B + 32 * h));
-#pragma GCC unroll 4
-        for (int j = 0; j < C; j++) {
-            const int8_t *xq = qx->q + (size_t)(t0 + j) * qx->q_ld + b * B * (ifk_qx_x16(type) ? 2 : 1);
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++)
-                acc[r][j] = _mm256_fmadd_ps(block_dot(lev[r], xq, type), block_scale(ds[r][j], i, type), acc[r][j]);
-        }
+    const float(*dsc)[2][2 * PF_KC] = (const float(*)[2][2 * PF_KC])ds;
+    /* x sums of tokens t0 and t0 + C - 1 from block c0 (each [nc]) */
+    const float *su0 = qx->sum + (size_t)t0 * qx->s_ld + c0, *su1 = qx->sum + (size_t)(t0 + C - 1) * qx->s_ld + c0;
+    __m256 am = _mm256_setzero_ps(); /* lane 4 r + 2 j + p: the min terms of blocks of parity p */
+    int i = 0;
+    for (; i + 2 <= nc; i += 2) {
+        tile_block(acc[0], lv, qx, t0, (size_t)(c0 + i), i, dsc, type, R, C);
+        tile_block(acc[1], lv, qx, t0, (size_t)(c0 + i + 1), i + 1, dsc, type, R, C);
+        /* [sum_0[i], sum_0[i+1], sum_1[i], sum_1[i+1]] in both 128-bit lanes */
+        __m128 sp = _mm_loadh_pi(_mm_castpd_ps(_mm_load_sd((const double *)(su0 + i))), (const __m64 *)(su1 + i));
+        am = _mm256_add_ps(am, _mm256_mul_ps(_mm256_load_ps(mt[i / 2]), _mm256_set_m128(sp, sp)));
     }
-#pragma GCC unroll 4
+    if (i < nc) {
+        tile_block(acc[0], lv, qx, t0, (size_t)(c0 + i), i, dsc, type, R, C);
+        __m128 sp = _mm_setr_ps(su0[i], 0.0f, su1[i], 0.0f);
+        __m256 p = _mm256_mul_ps(_mm256_load_ps(mt[i / 2]), _mm256_set_m128(sp, sp));
+        am = _mm256_blend_ps(am, _mm256_add_ps(am, p), 0x55); /* the even lanes only */
+    }
+    _Alignas(32) float mins[8];
+    _mm256_store_ps(mins, am);
+#pragma GCC unroll 2
     for (int j = 0; j < C; j++)
-#pragma GCC unroll 4
+#pragma GCC unroll 2
         for (int r = 0; r < R; r++) {
             float *yp = y + (size_t)(t0 + j) * ldy + n + r;
-            *yp = (first ? 0.0f : *yp) + hsum8(acc[r][j]) + mins[r][j];
+            *yp = (first ? 0.0f : *yp) + (hsum8(_mm256_add_ps(acc[0][r][j], acc[1][r][j])) +
+                                          (mins[4 * r + 2 * j] + mins[4 * r + 2 * j + 1]));
         }
 }
 
+/* mt[k][4 r + 2 j + p] = m[min(r, R - 1)][2 k + p] for k < PF_KC / 2, r, j, p < 2: the mins of
+ * the chunk's blocks in the lanes of tile's min terms.  m: [R][PF_KC]. */
+QK_INLINE void chunk_mins(float (*mt)[8], const float (*m)[PF_KC], int nc, const int R)
+{
+    const float *m0 = m[0], *m1 = m[R > 1 ? 1 : 0];
+    for (int k = 0; 2 * k < nc; k++) {
+        __m128 a = _mm_castpd_ps(_mm_load1_pd((const double *)(m0 + 2 * k)));
+        __m128 b = _mm_castpd_ps(_mm_load1_pd((const double *)(m1 + 2 * k)));
+        _mm256_store_ps(mt[k], _mm256_set_m128(b, a));
+    }
+}
+
 /* Prefill: rows n .. n + R - 1 against all tokens, K in chunks of PF_KC blocks decoded once
- * (into L1) for every token tile (C = 4, then single tokens). */
+ * (into L1) for every token tile (C = 2, then single tokens). */
 QK_INLINE void gemm_rows(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, int n, const int type, const int R)
 {
     const int T = qx->T, nb = qx->nb;
     const size_t rb = (size_t)nb * block_bytes_of(type);
-    _Alignas(32) float d[4][PF_KC], m[4][PF_KC];
-    _Alignas(32) uint8_t lv[4][PF_KC * 64];
+    _Alignas(32) float d[2][PF_KC], m[2][PF_KC], mt[PF_KC / 2][8];
+    _Alignas(32) uint8_t lv[2][PF_KC * 64];
     for (int c0 = 0; c0 < nb; c0 += PF_KC) {
         const int nc = nb - c0 < PF_KC ? nb - c0 : PF_KC;
-#pragma GCC unroll 4
+#pragma GCC unroll 2
         for (int r = 0; r < R; r++) {
             chunk_headers(d[r], m[r], W + (size_t)(n + r) * rb, c0, nc, type);
             chunk_levels(lv[r], W + (size_t)(n + r) * rb, c0, nc, type);
         }
-        const float(*dc)[PF_KC] = (const float(*)[PF_KC])d, (*mc)[PF_KC] = (const float(*)[PF_KC])m;
+        chunk_mins(mt, (const float(*)[PF_KC])m, nc, R);
+        const float(*dc)[PF_KC] = (const float(*)[PF_KC])d, (*mtc)[8] = (const float(*)[8])mt;
         const uint8_t(*lc)[PF_KC * 64] = (const uint8_t(*)[PF_KC * 64])lv;
         int t = 0;
-        for (; t + 4 <= T; t += 4)
-            tile(y, ldy, lc, qx, n, t, c0, nc, c0 == 0, dc, mc, type, R, 4);
+        for (; t + 2 <= T; t += 2)
+            tile(y, ldy, lc, qx, n, t, c0, nc, c0 == 0, dc, mtc, type, R, 2);
         for (; t < T; t++)
-            tile(y, ldy, lc, qx, n, t, c0, nc, c0 == 0, dc, mc, type, R, 1);
+            tile(y, ldy, lc, qx, n, t, c0, nc, c0 == 0, dc, mtc, type, R, 1);
     }
 }
 
-/* ---- decode: one row at a time ---------------------------------------------------------- */
+/* ---- decode: one row at a time, with prefill's arithmetic ------------------------------- */
 
-/* acc + the delta term of one block, *accm + its min term (lane 1; the other lanes collect
- * junk that is never read): the block's header is converted on its own, as
- * [d, m, d, m] * { s0, sum, s1, 0 } = [d s0, m sum, d s1, 0].  blk: [BB]; xq: the block's x
- * values ([B] int8 or int16); sx: [4]. */
-QK_INLINE __m256 gemv_block(__m256 acc, __m128 *accm, const uint8_t *blk, const int8_t *xq, const float *sx, const int type)
+/* As in qmatmul_avx512.c: decode (T == 1) computes every output with exactly tile()'s float
+ * operations in the same order (per chunk of PF_KC blocks: the delta terms of even and odd
+ * blocks in two FMA chains, the min terms m * sum of even and odd blocks in two add chains,
+ * hsum8(even + odd) + (even mins + odd mins) added into y chunk after chunk), so y[t] depends
+ * only on W and x[t]. Each row is read as one forward stream (prefetched), and each block's
+ * header is converted on its own: [d, m, d, m] * {s0, sum, s1, 0} gives tile's delta * scale
+ * products and the min term m * sum. */
+
+/* acc + the delta term of one block, *am + its min term (lane 1; the other lanes collect junk
+ * that is never read).  blk: [BB]; xq: the block's x values ([B] int8 or int16); sx: [4] =
+ * { s0, sum, s1, 0 }. */
+QK_INLINE __m256 gemv_block(__m256 acc, __m128 *am, const uint8_t *blk, const int8_t *xq, const float *sx, const int type)
 {
     _mm_prefetch((const char *)blk + PF_AHEAD, _MM_HINT_T0);
-    __m128 r = _mm_mul_ps(_mm_cvtph_ps(_mm_set1_epi32((int)rd32(blk))), _mm_load_ps(sx));
-    *accm = _mm_add_ps(*accm, r);
+    const __m128 r = _mm_mul_ps(_mm_cvtph_ps(_mm_set1_epi32((int)rd32(blk))), _mm_load_ps(sx)); /* [d s0, m sum, d s1, 0] */
+    *am = _mm_add_ps(*am, r);
     __m256 sc = one_scale(type) ? _mm256_broadcastss_ps(r)
                                 : _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(_mm_permute_ps(r, 0x88))));
     __m256i lev[2];
@@ -497,29 +548,34 @@ QK_INLINE __m256 gemv_block(__m256 acc, __m128 *accm, const uint8_t *blk, const 
     return _mm256_fmadd_ps(block_dot(lev, xq, type), sc, acc);
 }
 
-/* W[row] . x for T = 1: the row read as one forward stream (prefetched ahead), 4 accumulators
- * for the FMA latency.  row: [nb * BB] bytes. */
+/* W[row] . x for T = 1.  row: [nb * BB] bytes. */
 QK_INLINE float gemv_row(const uint8_t *row, const ifk_qx *qx, const int type)
 {
     const int BB = block_bytes_of(type), nb = qx->nb;
     const size_t xb = (size_t)block_of(type) * (ifk_qx_x16(type) ? 2 : 1); /* bytes of x per block */
-    __m256 acc[4] = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() };
-    __m128 accm[4] = { _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps() };
-    int b = 0;
-    for (; b + 4 <= nb; b += 4)
-#pragma GCC unroll 4
-        for (int u = 0; u < 4; u++)
-            acc[u] = gemv_block(acc[u], &accm[u], row + (size_t)(b + u) * BB, qx->q + (size_t)(b + u) * xb,
-                                qx->blk + 4 * (size_t)(b + u), type);
-    for (; b < nb; b++)
-        acc[0] = gemv_block(acc[0], &accm[0], row + (size_t)b * BB, qx->q + (size_t)b * xb, qx->blk + 4 * (size_t)b, type);
-    __m128 m = _mm_add_ps(_mm_add_ps(accm[0], accm[1]), _mm_add_ps(accm[2], accm[3]));
-    return hsum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))) +
-           _mm_cvtss_f32(_mm_movehdup_ps(m));
+    float y = 0.0f;
+    for (int c0 = 0; c0 < nb; c0 += PF_KC) {
+        const int nc = nb - c0 < PF_KC ? nb - c0 : PF_KC;
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+        __m128 am0 = _mm_setzero_ps(), am1 = am0;
+        const uint8_t *blk = row + (size_t)c0 * BB;
+        const int8_t *xq = qx->q + (size_t)c0 * xb;
+        const float *sx = qx->blk + 4 * (size_t)c0;
+        int i = 0;
+        for (; i + 2 <= nc; i += 2) {
+            acc0 = gemv_block(acc0, &am0, blk + (size_t)i * BB, xq + (size_t)i * xb, sx + 4 * i, type);
+            acc1 = gemv_block(acc1, &am1, blk + (size_t)(i + 1) * BB, xq + (size_t)(i + 1) * xb, sx + 4 * (i + 1), type);
+        }
+        if (i < nc)
+            acc0 = gemv_block(acc0, &am0, blk + (size_t)i * BB, xq + (size_t)i * xb, sx + 4 * i, type);
+        const float mins = _mm_cvtss_f32(_mm_movehdup_ps(_mm_add_ps(am0, am1)));
+        y = (c0 == 0 ? 0.0f : y) + (hsum8(_mm256_add_ps(acc0, acc1)) + mins);
+    }
+    return y;
 }
 
 /* Rows n0 <= n < n1, all tokens, of one type: decode row by row, prefill in tiles of 2 rows x
- * 4 tokens (8 accumulators, 4 level and 2 x registers: about the 16 ymm registers). */
+ * 2 tokens (two chains: 8 accumulators, 4 level and 1 x register, about the 16 ymm registers). */
 QK_INLINE void rows_of(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, int n0, int n1, const int type)
 {
     int n = n0;

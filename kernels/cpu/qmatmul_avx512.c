@@ -15,7 +15,12 @@
  *
  * Prefill (T > 1) is compute-bound: rows go by 4, K by chunks of 64 blocks whose levels
  * (as bytes) and headers (as F32, 16 per gather) are decoded once into L1; then every tile of
- * 4 tokens passes over the chunk, 4 rows x 4 tokens = 16 int8 dot products per block.
+ * 2 tokens passes over the chunk, 4 rows x 2 tokens x 2 accumulators.
+ *
+ * Batch invariance (kernels.h): decode and prefill compute each output with the same float
+ * operations in the same order (see tile: per chunk, two FMA chains of delta terms by block
+ * parity, two add chains of min terms likewise, then hsum512 and the chunk sums added in
+ * order), and x is rounded per token, so row t of y depends only on W and x[t].
  *
  * Every function here carries target("avx512vnni") on top of the file's -mavx512* flags;
  * qdispatch.c calls this path only on CPUs that have it. qmatmul_avx512gfni.c compiles this
@@ -361,28 +366,95 @@ QK_INLINE void chunk_headers(float *d, float *m, const uint8_t *row, int c0, int
     }
 }
 
-/* The blocks c0 .. c0 + nc - 1 of rows n .. n + R - 1 against tokens t0 .. t0 + C - 1:
+/* The delta terms of block i of the chunk (block b of the row) for R rows x C tokens, added
+ * into a[r][j]: the integer dot product as float, fmadd by delta * the x scale(s) (ds from
+ * tile's prologue). For int8 x and B = 32 only the low 256 bits of a are meaningful. */
+QK_INLINE void tile_block(__m512 (*a)[2], const uint8_t (*lv)[PF_KC * 64], const ifk_qx *qx, int t0, size_t b, int i,
+                          const float (*ds)[2][2 * PF_KC], const int type, const int R, const int C)
+{
+    const int B = block_of(type);
+    if (ifk_qx_x16(type)) {
+        __m512i l16[4][2]; /* [R]: the levels as int16, elements 0-31 and 32-63 */
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            l16[r][0] = _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i *)(lv[r] + (size_t)i * B)));
+            l16[r][1] = B == 64 ? _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i *)(lv[r] + (size_t)i * B + 32)))
+                                : l16[r][0];
+        }
+#pragma GCC unroll 2
+        for (int j = 0; j < C; j++) {
+            const int16_t *xq = (const int16_t *)(qx->q + (size_t)(t0 + j) * qx->q_ld) + b * B;
+            __m512i x0 = _mm512_load_si512(xq), x1 = B == 64 ? _mm512_load_si512(xq + 32) : x0;
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                __m512i p = _mm512_dpwssd_epi32(_mm512_setzero_si512(), l16[r][0], x0);
+                if (B == 64)
+                    p = _mm512_dpwssd_epi32(p, l16[r][1], x1);
+                a[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_set1_ps(ds[r][j][i]), a[r][j]);
+            }
+        }
+    } else if (B == 64) {
+        __m512i lev[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            lev[r] = _mm512_load_si512(lv[r] + (size_t)i * 64);
+#pragma GCC unroll 2
+        for (int j = 0; j < C; j++) {
+            __m512i xv = _mm512_load_si512(qx->q + (size_t)(t0 + j) * qx->q_ld + b * 64);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lev[r], xv));
+                __m512 sc = _mm512_castsi512_ps(_mm512_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)(ds[r][j] + 2 * i))));
+                a[r][j] = _mm512_fmadd_ps(p, sc, a[r][j]);
+            }
+        }
+    } else {
+        __m256i lev[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            lev[r] = _mm256_load_si256((const __m256i *)(lv[r] + (size_t)i * 32));
+#pragma GCC unroll 2
+        for (int j = 0; j < C; j++) {
+            __m256i xv = _mm256_load_si256((const __m256i *)(qx->q + (size_t)(t0 + j) * qx->q_ld + b * 32));
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                __m256 p = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lev[r], xv));
+                a[r][j] = _mm512_castps256_ps512(
+                    _mm256_fmadd_ps(p, _mm256_broadcast_ss(ds[r][j] + i), _mm512_castps512_ps256(a[r][j])));
+            }
+        }
+    }
+}
+
+/* The blocks c0 .. c0 + nc - 1 of rows n .. n + R - 1 against tokens t0 .. t0 + C - 1 (C <= 2):
  * y[t0 + j][n + r] = (first ? 0 : y[t0 + j][n + r]) + their part of the product.
- * y: [T][N] at stride ldy; lv: [R][PF_KC][B] the chunk's levels as bytes; d, m: [R][PF_KC]
- * from chunk_headers. */
+ * y: [T][N] at stride ldy; lv: [R][PF_KC][B] the chunk's levels as bytes; d: [R][PF_KC] from
+ * chunk_headers; mt: [PF_KC / 2][16] the mins from chunk_mins.
+ *
+ * The arithmetic, which decode (gemv_row) repeats exactly, per output: the delta terms go into
+ * two accumulators, blocks 0, 2, 4, ... of the chunk into the first and 1, 3, 5, ... into the
+ * second (fmadd); the min terms m_i * sum_i (rounded) likewise into two sums, even and odd
+ * blocks, each added in block order; the result is hsum512(first + second) + (even mins + odd
+ * mins). Two chains each, so that decode, one row at a time, is not bound by the FMA and add
+ * latencies. Here the min terms of the R x C outputs go 16 lanes at a time, lane
+ * 4 r + 2 j + (block parity), one vector multiply and add per pair of blocks. */
 QK_INLINE void tile(float *y, size_t ldy, const uint8_t (*lv)[PF_KC * 64], const ifk_qx *qx, int n, int t0, int c0,
-                    int nc, int first, const float (*d)[PF_KC], const float (*m)[PF_KC], const int type, const int R,
+                    int nc, int first, const float (*d)[PF_KC], const float (*mt)[16], const int type, const int R,
                     const int C)
 {
     const int B = block_of(type), x16 = ifk_qx_x16(type), one = B == 32 || x16; /* one x scale per block */
-    __m512 acc[4][4], accm[4][4]; /* [R][C]: the delta terms (low halves for int8 x, B = 32), min terms */
+    __m512 acc[2][4][2]; /* [chain][R][C]: the delta terms (low halves for int8 x, B = 32) */
     /* delta * x scale per row, token and block of the chunk: [PF_KC] (one), or [PF_KC][2]
      * pairs (int8 x, B = 64: x groups 0 and 1) */
-    _Alignas(64) float ds[4][4][2 * PF_KC];
+    _Alignas(64) float ds[4][2][2 * PF_KC];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
+#pragma GCC unroll 2
         for (int j = 0; j < C; j++) {
             const size_t st = (size_t)(t0 + j) * qx->s_ld + (size_t)c0;
-            acc[r][j] = accm[r][j] = _mm512_setzero_ps();
+            acc[0][r][j] = acc[1][r][j] = _mm512_setzero_ps();
             for (int g = 0; g < nc; g += 16) {
                 __m512 dv = _mm512_load_ps(d[r] + g);
-                accm[r][j] = _mm512_fmadd_ps(_mm512_load_ps(m[r] + g), _mm512_loadu_ps(qx->sum + st + g), accm[r][j]);
                 __m512 d0 = _mm512_mul_ps(dv, _mm512_loadu_ps(qx->s0 + st + g));
                 if (one) {
                     _mm512_store_ps(ds[r][j] + g, d0);
@@ -395,69 +467,51 @@ QK_INLINE void tile(float *y, size_t ldy, const uint8_t (*lv)[PF_KC * 64], const
                 }
             }
         }
-    for (int i = 0; i < nc; i++) {
-        const size_t b = (size_t)(c0 + i);
-        if (x16) {
-            __m512i l16[4][2]; /* [R]: the levels as int16, elements 0-31 and 32-63 */
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) {
-                l16[r][0] = _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i *)(lv[r] + (size_t)i * B)));
-                l16[r][1] = B == 64 ? _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i *)(lv[r] + (size_t)i * B + 32)))
-                                    : l16[r][0];
-            }
-#pragma GCC unroll 4
-            for (int j = 0; j < C; j++) {
-                const int16_t *xq = (const int16_t *)(qx->q + (size_t)(t0 + j) * qx->q_ld) + b * B;
-                __m512i x0 = _mm512_load_si512(xq), x1 = B == 64 ? _mm512_load_si512(xq + 32) : x0;
-#pragma GCC unroll 4
-                for (int r = 0; r < R; r++) {
-                    __m512i p = _mm512_dpwssd_epi32(_mm512_setzero_si512(), l16[r][0], x0);
-                    if (B == 64)
-                        p = _mm512_dpwssd_epi32(p, l16[r][1], x1);
-                    acc[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_set1_ps(ds[r][j][i]), acc[r][j]);
-                }
-            }
-        } else if (B == 64) {
-            __m512i lev[4];
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++)
-                lev[r] = _mm512_load_si512(lv[r] + (size_t)i * 64);
-#pragma GCC unroll 4
-            for (int j = 0; j < C; j++) {
-                __m512i xv = _mm512_load_si512(qx->q + (size_t)(t0 + j) * qx->q_ld + b * 64);
-#pragma GCC unroll 4
-                for (int r = 0; r < R; r++) {
-                    __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lev[r], xv));
-                    __m512 sc = _mm512_castsi512_ps(
-                        _mm512_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)(ds[r][j] + 2 * i))));
-                    acc[r][j] = _mm512_fmadd_ps(p, sc, acc[r][j]);
-                }
-            }
-        } else {
-            __m256i lev[4];
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++)
-                lev[r] = _mm256_load_si256((const __m256i *)(lv[r] + (size_t)i * 32));
-#pragma GCC unroll 4
-            for (int j = 0; j < C; j++) {
-                __m256i xv = _mm256_load_si256((const __m256i *)(qx->q + (size_t)(t0 + j) * qx->q_ld + b * 32));
-#pragma GCC unroll 4
-                for (int r = 0; r < R; r++) {
-                    __m256 p = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lev[r], xv));
-                    acc[r][j] = _mm512_castps256_ps512(
-                        _mm256_fmadd_ps(p, _mm256_broadcast_ss(ds[r][j] + i), _mm512_castps512_ps256(acc[r][j])));
-                }
-            }
-        }
+    const float(*dsc)[2][2 * PF_KC] = (const float(*)[2][2 * PF_KC])ds;
+    /* x sums of tokens t0 and t0 + C - 1 from block c0 (each [nc]) */
+    const float *su0 = qx->sum + (size_t)t0 * qx->s_ld + c0, *su1 = qx->sum + (size_t)(t0 + C - 1) * qx->s_ld + c0;
+    __m512 am = _mm512_setzero_ps(); /* lane 4 r + 2 j + p: the min terms of blocks of parity p */
+    int i = 0;
+    for (; i + 2 <= nc; i += 2) {
+        tile_block(acc[0], lv, qx, t0, (size_t)(c0 + i), i, dsc, type, R, C);
+        tile_block(acc[1], lv, qx, t0, (size_t)(c0 + i + 1), i + 1, dsc, type, R, C);
+        /* [sum_0[i], sum_0[i+1], sum_1[i], sum_1[i+1]] in every 128-bit lane */
+        __m128 sp = _mm_loadh_pi(_mm_castpd_ps(_mm_load_sd((const double *)(su0 + i))), (const __m64 *)(su1 + i));
+        am = _mm512_add_ps(am, _mm512_mul_ps(_mm512_load_ps(mt[i / 2]), _mm512_broadcast_f32x4(sp)));
     }
-#pragma GCC unroll 4
+    if (i < nc) {
+        tile_block(acc[0], lv, qx, t0, (size_t)(c0 + i), i, dsc, type, R, C);
+        __m128 sp = _mm_setr_ps(su0[i], 0.0f, su1[i], 0.0f);
+        am = _mm512_mask_add_ps(am, 0x5555, am, _mm512_mul_ps(_mm512_load_ps(mt[i / 2]), _mm512_broadcast_f32x4(sp)));
+    }
+    _Alignas(64) float mins[16];
+    _mm512_store_ps(mins, am);
+#pragma GCC unroll 2
     for (int j = 0; j < C; j++)
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            __m512 a = !one || x16 ? acc[r][j] : _mm512_zextps256_ps512(_mm512_castps512_ps256(acc[r][j]));
+            __m512 a = _mm512_add_ps(acc[0][r][j], acc[1][r][j]);
+            if (!x16 && B == 32)
+                a = _mm512_zextps256_ps512(_mm512_castps512_ps256(a));
             float *yp = y + (size_t)(t0 + j) * ldy + n + r;
-            *yp = (first ? 0.0f : *yp) + hsum512(_mm512_add_ps(a, accm[r][j]));
+            *yp = (first ? 0.0f : *yp) + (hsum512(a) + (mins[4 * r + 2 * j] + mins[4 * r + 2 * j + 1]));
         }
+}
+
+/* mt[k][4 r + 2 j + p] = m[min(r, R - 1)][2 k + p] for k < PF_KC / 2, r < 4, j, p < 2: the
+ * mins of the chunk's blocks in the lanes of tile's min terms.  m: [R][PF_KC]. */
+QK_INLINE void chunk_mins(float (*mt)[16], const float (*m)[PF_KC], int nc, const int R)
+{
+    for (int g = 0; g < nc; g += 16) {
+        /* pairs g/2 .. g/2 + 7 are the qwords of these */
+        __m512i v0 = _mm512_load_si512(m[0] + g), v1 = _mm512_load_si512(m[R > 1 ? 1 : 0] + g);
+        __m512i v2 = _mm512_load_si512(m[R > 2 ? 2 : R - 1] + g), v3 = _mm512_load_si512(m[R > 3 ? 3 : R - 1] + g);
+        for (int k = 0; k < 8; k++) {
+            const __m512i idx = _mm512_setr_epi64(k, k, 8 + k, 8 + k, k, k, 8 + k, 8 + k);
+            __m512i a = _mm512_permutex2var_epi64(v0, idx, v1), b = _mm512_permutex2var_epi64(v2, idx, v3);
+            _mm512_store_si512(mt[g / 2 + k], _mm512_shuffle_i64x2(a, b, 0x44));
+        }
+    }
 }
 
 /* The levels of blocks c0 .. c0 + nc - 1 of a row as bytes.  row: [nb * BB]; lv: [nc][B]. */
@@ -481,7 +535,7 @@ QK_INLINE void gemm_rows(float *y, size_t ldy, const uint8_t *W, const ifk_qx *q
 {
     const int T = qx->T, nb = qx->nb;
     const size_t rb = (size_t)nb * block_bytes_of(type);
-    _Alignas(64) float d[4][PF_KC], m[4][PF_KC];
+    _Alignas(64) float d[4][PF_KC], m[4][PF_KC], mt[PF_KC / 2][16];
     _Alignas(64) uint8_t lv[4][PF_KC * 64];
     for (int c0 = 0; c0 < nb; c0 += PF_KC) {
         const int nc = nb - c0 < PF_KC ? nb - c0 : PF_KC;
@@ -490,65 +544,79 @@ QK_INLINE void gemm_rows(float *y, size_t ldy, const uint8_t *W, const ifk_qx *q
             chunk_headers(d[r], m[r], W + (size_t)(n + r) * rb, c0, nc, type);
             chunk_levels(lv[r], W + (size_t)(n + r) * rb, c0, nc, type);
         }
-        const float(*dc)[PF_KC] = (const float(*)[PF_KC])d, (*mc)[PF_KC] = (const float(*)[PF_KC])m;
+        const float(*dc)[PF_KC] = (const float(*)[PF_KC])d;
+        chunk_mins(mt, (const float(*)[PF_KC])m, nc, R);
+        const float(*mtc)[16] = (const float(*)[16])mt;
         const uint8_t(*lc)[PF_KC * 64] = (const uint8_t(*)[PF_KC * 64])lv;
         int t = 0;
-        for (; t + 4 <= T; t += 4)
-            tile(y, ldy, lc, qx, n, t, c0, nc, c0 == 0, dc, mc, type, R, 4);
+        for (; t + 2 <= T; t += 2)
+            tile(y, ldy, lc, qx, n, t, c0, nc, c0 == 0, dc, mtc, type, R, 2);
         for (; t < T; t++)
-            tile(y, ldy, lc, qx, n, t, c0, nc, c0 == 0, dc, mc, type, R, 1);
+            tile(y, ldy, lc, qx, n, t, c0, nc, c0 == 0, dc, mtc, type, R, 1);
     }
 }
 
-/* ---- decode: one row at a time ---------------------------------------------------------- */
+/* ---- decode: one row at a time, with prefill's arithmetic ------------------------------- */
 
-/* acc + the delta term of one block, *accm + its min term (in lane 1; the other lanes collect
- * junk that is never read): the block's header is converted on its own, as
- * [d, m, d, m] * { s0, sum, s1, 0 } = [d s0, m sum, d s1, 0].  blk: [BB]; xq: the block's x
- * values ([B] int8, or int16 for x16 types); sx: [4]. */
-QK_INLINE __m512 gemv_block(__m512 acc, __m128 *accm, const uint8_t *blk, const int8_t *xq, const float *sx, const int type)
+/* Decode (T == 1) computes every output with exactly tile()'s float operations in the same
+ * order, so that y[t] depends only on W and x[t] (kernels.h): per chunk of PF_KC blocks, the
+ * delta terms of the even and the odd blocks in two FMA chains, the min terms 16 blocks at a
+ * time, hsum512((even + odd) + mins) added into y chunk after chunk. Each row is read as one
+ * forward stream (software prefetch PF_AHEAD ahead; interleaving several of these short rows
+ * measured much slower), and each block's header is converted on its own, as
+ * [d, m, d, m] * {s0, sum, s1, 0} (tile's delta * scale products) and shifted into a register
+ * that collects 16 headers, whose mins are then converted and multiplied by their x sums
+ * together (one valignd a block, in two chains): cheaper than gathering the headers of several blocks (a gather is ~2 cycles per element on Zen 4, and the hardware
+ * prefetcher does not follow it). */
+
+/* acc + the delta term of one block, *am + its min term (lane 1 of [d s0, m sum, d s1, 0]; the
+ * other lanes collect junk that is never read).  blk: [BB]; xq: the block's x values ([B]
+ * int8, or int16 for x16 types); sx: [4] = { s0, sum, s1, 0 }. For B = 32 and int8 x only the
+ * low 256 bits of acc are meaningful (as in tile). */
+QK_INLINE __m512 gemv_block(__m512 acc, __m128 *am, const uint8_t *blk, const int8_t *xq, const float *sx,
+                            const int type)
 {
     _mm_prefetch((const char *)blk + PF_AHEAD, _MM_HINT_T0);
-    if (ifk_qx_x16(type)) { /* one x scale per block: [d s0, m sum, 0, 0] */
-        __m128 r = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)rd32(blk))), _mm_load_ps(sx));
-        *accm = _mm_add_ps(*accm, r);
+    const __m128 r = _mm_mul_ps(_mm_cvtph_ps(_mm_set1_epi32((int)rd32(blk))), _mm_load_ps(sx)); /* [d s0, m sum, d s1, 0] */
+    *am = _mm_add_ps(*am, r);
+    if (ifk_qx_x16(type)) /* one x scale per block */
         return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_x16(type, blk, (const int16_t *)xq)), _mm512_broadcastss_ps(r), acc);
-    }
-    if (block_of(type) == 64) {
-        __m128 r = _mm_mul_ps(_mm_cvtph_ps(_mm_set1_epi32((int)rd32(blk))), _mm_load_ps(sx));
-        *accm = _mm_add_ps(*accm, r);
+    if (block_of(type) == 64) { /* lanes alternate between the block's x groups 0 and 1 */
         __m512 sc = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2), _mm512_castps128_ps512(r));
         __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), levels64(type, blk), _mm512_load_si512(xq));
         return _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc);
     }
-    __m128 r = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)rd32(blk))), _mm_load_ps(sx));
-    *accm = _mm_add_ps(*accm, r);
     __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), levels32(type, blk), _mm256_load_si256((const __m256i *)xq));
     return _mm512_castps256_ps512(_mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcastss_ps(r), _mm512_castps512_ps256(acc)));
 }
 
-/* W[row] . x for T = 1: the row read as one forward stream (prefetched ahead), 4 accumulators
- * for the FMA latency.  row: [nb * BB] bytes. */
+/* W[row] . x for T = 1.  row: [nb * BB] bytes. */
 QK_INLINE float gemv_row(const uint8_t *row, const ifk_qx *qx, const int type)
 {
-    const int B = block_of(type), BB = block_bytes_of(type), nb = qx->nb;
-    const size_t xb = (size_t)B * (ifk_qx_x16(type) ? 2 : 1); /* bytes of x per block */
-    __m512 acc[4] = { _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps() };
-    __m128 accm[4] = { _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps() };
-    int b = 0;
-    for (; b + 4 <= nb; b += 4)
-#pragma GCC unroll 4
-        for (int u = 0; u < 4; u++)
-            acc[u] = gemv_block(acc[u], &accm[u], row + (size_t)(b + u) * BB, qx->q + (size_t)(b + u) * xb,
-                                 qx->blk + 4 * (size_t)(b + u), type);
-    for (; b < nb; b++)
-        acc[0] = gemv_block(acc[0], &accm[0], row + (size_t)b * BB, qx->q + (size_t)b * xb, qx->blk + 4 * (size_t)b, type);
-    if (B == 32 && !ifk_qx_x16(type)) /* only the low halves were accumulated */
-        for (int a = 0; a < 4; a++)
-            acc[a] = _mm512_zextps256_ps512(_mm512_castps512_ps256(acc[a]));
-    __m128 m = _mm_add_ps(_mm_add_ps(accm[0], accm[1]), _mm_add_ps(accm[2], accm[3]));
-    return hsum512(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]))) +
-           _mm_cvtss_f32(_mm_movehdup_ps(m));
+    const int BB = block_bytes_of(type), nb = qx->nb;
+    const size_t xb = (size_t)block_of(type) * (ifk_qx_x16(type) ? 2 : 1); /* bytes of x per block */
+    float y = 0.0f;
+    for (int c0 = 0; c0 < nb; c0 += PF_KC) {
+        const int nc = nb - c0 < PF_KC ? nb - c0 : PF_KC;
+        __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
+        __m128 am0 = _mm_setzero_ps(), am1 = am0;
+        const uint8_t *blk = row + (size_t)c0 * BB;
+        const int8_t *xq = qx->q + (size_t)c0 * xb;
+        const float *sx = qx->blk + 4 * (size_t)c0;
+        int i = 0;
+        for (; i + 2 <= nc; i += 2) {
+            acc0 = gemv_block(acc0, &am0, blk + (size_t)i * BB, xq + (size_t)i * xb, sx + 4 * i, type);
+            acc1 = gemv_block(acc1, &am1, blk + (size_t)(i + 1) * BB, xq + (size_t)(i + 1) * xb, sx + 4 * (i + 1), type);
+        }
+        if (i < nc)
+            acc0 = gemv_block(acc0, &am0, blk + (size_t)i * BB, xq + (size_t)i * xb, sx + 4 * i, type);
+        __m512 a = _mm512_add_ps(acc0, acc1);
+        if (block_of(type) == 32 && !ifk_qx_x16(type))
+            a = _mm512_zextps256_ps512(_mm512_castps512_ps256(a));
+        const float mins = _mm_cvtss_f32(_mm_movehdup_ps(_mm_add_ps(am0, am1)));
+        y = (c0 == 0 ? 0.0f : y) + (hsum512(a) + mins);
+    }
+    return y;
 }
 
 /* Rows n0 <= n < n1, all tokens, of one type. */

@@ -97,7 +97,9 @@ void ifk_qmatmul_ref(float *y, size_t ldy, const void *W, int type, const float 
  * where amax_b is max |x| over element i's weight block. Measured on normal data with
  * K >= 1024: at most ~2.5e-3 of sum_i |w'_i x_i| for int8 x (~2e-2 with outliers in x and W),
  * ~1e-5 for int16 x. Scalar path (IFK_ISA_SCALAR, -DIFK_NO_SIMD): the oracle itself.
- * Threads split N; n_threads <= 0 means all cores. */
+ * Threads split N; n_threads <= 0 means all cores. Batch invariant (kernels.h): row t of y is
+ * bit-identical to a call with x[t] alone, whatever T, t and n_threads (x is rounded per
+ * token, and decode and prefill sum in the same order). */
 void ifk_qmatmul(float *y, size_t ldy, const void *W, int type, const float *x, size_t ldx,
                  int T, int N, int K, int n_threads);
 

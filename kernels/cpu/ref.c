@@ -4,7 +4,8 @@
  * Written to be obviously correct, not fast: the SIMD paths are tested against these, and the
  * -DIFK_NO_SIMD build (and CPUs without AVX2) run them for real. Dot products accumulate in
  * double, so the reference is at least as accurate as any float summation order; elementwise
- * results use the C library's expf / sqrt.
+ * results use the C library's expf / sqrt. Every output is computed on its own, so batch
+ * invariance (kernels.h) holds trivially.
  */
 #include <math.h>
 #include <string.h>
