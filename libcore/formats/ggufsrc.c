@@ -51,16 +51,28 @@ static void deq_q4_1(float *y, const uint8_t *x) /* f16 d; f16 m; u8 qs[16] */
     }
 }
 
-static void deq_q5(float *y, const uint8_t *x, int has_min) /* f16 d; [f16 m;] u8 qh[4]; u8 qs[16] */
+/* The fifth bits of a Q5 block: element j's is bit j of the little-endian u32 qh. */
+static int q5_high(uint32_t qh, int j) { return (int)((qh >> j) & 1) << 4; }
+
+static void deq_q5_0(float *y, const uint8_t *x) /* f16 d; u8 qh[4]; u8 qs[16] */
 {
-    float d = f16_at(x), m = has_min ? f16_at(x + 2) : 0.0f;
-    const uint8_t *p = x + (has_min ? 4 : 2), *qs = p + 4;
-    uint32_t qh = u32_at(p);
-    int off = has_min ? 0 : 16;
+    float d = f16_at(x);
+    uint32_t qh = u32_at(x + 2);
+    const uint8_t *qs = x + 6;
+    for (int j = 0; j < 16; j++) { /* no "+ 0": ggml's -0 (q = 16, d < 0) stays -0 */
+        y[j] = (float)(((qs[j] & 15) | q5_high(qh, j)) - 16) * d;
+        y[j + 16] = (float)(((qs[j] >> 4) | q5_high(qh, j + 16)) - 16) * d;
+    }
+}
+
+static void deq_q5_1(float *y, const uint8_t *x) /* f16 d; f16 m; u8 qh[4]; u8 qs[16] */
+{
+    float d = f16_at(x), m = f16_at(x + 2);
+    uint32_t qh = u32_at(x + 4);
+    const uint8_t *qs = x + 8;
     for (int j = 0; j < 16; j++) {
-        int h0 = ((qh >> j) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
-        y[j] = (float)(((qs[j] & 15) | h0) - off) * d + m;
-        y[j + 16] = (float)(((qs[j] >> 4) | h1) - off) * d + m;
+        y[j] = (float)((qs[j] & 15) | q5_high(qh, j)) * d + m;
+        y[j + 16] = (float)((qs[j] >> 4) | q5_high(qh, j + 16)) * d + m;
     }
 }
 
@@ -176,8 +188,8 @@ static int dequantize(float *y, const uint8_t *x, uint32_t type, uint64_t n)
         case GGML_BF16: *y = iflow_bf16_to_f32((uint16_t)(x[0] | x[1] << 8)); break;
         case GGML_Q4_0: deq_q4_0(y, x); break;
         case GGML_Q4_1: deq_q4_1(y, x); break;
-        case GGML_Q5_0: deq_q5(y, x, 0); break;
-        case GGML_Q5_1: deq_q5(y, x, 1); break;
+        case GGML_Q5_0: deq_q5_0(y, x); break;
+        case GGML_Q5_1: deq_q5_1(y, x); break;
         case GGML_Q8_0: deq_q8_0(y, x); break;
         case GGML_Q2_K: deq_q2_k(y, x); break;
         case GGML_Q3_K: deq_q3_k(y, x); break;
@@ -467,10 +479,11 @@ int iflow_ggufsrc_payload(const iflow_ggufsrc *s, const iflow_src_tensor *t, int
     if (dt == t->dtype && ((dt == IFLOW_DT_F32 && type == GGML_F32) || (dt == IFLOW_DT_F16 && type == GGML_F16) ||
                            (dt == IFLOW_DT_BF16 && type == GGML_BF16) || (dt == IFLOW_DT_Q4_B32 && type == GGML_Q4_1)))
         return *data = t->data, 0;
+    /* (a block that no longer re-encodes exactly means the file changed since it was opened) */
     if (dt == t->dtype && dt == IFLOW_DT_Q8_B32 && type == GGML_Q8_0)
-        return q8_0_to_q8_b32(buf, x, n / 32) ? 0 : iflow_seterr(IFLOW_EFORMAT, "tensor '%s' changed", t->name);
+        return q8_0_to_q8_b32(buf, x, n / 32) ? 0 : iflow_seterr(IFLOW_EIO, "tensor '%s' of '%s' changed while converting", t->name, iflow_gguf_name(s->g));
     if (dt == t->dtype && dt == IFLOW_DT_Q4_B32 && type == GGML_Q4_0)
-        return q4_0_to_q4_b32(buf, x, n / 32) ? 0 : iflow_seterr(IFLOW_EFORMAT, "tensor '%s' changed", t->name);
+        return q4_0_to_q4_b32(buf, x, n / 32) ? 0 : iflow_seterr(IFLOW_EIO, "tensor '%s' of '%s' changed while converting", t->name, iflow_gguf_name(s->g));
     if (t->dtype < 0 || !iflow_dtype_is_float(dt))
         return iflow_seterr(IFLOW_EUNSUPPORTED, "cannot convert tensor '%s' of type %s in '%s' to %s", t->name,
                             t->dtype_name ? t->dtype_name : "?", iflow_gguf_name(s->g),

@@ -19,19 +19,20 @@
  *       of the model file verbatim and no tensors.
  *
  *   Conversions (iflow_ggufsrc_payload). iflow's block types store w = min + q * delta with
- *   F16 delta and min (kernels/cpu/quant.h). In F32 arithmetic every decoded value below is
- *   bit-identical to ggml's own dequantization, because q * delta is exact (at most 8 + 11
- *   significant bits) and the one remaining addition rounds the same exact sum:
- *     F32, F16, BF16 -> the same type (copied)
- *     Q4_1 -> Q4_B32  copied byte for byte: same block (f16 d, f16 m, qs[j] = q[j] | q[j+16] << 4)
- *     Q4_0 -> Q4_B32  delta = d, min = -8 d, same levels (w = (q - 8) d)
+ *   F16 delta and min (kernels/cpu/quant.h). Three ggml types fit that form with no second
+ *   rounding: q * delta is exact in F32 (at most 8 + 11 significant bits) and so is the sum,
+ *   whose exact value is ggml's own w, so every decoded value equals ggml's dequantization
+ *   (as a value: ggml's (q - 8) * d gives -0 where q = 8 and d < 0, iflow's form +0):
+ *     F32, F16, BF16 -> the same type (the source's bytes)
+ *     Q4_1 -> Q4_B32  the source's bytes: the same block (f16 d, f16 m, qs[j] = q[j] | q[j+16] << 4)
+ *     Q4_0 -> Q4_B32  delta = d, min = -8 d, the same nibbles (w = (q - 8) d)
  *     Q8_0 -> Q8_B32  delta = d, min = -128 d, level q + 128 (w = q d, q in -128..127)
- *   -8 d and -128 d are exact in F16 (a power-of-two scale) unless they overflow F16 or d is
- *   not finite; a tensor with such a block is dequantized to F32 instead (dtype says so).
- *   Every other supported type is dequantized to F32 as ggml does it: Q5_0, Q5_1, Q2_K, Q3_K,
- *   Q4_K, Q5_K, Q6_K. Any convertible tensor can also be dequantized to F32, F16 or BF16
- *   (rounded once, to nearest even, from the F32 value).
- *
+ *   -8 d and -128 d are exact in F16 (a power-of-two scale) unless they overflow F16 (|d| >
+ *   8188 for Q4_0, > 511.75 for Q8_0) or d is not finite; a tensor with such a block is
+ *   dequantized to F32 instead (its dtype says so). Every other supported type is dequantized
+ *   to F32 bit for bit as ggml does it: Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (tested against
+ *   gguf-py, tests/unit/test_ggufsrc.c). Any convertible tensor can also be dequantized to F32,
+ *   F16 or BF16 (rounded once, to nearest even, from the F32 value).
  *   Errors name the file and tensor. The handle owns everything it returns until close.
  */
 #ifndef IFLOW_GGUFSRC_H
