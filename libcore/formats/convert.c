@@ -76,7 +76,9 @@ static int pick_spec(job *j)
             return (rc = iflow_spec_load(&j->spec, j->o->spec_path)) < 0 ? rc : iflow_spec_use_source(j->spec, "gguf");
         if (!arch)
             return iflow_seterr(IFLOW_ESPEC, "'%s' has no general.architecture key (give a spec with --spec)", src_path(j));
-        return iflow_spec_find_source(&j->spec, j->o->spec_dirs, j->o->n_spec_dirs, "gguf", arch);
+        if ((rc = iflow_spec_find_source(&j->spec, j->o->spec_dirs, j->o->n_spec_dirs, "gguf", arch)) < 0)
+            return iflow_preperr(rc, "'%s'", src_path(j));
+        return 0;
     }
     const json_t *archs = json_object_get(iflow_hfdir_config(j->dir), "architectures");
     const char *arch = json_string_value(json_array_get(archs, 0));
