@@ -476,6 +476,8 @@ int iflow_ggufsrc_payload(const iflow_ggufsrc *s, const iflow_src_tensor *t, int
         n *= (uint64_t)t->shape[d];
     const uint8_t *x = t->data;
     *data = buf;
+    if (n == 0) /* an empty tensor (a zero dimension): nothing to convert, whatever its row */
+        return 0;
     if (dt == t->dtype && ((dt == IFLOW_DT_F32 && type == GGML_F32) || (dt == IFLOW_DT_F16 && type == GGML_F16) ||
                            (dt == IFLOW_DT_BF16 && type == GGML_BF16) || (dt == IFLOW_DT_Q4_B32 && type == GGML_Q4_1)))
         return *data = t->data, 0;

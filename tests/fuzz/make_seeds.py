@@ -96,7 +96,21 @@ def gguf_seeds():
         "bpe_deepseek.gguf": gguf(bpe_vocab("deepseek-llm")),
         "bpe_falcon_v2.gguf": gguf(bpe_vocab("falcon"), version=2),
         "truncated.gguf": gguf(spm_vocab())[:300],
+        "quant_types.gguf": quant_types(),
     }
+
+
+def quant_types():
+    """One tensor of each ggml type ggufsrc.c converts (a block or two each), for its decoders."""
+    sizes = {0: (1, 4), 1: (1, 2), 30: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
+             10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210)}
+    tensors, data = [], b""
+    for typ, (block, size) in sizes.items():
+        n = 256 if block == 256 else 64
+        tensors.append(("t%d.weight" % typ, [n, 1], typ, len(data)))
+        body = bytes((i * 37 + typ) & 0xFF for i in range(n // block * size))
+        data += body + b"\0" * (-len(body) % 32)
+    return gguf([("general.architecture", STR, "llama"), ("llama.block_count", U32, 1)], tensors, data)
 
 
 # ---- tokenizer.json ---------------------------------------------------------------------------
