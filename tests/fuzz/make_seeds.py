@@ -78,6 +78,16 @@ def bpe_vocab(pre):
             ("tokenizer.ggml.eos_token_id", U32, len(toks) - 2)]
 
 
+def bert_vocab():
+    """llama.cpp's phantom-space form of a WordPiece vocabulary."""
+    toks = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "\u2581hello", "\u2581world", "\u2581fu", "hrer", "s", "\u2581,",
+            "\u2581!", "\u2581\u4e2d"]
+    types = [3, 3, 3, 3, 3] + [1] * (len(toks) - 5)
+    return [("tokenizer.ggml.model", STR, "bert"), ("tokenizer.ggml.tokens", ARR, (STR, toks)),
+            ("tokenizer.ggml.token_type", ARR, (I32, types)), ("tokenizer.ggml.cls_token_id", U32, 2),
+            ("tokenizer.ggml.seperator_token_id", U32, 3), ("tokenizer.ggml.unknown_token_id", U32, 1)]
+
+
 def all_types():
     return [("general.alignment", U32, 32), ("a.u8", U8, 7), ("a.i8", I8, -3), ("a.u16", U16, 9), ("a.i16", I16, -9),
             ("a.u32", U32, 4000000000), ("a.i32", I32, -5), ("a.f32", F32, 1.5), ("a.bool", BOOL, True),
@@ -97,6 +107,7 @@ def gguf_seeds():
         "bpe_falcon_v2.gguf": gguf(bpe_vocab("falcon"), version=2),
         "truncated.gguf": gguf(spm_vocab())[:300],
         "quant_types.gguf": quant_types(),
+        "bert_vocab.gguf": gguf(bert_vocab()),
     }
 
 
