@@ -192,7 +192,6 @@ static void test_config_and_errors(void)
     const void *data;
     if (t)
         CHECK_ERR(iflow_ggufsrc_payload(s, t, IFLOW_DT_F32, &data, out), IFLOW_EUNSUPPORTED, "blk.0.x.weight", "iq2_xxs");
-    iflow_ggufsrc_close(s);
 
     /* resolving the llama spec against it: the hparams it lacks are named with the source */
     const char *dirs[] = {"specs"};
@@ -206,6 +205,7 @@ static void test_config_and_errors(void)
         CHECK_ERR(rc, IFLOW_ESPEC, "gguf metadata", "llama.embedding_length");
         iflow_spec_close(spec);
     }
+    iflow_ggufsrc_close(s); /* owns cfg */
     CHECK_ERR(iflow_spec_find_source(&spec, dirs, 1, "gguf", "mamba"), IFLOW_ENOTFOUND, "specs", "unknown gguf architecture 'mamba'");
     /* a spec without a [gguf] section refuses to read GGUF */
     char path[] = "/tmp/iflow-test-spec-XXXXXX";
