@@ -1,4 +1,5 @@
-/* iflow-convert -- Hugging Face model directory -> iflow shard file; shard inspection. */
+/* iflow-convert -- Hugging Face model directory or GGUF file -> iflow shard file; inspection of
+ * shards and sources. */
 #include "cmd/io.h"
 #include "cmd/opt.h"
 #include "libcore/formats/convert.h"
@@ -10,26 +11,27 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 enum { O_OUTPUT = 'o', O_DTYPE = 't', O_VERBOSE = 'v', O_SPEC = 256, O_SYNTHETIC, O_SEED, O_ZSTD, O_INFO, O_JSON };
 
 static const iflow_opt opts[] = {
     {O_OUTPUT, "output", 'o', "FILE", "write the shard to FILE (default: standard output, never a terminal)", "file"},
-    {O_DTYPE, "dtype", 't', "TYPE", "store weight matrices as TYPE: f32, f16 or bf16 (default: as in the source)", "f32 f16 bf16"},
-    {O_SPEC, "spec", 0, "FILE", "use this model spec instead of the one serving config.json's architecture", "file"},
+    {O_DTYPE, "dtype", 't', "TYPE", "store weight matrices as TYPE: f32, f16 or bf16 (default: as in the source, or its nearest exact iflow type)", "f32 f16 bf16"},
+    {O_SPEC, "spec", 0, "FILE", "use this model spec instead of the one serving the source's architecture", "file"},
     {O_SYNTHETIC, "synthetic", 0, "DIR", "write seeded random weights of the shape in DIR/config.json", "dir"},
     {O_SEED, "seed", 0, "N", "seed of --synthetic weights (default 0)", NULL},
     {O_ZSTD, "zstd", 0, NULL, "compress the shard with zstd (an .ifs.zst file)", NULL},
-    {O_INFO, "info", 0, "FILE", "print the header and tensor table of shard FILE ('-': standard input)", "file"},
+    {O_INFO, "info", 0, "FILE", "describe shard FILE ('-': standard input), or what converting a source FILE would give", "file"},
     {O_JSON, "json", 0, NULL, "with --info: print JSON instead of text", NULL},
     {O_VERBOSE, "verbose", 'v', NULL, "report time and peak memory on standard error", NULL},
     {0},
 };
 
 static const iflow_tool tool = {
-    "iflow-convert", "[options] MODEL_DIR | --synthetic DIR | --info FILE",
-    "Convert a Hugging Face model directory to an iflow shard file, or describe a shard file.", opts,
+    "iflow-convert", "[options] MODEL_DIR|MODEL.gguf | --synthetic DIR | --info FILE",
+    "Convert a Hugging Face model directory or a GGUF file to an iflow shard file, or describe one.", opts,
 };
 
 /* "quantization: q4_b64 (embed=q6, output=q6)": the type and overrides iflow-quant applied. */
@@ -47,6 +49,90 @@ static void print_quantization(const json_t *q)
         printf("%s%s=%s", i ? ", " : " (", pattern ? pattern : "?", rtype ? rtype : "?");
     }
     printf("%s\n", json_array_size(rules) ? ")" : "");
+}
+
+/* "source: gguf, architecture llama; tensors q4_1 -> q4_b32 x210, ..." */
+static void print_source(const json_t *src)
+{
+    const char *format = json_string_value(json_object_get(src, "format"));
+    const json_t *arch = json_object_get(src, "architecture"), *archs = json_object_get(src, "architectures"), *v;
+    const char *k;
+    if (!format)
+        return;
+    printf("source: %s", format);
+    if (json_is_string(arch))
+        printf(", architecture %s", json_string_value(arch));
+    for (size_t i = 0; i < json_array_size(archs); i++)
+        printf("%s%s", i ? " " : ", architecture ", json_string_value(json_array_get(archs, i)));
+    int first = 1;
+    json_object_foreach((json_t *)json_object_get(src, "tensors"), k, v) {
+        printf("%s%s x%lld", first ? "; tensors " : ", ", k, (long long)json_integer_value(v));
+        first = 0;
+    }
+    putchar('\n');
+}
+
+static void print_blocks_hparams(const json_t *blocks, const json_t *hp)
+{
+    const char *k;
+    json_t *v;
+    printf("blocks:");
+    json_object_foreach((json_t *)blocks, k, v) printf(" %s=%s", k, json_string_value(v));
+    printf("\nhparams:");
+    json_object_foreach((json_t *)hp, k, v) {
+        char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+        printf(" %s=%s", k, s);
+        free(s);
+    }
+    putchar('\n');
+}
+
+/* --info on a source (a GGUF file or a model directory): what converting it would give. */
+static int info_source(const char *path, const iflow_convert_opts *o, int as_json)
+{
+    json_t *d;
+    if (iflow_convert_describe(path, o, &d) < 0)
+        die(&tool, NULL);
+    if (as_json) {
+        json_dumpf(d, stdout, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+        putchar('\n');
+    } else {
+        printf("file: %s\n", path);
+        print_source(json_object_get(d, "source"));
+        printf("spec: %s (%s)\n", json_string_value(json_object_get(d, "spec")),
+               json_string_value(json_object_get(d, "spec_file")));
+        print_blocks_hparams(json_object_get(d, "blocks"), json_object_get(d, "hparams"));
+        printf("%-24s %-32s %-8s %-8s %s\n", "name", "source name", "source", "type", "shape");
+        const json_t *tensors = json_object_get(d, "tensors");
+        for (size_t i = 0; i < json_array_size(tensors); i++) {
+            const json_t *t = json_array_get(tensors, i), *shape = json_object_get(t, "shape");
+            char dims[64] = "";
+            for (size_t k = 0; k < json_array_size(shape); k++)
+                snprintf(dims + strlen(dims), sizeof dims - strlen(dims), "%s%lld", k ? "x" : "",
+                         (long long)json_integer_value(json_array_get(shape, k)));
+            printf("%-24s %-32s %-8s %-8s %s\n", json_string_value(json_object_get(t, "name")),
+                   json_string_value(json_object_get(t, "source_name")), json_string_value(json_object_get(t, "source_type")),
+                   json_string_value(json_object_get(t, "type")), dims);
+        }
+    }
+    json_decref(d);
+    return 0;
+}
+
+/* A directory or a GGUF file is a source; anything else is read as a shard. */
+static int is_source(const char *path)
+{
+    struct stat sb;
+    if (strcmp(path, "-") == 0 || stat(path, &sb) < 0)
+        return 0;
+    if (S_ISDIR(sb.st_mode))
+        return 1;
+    FILE *f = fopen(path, "rb");
+    char magic[4] = {0};
+    int yes = f && fread(magic, 1, 4, f) == 4 && memcmp(magic, "GGUF", 4) == 0;
+    if (f)
+        fclose(f);
+    return yes;
 }
 
 static int info(const char *path, int as_json)
@@ -78,21 +164,13 @@ static int info(const char *path, int as_json)
         putchar('\n');
         json_decref(out);
     } else {
-        const json_t *hp = json_object_get(meta, "hparams");
         printf("file: %s\nformat: iflow shard v%d, %zu records, %llu payload bytes, checksums ok\n", path,
                IFLOW_SHARD_VERSION, iflow_shard_n_records(sh), (unsigned long long)total);
-        printf("spec: %s\nblocks:", json_string_value(json_object_get(meta, "spec")));
-        const char *k;
-        json_t *v;
-        json_object_foreach(json_object_get(meta, "blocks"), k, v) printf(" %s=%s", k, json_string_value(v));
-        printf("\nhparams:");
-        json_object_foreach((json_t *)hp, k, v) {
-            char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
-            printf(" %s=%s", k, s);
-            free(s);
-        }
+        print_source(json_object_get(meta, "source"));
+        printf("spec: %s\n", json_string_value(json_object_get(meta, "spec")));
+        print_blocks_hparams(json_object_get(meta, "blocks"), json_object_get(meta, "hparams"));
         const char *tok = json_string_value(json_object_get(json_object_get(meta, "tokenizer"), "format"));
-        printf("\ntokenizer: %s\n", tok ? tok : "none");
+        printf("tokenizer: %s\n", tok ? tok : "none");
         print_quantization(json_object_get(meta, "quantization"));
         printf("%-6s %-32s %-6s %-16s %12s %12s  %s\n", "kind", "name", "type", "shape", "offset", "bytes", "xxh64");
         for (size_t i = 0; i < json_array_size(tensors); i++) {
@@ -139,14 +217,16 @@ int main(int argc, char **argv)
         }
     }
     int n_operands = argc - opt_index();
-    if (info_path)
-        return n_operands ? die_usage(&tool, "--info takes no other operand"), 2 : info(info_path, as_json);
-    if (synthetic ? n_operands != 0 : n_operands != 1)
-        die_usage(&tool, synthetic ? "--synthetic takes no other operand" : "expected one model directory");
-    if (strcmp(out, "-") == 0 && isatty(1))
-        die_usage(&tool, "refusing to write a binary shard to a terminal (use -o FILE or a pipe)");
     o.spec_dirs = dirs;
     o.n_spec_dirs = (size_t)spec_dirs(dirs, 8);
+    if (info_path && n_operands)
+        die_usage(&tool, "--info takes no other operand");
+    if (info_path)
+        return is_source(info_path) ? info_source(info_path, &o, as_json) : info(info_path, as_json);
+    if (synthetic ? n_operands != 0 : n_operands != 1)
+        die_usage(&tool, synthetic ? "--synthetic takes no other operand" : "expected one model directory or GGUF file");
+    if (strcmp(out, "-") == 0 && isatty(1))
+        die_usage(&tool, "refusing to write a binary shard to a terminal (use -o FILE or a pipe)");
     double t0 = now_s();
     if (iflow_convert(synthetic ? synthetic : argv[opt_index()], out, &o) < 0)
         die(&tool, NULL);

@@ -1,7 +1,8 @@
-/* convert.c -- Hugging Face model directory -> shard file. See convert.h. */
+/* convert.c -- a model source (Hugging Face directory, GGUF file) -> shard file. See convert.h. */
 #include "convert.h"
 #include "libcore/base/dtype.h"
 #include "libcore/base/error.h"
+#include "ggufsrc.h"
 #include "hfdir.h"
 #include "libcore/engine/model.h"
 #include "shard.h"
@@ -11,13 +12,15 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <xxhash.h>
 
 #define MAX_TOKENIZER_BYTES (64u << 20)
 
 typedef struct {
     const iflow_convert_opts *o;
-    iflow_hfdir *dir;
+    iflow_hfdir *dir;               /* the source: a Hugging Face directory, or            */
+    iflow_ggufsrc *gguf;            /* a GGUF file (exactly one of the two is open)          */
     iflow_spec *spec;
     iflow_hparams hp;
     json_t *resolved;
@@ -26,10 +29,57 @@ typedef struct {
     const iflow_src_tensor **src;   /* [n_reqs] source of each required tensor (real models) */
 } job;
 
+/* ---- the source: one of two readers ---- */
+
+static const char *src_path(const job *j) { return j->gguf ? iflow_ggufsrc_path(j->gguf) : iflow_hfdir_path(j->dir); }
+
+static const json_t *src_config(const job *j)
+{
+    return j->gguf ? iflow_ggufsrc_config(j->gguf) : iflow_hfdir_config(j->dir);
+}
+
+static size_t src_n_tensors(const job *j)
+{
+    return j->gguf ? iflow_ggufsrc_n_tensors(j->gguf) : iflow_hfdir_n_tensors(j->dir);
+}
+
+static const iflow_src_tensor *src_tensor(const job *j, size_t i)
+{
+    return j->gguf ? iflow_ggufsrc_tensor(j->gguf, i) : iflow_hfdir_tensor(j->dir, i);
+}
+
+static const iflow_src_tensor *src_find(const job *j, const char *name)
+{
+    return j->gguf ? iflow_ggufsrc_find(j->gguf, name) : iflow_hfdir_find(j->dir, name);
+}
+
+/* A directory is a Hugging Face model; a file must be GGUF. */
+static int open_source(job *j, const char *path, int hfdir_flags)
+{
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) {
+        if (!iflow_is_gguf_file(path))
+            return iflow_seterr(IFLOW_EFORMAT, "'%s' is not a model directory or a GGUF file (no GGUF magic)", path);
+        return iflow_ggufsrc_open(&j->gguf, path);
+    }
+    return iflow_hfdir_open(&j->dir, path, hfdir_flags);
+}
+
 /* ---- choosing the spec ---- */
 
 static int pick_spec(job *j)
 {
+    if (j->gguf) {
+        const char *arch = iflow_ggufsrc_architecture(j->gguf);
+        int rc;
+        if (j->o->spec_path)
+            return (rc = iflow_spec_load(&j->spec, j->o->spec_path)) < 0 ? rc : iflow_spec_use_source(j->spec, "gguf");
+        if (!arch)
+            return iflow_seterr(IFLOW_ESPEC, "'%s' has no general.architecture key (give a spec with --spec)", src_path(j));
+        if ((rc = iflow_spec_find_source(&j->spec, j->o->spec_dirs, j->o->n_spec_dirs, "gguf", arch)) < 0)
+            return iflow_preperr(rc, "'%s'", src_path(j));
+        return 0;
+    }
     const json_t *archs = json_object_get(iflow_hfdir_config(j->dir), "architectures");
     const char *arch = json_string_value(json_array_get(archs, 0));
     if (j->o->spec_path)
@@ -45,7 +95,7 @@ static int pick_spec(job *j)
 static int check_source(job *j, size_t i, const iflow_src_tensor *t, const char *src_name)
 {
     const iflow_tensor_req *r = &j->reqs[i];
-    const char *dir = iflow_hfdir_path(j->dir);
+    const char *dir = src_path(j);
     if (!t)
         return iflow_seterr(IFLOW_ENOTFOUND, "missing tensor '%s' (iflow '%s') in '%s'", src_name, r->name, dir);
     if (t->dtype < 0)
@@ -60,7 +110,7 @@ static int check_source(job *j, size_t i, const iflow_src_tensor *t, const char 
 
 static int map_sources(job *j)
 {
-    size_t n_src = iflow_hfdir_n_tensors(j->dir);
+    size_t n_src = src_n_tensors(j);
     char *used = calloc(n_src ? n_src : 1, 1);
     j->src = calloc(j->n_reqs, sizeof *j->src);
     int rc = used && j->src ? 0 : iflow_seterr(IFLOW_ENOMEM, "out of memory");
@@ -68,18 +118,18 @@ static int map_sources(job *j)
         char name[512];
         if ((rc = iflow_spec_source_name(j->spec, j->reqs[i].name, name, sizeof name)) < 0)
             break;
-        j->src[i] = iflow_hfdir_find(j->dir, name);
+        j->src[i] = src_find(j, name);
         if ((rc = check_source(j, i, j->src[i], name)) < 0)
             break;
         for (size_t s = 0; s < n_src; s++)
-            if (iflow_hfdir_tensor(j->dir, s) == j->src[i])
+            if (src_tensor(j, s) == j->src[i])
                 used[s] = 1;
     }
     for (size_t s = 0; s < n_src && rc == 0; s++) {
-        const iflow_src_tensor *t = iflow_hfdir_tensor(j->dir, s);
+        const iflow_src_tensor *t = src_tensor(j, s);
         if (!used[s] && !iflow_spec_ignored(j->spec, t->name))
             rc = iflow_seterr(IFLOW_ESPEC, "unexpected tensor '%s' in '%s': spec '%s' does not use it", t->name,
-                              iflow_hfdir_path(j->dir), j->spec->path);
+                              src_path(j), j->spec->path);
     }
     free(used);
     return rc;
@@ -93,18 +143,61 @@ static const char *tokenizer_format(const char *path)
     return n >= 5 && strcmp(path + n - 5, ".gguf") == 0 ? "gguf" : "hf-json";
 }
 
-static json_t *build_meta(job *j, const char *tok_path)
+static int target_type(const job *j, const iflow_tensor_req *r, int src_type)
+{
+    if (r->is_vector)
+        return IFLOW_DT_F32;
+    return j->o->dtype >= 0 ? j->o->dtype : src_type;
+}
+
+static int tensor_target(const job *j, size_t i)
+{
+    return target_type(j, &j->reqs[i], j->src[i] ? j->src[i]->dtype : IFLOW_DT_F32);
+}
+
+/* {"SRC -> DST": count}: how the source's types became the shard's (real models only). */
+static json_t *conversions(const job *j)
+{
+    json_t *c = json_object();
+    for (size_t i = 0; c && i < j->n_reqs; i++) {
+        const iflow_src_tensor *t = j->src[i];
+        char key[96];
+        if (!t)
+            continue;
+        const char *dst = iflow_dtype_name(tensor_target(j, i));
+        snprintf(key, sizeof key, "%s -> %s", t->dtype_name ? t->dtype_name : "?", dst ? dst : "?");
+        json_object_set_new(c, key, json_integer(json_integer_value(json_object_get(c, key)) + 1));
+    }
+    return c;
+}
+
+/* meta.source: the source's format and architecture, and the type conversions. */
+static json_t *source_meta(const job *j)
+{
+    json_t *src;
+    if (j->gguf) {
+        const char *arch = iflow_ggufsrc_architecture(j->gguf);
+        src = json_pack("{s:s, s:s?}", "format", "gguf", "architecture", arch);
+    } else {
+        const json_t *archs = json_object_get(iflow_hfdir_config(j->dir), "architectures");
+        src = json_pack("{s:s, s:O?}", "format", "hf", "architectures", archs);
+    }
+    if (src && !(j->o->flags & IFLOW_CONVERT_SYNTHETIC))
+        json_object_set_new(src, "tensors", conversions(j));
+    return src;
+}
+
+static json_t *build_meta(job *j, const char *tok_format)
 {
     json_t *meta = json_pack("{s:s, s:i, s:O, s:O, s:O}", "format", "iflow-shard", "version", 1, "spec",
                              json_object_get(j->resolved, "spec"), "blocks", json_object_get(j->resolved, "blocks"),
                              "hparams", json_object_get(j->resolved, "hparams"));
     if (!meta)
         return NULL;
-    const json_t *archs = json_object_get(iflow_hfdir_config(j->dir), "architectures");
-    json_object_set_new(meta, "source", json_pack("{s:O?}", "architectures", archs));
-    if (tok_path)
-        json_object_set_new(meta, "tokenizer", json_pack("{s:s, s:s}", "format", tokenizer_format(tok_path), "record", "tokenizer"));
-    const json_t *gen = iflow_hfdir_generation_config(j->dir);
+    json_object_set_new(meta, "source", source_meta(j));
+    if (tok_format)
+        json_object_set_new(meta, "tokenizer", json_pack("{s:s, s:s}", "format", tok_format, "record", "tokenizer"));
+    const json_t *gen = j->dir ? iflow_hfdir_generation_config(j->dir) : NULL;
     if (gen)
         json_object_set(meta, "generation", (json_t *)gen);
     json_object_set_new(meta, "shard", json_pack("{s:i, s:i, s:[i,i]}", "index", 0, "count", 1, "layers", 0, j->hp.n_layers));
@@ -113,35 +206,46 @@ static json_t *build_meta(job *j, const char *tok_path)
     return meta;
 }
 
+/* The tokenizer's bytes (malloc'd) and format, or *data NULL when the source has none. */
+static int read_tokenizer(const job *j, char **data, size_t *len, const char **format)
+{
+    *data = NULL;
+    *format = NULL;
+    if (j->gguf) {
+        int rc = iflow_ggufsrc_tokenizer(j->gguf, (void **)data, len);
+        if (rc == IFLOW_ENOTFOUND)
+            return 0; /* a GGUF without a vocabulary: a shard without a tokenizer */
+        *format = rc == 0 ? "gguf" : NULL;
+        return rc;
+    }
+    const char *tok_path = iflow_hfdir_tokenizer_path(j->dir);
+    if (!tok_path)
+        return 0;
+    *format = tokenizer_format(tok_path);
+    return iflow_read_file(tok_path, MAX_TOKENIZER_BYTES, data, len);
+}
+
 static int write_header_records(job *j, iflow_shard_writer *w)
 {
-    const char *tok_path = iflow_hfdir_tokenizer_path(j->dir);
-    json_t *meta = build_meta(j, tok_path);
+    char *tok = NULL;
+    size_t tok_len = 0;
+    const char *tok_format;
+    int rc = read_tokenizer(j, &tok, &tok_len, &tok_format);
+    json_t *meta = rc == 0 ? build_meta(j, tok_format) : NULL;
     char *text = meta ? json_dumps(meta, JSON_INDENT(1) | JSON_PRESERVE_ORDER) : NULL;
     json_decref(meta);
-    if (!text)
-        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
-    int rc = iflow_shard_write_blob(w, "meta", text, strlen(text));
+    if (rc == 0 && !text)
+        rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    if (rc == 0)
+        rc = iflow_shard_write_blob(w, "meta", text, strlen(text));
+    if (rc == 0 && tok)
+        rc = iflow_shard_write_blob(w, "tokenizer", tok, tok_len);
     free(text);
-    if (rc == 0 && tok_path) {
-        char *data;
-        size_t len;
-        if ((rc = iflow_read_file(tok_path, MAX_TOKENIZER_BYTES, &data, &len)) == 0) {
-            rc = iflow_shard_write_blob(w, "tokenizer", data, len);
-            free(data);
-        }
-    }
+    free(tok);
     return rc;
 }
 
 /* ---- tensors ---- */
-
-static int target_type(const job *j, const iflow_tensor_req *r, int src_type)
-{
-    if (r->is_vector)
-        return IFLOW_DT_F32;
-    return j->o->dtype >= 0 ? j->o->dtype : src_type;
-}
 
 /* Seeded uniform weights with the spread of a trained matrix of this width; norms are 1. */
 static void synth_fill(float *v, size_t n, const iflow_tensor_req *r, uint64_t seed)
@@ -161,10 +265,10 @@ static int tensor_payload(job *j, size_t i, int dt, const void **data, size_t *n
 {
     const iflow_tensor_req *r = &j->reqs[i];
     size_t n = (size_t)r->shape[0] * (size_t)(r->n_dims > 1 ? r->shape[1] : 1);
-    size_t need = iflow_dtype_nbytes(dt, n) + (j->src[i] ? 0 : n * sizeof(float));
     const iflow_src_tensor *t = j->src[i];
-    *nbytes = iflow_dtype_nbytes(dt, n);
-    if (t && t->dtype == dt) {
+    *nbytes = iflow_tensor_nbytes(dt, r->n_dims, r->shape);
+    size_t need = *nbytes + (t ? 0 : n * sizeof(float));
+    if (t && t->dtype == dt && !j->gguf) {
         *data = t->data;
         return 0;
     }
@@ -174,11 +278,13 @@ static int tensor_payload(job *j, size_t i, int dt, const void **data, size_t *n
             return *cap = 0, iflow_seterr(IFLOW_ENOMEM, "out of memory converting '%s' (%zu bytes)", r->name, need);
         *cap = need;
     }
+    *data = *buf;
+    if (t && j->gguf)
+        return iflow_ggufsrc_payload(j->gguf, t, dt, data, *buf);
     if (t)
-        return *data = *buf, iflow_dtype_convert(*buf, dt, t->data, t->dtype, n);
+        return iflow_dtype_convert(*buf, dt, t->data, t->dtype, n);
     float *tmp = (float *)((char *)*buf + *nbytes); /* synthetic: F32 values, then converted */
     synth_fill(tmp, n, r, j->o->seed);
-    *data = *buf;
     return iflow_dtype_convert(*buf, dt, tmp, IFLOW_DT_F32, n);
 }
 
@@ -189,12 +295,12 @@ static int write_tensors(job *j, iflow_shard_writer *w)
     int rc = 0;
     for (size_t i = 0; i < j->n_reqs && rc == 0; i++) {
         const iflow_tensor_req *r = &j->reqs[i];
-        int dt = target_type(j, r, j->src[i] ? j->src[i]->dtype : IFLOW_DT_F32);
+        int dt = tensor_target(j, i);
         const void *data = NULL;
         size_t nbytes = 0;
         if ((rc = tensor_payload(j, i, dt, &data, &nbytes, &buf, &cap)) == 0)
             rc = iflow_shard_write_tensor(w, r->name, dt, r->n_dims, r->shape, data, nbytes);
-        if (j->src[i])
+        if (j->src[i] && j->dir)
             iflow_hfdir_release(j->dir, j->src[i]);
     }
     free(buf);
@@ -204,28 +310,28 @@ static int write_tensors(job *j, iflow_shard_writer *w)
 /* Synthetic models take their "source" type from config.json's torch_dtype. */
 static int synthetic_default_type(job *j)
 {
-    const char *td = json_string_value(json_object_get(iflow_hfdir_config(j->dir), "torch_dtype"));
+    const char *td = json_string_value(json_object_get(src_config(j), "torch_dtype"));
     int dt = td ? iflow_dtype_from_name(td) : -1;
     return iflow_dtype_is_float(dt) ? dt : IFLOW_DT_F16;
 }
 
-/* Open the directory (hfdir flags), pick its spec and resolve config.json against it. */
-static int open_resolved(job *j, const char *src_dir, int hfdir_flags)
+/* Open the source (hfdir flags for a directory), pick its spec and resolve its config. */
+static int open_resolved(job *j, const char *src, int hfdir_flags)
 {
     int rc;
-    if ((rc = iflow_hfdir_open(&j->dir, src_dir, hfdir_flags)) < 0 || (rc = pick_spec(j)) < 0)
+    if ((rc = open_source(j, src, hfdir_flags)) < 0 || (rc = pick_spec(j)) < 0)
         return rc;
-    if ((rc = iflow_spec_resolve(j->spec, iflow_hfdir_config(j->dir), &j->resolved)) < 0)
-        return iflow_preperr(rc, "%s", src_dir);
+    if ((rc = iflow_spec_resolve(j->spec, src_config(j), &j->resolved)) < 0)
+        return iflow_preperr(rc, "%s", src);
     return 0;
 }
 
-static int prepare(job *j, const char *src_dir)
+static int prepare(job *j, const char *src)
 {
     int synth = j->o->flags & IFLOW_CONVERT_SYNTHETIC, rc;
-    if ((rc = open_resolved(j, src_dir, synth ? IFLOW_HFDIR_CONFIG_ONLY : 0)) < 0)
+    if ((rc = open_resolved(j, src, synth ? IFLOW_HFDIR_CONFIG_ONLY : 0)) < 0)
         return rc;
-    if ((rc = iflow_hparams_from_json(&j->hp, j->resolved, src_dir)) < 0 ||
+    if ((rc = iflow_hparams_from_json(&j->hp, j->resolved, src)) < 0 ||
         (rc = iflow_model_tensors(&j->hp, &j->reqs, &j->n_reqs)) < 0)
         return rc;
     if (synth) {
@@ -235,12 +341,22 @@ static int prepare(job *j, const char *src_dir)
     return map_sources(j);
 }
 
-int iflow_convert(const char *src_dir, const char *out_path, const iflow_convert_opts *opts)
+static void job_close(job *j)
+{
+    free(j->src);
+    free(j->reqs);
+    json_decref(j->resolved);
+    iflow_spec_close(j->spec);
+    iflow_hfdir_close(j->dir);
+    iflow_ggufsrc_close(j->gguf);
+}
+
+int iflow_convert(const char *src, const char *out_path, const iflow_convert_opts *opts)
 {
     iflow_convert_opts o = *opts;
     job j = {.o = &o};
     iflow_shard_writer *w = NULL;
-    int rc = prepare(&j, src_dir);
+    int rc = prepare(&j, src);
     if (rc == 0 && (o.flags & IFLOW_CONVERT_SYNTHETIC) && o.dtype < 0)
         o.dtype = synthetic_default_type(&j);
     if (rc == 0)
@@ -253,25 +369,50 @@ int iflow_convert(const char *src_dir, const char *out_path, const iflow_convert
         rc = iflow_shard_writer_close(w);
     else if (w)
         iflow_shard_writer_abort(w);
-    free(j.src);
-    free(j.reqs);
-    json_decref(j.resolved);
-    iflow_spec_close(j.spec);
-    iflow_hfdir_close(j.dir);
+    job_close(&j);
     return rc;
 }
 
-int iflow_convert_resolve(const char *src_dir, const iflow_convert_opts *opts, json_t **resolved)
+int iflow_convert_resolve(const char *src, const iflow_convert_opts *opts, json_t **resolved)
 {
     job j = {.o = opts};
     *resolved = NULL;
-    int rc = open_resolved(&j, src_dir, IFLOW_HFDIR_CONFIG_ONLY);
+    int rc = open_resolved(&j, src, IFLOW_HFDIR_CONFIG_ONLY);
     if (rc == 0) {
         *resolved = j.resolved;
         j.resolved = NULL;
     }
-    json_decref(j.resolved);
-    iflow_spec_close(j.spec);
-    iflow_hfdir_close(j.dir);
+    job_close(&j);
+    return rc;
+}
+
+int iflow_convert_describe(const char *src, const iflow_convert_opts *opts, json_t **out)
+{
+    job j = {.o = opts};
+    *out = NULL;
+    int rc = prepare(&j, src);
+    json_t *d = rc == 0 ? json_pack("{s:s, s:o, s:O, s:O, s:O, s:[]}", "path", src, "source", source_meta(&j), "spec",
+                                    json_object_get(j.resolved, "spec"), "blocks", json_object_get(j.resolved, "blocks"),
+                                    "hparams", json_object_get(j.resolved, "hparams"), "tensors")
+                          : NULL;
+    if (rc == 0 && !d)
+        rc = iflow_seterr(IFLOW_ENOMEM, "out of memory describing '%s'", src);
+    if (d && j.spec->path)
+        json_object_set_new(d, "spec_file", json_string(j.spec->path));
+    for (size_t i = 0; d && i < j.n_reqs; i++) {
+        const iflow_src_tensor *t = j.src[i];
+        const iflow_tensor_req *r = &j.reqs[i];
+        if (!t)
+            continue;
+        json_t *shape = json_array();
+        for (int k = 0; k < r->n_dims; k++)
+            json_array_append_new(shape, json_integer(r->shape[k]));
+        json_array_append_new(json_object_get(d, "tensors"),
+                              json_pack("{s:s, s:s, s:s, s:s, s:o}", "name", r->name, "source_name", t->name,
+                                        "source_type", t->dtype_name ? t->dtype_name : "?", "type",
+                                        iflow_dtype_name(tensor_target(&j, i)), "shape", shape));
+    }
+    *out = d;
+    job_close(&j);
     return rc;
 }

@@ -1,10 +1,17 @@
 /*
- * convert.h -- Hugging Face model directory -> shard file.
+ * convert.h -- a model source (Hugging Face directory or GGUF file) -> shard file.
  *
  * Contract
  *   iflow_convert() reads a model directory (config.json, safetensors weights, tokenizer.json or
  *   tokenizer.gguf, generation_config.json), picks the spec serving config.json's
  *   "architectures" (or the one given), and writes one shard to out_path ("-" for stdout).
+ *   A regular file is read as a GGUF file instead (ggufsrc.h): its metadata is the config, the
+ *   spec is the one whose [gguf] section serves its general.architecture (spec.h), its
+ *   vocabulary is the tokenizer, and each tensor keeps the iflow type it converts to without a
+ *   second rounding (Q4_1, Q4_0 -> q4_b32; Q8_0 -> q8_b32; F32/F16/BF16 as stored; other ggml
+ *   types dequantized to F32) unless opts->dtype names a float type. Meta's "source" object
+ *   says where the shard came from: {"format": "hf" | "gguf", "architectures" | "architecture",
+ *   "tensors": {"SRC -> DST": count}}.
  *   It first checks every tensor the engine will need (name, shape, type) and that the
  *   checkpoint holds nothing unmapped, so a bad checkpoint fails before a byte is written; then
  *   it streams tensor by tensor (memory: one converted tensor). On failure no output file is
@@ -37,5 +44,11 @@ int iflow_convert(const char *src_dir, const char *out_path, const iflow_convert
  * shard's meta record stores; the caller json_decref()s it. Only spec_path and spec_dirs of opts
  * are read. For tools that need a model's shape without its weights (iflow-partition --config). */
 int iflow_convert_resolve(const char *src_dir, const iflow_convert_opts *opts, json_t **resolved);
+
+/* Everything iflow_convert() checks, without writing: *out (the caller json_decref()s it) is
+ * {"path", "source" (as in meta), "spec", "spec_file", "blocks", "hparams", "tensors": [{"name",
+ * "source_name", "source_type", "type", "shape"}]}, the tensors in the order a shard holds
+ * them. For iflow-convert --info on a source. */
+int iflow_convert_describe(const char *src, const iflow_convert_opts *opts, json_t **out);
 
 #endif

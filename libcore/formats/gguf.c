@@ -13,6 +13,7 @@
 
 #define GGUF_DEFAULT_ALIGNMENT 32
 #define GGUF_MAX_DIMS 4
+#define GGUF_HEADER_BYTES 24 /* magic, version, n_tensors, n_kv */
 
 typedef struct {
     char *key;
@@ -39,6 +40,7 @@ struct iflow_gguf {
     uint32_t version;
     uint64_t alignment;
     uint64_t data_offset;
+    uint64_t kv_end;    /* byte just past the last key-value entry */
     int64_t n_kv;
     gguf_kv *kv;
     int64_t n_tensors;
@@ -484,8 +486,10 @@ static int parse(iflow_gguf *g)
 {
     cursor c = {g->buf, g->size, 0, g->name};
     int rc;
-    if ((rc = rd_header(g, &c)) < 0 || (rc = rd_kvs(g, &c)) < 0 || (rc = read_alignment(g)) < 0 ||
-        (rc = rd_tensors(g, &c)) < 0)
+    if ((rc = rd_header(g, &c)) < 0 || (rc = rd_kvs(g, &c)) < 0)
+        return rc;
+    g->kv_end = c.off;
+    if ((rc = read_alignment(g)) < 0 || (rc = rd_tensors(g, &c)) < 0)
         return rc;
     uint64_t pad = (g->alignment - c.off % g->alignment) % g->alignment;
     g->data_offset = (uint64_t)c.off + pad;
@@ -608,6 +612,12 @@ const char *iflow_gguf_name(const iflow_gguf *g) { return g->name; }
 int64_t iflow_gguf_n_kv(const iflow_gguf *g) { return g->n_kv; }
 int64_t iflow_gguf_n_tensors(const iflow_gguf *g) { return g->n_tensors; }
 uint64_t iflow_gguf_data_offset(const iflow_gguf *g) { return g->data_offset; }
+
+const void *iflow_gguf_kv_bytes(const iflow_gguf *g, size_t *len)
+{
+    *len = (size_t)(g->kv_end - GGUF_HEADER_BYTES);
+    return g->buf + GGUF_HEADER_BYTES;
+}
 
 const void *iflow_gguf_data(const iflow_gguf *g, size_t *len)
 {

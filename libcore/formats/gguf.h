@@ -123,6 +123,9 @@ const iflow_gguf_tensor *iflow_gguf_tensor_at(const iflow_gguf *g, int64_t i);
 int64_t iflow_gguf_find_tensor(const iflow_gguf *g, const char *name);
 /* Absolute byte offset of the data section (may be past EOF when there are no tensors). */
 uint64_t iflow_gguf_data_offset(const iflow_gguf *g);
+/* The key-value entries exactly as stored (from byte 24, after the header, to the tensor
+ * table): n_kv entries that a new file with the same n_kv and 0 tensors can carry verbatim. */
+const void *iflow_gguf_kv_bytes(const iflow_gguf *g, size_t *len);
 /* Pointer to tensor i's data inside the buffer (its extent was checked at open), or NULL. */
 const void *iflow_gguf_tensor_data(const iflow_gguf *g, int64_t i);
 

@@ -74,6 +74,66 @@ static int model_key(iflow_spec *s, const char *name, const char *value)
     return (*slot = strdup(value)) ? 0 : iflow_seterr(IFLOW_ENOMEM, "out of memory");
 }
 
+/* Source formats that may have a variant section ([gguf], [gguf.hparams], ...). */
+static const char *const source_formats[] = {"gguf", NULL};
+
+/* The variant for a format (created on first use). */
+static iflow_spec_variant *variant_for(iflow_spec *s, const char *format)
+{
+    for (size_t i = 0; i < s->n_variants; i++)
+        if (strcmp(s->variants[i].format, format) == 0)
+            return &s->variants[i];
+    iflow_spec_variant *nv = realloc(s->variants, (s->n_variants + 1) * sizeof *nv);
+    if (!nv)
+        return NULL;
+    s->variants = nv;
+    memset(&nv[s->n_variants], 0, sizeof *nv);
+    if (!(nv[s->n_variants].format = strdup(format)))
+        return NULL;
+    return &nv[s->n_variants++];
+}
+
+/* [FORMAT] or [FORMAT.part]: the format's index in source_formats, the part after the dot in
+ * *part ("" for the bare section); -1 when section names no source format. */
+static int source_section(const char *section, const char **part)
+{
+    for (int i = 0; source_formats[i]; i++) {
+        size_t n = strlen(source_formats[i]);
+        if (strncmp(section, source_formats[i], n) == 0 && (section[n] == 0 || section[n] == '.')) {
+            *part = section[n] ? section + n + 1 : "";
+            return i;
+        }
+    }
+    return -1;
+}
+
+static int variant_key(iflow_spec *s, const char *section, const char *name, const char *value)
+{
+    const char *part;
+    int f = source_section(section, &part);
+    iflow_spec_variant *v = f < 0 ? NULL : variant_for(s, source_formats[f]);
+    if (f < 0)
+        return iflow_seterr(IFLOW_ESPEC, "unknown section [%s]", section);
+    if (!v)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    if (!*part)
+        return strcmp(name, "architectures") == 0
+                   ? push_list(&v->architectures, &v->n_architectures, value)
+                   : iflow_seterr(IFLOW_ESPEC, "unknown key '%s' in [%s] (use 'architectures')", name, section);
+    if (strcmp(part, "blocks") == 0)
+        return push_kv(&v->blocks, &v->n_blocks, name, value);
+    if (strcmp(part, "hparams") == 0)
+        return push_kv(&v->hparams, &v->n_hparams, name, value);
+    if (strcmp(part, "tensors") == 0)
+        return push_kv(&v->tensors, &v->n_tensors, name, value);
+    if (strcmp(part, "ignore") == 0) {
+        v->has_ignore = 1;
+        return strcmp(name, "pattern") == 0 ? push_str(&v->ignore, &v->n_ignore, value)
+                                            : iflow_seterr(IFLOW_ESPEC, "unknown key '%s' in [%s] (use 'pattern')", name, section);
+    }
+    return iflow_seterr(IFLOW_ESPEC, "unknown section [%s]", section);
+}
+
 static int handler(void *user, const char *section, const char *name, const char *value)
 {
     load_state *st = user;
@@ -91,7 +151,7 @@ static int handler(void *user, const char *section, const char *name, const char
         rc = strcmp(name, "pattern") == 0 ? push_str(&s->ignore, &s->n_ignore, value)
                                           : iflow_seterr(IFLOW_ESPEC, "unknown key '%s' in [ignore] (use 'pattern')", name);
     else
-        rc = iflow_seterr(IFLOW_ESPEC, "unknown section [%s]", section);
+        rc = variant_key(s, section, name, value);
     st->err = rc;
     return rc == 0;
 }
@@ -142,6 +202,16 @@ void iflow_spec_close(iflow_spec *s)
 {
     if (!s)
         return;
+    for (size_t i = 0; i < s->n_variants; i++) {
+        iflow_spec_variant *v = &s->variants[i];
+        free(v->format);
+        free_strs(v->architectures, v->n_architectures);
+        free_kvs(v->blocks, v->n_blocks);
+        free_kvs(v->hparams, v->n_hparams);
+        free_kvs(v->tensors, v->n_tensors);
+        free_strs(v->ignore, v->n_ignore);
+    }
+    free(s->variants);
     free_kvs(s->blocks, s->n_blocks);
     free_kvs(s->hparams, s->n_hparams);
     free_kvs(s->tensors, s->n_tensors);
@@ -158,7 +228,23 @@ static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *
 /* Try every *.ini of one directory, in name order. 1 = found, 0 = not here, <0 = error. */
 #define DEVICES_INI "devices.ini"
 
-static int find_in_dir(iflow_spec **out, const char *dir, const char *arch)
+/* The architectures a spec serves from a source format (NULL: [model]'s). */
+static int serves(const iflow_spec *s, const char *format, const char *arch)
+{
+    char *const *archs = s->architectures;
+    size_t n = s->n_architectures;
+    for (size_t i = 0; format && i < s->n_variants; i++)
+        if (strcmp(s->variants[i].format, format) == 0)
+            archs = s->variants[i].architectures, n = s->variants[i].n_architectures;
+    if (format && archs == s->architectures)
+        return 0;
+    for (size_t a = 0; a < n; a++)
+        if (strcmp(archs[a], arch) == 0)
+            return 1;
+    return 0;
+}
+
+static int find_in_dir(iflow_spec **out, const char *dir, const char *format, const char *arch)
 {
     DIR *d = opendir(dir);
     if (!d)
@@ -181,11 +267,8 @@ static int find_in_dir(iflow_spec **out, const char *dir, const char *arch)
         snprintf(path, sizeof path, "%s/%s", dir, names[i]);
         if ((rc = iflow_spec_load(&s, path)) < 0)
             break;
-        for (size_t a = 0; a < s->n_architectures && !*out; a++)
-            if (strcmp(s->architectures[a], arch) == 0)
-                *out = s;
-        if (*out)
-            rc = 1;
+        if (serves(s, format, arch))
+            *out = s, rc = 1;
         else
             iflow_spec_close(s);
     }
@@ -193,19 +276,81 @@ static int find_in_dir(iflow_spec **out, const char *dir, const char *arch)
     return rc;
 }
 
-int iflow_spec_find(iflow_spec **out, const char *const *dirs, size_t n_dirs, const char *architecture)
+static int find_spec(iflow_spec **out, const char *const *dirs, size_t n_dirs, const char *format,
+                     const char *architecture)
 {
     *out = NULL;
     char searched[1024] = "";
     for (size_t i = 0; i < n_dirs; i++) {
-        int rc = find_in_dir(out, dirs[i], architecture);
+        int rc = find_in_dir(out, dirs[i], format, architecture);
         if (rc != 0)
             return rc < 0 ? rc : 0;
         size_t len = strlen(searched);
         snprintf(searched + len, sizeof searched - len, "%s%s", len ? ", " : "", dirs[i]);
     }
-    return iflow_seterr(IFLOW_ENOTFOUND, "unknown architecture '%s': no spec serves it (searched %s)", architecture,
-                        n_dirs ? searched : "nowhere");
+    return iflow_seterr(IFLOW_ENOTFOUND, "unknown %s%sarchitecture '%s': no spec serves it (searched %s)",
+                        format ? format : "", format ? " " : "", architecture, n_dirs ? searched : "nowhere");
+}
+
+int iflow_spec_find(iflow_spec **out, const char *const *dirs, size_t n_dirs, const char *architecture)
+{
+    return find_spec(out, dirs, n_dirs, NULL, architecture);
+}
+
+int iflow_spec_find_source(iflow_spec **out, const char *const *dirs, size_t n_dirs, const char *format,
+                           const char *architecture)
+{
+    int rc = find_spec(out, dirs, n_dirs, format, architecture);
+    if (rc == 0 && (rc = iflow_spec_use_source(*out, format)) < 0) {
+        iflow_spec_close(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+/* ---- variants ---- */
+
+/* Set key = value in (*arr, *n): replace the value of an existing key, else append. */
+static int override_kv(iflow_spec_kv **arr, size_t *n, const iflow_spec_kv *kv)
+{
+    for (size_t i = 0; i < *n; i++)
+        if (strcmp((*arr)[i].key, kv->key) == 0) {
+            char *v = strdup(kv->value);
+            if (!v)
+                return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+            free((*arr)[i].value);
+            (*arr)[i].value = v;
+            return 0;
+        }
+    return push_kv(arr, n, kv->key, kv->value);
+}
+
+int iflow_spec_use_source(iflow_spec *s, const char *format)
+{
+    iflow_spec_variant *v = NULL;
+    for (size_t i = 0; i < s->n_variants; i++)
+        if (strcmp(s->variants[i].format, format) == 0)
+            v = &s->variants[i];
+    if (s->source && strcmp(s->source, format) == 0)
+        return 0;
+    if (!v || s->source)
+        return iflow_seterr(IFLOW_ESPEC, "spec '%s' has no [%s] section: it does not read %s files", s->path, format,
+                            format);
+    int rc = 0;
+    for (size_t i = 0; i < v->n_blocks && rc == 0; i++)
+        rc = override_kv(&s->blocks, &s->n_blocks, &v->blocks[i]);
+    for (size_t i = 0; i < v->n_hparams && rc == 0; i++)
+        rc = override_kv(&s->hparams, &s->n_hparams, &v->hparams[i]);
+    for (size_t i = 0; i < v->n_tensors && rc == 0; i++)
+        rc = override_kv(&s->tensors, &s->n_tensors, &v->tensors[i]);
+    if (rc == 0 && v->has_ignore) {
+        free_strs(s->ignore, s->n_ignore);
+        s->ignore = v->ignore, s->n_ignore = v->n_ignore;
+        v->ignore = NULL, v->n_ignore = 0; /* moved */
+    }
+    if (rc == 0)
+        s->source = v->format;
+    return rc;
 }
 
 /* ---- resolving against config.json ---- */
@@ -257,15 +402,18 @@ static int eval_alternatives(const iflow_spec *s, const iflow_spec_kv *kv, const
         last = trim(tok);
         n_alt++;
         const json_t *v;
-        if (!(*value = literal(last)) && (v = lookup(config, last)))
+        if (last[0] == '!')
+            *value = json_boolean(lookup(config, last + 1) == NULL);
+        else if (!(*value = literal(last)) && (v = lookup(config, last)))
             *value = json_deep_copy(v);
     }
     int rc = 0;
     if (!*value && n_alt > 1 && last && *last && !strchr(last, '.'))
         *value = json_string(last);
     else if (!*value)
-        rc = iflow_seterr(IFLOW_ESPEC, "config.json lacks '%s', needed for hyperparameter '%s' (spec '%s')",
-                          kv->value, kv->key, s->path);
+        rc = iflow_seterr(IFLOW_ESPEC, "%s%s lacks '%s', needed for hyperparameter '%s' (spec '%s')",
+                          s->source ? s->source : "config.json", s->source ? " metadata" : "", kv->value, kv->key,
+                          s->path);
     free(copy);
     return rc;
 }

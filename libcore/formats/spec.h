@@ -7,6 +7,9 @@
  *   [hparams]  iflow hyperparameter = config.json keys or literals, first present wins
  *   [tensors]  iflow tensor name = source tensor name, "{L}" standing for the layer index
  *   [ignore]   pattern = shell pattern of source tensors that carry nothing the engine needs
+ *   [gguf]     architectures = general.architecture values this spec serves from GGUF files;
+ *              [gguf.blocks], [gguf.hparams], [gguf.tensors] override the keys of the sections
+ *              of the same name for such a source, and [gguf.ignore] replaces [ignore]
  *
  * Contract
  *   iflow_spec_load() parses one file (inih) and owns every string in the result until
@@ -15,6 +18,12 @@
  *   config.json and returns a new JSON object {"spec", "blocks", "hparams"} that the caller
  *   owns (json_decref); this resolved form is what a shard file stores, so no tool needs the
  *   .ini after conversion. Errors name the file and line ("specs/x.ini:12: ...").
+ *
+ *   Source formats other than a Hugging Face directory (today: "gguf") are variants of a spec:
+ *   iflow_spec_find_source() finds the spec whose [FORMAT] section lists the source's
+ *   architecture and returns it with the variant applied (iflow_spec_use_source()), so the
+ *   rest of the converter reads one spec whatever the source. Data, not code: a new
+ *   architecture from GGUF is a [gguf] section.
  */
 #ifndef IFLOW_SPEC_H
 #define IFLOW_SPEC_H
@@ -24,6 +33,17 @@
 
 typedef struct { char *key, *value; } iflow_spec_kv;
 
+/* The [FORMAT] sections of a spec: a variant for another source format. */
+typedef struct {
+    char *format;                             /* "gguf"                                       */
+    char **architectures;   size_t n_architectures;
+    iflow_spec_kv *blocks;  size_t n_blocks;  /* each overrides the same key of the base      */
+    iflow_spec_kv *hparams; size_t n_hparams;
+    iflow_spec_kv *tensors; size_t n_tensors;
+    char **ignore;          size_t n_ignore;  /* replaces the base's [ignore] when has_ignore */
+    int has_ignore;
+} iflow_spec_variant;
+
 typedef struct {
     char *path;
     char *name, *description;
@@ -32,6 +52,8 @@ typedef struct {
     iflow_spec_kv *hparams; size_t n_hparams;
     iflow_spec_kv *tensors; size_t n_tensors;
     char **ignore;          size_t n_ignore;
+    iflow_spec_variant *variants; size_t n_variants;
+    const char *source;     /* the variant applied (a format name), or NULL for Hugging Face  */
 } iflow_spec;
 
 int  iflow_spec_load(iflow_spec **out, const char *path);
@@ -42,7 +64,17 @@ void iflow_spec_close(iflow_spec *spec);
  * skipped. IFLOW_ENOTFOUND names the architecture and the directories searched. */
 int iflow_spec_find(iflow_spec **out, const char *const *dirs, size_t n_dirs, const char *architecture);
 
-/* Resolve against config.json. */
+/* As iflow_spec_find() for a source of another format ("gguf"): the first spec whose [format]
+ * section lists `architecture`, with that variant applied. */
+int iflow_spec_find_source(iflow_spec **out, const char *const *dirs, size_t n_dirs, const char *format,
+                           const char *architecture);
+
+/* Apply the variant for `format` to spec (once): its blocks, hparams and tensors override the
+ * base's keys, its ignore patterns replace the base's. IFLOW_ESPEC when the spec has none. */
+int iflow_spec_use_source(iflow_spec *spec, const char *format);
+
+/* Resolve against config.json (or a source's metadata, nested at the dots of its keys). An
+ * alternative "!key" is true when key is absent and false when present. */
 int iflow_spec_resolve(const iflow_spec *spec, const json_t *config, json_t **resolved);
 
 /* Source tensor name for an iflow tensor name (e.g. "blk.3.wq" -> "model.layers.3...."), written

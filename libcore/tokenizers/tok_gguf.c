@@ -1,6 +1,9 @@
 /* tok_gguf.c -- a tokenizer from the tokenizer.ggml.* keys of a GGUF file: model 'llama'
- * (SentencePiece BPE, merges by score, byte fallback) or 'gpt2' (byte-level BPE with merges by
- * rank and the pre-tokenizer named by tokenizer.ggml.pre). */
+ * (SentencePiece BPE, merges by score, byte fallback), 'gpt2' (byte-level BPE with merges by
+ * rank and the pre-tokenizer named by tokenizer.ggml.pre) or 'bert' (WordPiece, BERT's
+ * normalizer and pre-tokenizer, [CLS] ... [SEP]). llama.cpp stores a BERT vocabulary in
+ * "phantom space" form: a word-initial piece "x" as "\u2581x", a continuation "##x" as "x",
+ * "[...]" specials unchanged; reading undoes it, so the vocabulary is the tokenizer.json's. */
 #include "libcore/base/error.h"
 #include "libcore/formats/gguf.h"
 #include "tok_internal.h"
@@ -30,26 +33,49 @@ static int check_count(const iflow_tokenizer *t, const char *key, size_t n)
                         t->name);
 }
 
-static int load_vocab(iflow_tokenizer *t, const iflow_gguf *g)
+#define PHANTOM "\xE2\x96\x81" /* U+2581, llama.cpp's word-initial mark in BERT vocabularies */
+
+/* A BERT token as tokenizer.json has it, from its phantom-space form, into buf (>= len + 2). */
+static size_t unphantom(const char *s, size_t len, char *buf)
+{
+    if (len >= 3 && memcmp(s, PHANTOM, 3) == 0)
+        return memcpy(buf, s + 3, len - 3), len - 3;
+    if (len >= 2 && s[0] == '[' && s[len - 1] == ']')
+        return memcpy(buf, s, len), len;
+    memcpy(buf, "##", 2);
+    memcpy(buf + 2, s, len);
+    return len + 2;
+}
+
+static int load_vocab(iflow_tokenizer *t, const iflow_gguf *g, int phantom)
 {
     const iflow_gguf_str *tok;
     const int32_t *types = NULL;
-    size_t n, nt = 0, bytes = 0, pos = 0;
+    size_t n, nt = 0, bytes = 0, pos = 0, longest = 0;
     int rc = iflow_gguf_get_arr_str(g, K_TOKENS, &tok, &n);
     if (rc < 0)
         return rc;
     if (n > INT32_MAX)
         return iflow_seterr(IFLOW_EFORMAT, "too many tokens (%zu) in '%s'", n, t->name);
-    for (size_t i = 0; i < n; i++)
-        bytes += (size_t)tok[i].len;
-    if ((rc = tok_vocab_alloc(t, (int32_t)n, bytes)) < 0)
-        return rc;
-    if ((rc = optional(iflow_gguf_get_arr_i32(g, K_TYPES, &types, &nt))) < 0 || (rc == 0 && (rc = check_count(t, K_TYPES, nt)) < 0))
-        return rc;
+    for (size_t i = 0; i < n; i++) {
+        bytes += (size_t)tok[i].len + (phantom ? 2 : 0);
+        longest = tok[i].len > longest ? (size_t)tok[i].len : longest;
+    }
+    char *buf = phantom ? malloc(longest + 2) : NULL;
+    if (phantom && !buf)
+        return tok_nomem();
+    if ((rc = tok_vocab_alloc(t, (int32_t)n, bytes)) < 0 ||
+        (rc = optional(iflow_gguf_get_arr_i32(g, K_TYPES, &types, &nt))) < 0 ||
+        (rc == 0 && (rc = check_count(t, K_TYPES, nt)) < 0))
+        return free(buf), rc;
     for (size_t i = 0; i < n; i++) {
         int attr = types && types[i] >= TOK_NORMAL && types[i] <= TOK_BYTE ? types[i] : TOK_NORMAL;
-        tok_vocab_set(t, (int32_t)i, tok[i].ptr, (size_t)tok[i].len, &pos, attr);
+        if (phantom)
+            tok_vocab_set(t, (int32_t)i, buf, unphantom(tok[i].ptr, (size_t)tok[i].len, buf), &pos, attr);
+        else
+            tok_vocab_set(t, (int32_t)i, tok[i].ptr, (size_t)tok[i].len, &pos, attr);
     }
+    free(buf);
     return tok_vocab_index(t);
 }
 
@@ -163,6 +189,36 @@ static int load_bpe(iflow_tokenizer *t, const iflow_gguf *g, int *add_bos)
     return 0;
 }
 
+/* The id of token text s, or -1. */
+static int32_t id_of(const iflow_tokenizer *t, const char *s)
+{
+    return iflow_strmap_get(&t->vocab, s, strlen(s));
+}
+
+/* BERT's WordPiece: lowercase, accents stripped, CJK characters split; [CLS] text [SEP]. The
+ * specials are llama.cpp's cls / separator keys, else bos / eos, else the tokens by name. */
+static int load_wpm(iflow_tokenizer *t, const iflow_gguf *g, int *add_bos, int *add_eos)
+{
+    tok_norm n = {.kind = NORM_BERT, .clean = 1, .chinese = 1, .strip_accents = 1, .lower = 1};
+    int rc;
+    t->model = TOK_MODEL_WORDPIECE;
+    memcpy(t->wp_prefix, "##", 2);
+    t->wp_prefix_len = 2;
+    t->dec_wordpiece = 1;
+    t->dec_cleanup = 1;
+    t->unk = id_of(t, "[UNK]");
+    t->bos = id_of(t, "[CLS]");
+    t->eos = id_of(t, "[SEP]");
+    if ((rc = load_id(t, g, "tokenizer.ggml.bos_token_id", &t->bos)) < 0 ||
+        (rc = load_id(t, g, "tokenizer.ggml.cls_token_id", &t->bos)) < 0 ||
+        (rc = load_id(t, g, "tokenizer.ggml.eos_token_id", &t->eos)) < 0 ||
+        (rc = load_id(t, g, "tokenizer.ggml.seperator_token_id", &t->eos)) < 0)
+        return rc;
+    *add_bos = *add_eos = 1;
+    snprintf(t->kind, sizeof t->kind, "wordpiece");
+    return (rc = tok_norm_add(t, &n)) < 0 ? rc : tok_pre_add_bert(t);
+}
+
 /* Control, unknown and user-defined tokens are cut out of the text before the model. */
 static int load_added(iflow_tokenizer *t)
 {
@@ -177,11 +233,10 @@ static int load_added(iflow_tokenizer *t)
     return tok_sort_added(t);
 }
 
-static int load_template(iflow_tokenizer *t, const iflow_gguf *g, int add_bos)
+static int load_template(iflow_tokenizer *t, const iflow_gguf *g, int add_bos, int add_eos)
 {
-    int add_eos;
     int rc = load_bool(g, "tokenizer.ggml.add_bos_token", add_bos, &add_bos);
-    if (rc < 0 || (rc = load_bool(g, "tokenizer.ggml.add_eos_token", 0, &add_eos)) < 0)
+    if (rc < 0 || (rc = load_bool(g, "tokenizer.ggml.add_eos_token", add_eos, &add_eos)) < 0)
         return rc;
     if (add_bos && t->bos >= 0)
         t->prefix[t->n_prefix++] = t->bos;
@@ -192,20 +247,22 @@ static int load_template(iflow_tokenizer *t, const iflow_gguf *g, int add_bos)
 
 static int load_model(iflow_tokenizer *t, const iflow_gguf *g, const char *model)
 {
-    int add_bos = 0, rc;
+    int add_bos = 0, add_eos = 0, rc;
+    t->model = TOK_MODEL_BPE;
     if (strcmp(model, "llama") == 0)
         rc = load_spm(t, g, &add_bos);
     else if (strcmp(model, "gpt2") == 0)
         rc = load_bpe(t, g, &add_bos);
+    else if (strcmp(model, "bert") == 0)
+        rc = load_wpm(t, g, &add_bos, &add_eos);
     else
         return iflow_seterr(IFLOW_EUNSUPPORTED, "unsupported tokenizer model '%s' in '%s'", model, t->name);
-    t->model = TOK_MODEL_BPE;
     t->user_raw = 1;
-    if (rc < 0 || (rc = load_id(t, g, "tokenizer.ggml.bos_token_id", &t->bos)) < 0 ||
-        (rc = load_id(t, g, "tokenizer.ggml.eos_token_id", &t->eos)) < 0 ||
+    if (rc < 0 || (t->model == TOK_MODEL_BPE && ((rc = load_id(t, g, "tokenizer.ggml.bos_token_id", &t->bos)) < 0 ||
+                                                 (rc = load_id(t, g, "tokenizer.ggml.eos_token_id", &t->eos)) < 0)) ||
         (rc = load_id(t, g, "tokenizer.ggml.unknown_token_id", &t->unk)) < 0)
         return rc;
-    if ((rc = load_template(t, g, add_bos)) < 0)
+    if ((rc = load_template(t, g, add_bos, add_eos)) < 0)
         return rc;
     return load_added(t);
 }
@@ -218,7 +275,7 @@ int tok_from_gguf_handle(iflow_tokenizer **out, const iflow_gguf *g)
     int rc = tok_new(&t, iflow_gguf_name(g));
     if (rc < 0)
         return rc;
-    if ((rc = iflow_gguf_get_str(g, K_MODEL, &model, NULL)) < 0 || (rc = load_vocab(t, g)) < 0 ||
+    if ((rc = iflow_gguf_get_str(g, K_MODEL, &model, NULL)) < 0 || (rc = load_vocab(t, g, strcmp(model, "bert") == 0)) < 0 ||
         (rc = load_model(t, g, model)) < 0) {
         iflow_tokenizer_close(t);
         return rc;

@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define PUNCT_PATTERN "[\\p{P}!-/:-@\\[-`{-~]"
 
 /* ---- JSON helpers ------------------------------------------------------------------------- */
 
@@ -367,12 +366,6 @@ static int pre_metaspace(iflow_tokenizer *t, const json_t *o)
     return tok_pre_add_metaspace(t, repl, n, prepend, jbool(o, "split", 1));
 }
 
-static int pre_bert(iflow_tokenizer *t)
-{
-    int rc = tok_pre_add_split(t, "\\s+", 3, 0, SPLIT_REMOVED, 0, "pre_tokenizer");
-    return rc < 0 ? rc : tok_pre_add_split(t, PUNCT_PATTERN, sizeof PUNCT_PATTERN - 1, 0, SPLIT_ISOLATED, 0, "pre_tokenizer");
-}
-
 static int pre_sequence(iflow_tokenizer *t, const json_t *list, int depth, tok_buf *desc)
 {
     size_t i;
@@ -395,13 +388,13 @@ static int pre_simple(iflow_tokenizer *t, const json_t *o, const char *type)
                                                  : tok_pre_add_split(t, "\\p{N}+", 6, 0, SPLIT_ISOLATED, 0, "Digits");
     if (strcmp(type, "Punctuation") == 0)
         return (rc = behavior(t, o, SPLIT_ISOLATED, &b)) < 0
-                   ? rc : tok_pre_add_split(t, PUNCT_PATTERN, sizeof PUNCT_PATTERN - 1, 0, b, 0, "Punctuation");
+                   ? rc : tok_pre_add_split(t, tok_punct_pattern, strlen(tok_punct_pattern), 0, b, 0, "Punctuation");
     if (strcmp(type, "Whitespace") == 0)
         return tok_pre_add_split(t, "\\w+|[^\\w\\s]+", 13, 0, SPLIT_REMOVED, 1, "Whitespace");
     if (strcmp(type, "WhitespaceSplit") == 0)
         return tok_pre_add_split(t, "\\s+", 3, 0, SPLIT_REMOVED, 0, "WhitespaceSplit");
     if (strcmp(type, "BertPreTokenizer") == 0)
-        return pre_bert(t);
+        return tok_pre_add_bert(t);
     if (strcmp(type, "ByteLevel") == 0)
         return tok_pre_add_bytelevel(t, jbool(o, "add_prefix_space", 1), jbool(o, "use_regex", 1), "ByteLevel");
     if (strcmp(type, "Metaspace") == 0)

@@ -208,6 +208,9 @@ int tok_pre_add_metaspace(iflow_tokenizer *t, const char *repl, size_t len, int 
 /* The GPT-2 pattern, and the step lists of named (GGUF tokenizer.ggml.pre) pre-tokenizers. */
 extern const char tok_gpt2_pattern[];
 int tok_pre_add_named(iflow_tokenizer *t, const char *pre, int *ignore_merges);
+/* BERT's pre-tokenizer: split at whitespace (removed) and punctuation (isolated, BERT's notion). */
+extern const char tok_punct_pattern[];
+int tok_pre_add_bert(iflow_tokenizer *t);
 /* Run the steps on text: the words are s->spans over s->text. `first` = the text starts the input. */
 int tok_pretok_run(const iflow_tokenizer *t, tok_scratch *s, const char *text, size_t len, int first);
 void tok_pre_free(tok_pre *p);

@@ -150,6 +150,14 @@ int tok_pre_add_metaspace(iflow_tokenizer *t, const char *repl, size_t len, int 
     return pre_push(t, &step);
 }
 
+const char tok_punct_pattern[] = "[\\p{P}!-/:-@\\[-`{-~]";
+
+int tok_pre_add_bert(iflow_tokenizer *t)
+{
+    int rc = tok_pre_add_split(t, "\\s+", 3, 0, SPLIT_REMOVED, 0, "pre_tokenizer");
+    return rc < 0 ? rc : tok_pre_add_split(t, tok_punct_pattern, strlen(tok_punct_pattern), 0, SPLIT_ISOLATED, 0, "pre_tokenizer");
+}
+
 int tok_pre_add_named(iflow_tokenizer *t, const char *pre, int *ignore_merges)
 {
     for (size_t i = 0; i < sizeof named / sizeof named[0]; i++) {

@@ -14,7 +14,8 @@
  *   deepseek-coder, starcoder, mpt, refact, ...; tokenizer.json: its Split / ByteLevel / Digits /
  *   Punctuation / Whitespace / BertPreTokenizer / Metaspace / Sequence pre_tokenizer, regexes run
  *   through PCRE2 in UTF + UCP mode); SentencePiece-style BPE with byte fallback (GGUF model
- *   'llama': merges by SPM score; tokenizer.json: BPE merges by rank); WordPiece (BERT).
+ *   'llama': merges by SPM score; tokenizer.json: BPE merges by rank); WordPiece (BERT; GGUF
+ *   model 'bert', whose "phantom space" vocabulary is read back into tokenizer.json's form).
  *   Unigram models are not supported (IFLOW_EUNSUPPORTED).
  *
  *   Encoding: added / special tokens are cut out of the text first. Tokens marked special

@@ -1,7 +1,11 @@
-/* fuzz_gguf.c -- libFuzzer target: the GGUF reader and the GGUF tokenizer loader on arbitrary
- * bytes. Every accepted file is walked completely (all keys through every getter, every
- * tensor's first and last data byte) and, if it holds a vocabulary, used to encode and decode. */
+/* fuzz_gguf.c -- libFuzzer target: the GGUF reader, the GGUF tokenizer loader and the GGUF
+ * model source (ggufsrc: metadata as config, tensor conversion) on arbitrary bytes. Every
+ * accepted file is walked completely (all keys through every getter, every tensor's first and
+ * last data byte), converted tensor by tensor (its own type, F32, F16) and, if it holds a
+ * vocabulary, used to encode and decode (directly and through ggufsrc's tokenizer blob). */
+#include "libcore/base/dtype.h"
 #include "libcore/formats/gguf.h"
+#include "libcore/formats/ggufsrc.h"
 #include "libcore/tokenizers/tokenizer.h"
 
 #include <stdint.h>
@@ -80,13 +84,53 @@ static void use_tokenizer(const iflow_tokenizer *t, const uint8_t *data, size_t 
     }
 }
 
+/* Convert every tensor of up to 1 << 16 elements to its own type, F32 and F16. */
+static void use_source(iflow_ggufsrc *s)
+{
+    static uint8_t buf[(1 << 16) * 4];
+    const int types[] = {-2, IFLOW_DT_F32, IFLOW_DT_F16};
+    char *cfg = json_dumps(iflow_ggufsrc_config(s), JSON_COMPACT);
+    sink += cfg ? strlen(cfg) : 0;
+    free(cfg);
+    for (size_t i = 0; i < iflow_ggufsrc_n_tensors(s); i++) {
+        const iflow_src_tensor *t = iflow_ggufsrc_tensor(s, i);
+        int64_t n = 1;
+        for (int d = 0; d < t->n_dims; d++)
+            n *= t->shape[d];
+        sink += iflow_ggufsrc_find(s, t->name) == t;
+        if (t->dtype < 0 || n > (1 << 16))
+            continue;
+        for (int k = 0; k < 3; k++) {
+            const void *out;
+            int dt = types[k] == -2 ? t->dtype : types[k];
+            size_t nb = iflow_tensor_nbytes(dt, t->n_dims, t->shape);
+            if (nb <= sizeof buf && iflow_ggufsrc_payload(s, t, dt, &out, buf) == 0 && nb)
+                sink += ((const uint8_t *)out)[nb - 1];
+        }
+    }
+    void *blob;
+    size_t len;
+    iflow_tokenizer *t;
+    if (iflow_ggufsrc_tokenizer(s, &blob, &len) == 0) {
+        if (iflow_tokenizer_from_gguf(&t, blob, len, "blob.gguf") == 0) {
+            sink += (uint64_t)iflow_tokenizer_n_vocab(t);
+            iflow_tokenizer_close(t);
+        }
+        free(blob);
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     iflow_gguf *g;
+    iflow_ggufsrc *s;
     iflow_tokenizer *t;
     if (iflow_gguf_open_mem(&g, data, size, "fuzz.gguf") == 0) {
         walk(g);
-        iflow_gguf_close(g);
+        if (iflow_ggufsrc_from(&s, g) == 0) { /* takes g, closed with s (also on failure) */
+            use_source(s);
+            iflow_ggufsrc_close(s);
+        }
     }
     if (iflow_tokenizer_from_gguf(&t, data, size, "fuzz.gguf") == 0) {
         use_tokenizer(t, data, size);

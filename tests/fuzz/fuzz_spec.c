@@ -1,4 +1,5 @@
-/* fuzz_spec.c -- spec (.ini) parsing and resolution against a fixed config.json. */
+/* fuzz_spec.c -- spec (.ini) parsing and resolution against a fixed config.json, then its GGUF
+ * variant ([gguf] sections) applied and resolved against GGUF-style metadata. */
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -8,6 +9,9 @@
 static const char config[] =
     "{\"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 8, \"rope_scaling\": "
     "{\"factor\": 2.0, \"rope_type\": \"llama3\"}, \"architectures\": [\"LlamaForCausalLM\"], \"eos_token_id\": [1, 2]}";
+static const char gguf_config[] =
+    "{\"llama\": {\"embedding_length\": 64, \"block_count\": 2, \"attention\": {\"head_count\": 8}}, "
+    "\"tokenizer\": {\"ggml\": {\"tokens\": {\"count\": 512}}}, \"tensors\": {\"output\": {\"weight\": true}}}";
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -26,6 +30,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             iflow_spec_source_name(s, names[i], buf, sizeof buf);
         iflow_spec_ignored(s, "model.layers.0.self_attn.rotary_emb.inv_freq");
         json_decref(cfg);
+        if (iflow_spec_use_source(s, "gguf") == 0) {
+            cfg = json_loads(gguf_config, 0, &je);
+            if (iflow_spec_resolve(s, cfg, &resolved) == 0)
+                json_decref(resolved);
+            for (size_t i = 0; i < 4; i++)
+                iflow_spec_source_name(s, names[i], buf, sizeof buf);
+            iflow_spec_ignored(s, "blk.0.attn_rot_embd");
+            json_decref(cfg);
+        }
         iflow_spec_close(s);
     }
     close(fd);

@@ -78,6 +78,16 @@ def bpe_vocab(pre):
             ("tokenizer.ggml.eos_token_id", U32, len(toks) - 2)]
 
 
+def bert_vocab():
+    """llama.cpp's phantom-space form of a WordPiece vocabulary."""
+    toks = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "\u2581hello", "\u2581world", "\u2581fu", "hrer", "s", "\u2581,",
+            "\u2581!", "\u2581\u4e2d"]
+    types = [3, 3, 3, 3, 3] + [1] * (len(toks) - 5)
+    return [("tokenizer.ggml.model", STR, "bert"), ("tokenizer.ggml.tokens", ARR, (STR, toks)),
+            ("tokenizer.ggml.token_type", ARR, (I32, types)), ("tokenizer.ggml.cls_token_id", U32, 2),
+            ("tokenizer.ggml.seperator_token_id", U32, 3), ("tokenizer.ggml.unknown_token_id", U32, 1)]
+
+
 def all_types():
     return [("general.alignment", U32, 32), ("a.u8", U8, 7), ("a.i8", I8, -3), ("a.u16", U16, 9), ("a.i16", I16, -9),
             ("a.u32", U32, 4000000000), ("a.i32", I32, -5), ("a.f32", F32, 1.5), ("a.bool", BOOL, True),
@@ -96,7 +106,22 @@ def gguf_seeds():
         "bpe_deepseek.gguf": gguf(bpe_vocab("deepseek-llm")),
         "bpe_falcon_v2.gguf": gguf(bpe_vocab("falcon"), version=2),
         "truncated.gguf": gguf(spm_vocab())[:300],
+        "quant_types.gguf": quant_types(),
+        "bert_vocab.gguf": gguf(bert_vocab()),
     }
+
+
+def quant_types():
+    """One tensor of each ggml type ggufsrc.c converts (a block or two each), for its decoders."""
+    sizes = {0: (1, 4), 1: (1, 2), 30: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
+             10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210)}
+    tensors, data = [], b""
+    for typ, (block, size) in sizes.items():
+        n = 256 if block == 256 else 64
+        tensors.append(("t%d.weight" % typ, [n, 1], typ, len(data)))
+        body = bytes((i * 37 + typ) & 0xFF for i in range(n // block * size))
+        data += body + b"\0" * (-len(body) % 32)
+    return gguf([("general.architecture", STR, "llama"), ("llama.block_count", U32, 1)], tensors, data)
 
 
 # ---- tokenizer.json ---------------------------------------------------------------------------

@@ -531,6 +531,115 @@ static void test_bert_template(void)
     iflow_tokenizer_close(t);
 }
 
+/* ---- a BERT vocabulary in GGUF (tokenizer.ggml.model = bert) ----------------------------- */
+
+typedef struct {
+    char *p;
+    size_t n, cap;
+} gbuf;
+
+static void gput(gbuf *b, const void *s, size_t n)
+{
+    if (b->n + n > b->cap) {
+        b->cap = (b->n + n) * 2;
+        b->p = realloc(b->p, b->cap);
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+}
+static void gput_u32(gbuf *b, uint32_t v) { gput(b, &v, 4); } /* the tests run little-endian */
+static void gput_u64(gbuf *b, uint64_t v) { gput(b, &v, 8); }
+static void gput_str(gbuf *b, const char *s, size_t n)
+{
+    gput_u64(b, n);
+    gput(b, s, n);
+}
+static void gput_key(gbuf *b, const char *k, uint32_t type)
+{
+    gput_str(b, k, strlen(k));
+    gput_u32(b, type);
+}
+
+/* The vocabulary of all-MiniLM-L6-v2's vocab.txt as llama.cpp's converter writes it: "phantom
+ * space" tokens (a word-initial "x" as "\u2581x", a continuation "##x" as "x", "[...]" kept),
+ * the five specials as control tokens, cls / separator / unknown / padding ids. */
+static char *bert_gguf(const char *vocab_txt, size_t *len)
+{
+    size_t n_in;
+    char *txt = slurp(vocab_txt, &n_in);
+    if (!txt)
+        return NULL;
+    gbuf toks = {0}, types = {0};
+    uint64_t n = 0;
+    for (char *line = txt, *end; line < txt + n_in; line = end + 1) {
+        end = memchr(line, '\n', (size_t)(txt + n_in - line));
+        if (!end)
+            end = txt + n_in;
+        size_t l = (size_t)(end - line);
+        if (l && line[l - 1] == '\r')
+            l--;
+        int special = l >= 2 && line[0] == '[' && line[l - 1] == ']', cont = l > 2 && memcmp(line, "##", 2) == 0;
+        int ctl = special && (l == 5 && (!memcmp(line, "[PAD]", 5) || !memcmp(line, "[UNK]", 5) || !memcmp(line, "[CLS]", 5) ||
+                                          !memcmp(line, "[SEP]", 5))) + (l == 6 && !memcmp(line, "[MASK]", 6));
+        char tok[256];
+        size_t tl = special ? l : cont ? l - 2 : l + 3;
+        if (tl >= sizeof tok)
+            continue;
+        if (special)
+            memcpy(tok, line, l);
+        else if (cont)
+            memcpy(tok, line + 2, l - 2);
+        else
+            memcpy(tok, "\xE2\x96\x81", 3), memcpy(tok + 3, line, l);
+        gput_str(&toks, tok, tl);
+        gput_u32(&types, ctl ? 3 : 1);
+        n++;
+    }
+    free(txt);
+    gbuf b = {0};
+    gput(&b, "GGUF", 4);
+    gput_u32(&b, 3);
+    gput_u64(&b, 0);
+    gput_u64(&b, 7);
+    gput_key(&b, "tokenizer.ggml.model", 8), gput_str(&b, "bert", 4);
+    gput_key(&b, "tokenizer.ggml.tokens", 9), gput_u32(&b, 8), gput_u64(&b, n), gput(&b, toks.p, toks.n);
+    gput_key(&b, "tokenizer.ggml.token_type", 9), gput_u32(&b, 5), gput_u64(&b, n), gput(&b, types.p, types.n);
+    gput_key(&b, "tokenizer.ggml.cls_token_id", 4), gput_u32(&b, 101);
+    gput_key(&b, "tokenizer.ggml.seperator_token_id", 4), gput_u32(&b, 102);
+    gput_key(&b, "tokenizer.ggml.unknown_token_id", 4), gput_u32(&b, 100);
+    gput_key(&b, "tokenizer.ggml.padding_token_id", 4), gput_u32(&b, 0);
+    free(toks.p);
+    free(types.p);
+    *len = b.n;
+    return b.p;
+}
+
+/* A GGUF BERT vocabulary gives the HF tokenizers' ids (the all-MiniLM fixture) and pieces. */
+static void test_gguf_bert(void)
+{
+    const char *p = test_data("models/tokenizers/all-minilm-l6-v2/vocab.txt");
+    size_t len;
+    char *buf = p ? bert_gguf(p, &len) : NULL;
+    iflow_tokenizer *t;
+    if (!buf)
+        SKIP("no all-minilm vocab.txt");
+    int rc = iflow_tokenizer_from_gguf(&t, buf, len, "bert.gguf");
+    CHECK(rc == 0, "bert gguf: %s", iflow_errmsg());
+    if (rc == 0) {
+        CHECK(iflow_tokenizer_n_vocab(t) == 30522 && iflow_tokenizer_bos(t) == 101 && iflow_tokenizer_eos(t) == 102 &&
+                  strcmp(iflow_tokenizer_kind(t), "wordpiece") == 0,
+              "bert gguf: vocabulary %d, bos %d, eos %d, kind %s", iflow_tokenizer_n_vocab(t), iflow_tokenizer_bos(t),
+              iflow_tokenizer_eos(t), iflow_tokenizer_kind(t));
+        char a[32] = "", b[32] = "";
+        int na = iflow_tokenizer_piece(t, 11865, 0, a, sizeof a - 1), nb = iflow_tokenizer_piece(t, 17875, 0, b, sizeof b - 1);
+        CHECK(na == 3 && nb == 4 && memcmp(a, " fu", 3) == 0 && memcmp(b, "hrer", 4) == 0,
+              "pieces: word-initial 'fu' after a space, continuation ##hrer joined ('%s', '%s')", a, b);
+        fixture_lines(t, "all-minilm-l6-v2.jsonl");
+        iflow_tokenizer_close(t);
+    }
+    free(buf);
+}
+
 /* Bytes that are not UTF-8 survive byte-level BPE and byte fallback. */
 static void test_invalid_utf8(void)
 {
@@ -646,6 +755,7 @@ int main(void)
     RUN(test_long_word);
     RUN(test_pieces);
     RUN(test_bert_template);
+    RUN(test_gguf_bert);
     RUN(test_invalid_utf8);
     RUN(test_bad_gguf);
     RUN(test_bad_json);
