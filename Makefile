@@ -26,8 +26,11 @@ export IFLOW_TEST_DATA
 # LIB_PKGS: what libiflow itself links (iflow.pc's Requires.private); Open MPI is cmd/'s only.
 LIB_PKGS := libzstd inih jansson libpcre2-8 libutf8proc libxxhash
 PKGS     := $(LIB_PKGS) ompi-c
+# TOOLS_NEEDED: commands the tests run (man -l for the pages, script for a terminal, GNU parallel
+# for the many-machine recipe); their packages are in DEBS.
 DEBS     := libzstd-dev libinih-dev libjansson-dev libpcre2-dev libutf8proc-dev libxxhash-dev pkg-config jq \
-            libopenmpi-dev openmpi-bin
+            libopenmpi-dev openmpi-bin man-db groff-base bsdutils parallel
+TOOLS_NEEDED := jq man groff script parallel
 
 # CUDA=1 when nvcc is found (see kernels/cuda below); a CUDA=0 build has a folder of its own.
 NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))
@@ -171,7 +174,8 @@ FORCE:
 # ---- dependencies ----------------------------------------------------------------------------
 
 deps:
-	@if pkg-config --exists $(PKGS) 2>/dev/null && command -v jq >/dev/null; then :; else \
+	@missing=; for t in $(TOOLS_NEEDED); do command -v $$t >/dev/null || missing=$$t; done; \
+	if pkg-config --exists $(PKGS) 2>/dev/null && [ -z "$$missing" ]; then :; else \
 	  echo "make deps: installing $(DEBS)"; \
 	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 	  $$SUDO apt-get update -qq && \

@@ -17,7 +17,7 @@ run tools/install.sh "$build" "" "$P"
 expect_rc 0 "install into a prefix"
 major=$(sed -n 's/^#define IFLOW_VERSION_MAJOR //p' include/iflow.h)
 for f in include/iflow.h lib/libiflow.a lib/libiflow.so "lib/libiflow.so.$major" lib/pkgconfig/iflow.pc \
-    bin/iflow-run share/man/man1/iflow-run.1 share/man/man5/iflow-shard.5 \
+    bin/iflow-run share/man/man1/iflow-run.1 share/man/man5/iflow-shard.5 share/man/man7/iflow.7 \
     share/bash-completion/completions/iflow-run share/zsh/site-functions/_iflow-run \
     share/fish/vendor_completions.d/iflow-run.fish share/iflow/specs/llama.ini share/doc/iflow/examples/generate.c; do
     [ -e "$P/$f" ] && ok || bad "installed $f"
@@ -78,6 +78,8 @@ fi
 # ---- man finds the installed pages from PATH ----
 run env PATH="$P/bin:$PATH" MANPATH= man -w iflow-run
 expect_eq "$out" "$P/share/man/man1/iflow-run.1" "man -w iflow-run from the installed bin"
+run env PATH="$P/bin:$PATH" MANPATH= man -w iflow
+expect_eq "$out" "$P/share/man/man7/iflow.7" "man -w iflow: the overview"
 
 # ---- DESTDIR: a staging tree, paths in iflow.pc are PREFIX's ----
 run tools/install.sh "$build" "$TMP/stage" /usr/local
