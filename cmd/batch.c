@@ -1,6 +1,7 @@
 /* batch.c -- iflow-run --batch and --dry-run. See batch.h. */
 #include "cmd/batch.h"
 #include "cmd/io.h"
+#include "cmd/progress.h"
 #include "libcore/base/error.h"
 #include "libcore/serving/batch.h"
 #include "libcore/serving/metrics.h"
@@ -370,6 +371,9 @@ int batch_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
     double t0 = now_s();
     if (!live)
         die(t, "out of memory");
+    progress pr;
+    progress_open(&pr, t->name, o->progress);
+    long n_done = 0;
     while (rc == 0 && !w.failed) {
         /* feed the engine: keep up to `parallel` queued behind the running ones */
         while (!input_done && n_live < max_live) {
@@ -384,7 +388,7 @@ int batch_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
             if (!it->error && iflow_batch_add(b, &it->req) < 0)
                 item_fail(it, "%s", iflow_errmsg());
             if (it->error)
-                q_push(&out, it);
+                q_push(&out, it), n_done++;
             else
                 live[n_live++] = it;
         }
@@ -403,8 +407,18 @@ int batch_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
             it->res = r;
             forget(live, &n_live, it);
             q_push(&out, it);
+            n_done++;
+        }
+        if (pr.on) {
+            iflow_batch_stats st;
+            iflow_batch_get_stats(b, &st);
+            double el = progress_elapsed(&pr);
+            progress_show(&pr, 0, "%ld requests done, %d running, %d queued, %llu tokens, %.1f tok/s", n_done,
+                          st.running, st.queued, (unsigned long long)st.generated,
+                          el > 0 ? (double)st.generated / el : 0.0);
         }
     }
+    progress_end(&pr);
     double wall = now_s() - t0;
     char err[512] = "";
     if (rc)

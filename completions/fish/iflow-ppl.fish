@@ -13,6 +13,8 @@ complete -c iflow-ppl -l plan -r -d 'place the model over the devices of partiti
 complete -c iflow-ppl -l save-imatrix -r -d 'also write the importance matrix of the text to FILE, for iflow-quant (computes on the CPU)'
 complete -c iflow-ppl -l json -d 'print the result as one JSON object'
 complete -c iflow-ppl -l logprobs -r -d 'write every scored position\'s log-probability to FILE as TSV'
+complete -c iflow-ppl -l progress -d 'show a status line on standard error even when it is not a terminal'
+complete -c iflow-ppl -l no-progress -d 'never show the status line (by default it is shown only when standard error is a terminal)'
 complete -c iflow-ppl -l verbose -s v -d 'print progress and timings on standard error'
 complete -c iflow-ppl -l help -s h -d 'print this help and exit'
 complete -c iflow-ppl -l version -d 'print the version and exit'
