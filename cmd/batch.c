@@ -308,7 +308,7 @@ static void *writer_main(void *arg)
         if (!it)
             continue;
         if (!w->failed) {
-            json_t *js = result_json(it);
+            json_t *js = json_schema(result_json(it));
             char *s = json_dumps(js, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
             json_decref(js);
             if (!s || fputs(s, stdout) == EOF || putchar('\n') == EOF || fflush(stdout) == EOF)
@@ -435,7 +435,7 @@ int batch_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
     close(stop[0]);
     close(stop[1]);
     if (o->metrics || o->verbose) {
-        json_t *js = iflow_metrics_json(&w.met, m, b, wall);
+        json_t *js = json_schema(iflow_metrics_json(&w.met, m, b, wall));
         json_object_set_new(js, "threads", json_integer(o->threads > 0 ? o->threads : omp_get_num_procs()));
         json_object_set_new(js, "peak_rss_mib", json_real(round(peak_rss_mib() * 10) / 10));
         if (o->metrics && json_dump_file(js, o->metrics, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9)) != 0)
@@ -493,6 +493,7 @@ int batch_dry_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
                                (json_int_t)per_req, "kv_total_bytes", (json_int_t)(per_req * (uint64_t)parallel),
                                "scratch_bytes", (json_int_t)scratch, "memory_available_bytes", (json_int_t)avail,
                                "max_parallel", (int)fit);
+        js = json_schema(js);
         json_dumpf(js, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER);
         putchar('\n');
         json_decref(js);

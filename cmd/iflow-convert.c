@@ -74,8 +74,8 @@ static int info(const char *path, int as_json)
         total += r->nbytes;
     }
     if (as_json) {
-        json_t *out = json_pack("{s:s, s:o?, s:o, s:I}", "file", path, "meta", meta, "records", tensors, "bytes",
-                                (json_int_t)total);
+        json_t *out = json_schema(json_pack("{s:s, s:o?, s:o, s:I}", "file", path, "meta", meta, "records", tensors,
+                                            "bytes", (json_int_t)total));
         json_dumpf(out, stdout, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
         putchar('\n');
         json_decref(out);

@@ -222,6 +222,7 @@ int main(int argc, char **argv)
             json_object_update(o, kl); /* copies references: kl is still ours to release */
             json_decref(kl);
         }
+        o = json_schema(o);
         json_dumpf(o, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
         putchar('\n');
         json_decref(o);

@@ -76,6 +76,7 @@ static void print_type(const iflow_qtype_info *q, const char *quality, int as_js
                               q->bits_per_weight, "paper_bits_per_weight",
                               q->paper_bits > 0 ? json_real(q->paper_bits) : json_null(), "quality",
                               quality ? json_string(quality) : json_null());
+        o = json_schema(o);
         json_dumpf(o, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER);
         putchar('\n');
         json_decref(o);

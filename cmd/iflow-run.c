@@ -224,6 +224,7 @@ static void generate(generator *g, const char *prompt, size_t prompt_len)
         json_object_set_new(js, "stop", json_string(r ? iflow_finish_name(r->finish) : "length"));
         if (r && r->stop_index >= 0)
             json_object_set_new(js, "stop_string", json_string(o->stops[r->stop_index]));
+        js = json_schema(js);
         json_dumpf(js, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER);
         json_decref(js);
     }
