@@ -37,7 +37,7 @@ static const iflow_opt opts[] = {
     {O_JSON, "json", 0, NULL, "print the result as one JSON object", NULL},
     {O_LOGPROBS, "logprobs", 0, "FILE", "write every scored position's log-probability to FILE as TSV", "file"},
     PROGRESS_OPTS,
-    {O_VERBOSE, "verbose", 'v', NULL, "print progress and timings on standard error", NULL},
+    {O_VERBOSE, "verbose", 'v', NULL, "print timings and the kernel path on standard error", NULL},
     {0},
 };
 
