@@ -362,7 +362,9 @@ typedef struct {
 typedef void (*iflow_ppl_cb)(void *user, long position, long window, int window_pos, int32_t input_id,
                              int32_t next_id, double logprob);
 
-/* Perplexity of text_ids (no BOS: windows start with bos) with context ctx (n_ctx >= c). */
+/* Perplexity of text_ids with context ctx (its n_ctx at least o->n_ctx): tokenize the text
+ * without IFLOW_TOK_ADD_BOS and pass the model's BOS (iflow_model_info.bos), which starts
+ * every window. cb (may be NULL) sees every scored position, in order. */
 IFLOW_API int iflow_ppl_run(iflow_ctx *ctx, const int32_t *text_ids, size_t n, int32_t bos, const iflow_ppl_opts *o,
                             iflow_ppl_result *res, iflow_ppl_cb cb, void *user);
 /* The windows iflow_ppl_run scores for n text tokens under o. */

@@ -49,5 +49,8 @@ for t in bin/iflow-*; do
     [ -f "completions/zsh/_$t" ] && install -m 644 "completions/zsh/_$t" "$d/share/zsh/site-functions/_$t"
     [ -f "completions/fish/$t.fish" ] && install -m 644 "completions/fish/$t.fish" "$d/share/fish/vendor_completions.d/$t.fish"
 done
-for e in examples/*; do [ -f "$e" ] && install -m 644 "$e" "$d/share/doc/iflow/examples/"; done
+for e in examples/*; do
+    [ -f "$e" ] || continue
+    if [ -x "$e" ]; then install -m 755 "$e" "$d/share/doc/iflow/examples/"; else install -m 644 "$e" "$d/share/doc/iflow/examples/"; fi
+done
 exit 0

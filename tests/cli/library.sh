@@ -81,6 +81,11 @@ expect_eq "$out" "$P/share/man/man1/iflow-run.1" "man -w iflow-run from the inst
 run env PATH="$P/bin:$PATH" MANPATH= man -w iflow
 expect_eq "$out" "$P/share/man/man7/iflow.7" "man -w iflow: the overview"
 
+# ---- the installed bash completion defines the completion ----
+run bash -c "source '$P/share/bash-completion/completions/iflow-run' && complete -p iflow-run"
+expect_match "$out" "^complete .* iflow-run$" "the installed bash completion loads"
+[ -x "$P/share/doc/iflow/examples/batch-parallel.sh" ] && ok || bad "example scripts stay executable"
+
 # ---- DESTDIR: a staging tree, paths in iflow.pc are PREFIX's ----
 run tools/install.sh "$build" "$TMP/stage" /usr/local
 expect_rc 0 "install into DESTDIR"
