@@ -54,8 +54,8 @@ PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
 # -fPIC: the same objects make libiflow.a and libiflow.so; -fno-semantic-interposition keeps
 # calls inside the library direct (only include/iflow.h's functions are exported).
-CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -fPIC -fno-semantic-interposition \
-            $(OPT) $(PKG_CFLAGS) -I.
+PIC      ?= -fPIC -fno-semantic-interposition
+CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp $(PIC) $(OPT) $(PKG_CFLAGS) -I.
 LDLIBS   += $(PKG_LIBS) -lm
 LDFLAGS  += -fopenmp $(LDSAN)
 
