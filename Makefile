@@ -11,19 +11,26 @@
 #   make fuzz         build the libFuzzer targets (clang) and run each for FUZZ_SECONDS
 #   make quality      measure every weight type against F32 (writes docs/quant-quality.*)
 #   make docs         regenerate the option lists of man/ and completions/ from the option tables
-#   make install      PREFIX=/usr/local: binaries, man pages, completions
+#   make install      PREFIX=/usr/local [DESTDIR=]: programs, libiflow.a/.so, include/iflow.h,
+#                     iflow.pc, man pages, completions, specs (tools/install.sh)
 #
 # Test data (models, goldens, tokenizer vectors) is read in place from $(IFLOW_TEST_DATA),
 # default ../shared.
 
+.DEFAULT_GOAL := all
 CC       ?= cc
 PREFIX   ?= /usr/local
 IFLOW_TEST_DATA ?= ../shared
 export IFLOW_TEST_DATA
 
-PKGS     := libzstd inih jansson libpcre2-8 libutf8proc libxxhash ompi-c
+# LIB_PKGS: what libiflow itself links (iflow.pc's Requires.private); Open MPI is cmd/'s only.
+LIB_PKGS := libzstd inih jansson libpcre2-8 libutf8proc libxxhash
+PKGS     := $(LIB_PKGS) ompi-c
+# TOOLS_NEEDED: commands the tests run (man -l for the pages, script for a terminal, GNU parallel
+# for the many-machine recipe); their packages are in DEBS.
 DEBS     := libzstd-dev libinih-dev libjansson-dev libpcre2-dev libutf8proc-dev libxxhash-dev pkg-config jq \
-            libopenmpi-dev openmpi-bin
+            libopenmpi-dev openmpi-bin man-db groff-base bsdutils parallel
+TOOLS_NEEDED := jq man groff script parallel
 
 # CUDA=1 when nvcc is found (see kernels/cuda below); a CUDA=0 build has a folder of its own.
 NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))
@@ -45,7 +52,10 @@ endif
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
-CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp $(OPT) $(PKG_CFLAGS) -I.
+# -fPIC: the same objects make libiflow.a and libiflow.so; -fno-semantic-interposition keeps
+# calls inside the library direct (only include/iflow.h's functions are exported).
+PIC      ?= -fPIC -fno-semantic-interposition
+CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp $(PIC) $(OPT) $(PKG_CFLAGS) -I.
 LDLIBS   += $(PKG_LIBS) -lm
 LDFLAGS  += -fopenmp $(LDSAN)
 
@@ -70,13 +80,44 @@ ifeq ($(CUDA),1)
   CUDA_OBJ  := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
   LIB_OBJ   += $(CUDA_OBJ)
   CFLAGS    += -DIFLOW_HAVE_CUDA=1
-  LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++
+  CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++
+  LDLIBS    += $(CUDA_LIBS)
 endif
 
 $(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu $(wildcard kernels/cuda/*.h kernels/cuda/*.cuh) kernels/cpu/quant.h kernels/cpu/kernels.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 LIB      := $(BUILD)/libiflow.a
+
+# The shared library: the same objects, only include/iflow.h's functions exported (a version
+# script made from its IFLOW_API lines), soname libiflow.so.MAJOR.
+V_MAJOR  := $(shell sed -n 's/^\#define IFLOW_VERSION_MAJOR //p' include/iflow.h)
+V_MINOR  := $(shell sed -n 's/^\#define IFLOW_VERSION_MINOR //p' include/iflow.h)
+V_PATCH  := $(shell sed -n 's/^\#define IFLOW_VERSION_PATCH //p' include/iflow.h)
+VERSION  := $(V_MAJOR).$(V_MINOR).$(V_PATCH)
+SO       := $(BUILD)/libiflow.so.$(VERSION)
+LIB_LIBS := $(shell pkg-config --libs $(LIB_PKGS) 2>/dev/null) -lgomp -lpthread -lm $(CUDA_LIBS)
+
+$(BUILD)/iflow.map: include/iflow.h
+	@mkdir -p $(dir $@)
+	{ echo '{ global:'; sed -n 's/^IFLOW_API.*[ *]\(iflow_[a-z0-9_]*\)(.*/    \1;/p' $<; echo '  local: *; };'; } > $@
+
+$(SO): $(LIB_OBJ) $(BUILD)/iflow.map
+	$(CC) -shared -Wl,-soname,libiflow.so.$(V_MAJOR) -Wl,--version-script=$(BUILD)/iflow.map -Wl,--no-undefined \
+	  $(LDFLAGS) -o $@ $(LIB_OBJ) $(LIB_LIBS)
+
+# iflow.pc with @PREFIX@ and @LIBDIR@ left for tools/install.sh. Libs.private: what a static
+# link needs besides the Requires.private packages (OpenMP's runtime, CUDA's when built with it,
+# the sanitizers' in a SANITIZE=1 build).
+$(BUILD)/iflow.pc.in: Makefile include/iflow.h
+	@mkdir -p $(dir $@)
+	printf '%s\n' 'prefix=@PREFIX@' 'libdir=@LIBDIR@' 'includedir=$${prefix}/include' '' \
+	  'Name: iflow' 'Description: run transformer language models (libiflow)' 'Version: $(VERSION)' \
+	  'Requires.private: $(LIB_PKGS)' 'Cflags: -I$${includedir}' 'Libs: -L$${libdir} -liflow' \
+	  'Libs.private: $(strip $(LDSAN) -lgomp -lpthread -lm $(CUDA_LIBS))' > $@
+
+lib: $(LIB) $(SO) $(BUILD)/iflow.pc.in
+.PHONY: lib
 
 CMD_COMMON := $(filter-out cmd/iflow-%.c,$(wildcard cmd/*.c))
 CMD_COMMON_OBJ := $(CMD_COMMON:%.c=$(BUILD)/%.o)
@@ -91,25 +132,30 @@ FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_SECONDS ?= 20
 
 .PHONY: all deps demo check bench quality fuzz fuzz-deps fuzz-build fuzz-run docs install clean
-all: $(BINS)
+all: $(BINS) lib
 
 # ---- library and programs -------------------------------------------------------------------
 
-$(BUILD)/%.o: %.c
+$(BUILD)/%.o: %.c $(BUILD)/.cflags
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/kernels/cpu/%_avx2.o: kernels/cpu/%_avx2.c
+$(BUILD)/kernels/cpu/%_avx2.o: kernels/cpu/%_avx2.c $(BUILD)/.cflags
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(AVX2_FLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/kernels/cpu/%_avx512.o: kernels/cpu/%_avx512.c
+$(BUILD)/kernels/cpu/%_avx512.o: kernels/cpu/%_avx512.c $(BUILD)/.cflags
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(AVX512_FLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/kernels/cpu/%_avx512gfni.o: kernels/cpu/%_avx512gfni.c
+$(BUILD)/kernels/cpu/%_avx512gfni.o: kernels/cpu/%_avx512gfni.c $(BUILD)/.cflags
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(AVX512_FLAGS) -MMD -MP -c $< -o $@
+
+# Objects are rebuilt when the compiler flags change (a stamp holding them).
+$(BUILD)/.cflags: FORCE
+	@mkdir -p $(BUILD)
+	@echo '$(CC) $(CFLAGS)' | cmp -s - $@ || echo '$(CC) $(CFLAGS)' > $@
 
 $(LIB): $(LIB_OBJ)
 	@rm -f $@
@@ -128,7 +174,8 @@ FORCE:
 # ---- dependencies ----------------------------------------------------------------------------
 
 deps:
-	@if pkg-config --exists $(PKGS) 2>/dev/null && command -v jq >/dev/null; then :; else \
+	@missing=; for t in $(TOOLS_NEEDED); do command -v $$t >/dev/null || missing=$$t; done; \
+	if pkg-config --exists $(PKGS) 2>/dev/null && [ -z "$$missing" ]; then :; else \
 	  echo "make deps: installing $(DEBS)"; \
 	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 	  $$SUDO apt-get update -qq && \
@@ -239,21 +286,7 @@ docs: all
 	tools/gendocs.sh
 
 install: all
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man5 \
-	  $(DESTDIR)$(PREFIX)/share/man/man7 \
-	  $(DESTDIR)$(PREFIX)/share/bash-completion/completions $(DESTDIR)$(PREFIX)/share/zsh/site-functions \
-	  $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d \
-	  $(DESTDIR)$(PREFIX)/share/iflow/specs
-	install -m 755 $(BINS) $(DESTDIR)$(PREFIX)/bin/
-	install -m 644 man/*.1 $(DESTDIR)$(PREFIX)/share/man/man1/
-	install -m 644 man/*.5 $(DESTDIR)$(PREFIX)/share/man/man5/
-	install -m 644 specs/*.ini $(DESTDIR)$(PREFIX)/share/iflow/specs/
-	[ ! -f docs/quant-quality.tsv ] || install -m 644 docs/quant-quality.tsv $(DESTDIR)$(PREFIX)/share/iflow/
-	for t in $(TOOLS); do \
-	  install -m 644 completions/bash/$$t $(DESTDIR)$(PREFIX)/share/bash-completion/completions/$$t; \
-	  install -m 644 completions/zsh/_$$t $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_$$t; \
-	  install -m 644 completions/fish/$$t.fish $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/$$t.fish; \
-	done
+	tools/install.sh "$(BUILD)" "$(DESTDIR)" "$(PREFIX)"
 
 clean:
 	rm -rf build bin .build-mode

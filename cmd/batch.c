@@ -1,6 +1,7 @@
 /* batch.c -- iflow-run --batch and --dry-run. See batch.h. */
 #include "cmd/batch.h"
 #include "cmd/io.h"
+#include "cmd/progress.h"
 #include "libcore/base/error.h"
 #include "libcore/serving/batch.h"
 #include "libcore/serving/beam.h"
@@ -331,7 +332,7 @@ static void *writer_main(void *arg)
         if (!it)
             continue;
         if (!w->failed) {
-            json_t *js = result_json(it);
+            json_t *js = json_schema(result_json(it));
             char *s = json_dumps(js, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
             json_decref(js);
             if (!s || fputs(s, stdout) == EOF || putchar('\n') == EOF || fflush(stdout) == EOF)
@@ -454,6 +455,9 @@ int batch_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
     double t0 = now_s();
     if (!live || !beams)
         die(t, "out of memory");
+    progress pr;
+    progress_open(&pr, t->name, o->progress);
+    long n_done = 0;
     while (rc == 0 && !w.failed) {
         /* feed the engine: keep up to `parallel` queued behind the running ones */
         while (!input_done && n_live < max_live) {
@@ -469,6 +473,7 @@ int batch_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
                 item_fail(it, "%s", iflow_errmsg());
             if (it->error) {
                 q_push(&out, it);
+                n_done++;
                 continue;
             }
             live[n_live++] = it;
@@ -489,7 +494,7 @@ int batch_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
                 beams[i] = beams[--n_beams];
                 forget(live, &n_live, it);
                 if (s == 0)
-                    q_push(&out, it);
+                    q_push(&out, it), n_done++;
                 else
                     item_free(it);
                 continue;
@@ -506,8 +511,18 @@ int batch_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
             it->res = r;
             forget(live, &n_live, it);
             q_push(&out, it);
+            n_done++;
+        }
+        if (pr.on) {
+            iflow_batch_stats st;
+            iflow_batch_get_stats(b, &st);
+            double el = progress_elapsed(&pr);
+            progress_show(&pr, 0, "%ld requests done, %d running, %d queued, %llu tokens, %.1f tok/s", n_done,
+                          st.running, st.queued, (unsigned long long)st.generated,
+                          el > 0 ? (double)st.generated / el : 0.0);
         }
     }
+    progress_end(&pr);
     double wall = now_s() - t0;
     char err[512] = "";
     if (rc)
@@ -524,7 +539,7 @@ int batch_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
     close(stop[0]);
     close(stop[1]);
     if (o->metrics || o->verbose) {
-        json_t *js = iflow_metrics_json(&w.met, m, b, wall);
+        json_t *js = json_schema(iflow_metrics_json(&w.met, m, b, wall));
         json_object_set_new(js, "threads", json_integer(o->threads > 0 ? o->threads : omp_get_num_procs()));
         json_object_set_new(js, "peak_rss_mib", json_real(round(peak_rss_mib() * 10) / 10));
         if (o->metrics && json_dump_file(js, o->metrics, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9)) != 0)
@@ -583,6 +598,7 @@ int batch_dry_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
                                (json_int_t)per_req, "kv_total_bytes", (json_int_t)(per_req * (uint64_t)parallel),
                                "scratch_bytes", (json_int_t)scratch, "memory_available_bytes", (json_int_t)avail,
                                "max_parallel", (int)fit);
+        js = json_schema(js);
         json_dumpf(js, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER);
         putchar('\n');
         json_decref(js);

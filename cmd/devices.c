@@ -1,5 +1,6 @@
 /* devices.c -- see devices.h. */
 #include "cmd/devices.h"
+#include "cmd/io.h"
 #include "libcore/base/error.h"
 #include "libcore/engine/plan.h"
 
@@ -115,6 +116,7 @@ void devices_list(const iflow_tool *t, int as_json)
                 json_object_set_new(j, "compute_capability", json_string(cc));
                 json_object_set_new(j, "mem_bw_peak", json_real(d->mem_bw_peak));
             }
+            j = json_schema(j);
             json_dumpf(j, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER);
             putchar('\n');
             json_decref(j);

@@ -2,6 +2,7 @@
  * shards and sources. */
 #include "cmd/io.h"
 #include "cmd/opt.h"
+#include "cmd/progress.h"
 #include "libcore/formats/convert.h"
 #include "libcore/base/dtype.h"
 #include "libcore/base/error.h"
@@ -25,6 +26,7 @@ static const iflow_opt opts[] = {
     {O_ZSTD, "zstd", 0, NULL, "compress the shard with zstd (an .ifs.zst file)", NULL},
     {O_INFO, "info", 0, "FILE", "describe shard FILE ('-': standard input), or what converting a source FILE would give", "file"},
     {O_JSON, "json", 0, NULL, "with --info: print JSON instead of text", NULL},
+    PROGRESS_OPTS,
     {O_VERBOSE, "verbose", 'v', NULL, "report time and peak memory on standard error", NULL},
     {0},
 };
@@ -158,8 +160,8 @@ static int info(const char *path, int as_json)
         total += r->nbytes;
     }
     if (as_json) {
-        json_t *out = json_pack("{s:s, s:o?, s:o, s:I}", "file", path, "meta", meta, "records", tensors, "bytes",
-                                (json_int_t)total);
+        json_t *out = json_schema(json_pack("{s:s, s:o?, s:o, s:I}", "file", path, "meta", meta, "records", tensors,
+                                            "bytes", (json_int_t)total));
         json_dumpf(out, stdout, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
         putchar('\n');
         json_decref(out);
@@ -196,7 +198,7 @@ int main(int argc, char **argv)
 {
     const char *out = "-", *info_path = NULL, *synthetic = NULL, *dirs[8];
     iflow_convert_opts o = {.dtype = -1};
-    int as_json = 0, verbose = 0, c;
+    int as_json = 0, verbose = 0, progress_mode = PROGRESS_AUTO, c;
     const char *arg;
     while ((c = opt_next(&tool, argc, argv, &arg)) != 0) {
         switch (c) {
@@ -214,6 +216,8 @@ int main(int argc, char **argv)
         case O_INFO: info_path = arg; break;
         case O_JSON: as_json = 1; break;
         case O_VERBOSE: verbose = 1; break;
+        case OPT_PROGRESS: progress_mode = PROGRESS_ON; break;
+        case OPT_NO_PROGRESS: progress_mode = PROGRESS_OFF; break;
         }
     }
     int n_operands = argc - opt_index();
@@ -228,8 +232,13 @@ int main(int argc, char **argv)
     if (strcmp(out, "-") == 0 && isatty(1))
         die_usage(&tool, "refusing to write a binary shard to a terminal (use -o FILE or a pipe)");
     double t0 = now_s();
+    progress pr;
+    progress_open(&pr, tool.name, progress_mode);
+    if (pr.on)
+        o.progress = progress_tensors, o.progress_user = &pr;
     if (iflow_convert(synthetic ? synthetic : argv[opt_index()], out, &o) < 0)
         die(&tool, NULL);
+    progress_end(&pr);
     if (verbose)
         fprintf(stderr, "%s: wrote %s in %.2f s, peak RSS %.1f MiB\n", tool.name, strcmp(out, "-") ? out : "<stdout>",
                 now_s() - t0, peak_rss_mib());

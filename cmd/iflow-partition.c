@@ -1,5 +1,6 @@
 /* iflow-partition -- plan how a model is split over devices (by layer, by tensor, hybrid), with a
  * cost model; iflow-run --plan executes the plan. */
+#include "cmd/io.h"
 #include "cmd/opt.h"
 #include "libcore/base/dtype.h"
 #include "libcore/base/error.h"
@@ -132,6 +133,7 @@ static json_t *cost_json(const char *strategy, const iflow_plan *p, const iflow_
 
 static void print_json(json_t *j)
 {
+    j = json_schema(j);
     json_dumpf(j, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
     putchar('\n');
     json_decref(j);

@@ -2,6 +2,7 @@
 #include "cmd/devices.h"
 #include "cmd/io.h"
 #include "cmd/opt.h"
+#include "cmd/progress.h"
 #include "libcore/base/error.h"
 #include "libcore/engine/model.h"
 #include "libcore/engine/observe.h"
@@ -35,7 +36,8 @@ static const iflow_opt opts[] = {
     {O_SAVE_IMATRIX, "save-imatrix", 0, "FILE", "also write the importance matrix of the text to FILE, for iflow-quant (computes on the CPU)", "file"},
     {O_JSON, "json", 0, NULL, "print the result as one JSON object", NULL},
     {O_LOGPROBS, "logprobs", 0, "FILE", "write every scored position's log-probability to FILE as TSV", "file"},
-    {O_VERBOSE, "verbose", 'v', NULL, "print progress and timings on standard error", NULL},
+    PROGRESS_OPTS,
+    {O_VERBOSE, "verbose", 'v', NULL, "print timings and the kernel path on standard error", NULL},
     {0},
 };
 
@@ -48,6 +50,34 @@ static void write_row(void *user, long position, long window, int window_pos, in
                       double logprob)
 {
     fprintf(user, "%ld\t%ld\t%d\t%d\t%d\t%.12f\n", position, window, window_pos, input_id, next_id, logprob);
+}
+
+/* Every scored position: the --logprobs row, and the status line (windows scored, the running
+ * perplexity, tokens/s, time left). */
+typedef struct {
+    FILE *lp;              /* --logprobs, or NULL */
+    progress pr;
+    long windows, window;  /* windows in all; the one being scored */
+    double nll;            /* the sum so far */
+    long n;
+} scoring;
+
+static void on_position(void *user, long position, long window, int window_pos, int32_t input_id, int32_t next_id,
+                        double logprob)
+{
+    scoring *s = user;
+    if (s->lp)
+        write_row(s->lp, position, window, window_pos, input_id, next_id, logprob);
+    s->nll -= logprob;
+    s->n++;
+    if (s->pr.on && (window != s->window || s->n == 1)) {
+        s->window = window;
+        double t = progress_elapsed(&s->pr);
+        char left[40];
+        progress_left(left, sizeof left, (double)window, (double)s->windows, t);
+        progress_show(&s->pr, window + 1 == s->windows, "window %ld/%ld, ppl %.4f, %.0f tok/s%s%s", window + 1, s->windows,
+                      exp(s->nll / (double)s->n), t > 0 ? (double)s->n / t : 0.0, left[0] ? ", " : "", left);
+    }
 }
 
 static const char *describe(int protocol, int c, char *buf, size_t cap)
@@ -63,6 +93,7 @@ int main(int argc, char **argv)
 {
     const char *model = NULL, *file = NULL, *logprobs_path = NULL, *base_path = NULL, *imatrix_path = NULL;
     int c_len = 512, threads = 0, protocol = IFLOW_PPL_WINDOWS, as_json = 0, verbose = 0, c;
+    int progress_mode = PROGRESS_AUTO;
     long chunks = 0, max_tokens = 0;
     device_opts dev = {.gpu_layers = -1};
     const char *arg;
@@ -79,6 +110,8 @@ int main(int argc, char **argv)
         case O_KL_BASE: base_path = arg; break;
         case O_SAVE_IMATRIX: imatrix_path = arg; break;
         case O_VERBOSE: verbose = 1; break;
+        case OPT_PROGRESS: progress_mode = PROGRESS_ON; break;
+        case OPT_NO_PROGRESS: progress_mode = PROGRESS_OFF; break;
         case O_DEVICE: dev.device = arg; break;
         case O_PLAN: dev.plan = arg; break;
         case O_GPU_LAYERS: dev.gpu_layers = (int)opt_long(&tool, "gpu-layers", arg, 0, 1 << 20); break;
@@ -146,8 +179,12 @@ int main(int argc, char **argv)
     double t1 = now_s();
     iflow_ppl_opts po = {protocol, c_len, chunks, base_ctx};
     iflow_ppl_result r;
-    if (iflow_ppl_run(ctx, ids, n_ids, iflow_model_hparams(m)->bos, &po, &r, lp ? write_row : NULL, lp) < 0)
+    scoring sc = {.lp = lp, .windows = iflow_ppl_windows(n_ids, &po), .window = -1};
+    progress_open(&sc.pr, tool.name, progress_mode);
+    if (iflow_ppl_run(ctx, ids, n_ids, iflow_model_hparams(m)->bos, &po, &r, lp || sc.pr.on ? on_position : NULL,
+                      &sc) < 0)
         die(&tool, NULL);
+    progress_end(&sc.pr);
     double t2 = now_s();
     if (col) {
         iflow_imatrix *im;
@@ -185,6 +222,7 @@ int main(int argc, char **argv)
             json_object_update(o, kl); /* copies references: kl is still ours to release */
             json_decref(kl);
         }
+        o = json_schema(o);
         json_dumpf(o, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
         putchar('\n');
         json_decref(o);

@@ -1,6 +1,7 @@
 /* iflow-quant -- quantize the weight matrices of an iflow shard, tensor by tensor; list the types. */
 #include "cmd/io.h"
 #include "cmd/opt.h"
+#include "cmd/progress.h"
 #include "libcore/base/dtype.h"
 #include "libcore/base/error.h"
 #include "libcore/formats/imatrix.h"
@@ -11,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 enum { O_TYPE = 't', O_INPUT = 'i', O_OUTPUT = 'o', O_VERBOSE = 'v', O_KEEP = 256, O_METHOD, O_IMATRIX, O_REQUANT, O_ZSTD, O_LIST, O_JSON };
@@ -29,6 +31,7 @@ static const iflow_opt opts[] = {
     {O_ZSTD, "zstd", 0, NULL, "compress the shard with zstd (an .ifs.zst file)", NULL},
     {O_LIST, "list-types", 0, NULL, "print the types: bits, block size, bits per weight, measured quality", NULL},
     {O_JSON, "json", 0, NULL, "with --list-types: print JSON Lines instead of a table", NULL},
+    PROGRESS_OPTS,
     {O_VERBOSE, "verbose", 'v', NULL, "report the types written, sizes, time and peak memory on standard error", NULL},
     {0},
 };
@@ -73,6 +76,7 @@ static void print_type(const iflow_qtype_info *q, const char *quality, int as_js
                               q->bits_per_weight, "paper_bits_per_weight",
                               q->paper_bits > 0 ? json_real(q->paper_bits) : json_null(), "quality",
                               quality ? json_string(quality) : json_null());
+        o = json_schema(o);
         json_dumpf(o, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER);
         putchar('\n');
         json_decref(o);
@@ -128,10 +132,25 @@ static void report(const char *out, const iflow_quant_stats *st, double seconds)
             st->out_bytes / 1048576.0, seconds, peak_rss_mib());
 }
 
+/* The size of in when it is a regular, uncompressed file (about the tensor bytes to read, for
+ * the time left); 0 for a stream or a zstd file. */
+static uint64_t plain_file_size(const char *in)
+{
+    struct stat st;
+    unsigned char magic[4] = {0};
+    FILE *f = strcmp(in, "-") ? fopen(in, "rb") : NULL;
+    int plain = f && fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) && fread(magic, 1, 4, f) == 4 &&
+                memcmp(magic, "\x28\xb5\x2f\xfd", 4) != 0;
+    if (f)
+        fclose(f);
+    return plain ? (uint64_t)st.st_size : 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *in = "-", *out = "-", *keep[MAX_KEEP], *arg, *imatrix_path = NULL;
     int type = -1, method = IFLOW_QUANT_SEARCH, n_keep = 0, list = 0, as_json = 0, verbose = 0, flags = 0, requantize = 0, c;
+    int progress_mode = PROGRESS_AUTO;
     while ((c = opt_next(&tool, argc, argv, &arg)) != 0) {
         switch (c) {
         case O_TYPE: type = parse_type(arg); break;
@@ -153,6 +172,8 @@ int main(int argc, char **argv)
         case O_LIST: list = 1; break;
         case O_JSON: as_json = 1; break;
         case O_VERBOSE: verbose = 1; break;
+        case OPT_PROGRESS: progress_mode = PROGRESS_ON; break;
+        case OPT_NO_PROGRESS: progress_mode = PROGRESS_OFF; break;
         }
     }
     if (opt_index() < argc)
@@ -185,7 +206,11 @@ int main(int argc, char **argv)
             die_usage(&tool, "%s", iflow_errmsg());
     iflow_quant_stats st;
     double t0 = now_s();
-    int rc = iflow_quantize_shard(in, out, &p, flags, &st);
+    progress pr;
+    progress_open(&pr, tool.name, progress_mode);
+    pr.total_bytes = plain_file_size(in);
+    int rc = iflow_quantize_shard_progress(in, out, &p, flags, &st, pr.on ? progress_tensors : NULL, &pr);
+    progress_end(&pr);
     iflow_quant_policy_free(&p);
     iflow_imatrix_free(im);
     if (rc < 0)

@@ -4,6 +4,7 @@
 #include "cmd/devices.h"
 #include "cmd/io.h"
 #include "cmd/opt.h"
+#include "cmd/progress.h"
 #include "libcore/base/error.h"
 #include "libcore/engine/model.h"
 #include "libcore/engine/sampler.h"
@@ -77,6 +78,7 @@ static const iflow_opt opts[] = {
     {O_TOKENIZE, "tokenize", 0, NULL, "print the token ids of all of standard input, space-separated, and exit", NULL},
     {O_BOS, "bos", 0, NULL, "with --tokenize: add the beginning-of-sequence token", NULL},
     {O_PARSE_SPECIAL, "parse-special", 0, NULL, "with --tokenize: read special-token text such as <s> as the special token", NULL},
+    PROGRESS_OPTS,
     {O_VERBOSE, "verbose", 'v', NULL, "print timings, threads, the kernel path and the seed on standard error", NULL},
     {0},
 };
@@ -89,7 +91,7 @@ static const iflow_tool tool = {
 typedef struct {
     const char *model, *prompt;
     int n_predict, threads, n_ctx, echo, json, tokenize, bos, parse_special, verbose, list_devices;
-    int batch, parallel, kv_type, dry_run;
+    int batch, parallel, kv_type, dry_run, progress;
     int context_shift, keep;
     const char *draft;
     int draft_n, draft_top_k;
@@ -242,6 +244,7 @@ static void generate_beams(generator *g, const char *prompt, size_t prompt_len, 
             free(text);
         }
         json_object_set_new(js, "beams", arr);
+        js = json_schema(js);
         json_dumpf(js, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER);
         json_decref(js);
     }
@@ -301,6 +304,7 @@ static void generate(generator *g, const char *prompt, size_t prompt_len)
         json_object_set_new(js, "stop", json_string(r ? iflow_finish_name(r->finish) : "length"));
         if (r && r->stop_index >= 0)
             json_object_set_new(js, "stop_string", json_string(o->stops[r->stop_index]));
+        js = json_schema(js);
         json_dumpf(js, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER);
         json_decref(js);
     }
@@ -338,7 +342,7 @@ static int run_batch(const run_opts *o)
     batch_opts b = {.parallel = o->parallel, .n_ctx = o->n_ctx, .kv_type = o->kv_type, .threads = o->threads,
                     .max_tokens = o->n_predict, .verbose = o->verbose, .json = o->json, .sp = o->sp,
                     .context_shift = o->context_shift, .keep = o->keep,
-                    .metrics = o->metrics, .model = o->model};
+                    .metrics = o->metrics, .model = o->model, .progress = o->progress};
     int rc;
     if (o->dry_run) {
         rc = batch_dry_run(&tool, m, &b);
@@ -460,8 +464,8 @@ static void sampling_opt(sampling_opts *so, int id, const char *arg)
 
 int main(int argc, char **argv)
 {
-    run_opts o = {.n_predict = 128, .dev = {.gpu_layers = -1}, .context_shift = -1, .keep = 4, .draft_n = 5,
-                  .length_penalty = 1.0f};
+    run_opts o = {.n_predict = 128, .dev = {.gpu_layers = -1}, .progress = PROGRESS_AUTO, .context_shift = -1,
+                  .keep = 4, .draft_n = 5, .length_penalty = 1.0f};
     int keep_given = 0, lp_given = 0;
     iflow_sampler_params_default(&o.sp);
     o.sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
@@ -488,6 +492,8 @@ int main(int argc, char **argv)
         case O_BOS: o.bos = 1; break;
         case O_PARSE_SPECIAL: o.parse_special = 1; break;
         case O_VERBOSE: o.verbose = 1; break;
+        case OPT_PROGRESS: o.progress = PROGRESS_ON; break;
+        case OPT_NO_PROGRESS: o.progress = PROGRESS_OFF; break;
         case O_DEVICE: o.dev.device = arg; break;
         case O_GPU_LAYERS: o.dev.gpu_layers = (int)opt_long(&tool, "gpu-layers", arg, 0, 1 << 20); break;
         case O_LIST_DEVICES: o.list_devices = 1; break;

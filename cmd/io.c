@@ -51,3 +51,12 @@ double peak_rss_mib(void)
     getrusage(RUSAGE_SELF, &ru);
     return ru.ru_maxrss / 1024.0;
 }
+
+json_t *json_schema(json_t *o)
+{
+    json_t *j = json_pack("{s:i}", "schema", IFLOW_JSON_SCHEMA);
+    if (j && o)
+        json_object_update(j, o);
+    json_decref(o);
+    return j;
+}

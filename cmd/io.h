@@ -5,11 +5,19 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include <jansson.h>
+
 /* Read a whole file ("-" for stdin) into a NUL-terminated malloc'd buffer; 0 or <0 (error set). */
 int slurp(const char *path, char **data, size_t *len);
 /* Monotonic seconds. */
 double now_s(void);
 /* Peak resident set size of this process, in MiB. */
 double peak_rss_mib(void);
+
+/* Every JSON output starts with "schema": its version (docs/JSON.md): a change that removes,
+ * renames or changes the meaning of a field increments it; new fields do not. */
+#define IFLOW_JSON_SCHEMA 1
+/* A new object {"schema": IFLOW_JSON_SCHEMA, ...o's fields in order}; takes o's reference. */
+json_t *json_schema(json_t *o);
 
 #endif

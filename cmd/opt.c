@@ -1,5 +1,6 @@
 /* opt.c -- option parsing, --help and generated docs. See opt.h. */
 #include "opt.h"
+#include "progress.h"
 #include "libcore/base/error.h"
 
 #include <errno.h>
@@ -25,6 +26,7 @@ void die_usage(const iflow_tool *t, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
+    progress_erase();
     fprintf(stderr, "%s: ", t->name);
     vfprintf(stderr, fmt, ap);
     va_end(ap);
@@ -34,6 +36,7 @@ void die_usage(const iflow_tool *t, const char *fmt, ...)
 
 void die(const iflow_tool *t, const char *fmt, ...)
 {
+    progress_erase();
     fprintf(stderr, "%s: ", t->name);
     if (fmt) {
         va_list ap;

@@ -50,6 +50,7 @@ uint64_t opt_u64(const iflow_tool *t, const char *opt, const char *s);
  * beside the executable's bin/ (a build tree), then $PREFIX/share/iflow/specs (an install). */
 int spec_dirs(const char *dirs[], int cap);
 
-#define IFLOW_VERSION "0.1.0"
+#include "include/iflow.h"
+#define IFLOW_VERSION IFLOW_VERSION_STRING
 
 #endif

@@ -7,6 +7,8 @@ complete -c iflow-convert -l seed -x -d 'seed of --synthetic weights (default 0)
 complete -c iflow-convert -l zstd -d 'compress the shard with zstd (an .ifs.zst file)'
 complete -c iflow-convert -l info -r -d 'describe shard FILE (\'-\': standard input), or what converting a source FILE would give'
 complete -c iflow-convert -l json -d 'with --info: print JSON instead of text'
+complete -c iflow-convert -l progress -d 'show a status line on standard error even when it is not a terminal'
+complete -c iflow-convert -l no-progress -d 'never show the status line (by default it is shown only when standard error is a terminal)'
 complete -c iflow-convert -l verbose -s v -d 'report time and peak memory on standard error'
 complete -c iflow-convert -l help -s h -d 'print this help and exit'
 complete -c iflow-convert -l version -d 'print the version and exit'

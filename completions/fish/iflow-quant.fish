@@ -9,6 +9,8 @@ complete -c iflow-quant -l requantize -d 'allow quantizing a quantized tensor ag
 complete -c iflow-quant -l zstd -d 'compress the shard with zstd (an .ifs.zst file)'
 complete -c iflow-quant -l list-types -d 'print the types: bits, block size, bits per weight, measured quality'
 complete -c iflow-quant -l json -d 'with --list-types: print JSON Lines instead of a table'
+complete -c iflow-quant -l progress -d 'show a status line on standard error even when it is not a terminal'
+complete -c iflow-quant -l no-progress -d 'never show the status line (by default it is shown only when standard error is a terminal)'
 complete -c iflow-quant -l verbose -s v -d 'report the types written, sizes, time and peak memory on standard error'
 complete -c iflow-quant -l help -s h -d 'print this help and exit'
 complete -c iflow-quant -l version -d 'print the version and exit'

@@ -45,6 +45,8 @@ complete -c iflow-run -l json -d 'print one JSON object per prompt: prompt, ids,
 complete -c iflow-run -l tokenize -d 'print the token ids of all of standard input, space-separated, and exit'
 complete -c iflow-run -l bos -d 'with --tokenize: add the beginning-of-sequence token'
 complete -c iflow-run -l parse-special -d 'with --tokenize: read special-token text such as <s> as the special token'
+complete -c iflow-run -l progress -d 'show a status line on standard error even when it is not a terminal'
+complete -c iflow-run -l no-progress -d 'never show the status line (by default it is shown only when standard error is a terminal)'
 complete -c iflow-run -l verbose -s v -d 'print timings, threads, the kernel path and the seed on standard error'
 complete -c iflow-run -l help -s h -d 'print this help and exit'
 complete -c iflow-run -l version -d 'print the version and exit'

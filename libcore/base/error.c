@@ -11,6 +11,28 @@ static const char *const names[IFLOW_E_COUNT_] = {
     "invalid", "notfound", "shape", "spec", "range",
 };
 
+static const char *const descriptions[IFLOW_E_COUNT_] = {
+    "no error",
+    "a read, write, open or rename failed",
+    "allocation failed",
+    "a file is malformed",
+    "a file ends before its declared contents",
+    "a stored checksum does not match the data",
+    "a valid input uses something iflow lacks",
+    "a bad argument or option value",
+    "a named file, tensor, key or token does not exist",
+    "a tensor has the wrong shape or type for its role",
+    "a spec file is malformed or does not fit the checkpoint",
+    "a value is out of its allowed range",
+};
+
+const char *iflow_error_describe(int code)
+{
+    if (code > 0 || -code >= IFLOW_E_COUNT_)
+        return "unknown error code";
+    return descriptions[-code];
+}
+
 const char *iflow_strerror(int code)
 {
     if (code > 0 || -code >= IFLOW_E_COUNT_)

@@ -18,24 +18,15 @@
 
 #include <stdarg.h>
 
-enum {
-    IFLOW_OK          = 0,
-    IFLOW_EIO         = -1,  /* a read, write, open or rename failed (errno in the message)    */
-    IFLOW_ENOMEM      = -2,  /* allocation failed                                               */
-    IFLOW_EFORMAT     = -3,  /* a file is malformed: bad magic, bad header, bad field            */
-    IFLOW_ETRUNC      = -4,  /* a file ends before its declared contents                         */
-    IFLOW_ECHECKSUM   = -5,  /* a stored checksum does not match the data                        */
-    IFLOW_EUNSUPPORTED= -6,  /* a valid input uses something iflow lacks (dtype, block, ...)     */
-    IFLOW_EINVAL      = -7,  /* a caller passed a bad argument or option value                   */
-    IFLOW_ENOTFOUND   = -8,  /* a named file, tensor, key or token does not exist                */
-    IFLOW_ESHAPE      = -9,  /* a tensor has the wrong shape or dtype for its role               */
-    IFLOW_ESPEC       = -10, /* a spec file is malformed or does not fit the checkpoint          */
-    IFLOW_ERANGE      = -11, /* a value is out of its allowed range (context too long, id > vocab)*/
-    IFLOW_E_COUNT_    = 12
-};
+#include "include/iflow.h"
+
+/* The codes (IFLOW_OK, IFLOW_EIO, ... IFLOW_ERANGE) are the public header's: include/iflow.h. */
+
 
 /* Name of an error code: "io", "nomem", "format", ... ; "unknown" for anything else. */
 const char *iflow_strerror(int code);
+/* What a code means, one sentence (the comments of the enum). */
+const char *iflow_error_describe(int code);
 
 /* Record a message for this thread and return `code` (so callers can `return iflow_seterr(...)`). */
 int iflow_seterr(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -521,3 +521,13 @@ int iflow_model_is_eos(const iflow_model *m, int32_t id)
             return 1;
     return 0;
 }
+
+void iflow_model_get_info(const iflow_model *m, iflow_model_info *info)
+{
+    const iflow_hparams *hp = &m->hp;
+    *info = (iflow_model_info){
+        .n_vocab = hp->vocab_size, .n_ctx_train = hp->max_seq, .n_layers = hp->n_layers, .dim = hp->dim,
+        .n_heads = hp->n_heads, .n_kv_heads = hp->n_kv_heads, .head_dim = hp->head_dim, .ffn_dim = hp->ffn_dim,
+        .bos = hp->bos, .eos = hp->n_eos ? hp->eos[0] : -1,
+    };
+}

@@ -30,6 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "include/iflow.h"
 #include "libcore/device/device.h"
 #include "libcore/formats/shard.h"
 #include "libcore/tokenizers/tokenizer.h"
@@ -73,7 +74,7 @@ int iflow_tensor_check(const iflow_tensor_req *r, const iflow_shard_rec *t, cons
 
 typedef struct iflow_model iflow_model;
 
-enum { IFLOW_MODEL_NO_VERIFY = 1 }; /* skip payload checksums at open */
+/* flags: IFLOW_MODEL_NO_VERIFY (include/iflow.h) skips payload checksums at open */
 
 int  iflow_model_open(iflow_model **out, const char *path, int flags);
 void iflow_model_close(iflow_model *m);
@@ -87,6 +88,8 @@ struct iflow_plan_s;
 const struct iflow_plan_s *iflow_model_split_plan(const iflow_model *m);
 /* 1 if id is one of the model's end-of-sequence tokens. */
 int iflow_model_is_eos(const iflow_model *m, int32_t id);
+/* The shape and special tokens, for API users (include/iflow.h). */
+void iflow_model_get_info(const iflow_model *m, iflow_model_info *info);
 /* Bytes of weights read per decoded token (all matrices but the embedding table; for a split
  * model, what its devices hold, KV heads replicated on several devices counted on each). */
 uint64_t iflow_model_decode_bytes(const iflow_model *m);
@@ -170,7 +173,7 @@ int  iflow_ctx_eval(iflow_ctx *c, const int32_t *ids, int n, float *logits, int 
  * batch-invariant), so a request gives the same tokens alone or in any batch. */
 typedef struct iflow_kv iflow_kv;
 
-#define IFLOW_MAX_STEP 128 /* tokens in one step (and in one forward pass of iflow_ctx_eval) */
+/* IFLOW_MAX_STEP (include/iflow.h): tokens in one step and in one forward pass of iflow_ctx_eval */
 
 int  iflow_kv_open(iflow_kv **out, const iflow_model *m, int type, int block, int n_blocks);
 void iflow_kv_close(iflow_kv *kv);

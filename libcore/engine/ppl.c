@@ -76,6 +76,18 @@ static int score_window(window_eval *w, const int32_t *in, int len, int from, lo
     return 0;
 }
 
+long iflow_ppl_windows(size_t n, const iflow_ppl_opts *o)
+{
+    long w;
+    if (o->n_ctx < 2)
+        return 0;
+    if (o->protocol == IFLOW_PPL_WINDOWS)
+        w = (long)((n + (size_t)o->n_ctx - 2) / ((size_t)o->n_ctx - 1));
+    else
+        w = (long)((n + 1) / (size_t)o->n_ctx);
+    return o->max_windows && o->max_windows < w ? o->max_windows : w;
+}
+
 int iflow_ppl_run(iflow_ctx *ctx, const int32_t *x, size_t n, int32_t bos, const iflow_ppl_opts *o,
                   iflow_ppl_result *res, iflow_ppl_cb cb, void *user)
 {

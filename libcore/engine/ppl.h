@@ -27,35 +27,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "include/iflow.h"
 #include "model.h"
 
-enum { IFLOW_PPL_WINDOWS = 0, IFLOW_PPL_LLAMACPP = 1 };
-
-typedef struct {
-    int protocol;
-    int n_ctx;          /* c */
-    long max_windows;   /* 0: as many as the text gives */
-    iflow_ctx *base;    /* NULL, or the context of a reference model for KL divergence */
-} iflow_ppl_opts;
-
-typedef struct {
-    double nll_sum;     /* sum of -log p over scored positions */
-    long n_scored;
-    long n_windows;
-    /* with a base model */
-    double base_nll_sum;   /* the base's sum of -log p over the same positions  */
-    double kld_sum;        /* sum of KL(P_base || P_model)                       */
-    double kld_max;
-    long top1_same;        /* positions where both models' argmax agree          */
-} iflow_ppl_result;
-
-/* position: index (from 0) of the predicting token in [BOS] x_1..x_n terms of the text,
- * i.e. the prediction of x_{position+1}. */
-typedef void (*iflow_ppl_cb)(void *user, long position, long window, int window_pos, int32_t input_id,
-                             int32_t next_id, double logprob);
+/* IFLOW_PPL_*, iflow_ppl_opts, iflow_ppl_result and iflow_ppl_cb are the public header's
+ * (include/iflow.h). A callback's position is the index (from 0) of the predicting token in
+ * [BOS] x_1..x_n terms of the text, i.e. the prediction of x_{position+1}. */
 
 int iflow_ppl_run(iflow_ctx *ctx, const int32_t *text_ids, size_t n, int32_t bos, const iflow_ppl_opts *o,
                   iflow_ppl_result *res, iflow_ppl_cb cb, void *user);
+
+/* The windows iflow_ppl_run scores for n text tokens under o (for progress reports). */
+long iflow_ppl_windows(size_t n, const iflow_ppl_opts *o);
 
 /* log_softmax(logits)[id] in double precision. */
 double iflow_logprob(const float *logits, int n_vocab, int32_t id);

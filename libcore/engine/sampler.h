@@ -43,30 +43,10 @@
 
 #include <stdint.h>
 
-enum { IFLOW_SAMPLER_CHAIN, IFLOW_SAMPLER_GREEDY, IFLOW_SAMPLER_MIROSTAT, IFLOW_SAMPLER_MIROSTAT2,
-       IFLOW_SAMPLER_FSD, IFLOW_SAMPLER_RFSD, IFLOW_SAMPLER_KINDS_ };
+#include "include/iflow.h"
 
-typedef struct {
-    float temp;              /* 0: greedy */
-    int top_k;               /* <= 0: off */
-    float top_p;             /* 0 or >= 1: off */
-    uint64_t seed;
-    int kind;                /* IFLOW_SAMPLER_*; 0: the chain */
-    float min_p;             /* 0: off */
-    float typical_p;         /* 0 or >= 1: off */
-    float tfs_z;             /* 0 or >= 1: off */
-    float mirostat_tau;      /* target surprise in bits; 0: 5 */
-    float mirostat_eta;      /* learning rate; 0: 0.1 */
-    float repeat_penalty;    /* 0 or 1: off */
-    int repeat_last_n;       /* window of the penalties; 0: 64; -1: every accepted token */
-    float frequency_penalty; /* per occurrence in the window; 0: off */
-    float presence_penalty;  /* once if in the window; 0: off */
-    float fsd_alpha;         /* weight of the anti-LM; 0: 0.65 */
-    int fsd_k;               /* candidates; 0: 3 */
-    int fsd_n;               /* n-gram order of the anti-LM; 0: 3 */
-    float fsd_beta;          /* smoothing of the anti-LM; 0: 0.9 */
-    int fsd_random_steps;    /* rfsd: samples drawn at random; 0: all */
-} iflow_sampler_params;
+/* IFLOW_SAMPLER_* and iflow_sampler_params (every field off or its default at zero) are the
+ * public header's: include/iflow.h. */
 
 typedef struct iflow_sampler iflow_sampler;
 

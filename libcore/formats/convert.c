@@ -293,6 +293,12 @@ static int write_tensors(job *j, iflow_shard_writer *w)
     void *buf = NULL;
     size_t cap = 0;
     int rc = 0;
+    iflow_progress pr = {.total = j->n_reqs};
+    for (size_t i = 0; i < j->n_reqs; i++) {
+        const iflow_tensor_req *r = &j->reqs[i];
+        int dt = target_type(j, r, j->src[i] ? j->src[i]->dtype : IFLOW_DT_F32);
+        pr.total_bytes += iflow_dtype_nbytes(dt, (size_t)r->shape[0] * (size_t)(r->n_dims > 1 ? r->shape[1] : 1));
+    }
     for (size_t i = 0; i < j->n_reqs && rc == 0; i++) {
         const iflow_tensor_req *r = &j->reqs[i];
         int dt = tensor_target(j, i);
@@ -302,6 +308,10 @@ static int write_tensors(job *j, iflow_shard_writer *w)
             rc = iflow_shard_write_tensor(w, r->name, dt, r->n_dims, r->shape, data, nbytes);
         if (j->src[i] && j->dir)
             iflow_hfdir_release(j->dir, j->src[i]);
+        if (rc == 0 && j->o->progress) {
+            pr.done = i + 1, pr.bytes += nbytes, pr.item = r->name;
+            j->o->progress(j->o->progress_user, &pr);
+        }
     }
     free(buf);
     return rc;

@@ -25,6 +25,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "libcore/base/progress.h"
+
 enum { IFLOW_CONVERT_SYNTHETIC = 1, IFLOW_CONVERT_ZSTD = 2 };
 
 typedef struct {
@@ -34,6 +36,8 @@ typedef struct {
     size_t n_spec_dirs;
     uint64_t seed;                   /* synthetic weights                                       */
     int flags;                       /* IFLOW_CONVERT_*                                         */
+    iflow_progress_fn progress;      /* NULL, or called after each tensor written (tensors and  */
+    void *progress_user;             /* payload bytes written, of the totals)                   */
 } iflow_convert_opts;
 
 int iflow_convert(const char *src_dir, const char *out_path, const iflow_convert_opts *opts);

@@ -226,6 +226,9 @@ typedef struct {
     float *imp;                /* [imp_cap] importances of the tensor's columns   */
     size_t imp_cap;
     iflow_quant_stats st;
+    size_t n_model_tensors;    /* the tensors the model has (read from its meta) */
+    iflow_progress_fn progress;
+    void *progress_user;
 } qjob;
 
 /* Bytes of one row of K elements of type dt. */
@@ -388,6 +391,7 @@ static int read_model(qjob *j, const json_t *meta)
     for (size_t i = 0; i < n; i++)
         names[i] = reqs[i].name;
     j->tied = hp.tie_embeddings;
+    j->n_model_tensors = n;
     rc = iflow_quant_check_rules(j->p, names, n, j->tied, j->in_name);
     if (rc == 0 && j->p->imatrix) {
         int64_t *cols = malloc((n ? n : 1) * sizeof *cols);
@@ -442,6 +446,11 @@ static int copy_records(qjob *j)
             rc = write_tensor(j, &rec);
         if (rc < 0)
             return rc;
+        if (j->progress && !first && rec.kind != IFLOW_REC_BLOB) {
+            iflow_progress pr = {.done = j->st.n_tensors, .total = j->n_model_tensors, .bytes = j->st.in_bytes,
+                                 .item = rec.name};
+            j->progress(j->progress_user, &pr);
+        }
         first = 0;
     }
     if (rc == 0 && first)
@@ -452,7 +461,14 @@ static int copy_records(qjob *j)
 int iflow_quantize_shard(const char *in_path, const char *out_path, const iflow_quant_policy *p, int flags,
                          iflow_quant_stats *stats)
 {
-    qjob j = {.p = p, .in_name = strcmp(in_path, "-") == 0 ? "<stdin>" : in_path};
+    return iflow_quantize_shard_progress(in_path, out_path, p, flags, stats, NULL, NULL);
+}
+
+int iflow_quantize_shard_progress(const char *in_path, const char *out_path, const iflow_quant_policy *p, int flags,
+                                  iflow_quant_stats *stats, iflow_progress_fn progress, void *user)
+{
+    qjob j = {.p = p, .in_name = strcmp(in_path, "-") == 0 ? "<stdin>" : in_path, .progress = progress,
+              .progress_user = user};
     int rc = iflow_shard_reader_open(&j.r, in_path);
     if (rc == 0)
         rc = iflow_shard_writer_open(&j.w, out_path, (flags & IFLOW_QUANT_ZSTD) ? IFLOW_SHARD_ZSTD : 0);

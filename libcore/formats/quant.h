@@ -44,6 +44,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "libcore/base/progress.h"
+
 #include "libcore/base/dtype.h"
 
 /* ---- the types ---- */
@@ -132,5 +134,9 @@ enum { IFLOW_QUANT_ZSTD = 1 };           /* flags: compress the output with zstd
  * stats may be NULL. */
 int iflow_quantize_shard(const char *in_path, const char *out_path, const iflow_quant_policy *p, int flags,
                          iflow_quant_stats *stats);
+/* The same, calling progress (if not NULL) after each tensor written: tensors done of the
+ * model's, and input payload bytes read (total_bytes 0: a stream's size is not known here). */
+int iflow_quantize_shard_progress(const char *in_path, const char *out_path, const iflow_quant_policy *p, int flags,
+                                  iflow_quant_stats *stats, iflow_progress_fn progress, void *user);
 
 #endif

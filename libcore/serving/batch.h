@@ -34,75 +34,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "include/iflow.h"
 #include "libcore/engine/model.h"
 #include "libcore/engine/sampler.h"
 
-typedef struct {
-    int parallel;      /* requests running at once (decoding or prefilling); default 16      */
-    int n_ctx;         /* positions per request; <= 0: the model's max_seq                  */
-    int kv_type;       /* IFK_KV_F32 (default), IFK_KV_F16, IFK_KV_Q8                      */
-    int block;         /* positions per KV block; <= 0: 16 (n_ctx on a GPU placement)       */
-    int n_blocks;      /* blocks in the cache; <= 0: enough for parallel requests of n_ctx */
-    int step_tokens;   /* tokens per step; <= 0 or more than IFLOW_MAX_STEP: the max  */
-    int n_threads;     /* <= 0: all cores                                                   */
-} iflow_batch_params;
-
-enum { IFLOW_FINISH_EOS = 0, IFLOW_FINISH_LENGTH, IFLOW_FINISH_STOP, IFLOW_FINISH_CONTEXT };
-/* "eos", "length", "stop", "context". */
+/* The types -- iflow_batch_params, IFLOW_FINISH_*, IFLOW_MAX_STOP, IFLOW_SHIFT_* (context
+ * shifts), iflow_request, iflow_result, iflow_batch_stats -- are the public header's
+ * (include/iflow.h), which documents their fields.
+ * iflow_batch_params.block <= 0 is 16 positions, or n_ctx on a GPU placement. */
 const char *iflow_finish_name(int finish);
-
-#define IFLOW_MAX_STOP 8
-
-/* What a request does when its context is full (iflow_request.context_shift):
- *   NONE       it ends there (finish reason "context"; max_tokens is clipped at admission);
- *   ROPE       keep the first `keep` positions (attention sinks), drop the older half of the
- *              rest, and rotate the cached keys after them back to their new positions
- *              (model.h's iflow_kv_shift: no recomputation, one pass over the cache);
- *   RECOMPUTE  the same tokens kept, their cache recomputed from the tokens (a prefill of
- *              the kept window: what plain truncation costs).
- * Either way generation goes on up to max_tokens, in the blocks of one context: memory stays
- * flat however long the request runs. */
-enum { IFLOW_SHIFT_NONE = 0, IFLOW_SHIFT_ROPE, IFLOW_SHIFT_RECOMPUTE };
-/* "none", "rope", "recompute"; and back (-1 for another name). */
-const char *iflow_shift_name(int shift);
-int iflow_shift_from_name(const char *name);
-
-typedef struct {
-    const int32_t *prompt;          /* [n_prompt] token ids (a BOS included if wanted)       */
-    int n_prompt;
-    int max_tokens;                 /* tokens to generate at most (>= 1)                     */
-    iflow_sampler_params sampling;  /* temp 0: greedy                                        */
-    const char *stop[IFLOW_MAX_STOP]; /* stop strings (copied, none empty); the text ends before one */
-    int n_stop;
-    int context_shift;              /* IFLOW_SHIFT_*                                         */
-    int keep;                       /* positions a shift keeps (BOS included; at most the
-                                     * prompt's length; -1: the whole prompt)               */
-    void *user;                     /* handed back in the result and to on_text             */
-    /* Optional: called during iflow_batch_step() with each piece of text as it becomes final
-     * (a tail that may start a stop string is held back until it is settled). */
-    void (*on_text)(void *user, const char *text, size_t n);
-} iflow_request;
-
-typedef struct {
-    void *user;
-    int32_t *tokens;                /* [n_tokens] generated (an ending EOS not included)     */
-    int n_tokens, n_prompt;
-    char *text;                     /* the generated text, NUL-terminated, cut before a stop */
-    size_t text_len;
-    int finish;                     /* IFLOW_FINISH_*                                        */
-    int stop_index;                 /* IFLOW_FINISH_STOP: which stop string; else -1         */
-    double t_added, t_started, t_first, t_done; /* seconds (CLOCK_MONOTONIC)                */
-} iflow_result;
-
-typedef struct {
-    uint64_t steps, step_tokens;    /* steps run and the tokens they held                   */
-    uint64_t running_sum;           /* sum over steps of the requests running               */
-    uint64_t generated, prompt;     /* tokens generated, prompt tokens prefilled            */
-    uint64_t shifts, recomputed;    /* context shifts, and the tokens re-evaluated for them */
-    uint64_t drafted, accepted;     /* draft tokens proposed, and those the model accepted  */
-    int blocks_total, blocks_used, blocks_peak;
-    int running, queued;            /* now                                                  */
-} iflow_batch_stats;
 
 typedef struct iflow_batch iflow_batch;
 

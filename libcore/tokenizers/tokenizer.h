@@ -44,9 +44,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct iflow_tokenizer iflow_tokenizer;
+#include "include/iflow.h" /* IFLOW_TOK_* */
 
-enum { IFLOW_TOK_ADD_BOS = 1, IFLOW_TOK_PARSE_SPECIAL = 2 };
+typedef struct iflow_tokenizer iflow_tokenizer;
 
 /* From the text of a tokenizer.json (len bytes, need not be NUL-terminated); name for messages. */
 int iflow_tokenizer_from_hf_json(iflow_tokenizer **out, const char *json, size_t len, const char *name);

@@ -19,4 +19,11 @@ for page in man/*.[157]; do
     run man --warnings -l -Tutf8 "$page"
     [ "$rc" = 0 ] && [ -z "$err" ] && ok || bad "man $page: exit $rc, $err"
 done
+# iflow(7) is the overview: its SEE ALSO names every other page, and every page names it
+see_also() { sed -n '/^\.SH SEE ALSO/,/^\.SH/p' "$1" | sed -n 's/^\.BR \([a-z-]*\) (\([0-9]\)).*/\1.\2/p'; }
+for page in man/*.[15]; do
+    p=$(basename "$page")
+    see_also man/iflow.7 | grep -qx "$p" && ok || bad "iflow(7)'s SEE ALSO does not name $p"
+    see_also "$page" | grep -qx iflow.7 && ok || bad "$page's SEE ALSO does not name iflow(7)"
+done
 summary

@@ -232,8 +232,8 @@ expect_eq "$(sed -n '2p;10p' <<<"$out")" "q8_b32      8    32        9.00     9 
 q2          2    32        3.00     -  poor" "--list-types reads the quality table"
 expect_eq "$(sed -n 4p <<<"$out")" "q6          6    64        6.50   6.5  -" "a type the table lacks"
 run env IFLOW_QUANT_QUALITY="$TMP/quality.tsv" $Q --list-types --json
-expect_eq "$(sed -n '1p;9p' <<<"$out")" '{"type":"q8_b32","code":16,"bits":8.0,"block":32,"block_bytes":36,"bits_per_weight":9.0,"paper_bits_per_weight":9.0,"quality":"KLD 0.0001, top-1 99.9% (stories260K)"}
-{"type":"q2","code":24,"bits":2.0,"block":32,"block_bytes":12,"bits_per_weight":3.0,"paper_bits_per_weight":null,"quality":"poor"}' \
+expect_eq "$(sed -n '1p;9p' <<<"$out")" '{"schema":1,"type":"q8_b32","code":16,"bits":8.0,"block":32,"block_bytes":36,"bits_per_weight":9.0,"paper_bits_per_weight":9.0,"quality":"KLD 0.0001, top-1 99.9% (stories260K)"}
+{"schema":1,"type":"q2","code":24,"bits":2.0,"block":32,"block_bytes":12,"bits_per_weight":3.0,"paper_bits_per_weight":null,"quality":"poor"}' \
     "--list-types --json"
 expect_eq "$(jq -r .type <<<"$out" | paste -sd' ')" "$TYPES" "--list-types --json: one line per type"
 
