@@ -22,6 +22,7 @@ typedef struct {
     const char *metrics;         /* --metrics FILE, or NULL */
     const iflow_model *draft;    /* --draft (placed), or NULL */
     int draft_n, draft_top_k;
+    float draft_top_p;
     const char *model;           /* for messages */
 } batch_opts;
 

@@ -4,6 +4,7 @@
 #include "cmd/opt.h"
 #include "cmd/progress.h"
 #include "libcore/formats/convert.h"
+#include "libcore/formats/ggufsrc.h"
 #include "libcore/base/dtype.h"
 #include "libcore/base/error.h"
 #include "libcore/formats/shard.h"
@@ -127,14 +128,7 @@ static int is_source(const char *path)
     struct stat sb;
     if (strcmp(path, "-") == 0 || stat(path, &sb) < 0)
         return 0;
-    if (S_ISDIR(sb.st_mode))
-        return 1;
-    FILE *f = fopen(path, "rb");
-    char magic[4] = {0};
-    int yes = f && fread(magic, 1, 4, f) == 4 && memcmp(magic, "GGUF", 4) == 0;
-    if (f)
-        fclose(f);
-    return yes;
+    return S_ISDIR(sb.st_mode) || iflow_is_gguf_file(path);
 }
 
 static int info(const char *path, int as_json)

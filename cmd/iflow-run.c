@@ -25,7 +25,7 @@ enum {
     O_MODEL = 'm', O_PROMPT = 'p', O_NPREDICT = 'n', O_THREADS = 't', O_CTX = 'c', O_VERBOSE = 'v',
     O_TEMP = 256, O_TOPK, O_TOPP, O_SEED, O_ECHO, O_JSON, O_TOKENIZE, O_BOS, O_PARSE_SPECIAL, O_DEVICE,
     O_GPU_LAYERS, O_LIST_DEVICES, O_PLAN, O_STOP, O_BATCH, O_PARALLEL, O_KV_TYPE, O_METRICS, O_DRY_RUN,
-    O_CONTEXT_SHIFT, O_KEEP, O_DRAFT, O_DRAFT_N, O_DRAFT_TOP_K, O_BEAMS, O_LENGTH_PENALTY,
+    O_CONTEXT_SHIFT, O_KEEP, O_DRAFT, O_DRAFT_N, O_DRAFT_TOP_K, O_DRAFT_TOP_P, O_BEAMS, O_LENGTH_PENALTY,
     /* sampling: set through iflow_sampler_params_set() by their long names */
     O_SAMPLER, O_MINP, O_TYPICAL, O_TFS, O_MIROSTAT_TAU, O_MIROSTAT_ETA, O_REPEAT_PENALTY, O_REPEAT_LAST_N,
     O_FREQUENCY_PENALTY, O_PRESENCE_PENALTY, O_FSD_ALPHA, O_FSD_K, O_FSD_N, O_FSD_BETA, O_FSD_RANDOM_STEPS,
@@ -61,6 +61,7 @@ static const iflow_opt opts[] = {
     {O_DRAFT, "draft", 0, "FILE", "speculative decoding: draft model FILE (sharing the model's tokenizer) proposes tokens that the model checks in one step; greedy output is unchanged, sampled output keeps its distribution", "file"},
     {O_DRAFT_N, "draft-n", 0, "N", "with --draft: tokens the draft proposes per step, 1 to 16 (default 5)", NULL},
     {O_DRAFT_TOP_K, "draft-top-k", 0, "K", "with --draft: accept a proposal when it is among the model's K most likely tokens (faster, no longer the model's distribution; default 0: the exact rule)", NULL},
+    {O_DRAFT_TOP_P, "draft-top-p", 0, "P", "with --draft: accept a proposal when the tokens the model finds more likely hold less than P of its probability (faster, no longer the model's distribution; default 0: the exact rule)", NULL},
     {O_SEED, "seed", 0, "N", "random seed; the same seed gives the same output (default: from the clock)", NULL},
     {O_THREADS, "threads", 't', "N", "compute threads (default: all cores)", NULL},
     {O_CTX, "ctx-size", 'c', "N", "context length in tokens (default: the model's)", NULL},
@@ -95,6 +96,7 @@ typedef struct {
     int context_shift, keep;
     const char *draft;
     int draft_n, draft_top_k;
+    float draft_top_p;
     int beams;
     float length_penalty;
     const char *metrics;
@@ -350,7 +352,7 @@ static int run_batch(const run_opts *o)
         placed pl, dpl;
         devices_place(&tool, m, &o->dev, &pl);
         iflow_model *d = o->draft ? open_draft(o, &dpl) : NULL;
-        b.draft = d, b.draft_n = o->draft_n, b.draft_top_k = o->draft_top_k;
+        b.draft = d, b.draft_n = o->draft_n, b.draft_top_k = o->draft_top_k, b.draft_top_p = o->draft_top_p;
         rc = batch_run(&tool, m, &b);
         if (d) {
             iflow_model_close(d);
@@ -393,7 +395,7 @@ static int run(const run_opts *o)
     iflow_sampler *chain; /* for -v: the chain the requests run */
     if (iflow_batch_open(&g.b, m, &bp) < 0 || iflow_sampler_open(&chain, &o->sp, iflow_model_hparams(m)->vocab_size) < 0 ||
         iflow_batch_set_comm(g.b, comm) < 0 ||
-        (draft && iflow_batch_set_draft(g.b, draft, o->draft_n, o->draft_top_k) < 0))
+        (draft && iflow_batch_set_draft(g.b, draft, o->draft_n, o->draft_top_k, o->draft_top_p) < 0))
         die(&tool, NULL);
     double t_load = now_s() - t0;
     if (o->prompt) {
@@ -515,6 +517,7 @@ int main(int argc, char **argv)
         case O_DRAFT: o.draft = arg; break;
         case O_DRAFT_N: o.draft_n = (int)opt_long(&tool, "draft-n", arg, 1, IFLOW_MAX_DRAFT); break;
         case O_DRAFT_TOP_K: o.draft_top_k = (int)opt_long(&tool, "draft-top-k", arg, 0, 1 << 24); break;
+        case O_DRAFT_TOP_P: o.draft_top_p = (float)opt_double(&tool, "draft-top-p", arg, 0, 1); break;
         case O_KEEP:
             o.keep = (int)opt_long(&tool, "keep", arg, -1, 1 << 24);
             keep_given = 1;
@@ -544,8 +547,8 @@ int main(int argc, char **argv)
         die_usage(&tool, "--length-penalty goes with --beams");
     if (o.beams && (o.batch || o.draft || o.n_stops || o.context_shift != IFLOW_SHIFT_NONE))
         die_usage(&tool, "--beams goes with neither --batch (give \"beams\" per request), --draft, --stop nor a context shift");
-    if ((o.draft_n != 5 || o.draft_top_k) && !o.draft)
-        die_usage(&tool, "--draft-n and --draft-top-k go with --draft");
+    if ((o.draft_n != 5 || o.draft_top_k || o.draft_top_p) && !o.draft)
+        die_usage(&tool, "--draft-n, --draft-top-k and --draft-top-p go with --draft");
     if ((o.parallel || o.metrics || o.kv_type) && !o.batch && !o.dry_run)
         die_usage(&tool, "--parallel, --kv-type and --metrics go with --batch");
     int rc = o.tokenize ? tokenize(&o) : o.batch || o.dry_run ? run_batch(&o) : run(&o);

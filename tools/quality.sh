@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tools/quality.sh -- measure every weight type against the unquantized model (make quality).
 #
-# For stories260K and xs-ckpt (converted from their HF folders, F32), each type is quantized
+# For stories260K and xs-ckpt (converted from their HF folders, F32) and SmolLM2-135M (its Q4_1
+# GGUF dequantized to F32; llama.cpp protocol only), each type is quantized
 # three ways: --method minmax (the paper's rule), --method search (the default), and search with
 # --imatrix (an importance matrix from the model itself on calibration text: the second half of
 # WikiText-2's test file, 100 windows of 256 tokens, disjoint from the scored windows). Each is
@@ -50,15 +51,15 @@ score() { # model-name protocol type method quantized-shard base-shard -> one TS
             '[$m, $p, $t, $meth, $b, .ppl, .delta_ppl, .mean_kld, .max_kld, .top1_agreement, .base_ppl, .tokens_scored] | @tsv' >>"$raw"
 }
 
-measure() { # model-name hf-dir
-    local name=$1 hf=$2 base=$work/$1.ifs im=""
-    bin/iflow-convert "$hf" -o "$base"
+measure() { # model-name source [protocols]: source an HF folder or a GGUF file (dequantized to F32)
+    local name=$1 hf=$2 base=$work/$1.ifs im="" protos=${3:-"llama.cpp windows"}
+    bin/iflow-convert "$hf" -t f32 -o "$base"
     if bin/iflow-ppl -m "$base" -f "$work/calib.txt" -c 256 --chunks 100 --save-imatrix "$work/$name.imatrix" >/dev/null 2>"$work/im.err"; then
         im=$work/$name.imatrix
     else
         echo "quality: $name: no importance matrix ($(cat "$work/im.err")): imatrix columns left out" >&2
     fi
-    for proto in llama.cpp windows; do
+    for proto in $protos; do
         if [ $proto = windows ]; then
             for t in f16 bf16; do
                 have "$name" $proto "$t" - && continue
@@ -85,6 +86,10 @@ measure() { # model-name hf-dir
 
 measure xs-ckpt "$DATA/models/xs-ckpt/hf"
 measure stories260K "$DATA/models/stories260K/hf"
+# The real SmolLM2-135M: no unquantized copy exists here, so its Q4_1 weights dequantized to F32
+# are the base (every type is then a requantization of those values); the llama.cpp protocol
+# only (the windows protocol's every-matrix-in-the-type rows would take an hour more).
+measure smollm2-135m "$DATA/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf" llama.cpp
 
 # One table per model and protocol: a row per type, the three methods side by side.
 table() { # model protocol
@@ -114,7 +119,9 @@ table() { # model protocol
 {
     echo "<!-- written by tools/quality.sh (make quality); do not edit -->"
     for p in llama.cpp windows; do
-        for m in xs-ckpt stories260K; do table $m $p; done
+        for m in xs-ckpt stories260K smollm2-135m; do
+            grep -q "^$m	$p	" "$raw" && table $m $p
+        done
     done
 } >docs/quant-quality.md
 

@@ -297,6 +297,28 @@ int32_t iflow_argmax(const float *x, int n)
     return best;
 }
 
+/* The vocabulary as candidates, with the penalties of the recent tokens applied. */
+static void penalized(iflow_sampler *s, const float *logits, iflow_cands *cs)
+{
+    const iflow_sampler_params *p = &s->p;
+    iflow_cands_init(cs, s->c, logits, s->n_vocab);
+    int w = p->repeat_last_n < 0 || p->repeat_last_n > s->n_hist ? s->n_hist : p->repeat_last_n;
+    if (w > 0)
+        iflow_cands_penalize(cs, s->hist + s->n_hist - w, w, p->repeat_penalty, p->frequency_penalty,
+                             p->presence_penalty);
+}
+
+/* The chain's cuts, in order, then its temperature. */
+static void chain_cuts(iflow_cands *cs, const iflow_sampler_params *p)
+{
+    iflow_cands_top_k(cs, p->top_k);
+    iflow_cands_tail_free(cs, p->tfs_z);
+    iflow_cands_typical(cs, p->typical_p);
+    iflow_cands_top_p(cs, p->top_p);
+    iflow_cands_min_p(cs, p->min_p);
+    iflow_cands_temperature(cs, p->temp);
+}
+
 int32_t iflow_sampler_sample(iflow_sampler *s, const float *logits)
 {
     const iflow_sampler_params *p = &s->p;
@@ -304,11 +326,7 @@ int32_t iflow_sampler_sample(iflow_sampler *s, const float *logits)
     if (iflow_sampler_is_greedy(s))
         return iflow_argmax(logits, s->n_vocab);
     iflow_cands cs;
-    iflow_cands_init(&cs, s->c, logits, s->n_vocab);
-    int w = p->repeat_last_n < 0 || p->repeat_last_n > s->n_hist ? s->n_hist : p->repeat_last_n;
-    if (w > 0)
-        iflow_cands_penalize(&cs, s->hist + s->n_hist - w, w, p->repeat_penalty, p->frequency_penalty,
-                             p->presence_penalty);
+    penalized(s, logits, &cs);
     switch (p->kind) {
     case IFLOW_SAMPLER_GREEDY:
         return iflow_cands_greedy(&cs);
@@ -329,12 +347,7 @@ int32_t iflow_sampler_sample(iflow_sampler *s, const float *logits)
     default:
         if (p->temp == 0)
             return iflow_cands_greedy(&cs);
-        iflow_cands_top_k(&cs, p->top_k);
-        iflow_cands_tail_free(&cs, p->tfs_z);
-        iflow_cands_typical(&cs, p->typical_p);
-        iflow_cands_top_p(&cs, p->top_p);
-        iflow_cands_min_p(&cs, p->min_p);
-        iflow_cands_temperature(&cs, p->temp);
+        chain_cuts(&cs, p);
         return iflow_cands_draw(&cs, next_unit(s));
     }
 }
@@ -360,21 +373,12 @@ int iflow_sampler_dist(iflow_sampler *s, const float *logits, float *probs)
         return 0;
     }
     iflow_cands cs;
-    iflow_cands_init(&cs, s->c, logits, s->n_vocab);
-    int w = p->repeat_last_n < 0 || p->repeat_last_n > s->n_hist ? s->n_hist : p->repeat_last_n;
-    if (w > 0)
-        iflow_cands_penalize(&cs, s->hist + s->n_hist - w, w, p->repeat_penalty, p->frequency_penalty,
-                             p->presence_penalty);
+    penalized(s, logits, &cs);
     if (p->kind != IFLOW_SAMPLER_CHAIN || p->temp == 0) { /* greedy after the penalties */
         probs[iflow_cands_greedy(&cs)] = 1;
         return 0;
     }
-    iflow_cands_top_k(&cs, p->top_k);
-    iflow_cands_tail_free(&cs, p->tfs_z);
-    iflow_cands_typical(&cs, p->typical_p);
-    iflow_cands_top_p(&cs, p->top_p);
-    iflow_cands_min_p(&cs, p->min_p);
-    iflow_cands_temperature(&cs, p->temp);
+    chain_cuts(&cs, p);
     iflow_cands_softmax(&cs);
     for (int i = 0; i < cs.n; i++)
         probs[cs.c[i].id] = cs.c[i].p;
@@ -413,16 +417,18 @@ void iflow_sampler_truncate(iflow_sampler *s, int n)
 }
 
 int32_t iflow_spec_verify(const float *p, const float *q, int n, int32_t d, double u_accept, double u_draw, int top_k,
-                          int *accepted)
+                          float top_p, int *accepted)
 {
     double sp = 0, sq = 0;
     for (int i = 0; i < n; i++)
         sp += p[i], sq += q[i];
-    if (top_k > 0) { /* rank of d under p: tokens more probable, or as probable with a lower id */
+    if (top_k > 0 || top_p > 0) { /* tokens ahead of d under p: more probable, or as probable with a lower id */
         int rank = 0;
-        for (int i = 0; i < n && rank < top_k; i++)
-            rank += p[i] > p[d] || (p[i] == p[d] && i < d);
-        *accepted = rank < top_k;
+        double ahead = 0;
+        for (int i = 0; i < n; i++)
+            if (p[i] > p[d] || (p[i] == p[d] && i < d))
+                rank++, ahead += p[i] / sp;
+        *accepted = (top_k <= 0 || rank < top_k) && (top_p <= 0 || ahead < top_p);
         return *accepted ? d : iflow_argmax(p, n);
     }
     double pd = p[d] / sp, qd = sq > 0 ? q[d] / sq : 0;

@@ -93,11 +93,12 @@ void iflow_sampler_truncate(iflow_sampler *s, int n);
  * probability min(1, p[d] / q[d]) (u_accept decides), else draw from the residual
  * max(0, p - q), normalized (u_draw decides). The token returned is distributed as p whatever
  * q is; *accepted says whether it is d. p, q: [n] (need not sum to 1: each is normalized).
- * top_k > 0 is the flexible rule instead: d is accepted when it is among the top_k most
- * probable tokens under p (ties by lower id), else p's most probable token is taken: faster,
- * no longer distributed as p. */
+ * top_k > 0 or top_p > 0 is the flexible rule instead: d is accepted when it is among the
+ * top_k most probable tokens under p (ties by lower id) and inside p's nucleus of mass top_p
+ * (the tokens more probable than d hold less than top_p), whichever are given; else p's most
+ * probable token is taken: faster, no longer distributed as p. */
 int32_t iflow_spec_verify(const float *p, const float *q, int n, int32_t d, double u_accept, double u_draw, int top_k,
-                          int *accepted);
+                          float top_p, int *accepted);
 
 /* The chain as it runs, one line ("penalties(repeat 1.1, last 64) top-k 40 ... draw"). */
 const char *iflow_sampler_describe(const iflow_sampler *s, char *buf, int cap);

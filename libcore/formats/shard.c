@@ -299,6 +299,43 @@ int iflow_shard_reader_open(iflow_shard_reader **out, const char *path)
     return 0;
 }
 
+/* r->buf with room for n bytes (aligned), keeping its first `keep`. */
+static int reader_room(iflow_shard_reader *r, size_t n, size_t keep, const iflow_shard_rec *rec)
+{
+    if (n <= r->cap)
+        return 0;
+    void *b = aligned_alloc(IFLOW_SHARD_ALIGN, (size_t)align_up(n));
+    if (!b)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory reading '%s' (%zu bytes) from '%s'", rec->name, n, r->in.path);
+    if (keep)
+        memcpy(b, r->buf, keep);
+    free(r->buf);
+    r->buf = b;
+    r->cap = (size_t)align_up(n);
+    return 0;
+}
+
+#define READ_STEP ((size_t)64 << 20)
+
+/* rec's payload into r->buf, which grows as the bytes arrive (at most doubling, in steps of
+ * READ_STEP): a size in a record header, unchecked on a stream of unknown length, cannot make
+ * the reader allocate much more than the stream really holds. Room for `padded` at the end. */
+static int read_payload(iflow_shard_reader *r, const iflow_shard_rec *rec, size_t padded, const char *what)
+{
+    size_t have = 0;
+    int rc;
+    while (have < rec->nbytes) {
+        size_t step = rec->nbytes - have < READ_STEP ? rec->nbytes - have : READ_STEP;
+        size_t want = have + step;
+        if (want > r->cap && want < rec->nbytes && want < 2 * r->cap)
+            want = 2 * r->cap < rec->nbytes ? 2 * r->cap : rec->nbytes;
+        if ((rc = reader_room(r, want, have, rec)) < 0 || (rc = in_need(&r->in, (char *)r->buf + have, step, what)) < 0)
+            return rc;
+        have += step;
+    }
+    return reader_room(r, padded, have, rec);
+}
+
 int iflow_shard_reader_next(iflow_shard_reader *r, iflow_shard_rec *rec)
 {
     if (r->done)
@@ -322,17 +359,9 @@ int iflow_shard_reader_next(iflow_shard_reader *r, iflow_shard_rec *rec)
         return check_end(rec, r->n_records, r->in.path) ? IFLOW_EFORMAT : 0;
     }
     size_t padded = (size_t)align_up(rec->nbytes);
-    if (padded > r->cap) {
-        free(r->buf);
-        r->buf = aligned_alloc(IFLOW_SHARD_ALIGN, padded);
-        r->cap = r->buf ? padded : 0;
-        if (!r->buf)
-            return iflow_seterr(IFLOW_ENOMEM, "out of memory reading '%s' (%zu bytes) from '%s'", rec->name, padded,
-                                r->in.path);
-    }
     char what[MAX_NAME + 32];
     snprintf(what, sizeof what, "data of '%s'", rec->name);
-    if ((rc = in_need(&r->in, r->buf, rec->nbytes, what)) < 0 || (rc = in_skip(&r->in, padded - rec->nbytes, what)) < 0)
+    if ((rc = read_payload(r, rec, padded, what)) < 0 || (rc = in_skip(&r->in, padded - rec->nbytes, what)) < 0)
         return rc;
     rec->data = r->buf;
     if ((rc = verify_payload(rec, r->in.path)) < 0)

@@ -62,6 +62,7 @@ struct iflow_batch {
     iflow_kv *dkv;
     iflow_ctx *dctx;
     int n_draft, accept_top_k;
+    float accept_top_p;
     float *dlogits;               /* [parallel][vocab] the draft's logits of a step         */
     float *p_dist;                /* [vocab] scratch: the model's distribution              */
     int32_t dids[IFLOW_MAX_STEP]; /* a catch-up step's tokens                              */
@@ -196,12 +197,12 @@ void iflow_batch_close(iflow_batch *b)
     free(b);
 }
 
-int iflow_batch_set_draft(iflow_batch *b, const iflow_model *draft, int n_draft, int accept_top_k)
+int iflow_batch_set_draft(iflow_batch *b, const iflow_model *draft, int n_draft, int accept_top_k, float accept_top_p)
 {
     const iflow_hparams *hp = iflow_model_hparams(b->m), *dp = iflow_model_hparams(draft);
     if (b->draft || b->n_running || b->n_queued)
         return iflow_seterr(IFLOW_EINVAL, "a draft model is set before the first request, once");
-    if (n_draft < 1 || n_draft > IFLOW_MAX_DRAFT || accept_top_k < 0)
+    if (n_draft < 1 || n_draft > IFLOW_MAX_DRAFT || accept_top_k < 0 || !(accept_top_p >= 0 && accept_top_p <= 1))
         return iflow_seterr(IFLOW_EINVAL, "%d draft tokens a step: from 1 to %d", n_draft, IFLOW_MAX_DRAFT);
     if (dp->vocab_size != hp->vocab_size)
         return iflow_seterr(IFLOW_EINVAL, "the draft model's vocabulary of %d tokens is not the model's %d",
@@ -228,6 +229,7 @@ int iflow_batch_set_draft(iflow_batch *b, const iflow_model *draft, int n_draft,
     b->draft = draft;
     b->n_draft = n_draft;
     b->accept_top_k = accept_top_k;
+    b->accept_top_p = accept_top_p;
     return 0;
 }
 
@@ -635,7 +637,8 @@ static int verify(iflow_batch *b, req *r, const iflow_step_seq *q)
             if ((rc = iflow_sampler_dist(r->sampler, q->logits + (size_t)i * V, b->p_dist)) < 0)
                 return rc;
             double u1 = iflow_sampler_uniform(r->sampler), u2 = iflow_sampler_uniform(r->sampler);
-            tok = iflow_spec_verify(b->p_dist, r->q + (size_t)i * V, V, r->vids[i + 1], u1, u2, b->accept_top_k, &acc);
+            tok = iflow_spec_verify(b->p_dist, r->q + (size_t)i * V, V, r->vids[i + 1], u1, u2, b->accept_top_k,
+                                    b->accept_top_p, &acc);
         } else {
             tok = iflow_sampler_sample(r->sampler, q->logits + (size_t)i * V);
         }

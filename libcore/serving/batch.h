@@ -72,13 +72,13 @@ int  iflow_batch_set_comm(iflow_batch *b, struct iflow_comm *comm);
  * its own: greedy requests accept a proposal equal to the model's argmax, so their tokens are
  * exactly those of decoding without a draft; sampled ones use speculative sampling's rule
  * (sampler.h's iflow_spec_verify), so their tokens are distributed as without a draft (the
- * draws differ), or, with accept_top_k > 0, the flexible rule. The draft keeps its own paged
+ * draws differ), or, with accept_top_k > 0 or accept_top_p > 0, the flexible rule. The draft keeps its own paged
  * cache with the same block tables. Requests whose sampler draws from no fixed distribution
  * (mirostat, FSD) decode without proposals; a draft does not go with a context shift.
  * The draft must share the model's vocabulary (the same tokenizer) and hold n_ctx positions.
  * Set it before adding requests. */
 #define IFLOW_MAX_DRAFT 16
-int iflow_batch_set_draft(iflow_batch *b, const iflow_model *draft, int n_draft, int accept_top_k);
+int iflow_batch_set_draft(iflow_batch *b, const iflow_model *draft, int n_draft, int accept_top_k, float accept_top_p);
 
 /* Bytes of KV cache one block takes over all layers (K and V), for memory plans. */
 uint64_t iflow_batch_block_bytes(const iflow_model *m, int kv_type, int block);

@@ -32,6 +32,8 @@ run $BIN/iflow-run -m "$TMP/s.ifs" --draft "$TMP/s.q4.ifs" -p "Once upon a time"
 expect_eq "$out" "$a" "sampled with a draft: the same seed, the same text"
 run $BIN/iflow-run -m "$TMP/s.ifs" --draft "$TMP/s.q4.ifs" --draft-top-k 3 -p "Once upon a time" -n 60 --temp 0.9
 expect_rc 0 "--draft-top-k"
+run $BIN/iflow-run -m "$TMP/s.ifs" --draft "$TMP/s.q4.ifs" --draft-top-p 0.8 -p "Once upon a time" -n 60 --temp 0.9
+expect_rc 0 "--draft-top-p"
 
 # ---- --batch ----
 jq -Rc '{id: ., prompt: ., max_tokens: 80, temperature: 0}' "$TMP/prompts.txt" >"$TMP/req.jsonl"
@@ -45,7 +47,7 @@ expect_eq "$(jq -c '[(.draft.proposed > 0), (.draft.accepted <= .draft.proposed)
 # ---- errors ----
 run $BIN/iflow-run -m "$TMP/s.ifs" -p hi --draft-n 3
 expect_rc 2 "--draft-n without --draft"
-expect_eq "$(head -n 1 <<<"$err")" "iflow-run: --draft-n and --draft-top-k go with --draft" "--draft-n without --draft: message"
+expect_eq "$(head -n 1 <<<"$err")" "iflow-run: --draft-n, --draft-top-k and --draft-top-p go with --draft" "--draft-n without --draft: message"
 run $BIN/iflow-run -m "$TMP/s.ifs" -p hi --draft "$TMP/s.q4.ifs" --draft-n 17
 expect_rc 2 "--draft-n 17"
 run $BIN/iflow-run -m "$TMP/s.ifs" -p hi --draft "$TMP/xs.ifs"

@@ -68,7 +68,7 @@ static void rule_case(const char *name, const float *p, const float *q)
     for (long t = 0; t < T; t++) {
         int32_t d = draw(q, N, unit());
         int a;
-        int32_t tok = iflow_spec_verify(p, q, N, d, unit(), unit(), 0, &a);
+        int32_t tok = iflow_spec_verify(p, q, N, d, unit(), unit(), 0, 0, &a);
         count[tok]++;
         acc += a;
         if (a && tok != d) {
@@ -102,11 +102,16 @@ static void test_rule(void)
     rule_case("disjoint", p3, q2);
     rule_case("q = p", p1, p1);
     rule_case("unnormalized q", p1, q4);
-    /* the flexible rule: in p's top 3 (0, 1, 2) or p's argmax */
+    /* the flexible rules: in p's top 3 (0, 1, 2), or where the tokens ahead hold less than 0.6
+     * (ahead of 2: 0.5; of 3: 0.65), or both; else p's argmax */
     for (int32_t d = 0; d < 8; d++) {
-        int a;
-        int32_t tok = iflow_spec_verify(p1, q1, 8, d, 0.99, 0.5, 3, &a);
+        int a, b, c;
+        int32_t tok = iflow_spec_verify(p1, q1, 8, d, 0.99, 0.5, 3, 0, &a);
         CHECK(a == (d < 3) && tok == (d < 3 ? d : 0), "top-3 rule on %d: accepted %d, token %d", d, a, tok);
+        tok = iflow_spec_verify(p1, q1, 8, d, 0.99, 0.5, 0, 0.6f, &b);
+        CHECK(b == (d < 3) && tok == (d < 3 ? d : 0), "top-p 0.6 rule on %d: accepted %d, token %d", d, b, tok);
+        iflow_spec_verify(p1, q1, 8, d, 0.99, 0.5, 2, 0.6f, &c);
+        CHECK(c == (d < 2), "top-2 and top-p 0.6 on %d: accepted %d", d, c);
     }
 }
 
@@ -159,7 +164,7 @@ static int run_jobs(iflow_model *m, iflow_model *draft, int n_draft, const job *
 {
     iflow_batch *b;
     iflow_batch_params p = {.parallel = par, .n_ctx = 128, .n_threads = 2};
-    if (iflow_batch_open(&b, m, &p) < 0 || (draft && iflow_batch_set_draft(b, draft, n_draft, 0) < 0)) {
+    if (iflow_batch_open(&b, m, &p) < 0 || (draft && iflow_batch_set_draft(b, draft, n_draft, 0, 0) < 0)) {
         CHECK(0, "open: %s", iflow_errmsg());
         return -1;
     }
@@ -250,8 +255,8 @@ static void test_engine(void)
     iflow_batch *b;
     iflow_batch_params p = {.parallel = 2, .n_ctx = 512};
     CHECK(iflow_batch_open(&b, m, &p) == 0, "open: %s", iflow_errmsg());
-    CHECK_ERR(iflow_batch_set_draft(b, d, 4, 0), IFLOW_ERANGE, "draft model holds 256 positions", "context is 512");
-    CHECK_ERR(iflow_batch_set_draft(b, m, 17, 0), IFLOW_EINVAL, "17 draft tokens", "from 1 to 16");
+    CHECK_ERR(iflow_batch_set_draft(b, d, 4, 0, 0), IFLOW_ERANGE, "draft model holds 256 positions", "context is 512");
+    CHECK_ERR(iflow_batch_set_draft(b, m, 17, 0, 0), IFLOW_EINVAL, "17 draft tokens", "from 1 to 16");
     iflow_batch_close(b);
     iflow_model_close(d);
     iflow_model_close(m);
