@@ -28,6 +28,7 @@ complete -c iflow-run -l length-penalty -x -d 'with --beams: rank beams by log-p
 complete -c iflow-run -l draft -r -d 'speculative decoding: draft model FILE (sharing the model\'s tokenizer) proposes tokens that the model checks in one step; greedy output is unchanged, sampled output keeps its distribution'
 complete -c iflow-run -l draft-n -x -d 'with --draft: tokens the draft proposes per step, 1 to 16 (default 5)'
 complete -c iflow-run -l draft-top-k -x -d 'with --draft: accept a proposal when it is among the model\'s K most likely tokens (faster, no longer the model\'s distribution; default 0: the exact rule)'
+complete -c iflow-run -l draft-top-p -x -d 'with --draft: accept a proposal when the tokens the model finds more likely hold less than P of its probability (faster, no longer the model\'s distribution; default 0: the exact rule)'
 complete -c iflow-run -l seed -x -d 'random seed; the same seed gives the same output (default: from the clock)'
 complete -c iflow-run -l threads -s t -x -d 'compute threads (default: all cores)'
 complete -c iflow-run -l ctx-size -s c -x -d 'context length in tokens (default: the model\'s)'
