@@ -27,10 +27,11 @@ export IFLOW_TEST_DATA
 LIB_PKGS := libzstd inih jansson libpcre2-8 libutf8proc libxxhash
 PKGS     := $(LIB_PKGS) ompi-c
 # TOOLS_NEEDED: commands the tests run (man -l for the pages, script for a terminal, GNU parallel
-# for the many-machine recipe); their packages are in DEBS.
+# and a one-node Slurm cluster for the many-machine recipes; the daemons are in /usr/sbin); their
+# packages are in DEBS.
 DEBS     := libzstd-dev libinih-dev libjansson-dev libpcre2-dev libutf8proc-dev libxxhash-dev pkg-config jq \
-            libopenmpi-dev openmpi-bin man-db groff-base bsdutils parallel
-TOOLS_NEEDED := jq man groff script parallel
+            libopenmpi-dev openmpi-bin man-db groff-base bsdutils parallel munge slurmctld slurmd slurm-client
+TOOLS_NEEDED := jq man groff script parallel munged slurmctld slurmd sbatch
 
 # CUDA=1 when nvcc is found (see kernels/cuda below); a CUDA=0 build has a folder of its own.
 NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))
@@ -174,7 +175,7 @@ FORCE:
 # ---- dependencies ----------------------------------------------------------------------------
 
 deps:
-	@missing=; for t in $(TOOLS_NEEDED); do command -v $$t >/dev/null || missing=$$t; done; \
+	@missing=; for t in $(TOOLS_NEEDED); do command -v $$t >/dev/null || [ -x /usr/sbin/$$t ] || missing=$$t; done; \
 	if pkg-config --exists $(PKGS) 2>/dev/null && [ -z "$$missing" ]; then :; else \
 	  echo "make deps: installing $(DEBS)"; \
 	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
