@@ -109,15 +109,25 @@ batch_entries() { # continuous batching on the TinyLlama shape, Q4_B64: streams 
     log "batch: TinyLlama Q4_B64, 1/4/16 streams at 1 and 2 threads, and a replay of 200 WikiText prompts"
     bin/iflow-convert --synthetic "$DATA/models/synthetic/tinyllama-1.1b" -t f16 -o "$work/tl-b16.ifs"
     bin/iflow-quant -t q4_b64 --keep "*=q4_b64" -i "$work/tl-b16.ifs" -o "$work/tl-bq4.ifs"
+    bin/iflow-quant -t q2_b32 -i "$work/tl-b16.ifs" -o "$work/tl-bq2.ifs" # a draft (speculative decoding)
     rm -f "$work/tl-b16.ifs"
     local s1 s2 rp
     s1=$("$build/batchbench" "$work/tl-bq4.ifs" streams 1 8 64 1 4 16)
     s2=$("$build/batchbench" "$work/tl-bq4.ifs" streams 2 8 64 1 4 16)
     rp=$("$build/batchbench" "$work/tl-bq4.ifs" replay 2 "$DATA/data/wikitext-2-raw/wiki.test.raw" 200 \
         "${IFLOW_BENCH_REPLAY_RATE:-1}" 16 32)
-    rm -f "$work/tl-bq4.ifs"
-    jq -n --argjson s1 "$s1" --argjson s2 "$s2" --argjson rp "$rp" \
-        '{model: "tinyllama-1.1b-q4_b64", streams: {"1": $s1, "2": $s2}, replay: $rp[0]}'
+    # speculative decoding on this shape with its q2 as the draft: the random weights agree on
+    # nothing, so this measures what proposals cost when none is kept (the SmolLM2 entry below
+    # measures a real pair)
+    local ta tb
+    ta=$(bin/iflow-run -m "$work/tl-bq4.ifs" -p "Once upon a time" -n 32 --temp 0 -t 2 -v 2>&1 >/dev/null |
+        sed -nE 's/.*generated [0-9]+ tokens in [0-9.]+ s \(([0-9.]+) tok\/s\).*/\1/p')
+    tb=$(bin/iflow-run -m "$work/tl-bq4.ifs" --draft "$work/tl-bq2.ifs" -p "Once upon a time" -n 32 --temp 0 -t 2 -v \
+        2>&1 >/dev/null | sed -nE 's/.*generated [0-9]+ tokens in [0-9.]+ s \(([0-9.]+) tok\/s\).*/\1/p')
+    rm -f "$work/tl-bq4.ifs" "$work/tl-bq2.ifs"
+    jq -n --argjson s1 "$s1" --argjson s2 "$s2" --argjson rp "$rp" --argjson ta "${ta:-0}" --argjson tb "${tb:-0}" \
+        '{model: "tinyllama-1.1b-q4_b64", streams: {"1": $s1, "2": $s2}, replay: $rp[0],
+          speculative_q2_draft: {draft_n: 5, threads: 2, target_tok_s: $ta, with_draft_tok_s: $tb}}'
 }
 
 # Speculative decoding on a real model: SmolLM2-135M-Instruct dequantized to F32 as the model,
