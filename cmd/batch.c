@@ -32,8 +32,6 @@ typedef struct item {
     iflow_result *res;            /* the finished result (writer side)                       */
     iflow_beam_run *beam;         /* a beam search while it runs                             */
     iflow_beam *beams;            /* its results, best first (res holds the best one too)   */
-    char **btext;                 /* [n_beams] their texts                                  */
-    size_t *blen;
     int n_beams;
 } item;
 
@@ -116,10 +114,6 @@ static void item_free(item *it)
     free((void *)it->req.prompt);
     iflow_result_free(it->res);
     iflow_beam_close(it->beam);
-    for (int i = 0; it->btext && i < it->n_beams; i++)
-        free(it->btext[i]);
-    free(it->btext);
-    free(it->blen);
     iflow_beams_free(it->beams, it->n_beams);
     free(it);
 }
@@ -314,7 +308,7 @@ static json_t *result_json(const item *it)
         json_t *a = json_array();
         for (int i = 0; i < it->n_beams; i++) {
             const iflow_beam *b = &it->beams[i];
-            json_array_append_new(a, json_pack("{s:s%, s:f, s:f, s:s, s:i}", "text", it->btext[i], it->blen[i],
+            json_array_append_new(a, json_pack("{s:s%, s:f, s:f, s:s, s:i}", "text", b->text, b->text_len,
                                                "logprob", b->logprob, "score", b->score, "finish_reason",
                                                iflow_finish_name(b->finish), "completion_tokens", b->n_tokens));
         }
@@ -370,7 +364,7 @@ static int beam_start(item *it, const iflow_model *m, const iflow_batch_params *
 }
 
 /* One step of it's search: 1 while it runs, 0 when its results are in the item, < 0. */
-static int beam_advance(item *it, const iflow_model *m)
+static int beam_advance(item *it)
 {
     int rc = iflow_beam_step(it->beam);
     if (rc > 0) {
@@ -384,25 +378,15 @@ static int beam_advance(item *it, const iflow_model *m)
     it->beam = NULL;
     if (rc < 0)
         return rc;
-    const iflow_tokenizer *tok = iflow_model_tokenizer(m);
-    int first = it->req.n_prompt == 1 && it->req.prompt[0] == iflow_model_hparams(m)->bos;
-    it->btext = calloc((size_t)it->n_beams, sizeof *it->btext);
-    it->blen = calloc((size_t)it->n_beams, sizeof *it->blen);
-    if (!it->btext || !it->blen)
-        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
-    for (int i = 0; i < it->n_beams; i++)
-        if ((rc = iflow_tokenizer_continuation(tok, it->beams[i].tokens, (size_t)it->beams[i].n_tokens, first,
-                                               &it->btext[i], &it->blen[i])) < 0)
-            return rc;
     iflow_result *r = it->res; /* the best beam is the request's result */
     const iflow_beam *best = &it->beams[0];
     r->tokens = malloc(((size_t)best->n_tokens + 1) * sizeof *r->tokens);
-    r->text = strdup(it->btext[0]);
+    r->text = strdup(best->text);
     if (!r->tokens || !r->text)
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
     memcpy(r->tokens, best->tokens, (size_t)best->n_tokens * sizeof *r->tokens);
     r->n_tokens = best->n_tokens;
-    r->text_len = it->blen[0];
+    r->text_len = best->text_len;
     r->finish = best->finish;
     r->t_done = now_s();
     if (r->t_first == 0)
@@ -487,7 +471,7 @@ int batch_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
         }
         for (int i = 0; i < n_beams && rc == 0;) { /* each search one step further */
             item *it = beams[i];
-            int s = beam_advance(it, m);
+            int s = beam_advance(it);
             if (s < 0)
                 rc = 1;
             if (s <= 0) { /* finished (or failed: reported below) */

@@ -198,15 +198,6 @@ static json_t *ids_json(const int32_t *ids, size_t n)
     return a;
 }
 
-/* The text of a continuation (gen after the prompt; `first`: the prompt is a lone BOS). */
-static char *continuation_text(const iflow_tokenizer *tok, const int32_t *gen, int n, int first, size_t *len)
-{
-    char *text;
-    if (iflow_tokenizer_continuation(tok, gen, (size_t)n, first, &text, len) < 0)
-        die(&tool, NULL);
-    return text;
-}
-
 /* --beams: the search, then the best continuation (with --json, every beam). */
 static void generate_beams(generator *g, const char *prompt, size_t prompt_len, const int32_t *ids, size_t n_ids)
 {
@@ -219,20 +210,15 @@ static void generate_beams(generator *g, const char *prompt, size_t prompt_len, 
     if (iflow_beam_search(g->m, ids, (int)n_ids, &bp, &bs, &nb) < 0)
         die(&tool, NULL);
     g->t_gen += now_s() - t0;
-    int first = n_ids == 1 && ids[0] == iflow_model_hparams(g->m)->bos;
-    size_t len;
     if (!o->json) {
-        char *text = continuation_text(g->tok, bs[0].tokens, bs[0].n_tokens, first, &len);
-        fwrite(text, 1, len, stdout);
-        free(text);
+        fwrite(bs[0].text, 1, bs[0].text_len, stdout);
     } else {
         json_t *js = json_object(), *arr = json_array();
         json_object_set_new(js, "prompt", json_stringn(prompt, prompt_len));
         json_object_set_new(js, "prompt_ids", ids_json(ids, n_ids));
         for (int i = 0; i < nb; i++) {
-            char *text = continuation_text(g->tok, bs[i].tokens, bs[i].n_tokens, first, &len);
             json_t *b = json_object();
-            json_object_set_new(b, "text", json_stringn(text, len));
+            json_object_set_new(b, "text", json_stringn(bs[i].text, bs[i].text_len));
             json_object_set_new(b, "gen_ids", ids_json(bs[i].tokens, (size_t)bs[i].n_tokens));
             json_object_set_new(b, "logprob", json_real(bs[i].logprob));
             json_object_set_new(b, "score", json_real(bs[i].score));
@@ -240,10 +226,9 @@ static void generate_beams(generator *g, const char *prompt, size_t prompt_len, 
             json_array_append_new(arr, b);
             if (i == 0) { /* the best one also where a sampled run puts its continuation */
                 json_object_set(js, "gen_ids", json_object_get(b, "gen_ids"));
-                json_object_set_new(js, "text", json_stringn(text, len));
+                json_object_set(js, "text", json_object_get(b, "text"));
                 json_object_set(js, "stop", json_object_get(b, "stop"));
             }
-            free(text);
         }
         json_object_set_new(js, "beams", arr);
         js = json_schema(js);

@@ -2,6 +2,7 @@
 #include "libcore/serving/beam.h"
 #include "libcore/base/error.h"
 #include "libcore/serving/batch.h"
+#include "libcore/tokenizers/tokenizer.h"
 #include "kernels/cpu/kvcache.h"
 
 #include <math.h>
@@ -366,12 +367,26 @@ int iflow_beam_take(iflow_beam_run *r, iflow_beam **out, int *n_out)
     *out = NULL, *n_out = 0;
     if (!r->done)
         return iflow_seterr(IFLOW_EINVAL, "the beam search has not finished");
-    const int W = r->p.n_beams;
+    const int W = r->p.n_beams, n = r->n_res < W ? r->n_res : W;
     qsort(r->res, (size_t)r->n_res, sizeof *r->res, beam_score_cmp);
     for (int i = W; i < r->n_res; i++)
         free(r->res[i].tokens);
+    r->n_res = n;
+    /* the texts, as a request's continuation: the first token starts the text when the prompt
+     * is a lone BOS */
+    const iflow_tokenizer *tok = iflow_model_tokenizer(r->s.m);
+    int starts = r->n_prompt == 1 && r->prompt[0] == iflow_model_hparams(r->s.m)->bos, rc = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        iflow_beam *b = &r->res[i];
+        if (tok)
+            rc = iflow_tokenizer_continuation(tok, b->tokens, (size_t)b->n_tokens, starts, &b->text, &b->text_len);
+        else if (!(b->text = calloc(1, 1)))
+            rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    }
+    if (rc < 0)
+        return rc;
     *out = r->res;
-    *n_out = r->n_res < W ? r->n_res : W;
+    *n_out = n;
     r->res = NULL, r->n_res = r->cap = 0;
     return 0;
 }
@@ -407,7 +422,9 @@ int iflow_beam_search(const iflow_model *m, const int32_t *prompt, int n_prompt,
 
 void iflow_beams_free(iflow_beam *b, int n)
 {
-    for (int i = 0; b && i < n; i++)
+    for (int i = 0; b && i < n; i++) {
         free(b[i].tokens);
+        free(b[i].text);
+    }
     free(b);
 }

@@ -45,6 +45,9 @@ typedef struct {
     double score;           /* logprob / length^length_penalty                            */
     int finish;             /* batch.h's IFLOW_FINISH_EOS, _LENGTH or _CONTEXT             */
     int32_t eos;            /* IFLOW_FINISH_EOS: the end-of-sequence token; else -1        */
+    char *text;             /* the tokens' text after the prompt, NUL-terminated ("" when
+                             * the model has no tokenizer)                                  */
+    size_t text_len;
 } iflow_beam;
 
 /* Step by step, for a caller that interleaves a search with other work (iflow-run --batch):
