@@ -707,17 +707,13 @@ __global__ void kv_shift_rows(KV *k, KV *v, size_t ld, int n_kv_heads, int head_
         }
         const size_t r = idx / ((size_t)n_kv_heads * half), rest = idx % ((size_t)n_kv_heads * half);
         const int h = (int)(rest / half), i = (int)(rest % half);
-        double angle = -(double)discard * pow((double)theta, -2.0 * i / rot_dim);
-        if (fs)
-            angle *= fs[i];
-        double sd, cd;
-        sincos(angle, &sd, &cd);
-        const float c = (float)cd, s = (float)sd;
-        const int ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
+        float c, s, y0, y1;
+        int ia, ib;
+        ifkc_rope_pair(-(double)discard, i, rot_dim, theta, fs, interleaved, &c, &s, &ia, &ib);
         const size_t src = ((size_t)r0 + r) * ld + (size_t)h * head_dim, dst = src - (size_t)discard * ld;
-        const float x0 = kv_float(k[src + ia]), x1 = kv_float(k[src + ib]);
-        kv_put(k + dst + ia, __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)));
-        kv_put(k + dst + ib, __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c)));
+        ifkc_rotate(kv_float(k[src + ia]), kv_float(k[src + ib]), c, s, &y0, &y1);
+        kv_put(k + dst + ia, y0);
+        kv_put(k + dst + ib, y1);
     }
 }
 

@@ -59,6 +59,29 @@ int ifkc_scratch(ifkc_dev *d, int slot, size_t nbytes, void **p);
  * with the next synchronizing call (ifkc_download, ifkc_sync). */
 #define IFKC_CKL(name) IFKC_CK(cudaGetLastError(), "launch of " name)
 
+/* RoPE pair i at position pos, as ifk_rope: the angle pos * theta^(-2i/rot_dim) (times fs[i]
+ * when fs is not NULL) in double, its cosine and sine rounded to float, and the indices of the
+ * pair in a head (interleaved: 2i, 2i+1; half: i, i + rot_dim/2). */
+static __device__ __forceinline__ void ifkc_rope_pair(double pos, int i, int rot_dim, float theta, const float *fs,
+                                                      int interleaved, float *c, float *s, int *ia, int *ib)
+{
+    double angle = pos * pow((double)theta, -2.0 * i / rot_dim);
+    if (fs)
+        angle *= fs[i];
+    double sd, cd;
+    sincos(angle, &sd, &cd);
+    *c = (float)cd, *s = (float)sd;
+    *ia = interleaved ? 2 * i : i;
+    *ib = interleaved ? 2 * i + 1 : i + rot_dim / 2;
+}
+
+/* (x0, x1) rotated by (c, s), without FMA contraction (the CPU's rounding). */
+static __device__ __forceinline__ void ifkc_rotate(float x0, float x1, float c, float s, float *y0, float *y1)
+{
+    *y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+    *y1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+}
+
 static inline unsigned ifkc_cdiv(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
 
 #endif

@@ -103,19 +103,13 @@ __global__ void rope_pairs(float *x, size_t ld, int T, int n_heads, int head_dim
     if (idx >= (size_t)T * half)
         return;
     const int t = (int)(idx / half), i = (int)(idx % half);
-    double angle = (double)(pos0 + t) * pow((double)theta, -2.0 * i / rot_dim);
-    if (fs)
-        angle *= fs[i];
-    double sd, cd;
-    sincos(angle, &sd, &cd);
-    const float c = (float)cd, s = (float)sd;
-    const int ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
+    float c, s;
+    int ia, ib;
+    ifkc_rope_pair((double)(pos0 + t), i, rot_dim, theta, fs, interleaved, &c, &s, &ia, &ib);
     float *xt = x + (size_t)t * ld;
     for (int h = 0; h < n_heads; h++) {
         float *xh = xt + (size_t)h * head_dim;
-        const float x0 = xh[ia], x1 = xh[ib];
-        xh[ia] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-        xh[ib] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+        ifkc_rotate(xh[ia], xh[ib], c, s, &xh[ia], &xh[ib]);
     }
 }
 
