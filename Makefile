@@ -128,6 +128,7 @@ BINS     := $(TOOLS:%=bin/%)
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 UNIT_BIN := $(UNIT_SRC:%.c=$(BUILD)/%)
 UNIT_COMMON := $(filter-out tests/unit/test_%.c,$(wildcard tests/unit/*.c))
+UNIT_HDR := $(wildcard tests/unit/*.h)
 
 FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_SECONDS ?= 20
@@ -195,7 +196,7 @@ demo: deps
 
 # ---- tests -----------------------------------------------------------------------------------
 
-$(BUILD)/tests/unit/test_%: tests/unit/test_%.c $(UNIT_COMMON) $(LIB)
+$(BUILD)/tests/unit/test_%: tests/unit/test_%.c $(UNIT_COMMON) $(UNIT_HDR) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(UNIT_COMMON) $(LIB) $(LDLIBS)
 
@@ -203,7 +204,7 @@ $(BUILD)/tests/unit/test_%: tests/unit/test_%.c $(UNIT_COMMON) $(LIB)
 # run by `make check-gpu` on a machine with a GPU.
 GPU_TEST_SRC := $(if $(filter 1,$(CUDA)),$(wildcard tests/gpu/test_*.c))
 GPU_TEST_BIN := $(GPU_TEST_SRC:%.c=$(BUILD)/%)
-$(BUILD)/tests/gpu/test_%: tests/gpu/test_%.c $(UNIT_COMMON) $(LIB)
+$(BUILD)/tests/gpu/test_%: tests/gpu/test_%.c $(UNIT_COMMON) $(UNIT_HDR) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(UNIT_COMMON) $(LIB) $(LDLIBS)
 

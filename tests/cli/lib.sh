@@ -11,6 +11,7 @@ set -u
 NAME=$(basename "$0" .sh)
 BIN=${BIN:-bin}
 DATA=${IFLOW_TEST_DATA:-../shared}
+[ -d "$DATA" ] && DATA=$(cd "$DATA" && pwd) # absolute: some tests run from elsewhere
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 PASS=0 FAIL=0

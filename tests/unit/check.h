@@ -8,8 +8,9 @@
  * SKIP(fmt, ...) inside a test reports why it could not run (missing test data) and returns.
  *
  * rnd_u32(), rnd_unit() and rnd_normal() give the same "random" numbers on every run.
- * test_data(rel) returns "$IFLOW_TEST_DATA/rel" (default ../shared) in a static buffer, or NULL
- * if that file does not exist. test_read_file() and test_write_file() move whole files.
+ * test_data(rel) returns the absolute path of "$IFLOW_TEST_DATA/rel" (default ../shared) in a
+ * static buffer, or NULL if that file does not exist. test_read_file() and test_write_file()
+ * move whole files.
  */
 #ifndef IFLOW_CHECK_H
 #define IFLOW_CHECK_H
@@ -55,8 +56,10 @@ static inline const char *test_data(const char *rel)
 {
     static char buf[4096];
     const char *root = getenv("IFLOW_TEST_DATA");
-    snprintf(buf, sizeof buf, "%s/%s", root && *root ? root : "../shared", rel);
-    return access(buf, R_OK) == 0 ? buf : NULL;
+    char rel_path[4096];
+    snprintf(rel_path, sizeof rel_path, "%s/%s", root && *root ? root : "../shared", rel);
+    /* absolute, so that a link made to it from a temporary directory still points there */
+    return access(rel_path, R_OK) == 0 && realpath(rel_path, buf) ? buf : NULL;
 }
 
 /* The whole file, malloc'd; NULL if it cannot be read. */
