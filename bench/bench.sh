@@ -13,7 +13,8 @@
 # and 16 streams on the TinyLlama shape in Q4_B64, and a replay of 200 WikiText prompts arriving
 # as a Poisson process (IFLOW_BENCH_REPLAY_RATE requests/s, default 1) with its latency metrics;
 # and generation past the context (bench/shiftbench.c): perplexity and tokens/s of WikiText read
-# through a small context with RoPE-key shifts, recomputation, and restarts.
+# through a small context with RoPE-key shifts, recomputation, and restarts; and decode beside a
+# busy loop pinned to one of the two cores the run uses (the thread pool against OpenMP).
 # No thresholds: these are measurements.
 set -euo pipefail
 build=${1:?usage: bench/bench.sh BUILD_DIR}
@@ -163,6 +164,37 @@ shift_entries() { # generating past the context: context shifts on xs-ckpt over 
     rm -f "$work/xs.ifs"
 }
 ctxshift=$(shift_entries)
+
+# Threads on a busy machine (kernels/cpu/pool.h): TinyLlama Q4_B64 on cores 0 and 1 (taskset),
+# decode and prefill at 2 threads quiet and with a busy loop pinned to core 1, with the pool
+# and with IFLOW_POOL=0 (OpenMP's dynamic loop, the pool's fallback). The competitor's fair share
+# of the two cores is a quarter (half of one of them): decode should lose no more than that.
+busy_entry() {
+    log "busy core: TinyLlama Q4_B64 at 2 threads, quiet and beside a busy loop on core 1; pool and OpenMP"
+    bin/iflow-convert --synthetic "$DATA/models/synthetic/tinyllama-1.1b" -t f16 -o "$work/tl-busy16.ifs" >&2
+    bin/iflow-quant -t q4_b64 --keep "*=q4_b64" -i "$work/tl-busy16.ifs" -o "$work/tl-busy.ifs" >&2
+    rm -f "$work/tl-busy16.ifs"
+    local pool quiet busy bp out=()
+    for pool in 1 0; do
+        quiet=$(IFLOW_POOL=$pool taskset -c 0,1 "$build/iflow-bench" "$work/tl-busy.ifs" 16 48 1 2)
+        taskset -c 1 bash -c 'while :; do :; done' &
+        bp=$!
+        busy=$(IFLOW_POOL=$pool taskset -c 0,1 "$build/iflow-bench" "$work/tl-busy.ifs" 16 48 2)
+        kill "$bp"
+        wait "$bp" 2>/dev/null || true
+        out+=("$(jq -cn --arg k "$([ "$pool" = 1 ] && echo pool || echo openmp)" --argjson q "$quiet" --argjson b "$busy" '
+            {threads: $k, quiet_1t_decode_tok_s: $q.runs[0].decode_tok_s, quiet_2t_decode_tok_s: $q.runs[1].decode_tok_s,
+             busy_2t_decode_tok_s: $b.runs[0].decode_tok_s,
+             decode_kept: ($b.runs[0].decode_tok_s / $q.runs[1].decode_tok_s),
+             quiet_2t_prefill_tok_s: $q.runs[1].prefill_tok_s, busy_2t_prefill_tok_s: $b.runs[0].prefill_tok_s,
+             prefill_kept: ($b.runs[0].prefill_tok_s / $q.runs[1].prefill_tok_s),
+             items_taken_back: $b.runs[0].pool_items_taken_back, worker_moves: $b.runs[0].pool_worker_moves}')")
+    done
+    rm -f "$work/tl-busy.ifs"
+    printf '%s\n' "${out[@]}" | jq -s '{model: "tinyllama-1.1b-q4_b64", cores: "0,1", competitor: "busy loop on core 1",
+        competitor_share: 0.25, runs: .}'
+}
+busy=$(busy_entry)
 log "speculative decoding: SmolLM2-135M F32 with its Q4_1 weights as the draft"
 spec=$(speculative_entry)
 
@@ -170,9 +202,9 @@ log "kernel micro-benchmarks"
 kern=$("$build/kbench" --quick | jq -s .)
 
 jq -n --argjson bw1 "$bw1" --argjson bw2 "$bw2" --argjson a "$s260" --argjson b "$tl16" --argjson c "$tl32" \
-    --argjson kern "$kern" --argjson quant "$quant" --argjson part "$part" --argjson batch "$batch" --argjson ctxshift "$ctxshift" --argjson spec "$spec" \
+    --argjson kern "$kern" --argjson quant "$quant" --argjson part "$part" --argjson batch "$batch" --argjson ctxshift "$ctxshift" --argjson spec "$spec" --argjson busy "$busy" \
     --arg cpu "$(sed -nE 's/^model name\s*: //p' /proc/cpuinfo | head -n 1)" --arg cores "$(nproc)" '
     {machine: {cpu: $cpu, cores: ($cores | tonumber), kernel_path: ($kern[0].isa // null),
                membw_read_gbps: {"1": $bw1, "2": $bw2}},
-     models: [$a, $b, $c], quantized: $quant, partition: $part, batch: $batch, context_shift: $ctxshift, speculative: $spec,
+     models: [$a, $b, $c], quantized: $quant, partition: $part, batch: $batch, context_shift: $ctxshift, speculative: $spec, busy_core: $busy,
      kernels: $kern}'

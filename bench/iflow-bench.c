@@ -6,6 +6,8 @@
  * it times one prefill of PREFILL_TOKENS tokens and DECODE_TOKENS single-token steps after it,
  * best of 2 runs. decode_weight_gbps = bytes of weights read per token (all matrices but the
  * embedding table) x tokens/s, the figure to compare with the memory bandwidth.
+ * pool_items_taken_back / pool_worker_moves: what the thread pool (kernels/cpu/pool.h) did to
+ * keep going on a busy machine during that thread count's runs.
  * IFLOW_BENCH_ISA=scalar|avx2|avx512|avx512gfni forces a kernel path (to compare paths).
  * IFLOW_BENCH_DEVICE=cuda|cuda:N places every layer and the output on that GPU; decode is then
  * timed as greedy decoding runs it (iflow_ctx_eval_argmax: only the id comes back), and the
@@ -17,6 +19,7 @@
 #include "libcore/engine/model.h"
 #include "libcore/engine/plan.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/pool.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,6 +95,7 @@ int main(int argc, char **argv)
     for (int a = 0; a < n_threads_args; a++) {
         int threads = argc > 4 ? atoi(argv[4 + a]) : a + 1;
         double best_pre = 1e30, best_dec = 1e30;
+        long taken0 = ifk_pool_taken_back(), moves0 = ifk_pool_moves();
         for (int rep = 0; rep < 2; rep++) {
             iflow_ctx *c;
             if (iflow_ctx_open(&c, m, n_prefill + n_decode + 1, threads) < 0) {
@@ -117,9 +121,11 @@ int main(int argc, char **argv)
         }
         double dec_tps = n_decode / best_dec;
         printf("%s{\"threads\": %d, \"prefill_tokens\": %d, \"prefill_tok_s\": %.2f, \"decode_tokens\": %d, "
-               "\"decode_tok_s\": %.3f, \"decode_weight_gbps\": %.3f}",
+               "\"decode_tok_s\": %.3f, \"decode_weight_gbps\": %.3f, \"pool_items_taken_back\": %ld, "
+               "\"pool_worker_moves\": %ld}",
                a ? ", " : "", threads, n_prefill, n_prefill / best_pre, n_decode, dec_tps,
-               dec_tps * (double)iflow_model_decode_bytes(m) / 1e9);
+               dec_tps * (double)iflow_model_decode_bytes(m) / 1e9, ifk_pool_taken_back() - taken0,
+               ifk_pool_moves() - moves0);
     }
     printf("]}\n");
     free(ids);

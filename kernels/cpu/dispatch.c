@@ -1,18 +1,20 @@
 /*
  * dispatch.c -- picks an instruction-set path once, and threads the kernels that take n_threads.
  *
- * The paths (ref.c, *_avx2.c, *_avx512.c) are single-threaded; this file splits the work:
- * ifk_matmul hands each OpenMP thread a contiguous range of output rows, ifk_attention hands
- * out blocks of (token, head) pairs that share a kv head. Built with -DIFK_NO_SIMD (the fuzz
+ * The paths (ref.c, *_avx2.c, *_avx512.c) are single-threaded; this file splits the work
+ * into items on the thread pool (pool.h): ifk_matmul deals out ranges of output rows,
+ * ifk_attention blocks of (token, head) pairs that share a kv head. Built with -DIFK_NO_SIMD (the fuzz
  * build, which leaves the SIMD files out), only the scalar path exists. The paths compute each
  * output row (and each attention query) the same way whatever block or range it falls in, so
  * the split (and T) never changes a result (kernels.h's batch invariance).
  */
 #include <omp.h>
 #include <stdatomic.h>
+#include <string.h>
 
 #include "kernels/cpu/impl.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/pool.h"
 #include "kernels/cpu/quant.h"
 
 #ifndef IFK_NO_SIMD
@@ -131,6 +133,44 @@ static int threads_for(int n_threads, double work)
     return cap < nt ? (int)cap : nt;
 }
 
+/* The product on the pool (pool.h): items of rpi rows (a multiple of 16, one line of y). A
+ * stolen item runs into a worker's scratch ([T][n1 - n0]) with W shifted to its first row and
+ * reads the pool's copy of x. */
+typedef struct {
+    IFK_DECL_MATMUL_ROWS((*rows));
+    float *y;
+    size_t ldy;
+    const char *W; /* [N][row_bytes] */
+    size_t row_bytes, ldx;
+    int wtype, T, N, K, rpi;
+} mm_args;
+
+static void mm_range(const mm_args *a, int i, int *n0, int *n1)
+{
+    *n0 = i * a->rpi;
+    *n1 = *n0 + a->rpi < a->N ? *n0 + a->rpi : a->N;
+}
+
+static void mm_run(const void *args, const void *in, int i, float *out)
+{
+    const mm_args *a = args;
+    int n0, n1;
+    mm_range(a, i, &n0, &n1);
+    if (!out)
+        a->rows(a->y, a->ldy, a->W, a->wtype, in, a->ldx, a->T, n0, n1, a->K);
+    else
+        a->rows(out, (size_t)(n1 - n0), a->W + (size_t)n0 * a->row_bytes, a->wtype, in, a->ldx, a->T, 0, n1 - n0, a->K);
+}
+
+static void mm_commit(const void *args, int i, const float *out)
+{
+    const mm_args *a = args;
+    int n0, n1;
+    mm_range(a, i, &n0, &n1);
+    for (int t = 0; t < a->T; t++)
+        memcpy(a->y + (size_t)t * a->ldy + n0, out + (size_t)t * (n1 - n0), (size_t)(n1 - n0) * sizeof(float));
+}
+
 void ifk_matmul(float *y, size_t ldy, const void *W, int wtype, const float *x, size_t ldx,
                 int T, int N, int K, int n_threads)
 {
@@ -142,7 +182,6 @@ void ifk_matmul(float *y, size_t ldy, const void *W, int wtype, const float *x, 
         return;
     const ifk_path *p = path();
     int nt = threads_for(n_threads, (double)T * N * K);
-    /* Row ranges start at multiples of 16 (one cache line of y) where N allows. */
     int blocks = (N + 15) / 16;
     if (nt > blocks)
         nt = blocks;
@@ -150,16 +189,13 @@ void ifk_matmul(float *y, size_t ldy, const void *W, int wtype, const float *x, 
         p->matmul_rows(y, ldy, W, wtype, x, ldx, T, 0, N, K);
         return;
     }
-#pragma omp parallel num_threads(nt)
-    {
-        int id = omp_get_thread_num(), team = omp_get_num_threads();
-        int n0 = (int)((long long)blocks * id / team) * 16;
-        int n1 = (int)((long long)blocks * (id + 1) / team) * 16;
-        if (n1 > N)
-            n1 = N;
-        if (n0 < n1)
-            p->matmul_rows(y, ldy, W, wtype, x, ldx, T, n0, n1, K);
-    }
+    int items = 8 * nt < blocks ? 8 * nt : blocks;
+    mm_args a = {p->matmul_rows, y, ldy, W, (size_t)K * (wtype == IFK_F32 ? 4 : 2), ldx, wtype, T, N, K,
+                 (blocks + items - 1) / items * 16};
+    ifk_pool_run(&(ifk_pool_job){.run = mm_run, .commit = mm_commit, .args = &a, .args_size = sizeof a,
+                                 .input = x, .input_size = ((size_t)(T - 1) * ldx + (size_t)K) * sizeof(float),
+                                 .scratch_floats = (size_t)T * a.rpi, .n_items = (N + a.rpi - 1) / a.rpi,
+                                 .max_threads = nt});
 }
 
 void ifk_get_row(float *out, const void *W, int wtype, size_t row, int K)
@@ -202,6 +238,31 @@ static int att_units(int T, int tb, int n_kv, int group, int hs)
     return ((T + tb - 1) / tb) * n_kv * ((group + hs - 1) / hs);
 }
 
+/* Attention on the pool: item i is units [i * upi, (i + 1) * upi), in place. */
+typedef struct {
+    IFK_DECL_ATTEND((*attend));
+    float *out;
+    const float *q, *k, *v;
+    size_t kv_ld, ld;
+    int T, pos0, group, head_dim, tb, hs, n_tb, n_hs, units, upi;
+    float scale;
+} att_args;
+
+static void att_run(const void *args, const void *in, int i, float *unused)
+{
+    const att_args *a = args;
+    int u1 = (i + 1) * a->upi < a->units ? (i + 1) * a->upi : a->units;
+    for (int u = i * a->upi; u < u1; u++) {
+        /* unit u: token block u % n_tb (neighbouring units share cache rows), head slice
+         * (u / n_tb) % n_hs of kv head u / (n_tb * n_hs) */
+        int t0 = (u % a->n_tb) * a->tb, h0 = ((u / a->n_tb) % a->n_hs) * a->hs, g = u / (a->n_tb * a->n_hs);
+        int nt_u = a->T - t0 < a->tb ? a->T - t0 : a->tb, nh_u = a->group - h0 < a->hs ? a->group - h0 : a->hs;
+        size_t off = (size_t)t0 * a->ld + (size_t)(g * a->group + h0) * a->head_dim;
+        a->attend(a->out + off, a->q + off, a->ld, a->k + (size_t)g * a->head_dim, a->v + (size_t)g * a->head_dim,
+                  a->kv_ld, nt_u, nh_u, a->pos0 + t0, a->head_dim, a->scale);
+    }
+}
+
 void ifk_attention(float *out, const float *q, const float *k, const float *v, size_t kv_ld,
                    int T, int pos0, int n_heads, int n_kv_heads, int head_dim, float scale,
                    int n_threads)
@@ -233,15 +294,9 @@ void ifk_attention(float *out, const float *q, const float *k, const float *v, s
     const int units = att_units(T, tb, n_kv_heads, group, hs);
     if (nt > units)
         nt = units;
-    /* Unit u: token block u % n_tb (neighbouring units share cache rows), head slice
-     * (u / n_tb) % n_hs of kv head u / (n_tb * n_hs). Later tokens see more rows, so units are
-     * dealt out dynamically. */
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
-    for (int u = 0; u < units; u++) {
-        int t0 = (u % n_tb) * tb, h0 = ((u / n_tb) % n_hs) * hs, g = u / (n_tb * n_hs);
-        int nt_u = T - t0 < tb ? T - t0 : tb, nh_u = group - h0 < hs ? group - h0 : hs;
-        size_t off = (size_t)t0 * ld + (size_t)(g * group + h0) * head_dim;
-        p->attend(out + off, q + off, ld, k + (size_t)g * head_dim, v + (size_t)g * head_dim, kv_ld,
-                  nt_u, nh_u, pos0 + t0, head_dim, scale);
-    }
+    /* Later tokens see more rows, so units are dealt out dynamically. */
+    const int upi = (units + IFK_POOL_MAX_ITEMS - 1) / IFK_POOL_MAX_ITEMS;
+    att_args a = {p->attend, out, q, k, v, kv_ld, ld, T, pos0, group, head_dim, tb, hs, n_tb, n_hs, units, upi, scale};
+    ifk_pool_run(&(ifk_pool_job){.run = att_run, .args = &a, .args_size = sizeof a,
+                                 .n_items = (units + upi - 1) / upi, .max_threads = nt});
 }

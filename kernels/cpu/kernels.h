@@ -4,7 +4,7 @@
  * Contract
  *   Kernels know nothing of models, files or options: they take pointers, shapes, strides and a
  *   thread count, and they never allocate on the caller's behalf (scratch they need is on the
- *   stack or in per-thread static buffers they own), never print, never fail. Activations are
+ *   stack or in per-thread or pool buffers they own), never print, never fail. Activations are
  *   F32; weights may be F32, F16 or BF16 (IFK_* codes, equal to libcore's IFLOW_DT_* codes).
  *   Matrices are row-major. A weight matrix W of shape [N][K] (N output rows, K inputs) is the
  *   layout of a PyTorch nn.Linear weight, so y = x W^T.
@@ -23,8 +23,11 @@
  *   (tests/unit/test_invariance.c checks every path and weight type). Results may differ
  *   between paths (ifk_set_isa).
  *
- *   Threads: kernels taking n_threads split their work with OpenMP across at most that many
- *   threads; n_threads <= 0 means all cores.
+ *   Threads: kernels taking n_threads deal their work out in items (ranges of output rows,
+ *   blocks of attention queries) on the persistent pool of pool.h, to at most that many
+ *   threads; n_threads <= 0 means all cores. An item a preempted worker holds is taken back by
+ *   the caller, so another process on a core slows a product by no more than that core's
+ *   share. Memory a product reads (weights) must not be freed before ifk_pool_quiesce().
  */
 #ifndef IFK_KERNELS_H
 #define IFK_KERNELS_H

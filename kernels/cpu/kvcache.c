@@ -6,6 +6,7 @@
  */
 #include "kernels/cpu/kvcache.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/pool.h"
 
 #include <math.h>
 #include <omp.h>
@@ -302,7 +303,36 @@ static void attend(float *out, const float *q, const void *k, const void *v, con
     }
 }
 
+/* Paged attention on the pool (pool.h): item i is units [i * upi, (i + 1) * upi) of
+ * (query row, kv head), in place. */
+typedef struct {
+    float *out;
+    const float *q;
+    size_t ld;
+    const void *k, *v;
+    const ifk_kv_layout *L;
+    const ifk_kv_seq *seqs;
+    const int *first; /* [n_seqs + 1] unit index of each sequence's first row */
+    int n_kv, nh, hd, units, upi;
+    float scale;
+} paged_args;
+
 KV_CLONES
+static void paged_run(const void *args, const void *in, int item, float *unused)
+{
+    const paged_args *a = args;
+    int u1 = (item + 1) * a->upi < a->units ? (item + 1) * a->upi : a->units;
+    int s = 0;
+    for (int u = item * a->upi; u < u1; u++) {
+        while (a->first[s + 1] <= u)
+            s++;
+        const int i = (u - a->first[s]) / a->n_kv, g = (u - a->first[s]) % a->n_kv;
+        const size_t off = (size_t)(a->seqs[s].row0 + i) * a->ld + (size_t)g * a->nh * a->hd;
+        attend(a->out + off, a->q + off, a->k, a->v, a->L, a->seqs[s].table, a->seqs[s].pos0 + i + 1, g, a->nh,
+               a->scale);
+    }
+}
+
 void ifk_attention_paged(float *out, const float *q, size_t ld, const void *k, const void *v,
                          const ifk_kv_layout *L, const ifk_kv_seq *seqs, int n_seqs, int n_heads,
                          float scale, int n_threads)
@@ -311,7 +341,7 @@ void ifk_attention_paged(float *out, const float *q, size_t ld, const void *k, c
     if (n_seqs <= 0 || n_kv <= 0 || n_heads % n_kv)
         return;
     const int nh = n_heads / n_kv;
-    int first[n_seqs + 1]; /* unit index of each sequence's first row */
+    int first[n_seqs + 1];
     first[0] = 0;
     for (int s = 0; s < n_seqs; s++)
         first[s + 1] = first[s] + seqs[s].n_rows * n_kv;
@@ -319,13 +349,8 @@ void ifk_attention_paged(float *out, const float *q, size_t ld, const void *k, c
     int nt = n_threads > 0 ? n_threads : omp_get_num_procs();
     if (nt > units)
         nt = units;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
-    for (int u = 0; u < units; u++) {
-        int s = 0;
-        while (first[s + 1] <= u)
-            s++;
-        const int i = (u - first[s]) / n_kv, g = (u - first[s]) % n_kv;
-        const size_t off = (size_t)(seqs[s].row0 + i) * ld + (size_t)g * nh * hd;
-        attend(out + off, q + off, k, v, L, seqs[s].table, seqs[s].pos0 + i + 1, g, nh, scale);
-    }
+    const int upi = (units + IFK_POOL_MAX_ITEMS - 1) / IFK_POOL_MAX_ITEMS;
+    paged_args a = {out, q, ld, k, v, L, seqs, first, n_kv, nh, hd, units, upi, scale};
+    ifk_pool_run(&(ifk_pool_job){.run = paged_run, .args = &a, .args_size = sizeof a,
+                                 .n_items = (units + upi - 1) / upi, .max_threads = nt});
 }

@@ -1,6 +1,7 @@
 /*
  * qdispatch.c -- the quantized matrix product and row lookup: picks a path, quantizes x once
- * per call into a per-thread scratch buffer, and splits the rows between OpenMP threads.
+ * per call into a per-thread scratch buffer, and deals out blocks of rows on the thread pool
+ * (pool.h; an item a preempted worker holds is taken back, so a busy core costs little).
  *
  * Paths: IFK_ISA_AVX512GFNI uses qmatmul_avx512.c compiled a second time with GFNI
  * (qmatmul_avx512gfni.c; it differs in Q3H's unpacking); IFK_ISA_AVX512 uses qmatmul_avx512.c
@@ -14,6 +15,7 @@
 #include <string.h>
 
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/pool.h"
 #include "kernels/cpu/qimpl.h"
 #include "kernels/cpu/quant.h"
 
@@ -71,8 +73,9 @@ static void *scratch_get(size_t bytes)
     return scratch;
 }
 
-/* Lays qx out for T tokens of K inputs of `type` in the caller's scratch; 0 if out of memory. */
-static int qx_init(ifk_qx *qx, int type, int T, int K)
+/* Lays qx out for T tokens of K inputs of `type` from `base` (64-byte aligned); returns the
+ * bytes it spans. base NULL: only the size. */
+static size_t qx_layout(ifk_qx *qx, int type, int T, int K, char *base)
 {
     const ifk_qtype_info *t = ifk_qtype(type);
     qx->type = type;
@@ -84,14 +87,22 @@ static int qx_init(ifk_qx *qx, int type, int T, int K)
     qx->q_ld = ((size_t)qx->nb * t->block * (qx->x16 ? 2 : 1) + 63) & ~(size_t)63;
     qx->s_ld = ((size_t)qx->nb + 15) & ~(size_t)15;
     size_t qbytes = (size_t)T * qx->q_ld, sbytes = (size_t)T * qx->s_ld * sizeof(float);
-    char *p = scratch_get(qbytes + 7 * sbytes);
+    qx->q = base ? (int8_t *)base : NULL;
+    qx->s0 = base ? (float *)(base + qbytes) : NULL;
+    qx->s1 = base ? (float *)(base + qbytes + sbytes) : NULL;
+    qx->sum = base ? (float *)(base + qbytes + 2 * sbytes) : NULL;
+    qx->blk = base ? (float *)(base + qbytes + 3 * sbytes) : NULL;
+    return qbytes + 7 * sbytes;
+}
+
+/* Lays qx out in the caller's scratch; 0 if out of memory. *bytes: its size. */
+static int qx_init(ifk_qx *qx, int type, int T, int K, size_t *bytes)
+{
+    *bytes = qx_layout(qx, type, T, K, NULL);
+    char *p = scratch_get(*bytes);
     if (!p)
         return 0;
-    qx->q = (int8_t *)p;
-    qx->s0 = (float *)(p + qbytes);
-    qx->s1 = (float *)(p + qbytes + sbytes);
-    qx->sum = (float *)(p + qbytes + 2 * sbytes);
-    qx->blk = (float *)(p + qbytes + 3 * sbytes);
+    qx_layout(qx, type, T, K, p);
     return 1;
 }
 
@@ -108,28 +119,90 @@ static int threads_for(int n_threads, double work)
     return nt;
 }
 
-/* Rows [n0, n1) of thread id of team (ranges start at multiples of 16 rows). */
-static void split_rows(int N, int id, int team, int *n0, int *n1)
+/* Items of rows for nt threads: 8 a thread, fine enough to balance and to lose little to an
+ * item taken back from a preempted worker; rows per item a multiple of 16 (a line of y). */
+static int rows_per_item(int N, int nt)
 {
-    int blocks = (N + 15) / 16;
-    *n0 = (int)((long long)blocks * id / team) * 16;
-    *n1 = (int)((long long)blocks * (id + 1) / team) * 16;
-    if (*n1 > N)
-        *n1 = N;
+    int blocks = (N + 15) / 16, items = 8 * nt < blocks ? 8 * nt : blocks;
+    return (blocks + items - 1) / items * 16;
 }
 
 /* The oracle, threaded. */
-static void qmatmul_scalar(float *y, size_t ldy, const void *W, int type, const float *x, size_t ldx,
-                           int T, int N, int K, int nt)
+typedef struct {
+    float *y;
+    size_t ldy;
+    const void *W;
+    const float *x;
+    size_t ldx;
+    int type, T, N, K, rpi;
+} qref_args;
+
+static void qref_run(const void *args, const void *in, int i, float *out)
 {
-#pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        int n0, n1;
-        split_rows(N, omp_get_thread_num(), omp_get_num_threads(), &n0, &n1);
-        if (n0 < n1)
-            ifk_qmatmul_ref_rows(y, ldy, W, type, x, ldx, T, n0, n1, K);
-    }
+    const qref_args *a = args;
+    int n0 = i * a->rpi, n1 = n0 + a->rpi < a->N ? n0 + a->rpi : a->N;
+    ifk_qmatmul_ref_rows(a->y, a->ldy, a->W, a->type, a->x, a->ldx, a->T, n0, n1, a->K);
 }
+
+#ifndef IFK_NO_SIMD
+/* ---- the SIMD product on the pool (pool.h) ----------------------------------------------- *
+ * x is quantized once (tokens split between threads when there are many), then items of rpi
+ * rows (a multiple of 16) are dealt out. An item may be stolen: run into a worker's scratch
+ * ([T][n1 - n0]) with W shifted to its first row, then copied into y by commit. */
+typedef struct {
+    IFK_DECL_QMATMUL_ROWS((*rows));
+    float *y;
+    size_t ldy;
+    const char *W;    /* [N][row_bytes] */
+    size_t row_bytes;
+    int type, T, N, K;
+    int rpi;          /* rows per item */
+} qmm_args;
+
+static void qmm_range(const qmm_args *a, int i, int *n0, int *n1)
+{
+    *n0 = i * a->rpi;
+    *n1 = *n0 + a->rpi < a->N ? *n0 + a->rpi : a->N;
+}
+
+static void qmm_run(const void *args, const void *in, int i, float *out)
+{
+    const qmm_args *a = args;
+    ifk_qx qx;
+    qx_layout(&qx, a->type, a->T, a->K, (char *)in); /* in: the quantized x */
+    int n0, n1;
+    qmm_range(a, i, &n0, &n1);
+    if (!out)
+        a->rows(a->y, a->ldy, a->W, &qx, n0, n1);
+    else
+        a->rows(out, (size_t)(n1 - n0), a->W + (size_t)n0 * a->row_bytes, &qx, 0, n1 - n0);
+}
+
+static void qmm_commit(const void *args, int i, const float *out)
+{
+    const qmm_args *a = args;
+    int n0, n1;
+    qmm_range(a, i, &n0, &n1);
+    for (int t = 0; t < a->T; t++)
+        memcpy(a->y + (size_t)t * a->ldy + n0, out + (size_t)t * (n1 - n0), (size_t)(n1 - n0) * sizeof(float));
+}
+
+/* Quantizing x: items of tokens, in place. */
+typedef struct {
+    IFK_DECL_QX_QUANTIZE((*quantize));
+    const float *x;
+    size_t ldx;
+    ifk_qx qx;
+    int T, per;
+} qxq_args;
+
+static void qxq_run(const void *args, const void *in, int i, float *out)
+{
+    const qxq_args *a = args;
+    int t0 = i * a->per, t1 = t0 + a->per < a->T ? t0 + a->per : a->T;
+    a->quantize(&a->qx, a->x, a->ldx, t0, t1);
+}
+#endif
 
 void ifk_qmatmul(float *y, size_t ldy, const void *W, int type, const float *x, size_t ldx,
                  int T, int N, int K, int n_threads)
@@ -142,12 +215,16 @@ void ifk_qmatmul(float *y, size_t ldy, const void *W, int type, const float *x, 
         return;
     }
     int nt = threads_for(n_threads, (double)T * N * K);
-    if (nt > (N + 15) / 16)
-        nt = (N + 15) / 16;
+    const int blocks = (N + 15) / 16;
+    if (nt > blocks)
+        nt = blocks;
     int path = qpath();
     ifk_qx qx;
-    if (path == QPATH_SCALAR || !qx_init(&qx, type, T, K)) {
-        qmatmul_scalar(y, ldy, W, type, x, ldx, T, N, K, nt);
+    size_t qx_bytes;
+    if (path == QPATH_SCALAR || !qx_init(&qx, type, T, K, &qx_bytes)) {
+        qref_args a = {y, ldy, W, x, ldx, type, T, N, K, rows_per_item(N, nt)};
+        ifk_pool_run(&(ifk_pool_job){.run = qref_run, .args = &a, .args_size = sizeof a,
+                                     .n_items = (N + a.rpi - 1) / a.rpi, .max_threads = nt});
         return;
     }
 #ifndef IFK_NO_SIMD
@@ -160,19 +237,19 @@ void ifk_qmatmul(float *y, size_t ldy, const void *W, int type, const float *x, 
         rows(y, ldy, W, &qx, 0, N);
         return;
     }
-#pragma omp parallel num_threads(nt)
-    {
-        /* the team quantizes x (tokens split), then computes (rows split) */
-        int id = omp_get_thread_num(), team = omp_get_num_threads();
-        int t0 = (int)((long long)T * id / team), t1 = (int)((long long)T * (id + 1) / team);
-        if (t0 < t1)
-            quantize(&qx, x, ldx, t0, t1);
-#pragma omp barrier
-        int n0, n1;
-        split_rows(N, id, team, &n0, &n1);
-        if (n0 < n1)
-            rows(y, ldy, W, &qx, n0, n1);
+    if (T >= 16) { /* worth sharing */
+        qxq_args q = {quantize, x, ldx, qx, T, (T + 4 * nt - 1) / (4 * nt)};
+        ifk_pool_run(&(ifk_pool_job){.run = qxq_run, .args = &q, .args_size = sizeof q,
+                                     .n_items = (T + q.per - 1) / q.per, .max_threads = nt});
+    } else {
+        quantize(&qx, x, ldx, 0, T);
     }
+    int rpi = rows_per_item(N, nt);
+    qmm_args a = {rows, y, ldy, W, ifk_qrow_bytes(type, K), type, T, N, K, rpi};
+    ifk_pool_run(&(ifk_pool_job){.run = qmm_run, .commit = qmm_commit, .args = &a, .args_size = sizeof a,
+                                 .input = qx.q, .input_size = qx_bytes,
+                                 .scratch_floats = (size_t)T * rpi, .n_items = (N + rpi - 1) / rpi,
+                                 .max_threads = nt});
 #endif
 }
 

@@ -6,6 +6,7 @@
 #include "device_impl.h"
 #include "libcore/base/error.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/pool.h"
 
 #include <omp.h>
 #include <stdio.h>
@@ -13,7 +14,13 @@
 #include <string.h>
 #include <unistd.h>
 
-static void cpu_close(iflow_device *d) { free(d); }
+/* Freeing waits for any pool worker still inside an item it was too late for (pool.h): such
+ * an item may be reading this memory. */
+static void cpu_close(iflow_device *d)
+{
+    ifk_pool_quiesce();
+    free(d);
+}
 
 static int cpu_alloc(iflow_device *d, void **p, size_t nbytes)
 {
@@ -26,7 +33,11 @@ static int cpu_alloc(iflow_device *d, void **p, size_t nbytes)
     return 0;
 }
 
-static void cpu_free(iflow_device *d, void *p) { free(p); }
+static void cpu_free(iflow_device *d, void *p)
+{
+    ifk_pool_quiesce();
+    free(p);
+}
 
 static int cpu_copy(iflow_device *d, void *dst, const void *src, size_t nbytes)
 {

@@ -6,6 +6,7 @@
 #include "libcore/base/dtype.h"
 #include "libcore/base/error.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/pool.h"
 #include "kernels/cpu/quant.h"
 
 #include <math.h>
@@ -493,6 +494,7 @@ void iflow_model_close(iflow_model *m)
 {
     if (!m)
         return;
+    ifk_pool_quiesce(); /* no kernel thread is still reading the weights (pool.h) */
     iflow_unplace(m);
     iflow_tokenizer_close(m->tok);
     iflow_shard_close(m->shard); /* a split model's device 0 */

@@ -3,6 +3,7 @@
 #include "libcore/base/dtype.h"
 #include "libcore/base/error.h"
 #include "libcore/base/util.h"
+#include "kernels/cpu/pool.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -541,8 +542,10 @@ void iflow_shard_close(iflow_shard *sh)
         if (!sh->map)
             free((void *)sh->recs[i].data);
     }
-    if (sh->map)
+    if (sh->map) {
+        ifk_pool_quiesce(); /* no kernel thread is still reading the weights (pool.h) */
         munmap(sh->map, sh->map_len);
+    }
     free(sh->recs);
     free(sh->meta);
     free(sh->path);

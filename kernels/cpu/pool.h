@@ -1,0 +1,74 @@
+/*
+ * pool.h -- the kernels' persistent thread pool: parallel loops that survive a busy core.
+ *
+ * Contract
+ *   A job is n_items independent items (row blocks of a matrix product, attention units).
+ *   ifk_pool_run(job) returns when every item has run exactly once in place, in any order, on
+ *   the caller and up to max_threads - 1 pool workers. Items are claimed one at a time from a
+ *   shared counter, so a worker that the OS has not scheduled yet simply takes none: the caller
+ *   never waits at a barrier for a thread that is not running.
+ *
+ *   Stealable jobs (commit != NULL) go one step further. A worker runs its item into a scratch
+ *   buffer of its own (run(args, i, out) with out != NULL) and then publishes it with commit().
+ *   When the caller has nothing left to claim and a worker's item is late (the worker was
+ *   preempted, for instance by another process on its core), the caller runs the item itself,
+ *   in place; the worker's result, if it ever comes, is discarded. So a product on a busy
+ *   machine costs at most what the caller alone would take, plus what the workers add.
+ *
+ *   An abandoned worker may still be reading the job's inputs after ifk_pool_run returned:
+ *     - args are copied into the pool at submission, so they may live on the caller's stack;
+ *     - the job's input (input_size bytes) is copied into a pool-owned buffer, which run()
+ *       receives as `in`; a buffer that grows is retired, never freed, so it stays mapped;
+ *     - anything else a stealable item reads (weights) must stay mapped until
+ *       ifk_pool_quiesce() returns: its owner calls that before freeing it (the CPU device and
+ *       the shard mapping do). Stale values are harmless: that result is discarded.
+ *   Non-stealable jobs read and write in place, only while ifk_pool_run waits for them.
+ *
+ *   One job runs at a time; a caller that finds the pool busy (another thread's job) runs its
+ *   items with OpenMP instead. Results never depend on who ran an item (each item computes the
+ *   same values whatever thread runs it), so batch invariance (kernels.h) holds.
+ *
+ * Threads: workers start on first use (at most IFK_POOL_MAX_WORKERS), spin briefly after a job
+ * and then sleep on a futex; they live as long as the process.
+ */
+#ifndef IFK_POOL_H
+#define IFK_POOL_H
+
+#include <stddef.h>
+
+enum {
+    IFK_POOL_MAX_ITEMS = 256,  /* items of one job */
+    IFK_POOL_ARGS = 512,       /* bytes of a job's args */
+    IFK_POOL_MAX_WORKERS = 63,
+};
+
+typedef struct {
+    /* Item i: in place when out is NULL, else into out[0 .. scratch_floats). `in` is the job's
+     * input (the pool's copy of it, or job->input itself when the caller runs everything). */
+    void (*run)(const void *args, const void *in, int i, float *out);
+    /* Copies item i's result from out to its place; NULL for a job that cannot be stolen. */
+    void (*commit)(const void *args, int i, const float *out);
+    const void *args;     /* args_size bytes, copied at submission */
+    const void *input;    /* input_size bytes that items read, copied for stealable jobs */
+    size_t input_size;
+    size_t args_size;     /* <= IFK_POOL_ARGS */
+    size_t scratch_floats;/* one item's result (stealable jobs) */
+    int n_items;          /* 0 .. IFK_POOL_MAX_ITEMS */
+    int max_threads;      /* the caller included; <= 1 runs everything on the caller */
+} ifk_pool_job;
+
+void ifk_pool_run(const ifk_pool_job *job);
+
+/* Returns once no worker is inside an item: call before freeing memory that a stealable item
+ * may read. Cheap when no item was abandoned. */
+void ifk_pool_quiesce(void);
+
+/* Since the process started (benchmarks, tests): items taken back from late workers, and
+ * times a worker moved off the submitter's CPU. */
+long ifk_pool_taken_back(void);
+long ifk_pool_moves(void);
+
+/* Tests: the first item a worker takes in each job makes it sleep `usec` first (0: none). */
+void ifk_pool_test_delay(int usec);
+
+#endif
