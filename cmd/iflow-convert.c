@@ -1,10 +1,11 @@
-/* iflow-convert -- Hugging Face model directory or GGUF file -> iflow shard file; inspection of
- * shards and sources. */
+/* iflow-convert -- Hugging Face model directory, GGUF file or llama2.c checkpoint -> iflow shard
+ * file; inspection of shards and sources. */
 #include "cmd/io.h"
 #include "cmd/opt.h"
 #include "cmd/progress.h"
 #include "libcore/formats/convert.h"
 #include "libcore/formats/ggufsrc.h"
+#include "libcore/formats/llama2c.h"
 #include "libcore/base/dtype.h"
 #include "libcore/base/error.h"
 #include "libcore/formats/shard.h"
@@ -16,12 +17,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-enum { O_OUTPUT = 'o', O_DTYPE = 't', O_VERBOSE = 'v', O_SPEC = 256, O_SYNTHETIC, O_SEED, O_ZSTD, O_INFO, O_JSON };
+enum { O_OUTPUT = 'o', O_DTYPE = 't', O_VERBOSE = 'v', O_SPEC = 256, O_SYNTHETIC, O_SEED, O_ZSTD, O_INFO, O_JSON, O_TOKENIZER };
 
 static const iflow_opt opts[] = {
     {O_OUTPUT, "output", 'o', "FILE", "write the shard to FILE (default: standard output, never a terminal)", "file"},
     {O_DTYPE, "dtype", 't', "TYPE", "store weight matrices as TYPE: f32, f16 or bf16 (default: as in the source, or its nearest exact iflow type)", "f32 f16 bf16"},
     {O_SPEC, "spec", 0, "FILE", "use this model spec instead of the one serving the source's architecture", "file"},
+    {O_TOKENIZER, "tokenizer", 0, "FILE", "a llama2.c checkpoint's tokenizer.bin (default: tokenizer.bin beside it)", "file"},
     {O_SYNTHETIC, "synthetic", 0, "DIR", "write seeded random weights of the shape in DIR/config.json", "dir"},
     {O_SEED, "seed", 0, "N", "seed of --synthetic weights (default 0)", NULL},
     {O_ZSTD, "zstd", 0, NULL, "compress the shard with zstd (an .ifs.zst file)", NULL},
@@ -33,8 +35,8 @@ static const iflow_opt opts[] = {
 };
 
 static const iflow_tool tool = {
-    "iflow-convert", "[options] MODEL_DIR|MODEL.gguf | --synthetic DIR | --info FILE",
-    "Convert a Hugging Face model directory or a GGUF file to an iflow shard file, or describe one.", opts,
+    "iflow-convert", "[options] MODEL_DIR|MODEL.gguf|MODEL.bin | --synthetic DIR | --info FILE",
+    "Convert a Hugging Face model directory, a GGUF file or a llama2.c checkpoint to an iflow shard file, or describe one.", opts,
 };
 
 /* "quantization: q4_b64 (embed=q6, output=q6)": the type and overrides iflow-quant applied. */
@@ -128,7 +130,7 @@ static int is_source(const char *path)
     struct stat sb;
     if (strcmp(path, "-") == 0 || stat(path, &sb) < 0)
         return 0;
-    return S_ISDIR(sb.st_mode) || iflow_is_gguf_file(path);
+    return S_ISDIR(sb.st_mode) || iflow_is_gguf_file(path) || iflow_is_llama2c_file(path);
 }
 
 static int info(const char *path, int as_json)
@@ -204,6 +206,7 @@ int main(int argc, char **argv)
                 die_usage(&tool, "unknown type '%s' for --dtype (f32, f16, bf16)", arg);
             break;
         case O_SPEC: o.spec_path = arg; break;
+        case O_TOKENIZER: o.tokenizer_path = arg; break;
         case O_SYNTHETIC: synthetic = arg; o.flags |= IFLOW_CONVERT_SYNTHETIC; break;
         case O_SEED: o.seed = opt_u64(&tool, "seed", arg); break;
         case O_ZSTD: o.flags |= IFLOW_CONVERT_ZSTD; break;
@@ -222,7 +225,7 @@ int main(int argc, char **argv)
     if (info_path)
         return is_source(info_path) ? info_source(info_path, &o, as_json) : info(info_path, as_json);
     if (synthetic ? n_operands != 0 : n_operands != 1)
-        die_usage(&tool, synthetic ? "--synthetic takes no other operand" : "expected one model directory or GGUF file");
+        die_usage(&tool, synthetic ? "--synthetic takes no other operand" : "expected one model directory, GGUF file or llama2.c checkpoint");
     if (strcmp(out, "-") == 0 && isatty(1))
         die_usage(&tool, "refusing to write a binary shard to a terminal (use -o FILE or a pipe)");
     double t0 = now_s();

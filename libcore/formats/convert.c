@@ -3,6 +3,7 @@
 #include "libcore/base/dtype.h"
 #include "libcore/base/error.h"
 #include "ggufsrc.h"
+#include "llama2c.h"
 #include "hfdir.h"
 #include "libcore/engine/model.h"
 #include "shard.h"
@@ -21,6 +22,7 @@ typedef struct {
     const iflow_convert_opts *o;
     iflow_hfdir *dir;               /* the source: a Hugging Face directory, or            */
     iflow_ggufsrc *gguf;            /* a GGUF file (exactly one of the two is open)          */
+    int llama2c;                    /* gguf is a llama2.c checkpoint presented as GGUF       */
     iflow_spec *spec;
     iflow_hparams hp;
     json_t *resolved;
@@ -53,15 +55,28 @@ static const iflow_src_tensor *src_find(const job *j, const char *name)
     return j->gguf ? iflow_ggufsrc_find(j->gguf, name) : iflow_hfdir_find(j->dir, name);
 }
 
-/* A directory is a Hugging Face model; a file must be GGUF. */
+/* A directory is a Hugging Face model; a file is GGUF, or a llama2.c checkpoint, which comes
+ * in as a GGUF (llama2c.h). */
 static int open_source(job *j, const char *path, int hfdir_flags)
 {
     struct stat sb;
     if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) {
-        if (!iflow_is_gguf_file(path))
-            return iflow_seterr(IFLOW_EFORMAT, "'%s' is not a model directory or a GGUF file (no GGUF magic)", path);
-        return iflow_ggufsrc_open(&j->gguf, path);
+        if (iflow_is_gguf_file(path))
+            return iflow_ggufsrc_open(&j->gguf, path);
+        if (!iflow_is_llama2c_file(path))
+            return iflow_seterr(IFLOW_EFORMAT,
+                                "'%s' is not a model directory, a GGUF file or a llama2.c checkpoint (no GGUF magic; "
+                                "not a llama2.c header that matches the file's size)",
+                                path);
+        iflow_gguf *g;
+        int rc = iflow_llama2c_open(&g, path, j->o->tokenizer_path);
+        if (rc < 0)
+            return rc;
+        j->llama2c = 1;
+        return iflow_ggufsrc_from(&j->gguf, g);
     }
+    if (j->o->tokenizer_path)
+        return iflow_seterr(IFLOW_EINVAL, "a tokenizer file is for a llama2.c checkpoint, not '%s'", path);
     return iflow_hfdir_open(&j->dir, path, hfdir_flags);
 }
 
@@ -177,7 +192,7 @@ static json_t *source_meta(const job *j)
     json_t *src;
     if (j->gguf) {
         const char *arch = iflow_ggufsrc_architecture(j->gguf);
-        src = json_pack("{s:s, s:s?}", "format", "gguf", "architecture", arch);
+        src = json_pack("{s:s, s:s?}", "format", j->llama2c ? "llama2c" : "gguf", "architecture", arch);
     } else {
         const json_t *archs = json_object_get(iflow_hfdir_config(j->dir), "architectures");
         src = json_pack("{s:s, s:O?}", "format", "hf", "architectures", archs);

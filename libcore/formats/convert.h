@@ -1,5 +1,5 @@
 /*
- * convert.h -- a model source (Hugging Face directory or GGUF file) -> shard file.
+ * convert.h -- a model source (Hugging Face directory, GGUF file, llama2.c checkpoint) -> shard.
  *
  * Contract
  *   iflow_convert() reads a model directory (config.json, safetensors weights, tokenizer.json or
@@ -9,9 +9,10 @@
  *   spec is the one whose [gguf] section serves its general.architecture (spec.h), its
  *   vocabulary is the tokenizer, and each tensor keeps the iflow type it converts to without a
  *   second rounding (Q4_1, Q4_0 -> q4_b32; Q8_0 -> q8_b32; F32/F16/BF16 as stored; other ggml
- *   types dequantized to F32) unless opts->dtype names a float type. Meta's "source" object
- *   says where the shard came from: {"format": "hf" | "gguf", "architectures" | "architecture",
- *   "tensors": {"SRC -> DST": count}}.
+ *   types dequantized to F32) unless opts->dtype names a float type. A file that is a llama2.c
+ *   checkpoint (llama2c.h) comes in the same way, as the GGUF llama2c.c makes of it and its
+ *   tokenizer.bin. Meta's "source" object says where the shard came from: {"format": "hf" |
+ *   "gguf" | "llama2c", "architectures" | "architecture", "tensors": {"SRC -> DST": count}}.
  *   It first checks every tensor the engine will need (name, shape, type) and that the
  *   checkpoint holds nothing unmapped, so a bad checkpoint fails before a byte is written; then
  *   it streams tensor by tensor (memory: one converted tensor). On failure no output file is
@@ -35,6 +36,8 @@ typedef struct {
     const char *const *spec_dirs;
     size_t n_spec_dirs;
     uint64_t seed;                   /* synthetic weights                                       */
+    const char *tokenizer_path;      /* a llama2.c checkpoint's tokenizer.bin (NULL: the one    */
+                                     /* beside it); an error for other sources                  */
     int flags;                       /* IFLOW_CONVERT_*                                         */
     iflow_progress_fn progress;      /* NULL, or called after each tensor written (tensors and  */
     void *progress_user;             /* payload bytes written, of the totals)                   */

@@ -528,6 +528,25 @@ int iflow_gguf_open_mem(iflow_gguf **out, const void *buf, size_t len, const cha
     return 0;
 }
 
+int iflow_gguf_open_mapped(iflow_gguf **out, void *map, size_t len, const char *name)
+{
+    iflow_gguf *g;
+    *out = NULL;
+    int rc = gguf_new(&g, map, len, name);
+    if (rc < 0) {
+        munmap(map, len);
+        return rc;
+    }
+    g->map = map;
+    g->map_len = len;
+    if ((rc = parse(g)) < 0) {
+        iflow_gguf_close(g);
+        return rc;
+    }
+    *out = g;
+    return 0;
+}
+
 static int map_file(const char *path, void **map, size_t *len)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);

@@ -72,6 +72,9 @@ typedef struct {
 
 /* Parse a GGUF file held in memory. `name` is used in messages only (copied). */
 int iflow_gguf_open_mem(iflow_gguf **out, const void *buf, size_t len, const char *name);
+/* Parse a buffer that the handle takes over: munmap(map, len) at close (also on failure). */
+int iflow_gguf_open_mapped(iflow_gguf **out, void *map, size_t len, const char *name);
+
 /* mmap and parse a file. */
 int iflow_gguf_open(iflow_gguf **out, const char *path);
 /* Release the handle (and the mapping, for iflow_gguf_open). NULL is a no-op. */

@@ -28,7 +28,7 @@ expect_eq "$err" "iflow-run: invalid value 'ten' for --n-predict (an integer fro
 Try 'iflow-run --help' for more information." "bad integer message"
 run $BIN/iflow-convert
 expect_rc 2 "iflow-convert with no operand"
-expect_eq "$err" "iflow-convert: expected one model directory or GGUF file
+expect_eq "$err" "iflow-convert: expected one model directory, GGUF file or llama2.c checkpoint
 Try 'iflow-convert --help' for more information." "no operand message"
 run $BIN/iflow-convert "$DATA/models/stories260K/hf" -t f8
 expect_rc 2 "unknown dtype"

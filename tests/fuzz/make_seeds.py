@@ -260,6 +260,23 @@ def imatrix_seeds():
             "truncated": good[:100]}
 
 
+# ---- llama2.c -----------------------------------------------------------------------------------
+def llama2c_seeds():
+    """fuzz_llama2c input: u32 k, then a checkpoint of k bytes, then a tokenizer.bin."""
+    dim, hidden, layers, heads, kv, vocab, seq = 8, 12, 1, 2, 1, 6, 4
+    hd = dim // heads
+    n = vocab * dim + layers * dim * 2 + layers * dim * dim * 2 + layers * kv * hd * dim * 2 + layers * hidden * dim * 3 + dim
+    weights = struct.pack(f"<{n}f", *[((i * 37) % 17 - 8) / 16 for i in range(n)])
+    freq = struct.pack(f"<{seq * hd}f", *[0.5] * (seq * hd))
+    v0 = struct.pack("<7i", dim, hidden, layers, heads, kv, vocab, seq) + weights + freq
+    v1 = struct.pack("<Ii7iB", 0x616B3432, 1, dim, hidden, layers, heads, kv, vocab, seq, 1).ljust(256, b"\0") + weights
+    pieces = [b"<unk>", b"<s>", b"</s>", b"<0x41>", b" a", b"b c"]
+    tok = struct.pack("<i", 5) + b"".join(struct.pack("<fi", -i, len(p)) + p for i, p in enumerate(pieces))
+    unshared = struct.pack("<7i", dim, hidden, layers, heads, kv, -vocab, seq) + weights + freq + weights[: vocab * dim * 4]
+    return {name: struct.pack("<I", len(ck)) + ck + tok for name, ck in
+            (("legacy", v0), ("version1", v1), ("unshared", unshared))}
+
+
 def write(target, seeds):
     d = os.path.join(HERE, "seeds", target)
     os.makedirs(d, exist_ok=True)
@@ -278,6 +295,7 @@ def main():
     write("fuzz_tokenizer_json", json_seeds(args.data))
     write("fuzz_encode", encode_seeds(args.data))
     write("fuzz_imatrix", imatrix_seeds())
+    write("fuzz_llama2c", llama2c_seeds())
 
 
 if __name__ == "__main__":

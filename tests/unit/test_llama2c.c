@@ -1,0 +1,308 @@
+/*
+ * test_llama2c.c -- llama2.c checkpoints in (libcore/formats/llama2c.h), against independent
+ * references in ../shared:
+ *   - stories260K.bin + tok512.bin converts to the same tensor bytes as the same weights from
+ *     the GGUF file (the shared README verified the two bit-identical), and its tokenizer gives
+ *     llama.cpp's ids on the 254 golden lines (golden/stories260K.tokenizer.jsonl);
+ *   - greedy continuations equal the goldens token for token: stories260K's 5 prompts (llama2.c
+ *     run, llama.cpp and a float64 PyTorch forward agree on them) and xs-ckpt's model.bin;
+ *   - a version-1 checkpoint (written here from the legacy file's arrays, in export.py's
+ *     version-1 order and header) converts to the same tensors;
+ *   - bad files fail with the file and the place named: a checkpoint one float short, a header
+ *     field out of range, version 2, a truncated tokenizer, a missing tokenizer.bin, and a
+ *     tokenizer given for a source that is not llama2.c.
+ */
+#include "check.h"
+#include "testlib.h"
+#include "libcore/base/error.h"
+#include "libcore/engine/model.h"
+#include "libcore/engine/sampler.h"
+#include "libcore/formats/convert.h"
+#include "libcore/formats/llama2c.h"
+#include "libcore/formats/shard.h"
+#include "libcore/tokenizers/tokenizer.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char dir[] = "/tmp/iflow-test-llama2c-XXXXXX";
+static char s_l2c[300], s_gguf[300];
+
+static int convert_l2c(const char *bin, const char *tok, const char *out)
+{
+    const char *specs[] = {"specs"};
+    iflow_convert_opts o = {.dtype = -1, .spec_dirs = specs, .n_spec_dirs = 1, .tokenizer_path = tok};
+    return iflow_convert(bin, out, &o);
+}
+
+static char *data_copy(const char *rel)
+{
+    const char *p = test_data(rel);
+    return p ? strdup(p) : NULL;
+}
+
+/* Every tensor of shard a is in b with the same type, shape and bytes; returns how many. */
+static int same_tensors(const char *a, const char *b)
+{
+    iflow_shard *sa, *sb;
+    if (iflow_shard_open(&sa, a, 0) < 0 || iflow_shard_open(&sb, b, 0) < 0)
+        return -1;
+    int n = 0, bad = 0;
+    for (size_t i = 0; i < iflow_shard_n_records(sa); i++) {
+        const iflow_shard_rec *r = iflow_shard_rec_at(sa, i), *q = iflow_shard_find(sb, r->name);
+        if (r->kind != IFLOW_REC_TENSOR)
+            continue;
+        n++;
+        if (!q || q->dtype != r->dtype || q->nbytes != r->nbytes || memcmp(q->data, r->data, r->nbytes)) {
+            bad++;
+            fprintf(stderr, "  tensor %s differs\n", r->name);
+        }
+    }
+    iflow_shard_close(sa);
+    iflow_shard_close(sb);
+    return bad ? -1 : n;
+}
+
+static void test_same_as_gguf(void)
+{
+    CHECK(test_convert("models/stories260K/gguf/stories260K.gguf", s_gguf, -1) == 0, "gguf");
+    int n = same_tensors(s_l2c, s_gguf);
+    CHECK(n == 47, "llama2.c and GGUF tensors: %d of 47 identical", n);
+}
+
+static int32_t *ids_of(const json_t *a, size_t *n)
+{
+    *n = json_array_size(a);
+    int32_t *ids = malloc(sizeof(int32_t) * (*n ? *n : 1));
+    for (size_t i = 0; i < *n; i++)
+        ids[i] = (int32_t)json_integer_value(json_array_get(a, i));
+    return ids;
+}
+
+static void test_tokenizer_golden(void)
+{
+    const char *p = test_data("golden/stories260K.tokenizer.jsonl");
+    if (!p)
+        SKIP("no golden/stories260K.tokenizer.jsonl");
+    iflow_model *m;
+    CHECK(iflow_model_open(&m, s_l2c, 0) == 0, "open: %s", iflow_errmsg());
+    const iflow_tokenizer *t = iflow_model_tokenizer(m);
+    FILE *f = fopen(p, "r");
+    char *line = NULL;
+    size_t cap = 0;
+    int n = 0, ok = 0;
+    while (t && f && getline(&line, &cap, f) > 0) {
+        json_t *j = json_loads(line, JSON_ALLOW_NUL, NULL);
+        const json_t *text = json_object_get(j, "text");
+        size_t nw, ng = 0;
+        int32_t *want = ids_of(json_object_get(j, "ids"), &nw), *got = NULL;
+        int rc = iflow_tokenizer_encode(t, json_string_value(text), json_string_length(text), IFLOW_TOK_ADD_BOS, &got, &ng);
+        ok += rc == 0 && ng == nw && memcmp(got, want, nw * sizeof *got) == 0;
+        n++;
+        free(want);
+        free(got);
+        json_decref(j);
+    }
+    free(line);
+    if (f)
+        fclose(f);
+    CHECK(n == 254 && ok == n, "tok512.bin: %d of %d golden lines tokenize as llama.cpp does", ok, n);
+    iflow_model_close(m);
+}
+
+/* Greedy continuation of prompt ids; returns how many of `want` match in order. */
+static int greedy_match(const char *shard, const int32_t *prompt, size_t n_prompt, const int32_t *want, size_t n_want)
+{
+    iflow_model *m;
+    iflow_ctx *c;
+    if (iflow_model_open(&m, shard, 0) < 0)
+        return -1;
+    int vocab = iflow_model_hparams(m)->vocab_size, matched = 0;
+    float *logits = malloc(sizeof(float) * (size_t)vocab);
+    if (iflow_ctx_open(&c, m, 256, 1) == 0 && iflow_ctx_eval(c, prompt, (int)n_prompt, logits, 0) == 0) {
+        for (size_t i = 0; i < n_want; i++) {
+            int32_t next = iflow_argmax(logits, vocab);
+            if (next != want[i] || (matched++, iflow_ctx_eval(c, &next, 1, logits, 0) < 0))
+                break;
+        }
+        iflow_ctx_close(c);
+    }
+    free(logits);
+    iflow_model_close(m);
+    return matched;
+}
+
+static void test_greedy_golden(void)
+{
+    const char *p = test_data("golden/stories260K.greedy64.jsonl");
+    if (!p)
+        SKIP("no golden data");
+    FILE *f = fopen(p, "r");
+    char line[65536];
+    int n = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        json_t *rec = json_loads(line, 0, NULL);
+        size_t np, ng;
+        int32_t *prompt = ids_of(json_object_get(rec, "prompt_ids"), &np), *gen = ids_of(json_object_get(rec, "gen_ids"), &ng);
+        int got = greedy_match(s_l2c, prompt, np, gen, ng);
+        CHECK(got == (int)ng, "stories260K.bin, '%s': %d of %zu greedy tokens match", json_string_value(json_object_get(rec, "prompt")),
+              got, ng);
+        n++;
+        free(prompt), free(gen), json_decref(rec);
+    }
+    if (f)
+        fclose(f);
+    CHECK(n == 5, "5 golden prompts (%d)", n);
+
+    /* xs-ckpt: its own checkpoint, stories260K's tokenizer */
+    char xs[300], *bin = data_copy("models/xs-ckpt/model.bin"), *tok = data_copy("models/stories260K/llama2c/tok512.bin");
+    json_error_t je;
+    const char *gp = test_data("golden/xs-ckpt.greedy64.json");
+    json_t *g = gp ? json_load_file(gp, 0, &je) : NULL;
+    snprintf(xs, sizeof xs, "%s/xs.ifs", dir);
+    if (bin && tok && g) {
+        CHECK(convert_l2c(bin, tok, xs) == 0, "xs-ckpt model.bin: %s", iflow_errmsg());
+        size_t np, ng;
+        int32_t *prompt = ids_of(json_object_get(g, "prompt_ids"), &np), *gen = ids_of(json_object_get(g, "gen_ids"), &ng);
+        int got = greedy_match(xs, prompt, np, gen, ng);
+        CHECK(got == (int)ng && ng == 64, "xs-ckpt model.bin greedy: %d of %zu", got, ng);
+        free(prompt), free(gen);
+    }
+    json_decref(g);
+    free(bin), free(tok);
+}
+
+/* ---- version 1 ------------------------------------------------------------------------------- */
+
+static void test_version1(void)
+{
+    char *bin = data_copy("models/stories260K/llama2c/stories260K.bin"), *tok = data_copy("models/stories260K/llama2c/tok512.bin");
+    size_t len;
+    unsigned char *v0 = bin ? test_read_file(bin, &len) : NULL;
+    if (!v0) {
+        free(bin), free(tok);
+        SKIP("no stories260K.bin");
+    }
+    int32_t hp[7];
+    memcpy(hp, v0, sizeof hp);
+    const size_t D = (size_t)hp[0], H = (size_t)hp[1], L = (size_t)hp[2], V = (size_t)hp[5], kv = D / (size_t)hp[3] * (size_t)hp[4];
+    /* legacy arrays in file order, in floats */
+    size_t n_emb = V * D, n_rms = L * D, n_wq = L * D * D, n_wk = L * kv * D, n_wo = L * D * D, n_w = L * H * D;
+    const float *f = (const float *)(v0 + 28);
+    const float *emb = f, *rms_att = emb + n_emb, *wq = rms_att + n_rms, *wk = wq + n_wq, *wv = wk + n_wk,
+                *wo = wv + n_wk, *rms_ffn = wo + n_wo, *w1 = rms_ffn + n_rms, *w2 = w1 + n_w, *w3 = w2 + n_w,
+                *rms_final = w3 + n_w;
+    /* version 1: 256-byte header, then norms first (export.py's version1_export) */
+    size_t total = n_rms * 2 + D + n_emb + n_wq + 2 * n_wk + n_wo + 3 * n_w;
+    unsigned char *v1 = calloc(1, 256 + total * 4);
+    uint32_t magic = 0x616b3432u;
+    int32_t version = 1;
+    memcpy(v1, &magic, 4);
+    memcpy(v1 + 4, &version, 4);
+    memcpy(v1 + 8, hp, sizeof hp);
+    v1[36] = 1; /* shared classifier */
+    float *o = (float *)(v1 + 256);
+    const struct { const float *p; size_t n; } parts[] = {{rms_att, n_rms}, {rms_ffn, n_rms}, {rms_final, D}, {emb, n_emb},
+        {wq, n_wq}, {wk, n_wk}, {wv, n_wk}, {wo, n_wo}, {w1, n_w}, {w2, n_w}, {w3, n_w}};
+    for (size_t i = 0; i < sizeof parts / sizeof *parts; i++)
+        memcpy(o, parts[i].p, parts[i].n * 4), o += parts[i].n;
+    char path[300], out[300];
+    snprintf(path, sizeof path, "%s/v1.bin", dir);
+    snprintf(out, sizeof out, "%s/v1.ifs", dir);
+    test_write_file(path, v1, 256 + total * 4);
+    CHECK(iflow_is_llama2c_file(path), "a version-1 file is recognized");
+    CHECK(convert_l2c(path, tok, out) == 0, "version 1: %s", iflow_errmsg());
+    int n = same_tensors(out, s_l2c);
+    CHECK(n == 47, "version 1 and legacy: %d of 47 tensors identical", n);
+    free(v0), free(v1), free(bin), free(tok);
+}
+
+/* ---- bad input -------------------------------------------------------------------------------- */
+
+static void test_errors(void)
+{
+    char *bin = data_copy("models/stories260K/llama2c/stories260K.bin"), *tok = data_copy("models/stories260K/llama2c/tok512.bin");
+    size_t len, tlen;
+    unsigned char *v0 = bin ? test_read_file(bin, &len) : NULL, *t = tok ? test_read_file(tok, &tlen) : NULL;
+    if (!v0 || !t) {
+        free(v0), free(t), free(bin), free(tok);
+        SKIP("no stories260K.bin");
+    }
+    char path[300], tpath[300], out[300];
+    snprintf(path, sizeof path, "%s/bad.bin", dir);
+    snprintf(tpath, sizeof tpath, "%s/bad-tok.bin", dir);
+    snprintf(out, sizeof out, "%s/bad.ifs", dir);
+
+    /* one float short: not even recognized as a checkpoint; the parser says what it needs */
+    test_write_file(path, v0, len - 4);
+    CHECK(!iflow_is_llama2c_file(path), "a file one float short is not taken for a checkpoint");
+    CHECK_ERR(iflow_llama2c_check_header(v0, len - 4, "x.bin"), IFLOW_ETRUNC, "x.bin", "needs 1056540");
+    CHECK_ERR(convert_l2c(path, tok, out), IFLOW_EFORMAT, "bad.bin", "llama2.c checkpoint");
+    CHECK(access(out, F_OK) != 0, "nothing written");
+
+    /* n_heads 7 does not divide dim 64 */
+    unsigned char *b = malloc(len);
+    memcpy(b, v0, len);
+    int32_t seven = 7, neg = -5;
+    memcpy(b + 12, &seven, 4);
+    CHECK_ERR(iflow_llama2c_check_header(b, len, "x.bin"), IFLOW_EFORMAT, "x.bin", "n_heads 7");
+    memcpy(b, v0, len);
+    memcpy(b + 8, &neg, 4);
+    CHECK_ERR(iflow_llama2c_check_header(b, len, "x.bin"), IFLOW_EFORMAT, "x.bin", "n_layers -5 at byte 8");
+
+    /* version 2 */
+    uint32_t magic = 0x616b3432u;
+    int32_t two = 2;
+    memset(b, 0, 256);
+    memcpy(b, &magic, 4);
+    memcpy(b + 4, &two, 4);
+    test_write_file(path, b, len);
+    CHECK(iflow_is_llama2c_file(path), "the magic is recognized");
+    CHECK_ERR(convert_l2c(path, tok, out), IFLOW_EUNSUPPORTED, "bad.bin", "version 2 (byte 4)");
+
+    /* a tokenizer cut inside token 300 */
+    CHECK_ERR(iflow_llama2c_check_tokenizer(t, 3000, 512, "t.bin"), IFLOW_ETRUNC, "t.bin", "token");
+    test_write_file(tpath, t, 3000);
+    CHECK_ERR(convert_l2c(bin, tpath, out), IFLOW_ETRUNC, "bad-tok.bin", "token");
+    CHECK(iflow_llama2c_check_tokenizer(t, tlen, 512, "t.bin") == 0, "tok512.bin: %s", iflow_errmsg());
+
+    /* no tokenizer.bin beside the checkpoint */
+    test_write_file(path, v0, len);
+    CHECK_ERR(convert_l2c(path, NULL, out), IFLOW_ENOTFOUND, "bad.bin", "--tokenizer");
+
+    /* a tokenizer for a Hugging Face directory */
+    char *hf = data_copy("models/stories260K/hf");
+    CHECK_ERR(convert_l2c(hf, tok, out), IFLOW_EINVAL, "stories260K/hf", "llama2.c");
+    CHECK(access(out, F_OK) != 0, "nothing written");
+    free(hf), free(b), free(v0), free(t), free(bin), free(tok);
+}
+
+int main(void)
+{
+    if (!mkdtemp(dir))
+        return perror("mkdtemp"), 1;
+    snprintf(s_l2c, sizeof s_l2c, "%s/l2c.ifs", dir);
+    snprintf(s_gguf, sizeof s_gguf, "%s/gguf.ifs", dir);
+    char *bin = data_copy("models/stories260K/llama2c/stories260K.bin"), *tok = data_copy("models/stories260K/llama2c/tok512.bin");
+    if (!bin || !tok) {
+        fprintf(stderr, "test data missing\n");
+        free(bin), free(tok);
+        return check_summary("test_llama2c") | 1;
+    }
+    int rc = convert_l2c(bin, tok, s_l2c);
+    CHECK(rc == 0, "convert stories260K.bin: %s", iflow_errmsg());
+    free(bin), free(tok);
+    if (rc == 0) {
+        RUN(test_same_as_gguf);
+        RUN(test_tokenizer_golden);
+        RUN(test_greedy_golden);
+        RUN(test_version1);
+        RUN(test_errors);
+    }
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", dir);
+    return check_summary("test_llama2c");
+}
