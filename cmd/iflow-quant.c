@@ -18,8 +18,8 @@
 enum { O_TYPE = 't', O_INPUT = 'i', O_OUTPUT = 'o', O_VERBOSE = 'v', O_KEEP = 256, O_METHOD, O_IMATRIX, O_REQUANT, O_ZSTD, O_LIST, O_JSON };
 
 static const iflow_opt opts[] = {
-    {O_TYPE, "type", 't', "TYPE", "quantize weight matrices to TYPE (see --list-types)",
-     "q8_b32 q8_b64 q6 q5 q4_b32 q4_b64 q3h q3_b32 q2"},
+    {O_TYPE, "type", 't', "TYPE", "quantize weight matrices to TYPE, or round them to f16 or bf16 (see --list-types)",
+     "q8_b32 q8_b64 q6 q5 q4_b32 q4_b64 q3h q3_b32 q2 f16 bf16"},
     {O_INPUT, "input", 'i', "FILE", "read the shard from FILE (default: standard input)", "file"},
     {O_OUTPUT, "output", 'o', "FILE", "write the shard to FILE (default: standard output, never a terminal)", "file"},
     {O_KEEP, "keep", 0, "LIST", "override types: PATTERN[=TYPE],... (tensor-name patterns; no TYPE: keep as is)", NULL},
@@ -94,7 +94,13 @@ static int list_types(int as_json)
     char *table = quality_table(), quality[256];
     if (!as_json)
         printf("%-8s %4s %5s %11s %5s  %s\n", "type", "bits", "block", "bits/weight", "paper", "measured quality");
-    for (int dt = IFLOW_DT_QFIRST; dt < IFLOW_DT_QEND_; dt++) {
+    int types[IFLOW_DT_QEND_ - IFLOW_DT_QFIRST + 2], n = 0;
+    for (int dt = IFLOW_DT_QFIRST; dt < IFLOW_DT_QEND_; dt++)
+        types[n++] = dt;
+    types[n++] = IFLOW_DT_F16;
+    types[n++] = IFLOW_DT_BF16;
+    for (int i = 0; i < n; i++) {
+        int dt = types[i];
         iflow_qtype_info q;
         if (iflow_qtype_describe(dt, &q) < 0)
             die(&tool, NULL);
@@ -114,8 +120,8 @@ static int parse_type(const char *name)
         die_usage(&tool, "ambiguous type '%s' for --type: say %s", name, choices);
     if (dt < 0)
         die_usage(&tool, "unknown type '%s' for --type (see iflow-quant --list-types)", name);
-    if (!iflow_dtype_is_quant(dt))
-        die_usage(&tool, "type '%s' for --type is not a quantized type (see iflow-quant --list-types)", name);
+    if (!iflow_dtype_is_quant(dt) && dt != IFLOW_DT_F16 && dt != IFLOW_DT_BF16)
+        die_usage(&tool, "type '%s' for --type is not a quantized type, f16 or bf16 (see iflow-quant --list-types)", name);
     return dt;
 }
 

@@ -21,9 +21,14 @@ int iflow_qtype_describe(int dt, iflow_qtype_info *info)
 {
     /* Table 3 of the paper, "Actual bits/weight"; its Q8 column (9/8.5) is our two 8-bit types. */
     static const double paper[IFLOW_DT_QEND_ - IFLOW_DT_QFIRST] = {9, 8.5, 6.5, 5.5, 5, 4.5, 4, 4, 0};
+    if (dt == IFLOW_DT_F16 || dt == IFLOW_DT_BF16) { /* float targets: every matrix rounded once */
+        *info = (iflow_qtype_info){.dtype = dt, .name = iflow_dtype_name(dt), .bits = 16, .block = 1, .levels = 65536,
+                                   .block_bytes = 2, .bits_per_weight = 16};
+        return 0;
+    }
     const ifk_qtype_info *q = ifk_qtype(dt);
     if (!iflow_dtype_is_quant(dt) || !q)
-        return iflow_seterr(IFLOW_EINVAL, "type code %d is not a quantized type", dt);
+        return iflow_seterr(IFLOW_EINVAL, "type code %d is not a quantized type, f16 or bf16", dt);
     *info = (iflow_qtype_info){
         .dtype = dt,
         .name = iflow_dtype_name(dt),
@@ -77,7 +82,7 @@ int iflow_quant_policy_init(iflow_quant_policy *p, int target)
     iflow_qtype_info info;
     memset(p, 0, sizeof *p);
     if (iflow_qtype_describe(target, &info) < 0)
-        return iflow_seterr(IFLOW_EINVAL, "%s is not a quantized type",
+        return iflow_seterr(IFLOW_EINVAL, "%s is not a quantized type, f16 or bf16",
                             iflow_dtype_name(target) ? iflow_dtype_name(target) : "?");
     p->target = target;
     if (info.bits < 6) {

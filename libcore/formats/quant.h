@@ -3,6 +3,8 @@
  * shard into a quantized shard. (The block formats themselves are kernels/cpu/quant.h's.)
  *
  * The policy (iflow-quant(1) states it for users)
+ *   - The target is a quantized type, or f16 or bf16 (every matrix rounded once to nearest
+ *     even from its F32 value: the same bytes as iflow-convert --dtype; no default exceptions).
  *   - Vectors (one dimension: norm weights, biases) are always f32; the engine reads them so.
  *   - Matrices get the target type, with one default exception, as llama.cpp keeps its output
  *     matrix at 6 bits: when the target has fewer than 6 bits, the output projection and the
@@ -51,7 +53,7 @@
 /* ---- the types ---- */
 
 typedef struct {
-    int         dtype;            /* IFLOW_DT_Q*                                         */
+    int         dtype;            /* IFLOW_DT_Q*, or IFLOW_DT_F16 / BF16 (block 1, 16 bits) */
     const char *name;             /* canonical name, as iflow_dtype_name()                */
     double      bits;             /* nominal bits of a level: 8, 6, 5, 4, 3.5, 3, 2       */
     int         block;            /* weights per block                                    */
@@ -62,7 +64,8 @@ typedef struct {
                                      0 where the paper has no column for the type (q2)    */
 } iflow_qtype_info;
 
-/* Describe a quantized type. IFLOW_EINVAL if dt is not one. */
+/* Describe a target type of iflow-quant: a quantized type, f16 or bf16. IFLOW_EINVAL if dt
+ * is none of them. */
 int iflow_qtype_describe(int dt, iflow_qtype_info *info);
 
 /* Look up the measured quality of a type in the text of a quality table (docs/quant-quality.tsv:

@@ -191,7 +191,7 @@ Try 'iflow-quant --help' for more information." "iflow-quant $*: message"
 usage "unknown type 'q7' for --type (see iflow-quant --list-types)" -t q7 -i "$TMP/s.ifs"
 usage "ambiguous type 'q4' for --type: say q4_b32 or q4_b64" -t q4 -i "$TMP/s.ifs"
 usage "ambiguous type 'Q3' for --type: say q3h or q3_b32" -t Q3 -i "$TMP/s.ifs"
-usage "type 'f16' for --type is not a quantized type (see iflow-quant --list-types)" -t f16 -i "$TMP/s.ifs"
+usage "type 'f32' for --type is not a quantized type, f16 or bf16 (see iflow-quant --list-types)" -t f32 -i "$TMP/s.ifs"
 usage "no type: give -t TYPE (iflow-quant --list-types lists them)" -i "$TMP/s.ifs"
 usage "unknown type 'q7' in --keep entry 'embed=q7'" -t q4_b64 --keep 'embed=q7' -i "$TMP/s.ifs"
 usage "ambiguous type 'q4' in --keep entry 'output=q4': say q4_b32 or q4_b64" -t q8 --keep 'embed,output=q4' -i "$TMP/s.ifs"
@@ -225,7 +225,9 @@ q4_b32      4    32        5.00     5  -
 q4_b64      4    64        4.50   4.5  -
 q3h       3.5    64        4.00     4  -
 q3_b32      3    32        4.00     4  -
-q2          2    32        3.00     -  -" "--list-types without a quality table"
+q2          2    32        3.00     -  -
+f16        16     1       16.00     -  -
+bf16       16     1       16.00     -  -" "--list-types without a quality table"
 printf '# type\tquality\nq8_b32\tKLD 0.0001, top-1 99.9%% (stories260K)\nq2\tpoor\n' >"$TMP/quality.tsv"
 run env IFLOW_QUANT_QUALITY="$TMP/quality.tsv" $Q --list-types
 expect_eq "$(sed -n '2p;10p' <<<"$out")" "q8_b32      8    32        9.00     9  KLD 0.0001, top-1 99.9% (stories260K)
@@ -235,7 +237,20 @@ run env IFLOW_QUANT_QUALITY="$TMP/quality.tsv" $Q --list-types --json
 expect_eq "$(sed -n '1p;9p' <<<"$out")" '{"schema":1,"type":"q8_b32","code":16,"bits":8.0,"block":32,"block_bytes":36,"bits_per_weight":9.0,"paper_bits_per_weight":9.0,"quality":"KLD 0.0001, top-1 99.9% (stories260K)"}
 {"schema":1,"type":"q2","code":24,"bits":2.0,"block":32,"block_bytes":12,"bits_per_weight":3.0,"paper_bits_per_weight":null,"quality":"poor"}' \
     "--list-types --json"
-expect_eq "$(jq -r .type <<<"$out" | paste -sd' ')" "$TYPES" "--list-types --json: one line per type"
+expect_eq "$(jq -r .type <<<"$out" | paste -sd' ')" "$TYPES f16 bf16" "--list-types --json: one line per type"
+
+# ---- f16 and bf16 targets: the bytes iflow-convert --dtype writes (one rounding, to nearest even) ----
+for t in f16 bf16; do
+    run $Q -t $t -i "$TMP/s.ifs" -o "$TMP/s.q$t.ifs"
+    expect_rc 0 "iflow-quant -t $t"
+    $BIN/iflow-convert "$DATA/models/stories260K/hf" -t $t -o "$TMP/s.c$t.ifs"
+    expect_eq "$($BIN/iflow-convert --info "$TMP/s.q$t.ifs" | awk '/^tensor/ {print $2, $3, $NF}')" \
+        "$($BIN/iflow-convert --info "$TMP/s.c$t.ifs" | awk '/^tensor/ {print $2, $3, $NF}')" \
+        "iflow-quant -t $t: every tensor as iflow-convert -t $t writes it"
+    expect_match "$($BIN/iflow-convert --info "$TMP/s.q$t.ifs")" "quantization: $t" "meta records the $t target"
+done
+run bash -c "$Q -t q8_b32 -i '$TMP/s.ifs' | $Q -t bf16 | $BIN/iflow-convert --info -"
+expect_match "$(grep -c "^tensor.* bf16 " <<<"$out")" "^36$" "q8_b32 -> bf16: the 36 matrices dequantized and rounded"
 
 # ---- a Q8 model still writes the golden stories (issue 3: >= 16 tokens identical to F32) ----
 G=$DATA/golden
