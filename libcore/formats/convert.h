@@ -2,9 +2,10 @@
  * convert.h -- a model source (Hugging Face directory, GGUF file, llama2.c checkpoint) -> shard.
  *
  * Contract
- *   iflow_convert() reads a model directory (config.json, safetensors weights, tokenizer.json or
- *   tokenizer.gguf, generation_config.json), picks the spec serving config.json's
- *   "architectures" (or the one given), and writes one shard to out_path ("-" for stdout).
+ *   iflow_convert() reads a model directory (config.json, safetensors or pytorch_model.bin weights
+ *   (hfdir.h), tokenizer.json or tokenizer.gguf, generation_config.json), picks the spec serving
+ *   config.json's "architectures" (or the one given), and writes one shard to out_path ("-" for
+ *   stdout).
  *   A regular file is read as a GGUF file instead (ggufsrc.h): its metadata is the config, the
  *   spec is the one whose [gguf] section serves its general.architecture (spec.h), its
  *   vocabulary is the tokenizer, and each tensor keeps the iflow type it converts to without a

@@ -3,6 +3,7 @@
 #include "libcore/base/error.h"
 #include "libcore/base/jsonutil.h"
 #include "libcore/base/quote.h"
+#include "pickle.h"
 #include "safetensors.h"
 
 #include <errno.h>
@@ -12,11 +13,26 @@
 #include <sys/stat.h>
 #include <xxhash.h>
 
+/* A weight file: safetensors, or a PyTorch zip checkpoint (pytorch_model*.bin). */
+typedef struct {
+    iflow_st *st;
+    iflow_pt *pt;
+} wfile;
+
+static const char *wfile_path(const wfile *w) { return w->st ? iflow_st_path(w->st) : iflow_pt_path(w->pt); }
+static size_t wfile_n_tensors(const wfile *w) { return w->st ? iflow_st_n_tensors(w->st) : iflow_pt_n_tensors(w->pt); }
+
+static void wfile_close(wfile *w)
+{
+    iflow_st_close(w->st);
+    iflow_pt_close(w->pt);
+}
+
 struct iflow_hfdir {
     char *path;
     json_t *config, *gen_config, *tok_config;
     char *tokenizer_path;
-    iflow_st **files;
+    wfile *files;
     size_t n_files;
     iflow_src_tensor *t; /* flat list over all files */
     size_t n;
@@ -130,50 +146,59 @@ static int build_index(iflow_hfdir *h)
         size_t *s = slot_for(h, h->t[i].name);
         if (*s)
             return iflow_seterr(IFLOW_EFORMAT, "tensor '%s' is in both '%s' and '%s'",
-                                iflow_quote(h->t[i].name), iflow_st_path(h->files[h->t[*s - 1].file]),
-                                iflow_st_path(h->files[h->t[i].file]));
+                                iflow_quote(h->t[i].name), wfile_path(&h->files[h->t[*s - 1].file]),
+                                wfile_path(&h->files[h->t[i].file]));
         *s = i + 1;
     }
     return 0;
 }
 
-/* Copy every file's tensors into one list, tagged with their file index. */
+/* Copy every file's tensors into one list, tagged with their file index. A PyTorch tensor
+ * must be contiguous (a state dict's are): the list describes bytes in place. */
 static int flatten(iflow_hfdir *h)
 {
     size_t n = 0;
     for (size_t f = 0; f < h->n_files; f++)
-        n += iflow_st_n_tensors(h->files[f]);
+        n += wfile_n_tensors(&h->files[f]);
     h->t = malloc((n ? n : 1) * sizeof *h->t);
     if (!h->t)
         return iflow_seterr(IFLOW_ENOMEM, "out of memory listing %zu tensors in '%s'", n,
                             h->path);
     for (size_t f = 0; f < h->n_files; f++)
-        for (size_t i = 0; i < iflow_st_n_tensors(h->files[f]); i++) {
-            h->t[h->n] = *iflow_st_tensor(h->files[f], i);
+        for (size_t i = 0; i < wfile_n_tensors(&h->files[f]); i++) {
+            const wfile *w = &h->files[f];
+            if (w->pt && !iflow_pt_tensor(w->pt, i)->contiguous)
+                return iflow_seterr(IFLOW_EUNSUPPORTED, "tensor '%s' in '%s' is a strided view; iflow reads "
+                                    "contiguous tensors", iflow_quote(iflow_pt_tensor(w->pt, i)->t.name),
+                                    wfile_path(w));
+            h->t[h->n] = w->st ? *iflow_st_tensor(w->st, i) : iflow_pt_tensor(w->pt, i)->t;
             h->t[h->n++].file = (int)f;
         }
     return build_index(h);
 }
 
-/* Open dir/name as weight file number h->n_files. */
+/* Open dir/name as weight file number h->n_files: safetensors, or PyTorch's zip checkpoint
+ * when the name does not end in .safetensors. */
 static int open_weights(iflow_hfdir *h, const char *name)
 {
     char *p = join(h->path, name);
     if (!p)
         return IFLOW_ENOMEM;
-    int rc = iflow_st_open(&h->files[h->n_files], p);
+    size_t n = strlen(name);
+    wfile *w = &h->files[h->n_files];
+    int rc = n > 12 && strcmp(name + n - 12, ".safetensors") == 0 ? iflow_st_open(&w->st, p) : iflow_pt_open(&w->pt, p);
     free(p);
     if (rc == 0)
         h->n_files++;
     return rc;
 }
 
-static int open_single(iflow_hfdir *h)
+static int open_single(iflow_hfdir *h, const char *name)
 {
     h->files = calloc(1, sizeof *h->files);
     if (!h->files)
         return iflow_seterr(IFLOW_ENOMEM, "out of memory opening '%s'", h->path);
-    int rc = open_weights(h, "model.safetensors");
+    int rc = open_weights(h, name);
     return rc < 0 ? rc : flatten(h);
 }
 
@@ -245,7 +270,7 @@ static int check_weight_map(const iflow_hfdir *h, const json_t *map, const char 
         if (!t)
             return iflow_seterr(IFLOW_ENOTFOUND, "tensor '%s' mapped to '%s' by '%s' is not in "
                                 "that file", iflow_quote(key), iflow_quote(want), index);
-        const char *have = iflow_st_path(h->files[t->file]);
+        const char *have = wfile_path(&h->files[t->file]);
         size_t lh = strlen(have), lw = strlen(want);
         if (lh < lw + 1 || have[lh - lw - 1] != '/' || strcmp(have + lh - lw, want) != 0)
             return iflow_seterr(IFLOW_EFORMAT, "tensor '%s' mapped to '%s' by '%s' is in '%s' "
@@ -280,24 +305,24 @@ static int open_sharded(iflow_hfdir *h, const char *index)
     return rc;
 }
 
+/* safetensors first (single, then sharded), then PyTorch's pytorch_model.bin (likewise). */
 static int open_weights_any(iflow_hfdir *h)
 {
-    if (has_file(h, "model.safetensors"))
-        return open_single(h);
-    char *index = join(h->path, "model.safetensors.index.json");
-    if (!index)
-        return IFLOW_ENOMEM;
-    int rc;
-    if (is_file(index))
-        rc = open_sharded(h, index);
-    else if (has_file(h, "pytorch_model.bin") || has_file(h, "pytorch_model.bin.index.json"))
-        rc = iflow_seterr(IFLOW_EUNSUPPORTED, "model directory '%s' has only pytorch_model.bin "
-                          "weights; iflow reads safetensors", h->path);
-    else
-        rc = iflow_seterr(IFLOW_ENOTFOUND, "no weights in model directory '%s' (no "
-                          "model.safetensors or model.safetensors.index.json)", h->path);
-    free(index);
-    return rc;
+    static const char *const single[2] = {"model.safetensors", "pytorch_model.bin"};
+    static const char *const index[2] = {"model.safetensors.index.json", "pytorch_model.bin.index.json"};
+    for (int k = 0; k < 2; k++) {
+        if (has_file(h, single[k]))
+            return open_single(h, single[k]);
+        char *p = join(h->path, index[k]);
+        if (!p)
+            return IFLOW_ENOMEM;
+        int rc = is_file(p) ? open_sharded(h, p) : 1;
+        free(p);
+        if (rc <= 0)
+            return rc;
+    }
+    return iflow_seterr(IFLOW_ENOTFOUND, "no weights in model directory '%s' (no model.safetensors, "
+                        "pytorch_model.bin or their .index.json)", h->path);
 }
 
 /* ---- open / close --------------------------------------------------------------------------- */
@@ -340,7 +365,7 @@ void iflow_hfdir_close(iflow_hfdir *h)
     if (!h)
         return;
     for (size_t i = 0; i < h->n_files; i++)
-        iflow_st_close(h->files[i]);
+        wfile_close(&h->files[i]);
     free(h->files);
     free(h->t);
     free(h->slots);
@@ -364,7 +389,7 @@ size_t iflow_hfdir_n_tensors(const iflow_hfdir *h) { return h->n; }
 
 const char *iflow_hfdir_file_path(const iflow_hfdir *h, size_t i)
 {
-    return i < h->n_files ? iflow_st_path(h->files[i]) : NULL;
+    return i < h->n_files ? wfile_path(&h->files[i]) : NULL;
 }
 
 const iflow_src_tensor *iflow_hfdir_tensor(const iflow_hfdir *h, size_t i)
@@ -382,6 +407,11 @@ const iflow_src_tensor *iflow_hfdir_find(const iflow_hfdir *h, const char *name)
 
 void iflow_hfdir_release(iflow_hfdir *h, const iflow_src_tensor *t)
 {
-    if (t && t->file >= 0 && (size_t)t->file < h->n_files)
-        iflow_st_release(h->files[t->file], t);
+    if (!t || t->file < 0 || (size_t)t->file >= h->n_files)
+        return;
+    const wfile *w = &h->files[t->file];
+    if (w->st)
+        iflow_st_release(w->st, t);
+    else
+        iflow_pt_release(w->pt, iflow_pt_find(w->pt, t->name));
 }

@@ -1,5 +1,6 @@
 /*
- * hfdir.h -- a Hugging Face model directory: config, tokenizer files and safetensors weights.
+ * hfdir.h -- a Hugging Face model directory: config, tokenizer files and weights (safetensors or
+ * PyTorch checkpoints).
  *
  * Contract
  *   iflow_hfdir_open() reads, from directory `dir`:
@@ -10,7 +11,10 @@
  *                             only the path is recorded, the file is not read
  *     weights                 model.safetensors, else the shards that
  *                             model.safetensors.index.json lists in its weight_map
- *                             (name -> file; each file opened once, in name order)
+ *                             (name -> file; each file opened once, in name order); else
+ *                             pytorch_model.bin, else pytorch_model.bin.index.json's shards:
+ *                             torch.save zip checkpoints read by pickle.h, which runs no code
+ *                             (a tensor must be contiguous, as a state dict's are)
  *   A malformed optional file is an error, not a silent skip. With IFLOW_HFDIR_CONFIG_ONLY
  *   the weights are neither required nor opened (shape-only directories such as
  *   ../shared/models/synthetic/tinyllama-1.1b); the tensor list is then empty.
@@ -18,7 +22,7 @@
  *   Sharded weights are checked against the index: every listed file exists (a plain file
  *   name inside `dir`), every mapped tensor is in the file the index names, and no tensor name
  *   occurs in two files. Tensors a shard holds but the index does not list are kept. Each file
- *   is validated as safetensors.h describes.
+ *   is validated as safetensors.h (or pickle.h) describes.
  *
  *   Failures return a negative IFLOW_E* code, leave *out NULL, and set a message naming the
  *   directory or file: a missing config.json or missing weights is IFLOW_ENOTFOUND.
