@@ -25,9 +25,10 @@
  *
  *   Threads: kernels taking n_threads deal their work out in items (ranges of output rows,
  *   blocks of attention queries) on the persistent pool of pool.h, to at most that many
- *   threads; n_threads <= 0 means all cores. An item a preempted worker holds is taken back by
- *   the caller, so another process on a core slows a product by no more than that core's
- *   share. Memory a product reads (weights) must not be freed before ifk_pool_quiesce().
+ *   threads; n_threads <= 0 means all cores. A thread that calls ifk_pool_set_take_back(1)
+ *   (the CPU device does) lets its products take back an item a preempted worker holds, so
+ *   another process on a core slows them by no more than that core's share; it then frees
+ *   the weights it multiplies by only after ifk_pool_quiesce().
  */
 #ifndef IFK_KERNELS_H
 #define IFK_KERNELS_H

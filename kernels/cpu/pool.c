@@ -66,6 +66,8 @@ static struct {
     _Atomic uint64_t delay_gen; /* the last generation whose first worker item slept */
 } P = {.lock = PTHREAD_MUTEX_INITIALIZER, .enabled = -1};
 
+static _Thread_local int take_back_ok; /* ifk_pool_set_take_back() */
+
 typedef void (*run_fn)(const void *args, const void *in, int i, float *out);
 typedef void (*commit_fn)(const void *args, int i, const float *out);
 
@@ -323,7 +325,7 @@ void ifk_pool_run(const ifk_pool_job *job)
     }
     start_workers(nt - 1);
     int limit = nt - 1 < P.n_workers ? nt - 1 : P.n_workers;
-    commit_fn commit = job->commit;
+    commit_fn commit = take_back_ok ? job->commit : NULL;
     const void *in = job->input;
     if (commit && job->input_size) {
         void *copy = input_copy(job->input, job->input_size);
@@ -369,6 +371,13 @@ void ifk_pool_run(const ifk_pool_job *job)
     finish(g, &(ifk_pool_job){.run = job->run, .commit = commit, .args = job->args, .n_items = n}, in, mine,
            n - n_mine, patience > MIN_PATIENCE_NS ? patience : MIN_PATIENCE_NS);
     pthread_mutex_unlock(&P.lock);
+}
+
+int ifk_pool_set_take_back(int on)
+{
+    int was = take_back_ok;
+    take_back_ok = on;
+    return was;
 }
 
 void ifk_pool_quiesce(void)

@@ -8,7 +8,8 @@
  *   shared counter, so a worker that the OS has not scheduled yet simply takes none: the caller
  *   never waits at a barrier for a thread that is not running.
  *
- *   Stealable jobs (commit != NULL) go one step further. A worker runs its item into a scratch
+ *   Stealable jobs (commit != NULL, submitted by a thread that allowed it with
+ *   ifk_pool_set_take_back(1)) go one step further. A worker runs its item into a scratch
  *   buffer of its own (run(args, i, out) with out != NULL) and then publishes it with commit().
  *   When the caller has nothing left to claim and a worker's item is late (the worker was
  *   preempted, for instance by another process on its core), the caller runs the item itself,
@@ -21,7 +22,9 @@
  *       receives as `in`; a buffer that grows is retired, never freed, so it stays mapped;
  *     - anything else a stealable item reads (weights) must stay mapped until
  *       ifk_pool_quiesce() returns: its owner calls that before freeing it (the CPU device and
- *       the shard mapping do). Stale values are harmless: that result is discarded.
+ *       the shard mapping do). That promise is why taking back is opt-in, per submitting
+ *       thread; without it a job's items all run in place and ifk_pool_run waits for them.
+ *       Stale values are harmless: that result is discarded.
  *   Non-stealable jobs read and write in place, only while ifk_pool_run waits for them.
  *
  *   One job runs at a time; a caller that finds the pool busy (another thread's job) runs its
@@ -58,6 +61,11 @@ typedef struct {
 } ifk_pool_job;
 
 void ifk_pool_run(const ifk_pool_job *job);
+
+/* Whether the jobs this thread submits may be taken back from late workers (default 0); the
+ * caller promises to call ifk_pool_quiesce() before freeing what their items read. Returns the
+ * previous setting. */
+int ifk_pool_set_take_back(int on);
 
 /* Returns once no worker is inside an item: call before freeing memory that a stealable item
  * may read. Cheap when no item was abandoned. */

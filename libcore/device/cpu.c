@@ -48,10 +48,15 @@ static int cpu_copy(iflow_device *d, void *dst, const void *src, size_t nbytes)
 
 static int cpu_supports(const iflow_device *d, int wtype) { return 1; /* every type has a CPU kernel */ }
 
+/* Items of a product may be taken back from a preempted worker (pool.h): every weight this
+ * device multiplies by is freed only after ifk_pool_quiesce() (cpu_free, the shard mapping,
+ * model close). */
 static int cpu_matmul(iflow_device *d, float *y, size_t ldy, const void *W, int wtype, const float *x, size_t ldx,
                       int T, int N, int K)
 {
+    int was = ifk_pool_set_take_back(1);
     ifk_matmul(y, ldy, W, wtype, x, ldx, T, N, K, d->n_threads);
+    ifk_pool_set_take_back(was);
     return 0;
 }
 

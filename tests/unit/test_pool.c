@@ -231,11 +231,13 @@ static void test_fork(void)
 
 int main(void)
 {
+    ifk_pool_set_take_back(1); /* this test frees nothing an item reads before quiescing */
     RUN(test_every_item_once);
     RUN(test_taken_back);
     RUN(test_products);
     RUN(test_two_submitters);
     RUN(test_fork);
+    ifk_pool_quiesce(); /* no late worker still reads Wq */
     free(Wq);
     return check_summary("test_pool");
 }
