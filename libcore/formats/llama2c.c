@@ -1,5 +1,7 @@
 /* llama2c.c -- llama2.c checkpoints and tokenizers as a GGUF (contract and layout in llama2c.h). */
 #include "llama2c.h"
+#include "pickle.h"
+#include "libcore/base/dtype.h"
 #include "libcore/base/error.h"
 #include "libcore/base/util.h"
 
@@ -271,36 +273,53 @@ static l2c_array array_of(const l2c_header *h, int kind)
     }
 }
 
-/* Writes the tensor table (or counts its entries when b is NULL) with offsets = pad + file offset. */
-static int put_tensors(buf *b, const l2c_header *h, uint64_t pad)
+/* One tensor of the generated GGUF: F32/F16/BF16 bytes at `off` in the checkpoint file. */
+typedef struct {
+    char name[96];
+    uint64_t ne0, ne1;  /* ggml order; ne1 1 for a vector */
+    uint32_t type;      /* ggml: 0 F32, 1 F16, 30 BF16 */
+    uint64_t off;
+} l2c_tensor;
+
+/* The tensors of a .bin checkpoint in file order (*n of them, malloc'd into *out). */
+static int bin_tensors(const l2c_header *h, l2c_tensor **out, int *n)
 {
     const int *order = h->version ? order_v1 : order_v0;
     int n_order = h->version ? (int)(sizeof order_v1 / sizeof *order_v1) : (int)(sizeof order_v0 / sizeof *order_v0);
+    l2c_tensor *t = calloc((size_t)h->n_layers * 9 + 4, sizeof *t);
+    if (!t)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
     uint64_t off = h->header;
-    int count = 0;
-    for (int k = 0; k < n_order; k++) {
-        l2c_array a = array_of(h, order[k]);
-        if (order[k] == T_WCLS && h->shared)
+    int k = 0;
+    for (int o = 0; o < n_order; o++) {
+        l2c_array a = array_of(h, order[o]);
+        if (order[o] == T_WCLS && h->shared)
             continue;
         for (int l = 0; l < (a.per_layer ? h->n_layers : 1); l++) {
             if (a.name) {
-                count++;
-                if (b) {
-                    char name[64];
-                    int n = snprintf(name, sizeof name, a.name, l);
-                    put_str(b, name, (size_t)n);
-                    put_u32(b, a.ne1 > 1 ? 2 : 1);
-                    put_u64(b, a.ne0);
-                    if (a.ne1 > 1)
-                        put_u64(b, a.ne1);
-                    put_u32(b, 0); /* F32 */
-                    put_u64(b, pad + off);
-                }
+                snprintf(t[k].name, sizeof t[k].name, a.name, l);
+                t[k].ne0 = a.ne0, t[k].ne1 = a.ne1, t[k].type = 0, t[k].off = off;
+                k++;
             }
             off += 4 * a.ne0 * a.ne1;
         }
     }
-    return count;
+    *out = t, *n = k;
+    return 0;
+}
+
+/* The tensor table, offsets = pad + file offset. */
+static void put_table(buf *b, const l2c_tensor *t, int n, uint64_t pad)
+{
+    for (int i = 0; i < n; i++) {
+        put_str(b, t[i].name, strlen(t[i].name));
+        put_u32(b, t[i].ne1 > 1 ? 2 : 1);
+        put_u64(b, t[i].ne0);
+        if (t[i].ne1 > 1)
+            put_u64(b, t[i].ne1);
+        put_u32(b, t[i].type);
+        put_u64(b, pad + t[i].off);
+    }
 }
 
 /* ---- opening -------------------------------------------------------------------------------- */
@@ -326,11 +345,99 @@ int iflow_is_llama2c_file(const char *path)
     close(fd);
     if (!ok)
         return 0;
-    if (rd_u32(b) == L2C_MAGIC)
+    if (rd_u32(b) == L2C_MAGIC || !memcmp(b, "PK\3\4", 4)) /* version 1; a PyTorch zip */
         return 1;
     l2c_header h;
     return parse_header(&h, b, sizeof b, path) == 0 && h.len == (uint64_t)sb.st_size;
 }
+
+/* The tokenizer's bytes: tokenizer_path, or tokenizer.bin beside `path`. */
+static int read_tokenizer(const char *path, const char *tokenizer_path, unsigned char **tok, size_t *len, char *tpath,
+                          size_t cap)
+{
+    if (tokenizer_path) {
+        snprintf(tpath, cap, "%s", tokenizer_path);
+    } else {
+        const char *slash = strrchr(path, '/');
+        snprintf(tpath, cap, "%.*s%stokenizer.bin", slash ? (int)(slash - path) : 0, path, slash ? "/" : "");
+        if (access(tpath, R_OK) != 0)
+            return iflow_seterr(IFLOW_ENOTFOUND, "llama2.c checkpoint '%s' needs its tokenizer: no '%s' (give one with --tokenizer)",
+                                path, tpath);
+    }
+    return read_whole(tpath, tok, len);
+}
+
+/* The GGUF of checkpoint `path` (open as fd, file_len bytes): header h's hyperparameters, the
+ * tokenizer's vocabulary, tensors t[0..n) in the file; then the file mapped after it. */
+static int make_gguf(iflow_gguf **out, const char *path, int fd, uint64_t file_len, const l2c_header *h,
+                     const l2c_tensor *t, int n, const char *tokenizer_path)
+{
+    char tpath[4096];
+    unsigned char *tok = NULL;
+    size_t tok_len = 0;
+    int rc = read_tokenizer(path, tokenizer_path, &tok, &tok_len, tpath, sizeof tpath);
+    if (rc < 0)
+        return rc;
+    buf b = {0};
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    put(&b, "GGUF", 4);
+    put_u32(&b, 3);
+    put_u64(&b, (uint64_t)n);
+    put_u64(&b, 19);
+    kv_str(&b, "general.architecture", "llama");
+    kv_str(&b, "general.name", base);
+    kv_u32(&b, "general.alignment", 2);
+    kv_u32(&b, "llama.context_length", (uint32_t)h->seq_len);
+    kv_u32(&b, "llama.embedding_length", (uint32_t)h->dim);
+    kv_u32(&b, "llama.feed_forward_length", (uint32_t)h->hidden);
+    kv_u32(&b, "llama.block_count", (uint32_t)h->n_layers);
+    kv_u32(&b, "llama.attention.head_count", (uint32_t)h->n_heads);
+    kv_u32(&b, "llama.attention.head_count_kv", (uint32_t)h->n_kv);
+    kv_u32(&b, "llama.rope.dimension_count", (uint32_t)(h->dim / h->n_heads));
+    kv_f32(&b, "llama.rope.freq_base", 10000.0f);                /* run.c's */
+    kv_f32(&b, "llama.attention.layer_norm_rms_epsilon", 1e-5f); /* run.c's */
+    kv_str(&b, "tokenizer.ggml.model", "llama");
+    rc = put_vocab(&b, tok, tok_len, h->vocab, tpath);
+    free(tok);
+    if (rc < 0) {
+        free(b.p);
+        return rc;
+    }
+    kv_u32(&b, "tokenizer.ggml.bos_token_id", 1);
+    kv_u32(&b, "tokenizer.ggml.eos_token_id", 2);
+    kv_u32(&b, "tokenizer.ggml.unknown_token_id", 0);
+    /* the table's size does not depend on the offsets: write it once with pad 0 to measure */
+    size_t kv_end = b.n;
+    put_table(&b, t, n, 0);
+    uint64_t data_off = (b.n + 1) & ~(uint64_t)1, head = (data_off + PAGE - 1) & ~(uint64_t)(PAGE - 1);
+    b.n = kv_end;
+    put_table(&b, t, n, head - data_off);
+    if (b.oom) {
+        free(b.p);
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory reading '%s'", path);
+    }
+    /* [generated header, zero padding][the checkpoint], one range: the checkpoint's first byte
+     * at page `head`, mapped over the reserved range */
+    size_t total = (size_t)head + (size_t)file_len;
+    unsigned char *map = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (map == MAP_FAILED) {
+        int e = errno;
+        free(b.p);
+        return iflow_seterr(IFLOW_ENOMEM, "cannot reserve %zu bytes of address space for '%s': %s", total, path,
+                            strerror(e));
+    }
+    memcpy(map, b.p, b.n);
+    free(b.p);
+    if (mmap(map + head, (size_t)file_len, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0) == MAP_FAILED ||
+        mprotect(map, (size_t)head, PROT_READ) != 0) {
+        int e = errno;
+        munmap(map, total);
+        return iflow_seterr(IFLOW_EIO, "cannot map '%s': %s", path, strerror(e));
+    }
+    return iflow_gguf_open_mapped(out, map, total, path);
+}
+
+static int pt_open(iflow_gguf **out, const char *path, const char *tokenizer_path);
 
 int iflow_llama2c_open(iflow_gguf **out, const char *path, const char *tokenizer_path)
 {
@@ -346,6 +453,10 @@ int iflow_llama2c_open(iflow_gguf **out, const char *path, const char *tokenizer
         close(fd);
         return iflow_seterr(IFLOW_EIO, "cannot read '%s': %s", path, strerror(e));
     }
+    if (got >= 4 && !memcmp(hb, "PK\3\4", 4)) { /* a zip: torch.save's format */
+        close(fd);
+        return pt_open(out, path, tokenizer_path);
+    }
     l2c_header h;
     int rc = parse_header(&h, hb, (size_t)got, path);
     if (rc == 0 && h.len != (uint64_t)sb.st_size)
@@ -353,87 +464,148 @@ int iflow_llama2c_open(iflow_gguf **out, const char *path, const char *tokenizer
                           "llama2.c checkpoint '%s' is %lld bytes; its header (dim %d, hidden %d, %d layers, vocab %d) "
                           "needs %llu",
                           path, (long long)sb.st_size, h.dim, h.hidden, h.n_layers, h.vocab, (unsigned long long)h.len);
-    if (rc < 0) {
-        close(fd);
+    l2c_tensor *t = NULL;
+    int n = 0;
+    if (rc == 0)
+        rc = bin_tensors(&h, &t, &n);
+    if (rc == 0)
+        rc = make_gguf(out, path, fd, (uint64_t)sb.st_size, &h, t, n, tokenizer_path);
+    free(t);
+    close(fd);
+    return rc;
+}
+
+/* ---- llama2.c's PyTorch training checkpoint (ckpt.pt) ------------------------------------------ */
+
+/* llama2.c names under model. (or model._orig_mod. after torch.compile) -> GGUF names. */
+static const struct {
+    const char *pt, *gguf;
+    int per_layer;
+} pt_names[] = {
+    {"tok_embeddings.weight", "token_embd.weight", 0},
+    {"norm.weight", "output_norm.weight", 0},
+    {"output.weight", "output.weight", 0},
+    {"layers.%d.attention_norm.weight", "blk.%d.attn_norm.weight", 1},
+    {"layers.%d.attention.wq.weight", "blk.%d.attn_q.weight", 1},
+    {"layers.%d.attention.wk.weight", "blk.%d.attn_k.weight", 1},
+    {"layers.%d.attention.wv.weight", "blk.%d.attn_v.weight", 1},
+    {"layers.%d.attention.wo.weight", "blk.%d.attn_output.weight", 1},
+    {"layers.%d.ffn_norm.weight", "blk.%d.ffn_norm.weight", 1},
+    {"layers.%d.feed_forward.w1.weight", "blk.%d.ffn_gate.weight", 1},
+    {"layers.%d.feed_forward.w2.weight", "blk.%d.ffn_down.weight", 1},
+    {"layers.%d.feed_forward.w3.weight", "blk.%d.ffn_up.weight", 1},
+};
+
+static int arg_int(const json_t *args, const char *key, int fallback, int max, int *v, const char *path)
+{
+    const json_t *x = json_object_get(args, key);
+    if (!x || json_is_null(x)) {
+        if (fallback < 0)
+            return iflow_seterr(IFLOW_EFORMAT, "llama2.c checkpoint '%s': model_args has no %s", path, key);
+        *v = fallback;
+        return 0;
+    }
+    json_int_t i = json_integer_value(x);
+    if (!json_is_integer(x) || i < 1 || i > max)
+        return iflow_seterr(IFLOW_EFORMAT, "llama2.c checkpoint '%s': model_args.%s is not a size from 1 to %d", path,
+                            key, max);
+    *v = (int)i;
+    return 0;
+}
+
+/* The pt tensor prefix+name, checked: contiguous, F32/F16/BF16, of shape [d0] or [d0, d1]
+ * (d1 0 for a vector); its table entry into *e. */
+static int pt_entry(const iflow_pt *pt, const char *full, const char *gguf, int64_t d0, int64_t d1, l2c_tensor *e)
+{
+    const iflow_strided_tensor *s = iflow_pt_find(pt, full);
+    if (!s)
+        return iflow_seterr(IFLOW_ENOTFOUND, "llama2.c checkpoint '%s' has no tensor '%s'", iflow_pt_path(pt), full);
+    const iflow_src_tensor *t = &s->t;
+    int es = t->dtype == IFLOW_DT_F32 ? 4 : t->dtype == IFLOW_DT_F16 || t->dtype == IFLOW_DT_BF16 ? 2 : 0;
+    if (!es || !s->contiguous)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "tensor '%s' in '%s' is %s%s (iflow reads contiguous F32, F16, BF16)",
+                            full, iflow_pt_path(pt), s->contiguous ? "" : "a strided view of ", t->dtype_name);
+    if (t->n_dims != (d1 ? 2 : 1) || t->shape[0] != d0 || (d1 && t->shape[1] != d1))
+        return iflow_seterr(IFLOW_ESHAPE, "tensor '%s' in '%s' has shape [%lld, %lld], model_args give [%lld, %lld]",
+                            full, iflow_pt_path(pt), (long long)t->shape[0], (long long)(t->n_dims > 1 ? t->shape[1] : 0),
+                            (long long)d0, (long long)d1);
+    snprintf(e->name, sizeof e->name, "%s", gguf);
+    e->ne0 = (uint64_t)(d1 ? d1 : d0), e->ne1 = d1 ? (uint64_t)d0 : 1;
+    e->type = t->dtype == IFLOW_DT_F32 ? 0 : t->dtype == IFLOW_DT_F16 ? 1 : 30;
+    e->off = t->file_offset + (uint64_t)s->storage_offset * (uint64_t)es;
+    return 0;
+}
+
+static int pt_open(iflow_gguf **out, const char *path, const char *tokenizer_path)
+{
+    *out = NULL;
+    iflow_pt *pt;
+    int rc = iflow_pt_open(&pt, path);
+    if (rc < 0)
+        return rc;
+    const json_t *args = json_object_get(iflow_pt_data(pt), "model_args");
+    const char *prefix = iflow_pt_find(pt, "model._orig_mod.tok_embeddings.weight") ? "model._orig_mod." : "model.";
+    char full[160];
+    snprintf(full, sizeof full, "%stok_embeddings.weight", prefix);
+    l2c_header h = {0};
+    if (!json_is_object(args) || !iflow_pt_find(pt, full)) {
+        iflow_pt_close(pt);
+        return iflow_seterr(IFLOW_EFORMAT,
+                            "PyTorch checkpoint '%s' is not a llama2.c training checkpoint (no model_args and "
+                            "model.tok_embeddings.weight; a Hugging Face model is a directory)",
+                            path);
+    }
+    if ((rc = arg_int(args, "dim", -1, DIM_MAX, &h.dim, path)) < 0 ||
+        (rc = arg_int(args, "n_layers", -1, LAYERS_MAX, &h.n_layers, path)) < 0 ||
+        (rc = arg_int(args, "n_heads", -1, DIM_MAX, &h.n_heads, path)) < 0 ||
+        (rc = arg_int(args, "n_kv_heads", h.n_heads, DIM_MAX, &h.n_kv, path)) < 0 ||
+        (rc = arg_int(args, "vocab_size", -1, DIM_MAX, &h.vocab, path)) < 0 ||
+        (rc = arg_int(args, "max_seq_len", -1, DIM_MAX, &h.seq_len, path)) < 0) {
+        iflow_pt_close(pt);
         return rc;
     }
-    /* the tokenizer: given, or tokenizer.bin beside the checkpoint */
-    char tpath[4096];
-    if (tokenizer_path) {
-        snprintf(tpath, sizeof tpath, "%s", tokenizer_path);
-    } else {
-        const char *slash = strrchr(path, '/');
-        snprintf(tpath, sizeof tpath, "%.*s%stokenizer.bin", slash ? (int)(slash - path) : 0, path, slash ? "/" : "");
-        if (access(tpath, R_OK) != 0) {
-            close(fd);
-            return iflow_seterr(IFLOW_ENOTFOUND,
-                                "llama2.c checkpoint '%s' needs its tokenizer: no '%s' (give one with --tokenizer)", path,
-                                tpath);
+    if (h.dim % h.n_heads || h.n_heads % h.n_kv) {
+        iflow_pt_close(pt);
+        return iflow_seterr(IFLOW_EFORMAT, "llama2.c checkpoint '%s': dim %d, n_heads %d, n_kv_heads %d do not divide",
+                            path, h.dim, h.n_heads, h.n_kv);
+    }
+    /* the FFN width is w1's (model_args may derive it from multiple_of) */
+    snprintf(full, sizeof full, "%slayers.0.feed_forward.w1.weight", prefix);
+    const iflow_strided_tensor *w1 = iflow_pt_find(pt, full);
+    h.hidden = w1 && w1->t.n_dims == 2 && w1->t.shape[0] > 0 && w1->t.shape[0] <= DIM_MAX ? (int)w1->t.shape[0] : 0;
+    if (!h.hidden) {
+        iflow_pt_close(pt);
+        return iflow_seterr(IFLOW_EFORMAT, "llama2.c checkpoint '%s' has no 2-D tensor '%s'", path, full);
+    }
+    /* tied: output.weight absent, or the embedding's own bytes */
+    const iflow_strided_tensor *emb = iflow_pt_find(pt, (snprintf(full, sizeof full, "%stok_embeddings.weight", prefix), full));
+    const iflow_strided_tensor *outw = iflow_pt_find(pt, (snprintf(full, sizeof full, "%soutput.weight", prefix), full));
+    h.shared = !outw || (outw->storage_data == emb->storage_data && outw->storage_offset == emb->storage_offset);
+    const int64_t D = h.dim, H = h.hidden, V = h.vocab, kv = (int64_t)(h.dim / h.n_heads) * h.n_kv;
+    const int64_t shape[][2] = {{V, D}, {D, 0}, {V, D}, {D, 0}, {D, D}, {kv, D}, {kv, D}, {D, D}, {D, 0}, {H, D}, {D, H}, {H, D}};
+    l2c_tensor *t = calloc((size_t)h.n_layers * 9 + 3, sizeof *t);
+    int n = 0;
+    rc = t ? 0 : iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    for (size_t k = 0; k < sizeof pt_names / sizeof *pt_names && rc == 0; k++) {
+        if (k == 2 && h.shared)
+            continue;
+        for (int l = 0; l < (pt_names[k].per_layer ? h.n_layers : 1) && rc == 0; l++) {
+            char name[96], gguf[96];
+            snprintf(name, sizeof name, pt_names[k].pt, l);
+            snprintf(gguf, sizeof gguf, pt_names[k].gguf, l);
+            snprintf(full, sizeof full, "%s%s", prefix, name);
+            rc = pt_entry(pt, full, gguf, shape[k][0], shape[k][1], &t[n++]);
         }
     }
-    unsigned char *tok = NULL;
-    size_t tok_len = 0;
-    if ((rc = read_whole(tpath, &tok, &tok_len)) < 0) {
+    int fd = rc == 0 ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+    struct stat sb;
+    if (rc == 0 && (fd < 0 || fstat(fd, &sb) != 0))
+        rc = iflow_seterr(IFLOW_EIO, "cannot open '%s': %s", path, strerror(errno));
+    iflow_pt_close(pt); /* its checks are done; the GGUF maps the file again */
+    if (rc == 0)
+        rc = make_gguf(out, path, fd, (uint64_t)sb.st_size, &h, t, n, tokenizer_path);
+    if (fd >= 0)
         close(fd);
-        return rc;
-    }
-    /* the GGUF header: magic, version, counts, key-values, tensor table */
-    buf b = {0};
-    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
-    int n_tensors = put_tensors(NULL, &h, 0);
-    put(&b, "GGUF", 4);
-    put_u32(&b, 3);
-    put_u64(&b, (uint64_t)n_tensors);
-    put_u64(&b, 19);
-    kv_str(&b, "general.architecture", "llama");
-    kv_str(&b, "general.name", base);
-    kv_u32(&b, "general.alignment", 4);
-    kv_u32(&b, "llama.context_length", (uint32_t)h.seq_len);
-    kv_u32(&b, "llama.embedding_length", (uint32_t)h.dim);
-    kv_u32(&b, "llama.feed_forward_length", (uint32_t)h.hidden);
-    kv_u32(&b, "llama.block_count", (uint32_t)h.n_layers);
-    kv_u32(&b, "llama.attention.head_count", (uint32_t)h.n_heads);
-    kv_u32(&b, "llama.attention.head_count_kv", (uint32_t)h.n_kv);
-    kv_u32(&b, "llama.rope.dimension_count", (uint32_t)(h.dim / h.n_heads));
-    kv_f32(&b, "llama.rope.freq_base", 10000.0f);                /* run.c's */
-    kv_f32(&b, "llama.attention.layer_norm_rms_epsilon", 1e-5f); /* run.c's */
-    kv_str(&b, "tokenizer.ggml.model", "llama");
-    if ((rc = put_vocab(&b, tok, tok_len, h.vocab, tpath)) < 0) {
-        free(tok), free(b.p), close(fd);
-        return rc;
-    }
-    free(tok);
-    kv_u32(&b, "tokenizer.ggml.bos_token_id", 1);
-    kv_u32(&b, "tokenizer.ggml.eos_token_id", 2);
-    kv_u32(&b, "tokenizer.ggml.unknown_token_id", 0);
-    /* the table's size does not depend on the offsets: write it once with pad 0 to measure */
-    size_t kv_end = b.n;
-    put_tensors(&b, &h, 0);
-    uint64_t data_off = (b.n + 3) & ~(uint64_t)3, head = (data_off + PAGE - 1) & ~(uint64_t)(PAGE - 1);
-    b.n = kv_end;
-    put_tensors(&b, &h, head - data_off);
-    if (b.oom) {
-        free(b.p), close(fd);
-        return iflow_seterr(IFLOW_ENOMEM, "out of memory reading '%s'", path);
-    }
-    /* [generated header, zero padding][the checkpoint], one range: the checkpoint's first byte
-     * at page `head`, mapped over the reserved range */
-    size_t total = (size_t)head + (size_t)sb.st_size;
-    unsigned char *map = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (map == MAP_FAILED) {
-        int e = errno;
-        free(b.p), close(fd);
-        return iflow_seterr(IFLOW_ENOMEM, "cannot reserve %zu bytes of address space for '%s': %s", total, path,
-                            strerror(e));
-    }
-    memcpy(map, b.p, b.n);
-    free(b.p);
-    if (mmap(map + head, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0) == MAP_FAILED ||
-        mprotect(map, (size_t)head, PROT_READ) != 0) {
-        int e = errno;
-        munmap(map, total), close(fd);
-        return iflow_seterr(IFLOW_EIO, "cannot map '%s': %s", path, strerror(e));
-    }
-    close(fd);
-    return iflow_gguf_open_mapped(out, map, total, path);
+    free(t);
+    return rc;
 }

@@ -35,10 +35,16 @@
 
 #include "gguf.h"
 
-/* 1 if the file at path looks like a llama2.c checkpoint (see the contract), else 0. */
+/* 1 if the file at path looks like a llama2.c checkpoint (see the contract) or is a zip (a
+ * PyTorch checkpoint, which iflow_llama2c_open then reads as train.py's ckpt.pt), else 0. */
 int iflow_is_llama2c_file(const char *path);
 
-/* tokenizer_path NULL: "tokenizer.bin" in the checkpoint's directory. */
+/* tokenizer_path NULL: "tokenizer.bin" in the checkpoint's directory. A zip is llama2.c's
+ * PyTorch training checkpoint (train.py's ckpt.pt: {"model": a state dict with llama2.c's
+ * names, "model_args": {dim, n_layers, n_heads, n_kv_heads, vocab_size, max_seq_len}, the
+ * optimizer, ...}, read by pickle.h, which runs nothing): the same GGUF over its tensors used in
+ * place (contiguous F32, F16 or BF16), output.weight left out when it is the embedding's
+ * storage (tied), the FFN width from layers.0.feed_forward.w1's shape. */
 int iflow_llama2c_open(iflow_gguf **out, const char *path, const char *tokenizer_path);
 
 /* The parsers alone, on bytes in memory (fuzz targets): 0 or an error. */

@@ -78,5 +78,5 @@ run $BIN/iflow-convert --spec specs/llama.ini tests/fixtures/gguf/types.gguf -o 
 expect_match "$err" "types\.gguf: gguf metadata lacks 'llama\.embedding_length', needed for hyperparameter 'dim'" \
     "--spec on a GGUF that lacks its keys"
 printf 'not a model' >"$TMP/x.bin"
-bad_gguf "$TMP/x.bin" "neither directory nor GGUF" "'.*x\.bin' is not a model directory or a GGUF file"
+bad_gguf "$TMP/x.bin" "neither directory nor GGUF" "'.*x\.bin' is not a model directory, a GGUF file or a llama2.c checkpoint"
 summary

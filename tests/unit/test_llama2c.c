@@ -8,6 +8,9 @@
  *     run, llama.cpp and a float64 PyTorch forward agree on them) and xs-ckpt's model.bin;
  *   - a version-1 checkpoint (written here from the legacy file's arrays, in export.py's
  *     version-1 order and header) converts to the same tensors;
+ *   - xs-ckpt's PyTorch training checkpoint ckpt.pt (train.py's, read by pickle.h) converts to
+ *     the tensors of its llama2.c export model.bin (test_pickle.c: bit-identical), and a zip
+ *     that is not one is refused by name;
  *   - bad files fail with the file and the place named: a checkpoint one float short, a header
  *     field out of range, version 2, a truncated tokenizer, a missing tokenizer.bin, and a
  *     tokenizer given for a source that is not llama2.c.
@@ -21,6 +24,7 @@
 #include "libcore/formats/llama2c.h"
 #include "libcore/formats/shard.h"
 #include "libcore/tokenizers/tokenizer.h"
+#include "tests/zipwrite.h"
 
 #include <jansson.h>
 #include <stdlib.h>
@@ -218,6 +222,48 @@ static void test_version1(void)
     free(v0), free(v1), free(bin), free(tok);
 }
 
+/* ---- ckpt.pt -------------------------------------------------------------------------------- */
+
+static void test_ckpt_pt(void)
+{
+    char *pt = data_copy("models/xs-ckpt/ckpt.pt"), *bin = data_copy("models/xs-ckpt/model.bin"),
+         *tok = data_copy("models/stories260K/llama2c/tok512.bin");
+    if (!pt || !bin || !tok) {
+        free(pt), free(bin), free(tok);
+        SKIP("no xs-ckpt");
+    }
+    char a[300], b[300];
+    snprintf(a, sizeof a, "%s/ckpt.ifs", dir);
+    snprintf(b, sizeof b, "%s/xsbin.ifs", dir);
+    CHECK(iflow_is_llama2c_file(pt), "ckpt.pt is taken for a llama2.c checkpoint");
+    CHECK(convert_l2c(pt, tok, a) == 0, "ckpt.pt: %s", iflow_errmsg());
+    CHECK(convert_l2c(bin, tok, b) == 0, "model.bin: %s", iflow_errmsg());
+    int n = same_tensors(a, b);
+    CHECK(n == 47, "ckpt.pt and model.bin: %d of 47 tensors identical", n);
+    iflow_shard *sh;
+    if (iflow_shard_open(&sh, a, 0) == 0) {
+        CHECK(strstr(iflow_shard_meta(sh), "\"max_seq\": 256") != NULL || strstr(iflow_shard_meta(sh), "\"max_seq\":256"),
+              "max_seq from model_args.max_seq_len");
+        iflow_shard_close(sh);
+    }
+
+    /* a PyTorch zip that is no llama2.c training checkpoint: {"w": tensor} */
+    zbuf pk = {0}, zip = {0};
+    static const float w[4] = {1, 2, 3, 4};
+    int32_t size[1] = {4}, stride[1] = {1};
+    pk_op(&pk, 0x80), pk_op(&pk, 2), pk_op(&pk, '}');
+    pk_str(&pk, "w");
+    pk_tensor(&pk, "FloatStorage", "0", 4, 0, size, stride, 1);
+    pk_op(&pk, 's'), pk_op(&pk, '.');
+    zmember m[] = {{"a/data.pkl", pk.p, pk.n, 0}, {"a/data/0", w, sizeof w, 0}};
+    zip_write(&zip, m, 2);
+    char path[300];
+    snprintf(path, sizeof path, "%s/other.pt", dir);
+    test_write_file(path, zip.p, zip.n);
+    CHECK_ERR(convert_l2c(path, tok, a), IFLOW_EFORMAT, "other.pt", "not a llama2.c training checkpoint");
+    free(pk.p), free(zip.p), free(pt), free(bin), free(tok);
+}
+
 /* ---- bad input -------------------------------------------------------------------------------- */
 
 static void test_errors(void)
@@ -298,6 +344,7 @@ int main(void)
         RUN(test_tokenizer_golden);
         RUN(test_greedy_golden);
         RUN(test_version1);
+        RUN(test_ckpt_pt);
         RUN(test_errors);
     }
     char cmd[300];
