@@ -22,10 +22,12 @@
 #define PAGE 4096
 
 typedef struct {
-    int version; /* 0 (legacy) or 1 */
+    int version; /* 0 (legacy), 1, or 2 (int8 groups) */
+    int gs;      /* version 2: weights per scale */
     int dim, hidden, n_layers, n_heads, n_kv, vocab, seq_len, shared;
     size_t header; /* bytes before the weights */
     uint64_t len;  /* the file length the header implies */
+    uint64_t image; /* version 2: bytes of the weights as F32 */
 } l2c_header;
 
 /* ---- header ------------------------------------------------------------------------------ */
@@ -52,9 +54,10 @@ static int parse_header(l2c_header *h, const unsigned char *b, size_t len, const
             return iflow_seterr(IFLOW_ETRUNC, "llama2.c checkpoint '%s' is %zu bytes, shorter than its %d-byte header",
                                 name, len, V1_HEADER);
         h->version = rd_i32(b + 4);
-        if (h->version != 1)
+        if (h->version != 1 && h->version != 2)
             return iflow_seterr(IFLOW_EUNSUPPORTED,
-                                "llama2.c checkpoint '%s' is version %d (byte 4): iflow reads the legacy format and version 1",
+                                "llama2.c checkpoint '%s' is version %d (byte 4): iflow reads the legacy format and "
+                                "versions 1 and 2",
                                 name, h->version);
         f = b + 8;
         h->header = V1_HEADER;
@@ -82,6 +85,22 @@ static int parse_header(l2c_header *h, const unsigned char *b, size_t len, const
     const uint64_t D = (uint64_t)h->dim, L = (uint64_t)h->n_layers, H = (uint64_t)h->hidden, V = (uint64_t)h->vocab;
     const uint64_t hd = D / (uint64_t)h->n_heads, kv = hd * (uint64_t)h->n_kv;
     uint64_t n = 0;
+    if (h->version == 2) {
+        /* norms in F32, then each matrix as int8 values and one F32 scale per group */
+        h->gs = rd_i32(b + 37);
+        if (h->gs < 1 || h->gs > DIM_MAX || h->dim % h->gs)
+            return iflow_seterr(IFLOW_EFORMAT, "bad llama2.c header in '%s': group size %d at byte 37 (it must divide dim %d)",
+                                name, h->gs, h->dim);
+        uint64_t q = 0, norms = 0;
+        int ok = add_floats(&q, V, D, h->shared ? 1 : 2) && add_floats(&q, L, D, D * 2) && add_floats(&q, L, kv, D * 2) &&
+                 add_floats(&q, L, H, D * 3) && add_floats(&norms, L, D, 2) && add_floats(&norms, D, 1, 1) &&
+                 q <= UINT64_MAX / 2 && norms <= UINT64_MAX / 8;
+        if (!ok)
+            return iflow_seterr(IFLOW_EFORMAT, "bad llama2.c header in '%s': its sizes overflow", name);
+        h->len = h->header + 4 * norms + q + 4 * (q / (uint64_t)h->gs);
+        h->image = 4 * (norms + q);
+        return 0;
+    }
     int ok = add_floats(&n, V, D, 1) && add_floats(&n, L, D, 2) /* norms */ && add_floats(&n, L, D, D) /* wq */ &&
              add_floats(&n, L, kv, D * 2) /* wk, wv */ && add_floats(&n, L, D, D) /* wo */ &&
              add_floats(&n, L, H, D * 3) /* w1, w2, w3 */ && add_floats(&n, D, 1, 1) /* final norm */ &&
@@ -284,12 +303,12 @@ typedef struct {
 /* The tensors of a .bin checkpoint in file order (*n of them, malloc'd into *out). */
 static int bin_tensors(const l2c_header *h, l2c_tensor **out, int *n)
 {
-    const int *order = h->version ? order_v1 : order_v0;
+    const int *order = h->version ? order_v1 : order_v0; /* version 2: its F32 image (dequantize_v2) */
     int n_order = h->version ? (int)(sizeof order_v1 / sizeof *order_v1) : (int)(sizeof order_v0 / sizeof *order_v0);
     l2c_tensor *t = calloc((size_t)h->n_layers * 9 + 4, sizeof *t);
     if (!t)
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
-    uint64_t off = h->header;
+    uint64_t off = h->version == 2 ? 0 : h->header;
     int k = 0;
     for (int o = 0; o < n_order; o++) {
         l2c_array a = array_of(h, order[o]);
@@ -367,11 +386,41 @@ static int read_tokenizer(const char *path, const char *tokenizer_path, unsigned
     return read_whole(tpath, tok, len);
 }
 
+/* Version 2's weights as F32 into img (h->image bytes, in order_v1's order): the norms as they
+ * are, each matrix's int8 values times their group's scale (runq.c's dequantization). */
+static void dequantize_v2(float *img, const unsigned char *file, const l2c_header *h)
+{
+    const uint64_t D = (uint64_t)h->dim, L = (uint64_t)h->n_layers, norms = 2 * L * D + D;
+    const unsigned char *p = file + h->header;
+    memcpy(img, p, 4 * norms);
+    img += norms, p += 4 * norms;
+    static const int mats[] = {T_EMB, T_WQ, T_WK, T_WV, T_WO, T_W1, T_W2, T_W3, T_WCLS};
+    for (size_t m = 0; m < sizeof mats / sizeof *mats; m++) {
+        l2c_array a = array_of(h, mats[m]);
+        if (mats[m] == T_WCLS && h->shared)
+            continue;
+        for (int l = 0; l < (a.per_layer ? h->n_layers : 1); l++) {
+            const uint64_t n = a.ne0 * a.ne1;
+            const int8_t *q = (const int8_t *)p;
+            const unsigned char *sc = p + n;
+            for (uint64_t g = 0; g < n / (uint64_t)h->gs; g++) {
+                float s;
+                memcpy(&s, sc + 4 * g, 4);
+                for (int i = 0; i < h->gs; i++)
+                    img[g * (uint64_t)h->gs + (uint64_t)i] = (float)q[g * (uint64_t)h->gs + (uint64_t)i] * s;
+            }
+            img += n, p += n + 4 * (n / (uint64_t)h->gs);
+        }
+    }
+}
+
 /* The GGUF of checkpoint `path` (open as fd, file_len bytes): header h's hyperparameters, the
  * tokenizer's vocabulary, tensors t[0..n) in the file; then the file mapped after it. */
 static int make_gguf(iflow_gguf **out, const char *path, int fd, uint64_t file_len, const l2c_header *h,
                      const l2c_tensor *t, int n, const char *tokenizer_path)
 {
+    /* version 2: the data are the F32 image made from the file, not the file */
+    const uint64_t data_len = h->version == 2 ? h->image : file_len;
     char tpath[4096];
     unsigned char *tok = NULL;
     size_t tok_len = 0;
@@ -418,7 +467,7 @@ static int make_gguf(iflow_gguf **out, const char *path, int fd, uint64_t file_l
     }
     /* [generated header, zero padding][the checkpoint], one range: the checkpoint's first byte
      * at page `head`, mapped over the reserved range */
-    size_t total = (size_t)head + (size_t)file_len;
+    size_t total = (size_t)head + (size_t)data_len;
     unsigned char *map = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (map == MAP_FAILED) {
         int e = errno;
@@ -428,8 +477,20 @@ static int make_gguf(iflow_gguf **out, const char *path, int fd, uint64_t file_l
     }
     memcpy(map, b.p, b.n);
     free(b.p);
-    if (mmap(map + head, (size_t)file_len, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0) == MAP_FAILED ||
-        mprotect(map, (size_t)head, PROT_READ) != 0) {
+    int failed;
+    if (h->version == 2) {
+        void *file = mmap(NULL, (size_t)file_len, PROT_READ, MAP_PRIVATE, fd, 0);
+        failed = file == MAP_FAILED;
+        if (!failed) {
+            dequantize_v2((float *)(map + head), file, h);
+            munmap(file, (size_t)file_len);
+        }
+        failed = failed || mprotect(map, total, PROT_READ) != 0;
+    } else {
+        failed = mmap(map + head, (size_t)file_len, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0) == MAP_FAILED ||
+                 mprotect(map, (size_t)head, PROT_READ) != 0;
+    }
+    if (failed) {
         int e = errno;
         munmap(map, total);
         return iflow_seterr(IFLOW_EIO, "cannot map '%s': %s", path, strerror(e));

@@ -15,7 +15,11 @@
  *     u32 magic 0x616b3432 ("ak42"), i32 version = 1, the 7 i32 above (vocab_size > 0),
  *     u8 shared_classifier, zeros to byte 256; then rms_att x L, rms_ffn x L, rms_final,
  *     tok_embeddings, wq x L, wk x L, wv x L, wo x L, w1 x L, w2 x L, w3 x L, (wcls)
- *   Version 2 (int8 groups) is refused. q and k rows are in Meta's interleaved RoPE order.
+ *   checkpoint, version 2 (export.py --version 2, runq.c's): the version 1 header with i32
+ *     group_size at byte 37 (it divides dim); rms_att x L, rms_ffn x L, rms_final in F32; then
+ *     each matrix (tok_embeddings, wq x L, wk x L, wv x L, wo x L, w1 x L, w2 x L, w3 x L,
+ *     (wcls)) as its int8 values followed by one F32 scale per group: w = q * scale.
+ *   q and k rows are in Meta's interleaved RoPE order.
  *   tokenizer.bin: i32 max_token_length, then for each of vocab tokens:
  *     f32 score, i32 length, length bytes (a real space where SentencePiece has U+2581)
  *
@@ -27,7 +31,7 @@
  *   a GGUF handle (gguf.h) over a buffer that holds a generated header (architecture "llama",
  *   its hyperparameters, the vocabulary as a "llama" SentencePiece model: pieces with U+2581
  *   for spaces, scores, token types; BOS 1, EOS 2, UNK 0) followed by the checkpoint, mapped
- *   read-only and never copied. Closing the handle unmaps both. Errors name the file and the
+ *   read-only and never copied (version 2: by its weights dequantized to F32, as runq.c does). Closing the handle unmaps both. Errors name the file and the
  *   byte offset or field.
  */
 #ifndef IFLOW_LLAMA2C_H

@@ -273,8 +273,13 @@ def llama2c_seeds():
     pieces = [b"<unk>", b"<s>", b"</s>", b"<0x41>", b" a", b"b c"]
     tok = struct.pack("<i", 5) + b"".join(struct.pack("<fi", -i, len(p)) + p for i, p in enumerate(pieces))
     unshared = struct.pack("<7i", dim, hidden, layers, heads, kv, -vocab, seq) + weights + freq + weights[: vocab * dim * 4]
+    gs = 4  # version 2: norms in f32, then each matrix as int8 values and one f32 scale per group
+    norms = struct.pack(f"<{2 * layers * dim + dim}f", *[1.0] * (2 * layers * dim + dim))
+    mats = [vocab * dim] + [dim * dim] * layers + [kv * hd * dim] * 2 * layers + [dim * dim] * layers + [hidden * dim] * 3 * layers
+    q8 = b"".join(bytes((i * 7) % 255 for i in range(n)) + struct.pack(f"<{n // gs}f", *[0.01] * (n // gs)) for n in mats)
+    v2 = struct.pack("<Ii7iBi", 0x616B3432, 2, dim, hidden, layers, heads, kv, vocab, seq, 1, gs).ljust(256, b"\0") + norms + q8
     return {name: struct.pack("<I", len(ck)) + ck + tok for name, ck in
-            (("legacy", v0), ("version1", v1), ("unshared", unshared))}
+            (("legacy", v0), ("version1", v1), ("unshared", unshared), ("version2", v2))}
 
 
 def write(target, seeds):

@@ -11,12 +11,15 @@
  *   - xs-ckpt's PyTorch training checkpoint ckpt.pt (train.py's, read by pickle.h) converts to
  *     the tensors of its llama2.c export model.bin (test_pickle.c: bit-identical), and a zip
  *     that is not one is refused by name;
+ *   - a version-2 checkpoint (int8 groups, written here as export.py's quantize_q80 does)
+ *     converts to F32 values q * scale, and keeps the golden greedy text for >= 16 tokens;
  *   - bad files fail with the file and the place named: a checkpoint one float short, a header
- *     field out of range, version 2, a truncated tokenizer, a missing tokenizer.bin, and a
+ *     field out of range, version 3, a truncated tokenizer, a missing tokenizer.bin, and a
  *     tokenizer given for a source that is not llama2.c.
  */
 #include "check.h"
 #include "testlib.h"
+#include "libcore/base/dtype.h"
 #include "libcore/base/error.h"
 #include "libcore/engine/model.h"
 #include "libcore/engine/sampler.h"
@@ -27,6 +30,7 @@
 #include "tests/zipwrite.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -222,6 +226,107 @@ static void test_version1(void)
     free(v0), free(v1), free(bin), free(tok);
 }
 
+/* ---- version 2 (int8 groups) ------------------------------------------------------------------ */
+
+/* export.py's quantize_q80 on n floats in groups of gs: q = round(w / (max|w| / 127)). */
+static void q80(const float *w, size_t n, int gs, int8_t *q, float *s)
+{
+    for (size_t g = 0; g < n / (size_t)gs; g++) {
+        float m = 0;
+        for (int i = 0; i < gs; i++)
+            m = fabsf(w[g * gs + i]) > m ? fabsf(w[g * gs + i]) : m;
+        s[g] = m / 127.0f;
+        for (int i = 0; i < gs; i++)
+            q[g * gs + i] = (int8_t)lrintf(w[g * gs + i] / s[g]);
+    }
+}
+
+static void test_version2(void)
+{
+    char *bin = data_copy("models/stories260K/llama2c/stories260K.bin"), *tok = data_copy("models/stories260K/llama2c/tok512.bin");
+    size_t len;
+    unsigned char *v0 = bin ? test_read_file(bin, &len) : NULL;
+    if (!v0) {
+        free(bin), free(tok);
+        SKIP("no stories260K.bin");
+    }
+    int32_t hp[7];
+    memcpy(hp, v0, sizeof hp);
+    const size_t D = (size_t)hp[0], H = (size_t)hp[1], L = (size_t)hp[2], V = (size_t)hp[5], kv = D / (size_t)hp[3] * (size_t)hp[4];
+    const int gs = 64;
+    const float *f = (const float *)(v0 + 28);
+    /* the legacy arrays, in file order */
+    const float *emb = f, *rms_att = emb + V * D, *wq = rms_att + L * D, *wk = wq + L * D * D, *wv = wk + L * kv * D,
+                *wo = wv + L * kv * D, *rms_ffn = wo + L * D * D, *w1 = rms_ffn + L * D, *w2 = w1 + L * H * D,
+                *w3 = w2 + L * H * D, *rms_final = w3 + L * H * D;
+    zbuf out = {0};
+    uint32_t magic = 0x616b3432u;
+    int32_t version = 2;
+    unsigned char hdr[256] = {0};
+    memcpy(hdr, &magic, 4), memcpy(hdr + 4, &version, 4), memcpy(hdr + 8, hp, sizeof hp);
+    hdr[36] = 1;
+    memcpy(hdr + 37, &gs, 4);
+    zb_put(&out, hdr, sizeof hdr);
+    zb_put(&out, rms_att, 4 * L * D), zb_put(&out, rms_ffn, 4 * L * D), zb_put(&out, rms_final, 4 * D);
+    /* the matrices, each layer's on its own, with the dequantized values the converter must give */
+    typedef struct {
+        const float *w;
+        size_t n;
+    } mat;
+    mat mats[1 + 7 * 64];
+    size_t nm = 0;
+    mats[nm++] = (mat){emb, V * D};
+    const float *per[7] = {wq, wk, wv, wo, w1, w2, w3};
+    const size_t sz[7] = {D * D, kv * D, kv * D, D * D, H * D, H * D, H * D};
+    for (int k = 0; k < 7; k++)
+        for (size_t l = 0; l < L; l++)
+            mats[nm++] = (mat){per[k] + l * sz[k], sz[k]};
+    float *want = malloc(sizeof(float) * V * D * 2), *wp = want; /* emb and wq of layer 0 */
+    for (size_t m = 0; m < nm; m++) {
+        int8_t *q = malloc(mats[m].n);
+        float *s = malloc(sizeof(float) * (mats[m].n / gs));
+        q80(mats[m].w, mats[m].n, gs, q, s);
+        zb_put(&out, q, mats[m].n), zb_put(&out, s, 4 * (mats[m].n / gs));
+        if (m < 2)
+            for (size_t i = 0; i < mats[m].n; i++)
+                *wp++ = (float)q[i] * s[i / gs];
+        free(q), free(s);
+    }
+    char path[300], shard[300];
+    snprintf(path, sizeof path, "%s/v2.bin", dir);
+    snprintf(shard, sizeof shard, "%s/v2.ifs", dir);
+    test_write_file(path, out.p, out.n);
+    CHECK_ERR(iflow_llama2c_check_header(out.p, out.n - 1, "v2.bin"), IFLOW_ETRUNC, "v2.bin", "needs");
+    CHECK(iflow_llama2c_check_header(out.p, out.n, "v2.bin") == 0, "v2 header: %s", iflow_errmsg());
+    CHECK(convert_l2c(path, tok, shard) == 0, "version 2: %s", iflow_errmsg());
+    iflow_shard *sh;
+    if (iflow_shard_open(&sh, shard, 0) == 0) {
+        const iflow_shard_rec *e = iflow_shard_find(sh, "tok_embd"), *q0 = iflow_shard_find(sh, "blk.0.wq");
+        CHECK(e && q0 && e->dtype == IFLOW_DT_F32 && e->nbytes == 4 * V * D && q0->nbytes == 4 * D * D &&
+                  !memcmp(e->data, want, e->nbytes) && !memcmp(q0->data, want + V * D, q0->nbytes),
+              "version 2: the embedding and wq are q * scale (runq.c's dequantization)");
+        iflow_shard_close(sh);
+    }
+    /* int8 weights in groups of 64 keep the golden greedy text for a while */
+    const char *gp = test_data("golden/stories260K.greedy64.jsonl");
+    FILE *gf = gp ? fopen(gp, "r") : NULL;
+    char line[65536];
+    int worst = 64;
+    while (gf && fgets(line, sizeof line, gf)) {
+        json_t *rec = json_loads(line, 0, NULL);
+        size_t np, ng;
+        int32_t *prompt = ids_of(json_object_get(rec, "prompt_ids"), &np), *gen = ids_of(json_object_get(rec, "gen_ids"), &ng);
+        int got = greedy_match(shard, prompt, np, gen, ng);
+        worst = got < worst ? got : worst;
+        free(prompt), free(gen), json_decref(rec);
+    }
+    if (gf)
+        fclose(gf);
+    printf("version 2 (int8, groups of 64): golden greedy tokens kept, worst prompt: %d of 64\n", worst);
+    CHECK(worst >= 16, "version 2: only %d golden greedy tokens on the worst prompt (Q8's bar: 16)", worst);
+    free(out.p), free(want), free(v0), free(bin), free(tok);
+}
+
 /* ---- ckpt.pt -------------------------------------------------------------------------------- */
 
 static void test_ckpt_pt(void)
@@ -297,15 +402,15 @@ static void test_errors(void)
     memcpy(b + 8, &neg, 4);
     CHECK_ERR(iflow_llama2c_check_header(b, len, "x.bin"), IFLOW_EFORMAT, "x.bin", "n_layers -5 at byte 8");
 
-    /* version 2 */
+    /* version 3 (int4, a fork's) */
     uint32_t magic = 0x616b3432u;
-    int32_t two = 2;
+    int32_t two = 3;
     memset(b, 0, 256);
     memcpy(b, &magic, 4);
     memcpy(b + 4, &two, 4);
     test_write_file(path, b, len);
     CHECK(iflow_is_llama2c_file(path), "the magic is recognized");
-    CHECK_ERR(convert_l2c(path, tok, out), IFLOW_EUNSUPPORTED, "bad.bin", "version 2 (byte 4)");
+    CHECK_ERR(convert_l2c(path, tok, out), IFLOW_EUNSUPPORTED, "bad.bin", "version 3 (byte 4)");
 
     /* a tokenizer cut inside token 300 */
     CHECK_ERR(iflow_llama2c_check_tokenizer(t, 3000, 512, "t.bin"), IFLOW_ETRUNC, "t.bin", "token");
@@ -344,6 +449,7 @@ int main(void)
         RUN(test_tokenizer_golden);
         RUN(test_greedy_golden);
         RUN(test_version1);
+        RUN(test_version2);
         RUN(test_ckpt_pt);
         RUN(test_errors);
     }

@@ -97,7 +97,10 @@ static void test_describe(void)
         CHECK(q.levels == (dt == IFLOW_DT_Q3H_B64 ? 11 : 1 << (int)q.bits), "%s levels %d", q.name, q.levels);
     }
     iflow_qtype_info q;
-    CHECK(iflow_qtype_describe(IFLOW_DT_F16, &q) == IFLOW_EINVAL, "f16 is not described");
+    CHECK(iflow_qtype_describe(IFLOW_DT_F16, &q) == 0 && q.bits == 16 && q.block == 1 && q.bits_per_weight == 16 &&
+              strcmp(q.name, "f16") == 0,
+          "f16 is a target: 16 bits a weight");
+    CHECK(iflow_qtype_describe(IFLOW_DT_F32, &q) == IFLOW_EINVAL, "f32 is not a target");
 }
 
 static void test_quality_table(void)
@@ -139,8 +142,15 @@ static void test_defaults(void)
         iflow_quant_policy_free(&p);
     }
     iflow_quant_policy p;
-    CHECK(iflow_quant_policy_init(&p, IFLOW_DT_F16) == IFLOW_EINVAL && p.n_rules == 0, "a float target is refused");
-    CHECK(strcmp(iflow_errmsg(), "f16 is not a quantized type") == 0, "message: %s", iflow_errmsg());
+    CHECK(iflow_quant_policy_init(&p, IFLOW_DT_BF16) == 0 && p.n_rules == 0, "bf16: a target without exceptions");
+    CHECK(iflow_quant_choose(&p, "output", 2, IFLOW_DT_F32, 0) == IFLOW_DT_BF16 &&
+              iflow_quant_choose(&p, "tok_embd", 2, IFLOW_DT_F32, 0) == IFLOW_DT_BF16 &&
+              iflow_quant_choose(&p, "blk.0.wq", 2, IFLOW_DT_Q8_B32, 0) == IFLOW_DT_BF16 &&
+              iflow_quant_choose(&p, "output_norm", 1, IFLOW_DT_F32, 0) == IFLOW_DT_F32,
+          "bf16: every matrix, a quantized one dequantized; vectors f32");
+    iflow_quant_policy_free(&p);
+    CHECK(iflow_quant_policy_init(&p, IFLOW_DT_F32) == IFLOW_EINVAL && p.n_rules == 0, "f32 is refused as a target");
+    CHECK(strcmp(iflow_errmsg(), "f32 is not a quantized type, f16 or bf16") == 0, "message: %s", iflow_errmsg());
 }
 
 static void test_keep_lists(void)
