@@ -27,8 +27,10 @@ iflow_part_bytes iflow_part_weight_bytes(const iflow_hparams *hp, const int *t, 
              (uint64_t)D * sizeof(float);
     b.ffn = iflow_matrix_bytes(t[IFLOW_PM_GATE], nf, D) + iflow_matrix_bytes(t[IFLOW_PM_UP], nf, D) +
             iflow_matrix_bytes(t[IFLOW_PM_DOWN], D, nf) + (uint64_t)D * sizeof(float);
+    if (hp->qkv_bias)
+        b.attn += (uint64_t)(nq + 2 * nkv) * sizeof(float);
     if (hp->attn_bias)
-        b.attn += (uint64_t)(nq + 2 * nkv + D) * sizeof(float);
+        b.attn += (uint64_t)D * sizeof(float);
     if (hp->mlp_bias)
         b.ffn += (uint64_t)(2 * nf + D) * sizeof(float);
     return b;

@@ -54,6 +54,16 @@ static int get_bool(const json_t *hp, const char *key, int *dst, const char *wha
     return 0;
 }
 
+/* A boolean that shards written before it existed lack: `fallback` then. */
+static int get_bool_or(const json_t *hp, const char *key, int fallback, int *dst, const char *what)
+{
+    if (!json_object_get(hp, key)) {
+        *dst = fallback;
+        return 0;
+    }
+    return get_bool(hp, key, dst, what);
+}
+
 /* A block must be one of the choices the engine implements. */
 static int check_block(const json_t *blocks, const char *block, const char *const *choices, int *index,
                        const char *what)
@@ -157,6 +167,7 @@ int iflow_hparams_from_json(iflow_hparams *hp, const json_t *resolved, const cha
             return rc;
     if ((rc = get_float(h, "norm_eps", &hp->norm_eps, what)) || (rc = get_float(h, "rope_theta", &hp->rope_theta, what)) ||
         (rc = get_bool(h, "attn_bias", &hp->attn_bias, what)) || (rc = get_bool(h, "mlp_bias", &hp->mlp_bias, what)) ||
+        (rc = get_bool_or(h, "qkv_bias", 0, &hp->qkv_bias, what)) ||
         (rc = get_bool(h, "tie_embeddings", &hp->tie_embeddings, what)) || (rc = read_blocks(hp, b, what)) ||
         (rc = read_rope_scaling(hp, h, what)) || (rc = read_special(hp, h, what)))
         return rc;
@@ -167,6 +178,7 @@ int iflow_hparams_from_json(iflow_hparams *hp, const json_t *resolved, const cha
     }
     if (!hp->rope_dim)
         hp->rope_dim = hp->head_dim;
+    hp->qkv_bias |= hp->attn_bias;
     if (hp->n_heads % hp->n_kv_heads)
         return iflow_seterr(IFLOW_ESHAPE, "n_heads %d is not a multiple of n_kv_heads %d in '%s'", hp->n_heads,
                             hp->n_kv_heads, what);
@@ -205,12 +217,13 @@ int iflow_model_tensors(const iflow_hparams *hp, iflow_tensor_req **reqs, size_t
         L("wk", KV, D);
         L("wv", KV, D);
         L("wo", D, Q);
-        if (hp->attn_bias) {
+        if (hp->qkv_bias) {
             L("bq", Q, 0);
             L("bk", KV, 0);
             L("bv", KV, 0);
-            L("bo", D, 0);
         }
+        if (hp->attn_bias)
+            L("bo", D, 0);
         L("ffn_norm", D, 0);
         L("ffn_gate", F, D);
         L("ffn_up", F, D);

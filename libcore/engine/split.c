@@ -67,13 +67,13 @@ int iflow_split_tensors(const iflow_hparams *hp, const iflow_plan *p, int dev, i
         L("wk", k1 - k0, D, 0, k0, k1);
         L("wv", k1 - k0, D, 0, k0, k1);
         L("wo", D, q1 - q0, 1, q0, q1);
-        if (hp->attn_bias) {
+        if (hp->qkv_bias) {
             L("bq", q1 - q0, 0, 0, q0, q1);
             L("bk", k1 - k0, 0, 0, k0, k1);
             L("bv", k1 - k0, 0, 0, k0, k1);
-            if (first)
-                L("bo", D, 0, 0, 0, D);
         }
+        if (hp->attn_bias && first)
+            L("bo", D, 0, 0, 0, D);
         L("ffn_norm", D, 0, 0, 0, D);
         L("ffn_gate", f1 - f0, D, 0, f0, f1);
         L("ffn_up", f1 - f0, D, 0, f0, f1);

@@ -64,7 +64,10 @@ static int push_list(char ***arr, size_t *n, const char *value)
 
 static int model_key(iflow_spec *s, const char *name, const char *value)
 {
-    char **slot = strcmp(name, "name") == 0 ? &s->name : strcmp(name, "description") == 0 ? &s->description : NULL;
+    char **slot = strcmp(name, "name") == 0          ? &s->name
+                  : strcmp(name, "description") == 0 ? &s->description
+                  : strcmp(name, "base") == 0        ? &s->base
+                                                     : NULL;
     if (strcmp(name, "architectures") == 0)
         return push_list(&s->architectures, &s->n_architectures, value);
     if (!slot)
@@ -156,7 +159,73 @@ static int handler(void *user, const char *section, const char *name, const char
     return rc == 0;
 }
 
-int iflow_spec_load(iflow_spec **out, const char *path)
+static int spec_load(iflow_spec **out, const char *path, int depth);
+static void free_strs(char **a, size_t n);
+static int override_kv(iflow_spec_kv **arr, size_t *n, const iflow_spec_kv *kv);
+
+/* The child's keys over its base's (both loaded): base takes the child's name, description (when
+ * it has one), architectures and path; the child's [blocks], [hparams], [tensors] keys override
+ * the base's and its [ignore] patterns add to them. A variant keeps the base's keys under the
+ * child's, but serves only the architectures the child lists in it: a spec never inherits
+ * which GGUF architectures it serves. */
+static int merge_child(iflow_spec *b, iflow_spec *c)
+{
+    int rc = 0;
+    for (size_t i = 0; i < c->n_blocks && rc == 0; i++)
+        rc = override_kv(&b->blocks, &b->n_blocks, &c->blocks[i]);
+    for (size_t i = 0; i < c->n_hparams && rc == 0; i++)
+        rc = override_kv(&b->hparams, &b->n_hparams, &c->hparams[i]);
+    for (size_t i = 0; i < c->n_tensors && rc == 0; i++)
+        rc = override_kv(&b->tensors, &b->n_tensors, &c->tensors[i]);
+    for (size_t i = 0; i < c->n_ignore && rc == 0; i++)
+        rc = push_str(&b->ignore, &b->n_ignore, c->ignore[i]);
+    for (size_t i = 0; i < b->n_variants; i++) {
+        free_strs(b->variants[i].architectures, b->variants[i].n_architectures);
+        b->variants[i].architectures = NULL, b->variants[i].n_architectures = 0;
+    }
+    for (size_t k = 0; k < c->n_variants && rc == 0; k++) {
+        const iflow_spec_variant *cv = &c->variants[k];
+        iflow_spec_variant *bv = variant_for(b, cv->format);
+        if (!bv)
+            return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+        for (size_t i = 0; i < cv->n_architectures && rc == 0; i++)
+            rc = push_str(&bv->architectures, &bv->n_architectures, cv->architectures[i]);
+        for (size_t i = 0; i < cv->n_blocks && rc == 0; i++)
+            rc = override_kv(&bv->blocks, &bv->n_blocks, &cv->blocks[i]);
+        for (size_t i = 0; i < cv->n_hparams && rc == 0; i++)
+            rc = override_kv(&bv->hparams, &bv->n_hparams, &cv->hparams[i]);
+        for (size_t i = 0; i < cv->n_tensors && rc == 0; i++)
+            rc = override_kv(&bv->tensors, &bv->n_tensors, &cv->tensors[i]);
+        for (size_t i = 0; i < cv->n_ignore && rc == 0; i++)
+            rc = push_str(&bv->ignore, &bv->n_ignore, cv->ignore[i]);
+        bv->has_ignore |= cv->has_ignore;
+    }
+    if (rc < 0)
+        return rc;
+    /* identity: the child's */
+#define TAKE(field) (free(b->field), b->field = c->field, c->field = NULL)
+    TAKE(path), TAKE(name), TAKE(base);
+    if (c->description)
+        TAKE(description);
+#undef TAKE
+    free_strs(b->architectures, b->n_architectures);
+    b->architectures = c->architectures, b->n_architectures = c->n_architectures;
+    c->architectures = NULL, c->n_architectures = 0;
+    return 0;
+}
+
+/* dir(path)/NAME.ini */
+static char *sibling(const char *path, const char *name)
+{
+    const char *slash = strrchr(path, '/');
+    size_t nd = slash ? (size_t)(slash - path) + 1 : 0, n = nd + strlen(name) + 5;
+    char *p = malloc(n);
+    if (p)
+        snprintf(p, n, "%.*s%s.ini", (int)nd, path, name);
+    return p;
+}
+
+static int spec_load(iflow_spec **out, const char *path, int depth)
 {
     *out = NULL;
     iflow_spec *s = calloc(1, sizeof *s);
@@ -174,12 +243,32 @@ int iflow_spec_load(iflow_spec **out, const char *path)
         rc = iflow_preperr(st.err ? st.err : IFLOW_ESPEC, "%s:%d", path, line);
     else if (!s->name || !s->n_architectures)
         rc = iflow_seterr(IFLOW_ESPEC, "spec '%s' lacks [model] name or architectures", path);
+    if (rc == 0 && s->base) {
+        /* [model] base = NAME: NAME.ini beside this file, then this file's keys over it */
+        iflow_spec *b = NULL;
+        char *bp = sibling(path, s->base);
+        if (!bp)
+            rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
+        else if (depth >= 8)
+            rc = iflow_seterr(IFLOW_ESPEC, "spec '%s': base '%s' nests too deep (a cycle?)", path, s->base);
+        else if ((rc = spec_load(&b, bp, depth + 1)) < 0 && depth == 0)
+            rc = iflow_preperr(rc, "spec '%s', base '%s'", path, s->base);
+        else if (rc == 0 && (rc = merge_child(b, s)) == 0)
+            iflow_spec_close(s), s = b, b = NULL;
+        free(bp);
+        iflow_spec_close(b);
+    }
     if (rc < 0) {
         iflow_spec_close(s);
         return rc;
     }
     *out = s;
     return 0;
+}
+
+int iflow_spec_load(iflow_spec **out, const char *path)
+{
+    return spec_load(out, path, 0);
 }
 
 static void free_kvs(iflow_spec_kv *kv, size_t n)
@@ -219,6 +308,7 @@ void iflow_spec_close(iflow_spec *s)
     free_strs(s->ignore, s->n_ignore);
     free(s->name);
     free(s->description);
+    free(s->base);
     free(s->path);
     free(s);
 }

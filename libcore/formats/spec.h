@@ -2,7 +2,8 @@
  * spec.h -- model specs: a model family as a choice of atomic blocks (specs/NAME.ini).
  *
  * A spec file has four sections (iflow-spec(5) is the full description):
- *   [model]    name, architectures (config.json "architectures" values it serves), description
+ *   [model]    name, architectures (config.json "architectures" values it serves), description,
+ *              base (optional: another spec of the same folder whose keys this one overrides)
  *   [blocks]   block = choice, e.g. norm = rms, activation = silu, ffn = gated, position = rope
  *   [hparams]  iflow hyperparameter = config.json keys or literals, first present wins
  *   [tensors]  iflow tensor name = source tensor name, "{L}" standing for the layer index
@@ -47,6 +48,7 @@ typedef struct {
 typedef struct {
     char *path;
     char *name, *description;
+    char *base;             /* [model] base: the spec (NAME.ini beside it) this one extends  */
     char **architectures;   size_t n_architectures;
     iflow_spec_kv *blocks;  size_t n_blocks;
     iflow_spec_kv *hparams; size_t n_hparams;

@@ -1,0 +1,146 @@
+/*
+ * test_families.c -- model families served by specs/ other than the Llama checkpoints of
+ * ../shared, on the tiny random-weight Hugging Face models of tests/fixtures/families (made by
+ * tests/fixtures/gen_family_refs.py with transformers): each folder converts with its spec, and
+ * the logits of every position of refs.json's ids match transformers' float64 forward within
+ * 1e-4 (absolute; the logits are O(1)), fed as one prefill and token by token.
+ */
+#include "check.h"
+#include "testlib.h"
+#include "libcore/base/error.h"
+#include "libcore/engine/model.h"
+#include "libcore/formats/spec.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char dir[] = "/tmp/iflow-test-families-XXXXXX";
+
+static const char *fixture(const char *family)
+{
+    static char buf[4096];
+    const char *src = __FILE__, *slash = strrchr(src, '/');
+    snprintf(buf, sizeof buf, "%.*s/../fixtures/families/%s", slash ? (int)(slash - src) : 1, slash ? src : ".", family);
+    if (access(buf, R_OK) == 0)
+        return buf;
+    snprintf(buf, sizeof buf, "tests/fixtures/families/%s", family);
+    return access(buf, R_OK) == 0 ? buf : NULL;
+}
+
+/* max |iflow - reference| over every position, prefill (T = n) or one token at a time. */
+static double worst_diff(iflow_model *m, const json_t *ids, const json_t *want, int one_by_one)
+{
+    const int n = (int)json_array_size(ids), V = iflow_model_hparams(m)->vocab_size;
+    int32_t *tok = malloc(sizeof *tok * (size_t)n);
+    float *logits = malloc(sizeof(float) * (size_t)V * (size_t)n);
+    for (int i = 0; i < n; i++)
+        tok[i] = (int32_t)json_integer_value(json_array_get(ids, (size_t)i));
+    iflow_ctx *c;
+    double worst = INFINITY;
+    if (iflow_ctx_open(&c, m, 64, 1) == 0) {
+        int rc = 0;
+        if (one_by_one)
+            for (int i = 0; i < n && rc == 0; i++)
+                rc = iflow_ctx_eval(c, tok + i, 1, logits + (size_t)i * V, 0);
+        else
+            rc = iflow_ctx_eval(c, tok, n, logits, 1);
+        if (rc == 0) {
+            worst = 0;
+            for (int i = 0; i < n; i++) {
+                const json_t *row = json_array_get(want, (size_t)i);
+                for (int v = 0; v < V; v++) {
+                    double d = fabs(logits[(size_t)i * V + v] - json_real_value(json_array_get(row, (size_t)v)));
+                    worst = d > worst || d != d ? d : worst;
+                }
+            }
+        }
+        iflow_ctx_close(c);
+    }
+    free(tok);
+    free(logits);
+    return worst;
+}
+
+/* check: what the family's spec must have made of its config (NULL: nothing to check) */
+static void check_family(const char *family, int (*check)(const iflow_hparams *hp))
+{
+    const char *fx = fixture(family);
+    if (!fx)
+        SKIP("no fixture for %s (run from the repository root)", family);
+    char src[4096], out[300], refs[4200];
+    snprintf(src, sizeof src, "%s", fx);
+    snprintf(out, sizeof out, "%s/%s.ifs", dir, family);
+    snprintf(refs, sizeof refs, "%s/refs.json", src);
+    const char *specs[] = {"specs"};
+    iflow_convert_opts o = {.dtype = -1, .spec_dirs = specs, .n_spec_dirs = 1};
+    CHECK(iflow_convert(src, out, &o) == 0, "%s: convert: %s", family, iflow_errmsg());
+    json_error_t je;
+    json_t *r = json_load_file(refs, 0, &je);
+    CHECK(r != NULL, "%s: %s: %s", family, refs, je.text);
+    iflow_model *m;
+    if (!r || iflow_model_open(&m, out, 0) < 0) {
+        CHECK(0, "%s: open: %s", family, iflow_errmsg());
+        json_decref(r);
+        return;
+    }
+    CHECK(!check || check(iflow_model_hparams(m)), "%s: the spec's hyperparameters", family);
+    const json_t *ids = json_object_get(r, "ids"), *logits = json_object_get(r, "logits");
+    double a = worst_diff(m, ids, logits, 0), b = worst_diff(m, ids, logits, 1);
+    printf("%s: max |logit - transformers float64| = %.2e (prefill), %.2e (token by token)\n", family, a, b);
+    CHECK(a <= 1e-4 && b <= 1e-4, "%s: logits differ from transformers by %.3g / %.3g", family, a, b);
+    iflow_model_close(m);
+    json_decref(r);
+}
+
+/* biases on q, k, v only; transformers 5 keeps rope_theta in rope_parameters */
+static int qwen2_hp(const iflow_hparams *hp)
+{
+    return hp->qkv_bias && !hp->attn_bias && hp->rope_theta == 1e6f && !hp->tie_embeddings;
+}
+
+static void test_qwen2(void) { check_family("qwen2", qwen2_hp); }
+
+/* [model] base: the child's keys over its base's; GGUF architectures are not inherited */
+static void test_spec_base(void)
+{
+    iflow_spec *s;
+    CHECK(iflow_spec_load(&s, "specs/qwen2.ini") == 0, "load qwen2.ini: %s", iflow_errmsg());
+    if (s) {
+        char name[256];
+        CHECK(strcmp(s->name, "qwen2") == 0 && s->n_architectures == 1 && strcmp(s->architectures[0], "Qwen2ForCausalLM") == 0,
+              "qwen2.ini keeps its own name and architectures");
+        CHECK(iflow_spec_source_name(s, "blk.3.bq", name, sizeof name) == 0 &&
+                  strcmp(name, "model.layers.3.self_attn.q_proj.bias") == 0,
+              "tensor names come from llama.ini (%s)", name);
+        int gguf_archs = 0;
+        for (size_t i = 0; i < s->n_variants; i++)
+            gguf_archs += (int)s->variants[i].n_architectures;
+        CHECK(gguf_archs == 0, "qwen2.ini serves no GGUF architecture of llama.ini's");
+        iflow_spec_close(s);
+    }
+    char a[300], b[300];
+    snprintf(a, sizeof a, "%s/a.ini", dir);
+    snprintf(b, sizeof b, "%s/b.ini", dir);
+    const char *nowhere = "[model]\nbase = nowhere\nname = a\narchitectures = A\n",
+               *ab = "[model]\nbase = b\nname = a\narchitectures = A\n", *ba = "[model]\nbase = a\nname = b\narchitectures = B\n";
+    test_write_file(a, nowhere, strlen(nowhere));
+    CHECK_ERR(iflow_spec_load(&s, a), IFLOW_ENOTFOUND, "nowhere.ini", "base 'nowhere'");
+    test_write_file(a, ab, strlen(ab));
+    test_write_file(b, ba, strlen(ba));
+    CHECK_ERR(iflow_spec_load(&s, a), IFLOW_ESPEC, "a.ini", "nests too deep");
+}
+
+int main(void)
+{
+    if (!mkdtemp(dir))
+        return perror("mkdtemp"), 1;
+    RUN(test_spec_base);
+    RUN(test_qwen2);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", dir);
+    return check_summary("test_families");
+}
