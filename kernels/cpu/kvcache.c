@@ -251,10 +251,10 @@ static inline float dot(const float *a, const float *b, int n)
     return acc[0];
 }
 
-/* The nh query heads of kv head g for one query row that attends to keys 0 .. n_keys - 1.
+/* The nh query heads of kv head g for one query row that attends to keys first .. n_keys - 1.
  * q, out: [nh][hd] (the row's heads g*nh ..). Online softmax over chunks of IFK_KV_CHUNK keys. */
 static void attend(float *out, const float *q, const void *k, const void *v, const ifk_kv_layout *L,
-                   const int32_t *table, int n_keys, int g, int nh, float scale)
+                   const int32_t *table, int first, int n_keys, int g, int nh, float scale)
 {
     const int hd = L->head_dim;
     float kf[hd], vf[hd], m[nh], l[nh], s[nh][IFK_KV_CHUNK];
@@ -263,7 +263,7 @@ static void attend(float *out, const float *q, const void *k, const void *v, con
         l[h] = 0.0f;
         memset(out + (size_t)h * hd, 0, (size_t)hd * sizeof(float));
     }
-    for (int j0 = 0; j0 < n_keys; j0 += IFK_KV_CHUNK) {
+    for (int j0 = first; j0 < n_keys; j0 += IFK_KV_CHUNK) {
         const int nj = n_keys - j0 < IFK_KV_CHUNK ? n_keys - j0 : IFK_KV_CHUNK;
         for (int j = 0; j < nj; j++) {
             load_head(kf, k, L, row_of(L, table, j0 + j), g);
@@ -328,8 +328,9 @@ static void paged_run(const void *args, const void *in, int item, float *unused)
             s++;
         const int i = (u - a->first[s]) / a->n_kv, g = (u - a->first[s]) % a->n_kv;
         const size_t off = (size_t)(a->seqs[s].row0 + i) * a->ld + (size_t)g * a->nh * a->hd;
-        attend(a->out + off, a->q + off, a->k, a->v, a->L, a->seqs[s].table, a->seqs[s].pos0 + i + 1, g, a->nh,
-               a->scale);
+        const int n_keys = a->seqs[s].pos0 + i + 1, w = a->L->window;
+        attend(a->out + off, a->q + off, a->k, a->v, a->L, a->seqs[s].table, w > 0 && n_keys > w ? n_keys - w : 0,
+               n_keys, g, a->nh, a->scale);
     }
 }
 

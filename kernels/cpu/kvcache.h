@@ -39,6 +39,8 @@ typedef struct {
     int n_kv_heads, head_dim;
     int group;          /* Q8: values per scale; divides head_dim      */
     int64_t n_blocks;
+    int window;         /* sliding-window attention: a query sees the last
+                           `window` positions, itself included; 0 = all */
 } ifk_kv_layout;
 
 typedef struct {
@@ -63,7 +65,8 @@ void ifk_kv_store(void *pool, const ifk_kv_layout *L, const ifk_kv_seq *seqs, in
 
 /* Causal grouped-query attention of every sequence's query rows over its cached positions:
  *   q, out: [rows][n_heads * head_dim] at stride ld; query row row0 + i of sequence s sits at
- *   position pos0 + i and attends to positions 0 .. pos0 + i (already stored).
+ *   position p = pos0 + i and attends to positions 0 .. p (already stored), or to the last
+ *   L->window of them (p - window + 1 .. p) when L->window > 0.
  * Query head h reads kv head h / (n_heads / n_kv_heads). Scores are scaled by `scale`. */
 void ifk_attention_paged(float *out, const float *q, size_t ld, const void *k, const void *v,
                          const ifk_kv_layout *L, const ifk_kv_seq *seqs, int n_seqs, int n_heads,

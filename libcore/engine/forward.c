@@ -120,7 +120,7 @@ static ifk_kv_layout part_layout(const iflow_model *m, int k, int type, int bloc
 {
     const layer_part *p = &m->parts[k];
     return (ifk_kv_layout){.type = type, .block = block, .n_kv_heads = p->kv1 - p->kv0, .head_dim = m->hp.head_dim,
-                           .group = ifk_kv_group(m->hp.head_dim), .n_blocks = n_blocks};
+                           .group = ifk_kv_group(m->hp.head_dim), .n_blocks = n_blocks, .window = m->hp.sliding_window};
 }
 
 uint64_t iflow_kv_block_bytes(const iflow_model *m, int type, int block)

@@ -54,6 +54,16 @@ static int get_bool(const json_t *hp, const char *key, int *dst, const char *wha
     return 0;
 }
 
+/* A count (>= 0) that shards written before it existed lack: `fallback` then. */
+static int get_int_or(const json_t *hp, const char *key, int fallback, int *dst, const char *what)
+{
+    if (!json_object_get(hp, key)) {
+        *dst = fallback;
+        return 0;
+    }
+    return get_int(hp, key, dst, 0, what);
+}
+
 /* A boolean that shards written before it existed lack: `fallback` then. */
 static int get_bool_or(const json_t *hp, const char *key, int fallback, int *dst, const char *what)
 {
@@ -168,6 +178,7 @@ int iflow_hparams_from_json(iflow_hparams *hp, const json_t *resolved, const cha
     if ((rc = get_float(h, "norm_eps", &hp->norm_eps, what)) || (rc = get_float(h, "rope_theta", &hp->rope_theta, what)) ||
         (rc = get_bool(h, "attn_bias", &hp->attn_bias, what)) || (rc = get_bool(h, "mlp_bias", &hp->mlp_bias, what)) ||
         (rc = get_bool_or(h, "qkv_bias", 0, &hp->qkv_bias, what)) ||
+        (rc = get_int_or(h, "sliding_window", 0, &hp->sliding_window, what)) ||
         (rc = get_bool(h, "tie_embeddings", &hp->tie_embeddings, what)) || (rc = read_blocks(hp, b, what)) ||
         (rc = read_rope_scaling(hp, h, what)) || (rc = read_special(hp, h, what)))
         return rc;

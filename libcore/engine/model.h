@@ -45,6 +45,7 @@ typedef struct {
     int rope_layout;          /* IFK_ROPE_HALF or IFK_ROPE_INTERLEAVED */
     int attn_bias, mlp_bias, tie_embeddings;
     int qkv_bias;             /* biases on q, k and v (attn_bias adds the output's: o too) */
+    int sliding_window;       /* a query attends to the last sliding_window positions; 0: all */
     /* numbers */
     float norm_eps, rope_theta;
     int rope_dim;             /* rotated dimensions per head (head_dim unless partial) */

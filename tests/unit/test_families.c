@@ -1,7 +1,9 @@
 /*
  * test_families.c -- model families served by specs/ other than the Llama checkpoints of
  * ../shared, on the tiny random-weight Hugging Face models of tests/fixtures/families (made by
- * tests/fixtures/gen_family_refs.py with transformers): each folder converts with its spec, and
+ * tests/fixtures/gen_family_refs.py with transformers): Qwen2 (q/k/v biases, rope base 1e6),
+ * Mistral (sliding-window attention, a window of 5 over 16 positions). Each folder converts with
+ * its spec, and
  * the logits of every position of refs.json's ids match transformers' float64 forward within
  * 1e-4 (absolute; the logits are O(1)), fed as one prefill and token by token.
  */
@@ -102,6 +104,14 @@ static int qwen2_hp(const iflow_hparams *hp)
 
 static void test_qwen2(void) { check_family("qwen2", qwen2_hp); }
 
+/* a window of 5 positions (the fixture's logits differ without it: gen_family_refs.py checks) */
+static int mistral_hp(const iflow_hparams *hp)
+{
+    return hp->sliding_window == 5 && !hp->qkv_bias && hp->tie_embeddings && hp->head_dim == 8;
+}
+
+static void test_mistral(void) { check_family("mistral", mistral_hp); }
+
 /* [model] base: the child's keys over its base's; GGUF architectures are not inherited */
 static void test_spec_base(void)
 {
@@ -138,6 +148,7 @@ int main(void)
         return perror("mkdtemp"), 1;
     RUN(test_spec_base);
     RUN(test_qwen2);
+    RUN(test_mistral);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0)
