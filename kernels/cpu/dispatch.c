@@ -8,6 +8,7 @@
  * output row (and each attention query) the same way whatever block or range it falls in, so
  * the split (and T) never changes a result (kernels.h's batch invariance).
  */
+#include <math.h>
 #include <omp.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -220,6 +221,15 @@ void ifk_rope(float *x, int n_heads, int head_dim, int rot_dim, int pos, float t
 void ifk_softmax(float *x, int n)
 {
     path()->softmax(x, n);
+}
+
+void ifk_gelu_mul(float *g, const float *u, int n)
+{
+    const double c = 0.7978845608028654; /* sqrt(2 / pi) */
+    for (int i = 0; i < n; i++) {
+        double x = g[i];
+        g[i] = (float)(0.5 * x * (1.0 + tanh(c * (x + 0.044715 * x * x * x))) * u[i]);
+    }
 }
 
 void ifk_silu_mul(float *g, const float *u, int n)

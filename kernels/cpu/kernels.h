@@ -83,6 +83,9 @@ void ifk_softmax(float *x, int n);
 
 /* g[i] = silu(g[i]) * u[i]  (SwiGLU); silu(v) = v / (1 + exp(-v)). */
 void ifk_silu_mul(float *g, const float *u, int n);
+/* g = gelu(g) * u with GELU's tanh form (PyTorch's gelu(approximate="tanh"), Gemma's GeGLU):
+ * gelu(x) = x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))), in double, rounded once. */
+void ifk_gelu_mul(float *g, const float *u, int n);
 
 /* y[i] += x[i]. */
 void ifk_add(float *y, const float *x, int n);

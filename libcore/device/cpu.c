@@ -82,6 +82,12 @@ static int cpu_attention(iflow_device *d, float *out, const float *q, const floa
     return 0;
 }
 
+static int cpu_gelu_mul(iflow_device *d, float *g, const float *u, size_t n)
+{
+    ifk_gelu_mul(g, u, (int)n);
+    return 0;
+}
+
 static int cpu_silu_mul(iflow_device *d, float *g, const float *u, size_t n)
 {
     ifk_silu_mul(g, u, (int)n);
@@ -145,6 +151,7 @@ static int cpu_query(const iflow_device *d, iflow_device_info *info)
 static const iflow_device_ops cpu_ops = {
     cpu_close, cpu_query, cpu_alloc, cpu_free, cpu_copy, cpu_copy, cpu_supports, cpu_matmul, cpu_rmsnorm,
     cpu_rope, cpu_attention, cpu_silu_mul, cpu_add, cpu_add_bias, cpu_argmax, cpu_kv_store, cpu_attention_paged, cpu_kv_shift,
+    cpu_gelu_mul,
 };
 
 /* The CPU's brand string, from /proc/cpuinfo ("" if unreadable). */

@@ -90,6 +90,8 @@ typedef struct {
      * the backend cannot (the engine says so with IFLOW_EUNSUPPORTED). */
     int  (*kv_shift)(iflow_device *d, void *k, void *v, const ifk_kv_layout *L, const int32_t *table, int n_past,
                      int keep, int discard, const ifk_rope_params *rp);
+    /* g = gelu_tanh(g) * u (ifk_gelu_mul); NULL: the backend has no GeGLU (the engine says so). */
+    int  (*gelu_mul)(iflow_device *d, float *g, const float *u, size_t n);
 } iflow_device_ops;
 
 struct iflow_device {

@@ -454,7 +454,14 @@ static int ffn_block(iflow_ctx *c, dev_scratch *s, int k, int T, int residual)
         iflow_observe(c, layer_of_part(c->m, k), IFLOW_OBS_FFN_IN, 0, s->xb, D, T, D);
     TRY(linear(s, s->gate, F, w->gate, w->gate_b, s->xb, D, T, F, D));
     TRY(linear(s, s->up, F, w->up, w->up_b, s->xb, D, T, F, D));
-    TRY(d->ops->silu_mul(d, s->gate, s->up, (size_t)T * F));
+    if (hp->activation == IFLOW_ACT_GELU_TANH) {
+        if (!d->ops->gelu_mul)
+            return iflow_seterr(IFLOW_EUNSUPPORTED, "block activation = gelu_tanh is not implemented on %s yet",
+                                d->info.name);
+        TRY(d->ops->gelu_mul(d, s->gate, s->up, (size_t)T * F));
+    } else {
+        TRY(d->ops->silu_mul(d, s->gate, s->up, (size_t)T * F));
+    }
     if (d->host_memory)
         iflow_observe(c, layer_of_part(c->m, k), IFLOW_OBS_FFN_MID, p->f0, s->gate, F, T, F);
     TRY(linear(s, s->xb, D, w->down, w->down_b, s->gate, F, T, D, F));
@@ -569,8 +576,13 @@ static int embed(iflow_ctx *c, const int32_t *ids, int T, int to)
     const iflow_model *m = c->m;
     int D = m->hp.dim;
     float *rows = to == HOST ? c->xh : c->dev[to].dev->host_memory ? c->dev[to].x : c->stage;
-    for (int t = 0; t < T; t++)
-        ifk_get_row(rows + (size_t)t * D, m->tok_embd.data, m->tok_embd.type, (size_t)ids[t], D);
+    for (int t = 0; t < T; t++) {
+        float *row = rows + (size_t)t * D;
+        ifk_get_row(row, m->tok_embd.data, m->tok_embd.type, (size_t)ids[t], D);
+        if (m->hp.embed_scale != 1.0f) /* block embedding = scaled */
+            for (int i = 0; i < D; i++)
+                row[i] *= m->hp.embed_scale;
+    }
     if (to == HOST || rows == c->dev[to].x)
         return 0;
     return c->dev[to].dev->ops->upload(c->dev[to].dev, c->dev[to].x, rows, (size_t)T * D * sizeof(float));

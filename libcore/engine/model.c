@@ -93,9 +93,10 @@ static int check_block(const json_t *blocks, const char *block, const char *cons
 static int read_blocks(iflow_hparams *hp, const json_t *blocks, const char *what)
 {
     static const char *const layout[] = {"decoder", NULL}, *const norm[] = {"rms", NULL},
-                             *const act[] = {"silu", NULL}, *const ffn[] = {"gated", NULL},
-                             *const pos[] = {"rope", NULL}, *const rope[] = {"half", "interleaved", NULL};
-    static const char *const known[] = {"layout", "norm", "activation", "ffn", "position", "rope_layout", NULL};
+                             *const act[] = {"silu", "gelu_tanh", NULL}, *const ffn[] = {"gated", NULL},
+                             *const pos[] = {"rope", NULL}, *const rope[] = {"half", "interleaved", NULL},
+                             *const emb[] = {"plain", "scaled", NULL};
+    static const char *const known[] = {"layout", "norm", "activation", "ffn", "position", "rope_layout", "embedding", NULL};
     int rc;
     const char *key;
     json_t *val;
@@ -107,10 +108,15 @@ static int read_blocks(iflow_hparams *hp, const json_t *blocks, const char *what
             return iflow_seterr(IFLOW_EUNSUPPORTED, "unknown block '%s' in '%s'", key, what);
     }
     if ((rc = check_block(blocks, "layout", layout, NULL, what)) || (rc = check_block(blocks, "norm", norm, NULL, what)) ||
-        (rc = check_block(blocks, "activation", act, NULL, what)) || (rc = check_block(blocks, "ffn", ffn, NULL, what)) ||
-        (rc = check_block(blocks, "position", pos, NULL, what)) ||
+        (rc = check_block(blocks, "activation", act, &hp->activation, what)) ||
+        (rc = check_block(blocks, "ffn", ffn, NULL, what)) || (rc = check_block(blocks, "position", pos, NULL, what)) ||
         (rc = check_block(blocks, "rope_layout", rope, &hp->rope_layout, what)))
         return rc;
+    /* optional, for shards written before it existed: plain */
+    int scaled = 0;
+    if (json_object_get(blocks, "embedding") && (rc = check_block(blocks, "embedding", emb, &scaled, what)))
+        return rc;
+    hp->embed_scale = scaled ? -1.0f : 1.0f; /* -1: sqrt(dim), once dim is known */
     return 0;
 }
 
@@ -190,6 +196,8 @@ int iflow_hparams_from_json(iflow_hparams *hp, const json_t *resolved, const cha
     if (!hp->rope_dim)
         hp->rope_dim = hp->head_dim;
     hp->qkv_bias |= hp->attn_bias;
+    if (hp->embed_scale < 0) /* as transformers: the Python float sqrt, then rounded to F32 */
+        hp->embed_scale = (float)sqrt((double)hp->dim);
     if (hp->n_heads % hp->n_kv_heads)
         return iflow_seterr(IFLOW_ESHAPE, "n_heads %d is not a multiple of n_kv_heads %d in '%s'", hp->n_heads,
                             hp->n_kv_heads, what);

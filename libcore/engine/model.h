@@ -38,11 +38,16 @@
 enum { IFLOW_ROPE_SCALING_NONE = 0, IFLOW_ROPE_SCALING_LINEAR = 1, IFLOW_ROPE_SCALING_LLAMA3 = 2 };
 #define IFLOW_MAX_EOS 8
 
+enum { IFLOW_ACT_SILU = 0, IFLOW_ACT_GELU_TANH = 1 };
+
 typedef struct {
     /* shape */
     int dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim, vocab_size, max_seq;
     /* blocks */
     int rope_layout;          /* IFK_ROPE_HALF or IFK_ROPE_INTERLEAVED */
+    int activation;           /* IFLOW_ACT_*: of the gated FFN's gate */
+    float embed_scale;        /* embedding rows are multiplied by it (block embedding = scaled:
+                                 sqrt(dim), Gemma's; else 1) */
     int attn_bias, mlp_bias, tie_embeddings;
     int qkv_bias;             /* biases on q, k and v (attn_bias adds the output's: o too) */
     int sliding_window;       /* a query attends to the last sliding_window positions; 0: all */

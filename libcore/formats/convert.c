@@ -303,6 +303,34 @@ static int tensor_payload(job *j, size_t i, int dt, const void **data, size_t *n
     return iflow_dtype_convert(*buf, dt, tmp, IFLOW_DT_F32, n);
 }
 
+/* Hyperparameter norm_offset (Gemma's RMSNorm scales by 1 + w): added to every norm weight
+ * (a vector whose iflow name ends in "_norm", F32 here), so the engine's RMSNorm multiplies
+ * by the stored weight as it does for every family. The payload is copied into *buf first
+ * when it still points into the source. */
+static int apply_norm_offset(job *j, size_t i, const void **data, size_t nbytes, void **buf, size_t *cap)
+{
+    const iflow_tensor_req *r = &j->reqs[i];
+    const json_t *o = json_object_get(json_object_get(j->resolved, "hparams"), "norm_offset");
+    double off = json_number_value(o);
+    size_t n = strlen(r->name);
+    if (off == 0.0 || !r->is_vector || n < 5 || strcmp(r->name + n - 5, "_norm") != 0)
+        return 0;
+    if (*data != *buf) {
+        if (nbytes > *cap) {
+            free(*buf);
+            if (!(*buf = malloc(nbytes)))
+                return *cap = 0, iflow_seterr(IFLOW_ENOMEM, "out of memory converting '%s'", r->name);
+            *cap = nbytes;
+        }
+        memcpy(*buf, *data, nbytes);
+        *data = *buf;
+    }
+    float *v = *buf;
+    for (size_t k = 0; k < nbytes / sizeof(float); k++)
+        v[k] = (float)((double)v[k] + off);
+    return 0;
+}
+
 static int write_tensors(job *j, iflow_shard_writer *w)
 {
     void *buf = NULL;
@@ -319,7 +347,8 @@ static int write_tensors(job *j, iflow_shard_writer *w)
         int dt = tensor_target(j, i);
         const void *data = NULL;
         size_t nbytes = 0;
-        if ((rc = tensor_payload(j, i, dt, &data, &nbytes, &buf, &cap)) == 0)
+        if ((rc = tensor_payload(j, i, dt, &data, &nbytes, &buf, &cap)) == 0 &&
+            (rc = apply_norm_offset(j, i, &data, nbytes, &buf, &cap)) == 0)
             rc = iflow_shard_write_tensor(w, r->name, dt, r->n_dims, r->shape, data, nbytes);
         if (j->src[i] && j->dir)
             iflow_hfdir_release(j->dir, j->src[i]);

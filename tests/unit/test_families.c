@@ -2,7 +2,8 @@
  * test_families.c -- model families served by specs/ other than the Llama checkpoints of
  * ../shared, on the tiny random-weight Hugging Face models of tests/fixtures/families (made by
  * tests/fixtures/gen_family_refs.py with transformers): Qwen2 (q/k/v biases, rope base 1e6),
- * Mistral (sliding-window attention, a window of 5 over 16 positions). Each folder converts with
+ * Mistral (sliding-window attention, a window of 5 over 16 positions), Gemma (GeGLU, embeddings
+ * scaled by sqrt(dim), RMSNorm by 1 + w, one kv head). Each folder converts with
  * its spec, and
  * the logits of every position of refs.json's ids match transformers' float64 forward within
  * 1e-4 (absolute; the logits are O(1)), fed as one prefill and token by token.
@@ -112,6 +113,15 @@ static int mistral_hp(const iflow_hparams *hp)
 
 static void test_mistral(void) { check_family("mistral", mistral_hp); }
 
+/* GeGLU, sqrt(dim)-scaled embeddings, one kv head */
+static int gemma_hp(const iflow_hparams *hp)
+{
+    return hp->activation == IFLOW_ACT_GELU_TANH && hp->embed_scale == (float)sqrt(32.0) && hp->n_kv_heads == 1 &&
+           hp->tie_embeddings;
+}
+
+static void test_gemma(void) { check_family("gemma", gemma_hp); }
+
 /* [model] base: the child's keys over its base's; GGUF architectures are not inherited */
 static void test_spec_base(void)
 {
@@ -149,6 +159,7 @@ int main(void)
     RUN(test_spec_base);
     RUN(test_qwen2);
     RUN(test_mistral);
+    RUN(test_gemma);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0)
