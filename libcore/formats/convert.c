@@ -29,6 +29,8 @@ typedef struct {
     iflow_tensor_req *reqs;
     size_t n_reqs;
     const iflow_src_tensor **src;   /* [n_reqs] source of each required tensor (real models) */
+    const iflow_src_tensor **whole; /* [n_reqs] the source tensor src[i] is rows of, or src[i] */
+    iflow_src_tensor *rows;         /* [n_reqs] src[i] when the spec names a row range        */
 } job;
 
 /* ---- the source: one of two readers ---- */
@@ -123,21 +125,99 @@ static int check_source(job *j, size_t i, const iflow_src_tensor *t, const char 
     return 0;
 }
 
+/* One bound of a row range: terms joined by '+', each N, SYM or N*SYM, where SYM is D (dim),
+ * Q (n_heads * head_dim), KV (n_kv_heads * head_dim) or F (ffn_dim). -1 on a syntax error. */
+static long row_expr(const char *s, size_t n, const iflow_hparams *hp)
+{
+    long total = 0;
+    size_t i = 0;
+    while (i < n) {
+        long k = 1, v = 1;
+        int have_num = 0;
+        if (s[i] >= '0' && s[i] <= '9') {
+            for (k = 0; i < n && s[i] >= '0' && s[i] <= '9' && k < (1L << 40); i++)
+                k = k * 10 + (s[i] - '0');
+            have_num = 1;
+            if (i < n && s[i] == '*')
+                i++;
+            else
+                v = 1, have_num = 2; /* a bare number */
+        }
+        if (have_num != 2) {
+            size_t e = i;
+            while (e < n && s[e] >= 'A' && s[e] <= 'Z')
+                e++;
+            if (e - i == 1 && s[i] == 'D') v = hp->dim;
+            else if (e - i == 1 && s[i] == 'Q') v = (long)hp->n_heads * hp->head_dim;
+            else if (e - i == 2 && !strncmp(s + i, "KV", 2)) v = (long)hp->n_kv_heads * hp->head_dim;
+            else if (e - i == 1 && s[i] == 'F') v = hp->ffn_dim;
+            else return -1;
+            i = e;
+        }
+        total += k * v;
+        if (i < n && s[i] != '+')
+            return -1;
+        i += i < n;
+    }
+    return n ? total : -1;
+}
+
+/* "NAME[A:B]" (a spec's rows A .. B-1 of a fused source tensor, such as Phi-3's qkv_proj):
+ * the name into base and the range; *r1 = -1 when there is no range. */
+static int parse_rows(const job *j, const char *iflow_name, const char *name, char *base, size_t cap, long *r0,
+                      long *r1)
+{
+    size_t n = strlen(name);
+    const char *open = n && name[n - 1] == ']' ? strrchr(name, '[') : NULL, *colon = open ? strchr(open, ':') : NULL;
+    *r0 = 0, *r1 = -1;
+    snprintf(base, cap, "%.*s", open ? (int)(open - name) : (int)n, name);
+    if (!open)
+        return 0;
+    if (colon)
+        *r0 = row_expr(open + 1, (size_t)(colon - open - 1), &j->hp),
+        *r1 = row_expr(colon + 1, (size_t)(name + n - 1 - colon - 1), &j->hp);
+    if (!colon || *r0 < 0 || *r1 <= *r0)
+        return iflow_seterr(IFLOW_ESPEC, "bad row range in '%s' for '%s' (spec '%s'): want [A:B], A < B, over N, D, Q, KV, F",
+                            name, iflow_name, j->spec->path);
+    if (j->gguf)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "row ranges ('%s') are not supported for GGUF sources", name);
+    return 0;
+}
+
 static int map_sources(job *j)
 {
     size_t n_src = src_n_tensors(j);
     char *used = calloc(n_src ? n_src : 1, 1);
     j->src = calloc(j->n_reqs, sizeof *j->src);
-    int rc = used && j->src ? 0 : iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    j->whole = calloc(j->n_reqs, sizeof *j->whole);
+    j->rows = calloc(j->n_reqs, sizeof *j->rows);
+    int rc = used && j->src && j->whole && j->rows ? 0 : iflow_seterr(IFLOW_ENOMEM, "out of memory");
     for (size_t i = 0; i < j->n_reqs && rc == 0; i++) {
-        char name[512];
-        if ((rc = iflow_spec_source_name(j->spec, j->reqs[i].name, name, sizeof name)) < 0)
+        char spec_name[512], name[512];
+        long r0, r1;
+        if ((rc = iflow_spec_source_name(j->spec, j->reqs[i].name, spec_name, sizeof spec_name)) < 0 ||
+            (rc = parse_rows(j, j->reqs[i].name, spec_name, name, sizeof name, &r0, &r1)) < 0)
             break;
-        j->src[i] = src_find(j, name);
-        if ((rc = check_source(j, i, j->src[i], name)) < 0)
+        const iflow_src_tensor *t = j->whole[i] = j->src[i] = src_find(j, name);
+        if (t && r1 >= 0) { /* rows r0 .. r1-1 of a matrix: a tensor of its own, in place */
+            if (t->n_dims != 2 || r1 > t->shape[0]) {
+                rc = iflow_seterr(IFLOW_ESHAPE, "tensor '%s' in '%s' has shape [%lld, %lld]: no rows %ld..%ld for '%s'",
+                                  name, src_path(j), (long long)t->shape[0], (long long)(t->n_dims > 1 ? t->shape[1] : 0),
+                                  r0, r1 - 1, j->reqs[i].name);
+                break;
+            }
+            size_t row = t->nbytes / (size_t)t->shape[0];
+            j->rows[i] = *t;
+            j->rows[i].shape[0] = r1 - r0;
+            j->rows[i].data = (const char *)t->data + (size_t)r0 * row;
+            j->rows[i].nbytes = (size_t)(r1 - r0) * row;
+            j->rows[i].file_offset += (uint64_t)r0 * row;
+            j->src[i] = &j->rows[i];
+        }
+        if ((rc = check_source(j, i, j->src[i], spec_name)) < 0)
             break;
         for (size_t s = 0; s < n_src; s++)
-            if (src_tensor(j, s) == j->src[i])
+            if (src_tensor(j, s) == j->whole[i])
                 used[s] = 1;
     }
     for (size_t s = 0; s < n_src && rc == 0; s++) {
@@ -350,7 +430,7 @@ static int write_tensors(job *j, iflow_shard_writer *w)
         if ((rc = tensor_payload(j, i, dt, &data, &nbytes, &buf, &cap)) == 0 &&
             (rc = apply_norm_offset(j, i, &data, nbytes, &buf, &cap)) == 0)
             rc = iflow_shard_write_tensor(w, r->name, dt, r->n_dims, r->shape, data, nbytes);
-        if (j->src[i] && j->dir)
+        if (j->src[i] && j->dir && j->whole[i] == j->src[i]) /* a fused tensor's pages stay for its other rows */
             iflow_hfdir_release(j->dir, j->src[i]);
         if (rc == 0 && j->o->progress) {
             pr.done = i + 1, pr.bytes += nbytes, pr.item = r->name;
@@ -398,6 +478,8 @@ static int prepare(job *j, const char *src)
 static void job_close(job *j)
 {
     free(j->src);
+    free(j->whole);
+    free(j->rows);
     free(j->reqs);
     json_decref(j->resolved);
     iflow_spec_close(j->spec);

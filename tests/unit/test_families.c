@@ -3,7 +3,8 @@
  * ../shared, on the tiny random-weight Hugging Face models of tests/fixtures/families (made by
  * tests/fixtures/gen_family_refs.py with transformers): Qwen2 (q/k/v biases, rope base 1e6),
  * Mistral (sliding-window attention, a window of 5 over 16 positions), Gemma (GeGLU, embeddings
- * scaled by sqrt(dim), RMSNorm by 1 + w, one kv head). Each folder converts with
+ * scaled by sqrt(dim), RMSNorm by 1 + w, one kv head), Phi-3 (q/k/v and gate/up as row ranges
+ * of fused qkv_proj and gate_up_proj, a window of 6). Each folder converts with
  * its spec, and
  * the logits of every position of refs.json's ids match transformers' float64 forward within
  * 1e-4 (absolute; the logits are O(1)), fed as one prefill and token by token.
@@ -122,6 +123,52 @@ static int gemma_hp(const iflow_hparams *hp)
 
 static void test_gemma(void) { check_family("gemma", gemma_hp); }
 
+/* q, k, v and gate, up are row ranges of fused matrices; a window of 6 */
+static int phi3_hp(const iflow_hparams *hp)
+{
+    return hp->sliding_window == 6 && hp->n_kv_heads == 2 && !hp->tie_embeddings && hp->ffn_dim == 48;
+}
+
+static void test_phi3(void) { check_family("phi3", phi3_hp); }
+
+/* a row range the spec gets wrong: its syntax, or rows the source matrix does not have */
+static void test_bad_rows(void)
+{
+    const char *fx = fixture("phi3");
+    if (!fx)
+        SKIP("no phi3 fixture");
+    char src[4096], cmd[600], spec[300], out[300];
+    snprintf(src, sizeof src, "%s", fx);
+    snprintf(cmd, sizeof cmd, "cp specs/llama.ini %s/llama.ini", dir);
+    CHECK(system(cmd) == 0, "copy llama.ini");
+    snprintf(spec, sizeof spec, "%s/bad.ini", dir);
+    snprintf(out, sizeof out, "%s/bad.ifs", dir);
+    static const struct {
+        const char *range;
+        int rc;
+        const char *text;
+    } cases[] = {
+        {"[0:QQ]", IFLOW_ESPEC, "bad row range"},
+        {"[Q:0]", IFLOW_ESPEC, "bad row range"},
+        {"[0:Q+99]", IFLOW_ESHAPE, "no rows 0..130"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        char text[1024];
+        int n = snprintf(text, sizeof text,
+                         "[model]\nbase = llama\nname = bad\narchitectures = Phi3ForCausalLM\n[hparams]\nsliding_window = "
+                         "sliding_window, 0\n[tensors]\nblk.{L}.wq = model.layers.{L}.self_attn.qkv_proj.weight%s\n"
+                         "blk.{L}.wk = model.layers.{L}.self_attn.qkv_proj.weight[Q:Q+KV]\n"
+                         "blk.{L}.wv = model.layers.{L}.self_attn.qkv_proj.weight[Q+KV:Q+2*KV]\n"
+                         "blk.{L}.ffn_gate = model.layers.{L}.mlp.gate_up_proj.weight[0:F]\n"
+                         "blk.{L}.ffn_up = model.layers.{L}.mlp.gate_up_proj.weight[F:2*F]\n",
+                         cases[k].range);
+        test_write_file(spec, text, (size_t)n);
+        iflow_convert_opts o = {.dtype = -1, .spec_path = spec};
+        CHECK_ERR(iflow_convert(src, out, &o), cases[k].rc, "qkv_proj", cases[k].text);
+        CHECK(access(out, F_OK) != 0, "nothing written for %s", cases[k].range);
+    }
+}
+
 /* [model] base: the child's keys over its base's; GGUF architectures are not inherited */
 static void test_spec_base(void)
 {
@@ -160,6 +207,8 @@ int main(void)
     RUN(test_qwen2);
     RUN(test_mistral);
     RUN(test_gemma);
+    RUN(test_phi3);
+    RUN(test_bad_rows);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0)
