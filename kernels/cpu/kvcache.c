@@ -269,6 +269,9 @@ static void attend(float *out, const float *q, const void *k, const void *v, con
             load_head(kf, k, L, row_of(L, table, j0 + j), g);
             for (int h = 0; h < nh; h++)
                 s[h][j] = dot(q + (size_t)h * hd, kf, hd) * scale;
+            if (L->softcap > 0) /* Gemma 2's attention soft-capping */
+                for (int h = 0; h < nh; h++)
+                    s[h][j] = L->softcap * tanhf(s[h][j] / L->softcap);
         }
         for (int h = 0; h < nh; h++) {
             float mx = m[h];

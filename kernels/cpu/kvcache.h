@@ -41,6 +41,7 @@ typedef struct {
     int64_t n_blocks;
     int window;         /* sliding-window attention: a query sees the last
                            `window` positions, itself included; 0 = all */
+    float softcap;      /* > 0: scaled scores become softcap * tanh(s / softcap) */
 } ifk_kv_layout;
 
 typedef struct {

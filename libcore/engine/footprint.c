@@ -31,6 +31,8 @@ iflow_part_bytes iflow_part_weight_bytes(const iflow_hparams *hp, const int *t, 
         b.attn += (uint64_t)(nq + 2 * nkv) * sizeof(float);
     if (hp->attn_bias)
         b.attn += (uint64_t)D * sizeof(float);
+    if (hp->post_norms)
+        b.attn += (uint64_t)D * sizeof(float), b.ffn += (uint64_t)D * sizeof(float);
     if (hp->mlp_bias)
         b.ffn += (uint64_t)(2 * nf + D) * sizeof(float);
     return b;

@@ -119,8 +119,14 @@ static int logits_rows(dev_scratch *s, int vocab, int rows)
 static ifk_kv_layout part_layout(const iflow_model *m, int k, int type, int block, int n_blocks)
 {
     const layer_part *p = &m->parts[k];
+    /* window_pattern > 1: every window_pattern-th layer is global (Gemma 2 and 3) */
+    int l = 0;
+    while (l + 1 < m->hp.n_layers && m->part0[l + 1] <= k)
+        l++;
+    int global = m->hp.window_pattern > 1 && (l + 1) % m->hp.window_pattern == 0;
     return (ifk_kv_layout){.type = type, .block = block, .n_kv_heads = p->kv1 - p->kv0, .head_dim = m->hp.head_dim,
-                           .group = ifk_kv_group(m->hp.head_dim), .n_blocks = n_blocks, .window = m->hp.sliding_window};
+                           .group = ifk_kv_group(m->hp.head_dim), .n_blocks = n_blocks,
+                           .window = global ? 0 : m->hp.sliding_window, .softcap = m->hp.attn_softcap};
 }
 
 uint64_t iflow_kv_block_bytes(const iflow_model *m, int type, int block)
@@ -432,11 +438,13 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
     TRY(d->ops->kv_store(d, r->kv->k[k], L, r->seq, r->n_seq, s->kx, (size_t)KV));
     TRY(d->ops->kv_store(d, r->kv->v[k], L, r->seq, r->n_seq, s->vx, (size_t)KV));
     TRY(d->ops->attention_paged(d, s->att, s->q, (size_t)Q, r->kv->k[k], r->kv->v[k], L, r->seq, r->n_seq, nq,
-                                1.0f / sqrtf((float)hd)));
+                                hp->attn_scale));
     /* o-projection into xb (free now), then the residual add */
     if (d->host_memory)
         iflow_observe(c, layer_of_part(m, k), IFLOW_OBS_ATTN_OUT, p->q0 * hd, s->att, Q, T, Q);
     TRY(linear(s, s->xb, D, w->wo, w->bo, s->att, Q, T, D, Q));
+    if (w->attn_post_norm) /* post_norms: on the whole output (a split layer is refused) */
+        TRY(d->ops->rmsnorm(d, s->xb, s->xb, w->attn_post_norm, T, D, hp->norm_eps));
     return residual ? d->ops->add(d, s->x, s->xb, (size_t)T * D) : 0;
 }
 
@@ -465,6 +473,8 @@ static int ffn_block(iflow_ctx *c, dev_scratch *s, int k, int T, int residual)
     if (d->host_memory)
         iflow_observe(c, layer_of_part(c->m, k), IFLOW_OBS_FFN_MID, p->f0, s->gate, F, T, F);
     TRY(linear(s, s->xb, D, w->down, w->down_b, s->gate, F, T, D, F));
+    if (w->ffn_post_norm)
+        TRY(d->ops->rmsnorm(d, s->xb, s->xb, w->ffn_post_norm, T, D, hp->norm_eps));
     return residual ? d->ops->add(d, s->x, s->xb, (size_t)T * D) : 0;
 }
 
@@ -547,6 +557,8 @@ static void *run_part(void *arg)
 static int split_block(iflow_ctx *c, int k0, int k1, const step_rows *r, int is_ffn)
 {
     const int T = r->T;
+    if (c->m->hp.post_norms) /* the norm would have to follow the sum of the parts */
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "a layer with post norms cannot be split over devices yet");
     part_job jobs[IFLOW_MAX_DEVICES];
     pthread_t th[IFLOW_MAX_DEVICES];
     int started[IFLOW_MAX_DEVICES] = {0}, n = k1 - k0;
@@ -663,6 +675,8 @@ static int share(iflow_ctx *c, int *holder, int *cur, int T)
  * its partial output summed with every other process's, added to c->xh everywhere. */
 static int split_block_comm(iflow_ctx *c, int k0, int k1, const step_rows *r, int is_ffn)
 {
+    if (c->m->hp.post_norms)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "a layer with post norms cannot be split over devices yet");
     iflow_comm *cm = c->comm;
     size_t n = (size_t)r->T * c->m->hp.dim;
     memset(c->acc, 0, n * sizeof(float));
@@ -764,12 +778,25 @@ static int compute_logits(iflow_ctx *c, dev_scratch *s, int r0, int rows, float 
     return project_logits(c, s, rows, host, y);
 }
 
+/* logit_softcap (Gemma 2): x = cap * tanh(x / cap) on logits handed out (argmax needs none: the
+ * map keeps the order). */
+static void softcap_logits(const iflow_model *m, float *x, size_t n)
+{
+    const float cap = m->hp.logit_softcap;
+    if (cap > 0)
+        for (size_t i = 0; i < n; i++)
+            x[i] = cap * tanhf(x[i] / cap);
+}
+
 /* The same logits, into dst on the host. */
 static int output_logits(iflow_ctx *c, dev_scratch *s, int r0, int rows, float *dst)
 {
     float *y;
     TRY(compute_logits(c, s, r0, rows, dst, &y));
-    return y == dst ? 0 : s->dev->ops->download(s->dev, dst, y, (size_t)rows * c->m->hp.vocab_size * sizeof(float));
+    if (y != dst)
+        TRY(s->dev->ops->download(s->dev, dst, y, (size_t)rows * c->m->hp.vocab_size * sizeof(float)));
+    softcap_logits(c->m, dst, (size_t)rows * c->m->hp.vocab_size);
+    return 0;
 }
 
 /* One batch of T <= MAX_BATCH tokens. */
@@ -885,6 +912,7 @@ static int step_logits(iflow_ctx *c, dev_scratch *s, const iflow_step_seq *seqs,
                 memcpy(seqs[i].logits, c->out_logits + (size_t)j * V, (size_t)k * V * sizeof(float));
             else
                 TRY(d->ops->download(d, seqs[i].logits, row, (size_t)k * V * sizeof(float)));
+            softcap_logits(c->m, seqs[i].logits, (size_t)k * V);
         } else {
             for (int t = 0; t < k; t++)
                 TRY(d->ops->argmax(d, seqs[i].next + t, row + (size_t)t * V, V));

@@ -64,6 +64,19 @@ static int get_int_or(const json_t *hp, const char *key, int fallback, int *dst,
     return get_int(hp, key, dst, 0, what);
 }
 
+/* A number (>= 0) that shards written before it existed lack: `fallback` then. */
+static int get_float_or(const json_t *hp, const char *key, float fallback, float *dst, const char *what)
+{
+    if (!json_object_get(hp, key)) {
+        *dst = fallback;
+        return 0;
+    }
+    int rc = get_float(hp, key, dst, what);
+    if (rc == 0 && !(*dst >= 0))
+        rc = iflow_seterr(IFLOW_ERANGE, "hyperparameter '%s' = %g must not be negative in '%s'", key, *dst, what);
+    return rc;
+}
+
 /* A boolean that shards written before it existed lack: `fallback` then. */
 static int get_bool_or(const json_t *hp, const char *key, int fallback, int *dst, const char *what)
 {
@@ -185,6 +198,11 @@ int iflow_hparams_from_json(iflow_hparams *hp, const json_t *resolved, const cha
         (rc = get_bool(h, "attn_bias", &hp->attn_bias, what)) || (rc = get_bool(h, "mlp_bias", &hp->mlp_bias, what)) ||
         (rc = get_bool_or(h, "qkv_bias", 0, &hp->qkv_bias, what)) ||
         (rc = get_int_or(h, "sliding_window", 0, &hp->sliding_window, what)) ||
+        (rc = get_int_or(h, "window_pattern", 0, &hp->window_pattern, what)) ||
+        (rc = get_float_or(h, "attn_scale_dim", 0, &hp->attn_scale, what)) ||
+        (rc = get_float_or(h, "attn_softcap", 0, &hp->attn_softcap, what)) ||
+        (rc = get_float_or(h, "logit_softcap", 0, &hp->logit_softcap, what)) ||
+        (rc = get_bool_or(h, "post_norms", 0, &hp->post_norms, what)) ||
         (rc = get_bool(h, "tie_embeddings", &hp->tie_embeddings, what)) || (rc = read_blocks(hp, b, what)) ||
         (rc = read_rope_scaling(hp, h, what)) || (rc = read_special(hp, h, what)))
         return rc;
@@ -196,6 +214,8 @@ int iflow_hparams_from_json(iflow_hparams *hp, const json_t *resolved, const cha
     if (!hp->rope_dim)
         hp->rope_dim = hp->head_dim;
     hp->qkv_bias |= hp->attn_bias;
+    /* attn_scale held query_pre_attn_scalar (0: head_dim); now the factor itself */
+    hp->attn_scale = 1.0f / sqrtf(hp->attn_scale > 0 ? hp->attn_scale : (float)hp->head_dim);
     if (hp->embed_scale < 0) /* as transformers: the Python float sqrt, then rounded to F32 */
         hp->embed_scale = (float)sqrt((double)hp->dim);
     if (hp->n_heads % hp->n_kv_heads)
@@ -243,10 +263,14 @@ int iflow_model_tensors(const iflow_hparams *hp, iflow_tensor_req **reqs, size_t
         }
         if (hp->attn_bias)
             L("bo", D, 0);
+        if (hp->post_norms)
+            L("attn_post_norm", D, 0);
         L("ffn_norm", D, 0);
         L("ffn_gate", F, D);
         L("ffn_up", F, D);
         L("ffn_down", D, F);
+        if (hp->post_norms)
+            L("ffn_post_norm", D, 0);
         if (hp->mlp_bias) {
             L("ffn_gate_b", F, 0);
             L("ffn_up_b", F, 0);
@@ -307,7 +331,8 @@ static void *slot(iflow_model *m, layer_weights *layers, const char *name, int *
         F("attn_norm", attn_norm, 0), F("ffn_norm", ffn_norm, 0), F("wq", wq, 1), F("wk", wk, 1),
         F("wv", wv, 1), F("wo", wo, 1), F("bq", bq, 0), F("bk", bk, 0), F("bv", bv, 0), F("bo", bo, 0),
         F("ffn_gate", gate, 1), F("ffn_up", up, 1), F("ffn_down", down, 1), F("ffn_gate_b", gate_b, 0),
-        F("ffn_up_b", up_b, 0), F("ffn_down_b", down_b, 0),
+        F("ffn_up_b", up_b, 0), F("ffn_down_b", down_b, 0), F("attn_post_norm", attn_post_norm, 0),
+        F("ffn_post_norm", ffn_post_norm, 0),
 #undef F
     };
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)

@@ -51,6 +51,14 @@ typedef struct {
     int attn_bias, mlp_bias, tie_embeddings;
     int qkv_bias;             /* biases on q, k and v (attn_bias adds the output's: o too) */
     int sliding_window;       /* a query attends to the last sliding_window positions; 0: all */
+    int window_pattern;       /* > 1: layer l is windowed unless (l + 1) % window_pattern == 0
+                                 (Gemma 2 and 3's local/global layers); else every layer */
+    float attn_scale;         /* scores are q.k * attn_scale: 1/sqrt(query_pre_attn_scalar, or
+                                 head_dim when that hyperparameter is 0) */
+    float attn_softcap;       /* > 0: scores become cap * tanh(score / cap) (Gemma 2) */
+    float logit_softcap;      /* > 0: the output logits likewise */
+    int post_norms;           /* an RMSNorm on the attention's and the FFN's output before the
+                                 residual add (attn_post_norm, ffn_post_norm; Gemma 2) */
     /* numbers */
     float norm_eps, rope_theta;
     int rope_dim;             /* rotated dimensions per head (head_dim unless partial) */

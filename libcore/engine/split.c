@@ -74,10 +74,14 @@ int iflow_split_tensors(const iflow_hparams *hp, const iflow_plan *p, int dev, i
         }
         if (hp->attn_bias && first)
             L("bo", D, 0, 0, 0, D);
+        if (hp->post_norms)
+            L("attn_post_norm", D, 0, 0, 0, D);
         L("ffn_norm", D, 0, 0, 0, D);
         L("ffn_gate", f1 - f0, D, 0, f0, f1);
         L("ffn_up", f1 - f0, D, 0, f0, f1);
         L("ffn_down", D, f1 - f0, 1, f0, f1);
+        if (hp->post_norms)
+            L("ffn_post_norm", D, 0, 0, 0, D);
         if (hp->mlp_bias) {
             L("ffn_gate_b", f1 - f0, 0, 0, f0, f1);
             L("ffn_up_b", f1 - f0, 0, 0, f0, f1);

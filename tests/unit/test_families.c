@@ -3,7 +3,8 @@
  * ../shared, on the tiny random-weight Hugging Face models of tests/fixtures/families (made by
  * tests/fixtures/gen_family_refs.py with transformers): Qwen2 (q/k/v biases, rope base 1e6),
  * Mistral (sliding-window attention, a window of 5 over 16 positions), Gemma (GeGLU, embeddings
- * scaled by sqrt(dim), RMSNorm by 1 + w, one kv head), Phi-3 (q/k/v and gate/up as row ranges
+ * scaled by sqrt(dim), RMSNorm by 1 + w, one kv head), Gemma 2 (post norms, attention and
+ * logit soft-capping, query_pre_attn_scalar, local and global layers alternating), Phi-3 (q/k/v and gate/up as row ranges
  * of fused qkv_proj and gate_up_proj, a window of 6). Each folder converts with
  * its spec, and
  * the logits of every position of refs.json's ids match transformers' float64 forward within
@@ -123,6 +124,15 @@ static int gemma_hp(const iflow_hparams *hp)
 
 static void test_gemma(void) { check_family("gemma", gemma_hp); }
 
+/* post norms, soft caps, query_pre_attn_scalar 12, local layers 0 and 2 (window 5), global 1 */
+static int gemma2_hp(const iflow_hparams *hp)
+{
+    return hp->post_norms && hp->attn_softcap == 0.3f && hp->logit_softcap == 0.8f && hp->sliding_window == 5 &&
+           hp->window_pattern == 2 && hp->attn_scale == 1.0f / sqrtf(12.0f) && hp->activation == IFLOW_ACT_GELU_TANH;
+}
+
+static void test_gemma2(void) { check_family("gemma2", gemma2_hp); }
+
 /* q, k, v and gate, up are row ranges of fused matrices; a window of 6 */
 static int phi3_hp(const iflow_hparams *hp)
 {
@@ -207,6 +217,7 @@ int main(void)
     RUN(test_qwen2);
     RUN(test_mistral);
     RUN(test_gemma);
+    RUN(test_gemma2);
     RUN(test_phi3);
     RUN(test_bad_rows);
     char cmd[300];
