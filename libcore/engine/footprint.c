@@ -33,6 +33,8 @@ iflow_part_bytes iflow_part_weight_bytes(const iflow_hparams *hp, const int *t, 
         b.attn += (uint64_t)D * sizeof(float);
     if (hp->post_norms)
         b.attn += (uint64_t)D * sizeof(float), b.ffn += (uint64_t)D * sizeof(float);
+    if (hp->qk_norm)
+        b.attn += 2ull * (uint64_t)hp->head_dim * sizeof(float);
     if (hp->mlp_bias)
         b.ffn += (uint64_t)(2 * nf + D) * sizeof(float);
     return b;

@@ -278,7 +278,8 @@ int iflow_kv_shift(iflow_kv *kv, const int32_t *table, int n_past, int keep, int
     for (int k = 0; k < kv->n_parts; k++) {
         if (!kv->k[k] || !kv->v[k])
             continue;
-        ifk_rope_params rp = {hp->rope_dim, hp->rope_theta, m->rope_scale, hp->rope_layout};
+        const float theta = kv->L[k].window > 0 && hp->rope_theta_local > 0 ? hp->rope_theta_local : hp->rope_theta;
+        ifk_rope_params rp = {hp->rope_dim, theta, m->rope_scale, hp->rope_layout};
         iflow_device *d = kv->dev[k];
         if (!d) { /* pools in host memory */
             float *tmp = malloc((size_t)kv->L[k].n_kv_heads * kv->L[k].head_dim * sizeof(float));
@@ -392,6 +393,13 @@ static int layer_of_part(const iflow_model *m, int k)
     return l;
 }
 
+/* The rope base of a part's layer: rope_theta_local for a windowed layer when the model has
+ * one (Gemma 3), else rope_theta. */
+static float layer_theta(const iflow_model *m, const ifk_kv_layout *L)
+{
+    return L->window > 0 && m->hp.rope_theta_local > 0 ? m->hp.rope_theta_local : m->hp.rope_theta;
+}
+
 /* y[t] = W x[t] (+ b) for T tokens, on device s. */
 static int linear(dev_scratch *s, float *y, int ldy, weight W, const float *b, const float *x, int ldx, int T, int N,
                   int K)
@@ -428,12 +436,17 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
     TRY(linear(s, s->q, Q, w->wq, w->bq, s->xb, D, T, Q, D));
     TRY(linear(s, s->kx, KV, w->wk, w->bk, s->xb, D, T, KV, D));
     TRY(linear(s, s->vx, KV, w->wv, w->bv, s->xb, D, T, KV, D));
+    if (w->q_norm) { /* qk_norm: each head's q and k (rows of head_dim) */
+        TRY(d->ops->rmsnorm(d, s->q, s->q, w->q_norm, T * nq, hd, hp->norm_eps));
+        TRY(d->ops->rmsnorm(d, s->kx, s->kx, w->k_norm, T * nkv, hd, hp->norm_eps));
+    }
+    const float theta = layer_theta(m, L);
     for (int i = 0; i < r->n_seq; i++) {
         const ifk_kv_seq *q = &r->seq[i];
-        TRY(d->ops->rope(d, s->q + (size_t)q->row0 * Q, (size_t)Q, q->n_rows, nq, hd, hp->rope_dim, q->pos0,
-                         hp->rope_theta, rope_scale, hp->rope_layout));
+        TRY(d->ops->rope(d, s->q + (size_t)q->row0 * Q, (size_t)Q, q->n_rows, nq, hd, hp->rope_dim, q->pos0, theta,
+                         rope_scale, hp->rope_layout));
         TRY(d->ops->rope(d, s->kx + (size_t)q->row0 * KV, (size_t)KV, q->n_rows, nkv, hd, hp->rope_dim, q->pos0,
-                         hp->rope_theta, rope_scale, hp->rope_layout));
+                         theta, rope_scale, hp->rope_layout));
     }
     TRY(d->ops->kv_store(d, r->kv->k[k], L, r->seq, r->n_seq, s->kx, (size_t)KV));
     TRY(d->ops->kv_store(d, r->kv->v[k], L, r->seq, r->n_seq, s->vx, (size_t)KV));

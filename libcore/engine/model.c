@@ -77,6 +77,36 @@ static int get_float_or(const json_t *hp, const char *key, float fallback, float
     return rc;
 }
 
+/* layer_types (transformers' list of "sliding_attention" / "full_attention" per layer, or the
+ * string none): a repeating pattern, every Nth layer global, becomes window_pattern = N (0:
+ * every layer windowed; no windowed layer: no window). Other patterns are not implemented. */
+static int read_layer_types(iflow_hparams *hp, const json_t *h, const char *what)
+{
+    const json_t *lt = json_object_get(h, "layer_types");
+    if (!json_is_array(lt))
+        return 0;
+    size_t n = json_array_size(lt);
+    long first_global = -1;
+    for (size_t l = 0; l < n && first_global < 0; l++)
+        if (strcmp(json_string_value(json_array_get(lt, l)) ? json_string_value(json_array_get(lt, l)) : "",
+                   "full_attention") == 0)
+            first_global = (long)l;
+    int pattern = first_global < 0 ? 0 : (int)first_global + 1;
+    for (size_t l = 0; l < n; l++) {
+        const char *t = json_string_value(json_array_get(lt, l));
+        int global = pattern > 0 && (l + 1) % (size_t)pattern == 0;
+        if (!t || strcmp(t, global ? "full_attention" : "sliding_attention") != 0)
+            return iflow_seterr(IFLOW_EUNSUPPORTED,
+                                "layer_types in '%s': layer %zu is %s, which is not every %d-th layer global (the "
+                                "pattern iflow implements)",
+                                what, l, t ? t : "not a string", pattern);
+    }
+    if (pattern == 1) /* every layer global */
+        hp->sliding_window = 0;
+    hp->window_pattern = pattern;
+    return 0;
+}
+
 /* A boolean that shards written before it existed lack: `fallback` then. */
 static int get_bool_or(const json_t *hp, const char *key, int fallback, int *dst, const char *what)
 {
@@ -203,6 +233,9 @@ int iflow_hparams_from_json(iflow_hparams *hp, const json_t *resolved, const cha
         (rc = get_float_or(h, "attn_softcap", 0, &hp->attn_softcap, what)) ||
         (rc = get_float_or(h, "logit_softcap", 0, &hp->logit_softcap, what)) ||
         (rc = get_bool_or(h, "post_norms", 0, &hp->post_norms, what)) ||
+        (rc = get_bool_or(h, "qk_norm", 0, &hp->qk_norm, what)) ||
+        (rc = get_float_or(h, "rope_theta_local", 0, &hp->rope_theta_local, what)) ||
+        (rc = read_layer_types(hp, h, what)) ||
         (rc = get_bool(h, "tie_embeddings", &hp->tie_embeddings, what)) || (rc = read_blocks(hp, b, what)) ||
         (rc = read_rope_scaling(hp, h, what)) || (rc = read_special(hp, h, what)))
         return rc;
@@ -263,6 +296,10 @@ int iflow_model_tensors(const iflow_hparams *hp, iflow_tensor_req **reqs, size_t
         }
         if (hp->attn_bias)
             L("bo", D, 0);
+        if (hp->qk_norm) {
+            L("q_norm", hp->head_dim, 0);
+            L("k_norm", hp->head_dim, 0);
+        }
         if (hp->post_norms)
             L("attn_post_norm", D, 0);
         L("ffn_norm", D, 0);
@@ -332,7 +369,7 @@ static void *slot(iflow_model *m, layer_weights *layers, const char *name, int *
         F("wv", wv, 1), F("wo", wo, 1), F("bq", bq, 0), F("bk", bk, 0), F("bv", bv, 0), F("bo", bo, 0),
         F("ffn_gate", gate, 1), F("ffn_up", up, 1), F("ffn_down", down, 1), F("ffn_gate_b", gate_b, 0),
         F("ffn_up_b", up_b, 0), F("ffn_down_b", down_b, 0), F("attn_post_norm", attn_post_norm, 0),
-        F("ffn_post_norm", ffn_post_norm, 0),
+        F("ffn_post_norm", ffn_post_norm, 0), F("q_norm", q_norm, 0), F("k_norm", k_norm, 0),
 #undef F
     };
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)

@@ -59,6 +59,9 @@ typedef struct {
     float logit_softcap;      /* > 0: the output logits likewise */
     int post_norms;           /* an RMSNorm on the attention's and the FFN's output before the
                                  residual add (attn_post_norm, ffn_post_norm; Gemma 2) */
+    int qk_norm;              /* an RMSNorm over each head of q and of k before rope (q_norm,
+                                 k_norm [head_dim]; Gemma 3) */
+    float rope_theta_local;   /* > 0: the rope base of windowed layers (Gemma 3) */
     /* numbers */
     float norm_eps, rope_theta;
     int rope_dim;             /* rotated dimensions per head (head_dim unless partial) */

@@ -15,6 +15,7 @@ typedef struct { const void *data; int type; } weight;   /* a matrix [rows][cols
 typedef struct {
     const float *attn_norm, *ffn_norm;                       /* [dim]                       */
     const float *attn_post_norm, *ffn_post_norm;             /* [dim] or NULL (post_norms)   */
+    const float *q_norm, *k_norm;                            /* [head_dim] or NULL (qk_norm) */
     weight wq, wk, wv, wo;                                   /* [Q][dim] [KV][dim] x2 [dim][Q] */
     const float *bq, *bk, *bv, *bo;                          /* [Q] [KV] [KV] [dim] or NULL  */
     weight gate, up, down;                                   /* [F][dim] [F][dim] [dim][F]  */

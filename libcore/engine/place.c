@@ -318,6 +318,8 @@ static int copy_part(iflow_model *m, int l, layer_part *p, int first)
         (rc = put_vector(m, p, &nd, w->ffn_norm, 0, D, &o->ffn_norm)) ||
         (rc = put_vector(m, p, &nd, w->attn_post_norm, 0, D, &o->attn_post_norm)) ||
         (rc = put_vector(m, p, &nd, w->ffn_post_norm, 0, D, &o->ffn_post_norm)) ||
+        (rc = put_vector(m, p, &nd, w->q_norm, 0, hd, &o->q_norm)) ||
+        (rc = put_vector(m, p, &nd, w->k_norm, 0, hd, &o->k_norm)) ||
         (rc = put_weight(m, p, &nd, &nh, w->wq, 0, q0, q1, D, 0, &o->wq)) ||
         (rc = put_weight(m, p, &nd, &nh, w->wk, 0, k0, k1, D, 0, &o->wk)) ||
         (rc = put_weight(m, p, &nd, &nh, w->wv, 0, k0, k1, D, 0, &o->wv)) ||

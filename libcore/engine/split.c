@@ -74,6 +74,10 @@ int iflow_split_tensors(const iflow_hparams *hp, const iflow_plan *p, int dev, i
         }
         if (hp->attn_bias && first)
             L("bo", D, 0, 0, 0, D);
+        if (hp->qk_norm) { /* every part: its heads all use them */
+            L("q_norm", hp->head_dim, 0, 0, 0, hp->head_dim);
+            L("k_norm", hp->head_dim, 0, 0, 0, hp->head_dim);
+        }
         if (hp->post_norms)
             L("attn_post_norm", D, 0, 0, 0, D);
         L("ffn_norm", D, 0, 0, 0, D);

@@ -4,7 +4,8 @@
  * tests/fixtures/gen_family_refs.py with transformers): Qwen2 (q/k/v biases, rope base 1e6),
  * Mistral (sliding-window attention, a window of 5 over 16 positions), Gemma (GeGLU, embeddings
  * scaled by sqrt(dim), RMSNorm by 1 + w, one kv head), Gemma 2 (post norms, attention and
- * logit soft-capping, query_pre_attn_scalar, local and global layers alternating), Phi-3 (q/k/v and gate/up as row ranges
+ * logit soft-capping, query_pre_attn_scalar, local and global layers alternating), Gemma 3
+ * (qk-norm, local layers with a rope base of their own, the pattern from layer_types), Phi-3 (q/k/v and gate/up as row ranges
  * of fused qkv_proj and gate_up_proj, a window of 6). Each folder converts with
  * its spec, and
  * the logits of every position of refs.json's ids match transformers' float64 forward within
@@ -133,6 +134,16 @@ static int gemma2_hp(const iflow_hparams *hp)
 
 static void test_gemma2(void) { check_family("gemma2", gemma2_hp); }
 
+/* qk-norm; layer_types make every 3rd layer global (the config's _sliding_window_pattern says 6);
+ * local layers rotate with base 10000, the global one with 1e6 */
+static int gemma3_hp(const iflow_hparams *hp)
+{
+    return hp->qk_norm && hp->window_pattern == 3 && hp->sliding_window == 5 && hp->rope_theta == 1e6f &&
+           hp->rope_theta_local == 1e4f && hp->attn_softcap == 0 && hp->logit_softcap == 0 && hp->post_norms;
+}
+
+static void test_gemma3(void) { check_family("gemma3", gemma3_hp); }
+
 /* q, k, v and gate, up are row ranges of fused matrices; a window of 6 */
 static int phi3_hp(const iflow_hparams *hp)
 {
@@ -218,6 +229,7 @@ int main(void)
     RUN(test_mistral);
     RUN(test_gemma);
     RUN(test_gemma2);
+    RUN(test_gemma3);
     RUN(test_phi3);
     RUN(test_bad_rows);
     char cmd[300];
