@@ -228,8 +228,21 @@ void ifk_gelu_mul(float *g, const float *u, int n)
     const double c = 0.7978845608028654; /* sqrt(2 / pi) */
     for (int i = 0; i < n; i++) {
         double x = g[i];
-        g[i] = (float)(0.5 * x * (1.0 + tanh(c * (x + 0.044715 * x * x * x))) * u[i]);
+        g[i] = (float)(0.5 * x * (1.0 + tanh(c * (x + 0.044715 * x * x * x))) * (u ? u[i] : 1.0f));
     }
+}
+
+void ifk_layernorm(float *y, const float *x, const float *w, const float *b, int n, float eps)
+{
+    double mean = 0, var = 0;
+    for (int i = 0; i < n; i++)
+        mean += x[i];
+    mean /= n;
+    for (int i = 0; i < n; i++)
+        var += (x[i] - mean) * (x[i] - mean);
+    const double inv = 1.0 / sqrt(var / n + eps);
+    for (int i = 0; i < n; i++)
+        y[i] = (float)((x[i] - mean) * inv * w[i] + (b ? b[i] : 0.0f));
 }
 
 void ifk_silu_mul(float *g, const float *u, int n)

@@ -85,7 +85,9 @@ void ifk_softmax(float *x, int n);
 void ifk_silu_mul(float *g, const float *u, int n);
 /* g = gelu(g) * u with GELU's tanh form (PyTorch's gelu(approximate="tanh"), Gemma's GeGLU):
  * gelu(x) = x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))), in double, rounded once. */
-void ifk_gelu_mul(float *g, const float *u, int n);
+void ifk_gelu_mul(float *g, const float *u, int n); /* u NULL: g = gelu(g) */
+/* y = (x - mean) / sqrt(var + eps) * w + b over n (LayerNorm; mean and variance in double). */
+void ifk_layernorm(float *y, const float *x, const float *w, const float *b, int n, float eps);
 
 /* y[i] += x[i]. */
 void ifk_add(float *y, const float *x, int n);

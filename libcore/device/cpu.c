@@ -88,6 +88,13 @@ static int cpu_gelu_mul(iflow_device *d, float *g, const float *u, size_t n)
     return 0;
 }
 
+static int cpu_layernorm(iflow_device *d, float *y, const float *x, const float *w, const float *b, int T, int n, float eps)
+{
+    for (int t = 0; t < T; t++)
+        ifk_layernorm(y + (size_t)t * n, x + (size_t)t * n, w, b, n, eps);
+    return 0;
+}
+
 static int cpu_silu_mul(iflow_device *d, float *g, const float *u, size_t n)
 {
     ifk_silu_mul(g, u, (int)n);
@@ -151,7 +158,7 @@ static int cpu_query(const iflow_device *d, iflow_device_info *info)
 static const iflow_device_ops cpu_ops = {
     cpu_close, cpu_query, cpu_alloc, cpu_free, cpu_copy, cpu_copy, cpu_supports, cpu_matmul, cpu_rmsnorm,
     cpu_rope, cpu_attention, cpu_silu_mul, cpu_add, cpu_add_bias, cpu_argmax, cpu_kv_store, cpu_attention_paged, cpu_kv_shift,
-    cpu_gelu_mul,
+    cpu_gelu_mul, cpu_layernorm,
 };
 
 /* The CPU's brand string, from /proc/cpuinfo ("" if unreadable). */

@@ -90,8 +90,11 @@ typedef struct {
      * the backend cannot (the engine says so with IFLOW_EUNSUPPORTED). */
     int  (*kv_shift)(iflow_device *d, void *k, void *v, const ifk_kv_layout *L, const int32_t *table, int n_past,
                      int keep, int discard, const ifk_rope_params *rp);
-    /* g = gelu_tanh(g) * u (ifk_gelu_mul); NULL: the backend has no GeGLU (the engine says so). */
+    /* g = gelu_tanh(g) * u, or gelu_tanh(g) when u is NULL (ifk_gelu_mul); NULL: the backend
+     * has none (the engine says so). */
     int  (*gelu_mul)(iflow_device *d, float *g, const float *u, size_t n);
+    /* y[t] = layernorm(x[t]) * w + b for T contiguous rows of n (ifk_layernorm); NULL: none. */
+    int  (*layernorm)(iflow_device *d, float *y, const float *x, const float *w, const float *b, int T, int n, float eps);
 } iflow_device_ops;
 
 struct iflow_device {

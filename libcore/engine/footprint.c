@@ -25,8 +25,11 @@ iflow_part_bytes iflow_part_weight_bytes(const iflow_hparams *hp, const int *t, 
     b.attn = iflow_matrix_bytes(t[IFLOW_PM_WQ], nq, D) + iflow_matrix_bytes(t[IFLOW_PM_WK], nkv, D) +
              iflow_matrix_bytes(t[IFLOW_PM_WV], nkv, D) + iflow_matrix_bytes(t[IFLOW_PM_WO], D, nq) +
              (uint64_t)D * sizeof(float);
-    b.ffn = iflow_matrix_bytes(t[IFLOW_PM_GATE], nf, D) + iflow_matrix_bytes(t[IFLOW_PM_UP], nf, D) +
+    const int gated = hp->ffn == IFLOW_FFN_GATED;
+    b.ffn = (gated ? iflow_matrix_bytes(t[IFLOW_PM_GATE], nf, D) : 0) + iflow_matrix_bytes(t[IFLOW_PM_UP], nf, D) +
             iflow_matrix_bytes(t[IFLOW_PM_DOWN], D, nf) + (uint64_t)D * sizeof(float);
+    if (hp->norm == IFLOW_NORM_LAYER)
+        b.attn += (uint64_t)D * sizeof(float), b.ffn += (uint64_t)D * sizeof(float);
     if (hp->qkv_bias)
         b.attn += (uint64_t)(nq + 2 * nkv) * sizeof(float);
     if (hp->attn_bias)
@@ -36,7 +39,7 @@ iflow_part_bytes iflow_part_weight_bytes(const iflow_hparams *hp, const int *t, 
     if (hp->qk_norm)
         b.attn += 2ull * (uint64_t)hp->head_dim * sizeof(float);
     if (hp->mlp_bias)
-        b.ffn += (uint64_t)(2 * nf + D) * sizeof(float);
+        b.ffn += (uint64_t)((gated ? 2 : 1) * nf + D) * sizeof(float);
     return b;
 }
 

@@ -275,6 +275,8 @@ int iflow_kv_shift(iflow_kv *kv, const int32_t *table, int n_past, int keep, int
     const iflow_hparams *hp = &m->hp;
     if (keep < 0 || discard <= 0 || keep + discard > n_past)
         return iflow_seterr(IFLOW_EINVAL, "cannot drop %d positions after the first %d of %d", discard, keep, n_past);
+    if (hp->position != IFLOW_POS_ROPE)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "a context shift rotates rope keys; this model's positions are learned");
     for (int k = 0; k < kv->n_parts; k++) {
         if (!kv->k[k] || !kv->v[k])
             continue;
@@ -393,6 +395,17 @@ static int layer_of_part(const iflow_model *m, int k)
     return l;
 }
 
+/* The block norm of T rows of n: RMSNorm, or LayerNorm with its bias b. */
+static int norm(const iflow_model *m, iflow_device *d, float *y, const float *x, const float *w, const float *b, int T,
+                int n)
+{
+    if (m->hp.norm == IFLOW_NORM_RMS)
+        return d->ops->rmsnorm(d, y, x, w, T, n, m->hp.norm_eps);
+    if (!d->ops->layernorm)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "block norm = layer is not implemented on %s yet", d->info.name);
+    return d->ops->layernorm(d, y, x, w, b, T, n, m->hp.norm_eps);
+}
+
 /* The rope base of a part's layer: rope_theta_local for a windowed layer when the model has
  * one (Gemma 3), else rope_theta. */
 static float layer_theta(const iflow_model *m, const ifk_kv_layout *L)
@@ -430,7 +443,7 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
     iflow_device *d = s->dev;
     const float *rope_scale = m->rope_scale_w[p->dev];
     int D = hp->dim, hd = hp->head_dim, nq = p->q1 - p->q0, nkv = p->kv1 - p->kv0, Q = nq * hd, KV = nkv * hd, T = r->T;
-    TRY(d->ops->rmsnorm(d, s->xb, s->x, w->attn_norm, T, D, hp->norm_eps));
+    TRY(norm(m, d, s->xb, s->x, w->attn_norm, w->attn_norm_b, T, D));
     if (d->host_memory && p->q0 == 0) /* the inputs of every matrix, for importance matrices (observe.h) */
         iflow_observe(c, layer_of_part(m, k), IFLOW_OBS_ATTN_IN, 0, s->xb, D, T, D);
     TRY(linear(s, s->q, Q, w->wq, w->bq, s->xb, D, T, Q, D));
@@ -441,7 +454,7 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
         TRY(d->ops->rmsnorm(d, s->kx, s->kx, w->k_norm, T * nkv, hd, hp->norm_eps));
     }
     const float theta = layer_theta(m, L);
-    for (int i = 0; i < r->n_seq; i++) {
+    for (int i = 0; i < r->n_seq && hp->position == IFLOW_POS_ROPE; i++) {
         const ifk_kv_seq *q = &r->seq[i];
         TRY(d->ops->rope(d, s->q + (size_t)q->row0 * Q, (size_t)Q, q->n_rows, nq, hd, hp->rope_dim, q->pos0, theta,
                          rope_scale, hp->rope_layout));
@@ -470,17 +483,22 @@ static int ffn_block(iflow_ctx *c, dev_scratch *s, int k, int T, int residual)
     const layer_weights *w = &p->w;
     iflow_device *d = s->dev;
     int D = hp->dim, F = p->f1 - p->f0;
-    TRY(d->ops->rmsnorm(d, s->xb, s->x, w->ffn_norm, T, D, hp->norm_eps));
+    TRY(norm(c->m, d, s->xb, s->x, w->ffn_norm, w->ffn_norm_b, T, D));
     if (d->host_memory && p->f0 == 0)
         iflow_observe(c, layer_of_part(c->m, k), IFLOW_OBS_FFN_IN, 0, s->xb, D, T, D);
-    TRY(linear(s, s->gate, F, w->gate, w->gate_b, s->xb, D, T, F, D));
-    TRY(linear(s, s->up, F, w->up, w->up_b, s->xb, D, T, F, D));
+    /* gated: act(gate) * up into s->gate; plain: act(up) into s->gate */
+    const int gated = hp->ffn == IFLOW_FFN_GATED;
+    TRY(linear(s, s->gate, F, gated ? w->gate : w->up, gated ? w->gate_b : w->up_b, s->xb, D, T, F, D));
+    if (gated)
+        TRY(linear(s, s->up, F, w->up, w->up_b, s->xb, D, T, F, D));
     if (hp->activation == IFLOW_ACT_GELU_TANH) {
         if (!d->ops->gelu_mul)
             return iflow_seterr(IFLOW_EUNSUPPORTED, "block activation = gelu_tanh is not implemented on %s yet",
                                 d->info.name);
-        TRY(d->ops->gelu_mul(d, s->gate, s->up, (size_t)T * F));
+        TRY(d->ops->gelu_mul(d, s->gate, gated ? s->up : NULL, (size_t)T * F));
     } else {
+        if (!gated)
+            return iflow_seterr(IFLOW_EUNSUPPORTED, "block ffn = plain with activation silu is not implemented");
         TRY(d->ops->silu_mul(d, s->gate, s->up, (size_t)T * F));
     }
     if (d->host_memory)
@@ -596,10 +614,10 @@ static int split_block(iflow_ctx *c, int k0, int k1, const step_rows *r, int is_
 
 /* Embedding rows of T tokens, looked up on the host, into device `to`'s residual stream, or into
  * c->xh for HOST. */
-static int embed(iflow_ctx *c, const int32_t *ids, int T, int to)
+static int embed(iflow_ctx *c, const int32_t *ids, const step_rows *r, int to)
 {
     const iflow_model *m = c->m;
-    int D = m->hp.dim;
+    int D = m->hp.dim, T = r->T;
     float *rows = to == HOST ? c->xh : c->dev[to].dev->host_memory ? c->dev[to].x : c->stage;
     for (int t = 0; t < T; t++) {
         float *row = rows + (size_t)t * D;
@@ -608,6 +626,18 @@ static int embed(iflow_ctx *c, const int32_t *ids, int T, int to)
             for (int i = 0; i < D; i++)
                 row[i] *= m->hp.embed_scale;
     }
+    if (m->hp.position == IFLOW_POS_LEARNED) /* + the learned row of each token's position */
+        for (int i = 0; i < r->n_seq; i++)
+            for (int j = 0; j < r->seq[i].n_rows; j++) {
+                int pos = r->seq[i].pos0 + j;
+                if (pos >= m->hp.max_seq)
+                    return iflow_seterr(IFLOW_ERANGE, "position %d is past the model's %d learned positions", pos,
+                                        m->hp.max_seq);
+                float *row = rows + (size_t)(r->seq[i].row0 + j) * D, tmp[D];
+                ifk_get_row(tmp, m->pos_embd.data, m->pos_embd.type, (size_t)pos, D);
+                for (int d = 0; d < D; d++)
+                    row[d] += tmp[d];
+            }
     if (to == HOST || rows == c->dev[to].x)
         return 0;
     return c->dev[to].dev->ops->upload(c->dev[to].dev, c->dev[to].x, rows, (size_t)T * D * sizeof(float));
@@ -620,7 +650,7 @@ static int forward_layers(iflow_ctx *c, const int32_t *ids, const step_rows *r, 
     const iflow_model *m = c->m;
     int T = r->T, first_whole = m->part0[1] - m->part0[0] == 1;
     int cur = first_whole ? m->parts[0].dev : HOST;
-    TRY(embed(c, ids, T, cur));
+    TRY(embed(c, ids, r, cur));
     for (int l = 0; l < m->hp.n_layers; l++) {
         int k0 = m->part0[l], k1 = m->part0[l + 1];
         if (k1 - k0 == 1) {
@@ -717,7 +747,7 @@ static int forward_layers_comm(iflow_ctx *c, const int32_t *ids, const step_rows
     const iflow_model *m = c->m;
     const int me = c->comm->rank, T = r->T;
     int holder = ALL, cur = HOST;
-    TRY(embed(c, ids, T, HOST)); /* every process looks the rows up: they are the same */
+    TRY(embed(c, ids, r, HOST)); /* every process looks the rows up: they are the same */
     for (int l = 0; l < m->hp.n_layers; l++) {
         int k0 = m->part0[l], k1 = m->part0[l + 1];
         if (k1 - k0 == 1) {
@@ -785,7 +815,7 @@ static int compute_logits(iflow_ctx *c, dev_scratch *s, int r0, int rows, float 
 {
     const iflow_hparams *hp = &c->m->hp;
     iflow_device *d = s->dev;
-    TRY(d->ops->rmsnorm(d, s->xb, s->x + (size_t)r0 * hp->dim, c->m->output_norm_w, rows, hp->dim, hp->norm_eps));
+    TRY(norm(c->m, d, s->xb, s->x + (size_t)r0 * hp->dim, c->m->output_norm_w, c->m->output_norm_b_w, rows, hp->dim));
     if (d->host_memory)
         iflow_observe(c, -1, IFLOW_OBS_OUTPUT_IN, 0, s->xb, hp->dim, rows, hp->dim);
     return project_logits(c, s, rows, host, y);
@@ -903,8 +933,8 @@ static int step_logits(iflow_ctx *c, dev_scratch *s, const iflow_step_seq *seqs,
     for (int i = 0; i < n_seqs; i++)
         if (seqs[i].logits || seqs[i].next) {
             int k = out_rows_of(&seqs[i]), r = seq[i].row0 + seq[i].n_rows - k;
-            TRY(d->ops->rmsnorm(d, s->xb + (size_t)n_out * D, s->x + (size_t)r * D, c->m->output_norm_w, k, D,
-                                hp->norm_eps));
+            TRY(norm(c->m, d, s->xb + (size_t)n_out * D, s->x + (size_t)r * D, c->m->output_norm_w,
+                     c->m->output_norm_b_w, k, D));
             n_out += k;
             n_full += seqs[i].logits ? k : 0;
         }

@@ -135,9 +135,9 @@ static int check_block(const json_t *blocks, const char *block, const char *cons
 
 static int read_blocks(iflow_hparams *hp, const json_t *blocks, const char *what)
 {
-    static const char *const layout[] = {"decoder", NULL}, *const norm[] = {"rms", NULL},
-                             *const act[] = {"silu", "gelu_tanh", NULL}, *const ffn[] = {"gated", NULL},
-                             *const pos[] = {"rope", NULL}, *const rope[] = {"half", "interleaved", NULL},
+    static const char *const layout[] = {"decoder", NULL}, *const norm[] = {"rms", "layer", NULL},
+                             *const act[] = {"silu", "gelu_tanh", NULL}, *const ffn[] = {"gated", "plain", NULL},
+                             *const pos[] = {"rope", "learned", NULL}, *const rope[] = {"half", "interleaved", NULL},
                              *const emb[] = {"plain", "scaled", NULL};
     static const char *const known[] = {"layout", "norm", "activation", "ffn", "position", "rope_layout", "embedding", NULL};
     int rc;
@@ -150,10 +150,15 @@ static int read_blocks(iflow_hparams *hp, const json_t *blocks, const char *what
         if (!ok)
             return iflow_seterr(IFLOW_EUNSUPPORTED, "unknown block '%s' in '%s'", key, what);
     }
-    if ((rc = check_block(blocks, "layout", layout, NULL, what)) || (rc = check_block(blocks, "norm", norm, NULL, what)) ||
+    if ((rc = check_block(blocks, "layout", layout, NULL, what)) ||
+        (rc = check_block(blocks, "norm", norm, &hp->norm, what)) ||
         (rc = check_block(blocks, "activation", act, &hp->activation, what)) ||
-        (rc = check_block(blocks, "ffn", ffn, NULL, what)) || (rc = check_block(blocks, "position", pos, NULL, what)) ||
-        (rc = check_block(blocks, "rope_layout", rope, &hp->rope_layout, what)))
+        (rc = check_block(blocks, "ffn", ffn, &hp->ffn, what)) ||
+        (rc = check_block(blocks, "position", pos, &hp->position, what)))
+        return rc;
+    /* rope_layout only matters with rope */
+    hp->rope_layout = 0;
+    if (hp->position == IFLOW_POS_ROPE && (rc = check_block(blocks, "rope_layout", rope, &hp->rope_layout, what)))
         return rc;
     /* optional, for shards written before it existed: plain */
     int scaled = 0;
@@ -217,7 +222,7 @@ int iflow_hparams_from_json(iflow_hparams *hp, const json_t *resolved, const cha
         return iflow_seterr(IFLOW_EFORMAT, "no 'blocks' and 'hparams' in the model description of '%s'", what);
     const int_field ints[] = {
         {"dim", &hp->dim, 1},           {"n_layers", &hp->n_layers, 1}, {"n_heads", &hp->n_heads, 1},
-        {"n_kv_heads", &hp->n_kv_heads, 1}, {"head_dim", &hp->head_dim, 0}, {"ffn_dim", &hp->ffn_dim, 1},
+        {"n_kv_heads", &hp->n_kv_heads, 1}, {"head_dim", &hp->head_dim, 0}, {"ffn_dim", &hp->ffn_dim, 0},
         {"vocab_size", &hp->vocab_size, 1}, {"max_seq", &hp->max_seq, 1}, {"rope_dim", &hp->rope_dim, 0},
     };
     int rc;
@@ -246,6 +251,8 @@ int iflow_hparams_from_json(iflow_hparams *hp, const json_t *resolved, const cha
     }
     if (!hp->rope_dim)
         hp->rope_dim = hp->head_dim;
+    if (!hp->ffn_dim) /* 0: GPT-2's convention, 4 * dim */
+        hp->ffn_dim = 4 * hp->dim;
     hp->qkv_bias |= hp->attn_bias;
     /* attn_scale held query_pre_attn_scalar (0: head_dim); now the factor itself */
     hp->attn_scale = 1.0f / sqrtf(hp->attn_scale > 0 ? hp->attn_scale : (float)hp->head_dim);
@@ -273,7 +280,7 @@ static void req(iflow_tensor_req *r, size_t *n, const char *name, int64_t d0, in
 
 int iflow_model_tensors(const iflow_hparams *hp, iflow_tensor_req **reqs, size_t *n)
 {
-    size_t cap = 3 + (size_t)hp->n_layers * 16;
+    size_t cap = 6 + (size_t)hp->n_layers * 24; /* every model-level and per-layer tensor there can be */
     iflow_tensor_req *r = calloc(cap, sizeof *r);
     if (!r)
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
@@ -282,9 +289,13 @@ int iflow_model_tensors(const iflow_hparams *hp, iflow_tensor_req **reqs, size_t
     char name[48];
     *n = 0;
     req(r, n, "tok_embd", V, D);
+    if (hp->position == IFLOW_POS_LEARNED)
+        req(r, n, "pos_embd", hp->max_seq, D);
     for (int l = 0; l < hp->n_layers; l++) {
 #define L(suffix, d0, d1) (snprintf(name, sizeof name, "blk.%d." suffix, l), req(r, n, name, d0, d1))
         L("attn_norm", D, 0);
+        if (hp->norm == IFLOW_NORM_LAYER)
+            L("attn_norm_b", D, 0);
         L("wq", Q, D);
         L("wk", KV, D);
         L("wv", KV, D);
@@ -303,19 +314,25 @@ int iflow_model_tensors(const iflow_hparams *hp, iflow_tensor_req **reqs, size_t
         if (hp->post_norms)
             L("attn_post_norm", D, 0);
         L("ffn_norm", D, 0);
-        L("ffn_gate", F, D);
+        if (hp->norm == IFLOW_NORM_LAYER)
+            L("ffn_norm_b", D, 0);
+        if (hp->ffn == IFLOW_FFN_GATED)
+            L("ffn_gate", F, D);
         L("ffn_up", F, D);
         L("ffn_down", D, F);
         if (hp->post_norms)
             L("ffn_post_norm", D, 0);
         if (hp->mlp_bias) {
-            L("ffn_gate_b", F, 0);
+            if (hp->ffn == IFLOW_FFN_GATED)
+                L("ffn_gate_b", F, 0);
             L("ffn_up_b", F, 0);
             L("ffn_down_b", D, 0);
         }
 #undef L
     }
     req(r, n, "output_norm", D, 0);
+    if (hp->norm == IFLOW_NORM_LAYER)
+        req(r, n, "output_norm_b", D, 0);
     if (!hp->tie_embeddings)
         req(r, n, "output", V, D);
     *reqs = r;
@@ -357,9 +374,11 @@ static void *slot(iflow_model *m, layer_weights *layers, const char *name, int *
     char suffix[32];
     *is_weight = 1;
     if (strcmp(name, "tok_embd") == 0) return &m->tok_embd;
+    if (strcmp(name, "pos_embd") == 0) return &m->pos_embd;
     if (strcmp(name, "output") == 0) return &m->output;
     *is_weight = 0;
     if (strcmp(name, "output_norm") == 0) return &m->output_norm;
+    if (strcmp(name, "output_norm_b") == 0) return &m->output_norm_b;
     if (sscanf(name, "blk.%d.%31s", &l, suffix) != 2 || l < 0 || l >= m->hp.n_layers)
         return NULL;
     layer_weights *w = &layers[l];
@@ -370,6 +389,7 @@ static void *slot(iflow_model *m, layer_weights *layers, const char *name, int *
         F("ffn_gate", gate, 1), F("ffn_up", up, 1), F("ffn_down", down, 1), F("ffn_gate_b", gate_b, 0),
         F("ffn_up_b", up_b, 0), F("ffn_down_b", down_b, 0), F("attn_post_norm", attn_post_norm, 0),
         F("ffn_post_norm", ffn_post_norm, 0), F("q_norm", q_norm, 0), F("k_norm", k_norm, 0),
+        F("attn_norm_b", attn_norm_b, 0), F("ffn_norm_b", ffn_norm_b, 0),
 #undef F
     };
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
@@ -400,7 +420,7 @@ static int bind_all(iflow_model *m)
             *(weight *)dst = (weight){t->data, t->dtype};
         else
             *(const float **)dst = t->data;
-        if (!reqs[i].is_vector && strcmp(reqs[i].name, "tok_embd") != 0)
+        if (!reqs[i].is_vector && strcmp(reqs[i].name, "tok_embd") != 0 && strcmp(reqs[i].name, "pos_embd") != 0)
             m->decode_bytes += t->nbytes;
     }
     free(reqs);

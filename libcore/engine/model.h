@@ -39,13 +39,17 @@ enum { IFLOW_ROPE_SCALING_NONE = 0, IFLOW_ROPE_SCALING_LINEAR = 1, IFLOW_ROPE_SC
 #define IFLOW_MAX_EOS 8
 
 enum { IFLOW_ACT_SILU = 0, IFLOW_ACT_GELU_TANH = 1 };
+enum { IFLOW_NORM_RMS = 0, IFLOW_NORM_LAYER = 1 };   /* block norm */
+enum { IFLOW_FFN_GATED = 0, IFLOW_FFN_PLAIN = 1 };   /* block ffn: down(act(gate) * up), down(act(up)) */
+enum { IFLOW_POS_ROPE = 0, IFLOW_POS_LEARNED = 1 };  /* block position */
 
 typedef struct {
     /* shape */
     int dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim, vocab_size, max_seq;
     /* blocks */
     int rope_layout;          /* IFK_ROPE_HALF or IFK_ROPE_INTERLEAVED */
-    int activation;           /* IFLOW_ACT_*: of the gated FFN's gate */
+    int activation;           /* IFLOW_ACT_*: of the gated FFN's gate (the plain FFN's up) */
+    int norm, ffn, position;  /* IFLOW_NORM_*, IFLOW_FFN_*, IFLOW_POS_* */
     float embed_scale;        /* embedding rows are multiplied by it (block embedding = scaled:
                                  sqrt(dim), Gemma's; else 1) */
     int attn_bias, mlp_bias, tie_embeddings;

@@ -14,6 +14,7 @@ typedef struct { const void *data; int type; } weight;   /* a matrix [rows][cols
 
 typedef struct {
     const float *attn_norm, *ffn_norm;                       /* [dim]                       */
+    const float *attn_norm_b, *ffn_norm_b;                   /* [dim] or NULL (norm = layer) */
     const float *attn_post_norm, *ffn_post_norm;             /* [dim] or NULL (post_norms)   */
     const float *q_norm, *k_norm;                            /* [head_dim] or NULL (qk_norm) */
     weight wq, wk, wv, wo;                                   /* [Q][dim] [KV][dim] x2 [dim][Q] */
@@ -31,7 +32,7 @@ typedef struct {
     int dev;                      /* index into the model's devices */
     int q0, q1, kv0, kv1, f0, f1;
     layer_weights w;
-    const void *dev_copy[24];     /* what was put on a device that is not the host (freed at unplace) */
+    const void *dev_copy[32];     /* what was put on a device that is not the host (freed at unplace) */
     void *host_copy[2];           /* column slices built on the host for a host device (freed at unplace) */
 } layer_part;
 
@@ -42,6 +43,8 @@ struct iflow_model {
     weight tok_embd;              /* [vocab][dim], in the mapping, never placed */
     weight output;                /* [vocab][dim] in the mapping (tok_embd when tied) */
     const float *output_norm;     /* [dim] in the mapping */
+    const float *output_norm_b;   /* [dim] in the mapping, or NULL (norm = layer) */
+    weight pos_embd;              /* [max_seq][dim] (position = learned), in the mapping, never placed */
     layer_weights *layers;        /* [n_layers] in the mapping */
     float *rope_scale;            /* [rope_dim/2] or NULL, on the host */
     uint64_t decode_bytes;
@@ -54,6 +57,7 @@ struct iflow_model {
     layer_part *parts;
     weight output_w;              /* on devs[output_dev] */
     const float *output_norm_w;
+    const float *output_norm_b_w;
     const float *rope_scale_w[IFLOW_MAX_DEVICES];
     int split;                    /* some layer has several parts */
 

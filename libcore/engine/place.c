@@ -271,6 +271,10 @@ static int put_weight(iflow_model *m, layer_part *p, int *nd, int *nh, weight sr
     const void *host, *out;
     void *copy = NULL;
     size_t n;
+    if (!src.data) { /* a matrix the blocks do not have (ffn = plain: no gate) */
+        *dst = (weight){0};
+        return 0;
+    }
     if (!is_cols) {
         host = iflow_slice_rows(src.data, src.type, a0, other);
         n = iflow_matrix_bytes(src.type, a1 - a0, other);
@@ -316,6 +320,8 @@ static int copy_part(iflow_model *m, int l, layer_part *p, int first)
     int nd = 0, nh = 0, rc;
     if ((rc = put_vector(m, p, &nd, w->attn_norm, 0, D, &o->attn_norm)) ||
         (rc = put_vector(m, p, &nd, w->ffn_norm, 0, D, &o->ffn_norm)) ||
+        (rc = put_vector(m, p, &nd, w->attn_norm_b, 0, D, &o->attn_norm_b)) ||
+        (rc = put_vector(m, p, &nd, w->ffn_norm_b, 0, D, &o->ffn_norm_b)) ||
         (rc = put_vector(m, p, &nd, w->attn_post_norm, 0, D, &o->attn_post_norm)) ||
         (rc = put_vector(m, p, &nd, w->ffn_post_norm, 0, D, &o->ffn_post_norm)) ||
         (rc = put_vector(m, p, &nd, w->q_norm, 0, hd, &o->q_norm)) ||
@@ -346,6 +352,8 @@ static int copy_shared(iflow_model *m)
     m->output_w.type = m->output.type;
     if (rc == 0)
         rc = iflow_device_put(od, (const void **)&m->output_norm_w, m->output_norm, (size_t)hp->dim * sizeof(float));
+    if (rc == 0 && m->output_norm_b)
+        rc = iflow_device_put(od, (const void **)&m->output_norm_b_w, m->output_norm_b, (size_t)hp->dim * sizeof(float));
     for (int i = 0; rc == 0 && i < m->n_devs && m->rope_scale; i++)
         rc = iflow_device_put(dev_of(m, i), (const void **)&m->rope_scale_w[i], m->rope_scale,
                               (size_t)hp->rope_dim / 2 * sizeof(float));
@@ -365,6 +373,7 @@ void iflow_unplace(iflow_model *m)
     if (m->n_devs) {
         iflow_device_unput(dev_of(m, m->output_dev), m->output_w.data);
         iflow_device_unput(dev_of(m, m->output_dev), m->output_norm_w);
+        iflow_device_unput(dev_of(m, m->output_dev), m->output_norm_b_w);
         for (int i = 0; i < m->n_devs; i++)
             iflow_device_unput(dev_of(m, i), m->rope_scale_w[i]);
     }
@@ -378,6 +387,7 @@ void iflow_unplace(iflow_model *m)
     memset(m->rope_scale_w, 0, sizeof m->rope_scale_w);
     m->output_w = (weight){0};
     m->output_norm_w = NULL;
+    m->output_norm_b_w = NULL;
 }
 
 /* Copy the weights as L says; on failure the model is back on the host. Takes L's arrays. */

@@ -60,9 +60,13 @@ int iflow_split_tensors(const iflow_hparams *hp, const iflow_plan *p, int dev, i
     *n = 0;
     if (embed || (output && hp->tie_embeddings))
         add(t, n, "tok_embd", V, D, 0, 0, V);
+    if (embed && hp->position == IFLOW_POS_LEARNED)
+        add(t, n, "pos_embd", hp->max_seq, D, 0, 0, hp->max_seq);
     for (int l = l0; l < l0 + layers; l++) {
 #define L(suffix, d0, d1, cols, a0, a1) (snprintf(name, sizeof name, "blk.%d." suffix, l), add(t, n, name, d0, d1, cols, a0, a1))
         L("attn_norm", D, 0, 0, 0, D);
+        if (hp->norm == IFLOW_NORM_LAYER)
+            L("attn_norm_b", D, 0, 0, 0, D);
         L("wq", q1 - q0, D, 0, q0, q1);
         L("wk", k1 - k0, D, 0, k0, k1);
         L("wv", k1 - k0, D, 0, k0, k1);
@@ -81,13 +85,17 @@ int iflow_split_tensors(const iflow_hparams *hp, const iflow_plan *p, int dev, i
         if (hp->post_norms)
             L("attn_post_norm", D, 0, 0, 0, D);
         L("ffn_norm", D, 0, 0, 0, D);
-        L("ffn_gate", f1 - f0, D, 0, f0, f1);
+        if (hp->norm == IFLOW_NORM_LAYER)
+            L("ffn_norm_b", D, 0, 0, 0, D);
+        if (hp->ffn == IFLOW_FFN_GATED)
+            L("ffn_gate", f1 - f0, D, 0, f0, f1);
         L("ffn_up", f1 - f0, D, 0, f0, f1);
         L("ffn_down", D, f1 - f0, 1, f0, f1);
         if (hp->post_norms)
             L("ffn_post_norm", D, 0, 0, 0, D);
         if (hp->mlp_bias) {
-            L("ffn_gate_b", f1 - f0, 0, 0, f0, f1);
+            if (hp->ffn == IFLOW_FFN_GATED)
+                L("ffn_gate_b", f1 - f0, 0, 0, f0, f1);
             L("ffn_up_b", f1 - f0, 0, 0, f0, f1);
             if (first)
                 L("ffn_down_b", D, 0, 0, 0, D);
@@ -96,6 +104,8 @@ int iflow_split_tensors(const iflow_hparams *hp, const iflow_plan *p, int dev, i
     }
     if (output) {
         add(t, n, "output_norm", D, 0, 0, 0, D);
+        if (hp->norm == IFLOW_NORM_LAYER)
+            add(t, n, "output_norm_b", D, 0, 0, 0, D);
         if (!hp->tie_embeddings)
             add(t, n, "output", V, D, 0, 0, V);
     }

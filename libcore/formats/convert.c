@@ -31,6 +31,9 @@ typedef struct {
     const iflow_src_tensor **src;   /* [n_reqs] source of each required tensor (real models) */
     const iflow_src_tensor **whole; /* [n_reqs] the source tensor src[i] is rows of, or src[i] */
     iflow_src_tensor *rows;         /* [n_reqs] src[i] when the spec names a row range        */
+    char *xpose;                    /* [n_reqs] src[i] is rows of whole[i] transposed (NAME^T):
+                                       rows[i] then has no data; the payload gathers it       */
+    long *row0;                     /* [n_reqs] its first row (in the transposed matrix)      */
 } job;
 
 /* ---- the source: one of two readers ---- */
@@ -162,15 +165,20 @@ static long row_expr(const char *s, size_t n, const iflow_hparams *hp)
     return n ? total : -1;
 }
 
-/* "NAME[A:B]" (a spec's rows A .. B-1 of a fused source tensor, such as Phi-3's qkv_proj):
- * the name into base and the range; *r1 = -1 when there is no range. */
+/* "NAME[A:B]" (a spec's rows A .. B-1 of a fused source tensor, such as Phi-3's qkv_proj) and
+ * "NAME^T" (a matrix stored transposed, GPT-2's Conv1D weights; "NAME^T[A:B]" for rows of the
+ * transposed matrix): the name into base, *xpose, and the range; *r1 = -1 when there is none. */
 static int parse_rows(const job *j, const char *iflow_name, const char *name, char *base, size_t cap, long *r0,
-                      long *r1)
+                      long *r1, int *xpose)
 {
     size_t n = strlen(name);
     const char *open = n && name[n - 1] == ']' ? strrchr(name, '[') : NULL, *colon = open ? strchr(open, ':') : NULL;
+    size_t nb = open ? (size_t)(open - name) : n;
+    *xpose = nb >= 2 && name[nb - 2] == '^' && name[nb - 1] == 'T';
     *r0 = 0, *r1 = -1;
-    snprintf(base, cap, "%.*s", open ? (int)(open - name) : (int)n, name);
+    snprintf(base, cap, "%.*s", (int)(nb - (*xpose ? 2 : 0)), name);
+    if (*xpose && j->gguf)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "transposed tensors ('%s') are not supported for GGUF sources", name);
     if (!open)
         return 0;
     if (colon)
@@ -191,27 +199,48 @@ static int map_sources(job *j)
     j->src = calloc(j->n_reqs, sizeof *j->src);
     j->whole = calloc(j->n_reqs, sizeof *j->whole);
     j->rows = calloc(j->n_reqs, sizeof *j->rows);
-    int rc = used && j->src && j->whole && j->rows ? 0 : iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    j->xpose = calloc(j->n_reqs, 1);
+    j->row0 = calloc(j->n_reqs, sizeof *j->row0);
+    int rc = used && j->src && j->whole && j->rows && j->xpose && j->row0 ? 0 : iflow_seterr(IFLOW_ENOMEM, "out of memory");
     for (size_t i = 0; i < j->n_reqs && rc == 0; i++) {
         char spec_name[512], name[512];
         long r0, r1;
+        int xpose;
         if ((rc = iflow_spec_source_name(j->spec, j->reqs[i].name, spec_name, sizeof spec_name)) < 0 ||
-            (rc = parse_rows(j, j->reqs[i].name, spec_name, name, sizeof name, &r0, &r1)) < 0)
+            (rc = parse_rows(j, j->reqs[i].name, spec_name, name, sizeof name, &r0, &r1, &xpose)) < 0)
             break;
         const iflow_src_tensor *t = j->whole[i] = j->src[i] = src_find(j, name);
-        if (t && r1 >= 0) { /* rows r0 .. r1-1 of a matrix: a tensor of its own, in place */
-            if (t->n_dims != 2 || r1 > t->shape[0]) {
+        if (t && xpose) { /* the matrix transposed: [cols][rows], gathered at write time */
+            int es = t->dtype == IFLOW_DT_F32 ? 4 : t->dtype == IFLOW_DT_F16 || t->dtype == IFLOW_DT_BF16 ? 2 : 0;
+            if (t->n_dims != 2 || !es) {
+                rc = iflow_seterr(IFLOW_EUNSUPPORTED, "tensor '%s' in '%s' cannot be transposed (%d dimensions, %s): "
+                                  "a 2-D F32, F16 or BF16 matrix is needed for '%s'",
+                                  name, src_path(j), t->n_dims, t->dtype_name, j->reqs[i].name);
+                break;
+            }
+            j->rows[i] = *t;
+            j->rows[i].shape[0] = t->shape[1], j->rows[i].shape[1] = t->shape[0];
+            j->rows[i].data = NULL;
+            j->xpose[i] = 1;
+            t = j->src[i] = &j->rows[i];
+        }
+        if (t && r1 >= 0) { /* rows r0 .. r1-1 (of a vector: elements): a tensor of its own, in place */
+            if (t->n_dims > 2 || r1 > t->shape[0]) {
                 rc = iflow_seterr(IFLOW_ESHAPE, "tensor '%s' in '%s' has shape [%lld, %lld]: no rows %ld..%ld for '%s'",
                                   name, src_path(j), (long long)t->shape[0], (long long)(t->n_dims > 1 ? t->shape[1] : 0),
                                   r0, r1 - 1, j->reqs[i].name);
                 break;
             }
             size_t row = t->nbytes / (size_t)t->shape[0];
-            j->rows[i] = *t;
-            j->rows[i].shape[0] = r1 - r0;
-            j->rows[i].data = (const char *)t->data + (size_t)r0 * row;
-            j->rows[i].nbytes = (size_t)(r1 - r0) * row;
-            j->rows[i].file_offset += (uint64_t)r0 * row;
+            iflow_src_tensor s = *t;
+            s.shape[0] = r1 - r0;
+            s.nbytes = (size_t)(r1 - r0) * row;
+            if (!xpose) {
+                s.data = (const char *)t->data + (size_t)r0 * row;
+                s.file_offset += (uint64_t)r0 * row;
+            }
+            j->rows[i] = s;
+            j->row0[i] = r0;
             j->src[i] = &j->rows[i];
         }
         if ((rc = check_source(j, i, j->src[i], spec_name)) < 0)
@@ -363,7 +392,7 @@ static int tensor_payload(job *j, size_t i, int dt, const void **data, size_t *n
     const iflow_src_tensor *t = j->src[i];
     *nbytes = iflow_tensor_nbytes(dt, r->n_dims, r->shape);
     size_t need = *nbytes + (t ? 0 : n * sizeof(float));
-    if (t && t->dtype == dt && !j->gguf) {
+    if (t && t->dtype == dt && !j->gguf && !j->xpose[i]) {
         *data = t->data;
         return 0;
     }
@@ -376,6 +405,20 @@ static int tensor_payload(job *j, size_t i, int dt, const void **data, size_t *n
     *data = *buf;
     if (t && j->gguf)
         return iflow_ggufsrc_payload(j->gguf, t, dt, data, *buf);
+    if (t && j->xpose[i]) { /* rows row0.. of whole^T: its columns, gathered, then converted */
+        const iflow_src_tensor *w = j->whole[i];
+        const size_t es = w->dtype == IFLOW_DT_F32 ? 4 : 2, R = (size_t)w->shape[0], C = (size_t)w->shape[1];
+        const size_t rows = (size_t)t->shape[0], cols = t->n_dims > 1 ? (size_t)t->shape[1] : 1;
+        unsigned char *g = malloc(rows * cols * es + 1);
+        if (!g)
+            return iflow_seterr(IFLOW_ENOMEM, "out of memory transposing '%s'", w->name);
+        for (size_t r = 0; r < rows; r++) /* row r of the result = column row0 + r of w */
+            for (size_t c = 0; c < cols && c < R; c++)
+                memcpy(g + (r * cols + c) * es, (const unsigned char *)w->data + (c * C + (size_t)j->row0[i] + r) * es, es);
+        int rc = iflow_dtype_convert(*buf, dt, g, t->dtype, n);
+        free(g);
+        return rc;
+    }
     if (t)
         return iflow_dtype_convert(*buf, dt, t->data, t->dtype, n);
     float *tmp = (float *)((char *)*buf + *nbytes); /* synthetic: F32 values, then converted */
@@ -480,6 +523,8 @@ static void job_close(job *j)
     free(j->src);
     free(j->whole);
     free(j->rows);
+    free(j->xpose);
+    free(j->row0);
     free(j->reqs);
     json_decref(j->resolved);
     iflow_spec_close(j->spec);

@@ -6,7 +6,8 @@
  * scaled by sqrt(dim), RMSNorm by 1 + w, one kv head), Gemma 2 (post norms, attention and
  * logit soft-capping, query_pre_attn_scalar, local and global layers alternating), Gemma 3
  * (qk-norm, local layers with a rope base of their own, the pattern from layer_types), Phi-3 (q/k/v and gate/up as row ranges
- * of fused qkv_proj and gate_up_proj, a window of 6). Each folder converts with
+ * of fused qkv_proj and gate_up_proj, a window of 6), GPT-2 (LayerNorm, learned positions, a
+ * plain GELU FFN, biases, Conv1D weights read transposed). Each folder converts with
  * its spec, and
  * the logits of every position of refs.json's ids match transformers' float64 forward within
  * 1e-4 (absolute; the logits are O(1)), fed as one prefill and token by token.
@@ -152,6 +153,32 @@ static int phi3_hp(const iflow_hparams *hp)
 
 static void test_phi3(void) { check_family("phi3", phi3_hp); }
 
+/* LayerNorm, learned positions, plain GELU FFN of 4 * dim, biases everywhere */
+static int gpt2_hp(const iflow_hparams *hp)
+{
+    return hp->norm == IFLOW_NORM_LAYER && hp->position == IFLOW_POS_LEARNED && hp->ffn == IFLOW_FFN_PLAIN &&
+           hp->ffn_dim == 128 && hp->attn_bias && hp->mlp_bias && hp->max_seq == 64;
+}
+
+static void test_gpt2(void)
+{
+    check_family("gpt2", gpt2_hp);
+    /* past the 64 learned positions: refused, not read out of bounds */
+    char out[300];
+    snprintf(out, sizeof out, "%s/gpt2.ifs", dir);
+    iflow_model *m;
+    iflow_ctx *c;
+    if (iflow_model_open(&m, out, 0) < 0)
+        return;
+    int32_t ids[65] = {0};
+    float *logits = malloc(sizeof(float) * 128);
+    CHECK(iflow_ctx_open(&c, m, 128, 1) == 0, "ctx: %s", iflow_errmsg());
+    CHECK_ERR(iflow_ctx_eval(c, ids, 65, logits, 0), IFLOW_ERANGE, "position 64", "64 learned positions");
+    iflow_ctx_close(c);
+    free(logits);
+    iflow_model_close(m);
+}
+
 /* a row range the spec gets wrong: its syntax, or rows the source matrix does not have */
 static void test_bad_rows(void)
 {
@@ -231,6 +258,7 @@ int main(void)
     RUN(test_gemma2);
     RUN(test_gemma3);
     RUN(test_phi3);
+    RUN(test_gpt2);
     RUN(test_bad_rows);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
