@@ -168,8 +168,7 @@ static void mm_commit(const void *args, int i, const float *out)
     const mm_args *a = args;
     int n0, n1;
     mm_range(a, i, &n0, &n1);
-    for (int t = 0; t < a->T; t++)
-        memcpy(a->y + (size_t)t * a->ldy + n0, out + (size_t)t * (n1 - n0), (size_t)(n1 - n0) * sizeof(float));
+    ifk_pool_copy_rows(a->y, a->ldy, n0, out, a->T, n1 - n0);
 }
 
 void ifk_matmul(float *y, size_t ldy, const void *W, int wtype, const float *x, size_t ldx,

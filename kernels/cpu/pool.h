@@ -62,6 +62,14 @@ typedef struct {
 
 void ifk_pool_run(const ifk_pool_job *job);
 
+/* A product's commit: rows n0 .. n0+n of y ([T][ldy]) from an item's scratch out ([T][n]). */
+static inline void ifk_pool_copy_rows(float *y, size_t ldy, int n0, const float *out, int T, int n)
+{
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < n; i++)
+            y[(size_t)t * ldy + (size_t)(n0 + i)] = out[(size_t)t * (size_t)n + (size_t)i];
+}
+
 /* Whether the jobs this thread submits may be taken back from late workers (default 0); the
  * caller promises to call ifk_pool_quiesce() before freeing what their items read. Returns the
  * previous setting. */

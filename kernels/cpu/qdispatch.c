@@ -183,8 +183,7 @@ static void qmm_commit(const void *args, int i, const float *out)
     const qmm_args *a = args;
     int n0, n1;
     qmm_range(a, i, &n0, &n1);
-    for (int t = 0; t < a->T; t++)
-        memcpy(a->y + (size_t)t * a->ldy + n0, out + (size_t)t * (n1 - n0), (size_t)(n1 - n0) * sizeof(float));
+    ifk_pool_copy_rows(a->y, a->ldy, n0, out, a->T, n1 - n0);
 }
 
 /* Quantizing x: items of tokens, in place. */

@@ -534,7 +534,8 @@ int iflow_gguf_open_mapped(iflow_gguf **out, void *map, size_t len, const char *
     *out = NULL;
     int rc = gguf_new(&g, map, len, name);
     if (rc < 0) {
-        munmap(map, len);
+        if (map)
+            munmap(map, len);
         return rc;
     }
     g->map = map;
@@ -581,26 +582,11 @@ int iflow_gguf_open(iflow_gguf **out, const char *path)
 {
     void *map = NULL;
     size_t len = 0;
-    iflow_gguf *g;
     if (!out || !path)
         return iflow_seterr(IFLOW_EINVAL, "iflow_gguf_open: null argument");
     *out = NULL;
     int rc = map_file(path, &map, &len);
-    if (rc < 0)
-        return rc;
-    if ((rc = gguf_new(&g, map, len, path)) < 0) {
-        if (map)
-            munmap(map, len);
-        return rc;
-    }
-    g->map = map;
-    g->map_len = len;
-    if ((rc = parse(g)) < 0) {
-        iflow_gguf_close(g);
-        return rc;
-    }
-    *out = g;
-    return 0;
+    return rc < 0 ? rc : iflow_gguf_open_mapped(out, map, len, path);
 }
 
 void iflow_gguf_close(iflow_gguf *g)

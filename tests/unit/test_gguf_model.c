@@ -33,15 +33,6 @@ static char dir[] = "/tmp/iflow-test-gguf-XXXXXX";
 static char smol_q[300], smol_f32[300], stories[300];
 static int sanitized;
 
-static int32_t *ids_of(const json_t *a, size_t *n)
-{
-    *n = json_array_size(a);
-    int32_t *ids = malloc(sizeof(int32_t) * (*n ? *n : 1));
-    for (size_t i = 0; i < *n; i++)
-        ids[i] = (int32_t)json_integer_value(json_array_get(a, i));
-    return ids;
-}
-
 /* log softmax(logits)[id] in double */
 static double logprob(const float *logits, int vocab, int32_t id)
 {
@@ -77,7 +68,7 @@ typedef struct {
 static void score_record(iflow_model *m, const json_t *rec, const limits *lim, score *sc)
 {
     size_t n, n_greedy;
-    int32_t *ids = ids_of(json_object_get(rec, "ids"), &n), *greedy = ids_of(json_object_get(rec, "greedy_ids"), &n_greedy);
+    int32_t *ids = test_ids(json_object_get(rec, "ids"), &n), *greedy = test_ids(json_object_get(rec, "greedy_ids"), &n_greedy);
     const json_t *lps = json_object_get(rec, "logprobs"), *margin = json_object_get(rec, "margin");
     int vocab = iflow_model_hparams(m)->vocab_size;
     if ((int)n > lim->max_pos + 1)
@@ -282,7 +273,7 @@ static void test_stories(void)
     while (f && fgets(line, sizeof line, f)) {
         json_t *rec = json_loads(line, 0, NULL);
         size_t np, ng;
-        int32_t *prompt = ids_of(json_object_get(rec, "prompt_ids"), &np), *gen = ids_of(json_object_get(rec, "gen_ids"), &ng);
+        int32_t *prompt = test_ids(json_object_get(rec, "prompt_ids"), &np), *gen = test_ids(json_object_get(rec, "gen_ids"), &ng);
         iflow_ctx *c;
         CHECK(iflow_ctx_open(&c, m, 512, 0) == 0 && iflow_ctx_eval(c, prompt, (int)np, logits, 0) == 0, "eval");
         size_t k = 0;

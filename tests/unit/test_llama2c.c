@@ -79,15 +79,6 @@ static void test_same_as_gguf(void)
     CHECK(n == 47, "llama2.c and GGUF tensors: %d of 47 identical", n);
 }
 
-static int32_t *ids_of(const json_t *a, size_t *n)
-{
-    *n = json_array_size(a);
-    int32_t *ids = malloc(sizeof(int32_t) * (*n ? *n : 1));
-    for (size_t i = 0; i < *n; i++)
-        ids[i] = (int32_t)json_integer_value(json_array_get(a, i));
-    return ids;
-}
-
 static void test_tokenizer_golden(void)
 {
     const char *p = test_data("golden/stories260K.tokenizer.jsonl");
@@ -104,7 +95,7 @@ static void test_tokenizer_golden(void)
         json_t *j = json_loads(line, JSON_ALLOW_NUL, NULL);
         const json_t *text = json_object_get(j, "text");
         size_t nw, ng = 0;
-        int32_t *want = ids_of(json_object_get(j, "ids"), &nw), *got = NULL;
+        int32_t *want = test_ids(json_object_get(j, "ids"), &nw), *got = NULL;
         int rc = iflow_tokenizer_encode(t, json_string_value(text), json_string_length(text), IFLOW_TOK_ADD_BOS, &got, &ng);
         ok += rc == 0 && ng == nw && memcmp(got, want, nw * sizeof *got) == 0;
         n++;
@@ -119,26 +110,15 @@ static void test_tokenizer_golden(void)
     iflow_model_close(m);
 }
 
-/* Greedy continuation of prompt ids; returns how many of `want` match in order. */
+/* test_greedy_match() on the model in shard. */
 static int greedy_match(const char *shard, const int32_t *prompt, size_t n_prompt, const int32_t *want, size_t n_want)
 {
     iflow_model *m;
-    iflow_ctx *c;
     if (iflow_model_open(&m, shard, 0) < 0)
         return -1;
-    int vocab = iflow_model_hparams(m)->vocab_size, matched = 0;
-    float *logits = malloc(sizeof(float) * (size_t)vocab);
-    if (iflow_ctx_open(&c, m, 256, 1) == 0 && iflow_ctx_eval(c, prompt, (int)n_prompt, logits, 0) == 0) {
-        for (size_t i = 0; i < n_want; i++) {
-            int32_t next = iflow_argmax(logits, vocab);
-            if (next != want[i] || (matched++, iflow_ctx_eval(c, &next, 1, logits, 0) < 0))
-                break;
-        }
-        iflow_ctx_close(c);
-    }
-    free(logits);
+    int got = test_greedy_match(m, 1, prompt, n_prompt, want, n_want);
     iflow_model_close(m);
-    return matched;
+    return got;
 }
 
 static void test_greedy_golden(void)
@@ -152,7 +132,7 @@ static void test_greedy_golden(void)
     while (f && fgets(line, sizeof line, f)) {
         json_t *rec = json_loads(line, 0, NULL);
         size_t np, ng;
-        int32_t *prompt = ids_of(json_object_get(rec, "prompt_ids"), &np), *gen = ids_of(json_object_get(rec, "gen_ids"), &ng);
+        int32_t *prompt = test_ids(json_object_get(rec, "prompt_ids"), &np), *gen = test_ids(json_object_get(rec, "gen_ids"), &ng);
         int got = greedy_match(s_l2c, prompt, np, gen, ng);
         CHECK(got == (int)ng, "stories260K.bin, '%s': %d of %zu greedy tokens match", json_string_value(json_object_get(rec, "prompt")),
               got, ng);
@@ -172,7 +152,7 @@ static void test_greedy_golden(void)
     if (bin && tok && g) {
         CHECK(convert_l2c(bin, tok, xs) == 0, "xs-ckpt model.bin: %s", iflow_errmsg());
         size_t np, ng;
-        int32_t *prompt = ids_of(json_object_get(g, "prompt_ids"), &np), *gen = ids_of(json_object_get(g, "gen_ids"), &ng);
+        int32_t *prompt = test_ids(json_object_get(g, "prompt_ids"), &np), *gen = test_ids(json_object_get(g, "gen_ids"), &ng);
         int got = greedy_match(xs, prompt, np, gen, ng);
         CHECK(got == (int)ng && ng == 64, "xs-ckpt model.bin greedy: %d of %zu", got, ng);
         free(prompt), free(gen);
@@ -183,36 +163,59 @@ static void test_greedy_golden(void)
 
 /* ---- version 1 ------------------------------------------------------------------------------- */
 
+/* stories260K.bin's legacy arrays, in file order (floats inside file). */
+typedef struct {
+    unsigned char *file;
+    int32_t hp[7];
+    size_t D, H, L, V, kv;
+    const float *emb, *rms_att, *wq, *wk, *wv, *wo, *rms_ffn, *w1, *w2, *w3, *rms_final;
+} legacy;
+
+static int load_legacy(legacy *g)
+{
+    char *bin = data_copy("models/stories260K/llama2c/stories260K.bin");
+    size_t len;
+    g->file = bin ? test_read_file(bin, &len) : NULL;
+    free(bin);
+    if (!g->file)
+        return -1;
+    memcpy(g->hp, g->file, sizeof g->hp);
+    g->D = (size_t)g->hp[0], g->H = (size_t)g->hp[1], g->L = (size_t)g->hp[2], g->V = (size_t)g->hp[5];
+    g->kv = g->D / (size_t)g->hp[3] * (size_t)g->hp[4];
+    const size_t D = g->D, L = g->L;
+    g->emb = (const float *)(g->file + 28);
+    g->rms_att = g->emb + g->V * D, g->wq = g->rms_att + L * D, g->wk = g->wq + L * D * D;
+    g->wv = g->wk + L * g->kv * D, g->wo = g->wv + L * g->kv * D, g->rms_ffn = g->wo + L * D * D;
+    g->w1 = g->rms_ffn + L * D, g->w2 = g->w1 + L * g->H * D, g->w3 = g->w2 + L * g->H * D;
+    g->rms_final = g->w3 + L * g->H * D;
+    return 0;
+}
+
 static void test_version1(void)
 {
-    char *bin = data_copy("models/stories260K/llama2c/stories260K.bin"), *tok = data_copy("models/stories260K/llama2c/tok512.bin");
-    size_t len;
-    unsigned char *v0 = bin ? test_read_file(bin, &len) : NULL;
-    if (!v0) {
-        free(bin), free(tok);
+    legacy g;
+    if (load_legacy(&g) < 0)
         SKIP("no stories260K.bin");
-    }
-    int32_t hp[7];
-    memcpy(hp, v0, sizeof hp);
-    const size_t D = (size_t)hp[0], H = (size_t)hp[1], L = (size_t)hp[2], V = (size_t)hp[5], kv = D / (size_t)hp[3] * (size_t)hp[4];
-    /* legacy arrays in file order, in floats */
-    size_t n_emb = V * D, n_rms = L * D, n_wq = L * D * D, n_wk = L * kv * D, n_wo = L * D * D, n_w = L * H * D;
-    const float *f = (const float *)(v0 + 28);
-    const float *emb = f, *rms_att = emb + n_emb, *wq = rms_att + n_rms, *wk = wq + n_wq, *wv = wk + n_wk,
-                *wo = wv + n_wk, *rms_ffn = wo + n_wo, *w1 = rms_ffn + n_rms, *w2 = w1 + n_w, *w3 = w2 + n_w,
-                *rms_final = w3 + n_w;
+    char *tok = data_copy("models/stories260K/llama2c/tok512.bin");
+    const size_t D = g.D, L = g.L;
     /* version 1: 256-byte header, then norms first (export.py's version1_export) */
-    size_t total = n_rms * 2 + D + n_emb + n_wq + 2 * n_wk + n_wo + 3 * n_w;
+    const struct {
+        const float *p;
+        size_t n;
+    } parts[] = {{g.rms_att, L * D},        {g.rms_ffn, L * D},        {g.rms_final, D},         {g.emb, g.V * D},
+                 {g.wq, L * D * D},         {g.wk, L * g.kv * D},      {g.wv, L * g.kv * D},     {g.wo, L * D * D},
+                 {g.w1, L * g.H * D},       {g.w2, L * g.H * D},       {g.w3, L * g.H * D}};
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof parts / sizeof *parts; i++)
+        total += parts[i].n;
     unsigned char *v1 = calloc(1, 256 + total * 4);
     uint32_t magic = 0x616b3432u;
     int32_t version = 1;
     memcpy(v1, &magic, 4);
     memcpy(v1 + 4, &version, 4);
-    memcpy(v1 + 8, hp, sizeof hp);
+    memcpy(v1 + 8, g.hp, sizeof g.hp);
     v1[36] = 1; /* shared classifier */
     float *o = (float *)(v1 + 256);
-    const struct { const float *p; size_t n; } parts[] = {{rms_att, n_rms}, {rms_ffn, n_rms}, {rms_final, D}, {emb, n_emb},
-        {wq, n_wq}, {wk, n_wk}, {wv, n_wk}, {wo, n_wo}, {w1, n_w}, {w2, n_w}, {w3, n_w}};
     for (size_t i = 0; i < sizeof parts / sizeof *parts; i++)
         memcpy(o, parts[i].p, parts[i].n * 4), o += parts[i].n;
     char path[300], out[300];
@@ -223,7 +226,7 @@ static void test_version1(void)
     CHECK(convert_l2c(path, tok, out) == 0, "version 1: %s", iflow_errmsg());
     int n = same_tensors(out, s_l2c);
     CHECK(n == 47, "version 1 and legacy: %d of 47 tensors identical", n);
-    free(v0), free(v1), free(bin), free(tok);
+    free(g.file), free(v1), free(tok);
 }
 
 /* ---- version 2 (int8 groups) ------------------------------------------------------------------ */
@@ -243,27 +246,20 @@ static void q80(const float *w, size_t n, int gs, int8_t *q, float *s)
 
 static void test_version2(void)
 {
-    char *bin = data_copy("models/stories260K/llama2c/stories260K.bin"), *tok = data_copy("models/stories260K/llama2c/tok512.bin");
-    size_t len;
-    unsigned char *v0 = bin ? test_read_file(bin, &len) : NULL;
-    if (!v0) {
-        free(bin), free(tok);
+    legacy g;
+    if (load_legacy(&g) < 0)
         SKIP("no stories260K.bin");
-    }
-    int32_t hp[7];
-    memcpy(hp, v0, sizeof hp);
-    const size_t D = (size_t)hp[0], H = (size_t)hp[1], L = (size_t)hp[2], V = (size_t)hp[5], kv = D / (size_t)hp[3] * (size_t)hp[4];
+    char *tok = data_copy("models/stories260K/llama2c/tok512.bin");
+    const size_t D = g.D, H = g.H, L = g.L, V = g.V, kv = g.kv;
     const int gs = 64;
-    const float *f = (const float *)(v0 + 28);
-    /* the legacy arrays, in file order */
-    const float *emb = f, *rms_att = emb + V * D, *wq = rms_att + L * D, *wk = wq + L * D * D, *wv = wk + L * kv * D,
-                *wo = wv + L * kv * D, *rms_ffn = wo + L * D * D, *w1 = rms_ffn + L * D, *w2 = w1 + L * H * D,
-                *w3 = w2 + L * H * D, *rms_final = w3 + L * H * D;
+    const int32_t *hp = g.hp;
+    const float *emb = g.emb, *rms_att = g.rms_att, *wq = g.wq, *wk = g.wk, *wv = g.wv, *wo = g.wo, *rms_ffn = g.rms_ffn,
+                *w1 = g.w1, *w2 = g.w2, *w3 = g.w3, *rms_final = g.rms_final;
     zbuf out = {0};
     uint32_t magic = 0x616b3432u;
     int32_t version = 2;
     unsigned char hdr[256] = {0};
-    memcpy(hdr, &magic, 4), memcpy(hdr + 4, &version, 4), memcpy(hdr + 8, hp, sizeof hp);
+    memcpy(hdr, &magic, 4), memcpy(hdr + 4, &version, 4), memcpy(hdr + 8, hp, sizeof g.hp);
     hdr[36] = 1;
     memcpy(hdr + 37, &gs, 4);
     zb_put(&out, hdr, sizeof hdr);
@@ -315,7 +311,7 @@ static void test_version2(void)
     while (gf && fgets(line, sizeof line, gf)) {
         json_t *rec = json_loads(line, 0, NULL);
         size_t np, ng;
-        int32_t *prompt = ids_of(json_object_get(rec, "prompt_ids"), &np), *gen = ids_of(json_object_get(rec, "gen_ids"), &ng);
+        int32_t *prompt = test_ids(json_object_get(rec, "prompt_ids"), &np), *gen = test_ids(json_object_get(rec, "gen_ids"), &ng);
         int got = greedy_match(shard, prompt, np, gen, ng);
         worst = got < worst ? got : worst;
         free(prompt), free(gen), json_decref(rec);
@@ -324,7 +320,7 @@ static void test_version2(void)
         fclose(gf);
     printf("version 2 (int8, groups of 64): golden greedy tokens kept, worst prompt: %d of 64\n", worst);
     CHECK(worst >= 16, "version 2: only %d golden greedy tokens on the worst prompt (Q8's bar: 16)", worst);
-    free(out.p), free(want), free(v0), free(bin), free(tok);
+    free(out.p), free(want), free(g.file), free(tok);
 }
 
 /* ---- ckpt.pt -------------------------------------------------------------------------------- */

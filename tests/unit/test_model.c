@@ -26,39 +26,6 @@ static json_t *load_json(const char *rel)
     return p ? json_load_file(p, JSON_DISABLE_EOF_CHECK, &je) : NULL;
 }
 
-static int32_t *ids_of(const json_t *a, size_t *n)
-{
-    *n = json_array_size(a);
-    int32_t *ids = malloc(sizeof(int32_t) * (*n ? *n : 1));
-    for (size_t i = 0; i < *n; i++)
-        ids[i] = (int32_t)json_integer_value(json_array_get(a, i));
-    return ids;
-}
-
-/* Greedy continuation of prompt ids; returns how many of `want` match in order. */
-static int greedy_match(iflow_model *m, int threads, const int32_t *prompt, size_t n_prompt, const int32_t *want,
-                        size_t n_want)
-{
-    iflow_ctx *c;
-    int vocab = iflow_model_hparams(m)->vocab_size, matched = 0;
-    float *logits = malloc(sizeof(float) * (size_t)vocab);
-    if (iflow_ctx_open(&c, m, 512, threads) < 0 || iflow_ctx_eval(c, prompt, (int)n_prompt, logits, 0) < 0) {
-        free(logits);
-        return -1;
-    }
-    for (size_t i = 0; i < n_want; i++) {
-        int32_t next = iflow_argmax(logits, vocab);
-        if (next != want[i])
-            break;
-        matched++;
-        if (iflow_ctx_eval(c, &next, 1, logits, 0) < 0)
-            break;
-    }
-    iflow_ctx_close(c);
-    free(logits);
-    return matched;
-}
-
 static void test_greedy_golden(void)
 {
     const char *p = test_data("golden/stories260K.greedy64.jsonl");
@@ -73,8 +40,8 @@ static void test_greedy_golden(void)
         json_error_t je;
         json_t *rec = json_loads(line, 0, &je);
         size_t np, ng;
-        int32_t *prompt = ids_of(json_object_get(rec, "prompt_ids"), &np), *gen = ids_of(json_object_get(rec, "gen_ids"), &ng);
-        int got = greedy_match(m, 0, prompt, np, gen, ng);
+        int32_t *prompt = test_ids(json_object_get(rec, "prompt_ids"), &np), *gen = test_ids(json_object_get(rec, "gen_ids"), &ng);
+        int got = test_greedy_match(m, 0, prompt, np, gen, ng);
         CHECK(got == (int)ng, "greedy for '%s': %d of %zu tokens match", json_string_value(json_object_get(rec, "prompt")),
               got, ng);
         n_prompts++;
@@ -95,7 +62,7 @@ static void test_top10_logits(void)
     iflow_model *m;
     iflow_ctx *c;
     size_t n;
-    int32_t *seq = ids_of(json_object_get(g, "sequence_ids"), &n);
+    int32_t *seq = test_ids(json_object_get(g, "sequence_ids"), &n);
     CHECK(iflow_model_open(&m, s_f32, 0) == 0, "open: %s", iflow_errmsg());
     float *logits = malloc(sizeof(float) * 512 * n);
     CHECK(iflow_ctx_open(&c, m, 512, 0) == 0 && iflow_ctx_eval(c, seq, (int)n, logits, 1) == 0, "eval: %s", iflow_errmsg());
@@ -236,9 +203,9 @@ static void test_xs_ckpt(void)
         SKIP("no golden data");
     iflow_model *m;
     size_t np, ng;
-    int32_t *prompt = ids_of(json_object_get(g, "prompt_ids"), &np), *gen = ids_of(json_object_get(g, "gen_ids"), &ng);
+    int32_t *prompt = test_ids(json_object_get(g, "prompt_ids"), &np), *gen = test_ids(json_object_get(g, "gen_ids"), &ng);
     CHECK(iflow_model_open(&m, xs, 0) == 0, "open xs: %s", iflow_errmsg());
-    int got = m ? greedy_match(m, 0, prompt, np, gen, ng) : -1;
+    int got = m ? test_greedy_match(m, 0, prompt, np, gen, ng) : -1;
     CHECK(got == (int)ng && ng == 64, "xs-ckpt greedy: %d of %zu", got, ng);
     free(prompt);
     free(gen);
@@ -317,7 +284,7 @@ static void test_half_precision(void)
         int32_t prompt[] = {1, 403, 407, 261, 378}, want[64] = {0};
         for (int i = 0; i < 64; i++) /* record 0 of greedy64.jsonl, "Once upon a time" */
             want[i] = (int32_t)json_integer_value(json_array_get(json_object_get(g, "gen_ids"), (size_t)i));
-        int same = greedy_match(m, 0, prompt, 5, want, 64);
+        int same = test_greedy_match(m, 0, prompt, 5, want, 64);
         printf("%s weights: perplexity %.4f (f32 golden %.4f, %+.3f %%); greedy 'Once upon a time' agrees for %d of 64 tokens\n",
                names[k], ppl, ref, 100 * (ppl - ref) / ref, same);
         CHECK(same >= 16, "%s greedy agrees with f32 for at least 16 tokens (%d)", names[k], same);

@@ -1,11 +1,16 @@
 /* testlib.h -- unit-test helpers that use libiflow: CHECK_ERR() for an error code and its
- * message, test_convert() for a model of the shared test data (specs from ./specs). */
+ * message, test_convert() for a model of the shared test data (specs from ./specs),
+ * test_ids() for a JSON array of token ids, test_greedy_match() against golden tokens. */
 #ifndef IFLOW_TESTLIB_H
 #define IFLOW_TESTLIB_H
 
 #include "check.h"
 #include "libcore/formats/convert.h"
 #include "libcore/base/error.h"
+#include "libcore/engine/model.h"
+#include "libcore/engine/sampler.h"
+
+#include <jansson.h>
 
 /* rc is negative `want`, the message is one line naming `where` and containing `text`.
  * SHOW_ERRORS=1 in the environment prints each message. */
@@ -35,6 +40,43 @@ static inline int test_convert(const char *rel, const char *out, int dtype)
     int rc = iflow_convert(copy, out, &o);
     CHECK(rc == 0, "convert %s: %s", rel, iflow_errmsg());
     return rc;
+}
+
+/* A JSON array of integers as token ids (malloc'd; *n of them). */
+static inline int32_t *test_ids(const json_t *a, size_t *n)
+{
+    *n = json_array_size(a);
+    int32_t *ids = malloc(sizeof(int32_t) * (*n ? *n : 1));
+    for (size_t i = 0; i < *n; i++)
+        ids[i] = (int32_t)json_integer_value(json_array_get(a, i));
+    return ids;
+}
+
+/* Greedy continuation of prompt ids; returns how many of `want` match in order (-1 when the
+ * context cannot be opened or the prompt evaluated). */
+static inline int test_greedy_match(iflow_model *m, int threads, const int32_t *prompt, size_t n_prompt,
+                                    const int32_t *want, size_t n_want)
+{
+    iflow_ctx *c;
+    int vocab = iflow_model_hparams(m)->vocab_size, matched = 0;
+    float *logits = malloc(sizeof(float) * (size_t)vocab);
+    if (iflow_ctx_open(&c, m, (int)(n_prompt + n_want + 1), threads) < 0) {
+        free(logits);
+        return -1;
+    }
+    if (iflow_ctx_eval(c, prompt, (int)n_prompt, logits, 0) < 0)
+        matched = -1;
+    for (size_t i = 0; matched >= 0 && i < n_want; i++) {
+        int32_t next = iflow_argmax(logits, vocab);
+        if (next != want[i])
+            break;
+        matched++;
+        if (iflow_ctx_eval(c, &next, 1, logits, 0) < 0)
+            break;
+    }
+    iflow_ctx_close(c);
+    free(logits);
+    return matched;
 }
 
 #endif
