@@ -352,6 +352,11 @@ void ifk_pool_run(const ifk_pool_job *job)
     if (atomic_load(&P.sleepers) > 0)
         syscall(SYS_futex, &P.wake, FUTEX_WAKE_PRIVATE, IFK_POOL_MAX_WORKERS, NULL, NULL, 0);
 
+    /* tests (ifk_pool_test_delay): a worker takes the first item, so that one is late for sure */
+    if (atomic_load_explicit(&P.delay_usec, memory_order_relaxed) > 0 && limit > 0)
+        for (uint64_t t0 = now_ns(); (atomic_load(&P.claim) & 0xffff) == 0 && now_ns() - t0 < 1000000000u;)
+            sched_yield();
+
     /* the submitter's share: whatever the workers do not take first */
     unsigned char mine[IFK_POOL_MAX_ITEMS] = {0};
     int n_mine = 0;

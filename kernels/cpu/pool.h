@@ -84,7 +84,8 @@ void ifk_pool_quiesce(void);
 long ifk_pool_taken_back(void);
 long ifk_pool_moves(void);
 
-/* Tests: the first item a worker takes in each job makes it sleep `usec` first (0: none). */
+/* Tests: the first item a worker takes in each job makes it sleep `usec` first (0: none), and
+ * the submitter leaves the job's first item to a worker (waiting up to a second for one). */
 void ifk_pool_test_delay(int usec);
 
 #endif
