@@ -68,9 +68,10 @@ static int parse_header(l2c_header *h, const unsigned char *b, size_t len, const
     int v[7];
     for (int i = 0; i < 7; i++) {
         v[i] = rd_i32(f + 4 * i);
-        int x = i == 5 && h->version == 0 ? (v[i] < 0 ? -v[i] : v[i]) : v[i];
+        /* a legacy vocab_size may be negative (an unshared classifier); INT32_MIN has no magnitude */
+        long long x = i == 5 && h->version == 0 ? llabs((long long)v[i]) : v[i];
         int max = i == 2 ? LAYERS_MAX : DIM_MAX;
-        if (x < 1 || x > max || v[i] == INT32_MIN)
+        if (x < 1 || x > max)
             return iflow_seterr(IFLOW_EFORMAT, "bad llama2.c header in '%s': %s %d at byte %zu (1 to %d)", name, field[i],
                                 v[i], (size_t)(f - b) + 4 * (size_t)i, max);
     }
