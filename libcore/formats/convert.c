@@ -138,8 +138,9 @@ static long row_expr(const char *s, size_t n, const iflow_hparams *hp)
         long k = 1, v = 1;
         int have_num = 0;
         if (s[i] >= '0' && s[i] <= '9') {
-            for (k = 0; i < n && s[i] >= '0' && s[i] <= '9' && k < (1L << 40); i++)
-                k = k * 10 + (s[i] - '0');
+            for (k = 0; i < n && s[i] >= '0' && s[i] <= '9'; i++)
+                if ((k = k * 10 + (s[i] - '0')) >= (1L << 31))
+                    return -1;
             have_num = 1;
             if (i < n && s[i] == '*')
                 i++;
@@ -157,8 +158,8 @@ static long row_expr(const char *s, size_t n, const iflow_hparams *hp)
             else return -1;
             i = e;
         }
-        total += k * v;
-        if (i < n && s[i] != '+')
+        total += k * v; /* k < 2^31, v <= 2^31, total stays below 2^40 */
+        if (total >= (1L << 40) || (i < n && s[i] != '+'))
             return -1;
         i += i < n;
     }
