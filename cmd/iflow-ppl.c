@@ -1,6 +1,7 @@
 /* iflow-ppl -- perplexity of a model over a text file, under a stated protocol. */
 #include "cmd/devices.h"
 #include "cmd/io.h"
+#include "cmd/model.h"
 #include "cmd/opt.h"
 #include "cmd/progress.h"
 #include "libcore/base/error.h"
@@ -22,7 +23,7 @@ enum {
 };
 
 static const iflow_opt opts[] = {
-    {O_MODEL, "model", 'm', "FILE", "model shard file ('-': standard input) or a directory of per-device files (written by iflow-partition)", "file"},
+    {O_MODEL, "model", 'm', "FILE", "model shard file ('-': standard input), a directory of per-device files (written by iflow-partition), or a source iflow-convert reads, converted on the fly", "file"},
     {O_FILE, "file", 'f', "TEXT", "text file to score ('-': standard input)", "file"},
     {O_CTX, "ctx-size", 'c', "N", "window length in tokens, BOS included (default 512)", NULL},
     {O_CHUNKS, "chunks", 0, "N", "score at most N windows (default: the whole text)", NULL},
@@ -141,7 +142,7 @@ int main(int argc, char **argv)
     char *text;
     size_t len, n_ids;
     int32_t *ids;
-    if (iflow_model_open(&m, model, 0) < 0)
+    if (cmd_model_open(&m, model, 0) < 0)
         die(&tool, NULL);
     const iflow_tokenizer *tok = iflow_model_tokenizer(m);
     if (!tok)
@@ -160,7 +161,7 @@ int main(int argc, char **argv)
     iflow_model *base = NULL;
     iflow_ctx *base_ctx = NULL;
     if (base_path) {
-        if (iflow_model_open(&base, base_path, 0) < 0)
+        if (cmd_model_open(&base, base_path, 0) < 0)
             die(&tool, NULL);
         devices_place(&tool, base, &dev, &base_pl);
         if (iflow_ctx_open(&base_ctx, base, c_len, threads) < 0)

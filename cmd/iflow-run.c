@@ -3,6 +3,7 @@
 #include "cmd/comm_mpi.h"
 #include "cmd/devices.h"
 #include "cmd/io.h"
+#include "cmd/model.h"
 #include "cmd/opt.h"
 #include "cmd/progress.h"
 #include "libcore/base/error.h"
@@ -32,7 +33,7 @@ enum {
 };
 
 static const iflow_opt opts[] = {
-    {O_MODEL, "model", 'm', "FILE", "model shard file ('-': standard input) or a directory of per-device files (written by iflow-partition); with --tokenize also a Hugging Face directory or a GGUF file", "file"},
+    {O_MODEL, "model", 'm', "FILE", "model shard file ('-': standard input), a directory of per-device files (written by iflow-partition), or a source iflow-convert reads (Hugging Face directory, GGUF file, llama2.c checkpoint), converted on the fly", "file"},
     {O_PROMPT, "prompt", 'p', "TEXT", "generate from TEXT (default: one prompt per line of standard input)", NULL},
     {O_NPREDICT, "n-predict", 'n', "N", "generate at most N tokens per prompt (default 128)", NULL},
     {O_STOP, "stop", 0, "TEXT", "end a continuation where TEXT appears, TEXT not printed (repeatable)", NULL},
@@ -127,7 +128,7 @@ static int tokenize(const run_opts *o)
     if (strcmp(o->model, "-") == 0)
         die_usage(&tool, "--tokenize reads the text from standard input, so the model must be a file");
     if (stat(o->model, &st) == 0 && !S_ISDIR(st.st_mode) && is_shard(o->model)) {
-        if (iflow_model_open(&m, o->model, IFLOW_MODEL_NO_VERIFY) < 0)
+        if (cmd_model_open(&m, o->model, IFLOW_MODEL_NO_VERIFY) < 0)
             die(&tool, NULL);
         if (!(tok = iflow_model_tokenizer(m)))
             die(&tool, "model '%s' has no tokenizer", o->model);
@@ -305,7 +306,7 @@ static void generate(generator *g, const char *prompt, size_t prompt_len)
 static iflow_model *open_draft(const run_opts *o, placed *pl)
 {
     iflow_model *d;
-    if (iflow_model_open(&d, o->draft, 0) < 0)
+    if (cmd_model_open(&d, o->draft, 0) < 0)
         die(&tool, NULL);
     device_opts dev = o->dev;
     dev.plan = NULL;
@@ -322,7 +323,7 @@ static int run_batch(const run_opts *o)
     if (o->prompt)
         die_usage(&tool, "--batch reads its prompts from standard input; -p does not go with it");
     iflow_model *m;
-    if (iflow_model_open(&m, o->model, o->dry_run ? IFLOW_MODEL_NO_VERIFY : 0) < 0)
+    if (cmd_model_open(&m, o->model, o->dry_run ? IFLOW_MODEL_NO_VERIFY : 0) < 0)
         die(&tool, NULL);
     if (!iflow_model_tokenizer(m))
         die(&tool, "model '%s' has no tokenizer", o->model);
@@ -368,7 +369,7 @@ static int run(const run_opts *o)
     if (comm && comm->rank != 0 && !freopen("/dev/null", "w", stdout))
         die(&tool, "cannot silence the output of process %d", comm->rank);
     double t0 = now_s();
-    if (iflow_model_open(&m, o->model, 0) < 0)
+    if (cmd_model_open(&m, o->model, 0) < 0)
         die(&tool, NULL);
     g.m = m;
     if (!(g.tok = iflow_model_tokenizer(m)))

@@ -22,6 +22,15 @@ run $BIN/iflow-run -m "$TMP/g.ifs" -p "Once upon a time" -n 48 --temp 0
 expect_eq "$out" "$want" "greedy text from the GGUF equals the Hugging Face checkpoint's"
 out=$($BIN/iflow-convert "$G" | $BIN/iflow-run -m - -p "Once upon a time" -n 48 --temp 0)
 expect_eq "$out" "$want" "iflow-convert x.gguf | iflow-run -m -"
+run $BIN/iflow-run -m "$G" -p "Once upon a time" -n 48 --temp 0
+expect_eq "$out" "$want" "iflow-run -m x.gguf converts on the fly"
+run $BIN/iflow-run -m "$DATA/models/stories260K/hf" -p "Once upon a time" -n 48 --temp 0
+expect_eq "$out" "$want" "iflow-run -m hf-dir/ converts on the fly"
+expect_no_file "${TMPDIR:-/tmp}/iflow-model-*/model.ifs" "the on-the-fly shard is gone once open"
+run env TMPDIR="$TMP/none" $BIN/iflow-run -m "$G" -p "x" -n 1
+expect_rc 1 "no temporary directory"
+expect_match "$err" "^iflow-run: cannot make a temporary directory to convert '.*stories260K.gguf' into" \
+    "no temporary directory: named"
 a=$($BIN/iflow-ppl -m "$TMP/g.ifs" -f "$WIKI" -c 256 --chunks 4 --json | jq .ppl)
 b=$($BIN/iflow-ppl -m "$TMP/hf.ifs" -f "$WIKI" -c 256 --chunks 4 --json | jq .ppl)
 expect_close "$a" "$b" 1e-5 "iflow-ppl: GGUF and Hugging Face conversions"

@@ -1,0 +1,52 @@
+/* model.c -- see model.h. */
+#include "cmd/model.h"
+#include "cmd/opt.h"
+#include "libcore/base/error.h"
+#include "libcore/formats/convert.h"
+#include "libcore/formats/ggufsrc.h"
+#include "libcore/formats/llama2c.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int cmd_is_source(const char *path)
+{
+    struct stat sb;
+    if (strcmp(path, "-") == 0 || stat(path, &sb) < 0)
+        return 0;
+    if (S_ISDIR(sb.st_mode)) { /* a Hugging Face directory; iflow-partition's split is a model */
+        char cfg[4200];
+        snprintf(cfg, sizeof cfg, "%s/config.json", path);
+        return access(cfg, F_OK) == 0;
+    }
+    return iflow_is_gguf_file(path) || iflow_is_llama2c_file(path);
+}
+
+int cmd_model_open(iflow_model **out, const char *path, int flags)
+{
+    if (!cmd_is_source(path))
+        return iflow_model_open(out, path, flags);
+    /* converted into a temporary directory, opened, and unlinked: the mapping keeps the data */
+    const char *tmp = getenv("TMPDIR");
+    char dir[4096], shard[4200];
+    snprintf(dir, sizeof dir, "%s/iflow-model-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(dir))
+        return iflow_seterr(IFLOW_EIO, "cannot make a temporary directory to convert '%s' into: %s", path,
+                            strerror(errno));
+    snprintf(shard, sizeof shard, "%s/model.ifs", dir);
+    const char *dirs[8];
+    iflow_convert_opts o = {.dtype = -1, .spec_dirs = dirs};
+    o.n_spec_dirs = (size_t)spec_dirs(dirs, 8);
+    int rc = iflow_convert(path, shard, &o);
+    if (rc == 0)
+        rc = iflow_model_open(out, shard, flags);
+    else
+        iflow_preperr(rc, "converting '%s'", path);
+    unlink(shard);
+    rmdir(dir);
+    return rc;
+}
