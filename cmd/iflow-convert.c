@@ -1,6 +1,7 @@
 /* iflow-convert -- Hugging Face model directory, GGUF file or llama2.c checkpoint -> iflow shard
  * file; inspection of shards and sources. */
 #include "cmd/io.h"
+#include "cmd/model.h"
 #include "cmd/opt.h"
 #include "cmd/progress.h"
 #include "libcore/formats/convert.h"
@@ -124,14 +125,6 @@ static int info_source(const char *path, const iflow_convert_opts *o, int as_jso
     return 0;
 }
 
-/* A directory or a GGUF file is a source; anything else is read as a shard. */
-static int is_source(const char *path)
-{
-    struct stat sb;
-    if (strcmp(path, "-") == 0 || stat(path, &sb) < 0)
-        return 0;
-    return S_ISDIR(sb.st_mode) || iflow_is_gguf_file(path) || iflow_is_llama2c_file(path);
-}
 
 static int info(const char *path, int as_json)
 {
@@ -223,7 +216,7 @@ int main(int argc, char **argv)
     if (info_path && n_operands)
         die_usage(&tool, "--info takes no other operand");
     if (info_path)
-        return is_source(info_path) ? info_source(info_path, &o, as_json) : info(info_path, as_json);
+        return cmd_is_source(info_path) ? info_source(info_path, &o, as_json) : info(info_path, as_json);
     if (synthetic ? n_operands != 0 : n_operands != 1)
         die_usage(&tool, synthetic ? "--synthetic takes no other operand" : "expected one model directory, GGUF file or llama2.c checkpoint");
     if (strcmp(out, "-") == 0 && isatty(1))
