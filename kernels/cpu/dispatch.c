@@ -189,9 +189,8 @@ void ifk_matmul(float *y, size_t ldy, const void *W, int wtype, const float *x, 
         p->matmul_rows(y, ldy, W, wtype, x, ldx, T, 0, N, K);
         return;
     }
-    int items = 8 * nt < blocks ? 8 * nt : blocks;
     mm_args a = {p->matmul_rows, y, ldy, W, (size_t)K * (wtype == IFK_F32 ? 4 : 2), ldx, wtype, T, N, K,
-                 (blocks + items - 1) / items * 16};
+                 ifk_pool_rows_per_item(N, nt)};
     ifk_pool_run(&(ifk_pool_job){.run = mm_run, .commit = mm_commit, .args = &a, .args_size = sizeof a,
                                  .input = x, .input_size = ((size_t)(T - 1) * ldx + (size_t)K) * sizeof(float),
                                  .scratch_floats = (size_t)T * a.rpi, .n_items = (N + a.rpi - 1) / a.rpi,

@@ -62,6 +62,14 @@ typedef struct {
 
 void ifk_pool_run(const ifk_pool_job *job);
 
+/* Rows per item when a product of N output rows is dealt to nt threads: 8 items a thread, fine
+ * enough to balance and to lose little to an item taken back; a multiple of 16 (a line of y). */
+static inline int ifk_pool_rows_per_item(int N, int nt)
+{
+    int blocks = (N + 15) / 16, items = 8 * nt < blocks ? 8 * nt : blocks;
+    return (blocks + items - 1) / items * 16;
+}
+
 /* A product's commit: rows n0 .. n0+n of y ([T][ldy]) from an item's scratch out ([T][n]). */
 static inline void ifk_pool_copy_rows(float *y, size_t ldy, int n0, const float *out, int T, int n)
 {

@@ -119,14 +119,6 @@ static int threads_for(int n_threads, double work)
     return nt;
 }
 
-/* Items of rows for nt threads: 8 a thread, fine enough to balance and to lose little to an
- * item taken back from a preempted worker; rows per item a multiple of 16 (a line of y). */
-static int rows_per_item(int N, int nt)
-{
-    int blocks = (N + 15) / 16, items = 8 * nt < blocks ? 8 * nt : blocks;
-    return (blocks + items - 1) / items * 16;
-}
-
 /* The oracle, threaded. */
 typedef struct {
     float *y;
@@ -221,7 +213,7 @@ void ifk_qmatmul(float *y, size_t ldy, const void *W, int type, const float *x, 
     ifk_qx qx;
     size_t qx_bytes;
     if (path == QPATH_SCALAR || !qx_init(&qx, type, T, K, &qx_bytes)) {
-        qref_args a = {y, ldy, W, x, ldx, type, T, N, K, rows_per_item(N, nt)};
+        qref_args a = {y, ldy, W, x, ldx, type, T, N, K, ifk_pool_rows_per_item(N, nt)};
         ifk_pool_run(&(ifk_pool_job){.run = qref_run, .args = &a, .args_size = sizeof a,
                                      .n_items = (N + a.rpi - 1) / a.rpi, .max_threads = nt});
         return;
@@ -243,7 +235,7 @@ void ifk_qmatmul(float *y, size_t ldy, const void *W, int type, const float *x, 
     } else {
         quantize(&qx, x, ldx, 0, T);
     }
-    int rpi = rows_per_item(N, nt);
+    int rpi = ifk_pool_rows_per_item(N, nt);
     qmm_args a = {rows, y, ldy, W, ifk_qrow_bytes(type, K), type, T, N, K, rpi};
     ifk_pool_run(&(ifk_pool_job){.run = qmm_run, .commit = qmm_commit, .args = &a, .args_size = sizeof a,
                                  .input = qx.q, .input_size = qx_bytes,

@@ -115,15 +115,28 @@ static int logits_rows(dev_scratch *s, int vocab, int rows)
 
 /* ---- the paged KV cache ----------------------------------------------------------------- */
 
+/* The layer of part k. */
+static int layer_of_part(const iflow_model *m, int k)
+{
+    int l = 0;
+    while (l + 1 < m->hp.n_layers && m->part0[l + 1] <= k)
+        l++;
+    return l;
+}
+
+/* The rope base of a part's layer: rope_theta_local for a windowed layer when the model has
+ * one (Gemma 3), else rope_theta. */
+static float layer_theta(const iflow_model *m, const ifk_kv_layout *L)
+{
+    return L->window > 0 && m->hp.rope_theta_local > 0 ? m->hp.rope_theta_local : m->hp.rope_theta;
+}
+
 /* The layout of part k's pools. */
 static ifk_kv_layout part_layout(const iflow_model *m, int k, int type, int block, int n_blocks)
 {
     const layer_part *p = &m->parts[k];
     /* window_pattern > 1: every window_pattern-th layer is global (Gemma 2 and 3) */
-    int l = 0;
-    while (l + 1 < m->hp.n_layers && m->part0[l + 1] <= k)
-        l++;
-    int global = m->hp.window_pattern > 1 && (l + 1) % m->hp.window_pattern == 0;
+    int l = layer_of_part(m, k), global = m->hp.window_pattern > 1 && (l + 1) % m->hp.window_pattern == 0;
     return (ifk_kv_layout){.type = type, .block = block, .n_kv_heads = p->kv1 - p->kv0, .head_dim = m->hp.head_dim,
                            .group = ifk_kv_group(m->hp.head_dim), .n_blocks = n_blocks,
                            .window = global ? 0 : m->hp.sliding_window, .softcap = m->hp.attn_softcap};
@@ -280,8 +293,7 @@ int iflow_kv_shift(iflow_kv *kv, const int32_t *table, int n_past, int keep, int
     for (int k = 0; k < kv->n_parts; k++) {
         if (!kv->k[k] || !kv->v[k])
             continue;
-        const float theta = kv->L[k].window > 0 && hp->rope_theta_local > 0 ? hp->rope_theta_local : hp->rope_theta;
-        ifk_rope_params rp = {hp->rope_dim, theta, m->rope_scale, hp->rope_layout};
+        ifk_rope_params rp = {hp->rope_dim, layer_theta(m, &kv->L[k]), m->rope_scale, hp->rope_layout};
         iflow_device *d = kv->dev[k];
         if (!d) { /* pools in host memory */
             float *tmp = malloc((size_t)kv->L[k].n_kv_heads * kv->L[k].head_dim * sizeof(float));
@@ -386,15 +398,6 @@ int iflow_ctx_n_vocab(const iflow_ctx *c) { return c->m->hp.vocab_size; }
             return rc_;                                                                            \
     } while (0)
 
-/* The layer of part k. */
-static int layer_of_part(const iflow_model *m, int k)
-{
-    int l = 0;
-    while (l + 1 < m->hp.n_layers && m->part0[l + 1] <= k)
-        l++;
-    return l;
-}
-
 /* The block norm of T rows of n: RMSNorm, or LayerNorm with its bias b. */
 static int norm(const iflow_model *m, iflow_device *d, float *y, const float *x, const float *w, const float *b, int T,
                 int n)
@@ -404,13 +407,6 @@ static int norm(const iflow_model *m, iflow_device *d, float *y, const float *x,
     if (!d->ops->layernorm)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "block norm = layer is not implemented on %s yet", d->info.name);
     return d->ops->layernorm(d, y, x, w, b, T, n, m->hp.norm_eps);
-}
-
-/* The rope base of a part's layer: rope_theta_local for a windowed layer when the model has
- * one (Gemma 3), else rope_theta. */
-static float layer_theta(const iflow_model *m, const ifk_kv_layout *L)
-{
-    return L->window > 0 && m->hp.rope_theta_local > 0 ? m->hp.rope_theta_local : m->hp.rope_theta;
 }
 
 /* y[t] = W x[t] (+ b) for T tokens, on device s. */

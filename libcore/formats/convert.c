@@ -384,6 +384,18 @@ static void synth_fill(float *v, size_t n, const iflow_tensor_req *r, uint64_t s
     }
 }
 
+/* The conversion buffer *buf holds at least `need` bytes (its contents are not kept). */
+static int grow(void **buf, size_t *cap, size_t need, const char *tensor)
+{
+    if (need <= *cap)
+        return 0;
+    free(*buf);
+    if (!(*buf = malloc(need)))
+        return *cap = 0, iflow_seterr(IFLOW_ENOMEM, "out of memory converting '%s' (%zu bytes)", tensor, need);
+    *cap = need;
+    return 0;
+}
+
 /* Produce the payload of required tensor i in its target type. *data may point into the source
  * mapping (no copy) or into *buf (grown as needed). */
 static int tensor_payload(job *j, size_t i, int dt, const void **data, size_t *nbytes, void **buf, size_t *cap)
@@ -397,12 +409,8 @@ static int tensor_payload(job *j, size_t i, int dt, const void **data, size_t *n
         *data = t->data;
         return 0;
     }
-    if (need > *cap) {
-        free(*buf);
-        if (!(*buf = malloc(need)))
-            return *cap = 0, iflow_seterr(IFLOW_ENOMEM, "out of memory converting '%s' (%zu bytes)", r->name, need);
-        *cap = need;
-    }
+    if (grow(buf, cap, need, r->name) < 0)
+        return IFLOW_ENOMEM;
     *data = *buf;
     if (t && j->gguf)
         return iflow_ggufsrc_payload(j->gguf, t, dt, data, *buf);
@@ -440,12 +448,8 @@ static int apply_norm_offset(job *j, size_t i, const void **data, size_t nbytes,
     if (off == 0.0 || !r->is_vector || n < 5 || strcmp(r->name + n - 5, "_norm") != 0)
         return 0;
     if (*data != *buf) {
-        if (nbytes > *cap) {
-            free(*buf);
-            if (!(*buf = malloc(nbytes)))
-                return *cap = 0, iflow_seterr(IFLOW_ENOMEM, "out of memory converting '%s'", r->name);
-            *cap = nbytes;
-        }
+        if (grow(buf, cap, nbytes, r->name) < 0)
+            return IFLOW_ENOMEM;
         memcpy(*buf, *data, nbytes);
         *data = *buf;
     }

@@ -113,16 +113,23 @@ static int parse_header(l2c_header *h, const unsigned char *b, size_t len, const
     return 0;
 }
 
+/* The file's length must be the one its header implies. */
+static int check_length(const l2c_header *h, uint64_t len, const char *name)
+{
+    if (h->len == len)
+        return 0;
+    return iflow_seterr(h->len > len ? IFLOW_ETRUNC : IFLOW_EFORMAT,
+                        "llama2.c checkpoint '%s' is %llu bytes; its header (dim %d, hidden %d, %d layers, vocab %d) "
+                        "needs %llu",
+                        name, (unsigned long long)len, h->dim, h->hidden, h->n_layers, h->vocab,
+                        (unsigned long long)h->len);
+}
+
 int iflow_llama2c_check_header(const void *buf, size_t len, const char *name)
 {
     l2c_header h;
     int rc = parse_header(&h, buf, len, name);
-    if (rc == 0 && h.len != len)
-        rc = iflow_seterr(h.len > len ? IFLOW_ETRUNC : IFLOW_EFORMAT,
-                          "llama2.c checkpoint '%s' is %zu bytes; its header (dim %d, hidden %d, %d layers, vocab %d) "
-                          "needs %llu",
-                          name, len, h.dim, h.hidden, h.n_layers, h.vocab, (unsigned long long)h.len);
-    return rc;
+    return rc < 0 ? rc : check_length(&h, len, name);
 }
 
 /* ---- a growing byte buffer (the GGUF header being written) ------------------------------- */
@@ -521,11 +528,8 @@ int iflow_llama2c_open(iflow_gguf **out, const char *path, const char *tokenizer
     }
     l2c_header h;
     int rc = parse_header(&h, hb, (size_t)got, path);
-    if (rc == 0 && h.len != (uint64_t)sb.st_size)
-        rc = iflow_seterr(h.len > (uint64_t)sb.st_size ? IFLOW_ETRUNC : IFLOW_EFORMAT,
-                          "llama2.c checkpoint '%s' is %lld bytes; its header (dim %d, hidden %d, %d layers, vocab %d) "
-                          "needs %llu",
-                          path, (long long)sb.st_size, h.dim, h.hidden, h.n_layers, h.vocab, (unsigned long long)h.len);
+    if (rc == 0)
+        rc = check_length(&h, (uint64_t)sb.st_size, path);
     l2c_tensor *t = NULL;
     int n = 0;
     if (rc == 0)
