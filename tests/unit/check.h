@@ -9,8 +9,8 @@
  *
  * rnd_u32(), rnd_unit() and rnd_normal() give the same "random" numbers on every run.
  * test_data(rel) returns the absolute path of "$IFLOW_TEST_DATA/rel" (default ../shared) in a
- * static buffer, or NULL if that file does not exist. test_read_file() and test_write_file()
- * move whole files.
+ * static buffer, or NULL if that file does not exist; test_fixture(rel) the committed
+ * tests/fixtures/rel likewise. test_read_file() and test_write_file() move whole files.
  */
 #ifndef IFLOW_CHECK_H
 #define IFLOW_CHECK_H
@@ -60,6 +60,31 @@ static inline const char *test_data(const char *rel)
     snprintf(rel_path, sizeof rel_path, "%s/%s", root && *root ? root : "../shared", rel);
     /* absolute, so that a link made to it from a temporary directory still points there */
     return access(rel_path, R_OK) == 0 && realpath(rel_path, buf) ? buf : NULL;
+}
+
+/* tests/fixtures/<rel> (committed fixtures): beside this header's folder, from the current
+ * directory (the repo root), or from the repo root above the binary
+ * (<root>/build/<mode>/tests/unit/test_x). A static buffer, or NULL when it is not found. */
+static inline const char *test_fixture(const char *rel)
+{
+    static char buf[4096];
+    char exe[2048];
+    const char *src = __FILE__, *slash = strrchr(src, '/');
+    snprintf(buf, sizeof buf, "%.*s/../fixtures/%s", slash ? (int)(slash - src) : 1, slash ? src : ".", rel);
+    if (access(buf, R_OK) == 0)
+        return buf;
+    snprintf(buf, sizeof buf, "tests/fixtures/%s", rel);
+    if (access(buf, R_OK) == 0)
+        return buf;
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    exe[n > 0 ? n : 0] = 0;
+    for (int up = 0; up < 5; up++) { /* test_x, unit, tests, <mode>, build */
+        char *cut = strrchr(exe, '/');
+        if (cut)
+            *cut = 0;
+    }
+    snprintf(buf, sizeof buf, "%s/tests/fixtures/%s", exe, rel);
+    return access(buf, R_OK) == 0 ? buf : NULL;
 }
 
 /* The whole file, malloc'd; NULL if it cannot be read. */

@@ -27,13 +27,9 @@ static char dir[] = "/tmp/iflow-test-families-XXXXXX";
 
 static const char *fixture(const char *family)
 {
-    static char buf[4096];
-    const char *src = __FILE__, *slash = strrchr(src, '/');
-    snprintf(buf, sizeof buf, "%.*s/../fixtures/families/%s", slash ? (int)(slash - src) : 1, slash ? src : ".", family);
-    if (access(buf, R_OK) == 0)
-        return buf;
-    snprintf(buf, sizeof buf, "tests/fixtures/families/%s", family);
-    return access(buf, R_OK) == 0 ? buf : NULL;
+    char rel[256];
+    snprintf(rel, sizeof rel, "families/%s", family);
+    return test_fixture(rel);
 }
 
 /* max |iflow - reference| over every position, prefill (T = n) or one token at a time. */

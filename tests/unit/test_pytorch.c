@@ -102,32 +102,6 @@ static int convert_dir(const char *src, const char *out)
     return iflow_convert(src, out, &o);
 }
 
-/* Every tensor of shard a is in b with the same type, shape and bytes, and the counts agree;
- * returns how many, or -1. */
-static int same_tensors(const char *a, const char *b)
-{
-    iflow_shard *sa, *sb;
-    if (iflow_shard_open(&sa, a, 0) < 0)
-        return -1;
-    if (iflow_shard_open(&sb, b, 0) < 0) {
-        iflow_shard_close(sa);
-        return -1;
-    }
-    int n = 0, nb = 0, bad = 0;
-    for (size_t i = 0; i < iflow_shard_n_records(sa); i++) {
-        const iflow_shard_rec *r = iflow_shard_rec_at(sa, i), *q = iflow_shard_find(sb, r->name);
-        if (r->kind != IFLOW_REC_TENSOR)
-            continue;
-        n++;
-        bad += !q || q->dtype != r->dtype || q->nbytes != r->nbytes || memcmp(q->data, r->data, r->nbytes);
-    }
-    for (size_t i = 0; i < iflow_shard_n_records(sb); i++)
-        nb += iflow_shard_rec_at(sb, i)->kind == IFLOW_REC_TENSOR;
-    iflow_shard_close(sa);
-    iflow_shard_close(sb);
-    return bad || n != nb ? -1 : n;
-}
-
 static iflow_st *st;
 
 static void test_single(void)
@@ -138,8 +112,8 @@ static void test_single(void)
     write_pt(path, st, 0, iflow_st_n_tensors(st), NULL);
     snprintf(out, sizeof out, "%s/single.ifs", dir);
     CHECK(convert_dir(d, out) == 0, "convert pytorch_model.bin: %s", iflow_errmsg());
-    int n = same_tensors(out, ref);
-    CHECK(n == 47, "pytorch_model.bin: %d of 47 tensors as from model.safetensors", n);
+    int nb, n = test_same_tensors(out, ref, &nb);
+    CHECK(n == 47 && nb == 47, "pytorch_model.bin: %d of 47 tensors as from model.safetensors (%d there)", n, nb);
 }
 
 static void test_sharded(void)
@@ -160,8 +134,9 @@ static void test_sharded(void)
     CHECK(json_dump_file(idx, path, 0) == 0, "write %s", path);
     snprintf(out, sizeof out, "%s/sharded.ifs", dir);
     CHECK(convert_dir(d, out) == 0, "convert sharded pytorch_model: %s", iflow_errmsg());
-    int same = same_tensors(out, ref);
-    CHECK(same == 47, "two pytorch_model shards: %d of 47 tensors as from model.safetensors", same);
+    int nb, same = test_same_tensors(out, ref, &nb);
+    CHECK(same == 47 && nb == 47, "two pytorch_model shards: %d of 47 tensors as from model.safetensors (%d there)",
+          same, nb);
 
     /* the index names the wrong shard for a tensor */
     json_object_set_new(map, iflow_st_tensor(st, 0)->name, json_string(file[1]));

@@ -56,35 +56,12 @@ static int contains(const char *s, const char *sub)
     return strstr(s, sub) != NULL;
 }
 
-/* Cut the last n path components off path (in place). */
-static void dirname_n(char *path, int n)
-{
-    while (n-- > 0) {
-        char *slash = strrchr(path, '/');
-        if (!slash)
-            return;
-        *slash = 0;
-    }
-}
-
-/* tests/fixtures/tokenizers/<file>: next to this source file, from the current directory (the
- * repo root), or from the repo root above the binary (<root>/build/<mode>/tests/unit/test_x). */
+/* tests/fixtures/tokenizers/<file> (check.h's test_fixture). */
 static const char *fixture(const char *file)
 {
-    static char buf[4096];
-    char exe[2048];
-    const char *src = __FILE__, *slash = strrchr(src, '/');
-    snprintf(buf, sizeof buf, "%.*s/../fixtures/tokenizers/%s", slash ? (int)(slash - src) : 1, slash ? src : ".", file);
-    if (access(buf, R_OK) == 0)
-        return buf;
-    snprintf(buf, sizeof buf, "tests/fixtures/tokenizers/%s", file);
-    if (access(buf, R_OK) == 0)
-        return buf;
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    exe[n > 0 ? n : 0] = 0;
-    dirname_n(exe, 5);
-    snprintf(buf, sizeof buf, "%s/tests/fixtures/tokenizers/%s", exe, file);
-    return access(buf, R_OK) == 0 ? buf : NULL;
+    char rel[512];
+    snprintf(rel, sizeof rel, "tokenizers/%s", file);
+    return test_fixture(rel);
 }
 
 static int same_ids(const int32_t *a, size_t na, const int32_t *b, size_t nb)

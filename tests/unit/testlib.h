@@ -1,6 +1,7 @@
 /* testlib.h -- unit-test helpers that use libiflow: CHECK_ERR() for an error code and its
  * message, test_convert() for a model of the shared test data (specs from ./specs),
- * test_ids() for a JSON array of token ids, test_greedy_match() against golden tokens. */
+ * test_ids() for a JSON array of token ids, test_greedy_match() against golden tokens,
+ * test_same_tensors() to compare two shards' tensors byte for byte. */
 #ifndef IFLOW_TESTLIB_H
 #define IFLOW_TESTLIB_H
 
@@ -9,6 +10,7 @@
 #include "libcore/base/error.h"
 #include "libcore/engine/model.h"
 #include "libcore/engine/sampler.h"
+#include "libcore/formats/shard.h"
 
 #include <jansson.h>
 
@@ -77,6 +79,38 @@ static inline int test_greedy_match(iflow_model *m, int threads, const int32_t *
     iflow_ctx_close(c);
     free(logits);
     return matched;
+}
+
+/* Every tensor of shard a is in shard b with the same type, shape and bytes: how many there
+ * are, or -1 when one differs (named on stderr) or a shard cannot be opened. *n_b, when not
+ * NULL, receives b's tensor count. */
+static inline int test_same_tensors(const char *a, const char *b, int *n_b)
+{
+    iflow_shard *sa, *sb;
+    if (iflow_shard_open(&sa, a, 0) < 0)
+        return -1;
+    if (iflow_shard_open(&sb, b, 0) < 0) {
+        iflow_shard_close(sa);
+        return -1;
+    }
+    int n = 0, nb = 0, bad = 0;
+    for (size_t i = 0; i < iflow_shard_n_records(sa); i++) {
+        const iflow_shard_rec *r = iflow_shard_rec_at(sa, i), *q = iflow_shard_find(sb, r->name);
+        if (r->kind != IFLOW_REC_TENSOR)
+            continue;
+        n++;
+        if (!q || q->dtype != r->dtype || q->nbytes != r->nbytes || memcmp(q->data, r->data, r->nbytes)) {
+            bad++;
+            fprintf(stderr, "  tensor %s differs\n", r->name);
+        }
+    }
+    for (size_t i = 0; i < iflow_shard_n_records(sb); i++)
+        nb += iflow_shard_rec_at(sb, i)->kind == IFLOW_REC_TENSOR;
+    iflow_shard_close(sa);
+    iflow_shard_close(sb);
+    if (n_b)
+        *n_b = nb;
+    return bad ? -1 : n;
 }
 
 #endif
