@@ -280,10 +280,9 @@ static void run_openmp(const ifk_pool_job *job, int nt)
 
 /* After the submitter has claimed the last item: waits for the workers' items, taking back
  * the ones still open after `patience` ns (stealable jobs). mine[i]: the submitter ran item i. */
-static void finish(uint64_t g, const ifk_pool_job *job, const void *in, const unsigned char *mine, int n_workers_items,
-                   uint64_t patience)
+static void finish(uint64_t g, const ifk_pool_job *job, int stealable, const void *in, const unsigned char *mine,
+                   int n_workers_items, uint64_t patience)
 {
-    const int stealable = job->commit != NULL;
     const uint64_t t0 = now_ns();
     int taken = 0, spins = 0;
     while (atomic_load_explicit(&P.done, memory_order_acquire) + taken < n_workers_items) {
@@ -373,7 +372,7 @@ void ifk_pool_run(const ifk_pool_job *job)
         c = atomic_load(&P.claim);
     }
     uint64_t patience = n_mine ? 2 * t_mine / (uint64_t)n_mine : 0;
-    finish(g, &(ifk_pool_job){.run = job->run, .commit = commit, .args = job->args, .n_items = n}, in, mine,
+    finish(g, job, commit != NULL, in, mine,
            n - n_mine, patience > MIN_PATIENCE_NS ? patience : MIN_PATIENCE_NS);
     pthread_mutex_unlock(&P.lock);
 }

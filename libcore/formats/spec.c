@@ -162,6 +162,7 @@ static int handler(void *user, const char *section, const char *name, const char
 static int spec_load(iflow_spec **out, const char *path, int depth);
 static void free_strs(char **a, size_t n);
 static int override_kv(iflow_spec_kv **arr, size_t *n, const iflow_spec_kv *kv);
+static int override_all(iflow_spec_kv **arr, size_t *n, const iflow_spec_kv *src, size_t n_src);
 
 /* The child's keys over its base's (both loaded): base takes the child's name, description (when
  * it has one), architectures and path; the child's [blocks], [hparams], [tensors] keys override
@@ -171,12 +172,10 @@ static int override_kv(iflow_spec_kv **arr, size_t *n, const iflow_spec_kv *kv);
 static int merge_child(iflow_spec *b, iflow_spec *c)
 {
     int rc = 0;
-    for (size_t i = 0; i < c->n_blocks && rc == 0; i++)
-        rc = override_kv(&b->blocks, &b->n_blocks, &c->blocks[i]);
-    for (size_t i = 0; i < c->n_hparams && rc == 0; i++)
-        rc = override_kv(&b->hparams, &b->n_hparams, &c->hparams[i]);
-    for (size_t i = 0; i < c->n_tensors && rc == 0; i++)
-        rc = override_kv(&b->tensors, &b->n_tensors, &c->tensors[i]);
+    if ((rc = override_all(&b->blocks, &b->n_blocks, c->blocks, c->n_blocks)) < 0 ||
+        (rc = override_all(&b->hparams, &b->n_hparams, c->hparams, c->n_hparams)) < 0 ||
+        (rc = override_all(&b->tensors, &b->n_tensors, c->tensors, c->n_tensors)) < 0)
+        return rc;
     for (size_t i = 0; i < c->n_ignore && rc == 0; i++)
         rc = push_str(&b->ignore, &b->n_ignore, c->ignore[i]);
     for (size_t i = 0; i < b->n_variants; i++) {
@@ -190,12 +189,9 @@ static int merge_child(iflow_spec *b, iflow_spec *c)
             return iflow_seterr(IFLOW_ENOMEM, "out of memory");
         for (size_t i = 0; i < cv->n_architectures && rc == 0; i++)
             rc = push_str(&bv->architectures, &bv->n_architectures, cv->architectures[i]);
-        for (size_t i = 0; i < cv->n_blocks && rc == 0; i++)
-            rc = override_kv(&bv->blocks, &bv->n_blocks, &cv->blocks[i]);
-        for (size_t i = 0; i < cv->n_hparams && rc == 0; i++)
-            rc = override_kv(&bv->hparams, &bv->n_hparams, &cv->hparams[i]);
-        for (size_t i = 0; i < cv->n_tensors && rc == 0; i++)
-            rc = override_kv(&bv->tensors, &bv->n_tensors, &cv->tensors[i]);
+        if (rc == 0 && (rc = override_all(&bv->blocks, &bv->n_blocks, cv->blocks, cv->n_blocks)) == 0 &&
+            (rc = override_all(&bv->hparams, &bv->n_hparams, cv->hparams, cv->n_hparams)) == 0)
+            rc = override_all(&bv->tensors, &bv->n_tensors, cv->tensors, cv->n_tensors);
         for (size_t i = 0; i < cv->n_ignore && rc == 0; i++)
             rc = push_str(&bv->ignore, &bv->n_ignore, cv->ignore[i]);
         bv->has_ignore |= cv->has_ignore;
@@ -415,6 +411,15 @@ static int override_kv(iflow_spec_kv **arr, size_t *n, const iflow_spec_kv *kv)
     return push_kv(arr, n, kv->key, kv->value);
 }
 
+/* Each of src's keys over arr's. */
+static int override_all(iflow_spec_kv **arr, size_t *n, const iflow_spec_kv *src, size_t n_src)
+{
+    int rc = 0;
+    for (size_t i = 0; i < n_src && rc == 0; i++)
+        rc = override_kv(arr, n, &src[i]);
+    return rc;
+}
+
 int iflow_spec_use_source(iflow_spec *s, const char *format)
 {
     iflow_spec_variant *v = NULL;
@@ -426,13 +431,9 @@ int iflow_spec_use_source(iflow_spec *s, const char *format)
     if (!v || s->source)
         return iflow_seterr(IFLOW_ESPEC, "spec '%s' has no [%s] section: it does not read %s files", s->path, format,
                             format);
-    int rc = 0;
-    for (size_t i = 0; i < v->n_blocks && rc == 0; i++)
-        rc = override_kv(&s->blocks, &s->n_blocks, &v->blocks[i]);
-    for (size_t i = 0; i < v->n_hparams && rc == 0; i++)
-        rc = override_kv(&s->hparams, &s->n_hparams, &v->hparams[i]);
-    for (size_t i = 0; i < v->n_tensors && rc == 0; i++)
-        rc = override_kv(&s->tensors, &s->n_tensors, &v->tensors[i]);
+    int rc = override_all(&s->blocks, &s->n_blocks, v->blocks, v->n_blocks);
+    if (rc == 0 && (rc = override_all(&s->hparams, &s->n_hparams, v->hparams, v->n_hparams)) == 0)
+        rc = override_all(&s->tensors, &s->n_tensors, v->tensors, v->n_tensors);
     if (rc == 0 && v->has_ignore) {
         free_strs(s->ignore, s->n_ignore);
         s->ignore = v->ignore, s->n_ignore = v->n_ignore;
