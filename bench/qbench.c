@@ -10,6 +10,7 @@
  *          quantized weights / time. Each call reads the next of several copies of the matrix
  *          (>= 256 MiB in all), so the weights come from DRAM, as in a model.
  * prefill: T = 64 on 2048x2048 and 5632x2048; GFLOPs = 2 T N K / time.
+ * Each type in the row layout ("layout":"rows"), then packed (qpack.h) where this CPU has it.
  * Times: the best and the median of rounds (a decode round reads every copy once). Other
  * processes on the machine show up in the median first; compare best-of figures.
  *
@@ -24,6 +25,7 @@
 
 #include "bench/bench.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/qpack.h"
 #include "kernels/cpu/quant.h"
 
 /* 64-byte aligned, or exit (bench.h). */
@@ -45,8 +47,9 @@ static void fill(float *a, size_t n, uint32_t seed, float scale)
     }
 }
 
-/* A quantized [N][K] matrix of type: rows quantized from random floats. */
-static uint8_t *make_matrix(int type, int N, int K, uint32_t seed)
+/* A quantized [N][K] matrix of type: rows quantized from random floats; packed (qpack.h) when
+ * ptype is a packed code. */
+static uint8_t *make_matrix(int type, int ptype, int N, int K, uint32_t seed)
 {
     size_t rb = ifk_qrow_bytes(type, K);
     uint8_t *W = alloc64((size_t)N * rb);
@@ -56,15 +59,21 @@ static uint8_t *make_matrix(int type, int N, int K, uint32_t seed)
         ifk_quantize_row(W + (size_t)n * rb, type, row, K);
     }
     free(row);
-    return W;
+    if (ptype == type)
+        return W;
+    uint8_t *P = alloc64(ifk_qpack_bytes(type, N, K));
+    ifk_qpack(P, W, type, N, K);
+    free(W);
+    return P;
 }
 
-static void bench_decode(int type, int N, int K, int threads, double min_s)
+/* ptype: type, or its packed code (qpack.h). */
+static void bench_decode(int type, int ptype, int N, int K, int threads, double min_s)
 {
-    size_t bytes = (size_t)N * ifk_qrow_bytes(type, K);
+    size_t bytes = ptype == type ? (size_t)N * ifk_qrow_bytes(type, K) : ifk_qpack_bytes(type, N, K);
     int copies = (int)((256u << 20) / bytes) + 1;
     uint8_t **W = alloc64((size_t)copies * sizeof *W);
-    W[0] = make_matrix(type, N, K, 1);
+    W[0] = make_matrix(type, ptype, N, K, 1);
     for (int c = 1; c < copies; c++) { /* copies of the first (quantizing is slow) */
         W[c] = alloc64(bytes);
         memcpy(W[c], W[0], bytes);
@@ -73,16 +82,16 @@ static void bench_decode(int type, int N, int K, int threads, double min_s)
     float *y = alloc64((size_t)N * 4);
     fill(x, (size_t)K, 99, 1.0f);
     for (int c = 0; c < copies; c++) /* warm-up: page faults, thread team, scratch */
-        ifk_qmatmul(y, (size_t)N, W[c], type, x, (size_t)K, 1, N, K, threads);
+        ifk_qmatmul(y, (size_t)N, W[c], ptype, x, (size_t)K, 1, N, K, threads);
     double best, med;
     BENCH_ROUNDS(min_s, &best, &med,
                  for (int c = 0; c < copies; c++)
-                     ifk_qmatmul(y, (size_t)N, W[c], type, x, (size_t)K, 1, N, K, threads));
+                     ifk_qmatmul(y, (size_t)N, W[c], ptype, x, (size_t)K, 1, N, K, threads));
     best /= copies; /* per call */
     med /= copies;
-    printf("{\"bench\":\"qdecode\",\"isa\":\"%s\",\"wtype\":\"%s\",\"N\":%d,\"K\":%d,\"threads\":%d,"
-           "\"us\":%.2f,\"GBps\":%.2f,\"GBps_median\":%.2f}\n",
-           ifk_isa_name(ifk_isa_current()), ifk_qtype(type)->name, N, K, threads, best * 1e6,
+    printf("{\"bench\":\"qdecode\",\"isa\":\"%s\",\"wtype\":\"%s\",\"layout\":\"%s\",\"N\":%d,\"K\":%d,"
+           "\"threads\":%d,\"us\":%.2f,\"GBps\":%.2f,\"GBps_median\":%.2f}\n",
+           ifk_isa_name(ifk_isa_current()), ifk_qtype(type)->name, ptype == type ? "rows" : "packed", N, K, threads, best * 1e6,
            bytes / best * 1e-9, bytes / med * 1e-9);
     fflush(stdout);
     for (int c = 0; c < copies; c++)
@@ -92,19 +101,19 @@ static void bench_decode(int type, int N, int K, int threads, double min_s)
     free(y);
 }
 
-static void bench_prefill(int type, int T, int N, int K, int threads, double min_s)
+static void bench_prefill(int type, int ptype, int T, int N, int K, int threads, double min_s)
 {
-    uint8_t *W = make_matrix(type, N, K, 7);
+    uint8_t *W = make_matrix(type, ptype, N, K, 7);
     float *x = alloc64((size_t)T * K * 4);
     float *y = alloc64((size_t)T * N * 4);
     fill(x, (size_t)T * K, 5, 1.0f);
-    ifk_qmatmul(y, (size_t)N, W, type, x, (size_t)K, T, N, K, threads);
+    ifk_qmatmul(y, (size_t)N, W, ptype, x, (size_t)K, T, N, K, threads);
     double best, med, flop = 2.0 * T * N * K;
     BENCH_ROUNDS(min_s, &best, &med,
-                 ifk_qmatmul(y, (size_t)N, W, type, x, (size_t)K, T, N, K, threads));
-    printf("{\"bench\":\"qprefill\",\"isa\":\"%s\",\"wtype\":\"%s\",\"T\":%d,\"N\":%d,\"K\":%d,\"threads\":%d,"
-           "\"us\":%.1f,\"GFLOPs\":%.1f,\"GFLOPs_median\":%.1f}\n",
-           ifk_isa_name(ifk_isa_current()), ifk_qtype(type)->name, T, N, K, threads, best * 1e6,
+                 ifk_qmatmul(y, (size_t)N, W, ptype, x, (size_t)K, T, N, K, threads));
+    printf("{\"bench\":\"qprefill\",\"isa\":\"%s\",\"wtype\":\"%s\",\"layout\":\"%s\",\"T\":%d,\"N\":%d,\"K\":%d,"
+           "\"threads\":%d,\"us\":%.1f,\"GFLOPs\":%.1f,\"GFLOPs_median\":%.1f}\n",
+           ifk_isa_name(ifk_isa_current()), ifk_qtype(type)->name, ptype == type ? "rows" : "packed", T, N, K, threads, best * 1e6,
            flop / best * 1e-9, flop / med * 1e-9);
     fflush(stdout);
     free(W);
@@ -167,13 +176,17 @@ int main(int argc, char **argv)
     const double min_s = quick ? 0.2 : 1.0;
     int thread_counts[2] = { 1, threads }, n_tc = threads > 1 ? 2 : 1, tc0 = single || threads == 1 ? 0 : 1;
     for (int ti = 0; ti < n_types; ti++) {
-        for (int c = tc0; c < n_tc; c++)
-            for (int s = 0; s < n_shapes; s++)
-                bench_decode(types[ti], shapes[s][0], shapes[s][1], thread_counts[c], min_s);
-        for (int c = tc0; c < n_tc && !decode_only; c++) {
-            bench_prefill(types[ti], 64, 2048, 2048, thread_counts[c], min_s);
-            if (!quick)
-                bench_prefill(types[ti], 64, 5632, 2048, thread_counts[c], min_s);
+        /* the row layout, then the packed one where this CPU has it */
+        int layouts[2] = { types[ti], ifk_qpack_type(types[ti]) }, n_layouts = layouts[1] ? 2 : 1;
+        for (int l = 0; l < n_layouts; l++) {
+            for (int c = tc0; c < n_tc; c++)
+                for (int s = 0; s < n_shapes; s++)
+                    bench_decode(types[ti], layouts[l], shapes[s][0], shapes[s][1], thread_counts[c], min_s);
+            for (int c = tc0; c < n_tc && !decode_only; c++) {
+                bench_prefill(types[ti], layouts[l], 64, 2048, 2048, thread_counts[c], min_s);
+                if (!quick)
+                    bench_prefill(types[ti], layouts[l], 64, 5632, 2048, thread_counts[c], min_s);
+            }
         }
     }
     return 0;

@@ -16,6 +16,7 @@
 #include "kernels/cpu/impl.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/pool.h"
+#include "kernels/cpu/qpack.h"
 #include "kernels/cpu/quant.h"
 
 #ifndef IFK_NO_SIMD
@@ -174,7 +175,7 @@ static void mm_commit(const void *args, int i, const float *out)
 void ifk_matmul(float *y, size_t ldy, const void *W, int wtype, const float *x, size_t ldx,
                 int T, int N, int K, int n_threads)
 {
-    if (ifk_qtype(wtype)) { /* block-quantized weights have their own kernels (quant.h) */
+    if (ifk_qtype(wtype) || ifk_qpack_base(wtype) >= 0) { /* block-quantized weights: quant.h, qpack.h */
         ifk_qmatmul(y, ldy, W, wtype, x, ldx, T, N, K, n_threads);
         return;
     }

@@ -54,7 +54,8 @@ int ifk_isa_current(void);
 
 /* Matrix product with a weight matrix:
  *   y[t][n] = sum_k W[n][k] * x[t][k]      for 0 <= t < T, 0 <= n < N
- * W:  [N][K] of type wtype, rows contiguous (row n starts at W + n*K elements).
+ * W:  [N][K] of type wtype, rows contiguous (row n starts at W + n*K elements); or a packed
+ *     copy of a quantized matrix (qpack.h), wtype its packed code.
  * x:  [T][K] F32, row t at x + t*ldx.     y: [T][N] F32, row t at y + t*ldy.
  * T == 1 is the decode matrix-vector product; T > 1 (prefill) reads each weight row once for
  * all T tokens. Threads split N. Row t of y is bit-identical to a call with x[t] alone (T = 1),

@@ -17,6 +17,7 @@
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/pool.h"
 #include "kernels/cpu/qimpl.h"
+#include "kernels/cpu/qpack.h"
 #include "kernels/cpu/quant.h"
 
 enum { QPATH_SCALAR, QPATH_AVX2, QPATH_AVX512, QPATH_AVX512GFNI };
@@ -41,6 +42,11 @@ static int qpath(void)
     default: return QPATH_SCALAR;
     }
 #endif
+}
+
+int ifk_qpath_vnni(void)
+{
+    return qpath() == QPATH_AVX512 || qpath() == QPATH_AVX512GFNI;
 }
 
 /* ---- per-thread scratch for the quantized x ---------------------------------------------- */
@@ -195,11 +201,39 @@ static void qxq_run(const void *args, const void *in, int i, float *out)
 }
 #endif
 
+/* A packed matrix (qpack.h) on a path that does not read it (the ISA forced lower after
+ * packing): rows unpacked to the row layout, a block of 16 at a time. */
+static void qmatmul_unpacked(float *y, size_t ldy, const void *P, int ptype, const float *x, size_t ldx, int T, int N,
+                             int K, int n_threads)
+{
+    const int type = ifk_qpack_base(ptype);
+    const size_t rb = ifk_qrow_bytes(type, K);
+    void *rows = malloc(16 * rb);
+    if (!rows) { /* cannot happen in practice: 16 rows; give zeros, as for a bad type */
+        for (int t = 0; t < T; t++)
+            memset(y + (size_t)t * ldy, 0, (size_t)N * sizeof *y);
+        return;
+    }
+    for (int n = 0; n < N; n += 16) {
+        int n1 = n + 16 < N ? n + 16 : N;
+        ifk_qunpack_rows(rows, P, ptype, n, n1, K);
+        ifk_qmatmul(y + n, ldy, rows, type, x, ldx, T, n1 - n, K, n_threads);
+    }
+    free(rows);
+}
+
 void ifk_qmatmul(float *y, size_t ldy, const void *W, int type, const float *x, size_t ldx,
                  int T, int N, int K, int n_threads)
 {
     if (T <= 0 || N <= 0)
         return;
+    const int packed = ifk_qpack_base(type) >= 0;
+    if (packed && !ifk_qpath_vnni()) {
+        qmatmul_unpacked(y, ldy, W, type, x, ldx, T, N, K, n_threads);
+        return;
+    }
+    if (packed)
+        type = ifk_qpack_base(type); /* x is quantized as for the base type */
     if (!ifk_qtype(type) || K <= 0) {
         for (int t = 0; t < T; t++)
             memset(y + (size_t)t * ldy, 0, (size_t)N * sizeof *y);
@@ -213,6 +247,10 @@ void ifk_qmatmul(float *y, size_t ldy, const void *W, int type, const float *x, 
     ifk_qx qx;
     size_t qx_bytes;
     if (path == QPATH_SCALAR || !qx_init(&qx, type, T, K, &qx_bytes)) {
+        if (packed) { /* no scratch for x: the oracle, on rows unpacked */
+            qmatmul_unpacked(y, ldy, W, IFK_QPACKED + type, x, ldx, T, N, K, n_threads);
+            return;
+        }
         qref_args a = {y, ldy, W, x, ldx, type, T, N, K, ifk_pool_rows_per_item(N, nt)};
         ifk_pool_run(&(ifk_pool_job){.run = qref_run, .args = &a, .args_size = sizeof a,
                                      .n_items = (N + a.rpi - 1) / a.rpi, .max_threads = nt});
@@ -220,7 +258,8 @@ void ifk_qmatmul(float *y, size_t ldy, const void *W, int type, const float *x, 
     }
 #ifndef IFK_NO_SIMD
     IFK_DECL_QX_QUANTIZE((*quantize)) = path == QPATH_AVX2 ? ifk_avx2_qx_quantize : ifk_avx512_qx_quantize;
-    IFK_DECL_QMATMUL_ROWS((*rows)) = path == QPATH_AVX2     ? ifk_avx2_qmatmul_rows
+    IFK_DECL_QMATMUL_ROWS((*rows)) = packed                 ? ifk_avx512_qmatmul_packed_rows
+                                     : path == QPATH_AVX2   ? ifk_avx2_qmatmul_rows
                                      : path == QPATH_AVX512 ? ifk_avx512_qmatmul_rows
                                                             : ifk_avx512gfni_qmatmul_rows;
     if (nt <= 1) {

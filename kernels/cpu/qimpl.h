@@ -73,6 +73,13 @@ IFK_DECL_QMATMUL_ROWS(ifk_avx512_qmatmul_rows);
 IFK_DECL_QGET_ROW(ifk_avx512_qget_row);
 IFK_DECL_QMATMUL_ROWS(ifk_avx512gfni_qmatmul_rows); /* x quantized by ifk_avx512_qx_quantize */
 IFK_DECL_QGET_ROW(ifk_avx512gfni_qget_row);
+/* qpack_avx512.c: rows n0 <= n < n1 (n0 a multiple of 16) of a packed matrix (qpack.h) whose
+ * base type is qx->type; x quantized by ifk_avx512_qx_quantize. */
+IFK_DECL_QMATMUL_ROWS(ifk_avx512_qmatmul_packed_rows);
+
+/* qdispatch.c: 1 when the product runs the AVX-512 VNNI path on this CPU (the one that reads
+ * packed matrices). */
+int ifk_qpath_vnni(void);
 
 /* quant_ref.c: the oracle on rows n0 <= n < n1 (arguments as ifk_qmatmul_ref). */
 void ifk_qmatmul_ref_rows(float *y, size_t ldy, const void *W, int type, const float *x, size_t ldx,

@@ -7,6 +7,8 @@
 #include "libcore/base/error.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/pool.h"
+#include "kernels/cpu/qpack.h"
+#include "kernels/cpu/quant.h"
 
 #include <omp.h>
 #include <stdio.h>
@@ -33,7 +35,7 @@ static int cpu_alloc(iflow_device *d, void **p, size_t nbytes)
     return 0;
 }
 
-static void cpu_free(iflow_device *d, void *p)
+void iflow_cpu_free(iflow_device *d, void *p)
 {
     ifk_pool_quiesce();
     free(p);
@@ -47,6 +49,25 @@ static int cpu_copy(iflow_device *d, void *dst, const void *src, size_t nbytes)
 }
 
 static int cpu_supports(const iflow_device *d, int wtype) { return 1; /* every type has a CPU kernel */ }
+
+/* Q4 matrices into 16-row tiles (qpack.h), where this CPU's product reads them faster; the copy
+ * is d's memory (its alloc op), the host's for d NULL. */
+int iflow_cpu_pack(iflow_device *d, void **out, int *out_type, const void *W, int wtype, int N, int K)
+{
+    *out = NULL;
+    int ptype = ifk_qpack_type(wtype);
+    if (!ptype)
+        return 0;
+    size_t n = ifk_qpack_bytes(wtype, N, K);
+    void *p;
+    int rc = d ? d->ops->alloc(d, &p, n) : cpu_alloc(NULL, &p, n); /* d: a CPU device, or one built on it (tests) */
+    if (rc < 0)
+        return rc;
+    ifk_qpack(p, W, wtype, N, K);
+    *out = p;
+    *out_type = ptype;
+    return 0;
+}
 
 /* Items of a product may be taken back from a preempted worker (pool.h): every weight this
  * device multiplies by is freed only after ifk_pool_quiesce() (cpu_free, the shard mapping,
@@ -156,9 +177,9 @@ static int cpu_query(const iflow_device *d, iflow_device_info *info)
 }
 
 static const iflow_device_ops cpu_ops = {
-    cpu_close, cpu_query, cpu_alloc, cpu_free, cpu_copy, cpu_copy, cpu_supports, cpu_matmul, cpu_rmsnorm,
+    cpu_close, cpu_query, cpu_alloc, iflow_cpu_free, cpu_copy, cpu_copy, cpu_supports, cpu_matmul, cpu_rmsnorm,
     cpu_rope, cpu_attention, cpu_silu_mul, cpu_add, cpu_add_bias, cpu_argmax, cpu_kv_store, cpu_attention_paged, cpu_kv_shift,
-    cpu_gelu_mul, cpu_layernorm,
+    cpu_gelu_mul, cpu_layernorm, iflow_cpu_pack,
 };
 
 /* The CPU's brand string, from /proc/cpuinfo ("" if unreadable). */

@@ -129,6 +129,24 @@ void iflow_device_unput(iflow_device *d, const void *p)
         d->ops->free(d, (void *)p);
 }
 
+int iflow_device_pack(iflow_device *d, void **out, int *out_type, const void *W, int wtype, int N, int K)
+{
+    *out = NULL;
+    if (!d)
+        return iflow_cpu_pack(NULL, out, out_type, W, wtype, N, K);
+    return d->ops->pack ? d->ops->pack(d, out, out_type, W, wtype, N, K) : 0;
+}
+
+void iflow_device_unpack(iflow_device *d, void *p)
+{
+    if (!p)
+        return;
+    if (!d)
+        iflow_cpu_free(NULL, p);
+    else
+        d->ops->free(d, p);
+}
+
 int iflow_device_transfer(iflow_device *b, void *dst, iflow_device *a, const void *src, size_t n, void *stage)
 {
     if (a == b && !a->host_memory)

@@ -95,6 +95,11 @@ typedef struct {
     int  (*gelu_mul)(iflow_device *d, float *g, const float *u, size_t n);
     /* y[t] = layernorm(x[t]) * w + b for T contiguous rows of n (ifk_layernorm); NULL: none. */
     int  (*layernorm)(iflow_device *d, float *y, const float *x, const float *w, const float *b, int T, int n, float eps);
+    /* A copy of the host matrix W [N][K] of wtype in a layout of this device's own that its
+     * matmul reads faster: *out (this device's memory, freed with free()) and *out_type, its
+     * type code for matmul. *out = NULL: W is computed as it is. NULL op: never. (The CPU packs
+     * Q4 matrices into 16-row tiles for the int8 product: kernels/cpu/qpack.h.) */
+    int  (*pack)(iflow_device *d, void **out, int *out_type, const void *W, int wtype, int N, int K);
 } iflow_device_ops;
 
 struct iflow_device {
@@ -130,6 +135,13 @@ const char *iflow_device_cuda_status(void);
  * NULL, the host), else a new device copy (free it with iflow_device_unput). */
 int  iflow_device_put(iflow_device *d, const void **out, const void *host, size_t n);
 void iflow_device_unput(iflow_device *d, const void *p);
+
+/* The device's own layout of a host matrix W [N][K] of wtype (its pack op; d NULL: the host
+ * CPU, which runs the layers of a model placed on the host): *out a copy in d's memory and
+ * *out_type its type code for matmul, or *out = NULL when d computes W as it is. Free the copy
+ * with iflow_device_unpack. */
+int  iflow_device_pack(iflow_device *d, void **out, int *out_type, const void *W, int wtype, int N, int K);
+void iflow_device_unpack(iflow_device *d, void *p);
 
 /* Copy n bytes from src on device a to dst on device b (through the host where neither is the
  * host; stage is a host buffer of at least n bytes for that case). */

@@ -8,6 +8,9 @@
 
 int  iflow_cpu_open(iflow_device **out, int n_threads);
 void iflow_cpu_info(iflow_device_info *info);
+/* The CPU's pack op and the free of what it returned (d NULL: the host, as iflow_device_pack). */
+int  iflow_cpu_pack(iflow_device *d, void **out, int *out_type, const void *W, int wtype, int N, int K);
+void iflow_cpu_free(iflow_device *d, void *p);
 
 /* CUDA (cuda.c): in a build without CUDA these say so with IFLOW_EUNSUPPORTED. */
 int  iflow_cuda_open(iflow_device **out, int index);

@@ -34,6 +34,7 @@ typedef struct {
     layer_weights w;
     const void *dev_copy[32];     /* what was put on a device that is not the host (freed at unplace) */
     void *host_copy[2];           /* column slices built on the host for a host device (freed at unplace) */
+    void *packed[8];              /* matrices the device packed (its pack op; freed at unplace) */
 } layer_part;
 
 struct iflow_model {
@@ -56,6 +57,7 @@ struct iflow_model {
     int *part0;                   /* [n_layers + 1]: layer l's parts are parts[part0[l] .. part0[l+1]) */
     layer_part *parts;
     weight output_w;              /* on devs[output_dev] */
+    void *output_packed;          /* output_w.data when that device packed it, else NULL */
     const float *output_norm_w;
     const float *output_norm_b_w;
     const float *rope_scale_w[IFLOW_MAX_DEVICES];

@@ -264,7 +264,29 @@ static int put(iflow_model *m, layer_part *p, int *n_dev_copies, const void *hos
     return rc;
 }
 
-/* A weight slice: rows (a view) or columns (a host copy), put on the part's device. */
+/* The device's own layout of a host matrix [N][K] (its pack op), if it has one: *dst then
+ * holds the packed copy, which *packed receives for unplace to free, and the pages of the
+ * model's mapping that held the matrix leave the process (so that its memory does not double;
+ * they are read again if the model is placed again). */
+static int pack_matrix(iflow_model *m, iflow_device *d, const void *host, int type, int64_t N, int64_t K, weight *dst,
+                       void **packed)
+{
+    void *out = NULL;
+    int ptype = 0, rc = iflow_device_pack(d, &out, &ptype, host, type, (int)N, (int)K);
+    if (rc == 0 && out) {
+        *dst = (weight){out, ptype};
+        *packed = out;
+        size_t n = iflow_matrix_bytes(type, N, K);
+        iflow_shard_release(m->shard, host, n);
+        for (int i = 0; i < IFLOW_MAX_DEVICES && m->split_plan; i++)
+            if (m->split_shards[i] && m->split_shards[i] != m->shard)
+                iflow_shard_release(m->split_shards[i], host, n);
+    }
+    return rc;
+}
+
+/* A weight slice: rows (a view) or columns (a host copy), put on the part's device, or packed
+ * into its memory when the device has a layout of its own for it (its pack op). */
 static int put_weight(iflow_model *m, layer_part *p, int *nd, int *nh, weight src, int is_cols, int64_t a0, int64_t a1,
                       int64_t other, int64_t full, weight *dst)
 {
@@ -275,6 +297,11 @@ static int put_weight(iflow_model *m, layer_part *p, int *nd, int *nh, weight sr
         *dst = (weight){0};
         return 0;
     }
+    iflow_device *d = dev_of(m, p->dev);
+    int64_t rows = is_cols ? other : a1 - a0, cols = is_cols ? a1 - a0 : other;
+    int np = 0;
+    while (np < 8 && p->packed[np])
+        np++;
     if (!is_cols) {
         host = iflow_slice_rows(src.data, src.type, a0, other);
         n = iflow_matrix_bytes(src.type, a1 - a0, other);
@@ -286,6 +313,14 @@ static int put_weight(iflow_model *m, layer_part *p, int *nd, int *nh, weight sr
             return iflow_seterr(IFLOW_ENOMEM, "out of memory slicing columns");
         host = copy;
         n = iflow_matrix_bytes(src.type, other, a1 - a0);
+    }
+    if (np < 8) {
+        *dst = (weight){0};
+        int rc = pack_matrix(m, d, host, src.type, rows, cols, dst, &p->packed[np]);
+        if (rc || dst->data) {
+            free(copy);
+            return rc;
+        }
     }
     int rc = put(m, p, nd, host, n, &out);
     if (copy && rc == 0 && host_dev(dev_of(m, p->dev)))
@@ -348,8 +383,12 @@ static int copy_shared(iflow_model *m)
 {
     const iflow_hparams *hp = &m->hp;
     iflow_device *od = dev_of(m, m->output_dev);
-    int rc = iflow_device_put(od, &m->output_w.data, m->output.data, iflow_matrix_bytes(m->output.type, hp->vocab_size, hp->dim));
-    m->output_w.type = m->output.type;
+    m->output_w = (weight){0};
+    int rc = pack_matrix(m, od, m->output.data, m->output.type, hp->vocab_size, hp->dim, &m->output_w, &m->output_packed);
+    if (rc == 0 && !m->output_w.data) {
+        rc = iflow_device_put(od, &m->output_w.data, m->output.data, iflow_matrix_bytes(m->output.type, hp->vocab_size, hp->dim));
+        m->output_w.type = m->output.type;
+    }
     if (rc == 0)
         rc = iflow_device_put(od, (const void **)&m->output_norm_w, m->output_norm, (size_t)hp->dim * sizeof(float));
     if (rc == 0 && m->output_norm_b)
@@ -369,9 +408,16 @@ void iflow_unplace(iflow_model *m)
             iflow_device_unput(dev_of(m, p->dev), p->dev_copy[i]);
         free(p->host_copy[0]);
         free(p->host_copy[1]);
+        for (int i = 0; i < 8 && p->packed[i]; i++)
+            iflow_device_unpack(dev_of(m, p->dev), p->packed[i]);
     }
     if (m->n_devs) {
-        iflow_device_unput(dev_of(m, m->output_dev), m->output_w.data);
+        iflow_device *od = dev_of(m, m->output_dev);
+        if (m->output_packed)
+            iflow_device_unpack(od, m->output_packed);
+        else
+            iflow_device_unput(od, m->output_w.data);
+        m->output_packed = NULL;
         iflow_device_unput(dev_of(m, m->output_dev), m->output_norm_w);
         iflow_device_unput(dev_of(m, m->output_dev), m->output_norm_b_w);
         for (int i = 0; i < m->n_devs; i++)

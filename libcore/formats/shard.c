@@ -557,6 +557,17 @@ const char *iflow_shard_meta(const iflow_shard *sh) { return sh->meta; }
 size_t iflow_shard_n_records(const iflow_shard *sh) { return sh->n; }
 int iflow_shard_is_mapped(const iflow_shard *sh) { return sh->map != NULL; }
 
+void iflow_shard_release(const iflow_shard *sh, const void *p, size_t n)
+{
+    if (!sh)
+        return;
+    const uintptr_t m0 = (uintptr_t)sh->map, m1 = m0 + sh->map_len, pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = ((uintptr_t)p + pg - 1) & ~(pg - 1), b = ((uintptr_t)p + n) & ~(pg - 1);
+    if (!sh->map || (uintptr_t)p < m0 || (uintptr_t)p + n > m1 || b <= a)
+        return;
+    madvise((void *)a, b - a, MADV_DONTNEED); /* read-only and private: nothing is lost */
+}
+
 const iflow_shard_rec *iflow_shard_rec_at(const iflow_shard *sh, size_t i)
 {
     return i < sh->n ? &sh->recs[i] : NULL;

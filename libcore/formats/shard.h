@@ -85,6 +85,10 @@ const iflow_shard_rec *iflow_shard_rec_at(const iflow_shard *sh, size_t i);
 const iflow_shard_rec *iflow_shard_find(const iflow_shard *sh, const char *name);
 /* 1 if the payloads live in a file mapping (mmap), 0 if in memory read from a stream. */
 int iflow_shard_is_mapped(const iflow_shard *sh);
+/* The pages wholly inside [p, p + n) of sh's mapping leave this process (MADV_DONTNEED: the
+ * page cache keeps them, and a later read maps them again), for payloads a user has copied
+ * elsewhere and no longer reads. Nothing when sh is not mapped or the range is not in it. */
+void iflow_shard_release(const iflow_shard *sh, const void *p, size_t n);
 
 /* ---- streaming reader ---- */
 typedef struct iflow_shard_reader iflow_shard_reader;

@@ -216,11 +216,14 @@ static void test_smollm2_scalar(void)
 }
 
 /* The SIMD kernels round activations to int8 per group of 32 in the Q4 product (int16 in the
- * Q8 one): the bounds are this path's, measured (worst 0.77, mean 0.12, perplexity -1.2% on
- * this machine), with room; greedy is compared up to the first margin below 1. */
+ * Q8 one): the bounds are this path's, measured, with room; greedy is compared up to the first
+ * margin below 1. The worst position is one draw of that rounding noise: the row layout and the
+ * packed one (kernels/cpu/qpack.h), whose products differ by ~3e-7 relative, gave worst 0.77
+ * and 1.37, means 0.121 and 0.136, perplexity -1.2 % and +1.7 % (a rounding that flips passes
+ * through 30 layers), so the mean carries the tight bound. */
 static void test_smollm2_simd(void)
 {
-    limits lim = {1.0, 0.2, 1.0, 1 << 20, 1 << 20, 1 << 20, 2};
+    limits lim = {2.0, 0.2, 1.0, 1 << 20, 1 << 20, 1 << 20, 2};
     if (!*smol_q)
         SKIP("no SmolLM2 GGUF");
     if (sanitized)

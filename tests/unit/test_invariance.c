@@ -5,7 +5,7 @@
  *
  * For every ISA path this CPU has (scalar, avx2, avx512, avx512gfni) and every weight type
  * (F32, F16, BF16 and the 9 quantized types, quantized from random F32 rows by the reference
- * quantizer), on odd shapes (N not a multiple of 16 or 4; K with a partial last SIMD step or
+ * quantizer, and the packed copies of qpack.h), on odd shapes (N not a multiple of 16 or 4; K with a partial last SIMD step or
  * block; K spanning several of the prefill kernels' K chunks):
  *   - each row of a pool of x rows alone (T = 1) is the reference;
  *   - calls with T = 1..17 rows taken from the pool at varying offsets, so that one x row sits
@@ -23,6 +23,7 @@
 
 #include "check.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/qpack.h"
 #include "kernels/cpu/quant.h"
 
 #define POOL 24 /* x rows in the pool; a call takes T <= 17 of them from an offset */
@@ -57,9 +58,17 @@ static uint16_t to_bf16(float f)
     return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
 }
 
-/* W: [N][K] of wtype made from random floats (quantized types: by ifk_quantize_row); malloc'd. */
+/* W: [N][K] of wtype made from random floats (quantized types: by ifk_quantize_row; packed
+ * codes: the base type's rows packed, qpack.h); malloc'd. */
 static void *make_weights(int wtype, int N, int K)
 {
+    if (ifk_qpack_base(wtype) >= 0) {
+        int base = ifk_qpack_base(wtype);
+        void *W = make_weights(base, N, K), *P = malloc(ifk_qpack_bytes(base, N, K));
+        ifk_qpack(P, W, base, N, K);
+        free(W);
+        return P;
+    }
     float *row = malloc((size_t)K * sizeof *row);
     size_t rb = ifk_qtype(wtype) ? ifk_qrow_bytes(wtype, K) : (size_t)K * (wtype == IFK_F32 ? 4 : 2);
     uint8_t *W = malloc((size_t)N * rb);
@@ -82,6 +91,10 @@ static void *make_weights(int wtype, int N, int K)
 
 static const char *type_name(int wtype)
 {
+    if (ifk_qpack_base(wtype) == IFK_Q4_B32)
+        return "q4_b32 packed";
+    if (ifk_qpack_base(wtype) == IFK_Q4_B64)
+        return "q4_b64 packed";
     if (ifk_qtype(wtype))
         return ifk_qtype(wtype)->name;
     return wtype == IFK_F32 ? "f32" : wtype == IFK_F16 ? "f16" : "bf16";
@@ -157,6 +170,10 @@ static void test_matmul_invariance(void)
             /* K = 77: a partial last block; 8529: several chunks of 64 blocks, a partial block */
             check_matmul(q, 45, 77, all_T, 17);
             check_matmul(q, 37, 8529, some_T, 7);
+            if (ifk_qpack_base(IFK_QPACKED + q) == q) { /* packed (qpack.h): its own kernel on VNNI */
+                check_matmul(IFK_QPACKED + q, 45, 77, all_T, 17);
+                check_matmul(IFK_QPACKED + q, 37, 8529, some_T, 7);
+            }
         }
     }
     ifk_set_isa(IFK_ISA_AUTO);

@@ -30,6 +30,7 @@
 #include "kernels/cpu/impl.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/qimpl.h"
+#include "kernels/cpu/qpack.h"
 #include "kernels/cpu/quant.h"
 #include "tests/unit/check.h"
 
@@ -349,12 +350,24 @@ static void check_qmatmul(int ti, int T, int N, int K, size_t ldx, size_t ldy, i
     for (size_t i = 0; i < (size_t)T * ldy; i++)
         ref[i] = -1.0f;
     ifk_qmatmul_ref(ref, ldy, W, type, x, ldx, T, N, K);
-    for (int p = 0; p < N_ISAS; p++) {
+    /* the row layout, then the packed copy (qpack.h) of the types that have one: on the VNNI
+     * paths its own kernel, on the others the rows unpacked again */
+    uint8_t *P = NULL;
+    if (ifk_qpack_base(IFK_QPACKED + type) == type) {
+        P = malloc(ifk_qpack_bytes(type, N, K));
+        ifk_qpack(P, W, type, N, K);
+    }
+    for (int lp = 0; lp < (P ? 2 : 1) * N_ISAS; lp++) {
+        const int layout = lp / N_ISAS, p = lp % N_ISAS;
         if (ifk_set_isa(isas[p]) != isas[p])
             continue;
+        const char *lname = layout ? " packed" : "";
         for (size_t i = 0; i < (size_t)T * ldy; i++)
             y[i] = -1.0f;
-        ifk_qmatmul(y, ldy, W, type, x, ldx, T, N, K, threads);
+        if (layout)
+            ifk_qmatmul(y, ldy, P, IFK_QPACKED + type, x, ldx, T, N, K, threads);
+        else
+            ifk_qmatmul(y, ldy, W, type, x, ldx, T, N, K, threads);
         int bad = 0, bad_model = 0, pad_ok = 1;
         for (int t = 0; t < T; t++) {
             const float *xt = x + t * ldx;
@@ -382,24 +395,25 @@ static void check_qmatmul(int ti, int T, int N, int K, size_t ldx, size_t ldy, i
                 }
                 double tol = bound * (1 + 1e-3) + 1e-5 * a + 1e-30;
                 if (xscale > 1e-35f && !(e <= tol) && bad++ < 3)
-                    CHECK(0, "%s %s T=%d N=%d K=%d thr=%d: y[%d][%d] = %.9g, oracle %.9g, error %.3g > %.3g",
-                          ifk_isa_name(isas[p]), qt->name, T, N, K, threads, t, n, v, r, e, tol);
-                if (K >= 1024)
+                    CHECK(0, "%s %s%s T=%d N=%d K=%d thr=%d: y[%d][%d] = %.9g, oracle %.9g, error %.3g > %.3g",
+                          ifk_isa_name(isas[p]), qt->name, lname, T, N, K, threads, t, n, v, r, e, tol);
+                if (K >= 1024 && !layout)
                     worst_rel[outliers][p][ti] = fmax(worst_rel[outliers][p][ti], e / (mag + 1e-30));
                 /* the int8 arithmetic itself, up to float summation order */
                 double mm, model = model_dot(row, type, wn, xt, K, &mm);
                 double em = fabs(v - model), tm = 1e-5 * mm + 1e-30;
                 if (!(em <= tm) && bad_model++ < 3)
-                    CHECK(0, "%s %s T=%d N=%d K=%d thr=%d: y[%d][%d] = %.9g, int8 model %.9g, error %.3g > %.3g",
-                          ifk_isa_name(isas[p]), qt->name, T, N, K, threads, t, n, v, model, em, tm);
+                    CHECK(0, "%s %s%s T=%d N=%d K=%d thr=%d: y[%d][%d] = %.9g, int8 model %.9g, error %.3g > %.3g",
+                          ifk_isa_name(isas[p]), qt->name, lname, T, N, K, threads, t, n, v, model, em, tm);
             }
             for (size_t n = (size_t)N; n < ldy; n++)
                 pad_ok &= y[(size_t)t * ldy + n] == -1.0f;
         }
-        CHECK(bad == 0 && bad_model == 0, "%s %s T=%d N=%d K=%d: %d outputs off the oracle, %d off the model",
-              ifk_isa_name(isas[p]), qt->name, T, N, K, bad, bad_model);
-        CHECK(pad_ok, "%s %s: wrote past N in a padded row of y", ifk_isa_name(isas[p]), qt->name);
+        CHECK(bad == 0 && bad_model == 0, "%s %s%s T=%d N=%d K=%d: %d outputs off the oracle, %d off the model",
+              ifk_isa_name(isas[p]), qt->name, lname, T, N, K, bad, bad_model);
+        CHECK(pad_ok, "%s %s%s: wrote past N in a padded row of y", ifk_isa_name(isas[p]), qt->name, lname);
     }
+    free(P);
     ifk_set_isa(IFK_ISA_AUTO);
     free(w);
     free(wd);
@@ -498,6 +512,54 @@ static void test_qmatmul_edges(void)
     }
 }
 
+/* ---- (f) packed copies (qpack.h) ---------------------------------------------------------- */
+
+/* Packing and unpacking give back the rows byte for byte; the rows of the last group past N are
+ * zero bytes (they must add nothing). */
+static void test_qpack_roundtrip(void)
+{
+    static const int shapes[][2] = { { 1, 64 }, { 16, 172 }, { 37, 2049 }, { 48, 32 }, { 5, 1 } };
+    for (int type = IFK_Q8_B32; type < IFK_QTYPE_END_; type++) {
+        if (ifk_qpack_base(IFK_QPACKED + type) != type)
+            continue;
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+            int N = shapes[s][0], K = shapes[s][1];
+            size_t rb = ifk_qrow_bytes(type, K), pb = ifk_qpack_bytes(type, N, K);
+            CHECK(pb == (size_t)((N + 15) / 16 * 16) * rb, "%s N=%d K=%d: packed bytes %zu", ifk_qtype(type)->name, N, K, pb);
+            float *w = malloc((size_t)N * K * sizeof *w);
+            uint8_t *W = malloc((size_t)N * rb), *P = malloc(pb), *U = malloc((size_t)N * rb);
+            fill_weights(w, (size_t)N * K, 0.05f, 1);
+            for (int n = 0; n < N; n++)
+                ifk_quantize_row(W + n * rb, type, w + (size_t)n * K, K);
+            memset(P, 0xA5, pb);
+            ifk_qpack(P, W, type, N, K);
+            ifk_qunpack_rows(U, P, IFK_QPACKED + type, 0, N, K);
+            CHECK(!memcmp(U, W, (size_t)N * rb), "%s N=%d K=%d: unpack(pack(W)) != W", ifk_qtype(type)->name, N, K);
+            if (N > 2) {
+                ifk_qunpack_rows(U, P, IFK_QPACKED + type, 1, 3, K);
+                CHECK(!memcmp(U, W + rb, 2 * rb), "%s N=%d K=%d: rows 1..2 unpacked alone", ifk_qtype(type)->name, N, K);
+            }
+            if (N % 16) { /* the padding rows of the last group: unpacked, all zero bytes */
+                uint8_t *pad = calloc(rb, 1), *row = malloc(rb);
+                int zero = 1;
+                for (int n = N; n < (N + 15) / 16 * 16; n++) {
+                    ifk_qunpack_rows(row, P, IFK_QPACKED + type, n, n + 1, K);
+                    zero &= !memcmp(row, pad, rb);
+                }
+                CHECK(zero, "%s N=%d K=%d: padding rows are not zero", ifk_qtype(type)->name, N, K);
+                free(pad);
+                free(row);
+            }
+            free(w);
+            free(W);
+            free(P);
+            free(U);
+        }
+    }
+    CHECK(ifk_qpack_base(IFK_Q4_B64) == -1 && ifk_qpack_base(IFK_QPACKED + IFK_Q8_B64) == -1,
+          "only packed codes of packed types have a base");
+}
+
 /* ---- (d) ifk_qget_row -------------------------------------------------------------------- */
 
 static void test_qget_row(void)
@@ -577,6 +639,7 @@ int main(void)
     RUN(test_all_levels);
     RUN(test_q3h_codes);
     RUN(test_qget_row);
+    RUN(test_qpack_roundtrip);
     RUN(test_qmatmul_edges);
     RUN(test_qmatmul_paths);
     RUN(test_qmatmul_large);

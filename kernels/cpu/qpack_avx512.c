@@ -1,0 +1,122 @@
+/*
+ * qpack_avx512.c -- the int8 product over packed 16-row tiles (qpack.h) with AVX512_VNNI.
+ *
+ * A group of 16 rows against a tile of C tokens (C = 8, 4, 2, 1): per block, each slab of 64
+ * bytes is split into its low and high nibbles (two k-steps, 16 rows x 4 levels each) once,
+ * and every token of the tile adds both into its own int32 accumulators with vpdpbusd against
+ * 4 bytes of its x broadcast; at the end of the block the accumulators are converted and
+ * scaled into the tokens' 16 outputs (qpack.h's arithmetic, the same for every C). Decode
+ * (C = 1) reads the tiles as one forward stream with a software prefetch ahead.
+ *
+ * Every function carries target("avx512vnni") on top of the file's -mavx512* flags;
+ * qdispatch.c calls them only on CPUs that have it (ifk_qpath_vnni).
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/cpu/qimpl.h"
+#include "kernels/cpu/qpack.h"
+
+#define QP_INLINE static inline __attribute__((always_inline, target("avx512vnni")))
+#define QP_FN __attribute__((target("avx512vnni")))
+
+enum { QP_AHEAD = 2048 }; /* bytes of software prefetch ahead of the tile being read */
+
+/* 4 bytes of x as one int32, broadcast. */
+QP_INLINE __m512i bcast4(const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* y[t0 + j][n0 + r] for j < C, r < nr (<= 16): the 16 rows of the group whose tiles start at
+ * tg ([nb][64 + 8 B] bytes) against tokens t0 .. t0 + C - 1 of qx. */
+QP_INLINE void group_tokens(float *y, size_t ldy, const uint8_t *tg, const ifk_qx *qx, int n0, int nr, int t0,
+                            const int B, const int C)
+{
+    const int nb = qx->nb;
+    const size_t tb = 64 + 8 * (size_t)B; /* bytes of a tile */
+    const __m512i lo = _mm512_set1_epi8(15);
+    __m512 yv[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < C; j++)
+        yv[j] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *tile = tg + (size_t)b * tb;
+        if (C == 1)
+            for (size_t o = 0; o < tb; o += 64)
+                _mm_prefetch((const char *)tile + QP_AHEAD + o, _MM_HINT_T0);
+        __m512i a0[8], a1[8]; /* [C] the even and the odd k-steps */
+#pragma GCC unroll 8
+        for (int j = 0; j < C; j++)
+            a0[j] = a1[j] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int p = 0; p < B / 8; p++) {
+            const __m512i v = _mm512_loadu_si512(tile + 64 + 64 * p);
+            const __m512i w0 = _mm512_and_si512(v, lo), w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo);
+#pragma GCC unroll 8
+            for (int j = 0; j < C; j++) {
+                const int8_t *xq = qx->q + (size_t)(t0 + j) * qx->q_ld + (size_t)b * B + 8 * p;
+                a0[j] = _mm512_dpbusd_epi32(a0[j], w0, bcast4(xq));
+                a1[j] = _mm512_dpbusd_epi32(a1[j], w1, bcast4(xq + 4));
+            }
+        }
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tile));
+        const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tile + 32)));
+#pragma GCC unroll 8
+        for (int j = 0; j < C; j++) {
+            const size_t o = (size_t)(t0 + j) * qx->s_ld + (size_t)b;
+            const float s0 = qx->s0[o], s1 = B == 64 ? qx->s1[o] : s0;
+            yv[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a0[j]), _mm512_mul_ps(dv, _mm512_set1_ps(s0)), yv[j]);
+            yv[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a1[j]), _mm512_mul_ps(dv, _mm512_set1_ps(s1)), yv[j]);
+            yv[j] = _mm512_fmadd_ps(mv, _mm512_set1_ps(qx->sum[o]), yv[j]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < C; j++) {
+        float *yp = y + (size_t)(t0 + j) * ldy + n0;
+        if (nr == 16)
+            _mm512_storeu_ps(yp, yv[j]);
+        else
+            _mm512_mask_storeu_ps(yp, (__mmask16)((1u << nr) - 1u), yv[j]);
+    }
+}
+
+/* Rows n0 <= n < n1 (n0 a multiple of 16), every token, of a packed matrix of block B. */
+QP_INLINE void packed_rows(float *y, size_t ldy, const uint8_t *P, const ifk_qx *qx, int n0, int n1, const int B)
+{
+    const size_t group_bytes = (size_t)qx->nb * (64 + 8 * (size_t)B);
+    for (int n = n0; n < n1; n += 16) {
+        const uint8_t *tg = P + (size_t)(n / 16) * group_bytes;
+        const int nr = n1 - n < 16 ? n1 - n : 16;
+        int t = 0;
+        for (; t + 8 <= qx->T; t += 8)
+            group_tokens(y, ldy, tg, qx, n, nr, t, B, 8);
+        if (t + 4 <= qx->T)
+            group_tokens(y, ldy, tg, qx, n, nr, t, B, 4), t += 4;
+        if (t + 2 <= qx->T)
+            group_tokens(y, ldy, tg, qx, n, nr, t, B, 2), t += 2;
+        if (t < qx->T)
+            group_tokens(y, ldy, tg, qx, n, nr, t, B, 1);
+    }
+}
+
+QP_FN static void rows_b32(float *y, size_t ldy, const uint8_t *P, const ifk_qx *qx, int n0, int n1)
+{
+    packed_rows(y, ldy, P, qx, n0, n1, 32);
+}
+
+QP_FN static void rows_b64(float *y, size_t ldy, const uint8_t *P, const ifk_qx *qx, int n0, int n1)
+{
+    packed_rows(y, ldy, P, qx, n0, n1, 64);
+}
+
+QP_FN IFK_DECL_QMATMUL_ROWS(ifk_avx512_qmatmul_packed_rows)
+{
+    if (qx->B == 64)
+        rows_b64(y, ldy, W, qx, n0, n1);
+    else
+        rows_b32(y, ldy, W, qx, n0, n1);
+}
