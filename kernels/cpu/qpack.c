@@ -12,8 +12,16 @@
 
 static int packable(int type)
 {
-    return type == IFK_Q4_B32 || type == IFK_Q4_B64;
+    return type == IFK_Q4_B32 || type == IFK_Q4_B64 || type == IFK_Q8_B32 || type == IFK_Q8_B64;
 }
+
+static int is_q8(int type)
+{
+    return type == IFK_Q8_B32 || type == IFK_Q8_B64;
+}
+
+/* Q8 slabs: byte 4 r + i holds level 4 s + q8_perm[i] (qpack.h), its own inverse. */
+static const int q8_perm[4] = { 0, 2, 1, 3 };
 
 /* IFLOW_PACK=0 turns packing off (read once). */
 static int pack_wanted(void)
@@ -60,6 +68,19 @@ static void pack_row_block(uint8_t *tile, const uint8_t *blk, int r, int B)
     }
 }
 
+/* The same for Q8 (qs[i] = q[i]): slab s, byte 4 r + i = level 4 s + q8_perm[i]. */
+static void pack_row_block_q8(uint8_t *tile, const uint8_t *blk, int r, int B)
+{
+    memcpy(tile + 2 * r, blk, 2);
+    memcpy(tile + 32 + 2 * r, blk + 2, 2);
+    for (int st = 0; st < B / 4; st++) { /* bytes 0 1 2 3 -> 0 2 1 3 */
+        uint32_t v;
+        memcpy(&v, blk + 4 + 4 * st, 4);
+        v = (v & 0xFF0000FFu) | (v & 0x0000FF00u) << 8 | (v & 0x00FF0000u) >> 8;
+        memcpy(tile + 64 + 64 * st + 4 * r, &v, 4);
+    }
+}
+
 void ifk_qpack(void *dst, const void *W, int type, int N, int K)
 {
     const int B = ifk_qtype(type)->block, BB = ifk_qtype(type)->block_bytes, nb = (K + B - 1) / B;
@@ -73,7 +94,8 @@ void ifk_qpack(void *dst, const void *W, int type, int N, int K)
         for (int r = 0; r < 16 && 16 * g + r < N; r++) {
             const uint8_t *row = (const uint8_t *)W + (size_t)(16 * g + r) * rb;
             for (int b = 0; b < nb; b++)
-                pack_row_block(out + ((size_t)g * nb + b) * 16 * BB, row + (size_t)b * BB, r, B);
+                (is_q8(type) ? pack_row_block_q8 : pack_row_block)(out + ((size_t)g * nb + b) * 16 * BB,
+                                                                   row + (size_t)b * BB, r, B);
         }
     }
 }
@@ -90,6 +112,12 @@ void ifk_qunpack_rows(void *dst, const void *P, int ptype, int n0, int n1, int K
             const int r = n % 16;
             memcpy(blk, tile + 2 * r, 2);
             memcpy(blk + 2, tile + 32 + 2 * r, 2);
+            if (is_q8(type)) {
+                for (int st = 0; st < B / 4; st++)
+                    for (int i = 0; i < 4; i++)
+                        blk[4 + 4 * st + q8_perm[i]] = tile[64 + 64 * st + 4 * r + i];
+                continue;
+            }
             for (int p = 0; p < B / 8; p++)
                 for (int i = 0; i < 4; i++) {
                     uint8_t v = tile[64 + 64 * p + 4 * r + i];

@@ -11,11 +11,15 @@
  * 16 vpdpbusd. Measured on the development machine (Zen 4, 1 thread, Q4_B64, 5632 x 2048,
  * 64 tokens): 283 GOP/s against 166 for the row layout (60 % of the VNNI roof).
  *
+ * Q8 (int16 x, qimpl.h) goes the same way with vpdpwssd: a lane is a row taking 2 levels as
+ * int16 against 2 values of x. Measured likewise (Q8_B64): 195-209 against 115-120 GFLOP/s.
+ *
  * What. Packing is done once, at load, by the CPU device (libcore/device/cpu.c) into memory of
  * its own; files keep the row layout. A packed matrix has a type code of its own,
  * IFK_QPACKED + the base type, that only ifk_matmul / ifk_qmatmul (kernels.h) and the functions
- * below accept. Types packed: Q4_B32 and Q4_B64 (nibbles pack into nibbles, so the packed copy
- * has exactly the size of the original, padding rows aside). The other types keep the row layout.
+ * below accept. Types packed: Q4_B32, Q4_B64, Q8_B32, Q8_B64 (the bytes move, none are added,
+ * so the packed copy has exactly the size of the original, padding rows aside). The other types
+ * keep the row layout.
  *
  * Byte layout. Rows are taken 16 at a time (group g: rows 16 g .. 16 g + 15; the rows past N in
  * the last group are zero bytes). Group g's blocks follow each other; block b of group g (the
@@ -23,14 +27,19 @@
  * bytes), so rows n0 .. of a group-aligned range start at n0 * row bytes, as in the row layout:
  *     offset  0: f16 delta[16]   the 16 rows' deltas (row r at 2 r)
  *     offset 32: f16 min[16]
- *     offset 64: B / 8 slabs of 64 bytes; slab p, byte 4 r + i (r < 16, i < 4):
- *                q[r][8 p + i] | q[r][8 p + 4 + i] << 4
- * so a slab's low nibbles are the levels of k-step 2 p (4 levels per row, elements 8 p .. 8 p + 3
- * of the block) and its high nibbles those of k-step 2 p + 1. Size: 64 + 8 B = 16 * BB.
+ *     offset 64: Q4: B / 8 slabs of 64 bytes; slab p, byte 4 r + i (r < 16, i < 4):
+ *                    q[r][8 p + i] | q[r][8 p + 4 + i] << 4
+ *                so a slab's low nibbles are the levels of k-step 2 p (4 levels per row, elements
+ *                8 p .. 8 p + 3 of the block) and its high nibbles those of k-step 2 p + 1.
+ *                Q8: B / 4 slabs of 64 bytes; slab s, byte 4 r + i = q[r][4 s + (0, 2, 1, 3)[i]],
+ *                so the even bytes of a row's dword are levels 4 s, 4 s + 1 (an int16 pair once
+ *                masked) and the odd bytes 4 s + 2, 4 s + 3.
+ *     Size: 64 + 8 B (Q4) or 64 + 16 B (Q8) = 16 * BB.
  *
  * Arithmetic. Per output (row n, token t) and block, in this order, with a0 / a1 the exact
- * int32 sums of the even / odd k-steps:
- *     y = fma(float(a0), delta * s0, y);  y = fma(float(a1), delta * s1, y);  y = fma(min, sum, y)
+ * int32 sums of the even / odd k-steps (Q4) or of the even / odd bytes (Q8):
+ *     Q4: y = fma(float(a0), delta * s0, y);  y = fma(float(a1), delta * s1, y);  y = fma(min, sum, y)
+ *     Q8: y = fma(float(a0 + a1), delta * s0, y);  y = fma(min, sum, y)
  * (s0, s1, sum: qimpl.h's x scales and block sum; s1 = s0 for B = 32, whose x has one scale per
  * block). The same for every T, so a row of y depends only on W and its own x row (kernels.h's
  * batch invariance), but NOT the same float sum as the row layout: a model gives the same tokens

@@ -1,11 +1,12 @@
 /*
  * qpack_avx512.c -- the int8 product over packed 16-row tiles (qpack.h) with AVX512_VNNI.
  *
- * A group of 16 rows against a tile of C tokens (C = 8, 4, 2, 1): per block, each slab of 64
+ * A group of 16 rows against a tile of C tokens (C = 8, 4, 2, 1): per block, each Q4 slab of 64
  * bytes is split into its low and high nibbles (two k-steps, 16 rows x 4 levels each) once,
  * and every token of the tile adds both into its own int32 accumulators with vpdpbusd against
  * 4 bytes of its x broadcast; at the end of the block the accumulators are converted and
- * scaled into the tokens' 16 outputs (qpack.h's arithmetic, the same for every C). Decode
+ * scaled into the tokens' 16 outputs (qpack.h's arithmetic, the same for every C). Q8 slabs
+ * are split into their even and odd bytes, int16 pairs for vpdpwssd against int16 x. Decode
  * (C = 1) reads the tiles as one forward stream with a software prefetch ahead.
  *
  * Every function carries target("avx512vnni") on top of the file's -mavx512* flags;
@@ -84,39 +85,104 @@ QP_INLINE void group_tokens(float *y, size_t ldy, const uint8_t *tg, const ifk_q
     }
 }
 
-/* Rows n0 <= n < n1 (n0 a multiple of 16), every token, of a packed matrix of block B. */
-QP_INLINE void packed_rows(float *y, size_t ldy, const uint8_t *P, const ifk_qx *qx, int n0, int n1, const int B)
+/* Q8 (int16 x, one x scale per block): as group_tokens, each slab of 64 bytes split into its
+ * even bytes (levels 4 s, 4 s + 1 of each row, as int16 pairs) and odd bytes (4 s + 2, 4 s + 3)
+ * against the token's x pairs with vpdpwssd; the two int32 sums (exact) are added before the
+ * one conversion of the block. */
+QP_INLINE void group_tokens_q8(float *y, size_t ldy, const uint8_t *tg, const ifk_qx *qx, int n0, int nr, int t0,
+                               const int B, const int C)
 {
-    const size_t group_bytes = (size_t)qx->nb * (64 + 8 * (size_t)B);
+    const int nb = qx->nb;
+    const size_t tb = 64 + 16 * (size_t)B;
+    const __m512i lo = _mm512_set1_epi16(0x00FF);
+    __m512 yv[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < C; j++)
+        yv[j] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *tile = tg + (size_t)b * tb;
+        if (C == 1)
+            for (size_t o = 0; o < tb; o += 64)
+                _mm_prefetch((const char *)tile + QP_AHEAD + o, _MM_HINT_T0);
+        __m512i a0[8], a1[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < C; j++)
+            a0[j] = a1[j] = _mm512_setzero_si512();
+#pragma GCC unroll 16
+        for (int st = 0; st < B / 4; st++) {
+            const __m512i v = _mm512_loadu_si512(tile + 64 + 64 * st);
+            const __m512i w0 = _mm512_and_si512(v, lo), w1 = _mm512_srli_epi16(v, 8);
+#pragma GCC unroll 8
+            for (int j = 0; j < C; j++) {
+                const int8_t *xq = qx->q + (size_t)(t0 + j) * qx->q_ld + 2 * ((size_t)b * B + 4 * (size_t)st);
+                a0[j] = _mm512_dpwssd_epi32(a0[j], w0, bcast4(xq));
+                a1[j] = _mm512_dpwssd_epi32(a1[j], w1, bcast4(xq + 4));
+            }
+        }
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tile));
+        const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tile + 32)));
+#pragma GCC unroll 8
+        for (int j = 0; j < C; j++) {
+            const size_t o = (size_t)(t0 + j) * qx->s_ld + (size_t)b;
+            const __m512 p = _mm512_cvtepi32_ps(_mm512_add_epi32(a0[j], a1[j]));
+            yv[j] = _mm512_fmadd_ps(p, _mm512_mul_ps(dv, _mm512_set1_ps(qx->s0[o])), yv[j]);
+            yv[j] = _mm512_fmadd_ps(mv, _mm512_set1_ps(qx->sum[o]), yv[j]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < C; j++) {
+        float *yp = y + (size_t)(t0 + j) * ldy + n0;
+        if (nr == 16)
+            _mm512_storeu_ps(yp, yv[j]);
+        else
+            _mm512_mask_storeu_ps(yp, (__mmask16)((1u << nr) - 1u), yv[j]);
+    }
+}
+
+/* One group against tokens t0 .. t0 + C - 1: Q4 or Q8 (x16). */
+QP_INLINE void group_tile(float *y, size_t ldy, const uint8_t *tg, const ifk_qx *qx, int n0, int nr, int t0,
+                          const int B, const int x16, const int C)
+{
+    if (x16)
+        group_tokens_q8(y, ldy, tg, qx, n0, nr, t0, B, C);
+    else
+        group_tokens(y, ldy, tg, qx, n0, nr, t0, B, C);
+}
+
+/* Rows n0 <= n < n1 (n0 a multiple of 16), every token, of a packed matrix of block B. */
+QP_INLINE void packed_rows(float *y, size_t ldy, const uint8_t *P, const ifk_qx *qx, int n0, int n1, const int B,
+                           const int x16)
+{
+    const size_t group_bytes = (size_t)qx->nb * (64 + (x16 ? 16 : 8) * (size_t)B);
     for (int n = n0; n < n1; n += 16) {
         const uint8_t *tg = P + (size_t)(n / 16) * group_bytes;
         const int nr = n1 - n < 16 ? n1 - n : 16;
         int t = 0;
         for (; t + 8 <= qx->T; t += 8)
-            group_tokens(y, ldy, tg, qx, n, nr, t, B, 8);
+            group_tile(y, ldy, tg, qx, n, nr, t, B, x16, 8);
         if (t + 4 <= qx->T)
-            group_tokens(y, ldy, tg, qx, n, nr, t, B, 4), t += 4;
+            group_tile(y, ldy, tg, qx, n, nr, t, B, x16, 4), t += 4;
         if (t + 2 <= qx->T)
-            group_tokens(y, ldy, tg, qx, n, nr, t, B, 2), t += 2;
+            group_tile(y, ldy, tg, qx, n, nr, t, B, x16, 2), t += 2;
         if (t < qx->T)
-            group_tokens(y, ldy, tg, qx, n, nr, t, B, 1);
+            group_tile(y, ldy, tg, qx, n, nr, t, B, x16, 1);
     }
 }
 
-QP_FN static void rows_b32(float *y, size_t ldy, const uint8_t *P, const ifk_qx *qx, int n0, int n1)
-{
-    packed_rows(y, ldy, P, qx, n0, n1, 32);
-}
-
-QP_FN static void rows_b64(float *y, size_t ldy, const uint8_t *P, const ifk_qx *qx, int n0, int n1)
-{
-    packed_rows(y, ldy, P, qx, n0, n1, 64);
-}
+#define QP_ROWS_FN(name, B, x16)                                                                   \
+    QP_FN static void name(float *y, size_t ldy, const uint8_t *P, const ifk_qx *qx, int n0, int n1) \
+    {                                                                                              \
+        packed_rows(y, ldy, P, qx, n0, n1, B, x16);                                                \
+    }
+QP_ROWS_FN(rows_q4_b32, 32, 0)
+QP_ROWS_FN(rows_q4_b64, 64, 0)
+QP_ROWS_FN(rows_q8_b32, 32, 1)
+QP_ROWS_FN(rows_q8_b64, 64, 1)
 
 QP_FN IFK_DECL_QMATMUL_ROWS(ifk_avx512_qmatmul_packed_rows)
 {
-    if (qx->B == 64)
-        rows_b64(y, ldy, W, qx, n0, n1);
+    if (qx->x16)
+        (qx->B == 64 ? rows_q8_b64 : rows_q8_b32)(y, ldy, W, qx, n0, n1);
     else
-        rows_b32(y, ldy, W, qx, n0, n1);
+        (qx->B == 64 ? rows_q4_b64 : rows_q4_b32)(y, ldy, W, qx, n0, n1);
 }

@@ -91,10 +91,12 @@ static void *make_weights(int wtype, int N, int K)
 
 static const char *type_name(int wtype)
 {
-    if (ifk_qpack_base(wtype) == IFK_Q4_B32)
-        return "q4_b32 packed";
-    if (ifk_qpack_base(wtype) == IFK_Q4_B64)
-        return "q4_b64 packed";
+    static const char *packed[IFK_QTYPE_END_] = {
+        [IFK_Q4_B32] = "q4_b32 packed", [IFK_Q4_B64] = "q4_b64 packed",
+        [IFK_Q8_B32] = "q8_b32 packed", [IFK_Q8_B64] = "q8_b64 packed",
+    };
+    if (ifk_qpack_base(wtype) >= 0)
+        return packed[ifk_qpack_base(wtype)] ? packed[ifk_qpack_base(wtype)] : "packed";
     if (ifk_qtype(wtype))
         return ifk_qtype(wtype)->name;
     return wtype == IFK_F32 ? "f32" : wtype == IFK_F16 ? "f16" : "bf16";
