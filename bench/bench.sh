@@ -5,7 +5,9 @@
 # convert time and peak RSS, load time, prefill and decode tokens/s at 1 and 2 threads, and
 # decode speed as a fraction of the read bandwidth that ../shared/tools/membw.c measures; the
 # same for TinyLlama with every matrix in each quantized type (bytes read per token are the
-# quantized bytes)
+# quantized bytes; prefill of 128 and 512 tokens as a fraction of the roof of the instruction the
+# type's product runs on, which qbench --roof measures in the same run; the packed types also in
+# the row layout, IFLOW_PACK=0)
 # (decode streams every weight matrix once per token); then the kernel micro-benchmarks
 # (bench/kbench.c); and the TinyLlama shape split by layer and by tensor over virtual CPU devices
 # (cpu:1, cpu:2; iflow-run --plan), measured against iflow-partition's estimate, so the cost
@@ -32,6 +34,8 @@ membw() { # threads -> read-only GB/s
 log "measuring memory bandwidth"
 bw1=$(membw 1)
 bw2=$(membw 2)
+log "measuring the int8 / int16 / F32 instruction roofs"
+roof=$("$build/qbench" --roof --quick --threads 2 | jq -s .)
 
 convert() { # name, args... -> JSON {convert_s, peak_rss_mib}
     local name=$1; shift
@@ -64,15 +68,36 @@ tl32=$(entry tinyllama-1.1b-f32 64 16 --synthetic "$DATA/models/synthetic/tinyll
 quant_entries() { # TinyLlama F16 -> each quantized type (every matrix): decode and prefill
     log "tinyllama-1.1b quantized: converting F16"
     bin/iflow-convert --synthetic "$DATA/models/synthetic/tinyllama-1.1b" -t f16 -o "$work/tl-src.ifs"
-    local t out=()
+    # multiply-adds of the matrices per token x 2: the FLOPs a prefill token costs (attention aside)
+    local flop
+    flop=$(jq '2 * (.num_hidden_layers * (2 * .hidden_size * .hidden_size
+                + 2 * .hidden_size * (.hidden_size / .num_attention_heads * .num_key_value_heads)
+                + 3 * .hidden_size * .intermediate_size) + .vocab_size * .hidden_size)' \
+        "$DATA/models/synthetic/tinyllama-1.1b/config.json")
+    local t out=() r128 r512 rows
     for t in ${IFLOW_BENCH_TYPES:-q8_b32 q8_b64 q6 q5 q4_b32 q4_b64 q3h q3_b32 q2}; do
         log "tinyllama-1.1b-$t: quantizing and running"
         bin/iflow-quant -t "$t" --keep "*=$t" -i "$work/tl-src.ifs" -o "$work/tl-$t.ifs"
-        out+=("$(jq -c --arg t "$t" --argjson size "$(stat -c %s "$work/tl-$t.ifs")" --argjson bw1 "$bw1" --argjson bw2 "$bw2" '
+        r128=$("$build/iflow-bench" "$work/tl-$t.ifs" 128 16 1 2)
+        r512=$("$build/iflow-bench" "$work/tl-$t.ifs" 512 1 1 2)
+        rows=null
+        case $t in q4_b32 | q4_b64 | q8_b32 | q8_b64) # packed at load (kernels/cpu/qpack.h): the row layout too
+            rows=$(IFLOW_PACK=0 "$build/iflow-bench" "$work/tl-$t.ifs" 128 16 1 2) ;;
+        esac
+        # the roof of the instruction the type's product runs on: int16 x for Q8 and Q6, else int8
+        out+=("$(jq -c --arg t "$t" --argjson size "$(stat -c %s "$work/tl-$t.ifs")" --argjson bw1 "$bw1" --argjson bw2 "$bw2" \
+            --argjson flop "$flop" --argjson roof "$roof" --argjson r512 "$r512" --argjson rows "$rows" '
+            ($roof | map(select(.op == (if ($t | test("^q[86]")) then "vpdpwssd_int16" else "vpdpbusd_int8" end)))) as $ro |
             {name: ("tinyllama-1.1b-" + $t), type: $t, file_bytes: $size, load_s, decode_bytes_per_token,
-             runs: [.runs[] | . + {membw_gbps: (if .threads == 1 then $bw1 else $bw2 end)}
-                    | . + {decode_fraction_of_bandwidth: (.decode_weight_gbps / .membw_gbps)}]}' \
-            <<<"$("$build/iflow-bench" "$work/tl-$t.ifs" 16 16 1 2)")")
+             matrix_flop_per_token: $flop,
+             runs: [.runs[] | .threads as $n | . + {membw_gbps: (if $n == 1 then $bw1 else $bw2 end),
+                    prefill_512_tok_s: ($r512.runs[] | select(.threads == $n) | .prefill_tok_s),
+                    rows_layout_prefill_tok_s: (if $rows then ($rows.runs[] | select(.threads == $n) | .prefill_tok_s) else null end),
+                    rows_layout_decode_tok_s: (if $rows then ($rows.runs[] | select(.threads == $n) | .decode_tok_s) else null end),
+                    roof_gops: ($ro[] | select(.threads == $n) | .GOPs)}
+                    | . + {decode_fraction_of_bandwidth: (.decode_weight_gbps / .membw_gbps),
+                           prefill_fraction_of_roof: (.prefill_tok_s * $flop / 1e9 / .roof_gops)}]}' \
+            <<<"$r128")")
         rm -f "$work/tl-$t.ifs"
     done
     rm -f "$work/tl-src.ifs"
@@ -202,9 +227,9 @@ log "kernel micro-benchmarks"
 kern=$("$build/kbench" --quick | jq -s .)
 
 jq -n --argjson bw1 "$bw1" --argjson bw2 "$bw2" --argjson a "$s260" --argjson b "$tl16" --argjson c "$tl32" \
-    --argjson kern "$kern" --argjson quant "$quant" --argjson part "$part" --argjson batch "$batch" --argjson ctxshift "$ctxshift" --argjson spec "$spec" --argjson busy "$busy" \
+    --argjson kern "$kern" --argjson roof "$roof" --argjson quant "$quant" --argjson part "$part" --argjson batch "$batch" --argjson ctxshift "$ctxshift" --argjson spec "$spec" --argjson busy "$busy" \
     --arg cpu "$(sed -nE 's/^model name\s*: //p' /proc/cpuinfo | head -n 1)" --arg cores "$(nproc)" '
     {machine: {cpu: $cpu, cores: ($cores | tonumber), kernel_path: ($kern[0].isa // null),
-               membw_read_gbps: {"1": $bw1, "2": $bw2}},
+               membw_read_gbps: {"1": $bw1, "2": $bw2}, roof: $roof},
      models: [$a, $b, $c], quantized: $quant, partition: $part, batch: $batch, context_shift: $ctxshift, speculative: $spec, busy_core: $busy,
      kernels: $kern}'

@@ -3,7 +3,7 @@
  * per line on stdout.
  *
  *   qbench [--isa scalar|avx2|avx512|avx512gfni] [--threads N] [--no-single] [--type NAME]... [--shape NxK]...
- *          [--decode] [--quick]
+ *          [--decode] [--quick] [--roof]
  *
  * decode:  T = 1 on the TinyLlama shapes (N x K = 2048x2048, 5632x2048, 2048x5632, 32000x2048,
  *          256x2048) at 1 thread (unless --no-single) and at --threads (default: all cores). GBps = bytes of the
@@ -11,11 +11,15 @@
  *          (>= 256 MiB in all), so the weights come from DRAM, as in a model.
  * prefill: T = 64 on 2048x2048 and 5632x2048; GFLOPs = 2 T N K / time.
  * Each type in the row layout ("layout":"rows"), then packed (qpack.h) where this CPU has it.
+ * roof:    the peak of vpdpbusd (int8), vpdpwssd (int16) and FMA (F32) on 512-bit registers in
+ *          GOP/s (a multiply-add is 2), at 1 thread and at --threads, when the CPU has VNNI:
+ *          what the products' GFLOPs are fractions of. Only this is run.
  * Times: the best and the median of rounds (a decode round reads every copy once). Other
  * processes on the machine show up in the median first; compare best-of figures.
  *
  * Built by `make bench` (build/rel/qbench, linked with libiflow.a); bench.sh does not run it.
  */
+#include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -121,6 +125,67 @@ static void bench_prefill(int type, int ptype, int T, int N, int K, int threads,
     free(y);
 }
 
+/* ---- the roof: peak vpdpbusd, vpdpwssd and FMA throughput ------------------------------- */
+
+#define ROOF_CHAINS 12 /* independent accumulators: more than latency x throughput */
+
+/* iters x ROOF_CHAINS instructions of one kind on 512-bit registers, in independent chains;
+ * returns a value that depends on every result (so that nothing is optimized away). */
+#define ROOF_FN(name, T, init, step, reduce)                                                      \
+    __attribute__((target("avx512f,avx512bw,avx512vnni"), noinline)) static float name(long iters) \
+    {                                                                                            \
+        T a[ROOF_CHAINS];                                                                        \
+        _Pragma("GCC unroll 12") for (int c = 0; c < ROOF_CHAINS; c++) a[c] = init;              \
+        for (long i = 0; i < iters; i++)                                                         \
+            _Pragma("GCC unroll 12") for (int c = 0; c < ROOF_CHAINS; c++) a[c] = step;          \
+        float r = 0.0f;                                                                          \
+        for (int c = 0; c < ROOF_CHAINS; c++)                                                    \
+            r += (float)reduce(a[c]);                                                            \
+        return r;                                                                                \
+    }
+ROOF_FN(roof_dpbusd, __m512i, _mm512_set1_epi32(c),
+        _mm512_dpbusd_epi32(a[c], _mm512_set1_epi8(3), _mm512_set1_epi8(-2)), _mm512_reduce_add_epi32)
+ROOF_FN(roof_dpwssd, __m512i, _mm512_set1_epi32(c),
+        _mm512_dpwssd_epi32(a[c], _mm512_set1_epi16(3), _mm512_set1_epi16(-2)), _mm512_reduce_add_epi32)
+ROOF_FN(roof_fma, __m512, _mm512_set1_ps((float)c),
+        _mm512_fmadd_ps(a[c], _mm512_set1_ps(1.0000001f), _mm512_set1_ps(-1e-7f)), _mm512_reduce_add_ps)
+
+static float roof_loop(int op, long iters)
+{
+    return op == 0 ? roof_dpbusd(iters) : op == 1 ? roof_dpwssd(iters) : roof_fma(iters);
+}
+
+/* roof_loop on `threads` threads at once; the sum of their results. */
+static float roof_team(int op, long iters, int threads)
+{
+    float sum = 0.0f;
+#pragma omp parallel num_threads(threads) reduction(+ : sum)
+    sum += roof_loop(op, iters);
+    return sum;
+}
+
+/* The peak of each kind of instruction, in GOP/s (a multiply-add is 2 operations), on every
+ * thread at once: the ceiling the products' GFLOPs are fractions of. */
+static void bench_roof(int threads, double min_s)
+{
+    static const char *names[] = { "vpdpbusd_int8", "vpdpwssd_int16", "vfmadd_f32" };
+    static const double ops_per_insn[] = { 128, 64, 32 };
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512vnni"))
+        return;
+    const long iters = 2000000;
+    for (int op = 0; op < 3; op++) {
+        double best, med;
+        volatile float sink = 0.0f;
+        BENCH_ROUNDS(min_s, &best, &med, sink += roof_team(op, iters, threads));
+        double ops = ops_per_insn[op] * ROOF_CHAINS * (double)iters * threads;
+        printf("{\"bench\":\"roof\",\"op\":\"%s\",\"threads\":%d,\"GOPs\":%.1f,\"GOPs_median\":%.1f}\n",
+               names[op], threads, ops / best * 1e-9, ops / med * 1e-9);
+        fflush(stdout);
+        (void)sink;
+    }
+}
+
 static int type_by_name(const char *s)
 {
     for (int t = IFK_Q8_B32; t < IFK_QTYPE_END_; t++)
@@ -131,7 +196,7 @@ static int type_by_name(const char *s)
 
 int main(int argc, char **argv)
 {
-    int threads = omp_get_num_procs(), quick = 0, decode_only = 0, single = 1, types[IFK_QTYPE_END_], n_types = 0;
+    int threads = omp_get_num_procs(), quick = 0, roof = 0, decode_only = 0, single = 1, types[IFK_QTYPE_END_], n_types = 0;
     int shapes[16][2] = { { 2048, 2048 }, { 5632, 2048 }, { 2048, 5632 }, { 32000, 2048 }, { 256, 2048 } };
     int n_shapes = 5, own_shapes = 0;
     for (int i = 1; i < argc; i++) {
@@ -164,9 +229,11 @@ int main(int argc, char **argv)
             decode_only = 1;
         } else if (!strcmp(argv[i], "--quick")) {
             quick = 1;
+        } else if (!strcmp(argv[i], "--roof")) {
+            roof = 1;
         } else {
             fprintf(stderr, "usage: qbench [--isa scalar|avx2|avx512] [--threads N] [--no-single] [--type NAME]... "
-                            "[--shape NxK]... [--decode] [--quick]\n");
+                            "[--shape NxK]... [--decode] [--quick] [--roof]\n");
             return 1;
         }
     }
@@ -174,6 +241,12 @@ int main(int argc, char **argv)
         for (int t = IFK_Q8_B32; t < IFK_QTYPE_END_; t++)
             types[n_types++] = t;
     const double min_s = quick ? 0.2 : 1.0;
+    if (roof) {
+        bench_roof(1, min_s);
+        if (threads > 1)
+            bench_roof(threads, min_s);
+        return 0;
+    }
     int thread_counts[2] = { 1, threads }, n_tc = threads > 1 ? 2 : 1, tc0 = single || threads == 1 ? 0 : 1;
     for (int ti = 0; ti < n_types; ti++) {
         /* the row layout, then the packed one where this CPU has it */
