@@ -178,6 +178,9 @@ static const iflow_device_ops cuda_ops = {
     cu_close, cu_query, cu_alloc, cu_free, cu_upload, cu_download, cu_supports, cu_matmul, cu_rmsnorm,
     cu_rope, cu_attention, cu_silu_mul, cu_add, cu_add_bias, cu_argmax, cu_kv_store, cu_attention_paged,
     cu_kv_shift,
+    NULL, /* gelu_mul: none yet (the engine refuses gelu blocks on CUDA) */
+    NULL, /* layernorm: none yet */
+    NULL, /* pack: CUDA multiplies the row layout */
 };
 
 int iflow_cuda_count(const char **why)
