@@ -32,121 +32,93 @@ QP_INLINE __m512i bcast4(const int8_t *p)
     return _mm512_set1_epi32(v);
 }
 
-/* y[t0 + j][n0 + r] for j < C, r < nr (<= 16): the 16 rows of the group whose tiles start at
- * tg ([nb][64 + 8 B] bytes) against tokens t0 .. t0 + C - 1 of qx. */
-QP_INLINE void group_tokens(float *y, size_t ldy, const uint8_t *tg, const ifk_qx *qx, int n0, int nr, int t0,
-                            const int B, const int C)
+/* The exact int32 sums of one Q4 tile (B / 8 slabs) for tokens t0 .. t0 + C - 1: a0[j] over the
+ * slabs' low nibbles (the even k-steps), a1[j] over their high nibbles. */
+QP_INLINE void sums_q4(__m512i *a0, __m512i *a1, const uint8_t *tile, const ifk_qx *qx, int b, int t0, const int B,
+                       const int C)
 {
-    const int nb = qx->nb;
-    const size_t tb = 64 + 8 * (size_t)B; /* bytes of a tile */
     const __m512i lo = _mm512_set1_epi8(15);
-    __m512 yv[8];
 #pragma GCC unroll 8
-    for (int j = 0; j < C; j++)
-        yv[j] = _mm512_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *tile = tg + (size_t)b * tb;
-        if (C == 1)
-            for (size_t o = 0; o < tb; o += 64)
-                _mm_prefetch((const char *)tile + QP_AHEAD + o, _MM_HINT_T0);
-        __m512i a0[8], a1[8]; /* [C] the even and the odd k-steps */
-#pragma GCC unroll 8
-        for (int j = 0; j < C; j++)
-            a0[j] = a1[j] = _mm512_setzero_si512();
-#pragma GCC unroll 8
-        for (int p = 0; p < B / 8; p++) {
-            const __m512i v = _mm512_loadu_si512(tile + 64 + 64 * p);
-            const __m512i w0 = _mm512_and_si512(v, lo), w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo);
-#pragma GCC unroll 8
-            for (int j = 0; j < C; j++) {
-                const int8_t *xq = qx->q + (size_t)(t0 + j) * qx->q_ld + (size_t)b * B + 8 * p;
-                a0[j] = _mm512_dpbusd_epi32(a0[j], w0, bcast4(xq));
-                a1[j] = _mm512_dpbusd_epi32(a1[j], w1, bcast4(xq + 4));
-            }
-        }
-        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tile));
-        const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tile + 32)));
+    for (int p = 0; p < B / 8; p++) {
+        const __m512i v = _mm512_loadu_si512(tile + 64 + 64 * p);
+        const __m512i w0 = _mm512_and_si512(v, lo), w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo);
 #pragma GCC unroll 8
         for (int j = 0; j < C; j++) {
-            const size_t o = (size_t)(t0 + j) * qx->s_ld + (size_t)b;
-            const float s0 = qx->s0[o], s1 = B == 64 ? qx->s1[o] : s0;
-            yv[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a0[j]), _mm512_mul_ps(dv, _mm512_set1_ps(s0)), yv[j]);
-            yv[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a1[j]), _mm512_mul_ps(dv, _mm512_set1_ps(s1)), yv[j]);
-            yv[j] = _mm512_fmadd_ps(mv, _mm512_set1_ps(qx->sum[o]), yv[j]);
+            const int8_t *xq = qx->q + (size_t)(t0 + j) * qx->q_ld + (size_t)b * B + 8 * p;
+            a0[j] = _mm512_dpbusd_epi32(a0[j], w0, bcast4(xq));
+            a1[j] = _mm512_dpbusd_epi32(a1[j], w1, bcast4(xq + 4));
         }
-    }
-#pragma GCC unroll 8
-    for (int j = 0; j < C; j++) {
-        float *yp = y + (size_t)(t0 + j) * ldy + n0;
-        if (nr == 16)
-            _mm512_storeu_ps(yp, yv[j]);
-        else
-            _mm512_mask_storeu_ps(yp, (__mmask16)((1u << nr) - 1u), yv[j]);
     }
 }
 
-/* Q8 (int16 x, one x scale per block): as group_tokens, each slab of 64 bytes split into its
- * even bytes (levels 4 s, 4 s + 1 of each row, as int16 pairs) and odd bytes (4 s + 2, 4 s + 3)
- * against the token's x pairs with vpdpwssd; the two int32 sums (exact) are added before the
- * one conversion of the block. */
-QP_INLINE void group_tokens_q8(float *y, size_t ldy, const uint8_t *tg, const ifk_qx *qx, int n0, int nr, int t0,
-                               const int B, const int C)
+/* The same for a Q8 tile (B / 4 slabs) against int16 x: a0[j] over the slabs' even bytes (levels
+ * 4 s, 4 s + 1 of each row, as int16 pairs), a1[j] over the odd bytes (4 s + 2, 4 s + 3). */
+QP_INLINE void sums_q8(__m512i *a0, __m512i *a1, const uint8_t *tile, const ifk_qx *qx, int b, int t0, const int B,
+                       const int C)
 {
-    const int nb = qx->nb;
-    const size_t tb = 64 + 16 * (size_t)B;
     const __m512i lo = _mm512_set1_epi16(0x00FF);
-    __m512 yv[8];
-#pragma GCC unroll 8
-    for (int j = 0; j < C; j++)
-        yv[j] = _mm512_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *tile = tg + (size_t)b * tb;
-        if (C == 1)
-            for (size_t o = 0; o < tb; o += 64)
-                _mm_prefetch((const char *)tile + QP_AHEAD + o, _MM_HINT_T0);
-        __m512i a0[8], a1[8];
-#pragma GCC unroll 8
-        for (int j = 0; j < C; j++)
-            a0[j] = a1[j] = _mm512_setzero_si512();
 #pragma GCC unroll 16
-        for (int st = 0; st < B / 4; st++) {
-            const __m512i v = _mm512_loadu_si512(tile + 64 + 64 * st);
-            const __m512i w0 = _mm512_and_si512(v, lo), w1 = _mm512_srli_epi16(v, 8);
-#pragma GCC unroll 8
-            for (int j = 0; j < C; j++) {
-                const int8_t *xq = qx->q + (size_t)(t0 + j) * qx->q_ld + 2 * ((size_t)b * B + 4 * (size_t)st);
-                a0[j] = _mm512_dpwssd_epi32(a0[j], w0, bcast4(xq));
-                a1[j] = _mm512_dpwssd_epi32(a1[j], w1, bcast4(xq + 4));
-            }
-        }
-        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tile));
-        const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tile + 32)));
+    for (int st = 0; st < B / 4; st++) {
+        const __m512i v = _mm512_loadu_si512(tile + 64 + 64 * st);
+        const __m512i w0 = _mm512_and_si512(v, lo), w1 = _mm512_srli_epi16(v, 8);
 #pragma GCC unroll 8
         for (int j = 0; j < C; j++) {
-            const size_t o = (size_t)(t0 + j) * qx->s_ld + (size_t)b;
-            const __m512 p = _mm512_cvtepi32_ps(_mm512_add_epi32(a0[j], a1[j]));
-            yv[j] = _mm512_fmadd_ps(p, _mm512_mul_ps(dv, _mm512_set1_ps(qx->s0[o])), yv[j]);
-            yv[j] = _mm512_fmadd_ps(mv, _mm512_set1_ps(qx->sum[o]), yv[j]);
+            const int8_t *xq = qx->q + (size_t)(t0 + j) * qx->q_ld + 2 * ((size_t)b * B + 4 * (size_t)st);
+            a0[j] = _mm512_dpwssd_epi32(a0[j], w0, bcast4(xq));
+            a1[j] = _mm512_dpwssd_epi32(a1[j], w1, bcast4(xq + 4));
         }
-    }
-#pragma GCC unroll 8
-    for (int j = 0; j < C; j++) {
-        float *yp = y + (size_t)(t0 + j) * ldy + n0;
-        if (nr == 16)
-            _mm512_storeu_ps(yp, yv[j]);
-        else
-            _mm512_mask_storeu_ps(yp, (__mmask16)((1u << nr) - 1u), yv[j]);
     }
 }
 
-/* One group against tokens t0 .. t0 + C - 1: Q4 or Q8 (x16). */
+/* y[t0 + j][n0 + r] for j < C, r < nr (<= 16): the 16 rows of the group whose tiles start at
+ * tg ([nb][16 BB] bytes) against tokens t0 .. t0 + C - 1 of qx; Q4, or Q8 (x16: int16 x, one
+ * x scale per block, the two int32 sums added exactly before the one conversion). */
 QP_INLINE void group_tile(float *y, size_t ldy, const uint8_t *tg, const ifk_qx *qx, int n0, int nr, int t0,
                           const int B, const int x16, const int C)
 {
-    if (x16)
-        group_tokens_q8(y, ldy, tg, qx, n0, nr, t0, B, C);
-    else
-        group_tokens(y, ldy, tg, qx, n0, nr, t0, B, C);
+    const int nb = qx->nb;
+    const size_t tb = 64 + (x16 ? 16 : 8) * (size_t)B; /* bytes of a tile */
+    __m512 yv[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < C; j++)
+        yv[j] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *tile = tg + (size_t)b * tb;
+        if (C == 1)
+            for (size_t o = 0; o < tb; o += 64)
+                _mm_prefetch((const char *)tile + QP_AHEAD + o, _MM_HINT_T0);
+        __m512i a0[8], a1[8]; /* [C] */
+#pragma GCC unroll 8
+        for (int j = 0; j < C; j++)
+            a0[j] = a1[j] = _mm512_setzero_si512();
+        if (x16)
+            sums_q8(a0, a1, tile, qx, b, t0, B, C);
+        else
+            sums_q4(a0, a1, tile, qx, b, t0, B, C);
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tile));
+        const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tile + 32)));
+#pragma GCC unroll 8
+        for (int j = 0; j < C; j++) {
+            const size_t o = (size_t)(t0 + j) * qx->s_ld + (size_t)b;
+            const float s0 = qx->s0[o], s1 = B == 64 && !x16 ? qx->s1[o] : s0;
+            if (x16) {
+                const __m512 p = _mm512_cvtepi32_ps(_mm512_add_epi32(a0[j], a1[j]));
+                yv[j] = _mm512_fmadd_ps(p, _mm512_mul_ps(dv, _mm512_set1_ps(s0)), yv[j]);
+            } else {
+                yv[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a0[j]), _mm512_mul_ps(dv, _mm512_set1_ps(s0)), yv[j]);
+                yv[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a1[j]), _mm512_mul_ps(dv, _mm512_set1_ps(s1)), yv[j]);
+            }
+            yv[j] = _mm512_fmadd_ps(mv, _mm512_set1_ps(qx->sum[o]), yv[j]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < C; j++) {
+        float *yp = y + (size_t)(t0 + j) * ldy + n0;
+        if (nr == 16)
+            _mm512_storeu_ps(yp, yv[j]);
+        else
+            _mm512_mask_storeu_ps(yp, (__mmask16)((1u << nr) - 1u), yv[j]);
+    }
 }
 
 /* Rows n0 <= n < n1 (n0 a multiple of 16), every token, of a packed matrix of block B. */
