@@ -32,40 +32,26 @@ QP_INLINE __m512i bcast4(const int8_t *p)
     return _mm512_set1_epi32(v);
 }
 
-/* The exact int32 sums of one Q4 tile (B / 8 slabs) for tokens t0 .. t0 + C - 1: a0[j] over the
- * slabs' low nibbles (the even k-steps), a1[j] over their high nibbles. */
-QP_INLINE void sums_q4(__m512i *a0, __m512i *a1, const uint8_t *tile, const ifk_qx *qx, int b, int t0, const int B,
-                       const int C)
+/* The exact int32 sums of one tile for tokens t0 .. t0 + C - 1, into a0[j] and a1[j].
+ * Q4: B / 8 slabs of 8 levels a row; a0 over the low nibbles (the even k-steps), a1 over the
+ *     high nibbles, vpdpbusd against int8 x.
+ * Q8 (x16): B / 4 slabs of 4 levels a row; a0 over the even bytes (levels 4 s, 4 s + 1 as an
+ *     int16 pair), a1 over the odd bytes (4 s + 2, 4 s + 3), vpdpwssd against int16 x pairs. */
+QP_INLINE void tile_sums(__m512i *a0, __m512i *a1, const uint8_t *tile, const ifk_qx *qx, int b, int t0, const int B,
+                         const int x16, const int C)
 {
-    const __m512i lo = _mm512_set1_epi8(15);
-#pragma GCC unroll 8
-    for (int p = 0; p < B / 8; p++) {
-        const __m512i v = _mm512_loadu_si512(tile + 64 + 64 * p);
-        const __m512i w0 = _mm512_and_si512(v, lo), w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo);
-#pragma GCC unroll 8
-        for (int j = 0; j < C; j++) {
-            const int8_t *xq = qx->q + (size_t)(t0 + j) * qx->q_ld + (size_t)b * B + 8 * p;
-            a0[j] = _mm512_dpbusd_epi32(a0[j], w0, bcast4(xq));
-            a1[j] = _mm512_dpbusd_epi32(a1[j], w1, bcast4(xq + 4));
-        }
-    }
-}
-
-/* The same for a Q8 tile (B / 4 slabs) against int16 x: a0[j] over the slabs' even bytes (levels
- * 4 s, 4 s + 1 of each row, as int16 pairs), a1[j] over the odd bytes (4 s + 2, 4 s + 3). */
-QP_INLINE void sums_q8(__m512i *a0, __m512i *a1, const uint8_t *tile, const ifk_qx *qx, int b, int t0, const int B,
-                       const int C)
-{
-    const __m512i lo = _mm512_set1_epi16(0x00FF);
+    const __m512i lo = x16 ? _mm512_set1_epi16(0x00FF) : _mm512_set1_epi8(15);
+    const int per = x16 ? 4 : 8; /* elements of the block a slab holds */
 #pragma GCC unroll 16
-    for (int st = 0; st < B / 4; st++) {
-        const __m512i v = _mm512_loadu_si512(tile + 64 + 64 * st);
-        const __m512i w0 = _mm512_and_si512(v, lo), w1 = _mm512_srli_epi16(v, 8);
+    for (int s = 0; s < B / per; s++) {
+        const __m512i v = _mm512_loadu_si512(tile + 64 + 64 * s);
+        const __m512i w0 = _mm512_and_si512(v, lo);
+        const __m512i w1 = x16 ? _mm512_srli_epi16(v, 8) : _mm512_and_si512(_mm512_srli_epi16(v, 4), lo);
 #pragma GCC unroll 8
         for (int j = 0; j < C; j++) {
-            const int8_t *xq = qx->q + (size_t)(t0 + j) * qx->q_ld + 2 * ((size_t)b * B + 4 * (size_t)st);
-            a0[j] = _mm512_dpwssd_epi32(a0[j], w0, bcast4(xq));
-            a1[j] = _mm512_dpwssd_epi32(a1[j], w1, bcast4(xq + 4));
+            const int8_t *xq = qx->q + (size_t)(t0 + j) * qx->q_ld + (x16 ? 2 : 1) * ((size_t)b * B + (size_t)(per * s));
+            a0[j] = x16 ? _mm512_dpwssd_epi32(a0[j], w0, bcast4(xq)) : _mm512_dpbusd_epi32(a0[j], w0, bcast4(xq));
+            a1[j] = x16 ? _mm512_dpwssd_epi32(a1[j], w1, bcast4(xq + 4)) : _mm512_dpbusd_epi32(a1[j], w1, bcast4(xq + 4));
         }
     }
 }
@@ -91,10 +77,7 @@ QP_INLINE void group_tile(float *y, size_t ldy, const uint8_t *tg, const ifk_qx 
 #pragma GCC unroll 8
         for (int j = 0; j < C; j++)
             a0[j] = a1[j] = _mm512_setzero_si512();
-        if (x16)
-            sums_q8(a0, a1, tile, qx, b, t0, B, C);
-        else
-            sums_q4(a0, a1, tile, qx, b, t0, B, C);
+        tile_sums(a0, a1, tile, qx, b, t0, B, x16, C);
         const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tile));
         const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tile + 32)));
 #pragma GCC unroll 8
