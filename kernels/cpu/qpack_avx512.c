@@ -42,7 +42,6 @@ QP_INLINE void tile_sums(__m512i *a0, __m512i *a1, const uint8_t *tile, const if
 {
     const __m512i lo = x16 ? _mm512_set1_epi16(0x00FF) : _mm512_set1_epi8(15);
     const int per = x16 ? 4 : 8; /* elements of the block a slab holds */
-#pragma GCC unroll 16
     for (int s = 0; s < B / per; s++) {
         const __m512i v = _mm512_loadu_si512(tile + 64 + 64 * s);
         const __m512i w0 = _mm512_and_si512(v, lo);
