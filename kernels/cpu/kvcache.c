@@ -235,25 +235,38 @@ void ifk_kv_shift(void *k, void *v, const ifk_kv_layout *L, const int32_t *table
 
 /* ---- attention ---------------------------------------------------------------------------- */
 
-/* a . b over n, as 16 lanes summed in a fixed tree. */
+/* GCC's vector types (the width the clone's target allows; plain code where it has none). */
+typedef float kv_f16x __attribute__((vector_size(64)));
+typedef float kv_f8x __attribute__((vector_size(32)));
+typedef float kv_f4x __attribute__((vector_size(16)));
+
+/* a . b over n, as 16 lanes summed in a fixed tree: lane u sums the products of elements
+ * i = u (mod 16) in order, then lanes u and u + w are added for w = 8, 4, 2, 1. Written with
+ * vector types so that the tree stays in registers; the values are those of the scalar loops
+ * (no contraction in -std=c11). */
 static inline float dot(const float *a, const float *b, int n)
 {
-    float acc[16] = {0};
+    kv_f16x acc = {0};
     int i = 0;
-    for (; i + 16 <= n; i += 16)
-        for (int u = 0; u < 16; u++)
-            acc[u] += a[i + u] * b[i + u];
+    for (; i + 16 <= n; i += 16) {
+        kv_f16x va, vb;
+        memcpy(&va, a + i, sizeof va);
+        memcpy(&vb, b + i, sizeof vb);
+        acc += va * vb;
+    }
     for (; i < n; i++)
         acc[i & 15] += a[i] * b[i];
-    for (int w = 8; w; w >>= 1)
-        for (int u = 0; u < w; u++)
-            acc[u] += acc[u + w];
-    return acc[0];
+    kv_f8x h8 = __builtin_shufflevector(acc, acc, 0, 1, 2, 3, 4, 5, 6, 7) +
+                __builtin_shufflevector(acc, acc, 8, 9, 10, 11, 12, 13, 14, 15);
+    kv_f4x h4 = __builtin_shufflevector(h8, h8, 0, 1, 2, 3) + __builtin_shufflevector(h8, h8, 4, 5, 6, 7);
+    float h2[2] = {h4[0] + h4[2], h4[1] + h4[3]};
+    return h2[0] + h2[1];
 }
 
 /* The nh query heads of kv head g for one query row that attends to keys first .. n_keys - 1.
  * q, out: [nh][hd] (the row's heads g*nh ..). Online softmax over chunks of IFK_KV_CHUNK keys. */
-static void attend(float *out, const float *q, const void *k, const void *v, const ifk_kv_layout *L,
+KV_CLONES
+static void attend(float *restrict out, const float *restrict q, const void *k, const void *v, const ifk_kv_layout *L,
                    const int32_t *table, int first, int n_keys, int g, int nh, float scale)
 {
     const int hd = L->head_dim;
@@ -279,6 +292,7 @@ static void attend(float *out, const float *q, const void *k, const void *v, con
                 mx = s[h][j] > mx ? s[h][j] : mx;
             const float corr = expf(m[h] - mx); /* 0 on the first chunk (m = -inf) */
             float *o = out + (size_t)h * hd;
+#pragma omp simd
             for (int d = 0; d < hd; d++)
                 o[d] *= corr;
             l[h] *= corr;
@@ -293,6 +307,7 @@ static void attend(float *out, const float *q, const void *k, const void *v, con
             for (int h = 0; h < nh; h++) {
                 float *o = out + (size_t)h * hd;
                 const float p = s[h][j];
+#pragma omp simd /* element-wise: the same values as the scalar loop (no contraction in -std=c11) */
                 for (int d = 0; d < hd; d++)
                     o[d] += p * vf[d];
             }
