@@ -98,6 +98,9 @@ static inline uint16_t f2h(float f)
 
 /* ---- one head of one position, to F32 ----------------------------------------------------- */
 
+/* Head g of pool row r as F32: in place for an F32 pool, else converted into buf [head_dim]. */
+static inline const float *head_of(float *buf, const void *pool, const ifk_kv_layout *L, size_t r, int g);
+
 /* out [head_dim] = head g of pool row r. */
 static inline void load_head(float *out, const void *pool, const ifk_kv_layout *L, size_t r, int g)
 {
@@ -199,6 +202,14 @@ void ifk_kv_block_extent(const ifk_kv_layout *L, int64_t blk, size_t *val, size_
     }
 }
 
+static inline const float *head_of(float *buf, const void *pool, const ifk_kv_layout *L, size_t r, int g)
+{
+    if (L->type == IFK_KV_F32)
+        return (const float *)pool + r * (size_t)L->n_kv_heads * L->head_dim + (size_t)g * L->head_dim;
+    load_head(buf, pool, L, r, g);
+    return buf;
+}
+
 /* ---- context shift ------------------------------------------------------------------------ */
 
 /* Pool row dst = pool row src, as stored (values, and Q8's scales). */
@@ -279,9 +290,9 @@ static void attend(float *restrict out, const float *restrict q, const void *k, 
     for (int j0 = first; j0 < n_keys; j0 += IFK_KV_CHUNK) {
         const int nj = n_keys - j0 < IFK_KV_CHUNK ? n_keys - j0 : IFK_KV_CHUNK;
         for (int j = 0; j < nj; j++) {
-            load_head(kf, k, L, row_of(L, table, j0 + j), g);
+            const float *kh = head_of(kf, k, L, row_of(L, table, j0 + j), g);
             for (int h = 0; h < nh; h++)
-                s[h][j] = dot(q + (size_t)h * hd, kf, hd) * scale;
+                s[h][j] = dot(q + (size_t)h * hd, kh, hd) * scale;
             if (L->softcap > 0) /* Gemma 2's attention soft-capping */
                 for (int h = 0; h < nh; h++)
                     s[h][j] = L->softcap * tanhf(s[h][j] / L->softcap);
@@ -303,13 +314,13 @@ static void attend(float *restrict out, const float *restrict q, const void *k, 
             }
         }
         for (int j = 0; j < nj; j++) {
-            load_head(vf, v, L, row_of(L, table, j0 + j), g);
+            const float *vh = head_of(vf, v, L, row_of(L, table, j0 + j), g);
             for (int h = 0; h < nh; h++) {
                 float *o = out + (size_t)h * hd;
                 const float p = s[h][j];
 #pragma omp simd /* element-wise: the same values as the scalar loop (no contraction in -std=c11) */
                 for (int d = 0; d < hd; d++)
-                    o[d] += p * vf[d];
+                    o[d] += p * vh[d];
             }
         }
     }

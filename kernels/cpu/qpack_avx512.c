@@ -6,8 +6,9 @@
  * and every token of the tile adds both into its own int32 accumulators with vpdpbusd against
  * 4 bytes of its x broadcast; at the end of the block the accumulators are converted and
  * scaled into the tokens' 16 outputs (qpack.h's arithmetic, the same for every C). Q8 slabs
- * are split into their even and odd bytes, int16 pairs for vpdpwssd against int16 x. Decode
- * (C = 1) reads the tiles as one forward stream with a software prefetch ahead.
+ * are split into their even and odd bytes, int16 pairs for vpdpwssd against int16 x. The first
+ * token tile of a group (all of decode) reads the tiles as one forward stream with a software
+ * prefetch ahead; the later ones find them in cache.
  *
  * Every function carries target("avx512vnni") on top of the file's -mavx512* flags;
  * qdispatch.c calls them only on CPUs that have it (ifk_qpath_vnni).
@@ -69,7 +70,7 @@ QP_INLINE void group_tile(float *y, size_t ldy, const uint8_t *tg, const ifk_qx 
         yv[j] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *tile = tg + (size_t)b * tb;
-        if (C == 1)
+        if (t0 == 0) /* the group's first pass reads its tiles from memory */
             for (size_t o = 0; o < tb; o += 64)
                 _mm_prefetch((const char *)tile + QP_AHEAD + o, _MM_HINT_T0);
         __m512i a0[8], a1[8]; /* [C] */
