@@ -274,14 +274,51 @@ static inline float dot(const float *a, const float *b, int n)
     return h2[0] + h2[1];
 }
 
+/* o[d] += p[0] * v[0][d], then + p[1] * v[1][d], ... in that order for every d < hd (the
+ * values of the plain loop), with o held in registers across the nj rows.  v: [nj] rows. */
+static inline void add_weighted(float *restrict o, const float *const *v, const float *p, int nj, int hd)
+{
+    int d0 = 0;
+    for (; d0 + 64 <= hd; d0 += 64) {
+        kv_f16x a[4], t;
+        memcpy(a, o + d0, sizeof a);
+        for (int j = 0; j < nj; j++)
+            for (int i = 0; i < 4; i++) {
+                memcpy(&t, v[j] + d0 + 16 * i, sizeof t);
+                a[i] += p[j] * t;
+            }
+        memcpy(o + d0, a, sizeof a);
+    }
+    for (; d0 + 16 <= hd; d0 += 16) {
+        kv_f16x a, t;
+        memcpy(&a, o + d0, sizeof a);
+        for (int j = 0; j < nj; j++) {
+            memcpy(&t, v[j] + d0, sizeof t);
+            a += p[j] * t;
+        }
+        memcpy(o + d0, &a, sizeof a);
+    }
+    for (; d0 < hd; d0++) {
+        float a = o[d0];
+        for (int j = 0; j < nj; j++)
+            a += p[j] * v[j][d0];
+        o[d0] = a;
+    }
+}
+
 /* The nh query heads of kv head g for one query row that attends to keys first .. n_keys - 1.
- * q, out: [nh][hd] (the row's heads g*nh ..). Online softmax over chunks of IFK_KV_CHUNK keys. */
+ * q, out: [nh][hd] (the row's heads g*nh ..). Online softmax over chunks of IFK_KV_CHUNK keys;
+ * within a chunk each head takes the chunk's keys (scores) and values (sums) in key order, so
+ * a head's output depends only on its query and the keys, whatever the order of the heads. An
+ * F32 pool is read in place; other types are converted a chunk at a time. */
 KV_CLONES
 static void attend(float *restrict out, const float *restrict q, const void *k, const void *v, const ifk_kv_layout *L,
                    const int32_t *table, int first, int n_keys, int g, int nh, float scale)
 {
-    const int hd = L->head_dim;
-    float kf[hd], vf[hd], m[nh], l[nh], s[nh][IFK_KV_CHUNK];
+    const int hd = L->head_dim, conv = L->type != IFK_KV_F32;
+    float kbuf[conv ? IFK_KV_CHUNK * hd : 1], vbuf[conv ? IFK_KV_CHUNK * hd : 1];
+    float m[nh], l[nh], s[nh][IFK_KV_CHUNK];
+    const float *kr[IFK_KV_CHUNK], *vr[IFK_KV_CHUNK];
     for (int h = 0; h < nh; h++) {
         m[h] = -INFINITY;
         l[h] = 0.0f;
@@ -290,14 +327,17 @@ static void attend(float *restrict out, const float *restrict q, const void *k, 
     for (int j0 = first; j0 < n_keys; j0 += IFK_KV_CHUNK) {
         const int nj = n_keys - j0 < IFK_KV_CHUNK ? n_keys - j0 : IFK_KV_CHUNK;
         for (int j = 0; j < nj; j++) {
-            const float *kh = head_of(kf, k, L, row_of(L, table, j0 + j), g);
-            for (int h = 0; h < nh; h++)
-                s[h][j] = dot(q + (size_t)h * hd, kh, hd) * scale;
-            if (L->softcap > 0) /* Gemma 2's attention soft-capping */
-                for (int h = 0; h < nh; h++)
-                    s[h][j] = L->softcap * tanhf(s[h][j] / L->softcap);
+            const size_t r = row_of(L, table, j0 + j);
+            kr[j] = head_of(kbuf + (conv ? (size_t)j * hd : 0), k, L, r, g);
+            vr[j] = head_of(vbuf + (conv ? (size_t)j * hd : 0), v, L, r, g);
         }
         for (int h = 0; h < nh; h++) {
+            const float *qh = q + (size_t)h * hd;
+            for (int j = 0; j < nj; j++)
+                s[h][j] = dot(qh, kr[j], hd) * scale;
+            if (L->softcap > 0) /* Gemma 2's attention soft-capping */
+                for (int j = 0; j < nj; j++)
+                    s[h][j] = L->softcap * tanhf(s[h][j] / L->softcap);
             float mx = m[h];
             for (int j = 0; j < nj; j++)
                 mx = s[h][j] > mx ? s[h][j] : mx;
@@ -312,16 +352,7 @@ static void attend(float *restrict out, const float *restrict q, const void *k, 
                 s[h][j] = expf(s[h][j] - mx);
                 l[h] += s[h][j];
             }
-        }
-        for (int j = 0; j < nj; j++) {
-            const float *vh = head_of(vf, v, L, row_of(L, table, j0 + j), g);
-            for (int h = 0; h < nh; h++) {
-                float *o = out + (size_t)h * hd;
-                const float p = s[h][j];
-#pragma omp simd /* element-wise: the same values as the scalar loop (no contraction in -std=c11) */
-                for (int d = 0; d < hd; d++)
-                    o[d] += p * vh[d];
-            }
+            add_weighted(o, vr, s[h], nj, hd);
         }
     }
     for (int h = 0; h < nh; h++) {
