@@ -98,9 +98,6 @@ static inline uint16_t f2h(float f)
 
 /* ---- one head of one position, to F32 ----------------------------------------------------- */
 
-/* Head g of pool row r as F32: in place for an F32 pool, else converted into buf [head_dim]. */
-static inline const float *head_of(float *buf, const void *pool, const ifk_kv_layout *L, size_t r, int g);
-
 /* out [head_dim] = head g of pool row r. */
 static inline void load_head(float *out, const void *pool, const ifk_kv_layout *L, size_t r, int g)
 {
@@ -130,6 +127,15 @@ static inline void load_head(float *out, const void *pool, const ifk_kv_layout *
     default:
         memset(out, 0, (size_t)hd * sizeof(float));
     }
+}
+
+/* Head g of pool row r as F32: in place for an F32 pool, else converted into buf [head_dim]. */
+static inline const float *head_of(float *buf, const void *pool, const ifk_kv_layout *L, size_t r, int g)
+{
+    if (L->type == IFK_KV_F32)
+        return (const float *)pool + r * (size_t)L->n_kv_heads * L->head_dim + (size_t)g * L->head_dim;
+    load_head(buf, pool, L, r, g);
+    return buf;
 }
 
 void ifk_kv_load_row(float *out, const void *pool, const ifk_kv_layout *L, const int32_t *table, int pos)
@@ -200,14 +206,6 @@ void ifk_kv_block_extent(const ifk_kv_layout *L, int64_t blk, size_t *val, size_
         *scale = (size_t)L->n_blocks * rows * KV + r0 * ns * 2;
         *scale_bytes = rows * ns * 2;
     }
-}
-
-static inline const float *head_of(float *buf, const void *pool, const ifk_kv_layout *L, size_t r, int g)
-{
-    if (L->type == IFK_KV_F32)
-        return (const float *)pool + r * (size_t)L->n_kv_heads * L->head_dim + (size_t)g * L->head_dim;
-    load_head(buf, pool, L, r, g);
-    return buf;
 }
 
 /* ---- context shift ------------------------------------------------------------------------ */

@@ -201,6 +201,13 @@ static void qxq_run(const void *args, const void *in, int i, float *out)
 }
 #endif
 
+/* y = 0 for T rows of N: what a product the kernels cannot compute gives. */
+static void zero_y(float *y, size_t ldy, int T, int N)
+{
+    for (int t = 0; t < T; t++)
+        memset(y + (size_t)t * ldy, 0, (size_t)N * sizeof *y);
+}
+
 /* A packed matrix (qpack.h) on a path that does not read it (the ISA forced lower after
  * packing): rows unpacked to the row layout, a block of 16 at a time. */
 static void qmatmul_unpacked(float *y, size_t ldy, const void *P, int ptype, const float *x, size_t ldx, int T, int N,
@@ -210,8 +217,7 @@ static void qmatmul_unpacked(float *y, size_t ldy, const void *P, int ptype, con
     const size_t rb = ifk_qrow_bytes(type, K);
     void *rows = malloc(16 * rb);
     if (!rows) { /* cannot happen in practice: 16 rows; give zeros, as for a bad type */
-        for (int t = 0; t < T; t++)
-            memset(y + (size_t)t * ldy, 0, (size_t)N * sizeof *y);
+        zero_y(y, ldy, T, N);
         return;
     }
     for (int n = 0; n < N; n += 16) {
@@ -235,8 +241,7 @@ void ifk_qmatmul(float *y, size_t ldy, const void *W, int type, const float *x, 
     if (packed)
         type = ifk_qpack_base(type); /* x is quantized as for the base type */
     if (!ifk_qtype(type) || K <= 0) {
-        for (int t = 0; t < T; t++)
-            memset(y + (size_t)t * ldy, 0, (size_t)N * sizeof *y);
+        zero_y(y, ldy, T, N);
         return;
     }
     int nt = threads_for(n_threads, (double)T * N * K);

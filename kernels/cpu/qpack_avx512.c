@@ -27,6 +27,12 @@
  * 33 tok/s at 2 KiB, 35 at 8 KiB, no better at 16 KiB. */
 enum { QP_AHEAD = 8192 };
 
+/* Bytes of a tile (qpack.h): 16 rows x one block of B, Q4 or Q8 (x16). */
+QP_INLINE size_t tile_bytes(const int B, const int x16)
+{
+    return 64 + (x16 ? 16 : 8) * (size_t)B;
+}
+
 /* 4 bytes of x as one int32, broadcast. */
 QP_INLINE __m512i bcast4(const int8_t *p)
 {
@@ -65,7 +71,7 @@ QP_INLINE void group_tile(float *y, size_t ldy, const uint8_t *tg, const ifk_qx 
                           const int B, const int x16, const int C)
 {
     const int nb = qx->nb;
-    const size_t tb = 64 + (x16 ? 16 : 8) * (size_t)B; /* bytes of a tile */
+    const size_t tb = tile_bytes(B, x16);
     __m512 yv[8];
 #pragma GCC unroll 8
     for (int j = 0; j < C; j++)
@@ -110,7 +116,7 @@ QP_INLINE void group_tile(float *y, size_t ldy, const uint8_t *tg, const ifk_qx 
 QP_INLINE void packed_rows(float *y, size_t ldy, const uint8_t *P, const ifk_qx *qx, int n0, int n1, const int B,
                            const int x16)
 {
-    const size_t group_bytes = (size_t)qx->nb * (64 + (x16 ? 16 : 8) * (size_t)B);
+    const size_t group_bytes = (size_t)qx->nb * tile_bytes(B, x16);
     for (int n = n0; n < n1; n += 16) {
         const uint8_t *tg = P + (size_t)(n / 16) * group_bytes;
         const int nr = n1 - n < 16 ? n1 - n : 16;

@@ -96,9 +96,9 @@ typedef struct {
     /* y[t] = layernorm(x[t]) * w + b for T contiguous rows of n (ifk_layernorm); NULL: none. */
     int  (*layernorm)(iflow_device *d, float *y, const float *x, const float *w, const float *b, int T, int n, float eps);
     /* A copy of the host matrix W [N][K] of wtype in a layout of this device's own that its
-     * matmul reads faster: *out (this device's memory, freed with free()) and *out_type, its
-     * type code for matmul. *out = NULL: W is computed as it is. NULL op: never. (The CPU packs
-     * Q4 matrices into 16-row tiles for the int8 product: kernels/cpu/qpack.h.) */
+     * matmul reads faster: *out (this device's memory, freed with its free op) and *out_type,
+     * its type code for matmul. *out = NULL: W is computed as it is. NULL op: never. (The CPU
+     * packs Q4 and Q8 matrices into 16-row tiles for the int8 product: kernels/cpu/qpack.h.) */
     int  (*pack)(iflow_device *d, void **out, int *out_type, const void *W, int wtype, int N, int K);
 } iflow_device_ops;
 
