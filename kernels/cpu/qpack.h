@@ -7,12 +7,13 @@
  * their own: three vector operations per vpdpbusd. In the packed layout the 16 lanes of a
  * vpdpbusd are 16 ROWS, each taking 4 consecutive levels against the same 4 bytes of x
  * (broadcast), so a block of 64 is 16 vpdpbusd into two int32 accumulators per token (the x
- * groups 0 and 1 of qimpl.h), converted and scaled once per block: about 7 float operations per
- * 16 vpdpbusd. Measured on the development machine (Zen 4, 1 thread, Q4_B64, 5632 x 2048,
- * 64 tokens): 283 GOP/s against 166 for the row layout (60 % of the VNNI roof).
+ * groups 0 and 1 of qimpl.h), converted and scaled once per block: 3 or 4 float multiplies
+ * per 8 or 16 vpdpbusd (see Arithmetic). Measured on the development machine (Zen 4, 1 thread,
+ * Q4_B64, 2048 x 2048, 64 tokens): 345-365 GOP/s against 160 for the row layout (75 % of the
+ * VNNI roof of 471).
  *
  * Q8 (int16 x, qimpl.h) goes the same way with vpdpwssd: a lane is a row taking 2 levels as
- * int16 against 2 values of x. Measured likewise (Q8_B64): 195-209 against 115-120 GFLOP/s.
+ * int16 against 2 values of x. Measured likewise (Q8_B64): 197-203 against 112-117 GOP/s.
  *
  * What. Packing is done once, at load, by the CPU device (libcore/device/cpu.c) into memory of
  * its own; files keep the row layout. A packed matrix has a type code of its own,
@@ -37,9 +38,12 @@
  *     Size: 64 + 8 B (Q4) or 64 + 16 B (Q8) = 16 * BB.
  *
  * Arithmetic. Per output (row n, token t) and block, in this order, with a0 / a1 the exact
- * int32 sums of the even / odd k-steps (Q4) or of the even / odd bytes (Q8):
- *     Q4: y = fma(float(a0), delta * s0, y);  y = fma(float(a1), delta * s1, y);  y = fma(min, sum, y)
- *     Q8: y = fma(float(a0 + a1), delta * s0, y);  y = fma(min, sum, y)
+ * int32 sums of the even / odd k-steps (Q4: x groups 0 / 1) or of the even / odd bytes (Q8):
+ *     Q4 of 64:       p = fma(float(a1), s1, float(a0) * s0)
+ *     Q4 of 32, Q8:   p = float(a0 + a1) * s0                 (one x scale: the ints add first)
+ *     then            y = fma(p, delta, y);  y = fma(min, sum, y)
+ * That is 3 or 4 float multiplies a block and token, beside the 8 or 16 vpdpbusd; both use the
+ * same two pipes on Zen 4, so the count sets the kernel's share of the roof.
  * (s0, s1, sum: qimpl.h's x scales and block sum; s1 = s0 for B = 32, whose x has one scale per
  * block). The same for every T, so a row of y depends only on W and its own x row (kernels.h's
  * batch invariance), but NOT the same float sum as the row layout: a model gives the same tokens

@@ -41,6 +41,36 @@ QP_INLINE __m512i bcast4(const int8_t *p)
     return _mm512_set1_epi32(v);
 }
 
+/* One slab against 8 tokens: a0[j] += w0 . x_j[0..3], a1[j] += w1 . x_j[4..7] (x_j = p + j ld,
+ * 4-byte broadcasts), OP vpdpbusd (Q4) or vpdpwssd (Q8). In assembly because GCC (12) keeps
+ * neither the 16 accumulators in registers nor the broadcasts inside the instructions: it copied
+ * accumulators around the products and loaded each x into a register of its own. Written out,
+ * the slab is its 16 products and nothing else: Q4_B64 prefill, 1 thread, 345 -> 365 GOP/s.
+ * p4 = p + 4 ld, ld3 = 3 ld: the 8 rows of x are reached with 2 bases and 2 indices. x is only
+ * read while the kernel runs, so the statement declares no memory operand. */
+#define QP_BC "%{1to16%}, %[w], "
+#define QP_SLAB8(OP, ACC, WV, D)                                                                    \
+    __asm__(OP " " D "(%[p])" QP_BC "%[a0]\n\t" OP " " D "(%[p],%[ld],1)" QP_BC "%[a1]\n\t"      \
+            OP " " D "(%[p],%[ld],2)" QP_BC "%[a2]\n\t" OP " " D "(%[p],%[ld3],1)" QP_BC "%[a3]\n\t" \
+            OP " " D "(%[q])" QP_BC "%[a4]\n\t" OP " " D "(%[q],%[ld],1)" QP_BC "%[a5]\n\t"      \
+            OP " " D "(%[q],%[ld],2)" QP_BC "%[a6]\n\t" OP " " D "(%[q],%[ld3],1)" QP_BC "%[a7]"   \
+            : [a0] "+v"(ACC[0]), [a1] "+v"(ACC[1]), [a2] "+v"(ACC[2]), [a3] "+v"(ACC[3]),            \
+              [a4] "+v"(ACC[4]), [a5] "+v"(ACC[5]), [a6] "+v"(ACC[6]), [a7] "+v"(ACC[7])             \
+            : [w] "v"(WV), [p] "r"(p), [q] "r"(p4), [ld] "r"(ld), [ld3] "r"(ld3))
+
+QP_INLINE void slab8(__m512i *a0, __m512i *a1, __m512i w0, __m512i w1, const int8_t *p, size_t ld, const int x16)
+{
+    const int8_t *p4 = p + 4 * ld;
+    const size_t ld3 = 3 * ld;
+    if (x16) {
+        QP_SLAB8("vpdpwssd", a0, w0, "");
+        QP_SLAB8("vpdpwssd", a1, w1, "4");
+    } else {
+        QP_SLAB8("vpdpbusd", a0, w0, "");
+        QP_SLAB8("vpdpbusd", a1, w1, "4");
+    }
+}
+
 /* The exact int32 sums of one tile for tokens t0 .. t0 + C - 1, into a0[j] and a1[j].
  * Q4: B / 8 slabs of 8 levels a row; a0 over the low nibbles (the even k-steps), a1 over the
  *     high nibbles, vpdpbusd against int8 x.
@@ -55,9 +85,15 @@ QP_INLINE void tile_sums(__m512i *a0, __m512i *a1, const uint8_t *tile, const if
         const __m512i v = _mm512_loadu_si512(tile + 64 + 64 * s);
         const __m512i w0 = _mm512_and_si512(v, lo);
         const __m512i w1 = x16 ? _mm512_srli_epi16(v, 8) : _mm512_and_si512(_mm512_srli_epi16(v, 4), lo);
+        /* x of token t0 at this slab's 8 (Q4) or 4 (Q8) elements */
+        const int8_t *xs = qx->q + (size_t)t0 * qx->q_ld + (x16 ? 2 : 1) * ((size_t)b * B + (size_t)(per * s));
+        if (C == 8) {
+            slab8(a0, a1, w0, w1, xs, qx->q_ld, x16);
+            continue;
+        }
 #pragma GCC unroll 8
         for (int j = 0; j < C; j++) {
-            const int8_t *xq = qx->q + (size_t)(t0 + j) * qx->q_ld + (x16 ? 2 : 1) * ((size_t)b * B + (size_t)(per * s));
+            const int8_t *xq = xs + (size_t)j * qx->q_ld;
             a0[j] = x16 ? _mm512_dpwssd_epi32(a0[j], w0, bcast4(xq)) : _mm512_dpbusd_epi32(a0[j], w0, bcast4(xq));
             a1[j] = x16 ? _mm512_dpwssd_epi32(a1[j], w1, bcast4(xq + 4)) : _mm512_dpbusd_epi32(a1[j], w1, bcast4(xq + 4));
         }
@@ -91,14 +127,14 @@ QP_INLINE void group_tile(float *y, size_t ldy, const uint8_t *tg, const ifk_qx 
 #pragma GCC unroll 8
         for (int j = 0; j < C; j++) {
             const size_t o = (size_t)(t0 + j) * qx->s_ld + (size_t)b;
-            const float s0 = qx->s0[o], s1 = B == 64 && !x16 ? qx->s1[o] : s0;
-            if (x16) {
-                const __m512 p = _mm512_cvtepi32_ps(_mm512_add_epi32(a0[j], a1[j]));
-                yv[j] = _mm512_fmadd_ps(p, _mm512_mul_ps(dv, _mm512_set1_ps(s0)), yv[j]);
-            } else {
-                yv[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a0[j]), _mm512_mul_ps(dv, _mm512_set1_ps(s0)), yv[j]);
-                yv[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a1[j]), _mm512_mul_ps(dv, _mm512_set1_ps(s1)), yv[j]);
-            }
+            /* p: the block's product before the weight scales (qpack.h's arithmetic). */
+            __m512 p;
+            if (x16 || B == 32)
+                p = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a0[j], a1[j])), _mm512_set1_ps(qx->s0[o]));
+            else
+                p = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a1[j]), _mm512_set1_ps(qx->s1[o]),
+                                    _mm512_mul_ps(_mm512_cvtepi32_ps(a0[j]), _mm512_set1_ps(qx->s0[o])));
+            yv[j] = _mm512_fmadd_ps(p, dv, yv[j]);
             yv[j] = _mm512_fmadd_ps(mv, _mm512_set1_ps(qx->sum[o]), yv[j]);
         }
     }
