@@ -58,6 +58,24 @@ QP_INLINE __m512i bcast4(const int8_t *p)
               [a4] "+v"(ACC[4]), [a5] "+v"(ACC[5]), [a6] "+v"(ACC[6]), [a7] "+v"(ACC[7])             \
             : [w] "v"(WV), [p] "r"(p), [q] "r"(p4), [ld] "r"(ld), [ld3] "r"(ld3))
 
+#define QP_SLAB4(OP, ACC, WV, D)                                                                    \
+    __asm__(OP " " D "(%[p])" QP_BC "%[a0]\n\t" OP " " D "(%[p],%[ld],1)" QP_BC "%[a1]\n\t"      \
+            OP " " D "(%[p],%[ld],2)" QP_BC "%[a2]\n\t" OP " " D "(%[p],%[ld3],1)" QP_BC "%[a3]"   \
+            : [a0] "+v"(ACC[0]), [a1] "+v"(ACC[1]), [a2] "+v"(ACC[2]), [a3] "+v"(ACC[3])             \
+            : [w] "v"(WV), [p] "r"(p), [ld] "r"(ld), [ld3] "r"(ld3))
+
+QP_INLINE void slab4(__m512i *a0, __m512i *a1, __m512i w0, __m512i w1, const int8_t *p, size_t ld, const int x16)
+{
+    const size_t ld3 = 3 * ld;
+    if (x16) {
+        QP_SLAB4("vpdpwssd", a0, w0, "");
+        QP_SLAB4("vpdpwssd", a1, w1, "4");
+    } else {
+        QP_SLAB4("vpdpbusd", a0, w0, "");
+        QP_SLAB4("vpdpbusd", a1, w1, "4");
+    }
+}
+
 QP_INLINE void slab8(__m512i *a0, __m512i *a1, __m512i w0, __m512i w1, const int8_t *p, size_t ld, const int x16)
 {
     const int8_t *p4 = p + 4 * ld;
@@ -89,6 +107,10 @@ QP_INLINE void tile_sums(__m512i *a0, __m512i *a1, const uint8_t *tile, const if
         const int8_t *xs = qx->q + (size_t)t0 * qx->q_ld + (x16 ? 2 : 1) * ((size_t)b * B + (size_t)(per * s));
         if (C == 8) {
             slab8(a0, a1, w0, w1, xs, qx->q_ld, x16);
+            continue;
+        }
+        if (C == 4) {
+            slab4(a0, a1, w0, w1, xs, qx->q_ld, x16);
             continue;
         }
 #pragma GCC unroll 8
