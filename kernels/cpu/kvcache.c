@@ -277,15 +277,27 @@ static inline float dot(const float *a, const float *b, int n)
 static inline void add_weighted(float *restrict o, const float *const *v, const float *p, int nj, int hd)
 {
     int d0 = 0;
-    for (; d0 + 64 <= hd; d0 += 64) {
-        kv_f16x a[4], t;
-        memcpy(a, o + d0, sizeof a);
-        for (int j = 0; j < nj; j++)
-            for (int i = 0; i < 4; i++) {
-                memcpy(&t, v[j] + d0 + 16 * i, sizeof t);
-                a[i] += p[j] * t;
-            }
-        memcpy(o + d0, a, sizeof a);
+    for (; d0 + 64 <= hd; d0 += 64) { /* four named sums: an array of them stayed in memory */
+        kv_f16x a0, a1, a2, a3, t0, t1, t2, t3;
+        memcpy(&a0, o + d0, sizeof a0);
+        memcpy(&a1, o + d0 + 16, sizeof a1);
+        memcpy(&a2, o + d0 + 32, sizeof a2);
+        memcpy(&a3, o + d0 + 48, sizeof a3);
+        for (int j = 0; j < nj; j++) {
+            const float *vj = v[j] + d0;
+            memcpy(&t0, vj, sizeof t0);
+            memcpy(&t1, vj + 16, sizeof t1);
+            memcpy(&t2, vj + 32, sizeof t2);
+            memcpy(&t3, vj + 48, sizeof t3);
+            a0 += p[j] * t0;
+            a1 += p[j] * t1;
+            a2 += p[j] * t2;
+            a3 += p[j] * t3;
+        }
+        memcpy(o + d0, &a0, sizeof a0);
+        memcpy(o + d0 + 16, &a1, sizeof a1);
+        memcpy(o + d0 + 32, &a2, sizeof a2);
+        memcpy(o + d0 + 48, &a3, sizeof a3);
     }
     for (; d0 + 16 <= hd; d0 += 16) {
         kv_f16x a, t;
