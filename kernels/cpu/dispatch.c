@@ -222,12 +222,12 @@ void ifk_softmax(float *x, int n)
     path()->softmax(x, n);
 }
 
-void ifk_gelu_mul(float *g, const float *u, int n)
+void ifk_gelu_mul(float *g, const float *u, int n, int exact)
 {
-    const double c = 0.7978845608028654; /* sqrt(2 / pi) */
+    const double c = 0.7978845608028654, r = 0.7071067811865476; /* sqrt(2 / pi), 1 / sqrt(2) */
     for (int i = 0; i < n; i++) {
-        double x = g[i];
-        g[i] = (float)(0.5 * x * (1.0 + tanh(c * (x + 0.044715 * x * x * x))) * (u ? u[i] : 1.0f));
+        double x = g[i], e = exact ? erf(x * r) : tanh(c * (x + 0.044715 * x * x * x));
+        g[i] = (float)(0.5 * x * (1.0 + e) * (u ? u[i] : 1.0f));
     }
 }
 

@@ -84,9 +84,10 @@ void ifk_softmax(float *x, int n);
 
 /* g[i] = silu(g[i]) * u[i]  (SwiGLU); silu(v) = v / (1 + exp(-v)). */
 void ifk_silu_mul(float *g, const float *u, int n);
-/* g = gelu(g) * u with GELU's tanh form (PyTorch's gelu(approximate="tanh"), Gemma's GeGLU):
- * gelu(x) = x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))), in double, rounded once. */
-void ifk_gelu_mul(float *g, const float *u, int n); /* u NULL: g = gelu(g) */
+/* g = gelu(g) * u, in double, rounded once. exact = 0: GELU's tanh form (PyTorch's
+ * gelu(approximate="tanh"), Gemma's GeGLU), gelu(x) = x/2 * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)));
+ * exact = 1: gelu(x) = x/2 * (1 + erf(x / sqrt(2))) (PyTorch's gelu, GPT-NeoX's, BERT's). */
+void ifk_gelu_mul(float *g, const float *u, int n, int exact); /* u NULL: g = gelu(g) */
 /* y = (x - mean) / sqrt(var + eps) * w + b over n (LayerNorm; mean and variance in double). */
 void ifk_layernorm(float *y, const float *x, const float *w, const float *b, int n, float eps);
 

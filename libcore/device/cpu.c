@@ -103,9 +103,9 @@ static int cpu_attention(iflow_device *d, float *out, const float *q, const floa
     return 0;
 }
 
-static int cpu_gelu_mul(iflow_device *d, float *g, const float *u, size_t n)
+static int cpu_gelu_mul(iflow_device *d, float *g, const float *u, size_t n, int exact)
 {
-    ifk_gelu_mul(g, u, (int)n);
+    ifk_gelu_mul(g, u, (int)n, exact);
     return 0;
 }
 

@@ -90,9 +90,9 @@ typedef struct {
      * the backend cannot (the engine says so with IFLOW_EUNSUPPORTED). */
     int  (*kv_shift)(iflow_device *d, void *k, void *v, const ifk_kv_layout *L, const int32_t *table, int n_past,
                      int keep, int discard, const ifk_rope_params *rp);
-    /* g = gelu_tanh(g) * u, or gelu_tanh(g) when u is NULL (ifk_gelu_mul); NULL: the backend
-     * has none (the engine says so). */
-    int  (*gelu_mul)(iflow_device *d, float *g, const float *u, size_t n);
+    /* g = gelu(g) * u, or gelu(g) when u is NULL (ifk_gelu_mul): GELU's tanh form, or its exact
+     * (erf) form when `exact`; NULL: the backend has none (the engine says so). */
+    int  (*gelu_mul)(iflow_device *d, float *g, const float *u, size_t n, int exact);
     /* y[t] = layernorm(x[t]) * w + b for T contiguous rows of n (ifk_layernorm); NULL: none. */
     int  (*layernorm)(iflow_device *d, float *y, const float *x, const float *w, const float *b, int T, int n, float eps);
     /* A copy of the host matrix W [N][K] of wtype in a layout of this device's own that its

@@ -38,6 +38,8 @@ typedef struct {
     float *xb;                  /* [B][dim]   normed input            */
     float *q;                   /* [B][Q]     queries                 */
     float *att;                 /* [B][Q]     attention output        */
+    float *xa;                  /* [B][D]     the attention's output while the FFN runs (block
+                                   parallel_residual only; else NULL) */
     float *gate, *up;           /* [B][F]     FFN hidden              */
     float *kx, *vx;             /* [B][KV]    new keys and values, before they are stored */
     float *logits;              /* [logits_rows][vocab] (output device, not host memory) */
@@ -73,7 +75,7 @@ static void scratch_free(dev_scratch *s)
     iflow_device *d = s->dev;
     if (!d)
         return;
-    float *bufs[] = {s->x, s->xb, s->q, s->att, s->gate, s->up, s->kx, s->vx, s->logits};
+    float *bufs[] = {s->x, s->xb, s->xa, s->q, s->att, s->gate, s->up, s->kx, s->vx, s->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             d->ops->free(d, bufs[i]);
@@ -95,6 +97,8 @@ static int scratch_alloc(dev_scratch *s, const iflow_hparams *hp)
         (rc = d->ops->alloc(d, (void **)&s->kx, MAX_BATCH * KV * sizeof(float))) ||
         (rc = d->ops->alloc(d, (void **)&s->vx, MAX_BATCH * KV * sizeof(float))))
         return rc;
+    if (hp->parallel_residual)
+        return d->ops->alloc(d, (void **)&s->xa, MAX_BATCH * D * sizeof(float));
     return 0;
 }
 
@@ -487,11 +491,12 @@ static int ffn_block(iflow_ctx *c, dev_scratch *s, int k, int T, int residual)
     TRY(linear(s, s->gate, F, gated ? w->gate : w->up, gated ? w->gate_b : w->up_b, s->xb, D, T, F, D));
     if (gated)
         TRY(linear(s, s->up, F, w->up, w->up_b, s->xb, D, T, F, D));
-    if (hp->activation == IFLOW_ACT_GELU_TANH) {
+    if (hp->activation != IFLOW_ACT_SILU) {
+        const int exact = hp->activation == IFLOW_ACT_GELU;
         if (!d->ops->gelu_mul)
-            return iflow_seterr(IFLOW_EUNSUPPORTED, "block activation = gelu_tanh is not implemented on %s yet",
-                                d->info.name);
-        TRY(d->ops->gelu_mul(d, s->gate, gated ? s->up : NULL, (size_t)T * F));
+            return iflow_seterr(IFLOW_EUNSUPPORTED, "block activation = %s is not implemented on %s yet",
+                                exact ? "gelu" : "gelu_tanh", d->info.name);
+        TRY(d->ops->gelu_mul(d, s->gate, gated ? s->up : NULL, (size_t)T * F, exact));
     } else {
         if (!gated)
             return iflow_seterr(IFLOW_EUNSUPPORTED, "block ffn = plain with activation silu is not implemented");
@@ -503,6 +508,33 @@ static int ffn_block(iflow_ctx *c, dev_scratch *s, int k, int T, int residual)
     if (w->ffn_post_norm)
         TRY(d->ops->rmsnorm(d, s->xb, s->xb, w->ffn_post_norm, T, D, hp->norm_eps));
     return residual ? d->ops->add(d, s->x, s->xb, (size_t)T * D) : 0;
+}
+
+/* A whole layer (part k) on device s: attention then FFN, each added into the residual stream;
+ * with parallel_residual both read the layer's input, x + attn(n1(x)) + ffn(n2(x)): the
+ * attention's output waits in s->xa (swapped with s->xb, no copy) while the FFN runs. */
+static int layer_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows *r)
+{
+    if (!c->m->hp.parallel_residual) {
+        TRY(attention_block(c, s, k, r, 1));
+        return ffn_block(c, s, k, r->T, 1);
+    }
+    TRY(attention_block(c, s, k, r, 0));
+    float *t = s->xa;
+    s->xa = s->xb, s->xb = t;
+    TRY(ffn_block(c, s, k, r->T, 1));
+    return s->dev->ops->add(s->dev, s->x, s->xa, (size_t)r->T * c->m->hp.dim);
+}
+
+/* A layer split over devices sums its parts' outputs once per sub-block; these blocks need the
+ * whole output first, or both sub-blocks' inputs at once. */
+static int check_split(const iflow_model *m)
+{
+    if (m->hp.post_norms) /* the norm would have to follow the sum of the parts */
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "a layer with post norms cannot be split over devices yet");
+    if (m->hp.parallel_residual)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "a layer with a parallel residual cannot be split over devices yet");
+    return 0;
 }
 
 /* Where the hidden state is between layers: a device index, or HOST for c->xh. */
@@ -584,8 +616,7 @@ static void *run_part(void *arg)
 static int split_block(iflow_ctx *c, int k0, int k1, const step_rows *r, int is_ffn)
 {
     const int T = r->T;
-    if (c->m->hp.post_norms) /* the norm would have to follow the sum of the parts */
-        return iflow_seterr(IFLOW_EUNSUPPORTED, "a layer with post norms cannot be split over devices yet");
+    TRY(check_split(c->m));
     part_job jobs[IFLOW_MAX_DEVICES];
     pthread_t th[IFLOW_MAX_DEVICES];
     int started[IFLOW_MAX_DEVICES] = {0}, n = k1 - k0;
@@ -653,8 +684,7 @@ static int forward_layers(iflow_ctx *c, const int32_t *ids, const step_rows *r, 
             int dv = m->parts[k0].dev;
             TRY(move_to(c, cur, dv, T));
             cur = dv;
-            TRY(attention_block(c, &c->dev[dv], k0, r, 1));
-            TRY(ffn_block(c, &c->dev[dv], k0, T, 1));
+            TRY(layer_block(c, &c->dev[dv], k0, r));
         } else {
             TRY(move_to_host(c, cur, T));
             cur = HOST;
@@ -714,8 +744,7 @@ static int share(iflow_ctx *c, int *holder, int *cur, int T)
  * its partial output summed with every other process's, added to c->xh everywhere. */
 static int split_block_comm(iflow_ctx *c, int k0, int k1, const step_rows *r, int is_ffn)
 {
-    if (c->m->hp.post_norms)
-        return iflow_seterr(IFLOW_EUNSUPPORTED, "a layer with post norms cannot be split over devices yet");
+    TRY(check_split(c->m));
     iflow_comm *cm = c->comm;
     size_t n = (size_t)r->T * c->m->hp.dim;
     memset(c->acc, 0, n * sizeof(float));
@@ -752,8 +781,7 @@ static int forward_layers_comm(iflow_ctx *c, const int32_t *ids, const step_rows
             if (me == dv) {
                 TRY(move_to(c, cur, dv, T));
                 cur = dv;
-                TRY(attention_block(c, &c->dev[dv], k0, r, 1));
-                TRY(ffn_block(c, &c->dev[dv], k0, T, 1));
+                TRY(layer_block(c, &c->dev[dv], k0, r));
             }
         } else {
             TRY(share(c, &holder, &cur, T));

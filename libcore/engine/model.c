@@ -136,7 +136,7 @@ static int check_block(const json_t *blocks, const char *block, const char *cons
 static int read_blocks(iflow_hparams *hp, const json_t *blocks, const char *what)
 {
     static const char *const layout[] = {"decoder", NULL}, *const norm[] = {"rms", "layer", NULL},
-                             *const act[] = {"silu", "gelu_tanh", NULL}, *const ffn[] = {"gated", "plain", NULL},
+                             *const act[] = {"silu", "gelu_tanh", "gelu", NULL}, *const ffn[] = {"gated", "plain", NULL},
                              *const pos[] = {"rope", "learned", NULL}, *const rope[] = {"half", "interleaved", NULL},
                              *const emb[] = {"plain", "scaled", NULL};
     static const char *const known[] = {"layout", "norm", "activation", "ffn", "position", "rope_layout", "embedding", NULL};
@@ -240,6 +240,7 @@ int iflow_hparams_from_json(iflow_hparams *hp, const json_t *resolved, const cha
         (rc = get_bool_or(h, "post_norms", 0, &hp->post_norms, what)) ||
         (rc = get_bool_or(h, "qk_norm", 0, &hp->qk_norm, what)) ||
         (rc = get_float_or(h, "rope_theta_local", 0, &hp->rope_theta_local, what)) ||
+        (rc = get_bool_or(h, "parallel_residual", 0, &hp->parallel_residual, what)) ||
         (rc = read_layer_types(hp, h, what)) ||
         (rc = get_bool(h, "tie_embeddings", &hp->tie_embeddings, what)) || (rc = read_blocks(hp, b, what)) ||
         (rc = read_rope_scaling(hp, h, what)) || (rc = read_special(hp, h, what)))
@@ -249,8 +250,13 @@ int iflow_hparams_from_json(iflow_hparams *hp, const json_t *resolved, const cha
             return iflow_seterr(IFLOW_ESHAPE, "dim %d is not a multiple of n_heads %d in '%s'", hp->dim, hp->n_heads, what);
         hp->head_dim = hp->dim / hp->n_heads;
     }
-    if (!hp->rope_dim)
-        hp->rope_dim = hp->head_dim;
+    float rope_fraction;
+    if ((rc = get_float_or(h, "rope_fraction", 1.0f, &rope_fraction, what)))
+        return rc;
+    if (!(rope_fraction > 0.0f && rope_fraction <= 1.0f))
+        return iflow_seterr(IFLOW_ERANGE, "rope_fraction %g is not in (0, 1] in '%s'", rope_fraction, what);
+    if (!hp->rope_dim) /* as transformers: int(head_dim * rotary_pct) */
+        hp->rope_dim = (int)((double)hp->head_dim * (double)rope_fraction);
     if (!hp->ffn_dim) /* 0: GPT-2's convention, 4 * dim */
         hp->ffn_dim = 4 * hp->dim;
     hp->qkv_bias |= hp->attn_bias;

@@ -38,7 +38,7 @@
 enum { IFLOW_ROPE_SCALING_NONE = 0, IFLOW_ROPE_SCALING_LINEAR = 1, IFLOW_ROPE_SCALING_LLAMA3 = 2 };
 #define IFLOW_MAX_EOS 8
 
-enum { IFLOW_ACT_SILU = 0, IFLOW_ACT_GELU_TANH = 1 };
+enum { IFLOW_ACT_SILU = 0, IFLOW_ACT_GELU_TANH = 1, IFLOW_ACT_GELU = 2 }; /* GELU: the exact (erf) form */
 enum { IFLOW_NORM_RMS = 0, IFLOW_NORM_LAYER = 1 };   /* block norm */
 enum { IFLOW_FFN_GATED = 0, IFLOW_FFN_PLAIN = 1 };   /* block ffn: down(act(gate) * up), down(act(up)) */
 enum { IFLOW_POS_ROPE = 0, IFLOW_POS_LEARNED = 1 };  /* block position */
@@ -66,9 +66,12 @@ typedef struct {
     int qk_norm;              /* an RMSNorm over each head of q and of k before rope (q_norm,
                                  k_norm [head_dim]; Gemma 3) */
     float rope_theta_local;   /* > 0: the rope base of windowed layers (Gemma 3) */
+    int parallel_residual;    /* x + attn(n1(x)) + ffn(n2(x)), both reading the layer's input
+                                 (GPT-NeoX, GPT-J); else the FFN reads x + attn(n1(x)) */
     /* numbers */
     float norm_eps, rope_theta;
-    int rope_dim;             /* rotated dimensions per head (head_dim unless partial) */
+    int rope_dim;             /* rotated dimensions per head (head_dim unless partial; a spec's
+                                 rope_dim 0 means head_dim * rope_fraction, rounded down) */
     int rope_scaling;         /* IFLOW_ROPE_SCALING_* */
     float rope_factor, rope_low_freq, rope_high_freq;
     int rope_orig_ctx;

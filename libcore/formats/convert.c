@@ -34,6 +34,8 @@ typedef struct {
     char *xpose;                    /* [n_reqs] src[i] is rows of whole[i] transposed (NAME^T):
                                        rows[i] then has no data; the payload gathers it       */
     long *row0;                     /* [n_reqs] its first row (in the transposed matrix)      */
+    long *period;                   /* [n_reqs] > 0: src[i] is rows row0 .. of every `period`
+                                       rows of whole[i] (NAME[A:B/P]); gathered by the payload */
 } job;
 
 /* ---- the source: one of two readers ---- */
@@ -129,7 +131,8 @@ static int check_source(job *j, size_t i, const iflow_src_tensor *t, const char 
 }
 
 /* One bound of a row range: terms joined by '+', each N, SYM or N*SYM, where SYM is D (dim),
- * Q (n_heads * head_dim), KV (n_kv_heads * head_dim) or F (ffn_dim). -1 on a syntax error. */
+ * Q (n_heads * head_dim), KV (n_kv_heads * head_dim), F (ffn_dim) or H (head_dim). -1 on a
+ * syntax error. */
 static long row_expr(const char *s, size_t n, const iflow_hparams *hp)
 {
     long total = 0;
@@ -155,6 +158,7 @@ static long row_expr(const char *s, size_t n, const iflow_hparams *hp)
             else if (e - i == 1 && s[i] == 'Q') v = (long)hp->n_heads * hp->head_dim;
             else if (e - i == 2 && !strncmp(s + i, "KV", 2)) v = (long)hp->n_kv_heads * hp->head_dim;
             else if (e - i == 1 && s[i] == 'F') v = hp->ffn_dim;
+            else if (e - i == 1 && s[i] == 'H') v = hp->head_dim;
             else return -1;
             i = e;
         }
@@ -166,17 +170,20 @@ static long row_expr(const char *s, size_t n, const iflow_hparams *hp)
     return n ? total : -1;
 }
 
-/* "NAME[A:B]" (a spec's rows A .. B-1 of a fused source tensor, such as Phi-3's qkv_proj) and
- * "NAME^T" (a matrix stored transposed, GPT-2's Conv1D weights; "NAME^T[A:B]" for rows of the
- * transposed matrix): the name into base, *xpose, and the range; *r1 = -1 when there is none. */
+/* "NAME[A:B]" (a spec's rows A .. B-1 of a fused source tensor, such as Phi-3's qkv_proj),
+ * "NAME[A:B/P]" (rows A .. B-1 of every P rows: GPT-NeoX's query_key_value holds q, k and v
+ * of each head in turn) and "NAME^T" (a matrix stored transposed, GPT-2's Conv1D weights;
+ * "NAME^T[A:B]" for rows of the transposed matrix): the name into base, *xpose, and the range;
+ * *r1 = -1 when there is none, *period = 0 when it is not periodic. */
 static int parse_rows(const job *j, const char *iflow_name, const char *name, char *base, size_t cap, long *r0,
-                      long *r1, int *xpose)
+                      long *r1, long *period, int *xpose)
 {
     size_t n = strlen(name);
     const char *open = n && name[n - 1] == ']' ? strrchr(name, '[') : NULL, *colon = open ? strchr(open, ':') : NULL;
+    const char *slash = colon ? strchr(colon, '/') : NULL, *end = slash ? slash : name + n - 1;
     size_t nb = open ? (size_t)(open - name) : n;
     *xpose = nb >= 2 && name[nb - 2] == '^' && name[nb - 1] == 'T';
-    *r0 = 0, *r1 = -1;
+    *r0 = 0, *r1 = -1, *period = 0;
     snprintf(base, cap, "%.*s", (int)(nb - (*xpose ? 2 : 0)), name);
     if (*xpose && j->gguf)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "transposed tensors ('%s') are not supported for GGUF sources", name);
@@ -184,10 +191,16 @@ static int parse_rows(const job *j, const char *iflow_name, const char *name, ch
         return 0;
     if (colon)
         *r0 = row_expr(open + 1, (size_t)(colon - open - 1), &j->hp),
-        *r1 = row_expr(colon + 1, (size_t)(name + n - 1 - colon - 1), &j->hp);
-    if (!colon || *r0 < 0 || *r1 <= *r0)
-        return iflow_seterr(IFLOW_ESPEC, "bad row range in '%s' for '%s' (spec '%s'): want [A:B], A < B, over N, D, Q, KV, F",
+        *r1 = row_expr(colon + 1, (size_t)(end - colon - 1), &j->hp);
+    if (slash)
+        *period = row_expr(slash + 1, (size_t)(name + n - 1 - slash - 1), &j->hp);
+    if (!colon || *r0 < 0 || *r1 <= *r0 || *period < 0 || (slash && *r1 > *period))
+        return iflow_seterr(IFLOW_ESPEC,
+                            "bad row range in '%s' for '%s' (spec '%s'): want [A:B] or [A:B/P], A < B <= P, over N, D, Q, "
+                            "KV, F, H",
                             name, iflow_name, j->spec->path);
+    if (slash && *xpose)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "periodic row ranges of transposed tensors ('%s') are not supported", name);
     if (j->gguf)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "row ranges ('%s') are not supported for GGUF sources", name);
     return 0;
@@ -202,13 +215,16 @@ static int map_sources(job *j)
     j->rows = calloc(j->n_reqs, sizeof *j->rows);
     j->xpose = calloc(j->n_reqs, 1);
     j->row0 = calloc(j->n_reqs, sizeof *j->row0);
-    int rc = used && j->src && j->whole && j->rows && j->xpose && j->row0 ? 0 : iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    j->period = calloc(j->n_reqs, sizeof *j->period);
+    int rc = used && j->src && j->whole && j->rows && j->xpose && j->row0 && j->period
+                 ? 0
+                 : iflow_seterr(IFLOW_ENOMEM, "out of memory");
     for (size_t i = 0; i < j->n_reqs && rc == 0; i++) {
         char spec_name[512], name[512];
-        long r0, r1;
+        long r0, r1, period;
         int xpose;
         if ((rc = iflow_spec_source_name(j->spec, j->reqs[i].name, spec_name, sizeof spec_name)) < 0 ||
-            (rc = parse_rows(j, j->reqs[i].name, spec_name, name, sizeof name, &r0, &r1, &xpose)) < 0)
+            (rc = parse_rows(j, j->reqs[i].name, spec_name, name, sizeof name, &r0, &r1, &period, &xpose)) < 0)
             break;
         const iflow_src_tensor *t = j->whole[i] = j->src[i] = src_find(j, name);
         if (t && xpose) { /* the matrix transposed: [cols][rows], gathered at write time */
@@ -226,7 +242,7 @@ static int map_sources(job *j)
             t = j->src[i] = &j->rows[i];
         }
         if (t && r1 >= 0) { /* rows r0 .. r1-1 (of a vector: elements): a tensor of its own, in place */
-            if (t->n_dims > 2 || r1 > t->shape[0]) {
+            if (t->n_dims > 2 || r1 > t->shape[0] || (period && t->shape[0] % period)) {
                 rc = iflow_seterr(IFLOW_ESHAPE, "tensor '%s' in '%s' has shape [%lld, %lld]: no rows %ld..%ld for '%s'",
                                   name, src_path(j), (long long)t->shape[0], (long long)(t->n_dims > 1 ? t->shape[1] : 0),
                                   r0, r1 - 1, j->reqs[i].name);
@@ -234,9 +250,12 @@ static int map_sources(job *j)
             }
             size_t row = t->nbytes / (size_t)t->shape[0];
             iflow_src_tensor s = *t;
-            s.shape[0] = r1 - r0;
-            s.nbytes = (size_t)(r1 - r0) * row;
-            if (!xpose) {
+            s.shape[0] = (r1 - r0) * (period ? t->shape[0] / period : 1);
+            s.nbytes = (size_t)s.shape[0] * row;
+            if (period) { /* gathered by the payload */
+                s.data = NULL;
+                j->period[i] = period;
+            } else if (!xpose) {
                 s.data = (const char *)t->data + (size_t)r0 * row;
                 s.file_offset += (uint64_t)r0 * row;
             }
@@ -405,7 +424,7 @@ static int tensor_payload(job *j, size_t i, int dt, const void **data, size_t *n
     const iflow_src_tensor *t = j->src[i];
     *nbytes = iflow_tensor_nbytes(dt, r->n_dims, r->shape);
     size_t need = *nbytes + (t ? 0 : n * sizeof(float));
-    if (t && t->dtype == dt && !j->gguf && !j->xpose[i]) {
+    if (t && t->dtype == dt && !j->gguf && !j->xpose[i] && !j->period[i]) {
         *data = t->data;
         return 0;
     }
@@ -424,6 +443,19 @@ static int tensor_payload(job *j, size_t i, int dt, const void **data, size_t *n
         for (size_t r = 0; r < rows; r++) /* row r of the result = column row0 + r of w */
             for (size_t c = 0; c < cols && c < R; c++)
                 memcpy(g + (r * cols + c) * es, (const unsigned char *)w->data + (c * C + (size_t)j->row0[i] + r) * es, es);
+        int rc = iflow_dtype_convert(*buf, dt, g, t->dtype, n);
+        free(g);
+        return rc;
+    }
+    if (t && j->period[i]) { /* rows row0 .. of every period rows of whole, gathered, then converted */
+        const iflow_src_tensor *w = j->whole[i];
+        const size_t row = w->nbytes / (size_t)w->shape[0], P = (size_t)j->period[i];
+        const size_t take = (size_t)t->shape[0] / ((size_t)w->shape[0] / P); /* rows a period */
+        unsigned char *g = malloc(t->nbytes + 1);
+        if (!g)
+            return iflow_seterr(IFLOW_ENOMEM, "out of memory gathering rows of '%s'", w->name);
+        for (size_t p = 0; p < (size_t)w->shape[0] / P; p++)
+            memcpy(g + p * take * row, (const unsigned char *)w->data + (p * P + (size_t)j->row0[i]) * row, take * row);
         int rc = iflow_dtype_convert(*buf, dt, g, t->dtype, n);
         free(g);
         return rc;
@@ -530,6 +562,7 @@ static void job_close(job *j)
     free(j->rows);
     free(j->xpose);
     free(j->row0);
+    free(j->period);
     free(j->reqs);
     json_decref(j->resolved);
     iflow_spec_close(j->spec);

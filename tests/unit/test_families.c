@@ -16,6 +16,7 @@
 #include "testlib.h"
 #include "libcore/base/error.h"
 #include "libcore/engine/model.h"
+#include "libcore/engine/plan.h"
 #include "libcore/formats/spec.h"
 
 #include <jansson.h>
@@ -175,6 +176,43 @@ static void test_gpt2(void)
     iflow_model_close(m);
 }
 
+/* parallel residual, rotary on half of each head (4 of 8), exact GELU, biases everywhere; q, k
+ * and v are every third run of head_dim rows of query_key_value */
+static int gptneox_hp(const iflow_hparams *hp)
+{
+    return hp->parallel_residual && hp->rope_dim == 4 && hp->head_dim == 8 && hp->activation == IFLOW_ACT_GELU &&
+           hp->norm == IFLOW_NORM_LAYER && hp->ffn == IFLOW_FFN_PLAIN && hp->attn_bias && hp->mlp_bias &&
+           !hp->tie_embeddings;
+}
+
+static void test_gptneox(void)
+{
+    check_family("gptneox", gptneox_hp);
+    /* its layers cannot be split over devices (each sub-block's parts are summed on their own):
+     * refused by name, not computed as a sequential residual */
+    char out[300], plan_path[300];
+    snprintf(out, sizeof out, "%s/gptneox.ifs", dir);
+    snprintf(plan_path, sizeof plan_path, "%s/neox-plan.ini", dir);
+    const char *text = "[plan]\nlayers = 2\nheads = 4\nkv_heads = 4\nffn = 64\n"
+                       "[device cpu:0]\nheads = 0-1\nffn = 0-31\n[device cpu:1]\nheads = 2-3\nffn = 32-63\n";
+    test_write_file(plan_path, text, strlen(text));
+    iflow_model *m;
+    iflow_plan p;
+    iflow_device *devs[IFLOW_PLAN_MAX_DEVICES] = {0};
+    if (iflow_model_open(&m, out, 0) < 0)
+        return;
+    CHECK(iflow_plan_load(&p, plan_path) == 0 && iflow_plan_open_devices(&p, devs) == 0, "plan: %s", iflow_errmsg());
+    CHECK(iflow_model_place_plan(m, &p, devs, 16) == 0, "place: %s", iflow_errmsg());
+    iflow_ctx *c;
+    float logits[128];
+    int32_t id = 5;
+    CHECK(iflow_ctx_open(&c, m, 16, 1) == 0, "ctx: %s", iflow_errmsg());
+    CHECK_ERR(iflow_ctx_eval(c, &id, 1, logits, 0), IFLOW_EUNSUPPORTED, "parallel residual", "split over devices");
+    iflow_ctx_close(c);
+    iflow_model_close(m);
+    iflow_plan_close_devices(&p, devs);
+}
+
 /* a row range the spec gets wrong: its syntax, or rows the source matrix does not have */
 static void test_bad_rows(void)
 {
@@ -195,6 +233,8 @@ static void test_bad_rows(void)
         {"[0:QQ]", IFLOW_ESPEC, "bad row range"},
         {"[Q:0]", IFLOW_ESPEC, "bad row range"},
         {"[0:Q+99]", IFLOW_ESHAPE, "no rows 0..130"},
+        {"[0:2*H/H]", IFLOW_ESPEC, "bad row range"},            /* B > P */
+        {"[0:H/]", IFLOW_ESPEC, "bad row range"},
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         char text[1024];
@@ -255,6 +295,7 @@ int main(void)
     RUN(test_gemma3);
     RUN(test_phi3);
     RUN(test_gpt2);
+    RUN(test_gptneox);
     RUN(test_bad_rows);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
