@@ -52,7 +52,7 @@ uint64_t iflow_scratch_bytes(const iflow_hparams *hp, int batch)
 {
     uint64_t rows = batch > MAX_BATCH ? (uint64_t)batch : MAX_BATCH;
     uint64_t D = hp->dim, Q = (uint64_t)hp->n_heads * hp->head_dim, F = hp->ffn_dim;
-    return rows * (2 * D + 2 * Q + 2 * F) * sizeof(float);
+    return rows * ((hp->parallel_residual ? 3 : 2) * D + 2 * Q + 2 * F) * sizeof(float); /* + xa: forward.c */
 }
 
 uint64_t iflow_output_bytes(const iflow_hparams *hp, int output_type)
