@@ -2,6 +2,7 @@
 #include "cmd/batch.h"
 #include "cmd/comm_mpi.h"
 #include "cmd/devices.h"
+#include "cmd/embed.h"
 #include "cmd/io.h"
 #include "cmd/model.h"
 #include "cmd/opt.h"
@@ -30,6 +31,7 @@ enum {
     /* sampling: set through iflow_sampler_params_set() by their long names */
     O_SAMPLER, O_MINP, O_TYPICAL, O_TFS, O_MIROSTAT_TAU, O_MIROSTAT_ETA, O_REPEAT_PENALTY, O_REPEAT_LAST_N,
     O_FREQUENCY_PENALTY, O_PRESENCE_PENALTY, O_FSD_ALPHA, O_FSD_K, O_FSD_N, O_FSD_BETA, O_FSD_RANDOM_STEPS,
+    O_EMBED,
 };
 
 static const iflow_opt opts[] = {
@@ -77,6 +79,7 @@ static const iflow_opt opts[] = {
     {O_DRY_RUN, "dry-run", 0, NULL, "print the memory plan of --batch (weights, KV cache per request and in total, scratch) and the largest --parallel that fits, then exit", NULL},
     {O_ECHO, "echo", 0, NULL, "print the prompt before its continuation", NULL},
     {O_JSON, "json", 0, NULL, "print one JSON object per prompt: prompt, ids, text, why it stopped", NULL},
+    {O_EMBED, "embed", 0, NULL, "with an encoder (a BERT-like model): print one JSON object per prompt with its pooled embedding (docs/JSON.md)", NULL},
     {O_TOKENIZE, "tokenize", 0, NULL, "print the token ids of all of standard input, space-separated, and exit", NULL},
     {O_BOS, "bos", 0, NULL, "with --tokenize: add the beginning-of-sequence token", NULL},
     {O_PARSE_SPECIAL, "parse-special", 0, NULL, "with --tokenize: read special-token text such as <s> as the special token", NULL},
@@ -93,7 +96,7 @@ static const iflow_tool tool = {
 typedef struct {
     const char *model, *prompt;
     int n_predict, threads, n_ctx, echo, json, tokenize, bos, parse_special, verbose, list_devices;
-    int batch, parallel, kv_type, dry_run, progress;
+    int batch, parallel, kv_type, dry_run, progress, embed;
     int context_shift, keep;
     const char *draft;
     int draft_n, draft_top_k;
@@ -477,6 +480,7 @@ int main(int argc, char **argv)
         case O_ECHO: o.echo = 1; break;
         case O_JSON: o.json = 1; break;
         case O_TOKENIZE: o.tokenize = 1; break;
+        case O_EMBED: o.embed = 1; break;
         case O_BOS: o.bos = 1; break;
         case O_PARSE_SPECIAL: o.parse_special = 1; break;
         case O_VERBOSE: o.verbose = 1; break;
@@ -537,6 +541,16 @@ int main(int argc, char **argv)
         die_usage(&tool, "--draft-n, --draft-top-k and --draft-top-p go with --draft");
     if ((o.parallel || o.metrics || o.kv_type) && !o.batch && !o.dry_run)
         die_usage(&tool, "--parallel, --kv-type and --metrics go with --batch");
+    if (o.embed && (o.batch || o.dry_run || o.tokenize || o.beams || o.draft || o.n_stops || o.json || o.echo))
+        die_usage(&tool, "--embed goes with none of --batch, --dry-run, --tokenize, --beams, --draft, --stop, --json, --echo");
+    if (o.embed) {
+        embed_opts eo = {.model = o.model, .text = o.prompt, .n_ctx = o.n_ctx, .threads = o.threads,
+                         .verbose = o.verbose, .dev = o.dev};
+        if (strcmp(o.model, "-") == 0 && !o.prompt)
+            die_usage(&tool, "the model comes from standard input, so the text must come from -p");
+        free(o.stops);
+        return embed_run(&tool, &eo);
+    }
     int rc = o.tokenize ? tokenize(&o) : o.batch || o.dry_run ? run_batch(&o) : run(&o);
     free(o.stops);
     return rc;

@@ -184,6 +184,11 @@ IFLOW_API int  iflow_ctx_n_vocab(const iflow_ctx *c);
 IFLOW_API int  iflow_ctx_eval(iflow_ctx *c, const int32_t *ids, int n, float *logits, int all_logits);
 /* As iflow_ctx_eval, and *next = the most likely token after the last one (lowest id on ties). */
 IFLOW_API int  iflow_ctx_eval_argmax(iflow_ctx *c, const int32_t *ids, int n, int32_t *next);
+/* An encoder model (an embedding model such as all-MiniLM-L6-v2): out = float [dim] (see
+ * iflow_model_info), the pooled last hidden states of one input of n <= IFLOW_MAX_STEP tokens
+ * (every position seeing every other; the model's pooling and normalization). Each call stands
+ * alone. IFLOW_EUNSUPPORTED on a decoder, as is iflow_ctx_eval on an encoder. */
+IFLOW_API int  iflow_ctx_embed(iflow_ctx *c, const int32_t *ids, int n, float *out);
 /* log_softmax(logits)[id] in double precision; index of the largest of x[0..n). */
 IFLOW_API double  iflow_logprob(const float *logits, int n_vocab, int32_t id);
 IFLOW_API int32_t iflow_argmax(const float *x, int n);

@@ -43,6 +43,7 @@ complete -c iflow-run -l metrics -r -d 'with --batch: write throughput and laten
 complete -c iflow-run -l dry-run -d 'print the memory plan of --batch (weights, KV cache per request and in total, scratch) and the largest --parallel that fits, then exit'
 complete -c iflow-run -l echo -d 'print the prompt before its continuation'
 complete -c iflow-run -l json -d 'print one JSON object per prompt: prompt, ids, text, why it stopped'
+complete -c iflow-run -l embed -d 'with an encoder (a BERT-like model): print one JSON object per prompt with its pooled embedding (docs/JSON.md)'
 complete -c iflow-run -l tokenize -d 'print the token ids of all of standard input, space-separated, and exit'
 complete -c iflow-run -l bos -d 'with --tokenize: add the beginning-of-sequence token'
 complete -c iflow-run -l parse-special -d 'with --tokenize: read special-token text such as <s> as the special token'

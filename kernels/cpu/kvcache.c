@@ -398,7 +398,7 @@ static void paged_run(const void *args, const void *in, int item, float *unused)
             s++;
         const int i = (u - a->first[s]) / a->n_kv, g = (u - a->first[s]) % a->n_kv;
         const size_t off = (size_t)(a->seqs[s].row0 + i) * a->ld + (size_t)g * a->nh * a->hd;
-        const int n_keys = a->seqs[s].pos0 + i + 1, w = a->L->window;
+        const int n_keys = a->seqs[s].pos0 + (a->L->bidirectional ? a->seqs[s].n_rows : i + 1), w = a->L->window;
         attend(a->out + off, a->q + off, a->k, a->v, a->L, a->seqs[s].table, w > 0 && n_keys > w ? n_keys - w : 0,
                n_keys, g, a->nh, a->scale);
     }

@@ -42,6 +42,8 @@ typedef struct {
     int window;         /* sliding-window attention: a query sees the last
                            `window` positions, itself included; 0 = all */
     float softcap;      /* > 0: scaled scores become softcap * tanh(s / softcap) */
+    int bidirectional;  /* an encoder's: every query row of a step also sees the positions
+                           after it in that step (all of pos0 .. pos0 + n_rows - 1) */
 } ifk_kv_layout;
 
 typedef struct {
@@ -67,7 +69,8 @@ void ifk_kv_store(void *pool, const ifk_kv_layout *L, const ifk_kv_seq *seqs, in
 /* Causal grouped-query attention of every sequence's query rows over its cached positions:
  *   q, out: [rows][n_heads * head_dim] at stride ld; query row row0 + i of sequence s sits at
  *   position p = pos0 + i and attends to positions 0 .. p (already stored), or to the last
- *   L->window of them (p - window + 1 .. p) when L->window > 0.
+ *   L->window of them (p - window + 1 .. p) when L->window > 0; with L->bidirectional, to
+ *   0 .. pos0 + n_rows - 1 (the whole step: an encoder's input).
  * Query head h reads kv head h / (n_heads / n_kv_heads). Scores are scaled by `scale`. */
 void ifk_attention_paged(float *out, const float *q, size_t ld, const void *k, const void *v,
                          const ifk_kv_layout *L, const ifk_kv_seq *seqs, int n_seqs, int n_heads,

@@ -104,6 +104,8 @@ static int cu_kv_check(const iflow_device *d, const ifk_kv_layout *L, const ifk_
                             ifk_kv_type_name(L->type));
     if (L->softcap > 0)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "%s: attention soft-capping is not implemented on cuda yet", d->info.name);
+    if (L->bidirectional)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "%s: an encoder's attention is not implemented on cuda yet", d->info.name);
     if (L->window > 0)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "%s: sliding-window attention (window %d) is not implemented on cuda yet",
                             d->info.name, L->window);

@@ -143,7 +143,8 @@ static ifk_kv_layout part_layout(const iflow_model *m, int k, int type, int bloc
     int l = layer_of_part(m, k), global = m->hp.window_pattern > 1 && (l + 1) % m->hp.window_pattern == 0;
     return (ifk_kv_layout){.type = type, .block = block, .n_kv_heads = p->kv1 - p->kv0, .head_dim = m->hp.head_dim,
                            .group = ifk_kv_group(m->hp.head_dim), .n_blocks = n_blocks,
-                           .window = global ? 0 : m->hp.sliding_window, .softcap = m->hp.attn_softcap};
+                           .window = global ? 0 : m->hp.sliding_window, .softcap = m->hp.attn_softcap,
+                           .bidirectional = m->hp.layout == IFLOW_LAYOUT_ENCODER};
 }
 
 uint64_t iflow_kv_block_bytes(const iflow_model *m, int type, int block)
@@ -443,12 +444,16 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
     iflow_device *d = s->dev;
     const float *rope_scale = m->rope_scale_w[p->dev];
     int D = hp->dim, hd = hp->head_dim, nq = p->q1 - p->q0, nkv = p->kv1 - p->kv0, Q = nq * hd, KV = nkv * hd, T = r->T;
-    TRY(norm(m, d, s->xb, s->x, w->attn_norm, w->attn_norm_b, T, D));
+    const float *in = s->x; /* post_ln: the sub-block reads x itself and normalizes the sum */
+    if (!hp->post_ln) {
+        TRY(norm(m, d, s->xb, s->x, w->attn_norm, w->attn_norm_b, T, D));
+        in = s->xb;
+    }
     if (d->host_memory && p->q0 == 0) /* the inputs of every matrix, for importance matrices (observe.h) */
-        iflow_observe(c, layer_of_part(m, k), IFLOW_OBS_ATTN_IN, 0, s->xb, D, T, D);
-    TRY(linear(s, s->q, Q, w->wq, w->bq, s->xb, D, T, Q, D));
-    TRY(linear(s, s->kx, KV, w->wk, w->bk, s->xb, D, T, KV, D));
-    TRY(linear(s, s->vx, KV, w->wv, w->bv, s->xb, D, T, KV, D));
+        iflow_observe(c, layer_of_part(m, k), IFLOW_OBS_ATTN_IN, 0, in, D, T, D);
+    TRY(linear(s, s->q, Q, w->wq, w->bq, in, D, T, Q, D));
+    TRY(linear(s, s->kx, KV, w->wk, w->bk, in, D, T, KV, D));
+    TRY(linear(s, s->vx, KV, w->wv, w->bv, in, D, T, KV, D));
     if (w->q_norm) { /* qk_norm: each head's q and k (rows of head_dim) */
         TRY(d->ops->rmsnorm(d, s->q, s->q, w->q_norm, T * nq, hd, hp->norm_eps));
         TRY(d->ops->rmsnorm(d, s->kx, s->kx, w->k_norm, T * nkv, hd, hp->norm_eps));
@@ -471,7 +476,10 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
     TRY(linear(s, s->xb, D, w->wo, w->bo, s->att, Q, T, D, Q));
     if (w->attn_post_norm) /* post_norms: on the whole output (a split layer is refused) */
         TRY(d->ops->rmsnorm(d, s->xb, s->xb, w->attn_post_norm, T, D, hp->norm_eps));
-    return residual ? d->ops->add(d, s->x, s->xb, (size_t)T * D) : 0;
+    if (!residual)
+        return 0;
+    TRY(d->ops->add(d, s->x, s->xb, (size_t)T * D));
+    return hp->post_ln ? norm(m, d, s->x, s->x, w->attn_norm, w->attn_norm_b, T, D) : 0;
 }
 
 /* Gated FFN sub-block of part k for T tokens: its columns' down projection into s->xb, added
@@ -483,14 +491,18 @@ static int ffn_block(iflow_ctx *c, dev_scratch *s, int k, int T, int residual)
     const layer_weights *w = &p->w;
     iflow_device *d = s->dev;
     int D = hp->dim, F = p->f1 - p->f0;
-    TRY(norm(c->m, d, s->xb, s->x, w->ffn_norm, w->ffn_norm_b, T, D));
+    const float *in = s->x; /* post_ln: as in attention_block */
+    if (!hp->post_ln) {
+        TRY(norm(c->m, d, s->xb, s->x, w->ffn_norm, w->ffn_norm_b, T, D));
+        in = s->xb;
+    }
     if (d->host_memory && p->f0 == 0)
-        iflow_observe(c, layer_of_part(c->m, k), IFLOW_OBS_FFN_IN, 0, s->xb, D, T, D);
+        iflow_observe(c, layer_of_part(c->m, k), IFLOW_OBS_FFN_IN, 0, in, D, T, D);
     /* gated: act(gate) * up into s->gate; plain: act(up) into s->gate */
     const int gated = hp->ffn == IFLOW_FFN_GATED;
-    TRY(linear(s, s->gate, F, gated ? w->gate : w->up, gated ? w->gate_b : w->up_b, s->xb, D, T, F, D));
+    TRY(linear(s, s->gate, F, gated ? w->gate : w->up, gated ? w->gate_b : w->up_b, in, D, T, F, D));
     if (gated)
-        TRY(linear(s, s->up, F, w->up, w->up_b, s->xb, D, T, F, D));
+        TRY(linear(s, s->up, F, w->up, w->up_b, in, D, T, F, D));
     if (hp->activation != IFLOW_ACT_SILU) {
         const int exact = hp->activation == IFLOW_ACT_GELU;
         if (!d->ops->gelu_mul)
@@ -507,7 +519,10 @@ static int ffn_block(iflow_ctx *c, dev_scratch *s, int k, int T, int residual)
     TRY(linear(s, s->xb, D, w->down, w->down_b, s->gate, F, T, D, F));
     if (w->ffn_post_norm)
         TRY(d->ops->rmsnorm(d, s->xb, s->xb, w->ffn_post_norm, T, D, hp->norm_eps));
-    return residual ? d->ops->add(d, s->x, s->xb, (size_t)T * D) : 0;
+    if (!residual)
+        return 0;
+    TRY(d->ops->add(d, s->x, s->xb, (size_t)T * D));
+    return hp->post_ln ? norm(c->m, d, s->x, s->x, w->ffn_norm, w->ffn_norm_b, T, D) : 0;
 }
 
 /* A whole layer (part k) on device s: attention then FFN, each added into the residual stream;
@@ -530,7 +545,7 @@ static int layer_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows *r)
  * whole output first, or both sub-blocks' inputs at once. */
 static int check_split(const iflow_model *m)
 {
-    if (m->hp.post_norms) /* the norm would have to follow the sum of the parts */
+    if (m->hp.post_norms || m->hp.post_ln) /* the norm would have to follow the sum of the parts */
         return iflow_seterr(IFLOW_EUNSUPPORTED, "a layer with post norms cannot be split over devices yet");
     if (m->hp.parallel_residual)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "a layer with a parallel residual cannot be split over devices yet");
@@ -665,6 +680,18 @@ static int embed(iflow_ctx *c, const int32_t *ids, const step_rows *r, int to)
                 for (int d = 0; d < D; d++)
                     row[d] += tmp[d];
             }
+    for (int t = 0; t < T; t++) { /* encoders: + token type 0 (one segment), then the norm */
+        float *row = rows + (size_t)t * D, tmp[D];
+        if (m->hp.token_types > 0) {
+            ifk_get_row(tmp, m->tok_type_embd.data, m->tok_type_embd.type, 0, D);
+            for (int d = 0; d < D; d++)
+                row[d] += tmp[d];
+        }
+        if (m->hp.embed_norm && m->hp.norm == IFLOW_NORM_LAYER)
+            ifk_layernorm(row, row, m->embd_norm, m->embd_norm_b, D, m->hp.norm_eps);
+        else if (m->hp.embed_norm)
+            ifk_rmsnorm(row, row, m->embd_norm, D, m->hp.norm_eps);
+    }
     if (to == HOST || rows == c->dev[to].x)
         return 0;
     return c->dev[to].dev->ops->upload(c->dev[to].dev, c->dev[to].x, rows, (size_t)T * D * sizeof(float));
@@ -888,6 +915,8 @@ static int check_ids(const iflow_ctx *c, const int32_t *ids, int n)
 
 static int check_eval(const iflow_ctx *c, const int32_t *ids, int n)
 {
+    if (c->m->hp.layout == IFLOW_LAYOUT_ENCODER)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "an encoder gives embeddings (iflow_ctx_embed), not logits");
     if (c->comm)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "a context over several processes runs iflow_ctx_step only");
     if (!c->kv)
@@ -910,6 +939,53 @@ int iflow_ctx_eval(iflow_ctx *c, const int32_t *ids, int n, float *logits, int a
         TRY(forward_batch(c, ids + done, T, out, all_logits));
         done += T;
     }
+    return 0;
+}
+
+/* out[d] = the pooled hidden states of rows [n][D] (hyperparameters pooling, normalize). */
+static void pool_states(const iflow_hparams *hp, float *out, const float *rows, int n)
+{
+    const int D = hp->dim;
+    double norm2 = 0;
+    for (int d = 0; d < D; d++) {
+        double v = rows[d]; /* cls: the first position's state */
+        if (hp->pooling == IFLOW_POOL_MEAN) {
+            for (int t = 1; t < n; t++)
+                v += rows[(size_t)t * D + d];
+            v /= n;
+        }
+        out[d] = (float)v;
+        norm2 += (double)out[d] * out[d];
+    }
+    const double len = sqrt(norm2); /* as torch's normalize: divided by max(|v|, 1e-12) */
+    for (int d = 0; d < D && hp->normalize; d++)
+        out[d] = (float)(out[d] / (len > 1e-12 ? len : 1e-12));
+}
+
+int iflow_ctx_embed(iflow_ctx *c, const int32_t *ids, int n, float *out)
+{
+    const iflow_hparams *hp = &c->m->hp;
+    if (hp->layout != IFLOW_LAYOUT_ENCODER)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "a decoder gives logits (iflow_ctx_eval), not embeddings");
+    if (c->comm || !c->kv)
+        return iflow_seterr(IFLOW_EINVAL, "an embedding needs a context with a cache of its own");
+    if (n <= 0)
+        return iflow_seterr(IFLOW_EINVAL, "no tokens to embed");
+    if (n > MAX_BATCH || n > c->n_ctx)
+        return iflow_seterr(IFLOW_ERANGE, "an input of %d tokens is longer than an encoder step takes (%d)", n,
+                            MAX_BATCH < c->n_ctx ? MAX_BATCH : c->n_ctx);
+    TRY(check_ids(c, ids, n));
+    dev_scratch *s;
+    c->n_past = 0; /* every input on its own: the step attends to itself only */
+    int rc = forward_own(c, ids, n, &s);
+    c->n_past = 0;
+    TRY(rc);
+    const float *rows = s->x;
+    if (!s->dev->host_memory) {
+        TRY(s->dev->ops->download(s->dev, c->stage, s->x, (size_t)n * hp->dim * sizeof(float)));
+        rows = c->stage;
+    }
+    pool_states(hp, out, rows, n);
     return 0;
 }
 

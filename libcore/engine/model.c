@@ -135,7 +135,7 @@ static int check_block(const json_t *blocks, const char *block, const char *cons
 
 static int read_blocks(iflow_hparams *hp, const json_t *blocks, const char *what)
 {
-    static const char *const layout[] = {"decoder", NULL}, *const norm[] = {"rms", "layer", NULL},
+    static const char *const layout[] = {"decoder", "encoder", NULL}, *const norm[] = {"rms", "layer", NULL},
                              *const act[] = {"silu", "gelu_tanh", "gelu", NULL}, *const ffn[] = {"gated", "plain", NULL},
                              *const pos[] = {"rope", "learned", NULL}, *const rope[] = {"half", "interleaved", NULL},
                              *const emb[] = {"plain", "scaled", NULL};
@@ -150,7 +150,7 @@ static int read_blocks(iflow_hparams *hp, const json_t *blocks, const char *what
         if (!ok)
             return iflow_seterr(IFLOW_EUNSUPPORTED, "unknown block '%s' in '%s'", key, what);
     }
-    if ((rc = check_block(blocks, "layout", layout, NULL, what)) ||
+    if ((rc = check_block(blocks, "layout", layout, &hp->layout, what)) ||
         (rc = check_block(blocks, "norm", norm, &hp->norm, what)) ||
         (rc = check_block(blocks, "activation", act, &hp->activation, what)) ||
         (rc = check_block(blocks, "ffn", ffn, &hp->ffn, what)) ||
@@ -188,6 +188,21 @@ static int read_rope_scaling(iflow_hparams *hp, const json_t *h, const char *wha
     if (hp->rope_scaling != IFLOW_ROPE_SCALING_NONE && !(hp->rope_factor > 0))
         return iflow_seterr(IFLOW_ERANGE, "rope_factor must be positive in '%s'", what);
     return 0;
+}
+
+/* pooling (encoders): "cls" (the default) or "mean". */
+static int read_pooling(iflow_hparams *hp, const json_t *h, const char *what)
+{
+    const json_t *v = json_object_get(h, "pooling");
+    const char *s = json_string_value(v);
+    hp->pooling = IFLOW_POOL_CLS;
+    if (!v || (s && strcmp(s, "cls") == 0))
+        return 0;
+    if (s && strcmp(s, "mean") == 0) {
+        hp->pooling = IFLOW_POOL_MEAN;
+        return 0;
+    }
+    return iflow_seterr(IFLOW_EUNSUPPORTED, "pooling = %s is not implemented (cls or mean) in '%s'", s ? s : "?", what);
 }
 
 /* bos is an integer; eos an integer or a list of them (Llama 3.1 has several). */
@@ -241,6 +256,10 @@ int iflow_hparams_from_json(iflow_hparams *hp, const json_t *resolved, const cha
         (rc = get_bool_or(h, "qk_norm", 0, &hp->qk_norm, what)) ||
         (rc = get_float_or(h, "rope_theta_local", 0, &hp->rope_theta_local, what)) ||
         (rc = get_bool_or(h, "parallel_residual", 0, &hp->parallel_residual, what)) ||
+        (rc = get_bool_or(h, "post_ln", 0, &hp->post_ln, what)) ||
+        (rc = get_bool_or(h, "embed_norm", 0, &hp->embed_norm, what)) ||
+        (rc = get_int_or(h, "token_types", 0, &hp->token_types, what)) ||
+        (rc = get_bool_or(h, "normalize", 0, &hp->normalize, what)) || (rc = read_pooling(hp, h, what)) ||
         (rc = read_layer_types(hp, h, what)) ||
         (rc = get_bool(h, "tie_embeddings", &hp->tie_embeddings, what)) || (rc = read_blocks(hp, b, what)) ||
         (rc = read_rope_scaling(hp, h, what)) || (rc = read_special(hp, h, what)))
@@ -297,6 +316,13 @@ int iflow_model_tensors(const iflow_hparams *hp, iflow_tensor_req **reqs, size_t
     req(r, n, "tok_embd", V, D);
     if (hp->position == IFLOW_POS_LEARNED)
         req(r, n, "pos_embd", hp->max_seq, D);
+    if (hp->token_types > 0)
+        req(r, n, "tok_type_embd", hp->token_types, D);
+    if (hp->embed_norm) {
+        req(r, n, "embd_norm", D, 0);
+        if (hp->norm == IFLOW_NORM_LAYER)
+            req(r, n, "embd_norm_b", D, 0);
+    }
     for (int l = 0; l < hp->n_layers; l++) {
 #define L(suffix, d0, d1) (snprintf(name, sizeof name, "blk.%d." suffix, l), req(r, n, name, d0, d1))
         L("attn_norm", D, 0);
@@ -336,11 +362,13 @@ int iflow_model_tensors(const iflow_hparams *hp, iflow_tensor_req **reqs, size_t
         }
 #undef L
     }
-    req(r, n, "output_norm", D, 0);
-    if (hp->norm == IFLOW_NORM_LAYER)
-        req(r, n, "output_norm_b", D, 0);
-    if (!hp->tie_embeddings)
-        req(r, n, "output", V, D);
+    if (hp->layout == IFLOW_LAYOUT_DECODER) { /* an encoder's output is its hidden states */
+        req(r, n, "output_norm", D, 0);
+        if (hp->norm == IFLOW_NORM_LAYER)
+            req(r, n, "output_norm_b", D, 0);
+        if (!hp->tie_embeddings)
+            req(r, n, "output", V, D);
+    }
     *reqs = r;
     return 0;
 }
@@ -381,10 +409,13 @@ static void *slot(iflow_model *m, layer_weights *layers, const char *name, int *
     *is_weight = 1;
     if (strcmp(name, "tok_embd") == 0) return &m->tok_embd;
     if (strcmp(name, "pos_embd") == 0) return &m->pos_embd;
+    if (strcmp(name, "tok_type_embd") == 0) return &m->tok_type_embd;
     if (strcmp(name, "output") == 0) return &m->output;
     *is_weight = 0;
     if (strcmp(name, "output_norm") == 0) return &m->output_norm;
     if (strcmp(name, "output_norm_b") == 0) return &m->output_norm_b;
+    if (strcmp(name, "embd_norm") == 0) return &m->embd_norm;
+    if (strcmp(name, "embd_norm_b") == 0) return &m->embd_norm_b;
     if (sscanf(name, "blk.%d.%31s", &l, suffix) != 2 || l < 0 || l >= m->hp.n_layers)
         return NULL;
     layer_weights *w = &layers[l];
@@ -426,11 +457,12 @@ static int bind_all(iflow_model *m)
             *(weight *)dst = (weight){t->data, t->dtype};
         else
             *(const float **)dst = t->data;
-        if (!reqs[i].is_vector && strcmp(reqs[i].name, "tok_embd") != 0 && strcmp(reqs[i].name, "pos_embd") != 0)
+        if (!reqs[i].is_vector && strcmp(reqs[i].name, "tok_embd") != 0 && strcmp(reqs[i].name, "pos_embd") != 0 &&
+            strcmp(reqs[i].name, "tok_type_embd") != 0)
             m->decode_bytes += t->nbytes;
     }
     free(reqs);
-    if (rc == 0 && m->hp.tie_embeddings) {
+    if (rc == 0 && m->hp.tie_embeddings && m->hp.layout == IFLOW_LAYOUT_DECODER) {
         m->output = m->tok_embd;
         m->decode_bytes += iflow_tensor_nbytes(m->tok_embd.type, 2, (int64_t[]){m->hp.vocab_size, m->hp.dim});
     }

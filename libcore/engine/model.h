@@ -42,6 +42,8 @@ enum { IFLOW_ACT_SILU = 0, IFLOW_ACT_GELU_TANH = 1, IFLOW_ACT_GELU = 2 }; /* GEL
 enum { IFLOW_NORM_RMS = 0, IFLOW_NORM_LAYER = 1 };   /* block norm */
 enum { IFLOW_FFN_GATED = 0, IFLOW_FFN_PLAIN = 1 };   /* block ffn: down(act(gate) * up), down(act(up)) */
 enum { IFLOW_POS_ROPE = 0, IFLOW_POS_LEARNED = 1 };  /* block position */
+enum { IFLOW_LAYOUT_DECODER = 0, IFLOW_LAYOUT_ENCODER = 1 }; /* block layout */
+enum { IFLOW_POOL_CLS = 0, IFLOW_POOL_MEAN = 1 };      /* hyperparameter pooling (encoders) */
 
 typedef struct {
     /* shape */
@@ -68,6 +70,14 @@ typedef struct {
     float rope_theta_local;   /* > 0: the rope base of windowed layers (Gemma 3) */
     int parallel_residual;    /* x + attn(n1(x)) + ffn(n2(x)), both reading the layer's input
                                  (GPT-NeoX, GPT-J); else the FFN reads x + attn(n1(x)) */
+    /* encoders (block layout = encoder: every position of the input attends to every other, the
+       output is the last hidden states pooled into one vector, there is no LM head) */
+    int layout;               /* IFLOW_LAYOUT_* */
+    int post_ln;              /* x = n(x + sub(x)) after each sub-block (BERT), not x + sub(n(x)) */
+    int embed_norm;           /* a norm of the embedding rows (embd_norm, embd_norm_b) */
+    int token_types;          /* rows of tok_type_embd (BERT's segments; row 0 is added); 0: none */
+    int pooling;              /* IFLOW_POOL_*: the first position's state, or the mean of all */
+    int normalize;            /* the pooled vector is scaled to unit length */
     /* numbers */
     float norm_eps, rope_theta;
     int rope_dim;             /* rotated dimensions per head (head_dim unless partial; a spec's
@@ -186,6 +196,12 @@ int  iflow_ctx_n_vocab(const iflow_ctx *c);
  * or, with all_logits, [n][vocab]. IFLOW_ERANGE if the cache would overflow or an id is out of
  * the vocabulary. */
 int  iflow_ctx_eval(iflow_ctx *c, const int32_t *ids, int n, float *logits, int all_logits);
+/* An encoder (block layout = encoder) over one input of n <= IFLOW_MAX_STEP tokens, every
+ * position seeing every other: out [dim] = its last hidden states pooled (the first position's,
+ * or their mean) and, with hyperparameter normalize, scaled to unit length. Each call is on
+ * its own (the context's positions are reset). A decoder gives IFLOW_EUNSUPPORTED, as does
+ * iflow_ctx_eval on an encoder. */
+int  iflow_ctx_embed(iflow_ctx *c, const int32_t *ids, int n, float *out);
 /* ---- steps of many sequences over a paged KV cache (the batch engine, libcore/serving) -----
  *
  * An iflow_kv is a paged KV cache on the devices of the model's placement (open it after

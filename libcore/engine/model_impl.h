@@ -46,6 +46,9 @@ struct iflow_model {
     const float *output_norm;     /* [dim] in the mapping */
     const float *output_norm_b;   /* [dim] in the mapping, or NULL (norm = layer) */
     weight pos_embd;              /* [max_seq][dim] (position = learned), in the mapping, never placed */
+    weight tok_type_embd;         /* [token_types][dim] (encoders with segments), likewise */
+    const float *embd_norm;       /* [dim] (embed_norm), in the mapping, used on the host */
+    const float *embd_norm_b;     /* [dim] or NULL */
     layer_weights *layers;        /* [n_layers] in the mapping */
     float *rope_scale;            /* [rope_dim/2] or NULL, on the host */
     uint64_t decode_bytes;

@@ -210,10 +210,11 @@ static int measure(const iflow_model *m, const layout *L, int n_ctx, iflow_devic
             uses[p->dev] = 1;
         }
     iflow_device *od = L->devs[L->output_dev];
-    if (od && !od->ops->supports(od, m->output.type))
+    const int encoder = hp->layout == IFLOW_LAYOUT_ENCODER; /* no output matrix */
+    if (od && !encoder && !od->ops->supports(od, m->output.type))
         return iflow_seterr(IFLOW_EUNSUPPORTED, "tensor '%s' has type %s, which has no kernel on %s",
                             hp->tie_embeddings ? "tok_embd" : "output", iflow_dtype_name(m->output.type), od->info.name);
-    if (!host_dev(od))
+    if (!host_dev(od) && !encoder)
         need[L->output_dev].weights += iflow_output_bytes(hp, m->output.type);
     uses[L->output_dev] = 1;
     for (int i = 0; i < L->n_devs; i++) {
@@ -378,12 +379,11 @@ static int copy_part(iflow_model *m, int l, layer_part *p, int first)
     return 0;
 }
 
-/* The output, the output norm and the rope table on their devices. */
-static int copy_shared(iflow_model *m)
+/* The output matrix and the output norm on the output device. */
+static int copy_output(iflow_model *m)
 {
     const iflow_hparams *hp = &m->hp;
     iflow_device *od = dev_of(m, m->output_dev);
-    m->output_w = (weight){0};
     int rc = pack_matrix(m, od, m->output.data, m->output.type, hp->vocab_size, hp->dim, &m->output_w, &m->output_packed);
     if (rc == 0 && !m->output_w.data) {
         rc = iflow_device_put(od, &m->output_w.data, m->output.data, iflow_matrix_bytes(m->output.type, hp->vocab_size, hp->dim));
@@ -393,6 +393,16 @@ static int copy_shared(iflow_model *m)
         rc = iflow_device_put(od, (const void **)&m->output_norm_w, m->output_norm, (size_t)hp->dim * sizeof(float));
     if (rc == 0 && m->output_norm_b)
         rc = iflow_device_put(od, (const void **)&m->output_norm_b_w, m->output_norm_b, (size_t)hp->dim * sizeof(float));
+    return rc;
+}
+
+/* The output (a decoder's: an encoder's result is its hidden states) and the rope table on
+ * their devices. */
+static int copy_shared(iflow_model *m)
+{
+    const iflow_hparams *hp = &m->hp;
+    m->output_w = (weight){0};
+    int rc = hp->layout == IFLOW_LAYOUT_DECODER ? copy_output(m) : 0;
     for (int i = 0; rc == 0 && i < m->n_devs && m->rope_scale; i++)
         rc = iflow_device_put(dev_of(m, i), (const void **)&m->rope_scale_w[i], m->rope_scale,
                               (size_t)hp->rope_dim / 2 * sizeof(float));

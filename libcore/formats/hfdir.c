@@ -325,6 +325,63 @@ static int open_weights_any(iflow_hfdir *h)
                         "pytorch_model.bin or their .index.json)", h->path);
 }
 
+/* ---- sentence-transformers ---------------------------------------------------------------- *
+ * A sentence-transformers folder lists its modules in modules.json: the transformer, a Pooling
+ * module (its folder's config.json says which pooling) and optionally Normalize. What they say
+ * goes into the config as "sentence_transformers": {"pooling": "mean" | "cls" | "max" |
+ * "mean_sqrt_len", "normalize": true | false}, for specs to read like any config key. */
+static int sentence_transformers(iflow_hfdir *h)
+{
+    json_t *mods = NULL, *pool = NULL;
+    char *p = join(h->path, "modules.json");
+    if (!p)
+        return IFLOW_ENOMEM;
+    int rc = is_file(p) ? iflow_json_load_file(&mods, p) : 1;
+    if (rc != 0) {
+        free(p);
+        return rc < 0 ? rc : 0;
+    }
+    const char *pooling = NULL;
+    int normalize = 0;
+    size_t i;
+    json_t *m;
+    if (!json_is_array(mods))
+        rc = iflow_seterr(IFLOW_EFORMAT, "'%s' is not a list of modules", p);
+    json_array_foreach(json_is_array(mods) ? mods : NULL, i, m) {
+        const char *type = json_string_value(json_object_get(m, "type")), *dir = json_string_value(json_object_get(m, "path"));
+        size_t n = type ? strlen(type) : 0;
+        if (rc || !type)
+            continue;
+        if (n >= 10 && strcmp(type + n - 10, ".Normalize") == 0)
+            normalize = 1;
+        if (n < 8 || strcmp(type + n - 8, ".Pooling") != 0)
+            continue;
+        if (!dir || !*dir || strspn(dir, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") != strlen(dir)) {
+            rc = iflow_seterr(IFLOW_EFORMAT, "module %zu of '%s' has no plain folder name", i, p);
+            continue;
+        }
+        char cfg[300];
+        snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+        if ((rc = load_json(h, cfg, 1, &pool)) < 0)
+            continue;
+        static const char *const modes[][2] = {{"pooling_mode_mean_tokens", "mean"}, {"pooling_mode_cls_token", "cls"},
+                                               {"pooling_mode_max_tokens", "max"},
+                                               {"pooling_mode_mean_sqrt_len_tokens", "mean_sqrt_len"}};
+        for (size_t k = 0; k < sizeof modes / sizeof modes[0]; k++)
+            if (json_is_true(json_object_get(pool, modes[k][0])))
+                pooling = pooling ? "several" : modes[k][1];
+        json_decref(pool);
+        pool = NULL;
+    }
+    if (rc == 0 && pooling) {
+        json_t *st = json_pack("{s:s, s:b}", "pooling", pooling, "normalize", normalize);
+        rc = st && json_object_set_new(h->config, "sentence_transformers", st) == 0 ? 0 : iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    }
+    json_decref(mods);
+    free(p);
+    return rc;
+}
+
 /* ---- open / close --------------------------------------------------------------------------- */
 
 static int open_all(iflow_hfdir *h, int flags)
@@ -332,6 +389,8 @@ static int open_all(iflow_hfdir *h, int flags)
     int rc = check_dir(h->path);
     if (rc == 0)
         rc = load_json(h, "config.json", 1, &h->config);
+    if (rc == 0)
+        rc = sentence_transformers(h);
     if (rc == 0)
         rc = load_json(h, "generation_config.json", 0, &h->gen_config);
     if (rc == 0)

@@ -96,6 +96,8 @@ check "iflow-run --batch --metrics FILE" "--metrics" <"$TMP/m.json"
 check "iflow-run --batch --metrics FILE" "the -v metrics line" < <(sed -n 's/^iflow-run: {/{/p' "$TMP/err")
 check "iflow-run --dry-run --json" "--dry-run" < <($BIN/iflow-run -m "$TMP/s.ifs" --dry-run --parallel 8 --json)
 check "iflow-run --list-devices --json" "--list-devices" < <($BIN/iflow-run --list-devices --json)
+$BIN/iflow-convert tests/fixtures/families/bert -o "$TMP/bert.ifs" 2>/dev/null
+check "iflow-run --embed" "--embed" < <(printf 'the cat\nsat on the mat .\n' | $BIN/iflow-run -m "$TMP/bert.ifs" --embed)
 
 # ---- iflow-ppl ----
 TXT=$DATA/data/wikitext-2-raw/wiki.test.raw

@@ -213,6 +213,63 @@ static void test_gptneox(void)
     iflow_plan_close_devices(&p, devs);
 }
 
+/* An encoder (specs/bert.ini): the pooled embedding of the fixture's ids against transformers'
+ * float64 BertModel with sentence-transformers' pooling, within 1e-5 (F32 against float64). */
+static void check_encoder(const char *family, int pooling, int normalize)
+{
+    const char *fx = fixture(family);
+    if (!fx)
+        SKIP("no fixture for %s", family);
+    char src[4096], out[300], refs[4200];
+    snprintf(src, sizeof src, "%s", fx);
+    snprintf(out, sizeof out, "%s/%s.ifs", dir, family);
+    snprintf(refs, sizeof refs, "%s/refs.json", src);
+    const char *specs[] = {"specs"};
+    iflow_convert_opts o = {.dtype = -1, .spec_dirs = specs, .n_spec_dirs = 1};
+    CHECK(iflow_convert(src, out, &o) == 0, "%s: convert: %s", family, iflow_errmsg());
+    json_error_t je;
+    json_t *r = json_load_file(refs, 0, &je);
+    iflow_model *m;
+    iflow_ctx *c;
+    if (!r || iflow_model_open(&m, out, 0) < 0) {
+        CHECK(0, "%s: open: %s", family, r ? iflow_errmsg() : je.text);
+        json_decref(r);
+        return;
+    }
+    const iflow_hparams *hp = iflow_model_hparams(m);
+    CHECK(hp->layout == IFLOW_LAYOUT_ENCODER && hp->post_ln && hp->embed_norm && hp->token_types == 2 &&
+              hp->pooling == pooling && hp->normalize == normalize && hp->activation == IFLOW_ACT_GELU,
+          "%s: the spec's hyperparameters (pooling %d, normalize %d)", family, hp->pooling, hp->normalize);
+    const json_t *ids = json_object_get(r, "ids"), *want = json_object_get(r, "embedding");
+    int n = (int)json_array_size(ids), D = hp->dim;
+    int32_t tok[64];
+    float got[64], logits[128];
+    for (int i = 0; i < n && i < 64; i++)
+        tok[i] = (int32_t)json_integer_value(json_array_get(ids, (size_t)i));
+    CHECK(iflow_ctx_open(&c, m, 64, 1) == 0, "%s: ctx: %s", family, iflow_errmsg());
+    double worst = INFINITY;
+    for (int pass = 0; pass < 2; pass++) { /* twice: each input stands alone */
+        if (iflow_ctx_embed(c, tok, n, got) == 0 && (int)json_array_size(want) == D) {
+            worst = 0;
+            for (int d = 0; d < D; d++) {
+                double e = fabs(got[d] - json_real_value(json_array_get(want, (size_t)d)));
+                worst = e > worst || e != e ? e : worst;
+            }
+        }
+        printf("%s: max |embedding - transformers float64| = %.2e (call %d)\n", family, worst, pass + 1);
+        CHECK(worst <= 1e-5, "%s: the embedding differs from transformers by %.3g: %s", family, worst, iflow_errmsg());
+    }
+    CHECK_ERR(iflow_ctx_eval(c, tok, n, logits, 0), IFLOW_EUNSUPPORTED, "embeddings", "not logits");
+    int32_t many[65] = {0};
+    CHECK_ERR(iflow_ctx_embed(c, many, 65, got), IFLOW_ERANGE, "65 tokens", "longer than an encoder step");
+    iflow_ctx_close(c);
+    iflow_model_close(m);
+    json_decref(r);
+}
+
+static void test_bert(void) { check_encoder("bert", IFLOW_POOL_MEAN, 1); }
+static void test_bert_cls(void) { check_encoder("bert-cls", IFLOW_POOL_CLS, 0); }
+
 /* a row range the spec gets wrong: its syntax, or rows the source matrix does not have */
 static void test_bad_rows(void)
 {
@@ -296,6 +353,8 @@ int main(void)
     RUN(test_phi3);
     RUN(test_gpt2);
     RUN(test_gptneox);
+    RUN(test_bert);
+    RUN(test_bert_cls);
     RUN(test_bad_rows);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

@@ -1,0 +1,98 @@
+/* embed.c -- iflow-run --embed (embed.h). */
+#include "cmd/embed.h"
+#include "cmd/io.h"
+#include "cmd/model.h"
+#include "libcore/base/error.h"
+#include "libcore/engine/model.h"
+#include "libcore/tokenizers/tokenizer.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const iflow_tool *tool;
+    iflow_ctx *c;
+    const iflow_tokenizer *tok;
+    int limit, dim;
+    float *vec; /* [dim] */
+    long index, n_tokens;
+} embedder;
+
+/* One input: tokenized with the template's tokens, truncated to e->limit, embedded, printed. */
+static void embed_one(embedder *e, const char *text, size_t len)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (iflow_tokenizer_encode(e->tok, text, len, IFLOW_TOK_ADD_BOS, &ids, &n) < 0)
+        die(e->tool, "cannot tokenize input %ld: %s", e->index, iflow_errmsg());
+    if (n == 0)
+        die(e->tool, "input %ld is empty and the tokenizer adds no tokens of its own", e->index);
+    int truncated = n > (size_t)e->limit;
+    if (truncated) { /* the first limit - 1 tokens, then the closing one */
+        ids[e->limit - 1] = ids[n - 1];
+        n = (size_t)e->limit;
+    }
+    if (iflow_ctx_embed(e->c, ids, (int)n, e->vec) < 0)
+        die(e->tool, "cannot embed input %ld: %s", e->index, iflow_errmsg());
+    json_t *v = json_array();
+    for (int d = 0; v && d < e->dim; d++)
+        json_array_append_new(v, json_real(e->vec[d]));
+    json_t *o = json_schema(
+        json_pack("{s:I, s:I, s:b, s:o}", "index", (json_int_t)e->index, "n_tokens", (json_int_t)n, "truncated", truncated,
+                  "embedding", v));
+    if (!o || json_dumpf(o, stdout, JSON_COMPACT | JSON_REAL_PRECISION(9)) < 0 || fputc('\n', stdout) == EOF)
+        die(e->tool, "cannot write the embedding of input %ld", e->index);
+    json_decref(o);
+    free(ids);
+    e->index++;
+    e->n_tokens += (long)n;
+}
+
+int embed_run(const iflow_tool *tool, const embed_opts *o)
+{
+    iflow_model *m;
+    double t0 = now_s();
+    if (cmd_model_open(&m, o->model, 0) < 0)
+        die(tool, NULL);
+    const iflow_hparams *hp = iflow_model_hparams(m);
+    if (hp->layout != IFLOW_LAYOUT_ENCODER)
+        die(tool, "model '%s' is a decoder: --embed needs an encoder (a BERT-like model)", o->model);
+    embedder e = {.tool = tool, .tok = iflow_model_tokenizer(m), .dim = hp->dim};
+    if (!e.tok)
+        die(tool, "model '%s' has no tokenizer", o->model);
+    int n_ctx = o->n_ctx ? o->n_ctx : hp->max_seq;
+    e.limit = n_ctx < IFLOW_MAX_STEP ? n_ctx : IFLOW_MAX_STEP;
+    placed pl;
+    devices_place(tool, m, &o->dev, &pl);
+    if (iflow_ctx_open(&e.c, m, e.limit, o->threads) < 0 || !(e.vec = malloc(sizeof(float) * (size_t)e.dim)))
+        die(tool, NULL);
+    double t1 = now_s();
+    if (o->text) {
+        embed_one(&e, o->text, strlen(o->text));
+    } else {
+        char *line = NULL;
+        size_t cap = 0;
+        ssize_t len;
+        while ((len = getline(&line, &cap, stdin)) >= 0) {
+            if (len && line[len - 1] == '\n')
+                line[--len] = 0;
+            if (len && line[len - 1] == '\r')
+                line[--len] = 0;
+            embed_one(&e, line, (size_t)len);
+        }
+        free(line);
+    }
+    if (fflush(stdout) != 0)
+        die(tool, "cannot write the embeddings");
+    double t = now_s() - t1;
+    if (o->verbose)
+        fprintf(stderr, "%s: load %.3f s; %ld inputs, %ld tokens in %.3f s (%.1f inputs/s, %.1f tok/s)\n", tool->name,
+                t1 - t0, e.index, e.n_tokens, t, e.index / (t > 0 ? t : 1), e.n_tokens / (t > 0 ? t : 1));
+    free(e.vec);
+    iflow_ctx_close(e.c);
+    iflow_model_close(m);
+    devices_release(&pl);
+    return 0;
+}
