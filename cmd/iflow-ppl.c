@@ -144,6 +144,9 @@ int main(int argc, char **argv)
     int32_t *ids;
     if (cmd_model_open(&m, model, 0) < 0)
         die(&tool, NULL);
+    if (iflow_model_hparams(m)->layout == IFLOW_LAYOUT_ENCODER)
+        die(&tool, "model '%s' is an encoder: an encoder gives embeddings (iflow-run --embed), not next-token "
+                   "probabilities", model);
     const iflow_tokenizer *tok = iflow_model_tokenizer(m);
     if (!tok)
         die(&tool, "model '%s' has no tokenizer", model);

@@ -1072,6 +1072,8 @@ int iflow_ctx_step(iflow_ctx *c, iflow_kv *kv, const iflow_step_seq *seqs, int n
     int T = 0;
     if (kv->m != c->m)
         return iflow_seterr(IFLOW_EINVAL, "the KV cache belongs to another model");
+    if (c->m->hp.layout == IFLOW_LAYOUT_ENCODER)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "an encoder gives embeddings (iflow_ctx_embed), not logits");
     if (n_seqs <= 0)
         return iflow_seterr(IFLOW_EINVAL, "no sequences in the step");
     for (int i = 0; i < n_seqs; i++) {

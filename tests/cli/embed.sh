@@ -41,6 +41,14 @@ expect_eq "$(jq -c '[.n_tokens, .truncated]' <<<"$out")" "[8,true]" "-c 8: trunc
 run $BIN/iflow-run -m "$TMP/bert.ifs" --embed --json -p "x"
 expect_rc 2 "--embed --json: a usage error"
 expect_match "$err" "^iflow-run: --embed goes with none of" "--embed --json: says what does not go with --embed"
+# an encoder has no logits: generation and perplexity say so, naming it
+run $BIN/iflow-run -m "$TMP/bert.ifs" -p "the cat" -n 4
+expect_rc 1 "generating with an encoder"
+expect_match "$err" "an encoder gives embeddings" "generating with an encoder: says why"
+printf 'the cat sat on the mat . the cat sat on the mat .\n' >"$TMP/t.txt"
+run $BIN/iflow-ppl -m "$TMP/bert.ifs" -f "$TMP/t.txt" -c 8
+expect_rc 1 "perplexity of an encoder"
+expect_match "$err" "an encoder gives embeddings" "perplexity of an encoder: says why"
 run $BIN/iflow-convert "$DATA/models/stories260K/hf" -o "$TMP/s.ifs"
 run $BIN/iflow-run -m "$TMP/s.ifs" --embed -p "Once upon a time"
 expect_rc 1 "--embed on a decoder"
