@@ -91,14 +91,26 @@ static void test_info(void)
     iflow_model_close(m);
 }
 
+/* The test model and a context of n_ctx positions (0: the model's) on one thread: 0, or -1
+ * with a failed check. */
+static int open_model(iflow_model **m, iflow_ctx **c, int n_ctx)
+{
+    *m = NULL;
+    if (iflow_model_open(m, model_path, 0) < 0 || iflow_ctx_open(c, *m, n_ctx, 1) < 0) {
+        CHECK(0, "open: %s", iflow_errmsg());
+        iflow_model_close(*m);
+        *m = NULL;
+        return -1;
+    }
+    return 0;
+}
+
 static void test_ppl_windows(void)
 {
     iflow_model *m;
     iflow_ctx *c;
-    if (iflow_model_open(&m, model_path, 0) < 0 || iflow_ctx_open(&c, m, 32, 1) < 0) {
-        CHECK(0, "open: %s", iflow_errmsg());
+    if (open_model(&m, &c, 32) < 0)
         return;
-    }
     int32_t text[100];
     for (int i = 0; i < 100; i++)
         text[i] = 3 + (int32_t)(rnd_u32() % 500);
@@ -167,10 +179,8 @@ static void test_generate(void)
 {
     iflow_model *m;
     iflow_ctx *c;
-    if (iflow_model_open(&m, model_path, 0) < 0 || iflow_ctx_open(&c, m, 0, 1) < 0) {
-        CHECK(0, "open: %s", iflow_errmsg());
+    if (open_model(&m, &c, 0) < 0)
         return;
-    }
     /* the reference: a greedy loop over the evaluation API */
     const iflow_tokenizer *tok = iflow_model_tokenizer(m);
     int32_t *ids, ref[40];
@@ -332,10 +342,8 @@ static void test_sampler(void)
     /* on the model's logits: greedy and top-k 1 are iflow_argmax */
     iflow_model *m;
     iflow_ctx *ctx;
-    if (iflow_model_open(&m, model_path, 0) < 0 || iflow_ctx_open(&ctx, m, 64, 1) < 0) {
-        CHECK(0, "open: %s", iflow_errmsg());
+    if (open_model(&m, &ctx, 64) < 0)
         return;
-    }
     int V = iflow_ctx_n_vocab(ctx);
     float *logits = malloc(sizeof(float) * (size_t)V);
     int32_t ids[] = {1, 403, 407, 261, 378}; /* BOS "Once upon a time" */
@@ -375,10 +383,8 @@ static void test_batch(void)
                                                "One day, a", "Lily and Tom", "Once upon a time"};
     iflow_model *m;
     iflow_ctx *c;
-    if (iflow_model_open(&m, model_path, 0) < 0 || iflow_ctx_open(&c, m, 0, 1) < 0) {
-        CHECK(0, "open: %s", iflow_errmsg());
+    if (open_model(&m, &c, 0) < 0)
         return;
-    }
     const iflow_tokenizer *tok = iflow_model_tokenizer(m);
     int32_t *ids[N_REQ], ref[N_REQ][MAX_TOK];
     size_t n_ids[N_REQ];
