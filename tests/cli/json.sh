@@ -135,11 +135,12 @@ check "iflow-partition --json" "partition --compare with a strategy that cannot 
 check "iflow-partition --json" "partition -o --json" < <($BIN/iflow-partition --config "$CFG" --devices 2xH100-80G --strategy layer -o "$TMP/plan.ini" --json)
 
 # ---- every --json output mode of every program has its schema, and each schema was checked ----
-# The modes are what the programs' --help says prints JSON: the options --json's own line names
-# ("with --info"), and every other option whose line mentions JSON ("--list-devices ... (with
-# --json: JSON Lines)", "--metrics FILE ... as JSON"; not a file name such as config.json). Each must be named in a section of
-# the program (its title, or a row's "with `--beams`"), and every section must have been
-# checked above: a new mode, or one option with a new kind of output, fails here until both.
+# A program's JSON modes are what its --help says prints JSON: the options --json's own line
+# names ("with --info"), and every other option whose line mentions JSON ("--list-devices ...
+# (with --json: JSON Lines)", "--metrics FILE ... as JSON"; not a file name like config.json).
+# Each must be named in one of the program's sections of docs/JSON.md (in its title, or in a
+# row: "with `--beams`"), and every section must have had an output checked against it above,
+# so a new mode fails here until it has its table and its check.
 sections=$(sed -n 's/^## //p' "$DOC")
 while IFS= read -r title; do
     [ -n "${CHECKED[$title]:-}" ] && ok || bad "'$title' in $DOC: no output was checked against it"
