@@ -329,7 +329,7 @@ static void *writer_main(void *arg)
             json_t *js = json_schema(result_json(it));
             char *s = json_dumps(js, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
             json_decref(js);
-            if (!s || fputs(s, stdout) == EOF || putchar('\n') == EOF || fflush(stdout) == EOF)
+            if (!s || progress_write_line(s) == EOF)
                 w->failed = 1;
             free(s);
             if (!w->failed) {

@@ -93,15 +93,18 @@ static void print_blocks_hparams(const json_t *blocks, const json_t *hp)
     putchar('\n');
 }
 
-/* --info on a source (a GGUF file or a model directory): what converting it would give. */
+/* --info on a source (a model directory, a GGUF file or a llama2.c checkpoint): what converting
+ * it would give. */
 static int info_source(const char *path, const iflow_convert_opts *o, int as_json)
 {
     json_t *d;
     if (iflow_convert_describe(path, o, &d) < 0)
         die(&tool, NULL);
     if (as_json) {
-        json_dumpf(d, stdout, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+        json_t *out = json_schema(json_incref(d));
+        json_dumpf(out, stdout, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
         putchar('\n');
+        json_decref(out);
     } else {
         printf("file: %s\n", path);
         print_source(json_object_get(d, "source"));

@@ -76,11 +76,11 @@ static const iflow_opt opts[] = {
     {O_PARALLEL, "parallel", 0, "N", "with --batch: requests running at once (default 16)", NULL},
     {O_KV_TYPE, "kv-type", 0, "TYPE", "with --batch: KV cache type f32, f16 or q8 (INT8 with a scale per group; default f32)", "f32 f16 q8"},
     {O_METRICS, "metrics", 0, "FILE", "with --batch: write throughput and latency metrics to FILE as JSON", "file"},
-    {O_DRY_RUN, "dry-run", 0, NULL, "print the memory plan of --batch (weights, KV cache per request and in total, scratch) and the largest --parallel that fits, then exit", NULL},
+    {O_DRY_RUN, "dry-run", 0, NULL, "print the memory plan of --batch (weights, KV cache per request and in total, scratch) and the largest --parallel that fits (with --json: one JSON object), then exit", NULL},
     {O_ECHO, "echo", 0, NULL, "print the prompt before its continuation", NULL},
     {O_JSON, "json", 0, NULL, "print one JSON object per prompt: prompt, ids, text, why it stopped", NULL},
     {O_EMBED, "embed", 0, NULL, "with an encoder (a BERT-like model): print one JSON object per prompt with its pooled embedding (docs/JSON.md)", NULL},
-    {O_TOKENIZE, "tokenize", 0, NULL, "print the token ids of all of standard input, space-separated, and exit", NULL},
+    {O_TOKENIZE, "tokenize", 0, NULL, "print the token ids of all of standard input, space-separated (with --json: one JSON object), and exit", NULL},
     {O_BOS, "bos", 0, NULL, "with --tokenize: add the beginning-of-sequence token", NULL},
     {O_PARSE_SPECIAL, "parse-special", 0, NULL, "with --tokenize: read special-token text such as <s> as the special token", NULL},
     PROGRESS_OPTS,
@@ -148,9 +148,23 @@ static int tokenize(const run_opts *o)
     int flags = (o->bos ? IFLOW_TOK_ADD_BOS : 0) | (o->parse_special ? IFLOW_TOK_PARSE_SPECIAL : 0);
     if (iflow_tokenizer_encode(tok, text, len, flags, &ids, &n) < 0)
         die(&tool, NULL);
-    for (size_t i = 0; i < n; i++)
-        printf("%s%d", i ? " " : "", ids[i]);
-    printf("\n");
+    if (o->json) {
+        json_t *a = json_array();
+        for (size_t i = 0; i < n; i++)
+            json_array_append_new(a, json_integer(ids[i]));
+        json_t *js = json_schema(json_pack("{s:s, s:I, s:I, s:o}", "tokenizer", iflow_tokenizer_kind(tok), "bytes",
+                                           (json_int_t)len, "tokens", (json_int_t)n, "ids", a));
+        char *s = js ? json_dumps(js, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        if (!s)
+            die(&tool, "out of memory");
+        puts(s);
+        free(s);
+        json_decref(js);
+    } else {
+        for (size_t i = 0; i < n; i++)
+            printf("%s%d", i ? " " : "", ids[i]);
+        printf("\n");
+    }
     free(ids);
     free(text);
     iflow_tokenizer_close(own);

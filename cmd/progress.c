@@ -2,22 +2,36 @@
 #include "cmd/progress.h"
 #include "cmd/io.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
-static int line_drawn; /* a status line is on the terminal now (any progress of this process) */
+/* The status line of this process (any progress): whether it is on the terminal now and its
+ * text, for drawing it again after a line of output; draw_mu orders drawing against
+ * progress_write_line() from another thread. */
+static pthread_mutex_t draw_mu = PTHREAD_MUTEX_INITIALIZER;
+static int line_drawn;
+static char drawn[512];
 
-void progress_erase(void)
+static void erase_locked(void)
 {
     if (line_drawn) {
         fputs("\r\033[K", stderr);
         fflush(stderr);
     }
     line_drawn = 0;
+}
+
+void progress_erase(void)
+{
+    pthread_mutex_lock(&draw_mu);
+    erase_locked();
+    pthread_mutex_unlock(&draw_mu);
 }
 
 void progress_open(progress *p, const char *name, int mode)
@@ -54,9 +68,40 @@ void progress_show(progress *p, int force, const char *fmt, ...)
     int w = width() - 1;
     if (w < (int)sizeof line && (int)strlen(line) > w)
         line[w > 0 ? w : 0] = 0;
+    pthread_mutex_lock(&draw_mu);
     fprintf(stderr, "\r%s\033[K", line);
     fflush(stderr);
+    memcpy(drawn, line, sizeof drawn);
     line_drawn = 1;
+    pthread_mutex_unlock(&draw_mu);
+}
+
+/* Standard output and standard error are the same terminal: what goes to the one lands on the
+ * line the other is drawing. Decided once. */
+static int same_terminal(void)
+{
+    static int same = -1;
+    struct stat o, e;
+    if (same < 0)
+        same = isatty(STDOUT_FILENO) && isatty(STDERR_FILENO) && fstat(STDOUT_FILENO, &o) == 0 &&
+               fstat(STDERR_FILENO, &e) == 0 && o.st_rdev == e.st_rdev;
+    return same;
+}
+
+int progress_write_line(const char *s)
+{
+    pthread_mutex_lock(&draw_mu);
+    int shown = line_drawn && same_terminal();
+    if (shown)
+        erase_locked();
+    int rc = fputs(s, stdout) == EOF || putchar('\n') == EOF || fflush(stdout) == EOF ? EOF : 0;
+    if (shown) { /* drawn again under the line just written */
+        fprintf(stderr, "\r%s\033[K", drawn);
+        fflush(stderr);
+        line_drawn = 1;
+    }
+    pthread_mutex_unlock(&draw_mu);
+    return rc;
 }
 
 void progress_end(progress *p)

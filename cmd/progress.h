@@ -36,6 +36,11 @@ void progress_show(progress *p, int force, const char *fmt, ...) __attribute__((
 void progress_end(progress *p);
 /* Erase the status line if one is drawn (die() calls it before its message). */
 void progress_erase(void);
+/* Write line s and a newline to standard output and flush it, for output written while a
+ * status line may be drawn (iflow-run --batch's results): when standard output is the terminal
+ * the line is drawn on, the line is erased first and drawn again below, so s never lands after
+ * the status text. Any thread may call it; drawing waits for it. 0, or EOF on a failed write. */
+int progress_write_line(const char *s);
 /* Seconds since progress_open. */
 double progress_elapsed(const progress *p);
 /* "12.3 MB" for a byte count (decimal units). */

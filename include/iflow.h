@@ -231,7 +231,8 @@ IFLOW_API void iflow_sampler_params_default(iflow_sampler_params *p);
 /* Set one field from text by name; IFLOW_EINVAL for an unknown name or a bad value. */
 IFLOW_API int  iflow_sampler_params_set(iflow_sampler_params *p, const char *name, const char *value);
 /* One sampler per sequence: accept() every token of the sequence (the prompt's, then each
- * generated one), sample() the next. The sampler owns its scratch; logits are only read. */
+ * generated one), sample() the next; reset() starts a new sequence (the accepted tokens are
+ * forgotten, the seeded generator runs on). The sampler owns its scratch; logits are only read. */
 IFLOW_API int  iflow_sampler_open(iflow_sampler **out, const iflow_sampler_params *p, int n_vocab);
 IFLOW_API void iflow_sampler_close(iflow_sampler *s);
 IFLOW_API void iflow_sampler_reset(iflow_sampler *s);

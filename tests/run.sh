@@ -27,6 +27,8 @@ tally() { # name, command...
     line=$(grep -E '^[A-Za-z0-9_./-]+: [0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
     if [ -z "$line" ] || [ $rc -ne 0 ]; then
         cat "$log"
+    else
+        grep '^SKIP ' "$log"   # what did not run, and why, is never silent
     fi
     if [ -z "$line" ]; then
         echo "$name: no summary line (exit $rc)"

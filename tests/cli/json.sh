@@ -42,8 +42,10 @@ def containers($doc; $p; $arr):
 JQ
 
 # check TITLE WHAT: every JSON value on standard input against section TITLE
+declare -A CHECKED # the sections some output was checked against
 check() {
     local s problems n
+    CHECKED[$1]=1
     s=$(spec "$1")
     [ "$(jq length <<<"$s")" -gt 1 ] || { bad "$2: no schema '$1' in $DOC"; return; }
     input=$(cat)
@@ -65,6 +67,18 @@ expect_eq "$got" "records.more: not in docs/JSON.md;records[].xxh64: missing;" "
 check "iflow-convert --info FILE --json" "convert --info" < <($BIN/iflow-convert --info "$TMP/s.ifs" --json)
 $BIN/iflow-quant -t q4_b64 -i "$TMP/s.ifs" -o "$TMP/q.ifs" 2>/dev/null
 check "iflow-convert --info FILE --json" "convert --info, quantized" < <($BIN/iflow-convert --info "$TMP/q.ifs" --json)
+
+M=$DATA/models/stories260K
+for src in "$M/hf" "$M/gguf/stories260K.gguf" "$M/llama2c/stories260K.bin --tokenizer $M/llama2c/tok512.bin"; do
+    # shellcheck disable=SC2086 # the llama2.c source is the checkpoint and its --tokenizer
+    out=$($BIN/iflow-convert --info $src --json)
+    check "iflow-convert --info SOURCE --json" "convert --info on a source: ${src%% *}" <<<"$out"
+    # the tensors listed are those a conversion writes, in its order
+    $BIN/iflow-convert $src -o "$TMP/src.ifs" 2>/dev/null
+    expect_eq "$(jq -r '.tensors[] | .name + " " + .type' <<<"$out")" \
+        "$($BIN/iflow-convert --info "$TMP/src.ifs" --json | jq -r '.records[] | select(.kind == "tensor") | .name + " " + .type')" \
+        "convert --info on a source: the tensors of its conversion (${src%% *})"
+done
 
 # ---- iflow-quant ----
 check "iflow-quant --list-types --json" "quant --list-types" < <($BIN/iflow-quant --list-types --json)
@@ -96,6 +110,18 @@ check "iflow-run --batch --metrics FILE" "--metrics" <"$TMP/m.json"
 check "iflow-run --batch --metrics FILE" "the -v metrics line" < <(sed -n 's/^iflow-run: {/{/p' "$TMP/err")
 check "iflow-run --dry-run --json" "--dry-run" < <($BIN/iflow-run -m "$TMP/s.ifs" --dry-run --parallel 8 --json)
 check "iflow-run --list-devices --json" "--list-devices" < <($BIN/iflow-run --list-devices --json)
+for flags in "" "--bos"; do
+    # shellcheck disable=SC2086
+    out=$(printf 'Lily and Tom' | $BIN/iflow-run -m "$TMP/s.ifs" --tokenize $flags --json)
+    check "iflow-run --tokenize --json" "--tokenize $flags" <<<"$out"
+    # shellcheck disable=SC2086
+    expect_eq "$(jq -r '.ids | map(tostring) | join(" ")' <<<"$out")" "$(printf 'Lily and Tom' | $BIN/iflow-run -m "$TMP/s.ifs" --tokenize $flags)" \
+        "--tokenize $flags --json: the ids of the plain form"
+    expect_eq "$(jq -c '[.tokens == (.ids | length), .bytes]' <<<"$out")" "[true,12]" "--tokenize $flags --json: its counts"
+done
+out=$(printf 'Hello world' | $BIN/iflow-run -m "$DATA/tokenizer-tests/ggml-vocab-gpt-2.gguf" --tokenize --json)
+check "iflow-run --tokenize --json" "--tokenize with a GGUF vocabulary" <<<"$out"
+expect_eq "$(jq -c '[.tokenizer, .ids]' <<<"$out")" '["bpe-bytelevel/gpt-2",[15496,995]]' "--tokenize --json with a GGUF vocabulary"
 $BIN/iflow-convert tests/fixtures/families/bert -o "$TMP/bert.ifs" 2>/dev/null
 check "iflow-run --embed" "--embed" < <(printf 'the cat\nsat on the mat .\n' | $BIN/iflow-run -m "$TMP/bert.ifs" --embed)
 
@@ -110,11 +136,31 @@ check "iflow-partition --json" "partition --compare" < <($BIN/iflow-partition --
 check "iflow-partition --json" "partition --compare with a strategy that cannot be planned" < <($BIN/iflow-partition --config "$CFG" --devices 2xH100-80G --compare --json)
 check "iflow-partition --json" "partition -o --json" < <($BIN/iflow-partition --config "$CFG" --devices 2xH100-80G --strategy layer -o "$TMP/plan.ini" --json)
 
-# ---- every --json option of every program is covered above ----
+# ---- every --json output mode of every program has its schema, and each schema was checked ----
+# A program's JSON modes are what its --help says prints JSON: the options --json's own line
+# names ("with --info"), and every other option whose line mentions JSON ("--list-devices ...
+# (with --json: JSON Lines)", "--metrics FILE ... as JSON"; not a file name like config.json).
+# Each must be named in one of the program's sections of docs/JSON.md (in its title, or in a
+# row: "with `--beams`"), and every section must have had an output checked against it above,
+# so a new mode fails here until it has its table and its check.
+sections=$(sed -n 's/^## //p' "$DOC")
+while IFS= read -r title; do
+    [ -n "${CHECKED[$title]:-}" ] && ok || bad "'$title' in $DOC: no output was checked against it"
+done <<<"$sections"
 for t in $BIN/iflow-*; do
     n=$(basename "$t")
-    if "$t" --help | grep -q -- '--json'; then
-        grep -q "^## $n " "$DOC" && ok || bad "$n has --json but no schema in $DOC"
-    fi
+    help=$("$t" --help)
+    grep -qE -- '^ +--json ' <<<"$help" || continue
+    mine=$(awk -v p="## $n " 'index($0, "## ") == 1 { on = index($0, p) == 1 } on' "$DOC")
+    [ -n "$mine" ] || { bad "$n has --json but no schema in $DOC"; continue; }
+    modes=$({
+        grep -E -- '^ +--json ' <<<"$help" | sed 's/^ *--json *//' | grep -oE -- '--[a-z][a-z-]+'
+        grep -iE -- '^ +(-[a-zA-Z], )?--[a-z][a-z-]+ .*[^.a-z]json' <<<"$help" | grep -vE -- '^ +--json ' |
+            sed -E 's/^ +(-[a-zA-Z], )?(--[a-z][a-z-]+).*/\2/'
+    } | sort -u)
+    [ -n "$modes" ] || modes=--json # --json alone is the mode (iflow-ppl)
+    for m in $modes; do
+        grep -qE -- "(^|[ \`])$m([ \`:,]|\$)" <<<"$mine" && ok || bad "$n $m prints JSON, but no section of $DOC for $n names it"
+    done
 done
 summary

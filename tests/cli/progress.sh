@@ -2,7 +2,8 @@
 # The status line on long work: shown only when standard error is a terminal (run under a
 # pseudo-terminal with script(1)), never in a pipe or a file unless --progress, never with
 # --no-progress; one line rewritten with \r, cut to the terminal's width, erased at the end
-# (so -v lines and errors start on a clean line); the programs' output is the same either way.
+# (so -v lines and errors start on a clean line, and results written to the same terminal start
+# on a line of their own); the programs' output is the same either way.
 . "$(dirname "$0")/lib.sh"
 command -v script >/dev/null || { bad "script(1) is missing (make deps installs bsdutils)"; summary; exit 1; }
 HF=$DATA/models/stories260K/hf
@@ -50,6 +51,12 @@ cmp -s "$TMP/q.ifs" "$TMP/q2.ifs" && ok || bad "the quantized shard is the same 
 # from a pipe the input's size is not known: tensors only
 tty "cat '$TMP/plain.ifs' | $BIN/iflow-quant -t q8_b32 -o '$TMP/q3.ifs'"
 expect_match "$(lines iflow-quant | tail -n 1)" "^iflow-quant: 47/47 tensors, 1\.0 MB, .*output_norm$" "quant from a pipe"
+$BIN/iflow-quant -t q8_b32 -i "$TMP/plain.ifs" -o "$TMP/q4.ifs" --progress 2>"$TMP/err"
+expect_match "$(tr '\r' '\n' <"$TMP/err")" "iflow-quant: 47/47 tensors" "quant --progress draws into a file"
+cmp -s "$TMP/q.ifs" "$TMP/q4.ifs" && ok || bad "quant --progress: the same shard"
+tty "$BIN/iflow-quant -t q8_b32 -i '$TMP/plain.ifs' -o '$TMP/q5.ifs' --no-progress"
+expect_rc 0 "quant --no-progress on a terminal"
+expect_eq "$(lines iflow-quant)" "" "quant --no-progress on a terminal draws nothing"
 
 # ---- iflow-ppl: windows, the running perplexity; -v stays on lines of its own ----
 want=$($BIN/iflow-ppl -m "$TMP/plain.ifs" -f "$TXT" -c 64 --chunks 6 2>"$TMP/err")
@@ -64,6 +71,13 @@ expect_match "$(lines iflow-ppl | grep window | head -n 1)" "^iflow-ppl: window 
 last=$(lines iflow-ppl | grep -o 'window 6/6, ppl [0-9.]*' | tail -n 1 | awk '{print $4}')
 final=$(sed -n 's/^perplexity: //p' <<<"$want")
 expect_close "$last" "$final" 0.2 "the running perplexity is near the final one"
+got=$($BIN/iflow-ppl -m "$TMP/plain.ifs" -f "$TXT" -c 64 --chunks 6 --progress 2>"$TMP/err")
+expect_eq "$got" "$want" "ppl --progress: the same output"
+expect_match "$(tr '\r' '\n' <"$TMP/err")" "iflow-ppl: window 6/6, ppl " "ppl --progress draws into a file"
+tty "$BIN/iflow-ppl -m '$TMP/plain.ifs' -f '$TXT' -c 64 --chunks 6 --no-progress >'$TMP/ppl.out'"
+expect_rc 0 "ppl --no-progress on a terminal"
+expect_eq "$(lines iflow-ppl)" "" "ppl --no-progress on a terminal draws nothing"
+expect_eq "$(cat "$TMP/ppl.out")" "$want" "ppl --no-progress: the same output"
 
 # ---- iflow-run --batch: requests done, tokens/s ----
 for i in $(seq 1 12); do echo "{\"id\":$i,\"prompt\":\"Lily saw a $i\",\"max_tokens\":24,\"temperature\":0}"; done >"$TMP/req.jsonl"
@@ -76,4 +90,21 @@ expect_eq "$(same "$TMP/got.jsonl")" "$(cat "$TMP/want.jsonl")" "the batch's res
 expect_match "$(lines iflow-run | tail -n 1)" "^iflow-run: [0-9]+ requests done, [0-9]+ running, [0-9]+ queued, [0-9]+ tokens, [0-9.]+ tok/s$" \
     "batch's status line"
 [[ $tty == *"${CR}${ESC}[K" ]] && ok || bad "batch erases its status line"
+$BIN/iflow-run -m "$TMP/plain.ifs" --batch --parallel 4 --progress <"$TMP/req.jsonl" 2>"$TMP/err" >"$TMP/got.jsonl"
+expect_eq "$(same "$TMP/got.jsonl")" "$(cat "$TMP/want.jsonl")" "batch --progress: the same results"
+expect_match "$(tr '\r' '\n' <"$TMP/err")" "iflow-run: [0-9]+ requests done, " "batch --progress draws into a file"
+tty "$BIN/iflow-run -m '$TMP/plain.ifs' --batch --parallel 4 --no-progress <'$TMP/req.jsonl' >'$TMP/got.jsonl'"
+expect_rc 0 "batch --no-progress on a terminal"
+expect_eq "$(lines iflow-run)" "" "batch --no-progress on a terminal draws nothing"
+expect_eq "$(same "$TMP/got.jsonl")" "$(cat "$TMP/want.jsonl")" "batch --no-progress: the same results"
+# results on the terminal the status line is drawn on: each starts on a line of its own (the
+# status line is erased before it and drawn again after), none lands after the status text
+tty "$BIN/iflow-run -m '$TMP/plain.ifs' --batch --parallel 4 <'$TMP/req.jsonl'"
+expect_rc 0 "batch on a terminal, results too"
+pieces=$(tr '\r' '\n' <<<"$tty" | sed "s/${ESC}\\[K//g")
+expect_eq "$(grep -F '"schema"' <<<"$pieces" | grep -vc '^{"schema"')" 0 "no result after the status text: $(grep -F '"schema"' <<<"$pieces" | grep -v '^{"schema"' | head -n 1)"
+expect_eq "$(grep '^{"schema"' <<<"$pieces" | same)" "$(cat "$TMP/want.jsonl")" "every result whole, on the terminal"
+# the status line was there before the first result and is drawn again after one
+expect_match "$(sed -n '/^{"schema"/,$p' <<<"$pieces" | sed 1d | grep -m 1 '^iflow-run: ')" "^iflow-run: [0-9]+ requests done" \
+    "the status line is drawn again after a result"
 summary

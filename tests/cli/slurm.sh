@@ -6,14 +6,15 @@
 # the one-machine `iflow-run --batch` result (sorted by id, timings aside) for greedy and seeded
 # requests; an array whose tasks fail leaves no part and its merge job never runs. The daemons
 # are stopped on exit, whatever happens. Skipped where Slurm is not installed (make deps
-# installs munge, slurmctld, slurmd and slurm-client) or not as root (slurmd starts the jobs).
+# installs munge, slurmctld, slurmd and slurm-client) or not as root (slurmd starts the jobs),
+# with a SKIP line saying why (tests/run.sh shows every SKIP line).
 . "$(dirname "$0")/lib.sh"
 skip() { echo "SKIP $NAME: $*" >&2; echo "$NAME: 0 passed, 0 failed, 1 skipped"; exit 0; }
 PATH=$PATH:/usr/sbin:/sbin
 for c in munged slurmctld slurmd sbatch squeue scancel; do
     command -v $c >/dev/null || skip "$c not found (make deps installs munge, slurmctld, slurmd, slurm-client)"
 done
-[ "$(id -u)" = 0 ] || skip "not root (slurmd must run as root to start jobs)"
+[ "$(id -u)" = 0 ] || skip "not root (uid $(id -u)): slurmd must run as root to start jobs; run the suite as root to test the Slurm recipe"
 $BIN/iflow-convert "$DATA/models/stories260K/hf" -o "$TMP/s.ifs" 2>/dev/null || { bad "convert"; summary; exit 1; }
 RUN=$(cd "$BIN" && pwd)/iflow-run
 SBATCH=$(pwd)/examples/iflow-batch.sbatch

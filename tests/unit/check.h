@@ -11,6 +11,9 @@
  * test_data(rel) returns the absolute path of "$IFLOW_TEST_DATA/rel" (default ../shared) in a
  * static buffer, or NULL if that file does not exist; test_fixture(rel) the committed
  * tests/fixtures/rel likewise. test_read_file() and test_write_file() move whole files.
+ * CHECK_ERR(rc, want, where, text) checks a libiflow error code and its message (where it is
+ * used, iflow_errmsg() and iflow_strerror() must be declared: include/iflow.h or
+ * libcore/base/error.h).
  */
 #ifndef IFLOW_CHECK_H
 #define IFLOW_CHECK_H
@@ -35,6 +38,20 @@ static const char *check_current_ = "";
             fprintf(stderr, __VA_ARGS__);                                                  \
             fputc('\n', stderr);                                                           \
         }                                                                                  \
+    } while (0)
+
+/* rc is negative `want`, the message is one line naming `where` and containing `text`.
+ * SHOW_ERRORS=1 in the environment prints each message. */
+#define CHECK_ERR(rc, want, where, text)                                                         \
+    do {                                                                                         \
+        const char *m_ = iflow_errmsg();                                                         \
+        CHECK((rc) == (want), "rc %d (%s), want %d (%s): %s", (rc), iflow_strerror(rc), (want), \
+              iflow_strerror(want), m_);                                                         \
+        CHECK(strstr(m_, (where)) != NULL, "message does not name '%s': %s", (where), m_);       \
+        CHECK(strstr(m_, (text)) != NULL, "message lacks '%s': %s", (text), m_);                 \
+        CHECK(!strchr(m_, '\n'), "message spans lines: %s", m_);                                 \
+        if (getenv("SHOW_ERRORS"))                                                               \
+            fprintf(stderr, "  %s\n", m_);                                                       \
     } while (0)
 
 #define SKIP(...)                                                                          \

@@ -1,7 +1,7 @@
-/* testlib.h -- unit-test helpers that use libiflow: CHECK_ERR() for an error code and its
- * message, test_convert() for a model of the shared test data (specs from ./specs),
- * test_ids() for a JSON array of token ids, test_greedy_match() against golden tokens,
- * test_same_tensors() to compare two shards' tensors byte for byte. */
+/* testlib.h -- unit-test helpers that use libiflow's internal headers: test_convert() for a
+ * model of the shared test data (specs from ./specs), test_ids() for a JSON array of token
+ * ids, test_greedy_match() against golden tokens, test_same_tensors() to compare two shards'
+ * tensors byte for byte. (CHECK_ERR() is check.h's.) */
 #ifndef IFLOW_TESTLIB_H
 #define IFLOW_TESTLIB_H
 
@@ -13,20 +13,6 @@
 #include "libcore/formats/shard.h"
 
 #include <jansson.h>
-
-/* rc is negative `want`, the message is one line naming `where` and containing `text`.
- * SHOW_ERRORS=1 in the environment prints each message. */
-#define CHECK_ERR(rc, want, where, text)                                                         \
-    do {                                                                                         \
-        const char *m_ = iflow_errmsg();                                                         \
-        CHECK((rc) == (want), "rc %d (%s), want %d (%s): %s", (rc), iflow_strerror(rc), (want), \
-              iflow_strerror(want), m_);                                                         \
-        CHECK(strstr(m_, (where)) != NULL, "message does not name '%s': %s", (where), m_);       \
-        CHECK(strstr(m_, (text)) != NULL, "message lacks '%s': %s", (text), m_);                 \
-        CHECK(!strchr(m_, '\n'), "message spans lines: %s", m_);                                 \
-        if (getenv("SHOW_ERRORS"))                                                               \
-            fprintf(stderr, "  %s\n", m_);                                                       \
-    } while (0)
 
 /* Convert $IFLOW_TEST_DATA/rel to `out` with matrices of type dtype (-1: keep). 0, or <0 with a
  * failed check (-1 when the test data is missing). */
