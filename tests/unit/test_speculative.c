@@ -19,6 +19,9 @@
  *     sampled requests with a draft give the same tokens alone and in a batch; a draft that
  *     holds fewer positions than the context is refused. (A draft of another vocabulary is
  *     refused too; no model of another vocabulary is small enough to test it here.)
+ *   - a draft with a context shift (rope and recompute; a context of 64, 300 and 350 tokens, two
+ *     requests at once): greedy tokens equal the model's without a draft with the same shifts,
+ *     as many shifts happen, and the draft saves steps.
  */
 #include "tests/unit/testlib.h"
 #include "libcore/engine/model.h"
@@ -262,6 +265,84 @@ static void test_engine(void)
     iflow_model_close(m);
 }
 
+/* Greedy requests (two at once) that run far past a context of 64 with a shift, with a draft
+ * or without: their tokens (out [2][400], n_out [2]); the batch's stats. */
+static int run_shift(iflow_model *m, iflow_model *draft, int shift, int32_t out[][400], int *n_out,
+                     iflow_batch_stats *st)
+{
+    const iflow_hparams *hp = iflow_model_hparams(m);
+    iflow_batch *b;
+    iflow_batch_params p = {.parallel = 2, .n_ctx = 64, .n_threads = 2};
+    if (iflow_batch_open(&b, m, &p) < 0 || (draft && iflow_batch_set_draft(b, draft, 5, 0, 0) < 0)) {
+        CHECK(0, "open: %s", iflow_errmsg());
+        return -1;
+    }
+    int32_t prompt[2][6] = {{hp->bos, 10, 20, 30, 40, 50}, {hp->bos, 7, 70, 17, 170}};
+    for (int i = 0; i < 2; i++) {
+        iflow_request r = {.prompt = prompt[i], .n_prompt = 6 - i, .max_tokens = 300 + 50 * i, .context_shift = shift,
+                           .keep = 4, .user = (void *)(intptr_t)i};
+        r.sampling.temp = 0;
+        if (iflow_batch_add(b, &r) < 0) {
+            CHECK(0, "add: %s", iflow_errmsg());
+            iflow_batch_close(b);
+            return -1;
+        }
+    }
+    int rc;
+    while ((rc = iflow_batch_step(b)) > 0)
+        ;
+    CHECK(rc == 0, "step: %s", iflow_errmsg());
+    iflow_result *res;
+    while (iflow_batch_take(b, &res) == 1) {
+        int i = (int)(intptr_t)res->user;
+        n_out[i] = res->n_tokens;
+        memcpy(out[i], res->tokens, sizeof(int32_t) * (size_t)res->n_tokens);
+        iflow_result_free(res);
+    }
+    iflow_batch_get_stats(b, st);
+    iflow_batch_close(b);
+    return rc;
+}
+
+/* A draft with a context shift: greedy tokens equal the model's alone with the same shift. */
+static void shift_case(const char *target, const char *draft_path, const char *what)
+{
+    iflow_model *m, *d;
+    if (iflow_model_open(&m, target, 0) < 0 || iflow_model_open(&d, draft_path, 0) < 0) {
+        CHECK(0, "open: %s", iflow_errmsg());
+        return;
+    }
+    static int32_t plain[2][400], spec[2][400];
+    int np[2] = {0}, ns[2] = {0};
+    iflow_batch_stats s0, s1;
+    for (int shift = IFLOW_SHIFT_ROPE; shift <= IFLOW_SHIFT_RECOMPUTE; shift++) {
+        if (run_shift(m, NULL, shift, plain, np, &s0) < 0 || run_shift(m, d, shift, spec, ns, &s1) < 0)
+            break;
+        for (int i = 0; i < 2; i++)
+            CHECK(np[i] == 300 + 50 * i && np[i] == ns[i] &&
+                      memcmp(plain[i], spec[i], sizeof(int32_t) * (size_t)np[i]) == 0,
+                  "%s, shift %s: request %d differs with the draft (%d vs %d tokens)", what, iflow_shift_name(shift), i,
+                  ns[i], np[i]);
+        CHECK(s0.shifts >= 8 && s1.shifts == s0.shifts, "%s, shift %s: %llu shifts with the draft, %llu without", what,
+              iflow_shift_name(shift), (unsigned long long)s1.shifts, (unsigned long long)s0.shifts);
+        CHECK(s1.accepted > 0 && s1.steps < s0.steps, "%s, shift %s: %llu accepted, %llu steps (%llu without)", what,
+              iflow_shift_name(shift), (unsigned long long)s1.accepted, (unsigned long long)s1.steps,
+              (unsigned long long)s0.steps);
+        if (getenv("SPEC_SHOW"))
+            fprintf(stderr, "  %s, shift %s: %llu proposed, %llu accepted, %llu steps (%llu without), %llu shifts\n",
+                    what, iflow_shift_name(shift), (unsigned long long)s1.drafted, (unsigned long long)s1.accepted,
+                    (unsigned long long)s1.steps, (unsigned long long)s0.steps, (unsigned long long)s1.shifts);
+    }
+    iflow_model_close(d);
+    iflow_model_close(m);
+}
+
+static void test_shift(void)
+{
+    shift_case(s260, s260q2, "stories260K with its q2");
+    shift_case(xs, xsq2, "xs-ckpt with its q2");
+}
+
 static int quantize(const char *in, const char *out, int type)
 {
     iflow_quant_policy qp;
@@ -290,7 +371,10 @@ int main(void)
     }
     if (quantize(s260, s260q4, IFLOW_DT_Q4_B32) == 0 && quantize(s260, s260q2, IFLOW_DT_Q2_B32) == 0 &&
         quantize(xs, xsq2, IFLOW_DT_Q2_B32) == 0)
+    {
         RUN(test_engine);
+        RUN(test_shift);
+    }
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0)
