@@ -419,10 +419,11 @@ static int run(const run_opts *o)
     iflow_batch_stats st;
     iflow_batch_get_stats(g.b, &st);
     if (o->verbose && draft)
-        fprintf(stderr, "%s: draft: %llu tokens proposed, %llu accepted (%.1f %%), %.2f tokens a step\n", tool.name,
+        fprintf(stderr, "%s: draft: %llu tokens proposed, %llu accepted (%.1f %%), %.2f tokens a step, %.1f tok/s "
+                "generated (compare a run without --draft)\n", tool.name,
                 (unsigned long long)st.drafted, (unsigned long long)st.accepted,
                 st.drafted ? 100.0 * (double)st.accepted / (double)st.drafted : 0.0,
-                st.steps ? (double)st.generated / (double)st.steps : 0.0);
+                st.steps ? (double)st.generated / (double)st.steps : 0.0, g.n_gen_tokens / (g.t_gen > 0 ? g.t_gen : 1));
     iflow_sampler_close(chain);
     free(g.acc);
     iflow_batch_close(g.b);

@@ -25,7 +25,7 @@ xplain=$out
 run bash -c "$BIN/iflow-run -m '$TMP/xs.ifs' --draft '$TMP/s.ifs' -n 80 --temp 0 <'$TMP/prompts.txt'"
 expect_eq "$out" "$xplain" "xs-ckpt greedy with stories260K as the draft: the same text"
 run $BIN/iflow-run -m "$TMP/s.ifs" --draft "$TMP/s.q4.ifs" -p "Once upon a time" -n 80 --temp 0 -v
-expect_match "$err" "iflow-run: draft: [0-9]+ tokens proposed, [0-9]+ accepted \([0-9.]+ %\), [0-9.]+ tokens a step" "-v reports the draft"
+expect_match "$err" "iflow-run: draft: [0-9]+ tokens proposed, [0-9]+ accepted \([0-9.]+ %\), [0-9.]+ tokens a step, [0-9.]+ tok/s generated" "-v reports the draft and the speed"
 # sampled: runs, and a seed repeats itself
 run $BIN/iflow-run -m "$TMP/s.ifs" --draft "$TMP/s.q4.ifs" -p "Once upon a time" -n 60 --temp 0.9 --seed 5
 a=$out
