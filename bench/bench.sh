@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # bench/bench.sh BUILD_DIR -- iflow's benchmarks as one JSON object on stdout (progress on stderr).
+# bench/bench.sh BUILD_DIR speculative -- the speculative decoding entries alone.
 #
 # For stories260K (F32, from its HF folder) and the synthetic TinyLlama-1.1B shape (F16 and F32):
 # convert time and peak RSS, load time, prefill and decode tokens/s at 1 and 2 threads, and
@@ -25,6 +26,63 @@ DATA=${IFLOW_TEST_DATA:-../shared}
 work=${IFLOW_BENCH_DIR:-build/bench}
 mkdir -p "$work"
 log() { echo "bench: $*" >&2; }
+
+tl_q4_pair() { # the TinyLlama shape (random weights) in Q4_B64, and its Q2_B32 as a draft; made once
+    [ -f "$work/tl-bq4.ifs" ] && [ -f "$work/tl-bq2.ifs" ] && return
+    bin/iflow-convert --synthetic "$DATA/models/synthetic/tinyllama-1.1b" -t f16 -o "$work/tl-b16.ifs" >&2
+    bin/iflow-quant -t q4_b64 --keep "*=q4_b64" -i "$work/tl-b16.ifs" -o "$work/tl-bq4.ifs" >&2
+    bin/iflow-quant -t q2_b32 -i "$work/tl-b16.ifs" -o "$work/tl-bq2.ifs" >&2
+    rm -f "$work/tl-b16.ifs"
+}
+
+# Speculative decoding, greedy, 5 proposals a step, 2 threads: MODEL alone and with DRAFT, RUNS
+# alternating pairs (best tokens/s of each, from -v), the acceptance rate and tokens a step
+# (from -v's draft line), and whether the text is the same (it must be). -> JSON
+spec_pair() { # model, draft, prompt, tokens, runs
+    local ta=0 tb=0 acc=0 tps=0 a b x y same=true
+    for _ in $(seq "$5"); do
+        a=$(bin/iflow-run -m "$1" -p "$3" -n "$4" --temp 0 -t 2 -v 2>&1 >"$work/spec.a")
+        b=$(bin/iflow-run -m "$1" --draft "$2" --draft-n 5 -p "$3" -n "$4" --temp 0 -t 2 -v 2>&1 >"$work/spec.b")
+        cmp -s "$work/spec.a" "$work/spec.b" || same=false
+        x=$(sed -nE 's/.*generated [0-9]+ tokens in [0-9.]+ s \(([0-9.]+) tok\/s\).*/\1/p' <<<"$a")
+        y=$(sed -nE 's/.*draft: .*, ([0-9.]+) tok\/s generated.*/\1/p' <<<"$b")
+        acc=$(sed -nE 's/.*accepted \(([0-9.]+) %\).*/\1/p' <<<"$b")
+        tps=$(sed -nE 's/.*, ([0-9.]+) tokens a step.*/\1/p' <<<"$b")
+        ta=$(jq -n "[$ta, ${x:-0}] | max") tb=$(jq -n "[$tb, ${y:-0}] | max")
+    done
+    rm -f "$work/spec.a" "$work/spec.b"
+    jq -n --argjson ta "$ta" --argjson tb "$tb" --argjson acc "${acc:-0}" --argjson tps "${tps:-0}" \
+        --argjson same "$same" --argjson n "$4" --argjson runs "$5" \
+        '{draft_n: 5, threads: 2, tokens: $n, runs: $runs, target_tok_s: $ta, with_draft_tok_s: $tb,
+          speedup: (if $ta > 0 then (($tb / $ta) * 1000 | round) / 1000 else null end), acceptance_pct: $acc,
+          tokens_per_step: $tps, same_text: $same}'
+}
+
+# Both speculative entries. The TinyLlama shape with its q2 as the draft: the random weights
+# agree on nothing (acceptance ~0), so it measures what proposals cost when none is kept.
+# SmolLM2-135M-Instruct dequantized to F32 as the model and its Q4_1 weights as they are
+# (q4_b32) as the draft: a real pair.
+speculative_entries() {
+    log "speculative decoding: TinyLlama Q4_B64 with its Q2_B32 (random weights: the overhead)"
+    tl_q4_pair
+    local tl smol gguf="$DATA/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"
+    tl=$(spec_pair "$work/tl-bq4.ifs" "$work/tl-bq2.ifs" "Once upon a time" 32 3)
+    rm -f "$work/tl-bq4.ifs" "$work/tl-bq2.ifs"
+    log "speculative decoding: SmolLM2-135M F32 with its Q4_1 weights as the draft"
+    bin/iflow-convert "$gguf" --dtype f32 -o "$work/smol.f32.ifs" >&2
+    bin/iflow-convert "$gguf" -o "$work/smol.q4.ifs" >&2
+    smol=$(spec_pair "$work/smol.f32.ifs" "$work/smol.q4.ifs" "The history of the Roman Empire" 64 3)
+    rm -f "$work/smol.f32.ifs" "$work/smol.q4.ifs"
+    jq -n --argjson tl "$tl" --argjson smol "$smol" \
+        '{tinyllama_q2_draft: ({model: "tinyllama-1.1b-q4_b64 (random weights)", draft: "its q2_b32"} + $tl),
+          smollm2: ({model: "smollm2-135m f32", draft: "smollm2-135m q4_b32"} + $smol)}'
+}
+
+# bench/bench.sh BUILD_DIR speculative: those entries alone
+if [ "${2:-}" = speculative ]; then
+    speculative_entries
+    exit
+fi
 
 
 membw() { # threads -> read-only GB/s
@@ -133,52 +191,14 @@ part=$(partition_entries)
 
 batch_entries() { # continuous batching on the TinyLlama shape, Q4_B64: streams and a Poisson replay
     log "batch: TinyLlama Q4_B64, 1/4/16 streams at 1 and 2 threads, and a replay of 200 WikiText prompts"
-    bin/iflow-convert --synthetic "$DATA/models/synthetic/tinyllama-1.1b" -t f16 -o "$work/tl-b16.ifs"
-    bin/iflow-quant -t q4_b64 --keep "*=q4_b64" -i "$work/tl-b16.ifs" -o "$work/tl-bq4.ifs"
-    bin/iflow-quant -t q2_b32 -i "$work/tl-b16.ifs" -o "$work/tl-bq2.ifs" # a draft (speculative decoding)
-    rm -f "$work/tl-b16.ifs"
+    tl_q4_pair
     local s1 s2 rp
     s1=$("$build/batchbench" "$work/tl-bq4.ifs" streams 1 8 64 1 4 16)
     s2=$("$build/batchbench" "$work/tl-bq4.ifs" streams 2 8 64 1 4 16)
     rp=$("$build/batchbench" "$work/tl-bq4.ifs" replay 2 "$DATA/data/wikitext-2-raw/wiki.test.raw" 200 \
         "${IFLOW_BENCH_REPLAY_RATE:-1}" 16 32)
-    # speculative decoding on this shape with its q2 as the draft: the random weights agree on
-    # nothing, so this measures what proposals cost when none is kept (the SmolLM2 entry below
-    # measures a real pair)
-    local ta tb
-    ta=$(bin/iflow-run -m "$work/tl-bq4.ifs" -p "Once upon a time" -n 32 --temp 0 -t 2 -v 2>&1 >/dev/null |
-        sed -nE 's/.*generated [0-9]+ tokens in [0-9.]+ s \(([0-9.]+) tok\/s\).*/\1/p')
-    tb=$(bin/iflow-run -m "$work/tl-bq4.ifs" --draft "$work/tl-bq2.ifs" -p "Once upon a time" -n 32 --temp 0 -t 2 -v \
-        2>&1 >/dev/null | sed -nE 's/.*generated [0-9]+ tokens in [0-9.]+ s \(([0-9.]+) tok\/s\).*/\1/p')
-    rm -f "$work/tl-bq4.ifs" "$work/tl-bq2.ifs"
-    jq -n --argjson s1 "$s1" --argjson s2 "$s2" --argjson rp "$rp" --argjson ta "${ta:-0}" --argjson tb "${tb:-0}" \
-        '{model: "tinyllama-1.1b-q4_b64", streams: {"1": $s1, "2": $s2}, replay: $rp[0],
-          speculative_q2_draft: {draft_n: 5, threads: 2, target_tok_s: $ta, with_draft_tok_s: $tb}}'
-}
-
-# Speculative decoding on a real model: SmolLM2-135M-Instruct dequantized to F32 as the model,
-# its Q4_1 weights as they are (q4_b32) as the draft, 5 proposals a step, greedy, 2 threads:
-# tokens/s alone and with the draft (best of 3 alternating runs), the acceptance rate, and
-# whether the text is the same (it must be).
-speculative_entry() {
-    local gguf="$DATA/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"
-    bin/iflow-convert "$gguf" --dtype f32 -o "$work/smol.f32.ifs" >&2
-    bin/iflow-convert "$gguf" -o "$work/smol.q4.ifs" >&2
-    local p="The history of the Roman Empire" ta=0 tb=0 acc=0 a b same=true
-    for _ in 1 2 3; do
-        a=$(bin/iflow-run -m "$work/smol.f32.ifs" -p "$p" -n 64 --temp 0 -t 2 -v 2>&1 >"$work/spec.a")
-        b=$(bin/iflow-run -m "$work/smol.f32.ifs" --draft "$work/smol.q4.ifs" -p "$p" -n 64 --temp 0 -t 2 -v 2>&1 >"$work/spec.b")
-        cmp -s "$work/spec.a" "$work/spec.b" || same=false
-        a=$(sed -nE 's/.*generated [0-9]+ tokens in [0-9.]+ s \(([0-9.]+) tok\/s\).*/\1/p' <<<"$a")
-        b2=$(sed -nE 's/.*generated [0-9]+ tokens in [0-9.]+ s \(([0-9.]+) tok\/s\).*/\1/p' <<<"$b")
-        acc=$(sed -nE 's/.*accepted \(([0-9.]+) %\).*/\1/p' <<<"$b")
-        ta=$(jq -n "[$ta, ${a:-0}] | max") tb=$(jq -n "[$tb, ${b2:-0}] | max")
-    done
-    rm -f "$work/smol.f32.ifs" "$work/smol.q4.ifs" "$work/spec.a" "$work/spec.b"
-    jq -n --argjson ta "$ta" --argjson tb "$tb" --argjson acc "${acc:-0}" --argjson same "$same" \
-        '{model: "smollm2-135m f32", draft: "smollm2-135m q4_b32", draft_n: 5, threads: 2, target_tok_s: $ta,
-          with_draft_tok_s: $tb, speedup: (if $ta > 0 then $tb / $ta else null end), acceptance_pct: $acc,
-          same_text: $same}'
+    jq -n --argjson s1 "$s1" --argjson s2 "$s2" --argjson rp "$rp" \
+        '{model: "tinyllama-1.1b-q4_b64", streams: {"1": $s1, "2": $s2}, replay: $rp[0]}'
 }
 batch=$(batch_entries)
 
@@ -220,8 +240,7 @@ busy_entry() {
         competitor_share: 0.25, runs: .}'
 }
 busy=$(busy_entry)
-log "speculative decoding: SmolLM2-135M F32 with its Q4_1 weights as the draft"
-spec=$(speculative_entry)
+spec=$(speculative_entries)
 
 log "kernel micro-benchmarks"
 kern=$("$build/kbench" --quick | jq -s .)

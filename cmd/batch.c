@@ -308,9 +308,12 @@ static json_t *result_json(const item *it)
         json_t *a = json_array();
         for (int i = 0; i < it->n_beams; i++) {
             const iflow_beam *b = &it->beams[i];
-            json_array_append_new(a, json_pack("{s:s%, s:f, s:f, s:s, s:i}", "text", b->text, b->text_len,
-                                               "logprob", b->logprob, "score", b->score, "finish_reason",
-                                               iflow_finish_name(b->finish), "completion_tokens", b->n_tokens));
+            json_t *bj = json_pack("{s:s%, s:f, s:f, s:s, s:i}", "text", b->text, b->text_len, "logprob", b->logprob,
+                                   "score", b->score, "finish_reason", iflow_finish_name(b->finish),
+                                   "completion_tokens", b->n_tokens);
+            if (b->stop_index >= 0 && b->stop_index < it->f.n_stop)
+                json_object_set_new(bj, "stop_string", json_string(it->f.stop[b->stop_index]));
+            json_array_append_new(a, bj);
         }
         json_object_set_new(o, "beams", a);
     }
@@ -353,7 +356,8 @@ static int beam_start(item *it, const iflow_model *m, const iflow_batch_params *
 {
     iflow_beam_params p = {.n_beams = it->f.beams, .max_tokens = it->f.max_tokens,
                            .length_penalty = it->f.length_penalty, .n_ctx = bp->n_ctx, .kv_type = bp->kv_type,
-                           .n_threads = bp->n_threads};
+                           .n_threads = bp->n_threads, .stop = (const char *const *)it->f.stop,
+                           .n_stop = it->f.n_stop};
     it->res = calloc(1, sizeof *it->res);
     if (!it->res)
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
@@ -388,6 +392,7 @@ static int beam_advance(item *it)
     r->n_tokens = best->n_tokens;
     r->text_len = best->text_len;
     r->finish = best->finish;
+    r->stop_index = best->stop_index;
     r->t_done = now_s();
     if (r->t_first == 0)
         r->t_first = r->t_done;

@@ -221,7 +221,7 @@ static void generate_beams(generator *g, const char *prompt, size_t prompt_len, 
 {
     const run_opts *o = g->o;
     iflow_beam_params bp = {.n_beams = o->beams, .max_tokens = o->n_predict, .length_penalty = o->length_penalty,
-                            .n_ctx = o->n_ctx, .n_threads = o->threads};
+                            .n_ctx = o->n_ctx, .n_threads = o->threads, .stop = o->stops, .n_stop = o->n_stops};
     iflow_beam *bs;
     int nb;
     double t0 = now_s();
@@ -241,11 +241,15 @@ static void generate_beams(generator *g, const char *prompt, size_t prompt_len, 
             json_object_set_new(b, "logprob", json_real(bs[i].logprob));
             json_object_set_new(b, "score", json_real(bs[i].score));
             json_object_set_new(b, "stop", json_string(iflow_finish_name(bs[i].finish)));
+            if (bs[i].stop_index >= 0)
+                json_object_set_new(b, "stop_string", json_string(o->stops[bs[i].stop_index]));
             json_array_append_new(arr, b);
             if (i == 0) { /* the best one also where a sampled run puts its continuation */
                 json_object_set(js, "gen_ids", json_object_get(b, "gen_ids"));
                 json_object_set(js, "text", json_object_get(b, "text"));
                 json_object_set(js, "stop", json_object_get(b, "stop"));
+                if (bs[i].stop_index >= 0)
+                    json_object_set(js, "stop_string", json_object_get(b, "stop_string"));
             }
         }
         json_object_set_new(js, "beams", arr);
@@ -432,10 +436,11 @@ static int run(const run_opts *o)
     iflow_batch_stats st;
     iflow_batch_get_stats(g.b, &st);
     if (o->verbose && draft)
-        fprintf(stderr, "%s: draft: %llu tokens proposed, %llu accepted (%.1f %%), %.2f tokens a step\n", tool.name,
+        fprintf(stderr, "%s: draft: %llu tokens proposed, %llu accepted (%.1f %%), %.2f tokens a step, %.1f tok/s "
+                "generated (compare a run without --draft)\n", tool.name,
                 (unsigned long long)st.drafted, (unsigned long long)st.accepted,
                 st.drafted ? 100.0 * (double)st.accepted / (double)st.drafted : 0.0,
-                st.steps ? (double)st.generated / (double)st.steps : 0.0);
+                st.steps ? (double)st.generated / (double)st.steps : 0.0, g.n_gen_tokens / (g.t_gen > 0 ? g.t_gen : 1));
     iflow_sampler_close(chain);
     free(g.acc);
     iflow_batch_close(g.b);
@@ -549,8 +554,12 @@ int main(int argc, char **argv)
         die_usage(&tool, "no model given (-m FILE)");
     if (lp_given && !o.beams)
         die_usage(&tool, "--length-penalty goes with --beams");
-    if (o.beams && (o.batch || o.draft || o.n_stops || o.context_shift != IFLOW_SHIFT_NONE))
-        die_usage(&tool, "--beams goes with neither --batch (give \"beams\" per request), --draft, --stop nor a context shift");
+    if (o.beams && o.batch)
+        die_usage(&tool, "--beams does not go with --batch: give \"beams\" in a request");
+    if (o.beams && o.draft)
+        die_usage(&tool, "--beams does not go with --draft: a draft proposes one sequence, beam search keeps several");
+    if (o.beams && o.context_shift != IFLOW_SHIFT_NONE)
+        die_usage(&tool, "--beams does not go with a context shift (--context-shift, --keep): beams end at the context");
     if ((o.draft_n != 5 || o.draft_top_k || o.draft_top_p) && !o.draft)
         die_usage(&tool, "--draft-n, --draft-top-k and --draft-top-p go with --draft");
     if ((o.parallel || o.metrics || o.kv_type) && !o.batch && !o.dry_run)

@@ -63,6 +63,7 @@ struct iflow_batch {
     iflow_ctx *dctx;
     int n_draft, accept_top_k;
     float accept_top_p;
+    int d_rotates;                /* the draft's cache can rotate its keys (a ROPE shift)   */
     float *dlogits;               /* [parallel][vocab] the draft's logits of a step         */
     float *p_dist;                /* [vocab] scratch: the model's distribution              */
     int32_t dids[IFLOW_MAX_STEP]; /* a catch-up step's tokens                              */
@@ -227,6 +228,7 @@ int iflow_batch_set_draft(iflow_batch *b, const iflow_model *draft, int n_draft,
     }
     b->p_dist = p;
     b->draft = draft;
+    b->d_rotates = dp->position == IFLOW_POS_ROPE && iflow_kv_can_shift(b->dkv, NULL);
     b->n_draft = n_draft;
     b->accept_top_k = accept_top_k;
     b->accept_top_p = accept_top_p;
@@ -271,8 +273,6 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
     if (shift && keep > b->p.n_ctx - 2)
         return iflow_seterr(IFLOW_ERANGE, "keeping %d positions leaves nothing to shift in a context of %d", keep,
                             b->p.n_ctx);
-    if (shift && b->draft)
-        return iflow_seterr(IFLOW_EUNSUPPORTED, "a context shift does not go with a draft model yet");
     const char *dev;
     if (shift == IFLOW_SHIFT_ROPE && !iflow_kv_can_shift(b->kv, &dev))
         return iflow_seterr(IFLOW_EUNSUPPORTED, "context shift 'rope' is not implemented on %s (use 'recompute')", dev);
@@ -500,12 +500,24 @@ static int accept(iflow_batch *b, req *r, int32_t id)
 
 /* r's context is full: keep its first positions, drop the older half of the rest. ROPE moves
  * the cache (keys rotated); RECOMPUTE sends the kept window, with the pending token, back
- * through prefill. */
+ * through prefill. A draft's cache loses the same positions: rotated too when it holds them
+ * all and can rotate, else cut back to what is still in place (the kept positions; none for
+ * RECOMPUTE) and brought up to the model's again from the window before it next proposes. */
 static int shift_context(iflow_batch *b, req *r)
 {
     int discard = (r->n_past - r->keep) / 2, rc;
     if (r->shift == IFLOW_SHIFT_ROPE && (rc = iflow_kv_shift(b->kv, r->blocks, r->n_past, r->keep, discard)) < 0)
         return rc;
+    if (b->draft) {
+        if (r->shift == IFLOW_SHIFT_ROPE && b->d_rotates && r->d_past >= r->keep + discard) {
+            if ((rc = iflow_kv_shift(b->dkv, r->blocks, r->d_past, r->keep, discard)) < 0)
+                return rc;
+            r->d_past -= discard;
+        } else {
+            int kept = r->shift == IFLOW_SHIFT_ROPE ? r->keep : 0;
+            r->d_past = r->d_past < kept ? r->d_past : kept;
+        }
+    }
     memmove(r->window + r->keep, r->window + r->keep + discard,
             (size_t)(r->n_past - r->keep - discard) * sizeof *r->window);
     r->n_past -= discard;
@@ -533,9 +545,12 @@ static void wants_token(iflow_batch *b, req *r, iflow_step_seq *q, int rows, int
     *out_row += rows;
 }
 
-/* The token at position pos of r (no context shift: the prompt, then what r generated). */
+/* The token at cache position pos of r: the window's when the context shifts, else the
+ * prompt's, then what r generated. */
 static int32_t token_at(const req *r, int pos)
 {
+    if (r->window)
+        return r->window[pos];
     return pos < r->n_prompt ? r->prompt[pos] : r->res->tokens[pos - r->n_prompt];
 }
 
@@ -554,7 +569,9 @@ static int draft_phase(iflow_batch *b)
     for (req *r = b->running; r; r = r->next) {
         if (r->state != DECODE)
             continue;
-        int k = b->n_draft, left = r->max_tokens - r->res->n_tokens - 1;
+        /* the proposals stay inside the context: a shift comes only at a full one, as without them */
+        int k = b->n_draft, left = r->max_tokens - r->res->n_tokens - 1, room = b->p.n_ctx - r->n_past - 1;
+        left = left < room ? left : room;
         k = !r->dsampler ? 0 : k < left ? k : left;
         k = k < extra ? k : extra;
         r->n_prop = k > 0 ? k : 0;
@@ -648,6 +665,8 @@ static int verify(iflow_batch *b, req *r, const iflow_step_seq *q)
             return rc; /* ended (r is gone) or failed */
         if (!acc)
             break;
+        if (r->window)
+            r->window[r->n_past] = r->vids[i + 1];
         r->n_past++; /* the accepted proposal is in the cache */
     }
     if (r->d_past > r->n_past)
@@ -662,16 +681,15 @@ int iflow_batch_step(iflow_batch *b)
     int n = 0, tokens = 0, out_row = 0, rc;
     if ((rc = admit(b)) < 0)
         return rc;
+    for (req *r = b->running; r; r = r->next) /* full contexts shift first (the draft's too) */
+        if (r->state == DECODE && r->n_past == b->p.n_ctx && (rc = shift_context(b, r)) < 0)
+            return rc;
     if (b->draft && (rc = draft_phase(b)) < 0)
         return rc;
     /* decode tokens first (one each, and the draft's proposals), then prompt chunks in
      * admission order */
     for (req *r = b->running; r && tokens < b->p.step_tokens; r = r->next)
         if (r->state == DECODE) {
-            if (r->n_past == b->p.n_ctx && (rc = shift_context(b, r)) < 0)
-                return rc;
-            if (r->state != DECODE)
-                continue; /* its window is prefilled again below */
             int pos = r->n_past;
             if (r->window)
                 r->window[pos] = r->pending;

@@ -74,7 +74,9 @@ int  iflow_batch_set_comm(iflow_batch *b, struct iflow_comm *comm);
  * (sampler.h's iflow_spec_verify), so their tokens are distributed as without a draft (the
  * draws differ), or, with accept_top_k > 0 or accept_top_p > 0, the flexible rule. The draft keeps its own paged
  * cache with the same block tables. Requests whose sampler draws from no fixed distribution
- * (mirostat, FSD) decode without proposals; a draft does not go with a context shift.
+ * (mirostat, FSD) decode without proposals. With a context shift, the proposals stay inside the
+ * context and a shift drops the same positions from the draft's cache (rotated like the model's, or
+ * evaluated again from the kept tokens where the draft cannot rotate them).
  * The draft must share the model's vocabulary (the same tokenizer) and hold n_ctx positions.
  * Set it before adding requests. */
 #define IFLOW_MAX_DRAFT 16

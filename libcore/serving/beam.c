@@ -1,6 +1,7 @@
 /* beam.c -- beam search over a paged KV cache with shared prefixes. See beam.h. */
 #include "libcore/serving/beam.h"
 #include "libcore/base/error.h"
+#include "libcore/engine/stop.h"
 #include "libcore/serving/batch.h"
 #include "libcore/tokenizers/tokenizer.h"
 #include "kernels/cpu/kvcache.h"
@@ -19,6 +20,12 @@ typedef struct {
     int n_tokens, n_past;
     double logprob;
     int32_t eos;                  /* the end-of-sequence token that ended it, or -1          */
+    /* stop strings */
+    char *held;                   /* [n_held] the text's tail that may begin a stop string   */
+    size_t n_held;
+    size_t emitted;               /* bytes of text before the held tail (before the stop
+                                   * string once one is found)                               */
+    int stop_index;               /* the stop string found, or -1                            */
 } hyp;
 
 typedef struct {
@@ -29,6 +36,9 @@ typedef struct {
     int32_t *free_ids;            /* [n_blocks] a stack */
     int n_free;
     int *ref;                     /* [n_blocks] hypotheses holding each block */
+    const iflow_tokenizer *tok;   /* NULL: no text (and no stop string can match)  */
+    iflow_stop *stop;             /* the stop strings' matcher, or NULL            */
+    int starts;                   /* the generated tokens start the text (a lone BOS prompt) */
 } search;
 
 typedef struct {
@@ -59,6 +69,7 @@ static void hyp_release(search *s, hyp *h)
             drop_block(s, h->table[i]);
     free(h->table);
     free(h->tokens);
+    free(h->held);
     memset(h, 0, sizeof *h);
 }
 
@@ -178,8 +189,40 @@ static int finish_hyp(iflow_beam **res, int *n_res, int *cap, hyp *h, int why, f
     int length = h->n_tokens + (why == IFLOW_FINISH_EOS);
     *b = (iflow_beam){.tokens = h->tokens, .n_tokens = h->n_tokens, .logprob = h->logprob,
                       .score = score_of(h->logprob, length, lp), .finish = why,
-                      .eos = why == IFLOW_FINISH_EOS ? h->eos : -1};
+                      .eos = why == IFLOW_FINISH_EOS ? h->eos : -1,
+                      .stop_index = why == IFLOW_FINISH_STOP ? h->stop_index : -1,
+                      .text_len = h->emitted}; /* until take() makes the text: where a stop cuts it */
     h->tokens = NULL;
+    return 0;
+}
+
+/* The text of child, its parent par extended by its last token, through the stop strings'
+ * matcher after par's held-back tail: 1 if it now completes a stop string (child->emitted: the
+ * bytes before it; child->stop_index: which), 0 if not (child holds back its own tail), < 0. */
+static int match_stop(search *s, hyp *child, const hyp *par)
+{
+    char piece[256];
+    int32_t token = child->tokens[child->n_tokens - 1];
+    int n = iflow_tokenizer_piece(s->tok, token, s->starts && par->n_tokens == 0, piece, sizeof piece);
+    if (n < 0)
+        return n;
+    const char *e1, *e2;
+    size_t n1, n2;
+    iflow_stop_reset(s->stop);
+    int hit = iflow_stop_feed(s->stop, par->held, par->n_held, &e1, &n1); /* 0: par would have stopped */
+    if (hit == 0)
+        hit = iflow_stop_feed(s->stop, piece, (size_t)n, &e2, &n2);
+    if (hit < 0)
+        return hit;
+    child->emitted = par->emitted + n1 + n2;
+    child->stop_index = hit ? iflow_stop_which(s->stop) : -1;
+    size_t tail = par->n_held - n1 + (size_t)n - n2;
+    if (hit || tail == 0)
+        return hit;
+    if (!(child->held = malloc(tail)))
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    memcpy(child->held, e2 + n2, tail);
+    child->n_held = tail;
     return 0;
 }
 
@@ -237,7 +280,8 @@ int iflow_beam_open(iflow_beam_run **out, const iflow_model *m, const int32_t *p
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
     r->p = *p;
     r->n_ctx = n_ctx;
-    r->s = (search){.m = m, .max_tab = (n_ctx + BLOCK - 1) / BLOCK};
+    r->s = (search){.m = m, .max_tab = (n_ctx + BLOCK - 1) / BLOCK, .tok = iflow_model_tokenizer(m),
+                    .starts = n_prompt == 1 && prompt[0] == hp->bos};
     r->s.n_blocks = W * (r->s.max_tab + 1) + 1;
     r->prompt = malloc((size_t)n_prompt * sizeof *r->prompt);
     r->n_prompt = n_prompt;
@@ -249,6 +293,8 @@ int iflow_beam_open(iflow_beam_run **out, const iflow_model *m, const int32_t *p
     int rc = 0;
     if (!r->prompt || !r->logits || !r->lp || !r->cs || !r->s.free_ids || !r->s.ref)
         rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    if (rc == 0 && p->n_stop > 0 && r->s.tok)
+        rc = iflow_stop_open(&r->s.stop, p->stop, p->n_stop);
     if (rc == 0)
         rc = iflow_kv_open(&r->s.kv, m, p->kv_type, BLOCK, r->s.n_blocks);
     if (rc == 0)
@@ -268,7 +314,7 @@ int iflow_beam_open(iflow_beam_run **out, const iflow_model *m, const int32_t *p
 }
 
 /* The live beams' 2W best extensions each, ranked together: the next live beams, and the
- * hypotheses that end (EOS among the first W; max_tokens; the context). */
+ * hypotheses that end (EOS or a stop string among the first W; max_tokens; the context). */
 static int extend(iflow_beam_run *r)
 {
     search *s = &r->s;
@@ -299,10 +345,20 @@ static int extend(iflow_beam_run *r)
             r->n_finished++;
             continue;
         }
-        if ((rc = hyp_fork(s, &next[n_next], par, c->token, c->logprob, r->p.max_tokens)) == 0)
+        hyp *h = &next[n_next];
+        if ((rc = hyp_fork(s, h, par, c->token, c->logprob, r->p.max_tokens)) == 0 && s->stop)
+            rc = match_stop(s, h, par);
+        if (rc == 0) {
             n_next++;
-        else
-            hyp_release(s, &next[n_next]);
+            continue;
+        }
+        if (rc == 1 && k < W) { /* a stop string: finished, as an EOS is */
+            rc = finish_hyp(&r->res, &r->n_res, &r->cap, h, IFLOW_FINISH_STOP, r->p.length_penalty);
+            r->n_finished++;
+        } else if (rc == 1) {
+            rc = 0;
+        }
+        hyp_release(s, h);
     }
     for (int i = 0; i < r->n_live; i++)
         hyp_release(s, &r->live[i]);
@@ -374,14 +430,17 @@ int iflow_beam_take(iflow_beam_run *r, iflow_beam **out, int *n_out)
     r->n_res = n;
     /* the texts, as a request's continuation: the first token starts the text when the prompt
      * is a lone BOS */
-    const iflow_tokenizer *tok = iflow_model_tokenizer(r->s.m);
-    int starts = r->n_prompt == 1 && r->prompt[0] == iflow_model_hparams(r->s.m)->bos, rc = 0;
+    const iflow_tokenizer *tok = r->s.tok;
+    int rc = 0;
     for (int i = 0; i < n && rc == 0; i++) {
         iflow_beam *b = &r->res[i];
+        size_t cut = b->text_len; /* a stop string's place (finish_hyp) */
         if (tok)
-            rc = iflow_tokenizer_continuation(tok, b->tokens, (size_t)b->n_tokens, starts, &b->text, &b->text_len);
+            rc = iflow_tokenizer_continuation(tok, b->tokens, (size_t)b->n_tokens, r->s.starts, &b->text, &b->text_len);
         else if (!(b->text = calloc(1, 1)))
             rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
+        if (rc == 0 && b->finish == IFLOW_FINISH_STOP && cut < b->text_len)
+            b->text[b->text_len = cut] = 0;
     }
     if (rc < 0)
         return rc;
@@ -398,6 +457,7 @@ void iflow_beam_close(iflow_beam_run *r)
     for (int i = 0; i < r->n_live; i++)
         hyp_release(&r->s, &r->live[i]);
     iflow_beams_free(r->res, r->n_res);
+    iflow_stop_close(r->s.stop);
     free(r->prompt), free(r->logits), free(r->lp), free(r->cs), free(r->s.free_ids), free(r->s.ref);
     iflow_ctx_close(r->s.ctx);
     iflow_kv_close(r->s.kv);

@@ -15,9 +15,14 @@
  *   finished hypotheses and the beams still live, ranked by score = logprob / length^lp
  *   (length: the tokens generated, an ending EOS included; lp = length_penalty, 0: the plain
  *   sum), best first, at most n_beams of them.
+ *   Stop strings (stop.h's matching: one may span tokens): an extension whose text completes one
+ *   is a finished hypothesis as an EOS is (among the first n_beams of the ranking; it ends with
+ *   the token that completed the string, its text cut before the string, finish
+ *   IFLOW_FINISH_STOP), and the search goes on among the other beams. Each beam holds back the
+ *   tail of its text that may begin a stop string, as the matcher does.
  *   With n_beams = 1 the search is greedy decoding: the argmax at every step (the lowest id
  *   among equal logits).
- *   Errors: IFLOW_EINVAL for bad parameters or an empty prompt, IFLOW_ERANGE for a prompt that
+ *   Errors: IFLOW_EINVAL for bad parameters (an empty stop string) or an empty prompt, IFLOW_ERANGE for a prompt that
  *   fills the context or a token outside the vocabulary, and the engine's errors.
  */
 #ifndef IFLOW_BEAM_H
@@ -36,6 +41,8 @@ typedef struct {
     int n_ctx;              /* positions; <= 0: the model's max_seq                         */
     int kv_type;            /* IFK_KV_* (kernels/cpu/kvcache.h)                             */
     int n_threads;          /* <= 0: all cores                                              */
+    const char *const *stop; /* [n_stop] stop strings (copied), none empty; NULL when none   */
+    int n_stop;
 } iflow_beam_params;
 
 typedef struct {
@@ -43,10 +50,12 @@ typedef struct {
     int n_tokens;
     double logprob;         /* natural log-probability of the tokens (and of the EOS)     */
     double score;           /* logprob / length^length_penalty                            */
-    int finish;             /* batch.h's IFLOW_FINISH_EOS, _LENGTH or _CONTEXT             */
+    int finish;             /* batch.h's IFLOW_FINISH_EOS, _LENGTH, _STOP or _CONTEXT      */
     int32_t eos;            /* IFLOW_FINISH_EOS: the end-of-sequence token; else -1        */
+    int stop_index;         /* IFLOW_FINISH_STOP: the stop string found (its index); else -1 */
     char *text;             /* the tokens' text after the prompt, NUL-terminated ("" when
-                             * the model has no tokenizer)                                  */
+                             * the model has no tokenizer); IFLOW_FINISH_STOP: cut before
+                             * the stop string                                              */
     size_t text_len;
 } iflow_beam;
 

@@ -119,8 +119,9 @@ static int parse_object(iflow_request_fields *f, const json_t *js)
         return iflow_seterr(IFLOW_EINVAL, "field 'prompt' (a string) is missing");
     if (lp_given && !f->beams)
         return iflow_seterr(IFLOW_EINVAL, "field 'length_penalty' goes with 'beams'");
-    if (f->beams && (f->n_stop || f->context_shift))
-        return iflow_seterr(IFLOW_EINVAL, "field 'beams' goes with neither 'stop' nor a context shift");
+    if (f->beams && f->context_shift)
+        return iflow_seterr(IFLOW_EINVAL, "field 'beams' does not go with a context shift (beams end at the context; "
+                                          "set 'context_shift' to \"none\")");
     return iflow_sampler_params_set_all(&f->sp, names, vals, n);
 }
 

@@ -7,8 +7,8 @@
  *   JSON value, kept as compact JSON text; the line number when absent), "max_tokens" (an
  *   integer >= 1), "stop" (a string, or an array of at most IFLOW_MAX_STOP non-empty strings),
  *   "context_shift" ("none", "rope" or "recompute": batch.h), "keep" (an integer >= -1), "beams"
- *   (an integer from 1 to IFLOW_MAX_BEAMS: beam search, beam.h; not with "stop" or a context
- *   shift), "length_penalty" (a number, with "beams"), and every sampling parameter of sampler.h's name table ("temperature", "top_k", "top_p",
+ *   (an integer from 1 to IFLOW_MAX_BEAMS: beam search, beam.h, which honours "stop"; not with a
+ *   context shift), "length_penalty" (a number, with "beams"), and every sampling parameter of sampler.h's name table ("temperature", "top_k", "top_p",
  *   "min_p", "seed", "sampler", "mirostat", "repeat_penalty", ...: numbers, or a string for
  *   "sampler"). A field that is absent keeps the default given; "seed" defaults to the given
  *   seed plus the line number minus one (iflow-run's plain mode seeds its n-th prompt, from 0,

@@ -9,6 +9,9 @@
  *     log-softmax in double): within 1e-4;
  *   - width 4 (and 8, F16 cache): the best beam's log-probability at least greedy's (length
  *     penalty 0: scores are plain sums), beams ranked by score = logprob / length^penalty;
+ *   - stop strings (one spanning two tokens): a beam that reaches one ends with the token that
+ *     completes it, its text cut before it, its log-probability rescored; the others go on;
+ *     width 1 with a stop string is the batch engine's greedy decoding with it;
  *   - bad parameters refused.
  */
 #include "tests/unit/testlib.h"
@@ -68,11 +71,12 @@ static int32_t g_eos(iflow_model *m, const int32_t *prompt, int np, const iflow_
     return next;
 }
 
-static iflow_result *greedy(iflow_model *m, const int32_t *prompt, int np, int max_tokens)
+/* Greedy decoding by the batch engine, with a stop string (or NULL). */
+static iflow_result *greedy_stop(iflow_model *m, const int32_t *prompt, int np, int max_tokens, const char *stop)
 {
     iflow_batch *b;
     iflow_batch_params p = {.parallel = 1, .n_threads = 2};
-    iflow_request r = {.prompt = prompt, .n_prompt = np, .max_tokens = max_tokens};
+    iflow_request r = {.prompt = prompt, .n_prompt = np, .max_tokens = max_tokens, .stop = {stop}, .n_stop = !!stop};
     iflow_result *res = NULL;
     int rc;
     if (iflow_batch_open(&b, m, &p) < 0 || iflow_batch_add(b, &r) < 0) {
@@ -85,6 +89,11 @@ static iflow_result *greedy(iflow_model *m, const int32_t *prompt, int np, int m
         iflow_batch_take(b, &res);
     iflow_batch_close(b);
     return res;
+}
+
+static iflow_result *greedy(iflow_model *m, const int32_t *prompt, int np, int max_tokens)
+{
+    return greedy_stop(m, prompt, np, max_tokens, NULL);
 }
 
 static void beam_case(const char *path, int *eos_seen, int *len_seen)
@@ -165,6 +174,71 @@ static void beam_case(const char *path, int *eos_seen, int *len_seen)
     iflow_model_close(m);
 }
 
+/* Stop strings: "park w" spans the tokens " park" and " with"; some of the 4 beams of "Once upon
+ * a time" reach it within 40 tokens. Each beam that stops: its last token completes the string
+ * (the text of its tokens holds it, without the last token it does not), its text is that text
+ * cut before the string, its log-probability that of its tokens; no beam's text holds it. Width
+ * 1 is greedy decoding with the same stop string, text and tokens. */
+static void test_stop(void)
+{
+    iflow_model *m;
+    if (iflow_model_open(&m, s260, 0) < 0) {
+        CHECK(0, "open: %s", iflow_errmsg());
+        return;
+    }
+    const iflow_tokenizer *tok = iflow_model_tokenizer(m);
+    const int32_t pr[] = {1, 403, 407, 261, 378}; /* "Once upon a time" */
+    const char *stops[] = {"never said", "park w"};
+    iflow_beam_params bp = {.n_beams = 4, .max_tokens = 40, .length_penalty = 0, .n_threads = 2, .stop = stops,
+                            .n_stop = 2};
+    iflow_beam *bs;
+    int nb, stopped = 0;
+    CHECK(iflow_beam_search(m, pr, 5, &bp, &bs, &nb) == 0, "search: %s", iflow_errmsg());
+    for (int i = 0; i < nb; i++) {
+        const iflow_beam *b = &bs[i];
+        char *all, *before;
+        size_t n_all, n_before;
+        iflow_tokenizer_continuation(tok, b->tokens, (size_t)b->n_tokens, 0, &all, &n_all);
+        iflow_tokenizer_continuation(tok, b->tokens, (size_t)b->n_tokens - 1, 0, &before, &n_before);
+        CHECK(!strstr(b->text, "park w"), "beam %d: its text holds the stop string: %s", i, b->text);
+        CHECK(i == 0 || b->score <= bs[i - 1].score, "beam %d ranked by score", i);
+        if (b->finish == IFLOW_FINISH_STOP) {
+            stopped++;
+            const char *at = strstr(all, "park w");
+            CHECK(b->stop_index == 1 && at && !strstr(before, "park w"), "beam %d: its last token completes the string", i);
+            CHECK(at && b->text_len == (size_t)(at - all) && memcmp(b->text, all, b->text_len) == 0,
+                  "beam %d: the text is cut before the stop string: '%s'", i, b->text);
+            double lp = rescore(m, pr, 5, b->tokens, b->n_tokens, -1);
+            CHECK(fabs(lp - b->logprob) < 1e-4, "beam %d: logprob %.6f, rescored %.6f", i, b->logprob, lp);
+        } else {
+            CHECK(b->stop_index == -1 && b->finish == IFLOW_FINISH_LENGTH, "beam %d: not stopped, finish %d", i,
+                  b->finish);
+        }
+        free(all), free(before);
+    }
+    CHECK(nb == 4 && stopped >= 1 && stopped < nb, "4 beams, some stopped by the string (%d) and some not", stopped);
+    iflow_beams_free(bs, nb);
+    /* width 1: greedy with a stop string */
+    const char *gs[] = {"outside in"};
+    iflow_beam_params b1 = {.n_beams = 1, .max_tokens = 40, .n_threads = 2, .stop = gs, .n_stop = 1};
+    iflow_result *g = greedy_stop(m, pr, 5, 40, gs[0]);
+    CHECK(iflow_beam_search(m, pr, 5, &b1, &bs, &nb) == 0 && nb == 1, "search: %s", iflow_errmsg());
+    if (g && nb == 1) {
+        CHECK(g->finish == IFLOW_FINISH_STOP && bs[0].finish == IFLOW_FINISH_STOP, "both stop (%d, %d)", g->finish,
+              bs[0].finish);
+        CHECK(g->n_tokens == bs[0].n_tokens && memcmp(g->tokens, bs[0].tokens, sizeof(int32_t) * (size_t)g->n_tokens) == 0,
+              "width 1 with a stop string: greedy's tokens");
+        CHECK(g->text_len == bs[0].text_len && memcmp(g->text, bs[0].text, g->text_len) == 0,
+              "width 1 with a stop string: greedy's text ('%s' vs '%s')", bs[0].text, g->text);
+    }
+    iflow_result_free(g);
+    iflow_beams_free(bs, nb);
+    const char *empty[] = {""};
+    iflow_beam_params bad = {.n_beams = 2, .max_tokens = 4, .stop = empty, .n_stop = 1};
+    CHECK_ERR(iflow_beam_search(m, pr, 5, &bad, &bs, &nb), IFLOW_EINVAL, "stop string 1", "is empty");
+    iflow_model_close(m);
+}
+
 static void test_beam(void)
 {
     int eos_seen = 0, len_seen = 0;
@@ -200,6 +274,7 @@ int main(void)
         return check_summary("test_beam");
     }
     RUN(test_beam);
+    RUN(test_stop);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0)

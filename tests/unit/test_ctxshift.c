@@ -10,8 +10,14 @@
  *     a second time, and the first rounding's error is rotated into the pair's other value:
  *     within two rounding steps of the group's largest value (2^-10 of it for F16, 2/127 of it
  *     for Q8; measured up to 0.6 and 1.3 steps). Values and the kept positions move bit for bit.
- *   - the engine: every layer's K and V rows of a real model (stories260K, xs-ckpt) after
- *     iflow_kv_shift against the rows read before, rotated by ifk_rope at -discard (1e-5).
+ *   - the engine: every layer's K and V rows of a real model (stories260K from Hugging Face and
+ *     from GGUF, whose rope layout is the interleaved one; xs-ckpt) after
+ *     iflow_kv_shift against the rows read before, rotated by ifk_rope at -discard with the
+ *     layer's base and the model's frequency scales computed here from the hyperparameters as
+ *     Hugging Face does (1e-5); and layer 0's shifted keys against the kept tokens evaluated
+ *     afresh at their new positions (1e-5 of the largest key). The same for synthetic models
+ *     of stories260K's shape with linear and with Llama 3.1 rope scaling, and of Gemma 3's
+ *     blocks with a local rope base on every other layer.
  *   - the batch engine: a request generating 10x its context runs to max_tokens within the
  *     blocks of one context; its tokens before the first shift equal an unshifted run's; in
  *     RECOMPUTE mode the token after the first shift is the greedy argmax of iflow_ctx_eval
@@ -21,12 +27,16 @@
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/kvcache.h"
 #include "libcore/engine/model.h"
+#include "libcore/formats/convert.h"
 #include "libcore/serving/batch.h"
 
+#include <jansson.h>
 #include <math.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static char dir[] = "/tmp/iflow-test-ctxshift-XXXXXX";
-static char s260[512], xs[512];
+static char s260[512], xs[512], s_gguf[512], s_linear[512], s_llama3[512], s_gemma3[512];
 
 static float urand(void) { return (float)(rnd_u32() % 20001) / 10000.0f - 1.0f; }
 
@@ -108,6 +118,37 @@ static void test_kernel(void)
 
 /* ---- the engine: every layer of a real model ------------------------------------------------ */
 
+/* The per-pair frequency multipliers of the model's rope scaling, computed here from the
+ * hyperparameters as Hugging Face's _compute_linear_scaling / _compute_llama3_parameters do
+ * (transformers/modeling_rope_utils.py), in double: NULL for none. */
+static const float *ref_scale(const iflow_hparams *hp, float *out)
+{
+    if (hp->rope_scaling == IFLOW_ROPE_SCALING_NONE)
+        return NULL;
+    for (int i = 0; i < hp->rope_dim / 2; i++) {
+        double inv = pow(hp->rope_theta, -2.0 * i / hp->rope_dim), f = hp->rope_factor, lf = hp->rope_low_freq,
+               hf = hp->rope_high_freq, old = hp->rope_orig_ctx;
+        if (hp->rope_scaling == IFLOW_ROPE_SCALING_LINEAR) {
+            out[i] = (float)(1 / f);
+            continue;
+        }
+        double wavelen = 2 * M_PI / inv, lo_wl = old / lf, hi_wl = old / hf, scaled = wavelen > lo_wl ? inv / f : inv;
+        if (!(wavelen < hi_wl) && !(wavelen > lo_wl)) { /* medium: smooth between the two */
+            double smooth = (old / wavelen - lf) / (hf - lf);
+            scaled = (1 - smooth) * scaled / f + smooth * scaled;
+        }
+        out[i] = (float)(scaled / inv);
+    }
+    return out;
+}
+
+/* The rope base of layer l: Gemma 3's local base on windowed layers. */
+static float ref_theta(const iflow_hparams *hp, int l)
+{
+    int global = hp->window_pattern > 1 && (l + 1) % hp->window_pattern == 0;
+    return hp->sliding_window > 0 && !global && hp->rope_theta_local > 0 ? hp->rope_theta_local : hp->rope_theta;
+}
+
 static void engine_case(const char *path)
 {
     iflow_model *m;
@@ -135,6 +176,8 @@ static void engine_case(const char *path)
                 CHECK(iflow_kv_read_row(kv, l, w, table, p, before + (((size_t)l * 2 + w) * N + p) * KV) == 0, "read: %s",
                       iflow_errmsg());
     CHECK(iflow_kv_shift(kv, table, N, KEEP, DISCARD) == 0, "shift: %s", iflow_errmsg());
+    float scale_buf[256];
+    const float *scale = ref_scale(hp, scale_buf);
     double worst = 0;
     int bad = 0;
     for (int l = 0; l < NL; l++)
@@ -143,7 +186,7 @@ static void engine_case(const char *path)
                 int src = q < KEEP ? q : q + DISCARD;
                 float *want = before + (((size_t)l * 2 + w) * N + src) * KV;
                 if (w == 0 && q >= KEEP) /* keys: rotated back by DISCARD positions */
-                    ifk_rope(want, hp->n_kv_heads, hp->head_dim, hp->rope_dim, -DISCARD, hp->rope_theta, NULL,
+                    ifk_rope(want, hp->n_kv_heads, hp->head_dim, hp->rope_dim, -DISCARD, ref_theta(hp, l), scale,
                              hp->rope_layout);
                 iflow_kv_read_row(kv, l, w, table, q, row);
                 for (int i = 0; i < KV; i++) {
@@ -155,6 +198,34 @@ static void engine_case(const char *path)
             }
     CHECK(worst <= 1e-5, "%s: a shifted row is off by %.3g", path, worst);
     CHECK(bad == 0, "%s: %d values or kept keys not moved exactly", path, bad);
+    /* Layer 0's keys depend on their token and position alone: the kept tokens evaluated afresh
+     * at their new positions (the engine's own rope, its scaling and base) give the keys the
+     * shift rotated into place. */
+    {
+        int32_t kept[90], table2[16];
+        for (int q = 0; q < N - DISCARD; q++)
+            kept[q] = ids[q < KEEP ? q : q + DISCARD];
+        for (int i = 0; i < 16; i++)
+            table2[i] = i;
+        iflow_kv *kv2;
+        CHECK(iflow_kv_open(&kv2, m, IFK_KV_F32, 8, 16) == 0, "kv: %s", iflow_errmsg());
+        iflow_step_seq s2 = {.ids = kept, .n = N - DISCARD, .pos0 = 0, .table = table2};
+        CHECK(iflow_ctx_step(c, kv2, &s2, 1) == 0, "step: %s", iflow_errmsg());
+        float *fresh = malloc(sizeof(float) * KV);
+        double w0 = 0, mag = 0;
+        for (int q = 0; q < N - DISCARD; q++) {
+            iflow_kv_read_row(kv, 0, 0, table, q, row);
+            iflow_kv_read_row(kv2, 0, 0, table2, q, fresh);
+            for (int i = 0; i < KV; i++) {
+                w0 = fmax(w0, fabs((double)row[i] - fresh[i]));
+                mag = fmax(mag, fabs(fresh[i]));
+            }
+        }
+        CHECK(w0 <= 1e-5 * fmax(1, mag), "%s: layer 0's shifted keys are off the recomputed ones by %.3g (largest %.3g)",
+              path, w0, mag);
+        free(fresh);
+        iflow_kv_close(kv2);
+    }
     CHECK_ERR(iflow_kv_shift(kv, table, 10, 4, 7), IFLOW_EINVAL, "drop 7 positions", "first 4 of 10");
     free(before), free(row);
     iflow_kv_close(kv);
@@ -162,10 +233,81 @@ static void engine_case(const char *path)
     iflow_model_close(m);
 }
 
+/* A model of stories260K's shape with synthetic weights and the config edited by `edit` (a
+ * JSON object merged into config.json), converted to out. */
+static int make_variant(const char *name, const char *edit, char *out, size_t cap)
+{
+    char src[600], cfg[700], tok[700];
+    snprintf(src, sizeof src, "%s/%s-hf", dir, name);
+    snprintf(cfg, sizeof cfg, "%s/config.json", src);
+    snprintf(tok, sizeof tok, "%s/tokenizer.json", src);
+    snprintf(out, cap, "%s/%s.ifs", dir, name);
+    const char *sc = test_data("models/stories260K/hf/config.json");
+    json_t *c = sc ? json_load_file(sc, 0, NULL) : NULL, *e = json_loads(edit, 0, NULL);
+    const char *t = test_data("models/stories260K/hf/tokenizer.json"); /* test_data's buffer is reused */
+    int rc = -1;
+    if (c && e && t && json_object_update(c, e) == 0 && mkdir(src, 0777) == 0 && symlink(t, tok) == 0 &&
+        json_dump_file(c, cfg, 0) == 0) {
+        const char *specs[] = {"specs"};
+        iflow_convert_opts o = {.dtype = -1, .spec_dirs = specs, .n_spec_dirs = 1, .seed = 3,
+                                .flags = IFLOW_CONVERT_SYNTHETIC};
+        rc = iflow_convert(src, out, &o);
+    }
+    CHECK(rc == 0, "synthetic model '%s': %s", name, rc == -1 ? "could not write its config" : iflow_errmsg());
+    json_decref(c), json_decref(e);
+    return rc;
+}
+
+/* The scaled models hold what they were made with (so the cases above test scaling). */
+static void expect_rope(const char *path, int scaling, float factor, float theta_local)
+{
+    iflow_model *m;
+    if (iflow_model_open(&m, path, 0) < 0)
+        return;
+    const iflow_hparams *hp = iflow_model_hparams(m);
+    CHECK(hp->rope_scaling == scaling && (scaling == 0 || hp->rope_factor == factor) &&
+              hp->rope_theta_local == theta_local && (theta_local == 0 || hp->rope_theta != theta_local),
+          "%s: rope scaling %d factor %g, local base %g", path, hp->rope_scaling, hp->rope_factor, hp->rope_theta_local);
+    iflow_model_close(m);
+}
+
 static void test_engine(void)
 {
     engine_case(s260);
     engine_case(xs);
+    snprintf(s_gguf, sizeof s_gguf, "%s/s.gguf.ifs", dir); /* GGUF: the interleaved rope layout */
+    if (test_convert("models/stories260K/gguf/stories260K.gguf", s_gguf, -1) == 0) {
+        iflow_model *m;
+        if (iflow_model_open(&m, s_gguf, 0) == 0) {
+            CHECK(iflow_model_hparams(m)->rope_layout == IFK_ROPE_INTERLEAVED, "the GGUF model's rope is interleaved");
+            iflow_model_close(m);
+        }
+        engine_case(s_gguf);
+    }
+    /* rope scaling and per-layer bases: Llama 3.1's scaling (an original context of 64, so its
+     * four frequencies fall in all three regimes: kept, blended, divided), linear scaling, and
+     * Gemma 3's local base on every other layer */
+    if (make_variant("linear", "{\"rope_scaling\": {\"type\": \"linear\", \"factor\": 4.0}}", s_linear,
+                     sizeof s_linear) == 0) {
+        expect_rope(s_linear, IFLOW_ROPE_SCALING_LINEAR, 4, 0);
+        engine_case(s_linear);
+    }
+    if (make_variant("llama3",
+                     "{\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
+                     "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 64}}",
+                     s_llama3, sizeof s_llama3) == 0) {
+        expect_rope(s_llama3, IFLOW_ROPE_SCALING_LLAMA3, 8, 0);
+        engine_case(s_llama3);
+    }
+    if (make_variant("gemma3",
+                     "{\"architectures\": [\"Gemma3ForCausalLM\"], \"model_type\": \"gemma3_text\", \"rope_theta\": "
+                     "1000000.0, \"rope_local_base_freq\": 10000.0, \"sliding_window\": 512, "
+                     "\"sliding_window_pattern\": 2, \"query_pre_attn_scalar\": 8, \"hidden_activation\": "
+                     "\"gelu_pytorch_tanh\"}",
+                     s_gemma3, sizeof s_gemma3) == 0) {
+        expect_rope(s_gemma3, IFLOW_ROPE_SCALING_NONE, 0, 10000);
+        engine_case(s_gemma3);
+    }
 }
 
 /* ---- the batch engine ----------------------------------------------------------------------- */

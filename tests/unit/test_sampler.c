@@ -322,10 +322,65 @@ static void test_tail_free(void)
     }
 }
 
+/* The distribution after iflow_cands_penalize(window, repeat, freq, presence) on L8, by
+ * quadrature, against the definitions applied here to each token's count c in the window:
+ *   repetition (CTRL, Keskar et al. 2019, with llama.cpp's and Hugging Face's sign rule): a token
+ *     with c > 0 has its logit divided by `repeat` when positive, multiplied when negative, once
+ *     whatever c is;
+ *   frequency and presence (OpenAI's API reference): logit -= c * freq + (c > 0) * presence. */
+static void penalty_case(const int32_t *win, int n_win, double repeat, double freq, double presence, const char *what)
+{
+    double d[V], want[V], f[V];
+    int all[V] = {1, 1, 1, 1, 1, 1, 1, 1}, count[V] = {0};
+    to_double(L8, d, V);
+    for (int i = 0; i < n_win; i++)
+        count[win[i]]++;
+    for (int i = 0; i < V; i++) {
+        if (count[i] && repeat != 1)
+            d[i] = d[i] > 0 ? d[i] / repeat : d[i] * repeat;
+        d[i] -= count[i] * freq + (count[i] > 0) * presence;
+    }
+    ref_softmax(d, all, V, 1, want);
+    iflow_cand buf[V];
+    for (int i = 0; i < V; i++)
+        f[i] = 0;
+    for (int g = 0; g < GRID; g++) {
+        iflow_cands cs;
+        iflow_cands_init(&cs, buf, L8, V);
+        iflow_cands_penalize(&cs, win, n_win, (float)repeat, (float)freq, (float)presence);
+        f[iflow_cands_draw(&cs, (g + 0.5) / GRID)] += 1.0 / GRID;
+    }
+    expect_close(f, want, V, 2.0 / GRID, what);
+}
+
 static void test_penalties(void)
 {
-    /* window [2 2 5 6 6 6], repeat 1.3, frequency 0.2, presence 0.5; token 6 has a negative logit */
-    const int32_t hist[] = {0, 2, 2, 5, 6, 6, 6};
+    /* window [2 2 5 6 6 6]: token 2 twice (logit 1.1), 5 once (-0.2) and 6 three times (-1.0) */
+    const int32_t hist[] = {0, 2, 2, 5, 6, 6, 6}, *win = hist + 1;
+    penalty_case(win, 6, 1.3, 0, 0, "repetition 1.3 (divide 1.1, multiply -0.2 and -1.0, once each)");
+    penalty_case(win, 6, 0.7, 0, 0, "repetition 0.7 (< 1 favours the tokens seen)");
+    penalty_case(win, 6, 1, 0.4, 0, "frequency 0.4 (2, 1 and 3 occurrences)");
+    penalty_case(win, 6, 1, 0, 0.6, "presence 0.6 (once per token seen)");
+    penalty_case(win, 6, 1, -0.3, 0, "a negative frequency penalty raises the tokens seen");
+    penalty_case(win, 6, 1.3, 0.2, 0.5, "repetition, frequency and presence together");
+    /* the rules themselves, token by token, on the logits (no sampling): */
+    {
+        iflow_cand buf[V];
+        iflow_cands cs;
+        iflow_cands_init(&cs, buf, L8, V);
+        iflow_cands_penalize(&cs, win, 6, 2, 0, 0);
+        CHECK(buf[2].logit == 1.1f / 2 && buf[5].logit == -0.2f * 2 && buf[6].logit == -1.0f * 2 &&
+                  buf[0].logit == L8[0] && buf[3].logit == L8[3],
+              "repetition 2: 1.1 -> 0.55, -0.2 -> -0.4, -1 -> -2, unseen tokens unchanged");
+        iflow_cands_init(&cs, buf, L8, V);
+        iflow_cands_penalize(&cs, win, 6, 1, 0.25f, 0.5f);
+        CHECK(fabs(buf[2].logit - (1.1 - 2 * 0.25 - 0.5)) < 1e-6 && fabs(buf[5].logit - (-0.2 - 0.25 - 0.5)) < 1e-6 &&
+                  fabs(buf[6].logit - (-1.0 - 3 * 0.25 - 0.5)) < 1e-6 && buf[1].logit == L8[1],
+              "frequency 0.25, presence 0.5: minus c * 0.25 + 0.5 for each token seen c times");
+    }
+
+    /* Through the sampler, all three over the last 6 accepted tokens (token 0, accepted first,
+     * is outside the window). */
     double d[V], want[V];
     int all[V] = {1, 1, 1, 1, 1, 1, 1, 1}, count[V] = {0};
     to_double(L8, d, V);
@@ -433,6 +488,55 @@ static void test_mirostat(void)
     float m = (float)mu;
     iflow_cands_mirostat(&cs, 3.0f, 0.1f, 100, N, &m, 0.5);
     CHECK(cs.n == k, "mirostat v1 keeps k = %d, kept %d", k, cs.n);
+
+    /* v1, one step, its draw (Basu et al. 2021, Algorithm 1): s estimated from the model's
+     * top m = 100 probabilities by least squares, k from the Zipf bound for the target surprise
+     * mu, then a draw from the top k renormalized (top-k sampling), and mu -= eta * (S - tau)
+     * with S the drawn token's surprise in that distribution (llama.cpp's reading). The
+     * reference works in double on the list's own definition, sorted here. */
+    {
+        static int ord[N];
+        static double pr[N], want1[N], f1[N];
+        double mx = -INFINITY, zz = 0;
+        for (int i = 0; i < N; i++)
+            mx = zl[i] > mx ? zl[i] : mx;
+        for (int i = 0; i < N; i++)
+            zz += pr[i] = exp((double)zl[i] - mx);
+        for (int i = 0; i < N; i++) { /* insertion sort of the ids by falling probability */
+            int j = i;
+            pr[i] /= zz;
+            while (j > 0 && pr[ord[j - 1]] < pr[i])
+                ord[j] = ord[j - 1], j--;
+            ord[j] = i;
+        }
+        double tb = 0, tt = 0;
+        for (int i = 0; i < 99; i++) {
+            double t = log((i + 2.0) / (i + 1));
+            tb += t * log(pr[ord[i]] / pr[ord[i + 1]]), tt += t * t;
+        }
+        double s1 = tb / tt, e1 = s1 - 1;
+        for (double mu0 = 4.5; mu0 <= 8.5; mu0 += 2) {
+            int k1 = (int)pow(e1 * pow(2, mu0) / (1 - pow(N, -e1)), 1 / s1);
+            CHECK(k1 > 1 && k1 < N, "mu %g: the test's k is a real cut (%d)", mu0, k1);
+            double zk = 0;
+            for (int i = 0; i < N; i++)
+                want1[i] = f1[i] = 0;
+            for (int r = 0; r < k1; r++)
+                zk += pr[ord[r]];
+            for (int r = 0; r < k1; r++)
+                want1[ord[r]] = pr[ord[r]] / zk;
+            int moved = 1;
+            for (int g = 0; g < GRID; g++) {
+                float mu = (float)mu0;
+                iflow_cands_init(&cs, zb, zl, N);
+                int32_t id = iflow_cands_mirostat(&cs, 3.0f, 0.1f, 100, N, &mu, (g + 0.5) / GRID);
+                f1[id] += 1.0 / GRID;
+                moved &= fabs(mu - (mu0 - 0.1 * (-log2(want1[id]) - 3.0))) < 1e-4;
+            }
+            expect_close(f1, want1, N, 2.0 / GRID, "mirostat v1 draw");
+            CHECK(moved, "mirostat v1 mu %g: updates mu by eta * (surprise - tau)", mu0);
+        }
+    }
 
     /* The controller: over a long run the mean surprise of the drawn tokens (in the truncated,
      * renormalized distribution the controller sees) approaches tau, for both versions. */

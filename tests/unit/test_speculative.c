@@ -19,6 +19,9 @@
  *     sampled requests with a draft give the same tokens alone and in a batch; a draft that
  *     holds fewer positions than the context is refused. (A draft of another vocabulary is
  *     refused too; no model of another vocabulary is small enough to test it here.)
+ *   - a draft with a context shift (rope and recompute; a context of 64, 300 and 350 tokens, two
+ *     requests at once): greedy tokens equal the model's without a draft with the same shifts,
+ *     as many shifts happen, and the draft saves steps.
  */
 #include "tests/unit/testlib.h"
 #include "libcore/engine/model.h"
@@ -156,27 +159,30 @@ typedef struct {
     float temp;
     uint64_t seed;
     const char *stop;
+    int shift, keep;              /* context shift (IFLOW_SHIFT_*) and what it keeps */
 } job;
 
-/* Run jobs[0..n) in one batch (parallel `par`, a draft or none); tokens into out[i] (n_out[i]). */
-static int run_jobs(iflow_model *m, iflow_model *draft, int n_draft, const job *jobs, int n, int par, int32_t out[][96],
-                    int *n_out, iflow_batch_stats *st)
+/* Run jobs[0..n) in one batch (parallel `par`, a context of n_ctx, a draft or none); tokens into
+ * out + i * cap (n_out[i]). */
+static int run_jobs(iflow_model *m, iflow_model *draft, int n_draft, const job *jobs, int n, int par, int n_ctx,
+                    int32_t *out, int cap, int *n_out, iflow_batch_stats *st)
 {
     iflow_batch *b;
-    iflow_batch_params p = {.parallel = par, .n_ctx = 128, .n_threads = 2};
+    iflow_batch_params p = {.parallel = par, .n_ctx = n_ctx, .n_threads = 2};
     if (iflow_batch_open(&b, m, &p) < 0 || (draft && iflow_batch_set_draft(b, draft, n_draft, 0, 0) < 0)) {
         CHECK(0, "open: %s", iflow_errmsg());
         return -1;
     }
     for (int i = 0; i < n; i++) {
         iflow_request r = {.prompt = jobs[i].prompt, .n_prompt = jobs[i].n_prompt, .max_tokens = jobs[i].max_tokens,
-                           .user = (void *)(intptr_t)i};
+                           .context_shift = jobs[i].shift, .keep = jobs[i].keep, .user = (void *)(intptr_t)i};
         iflow_sampler_params_default(&r.sampling);
         r.sampling.temp = jobs[i].temp, r.sampling.seed = jobs[i].seed;
         if (jobs[i].stop)
             r.stop[0] = jobs[i].stop, r.n_stop = 1;
         if (iflow_batch_add(b, &r) < 0) {
             CHECK(0, "add: %s", iflow_errmsg());
+            iflow_batch_close(b);
             return -1;
         }
     }
@@ -187,8 +193,8 @@ static int run_jobs(iflow_model *m, iflow_model *draft, int n_draft, const job *
     iflow_result *res;
     while (iflow_batch_take(b, &res) == 1) {
         int i = (int)(intptr_t)res->user;
-        n_out[i] = res->n_tokens;
-        memcpy(out[i], res->tokens, sizeof(int32_t) * (size_t)res->n_tokens);
+        n_out[i] = res->n_tokens < cap ? res->n_tokens : cap;
+        memcpy(out + (size_t)i * cap, res->tokens, sizeof(int32_t) * (size_t)n_out[i]);
         iflow_result_free(res);
     }
     if (st)
@@ -197,7 +203,40 @@ static int run_jobs(iflow_model *m, iflow_model *draft, int n_draft, const job *
     return rc;
 }
 
-static void engine_case(const char *target, const char *draft_path, const char *what)
+/* A draft with a context shift: greedy tokens equal the model's alone with the same shift. */
+static void shift_case(iflow_model *m, iflow_model *d, const char *what)
+{
+    /* greedy requests (two at once) that run far past a context of 64 */
+    const iflow_hparams *hp = iflow_model_hparams(m);
+    job jobs[2] = {{.prompt = {hp->bos, 10, 20, 30, 40, 50}, .n_prompt = 6, .max_tokens = 300, .keep = 4},
+                   {.prompt = {hp->bos, 7, 70, 17, 170}, .n_prompt = 5, .max_tokens = 350, .keep = 4}};
+    static int32_t plain[2][400], spec[2][400];
+    int np[2] = {0}, ns[2] = {0};
+    iflow_batch_stats s0, s1;
+    for (int shift = IFLOW_SHIFT_ROPE; shift <= IFLOW_SHIFT_RECOMPUTE; shift++) {
+        jobs[0].shift = jobs[1].shift = shift;
+        if (run_jobs(m, NULL, 0, jobs, 2, 2, 64, plain[0], 400, np, &s0) < 0 ||
+            run_jobs(m, d, 5, jobs, 2, 2, 64, spec[0], 400, ns, &s1) < 0)
+            break;
+        for (int i = 0; i < 2; i++)
+            CHECK(np[i] == 300 + 50 * i && np[i] == ns[i] &&
+                      memcmp(plain[i], spec[i], sizeof(int32_t) * (size_t)np[i]) == 0,
+                  "%s, shift %s: request %d differs with the draft (%d vs %d tokens)", what, iflow_shift_name(shift), i,
+                  ns[i], np[i]);
+        CHECK(s0.shifts >= 8 && s1.shifts == s0.shifts, "%s, shift %s: %llu shifts with the draft, %llu without", what,
+              iflow_shift_name(shift), (unsigned long long)s1.shifts, (unsigned long long)s0.shifts);
+        CHECK(s1.accepted > 0 && s1.steps < s0.steps, "%s, shift %s: %llu accepted, %llu steps (%llu without)", what,
+              iflow_shift_name(shift), (unsigned long long)s1.accepted, (unsigned long long)s1.steps,
+              (unsigned long long)s0.steps);
+        if (getenv("SPEC_SHOW"))
+            fprintf(stderr, "  %s, shift %s: %llu proposed, %llu accepted, %llu steps (%llu without), %llu shifts\n",
+                    what, iflow_shift_name(shift), (unsigned long long)s1.drafted, (unsigned long long)s1.accepted,
+                    (unsigned long long)s1.steps, (unsigned long long)s0.steps, (unsigned long long)s1.shifts);
+    }
+}
+
+/* shifts: also shift_case() */
+static void engine_case(const char *target, const char *draft_path, const char *what, int shifts)
 {
     iflow_model *m, *d;
     if (iflow_model_open(&m, target, 0) < 0 || iflow_model_open(&d, draft_path, 0) < 0) {
@@ -218,7 +257,8 @@ static void engine_case(const char *target, const char *draft_path, const char *
     int np[NJ], ns[NJ], na[NJ];
     iflow_batch_stats st;
     for (int n_draft = 1; n_draft <= 7; n_draft += 3) {
-        if (run_jobs(m, NULL, 0, jobs, 4, 4, plain, np, NULL) < 0 || run_jobs(m, d, n_draft, jobs, 4, 4, spec, ns, &st) < 0)
+        if (run_jobs(m, NULL, 0, jobs, 4, 4, 128, plain[0], 96, np, NULL) < 0 ||
+            run_jobs(m, d, n_draft, jobs, 4, 4, 128, spec[0], 96, ns, &st) < 0)
             break;
         for (int i = 0; i < 4; i++)
             CHECK(np[i] == ns[i] && memcmp(plain[i], spec[i], sizeof(int32_t) * (size_t)np[i]) == 0,
@@ -232,22 +272,24 @@ static void engine_case(const char *target, const char *draft_path, const char *
                     (unsigned long long)st.generated);
     }
     /* seeded sampled requests with the draft: alone and among the others, the same tokens */
-    run_jobs(m, d, 4, jobs, NJ, 3, spec, ns, NULL);
+    run_jobs(m, d, 4, jobs, NJ, 3, 128, spec[0], 96, ns, NULL);
     for (int i = 4; i < NJ; i++) {
-        run_jobs(m, d, 4, jobs + i, 1, 1, alone + i, na + i, NULL);
+        run_jobs(m, d, 4, jobs + i, 1, 1, 128, alone[i], 96, na + i, NULL);
         CHECK(na[i] == ns[i] && memcmp(alone[i], spec[i], sizeof(int32_t) * (size_t)na[i]) == 0,
               "%s: sampled request %d alone and in a batch differ with the draft", what, i);
     }
+    if (shifts)
+        shift_case(m, d, what);
     iflow_model_close(d);
     iflow_model_close(m);
 }
 
 static void test_engine(void)
 {
-    engine_case(s260, s260q4, "stories260K with its q4");
-    engine_case(s260, s260q2, "stories260K with its q2");
-    engine_case(xs, xsq2, "xs-ckpt with its q2");
-    engine_case(xs, s260, "xs-ckpt with stories260K (another model of the same tokenizer)");
+    engine_case(s260, s260q4, "stories260K with its q4", 0);
+    engine_case(s260, s260q2, "stories260K with its q2", 1);
+    engine_case(xs, xsq2, "xs-ckpt with its q2", 1);
+    engine_case(xs, s260, "xs-ckpt with stories260K (another model of the same tokenizer)", 0);
     /* a draft that holds fewer positions than the context (xs-ckpt: 256) */
     iflow_model *m, *d;
     if (iflow_model_open(&m, s260, 0) < 0 || iflow_model_open(&d, xs, 0) < 0)
