@@ -50,6 +50,8 @@ static void embed_one(embedder *e, const char *text, size_t len)
     e->n_tokens += (long)n;
 }
 
+static void embed_line(void *e, const char *line, size_t len) { embed_one(e, line, len); }
+
 int embed_run(const iflow_tool *tool, const embed_opts *o)
 {
     iflow_model *m;
@@ -69,21 +71,10 @@ int embed_run(const iflow_tool *tool, const embed_opts *o)
     if (iflow_ctx_open(&e.c, m, e.limit, o->threads) < 0 || !(e.vec = malloc(sizeof(float) * (size_t)e.dim)))
         die(tool, NULL);
     double t1 = now_s();
-    if (o->text) {
+    if (o->text)
         embed_one(&e, o->text, strlen(o->text));
-    } else {
-        char *line = NULL;
-        size_t cap = 0;
-        ssize_t len;
-        while ((len = getline(&line, &cap, stdin)) >= 0) {
-            if (len && line[len - 1] == '\n')
-                line[--len] = 0;
-            if (len && line[len - 1] == '\r')
-                line[--len] = 0;
-            embed_one(&e, line, (size_t)len);
-        }
-        free(line);
-    }
+    else
+        each_line(stdin, embed_line, &e);
     if (fflush(stdout) != 0)
         die(tool, "cannot write the embeddings");
     double t = now_s() - t1;

@@ -323,6 +323,8 @@ static void generate(generator *g, const char *prompt, size_t prompt_len)
     free(ids);
 }
 
+static void generate_line(void *g, const char *line, size_t len) { generate(g, line, len); }
+
 /* --draft: the draft model, on the device the options name (a plan places the model only). */
 static iflow_model *open_draft(const run_opts *o, placed *pl)
 {
@@ -405,21 +407,10 @@ static int run(const run_opts *o)
         (draft && iflow_batch_set_draft(g.b, draft, o->draft_n, o->draft_top_k, o->draft_top_p) < 0))
         die(&tool, NULL);
     double t_load = now_s() - t0;
-    if (o->prompt) {
+    if (o->prompt)
         generate(&g, o->prompt, strlen(o->prompt));
-    } else {
-        char *line = NULL;
-        size_t cap = 0;
-        ssize_t len;
-        while ((len = getline(&line, &cap, stdin)) >= 0) {
-            if (len && line[len - 1] == '\n')
-                line[--len] = 0;
-            if (len && line[len - 1] == '\r')
-                line[--len] = 0;
-            generate(&g, line, (size_t)len);
-        }
-        free(line);
-    }
+    else
+        each_line(stdin, generate_line, &g);
     char threads[16] = "all";
     if (o->threads)
         snprintf(threads, sizeof threads, "%d", o->threads);

@@ -38,6 +38,21 @@ int slurp(const char *path, char **data, size_t *len)
     return 0;
 }
 
+void each_line(FILE *f, void (*fn)(void *user, const char *line, size_t len), void *user)
+{
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    while ((len = getline(&line, &cap, f)) >= 0) {
+        if (len && line[len - 1] == '\n')
+            line[--len] = 0;
+        if (len && line[len - 1] == '\r')
+            line[--len] = 0;
+        fn(user, line, (size_t)len);
+    }
+    free(line);
+}
+
 double now_s(void)
 {
     struct timespec ts;

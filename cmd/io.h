@@ -9,6 +9,9 @@
 
 /* Read a whole file ("-" for stdin) into a NUL-terminated malloc'd buffer; 0 or <0 (error set). */
 int slurp(const char *path, char **data, size_t *len);
+/* fn(user, line, len) for each line of f, without its "\n" or "\r\n" (a last line without
+ * "\n" counts). */
+void each_line(FILE *f, void (*fn)(void *user, const char *line, size_t len), void *user);
 /* Monotonic seconds. */
 double now_s(void);
 /* Peak resident set size of this process, in MiB. */

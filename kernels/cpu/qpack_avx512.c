@@ -64,28 +64,24 @@ QP_INLINE __m512i bcast4(const int8_t *p)
             : [a0] "+v"(ACC[0]), [a1] "+v"(ACC[1]), [a2] "+v"(ACC[2]), [a3] "+v"(ACC[3])             \
             : [w] "v"(WV), [p] "r"(p), [ld] "r"(ld), [ld3] "r"(ld3))
 
-QP_INLINE void slab4(__m512i *a0, __m512i *a1, __m512i w0, __m512i w1, const int8_t *p, size_t ld, const int x16)
+/* One slab against C = 8 or 4 tokens (QP_SLAB8 / QP_SLAB4). */
+QP_INLINE void slab(__m512i *a0, __m512i *a1, __m512i w0, __m512i w1, const int8_t *p, size_t ld, const int x16,
+                    const int C)
 {
+    const int8_t *p4 = p + 4 * ld;
     const size_t ld3 = 3 * ld;
-    if (x16) {
+    if (C == 8 && x16) {
+        QP_SLAB8("vpdpwssd", a0, w0, "");
+        QP_SLAB8("vpdpwssd", a1, w1, "4");
+    } else if (C == 8) {
+        QP_SLAB8("vpdpbusd", a0, w0, "");
+        QP_SLAB8("vpdpbusd", a1, w1, "4");
+    } else if (x16) {
         QP_SLAB4("vpdpwssd", a0, w0, "");
         QP_SLAB4("vpdpwssd", a1, w1, "4");
     } else {
         QP_SLAB4("vpdpbusd", a0, w0, "");
         QP_SLAB4("vpdpbusd", a1, w1, "4");
-    }
-}
-
-QP_INLINE void slab8(__m512i *a0, __m512i *a1, __m512i w0, __m512i w1, const int8_t *p, size_t ld, const int x16)
-{
-    const int8_t *p4 = p + 4 * ld;
-    const size_t ld3 = 3 * ld;
-    if (x16) {
-        QP_SLAB8("vpdpwssd", a0, w0, "");
-        QP_SLAB8("vpdpwssd", a1, w1, "4");
-    } else {
-        QP_SLAB8("vpdpbusd", a0, w0, "");
-        QP_SLAB8("vpdpbusd", a1, w1, "4");
     }
 }
 
@@ -105,12 +101,8 @@ QP_INLINE void tile_sums(__m512i *a0, __m512i *a1, const uint8_t *tile, const if
         const __m512i w1 = x16 ? _mm512_srli_epi16(v, 8) : _mm512_and_si512(_mm512_srli_epi16(v, 4), lo);
         /* x of token t0 at this slab's 8 (Q4) or 4 (Q8) elements */
         const int8_t *xs = qx->q + (size_t)t0 * qx->q_ld + (x16 ? 2 : 1) * ((size_t)b * B + (size_t)(per * s));
-        if (C == 8) {
-            slab8(a0, a1, w0, w1, xs, qx->q_ld, x16);
-            continue;
-        }
-        if (C == 4) {
-            slab4(a0, a1, w0, w1, xs, qx->q_ld, x16);
+        if (C == 8 || C == 4) {
+            slab(a0, a1, w0, w1, xs, qx->q_ld, x16, C);
             continue;
         }
 #pragma GCC unroll 8

@@ -54,14 +54,16 @@ static const char *check_current_ = "";
             fprintf(stderr, "  %s\n", m_);                                                       \
     } while (0)
 
-#define SKIP(...)                                                                          \
+/* Skip the rest of the test: SKIP in a void function, SKIP_RET(value, ...) in one returning a value. */
+#define SKIP_RET(rv, ...)                                                                  \
     do {                                                                                   \
         check_skipped_++;                                                                  \
         fprintf(stderr, "SKIP %s: ", check_current_);                                     \
         fprintf(stderr, __VA_ARGS__);                                                      \
         fputc('\n', stderr);                                                               \
-        return;                                                                            \
+        return rv;                                                                         \
     } while (0)
+#define SKIP(...) SKIP_RET(, __VA_ARGS__)
 
 #define RUN(fn)                                                                            \
     do {                                                                                   \

@@ -67,12 +67,13 @@ static double worst_diff(iflow_model *m, const json_t *ids, const json_t *want, 
     return worst;
 }
 
-/* check: what the family's spec must have made of its config (NULL: nothing to check) */
-static void check_family(const char *family, int (*check)(const iflow_hparams *hp))
+/* The family's fixture converted with specs/ and opened, and its refs.json: 0, or -1 (the
+ * failure checked and reported; a missing fixture skips the test). */
+static int open_fixture(const char *family, iflow_model **m, json_t **r)
 {
     const char *fx = fixture(family);
     if (!fx)
-        SKIP("no fixture for %s (run from the repository root)", family);
+        SKIP_RET(-1, "no fixture for %s (run from the repository root)", family);
     char src[4096], out[300], refs[4200];
     snprintf(src, sizeof src, "%s", fx);
     snprintf(out, sizeof out, "%s/%s.ifs", dir, family);
@@ -81,14 +82,23 @@ static void check_family(const char *family, int (*check)(const iflow_hparams *h
     iflow_convert_opts o = {.dtype = -1, .spec_dirs = specs, .n_spec_dirs = 1};
     CHECK(iflow_convert(src, out, &o) == 0, "%s: convert: %s", family, iflow_errmsg());
     json_error_t je;
-    json_t *r = json_load_file(refs, 0, &je);
-    CHECK(r != NULL, "%s: %s: %s", family, refs, je.text);
-    iflow_model *m;
-    if (!r || iflow_model_open(&m, out, 0) < 0) {
+    *r = json_load_file(refs, 0, &je);
+    CHECK(*r != NULL, "%s: %s: %s", family, refs, je.text);
+    if (!*r || iflow_model_open(m, out, 0) < 0) {
         CHECK(0, "%s: open: %s", family, iflow_errmsg());
-        json_decref(r);
-        return;
+        json_decref(*r);
+        return -1;
     }
+    return 0;
+}
+
+/* check: what the family's spec must have made of its config (NULL: nothing to check) */
+static void check_family(const char *family, int (*check)(const iflow_hparams *hp))
+{
+    iflow_model *m;
+    json_t *r;
+    if (open_fixture(family, &m, &r) < 0)
+        return;
     CHECK(!check || check(iflow_model_hparams(m)), "%s: the spec's hyperparameters", family);
     const json_t *ids = json_object_get(r, "ids"), *logits = json_object_get(r, "logits");
     double a = worst_diff(m, ids, logits, 0), b = worst_diff(m, ids, logits, 1);
@@ -217,25 +227,11 @@ static void test_gptneox(void)
  * float64 BertModel with sentence-transformers' pooling, within 1e-5 (F32 against float64). */
 static void check_encoder(const char *family, int pooling, int normalize)
 {
-    const char *fx = fixture(family);
-    if (!fx)
-        SKIP("no fixture for %s", family);
-    char src[4096], out[300], refs[4200];
-    snprintf(src, sizeof src, "%s", fx);
-    snprintf(out, sizeof out, "%s/%s.ifs", dir, family);
-    snprintf(refs, sizeof refs, "%s/refs.json", src);
-    const char *specs[] = {"specs"};
-    iflow_convert_opts o = {.dtype = -1, .spec_dirs = specs, .n_spec_dirs = 1};
-    CHECK(iflow_convert(src, out, &o) == 0, "%s: convert: %s", family, iflow_errmsg());
-    json_error_t je;
-    json_t *r = json_load_file(refs, 0, &je);
     iflow_model *m;
     iflow_ctx *c;
-    if (!r || iflow_model_open(&m, out, 0) < 0) {
-        CHECK(0, "%s: open: %s", family, r ? iflow_errmsg() : je.text);
-        json_decref(r);
+    json_t *r;
+    if (open_fixture(family, &m, &r) < 0)
         return;
-    }
     const iflow_hparams *hp = iflow_model_hparams(m);
     CHECK(hp->layout == IFLOW_LAYOUT_ENCODER && hp->post_ln && hp->embed_norm && hp->token_types == 2 &&
               hp->pooling == pooling && hp->normalize == normalize && hp->activation == IFLOW_ACT_GELU,
