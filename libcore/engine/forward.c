@@ -423,6 +423,24 @@ static int linear(dev_scratch *s, float *y, int ldy, weight W, const float *b, c
     return b ? d->ops->add_bias(d, y, (size_t)ldy, b, T, N) : 0;
 }
 
+/* A sub-block's input: the norm (w, b) of x into s->xb, or, with post_ln, x itself. */
+static int block_in(const iflow_model *m, dev_scratch *s, const float *w, const float *b, int T, const float **in)
+{
+    *in = s->x;
+    if (m->hp.post_ln)
+        return 0;
+    *in = s->xb;
+    return norm(m, s->dev, s->xb, s->x, w, b, T, m->hp.dim);
+}
+
+/* A sub-block's output s->xb added into x and, with post_ln, the norm (w, b) of the sum. */
+static int block_out(const iflow_model *m, dev_scratch *s, const float *w, const float *b, int T)
+{
+    const int D = m->hp.dim;
+    TRY(s->dev->ops->add(s->dev, s->x, s->xb, (size_t)T * D));
+    return m->hp.post_ln ? norm(m, s->dev, s->x, s->x, w, b, T, D) : 0;
+}
+
 /* The rows of one step: T tokens in sequences seq[0..n_seq), each sequence's rows contiguous
  * and in order, cached in kv. */
 typedef struct {
@@ -444,11 +462,8 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
     iflow_device *d = s->dev;
     const float *rope_scale = m->rope_scale_w[p->dev];
     int D = hp->dim, hd = hp->head_dim, nq = p->q1 - p->q0, nkv = p->kv1 - p->kv0, Q = nq * hd, KV = nkv * hd, T = r->T;
-    const float *in = s->x; /* post_ln: the sub-block reads x itself and normalizes the sum */
-    if (!hp->post_ln) {
-        TRY(norm(m, d, s->xb, s->x, w->attn_norm, w->attn_norm_b, T, D));
-        in = s->xb;
-    }
+    const float *in;
+    TRY(block_in(m, s, w->attn_norm, w->attn_norm_b, T, &in));
     if (d->host_memory && p->q0 == 0) /* the inputs of every matrix, for importance matrices (observe.h) */
         iflow_observe(c, layer_of_part(m, k), IFLOW_OBS_ATTN_IN, 0, in, D, T, D);
     TRY(linear(s, s->q, Q, w->wq, w->bq, in, D, T, Q, D));
@@ -476,10 +491,7 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
     TRY(linear(s, s->xb, D, w->wo, w->bo, s->att, Q, T, D, Q));
     if (w->attn_post_norm) /* post_norms: on the whole output (a split layer is refused) */
         TRY(d->ops->rmsnorm(d, s->xb, s->xb, w->attn_post_norm, T, D, hp->norm_eps));
-    if (!residual)
-        return 0;
-    TRY(d->ops->add(d, s->x, s->xb, (size_t)T * D));
-    return hp->post_ln ? norm(m, d, s->x, s->x, w->attn_norm, w->attn_norm_b, T, D) : 0;
+    return residual ? block_out(m, s, w->attn_norm, w->attn_norm_b, T) : 0;
 }
 
 /* Gated FFN sub-block of part k for T tokens: its columns' down projection into s->xb, added
@@ -491,11 +503,8 @@ static int ffn_block(iflow_ctx *c, dev_scratch *s, int k, int T, int residual)
     const layer_weights *w = &p->w;
     iflow_device *d = s->dev;
     int D = hp->dim, F = p->f1 - p->f0;
-    const float *in = s->x; /* post_ln: as in attention_block */
-    if (!hp->post_ln) {
-        TRY(norm(c->m, d, s->xb, s->x, w->ffn_norm, w->ffn_norm_b, T, D));
-        in = s->xb;
-    }
+    const float *in;
+    TRY(block_in(c->m, s, w->ffn_norm, w->ffn_norm_b, T, &in));
     if (d->host_memory && p->f0 == 0)
         iflow_observe(c, layer_of_part(c->m, k), IFLOW_OBS_FFN_IN, 0, in, D, T, D);
     /* gated: act(gate) * up into s->gate; plain: act(up) into s->gate */
@@ -519,10 +528,7 @@ static int ffn_block(iflow_ctx *c, dev_scratch *s, int k, int T, int residual)
     TRY(linear(s, s->xb, D, w->down, w->down_b, s->gate, F, T, D, F));
     if (w->ffn_post_norm)
         TRY(d->ops->rmsnorm(d, s->xb, s->xb, w->ffn_post_norm, T, D, hp->norm_eps));
-    if (!residual)
-        return 0;
-    TRY(d->ops->add(d, s->x, s->xb, (size_t)T * D));
-    return hp->post_ln ? norm(c->m, d, s->x, s->x, w->ffn_norm, w->ffn_norm_b, T, D) : 0;
+    return residual ? block_out(c->m, s, w->ffn_norm, w->ffn_norm_b, T) : 0;
 }
 
 /* A whole layer (part k) on device s: attention then FFN, each added into the residual stream;
@@ -680,13 +686,13 @@ static int embed(iflow_ctx *c, const int32_t *ids, const step_rows *r, int to)
                 for (int d = 0; d < D; d++)
                     row[d] += tmp[d];
             }
-    for (int t = 0; t < T; t++) { /* encoders: + token type 0 (one segment), then the norm */
-        float *row = rows + (size_t)t * D, tmp[D];
-        if (m->hp.token_types > 0) {
-            ifk_get_row(tmp, m->tok_type_embd.data, m->tok_type_embd.type, 0, D);
-            for (int d = 0; d < D; d++)
-                row[d] += tmp[d];
-        }
+    float type0[D]; /* encoders: + token type 0 (one segment), then the norm */
+    if (m->hp.token_types > 0)
+        ifk_get_row(type0, m->tok_type_embd.data, m->tok_type_embd.type, 0, D);
+    for (int t = 0; t < T; t++) {
+        float *row = rows + (size_t)t * D;
+        for (int d = 0; d < D && m->hp.token_types > 0; d++)
+            row[d] += type0[d];
         if (m->hp.embed_norm && m->hp.norm == IFLOW_NORM_LAYER)
             ifk_layernorm(row, row, m->embd_norm, m->embd_norm_b, D, m->hp.norm_eps);
         else if (m->hp.embed_norm)
@@ -913,10 +919,17 @@ static int check_ids(const iflow_ctx *c, const int32_t *ids, int n)
     return 0;
 }
 
-static int check_eval(const iflow_ctx *c, const int32_t *ids, int n)
+/* Logits come from a decoder only. */
+static int check_decoder(const iflow_ctx *c)
 {
     if (c->m->hp.layout == IFLOW_LAYOUT_ENCODER)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "an encoder gives embeddings (iflow_ctx_embed), not logits");
+    return 0;
+}
+
+static int check_eval(const iflow_ctx *c, const int32_t *ids, int n)
+{
+    TRY(check_decoder(c));
     if (c->comm)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "a context over several processes runs iflow_ctx_step only");
     if (!c->kv)
@@ -1072,8 +1085,7 @@ int iflow_ctx_step(iflow_ctx *c, iflow_kv *kv, const iflow_step_seq *seqs, int n
     int T = 0;
     if (kv->m != c->m)
         return iflow_seterr(IFLOW_EINVAL, "the KV cache belongs to another model");
-    if (c->m->hp.layout == IFLOW_LAYOUT_ENCODER)
-        return iflow_seterr(IFLOW_EUNSUPPORTED, "an encoder gives embeddings (iflow_ctx_embed), not logits");
+    TRY(check_decoder(c));
     if (n_seqs <= 0)
         return iflow_seterr(IFLOW_EINVAL, "no sequences in the step");
     for (int i = 0; i < n_seqs; i++) {

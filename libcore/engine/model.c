@@ -305,7 +305,7 @@ static void req(iflow_tensor_req *r, size_t *n, const char *name, int64_t d0, in
 
 int iflow_model_tensors(const iflow_hparams *hp, iflow_tensor_req **reqs, size_t *n)
 {
-    size_t cap = 6 + (size_t)hp->n_layers * 24; /* every model-level and per-layer tensor there can be */
+    size_t cap = 8 + (size_t)hp->n_layers * 24; /* every model-level and per-layer tensor there can be */
     iflow_tensor_req *r = calloc(cap, sizeof *r);
     if (!r)
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
