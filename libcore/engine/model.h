@@ -1,5 +1,6 @@
 /*
- * model.h -- a decoder-only transformer assembled from atomic blocks, and its inference context.
+ * model.h -- a transformer (decoder-only, or an encoder: block layout) assembled from atomic blocks,
+ * and its inference context.
  *
  * The engine branches on blocks (norm, activation, ffn, position, rope layout, biases, tied
  * output), never on a model's name. The blocks and hyperparameters come from the resolved spec
