@@ -142,10 +142,10 @@ quant_entries() { # TinyLlama F16 -> each quantized type (every matrix): decode 
         case $t in q4_b32 | q4_b64 | q8_b32 | q8_b64) # packed at load (kernels/cpu/qpack.h): the row layout too
             rows=$(IFLOW_PACK=0 "$build/iflow-bench" "$work/tl-$t.ifs" 128 16 1 2) ;;
         esac
-        # the roof of the instruction the type's product runs on: int16 x for Q8 and Q6, else int8
+        # the roof of the instruction the type's product runs on: int16 x for Q8, Q6 and Q5, else int8
         out+=("$(jq -c --arg t "$t" --argjson size "$(stat -c %s "$work/tl-$t.ifs")" --argjson bw1 "$bw1" --argjson bw2 "$bw2" \
             --argjson flop "$flop" --argjson roof "$roof" --argjson r512 "$r512" --argjson rows "$rows" '
-            ($roof | map(select(.op == (if ($t | test("^q[86]")) then "vpdpwssd_int16" else "vpdpbusd_int8" end)))) as $ro |
+            ($roof | map(select(.op == (if ($t | test("^q[865]")) then "vpdpwssd_int16" else "vpdpbusd_int8" end)))) as $ro |
             {name: ("tinyllama-1.1b-" + $t), type: $t, file_bytes: $size, load_s, decode_bytes_per_token,
              matrix_flop_per_token: $flop,
              runs: [.runs[] | .threads as $n | . + {membw_gbps: (if $n == 1 then $bw1 else $bw2 end),

@@ -19,7 +19,7 @@
 enum {
     O_MODEL = 'm', O_FILE = 'f', O_CTX = 'c', O_THREADS = 't', O_VERBOSE = 'v',
     O_CHUNKS = 256, O_PROTOCOL, O_MAX_TOKENS, O_JSON, O_LOGPROBS, O_KL_BASE, O_DEVICE, O_GPU_LAYERS, O_PLAN,
-    O_SAVE_IMATRIX,
+    O_SAVE_IMATRIX, O_ACTIVATIONS,
 };
 
 static const iflow_opt opts[] = {
@@ -31,6 +31,7 @@ static const iflow_opt opts[] = {
     {O_MAX_TOKENS, "max-tokens", 0, "N", "use only the first N tokens of the text", NULL},
     {O_KL_BASE, "kl-base", 0, "FILE", "also compare with base model FILE: KL divergence, top-1 agreement, delta perplexity", "file"},
     {O_THREADS, "threads", 't', "N", "compute threads (default: all cores)", NULL},
+    {O_ACTIVATIONS, "activations", 0, "MODE", "how the CPU's quantized matrix products meet the activations: int (default: rounded per token to int8, or int16 for 5 bits and more; the fast path) or f32 (not rounded: the reference, slower)", "int f32"},
     {O_DEVICE, "device", 0, "DEV", "compute on auto (a GPU if there is one, else the CPU), cpu, cuda or cuda:N (default auto)", "auto cpu cuda"},
     {O_GPU_LAYERS, "gpu-layers", 0, "N", "put the first N layers on the GPU and the rest on the CPU (default: all)", NULL},
     {O_PLAN, "plan", 0, "FILE", "place the model over the devices of partition plan FILE (iflow-partition, iflow-plan(5))", "file"},
@@ -116,6 +117,10 @@ int main(int argc, char **argv)
         case O_DEVICE: dev.device = arg; break;
         case O_PLAN: dev.plan = arg; break;
         case O_GPU_LAYERS: dev.gpu_layers = (int)opt_long(&tool, "gpu-layers", arg, 0, 1 << 20); break;
+        case O_ACTIVATIONS:
+            if (strcmp(arg, "int") == 0 || strcmp(arg, "f32") == 0) iflow_kernel_set_f32_activations(strcmp(arg, "f32") == 0);
+            else die_usage(&tool, "unknown activations '%s' (int, f32)", arg);
+            break;
         case O_PROTOCOL:
             if (strcmp(arg, "windows") == 0) protocol = IFLOW_PPL_WINDOWS;
             else if (strcmp(arg, "llama.cpp") == 0) protocol = IFLOW_PPL_LLAMACPP;

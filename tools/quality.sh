@@ -42,11 +42,12 @@ have() { # model-name protocol type method: is the row there?
     awk -F'\t' -v m="$1" -v p="$2" -v t="$3" -v k="$4" '$1 == m && $2 == p && $3 == t && $4 == k { f = 1 } END { exit !f }' "$raw"
 }
 
-score() { # model-name protocol type method quantized-shard base-shard -> one TSV row
+score() { # model-name protocol type method quantized-shard base-shard [iflow-ppl options] -> one TSV row
     local name=$1 proto=$2 t=$3 method=$4 q=$5 base=$6 bits chunks=$CHUNKS
+    shift 6
     [ "$proto" = windows ] && chunks=$WCHUNKS
     bits=$(case $t in f16|bf16) echo 16 ;; *) bin/iflow-quant --list-types --json | jq -r --arg t "$t" 'select(.type == $t) | .bits_per_weight' ;; esac)
-    bin/iflow-ppl -m "$q" --kl-base "$base" -f "$work/text.txt" -c 256 --chunks "$chunks" --protocol "$proto" --json |
+    bin/iflow-ppl -m "$q" --kl-base "$base" -f "$work/text.txt" -c 256 --chunks "$chunks" --protocol "$proto" "$@" --json |
         jq -r --arg m "$name" --arg p "$proto" --arg t "$t" --arg meth "$method" --arg b "$bits" \
             '[$m, $p, $t, $meth, $b, .ppl, .delta_ppl, .mean_kld, .max_kld, .top1_agreement, .base_ppl, .tokens_scored] | @tsv' >>"$raw"
 }
@@ -80,6 +81,13 @@ measure() { # model-name source [protocols]: source an HF folder or a GGUF file 
                 esac
                 score "$name" $proto "$t" $method "$work/q.ifs" "$base"
             done
+            # the int8 path against the F32-activation path, on the same (search) weights, in
+            # one run: methods act-int and act-f32
+            have "$name" $proto "$t" act-f32 && continue
+            echo "quality: $name $proto $t activations int / f32" >&2
+            bin/iflow-quant -t "$t" "${keep[@]}" -i "$base" -o "$work/q.ifs"
+            score "$name" $proto "$t" act-int "$work/q.ifs" "$base" --activations int
+            score "$name" $proto "$t" act-f32 "$work/q.ifs" "$base" --activations f32
         done
     done
 }
@@ -116,6 +124,27 @@ table() { # model protocol
         }' "$raw"
 }
 
+# The int8 path against the F32-activation path: one row per model, protocol and type.
+act_table() {
+    echo
+    echo "### The int8 path against F32 activations (same weights: the default method)"
+    echo
+    echo "| model | protocol | type | ppl int8 path | ppl F32 activations | difference | KLD int8 path | KLD F32 activations |"
+    echo "|---|---|---|---|---|---|---|---|"
+    awk -F'\t' '
+        $4 == "act-int" { k = $1 SUBSEP $2 SUBSEP $3; if (!(k in pi)) order[++n] = k; pi[k] = $6; ki[k] = $8 }
+        $4 == "act-f32" { k = $1 SUBSEP $2 SUBSEP $3; pf[k] = $6; kf[k] = $8 }
+        END {
+            for (i = 1; i <= n; i++) {
+                k = order[i]
+                if (!(k in pf)) continue
+                split(k, f, SUBSEP)
+                printf "| %s | %s | %s | %.3f | %.3f | %+.2f %% | %.4f | %.4f |\n", f[1], f[2], f[3], pi[k], pf[k],
+                    100 * (pi[k] / pf[k] - 1), ki[k], kf[k]
+            }
+        }' "$raw"
+}
+
 {
     echo "<!-- written by tools/quality.sh (make quality); do not edit -->"
     for p in llama.cpp windows; do
@@ -123,6 +152,7 @@ table() { # model protocol
             grep -q "^$m	$p	" "$raw" && table $m $p
         done
     done
+    act_table
 } >docs/quant-quality.md
 
 {

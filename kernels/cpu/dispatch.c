@@ -172,6 +172,11 @@ static void mm_commit(const void *args, int i, const float *out)
     ifk_pool_copy_rows(a->y, a->ldy, n0, out, a->T, n1 - n0);
 }
 
+IFK_DECL_MATMUL_ROWS(ifk_path_matmul_rows)
+{
+    path()->matmul_rows(y, ldy, W, wtype, x, ldx, T, n0, n1, K);
+}
+
 void ifk_matmul(float *y, size_t ldy, const void *W, int wtype, const float *x, size_t ldx,
                 int T, int N, int K, int n_threads)
 {

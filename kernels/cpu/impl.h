@@ -47,6 +47,10 @@ IFK_DECL_PATH(ref)
 IFK_DECL_PATH(avx2)
 IFK_DECL_PATH(avx512)
 
+/* The matmul_rows of the path in use (dispatch.c), for the quantized product's F32-activation
+ * path (qdispatch.c), which calls it from its own pool items. */
+IFK_DECL_MATMUL_ROWS(ifk_path_matmul_rows);
+
 /* y[i] = e^x[i] with the path's vector exp (tests measure its error against exp()). */
 void ifk_avx2_exp(float *y, const float *x, int n);
 void ifk_avx512_exp(float *y, const float *x, int n);

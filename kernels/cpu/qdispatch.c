@@ -11,9 +11,11 @@
  */
 #include <omp.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/impl.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/pool.h"
 #include "kernels/cpu/qimpl.h"
@@ -43,6 +45,18 @@ static int qpath(void)
     }
 #endif
 }
+
+/* ifk_set_qx_f32(): 1 while quantized products meet F32 activations (quant.h). */
+static _Atomic int qx_f32;
+
+int ifk_set_qx_f32(int on)
+{
+    int was = atomic_load_explicit(&qx_f32, memory_order_relaxed);
+    atomic_store_explicit(&qx_f32, on != 0, memory_order_relaxed);
+    return was;
+}
+
+int ifk_qx_f32(void) { return atomic_load_explicit(&qx_f32, memory_order_relaxed); }
 
 int ifk_qpath_vnni(void)
 {
@@ -201,6 +215,82 @@ static void qxq_run(const void *args, const void *in, int i, float *out)
 }
 #endif
 
+#ifndef IFK_NO_SIMD
+/* ---- the F32-activation path (ifk_set_qx_f32) --------------------------------------------- *
+ * Items of rpi rows, as for the int8 product; an item decodes its rows 16 at a time into the
+ * thread's scratch ([16][K] F32, after [16][row bytes] for a packed matrix's rows unpacked)
+ * and multiplies them with the path's F32 product (impl.h), so x is never rounded. */
+typedef struct {
+    float *y;
+    size_t ldy, ldx;
+    const char *W;    /* [N][row_bytes], or a packed copy (qpack.h) */
+    size_t row_bytes;
+    int type, packed; /* the base type; packed: W is IFK_QPACKED + type */
+    int T, N, K, rpi;
+} qf_args;
+
+/* Rows n0 <= n < n1 (n0 a multiple of 16) into y[t][n - n0] at stride ldy; 0 if out of memory. */
+static int qf_rows(const qf_args *a, float *y, size_t ldy, const float *x, int n0, int n1)
+{
+    const size_t K = (size_t)a->K, unpacked = a->packed ? 16 * a->row_bytes : 0;
+    char *buf = scratch_get(unpacked + 16 * K * sizeof(float) + 64);
+    if (!buf)
+        return 0;
+    float *wf = (float *)(buf + ((unpacked + 63) & ~(size_t)63)); /* [16][K] */
+    for (int n = n0; n < n1; n += 16) {
+        const int nb = n1 - n < 16 ? n1 - n : 16;
+        const char *rows = a->W + (size_t)n * a->row_bytes;
+        if (a->packed) {
+            ifk_qunpack_rows(buf, a->W, IFK_QPACKED + a->type, n, n + nb, a->K);
+            rows = buf;
+        }
+        for (int r = 0; r < nb; r++)
+            ifk_qget_row(wf + r * K, rows, a->type, (size_t)r, a->K);
+        ifk_path_matmul_rows(y + (n - n0), ldy, wf, IFK_F32, x, a->ldx, a->T, 0, nb, a->K);
+    }
+    return 1;
+}
+
+static void qf_range(const qf_args *a, int i, int *n0, int *n1)
+{
+    *n0 = i * a->rpi;
+    *n1 = *n0 + a->rpi < a->N ? *n0 + a->rpi : a->N;
+}
+
+static void qf_run(const void *args, const void *in, int i, float *out)
+{
+    const qf_args *a = args;
+    int n0, n1;
+    qf_range(a, i, &n0, &n1);
+    float *y = out ? out : a->y + n0;
+    size_t ldy = out ? (size_t)(n1 - n0) : a->ldy;
+    if (!qf_rows(a, y, ldy, in, n0, n1)) /* out of memory for 16 rows: zeros, as for a bad type */
+        for (int n = n0; n < n1; n += 16) {
+            const int nb = n1 - n < 16 ? n1 - n : 16;
+            for (int t = 0; t < a->T; t++)
+                memset(y + (size_t)t * ldy + (n - n0), 0, (size_t)nb * sizeof *y);
+        }
+}
+
+static void qf_commit(const void *args, int i, const float *out)
+{
+    const qf_args *a = args;
+    int n0, n1;
+    qf_range(a, i, &n0, &n1);
+    ifk_pool_copy_rows(a->y, a->ldy, n0, out, a->T, n1 - n0);
+}
+
+static void qmatmul_f32(float *y, size_t ldy, const void *W, int type, int packed, const float *x, size_t ldx,
+                        int T, int N, int K, int nt)
+{
+    qf_args a = {y, ldy, ldx, W, ifk_qrow_bytes(type, K), type, packed, T, N, K, ifk_pool_rows_per_item(N, nt)};
+    ifk_pool_run(&(ifk_pool_job){.run = qf_run, .commit = qf_commit, .args = &a, .args_size = sizeof a,
+                                 .input = x, .input_size = ((size_t)(T - 1) * ldx + (size_t)K) * sizeof(float),
+                                 .scratch_floats = (size_t)T * a.rpi, .n_items = (N + a.rpi - 1) / a.rpi,
+                                 .max_threads = nt});
+}
+#endif
+
 /* y = 0 for T rows of N: what a product the kernels cannot compute gives. */
 static void zero_y(float *y, size_t ldy, int T, int N)
 {
@@ -234,6 +324,14 @@ void ifk_qmatmul(float *y, size_t ldy, const void *W, int type, const float *x, 
     if (T <= 0 || N <= 0)
         return;
     const int packed = ifk_qpack_base(type) >= 0;
+    const int base = packed ? ifk_qpack_base(type) : type;
+#ifndef IFK_NO_SIMD
+    if (ifk_qx_f32() && qpath() != QPATH_SCALAR && ifk_qtype(base) && K > 0) {
+        int nt = threads_for(n_threads, (double)T * N * K);
+        qmatmul_f32(y, ldy, W, base, packed, x, ldx, T, N, K, nt < (N + 15) / 16 ? nt : (N + 15) / 16);
+        return;
+    }
+#endif
     if (packed && !ifk_qpath_vnni()) {
         qmatmul_unpacked(y, ldy, W, type, x, ldx, T, N, K, n_threads);
         return;

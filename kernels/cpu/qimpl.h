@@ -25,7 +25,7 @@
  *     B = 64: group g in {0, 1} holds the elements i with (i / 4) % 2 == g, i.e. the
  *             alternating runs of 4 that are the even / odd int32 lanes of a u8 x s8 dot
  *             product over the block (vpdpbusd, maddubs + madd), so a lane needs one scale.
- *   int16 (ifk_qx_x16: Q8 and Q6, whose own rounding is finer than int8 x would be):
+ *   int16 (ifk_qx_x16: Q8, Q6 and Q5, where int8 x would add much to the weights' own error):
  *     s = max|x| / 32767 per block; products are s16 x s16 (vpdpwssd, madd).
  * Elements past K are 0 (as are their sums and scales), so the weights' padding levels
  * never contribute. */
@@ -45,12 +45,14 @@ typedef struct {
     float *blk;   /* [T][s_ld][4] the same per block: { s0, sum, s1, 0 } (s1 = 0 for B = 32) */
 } ifk_qx;
 
-/* Whether x is rounded to int16 for this weight type: Q8 and Q6. Measured on stories260K
- * (WikiText-2, KL divergence to the F32 model): int8 x adds ~0.009 nats to every type, which is
- * 10x the error of Q8 itself and 1.6x that of Q6, but a few percent of Q5 and below. */
+/* Whether x is rounded to int16 for this weight type: Q8, Q6 and Q5 (the rule). Measured on
+ * stories260K and xs-ckpt (WikiText-2, KL divergence to the F32 model, weights of the default
+ * search method; docs/QUANTIZATION.md): int8 x adds ~0.009 nats to every type, which is 10x the
+ * error of Q8 itself, 1.6x that of Q6, 15-20 % of Q5's (0.054 -> 0.064) and 2-5 % of Q4's and
+ * below; int16 x adds nothing measurable (perplexity within 0.01 % of F32 x). */
 static inline int ifk_qx_x16(int type)
 {
-    return type == IFK_Q8_B32 || type == IFK_Q8_B64 || type == IFK_Q6_B64;
+    return type == IFK_Q8_B32 || type == IFK_Q8_B64 || type == IFK_Q6_B64 || type == IFK_Q5_B64;
 }
 
 /* Tokens t0 <= t < t1 of x: [T][K] at stride ldx into qx (whose fields are set). */

@@ -3,8 +3,8 @@
  *
  * The plan of qmatmul_avx512.c with 8-lane registers and no VNNI: the u8 x s8 dot product is
  * maddubs (pairs to int16) + madd with ones (to int32 lanes of 4 bytes); for the int8-x types
- * (5 bits and fewer) maddubs cannot saturate (2 * 31 * 127), and the two maddubs results of a
- * 64-block share one madd (4 * 31 * 127 < 32768). Q8 and Q6 take int16 x: the levels widened
+ * (4 bits and fewer) maddubs cannot saturate (2 * 31 * 127 bounds every level they have), and
+ * the two maddubs results of a 64-block share one madd (4 * 31 * 127 < 32768). Q8, Q6 and Q5 take int16 x: the levels widened
  * to int16, then madd (s16 x s16 pairs to int32).
  *
  * Decode reads one row at a time (one forward stream, prefetched) and converts each block's

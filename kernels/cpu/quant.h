@@ -89,8 +89,8 @@ void ifk_qmatmul_ref(float *y, size_t ldy, const void *W, int type, const float 
  * ifk_qmatmul_ref up to the rounding of x to integers. The SIMD paths compute each block as
  *     min * sum(x) + delta * sum_i q_i * xq_i * s
  * with sum(x) exact in F32 and x rounded once per call, xq = round(x / s) with s = max|x| / top
- * of its group: int8 (top = 127) per group of 32 elements for Q5 and below; int16 (top = 32767)
- * per block for Q8 and Q6, where int8 x would add more error than the weights' own rounding.
+ * of its group: int8 (top = 127) per group of 32 elements for Q4 and below; int16 (top = 32767)
+ * per block for Q8, Q6 and Q5, where int8 x would add much to the weights' own error (qimpl.h).
  * So per output
  *     |y - y_ref| <= sum_i q_i delta_b(i) * amax_b(i) / (2 top) * (1 + 1e-3)
  *                    + 1e-5 * sum_i (|min_b(i)| + q_i delta_b(i)) |x_i|
@@ -102,6 +102,17 @@ void ifk_qmatmul_ref(float *y, size_t ldy, const void *W, int type, const float 
  * token, and decode and prefill sum in the same order). */
 void ifk_qmatmul(float *y, size_t ldy, const void *W, int type, const float *x, size_t ldx,
                  int T, int N, int K, int n_threads);
+
+/* The F32-activation path. While on, ifk_qmatmul (and ifk_matmul with quantized or packed
+ * weights) does not round x: each block of 16 rows is decoded to F32 (as ifk_qget_row) and
+ * multiplied by the path's F32 product, so the result is the oracle's up to float summation
+ * order (and batch invariant, as the F32 product is). It is the reference the int8 path is
+ * measured against (iflow-ppl --activations f32) and the fallback where a model's activations
+ * make int8 lose accuracy; it reads each weight once per call like the int8 path but runs at
+ * the FMA roof, not the int8 one. Off by default. On the scalar path the oracle runs either
+ * way. Process-wide, like ifk_set_isa(): set it before computing. Returns the previous state. */
+int ifk_set_qx_f32(int on);
+int ifk_qx_f32(void);
 
 /* out[k] = dequant(W[row])[k] for 0 <= k < K, bit-identical to ifk_dequantize_row. */
 void ifk_qget_row(float *out, const void *W, int type, size_t row, int K);

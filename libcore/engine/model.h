@@ -132,6 +132,10 @@ uint64_t iflow_model_decode_bytes(const iflow_model *m);
 /* The CPU kernel path this process computes with, chosen from cpuid: "scalar", "avx2",
  * "avx512" or "avx512gfni" (kernels/cpu/kernels.h). A static string. */
 const char *iflow_kernel_path(void);
+/* on: the CPU's quantized matrix products meet the activations in F32 instead of rounding them
+ * to int8 / int16 per token (kernels/cpu/quant.h, ifk_set_qx_f32): the reference the int8 path
+ * is measured against, slower. Process-wide; set it before computing. */
+void iflow_kernel_set_f32_activations(int on);
 
 /* ---- placement: which device computes what ------------------------------------------------
  *

@@ -10,7 +10,7 @@
  *                                + 2^-11 (|min| + (L-1) delta) + 2^-25 L        (FP16 storage)
  *                                + 2^-23 max|w|                                 (float arithmetic)
  *   ifk_qmatmul, SIMD paths (x rounded to integers: int8 per group of 32, or int16 per block
- *   for Q8 and Q6; exact F32 block sums for the min term), per output y[t][n]:
+ *   for Q8, Q6 and Q5; exact F32 block sums for the min term), per output y[t][n]:
  *     against the oracle ifk_qmatmul_ref (quant.h's bound):
  *       |y - ref| <= sum_i q_i delta_b(i) amax_b(i) / (2 top) * (1 + 1e-3)
  *                    + 1e-5 sum_i (|min_b(i)| + q_i delta_b(i)) |x_i|
@@ -411,6 +411,30 @@ static void check_qmatmul(int ti, int T, int N, int K, size_t ldx, size_t ldy, i
         }
         CHECK(bad == 0 && bad_model == 0, "%s %s%s T=%d N=%d K=%d: %d outputs off the oracle, %d off the model",
               ifk_isa_name(isas[p]), qt->name, lname, T, N, K, bad, bad_model);
+        /* the F32-activation path (ifk_set_qx_f32): the oracle up to float summation order */
+        for (size_t i = 0; i < (size_t)T * ldy; i++)
+            y[i] = -1.0f;
+        ifk_set_qx_f32(1);
+        ifk_qmatmul(y, ldy, layout ? (const void *)P : W, layout ? IFK_QPACKED + type : type, x, ldx, T, N, K, threads);
+        ifk_set_qx_f32(0);
+        int bad_f32 = 0;
+        for (int t = 0; t < T; t++) {
+            const float *xt = x + t * ldx;
+            for (int n = 0; n < N; n++) {
+                const float *wn = wd + (size_t)n * K;
+                double mag = 0.0, r = ref[(size_t)t * ldy + n], v = y[(size_t)t * ldy + n];
+                for (int k = 0; k < K; k++)
+                    mag += fabs((double)wn[k] * xt[k]);
+                double tol = 2e-6 * mag * (1 + K / 1024.0) + 1e-37;
+                if (!(fabs(v - r) <= tol) && bad_f32++ < 3)
+                    CHECK(0, "%s %s%s f32 x T=%d N=%d K=%d thr=%d: y[%d][%d] = %.9g, oracle %.9g, error %.3g > %.3g",
+                          ifk_isa_name(isas[p]), qt->name, lname, T, N, K, threads, t, n, v, r, fabs(v - r), tol);
+            }
+            for (size_t n = (size_t)N; n < ldy; n++)
+                pad_ok &= y[(size_t)t * ldy + n] == -1.0f;
+        }
+        CHECK(bad_f32 == 0, "%s %s%s f32 x T=%d N=%d K=%d: %d outputs off the oracle", ifk_isa_name(isas[p]),
+              qt->name, lname, T, N, K, bad_f32);
         CHECK(pad_ok, "%s %s%s: wrote past N in a padded row of y", ifk_isa_name(isas[p]), qt->name, lname);
     }
     free(P);

@@ -232,7 +232,7 @@ static void test_kernels(void)
         if (ifk_set_isa(isa) != isa)
             continue;
         ifk_qmatmul(y, N, W, type, x, K, T, N, K, 1);
-        int top = t->levels > 32 ? 32767 : 127; /* Q8 and Q6: int16 activations */
+        int top = t->levels >= 32 ? 32767 : 127; /* Q8, Q6 and Q5: int16 activations */
         for (int j = 0; j < T; j++)
             for (int n = 0; n < N; n++) {
                 double bound = 0.0;
