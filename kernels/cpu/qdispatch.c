@@ -123,14 +123,8 @@ void ifk_qx_finish(const ifk_qx *qx, int t)
     float *cor = qx->cor + st, *bk = qx->blk + 4 * st; /* [s_ld], [s_ld][4] */
     const float c = 0.5f * (float)(ifk_qtype(qx->type)->levels - 1);
     for (size_t b = 0; b < qx->s_ld; b++) {
-        cor[b] = 0.0f;
-        if (!qx->x16 && b < (size_t)qx->nb) {
-            const int8_t *q = qx->q + (size_t)t * qx->q_ld + b * (size_t)qx->B; /* [B] */
-            int32_t X[2] = {0, 0}; /* B = 64: group (i / 4) % 2; B = 32: all in group 0 */
-            for (int i = 0; i < qx->B; i++)
-                X[qx->B == 64 ? (i / 4) % 2 : 0] += q[i];
-            cor[b] = c * (sum[b] - (s0[b] * (float)X[0] + s1[b] * (float)X[1]));
-        }
+        /* cor holds s0 X0 + s1 X1 from the path's quantize (int8 x, b < nb) */
+        cor[b] = !qx->x16 && b < (size_t)qx->nb ? c * (sum[b] - cor[b]) : 0.0f;
         bk[4 * b] = s0[b];
         bk[4 * b + 1] = sum[b];
         bk[4 * b + 2] = s1[b];

@@ -56,8 +56,9 @@ typedef struct {
     float *blk;   /* [T][s_ld][4] the same per block: { s0, sum, s1, cor } (s1 = 0 for B = 32) */
 } ifk_qx;
 
-/* qdispatch.c: cor and blk of token t from its q, s0, s1 and sum (every entry of s_ld); each
- * path's quantize calls it last. */
+/* qdispatch.c: cor and blk of token t (every entry of s_ld) from its s0, s1, sum and, for int8
+ * x, cor[b] = s0 X0 + s1 X1 of its blocks b < nb (the path's quantize sums its rounded values
+ * in registers); each path's quantize calls it last. */
 void ifk_qx_finish(const ifk_qx *qx, int t);
 
 /* Whether x is rounded to int16 for this weight type: Q8, Q6 and Q5 (the rule). Measured on

@@ -151,6 +151,21 @@ QK_INLINE void quantize_x16(const float *x, int K, int b, int B, int16_t *q, flo
     *sum = hsum8(t);
 }
 
+/* s0 X0 + s1 X1: the rounded x of one int8 block back in F32, X0 and X1 the sums of xq over
+ * its groups (qimpl.h: the even and odd runs of 4 for B = 64, whose dwords alternate).  q: [B],
+ * 32-byte aligned. */
+QK_INLINE float rounded_sum(const int8_t *q, int B, float s0, float s1)
+{
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    __m256i d = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, _mm256_load_si256((const __m256i *)q)), ones16);
+    if (B == 64) /* dword k of either half: bytes 4k..4k+3 of it, group k % 2 */
+        d = _mm256_add_epi32(d, _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, _mm256_load_si256((const __m256i *)(q + 32))), ones16));
+    _Alignas(32) int32_t v[8];
+    _mm256_store_si256((__m256i *)v, d);
+    const int32_t x0 = v[0] + v[2] + v[4] + v[6], x1 = v[1] + v[3] + v[5] + v[7];
+    return B == 32 ? s0 * (float)(x0 + x1) : s0 * (float)x0 + s1 * (float)x1;
+}
+
 IFK_DECL_QX_QUANTIZE(ifk_avx2_qx_quantize)
 {
     const size_t used = (size_t)qx->nb * qx->B * (qx->x16 ? 2 : 1); /* bytes of q per token */
@@ -169,6 +184,8 @@ IFK_DECL_QX_QUANTIZE(ifk_avx2_qx_quantize)
             } else {
                 quantize64(xt, qx->K, b, q + 64 * b, s0 + b, s1 + b, sum + b);
             }
+            if (!qx->x16) /* ifk_qx_finish makes it the residual's correction */
+                qx->cor[(size_t)t * qx->s_ld + b] = rounded_sum(q + (size_t)qx->B * b, qx->B, s0[b], s1[b]);
         }
         memset(q + used, 0, qx->q_ld - used);
         for (size_t b = (size_t)qx->nb; b < qx->s_ld; b++)

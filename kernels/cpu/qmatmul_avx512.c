@@ -133,6 +133,19 @@ QK_INLINE void quantize_x16(const float *x, int K, int b, int B, int16_t *q, flo
     *sum = _mm512_reduce_add_ps(t);
 }
 
+/* s0 X0 + s1 X1: the rounded x of one int8 block back in F32, X0 and X1 the sums of xq over
+ * its groups (qimpl.h: the even and odd runs of 4 for B = 64, whose dwords alternate).  q: [B],
+ * 64-byte aligned. */
+QK_INLINE float rounded_sum(const int8_t *q, int B, float s0, float s1)
+{
+    const __m512i ones = _mm512_set1_epi8(1);
+    if (B == 32)
+        return s0 * (float)_mm512_reduce_add_epi32(
+                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_zextsi256_si512(_mm256_load_si256((const __m256i *)q))));
+    const __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_load_si512(q)); /* dword k: bytes 4k..4k+3 */
+    return s0 * (float)_mm512_mask_reduce_add_epi32(0x5555, d) + s1 * (float)_mm512_mask_reduce_add_epi32(0xAAAA, d);
+}
+
 #if !QK_GFNI /* the GFNI build uses this one */
 QK_FN IFK_DECL_QX_QUANTIZE(ifk_avx512_qx_quantize)
 {
@@ -152,6 +165,8 @@ QK_FN IFK_DECL_QX_QUANTIZE(ifk_avx512_qx_quantize)
             } else {
                 quantize_b64(xt, qx->K, b, q + 64 * b, s0 + b, s1 + b, sum + b);
             }
+            if (!qx->x16) /* ifk_qx_finish makes it the residual's correction */
+                qx->cor[(size_t)t * qx->s_ld + b] = rounded_sum(q + (size_t)qx->B * b, qx->B, s0[b], s1[b]);
         }
         memset(q + used, 0, qx->q_ld - used);
         for (size_t b = (size_t)qx->nb; b < qx->s_ld; b++)
