@@ -10,6 +10,7 @@
 #include "kernels/cpu/qpack.h"
 #include "kernels/cpu/quant.h"
 
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -170,6 +171,61 @@ static int cpu_attention_paged(iflow_device *d, float *out, const float *q, size
     return 0;
 }
 
+/* Scaled score of query row qh against key row kh (+ the bias), in double. */
+static double score(const float *qh, const float *kh, int hd, float scale, const float *bias)
+{
+    double dot = 0;
+    for (int i = 0; i < hd; i++)
+        dot += (double)qh[i] * kh[i];
+    return dot * scale + (bias ? *bias : 0.0);
+}
+
+/* One query head over its visible keys 0 .. n - 1: a softmax in double (max first, then the
+ * weighted values), so each (row, head) depends on nothing else (batch invariance). */
+static void attend_head(float *oh, const float *qh, const float *k, const float *v, size_t kv_ld, int n, int hd,
+                        float scale, const float *bias)
+{
+    double mx = -INFINITY, sum = 0, acc[hd];
+    for (int j = 0; j < n; j++) {
+        double s = score(qh, k + (size_t)j * kv_ld, hd, scale, bias ? bias + j : NULL);
+        mx = s > mx ? s : mx;
+    }
+    for (int i = 0; i < hd; i++)
+        acc[i] = 0;
+    for (int j = 0; j < n; j++) {
+        double w = exp(score(qh, k + (size_t)j * kv_ld, hd, scale, bias ? bias + j : NULL) - mx);
+        const float *vh = v + (size_t)j * kv_ld;
+        sum += w;
+        for (int i = 0; i < hd; i++)
+            acc[i] += w * vh[i];
+    }
+    for (int i = 0; i < hd; i++)
+        oh[i] = (float)(acc[i] / sum);
+}
+
+static int cpu_attention_bias(iflow_device *d, float *out, const float *q, size_t ld, const float *k, const float *v,
+                              size_t kv_ld, int T, int S, int causal0, int n_heads, int n_kv_heads, int head_dim,
+                              float scale, const float *bias)
+{
+    const int group = n_heads / n_kv_heads, n_threads = d->n_threads > 0 ? d->n_threads : omp_get_num_procs();
+#pragma omp parallel for collapse(2) num_threads(n_threads) schedule(static)
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < n_heads; h++) {
+            int n = causal0 >= 0 && causal0 + t + 1 < S ? causal0 + t + 1 : S;
+            size_t kvo = (size_t)(h / group) * head_dim;
+            attend_head(out + (size_t)t * ld + (size_t)h * head_dim, q + (size_t)t * ld + (size_t)h * head_dim, k + kvo,
+                        v + kvo, kv_ld, n, head_dim, scale, bias ? bias + ((size_t)h * T + t) * S : NULL);
+        }
+    return 0;
+}
+
+static int cpu_relu_mul(iflow_device *d, float *g, const float *u, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        g[i] = (g[i] > 0 ? g[i] : 0.0f) * (u ? u[i] : 1.0f);
+    return 0;
+}
+
 static int cpu_query(const iflow_device *d, iflow_device_info *info)
 {
     iflow_cpu_info(info);
@@ -179,7 +235,7 @@ static int cpu_query(const iflow_device *d, iflow_device_info *info)
 static const iflow_device_ops cpu_ops = {
     cpu_close, cpu_query, cpu_alloc, iflow_cpu_free, cpu_copy, cpu_copy, cpu_supports, cpu_matmul, cpu_rmsnorm,
     cpu_rope, cpu_attention, cpu_silu_mul, cpu_add, cpu_add_bias, cpu_argmax, cpu_kv_store, cpu_attention_paged, cpu_kv_shift,
-    cpu_gelu_mul, cpu_layernorm, iflow_cpu_pack,
+    cpu_gelu_mul, cpu_layernorm, iflow_cpu_pack, cpu_attention_bias, cpu_relu_mul,
 };
 
 /* The CPU's brand string, from /proc/cpuinfo ("" if unreadable). */

@@ -174,6 +174,15 @@ static int cu_attention_paged(iflow_device *d, float *out, const float *q, size_
     return rc;
 }
 
+/* An encoder-decoder's attention (cross-attention, relative position bias): not on CUDA yet. */
+static int cu_attention_bias(iflow_device *d, float *out, const float *q, size_t ld, const float *k, const float *v,
+                             size_t kv_ld, int T, int S, int causal0, int n_heads, int n_kv_heads, int head_dim,
+                             float scale, const float *bias)
+{
+    return iflow_seterr(IFLOW_EUNSUPPORTED, "%s: an encoder-decoder's attention (cross-attention, relative position "
+                        "bias) is not implemented on cuda yet", d->info.name);
+}
+
 static int cu_query(const iflow_device *d, iflow_device_info *info) { return iflow_cuda_info(d->info.index, info); }
 
 static const iflow_device_ops cuda_ops = {
@@ -183,6 +192,8 @@ static const iflow_device_ops cuda_ops = {
     NULL, /* gelu_mul: none yet (the engine refuses gelu blocks on CUDA) */
     NULL, /* layernorm: none yet */
     NULL, /* pack: CUDA multiplies the row layout */
+    cu_attention_bias,
+    NULL, /* relu_mul: none yet */
 };
 
 int iflow_cuda_count(const char **why)
