@@ -119,7 +119,12 @@ static int cpu_layernorm(iflow_device *d, float *y, const float *x, const float 
 
 static int cpu_silu_mul(iflow_device *d, float *g, const float *u, size_t n)
 {
-    ifk_silu_mul(g, u, (int)n);
+    if (u) {
+        ifk_silu_mul(g, u, (int)n);
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++) /* a plain FFN's (Marian's swish) */
+        g[i] = g[i] / (1.0f + expf(-g[i]));
     return 0;
 }
 

@@ -84,7 +84,13 @@ static int cu_attention(iflow_device *d, float *out, const float *q, const float
     CALL(d, ifkc_attention(DEV(d), out, q, k, v, IFK_F32, kv_ld, T, pos0, n_heads, n_kv_heads, head_dim, scale));
 }
 
-static int cu_silu_mul(iflow_device *d, float *g, const float *u, size_t n) { CALL(d, ifkc_silu_mul(DEV(d), g, u, n)); }
+static int cu_silu_mul(iflow_device *d, float *g, const float *u, size_t n)
+{
+    if (!u)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "%s: block ffn = plain with activation silu is not implemented on cuda yet",
+                            d->info.name);
+    CALL(d, ifkc_silu_mul(DEV(d), g, u, n));
+}
 static int cu_add(iflow_device *d, float *y, const float *x, size_t n) { CALL(d, ifkc_add(DEV(d), y, x, n)); }
 
 static int cu_add_bias(iflow_device *d, float *y, size_t ldy, const float *b, int T, int n)

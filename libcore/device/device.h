@@ -72,7 +72,7 @@ typedef struct {
     /* ifk_attention: out, q [T][n_heads*head_dim]; k, v F32 cache rows at stride kv_ld. */
     int  (*attention)(iflow_device *d, float *out, const float *q, const float *k, const float *v,
                       size_t kv_ld, int T, int pos0, int n_heads, int n_kv_heads, int head_dim, float scale);
-    int  (*silu_mul)(iflow_device *d, float *g, const float *u, size_t n);   /* g = silu(g) * u */
+    int  (*silu_mul)(iflow_device *d, float *g, const float *u, size_t n);   /* g = silu(g) * u; u NULL: silu(g) */
     int  (*add)(iflow_device *d, float *y, const float *x, size_t n);        /* y += x          */
     /* y[t][i] += b[i], T rows of n at stride ldy. */
     int  (*add_bias)(iflow_device *d, float *y, size_t ldy, const float *b, int T, int n);

@@ -439,9 +439,7 @@ int iflow_ffn_hidden(const iflow_hparams *hp, iflow_device *d, const layer_weigh
                                 exact ? "gelu" : "gelu_tanh", d->info.name);
         return d->ops->gelu_mul(d, gate, gated ? up : NULL, (size_t)T * F, exact);
     }
-    if (!gated)
-        return iflow_seterr(IFLOW_EUNSUPPORTED, "block ffn = plain with activation silu is not implemented");
-    return d->ops->silu_mul(d, gate, up, (size_t)T * F);
+    return d->ops->silu_mul(d, gate, gated ? up : NULL, (size_t)T * F);
 }
 
 int iflow_block_in(const iflow_model *m, iflow_device *d, float *x, float *xb, const float *w, const float *b, int T,

@@ -640,13 +640,18 @@ static int match_layer(const char *pattern, const char *name, long *layer)
     return strcmp(end, brace + 3) == 0;
 }
 
+/* pattern with every "{L}" replaced by the layer (alternatives "A | B" name it in each). */
 static void subst_layer(const char *pattern, long layer, char *buf, size_t cap)
 {
-    const char *brace = strstr(pattern, "{L}");
-    if (!brace)
-        snprintf(buf, cap, "%s", pattern);
-    else
-        snprintf(buf, cap, "%.*s%ld%s", (int)(brace - pattern), pattern, layer, brace + 3);
+    size_t n = 0;
+    buf[0] = 0;
+    for (const char *p = pattern, *brace; n < cap; p = brace + 3) {
+        if (!(brace = strstr(p, "{L}"))) {
+            snprintf(buf + n, cap - n, "%s", p);
+            return;
+        }
+        n += (size_t)snprintf(buf + n, cap - n, "%.*s%ld", (int)(brace - p), p, layer);
+    }
 }
 
 int iflow_spec_source_name(const iflow_spec *s, const char *iflow_name, char *buf, size_t cap)
