@@ -425,6 +425,8 @@ int iflow_s2s_fork(iflow_s2s *s, int dst, int src)
 }
 
 int iflow_s2s_n_past(const iflow_s2s *s, int seq) { return seq >= 0 && seq < s->n_seqs ? s->n_past[seq] : -1; }
+int iflow_s2s_n_seqs(const iflow_s2s *s) { return s->n_seqs; }
+int iflow_s2s_max_tgt(const iflow_s2s *s) { return s->max_tgt; }
 
 /* The most likely id of logits [V] (the lowest among equals). */
 static int32_t argmax(const float *x, int V)

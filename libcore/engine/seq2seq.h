@@ -39,6 +39,8 @@ int  iflow_s2s_encode(iflow_s2s *s, const int32_t *src, int n);
 int  iflow_s2s_step(iflow_s2s *s, const int32_t *ids, const int *seq, int n, float *logits);
 int  iflow_s2s_fork(iflow_s2s *s, int dst, int src);
 int  iflow_s2s_n_past(const iflow_s2s *s, int seq);
+int  iflow_s2s_n_seqs(const iflow_s2s *s);
+int  iflow_s2s_max_tgt(const iflow_s2s *s);
 
 /* Why a decoding ended (batch.h's IFLOW_FINISH_* codes, as iflow-run reports them). */
 typedef struct {

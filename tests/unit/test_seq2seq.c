@@ -13,6 +13,7 @@
 #include "check.h"
 #include "testlib.h"
 #include "libcore/engine/seq2seq.h"
+#include "libcore/serving/beam.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -111,6 +112,38 @@ static void check_greedy(iflow_model *m, const json_t *r, const char *key, const
     free(res.tokens), free(src), free(want), free(pre);
 }
 
+/* A search of 4 beams (length penalty 1, early stopping) gives generate()'s best ids. */
+static void check_beams(iflow_model *m, const json_t *r, const char *family)
+{
+    size_t n_src, n_want;
+    int32_t *src = test_ids(json_object_get(r, "src"), &n_src), *want = test_ids(json_object_get(r, "beam4"), &n_want);
+    iflow_beam_params bp = {.n_beams = 4, .max_tokens = 12, .length_penalty = 1.0f};
+    iflow_s2s *s;
+    iflow_beam_run *run = NULL;
+    iflow_beam *b = NULL;
+    int nb = 0, rc = iflow_s2s_open(&s, m, 32, 32, 9, 1);
+    if (rc == 0 && (rc = iflow_beam_open_s2s(&run, m, s, src, (int)n_src, NULL, 0, &bp)) == 0) {
+        while ((rc = iflow_beam_step(run)) > 0)
+            ;
+        if (rc == 0)
+            rc = iflow_beam_take(run, &b, &nb);
+    }
+    CHECK(rc == 0 && nb > 0, "%s: beams: %s", family, iflow_errmsg());
+    int32_t got[32];
+    size_t n_got = 0;
+    for (int i = 0; nb > 0 && i < b[0].n_tokens && n_got < 31; i++)
+        got[n_got++] = b[0].tokens[i];
+    if (nb > 0 && b[0].finish == IFLOW_FINISH_EOS)
+        got[n_got++] = b[0].eos;
+    int same = n_got == n_want && memcmp(got, want, n_got * sizeof *got) == 0;
+    printf("%s: beam4 %zu ids, %s\n", family, n_got, same ? "as transformers" : "DIFFERENT");
+    CHECK(same, "%s: the best of 4 beams differs from generate()'s (%zu ids against %zu)", family, n_got, n_want);
+    iflow_beams_free(b, nb);
+    iflow_beam_close(run);
+    iflow_s2s_close(s);
+    free(src), free(want);
+}
+
 static void check_s2s(const char *family, int (*check)(const iflow_hparams *hp))
 {
     iflow_model *m;
@@ -124,6 +157,7 @@ static void check_s2s(const char *family, int (*check)(const iflow_hparams *hp))
     check_greedy(m, r, "greedy", NULL, family);
     if (json_object_get(r, "prefix"))
         check_greedy(m, r, "greedy_prefix", json_object_get(r, "prefix"), family);
+    check_beams(m, r, family);
     iflow_model_close(m);
     json_decref(r);
 }
