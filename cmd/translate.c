@@ -5,6 +5,7 @@
 #include "libcore/base/error.h"
 #include "libcore/engine/model.h"
 #include "libcore/engine/seq2seq.h"
+#include "libcore/serving/beam.h"
 #include "libcore/tokenizers/tokenizer.h"
 
 #include <jansson.h>
@@ -41,16 +42,61 @@ static char *text_of(translator *t, const int32_t *ids, int n, size_t *len)
     return text;
 }
 
-static void print_json(translator *t, const char *src, size_t src_len, const int32_t *ids, size_t n_ids, int truncated,
-                       const iflow_s2s_result *r, const char *text, size_t len)
+/* One hypothesis as JSON: its ids, translation and why it stopped (and, from a beam search, its
+ * log-probability and score). */
+static json_t *hyp_json(translator *t, const int32_t *ids, int n, int finish, const iflow_beam *b)
 {
-    json_t *o = json_schema(json_pack("{s:I, s:s%, s:o, s:b, s:o, s:s%, s:s}", "index", (json_int_t)t->index, "source",
-                                      src, src_len, "source_ids", ids_json(ids, n_ids), "truncated", truncated, "ids",
-                                      ids_json(r->tokens, (size_t)r->n_tokens), "translation", text, len, "stop",
-                                      iflow_finish_name(r->finish)));
-    if (!o || json_dumpf(o, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER) < 0 || fputc('\n', stdout) == EOF)
+    size_t len;
+    char *text = text_of(t, ids, n, &len);
+    json_t *o = json_pack("{s:o, s:s%, s:s}", "ids", ids_json(ids, (size_t)n), "translation", text, len, "stop",
+                          iflow_finish_name(finish));
+    if (o && b) {
+        json_object_set_new(o, "logprob", json_real(b->logprob));
+        json_object_set_new(o, "score", json_real(b->score));
+    }
+    free(text);
+    return o;
+}
+
+/* {"schema", "index", "source", "source_ids", "truncated"} and the best hypothesis's fields (and
+ * with beams, "beams": every one). */
+static void print_json(translator *t, const char *src, size_t src_len, const int32_t *ids, size_t n_ids, int truncated,
+                       json_t *best, json_t *beams)
+{
+    json_t *o = json_schema(json_pack("{s:I, s:s%, s:o, s:b}", "index", (json_int_t)t->index, "source", src, src_len,
+                                      "source_ids", ids_json(ids, n_ids), "truncated", truncated));
+    if (o && best)
+        json_object_update(o, best);
+    if (o && beams)
+        json_object_set(o, "beams", beams);
+    if (!o || !best || json_dumpf(o, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER) < 0 || fputc('\n', stdout) == EOF)
         die(t->tool, "cannot write the translation of input %ld", t->index);
     json_decref(o);
+}
+
+/* The beam search's hypotheses, best first; *best: the first one's JSON. */
+static json_t *search(translator *t, const int32_t *ids, size_t n, json_t **best)
+{
+    iflow_beam_params bp = {.n_beams = t->o->beams, .max_tokens = t->max_new, .length_penalty = t->o->length_penalty};
+    iflow_beam_run *run;
+    iflow_beam *b = NULL;
+    int nb = 0, rc = iflow_beam_open_s2s(&run, t->m, t->s, ids, (int)n, t->prefix, (int)t->n_prefix, &bp);
+    if (rc == 0) {
+        while ((rc = iflow_beam_step(run)) > 0)
+            ;
+        if (rc == 0)
+            rc = iflow_beam_take(run, &b, &nb);
+    }
+    if (rc < 0 || nb == 0)
+        die(t->tool, "cannot translate input %ld: %s", t->index, rc < 0 ? iflow_errmsg() : "no hypothesis");
+    json_t *all = json_array();
+    for (int i = 0; all && i < nb; i++)
+        json_array_append_new(all, hyp_json(t, b[i].tokens, b[i].n_tokens, b[i].finish, &b[i]));
+    *best = json_incref(json_array_get(all, 0));
+    t->n_tokens += b[0].n_tokens;
+    iflow_beams_free(b, nb);
+    iflow_beam_close(run);
+    return all;
 }
 
 /* One input: tokenized with the template's tokens, truncated to the source context, decoded,
@@ -68,21 +114,28 @@ static void translate_one(translator *t, const char *text, size_t len)
         ids[t->max_src - 1] = ids[n - 1];
         n = (size_t)t->max_src;
     }
-    iflow_s2s_result r;
-    if (iflow_s2s_greedy(t->s, ids, (int)n, t->prefix, (int)t->n_prefix, t->max_new, &r) < 0)
-        die(t->tool, "cannot translate input %ld: %s", t->index, iflow_errmsg());
-    size_t out_len;
-    char *out = text_of(t, r.tokens, r.n_tokens, &out_len);
+    json_t *best = NULL, *beams = NULL;
+    if (t->o->beams > 1) {
+        beams = search(t, ids, n, &best);
+    } else {
+        iflow_s2s_result r;
+        if (iflow_s2s_greedy(t->s, ids, (int)n, t->prefix, (int)t->n_prefix, t->max_new, &r) < 0)
+            die(t->tool, "cannot translate input %ld: %s", t->index, iflow_errmsg());
+        best = hyp_json(t, r.tokens, r.n_tokens, r.finish, NULL);
+        t->n_tokens += r.n_tokens;
+        free(r.tokens);
+    }
+    const char *out = json_string_value(json_object_get(best, "translation"));
+    size_t out_len = json_string_length(json_object_get(best, "translation"));
     if (t->o->json)
-        print_json(t, text, len, ids, n, truncated, &r, out, out_len);
-    else if (fwrite(out, 1, out_len, stdout) != out_len || fputc('\n', stdout) == EOF)
+        print_json(t, text, len, ids, n, truncated, best, beams);
+    else if (!out || fwrite(out, 1, out_len, stdout) != out_len || fputc('\n', stdout) == EOF)
         die(t->tool, "cannot write the translation of input %ld", t->index);
     fflush(stdout);
     t->index++;
     t->n_src_tokens += (long)n;
-    t->n_tokens += r.n_tokens;
-    free(out);
-    free(r.tokens);
+    json_decref(best);
+    json_decref(beams);
     free(ids);
 }
 
@@ -122,7 +175,8 @@ int translate_run(const iflow_tool *tool, const translate_opts *o)
         dev.device = "cpu";
     placed pl;
     devices_place(tool, m, &dev, &pl);
-    if (iflow_s2s_open(&t.s, m, n_ctx, n_ctx, 1, o->threads) < 0)
+    /* a sequence per beam and one per child while they fork (beam.h) */
+    if (iflow_s2s_open(&t.s, m, n_ctx, n_ctx, o->beams > 1 ? 2 * o->beams + 1 : 1, o->threads) < 0)
         die(tool, NULL);
     double t1 = now_s();
     if (o->text)
