@@ -149,7 +149,7 @@ static iflow_model *open_model(const iflow_tool *tool, const translate_opts *o)
         die(tool, NULL);
     int layout = iflow_model_hparams(m)->layout;
     if (layout != IFLOW_LAYOUT_ENCODER_DECODER)
-        die_usage(tool, "model '%s' is %s: --translate needs an encoder-decoder (Marian, M2M100, T5)", o->model,
+        die(tool, "model '%s' is %s: --translate needs an encoder-decoder (Marian, M2M100, T5)", o->model,
                   layout == IFLOW_LAYOUT_ENCODER ? "an encoder" : "a decoder");
     if (!iflow_model_tokenizer(m))
         die(tool, "model '%s' has no tokenizer", o->model);
