@@ -208,19 +208,39 @@ static void attend_head(float *oh, const float *qh, const float *k, const float 
         oh[i] = (float)(acc[i] / sum);
 }
 
+/* An attention_bias call, dealt to the pool in items of (row, head) units. */
+typedef struct {
+    float *out;
+    const float *q, *k, *v, *bias;
+    size_t ld, kv_ld;
+    int T, S, causal0, n_heads, group, head_dim, n_items;
+    float scale;
+} attn_bias_job;
+
+static void attn_bias_item(const void *args, const void *in, int item, float *scratch)
+{
+    const attn_bias_job *j = args;
+    const int units = j->T * j->n_heads, u0 = (int)((long)units * item / j->n_items),
+              u1 = (int)((long)units * (item + 1) / j->n_items);
+    for (int u = u0; u < u1; u++) {
+        const int t = u / j->n_heads, h = u % j->n_heads;
+        const int n = j->causal0 >= 0 && j->causal0 + t + 1 < j->S ? j->causal0 + t + 1 : j->S;
+        const size_t kvo = (size_t)(h / j->group) * j->head_dim, qo = (size_t)t * j->ld + (size_t)h * j->head_dim;
+        attend_head(j->out + qo, j->q + qo, j->k + kvo, j->v + kvo, j->kv_ld, n, j->head_dim, j->scale,
+                    j->bias ? j->bias + ((size_t)h * j->T + t) * j->S : NULL);
+    }
+}
+
 static int cpu_attention_bias(iflow_device *d, float *out, const float *q, size_t ld, const float *k, const float *v,
                               size_t kv_ld, int T, int S, int causal0, int n_heads, int n_kv_heads, int head_dim,
                               float scale, const float *bias)
 {
-    const int group = n_heads / n_kv_heads, n_threads = d->n_threads > 0 ? d->n_threads : omp_get_num_procs();
-#pragma omp parallel for collapse(2) num_threads(n_threads) schedule(static)
-    for (int t = 0; t < T; t++)
-        for (int h = 0; h < n_heads; h++) {
-            int n = causal0 >= 0 && causal0 + t + 1 < S ? causal0 + t + 1 : S;
-            size_t kvo = (size_t)(h / group) * head_dim;
-            attend_head(out + (size_t)t * ld + (size_t)h * head_dim, q + (size_t)t * ld + (size_t)h * head_dim, k + kvo,
-                        v + kvo, kv_ld, n, head_dim, scale, bias ? bias + ((size_t)h * T + t) * S : NULL);
-        }
+    const int units = T * n_heads;
+    attn_bias_job j = {out, q, k, v, bias, ld, kv_ld, T, S, causal0, n_heads, n_heads / n_kv_heads, head_dim,
+                       units < IFK_POOL_MAX_ITEMS ? units : IFK_POOL_MAX_ITEMS, scale};
+    ifk_pool_job job = {.run = attn_bias_item, .args = &j, .args_size = sizeof j, .n_items = j.n_items,
+                        .max_threads = d->n_threads > 0 ? d->n_threads : omp_get_num_procs()};
+    ifk_pool_run(&job);
     return 0;
 }
 
