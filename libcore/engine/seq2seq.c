@@ -450,7 +450,8 @@ int iflow_s2s_greedy(iflow_s2s *s, const int32_t *src, int n_src, const int32_t 
     int32_t first[IFLOW_MAX_STEP];
     int seq0[IFLOW_MAX_STEP] = {0};
     first[0] = m->hp.decoder_start;
-    memcpy(first + 1, prefix, (size_t)n_prefix * sizeof *prefix);
+    if (n_prefix > 0)
+        memcpy(first + 1, prefix, (size_t)n_prefix * sizeof *prefix);
     float *logits = malloc((size_t)n_first * V * sizeof *logits);
     r->tokens = malloc((size_t)(max_new > 0 ? max_new : 1) * sizeof *r->tokens);
     int rc = logits && r->tokens ? iflow_s2s_encode(s, src, n_src) : iflow_seterr(IFLOW_ENOMEM, "out of memory");

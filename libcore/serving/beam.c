@@ -443,7 +443,8 @@ int iflow_beam_open_s2s(iflow_beam_run **out, const iflow_model *m, iflow_s2s *s
         return iflow_seterr(IFLOW_EINVAL, "a beam search of %d beams needs a context of %d sequences, not %d",
                             p->n_beams, 2 * p->n_beams + 1, iflow_s2s_n_seqs(s2s));
     prompt[0] = iflow_model_hparams(m)->decoder_start;
-    memcpy(prompt + 1, prefix, (size_t)n_prefix * sizeof *prefix);
+    if (n_prefix > 0)
+        memcpy(prompt + 1, prefix, (size_t)n_prefix * sizeof *prefix);
     /* a sequence per hypothesis: the live ones and their children while they fork */
     search sr = {.ops = &s2s_ops, .s2s = s2s, .max_tab = 1, .n_blocks = 2 * p->n_beams + 1, .starts = 1};
     int rc = run_new(out, m, prompt, n_prefix + 1, p, iflow_s2s_max_tgt(s2s), &sr);
