@@ -268,6 +268,26 @@ static void test_sequences(void)
     json_decref(r);
 }
 
+/* A config value no [blocks.KEY=VALUE] section names is refused, naming the key and the value
+ * (T5's feed_forward_proj gated-silu: not a silent ReLU FFN). */
+static void test_unknown_variant(void)
+{
+    const char *fx = test_fixture("families/t5");
+    if (!fx)
+        SKIP("no t5 fixture");
+    char cmd[9000], src[300], out[300];
+    snprintf(src, sizeof src, "%s/t5-silu", dir);
+    snprintf(out, sizeof out, "%s/t5-silu.ifs", dir);
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p %s && ln -sf \"$(cd %s && pwd)/model.safetensors\" %s/ && "
+             "sed 's/\"feed_forward_proj\": \"relu\"/\"feed_forward_proj\": \"gated-silu\"/' %s/config.json > %s/config.json",
+             src, fx, src, fx, src);
+    CHECK(system(cmd) == 0, "make %s", src);
+    const char *specs[] = {"specs"};
+    iflow_convert_opts o = {.dtype = -1, .spec_dirs = specs, .n_spec_dirs = 1};
+    CHECK_ERR(iflow_convert(src, out, &o), IFLOW_ESPEC, "feed_forward_proj = \"gated-silu\"", "relu, gated-gelu");
+}
+
 int main(void)
 {
     if (!mkdtemp(dir))
@@ -278,6 +298,7 @@ int main(void)
     RUN(test_t5);
     RUN(test_t5v11);
     RUN(test_sequences);
+    RUN(test_unknown_variant);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0)
