@@ -43,6 +43,14 @@ run $BIN/iflow-run -m "$TMP/t5.ifs" --translate -n 4 --json --decoder-prefix "ti
 expect_rc 0 "--decoder-prefix"
 expect_eq "$(jq -c '.ids | length' <<<"$out")" 4 "--decoder-prefix: the forced tokens are not counted or printed"
 
+# quantized: the matrices in q8_b32, the relative position tables kept F32 (as vectors are)
+run $BIN/iflow-quant -t q8_b32 -i "$TMP/t5.ifs" -o "$TMP/t5.q8.ifs"
+expect_rc 0 "iflow-quant -t q8_b32"
+run $BIN/iflow-convert --info "$TMP/t5.q8.ifs"
+expect_match "$out" "tensor enc.rel_bias +f32" "--info: the encoder's bias table stays f32"
+run $BIN/iflow-run -m "$TMP/t5.q8.ifs" --translate -n 12 --json -p "$(head -n 1 "$TMP/texts")"
+expect_eq "$(jq -c '.ids | length' <<<"$out")" 12 "a q8_b32 model translates"
+
 # refusals
 run $BIN/iflow-run -m "$TMP/t5.ifs" --translate --temp 0.7 -p "words"
 expect_rc 2 "--translate with a sampling option"
