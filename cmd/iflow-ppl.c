@@ -149,6 +149,9 @@ int main(int argc, char **argv)
     if (iflow_model_hparams(m)->layout == IFLOW_LAYOUT_ENCODER)
         die(&tool, "model '%s' is an encoder: an encoder gives embeddings (iflow-run --embed), not next-token "
                    "probabilities", model);
+    if (iflow_model_hparams(m)->layout == IFLOW_LAYOUT_ENCODER_DECODER)
+        die(&tool, "model '%s' is an encoder-decoder: its next-token probabilities need a source (iflow-run "
+                   "--translate); perplexity of a text alone is not defined for it", model);
     const iflow_tokenizer *tok = iflow_model_tokenizer(m);
     if (!tok)
         die(&tool, "model '%s' has no tokenizer", model);
