@@ -50,12 +50,21 @@ typedef struct iflow_tokenizer iflow_tokenizer;
 
 /* From the text of a tokenizer.json (len bytes, need not be NUL-terminated); name for messages. */
 int iflow_tokenizer_from_hf_json(iflow_tokenizer **out, const char *json, size_t len, const char *name);
+/* From a SentencePiece unigram model (the bytes of a .spm / .model file). With vocab_json (the
+ * text of a Marian vocab.json, NULL for none) its ids are vocab.json's; spm_name and vocab_name
+ * name the two in messages. */
+int iflow_tokenizer_from_spm(iflow_tokenizer **out, const void *spm, size_t spm_len, const char *spm_name,
+                             const char *vocab_json, size_t vocab_len, const char *vocab_name);
 /* From a whole GGUF file in memory (tokenizer.ggml.* keys). */
 int iflow_tokenizer_from_gguf(iflow_tokenizer **out, const void *buf, size_t len, const char *name);
 /* From a tokenizer.json, a GGUF file (sniffed by its magic), or a directory holding
  * tokenizer.json. For a directory, bos/eos also come from tokenizer_config.json
  * ("bos_token"/"eos_token") or config.json ("bos_token_id"/"eos_token_id") when present. */
 int iflow_tokenizer_open(iflow_tokenizer **out, const char *path);
+/* The tokenizer for the target side of an encoder-decoder model (what its decoder's ids mean):
+ * for a Marian directory target.spm with target_vocab.json (else vocab.json); for any other path
+ * the same as iflow_tokenizer_open(). */
+int iflow_tokenizer_open_target(iflow_tokenizer **out, const char *path);
 void iflow_tokenizer_close(iflow_tokenizer *t);
 
 /* Token ids of text[0..len). *ids is malloc'd (NULL when *n_ids == 0); the caller frees it.
