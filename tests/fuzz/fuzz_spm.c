@@ -2,30 +2,11 @@
  * precompiled_charsmap) with and without a Marian vocab.json, then encoding and decoding. The
  * text is a fixed string and the last 64 bytes of the input. */
 #include "libcore/tokenizers/tokenizer.h"
+#include "tokrun.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-static volatile uint64_t sink;
-
-static void run(const iflow_tokenizer *t, const char *text, size_t len)
-{
-    for (int flags = 0; flags < 4; flags++) {
-        int32_t *ids;
-        size_t n, dl;
-        char *out, buf[16];
-        if (iflow_tokenizer_encode(t, text, len, flags, &ids, &n) != 0)
-            continue;
-        if (iflow_tokenizer_decode(t, ids, n, &out, &dl) == 0) {
-            sink += dl;
-            free(out);
-        }
-        for (size_t i = 0; i < n; i++)
-            sink += (uint64_t)iflow_tokenizer_piece(t, ids[i], i == 0, buf, sizeof buf);
-        free(ids);
-    }
-}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -38,8 +19,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (iflow_tokenizer_from_spm(&t, data, size, "fuzz.spm", mapped ? vocab : NULL, mapped ? sizeof vocab - 1 : 0,
                                      "vocab.json") != 0)
             return 0;
-        run(t, dflt, sizeof dflt - 1);
-        run(t, (const char *)data + size - tail, tail);
+        tok_exercise(t, dflt, sizeof dflt - 1);
+        tok_exercise(t, (const char *)data + size - tail, tail);
         sink += (uint64_t)iflow_tokenizer_n_vocab(t) + (uint64_t)iflow_tokenizer_bos(t) + (uint64_t)iflow_tokenizer_eos(t) +
                 strlen(iflow_tokenizer_kind(t));
         iflow_tokenizer_close(t);
