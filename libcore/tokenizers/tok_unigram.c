@@ -68,29 +68,38 @@ static int in_trie(const tok_unigram *u, int32_t p)
     return !u->spm || a == TOK_NORMAL || a == TOK_USER || a == TOK_UNUSED;
 }
 
-static const tok_unigram *sort_u; /* qsort has no context argument; building is single-threaded per call */
+typedef struct {
+    const char *s;
+    uint32_t len;
+    int32_t id;
+} piece_key;
 
 static int piece_cmp(const void *pa, const void *pb)
 {
-    int32_t a = *(const int32_t *)pa, b = *(const int32_t *)pb;
-    uint32_t la = sort_u->len[a], lb = sort_u->len[b];
-    int c = memcmp(tok_piece_text(sort_u, a), tok_piece_text(sort_u, b), la < lb ? la : lb);
-    if (c == 0 && la != lb)
-        return la < lb ? -1 : 1;
-    return c ? c : (a > b) - (a < b);
+    const piece_key *a = pa, *b = pb;
+    int c = memcmp(a->s, b->s, a->len < b->len ? a->len : b->len);
+    if (c == 0 && a->len != b->len)
+        return a->len < b->len ? -1 : 1;
+    return c ? c : (a->id > b->id) - (a->id < b->id);
 }
 
 /* The trie pieces sorted by text (ties by id); *m of them. */
 static int sorted_pieces(const tok_unigram *u, int32_t **out, int32_t *m)
 {
+    piece_key *keys = malloc(((size_t)u->n + 1) * sizeof *keys);
     int32_t *idx = malloc(((size_t)u->n + 1) * sizeof *idx), k = 0;
-    if (!idx)
+    if (!keys || !idx) {
+        free(keys);
+        free(idx);
         return tok_nomem();
+    }
     for (int32_t p = 0; p < u->n; p++)
         if (in_trie(u, p) && u->len[p])
-            idx[k++] = p;
-    sort_u = u;
-    qsort(idx, (size_t)k, sizeof *idx, piece_cmp);
+            keys[k++] = (piece_key){tok_piece_text(u, p), u->len[p], p};
+    qsort(keys, (size_t)k, sizeof *keys, piece_cmp);
+    for (int32_t i = 0; i < k; i++)
+        idx[i] = keys[i].id;
+    free(keys);
     *out = idx;
     *m = k;
     return 0;
