@@ -24,7 +24,7 @@ static const iflow_opt opts[] = {
     {O_OUTPUT, "output", 'o', "FILE", "write the shard to FILE (default: standard output, never a terminal)", "file"},
     {O_DTYPE, "dtype", 't', "TYPE", "store weight matrices as TYPE: f32, f16 or bf16 (default: as in the source, or its nearest exact iflow type)", "f32 f16 bf16"},
     {O_SPEC, "spec", 0, "FILE", "use this model spec instead of the one serving the source's architecture", "file"},
-    {O_TOKENIZER, "tokenizer", 0, "PATH", "the tokenizer to store: for a model directory a tokenizer.json, a SentencePiece model or a directory of tokenizer files (default: the model directory's own); for a llama2.c checkpoint its tokenizer.bin (default: tokenizer.bin beside it)", "file"},
+    {O_TOKENIZER, "tokenizer", 0, "PATH", "the tokenizer to store: a tokenizer file or folder for a model directory (default: its own files), a llama2.c checkpoint's tokenizer.bin (default: the one beside it)", "file"},
     {O_SYNTHETIC, "synthetic", 0, "DIR", "write seeded random weights of the shape in DIR/config.json", "dir"},
     {O_SEED, "seed", 0, "N", "seed of --synthetic weights (default 0)", NULL},
     {O_ZSTD, "zstd", 0, NULL, "compress the shard with zstd (an .ifs.zst file)", NULL},
