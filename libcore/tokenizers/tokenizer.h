@@ -106,8 +106,9 @@ typedef struct {
  * (*.spm, *.model) or a tokenizer.json. A directory holds tokenizer.json, else tokenizer.gguf,
  * else Marian's source.spm with vocab.json, else spiece.model (else IFLOW_ENOTFOUND, naming the
  * directory); its target side is Marian's target.spm with target_vocab.json (else vocab.json)
- * when it has one, else the same files as the source side. A sentencepiece.bpe.model (M2M100,
- * NLLB: SentencePiece BPE, which iflow does not read) is not looked for. */
+ * when it has one, else the same files as the source side. M2M100's sentencepiece.bpe.model is
+ * not looked for (its tokenizer puts a language token before the source, which the .spm reader
+ * does not do). */
 int iflow_tokenizer_find(iflow_tokenizer_files *f, const char *path, int side);
 /* Build the tokenizer of found files; for a tokenizer.json found in a directory, bos/eos also
  * come from tokenizer_config.json ("bos_token"/"eos_token") or config.json
