@@ -51,6 +51,13 @@ static void write_shard(const char *path, const char *tok, const blob *b, int n)
     CHECK(rc == 0, "write %s: %s", path, iflow_errmsg());
 }
 
+/* The bytes of tests/fixtures/rel (malloc'd), or NULL. */
+static void *fixture_bytes(const char *rel, size_t *n)
+{
+    const char *p = test_fixture(rel);
+    return p ? test_read_file(p, n) : NULL;
+}
+
 /* The tokenizer of shard `path`'s side (NULL on failure, the message set). */
 static int from_shard(const char *path, int side, iflow_tokenizer **t)
 {
@@ -87,8 +94,8 @@ static const char two_sides[] = "{\"format\": \"spm\", \"record\": \"tokenizer/s
 static void test_sides(void)
 {
     size_t n_src, n_tgt;
-    const char *p = test_fixture("tokenizers/uni-plain.model");
-    void *src = p ? test_read_file(p, &n_src) : NULL, *tgt = p ? test_read_file(p, &n_tgt) : NULL;
+    void *src = fixture_bytes("tokenizers/uni-plain.model", &n_src),
+         *tgt = fixture_bytes("tokenizers/uni-plain.model", &n_tgt);
     if (!src || !tgt)
         SKIP("no tests/fixtures/tokenizers (run from the repository root)");
     char path[300], seed[4096];
@@ -122,13 +129,12 @@ static void test_sides(void)
 static void test_one_record(void)
 {
     size_t n;
-    const char *p = test_fixture("tokenizers/uni-t5.json");
-    void *js = p ? test_read_file(p, &n) : NULL;
+    void *js = fixture_bytes("tokenizers/uni-t5.json", &n);
     if (!js)
         SKIP("no tests/fixtures/tokenizers/uni-t5.json");
     char path[300], direct_path[4096];
     snprintf(path, sizeof path, "%s/one.ifs", dir);
-    snprintf(direct_path, sizeof direct_path, "%s", p);
+    snprintf(direct_path, sizeof direct_path, "%s", test_fixture("tokenizers/uni-t5.json"));
     blob b[] = {{"tokenizer", js, n}};
     write_shard(path, "{\"format\": \"hf-json\", \"record\": \"tokenizer\"}", b, 1);
     iflow_tokenizer *s, *t, *want;
@@ -147,8 +153,7 @@ static void test_one_record(void)
 static void test_damaged(void)
 {
     size_t n;
-    const char *p = test_fixture("tokenizers/uni-plain.model");
-    void *src = p ? test_read_file(p, &n) : NULL;
+    void *src = fixture_bytes("tokenizers/uni-plain.model", &n);
     if (!src)
         SKIP("no tests/fixtures/tokenizers/uni-plain.model");
     char path[300];
@@ -267,7 +272,7 @@ static void test_convert_refusals(void)
     const char *p = test_fixture("families/t5-uni"); /* a static buffer */
     snprintf(src, sizeof src, "%s", p ? p : "");
     size_t n;
-    void *bytes = p && (p = test_fixture("tokenizers/uni-t5.model")) ? test_read_file(p, &n) : NULL;
+    void *bytes = p ? fixture_bytes("tokenizers/uni-t5.model", &n) : NULL;
     if (!bytes)
         SKIP("no t5-uni fixture");
     snprintf(bad, sizeof bad, "%s/bad.model", dir);
