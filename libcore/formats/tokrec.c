@@ -102,8 +102,8 @@ static int write_side(const iflow_tokrec_side *s, iflow_shard_writer *w, const c
     int rc = iflow_read_file(s->f.file, MAX_TOKENIZER_BYTES, &data, &len);
     if (rc == 0 && s->f.vocab[0])
         rc = iflow_read_file(s->f.vocab, MAX_TOKENIZER_BYTES, &vocab, &vlen);
-    if (rc == 0)
-        rc = iflow_tokenizer_from_format(&tok, s->f.format, data, len, s->f.file, vocab, vlen, s->f.vocab);
+    if (rc == 0 && (rc = iflow_tokenizer_from_format(&tok, s->f.format, data, len, s->f.file, vocab, vlen, s->f.vocab)))
+        rc = iflow_preperr(rc, "cannot build the tokenizer (read as %s)", s->f.format);
     if (rc == 0)
         rc = write_once(w, s->record, data, len, written);
     if (rc == 0 && vocab)
