@@ -47,7 +47,8 @@ typedef struct {
 struct iflow_model {
     iflow_shard *shard;
     iflow_hparams hp;
-    iflow_tokenizer *tok;
+    iflow_tokenizer *tok;         /* the source side's (encoding), or NULL */
+    iflow_tokenizer *tgt_tok;     /* an encoder-decoder's target side's (decoding) when it differs, or NULL */
     weight tok_embd;              /* [vocab][dim], in the mapping, never placed */
     weight output;                /* [vocab][dim] in the mapping (tok_embd when tied) */
     const float *output_norm;     /* [dim] in the mapping */

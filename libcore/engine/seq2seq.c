@@ -450,9 +450,10 @@ int iflow_s2s_greedy(iflow_s2s *s, const int32_t *src, int n_src, const int32_t 
     int rc = logits && r->tokens ? iflow_s2s_encode(s, src, n_src) : iflow_seterr(IFLOW_ENOMEM, "out of memory");
     if (rc == 0)
         rc = iflow_s2s_step(s, first, seq0, n_first, logits);
-    const float *last = logits ? logits + (size_t)(n_first - 1) * V : NULL;
+    float *last = logits ? logits + (size_t)(n_first - 1) * V : NULL;
     r->finish = IFLOW_FINISH_LENGTH;
     while (rc == 0 && r->n_tokens < max_new) {
+        iflow_model_ban(m, last);
         int32_t next = argmax(last, V);
         if (iflow_model_is_eos(m, next)) {
             r->finish = IFLOW_FINISH_EOS, r->eos = next;

@@ -3,7 +3,10 @@
 
     python3 tests/fuzz/make_seeds.py [--data ../shared]
 
-The committed seeds are this script's output; rerun it only to change them.
+The committed seeds are this script's output; rerun it only to change them. Except
+fuzz_shard/tokenizer.ifs (a shard carrying SentencePiece tokenizer records, source side with a
+vocab.json and a target side): tests/unit/test_shardtok writes it when run with
+IFLOW_WRITE_SEEDS=tests/fuzz/seeds.
 """
 import argparse
 import io
