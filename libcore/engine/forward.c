@@ -543,17 +543,6 @@ static int layer_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows *r)
     return s->dev->ops->add(s->dev, s->x, s->xa, (size_t)r->T * c->m->hp.dim);
 }
 
-/* A layer split over devices sums its parts' outputs once per sub-block; these blocks need the
- * whole output first, or both sub-blocks' inputs at once. */
-static int check_split(const iflow_model *m)
-{
-    if (m->hp.post_norms || m->hp.post_ln) /* the norm would have to follow the sum of the parts */
-        return iflow_seterr(IFLOW_EUNSUPPORTED, "a layer with post norms cannot be split over devices yet");
-    if (m->hp.parallel_residual)
-        return iflow_seterr(IFLOW_EUNSUPPORTED, "a layer with a parallel residual cannot be split over devices yet");
-    return 0;
-}
-
 /* Where the hidden state is between layers: a device index, or HOST for c->xh. */
 enum { HOST = -1 };
 
@@ -633,7 +622,6 @@ static void *run_part(void *arg)
 static int split_block(iflow_ctx *c, int k0, int k1, const step_rows *r, int is_ffn)
 {
     const int T = r->T;
-    IFLOW_TRY(check_split(c->m));
     part_job jobs[IFLOW_MAX_DEVICES];
     pthread_t th[IFLOW_MAX_DEVICES];
     int started[IFLOW_MAX_DEVICES] = {0}, n = k1 - k0;
@@ -773,7 +761,6 @@ static int share(iflow_ctx *c, int *holder, int *cur, int T)
  * its partial output summed with every other process's, added to c->xh everywhere. */
 static int split_block_comm(iflow_ctx *c, int k0, int k1, const step_rows *r, int is_ffn)
 {
-    IFLOW_TRY(check_split(c->m));
     iflow_comm *cm = c->comm;
     size_t n = (size_t)r->T * c->m->hp.dim;
     memset(c->acc, 0, n * sizeof(float));
