@@ -232,6 +232,8 @@ static int read_rope_scaling(iflow_hparams *hp, const json_t *h, const char *wha
         return rc;
     if (hp->rope_scaling != IFLOW_ROPE_SCALING_NONE && !(hp->rope_factor > 0))
         return iflow_seterr(IFLOW_ERANGE, "rope_factor must be positive in '%s'", what);
+    if (hp->rope_scaling == IFLOW_ROPE_SCALING_LINEAR && hp->rope_factor == 1.0f) /* GGUF's default */
+        hp->rope_scaling = IFLOW_ROPE_SCALING_NONE;
     return 0;
 }
 

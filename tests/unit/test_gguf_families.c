@@ -9,7 +9,8 @@
  * or gguf-families/FAMILY.refs.json where llama.cpp runs the file otherwise than transformers
  * runs the folder (Mistral without its window, Gemma 2's scale from head_dim, a normalized
  * BERT CLS vector, llama3-freqs2's factors of 2). Then the spec's GGUF rules on metadata no
- * fixture has (Gemma 2 and 3's 27B scale, Gemma 3's default pattern, BERT's pooling numbers)
+ * fixture has (Gemma 2 and 3's 27B scale, Gemma 3's default pattern, BERT's pooling numbers,
+ * an old converter's rope.scale_linear)
  * and rope_freqs factors that are not positive.
  */
 #include "check.h"
@@ -337,6 +338,16 @@ static void test_metadata_rules(void)
     json_decref(r);
     r = resolve("gemma3", "gemma3", GEMMA_KEYS("gemma3", 46)); /* gemma2's 27B rule is not gemma3's */
     CHECK(r && hparam(r, "attn_scale_dim") == 0, "gemma3 with 46 layers: head_dim");
+    json_decref(r);
+    /* a factor without a type scales linearly, as llama.cpp reads it (older converters' key) */
+    static const char llama[] = "{\"general\": {\"architecture\": \"llama\"}, \"llama\": {\"block_count\": 2, "
+                                "\"embedding_length\": 32, \"feed_forward_length\": 64, \"attention\": {\"head_count\": 4}, "
+                                "\"rope\": {\"scale_linear\": 4.0}}, \"tokenizer\": {\"ggml\": {\"tokens\": {\"count\": 128}}}}";
+    r = resolve("llama", "llama", llama);
+    iflow_hparams hp;
+    CHECK(r && iflow_hparams_from_json(&hp, r, "llama") == 0 && hp.rope_scaling == IFLOW_ROPE_SCALING_LINEAR &&
+              hp.rope_factor == 4.0f && !hp.rope_freqs,
+          "llama.rope.scale_linear 4: linear scaling by 4 (%s)", iflow_errmsg());
     json_decref(r);
     static const char bert[] = "{\"general\": {\"architecture\": \"bert\"}, \"bert\": {\"block_count\": 2, "
                                "\"embedding_length\": 32, \"feed_forward_length\": 64, \"attention\": {\"head_count\": 4}, "
