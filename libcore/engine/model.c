@@ -232,6 +232,8 @@ static int read_rope_scaling(iflow_hparams *hp, const json_t *h, const char *wha
         return rc;
     if (hp->rope_scaling != IFLOW_ROPE_SCALING_NONE && !(hp->rope_factor > 0))
         return iflow_seterr(IFLOW_ERANGE, "rope_factor must be positive in '%s'", what);
+    if (hp->rope_scaling == IFLOW_ROPE_SCALING_LINEAR && hp->rope_factor == 1.0f) /* GGUF's default */
+        hp->rope_scaling = IFLOW_ROPE_SCALING_NONE;
     return 0;
 }
 
@@ -334,6 +336,7 @@ int iflow_hparams_from_json(iflow_hparams *hp, const json_t *resolved, const cha
         (rc = get_bool_or(h, "embed_norm", 0, &hp->embed_norm, what)) ||
         (rc = get_int_or(h, "token_types", 0, &hp->token_types, what)) ||
         (rc = get_bool_or(h, "normalize", 0, &hp->normalize, what)) || (rc = read_pooling(hp, h, what)) ||
+        (rc = get_bool_or(h, "rope_freqs", 0, &hp->rope_freqs, what)) ||
         (rc = read_layer_types(hp, h, what)) ||
         (rc = get_bool(h, "tie_embeddings", &hp->tie_embeddings, what)) || (rc = read_blocks(hp, b, what)) ||
         (rc = read_rope_scaling(hp, h, what)) || (rc = read_special(hp, h, what)) || (rc = read_encdec(hp, h, what)) ||
@@ -468,6 +471,8 @@ int iflow_model_tensors(const iflow_hparams *hp, iflow_tensor_req **reqs, size_t
         req(r, n, "pos_embd", hp->max_seq, D);
     if (hp->token_types > 0)
         req(r, n, "tok_type_embd", hp->token_types, D);
+    if (hp->rope_freqs && hp->position == IFLOW_POS_ROPE)
+        req(r, n, "rope_freqs", hp->rope_dim / 2, 0);
     if (hp->embed_norm) {
         req(r, n, "embd_norm", D, 0);
         if (hp->norm == IFLOW_NORM_LAYER)
@@ -569,7 +574,7 @@ static void *slot(iflow_model *m, layer_weights *layers, const char *name, int *
 #define V(n, field) {n, offsetof(iflow_model, field)}
         V("output_norm", output_norm), V("output_norm_b", output_norm_b), V("embd_norm", embd_norm),
         V("embd_norm_b", embd_norm_b), V("enc.output_norm", enc_output_norm), V("enc.output_norm_b", enc_output_norm_b),
-        V("enc.rel_bias", enc_rel_bias), V("rel_bias", rel_bias), V("output_b", output_b),
+        V("enc.rel_bias", enc_rel_bias), V("rel_bias", rel_bias), V("output_b", output_b), V("rope_freqs", rope_freqs),
 #undef V
     };
     for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++)
@@ -614,17 +619,18 @@ static int bind_all(iflow_model *m)
     }
     return rc;
 }
-/* Per-pair frequency multipliers for context-extension schemes. */
+/* Per-pair frequency multipliers for context-extension schemes: rope_scaling's, divided by
+ * the rope_freqs tensor's factors when there is one (as llama.cpp's freq_factors). */
 static int make_rope_scale(iflow_model *m)
 {
     const iflow_hparams *hp = &m->hp;
-    if (hp->rope_scaling == IFLOW_ROPE_SCALING_NONE)
+    if (hp->rope_scaling == IFLOW_ROPE_SCALING_NONE && !m->rope_freqs)
         return 0;
     int half = hp->rope_dim / 2;
     if (!(m->rope_scale = malloc((size_t)half * sizeof(float))))
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
     for (int i = 0; i < half; i++) {
-        float s = 1.0f / hp->rope_factor;
+        float s = hp->rope_scaling == IFLOW_ROPE_SCALING_NONE ? 1.0f : 1.0f / hp->rope_factor;
         if (hp->rope_scaling == IFLOW_ROPE_SCALING_LLAMA3) {
             /* Llama 3.1: keep high frequencies, divide low ones by factor, blend between. */
             double freq = pow(hp->rope_theta, -2.0 * i / hp->rope_dim), wavelen = 2 * M_PI / freq;
@@ -635,6 +641,13 @@ static int make_rope_scale(iflow_model *m)
                 double smooth = (hp->rope_orig_ctx / wavelen - hp->rope_low_freq) / (hp->rope_high_freq - hp->rope_low_freq);
                 s = (float)((1 - smooth) / hp->rope_factor + smooth);
             }
+        }
+        if (m->rope_freqs) {
+            float f = m->rope_freqs[i];
+            if (!(f > 0.0f) || !isfinite(f))
+                return iflow_seterr(IFLOW_ERANGE, "rope_freqs[%d] = %g in '%s' is not a positive factor", i, (double)f,
+                                    iflow_shard_path(m->shard));
+            s /= f;
         }
         m->rope_scale[i] = s;
     }

@@ -106,6 +106,9 @@ typedef struct {
     int rope_scaling;         /* IFLOW_ROPE_SCALING_* */
     float rope_factor, rope_low_freq, rope_high_freq;
     int rope_orig_ctx;
+    int rope_freqs;           /* a tensor rope_freqs [rope_dim/2] divides each pair's frequency,
+                                 after rope_scaling (llama.cpp's rope_freqs.weight: a Llama 3.1
+                                 GGUF's llama3 scaling, which its metadata does not carry) */
     /* special tokens (-1: none) */
     int bos, eos[IFLOW_MAX_EOS], n_eos;
     /* tokens generation never picks (hyperparameter banned_tokens: a list of one-token lists, as

@@ -64,6 +64,7 @@ struct iflow_model {
     const float *enc_rel_bias;    /* [rel_buckets][n_heads] (position = relative): the encoder's */
     const float *rel_bias;        /* [rel_buckets][n_heads]: the decoder's */
     const float *output_b;        /* [vocab] (logits_bias), added to the logits */
+    const float *rope_freqs;      /* [rope_dim/2] (hparam rope_freqs) or NULL, in the mapping */
     float *rope_scale;            /* [rope_dim/2] or NULL, on the host */
     uint64_t decode_bytes;
 

@@ -205,8 +205,8 @@ static int parse_rows(const job *j, const char *iflow_name, const char *name, ch
                             name, iflow_name, j->spec->path);
     if (slash && *xpose)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "periodic row ranges of transposed tensors ('%s') are not supported", name);
-    if (j->gguf)
-        return iflow_seterr(IFLOW_EUNSUPPORTED, "row ranges ('%s') are not supported for GGUF sources", name);
+    if (j->gguf && slash) /* plain ranges are rows in place, whatever the ggml type */
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "periodic row ranges ('%s') are not supported for GGUF sources", name);
     return 0;
 }
 
