@@ -1,6 +1,7 @@
 /* tok_spm.c -- a tokenizer from a SentencePiece model file (.spm / .model: a ModelProto in
- * protobuf's wire format), optionally with a Marian vocab.json that maps pieces to the model's
- * ids. Only the fields a unigram model needs are read (pieces {piece, score, type}, trainer_spec
+ * protobuf's wire format), unigram or BPE, optionally with a vocab.json that maps pieces to the
+ * model's ids (Marian's; M2M100's, with language tokens after it). Only the fields the two
+ * models need are read (pieces {piece, score, type}, trainer_spec
  * {model_type, vocab_size, byte_fallback, treat_whitespace_as_suffix, bos/eos pieces},
  * normalizer_spec {precompiled_charsmap, add_dummy_prefix, remove_extra_whitespaces,
  * escape_whitespaces}, denormalizer_spec); every other field is skipped by its wire type. Every
@@ -246,12 +247,14 @@ static int parse_model(const uint8_t *buf, size_t len, const char *name, spm_mod
     return rc;
 }
 
-/* What a unigram tokenizer cannot take, and counts that disagree. */
+enum { SPM_UNIGRAM = 1, SPM_BPE = 2 }; /* trainer_spec.model_type */
+
+/* What the tokenizer cannot take, and counts that disagree. */
 static int check_model(const spm_model *m, const char *name)
 {
     static const char *const types[] = {"", "unigram", "bpe", "word", "char"};
-    if (m->model_type != 1)
-        return iflow_seterr(IFLOW_EUNSUPPORTED, "unsupported sentencepiece model type %s in '%s' (unigram only)",
+    if (m->model_type != SPM_UNIGRAM && m->model_type != SPM_BPE)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "unsupported sentencepiece model type %s in '%s' (unigram and bpe only)",
                             m->model_type <= 4 ? types[m->model_type] : "(unknown)", name);
     if (m->n == 0)
         return iflow_seterr(IFLOW_EFORMAT, "no pieces in '%s'", name);
@@ -267,7 +270,7 @@ static int check_model(const spm_model *m, const char *name)
     return 0;
 }
 
-/* The unigram model of m: pieces, normalizer and the checks of tok_unigram_finish. */
+/* The pieces of m (either model) with its normalizer, and the checks of tok_unigram_finish. */
 static int make_unigram(const uint8_t *buf, const spm_model *m, const char *name, tok_unigram **out)
 {
     tok_unigram *u;
@@ -372,6 +375,29 @@ static void set_template(iflow_tokenizer *t, const tok_unigram *u, const uint8_t
         t->suffix[t->n_suffix++] = t->eos;
 }
 
+/* Does any piece have a U+2581 right after another character? */
+static int pieces_meta_inside(const tok_unigram *u)
+{
+    for (int32_t p = 0; p < u->n; p++)
+        if (tok_meta_inside(tok_piece_text(u, p), u->len[p]))
+            return 1;
+    return 0;
+}
+
+/* Unigram (the Viterbi) or BPE (merges by piece score). A BPE text is merged word by word (cut
+ * before each U+2581 that follows another character) when that cannot change the result: no
+ * piece has such a U+2581 inside, U+2581 alone is a piece (so no run of unknown characters
+ * crosses a cut), and no piece is unused (the parts an unused piece splits into are the last
+ * pair queued over the whole text). */
+static void set_model(iflow_tokenizer *t, const tok_unigram *u, uint64_t model_type)
+{
+    t->model = model_type == SPM_BPE ? TOK_MODEL_BPE : TOK_MODEL_UNIGRAM;
+    t->spm_bpe = model_type == SPM_BPE;
+    if (t->spm_bpe)
+        t->split_meta = !pieces_meta_inside(u) && tok_unigram_find(u, "\xE2\x96\x81", 3) >= 0 && !u->has_unused;
+    snprintf(t->kind, sizeof t->kind, t->spm_bpe ? "spm-bpe" : "spm-unigram");
+}
+
 static int assemble(iflow_tokenizer *t, tok_unigram *u, const uint8_t *buf, const spm_model *m, const char *vocab,
                     size_t vocab_len, const char *vname)
 {
@@ -379,12 +405,11 @@ static int assemble(iflow_tokenizer *t, tok_unigram *u, const uint8_t *buf, cons
     int rc = vocab ? vocab_from_json(t, u, vocab, vocab_len, vname) : vocab_from_pieces(t, u, m->text_bytes);
     if (rc < 0 || (rc = tok_sort_added(t)) < 0 || (rc = tok_norm_add(t, &norm)) < 0)
         return rc;
-    t->model = TOK_MODEL_UNIGRAM;
+    set_model(t, u, m->model_type);
     set_template(t, u, buf, m, vocab != NULL);
     t->dec_metaspace = 1;
     t->dec_strip_empty = m->extra_ws;
     t->dec_strip_first = !m->extra_ws && m->dummy_prefix;
-    snprintf(t->kind, sizeof t->kind, "spm-unigram");
     return 0;
 }
 

@@ -26,13 +26,16 @@
  *   model 'bert', whose "phantom space" vocabulary is read back into tokenizer.json's form);
  *   unigram (Kudo 2018: the Viterbi segmentation of highest total piece score).
  *
- *   Unigram comes in two sets of rules, each matching its reference exactly. A .spm file follows
- *   the `sentencepiece` library: its normalizer_spec (the precompiled_charsmap applied as it is,
+ *   Unigram comes in two sets of rules, each matching its reference exactly. A .spm file (unigram
+ *   or BPE) follows the `sentencepiece` library: its normalizer_spec (the precompiled_charsmap applied as it is,
  *   longest rule first -- nmt_nfkc is NFKC plus rules of its own; add_dummy_prefix,
  *   remove_extra_whitespaces, escape_whitespaces to U+2581), user-defined pieces always kept
  *   whole, control pieces never matched by the model, unknown characters as the unknown piece
- *   (min score - 10) with a run of them one token, byte fallback to <0xXX> pieces. Only unigram
- *   models are read (BPE .spm files: IFLOW_EUNSUPPORTED). With a Marian vocab.json the ids are
+ *   (min score - 10) with a run of them one token, byte fallback to <0xXX> pieces. A BPE .spm
+ *   (M2M100's sentencepiece.bpe.model) merges as sentencepiece's bpe_model.cc: from characters
+ *   and whole user-defined pieces (never merged), the pair whose text is the piece of best score
+ *   first (leftmost among equals), an unused piece split back into the pair that made it.
+ *   Other model types (word, char) are IFLOW_EUNSUPPORTED. With a Marian vocab.json the ids are
  *   vocab.json's: a piece missing from it becomes <unk>, as MarianTokenizer maps it; a run of
  *   unknown characters is looked up there by its text; "</s>", "<unk>" and "<pad>" are the
  *   special tokens; a ">>xx<<" language code at the start of the text is one token. A
@@ -80,9 +83,9 @@ typedef struct iflow_tokenizer iflow_tokenizer;
 
 /* From the text of a tokenizer.json (len bytes, need not be NUL-terminated); name for messages. */
 int iflow_tokenizer_from_hf_json(iflow_tokenizer **out, const char *json, size_t len, const char *name);
-/* From a SentencePiece unigram model (the bytes of a .spm / .model file). With vocab_json (the
- * text of a Marian vocab.json, NULL for none) its ids are vocab.json's; spm_name and vocab_name
- * name the two in messages. */
+/* From a SentencePiece model, unigram or BPE (the bytes of a .spm / .model file). With
+ * vocab_json (the text of a Marian vocab.json, NULL for none) its ids are vocab.json's; spm_name
+ * and vocab_name name the two in messages. */
 int iflow_tokenizer_from_spm(iflow_tokenizer **out, const void *spm, size_t spm_len, const char *spm_name,
                              const char *vocab_json, size_t vocab_len, const char *vocab_name);
 /* From a whole GGUF file in memory (tokenizer.ggml.* keys). */

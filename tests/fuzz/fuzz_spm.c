@@ -1,6 +1,6 @@
-/* fuzz_spm.c -- libFuzzer target: the SentencePiece model reader (protobuf wire format,
- * precompiled_charsmap) with and without a Marian vocab.json, then encoding and decoding. The
- * text is a fixed string and the last 64 bytes of the input. */
+/* fuzz_spm.c -- libFuzzer target: the SentencePiece model reader (unigram and BPE models;
+ * protobuf wire format, precompiled_charsmap) with and without a Marian vocab.json, then encoding
+ * and decoding. The text is a fixed string and the last 64 bytes of the input. */
 #include "libcore/tokenizers/tokenizer.h"
 #include "tokrun.h"
 

@@ -730,7 +730,7 @@ static void test_bad_json(void)
               contains(iflow_errmsg(), "'/nonexistent/tokenizer.json'"), "missing file: %s", iflow_errmsg());
 }
 
-/* ---- unigram: SentencePiece models, Marian, T5-style tokenizer.json ----------------------- */
+/* ---- SentencePiece models (unigram, BPE), Marian, T5-style tokenizer.json ---------------- */
 
 typedef struct {
     const char *path;  /* under ../shared, or (fixture) under tests/fixtures */
@@ -751,6 +751,9 @@ static const uni_case uni_cases[] = {
     {"tokenizers/uni-t5.json", 1, 0, "hf-uni-t5.jsonl", "unigram"},
     {"tokenizers/uni-bf.json", 1, 0, "hf-uni-bf.jsonl", "unigram"},
     {"tokenizers/uni-plain.json", 1, 0, "hf-uni-plain.jsonl", "unigram"},
+    {"tokenizers/m2m100/sentencepiece.bpe.model", 1, 0, "spm-bpe-m2m.jsonl", "spm-bpe"},
+    {"tokenizers/bpe-bf.model", 1, 0, "spm-bpe-bf.jsonl", "spm-bpe"},
+    {"tokenizers/bpe-unused.model", 1, 0, "spm-bpe-unused.jsonl", "spm-bpe"},
 };
 
 static iflow_tokenizer *open_case(const uni_case *c)
@@ -953,7 +956,8 @@ static void test_bad_spm(void)
     free(buf);
 }
 
-/* Refusals that name what the model uses: another model type, a vocab.json without <unk>. */
+/* Refusals that name what the model uses: a model type other than unigram and BPE, a vocab.json
+ * without <unk>. */
 static void test_spm_unsupported(void)
 {
     size_t len;
@@ -962,8 +966,9 @@ static void test_spm_unsupported(void)
     char *buf = plain_model(&len, &ts, &mt, 3);
     if (!buf)
         SKIP("no uni-plain.model");
-    buf[mt.off] = 2;
-    bad_spm(buf, len, "bpe.model", IFLOW_EUNSUPPORTED, "unsupported sentencepiece model type bpe in 'bpe.model'");
+    buf[mt.off] = 3;
+    bad_spm(buf, len, "word.model", IFLOW_EUNSUPPORTED,
+            "unsupported sentencepiece model type word in 'word.model' (unigram and bpe only)");
     buf[mt.off] = 1;
     int rc = iflow_tokenizer_from_spm(&t, buf, len, "u.model", "{\"a\": 0}", 8, "v.json");
     CHECK(rc == IFLOW_EFORMAT && strcmp(iflow_errmsg(), "no '<unk>' in 'v.json'") == 0, "vocab.json without <unk>: %s",
