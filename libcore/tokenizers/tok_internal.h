@@ -328,9 +328,10 @@ int tok_norm_precompiled(const tok_charsmap *cm, tok_scratch *s, const char *w, 
 /* ---- loaders ---- */
 struct iflow_gguf;
 int tok_from_gguf_handle(iflow_tokenizer **out, const struct iflow_gguf *g);
-/* tok_hfjson.c: the vocabulary from a JSON object text -> id (a Marian vocab.json); `where`
- * names it in messages. */
+/* tok_hfjson.c: the vocabulary from a JSON object text -> id (a vocab.json) and tokenizer.json's
+ * added_tokens entries ({"id", "content", "special"}; NULL for none); `where` names it in
+ * messages. */
 struct json_t;
-int tok_vocab_from_json(iflow_tokenizer *t, const struct json_t *vocab, const char *where);
+int tok_vocab_from_json(iflow_tokenizer *t, const struct json_t *vocab, const struct json_t *added, const char *where);
 
 #endif

@@ -323,8 +323,9 @@ static int32_t find_piece(const tok_unigram *u, const char *s, size_t n, int typ
     return -1;
 }
 
-/* Marian's special tokens in its vocab.json: MarianTokenizer's eos, unk and pad. */
-static int marian_special(iflow_tokenizer *t, const char *text, int attr)
+/* A special token of vocab.json (MarianTokenizer's and M2M100Tokenizer's eos, unk and pad;
+ * M2M100's bos), if it has it. */
+static int vocab_special(iflow_tokenizer *t, const char *text, int attr)
 {
     int32_t id = iflow_strmap_get(&t->vocab, text, strlen(text));
     if (id < 0)
@@ -333,32 +334,109 @@ static int marian_special(iflow_tokenizer *t, const char *text, int attr)
     return tok_add_added(t, id, 1, 0, 0, 0);
 }
 
-/* vocab.json is the vocabulary; each piece maps to the id of its text there, else <unk>. */
-static int vocab_from_json(iflow_tokenizer *t, tok_unigram *u, const char *json, size_t len, const char *vname)
+/* tok_vocab_from_json's entries of the added tokens: {"id": base + i, "content": text,
+ * "special": true}, then `hidden` empty ones (ids that decode to nothing). */
+static json_t *added_entries(const iflow_tok_added *a, size_t base)
+{
+    json_t *arr = json_array();
+    for (int i = 0; arr && i < a->n + a->hidden; i++) {
+        json_t *e = json_pack("{s:I, s:s, s:b}", "id", (json_int_t)(base + (size_t)i), "content",
+                              i < a->n ? a->tokens[i] : "", "special", 1);
+        if (!e || json_array_append_new(arr, e) < 0) {
+            json_decref(arr);
+            return NULL;
+        }
+    }
+    return arr;
+}
+
+/* The added tokens: counts in range, texts present, the prefix one of them. */
+static int check_added(const iflow_tok_added *a, const char *vname)
+{
+    if (a->n < 0 || a->n > IFLOW_TOK_MAX_ADDED || a->hidden < 0 || a->hidden > IFLOW_TOK_MAX_ADDED)
+        return iflow_seterr(IFLOW_ERANGE, "%d added and %d hidden tokens after '%s' (0 to %d each)", a->n, a->hidden,
+                            vname, IFLOW_TOK_MAX_ADDED);
+    int prefix_found = !a->prefix[0];
+    for (int i = 0; i < a->n; i++) {
+        if (!a->tokens || !a->tokens[i] || !a->tokens[i][0])
+            return iflow_seterr(IFLOW_EFORMAT, "added token %d after '%s' is empty", i, vname);
+        prefix_found |= strcmp(a->tokens[i], a->prefix) == 0;
+    }
+    if (!prefix_found)
+        return iflow_seterr(IFLOW_EFORMAT, "the source prefix '%s' is not one of the %d tokens added after '%s'",
+                            a->prefix, a->n, vname);
+    return 0;
+}
+
+/* vocab.json's ids are 0 .. size - 1 when tokens follow them (M2M100Tokenizer numbers its
+ * language tokens from vocab.json's size). */
+static int check_dense(const json_t *root, const char *vname)
+{
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)root, k, v) {
+        json_int_t id = json_integer_value(v);
+        if (json_is_integer(v) && (id < 0 || (size_t)id >= json_object_size(root)))
+            return iflow_seterr(IFLOW_EFORMAT, "'%s' has id %lld in '%s', past its %zu entries (tokens follow them)", k,
+                                (long long)id, vname, json_object_size(root));
+    }
+    return 0;
+}
+
+/* vocab.json's texts and ids, then the added ones (a: NULL for none). */
+static int load_vocab_json(iflow_tokenizer *t, const char *json, size_t len, const char *vname, const iflow_tok_added *a)
 {
     json_error_t err;
-    json_t *root = json_loadb(json, len, JSON_ALLOW_NUL, &err);
+    json_t *root = json_loadb(json, len, JSON_ALLOW_NUL, &err), *extra = NULL;
     if (!root)
         return iflow_seterr(IFLOW_EFORMAT, "malformed json in '%s' at line %d column %d: %s", vname, err.line, err.column,
                             err.text);
-    int rc = json_is_object(root) ? tok_vocab_from_json(t, root, vname)
-                                  : iflow_seterr(IFLOW_EFORMAT, "vocabulary is not an object in '%s'", vname);
+    int rc = json_is_object(root) ? 0 : iflow_seterr(IFLOW_EFORMAT, "vocabulary is not an object in '%s'", vname);
+    if (rc == 0 && a && (rc = check_dense(root, vname)) == 0 && !(extra = added_entries(a, json_object_size(root))))
+        rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    if (rc == 0)
+        rc = tok_vocab_from_json(t, root, extra, vname);
+    json_decref(extra);
     json_decref(root);
-    if (rc < 0)
+    return rc;
+}
+
+/* The added tokens as special tokens, and the prefix IFLOW_TOK_ADD_BOS puts before a text. */
+static int mark_added(iflow_tokenizer *t, const iflow_tok_added *a)
+{
+    int32_t base = t->n_vocab - a->n - a->hidden;
+    for (int i = 0; i < a->n; i++) {
+        int rc = tok_add_added(t, base + i, 1, 0, 0, 0);
+        if (rc < 0)
+            return rc;
+        if (strcmp(a->tokens[i], a->prefix) == 0)
+            t->prefix[0] = base + i, t->n_prefix = 1;
+    }
+    return 0;
+}
+
+/* vocab.json is the vocabulary; each piece maps to the id of its text there, else <unk>. Without
+ * added tokens it is Marian's (a ">>xx<<" code starts a text), with them M2M100's (<s> is
+ * special too, the language tokens follow vocab.json's ids). */
+static int vocab_from_json(iflow_tokenizer *t, tok_unigram *u, const char *json, size_t len, const char *vname,
+                           const iflow_tok_added *a)
+{
+    int rc = a ? check_added(a, vname) : 0;
+    if (rc < 0 || (rc = load_vocab_json(t, json, len, vname, a)) < 0)
         return rc;
     if ((t->unk = iflow_strmap_get(&t->vocab, "<unk>", 5)) < 0)
         return iflow_seterr(IFLOW_EFORMAT, "no '<unk>' in '%s'", vname);
     for (int32_t p = 0; p < u->n; p++) {
         int32_t id = iflow_strmap_get(&t->vocab, tok_piece_text(u, p), u->len[p]);
-        u->to_id[p] = id >= 0 ? id : t->unk;
+        u->to_id[p] = id >= 0 && id < t->n_vocab - (a ? a->n + a->hidden : 0) ? id : t->unk;
     }
     u->lookup_unk = 1;
-    t->lang_codes = 1;
+    t->lang_codes = !a;
     t->dec_trim = 1;
-    if ((rc = marian_special(t, "</s>", TOK_CONTROL)) < 0 || (rc = marian_special(t, "<unk>", TOK_UNKNOWN)) < 0 ||
-        (rc = marian_special(t, "<pad>", TOK_CONTROL)) < 0)
+    if ((rc = vocab_special(t, "</s>", TOK_CONTROL)) < 0 || (rc = vocab_special(t, "<unk>", TOK_UNKNOWN)) < 0 ||
+        (rc = vocab_special(t, "<pad>", TOK_CONTROL)) < 0 || (a && (rc = vocab_special(t, "<s>", TOK_CONTROL)) < 0))
         return rc;
-    return 0;
+    return a ? mark_added(t, a) : 0;
 }
 
 /* BOS and EOS: trainer_spec's bos/eos pieces when they are control pieces; </s> is what
@@ -399,10 +477,10 @@ static void set_model(iflow_tokenizer *t, const tok_unigram *u, uint64_t model_t
 }
 
 static int assemble(iflow_tokenizer *t, tok_unigram *u, const uint8_t *buf, const spm_model *m, const char *vocab,
-                    size_t vocab_len, const char *vname)
+                    size_t vocab_len, const char *vname, const iflow_tok_added *added)
 {
     tok_norm norm = {.kind = NORM_SPM, .uni = u};
-    int rc = vocab ? vocab_from_json(t, u, vocab, vocab_len, vname) : vocab_from_pieces(t, u, m->text_bytes);
+    int rc = vocab ? vocab_from_json(t, u, vocab, vocab_len, vname, added) : vocab_from_pieces(t, u, m->text_bytes);
     if (rc < 0 || (rc = tok_sort_added(t)) < 0 || (rc = tok_norm_add(t, &norm)) < 0)
         return rc;
     set_model(t, u, m->model_type);
@@ -414,7 +492,7 @@ static int assemble(iflow_tokenizer *t, tok_unigram *u, const uint8_t *buf, cons
 }
 
 int iflow_tokenizer_from_spm(iflow_tokenizer **out, const void *spm, size_t len, const char *name, const char *vocab_json,
-                             size_t vocab_len, const char *vocab_name)
+                             size_t vocab_len, const char *vocab_name, const iflow_tok_added *added)
 {
     iflow_tokenizer *t = NULL;
     spm_model m;
@@ -422,13 +500,17 @@ int iflow_tokenizer_from_spm(iflow_tokenizer **out, const void *spm, size_t len,
         return iflow_seterr(IFLOW_EINVAL, "iflow_tokenizer_from_spm: null argument");
     *out = NULL;
     name = name ? name : "<memory>";
+    if (added && !added->n && !added->hidden && !added->prefix[0])
+        added = NULL;
+    if (added && !vocab_json)
+        return iflow_seterr(IFLOW_EINVAL, "tokens added after the vocabulary of '%s' need a vocab.json", name);
     int rc = parse_model(spm ? spm : "", len, name, &m);
     if (rc == 0)
         rc = check_model(&m, name);
     if (rc == 0 && (rc = tok_new(&t, name)) == 0) {
         rc = make_unigram(spm, &m, name, &t->uni);
         if (rc == 0)
-            rc = assemble(t, t->uni, spm, &m, vocab_json, vocab_len, vocab_name ? vocab_name : "vocab.json");
+            rc = assemble(t, t->uni, spm, &m, vocab_json, vocab_len, vocab_name ? vocab_name : "vocab.json", added);
     }
     free(m.pieces);
     if (rc < 0) {

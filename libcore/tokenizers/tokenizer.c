@@ -534,6 +534,12 @@ int iflow_tokenizer_continuation(const iflow_tokenizer *t, const int32_t *ids, s
     return 0;
 }
 
+int iflow_tokenizer_affix(const iflow_tokenizer *t, int before, const int32_t **ids)
+{
+    *ids = before ? t->prefix : t->suffix;
+    return before ? t->n_prefix : t->n_suffix;
+}
+
 int32_t iflow_tokenizer_n_vocab(const iflow_tokenizer *t) { return t->n_vocab; }
 int32_t iflow_tokenizer_bos(const iflow_tokenizer *t) { return t->bos; }
 int32_t iflow_tokenizer_eos(const iflow_tokenizer *t) { return t->eos; }

@@ -111,9 +111,9 @@ static void test_sides(void)
     iflow_tokenizer *s, *t, *want_s, *want_t;
     CHECK(from_shard(path, IFLOW_TOK_SOURCE, &s) == 0, "source side: %s", iflow_errmsg());
     CHECK(from_shard(path, IFLOW_TOK_TARGET, &t) == 0, "target side: %s", iflow_errmsg());
-    CHECK(iflow_tokenizer_from_spm(&want_s, src, n_src, "src", vocab_json, strlen(vocab_json), "vocab") == 0, "%s",
+    CHECK(iflow_tokenizer_from_spm(&want_s, src, n_src, "src", vocab_json, strlen(vocab_json), "vocab", NULL) == 0, "%s",
           iflow_errmsg());
-    CHECK(iflow_tokenizer_from_spm(&want_t, tgt, n_tgt, "tgt", NULL, 0, NULL) == 0, "%s", iflow_errmsg());
+    CHECK(iflow_tokenizer_from_spm(&want_t, tgt, n_tgt, "tgt", NULL, 0, NULL, NULL) == 0, "%s", iflow_errmsg());
     CHECK(s && iflow_tokenizer_n_vocab(s) == 6, "the source side's ids are vocab.json's: %d",
           s ? iflow_tokenizer_n_vocab(s) : -1);
     CHECK(same_ids(s, want_s, "see the seas sessions"), "the source side encodes as source.spm + vocab.json");
