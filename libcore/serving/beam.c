@@ -466,8 +466,8 @@ static int last_allowed(const iflow_beam_run *r, const hyp *h)
 /* Live beam i's logits [V] for the ranking: banned tokens -inf, and at the last token a limit
  * allows the model's forced_eos forced (log-probability 0, as transformers'
  * ForcedEOSTokenLogitsProcessor); returns how an ending there finishes: the limit's code when
- * the model would have picked another token, IFLOW_FINISH_EOS when it picks that one anyway,
- * 0 when nothing was forced. */
+ * the model would have picked another token, IFLOW_FINISH_EOS when it picks that one anyway;
+ * -1 when nothing was forced. */
 static int beam_logits(iflow_beam_run *r, int i, float *logits, int V)
 {
     const iflow_model *m = r->s.m;
@@ -476,7 +476,7 @@ static int beam_logits(iflow_beam_run *r, int i, float *logits, int V)
     for (int t = 1; limit && t < V; t++)
         best = logits[t] > logits[best] ? t : best;
     if (!limit || !iflow_model_force_eos(m, logits))
-        return 0;
+        return -1;
     return best == iflow_model_hparams(m)->forced_eos ? IFLOW_FINISH_EOS : limit;
 }
 
@@ -498,7 +498,7 @@ static int extend(iflow_beam_run *r)
     for (int k = 0; k < n_c && n_next < W && rc == 0; k++) {
         const cand *c = &r->cs[k];
         const hyp *par = &r->live[c->beam];
-        if (forced[c->beam] && isinf(c->logprob)) /* the tokens forced_eos pushed out */
+        if (forced[c->beam] >= 0 && isinf(c->logprob)) /* the tokens forced_eos pushed out */
             continue;
         if (iflow_model_is_eos(m, c->token)) {
             if (k >= W)
@@ -510,7 +510,7 @@ static int extend(iflow_beam_run *r)
                 break;
             }
             memcpy(done.tokens, par->tokens, (size_t)par->n_tokens * sizeof *done.tokens);
-            rc = finish_hyp(&r->res, &r->n_res, &r->cap, &done, forced[c->beam] ? forced[c->beam] : IFLOW_FINISH_EOS,
+            rc = finish_hyp(&r->res, &r->n_res, &r->cap, &done, forced[c->beam] >= 0 ? forced[c->beam] : IFLOW_FINISH_EOS,
                             r->p.length_penalty);
             free(done.tokens); /* NULL once the results hold it */
             r->n_finished++;

@@ -1,7 +1,9 @@
 /* test_tokenizer.c -- the tokenizer against reference ids: llama.cpp's vocab test vectors
  * (tokenizer-tests/ggml-vocab-X.gguf.inp/.out), the stories260K goldens (tokenizer.json and GGUF), ids from
  * HF `tokenizers` committed under tests/fixtures/tokenizers (smollm2, all-minilm, stories260K),
- * round trips, the wiki.test.raw count and speed, and malformed inputs. */
+ * SentencePiece unigram and BPE models against `sentencepiece`, MarianTokenizer and
+ * M2M100Tokenizer (gen_unigram_refs.py), round trips, the wiki.test.raw count and speed, and
+ * malformed inputs. */
 #include "check.h"
 #include "libcore/base/error.h"
 #include "libcore/tokenizers/tokenizer.h"
