@@ -17,15 +17,17 @@ TOK=tests/fixtures/tokenizers/m2m100
 N=$(jq '.max_new_tokens' "$REFS")
 COUNT=$(jq '.texts | length' "$REFS")
 
+# what --info says of the tokenizer: its files, the language tokens after vocab.json, __en__
+INFO_TOK=$'\ntokenizer: spm \\(sentencepiece.bpe.model, vocab.json; 100 added tokens, 8 hidden, source prefix __en__\\)\n'
+
 run $BIN/iflow-convert "$FX" --tokenizer "$TOK" -o "$TMP/m.ifs"
 expect_rc 0 "convert m2m100-bpe with the M2M100 tokenizer folder"
-run $BIN/iflow-convert --info "$TMP/m.ifs"
-expect_match "$out" $'\ntokenizer: spm \\(sentencepiece.bpe.model, vocab.json; 100 added tokens, 8 hidden, source prefix __en__\\)\n' \
-    "--info: the files, the language tokens after vocab.json, the default source language"
-expect_match "$out" "forced_eos=2" "--info: generation_config.json's forced_eos_token_id"
 run $BIN/iflow-convert --info "$TMP/m.ifs" --json
 expect_eq "$(jq -c '.meta.tokenizer | [.added[0], .added[99], (.added | length), .hidden, .prefix]' <<<"$out")" \
     '["__af__","__zu__",100,8,"__en__"]' "--info --json: meta's added tokens, in M2M100Tokenizer's order"
+expect_eq "$(jq -c '.meta.hparams.forced_eos' <<<"$out")" 2 "generation_config.json's forced_eos_token_id"
+run $BIN/iflow-convert --info "$TMP/m.ifs"
+expect_match "$out" "$INFO_TOK" "--info: the files, the language tokens after vocab.json, the default source language"
 
 for ((i = 0; i < COUNT; i++)); do
     text=$(jq -r ".texts[$i].text" "$REFS")
@@ -57,8 +59,7 @@ for f in "$FX"/config.json "$FX"/generation_config.json "$FX"/model.safetensors 
     ln -s "$(realpath "$f")" "$TMP/hf/"
 done
 run $BIN/iflow-convert --info "$TMP/hf"
-expect_match "$out" $'\ntokenizer: spm \\(sentencepiece.bpe.model, vocab.json; 100 added tokens, 8 hidden, source prefix __en__\\)\n' \
-    "--info on the folder: M2M100's files"
+expect_match "$out" "$INFO_TOK" "--info on the folder: M2M100's files"
 first=$(jq -r '.texts[0].text' "$REFS")
 run $BIN/iflow-run -m "$TMP/hf" --translate -n "$N" --source-prefix "__$(jq -r '.texts[0].src_lang' "$REFS")__" \
     --decoder-prefix "__$(jq -r '.texts[0].tgt_lang' "$REFS")__" -p "$first"
