@@ -80,14 +80,21 @@ static void print_source(const json_t *src)
 
 /* " spm (source.spm, vocab.json)": one side of a tokenizer description (meta's, shard.h) by the
  * names of its files, or " gguf (record tokenizer)" where it names none (a GGUF's vocabulary,
- * shards written before the names were kept). */
+ * shards written before the names were kept); tokens added after vocab.json follow ("; 100
+ * added tokens, 8 hidden, source prefix __en__"). */
 static void print_tokenizer_side(const json_t *d)
 {
     const char *file = json_string_value(json_object_get(d, "file")),
-               *vocab = json_string_value(json_object_get(d, "vocab_file"));
+               *vocab = json_string_value(json_object_get(d, "vocab_file")),
+               *prefix = json_string_value(json_object_get(d, "prefix"));
+    const json_t *added = json_object_get(d, "added");
     printf(" %s (%s%s", json_string_value(json_object_get(d, "format")), file ? "" : "record ",
            file ? file : json_string_value(json_object_get(d, "record")));
-    printf("%s%s)", vocab ? ", " : "", vocab ? vocab : "");
+    printf("%s%s", vocab ? ", " : "", vocab ? vocab : "");
+    if (added)
+        printf("; %zu added tokens, %lld hidden", json_array_size(added),
+               (long long)json_integer_value(json_object_get(d, "hidden")));
+    printf("%s%s)", prefix ? ", source prefix " : "", prefix ? prefix : "");
 }
 
 /* "tokenizer: spm (source.spm, vocab.json); target: spm (target.spm, vocab.json)", or "none". */

@@ -32,7 +32,7 @@ enum {
     /* sampling: set through iflow_sampler_params_set() by their long names */
     O_SAMPLER, O_MINP, O_TYPICAL, O_TFS, O_MIROSTAT_TAU, O_MIROSTAT_ETA, O_REPEAT_PENALTY, O_REPEAT_LAST_N,
     O_FREQUENCY_PENALTY, O_PRESENCE_PENALTY, O_FSD_ALPHA, O_FSD_K, O_FSD_N, O_FSD_BETA, O_FSD_RANDOM_STEPS,
-    O_EMBED, O_TRANSLATE, O_DECODER_PREFIX,
+    O_EMBED, O_TRANSLATE, O_DECODER_PREFIX, O_SOURCE_PREFIX,
 };
 
 static const iflow_opt opts[] = {
@@ -84,6 +84,7 @@ static const iflow_opt opts[] = {
     {O_EMBED, "embed", 0, NULL, "with an encoder (a BERT-like model): print one JSON object per prompt with its pooled embedding (docs/JSON.md)", NULL},
     {O_TRANSLATE, "translate", 0, NULL, "with an encoder-decoder (Marian/opus-mt, M2M100, T5): print one translation per input line (with --json: one JSON object each), greedy or with --beams; -n caps the tokens of each (default: the model's positions)", NULL},
     {O_DECODER_PREFIX, "decoder-prefix", 0, "TEXT", "with --translate: force these target tokens after the decoder's start token, special tokens read as such (M2M100's target language: __fr__)", NULL},
+    {O_SOURCE_PREFIX, "source-prefix", 0, "TEXT", "with --translate: these tokens, special tokens read as such, instead of those the tokenizer puts before each source (M2M100's source language, __en__ by default: __de__)", NULL},
     {O_TOKENIZE, "tokenize", 0, NULL, "print the token ids of all of standard input, space-separated (with --json: one JSON object), and exit", NULL},
     {O_BOS, "bos", 0, NULL, "with --tokenize: add the beginning-of-sequence token", NULL},
     {O_PARSE_SPECIAL, "parse-special", 0, NULL, "with --tokenize: read special-token text such as <s> as the special token", NULL},
@@ -108,7 +109,7 @@ typedef struct {
     int beams;
     float length_penalty;
     int translate, n_given;
-    const char *decoder_prefix;
+    const char *decoder_prefix, *source_prefix;
     const char *metrics;
     device_opts dev;
     iflow_sampler_params sp;
@@ -510,6 +511,7 @@ int main(int argc, char **argv)
         case O_EMBED: o.embed = 1; break;
         case O_TRANSLATE: o.translate = 1; break;
         case O_DECODER_PREFIX: o.decoder_prefix = arg; break;
+        case O_SOURCE_PREFIX: o.source_prefix = arg; break;
         case O_BOS: o.bos = 1; break;
         case O_PARSE_SPECIAL: o.parse_special = 1; break;
         case O_VERBOSE: o.verbose = 1; break;
@@ -577,14 +579,14 @@ int main(int argc, char **argv)
         die_usage(&tool, "--parallel, --kv-type and --metrics go with --batch");
     if (o.embed && (o.batch || o.dry_run || o.tokenize || o.beams || o.draft || o.n_stops || o.json || o.echo))
         die_usage(&tool, "--embed goes with none of --batch, --dry-run, --tokenize, --beams, --draft, --stop, --json, --echo");
-    if (o.decoder_prefix && !o.translate)
-        die_usage(&tool, "--decoder-prefix goes with --translate");
+    if ((o.decoder_prefix || o.source_prefix) && !o.translate)
+        die_usage(&tool, "--%s goes with --translate", o.decoder_prefix ? "decoder-prefix" : "source-prefix");
     if (o.translate && (o.embed || o.batch || o.dry_run || o.tokenize || o.draft || o.n_stops || o.echo || so.n ||
                         o.context_shift != IFLOW_SHIFT_NONE))
         die_usage(&tool, "--translate goes with none of --embed, --batch, --dry-run, --tokenize, --draft, --stop, --echo, "
                          "a context shift or sampling options (it decodes greedily, or with --beams)");
     if (o.translate) {
-        translate_opts to = {.model = o.model, .text = o.prompt, .prefix = o.decoder_prefix,
+        translate_opts to = {.model = o.model, .text = o.prompt, .prefix = o.decoder_prefix, .src_prefix = o.source_prefix,
                              .max_new = o.n_given ? o.n_predict : -1, .beams = o.beams,
                              .length_penalty = o.length_penalty, .n_ctx = o.n_ctx, .threads = o.threads,
                              .json = o.json, .verbose = o.verbose, .dev = o.dev};

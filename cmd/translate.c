@@ -22,6 +22,8 @@ typedef struct {
     iflow_s2s *s;
     int32_t *prefix;       /* [n_prefix] --decoder-prefix's tokens */
     size_t n_prefix;
+    int32_t *src_prefix;   /* [n_src_prefix] --source-prefix's tokens, or NULL: the template's */
+    size_t n_src_prefix;
     int max_src, max_new;
     long index, n_src_tokens, n_tokens;
 } translator;
@@ -101,13 +103,39 @@ static json_t *search(translator *t, const int32_t *ids, size_t n, json_t **best
     return all;
 }
 
+/* The source's ids: its text with the template's tokens around it, --source-prefix's instead of
+ * those before it when given. */
+static int source_ids(const translator *t, const char *text, size_t len, int32_t **ids, size_t *n)
+{
+    if (!t->src_prefix)
+        return iflow_tokenizer_encode(t->src_tok, text, len, IFLOW_TOK_ADD_BOS, ids, n);
+    const int32_t *suffix;
+    size_t n_body, n_suffix = (size_t)iflow_tokenizer_affix(t->src_tok, 0, &suffix);
+    int32_t *body = NULL;
+    int rc = iflow_tokenizer_encode(t->src_tok, text, len, 0, &body, &n_body);
+    if (rc < 0)
+        return rc;
+    *n = t->n_src_prefix + n_body + n_suffix;
+    if (!(*ids = malloc((*n ? *n : 1) * sizeof **ids))) {
+        free(body);
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    }
+    memcpy(*ids, t->src_prefix, t->n_src_prefix * sizeof **ids);
+    if (n_body)
+        memcpy(*ids + t->n_src_prefix, body, n_body * sizeof **ids);
+    memcpy(*ids + t->n_src_prefix + n_body, suffix, n_suffix * sizeof **ids);
+    free(body);
+    return 0;
+}
+
 /* One input: tokenized by the source side's tokenizer with its template's tokens (Marian's and
- * T5's final </s>), truncated to the source context, decoded, printed. */
+ * T5's final </s>; M2M100's source language before), truncated to the source context, decoded,
+ * printed. */
 static void translate_one(translator *t, const char *text, size_t len)
 {
     int32_t *ids = NULL;
     size_t n = 0;
-    if (iflow_tokenizer_encode(t->src_tok, text, len, IFLOW_TOK_ADD_BOS, &ids, &n) < 0)
+    if (source_ids(t, text, len, &ids, &n) < 0)
         die(t->tool, "cannot tokenize input %ld: %s", t->index, iflow_errmsg());
     if (n == 0)
         die(t->tool, "input %ld is empty and the tokenizer adds no tokens of its own", t->index);
@@ -170,6 +198,11 @@ int translate_run(const iflow_tool *tool, const translate_opts *o)
     if (o->prefix && iflow_tokenizer_encode(t.tgt_tok, o->prefix, strlen(o->prefix), IFLOW_TOK_PARSE_SPECIAL,
                                             &t.prefix, &t.n_prefix) < 0)
         die(tool, "cannot tokenize the decoder prefix: %s", iflow_errmsg());
+    if (o->src_prefix && iflow_tokenizer_encode(t.src_tok, o->src_prefix, strlen(o->src_prefix),
+                                                IFLOW_TOK_PARSE_SPECIAL, &t.src_prefix, &t.n_src_prefix) < 0)
+        die(tool, "cannot tokenize the source prefix: %s", iflow_errmsg());
+    if (o->src_prefix && !t.src_prefix && !(t.src_prefix = calloc(1, sizeof *t.src_prefix)))
+        die(tool, "out of memory");
     if ((int)t.n_prefix + 1 >= n_ctx)
         die_usage(tool, "the decoder prefix of %zu tokens leaves no room in a context of %d", t.n_prefix, n_ctx);
     t.max_new = o->max_new >= 0 && o->max_new < n_ctx - 1 - (int)t.n_prefix ? o->max_new : n_ctx - 1 - (int)t.n_prefix;
@@ -191,6 +224,7 @@ int translate_run(const iflow_tool *tool, const translate_opts *o)
         fprintf(stderr, "%s: load %.3f s; %ld inputs, %ld source tokens, %ld generated tokens in %.3f s (%.1f tok/s)\n",
                 tool->name, t1 - t0, t.index, t.n_src_tokens, t.n_tokens, dt, t.n_tokens / (dt > 0 ? dt : 1));
     free(t.prefix);
+    free(t.src_prefix);
     iflow_s2s_close(t.s);
     iflow_model_close(m);
     devices_release(&pl);

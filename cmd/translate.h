@@ -10,6 +10,7 @@ typedef struct {
     const char *model;     /* -m: a shard, or a source converted on the fly */
     const char *text;      /* -p: one input; NULL: one input per line of standard input */
     const char *prefix;    /* --decoder-prefix: forced target tokens after decoder_start, or NULL */
+    const char *src_prefix; /* --source-prefix: the source's first tokens instead of the template's, or NULL */
     int max_new;           /* -n: target tokens at most; < 0: as many as the model's positions */
     int beams;             /* --beams: 0 or 1 greedy, more a beam search */
     float length_penalty;  /* --length-penalty, with beams */
@@ -24,7 +25,8 @@ typedef struct {
  *    "ids": [...], "translation": TEXT, "stop": "eos" | "length" | "context"}
  * (with beams, also "beams": each one's ids, translation, logprob, score and stop, best first).
  * The source is tokenized by the model's tokenizer with its template (T5 and Marian append
- * </s>), the translation decoded and --decoder-prefix encoded by its target side's
+ * </s>; M2M100 puts its source language before and </s> after; --source-prefix's tokens replace
+ * what it puts before), the translation decoded and --decoder-prefix encoded by its target side's
  * (iflow_model_target_tokenizer: Marian's target.spm); a source longer than the context keeps
  * its first tokens and its last and says "truncated": true. The model
  * must be an encoder-decoder (else a usage error naming its layout). Failures die() naming

@@ -47,6 +47,7 @@ complete -c iflow-run -l json -d 'print one JSON object per prompt: prompt, ids,
 complete -c iflow-run -l embed -d 'with an encoder (a BERT-like model): print one JSON object per prompt with its pooled embedding (docs/JSON.md)'
 complete -c iflow-run -l translate -d 'with an encoder-decoder (Marian/opus-mt, M2M100, T5): print one translation per input line (with --json: one JSON object each), greedy or with --beams; -n caps the tokens of each (default: the model\'s positions)'
 complete -c iflow-run -l decoder-prefix -x -d 'with --translate: force these target tokens after the decoder\'s start token, special tokens read as such (M2M100\'s target language: __fr__)'
+complete -c iflow-run -l source-prefix -x -d 'with --translate: these tokens, special tokens read as such, instead of those the tokenizer puts before each source (M2M100\'s source language, __en__ by default: __de__)'
 complete -c iflow-run -l tokenize -d 'print the token ids of all of standard input, space-separated (with --json: one JSON object), and exit'
 complete -c iflow-run -l bos -d 'with --tokenize: add the beginning-of-sequence token'
 complete -c iflow-run -l parse-special -d 'with --tokenize: read special-token text such as <s> as the special token'

@@ -305,6 +305,20 @@ static int read_banned(iflow_hparams *hp, const json_t *h, const char *what)
     return 0;
 }
 
+/* forced_eos: absent or "none" for none, else a token of the vocabulary. */
+static int read_forced_eos(iflow_hparams *hp, const json_t *h, const char *what)
+{
+    const json_t *v = json_object_get(h, "forced_eos");
+    hp->forced_eos = -1;
+    if (!v || (json_is_string(v) && strcmp(json_string_value(v), "none") == 0))
+        return 0;
+    if (!json_is_integer(v) || json_integer_value(v) < -1 || json_integer_value(v) >= hp->vocab_size)
+        return iflow_seterr(IFLOW_ERANGE, "hyperparameter 'forced_eos' is not none or a token of the vocabulary of %d in "
+                            "'%s'", hp->vocab_size, what);
+    hp->forced_eos = (int)json_integer_value(v);
+    return 0;
+}
+
 int iflow_hparams_from_json(iflow_hparams *hp, const json_t *resolved, const char *what)
 {
     const json_t *h = json_object_get(resolved, "hparams"), *b = json_object_get(resolved, "blocks");
@@ -340,7 +354,7 @@ int iflow_hparams_from_json(iflow_hparams *hp, const json_t *resolved, const cha
         (rc = read_layer_types(hp, h, what)) ||
         (rc = get_bool(h, "tie_embeddings", &hp->tie_embeddings, what)) || (rc = read_blocks(hp, b, what)) ||
         (rc = read_rope_scaling(hp, h, what)) || (rc = read_special(hp, h, what)) || (rc = read_encdec(hp, h, what)) ||
-        (rc = read_banned(hp, h, what)))
+        (rc = read_banned(hp, h, what)) || (rc = read_forced_eos(hp, h, what)))
         return rc;
     if (!hp->head_dim) {
         if (hp->dim % hp->n_heads)
@@ -830,6 +844,16 @@ void iflow_model_ban(const iflow_model *m, float *logits)
 {
     for (int i = 0; i < m->hp.n_banned; i++)
         logits[m->hp.banned[i]] = -INFINITY;
+}
+
+int iflow_model_force_eos(const iflow_model *m, float *logits)
+{
+    const int f = m->hp.forced_eos;
+    if (f < 0)
+        return 0;
+    for (int i = 0; i < m->hp.vocab_size; i++)
+        logits[i] = i == f ? 0.0f : -INFINITY;
+    return 1;
 }
 
 void iflow_model_get_info(const iflow_model *m, iflow_model_info *info)

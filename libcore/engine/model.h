@@ -115,6 +115,10 @@ typedef struct {
        transformers' bad_words_ids; Marian's [[pad]]): their logits are -inf before the softmax of
        an encoder-decoder's greedy and beam search */
     int banned[IFLOW_MAX_BANNED], n_banned;
+    /* the token forced as the last one the length limit allows (hyperparameter forced_eos:
+       transformers' forced_eos_token_id, Marian's </s>; -1: none), in an encoder-decoder's greedy
+       and beam search */
+    int forced_eos;
 } iflow_hparams;
 
 /* Read {"blocks": {...}, "hparams": {...}} (a resolved spec). A block choice the engine lacks
@@ -159,6 +163,10 @@ int iflow_model_is_eos(const iflow_model *m, int32_t id);
 /* logits [vocab] of one position with the model's banned tokens (hyperparameter banned_tokens)
  * set to -inf, so that no search picks them. */
 void iflow_model_ban(const iflow_model *m, float *logits);
+/* logits [vocab] of the last token a length limit allows: with the hyperparameter forced_eos,
+ * -inf for every token but that one (0), as transformers' ForcedEOSTokenLogitsProcessor; 1 then,
+ * 0 (logits untouched) for a model without one. */
+int iflow_model_force_eos(const iflow_model *m, float *logits);
 /* The shape and special tokens, for API users (include/iflow.h). */
 void iflow_model_get_info(const iflow_model *m, iflow_model_info *info);
 /* Bytes of weights read per decoded token (all matrices but the embedding table; for a split

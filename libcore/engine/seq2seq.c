@@ -455,8 +455,12 @@ int iflow_s2s_greedy(iflow_s2s *s, const int32_t *src, int n_src, const int32_t 
     while (rc == 0 && r->n_tokens < max_new) {
         iflow_model_ban(m, last);
         int32_t next = argmax(last, V);
+        /* the last token max_new or the context allows: forced_eos, where the model has one */
+        int limit = r->n_tokens + 1 >= max_new ? IFLOW_FINISH_LENGTH : s->n_past[0] >= s->max_tgt ? IFLOW_FINISH_CONTEXT : -1;
+        int forced = limit >= 0 && next != m->hp.forced_eos && iflow_model_force_eos(m, last);
+        next = forced ? m->hp.forced_eos : next;
         if (iflow_model_is_eos(m, next)) {
-            r->finish = IFLOW_FINISH_EOS, r->eos = next;
+            r->finish = forced ? limit : IFLOW_FINISH_EOS, r->eos = next;
             break;
         }
         r->tokens[r->n_tokens++] = next;

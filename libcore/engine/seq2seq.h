@@ -18,7 +18,8 @@
  *   iflow_s2s_fork(dst, src): sequence dst becomes a copy of src (its positions and cache).
  *   iflow_s2s_greedy() decodes one source greedily (the argmax, the lowest id among equals),
  *   from decoder_start and an optional forced prefix, until an end-of-sequence token or
- *   max_new tokens.
+ *   max_new tokens; the last token max_new or the context allows is the model's forced_eos
+ *   when it has one (transformers' forced_eos_token_id: Marian's </s>).
  *   Nothing here allocates after open; nothing prints. Errors: IFLOW_ERANGE for a source or a
  *   sequence past its size (or past max_seq sinusoidal positions) and ids outside the
  *   vocabulary, IFLOW_EINVAL for a step before a source is encoded.
@@ -46,8 +47,9 @@ int  iflow_s2s_max_tgt(const iflow_s2s *s);
 typedef struct {
     int32_t *tokens;       /* [n_tokens] generated (the prefix and an ending EOS not included) */
     int n_tokens;
-    int finish;            /* IFLOW_FINISH_EOS, _LENGTH (max_new) or _CONTEXT (max_tgt)       */
-    int32_t eos;           /* the end-of-sequence token that ended it, or -1                   */
+    int finish;            /* IFLOW_FINISH_EOS, _LENGTH (max_new) or _CONTEXT (max_tgt): a
+                              limit also when it forced forced_eos, where the model chose another */
+    int32_t eos;           /* the end-of-sequence token that ended it (forced or not), or -1    */
 } iflow_s2s_result;
 
 /* Encode src [n_src], then decode greedily from decoder_start and prefix [n_prefix] (forced

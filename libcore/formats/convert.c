@@ -539,13 +539,32 @@ static int synthetic_default_type(job *j)
     return iflow_dtype_is_float(dt) ? dt : IFLOW_DT_F16;
 }
 
+/* What a spec's keys are looked up in: config.json, with a directory's generation_config.json
+ * under the key "generation_config" (unless config.json has that key); a GGUF's metadata. A new
+ * reference (json_decref it). */
+static json_t *spec_config(const job *j)
+{
+    const json_t *cfg = src_config(j), *gen = j->dir ? iflow_hfdir_generation_config(j->dir) : NULL;
+    if (!gen || !json_is_object(cfg) || json_object_get(cfg, "generation_config"))
+        return json_incref((json_t *)cfg);
+    json_t *view = json_copy((json_t *)cfg);
+    if (view)
+        json_object_set(view, "generation_config", (json_t *)gen);
+    return view;
+}
+
 /* Open the source (hfdir flags for a directory), pick its spec and resolve its config. */
 static int open_resolved(job *j, const char *src, int hfdir_flags)
 {
     int rc;
     if ((rc = open_source(j, src, hfdir_flags)) < 0 || (rc = pick_spec(j)) < 0)
         return rc;
-    if ((rc = iflow_spec_resolve(j->spec, src_config(j), &j->resolved)) < 0)
+    json_t *cfg = spec_config(j);
+    if (!cfg)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    rc = iflow_spec_resolve(j->spec, cfg, &j->resolved);
+    json_decref(cfg);
+    if (rc < 0)
         return iflow_preperr(rc, "%s", src);
     return 0;
 }

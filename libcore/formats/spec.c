@@ -596,10 +596,31 @@ static const json_t *lookup_alt(const json_t *config, const char *key)
     return expand_key(config, key, buf, sizeof buf) == 0 ? lookup(config, buf) : NULL;
 }
 
+/* ?key: key's value when present, the string "none" when present as null (transformers' None:
+ * a value set to nothing, not left to its default), NULL when absent. */
+static json_t *lookup_nullable(const json_t *config, const char *key)
+{
+    char buf[512];
+    if (strchr(key, '{') && expand_key(config, key, buf, sizeof buf) < 0)
+        return NULL;
+    const char *k = strchr(key, '{') ? buf : key, *dot = strrchr(k, '.');
+    const json_t *v = lookup_alt(config, key), *parent = config;
+    if (v)
+        return json_deep_copy(v);
+    if (dot) {
+        char head[512];
+        snprintf(head, sizeof head, "%.*s", (int)(dot - k), k);
+        parent = lookup(config, head);
+    }
+    v = json_object_get(parent, dot ? dot + 1 : k);
+    return v && json_is_null(v) ? json_string("none") : NULL;
+}
+
 /* Evaluate "a, b, 10000": alternatives left to right; a number or true/false is a literal, a
  * word is a config.json key (dotted for nested keys, {K} standing for the string at key K)
- * taken when present. When none is present and there are several alternatives, a last one
- * without a dot is a string literal ("none"). */
+ * taken when present, ?key the same but "none" when the key is there as null. When none is
+ * present and there are several alternatives, a last one without a dot is a string literal
+ * ("none"). */
 static int eval_alternatives(const iflow_spec *s, const iflow_spec_kv *kv, const json_t *config, json_t **value)
 {
     char *copy = strdup(kv->value), *save = NULL, *last = NULL;
@@ -613,6 +634,8 @@ static int eval_alternatives(const iflow_spec *s, const iflow_spec_kv *kv, const
         const json_t *v;
         if (last[0] == '!')
             *value = json_boolean(lookup_alt(config, last + 1) == NULL);
+        else if (last[0] == '?')
+            *value = lookup_nullable(config, last + 1);
         else if (!(*value = literal(last)) && (v = lookup_alt(config, last)))
             *value = json_deep_copy(v);
     }

@@ -59,7 +59,20 @@ void iflow_tokrec_blob(iflow_tokrec *t, const void *data, size_t len)
     t->blob_len = len;
 }
 
-/* {"format", "record", "file", "vocab"?, "vocab_file"?} of one side. */
+/* {"added": [...], "hidden": N, "prefix": TOKEN} into d: the tokens after vocab.json's ids. */
+static void describe_added(json_t *d, const iflow_tok_added *a)
+{
+    json_t *list = json_array();
+    for (int i = 0; list && i < a->n; i++)
+        json_array_append_new(list, json_string(a->tokens[i]));
+    json_object_set_new(d, "added", list);
+    json_object_set_new(d, "hidden", json_integer(a->hidden));
+    if (a->prefix[0])
+        json_object_set_new(d, "prefix", json_string(a->prefix));
+}
+
+/* {"format", "record", "file", "vocab"?, "vocab_file"?, "added"?, "hidden"?, "prefix"?} of one
+ * side. */
 static json_t *describe_side(const iflow_tokrec_side *s, int in_memory)
 {
     json_t *d = json_pack("{s:s, s:s}", "format", s->f.format, "record", s->record);
@@ -69,6 +82,8 @@ static json_t *describe_side(const iflow_tokrec_side *s, int in_memory)
         json_object_set_new(d, "vocab", json_string(s->vocab_record));
         json_object_set_new(d, "vocab_file", json_string(base_name(s->f.vocab)));
     }
+    if (d && s->f.added.n)
+        describe_added(d, &s->f.added);
     return d;
 }
 
@@ -102,7 +117,8 @@ static int write_side(const iflow_tokrec_side *s, iflow_shard_writer *w, const c
     int rc = iflow_read_file(s->f.file, MAX_TOKENIZER_BYTES, &data, &len);
     if (rc == 0 && s->f.vocab[0])
         rc = iflow_read_file(s->f.vocab, MAX_TOKENIZER_BYTES, &vocab, &vlen);
-    if (rc == 0 && (rc = iflow_tokenizer_from_format(&tok, s->f.format, data, len, s->f.file, vocab, vlen, s->f.vocab)))
+    if (rc == 0 &&
+        (rc = iflow_tokenizer_from_format(&tok, s->f.format, data, len, s->f.file, vocab, vlen, s->f.vocab, &s->f.added)))
         rc = iflow_preperr(rc, "cannot build the tokenizer (read as %s)", s->f.format);
     if (rc == 0)
         rc = write_once(w, s->record, data, len, written);

@@ -104,6 +104,7 @@ static int hyp_fork(search *s, hyp *child, const hyp *parent, int32_t token, dou
     child->tokens[parent->n_tokens] = token;
     child->n_tokens = parent->n_tokens + 1;
     child->logprob = logprob;
+    child->eos = -1;
     return 0;
 }
 
@@ -214,10 +215,9 @@ static int finish_hyp(iflow_beam **res, int *n_res, int *cap, hyp *h, int why, f
         *res = r, *cap = c;
     }
     iflow_beam *b = &(*res)[(*n_res)++];
-    int length = h->n_tokens + (why == IFLOW_FINISH_EOS);
+    int length = h->n_tokens + (h->eos >= 0); /* an ending EOS counts (forced at a limit too) */
     *b = (iflow_beam){.tokens = h->tokens, .n_tokens = h->n_tokens, .logprob = h->logprob,
-                      .score = score_of(h->logprob, length, lp), .finish = why,
-                      .eos = why == IFLOW_FINISH_EOS ? h->eos : -1,
+                      .score = score_of(h->logprob, length, lp), .finish = why, .eos = h->eos,
                       .stop_index = why == IFLOW_FINISH_STOP ? h->stop_index : -1,
                       .text_len = h->emitted}; /* until take() makes the text: where a stop cuts it */
     h->tokens = NULL;
@@ -403,6 +403,7 @@ static int run_new(iflow_beam_run **out, const iflow_model *m, const int32_t *pr
         rc = iflow_stop_open(&r->s.stop, p->stop, p->n_stop);
     if (rc == 0)
         rc = hyp_alloc(&r->live[0], r->s.max_tab, p->max_tokens);
+    r->live[0].eos = -1;
     if (rc < 0) {
         iflow_beam_close(r);
         return rc;
@@ -455,6 +456,30 @@ int iflow_beam_open_s2s(iflow_beam_run **out, const iflow_model *m, iflow_s2s *s
     return rc;
 }
 
+/* The limit h's next token is the last one of (IFLOW_FINISH_LENGTH: max_tokens,
+ * IFLOW_FINISH_CONTEXT: the context), or 0. */
+static int last_allowed(const iflow_beam_run *r, const hyp *h)
+{
+    return h->n_tokens + 1 >= r->p.max_tokens ? IFLOW_FINISH_LENGTH : h->n_past >= r->n_ctx ? IFLOW_FINISH_CONTEXT : 0;
+}
+
+/* Live beam i's logits [V] for the ranking: banned tokens -inf, and at the last token a limit
+ * allows the model's forced_eos forced (log-probability 0, as transformers'
+ * ForcedEOSTokenLogitsProcessor); returns how an ending there finishes: the limit's code when
+ * the model would have picked another token, IFLOW_FINISH_EOS when it picks that one anyway;
+ * -1 when nothing was forced. */
+static int beam_logits(iflow_beam_run *r, int i, float *logits, int V)
+{
+    const iflow_model *m = r->s.m;
+    int limit = last_allowed(r, &r->live[i]), best = 0;
+    iflow_model_ban(m, logits); /* before the softmax: renormalized */
+    for (int t = 1; limit && t < V; t++)
+        best = logits[t] > logits[best] ? t : best;
+    if (!limit || !iflow_model_force_eos(m, logits))
+        return -1;
+    return best == iflow_model_hparams(m)->forced_eos ? IFLOW_FINISH_EOS : limit;
+}
+
 /* The live beams' 2W best extensions each, ranked together: the next live beams, and the
  * hypotheses that end (EOS or a stop string among the first W; max_tokens; the context). */
 static int extend(iflow_beam_run *r)
@@ -463,9 +488,9 @@ static int extend(iflow_beam_run *r)
     const iflow_model *m = s->m;
     const int W = r->p.n_beams, V = iflow_model_hparams(m)->vocab_size;
     hyp next[IFLOW_MAX_BEAMS] = {{0}};
-    int n_c = 0, n_next = 0, rc = 0;
+    int n_c = 0, n_next = 0, rc = 0, forced[IFLOW_MAX_BEAMS];
     for (int i = 0; i < r->n_live; i++) {
-        iflow_model_ban(m, r->logits + (size_t)i * V); /* before the softmax: renormalized */
+        forced[i] = beam_logits(r, i, r->logits + (size_t)i * V, V);
         log_softmax(r->lp, r->logits + (size_t)i * V, V);
         n_c = top_tokens(r->cs, n_c, r->lp, V, 2 * W < V ? 2 * W : V, i, r->live[i].logprob);
     }
@@ -473,6 +498,8 @@ static int extend(iflow_beam_run *r)
     for (int k = 0; k < n_c && n_next < W && rc == 0; k++) {
         const cand *c = &r->cs[k];
         const hyp *par = &r->live[c->beam];
+        if (forced[c->beam] >= 0 && isinf(c->logprob)) /* the tokens forced_eos pushed out */
+            continue;
         if (iflow_model_is_eos(m, c->token)) {
             if (k >= W)
                 continue;
@@ -483,7 +510,8 @@ static int extend(iflow_beam_run *r)
                 break;
             }
             memcpy(done.tokens, par->tokens, (size_t)par->n_tokens * sizeof *done.tokens);
-            rc = finish_hyp(&r->res, &r->n_res, &r->cap, &done, IFLOW_FINISH_EOS, r->p.length_penalty);
+            rc = finish_hyp(&r->res, &r->n_res, &r->cap, &done, forced[c->beam] >= 0 ? forced[c->beam] : IFLOW_FINISH_EOS,
+                            r->p.length_penalty);
             free(done.tokens); /* NULL once the results hold it */
             r->n_finished++;
             continue;

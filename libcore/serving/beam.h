@@ -12,7 +12,11 @@
  *   Beams share the blocks of their common prefix: a fork copies only the partly filled block
  *   it would write into (iflow_kv_copy_block), when it writes.
  *   The search ends when n_beams hypotheses have finished (early stopping), when the live
- *   beams reach max_tokens or the context, or when no beam is left. The results are the
+ *   beams reach max_tokens or the context, or when no beam is left. At the last token
+ *   max_tokens or the context allows, a model with forced_eos (model.h) extends every beam by
+ *   that token alone, with log-probability 0 (transformers' forced_eos_token_id): the
+ *   hypotheses end there, finish the limit's (IFLOW_FINISH_EOS where the model would have
+ *   picked it anyway), the token counted in their length. The results are the
  *   finished hypotheses and the beams still live, ranked by score = logprob / length^lp
  *   (length: the tokens generated, an ending EOS included; lp = length_penalty, 0: the plain
  *   sum), best first, at most n_beams of them.
@@ -53,7 +57,8 @@ typedef struct {
     double logprob;         /* natural log-probability of the tokens (and of the EOS)     */
     double score;           /* logprob / length^length_penalty                            */
     int finish;             /* batch.h's IFLOW_FINISH_EOS, _LENGTH, _STOP or _CONTEXT      */
-    int32_t eos;            /* IFLOW_FINISH_EOS: the end-of-sequence token; else -1        */
+    int32_t eos;            /* the end-of-sequence token that ended it (IFLOW_FINISH_EOS, or a
+                             * limit that forced forced_eos); else -1                        */
     int stop_index;         /* IFLOW_FINISH_STOP: the stop string found (its index); else -1 */
     char *text;             /* the tokens' text after the prompt, NUL-terminated ("" when
                              * the model has no tokenizer); IFLOW_FINISH_STOP: cut before

@@ -1,7 +1,12 @@
 /* tok_bpe.c -- BPE merging of one word: by merge rank (HF BPE, GGUF gpt2) or by the score of
- * the merged piece (SentencePiece BPE, GGUF llama). Symbols form a linked list over the word;
- * candidate pairs sit in a binary heap ordered by (priority, left position), and stale
- * candidates are skipped when popped, so a word of n units costs O(n log n). */
+ * the merged piece (SentencePiece BPE: GGUF llama's vocabulary, or a BPE .spm's pieces).
+ * Symbols form a linked list over the word; candidate pairs sit in a binary heap ordered by
+ * (priority, left position), and stale candidates are skipped when popped, so a word of n units
+ * costs O(n log n). A BPE .spm (t->spm_bpe) follows sentencepiece's bpe_model.cc: the symbols
+ * start as characters (OneCharLen) or whole user-defined pieces, which never merge; a pair
+ * merges when its text is a normal, user-defined or unused piece, the best score first; an
+ * unused piece is split back into the two parts that made it (the last such pair queued); a
+ * character that is no piece is unknown, and a run of them is one token (or its bytes). */
 #include "libcore/base/error.h"
 #include "tok_internal.h"
 
@@ -9,9 +14,10 @@
 #include <string.h>
 
 struct bpe_sym {
-    int32_t id;          /* token id, -1 if the text is not a token (score mode only) */
+    int32_t id;          /* token id (a .spm: piece), -1 if the text is none (score mode only) */
     int32_t prev, next;  /* neighbours in the list, -1 at the ends */
     uint32_t start, len; /* bytes of the word; len 0 = merged away */
+    int frozen;          /* a .spm's user-defined piece: never merged */
 };
 
 struct bpe_pair {
@@ -67,7 +73,7 @@ static int sym_push(tok_scratch *s, size_t *n, int32_t id, size_t start, size_t 
 {
     if (tok_grow((void **)&s->syms, &s->cap_syms, *n + 1, sizeof *s->syms) < 0)
         return IFLOW_ENOMEM;
-    s->syms[*n] = (bpe_sym){id, (int32_t)*n - 1, (int32_t)*n + 1, (uint32_t)start, (uint32_t)len};
+    s->syms[*n] = (bpe_sym){id, (int32_t)*n - 1, (int32_t)*n + 1, (uint32_t)start, (uint32_t)len, 0};
     (*n)++;
     return 0;
 }
@@ -94,10 +100,34 @@ static int sym_unknown(const iflow_tokenizer *t, tok_scratch *s, size_t *n, cons
     return sym_push(s, n, t->unk, i, k);
 }
 
+/* A .spm's symbols: each user-defined piece at the start of the rest (the longest; frozen), else
+ * one character as sentencepiece's OneCharLen measures it, with its piece or -1. */
+static int init_spm_syms(const tok_unigram *u, tok_scratch *s, const char *w, size_t n, size_t *nsym)
+{
+    for (size_t i = 0; i < n;) {
+        size_t k = u->has_user ? tok_unigram_user_prefix(u, w + i, n - i) : 0, c = tok_spm_char_len((uint8_t)w[i]);
+        int frozen = k > 0;
+        k = k ? k : c < n - i ? c : n - i;
+        if (sym_push(s, nsym, tok_unigram_find(u, w + i, k), i, k) < 0)
+            return IFLOW_ENOMEM;
+        s->syms[*nsym - 1].frozen = frozen;
+        i += k;
+    }
+    return 0;
+}
+
 /* One symbol per character (UTF-8 unit); returns the count or < 0. */
 static int init_syms(const iflow_tokenizer *t, tok_scratch *s, const char *w, size_t n, size_t *nsym)
 {
     *nsym = 0;
+    if (t->spm_bpe) {
+        int rc = init_spm_syms(t->uni, s, w, n, nsym);
+        if (rc < 0)
+            return rc;
+        if (*nsym)
+            s->syms[*nsym - 1].next = -1;
+        return 0;
+    }
     for (size_t i = 0; i < n;) {
         int32_t cp;
         size_t k = (size_t)tok_utf8_next(w + i, n - i, &cp);
@@ -121,7 +151,14 @@ static int try_pair(const iflow_tokenizer *t, tok_scratch *s, const char *w, int
         return 0;
     const bpe_sym *l = &s->syms[left], *r = &s->syms[right];
     bpe_pair p = {0, left, right, -1, l->len + r->len};
-    if (t->by_score) {
+    if (t->spm_bpe) {
+        const tok_unigram *u = t->uni;
+        if (l->frozen || r->frozen || (p.id = tok_unigram_find(u, w + l->start, p.size)) < 0)
+            return 0;
+        p.prio = -(float)u->score[p.id];
+        if (u->type[p.id] == TOK_UNUSED && (tok_ids_push(&s->rev, p.id) < 0 || tok_ids_push(&s->rev, (int32_t)l->len) < 0))
+            return IFLOW_ENOMEM;
+    } else if (t->by_score) {
         p.id = iflow_strmap_get(&t->vocab, w + l->start, p.size);
         if (p.id < 0)
             return 0;
@@ -188,12 +225,69 @@ static int emit_bytes(const iflow_tokenizer *t, const char *w, const bpe_sym *sy
     return 0;
 }
 
+/* ---- a .spm's output --------------------------------------------------------------------- */
+
+/* A run of unknown characters waiting for its end (sentencepiece makes one token of it). */
+typedef struct {
+    size_t start, len;
+} unk_run;
+
+static int flush_unknown(const iflow_tokenizer *t, const char *w, unk_run *run, tok_ids *out)
+{
+    int rc = run->len ? tok_unigram_unknown(t, w + run->start, run->len, out) : 0;
+    run->len = 0;
+    return rc;
+}
+
+/* The bytes of the left part of the last queued pair that made unused piece p, 0 if none. */
+static uint32_t rev_left(const tok_scratch *s, int32_t p)
+{
+    for (size_t i = s->rev.n; i >= 2; i -= 2)
+        if (s->rev.p[i - 2] == p)
+            return (uint32_t)s->rev.p[i - 1];
+    return 0;
+}
+
+/* Symbol text w[start, start + len) with piece p (-1: unknown): an unused piece split back
+ * into its parts (recursively), an unknown one added to the run, a piece's id emitted. */
+static int spm_emit(const iflow_tokenizer *t, const tok_scratch *s, const char *w, uint32_t start, uint32_t len, int32_t p,
+                    unk_run *run, tok_ids *out)
+{
+    const tok_unigram *u = t->uni;
+    uint32_t left = p >= 0 && u->type[p] == TOK_UNUSED ? rev_left(s, p) : 0;
+    int rc;
+    if (left > 0 && left < len) {
+        rc = spm_emit(t, s, w, start, left, tok_unigram_find(u, w + start, left), run, out);
+        return rc < 0 ? rc : spm_emit(t, s, w, start + left, len - left, tok_unigram_find(u, w + start + left, len - left),
+                                      run, out);
+    }
+    if (p < 0) {
+        run->start = run->len ? run->start : start;
+        run->len += len;
+        return 0;
+    }
+    rc = flush_unknown(t, w, run, out);
+    return rc < 0 ? rc : tok_ids_push(out, u->to_id[p]);
+}
+
+static int spm_output(const iflow_tokenizer *t, const tok_scratch *s, const char *w, size_t nsym, tok_ids *out)
+{
+    unk_run run = {0, 0};
+    int rc = 0;
+    for (int32_t i = nsym ? 0 : -1; i >= 0 && rc == 0; i = s->syms[i].next)
+        rc = spm_emit(t, s, w, s->syms[i].start, s->syms[i].len, s->syms[i].id, &run, out);
+    return rc < 0 ? rc : flush_unknown(t, w, &run, out);
+}
+
 static int bpe_piece(const iflow_tokenizer *t, tok_scratch *s, const char *w, size_t n, tok_ids *out)
 {
     size_t nsym;
+    s->rev.n = 0;
     int rc = init_syms(t, s, w, n, &nsym);
     if (rc < 0 || (rc = run_merges(t, s, w, nsym)) < 0)
         return rc;
+    if (t->spm_bpe)
+        return spm_output(t, s, w, nsym, out);
     for (int32_t i = nsym ? 0 : -1; i >= 0; i = s->syms[i].next) {
         const bpe_sym *sym = &s->syms[i];
         rc = sym->id >= 0 ? tok_ids_push(out, sym->id) : emit_bytes(t, w, sym, out);

@@ -136,9 +136,9 @@ static int vocab_texts(iflow_tokenizer *t, const json_t *vocab, const json_t *ad
     return tok_vocab_index(t);
 }
 
-int tok_vocab_from_json(iflow_tokenizer *t, const json_t *vocab, const char *where)
+int tok_vocab_from_json(iflow_tokenizer *t, const json_t *vocab, const json_t *added, const char *where)
 {
-    return vocab_texts(t, vocab, NULL, where);
+    return vocab_texts(t, vocab, added, where);
 }
 
 static int load_vocab(iflow_tokenizer *t, const json_t *model, const json_t *added)

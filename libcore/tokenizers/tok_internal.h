@@ -10,8 +10,9 @@
  *   normalizer and HF's Precompiled are tok_charsmap.c's) -> pre-tokenize into words
  *   (tok_pretok.c) -> model per word (tok_bpe.c / tok_wordpiece.c / tok_unigram.c). All per-call
  *   state is in a tok_scratch owned by the caller of those functions, so the tokenizer stays const.
- *   A unigram model keeps its pieces in a tok_unigram of its own (t->uni): for a .spm with a
- *   Marian vocab.json they are not the tokenizer's vocabulary, and to_id maps one to the other.
+ *   A SentencePiece model (.spm), unigram or BPE, keeps its pieces in a tok_unigram of its own
+ *   (t->uni; tokenizer.json's Unigram too): for a .spm with a vocab.json they are not the
+ *   tokenizer's vocabulary, and to_id maps one to the other.
  *   Functions return 0 or a negative IFLOW_E* code with the message set.
  */
 #ifndef IFLOW_TOK_INTERNAL_H
@@ -109,6 +110,8 @@ typedef struct {
     uint8_t byte;         /* label of the edge into this node */
 } tok_trie_node;
 
+/* A unigram model's pieces, or a SentencePiece model's of either kind (a BPE .spm merges them:
+ * tok_bpe.c with iflow_tokenizer.spm_bpe). */
 typedef struct tok_unigram {
     int spm;              /* SentencePiece's rules (a .spm): float sums, user-defined bonus, unused
                              pieces skipped, unknown runs not looked up; else HF tokenizers' */
@@ -128,6 +131,7 @@ typedef struct tok_unigram {
     int32_t n_nodes;
     int32_t root[256];    /* root's child per byte, -1 if none */
     int has_user;         /* some piece is user-defined */
+    int has_unused;       /* some piece is unused (SentencePiece) */
     /* SentencePiece's normalizer_spec */
     tok_charsmap cm;
     int dummy_prefix, extra_ws, escape_ws;
@@ -143,6 +147,16 @@ void tok_unigram_free(tok_unigram *u);
 static inline const char *tok_piece_text(const tok_unigram *u, int32_t p) { return u->arena + u->off[p]; }
 /* Length of the longest user-defined piece at the start of s[0..n), 0 if none. */
 size_t tok_unigram_user_prefix(const tok_unigram *u, const char *s, size_t n);
+/* The piece whose text is s[0..n) among those in the trie (SentencePiece: normal, user-defined
+ * and unused pieces), -1 if none. */
+int32_t tok_unigram_find(const tok_unigram *u, const char *s, size_t n);
+/* SentencePiece's OneCharLen: the length a UTF-8 lead byte announces (1 for anything else). */
+size_t tok_spm_char_len(uint8_t c);
+/* A run of unknown characters s[0..n) of t's SentencePiece model into out: its bytes (byte
+ * fallback), else the vocabulary's token of that text (lookup_unk), else the unknown token. */
+int tok_unigram_unknown(const iflow_tokenizer *t, const char *s, size_t n, tok_ids *out);
+/* Does s[0..n) have a U+2581 right after a character other than U+2581? */
+int tok_meta_inside(const char *s, size_t n);
 
 /* ---- normalizer steps ---- */
 enum {
@@ -191,6 +205,9 @@ struct iflow_tokenizer {
     int byte_fallback, ignore_merges, fuse_unk;
     int split_meta;           /* no token has U+2581 right after another character, so a word
                                  can be cut before each such U+2581 without changing the merges */
+    int spm_bpe;              /* a BPE .spm: merges over t->uni's pieces by their scores, as
+                                 sentencepiece's bpe_model.cc (user-defined pieces never merge,
+                                 unused ones split back), ids through to_id */
     int32_t byte_tok[256];    /* id of <0xXX>, -1 if missing */
 
     /* Unigram */
@@ -249,6 +266,8 @@ typedef struct {
     size_t cap_syms;
     bpe_pair *heap;
     size_t n_heap, cap_heap;
+    tok_ids rev;              /* SentencePiece BPE: (unused piece, its left part's bytes) pairs
+                                 in the order their merges were queued */
     pcre2_match_data *md;
     pcre2_match_context *mctx;
     pcre2_jit_stack *jit;
@@ -309,9 +328,10 @@ int tok_norm_precompiled(const tok_charsmap *cm, tok_scratch *s, const char *w, 
 /* ---- loaders ---- */
 struct iflow_gguf;
 int tok_from_gguf_handle(iflow_tokenizer **out, const struct iflow_gguf *g);
-/* tok_hfjson.c: the vocabulary from a JSON object text -> id (a Marian vocab.json); `where`
- * names it in messages. */
+/* tok_hfjson.c: the vocabulary from a JSON object text -> id (a vocab.json) and tokenizer.json's
+ * added_tokens entries ({"id", "content", "special"}; NULL for none); `where` names it in
+ * messages. */
 struct json_t;
-int tok_vocab_from_json(iflow_tokenizer *t, const struct json_t *vocab, const char *where);
+int tok_vocab_from_json(iflow_tokenizer *t, const struct json_t *vocab, const struct json_t *added, const char *where);
 
 #endif

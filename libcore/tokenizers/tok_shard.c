@@ -5,6 +5,7 @@
 
 #include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Blob record `name` of sh, or IFLOW_ENOTFOUND naming it. */
@@ -16,7 +17,33 @@ static int blob(const iflow_shard *sh, const char *name, const iflow_shard_rec *
     return 0;
 }
 
-/* The tokenizer that description d ({"format", "record", "vocab"?}) names. */
+/* d's "added" (a list of strings), "hidden" and "prefix" into *a (texts pointing into d). */
+static int read_added(const json_t *d, iflow_tok_added *a, const char ***texts, const char *path)
+{
+    const json_t *list = json_object_get(d, "added"), *hidden = json_object_get(d, "hidden"),
+                 *prefix = json_object_get(d, "prefix");
+    size_t n = json_array_size(list);
+    memset(a, 0, sizeof *a);
+    if (!list)
+        return 0;
+    if (!json_is_array(list) || n > IFLOW_TOK_MAX_ADDED || (hidden && !json_is_integer(hidden)) ||
+        (prefix && (!json_is_string(prefix) || json_string_length(prefix) >= sizeof a->prefix)))
+        return iflow_seterr(IFLOW_EFORMAT, "bad tokenizer description in the meta record of '%s' (added, hidden, prefix)",
+                            path);
+    if (!(*texts = calloc(n + 1, sizeof **texts)))
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++)
+        if (!((*texts)[i] = json_string_value(json_array_get(list, i))))
+            return iflow_seterr(IFLOW_EFORMAT, "added token %zu is not a string in the meta record of '%s'", i, path);
+    json_int_t h = hidden ? json_integer_value(hidden) : 0;
+    a->tokens = *texts;
+    a->n = (int)n;
+    a->hidden = h < 0 || h > IFLOW_TOK_MAX_ADDED ? -1 : (int)h; /* refused by the reader, named */
+    snprintf(a->prefix, sizeof a->prefix, "%s", prefix ? json_string_value(prefix) : "");
+    return 0;
+}
+
+/* The tokenizer that description d ({"format", "record", "vocab"?, "added"?, ...}) names. */
 static int build(iflow_tokenizer **out, const iflow_shard *sh, const json_t *d)
 {
     const char *format = json_string_value(json_object_get(d, "format")),
@@ -27,15 +54,22 @@ static int build(iflow_tokenizer **out, const iflow_shard *sh, const json_t *d)
     if (!format || !record)
         return iflow_seterr(IFLOW_EFORMAT, "bad tokenizer description in the meta record of '%s' (no format or record)",
                             path);
+    iflow_tok_added added;
+    const char **texts = NULL;
     int rc = blob(sh, record, &r);
     if (rc == 0 && vocab)
         rc = blob(sh, vocab, &v);
-    if (rc < 0)
+    if (rc == 0)
+        rc = read_added(d, &added, &texts, path);
+    if (rc < 0) {
+        free(texts);
         return rc;
+    }
     snprintf(name, sizeof name, "%s:%s", path, record);
     snprintf(vname, sizeof vname, "%s:%s", path, vocab ? vocab : "");
     rc = iflow_tokenizer_from_format(out, format, r->data, r->nbytes, name, v ? v->data : NULL, v ? v->nbytes : 0,
-                                     vname);
+                                     vname, &added);
+    free(texts);
     if (rc < 0)
         return iflow_preperr(rc, "bad tokenizer record '%s'%s%s (payload at byte %llu) in '%s'", record,
                              v ? " with " : "", v ? vocab : "", (unsigned long long)r->offset, path);

@@ -1,6 +1,7 @@
 /* tok_spm.c -- a tokenizer from a SentencePiece model file (.spm / .model: a ModelProto in
- * protobuf's wire format), optionally with a Marian vocab.json that maps pieces to the model's
- * ids. Only the fields a unigram model needs are read (pieces {piece, score, type}, trainer_spec
+ * protobuf's wire format), unigram or BPE, optionally with a vocab.json that maps pieces to the
+ * model's ids (Marian's; M2M100's, with language tokens after it). Only the fields the two
+ * models need are read (pieces {piece, score, type}, trainer_spec
  * {model_type, vocab_size, byte_fallback, treat_whitespace_as_suffix, bos/eos pieces},
  * normalizer_spec {precompiled_charsmap, add_dummy_prefix, remove_extra_whitespaces,
  * escape_whitespaces}, denormalizer_spec); every other field is skipped by its wire type. Every
@@ -246,12 +247,14 @@ static int parse_model(const uint8_t *buf, size_t len, const char *name, spm_mod
     return rc;
 }
 
-/* What a unigram tokenizer cannot take, and counts that disagree. */
+enum { SPM_UNIGRAM = 1, SPM_BPE = 2 }; /* trainer_spec.model_type */
+
+/* What the tokenizer cannot take, and counts that disagree. */
 static int check_model(const spm_model *m, const char *name)
 {
     static const char *const types[] = {"", "unigram", "bpe", "word", "char"};
-    if (m->model_type != 1)
-        return iflow_seterr(IFLOW_EUNSUPPORTED, "unsupported sentencepiece model type %s in '%s' (unigram only)",
+    if (m->model_type != SPM_UNIGRAM && m->model_type != SPM_BPE)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "unsupported sentencepiece model type %s in '%s' (unigram and bpe only)",
                             m->model_type <= 4 ? types[m->model_type] : "(unknown)", name);
     if (m->n == 0)
         return iflow_seterr(IFLOW_EFORMAT, "no pieces in '%s'", name);
@@ -267,7 +270,7 @@ static int check_model(const spm_model *m, const char *name)
     return 0;
 }
 
-/* The unigram model of m: pieces, normalizer and the checks of tok_unigram_finish. */
+/* The pieces of m (either model) with its normalizer, and the checks of tok_unigram_finish. */
 static int make_unigram(const uint8_t *buf, const spm_model *m, const char *name, tok_unigram **out)
 {
     tok_unigram *u;
@@ -320,8 +323,9 @@ static int32_t find_piece(const tok_unigram *u, const char *s, size_t n, int typ
     return -1;
 }
 
-/* Marian's special tokens in its vocab.json: MarianTokenizer's eos, unk and pad. */
-static int marian_special(iflow_tokenizer *t, const char *text, int attr)
+/* A special token of vocab.json (MarianTokenizer's and M2M100Tokenizer's eos, unk and pad;
+ * M2M100's bos), if it has it. */
+static int vocab_special(iflow_tokenizer *t, const char *text, int attr)
 {
     int32_t id = iflow_strmap_get(&t->vocab, text, strlen(text));
     if (id < 0)
@@ -330,32 +334,109 @@ static int marian_special(iflow_tokenizer *t, const char *text, int attr)
     return tok_add_added(t, id, 1, 0, 0, 0);
 }
 
-/* vocab.json is the vocabulary; each piece maps to the id of its text there, else <unk>. */
-static int vocab_from_json(iflow_tokenizer *t, tok_unigram *u, const char *json, size_t len, const char *vname)
+/* tok_vocab_from_json's entries of the added tokens: {"id": base + i, "content": text,
+ * "special": true}, then `hidden` empty ones (ids that decode to nothing). */
+static json_t *added_entries(const iflow_tok_added *a, size_t base)
+{
+    json_t *arr = json_array();
+    for (int i = 0; arr && i < a->n + a->hidden; i++) {
+        json_t *e = json_pack("{s:I, s:s, s:b}", "id", (json_int_t)(base + (size_t)i), "content",
+                              i < a->n ? a->tokens[i] : "", "special", 1);
+        if (!e || json_array_append_new(arr, e) < 0) {
+            json_decref(arr);
+            return NULL;
+        }
+    }
+    return arr;
+}
+
+/* The added tokens: counts in range, texts present, the prefix one of them. */
+static int check_added(const iflow_tok_added *a, const char *vname)
+{
+    if (a->n < 0 || a->n > IFLOW_TOK_MAX_ADDED || a->hidden < 0 || a->hidden > IFLOW_TOK_MAX_ADDED)
+        return iflow_seterr(IFLOW_ERANGE, "%d added and %d hidden tokens after '%s' (0 to %d each)", a->n, a->hidden,
+                            vname, IFLOW_TOK_MAX_ADDED);
+    int prefix_found = !a->prefix[0];
+    for (int i = 0; i < a->n; i++) {
+        if (!a->tokens || !a->tokens[i] || !a->tokens[i][0])
+            return iflow_seterr(IFLOW_EFORMAT, "added token %d after '%s' is empty", i, vname);
+        prefix_found |= strcmp(a->tokens[i], a->prefix) == 0;
+    }
+    if (!prefix_found)
+        return iflow_seterr(IFLOW_EFORMAT, "the source prefix '%s' is not one of the %d tokens added after '%s'",
+                            a->prefix, a->n, vname);
+    return 0;
+}
+
+/* vocab.json's ids are 0 .. size - 1 when tokens follow them (M2M100Tokenizer numbers its
+ * language tokens from vocab.json's size). */
+static int check_dense(const json_t *root, const char *vname)
+{
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)root, k, v) {
+        json_int_t id = json_integer_value(v);
+        if (json_is_integer(v) && (id < 0 || (size_t)id >= json_object_size(root)))
+            return iflow_seterr(IFLOW_EFORMAT, "'%s' has id %lld in '%s', past its %zu entries (tokens follow them)", k,
+                                (long long)id, vname, json_object_size(root));
+    }
+    return 0;
+}
+
+/* vocab.json's texts and ids, then the added ones (a: NULL for none). */
+static int load_vocab_json(iflow_tokenizer *t, const char *json, size_t len, const char *vname, const iflow_tok_added *a)
 {
     json_error_t err;
-    json_t *root = json_loadb(json, len, JSON_ALLOW_NUL, &err);
+    json_t *root = json_loadb(json, len, JSON_ALLOW_NUL, &err), *extra = NULL;
     if (!root)
         return iflow_seterr(IFLOW_EFORMAT, "malformed json in '%s' at line %d column %d: %s", vname, err.line, err.column,
                             err.text);
-    int rc = json_is_object(root) ? tok_vocab_from_json(t, root, vname)
-                                  : iflow_seterr(IFLOW_EFORMAT, "vocabulary is not an object in '%s'", vname);
+    int rc = json_is_object(root) ? 0 : iflow_seterr(IFLOW_EFORMAT, "vocabulary is not an object in '%s'", vname);
+    if (rc == 0 && a && (rc = check_dense(root, vname)) == 0 && !(extra = added_entries(a, json_object_size(root))))
+        rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    if (rc == 0)
+        rc = tok_vocab_from_json(t, root, extra, vname);
+    json_decref(extra);
     json_decref(root);
-    if (rc < 0)
+    return rc;
+}
+
+/* The added tokens as special tokens, and the prefix IFLOW_TOK_ADD_BOS puts before a text. */
+static int mark_added(iflow_tokenizer *t, const iflow_tok_added *a)
+{
+    int32_t base = t->n_vocab - a->n - a->hidden;
+    for (int i = 0; i < a->n; i++) {
+        int rc = tok_add_added(t, base + i, 1, 0, 0, 0);
+        if (rc < 0)
+            return rc;
+        if (strcmp(a->tokens[i], a->prefix) == 0)
+            t->prefix[0] = base + i, t->n_prefix = 1;
+    }
+    return 0;
+}
+
+/* vocab.json is the vocabulary; each piece maps to the id of its text there, else <unk>. Without
+ * added tokens it is Marian's (a ">>xx<<" code starts a text), with them M2M100's (<s> is
+ * special too, the language tokens follow vocab.json's ids). */
+static int vocab_from_json(iflow_tokenizer *t, tok_unigram *u, const char *json, size_t len, const char *vname,
+                           const iflow_tok_added *a)
+{
+    int rc = a ? check_added(a, vname) : 0;
+    if (rc < 0 || (rc = load_vocab_json(t, json, len, vname, a)) < 0)
         return rc;
     if ((t->unk = iflow_strmap_get(&t->vocab, "<unk>", 5)) < 0)
         return iflow_seterr(IFLOW_EFORMAT, "no '<unk>' in '%s'", vname);
     for (int32_t p = 0; p < u->n; p++) {
         int32_t id = iflow_strmap_get(&t->vocab, tok_piece_text(u, p), u->len[p]);
-        u->to_id[p] = id >= 0 ? id : t->unk;
+        u->to_id[p] = id >= 0 && id < t->n_vocab - (a ? a->n + a->hidden : 0) ? id : t->unk;
     }
     u->lookup_unk = 1;
-    t->lang_codes = 1;
+    t->lang_codes = !a;
     t->dec_trim = 1;
-    if ((rc = marian_special(t, "</s>", TOK_CONTROL)) < 0 || (rc = marian_special(t, "<unk>", TOK_UNKNOWN)) < 0 ||
-        (rc = marian_special(t, "<pad>", TOK_CONTROL)) < 0)
+    if ((rc = vocab_special(t, "</s>", TOK_CONTROL)) < 0 || (rc = vocab_special(t, "<unk>", TOK_UNKNOWN)) < 0 ||
+        (rc = vocab_special(t, "<pad>", TOK_CONTROL)) < 0 || (a && (rc = vocab_special(t, "<s>", TOK_CONTROL)) < 0))
         return rc;
-    return 0;
+    return a ? mark_added(t, a) : 0;
 }
 
 /* BOS and EOS: trainer_spec's bos/eos pieces when they are control pieces; </s> is what
@@ -372,24 +453,46 @@ static void set_template(iflow_tokenizer *t, const tok_unigram *u, const uint8_t
         t->suffix[t->n_suffix++] = t->eos;
 }
 
+/* Does any piece have a U+2581 right after another character? */
+static int pieces_meta_inside(const tok_unigram *u)
+{
+    for (int32_t p = 0; p < u->n; p++)
+        if (tok_meta_inside(tok_piece_text(u, p), u->len[p]))
+            return 1;
+    return 0;
+}
+
+/* Unigram (the Viterbi) or BPE (merges by piece score). A BPE text is merged word by word (cut
+ * before each U+2581 that follows another character) when that cannot change the result: no
+ * piece has such a U+2581 inside, U+2581 alone is a piece (so no run of unknown characters
+ * crosses a cut), and no piece is unused (the parts an unused piece splits into are the last
+ * pair queued over the whole text). */
+static void set_model(iflow_tokenizer *t, const tok_unigram *u, uint64_t model_type)
+{
+    t->model = model_type == SPM_BPE ? TOK_MODEL_BPE : TOK_MODEL_UNIGRAM;
+    t->spm_bpe = model_type == SPM_BPE;
+    if (t->spm_bpe)
+        t->split_meta = !pieces_meta_inside(u) && tok_unigram_find(u, "\xE2\x96\x81", 3) >= 0 && !u->has_unused;
+    snprintf(t->kind, sizeof t->kind, t->spm_bpe ? "spm-bpe" : "spm-unigram");
+}
+
 static int assemble(iflow_tokenizer *t, tok_unigram *u, const uint8_t *buf, const spm_model *m, const char *vocab,
-                    size_t vocab_len, const char *vname)
+                    size_t vocab_len, const char *vname, const iflow_tok_added *added)
 {
     tok_norm norm = {.kind = NORM_SPM, .uni = u};
-    int rc = vocab ? vocab_from_json(t, u, vocab, vocab_len, vname) : vocab_from_pieces(t, u, m->text_bytes);
+    int rc = vocab ? vocab_from_json(t, u, vocab, vocab_len, vname, added) : vocab_from_pieces(t, u, m->text_bytes);
     if (rc < 0 || (rc = tok_sort_added(t)) < 0 || (rc = tok_norm_add(t, &norm)) < 0)
         return rc;
-    t->model = TOK_MODEL_UNIGRAM;
+    set_model(t, u, m->model_type);
     set_template(t, u, buf, m, vocab != NULL);
     t->dec_metaspace = 1;
     t->dec_strip_empty = m->extra_ws;
     t->dec_strip_first = !m->extra_ws && m->dummy_prefix;
-    snprintf(t->kind, sizeof t->kind, "spm-unigram");
     return 0;
 }
 
 int iflow_tokenizer_from_spm(iflow_tokenizer **out, const void *spm, size_t len, const char *name, const char *vocab_json,
-                             size_t vocab_len, const char *vocab_name)
+                             size_t vocab_len, const char *vocab_name, const iflow_tok_added *added)
 {
     iflow_tokenizer *t = NULL;
     spm_model m;
@@ -397,13 +500,17 @@ int iflow_tokenizer_from_spm(iflow_tokenizer **out, const void *spm, size_t len,
         return iflow_seterr(IFLOW_EINVAL, "iflow_tokenizer_from_spm: null argument");
     *out = NULL;
     name = name ? name : "<memory>";
+    if (added && !added->n && !added->hidden && !added->prefix[0])
+        added = NULL;
+    if (added && !vocab_json)
+        return iflow_seterr(IFLOW_EINVAL, "tokens added after the vocabulary of '%s' need a vocab.json", name);
     int rc = parse_model(spm ? spm : "", len, name, &m);
     if (rc == 0)
         rc = check_model(&m, name);
     if (rc == 0 && (rc = tok_new(&t, name)) == 0) {
         rc = make_unigram(spm, &m, name, &t->uni);
         if (rc == 0)
-            rc = assemble(t, t->uni, spm, &m, vocab_json, vocab_len, vocab_name ? vocab_name : "vocab.json");
+            rc = assemble(t, t->uni, spm, &m, vocab_json, vocab_len, vocab_name ? vocab_name : "vocab.json", added);
     }
     free(m.pieces);
     if (rc < 0) {

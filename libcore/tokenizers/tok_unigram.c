@@ -241,6 +241,7 @@ static void set_scores(tok_unigram *u)
     float hi = FLT_MIN;
     for (int32_t p = 0; p < u->n; p++) {
         u->has_user |= u->spm && u->type[p] == TOK_USER;
+        u->has_unused |= u->spm && u->type[p] == TOK_UNUSED;
         if (u->spm && u->type[p] != TOK_NORMAL)
             continue;
         lo = u->score[p] < lo ? u->score[p] : lo;
@@ -288,6 +289,14 @@ static int32_t child(const tok_unigram *u, int32_t node, uint8_t b)
     return lo < u->nodes[node].child + u->nodes[node].n_child && u->nodes[lo].byte == b ? lo : -1;
 }
 
+int32_t tok_unigram_find(const tok_unigram *u, const char *s, size_t n)
+{
+    int32_t node = 0;
+    for (size_t i = 0; i < n && node >= 0; i++)
+        node = child(u, node, (uint8_t)s[i]);
+    return n && node > 0 ? u->nodes[node].value : -1;
+}
+
 size_t tok_unigram_user_prefix(const tok_unigram *u, const char *s, size_t n)
 {
     size_t best = 0;
@@ -299,8 +308,7 @@ size_t tok_unigram_user_prefix(const tok_unigram *u, const char *s, size_t n)
     return best;
 }
 
-/* SentencePiece's OneCharLen: the length a UTF-8 lead byte announces (1 for anything else). */
-static size_t char_len(uint8_t c)
+size_t tok_spm_char_len(uint8_t c)
 {
     return c < 0xC0 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
 }
@@ -348,7 +356,7 @@ static int viterbi(const tok_unigram *u, uni_best *best, const char *w, size_t n
     for (size_t i = 0; i <= n; i++)
         best[i] = (uni_best){0.0, -1, -1};
     for (size_t pos = 0; pos < n;) {
-        size_t mblen = char_len((uint8_t)w[pos]);
+        size_t mblen = tok_spm_char_len((uint8_t)w[pos]);
         mblen = mblen < n - pos ? mblen : n - pos;
         if (!pieces_at(u, best, w, n, pos, mblen)) {
             if (u->unk < 0)
@@ -385,7 +393,7 @@ static int has_all_bytes(const iflow_tokenizer *t, const char *s, size_t n)
 /* A run of unknown characters s[0..n): its bytes (SentencePiece with byte fallback), else the
  * vocabulary's token of that text (HF; a Marian vocab.json), else its bytes (HF with byte
  * fallback), else the unknown token. */
-static int push_unknown(const iflow_tokenizer *t, const char *s, size_t n, tok_ids *out)
+int tok_unigram_unknown(const iflow_tokenizer *t, const char *s, size_t n, tok_ids *out)
 {
     const tok_unigram *u = t->uni;
     int32_t id = -1;
@@ -415,7 +423,7 @@ static int emit(const iflow_tokenizer *t, uni_best *best, const char *w, size_t 
         if (p == u->unk) {
             while (stop < (int32_t)n && best[best[stop].start].piece == u->unk)
                 stop = best[stop].start;
-            rc = push_unknown(t, w + s, (size_t)(stop - s), out);
+            rc = tok_unigram_unknown(t, w + s, (size_t)(stop - s), out);
         } else {
             rc = tok_ids_push(out, u->to_id[p]);
         }

@@ -63,16 +63,20 @@ static int index_bytes(iflow_tokenizer *t)
     return 0;
 }
 
+int tok_meta_inside(const char *s, size_t n)
+{
+    for (const char *p = s + 1; n > 3 && (p = memmem(p, n - (size_t)(p - s), "\xE2\x96\x81", 3)); p++)
+        if (p - s < 3 || memcmp(p - 3, "\xE2\x96\x81", 3) != 0)
+            return 1;
+    return 0;
+}
+
 /* Is there a token with U+2581 right after a character other than U+2581? */
 static int meta_inside(const iflow_tokenizer *t)
 {
-    for (int32_t id = 0; id < t->n_vocab; id++) {
-        const char *s = tok_text(t, id);
-        size_t n = t->tok_len[id];
-        for (const char *p = s + 1; n > 3 && (p = memmem(p, n - (size_t)(p - s), "\xE2\x96\x81", 3)); p++)
-            if (p - s < 3 || memcmp(p - 3, "\xE2\x96\x81", 3) != 0)
-                return 1;
-    }
+    for (int32_t id = 0; id < t->n_vocab; id++)
+        if (tok_meta_inside(tok_text(t, id), t->tok_len[id]))
+            return 1;
     return 0;
 }
 
@@ -137,6 +141,7 @@ void tok_scratch_free(tok_scratch *s)
     free(s->word.p);
     free(s->syms);
     free(s->heap);
+    free(s->rev.p);
     free(s->best);
     if (s->md)
         pcre2_match_data_free(s->md);
@@ -527,6 +532,12 @@ int iflow_tokenizer_continuation(const iflow_tokenizer *t, const int32_t *ids, s
     if (len)
         *len = b.n;
     return 0;
+}
+
+int iflow_tokenizer_affix(const iflow_tokenizer *t, int before, const int32_t **ids)
+{
+    *ids = before ? t->prefix : t->suffix;
+    return before ? t->n_prefix : t->n_suffix;
 }
 
 int32_t iflow_tokenizer_n_vocab(const iflow_tokenizer *t) { return t->n_vocab; }

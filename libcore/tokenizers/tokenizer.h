@@ -26,13 +26,16 @@
  *   model 'bert', whose "phantom space" vocabulary is read back into tokenizer.json's form);
  *   unigram (Kudo 2018: the Viterbi segmentation of highest total piece score).
  *
- *   Unigram comes in two sets of rules, each matching its reference exactly. A .spm file follows
- *   the `sentencepiece` library: its normalizer_spec (the precompiled_charsmap applied as it is,
+ *   Unigram comes in two sets of rules, each matching its reference exactly. A .spm file (unigram
+ *   or BPE) follows the `sentencepiece` library: its normalizer_spec (the precompiled_charsmap applied as it is,
  *   longest rule first -- nmt_nfkc is NFKC plus rules of its own; add_dummy_prefix,
  *   remove_extra_whitespaces, escape_whitespaces to U+2581), user-defined pieces always kept
  *   whole, control pieces never matched by the model, unknown characters as the unknown piece
- *   (min score - 10) with a run of them one token, byte fallback to <0xXX> pieces. Only unigram
- *   models are read (BPE .spm files: IFLOW_EUNSUPPORTED). With a Marian vocab.json the ids are
+ *   (min score - 10) with a run of them one token, byte fallback to <0xXX> pieces. A BPE .spm
+ *   (M2M100's sentencepiece.bpe.model) merges as sentencepiece's bpe_model.cc: from characters
+ *   and whole user-defined pieces (never merged), the pair whose text is the piece of best score
+ *   first (leftmost among equals), an unused piece split back into the pair that made it.
+ *   Other model types (word, char) are IFLOW_EUNSUPPORTED. With a Marian vocab.json the ids are
  *   vocab.json's: a piece missing from it becomes <unk>, as MarianTokenizer maps it; a run of
  *   unknown characters is looked up there by its text; "</s>", "<unk>" and "<pad>" are the
  *   special tokens; a ">>xx<<" language code at the start of the text is one token. A
@@ -80,35 +83,54 @@ typedef struct iflow_tokenizer iflow_tokenizer;
 
 /* From the text of a tokenizer.json (len bytes, need not be NUL-terminated); name for messages. */
 int iflow_tokenizer_from_hf_json(iflow_tokenizer **out, const char *json, size_t len, const char *name);
-/* From a SentencePiece unigram model (the bytes of a .spm / .model file). With vocab_json (the
- * text of a Marian vocab.json, NULL for none) its ids are vocab.json's; spm_name and vocab_name
- * name the two in messages. */
+/* The special tokens that follow a vocab.json's ids (M2M100's language tokens: ids vocab.json's
+ * size + i, as M2M100Tokenizer numbers them), the ids after them that decode to nothing
+ * (M2M100's madeup words), and the one the template puts before a text (the source language,
+ * "__en__"; "" for none). */
+#define IFLOW_TOK_MAX_ADDED 4096
+typedef struct {
+    const char *const *tokens; /* [n] texts; the caller keeps them while the tokenizer is built */
+    int n, hidden;             /* 0 .. IFLOW_TOK_MAX_ADDED each */
+    char prefix[64];
+} iflow_tok_added;
+
+/* From a SentencePiece model, unigram or BPE (the bytes of a .spm / .model file). With
+ * vocab_json (the text of a vocab.json, NULL for none) its ids are vocab.json's: Marian's (a
+ * ">>xx<<" code at the start of a text is one token) unless `added` (NULL for none) names the
+ * tokens that follow them (M2M100's: then "<s>" is special too, and IFLOW_TOK_ADD_BOS puts
+ * added->prefix before the text). spm_name and vocab_name name the two in messages. */
 int iflow_tokenizer_from_spm(iflow_tokenizer **out, const void *spm, size_t spm_len, const char *spm_name,
-                             const char *vocab_json, size_t vocab_len, const char *vocab_name);
+                             const char *vocab_json, size_t vocab_len, const char *vocab_name,
+                             const iflow_tok_added *added);
 /* From a whole GGUF file in memory (tokenizer.ggml.* keys). */
 int iflow_tokenizer_from_gguf(iflow_tokenizer **out, const void *buf, size_t len, const char *name);
 /* A tokenizer of `format` ("hf-json", "gguf" or "spm": iflow_tokenizer_files' names) from the
- * bytes of its file; for "spm" with a Marian vocab.json's text (or NULL). How a shard's tokenizer
- * records are read back. */
+ * bytes of its file; for "spm" with a vocab.json's text (or NULL) and the tokens after it (or
+ * NULL), as iflow_tokenizer_from_spm. How a shard's tokenizer records are read back. */
 int iflow_tokenizer_from_format(iflow_tokenizer **out, const char *format, const void *data, size_t len,
-                                const char *name, const char *vocab, size_t vocab_len, const char *vocab_name);
+                                const char *name, const char *vocab, size_t vocab_len, const char *vocab_name,
+                                const iflow_tok_added *added);
 
 /* The files a tokenizer is made of, as found for a path (nothing is read). */
 enum { IFLOW_TOK_SOURCE = 0, IFLOW_TOK_TARGET = 1 }; /* the side of an encoder-decoder */
 typedef struct {
     const char *format;  /* "hf-json" (a tokenizer.json), "gguf" (a GGUF file), "spm" (a SentencePiece model) */
     char file[4096];     /* that file's path */
-    char vocab[4096];    /* "spm" with a Marian vocab.json: its path (the ids are its); else "" */
+    char vocab[4096];    /* "spm" with a vocab.json: its path (the ids are its); else "" */
+    iflow_tok_added added; /* "spm" with M2M100's vocab.json: its language tokens (n 0: none) */
     int in_dir;          /* found in a directory: a tokenizer.json's bos/eos may come from beside it */
 } iflow_tokenizer_files;
 
 /* The files of path's tokenizer for `side`. A file is a GGUF (by its magic), a SentencePiece model
  * (*.spm, *.model) or a tokenizer.json. A directory holds tokenizer.json, else tokenizer.gguf,
- * else Marian's source.spm with vocab.json, else spiece.model (else IFLOW_ENOTFOUND, naming the
- * directory); its target side is Marian's target.spm with target_vocab.json (else vocab.json)
- * when it has one, else the same files as the source side. M2M100's sentencepiece.bpe.model is
- * not looked for (its tokenizer puts a language token before the source, which the .spm reader
- * does not do). */
+ * else Marian's source.spm with vocab.json, else M2M100's sentencepiece.bpe.model with
+ * vocab.json, else spiece.model (else IFLOW_ENOTFOUND, naming the directory); its target side is
+ * Marian's target.spm with target_vocab.json (else vocab.json) when it has one, else the same
+ * files as the source side. M2M100's language tokens are M2M100Tokenizer's: the list its
+ * tokenizer_config.json's language_codes names (m2m100, the default: 100 codes; wmt21: 8) as
+ * __xx__ after vocab.json's ids, then num_madeup_words (default 8) hidden ids, and the template
+ * [__src_lang__] text </s> (src_lang, default en); an unknown list or source language is
+ * IFLOW_EUNSUPPORTED naming the file. */
 int iflow_tokenizer_find(iflow_tokenizer_files *f, const char *path, int side);
 /* Build the tokenizer of found files; for a tokenizer.json found in a directory, bos/eos also
  * come from tokenizer_config.json ("bos_token"/"eos_token") or config.json
@@ -143,6 +165,11 @@ int iflow_tokenizer_decode(const iflow_tokenizer *t, const int32_t *ids, size_t 
  * was at most a BOS), as for the first token of iflow_tokenizer_decode. */
 int iflow_tokenizer_continuation(const iflow_tokenizer *t, const int32_t *ids, size_t n, int starts, char **text,
                                  size_t *len);
+
+/* The tokens IFLOW_TOK_ADD_BOS puts before a text (`before` 1: a BOS, M2M100's source language)
+ * or after it (0: T5's, Marian's and M2M100's </s>): *ids points into the tokenizer; returns their
+ * count (at most 8). */
+int iflow_tokenizer_affix(const iflow_tokenizer *t, int before, const int32_t **ids);
 
 int32_t iflow_tokenizer_n_vocab(const iflow_tokenizer *t);
 int32_t iflow_tokenizer_bos(const iflow_tokenizer *t); /* -1 if none */

@@ -5,7 +5,8 @@
 # opus-mt-en-mg (source.spm, target.spm, vocab.json), and a tiny T5 with uni-t5.model as its
 # spiece.model. The translations of refs.json's texts (punctuation, numbers, accented words,
 # characters the vocabulary lacks) equal transformers' MarianTokenizer + generate(num_beams=1,
-# max_new_tokens=16) + batch_decode(skip_special_tokens=True) exactly, ids too; the shard alone
+# max_new_tokens=16, </s> forced as the 16th: forced_eos_token_id) + batch_decode(
+# skip_special_tokens=True) exactly, ids too, and generate(num_beams=4)'s; the shard alone
 # is enough (no tokenizer folder at run time, from a pipe, quantized); a model folder laid out
 # as Hugging Face's converts without --tokenizer; the pad token is never generated (banned);
 # --info names the tokenizer files; a damaged or missing tokenizer is refused, named.
@@ -56,8 +57,15 @@ expect_eq "$(jq -c '.source_ids' <<<"$out")" "$(jq -c '.texts[].src' "$REFS")" \
     "source ids: MarianTokenizer's (a final </s>, unknown characters as <unk>)"
 expect_eq "$(jq -c '.ids' <<<"$out")" "$(jq -c '.texts[].greedy | map(select(. != 0))' "$REFS")" \
     "ids: generate()'s, the pad token never among them"
+expect_eq "$(jq -r '.stop' <<<"$out" | sort -u)" length "every text runs to -n: </s> forced there (forced_eos)"
 run $BIN/iflow-run -m "$TMP/m.ifs" --translate -n "$N" --beams 4 --json -p "$(head -n 1 "$TMP/en.txt")"
 expect_eq "$(jq -c '[.beams[].ids[] | select(. == 54687)] | length' <<<"$out")" 0 "--beams 4: no beam holds the pad token"
+for i in 0 1; do
+    run $BIN/iflow-run -m "$TMP/m.ifs" --translate -n "$N" --beams 4 --json -p "$(sed -n "$((i + 1))p" "$TMP/en.txt")"
+    expect_eq "$(jq -c '[.ids, .stop, ([.beams[].stop] | unique)]' <<<"$out")" \
+        "[$(jq -c ".texts[$i].beam4 | map(select(. != 0))" "$REFS"),\"length\",[\"length\"]]" \
+        "--beams 4, text $i: generate(num_beams=4)'s ids, every beam ended by the </s> forced at -n"
+done
 
 # the shard through a pipe (the streaming reader), zstd-compressed, and quantized
 out=$($BIN/iflow-convert "$FX" --tokenizer "$TOK" --zstd | $BIN/iflow-run -m - --translate -n "$N" -p "$(head -n 1 "$TMP/en.txt")")
@@ -95,7 +103,7 @@ expect_one_line "a truncated source.spm"
 expect_no_file "$TMP/x.ifs*" "nothing written"
 run $BIN/iflow-convert tests/fixtures/families/t5-uni --tokenizer "$TMP" -o "$TMP/x.ifs"
 expect_rc 1 "--tokenizer a folder without a tokenizer"
-expect_match "$err" "no tokenizer.json, tokenizer.gguf, source.spm with vocab.json, or spiece.model in directory '$TMP'" \
+expect_match "$err" "no tokenizer.json, tokenizer.gguf, source.spm with vocab.json, sentencepiece.bpe.model with vocab.json, or spiece.model in directory '$TMP'" \
     "a folder without a tokenizer: says what was looked for"
 # a byte of the stored source.spm flipped: the record's checksum names it and its offset
 off=$($BIN/iflow-convert --info "$TMP/m.ifs" | awk '$2 == "tokenizer/source.spm" { print $5 }')

@@ -323,12 +323,13 @@ SPM_RULES = {0xFF21: [0x41], 0xFF22: [0x42], 0x2460: [0x31], 0x3000: [0x20], 0xA
 
 
 def spm_seeds():
-    """The small committed unigram models, and one with a few normalization rules of its own (a
-    charsmap of a few units; needs the `sentencepiece` package)."""
+    """The small committed unigram and BPE models, and one with a few normalization rules of its
+    own (a charsmap of a few units; needs the `sentencepiece` package)."""
     import sentencepiece as spm
     import tempfile
     root = os.path.join(HERE, "..", "fixtures", "tokenizers")
-    seeds = {n: open(os.path.join(root, n), "rb").read() for n in ("uni-plain.model", "uni-bf.model")}
+    seeds = {n: open(os.path.join(root, n), "rb").read()
+             for n in ("uni-plain.model", "uni-bf.model", "bpe-bf.model", "bpe-unused.model")}
     text = ["Hello world, this is a small corpus for a fuzz seed.", "\uff21\uff22 \u2460 e\u0301 caf\u00e9 \ufb01",
             "the cat sat on the mat", "A tiny model with rules"] * 20
     with tempfile.NamedTemporaryFile("w", suffix=".tsv", delete=False) as f:

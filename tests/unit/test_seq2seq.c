@@ -8,11 +8,14 @@
  * encoded `src` match transformers' float64 forward within 1e-4 (one step, and one row a step
  * through the cache), and greedy decoding gives generate()'s ids exactly (M2M100 also with a
  * forced first token). T5's buckets equal transformers' for distances -40..40; two sequences
- * in one step and a forked sequence give what one alone does; the refusals name the layout.
+ * in one step and a forked sequence give what one alone does; the refusals name the layout;
+ * specs/marian.ini resolves forced_eos from config.json and generation_config.json, a null as
+ * none.
  */
 #include "check.h"
 #include "testlib.h"
 #include "libcore/engine/seq2seq.h"
+#include "libcore/formats/spec.h"
 #include "libcore/serving/beam.h"
 
 #include <jansson.h>
@@ -288,6 +291,47 @@ static void test_unknown_variant(void)
     CHECK_ERR(iflow_convert(src, out, &o), IFLOW_ESPEC, "feed_forward_proj = \"gated-silu\"", "relu, gated-gelu");
 }
 
+/* forced_eos as specs/marian.ini resolves it: config.json's forced_eos_token_id, a null there
+ * none (?key), absent MarianConfig's 0; generation_config.json's (the converter's key
+ * generation_config) before config.json's, its null none too; a token outside the vocabulary
+ * refused. */
+static void test_forced_eos_spec(void)
+{
+    static const struct {
+        const char *cfg_key, *gen; /* config.json's forced_eos_token_id ("-": absent), generation_config */
+        int want, rc;
+    } cases[] = {
+        {"null", NULL, -1, 0}, {"-", NULL, 0, 0}, {"7", NULL, 7, 0}, {"7", "{\"forced_eos_token_id\": 5}", 5, 0},
+        {"7", "{\"forced_eos_token_id\": null}", -1, 0}, {"7", "{\"num_beams\": 4}", 7, 0}, {"99999", NULL, 0, IFLOW_ERANGE},
+    };
+    iflow_spec *spec;
+    const char *path = test_fixture("families/marian/config.json");
+    json_t *base = path ? json_load_file(path, 0, NULL) : NULL;
+    if (!base || iflow_spec_load(&spec, "specs/marian.ini") < 0) {
+        json_decref(base);
+        SKIP("no marian fixture or spec");
+    }
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        json_t *cfg = json_deep_copy(base), *resolved = NULL;
+        iflow_hparams hp;
+        if (strcmp(cases[i].cfg_key, "-") == 0)
+            json_object_del(cfg, "forced_eos_token_id");
+        else
+            json_object_set_new(cfg, "forced_eos_token_id", json_loads(cases[i].cfg_key, JSON_DECODE_ANY, NULL));
+        if (cases[i].gen)
+            json_object_set_new(cfg, "generation_config", json_loads(cases[i].gen, 0, NULL));
+        int rc = iflow_spec_resolve(spec, cfg, &resolved);
+        if (rc == 0)
+            rc = iflow_hparams_from_json(&hp, resolved, "case");
+        CHECK(rc == cases[i].rc && (rc < 0 || hp.forced_eos == cases[i].want), "case %zu: rc %d, forced_eos %d (want %d): %s",
+              i, rc, rc == 0 ? hp.forced_eos : -2, cases[i].want, rc ? iflow_errmsg() : "");
+        json_decref(resolved);
+        json_decref(cfg);
+    }
+    iflow_spec_close(spec);
+    json_decref(base);
+}
+
 int main(void)
 {
     if (!mkdtemp(dir))
@@ -299,6 +343,7 @@ int main(void)
     RUN(test_t5v11);
     RUN(test_sequences);
     RUN(test_unknown_variant);
+    RUN(test_forced_eos_spec);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0)

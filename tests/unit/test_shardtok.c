@@ -7,11 +7,13 @@
  *   - a shard without a tokenizer, or without a target side, gives NULL;
  *   - a damaged record (a truncated .spm with its checksum right), a missing record, an unknown
  *     format or a description without a record is refused naming the record, the payload's
- *     byte offset and the shard;
+ *     byte offset and the shard; so are M2M100's added tokens that are not strings or whose
+ *     source prefix is not among them, and good ones put their prefix before a text;
  *   - the marian-en-mg fixture converted with opus-mt-en-mg's files (iflow_convert_opts'
  *     tokenizer_path) opens with two tokenizers: the source side encodes refs.json's texts to
- *     its source ids, greedy decoding (the pad token banned) gives generate()'s ids and the
- *     target side decodes them to its translations; t5-uni with uni-t5.model has one;
+ *     its source ids, greedy decoding (the pad token banned, </s> forced at the limit) gives
+ *     generate()'s ids and the target side decodes them to its translations; in a context of 6
+ *     positions the 6th token is the forced </s>; t5-uni with uni-t5.model has one;
  *   - the converter refuses a tokenizer path that does not exist or a damaged .spm, naming it,
  *     and leaves no output.
  * With IFLOW_WRITE_SEEDS=DIR it also writes DIR/fuzz_shard/tokenizer.ifs, fuzz_shard's seed.
@@ -111,9 +113,9 @@ static void test_sides(void)
     iflow_tokenizer *s, *t, *want_s, *want_t;
     CHECK(from_shard(path, IFLOW_TOK_SOURCE, &s) == 0, "source side: %s", iflow_errmsg());
     CHECK(from_shard(path, IFLOW_TOK_TARGET, &t) == 0, "target side: %s", iflow_errmsg());
-    CHECK(iflow_tokenizer_from_spm(&want_s, src, n_src, "src", vocab_json, strlen(vocab_json), "vocab") == 0, "%s",
+    CHECK(iflow_tokenizer_from_spm(&want_s, src, n_src, "src", vocab_json, strlen(vocab_json), "vocab", NULL) == 0, "%s",
           iflow_errmsg());
-    CHECK(iflow_tokenizer_from_spm(&want_t, tgt, n_tgt, "tgt", NULL, 0, NULL) == 0, "%s", iflow_errmsg());
+    CHECK(iflow_tokenizer_from_spm(&want_t, tgt, n_tgt, "tgt", NULL, 0, NULL, NULL) == 0, "%s", iflow_errmsg());
     CHECK(s && iflow_tokenizer_n_vocab(s) == 6, "the source side's ids are vocab.json's: %d",
           s ? iflow_tokenizer_n_vocab(s) : -1);
     CHECK(same_ids(s, want_s, "see the seas sessions"), "the source side encodes as source.spm + vocab.json");
@@ -173,6 +175,24 @@ static void test_damaged(void)
     CHECK_ERR(from_shard(path, IFLOW_TOK_SOURCE, &t), IFLOW_EUNSUPPORTED, path, "unknown tokenizer format 'spm-bpe'");
     write_shard(path, "{\"format\": \"spm\"}", no_vocab, 1);
     CHECK_ERR(from_shard(path, IFLOW_TOK_SOURCE, &t), IFLOW_EFORMAT, path, "bad tokenizer description");
+    /* M2M100's added language tokens: not strings, a prefix not among them, read back */
+    blob whole[] = {{"tokenizer/source.spm", src, n}, {"tokenizer/vocab.json", vocab_json, strlen(vocab_json)}};
+    const char *m2m = "{\"format\": \"spm\", \"record\": \"tokenizer/source.spm\", \"vocab\": \"tokenizer/vocab.json\", "
+                      "\"added\": %s, \"hidden\": 2, \"prefix\": \"%s\"}";
+    char desc[400];
+    snprintf(desc, sizeof desc, m2m, "[1, 2]", "__en__");
+    write_shard(path, desc, whole, 2);
+    CHECK_ERR(from_shard(path, IFLOW_TOK_SOURCE, &t), IFLOW_EFORMAT, path, "added token 0 is not a string");
+    snprintf(desc, sizeof desc, m2m, "[\"__en__\", \"__fr__\"]", "__de__");
+    write_shard(path, desc, whole, 2);
+    CHECK_ERR(from_shard(path, IFLOW_TOK_SOURCE, &t), IFLOW_EFORMAT, path, "the source prefix '__de__' is not one of the 2");
+    snprintf(desc, sizeof desc, m2m, "[\"__en__\", \"__fr__\"]", "__fr__");
+    write_shard(path, desc, whole, 2);
+    const int32_t *pre;
+    CHECK(from_shard(path, IFLOW_TOK_SOURCE, &t) == 0 && t && iflow_tokenizer_affix(t, 1, &pre) == 1 &&
+              pre[0] == iflow_tokenizer_n_vocab(t) - 3,
+          "read back: __fr__ (the second of 2 tokens, 2 hidden after) before the text: %s", iflow_errmsg());
+    iflow_tokenizer_close(t);
     free(src);
 }
 
@@ -235,6 +255,24 @@ static void check_texts(iflow_model *m, const json_t *refs)
     iflow_s2s_close(s);
 }
 
+/* The context as the limit: with room for decoder_start and 5 tokens, the 6th is the forced </s>
+ * (the 6th a context of 6 positions allows), finish context, the first 5 generate()'s. */
+static void check_context_limit(iflow_model *m, const json_t *refs)
+{
+    const json_t *t = json_array_get(json_object_get(refs, "texts"), 0);
+    size_t n_src, n_greedy;
+    int32_t *src = test_ids(json_object_get(t, "src"), &n_src), *greedy = test_ids(json_object_get(t, "greedy"), &n_greedy);
+    iflow_s2s *s;
+    iflow_s2s_result r = {0};
+    CHECK(iflow_s2s_open(&s, m, 64, 6, 1, 1) == 0 && iflow_s2s_greedy(s, src, (int)n_src, NULL, 0, 100, &r) == 0,
+          "greedy in a context of 6: %s", iflow_errmsg());
+    CHECK(r.n_tokens == 5 && n_greedy > 5 && memcmp(r.tokens, greedy, 5 * sizeof *greedy) == 0 &&
+              r.finish == IFLOW_FINISH_CONTEXT && r.eos == 0,
+          "the context's last token is the forced </s>: %d tokens, finish %d, eos %d", r.n_tokens, r.finish, r.eos);
+    free(src), free(greedy), free(r.tokens);
+    iflow_s2s_close(s);
+}
+
 static void test_marian(void)
 {
     iflow_model *m;
@@ -243,6 +281,8 @@ static void test_marian(void)
         return;
     const iflow_hparams *hp = iflow_model_hparams(m);
     CHECK(hp->n_banned == 1 && hp->banned[0] == 54687, "banned_tokens: the pad token (bad_words_ids)");
+    CHECK(hp->forced_eos == 0, "forced_eos: MarianConfig's default </s> (config.json has none)");
+    check_context_limit(m, refs);
     CHECK(iflow_model_target_tokenizer(m) != iflow_model_tokenizer(m), "a target side of its own");
     CHECK(json_integer_value(json_object_get(refs, "pad_picked_without_ban")) > 0, "the fixture tests the ban");
     check_texts(m, refs);

@@ -1,13 +1,16 @@
 /* test_tokenizer.c -- the tokenizer against reference ids: llama.cpp's vocab test vectors
  * (tokenizer-tests/ggml-vocab-X.gguf.inp/.out), the stories260K goldens (tokenizer.json and GGUF), ids from
  * HF `tokenizers` committed under tests/fixtures/tokenizers (smollm2, all-minilm, stories260K),
- * round trips, the wiki.test.raw count and speed, and malformed inputs. */
+ * SentencePiece unigram and BPE models against `sentencepiece`, MarianTokenizer and
+ * M2M100Tokenizer (gen_unigram_refs.py), round trips, the wiki.test.raw count and speed, and
+ * malformed inputs. */
 #include "check.h"
 #include "libcore/base/error.h"
 #include "libcore/tokenizers/tokenizer.h"
 
 #include <jansson.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -730,7 +733,7 @@ static void test_bad_json(void)
               contains(iflow_errmsg(), "'/nonexistent/tokenizer.json'"), "missing file: %s", iflow_errmsg());
 }
 
-/* ---- unigram: SentencePiece models, Marian, T5-style tokenizer.json ----------------------- */
+/* ---- SentencePiece models (unigram, BPE), Marian, T5-style tokenizer.json ---------------- */
 
 typedef struct {
     const char *path;  /* under ../shared, or (fixture) under tests/fixtures */
@@ -751,6 +754,11 @@ static const uni_case uni_cases[] = {
     {"tokenizers/uni-t5.json", 1, 0, "hf-uni-t5.jsonl", "unigram"},
     {"tokenizers/uni-bf.json", 1, 0, "hf-uni-bf.jsonl", "unigram"},
     {"tokenizers/uni-plain.json", 1, 0, "hf-uni-plain.jsonl", "unigram"},
+    {"tokenizers/m2m100/sentencepiece.bpe.model", 1, 0, "spm-bpe-m2m.jsonl", "spm-bpe"},
+    {"tokenizers/bpe-bf.model", 1, 0, "spm-bpe-bf.jsonl", "spm-bpe"},
+    {"tokenizers/bpe-unused.model", 1, 0, "spm-bpe-unused.jsonl", "spm-bpe"},
+    {"tokenizers/m2m100", 1, 0, "m2m100.jsonl", "spm-bpe"},
+    {"tokenizers/m2m100", 1, 1, "m2m100.jsonl", "spm-bpe"},
 };
 
 static iflow_tokenizer *open_case(const uni_case *c)
@@ -813,6 +821,77 @@ static void test_marian(void)
     free(ids);
     iflow_tokenizer_close(src);
     iflow_tokenizer_close(tgt);
+}
+
+/* An M2M100 folder (tests/fixtures/tokenizers/m2m100) copied to dir with tokenizer_config.json
+ * replaced by cfg (NULL: none); its tokenizer, or NULL with the error in rc. */
+static iflow_tokenizer *m2m100_with(const char *dir, const char *cfg, int *rc)
+{
+    static const char *const files[] = {"sentencepiece.bpe.model", "vocab.json"};
+    char from[512], to[512];
+    iflow_tokenizer *t = NULL;
+    mkdir(dir, 0755);
+    for (int i = 0; i < 2; i++) {
+        size_t n = 0;
+        snprintf(from, sizeof from, "tokenizers/m2m100/%s", files[i]);
+        snprintf(to, sizeof to, "%s/%s", dir, files[i]);
+        void *b = test_fixture(from) ? test_read_file(test_fixture(from), &n) : NULL;
+        if (b)
+            test_write_file(to, b, n);
+        free(b);
+    }
+    snprintf(to, sizeof to, "%s/tokenizer_config.json", dir);
+    if (cfg)
+        test_write_file(to, cfg, strlen(cfg));
+    else
+        remove(to);
+    *rc = iflow_tokenizer_open(&t, dir);
+    return t;
+}
+
+/* M2M100: vocab.json's ids, then the 100 language tokens and 8 madeup words; [__en__] text </s>;
+ * the language tokens special (matched with PARSE_SPECIAL, silent when decoded); the source
+ * language and the code list from tokenizer_config.json, refused when unknown. */
+static void test_m2m100(void)
+{
+    iflow_tokenizer *t = open_case(&uni_cases[13]);
+    if (!t)
+        SKIP("no tokenizers/m2m100");
+    size_t n;
+    int32_t *ids = ids_of(t, "__fr__ hi", IFLOW_TOK_ADD_BOS | IFLOW_TOK_PARSE_SPECIAL, &n);
+    CHECK(iflow_tokenizer_n_vocab(t) == 972 + 100 + 8 && iflow_tokenizer_eos(t) == 2 && iflow_tokenizer_bos(t) == -1,
+          "vocab %d, eos %d, bos %d", iflow_tokenizer_n_vocab(t), iflow_tokenizer_eos(t), iflow_tokenizer_bos(t));
+    CHECK(n >= 3 && ids[0] == 990 && ids[1] == 996 && ids[n - 1] == 2, "[__en__] __fr__ ... </s>");
+    free(ids);
+    char *d = NULL, buf[32];
+    int32_t seq[] = {996, 34, 1071, 1079, 2}; /* __fr__ ▁The __zu__ (a madeup word) </s> */
+    CHECK(iflow_tokenizer_decode(t, seq, 5, &d, NULL) == 0 && strcmp(d, "The") == 0, "languages silent: '%s'", d ? d : "");
+    CHECK(iflow_tokenizer_piece(t, 1071, 0, buf, sizeof buf) == 0 && iflow_tokenizer_piece(t, 1080, 0, buf, sizeof buf) < 0,
+          "__zu__ is the last language, 1079 the last id");
+    free(d);
+    iflow_tokenizer_close(t);
+
+    int rc;
+    const char *dir = "build/test-m2m100-tok";
+    char want[600];
+    t = m2m100_with(dir, "{\"src_lang\": \"de\", \"language_codes\": \"wmt21\", \"num_madeup_words\": 0}", &rc);
+    ids = t ? ids_of(t, "hi", IFLOW_TOK_ADD_BOS, &n) : NULL;
+    CHECK(rc == 0 && iflow_tokenizer_n_vocab(t) == 972 + 8 && n >= 2 && ids[0] == 972 + 7,
+          "wmt21: 8 languages (de the 8th), no madeup words: %s", iflow_errmsg());
+    free(ids);
+    iflow_tokenizer_close(t);
+    t = m2m100_with(dir, NULL, &rc);
+    ids = t ? ids_of(t, "hi", IFLOW_TOK_ADD_BOS, &n) : NULL;
+    CHECK(rc == 0 && iflow_tokenizer_n_vocab(t) == 1080 && n >= 2 && ids[0] == 990, "no tokenizer_config.json: __en__");
+    free(ids);
+    iflow_tokenizer_close(t);
+    t = m2m100_with(dir, "{\"src_lang\": \"fr\", \"language_codes\": \"wmt21\"}", &rc);
+    snprintf(want, sizeof want, "unknown src_lang 'fr' in '%s/tokenizer_config.json' (not among language_codes wmt21)", dir);
+    CHECK(!t && rc == IFLOW_EUNSUPPORTED && strcmp(iflow_errmsg(), want) == 0, "src_lang outside the list: %s",
+          iflow_errmsg());
+    t = m2m100_with(dir, "{\"language_codes\": \"nllb\"}", &rc);
+    snprintf(want, sizeof want, "unknown language_codes 'nllb' in '%s/tokenizer_config.json' (m2m100 or wmt21)", dir);
+    CHECK(!t && rc == IFLOW_EUNSUPPORTED && strcmp(iflow_errmsg(), want) == 0, "unknown code list: %s", iflow_errmsg());
 }
 
 /* Tokenizing WikiText-2 with opus-mt's source side: ids against sentencepiece's count, speed. */
@@ -885,7 +964,7 @@ static int pb_find(const uint8_t *b, size_t from, size_t to, unsigned field, int
 static void bad_spm(const char *buf, size_t len, const char *name, int code, const char *want)
 {
     iflow_tokenizer *t = NULL;
-    int rc = iflow_tokenizer_from_spm(&t, buf, len, name, NULL, 0, NULL);
+    int rc = iflow_tokenizer_from_spm(&t, buf, len, name, NULL, 0, NULL, NULL);
     CHECK(rc == code && contains(iflow_errmsg(), want), "%s: rc %d (want %d): '%s' lacks '%s'", name, rc, code,
           iflow_errmsg(), want);
     iflow_tokenizer_close(t);
@@ -913,7 +992,7 @@ static void test_bad_spm(void)
     int refused = 0;
     for (size_t cut = 0; cut < len; cut++) {
         iflow_tokenizer *t = NULL;
-        int rc = iflow_tokenizer_from_spm(&t, buf, cut, "cut.model", NULL, 0, NULL);
+        int rc = iflow_tokenizer_from_spm(&t, buf, cut, "cut.model", NULL, 0, NULL, NULL);
         refused += rc < 0;
         CHECK(rc == 0 || rc == IFLOW_ETRUNC || rc == IFLOW_EFORMAT, "cut at %zu: rc %d %s", cut, rc, iflow_errmsg());
         iflow_tokenizer_close(t);
@@ -953,7 +1032,8 @@ static void test_bad_spm(void)
     free(buf);
 }
 
-/* Refusals that name what the model uses: another model type, a vocab.json without <unk>. */
+/* Refusals that name what the model uses: a model type other than unigram and BPE, a vocab.json
+ * without <unk>. */
 static void test_spm_unsupported(void)
 {
     size_t len;
@@ -962,13 +1042,14 @@ static void test_spm_unsupported(void)
     char *buf = plain_model(&len, &ts, &mt, 3);
     if (!buf)
         SKIP("no uni-plain.model");
-    buf[mt.off] = 2;
-    bad_spm(buf, len, "bpe.model", IFLOW_EUNSUPPORTED, "unsupported sentencepiece model type bpe in 'bpe.model'");
+    buf[mt.off] = 3;
+    bad_spm(buf, len, "word.model", IFLOW_EUNSUPPORTED,
+            "unsupported sentencepiece model type word in 'word.model' (unigram and bpe only)");
     buf[mt.off] = 1;
-    int rc = iflow_tokenizer_from_spm(&t, buf, len, "u.model", "{\"a\": 0}", 8, "v.json");
+    int rc = iflow_tokenizer_from_spm(&t, buf, len, "u.model", "{\"a\": 0}", 8, "v.json", NULL);
     CHECK(rc == IFLOW_EFORMAT && strcmp(iflow_errmsg(), "no '<unk>' in 'v.json'") == 0, "vocab.json without <unk>: %s",
           iflow_errmsg());
-    rc = iflow_tokenizer_from_spm(&t, buf, len, "u.model", "[1]", 3, "v.json");
+    rc = iflow_tokenizer_from_spm(&t, buf, len, "u.model", "[1]", 3, "v.json", NULL);
     CHECK(rc == IFLOW_EFORMAT && contains(iflow_errmsg(), "'v.json'"), "vocab.json not an object: %s", iflow_errmsg());
     free(buf);
 }
@@ -990,6 +1071,7 @@ int main(void)
     RUN(test_bad_json);
     RUN(test_unigram_fixtures);
     RUN(test_marian);
+    RUN(test_m2m100);
     RUN(test_unigram_speed);
     RUN(test_bad_spm);
     RUN(test_spm_unsupported);
