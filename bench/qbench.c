@@ -3,12 +3,17 @@
  * per line on stdout.
  *
  *   qbench [--isa scalar|avx2|avx512|avx512gfni] [--threads N] [--no-single] [--type NAME]... [--shape NxK]...
- *          [--decode] [--quick] [--roof]
+ *          [--decode] [--hot] [--quick] [--roof]
  *
  * decode:  T = 1 on the TinyLlama shapes (N x K = 2048x2048, 5632x2048, 2048x5632, 32000x2048,
  *          256x2048) at 1 thread (unless --no-single) and at --threads (default: all cores). GBps = bytes of the
  *          quantized weights / time. Each call reads the next of several copies of the matrix
  *          (>= 256 MiB in all), so the weights come from DRAM, as in a model.
+ * hot:     decode from cache instead (every call reads the same copy; the default shape is
+ *          256x2048, which fits L2): how fast the kernel itself goes, in GB/s of weights. Far
+ *          above the read bandwidth means that decode from DRAM is bound by the bandwidth, not by
+ *          the kernel; and unlike timings from DRAM it hardly depends on other tenants' traffic.
+ *          Only this is run.
  * prefill: T = 64 on 2048x2048 and 5632x2048; GFLOPs = 2 T N K / time.
  * Each type in the row layout ("layout":"rows"), then packed (qpack.h) where this CPU has it.
  * roof:    the peak of vpdpbusd (int8), vpdpwssd (int16) and FMA (F32) on 512-bit registers in
@@ -71,11 +76,11 @@ static uint8_t *make_matrix(int type, int ptype, int N, int K, uint32_t seed)
     return P;
 }
 
-/* ptype: type, or its packed code (qpack.h). */
-static void bench_decode(int type, int ptype, int N, int K, int threads, double min_s)
+/* ptype: type, or its packed code (qpack.h). hot: one copy, read from cache. */
+static void bench_decode(int type, int ptype, int N, int K, int threads, double min_s, int hot)
 {
     size_t bytes = ptype == type ? (size_t)N * ifk_qrow_bytes(type, K) : ifk_qpack_bytes(type, N, K);
-    int copies = (int)((256u << 20) / bytes) + 1;
+    int copies = hot ? 1 : (int)((256u << 20) / bytes) + 1;
     uint8_t **W = alloc64((size_t)copies * sizeof *W);
     W[0] = make_matrix(type, ptype, N, K, 1);
     for (int c = 1; c < copies; c++) { /* copies of the first (quantizing is slow) */
@@ -93,10 +98,10 @@ static void bench_decode(int type, int ptype, int N, int K, int threads, double 
                      ifk_qmatmul(y, (size_t)N, W[c], ptype, x, (size_t)K, 1, N, K, threads));
     best /= copies; /* per call */
     med /= copies;
-    printf("{\"bench\":\"qdecode\",\"isa\":\"%s\",\"wtype\":\"%s\",\"layout\":\"%s\",\"N\":%d,\"K\":%d,"
+    printf("{\"bench\":\"%s\",\"isa\":\"%s\",\"wtype\":\"%s\",\"layout\":\"%s\",\"N\":%d,\"K\":%d,"
            "\"threads\":%d,\"us\":%.2f,\"GBps\":%.2f,\"GBps_median\":%.2f}\n",
-           ifk_isa_name(ifk_isa_current()), ifk_qtype(type)->name, ptype == type ? "rows" : "packed", N, K, threads, best * 1e6,
-           bytes / best * 1e-9, bytes / med * 1e-9);
+           hot ? "qdecode_hot" : "qdecode", ifk_isa_name(ifk_isa_current()), ifk_qtype(type)->name,
+           ptype == type ? "rows" : "packed", N, K, threads, best * 1e6, bytes / best * 1e-9, bytes / med * 1e-9);
     fflush(stdout);
     for (int c = 0; c < copies; c++)
         free(W[c]);
@@ -196,7 +201,8 @@ static int type_by_name(const char *s)
 
 int main(int argc, char **argv)
 {
-    int threads = omp_get_num_procs(), quick = 0, roof = 0, decode_only = 0, single = 1, types[IFK_QTYPE_END_], n_types = 0;
+    int threads = omp_get_num_procs(), quick = 0, roof = 0, decode_only = 0, hot = 0, single = 1, types[IFK_QTYPE_END_],
+        n_types = 0;
     int shapes[16][2] = { { 2048, 2048 }, { 5632, 2048 }, { 2048, 5632 }, { 32000, 2048 }, { 256, 2048 } };
     int n_shapes = 5, own_shapes = 0;
     for (int i = 1; i < argc; i++) {
@@ -227,13 +233,15 @@ int main(int argc, char **argv)
             single = 0;
         } else if (!strcmp(argv[i], "--decode")) {
             decode_only = 1;
+        } else if (!strcmp(argv[i], "--hot")) {
+            hot = decode_only = 1;
         } else if (!strcmp(argv[i], "--quick")) {
             quick = 1;
         } else if (!strcmp(argv[i], "--roof")) {
             roof = 1;
         } else {
             fprintf(stderr, "usage: qbench [--isa scalar|avx2|avx512] [--threads N] [--no-single] [--type NAME]... "
-                            "[--shape NxK]... [--decode] [--quick] [--roof]\n");
+                            "[--shape NxK]... [--decode] [--hot] [--quick] [--roof]\n");
             return 1;
         }
     }
@@ -241,6 +249,8 @@ int main(int argc, char **argv)
         for (int t = IFK_Q8_B32; t < IFK_QTYPE_END_; t++)
             types[n_types++] = t;
     const double min_s = quick ? 0.2 : 1.0;
+    if (hot && !own_shapes)
+        n_shapes = 1, shapes[0][0] = 256, shapes[0][1] = 2048;
     if (roof) {
         bench_roof(1, min_s);
         if (threads > 1)
@@ -254,7 +264,7 @@ int main(int argc, char **argv)
         for (int l = 0; l < n_layouts; l++) {
             for (int c = tc0; c < n_tc; c++)
                 for (int s = 0; s < n_shapes; s++)
-                    bench_decode(types[ti], layouts[l], shapes[s][0], shapes[s][1], thread_counts[c], min_s);
+                    bench_decode(types[ti], layouts[l], shapes[s][0], shapes[s][1], thread_counts[c], min_s, hot);
             for (int c = tc0; c < n_tc && !decode_only; c++) {
                 bench_prefill(types[ti], layouts[l], 64, 2048, 2048, thread_counts[c], min_s);
                 if (!quick)

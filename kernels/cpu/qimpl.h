@@ -76,12 +76,14 @@ IFK_DECL_QGET_ROW(ifk_avx512_qget_row);
 IFK_DECL_QMATMUL_ROWS(ifk_avx512gfni_qmatmul_rows); /* x quantized by ifk_avx512_qx_quantize */
 IFK_DECL_QGET_ROW(ifk_avx512gfni_qget_row);
 /* qpack_avx512.c: rows n0 <= n < n1 (n0 a multiple of 16) of a packed matrix (qpack.h) whose
- * base type is qx->type; x quantized by ifk_avx512_qx_quantize. */
+ * base type is qx->type; x quantized by ifk_avx512_qx_quantize. The avx512 one reads Q4 and Q8
+ * (AVX512_VNNI), the avx512gfni one every type (AVX512_VNNI, AVX512_VBMI and GFNI). */
 IFK_DECL_QMATMUL_ROWS(ifk_avx512_qmatmul_packed_rows);
+IFK_DECL_QMATMUL_ROWS(ifk_avx512gfni_qmatmul_packed_rows);
 
-/* qdispatch.c: 1 when the product runs the AVX-512 VNNI path on this CPU (the one that reads
- * packed matrices). */
-int ifk_qpath_vnni(void);
+/* qdispatch.c: 1 when the current path multiplies packed matrices of base type `type` with a
+ * kernel of their own (ifk_qpack_type packs only those). */
+int ifk_qpath_packed(int type);
 
 /* quant_ref.c: the oracle on rows n0 <= n < n1 (arguments as ifk_qmatmul_ref). */
 void ifk_qmatmul_ref_rows(float *y, size_t ldy, const void *W, int type, const float *x, size_t ldx,

@@ -580,8 +580,9 @@ static void test_qpack_roundtrip(void)
             free(U);
         }
     }
-    CHECK(ifk_qpack_base(IFK_Q4_B64) == -1 && ifk_qpack_base(IFK_QPACKED + IFK_Q6_B64) == -1,
-          "only packed codes of packed types have a base");
+    CHECK(ifk_qpack_base(IFK_Q4_B64) == -1 && ifk_qpack_base(IFK_QPACKED + IFK_QTYPE_END_) == -1 &&
+              ifk_qpack_base(IFK_QPACKED) == -1,
+          "only packed codes of quantized types have a base");
 }
 
 /* ---- (d) ifk_qget_row -------------------------------------------------------------------- */
