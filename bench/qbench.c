@@ -8,7 +8,11 @@
  * decode:  T = 1 on the TinyLlama shapes (N x K = 2048x2048, 5632x2048, 2048x5632, 32000x2048,
  *          256x2048) at 1 thread (unless --no-single) and at --threads (default: all cores). GBps = bytes of the
  *          quantized weights / time. Each call reads the next of several copies of the matrix
- *          (>= 256 MiB in all), so the weights come from DRAM, as in a model.
+ *          (>= 256 MiB in all), so the weights come from DRAM, as in a model. Each round of
+ *          calls alternates with a round that only reads the same copies (a sum of 64-byte loads,
+ *          as membw's read-only sum, on as many threads): read_GBps, and fraction = GBps /
+ *          read_GBps, the share of the read bandwidth measured side by side with the product,
+ *          so that other tenants' load, which drifts, weighs on both alike.
  * hot:     decode from cache instead (every call reads the same copy; the default shape is
  *          256x2048, which fits L2): how fast the kernel itself goes, in GB/s of weights. Far
  *          above the read bandwidth means that decode from DRAM is bound by the bandwidth, not by
@@ -76,6 +80,27 @@ static uint8_t *make_matrix(int type, int ptype, int N, int K, uint32_t seed)
     return P;
 }
 
+/* The sum of bytes [n] (n a multiple of 64) as 64-bit words, read 64 bytes at a time with 8
+ * accumulators (membw.c's read-only sum) on `threads` threads. */
+__attribute__((target("avx512f"))) static long long read_sum(const uint8_t *p, size_t n, int threads)
+{
+    long long total = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+    {
+        __m512i s[8];
+        for (int k = 0; k < 8; k++)
+            s[k] = _mm512_setzero_si512();
+#pragma omp for schedule(static)
+        for (size_t i = 0; i < n / 512; i++)
+            for (int k = 0; k < 8; k++)
+                s[k] = _mm512_add_epi64(s[k], _mm512_load_si512(p + 512 * i + 64 * k));
+        for (int k = 1; k < 8; k++)
+            s[0] = _mm512_add_epi64(s[0], s[k]);
+        total += _mm512_reduce_add_epi64(s[0]);
+    }
+    return total;
+}
+
 /* ptype: type, or its packed code (qpack.h). hot: one copy, read from cache. */
 static void bench_decode(int type, int ptype, int N, int K, int threads, double min_s, int hot)
 {
@@ -92,16 +117,39 @@ static void bench_decode(int type, int ptype, int N, int K, int threads, double 
     fill(x, (size_t)K, 99, 1.0f);
     for (int c = 0; c < copies; c++) /* warm-up: page faults, thread team, scratch */
         ifk_qmatmul(y, (size_t)N, W[c], ptype, x, (size_t)K, 1, N, K, threads);
-    double best, med;
-    BENCH_ROUNDS(min_s, &best, &med,
-                 for (int c = 0; c < copies; c++)
-                     ifk_qmatmul(y, (size_t)N, W[c], ptype, x, (size_t)K, 1, N, K, threads));
+    /* BENCH_ROUNDS' rule (at least 3 rounds and min_s of products), each product round followed
+     * by a read-only round timed apart */
+    static double t[BENCH_MAX_ROUNDS];
+    double best, med, read_best = 1e30, spent = 0.0;
+    volatile long long sink = 0;
+    const size_t read_bytes = bytes & ~(size_t)511; /* read_sum's unit */
+    int n = 0;
+    do {
+        double t0 = bench_now();
+        for (int c = 0; c < copies; c++)
+            ifk_qmatmul(y, (size_t)N, W[c], ptype, x, (size_t)K, 1, N, K, threads);
+        spent += t[n++] = bench_now() - t0;
+        if (!hot) {
+            t0 = bench_now();
+            for (int c = 0; c < copies; c++)
+                sink += read_sum(W[c], read_bytes, threads);
+            double tr = bench_now() - t0;
+            read_best = tr < read_best ? tr : read_best;
+        }
+    } while (n < BENCH_MAX_ROUNDS && (n < 3 || spent < min_s));
+    bench_best_median(t, n, &best, &med);
+    (void)sink;
     best /= copies; /* per call */
     med /= copies;
     printf("{\"bench\":\"%s\",\"isa\":\"%s\",\"wtype\":\"%s\",\"layout\":\"%s\",\"N\":%d,\"K\":%d,"
-           "\"threads\":%d,\"us\":%.2f,\"GBps\":%.2f,\"GBps_median\":%.2f}\n",
+           "\"threads\":%d,\"us\":%.2f,\"GBps\":%.2f,\"GBps_median\":%.2f",
            hot ? "qdecode_hot" : "qdecode", ifk_isa_name(ifk_isa_current()), ifk_qtype(type)->name,
            ptype == type ? "rows" : "packed", N, K, threads, best * 1e6, bytes / best * 1e-9, bytes / med * 1e-9);
+    if (!hot) {
+        double read_gbps = (double)read_bytes * copies / read_best * 1e-9;
+        printf(",\"read_GBps\":%.2f,\"fraction\":%.3f", read_gbps, bytes / best * 1e-9 / read_gbps);
+    }
+    printf("}\n");
     fflush(stdout);
     for (int c = 0; c < copies; c++)
         free(W[c]);

@@ -7,7 +7,9 @@
  * (qmatmul_avx512gfni.c; it differs in Q3H's unpacking); IFK_ISA_AVX512 uses qmatmul_avx512.c
  * when the CPU also has AVX512_VNNI (the int8 dot product, vpdpbusd), else the AVX2 path;
  * IFK_ISA_AVX2 uses qmatmul_avx2.c; the scalar path is the oracle of quant_ref.c. Built with
- * -DIFK_NO_SIMD, only the scalar path exists.
+ * -DIFK_NO_SIMD, only the scalar path exists. Packed matrices (qpack.h) have kernels of their
+ * own (packed_kernel): every type on the GFNI path of a CPU with AVX512_VBMI, Q4 and Q8 on the
+ * VNNI paths; elsewhere their rows are unpacked again.
  */
 #include <omp.h>
 #include <pthread.h>
