@@ -57,6 +57,14 @@ static uint64_t rd64(const uint8_t *p)
     return v;
 }
 
+static uint16_t rd16(const uint8_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+static void wr16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
 static void wr32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
 static void wr64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
 
@@ -188,99 +196,104 @@ static void q3h_codes(uint8_t *c, const uint8_t *lv)
 
 static void q3h_level_bytes(uint8_t *lv, const uint8_t *c)
 {
-    memset(lv, 0, 28);
-    for (int j = 0; j < 16; j++)
-        lv[j] = (uint8_t)((c[j] & 15) | (c[j + 16] & 15) << 4);
-    for (int p = 0; p < 3; p++) {
-        uint32_t plane = 0;
-        for (int i = 0; i < 32; i++)
-            plane |= (uint32_t)(c[i] >> (4 + p) & 1) << i;
-        wr32(lv + 16 + 4 * p, plane);
-    }
+    for (int k = 0; k < 2; k++) /* cl bytes 8 k ..: codes 8 k .. low, 16 + 8 k .. high */
+        wr64(lv + 8 * k, (rd64(c + 8 * k) & 0x0F0F0F0F0F0F0F0Full) | (rd64(c + 16 + 8 * k) & 0x0F0F0F0F0F0F0F0Full) << 4);
+    for (int p = 0; p < 3; p++)
+        for (int k = 0; k < 4; k++) /* bit 4 + p of 8 codes gathered into a byte by a multiply */
+            lv[16 + 4 * p + k] = (uint8_t)(((rd64(c + 8 * k) >> (4 + p) & 0x0101010101010101ull) * 0x0102040810204080ull) >> 56);
 }
 
 /* Q3H: code register m (m < 8), byte 16 L + 8 h + 2 d + e = code 4 m + 2 h + e of row 4 L + d;
- * registers 0..6 are units 0..6 (bits 0-6), register 7's bit p is bit 7 of unit p. */
+ * registers 0..6 are units 0..6 (bits 0-6), register 7's bit m is bit 7 of unit m. A row's codes
+ * move in pairs (e = 0, 1): 2 bytes at 16 L + 2 d + 8 h of a unit. */
 static void levels_q3h(uint8_t *lv, uint8_t *blk, int r, int B, int to_tile)
 {
     uint8_t c[32];
     if (to_tile)
         q3h_codes(c, blk + 4);
-    const int at = 16 * (r / 4) + 2 * (r % 4); /* h = e = 0 */
-    for (int m = 0; m < 8; m++)
-        for (int h = 0; h < 2; h++)
-            for (int e = 0; e < 2; e++) {
-                uint8_t *code = c + 4 * m + 2 * h + e, *pos = lv + at + 8 * h + e;
-                if (m < 7 && to_tile)
-                    pos[64 * m] |= *code;
-                else if (m < 7)
-                    *code = pos[64 * m] & 0x7F;
-                else if (to_tile)
-                    for (int p = 0; p < 7; p++)
-                        pos[64 * p] |= (uint8_t)((*code >> p & 1) << 7);
-                else
-                    for (int p = *code = 0; p < 7; p++)
-                        *code |= (uint8_t)((pos[64 * p] >> 7) << p);
+    for (int h = 0; h < 2; h++) {
+        uint8_t *t = lv + 16 * (r / 4) + 2 * (r % 4) + 8 * h, *top = c + 28 + 2 * h; /* top: register 7's pair */
+        uint16_t hi = to_tile ? rd16(top) : 0;
+        for (int m = 0; m < 7; m++) {
+            uint8_t *pair = c + 4 * m + 2 * h;
+            if (to_tile) {
+                wr16(t + 64 * m, (uint16_t)(rd16(pair) | (hi >> m & 0x0101) << 7));
+            } else {
+                uint16_t v = rd16(t + 64 * m);
+                wr16(pair, v & 0x7F7F);
+                hi |= (uint16_t)((v >> 7 & 0x0101) << m);
             }
+        }
+        if (!to_tile)
+            wr16(top, hi);
+    }
     if (!to_tile)
         q3h_level_bytes(blk + 4, c);
 }
 
 typedef void levels_fn(uint8_t *lv, uint8_t *blk, int r, int B, int to_tile);
 
-static levels_fn *levels_of(int type)
+/* Rows r0 <= r < r1 of a group (tiles: its nb tiles) <-> rows: [r1 - r0][nb * BB], delta, min
+ * and levels (f). Packing (to_tile) only reads rows and ORs into zeroed tiles; unpacking writes
+ * every byte of rows. Inlined with f, B, BB and to_tile constant, so that f is inlined too: packing
+ * a model at load is mostly this loop (Q3H, TinyLlama: levels_q3h 32 % of the load's samples when
+ * it was called through a pointer). */
+static inline __attribute__((always_inline)) void move_rows_with(uint8_t *tiles, uint8_t *rows, int nb, int r0, int r1,
+                                                                 levels_fn *f, const int B, const int BB, const int to_tile)
 {
-    switch (type) {
-    case IFK_Q8_B32:
-    case IFK_Q8_B64: return levels_q8;
-    case IFK_Q6_B64: return levels_q6;
-    case IFK_Q5_B64: return levels_q5;
-    case IFK_Q4_B32:
-    case IFK_Q4_B64: return levels_q4;
-    case IFK_Q3H_B64: return levels_q3h;
-    case IFK_Q3_B32: return levels_q3;
-    default: return levels_q2;
-    }
+    for (int r = r0; r < r1; r++)
+        for (int b = 0; b < nb; b++) {
+            uint8_t *tile = tiles + (size_t)b * 16 * BB, *blk = rows + ((size_t)(r - r0) * nb + (size_t)b) * BB;
+            uint8_t *d = tile + 2 * r, *m = tile + 32 + 2 * r;
+            memcpy(to_tile ? d : blk, to_tile ? blk : d, 2);
+            memcpy(to_tile ? m : blk + 2, to_tile ? blk + 2 : m, 2);
+            f(tile + 64, blk, r, B, to_tile);
+        }
 }
 
-/* Row r's block <-> its part of the tile: delta, min and levels. Packing (to_tile) only reads
- * blk and ORs into a zeroed tile; unpacking writes every byte of blk. */
-static void move_row_block(uint8_t *tile, uint8_t *blk, int type, int r, int to_tile)
+static void move_rows(uint8_t *tiles, uint8_t *rows, int nb, int r0, int r1, int type, int to_tile)
 {
-    uint8_t *d = tile + 2 * r, *m = tile + 32 + 2 * r;
-    memcpy(to_tile ? d : blk, to_tile ? blk : d, 2);
-    memcpy(to_tile ? m : blk + 2, to_tile ? blk + 2 : m, 2);
-    levels_of(type)(tile + 64, blk, r, ifk_qtype(type)->block, to_tile);
+#define QPACK_MOVE(f, B, BB)                                                 \
+    (to_tile ? move_rows_with(tiles, rows, nb, r0, r1, f, B, BB, 1)           \
+             : move_rows_with(tiles, rows, nb, r0, r1, f, B, BB, 0))
+    switch (type) { /* quant.h's blocks */
+    case IFK_Q8_B32: QPACK_MOVE(levels_q8, 32, 36); break;
+    case IFK_Q8_B64: QPACK_MOVE(levels_q8, 64, 68); break;
+    case IFK_Q6_B64: QPACK_MOVE(levels_q6, 64, 52); break;
+    case IFK_Q5_B64: QPACK_MOVE(levels_q5, 64, 44); break;
+    case IFK_Q4_B32: QPACK_MOVE(levels_q4, 32, 20); break;
+    case IFK_Q4_B64: QPACK_MOVE(levels_q4, 64, 36); break;
+    case IFK_Q3H_B64: QPACK_MOVE(levels_q3h, 64, 32); break;
+    case IFK_Q3_B32: QPACK_MOVE(levels_q3, 32, 16); break;
+    case IFK_Q2_B32: QPACK_MOVE(levels_q2, 32, 12); break;
+    default: break;
+    }
+#undef QPACK_MOVE
 }
 
 void ifk_qpack(void *dst, const void *W, int type, int N, int K)
 {
-    const int BB = ifk_qtype(type)->block_bytes, nb = (int)(ifk_qrow_bytes(type, K) / (size_t)BB);
-    const size_t rb = (size_t)nb * BB, group_bytes = 16 * rb;
+    const int nb = (K + ifk_qtype(type)->block - 1) / ifk_qtype(type)->block;
+    const size_t group_bytes = 16 * ifk_qrow_bytes(type, K);
     const int n_groups = (N + 15) / 16;
     /* groups in parallel: a model's matrices are packed at load */
 #pragma omp parallel for schedule(static) if (n_groups >= 64)
     for (int g = 0; g < n_groups; g++) {
         uint8_t *out = (uint8_t *)dst + (size_t)g * group_bytes;
         memset(out, 0, group_bytes);
-        for (int r = 0; r < 16 && 16 * g + r < N; r++) {
-            /* read only (to_tile): the const is dropped for the one function of both directions */
-            uint8_t *row = (uint8_t *)W + (size_t)(16 * g + r) * rb;
-            for (int b = 0; b < nb; b++)
-                move_row_block(out + (size_t)b * 16 * BB, row + (size_t)b * BB, type, r, 1);
-        }
+        /* read only (to_tile): the const is dropped for the one function of both directions */
+        move_rows(out, (uint8_t *)W + (size_t)g * group_bytes, nb, 0, N - 16 * g < 16 ? N - 16 * g : 16, type, 1);
     }
 }
 
 void ifk_qunpack_rows(void *dst, const void *P, int ptype, int n0, int n1, int K)
 {
-    const int type = ifk_qpack_base(ptype), BB = ifk_qtype(type)->block_bytes;
-    const int nb = (int)(ifk_qrow_bytes(type, K) / (size_t)BB);
-    const size_t rb = (size_t)nb * BB;
-    for (int n = n0; n < n1; n++)
-        for (int b = 0; b < nb; b++) {
-            /* written only by packing: the const is dropped as in ifk_qpack */
-            uint8_t *tile = (uint8_t *)P + ((size_t)(n / 16) * nb + b) * 16 * BB;
-            move_row_block(tile, (uint8_t *)dst + (size_t)(n - n0) * rb + (size_t)b * BB, type, n % 16, 0);
-        }
+    const int type = ifk_qpack_base(ptype), nb = (K + ifk_qtype(type)->block - 1) / ifk_qtype(type)->block;
+    const size_t rb = ifk_qrow_bytes(type, K);
+    for (int n = n0; n < n1;) { /* the rows of one group at a time */
+        const int g = n / 16, r1 = n1 - 16 * g < 16 ? n1 - 16 * g : 16;
+        /* written only by packing: the const is dropped as in ifk_qpack */
+        move_rows((uint8_t *)P + (size_t)g * 16 * rb, (uint8_t *)dst + (size_t)(n - n0) * rb, nb, n % 16, r1, type, 0);
+        n = 16 * g + r1;
+    }
 }
