@@ -10,9 +10,11 @@
  *          quantized weights / time. Each call reads the next of several copies of the matrix
  *          (>= 256 MiB in all), so the weights come from DRAM, as in a model. Each round of
  *          calls alternates with a round that only reads the same copies (a sum of 64-byte loads,
- *          as membw's read-only sum, on as many threads): read_GBps, and fraction = GBps /
+ *          as membw's read-only sum, on as many threads of the kernels' pool): read_GBps, and fraction = GBps /
  *          read_GBps, the share of the read bandwidth measured side by side with the product,
- *          so that other tenants' load, which drifts, weighs on both alike.
+ *          so that other tenants' load, which drifts, weighs on both alike; fraction_paired is
+ *          the median over rounds of the same share from a product round and the read round
+ *          right after it (and _max its largest), steadier than best over best on a busy machine.
  * hot:     decode from cache instead (every call reads the same copy; the default shape is
  *          256x2048, which fits L2): how fast the kernel itself goes, in GB/s of weights. Far
  *          above the read bandwidth means that decode from DRAM is bound by the bandwidth, not by
@@ -38,6 +40,7 @@
 
 #include "bench/bench.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/pool.h"
 #include "kernels/cpu/qpack.h"
 #include "kernels/cpu/quant.h"
 
@@ -80,24 +83,46 @@ static uint8_t *make_matrix(int type, int ptype, int N, int K, uint32_t seed)
     return P;
 }
 
-/* The sum of bytes [n] (n a multiple of 64) as 64-bit words, read 64 bytes at a time with 8
- * accumulators (membw.c's read-only sum) on `threads` threads. */
-__attribute__((target("avx512f"))) static long long read_sum(const uint8_t *p, size_t n, int threads)
+/* The sum of bytes [n] (n a multiple of 512) as 64-bit words, read 64 bytes at a time with 8
+ * accumulators (membw.c's read-only sum). */
+__attribute__((target("avx512f"))) static long long read_sum(const uint8_t *p, size_t n)
 {
-    long long total = 0;
-#pragma omp parallel num_threads(threads) reduction(+ : total)
-    {
-        __m512i s[8];
+    __m512i s[8];
+    for (int k = 0; k < 8; k++)
+        s[k] = _mm512_setzero_si512();
+    for (size_t i = 0; i < n / 512; i++)
         for (int k = 0; k < 8; k++)
-            s[k] = _mm512_setzero_si512();
-#pragma omp for schedule(static)
-        for (size_t i = 0; i < n / 512; i++)
-            for (int k = 0; k < 8; k++)
-                s[k] = _mm512_add_epi64(s[k], _mm512_load_si512(p + 512 * i + 64 * k));
-        for (int k = 1; k < 8; k++)
-            s[0] = _mm512_add_epi64(s[0], s[k]);
-        total += _mm512_reduce_add_epi64(s[0]);
-    }
+            s[k] = _mm512_add_epi64(s[k], _mm512_load_si512(p + 512 * i + 64 * k));
+    for (int k = 1; k < 8; k++)
+        s[0] = _mm512_add_epi64(s[0], s[k]);
+    return _mm512_reduce_add_epi64(s[0]);
+}
+
+/* read_sum over bytes [n] on the kernels' thread pool (pool.h), as the product is dealt out:
+ * items of `chunk` bytes (a multiple of 512), each into sums[i]. */
+typedef struct {
+    const uint8_t *p;
+    size_t n, chunk;
+    long long *sums;
+} read_args;
+
+static void read_item(const void *args, const void *in, int i, float *out)
+{
+    const read_args *a = args;
+    size_t lo = (size_t)i * a->chunk, hi = lo + a->chunk < a->n ? lo + a->chunk : a->n;
+    a->sums[i] = read_sum(a->p + lo, hi - lo);
+}
+
+static long long read_pool(const uint8_t *p, size_t n, int threads)
+{
+    long long sums[IFK_POOL_MAX_ITEMS], total = 0;
+    int items = 8 * threads < IFK_POOL_MAX_ITEMS ? 8 * threads : IFK_POOL_MAX_ITEMS;
+    read_args a = { p, n, (n / (size_t)items + 511) & ~(size_t)511, sums };
+    items = (int)((n + a.chunk - 1) / a.chunk);
+    ifk_pool_run(&(ifk_pool_job){ .run = read_item, .args = &a, .args_size = sizeof a, .n_items = items,
+                                  .max_threads = threads });
+    for (int i = 0; i < items; i++)
+        total += sums[i];
     return total;
 }
 
@@ -119,7 +144,7 @@ static void bench_decode(int type, int ptype, int N, int K, int threads, double 
         ifk_qmatmul(y, (size_t)N, W[c], ptype, x, (size_t)K, 1, N, K, threads);
     /* BENCH_ROUNDS' rule (at least 3 rounds and min_s of products), each product round followed
      * by a read-only round timed apart */
-    static double t[BENCH_MAX_ROUNDS];
+    static double t[BENCH_MAX_ROUNDS], ratio[BENCH_MAX_ROUNDS]; /* ratio: read time / product time, per pair */
     double best, med, read_best = 1e30, spent = 0.0;
     volatile long long sink = 0;
     const size_t read_bytes = bytes & ~(size_t)511; /* read_sum's unit */
@@ -132,11 +157,15 @@ static void bench_decode(int type, int ptype, int N, int K, int threads, double 
         if (!hot) {
             t0 = bench_now();
             for (int c = 0; c < copies; c++)
-                sink += read_sum(W[c], read_bytes, threads);
+                sink += read_pool(W[c], read_bytes, threads);
             double tr = bench_now() - t0;
             read_best = tr < read_best ? tr : read_best;
+            ratio[n - 1] = tr / t[n - 1] * (double)bytes / (double)read_bytes;
         }
     } while (n < BENCH_MAX_ROUNDS && (n < 3 || spent < min_s));
+    double frac_best = 0.0, frac_med = 0.0;
+    if (!hot)
+        bench_best_median(ratio, n, &frac_med, &frac_med), frac_best = ratio[n - 1];
     bench_best_median(t, n, &best, &med);
     (void)sink;
     best /= copies; /* per call */
@@ -147,7 +176,8 @@ static void bench_decode(int type, int ptype, int N, int K, int threads, double 
            ptype == type ? "rows" : "packed", N, K, threads, best * 1e6, bytes / best * 1e-9, bytes / med * 1e-9);
     if (!hot) {
         double read_gbps = (double)read_bytes * copies / read_best * 1e-9;
-        printf(",\"read_GBps\":%.2f,\"fraction\":%.3f", read_gbps, bytes / best * 1e-9 / read_gbps);
+        printf(",\"read_GBps\":%.2f,\"fraction\":%.3f,\"fraction_paired\":%.3f,\"fraction_paired_max\":%.3f", read_gbps,
+               bytes / best * 1e-9 / read_gbps, frac_med, frac_best);
     }
     printf("}\n");
     fflush(stdout);

@@ -39,8 +39,13 @@
 #define QP_INLINE static inline __attribute__((always_inline, target(QP_TARGET)))
 #define QP_FN __attribute__((target(QP_TARGET)))
 
-/* Bytes of software prefetch ahead of the tile being read. TinyLlama Q4_B64 decode at 1 thread:
- * 33 tok/s at 2 KiB, 35 at 8 KiB, no better at 16 KiB. */
+/* Bytes of software prefetch ahead of the tile being read, into L2 (prefetcht1). TinyLlama
+ * Q4_B64 decode at 1 thread: 33 tok/s at 2 KiB, 35 at 8 KiB, no better at 16 KiB (into L1).
+ * Into L2 rather than L1: decode from DRAM (qbench, 5632 x 2048, 1 thread, share of the read
+ * bandwidth measured beside it, machine loaded) went from 0.69-0.76 to 0.89-0.96 for Q6, 0.62-0.79
+ * to 0.85-1.0 for Q5, 0.73-0.87 to 0.96-0.99 for Q3H, 0.80-0.90 to 0.89-0.97 for Q4_B64. The
+ * types that read their tiles out of order (Q6, Q5) gained most; a guess at why: requests into
+ * L1 wait for its few miss buffers. */
 enum { QP_AHEAD = 8192 };
 
 /* B and the bytes of a block (quant.h), as constants. */
@@ -308,7 +313,7 @@ QP_INLINE void group_tile(float *y, size_t ldy, const uint8_t *tg, const ifk_qx 
         const uint8_t *tile = tg + (size_t)b * tb;
         if (t0 == 0) /* the group's first pass reads its tiles from memory */
             for (size_t o = 0; o < tb; o += 64)
-                _mm_prefetch((const char *)tile + QP_AHEAD + o, _MM_HINT_T0);
+                _mm_prefetch((const char *)tile + QP_AHEAD + o, _MM_HINT_T1);
         __m512i a0[8], a1[8]; /* [C] */
 #pragma GCC unroll 8
         for (int j = 0; j < C; j++)
