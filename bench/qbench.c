@@ -41,6 +41,7 @@
 #include "bench/bench.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/pool.h"
+#include "kernels/cpu/qimpl.h"
 #include "kernels/cpu/qpack.h"
 #include "kernels/cpu/quant.h"
 
@@ -188,6 +189,12 @@ static void bench_decode(int type, int ptype, int N, int K, int threads, double 
     free(y);
 }
 
+static double roof_round(int op, double ops, int threads);
+
+/* Each product round is followed by a round of the roof of the instruction the type's product
+ * runs on (vpdpwssd for int16 x, else vpdpbusd; as --roof) for about as many operations:
+ * roof_fraction_paired is the median over rounds of the product's GFLOPs / that roof's, the
+ * share of the roof measured beside it (steadier on a busy machine than two runs apart). */
 static void bench_prefill(int type, int ptype, int T, int N, int K, int threads, double min_s)
 {
     uint8_t *W = make_matrix(type, ptype, N, K, 7);
@@ -195,13 +202,24 @@ static void bench_prefill(int type, int ptype, int T, int N, int K, int threads,
     float *y = alloc64((size_t)T * N * 4);
     fill(x, (size_t)T * K, 5, 1.0f);
     ifk_qmatmul(y, (size_t)N, W, ptype, x, (size_t)K, T, N, K, threads);
-    double best, med, flop = 2.0 * T * N * K;
-    BENCH_ROUNDS(min_s, &best, &med,
-                 ifk_qmatmul(y, (size_t)N, W, ptype, x, (size_t)K, T, N, K, threads));
+    static double t[BENCH_MAX_ROUNDS], share[BENCH_MAX_ROUNDS];
+    double best, med, flop = 2.0 * T * N * K, spent = 0.0, share_med = 0.0, unused;
+    int n = 0;
+    __builtin_cpu_init();
+    const int roof = __builtin_cpu_supports("avx512vnni"), op = ifk_qx_x16(type) ? 1 : 0;
+    do {
+        double t0 = bench_now();
+        ifk_qmatmul(y, (size_t)N, W, ptype, x, (size_t)K, T, N, K, threads);
+        spent += t[n] = bench_now() - t0;
+        share[n] = roof ? roof_round(op, flop, threads) / t[n] : 0.0;
+        n++;
+    } while (n < BENCH_MAX_ROUNDS && (n < 3 || spent < min_s));
+    bench_best_median(share, n, &unused, &share_med);
+    bench_best_median(t, n, &best, &med);
     printf("{\"bench\":\"qprefill\",\"isa\":\"%s\",\"wtype\":\"%s\",\"layout\":\"%s\",\"T\":%d,\"N\":%d,\"K\":%d,"
-           "\"threads\":%d,\"us\":%.1f,\"GFLOPs\":%.1f,\"GFLOPs_median\":%.1f}\n",
+           "\"threads\":%d,\"us\":%.1f,\"GFLOPs\":%.1f,\"GFLOPs_median\":%.1f,\"roof_fraction_paired\":%.3f}\n",
            ifk_isa_name(ifk_isa_current()), ifk_qtype(type)->name, ptype == type ? "rows" : "packed", T, N, K, threads, best * 1e6,
-           flop / best * 1e-9, flop / med * 1e-9);
+           flop / best * 1e-9, flop / med * 1e-9, share_med);
     fflush(stdout);
     free(W);
     free(x);
@@ -245,6 +263,19 @@ static float roof_team(int op, long iters, int threads)
 #pragma omp parallel num_threads(threads) reduction(+ : sum)
     sum += roof_loop(op, iters);
     return sum;
+}
+
+/* Seconds that about `ops` operations of roof instruction op (0 vpdpbusd, 1 vpdpwssd) take on
+ * `threads` threads at once. */
+static double roof_round(int op, double ops, int threads)
+{
+    static const double per_insn[] = { 128, 64 };
+    long iters = (long)(ops / (per_insn[op] * ROOF_CHAINS * threads)) + 1;
+    volatile float sink = 0.0f;
+    double t0 = bench_now();
+    sink += roof_team(op, iters, threads);
+    (void)sink;
+    return (bench_now() - t0) * ops / (per_insn[op] * ROOF_CHAINS * threads * (double)iters);
 }
 
 /* The peak of each kind of instruction, in GOP/s (a multiply-add is 2 operations), on every
