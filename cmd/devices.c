@@ -95,6 +95,13 @@ void devices_release(placed *p)
     memset(p, 0, sizeof *p);
 }
 
+void devices_set_activations(const iflow_tool *t, const char *mode)
+{
+    if (strcmp(mode, "int") != 0 && strcmp(mode, "f32") != 0)
+        die_usage(t, "unknown activations '%s' (int, f32)", mode);
+    iflow_kernel_set_f32_activations(strcmp(mode, "f32") == 0);
+}
+
 void devices_list(const iflow_tool *t, int as_json)
 {
     iflow_device_info info[IFLOW_MAX_DEVICES];

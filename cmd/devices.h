@@ -1,5 +1,6 @@
 /*
- * devices.h -- the programs' shared handling of --device, --gpu-layers and --list-devices.
+ * devices.h -- the programs' shared handling of --device, --gpu-layers, --list-devices and
+ * --activations.
  *
  * devices_place() turns the options into a placement (libcore/engine/model.h) and puts the
  * model on it: --device cpu runs everything on the CPU as before; cuda or cuda:N puts the first
@@ -36,6 +37,10 @@ typedef struct {
  * is closed. */
 void devices_place(const iflow_tool *t, iflow_model *m, const device_opts *o, placed *p);
 void devices_release(placed *p);
+
+/* --activations MODE: int (the default) or f32, how the CPU's quantized products meet the
+ * activations (iflow_kernel_set_f32_activations); another MODE is a usage error. */
+void devices_set_activations(const iflow_tool *t, const char *mode);
 
 /* Print every device (--list-devices): a table, or JSON Lines with as_json. */
 void devices_list(const iflow_tool *t, int as_json);

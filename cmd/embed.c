@@ -60,7 +60,8 @@ int embed_run(const iflow_tool *tool, const embed_opts *o)
         die(tool, NULL);
     const iflow_hparams *hp = iflow_model_hparams(m);
     if (hp->layout != IFLOW_LAYOUT_ENCODER)
-        die(tool, "model '%s' is a decoder: --embed needs an encoder (a BERT-like model)", o->model);
+        die(tool, "model '%s' is %s: --embed needs an encoder (a BERT-like model)", o->model,
+            hp->layout == IFLOW_LAYOUT_ENCODER_DECODER ? "an encoder-decoder" : "a decoder");
     embedder e = {.tool = tool, .tok = iflow_model_tokenizer(m), .dim = hp->dim};
     if (!e.tok)
         die(tool, "model '%s' has no tokenizer", o->model);

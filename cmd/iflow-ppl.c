@@ -117,10 +117,7 @@ int main(int argc, char **argv)
         case O_DEVICE: dev.device = arg; break;
         case O_PLAN: dev.plan = arg; break;
         case O_GPU_LAYERS: dev.gpu_layers = (int)opt_long(&tool, "gpu-layers", arg, 0, 1 << 20); break;
-        case O_ACTIVATIONS:
-            if (strcmp(arg, "int") == 0 || strcmp(arg, "f32") == 0) iflow_kernel_set_f32_activations(strcmp(arg, "f32") == 0);
-            else die_usage(&tool, "unknown activations '%s' (int, f32)", arg);
-            break;
+        case O_ACTIVATIONS: devices_set_activations(&tool, arg); break;
         case O_PROTOCOL:
             if (strcmp(arg, "windows") == 0) protocol = IFLOW_PPL_WINDOWS;
             else if (strcmp(arg, "llama.cpp") == 0) protocol = IFLOW_PPL_LLAMACPP;
@@ -152,6 +149,9 @@ int main(int argc, char **argv)
     if (iflow_model_hparams(m)->layout == IFLOW_LAYOUT_ENCODER)
         die(&tool, "model '%s' is an encoder: an encoder gives embeddings (iflow-run --embed), not next-token "
                    "probabilities", model);
+    if (iflow_model_hparams(m)->layout == IFLOW_LAYOUT_ENCODER_DECODER)
+        die(&tool, "model '%s' is an encoder-decoder: its next-token probabilities need a source (iflow-run "
+                   "--translate); perplexity of a text alone is not defined for it", model);
     const iflow_tokenizer *tok = iflow_model_tokenizer(m);
     if (!tok)
         die(&tool, "model '%s' has no tokenizer", model);

@@ -7,6 +7,7 @@
 #include "cmd/model.h"
 #include "cmd/opt.h"
 #include "cmd/progress.h"
+#include "cmd/translate.h"
 #include "libcore/base/error.h"
 #include "libcore/engine/model.h"
 #include "libcore/engine/sampler.h"
@@ -26,12 +27,12 @@
 enum {
     O_MODEL = 'm', O_PROMPT = 'p', O_NPREDICT = 'n', O_THREADS = 't', O_CTX = 'c', O_VERBOSE = 'v',
     O_TEMP = 256, O_TOPK, O_TOPP, O_SEED, O_ECHO, O_JSON, O_TOKENIZE, O_BOS, O_PARSE_SPECIAL, O_DEVICE,
-    O_GPU_LAYERS, O_LIST_DEVICES, O_PLAN, O_STOP, O_BATCH, O_PARALLEL, O_KV_TYPE, O_METRICS, O_DRY_RUN,
+    O_GPU_LAYERS, O_LIST_DEVICES, O_PLAN, O_ACTIVATIONS, O_STOP, O_BATCH, O_PARALLEL, O_KV_TYPE, O_METRICS, O_DRY_RUN,
     O_CONTEXT_SHIFT, O_KEEP, O_DRAFT, O_DRAFT_N, O_DRAFT_TOP_K, O_DRAFT_TOP_P, O_BEAMS, O_LENGTH_PENALTY,
     /* sampling: set through iflow_sampler_params_set() by their long names */
     O_SAMPLER, O_MINP, O_TYPICAL, O_TFS, O_MIROSTAT_TAU, O_MIROSTAT_ETA, O_REPEAT_PENALTY, O_REPEAT_LAST_N,
     O_FREQUENCY_PENALTY, O_PRESENCE_PENALTY, O_FSD_ALPHA, O_FSD_K, O_FSD_N, O_FSD_BETA, O_FSD_RANDOM_STEPS,
-    O_EMBED,
+    O_EMBED, O_TRANSLATE, O_DECODER_PREFIX,
 };
 
 static const iflow_opt opts[] = {
@@ -68,6 +69,7 @@ static const iflow_opt opts[] = {
     {O_SEED, "seed", 0, "N", "random seed; the same seed gives the same output (default: from the clock)", NULL},
     {O_THREADS, "threads", 't', "N", "compute threads (default: all cores)", NULL},
     {O_CTX, "ctx-size", 'c', "N", "context length in tokens (default: the model's)", NULL},
+    {O_ACTIVATIONS, "activations", 0, "MODE", "how the CPU's quantized matrix products meet the activations: int (default: rounded per token to int8, or int16 for 5 bits and more; the fast path) or f32 (not rounded: the reference, slower)", "int f32"},
     {O_DEVICE, "device", 0, "DEV", "compute on auto (a GPU if there is one, else the CPU), cpu, cuda or cuda:N (default auto)", "auto cpu cuda"},
     {O_GPU_LAYERS, "gpu-layers", 0, "N", "put the first N layers on the GPU and the rest on the CPU (default: all)", NULL},
     {O_PLAN, "plan", 0, "FILE", "place the model over the devices of partition plan FILE (iflow-partition, iflow-plan(5))", "file"},
@@ -80,6 +82,8 @@ static const iflow_opt opts[] = {
     {O_ECHO, "echo", 0, NULL, "print the prompt before its continuation", NULL},
     {O_JSON, "json", 0, NULL, "print one JSON object per prompt: prompt, ids, text, why it stopped", NULL},
     {O_EMBED, "embed", 0, NULL, "with an encoder (a BERT-like model): print one JSON object per prompt with its pooled embedding (docs/JSON.md)", NULL},
+    {O_TRANSLATE, "translate", 0, NULL, "with an encoder-decoder (Marian/opus-mt, M2M100, T5): print one translation per input line (with --json: one JSON object each), greedy or with --beams; -n caps the tokens of each (default: the model's positions)", NULL},
+    {O_DECODER_PREFIX, "decoder-prefix", 0, "TEXT", "with --translate: force these target tokens after the decoder's start token, special tokens read as such (M2M100's target language: __fr__)", NULL},
     {O_TOKENIZE, "tokenize", 0, NULL, "print the token ids of all of standard input, space-separated (with --json: one JSON object), and exit", NULL},
     {O_BOS, "bos", 0, NULL, "with --tokenize: add the beginning-of-sequence token", NULL},
     {O_PARSE_SPECIAL, "parse-special", 0, NULL, "with --tokenize: read special-token text such as <s> as the special token", NULL},
@@ -103,6 +107,8 @@ typedef struct {
     float draft_top_p;
     int beams;
     float length_penalty;
+    int translate, n_given;
+    const char *decoder_prefix;
     const char *metrics;
     device_opts dev;
     iflow_sampler_params sp;
@@ -338,6 +344,15 @@ static iflow_model *open_draft(const run_opts *o, placed *pl)
     return d;
 }
 
+/* Generation from a prompt needs a decoder: an encoder-decoder translates a source (an encoder
+ * is refused by the engine: it gives embeddings). */
+static void check_generates(const iflow_model *m, const char *path)
+{
+    if (iflow_model_hparams(m)->layout == IFLOW_LAYOUT_ENCODER_DECODER)
+        die(&tool, "model '%s' is an encoder-decoder: it translates a source (--translate), it does not continue a "
+                   "prompt", path);
+}
+
 /* --batch and --dry-run: the continuous-batching engine (cmd/batch.c). */
 static int run_batch(const run_opts *o)
 {
@@ -348,6 +363,7 @@ static int run_batch(const run_opts *o)
     iflow_model *m;
     if (cmd_model_open(&m, o->model, o->dry_run ? IFLOW_MODEL_NO_VERIFY : 0) < 0)
         die(&tool, NULL);
+    check_generates(m, o->model);
     if (!iflow_model_tokenizer(m))
         die(&tool, "model '%s' has no tokenizer", o->model);
     batch_opts b = {.parallel = o->parallel, .n_ctx = o->n_ctx, .kv_type = o->kv_type, .threads = o->threads,
@@ -394,6 +410,7 @@ static int run(const run_opts *o)
     double t0 = now_s();
     if (cmd_model_open(&m, o->model, 0) < 0)
         die(&tool, NULL);
+    check_generates(m, o->model);
     g.m = m;
     if (!(g.tok = iflow_model_tokenizer(m)))
         die(&tool, "model '%s' has no tokenizer", o->model);
@@ -483,7 +500,7 @@ int main(int argc, char **argv)
         switch (c) {
         case O_MODEL: o.model = arg; break;
         case O_PROMPT: o.prompt = arg; break;
-        case O_NPREDICT: o.n_predict = (int)opt_long(&tool, "n-predict", arg, 0, 1 << 24); break;
+        case O_NPREDICT: o.n_predict = (int)opt_long(&tool, "n-predict", arg, 0, 1 << 24); o.n_given = 1; break;
         case O_STOP: o.stops[o.n_stops++] = arg; break;
         case O_THREADS: o.threads = (int)opt_long(&tool, "threads", arg, 1, 1024); break;
         case O_CTX: o.n_ctx = (int)opt_long(&tool, "ctx-size", arg, 1, 1 << 24); break;
@@ -491,6 +508,8 @@ int main(int argc, char **argv)
         case O_JSON: o.json = 1; break;
         case O_TOKENIZE: o.tokenize = 1; break;
         case O_EMBED: o.embed = 1; break;
+        case O_TRANSLATE: o.translate = 1; break;
+        case O_DECODER_PREFIX: o.decoder_prefix = arg; break;
         case O_BOS: o.bos = 1; break;
         case O_PARSE_SPECIAL: o.parse_special = 1; break;
         case O_VERBOSE: o.verbose = 1; break;
@@ -500,6 +519,7 @@ int main(int argc, char **argv)
         case O_GPU_LAYERS: o.dev.gpu_layers = (int)opt_long(&tool, "gpu-layers", arg, 0, 1 << 20); break;
         case O_LIST_DEVICES: o.list_devices = 1; break;
         case O_PLAN: o.dev.plan = arg; break;
+        case O_ACTIVATIONS: devices_set_activations(&tool, arg); break;
         case O_BATCH: o.batch = 1; break;
         case O_PARALLEL: o.parallel = (int)opt_long(&tool, "parallel", arg, 1, IFLOW_MAX_STEP); break;
         case O_KV_TYPE:
@@ -557,6 +577,22 @@ int main(int argc, char **argv)
         die_usage(&tool, "--parallel, --kv-type and --metrics go with --batch");
     if (o.embed && (o.batch || o.dry_run || o.tokenize || o.beams || o.draft || o.n_stops || o.json || o.echo))
         die_usage(&tool, "--embed goes with none of --batch, --dry-run, --tokenize, --beams, --draft, --stop, --json, --echo");
+    if (o.decoder_prefix && !o.translate)
+        die_usage(&tool, "--decoder-prefix goes with --translate");
+    if (o.translate && (o.embed || o.batch || o.dry_run || o.tokenize || o.draft || o.n_stops || o.echo || so.n ||
+                        o.context_shift != IFLOW_SHIFT_NONE))
+        die_usage(&tool, "--translate goes with none of --embed, --batch, --dry-run, --tokenize, --draft, --stop, --echo, "
+                         "a context shift or sampling options (it decodes greedily, or with --beams)");
+    if (o.translate) {
+        translate_opts to = {.model = o.model, .text = o.prompt, .prefix = o.decoder_prefix,
+                             .max_new = o.n_given ? o.n_predict : -1, .beams = o.beams,
+                             .length_penalty = o.length_penalty, .n_ctx = o.n_ctx, .threads = o.threads,
+                             .json = o.json, .verbose = o.verbose, .dev = o.dev};
+        if (strcmp(o.model, "-") == 0 && !o.prompt)
+            die_usage(&tool, "the model comes from standard input, so the text must come from -p");
+        free(o.stops);
+        return translate_run(&tool, &to);
+    }
     if (o.embed) {
         embed_opts eo = {.model = o.model, .text = o.prompt, .n_ctx = o.n_ctx, .threads = o.threads,
                          .verbose = o.verbose, .dev = o.dev};

@@ -122,8 +122,9 @@ typedef struct iflow_tokenizer iflow_tokenizer;
  * special token (otherwise it is plain text). */
 enum { IFLOW_TOK_ADD_BOS = 1, IFLOW_TOK_PARSE_SPECIAL = 2 };
 
-/* A tokenizer on its own, from a tokenizer.json, a GGUF file, or a directory holding a
- * tokenizer.json. A model carries its own: iflow_model_tokenizer(). */
+/* A tokenizer on its own, from a tokenizer.json, a GGUF file, a SentencePiece model (*.spm,
+ * *.model), or a directory holding a tokenizer.json (else a Marian source.spm + vocab.json,
+ * else spiece.model). A model carries its own: iflow_model_tokenizer(). */
 IFLOW_API int  iflow_tokenizer_open(iflow_tokenizer **out, const char *path);
 IFLOW_API void iflow_tokenizer_close(iflow_tokenizer *t);
 /* Token ids of text[0..len). *ids is malloc'd (NULL when *n_ids is 0). */

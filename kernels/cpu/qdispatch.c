@@ -137,8 +137,25 @@ static size_t qx_layout(ifk_qx *qx, int type, int T, int K, char *base)
     qx->s0 = base ? (float *)(base + qbytes) : NULL;
     qx->s1 = base ? (float *)(base + qbytes + sbytes) : NULL;
     qx->sum = base ? (float *)(base + qbytes + 2 * sbytes) : NULL;
-    qx->blk = base ? (float *)(base + qbytes + 3 * sbytes) : NULL;
-    return qbytes + 7 * sbytes;
+    qx->cor = base ? (float *)(base + qbytes + 3 * sbytes) : NULL;
+    qx->blk = base ? (float *)(base + qbytes + 4 * sbytes) : NULL;
+    return qbytes + 8 * sbytes;
+}
+
+void ifk_qx_finish(const ifk_qx *qx, int t)
+{
+    const size_t st = (size_t)t * qx->s_ld;
+    const float *s0 = qx->s0 + st, *s1 = qx->s1 + st, *sum = qx->sum + st;
+    float *cor = qx->cor + st, *bk = qx->blk + 4 * st; /* [s_ld], [s_ld][4] */
+    const float c = 0.5f * (float)(ifk_qtype(qx->type)->levels - 1);
+    for (size_t b = 0; b < qx->s_ld; b++) {
+        /* cor holds s0 X0 + s1 X1 from the path's quantize (int8 x, b < nb) */
+        cor[b] = !qx->x16 && b < (size_t)qx->nb ? c * (sum[b] - cor[b]) : 0.0f;
+        bk[4 * b] = s0[b];
+        bk[4 * b + 1] = sum[b];
+        bk[4 * b + 2] = s1[b];
+        bk[4 * b + 3] = cor[b];
+    }
 }
 
 /* Lays qx out in the caller's scratch; 0 if out of memory. *bytes: its size. */

@@ -28,7 +28,17 @@
  *   int16 (ifk_qx_x16: Q8, Q6 and Q5, where int8 x would add much to the weights' own error):
  *     s = max|x| / 32767 per block; products are s16 x s16 (vpdpwssd, madd).
  * Elements past K are 0 (as are their sums and scales), so the weights' padding levels
- * never contribute. */
+ * never contribute.
+ *
+ * The rounding residual (int8 x only). With r_i = x_i - s xq_i, the block's exact delta term is
+ * delta (s sum_i q_i xq_i + sum_i q_i r_i), and the kernels drop the second sum. Most of it is
+ * c sum_i r_i with c = (L - 1) / 2, the middle level, since the levels sit around it; that part
+ * is known per token and block without the weights:
+ *     cor = c * (sum - s0 X0 - s1 X1)      (X0, X1: the sums of xq over groups 0 and 1)
+ * and the kernels add delta * cor to each block, leaving the error delta sum_i (q_i - c) r_i.
+ * On Gaussian weights this cuts the int8 rounding error's RMS by about 2.3; on stories260K and
+ * xs-ckpt in Q4 the int8 path's extra KL divergence over the F32-activation path fell from
+ * ~0.01 to ~0.001 nats (docs/QUANTIZATION.md). int16 x needs no correction (cor = 0). */
 typedef struct {
     int type;     /* the weight type (IFK_Q*) */
     int B;        /* its block */
@@ -42,8 +52,14 @@ typedef struct {
     float *s0;    /* [T][s_ld]   scale of group 0 of each block, 0 past nb */
     float *s1;    /* [T][s_ld]   scale of group 1 of each block (int8, B = 64), else 0 */
     float *sum;   /* [T][s_ld]   sum of the block's x, 0 past nb */
-    float *blk;   /* [T][s_ld][4] the same per block: { s0, sum, s1, 0 } (s1 = 0 for B = 32) */
+    float *cor;   /* [T][s_ld]   the residual's correction above (0 for int16 x and past nb) */
+    float *blk;   /* [T][s_ld][4] the same per block: { s0, sum, s1, cor } (s1 = 0 for B = 32) */
 } ifk_qx;
+
+/* qdispatch.c: cor and blk of token t (every entry of s_ld) from its s0, s1, sum and, for int8
+ * x, cor[b] = s0 X0 + s1 X1 of its blocks b < nb (the path's quantize sums its rounded values
+ * in registers); each path's quantize calls it last. */
+void ifk_qx_finish(const ifk_qx *qx, int t);
 
 /* Whether x is rounded to int16 for this weight type: Q8, Q6 and Q5 (the rule). Measured on
  * stories260K and xs-ckpt (WikiText-2, KL divergence to the F32 model, weights of the default

@@ -151,6 +151,21 @@ QK_INLINE void quantize_x16(const float *x, int K, int b, int B, int16_t *q, flo
     *sum = hsum8(t);
 }
 
+/* s0 X0 + s1 X1: the rounded x of one int8 block back in F32, X0 and X1 the sums of xq over
+ * its groups (qimpl.h: the even and odd runs of 4 for B = 64, whose dwords alternate).  q: [B],
+ * 32-byte aligned. */
+QK_INLINE float rounded_sum(const int8_t *q, int B, float s0, float s1)
+{
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    __m256i d = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, _mm256_load_si256((const __m256i *)q)), ones16);
+    if (B == 64) /* dword k of either half: bytes 4k..4k+3 of it, group k % 2 */
+        d = _mm256_add_epi32(d, _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, _mm256_load_si256((const __m256i *)(q + 32))), ones16));
+    _Alignas(32) int32_t v[8];
+    _mm256_store_si256((__m256i *)v, d);
+    const int32_t x0 = v[0] + v[2] + v[4] + v[6], x1 = v[1] + v[3] + v[5] + v[7];
+    return B == 32 ? s0 * (float)(x0 + x1) : s0 * (float)x0 + s1 * (float)x1;
+}
+
 IFK_DECL_QX_QUANTIZE(ifk_avx2_qx_quantize)
 {
     const size_t used = (size_t)qx->nb * qx->B * (qx->x16 ? 2 : 1); /* bytes of q per token */
@@ -169,17 +184,13 @@ IFK_DECL_QX_QUANTIZE(ifk_avx2_qx_quantize)
             } else {
                 quantize64(xt, qx->K, b, q + 64 * b, s0 + b, s1 + b, sum + b);
             }
+            if (!qx->x16) /* ifk_qx_finish makes it the residual's correction */
+                qx->cor[(size_t)t * qx->s_ld + b] = rounded_sum(q + (size_t)qx->B * b, qx->B, s0[b], s1[b]);
         }
         memset(q + used, 0, qx->q_ld - used);
         for (size_t b = (size_t)qx->nb; b < qx->s_ld; b++)
             s0[b] = s1[b] = sum[b] = 0.0f;
-        float *bk = qx->blk + (size_t)t * qx->s_ld * 4;        /* [s_ld][4] */
-        for (size_t b = 0; b < qx->s_ld; b++) {
-            bk[4 * b] = s0[b];
-            bk[4 * b + 1] = sum[b];
-            bk[4 * b + 2] = s1[b];
-            bk[4 * b + 3] = 0.0f;
-        }
+        ifk_qx_finish(qx, t);
     }
 }
 
@@ -417,21 +428,37 @@ QK_INLINE void tile_block(__m256 (*a)[2], const uint8_t (*lv)[PF_KC * 64], const
     }
 }
 
+/* [v[a], v[a + 1], v[b], v[b + 1]] in both 128-bit lanes: two blocks of tokens t0 and
+ * t0 + C - 1 (tile's min-term lanes).  v: qx->sum or qx->cor. */
+QK_INLINE __m256 pair4(const float *v, size_t a, size_t b)
+{
+    __m128 p = _mm_loadh_pi(_mm_castpd_ps(_mm_load_sd((const double *)(v + a))), (const __m64 *)(v + b));
+    return _mm256_set_m128(p, p);
+}
+
+/* [v[a], 0, v[b], 0] in both 128-bit lanes: the chunk's last, unpaired block. */
+QK_INLINE __m256 single4(const float *v, size_t a, size_t b)
+{
+    __m128 p = _mm_setr_ps(v[a], 0.0f, v[b], 0.0f);
+    return _mm256_set_m128(p, p);
+}
+
 /* The blocks c0 .. c0 + nc - 1 of rows n .. n + R - 1 (R <= 2) against tokens t0 .. t0 + C - 1
  * (C <= 2): y[t0 + j][n + r] = (first ? 0 : y[t0 + j][n + r]) + their part of the product.
  * y: [T][N] at stride ldy; lv: [R][PF_KC][B] from chunk_levels; d: [R][PF_KC] from
- * chunk_headers; mt: [PF_KC / 2][8] from chunk_mins.
+ * chunk_headers; mt, dt: [PF_KC / 2][8] the mins and the deltas laid out by chunk_mins.
  *
  * The arithmetic, which decode (gemv_row) repeats exactly, per output: the delta terms go into
  * two accumulators, blocks 0, 2, 4, ... of the chunk into the first and 1, 3, 5, ... into the
  * second (fmadd); the min terms m_i * sum_i (rounded) likewise into two sums, even and odd
- * blocks, each added in block order; the result is hsum8(first + second) + (even mins + odd
- * mins). Two chains each, so that decode, one row at a time, is not bound by the FMA and add
+ * blocks, each added in block order, and with int8 x the residual's corrections d_i * cor_i
+ * (qimpl.h) the same way; the result is hsum8(first + second) + ((even mins + odd mins) +
+ * (even corrections + odd corrections)). Two chains each, so that decode, one row at a time, is not bound by the FMA and add
  * latencies. Here the min terms of the R x C outputs go 8 lanes at a time, lane
  * 4 r + 2 j + (block parity), one vector multiply and add per pair of blocks. */
 QK_INLINE void tile(float *y, size_t ldy, const uint8_t (*lv)[PF_KC * 64], const ifk_qx *qx, int n, int t0, int c0,
-                    int nc, int first, const float (*d)[PF_KC], const float (*mt)[8], const int type, const int R,
-                    const int C)
+                    int nc, int first, const float (*d)[PF_KC], const float (*mt)[8], const float (*dt)[8],
+                    const int type, const int R, const int C)
 {
     __m256 acc[2][2][2]; /* [chain][R][C] the delta terms */
     /* delta * x scale per row, token and block: [PF_KC] (one_scale) or [PF_KC][2] pairs */
@@ -456,32 +483,41 @@ QK_INLINE void tile(float *y, size_t ldy, const uint8_t (*lv)[PF_KC * 64], const
             acc[0][r][j] = acc[1][r][j] = _mm256_setzero_ps();
         }
     const float(*dsc)[2][2 * PF_KC] = (const float(*)[2][2 * PF_KC])ds;
-    /* x sums of tokens t0 and t0 + C - 1 from block c0 (each [nc]) */
-    const float *su0 = qx->sum + (size_t)t0 * qx->s_ld + c0, *su1 = qx->sum + (size_t)(t0 + C - 1) * qx->s_ld + c0;
-    __m256 am = _mm256_setzero_ps(); /* lane 4 r + 2 j + p: the min terms of blocks of parity p */
+    /* x sums and residual corrections (qimpl.h) of tokens t0 and t0 + C - 1 from block c0
+     * (each [nc]) */
+    const size_t o0 = (size_t)t0 * qx->s_ld + c0, o1 = (size_t)(t0 + C - 1) * qx->s_ld + c0;
+    const int x16 = ifk_qx_x16(type);
+    /* lane 4 r + 2 j + p: the min terms (am) and the corrections (ac) of blocks of parity p */
+    __m256 am = _mm256_setzero_ps(), ac = am;
     int i = 0;
     for (; i + 2 <= nc; i += 2) {
         tile_block(acc[0], lv, qx, t0, (size_t)(c0 + i), i, dsc, type, R, C);
         tile_block(acc[1], lv, qx, t0, (size_t)(c0 + i + 1), i + 1, dsc, type, R, C);
-        /* [sum_0[i], sum_0[i+1], sum_1[i], sum_1[i+1]] in both 128-bit lanes */
-        __m128 sp = _mm_loadh_pi(_mm_castpd_ps(_mm_load_sd((const double *)(su0 + i))), (const __m64 *)(su1 + i));
-        am = _mm256_add_ps(am, _mm256_mul_ps(_mm256_load_ps(mt[i / 2]), _mm256_set_m128(sp, sp)));
+        am = _mm256_add_ps(am, _mm256_mul_ps(_mm256_load_ps(mt[i / 2]), pair4(qx->sum, o0 + i, o1 + i)));
+        if (!x16)
+            ac = _mm256_add_ps(ac, _mm256_mul_ps(_mm256_load_ps(dt[i / 2]), pair4(qx->cor, o0 + i, o1 + i)));
     }
     if (i < nc) {
         tile_block(acc[0], lv, qx, t0, (size_t)(c0 + i), i, dsc, type, R, C);
-        __m128 sp = _mm_setr_ps(su0[i], 0.0f, su1[i], 0.0f);
-        __m256 p = _mm256_mul_ps(_mm256_load_ps(mt[i / 2]), _mm256_set_m128(sp, sp));
+        __m256 p = _mm256_mul_ps(_mm256_load_ps(mt[i / 2]), single4(qx->sum, o0 + i, o1 + i));
         am = _mm256_blend_ps(am, _mm256_add_ps(am, p), 0x55); /* the even lanes only */
+        if (!x16) {
+            p = _mm256_mul_ps(_mm256_load_ps(dt[i / 2]), single4(qx->cor, o0 + i, o1 + i));
+            ac = _mm256_blend_ps(ac, _mm256_add_ps(ac, p), 0x55);
+        }
     }
-    _Alignas(32) float mins[8];
+    _Alignas(32) float mins[8], cors[8];
     _mm256_store_ps(mins, am);
+    _mm256_store_ps(cors, ac);
 #pragma GCC unroll 2
     for (int j = 0; j < C; j++)
 #pragma GCC unroll 2
         for (int r = 0; r < R; r++) {
             float *yp = y + (size_t)(t0 + j) * ldy + n + r;
+            const int l = 4 * r + 2 * j;
+            const float m = mins[l] + mins[l + 1];
             *yp = (first ? 0.0f : *yp) + (hsum8(_mm256_add_ps(acc[0][r][j], acc[1][r][j])) +
-                                          (mins[4 * r + 2 * j] + mins[4 * r + 2 * j + 1]));
+                                          (x16 ? m : m + (cors[l] + cors[l + 1])));
         }
 }
 
@@ -503,7 +539,7 @@ QK_INLINE void gemm_rows(float *y, size_t ldy, const uint8_t *W, const ifk_qx *q
 {
     const int T = qx->T, nb = qx->nb;
     const size_t rb = (size_t)nb * block_bytes_of(type);
-    _Alignas(32) float d[2][PF_KC], m[2][PF_KC], mt[PF_KC / 2][8];
+    _Alignas(32) float d[2][PF_KC], m[2][PF_KC], mt[PF_KC / 2][8], dt[PF_KC / 2][8];
     _Alignas(32) uint8_t lv[2][PF_KC * 64];
     for (int c0 = 0; c0 < nb; c0 += PF_KC) {
         const int nc = nb - c0 < PF_KC ? nb - c0 : PF_KC;
@@ -513,13 +549,15 @@ QK_INLINE void gemm_rows(float *y, size_t ldy, const uint8_t *W, const ifk_qx *q
             chunk_levels(lv[r], W + (size_t)(n + r) * rb, c0, nc, type);
         }
         chunk_mins(mt, (const float(*)[PF_KC])m, nc, R);
-        const float(*dc)[PF_KC] = (const float(*)[PF_KC])d, (*mtc)[8] = (const float(*)[8])mt;
+        if (!ifk_qx_x16(type))
+            chunk_mins(dt, (const float(*)[PF_KC])d, nc, R);
+        const float(*dc)[PF_KC] = (const float(*)[PF_KC])d, (*mtc)[8] = (const float(*)[8])mt, (*dtc)[8] = (const float(*)[8])dt;
         const uint8_t(*lc)[PF_KC * 64] = (const uint8_t(*)[PF_KC * 64])lv;
         int t = 0;
         for (; t + 2 <= T; t += 2)
-            tile(y, ldy, lc, qx, n, t, c0, nc, c0 == 0, dc, mtc, type, R, 2);
+            tile(y, ldy, lc, qx, n, t, c0, nc, c0 == 0, dc, mtc, dtc, type, R, 2);
         for (; t < T; t++)
-            tile(y, ldy, lc, qx, n, t, c0, nc, c0 == 0, dc, mtc, type, R, 1);
+            tile(y, ldy, lc, qx, n, t, c0, nc, c0 == 0, dc, mtc, dtc, type, R, 1);
     }
 }
 
@@ -528,18 +566,20 @@ QK_INLINE void gemm_rows(float *y, size_t ldy, const uint8_t *W, const ifk_qx *q
 /* As in qmatmul_avx512.c: decode (T == 1) computes every output with exactly tile()'s float
  * operations in the same order (per chunk of PF_KC blocks: the delta terms of even and odd
  * blocks in two FMA chains, the min terms m * sum of even and odd blocks in two add chains,
- * hsum8(even + odd) + (even mins + odd mins) added into y chunk after chunk), so y[t] depends
- * only on W and x[t]. Each row is read as one forward stream (prefetched), and each block's
- * header is converted on its own: [d, m, d, m] * {s0, sum, s1, 0} gives tile's delta * scale
- * products and the min term m * sum. */
+ * hsum8(even + odd) + ((even mins + odd mins) + (even corrections + odd corrections)) added
+ * into y chunk after chunk), so y[t] depends only on W and x[t]. Each row is read as one forward
+ * stream (prefetched), and each block's header is converted on its own:
+ * [d, m, d, d] * {s0, sum, s1, cor} gives tile's delta * scale products, the min term m * sum
+ * and the correction d * cor. */
 
-/* acc + the delta term of one block, *am + its min term (lane 1; the other lanes collect junk
- * that is never read).  blk: [BB]; xq: the block's x values ([B] int8 or int16); sx: [4] =
- * { s0, sum, s1, 0 }. */
+/* acc + the delta term of one block, *am + its min term and its residual's correction (lanes
+ * 1 and 3; lanes 0 and 2 collect junk that is never read).  blk: [BB]; xq: the block's x
+ * values ([B] int8 or int16); sx: [4] = { s0, sum, s1, cor }. */
 QK_INLINE __m256 gemv_block(__m256 acc, __m128 *am, const uint8_t *blk, const int8_t *xq, const float *sx, const int type)
 {
     _mm_prefetch((const char *)blk + PF_AHEAD, _MM_HINT_T0);
-    const __m128 r = _mm_mul_ps(_mm_cvtph_ps(_mm_set1_epi32((int)rd32(blk))), _mm_load_ps(sx)); /* [d s0, m sum, d s1, 0] */
+    /* [d, m, d, d] * {s0, sum, s1, cor} = [d s0, m sum, d s1, d cor] */
+    const __m128 r = _mm_mul_ps(_mm_cvtph_ps(_mm_shufflelo_epi16(_mm_cvtsi32_si128((int)rd32(blk)), 0x04)), _mm_load_ps(sx));
     *am = _mm_add_ps(*am, r);
     __m256 sc = one_scale(type) ? _mm256_broadcastss_ps(r)
                                 : _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(_mm_permute_ps(r, 0x88))));
@@ -568,7 +608,8 @@ QK_INLINE float gemv_row(const uint8_t *row, const ifk_qx *qx, const int type)
         }
         if (i < nc)
             acc0 = gemv_block(acc0, &am0, blk + (size_t)i * BB, xq + (size_t)i * xb, sx + 4 * i, type);
-        const float mins = _mm_cvtss_f32(_mm_movehdup_ps(_mm_add_ps(am0, am1)));
+        const __m128 h = _mm_movehdup_ps(_mm_add_ps(am0, am1)); /* [mins, mins, cors, cors] */
+        const float mins = ifk_qx_x16(type) ? _mm_cvtss_f32(h) : _mm_cvtss_f32(_mm_add_ss(h, _mm_movehl_ps(h, h)));
         y = (c0 == 0 ? 0.0f : y) + (hsum8(_mm256_add_ps(acc0, acc1)) + mins);
     }
     return y;

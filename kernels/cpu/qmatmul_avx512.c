@@ -3,13 +3,14 @@
  *
  * Per weight block, dot(w', x) = min * sum(x) + delta * sum_i q_i x_i, and with x rounded to
  * int8 (qimpl.h's ifk_qx) the second sum is vpdpbusd (unsigned levels x signed x) into int32
- * lanes, converted to float and scaled by delta * the x scale of the lane's group. The levels
+ * lanes, converted to float and scaled by delta * the x scale of the lane's group, plus
+ * delta * the rounding residual's correction (qimpl.h). The levels
  * are unpacked to bytes in registers (shifts, masks, mask-register adds; Q3H's 7-bit codes
  * are split into c / 11 and c % 11 with a multiply-shift).
  *
  * Decode (T == 1) is bound by memory bandwidth: each row is read as one forward stream (rows
  * one after another, a software prefetch 2 KiB ahead), and each block's header is converted
- * on its own, [d, m, d, m] * {s0, sum, s1, 0}, which is cheaper than gathering the headers of
+ * on its own, [d, m, d, d] * {s0, sum, s1, cor}, which is cheaper than gathering the headers of
  * several blocks (a gather is ~2 cycles per element on Zen 4, and the hardware prefetcher does
  * not follow it).
  *
@@ -132,6 +133,19 @@ QK_INLINE void quantize_x16(const float *x, int K, int b, int B, int16_t *q, flo
     *sum = _mm512_reduce_add_ps(t);
 }
 
+/* s0 X0 + s1 X1: the rounded x of one int8 block back in F32, X0 and X1 the sums of xq over
+ * its groups (qimpl.h: the even and odd runs of 4 for B = 64, whose dwords alternate).  q: [B],
+ * 64-byte aligned. */
+QK_INLINE float rounded_sum(const int8_t *q, int B, float s0, float s1)
+{
+    const __m512i ones = _mm512_set1_epi8(1);
+    if (B == 32)
+        return s0 * (float)_mm512_reduce_add_epi32(
+                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_zextsi256_si512(_mm256_load_si256((const __m256i *)q))));
+    const __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_load_si512(q)); /* dword k: bytes 4k..4k+3 */
+    return s0 * (float)_mm512_mask_reduce_add_epi32(0x5555, d) + s1 * (float)_mm512_mask_reduce_add_epi32(0xAAAA, d);
+}
+
 #if !QK_GFNI /* the GFNI build uses this one */
 QK_FN IFK_DECL_QX_QUANTIZE(ifk_avx512_qx_quantize)
 {
@@ -151,17 +165,13 @@ QK_FN IFK_DECL_QX_QUANTIZE(ifk_avx512_qx_quantize)
             } else {
                 quantize_b64(xt, qx->K, b, q + 64 * b, s0 + b, s1 + b, sum + b);
             }
+            if (!qx->x16) /* ifk_qx_finish makes it the residual's correction */
+                qx->cor[(size_t)t * qx->s_ld + b] = rounded_sum(q + (size_t)qx->B * b, qx->B, s0[b], s1[b]);
         }
         memset(q + used, 0, qx->q_ld - used);
         for (size_t b = (size_t)qx->nb; b < qx->s_ld; b++)
             s0[b] = s1[b] = sum[b] = 0.0f;
-        float *bk = qx->blk + (size_t)t * qx->s_ld * 4;        /* [s_ld][4] */
-        for (size_t b = 0; b < qx->s_ld; b++) {
-            bk[4 * b] = s0[b];
-            bk[4 * b + 1] = sum[b];
-            bk[4 * b + 2] = s1[b];
-            bk[4 * b + 3] = 0.0f;
-        }
+        ifk_qx_finish(qx, t);
     }
 }
 
@@ -426,21 +436,36 @@ QK_INLINE void tile_block(__m512 (*a)[2], const uint8_t (*lv)[PF_KC * 64], const
     }
 }
 
+/* [v[a], v[a + 1], v[b], v[b + 1]] in every 128-bit lane: two blocks of tokens t0 and
+ * t0 + C - 1 (tile's min-term lanes).  v: qx->sum or qx->cor. */
+QK_INLINE __m512 pair4(const float *v, size_t a, size_t b)
+{
+    return _mm512_broadcast_f32x4(_mm_loadh_pi(_mm_castpd_ps(_mm_load_sd((const double *)(v + a))), (const __m64 *)(v + b)));
+}
+
+/* [v[a], 0, v[b], 0] in every 128-bit lane: the chunk's last, unpaired block. */
+QK_INLINE __m512 single4(const float *v, size_t a, size_t b)
+{
+    return _mm512_broadcast_f32x4(_mm_setr_ps(v[a], 0.0f, v[b], 0.0f));
+}
+
 /* The blocks c0 .. c0 + nc - 1 of rows n .. n + R - 1 against tokens t0 .. t0 + C - 1 (C <= 2):
  * y[t0 + j][n + r] = (first ? 0 : y[t0 + j][n + r]) + their part of the product.
  * y: [T][N] at stride ldy; lv: [R][PF_KC][B] the chunk's levels as bytes; d: [R][PF_KC] from
- * chunk_headers; mt: [PF_KC / 2][16] the mins from chunk_mins.
+ * chunk_headers; mt, dt: [PF_KC / 2][16] the mins and the deltas laid out by chunk_mins.
  *
  * The arithmetic, which decode (gemv_row) repeats exactly, per output: the delta terms go into
  * two accumulators, blocks 0, 2, 4, ... of the chunk into the first and 1, 3, 5, ... into the
  * second (fmadd); the min terms m_i * sum_i (rounded) likewise into two sums, even and odd
- * blocks, each added in block order; the result is hsum512(first + second) + (even mins + odd
- * mins). Two chains each, so that decode, one row at a time, is not bound by the FMA and add
- * latencies. Here the min terms of the R x C outputs go 16 lanes at a time, lane
- * 4 r + 2 j + (block parity), one vector multiply and add per pair of blocks. */
+ * blocks, each added in block order, and with int8 x the residual's corrections d_i * cor_i
+ * (qimpl.h) the same way; the result is hsum512(first + second) + ((even mins + odd mins) +
+ * (even corrections + odd corrections)). Two chains each, so that decode, one row at a time,
+ * is not bound by the FMA and add latencies. Here the min terms (and the corrections) of the
+ * R x C outputs go 16 lanes at a time, lane 4 r + 2 j + (block parity), one vector multiply and
+ * add per pair of blocks. */
 QK_INLINE void tile(float *y, size_t ldy, const uint8_t (*lv)[PF_KC * 64], const ifk_qx *qx, int n, int t0, int c0,
-                    int nc, int first, const float (*d)[PF_KC], const float (*mt)[16], const int type, const int R,
-                    const int C)
+                    int nc, int first, const float (*d)[PF_KC], const float (*mt)[16], const float (*dt)[16],
+                    const int type, const int R, const int C)
 {
     const int B = block_of(type), x16 = ifk_qx_x16(type), one = B == 32 || x16; /* one x scale per block */
     __m512 acc[2][4][2]; /* [chain][R][C]: the delta terms (low halves for int8 x, B = 32) */
@@ -468,24 +493,29 @@ QK_INLINE void tile(float *y, size_t ldy, const uint8_t (*lv)[PF_KC * 64], const
             }
         }
     const float(*dsc)[2][2 * PF_KC] = (const float(*)[2][2 * PF_KC])ds;
-    /* x sums of tokens t0 and t0 + C - 1 from block c0 (each [nc]) */
-    const float *su0 = qx->sum + (size_t)t0 * qx->s_ld + c0, *su1 = qx->sum + (size_t)(t0 + C - 1) * qx->s_ld + c0;
-    __m512 am = _mm512_setzero_ps(); /* lane 4 r + 2 j + p: the min terms of blocks of parity p */
+    /* x sums and residual corrections (qimpl.h) of tokens t0 and t0 + C - 1 from block c0
+     * (each [nc]) */
+    const size_t o0 = (size_t)t0 * qx->s_ld + c0, o1 = (size_t)(t0 + C - 1) * qx->s_ld + c0;
+    /* lane 4 r + 2 j + p: the min terms (am) and the corrections (ac) of blocks of parity p */
+    __m512 am = _mm512_setzero_ps(), ac = am;
     int i = 0;
     for (; i + 2 <= nc; i += 2) {
         tile_block(acc[0], lv, qx, t0, (size_t)(c0 + i), i, dsc, type, R, C);
         tile_block(acc[1], lv, qx, t0, (size_t)(c0 + i + 1), i + 1, dsc, type, R, C);
-        /* [sum_0[i], sum_0[i+1], sum_1[i], sum_1[i+1]] in every 128-bit lane */
-        __m128 sp = _mm_loadh_pi(_mm_castpd_ps(_mm_load_sd((const double *)(su0 + i))), (const __m64 *)(su1 + i));
-        am = _mm512_add_ps(am, _mm512_mul_ps(_mm512_load_ps(mt[i / 2]), _mm512_broadcast_f32x4(sp)));
+        /* [v_0[i], v_0[i+1], v_1[i], v_1[i+1]] in every 128-bit lane */
+        am = _mm512_add_ps(am, _mm512_mul_ps(_mm512_load_ps(mt[i / 2]), pair4(qx->sum, o0 + i, o1 + i)));
+        if (!x16)
+            ac = _mm512_add_ps(ac, _mm512_mul_ps(_mm512_load_ps(dt[i / 2]), pair4(qx->cor, o0 + i, o1 + i)));
     }
     if (i < nc) {
         tile_block(acc[0], lv, qx, t0, (size_t)(c0 + i), i, dsc, type, R, C);
-        __m128 sp = _mm_setr_ps(su0[i], 0.0f, su1[i], 0.0f);
-        am = _mm512_mask_add_ps(am, 0x5555, am, _mm512_mul_ps(_mm512_load_ps(mt[i / 2]), _mm512_broadcast_f32x4(sp)));
+        am = _mm512_mask_add_ps(am, 0x5555, am, _mm512_mul_ps(_mm512_load_ps(mt[i / 2]), single4(qx->sum, o0 + i, o1 + i)));
+        if (!x16)
+            ac = _mm512_mask_add_ps(ac, 0x5555, ac, _mm512_mul_ps(_mm512_load_ps(dt[i / 2]), single4(qx->cor, o0 + i, o1 + i)));
     }
-    _Alignas(64) float mins[16];
+    _Alignas(64) float mins[16], cors[16];
     _mm512_store_ps(mins, am);
+    _mm512_store_ps(cors, ac);
 #pragma GCC unroll 2
     for (int j = 0; j < C; j++)
 #pragma GCC unroll 4
@@ -494,7 +524,9 @@ QK_INLINE void tile(float *y, size_t ldy, const uint8_t (*lv)[PF_KC * 64], const
             if (!x16 && B == 32)
                 a = _mm512_zextps256_ps512(_mm512_castps512_ps256(a));
             float *yp = y + (size_t)(t0 + j) * ldy + n + r;
-            *yp = (first ? 0.0f : *yp) + (hsum512(a) + (mins[4 * r + 2 * j] + mins[4 * r + 2 * j + 1]));
+            const int l = 4 * r + 2 * j;
+            const float m = mins[l] + mins[l + 1];
+            *yp = (first ? 0.0f : *yp) + (hsum512(a) + (x16 ? m : m + (cors[l] + cors[l + 1])));
         }
 }
 
@@ -535,7 +567,7 @@ QK_INLINE void gemm_rows(float *y, size_t ldy, const uint8_t *W, const ifk_qx *q
 {
     const int T = qx->T, nb = qx->nb;
     const size_t rb = (size_t)nb * block_bytes_of(type);
-    _Alignas(64) float d[4][PF_KC], m[4][PF_KC], mt[PF_KC / 2][16];
+    _Alignas(64) float d[4][PF_KC], m[4][PF_KC], mt[PF_KC / 2][16], dt[PF_KC / 2][16];
     _Alignas(64) uint8_t lv[4][PF_KC * 64];
     for (int c0 = 0; c0 < nb; c0 += PF_KC) {
         const int nc = nb - c0 < PF_KC ? nb - c0 : PF_KC;
@@ -546,13 +578,16 @@ QK_INLINE void gemm_rows(float *y, size_t ldy, const uint8_t *W, const ifk_qx *q
         }
         const float(*dc)[PF_KC] = (const float(*)[PF_KC])d;
         chunk_mins(mt, (const float(*)[PF_KC])m, nc, R);
+        if (!ifk_qx_x16(type))
+            chunk_mins(dt, (const float(*)[PF_KC])d, nc, R);
+        const float(*dtc)[16] = (const float(*)[16])dt;
         const float(*mtc)[16] = (const float(*)[16])mt;
         const uint8_t(*lc)[PF_KC * 64] = (const uint8_t(*)[PF_KC * 64])lv;
         int t = 0;
         for (; t + 2 <= T; t += 2)
-            tile(y, ldy, lc, qx, n, t, c0, nc, c0 == 0, dc, mtc, type, R, 2);
+            tile(y, ldy, lc, qx, n, t, c0, nc, c0 == 0, dc, mtc, dtc, type, R, 2);
         for (; t < T; t++)
-            tile(y, ldy, lc, qx, n, t, c0, nc, c0 == 0, dc, mtc, type, R, 1);
+            tile(y, ldy, lc, qx, n, t, c0, nc, c0 == 0, dc, mtc, dtc, type, R, 1);
     }
 }
 
@@ -560,24 +595,30 @@ QK_INLINE void gemm_rows(float *y, size_t ldy, const uint8_t *W, const ifk_qx *q
 
 /* Decode (T == 1) computes every output with exactly tile()'s float operations in the same
  * order, so that y[t] depends only on W and x[t] (kernels.h): per chunk of PF_KC blocks, the
- * delta terms of the even and the odd blocks in two FMA chains, the min terms 16 blocks at a
- * time, hsum512((even + odd) + mins) added into y chunk after chunk. Each row is read as one
- * forward stream (software prefetch PF_AHEAD ahead; interleaving several of these short rows
- * measured much slower), and each block's header is converted on its own, as
- * [d, m, d, m] * {s0, sum, s1, 0} (tile's delta * scale products) and shifted into a register
- * that collects 16 headers, whose mins are then converted and multiplied by their x sums
- * together (one valignd a block, in two chains): cheaper than gathering the headers of several blocks (a gather is ~2 cycles per element on Zen 4, and the hardware
- * prefetcher does not follow it). */
+ * delta terms of the even and the odd blocks in two FMA chains, the min terms and the
+ * corrections in two add chains, hsum512(even + odd) + (mins + corrections) added into y chunk
+ * after chunk. Each row is read as one forward stream (software prefetch PF_AHEAD ahead;
+ * interleaving several of these short rows measured much slower), and each block's header is
+ * converted on its own, as [d, m, d, d] * {s0, sum, s1, cor} (tile's delta * scale products, its
+ * min term and its correction): cheaper than gathering the headers of several blocks (a gather
+ * is ~2 cycles per element on Zen 4, and the hardware prefetcher does not follow it). */
 
-/* acc + the delta term of one block, *am + its min term (lane 1 of [d s0, m sum, d s1, 0]; the
- * other lanes collect junk that is never read).  blk: [BB]; xq: the block's x values ([B]
- * int8, or int16 for x16 types); sx: [4] = { s0, sum, s1, 0 }. For B = 32 and int8 x only the
- * low 256 bits of acc are meaningful (as in tile). */
+/* The block's header as [d, m, d, d] (F32).  blk: [BB]. */
+QK_INLINE __m128 dmdd(const uint8_t *blk)
+{
+    return _mm_cvtph_ps(_mm_shufflelo_epi16(_mm_cvtsi32_si128((int)rd32(blk)), 0x04));
+}
+
+/* acc + the delta term of one block, *am + its min term and its residual's correction (lanes 1
+ * and 3 of [d s0, m sum, d s1, d cor]; lanes 0 and 2 collect junk that is never read).
+ * blk: [BB]; xq: the block's x values ([B] int8, or int16 for x16 types); sx: [4] =
+ * { s0, sum, s1, cor }. For B = 32 and int8 x only the low 256 bits of acc are meaningful (as
+ * in tile). */
 QK_INLINE __m512 gemv_block(__m512 acc, __m128 *am, const uint8_t *blk, const int8_t *xq, const float *sx,
                             const int type)
 {
     _mm_prefetch((const char *)blk + PF_AHEAD, _MM_HINT_T0);
-    const __m128 r = _mm_mul_ps(_mm_cvtph_ps(_mm_set1_epi32((int)rd32(blk))), _mm_load_ps(sx)); /* [d s0, m sum, d s1, 0] */
+    const __m128 r = _mm_mul_ps(dmdd(blk), _mm_load_ps(sx)); /* [d s0, m sum, d s1, d cor] */
     *am = _mm_add_ps(*am, r);
     if (ifk_qx_x16(type)) /* one x scale per block */
         return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_x16(type, blk, (const int16_t *)xq)), _mm512_broadcastss_ps(r), acc);
@@ -613,7 +654,8 @@ QK_INLINE float gemv_row(const uint8_t *row, const ifk_qx *qx, const int type)
         __m512 a = _mm512_add_ps(acc0, acc1);
         if (block_of(type) == 32 && !ifk_qx_x16(type))
             a = _mm512_zextps256_ps512(_mm512_castps512_ps256(a));
-        const float mins = _mm_cvtss_f32(_mm_movehdup_ps(_mm_add_ps(am0, am1)));
+        const __m128 h = _mm_movehdup_ps(_mm_add_ps(am0, am1)); /* [mins, mins, cors, cors] */
+        const float mins = ifk_qx_x16(type) ? _mm_cvtss_f32(h) : _mm_cvtss_f32(_mm_add_ss(h, _mm_movehl_ps(h, h)));
         y = (c0 == 0 ? 0.0f : y) + (hsum512(a) + mins);
     }
     return y;

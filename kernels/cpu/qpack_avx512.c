@@ -303,7 +303,7 @@ QP_INLINE void tile_sums(__m512i *a0, __m512i *a1, const uint8_t *tile, const if
 QP_INLINE void group_tile(float *y, size_t ldy, const uint8_t *tg, const ifk_qx *qx, int n0, int nr, int t0,
                           const int type, const int C)
 {
-    const int nb = qx->nb, one_scale = ifk_qx_x16(type) || block_of(type) == 32;
+    const int nb = qx->nb, x16 = ifk_qx_x16(type), B = block_of(type);
     const size_t tb = tile_bytes(type);
     __m512 yv[8];
 #pragma GCC unroll 8
@@ -324,13 +324,18 @@ QP_INLINE void group_tile(float *y, size_t ldy, const uint8_t *tg, const ifk_qx 
 #pragma GCC unroll 8
         for (int j = 0; j < C; j++) {
             const size_t o = (size_t)(t0 + j) * qx->s_ld + (size_t)b;
-            /* p: the block's product before the weight scales (qpack.h's arithmetic). */
+            /* p: the block's product before the weight scales (qpack.h's arithmetic), with
+             * int8 x the residual's correction (qimpl.h) added in the first multiply's place */
             __m512 p;
-            if (one_scale)
+            if (x16)
                 p = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a0[j], a1[j])), _mm512_set1_ps(qx->s0[o]));
+            else if (B == 32)
+                p = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a0[j], a1[j])), _mm512_set1_ps(qx->s0[o]),
+                                    _mm512_set1_ps(qx->cor[o]));
             else
                 p = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a1[j]), _mm512_set1_ps(qx->s1[o]),
-                                    _mm512_mul_ps(_mm512_cvtepi32_ps(a0[j]), _mm512_set1_ps(qx->s0[o])));
+                                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(a0[j]), _mm512_set1_ps(qx->s0[o]),
+                                                    _mm512_set1_ps(qx->cor[o])));
             yv[j] = _mm512_fmadd_ps(p, dv, yv[j]);
             yv[j] = _mm512_fmadd_ps(mv, _mm512_set1_ps(qx->sum[o]), yv[j]);
         }

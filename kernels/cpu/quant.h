@@ -87,15 +87,16 @@ void ifk_qmatmul_ref(float *y, size_t ldy, const void *W, int type, const float 
 
 /* The fast quantized matrix product (qdispatch.c), same arguments and result as
  * ifk_qmatmul_ref up to the rounding of x to integers. The SIMD paths compute each block as
- *     min * sum(x) + delta * sum_i q_i * xq_i * s
+ *     min * sum(x) + delta * (sum_i q_i * xq_i * s + c * sum_i (x_i - xq_i * s))
  * with sum(x) exact in F32 and x rounded once per call, xq = round(x / s) with s = max|x| / top
  * of its group: int8 (top = 127) per group of 32 elements for Q4 and below; int16 (top = 32767)
  * per block for Q8, Q6 and Q5, where int8 x would add much to the weights' own error (qimpl.h).
- * So per output
- *     |y - y_ref| <= sum_i q_i delta_b(i) * amax_b(i) / (2 top) * (1 + 1e-3)
- *                    + 1e-5 * sum_i (|min_b(i)| + q_i delta_b(i)) |x_i|
+ * c = (L - 1) / 2 for int8 x (the rounding residual's share at the middle level, corrected:
+ * qimpl.h), 0 for int16. So per output
+ *     |y - y_ref| <= sum_i |q_i - c| delta_b(i) * amax_b(i) / (2 top) * (1 + 1e-3)
+ *                    + 1e-5 * sum_i (|min_b(i)| + (q_i + c) delta_b(i)) |x_i|
  * where amax_b is max |x| over element i's weight block. Measured on normal data with
- * K >= 1024: at most ~2.5e-3 of sum_i |w'_i x_i| for int8 x (~2e-2 with outliers in x and W),
+ * K >= 1024: at most ~1e-3 of sum_i |w'_i x_i| for int8 x (~1e-2 with outliers in x and W),
  * ~1e-5 for int16 x. Scalar path (IFK_ISA_SCALAR, -DIFK_NO_SIMD): the oracle itself.
  * Threads split N; n_threads <= 0 means all cores. Batch invariant (kernels.h): row t of y is
  * bit-identical to a call with x[t] alone, whatever T, t and n_threads (x is rounded per

@@ -10,6 +10,7 @@
 #include "kernels/cpu/qpack.h"
 #include "kernels/cpu/quant.h"
 
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -119,7 +120,12 @@ static int cpu_layernorm(iflow_device *d, float *y, const float *x, const float 
 
 static int cpu_silu_mul(iflow_device *d, float *g, const float *u, size_t n)
 {
-    ifk_silu_mul(g, u, (int)n);
+    if (u) {
+        ifk_silu_mul(g, u, (int)n);
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++) /* a plain FFN's (Marian's swish) */
+        g[i] = g[i] / (1.0f + expf(-g[i]));
     return 0;
 }
 
@@ -171,6 +177,81 @@ static int cpu_attention_paged(iflow_device *d, float *out, const float *q, size
     return 0;
 }
 
+/* Scaled score of query row qh against key row kh (+ the bias), in double. */
+static double score(const float *qh, const float *kh, int hd, float scale, const float *bias)
+{
+    double dot = 0;
+    for (int i = 0; i < hd; i++)
+        dot += (double)qh[i] * kh[i];
+    return dot * scale + (bias ? *bias : 0.0);
+}
+
+/* One query head over its visible keys 0 .. n - 1: a softmax in double (max first, then the
+ * weighted values), so each (row, head) depends on nothing else (batch invariance). */
+static void attend_head(float *oh, const float *qh, const float *k, const float *v, size_t kv_ld, int n, int hd,
+                        float scale, const float *bias)
+{
+    double mx = -INFINITY, sum = 0, acc[hd];
+    for (int j = 0; j < n; j++) {
+        double s = score(qh, k + (size_t)j * kv_ld, hd, scale, bias ? bias + j : NULL);
+        mx = s > mx ? s : mx;
+    }
+    for (int i = 0; i < hd; i++)
+        acc[i] = 0;
+    for (int j = 0; j < n; j++) {
+        double w = exp(score(qh, k + (size_t)j * kv_ld, hd, scale, bias ? bias + j : NULL) - mx);
+        const float *vh = v + (size_t)j * kv_ld;
+        sum += w;
+        for (int i = 0; i < hd; i++)
+            acc[i] += w * vh[i];
+    }
+    for (int i = 0; i < hd; i++)
+        oh[i] = (float)(acc[i] / sum);
+}
+
+/* An attention_bias call, dealt to the pool in items of (row, head) units. */
+typedef struct {
+    float *out;
+    const float *q, *k, *v, *bias;
+    size_t ld, kv_ld;
+    int T, S, causal0, n_heads, group, head_dim, n_items;
+    float scale;
+} attn_bias_job;
+
+static void attn_bias_item(const void *args, const void *in, int item, float *scratch)
+{
+    const attn_bias_job *j = args;
+    const int units = j->T * j->n_heads, u0 = (int)((long)units * item / j->n_items),
+              u1 = (int)((long)units * (item + 1) / j->n_items);
+    for (int u = u0; u < u1; u++) {
+        const int t = u / j->n_heads, h = u % j->n_heads;
+        const int n = j->causal0 >= 0 && j->causal0 + t + 1 < j->S ? j->causal0 + t + 1 : j->S;
+        const size_t kvo = (size_t)(h / j->group) * j->head_dim, qo = (size_t)t * j->ld + (size_t)h * j->head_dim;
+        attend_head(j->out + qo, j->q + qo, j->k + kvo, j->v + kvo, j->kv_ld, n, j->head_dim, j->scale,
+                    j->bias ? j->bias + ((size_t)h * j->T + t) * j->S : NULL);
+    }
+}
+
+static int cpu_attention_bias(iflow_device *d, float *out, const float *q, size_t ld, const float *k, const float *v,
+                              size_t kv_ld, int T, int S, int causal0, int n_heads, int n_kv_heads, int head_dim,
+                              float scale, const float *bias)
+{
+    const int units = T * n_heads;
+    attn_bias_job j = {out, q, k, v, bias, ld, kv_ld, T, S, causal0, n_heads, n_heads / n_kv_heads, head_dim,
+                       units < IFK_POOL_MAX_ITEMS ? units : IFK_POOL_MAX_ITEMS, scale};
+    ifk_pool_job job = {.run = attn_bias_item, .args = &j, .args_size = sizeof j, .n_items = j.n_items,
+                        .max_threads = d->n_threads > 0 ? d->n_threads : omp_get_num_procs()};
+    ifk_pool_run(&job);
+    return 0;
+}
+
+static int cpu_relu_mul(iflow_device *d, float *g, const float *u, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        g[i] = (g[i] > 0 ? g[i] : 0.0f) * (u ? u[i] : 1.0f);
+    return 0;
+}
+
 static int cpu_query(const iflow_device *d, iflow_device_info *info)
 {
     iflow_cpu_info(info);
@@ -180,7 +261,7 @@ static int cpu_query(const iflow_device *d, iflow_device_info *info)
 static const iflow_device_ops cpu_ops = {
     cpu_close, cpu_query, cpu_alloc, iflow_cpu_free, cpu_copy, cpu_copy, cpu_supports, cpu_matmul, cpu_rmsnorm,
     cpu_rope, cpu_attention, cpu_silu_mul, cpu_add, cpu_add_bias, cpu_argmax, cpu_kv_store, cpu_attention_paged, cpu_kv_shift,
-    cpu_gelu_mul, cpu_layernorm, iflow_cpu_pack,
+    cpu_gelu_mul, cpu_layernorm, iflow_cpu_pack, cpu_attention_bias, cpu_relu_mul,
 };
 
 /* The CPU's brand string, from /proc/cpuinfo ("" if unreadable). */

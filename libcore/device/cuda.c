@@ -84,7 +84,13 @@ static int cu_attention(iflow_device *d, float *out, const float *q, const float
     CALL(d, ifkc_attention(DEV(d), out, q, k, v, IFK_F32, kv_ld, T, pos0, n_heads, n_kv_heads, head_dim, scale));
 }
 
-static int cu_silu_mul(iflow_device *d, float *g, const float *u, size_t n) { CALL(d, ifkc_silu_mul(DEV(d), g, u, n)); }
+static int cu_silu_mul(iflow_device *d, float *g, const float *u, size_t n)
+{
+    if (!u)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "%s: block ffn = plain with activation silu is not implemented on cuda yet",
+                            d->info.name);
+    CALL(d, ifkc_silu_mul(DEV(d), g, u, n));
+}
 static int cu_add(iflow_device *d, float *y, const float *x, size_t n) { CALL(d, ifkc_add(DEV(d), y, x, n)); }
 
 static int cu_add_bias(iflow_device *d, float *y, size_t ldy, const float *b, int T, int n)
@@ -174,6 +180,15 @@ static int cu_attention_paged(iflow_device *d, float *out, const float *q, size_
     return rc;
 }
 
+/* An encoder-decoder's attention (cross-attention, relative position bias): not on CUDA yet. */
+static int cu_attention_bias(iflow_device *d, float *out, const float *q, size_t ld, const float *k, const float *v,
+                             size_t kv_ld, int T, int S, int causal0, int n_heads, int n_kv_heads, int head_dim,
+                             float scale, const float *bias)
+{
+    return iflow_seterr(IFLOW_EUNSUPPORTED, "%s: an encoder-decoder's attention (cross-attention, relative position "
+                        "bias) is not implemented on cuda yet", d->info.name);
+}
+
 static int cu_query(const iflow_device *d, iflow_device_info *info) { return iflow_cuda_info(d->info.index, info); }
 
 static const iflow_device_ops cuda_ops = {
@@ -183,6 +198,8 @@ static const iflow_device_ops cuda_ops = {
     NULL, /* gelu_mul: none yet (the engine refuses gelu blocks on CUDA) */
     NULL, /* layernorm: none yet */
     NULL, /* pack: CUDA multiplies the row layout */
+    cu_attention_bias,
+    NULL, /* relu_mul: none yet */
 };
 
 int iflow_cuda_count(const char **why)

@@ -72,7 +72,7 @@ typedef struct {
     /* ifk_attention: out, q [T][n_heads*head_dim]; k, v F32 cache rows at stride kv_ld. */
     int  (*attention)(iflow_device *d, float *out, const float *q, const float *k, const float *v,
                       size_t kv_ld, int T, int pos0, int n_heads, int n_kv_heads, int head_dim, float scale);
-    int  (*silu_mul)(iflow_device *d, float *g, const float *u, size_t n);   /* g = silu(g) * u */
+    int  (*silu_mul)(iflow_device *d, float *g, const float *u, size_t n);   /* g = silu(g) * u; u NULL: silu(g) */
     int  (*add)(iflow_device *d, float *y, const float *x, size_t n);        /* y += x          */
     /* y[t][i] += b[i], T rows of n at stride ldy. */
     int  (*add_bias)(iflow_device *d, float *y, size_t ldy, const float *b, int T, int n);
@@ -100,6 +100,16 @@ typedef struct {
      * its type code for matmul. *out = NULL: W is computed as it is. NULL op: never. (The CPU
      * packs Q4 and Q8 matrices into 16-row tiles for the int8 product: kernels/cpu/qpack.h.) */
     int  (*pack)(iflow_device *d, void **out, int *out_type, const void *W, int wtype, int N, int K);
+    /* An encoder-decoder's attention (cross-attention over a source, T5's relative position
+     * bias): T query rows of q (stride ld) over S rows of F32 keys and values (stride kv_ld),
+     * grouped-query as ifk_attention; query t sees keys 0 .. S - 1, or with causal0 >= 0 keys
+     * 0 .. causal0 + t; bias [n_heads][T][S] (or NULL) is added to the scaled scores; out [T]
+     * at stride ld. NULL op: the backend has none (the engine says so). */
+    int  (*attention_bias)(iflow_device *d, float *out, const float *q, size_t ld, const float *k, const float *v,
+                           size_t kv_ld, int T, int S, int causal0, int n_heads, int n_kv_heads, int head_dim,
+                           float scale, const float *bias);
+    /* g = max(g, 0) * u, or max(g, 0) when u is NULL (T5's ReLU FFN); NULL: none. */
+    int  (*relu_mul)(iflow_device *d, float *g, const float *u, size_t n);
 } iflow_device_ops;
 
 struct iflow_device {

@@ -403,9 +403,8 @@ int iflow_ctx_n_vocab(const iflow_ctx *c) { return c->m->hp.vocab_size; }
             return rc_;                                                                            \
     } while (0)
 
-/* The block norm of T rows of n: RMSNorm, or LayerNorm with its bias b. */
-static int norm(const iflow_model *m, iflow_device *d, float *y, const float *x, const float *w, const float *b, int T,
-                int n)
+int iflow_norm_rows(const iflow_model *m, iflow_device *d, float *y, const float *x, const float *w, const float *b, int T,
+                    int n)
 {
     if (m->hp.norm == IFLOW_NORM_RMS)
         return d->ops->rmsnorm(d, y, x, w, T, n, m->hp.norm_eps);
@@ -414,31 +413,50 @@ static int norm(const iflow_model *m, iflow_device *d, float *y, const float *x,
     return d->ops->layernorm(d, y, x, w, b, T, n, m->hp.norm_eps);
 }
 
-/* y[t] = W x[t] (+ b) for T tokens, on device s. */
-static int linear(dev_scratch *s, float *y, int ldy, weight W, const float *b, const float *x, int ldx, int T, int N,
-                  int K)
+int iflow_linear_rows(iflow_device *d, float *y, int ldy, weight W, const float *b, const float *x, int ldx, int T, int N,
+                      int K)
 {
-    iflow_device *d = s->dev;
     TRY(d->ops->matmul(d, y, (size_t)ldy, W.data, W.type, x, (size_t)ldx, T, N, K));
     return b ? d->ops->add_bias(d, y, (size_t)ldy, b, T, N) : 0;
 }
 
-/* A sub-block's input: the norm (w, b) of x into s->xb, or, with post_ln, x itself. */
-static int block_in(const iflow_model *m, dev_scratch *s, const float *w, const float *b, int T, const float **in)
+int iflow_ffn_hidden(const iflow_hparams *hp, iflow_device *d, const layer_weights *w, const float *in, int T, int F,
+                     float *gate, float *up)
 {
-    *in = s->x;
-    if (m->hp.post_ln)
-        return 0;
-    *in = s->xb;
-    return norm(m, s->dev, s->xb, s->x, w, b, T, m->hp.dim);
+    const int D = hp->dim, gated = hp->ffn == IFLOW_FFN_GATED;
+    TRY(iflow_linear_rows(d, gate, F, gated ? w->gate : w->up, gated ? w->gate_b : w->up_b, in, D, T, F, D));
+    if (gated)
+        TRY(iflow_linear_rows(d, up, F, w->up, w->up_b, in, D, T, F, D));
+    if (hp->activation == IFLOW_ACT_RELU) {
+        if (!d->ops->relu_mul)
+            return iflow_seterr(IFLOW_EUNSUPPORTED, "block activation = relu is not implemented on %s yet", d->info.name);
+        return d->ops->relu_mul(d, gate, gated ? up : NULL, (size_t)T * F);
+    }
+    if (hp->activation != IFLOW_ACT_SILU) {
+        const int exact = hp->activation == IFLOW_ACT_GELU;
+        if (!d->ops->gelu_mul)
+            return iflow_seterr(IFLOW_EUNSUPPORTED, "block activation = %s is not implemented on %s yet",
+                                exact ? "gelu" : "gelu_tanh", d->info.name);
+        return d->ops->gelu_mul(d, gate, gated ? up : NULL, (size_t)T * F, exact);
+    }
+    return d->ops->silu_mul(d, gate, gated ? up : NULL, (size_t)T * F);
 }
 
-/* A sub-block's output s->xb added into x and, with post_ln, the norm (w, b) of the sum. */
-static int block_out(const iflow_model *m, dev_scratch *s, const float *w, const float *b, int T)
+int iflow_block_in(const iflow_model *m, iflow_device *d, float *x, float *xb, const float *w, const float *b, int T,
+                   const float **in)
+{
+    *in = x;
+    if (m->hp.post_ln)
+        return 0;
+    *in = xb;
+    return iflow_norm_rows(m, d, xb, x, w, b, T, m->hp.dim);
+}
+
+int iflow_block_out(const iflow_model *m, iflow_device *d, float *x, const float *xb, const float *w, const float *b, int T)
 {
     const int D = m->hp.dim;
-    TRY(s->dev->ops->add(s->dev, s->x, s->xb, (size_t)T * D));
-    return m->hp.post_ln ? norm(m, s->dev, s->x, s->x, w, b, T, D) : 0;
+    TRY(d->ops->add(d, x, xb, (size_t)T * D));
+    return m->hp.post_ln ? iflow_norm_rows(m, d, x, x, w, b, T, D) : 0;
 }
 
 /* The rows of one step: T tokens in sequences seq[0..n_seq), each sequence's rows contiguous
@@ -463,12 +481,12 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
     const float *rope_scale = m->rope_scale_w[p->dev];
     int D = hp->dim, hd = hp->head_dim, nq = p->q1 - p->q0, nkv = p->kv1 - p->kv0, Q = nq * hd, KV = nkv * hd, T = r->T;
     const float *in;
-    TRY(block_in(m, s, w->attn_norm, w->attn_norm_b, T, &in));
+    TRY(iflow_block_in(m, s->dev, s->x, s->xb, w->attn_norm, w->attn_norm_b, T, &in));
     if (d->host_memory && p->q0 == 0) /* the inputs of every matrix, for importance matrices (observe.h) */
         iflow_observe(c, layer_of_part(m, k), IFLOW_OBS_ATTN_IN, 0, in, D, T, D);
-    TRY(linear(s, s->q, Q, w->wq, w->bq, in, D, T, Q, D));
-    TRY(linear(s, s->kx, KV, w->wk, w->bk, in, D, T, KV, D));
-    TRY(linear(s, s->vx, KV, w->wv, w->bv, in, D, T, KV, D));
+    TRY(iflow_linear_rows(s->dev, s->q, Q, w->wq, w->bq, in, D, T, Q, D));
+    TRY(iflow_linear_rows(s->dev, s->kx, KV, w->wk, w->bk, in, D, T, KV, D));
+    TRY(iflow_linear_rows(s->dev, s->vx, KV, w->wv, w->bv, in, D, T, KV, D));
     if (w->q_norm) { /* qk_norm: each head's q and k (rows of head_dim) */
         TRY(d->ops->rmsnorm(d, s->q, s->q, w->q_norm, T * nq, hd, hp->norm_eps));
         TRY(d->ops->rmsnorm(d, s->kx, s->kx, w->k_norm, T * nkv, hd, hp->norm_eps));
@@ -488,10 +506,10 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
     /* o-projection into xb (free now), then the residual add */
     if (d->host_memory)
         iflow_observe(c, layer_of_part(m, k), IFLOW_OBS_ATTN_OUT, p->q0 * hd, s->att, Q, T, Q);
-    TRY(linear(s, s->xb, D, w->wo, w->bo, s->att, Q, T, D, Q));
+    TRY(iflow_linear_rows(s->dev, s->xb, D, w->wo, w->bo, s->att, Q, T, D, Q));
     if (w->attn_post_norm) /* post_norms: on the whole output (a split layer is refused) */
         TRY(d->ops->rmsnorm(d, s->xb, s->xb, w->attn_post_norm, T, D, hp->norm_eps));
-    return residual ? block_out(m, s, w->attn_norm, w->attn_norm_b, T) : 0;
+    return residual ? iflow_block_out(m, s->dev, s->x, s->xb, w->attn_norm, w->attn_norm_b, T) : 0;
 }
 
 /* Gated FFN sub-block of part k for T tokens: its columns' down projection into s->xb, added
@@ -504,31 +522,16 @@ static int ffn_block(iflow_ctx *c, dev_scratch *s, int k, int T, int residual)
     iflow_device *d = s->dev;
     int D = hp->dim, F = p->f1 - p->f0;
     const float *in;
-    TRY(block_in(c->m, s, w->ffn_norm, w->ffn_norm_b, T, &in));
+    TRY(iflow_block_in(c->m, s->dev, s->x, s->xb, w->ffn_norm, w->ffn_norm_b, T, &in));
     if (d->host_memory && p->f0 == 0)
         iflow_observe(c, layer_of_part(c->m, k), IFLOW_OBS_FFN_IN, 0, in, D, T, D);
-    /* gated: act(gate) * up into s->gate; plain: act(up) into s->gate */
-    const int gated = hp->ffn == IFLOW_FFN_GATED;
-    TRY(linear(s, s->gate, F, gated ? w->gate : w->up, gated ? w->gate_b : w->up_b, in, D, T, F, D));
-    if (gated)
-        TRY(linear(s, s->up, F, w->up, w->up_b, in, D, T, F, D));
-    if (hp->activation != IFLOW_ACT_SILU) {
-        const int exact = hp->activation == IFLOW_ACT_GELU;
-        if (!d->ops->gelu_mul)
-            return iflow_seterr(IFLOW_EUNSUPPORTED, "block activation = %s is not implemented on %s yet",
-                                exact ? "gelu" : "gelu_tanh", d->info.name);
-        TRY(d->ops->gelu_mul(d, s->gate, gated ? s->up : NULL, (size_t)T * F, exact));
-    } else {
-        if (!gated)
-            return iflow_seterr(IFLOW_EUNSUPPORTED, "block ffn = plain with activation silu is not implemented");
-        TRY(d->ops->silu_mul(d, s->gate, s->up, (size_t)T * F));
-    }
+    TRY(iflow_ffn_hidden(hp, d, w, in, T, F, s->gate, s->up));
     if (d->host_memory)
         iflow_observe(c, layer_of_part(c->m, k), IFLOW_OBS_FFN_MID, p->f0, s->gate, F, T, F);
-    TRY(linear(s, s->xb, D, w->down, w->down_b, s->gate, F, T, D, F));
+    TRY(iflow_linear_rows(s->dev, s->xb, D, w->down, w->down_b, s->gate, F, T, D, F));
     if (w->ffn_post_norm)
         TRY(d->ops->rmsnorm(d, s->xb, s->xb, w->ffn_post_norm, T, D, hp->norm_eps));
-    return residual ? block_out(c->m, s, w->ffn_norm, w->ffn_norm_b, T) : 0;
+    return residual ? iflow_block_out(c->m, s->dev, s->x, s->xb, w->ffn_norm, w->ffn_norm_b, T) : 0;
 }
 
 /* A whole layer (part k) on device s: attention then FFN, each added into the residual stream;
@@ -864,7 +867,7 @@ static int project_logits(iflow_ctx *c, dev_scratch *s, int rows, float *host, f
         TRY(logits_rows(s, V, rows));
         *y = s->logits;
     }
-    return linear(s, *y, V, m->output_w, NULL, s->xb, D, rows, V, D);
+    return iflow_linear_rows(s->dev, *y, V, m->output_w, NULL, s->xb, D, rows, V, D);
 }
 
 /* Logits of `rows` hidden states of s->x starting at row r0 (see project_logits). */
@@ -872,7 +875,7 @@ static int compute_logits(iflow_ctx *c, dev_scratch *s, int r0, int rows, float 
 {
     const iflow_hparams *hp = &c->m->hp;
     iflow_device *d = s->dev;
-    TRY(norm(c->m, d, s->xb, s->x + (size_t)r0 * hp->dim, c->m->output_norm_w, c->m->output_norm_b_w, rows, hp->dim));
+    TRY(iflow_norm_rows(c->m, d, s->xb, s->x + (size_t)r0 * hp->dim, c->m->output_norm_w, c->m->output_norm_b_w, rows, hp->dim));
     if (d->host_memory)
         iflow_observe(c, -1, IFLOW_OBS_OUTPUT_IN, 0, s->xb, hp->dim, rows, hp->dim);
     return project_logits(c, s, rows, host, y);
@@ -924,6 +927,9 @@ static int check_decoder(const iflow_ctx *c)
 {
     if (c->m->hp.layout == IFLOW_LAYOUT_ENCODER)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "an encoder gives embeddings (iflow_ctx_embed), not logits");
+    if (c->m->hp.layout == IFLOW_LAYOUT_ENCODER_DECODER)
+        return iflow_seterr(IFLOW_EUNSUPPORTED,
+                            "an encoder-decoder decodes against an encoded source (seq2seq.h), not from a prompt alone");
     return 0;
 }
 
@@ -1046,7 +1052,7 @@ static int step_logits(iflow_ctx *c, dev_scratch *s, const iflow_step_seq *seqs,
     for (int i = 0; i < n_seqs; i++)
         if (seqs[i].logits || seqs[i].next) {
             int k = out_rows_of(&seqs[i]), r = seq[i].row0 + seq[i].n_rows - k;
-            TRY(norm(c->m, d, s->xb + (size_t)n_out * D, s->x + (size_t)r * D, c->m->output_norm_w,
+            TRY(iflow_norm_rows(c->m, d, s->xb + (size_t)n_out * D, s->x + (size_t)r * D, c->m->output_norm_w,
                      c->m->output_norm_b_w, k, D));
             n_out += k;
             n_full += seqs[i].logits ? k : 0;

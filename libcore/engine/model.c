@@ -117,6 +117,43 @@ static int get_bool_or(const json_t *hp, const char *key, int fallback, int *dst
     return get_bool(hp, key, dst, what);
 }
 
+/* A token id or -1 (none), -1 when absent. */
+static int get_token_or(const json_t *hp, const char *key, int *dst, const char *what)
+{
+    *dst = -1;
+    return json_object_get(hp, key) ? get_int(hp, key, dst, -1, what) : 0;
+}
+
+/* An encoder-decoder's hyperparameters (block layout = encoder-decoder); defaults elsewhere. */
+static int read_encdec(iflow_hparams *hp, const json_t *h, const char *what)
+{
+    int rc, enc_heads;
+    if ((rc = get_bool_or(h, "final_norm", 1, &hp->final_norm, what)) ||
+        (rc = get_bool_or(h, "output_rescale", 0, &hp->output_rescale, what)) ||
+        (rc = get_bool_or(h, "logits_bias", 0, &hp->logits_bias, what)) ||
+        (rc = get_int_or(h, "pos_offset", 0, &hp->pos_offset, what)) ||
+        (rc = get_bool_or(h, "pos_endpoint", 0, &hp->pos_endpoint, what)) ||
+        (rc = get_int_or(h, "rel_buckets", 32, &hp->rel_buckets, what)) ||
+        (rc = get_int_or(h, "rel_max_distance", 128, &hp->rel_max_distance, what)) ||
+        (rc = get_token_or(h, "decoder_start", &hp->decoder_start, what)) || (rc = get_token_or(h, "pad", &hp->pad, what)))
+        return rc;
+    if (hp->layout != IFLOW_LAYOUT_ENCODER_DECODER)
+        return 0;
+    if ((rc = get_int(h, "n_enc_layers", &hp->n_enc_layers, 1, what)) ||
+        (rc = get_int_or(h, "n_enc_heads", hp->n_heads, &enc_heads, what)))
+        return rc;
+    if (enc_heads != hp->n_heads)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "an encoder of %d heads and a decoder of %d is not implemented (in '%s')",
+                            enc_heads, hp->n_heads, what);
+    if (hp->decoder_start < 0)
+        return iflow_seterr(IFLOW_EFORMAT, "hyperparameter 'decoder_start' is missing in '%s' (an encoder-decoder needs it)",
+                            what);
+    if (hp->position == IFLOW_POS_RELATIVE && (hp->rel_buckets < 4 || hp->rel_max_distance < hp->rel_buckets / 2))
+        return iflow_seterr(IFLOW_ERANGE, "rel_buckets %d and rel_max_distance %d do not make buckets in '%s'",
+                            hp->rel_buckets, hp->rel_max_distance, what);
+    return 0;
+}
+
 /* A block must be one of the choices the engine implements. */
 static int check_block(const json_t *blocks, const char *block, const char *const *choices, int *index,
                        const char *what)
@@ -135,9 +172,11 @@ static int check_block(const json_t *blocks, const char *block, const char *cons
 
 static int read_blocks(iflow_hparams *hp, const json_t *blocks, const char *what)
 {
-    static const char *const layout[] = {"decoder", "encoder", NULL}, *const norm[] = {"rms", "layer", NULL},
-                             *const act[] = {"silu", "gelu_tanh", "gelu", NULL}, *const ffn[] = {"gated", "plain", NULL},
-                             *const pos[] = {"rope", "learned", NULL}, *const rope[] = {"half", "interleaved", NULL},
+    static const char *const layout[] = {"decoder", "encoder", "encoder-decoder", NULL},
+                             *const norm[] = {"rms", "layer", NULL},
+                             *const act[] = {"silu", "gelu_tanh", "gelu", "relu", NULL}, *const ffn[] = {"gated", "plain", NULL},
+                             *const pos[] = {"rope", "learned", "sinusoidal", "relative", NULL},
+                             *const rope[] = {"half", "interleaved", NULL},
                              *const emb[] = {"plain", "scaled", NULL};
     static const char *const known[] = {"layout", "norm", "activation", "ffn", "position", "rope_layout", "embedding", NULL};
     int rc;
@@ -165,6 +204,12 @@ static int read_blocks(iflow_hparams *hp, const json_t *blocks, const char *what
     if (json_object_get(blocks, "embedding") && (rc = check_block(blocks, "embedding", emb, &scaled, what)))
         return rc;
     hp->embed_scale = scaled ? -1.0f : 1.0f; /* -1: sqrt(dim), once dim is known */
+    /* sinusoidal and relative positions come with the encoder-decoder, and it with them */
+    const int encdec = hp->layout == IFLOW_LAYOUT_ENCODER_DECODER,
+              s2s_pos = hp->position == IFLOW_POS_SINUSOIDAL || hp->position == IFLOW_POS_RELATIVE;
+    if (encdec != s2s_pos)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "block position = %s with layout = %s is not implemented (in '%s')",
+                            pos[hp->position], layout[hp->layout], what);
     return 0;
 }
 
@@ -262,7 +307,7 @@ int iflow_hparams_from_json(iflow_hparams *hp, const json_t *resolved, const cha
         (rc = get_bool_or(h, "normalize", 0, &hp->normalize, what)) || (rc = read_pooling(hp, h, what)) ||
         (rc = read_layer_types(hp, h, what)) ||
         (rc = get_bool(h, "tie_embeddings", &hp->tie_embeddings, what)) || (rc = read_blocks(hp, b, what)) ||
-        (rc = read_rope_scaling(hp, h, what)) || (rc = read_special(hp, h, what)))
+        (rc = read_rope_scaling(hp, h, what)) || (rc = read_special(hp, h, what)) || (rc = read_encdec(hp, h, what)))
         return rc;
     if (!hp->head_dim) {
         if (hp->dim % hp->n_heads)
@@ -303,15 +348,90 @@ static void req(iflow_tensor_req *r, size_t *n, const char *name, int64_t d0, in
     t->is_vector = d1 == 0;
 }
 
+/* A small F32 table [d0][d1] used on the host (kept F32 like a vector: T5's relative bias). */
+static void req_table(iflow_tensor_req *r, size_t *n, const char *name, int64_t d0, int64_t d1)
+{
+    req(r, n, name, d0, d1);
+    r[*n - 1].is_vector = 1;
+}
+
+/* An attention's tensors: PREFIX{norm, q, k, v, o} and their biases, named by `names`
+ * (self-attention: attn_norm wq wk wv wo bq bk bv bo; cross-attention: the x forms). */
+static void attn_tensors(const iflow_hparams *hp, iflow_tensor_req *r, size_t *n, const char *prefix,
+                         const char *const names[9])
+{
+    int64_t D = hp->dim, Q = (int64_t)hp->n_heads * hp->head_dim, KV = (int64_t)hp->n_kv_heads * hp->head_dim;
+    const int64_t rows[9] = {D, Q, KV, KV, D, Q, KV, KV, D}, cols[9] = {0, D, D, D, Q, 0, 0, 0, 0};
+    char name[48], norm_b[48];
+    for (int i = 0; i < 9; i++) {
+        if ((i >= 5 && i < 8 && !hp->qkv_bias) || (i == 8 && !hp->attn_bias))
+            continue;
+        snprintf(name, sizeof name, "%s%s", prefix, names[i]);
+        req(r, n, name, rows[i], cols[i]);
+        if (i == 0 && hp->norm == IFLOW_NORM_LAYER) {
+            snprintf(norm_b, sizeof norm_b, "%s%s_b", prefix, names[0]);
+            req(r, n, norm_b, D, 0);
+        }
+    }
+}
+
+/* The tensors of one layer, PREFIX (blk.L. or enc.blk.L.) then the suffix; `cross`: a decoder
+ * layer of an encoder-decoder, with cross-attention. */
+static void layer_tensors(const iflow_hparams *hp, iflow_tensor_req *r, size_t *n, const char *prefix, int cross)
+{
+    static const char *const self[9] = {"attn_norm", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "bo"},
+                             *const xattn[9] = {"xattn_norm", "xq", "xk", "xv", "xo", "xbq", "xbk", "xbv", "xbo"};
+    int64_t D = hp->dim, F = hp->ffn_dim;
+    char name[48];
+#define L(suffix, d0, d1) (snprintf(name, sizeof name, "%s" suffix, prefix), req(r, n, name, d0, d1))
+    attn_tensors(hp, r, n, prefix, self);
+    if (hp->qk_norm) {
+        L("q_norm", hp->head_dim, 0);
+        L("k_norm", hp->head_dim, 0);
+    }
+    if (hp->post_norms)
+        L("attn_post_norm", D, 0);
+    if (cross)
+        attn_tensors(hp, r, n, prefix, xattn);
+    L("ffn_norm", D, 0);
+    if (hp->norm == IFLOW_NORM_LAYER)
+        L("ffn_norm_b", D, 0);
+    if (hp->ffn == IFLOW_FFN_GATED)
+        L("ffn_gate", F, D);
+    L("ffn_up", F, D);
+    L("ffn_down", D, F);
+    if (hp->post_norms)
+        L("ffn_post_norm", D, 0);
+    if (hp->mlp_bias) {
+        if (hp->ffn == IFLOW_FFN_GATED)
+            L("ffn_gate_b", F, 0);
+        L("ffn_up_b", F, 0);
+        L("ffn_down_b", D, 0);
+    }
+#undef L
+}
+
+/* A stack's final norm, PREFIX output_norm (and _b). */
+static void final_norm(const iflow_hparams *hp, iflow_tensor_req *r, size_t *n, const char *prefix)
+{
+    char name[48];
+    snprintf(name, sizeof name, "%soutput_norm", prefix);
+    req(r, n, name, hp->dim, 0);
+    snprintf(name, sizeof name, "%soutput_norm_b", prefix);
+    if (hp->norm == IFLOW_NORM_LAYER)
+        req(r, n, name, hp->dim, 0);
+}
+
 int iflow_model_tensors(const iflow_hparams *hp, iflow_tensor_req **reqs, size_t *n)
 {
-    size_t cap = 8 + (size_t)hp->n_layers * 24; /* every model-level and per-layer tensor there can be */
+    const int encdec = hp->layout == IFLOW_LAYOUT_ENCODER_DECODER;
+    /* every model-level and per-layer tensor there can be */
+    size_t cap = 16 + (size_t)(hp->n_layers + (encdec ? hp->n_enc_layers : 0)) * 40;
     iflow_tensor_req *r = calloc(cap, sizeof *r);
     if (!r)
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
-    int64_t D = hp->dim, Q = (int64_t)hp->n_heads * hp->head_dim, KV = (int64_t)hp->n_kv_heads * hp->head_dim,
-            F = hp->ffn_dim, V = hp->vocab_size;
-    char name[48];
+    int64_t D = hp->dim, V = hp->vocab_size;
+    char prefix[32];
     *n = 0;
     req(r, n, "tok_embd", V, D);
     if (hp->position == IFLOW_POS_LEARNED)
@@ -323,51 +443,27 @@ int iflow_model_tensors(const iflow_hparams *hp, iflow_tensor_req **reqs, size_t
         if (hp->norm == IFLOW_NORM_LAYER)
             req(r, n, "embd_norm_b", D, 0);
     }
-    for (int l = 0; l < hp->n_layers; l++) {
-#define L(suffix, d0, d1) (snprintf(name, sizeof name, "blk.%d." suffix, l), req(r, n, name, d0, d1))
-        L("attn_norm", D, 0);
-        if (hp->norm == IFLOW_NORM_LAYER)
-            L("attn_norm_b", D, 0);
-        L("wq", Q, D);
-        L("wk", KV, D);
-        L("wv", KV, D);
-        L("wo", D, Q);
-        if (hp->qkv_bias) {
-            L("bq", Q, 0);
-            L("bk", KV, 0);
-            L("bv", KV, 0);
-        }
-        if (hp->attn_bias)
-            L("bo", D, 0);
-        if (hp->qk_norm) {
-            L("q_norm", hp->head_dim, 0);
-            L("k_norm", hp->head_dim, 0);
-        }
-        if (hp->post_norms)
-            L("attn_post_norm", D, 0);
-        L("ffn_norm", D, 0);
-        if (hp->norm == IFLOW_NORM_LAYER)
-            L("ffn_norm_b", D, 0);
-        if (hp->ffn == IFLOW_FFN_GATED)
-            L("ffn_gate", F, D);
-        L("ffn_up", F, D);
-        L("ffn_down", D, F);
-        if (hp->post_norms)
-            L("ffn_post_norm", D, 0);
-        if (hp->mlp_bias) {
-            if (hp->ffn == IFLOW_FFN_GATED)
-                L("ffn_gate_b", F, 0);
-            L("ffn_up_b", F, 0);
-            L("ffn_down_b", D, 0);
-        }
-#undef L
+    for (int l = 0; encdec && l < hp->n_enc_layers; l++) {
+        snprintf(prefix, sizeof prefix, "enc.blk.%d.", l);
+        layer_tensors(hp, r, n, prefix, 0);
     }
-    if (hp->layout == IFLOW_LAYOUT_DECODER) { /* an encoder's output is its hidden states */
-        req(r, n, "output_norm", D, 0);
-        if (hp->norm == IFLOW_NORM_LAYER)
-            req(r, n, "output_norm_b", D, 0);
+    if (encdec && hp->position == IFLOW_POS_RELATIVE)
+        req_table(r, n, "enc.rel_bias", hp->rel_buckets, hp->n_heads);
+    if (encdec && hp->final_norm)
+        final_norm(hp, r, n, "enc.");
+    for (int l = 0; l < hp->n_layers; l++) {
+        snprintf(prefix, sizeof prefix, "blk.%d.", l);
+        layer_tensors(hp, r, n, prefix, encdec);
+    }
+    if (encdec && hp->position == IFLOW_POS_RELATIVE)
+        req_table(r, n, "rel_bias", hp->rel_buckets, hp->n_heads);
+    if (hp->layout != IFLOW_LAYOUT_ENCODER) { /* an encoder's output is its hidden states */
+        if (hp->final_norm)
+            final_norm(hp, r, n, "");
         if (!hp->tie_embeddings)
             req(r, n, "output", V, D);
+        if (hp->logits_bias)
+            req_table(r, n, "output_b", 1, V);
     }
     *reqs = r;
     return 0;
@@ -401,22 +497,12 @@ static int bind(const iflow_shard *sh, const iflow_tensor_req *r, const iflow_sh
     return rc;
 }
 
-/* The slot of the model that tensor `name` fills; a layer's tensors go into layers[l]. */
-static void *slot(iflow_model *m, layer_weights *layers, const char *name, int *is_weight)
+/* The slot of layer tensor "L.SUFFIX" (name after its blk. prefix) in layers[0..n). */
+static void *layer_slot(layer_weights *layers, int n, const char *name, int *is_weight)
 {
     int l;
     char suffix[32];
-    *is_weight = 1;
-    if (strcmp(name, "tok_embd") == 0) return &m->tok_embd;
-    if (strcmp(name, "pos_embd") == 0) return &m->pos_embd;
-    if (strcmp(name, "tok_type_embd") == 0) return &m->tok_type_embd;
-    if (strcmp(name, "output") == 0) return &m->output;
-    *is_weight = 0;
-    if (strcmp(name, "output_norm") == 0) return &m->output_norm;
-    if (strcmp(name, "output_norm_b") == 0) return &m->output_norm_b;
-    if (strcmp(name, "embd_norm") == 0) return &m->embd_norm;
-    if (strcmp(name, "embd_norm_b") == 0) return &m->embd_norm_b;
-    if (sscanf(name, "blk.%d.%31s", &l, suffix) != 2 || l < 0 || l >= m->hp.n_layers)
+    if (sscanf(name, "%d.%31s", &l, suffix) != 2 || l < 0 || l >= n)
         return NULL;
     layer_weights *w = &layers[l];
     static const struct { const char *s; size_t off; int is_weight; } map[] = {
@@ -427,6 +513,8 @@ static void *slot(iflow_model *m, layer_weights *layers, const char *name, int *
         F("ffn_up_b", up_b, 0), F("ffn_down_b", down_b, 0), F("attn_post_norm", attn_post_norm, 0),
         F("ffn_post_norm", ffn_post_norm, 0), F("q_norm", q_norm, 0), F("k_norm", k_norm, 0),
         F("attn_norm_b", attn_norm_b, 0), F("ffn_norm_b", ffn_norm_b, 0),
+        F("xattn_norm", xattn_norm, 0), F("xattn_norm_b", xattn_norm_b, 0), F("xq", xq, 1), F("xk", xk, 1),
+        F("xv", xv, 1), F("xo", xo, 1), F("xbq", xbq, 0), F("xbk", xbk, 0), F("xbv", xbv, 0), F("xbo", xbo, 0),
 #undef F
     };
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
@@ -434,6 +522,33 @@ static void *slot(iflow_model *m, layer_weights *layers, const char *name, int *
             *is_weight = map[i].is_weight;
             return (char *)w + map[i].off;
         }
+    return NULL;
+}
+
+/* The slot of the model that tensor `name` fills; a layer's tensors go into layers[l] (an
+ * encoder-decoder's encoder layers into enc_layers). */
+static void *slot(iflow_model *m, layer_weights *layers, const char *name, int *is_weight)
+{
+    *is_weight = 1;
+    if (strcmp(name, "tok_embd") == 0) return &m->tok_embd;
+    if (strcmp(name, "pos_embd") == 0) return &m->pos_embd;
+    if (strcmp(name, "tok_type_embd") == 0) return &m->tok_type_embd;
+    if (strcmp(name, "output") == 0) return &m->output;
+    *is_weight = 0;
+    static const struct { const char *s; size_t off; } vecs[] = {
+#define V(n, field) {n, offsetof(iflow_model, field)}
+        V("output_norm", output_norm), V("output_norm_b", output_norm_b), V("embd_norm", embd_norm),
+        V("embd_norm_b", embd_norm_b), V("enc.output_norm", enc_output_norm), V("enc.output_norm_b", enc_output_norm_b),
+        V("enc.rel_bias", enc_rel_bias), V("rel_bias", rel_bias), V("output_b", output_b),
+#undef V
+    };
+    for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++)
+        if (strcmp(name, vecs[i].s) == 0)
+            return (char *)m + vecs[i].off;
+    if (strncmp(name, "enc.blk.", 8) == 0)
+        return layer_slot(m->enc_layers, m->hp.n_enc_layers, name + 8, is_weight);
+    if (strncmp(name, "blk.", 4) == 0)
+        return layer_slot(layers, m->hp.n_layers, name + 4, is_weight);
     return NULL;
 }
 
@@ -445,7 +560,8 @@ static int bind_all(iflow_model *m)
     if (rc)
         return rc;
     m->layers = calloc((size_t)m->hp.n_layers, sizeof *m->layers);
-    if (!m->layers)
+    m->enc_layers = calloc((size_t)m->hp.n_enc_layers + 1, sizeof *m->enc_layers);
+    if (!m->layers || !m->enc_layers)
         rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
     for (size_t i = 0; i < n && rc == 0; i++) {
         const iflow_shard_rec *t = NULL;
@@ -462,7 +578,7 @@ static int bind_all(iflow_model *m)
             m->decode_bytes += t->nbytes;
     }
     free(reqs);
-    if (rc == 0 && m->hp.tie_embeddings && m->hp.layout == IFLOW_LAYOUT_DECODER) {
+    if (rc == 0 && m->hp.tie_embeddings && m->hp.layout != IFLOW_LAYOUT_ENCODER) {
         m->output = m->tok_embd;
         m->decode_bytes += iflow_tensor_nbytes(m->tok_embd.type, 2, (int64_t[]){m->hp.vocab_size, m->hp.dim});
     }
@@ -656,6 +772,7 @@ void iflow_model_close(iflow_model *m)
     free(m->split_plan);
     free(m->split_dir);
     free(m->layers);
+    free(m->enc_layers);
     free(m->rope_scale);
     free(m);
 }

@@ -1,6 +1,6 @@
 /*
- * model.h -- a transformer (decoder-only, or an encoder: block layout) assembled from atomic blocks,
- * and its inference context.
+ * model.h -- a transformer (decoder-only, an encoder, or an encoder-decoder: block layout) assembled
+ * from atomic blocks, and its inference context (an encoder-decoder's is seq2seq.h's).
  *
  * The engine branches on blocks (norm, activation, ffn, position, rope layout, biases, tied
  * output), never on a model's name. The blocks and hyperparameters come from the resolved spec
@@ -39,11 +39,15 @@
 enum { IFLOW_ROPE_SCALING_NONE = 0, IFLOW_ROPE_SCALING_LINEAR = 1, IFLOW_ROPE_SCALING_LLAMA3 = 2 };
 #define IFLOW_MAX_EOS 8
 
-enum { IFLOW_ACT_SILU = 0, IFLOW_ACT_GELU_TANH = 1, IFLOW_ACT_GELU = 2 }; /* GELU: the exact (erf) form */
+enum { IFLOW_ACT_SILU = 0, IFLOW_ACT_GELU_TANH = 1, IFLOW_ACT_GELU = 2, IFLOW_ACT_RELU = 3 }; /* GELU: the exact (erf) form */
 enum { IFLOW_NORM_RMS = 0, IFLOW_NORM_LAYER = 1 };   /* block norm */
 enum { IFLOW_FFN_GATED = 0, IFLOW_FFN_PLAIN = 1 };   /* block ffn: down(act(gate) * up), down(act(up)) */
-enum { IFLOW_POS_ROPE = 0, IFLOW_POS_LEARNED = 1 };  /* block position */
-enum { IFLOW_LAYOUT_DECODER = 0, IFLOW_LAYOUT_ENCODER = 1 }; /* block layout */
+/* block position: rope; learned rows; a sinusoidal table (sin in the first half of a row, cos in
+ * the second); relative position buckets with a learned bias per head (T5) */
+enum { IFLOW_POS_ROPE = 0, IFLOW_POS_LEARNED = 1, IFLOW_POS_SINUSOIDAL = 2, IFLOW_POS_RELATIVE = 3 };
+/* block layout: decoder-only; an encoder alone (pooled embeddings); an encoder-decoder (a source
+ * encoded once, a target decoded against it through cross-attention: seq2seq.h) */
+enum { IFLOW_LAYOUT_DECODER = 0, IFLOW_LAYOUT_ENCODER = 1, IFLOW_LAYOUT_ENCODER_DECODER = 2 };
 enum { IFLOW_POOL_CLS = 0, IFLOW_POOL_MEAN = 1 };      /* hyperparameter pooling (encoders) */
 
 typedef struct {
@@ -79,6 +83,20 @@ typedef struct {
     int token_types;          /* rows of tok_type_embd (BERT's segments; row 0 is added); 0: none */
     int pooling;              /* IFLOW_POOL_*: the first position's state, or the mean of all */
     int normalize;            /* the pooled vector is scaled to unit length */
+    /* encoder-decoders (block layout = encoder-decoder: n_layers is the decoder's) */
+    int n_enc_layers;         /* the encoder's layers (enc.blk.L.*; same shape as the decoder's) */
+    int final_norm;           /* a norm after each stack (enc.output_norm, output_norm); decoders
+                                 always have output_norm; off for post-LN stacks (Marian) */
+    int decoder_start;        /* the first token of every target (-1: none) */
+    int pad;                  /* the padding token (-1: none) */
+    int pos_offset;           /* position p reads sinusoidal row p + pos_offset (M2M100: 2) */
+    int pos_endpoint;         /* sinusoidal frequencies theta^-j for j evenly spaced over [0, 1]
+                                 (fairseq, M2M100) rather than [0, 1) (Marian, Vaswani et al.) */
+    int rel_buckets, rel_max_distance; /* position = relative: T5's buckets */
+    int output_rescale;       /* the final hidden states times dim^-1/2 before the output matrix
+                                 (T5 with tied embeddings) */
+    int logits_bias;          /* a bias row added to the logits (output_b [1][vocab]: Marian's
+                                 final_logits_bias) */
     /* numbers */
     float norm_eps, rope_theta;
     int rope_dim;             /* rotated dimensions per head (head_dim unless partial; a spec's

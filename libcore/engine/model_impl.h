@@ -1,7 +1,8 @@
 /*
- * model_impl.h -- the model's insides, shared by the three files of the engine and nothing
+ * model_impl.h -- the model's insides, shared by the four files of the engine and nothing
  * else: model.c (hyperparameters, binding a shard's tensors, or a split model's files), place.c (putting weights on
- * devices, by layer or by head and column ranges) and forward.c (contexts, the forward pass).
+ * devices, by layer or by head and column ranges), forward.c (contexts, the forward pass) and
+ * seq2seq.c (an encoder-decoder's forward pass, over forward.c's layer pieces).
  */
 #ifndef IFLOW_MODEL_IMPL_H
 #define IFLOW_MODEL_IMPL_H
@@ -9,6 +10,7 @@
 #include "model.h"
 
 #define MAX_BATCH IFLOW_MAX_STEP /* tokens per forward pass; longer prompts are run in chunks */
+#define MAX_PACKED 12            /* a layer's matrices: 7, and 4 of cross-attention */
 
 typedef struct { const void *data; int type; } weight;   /* a matrix [rows][cols] of type */
 
@@ -21,6 +23,11 @@ typedef struct {
     const float *bq, *bk, *bv, *bo;                          /* [Q] [KV] [KV] [dim] or NULL  */
     weight gate, up, down;                                   /* [F][dim] [F][dim] [dim][F]  */
     const float *gate_b, *up_b, *down_b;                     /* [F] [F] [dim] or NULL        */
+    /* an encoder-decoder's decoder layer: cross-attention over the encoder's output, between
+     * the self-attention and the FFN (NULL / empty otherwise) */
+    const float *xattn_norm, *xattn_norm_b;                  /* [dim]; [dim] or NULL         */
+    weight xq, xk, xv, xo;                                   /* [Q][dim] [KV][dim] x2 [dim][Q] */
+    const float *xbq, *xbk, *xbv, *xbo;                      /* [Q] [KV] [KV] [dim] or NULL  */
 } layer_weights;
 
 /* One device's share of one layer: query heads q0..q1-1 (and the kv heads kv0..kv1-1 they
@@ -34,7 +41,7 @@ typedef struct {
     layer_weights w;
     const void *dev_copy[32];     /* what was put on a device that is not the host (freed at unplace) */
     void *host_copy[2];           /* column slices built on the host for a host device (freed at unplace) */
-    void *packed[8];              /* matrices the device packed (its pack op; freed at unplace) */
+    void *packed[MAX_PACKED];     /* matrices the device packed (its pack op; freed at unplace) */
 } layer_part;
 
 struct iflow_model {
@@ -50,6 +57,12 @@ struct iflow_model {
     const float *embd_norm;       /* [dim] (embed_norm), in the mapping, used on the host */
     const float *embd_norm_b;     /* [dim] or NULL */
     layer_weights *layers;        /* [n_layers] in the mapping */
+    /* an encoder-decoder's encoder (layers is its decoder), in the mapping, never placed */
+    layer_weights *enc_layers;    /* [n_enc_layers] */
+    const float *enc_output_norm, *enc_output_norm_b; /* [dim] (final_norm); [dim] or NULL */
+    const float *enc_rel_bias;    /* [rel_buckets][n_heads] (position = relative): the encoder's */
+    const float *rel_bias;        /* [rel_buckets][n_heads]: the decoder's */
+    const float *output_b;        /* [vocab] (logits_bias), added to the logits */
     float *rope_scale;            /* [rope_dim/2] or NULL, on the host */
     uint64_t decode_bytes;
 
@@ -73,6 +86,24 @@ struct iflow_model {
     iflow_shard *split_shards[IFLOW_MAX_DEVICES];    /* [plan devices]; [0] is also shard      */
     layer_weights *split_layers;                     /* [plan devices][n_layers]: device i's slices of layer l */
 };
+
+/* forward.c: the pieces of a layer, shared with seq2seq.c (an encoder-decoder's forward pass).
+ * Each runs on device d over T rows and returns 0 or a negative IFLOW_E* code. */
+/* The block norm of T rows of n: RMSNorm, or LayerNorm with its bias b. */
+int iflow_norm_rows(const iflow_model *m, iflow_device *d, float *y, const float *x, const float *w, const float *b, int T,
+                    int n);
+/* y[t] = W x[t] (+ b) for T rows: W [N][K], x at stride ldx, y at stride ldy. */
+int iflow_linear_rows(iflow_device *d, float *y, int ldy, weight W, const float *b, const float *x, int ldx, int T, int N,
+                      int K);
+/* A sub-block's input: the norm (w, b) of x into xb, or, with post_ln, x itself: *in. */
+int iflow_block_in(const iflow_model *m, iflow_device *d, float *x, float *xb, const float *w, const float *b, int T,
+                   const float **in);
+/* A sub-block's output xb added into x and, with post_ln, the norm (w, b) of the sum. */
+int iflow_block_out(const iflow_model *m, iflow_device *d, float *x, const float *xb, const float *w, const float *b, int T);
+/* The FFN's hidden rows of F columns: gated, act(gate(in)) * up(in) into gate (up: scratch);
+ * plain, act(up(in)) into gate; activation silu, gelu_tanh, gelu or relu. */
+int iflow_ffn_hidden(const iflow_hparams *hp, iflow_device *d, const layer_weights *w, const float *in, int T, int F,
+                     float *gate, float *up);
 
 /* place.c: the placement every model starts with (every layer whole on the context's CPU). */
 int  iflow_place_on_host(iflow_model *m);

@@ -80,6 +80,10 @@ static int describe_placement(const iflow_model *m, const iflow_placement *pl, l
     if (pl->output_device < 0 || pl->output_device >= pl->n_devices)
         return iflow_seterr(IFLOW_EINVAL, "output device %d is not one of the placement's %d devices", pl->output_device,
                             pl->n_devices);
+    for (int i = 0; i < pl->n_devices && hp->layout == IFLOW_LAYOUT_ENCODER_DECODER; i++)
+        if (!host_dev(pl->devices[i])) /* its encoder and cross-attention run in host memory */
+            return iflow_seterr(IFLOW_EUNSUPPORTED, "an encoder-decoder model runs on the cpu only: placing it on %s is "
+                                "not implemented", dev_name(pl->devices[i]));
     for (int l = 0; l < hp->n_layers; l++)
         if (pl->layer_device[l] < 0 || pl->layer_device[l] >= pl->n_devices)
             return iflow_seterr(IFLOW_EINVAL, "layer %d is placed on device %d, but the placement has %d devices", l,
@@ -100,6 +104,8 @@ static int describe_placement(const iflow_model *m, const iflow_placement *pl, l
 static int describe_plan(const iflow_model *m, const iflow_plan *plan, iflow_device *const *devices, layout *L)
 {
     const iflow_hparams *hp = &m->hp;
+    if (hp->layout == IFLOW_LAYOUT_ENCODER_DECODER)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "an encoder-decoder model cannot be placed by a partition plan yet");
     int rc = iflow_plan_check(plan, hp->n_layers, hp->n_heads, hp->n_kv_heads, hp->ffn_dim);
     if (rc == 0 && m->split_plan && (rc = iflow_plan_same_partition(plan, m->split_plan, "its split's plan")) < 0)
         return iflow_preperr(rc, "model '%s' is split by another plan", m->split_dir);
@@ -301,7 +307,7 @@ static int put_weight(iflow_model *m, layer_part *p, int *nd, int *nh, weight sr
     iflow_device *d = dev_of(m, p->dev);
     int64_t rows = is_cols ? other : a1 - a0, cols = is_cols ? a1 - a0 : other;
     int np = 0;
-    while (np < 8 && p->packed[np])
+    while (np < MAX_PACKED && p->packed[np])
         np++;
     if (!is_cols) {
         host = iflow_slice_rows(src.data, src.type, a0, other);
@@ -315,7 +321,7 @@ static int put_weight(iflow_model *m, layer_part *p, int *nd, int *nh, weight sr
         host = copy;
         n = iflow_matrix_bytes(src.type, other, a1 - a0);
     }
-    if (np < 8) {
+    if (np < MAX_PACKED) {
         *dst = (weight){0};
         int rc = pack_matrix(m, d, host, src.type, rows, cols, dst, &p->packed[np]);
         if (rc || dst->data) {
@@ -341,6 +347,26 @@ static int put_vector(iflow_model *m, layer_part *p, int *nd, const float *src, 
         return 0;
     }
     return put(m, p, nd, src + a0, (size_t)(a1 - a0) * sizeof(float), (const void **)dst);
+}
+
+/* An encoder-decoder's cross-attention weights of part p (none elsewhere: NULL stays NULL),
+ * sliced as the self-attention's (query rows q0..q1, kv rows k0..k1 of the layer). */
+static int copy_cross(iflow_model *m, layer_part *p, int *nd, int *nh, const layer_weights *w, int64_t q0, int64_t q1,
+                      int64_t k0, int64_t k1, int first)
+{
+    const int64_t D = m->hp.dim, Q = (int64_t)m->hp.n_heads * m->hp.head_dim;
+    layer_weights *o = &p->w;
+    int rc;
+    if ((rc = put_vector(m, p, nd, w->xattn_norm, 0, D, &o->xattn_norm)) ||
+        (rc = put_vector(m, p, nd, w->xattn_norm_b, 0, D, &o->xattn_norm_b)) ||
+        (rc = put_weight(m, p, nd, nh, w->xq, 0, q0, q1, D, 0, &o->xq)) ||
+        (rc = put_weight(m, p, nd, nh, w->xk, 0, k0, k1, D, 0, &o->xk)) ||
+        (rc = put_weight(m, p, nd, nh, w->xv, 0, k0, k1, D, 0, &o->xv)) ||
+        (rc = put_weight(m, p, nd, nh, w->xo, 1, q0, q1, D, Q, &o->xo)) ||
+        (rc = put_vector(m, p, nd, w->xbq, q0, q1, &o->xbq)) || (rc = put_vector(m, p, nd, w->xbk, k0, k1, &o->xbk)) ||
+        (rc = put_vector(m, p, nd, w->xbv, k0, k1, &o->xbv)))
+        return rc;
+    return put_vector(m, p, nd, first ? w->xbo : NULL, 0, D, &o->xbo);
 }
 
 static int copy_part(iflow_model *m, int l, layer_part *p, int first)
@@ -374,7 +400,8 @@ static int copy_part(iflow_model *m, int l, layer_part *p, int first)
         (rc = put_weight(m, p, &nd, &nh, w->down, 1, f0, f1, D, F, &o->down)) ||
         (rc = put_vector(m, p, &nd, w->gate_b, f0, f1, &o->gate_b)) ||
         (rc = put_vector(m, p, &nd, w->up_b, f0, f1, &o->up_b)) ||
-        (rc = put_vector(m, p, &nd, first ? w->down_b : NULL, 0, D, &o->down_b)))
+        (rc = put_vector(m, p, &nd, first ? w->down_b : NULL, 0, D, &o->down_b)) ||
+        (rc = copy_cross(m, p, &nd, &nh, w, q0, q1, k0, k1, first)))
         return iflow_preperr(rc, "cannot place layer %d on %s", l, dev_name(dev_of(m, p->dev)));
     return 0;
 }
@@ -396,13 +423,13 @@ static int copy_output(iflow_model *m)
     return rc;
 }
 
-/* The output (a decoder's: an encoder's result is its hidden states) and the rope table on
+/* The output (a decoder's or an encoder-decoder's: an encoder's result is its hidden states) and the rope table on
  * their devices. */
 static int copy_shared(iflow_model *m)
 {
     const iflow_hparams *hp = &m->hp;
     m->output_w = (weight){0};
-    int rc = hp->layout == IFLOW_LAYOUT_DECODER ? copy_output(m) : 0;
+    int rc = hp->layout != IFLOW_LAYOUT_ENCODER ? copy_output(m) : 0;
     for (int i = 0; rc == 0 && i < m->n_devs && m->rope_scale; i++)
         rc = iflow_device_put(dev_of(m, i), (const void **)&m->rope_scale_w[i], m->rope_scale,
                               (size_t)hp->rope_dim / 2 * sizeof(float));
@@ -418,7 +445,7 @@ void iflow_unplace(iflow_model *m)
             iflow_device_unput(dev_of(m, p->dev), p->dev_copy[i]);
         free(p->host_copy[0]);
         free(p->host_copy[1]);
-        for (int i = 0; i < 8 && p->packed[i]; i++)
+        for (int i = 0; i < MAX_PACKED && p->packed[i]; i++)
             iflow_device_unpack(dev_of(m, p->dev), p->packed[i]);
     }
     if (m->n_devs) {

@@ -206,6 +206,26 @@ static int parse_rows(const job *j, const char *iflow_name, const char *name, ch
     return 0;
 }
 
+/* A spec's source name may list alternatives, "A | B": the first the source holds (T5's plain
+ * FFN stores wi, its gated one wi_0 and wi_1), else the first, for the message. */
+static void pick_alternative(const job *j, char *spec_name, size_t cap)
+{
+    char copy[512], base[512];
+    if (!strchr(spec_name, '|'))
+        return;
+    snprintf(copy, sizeof copy, "%s", spec_name);
+    const char *first = NULL, *pick = NULL;
+    for (char *save = NULL, *alt = strtok_r(copy, "|", &save); alt && !pick; alt = strtok_r(NULL, "|", &save)) {
+        while (*alt == ' ')
+            alt++;
+        alt[strcspn(alt, " ")] = 0;
+        snprintf(base, sizeof base, "%.*s", (int)strcspn(alt, "[^"), alt);
+        first = first ? first : alt;
+        pick = src_find(j, base) ? alt : NULL;
+    }
+    snprintf(spec_name, cap, "%s", pick ? pick : first ? first : "");
+}
+
 static int map_sources(job *j)
 {
     size_t n_src = src_n_tensors(j);
@@ -223,8 +243,10 @@ static int map_sources(job *j)
         char spec_name[512], name[512];
         long r0, r1, period;
         int xpose;
-        if ((rc = iflow_spec_source_name(j->spec, j->reqs[i].name, spec_name, sizeof spec_name)) < 0 ||
-            (rc = parse_rows(j, j->reqs[i].name, spec_name, name, sizeof name, &r0, &r1, &period, &xpose)) < 0)
+        if ((rc = iflow_spec_source_name(j->spec, j->reqs[i].name, spec_name, sizeof spec_name)) < 0)
+            break;
+        pick_alternative(j, spec_name, sizeof spec_name);
+        if ((rc = parse_rows(j, j->reqs[i].name, spec_name, name, sizeof name, &r0, &r1, &period, &xpose)) < 0)
             break;
         const iflow_src_tensor *t = j->whole[i] = j->src[i] = src_find(j, name);
         if (t && xpose) { /* the matrix transposed: [cols][rows], gathered at write time */

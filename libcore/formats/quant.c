@@ -232,6 +232,7 @@ typedef struct {
     size_t imp_cap;
     iflow_quant_stats st;
     size_t n_model_tensors;    /* the tensors the model has (read from its meta) */
+    iflow_tensor_req *reqs;    /* [n_model_tensors] their names, shapes, and which stay F32 */
     iflow_progress_fn progress;
     void *progress_user;
 } qjob;
@@ -316,10 +317,20 @@ static int importances(qjob *j, const char *name, int dt, int K, const float **i
     return 0;
 }
 
+/* The dimensions tensor `name` counts as for the policy: 1 for a table the engine keeps F32 like
+ * a vector (T5's relative position bias [buckets][heads], a logits bias [1][vocab]). */
+static int policy_dims(const qjob *j, const char *name, int n_dims)
+{
+    for (size_t i = 0; i < j->n_model_tensors; i++)
+        if (j->reqs[i].is_vector && strcmp(j->reqs[i].name, name) == 0)
+            return 1;
+    return n_dims;
+}
+
 /* The output payload of one tensor record: rows of the last dimension. */
 static int write_tensor(qjob *j, const iflow_shard_rec *rec)
 {
-    int dt = iflow_quant_choose(j->p, rec->name, rec->n_dims, rec->dtype, j->tied);
+    int dt = iflow_quant_choose(j->p, rec->name, policy_dims(j, rec->name, rec->n_dims), rec->dtype, j->tied);
     if (dt < 0)
         return dt;
     const void *data = rec->data;
@@ -412,9 +423,10 @@ static int read_model(qjob *j, const json_t *meta)
         free(mult);
     }
     free(names);
-    free(reqs);
+    j->reqs = reqs; /* kept: write_tensor asks which tensors stay F32 */
     return rc;
 }
+
 
 /* The first record: the input's meta, written back with the "quantization" object. */
 static int write_meta(qjob *j, const iflow_shard_rec *rec)
@@ -485,6 +497,7 @@ int iflow_quantize_shard_progress(const char *in_path, const char *out_path, con
         iflow_shard_writer_abort(j.w);
     iflow_shard_reader_close(j.r);
     free(j.buf);
+    free(j.reqs);
     free(j.imp);
     if (stats)
         *stats = j.st;

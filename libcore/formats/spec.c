@@ -137,6 +137,31 @@ static int variant_key(iflow_spec *s, const char *section, const char *name, con
     return iflow_seterr(IFLOW_ESPEC, "unknown section [%s]", section);
 }
 
+/* [blocks.KEY=VALUE]: its entry (created on first use). */
+static int when_key(iflow_spec *s, const char *section, const char *name, const char *value)
+{
+    const char *cond = section + strlen("blocks."), *eq = strchr(cond, '=');
+    if (!eq || eq == cond || !eq[1])
+        return iflow_seterr(IFLOW_ESPEC, "bad section [%s]: want [blocks.KEY=VALUE]", section);
+    size_t nk = (size_t)(eq - cond);
+    iflow_spec_when *w = NULL;
+    for (size_t i = 0; i < s->n_whens && !w; i++)
+        if (strlen(s->whens[i].key) == nk && strncmp(s->whens[i].key, cond, nk) == 0 && strcmp(s->whens[i].value, eq + 1) == 0)
+            w = &s->whens[i];
+    if (!w) {
+        iflow_spec_when *nw = realloc(s->whens, (s->n_whens + 1) * sizeof *nw);
+        if (!nw)
+            return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+        s->whens = nw;
+        w = memset(&nw[s->n_whens++], 0, sizeof *nw);
+        w->key = strndup(cond, nk);
+        w->value = strdup(eq + 1);
+        if (!w->key || !w->value)
+            return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    }
+    return push_kv(&w->blocks, &w->n_blocks, name, value);
+}
+
 static int handler(void *user, const char *section, const char *name, const char *value)
 {
     load_state *st = user;
@@ -153,6 +178,8 @@ static int handler(void *user, const char *section, const char *name, const char
     else if (strcmp(section, "ignore") == 0)
         rc = strcmp(name, "pattern") == 0 ? push_str(&s->ignore, &s->n_ignore, value)
                                           : iflow_seterr(IFLOW_ESPEC, "unknown key '%s' in [ignore] (use 'pattern')", name);
+    else if (strncmp(section, "blocks.", 7) == 0)
+        rc = when_key(s, section, name, value);
     else
         rc = variant_key(s, section, name, value);
     st->err = rc;
@@ -178,6 +205,15 @@ static int merge_child(iflow_spec *b, iflow_spec *c)
         return rc;
     for (size_t i = 0; i < c->n_ignore && rc == 0; i++)
         rc = push_str(&b->ignore, &b->n_ignore, c->ignore[i]);
+    if (rc == 0 && c->n_whens) { /* the child's conditional blocks after the base's: they win */
+        iflow_spec_when *nw = realloc(b->whens, (b->n_whens + c->n_whens) * sizeof *nw);
+        if (!nw)
+            return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+        memcpy(nw + b->n_whens, c->whens, c->n_whens * sizeof *nw);
+        b->whens = nw, b->n_whens += c->n_whens;
+        free(c->whens);
+        c->whens = NULL, c->n_whens = 0;
+    }
     for (size_t i = 0; i < b->n_variants; i++) {
         free_strs(b->variants[i].architectures, b->variants[i].n_architectures);
         b->variants[i].architectures = NULL, b->variants[i].n_architectures = 0;
@@ -297,6 +333,12 @@ void iflow_spec_close(iflow_spec *s)
         free_strs(v->ignore, v->n_ignore);
     }
     free(s->variants);
+    for (size_t i = 0; i < s->n_whens; i++) {
+        free(s->whens[i].key);
+        free(s->whens[i].value);
+        free_kvs(s->whens[i].blocks, s->whens[i].n_blocks);
+    }
+    free(s->whens);
     free_kvs(s->blocks, s->n_blocks);
     free_kvs(s->hparams, s->n_hparams);
     free_kvs(s->tensors, s->n_tensors);
@@ -509,6 +551,50 @@ static int eval_alternatives(const iflow_spec *s, const iflow_spec_kv *kv, const
     return rc;
 }
 
+/* 1 if config value v reads as `text` (a string equal to it; true/false; an integer). */
+static int value_is(const json_t *v, const char *text)
+{
+    char buf[32];
+    if (json_is_string(v))
+        return strcmp(json_string_value(v), text) == 0;
+    if (json_is_boolean(v))
+        return strcmp(json_is_true(v) ? "true" : "false", text) == 0;
+    if (json_is_integer(v)) {
+        snprintf(buf, sizeof buf, "%lld", (long long)json_integer_value(v));
+        return strcmp(buf, text) == 0;
+    }
+    return 0;
+}
+
+/* [blocks.KEY=VALUE] over blocks where the config has KEY = VALUE; a present KEY whose value no
+ * section names is refused (the spec would otherwise pick blocks for another value). */
+static int apply_whens(const iflow_spec *s, const json_t *config, json_t *blocks)
+{
+    for (size_t i = 0; i < s->n_whens; i++) {
+        const iflow_spec_when *w = &s->whens[i];
+        const json_t *v = lookup(config, w->key);
+        int named = 0;
+        char values[256] = "";
+        for (size_t j = 0; v && j < s->n_whens; j++)
+            if (strcmp(s->whens[j].key, w->key) == 0) {
+                named |= value_is(v, s->whens[j].value);
+                size_t n = strlen(values);
+                snprintf(values + n, sizeof values - n, "%s%s", n ? ", " : "", s->whens[j].value);
+            }
+        if (v && !named) {
+            char *text = json_dumps(v, JSON_ENCODE_ANY);
+            int rc = iflow_seterr(IFLOW_ESPEC, "config.json's %s = %s is not one spec '%s' has blocks for (%s)", w->key,
+                                  text ? text : "?", s->path, values);
+            free(text);
+            return rc;
+        }
+        for (size_t k = 0; v && value_is(v, w->value) && k < w->n_blocks; k++)
+            if (json_object_set_new(blocks, w->blocks[k].key, json_string(w->blocks[k].value)))
+                return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    }
+    return 0;
+}
+
 int iflow_spec_resolve(const iflow_spec *s, const json_t *config, json_t **resolved)
 {
     *resolved = NULL;
@@ -516,6 +602,8 @@ int iflow_spec_resolve(const iflow_spec *s, const json_t *config, json_t **resol
     int rc = out && blocks && hp ? 0 : iflow_seterr(IFLOW_ENOMEM, "out of memory");
     for (size_t i = 0; i < s->n_blocks && rc == 0; i++)
         rc = json_object_set_new(blocks, s->blocks[i].key, json_string(s->blocks[i].value)) ? IFLOW_ENOMEM : 0;
+    if (rc == 0)
+        rc = apply_whens(s, config, blocks);
     for (size_t i = 0; i < s->n_hparams && rc == 0; i++) {
         json_t *v;
         rc = eval_alternatives(s, &s->hparams[i], config, &v);
@@ -552,13 +640,18 @@ static int match_layer(const char *pattern, const char *name, long *layer)
     return strcmp(end, brace + 3) == 0;
 }
 
+/* pattern with every "{L}" replaced by the layer (alternatives "A | B" name it in each). */
 static void subst_layer(const char *pattern, long layer, char *buf, size_t cap)
 {
-    const char *brace = strstr(pattern, "{L}");
-    if (!brace)
-        snprintf(buf, cap, "%s", pattern);
-    else
-        snprintf(buf, cap, "%.*s%ld%s", (int)(brace - pattern), pattern, layer, brace + 3);
+    size_t n = 0;
+    buf[0] = 0;
+    for (const char *p = pattern, *brace; n < cap; p = brace + 3) {
+        if (!(brace = strstr(p, "{L}"))) {
+            snprintf(buf + n, cap - n, "%s", p);
+            return;
+        }
+        n += (size_t)snprintf(buf + n, cap - n, "%.*s%ld", (int)(brace - p), p, layer);
+    }
 }
 
 int iflow_spec_source_name(const iflow_spec *s, const char *iflow_name, char *buf, size_t cap)

@@ -8,6 +8,9 @@
  *   [hparams]  iflow hyperparameter = config.json keys or literals, first present wins
  *   [tensors]  iflow tensor name = source tensor name, "{L}" standing for the layer index
  *   [ignore]   pattern = shell pattern of source tensors that carry nothing the engine needs
+ *   [blocks.KEY=VALUE]  blocks that replace [blocks]' keys when config.json's KEY is VALUE (T5's
+ *              feed_forward_proj = gated-gelu: a gated GELU FFN); when sections name KEY and
+ *              the config has it, its value must be one they name
  *   [gguf]     architectures = general.architecture values this spec serves from GGUF files;
  *              [gguf.blocks], [gguf.hparams], [gguf.tensors] override the keys of the sections
  *              of the same name for such a source, and [gguf.ignore] replaces [ignore]
@@ -45,6 +48,12 @@ typedef struct {
     int has_ignore;
 } iflow_spec_variant;
 
+/* [blocks.KEY=VALUE]: blocks chosen by a config value. */
+typedef struct {
+    char *key, *value;
+    iflow_spec_kv *blocks;  size_t n_blocks;
+} iflow_spec_when;
+
 typedef struct {
     char *path;
     char *name, *description;
@@ -55,6 +64,7 @@ typedef struct {
     iflow_spec_kv *tensors; size_t n_tensors;
     char **ignore;          size_t n_ignore;
     iflow_spec_variant *variants; size_t n_variants;
+    iflow_spec_when *whens; size_t n_whens;      /* in file order (a base's first) */
     const char *source;     /* the variant applied (a format name), or NULL for Hugging Face  */
 } iflow_spec;
 
@@ -76,7 +86,9 @@ int iflow_spec_find_source(iflow_spec **out, const char *const *dirs, size_t n_d
 int iflow_spec_use_source(iflow_spec *spec, const char *format);
 
 /* Resolve against config.json (or a source's metadata, nested at the dots of its keys). An
- * alternative "!key" is true when key is absent and false when present. */
+ * alternative "!key" is true when key is absent and false when present. [blocks.KEY=VALUE]
+ * sections whose KEY has VALUE in the config replace blocks, in file order; a config value of
+ * KEY that no section names is IFLOW_ESPEC naming the key, the value and the spec. */
 int iflow_spec_resolve(const iflow_spec *spec, const json_t *config, json_t **resolved);
 
 /* Source tensor name for an iflow tensor name (e.g. "blk.3.wq" -> "model.layers.3...."), written

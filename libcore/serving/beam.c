@@ -1,6 +1,8 @@
-/* beam.c -- beam search over a paged KV cache with shared prefixes. See beam.h. */
+/* beam.c -- beam search over a paged KV cache with shared prefixes, or over an encoder-decoder's
+ * sequences. See beam.h. */
 #include "libcore/serving/beam.h"
 #include "libcore/base/error.h"
+#include "libcore/engine/seq2seq.h"
 #include "libcore/engine/stop.h"
 #include "libcore/serving/batch.h"
 #include "libcore/tokenizers/tokenizer.h"
@@ -28,18 +30,32 @@ typedef struct {
     int stop_index;               /* the stop string found, or -1                            */
 } hyp;
 
+typedef struct search search;
+
+/* Where the hypotheses' keys and values live: a decoder's paged KV cache, whose blocks a fork
+ * shares (copied when written), or an encoder-decoder's sequences, one each (a fork copies it;
+ * table[0] names it). */
 typedef struct {
+    int  (*prefill)(search *s, hyp *h, const int32_t *prompt, int n, float *logits);
+    int  (*feed)(search *s, hyp *live, int n, float *logits);   /* each live hypothesis's last token */
+    int  (*fork)(search *s, hyp *child, const hyp *parent);     /* child's cache = parent's         */
+    void (*release)(search *s, hyp *h);
+} cache_ops;
+
+struct search {
     const iflow_model *m;
+    const cache_ops *ops;
     iflow_kv *kv;
     iflow_ctx *ctx;
-    int max_tab, n_blocks;
+    iflow_s2s *s2s;               /* an encoder-decoder's sequences (ops s2s_ops), or NULL      */
+    int max_tab, n_blocks;        /* blocks; an encoder-decoder's: sequences                  */
     int32_t *free_ids;            /* [n_blocks] a stack */
     int n_free;
     int *ref;                     /* [n_blocks] hypotheses holding each block */
     const iflow_tokenizer *tok;   /* NULL: no text (and no stop string can match)  */
     iflow_stop *stop;             /* the stop strings' matcher, or NULL            */
     int starts;                   /* the generated tokens start the text (a lone BOS prompt) */
-} search;
+};
 
 typedef struct {
     int beam;
@@ -65,8 +81,7 @@ static void drop_block(search *s, int b)
 static void hyp_release(search *s, hyp *h)
 {
     if (h->table)
-        for (int i = 0; i < (h->n_past + BLOCK - 1) / BLOCK; i++)
-            drop_block(s, h->table[i]);
+        s->ops->release(s, h);
     free(h->table);
     free(h->tokens);
     free(h->held);
@@ -83,16 +98,29 @@ static int hyp_alloc(hyp *h, int max_tab, int max_tokens)
 /* Child of parent extended by token (parent's blocks shared). */
 static int hyp_fork(search *s, hyp *child, const hyp *parent, int32_t token, double logprob, int max_tokens)
 {
-    if (hyp_alloc(child, s->max_tab, max_tokens) < 0)
+    if (hyp_alloc(child, s->max_tab, max_tokens) < 0 || s->ops->fork(s, child, parent) < 0)
         return -1;
-    int nb = (parent->n_past + BLOCK - 1) / BLOCK;
-    for (int i = 0; i < nb; i++)
-        s->ref[child->table[i] = parent->table[i]]++;
     memcpy(child->tokens, parent->tokens, (size_t)parent->n_tokens * sizeof *child->tokens);
     child->tokens[parent->n_tokens] = token;
     child->n_tokens = parent->n_tokens + 1;
-    child->n_past = parent->n_past;
     child->logprob = logprob;
+    return 0;
+}
+
+/* ---- a decoder's paged KV cache: blocks shared by forks ---- */
+
+static void kv_release(search *s, hyp *h)
+{
+    for (int i = 0; i < (h->n_past + BLOCK - 1) / BLOCK; i++)
+        drop_block(s, h->table[i]);
+}
+
+static int kv_fork(search *s, hyp *child, const hyp *parent)
+{
+    int nb = (parent->n_past + BLOCK - 1) / BLOCK;
+    for (int i = 0; i < nb; i++)
+        s->ref[child->table[i] = parent->table[i]]++;
+    child->n_past = parent->n_past;
     return 0;
 }
 
@@ -227,7 +255,7 @@ static int match_stop(search *s, hyp *child, const hyp *par)
 }
 
 /* Prefill the prompt into h (positions 0 .. n - 1); logits after the last token. */
-static int prefill(search *s, hyp *h, const int32_t *prompt, int n, float *logits)
+static int kv_prefill(search *s, hyp *h, const int32_t *prompt, int n, float *logits)
 {
     for (int p = 0, rc; p < n; p += IFLOW_MAX_STEP) {
         int k = n - p < IFLOW_MAX_STEP ? n - p : IFLOW_MAX_STEP;
@@ -242,6 +270,85 @@ static int prefill(search *s, hyp *h, const int32_t *prompt, int n, float *logit
     }
     return 0;
 }
+
+/* One forward step: every live beam's last token, each into a block of its own. */
+static int kv_feed(search *s, hyp *live, int n, float *logits)
+{
+    const int V = iflow_model_hparams(s->m)->vocab_size;
+    iflow_step_seq seqs[IFLOW_MAX_BEAMS];
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        hyp *h = &live[i];
+        rc = own_block(s, h, h->n_past);
+        seqs[i] = (iflow_step_seq){.ids = &h->tokens[h->n_tokens - 1], .n = 1, .pos0 = h->n_past, .table = h->table,
+                                   .logits = logits + (size_t)i * V};
+    }
+    if (rc == 0)
+        rc = iflow_ctx_step(s->ctx, s->kv, seqs, n);
+    for (int i = 0; i < n && rc == 0; i++)
+        live[i].n_past++;
+    return rc;
+}
+
+static const cache_ops kv_ops = {kv_prefill, kv_feed, kv_fork, kv_release};
+
+/* ---- an encoder-decoder's sequences: one each, copied by a fork ---- */
+
+static void s2s_release(search *s, hyp *h)
+{
+    if (h->n_past > 0)
+        drop_block(s, h->table[0]);
+}
+
+static int s2s_fork(search *s, hyp *child, const hyp *parent)
+{
+    int q = take_block(s), rc;
+    if (q < 0)
+        return q;
+    if ((rc = iflow_s2s_fork(s->s2s, q, parent->table[0])) < 0) {
+        drop_block(s, q);
+        return rc;
+    }
+    child->table[0] = q;
+    child->n_past = parent->n_past;
+    return 0;
+}
+
+/* decoder_start and the forced prefix in one step, into a sequence of h's own. */
+static int s2s_prefill(search *s, hyp *h, const int32_t *prompt, int n, float *logits)
+{
+    const int V = iflow_model_hparams(s->m)->vocab_size;
+    int seqs[IFLOW_MAX_STEP], q = take_block(s), rc;
+    float *all = malloc((size_t)n * V * sizeof *all);
+    if (q < 0 || !all) {
+        free(all);
+        return q < 0 ? q : iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    }
+    for (int i = 0; i < n; i++)
+        seqs[i] = q;
+    h->table[0] = q;
+    h->n_past = n;
+    if ((rc = iflow_s2s_step(s->s2s, prompt, seqs, n, all)) == 0)
+        memcpy(logits, all + (size_t)(n - 1) * V, (size_t)V * sizeof *logits);
+    free(all);
+    return rc;
+}
+
+static int s2s_feed(search *s, hyp *live, int n, float *logits)
+{
+    int32_t ids[IFLOW_MAX_BEAMS] = {0};
+    int seqs[IFLOW_MAX_BEAMS] = {0};
+    for (int i = 0; i < n; i++) {
+        ids[i] = live[i].tokens[live[i].n_tokens - 1];
+        seqs[i] = live[i].table[0];
+    }
+    int rc = iflow_s2s_step(s->s2s, ids, seqs, n, logits);
+    for (int i = 0; i < n && rc == 0; i++)
+        live[i].n_past++;
+    return rc;
+}
+
+static const cache_ops s2s_ops = {s2s_prefill, s2s_feed, s2s_fork, s2s_release};
 
 struct iflow_beam_run {
     search s;
@@ -258,11 +365,12 @@ struct iflow_beam_run {
     int n_res, cap;
 };
 
-int iflow_beam_open(iflow_beam_run **out, const iflow_model *m, const int32_t *prompt, int n_prompt,
-                    const iflow_beam_params *p)
+/* A run of prompt's search over n_ctx positions with `sr`'s cache (its ops, sizes and text
+ * start), before the cache is opened. */
+static int run_new(iflow_beam_run **out, const iflow_model *m, const int32_t *prompt, int n_prompt,
+                   const iflow_beam_params *p, int n_ctx, const search *sr)
 {
-    const iflow_hparams *hp = iflow_model_hparams(m);
-    const int W = p->n_beams, V = hp->vocab_size;
+    const int W = p->n_beams, V = iflow_model_hparams(m)->vocab_size;
     *out = NULL;
     if (W < 1 || W > IFLOW_MAX_BEAMS || p->max_tokens < 1 || isnan(p->length_penalty))
         return iflow_seterr(IFLOW_EINVAL, "beam search: %d beams (1 to %d), %d tokens", W, IFLOW_MAX_BEAMS,
@@ -272,7 +380,6 @@ int iflow_beam_open(iflow_beam_run **out, const iflow_model *m, const int32_t *p
     for (int i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= V)
             return iflow_seterr(IFLOW_ERANGE, "prompt token %d is id %d, outside the vocabulary (%d)", i, prompt[i], V);
-    int n_ctx = p->n_ctx > 0 && p->n_ctx <= hp->max_seq ? p->n_ctx : hp->max_seq;
     if (n_prompt >= n_ctx)
         return iflow_seterr(IFLOW_ERANGE, "the prompt of %d tokens does not fit the context of %d", n_prompt, n_ctx);
     iflow_beam_run *r = calloc(1, sizeof *r);
@@ -280,9 +387,8 @@ int iflow_beam_open(iflow_beam_run **out, const iflow_model *m, const int32_t *p
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
     r->p = *p;
     r->n_ctx = n_ctx;
-    r->s = (search){.m = m, .max_tab = (n_ctx + BLOCK - 1) / BLOCK, .tok = iflow_model_tokenizer(m),
-                    .starts = n_prompt == 1 && prompt[0] == hp->bos};
-    r->s.n_blocks = W * (r->s.max_tab + 1) + 1;
+    r->s = *sr;
+    r->s.m = m, r->s.tok = iflow_model_tokenizer(m);
     r->prompt = malloc((size_t)n_prompt * sizeof *r->prompt);
     r->n_prompt = n_prompt;
     r->logits = malloc((size_t)W * V * sizeof *r->logits);
@@ -296,10 +402,6 @@ int iflow_beam_open(iflow_beam_run **out, const iflow_model *m, const int32_t *p
     if (rc == 0 && p->n_stop > 0 && r->s.tok)
         rc = iflow_stop_open(&r->s.stop, p->stop, p->n_stop);
     if (rc == 0)
-        rc = iflow_kv_open(&r->s.kv, m, p->kv_type, BLOCK, r->s.n_blocks);
-    if (rc == 0)
-        rc = iflow_ctx_open_steps(&r->s.ctx, m, p->n_threads);
-    if (rc == 0)
         rc = hyp_alloc(&r->live[0], r->s.max_tab, p->max_tokens);
     if (rc < 0) {
         iflow_beam_close(r);
@@ -311,6 +413,46 @@ int iflow_beam_open(iflow_beam_run **out, const iflow_model *m, const int32_t *p
     r->n_live = 1;
     *out = r;
     return 0;
+}
+
+int iflow_beam_open(iflow_beam_run **out, const iflow_model *m, const int32_t *prompt, int n_prompt,
+                    const iflow_beam_params *p)
+{
+    const iflow_hparams *hp = iflow_model_hparams(m);
+    int n_ctx = p->n_ctx > 0 && p->n_ctx <= hp->max_seq ? p->n_ctx : hp->max_seq, max_tab = (n_ctx + BLOCK - 1) / BLOCK;
+    search sr = {.ops = &kv_ops, .max_tab = max_tab, .n_blocks = p->n_beams * (max_tab + 1) + 1,
+                 .starts = n_prompt == 1 && prompt[0] == hp->bos};
+    int rc = run_new(out, m, prompt, n_prompt, p, n_ctx, &sr);
+    if (rc == 0 && (rc = iflow_kv_open(&(*out)->s.kv, m, p->kv_type, BLOCK, (*out)->s.n_blocks)) == 0)
+        rc = iflow_ctx_open_steps(&(*out)->s.ctx, m, p->n_threads);
+    if (rc < 0 && *out) {
+        iflow_beam_close(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+int iflow_beam_open_s2s(iflow_beam_run **out, const iflow_model *m, iflow_s2s *s2s, const int32_t *src, int n_src,
+                        const int32_t *prefix, int n_prefix, const iflow_beam_params *p)
+{
+    int32_t prompt[IFLOW_MAX_STEP];
+    *out = NULL;
+    if (n_prefix < 0 || n_prefix + 1 > IFLOW_MAX_STEP)
+        return iflow_seterr(IFLOW_ERANGE, "a forced prefix of %d tokens does not fit a step", n_prefix);
+    if (iflow_s2s_n_seqs(s2s) < 2 * p->n_beams + 1)
+        return iflow_seterr(IFLOW_EINVAL, "a beam search of %d beams needs a context of %d sequences, not %d",
+                            p->n_beams, 2 * p->n_beams + 1, iflow_s2s_n_seqs(s2s));
+    prompt[0] = iflow_model_hparams(m)->decoder_start;
+    if (n_prefix > 0)
+        memcpy(prompt + 1, prefix, (size_t)n_prefix * sizeof *prefix);
+    /* a sequence per hypothesis: the live ones and their children while they fork */
+    search sr = {.ops = &s2s_ops, .s2s = s2s, .max_tab = 1, .n_blocks = 2 * p->n_beams + 1, .starts = 1};
+    int rc = run_new(out, m, prompt, n_prefix + 1, p, iflow_s2s_max_tgt(s2s), &sr);
+    if (rc == 0 && (rc = iflow_s2s_encode(s2s, src, n_src)) < 0) {
+        iflow_beam_close(*out);
+        *out = NULL;
+    }
+    return rc;
 }
 
 /* The live beams' 2W best extensions each, ranked together: the next live beams, and the
@@ -382,24 +524,6 @@ static int extend(iflow_beam_run *r)
     return rc;
 }
 
-/* One forward step: every live beam's last token, each into a block of its own. */
-static int feed(iflow_beam_run *r)
-{
-    const int V = iflow_model_hparams(r->s.m)->vocab_size;
-    iflow_step_seq seqs[IFLOW_MAX_BEAMS];
-    int rc = 0;
-    for (int i = 0; i < r->n_live && rc == 0; i++) {
-        hyp *h = &r->live[i];
-        rc = own_block(&r->s, h, h->n_past);
-        seqs[i] = (iflow_step_seq){.ids = &h->tokens[h->n_tokens - 1], .n = 1, .pos0 = h->n_past, .table = h->table,
-                                   .logits = r->logits + (size_t)i * V};
-    }
-    if (rc == 0)
-        rc = iflow_ctx_step(r->s.ctx, r->s.kv, seqs, r->n_live);
-    for (int i = 0; i < r->n_live && rc == 0; i++)
-        r->live[i].n_past++;
-    return rc;
-}
 
 int iflow_beam_step(iflow_beam_run *r)
 {
@@ -408,14 +532,14 @@ int iflow_beam_step(iflow_beam_run *r)
         return 0;
     if (!r->started) {
         r->started = 1;
-        rc = prefill(&r->s, &r->live[0], r->prompt, r->n_prompt, r->logits);
+        rc = r->s.ops->prefill(&r->s, &r->live[0], r->prompt, r->n_prompt, r->logits);
         return rc < 0 ? rc : 1;
     }
     if ((rc = extend(r)) < 0)
         return rc;
     if (r->done)
         return 0;
-    return (rc = feed(r)) < 0 ? rc : 1;
+    return (rc = r->s.ops->feed(&r->s, r->live, r->n_live, r->logits)) < 0 ? rc : 1;
 }
 
 int iflow_beam_take(iflow_beam_run *r, iflow_beam **out, int *n_out)

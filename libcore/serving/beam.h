@@ -1,5 +1,6 @@
 /*
- * beam.h -- beam search: the n most probable continuations, kept side by side.
+ * beam.h -- beam search: the n most probable continuations, kept side by side (a decoder's, or an
+ * encoder-decoder's translations).
  *
  * Contract
  *   iflow_beam_search() runs one prompt with `n_beams` live beams over a paged KV cache
@@ -31,6 +32,7 @@
 #include <stdint.h>
 
 #include "libcore/engine/model.h"
+#include "libcore/engine/seq2seq.h"
 
 #define IFLOW_MAX_BEAMS 32
 
@@ -69,6 +71,14 @@ int  iflow_beam_open(iflow_beam_run **out, const iflow_model *m, const int32_t *
 int  iflow_beam_step(iflow_beam_run *r);
 int  iflow_beam_take(iflow_beam_run *r, iflow_beam **out, int *n_out);
 void iflow_beam_close(iflow_beam_run *r);
+
+/* The same search for an encoder-decoder (seq2seq.h): src is encoded into s2s (a context of at
+ * least 2 n_beams + 1 sequences, owned by the caller, whose max_tgt is the context; p->n_ctx,
+ * kv_type and n_threads are not used), and the hypotheses start from decoder_start and the
+ * forced prefix; each is a sequence of s2s, copied when it forks. As transformers' beam search
+ * with early_stopping=True: the texts are the generated tokens' (they start the text). */
+int  iflow_beam_open_s2s(iflow_beam_run **out, const iflow_model *m, iflow_s2s *s2s, const int32_t *src, int n_src,
+                         const int32_t *prefix, int n_prefix, const iflow_beam_params *p);
 
 /* The whole search at once. *out: [*n_out] beams, best first (free with iflow_beams_free). */
 int  iflow_beam_search(const iflow_model *m, const int32_t *prompt, int n_prompt, const iflow_beam_params *p,

@@ -64,24 +64,41 @@ static int json_id(const iflow_tokenizer *t, const json_t *v, int32_t limit, con
     return 0;
 }
 
-/* Size the vocabulary: highest id + 1, and the bytes of all texts. */
-static int vocab_size(iflow_tokenizer *t, const json_t *vocab, const json_t *added, int32_t *n, size_t *bytes)
+/* One entry of a Unigram vocabulary list: ["piece", score]. */
+static const char *list_entry(const json_t *e, size_t *len, double *score)
 {
-    size_t entries = json_object_size(vocab) + json_array_size(added);
+    const json_t *s = json_array_get(e, 0), *v = json_array_get(e, 1);
+    if (!json_is_array(e) || json_array_size(e) != 2 || !json_is_string(s) || !json_is_number(v))
+        return NULL;
+    *len = json_string_length(s);
+    *score = json_number_value(v);
+    return json_string_value(s);
+}
+
+/* Size the vocabulary (an object text -> id, or a Unigram list whose ids are the positions):
+ * highest id + 1, and the bytes of all texts. */
+static int vocab_size(iflow_tokenizer *t, const json_t *vocab, const json_t *added, const char *where, int32_t *n,
+                      size_t *bytes)
+{
+    size_t entries = json_object_size(vocab) + json_array_size(vocab) + json_array_size(added), i, len;
     int32_t limit = entries > (INT32_MAX - 1024) / 4 ? INT32_MAX : (int32_t)(4 * entries + 1024), id = 0;
     const char *k;
     json_t *v;
-    size_t i;
-    *n = 0;
+    double score;
+    *n = json_is_array(vocab) ? (int32_t)json_array_size(vocab) : 0;
     *bytes = 0;
     json_object_foreach((json_t *)vocab, k, v) {
-        if (json_id(t, v, limit, "model.vocab", &id) < 0)
+        if (json_id(t, v, limit, where, &id) < 0)
             return IFLOW_EFORMAT;
         *n = id + 1 > *n ? id + 1 : *n;
         *bytes += strlen(k);
     }
+    json_array_foreach(vocab, i, v) {
+        if (!list_entry(v, &len, &score))
+            return iflow_seterr(IFLOW_EFORMAT, "bad entry %zu in %s of '%s'", i, where, t->name);
+        *bytes += len;
+    }
     json_array_foreach(added, i, v) {
-        size_t len = 0;
         if (json_id(t, json_object_get(v, "id"), limit, "added_tokens", &id) < 0)
             return IFLOW_EFORMAT;
         if (!jstr(v, "content", &len))
@@ -92,31 +109,46 @@ static int vocab_size(iflow_tokenizer *t, const json_t *vocab, const json_t *add
     return 0;
 }
 
-static int load_vocab(iflow_tokenizer *t, const json_t *model, const json_t *added)
+/* The texts of vocab (object or list) and added, then the text -> id index. */
+static int vocab_texts(iflow_tokenizer *t, const json_t *vocab, const json_t *added, const char *where)
 {
-    const json_t *vocab = json_object_get(model, "vocab");
     int32_t n = 0, id = 0;
-    size_t bytes = 0, pos = 0, i;
+    size_t bytes = 0, pos = 0, i, len;
     const char *k;
     json_t *v;
-    if (!json_is_object(vocab))
-        return json_is_array(vocab) ? unsupported(t, "vocab", "array (Unigram)") : bad(t, "vocab", "model");
-    if (added && !json_is_array(added))
-        return bad(t, "list", "added_tokens");
-    int rc = vocab_size(t, vocab, added, &n, &bytes);
+    double score;
+    int rc = vocab_size(t, vocab, added, where, &n, &bytes);
     if (rc < 0 || (rc = tok_vocab_alloc(t, n, bytes)) < 0)
         return rc;
     json_object_foreach((json_t *)vocab, k, v) {
-        json_id(t, v, INT32_MAX, "model.vocab", &id);
+        json_id(t, v, INT32_MAX, where, &id);
         tok_vocab_set(t, id, k, strlen(k), &pos, TOK_NORMAL);
     }
+    json_array_foreach(vocab, i, v) {
+        k = list_entry(v, &len, &score);
+        tok_vocab_set(t, (int32_t)i, k, len, &pos, TOK_NORMAL);
+    }
     json_array_foreach(added, i, v) {
-        size_t len = 0;
         const char *s = jstr(v, "content", &len);
         json_id(t, json_object_get(v, "id"), INT32_MAX, "added_tokens", &id);
         tok_vocab_set(t, id, s, len, &pos, jbool(v, "special", 0) ? TOK_CONTROL : TOK_USER);
     }
     return tok_vocab_index(t);
+}
+
+int tok_vocab_from_json(iflow_tokenizer *t, const json_t *vocab, const char *where)
+{
+    return vocab_texts(t, vocab, NULL, where);
+}
+
+static int load_vocab(iflow_tokenizer *t, const json_t *model, const json_t *added)
+{
+    const json_t *vocab = json_object_get(model, "vocab");
+    if (!json_is_object(vocab) && !json_is_array(vocab))
+        return bad(t, "vocab", "model");
+    if (added && !json_is_array(added))
+        return bad(t, "list", "added_tokens");
+    return vocab_texts(t, vocab, added, "model.vocab");
 }
 
 static int load_added(iflow_tokenizer *t, const json_t *added)
@@ -226,15 +258,54 @@ static int load_wordpiece(iflow_tokenizer *t, const json_t *model)
     return 0;
 }
 
+/* Unigram: {"unk_id": N or null, "vocab": [["piece", score], ...], "byte_fallback": bool}; the
+ * pieces are the vocabulary's first entries, in HF tokenizers' rules (tok_unigram.c). */
+static int load_unigram(iflow_tokenizer *t, const json_t *model)
+{
+    const json_t *vocab = json_object_get(model, "vocab"), *unk = json_object_get(model, "unk_id"), *v;
+    size_t n = json_array_size(vocab), bytes = 0, pos = 0, i, len;
+    double score;
+    tok_unigram *u;
+    if (!json_is_array(vocab) || n == 0)
+        return bad(t, "vocab", "Unigram model");
+    json_array_foreach(vocab, i, v) {
+        list_entry(v, &len, &score);
+        bytes += len;
+    }
+    int rc = tok_unigram_alloc(&t->uni, (int32_t)n, bytes, 0);
+    if (rc < 0)
+        return rc;
+    u = t->uni;
+    json_array_foreach(vocab, i, v) {
+        const char *k = list_entry(v, &len, &u->score[i]);
+        memcpy(u->arena + pos, k, len);
+        u->off[i] = (uint32_t)pos;
+        u->len[i] = (uint32_t)len;
+        pos += len;
+    }
+    if (!json_is_null(unk) && unk && json_id(t, unk, (int32_t)n, "model.unk_id", &u->unk) < 0)
+        return IFLOW_EFORMAT;
+    t->model = TOK_MODEL_UNIGRAM;
+    t->unk = u->unk;
+    t->byte_fallback = u->byte_fallback = jbool(model, "byte_fallback", 0);
+    u->lookup_unk = 1;
+    return tok_unigram_finish(u, t->name);
+}
+
 static int load_model(iflow_tokenizer *t, const json_t *model)
 {
     const char *type = jtype(model);
     if (!*type)
-        type = json_object_get(model, "merges") ? "BPE" : json_object_get(model, "continuing_subword_prefix") ? "WordPiece" : "";
+        type = json_object_get(model, "merges")                      ? "BPE"
+               : json_object_get(model, "continuing_subword_prefix") ? "WordPiece"
+               : json_is_array(json_object_get(model, "vocab"))       ? "Unigram"
+                                                                       : "";
     if (strcmp(type, "BPE") == 0)
         return load_bpe(t, model);
     if (strcmp(type, "WordPiece") == 0)
         return load_wordpiece(t, model);
+    if (strcmp(type, "Unigram") == 0)
+        return load_unigram(t, model);
     return unsupported(t, "model", *type ? type : "(no type)");
 }
 
@@ -263,6 +334,31 @@ static int norm_bert(iflow_tokenizer *t, const json_t *o)
     tok_norm n = {.kind = NORM_BERT, .clean = jbool(o, "clean_text", 1), .chinese = jbool(o, "handle_chinese_chars", 1),
                   .strip_accents = jbool(o, "strip_accents", lower), .lower = lower};
     return tok_norm_add(t, &n);
+}
+
+/* {"type": "Precompiled", "precompiled_charsmap": base64}; an empty map changes nothing. */
+static int norm_precompiled(iflow_tokenizer *t, const json_t *o)
+{
+    size_t n;
+    const char *b64 = jstr(o, "precompiled_charsmap", &n);
+    tok_buf blob = {0};
+    tok_norm step = {.kind = NORM_PRECOMPILED};
+    if (!b64)
+        return json_is_null(json_object_get(o, "precompiled_charsmap")) ? 0 : bad(t, "precompiled_charsmap", "normalizer");
+    int rc = tok_base64(b64, n, &blob);
+    if (rc < 0)
+        rc = iflow_preperr(rc, "bad precompiled_charsmap in '%s'", t->name);
+    if (rc == 0 && blob.n && (step.cm = calloc(1, sizeof *step.cm)) == NULL)
+        rc = tok_nomem();
+    if (rc == 0 && step.cm)
+        rc = tok_charsmap_parse(step.cm, (const uint8_t *)blob.p, blob.n, 0, t->name);
+    if (rc == 0 && step.cm && (rc = tok_norm_add(t, &step)) == 0)
+        step.cm = NULL; /* the step owns it now */
+    if (step.cm)
+        tok_charsmap_free(step.cm);
+    free(step.cm);
+    free(blob.p);
+    return rc;
 }
 
 static int norm_simple(iflow_tokenizer *t, int kind)
@@ -304,6 +400,8 @@ static int load_normalizer(iflow_tokenizer *t, const json_t *o, int depth)
         return norm_replace(t, o);
     if (strcmp(type, "BertNormalizer") == 0)
         return norm_bert(t, o);
+    if (strcmp(type, "Precompiled") == 0)
+        return norm_precompiled(t, o);
     if (strcmp(type, "Strip") == 0) {
         tok_norm n = {.kind = NORM_STRIP, .left = jbool(o, "strip_left", 1), .right = jbool(o, "strip_right", 1)};
         return tok_norm_add(t, &n);
@@ -620,6 +718,8 @@ static void set_kind(iflow_tokenizer *t, const tok_buf *desc)
         bytelevel |= t->pre[i].kind == PRE_BYTELEVEL;
     if (t->model == TOK_MODEL_WORDPIECE)
         snprintf(t->kind, sizeof t->kind, "wordpiece");
+    else if (t->model == TOK_MODEL_UNIGRAM)
+        snprintf(t->kind, sizeof t->kind, "unigram");
     else if (bytelevel)
         snprintf(t->kind, sizeof t->kind, "bpe-bytelevel/%s", desc->n ? desc->p : "none");
     else

@@ -6,9 +6,12 @@
  *   The tokenizer owns every pointer in struct iflow_tokenizer (freed by iflow_tokenizer_close).
  *   Token texts live in one arena (tok_text()); the vocab map's keys point into it, so the
  *   arena is allocated once at its final size (tok_vocab_alloc) and never moved.
- *   Encoding runs as: split out added tokens -> normalize (tok_norm.c) -> pre-tokenize into
- *   words (tok_pretok.c) -> model per word (tok_bpe.c / tok_wordpiece.c). All per-call state is
- *   in a tok_scratch owned by the caller of those functions, so the tokenizer stays const.
+ *   Encoding runs as: split out added tokens -> normalize (tok_norm.c; SentencePiece's own
+ *   normalizer and HF's Precompiled are tok_charsmap.c's) -> pre-tokenize into words
+ *   (tok_pretok.c) -> model per word (tok_bpe.c / tok_wordpiece.c / tok_unigram.c). All per-call
+ *   state is in a tok_scratch owned by the caller of those functions, so the tokenizer stays const.
+ *   A unigram model keeps its pieces in a tok_unigram of its own (t->uni): for a .spm with a
+ *   Marian vocab.json they are not the tokenizer's vocabulary, and to_id maps one to the other.
  *   Functions return 0 or a negative IFLOW_E* code with the message set.
  */
 #ifndef IFLOW_TOK_INTERNAL_H
@@ -25,7 +28,7 @@
 /* Token attributes; the values are GGUF's tokenizer.ggml.token_type codes. */
 enum { TOK_NORMAL = 1, TOK_UNKNOWN = 2, TOK_CONTROL = 3, TOK_USER = 4, TOK_UNUSED = 5, TOK_BYTE = 6 };
 
-enum { TOK_MODEL_BPE = 1, TOK_MODEL_WORDPIECE = 2 };
+enum { TOK_MODEL_BPE = 1, TOK_MODEL_WORDPIECE = 2, TOK_MODEL_UNIGRAM = 3 };
 
 /* ---- growable buffers ---- */
 typedef struct {
@@ -81,10 +84,72 @@ typedef struct {
     int split;            /* METASPACE: split before each replacement */
 } tok_pre;
 
+/* ---- precompiled charsmaps (tok_charsmap.c) ---- */
+/* A SentencePiece precompiled_charsmap: a darts-clone double-array trie over UTF-8 prefixes whose
+ * values are offsets of NUL-terminated replacements in `norm`. Checked when parsed: every leaf
+ * value is inside `norm`, which ends with a NUL and is valid UTF-8. */
+typedef struct {
+    uint32_t *units;      /* the trie's units, host order */
+    size_t n_units;
+    char *norm;           /* replacement strings, NUL-terminated */
+    size_t norm_len;
+} tok_charsmap;
+
+/* Parse blob[0..len) (file offset `at` for messages); an empty blob gives an empty map. */
+int tok_charsmap_parse(tok_charsmap *cm, const uint8_t *blob, size_t len, size_t at, const char *name);
+void tok_charsmap_free(tok_charsmap *cm);
+/* Standard base64 (tokenizer.json's precompiled_charsmap) into out. */
+int tok_base64(const char *s, size_t n, tok_buf *out);
+
+/* ---- unigram models (tok_unigram.c) ---- */
+typedef struct {
+    int32_t child;        /* first child node; the children are contiguous, sorted by byte */
+    int32_t value;        /* piece id ending here, -1 if none */
+    uint16_t n_child;
+    uint8_t byte;         /* label of the edge into this node */
+} tok_trie_node;
+
+typedef struct tok_unigram {
+    int spm;              /* SentencePiece's rules (a .spm): float sums, user-defined bonus, unused
+                             pieces skipped, unknown runs not looked up; else HF tokenizers' */
+    int32_t n;            /* pieces */
+    char *arena;
+    uint32_t *off, *len;
+    uint8_t *type;        /* TOK_* */
+    double *score;
+    int32_t *to_id;       /* piece -> tokenizer id */
+    int32_t unk;          /* the unknown piece, -1 if none */
+    int32_t byte_piece[256];
+    int byte_fallback;
+    int lookup_unk;       /* a run of unknown characters is looked up in the tokenizer's vocabulary */
+    double unk_score;     /* min score - 10 */
+    float max_score;      /* SentencePiece: max(FLT_MIN, best normal score), for user-defined pieces */
+    tok_trie_node *nodes; /* the pieces that take part in the Viterbi */
+    int32_t n_nodes;
+    int32_t root[256];    /* root's child per byte, -1 if none */
+    int has_user;         /* some piece is user-defined */
+    /* SentencePiece's normalizer_spec */
+    tok_charsmap cm;
+    int dummy_prefix, extra_ws, escape_ws;
+} tok_unigram;
+
+/* Allocate n pieces of `bytes` text bytes in all (types NORMAL, scores 0, to_id identity). */
+int tok_unigram_alloc(tok_unigram **out, int32_t n, size_t bytes, int spm);
+/* Build the trie and the derived fields once every piece is set (texts, types, scores, unk,
+ * byte_fallback). SentencePiece's checks (no empty or duplicate piece, one unknown piece, the
+ * 256 byte pieces with byte_fallback) are made here when u->spm. */
+int tok_unigram_finish(tok_unigram *u, const char *name);
+void tok_unigram_free(tok_unigram *u);
+static inline const char *tok_piece_text(const tok_unigram *u, int32_t p) { return u->arena + u->off[p]; }
+/* Length of the longest user-defined piece at the start of s[0..n), 0 if none. */
+size_t tok_unigram_user_prefix(const tok_unigram *u, const char *s, size_t n);
+
 /* ---- normalizer steps ---- */
 enum {
     NORM_PREPEND = 1, NORM_REPLACE, NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD,
-    NORM_LOWER, NORM_STRIP, NORM_STRIP_ACCENTS, NORM_BERT
+    NORM_LOWER, NORM_STRIP, NORM_STRIP_ACCENTS, NORM_BERT,
+    NORM_PRECOMPILED,     /* HF tokenizers' Precompiled: cm per grapheme cluster */
+    NORM_SPM              /* SentencePiece's normalizer: uni's charsmap, whitespace rules, dummy prefix */
 };
 
 typedef struct {
@@ -94,6 +159,8 @@ typedef struct {
     pcre2_code *re;       /* REPLACE by regex */
     int left, right;      /* STRIP */
     int clean, chinese, strip_accents, lower; /* BERT */
+    tok_charsmap *cm;     /* PRECOMPILED (owned) */
+    const tok_unigram *uni; /* SPM (the tokenizer's) */
 } tok_norm;
 
 /* An added token, matched in raw text before normalization. */
@@ -126,6 +193,10 @@ struct iflow_tokenizer {
                                  can be cut before each such U+2581 without changing the merges */
     int32_t byte_tok[256];    /* id of <0xXX>, -1 if missing */
 
+    /* Unigram */
+    tok_unigram *uni;
+    int lang_codes;           /* Marian: a ">>xx<<" at the start of a segment is one token */
+
     /* WordPiece */
     char wp_prefix[16];
     size_t wp_prefix_len;
@@ -146,6 +217,9 @@ struct iflow_tokenizer {
     int dec_bytelevel;        /* map GPT-2 code points back to bytes */
     int dec_metaspace;        /* U+2581 -> ' ' */
     int dec_strip_first;      /* drop one leading space of the first piece */
+    int dec_strip_empty;      /* ... of every piece while the text is still empty (SentencePiece
+                                 with remove_extra_whitespaces) */
+    int dec_trim;             /* decode() drops spaces at both ends (MarianTokenizer's strip()) */
     int dec_wordpiece;        /* "##" joins, else a space before each piece */
     int dec_cleanup;          /* WordPiece cleanup (" ." -> ".", ...) */
     int user_raw;             /* user-defined tokens decode to their raw text */
@@ -169,6 +243,8 @@ typedef struct {
     tok_piece *pieces;        /* one span's split, before its behavior is applied */
     size_t n_pieces, cap_pieces;
     tok_buf word;             /* WordPiece candidates */
+    struct uni_best *best;    /* Viterbi: best path ending at each byte */
+    size_t cap_best;
     bpe_sym *syms;
     size_t cap_syms;
     bpe_pair *heap;
@@ -224,9 +300,18 @@ void tok_norm_free(tok_norm *n);
 /* ---- models ---- */
 int tok_bpe_word(const iflow_tokenizer *t, tok_scratch *s, const char *w, size_t n, tok_ids *out);
 int tok_wordpiece_word(const iflow_tokenizer *t, tok_scratch *s, const char *w, size_t n, tok_ids *out);
+int tok_unigram_word(const iflow_tokenizer *t, tok_scratch *s, const char *w, size_t n, tok_ids *out);
+
+/* ---- charsmap normalizers (tok_charsmap.c) ---- */
+int tok_norm_spm(const tok_unigram *u, const char *w, size_t len, tok_buf *out);
+int tok_norm_precompiled(const tok_charsmap *cm, tok_scratch *s, const char *w, size_t len, tok_buf *out);
 
 /* ---- loaders ---- */
 struct iflow_gguf;
 int tok_from_gguf_handle(iflow_tokenizer **out, const struct iflow_gguf *g);
+/* tok_hfjson.c: the vocabulary from a JSON object text -> id (a Marian vocab.json); `where`
+ * names it in messages. */
+struct json_t;
+int tok_vocab_from_json(iflow_tokenizer *t, const struct json_t *vocab, const char *where);
 
 #endif

@@ -1,5 +1,6 @@
 /* tok_norm.c -- normalizer steps: Prepend, Replace, NFC/NFD/NFKC/NFKD, Lowercase, Strip,
- * StripAccents and BertNormalizer, with HF tokenizers' semantics. */
+ * StripAccents and BertNormalizer, with HF tokenizers' semantics; Precompiled and
+ * SentencePiece's own normalizer are tok_charsmap.c's. */
 #include "libcore/base/error.h"
 #include "tok_internal.h"
 
@@ -233,6 +234,8 @@ static int apply(const tok_norm *n, tok_scratch *s, const char *w, size_t len, t
     case NORM_STRIP: return strip(n, w, len, out);
     case NORM_STRIP_ACCENTS: return strip_marks(w, len, 0, out);
     case NORM_BERT: return bert(n, s, w, len, out);
+    case NORM_PRECOMPILED: return tok_norm_precompiled(n->cm, s, w, len, out);
+    case NORM_SPM: return tok_norm_spm(n->uni, w, len, out);
     }
     return iflow_seterr(IFLOW_EINVAL, "bad normalizer step %d", n->kind);
 }
@@ -260,6 +263,9 @@ void tok_norm_free(tok_norm *n)
 {
     free(n->a);
     free(n->b);
+    if (n->cm)
+        tok_charsmap_free(n->cm);
+    free(n->cm);
     if (n->re)
         pcre2_code_free(n->re);
 }

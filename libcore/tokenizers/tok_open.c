@@ -1,5 +1,7 @@
-/* tok_open.c -- iflow_tokenizer_open(): a tokenizer.json, a GGUF file (sniffed by its magic),
- * or a model directory (tokenizer.json, with bos/eos from tokenizer_config.json / config.json). */
+/* tok_open.c -- iflow_tokenizer_open(): a tokenizer.json, a GGUF file (sniffed by its magic), a
+ * SentencePiece model (.spm / .model), or a model directory (tokenizer.json, with bos/eos from
+ * tokenizer_config.json / config.json; else Marian's source.spm + vocab.json; else spiece.model);
+ * iflow_tokenizer_open_target(): a Marian directory's target side. */
 #include "libcore/base/error.h"
 #include "libcore/formats/gguf.h"
 #include "tok_internal.h"
@@ -66,9 +68,34 @@ static int open_json(iflow_tokenizer **out, const char *path)
     return rc;
 }
 
+/* A SentencePiece model, with a Marian vocab.json when vocab is not NULL. */
+static int open_spm(iflow_tokenizer **out, const char *path, const char *vocab)
+{
+    char *buf = NULL, *vbuf = NULL;
+    size_t len = 0, vlen = 0;
+    int rc = read_file(path, &buf, &len);
+    if (rc == 0 && vocab)
+        rc = read_file(vocab, &vbuf, &vlen);
+    if (rc == 0)
+        rc = iflow_tokenizer_from_spm(out, buf, len, path, vbuf, vlen, vocab);
+    free(buf);
+    free(vbuf);
+    return rc;
+}
+
+static int ends_with(const char *s, const char *tail)
+{
+    size_t n = strlen(s), k = strlen(tail);
+    return n >= k && strcmp(s + n - k, tail) == 0;
+}
+
 static int open_file(iflow_tokenizer **out, const char *path)
 {
-    return is_gguf(path) ? open_gguf(out, path) : open_json(out, path);
+    if (is_gguf(path))
+        return open_gguf(out, path);
+    if (ends_with(path, ".spm") || ends_with(path, ".model"))
+        return open_spm(out, path, NULL);
+    return open_json(out, path);
 }
 
 /* ---- model directories -------------------------------------------------------------------- */
@@ -117,26 +144,66 @@ static void apply_dir_config(iflow_tokenizer *t, const char *dir)
     json_decref(c);
 }
 
+/* dir/file into path; 1 if it exists. */
+static int in_dir(char *path, size_t cap, const char *dir, const char *file)
+{
+    struct stat st;
+    snprintf(path, cap, "%s/%s", dir, file);
+    return stat(path, &st) == 0;
+}
+
+/* Marian: `spm` with the vocabulary `vocab` (else vocab.json); 0 when the directory is not one. */
+static int open_marian(iflow_tokenizer **out, const char *dir, const char *spm, const char *vocab, int *found)
+{
+    char sp[4096], vp[4096];
+    *found = in_dir(sp, sizeof sp, dir, spm) && (in_dir(vp, sizeof vp, dir, vocab) || in_dir(vp, sizeof vp, dir, "vocab.json"));
+    return *found ? open_spm(out, sp, vp) : 0;
+}
+
 static int open_dir(iflow_tokenizer **out, const char *dir)
 {
     char path[4096];
+    int found, rc;
+    if (in_dir(path, sizeof path, dir, "tokenizer.json")) {
+        if ((rc = open_json(out, path)) == 0)
+            apply_dir_config(*out, dir);
+        return rc;
+    }
+    if ((rc = open_marian(out, dir, "source.spm", "vocab.json", &found)) < 0 || found)
+        return rc;
+    if (in_dir(path, sizeof path, dir, "spiece.model"))
+        return open_spm(out, path, NULL);
+    return iflow_seterr(IFLOW_ENOTFOUND, "no tokenizer.json, source.spm with vocab.json, or spiece.model in directory '%s'",
+                        dir);
+}
+
+/* 1 for a directory, 0 for anything else, < 0 when path does not exist. */
+static int path_kind(const char *path)
+{
     struct stat st;
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     if (stat(path, &st) != 0)
-        return iflow_seterr(IFLOW_ENOTFOUND, "no tokenizer.json in directory '%s'", dir);
-    int rc = open_json(out, path);
-    if (rc == 0)
-        apply_dir_config(*out, dir);
-    return rc;
+        return iflow_seterr(errno == ENOENT ? IFLOW_ENOTFOUND : IFLOW_EIO, "cannot open '%s': %s", path, strerror(errno));
+    return S_ISDIR(st.st_mode) ? 1 : 0;
 }
 
 int iflow_tokenizer_open(iflow_tokenizer **out, const char *path)
 {
-    struct stat st;
     if (!out || !path)
         return iflow_seterr(IFLOW_EINVAL, "iflow_tokenizer_open: null argument");
     *out = NULL;
-    if (stat(path, &st) != 0)
-        return iflow_seterr(errno == ENOENT ? IFLOW_ENOTFOUND : IFLOW_EIO, "cannot open '%s': %s", path, strerror(errno));
-    return S_ISDIR(st.st_mode) ? open_dir(out, path) : open_file(out, path);
+    int kind = path_kind(path);
+    return kind < 0 ? kind : kind ? open_dir(out, path) : open_file(out, path);
+}
+
+int iflow_tokenizer_open_target(iflow_tokenizer **out, const char *path)
+{
+    int found = 0, rc;
+    if (!out || !path)
+        return iflow_seterr(IFLOW_EINVAL, "iflow_tokenizer_open_target: null argument");
+    *out = NULL;
+    int kind = path_kind(path);
+    if (kind <= 0)
+        return kind < 0 ? kind : open_file(out, path);
+    rc = open_marian(out, path, "target.spm", "target_vocab.json", &found);
+    return rc < 0 || found ? rc : open_dir(out, path);
 }

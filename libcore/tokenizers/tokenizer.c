@@ -137,6 +137,7 @@ void tok_scratch_free(tok_scratch *s)
     free(s->word.p);
     free(s->syms);
     free(s->heap);
+    free(s->best);
     if (s->md)
         pcre2_match_data_free(s->md);
     if (s->mctx)
@@ -161,6 +162,7 @@ void iflow_tokenizer_close(iflow_tokenizer *t)
     free(t->tok_len);
     free(t->attr);
     free(t->scores);
+    tok_unigram_free(t->uni);
     iflow_strmap_free(&t->vocab);
     iflow_u64map_free(&t->merges);
     free(t->name);
@@ -254,20 +256,40 @@ static int next_added(const iflow_tokenizer *t, const char *text, size_t n, size
 
 /* ---- encoding ----------------------------------------------------------------------------- */
 
+static int encode_word(const iflow_tokenizer *t, tok_scratch *s, const char *w, size_t len, tok_ids *out)
+{
+    switch (t->model) {
+    case TOK_MODEL_WORDPIECE: return tok_wordpiece_word(t, s, w, len, out);
+    case TOK_MODEL_UNIGRAM: return tok_unigram_word(t, s, w, len, out);
+    }
+    return tok_bpe_word(t, s, w, len, out);
+}
+
+/* Marian's language code: ">>xx<<" at the start of a segment is one token (its id in the
+ * vocabulary, else <unk>), taken off before the text; returns the bytes it took. */
+static size_t lang_code(const iflow_tokenizer *t, const char *seg, size_t n, tok_ids *out, int *rc)
+{
+    const char *end = n >= 4 && memcmp(seg, ">>", 2) == 0 ? memmem(seg + 2, n - 2, "<<", 2) : NULL;
+    if (!t->lang_codes || !end)
+        return 0;
+    size_t len = (size_t)(end - seg) + 2;
+    int32_t id = iflow_strmap_get(&t->vocab, seg, len);
+    *rc = tok_ids_push(out, id >= 0 ? id : t->unk);
+    return len;
+}
+
 static int encode_raw(const iflow_tokenizer *t, tok_scratch *s, const char *seg, size_t n, int first, tok_ids *out)
 {
     const char *norm;
     size_t nn;
-    int rc = tok_norm_run(t, s, seg, n, &norm, &nn);
-    if (rc < 0 || (rc = tok_pretok_run(t, s, norm, nn, first)) < 0)
+    int rc = 0;
+    size_t code = lang_code(t, seg, n, out, &rc);
+    if (rc < 0 || (rc = tok_norm_run(t, s, seg + code, n - code, &norm, &nn)) < 0 ||
+        (rc = tok_pretok_run(t, s, norm, nn, first)) < 0)
         return rc;
-    for (size_t i = 0; i < s->spans.n; i++) {
-        const char *w = s->text.p + s->spans.p[i].off;
-        size_t len = s->spans.p[i].len;
-        rc = t->model == TOK_MODEL_WORDPIECE ? tok_wordpiece_word(t, s, w, len, out) : tok_bpe_word(t, s, w, len, out);
-        if (rc < 0)
+    for (size_t i = 0; i < s->spans.n; i++)
+        if ((rc = encode_word(t, s, s->text.p + s->spans.p[i].off, s->spans.p[i].len, out)) < 0)
             return rc;
-    }
     return 0;
 }
 
@@ -439,7 +461,7 @@ static int piece_into(const iflow_tokenizer *t, int32_t id, int first, tok_buf *
         rc = tok_buf_put(out, s, n);
     else
         rc = put_normal(t, out, s, n, first);
-    if (rc == 0 && first && t->dec_strip_first && out->n > start && out->p[start] == ' ') {
+    if (rc == 0 && first && (t->dec_strip_first || t->dec_strip_empty) && out->n > start && out->p[start] == ' ') {
         memmove(out->p + start, out->p + start + 1, out->n - start - 1);
         out->n--;
     }
@@ -464,6 +486,19 @@ int iflow_tokenizer_piece(const iflow_tokenizer *t, int32_t id, int first, char 
     return rc;
 }
 
+/* Drop the spaces at the end of b (and at its start when `start`). */
+static void trim_spaces(tok_buf *b, int start)
+{
+    size_t lead = 0;
+    while (b->n && b->p[b->n - 1] == ' ')
+        b->n--;
+    while (start && lead < b->n && b->p[lead] == ' ')
+        lead++;
+    memmove(b->p, b->p + lead, b->n - lead);
+    b->n -= lead;
+    b->p[b->n] = 0;
+}
+
 int iflow_tokenizer_decode(const iflow_tokenizer *t, const int32_t *ids, size_t n, char **text, size_t *len)
 {
     return iflow_tokenizer_continuation(t, ids, n, 1, text, len);
@@ -479,13 +514,15 @@ int iflow_tokenizer_continuation(const iflow_tokenizer *t, const int32_t *ids, s
     for (size_t i = 0; rc == 0 && i < n; i++) {
         rc = piece_into(t, ids[i], first, &b);
         if (rc == 0 && !is_hidden(t, ids[i]))
-            first = 0;
+            first = t->dec_strip_empty && b.n == 0 ? first : 0;
     }
     if (rc < 0) {
         free(b.p);
         *text = NULL;
         return rc;
     }
+    if (t->dec_trim)
+        trim_spaces(&b, starts);
     *text = b.p;
     if (len)
         *len = b.n;

@@ -3,11 +3,16 @@
  *
  * Contract
  *   An iflow_tokenizer is built from a HF tokenizer.json, from the tokenizer.ggml.* keys of a
- *   GGUF file, or by iflow_tokenizer_open() from a path (a tokenizer.json, a GGUF file, or a
- *   directory holding tokenizer.json). It owns copies of everything it needs: the caller's
- *   buffers may be freed right after the constructor returns. It is immutable once built, so
- *   encode/decode may run on one tokenizer from many threads at once. iflow_tokenizer_close()
- *   frees it (NULL is a no-op).
+ *   GGUF file, from a SentencePiece model (.spm / .model, optionally with a Marian vocab.json),
+ *   or by iflow_tokenizer_open() from a path: a tokenizer.json, a GGUF file (by its magic), a
+ *   file named *.spm or *.model, or a directory holding tokenizer.json, else Marian's source.spm
+ *   + vocab.json, else spiece.model. An encoder-decoder model has a tokenizer per side:
+ *   iflow_tokenizer_open() gives the source side (what the encoder reads),
+ *   iflow_tokenizer_open_target() the target side (what the decoder's ids mean: Marian's
+ *   target.spm with target_vocab.json or vocab.json; for any other path the same tokenizer).
+ *   It owns copies of everything it needs: the caller's buffers may be freed right after the
+ *   constructor returns. It is immutable once built, so encode/decode may run on one tokenizer
+ *   from many threads at once. iflow_tokenizer_close() frees it (NULL is a no-op).
  *
  *   Families: byte-level BPE (GPT-2 byte<->unicode map) with the pre-tokenizer of the file
  *   (GGUF: chosen by tokenizer.ggml.pre -- gpt-2, llama-bpe, qwen2, falcon, deepseek-llm,
@@ -15,8 +20,22 @@
  *   Punctuation / Whitespace / BertPreTokenizer / Metaspace / Sequence pre_tokenizer, regexes run
  *   through PCRE2 in UTF + UCP mode); SentencePiece-style BPE with byte fallback (GGUF model
  *   'llama': merges by SPM score; tokenizer.json: BPE merges by rank); WordPiece (BERT; GGUF
- *   model 'bert', whose "phantom space" vocabulary is read back into tokenizer.json's form).
- *   Unigram models are not supported (IFLOW_EUNSUPPORTED).
+ *   model 'bert', whose "phantom space" vocabulary is read back into tokenizer.json's form);
+ *   unigram (Kudo 2018: the Viterbi segmentation of highest total piece score).
+ *
+ *   Unigram comes in two sets of rules, each matching its reference exactly. A .spm file follows
+ *   the `sentencepiece` library: its normalizer_spec (the precompiled_charsmap applied as it is,
+ *   longest rule first -- nmt_nfkc is NFKC plus rules of its own; add_dummy_prefix,
+ *   remove_extra_whitespaces, escape_whitespaces to U+2581), user-defined pieces always kept
+ *   whole, control pieces never matched by the model, unknown characters as the unknown piece
+ *   (min score - 10) with a run of them one token, byte fallback to <0xXX> pieces. Only unigram
+ *   models are read (BPE .spm files: IFLOW_EUNSUPPORTED). With a Marian vocab.json the ids are
+ *   vocab.json's: a piece missing from it becomes <unk>, as MarianTokenizer maps it; a run of
+ *   unknown characters is looked up there by its text; "</s>", "<unk>" and "<pad>" are the
+ *   special tokens; a ">>xx<<" language code at the start of the text is one token. A
+ *   tokenizer.json "Unigram" model follows HF tokenizers: its Precompiled normalizer (per
+ *   grapheme cluster under 6 bytes, the first rule found), pre-tokenizers and every vocabulary
+ *   entry as a piece.
  *
  *   Encoding: added / special tokens are cut out of the text first. Tokens marked special
  *   (tokenizer.json "special": true; GGUF control and unknown tokens) are matched only with
@@ -24,16 +43,23 @@
  *   tokens (GGUF user-defined) are always matched. IFLOW_TOK_ADD_BOS adds what the tokenizer's
  *   own template adds around one sequence: BOS for Llama-style files (GGUF add_bos_token,
  *   default true for SPM; tokenizer.json TemplateProcessing / BertProcessing / RobertaProcessing),
- *   so for BERT it adds [CLS] ... [SEP]; for a tokenizer without a template it adds nothing.
+ *   so for BERT it adds [CLS] ... [SEP], for T5 a final </s>; a .spm file (T5's spiece.model,
+ *   Marian's source.spm) appends its </s> and adds no BOS, as T5's and Marian's tokenizers do;
+ *   for a tokenizer without a template it adds nothing. A .spm's control and unknown pieces are
+ *   its special tokens.
  *   Text that is not valid UTF-8 is accepted: invalid bytes are kept as single-byte units
  *   (byte-level BPE and byte fallback encode them losslessly; normalizers that need Unicode
  *   replace them with U+FFFD first). tokenizer.json truncation and padding are ignored.
  *
  *   Decoding: iflow_tokenizer_piece() gives the bytes of one token as it appears in decoded
  *   text; decode() concatenates pieces, with `first` set for the first token that is not a
- *   control token. Control/special tokens decode to "". Byte-level and SPM decoding are exact
- *   inverses of encoding where the vocabulary allows (raw bytes are returned, not repaired into
- *   valid UTF-8).
+ *   control token. Control/special tokens decode to "", and so does the unknown token (as with HF's
+ *   skip_special_tokens; sentencepiece itself writes " \u2047 "). Byte-level and SPM decoding are
+ *   exact inverses of encoding where the vocabulary allows (raw bytes are returned, not repaired
+ *   into valid UTF-8). SentencePiece pieces: U+2581 becomes a space, and the leading space of the
+ *   first piece is dropped -- with remove_extra_whitespaces, of every piece while the text is still
+ *   empty, as sentencepiece does; a Marian tokenizer's decode() also drops trailing spaces
+ *   (MarianTokenizer strips its output).
  *
  *   Errors: 0 (or a count) on success, a negative IFLOW_E* code with a message naming the file
  *   and the place on failure (error.h). The library never prints, never exits.
@@ -50,12 +76,21 @@ typedef struct iflow_tokenizer iflow_tokenizer;
 
 /* From the text of a tokenizer.json (len bytes, need not be NUL-terminated); name for messages. */
 int iflow_tokenizer_from_hf_json(iflow_tokenizer **out, const char *json, size_t len, const char *name);
+/* From a SentencePiece unigram model (the bytes of a .spm / .model file). With vocab_json (the
+ * text of a Marian vocab.json, NULL for none) its ids are vocab.json's; spm_name and vocab_name
+ * name the two in messages. */
+int iflow_tokenizer_from_spm(iflow_tokenizer **out, const void *spm, size_t spm_len, const char *spm_name,
+                             const char *vocab_json, size_t vocab_len, const char *vocab_name);
 /* From a whole GGUF file in memory (tokenizer.ggml.* keys). */
 int iflow_tokenizer_from_gguf(iflow_tokenizer **out, const void *buf, size_t len, const char *name);
 /* From a tokenizer.json, a GGUF file (sniffed by its magic), or a directory holding
  * tokenizer.json. For a directory, bos/eos also come from tokenizer_config.json
  * ("bos_token"/"eos_token") or config.json ("bos_token_id"/"eos_token_id") when present. */
 int iflow_tokenizer_open(iflow_tokenizer **out, const char *path);
+/* The tokenizer for the target side of an encoder-decoder model (what its decoder's ids mean):
+ * for a Marian directory target.spm with target_vocab.json (else vocab.json); for any other path
+ * the same as iflow_tokenizer_open(). */
+int iflow_tokenizer_open_target(iflow_tokenizer **out, const char *path);
 void iflow_tokenizer_close(iflow_tokenizer *t);
 
 /* Token ids of text[0..len). *ids is malloc'd (NULL when *n_ids == 0); the caller frees it.
@@ -79,7 +114,8 @@ int iflow_tokenizer_continuation(const iflow_tokenizer *t, const int32_t *ids, s
 int32_t iflow_tokenizer_n_vocab(const iflow_tokenizer *t);
 int32_t iflow_tokenizer_bos(const iflow_tokenizer *t); /* -1 if none */
 int32_t iflow_tokenizer_eos(const iflow_tokenizer *t); /* -1 if none */
-/* "bpe-bytelevel/<pre-tokenizer>", "spm-bpe", "bpe", "wordpiece". */
+/* "bpe-bytelevel/<pre-tokenizer>", "spm-bpe", "bpe", "wordpiece", "spm-unigram" (a .spm),
+ * "unigram" (tokenizer.json). */
 const char *iflow_tokenizer_kind(const iflow_tokenizer *t);
 
 #endif

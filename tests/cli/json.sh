@@ -124,6 +124,9 @@ check "iflow-run --tokenize --json" "--tokenize with a GGUF vocabulary" <<<"$out
 expect_eq "$(jq -c '[.tokenizer, .ids]' <<<"$out")" '["bpe-bytelevel/gpt-2",[15496,995]]' "--tokenize --json with a GGUF vocabulary"
 $BIN/iflow-convert tests/fixtures/families/bert -o "$TMP/bert.ifs" 2>/dev/null
 check "iflow-run --embed" "--embed" < <(printf 'the cat\nsat on the mat .\n' | $BIN/iflow-run -m "$TMP/bert.ifs" --embed)
+$BIN/iflow-convert tests/fixtures/families/t5 -o "$TMP/t5.ifs" 2>/dev/null
+check "iflow-run --translate" "--translate --json" < <(printf 'the cat\nsat on the mat .\n' | $BIN/iflow-run -m "$TMP/t5.ifs" --translate -n 6 --json)
+check "iflow-run --translate" "--translate --beams --json" < <($BIN/iflow-run -m "$TMP/t5.ifs" --translate -n 6 --beams 3 --json -p "the cat")
 
 # ---- iflow-ppl ----
 TXT=$DATA/data/wikitext-2-raw/wiki.test.raw

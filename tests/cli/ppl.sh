@@ -69,4 +69,26 @@ expect_eq "$err" "iflow-ppl: cannot open '$TMP/nope.txt': No such file or direct
 run $BIN/iflow-ppl -m "$TMP/s.ifs" -f "$WIKI" --protocol foo
 expect_rc 2 "unknown protocol"
 
+# --activations: the quantized products' int8 / int16 path against F32 activations, on xs-ckpt
+# (rows of 64 and 192: whole blocks). Q8 takes int16 x: within 0.01 % of F32 x. Q4_B64 takes int8
+# x: a different number (the rounding is real), within 0.5 % (docs/QUANTIZATION.md measures
+# 0.05-0.15 % on 64 windows).
+$BIN/iflow-convert "$DATA/models/xs-ckpt/hf" -o "$TMP/x.ifs"
+for t in q8_b64 q4_b64; do
+    $BIN/iflow-quant -t $t --keep "*=$t" -i "$TMP/x.ifs" -o "$TMP/x.$t.ifs" 2>/dev/null
+    run $BIN/iflow-ppl -m "$TMP/x.$t.ifs" -f "$WIKI" -c 256 --chunks 8 --json --activations int
+    pi=$(jq -r .ppl <<<"$out")
+    run $BIN/iflow-ppl -m "$TMP/x.$t.ifs" -f "$WIKI" -c 256 --chunks 8 --json --activations f32
+    expect_rc 0 "--activations f32 ($t)"
+    pf=$(jq -r .ppl <<<"$out")
+    case $t in
+    q8_b64) expect_close "$pi" "$pf" 1e-4 "--activations int vs f32, $t (0.01 %)" ;;
+    *) awk -v a="$pi" -v b="$pf" 'BEGIN { d = a / b - 1; if (d < 0) d = -d; exit !(d > 0 && d < 5e-3) }' &&
+        ok || bad "--activations int vs f32, $t: perplexity $pi vs $pf" ;;
+    esac
+done
+run $BIN/iflow-ppl -m "$TMP/s.ifs" -f "$WIKI" --activations int4
+expect_rc 2 "unknown activations"
+expect_match "$err" "^iflow-ppl: unknown activations 'int4' \(int, f32\)" "unknown activations: message"
+
 summary

@@ -2,30 +2,11 @@
  * decoding. Input: JSON text, optionally followed by "\xff\xff" and a text to encode (JSON
  * text never contains 0xFF bytes, so the split is unambiguous). */
 #include "libcore/tokenizers/tokenizer.h"
+#include "tokrun.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-static volatile uint64_t sink;
-
-static void run(const iflow_tokenizer *t, const char *text, size_t len)
-{
-    for (int flags = 0; flags < 4; flags++) {
-        int32_t *ids;
-        size_t n, dl;
-        char *out, buf[16];
-        if (iflow_tokenizer_encode(t, text, len, flags, &ids, &n) != 0)
-            continue;
-        if (iflow_tokenizer_decode(t, ids, n, &out, &dl) == 0) {
-            sink += dl;
-            free(out);
-        }
-        for (size_t i = 0; i < n; i++)
-            sink += (uint64_t)iflow_tokenizer_piece(t, ids[i], i == 0, buf, sizeof buf);
-        free(ids);
-    }
-}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -37,7 +18,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     iflow_tokenizer *t;
     if (iflow_tokenizer_from_hf_json(&t, (const char *)data, jlen, "fuzz.json") != 0)
         return 0;
-    run(t, text, tlen);
+    tok_exercise(t, text, tlen);
     sink += (uint64_t)iflow_tokenizer_n_vocab(t) + (uint64_t)iflow_tokenizer_bos(t) + (uint64_t)iflow_tokenizer_eos(t) +
             strlen(iflow_tokenizer_kind(t));
     for (int32_t id = -1; id <= iflow_tokenizer_n_vocab(t) && id < 300; id++) {

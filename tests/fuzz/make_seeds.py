@@ -6,6 +6,7 @@
 The committed seeds are this script's output; rerun it only to change them.
 """
 import argparse
+import io
 import json
 import os
 import struct
@@ -233,6 +234,8 @@ def json_seeds(data):
     }
     stories = os.path.join(data, "models/stories260K/hf/tokenizer.json")
     seeds["stories260K.json"] = open(stories, "rb").read() + sep + b"Once upon a time <s> \xe4\xb8\xad \xff"
+    unigram = os.path.join(HERE, "..", "fixtures", "tokenizers", "uni-plain.json")
+    seeds["unigram.json"] = open(unigram, "rb").read().rstrip(b"\n") + sep + "  Hello  \u2581x <unk> \U0001f600 ".encode()
     return seeds
 
 
@@ -282,6 +285,32 @@ def llama2c_seeds():
             (("legacy", v0), ("version1", v1), ("unshared", unshared), ("version2", v2))}
 
 
+# ---- SentencePiece models (fuzz_spm) -------------------------------------------------------------
+SPM_RULES = {0xFF21: [0x41], 0xFF22: [0x42], 0x2460: [0x31], 0x3000: [0x20], 0xA0: [0x20], 0xFB01: [0x66, 0x69],
+             0x41: [0x61]}
+
+
+def spm_seeds():
+    """The small committed unigram models, and one with a few normalization rules of its own (a
+    charsmap of a few units; needs the `sentencepiece` package)."""
+    import sentencepiece as spm
+    import tempfile
+    root = os.path.join(HERE, "..", "fixtures", "tokenizers")
+    seeds = {n: open(os.path.join(root, n), "rb").read() for n in ("uni-plain.model", "uni-bf.model")}
+    text = ["Hello world, this is a small corpus for a fuzz seed.", "\uff21\uff22 \u2460 e\u0301 caf\u00e9 \ufb01",
+            "the cat sat on the mat", "A tiny model with rules"] * 20
+    with tempfile.NamedTemporaryFile("w", suffix=".tsv", delete=False) as f:
+        for src, dst in SPM_RULES.items():
+            f.write("%X\t%s\n" % (src, " ".join("%X" % c for c in dst)))
+    out = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(text), model_writer=out, model_type="unigram", vocab_size=60,
+                                   hard_vocab_limit=False, normalization_rule_tsv=f.name, user_defined_symbols=["<sep>"],
+                                   minloglevel=2)
+    os.unlink(f.name)
+    seeds["rules.model"] = out.getvalue()
+    return seeds
+
+
 def write(target, seeds):
     d = os.path.join(HERE, "seeds", target)
     os.makedirs(d, exist_ok=True)
@@ -301,6 +330,7 @@ def main():
     write("fuzz_encode", encode_seeds(args.data))
     write("fuzz_imatrix", imatrix_seeds())
     write("fuzz_llama2c", llama2c_seeds())
+    write("fuzz_spm", spm_seeds())
 
 
 if __name__ == "__main__":

@@ -12,11 +12,13 @@
  *   ifk_qmatmul, SIMD paths (x rounded to integers: int8 per group of 32, or int16 per block
  *   for Q8, Q6 and Q5; exact F32 block sums for the min term), per output y[t][n]:
  *     against the oracle ifk_qmatmul_ref (quant.h's bound):
- *       |y - ref| <= sum_i q_i delta_b(i) amax_b(i) / (2 top) * (1 + 1e-3)
- *                    + 1e-5 sum_i (|min_b(i)| + q_i delta_b(i)) |x_i|
+ *       |y - ref| <= sum_i |q_i - c| delta_b(i) amax_b(i) / (2 top) * (1 + 1e-3)
+ *                    + 1e-5 sum_i (|min_b(i)| + (q_i + c) delta_b(i)) |x_i|
  *       (top = 127 or 32767: each x_i is off by at most half its group's step, and the
- *       group's max |x| is at most its block's, amax_b; then float summation)
- *     against model_dot, the same integer arithmetic in double:
+ *       group's max |x| is at most its block's, amax_b; c = (L - 1) / 2 for int8 x, whose
+ *       rounding residual's share at the middle level is corrected (qimpl.h), else 0; then
+ *       float summation)
+ *     against model_dot, the same integer arithmetic (the correction included) in double:
  *       |y - model| <= 1e-5 * the sum of the terms' magnitudes          (float summation)
  *     scalar path: the oracle itself, bit-exact. The largest error relative to
  *     sum |w'_i x_i| on rows of K >= 1024 is printed.
@@ -314,6 +316,7 @@ static double model_dot(const uint8_t *row, int type, const float *dq, const flo
         }
         y += m * sx;
         a += fabs(m) * sxa;
+        double rx = sx, rxa = 0.0; /* the residual sum(x - xq s), and the magnitude of its terms */
         for (int i = 0; i < kn; i++) {
             int g = qt->block == 64 && !x16 ? (i / 4) % 2 : 0;
             float pre = amax[g] < 0x1p-64f ? 0x1p64f : 1.0f;
@@ -322,6 +325,13 @@ static double model_dot(const uint8_t *row, int type, const float *dq, const flo
             int q = level_of(row, type, dq, k0 + i);
             y += d * q * xq * sc;
             a += d * fabs((double)q * xq * sc);
+            rx -= xq * sc;
+            rxa += fabs(xq * sc);
+        }
+        if (!x16) { /* the residual's correction (qimpl.h): delta * c * sum(x - xq s) */
+            double c = 0.5 * (qt->levels - 1);
+            y += d * c * rx;
+            a += d * c * (sxa + rxa);
         }
     }
     *mag = a;
@@ -381,14 +391,16 @@ static void check_qmatmul(int ti, int T, int N, int K, size_t ldx, size_t ldy, i
                 }
                 /* quant.h's bound against the oracle */
                 double bound = 0.0, a = 0.0, mag = 0.0;
+                /* int8 x: the middle level's share of the rounding is corrected (qimpl.h) */
+                const double c = ifk_qx_x16(type) ? 0.0 : 0.5 * (qt->levels - 1);
                 for (int k0 = 0; k0 < K; k0 += qt->block) {
                     int kn = K - k0 < qt->block ? K - k0 : qt->block;
                     double amax = 0.0, sw = 0.0;
-                    float mn = blk_min(row, type, k0 / qt->block);
+                    float mn = blk_min(row, type, k0 / qt->block), dl = blk_delta(row, type, k0 / qt->block);
                     for (int i = k0; i < k0 + kn; i++) {
                         amax = fmax(amax, fabs(xt[i]));
-                        sw += fabs(wn[i] - mn);
-                        a += (fabs(mn) + fabs(wn[i] - mn)) * fabs(xt[i]);
+                        sw += fabs(wn[i] - mn - c * dl);
+                        a += (fabs(mn) + fabs(wn[i] - mn) + c * dl) * fabs(xt[i]);
                         mag += fabs((double)wn[i] * xt[i]);
                     }
                     bound += sw * amax / (ifk_qx_x16(type) ? 65534.0 : 254.0);
