@@ -62,16 +62,20 @@
  *     Size: 16 * BB.
  *
  * Arithmetic. Per output (row n, token t) and block, in this order, with a0 / a1 the exact
- * int32 sums of the even / odd k-steps (Q4: x groups 0 / 1) or of the even / odd bytes (Q8):
- *     Q4 of 64:       p = fma(float(a1), s1, float(a0) * s0)
- *     Q4 of 32, Q8:   p = float(a0 + a1) * s0                 (one x scale: the ints add first)
- *     then            y = fma(p, delta, y);  y = fma(min, sum, y)
+ * int32 sums of the slabs' first / second halves (int8 x: the x groups 0 / 1 of qimpl.h):
+ *     int8 x, B = 64 (Q4_B64, Q3H):     p = fma(float(a1), s1, fma(float(a0), s0, cor))
+ *     int8 x, B = 32 (Q4_B32, Q3, Q2):  p = fma(float(a0 + a1), s0, cor)   (one x scale: the ints add first)
+ *     int16 x (Q8, Q6, Q5):             p = float(a0 + a1) * s0
+ *     then                              y = fma(p, delta, y);  y = fma(min, sum, y)
  * That is 3 or 4 float multiplies a block and token, beside the 8 or 16 vpdpbusd; both use the
  * same two pipes on Zen 4, so the count sets the kernel's share of the roof.
- * (s0, s1, sum: qimpl.h's x scales and block sum; s1 = s0 for B = 32, whose x has one scale per
- * block). Q3H (B = 64, int8 x) goes as Q4 of 64; Q3, Q2 as Q4 of 32; Q6, Q5 as Q8. The same for every T, so a row of y depends only on W and its own x row (kernels.h's
- * batch invariance), but NOT the same float sum as the row layout: a model gives the same tokens
- * packed or not only up to rounding. IFLOW_PACK=0 in the environment turns packing off.
+ * (s0, s1, sum, cor: qimpl.h's x scales, block sum and the rounding residual's correction; s1 =
+ * s0 for B = 32, whose x has one scale per block.) How
+ * the int32 sums are formed (which slabs share an accumulator, in which order) does not matter:
+ * they are exact. The same for every T, so a row of y depends only on W and its own x row
+ * (kernels.h's batch invariance), but NOT the same float sum as the row layout: a model gives
+ * the same tokens packed or not only up to rounding. IFLOW_PACK=0 in the environment turns
+ * packing off.
  */
 #ifndef IFK_QPACK_H
 #define IFK_QPACK_H
