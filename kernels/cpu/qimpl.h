@@ -13,6 +13,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels/cpu/quant.h"
 
@@ -69,6 +70,43 @@ void ifk_qx_finish(const ifk_qx *qx, int t);
 static inline int ifk_qx_x16(int type)
 {
     return type == IFK_Q8_B32 || type == IFK_Q8_B64 || type == IFK_Q6_B64 || type == IFK_Q5_B64;
+}
+
+/* Little-endian words at p, any alignment (the level bytes of blocks and tiles). */
+static inline uint32_t ifk_rd32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static inline uint64_t ifk_rd64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+/* B and the bytes of a block of `type` (quant.h's table, as ifk_qtype has them) as expressions
+ * that fold to constants where type is one: the SIMD paths specialize their code per type. */
+static inline int ifk_qtype_block(int type)
+{
+    return type == IFK_Q8_B32 || type == IFK_Q4_B32 || type == IFK_Q3_B32 || type == IFK_Q2_B32 ? 32 : 64;
+}
+
+static inline int ifk_qtype_block_bytes(int type)
+{
+    switch (type) {
+    case IFK_Q8_B32: return 36;
+    case IFK_Q8_B64: return 68;
+    case IFK_Q6_B64: return 52;
+    case IFK_Q5_B64: return 44;
+    case IFK_Q4_B32: return 20;
+    case IFK_Q4_B64: return 36;
+    case IFK_Q3H_B64: return 32;
+    case IFK_Q3_B32: return 16;
+    default: return 12; /* IFK_Q2_B32 */
+    }
 }
 
 /* Tokens t0 <= t < t1 of x: [T][K] at stride ldx into qx (whose fields are set). */

@@ -43,20 +43,6 @@ size_t ifk_qpack_bytes(int type, int N, int K)
 
 /* ---- little-endian words and the moves both directions share ------------------------------ */
 
-static uint32_t rd32(const uint8_t *p)
-{
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
-static uint64_t rd64(const uint8_t *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return v;
-}
-
 static uint16_t rd16(const uint8_t *p)
 {
     uint16_t v;
@@ -86,9 +72,9 @@ static void move_dword(uint8_t *lv, uint8_t *blk_bytes, int u, int r, int to_til
 {
     uint8_t *t = lv + 64 * u + 4 * r;
     if (to_tile)
-        wr32(t, f ? f(rd32(blk_bytes)) : rd32(blk_bytes));
+        wr32(t, f ? f(ifk_rd32(blk_bytes)) : ifk_rd32(blk_bytes));
     else
-        wr32(blk_bytes, f ? f(rd32(t)) : rd32(t));
+        wr32(blk_bytes, f ? f(ifk_rd32(t)) : ifk_rd32(t));
 }
 
 /* Row r's 4-bit group of a 64-bit mask at m (bits 4 r .. 4 r + 3) <-> bits `at` .. at + 3 of a
@@ -98,9 +84,9 @@ static void move_nibble(uint8_t *m, uint64_t *plane, int at, int r, int to_tile,
 {
     if (to_tile) {
         uint64_t n = *plane >> at & 15;
-        wr64(m, rd64(m) | (f ? f(n) : n) << 4 * r);
+        wr64(m, ifk_rd64(m) | (f ? f(n) : n) << 4 * r);
     } else {
-        uint64_t n = rd64(m) >> 4 * r & 15;
+        uint64_t n = ifk_rd64(m) >> 4 * r & 15;
         *plane |= (f ? f(n) : n) << at;
     }
 }
@@ -116,11 +102,11 @@ static void levels_q4(uint8_t *lv, uint8_t *blk, int r, int B, int to_tile)
     for (int p = 0; p < B / 16; p++) {
         uint8_t *lo_t = lv + 64 * p + 4 * r, *hi_t = lv + 64 * (p + B / 16) + 4 * r;
         if (to_tile) {
-            uint32_t lo = rd32(qs + 8 * p), hi = rd32(qs + 8 * p + 4);
+            uint32_t lo = ifk_rd32(qs + 8 * p), hi = ifk_rd32(qs + 8 * p + 4);
             wr32(lo_t, (lo & 0x0F0F0F0Fu) | (hi & 0x0F0F0F0Fu) << 4);
             wr32(hi_t, (lo >> 4 & 0x0F0F0F0Fu) | (hi & 0xF0F0F0F0u));
         } else {
-            uint32_t low = rd32(lo_t), high = rd32(hi_t);
+            uint32_t low = ifk_rd32(lo_t), high = ifk_rd32(hi_t);
             wr32(qs + 8 * p, (low & 0x0F0F0F0Fu) | (high & 0x0F0F0F0Fu) << 4);
             wr32(qs + 8 * p + 4, (low >> 4 & 0x0F0F0F0Fu) | (high & 0xF0F0F0F0u));
         }
@@ -152,7 +138,7 @@ static void levels_q2(uint8_t *lv, uint8_t *blk, int r, int B, int to_tile)
 static void levels_q3(uint8_t *lv, uint8_t *blk, int r, int B, int to_tile)
 {
     levels_q2(lv, blk, r, B, to_tile);
-    uint64_t qh = to_tile ? rd32(blk + 12) : 0;
+    uint64_t qh = to_tile ? ifk_rd32(blk + 12) : 0;
     for (int o = 0; o < 8; o++)
         move_nibble(lv + 128 + 8 * o, &qh, 4 * o, r, to_tile, NULL);
     if (!to_tile)
@@ -164,7 +150,7 @@ static void levels_q3(uint8_t *lv, uint8_t *blk, int r, int B, int to_tile)
 static void levels_q5(uint8_t *lv, uint8_t *blk, int r, int B, int to_tile)
 {
     levels_nibbles64(lv, blk, r, to_tile);
-    uint64_t qh = to_tile ? rd64(blk + 36) : 0;
+    uint64_t qh = to_tile ? ifk_rd64(blk + 36) : 0;
     for (int s = 0; s < 16; s++)
         move_nibble(lv + 512 + 8 * s, &qh, 4 * s, r, to_tile, swap_mid_bits);
     if (!to_tile)
@@ -185,7 +171,7 @@ static void levels_q6(uint8_t *lv, uint8_t *blk, int r, int B, int to_tile)
 static void q3h_codes(uint8_t *c, const uint8_t *lv)
 {
     for (int k = 0; k < 4; k++) { /* codes 8 k .. 8 k + 7 */
-        uint64_t v = rd64(lv + 8 * (k % 2)) >> 4 * (k / 2) & 0x0F0F0F0F0F0F0F0Full;
+        uint64_t v = ifk_rd64(lv + 8 * (k % 2)) >> 4 * (k / 2) & 0x0F0F0F0F0F0F0F0Full;
         for (int p = 0; p < 3; p++) {
             uint64_t t = (uint64_t)lv[16 + 4 * p + k] * 0x0101010101010101ull & 0x8040201008040201ull;
             v |= ((t + 0x7F7F7F7F7F7F7F7Full) >> 7 & 0x0101010101010101ull) << (4 + p);
@@ -197,10 +183,10 @@ static void q3h_codes(uint8_t *c, const uint8_t *lv)
 static void q3h_level_bytes(uint8_t *lv, const uint8_t *c)
 {
     for (int k = 0; k < 2; k++) /* cl bytes 8 k ..: codes 8 k .. low, 16 + 8 k .. high */
-        wr64(lv + 8 * k, (rd64(c + 8 * k) & 0x0F0F0F0F0F0F0F0Full) | (rd64(c + 16 + 8 * k) & 0x0F0F0F0F0F0F0F0Full) << 4);
+        wr64(lv + 8 * k, (ifk_rd64(c + 8 * k) & 0x0F0F0F0F0F0F0F0Full) | (ifk_rd64(c + 16 + 8 * k) & 0x0F0F0F0F0F0F0F0Full) << 4);
     for (int p = 0; p < 3; p++)
         for (int k = 0; k < 4; k++) /* bit 4 + p of 8 codes gathered into a byte by a multiply */
-            lv[16 + 4 * p + k] = (uint8_t)(((rd64(c + 8 * k) >> (4 + p) & 0x0101010101010101ull) * 0x0102040810204080ull) >> 56);
+            lv[16 + 4 * p + k] = (uint8_t)(((ifk_rd64(c + 8 * k) >> (4 + p) & 0x0101010101010101ull) * 0x0102040810204080ull) >> 56);
 }
 
 /* Q3H: code register m (m < 8), byte 16 L + 8 h + 2 d + e = code 4 m + 2 h + e of row 4 L + d;

@@ -48,31 +48,10 @@
  * L1 wait for its few miss buffers. */
 enum { QP_AHEAD = 8192 };
 
-/* B and the bytes of a block (quant.h), as constants. */
-QP_INLINE int block_of(const int type)
-{
-    return type == IFK_Q8_B32 || type == IFK_Q4_B32 || type == IFK_Q3_B32 || type == IFK_Q2_B32 ? 32 : 64;
-}
-
-QP_INLINE int block_bytes_of(const int type)
-{
-    switch (type) {
-    case IFK_Q8_B32: return 36;
-    case IFK_Q8_B64: return 68;
-    case IFK_Q6_B64: return 52;
-    case IFK_Q5_B64: return 44;
-    case IFK_Q4_B32: return 20;
-    case IFK_Q4_B64: return 36;
-    case IFK_Q3H_B64: return 32;
-    case IFK_Q3_B32: return 16;
-    default: return 12;
-    }
-}
-
 /* Bytes of a tile (qpack.h): 16 rows x one block. */
 QP_INLINE size_t tile_bytes(const int type)
 {
-    return 16 * (size_t)block_bytes_of(type);
+    return 16 * (size_t)ifk_qtype_block_bytes(type);
 }
 
 /* One slab against 8 tokens: a0[j] += w0 . x_j[0..3], a1[j] += w1 . x_j[4..7] (x_j = p + j ld,
@@ -271,7 +250,7 @@ QP_INLINE void slab_operands(__m512i *w0, __m512i *w1, const uint8_t *lv, const 
 QP_INLINE void tile_sums(__m512i *a0, __m512i *a1, const uint8_t *tile, const ifk_qx *qx, int b, int t0,
                          const int type, const int C)
 {
-    const int x16 = ifk_qx_x16(type), B = block_of(type);
+    const int x16 = ifk_qx_x16(type), B = ifk_qtype_block(type);
     const int per = x16 ? 4 : 8;                         /* elements of the block a slab holds */
     __m512i o0[2] = { _mm512_setzero_si512(), _mm512_setzero_si512() }, o1[2] = { o0[0], o0[1] }; /* [C < 4] */
 #pragma GCC unroll 16
@@ -303,7 +282,7 @@ QP_INLINE void tile_sums(__m512i *a0, __m512i *a1, const uint8_t *tile, const if
 QP_INLINE void group_tile(float *y, size_t ldy, const uint8_t *tg, const ifk_qx *qx, int n0, int nr, int t0,
                           const int type, const int C)
 {
-    const int nb = qx->nb, x16 = ifk_qx_x16(type), B = block_of(type);
+    const int nb = qx->nb, x16 = ifk_qx_x16(type), B = ifk_qtype_block(type);
     const size_t tb = tile_bytes(type);
     __m512 yv[8];
 #pragma GCC unroll 8
@@ -374,33 +353,25 @@ QP_INLINE void packed_rows(float *y, size_t ldy, const uint8_t *P, const ifk_qx 
     {                                                                                                \
         packed_rows(y, ldy, P, qx, n0, n1, TYPE);                                                    \
     }
-QP_ROWS_FN(IFK_Q4_B32)
-QP_ROWS_FN(IFK_Q4_B64)
-QP_ROWS_FN(IFK_Q8_B32)
-QP_ROWS_FN(IFK_Q8_B64)
+/* The types this compilation multiplies: Q4 and Q8 (AVX512_VNNI), and with GFNI every type. */
 #if QP_GFNI
-QP_ROWS_FN(IFK_Q6_B64)
-QP_ROWS_FN(IFK_Q5_B64)
-QP_ROWS_FN(IFK_Q3H_B64)
-QP_ROWS_FN(IFK_Q3_B32)
-QP_ROWS_FN(IFK_Q2_B32)
+#define QP_TYPES(X) X(IFK_Q4_B32) X(IFK_Q4_B64) X(IFK_Q8_B32) X(IFK_Q8_B64) X(IFK_Q6_B64) X(IFK_Q5_B64) \
+                    X(IFK_Q3H_B64) X(IFK_Q3_B32) X(IFK_Q2_B32)
+#else
+#define QP_TYPES(X) X(IFK_Q4_B32) X(IFK_Q4_B64) X(IFK_Q8_B32) X(IFK_Q8_B64)
 #endif
+QP_TYPES(QP_ROWS_FN)
 
 QP_FN IFK_DECL_QMATMUL_ROWS(QP_NAME(qmatmul_packed_rows))
 {
-    const uint8_t *P = W;
+#define QP_CASE(TYPE)                                   \
+    case TYPE:                                          \
+        rows_##TYPE(y, ldy, W, qx, n0, n1); \
+        break;
     switch (qx->type) {
-    case IFK_Q4_B32: rows_IFK_Q4_B32(y, ldy, P, qx, n0, n1); break;
-    case IFK_Q4_B64: rows_IFK_Q4_B64(y, ldy, P, qx, n0, n1); break;
-    case IFK_Q8_B32: rows_IFK_Q8_B32(y, ldy, P, qx, n0, n1); break;
-    case IFK_Q8_B64: rows_IFK_Q8_B64(y, ldy, P, qx, n0, n1); break;
-#if QP_GFNI
-    case IFK_Q6_B64: rows_IFK_Q6_B64(y, ldy, P, qx, n0, n1); break;
-    case IFK_Q5_B64: rows_IFK_Q5_B64(y, ldy, P, qx, n0, n1); break;
-    case IFK_Q3H_B64: rows_IFK_Q3H_B64(y, ldy, P, qx, n0, n1); break;
-    case IFK_Q3_B32: rows_IFK_Q3_B32(y, ldy, P, qx, n0, n1); break;
-    case IFK_Q2_B32: rows_IFK_Q2_B32(y, ldy, P, qx, n0, n1); break;
-#endif
-    default: break;
+        QP_TYPES(QP_CASE)
+    default:
+        break;
     }
+#undef QP_CASE
 }
