@@ -265,17 +265,31 @@ static float roof_team(int op, long iters, int threads)
     return sum;
 }
 
+/* One item of roof_round: roof_loop on the thread that runs it. */
+typedef struct {
+    int op;
+    long iters;
+    float *sink;
+} roof_args;
+
+static void roof_item(const void *args, const void *in, int i, float *out)
+{
+    const roof_args *a = args;
+    a->sink[i] = roof_loop(a->op, a->iters);
+}
+
 /* Seconds that about `ops` operations of roof instruction op (0 vpdpbusd, 1 vpdpwssd) take on
- * `threads` threads at once. */
+ * `threads` threads of the kernels' pool, as the product runs (an OpenMP team beside the pool's
+ * spinning workers measured far below the roof). */
 static double roof_round(int op, double ops, int threads)
 {
     static const double per_insn[] = { 128, 64 };
-    long iters = (long)(ops / (per_insn[op] * ROOF_CHAINS * threads)) + 1;
-    volatile float sink = 0.0f;
+    float sink[IFK_POOL_MAX_ITEMS];
+    roof_args a = { op, (long)(ops / (per_insn[op] * ROOF_CHAINS * threads)) + 1, sink };
     double t0 = bench_now();
-    sink += roof_team(op, iters, threads);
-    (void)sink;
-    return (bench_now() - t0) * ops / (per_insn[op] * ROOF_CHAINS * threads * (double)iters);
+    ifk_pool_run(&(ifk_pool_job){ .run = roof_item, .args = &a, .args_size = sizeof a, .n_items = threads,
+                                  .max_threads = threads });
+    return (bench_now() - t0) * ops / (per_insn[op] * ROOF_CHAINS * threads * (double)a.iters);
 }
 
 /* The peak of each kind of instruction, in GOP/s (a multiply-add is 2 operations), on every
