@@ -15,6 +15,18 @@
  * Q8 (int16 x, qimpl.h) goes the same way with vpdpwssd: a lane is a row taking 2 levels as
  * int16 against 2 values of x. Measured likewise (Q8_B64): 197-203 against 112-117 GOP/s.
  *
+ * The other types go the same way (Q6, Q5 on int16 x; Q3H, Q3, Q2 on int8 x); only the
+ * unpacking of a slab differs (Byte layout). In the row layout their decode was bound by that
+ * unpacking, done for one row per block; in a tile it is done once for 16 rows. Measured on
+ * the development machine (2026-11-27, 1 thread, shared with other builds; best of rounds):
+ * decode from cache (qbench --hot, 512 x 2048, GB/s of weights) and prefill (T = 64,
+ * 2048 x 2048, GOP/s), row layout -> packed:
+ *     Q6   18 -> 44,  120 -> 180      Q3H  12 -> 35,  151 -> 277      Q2  12 -> 35,  112 -> 325
+ *     Q5   17 -> 37,  122 -> 185      Q3   14 -> 32,  127 -> 286
+ * Decode from cache is 1.3-1.8 times a quiet core's read bandwidth (21-25 GB/s), and decode
+ * from DRAM (5632 x 2048) read at 0.90-1.12 of the bandwidth measured beside it, 1 and 2 threads
+ * (0.63-0.94 in the row layout): bound by the bandwidth (docs/QUANTIZATION.md).
+ *
  * What. Packing is done once, at load, by the CPU device (libcore/device/cpu.c) into memory of
  * its own; files keep the row layout. A packed matrix has a type code of its own,
  * IFK_QPACKED + the base type, that only ifk_matmul / ifk_qmatmul (kernels.h) and the functions
