@@ -24,7 +24,7 @@ static const iflow_opt opts[] = {
     {O_OUTPUT, "output", 'o', "FILE", "write the shard to FILE (default: standard output, never a terminal)", "file"},
     {O_DTYPE, "dtype", 't', "TYPE", "store weight matrices as TYPE: f32, f16 or bf16 (default: as in the source, or its nearest exact iflow type)", "f32 f16 bf16"},
     {O_SPEC, "spec", 0, "FILE", "use this model spec instead of the one serving the source's architecture", "file"},
-    {O_TOKENIZER, "tokenizer", 0, "FILE", "a llama2.c checkpoint's tokenizer.bin (default: tokenizer.bin beside it)", "file"},
+    {O_TOKENIZER, "tokenizer", 0, "PATH", "the tokenizer to store: a tokenizer file or folder for a model directory (default: its own files), a llama2.c checkpoint's tokenizer.bin (default: the one beside it)", "file"},
     {O_SYNTHETIC, "synthetic", 0, "DIR", "write seeded random weights of the shape in DIR/config.json", "dir"},
     {O_SEED, "seed", 0, "N", "seed of --synthetic weights (default 0)", NULL},
     {O_ZSTD, "zstd", 0, NULL, "compress the shard with zstd (an .ifs.zst file)", NULL},
@@ -78,6 +78,35 @@ static void print_source(const json_t *src)
     putchar('\n');
 }
 
+/* " spm (source.spm, vocab.json)": one side of a tokenizer description (meta's, shard.h) by the
+ * names of its files, or " gguf (record tokenizer)" where it names none (a GGUF's vocabulary,
+ * shards written before the names were kept). */
+static void print_tokenizer_side(const json_t *d)
+{
+    const char *file = json_string_value(json_object_get(d, "file")),
+               *vocab = json_string_value(json_object_get(d, "vocab_file"));
+    printf(" %s (%s%s", json_string_value(json_object_get(d, "format")), file ? "" : "record ",
+           file ? file : json_string_value(json_object_get(d, "record")));
+    printf("%s%s)", vocab ? ", " : "", vocab ? vocab : "");
+}
+
+/* "tokenizer: spm (source.spm, vocab.json); target: spm (target.spm, vocab.json)", or "none". */
+static void print_tokenizer(const json_t *d)
+{
+    const json_t *target = json_object_get(d, "target");
+    if (!json_string_value(json_object_get(d, "format"))) {
+        printf("tokenizer: none\n");
+        return;
+    }
+    printf("tokenizer:");
+    print_tokenizer_side(d);
+    if (target) {
+        printf("; target:");
+        print_tokenizer_side(target);
+    }
+    putchar('\n');
+}
+
 static void print_blocks_hparams(const json_t *blocks, const json_t *hp)
 {
     const char *k;
@@ -111,6 +140,7 @@ static int info_source(const char *path, const iflow_convert_opts *o, int as_jso
         printf("spec: %s (%s)\n", json_string_value(json_object_get(d, "spec")),
                json_string_value(json_object_get(d, "spec_file")));
         print_blocks_hparams(json_object_get(d, "blocks"), json_object_get(d, "hparams"));
+        print_tokenizer(json_object_get(d, "tokenizer"));
         printf("%-24s %-32s %-8s %-8s %s\n", "name", "source name", "source", "type", "shape");
         const json_t *tensors = json_object_get(d, "tensors");
         for (size_t i = 0; i < json_array_size(tensors); i++) {
@@ -163,8 +193,7 @@ static int info(const char *path, int as_json)
         print_source(json_object_get(meta, "source"));
         printf("spec: %s\n", json_string_value(json_object_get(meta, "spec")));
         print_blocks_hparams(json_object_get(meta, "blocks"), json_object_get(meta, "hparams"));
-        const char *tok = json_string_value(json_object_get(json_object_get(meta, "tokenizer"), "format"));
-        printf("tokenizer: %s\n", tok ? tok : "none");
+        print_tokenizer(json_object_get(meta, "tokenizer"));
         print_quantization(json_object_get(meta, "quantization"));
         printf("%-6s %-32s %-6s %-16s %12s %12s  %s\n", "kind", "name", "type", "shape", "offset", "bytes", "xxh64");
         for (size_t i = 0; i < json_array_size(tensors); i++) {

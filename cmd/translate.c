@@ -17,7 +17,8 @@ typedef struct {
     const iflow_tool *tool;
     const translate_opts *o;
     const iflow_model *m;
-    const iflow_tokenizer *tok;
+    const iflow_tokenizer *src_tok;  /* encodes the source text                             */
+    const iflow_tokenizer *tgt_tok;  /* decodes the translation, encodes --decoder-prefix    */
     iflow_s2s *s;
     int32_t *prefix;       /* [n_prefix] --decoder-prefix's tokens */
     size_t n_prefix;
@@ -33,11 +34,12 @@ static json_t *ids_json(const int32_t *ids, size_t n)
     return a;
 }
 
-/* The text of generated ids (control tokens such as </s> decode to nothing). */
+/* The text of generated ids, by the target side's tokenizer (control tokens such as </s> decode
+ * to nothing). */
 static char *text_of(translator *t, const int32_t *ids, int n, size_t *len)
 {
     char *text;
-    if (iflow_tokenizer_decode(t->tok, ids, (size_t)n, &text, len) < 0)
+    if (iflow_tokenizer_decode(t->tgt_tok, ids, (size_t)n, &text, len) < 0)
         die(t->tool, "cannot decode the translation of input %ld: %s", t->index, iflow_errmsg());
     return text;
 }
@@ -99,13 +101,13 @@ static json_t *search(translator *t, const int32_t *ids, size_t n, json_t **best
     return all;
 }
 
-/* One input: tokenized with the template's tokens, truncated to the source context, decoded,
- * printed. */
+/* One input: tokenized by the source side's tokenizer with its template's tokens (Marian's and
+ * T5's final </s>), truncated to the source context, decoded, printed. */
 static void translate_one(translator *t, const char *text, size_t len)
 {
     int32_t *ids = NULL;
     size_t n = 0;
-    if (iflow_tokenizer_encode(t->tok, text, len, IFLOW_TOK_ADD_BOS, &ids, &n) < 0)
+    if (iflow_tokenizer_encode(t->src_tok, text, len, IFLOW_TOK_ADD_BOS, &ids, &n) < 0)
         die(t->tool, "cannot tokenize input %ld: %s", t->index, iflow_errmsg());
     if (n == 0)
         die(t->tool, "input %ld is empty and the tokenizer adds no tokens of its own", t->index);
@@ -161,11 +163,12 @@ int translate_run(const iflow_tool *tool, const translate_opts *o)
     double t0 = now_s();
     iflow_model *m = open_model(tool, o);
     const iflow_hparams *hp = iflow_model_hparams(m);
-    translator t = {.tool = tool, .o = o, .m = m, .tok = iflow_model_tokenizer(m)};
+    translator t = {.tool = tool, .o = o, .m = m, .src_tok = iflow_model_tokenizer(m),
+                    .tgt_tok = iflow_model_target_tokenizer(m)};
     int n_ctx = o->n_ctx ? o->n_ctx : hp->max_seq;
     t.max_src = n_ctx;
-    if (o->prefix && iflow_tokenizer_encode(t.tok, o->prefix, strlen(o->prefix), IFLOW_TOK_PARSE_SPECIAL, &t.prefix,
-                                            &t.n_prefix) < 0)
+    if (o->prefix && iflow_tokenizer_encode(t.tgt_tok, o->prefix, strlen(o->prefix), IFLOW_TOK_PARSE_SPECIAL,
+                                            &t.prefix, &t.n_prefix) < 0)
         die(tool, "cannot tokenize the decoder prefix: %s", iflow_errmsg());
     if ((int)t.n_prefix + 1 >= n_ctx)
         die_usage(tool, "the decoder prefix of %zu tokens leaves no room in a context of %d", t.n_prefix, n_ctx);

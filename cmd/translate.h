@@ -23,8 +23,10 @@ typedef struct {
  *   {"schema": 1, "index": I, "source": TEXT, "source_ids": [...], "truncated": false,
  *    "ids": [...], "translation": TEXT, "stop": "eos" | "length" | "context"}
  * (with beams, also "beams": each one's ids, translation, logprob, score and stop, best first).
- * The source is tokenized with the tokenizer's template (T5 and Marian append </s>); one longer
- * than the context keeps its first tokens and its last and says "truncated": true. The model
+ * The source is tokenized by the model's tokenizer with its template (T5 and Marian append
+ * </s>), the translation decoded and --decoder-prefix encoded by its target side's
+ * (iflow_model_target_tokenizer: Marian's target.spm); a source longer than the context keeps
+ * its first tokens and its last and says "truncated": true. The model
  * must be an encoder-decoder (else a usage error naming its layout). Failures die() naming
  * what failed. Returns the exit status. */
 int translate_run(const iflow_tool *tool, const translate_opts *o);

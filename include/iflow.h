@@ -123,8 +123,9 @@ typedef struct iflow_tokenizer iflow_tokenizer;
 enum { IFLOW_TOK_ADD_BOS = 1, IFLOW_TOK_PARSE_SPECIAL = 2 };
 
 /* A tokenizer on its own, from a tokenizer.json, a GGUF file, a SentencePiece model (*.spm,
- * *.model), or a directory holding a tokenizer.json (else a Marian source.spm + vocab.json,
- * else spiece.model). A model carries its own: iflow_model_tokenizer(). */
+ * *.model), or a directory holding a tokenizer.json (else tokenizer.gguf, else a Marian
+ * source.spm + vocab.json, else spiece.model). A model carries its own: iflow_model_tokenizer(),
+ * and an encoder-decoder's target side iflow_model_target_tokenizer(). */
 IFLOW_API int  iflow_tokenizer_open(iflow_tokenizer **out, const char *path);
 IFLOW_API void iflow_tokenizer_close(iflow_tokenizer *t);
 /* Token ids of text[0..len). *ids is malloc'd (NULL when *n_ids is 0). */
@@ -151,8 +152,12 @@ enum { IFLOW_MODEL_NO_VERIFY = 1 }; /* iflow_model_open flag: skip the payload c
  * weights are used in place from the file mapping. */
 IFLOW_API int  iflow_model_open(iflow_model **out, const char *path, int flags);
 IFLOW_API void iflow_model_close(iflow_model *m);
-/* The model's tokenizer (borrowed), or NULL when the shard has none. */
+/* The model's tokenizer (borrowed), or NULL when the shard has none: what encodes text for it
+ * (an encoder-decoder's source side). */
 IFLOW_API const iflow_tokenizer *iflow_model_tokenizer(const iflow_model *m);
+/* The tokenizer of the ids the model generates (borrowed): an encoder-decoder's target side when
+ * its shard carries one (Marian's target.spm), else the same as iflow_model_tokenizer(). */
+IFLOW_API const iflow_tokenizer *iflow_model_target_tokenizer(const iflow_model *m);
 /* 1 if id is one of the model's end-of-sequence tokens. */
 IFLOW_API int iflow_model_is_eos(const iflow_model *m, int32_t id);
 

@@ -159,7 +159,7 @@ act_table() {
                 k = order[i]
                 if (!(k in pf)) continue
                 split(k, f, SUBSEP)
-                printf "| %s | %s | %s | %.3f | %.3f | %+.2f %% | %.4f | %.4f |\n", f[1], f[2], f[3], pi[k], pf[k],
+                printf "| %s | %s | %s | %.3f | %.3f | %+.3f %% | %.4f | %.4f |\n", f[1], f[2], f[3], pi[k], pf[k],
                     100 * (pi[k] / pf[k] - 1), ki[k], kf[k]
             }
         }' "$raw"

@@ -38,4 +38,13 @@ int iflow_preperr(int code, const char *fmt, ...) __attribute__((format(printf, 
 /* The last message recorded on this thread ("" if none). */
 const char *iflow_errmsg(void);
 
+/* Evaluate a call that returns 0 or a negative code; return the code from the enclosing
+ * function when it failed (the message is already set). */
+#define IFLOW_TRY(expr)                                                                            \
+    do {                                                                                           \
+        int iflow_rc_ = (expr);                                                                    \
+        if (iflow_rc_ < 0)                                                                         \
+            return iflow_rc_;                                                                      \
+    } while (0)
+
 #endif

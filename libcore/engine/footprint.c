@@ -57,5 +57,7 @@ uint64_t iflow_scratch_bytes(const iflow_hparams *hp, int batch)
 
 uint64_t iflow_output_bytes(const iflow_hparams *hp, int output_type)
 {
+    if (hp->layout == IFLOW_LAYOUT_ENCODER) /* no output norm or matrix: the pooled states are the output */
+        return 0;
     return iflow_matrix_bytes(output_type, hp->vocab_size, hp->dim) + (uint64_t)hp->dim * sizeof(float);
 }

@@ -43,7 +43,8 @@ uint64_t iflow_part_kv_bytes(const iflow_hparams *hp, int n_kv_heads, int n_ctx)
 /* Scratch of a device that runs layers: activations of max(engine batch, batch) tokens. */
 uint64_t iflow_scratch_bytes(const iflow_hparams *hp, int batch);
 
-/* The output matrix ([vocab][dim] of output_type) and the final norm. */
+/* The output matrix ([vocab][dim] of output_type) and the final norm; 0 for an encoder, which has
+ * neither. */
 uint64_t iflow_output_bytes(const iflow_hparams *hp, int output_type);
 
 #endif

@@ -396,13 +396,6 @@ int iflow_ctx_n_past(const iflow_ctx *c) { return c->n_past; }
 int iflow_ctx_n_ctx(const iflow_ctx *c) { return c->n_ctx; }
 int iflow_ctx_n_vocab(const iflow_ctx *c) { return c->m->hp.vocab_size; }
 
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        int rc_ = (expr);                                                                          \
-        if (rc_ < 0)                                                                               \
-            return rc_;                                                                            \
-    } while (0)
-
 int iflow_norm_rows(const iflow_model *m, iflow_device *d, float *y, const float *x, const float *w, const float *b, int T,
                     int n)
 {
@@ -416,7 +409,7 @@ int iflow_norm_rows(const iflow_model *m, iflow_device *d, float *y, const float
 int iflow_linear_rows(iflow_device *d, float *y, int ldy, weight W, const float *b, const float *x, int ldx, int T, int N,
                       int K)
 {
-    TRY(d->ops->matmul(d, y, (size_t)ldy, W.data, W.type, x, (size_t)ldx, T, N, K));
+    IFLOW_TRY(d->ops->matmul(d, y, (size_t)ldy, W.data, W.type, x, (size_t)ldx, T, N, K));
     return b ? d->ops->add_bias(d, y, (size_t)ldy, b, T, N) : 0;
 }
 
@@ -424,9 +417,9 @@ int iflow_ffn_hidden(const iflow_hparams *hp, iflow_device *d, const layer_weigh
                      float *gate, float *up)
 {
     const int D = hp->dim, gated = hp->ffn == IFLOW_FFN_GATED;
-    TRY(iflow_linear_rows(d, gate, F, gated ? w->gate : w->up, gated ? w->gate_b : w->up_b, in, D, T, F, D));
+    IFLOW_TRY(iflow_linear_rows(d, gate, F, gated ? w->gate : w->up, gated ? w->gate_b : w->up_b, in, D, T, F, D));
     if (gated)
-        TRY(iflow_linear_rows(d, up, F, w->up, w->up_b, in, D, T, F, D));
+        IFLOW_TRY(iflow_linear_rows(d, up, F, w->up, w->up_b, in, D, T, F, D));
     if (hp->activation == IFLOW_ACT_RELU) {
         if (!d->ops->relu_mul)
             return iflow_seterr(IFLOW_EUNSUPPORTED, "block activation = relu is not implemented on %s yet", d->info.name);
@@ -455,7 +448,7 @@ int iflow_block_in(const iflow_model *m, iflow_device *d, float *x, float *xb, c
 int iflow_block_out(const iflow_model *m, iflow_device *d, float *x, const float *xb, const float *w, const float *b, int T)
 {
     const int D = m->hp.dim;
-    TRY(d->ops->add(d, x, xb, (size_t)T * D));
+    IFLOW_TRY(d->ops->add(d, x, xb, (size_t)T * D));
     return m->hp.post_ln ? iflow_norm_rows(m, d, x, x, w, b, T, D) : 0;
 }
 
@@ -481,34 +474,34 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
     const float *rope_scale = m->rope_scale_w[p->dev];
     int D = hp->dim, hd = hp->head_dim, nq = p->q1 - p->q0, nkv = p->kv1 - p->kv0, Q = nq * hd, KV = nkv * hd, T = r->T;
     const float *in;
-    TRY(iflow_block_in(m, s->dev, s->x, s->xb, w->attn_norm, w->attn_norm_b, T, &in));
+    IFLOW_TRY(iflow_block_in(m, s->dev, s->x, s->xb, w->attn_norm, w->attn_norm_b, T, &in));
     if (d->host_memory && p->q0 == 0) /* the inputs of every matrix, for importance matrices (observe.h) */
         iflow_observe(c, layer_of_part(m, k), IFLOW_OBS_ATTN_IN, 0, in, D, T, D);
-    TRY(iflow_linear_rows(s->dev, s->q, Q, w->wq, w->bq, in, D, T, Q, D));
-    TRY(iflow_linear_rows(s->dev, s->kx, KV, w->wk, w->bk, in, D, T, KV, D));
-    TRY(iflow_linear_rows(s->dev, s->vx, KV, w->wv, w->bv, in, D, T, KV, D));
+    IFLOW_TRY(iflow_linear_rows(s->dev, s->q, Q, w->wq, w->bq, in, D, T, Q, D));
+    IFLOW_TRY(iflow_linear_rows(s->dev, s->kx, KV, w->wk, w->bk, in, D, T, KV, D));
+    IFLOW_TRY(iflow_linear_rows(s->dev, s->vx, KV, w->wv, w->bv, in, D, T, KV, D));
     if (w->q_norm) { /* qk_norm: each head's q and k (rows of head_dim) */
-        TRY(d->ops->rmsnorm(d, s->q, s->q, w->q_norm, T * nq, hd, hp->norm_eps));
-        TRY(d->ops->rmsnorm(d, s->kx, s->kx, w->k_norm, T * nkv, hd, hp->norm_eps));
+        IFLOW_TRY(d->ops->rmsnorm(d, s->q, s->q, w->q_norm, T * nq, hd, hp->norm_eps));
+        IFLOW_TRY(d->ops->rmsnorm(d, s->kx, s->kx, w->k_norm, T * nkv, hd, hp->norm_eps));
     }
     const float theta = layer_theta(m, L);
     for (int i = 0; i < r->n_seq && hp->position == IFLOW_POS_ROPE; i++) {
         const ifk_kv_seq *q = &r->seq[i];
-        TRY(d->ops->rope(d, s->q + (size_t)q->row0 * Q, (size_t)Q, q->n_rows, nq, hd, hp->rope_dim, q->pos0, theta,
+        IFLOW_TRY(d->ops->rope(d, s->q + (size_t)q->row0 * Q, (size_t)Q, q->n_rows, nq, hd, hp->rope_dim, q->pos0, theta,
                          rope_scale, hp->rope_layout));
-        TRY(d->ops->rope(d, s->kx + (size_t)q->row0 * KV, (size_t)KV, q->n_rows, nkv, hd, hp->rope_dim, q->pos0,
+        IFLOW_TRY(d->ops->rope(d, s->kx + (size_t)q->row0 * KV, (size_t)KV, q->n_rows, nkv, hd, hp->rope_dim, q->pos0,
                          theta, rope_scale, hp->rope_layout));
     }
-    TRY(d->ops->kv_store(d, r->kv->k[k], L, r->seq, r->n_seq, s->kx, (size_t)KV));
-    TRY(d->ops->kv_store(d, r->kv->v[k], L, r->seq, r->n_seq, s->vx, (size_t)KV));
-    TRY(d->ops->attention_paged(d, s->att, s->q, (size_t)Q, r->kv->k[k], r->kv->v[k], L, r->seq, r->n_seq, nq,
+    IFLOW_TRY(d->ops->kv_store(d, r->kv->k[k], L, r->seq, r->n_seq, s->kx, (size_t)KV));
+    IFLOW_TRY(d->ops->kv_store(d, r->kv->v[k], L, r->seq, r->n_seq, s->vx, (size_t)KV));
+    IFLOW_TRY(d->ops->attention_paged(d, s->att, s->q, (size_t)Q, r->kv->k[k], r->kv->v[k], L, r->seq, r->n_seq, nq,
                                 hp->attn_scale));
     /* o-projection into xb (free now), then the residual add */
     if (d->host_memory)
         iflow_observe(c, layer_of_part(m, k), IFLOW_OBS_ATTN_OUT, p->q0 * hd, s->att, Q, T, Q);
-    TRY(iflow_linear_rows(s->dev, s->xb, D, w->wo, w->bo, s->att, Q, T, D, Q));
+    IFLOW_TRY(iflow_linear_rows(s->dev, s->xb, D, w->wo, w->bo, s->att, Q, T, D, Q));
     if (w->attn_post_norm) /* post_norms: on the whole output (a split layer is refused) */
-        TRY(d->ops->rmsnorm(d, s->xb, s->xb, w->attn_post_norm, T, D, hp->norm_eps));
+        IFLOW_TRY(d->ops->rmsnorm(d, s->xb, s->xb, w->attn_post_norm, T, D, hp->norm_eps));
     return residual ? iflow_block_out(m, s->dev, s->x, s->xb, w->attn_norm, w->attn_norm_b, T) : 0;
 }
 
@@ -522,15 +515,15 @@ static int ffn_block(iflow_ctx *c, dev_scratch *s, int k, int T, int residual)
     iflow_device *d = s->dev;
     int D = hp->dim, F = p->f1 - p->f0;
     const float *in;
-    TRY(iflow_block_in(c->m, s->dev, s->x, s->xb, w->ffn_norm, w->ffn_norm_b, T, &in));
+    IFLOW_TRY(iflow_block_in(c->m, s->dev, s->x, s->xb, w->ffn_norm, w->ffn_norm_b, T, &in));
     if (d->host_memory && p->f0 == 0)
         iflow_observe(c, layer_of_part(c->m, k), IFLOW_OBS_FFN_IN, 0, in, D, T, D);
-    TRY(iflow_ffn_hidden(hp, d, w, in, T, F, s->gate, s->up));
+    IFLOW_TRY(iflow_ffn_hidden(hp, d, w, in, T, F, s->gate, s->up));
     if (d->host_memory)
         iflow_observe(c, layer_of_part(c->m, k), IFLOW_OBS_FFN_MID, p->f0, s->gate, F, T, F);
-    TRY(iflow_linear_rows(s->dev, s->xb, D, w->down, w->down_b, s->gate, F, T, D, F));
+    IFLOW_TRY(iflow_linear_rows(s->dev, s->xb, D, w->down, w->down_b, s->gate, F, T, D, F));
     if (w->ffn_post_norm)
-        TRY(d->ops->rmsnorm(d, s->xb, s->xb, w->ffn_post_norm, T, D, hp->norm_eps));
+        IFLOW_TRY(d->ops->rmsnorm(d, s->xb, s->xb, w->ffn_post_norm, T, D, hp->norm_eps));
     return residual ? iflow_block_out(c->m, s->dev, s->x, s->xb, w->ffn_norm, w->ffn_norm_b, T) : 0;
 }
 
@@ -540,25 +533,14 @@ static int ffn_block(iflow_ctx *c, dev_scratch *s, int k, int T, int residual)
 static int layer_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows *r)
 {
     if (!c->m->hp.parallel_residual) {
-        TRY(attention_block(c, s, k, r, 1));
+        IFLOW_TRY(attention_block(c, s, k, r, 1));
         return ffn_block(c, s, k, r->T, 1);
     }
-    TRY(attention_block(c, s, k, r, 0));
+    IFLOW_TRY(attention_block(c, s, k, r, 0));
     float *t = s->xa;
     s->xa = s->xb, s->xb = t;
-    TRY(ffn_block(c, s, k, r->T, 1));
+    IFLOW_TRY(ffn_block(c, s, k, r->T, 1));
     return s->dev->ops->add(s->dev, s->x, s->xa, (size_t)r->T * c->m->hp.dim);
-}
-
-/* A layer split over devices sums its parts' outputs once per sub-block; these blocks need the
- * whole output first, or both sub-blocks' inputs at once. */
-static int check_split(const iflow_model *m)
-{
-    if (m->hp.post_norms || m->hp.post_ln) /* the norm would have to follow the sum of the parts */
-        return iflow_seterr(IFLOW_EUNSUPPORTED, "a layer with post norms cannot be split over devices yet");
-    if (m->hp.parallel_residual)
-        return iflow_seterr(IFLOW_EUNSUPPORTED, "a layer with a parallel residual cannot be split over devices yet");
-    return 0;
 }
 
 /* Where the hidden state is between layers: a device index, or HOST for c->xh. */
@@ -606,7 +588,7 @@ static int all_reduce(iflow_ctx *c, int k0, int k1, int T)
         if (s->dev->host_memory)
             memcpy(dst, s->xb, n * sizeof(float));
         else
-            TRY(s->dev->ops->download(s->dev, dst, s->xb, n * sizeof(float)));
+            IFLOW_TRY(s->dev->ops->download(s->dev, dst, s->xb, n * sizeof(float)));
         if (k > k0)
             ifk_add(c->acc, c->stage, (int)n);
     }
@@ -640,7 +622,6 @@ static void *run_part(void *arg)
 static int split_block(iflow_ctx *c, int k0, int k1, const step_rows *r, int is_ffn)
 {
     const int T = r->T;
-    TRY(check_split(c->m));
     part_job jobs[IFLOW_MAX_DEVICES];
     pthread_t th[IFLOW_MAX_DEVICES];
     int started[IFLOW_MAX_DEVICES] = {0}, n = k1 - k0;
@@ -658,7 +639,7 @@ static int split_block(iflow_ctx *c, int k0, int k1, const step_rows *r, int is_
     for (int i = 0; i < n; i++)
         if (jobs[i].rc < 0)
             return iflow_seterr(jobs[i].rc, "%s", jobs[i].err);
-    TRY(all_reduce(c, k0, k1, T));
+    IFLOW_TRY(all_reduce(c, k0, k1, T));
     ifk_add(c->xh, c->acc, T * c->m->hp.dim);
     return 0;
 }
@@ -713,22 +694,22 @@ static int forward_layers(iflow_ctx *c, const int32_t *ids, const step_rows *r, 
     const iflow_model *m = c->m;
     int T = r->T, first_whole = m->part0[1] - m->part0[0] == 1;
     int cur = first_whole ? m->parts[0].dev : HOST;
-    TRY(embed(c, ids, r, cur));
+    IFLOW_TRY(embed(c, ids, r, cur));
     for (int l = 0; l < m->hp.n_layers; l++) {
         int k0 = m->part0[l], k1 = m->part0[l + 1];
         if (k1 - k0 == 1) {
             int dv = m->parts[k0].dev;
-            TRY(move_to(c, cur, dv, T));
+            IFLOW_TRY(move_to(c, cur, dv, T));
             cur = dv;
-            TRY(layer_block(c, &c->dev[dv], k0, r));
+            IFLOW_TRY(layer_block(c, &c->dev[dv], k0, r));
         } else {
-            TRY(move_to_host(c, cur, T));
+            IFLOW_TRY(move_to_host(c, cur, T));
             cur = HOST;
-            TRY(split_block(c, k0, k1, r, 0));
-            TRY(split_block(c, k0, k1, r, 1));
+            IFLOW_TRY(split_block(c, k0, k1, r, 0));
+            IFLOW_TRY(split_block(c, k0, k1, r, 1));
         }
     }
-    TRY(move_to(c, cur, m->output_dev, T));
+    IFLOW_TRY(move_to(c, cur, m->output_dev, T));
     *out = &c->dev[m->output_dev];
     return 0;
 }
@@ -752,10 +733,10 @@ static int hand_over(iflow_ctx *c, int *holder, int *cur, int to, int T)
         return 0;
     }
     if (cm->rank == *holder) {
-        TRY(move_to_host(c, *cur, T));
-        TRY(cm->ops->send(cm, c->xh, n, to));
+        IFLOW_TRY(move_to_host(c, *cur, T));
+        IFLOW_TRY(cm->ops->send(cm, c->xh, n, to));
     } else if (cm->rank == to) {
-        TRY(cm->ops->recv(cm, c->xh, n, *holder));
+        IFLOW_TRY(cm->ops->recv(cm, c->xh, n, *holder));
         *cur = HOST;
     }
     *holder = to;
@@ -768,8 +749,8 @@ static int share(iflow_ctx *c, int *holder, int *cur, int T)
     iflow_comm *cm = c->comm;
     if (*holder != ALL) {
         if (cm->rank == *holder)
-            TRY(move_to_host(c, *cur, T));
-        TRY(cm->ops->bcast(cm, c->xh, (size_t)T * c->m->hp.dim * sizeof(float), *holder));
+            IFLOW_TRY(move_to_host(c, *cur, T));
+        IFLOW_TRY(cm->ops->bcast(cm, c->xh, (size_t)T * c->m->hp.dim * sizeof(float), *holder));
     }
     *holder = ALL;
     *cur = HOST;
@@ -780,7 +761,6 @@ static int share(iflow_ctx *c, int *holder, int *cur, int T)
  * its partial output summed with every other process's, added to c->xh everywhere. */
 static int split_block_comm(iflow_ctx *c, int k0, int k1, const step_rows *r, int is_ffn)
 {
-    TRY(check_split(c->m));
     iflow_comm *cm = c->comm;
     size_t n = (size_t)r->T * c->m->hp.dim;
     memset(c->acc, 0, n * sizeof(float));
@@ -789,14 +769,14 @@ static int split_block_comm(iflow_ctx *c, int k0, int k1, const step_rows *r, in
         if (dv != cm->rank)
             continue;
         dev_scratch *s = &c->dev[dv];
-        TRY(move_to(c, HOST, dv, r->T));
-        TRY(is_ffn ? ffn_block(c, s, k, r->T, 0) : attention_block(c, s, k, r, 0));
+        IFLOW_TRY(move_to(c, HOST, dv, r->T));
+        IFLOW_TRY(is_ffn ? ffn_block(c, s, k, r->T, 0) : attention_block(c, s, k, r, 0));
         if (s->dev->host_memory)
             memcpy(c->acc, s->xb, n * sizeof(float));
         else
-            TRY(s->dev->ops->download(s->dev, c->acc, s->xb, n * sizeof(float)));
+            IFLOW_TRY(s->dev->ops->download(s->dev, c->acc, s->xb, n * sizeof(float)));
     }
-    TRY(cm->ops->allreduce_sum(cm, c->acc, n));
+    IFLOW_TRY(cm->ops->allreduce_sum(cm, c->acc, n));
     ifk_add(c->xh, c->acc, (int)n);
     return 0;
 }
@@ -808,27 +788,27 @@ static int forward_layers_comm(iflow_ctx *c, const int32_t *ids, const step_rows
     const iflow_model *m = c->m;
     const int me = c->comm->rank, T = r->T;
     int holder = ALL, cur = HOST;
-    TRY(embed(c, ids, r, HOST)); /* every process looks the rows up: they are the same */
+    IFLOW_TRY(embed(c, ids, r, HOST)); /* every process looks the rows up: they are the same */
     for (int l = 0; l < m->hp.n_layers; l++) {
         int k0 = m->part0[l], k1 = m->part0[l + 1];
         if (k1 - k0 == 1) {
             int dv = m->parts[k0].dev;
-            TRY(hand_over(c, &holder, &cur, dv, T));
+            IFLOW_TRY(hand_over(c, &holder, &cur, dv, T));
             if (me == dv) {
-                TRY(move_to(c, cur, dv, T));
+                IFLOW_TRY(move_to(c, cur, dv, T));
                 cur = dv;
-                TRY(layer_block(c, &c->dev[dv], k0, r));
+                IFLOW_TRY(layer_block(c, &c->dev[dv], k0, r));
             }
         } else {
-            TRY(share(c, &holder, &cur, T));
-            TRY(split_block_comm(c, k0, k1, r, 0));
-            TRY(split_block_comm(c, k0, k1, r, 1));
+            IFLOW_TRY(share(c, &holder, &cur, T));
+            IFLOW_TRY(split_block_comm(c, k0, k1, r, 0));
+            IFLOW_TRY(split_block_comm(c, k0, k1, r, 1));
         }
     }
-    TRY(hand_over(c, &holder, &cur, m->output_dev, T));
+    IFLOW_TRY(hand_over(c, &holder, &cur, m->output_dev, T));
     *out = NULL;
     if (me == m->output_dev) {
-        TRY(move_to(c, cur, m->output_dev, T));
+        IFLOW_TRY(move_to(c, cur, m->output_dev, T));
         *out = &c->dev[m->output_dev];
     }
     return 0;
@@ -850,7 +830,7 @@ static int forward_own(iflow_ctx *c, const int32_t *ids, int T, dev_scratch **ou
 {
     ifk_kv_seq seq = {.row0 = 0, .n_rows = T, .pos0 = c->n_past, .table = c->table0};
     step_rows r = {.kv = c->kv, .seq = &seq, .n_seq = 1, .T = T};
-    TRY(forward_layers(c, ids, &r, out));
+    IFLOW_TRY(forward_layers(c, ids, &r, out));
     c->n_past += T;
     return 0;
 }
@@ -864,7 +844,7 @@ static int project_logits(iflow_ctx *c, dev_scratch *s, int rows, float *host, f
     int D = m->hp.dim, V = m->hp.vocab_size;
     *y = host;
     if (!s->dev->host_memory) {
-        TRY(logits_rows(s, V, rows));
+        IFLOW_TRY(logits_rows(s, V, rows));
         *y = s->logits;
     }
     return iflow_linear_rows(s->dev, *y, V, m->output_w, NULL, s->xb, D, rows, V, D);
@@ -875,7 +855,7 @@ static int compute_logits(iflow_ctx *c, dev_scratch *s, int r0, int rows, float 
 {
     const iflow_hparams *hp = &c->m->hp;
     iflow_device *d = s->dev;
-    TRY(iflow_norm_rows(c->m, d, s->xb, s->x + (size_t)r0 * hp->dim, c->m->output_norm_w, c->m->output_norm_b_w, rows, hp->dim));
+    IFLOW_TRY(iflow_norm_rows(c->m, d, s->xb, s->x + (size_t)r0 * hp->dim, c->m->output_norm_w, c->m->output_norm_b_w, rows, hp->dim));
     if (d->host_memory)
         iflow_observe(c, -1, IFLOW_OBS_OUTPUT_IN, 0, s->xb, hp->dim, rows, hp->dim);
     return project_logits(c, s, rows, host, y);
@@ -895,9 +875,9 @@ static void softcap_logits(const iflow_model *m, float *x, size_t n)
 static int output_logits(iflow_ctx *c, dev_scratch *s, int r0, int rows, float *dst)
 {
     float *y;
-    TRY(compute_logits(c, s, r0, rows, dst, &y));
+    IFLOW_TRY(compute_logits(c, s, r0, rows, dst, &y));
     if (y != dst)
-        TRY(s->dev->ops->download(s->dev, dst, y, (size_t)rows * c->m->hp.vocab_size * sizeof(float)));
+        IFLOW_TRY(s->dev->ops->download(s->dev, dst, y, (size_t)rows * c->m->hp.vocab_size * sizeof(float)));
     softcap_logits(c->m, dst, (size_t)rows * c->m->hp.vocab_size);
     return 0;
 }
@@ -906,7 +886,7 @@ static int output_logits(iflow_ctx *c, dev_scratch *s, int r0, int rows, float *
 static int forward_batch(iflow_ctx *c, const int32_t *ids, int T, float *logits, int all_logits)
 {
     dev_scratch *s;
-    TRY(forward_own(c, ids, T, &s));
+    IFLOW_TRY(forward_own(c, ids, T, &s));
     if (!logits)
         return 0;
     return all_logits ? output_logits(c, s, 0, T, logits) : output_logits(c, s, T - 1, 1, logits);
@@ -935,7 +915,7 @@ static int check_decoder(const iflow_ctx *c)
 
 static int check_eval(const iflow_ctx *c, const int32_t *ids, int n)
 {
-    TRY(check_decoder(c));
+    IFLOW_TRY(check_decoder(c));
     if (c->comm)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "a context over several processes runs iflow_ctx_step only");
     if (!c->kv)
@@ -951,11 +931,11 @@ static int check_eval(const iflow_ctx *c, const int32_t *ids, int n)
 int iflow_ctx_eval(iflow_ctx *c, const int32_t *ids, int n, float *logits, int all_logits)
 {
     const iflow_hparams *hp = &c->m->hp;
-    TRY(check_eval(c, ids, n));
+    IFLOW_TRY(check_eval(c, ids, n));
     for (int done = 0; done < n;) {
         int T = n - done < MAX_BATCH ? n - done : MAX_BATCH, last_batch = done + T == n;
         float *out = all_logits ? logits + (size_t)done * hp->vocab_size : last_batch ? logits : NULL;
-        TRY(forward_batch(c, ids + done, T, out, all_logits));
+        IFLOW_TRY(forward_batch(c, ids + done, T, out, all_logits));
         done += T;
     }
     return 0;
@@ -993,15 +973,15 @@ int iflow_ctx_embed(iflow_ctx *c, const int32_t *ids, int n, float *out)
     if (n > MAX_BATCH || n > c->n_ctx)
         return iflow_seterr(IFLOW_ERANGE, "an input of %d tokens is longer than an encoder step takes (%d)", n,
                             MAX_BATCH < c->n_ctx ? MAX_BATCH : c->n_ctx);
-    TRY(check_ids(c, ids, n));
+    IFLOW_TRY(check_ids(c, ids, n));
     dev_scratch *s;
     c->n_past = 0; /* every input on its own: the step attends to itself only */
     int rc = forward_own(c, ids, n, &s);
     c->n_past = 0;
-    TRY(rc);
+    IFLOW_TRY(rc);
     const float *rows = s->x;
     if (!s->dev->host_memory) {
-        TRY(s->dev->ops->download(s->dev, c->stage, s->x, (size_t)n * hp->dim * sizeof(float)));
+        IFLOW_TRY(s->dev->ops->download(s->dev, c->stage, s->x, (size_t)n * hp->dim * sizeof(float)));
         rows = c->stage;
     }
     pool_states(hp, out, rows, n);
@@ -1010,17 +990,17 @@ int iflow_ctx_embed(iflow_ctx *c, const int32_t *ids, int n, float *out)
 
 int iflow_ctx_eval_argmax(iflow_ctx *c, const int32_t *ids, int n, int32_t *next)
 {
-    TRY(check_eval(c, ids, n));
+    IFLOW_TRY(check_eval(c, ids, n));
     int done = 0;
     while (n - done > MAX_BATCH) {
-        TRY(forward_batch(c, ids + done, MAX_BATCH, NULL, 0));
+        IFLOW_TRY(forward_batch(c, ids + done, MAX_BATCH, NULL, 0));
         done += MAX_BATCH;
     }
     dev_scratch *s;
     int T = n - done;
     float *y;
-    TRY(forward_own(c, ids + done, T, &s));
-    TRY(compute_logits(c, s, T - 1, 1, c->last_logits, &y));
+    IFLOW_TRY(forward_own(c, ids + done, T, &s));
+    IFLOW_TRY(compute_logits(c, s, T - 1, 1, c->last_logits, &y));
     return s->dev->ops->argmax(s->dev, next, y, c->m->hp.vocab_size);
 }
 
@@ -1052,18 +1032,18 @@ static int step_logits(iflow_ctx *c, dev_scratch *s, const iflow_step_seq *seqs,
     for (int i = 0; i < n_seqs; i++)
         if (seqs[i].logits || seqs[i].next) {
             int k = out_rows_of(&seqs[i]), r = seq[i].row0 + seq[i].n_rows - k;
-            TRY(iflow_norm_rows(c->m, d, s->xb + (size_t)n_out * D, s->x + (size_t)r * D, c->m->output_norm_w,
+            IFLOW_TRY(iflow_norm_rows(c->m, d, s->xb + (size_t)n_out * D, s->x + (size_t)r * D, c->m->output_norm_w,
                      c->m->output_norm_b_w, k, D));
             n_out += k;
             n_full += seqs[i].logits ? k : 0;
         }
     if (n_out == 0)
         return 0;
-    TRY(out_logits_rows(c, n_out));
+    IFLOW_TRY(out_logits_rows(c, n_out));
     float *y;
-    TRY(project_logits(c, s, n_out, c->out_logits, &y));
+    IFLOW_TRY(project_logits(c, s, n_out, c->out_logits, &y));
     if (y != c->out_logits && n_full == n_out)
-        TRY(d->ops->download(d, c->out_logits, y, (size_t)n_out * V * sizeof(float)));
+        IFLOW_TRY(d->ops->download(d, c->out_logits, y, (size_t)n_out * V * sizeof(float)));
     for (int i = 0, j = 0; i < n_seqs; i++) {
         if (!seqs[i].logits && !seqs[i].next)
             continue;
@@ -1073,11 +1053,11 @@ static int step_logits(iflow_ctx *c, dev_scratch *s, const iflow_step_seq *seqs,
             if (y == c->out_logits || n_full == n_out)
                 memcpy(seqs[i].logits, c->out_logits + (size_t)j * V, (size_t)k * V * sizeof(float));
             else
-                TRY(d->ops->download(d, seqs[i].logits, row, (size_t)k * V * sizeof(float)));
+                IFLOW_TRY(d->ops->download(d, seqs[i].logits, row, (size_t)k * V * sizeof(float)));
             softcap_logits(c->m, seqs[i].logits, (size_t)k * V);
         } else {
             for (int t = 0; t < k; t++)
-                TRY(d->ops->argmax(d, seqs[i].next + t, row + (size_t)t * V, V));
+                IFLOW_TRY(d->ops->argmax(d, seqs[i].next + t, row + (size_t)t * V, V));
         }
         j += k;
     }
@@ -1091,7 +1071,7 @@ int iflow_ctx_step(iflow_ctx *c, iflow_kv *kv, const iflow_step_seq *seqs, int n
     int T = 0;
     if (kv->m != c->m)
         return iflow_seterr(IFLOW_EINVAL, "the KV cache belongs to another model");
-    TRY(check_decoder(c));
+    IFLOW_TRY(check_decoder(c));
     if (n_seqs <= 0)
         return iflow_seterr(IFLOW_EINVAL, "no sequences in the step");
     for (int i = 0; i < n_seqs; i++) {
@@ -1103,7 +1083,7 @@ int iflow_ctx_step(iflow_ctx *c, iflow_kv *kv, const iflow_step_seq *seqs, int n
                                 q->n);
         if (T + q->n > MAX_BATCH)
             return iflow_seterr(IFLOW_ERANGE, "a step holds at most %d tokens", MAX_BATCH);
-        TRY(check_ids(c, q->ids, q->n));
+        IFLOW_TRY(check_ids(c, q->ids, q->n));
         memcpy(ids + T, q->ids, (size_t)q->n * sizeof *ids);
         seq[i] = (ifk_kv_seq){.row0 = T, .n_rows = q->n, .pos0 = q->pos0, .table = q->table};
         T += q->n;
@@ -1111,21 +1091,21 @@ int iflow_ctx_step(iflow_ctx *c, iflow_kv *kv, const iflow_step_seq *seqs, int n
     step_rows r = {.kv = kv, .seq = seq, .n_seq = n_seqs, .T = T};
     dev_scratch *s;
     if (!c->comm) {
-        TRY(forward_layers(c, ids, &r, &s));
+        IFLOW_TRY(forward_layers(c, ids, &r, &s));
         return step_logits(c, s, seqs, seq, n_seqs);
     }
     /* several processes: the output device's process computes the logits, all receive them */
     iflow_comm *cm = c->comm;
     int root = c->m->output_dev;
-    TRY(forward_layers_comm(c, ids, &r, &s));
+    IFLOW_TRY(forward_layers_comm(c, ids, &r, &s));
     if (cm->rank == root)
-        TRY(step_logits(c, s, seqs, seq, n_seqs));
+        IFLOW_TRY(step_logits(c, s, seqs, seq, n_seqs));
     for (int i = 0; i < n_seqs; i++) {
         size_t k = (size_t)out_rows_of(&seqs[i]);
         if (seqs[i].logits)
-            TRY(cm->ops->bcast(cm, seqs[i].logits, k * c->m->hp.vocab_size * sizeof(float), root));
+            IFLOW_TRY(cm->ops->bcast(cm, seqs[i].logits, k * c->m->hp.vocab_size * sizeof(float), root));
         else if (seqs[i].next)
-            TRY(cm->ops->bcast(cm, seqs[i].next, k * sizeof(int32_t), root));
+            IFLOW_TRY(cm->ops->bcast(cm, seqs[i].next, k * sizeof(int32_t), root));
     }
     return 0;
 }

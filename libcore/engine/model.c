@@ -232,6 +232,8 @@ static int read_rope_scaling(iflow_hparams *hp, const json_t *h, const char *wha
         return rc;
     if (hp->rope_scaling != IFLOW_ROPE_SCALING_NONE && !(hp->rope_factor > 0))
         return iflow_seterr(IFLOW_ERANGE, "rope_factor must be positive in '%s'", what);
+    if (hp->rope_scaling == IFLOW_ROPE_SCALING_LINEAR && hp->rope_factor == 1.0f) /* GGUF's default */
+        hp->rope_scaling = IFLOW_ROPE_SCALING_NONE;
     return 0;
 }
 
@@ -274,6 +276,35 @@ static int read_special(iflow_hparams *hp, const json_t *h, const char *what)
     return 0;
 }
 
+/* banned_tokens: absent, "none" or [] for none; else a list of one-token lists ([[54687]]: the
+ * form of transformers' bad_words_ids) of ids in the vocabulary. A longer list bans a sequence,
+ * which is not implemented. */
+static int read_banned(iflow_hparams *hp, const json_t *h, const char *what)
+{
+    const json_t *b = json_object_get(h, "banned_tokens"), *seq;
+    size_t i;
+    hp->n_banned = 0;
+    if (!b || (json_is_string(b) && strcmp(json_string_value(b), "none") == 0))
+        return 0;
+    if (!json_is_array(b))
+        return iflow_seterr(IFLOW_EFORMAT, "hyperparameter 'banned_tokens' is not a list of token lists in '%s'", what);
+    json_array_foreach(b, i, seq) {
+        const json_t *id = json_array_get(seq, 0);
+        if (json_array_size(seq) != 1)
+            return iflow_seterr(IFLOW_EUNSUPPORTED,
+                                "banned_tokens entry %zu of %zu tokens is not implemented in '%s' (only single tokens are "
+                                "banned)",
+                                i, json_array_size(seq), what);
+        if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= hp->vocab_size)
+            return iflow_seterr(IFLOW_ERANGE, "banned_tokens entry %zu is not a token of the vocabulary of %d in '%s'", i,
+                                hp->vocab_size, what);
+        if (hp->n_banned == IFLOW_MAX_BANNED)
+            return iflow_seterr(IFLOW_EUNSUPPORTED, "more than %d banned_tokens in '%s'", IFLOW_MAX_BANNED, what);
+        hp->banned[hp->n_banned++] = (int)json_integer_value(id);
+    }
+    return 0;
+}
+
 int iflow_hparams_from_json(iflow_hparams *hp, const json_t *resolved, const char *what)
 {
     const json_t *h = json_object_get(resolved, "hparams"), *b = json_object_get(resolved, "blocks");
@@ -305,9 +336,11 @@ int iflow_hparams_from_json(iflow_hparams *hp, const json_t *resolved, const cha
         (rc = get_bool_or(h, "embed_norm", 0, &hp->embed_norm, what)) ||
         (rc = get_int_or(h, "token_types", 0, &hp->token_types, what)) ||
         (rc = get_bool_or(h, "normalize", 0, &hp->normalize, what)) || (rc = read_pooling(hp, h, what)) ||
+        (rc = get_bool_or(h, "rope_freqs", 0, &hp->rope_freqs, what)) ||
         (rc = read_layer_types(hp, h, what)) ||
         (rc = get_bool(h, "tie_embeddings", &hp->tie_embeddings, what)) || (rc = read_blocks(hp, b, what)) ||
-        (rc = read_rope_scaling(hp, h, what)) || (rc = read_special(hp, h, what)) || (rc = read_encdec(hp, h, what)))
+        (rc = read_rope_scaling(hp, h, what)) || (rc = read_special(hp, h, what)) || (rc = read_encdec(hp, h, what)) ||
+        (rc = read_banned(hp, h, what)))
         return rc;
     if (!hp->head_dim) {
         if (hp->dim % hp->n_heads)
@@ -438,6 +471,8 @@ int iflow_model_tensors(const iflow_hparams *hp, iflow_tensor_req **reqs, size_t
         req(r, n, "pos_embd", hp->max_seq, D);
     if (hp->token_types > 0)
         req(r, n, "tok_type_embd", hp->token_types, D);
+    if (hp->rope_freqs && hp->position == IFLOW_POS_ROPE)
+        req(r, n, "rope_freqs", hp->rope_dim / 2, 0);
     if (hp->embed_norm) {
         req(r, n, "embd_norm", D, 0);
         if (hp->norm == IFLOW_NORM_LAYER)
@@ -539,7 +574,7 @@ static void *slot(iflow_model *m, layer_weights *layers, const char *name, int *
 #define V(n, field) {n, offsetof(iflow_model, field)}
         V("output_norm", output_norm), V("output_norm_b", output_norm_b), V("embd_norm", embd_norm),
         V("embd_norm_b", embd_norm_b), V("enc.output_norm", enc_output_norm), V("enc.output_norm_b", enc_output_norm_b),
-        V("enc.rel_bias", enc_rel_bias), V("rel_bias", rel_bias), V("output_b", output_b),
+        V("enc.rel_bias", enc_rel_bias), V("rel_bias", rel_bias), V("output_b", output_b), V("rope_freqs", rope_freqs),
 #undef V
     };
     for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++)
@@ -584,17 +619,18 @@ static int bind_all(iflow_model *m)
     }
     return rc;
 }
-/* Per-pair frequency multipliers for context-extension schemes. */
+/* Per-pair frequency multipliers for context-extension schemes: rope_scaling's, divided by
+ * the rope_freqs tensor's factors when there is one (as llama.cpp's freq_factors). */
 static int make_rope_scale(iflow_model *m)
 {
     const iflow_hparams *hp = &m->hp;
-    if (hp->rope_scaling == IFLOW_ROPE_SCALING_NONE)
+    if (hp->rope_scaling == IFLOW_ROPE_SCALING_NONE && !m->rope_freqs)
         return 0;
     int half = hp->rope_dim / 2;
     if (!(m->rope_scale = malloc((size_t)half * sizeof(float))))
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
     for (int i = 0; i < half; i++) {
-        float s = 1.0f / hp->rope_factor;
+        float s = hp->rope_scaling == IFLOW_ROPE_SCALING_NONE ? 1.0f : 1.0f / hp->rope_factor;
         if (hp->rope_scaling == IFLOW_ROPE_SCALING_LLAMA3) {
             /* Llama 3.1: keep high frequencies, divide low ones by factor, blend between. */
             double freq = pow(hp->rope_theta, -2.0 * i / hp->rope_dim), wavelen = 2 * M_PI / freq;
@@ -606,29 +642,23 @@ static int make_rope_scale(iflow_model *m)
                 s = (float)((1 - smooth) / hp->rope_factor + smooth);
             }
         }
+        if (m->rope_freqs) {
+            float f = m->rope_freqs[i];
+            if (!(f > 0.0f) || !isfinite(f))
+                return iflow_seterr(IFLOW_ERANGE, "rope_freqs[%d] = %g in '%s' is not a positive factor", i, (double)f,
+                                    iflow_shard_path(m->shard));
+            s /= f;
+        }
         m->rope_scale[i] = s;
     }
     return 0;
 }
 
-static int load_tokenizer(iflow_model *m, const json_t *meta)
+/* The shard's tokenizer, and an encoder-decoder's target one when it has its own. */
+static int load_tokenizers(iflow_model *m)
 {
-    const char *path = iflow_shard_path(m->shard);
-    const json_t *t = json_object_get(meta, "tokenizer");
-    const char *format = json_string_value(json_object_get(t, "format"));
-    const char *record = json_string_value(json_object_get(t, "record"));
-    if (!format || !record)
-        return 0; /* a model without a tokenizer still runs on token ids */
-    const iflow_shard_rec *r = iflow_shard_find(m->shard, record);
-    if (!r || r->kind != IFLOW_REC_BLOB)
-        return iflow_seterr(IFLOW_ENOTFOUND, "missing tokenizer record '%s' in '%s'", record, path);
-    char what[512];
-    snprintf(what, sizeof what, "%s:%s", path, record);
-    if (strcmp(format, "hf-json") == 0)
-        return iflow_tokenizer_from_hf_json(&m->tok, r->data, r->nbytes, what);
-    if (strcmp(format, "gguf") == 0)
-        return iflow_tokenizer_from_gguf(&m->tok, r->data, r->nbytes, what);
-    return iflow_seterr(IFLOW_EUNSUPPORTED, "unknown tokenizer format '%s' in '%s'", format, path);
+    int rc = iflow_tokenizer_from_shard(&m->tok, m->shard, IFLOW_TOK_SOURCE);
+    return rc < 0 ? rc : iflow_tokenizer_from_shard(&m->tgt_tok, m->shard, IFLOW_TOK_TARGET);
 }
 
 static int parse_meta(const iflow_shard *sh, json_t **meta)
@@ -746,7 +776,7 @@ int iflow_model_open(iflow_model **out, const char *path, int flags)
     if (rc == 0)
         rc = make_rope_scale(m);
     if (rc == 0)
-        rc = load_tokenizer(m, meta);
+        rc = load_tokenizers(m);
     if (rc == 0)
         rc = iflow_place_on_host(m);
     json_decref(meta);
@@ -765,6 +795,7 @@ void iflow_model_close(iflow_model *m)
     ifk_pool_quiesce(); /* no kernel thread is still reading the weights (pool.h) */
     iflow_unplace(m);
     iflow_tokenizer_close(m->tok);
+    iflow_tokenizer_close(m->tgt_tok);
     iflow_shard_close(m->shard); /* a split model's device 0 */
     for (int i = 1; i < IFLOW_MAX_DEVICES; i++)
         iflow_shard_close(m->split_shards[i]);
@@ -780,6 +811,7 @@ void iflow_model_close(iflow_model *m)
 const struct iflow_plan_s *iflow_model_split_plan(const iflow_model *m) { return m->split_plan; }
 const iflow_hparams *iflow_model_hparams(const iflow_model *m) { return &m->hp; }
 const iflow_tokenizer *iflow_model_tokenizer(const iflow_model *m) { return m->tok; }
+const iflow_tokenizer *iflow_model_target_tokenizer(const iflow_model *m) { return m->tgt_tok ? m->tgt_tok : m->tok; }
 const iflow_shard *iflow_model_shard(const iflow_model *m) { return m->shard; }
 uint64_t iflow_model_decode_bytes(const iflow_model *m) { return m->decode_bytes; }
 
@@ -792,6 +824,12 @@ int iflow_model_is_eos(const iflow_model *m, int32_t id)
         if (m->hp.eos[i] == id)
             return 1;
     return 0;
+}
+
+void iflow_model_ban(const iflow_model *m, float *logits)
+{
+    for (int i = 0; i < m->hp.n_banned; i++)
+        logits[m->hp.banned[i]] = -INFINITY;
 }
 
 void iflow_model_get_info(const iflow_model *m, iflow_model_info *info)

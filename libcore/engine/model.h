@@ -9,7 +9,8 @@
  *
  * Contract
  *   iflow_model_open() opens a shard (path or "-"), parses its meta, binds every tensor it needs
- *   (checking names, shapes and types: the error names the tensor) and loads the tokenizer. The
+ *   (checking names, shapes and types: the error names the tensor) and loads the tokenizer (an
+ *   encoder-decoder's two when its shard carries a target side: tokenizer.h). The
  *   model owns the shard; weights are used in place (mmap) and never copied. Given a directory
  *   written by iflow-partition --split (split.h), it opens one file per device of the plan in
  *   it, checks that they belong together (a missing or foreign file is refused, named), and
@@ -38,6 +39,7 @@
 
 enum { IFLOW_ROPE_SCALING_NONE = 0, IFLOW_ROPE_SCALING_LINEAR = 1, IFLOW_ROPE_SCALING_LLAMA3 = 2 };
 #define IFLOW_MAX_EOS 8
+#define IFLOW_MAX_BANNED 8
 
 enum { IFLOW_ACT_SILU = 0, IFLOW_ACT_GELU_TANH = 1, IFLOW_ACT_GELU = 2, IFLOW_ACT_RELU = 3 }; /* GELU: the exact (erf) form */
 enum { IFLOW_NORM_RMS = 0, IFLOW_NORM_LAYER = 1 };   /* block norm */
@@ -104,8 +106,15 @@ typedef struct {
     int rope_scaling;         /* IFLOW_ROPE_SCALING_* */
     float rope_factor, rope_low_freq, rope_high_freq;
     int rope_orig_ctx;
+    int rope_freqs;           /* a tensor rope_freqs [rope_dim/2] divides each pair's frequency,
+                                 after rope_scaling (llama.cpp's rope_freqs.weight: a Llama 3.1
+                                 GGUF's llama3 scaling, which its metadata does not carry) */
     /* special tokens (-1: none) */
     int bos, eos[IFLOW_MAX_EOS], n_eos;
+    /* tokens generation never picks (hyperparameter banned_tokens: a list of one-token lists, as
+       transformers' bad_words_ids; Marian's [[pad]]): their logits are -inf before the softmax of
+       an encoder-decoder's greedy and beam search */
+    int banned[IFLOW_MAX_BANNED], n_banned;
 } iflow_hparams;
 
 /* Read {"blocks": {...}, "hparams": {...}} (a resolved spec). A block choice the engine lacks
@@ -133,7 +142,12 @@ typedef struct iflow_model iflow_model;
 int  iflow_model_open(iflow_model **out, const char *path, int flags);
 void iflow_model_close(iflow_model *m);
 const iflow_hparams *iflow_model_hparams(const iflow_model *m);
+/* The tokenizer that encodes text for the model (an encoder-decoder's source side), or NULL
+ * when the shard has none. */
 const iflow_tokenizer *iflow_model_tokenizer(const iflow_model *m);
+/* The tokenizer of the ids the model generates: an encoder-decoder's target side when the shard
+ * carries one of its own (Marian's target.spm), else iflow_model_tokenizer()'s. */
+const iflow_tokenizer *iflow_model_target_tokenizer(const iflow_model *m);
 const iflow_shard *iflow_model_shard(const iflow_model *m);
 /* The plan a split model was cut by (its directory's plan.ini), or NULL for a model from one
  * shard. iflow_model_place_plan() takes only a plan of the same partition (device names and
@@ -142,6 +156,9 @@ struct iflow_plan_s;
 const struct iflow_plan_s *iflow_model_split_plan(const iflow_model *m);
 /* 1 if id is one of the model's end-of-sequence tokens. */
 int iflow_model_is_eos(const iflow_model *m, int32_t id);
+/* logits [vocab] of one position with the model's banned tokens (hyperparameter banned_tokens)
+ * set to -inf, so that no search picks them. */
+void iflow_model_ban(const iflow_model *m, float *logits);
 /* The shape and special tokens, for API users (include/iflow.h). */
 void iflow_model_get_info(const iflow_model *m, iflow_model_info *info);
 /* Bytes of weights read per decoded token (all matrices but the embedding table; for a split

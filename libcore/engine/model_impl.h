@@ -47,7 +47,8 @@ typedef struct {
 struct iflow_model {
     iflow_shard *shard;
     iflow_hparams hp;
-    iflow_tokenizer *tok;
+    iflow_tokenizer *tok;         /* the source side's (encoding), or NULL */
+    iflow_tokenizer *tgt_tok;     /* an encoder-decoder's target side's (decoding) when it differs, or NULL */
     weight tok_embd;              /* [vocab][dim], in the mapping, never placed */
     weight output;                /* [vocab][dim] in the mapping (tok_embd when tied) */
     const float *output_norm;     /* [dim] in the mapping */
@@ -63,6 +64,7 @@ struct iflow_model {
     const float *enc_rel_bias;    /* [rel_buckets][n_heads] (position = relative): the encoder's */
     const float *rel_bias;        /* [rel_buckets][n_heads]: the decoder's */
     const float *output_b;        /* [vocab] (logits_bias), added to the logits */
+    const float *rope_freqs;      /* [rope_dim/2] (hparam rope_freqs) or NULL, in the mapping */
     float *rope_scale;            /* [rope_dim/2] or NULL, on the host */
     uint64_t decode_bytes;
 

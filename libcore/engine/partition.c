@@ -566,7 +566,7 @@ static part_size part_of(const iflow_model_shape *m, int l, int q0, int q1, int 
     p.attn_w = b.attn;
     p.ffn_w = b.ffn;
     p.attn_flop = 2.0 * (double)D * (double)(2 * nq + 2 * nkv);
-    p.ffn_flop = 2.0 * (double)D * (double)(3 * nf);
+    p.ffn_flop = 2.0 * (double)D * (double)((hp->ffn == IFLOW_FFN_GATED ? 3 : 2) * nf);
     return p;
 }
 
@@ -577,6 +577,12 @@ static uint64_t kv_part(const iflow_model_shape *m, int nkv, int n_ctx, int seqs
 }
 
 static uint64_t output_bytes(const iflow_model_shape *m) { return iflow_output_bytes(&m->hp, m->output_type); }
+
+/* A row of logits per sequence (F32) on the output device; an encoder computes none. */
+static uint64_t logits_bytes(const iflow_model_shape *m, int seqs)
+{
+    return m->hp.layout == IFLOW_LAYOUT_ENCODER ? 0 : (uint64_t)m->hp.vocab_size * 4 * (uint64_t)seqs;
+}
 
 /* Scratch of a device that runs layers (forward.c: one batch of activations); the output
  * device also holds a row of logits per sequence, counted where the output is placed. */
@@ -683,7 +689,7 @@ int iflow_partition_cost_of(iflow_partition_cost *c, const iflow_plan *p, const 
         }
     }
     c->mem[p->output_device].weights += output_bytes(m);
-    c->mem[p->output_device].scratch += (uint64_t)hp->vocab_size * 4 * (uint64_t)B;
+    c->mem[p->output_device].scratch += logits_bytes(m, B);
     used[p->output_device] = 1;
     c->short_device = -1;
     c->fits = 1;
@@ -743,8 +749,9 @@ int iflow_partition_cost_of(iflow_partition_cost *c, const iflow_plan *p, const 
         c->t_transfer += act / bw + lat;
         stage += act / bw + lat;
     }
-    c->t_output = dev_time(&dev[p->output_device]->d, (double)output_bytes(m),
-                           2.0 * B * (double)hp->vocab_size * hp->dim);
+    c->t_output = hp->layout == IFLOW_LAYOUT_ENCODER ? 0.0 /* no output matrix */
+                                                     : dev_time(&dev[p->output_device]->d, (double)output_bytes(m),
+                                                                2.0 * B * (double)hp->vocab_size * hp->dim);
     stage += c->t_output;
     if (stage > c->stage_max)
         c->stage_max = stage;
@@ -922,7 +929,7 @@ static int build_grouped(iflow_plan *p, const iflow_model_shape *m, const iflow_
         for (int t = 0; t < T; t++)
             cap[j] += (double)mc->dev[devs[j * T + t]].d.memory - (double)scratch_bytes(m, B);
         if (j == G - 1)
-            cap[j] -= (double)output_bytes(m) + (double)hp->vocab_size * 4 * B;
+            cap[j] -= (double)output_bytes(m) + (double)logits_bytes(m, B);
     }
     split_layers(m, G, cap, n_ctx, seqs, bounds);
     memset(p, 0, sizeof *p);
@@ -965,7 +972,7 @@ static int build_gpu_cpu(iflow_plan *p, const iflow_model_shape *m, const iflow_
     int N = 0;
     while (N < hp->n_layers && used + layer_need(m, N, n_ctx, seqs) <= room)
         used += layer_need(m, N++, n_ctx, seqs);
-    if (N == hp->n_layers && used + (double)output_bytes(m) + (double)hp->vocab_size * 4 * B > room)
+    if (N == hp->n_layers && used + (double)output_bytes(m) + (double)logits_bytes(m, B) > room)
         N--; /* all layers but not the output: leave the last layer to the CPU */
     memset(p, 0, sizeof *p);
     snprintf(p->strategy, sizeof p->strategy, "gpu-cpu");

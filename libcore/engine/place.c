@@ -101,6 +101,17 @@ static int describe_placement(const iflow_model *m, const iflow_placement *pl, l
     return 0;
 }
 
+/* A layer split over devices sums its parts' outputs once per sub-block (forward.c); these
+ * blocks need the whole output first, or both sub-blocks' inputs at once. */
+static int check_splittable(const iflow_hparams *hp, int l)
+{
+    if (hp->post_norms || hp->post_ln) /* the norm would have to follow the sum of the parts */
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "layer %d has post norms: it cannot be split over devices yet", l);
+    if (hp->parallel_residual)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "layer %d has a parallel residual: it cannot be split over devices yet", l);
+    return 0;
+}
+
 static int describe_plan(const iflow_model *m, const iflow_plan *plan, iflow_device *const *devices, layout *L)
 {
     const iflow_hparams *hp = &m->hp;
@@ -112,8 +123,12 @@ static int describe_plan(const iflow_model *m, const iflow_plan *plan, iflow_dev
     if (rc)
         return rc;
     int n = 0, idx[IFLOW_PLAN_MAX_DEVICES];
-    for (int l = 0; l < hp->n_layers; l++)
-        n += iflow_plan_layer_devices(plan, l, idx);
+    for (int l = 0; l < hp->n_layers; l++) {
+        int k = iflow_plan_layer_devices(plan, l, idx);
+        if (k > 1 && (rc = check_splittable(hp, l)) < 0)
+            return rc;
+        n += k;
+    }
     if ((rc = layout_alloc(L, hp->n_layers, n)))
         return rc;
     L->n_devs = plan->n_devices;

@@ -16,13 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        int rc_ = (expr);                                                                          \
-        if (rc_ < 0)                                                                               \
-            return rc_;                                                                            \
-    } while (0)
-
 struct iflow_s2s {
     const iflow_model *m;
     iflow_device *dev;          /* the context's own CPU device */
@@ -154,7 +147,7 @@ static int attn_in(iflow_s2s *s, const attn_weights *a, int T, const float **in)
 {
     const iflow_hparams *hp = &s->m->hp;
     const int D = hp->dim, Q = hp->n_heads * hp->head_dim;
-    TRY(iflow_block_in(s->m, s->dev, s->x, s->xb, a->norm, a->norm_b, T, in));
+    IFLOW_TRY(iflow_block_in(s->m, s->dev, s->x, s->xb, a->norm, a->norm_b, T, in));
     return iflow_linear_rows(s->dev, s->q, Q, a->q, a->bq, *in, D, T, Q, D);
 }
 
@@ -163,7 +156,7 @@ static int attn_kv(iflow_s2s *s, const attn_weights *a, const float *in, int T, 
 {
     const iflow_hparams *hp = &s->m->hp;
     const int D = hp->dim, KV = (int)kv_width(hp);
-    TRY(iflow_linear_rows(s->dev, k, KV, a->k, a->bk, in, D, T, KV, D));
+    IFLOW_TRY(iflow_linear_rows(s->dev, k, KV, a->k, a->bk, in, D, T, KV, D));
     return iflow_linear_rows(s->dev, v, KV, a->v, a->bv, in, D, T, KV, D);
 }
 
@@ -185,7 +178,7 @@ static int attn_out(iflow_s2s *s, const attn_weights *a, int T)
 {
     const iflow_hparams *hp = &s->m->hp;
     const int D = hp->dim, Q = hp->n_heads * hp->head_dim;
-    TRY(iflow_linear_rows(s->dev, s->xb, D, a->o, a->bo, s->att, Q, T, D, Q));
+    IFLOW_TRY(iflow_linear_rows(s->dev, s->xb, D, a->o, a->bo, s->att, Q, T, D, Q));
     return iflow_block_out(s->m, s->dev, s->x, s->xb, a->norm, a->norm_b, T);
 }
 
@@ -194,9 +187,9 @@ static int ffn(iflow_s2s *s, const layer_weights *w, int T)
     const iflow_hparams *hp = &s->m->hp;
     const int D = hp->dim, F = hp->ffn_dim;
     const float *in;
-    TRY(iflow_block_in(s->m, s->dev, s->x, s->xb, w->ffn_norm, w->ffn_norm_b, T, &in));
-    TRY(iflow_ffn_hidden(hp, s->dev, w, in, T, F, s->gate, s->up));
-    TRY(iflow_linear_rows(s->dev, s->xb, D, w->down, w->down_b, s->gate, F, T, D, F));
+    IFLOW_TRY(iflow_block_in(s->m, s->dev, s->x, s->xb, w->ffn_norm, w->ffn_norm_b, T, &in));
+    IFLOW_TRY(iflow_ffn_hidden(hp, s->dev, w, in, T, F, s->gate, s->up));
+    IFLOW_TRY(iflow_linear_rows(s->dev, s->xb, D, w->down, w->down_b, s->gate, F, T, D, F));
     return iflow_block_out(s->m, s->dev, s->x, s->xb, w->ffn_norm, w->ffn_norm_b, T);
 }
 
@@ -282,10 +275,10 @@ static int encoder_layer(iflow_s2s *s, int l, int S)
     const layer_weights *w = &m->enc_layers[l];
     const attn_weights a = self_attn(w);
     const float *in;
-    TRY(attn_in(s, &a, S, &in));
-    TRY(attn_kv(s, &a, in, S, s->kx, s->vx));
-    TRY(attend(s, 0, S, s->kx, s->vx, S, -1, m->enc_rel_bias ? s->bias : NULL));
-    TRY(attn_out(s, &a, S));
+    IFLOW_TRY(attn_in(s, &a, S, &in));
+    IFLOW_TRY(attn_kv(s, &a, in, S, s->kx, s->vx));
+    IFLOW_TRY(attend(s, 0, S, s->kx, s->vx, S, -1, m->enc_rel_bias ? s->bias : NULL));
+    IFLOW_TRY(attn_out(s, &a, S));
     return ffn(s, w, S);
 }
 
@@ -297,7 +290,7 @@ int iflow_s2s_encode(iflow_s2s *s, const int32_t *src, int n)
         return iflow_seterr(IFLOW_EINVAL, "the source has no tokens");
     if (n > s->max_src)
         return iflow_seterr(IFLOW_ERANGE, "a source of %d tokens is longer than the context takes (%d)", n, s->max_src);
-    TRY(check_ids(s, src, n));
+    IFLOW_TRY(check_ids(s, src, n));
     s->n_src = 0;
     memset(s->n_past, 0, (size_t)s->n_seqs * sizeof *s->n_past);
     int *pos = malloc((size_t)n * sizeof *pos);
@@ -307,17 +300,17 @@ int iflow_s2s_encode(iflow_s2s *s, const int32_t *src, int n)
         pos[i] = i;
     int rc = embed(s, src, pos, n);
     free(pos);
-    TRY(rc);
+    IFLOW_TRY(rc);
     if (m->enc_rel_bias) /* shared by every layer (transformers computes it in layer 0) */
         fill_bias(s, m->enc_rel_bias, 1, n, 0, n);
     for (int l = 0; l < hp->n_enc_layers; l++)
-        TRY(encoder_layer(s, l, n));
-    TRY(final_norm(s, m->enc_output_norm, m->enc_output_norm_b, n));
+        IFLOW_TRY(encoder_layer(s, l, n));
+    IFLOW_TRY(final_norm(s, m->enc_output_norm, m->enc_output_norm_b, n));
     /* each decoder layer's cross-attention keys and values of the encoder's output */
     const size_t KV = kv_width(hp);
     for (int l = 0; l < hp->n_layers; l++) {
         const attn_weights a = cross_attn(dec_layer(s, l));
-        TRY(attn_kv(s, &a, s->x, n, s->ck + (size_t)l * s->max_src * KV, s->cv + (size_t)l * s->max_src * KV));
+        IFLOW_TRY(attn_kv(s, &a, s->x, n, s->ck + (size_t)l * s->max_src * KV, s->cv + (size_t)l * s->max_src * KV));
     }
     s->n_src = n;
     return 0;
@@ -332,7 +325,7 @@ static int check_step(iflow_s2s *s, const int32_t *ids, const int *seq, int n)
         return iflow_seterr(IFLOW_EINVAL, "no source is encoded (iflow_s2s_encode)");
     if (n <= 0 || n > IFLOW_MAX_STEP)
         return iflow_seterr(IFLOW_ERANGE, "a step holds 1 to %d rows, not %d", IFLOW_MAX_STEP, n);
-    TRY(check_ids(s, ids, n));
+    IFLOW_TRY(check_ids(s, ids, n));
     for (int i = 0; i < n; i++) {
         if (seq[i] < 0 || seq[i] >= s->n_seqs)
             return iflow_seterr(IFLOW_EINVAL, "row %d names sequence %d of %d", i, seq[i], s->n_seqs);
@@ -355,8 +348,8 @@ static int self_attention(iflow_s2s *s, int l, const int *seq, int n)
     const attn_weights a = self_attn(dec_layer(s, l));
     const size_t KV = kv_width(&m->hp);
     const float *in;
-    TRY(attn_in(s, &a, n, &in));
-    TRY(attn_kv(s, &a, in, n, s->kx, s->vx));
+    IFLOW_TRY(attn_in(s, &a, n, &in));
+    IFLOW_TRY(attn_kv(s, &a, in, n, s->kx, s->vx));
     for (int i = 0; i < n; i++) {
         memcpy(seq_cache(s, seq[i], l, 0) + (size_t)s->pos[i] * KV, s->kx + (size_t)i * KV, KV * sizeof(float));
         memcpy(seq_cache(s, seq[i], l, 1) + (size_t)s->pos[i] * KV, s->vx + (size_t)i * KV, KV * sizeof(float));
@@ -365,7 +358,7 @@ static int self_attention(iflow_s2s *s, int l, const int *seq, int n)
         const int S = s->pos[i] + 1;
         if (m->rel_bias)
             fill_bias(s, m->rel_bias, 0, 1, s->pos[i], S);
-        TRY(attend(s, i, 1, seq_cache(s, seq[i], l, 0), seq_cache(s, seq[i], l, 1), S, -1, m->rel_bias ? s->bias : NULL));
+        IFLOW_TRY(attend(s, i, 1, seq_cache(s, seq[i], l, 0), seq_cache(s, seq[i], l, 1), S, -1, m->rel_bias ? s->bias : NULL));
     }
     return attn_out(s, &a, n);
 }
@@ -376,8 +369,8 @@ static int cross_attention(iflow_s2s *s, int l, int n)
     const attn_weights a = cross_attn(dec_layer(s, l));
     const size_t off = (size_t)l * s->max_src * kv_width(&s->m->hp);
     const float *in;
-    TRY(attn_in(s, &a, n, &in));
-    TRY(attend(s, 0, n, s->ck + off, s->cv + off, s->n_src, -1, NULL));
+    IFLOW_TRY(attn_in(s, &a, n, &in));
+    IFLOW_TRY(attend(s, 0, n, s->ck + off, s->cv + off, s->n_src, -1, NULL));
     return attn_out(s, &a, n);
 }
 
@@ -387,11 +380,11 @@ static int output(iflow_s2s *s, int n, float *logits)
     const iflow_model *m = s->m;
     const iflow_hparams *hp = &m->hp;
     const int D = hp->dim, V = hp->vocab_size;
-    TRY(final_norm(s, m->output_norm_w, m->output_norm_b_w, n));
+    IFLOW_TRY(final_norm(s, m->output_norm_w, m->output_norm_b_w, n));
     if (hp->output_rescale) /* as transformers: times the Python float dim ** -0.5 */
         for (size_t i = 0; i < (size_t)n * D; i++)
             s->x[i] *= (float)pow((double)D, -0.5);
-    TRY(iflow_linear_rows(s->dev, logits, V, m->output_w, NULL, s->x, D, n, V, D));
+    IFLOW_TRY(iflow_linear_rows(s->dev, logits, V, m->output_w, NULL, s->x, D, n, V, D));
     for (int t = 0; t < n && m->output_b; t++)
         ifk_add(logits + (size_t)t * V, m->output_b, V);
     return 0;
@@ -400,12 +393,12 @@ static int output(iflow_s2s *s, int n, float *logits)
 int iflow_s2s_step(iflow_s2s *s, const int32_t *ids, const int *seq, int n, float *logits)
 {
     const iflow_hparams *hp = &s->m->hp;
-    TRY(check_step(s, ids, seq, n));
-    TRY(embed(s, ids, s->pos, n));
+    IFLOW_TRY(check_step(s, ids, seq, n));
+    IFLOW_TRY(embed(s, ids, s->pos, n));
     for (int l = 0; l < hp->n_layers; l++) {
-        TRY(self_attention(s, l, seq, n));
-        TRY(cross_attention(s, l, n));
-        TRY(ffn(s, dec_layer(s, l), n));
+        IFLOW_TRY(self_attention(s, l, seq, n));
+        IFLOW_TRY(cross_attention(s, l, n));
+        IFLOW_TRY(ffn(s, dec_layer(s, l), n));
     }
     for (int i = 0; i < n; i++)
         s->n_past[seq[i]] = s->pos[i] + 1;
@@ -457,9 +450,10 @@ int iflow_s2s_greedy(iflow_s2s *s, const int32_t *src, int n_src, const int32_t 
     int rc = logits && r->tokens ? iflow_s2s_encode(s, src, n_src) : iflow_seterr(IFLOW_ENOMEM, "out of memory");
     if (rc == 0)
         rc = iflow_s2s_step(s, first, seq0, n_first, logits);
-    const float *last = logits ? logits + (size_t)(n_first - 1) * V : NULL;
+    float *last = logits ? logits + (size_t)(n_first - 1) * V : NULL;
     r->finish = IFLOW_FINISH_LENGTH;
     while (rc == 0 && r->n_tokens < max_new) {
+        iflow_model_ban(m, last);
         int32_t next = argmax(last, V);
         if (iflow_model_is_eos(m, next)) {
             r->finish = IFLOW_FINISH_EOS, r->eos = next;

@@ -53,7 +53,7 @@ int iflow_split_tensors(const iflow_hparams *hp, const iflow_plan *p, int dev, i
     int64_t q0 = d->head0 * hd, q1 = d->head1 * hd, k0 = kv0 * hd,
             k1 = (kv0 + iflow_part_kv_heads(hp, d->head0, d->head1)) * hd, f0 = d->ffn0, f1 = d->ffn1;
     int embed = iflow_split_embed_device(p) == dev, output = p->output_device == dev, first = d->head0 == 0;
-    iflow_split_tensor *t = calloc(3 + (size_t)layers * 16, sizeof *t);
+    iflow_split_tensor *t = calloc(4 + (size_t)layers * 16, sizeof *t);
     if (!t)
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
     char name[48];
@@ -62,6 +62,8 @@ int iflow_split_tensors(const iflow_hparams *hp, const iflow_plan *p, int dev, i
         add(t, n, "tok_embd", V, D, 0, 0, V);
     if (embed && hp->position == IFLOW_POS_LEARNED)
         add(t, n, "pos_embd", hp->max_seq, D, 0, 0, hp->max_seq);
+    if (embed && hp->rope_freqs && hp->position == IFLOW_POS_ROPE) /* the model's rope_scale, on the host */
+        add(t, n, "rope_freqs", hp->rope_dim / 2, 0, 0, 0, hp->rope_dim / 2);
     for (int l = l0; l < l0 + layers; l++) {
 #define L(suffix, d0, d1, cols, a0, a1) (snprintf(name, sizeof name, "blk.%d." suffix, l), add(t, n, name, d0, d1, cols, a0, a1))
         L("attn_norm", D, 0, 0, 0, D);

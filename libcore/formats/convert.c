@@ -8,6 +8,7 @@
 #include "libcore/engine/model.h"
 #include "shard.h"
 #include "spec.h"
+#include "tokrec.h"
 #include "libcore/base/util.h"
 
 #include <math.h>
@@ -15,8 +16,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <xxhash.h>
-
-#define MAX_TOKENIZER_BYTES (64u << 20)
 
 typedef struct {
     const iflow_convert_opts *o;
@@ -36,6 +35,8 @@ typedef struct {
     long *row0;                     /* [n_reqs] its first row (in the transposed matrix)      */
     long *period;                   /* [n_reqs] > 0: src[i] is rows row0 .. of every `period`
                                        rows of whole[i] (NAME[A:B/P]); gathered by the payload */
+    iflow_tokrec tok;               /* the tokenizer's files, or a GGUF's vocabulary (vocab)  */
+    void *vocab;                    /* malloc'd: a GGUF source's vocabulary, or NULL          */
 } job;
 
 /* ---- the source: one of two readers ---- */
@@ -68,6 +69,11 @@ static int open_source(job *j, const char *path, int hfdir_flags)
 {
     struct stat sb;
     if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) {
+        if (iflow_is_gguf_file(path) && j->o->tokenizer_path)
+            return iflow_seterr(IFLOW_EINVAL,
+                                "a tokenizer is for a llama2.c checkpoint or a model directory, not GGUF file '%s' "
+                                "(its vocabulary is its tokenizer)",
+                                path);
         if (iflow_is_gguf_file(path))
             return iflow_ggufsrc_open(&j->gguf, path);
         if (!iflow_is_llama2c_file(path))
@@ -82,8 +88,6 @@ static int open_source(job *j, const char *path, int hfdir_flags)
         j->llama2c = 1;
         return iflow_ggufsrc_from(&j->gguf, g);
     }
-    if (j->o->tokenizer_path)
-        return iflow_seterr(IFLOW_EINVAL, "a tokenizer file is for a llama2.c checkpoint, not '%s'", path);
     return iflow_hfdir_open(&j->dir, path, hfdir_flags);
 }
 
@@ -201,8 +205,8 @@ static int parse_rows(const job *j, const char *iflow_name, const char *name, ch
                             name, iflow_name, j->spec->path);
     if (slash && *xpose)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "periodic row ranges of transposed tensors ('%s') are not supported", name);
-    if (j->gguf)
-        return iflow_seterr(IFLOW_EUNSUPPORTED, "row ranges ('%s') are not supported for GGUF sources", name);
+    if (j->gguf && slash) /* plain ranges are rows in place, whatever the ggml type */
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "periodic row ranges ('%s') are not supported for GGUF sources", name);
     return 0;
 }
 
@@ -303,12 +307,6 @@ static int map_sources(job *j)
 
 /* ---- the meta record ---- */
 
-static const char *tokenizer_format(const char *path)
-{
-    size_t n = strlen(path);
-    return n >= 5 && strcmp(path + n - 5, ".gguf") == 0 ? "gguf" : "hf-json";
-}
-
 static int target_type(const job *j, const iflow_tensor_req *r, int src_type)
 {
     if (r->is_vector)
@@ -353,7 +351,7 @@ static json_t *source_meta(const job *j)
     return src;
 }
 
-static json_t *build_meta(job *j, const char *tok_format)
+static json_t *build_meta(job *j)
 {
     json_t *meta = json_pack("{s:s, s:i, s:O, s:O, s:O}", "format", "iflow-shard", "version", 1, "spec",
                              json_object_get(j->resolved, "spec"), "blocks", json_object_get(j->resolved, "blocks"),
@@ -361,8 +359,9 @@ static json_t *build_meta(job *j, const char *tok_format)
     if (!meta)
         return NULL;
     json_object_set_new(meta, "source", source_meta(j));
-    if (tok_format)
-        json_object_set_new(meta, "tokenizer", json_pack("{s:s, s:s}", "format", tok_format, "record", "tokenizer"));
+    json_t *tok = iflow_tokrec_describe(&j->tok);
+    if (tok)
+        json_object_set_new(meta, "tokenizer", tok);
     const json_t *gen = j->dir ? iflow_hfdir_generation_config(j->dir) : NULL;
     if (gen)
         json_object_set(meta, "generation", (json_t *)gen);
@@ -372,42 +371,31 @@ static json_t *build_meta(job *j, const char *tok_format)
     return meta;
 }
 
-/* The tokenizer's bytes (malloc'd) and format, or *data NULL when the source has none. */
-static int read_tokenizer(const job *j, char **data, size_t *len, const char **format)
+/* The tokenizer: a GGUF's vocabulary, else the files of --tokenizer's path (required there), else
+ * of the model directory (none is no error). */
+static int find_tokenizer(job *j)
 {
-    *data = NULL;
-    *format = NULL;
-    if (j->gguf) {
-        int rc = iflow_ggufsrc_tokenizer(j->gguf, (void **)data, len);
-        if (rc == IFLOW_ENOTFOUND)
-            return 0; /* a GGUF without a vocabulary: a shard without a tokenizer */
-        *format = rc == 0 ? "gguf" : NULL;
-        return rc;
-    }
-    const char *tok_path = iflow_hfdir_tokenizer_path(j->dir);
-    if (!tok_path)
-        return 0;
-    *format = tokenizer_format(tok_path);
-    return iflow_read_file(tok_path, MAX_TOKENIZER_BYTES, data, len);
+    if (!j->gguf)
+        return j->o->tokenizer_path ? iflow_tokrec_find(&j->tok, j->o->tokenizer_path, 1)
+                                    : iflow_tokrec_find(&j->tok, iflow_hfdir_path(j->dir), 0);
+    size_t len;
+    int rc = iflow_ggufsrc_tokenizer(j->gguf, &j->vocab, &len);
+    if (rc == IFLOW_ENOTFOUND)
+        return 0; /* a GGUF without a vocabulary: a shard without a tokenizer */
+    if (rc == 0)
+        iflow_tokrec_blob(&j->tok, j->vocab, len);
+    return rc;
 }
 
 static int write_header_records(job *j, iflow_shard_writer *w)
 {
-    char *tok = NULL;
-    size_t tok_len = 0;
-    const char *tok_format;
-    int rc = read_tokenizer(j, &tok, &tok_len, &tok_format);
-    json_t *meta = rc == 0 ? build_meta(j, tok_format) : NULL;
+    json_t *meta = build_meta(j);
     char *text = meta ? json_dumps(meta, JSON_INDENT(1) | JSON_PRESERVE_ORDER) : NULL;
     json_decref(meta);
-    if (rc == 0 && !text)
-        rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    int rc = text ? iflow_shard_write_blob(w, "meta", text, strlen(text)) : iflow_seterr(IFLOW_ENOMEM, "out of memory");
     if (rc == 0)
-        rc = iflow_shard_write_blob(w, "meta", text, strlen(text));
-    if (rc == 0 && tok)
-        rc = iflow_shard_write_blob(w, "tokenizer", tok, tok_len);
+        rc = iflow_tokrec_write(&j->tok, w);
     free(text);
-    free(tok);
     return rc;
 }
 
@@ -565,7 +553,7 @@ static int open_resolved(job *j, const char *src, int hfdir_flags)
 static int prepare(job *j, const char *src)
 {
     int synth = j->o->flags & IFLOW_CONVERT_SYNTHETIC, rc;
-    if ((rc = open_resolved(j, src, synth ? IFLOW_HFDIR_CONFIG_ONLY : 0)) < 0)
+    if ((rc = open_resolved(j, src, synth ? IFLOW_HFDIR_CONFIG_ONLY : 0)) < 0 || (rc = find_tokenizer(j)) < 0)
         return rc;
     if ((rc = iflow_hparams_from_json(&j->hp, j->resolved, src)) < 0 ||
         (rc = iflow_model_tensors(&j->hp, &j->reqs, &j->n_reqs)) < 0)
@@ -585,6 +573,7 @@ static void job_close(job *j)
     free(j->xpose);
     free(j->row0);
     free(j->period);
+    free(j->vocab);
     free(j->reqs);
     json_decref(j->resolved);
     iflow_spec_close(j->spec);
@@ -640,6 +629,8 @@ int iflow_convert_describe(const char *src, const iflow_convert_opts *opts, json
         rc = iflow_seterr(IFLOW_ENOMEM, "out of memory describing '%s'", src);
     if (d && j.spec->path)
         json_object_set_new(d, "spec_file", json_string(j.spec->path));
+    if (d && j.tok.n_sides)
+        json_object_set_new(d, "tokenizer", iflow_tokrec_describe(&j.tok));
     for (size_t i = 0; d && i < j.n_reqs; i++) {
         const iflow_src_tensor *t = j.src[i];
         const iflow_tensor_req *r = &j.reqs[i];

@@ -469,7 +469,11 @@ int iflow_ggufsrc_tokenizer(const iflow_ggufsrc *s, void **blob, size_t *len)
 
 int iflow_ggufsrc_payload(const iflow_ggufsrc *s, const iflow_src_tensor *t, int dt, const void **data, void *buf)
 {
-    size_t i = (size_t)(t - s->t);
+    /* t is one of ours, or a view of rows of one (a spec's NAME[A:B]: same name and type, its
+     * data and shape a whole number of rows into ours) */
+    int32_t i = iflow_strmap_get(&s->names, t->name, strlen(t->name));
+    if (i < 0)
+        return iflow_seterr(IFLOW_ENOTFOUND, "no tensor '%s' in '%s'", t->name, iflow_gguf_name(s->g));
     uint32_t type = s->ggml[i];
     uint64_t n = 1, row = (uint64_t)t->shape[t->n_dims - 1];
     for (int d = 0; d < t->n_dims; d++)

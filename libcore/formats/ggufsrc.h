@@ -68,8 +68,10 @@ const iflow_src_tensor *iflow_ggufsrc_find(const iflow_ggufsrc *s, const char *n
  * tokenizer.ggml.model key. */
 int iflow_ggufsrc_tokenizer(const iflow_ggufsrc *s, void **blob, size_t *len);
 
-/* Tensor t (from s) in iflow type dt: *data points into the source when the bytes are the same,
- * else into buf, which must hold iflow_tensor_nbytes(dt, ...) of t's shape. dt is t->dtype, or
+/* Tensor t (from s, or a copy of one of s's records narrowed to some of its rows: data and
+ * shape[0] a whole number of rows into it, as a spec's NAME[A:B] makes) in iflow type dt: *data
+ * points into the source when the bytes are the same, else into buf, which must hold
+ * iflow_tensor_nbytes(dt, ...) of t's shape. dt is t->dtype, or
  * F32, F16 or BF16 (dequantized); anything else is IFLOW_EUNSUPPORTED naming the tensor. */
 int iflow_ggufsrc_payload(const iflow_ggufsrc *s, const iflow_src_tensor *t, int dt, const void **data, void *buf);
 

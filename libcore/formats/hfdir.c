@@ -31,7 +31,6 @@ static void wfile_close(wfile *w)
 struct iflow_hfdir {
     char *path;
     json_t *config, *gen_config, *tok_config;
-    char *tokenizer_path;
     wfile *files;
     size_t n_files;
     iflow_src_tensor *t; /* flat list over all files */
@@ -99,22 +98,6 @@ static int load_json(const iflow_hfdir *h, const char *name, int required, json_
         rc = iflow_seterr(IFLOW_ENOTFOUND, "no %s in model directory '%s'", name, h->path);
     free(p);
     return rc;
-}
-
-static int find_tokenizer(iflow_hfdir *h)
-{
-    static const char *const names[] = {"tokenizer.json", "tokenizer.gguf"};
-    for (size_t i = 0; i < 2; i++) {
-        char *p = join(h->path, names[i]);
-        if (!p)
-            return IFLOW_ENOMEM;
-        if (is_file(p)) {
-            h->tokenizer_path = p;
-            return 0;
-        }
-        free(p);
-    }
-    return 0;
 }
 
 /* ---- weights -------------------------------------------------------------------------------- */
@@ -395,8 +378,6 @@ static int open_all(iflow_hfdir *h, int flags)
         rc = load_json(h, "generation_config.json", 0, &h->gen_config);
     if (rc == 0)
         rc = load_json(h, "tokenizer_config.json", 0, &h->tok_config);
-    if (rc == 0)
-        rc = find_tokenizer(h);
     if (rc == 0 && !(flags & IFLOW_HFDIR_CONFIG_ONLY))
         rc = open_weights_any(h);
     return rc;
@@ -431,7 +412,6 @@ void iflow_hfdir_close(iflow_hfdir *h)
     json_decref(h->config);
     json_decref(h->gen_config);
     json_decref(h->tok_config);
-    free(h->tokenizer_path);
     free(h->path);
     free(h);
 }
@@ -442,7 +422,6 @@ const char *iflow_hfdir_path(const iflow_hfdir *h) { return h->path; }
 const json_t *iflow_hfdir_config(const iflow_hfdir *h) { return h->config; }
 const json_t *iflow_hfdir_generation_config(const iflow_hfdir *h) { return h->gen_config; }
 const json_t *iflow_hfdir_tokenizer_config(const iflow_hfdir *h) { return h->tok_config; }
-const char *iflow_hfdir_tokenizer_path(const iflow_hfdir *h) { return h->tokenizer_path; }
 size_t iflow_hfdir_n_files(const iflow_hfdir *h) { return h->n_files; }
 size_t iflow_hfdir_n_tensors(const iflow_hfdir *h) { return h->n; }
 

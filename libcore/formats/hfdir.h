@@ -1,14 +1,12 @@
 /*
- * hfdir.h -- a Hugging Face model directory: config, tokenizer files and weights (safetensors or
- * PyTorch checkpoints).
+ * hfdir.h -- a Hugging Face model directory: config and weights (safetensors or PyTorch
+ * checkpoints). Which of its files are the tokenizer is tokenizer.h's iflow_tokenizer_find().
  *
  * Contract
  *   iflow_hfdir_open() reads, from directory `dir`:
  *     config.json             required; must be a JSON object
  *     generation_config.json  optional; a JSON object when present
  *     tokenizer_config.json   optional; a JSON object when present
- *     tokenizer.json          optional; else tokenizer.gguf (a GGUF vocabulary), else none:
- *                             only the path is recorded, the file is not read
  *     weights                 model.safetensors, else the shards that
  *                             model.safetensors.index.json lists in its weight_map
  *                             (name -> file; each file opened once, in name order); else
@@ -53,9 +51,6 @@ const char   *iflow_hfdir_path(const iflow_hfdir *h);                /* dir as g
 const json_t *iflow_hfdir_config(const iflow_hfdir *h);              /* config.json         */
 const json_t *iflow_hfdir_generation_config(const iflow_hfdir *h);   /* or NULL             */
 const json_t *iflow_hfdir_tokenizer_config(const iflow_hfdir *h);    /* or NULL             */
-const char   *iflow_hfdir_tokenizer_path(const iflow_hfdir *h);      /* "dir/tokenizer.json",
-                                                                        ".../tokenizer.gguf"
-                                                                        or NULL             */
 
 /* Weight files (0 with IFLOW_HFDIR_CONFIG_ONLY), and the path of the i-th (NULL if none). */
 size_t      iflow_hfdir_n_files(const iflow_hfdir *h);

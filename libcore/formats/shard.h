@@ -24,6 +24,17 @@
  *   tokenizer description, shard placement). The END! record carries the number of records
  *   before it in shape[0]; a stream without it is truncated.
  *
+ *   The tokenizer is BLOB records of its files' bytes, unchanged: "tokenizer" for a one-file
+ *   tokenizer (a tokenizer.json, a GGUF vocabulary), "tokenizer/<file name>" for each file of
+ *   a SentencePiece one ("tokenizer/source.spm", "tokenizer/target.spm", "tokenizer/vocab.json",
+ *   "tokenizer/spiece.model"; a file both sides use once). Meta's "tokenizer" object names them:
+ *     {"format": "hf-json" | "gguf" | "spm", "record": BLOB, "vocab": BLOB (spm with a Marian
+ *      vocab.json), "file", "vocab_file": the files' names (informational),
+ *      "target": {the same keys} (an encoder-decoder's target side, when it has its own)}
+ *   Shards written before SentencePiece files were stored have {"format", "record":
+ *   "tokenizer"} only, and read the same way (libcore/tokenizers/tok_shard.c reads,
+ *   libcore/formats/tokrec.c writes).
+ *
  * Why this shape: each record is complete when written (its checksum is of data in hand),
  * so a writer streams to a pipe with no seeking back and holds one tensor at a time; a
  * reader from a pipe reads records in order; from disk the file is mmap-ed and every payload

@@ -110,6 +110,47 @@ static int source_section(const char *section, const char **part)
     return -1;
 }
 
+/* [blocks.KEY=VALUE] (hparams 0) or [hparams.KEY=VALUE] (1), cond = "KEY=VALUE": its entry in
+ * (*arr, *n), created on first use, gets name = value. */
+static int when_key(iflow_spec_when **arr, size_t *n, const char *section, const char *cond, int hparams,
+                    const char *name, const char *value)
+{
+    const char *eq = strchr(cond, '=');
+    if (!eq || eq == cond || !eq[1])
+        return iflow_seterr(IFLOW_ESPEC, "bad section [%s]: want [%s.KEY=VALUE]", section, hparams ? "hparams" : "blocks");
+    size_t nk = (size_t)(eq - cond);
+    iflow_spec_when *w = NULL;
+    for (size_t i = 0; i < *n && !w; i++)
+        if ((*arr)[i].hparams == hparams && strlen((*arr)[i].key) == nk && strncmp((*arr)[i].key, cond, nk) == 0 &&
+            strcmp((*arr)[i].value, eq + 1) == 0)
+            w = &(*arr)[i];
+    if (!w) {
+        iflow_spec_when *nw = realloc(*arr, (*n + 1) * sizeof *nw);
+        if (!nw)
+            return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+        *arr = nw;
+        w = memset(&nw[(*n)++], 0, sizeof *nw);
+        w->hparams = hparams;
+        w->key = strndup(cond, nk);
+        w->value = strdup(eq + 1);
+        if (!w->key || !w->value)
+            return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    }
+    return push_kv(&w->blocks, &w->n_blocks, name, value);
+}
+
+/* "blocks.KEY=VALUE" or "hparams.KEY=VALUE" (the section's name after any format): its when;
+ * 1 when part is neither. */
+static int cond_key(iflow_spec_when **arr, size_t *n, const char *section, const char *part, const char *name,
+                    const char *value)
+{
+    if (strncmp(part, "blocks.", 7) == 0)
+        return when_key(arr, n, section, part + 7, 0, name, value);
+    if (strncmp(part, "hparams.", 8) == 0)
+        return when_key(arr, n, section, part + 8, 1, name, value);
+    return 1;
+}
+
 static int variant_key(iflow_spec *s, const char *section, const char *name, const char *value)
 {
     const char *part;
@@ -134,32 +175,8 @@ static int variant_key(iflow_spec *s, const char *section, const char *name, con
         return strcmp(name, "pattern") == 0 ? push_str(&v->ignore, &v->n_ignore, value)
                                             : iflow_seterr(IFLOW_ESPEC, "unknown key '%s' in [%s] (use 'pattern')", name, section);
     }
-    return iflow_seterr(IFLOW_ESPEC, "unknown section [%s]", section);
-}
-
-/* [blocks.KEY=VALUE]: its entry (created on first use). */
-static int when_key(iflow_spec *s, const char *section, const char *name, const char *value)
-{
-    const char *cond = section + strlen("blocks."), *eq = strchr(cond, '=');
-    if (!eq || eq == cond || !eq[1])
-        return iflow_seterr(IFLOW_ESPEC, "bad section [%s]: want [blocks.KEY=VALUE]", section);
-    size_t nk = (size_t)(eq - cond);
-    iflow_spec_when *w = NULL;
-    for (size_t i = 0; i < s->n_whens && !w; i++)
-        if (strlen(s->whens[i].key) == nk && strncmp(s->whens[i].key, cond, nk) == 0 && strcmp(s->whens[i].value, eq + 1) == 0)
-            w = &s->whens[i];
-    if (!w) {
-        iflow_spec_when *nw = realloc(s->whens, (s->n_whens + 1) * sizeof *nw);
-        if (!nw)
-            return iflow_seterr(IFLOW_ENOMEM, "out of memory");
-        s->whens = nw;
-        w = memset(&nw[s->n_whens++], 0, sizeof *nw);
-        w->key = strndup(cond, nk);
-        w->value = strdup(eq + 1);
-        if (!w->key || !w->value)
-            return iflow_seterr(IFLOW_ENOMEM, "out of memory");
-    }
-    return push_kv(&w->blocks, &w->n_blocks, name, value);
+    int rc = cond_key(&v->whens, &v->n_whens, section, part, name, value);
+    return rc <= 0 ? rc : iflow_seterr(IFLOW_ESPEC, "unknown section [%s]", section);
 }
 
 static int handler(void *user, const char *section, const char *name, const char *value)
@@ -178,9 +195,7 @@ static int handler(void *user, const char *section, const char *name, const char
     else if (strcmp(section, "ignore") == 0)
         rc = strcmp(name, "pattern") == 0 ? push_str(&s->ignore, &s->n_ignore, value)
                                           : iflow_seterr(IFLOW_ESPEC, "unknown key '%s' in [ignore] (use 'pattern')", name);
-    else if (strncmp(section, "blocks.", 7) == 0)
-        rc = when_key(s, section, name, value);
-    else
+    else if ((rc = cond_key(&s->whens, &s->n_whens, section, section, name, value)) == 1)
         rc = variant_key(s, section, name, value);
     st->err = rc;
     return rc == 0;
@@ -190,6 +205,21 @@ static int spec_load(iflow_spec **out, const char *path, int depth);
 static void free_strs(char **a, size_t n);
 static int override_kv(iflow_spec_kv **arr, size_t *n, const iflow_spec_kv *kv);
 static int override_all(iflow_spec_kv **arr, size_t *n, const iflow_spec_kv *src, size_t n_src);
+
+/* Append (*src, *ns) to (*dst, *nd), moving the entries: *src is left empty. */
+static int move_whens(iflow_spec_when **dst, size_t *nd, iflow_spec_when **src, size_t *ns)
+{
+    if (!*ns)
+        return 0;
+    iflow_spec_when *nw = realloc(*dst, (*nd + *ns) * sizeof *nw);
+    if (!nw)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    memcpy(nw + *nd, *src, *ns * sizeof *nw);
+    *dst = nw, *nd += *ns;
+    free(*src);
+    *src = NULL, *ns = 0;
+    return 0;
+}
 
 /* The child's keys over its base's (both loaded): base takes the child's name, description (when
  * it has one), architectures and path; the child's [blocks], [hparams], [tensors] keys override
@@ -205,15 +235,8 @@ static int merge_child(iflow_spec *b, iflow_spec *c)
         return rc;
     for (size_t i = 0; i < c->n_ignore && rc == 0; i++)
         rc = push_str(&b->ignore, &b->n_ignore, c->ignore[i]);
-    if (rc == 0 && c->n_whens) { /* the child's conditional blocks after the base's: they win */
-        iflow_spec_when *nw = realloc(b->whens, (b->n_whens + c->n_whens) * sizeof *nw);
-        if (!nw)
-            return iflow_seterr(IFLOW_ENOMEM, "out of memory");
-        memcpy(nw + b->n_whens, c->whens, c->n_whens * sizeof *nw);
-        b->whens = nw, b->n_whens += c->n_whens;
-        free(c->whens);
-        c->whens = NULL, c->n_whens = 0;
-    }
+    if (rc == 0) /* the child's conditional sections after the base's: they win */
+        rc = move_whens(&b->whens, &b->n_whens, &c->whens, &c->n_whens);
     for (size_t i = 0; i < b->n_variants; i++) {
         free_strs(b->variants[i].architectures, b->variants[i].n_architectures);
         b->variants[i].architectures = NULL, b->variants[i].n_architectures = 0;
@@ -231,6 +254,8 @@ static int merge_child(iflow_spec *b, iflow_spec *c)
         for (size_t i = 0; i < cv->n_ignore && rc == 0; i++)
             rc = push_str(&bv->ignore, &bv->n_ignore, cv->ignore[i]);
         bv->has_ignore |= cv->has_ignore;
+        if (rc == 0)
+            rc = move_whens(&bv->whens, &bv->n_whens, &c->variants[k].whens, &c->variants[k].n_whens);
     }
     if (rc < 0)
         return rc;
@@ -319,6 +344,16 @@ static void free_strs(char **a, size_t n)
     free(a);
 }
 
+static void free_whens(iflow_spec_when *w, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(w[i].key);
+        free(w[i].value);
+        free_kvs(w[i].blocks, w[i].n_blocks);
+    }
+    free(w);
+}
+
 void iflow_spec_close(iflow_spec *s)
 {
     if (!s)
@@ -331,14 +366,10 @@ void iflow_spec_close(iflow_spec *s)
         free_kvs(v->hparams, v->n_hparams);
         free_kvs(v->tensors, v->n_tensors);
         free_strs(v->ignore, v->n_ignore);
+        free_whens(v->whens, v->n_whens);
     }
     free(s->variants);
-    for (size_t i = 0; i < s->n_whens; i++) {
-        free(s->whens[i].key);
-        free(s->whens[i].value);
-        free_kvs(s->whens[i].blocks, s->whens[i].n_blocks);
-    }
-    free(s->whens);
+    free_whens(s->whens, s->n_whens);
     free_kvs(s->blocks, s->n_blocks);
     free_kvs(s->hparams, s->n_hparams);
     free_kvs(s->tensors, s->n_tensors);
@@ -476,6 +507,8 @@ int iflow_spec_use_source(iflow_spec *s, const char *format)
     int rc = override_all(&s->blocks, &s->n_blocks, v->blocks, v->n_blocks);
     if (rc == 0 && (rc = override_all(&s->hparams, &s->n_hparams, v->hparams, v->n_hparams)) == 0)
         rc = override_all(&s->tensors, &s->n_tensors, v->tensors, v->n_tensors);
+    if (rc == 0) /* the variant's conditional sections after the spec's: they win */
+        rc = move_whens(&s->whens, &s->n_whens, &v->whens, &v->n_whens);
     if (rc == 0 && v->has_ignore) {
         free_strs(s->ignore, s->n_ignore);
         s->ignore = v->ignore, s->n_ignore = v->n_ignore;
@@ -507,11 +540,13 @@ static const json_t *lookup(const json_t *config, const char *dotted)
     return v && !json_is_null(v) ? v : NULL;
 }
 
-/* A literal: number, true/false, or a bare word (a string choice such as "none"). NULL if the
- * alternative looks like a config key instead. */
+/* A literal: number, true/false, or a quoted string ("mean"). NULL if the alternative looks
+ * like a config key instead (a bare word is a string only as a last alternative: see below). */
 static json_t *literal(const char *alt)
 {
     char *end;
+    size_t n = strlen(alt);
+    if (n >= 2 && alt[0] == '"' && alt[n - 1] == '"') return json_stringn(alt + 1, n - 2); /* "mean" */
     if (strcmp(alt, "true") == 0) return json_true();
     if (strcmp(alt, "false") == 0) return json_false();
     long long iv = strtoll(alt, &end, 10);
@@ -521,9 +556,50 @@ static json_t *literal(const char *alt)
     return NULL;
 }
 
+/* A key with each "{K}" replaced by the config's string value of key K (GGUF's metadata keys
+ * start with the architecture: {general.architecture}.block_count), into buf. 0, or -1 when a
+ * K is absent, not a string or unterminated, or the result does not fit: no such key. */
+static int expand_key(const json_t *config, const char *key, char *buf, size_t cap)
+{
+    size_t n = 0;
+    for (const char *p = key; *p;) {
+        const char *open = strchr(p, '{'), *close = open ? strchr(open, '}') : NULL;
+        size_t lit = open ? (size_t)(open - p) : strlen(p);
+        if (n + lit >= cap || (open && !close))
+            return -1;
+        memcpy(buf + n, p, lit);
+        n += lit;
+        if (!open)
+            break;
+        char inner[256];
+        if ((size_t)(close - open - 1) >= sizeof inner)
+            return -1;
+        memcpy(inner, open + 1, (size_t)(close - open - 1));
+        inner[close - open - 1] = 0;
+        const char *v = json_string_value(lookup(config, inner));
+        if (!v || n + strlen(v) >= cap)
+            return -1;
+        memcpy(buf + n, v, strlen(v));
+        n += strlen(v);
+        p = close + 1;
+    }
+    buf[n] = 0;
+    return 0;
+}
+
+/* config's value at an alternative's key ({K} expanded), or NULL when absent. */
+static const json_t *lookup_alt(const json_t *config, const char *key)
+{
+    char buf[512];
+    if (!strchr(key, '{'))
+        return lookup(config, key);
+    return expand_key(config, key, buf, sizeof buf) == 0 ? lookup(config, buf) : NULL;
+}
+
 /* Evaluate "a, b, 10000": alternatives left to right; a number or true/false is a literal, a
- * word is a config.json key (dotted for nested keys) taken when present. When none is present
- * and there are several alternatives, a last one without a dot is a string literal ("none"). */
+ * word is a config.json key (dotted for nested keys, {K} standing for the string at key K)
+ * taken when present. When none is present and there are several alternatives, a last one
+ * without a dot is a string literal ("none"). */
 static int eval_alternatives(const iflow_spec *s, const iflow_spec_kv *kv, const json_t *config, json_t **value)
 {
     char *copy = strdup(kv->value), *save = NULL, *last = NULL;
@@ -536,17 +612,20 @@ static int eval_alternatives(const iflow_spec *s, const iflow_spec_kv *kv, const
         n_alt++;
         const json_t *v;
         if (last[0] == '!')
-            *value = json_boolean(lookup(config, last + 1) == NULL);
-        else if (!(*value = literal(last)) && (v = lookup(config, last)))
+            *value = json_boolean(lookup_alt(config, last + 1) == NULL);
+        else if (!(*value = literal(last)) && (v = lookup_alt(config, last)))
             *value = json_deep_copy(v);
     }
     int rc = 0;
-    if (!*value && n_alt > 1 && last && *last && !strchr(last, '.'))
+    if (!*value && n_alt > 1 && last && *last && !strchr(last, '.') && !strchr(last, '{'))
         *value = json_string(last);
-    else if (!*value)
+    else if (!*value) { /* the keys as looked up ({K} expanded where K is there) */
+        char shown[512];
+        if (expand_key(config, kv->value, shown, sizeof shown) < 0)
+            snprintf(shown, sizeof shown, "%s", kv->value);
         rc = iflow_seterr(IFLOW_ESPEC, "%s%s lacks '%s', needed for hyperparameter '%s' (spec '%s')",
-                          s->source ? s->source : "config.json", s->source ? " metadata" : "", kv->value, kv->key,
-                          s->path);
+                          s->source ? s->source : "config.json", s->source ? " metadata" : "", shown, kv->key, s->path);
+    }
     free(copy);
     return rc;
 }
@@ -572,11 +651,11 @@ static int apply_whens(const iflow_spec *s, const json_t *config, json_t *blocks
 {
     for (size_t i = 0; i < s->n_whens; i++) {
         const iflow_spec_when *w = &s->whens[i];
-        const json_t *v = lookup(config, w->key);
+        const json_t *v = w->hparams ? NULL : lookup(config, w->key);
         int named = 0;
         char values[256] = "";
         for (size_t j = 0; v && j < s->n_whens; j++)
-            if (strcmp(s->whens[j].key, w->key) == 0) {
+            if (!s->whens[j].hparams && strcmp(s->whens[j].key, w->key) == 0) {
                 named |= value_is(v, s->whens[j].value);
                 size_t n = strlen(values);
                 snprintf(values + n, sizeof values - n, "%s%s", n ? ", " : "", s->whens[j].value);
@@ -609,6 +688,16 @@ int iflow_spec_resolve(const iflow_spec *s, const json_t *config, json_t **resol
         rc = eval_alternatives(s, &s->hparams[i], config, &v);
         if (rc == 0)
             json_object_set_new(hp, s->hparams[i].key, v);
+    }
+    /* [hparams.KEY=VALUE] over them, in file order, where the config has KEY = VALUE */
+    for (size_t i = 0; i < s->n_whens && rc == 0; i++) {
+        const iflow_spec_when *w = &s->whens[i];
+        const json_t *c = w->hparams ? lookup(config, w->key) : NULL;
+        for (size_t k = 0; c && value_is(c, w->value) && k < w->n_blocks && rc == 0; k++) {
+            json_t *v;
+            if ((rc = eval_alternatives(s, &w->blocks[k], config, &v)) == 0)
+                json_object_set_new(hp, w->blocks[k].key, v);
+        }
     }
     if (rc == 0) {
         json_object_set_new(out, "spec", json_string(s->name));

@@ -11,9 +11,14 @@
  *   [blocks.KEY=VALUE]  blocks that replace [blocks]' keys when config.json's KEY is VALUE (T5's
  *              feed_forward_proj = gated-gelu: a gated GELU FFN); when sections name KEY and
  *              the config has it, its value must be one they name
+ *   [hparams.KEY=VALUE]  hyperparameters (alternatives as in [hparams]) that replace [hparams]'
+ *              when config.json's KEY is VALUE; other values keep [hparams]' (no refusal)
  *   [gguf]     architectures = general.architecture values this spec serves from GGUF files;
  *              [gguf.blocks], [gguf.hparams], [gguf.tensors] override the keys of the sections
- *              of the same name for such a source, and [gguf.ignore] replaces [ignore]
+ *              of the same name for such a source, [gguf.ignore] replaces [ignore], and
+ *              [gguf.blocks.KEY=VALUE], [gguf.hparams.KEY=VALUE] add conditional sections
+ *   A key of [hparams] may name "{K}": the config's string at key K, so one variant serves
+ *   several GGUF architectures ({general.architecture}.block_count).
  *
  * Contract
  *   iflow_spec_load() parses one file (inih) and owns every string in the result until
@@ -46,12 +51,14 @@ typedef struct {
     iflow_spec_kv *tensors; size_t n_tensors;
     char **ignore;          size_t n_ignore;  /* replaces the base's [ignore] when has_ignore */
     int has_ignore;
+    struct iflow_spec_when *whens; size_t n_whens; /* [FORMAT.blocks.K=V], [FORMAT.hparams.K=V] */
 } iflow_spec_variant;
 
-/* [blocks.KEY=VALUE]: blocks chosen by a config value. */
-typedef struct {
+/* [blocks.KEY=VALUE] or [hparams.KEY=VALUE]: blocks or hyperparameters chosen by a config value. */
+typedef struct iflow_spec_when {
     char *key, *value;
-    iflow_spec_kv *blocks;  size_t n_blocks;
+    iflow_spec_kv *blocks;  size_t n_blocks;  /* the keys it sets: blocks, or hyperparameters */
+    int hparams;                              /* 1: [hparams.KEY=VALUE] */
 } iflow_spec_when;
 
 typedef struct {

@@ -465,6 +465,7 @@ static int extend(iflow_beam_run *r)
     hyp next[IFLOW_MAX_BEAMS] = {{0}};
     int n_c = 0, n_next = 0, rc = 0;
     for (int i = 0; i < r->n_live; i++) {
+        iflow_model_ban(m, r->logits + (size_t)i * V); /* before the softmax: renormalized */
         log_softmax(r->lp, r->logits + (size_t)i * V, V);
         n_c = top_tokens(r->cs, n_c, r->lp, V, 2 * W < V ? 2 * W : V, i, r->live[i].logprob);
     }

@@ -1,7 +1,9 @@
-/* tok_open.c -- iflow_tokenizer_open(): a tokenizer.json, a GGUF file (sniffed by its magic), a
- * SentencePiece model (.spm / .model), or a model directory (tokenizer.json, with bos/eos from
- * tokenizer_config.json / config.json; else Marian's source.spm + vocab.json; else spiece.model);
- * iflow_tokenizer_open_target(): a Marian directory's target side. */
+/* tok_open.c -- which files make a tokenizer (iflow_tokenizer_find: a tokenizer.json, a GGUF file
+ * sniffed by its magic, a SentencePiece model .spm / .model, or a model directory: tokenizer.json
+ * with bos/eos from tokenizer_config.json / config.json, else tokenizer.gguf, else Marian's
+ * source.spm + vocab.json -- target.spm for the target side -- else spiece.model), opening them
+ * (iflow_tokenizer_open, _open_target, _open_files), and a tokenizer from a format's bytes
+ * (iflow_tokenizer_from_format, as a shard stores them). */
 #include "libcore/base/error.h"
 #include "libcore/formats/gguf.h"
 #include "tok_internal.h"
@@ -89,16 +91,75 @@ static int ends_with(const char *s, const char *tail)
     return n >= k && strcmp(s + n - k, tail) == 0;
 }
 
-static int open_file(iflow_tokenizer **out, const char *path)
+/* ---- finding the files ---------------------------------------------------------------------- */
+
+/* dir/file into path; 1 if it exists. */
+static int in_dir(char *path, size_t cap, const char *dir, const char *file)
 {
-    if (is_gguf(path))
-        return open_gguf(out, path);
-    if (ends_with(path, ".spm") || ends_with(path, ".model"))
-        return open_spm(out, path, NULL);
-    return open_json(out, path);
+    struct stat st;
+    snprintf(path, cap, "%s/%s", dir, file);
+    return stat(path, &st) == 0;
 }
 
-/* ---- model directories -------------------------------------------------------------------- */
+/* A single file by its kind: a GGUF (by its magic), a SentencePiece model (by its name), else a
+ * tokenizer.json. */
+static void find_file(iflow_tokenizer_files *f, const char *path)
+{
+    snprintf(f->file, sizeof f->file, "%s", path);
+    f->format = is_gguf(path) ? "gguf" : ends_with(path, ".spm") || ends_with(path, ".model") ? "spm" : "hf-json";
+}
+
+/* Marian: `spm` with the vocabulary `vocab` (else vocab.json); 0 when the directory lacks them. */
+static int find_marian(iflow_tokenizer_files *f, const char *dir, const char *spm, const char *vocab)
+{
+    if (in_dir(f->file, sizeof f->file, dir, spm) &&
+        (in_dir(f->vocab, sizeof f->vocab, dir, vocab) || in_dir(f->vocab, sizeof f->vocab, dir, "vocab.json"))) {
+        f->format = "spm";
+        return 1;
+    }
+    f->file[0] = f->vocab[0] = 0;
+    return 0;
+}
+
+static int find_in_dir(iflow_tokenizer_files *f, const char *dir, int side)
+{
+    f->in_dir = 1;
+    if (side == IFLOW_TOK_TARGET && find_marian(f, dir, "target.spm", "target_vocab.json"))
+        return 0;
+    if (in_dir(f->file, sizeof f->file, dir, "tokenizer.json"))
+        f->format = "hf-json";
+    else if (in_dir(f->file, sizeof f->file, dir, "tokenizer.gguf"))
+        f->format = "gguf";
+    else if (!find_marian(f, dir, "source.spm", "vocab.json") && in_dir(f->file, sizeof f->file, dir, "spiece.model"))
+        f->format = "spm";
+    if (!f->format)
+        return iflow_seterr(IFLOW_ENOTFOUND,
+                            "no tokenizer.json, tokenizer.gguf, source.spm with vocab.json, or spiece.model in directory '%s'",
+                            dir);
+    return 0;
+}
+
+/* 1 for a directory, 0 for anything else, < 0 when path does not exist. */
+static int path_kind(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return iflow_seterr(errno == ENOENT ? IFLOW_ENOTFOUND : IFLOW_EIO, "cannot open '%s': %s", path, strerror(errno));
+    return S_ISDIR(st.st_mode) ? 1 : 0;
+}
+
+int iflow_tokenizer_find(iflow_tokenizer_files *f, const char *path, int side)
+{
+    memset(f, 0, sizeof *f);
+    if (!path)
+        return iflow_seterr(IFLOW_EINVAL, "iflow_tokenizer_find: null argument");
+    int kind = path_kind(path);
+    if (kind == 0)
+        find_file(f, path);
+    return kind < 0 ? kind : kind ? find_in_dir(f, path, side) : 0;
+}
+
+/* ---- opening what was found ----------------------------------------------------------------- */
 
 /* "bos_token": "<s>" or {"content": "<s>", ...} in tokenizer_config.json. */
 static int32_t config_token(const iflow_tokenizer *t, const json_t *cfg, const char *key)
@@ -122,12 +183,13 @@ static int32_t config_id(const iflow_tokenizer *t, const json_t *cfg, const char
 
 static json_t *load_json_file(const char *dir, const char *file)
 {
-    char path[4096];
+    char path[4096 + 64];
     snprintf(path, sizeof path, "%s/%s", dir, file);
     return json_load_file(path, 0, NULL);
 }
 
-/* Optional files: anything missing or malformed is ignored. */
+/* A tokenizer.json's directory: bos/eos from its tokenizer_config.json or config.json.
+ * Optional files: anything missing or malformed is ignored. */
 static void apply_dir_config(iflow_tokenizer *t, const char *dir)
 {
     json_t *tc = load_json_file(dir, "tokenizer_config.json"), *c = load_json_file(dir, "config.json");
@@ -144,66 +206,49 @@ static void apply_dir_config(iflow_tokenizer *t, const char *dir)
     json_decref(c);
 }
 
-/* dir/file into path; 1 if it exists. */
-static int in_dir(char *path, size_t cap, const char *dir, const char *file)
+int iflow_tokenizer_open_files(iflow_tokenizer **out, const iflow_tokenizer_files *f)
 {
-    struct stat st;
-    snprintf(path, cap, "%s/%s", dir, file);
-    return stat(path, &st) == 0;
-}
-
-/* Marian: `spm` with the vocabulary `vocab` (else vocab.json); 0 when the directory is not one. */
-static int open_marian(iflow_tokenizer **out, const char *dir, const char *spm, const char *vocab, int *found)
-{
-    char sp[4096], vp[4096];
-    *found = in_dir(sp, sizeof sp, dir, spm) && (in_dir(vp, sizeof vp, dir, vocab) || in_dir(vp, sizeof vp, dir, "vocab.json"));
-    return *found ? open_spm(out, sp, vp) : 0;
-}
-
-static int open_dir(iflow_tokenizer **out, const char *dir)
-{
-    char path[4096];
-    int found, rc;
-    if (in_dir(path, sizeof path, dir, "tokenizer.json")) {
-        if ((rc = open_json(out, path)) == 0)
-            apply_dir_config(*out, dir);
-        return rc;
+    int rc = strcmp(f->format, "gguf") == 0  ? open_gguf(out, f->file)
+             : strcmp(f->format, "spm") == 0 ? open_spm(out, f->file, f->vocab[0] ? f->vocab : NULL)
+                                             : open_json(out, f->file);
+    if (rc == 0 && f->in_dir && strcmp(f->format, "hf-json") == 0) {
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s", f->file);
+        *strrchr(dir, '/') = 0; /* in_dir wrote "dir/tokenizer.json" */
+        apply_dir_config(*out, dir);
     }
-    if ((rc = open_marian(out, dir, "source.spm", "vocab.json", &found)) < 0 || found)
-        return rc;
-    if (in_dir(path, sizeof path, dir, "spiece.model"))
-        return open_spm(out, path, NULL);
-    return iflow_seterr(IFLOW_ENOTFOUND, "no tokenizer.json, source.spm with vocab.json, or spiece.model in directory '%s'",
-                        dir);
+    return rc;
 }
 
-/* 1 for a directory, 0 for anything else, < 0 when path does not exist. */
-static int path_kind(const char *path)
+/* The tokenizer of path's `side`. */
+static int open_side(iflow_tokenizer **out, const char *path, int side, const char *fn)
 {
-    struct stat st;
-    if (stat(path, &st) != 0)
-        return iflow_seterr(errno == ENOENT ? IFLOW_ENOTFOUND : IFLOW_EIO, "cannot open '%s': %s", path, strerror(errno));
-    return S_ISDIR(st.st_mode) ? 1 : 0;
+    iflow_tokenizer_files f;
+    if (!out || !path)
+        return iflow_seterr(IFLOW_EINVAL, "%s: null argument", fn);
+    *out = NULL;
+    int rc = iflow_tokenizer_find(&f, path, side);
+    return rc < 0 ? rc : iflow_tokenizer_open_files(out, &f);
 }
 
 int iflow_tokenizer_open(iflow_tokenizer **out, const char *path)
 {
-    if (!out || !path)
-        return iflow_seterr(IFLOW_EINVAL, "iflow_tokenizer_open: null argument");
-    *out = NULL;
-    int kind = path_kind(path);
-    return kind < 0 ? kind : kind ? open_dir(out, path) : open_file(out, path);
+    return open_side(out, path, IFLOW_TOK_SOURCE, "iflow_tokenizer_open");
 }
 
 int iflow_tokenizer_open_target(iflow_tokenizer **out, const char *path)
 {
-    int found = 0, rc;
-    if (!out || !path)
-        return iflow_seterr(IFLOW_EINVAL, "iflow_tokenizer_open_target: null argument");
-    *out = NULL;
-    int kind = path_kind(path);
-    if (kind <= 0)
-        return kind < 0 ? kind : open_file(out, path);
-    rc = open_marian(out, path, "target.spm", "target_vocab.json", &found);
-    return rc < 0 || found ? rc : open_dir(out, path);
+    return open_side(out, path, IFLOW_TOK_TARGET, "iflow_tokenizer_open_target");
+}
+
+int iflow_tokenizer_from_format(iflow_tokenizer **out, const char *format, const void *data, size_t len,
+                                const char *name, const char *vocab, size_t vocab_len, const char *vocab_name)
+{
+    if (strcmp(format, "hf-json") == 0)
+        return iflow_tokenizer_from_hf_json(out, data, len, name);
+    if (strcmp(format, "gguf") == 0)
+        return iflow_tokenizer_from_gguf(out, data, len, name);
+    if (strcmp(format, "spm") == 0)
+        return iflow_tokenizer_from_spm(out, data, len, name, vocab, vocab_len, vocab_name);
+    return iflow_seterr(IFLOW_EUNSUPPORTED, "unknown tokenizer format '%s' in '%s'", format, name);
 }

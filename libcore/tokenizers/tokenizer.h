@@ -5,8 +5,11 @@
  *   An iflow_tokenizer is built from a HF tokenizer.json, from the tokenizer.ggml.* keys of a
  *   GGUF file, from a SentencePiece model (.spm / .model, optionally with a Marian vocab.json),
  *   or by iflow_tokenizer_open() from a path: a tokenizer.json, a GGUF file (by its magic), a
- *   file named *.spm or *.model, or a directory holding tokenizer.json, else Marian's source.spm
- *   + vocab.json, else spiece.model. An encoder-decoder model has a tokenizer per side:
+ *   file named *.spm or *.model, or a directory holding tokenizer.json, else tokenizer.gguf,
+ *   else Marian's source.spm + vocab.json, else spiece.model (iflow_tokenizer_find() says which
+ *   files those are without reading them: the converter stores them in a shard, and
+ *   iflow_tokenizer_from_shard() builds the tokenizer back from there). An encoder-decoder
+ *   model has a tokenizer per side:
  *   iflow_tokenizer_open() gives the source side (what the encoder reads),
  *   iflow_tokenizer_open_target() the target side (what the decoder's ids mean: Marian's
  *   target.spm with target_vocab.json or vocab.json; for any other path the same tokenizer).
@@ -71,6 +74,7 @@
 #include <stdint.h>
 
 #include "include/iflow.h" /* IFLOW_TOK_* */
+#include "libcore/formats/shard.h"
 
 typedef struct iflow_tokenizer iflow_tokenizer;
 
@@ -83,14 +87,43 @@ int iflow_tokenizer_from_spm(iflow_tokenizer **out, const void *spm, size_t spm_
                              const char *vocab_json, size_t vocab_len, const char *vocab_name);
 /* From a whole GGUF file in memory (tokenizer.ggml.* keys). */
 int iflow_tokenizer_from_gguf(iflow_tokenizer **out, const void *buf, size_t len, const char *name);
-/* From a tokenizer.json, a GGUF file (sniffed by its magic), or a directory holding
- * tokenizer.json. For a directory, bos/eos also come from tokenizer_config.json
- * ("bos_token"/"eos_token") or config.json ("bos_token_id"/"eos_token_id") when present. */
+/* A tokenizer of `format` ("hf-json", "gguf" or "spm": iflow_tokenizer_files' names) from the
+ * bytes of its file; for "spm" with a Marian vocab.json's text (or NULL). How a shard's tokenizer
+ * records are read back. */
+int iflow_tokenizer_from_format(iflow_tokenizer **out, const char *format, const void *data, size_t len,
+                                const char *name, const char *vocab, size_t vocab_len, const char *vocab_name);
+
+/* The files a tokenizer is made of, as found for a path (nothing is read). */
+enum { IFLOW_TOK_SOURCE = 0, IFLOW_TOK_TARGET = 1 }; /* the side of an encoder-decoder */
+typedef struct {
+    const char *format;  /* "hf-json" (a tokenizer.json), "gguf" (a GGUF file), "spm" (a SentencePiece model) */
+    char file[4096];     /* that file's path */
+    char vocab[4096];    /* "spm" with a Marian vocab.json: its path (the ids are its); else "" */
+    int in_dir;          /* found in a directory: a tokenizer.json's bos/eos may come from beside it */
+} iflow_tokenizer_files;
+
+/* The files of path's tokenizer for `side`. A file is a GGUF (by its magic), a SentencePiece model
+ * (*.spm, *.model) or a tokenizer.json. A directory holds tokenizer.json, else tokenizer.gguf,
+ * else Marian's source.spm with vocab.json, else spiece.model (else IFLOW_ENOTFOUND, naming the
+ * directory); its target side is Marian's target.spm with target_vocab.json (else vocab.json)
+ * when it has one, else the same files as the source side. M2M100's sentencepiece.bpe.model is
+ * not looked for (its tokenizer puts a language token before the source, which the .spm reader
+ * does not do). */
+int iflow_tokenizer_find(iflow_tokenizer_files *f, const char *path, int side);
+/* Build the tokenizer of found files; for a tokenizer.json found in a directory, bos/eos also
+ * come from tokenizer_config.json ("bos_token"/"eos_token") or config.json
+ * ("bos_token_id"/"eos_token_id") there when present. */
+int iflow_tokenizer_open_files(iflow_tokenizer **out, const iflow_tokenizer_files *f);
+/* iflow_tokenizer_find(path, IFLOW_TOK_SOURCE), then iflow_tokenizer_open_files(). */
 int iflow_tokenizer_open(iflow_tokenizer **out, const char *path);
 /* The tokenizer for the target side of an encoder-decoder model (what its decoder's ids mean):
- * for a Marian directory target.spm with target_vocab.json (else vocab.json); for any other path
- * the same as iflow_tokenizer_open(). */
+ * iflow_tokenizer_find(path, IFLOW_TOK_TARGET), then iflow_tokenizer_open_files(). */
 int iflow_tokenizer_open_target(iflow_tokenizer **out, const char *path);
+/* The tokenizer of a shard's `side` (shard.h: meta "tokenizer", its "target" for
+ * IFLOW_TOK_TARGET), built from the records it names; *out NULL when the shard names none (a
+ * model without a tokenizer, or with one tokenizer for both sides). A missing or malformed
+ * record is an error naming the record, its payload's byte offset and the shard. */
+int iflow_tokenizer_from_shard(iflow_tokenizer **out, const iflow_shard *sh, int side);
 void iflow_tokenizer_close(iflow_tokenizer *t);
 
 /* Token ids of text[0..len). *ids is malloc'd (NULL when *n_ids == 0); the caller frees it.

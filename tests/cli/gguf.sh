@@ -84,7 +84,7 @@ sed 's/llama/llamb/g' "$G" >"$TMP/arch.gguf" # every 'llama' key and value: an a
 bad_gguf "$TMP/arch.gguf" "unknown architecture" "'.*arch\.gguf': unknown gguf architecture 'llamb'"
 bad_gguf tests/fixtures/gguf/types.gguf "not a model" "'tests/fixtures/gguf/types\.gguf': unknown gguf architecture 'iflow-test'"
 run $BIN/iflow-convert --spec specs/llama.ini tests/fixtures/gguf/types.gguf -o "$TMP/out.ifs"
-expect_match "$err" "types\.gguf: gguf metadata lacks 'llama\.embedding_length', needed for hyperparameter 'dim'" \
+expect_match "$err" "types\.gguf: gguf metadata lacks 'iflow-test\.embedding_length', needed for hyperparameter 'dim'" \
     "--spec on a GGUF that lacks its keys"
 printf 'not a model' >"$TMP/x.bin"
 bad_gguf "$TMP/x.bin" "neither directory nor GGUF" "'.*x\.bin' is not a model directory, a GGUF file or a llama2.c checkpoint"

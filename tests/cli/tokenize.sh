@@ -31,6 +31,6 @@ expect_eq "$err" "iflow-run: protobuf field 1 at byte 92 claims 8 bytes but 6 re
 mkdir "$TMP/empty"
 run $BIN/iflow-run -m "$TMP/empty" --tokenize <<<"x"
 expect_rc 1 "a directory without a tokenizer"
-expect_eq "$err" "iflow-run: no tokenizer.json, source.spm with vocab.json, or spiece.model in directory '$TMP/empty'" \
+expect_eq "$err" "iflow-run: no tokenizer.json, tokenizer.gguf, source.spm with vocab.json, or spiece.model in directory '$TMP/empty'" \
     "what was looked for"
 summary

@@ -1,11 +1,16 @@
 /* fuzz_gguf.c -- libFuzzer target: the GGUF reader, the GGUF tokenizer loader and the GGUF
  * model source (ggufsrc: metadata as config, tensor conversion) on arbitrary bytes. Every
  * accepted file is walked completely (all keys through every getter, every tensor's first and
- * last data byte), converted tensor by tensor (its own type, F32, F16) and, if it holds a
- * vocabulary, used to encode and decode (directly and through ggufsrc's tokenizer blob). */
+ * last data byte), converted tensor by tensor (its own type, F32, F16; a matrix also without
+ * its first row, as a spec's row range asks), its metadata resolved by the spec of specs/ that
+ * serves its architecture and read by the engine, and, if it holds a vocabulary, used to
+ * encode and decode (directly and through ggufsrc's tokenizer blob). Run from the repository
+ * root (specs/). */
 #include "libcore/base/dtype.h"
+#include "libcore/engine/model.h"
 #include "libcore/formats/gguf.h"
 #include "libcore/formats/ggufsrc.h"
+#include "libcore/formats/spec.h"
 #include "libcore/tokenizers/tokenizer.h"
 
 #include <stdint.h>
@@ -84,6 +89,37 @@ static void use_tokenizer(const iflow_tokenizer *t, const uint8_t *data, size_t 
     }
 }
 
+/* The specs serving GGUF architectures, loaded once (with their [gguf] variant applied). */
+static iflow_spec *specs_for_gguf[16];
+
+static const iflow_spec *spec_for(const char *arch)
+{
+    static const char *const archs[] = {"llama", "qwen2", "gemma", "gemma2", "gemma3", "phi3", "gpt2", "gptneox", "bert"};
+    static const char *const dirs[] = {"specs"};
+    static int loaded;
+    if (!loaded++)
+        for (size_t i = 0; i < sizeof archs / sizeof *archs; i++)
+            if (iflow_spec_find_source(&specs_for_gguf[i], dirs, 1, "gguf", archs[i]) != 0)
+                specs_for_gguf[i] = NULL;
+    for (size_t i = 0; arch && i < sizeof archs / sizeof *archs; i++)
+        if (specs_for_gguf[i] && strcmp(archs[i], arch) == 0)
+            return specs_for_gguf[i];
+    return NULL;
+}
+
+/* The metadata resolved as the converter does ({K} keys, conditional sections) and read by the
+ * engine's hyperparameter checks, as converting the file would. */
+static void use_spec(iflow_ggufsrc *s)
+{
+    const iflow_spec *spec = spec_for(iflow_ggufsrc_architecture(s));
+    json_t *resolved;
+    iflow_hparams hp;
+    if (spec && iflow_spec_resolve(spec, iflow_ggufsrc_config(s), &resolved) == 0) {
+        sink += iflow_hparams_from_json(&hp, resolved, "fuzz.gguf") == 0 ? (uint64_t)hp.n_layers : 0;
+        json_decref(resolved);
+    }
+}
+
 /* Convert every tensor of up to 1 << 16 elements to its own type, F32 and F16. */
 static void use_source(iflow_ggufsrc *s)
 {
@@ -107,7 +143,17 @@ static void use_source(iflow_ggufsrc *s)
             if (nb <= sizeof buf && iflow_ggufsrc_payload(s, t, dt, &out, buf) == 0 && nb)
                 sink += ((const uint8_t *)out)[nb - 1];
         }
+        if (t->n_dims == 2 && t->shape[0] >= 2) { /* rows 1.. in place, as convert.c's NAME[A:B] */
+            iflow_src_tensor rows = *t;
+            size_t row = t->nbytes / (size_t)t->shape[0];
+            rows.shape[0]--, rows.nbytes -= row, rows.data = (const uint8_t *)t->data + row;
+            const void *out;
+            size_t nb = iflow_tensor_nbytes(IFLOW_DT_F32, 2, rows.shape);
+            if (nb <= sizeof buf && iflow_ggufsrc_payload(s, &rows, IFLOW_DT_F32, &out, buf) == 0 && nb)
+                sink += ((const uint8_t *)out)[nb - 1];
+        }
     }
+    use_spec(s);
     void *blob;
     size_t len;
     iflow_tokenizer *t;

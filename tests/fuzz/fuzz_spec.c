@@ -10,8 +10,9 @@ static const char config[] =
     "{\"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 8, \"rope_scaling\": "
     "{\"factor\": 2.0, \"rope_type\": \"llama3\"}, \"architectures\": [\"LlamaForCausalLM\"], \"eos_token_id\": [1, 2]}";
 static const char gguf_config[] =
-    "{\"llama\": {\"embedding_length\": 64, \"block_count\": 2, \"attention\": {\"head_count\": 8}}, "
-    "\"tokenizer\": {\"ggml\": {\"tokens\": {\"count\": 512}}}, \"tensors\": {\"output\": {\"weight\": true}}}";
+    "{\"general\": {\"architecture\": \"llama\"}, \"llama\": {\"embedding_length\": 64, \"block_count\": 2, "
+    "\"attention\": {\"head_count\": 8}, \"pooling_type\": 1}, \"tokenizer\": {\"ggml\": {\"tokens\": {\"count\": 512}}}, "
+    "\"tensors\": {\"output\": {\"weight\": true}}}";
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

@@ -3,7 +3,10 @@
 
     python3 tests/fuzz/make_seeds.py [--data ../shared]
 
-The committed seeds are this script's output; rerun it only to change them.
+The committed seeds are this script's output; rerun it only to change them. Except
+fuzz_shard/tokenizer.ifs (a shard carrying SentencePiece tokenizer records, source side with a
+vocab.json and a target side): tests/unit/test_shardtok writes it when run with
+IFLOW_WRITE_SEEDS=tests/fuzz/seeds.
 """
 import argparse
 import io
@@ -109,6 +112,35 @@ def gguf_seeds():
         "truncated.gguf": gguf(spm_vocab())[:300],
         "quant_types.gguf": quant_types(),
         "bert_vocab.gguf": gguf(bert_vocab()),
+        **family_seeds(),
+    }
+
+
+def family_seeds():
+    """Tiny files of the architectures specs/ serve from GGUF, with the metadata their [gguf]
+    sections read ({general.architecture} keys, conditional sections, fused tensors as row ranges,
+    rope_freqs): the spec resolution and the engine's hyperparameter checks run on them."""
+    vocab = [kv for kv in spm_vocab() if kv[0] != "general.architecture"]
+
+    def model(arch, kvs, tensors=(), data=b""):
+        head = [("general.architecture", STR, arch), (arch + ".block_count", U32, 2), (arch + ".embedding_length", U32, 8),
+                (arch + ".feed_forward_length", U32, 16), (arch + ".attention.head_count", U32, 2),
+                (arch + ".context_length", U32, 64)]
+        named = {k for k, _, _ in kvs}
+        return gguf([kv for kv in head if kv[0] not in named] + kvs + vocab, tensors, data)
+    qkv = [("blk.0.attn_qkv.weight", [8, 24], 0, 0), ("blk.0.ffn_up.weight", [32, 32], 8, 1024),
+           ("rope_freqs.weight", [2], 0, 1024 + 32 * 34)]
+    data = struct.pack("<192f", *[i / 64 for i in range(192)]) + b"\0" * 256
+    data += bytes((i * 13) & 0xFF for i in range(32 * 34)) + struct.pack("<2f", 1.0, 0.0)
+    return {
+        "gemma2_27b.gguf": model("gemma2", [("gemma2.block_count", U32, 46), ("gemma2.attn_logit_softcapping", F32, 50.0),
+                                            ("gemma2.attention.sliding_window", U32, 4)]),
+        "gemma3_pattern.gguf": model("gemma3", [("gemma3.attention.sliding_window", U32, 4),
+                                                ("gemma3.attention.sliding_window_pattern", ARR, (BOOL, [True, False]))]),
+        "bert_pooling.gguf": model("bert", [("bert.pooling_type", U32, 1), ("tokenizer.ggml.token_type_count", U32, 2)]),
+        "phi3_fused.gguf": model("phi3", [("phi3.attention.sliding_window", U32, 3), ("phi3.rope.dimension_count", U32, 4)],
+                                 qkv, data),
+        "llama_rope_freqs.gguf": model("llama", [("llama.rope.scaling.type", STR, "linear")], qkv, data),
     }
 
 

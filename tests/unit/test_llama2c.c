@@ -394,9 +394,9 @@ static void test_errors(void)
     test_write_file(path, v0, len);
     CHECK_ERR(convert_l2c(path, NULL, out), IFLOW_ENOTFOUND, "bad.bin", "--tokenizer");
 
-    /* a tokenizer for a Hugging Face directory */
+    /* a tokenizer.bin for a Hugging Face directory: read as the tokenizer.json it is not */
     char *hf = data_copy("models/stories260K/hf");
-    CHECK_ERR(convert_l2c(hf, tok, out), IFLOW_EINVAL, "stories260K/hf", "llama2.c");
+    CHECK_ERR(convert_l2c(hf, tok, out), IFLOW_EFORMAT, "tok512.bin", "cannot build the tokenizer (read as hf-json)");
     CHECK(access(out, F_OK) != 0, "nothing written");
     free(hf), free(b), free(v0), free(t), free(bin), free(tok);
 }

@@ -4,6 +4,7 @@
  * survives a save/load), layer ranges following memory, GQA replication, what fits, and the
  * cost model against the formulas of docs/PARTITION.md computed by hand. */
 #include "libcore/base/dtype.h"
+#include "libcore/engine/footprint.h"
 #include "libcore/engine/partition.h"
 #include "libcore/engine/plan.h"
 #include "testlib.h"
@@ -376,6 +377,49 @@ static void test_cost_by_hand(void)
     iflow_model_shape_free(&s);
 }
 
+/* Blocks other than Llama's: GPT-2's plain FFN (two matrices, not three) and BERT's encoder
+ * (no output matrix, no logits) in the cost model, by hand. */
+static void test_cost_other_blocks(void)
+{
+    iflow_model_shape s;
+    iflow_machine m;
+    if (config(&s, "tests/fixtures/families/gpt2", IFLOW_DT_F16) || machine(&m, "H100-80G"))
+        return;
+    iflow_plan p;
+    iflow_partition_cost c;
+    /* batch 1024: the FFN is compute-bound (2 x 32 x 128 x 2 flop a token), attention reads KV */
+    iflow_partition_opts o = {.n_ctx = 64, .batch = 1024};
+    int rc = iflow_partition_make(&p, &c, &s, &m, IFLOW_STRAT_LAYER, &o);
+    CHECK(rc == 0, "gpt2: %s", iflow_errmsg());
+    const iflow_hparams *hp = &s.hp;
+    double t_read = 0, B = 1024, bw = 3350e9, flops = 989e12;
+    for (int l = 0; l < hp->n_layers; l++) {
+        iflow_part_bytes b = iflow_part_weight_bytes(hp, s.types + l * IFLOW_PM_COUNT, 0, hp->n_heads, 0, hp->ffn_dim);
+        double kv = B * 64 * hp->n_kv_heads * hp->head_dim * 4, ffn_flop = B * 2.0 * hp->dim * 2 * hp->ffn_dim;
+        double t_ffn = fmax((double)b.ffn / bw, ffn_flop / flops);
+        CHECK(ffn_flop / flops > (double)b.ffn / bw, "gpt2: the FFN is compute-bound at batch 1024");
+        t_read += fmax(((double)b.attn + kv) / bw, (B * 2.0 * hp->dim * 4 * 32 + B * 2.0 * 32 * 64) / flops) + t_ffn;
+    }
+    CHECK(close_to(c.t_read, t_read), "gpt2 plain FFN: read time %.9g, by hand %.9g", c.t_read, t_read);
+    iflow_model_shape_free(&s);
+
+    if (config(&s, "tests/fixtures/families/bert", IFLOW_DT_F16))
+        return;
+    o.batch = 1;
+    rc = iflow_partition_make(&p, &c, &s, &m, IFLOW_STRAT_LAYER, &o);
+    CHECK(rc == 0, "bert: %s", iflow_errmsg());
+    uint64_t w = 0;
+    for (int l = 0; l < s.hp.n_layers; l++) {
+        iflow_part_bytes b = iflow_part_weight_bytes(&s.hp, s.types + l * IFLOW_PM_COUNT, 0, s.hp.n_heads, 0, s.hp.ffn_dim);
+        w += b.attn + b.ffn;
+    }
+    CHECK(c.mem[0].weights == w && c.mem[0].scratch == iflow_scratch_bytes(&s.hp, 1) && c.t_output == 0,
+          "bert: weights %llu (layers alone %llu), scratch %llu (no logits %llu), output time %g",
+          (unsigned long long)c.mem[0].weights, (unsigned long long)w, (unsigned long long)c.mem[0].scratch,
+          (unsigned long long)iflow_scratch_bytes(&s.hp, 1), c.t_output);
+    iflow_model_shape_free(&s);
+}
+
 int main(void)
 {
     if (iflow_devdb_load(&db, "specs/devices.ini")) {
@@ -390,6 +434,7 @@ int main(void)
     RUN(test_uneven);
     RUN(test_fit);
     RUN(test_cost_by_hand);
+    RUN(test_cost_other_blocks);
     iflow_devdb_free(db);
     return check_summary("test_partition");
 }

@@ -15,6 +15,7 @@
 #include "libcore/formats/hfdir.h"
 #include "libcore/base/jsonutil.h"
 #include "libcore/formats/safetensors.h"
+#include "libcore/tokenizers/tokenizer.h"
 
 #include <ftw.h>
 #include <stdint.h>
@@ -231,8 +232,10 @@ static void test_stories260k_dir(void)
     CHECK(iflow_hfdir_n_files(h) == 1, "%zu files", iflow_hfdir_n_files(h));
     CHECK(strstr(iflow_hfdir_file_path(h, 0), "/model.safetensors") != NULL, "file path");
     CHECK(iflow_hfdir_file_path(h, 1) == NULL, "file 1");
-    const char *tok = iflow_hfdir_tokenizer_path(h);
-    CHECK(tok && strstr(tok, "/tokenizer.json"), "tokenizer %s", tok ? tok : "(null)");
+    iflow_tokenizer_files tf;
+    CHECK(iflow_tokenizer_find(&tf, dir, IFLOW_TOK_SOURCE) == 0 && strstr(tf.file, "/tokenizer.json") &&
+              strcmp(tf.format, "hf-json") == 0,
+          "tokenizer %s", tf.file);
     CHECK(iflow_json_int(iflow_hfdir_generation_config(h), "bos_token_id", -1) == 1, "gen cfg");
     CHECK(iflow_hfdir_tokenizer_config(h) != NULL, "tokenizer_config");
     CHECK(iflow_json_bool(iflow_hfdir_config(h), "tie_word_embeddings", 0) == 1, "tied");
@@ -425,7 +428,8 @@ static void test_sharded_dir(void)
     if (rc == 0) {
         CHECK(iflow_hfdir_n_files(h) == 2, "%zu files", iflow_hfdir_n_files(h));
         CHECK(iflow_hfdir_n_tensors(h) == n, "%zu tensors", iflow_hfdir_n_tensors(h));
-        CHECK(iflow_hfdir_tokenizer_path(h) == NULL, "no tokenizer");
+        iflow_tokenizer_files tf;
+        CHECK(iflow_tokenizer_find(&tf, dir, IFLOW_TOK_SOURCE) == IFLOW_ENOTFOUND, "no tokenizer");
         CHECK(iflow_hfdir_generation_config(h) == NULL, "no generation config");
         int same = 1, files_ok = 1;
         for (size_t i = 0; i < n; i++) {
@@ -548,8 +552,10 @@ static void test_synthetic_config_only(void)
     CHECK(rc == 0, "%s", iflow_errmsg());
     if (rc < 0)
         return;
-    const char *tok = iflow_hfdir_tokenizer_path(h);
-    CHECK(tok && strstr(tok, "/tokenizer.gguf"), "tokenizer %s", tok ? tok : "(null)");
+    iflow_tokenizer_files tf;
+    CHECK(iflow_tokenizer_find(&tf, dir, IFLOW_TOK_SOURCE) == 0 && strstr(tf.file, "/tokenizer.gguf") &&
+              strcmp(tf.format, "gguf") == 0,
+          "tokenizer %s", tf.file);
     CHECK(iflow_json_int(iflow_hfdir_config(h), "hidden_size", 0) == 2048, "hidden_size");
     CHECK(iflow_hfdir_n_tensors(h) == 0, "tensors");
     iflow_hfdir_close(h);

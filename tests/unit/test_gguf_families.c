@@ -1,0 +1,390 @@
+/*
+ * test_gguf_families.c -- the model families of specs/ read from GGUF files as llama.cpp writes
+ * them. tests/fixtures/gguf-families/FAMILY.gguf is the tiny random-weight Hugging Face model of
+ * tests/fixtures/families/FAMILY put through llama.cpp's own convert_hf_to_gguf.py (F32; made by
+ * tests/fixtures/gen_gguf_families.py): its metadata keys, tensor names, fused q/k/v and
+ * gate/up tensors, q/k row order and norm offsets are llama.cpp's. Each converts with the spec
+ * whose [gguf] section serves its general.architecture, and the logits of every position (or
+ * the pooled embedding) match transformers' float64 forward within 1e-4: the folder's refs.json,
+ * or gguf-families/FAMILY.refs.json where llama.cpp runs the file otherwise than transformers
+ * runs the folder (Mistral without its window, Gemma 2's scale from head_dim, a normalized
+ * BERT CLS vector, llama3-freqs2's factors of 2). Then the spec's GGUF rules on metadata no
+ * fixture has (Gemma 2 and 3's 27B scale, Gemma 3's default pattern, BERT's pooling numbers,
+ * an old converter's rope.scale_linear)
+ * and rope_freqs factors that are not positive.
+ */
+#include "check.h"
+#include "testlib.h"
+#include "libcore/base/error.h"
+#include "kernels/cpu/kernels.h"
+#include "libcore/engine/model.h"
+#include "libcore/formats/convert.h"
+#include "libcore/formats/ggufsrc.h"
+#include "libcore/formats/shard.h"
+#include "libcore/formats/spec.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char dir[] = "/tmp/iflow-test-gguf-families-XXXXXX";
+static const char *specs[] = {"specs"};
+
+/* The committed fixture rel (tests/fixtures/rel) copied into buf; 0, or -1 when absent. */
+static int fixture_path(const char *rel, char *buf, size_t cap)
+{
+    const char *p = test_fixture(rel);
+    if (!p)
+        return -1;
+    snprintf(buf, cap, "%s", p);
+    return 0;
+}
+
+/* name's reference: gguf-families/NAME.refs.json when there is one, else the Hugging Face
+ * folder's (families/FAMILY/refs.json). */
+static json_t *load_refs(const char *name, const char *family)
+{
+    char rel[256], path[4096];
+    snprintf(rel, sizeof rel, "gguf-families/%s.refs.json", name);
+    if (fixture_path(rel, path, sizeof path) < 0) {
+        snprintf(rel, sizeof rel, "families/%s/refs.json", family);
+        if (fixture_path(rel, path, sizeof path) < 0)
+            return NULL;
+    }
+    json_error_t je;
+    json_t *r = json_load_file(path, 0, &je);
+    CHECK(r != NULL, "%s: %s", path, je.text);
+    return r;
+}
+
+/* Convert gguf-families/NAME.gguf with specs/ and open it: 0, or -1 (reported; a missing
+ * fixture skips). */
+static int open_gguf(const char *name, iflow_model **m)
+{
+    char rel[256], src[4096], out[300];
+    snprintf(rel, sizeof rel, "gguf-families/%s.gguf", name);
+    if (fixture_path(rel, src, sizeof src) < 0)
+        SKIP_RET(-1, "no fixture %s (run from the repository root)", rel);
+    snprintf(out, sizeof out, "%s/%s.ifs", dir, name);
+    iflow_convert_opts o = {.dtype = -1, .spec_dirs = specs, .n_spec_dirs = 1};
+    int rc = iflow_convert(src, out, &o);
+    CHECK(rc == 0, "%s: convert: %s", name, iflow_errmsg());
+    if (rc < 0)
+        return -1;
+    rc = iflow_model_open(m, out, 0);
+    CHECK(rc == 0, "%s: open: %s", name, iflow_errmsg());
+    return rc < 0 ? -1 : 0;
+}
+
+/* max |iflow - reference| over every position's logits: one prefill, or token by token. */
+static double logits_diff(iflow_model *m, const json_t *ids, const json_t *want, int one_by_one)
+{
+    const int n = (int)json_array_size(ids), V = iflow_model_hparams(m)->vocab_size;
+    int32_t *tok = malloc(sizeof *tok * (size_t)n);
+    float *logits = malloc(sizeof(float) * (size_t)V * (size_t)n);
+    iflow_ctx *c;
+    double worst = INFINITY;
+    for (int i = 0; i < n; i++)
+        tok[i] = (int32_t)json_integer_value(json_array_get(ids, (size_t)i));
+    if (iflow_ctx_open(&c, m, 64, 1) == 0) {
+        int rc = 0;
+        for (int i = 0; one_by_one && i < n && rc == 0; i++)
+            rc = iflow_ctx_eval(c, tok + i, 1, logits + (size_t)i * V, 0);
+        if (!one_by_one)
+            rc = iflow_ctx_eval(c, tok, n, logits, 1);
+        for (int i = 0; rc == 0 && i < n; i++) {
+            const json_t *row = json_array_get(want, (size_t)i);
+            worst = i ? worst : 0;
+            for (int v = 0; v < V; v++) {
+                double d = fabs(logits[(size_t)i * V + v] - json_real_value(json_array_get(row, (size_t)v)));
+                worst = d > worst || d != d ? d : worst;
+            }
+        }
+        iflow_ctx_close(c);
+    }
+    free(tok);
+    free(logits);
+    return worst;
+}
+
+/* max |iflow - reference| over the pooled embedding of the ids. */
+static double embed_diff(iflow_model *m, const json_t *ids, const json_t *want)
+{
+    const int n = (int)json_array_size(ids), D = iflow_model_hparams(m)->dim;
+    int32_t tok[64];
+    float got[64];
+    iflow_ctx *c;
+    double worst = INFINITY;
+    for (int i = 0; i < n && i < 64; i++)
+        tok[i] = (int32_t)json_integer_value(json_array_get(ids, (size_t)i));
+    if (D <= 64 && (int)json_array_size(want) == D && iflow_ctx_open(&c, m, 64, 1) == 0) {
+        if (iflow_ctx_embed(c, tok, n, got) == 0) {
+            worst = 0;
+            for (int d = 0; d < D; d++) {
+                double e = fabs(got[d] - json_real_value(json_array_get(want, (size_t)d)));
+                worst = e > worst || e != e ? e : worst;
+            }
+        }
+        iflow_ctx_close(c);
+    }
+    return worst;
+}
+
+/* gguf-families/NAME.gguf (from families/FAMILY) against its reference; check: what its spec's
+ * [gguf] section must have made of the metadata (spec: the spec's name). */
+static void check_gguf(const char *name, const char *family, const char *spec, int (*check)(const iflow_hparams *hp))
+{
+    iflow_model *m;
+    json_t *r = load_refs(name, family);
+    if (!r)
+        SKIP("no reference for %s", name);
+    if (open_gguf(name, &m) < 0) {
+        json_decref(r);
+        return;
+    }
+    const iflow_hparams *hp = iflow_model_hparams(m);
+    CHECK(check(hp), "%s: the spec's hyperparameters", name);
+    json_t *meta = json_loads(iflow_shard_meta(iflow_model_shard(m)), 0, NULL);
+    const char *got = json_string_value(json_object_get(meta, "spec"));
+    CHECK(got && strcmp(got, spec) == 0, "%s: served by spec %s, not %s", name, got ? got : "?", spec);
+    json_decref(meta);
+    const json_t *ids = json_object_get(r, "ids");
+    if (json_object_get(r, "embedding")) {
+        double a = embed_diff(m, ids, json_object_get(r, "embedding"));
+        printf("%s: max |embedding - transformers float64| = %.2e\n", name, a);
+        CHECK(a <= 1e-4, "%s: the embedding differs from transformers by %.3g", name, a);
+    } else {
+        const json_t *want = json_object_get(r, "logits");
+        double a = logits_diff(m, ids, want, 0), b = logits_diff(m, ids, want, 1);
+        printf("%s: max |logit - transformers float64| = %.2e (prefill), %.2e (token by token)\n", name, a, b);
+        CHECK(a <= 1e-4 && b <= 1e-4, "%s: logits differ from transformers by %.3g / %.3g", name, a, b);
+    }
+    iflow_model_close(m);
+    json_decref(r);
+}
+
+/* llama.cpp does not permute qwen2's q/k (NEOX rope: rotate_half); q, k, v biases only */
+static int qwen2_hp(const iflow_hparams *hp)
+{
+    return hp->rope_layout == IFK_ROPE_HALF && hp->qkv_bias && !hp->attn_bias && hp->rope_theta == 1e6f &&
+           !hp->tie_embeddings && !hp->rope_freqs;
+}
+
+/* written as architecture llama (permuted q/k), with no window: llama.cpp has none for it */
+static int mistral_hp(const iflow_hparams *hp)
+{
+    return hp->rope_layout == IFK_ROPE_INTERLEAVED && hp->sliding_window == 0 && hp->tie_embeddings &&
+           hp->head_dim == 8;
+}
+
+/* the norms already hold 1 + w (not added again), GeGLU, scaled embeddings, one kv head */
+static int gemma_hp(const iflow_hparams *hp)
+{
+    return hp->rope_layout == IFK_ROPE_HALF && hp->activation == IFLOW_ACT_GELU_TANH &&
+           hp->embed_scale == (float)sqrt(32.0) && hp->n_kv_heads == 1 && hp->tie_embeddings;
+}
+
+/* the caps and window from the metadata, every 2nd layer global, scores by 1/sqrt(head_dim) */
+static int gemma2_hp(const iflow_hparams *hp)
+{
+    return hp->post_norms && hp->attn_softcap == 0.3f && hp->logit_softcap == 0.8f && hp->sliding_window == 5 &&
+           hp->window_pattern == 2 && hp->attn_scale == 1.0f / sqrtf(8.0f) && hp->rope_theta_local == 0;
+}
+
+/* qk-norm, the fixture's pattern 3 from gemma3.attention.sliding_window_pattern, two bases */
+static int gemma3_hp(const iflow_hparams *hp)
+{
+    return hp->qk_norm && hp->window_pattern == 3 && hp->sliding_window == 5 && hp->rope_theta == 1e6f &&
+           hp->rope_theta_local == 1e4f && hp->attn_softcap == 0 && hp->logit_softcap == 0 &&
+           hp->attn_scale == 1.0f / sqrtf(8.0f);
+}
+
+/* q, k, v rows of attn_qkv and gate, up rows of ffn_up; the window from the metadata */
+static int phi3_hp(const iflow_hparams *hp)
+{
+    return hp->rope_layout == IFK_ROPE_HALF && hp->sliding_window == 6 && hp->n_kv_heads == 2 &&
+           hp->ffn_dim == 48 && !hp->tie_embeddings;
+}
+
+/* q, k, v rows of attn_qkv (already [out][in]); tied */
+static int gpt2_hp(const iflow_hparams *hp)
+{
+    return hp->norm == IFLOW_NORM_LAYER && hp->position == IFLOW_POS_LEARNED && hp->ffn_dim == 128 &&
+           hp->attn_bias && hp->mlp_bias && hp->max_seq == 64 && hp->tie_embeddings;
+}
+
+/* attn_qkv regrouped [q; k; v] by the converter; rope on 4 of 8 dimensions */
+static int gptneox_hp(const iflow_hparams *hp)
+{
+    return hp->parallel_residual && hp->rope_dim == 4 && hp->head_dim == 8 && hp->activation == IFLOW_ACT_GELU &&
+           hp->rope_layout == IFK_ROPE_HALF && hp->attn_bias && !hp->tie_embeddings;
+}
+
+static int bert_hp(const iflow_hparams *hp)
+{
+    return hp->layout == IFLOW_LAYOUT_ENCODER && hp->pooling == IFLOW_POOL_MEAN && hp->normalize &&
+           hp->token_types == 2 && hp->post_ln && hp->embed_norm;
+}
+
+static int bert_cls_hp(const iflow_hparams *hp)
+{
+    return hp->layout == IFLOW_LAYOUT_ENCODER && hp->pooling == IFLOW_POOL_CLS && hp->normalize;
+}
+
+/* llama3 rope scaling as the converter writes it: no metadata, the rope_freqs tensor */
+static int llama3_hp(const iflow_hparams *hp)
+{
+    return hp->rope_freqs && hp->rope_scaling == IFLOW_ROPE_SCALING_NONE &&
+           hp->rope_layout == IFK_ROPE_INTERLEAVED && !hp->tie_embeddings;
+}
+
+static void test_qwen2(void) { check_gguf("qwen2", "qwen2", "qwen2", qwen2_hp); }
+static void test_mistral(void) { check_gguf("mistral", "mistral", "llama", mistral_hp); }
+static void test_gemma(void) { check_gguf("gemma", "gemma", "gemma", gemma_hp); }
+static void test_gemma2(void) { check_gguf("gemma2", "gemma2", "gemma2", gemma2_hp); }
+static void test_gemma3(void) { check_gguf("gemma3", "gemma3", "gemma3", gemma3_hp); }
+static void test_phi3(void) { check_gguf("phi3", "phi3", "phi3", phi3_hp); }
+static void test_gpt2(void) { check_gguf("gpt2", "gpt2", "gpt2", gpt2_hp); }
+static void test_gptneox(void) { check_gguf("gptneox", "gptneox", "gptneox", gptneox_hp); }
+static void test_bert(void) { check_gguf("bert", "bert", "bert", bert_hp); }
+static void test_bert_cls(void) { check_gguf("bert-cls", "bert-cls", "bert", bert_cls_hp); }
+static void test_llama3(void) { check_gguf("llama3", "llama3", "llama", llama3_hp); }
+/* the factors come from the tensor: all 2 (the metadata as llama3's) is linear scaling by 2 */
+static void test_llama3_freqs2(void) { check_gguf("llama3-freqs2", "llama3", "llama", llama3_hp); }
+
+/* A copy of llama3.gguf whose rope_freqs.weight holds `bad` at pair 1: refused when opened,
+ * naming the tensor. */
+static void test_bad_rope_freqs(void)
+{
+    char src[4096], copy[300], out[300];
+    if (fixture_path("gguf-families/llama3.gguf", src, sizeof src) < 0)
+        SKIP("no llama3.gguf");
+    const float bad[] = {0.0f, -1.0f, NAN};
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        size_t len;
+        char *bytes = test_read_file(src, &len);
+        iflow_ggufsrc *s;
+        CHECK(bytes && iflow_ggufsrc_open(&s, src) == 0, "open llama3.gguf: %s", iflow_errmsg());
+        if (!bytes)
+            return;
+        const iflow_src_tensor *t = iflow_ggufsrc_find(s, "rope_freqs.weight");
+        CHECK(t && t->nbytes == 16 && t->file_offset + 16 <= len, "rope_freqs.weight: 4 F32 factors");
+        if (t && t->nbytes == 16 && t->file_offset + 16 <= len)
+            memcpy(bytes + t->file_offset + 4, &bad[k], 4);
+        iflow_ggufsrc_close(s);
+        snprintf(copy, sizeof copy, "%s/bad-freqs.gguf", dir);
+        snprintf(out, sizeof out, "%s/bad-freqs.ifs", dir);
+        test_write_file(copy, bytes, len);
+        free(bytes);
+        iflow_convert_opts o = {.dtype = -1, .spec_dirs = specs, .n_spec_dirs = 1};
+        iflow_model *m = NULL;
+        CHECK(iflow_convert(copy, out, &o) == 0, "convert: %s", iflow_errmsg());
+        CHECK_ERR(iflow_model_open(&m, out, 0), IFLOW_ERANGE, "bad-freqs.ifs", "rope_freqs[1]");
+        iflow_model_close(m);
+    }
+}
+
+/* Resolve spec NAME's GGUF variant against metadata text (JSON, as ggufsrc presents it). */
+static json_t *resolve(const char *name, const char *arch, const char *metadata)
+{
+    iflow_spec *s;
+    json_error_t je;
+    json_t *cfg = json_loads(metadata, 0, &je), *out = NULL;
+    CHECK(cfg != NULL, "metadata: %s", je.text);
+    int rc = iflow_spec_find_source(&s, specs, 1, "gguf", arch);
+    CHECK(rc == 0 && strcmp(s->name, name) == 0, "%s is served by %s: %s", arch, rc == 0 ? s->name : "?", iflow_errmsg());
+    if (rc == 0) {
+        CHECK(iflow_spec_resolve(s, cfg, &out) == 0, "resolve %s: %s", name, iflow_errmsg());
+        iflow_spec_close(s);
+    }
+    json_decref(cfg);
+    return out;
+}
+
+static double hparam(const json_t *resolved, const char *key)
+{
+    return json_number_value(json_object_get(json_object_get(resolved, "hparams"), key));
+}
+
+static const char *hparam_str(const json_t *resolved, const char *key)
+{
+    const char *s = json_string_value(json_object_get(json_object_get(resolved, "hparams"), key));
+    return s ? s : "";
+}
+
+#define GEMMA_KEYS(arch, layers)                                                                                    \
+    "{\"general\": {\"architecture\": \"" arch "\"}, \"" arch "\": {\"block_count\": " #layers                     \
+    ", \"embedding_length\": 32, \"feed_forward_length\": 64, \"context_length\": 64, \"attention\": "              \
+    "{\"head_count\": 4, \"layer_norm_rms_epsilon\": 1e-6, \"sliding_window\": 5}}, "                               \
+    "\"tokenizer\": {\"ggml\": {\"tokens\": {\"count\": 128}}}, \"tensors\": {}}"
+
+/* What a [gguf] section makes of metadata no fixture has: llama.cpp's 27B scales (46-layer
+ * Gemma 2, 62-layer Gemma 3: [gguf.hparams.KEY=VALUE]), Gemma 3's pattern of 6 when the file
+ * names none, BERT's pooling numbers; {general.architecture} keys in inherited sections. */
+static void test_metadata_rules(void)
+{
+    json_t *r = resolve("gemma2", "gemma2", GEMMA_KEYS("gemma2", 46));
+    CHECK(r && hparam(r, "attn_scale_dim") == 144 && hparam(r, "window_pattern") == 2 && hparam(r, "dim") == 32 &&
+              hparam(r, "norm_offset") == 0,
+          "gemma2 27B: scale by dim / n_heads (144), pattern 2, dim from gemma2.embedding_length");
+    json_decref(r);
+    r = resolve("gemma2", "gemma2", GEMMA_KEYS("gemma2", 42));
+    CHECK(r && hparam(r, "attn_scale_dim") == 0, "gemma2 9B: scale by head_dim");
+    json_decref(r);
+    r = resolve("gemma3", "gemma3", GEMMA_KEYS("gemma3", 62));
+    CHECK(r && hparam(r, "attn_scale_dim") == 168 && hparam(r, "window_pattern") == 6 && hparam(r, "sliding_window") == 5,
+          "gemma3 27B: 168, every 6th layer global");
+    json_decref(r);
+    r = resolve("gemma3", "gemma3", GEMMA_KEYS("gemma3", 46)); /* gemma2's 27B rule is not gemma3's */
+    CHECK(r && hparam(r, "attn_scale_dim") == 0, "gemma3 with 46 layers: head_dim");
+    json_decref(r);
+    /* a factor without a type scales linearly, as llama.cpp reads it (older converters' key) */
+    static const char llama[] = "{\"general\": {\"architecture\": \"llama\"}, \"llama\": {\"block_count\": 2, "
+                                "\"embedding_length\": 32, \"feed_forward_length\": 64, \"attention\": {\"head_count\": 4}, "
+                                "\"rope\": {\"scale_linear\": 4.0}}, \"tokenizer\": {\"ggml\": {\"tokens\": {\"count\": 128}}}}";
+    r = resolve("llama", "llama", llama);
+    iflow_hparams hp;
+    CHECK(r && iflow_hparams_from_json(&hp, r, "llama") == 0 && hp.rope_scaling == IFLOW_ROPE_SCALING_LINEAR &&
+              hp.rope_factor == 4.0f && !hp.rope_freqs,
+          "llama.rope.scale_linear 4: linear scaling by 4 (%s)", iflow_errmsg());
+    json_decref(r);
+    static const char bert[] = "{\"general\": {\"architecture\": \"bert\"}, \"bert\": {\"block_count\": 2, "
+                               "\"embedding_length\": 32, \"feed_forward_length\": 64, \"attention\": {\"head_count\": 4}, "
+                               "\"pooling_type\": %d}, \"tokenizer\": {\"ggml\": {\"tokens\": {\"count\": 128}}}}";
+    static const struct { int type; const char *pooling; } pools[] = {{1, "mean"}, {2, "cls"}, {0, "cls"}};
+    for (size_t k = 0; k < sizeof pools / sizeof *pools; k++) {
+        char text[512];
+        snprintf(text, sizeof text, bert, pools[k].type);
+        r = resolve("bert", "bert", text);
+        CHECK(r && strcmp(hparam_str(r, "pooling"), pools[k].pooling) == 0 && json_is_true(json_object_get(
+                                                                                     json_object_get(r, "hparams"), "normalize")),
+              "bert.pooling_type %d: %s, normalized (got %s)", pools[k].type, pools[k].pooling, hparam_str(r, "pooling"));
+        json_decref(r);
+    }
+}
+
+int main(void)
+{
+    if (!mkdtemp(dir))
+        return perror("mkdtemp"), 1;
+    RUN(test_qwen2);
+    RUN(test_mistral);
+    RUN(test_gemma);
+    RUN(test_gemma2);
+    RUN(test_gemma3);
+    RUN(test_phi3);
+    RUN(test_gpt2);
+    RUN(test_gptneox);
+    RUN(test_bert);
+    RUN(test_bert_cls);
+    RUN(test_llama3);
+    RUN(test_llama3_freqs2);
+    RUN(test_bad_rope_freqs);
+    RUN(test_metadata_rules);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", dir);
+    return check_summary("test_gguf_families");
+}
