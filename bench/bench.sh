@@ -139,7 +139,7 @@ quant_entries() { # TinyLlama F16 -> each quantized type (every matrix): decode 
         r128=$("$build/iflow-bench" "$work/tl-$t.ifs" 128 16 1 2)
         r512=$("$build/iflow-bench" "$work/tl-$t.ifs" 512 1 1 2)
         rows=null
-        case $t in q4_b32 | q4_b64 | q8_b32 | q8_b64) # packed at load (kernels/cpu/qpack.h): the row layout too
+        case $t in q*) # every type is packed at load where the CPU has GFNI and AVX512_VBMI (kernels/cpu/qpack.h): the row layout too
             rows=$(IFLOW_PACK=0 "$build/iflow-bench" "$work/tl-$t.ifs" 128 16 1 2) ;;
         esac
         # the roof of the instruction the type's product runs on: int16 x for Q8, Q6 and Q5, else int8

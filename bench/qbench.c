@@ -3,12 +3,23 @@
  * per line on stdout.
  *
  *   qbench [--isa scalar|avx2|avx512|avx512gfni] [--threads N] [--no-single] [--type NAME]... [--shape NxK]...
- *          [--decode] [--quick] [--roof]
+ *          [--decode] [--hot] [--quick] [--roof]
  *
  * decode:  T = 1 on the TinyLlama shapes (N x K = 2048x2048, 5632x2048, 2048x5632, 32000x2048,
  *          256x2048) at 1 thread (unless --no-single) and at --threads (default: all cores). GBps = bytes of the
  *          quantized weights / time. Each call reads the next of several copies of the matrix
- *          (>= 256 MiB in all), so the weights come from DRAM, as in a model.
+ *          (>= 256 MiB in all), so the weights come from DRAM, as in a model. Each round of
+ *          calls alternates with a round that only reads the same copies (a sum of 64-byte loads,
+ *          as membw's read-only sum, on as many threads of the kernels' pool): read_GBps, and fraction = GBps /
+ *          read_GBps, the share of the read bandwidth measured side by side with the product,
+ *          so that other tenants' load, which drifts, weighs on both alike; fraction_paired is
+ *          the median over rounds of the same share from a product round and the read round
+ *          right after it (and _max its largest), steadier than best over best on a busy machine.
+ * hot:     decode from cache instead (every call reads the same copy; the default shape is
+ *          256x2048, which fits L2): how fast the kernel itself goes, in GB/s of weights. Far
+ *          above the read bandwidth means that decode from DRAM is bound by the bandwidth, not by
+ *          the kernel; and unlike timings from DRAM it hardly depends on other tenants' traffic.
+ *          Only this is run.
  * prefill: T = 64 on 2048x2048 and 5632x2048; GFLOPs = 2 T N K / time.
  * Each type in the row layout ("layout":"rows"), then packed (qpack.h) where this CPU has it.
  * roof:    the peak of vpdpbusd (int8), vpdpwssd (int16) and FMA (F32) on 512-bit registers in
@@ -29,6 +40,8 @@
 
 #include "bench/bench.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/pool.h"
+#include "kernels/cpu/qimpl.h"
 #include "kernels/cpu/qpack.h"
 #include "kernels/cpu/quant.h"
 
@@ -71,11 +84,54 @@ static uint8_t *make_matrix(int type, int ptype, int N, int K, uint32_t seed)
     return P;
 }
 
-/* ptype: type, or its packed code (qpack.h). */
-static void bench_decode(int type, int ptype, int N, int K, int threads, double min_s)
+/* The sum of bytes [n] (n a multiple of 512) as 64-bit words, read 64 bytes at a time with 8
+ * accumulators (membw.c's read-only sum). */
+__attribute__((target("avx512f"))) static long long read_sum(const uint8_t *p, size_t n)
+{
+    __m512i s[8];
+    for (int k = 0; k < 8; k++)
+        s[k] = _mm512_setzero_si512();
+    for (size_t i = 0; i < n / 512; i++)
+        for (int k = 0; k < 8; k++)
+            s[k] = _mm512_add_epi64(s[k], _mm512_load_si512(p + 512 * i + 64 * k));
+    for (int k = 1; k < 8; k++)
+        s[0] = _mm512_add_epi64(s[0], s[k]);
+    return _mm512_reduce_add_epi64(s[0]);
+}
+
+/* read_sum over bytes [n] on the kernels' thread pool (pool.h), as the product is dealt out:
+ * items of `chunk` bytes (a multiple of 512), each into sums[i]. */
+typedef struct {
+    const uint8_t *p;
+    size_t n, chunk;
+    long long *sums;
+} read_args;
+
+static void read_item(const void *args, const void *in, int i, float *out)
+{
+    const read_args *a = args;
+    size_t lo = (size_t)i * a->chunk, hi = lo + a->chunk < a->n ? lo + a->chunk : a->n;
+    a->sums[i] = read_sum(a->p + lo, hi - lo);
+}
+
+static long long read_pool(const uint8_t *p, size_t n, int threads)
+{
+    long long sums[IFK_POOL_MAX_ITEMS], total = 0;
+    int items = 8 * threads < IFK_POOL_MAX_ITEMS ? 8 * threads : IFK_POOL_MAX_ITEMS;
+    read_args a = { p, n, (n / (size_t)items + 511) & ~(size_t)511, sums };
+    items = (int)((n + a.chunk - 1) / a.chunk);
+    ifk_pool_run(&(ifk_pool_job){ .run = read_item, .args = &a, .args_size = sizeof a, .n_items = items,
+                                  .max_threads = threads });
+    for (int i = 0; i < items; i++)
+        total += sums[i];
+    return total;
+}
+
+/* ptype: type, or its packed code (qpack.h). hot: one copy, read from cache. */
+static void bench_decode(int type, int ptype, int N, int K, int threads, double min_s, int hot)
 {
     size_t bytes = ptype == type ? (size_t)N * ifk_qrow_bytes(type, K) : ifk_qpack_bytes(type, N, K);
-    int copies = (int)((256u << 20) / bytes) + 1;
+    int copies = hot ? 1 : (int)((256u << 20) / bytes) + 1;
     uint8_t **W = alloc64((size_t)copies * sizeof *W);
     W[0] = make_matrix(type, ptype, N, K, 1);
     for (int c = 1; c < copies; c++) { /* copies of the first (quantizing is slow) */
@@ -87,16 +143,44 @@ static void bench_decode(int type, int ptype, int N, int K, int threads, double 
     fill(x, (size_t)K, 99, 1.0f);
     for (int c = 0; c < copies; c++) /* warm-up: page faults, thread team, scratch */
         ifk_qmatmul(y, (size_t)N, W[c], ptype, x, (size_t)K, 1, N, K, threads);
-    double best, med;
-    BENCH_ROUNDS(min_s, &best, &med,
-                 for (int c = 0; c < copies; c++)
-                     ifk_qmatmul(y, (size_t)N, W[c], ptype, x, (size_t)K, 1, N, K, threads));
+    /* BENCH_ROUNDS' rule (at least 3 rounds and min_s of products), each product round followed
+     * by a read-only round timed apart */
+    static double t[BENCH_MAX_ROUNDS], ratio[BENCH_MAX_ROUNDS]; /* ratio: read time / product time, per pair */
+    double best, med, read_best = 1e30, spent = 0.0;
+    volatile long long sink = 0;
+    const size_t read_bytes = bytes & ~(size_t)511; /* read_sum's unit */
+    int n = 0;
+    do {
+        double t0 = bench_now();
+        for (int c = 0; c < copies; c++)
+            ifk_qmatmul(y, (size_t)N, W[c], ptype, x, (size_t)K, 1, N, K, threads);
+        spent += t[n++] = bench_now() - t0;
+        if (!hot) {
+            t0 = bench_now();
+            for (int c = 0; c < copies; c++)
+                sink += read_pool(W[c], read_bytes, threads);
+            double tr = bench_now() - t0;
+            read_best = tr < read_best ? tr : read_best;
+            ratio[n - 1] = tr / t[n - 1] * (double)bytes / (double)read_bytes;
+        }
+    } while (n < BENCH_MAX_ROUNDS && (n < 3 || spent < min_s));
+    double frac_best = 0.0, frac_med = 0.0;
+    if (!hot)
+        bench_best_median(ratio, n, &frac_med, &frac_med), frac_best = ratio[n - 1];
+    bench_best_median(t, n, &best, &med);
+    (void)sink;
     best /= copies; /* per call */
     med /= copies;
-    printf("{\"bench\":\"qdecode\",\"isa\":\"%s\",\"wtype\":\"%s\",\"layout\":\"%s\",\"N\":%d,\"K\":%d,"
-           "\"threads\":%d,\"us\":%.2f,\"GBps\":%.2f,\"GBps_median\":%.2f}\n",
-           ifk_isa_name(ifk_isa_current()), ifk_qtype(type)->name, ptype == type ? "rows" : "packed", N, K, threads, best * 1e6,
-           bytes / best * 1e-9, bytes / med * 1e-9);
+    printf("{\"bench\":\"%s\",\"isa\":\"%s\",\"wtype\":\"%s\",\"layout\":\"%s\",\"N\":%d,\"K\":%d,"
+           "\"threads\":%d,\"us\":%.2f,\"GBps\":%.2f,\"GBps_median\":%.2f",
+           hot ? "qdecode_hot" : "qdecode", ifk_isa_name(ifk_isa_current()), ifk_qtype(type)->name,
+           ptype == type ? "rows" : "packed", N, K, threads, best * 1e6, bytes / best * 1e-9, bytes / med * 1e-9);
+    if (!hot) {
+        double read_gbps = (double)read_bytes * copies / read_best * 1e-9;
+        printf(",\"read_GBps\":%.2f,\"fraction\":%.3f,\"fraction_paired\":%.3f,\"fraction_paired_max\":%.3f", read_gbps,
+               bytes / best * 1e-9 / read_gbps, frac_med, frac_best);
+    }
+    printf("}\n");
     fflush(stdout);
     for (int c = 0; c < copies; c++)
         free(W[c]);
@@ -105,6 +189,12 @@ static void bench_decode(int type, int ptype, int N, int K, int threads, double 
     free(y);
 }
 
+static double roof_round(int op, double ops, int threads);
+
+/* Each product round is followed by a round of the roof of the instruction the type's product
+ * runs on (vpdpwssd for int16 x, else vpdpbusd; as --roof) for about as many operations:
+ * roof_fraction_paired is the median over rounds of the product's GFLOPs / that roof's, the
+ * share of the roof measured beside it (steadier on a busy machine than two runs apart). */
 static void bench_prefill(int type, int ptype, int T, int N, int K, int threads, double min_s)
 {
     uint8_t *W = make_matrix(type, ptype, N, K, 7);
@@ -112,13 +202,24 @@ static void bench_prefill(int type, int ptype, int T, int N, int K, int threads,
     float *y = alloc64((size_t)T * N * 4);
     fill(x, (size_t)T * K, 5, 1.0f);
     ifk_qmatmul(y, (size_t)N, W, ptype, x, (size_t)K, T, N, K, threads);
-    double best, med, flop = 2.0 * T * N * K;
-    BENCH_ROUNDS(min_s, &best, &med,
-                 ifk_qmatmul(y, (size_t)N, W, ptype, x, (size_t)K, T, N, K, threads));
+    static double t[BENCH_MAX_ROUNDS], share[BENCH_MAX_ROUNDS];
+    double best, med, flop = 2.0 * T * N * K, spent = 0.0, share_med = 0.0, unused;
+    int n = 0;
+    __builtin_cpu_init();
+    const int roof = __builtin_cpu_supports("avx512vnni"), op = ifk_qx_x16(type) ? 1 : 0;
+    do {
+        double t0 = bench_now();
+        ifk_qmatmul(y, (size_t)N, W, ptype, x, (size_t)K, T, N, K, threads);
+        spent += t[n] = bench_now() - t0;
+        share[n] = roof ? roof_round(op, flop, threads) / t[n] : 0.0;
+        n++;
+    } while (n < BENCH_MAX_ROUNDS && (n < 3 || spent < min_s));
+    bench_best_median(share, n, &unused, &share_med);
+    bench_best_median(t, n, &best, &med);
     printf("{\"bench\":\"qprefill\",\"isa\":\"%s\",\"wtype\":\"%s\",\"layout\":\"%s\",\"T\":%d,\"N\":%d,\"K\":%d,"
-           "\"threads\":%d,\"us\":%.1f,\"GFLOPs\":%.1f,\"GFLOPs_median\":%.1f}\n",
+           "\"threads\":%d,\"us\":%.1f,\"GFLOPs\":%.1f,\"GFLOPs_median\":%.1f,\"roof_fraction_paired\":%.3f}\n",
            ifk_isa_name(ifk_isa_current()), ifk_qtype(type)->name, ptype == type ? "rows" : "packed", T, N, K, threads, best * 1e6,
-           flop / best * 1e-9, flop / med * 1e-9);
+           flop / best * 1e-9, flop / med * 1e-9, share_med);
     fflush(stdout);
     free(W);
     free(x);
@@ -164,6 +265,33 @@ static float roof_team(int op, long iters, int threads)
     return sum;
 }
 
+/* One item of roof_round: roof_loop on the thread that runs it. */
+typedef struct {
+    int op;
+    long iters;
+    float *sink;
+} roof_args;
+
+static void roof_item(const void *args, const void *in, int i, float *out)
+{
+    const roof_args *a = args;
+    a->sink[i] = roof_loop(a->op, a->iters);
+}
+
+/* Seconds that about `ops` operations of roof instruction op (0 vpdpbusd, 1 vpdpwssd) take on
+ * `threads` threads of the kernels' pool, as the product runs (an OpenMP team beside the pool's
+ * spinning workers measured far below the roof). */
+static double roof_round(int op, double ops, int threads)
+{
+    static const double per_insn[] = { 128, 64 };
+    float sink[IFK_POOL_MAX_ITEMS];
+    roof_args a = { op, (long)(ops / (per_insn[op] * ROOF_CHAINS * threads)) + 1, sink };
+    double t0 = bench_now();
+    ifk_pool_run(&(ifk_pool_job){ .run = roof_item, .args = &a, .args_size = sizeof a, .n_items = threads,
+                                  .max_threads = threads });
+    return (bench_now() - t0) * ops / (per_insn[op] * ROOF_CHAINS * threads * (double)a.iters);
+}
+
 /* The peak of each kind of instruction, in GOP/s (a multiply-add is 2 operations), on every
  * thread at once: the ceiling the products' GFLOPs are fractions of. */
 static void bench_roof(int threads, double min_s)
@@ -196,7 +324,8 @@ static int type_by_name(const char *s)
 
 int main(int argc, char **argv)
 {
-    int threads = omp_get_num_procs(), quick = 0, roof = 0, decode_only = 0, single = 1, types[IFK_QTYPE_END_], n_types = 0;
+    int threads = omp_get_num_procs(), quick = 0, roof = 0, decode_only = 0, hot = 0, single = 1, types[IFK_QTYPE_END_],
+        n_types = 0;
     int shapes[16][2] = { { 2048, 2048 }, { 5632, 2048 }, { 2048, 5632 }, { 32000, 2048 }, { 256, 2048 } };
     int n_shapes = 5, own_shapes = 0;
     for (int i = 1; i < argc; i++) {
@@ -227,13 +356,15 @@ int main(int argc, char **argv)
             single = 0;
         } else if (!strcmp(argv[i], "--decode")) {
             decode_only = 1;
+        } else if (!strcmp(argv[i], "--hot")) {
+            hot = decode_only = 1;
         } else if (!strcmp(argv[i], "--quick")) {
             quick = 1;
         } else if (!strcmp(argv[i], "--roof")) {
             roof = 1;
         } else {
             fprintf(stderr, "usage: qbench [--isa scalar|avx2|avx512] [--threads N] [--no-single] [--type NAME]... "
-                            "[--shape NxK]... [--decode] [--quick] [--roof]\n");
+                            "[--shape NxK]... [--decode] [--hot] [--quick] [--roof]\n");
             return 1;
         }
     }
@@ -241,6 +372,8 @@ int main(int argc, char **argv)
         for (int t = IFK_Q8_B32; t < IFK_QTYPE_END_; t++)
             types[n_types++] = t;
     const double min_s = quick ? 0.2 : 1.0;
+    if (hot && !own_shapes)
+        n_shapes = 1, shapes[0][0] = 256, shapes[0][1] = 2048;
     if (roof) {
         bench_roof(1, min_s);
         if (threads > 1)
@@ -254,7 +387,7 @@ int main(int argc, char **argv)
         for (int l = 0; l < n_layouts; l++) {
             for (int c = tc0; c < n_tc; c++)
                 for (int s = 0; s < n_shapes; s++)
-                    bench_decode(types[ti], layouts[l], shapes[s][0], shapes[s][1], thread_counts[c], min_s);
+                    bench_decode(types[ti], layouts[l], shapes[s][0], shapes[s][1], thread_counts[c], min_s, hot);
             for (int c = tc0; c < n_tc && !decode_only; c++) {
                 bench_prefill(types[ti], layouts[l], 64, 2048, 2048, thread_counts[c], min_s);
                 if (!quick)

@@ -40,7 +40,8 @@ enum { IFK_F32 = 0, IFK_F16 = 1, IFK_BF16 = 2 };
 
 /* Paths, each a superset of the one before. IFK_ISA_AVX512GFNI is AVX-512 with AVX512_VNNI and
  * GFNI (Ice Lake, Zen 4 and later): only the quantized product uses the extra instructions
- * (Q3H's unpacking, qmatmul_avx512.c); every other kernel runs its AVX-512 code. */
+ * (Q3H's unpacking, qmatmul_avx512.c; with AVX512_VBMI, the packed layouts of every type,
+ * qpack_avx512.c); every other kernel runs its AVX-512 code. */
 enum { IFK_ISA_AUTO = -1, IFK_ISA_SCALAR = 0, IFK_ISA_AVX2 = 1, IFK_ISA_AVX512 = 2, IFK_ISA_AVX512GFNI = 3 };
 
 /* Best ISA this CPU supports. */

@@ -7,7 +7,9 @@
  * (qmatmul_avx512gfni.c; it differs in Q3H's unpacking); IFK_ISA_AVX512 uses qmatmul_avx512.c
  * when the CPU also has AVX512_VNNI (the int8 dot product, vpdpbusd), else the AVX2 path;
  * IFK_ISA_AVX2 uses qmatmul_avx2.c; the scalar path is the oracle of quant_ref.c. Built with
- * -DIFK_NO_SIMD, only the scalar path exists.
+ * -DIFK_NO_SIMD, only the scalar path exists. Packed matrices (qpack.h) have kernels of their
+ * own (packed_kernel): every type on the GFNI path of a CPU with AVX512_VBMI, Q4 and Q8 on the
+ * VNNI paths; elsewhere their rows are unpacked again.
  */
 #include <omp.h>
 #include <pthread.h>
@@ -29,6 +31,12 @@ static int has_vnni(void)
 {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512vnni");
+}
+
+static int has_vbmi(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vbmi");
 }
 #endif
 
@@ -58,9 +66,27 @@ int ifk_set_qx_f32(int on)
 
 int ifk_qx_f32(void) { return atomic_load_explicit(&qx_f32, memory_order_relaxed); }
 
-int ifk_qpath_vnni(void)
+typedef IFK_DECL_QMATMUL_ROWS((*qrows_fn));
+
+/* The kernel that multiplies packed matrices of base type `type` on the current path, or NULL
+ * (their rows are then unpacked, 16 at a time): on the GFNI path of a CPU with AVX512_VBMI
+ * every type's (qpack_avx512gfni.c), on the other VNNI paths Q4's and Q8's. */
+static qrows_fn packed_kernel(int type)
 {
-    return qpath() == QPATH_AVX512 || qpath() == QPATH_AVX512GFNI;
+#ifndef IFK_NO_SIMD
+    const int path = qpath();
+    if (path == QPATH_AVX512GFNI && has_vbmi())
+        return ifk_avx512gfni_qmatmul_packed_rows;
+    if ((path == QPATH_AVX512 || path == QPATH_AVX512GFNI) &&
+        (type == IFK_Q4_B32 || type == IFK_Q4_B64 || type == IFK_Q8_B32 || type == IFK_Q8_B64))
+        return ifk_avx512_qmatmul_packed_rows;
+#endif
+    return NULL;
+}
+
+int ifk_qpath_packed(int type)
+{
+    return ifk_qtype(type) && packed_kernel(type);
 }
 
 /* ---- per-thread scratch for the quantized x ---------------------------------------------- */
@@ -349,7 +375,7 @@ void ifk_qmatmul(float *y, size_t ldy, const void *W, int type, const float *x, 
         return;
     }
 #endif
-    if (packed && !ifk_qpath_vnni()) {
+    if (packed && !packed_kernel(base)) {
         qmatmul_unpacked(y, ldy, W, type, x, ldx, T, N, K, n_threads);
         return;
     }
@@ -378,7 +404,7 @@ void ifk_qmatmul(float *y, size_t ldy, const void *W, int type, const float *x, 
     }
 #ifndef IFK_NO_SIMD
     IFK_DECL_QX_QUANTIZE((*quantize)) = path == QPATH_AVX2 ? ifk_avx2_qx_quantize : ifk_avx512_qx_quantize;
-    IFK_DECL_QMATMUL_ROWS((*rows)) = packed                 ? ifk_avx512_qmatmul_packed_rows
+    IFK_DECL_QMATMUL_ROWS((*rows)) = packed                 ? packed_kernel(type)
                                      : path == QPATH_AVX2   ? ifk_avx2_qmatmul_rows
                                      : path == QPATH_AVX512 ? ifk_avx512_qmatmul_rows
                                                             : ifk_avx512gfni_qmatmul_rows;

@@ -13,6 +13,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels/cpu/quant.h"
 
@@ -71,6 +72,43 @@ static inline int ifk_qx_x16(int type)
     return type == IFK_Q8_B32 || type == IFK_Q8_B64 || type == IFK_Q6_B64 || type == IFK_Q5_B64;
 }
 
+/* Little-endian words at p, any alignment (the level bytes of blocks and tiles). */
+static inline uint32_t ifk_rd32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static inline uint64_t ifk_rd64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+/* B and the bytes of a block of `type` (quant.h's table, as ifk_qtype has them) as expressions
+ * that fold to constants where type is one: the SIMD paths specialize their code per type. */
+static inline int ifk_qtype_block(int type)
+{
+    return type == IFK_Q8_B32 || type == IFK_Q4_B32 || type == IFK_Q3_B32 || type == IFK_Q2_B32 ? 32 : 64;
+}
+
+static inline int ifk_qtype_block_bytes(int type)
+{
+    switch (type) {
+    case IFK_Q8_B32: return 36;
+    case IFK_Q8_B64: return 68;
+    case IFK_Q6_B64: return 52;
+    case IFK_Q5_B64: return 44;
+    case IFK_Q4_B32: return 20;
+    case IFK_Q4_B64: return 36;
+    case IFK_Q3H_B64: return 32;
+    case IFK_Q3_B32: return 16;
+    default: return 12; /* IFK_Q2_B32 */
+    }
+}
+
 /* Tokens t0 <= t < t1 of x: [T][K] at stride ldx into qx (whose fields are set). */
 #define IFK_DECL_QX_QUANTIZE(name) \
     void name(const ifk_qx *qx, const float *x, size_t ldx, int t0, int t1)
@@ -92,12 +130,14 @@ IFK_DECL_QGET_ROW(ifk_avx512_qget_row);
 IFK_DECL_QMATMUL_ROWS(ifk_avx512gfni_qmatmul_rows); /* x quantized by ifk_avx512_qx_quantize */
 IFK_DECL_QGET_ROW(ifk_avx512gfni_qget_row);
 /* qpack_avx512.c: rows n0 <= n < n1 (n0 a multiple of 16) of a packed matrix (qpack.h) whose
- * base type is qx->type; x quantized by ifk_avx512_qx_quantize. */
+ * base type is qx->type; x quantized by ifk_avx512_qx_quantize. The avx512 one reads Q4 and Q8
+ * (AVX512_VNNI), the avx512gfni one every type (AVX512_VNNI, AVX512_VBMI and GFNI). */
 IFK_DECL_QMATMUL_ROWS(ifk_avx512_qmatmul_packed_rows);
+IFK_DECL_QMATMUL_ROWS(ifk_avx512gfni_qmatmul_packed_rows);
 
-/* qdispatch.c: 1 when the product runs the AVX-512 VNNI path on this CPU (the one that reads
- * packed matrices). */
-int ifk_qpath_vnni(void);
+/* qdispatch.c: 1 when the current path multiplies packed matrices of base type `type` with a
+ * kernel of their own (ifk_qpack_type packs only those). */
+int ifk_qpath_packed(int type);
 
 /* quant_ref.c: the oracle on rows n0 <= n < n1 (arguments as ifk_qmatmul_ref). */
 void ifk_qmatmul_ref_rows(float *y, size_t ldy, const void *W, int type, const float *x, size_t ldx,

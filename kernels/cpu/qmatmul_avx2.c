@@ -196,13 +196,6 @@ IFK_DECL_QX_QUANTIZE(ifk_avx2_qx_quantize)
 
 /* ---- unpacking the levels of one block to bytes ------------------------------------------ */
 
-QK_INLINE uint32_t rd32(const uint8_t *p)
-{
-    uint32_t u;
-    memcpy(&u, p, 4);
-    return u;
-}
-
 /* Bytes i < 32: 0xFF where bit i of u is set, else 0. */
 QK_INLINE __m256i bits_to_bytes(uint32_t u)
 {
@@ -241,9 +234,9 @@ QK_INLINE void levels64(__m256i l[2], int type, const uint8_t *blk)
     }
     if (type == IFK_Q3H_B64) {
         __m256i c = nibbles32(lv);
-        c = _mm256_or_si256(c, _mm256_and_si256(bits_to_bytes(rd32(lv + 16)), _mm256_set1_epi8(16)));
-        c = _mm256_or_si256(c, _mm256_and_si256(bits_to_bytes(rd32(lv + 20)), _mm256_set1_epi8(32)));
-        c = _mm256_or_si256(c, _mm256_and_si256(bits_to_bytes(rd32(lv + 24)), _mm256_set1_epi8(64)));
+        c = _mm256_or_si256(c, _mm256_and_si256(bits_to_bytes(ifk_rd32(lv + 16)), _mm256_set1_epi8(16)));
+        c = _mm256_or_si256(c, _mm256_and_si256(bits_to_bytes(ifk_rd32(lv + 20)), _mm256_set1_epi8(32)));
+        c = _mm256_or_si256(c, _mm256_and_si256(bits_to_bytes(ifk_rd32(lv + 24)), _mm256_set1_epi8(64)));
         /* a = c / 11 = mulhi(c, 5984), and the int16 lane (c << 8) - 2815 a = (b << 8) | a */
         for (int h = 0; h < 2; h++) {
             __m256i c16 = _mm256_cvtepu8_epi16(h ? _mm256_extracti128_si256(c, 1) : _mm256_castsi256_si128(c));
@@ -258,8 +251,8 @@ QK_INLINE void levels64(__m256i l[2], int type, const uint8_t *blk)
     l[1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m15);
     if (type == IFK_Q5_B64) {
         const __m256i b4 = _mm256_set1_epi8(16);
-        l[0] = _mm256_or_si256(l[0], _mm256_and_si256(bits_to_bytes(rd32(lv + 32)), b4));
-        l[1] = _mm256_or_si256(l[1], _mm256_and_si256(bits_to_bytes(rd32(lv + 36)), b4));
+        l[0] = _mm256_or_si256(l[0], _mm256_and_si256(bits_to_bytes(ifk_rd32(lv + 32)), b4));
+        l[1] = _mm256_or_si256(l[1], _mm256_and_si256(bits_to_bytes(ifk_rd32(lv + 36)), b4));
     } else if (type == IFK_Q6_B64) {
         /* level 16L + j has high bits (qh[j] >> 2L) & 3; moved to bits 4-5 of the byte */
         __m256i h = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(lv + 32)));
@@ -279,29 +272,9 @@ QK_INLINE __m256i levels32(int type, const uint8_t *blk)
     case IFK_Q4_B32:
         return nibbles32(lv);
     case IFK_Q3_B32:
-        return _mm256_or_si256(crumbs32(lv), _mm256_and_si256(bits_to_bytes(rd32(lv + 8)), _mm256_set1_epi8(4)));
+        return _mm256_or_si256(crumbs32(lv), _mm256_and_si256(bits_to_bytes(ifk_rd32(lv + 8)), _mm256_set1_epi8(4)));
     default: /* IFK_Q2_B32 */
         return crumbs32(lv);
-    }
-}
-
-QK_INLINE int block_of(int type)
-{
-    return type == IFK_Q8_B32 || type == IFK_Q4_B32 || type == IFK_Q3_B32 || type == IFK_Q2_B32 ? 32 : 64;
-}
-
-QK_INLINE int block_bytes_of(int type)
-{
-    switch (type) {
-    case IFK_Q8_B32: return 36;
-    case IFK_Q8_B64: return 68;
-    case IFK_Q6_B64: return 52;
-    case IFK_Q5_B64: return 44;
-    case IFK_Q4_B32: return 20;
-    case IFK_Q4_B64: return 36;
-    case IFK_Q3H_B64: return 32;
-    case IFK_Q3_B32: return 16;
-    default: return 12;
     }
 }
 
@@ -315,7 +288,7 @@ QK_INLINE int block_bytes_of(int type)
 /* The levels of one block as bytes: lev[0] (levels 0-31) and lev[1] (32-63, B = 64). */
 QK_INLINE void block_levels(__m256i lev[2], int type, const uint8_t *blk)
 {
-    if (block_of(type) == 64)
+    if (ifk_qtype_block(type) == 64)
         levels64(lev, type, blk);
     else
         lev[0] = levels32(type, blk);
@@ -344,9 +317,9 @@ QK_INLINE __m256 block_dot(const __m256i lev[2], const int8_t *xq, const int typ
     __m256i p;
     if (ifk_qx_x16(type)) {
         p = dot_x16_32(lev[0], (const int16_t *)xq);
-        if (block_of(type) == 64)
+        if (ifk_qtype_block(type) == 64)
             p = _mm256_add_epi32(p, dot_x16_32(lev[1], (const int16_t *)xq + 32));
-    } else if (block_of(type) == 64) {
+    } else if (ifk_qtype_block(type) == 64) {
         __m256i x0 = _mm256_load_si256((const __m256i *)xq), x1 = _mm256_load_si256((const __m256i *)(xq + 32));
         p = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lev[0], x0), _mm256_maddubs_epi16(lev[1], x1)),
                               _mm256_set1_epi16(1));
@@ -359,7 +332,7 @@ QK_INLINE __m256 block_dot(const __m256i lev[2], const int8_t *xq, const int typ
 /* Whether a block has one x scale (int16 x, or B = 32) rather than a pair (int8 x, B = 64). */
 QK_INLINE int one_scale(int type)
 {
-    return ifk_qx_x16(type) || block_of(type) == 32;
+    return ifk_qx_x16(type) || ifk_qtype_block(type) == 32;
 }
 
 /* The scale of block i for an int32 lane: ds[i] (one_scale), or the pair ds[2i], ds[2i + 1]
@@ -378,7 +351,7 @@ QK_INLINE __m256 block_scale(const float *ds, int i, const int type)
 /* delta d[i] and min m[i] of blocks c0 + i of a row, i < nc (<= PF_KC; 0 past nc).  row: [nb * BB] bytes; d, m: [PF_KC]. */
 QK_INLINE void chunk_headers(float *d, float *m, const uint8_t *row, int c0, int nc, const int type)
 {
-    const int BB = block_bytes_of(type);
+    const int BB = ifk_qtype_block_bytes(type);
     const __m256i at = _mm256_mullo_epi32(_mm256_set1_epi32(BB), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     for (int g = 0; g < PF_KC; g += 8) {
         int ng = nc - g < 0 ? 0 : nc - g < 8 ? nc - g : 8;
@@ -396,7 +369,7 @@ QK_INLINE void chunk_headers(float *d, float *m, const uint8_t *row, int c0, int
  * row: [nb * BB]; lv: [nc][B]. */
 QK_INLINE void chunk_levels(uint8_t *lv, const uint8_t *row, int c0, int nc, const int type)
 {
-    const int B = block_of(type), BB = block_bytes_of(type);
+    const int B = ifk_qtype_block(type), BB = ifk_qtype_block_bytes(type);
     for (int i = 0; i < nc; i++) {
         const uint8_t *blk = row + (size_t)(c0 + i) * BB;
         __m256i l[2];
@@ -412,7 +385,7 @@ QK_INLINE void chunk_levels(uint8_t *lv, const uint8_t *row, int c0, int nc, con
 QK_INLINE void tile_block(__m256 (*a)[2], const uint8_t (*lv)[PF_KC * 64], const ifk_qx *qx, int t0, size_t b, int i,
                           const float (*ds)[2][2 * PF_KC], const int type, const int R, const int C)
 {
-    const int B = block_of(type);
+    const int B = ifk_qtype_block(type);
     __m256i lev[2][2];
 #pragma GCC unroll 2
     for (int r = 0; r < R; r++)
@@ -538,7 +511,7 @@ QK_INLINE void chunk_mins(float (*mt)[8], const float (*m)[PF_KC], int nc, const
 QK_INLINE void gemm_rows(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, int n, const int type, const int R)
 {
     const int T = qx->T, nb = qx->nb;
-    const size_t rb = (size_t)nb * block_bytes_of(type);
+    const size_t rb = (size_t)nb * ifk_qtype_block_bytes(type);
     _Alignas(32) float d[2][PF_KC], m[2][PF_KC], mt[PF_KC / 2][8], dt[PF_KC / 2][8];
     _Alignas(32) uint8_t lv[2][PF_KC * 64];
     for (int c0 = 0; c0 < nb; c0 += PF_KC) {
@@ -579,7 +552,7 @@ QK_INLINE __m256 gemv_block(__m256 acc, __m128 *am, const uint8_t *blk, const in
 {
     _mm_prefetch((const char *)blk + PF_AHEAD, _MM_HINT_T0);
     /* [d, m, d, d] * {s0, sum, s1, cor} = [d s0, m sum, d s1, d cor] */
-    const __m128 r = _mm_mul_ps(_mm_cvtph_ps(_mm_shufflelo_epi16(_mm_cvtsi32_si128((int)rd32(blk)), 0x04)), _mm_load_ps(sx));
+    const __m128 r = _mm_mul_ps(_mm_cvtph_ps(_mm_shufflelo_epi16(_mm_cvtsi32_si128((int)ifk_rd32(blk)), 0x04)), _mm_load_ps(sx));
     *am = _mm_add_ps(*am, r);
     __m256 sc = one_scale(type) ? _mm256_broadcastss_ps(r)
                                 : _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(_mm_permute_ps(r, 0x88))));
@@ -591,8 +564,8 @@ QK_INLINE __m256 gemv_block(__m256 acc, __m128 *am, const uint8_t *blk, const in
 /* W[row] . x for T = 1.  row: [nb * BB] bytes. */
 QK_INLINE float gemv_row(const uint8_t *row, const ifk_qx *qx, const int type)
 {
-    const int BB = block_bytes_of(type), nb = qx->nb;
-    const size_t xb = (size_t)block_of(type) * (ifk_qx_x16(type) ? 2 : 1); /* bytes of x per block */
+    const int BB = ifk_qtype_block_bytes(type), nb = qx->nb;
+    const size_t xb = (size_t)ifk_qtype_block(type) * (ifk_qx_x16(type) ? 2 : 1); /* bytes of x per block */
     float y = 0.0f;
     for (int c0 = 0; c0 < nb; c0 += PF_KC) {
         const int nc = nb - c0 < PF_KC ? nb - c0 : PF_KC;
@@ -621,7 +594,7 @@ QK_INLINE void rows_of(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx,
 {
     int n = n0;
     if (qx->T == 1) {
-        const size_t rb = (size_t)qx->nb * block_bytes_of(type);
+        const size_t rb = (size_t)qx->nb * ifk_qtype_block_bytes(type);
         for (; n < n1; n++)
             y[n] = gemv_row(W + (size_t)n * rb, qx, type);
         return;
@@ -668,10 +641,10 @@ IFK_DECL_QMATMUL_ROWS(ifk_avx2_qmatmul_rows)
 
 IFK_DECL_QGET_ROW(ifk_avx2_qget_row)
 {
-    const int B = block_of(type), BB = block_bytes_of(type);
+    const int B = ifk_qtype_block(type), BB = ifk_qtype_block_bytes(type);
     const uint8_t *blk = row;  /* [nb][BB] */
     for (int k = 0; k < K; k += B, blk += BB) {
-        __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)rd32(blk)));
+        __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)ifk_rd32(blk)));
         __m256 d = _mm256_broadcastss_ps(dm), m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
         _Alignas(32) uint8_t q[64];
         if (B == 64) {

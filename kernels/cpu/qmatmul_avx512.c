@@ -209,20 +209,6 @@ QK_INLINE __m256i crumbs32(const uint8_t *p)
     return _mm256_and_si256(v, _mm256_set1_epi8(3));
 }
 
-QK_INLINE uint32_t rd32(const uint8_t *p)
-{
-    uint32_t u;
-    memcpy(&u, p, 4);
-    return u;
-}
-
-QK_INLINE uint64_t rd64(const uint8_t *p)
-{
-    uint64_t u;
-    memcpy(&u, p, 8);
-    return u;
-}
-
 /* Q3H's 32 codes c = 11 a + b (c <= 120, one per byte) as the 64 levels a, b at bytes 2i,
  * 2i+1: a = (c * 187) >> 11 = mulhi(c, 5984), and the int16 lane (b << 8) | a is
  * (c << 8) - 2815 a. */
@@ -266,7 +252,7 @@ QK_INLINE __m512i levels64(int type, const uint8_t *blk)
         return _mm512_ternarylogic_epi32(nibbles64(lv), h, _mm512_set1_epi8(0x30), 0xF8); /* a | b & c */
     }
     case IFK_Q5_B64:
-        return _mm512_mask_add_epi8(nibbles64(lv), _cvtu64_mask64(rd64(lv + 32)), nibbles64(lv),
+        return _mm512_mask_add_epi8(nibbles64(lv), _cvtu64_mask64(ifk_rd64(lv + 32)), nibbles64(lv),
                                     _mm512_set1_epi8(16));
     case IFK_Q4_B64:
         return nibbles64(lv);
@@ -275,9 +261,9 @@ QK_INLINE __m512i levels64(int type, const uint8_t *blk)
         return levels_q3h_gfni(blk);
 #else
         __m256i c = nibbles32(lv);
-        c = _mm256_mask_add_epi8(c, _cvtu32_mask32(rd32(lv + 16)), c, _mm256_set1_epi8(16));
-        c = _mm256_mask_add_epi8(c, _cvtu32_mask32(rd32(lv + 20)), c, _mm256_set1_epi8(32));
-        c = _mm256_mask_add_epi8(c, _cvtu32_mask32(rd32(lv + 24)), c, _mm256_set1_epi8(64));
+        c = _mm256_mask_add_epi8(c, _cvtu32_mask32(ifk_rd32(lv + 16)), c, _mm256_set1_epi8(16));
+        c = _mm256_mask_add_epi8(c, _cvtu32_mask32(ifk_rd32(lv + 20)), c, _mm256_set1_epi8(32));
+        c = _mm256_mask_add_epi8(c, _cvtu32_mask32(ifk_rd32(lv + 24)), c, _mm256_set1_epi8(64));
         return q3h_split(c);
 #endif
     }
@@ -295,30 +281,10 @@ QK_INLINE __m256i levels32(int type, const uint8_t *blk)
         return nibbles32(lv);
     case IFK_Q3_B32: {
         __m256i q = crumbs32(lv);
-        return _mm256_mask_add_epi8(q, _cvtu32_mask32(rd32(lv + 8)), q, _mm256_set1_epi8(4));
+        return _mm256_mask_add_epi8(q, _cvtu32_mask32(ifk_rd32(lv + 8)), q, _mm256_set1_epi8(4));
     }
     default: /* IFK_Q2_B32 */
         return crumbs32(lv);
-    }
-}
-
-QK_INLINE int block_of(int type)
-{
-    return type == IFK_Q8_B32 || type == IFK_Q4_B32 || type == IFK_Q3_B32 || type == IFK_Q2_B32 ? 32 : 64;
-}
-
-QK_INLINE int block_bytes_of(int type)
-{
-    switch (type) {
-    case IFK_Q8_B32: return 36;
-    case IFK_Q8_B64: return 68;
-    case IFK_Q6_B64: return 52;
-    case IFK_Q5_B64: return 44;
-    case IFK_Q4_B32: return 20;
-    case IFK_Q4_B64: return 36;
-    case IFK_Q3H_B64: return 32;
-    case IFK_Q3_B32: return 16;
-    default: return 12;
     }
 }
 
@@ -365,7 +331,7 @@ QK_INLINE float hsum512(__m512 v)
  * row: [nb * BB] bytes; d, m: [PF_KC]. */
 QK_INLINE void chunk_headers(float *d, float *m, const uint8_t *row, int c0, int nc, const int type)
 {
-    const int BB = block_bytes_of(type);
+    const int BB = ifk_qtype_block_bytes(type);
     const __m512i at = _mm512_mullo_epi32(_mm512_set1_epi32(BB),
                                           _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
     for (int g = 0; g < PF_KC; g += 16) {
@@ -382,7 +348,7 @@ QK_INLINE void chunk_headers(float *d, float *m, const uint8_t *row, int c0, int
 QK_INLINE void tile_block(__m512 (*a)[2], const uint8_t (*lv)[PF_KC * 64], const ifk_qx *qx, int t0, size_t b, int i,
                           const float (*ds)[2][2 * PF_KC], const int type, const int R, const int C)
 {
-    const int B = block_of(type);
+    const int B = ifk_qtype_block(type);
     if (ifk_qx_x16(type)) {
         __m512i l16[4][2]; /* [R]: the levels as int16, elements 0-31 and 32-63 */
 #pragma GCC unroll 4
@@ -467,7 +433,7 @@ QK_INLINE void tile(float *y, size_t ldy, const uint8_t (*lv)[PF_KC * 64], const
                     int nc, int first, const float (*d)[PF_KC], const float (*mt)[16], const float (*dt)[16],
                     const int type, const int R, const int C)
 {
-    const int B = block_of(type), x16 = ifk_qx_x16(type), one = B == 32 || x16; /* one x scale per block */
+    const int B = ifk_qtype_block(type), x16 = ifk_qx_x16(type), one = B == 32 || x16; /* one x scale per block */
     __m512 acc[2][4][2]; /* [chain][R][C]: the delta terms (low halves for int8 x, B = 32) */
     /* delta * x scale per row, token and block of the chunk: [PF_KC] (one), or [PF_KC][2]
      * pairs (int8 x, B = 64: x groups 0 and 1) */
@@ -549,11 +515,11 @@ QK_INLINE void chunk_mins(float (*mt)[16], const float (*m)[PF_KC], int nc, cons
 /* The levels of blocks c0 .. c0 + nc - 1 of a row as bytes.  row: [nb * BB]; lv: [nc][B]. */
 QK_INLINE void chunk_levels(uint8_t *lv, const uint8_t *row, int c0, int nc, const int type)
 {
-    const int BB = block_bytes_of(type);
+    const int BB = ifk_qtype_block_bytes(type);
     for (int i = 0; i < nc; i++) {
         const uint8_t *blk = row + (size_t)(c0 + i) * BB;
         _mm_prefetch((const char *)blk + PF_AHEAD, _MM_HINT_T0);
-        if (block_of(type) == 64)
+        if (ifk_qtype_block(type) == 64)
             _mm512_store_si512(lv + (size_t)i * 64, levels64(type, blk));
         else
             _mm256_store_si256((__m256i *)(lv + (size_t)i * 32), levels32(type, blk));
@@ -566,7 +532,7 @@ QK_INLINE void chunk_levels(uint8_t *lv, const uint8_t *row, int c0, int nc, con
 QK_INLINE void gemm_rows(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, int n, const int type, const int R)
 {
     const int T = qx->T, nb = qx->nb;
-    const size_t rb = (size_t)nb * block_bytes_of(type);
+    const size_t rb = (size_t)nb * ifk_qtype_block_bytes(type);
     _Alignas(64) float d[4][PF_KC], m[4][PF_KC], mt[PF_KC / 2][16], dt[PF_KC / 2][16];
     _Alignas(64) uint8_t lv[4][PF_KC * 64];
     for (int c0 = 0; c0 < nb; c0 += PF_KC) {
@@ -606,7 +572,7 @@ QK_INLINE void gemm_rows(float *y, size_t ldy, const uint8_t *W, const ifk_qx *q
 /* The block's header as [d, m, d, d] (F32).  blk: [BB]. */
 QK_INLINE __m128 dmdd(const uint8_t *blk)
 {
-    return _mm_cvtph_ps(_mm_shufflelo_epi16(_mm_cvtsi32_si128((int)rd32(blk)), 0x04));
+    return _mm_cvtph_ps(_mm_shufflelo_epi16(_mm_cvtsi32_si128((int)ifk_rd32(blk)), 0x04));
 }
 
 /* acc + the delta term of one block, *am + its min term and its residual's correction (lanes 1
@@ -622,7 +588,7 @@ QK_INLINE __m512 gemv_block(__m512 acc, __m128 *am, const uint8_t *blk, const in
     *am = _mm_add_ps(*am, r);
     if (ifk_qx_x16(type)) /* one x scale per block */
         return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_x16(type, blk, (const int16_t *)xq)), _mm512_broadcastss_ps(r), acc);
-    if (block_of(type) == 64) { /* lanes alternate between the block's x groups 0 and 1 */
+    if (ifk_qtype_block(type) == 64) { /* lanes alternate between the block's x groups 0 and 1 */
         __m512 sc = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2), _mm512_castps128_ps512(r));
         __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), levels64(type, blk), _mm512_load_si512(xq));
         return _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc);
@@ -634,8 +600,8 @@ QK_INLINE __m512 gemv_block(__m512 acc, __m128 *am, const uint8_t *blk, const in
 /* W[row] . x for T = 1.  row: [nb * BB] bytes. */
 QK_INLINE float gemv_row(const uint8_t *row, const ifk_qx *qx, const int type)
 {
-    const int BB = block_bytes_of(type), nb = qx->nb;
-    const size_t xb = (size_t)block_of(type) * (ifk_qx_x16(type) ? 2 : 1); /* bytes of x per block */
+    const int BB = ifk_qtype_block_bytes(type), nb = qx->nb;
+    const size_t xb = (size_t)ifk_qtype_block(type) * (ifk_qx_x16(type) ? 2 : 1); /* bytes of x per block */
     float y = 0.0f;
     for (int c0 = 0; c0 < nb; c0 += PF_KC) {
         const int nc = nb - c0 < PF_KC ? nb - c0 : PF_KC;
@@ -652,7 +618,7 @@ QK_INLINE float gemv_row(const uint8_t *row, const ifk_qx *qx, const int type)
         if (i < nc)
             acc0 = gemv_block(acc0, &am0, blk + (size_t)i * BB, xq + (size_t)i * xb, sx + 4 * i, type);
         __m512 a = _mm512_add_ps(acc0, acc1);
-        if (block_of(type) == 32 && !ifk_qx_x16(type))
+        if (ifk_qtype_block(type) == 32 && !ifk_qx_x16(type))
             a = _mm512_zextps256_ps512(_mm512_castps512_ps256(a));
         const __m128 h = _mm_movehdup_ps(_mm_add_ps(am0, am1)); /* [mins, mins, cors, cors] */
         const float mins = ifk_qx_x16(type) ? _mm_cvtss_f32(h) : _mm_cvtss_f32(_mm_add_ss(h, _mm_movehl_ps(h, h)));
@@ -667,7 +633,7 @@ QK_INLINE void rows_of(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx,
     const int T = qx->T;
     int n = n0;
     if (T == 1) {
-        const size_t rb = (size_t)qx->nb * block_bytes_of(type);
+        const size_t rb = (size_t)qx->nb * ifk_qtype_block_bytes(type);
         for (; n < n1; n++)
             y[n] = gemv_row(W + (size_t)n * rb, qx, type);
         return;
@@ -724,7 +690,7 @@ QK_INLINE void store_dq16(float *out, __m128i q, __m512 d, __m512 m, int n)
 
 QK_FN IFK_DECL_QGET_ROW(QK_NAME(qget_row))
 {
-    const int B = block_of(type), BB = block_bytes_of(type);
+    const int B = ifk_qtype_block(type), BB = ifk_qtype_block_bytes(type);
     const uint8_t *blk = row;  /* [nb][BB] */
     for (int k = 0; k < K; k += B, blk += BB) {
         uint16_t h[2];

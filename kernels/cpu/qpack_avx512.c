@@ -1,17 +1,23 @@
 /*
  * qpack_avx512.c -- the int8 product over packed 16-row tiles (qpack.h) with AVX512_VNNI.
  *
- * A group of 16 rows against a tile of C tokens (C = 8, 4, 2, 1): per block, each Q4 slab of 64
- * bytes is split into its low and high nibbles (two k-steps, 16 rows x 4 levels each) once,
- * and every token of the tile adds both into its own int32 accumulators with vpdpbusd against
- * 4 bytes of its x broadcast; at the end of the block the accumulators are converted and
- * scaled into the tokens' 16 outputs (qpack.h's arithmetic, the same for every C). Q8 slabs
- * are split into their even and odd bytes, int16 pairs for vpdpwssd against int16 x. The first
- * token tile of a group (all of decode) reads the tiles as one forward stream with a software
- * prefetch ahead; the later ones find them in cache.
+ * A group of 16 rows against a tile of C tokens (C = 8, 4, 2, 1): per block, each slab of the
+ * tile (16 rows x 8 elements for int8 x, x 4 for int16 x) is unpacked once into two operands,
+ * 16 rows x 4 levels as bytes (vpdpbusd) or x 2 levels as int16 (vpdpwssd), and every token of
+ * the tile adds both into its own int32 accumulators against 4 bytes of its x broadcast; at the
+ * end of the block the accumulators are converted and scaled into the tokens' 16 outputs
+ * (qpack.h's arithmetic, the same for every C). How a slab is unpacked is the type's
+ * (slab_operands); the rest is common. The first token tile of a group (all of decode) reads
+ * the tiles as one forward stream with a software prefetch ahead; the later ones find them in
+ * cache.
  *
- * Every function carries target("avx512vnni") on top of the file's -mavx512* flags;
- * qdispatch.c calls them only on CPUs that have it (ifk_qpath_vnni).
+ * Compiled twice. Here (QP_GFNI = 0) for Q4 and Q8, with target("avx512vnni") on top of the
+ * file's -mavx512* flags: ifk_avx512_qmatmul_packed_rows, which qdispatch.c calls on the VNNI
+ * paths. Again as qpack_avx512gfni.c (QP_GFNI = 1) for every packed type, with
+ * target("avx512vnni,avx512vbmi,gfni"): ifk_avx512gfni_qmatmul_packed_rows, called on the GFNI
+ * path of a CPU with AVX512_VBMI (ifk_qpath_packed). The other types need those: Q3H's codes
+ * are split into levels by two 128-entry byte lookups (vpermi2b), and bit fields are moved in
+ * one vgf2p8affineqb where shifts and masks would take two.
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -20,25 +26,32 @@
 #include "kernels/cpu/qimpl.h"
 #include "kernels/cpu/qpack.h"
 
-#define QP_INLINE static inline __attribute__((always_inline, target("avx512vnni")))
-#define QP_FN __attribute__((target("avx512vnni")))
+#ifndef QP_GFNI
+#define QP_GFNI 0
+#endif
+#if QP_GFNI
+#define QP_TARGET "avx512vnni,avx512vbmi,gfni"
+#define QP_NAME(name) ifk_avx512gfni_##name
+#else
+#define QP_TARGET "avx512vnni"
+#define QP_NAME(name) ifk_avx512_##name
+#endif
+#define QP_INLINE static inline __attribute__((always_inline, target(QP_TARGET)))
+#define QP_FN __attribute__((target(QP_TARGET)))
 
-/* Bytes of software prefetch ahead of the tile being read. TinyLlama Q4_B64 decode at 1 thread:
- * 33 tok/s at 2 KiB, 35 at 8 KiB, no better at 16 KiB. */
+/* Bytes of software prefetch ahead of the tile being read, into L2 (prefetcht1). TinyLlama
+ * Q4_B64 decode at 1 thread: 33 tok/s at 2 KiB, 35 at 8 KiB, no better at 16 KiB (into L1).
+ * Into L2 rather than L1: decode from DRAM (qbench, 5632 x 2048, 1 thread, share of the read
+ * bandwidth measured beside it, machine loaded) went from 0.69-0.76 to 0.89-0.96 for Q6, 0.62-0.79
+ * to 0.85-1.0 for Q5, 0.73-0.87 to 0.96-0.99 for Q3H, 0.80-0.90 to 0.89-0.97 for Q4_B64. The
+ * types that read their tiles out of order (Q6, Q5) gained most; a guess at why: requests into
+ * L1 wait for its few miss buffers. */
 enum { QP_AHEAD = 8192 };
 
-/* Bytes of a tile (qpack.h): 16 rows x one block of B, Q4 or Q8 (x16). */
-QP_INLINE size_t tile_bytes(const int B, const int x16)
+/* Bytes of a tile (qpack.h): 16 rows x one block. */
+QP_INLINE size_t tile_bytes(const int type)
 {
-    return 64 + (x16 ? 16 : 8) * (size_t)B;
-}
-
-/* 4 bytes of x as one int32, broadcast. */
-QP_INLINE __m512i bcast4(const int8_t *p)
-{
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
+    return 16 * (size_t)ifk_qtype_block_bytes(type);
 }
 
 /* One slab against 8 tokens: a0[j] += w0 . x_j[0..3], a1[j] += w1 . x_j[4..7] (x_j = p + j ld,
@@ -85,43 +98,192 @@ QP_INLINE void slab(__m512i *a0, __m512i *a1, __m512i w0, __m512i w1, const int8
     }
 }
 
-/* The exact int32 sums of one tile for tokens t0 .. t0 + C - 1, into a0[j] and a1[j].
- * Q4: B / 8 slabs of 8 levels a row; a0 over the low nibbles (the even k-steps), a1 over the
- *     high nibbles, vpdpbusd against int8 x.
- * Q8 (x16): B / 4 slabs of 4 levels a row; a0 over the even bytes (levels 4 s, 4 s + 1 as an
- *     int16 pair), a1 over the odd bytes (4 s + 2, 4 s + 3), vpdpwssd against int16 x pairs. */
-QP_INLINE void tile_sums(__m512i *a0, __m512i *a1, const uint8_t *tile, const ifk_qx *qx, int b, int t0, const int B,
-                         const int x16, const int C)
+/* acc + w . the 4 bytes at p (broadcast) for one token, OP as above; in assembly too, for one
+ * reason of the two: GCC loaded every broadcast into a register of its own (vpbroadcastd), an
+ * instruction more per product, which decode (one token, 2 products a slab) felt. */
+#define QP_DOT1(OP, ACC, WV) __asm__(OP " (%[p])" QP_BC "%[a]" : [a] "+v"(ACC) : [w] "v"(WV), [p] "r"(p))
+
+QP_INLINE __m512i dot1(__m512i acc, __m512i w, const int8_t *p, const int x16)
 {
-    const __m512i lo = x16 ? _mm512_set1_epi16(0x00FF) : _mm512_set1_epi8(15);
-    const int per = x16 ? 4 : 8; /* elements of the block a slab holds */
+    if (x16)
+        QP_DOT1("vpdpwssd", acc, w);
+    else
+        QP_DOT1("vpdpbusd", acc, w);
+    return acc;
+}
+
+/* ---- the operands of a slab, per type (qpack.h's layouts) ------------------------------- */
+
+#if QP_GFNI
+/* The vgf2p8affineqb matrix that moves bits from .. from + n - 1 of every byte to to .. and
+ * clears the others: output bit i is the parity of (matrix byte 7 - i) & the input byte. */
+QP_INLINE long long field_matrix(const int from, const int n, const int to)
+{
+    unsigned long long m = 0;
+    for (int k = 0; k < n; k++)
+        m |= (1ull << (from + k)) << 8 * (7 - (to + k));
+    return (long long)m;
+}
+
+/* Bits from .. from + n - 1 of every byte of v at bits to .., the rest 0: one instruction where a
+ * shift and a mask would take two. It runs on the pipes of vpdpbusd, though (Zen 4), so Q2 and
+ * Q3 (one per product) are faster with crumb(); Q6, Q5 and Q3H (one per two products or fewer)
+ * are faster with it: decode from cache, 1 thread, loaded machine, Q2 35 -> 38 GB/s and Q3
+ * 33 -> 35 with crumb, Q6 40 -> 44, Q5 35 -> 36 and Q3H 35 -> 36 with field. */
+QP_INLINE __m512i field(__m512i v, const int from, const int n, const int to)
+{
+    return _mm512_gf2p8affine_epi64_epi8(v, _mm512_set1_epi64(field_matrix(from, n, to)), 0);
+}
+
+/* Crumb c (bits 2 c, 2 c + 1) of every byte of v: a shift and a mask. */
+QP_INLINE __m512i crumb(__m512i v, const int c)
+{
+    return _mm512_and_si512(c ? _mm512_srli_epi16(v, 2 * c) : v, _mm512_set1_epi8(3));
+}
+
+/* ternlog truth tables of its operands a, b, c */
+enum { TL_A = 0xF0, TL_B = 0xCC, TL_C = 0xAA };
+
+/* a & c | b: a byte's bits where c is set, b's clean bits added. */
+QP_INLINE __m512i and_or(__m512i a, __m512i b, __m512i c)
+{
+    return _mm512_ternarylogic_epi32(a, b, c, (TL_A & TL_C) | TL_B);
+}
+
+QP_INLINE __m512i or3(__m512i a, __m512i b, __m512i c)
+{
+    return _mm512_ternarylogic_epi32(a, b, c, TL_A | TL_B | TL_C);
+}
+
+/* Q3H's code -> level tables for vpermi2b (which reads the low 7 bits of an index byte):
+ * a = c / 11 (element 2 i), b = c % 11 (element 2 i + 1); entries past 120 are never read. */
+#define QP_T8(f, c) f(c), f(c + 1), f(c + 2), f(c + 3), f(c + 4), f(c + 5), f(c + 6), f(c + 7)
+#define QP_T64(f, c) QP_T8(f, c), QP_T8(f, c + 8), QP_T8(f, c + 16), QP_T8(f, c + 24), \
+                     QP_T8(f, c + 32), QP_T8(f, c + 40), QP_T8(f, c + 48), QP_T8(f, c + 56)
+#define QP_DIV11(c) (uint8_t)((c) / 11)
+#define QP_MOD11(c) (uint8_t)((c) % 11)
+static const uint8_t q3h_div11[128] __attribute__((aligned(64))) = { QP_T64(QP_DIV11, 0), QP_T64(QP_DIV11, 64) };
+static const uint8_t q3h_mod11[128] __attribute__((aligned(64))) = { QP_T64(QP_MOD11, 0), QP_T64(QP_MOD11, 64) };
+
+/* Q3H's code register 7: bit p of each byte is bit 7 of unit p's byte (p < 7).  lv: [7][64]. */
+QP_INLINE __m512i q3h_codes7(const uint8_t *lv)
+{
+    __m512i g[7];
+#pragma GCC unroll 7
+    for (int p = 0; p < 7; p++)
+        g[p] = field(_mm512_loadu_si512(lv + 64 * p), 7, 1, p);
+    return or3(or3(or3(g[0], g[1], g[2]), g[3], g[4]), g[5], g[6]);
+}
+#endif
+
+/* Slab s of a tile's levels lv (tile + 64) as the operands of its products, 16 rows in the 16
+ * dword lanes: *w0 against x elements per s .. (the first half of the slab: 4 levels as bytes
+ * for int8 x, per = 8; 2 levels as int16 for int16 x, per = 4) and *w1 against the second half.
+ * For B = 64 and int8 x the halves are the x groups 0 and 1 of qimpl.h. */
+QP_INLINE void slab_operands(__m512i *w0, __m512i *w1, const uint8_t *lv, const int s, const int type)
+{
+    const __m512i nib = _mm512_set1_epi8(15), byte16 = _mm512_set1_epi16(0x00FF);
+    switch (type) {
+    case IFK_Q4_B32:
+    case IFK_Q4_B64: { /* low nibbles, high nibbles */
+        const __m512i v = _mm512_loadu_si512(lv + 64 * s);
+        *w0 = _mm512_and_si512(v, nib);
+        *w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+        return;
+    }
+    case IFK_Q8_B32:
+    case IFK_Q8_B64: { /* even bytes, odd bytes: int16 pairs */
+        const __m512i v = _mm512_loadu_si512(lv + 64 * s);
+        *w0 = _mm512_and_si512(v, byte16);
+        *w1 = _mm512_srli_epi16(v, 8);
+        return;
+    }
+#if QP_GFNI
+    case IFK_Q2_B32:
+    case IFK_Q3_B32: { /* crumb s of units 0 and 1; Q3: + 4 where masks 2 s, 2 s + 1 are set */
+        *w0 = crumb(_mm512_loadu_si512(lv), s);
+        *w1 = crumb(_mm512_loadu_si512(lv + 64), s);
+        if (type == IFK_Q3_B32) {
+            const __m512i four = _mm512_set1_epi8(4);
+            *w0 = _mm512_mask_add_epi8(*w0, _load_mask64((__mmask64 *)(lv + 128 + 16 * s)), *w0, four);
+            *w1 = _mm512_mask_add_epi8(*w1, _load_mask64((__mmask64 *)(lv + 136 + 16 * s)), *w1, four);
+        }
+        return;
+    }
+    case IFK_Q5_B64:
+    case IFK_Q6_B64: { /* nibble plane s % 8 of unit s % 8 plus the high bits; int16 pairs */
+        const __m512i u = _mm512_loadu_si512(lv + 64 * (s % 8));
+        __m512i l;
+        if (type == IFK_Q5_B64) { /* + 16 where mask s is set */
+            l = s < 8 ? _mm512_and_si512(u, nib) : field(u, 4, 4, 0);
+            l = _mm512_mask_add_epi8(l, _load_mask64((__mmask64 *)(lv + 512 + 8 * s)), l, _mm512_set1_epi8(16));
+        } else { /* | crumb s / 4 of unit 8 + s % 4 at bits 4-5 */
+            const __m512i hi = field(_mm512_loadu_si512(lv + 512 + 64 * (s % 4)), 2 * (s / 4), 2, 4);
+            l = and_or(s < 8 ? u : _mm512_srli_epi16(u, 4), hi, nib);
+        }
+        *w0 = _mm512_and_si512(l, byte16);
+        *w1 = _mm512_srli_epi16(l, 8);
+        return;
+    }
+    case IFK_Q3H_B64: { /* code register s; its codes' levels interleaved a, b per 128-bit lane */
+        const __m512i c = s < 7 ? _mm512_loadu_si512(lv + 64 * s) : q3h_codes7(lv);
+        const __m512i a = _mm512_permutex2var_epi8(_mm512_load_si512(q3h_div11), c, _mm512_load_si512(q3h_div11 + 64));
+        const __m512i b = _mm512_permutex2var_epi8(_mm512_load_si512(q3h_mod11), c, _mm512_load_si512(q3h_mod11 + 64));
+        *w0 = _mm512_unpacklo_epi8(a, b);
+        *w1 = _mm512_unpackhi_epi8(a, b);
+        return;
+    }
+#endif
+    default:
+        *w0 = *w1 = _mm512_setzero_si512();
+        return;
+    }
+}
+
+/* ---- the product -------------------------------------------------------------------------- */
+
+/* The exact int32 sums of one tile for tokens t0 .. t0 + C - 1, added into a0[j] (the first
+ * halves of the slabs) and a1[j] (the second halves): vpdpbusd against int8 x, vpdpwssd against
+ * int16 x pairs. With C < 4 the odd slabs go into sums of their own, added (exactly) at the end,
+ * so that fewer products wait on the one before (Q8_B32 decode from cache, 1 thread: 49 -> 60
+ * GB/s). */
+QP_INLINE void tile_sums(__m512i *a0, __m512i *a1, const uint8_t *tile, const ifk_qx *qx, int b, int t0,
+                         const int type, const int C)
+{
+    const int x16 = ifk_qx_x16(type), B = ifk_qtype_block(type);
+    const int per = x16 ? 4 : 8;                         /* elements of the block a slab holds */
+    __m512i o0[2] = { _mm512_setzero_si512(), _mm512_setzero_si512() }, o1[2] = { o0[0], o0[1] }; /* [C < 4] */
+#pragma GCC unroll 16
     for (int s = 0; s < B / per; s++) {
-        const __m512i v = _mm512_loadu_si512(tile + 64 + 64 * s);
-        const __m512i w0 = _mm512_and_si512(v, lo);
-        const __m512i w1 = x16 ? _mm512_srli_epi16(v, 8) : _mm512_and_si512(_mm512_srli_epi16(v, 4), lo);
-        /* x of token t0 at this slab's 8 (Q4) or 4 (Q8) elements */
+        __m512i w0, w1;
+        slab_operands(&w0, &w1, tile + 64, s, type);
+        /* x of token t0 at this slab's 8 (int8) or 4 (int16) elements */
         const int8_t *xs = qx->q + (size_t)t0 * qx->q_ld + (x16 ? 2 : 1) * ((size_t)b * B + (size_t)(per * s));
         if (C == 8 || C == 4) {
             slab(a0, a1, w0, w1, xs, qx->q_ld, x16, C);
             continue;
         }
-#pragma GCC unroll 8
+        __m512i *s0 = s % 2 ? o0 : a0, *s1 = s % 2 ? o1 : a1;
+#pragma GCC unroll 2
         for (int j = 0; j < C; j++) {
-            const int8_t *xq = xs + (size_t)j * qx->q_ld;
-            a0[j] = x16 ? _mm512_dpwssd_epi32(a0[j], w0, bcast4(xq)) : _mm512_dpbusd_epi32(a0[j], w0, bcast4(xq));
-            a1[j] = x16 ? _mm512_dpwssd_epi32(a1[j], w1, bcast4(xq + 4)) : _mm512_dpbusd_epi32(a1[j], w1, bcast4(xq + 4));
+            s0[j] = dot1(s0[j], w0, xs + (size_t)j * qx->q_ld, x16);
+            s1[j] = dot1(s1[j], w1, xs + (size_t)j * qx->q_ld + 4, x16);
         }
+    }
+    for (int j = 0; j < (C < 4 ? C : 0); j++) { /* (no unroll pragma: GCC warns when C >= 4 drops the loop) */
+        a0[j] = _mm512_add_epi32(a0[j], o0[j]);
+        a1[j] = _mm512_add_epi32(a1[j], o1[j]);
     }
 }
 
 /* y[t0 + j][n0 + r] for j < C, r < nr (<= 16): the 16 rows of the group whose tiles start at
- * tg ([nb][16 BB] bytes) against tokens t0 .. t0 + C - 1 of qx; Q4, or Q8 (x16: int16 x, one
- * x scale per block, the two int32 sums added exactly before the one conversion). */
+ * tg ([nb][tile_bytes] bytes) against tokens t0 .. t0 + C - 1 of qx. One x scale per block
+ * (int16 x, or B = 32): the two int32 sums added exactly before the one conversion. */
 QP_INLINE void group_tile(float *y, size_t ldy, const uint8_t *tg, const ifk_qx *qx, int n0, int nr, int t0,
-                          const int B, const int x16, const int C)
+                          const int type, const int C)
 {
-    const int nb = qx->nb;
-    const size_t tb = tile_bytes(B, x16);
+    const int nb = qx->nb, x16 = ifk_qx_x16(type), B = ifk_qtype_block(type);
+    const size_t tb = tile_bytes(type);
     __m512 yv[8];
 #pragma GCC unroll 8
     for (int j = 0; j < C; j++)
@@ -130,12 +292,12 @@ QP_INLINE void group_tile(float *y, size_t ldy, const uint8_t *tg, const ifk_qx 
         const uint8_t *tile = tg + (size_t)b * tb;
         if (t0 == 0) /* the group's first pass reads its tiles from memory */
             for (size_t o = 0; o < tb; o += 64)
-                _mm_prefetch((const char *)tile + QP_AHEAD + o, _MM_HINT_T0);
+                _mm_prefetch((const char *)tile + QP_AHEAD + o, _MM_HINT_T1);
         __m512i a0[8], a1[8]; /* [C] */
 #pragma GCC unroll 8
         for (int j = 0; j < C; j++)
             a0[j] = a1[j] = _mm512_setzero_si512();
-        tile_sums(a0, a1, tile, qx, b, t0, B, x16, C);
+        tile_sums(a0, a1, tile, qx, b, t0, type, C);
         const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tile));
         const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tile + 32)));
 #pragma GCC unroll 8
@@ -167,40 +329,49 @@ QP_INLINE void group_tile(float *y, size_t ldy, const uint8_t *tg, const ifk_qx 
     }
 }
 
-/* Rows n0 <= n < n1 (n0 a multiple of 16), every token, of a packed matrix of block B. */
-QP_INLINE void packed_rows(float *y, size_t ldy, const uint8_t *P, const ifk_qx *qx, int n0, int n1, const int B,
-                           const int x16)
+/* Rows n0 <= n < n1 (n0 a multiple of 16), every token, of a packed matrix of one type. */
+QP_INLINE void packed_rows(float *y, size_t ldy, const uint8_t *P, const ifk_qx *qx, int n0, int n1, const int type)
 {
-    const size_t group_bytes = (size_t)qx->nb * tile_bytes(B, x16);
+    const size_t group_bytes = (size_t)qx->nb * tile_bytes(type);
     for (int n = n0; n < n1; n += 16) {
         const uint8_t *tg = P + (size_t)(n / 16) * group_bytes;
         const int nr = n1 - n < 16 ? n1 - n : 16;
         int t = 0;
         for (; t + 8 <= qx->T; t += 8)
-            group_tile(y, ldy, tg, qx, n, nr, t, B, x16, 8);
+            group_tile(y, ldy, tg, qx, n, nr, t, type, 8);
         if (t + 4 <= qx->T)
-            group_tile(y, ldy, tg, qx, n, nr, t, B, x16, 4), t += 4;
+            group_tile(y, ldy, tg, qx, n, nr, t, type, 4), t += 4;
         if (t + 2 <= qx->T)
-            group_tile(y, ldy, tg, qx, n, nr, t, B, x16, 2), t += 2;
+            group_tile(y, ldy, tg, qx, n, nr, t, type, 2), t += 2;
         if (t < qx->T)
-            group_tile(y, ldy, tg, qx, n, nr, t, B, x16, 1);
+            group_tile(y, ldy, tg, qx, n, nr, t, type, 1);
     }
 }
 
-#define QP_ROWS_FN(name, B, x16)                                                                   \
-    QP_FN static void name(float *y, size_t ldy, const uint8_t *P, const ifk_qx *qx, int n0, int n1) \
-    {                                                                                              \
-        packed_rows(y, ldy, P, qx, n0, n1, B, x16);                                                \
+#define QP_ROWS_FN(TYPE)                                                                             \
+    QP_FN static void rows_##TYPE(float *y, size_t ldy, const uint8_t *P, const ifk_qx *qx, int n0, int n1) \
+    {                                                                                                \
+        packed_rows(y, ldy, P, qx, n0, n1, TYPE);                                                    \
     }
-QP_ROWS_FN(rows_q4_b32, 32, 0)
-QP_ROWS_FN(rows_q4_b64, 64, 0)
-QP_ROWS_FN(rows_q8_b32, 32, 1)
-QP_ROWS_FN(rows_q8_b64, 64, 1)
+/* The types this compilation multiplies: Q4 and Q8 (AVX512_VNNI), and with GFNI every type. */
+#if QP_GFNI
+#define QP_TYPES(X) X(IFK_Q4_B32) X(IFK_Q4_B64) X(IFK_Q8_B32) X(IFK_Q8_B64) X(IFK_Q6_B64) X(IFK_Q5_B64) \
+                    X(IFK_Q3H_B64) X(IFK_Q3_B32) X(IFK_Q2_B32)
+#else
+#define QP_TYPES(X) X(IFK_Q4_B32) X(IFK_Q4_B64) X(IFK_Q8_B32) X(IFK_Q8_B64)
+#endif
+QP_TYPES(QP_ROWS_FN)
 
-QP_FN IFK_DECL_QMATMUL_ROWS(ifk_avx512_qmatmul_packed_rows)
+QP_FN IFK_DECL_QMATMUL_ROWS(QP_NAME(qmatmul_packed_rows))
 {
-    if (qx->x16)
-        (qx->B == 64 ? rows_q8_b64 : rows_q8_b32)(y, ldy, W, qx, n0, n1);
-    else
-        (qx->B == 64 ? rows_q4_b64 : rows_q4_b32)(y, ldy, W, qx, n0, n1);
+#define QP_CASE(TYPE)                                   \
+    case TYPE:                                          \
+        rows_##TYPE(y, ldy, W, qx, n0, n1); \
+        break;
+    switch (qx->type) {
+        QP_TYPES(QP_CASE)
+    default:
+        break;
+    }
+#undef QP_CASE
 }

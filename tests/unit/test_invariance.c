@@ -94,6 +94,8 @@ static const char *type_name(int wtype)
     static const char *packed[IFK_QTYPE_END_] = {
         [IFK_Q4_B32] = "q4_b32 packed", [IFK_Q4_B64] = "q4_b64 packed",
         [IFK_Q8_B32] = "q8_b32 packed", [IFK_Q8_B64] = "q8_b64 packed",
+        [IFK_Q6_B64] = "q6_b64 packed", [IFK_Q5_B64] = "q5_b64 packed", [IFK_Q3H_B64] = "q3h packed",
+        [IFK_Q3_B32] = "q3_b32 packed", [IFK_Q2_B32] = "q2_b32 packed",
     };
     if (ifk_qpack_base(wtype) >= 0)
         return packed[ifk_qpack_base(wtype)] ? packed[ifk_qpack_base(wtype)] : "packed";
@@ -172,7 +174,7 @@ static void test_matmul_invariance(void)
             /* K = 77: a partial last block; 8529: several chunks of 64 blocks, a partial block */
             check_matmul(q, 45, 77, all_T, 17);
             check_matmul(q, 37, 8529, some_T, 7);
-            if (ifk_qpack_base(IFK_QPACKED + q) == q) { /* packed (qpack.h): its own kernel on VNNI */
+            if (ifk_qpack_base(IFK_QPACKED + q) == q) { /* packed (qpack.h): its own kernel where the path has one */
                 check_matmul(IFK_QPACKED + q, 45, 77, all_T, 17);
                 check_matmul(IFK_QPACKED + q, 37, 8529, some_T, 7);
             }

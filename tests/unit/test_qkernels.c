@@ -360,8 +360,8 @@ static void check_qmatmul(int ti, int T, int N, int K, size_t ldx, size_t ldy, i
     for (size_t i = 0; i < (size_t)T * ldy; i++)
         ref[i] = -1.0f;
     ifk_qmatmul_ref(ref, ldy, W, type, x, ldx, T, N, K);
-    /* the row layout, then the packed copy (qpack.h) of the types that have one: on the VNNI
-     * paths its own kernel, on the others the rows unpacked again */
+    /* the row layout, then the packed copy (qpack.h): on the paths that have a kernel for it
+     * (ifk_qpath_packed) that kernel, on the others the rows unpacked again */
     uint8_t *P = NULL;
     if (ifk_qpack_base(IFK_QPACKED + type) == type) {
         P = malloc(ifk_qpack_bytes(type, N, K));
@@ -463,7 +463,7 @@ static void test_qmatmul_paths(void)
 {
     static const int Ks[] = { 172, 64, 96, 2049, 33, 32, 1, 1100 };
     static const int Ns[] = { 1, 3, 17, 37 };
-    static const int Ts[] = { 1, 2, 7, 64 };
+    static const int Ts[] = { 1, 2, 3, 7, 17, 64 };
     for (int ti = 0; ti < N_TYPES; ti++)
         for (size_t a = 0; a < sizeof Ks / sizeof *Ks; a++)
             for (size_t b = 0; b < sizeof Ns / sizeof *Ns; b++)
@@ -472,7 +472,7 @@ static void test_qmatmul_paths(void)
                     if ((double)T * N * K > 3e6 && !(N == 17 && T == 7))
                         continue; /* keep the oracle's time down; one large shape per K */
                     int pad = (int)(a + b + c) % 3 == 0 ? 5 : 0;
-                    check_qmatmul(ti, T, N, K, (size_t)K + pad, (size_t)N + pad, (int)(a + c) % 2 + 1, 1.0f,
+                    check_qmatmul(ti, T, N, K, (size_t)K + pad, (size_t)N + pad, (int)(a + c) % 3 + 1, 1.0f,
                                   (int)(a + b + c) % 2);
                 }
     ifk_set_isa(IFK_ISA_AUTO);
@@ -592,8 +592,9 @@ static void test_qpack_roundtrip(void)
             free(U);
         }
     }
-    CHECK(ifk_qpack_base(IFK_Q4_B64) == -1 && ifk_qpack_base(IFK_QPACKED + IFK_Q6_B64) == -1,
-          "only packed codes of packed types have a base");
+    CHECK(ifk_qpack_base(IFK_Q4_B64) == -1 && ifk_qpack_base(IFK_QPACKED + IFK_QTYPE_END_) == -1 &&
+              ifk_qpack_base(IFK_QPACKED) == -1,
+          "only packed codes of quantized types have a base");
 }
 
 /* ---- (d) ifk_qget_row -------------------------------------------------------------------- */
