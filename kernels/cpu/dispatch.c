@@ -225,8 +225,10 @@ void ifk_matmul(float *y, size_t ldy, const void *W, int wtype, const float *x, 
 #ifndef IFK_NO_SIMD
     if (ifk_bf16_dot(wtype)) {
         /* x rounded once per call, each token on its own (so batch invariant); without memory
-         * for it the F32 product runs instead */
-        const size_t ldxb = ((size_t)K + 31) & ~(size_t)31;
+         * for it the F32 product runs instead. Rows of xb are whole steps of 32 plus 64 bytes,
+         * so that the 4 tokens the kernel reads at once do not fall on the same L1 sets (rows
+         * 4 KiB apart do: prefill measured 12 % slower). */
+        const size_t ldxb = (((size_t)K + 31) & ~(size_t)31) + 32;
         uint16_t *xb = ifk_thread_scratch((size_t)T * ldxb * sizeof *xb);
         if (xb) {
             ifk_avx512bf16_round_x(xb, ldxb, x, ldx, T, K);

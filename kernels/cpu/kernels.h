@@ -72,7 +72,7 @@ void ifk_matmul(float *y, size_t ldy, const void *W, int wtype, const float *x, 
  * (exact in F32) are summed in F32, so per output
  *     |y - y_exact| <= (u + u_w + u u_w) sum_k |w_k x_k|  +  n 2^-24 sum_k |w'_k x'_k|
  * with u = 2^-8 (x's rounding), u_w = 2^-8 for F16 weights and 0 for BF16, w', x' the rounded
- * values and n = 2 ceil(min(K, 1024) / 32) + ceil(K / 1024) + 4 (the additions any product
+ * values and n = 2 ceil(min(K, 2048) / 32) + ceil(K / 2048) + 4 (the additions any product
  * goes through); F32 subnormals in x count as 0. Twice the FMA roof (Zen 4: 234 against 118
  * GFLOP/s a core); batch invariant like every product. */
 int ifk_bf16_dot(int wtype);

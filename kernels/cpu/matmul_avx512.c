@@ -12,7 +12,8 @@
  * pass, the next block is prefetched, so DRAM and the FMA units work at the same time. Partial
  * sums over K chunks are added into y.
  *
- * The two products. A step is the elements one instruction takes from a row:
+ * The two products. A step is the elements one instruction takes from a row (and a chunk is
+ * PF_KC elements: 1024 for FMA, 2048 for BF16, whose blocks are PF_NB = 32 and 16 rows):
  *   FMA (MM_BF16 = 0):  16 elements, x in F32, weights converted to F32 (exact), vfmadd231ps;
  *   BF16 (MM_BF16 = 1): 32 elements, x rounded to BF16 by the caller (ifk_avx512bf16_round_x),
  *                       weights in BF16, vdpbf16ps (lane j adds the products of elements 2j
@@ -110,7 +111,10 @@ IFK_INLINE __m512 step_madd(__m512 acc, vstep w, vstep x)
  * serves 16 rows), shorter ones 4 at a time from 8 KiB a row, else one after another (one
  * forward stream; interleaving 4 F16 rows of 4 KiB measured a quarter slower, 4 F32 rows of
  * 8 KiB a tenth faster than one at a time). */
-#define PF_KC 1024         /* K elements per chunk (prefill's blocking; decode sums the same way) */
+/* K elements per chunk (prefill's blocking; decode sums the same way). The BF16 product takes
+ * twice as many, as its steps are twice as wide: its horizontal sums and adds into y per chunk
+ * then cost as much per multiply-add as FMA's (measured: +8 % on a 2048 x 2048 prefill). */
+#define PF_KC (MM_BF16 ? 2048 : 1024)
 #define SEQ_BYTES 24576    /* rows with K * (weight size + x size) up to this are read 1 or 4 at a time */
 #define MULTI_BYTES 8192   /* ... 4 at a time from this many bytes a row */
 #define WIDE 16            /* rows read together otherwise */
@@ -186,7 +190,7 @@ IFK_INLINE void gemv(int wt, float *y, const void *W, const xelem *x, int n0, in
 
 /* ---- prefill ----------------------------------------------------------------------------- */
 
-#define PF_NB 32   /* rows per block */
+#define PF_NB (MM_BF16 ? 16 : 32) /* rows per block: 32 KiB (F32 64 KiB) of weights per block */
 
 /* acc[i][j] += the step at element k of row w_i and token x_j (its first n elements, n <= STEP). */
 IFK_INLINE void dot4x4_step(int wt, __m512 acc[4][4], const void *W, const size_t w[4], const xelem *const x[4],
@@ -231,12 +235,14 @@ IFK_INLINE void dot4x4(int wt, __m128 s[4], const void *W, const size_t w[4], co
 
 #if MM_BF16
 /* tile[r][k] = W[n + r][k0 + k] rounded to BF16, for r < nr, k < kc (a row of the tile is
- * PF_KC elements).  W: [*][K] of F16. */
+ * TILE_LD elements: 64 bytes more than a chunk, so that its rows do not fall on the same L1
+ * sets, as rows 4 KiB apart do).  W: [*][K] of F16. */
+#define TILE_LD (PF_KC + 32)
 IFK_INLINE void tile_round(uint16_t *tile, const void *W, int n, int nr, int k0, int kc, int K)
 {
     for (int r = 0; r < nr; r++)
         for (int k = 0; k < kc; k += STEP)
-            _mm512_storeu_si512(tile + (size_t)r * PF_KC + k,
+            _mm512_storeu_si512(tile + (size_t)r * TILE_LD + k,
                                 (__m512i)step_w_n(W, IFK_F16, (size_t)(n + r) * K + k0 + k, kc - k));
 }
 #endif
@@ -259,7 +265,7 @@ IFK_INLINE void gemm(int wt, float *y, size_t ldy, const void *W, const xelem *x
 #if MM_BF16
             if (wt == IFK_F16) {
                 tile_round(tile, W, nb, nr, k0, kc, K);
-                Wb = tile, wrow = 0, bstride = PF_KC, bt = IFK_BF16;
+                Wb = tile, wrow = 0, bstride = TILE_LD, bt = IFK_BF16;
             }
 #endif
             /* The next block: the next K chunk of these rows, else the next rows' first. */
@@ -351,7 +357,7 @@ MM_ROWS
         return;
     }
     if (wtype == IFK_F16) {
-        _Alignas(64) uint16_t tile[MM_BF16 ? PF_NB * PF_KC : 1]; /* 64 KiB in the BF16 product */
+        _Alignas(64) uint16_t tile[MM_BF16 ? PF_NB * (PF_KC + 32) : 1]; /* 65 KiB in the BF16 product */
         gemm(IFK_F16, y, ldy, W, x, ldx, T, n0, n1, K, tile);
     } else if (wtype == IFK_BF16) {
         gemm(IFK_BF16, y, ldy, W, x, ldx, T, n0, n1, K, NULL);
