@@ -74,7 +74,8 @@ void ifk_matmul(float *y, size_t ldy, const void *W, int wtype, const float *x, 
  * with u = 2^-8 (x's rounding), u_w = 2^-8 for F16 weights and 0 for BF16, w', x' the rounded
  * values and n = 2 ceil(min(K, 2048) / 32) + ceil(K / 2048) + 4 (the additions any product
  * goes through); F32 subnormals in x count as 0. Twice the FMA roof (Zen 4: 234 against 118
- * GFLOP/s a core); batch invariant like every product.
+ * GFLOP/s a core); batch invariant like every product. (The rounded x lives in a per-thread
+ * buffer of T x K BF16; a call that cannot grow it runs the F32 product instead.)
  * The rule for F16, by measurement (KL divergence to the F32 model, WikiText-2, 24 windows of
  * 256; docs/PERFORMANCE.md): it takes the BF16 product, because what it then loses is what BF16
  * weights lose there too, dominated by x's rounding: SmolLM2-135M 1.7e-4 (BF16 weights 1.7e-4),
