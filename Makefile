@@ -63,6 +63,7 @@ LDFLAGS  += -fopenmp $(LDSAN)
 # Per-ISA flags for the runtime-dispatched kernel files.
 AVX2_FLAGS   := -mavx2 -mfma -mf16c
 AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c
+AVX512BF16_FLAGS := $(AVX512_FLAGS) -mavx512bf16
 
 LIB_SRC  := $(wildcard libcore/*/*.c) $(wildcard kernels/cpu/*.c)
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
@@ -153,6 +154,10 @@ $(BUILD)/kernels/cpu/%_avx512.o: kernels/cpu/%_avx512.c $(BUILD)/.cflags
 $(BUILD)/kernels/cpu/%_avx512gfni.o: kernels/cpu/%_avx512gfni.c $(BUILD)/.cflags
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(AVX512_FLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/kernels/cpu/%_avx512bf16.o: kernels/cpu/%_avx512bf16.c $(BUILD)/.cflags
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(AVX512BF16_FLAGS) -MMD -MP -c $< -o $@
 
 # Objects are rebuilt when the compiler flags change (a stamp holding them).
 $(BUILD)/.cflags: FORCE
@@ -250,7 +255,7 @@ $(BUILD)/membw: $(IFLOW_TEST_DATA)/tools/membw.c
 # ---- fuzzing (clang + libFuzzer) -------------------------------------------------------------
 
 FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -fopenmp $(PKG_CFLAGS) -I. -DIFK_NO_SIMD
-FUZZ_LIB_SRC := $(filter-out kernels/cpu/%_avx2.c kernels/cpu/%_avx512.c kernels/cpu/%_avx512gfni.c,$(LIB_SRC))
+FUZZ_LIB_SRC := $(filter-out kernels/cpu/%_avx2.c kernels/cpu/%_avx512.c kernels/cpu/%_avx512gfni.c kernels/cpu/%_avx512bf16.c,$(LIB_SRC))
 FUZZ_OBJ := $(FUZZ_LIB_SRC:%.c=build/fuzz/obj/%.o)
 fuzz-build: $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
 .SECONDARY: $(FUZZ_OBJ)

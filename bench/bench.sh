@@ -8,7 +8,8 @@
 # same for TinyLlama with every matrix in each quantized type (bytes read per token are the
 # quantized bytes; prefill of 128 and 512 tokens as a fraction of the roof of the instruction the
 # type's product runs on, which qbench --roof measures in the same run; the packed types also in
-# the row layout, IFLOW_PACK=0)
+# the row layout, IFLOW_PACK=0); the same for TinyLlama in F16 and BF16 (float_weights: the BF16
+# dot product where the CPU has it, also on the exact F32 product, IFLOW_BENCH_ACTIVATIONS=f32)
 # (decode streams every weight matrix once per token); then the kernel micro-benchmarks
 # (bench/kbench.c); and the TinyLlama shape split by layer and by tensor over virtual CPU devices
 # (cpu:1, cpu:2; iflow-run --plan), measured against iflow-partition's estimate, so the cost
@@ -92,7 +93,7 @@ membw() { # threads -> read-only GB/s
 log "measuring memory bandwidth"
 bw1=$(membw 1)
 bw2=$(membw 2)
-log "measuring the int8 / int16 / F32 instruction roofs"
+log "measuring the int8 / int16 / F32 / BF16 instruction roofs"
 roof=$("$build/qbench" --roof --quick --threads 2 | jq -s .)
 
 convert() { # name, args... -> JSON {convert_s, peak_rss_mib}
@@ -123,45 +124,73 @@ s260=$(entry stories260K-f32 128 128 "$DATA/models/stories260K/hf")
 tl16=$(entry tinyllama-1.1b-f16 64 16 --synthetic "$DATA/models/synthetic/tinyllama-1.1b" -t f16)
 tl32=$(entry tinyllama-1.1b-f32 64 16 --synthetic "$DATA/models/synthetic/tinyllama-1.1b" -t f32)
 
+# multiply-adds of the matrices per token x 2: the FLOPs a prefill token costs (attention aside)
+flop=$(jq '2 * (.num_hidden_layers * (2 * .hidden_size * .hidden_size
+            + 2 * .hidden_size * (.hidden_size / .num_attention_heads * .num_key_value_heads)
+            + 3 * .hidden_size * .intermediate_size) + .vocab_size * .hidden_size)' \
+    "$DATA/models/synthetic/tinyllama-1.1b/config.json")
+
+# One weight type on the TinyLlama shape (every matrix in it) -> JSON: prefill of 128 and 512
+# tokens and decode at 1 and 2 threads, as fractions of the roof of the instruction the type's
+# product runs on (ROOF_OP, measured by qbench --roof above; bf16_or_fma: vdpbf16ps where the
+# run reports bf16_dot, else FMA) and of the read bandwidth; with
+# OTHER_ENV, the same file run again in that environment (another layout or product, reported
+# as OTHER_NAME_prefill_tok_s and OTHER_NAME_decode_tok_s).
+type_entry() { # shard type roof-op [other-env other-name]
+    local f=$1 t=$2 op=$3 r128 r512 other=null
+    r128=$("$build/iflow-bench" "$f" 128 16 1 2)
+    r512=$("$build/iflow-bench" "$f" 512 1 1 2)
+    [ -n "${4:-}" ] && other=$(env "$4" "$build/iflow-bench" "$f" 128 16 1 2)
+    jq -c --arg t "$t" --arg op "$op" --arg oname "${5:-other}" --argjson size "$(stat -c %s "$f")" \
+        --argjson bw1 "$bw1" --argjson bw2 "$bw2" --argjson flop "$flop" --argjson roof "$roof" \
+        --argjson r512 "$r512" --argjson other "$other" '
+        (if $op == "bf16_or_fma" then (if .bf16_dot then "vdpbf16ps_bf16" else "vfmadd_f32" end) else $op end) as $op |
+        ($roof | map(select(.op == $op))) as $ro |
+        {name: ("tinyllama-1.1b-" + $t), type: $t, file_bytes: $size, load_s, decode_bytes_per_token,
+         matrix_flop_per_token: $flop, roof_op: $op, bf16_dot,
+         runs: [.runs[] | .threads as $n | . + {membw_gbps: (if $n == 1 then $bw1 else $bw2 end),
+                prefill_512_tok_s: ($r512.runs[] | select(.threads == $n) | .prefill_tok_s),
+                roof_gops: ($ro[] | select(.threads == $n) | .GOPs)}
+                + (if $other then {($oname + "_prefill_tok_s"): ($other.runs[] | select(.threads == $n) | .prefill_tok_s),
+                                   ($oname + "_decode_tok_s"): ($other.runs[] | select(.threads == $n) | .decode_tok_s)}
+                   else {} end)
+                | . + {decode_fraction_of_bandwidth: (.decode_weight_gbps / .membw_gbps),
+                       prefill_fraction_of_roof: (.prefill_tok_s * $flop / 1e9 / .roof_gops),
+                       prefill_512_fraction_of_roof: (.prefill_512_tok_s * $flop / 1e9 / .roof_gops)}]}' <<<"$r128"
+}
+
 quant_entries() { # TinyLlama F16 -> each quantized type (every matrix): decode and prefill
     log "tinyllama-1.1b quantized: converting F16"
     bin/iflow-convert --synthetic "$DATA/models/synthetic/tinyllama-1.1b" -t f16 -o "$work/tl-src.ifs"
-    # multiply-adds of the matrices per token x 2: the FLOPs a prefill token costs (attention aside)
-    local flop
-    flop=$(jq '2 * (.num_hidden_layers * (2 * .hidden_size * .hidden_size
-                + 2 * .hidden_size * (.hidden_size / .num_attention_heads * .num_key_value_heads)
-                + 3 * .hidden_size * .intermediate_size) + .vocab_size * .hidden_size)' \
-        "$DATA/models/synthetic/tinyllama-1.1b/config.json")
-    local t out=() r128 r512 rows
+    local t out=() op other
     for t in ${IFLOW_BENCH_TYPES:-q8_b32 q8_b64 q6 q5 q4_b32 q4_b64 q3h q3_b32 q2}; do
         log "tinyllama-1.1b-$t: quantizing and running"
         bin/iflow-quant -t "$t" --keep "*=$t" -i "$work/tl-src.ifs" -o "$work/tl-$t.ifs"
-        r128=$("$build/iflow-bench" "$work/tl-$t.ifs" 128 16 1 2)
-        r512=$("$build/iflow-bench" "$work/tl-$t.ifs" 512 1 1 2)
-        rows=null
-        case $t in q*) # every type is packed at load where the CPU has GFNI and AVX512_VBMI (kernels/cpu/qpack.h): the row layout too
-            rows=$(IFLOW_PACK=0 "$build/iflow-bench" "$work/tl-$t.ifs" 128 16 1 2) ;;
-        esac
-        # the roof of the instruction the type's product runs on: int16 x for Q8, Q6 and Q5, else int8
-        out+=("$(jq -c --arg t "$t" --argjson size "$(stat -c %s "$work/tl-$t.ifs")" --argjson bw1 "$bw1" --argjson bw2 "$bw2" \
-            --argjson flop "$flop" --argjson roof "$roof" --argjson r512 "$r512" --argjson rows "$rows" '
-            ($roof | map(select(.op == (if ($t | test("^q[865]")) then "vpdpwssd_int16" else "vpdpbusd_int8" end)))) as $ro |
-            {name: ("tinyllama-1.1b-" + $t), type: $t, file_bytes: $size, load_s, decode_bytes_per_token,
-             matrix_flop_per_token: $flop,
-             runs: [.runs[] | .threads as $n | . + {membw_gbps: (if $n == 1 then $bw1 else $bw2 end),
-                    prefill_512_tok_s: ($r512.runs[] | select(.threads == $n) | .prefill_tok_s),
-                    rows_layout_prefill_tok_s: (if $rows then ($rows.runs[] | select(.threads == $n) | .prefill_tok_s) else null end),
-                    rows_layout_decode_tok_s: (if $rows then ($rows.runs[] | select(.threads == $n) | .decode_tok_s) else null end),
-                    roof_gops: ($ro[] | select(.threads == $n) | .GOPs)}
-                    | . + {decode_fraction_of_bandwidth: (.decode_weight_gbps / .membw_gbps),
-                           prefill_fraction_of_roof: (.prefill_tok_s * $flop / 1e9 / .roof_gops)}]}' \
-            <<<"$r128")")
+        # the instruction the type's product runs on: int16 x for Q8, Q6 and Q5, else int8; every
+        # type is packed at load where the CPU has GFNI and AVX512_VBMI (kernels/cpu/qpack.h): the
+        # row layout too
+        op=vpdpbusd_int8
+        case $t in q[865]*) op=vpdpwssd_int16 ;; esac
+        out+=("$(type_entry "$work/tl-$t.ifs" "$t" "$op" IFLOW_PACK=0 rows_layout)")
         rm -f "$work/tl-$t.ifs"
     done
     rm -f "$work/tl-src.ifs"
     printf '%s\n' "${out[@]}" | jq -s .
 }
 quant=$(quant_entries)
+
+float_entries() { # TinyLlama in F16 and BF16 (every matrix): on the BF16 dot product where the
+    # CPU has it (kernels/cpu/kernels.h), and on the exact F32 product to compare
+    local t out=()
+    for t in f16 bf16; do
+        log "tinyllama-1.1b-$t: converting and running"
+        bin/iflow-convert --synthetic "$DATA/models/synthetic/tinyllama-1.1b" -t "$t" -o "$work/tl-$t.ifs"
+        out+=("$(type_entry "$work/tl-$t.ifs" "$t" bf16_or_fma IFLOW_BENCH_ACTIVATIONS=f32 f32_product)")
+        rm -f "$work/tl-$t.ifs"
+    done
+    printf '%s\n' "${out[@]}" | jq -s .
+}
+float=$(float_entries)
 
 partition_entries() { # TinyLlama F16 on virtual CPU devices: measured decode against the cost model
     log "partition: TinyLlama F16 on cpu:1 and cpu:2, measured against iflow-partition's estimates"
@@ -246,9 +275,9 @@ log "kernel micro-benchmarks"
 kern=$("$build/kbench" --quick | jq -s .)
 
 jq -n --argjson bw1 "$bw1" --argjson bw2 "$bw2" --argjson a "$s260" --argjson b "$tl16" --argjson c "$tl32" \
-    --argjson kern "$kern" --argjson roof "$roof" --argjson quant "$quant" --argjson part "$part" --argjson batch "$batch" --argjson ctxshift "$ctxshift" --argjson spec "$spec" --argjson busy "$busy" \
+    --argjson kern "$kern" --argjson roof "$roof" --argjson quant "$quant" --argjson float "$float" --argjson part "$part" --argjson batch "$batch" --argjson ctxshift "$ctxshift" --argjson spec "$spec" --argjson busy "$busy" \
     --arg cpu "$(sed -nE 's/^model name\s*: //p' /proc/cpuinfo | head -n 1)" --arg cores "$(nproc)" '
     {machine: {cpu: $cpu, cores: ($cores | tonumber), kernel_path: ($kern[0].isa // null),
                membw_read_gbps: {"1": $bw1, "2": $bw2}, roof: $roof},
-     models: [$a, $b, $c], quantized: $quant, partition: $part, batch: $batch, context_shift: $ctxshift, speculative: $spec, busy_core: $busy,
+     models: [$a, $b, $c], quantized: $quant, float_weights: $float, partition: $part, batch: $batch, context_shift: $ctxshift, speculative: $spec, busy_core: $busy,
      kernels: $kern}'

@@ -9,6 +9,9 @@
  * pool_items_taken_back / pool_worker_moves: what the thread pool (kernels/cpu/pool.h) did to
  * keep going on a busy machine during that thread count's runs.
  * IFLOW_BENCH_ISA=scalar|avx2|avx512|avx512gfni forces a kernel path (to compare paths).
+ * IFLOW_BENCH_ACTIVATIONS=f32 makes the CPU's products meet x in F32, unrounded (iflow-ppl
+ * --activations f32: the reference products, to compare). bf16_dot: whether F16 and BF16
+ * matrices ran on the BF16 dot product (kernels.h's ifk_bf16_dot), whose roof is twice FMA's.
  * IFLOW_BENCH_DEVICE=cuda|cuda:N places every layer and the output on that GPU; decode is then
  * timed as greedy decoding runs it (iflow_ctx_eval_argmax: only the id comes back), and the
  * thread count only matters for the CPU's share (the embedding lookup).
@@ -43,6 +46,9 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    const char *act = getenv("IFLOW_BENCH_ACTIVATIONS");
+    if (act && *act)
+        iflow_kernel_set_f32_activations(!strcmp(act, "f32"));
     int n_prefill = argc > 2 ? atoi(argv[2]) : 128, n_decode = argc > 3 ? atoi(argv[3]) : 32;
     double t0 = bench_now();
     iflow_model *m;
@@ -87,10 +93,10 @@ int main(int argc, char **argv)
     for (int i = 0; i < n_prefill + n_decode; i++)
         ids[i] = (int32_t)((s = s * 1664525u + 1013904223u) >> 8) % hp->vocab_size;
     float *logits = malloc(sizeof(float) * (size_t)hp->vocab_size);
-    printf("{\"model\": \"%s\", \"device\": \"%s\", \"kernel_path\": \"%s\", \"load_s\": %.4f, "
+    printf("{\"model\": \"%s\", \"device\": \"%s\", \"kernel_path\": \"%s\", \"bf16_dot\": %s, \"load_s\": %.4f, "
            "\"decode_bytes_per_token\": %llu, \"runs\": [",
-           argv[1], dev ? dev->info.name : plan.n_devices ? plan_path : "cpu", ifk_isa_name(ifk_isa_current()), t_load,
-           (unsigned long long)iflow_model_decode_bytes(m));
+           argv[1], dev ? dev->info.name : plan.n_devices ? plan_path : "cpu", ifk_isa_name(ifk_isa_current()),
+           ifk_bf16_dot(IFK_BF16) ? "true" : "false", t_load, (unsigned long long)iflow_model_decode_bytes(m));
     int n_threads_args = argc > 4 ? argc - 4 : 2;
     for (int a = 0; a < n_threads_args; a++) {
         int threads = argc > 4 ? atoi(argv[4 + a]) : a + 1;

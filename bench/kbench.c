@@ -1,8 +1,12 @@
 /*
  * kbench.c -- micro-benchmark of the CPU kernels; one JSON object per line on stdout.
  *
- *   kbench [--isa scalar|avx2|avx512|avx512gfni] [--threads N] [--only decode|prefill|attention] [--quick]
+ *   kbench [--isa scalar|avx2|avx512|avx512gfni] [--threads N] [--only decode|prefill|attention]
+ *          [--type f32|f16|bf16] [--exact] [--quick]
  *
+ * "product": how ifk_matmul multiplies the weight type here: "bf16_dot" (vdpbf16ps against x
+ * rounded to BF16, kernels.h's ifk_bf16_dot) or "f32" (FMA); --exact forces the F32 product
+ * (ifk_set_qx_f32), to compare the two in one run.
  * decode:    ifk_matmul with T = 1 on TinyLlama-sized weights, F32 / F16 / BF16, at 1 thread
  *            and at --threads (default: all cores). GBps = bytes of weights / time. Each call
  *            reads the next of several copies of the matrix (>= 256 MiB in all), so weights
@@ -25,6 +29,7 @@
 
 #include "bench/bench.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/quant.h"
 
 /* 64-byte aligned, or exit (bench.h). */
 static void *alloc64(size_t bytes)
@@ -35,6 +40,11 @@ static void *alloc64(size_t bytes)
 static const char *wname(int wt)
 {
     return wt == IFK_F32 ? "f32" : wt == IFK_F16 ? "f16" : "bf16";
+}
+
+static const char *product(int wt)
+{
+    return ifk_bf16_dot(wt) ? "bf16_dot" : "f32";
 }
 
 /* Small random values that are valid in every weight type (F16/BF16 as bit patterns). */
@@ -79,9 +89,9 @@ static void bench_decode(int N, int K, int wt, int threads, double min_s)
                      ifk_matmul(y, (size_t)N, W[c], wt, x, (size_t)K, 1, N, K, threads));
     best /= copies; /* per call */
     med /= copies;
-    printf("{\"bench\":\"decode\",\"isa\":\"%s\",\"wtype\":\"%s\",\"N\":%d,\"K\":%d,\"threads\":%d,"
-           "\"us\":%.2f,\"GBps\":%.2f,\"GBps_median\":%.2f}\n",
-           ifk_isa_name(ifk_isa_current()), wname(wt), N, K, threads, best * 1e6, bytes / best * 1e-9,
+    printf("{\"bench\":\"decode\",\"isa\":\"%s\",\"wtype\":\"%s\",\"product\":\"%s\",\"N\":%d,\"K\":%d,"
+           "\"threads\":%d,\"us\":%.2f,\"GBps\":%.2f,\"GBps_median\":%.2f}\n",
+           ifk_isa_name(ifk_isa_current()), wname(wt), product(wt), N, K, threads, best * 1e6, bytes / best * 1e-9,
            bytes / med * 1e-9);
     fflush(stdout);
     for (int c = 0; c < copies; c++)
@@ -103,9 +113,9 @@ static void bench_prefill(int T, int N, int K, int wt, int threads, double min_s
     double best, med, flop = 2.0 * T * N * K;
     BENCH_ROUNDS(min_s, &best, &med,
                  ifk_matmul(y, (size_t)N, W, wt, x, (size_t)K, T, N, K, threads));
-    printf("{\"bench\":\"prefill\",\"isa\":\"%s\",\"wtype\":\"%s\",\"T\":%d,\"N\":%d,\"K\":%d,\"threads\":%d,"
-           "\"us\":%.1f,\"GFLOPs\":%.1f,\"GFLOPs_median\":%.1f}\n",
-           ifk_isa_name(ifk_isa_current()), wname(wt), T, N, K, threads, best * 1e6, flop / best * 1e-9,
+    printf("{\"bench\":\"prefill\",\"isa\":\"%s\",\"wtype\":\"%s\",\"product\":\"%s\",\"T\":%d,\"N\":%d,"
+           "\"K\":%d,\"threads\":%d,\"us\":%.1f,\"GFLOPs\":%.1f,\"GFLOPs_median\":%.1f}\n",
+           ifk_isa_name(ifk_isa_current()), wname(wt), product(wt), T, N, K, threads, best * 1e6, flop / best * 1e-9,
            flop / med * 1e-9);
     fflush(stdout);
     free(W);
@@ -143,7 +153,7 @@ static void bench_attention(int T, int n_ctx, int threads, double min_s)
 
 int main(int argc, char **argv)
 {
-    int threads = omp_get_num_procs(), quick = 0;
+    int threads = omp_get_num_procs(), quick = 0, wt0 = IFK_F32, wt1 = IFK_BF16;
     const char *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
@@ -162,11 +172,20 @@ int main(int argc, char **argv)
             threads = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--only") && i + 1 < argc) {
             only = argv[++i];
+        } else if (!strcmp(argv[i], "--type") && i + 1 < argc) {
+            const char *s = argv[++i];
+            wt0 = wt1 = !strcmp(s, "f32") ? IFK_F32 : !strcmp(s, "f16") ? IFK_F16 : !strcmp(s, "bf16") ? IFK_BF16 : -1;
+            if (wt0 < 0) {
+                fprintf(stderr, "kbench: unknown --type '%s' (f32, f16, bf16)\n", s);
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--exact")) {
+            ifk_set_qx_f32(1);
         } else if (!strcmp(argv[i], "--quick")) {
             quick = 1;
         } else {
             fprintf(stderr, "usage: kbench [--isa scalar|avx2|avx512] [--threads N] "
-                            "[--only decode|prefill|attention] [--quick]\n");
+                            "[--only decode|prefill|attention] [--type f32|f16|bf16] [--exact] [--quick]\n");
             return 2;
         }
     }
@@ -176,12 +195,12 @@ int main(int argc, char **argv)
     int tl[2] = {1, threads};
     int n_tl = threads > 1 ? 2 : 1;
     for (int s = 0; s < n_shapes && (!only || !strcmp(only, "decode")); s++)
-        for (int wt = IFK_F32; wt <= IFK_BF16; wt++)
+        for (int wt = wt0; wt <= wt1; wt++)
             for (int ti = 0; ti < n_tl; ti++)
                 bench_decode(shapes[s][0], shapes[s][1], wt, tl[ti], min_s);
     static const int Ts[] = {64, 256};
     for (int s = 0; s < n_shapes && (!only || !strcmp(only, "prefill")); s++)
-        for (int wt = IFK_F32; wt <= IFK_BF16; wt++)
+        for (int wt = wt0; wt <= wt1; wt++)
             for (int ti = 0; ti < 2; ti++)
                 for (int tj = 0; tj < n_tl; tj++)
                     bench_prefill(Ts[ti], shapes[s][0], shapes[s][1], wt, tl[tj], min_s);

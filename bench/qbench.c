@@ -22,9 +22,10 @@
  *          Only this is run.
  * prefill: T = 64 on 2048x2048 and 5632x2048; GFLOPs = 2 T N K / time.
  * Each type in the row layout ("layout":"rows"), then packed (qpack.h) where this CPU has it.
- * roof:    the peak of vpdpbusd (int8), vpdpwssd (int16) and FMA (F32) on 512-bit registers in
- *          GOP/s (a multiply-add is 2), at 1 thread and at --threads, when the CPU has VNNI:
- *          what the products' GFLOPs are fractions of. Only this is run.
+ * roof:    the peak of vpdpbusd (int8), vpdpwssd (int16), FMA (F32) and, when the CPU has
+ *          AVX512_BF16, vdpbf16ps (BF16) on 512-bit registers in GOP/s (a multiply-add is 2), at
+ *          1 thread and at --threads, when the CPU has VNNI: what the products' GFLOPs are
+ *          fractions of. Only this is run.
  * Times: the best and the median of rounds (a decode round reads every copy once). Other
  * processes on the machine show up in the median first; compare best-of figures.
  *
@@ -226,14 +227,14 @@ static void bench_prefill(int type, int ptype, int T, int N, int K, int threads,
     free(y);
 }
 
-/* ---- the roof: peak vpdpbusd, vpdpwssd and FMA throughput ------------------------------- */
+/* ---- the roof: peak vpdpbusd, vpdpwssd, FMA and vdpbf16ps throughput --------------------- */
 
 #define ROOF_CHAINS 12 /* independent accumulators: more than latency x throughput */
 
 /* iters x ROOF_CHAINS instructions of one kind on 512-bit registers, in independent chains;
  * returns a value that depends on every result (so that nothing is optimized away). */
-#define ROOF_FN(name, T, init, step, reduce)                                                      \
-    __attribute__((target("avx512f,avx512bw,avx512vnni"), noinline)) static float name(long iters) \
+#define ROOF_FN(name, isa, T, init, step, reduce)                                                 \
+    __attribute__((target(isa), noinline)) static float name(long iters)                         \
     {                                                                                            \
         T a[ROOF_CHAINS];                                                                        \
         _Pragma("GCC unroll 12") for (int c = 0; c < ROOF_CHAINS; c++) a[c] = init;              \
@@ -244,16 +245,20 @@ static void bench_prefill(int type, int ptype, int T, int N, int K, int threads,
             r += (float)reduce(a[c]);                                                            \
         return r;                                                                                \
     }
-ROOF_FN(roof_dpbusd, __m512i, _mm512_set1_epi32(c),
+ROOF_FN(roof_dpbusd, "avx512f,avx512bw,avx512vnni", __m512i, _mm512_set1_epi32(c),
         _mm512_dpbusd_epi32(a[c], _mm512_set1_epi8(3), _mm512_set1_epi8(-2)), _mm512_reduce_add_epi32)
-ROOF_FN(roof_dpwssd, __m512i, _mm512_set1_epi32(c),
+ROOF_FN(roof_dpwssd, "avx512f,avx512bw,avx512vnni", __m512i, _mm512_set1_epi32(c),
         _mm512_dpwssd_epi32(a[c], _mm512_set1_epi16(3), _mm512_set1_epi16(-2)), _mm512_reduce_add_epi32)
-ROOF_FN(roof_fma, __m512, _mm512_set1_ps((float)c),
+ROOF_FN(roof_fma, "avx512f,avx512bw,avx512vnni", __m512, _mm512_set1_ps((float)c),
         _mm512_fmadd_ps(a[c], _mm512_set1_ps(1.0000001f), _mm512_set1_ps(-1e-7f)), _mm512_reduce_add_ps)
+/* BF16 pairs (1, 2^-20): the sums grow by 2^-19 an instruction, as slowly as FMA's chains. */
+ROOF_FN(roof_dpbf16, "avx512f,avx512bw,avx512bf16", __m512, _mm512_set1_ps((float)c),
+        _mm512_dpbf16_ps(a[c], (__m512bh)_mm512_set1_epi32(0x35803f80), (__m512bh)_mm512_set1_epi32(0x35803f80)),
+        _mm512_reduce_add_ps)
 
 static float roof_loop(int op, long iters)
 {
-    return op == 0 ? roof_dpbusd(iters) : op == 1 ? roof_dpwssd(iters) : roof_fma(iters);
+    return op == 0 ? roof_dpbusd(iters) : op == 1 ? roof_dpwssd(iters) : op == 2 ? roof_fma(iters) : roof_dpbf16(iters);
 }
 
 /* roof_loop on `threads` threads at once; the sum of their results. */
@@ -296,13 +301,14 @@ static double roof_round(int op, double ops, int threads)
  * thread at once: the ceiling the products' GFLOPs are fractions of. */
 static void bench_roof(int threads, double min_s)
 {
-    static const char *names[] = { "vpdpbusd_int8", "vpdpwssd_int16", "vfmadd_f32" };
-    static const double ops_per_insn[] = { 128, 64, 32 };
+    static const char *names[] = { "vpdpbusd_int8", "vpdpwssd_int16", "vfmadd_f32", "vdpbf16ps_bf16" };
+    static const double ops_per_insn[] = { 128, 64, 32, 64 };
     __builtin_cpu_init();
     if (!__builtin_cpu_supports("avx512vnni"))
         return;
     const long iters = 2000000;
-    for (int op = 0; op < 3; op++) {
+    const int n_ops = __builtin_cpu_supports("avx512bf16") ? 4 : 3;
+    for (int op = 0; op < n_ops; op++) {
         double best, med;
         volatile float sink = 0.0f;
         BENCH_ROUNDS(min_s, &best, &med, sink += roof_team(op, iters, threads));

@@ -31,7 +31,7 @@ static const iflow_opt opts[] = {
     {O_MAX_TOKENS, "max-tokens", 0, "N", "use only the first N tokens of the text", NULL},
     {O_KL_BASE, "kl-base", 0, "FILE", "also compare with base model FILE: KL divergence, top-1 agreement, delta perplexity", "file"},
     {O_THREADS, "threads", 't', "N", "compute threads (default: all cores)", NULL},
-    {O_ACTIVATIONS, "activations", 0, "MODE", "how the CPU's quantized matrix products meet the activations: int (default: rounded per token to int8, or int16 for 5 bits and more; the fast path) or f32 (not rounded: the reference, slower)", "int f32"},
+    DEVICES_ACTIVATIONS_OPT(O_ACTIVATIONS),
     {O_DEVICE, "device", 0, "DEV", "compute on auto (a GPU if there is one, else the CPU), cpu, cuda or cuda:N (default auto)", "auto cpu cuda"},
     {O_GPU_LAYERS, "gpu-layers", 0, "N", "put the first N layers on the GPU and the rest on the CPU (default: all)", NULL},
     {O_PLAN, "plan", 0, "FILE", "place the model over the devices of partition plan FILE (iflow-partition, iflow-plan(5))", "file"},

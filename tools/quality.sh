@@ -12,7 +12,9 @@
 #              embeddings and the output matrix get q6, as llama.cpp keeps its output matrix);
 #              the types of $LTYPES (those with a llama.cpp peer of about the same size).
 #   windows    -c 256, the first $WCHUNKS (24) windows, every position scored; every matrix in the
-#              type (--keep '*=TYPE': the type's own effect), plus f16 and bf16 for reference.
+#              type (--keep '*=TYPE': the type's own effect), plus f16 and bf16 for reference (on
+#              the exact F32 product; on the default one, BF16 x where the CPU has AVX512_BF16,
+#              among the activations rows).
 # Reported: perplexity, mean KL divergence, top-1 agreement.
 # Also, per model, protocol and type, the int8 path against the F32-activation path on the same
 # weights (iflow-ppl --activations int | f32; the default method): docs/quant-activations.md.
@@ -85,7 +87,13 @@ measure() { # model-name source [protocols]: source an HF folder or a GGUF file 
             for t in f16 bf16; do
                 have "$name" $proto "$t" - && continue
                 bin/iflow-convert "$hf" -t "$t" -o "$work/q.ifs"
-                score "$name" $proto "$t" - "$work/q.ifs" "$base"
+                score "$name" $proto "$t" - "$work/q.ifs" "$base" --activations f32
+            done
+        fi
+        # f16 and bf16 meet x in BF16 by default where the CPU has AVX512_BF16 (kernels/cpu/kernels.h)
+        if [ $proto = windows ] && [ $part != methods ]; then
+            for t in f16 bf16; do
+                activations "$name" $proto "$t" "$base" --keep "*=$t"
             done
         fi
         tt=$types; [ $proto = llama.cpp ] && tt=$ltypes
@@ -147,7 +155,8 @@ act_table() {
     echo "Perplexity and mean KL divergence from the F32 model, with the quantized products' activations"
     echo "rounded per token (int8, or int16 for Q8, Q6 and Q5: kernels/cpu/qimpl.h) and not rounded"
     echo "(iflow-ppl --activations f32). The CPU issue asks the difference to stay within 0.2 % for"
-    echo "Q8, Q6, Q5 and Q4."
+    echo "Q8, Q6, Q5 and Q4. The f16 and bf16 rows: x rounded to BF16 for vdpbf16ps (kernels/cpu/kernels.h,"
+    echo "where the CPU has AVX512_BF16; elsewhere both columns are the F32 product)."
     echo
     echo "| model | protocol | type | ppl int8 path | ppl F32 activations | difference | KLD int8 path | KLD F32 activations |"
     echo "|---|---|---|---|---|---|---|---|"

@@ -51,6 +51,27 @@ IFK_DECL_PATH(avx512)
  * path (qdispatch.c), which calls it from its own pool items. */
 IFK_DECL_MATMUL_ROWS(ifk_path_matmul_rows);
 
+/* The BF16 dot product of F16 and BF16 weights (matmul_avx512bf16.c: AVX512_BF16, vdpbf16ps),
+ * which dispatch.c uses where ifk_bf16_dot() (kernels.h) says:
+ *   ifk_avx512bf16_round_x      xb[t][k] = x[t][k] rounded to BF16 (to nearest even; F32
+ *                               subnormals become 0) for k < K, 0 for K <= k < ldxb; ldxb a
+ *                               multiple of 32. xb: [T][ldxb]; x: [T][K] at stride ldx.
+ *   ifk_avx512bf16_matmul_rows  rows n0 <= n < n1 of y[t][n] = sum_k bf16(W[n][k]) * x[t][k]
+ *                               for all T tokens; x: [T][ldx] from round_x; F16 W rounded to
+ *                               BF16 likewise, BF16 W as it is, another type gives zeros;
+ *                               summed as matmul_avx512.c says. */
+void ifk_avx512bf16_round_x(uint16_t *xb, size_t ldxb, const float *x, size_t ldx, int T, int K);
+#define IFK_DECL_BF16_ROWS(name)                                                            \
+    void name(float *y, size_t ldy, const void *W, int wtype, const uint16_t *x, size_t ldx,  \
+              int T, int n0, int n1, int K)
+IFK_DECL_BF16_ROWS(ifk_avx512bf16_matmul_rows);
+
+/* A per-thread scratch buffer of at least `bytes` (64-byte aligned; it grows, never shrinks,
+ * and is freed when the thread ends), or NULL when it cannot grow. One per thread, shared by
+ * the quantized product's x (qdispatch.c) and the BF16 product's x (dispatch.c): a thread
+ * holds one of them at a time. */
+void *ifk_thread_scratch(size_t bytes);
+
 /* y[i] = e^x[i] with the path's vector exp (tests measure its error against exp()). */
 void ifk_avx2_exp(float *y, const float *x, int n);
 void ifk_avx512_exp(float *y, const float *x, int n);

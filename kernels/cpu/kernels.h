@@ -10,10 +10,12 @@
  *   layout of a PyTorch nn.Linear weight, so y = x W^T.
  *
  *   Each kernel has a scalar reference (kernels/cpu/ref.c) and SIMD paths (AVX2+F16C+FMA,
- *   AVX-512F+BW+VL+DQ; and for the quantized product also AVX512_VNNI, and GFNI) chosen
- *   once at run time from cpuid; ifk_set_isa() forces a path (tests use it to compare each
- *   SIMD path against the reference). Results of SIMD paths differ from the
- *   reference only by float summation order.
+ *   AVX-512F+BW+VL+DQ; and for the quantized product also AVX512_VNNI, and GFNI; for F16 and
+ *   BF16 weights AVX512_BF16) chosen once at run time from cpuid; ifk_set_isa() forces a path
+ *   (tests use it to compare each SIMD path against the reference). Results of SIMD paths
+ *   differ from the reference only by float summation order, except where a product rounds
+ *   its activations: F16 / BF16 weights on the BF16 dot product (ifk_bf16_dot below) and the
+ *   quantized product (quant.h); ifk_set_qx_f32(1) turns both roundings off.
  *
  *   Batch invariance: on every path, row t of a matrix product (ifk_matmul, ifk_qmatmul)
  *   depends only on W and x[t], bit for bit: not on T, not on the row's place in the batch,
@@ -63,6 +65,24 @@ int ifk_isa_current(void);
  * whatever T, t and n_threads (batch invariance, above). */
 void ifk_matmul(float *y, size_t ldy, const void *W, int wtype, const float *x, size_t ldx,
                 int T, int N, int K, int n_threads);
+
+/* 1 when ifk_matmul multiplies weights of wtype with the BF16 dot product: F16 and BF16 weights
+ * on the avx512 paths of a CPU with AVX512_BF16 (vdpbf16ps), unless ifk_set_qx_f32(1) (quant.h)
+ * asks for the exact F32 product. Then x is rounded to BF16 (to nearest even) once per call,
+ * F16 weights are rounded to BF16 likewise, BF16 weights are used as stored, and the products
+ * (exact in F32) are summed in F32, so per output
+ *     |y - y_exact| <= (u + u_w + u u_w) sum_k |w_k x_k|  +  n 2^-24 sum_k |w'_k x'_k|
+ * with u = 2^-8 (x's rounding), u_w = 2^-8 for F16 weights and 0 for BF16, w', x' the rounded
+ * values and n = 2 ceil(min(K, 2048) / 32) + ceil(K / 2048) + 4 (the additions any product
+ * goes through); F32 subnormals in x count as 0. Twice the FMA roof (Zen 4: 234 against 118
+ * GFLOP/s a core); batch invariant like every product. (The rounded x lives in a per-thread
+ * buffer of T x K BF16; a call that cannot grow it runs the F32 product instead.)
+ * The rule for F16, by measurement (KL divergence to the F32 model, WikiText-2, 24 windows of
+ * 256; docs/PERFORMANCE.md): it takes the BF16 product, because what it then loses is what BF16
+ * weights lose there too, dominated by x's rounding: SmolLM2-135M 1.7e-4 (BF16 weights 1.7e-4),
+ * stories260K 2.0e-4 (1.8e-4), xs-ckpt 3.6e-4 (3.1e-4), a quarter to a fifth of Q8_B64's, the
+ * perplexity within 0.3 %. Exact F16 (the FMA product, 2e-6) is ifk_set_qx_f32(1). */
+int ifk_bf16_dot(int wtype);
 
 /* out[k] = W[row][k] as F32, for 0 <= k < K (an embedding lookup). */
 void ifk_get_row(float *out, const void *W, int wtype, size_t row, int K);

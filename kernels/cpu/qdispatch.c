@@ -89,7 +89,7 @@ int ifk_qpath_packed(int type)
     return ifk_qtype(type) && packed_kernel(type);
 }
 
-/* ---- per-thread scratch for the quantized x ---------------------------------------------- */
+/* ---- per-thread scratch (impl.h): the quantized x here, the BF16 x in dispatch.c ---------- */
 
 static _Thread_local void *scratch;       /* 64-byte aligned, never shrinks */
 static _Thread_local size_t scratch_bytes;
@@ -101,8 +101,7 @@ static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
 static int scratch_key_ok;
 static void scratch_key_init(void) { scratch_key_ok = pthread_key_create(&scratch_key, free) == 0; }
 
-/* NULL if it cannot grow to `bytes`. */
-static void *scratch_get(size_t bytes)
+void *ifk_thread_scratch(size_t bytes)
 {
     if (bytes > scratch_bytes) {
         size_t want = (bytes + 4095) & ~(size_t)4095;
@@ -162,7 +161,7 @@ void ifk_qx_finish(const ifk_qx *qx, int t)
 static int qx_init(ifk_qx *qx, int type, int T, int K, size_t *bytes)
 {
     *bytes = qx_layout(qx, type, T, K, NULL);
-    char *p = scratch_get(*bytes);
+    char *p = ifk_thread_scratch(*bytes);
     if (!p)
         return 0;
     qx_layout(qx, type, T, K, p);
@@ -276,7 +275,7 @@ typedef struct {
 static int qf_rows(const qf_args *a, float *y, size_t ldy, const float *x, int n0, int n1)
 {
     const size_t K = (size_t)a->K, unpacked = a->packed ? 16 * a->row_bytes : 0;
-    char *buf = scratch_get(unpacked + 16 * K * sizeof(float) + 64);
+    char *buf = ifk_thread_scratch(unpacked + 16 * K * sizeof(float) + 64);
     if (!buf)
         return 0;
     float *wf = (float *)(buf + ((unpacked + 63) & ~(size_t)63)); /* [16][K] */

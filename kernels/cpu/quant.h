@@ -111,7 +111,10 @@ void ifk_qmatmul(float *y, size_t ldy, const void *W, int type, const float *x, 
  * measured against (iflow-ppl --activations f32) and the fallback where a model's activations
  * make int8 lose accuracy; it reads each weight once per call like the int8 path but runs at
  * the FMA roof, not the int8 one. Off by default. On the scalar path the oracle runs either
- * way. Process-wide, like ifk_set_isa(): set it before computing. Returns the previous state. */
+ * way. The same switch turns off the BF16 dot product of F16 and BF16 weights (kernels.h's
+ * ifk_bf16_dot), whose x is rounded to BF16: while on, ifk_matmul multiplies them with FMA in
+ * F32, the reference for them too. Process-wide, like ifk_set_isa(): set it before computing.
+ * Returns the previous state. */
 int ifk_set_qx_f32(int on);
 int ifk_qx_f32(void);
 

@@ -175,9 +175,10 @@ uint64_t iflow_model_decode_bytes(const iflow_model *m);
 /* The CPU kernel path this process computes with, chosen from cpuid: "scalar", "avx2",
  * "avx512" or "avx512gfni" (kernels/cpu/kernels.h). A static string. */
 const char *iflow_kernel_path(void);
-/* on: the CPU's quantized matrix products meet the activations in F32 instead of rounding them
- * to int8 / int16 per token (kernels/cpu/quant.h, ifk_set_qx_f32): the reference the int8 path
- * is measured against, slower. Process-wide; set it before computing. */
+/* on: the CPU's matrix products meet the activations in F32 instead of rounding them per token
+ * (to int8 / int16 for quantized weights, kernels/cpu/quant.h's ifk_set_qx_f32; to BF16 for F16
+ * and BF16 weights on CPUs with AVX512_BF16, kernels.h's ifk_bf16_dot): the reference the fast
+ * paths are measured against, slower. Process-wide; set it before computing. */
 void iflow_kernel_set_f32_activations(int on);
 
 /* ---- placement: which device computes what ------------------------------------------------

@@ -4,7 +4,8 @@
  * the cache rows it sees, bit for bit, whatever the batch around them.
  *
  * For every ISA path this CPU has (scalar, avx2, avx512, avx512gfni) and every weight type
- * (F32, F16, BF16 and the 9 quantized types, quantized from random F32 rows by the reference
+ * (F32, F16, BF16 (on the BF16 dot product where the CPU has it, and on the F32 product of
+ * ifk_set_qx_f32), the 9 quantized types, quantized from random F32 rows by the reference
  * quantizer, and the packed copies of qpack.h), on odd shapes (N not a multiple of 16 or 4; K with a partial last SIMD step or
  * block; K spanning several of the prefill kernels' K chunks):
  *   - each row of a pool of x rows alone (T = 1) is the reference;
@@ -101,7 +102,11 @@ static const char *type_name(int wtype)
         return packed[ifk_qpack_base(wtype)] ? packed[ifk_qpack_base(wtype)] : "packed";
     if (ifk_qtype(wtype))
         return ifk_qtype(wtype)->name;
-    return wtype == IFK_F32 ? "f32" : wtype == IFK_F16 ? "f16" : "bf16";
+    if (wtype == IFK_F32)
+        return "f32";
+    if (ifk_bf16_dot(wtype)) /* kernels.h: x rounded to BF16, vdpbf16ps */
+        return wtype == IFK_F16 ? "f16 (bf16 dot)" : "bf16 (bf16 dot)";
+    return wtype == IFK_F16 ? "f16" : "bf16";
 }
 
 /* One weight type and shape on the current path. x rows have a stride of K + 3 (not a multiple
@@ -163,13 +168,16 @@ static void test_matmul_invariance(void)
         if (ifk_set_isa(isas[p]) != isas[p])
             continue;
         paths++;
-        for (int f = 0; f < 3; f++) {
-            /* K = 77: one chunk, a partial SIMD step; 3000: several 1024-element chunks, rows
-             * read 4 at a time in decode (F32); 4200: rows read 16 (8) at a time */
-            check_matmul(ftypes[f], 45, 77, all_T, 17);
-            check_matmul(ftypes[f], 45, 3000, some_T, 7);
-            check_matmul(ftypes[f], 37, 4200, some_T, 7);
-        }
+        for (int f = 0; f < 3; f++)
+            for (int exact = 0; exact <= ifk_bf16_dot(ftypes[f]); exact++) { /* the BF16 dot product, then F32 */
+                ifk_set_qx_f32(exact);
+                /* K = 77: one chunk, a partial SIMD step; 3000: several 1024-element chunks, rows
+                 * read 4 at a time in decode (F32); 4200: rows read 16 (8) at a time */
+                check_matmul(ftypes[f], 45, 77, all_T, 17);
+                check_matmul(ftypes[f], 45, 3000, some_T, 7);
+                check_matmul(ftypes[f], 37, 4200, some_T, 7);
+                ifk_set_qx_f32(0);
+            }
         for (int q = IFK_Q8_B32; q < IFK_QTYPE_END_; q++) {
             /* K = 77: a partial last block; 8529: several chunks of 64 blocks, a partial block */
             check_matmul(q, 45, 77, all_T, 17);
