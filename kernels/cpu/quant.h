@@ -90,7 +90,8 @@ void ifk_qmatmul_ref(float *y, size_t ldy, const void *W, int type, const float 
  *     min * sum(x) + delta * (sum_i q_i * xq_i * s + c * sum_i (x_i - xq_i * s))
  * with sum(x) exact in F32 and x rounded once per call, xq = round(x / s) with s = max|x| / top
  * of its group: int8 (top = 127) per group of 32 elements for Q4 and below; int16 (top = 32767)
- * per block for Q8, Q6 and Q5, where int8 x would add much to the weights' own error (qimpl.h).
+ * per block for Q8, Q6 and Q5, where int8 x would add much to the weights' own error (qimpl.h;
+ * int8 for them too in the opt-in mode IFK_QX_INT8, ifk_set_qx_mode below).
  * c = (L - 1) / 2 for int8 x (the rounding residual's share at the middle level, corrected:
  * qimpl.h), 0 for int16. So per output
  *     |y - y_ref| <= sum_i |q_i - c| delta_b(i) * amax_b(i) / (2 top) * (1 + 1e-3)
