@@ -73,7 +73,10 @@ void ifk_qx_finish(const ifk_qx *qx, int t);
  * stories260K and xs-ckpt (WikiText-2, KL divergence to the F32 model, weights of the default
  * search method; docs/QUANTIZATION.md): int8 x adds ~0.009 nats to every type, which is 10x the
  * error of Q8 itself, 1.6x that of Q6, 15-20 % of Q5's (0.054 -> 0.064) and 2-5 % of Q4's and
- * below; int16 x adds nothing measurable (perplexity within 0.01 % of F32 x). */
+ * below; int16 x adds nothing measurable (perplexity within 0.01 % of F32 x). Those figures
+ * predate the residual's correction; with it, int8 x (the opt-in mode IFK_QX_INT8, which
+ * ifk_qx_int16 follows) adds 0.001-0.005 nats to Q8, Q6 and Q5 on those models and SmolLM2-135M,
+ * 1.5-19 times Q8's own error (docs/QUANTIZATION.md). */
 static inline int ifk_qx_x16(int type)
 {
     return type == IFK_Q8_B32 || type == IFK_Q8_B64 || type == IFK_Q6_B64 || type == IFK_Q5_B64;

@@ -23,8 +23,8 @@
  * T N K products); the kernel then takes two of the int16 slabs, 2 s and 2 s + 1 (elements
  * 8 s .. 8 s + 7: x groups 0 and 1 of qimpl.h), as the two operands of int8 slab s, with no
  * unpacking at all for Q8. One layout for both modes, so the mode can change at any time
- * (packing is done once, at load). Measured likewise (Q8_B64, 2026-11-27, loaded machine):
- * 352 against 209 GOP/s for int16 x, as fast as Q4_B64.
+ * (packing is done once, at load). Measured likewise (2026-11-27, loaded machine, one run):
+ * Q8_B64 353 against 208 GOP/s for int16 x, Q4_B64 361 beside it (docs/PERFORMANCE.md).
  *
  * The other types go the same way (Q6, Q5 on int16 x; Q3H, Q3, Q2 on int8 x); only the
  * unpacking of a slab differs (Byte layout). In the row layout their decode was bound by that
