@@ -182,6 +182,7 @@ static int qx_init(ifk_qx *qx, int type, int x16, int T, int K, size_t *bytes)
     return 1;
 }
 
+#ifndef IFK_NO_SIMD
 /* Whether the packed kernel of `type` wants int8 x in the int16 pair order: the packed Q8, Q6
  * and Q5 tiles hold a row's 4 levels of a dword as elements 0 2 1 3 (qpack.h), which vpdpbusd
  * meets with x's bytes permuted the same way. */
@@ -203,6 +204,7 @@ static void qx_pair_order(const ifk_qx *qx, int t0, int t1)
         }
     }
 }
+#endif
 
 /* ---- entry points ------------------------------------------------------------------------ */
 
