@@ -7,7 +7,9 @@
  * the tile adds both into its own int32 accumulators against 4 bytes of its x broadcast; at the
  * end of the block the accumulators are converted and scaled into the tokens' 16 outputs
  * (qpack.h's arithmetic, the same for every C). How a slab is unpacked is the type's
- * (slab_operands); the rest is common. The first token tile of a group (all of decode) reads
+ * (slab_operands); the rest is common. Q8, Q6 and Q5 are compiled for both int16 x (the
+ * default) and int8 x (the mode IFK_QX_INT8, quant.h: the same tiles, x's bytes in their pair
+ * order; qpack.h), picked per call by qx->x16. The first token tile of a group (all of decode) reads
  * the tiles as one forward stream with a software prefetch ahead; the later ones find them in
  * cache.
  *
