@@ -9,9 +9,9 @@
  * (qpack.h's arithmetic, the same for every C). How a slab is unpacked is the type's
  * (slab_operands); the rest is common. Q8, Q6 and Q5 are compiled for both int16 x (the
  * default) and int8 x (the mode IFK_QX_INT8, quant.h: the same tiles, x's bytes in their pair
- * order; qpack.h), picked per call by qx->x16. The first token tile of a group (all of decode) reads
- * the tiles as one forward stream with a software prefetch ahead; the later ones find them in
- * cache.
+ * order; qpack.h), picked per call by qx->x16. The first token tile of a group (all of
+ * decode) reads the tiles as one forward stream with a software prefetch ahead; the later ones
+ * find them in cache.
  *
  * Compiled twice. Here (QP_GFNI = 0) for Q4 and Q8, with target("avx512vnni") on top of the
  * file's -mavx512* flags: ifk_avx512_qmatmul_packed_rows, which qdispatch.c calls on the VNNI
