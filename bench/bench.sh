@@ -8,7 +8,8 @@
 # same for TinyLlama with every matrix in each quantized type (bytes read per token are the
 # quantized bytes; prefill of 128 and 512 tokens as a fraction of the roof of the instruction the
 # type's product runs on, which qbench --roof measures in the same run; the packed types also in
-# the row layout, IFLOW_PACK=0); the same for TinyLlama in F16 and BF16 (float_weights: the BF16
+# the row layout, IFLOW_PACK=0; Q8_B64 also in the opt-in int8-activation mode,
+# IFLOW_BENCH_ACTIVATIONS=int8, as the entry q8_b64-int8_x); the same for TinyLlama in F16 and BF16 (float_weights: the BF16
 # dot product where the CPU has it, also on the exact F32 product, IFLOW_BENCH_ACTIVATIONS=f32)
 # (decode streams every weight matrix once per token); then the kernel micro-benchmarks
 # (bench/kbench.c); and the TinyLlama shape split by layer and by tensor over virtual CPU devices
@@ -172,6 +173,10 @@ quant_entries() { # TinyLlama F16 -> each quantized type (every matrix): decode 
         op=vpdpbusd_int8
         case $t in q[865]*) op=vpdpwssd_int16 ;; esac
         out+=("$(type_entry "$work/tl-$t.ifs" "$t" "$op" IFLOW_PACK=0 rows_layout)")
+        # Q8_B64 once more in the opt-in mode that rounds its x to int8 too (--activations int8:
+        # vpdpbusd on the same packed tiles), as the entry of "type" q8_b64-int8_x
+        [ "$t" = q8_b64 ] && out+=("$(IFLOW_BENCH_ACTIVATIONS=int8 type_entry "$work/tl-$t.ifs" "$t-int8_x" vpdpbusd_int8 \
+            IFLOW_PACK=0 rows_layout)")
         rm -f "$work/tl-$t.ifs"
     done
     rm -f "$work/tl-src.ifs"

@@ -10,7 +10,8 @@
  * keep going on a busy machine during that thread count's runs.
  * IFLOW_BENCH_ISA=scalar|avx2|avx512|avx512gfni forces a kernel path (to compare paths).
  * IFLOW_BENCH_ACTIVATIONS=f32 makes the CPU's products meet x in F32, unrounded (iflow-ppl
- * --activations f32: the reference products, to compare). bf16_dot: whether F16 and BF16
+ * --activations f32: the reference products, to compare); =int8 rounds x to int8 for every
+ * quantized type, Q8, Q6 and Q5 included (iflow-ppl --activations int8). bf16_dot: whether F16 and BF16
  * matrices ran on the BF16 dot product (kernels.h's ifk_bf16_dot), whose roof is twice FMA's.
  * IFLOW_BENCH_DEVICE=cuda|cuda:N places every layer and the output on that GPU; decode is then
  * timed as greedy decoding runs it (iflow_ctx_eval_argmax: only the id comes back), and the
@@ -47,7 +48,9 @@ int main(int argc, char **argv)
         }
     }
     const char *act = getenv("IFLOW_BENCH_ACTIVATIONS");
-    if (act && *act)
+    if (act && !strcmp(act, "int8"))
+        iflow_kernel_set_int8_activations(1);
+    else if (act && *act)
         iflow_kernel_set_f32_activations(!strcmp(act, "f32"));
     int n_prefill = argc > 2 ? atoi(argv[2]) : 128, n_decode = argc > 3 ? atoi(argv[3]) : 32;
     double t0 = bench_now();

@@ -3,7 +3,7 @@
  * per line on stdout.
  *
  *   qbench [--isa scalar|avx2|avx512|avx512gfni] [--threads N] [--no-single] [--type NAME]... [--shape NxK]...
- *          [--decode] [--hot] [--quick] [--roof]
+ *          [--decode] [--hot] [--quick] [--roof] [--activations int|int8]
  *
  * decode:  T = 1 on the TinyLlama shapes (N x K = 2048x2048, 5632x2048, 2048x5632, 32000x2048,
  *          256x2048) at 1 thread (unless --no-single) and at --threads (default: all cores). GBps = bytes of the
@@ -22,6 +22,8 @@
  *          Only this is run.
  * prefill: T = 64 on 2048x2048 and 5632x2048; GFLOPs = 2 T N K / time.
  * Each type in the row layout ("layout":"rows"), then packed (qpack.h) where this CPU has it.
+ * "x": how x was rounded ("int8" or "int16", qimpl.h's ifk_qx_int16); --activations int8 sets the
+ * mode IFK_QX_INT8 (quant.h: int8 x for Q8, Q6 and Q5 too), int (the default) leaves it.
  * roof:    the peak of vpdpbusd (int8), vpdpwssd (int16), FMA (F32) and, when the CPU has
  *          AVX512_BF16, vdpbf16ps (BF16) on 512-bit registers in GOP/s (a multiply-add is 2), at
  *          1 thread and at --threads, when the CPU has VNNI: what the products' GFLOPs are
@@ -172,10 +174,10 @@ static void bench_decode(int type, int ptype, int N, int K, int threads, double 
     (void)sink;
     best /= copies; /* per call */
     med /= copies;
-    printf("{\"bench\":\"%s\",\"isa\":\"%s\",\"wtype\":\"%s\",\"layout\":\"%s\",\"N\":%d,\"K\":%d,"
+    printf("{\"bench\":\"%s\",\"isa\":\"%s\",\"wtype\":\"%s\",\"layout\":\"%s\",\"x\":\"%s\",\"N\":%d,\"K\":%d,"
            "\"threads\":%d,\"us\":%.2f,\"GBps\":%.2f,\"GBps_median\":%.2f",
            hot ? "qdecode_hot" : "qdecode", ifk_isa_name(ifk_isa_current()), ifk_qtype(type)->name,
-           ptype == type ? "rows" : "packed", N, K, threads, best * 1e6, bytes / best * 1e-9, bytes / med * 1e-9);
+           ptype == type ? "rows" : "packed", ifk_qx_int16(type) ? "int16" : "int8", N, K, threads, best * 1e6, bytes / best * 1e-9, bytes / med * 1e-9);
     if (!hot) {
         double read_gbps = (double)read_bytes * copies / read_best * 1e-9;
         printf(",\"read_GBps\":%.2f,\"fraction\":%.3f,\"fraction_paired\":%.3f,\"fraction_paired_max\":%.3f", read_gbps,
@@ -207,7 +209,7 @@ static void bench_prefill(int type, int ptype, int T, int N, int K, int threads,
     double best, med, flop = 2.0 * T * N * K, spent = 0.0, share_med = 0.0, unused;
     int n = 0;
     __builtin_cpu_init();
-    const int roof = __builtin_cpu_supports("avx512vnni"), op = ifk_qx_x16(type) ? 1 : 0;
+    const int roof = __builtin_cpu_supports("avx512vnni"), op = ifk_qx_int16(type) ? 1 : 0;
     do {
         double t0 = bench_now();
         ifk_qmatmul(y, (size_t)N, W, ptype, x, (size_t)K, T, N, K, threads);
@@ -217,9 +219,10 @@ static void bench_prefill(int type, int ptype, int T, int N, int K, int threads,
     } while (n < BENCH_MAX_ROUNDS && (n < 3 || spent < min_s));
     bench_best_median(share, n, &unused, &share_med);
     bench_best_median(t, n, &best, &med);
-    printf("{\"bench\":\"qprefill\",\"isa\":\"%s\",\"wtype\":\"%s\",\"layout\":\"%s\",\"T\":%d,\"N\":%d,\"K\":%d,"
+    printf("{\"bench\":\"qprefill\",\"isa\":\"%s\",\"wtype\":\"%s\",\"layout\":\"%s\",\"x\":\"%s\",\"T\":%d,\"N\":%d,\"K\":%d,"
            "\"threads\":%d,\"us\":%.1f,\"GFLOPs\":%.1f,\"GFLOPs_median\":%.1f,\"roof_fraction_paired\":%.3f}\n",
-           ifk_isa_name(ifk_isa_current()), ifk_qtype(type)->name, ptype == type ? "rows" : "packed", T, N, K, threads, best * 1e6,
+           ifk_isa_name(ifk_isa_current()), ifk_qtype(type)->name, ptype == type ? "rows" : "packed",
+           op ? "int16" : "int8", T, N, K, threads, best * 1e6,
            flop / best * 1e-9, flop / med * 1e-9, share_med);
     fflush(stdout);
     free(W);
@@ -368,9 +371,12 @@ int main(int argc, char **argv)
             quick = 1;
         } else if (!strcmp(argv[i], "--roof")) {
             roof = 1;
+        } else if (!strcmp(argv[i], "--activations") && i + 1 < argc &&
+                   (!strcmp(argv[i + 1], "int") || !strcmp(argv[i + 1], "int8"))) {
+            ifk_set_qx_mode(!strcmp(argv[++i], "int8") ? IFK_QX_INT8 : IFK_QX_DEFAULT);
         } else {
             fprintf(stderr, "usage: qbench [--isa scalar|avx2|avx512] [--threads N] [--no-single] [--type NAME]... "
-                            "[--shape NxK]... [--decode] [--hot] [--quick] [--roof]\n");
+                            "[--shape NxK]... [--decode] [--hot] [--quick] [--roof] [--activations int|int8]\n");
             return 1;
         }
     }

@@ -17,7 +17,8 @@
 #              among the activations rows).
 # Reported: perplexity, mean KL divergence, top-1 agreement.
 # Also, per model, protocol and type, the int8 path against the F32-activation path on the same
-# weights (iflow-ppl --activations int | f32; the default method): docs/quant-activations.md.
+# weights (iflow-ppl --activations int | f32; the default method), and for Q8, Q6 and Q5 the
+# opt-in int8 activations as well (--activations int8): docs/quant-activations.md.
 # `tools/quality.sh methods` measures only the methods, `tools/quality.sh activations` only the
 # two paths (no importance matrices; minutes instead of an hour); the default is both.
 # Writes docs/quant-quality.md (tables) and docs/quant-quality.tsv (the column iflow-quant
@@ -61,15 +62,20 @@ score() { # model-name protocol type method quantized-shard base-shard [iflow-pp
 }
 
 # The int8 path against the F32-activation path (iflow-ppl --activations), on the same weights
-# (the default method), in one run: rows of methods act-int and act-f32.
+# (the default method), in one run: rows of methods act-int and act-f32, and act-int8 for the
+# types that take int16 x by default (Q8, Q6, Q5: --activations int8 rounds theirs to int8).
 activations() { # model-name protocol type base-shard [iflow-quant --keep]
-    local name=$1 proto=$2 t=$3 base=$4
+    local name=$1 proto=$2 t=$3 base=$4 int8=0
     shift 4
-    have "$name" $proto "$t" act-f32 && return
+    case $t in q8_b32 | q8_b64 | q6 | q5) int8=1 ;; esac
+    have "$name" $proto "$t" act-f32 && { [ $int8 = 0 ] || have "$name" $proto "$t" act-int8; } && return
     echo "quality: $name $proto $t activations int / f32" >&2
     bin/iflow-quant -t "$t" "$@" -i "$base" -o "$work/qa.ifs"
-    score "$name" $proto "$t" act-int "$work/qa.ifs" "$base" --activations int
-    score "$name" $proto "$t" act-f32 "$work/qa.ifs" "$base" --activations f32
+    have "$name" $proto "$t" act-f32 || {
+        score "$name" $proto "$t" act-int "$work/qa.ifs" "$base" --activations int
+        score "$name" $proto "$t" act-f32 "$work/qa.ifs" "$base" --activations f32
+    }
+    [ $int8 = 0 ] || score "$name" $proto "$t" act-int8 "$work/qa.ifs" "$base" --activations int8
 }
 
 measure() { # model-name source [protocols]: source an HF folder or a GGUF file (dequantized to F32)
@@ -170,6 +176,29 @@ act_table() {
                 split(k, f, SUBSEP)
                 printf "| %s | %s | %s | %.3f | %.3f | %+.3f %% | %.4f | %.4f |\n", f[1], f[2], f[3], pi[k], pf[k],
                     100 * (pi[k] / pf[k] - 1), ki[k], kf[k]
+            }
+        }' "$raw"
+    grep -q "	act-int8	" "$raw" || return 0
+    echo
+    echo "### The opt-in int8 activations (--activations int8) for Q8, Q6 and Q5"
+    echo
+    echo "The same weights with x rounded to int8 (vpdpbusd, as Q4; the residual's correction at the"
+    echo "middle level) instead of int16 (the default, --activations int), against F32 activations:"
+    echo "what the faster prefill of the mode costs in accuracy (docs/QUANTIZATION.md)."
+    echo
+    echo "| model | protocol | type | ppl int8 x | ppl int16 x | ppl F32 x | int8 x vs F32 x | KLD int8 x | KLD int16 x | KLD F32 x |"
+    echo "|---|---|---|---|---|---|---|---|---|---|"
+    awk -F'\t' '
+        $4 == "act-int8" { k = $1 SUBSEP $2 SUBSEP $3; if (!(k in p8)) order[++n] = k; p8[k] = $6; k8[k] = $8 }
+        $4 == "act-int" { k = $1 SUBSEP $2 SUBSEP $3; pi[k] = $6; ki[k] = $8 }
+        $4 == "act-f32" { k = $1 SUBSEP $2 SUBSEP $3; pf[k] = $6; kf[k] = $8 }
+        END {
+            for (i = 1; i <= n; i++) {
+                k = order[i]
+                if (!(k in pf) || !(k in pi)) continue
+                split(k, f, SUBSEP)
+                printf "| %s | %s | %s | %.3f | %.3f | %.3f | %+.3f %% | %.4f | %.4f | %.4f |\n", f[1], f[2], f[3], p8[k], pi[k],
+                    pf[k], 100 * (p8[k] / pf[k] - 1), k8[k], ki[k], kf[k]
             }
         }' "$raw"
 }

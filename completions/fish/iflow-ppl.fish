@@ -7,7 +7,7 @@ complete -c iflow-ppl -l protocol -x -a 'windows llama.cpp' -d 'windows (default
 complete -c iflow-ppl -l max-tokens -x -d 'use only the first N tokens of the text'
 complete -c iflow-ppl -l kl-base -r -d 'also compare with base model FILE: KL divergence, top-1 agreement, delta perplexity'
 complete -c iflow-ppl -l threads -s t -x -d 'compute threads (default: all cores)'
-complete -c iflow-ppl -l activations -x -a 'int f32' -d 'how the CPU\'s matrix products meet the activations: int (default: rounded per token, to int8 for quantized weights, int16 for 5 bits and more, and to BF16 for F16 and BF16 weights on CPUs with AVX512_BF16; the fast path) or f32 (not rounded: the reference, slower)'
+complete -c iflow-ppl -l activations -x -a 'int int8 f32' -d 'how the CPU\'s matrix products meet the activations: int (default: rounded per token, to int8 for quantized weights, int16 for 5 bits and more, and to BF16 for F16 and BF16 weights on CPUs with AVX512_BF16; the fast path), int8 (as int, but int8 for every quantized type on CPUs with AVX512_VNNI: faster prefill of Q8, Q6 and Q5, less accurate) or f32 (not rounded: the reference, slower)'
 complete -c iflow-ppl -l device -x -a 'auto cpu cuda' -d 'compute on auto (a GPU if there is one, else the CPU), cpu, cuda or cuda:N (default auto)'
 complete -c iflow-ppl -l gpu-layers -x -d 'put the first N layers on the GPU and the rest on the CPU (default: all)'
 complete -c iflow-ppl -l plan -r -d 'place the model over the devices of partition plan FILE (iflow-partition, iflow-plan(5))'

@@ -32,7 +32,7 @@ complete -c iflow-run -l draft-top-p -x -d 'with --draft: accept a proposal when
 complete -c iflow-run -l seed -x -d 'random seed; the same seed gives the same output (default: from the clock)'
 complete -c iflow-run -l threads -s t -x -d 'compute threads (default: all cores)'
 complete -c iflow-run -l ctx-size -s c -x -d 'context length in tokens (default: the model\'s)'
-complete -c iflow-run -l activations -x -a 'int f32' -d 'how the CPU\'s matrix products meet the activations: int (default: rounded per token, to int8 for quantized weights, int16 for 5 bits and more, and to BF16 for F16 and BF16 weights on CPUs with AVX512_BF16; the fast path) or f32 (not rounded: the reference, slower)'
+complete -c iflow-run -l activations -x -a 'int int8 f32' -d 'how the CPU\'s matrix products meet the activations: int (default: rounded per token, to int8 for quantized weights, int16 for 5 bits and more, and to BF16 for F16 and BF16 weights on CPUs with AVX512_BF16; the fast path), int8 (as int, but int8 for every quantized type on CPUs with AVX512_VNNI: faster prefill of Q8, Q6 and Q5, less accurate) or f32 (not rounded: the reference, slower)'
 complete -c iflow-run -l device -x -a 'auto cpu cuda' -d 'compute on auto (a GPU if there is one, else the CPU), cpu, cuda or cuda:N (default auto)'
 complete -c iflow-run -l gpu-layers -x -d 'put the first N layers on the GPU and the rest on the CPU (default: all)'
 complete -c iflow-run -l plan -r -d 'place the model over the devices of partition plan FILE (iflow-partition, iflow-plan(5))'

@@ -54,17 +54,31 @@ static int qpath(void)
 #endif
 }
 
-/* ifk_set_qx_f32(): 1 while quantized products meet F32 activations (quant.h). */
-static _Atomic int qx_f32;
+/* ifk_set_qx_mode(): how quantized products meet the activations (quant.h). */
+static _Atomic int qx_mode;
 
-int ifk_set_qx_f32(int on)
+int ifk_set_qx_mode(int mode)
 {
-    int was = atomic_load_explicit(&qx_f32, memory_order_relaxed);
-    atomic_store_explicit(&qx_f32, on != 0, memory_order_relaxed);
-    return was;
+    if (mode != IFK_QX_F32 && mode != IFK_QX_INT8)
+        mode = IFK_QX_DEFAULT;
+    return atomic_exchange_explicit(&qx_mode, mode, memory_order_relaxed);
 }
 
-int ifk_qx_f32(void) { return atomic_load_explicit(&qx_f32, memory_order_relaxed); }
+int ifk_qx_mode(void) { return atomic_load_explicit(&qx_mode, memory_order_relaxed); }
+
+int ifk_set_qx_f32(int on) { return ifk_set_qx_mode(on ? IFK_QX_F32 : IFK_QX_DEFAULT) == IFK_QX_F32; }
+
+int ifk_qx_f32(void) { return ifk_qx_mode() == IFK_QX_F32; }
+
+/* int16 x for `type` on `path` in the current mode: the types of the rule (ifk_qx_x16), unless
+ * IFK_QX_INT8 and the path has vpdpbusd (the AVX2 path keeps int16: its maddubs would saturate
+ * on Q8's levels). */
+static int qx_int16_on(int type, int path)
+{
+    return ifk_qx_x16(type) && !(ifk_qx_mode() == IFK_QX_INT8 && (path == QPATH_AVX512 || path == QPATH_AVX512GFNI));
+}
+
+int ifk_qx_int16(int type) { return qx_int16_on(type, qpath()); }
 
 typedef IFK_DECL_QMATMUL_ROWS((*qrows_fn));
 
@@ -118,9 +132,9 @@ void *ifk_thread_scratch(size_t bytes)
     return scratch;
 }
 
-/* Lays qx out for T tokens of K inputs of `type` from `base` (64-byte aligned); returns the
- * bytes it spans. base NULL: only the size. */
-static size_t qx_layout(ifk_qx *qx, int type, int T, int K, char *base)
+/* Lays qx out for T tokens of K inputs of `type` from `base` (64-byte aligned), as int16 values
+ * when x16 (qx_int16_on) else int8; returns the bytes it spans. base NULL: only the size. */
+static size_t qx_layout(ifk_qx *qx, int type, int x16, int T, int K, char *base)
 {
     const ifk_qtype_info *t = ifk_qtype(type);
     qx->type = type;
@@ -128,7 +142,7 @@ static size_t qx_layout(ifk_qx *qx, int type, int T, int K, char *base)
     qx->nb = (K + t->block - 1) / t->block;
     qx->K = K;
     qx->T = T;
-    qx->x16 = ifk_qx_x16(type);
+    qx->x16 = x16;
     qx->q_ld = ((size_t)qx->nb * t->block * (qx->x16 ? 2 : 1) + 63) & ~(size_t)63;
     qx->s_ld = ((size_t)qx->nb + 15) & ~(size_t)15;
     size_t qbytes = (size_t)T * qx->q_ld, sbytes = (size_t)T * qx->s_ld * sizeof(float);
@@ -158,15 +172,39 @@ void ifk_qx_finish(const ifk_qx *qx, int t)
 }
 
 /* Lays qx out in the caller's scratch; 0 if out of memory. *bytes: its size. */
-static int qx_init(ifk_qx *qx, int type, int T, int K, size_t *bytes)
+static int qx_init(ifk_qx *qx, int type, int x16, int T, int K, size_t *bytes)
 {
-    *bytes = qx_layout(qx, type, T, K, NULL);
+    *bytes = qx_layout(qx, type, x16, T, K, NULL);
     char *p = ifk_thread_scratch(*bytes);
     if (!p)
         return 0;
-    qx_layout(qx, type, T, K, p);
+    qx_layout(qx, type, x16, T, K, p);
     return 1;
 }
+
+#ifndef IFK_NO_SIMD
+/* Whether the packed kernel of `type` wants int8 x in the int16 pair order: the packed Q8, Q6
+ * and Q5 tiles hold a row's 4 levels of a dword as elements 0 2 1 3 (qpack.h), which vpdpbusd
+ * meets with x's bytes permuted the same way. */
+static int qx_wants_pair_order(const ifk_qx *qx, int packed)
+{
+    return packed && !qx->x16 && ifk_qx_x16(qx->type);
+}
+
+/* Tokens t0 <= t < t1 of int8 x put in the int16 pair order: bytes 1 and 2 of every dword
+ * swapped (within a run of 4, so the groups, sums and scales stay as they are). */
+static void qx_pair_order(const ifk_qx *qx, int t0, int t1)
+{
+    const size_t words = qx->q_ld / 4;
+    for (int t = t0; t < t1; t++) {
+        uint32_t *q = (uint32_t *)(qx->q + (size_t)t * qx->q_ld); /* 64-byte aligned */
+        for (size_t i = 0; i < words; i++) {
+            const uint32_t v = q[i];
+            q[i] = (v & 0xFF0000FFu) | ((v >> 8) & 0x0000FF00u) | ((v << 8) & 0x00FF0000u);
+        }
+    }
+}
+#endif
 
 /* ---- entry points ------------------------------------------------------------------------ */
 
@@ -209,7 +247,7 @@ typedef struct {
     size_t ldy;
     const char *W;    /* [N][row_bytes] */
     size_t row_bytes;
-    int type, T, N, K;
+    int type, x16, T, N, K;
     int rpi;          /* rows per item */
 } qmm_args;
 
@@ -223,7 +261,7 @@ static void qmm_run(const void *args, const void *in, int i, float *out)
 {
     const qmm_args *a = args;
     ifk_qx qx;
-    qx_layout(&qx, a->type, a->T, a->K, (char *)in); /* in: the quantized x */
+    qx_layout(&qx, a->type, a->x16, a->T, a->K, (char *)in); /* in: the quantized x */
     int n0, n1;
     qmm_range(a, i, &n0, &n1);
     if (!out)
@@ -247,6 +285,7 @@ typedef struct {
     size_t ldx;
     ifk_qx qx;
     int T, per;
+    int pair_order;   /* qx_pair_order after quantizing */
 } qxq_args;
 
 static void qxq_run(const void *args, const void *in, int i, float *out)
@@ -254,6 +293,8 @@ static void qxq_run(const void *args, const void *in, int i, float *out)
     const qxq_args *a = args;
     int t0 = i * a->per, t1 = t0 + a->per < a->T ? t0 + a->per : a->T;
     a->quantize(&a->qx, a->x, a->ldx, t0, t1);
+    if (a->pair_order)
+        qx_pair_order(&a->qx, t0, t1);
 }
 #endif
 
@@ -391,7 +432,7 @@ void ifk_qmatmul(float *y, size_t ldy, const void *W, int type, const float *x, 
     int path = qpath();
     ifk_qx qx;
     size_t qx_bytes;
-    if (path == QPATH_SCALAR || !qx_init(&qx, type, T, K, &qx_bytes)) {
+    if (path == QPATH_SCALAR || !qx_init(&qx, type, qx_int16_on(type, path), T, K, &qx_bytes)) {
         if (packed) { /* no scratch for x: the oracle, on rows unpacked */
             qmatmul_unpacked(y, ldy, W, IFK_QPACKED + type, x, ldx, T, N, K, n_threads);
             return;
@@ -407,20 +448,25 @@ void ifk_qmatmul(float *y, size_t ldy, const void *W, int type, const float *x, 
                                      : path == QPATH_AVX2   ? ifk_avx2_qmatmul_rows
                                      : path == QPATH_AVX512 ? ifk_avx512_qmatmul_rows
                                                             : ifk_avx512gfni_qmatmul_rows;
+    const int pair_order = qx_wants_pair_order(&qx, packed);
     if (nt <= 1) {
         quantize(&qx, x, ldx, 0, T);
+        if (pair_order)
+            qx_pair_order(&qx, 0, T);
         rows(y, ldy, W, &qx, 0, N);
         return;
     }
     if (T >= 16) { /* worth sharing */
-        qxq_args q = {quantize, x, ldx, qx, T, (T + 4 * nt - 1) / (4 * nt)};
+        qxq_args q = {quantize, x, ldx, qx, T, (T + 4 * nt - 1) / (4 * nt), pair_order};
         ifk_pool_run(&(ifk_pool_job){.run = qxq_run, .args = &q, .args_size = sizeof q,
                                      .n_items = (T + q.per - 1) / q.per, .max_threads = nt});
     } else {
         quantize(&qx, x, ldx, 0, T);
+        if (pair_order)
+            qx_pair_order(&qx, 0, T);
     }
     int rpi = ifk_pool_rows_per_item(N, nt);
-    qmm_args a = {rows, y, ldy, W, ifk_qrow_bytes(type, K), type, T, N, K, rpi};
+    qmm_args a = {rows, y, ldy, W, ifk_qrow_bytes(type, K), type, qx.x16, T, N, K, rpi};
     ifk_pool_run(&(ifk_pool_job){.run = qmm_run, .commit = qmm_commit, .args = &a, .args_size = sizeof a,
                                  .input = qx.q, .input_size = qx_bytes,
                                  .scratch_floats = (size_t)T * rpi, .n_items = (N + rpi - 1) / rpi,

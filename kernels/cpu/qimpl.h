@@ -28,6 +28,11 @@
  *             product over the block (vpdpbusd, maddubs + madd), so a lane needs one scale.
  *   int16 (ifk_qx_x16: Q8, Q6 and Q5, where int8 x would add much to the weights' own error):
  *     s = max|x| / 32767 per block; products are s16 x s16 (vpdpwssd, madd).
+ *     In the opt-in mode IFK_QX_INT8 (quant.h) the VNNI paths round x to int8 for these types
+ *     too, with the groups above (ifk_qx_int16 says which applies now): their levels are
+ *     unsigned bytes (Q8: 0..255), so vpdpbusd takes them as Q4's, at twice vpdpwssd's rate.
+ *     For the packed Q8, Q6 and Q5 kernels qdispatch.c then swaps bytes 1 and 2 of every dword
+ *     of xq after quantizing (the "int16 pair order" of their tiles, qpack.h).
  * Elements past K are 0 (as are their sums and scales), so the weights' padding levels
  * never contribute.
  *
@@ -39,14 +44,16 @@
  * and the kernels add delta * cor to each block, leaving the error delta sum_i (q_i - c) r_i.
  * On Gaussian weights this cuts the int8 rounding error's RMS by about 2.3; on stories260K and
  * xs-ckpt in Q4 the int8 path's extra KL divergence over the F32-activation path fell from
- * ~0.01 to ~0.001 nats (docs/QUANTIZATION.md). int16 x needs no correction (cor = 0). */
+ * ~0.01 to ~0.001 nats (docs/QUANTIZATION.md). int16 x needs no correction (cor = 0). For Q8
+ * on int8 x, c = 127.5: the same formula, whose share of the error it removes is the same (the
+ * levels of a min/max block spread around the middle one for any L). */
 typedef struct {
     int type;     /* the weight type (IFK_Q*) */
     int B;        /* its block */
     int nb;       /* weight blocks per row: ceil(K / B) */
     int K;
     int T;
-    int x16;      /* ifk_qx_x16(type): q holds int16 values */
+    int x16;      /* ifk_qx_int16(type) when laid out: q holds int16 values */
     size_t q_ld;  /* bytes from one token to the next in q: nb * B (* 2 if x16) rounded up to 64 */
     size_t s_ld;  /* floats from one token to the next in s0, s1, sum: nb rounded up to 16 */
     int8_t *q;    /* [T][q_ld]   the int8 (or int16) values, 0 past K; 64-byte aligned */
@@ -66,11 +73,18 @@ void ifk_qx_finish(const ifk_qx *qx, int t);
  * stories260K and xs-ckpt (WikiText-2, KL divergence to the F32 model, weights of the default
  * search method; docs/QUANTIZATION.md): int8 x adds ~0.009 nats to every type, which is 10x the
  * error of Q8 itself, 1.6x that of Q6, 15-20 % of Q5's (0.054 -> 0.064) and 2-5 % of Q4's and
- * below; int16 x adds nothing measurable (perplexity within 0.01 % of F32 x). */
+ * below; int16 x adds nothing measurable (perplexity within 0.01 % of F32 x). Those figures
+ * predate the residual's correction; with it, int8 x (the opt-in mode IFK_QX_INT8, which
+ * ifk_qx_int16 follows) adds 0.001-0.005 nats to Q8, Q6 and Q5 on those models and SmolLM2-135M,
+ * 1.5-19 times Q8's own error (docs/QUANTIZATION.md). */
 static inline int ifk_qx_x16(int type)
 {
     return type == IFK_Q8_B32 || type == IFK_Q8_B64 || type == IFK_Q6_B64 || type == IFK_Q5_B64;
 }
+
+/* Whether a product of `type` rounds x to int16 now: ifk_qx_x16(type), except in the mode
+ * IFK_QX_INT8 on the AVX512_VNNI paths (qdispatch.c; quant.h's ifk_set_qx_mode). */
+int ifk_qx_int16(int type);
 
 /* Little-endian words at p, any alignment (the level bytes of blocks and tiles). */
 static inline uint32_t ifk_rd32(const uint8_t *p)

@@ -346,10 +346,10 @@ QK_INLINE void chunk_headers(float *d, float *m, const uint8_t *row, int c0, int
  * into a[r][j]: the integer dot product as float, fmadd by delta * the x scale(s) (ds from
  * tile's prologue). For int8 x and B = 32 only the low 256 bits of a are meaningful. */
 QK_INLINE void tile_block(__m512 (*a)[2], const uint8_t (*lv)[PF_KC * 64], const ifk_qx *qx, int t0, size_t b, int i,
-                          const float (*ds)[2][2 * PF_KC], const int type, const int R, const int C)
+                          const float (*ds)[2][2 * PF_KC], const int type, const int x16, const int R, const int C)
 {
     const int B = ifk_qtype_block(type);
-    if (ifk_qx_x16(type)) {
+    if (x16) {
         __m512i l16[4][2]; /* [R]: the levels as int16, elements 0-31 and 32-63 */
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
@@ -431,9 +431,9 @@ QK_INLINE __m512 single4(const float *v, size_t a, size_t b)
  * add per pair of blocks. */
 QK_INLINE void tile(float *y, size_t ldy, const uint8_t (*lv)[PF_KC * 64], const ifk_qx *qx, int n, int t0, int c0,
                     int nc, int first, const float (*d)[PF_KC], const float (*mt)[16], const float (*dt)[16],
-                    const int type, const int R, const int C)
+                    const int type, const int x16, const int R, const int C)
 {
-    const int B = ifk_qtype_block(type), x16 = ifk_qx_x16(type), one = B == 32 || x16; /* one x scale per block */
+    const int B = ifk_qtype_block(type), one = B == 32 || x16; /* one x scale per block */
     __m512 acc[2][4][2]; /* [chain][R][C]: the delta terms (low halves for int8 x, B = 32) */
     /* delta * x scale per row, token and block of the chunk: [PF_KC] (one), or [PF_KC][2]
      * pairs (int8 x, B = 64: x groups 0 and 1) */
@@ -466,15 +466,15 @@ QK_INLINE void tile(float *y, size_t ldy, const uint8_t (*lv)[PF_KC * 64], const
     __m512 am = _mm512_setzero_ps(), ac = am;
     int i = 0;
     for (; i + 2 <= nc; i += 2) {
-        tile_block(acc[0], lv, qx, t0, (size_t)(c0 + i), i, dsc, type, R, C);
-        tile_block(acc[1], lv, qx, t0, (size_t)(c0 + i + 1), i + 1, dsc, type, R, C);
+        tile_block(acc[0], lv, qx, t0, (size_t)(c0 + i), i, dsc, type, x16, R, C);
+        tile_block(acc[1], lv, qx, t0, (size_t)(c0 + i + 1), i + 1, dsc, type, x16, R, C);
         /* [v_0[i], v_0[i+1], v_1[i], v_1[i+1]] in every 128-bit lane */
         am = _mm512_add_ps(am, _mm512_mul_ps(_mm512_load_ps(mt[i / 2]), pair4(qx->sum, o0 + i, o1 + i)));
         if (!x16)
             ac = _mm512_add_ps(ac, _mm512_mul_ps(_mm512_load_ps(dt[i / 2]), pair4(qx->cor, o0 + i, o1 + i)));
     }
     if (i < nc) {
-        tile_block(acc[0], lv, qx, t0, (size_t)(c0 + i), i, dsc, type, R, C);
+        tile_block(acc[0], lv, qx, t0, (size_t)(c0 + i), i, dsc, type, x16, R, C);
         am = _mm512_mask_add_ps(am, 0x5555, am, _mm512_mul_ps(_mm512_load_ps(mt[i / 2]), single4(qx->sum, o0 + i, o1 + i)));
         if (!x16)
             ac = _mm512_mask_add_ps(ac, 0x5555, ac, _mm512_mul_ps(_mm512_load_ps(dt[i / 2]), single4(qx->cor, o0 + i, o1 + i)));
@@ -529,7 +529,8 @@ QK_INLINE void chunk_levels(uint8_t *lv, const uint8_t *row, int c0, int nc, con
 /* Prefill: rows n .. n + R - 1 against all tokens, K in chunks of PF_KC blocks whose levels
  * and headers are decoded once (into L1) and serve every token tile (C = 4, then single
  * tokens). */
-QK_INLINE void gemm_rows(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, int n, const int type, const int R)
+QK_INLINE void gemm_rows(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, int n, const int type, const int x16,
+                         const int R)
 {
     const int T = qx->T, nb = qx->nb;
     const size_t rb = (size_t)nb * ifk_qtype_block_bytes(type);
@@ -544,16 +545,16 @@ QK_INLINE void gemm_rows(float *y, size_t ldy, const uint8_t *W, const ifk_qx *q
         }
         const float(*dc)[PF_KC] = (const float(*)[PF_KC])d;
         chunk_mins(mt, (const float(*)[PF_KC])m, nc, R);
-        if (!ifk_qx_x16(type))
+        if (!x16)
             chunk_mins(dt, (const float(*)[PF_KC])d, nc, R);
         const float(*dtc)[16] = (const float(*)[16])dt;
         const float(*mtc)[16] = (const float(*)[16])mt;
         const uint8_t(*lc)[PF_KC * 64] = (const uint8_t(*)[PF_KC * 64])lv;
         int t = 0;
         for (; t + 2 <= T; t += 2)
-            tile(y, ldy, lc, qx, n, t, c0, nc, c0 == 0, dc, mtc, dtc, type, R, 2);
+            tile(y, ldy, lc, qx, n, t, c0, nc, c0 == 0, dc, mtc, dtc, type, x16, R, 2);
         for (; t < T; t++)
-            tile(y, ldy, lc, qx, n, t, c0, nc, c0 == 0, dc, mtc, dtc, type, R, 1);
+            tile(y, ldy, lc, qx, n, t, c0, nc, c0 == 0, dc, mtc, dtc, type, x16, R, 1);
     }
 }
 
@@ -581,12 +582,12 @@ QK_INLINE __m128 dmdd(const uint8_t *blk)
  * { s0, sum, s1, cor }. For B = 32 and int8 x only the low 256 bits of acc are meaningful (as
  * in tile). */
 QK_INLINE __m512 gemv_block(__m512 acc, __m128 *am, const uint8_t *blk, const int8_t *xq, const float *sx,
-                            const int type)
+                            const int type, const int x16)
 {
     _mm_prefetch((const char *)blk + PF_AHEAD, _MM_HINT_T0);
     const __m128 r = _mm_mul_ps(dmdd(blk), _mm_load_ps(sx)); /* [d s0, m sum, d s1, d cor] */
     *am = _mm_add_ps(*am, r);
-    if (ifk_qx_x16(type)) /* one x scale per block */
+    if (x16) /* one x scale per block */
         return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_x16(type, blk, (const int16_t *)xq)), _mm512_broadcastss_ps(r), acc);
     if (ifk_qtype_block(type) == 64) { /* lanes alternate between the block's x groups 0 and 1 */
         __m512 sc = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2), _mm512_castps128_ps512(r));
@@ -598,10 +599,10 @@ QK_INLINE __m512 gemv_block(__m512 acc, __m128 *am, const uint8_t *blk, const in
 }
 
 /* W[row] . x for T = 1.  row: [nb * BB] bytes. */
-QK_INLINE float gemv_row(const uint8_t *row, const ifk_qx *qx, const int type)
+QK_INLINE float gemv_row(const uint8_t *row, const ifk_qx *qx, const int type, const int x16)
 {
     const int BB = ifk_qtype_block_bytes(type), nb = qx->nb;
-    const size_t xb = (size_t)ifk_qtype_block(type) * (ifk_qx_x16(type) ? 2 : 1); /* bytes of x per block */
+    const size_t xb = (size_t)ifk_qtype_block(type) * (x16 ? 2 : 1); /* bytes of x per block */
     float y = 0.0f;
     for (int c0 = 0; c0 < nb; c0 += PF_KC) {
         const int nc = nb - c0 < PF_KC ? nb - c0 : PF_KC;
@@ -612,66 +613,74 @@ QK_INLINE float gemv_row(const uint8_t *row, const ifk_qx *qx, const int type)
         const float *sx = qx->blk + 4 * (size_t)c0;
         int i = 0;
         for (; i + 2 <= nc; i += 2) {
-            acc0 = gemv_block(acc0, &am0, blk + (size_t)i * BB, xq + (size_t)i * xb, sx + 4 * i, type);
-            acc1 = gemv_block(acc1, &am1, blk + (size_t)(i + 1) * BB, xq + (size_t)(i + 1) * xb, sx + 4 * (i + 1), type);
+            acc0 = gemv_block(acc0, &am0, blk + (size_t)i * BB, xq + (size_t)i * xb, sx + 4 * i, type, x16);
+            acc1 = gemv_block(acc1, &am1, blk + (size_t)(i + 1) * BB, xq + (size_t)(i + 1) * xb, sx + 4 * (i + 1), type, x16);
         }
         if (i < nc)
-            acc0 = gemv_block(acc0, &am0, blk + (size_t)i * BB, xq + (size_t)i * xb, sx + 4 * i, type);
+            acc0 = gemv_block(acc0, &am0, blk + (size_t)i * BB, xq + (size_t)i * xb, sx + 4 * i, type, x16);
         __m512 a = _mm512_add_ps(acc0, acc1);
-        if (ifk_qtype_block(type) == 32 && !ifk_qx_x16(type))
+        if (ifk_qtype_block(type) == 32 && !x16)
             a = _mm512_zextps256_ps512(_mm512_castps512_ps256(a));
         const __m128 h = _mm_movehdup_ps(_mm_add_ps(am0, am1)); /* [mins, mins, cors, cors] */
-        const float mins = ifk_qx_x16(type) ? _mm_cvtss_f32(h) : _mm_cvtss_f32(_mm_add_ss(h, _mm_movehl_ps(h, h)));
+        const float mins = x16 ? _mm_cvtss_f32(h) : _mm_cvtss_f32(_mm_add_ss(h, _mm_movehl_ps(h, h)));
         y = (c0 == 0 ? 0.0f : y) + (hsum512(a) + mins);
     }
     return y;
 }
 
 /* Rows n0 <= n < n1, all tokens, of one type. */
-QK_INLINE void rows_of(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, int n0, int n1, const int type)
+QK_INLINE void rows_of(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, int n0, int n1, const int type,
+                       const int x16)
 {
     const int T = qx->T;
     int n = n0;
     if (T == 1) {
         const size_t rb = (size_t)qx->nb * ifk_qtype_block_bytes(type);
         for (; n < n1; n++)
-            y[n] = gemv_row(W + (size_t)n * rb, qx, type);
+            y[n] = gemv_row(W + (size_t)n * rb, qx, type, x16);
         return;
     }
     for (; n + 4 <= n1; n += 4)
-        gemm_rows(y, ldy, W, qx, n, type, 4);
+        gemm_rows(y, ldy, W, qx, n, type, x16, 4);
     for (; n < n1; n++)
-        gemm_rows(y, ldy, W, qx, n, type, 1);
+        gemm_rows(y, ldy, W, qx, n, type, x16, 1);
 }
 
-#define QK_ROWS_FN(TYPE)                                                                          \
-    QK_FN static void rows_##TYPE(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, int n0, int n1) \
+/* rows_TYPE_X16: one type on int8 x (X16 = 0) or int16 x (X16 = 1); Q8, Q6 and Q5 have both
+ * (int8 x in the mode IFK_QX_INT8, quant.h), the others int8 only. */
+#define QK_ROWS_FN(TYPE, X16)                                                                     \
+    QK_FN static void rows_##TYPE##_##X16(float *y, size_t ldy, const uint8_t *W, const ifk_qx *qx, int n0, int n1) \
     {                                                                                             \
-        rows_of(y, ldy, W, qx, n0, n1, TYPE);                                                     \
+        rows_of(y, ldy, W, qx, n0, n1, TYPE, X16);                                                \
     }
-QK_ROWS_FN(IFK_Q8_B32)
-QK_ROWS_FN(IFK_Q8_B64)
-QK_ROWS_FN(IFK_Q6_B64)
-QK_ROWS_FN(IFK_Q5_B64)
-QK_ROWS_FN(IFK_Q4_B32)
-QK_ROWS_FN(IFK_Q4_B64)
-QK_ROWS_FN(IFK_Q3H_B64)
-QK_ROWS_FN(IFK_Q3_B32)
-QK_ROWS_FN(IFK_Q2_B32)
+QK_ROWS_FN(IFK_Q8_B32, 1)
+QK_ROWS_FN(IFK_Q8_B64, 1)
+QK_ROWS_FN(IFK_Q6_B64, 1)
+QK_ROWS_FN(IFK_Q5_B64, 1)
+QK_ROWS_FN(IFK_Q8_B32, 0)
+QK_ROWS_FN(IFK_Q8_B64, 0)
+QK_ROWS_FN(IFK_Q6_B64, 0)
+QK_ROWS_FN(IFK_Q5_B64, 0)
+QK_ROWS_FN(IFK_Q4_B32, 0)
+QK_ROWS_FN(IFK_Q4_B64, 0)
+QK_ROWS_FN(IFK_Q3H_B64, 0)
+QK_ROWS_FN(IFK_Q3_B32, 0)
+QK_ROWS_FN(IFK_Q2_B32, 0)
 
 QK_FN IFK_DECL_QMATMUL_ROWS(QK_NAME(qmatmul_rows))
 {
     const uint8_t *w = W;
+    const int x16 = qx->x16;
     switch (qx->type) {
-    case IFK_Q8_B32: rows_IFK_Q8_B32(y, ldy, w, qx, n0, n1); break;
-    case IFK_Q8_B64: rows_IFK_Q8_B64(y, ldy, w, qx, n0, n1); break;
-    case IFK_Q6_B64: rows_IFK_Q6_B64(y, ldy, w, qx, n0, n1); break;
-    case IFK_Q5_B64: rows_IFK_Q5_B64(y, ldy, w, qx, n0, n1); break;
-    case IFK_Q4_B32: rows_IFK_Q4_B32(y, ldy, w, qx, n0, n1); break;
-    case IFK_Q4_B64: rows_IFK_Q4_B64(y, ldy, w, qx, n0, n1); break;
-    case IFK_Q3H_B64: rows_IFK_Q3H_B64(y, ldy, w, qx, n0, n1); break;
-    case IFK_Q3_B32: rows_IFK_Q3_B32(y, ldy, w, qx, n0, n1); break;
-    case IFK_Q2_B32: rows_IFK_Q2_B32(y, ldy, w, qx, n0, n1); break;
+    case IFK_Q8_B32: (x16 ? rows_IFK_Q8_B32_1 : rows_IFK_Q8_B32_0)(y, ldy, w, qx, n0, n1); break;
+    case IFK_Q8_B64: (x16 ? rows_IFK_Q8_B64_1 : rows_IFK_Q8_B64_0)(y, ldy, w, qx, n0, n1); break;
+    case IFK_Q6_B64: (x16 ? rows_IFK_Q6_B64_1 : rows_IFK_Q6_B64_0)(y, ldy, w, qx, n0, n1); break;
+    case IFK_Q5_B64: (x16 ? rows_IFK_Q5_B64_1 : rows_IFK_Q5_B64_0)(y, ldy, w, qx, n0, n1); break;
+    case IFK_Q4_B32: rows_IFK_Q4_B32_0(y, ldy, w, qx, n0, n1); break;
+    case IFK_Q4_B64: rows_IFK_Q4_B64_0(y, ldy, w, qx, n0, n1); break;
+    case IFK_Q3H_B64: rows_IFK_Q3H_B64_0(y, ldy, w, qx, n0, n1); break;
+    case IFK_Q3_B32: rows_IFK_Q3_B32_0(y, ldy, w, qx, n0, n1); break;
+    case IFK_Q2_B32: rows_IFK_Q2_B32_0(y, ldy, w, qx, n0, n1); break;
     default: break;
     }
 }

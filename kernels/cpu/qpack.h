@@ -15,6 +15,17 @@
  * Q8 (int16 x, qimpl.h) goes the same way with vpdpwssd: a lane is a row taking 2 levels as
  * int16 against 2 values of x. Measured likewise (Q8_B64): 197-203 against 112-117 GOP/s.
  *
+ * Int8 x for Q8, Q6 and Q5 (the opt-in mode IFK_QX_INT8, quant.h) reads the SAME tiles: their
+ * levels are bytes in the "int16 pair order" below (a row's dword holds elements 0 2 1 3 of a
+ * run of 4), and a vpdpbusd does not care in which order it sums its 4 products, so it takes a
+ * row's dword as it is against x's 4 bytes of that run permuted the same way. qdispatch.c swaps
+ * bytes 1 and 2 of each dword of the quantized x for these kernels (T K bytes a call, against
+ * T N K products); the kernel then takes two of the int16 slabs, 2 s and 2 s + 1 (elements
+ * 8 s .. 8 s + 7: x groups 0 and 1 of qimpl.h), as the two operands of int8 slab s, with no
+ * unpacking at all for Q8. One layout for both modes, so the mode can change at any time
+ * (packing is done once, at load). Measured likewise (2026-11-27, loaded machine, one run):
+ * Q8_B64 353 against 208 GOP/s for int16 x, Q4_B64 361 beside it (docs/PERFORMANCE.md).
+ *
  * The other types go the same way (Q6, Q5 on int16 x; Q3H, Q3, Q2 on int8 x); only the
  * unpacking of a slab differs (Byte layout). In the row layout their decode was bound by that
  * unpacking, done for one row per block; in a tile it is done once for 16 rows. Measured on
@@ -78,6 +89,7 @@
  *     int8 x, B = 64 (Q4_B64, Q3H):     p = fma(float(a1), s1, fma(float(a0), s0, cor))
  *     int8 x, B = 32 (Q4_B32, Q3, Q2):  p = fma(float(a0 + a1), s0, cor)   (one x scale: the ints add first)
  *     int16 x (Q8, Q6, Q5):             p = float(a0 + a1) * s0
+ *     (in the mode IFK_QX_INT8, Q8_B64, Q6 and Q5 take the first line, Q8_B32 the second)
  *     then                              y = fma(p, delta, y);  y = fma(min, sum, y)
  * That is 3 or 4 float multiplies a block and token, beside the 8 or 16 vpdpbusd; both use the
  * same two pipes on Zen 4, so the count sets the kernel's share of the roof.

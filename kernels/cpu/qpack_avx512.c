@@ -7,9 +7,11 @@
  * the tile adds both into its own int32 accumulators against 4 bytes of its x broadcast; at the
  * end of the block the accumulators are converted and scaled into the tokens' 16 outputs
  * (qpack.h's arithmetic, the same for every C). How a slab is unpacked is the type's
- * (slab_operands); the rest is common. The first token tile of a group (all of decode) reads
- * the tiles as one forward stream with a software prefetch ahead; the later ones find them in
- * cache.
+ * (slab_operands); the rest is common. Q8, Q6 and Q5 are compiled for both int16 x (the
+ * default) and int8 x (the mode IFK_QX_INT8, quant.h: the same tiles, x's bytes in their pair
+ * order; qpack.h), picked per call by qx->x16. The first token tile of a group (all of
+ * decode) reads the tiles as one forward stream with a software prefetch ahead; the later ones
+ * find them in cache.
  *
  * Compiled twice. Here (QP_GFNI = 0) for Q4 and Q8, with target("avx512vnni") on top of the
  * file's -mavx512* flags: ifk_avx512_qmatmul_packed_rows, which qdispatch.c calls on the VNNI
@@ -176,11 +178,30 @@ QP_INLINE __m512i q3h_codes7(const uint8_t *lv)
 }
 #endif
 
+#if QP_GFNI
+/* Q5's and Q6's levels of int16 slab s (elements 4 s .. 4 s + 3, qpack.h) as bytes, 16 rows x 4
+ * in the int16 pair order. */
+QP_INLINE __m512i q56_levels(const uint8_t *lv, const int s, const int type)
+{
+    const __m512i nib = _mm512_set1_epi8(15);
+    const __m512i u = _mm512_loadu_si512(lv + 64 * (s % 8));
+    if (type == IFK_Q5_B64) { /* + 16 where mask s is set */
+        const __m512i l = s < 8 ? _mm512_and_si512(u, nib) : field(u, 4, 4, 0);
+        return _mm512_mask_add_epi8(l, _load_mask64((__mmask64 *)(lv + 512 + 8 * s)), l, _mm512_set1_epi8(16));
+    }
+    /* Q6: | crumb s / 4 of unit 8 + s % 4 at bits 4-5 */
+    const __m512i hi = field(_mm512_loadu_si512(lv + 512 + 64 * (s % 4)), 2 * (s / 4), 2, 4);
+    return and_or(s < 8 ? u : _mm512_srli_epi16(u, 4), hi, nib);
+}
+#endif
+
 /* Slab s of a tile's levels lv (tile + 64) as the operands of its products, 16 rows in the 16
  * dword lanes: *w0 against x elements per s .. (the first half of the slab: 4 levels as bytes
  * for int8 x, per = 8; 2 levels as int16 for int16 x, per = 4) and *w1 against the second half.
- * For B = 64 and int8 x the halves are the x groups 0 and 1 of qimpl.h. */
-QP_INLINE void slab_operands(__m512i *w0, __m512i *w1, const uint8_t *lv, const int s, const int type)
+ * For B = 64 and int8 x the halves are the x groups 0 and 1 of qimpl.h. Q8, Q6 and Q5 on int8 x
+ * (the mode IFK_QX_INT8): the slab is two of their int16 slabs, 2 s and 2 s + 1, each a
+ * register of bytes in the int16 pair order, which x's bytes then follow (qdispatch.c). */
+QP_INLINE void slab_operands(__m512i *w0, __m512i *w1, const uint8_t *lv, const int s, const int type, const int x16)
 {
     const __m512i nib = _mm512_set1_epi8(15), byte16 = _mm512_set1_epi16(0x00FF);
     switch (type) {
@@ -192,7 +213,12 @@ QP_INLINE void slab_operands(__m512i *w0, __m512i *w1, const uint8_t *lv, const 
         return;
     }
     case IFK_Q8_B32:
-    case IFK_Q8_B64: { /* even bytes, odd bytes: int16 pairs */
+    case IFK_Q8_B64: { /* even bytes, odd bytes: int16 pairs; for int8 x units 2 s and 2 s + 1 */
+        if (!x16) {
+            *w0 = _mm512_loadu_si512(lv + 128 * s);
+            *w1 = _mm512_loadu_si512(lv + 128 * s + 64);
+            return;
+        }
         const __m512i v = _mm512_loadu_si512(lv + 64 * s);
         *w0 = _mm512_and_si512(v, byte16);
         *w1 = _mm512_srli_epi16(v, 8);
@@ -212,15 +238,12 @@ QP_INLINE void slab_operands(__m512i *w0, __m512i *w1, const uint8_t *lv, const 
     }
     case IFK_Q5_B64:
     case IFK_Q6_B64: { /* nibble plane s % 8 of unit s % 8 plus the high bits; int16 pairs */
-        const __m512i u = _mm512_loadu_si512(lv + 64 * (s % 8));
-        __m512i l;
-        if (type == IFK_Q5_B64) { /* + 16 where mask s is set */
-            l = s < 8 ? _mm512_and_si512(u, nib) : field(u, 4, 4, 0);
-            l = _mm512_mask_add_epi8(l, _load_mask64((__mmask64 *)(lv + 512 + 8 * s)), l, _mm512_set1_epi8(16));
-        } else { /* | crumb s / 4 of unit 8 + s % 4 at bits 4-5 */
-            const __m512i hi = field(_mm512_loadu_si512(lv + 512 + 64 * (s % 4)), 2 * (s / 4), 2, 4);
-            l = and_or(s < 8 ? u : _mm512_srli_epi16(u, 4), hi, nib);
+        if (!x16) {
+            *w0 = q56_levels(lv, 2 * s, type);
+            *w1 = q56_levels(lv, 2 * s + 1, type);
+            return;
         }
+        const __m512i l = q56_levels(lv, s, type);
         *w0 = _mm512_and_si512(l, byte16);
         *w1 = _mm512_srli_epi16(l, 8);
         return;
@@ -248,15 +271,15 @@ QP_INLINE void slab_operands(__m512i *w0, __m512i *w1, const uint8_t *lv, const 
  * so that fewer products wait on the one before (Q8_B32 decode from cache, 1 thread: 49 -> 60
  * GB/s). */
 QP_INLINE void tile_sums(__m512i *a0, __m512i *a1, const uint8_t *tile, const ifk_qx *qx, int b, int t0,
-                         const int type, const int C)
+                         const int type, const int x16, const int C)
 {
-    const int x16 = ifk_qx_x16(type), B = ifk_qtype_block(type);
+    const int B = ifk_qtype_block(type);
     const int per = x16 ? 4 : 8;                         /* elements of the block a slab holds */
     __m512i o0[2] = { _mm512_setzero_si512(), _mm512_setzero_si512() }, o1[2] = { o0[0], o0[1] }; /* [C < 4] */
 #pragma GCC unroll 16
     for (int s = 0; s < B / per; s++) {
         __m512i w0, w1;
-        slab_operands(&w0, &w1, tile + 64, s, type);
+        slab_operands(&w0, &w1, tile + 64, s, type, x16);
         /* x of token t0 at this slab's 8 (int8) or 4 (int16) elements */
         const int8_t *xs = qx->q + (size_t)t0 * qx->q_ld + (x16 ? 2 : 1) * ((size_t)b * B + (size_t)(per * s));
         if (C == 8 || C == 4) {
@@ -280,9 +303,9 @@ QP_INLINE void tile_sums(__m512i *a0, __m512i *a1, const uint8_t *tile, const if
  * tg ([nb][tile_bytes] bytes) against tokens t0 .. t0 + C - 1 of qx. One x scale per block
  * (int16 x, or B = 32): the two int32 sums added exactly before the one conversion. */
 QP_INLINE void group_tile(float *y, size_t ldy, const uint8_t *tg, const ifk_qx *qx, int n0, int nr, int t0,
-                          const int type, const int C)
+                          const int type, const int x16, const int C)
 {
-    const int nb = qx->nb, x16 = ifk_qx_x16(type), B = ifk_qtype_block(type);
+    const int nb = qx->nb, B = ifk_qtype_block(type);
     const size_t tb = tile_bytes(type);
     __m512 yv[8];
 #pragma GCC unroll 8
@@ -297,7 +320,7 @@ QP_INLINE void group_tile(float *y, size_t ldy, const uint8_t *tg, const ifk_qx 
 #pragma GCC unroll 8
         for (int j = 0; j < C; j++)
             a0[j] = a1[j] = _mm512_setzero_si512();
-        tile_sums(a0, a1, tile, qx, b, t0, type, C);
+        tile_sums(a0, a1, tile, qx, b, t0, type, x16, C);
         const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tile));
         const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tile + 32)));
 #pragma GCC unroll 8
@@ -330,7 +353,8 @@ QP_INLINE void group_tile(float *y, size_t ldy, const uint8_t *tg, const ifk_qx 
 }
 
 /* Rows n0 <= n < n1 (n0 a multiple of 16), every token, of a packed matrix of one type. */
-QP_INLINE void packed_rows(float *y, size_t ldy, const uint8_t *P, const ifk_qx *qx, int n0, int n1, const int type)
+QP_INLINE void packed_rows(float *y, size_t ldy, const uint8_t *P, const ifk_qx *qx, int n0, int n1, const int type,
+                           const int x16)
 {
     const size_t group_bytes = (size_t)qx->nb * tile_bytes(type);
     for (int n = n0; n < n1; n += 16) {
@@ -338,40 +362,54 @@ QP_INLINE void packed_rows(float *y, size_t ldy, const uint8_t *P, const ifk_qx 
         const int nr = n1 - n < 16 ? n1 - n : 16;
         int t = 0;
         for (; t + 8 <= qx->T; t += 8)
-            group_tile(y, ldy, tg, qx, n, nr, t, type, 8);
+            group_tile(y, ldy, tg, qx, n, nr, t, type, x16, 8);
         if (t + 4 <= qx->T)
-            group_tile(y, ldy, tg, qx, n, nr, t, type, 4), t += 4;
+            group_tile(y, ldy, tg, qx, n, nr, t, type, x16, 4), t += 4;
         if (t + 2 <= qx->T)
-            group_tile(y, ldy, tg, qx, n, nr, t, type, 2), t += 2;
+            group_tile(y, ldy, tg, qx, n, nr, t, type, x16, 2), t += 2;
         if (t < qx->T)
-            group_tile(y, ldy, tg, qx, n, nr, t, type, 1);
+            group_tile(y, ldy, tg, qx, n, nr, t, type, x16, 1);
     }
 }
 
-#define QP_ROWS_FN(TYPE)                                                                             \
-    QP_FN static void rows_##TYPE(float *y, size_t ldy, const uint8_t *P, const ifk_qx *qx, int n0, int n1) \
+/* rows_TYPE_X16: one type on int8 x (X16 = 0) or int16 x (X16 = 1, the types of ifk_qx_x16;
+ * their int8 variant serves the mode IFK_QX_INT8). */
+#define QP_ROWS_FN(TYPE, X16)                                                                        \
+    QP_FN static void rows_##TYPE##_##X16(float *y, size_t ldy, const uint8_t *P, const ifk_qx *qx, int n0, \
+                                          int n1)                                                    \
     {                                                                                                \
-        packed_rows(y, ldy, P, qx, n0, n1, TYPE);                                                    \
+        packed_rows(y, ldy, P, qx, n0, n1, TYPE, X16);                                               \
     }
-/* The types this compilation multiplies: Q4 and Q8 (AVX512_VNNI), and with GFNI every type. */
+#define QP_ROWS_FN2(TYPE) QP_ROWS_FN(TYPE, 0) QP_ROWS_FN(TYPE, 1)
+/* The types this compilation multiplies: Q4 and Q8 (AVX512_VNNI), and with GFNI every type;
+ * QP_TYPES8 on int8 x only, QP_TYPES16 on either. */
 #if QP_GFNI
-#define QP_TYPES(X) X(IFK_Q4_B32) X(IFK_Q4_B64) X(IFK_Q8_B32) X(IFK_Q8_B64) X(IFK_Q6_B64) X(IFK_Q5_B64) \
-                    X(IFK_Q3H_B64) X(IFK_Q3_B32) X(IFK_Q2_B32)
+#define QP_TYPES8(X) X(IFK_Q4_B32) X(IFK_Q4_B64) X(IFK_Q3H_B64) X(IFK_Q3_B32) X(IFK_Q2_B32)
+#define QP_TYPES16(X) X(IFK_Q8_B32) X(IFK_Q8_B64) X(IFK_Q6_B64) X(IFK_Q5_B64)
 #else
-#define QP_TYPES(X) X(IFK_Q4_B32) X(IFK_Q4_B64) X(IFK_Q8_B32) X(IFK_Q8_B64)
+#define QP_TYPES8(X) X(IFK_Q4_B32) X(IFK_Q4_B64)
+#define QP_TYPES16(X) X(IFK_Q8_B32) X(IFK_Q8_B64)
 #endif
-QP_TYPES(QP_ROWS_FN)
+#define QP_ROWS_FN8(TYPE) QP_ROWS_FN(TYPE, 0)
+QP_TYPES8(QP_ROWS_FN8)
+QP_TYPES16(QP_ROWS_FN2)
 
 QP_FN IFK_DECL_QMATMUL_ROWS(QP_NAME(qmatmul_packed_rows))
 {
-#define QP_CASE(TYPE)                                   \
-    case TYPE:                                          \
-        rows_##TYPE(y, ldy, W, qx, n0, n1); \
+#define QP_CASE8(TYPE)                          \
+    case TYPE:                                  \
+        rows_##TYPE##_0(y, ldy, W, qx, n0, n1); \
+        break;
+#define QP_CASE16(TYPE)                                                        \
+    case TYPE:                                                                 \
+        (qx->x16 ? rows_##TYPE##_1 : rows_##TYPE##_0)(y, ldy, W, qx, n0, n1); \
         break;
     switch (qx->type) {
-        QP_TYPES(QP_CASE)
+        QP_TYPES8(QP_CASE8)
+        QP_TYPES16(QP_CASE16)
     default:
         break;
     }
-#undef QP_CASE
+#undef QP_CASE8
+#undef QP_CASE16
 }

@@ -90,7 +90,8 @@ void ifk_qmatmul_ref(float *y, size_t ldy, const void *W, int type, const float 
  *     min * sum(x) + delta * (sum_i q_i * xq_i * s + c * sum_i (x_i - xq_i * s))
  * with sum(x) exact in F32 and x rounded once per call, xq = round(x / s) with s = max|x| / top
  * of its group: int8 (top = 127) per group of 32 elements for Q4 and below; int16 (top = 32767)
- * per block for Q8, Q6 and Q5, where int8 x would add much to the weights' own error (qimpl.h).
+ * per block for Q8, Q6 and Q5, where int8 x would add much to the weights' own error (qimpl.h;
+ * int8 for them too in the opt-in mode IFK_QX_INT8, ifk_set_qx_mode below).
  * c = (L - 1) / 2 for int8 x (the rounding residual's share at the middle level, corrected:
  * qimpl.h), 0 for int16. So per output
  *     |y - y_ref| <= sum_i |q_i - c| delta_b(i) * amax_b(i) / (2 top) * (1 + 1e-3)
@@ -117,6 +118,19 @@ void ifk_qmatmul(float *y, size_t ldy, const void *W, int type, const float *x, 
  * Returns the previous state. */
 int ifk_set_qx_f32(int on);
 int ifk_qx_f32(void);
+
+/* How quantized products meet the activations, process-wide (a superset of ifk_set_qx_f32):
+ *   IFK_QX_DEFAULT  x rounded to int8, or to int16 for Q8, Q6 and Q5 (the accuracy rule above)
+ *   IFK_QX_F32      the F32-activation path (ifk_set_qx_f32(1))
+ *   IFK_QX_INT8     x rounded to int8 for every quantized type: Q8, Q6 and Q5 too, on the
+ *                   AVX512_VNNI paths (vpdpbusd, as Q4; qimpl.h's ifk_qx_int16). Faster in
+ *                   prefill (vpdpbusd does twice vpdpwssd's work), at int8 x's accuracy: the
+ *                   bound above with top = 127 and c = (L - 1) / 2 for those types too. The
+ *                   AVX2 path keeps int16 x for them (its maddubs would saturate on 8-bit levels).
+ * ifk_set_qx_mode returns the previous mode (an unknown mode is taken as IFK_QX_DEFAULT). */
+enum { IFK_QX_DEFAULT = 0, IFK_QX_F32 = 1, IFK_QX_INT8 = 2 };
+int ifk_set_qx_mode(int mode);
+int ifk_qx_mode(void);
 
 /* out[k] = dequant(W[row])[k] for 0 <= k < K, bit-identical to ifk_dequantize_row. */
 void ifk_qget_row(float *out, const void *W, int type, size_t row, int K);

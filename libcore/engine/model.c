@@ -831,6 +831,7 @@ uint64_t iflow_model_decode_bytes(const iflow_model *m) { return m->decode_bytes
 
 const char *iflow_kernel_path(void) { return ifk_isa_name(ifk_isa_current()); }
 void iflow_kernel_set_f32_activations(int on) { ifk_set_qx_f32(on); }
+void iflow_kernel_set_int8_activations(int on) { ifk_set_qx_mode(on ? IFK_QX_INT8 : IFK_QX_DEFAULT); }
 
 int iflow_model_is_eos(const iflow_model *m, int32_t id)
 {

@@ -6,7 +6,8 @@
  * For every ISA path this CPU has (scalar, avx2, avx512, avx512gfni) and every weight type
  * (F32, F16, BF16 (on the BF16 dot product where the CPU has it, and on the F32 product of
  * ifk_set_qx_f32), the 9 quantized types, quantized from random F32 rows by the reference
- * quantizer, and the packed copies of qpack.h), on odd shapes (N not a multiple of 16 or 4; K with a partial last SIMD step or
+ * quantizer, and the packed copies of qpack.h; Q8, Q6 and Q5 also in the mode IFK_QX_INT8,
+ * quant.h's int8 x for them), on odd shapes (N not a multiple of 16 or 4; K with a partial last SIMD step or
  * block; K spanning several of the prefill kernels' K chunks):
  *   - each row of a pool of x rows alone (T = 1) is the reference;
  *   - calls with T = 1..17 rows taken from the pool at varying offsets, so that one x row sits
@@ -24,6 +25,7 @@
 
 #include "check.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/qimpl.h" /* ifk_qx_x16 */
 #include "kernels/cpu/qpack.h"
 #include "kernels/cpu/quant.h"
 
@@ -109,6 +111,9 @@ static const char *type_name(int wtype)
     return wtype == IFK_F16 ? "f16" : "bf16";
 }
 
+/* " int8-mode" while the quantized types run in the mode IFK_QX_INT8, else "" (for messages). */
+static const char *mode_tag = "";
+
 /* One weight type and shape on the current path. x rows have a stride of K + 3 (not a multiple
  * of anything), y rows of N + 5; the padding of y must stay untouched. */
 static void check_matmul(int wtype, int N, int K, const int *Ts, int n_Ts)
@@ -140,8 +145,8 @@ static void check_matmul(int wtype, int N, int K, const int *Ts, int n_Ts)
                         while (!memcmp(y + (size_t)t * ldy + n, ref + (size_t)(off + t) * N + n, sizeof *y))
                             n++;
                         if (bad++ < 3)
-                            CHECK(0, "%s %s N=%d K=%d: x row %d at place %d of T=%d (%d threads): y[%d] = %.9g, alone %.9g",
-                                  ifk_isa_name(ifk_isa_current()), type_name(wtype), N, K, off + t, t, T, threads, n,
+                            CHECK(0, "%s %s%s N=%d K=%d: x row %d at place %d of T=%d (%d threads): y[%d] = %.9g, alone %.9g",
+                                  ifk_isa_name(ifk_isa_current()), type_name(wtype), mode_tag, N, K, off + t, t, T, threads, n,
                                   y[(size_t)t * ldy + n], ref[(size_t)(off + t) * N + n]);
                     }
                     for (int n = N; n < (int)ldy; n++)
@@ -149,8 +154,8 @@ static void check_matmul(int wtype, int N, int K, const int *Ts, int n_Ts)
                 }
             }
         }
-    CHECK(bad == 0, "%s %s N=%d K=%d: %d of the rows of %d calls differ from the row alone",
-          ifk_isa_name(ifk_isa_current()), type_name(wtype), N, K, bad, calls);
+    CHECK(bad == 0, "%s %s%s N=%d K=%d: %d of the rows of %d calls differ from the row alone",
+          ifk_isa_name(ifk_isa_current()), type_name(wtype), mode_tag, N, K, bad, calls);
     CHECK(pad_bad == 0, "%s %s N=%d K=%d: wrote past N", ifk_isa_name(ifk_isa_current()), type_name(wtype), N, K);
     free(W);
     free(x);
@@ -178,15 +183,20 @@ static void test_matmul_invariance(void)
                 check_matmul(ftypes[f], 37, 4200, some_T, 7);
                 ifk_set_qx_f32(0);
             }
-        for (int q = IFK_Q8_B32; q < IFK_QTYPE_END_; q++) {
-            /* K = 77: a partial last block; 8529: several chunks of 64 blocks, a partial block */
-            check_matmul(q, 45, 77, all_T, 17);
-            check_matmul(q, 37, 8529, some_T, 7);
-            if (ifk_qpack_base(IFK_QPACKED + q) == q) { /* packed (qpack.h): its own kernel where the path has one */
-                check_matmul(IFK_QPACKED + q, 45, 77, all_T, 17);
-                check_matmul(IFK_QPACKED + q, 37, 8529, some_T, 7);
+        for (int q = IFK_Q8_B32; q < IFK_QTYPE_END_; q++)
+            for (int int8 = 0; int8 <= ifk_qx_x16(q); int8++) { /* Q8, Q6, Q5: int16 x, then int8 x */
+                ifk_set_qx_mode(int8 ? IFK_QX_INT8 : IFK_QX_DEFAULT);
+                mode_tag = int8 ? " int8-mode" : "";
+                /* K = 77: a partial last block; 8529: several chunks of 64 blocks, a partial block */
+                check_matmul(q, 45, 77, all_T, 17);
+                check_matmul(q, 37, 8529, some_T, 7);
+                if (ifk_qpack_base(IFK_QPACKED + q) == q) { /* packed (qpack.h): its own kernel where the path has one */
+                    check_matmul(IFK_QPACKED + q, 45, 77, all_T, 17);
+                    check_matmul(IFK_QPACKED + q, 37, 8529, some_T, 7);
+                }
+                ifk_set_qx_mode(IFK_QX_DEFAULT);
+                mode_tag = "";
             }
-        }
     }
     ifk_set_isa(IFK_ISA_AUTO);
     CHECK(paths >= 1, "no ISA path could be selected");

@@ -282,8 +282,9 @@ static const int isas[] = { IFK_ISA_SCALAR, IFK_ISA_AVX2, IFK_ISA_AVX512, IFK_IS
 #define N_ISAS 4
 
 /* Largest error / sum |w'x| against the oracle, per path and type, for rows of K >= 1024:
- * [0] normal x and weights, [1] with outliers (printed by test_qmatmul_paths). */
-static double worst_rel[2][N_ISAS][N_TYPES];
+ * [0] normal x and weights, [1] with outliers (printed by test_qmatmul_large); worst_rel8 the
+ * same in the mode IFK_QX_INT8 for the types it changes (ifk_qx_x16). */
+static double worst_rel[2][N_ISAS][N_TYPES], worst_rel8[2][N_ISAS][N_TYPES];
 
 /* Random weights: normal, optionally with a few outliers (they set the blocks' ranges). */
 static void fill_weights(float *w, size_t n, float scale, int outliers)
@@ -293,14 +294,13 @@ static void fill_weights(float *w, size_t n, float scale, int outliers)
 }
 
 /* The SIMD paths' arithmetic, in double: x rounded per group (qimpl.h: int8 per 32 elements,
- * the block for B = 32 and the alternating runs of 4 for B = 64; int16 per block for the
- * ifk_qx_x16 types) exactly as the kernels round it (float ops, ties to even), and per block
- * min sum(x) + delta sum(q xq s). *mag gets the sum of the terms' magnitudes (for the float
- * summation tolerance).  row: one quantized row; dq: [K] its decoded values; x: [K]. */
-static double model_dot(const uint8_t *row, int type, const float *dq, const float *x, int K, double *mag)
+ * the block for B = 32 and the alternating runs of 4 for B = 64; int16 per block when x16, as
+ * ifk_qx_int16 says for the type) exactly as the kernels round it (float ops, ties to even), and
+ * per block min sum(x) + delta sum(q xq s). *mag gets the sum of the terms' magnitudes (for the
+ * float summation tolerance).  row: one quantized row; dq: [K] its decoded values; x: [K]. */
+static double model_dot(const uint8_t *row, int type, int x16, const float *dq, const float *x, int K, double *mag)
 {
     const ifk_qtype_info *qt = ifk_qtype(type);
-    const int x16 = ifk_qx_x16(type);
     const float top = x16 ? 32767.0f : 127.0f;
     double y = 0.0, a = 0.0;
     for (int k0 = 0; k0 < K; k0 += qt->block) {
@@ -367,11 +367,15 @@ static void check_qmatmul(int ti, int T, int N, int K, size_t ldx, size_t ldy, i
         P = malloc(ifk_qpack_bytes(type, N, K));
         ifk_qpack(P, W, type, N, K);
     }
-    for (int lp = 0; lp < (P ? 2 : 1) * N_ISAS; lp++) {
-        const int layout = lp / N_ISAS, p = lp % N_ISAS;
-        if (ifk_set_isa(isas[p]) != isas[p])
+    /* each layout and path in the default mode, and for the types of ifk_qx_x16 (int16 x) in the
+     * mode IFK_QX_INT8 too (int8 x where the path has vpdpbusd: ifk_qx_int16) */
+    for (int lp = 0; lp < (P ? 2 : 1) * N_ISAS * 2; lp++) {
+        const int int8 = lp % 2, layout = lp / (2 * N_ISAS), p = lp / 2 % N_ISAS;
+        if ((int8 && !ifk_qx_x16(type)) || ifk_set_isa(isas[p]) != isas[p])
             continue;
-        const char *lname = layout ? " packed" : "";
+        ifk_set_qx_mode(int8 ? IFK_QX_INT8 : IFK_QX_DEFAULT);
+        const int x16 = ifk_qx_int16(type);
+        const char *lname = layout ? (int8 ? " packed int8-mode" : " packed") : (int8 ? " int8-mode" : "");
         for (size_t i = 0; i < (size_t)T * ldy; i++)
             y[i] = -1.0f;
         if (layout)
@@ -392,7 +396,7 @@ static void check_qmatmul(int ti, int T, int N, int K, size_t ldx, size_t ldy, i
                 /* quant.h's bound against the oracle */
                 double bound = 0.0, a = 0.0, mag = 0.0;
                 /* int8 x: the middle level's share of the rounding is corrected (qimpl.h) */
-                const double c = ifk_qx_x16(type) ? 0.0 : 0.5 * (qt->levels - 1);
+                const double c = x16 ? 0.0 : 0.5 * (qt->levels - 1);
                 for (int k0 = 0; k0 < K; k0 += qt->block) {
                     int kn = K - k0 < qt->block ? K - k0 : qt->block;
                     double amax = 0.0, sw = 0.0;
@@ -403,16 +407,18 @@ static void check_qmatmul(int ti, int T, int N, int K, size_t ldx, size_t ldy, i
                         a += (fabs(mn) + fabs(wn[i] - mn) + c * dl) * fabs(xt[i]);
                         mag += fabs((double)wn[i] * xt[i]);
                     }
-                    bound += sw * amax / (ifk_qx_x16(type) ? 65534.0 : 254.0);
+                    bound += sw * amax / (x16 ? 65534.0 : 254.0);
                 }
                 double tol = bound * (1 + 1e-3) + 1e-5 * a + 1e-30;
                 if (xscale > 1e-35f && !(e <= tol) && bad++ < 3)
                     CHECK(0, "%s %s%s T=%d N=%d K=%d thr=%d: y[%d][%d] = %.9g, oracle %.9g, error %.3g > %.3g",
                           ifk_isa_name(isas[p]), qt->name, lname, T, N, K, threads, t, n, v, r, e, tol);
-                if (K >= 1024 && !layout)
-                    worst_rel[outliers][p][ti] = fmax(worst_rel[outliers][p][ti], e / (mag + 1e-30));
+                if (K >= 1024 && !layout) {
+                    double *wr = int8 ? &worst_rel8[outliers][p][ti] : &worst_rel[outliers][p][ti];
+                    *wr = fmax(*wr, e / (mag + 1e-30));
+                }
                 /* the int8 arithmetic itself, up to float summation order */
-                double mm, model = model_dot(row, type, wn, xt, K, &mm);
+                double mm, model = model_dot(row, type, x16, wn, xt, K, &mm);
                 double em = fabs(v - model), tm = 1e-5 * mm + 1e-30;
                 if (!(em <= tm) && bad_model++ < 3)
                     CHECK(0, "%s %s%s T=%d N=%d K=%d thr=%d: y[%d][%d] = %.9g, int8 model %.9g, error %.3g > %.3g",
@@ -423,6 +429,11 @@ static void check_qmatmul(int ti, int T, int N, int K, size_t ldx, size_t ldy, i
         }
         CHECK(bad == 0 && bad_model == 0, "%s %s%s T=%d N=%d K=%d: %d outputs off the oracle, %d off the model",
               ifk_isa_name(isas[p]), qt->name, lname, T, N, K, bad, bad_model);
+        ifk_set_qx_mode(IFK_QX_DEFAULT);
+        if (int8) { /* the F32-activation path below is the same in either mode */
+            CHECK(pad_ok, "%s %s%s: wrote past N in a padded row of y", ifk_isa_name(isas[p]), qt->name, lname);
+            continue;
+        }
         /* the F32-activation path (ifk_set_qx_f32): the oracle up to float summation order */
         for (size_t i = 0; i < (size_t)T * ldy; i++)
             y[i] = -1.0f;
@@ -494,6 +505,10 @@ static void test_qmatmul_large(void)
         printf("\n  %-7s", ifk_isa_name(isas[p]));
         for (int ti = 0; ti < N_TYPES; ti++)
             printf(" %s %.1e [%.1e]", ifk_qtype(all_types[ti])->name, worst_rel[0][p][ti], worst_rel[1][p][ti]);
+        printf("\n  %-7s int8-mode (IFK_QX_INT8):", ifk_isa_name(isas[p]));
+        for (int ti = 0; ti < N_TYPES; ti++)
+            if (ifk_qx_x16(all_types[ti]))
+                printf(" %s %.1e [%.1e]", ifk_qtype(all_types[ti])->name, worst_rel8[0][p][ti], worst_rel8[1][p][ti]);
     }
     printf("\n");
     ifk_set_isa(IFK_ISA_AUTO);
