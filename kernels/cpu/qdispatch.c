@@ -288,13 +288,19 @@ typedef struct {
     int pair_order;   /* qx_pair_order after quantizing */
 } qxq_args;
 
+/* Tokens t0 <= t < t1 of x quantized into a->qx (and put in the pair order when asked). */
+static void qxq_tokens(const qxq_args *a, int t0, int t1)
+{
+    a->quantize(&a->qx, a->x, a->ldx, t0, t1);
+    if (a->pair_order)
+        qx_pair_order(&a->qx, t0, t1);
+}
+
 static void qxq_run(const void *args, const void *in, int i, float *out)
 {
     const qxq_args *a = args;
     int t0 = i * a->per, t1 = t0 + a->per < a->T ? t0 + a->per : a->T;
-    a->quantize(&a->qx, a->x, a->ldx, t0, t1);
-    if (a->pair_order)
-        qx_pair_order(&a->qx, t0, t1);
+    qxq_tokens(a, t0, t1);
 }
 #endif
 
@@ -448,23 +454,17 @@ void ifk_qmatmul(float *y, size_t ldy, const void *W, int type, const float *x, 
                                      : path == QPATH_AVX2   ? ifk_avx2_qmatmul_rows
                                      : path == QPATH_AVX512 ? ifk_avx512_qmatmul_rows
                                                             : ifk_avx512gfni_qmatmul_rows;
-    const int pair_order = qx_wants_pair_order(&qx, packed);
+    qxq_args q = {quantize, x, ldx, qx, T, (T + 4 * nt - 1) / (4 * nt), qx_wants_pair_order(&qx, packed)};
     if (nt <= 1) {
-        quantize(&qx, x, ldx, 0, T);
-        if (pair_order)
-            qx_pair_order(&qx, 0, T);
+        qxq_tokens(&q, 0, T);
         rows(y, ldy, W, &qx, 0, N);
         return;
     }
-    if (T >= 16) { /* worth sharing */
-        qxq_args q = {quantize, x, ldx, qx, T, (T + 4 * nt - 1) / (4 * nt), pair_order};
+    if (T >= 16) /* worth sharing */
         ifk_pool_run(&(ifk_pool_job){.run = qxq_run, .args = &q, .args_size = sizeof q,
                                      .n_items = (T + q.per - 1) / q.per, .max_threads = nt});
-    } else {
-        quantize(&qx, x, ldx, 0, T);
-        if (pair_order)
-            qx_pair_order(&qx, 0, T);
-    }
+    else
+        qxq_tokens(&q, 0, T);
     int rpi = ifk_pool_rows_per_item(N, nt);
     qmm_args a = {rows, y, ldy, W, ifk_qrow_bytes(type, K), type, qx.x16, T, N, K, rpi};
     ifk_pool_run(&(ifk_pool_job){.run = qmm_run, .commit = qmm_commit, .args = &a, .args_size = sizeof a,

@@ -182,9 +182,9 @@ const char *iflow_kernel_path(void);
 void iflow_kernel_set_f32_activations(int on);
 /* on: quantized weights of 5 bits and more (Q8, Q6, Q5), which meet activations rounded to int16
  * by default, meet them rounded to int8 like the other quantized types (kernels/cpu/quant.h's
- * IFK_QX_INT8; on CPUs with AVX512_VNNI): faster prefill, at int8 rounding's accuracy (about
- * 0.01 nats of KL divergence more, docs/QUANTIZATION.md). Off: the default again. Either call
- * replaces what the other set. Process-wide; set it before computing. */
+ * IFK_QX_INT8; on CPUs with AVX512_VNNI): faster prefill, at int8 rounding's accuracy (0.001-0.005
+ * nats of KL divergence more on the models measured, docs/QUANTIZATION.md). Off: the default
+ * again. Either call replaces what the other set. Process-wide; set it before computing. */
 void iflow_kernel_set_int8_activations(int on);
 
 /* ---- placement: which device computes what ------------------------------------------------
