@@ -48,10 +48,10 @@ int main(int argc, char **argv)
         }
     }
     const char *act = getenv("IFLOW_BENCH_ACTIVATIONS");
-    if (act && !strcmp(act, "int8"))
-        iflow_kernel_set_int8_activations(1);
-    else if (act && *act)
-        iflow_kernel_set_f32_activations(!strcmp(act, "f32"));
+    if (act && *act && iflow_kernel_set_activations(act) < 0) {
+        fprintf(stderr, "iflow-bench: IFLOW_BENCH_ACTIVATIONS='%s' is not int, int8, int16 or f32\n", act);
+        return 2;
+    }
     int n_prefill = argc > 2 ? atoi(argv[2]) : 128, n_decode = argc > 3 ? atoi(argv[3]) : 32;
     double t0 = bench_now();
     iflow_model *m;

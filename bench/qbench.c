@@ -3,7 +3,7 @@
  * per line on stdout.
  *
  *   qbench [--isa scalar|avx2|avx512|avx512gfni] [--threads N] [--no-single] [--type NAME]... [--shape NxK]...
- *          [--decode] [--hot] [--quick] [--roof] [--activations int|int8]
+ *          [--decode] [--hot] [--quick] [--roof] [--activations int|int8|int16]
  *
  * decode:  T = 1 on the TinyLlama shapes (N x K = 2048x2048, 5632x2048, 2048x5632, 32000x2048,
  *          256x2048) at 1 thread (unless --no-single) and at --threads (default: all cores). GBps = bytes of the
@@ -372,11 +372,12 @@ int main(int argc, char **argv)
         } else if (!strcmp(argv[i], "--roof")) {
             roof = 1;
         } else if (!strcmp(argv[i], "--activations") && i + 1 < argc &&
-                   (!strcmp(argv[i + 1], "int") || !strcmp(argv[i + 1], "int8"))) {
-            ifk_set_qx_mode(!strcmp(argv[++i], "int8") ? IFK_QX_INT8 : IFK_QX_DEFAULT);
+                   (!strcmp(argv[i + 1], "int") || !strcmp(argv[i + 1], "int8") || !strcmp(argv[i + 1], "int16"))) {
+            i++;
+            ifk_set_qx_mode(!strcmp(argv[i], "int8") ? IFK_QX_INT8 : !strcmp(argv[i], "int16") ? IFK_QX_INT16 : IFK_QX_DEFAULT);
         } else {
             fprintf(stderr, "usage: qbench [--isa scalar|avx2|avx512] [--threads N] [--no-single] [--type NAME]... "
-                            "[--shape NxK]... [--decode] [--hot] [--quick] [--roof] [--activations int|int8]\n");
+                            "[--shape NxK]... [--decode] [--hot] [--quick] [--roof] [--activations int|int8|int16]\n");
             return 1;
         }
     }

@@ -97,12 +97,8 @@ void devices_release(placed *p)
 
 void devices_set_activations(const iflow_tool *t, const char *mode)
 {
-    if (strcmp(mode, "int") != 0 && strcmp(mode, "f32") != 0 && strcmp(mode, "int8") != 0)
-        die_usage(t, "unknown activations '%s' (int, int8, f32)", mode);
-    if (strcmp(mode, "int8") == 0)
-        iflow_kernel_set_int8_activations(1);
-    else
-        iflow_kernel_set_f32_activations(strcmp(mode, "f32") == 0);
+    if (iflow_kernel_set_activations(mode) < 0)
+        die_usage(t, "unknown activations '%s' (int, int8, int16, f32)", mode);
 }
 
 void devices_list(const iflow_tool *t, int as_json)

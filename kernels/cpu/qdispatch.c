@@ -59,7 +59,7 @@ static _Atomic int qx_mode;
 
 int ifk_set_qx_mode(int mode)
 {
-    if (mode != IFK_QX_F32 && mode != IFK_QX_INT8)
+    if (mode != IFK_QX_F32 && mode != IFK_QX_INT8 && mode != IFK_QX_INT16)
         mode = IFK_QX_DEFAULT;
     return atomic_exchange_explicit(&qx_mode, mode, memory_order_relaxed);
 }
@@ -70,15 +70,26 @@ int ifk_set_qx_f32(int on) { return ifk_set_qx_mode(on ? IFK_QX_F32 : IFK_QX_DEF
 
 int ifk_qx_f32(void) { return ifk_qx_mode() == IFK_QX_F32; }
 
+/* Whether products of `type` on `path` take outliers out of int8 x (qimpl.h's split): Q8 and
+ * Q4 on the paths with vpdpbusd, in the default mode. */
+static int qx_split_on(int type, int path)
+{
+    return ifk_qx_mode() == IFK_QX_DEFAULT && (path == QPATH_AVX512 || path == QPATH_AVX512GFNI) &&
+           ifk_qx_splits(type);
+}
+
 /* int16 x for `type` on `path` in the current mode: the types of the rule (ifk_qx_x16), unless
- * IFK_QX_INT8 and the path has vpdpbusd (the AVX2 path keeps int16: its maddubs would saturate
- * on Q8's levels). */
+ * the path has vpdpbusd and either the mode is IFK_QX_INT8 or the type's x is split (Q8 in the
+ * default mode). The AVX2 path keeps int16: its maddubs would saturate on Q8's levels. */
 static int qx_int16_on(int type, int path)
 {
-    return ifk_qx_x16(type) && !(ifk_qx_mode() == IFK_QX_INT8 && (path == QPATH_AVX512 || path == QPATH_AVX512GFNI));
+    return ifk_qx_x16(type) && !((path == QPATH_AVX512 || path == QPATH_AVX512GFNI) &&
+                                 (ifk_qx_mode() == IFK_QX_INT8 || qx_split_on(type, path)));
 }
 
 int ifk_qx_int16(int type) { return qx_int16_on(type, qpath()); }
+
+int ifk_qx_split(int type, int K) { return qx_split_on(type, qpath()) ? ifk_qx_split_k(K) : 0; }
 
 typedef IFK_DECL_QMATMUL_ROWS((*qrows_fn));
 
@@ -133,8 +144,9 @@ void *ifk_thread_scratch(size_t bytes)
 }
 
 /* Lays qx out for T tokens of K inputs of `type` from `base` (64-byte aligned), as int16 values
- * when x16 (qx_int16_on) else int8; returns the bytes it spans. base NULL: only the size. */
-static size_t qx_layout(ifk_qx *qx, int type, int x16, int T, int K, char *base)
+ * when x16 (qx_int16_on) else int8, with room for k outliers a token (the split; 0: none);
+ * returns the bytes it spans, all that the product's items read. base NULL: only the size. */
+static size_t qx_layout(ifk_qx *qx, int type, int x16, int k, int T, int K, char *base)
 {
     const ifk_qtype_info *t = ifk_qtype(type);
     qx->type = type;
@@ -152,7 +164,21 @@ static size_t qx_layout(ifk_qx *qx, int type, int x16, int T, int K, char *base)
     qx->sum = base ? (float *)(base + qbytes + 2 * sbytes) : NULL;
     qx->cor = base ? (float *)(base + qbytes + 3 * sbytes) : NULL;
     qx->blk = base ? (float *)(base + qbytes + 4 * sbytes) : NULL;
-    return qbytes + 8 * sbytes;
+    const size_t tk = (size_t)T * k, nu_max = tk < (size_t)K ? tk : (size_t)K;
+    char *sp = base ? base + qbytes + 8 * sbytes : NULL;
+    qx->k = k;
+    qx->nu = 0;
+    qx->sval = sp ? (float *)sp : NULL;
+    qx->spos = sp ? (int32_t *)(sp + 4 * tk) : NULL;
+    qx->su = sp ? (int32_t *)(sp + 8 * tk) : NULL;
+    return qbytes + 8 * sbytes + ((4 * (2 * tk + nu_max) + 63) & ~(size_t)63);
+}
+
+/* Scratch of the split beside qx (not read by the items): x with the outliers set to 0,
+ * [T][K] floats, and K ints for building su. */
+static size_t qx_split_work(int k, int T, int K)
+{
+    return k ? ((size_t)T * K + (size_t)K) * sizeof(float) : 0;
 }
 
 void ifk_qx_finish(const ifk_qx *qx, int t)
@@ -172,14 +198,59 @@ void ifk_qx_finish(const ifk_qx *qx, int t)
 }
 
 /* Lays qx out in the caller's scratch; 0 if out of memory. *bytes: its size. */
-static int qx_init(ifk_qx *qx, int type, int x16, int T, int K, size_t *bytes)
+static int qx_init(ifk_qx *qx, int type, int x16, int k, int T, int K, size_t *bytes)
 {
-    *bytes = qx_layout(qx, type, x16, T, K, NULL);
-    char *p = ifk_thread_scratch(*bytes);
+    *bytes = qx_layout(qx, type, x16, k, T, K, NULL);
+    char *p = ifk_thread_scratch(*bytes + qx_split_work(k, T, K));
     if (!p)
         return 0;
-    qx_layout(qx, type, x16, T, K, p);
+    qx_layout(qx, type, x16, k, T, K, p);
     return 1;
+}
+
+/* After every token's outliers were picked (spos holding their i): su, the i that any token
+ * took out, ascending, and spos turned into places in su. mark: [K] ints of scratch. */
+static void qx_split_union(ifk_qx *qx, int32_t *mark)
+{
+    const size_t tk = (size_t)qx->T * qx->k;
+    int nu = 0;
+    if (tk <= 64) { /* few: insertion into su */
+        for (size_t j = 0; j < tk; j++) {
+            const int32_t i = qx->spos[j];
+            if (i < 0) /* an unused entry: stays -1 */
+                continue;
+            int p = 0;
+            while (p < nu && qx->su[p] < i)
+                p++;
+            if (p < nu && qx->su[p] == i)
+                continue;
+            memmove(qx->su + p + 1, qx->su + p, (size_t)(nu - p) * sizeof *qx->su);
+            qx->su[p] = i;
+            nu++;
+        }
+        for (size_t j = 0; j < tk; j++) {
+            int p = 0;
+            if (qx->spos[j] < 0)
+                continue;
+            while (qx->su[p] != qx->spos[j])
+                p++;
+            qx->spos[j] = p;
+        }
+    } else {
+        memset(mark, 0xFF, (size_t)qx->K * sizeof *mark);
+        for (size_t j = 0; j < tk; j++)
+            if (qx->spos[j] >= 0)
+                mark[qx->spos[j]] = 0;
+        for (int i = 0; i < qx->K; i++)
+            if (mark[i] == 0) {
+                mark[i] = nu;
+                qx->su[nu++] = i;
+            }
+        for (size_t j = 0; j < tk; j++)
+            if (qx->spos[j] >= 0)
+                qx->spos[j] = mark[qx->spos[j]];
+    }
+    qx->nu = nu;
 }
 
 #ifndef IFK_NO_SIMD
@@ -245,10 +316,11 @@ typedef struct {
     IFK_DECL_QMATMUL_ROWS((*rows));
     float *y;
     size_t ldy;
-    const char *W;    /* [N][row_bytes] */
+    const char *W;    /* [N][row_bytes], or a packed copy */
     size_t row_bytes;
     int type, x16, T, N, K;
     int rpi;          /* rows per item */
+    int k, nu, packed;/* the split (qx's k and nu; k = 0: none) */
 } qmm_args;
 
 static void qmm_range(const qmm_args *a, int i, int *n0, int *n1)
@@ -261,13 +333,21 @@ static void qmm_run(const void *args, const void *in, int i, float *out)
 {
     const qmm_args *a = args;
     ifk_qx qx;
-    qx_layout(&qx, a->type, a->x16, a->T, a->K, (char *)in); /* in: the quantized x */
+    qx_layout(&qx, a->type, a->x16, a->k, a->T, a->K, (char *)in); /* in: the quantized x */
+    const int nu_max = a->T * a->k < a->K ? a->T * a->k : a->K; /* su's room (a stale item: pool.h) */
+    qx.nu = a->nu < nu_max ? a->nu : nu_max;
     int n0, n1;
     qmm_range(a, i, &n0, &n1);
-    if (!out)
+    if (!out) {
         a->rows(a->y, a->ldy, a->W, &qx, n0, n1);
-    else
-        a->rows(out, (size_t)(n1 - n0), a->W + (size_t)n0 * a->row_bytes, &qx, 0, n1 - n0);
+        if (qx.k)
+            ifk_avx512_qsplit_rows(a->y, a->ldy, a->W, a->packed, &qx, n0, n1);
+    } else {
+        const char *W = a->W + (size_t)n0 * a->row_bytes;
+        a->rows(out, (size_t)(n1 - n0), W, &qx, 0, n1 - n0);
+        if (qx.k)
+            ifk_avx512_qsplit_rows(out, (size_t)(n1 - n0), W, a->packed, &qx, 0, n1 - n0);
+    }
 }
 
 static void qmm_commit(const void *args, int i, const float *out)
@@ -286,14 +366,25 @@ typedef struct {
     ifk_qx qx;
     int T, per;
     int pair_order;   /* qx_pair_order after quantizing */
+    float *xm;        /* the split: [T][K], x less its outliers (qx.k > 0) */
 } qxq_args;
 
-/* Tokens t0 <= t < t1 of x quantized into a->qx (and put in the pair order when asked). */
+/* Tokens t0 <= t < t1 of x quantized into a->qx (and put in the pair order when asked); with
+ * the split, each token's outliers picked first and x less them quantized. */
 static void qxq_tokens(const qxq_args *a, int t0, int t1)
 {
-    a->quantize(&a->qx, a->x, a->ldx, t0, t1);
+    const ifk_qx *qx = &a->qx;
+    if (qx->k) {
+        const size_t K = (size_t)qx->K;
+        for (int t = t0; t < t1; t++)
+            ifk_avx512_qsplit_pick(a->x + (size_t)t * a->ldx, qx->K, qx->k, a->xm + t * K, qx->spos + (size_t)t * qx->k,
+                                   qx->sval + (size_t)t * qx->k);
+        a->quantize(qx, a->xm, K, t0, t1);
+    } else {
+        a->quantize(qx, a->x, a->ldx, t0, t1);
+    }
     if (a->pair_order)
-        qx_pair_order(&a->qx, t0, t1);
+        qx_pair_order(qx, t0, t1);
 }
 
 static void qxq_run(const void *args, const void *in, int i, float *out)
@@ -438,7 +529,8 @@ void ifk_qmatmul(float *y, size_t ldy, const void *W, int type, const float *x, 
     int path = qpath();
     ifk_qx qx;
     size_t qx_bytes;
-    if (path == QPATH_SCALAR || !qx_init(&qx, type, qx_int16_on(type, path), T, K, &qx_bytes)) {
+    const int k = ifk_qx_split(type, K);
+    if (path == QPATH_SCALAR || !qx_init(&qx, type, qx_int16_on(type, path), k, T, K, &qx_bytes)) {
         if (packed) { /* no scratch for x: the oracle, on rows unpacked */
             qmatmul_unpacked(y, ldy, W, IFK_QPACKED + type, x, ldx, T, N, K, n_threads);
             return;
@@ -454,19 +546,23 @@ void ifk_qmatmul(float *y, size_t ldy, const void *W, int type, const float *x, 
                                      : path == QPATH_AVX2   ? ifk_avx2_qmatmul_rows
                                      : path == QPATH_AVX512 ? ifk_avx512_qmatmul_rows
                                                             : ifk_avx512gfni_qmatmul_rows;
-    qxq_args q = {quantize, x, ldx, qx, T, (T + 4 * nt - 1) / (4 * nt), qx_wants_pair_order(&qx, packed)};
-    if (nt <= 1) {
-        qxq_tokens(&q, 0, T);
-        rows(y, ldy, W, &qx, 0, N);
-        return;
-    }
-    if (T >= 16) /* worth sharing */
+    float *xm = (float *)((char *)qx.q + qx_bytes); /* the split's scratch, after what items read */
+    qxq_args q = {quantize, x, ldx, qx, T, (T + 4 * nt - 1) / (4 * nt), qx_wants_pair_order(&qx, packed), xm};
+    if (nt > 1 && T >= 16) /* worth sharing */
         ifk_pool_run(&(ifk_pool_job){.run = qxq_run, .args = &q, .args_size = sizeof q,
                                      .n_items = (T + q.per - 1) / q.per, .max_threads = nt});
     else
         qxq_tokens(&q, 0, T);
+    if (k)
+        qx_split_union(&qx, (int32_t *)(xm + (size_t)T * K));
+    if (nt <= 1) {
+        rows(y, ldy, W, &qx, 0, N);
+        if (k)
+            ifk_avx512_qsplit_rows(y, ldy, W, packed, &qx, 0, N);
+        return;
+    }
     int rpi = ifk_pool_rows_per_item(N, nt);
-    qmm_args a = {rows, y, ldy, W, ifk_qrow_bytes(type, K), type, qx.x16, T, N, K, rpi};
+    qmm_args a = {rows, y, ldy, W, ifk_qrow_bytes(type, K), type, qx.x16, T, N, K, rpi, k, qx.nu, packed};
     ifk_pool_run(&(ifk_pool_job){.run = qmm_run, .commit = qmm_commit, .args = &a, .args_size = sizeof a,
                                  .input = qx.q, .input_size = qx_bytes,
                                  .scratch_floats = (size_t)T * rpi, .n_items = (N + rpi - 1) / rpi,

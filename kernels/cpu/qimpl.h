@@ -46,7 +46,19 @@
  * xs-ckpt in Q4 the int8 path's extra KL divergence over the F32-activation path fell from
  * ~0.01 to ~0.001 nats (docs/QUANTIZATION.md). int16 x needs no correction (cor = 0). For Q8
  * on int8 x, c = 127.5: the same formula, whose share of the error it removes is the same (the
- * levels of a min/max block spread around the middle one for any L). */
+ * levels of a min/max block spread around the middle one for any L).
+ *
+ * Outliers ("the split", int8 x of Q8 and Q4 on the AVX512_VNNI paths in the default mode:
+ * ifk_qx_splits below, qdispatch.c's qx_split_on). The activations of real models have a few
+ * channels far larger than the rest, and one of them sets the int8 step of its whole group. So
+ * each token's k largest |x_i| (k = ifk_qx_split_k(K), ties to the lower i) are taken out
+ * before x is rounded: the groups' scales, sums and corrections are those of x with them set
+ * to 0, and the product adds x_i * w'_i for each of them in F32 against the weights' decoded
+ * values (qsplit_avx512.c). Which ones a token takes out depends on that token alone, and the
+ * additions run in ascending i, so the product stays batch invariant. On SmolLM2-135M (Q8_B64,
+ * WikiText-2, 64 chunks of 256) the split takes int8 x's perplexity from +0.35 % to +0.03 % of
+ * F32 x (KL divergence 0.0047 -> 0.0017; the weights' own error is 0.0010), so Q8 takes int8 x
+ * by default where the split runs (docs/QUANTIZATION.md). */
 typedef struct {
     int type;     /* the weight type (IFK_Q*) */
     int B;        /* its block */
@@ -62,7 +74,27 @@ typedef struct {
     float *sum;   /* [T][s_ld]   sum of the block's x, 0 past nb */
     float *cor;   /* [T][s_ld]   the residual's correction above (0 for int16 x and past nb) */
     float *blk;   /* [T][s_ld][4] the same per block: { s0, sum, s1, cor } (s1 = 0 for B = 32) */
+    /* the split (k > 0; above): */
+    int k;        /* outliers a token takes out */
+    int nu;       /* channels in su (known once every token is quantized) */
+    float *sval;  /* [T][k] a token's outliers x_i, by i ascending */
+    int32_t *spos;/* [T][k] their i while quantizing, then their places in su */
+    int32_t *su;  /* [nu] the i that any token took out, ascending */
 } ifk_qx;
+
+/* The types whose int8 products take outliers out (the split above) where it runs: Q8, which
+ * thereby meets int8 x instead of int16. (Q4 would gain accuracy too, at 15-20 % of its prefill
+ * on the TinyLlama shape's random activations: not done, docs/QUANTIZATION.md.) */
+static inline int ifk_qx_splits(int type)
+{
+    return type == IFK_Q8_B32 || type == IFK_Q8_B64;
+}
+
+/* Outliers a token takes out of K activations: 8, fewer for K < 128 (none for K < 16). */
+static inline int ifk_qx_split_k(int K)
+{
+    return K >= 128 ? 8 : K / 16;
+}
 
 /* qdispatch.c: cor and blk of token t (every entry of s_ld) from its s0, s1, sum and, for int8
  * x, cor[b] = s0 X0 + s1 X1 of its blocks b < nb (the path's quantize sums its rounded values
@@ -85,6 +117,10 @@ static inline int ifk_qx_x16(int type)
 /* Whether a product of `type` rounds x to int16 now: ifk_qx_x16(type), except in the mode
  * IFK_QX_INT8 on the AVX512_VNNI paths (qdispatch.c; quant.h's ifk_set_qx_mode). */
 int ifk_qx_int16(int type);
+
+/* Outliers a product of `type` with K inputs takes out of each token now (qimpl.h's split:
+ * ifk_qx_split_k(K) for Q8 on the AVX512_VNNI paths in the default mode), else 0. */
+int ifk_qx_split(int type, int K);
 
 /* Little-endian words at p, any alignment (the level bytes of blocks and tiles). */
 static inline uint32_t ifk_rd32(const uint8_t *p)
@@ -143,6 +179,14 @@ IFK_DECL_QMATMUL_ROWS(ifk_avx512_qmatmul_rows);
 IFK_DECL_QGET_ROW(ifk_avx512_qget_row);
 IFK_DECL_QMATMUL_ROWS(ifk_avx512gfni_qmatmul_rows); /* x quantized by ifk_avx512_qx_quantize */
 IFK_DECL_QGET_ROW(ifk_avx512gfni_qget_row);
+/* qsplit_avx512.c (the split above, on the AVX512_VNNI paths):
+ *   pick: x: [K] -> xm: [K], x with the token's k outliers set to 0; idx, val: [k] their i
+ *         (ascending) and x_i.
+ *   rows: y[t][n] += x_i * w'[n][i] for rows n0 <= n < n1 and each outlier of each token t, in
+ *         ascending i (qx->nu, su, spos set); W packed (qpack.h; n0 a multiple of 16) or not. */
+void ifk_avx512_qsplit_pick(const float *x, int K, int k, float *xm, int32_t *idx, float *val);
+void ifk_avx512_qsplit_rows(float *y, size_t ldy, const void *W, int packed, const ifk_qx *qx, int n0, int n1);
+
 /* qpack_avx512.c: rows n0 <= n < n1 (n0 a multiple of 16) of a packed matrix (qpack.h) whose
  * base type is qx->type; x quantized by ifk_avx512_qx_quantize. The avx512 one reads Q4 and Q8
  * (AVX512_VNNI), the avx512gfni one every type (AVX512_VNNI, AVX512_VBMI and GFNI). */

@@ -831,7 +831,17 @@ uint64_t iflow_model_decode_bytes(const iflow_model *m) { return m->decode_bytes
 
 const char *iflow_kernel_path(void) { return ifk_isa_name(ifk_isa_current()); }
 void iflow_kernel_set_f32_activations(int on) { ifk_set_qx_f32(on); }
-void iflow_kernel_set_int8_activations(int on) { ifk_set_qx_mode(on ? IFK_QX_INT8 : IFK_QX_DEFAULT); }
+int iflow_kernel_set_activations(const char *mode)
+{
+    static const struct { const char *name; int mode; } modes[] = {
+        {"int", IFK_QX_DEFAULT}, {"int8", IFK_QX_INT8}, {"int16", IFK_QX_INT16}, {"f32", IFK_QX_F32}};
+    for (size_t i = 0; i < sizeof modes / sizeof *modes; i++)
+        if (!strcmp(mode, modes[i].name)) {
+            ifk_set_qx_mode(modes[i].mode);
+            return 0;
+        }
+    return -1;
+}
 
 int iflow_model_is_eos(const iflow_model *m, int32_t id)
 {

@@ -180,12 +180,17 @@ const char *iflow_kernel_path(void);
  * and BF16 weights on CPUs with AVX512_BF16, kernels.h's ifk_bf16_dot): the reference the fast
  * paths are measured against, slower. Process-wide; set it before computing. */
 void iflow_kernel_set_f32_activations(int on);
-/* on: quantized weights of 5 bits and more (Q8, Q6, Q5), which meet activations rounded to int16
- * by default, meet them rounded to int8 like the other quantized types (kernels/cpu/quant.h's
- * IFK_QX_INT8; on CPUs with AVX512_VNNI): faster prefill, at int8 rounding's accuracy (0.001-0.005
- * nats of KL divergence more on the models measured, docs/QUANTIZATION.md). Off: the default
- * again. Either call replaces what the other set. Process-wide; set it before computing. */
-void iflow_kernel_set_int8_activations(int on);
+/* How the CPU's quantized products meet the activations (kernels/cpu/quant.h's modes), by name:
+ *   "int"   the default: rounded per token to int8, with each token's 8 largest taken out and
+ *           multiplied in F32 for Q8 and Q4 (on CPUs with AVX512_VNNI), to int16 for Q6 and Q5
+ *           (and for Q8 on other CPUs);
+ *   "int8"  int8 for every quantized type, nothing taken out: the fastest prefill, at int8
+ *           rounding's accuracy (0.001-0.005 nats of KL divergence more than int16 for Q8, Q6
+ *           and Q5 on the models measured, docs/QUANTIZATION.md);
+ *   "int16" the rule before outliers were taken out: int16 for Q8, Q6 and Q5, int8 for the rest;
+ *   "f32"   iflow_kernel_set_f32_activations(1).
+ * Returns 0, or -1 (nothing changed) for another name. Process-wide; set it before computing. */
+int iflow_kernel_set_activations(const char *mode);
 
 /* ---- placement: which device computes what ------------------------------------------------
  *

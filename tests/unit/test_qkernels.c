@@ -298,7 +298,46 @@ static void fill_weights(float *w, size_t n, float scale, int outliers)
  * ifk_qx_int16 says for the type) exactly as the kernels round it (float ops, ties to even), and
  * per block min sum(x) + delta sum(q xq s). *mag gets the sum of the terms' magnitudes (for the
  * float summation tolerance).  row: one quantized row; dq: [K] its decoded values; x: [K]. */
-static double model_dot(const uint8_t *row, int type, int x16, const float *dq, const float *x, int K, double *mag)
+/* The k elements of largest |x| (ties: the lower i), in picked[K] (1 = picked). */
+static void pick_ref(const float *x, int K, int k, char *picked)
+{
+    memset(picked, 0, (size_t)K);
+    for (int j = 0; j < k && j < K; j++) {
+        int b = -1;
+        for (int i = 0; i < K; i++)
+            if (!picked[i] && (b < 0 || fabsf(x[i]) > fabsf(x[b])))
+                b = i;
+        picked[b] = 1;
+    }
+}
+
+static double model_dot_rounded(const uint8_t *row, int type, int x16, const float *dq, const float *x, int K, double *mag);
+
+/* As model_dot_rounded, with qimpl.h's split when k > 0: the k outliers of x multiplied in F32
+ * with the decoded weights, the rest rounded. */
+static double model_dot(const uint8_t *row, int type, int x16, int k, const float *dq, const float *x, int K, double *mag)
+{
+    if (!k)
+        return model_dot_rounded(row, type, x16, dq, x, K, mag);
+    float *xs = malloc((size_t)K * sizeof *xs);
+    char *picked = malloc((size_t)K);
+    pick_ref(x, K, k, picked);
+    double y = 0.0, a = 0.0;
+    for (int i = 0; i < K; i++) {
+        xs[i] = picked[i] ? 0.0f : x[i];
+        if (picked[i]) {
+            y += (double)x[i] * dq[i];
+            a += fabs((double)x[i] * dq[i]);
+        }
+    }
+    y += model_dot_rounded(row, type, x16, dq, xs, K, mag);
+    *mag += a;
+    free(xs);
+    free(picked);
+    return y;
+}
+
+static double model_dot_rounded(const uint8_t *row, int type, int x16, const float *dq, const float *x, int K, double *mag)
 {
     const ifk_qtype_info *qt = ifk_qtype(type);
     const float top = x16 ? 32767.0f : 127.0f;
@@ -374,7 +413,7 @@ static void check_qmatmul(int ti, int T, int N, int K, size_t ldx, size_t ldy, i
         if ((int8 && !ifk_qx_x16(type)) || ifk_set_isa(isas[p]) != isas[p])
             continue;
         ifk_set_qx_mode(int8 ? IFK_QX_INT8 : IFK_QX_DEFAULT);
-        const int x16 = ifk_qx_int16(type);
+        const int x16 = ifk_qx_int16(type), split = ifk_qx_split(type, K);
         const char *lname = layout ? (int8 ? " packed int8-mode" : " packed") : (int8 ? " int8-mode" : "");
         for (size_t i = 0; i < (size_t)T * ldy; i++)
             y[i] = -1.0f;
@@ -418,7 +457,7 @@ static void check_qmatmul(int ti, int T, int N, int K, size_t ldx, size_t ldy, i
                     *wr = fmax(*wr, e / (mag + 1e-30));
                 }
                 /* the int8 arithmetic itself, up to float summation order */
-                double mm, model = model_dot(row, type, x16, wn, xt, K, &mm);
+                double mm, model = model_dot(row, type, x16, split, wn, xt, K, &mm);
                 double em = fabs(v - model), tm = 1e-5 * mm + 1e-30;
                 if (!(em <= tm) && bad_model++ < 3)
                     CHECK(0, "%s %s%s T=%d N=%d K=%d thr=%d: y[%d][%d] = %.9g, int8 model %.9g, error %.3g > %.3g",
@@ -682,6 +721,53 @@ static void test_q3h_codes(void)
     ifk_set_isa(IFK_ISA_AUTO);
 }
 
+/* qimpl.h's split: the AVX-512 pick against pick_ref (ties to the lower i, x copied with the
+ * picked set to 0, their i ascending), on rows with ties, outliers and zeros. */
+static void test_qsplit_pick(void)
+{
+#ifndef IFK_NO_SIMD
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw")) {
+        printf("SKIP test_qsplit_pick: no AVX-512 here\n");
+        return;
+    }
+    static const int Ks[] = {1, 2, 15, 16, 17, 63, 64, 100, 192, 576, 2049, 5632};
+    for (size_t ki = 0; ki < sizeof Ks / sizeof *Ks; ki++)
+        for (int k = 1; k <= 8; k++)
+            for (int rep = 0; rep < 4; rep++) {
+                const int K = Ks[ki];
+                if (k > K)
+                    continue;
+                float *x = malloc((size_t)K * sizeof *x), *xm = malloc((size_t)K * sizeof *xm);
+                char *picked = malloc((size_t)K);
+                int32_t idx[8];
+                float val[8];
+                for (int i = 0; i < K; i++) {
+                    float v = rnd_normal();
+                    if (rep == 1) /* ties: few distinct magnitudes, both signs */
+                        v = (float)((int)(rnd_u32() % 5) - 2);
+                    if (rep == 2 && rnd_u32() % 50 == 0) /* outliers */
+                        v *= 40.0f;
+                    if (rep == 3 && i % 3) /* mostly zeros */
+                        v = 0.0f;
+                    x[i] = v;
+                }
+                ifk_avx512_qsplit_pick(x, K, k, xm, idx, val);
+                pick_ref(x, K, k, picked);
+                int ok = 1;
+                for (int j = 0; j < k; j++) {
+                    ok &= idx[j] >= 0 && idx[j] < K && picked[idx[j]] && val[j] == x[idx[j]];
+                    ok &= j == 0 || idx[j] > idx[j - 1];
+                }
+                for (int i = 0; i < K; i++)
+                    ok &= xm[i] == (picked[i] ? 0.0f : x[i]);
+                CHECK(ok, "qsplit pick K=%d k=%d rep %d: not the reference's outliers", K, k, rep);
+                free(x);
+                free(xm);
+                free(picked);
+            }
+#endif
+}
+
 int main(void)
 {
     RUN(test_table2);
@@ -692,6 +778,7 @@ int main(void)
     RUN(test_q3h_codes);
     RUN(test_qget_row);
     RUN(test_qpack_roundtrip);
+    RUN(test_qsplit_pick);
     RUN(test_qmatmul_edges);
     RUN(test_qmatmul_paths);
     RUN(test_qmatmul_large);
