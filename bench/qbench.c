@@ -22,8 +22,10 @@
  *          Only this is run.
  * prefill: T = 64 on 2048x2048 and 5632x2048; GFLOPs = 2 T N K / time.
  * Each type in the row layout ("layout":"rows"), then packed (qpack.h) where this CPU has it.
- * "x": how x was rounded ("int8" or "int16", qimpl.h's ifk_qx_int16); --activations int8 sets the
- * mode IFK_QX_INT8 (quant.h: int8 x for Q8, Q6 and Q5 too), int (the default) leaves it.
+ * "x": how x was rounded ("int8" or "int16", qimpl.h's ifk_qx_int16; Q8's int8 x takes each
+ * token's outliers out, qimpl.h's split, in the default mode); --activations int8 sets the mode
+ * IFK_QX_INT8 (quant.h: int8 x for Q8, Q6 and Q5 too, nothing taken out), int16 the mode
+ * IFK_QX_INT16 (int16 x for Q8 too), int (the default) leaves it.
  * roof:    the peak of vpdpbusd (int8), vpdpwssd (int16), FMA (F32) and, when the CPU has
  *          AVX512_BF16, vdpbf16ps (BF16) on 512-bit registers in GOP/s (a multiply-add is 2), at
  *          1 thread and at --threads, when the CPU has VNNI: what the products' GFLOPs are
