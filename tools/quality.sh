@@ -62,27 +62,20 @@ score() { # model-name protocol type method quantized-shard base-shard [iflow-pp
 }
 
 # The int8 path against the F32-activation path (iflow-ppl --activations), on the same weights
-# (the default method), in one run: rows of methods act-int and act-f32, act-int8 for the types
-# that can take int16 x (Q8, Q6, Q5: --activations int8 rounds theirs to int8, nothing taken out),
-# and act-int16 for Q8 (--activations int16: int16 x, the rule before the split of kernels/cpu/
-# qimpl.h, which the default now applies to Q8 where the CPU has AVX512_VNNI).
+# (the default method), in one run: rows of methods act-int and act-f32, and act-int8 for the
+# types that take int16 x by default (Q8, Q6, Q5: --activations int8 rounds theirs to int8).
 activations() { # model-name protocol type base-shard [iflow-quant --keep]
-    local name=$1 proto=$2 t=$3 base=$4 int8=0 int16=0
+    local name=$1 proto=$2 t=$3 base=$4 int8=0
     shift 4
     case $t in q8_b32 | q8_b64 | q6 | q5) int8=1 ;; esac
-    case $t in q8_b32 | q8_b64) int16=1 ;; esac
-    have "$name" $proto "$t" act-f32 && { [ $int8 = 0 ] || have "$name" $proto "$t" act-int8; } &&
-        { [ $int16 = 0 ] || have "$name" $proto "$t" act-int16; } && return
+    have "$name" $proto "$t" act-f32 && { [ $int8 = 0 ] || have "$name" $proto "$t" act-int8; } && return
     echo "quality: $name $proto $t activations int / f32" >&2
     bin/iflow-quant -t "$t" "$@" -i "$base" -o "$work/qa.ifs"
     have "$name" $proto "$t" act-f32 || {
         score "$name" $proto "$t" act-int "$work/qa.ifs" "$base" --activations int
         score "$name" $proto "$t" act-f32 "$work/qa.ifs" "$base" --activations f32
     }
-    [ $int8 = 0 ] || have "$name" $proto "$t" act-int8 ||
-        score "$name" $proto "$t" act-int8 "$work/qa.ifs" "$base" --activations int8
-    [ $int16 = 0 ] || have "$name" $proto "$t" act-int16 ||
-        score "$name" $proto "$t" act-int16 "$work/qa.ifs" "$base" --activations int16
+    [ $int8 = 0 ] || score "$name" $proto "$t" act-int8 "$work/qa.ifs" "$base" --activations int8
 }
 
 measure() { # model-name source [protocols]: source an HF folder or a GGUF file (dequantized to F32)
@@ -166,8 +159,7 @@ act_table() {
     echo "### The int8 path against F32 activations (same weights: the default method)"
     echo
     echo "Perplexity and mean KL divergence from the F32 model, with the quantized products' activations"
-    echo "rounded per token (int8; for Q8 on CPUs with AVX512_VNNI after each token's 8 largest were taken"
-    echo "out and multiplied in F32, the split; int16 for Q6 and Q5: kernels/cpu/qimpl.h) and not rounded"
+    echo "rounded per token (int8, or int16 for Q8, Q6 and Q5: kernels/cpu/qimpl.h) and not rounded"
     echo "(iflow-ppl --activations f32). The CPU issue asks the difference to stay within 0.2 % for"
     echo "Q8, Q6, Q5 and Q4. The f16 and bf16 rows: x rounded to BF16 for vdpbf16ps (kernels/cpu/kernels.h,"
     echo "where the CPU has AVX512_BF16; elsewhere both columns are the F32 product)."
@@ -188,19 +180,18 @@ act_table() {
         }' "$raw"
     grep -q "	act-int8	" "$raw" || return 0
     echo
-    echo "### The opt-in modes for Q8, Q6 and Q5: int8 x (--activations int8) and int16 x"
+    echo "### The opt-in int8 activations (--activations int8) for Q8, Q6 and Q5"
     echo
     echo "The same weights with x rounded to int8 (vpdpbusd, as Q4; the residual's correction at the"
-    echo "middle level; nothing taken out) or to int16 (the default for Q6 and Q5; --activations int16"
-    echo "for Q8, whose default is the split of the first table), against F32 activations: what the"
-    echo "fastest prefill costs in accuracy, and what the split saves of it (docs/QUANTIZATION.md)."
+    echo "middle level; Q8 with each token's 8 largest taken out and multiplied in F32) instead of int16"
+    echo "(the default, --activations int), against F32 activations: what the faster prefill of the"
+    echo "mode costs in accuracy (docs/QUANTIZATION.md)."
     echo
     echo "| model | protocol | type | ppl int8 x | ppl int16 x | ppl F32 x | int8 x vs F32 x | KLD int8 x | KLD int16 x | KLD F32 x |"
     echo "|---|---|---|---|---|---|---|---|---|---|"
     awk -F'\t' '
         $4 == "act-int8" { k = $1 SUBSEP $2 SUBSEP $3; if (!(k in p8)) order[++n] = k; p8[k] = $6; k8[k] = $8 }
-        $4 == "act-int" && $3 !~ /^q8/ { k = $1 SUBSEP $2 SUBSEP $3; pi[k] = $6; ki[k] = $8 }
-        $4 == "act-int16" { k = $1 SUBSEP $2 SUBSEP $3; pi[k] = $6; ki[k] = $8 }
+        $4 == "act-int" { k = $1 SUBSEP $2 SUBSEP $3; pi[k] = $6; ki[k] = $8 }
         $4 == "act-f32" { k = $1 SUBSEP $2 SUBSEP $3; pf[k] = $6; kf[k] = $8 }
         END {
             for (i = 1; i <= n; i++) {

@@ -59,7 +59,7 @@ static _Atomic int qx_mode;
 
 int ifk_set_qx_mode(int mode)
 {
-    if (mode != IFK_QX_F32 && mode != IFK_QX_INT8 && mode != IFK_QX_INT16)
+    if (mode != IFK_QX_F32 && mode != IFK_QX_INT8)
         mode = IFK_QX_DEFAULT;
     return atomic_exchange_explicit(&qx_mode, mode, memory_order_relaxed);
 }
@@ -70,21 +70,20 @@ int ifk_set_qx_f32(int on) { return ifk_set_qx_mode(on ? IFK_QX_F32 : IFK_QX_DEF
 
 int ifk_qx_f32(void) { return ifk_qx_mode() == IFK_QX_F32; }
 
-/* Whether products of `type` on `path` take outliers out of int8 x (qimpl.h's split): Q8 and
- * Q4 on the paths with vpdpbusd, in the default mode. */
+/* Whether products of `type` on `path` take outliers out of int8 x (qimpl.h's split): Q8 on
+ * the paths with vpdpbusd, in the mode IFK_QX_INT8. */
 static int qx_split_on(int type, int path)
 {
-    return ifk_qx_mode() == IFK_QX_DEFAULT && (path == QPATH_AVX512 || path == QPATH_AVX512GFNI) &&
+    return ifk_qx_mode() == IFK_QX_INT8 && (path == QPATH_AVX512 || path == QPATH_AVX512GFNI) &&
            ifk_qx_splits(type);
 }
 
 /* int16 x for `type` on `path` in the current mode: the types of the rule (ifk_qx_x16), unless
- * the path has vpdpbusd and either the mode is IFK_QX_INT8 or the type's x is split (Q8 in the
- * default mode). The AVX2 path keeps int16: its maddubs would saturate on Q8's levels. */
+ * IFK_QX_INT8 and the path has vpdpbusd (the AVX2 path keeps int16: its maddubs would saturate
+ * on Q8's levels). */
 static int qx_int16_on(int type, int path)
 {
-    return ifk_qx_x16(type) && !((path == QPATH_AVX512 || path == QPATH_AVX512GFNI) &&
-                                 (ifk_qx_mode() == IFK_QX_INT8 || qx_split_on(type, path)));
+    return ifk_qx_x16(type) && !(ifk_qx_mode() == IFK_QX_INT8 && (path == QPATH_AVX512 || path == QPATH_AVX512GFNI));
 }
 
 int ifk_qx_int16(int type) { return qx_int16_on(type, qpath()); }

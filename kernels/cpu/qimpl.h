@@ -48,7 +48,7 @@
  * on int8 x, c = 127.5: the same formula, whose share of the error it removes is the same (the
  * levels of a min/max block spread around the middle one for any L).
  *
- * Outliers ("the split", int8 x of Q8 and Q4 on the AVX512_VNNI paths in the default mode:
+ * Outliers ("the split", int8 x of Q8 on the AVX512_VNNI paths in the mode IFK_QX_INT8:
  * ifk_qx_splits below, qdispatch.c's qx_split_on). The activations of real models have a few
  * channels far larger than the rest, and one of them sets the int8 step of its whole group. So
  * each token's k largest |x_i| (k = ifk_qx_split_k(K), ties to the lower i) are taken out
@@ -56,9 +56,10 @@
  * to 0, and the product adds x_i * w'_i for each of them in F32 against the weights' decoded
  * values (qsplit_avx512.c). Which ones a token takes out depends on that token alone, and the
  * additions run in ascending i, so the product stays batch invariant. On SmolLM2-135M (Q8_B64,
- * WikiText-2, 64 chunks of 256) the split takes int8 x's perplexity from +0.35 % to +0.03 % of
- * F32 x (KL divergence 0.0047 -> 0.0017; the weights' own error is 0.0010), so Q8 takes int8 x
- * by default where the split runs (docs/QUANTIZATION.md). */
+ * WikiText-2, 64 chunks of 256) the split takes int8 x's perplexity from +0.35 % to +0.08 % of
+ * F32 x (KL divergence 0.0047 -> 0.0017; the weights' own error is 0.0010), and within 0.2 %
+ * on every model and protocol measured (docs/QUANTIZATION.md, "Q8: the outliers taken out").
+ * It stays opt-in: Q8 decode on int8 x read the memory ~10 % slower than on int16 x. */
 typedef struct {
     int type;     /* the weight type (IFK_Q*) */
     int B;        /* its block */
@@ -114,12 +115,12 @@ static inline int ifk_qx_x16(int type)
     return type == IFK_Q8_B32 || type == IFK_Q8_B64 || type == IFK_Q6_B64 || type == IFK_Q5_B64;
 }
 
-/* Whether a product of `type` rounds x to int16 now: ifk_qx_x16(type), except in the mode
- * IFK_QX_INT8 on the AVX512_VNNI paths (qdispatch.c; quant.h's ifk_set_qx_mode). */
+/* Whether a product of `type` rounds x to int16 now: ifk_qx_x16(type), except on the
+ * AVX512_VNNI paths in the mode IFK_QX_INT8 (qdispatch.c; quant.h's ifk_set_qx_mode). */
 int ifk_qx_int16(int type);
 
 /* Outliers a product of `type` with K inputs takes out of each token now (qimpl.h's split:
- * ifk_qx_split_k(K) for Q8 on the AVX512_VNNI paths in the default mode), else 0. */
+ * ifk_qx_split_k(K) for Q8 on the AVX512_VNNI paths in the mode IFK_QX_INT8), else 0. */
 int ifk_qx_split(int type, int K);
 
 /* Little-endian words at p, any alignment (the level bytes of blocks and tiles). */

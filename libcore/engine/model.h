@@ -181,13 +181,11 @@ const char *iflow_kernel_path(void);
  * paths are measured against, slower. Process-wide; set it before computing. */
 void iflow_kernel_set_f32_activations(int on);
 /* How the CPU's quantized products meet the activations (kernels/cpu/quant.h's modes), by name:
- *   "int"   the default: rounded per token to int8, with each token's 8 largest taken out and
- *           multiplied in F32 for Q8 and Q4 (on CPUs with AVX512_VNNI), to int16 for Q6 and Q5
- *           (and for Q8 on other CPUs);
- *   "int8"  int8 for every quantized type, nothing taken out: the fastest prefill, at int8
- *           rounding's accuracy (0.001-0.005 nats of KL divergence more than int16 for Q8, Q6
- *           and Q5 on the models measured, docs/QUANTIZATION.md);
- *   "int16" the rule before outliers were taken out: int16 for Q8, Q6 and Q5, int8 for the rest;
+ *   "int"   the default: rounded per token to int8, or to int16 for Q8, Q6 and Q5;
+ *   "int8"  int8 for every quantized type (on CPUs with AVX512_VNNI), for Q8 after each token's
+ *           8 largest were taken out and multiplied in F32: faster prefill, within 0.2 % of F32
+ *           activations' perplexity for Q8 on the models measured, up to 0.6 % for Q6 and Q5
+ *           (docs/QUANTIZATION.md);
  *   "f32"   iflow_kernel_set_f32_activations(1).
  * Returns 0, or -1 (nothing changed) for another name. Process-wide; set it before computing. */
 int iflow_kernel_set_activations(const char *mode);
