@@ -207,6 +207,7 @@ static int qx_init(ifk_qx *qx, int type, int x16, int k, int T, int K, size_t *b
     return 1;
 }
 
+#ifndef IFK_NO_SIMD
 /* After every token's outliers were picked (spos holding their i): su, the i that any token
  * took out, ascending, and spos turned into places in su. mark: [K] ints of scratch. */
 static void qx_split_union(ifk_qx *qx, int32_t *mark)
@@ -251,6 +252,7 @@ static void qx_split_union(ifk_qx *qx, int32_t *mark)
     }
     qx->nu = nu;
 }
+#endif
 
 #ifndef IFK_NO_SIMD
 /* Whether the packed kernel of `type` wants int8 x in the int16 pair order: the packed Q8, Q6
