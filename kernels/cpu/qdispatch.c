@@ -252,9 +252,7 @@ static void qx_split_union(ifk_qx *qx, int32_t *mark)
     }
     qx->nu = nu;
 }
-#endif
 
-#ifndef IFK_NO_SIMD
 /* Whether the packed kernel of `type` wants int8 x in the int16 pair order: the packed Q8, Q6
  * and Q5 tiles hold a row's 4 levels of a dword as elements 0 2 1 3 (qpack.h), which vpdpbusd
  * meets with x's bytes permuted the same way. */
