@@ -142,6 +142,12 @@ void *ifk_thread_scratch(size_t bytes)
     return scratch;
 }
 
+/* Room of su (qimpl.h's split): every token's k outliers, at most K distinct ones. */
+static int qx_nu_max(int k, int T, int K)
+{
+    return (size_t)T * k < (size_t)K ? T * k : K;
+}
+
 /* Lays qx out for T tokens of K inputs of `type` from `base` (64-byte aligned), as int16 values
  * when x16 (qx_int16_on) else int8, with room for k outliers a token (the split; 0: none);
  * returns the bytes it spans, all that the product's items read. base NULL: only the size. */
@@ -163,7 +169,7 @@ static size_t qx_layout(ifk_qx *qx, int type, int x16, int k, int T, int K, char
     qx->sum = base ? (float *)(base + qbytes + 2 * sbytes) : NULL;
     qx->cor = base ? (float *)(base + qbytes + 3 * sbytes) : NULL;
     qx->blk = base ? (float *)(base + qbytes + 4 * sbytes) : NULL;
-    const size_t tk = (size_t)T * k, nu_max = tk < (size_t)K ? tk : (size_t)K;
+    const size_t tk = (size_t)T * k, nu_max = (size_t)qx_nu_max(k, T, K);
     char *sp = base ? base + qbytes + 8 * sbytes : NULL;
     qx->k = k;
     qx->nu = 0;
@@ -333,7 +339,7 @@ static void qmm_run(const void *args, const void *in, int i, float *out)
     const qmm_args *a = args;
     ifk_qx qx;
     qx_layout(&qx, a->type, a->x16, a->k, a->T, a->K, (char *)in); /* in: the quantized x */
-    const int nu_max = a->T * a->k < a->K ? a->T * a->k : a->K; /* su's room (a stale item: pool.h) */
+    const int nu_max = qx_nu_max(a->k, a->T, a->K); /* su's room (a stale item: pool.h) */
     qx.nu = a->nu < nu_max ? a->nu : nu_max;
     int n0, n1;
     qmm_range(a, i, &n0, &n1);

@@ -17,9 +17,11 @@
  * int16 x. Random activations have no lasting outlier channels, so nearly every column is
  * someone's outlier and su is long: the worst case for the decoding above. */
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels/cpu/impl.h"
 #include "kernels/cpu/qimpl.h"
 #include "kernels/cpu/qpack.h"
 #include "kernels/cpu/quant.h"
@@ -59,7 +61,7 @@ void ifk_avx512_qsplit_pick(const float *x, int K, int k, float *xm, int32_t *id
         const __m512 va = _mm512_and_ps(_mm512_maskz_loadu_ps(mk, x + off), absmask);
         for (unsigned bits = _mm512_mask_cmp_ps_mask(mk, va, vthr, _CMP_GE_OQ); bits; bits &= bits - 1) {
             const int i = off + __builtin_ctz(bits);
-            const float a = x[i] < 0 ? -x[i] : x[i];
+            const float a = fabsf(x[i]);
             if (n == k && !ranks_before(a, i, cv[k - 1], ci[k - 1]))
                 continue;
             int p = n < k ? n++ : k - 1;
@@ -99,11 +101,11 @@ static __m512 packed_levels(const uint8_t *tile, int e)
         _mm512_and_si512(_mm512_srl_epi32(lv, _mm_cvtsi32_si128(8 * pair[e % 4])), _mm512_set1_epi32(0xFF)));
 }
 
-static float f16(const uint8_t *p)
+static float f16_at(const uint8_t *p)
 {
     uint16_t h;
     memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
+    return ifk_f16_to_f32(h);
 }
 
 /* Column i of rows r < nr of Q8 in the row layout (rb bytes a row): w'[r][i], 0 past nr. */
@@ -113,7 +115,7 @@ static __m512 row_column(const uint8_t *rows, size_t rb, int nr, int B, int BB, 
     const int b = i / B, e = i % B;
     for (int r = 0; r < nr; r++) {
         const uint8_t *blk = rows + (size_t)r * rb + (size_t)b * BB;
-        w[r] = f16(blk + 2) + (float)blk[4 + e] * f16(blk);
+        w[r] = f16_at(blk + 2) + (float)blk[4 + e] * f16_at(blk);
     }
     return _mm512_loadu_ps(w);
 }

@@ -298,45 +298,6 @@ static void fill_weights(float *w, size_t n, float scale, int outliers)
  * ifk_qx_int16 says for the type) exactly as the kernels round it (float ops, ties to even), and
  * per block min sum(x) + delta sum(q xq s). *mag gets the sum of the terms' magnitudes (for the
  * float summation tolerance).  row: one quantized row; dq: [K] its decoded values; x: [K]. */
-/* The k elements of largest |x| (ties: the lower i), in picked[K] (1 = picked). */
-static void pick_ref(const float *x, int K, int k, char *picked)
-{
-    memset(picked, 0, (size_t)K);
-    for (int j = 0; j < k && j < K; j++) {
-        int b = -1;
-        for (int i = 0; i < K; i++)
-            if (!picked[i] && (b < 0 || fabsf(x[i]) > fabsf(x[b])))
-                b = i;
-        picked[b] = 1;
-    }
-}
-
-static double model_dot_rounded(const uint8_t *row, int type, int x16, const float *dq, const float *x, int K, double *mag);
-
-/* As model_dot_rounded, with qimpl.h's split when k > 0: the k outliers of x multiplied in F32
- * with the decoded weights, the rest rounded. */
-static double model_dot(const uint8_t *row, int type, int x16, int k, const float *dq, const float *x, int K, double *mag)
-{
-    if (!k)
-        return model_dot_rounded(row, type, x16, dq, x, K, mag);
-    float *xs = malloc((size_t)K * sizeof *xs);
-    char *picked = malloc((size_t)K);
-    pick_ref(x, K, k, picked);
-    double y = 0.0, a = 0.0;
-    for (int i = 0; i < K; i++) {
-        xs[i] = picked[i] ? 0.0f : x[i];
-        if (picked[i]) {
-            y += (double)x[i] * dq[i];
-            a += fabs((double)x[i] * dq[i]);
-        }
-    }
-    y += model_dot_rounded(row, type, x16, dq, xs, K, mag);
-    *mag += a;
-    free(xs);
-    free(picked);
-    return y;
-}
-
 static double model_dot_rounded(const uint8_t *row, int type, int x16, const float *dq, const float *x, int K, double *mag)
 {
     const ifk_qtype_info *qt = ifk_qtype(type);
@@ -374,6 +335,43 @@ static double model_dot_rounded(const uint8_t *row, int type, int x16, const flo
         }
     }
     *mag = a;
+    return y;
+}
+
+/* The k elements of largest |x| (ties: the lower i), in picked[K] (1 = picked). */
+static void pick_ref(const float *x, int K, int k, char *picked)
+{
+    memset(picked, 0, (size_t)K);
+    for (int j = 0; j < k && j < K; j++) {
+        int b = -1;
+        for (int i = 0; i < K; i++)
+            if (!picked[i] && (b < 0 || fabsf(x[i]) > fabsf(x[b])))
+                b = i;
+        picked[b] = 1;
+    }
+}
+
+/* As model_dot_rounded, with qimpl.h's split when k > 0: the k outliers of x multiplied in F32
+ * with the decoded weights, the rest rounded. */
+static double model_dot(const uint8_t *row, int type, int x16, int k, const float *dq, const float *x, int K, double *mag)
+{
+    if (!k)
+        return model_dot_rounded(row, type, x16, dq, x, K, mag);
+    float *xs = malloc((size_t)K * sizeof *xs);
+    char *picked = malloc((size_t)K);
+    pick_ref(x, K, k, picked);
+    double y = 0.0, a = 0.0;
+    for (int i = 0; i < K; i++) {
+        xs[i] = picked[i] ? 0.0f : x[i];
+        if (picked[i]) {
+            y += (double)x[i] * dq[i];
+            a += fabs((double)x[i] * dq[i]);
+        }
+    }
+    y += model_dot_rounded(row, type, x16, dq, xs, K, mag);
+    *mag += a;
+    free(xs);
+    free(picked);
     return y;
 }
 
