@@ -90,7 +90,7 @@ void ifk_qmatmul_ref(float *y, size_t ldy, const void *W, int type, const float 
  *     min * sum(x) + delta * (sum_i q_i * xq_i * s + c * sum_i (x_i - xq_i * s))
  * with sum(x) exact in F32 and x rounded once per call, xq = round(x / s) with s = max|x| / top
  * of its group: int8 (top = 127) per group of 32 elements for Q4 and below; int16 (top = 32767)
- * per block for Q6 and Q5, where int8 x would add much to the weights' own error (qimpl.h;
+ * per block for Q8, Q6 and Q5, where int8 x would add much to the weights' own error (qimpl.h;
  * int8 for them too in the opt-in mode IFK_QX_INT8, ifk_set_qx_mode below, where Q8 first has
  * each token's 8 largest |x_i| taken out of the rounding and multiplied in F32: qimpl.h's
  * split; x_i is then 0 in the bound below).
@@ -128,8 +128,8 @@ int ifk_qx_f32(void);
  *                   AVX512_VNNI paths (vpdpbusd, as Q4; qimpl.h's ifk_qx_int16), Q8 with the
  *                   split (qimpl.h). Faster in prefill (vpdpbusd does twice vpdpwssd's work), at
  *                   int8 x's accuracy: the bound above with top = 127 and c = (L - 1) / 2 for
- *                   those types too. The
- *                   AVX2 path keeps int16 x for them (its maddubs would saturate on 8-bit levels).
+ *                   those types too. The AVX2 path keeps int16 x for them (its maddubs would
+ *                   saturate on 8-bit levels).
  * ifk_set_qx_mode returns the previous mode (an unknown mode is taken as IFK_QX_DEFAULT). */
 enum { IFK_QX_DEFAULT = 0, IFK_QX_F32 = 1, IFK_QX_INT8 = 2 };
 int ifk_set_qx_mode(int mode);
