@@ -47,8 +47,9 @@
  *   T x n_ctx is stored. Tiles of the last tokens (the most keys) are scheduled first.
  *   Rows of a tile past T see no key and are not written.
  *
- *   Head dims 64, 80, 96, 128, 256 and both cache types are template instances of the two
- *   kernels (10 each); the merge kernel takes head_dim at run time.
+ *   Head dims 8, 16, 32, 64, 80, 96, 128, 256 and both cache types are template instances of
+ *   the two kernels (16 each); the merge kernel takes head_dim at run time. 8 to 32 are the
+ *   tiny test models' (stories260K, xs-ckpt: 8), correct but not tuned.
  */
 #include "kernels/cuda/common.cuh"
 
@@ -113,7 +114,8 @@ enum {
 template <int D, typename KV> struct dec_shape {
     static constexpr int E = kv_piece<KV>::E;       /* elements per 16-byte piece        */
     static constexpr int P = D / E;                  /* pieces per row                    */
-    static constexpr int S = pow2_at_least(P) < 32 ? pow2_at_least(P) : 32; /* lanes per row */
+    /* lanes per row: at least 8 (the reduce-scatter's three halvings; lanes past P idle) */
+    static constexpr int S = pow2_at_least(P) < 8 ? 8 : pow2_at_least(P) < 32 ? pow2_at_least(P) : 32;
     static constexpr int PPL = (P + S - 1) / S;      /* pieces per lane                   */
     static constexpr int KPW = 32 / S;               /* rows a warp reads at once         */
     static constexpr int STEP = DEC_WARPS * KPW;     /* rows the block reads at once      */
@@ -513,9 +515,10 @@ static int attn_check(const char *fn, ifkc_dev *d, const float *out, const float
         return ifkc_seterr(IFKC_EINVAL, "%s: a NULL handle or pointer", fn);
     if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads)
         return ifkc_seterr(IFKC_EINVAL, "%s: %d heads cannot share %d kv heads", fn, n_heads, n_kv_heads);
-    if (head_dim != 64 && head_dim != 80 && head_dim != 96 && head_dim != 128 && head_dim != 256)
-        return ifkc_seterr(IFKC_EUNSUPPORTED, "%s: head_dim %d is not supported (64, 80, 96, 128 or 256)", fn,
-                           head_dim);
+    if (head_dim != 8 && head_dim != 16 && head_dim != 32 && head_dim != 64 && head_dim != 80 && head_dim != 96 &&
+        head_dim != 128 && head_dim != 256)
+        return ifkc_seterr(IFKC_EUNSUPPORTED,
+                           "%s: head_dim %d is not supported (8, 16, 32, 64, 80, 96, 128 or 256)", fn, head_dim);
     if (kv_type != IFK_F32 && kv_type != IFK_F16)
         return ifkc_seterr(IFKC_EUNSUPPORTED, "%s: kv cache type %d is not supported (f32 or f16)", fn, kv_type);
     if (kv_ld < (size_t)n_kv_heads * head_dim)
@@ -538,6 +541,9 @@ template <int D, typename KV> static int prefill_launch(ifkc_dev *d, const pf_ar
 template <typename KV> static int prefill_dispatch(ifkc_dev *d, const pf_args &a, int head_dim)
 {
     switch (head_dim) {
+    case 8: return prefill_launch<8, KV>(d, a);
+    case 16: return prefill_launch<16, KV>(d, a);
+    case 32: return prefill_launch<32, KV>(d, a);
     case 64: return prefill_launch<64, KV>(d, a);
     case 80: return prefill_launch<80, KV>(d, a);
     case 96: return prefill_launch<96, KV>(d, a);
@@ -592,6 +598,9 @@ template <int D, typename KV> static int decode_launch(ifkc_dev *d, const dec_ar
 template <typename KV> static int decode_dispatch(ifkc_dev *d, const dec_args &a, dim3 grid, int n_heads, int head_dim)
 {
     switch (head_dim) {
+    case 8: return decode_launch<8, KV>(d, a, grid, n_heads);
+    case 16: return decode_launch<16, KV>(d, a, grid, n_heads);
+    case 32: return decode_launch<32, KV>(d, a, grid, n_heads);
     case 64: return decode_launch<64, KV>(d, a, grid, n_heads);
     case 80: return decode_launch<80, KV>(d, a, grid, n_heads);
     case 96: return decode_launch<96, KV>(d, a, grid, n_heads);

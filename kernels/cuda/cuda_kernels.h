@@ -113,7 +113,7 @@ int ifkc_matmul(ifkc_dev *d, float *y, size_t ldy, const void *W, int wtype, con
  *   q [T][n_heads*head_dim] F32, query t at position pos0 + t; out likewise;
  *   k, v [n_ctx][n_kv_heads*head_dim] of kv_type (IFK_F32 or IFK_F16), row stride kv_ld
  *   elements; rows 0 .. pos0+T-1 valid. Query head h reads kv head h / (n_heads/n_kv_heads).
- * head_dim: 64, 80, 96, 128 or 256 (others: IFKC_EUNSUPPORTED).
+ * head_dim: 8, 16, 32, 64, 80, 96, 128 or 256 (others: IFKC_EUNSUPPORTED).
  * T == 1 runs the decoding kernel: the context is split into chunks, each block computes a
  * partial softmax (running max, sum, weighted V) for its chunk and all query heads of one KV
  * head, and a second kernel merges the partials (flash-decoding). T > 1 runs the prefill

@@ -20,8 +20,12 @@ run $BIN/iflow-run --list-devices
 expect_match "$out" $'\ncuda:0 ' "--list-devices shows cuda:0"
 printf 'OBSERVED %s\n' "$out" >&2
 
+# The CPU computes with unrounded activations (--activations f32): its default rounds them for
+# F16 and BF16 weights to BF16 (on CPUs with AVX512_BF16), which the GPU's decode does not do.
 greedy() { # model device n prompt -> gen ids as one JSON array
-    $BIN/iflow-run -m "$1" --device "$2" -n "$3" -p "$4" --temp 0 --json | jq -c .gen_ids
+    local act=()
+    [ "$2" = cpu ] && act=(--activations f32)
+    $BIN/iflow-run -m "$1" --device "$2" "${act[@]}" -n "$3" -p "$4" --temp 0 --json | jq -c .gen_ids
 }
 
 # common prefix length of two JSON arrays
@@ -70,9 +74,11 @@ done
 
 # ---- perplexity within 0.1 % ----
 ppl_close() { # model ctx chunks name: the GPU's perplexity within 0.1 % of the CPU's
-    local p_cpu p_gpu dev
+    local p_cpu p_gpu dev act
     for dev in cpu cuda; do
-        run $BIN/iflow-ppl -m "$1" -f "$DATA/data/wikitext-2-raw/wiki.test.raw" -c "$2" --chunks "$3" --json --device $dev
+        act=()
+        [ $dev = cpu ] && act=(--activations f32)
+        run $BIN/iflow-ppl -m "$1" -f "$DATA/data/wikitext-2-raw/wiki.test.raw" -c "$2" --chunks "$3" --json --device $dev "${act[@]}"
         [ $dev = cpu ] && p_cpu=$(jq .ppl <<<"$out") || p_gpu=$(jq .ppl <<<"$out")
     done
     echo "OBSERVED $4 perplexity: cpu $p_cpu, gpu $p_gpu" >&2

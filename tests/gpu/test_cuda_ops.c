@@ -3,7 +3,7 @@
  * attention.cu, ops.cu) against their scalar CPU references on random data with a fixed seed.
  * Needs a GPU: without one it fails at once, saying so. Run by `make check-gpu`.
  *
- * Covered: decoding attention (F32 and F16 caches, head_dim 64/80/96/128/256, GQA ratios 1, 4,
+ * Covered: decoding attention (F32 and F16 caches, head_dim 8/16/32/64/80/96/128/256, GQA ratios 1, 4,
  * 8, contexts of 1, 17 and 4097 keys, long contexts of 16384 and 40000 keys, a group larger
  * than one block's 8 heads, a padded and an unaligned row stride), prefill attention (T = 2,
  * 17, 100 at pos0 = 0 and pos0 > 0, the same shapes), the argument checks, kv_shift (against
@@ -134,7 +134,7 @@ static void attn_case(int kv_type, int head_dim, int n_heads, int n_kv, int T, i
     free(vh);
 }
 
-static const int head_dims[] = {64, 80, 96, 128, 256};
+static const int head_dims[] = {8, 16, 32, 64, 80, 96, 128, 256};
 static const int ratios[] = {1, 4, 8};
 
 static void test_attention_decode(void)
@@ -449,7 +449,10 @@ static void test_silu_mul_add(void)
               bad < n ? ref[bad] : 0.0f);
     }
 
-    /* add: y = silu result (now in dg and ref) + u */
+    /* add: y = the CPU's silu result (on both sides: the two silu results may differ in the
+     * last bit) + u */
+    rc = ifkc_upload(dev, dg, ref, n * 4);
+    CHECK(rc == 0, "add: upload: %s", ifkc_errmsg());
     ifk_add(ref, u, (int)n);
     rc = ifkc_add(dev, dg, du, n);
     CHECK(rc == 0, "add: %s", ifkc_errmsg());
