@@ -29,6 +29,7 @@ build=${1:?usage: bench/bench-gpu.sh BUILD_DIR}
 build=$(cd "$build" && pwd)
 cd "$(dirname "$0")/.."
 DATA=${IFLOW_TEST_DATA:-../shared}
+BIN=${BIN:-bin} # iflow-convert and iflow-quant (tools/gpu-bundle.sh sets its own)
 work=${IFLOW_BENCH_DIR:-build/bench-gpu}
 which_models=${IFLOW_BENCH_GPU_MODELS:-all}
 case $which_models in
@@ -85,14 +86,14 @@ failed_entry() { # name, type, message -> one JSON line
 model_family() { # label, synthetic folder -> JSON lines: F16 and each quantized type
     local label=$1 dir=$2 src="$work/$1-f16.ifs" t
     log "$label: converting (synthetic weights, F16)"
-    if ! bin/iflow-convert --synthetic "$dir" -t f16 -o "$src" >&2; then
+    if ! "$BIN"/iflow-convert --synthetic "$dir" -t f16 -o "$src" >&2; then
         failed_entry "$label-f16" f16 "iflow-convert --synthetic failed"
         return 0
     fi
     run_model "$label-f16" f16 "$src"
     for t in ${IFLOW_BENCH_GPU_TYPES:-q8_b64 q4_b64}; do
         log "$label-$t: quantizing"
-        if bin/iflow-quant -t "$t" --keep "*=$t" -i "$src" -o "$work/$label-$t.ifs" >&2; then
+        if "$BIN"/iflow-quant -t "$t" --keep "*=$t" -i "$src" -o "$work/$label-$t.ifs" >&2; then
             run_model "$label-$t" "$t" "$work/$label-$t.ifs"
         else
             failed_entry "$label-$t" "$t" "iflow-quant -t $t failed"
