@@ -27,9 +27,10 @@
  *                    4096 x 4096 and 11008 x 4096; tflops = 2 T N K / time (one matrix, reused).
  * attention_decode:  ifkc_attention_decode over 1024, 4096, 16384 and 65536 positions, 32 query
  *                    heads over 8 KV heads of 128 (grouped-query attention as in Llama-3-8B), KV
- *                    F16 and F32. kv_gbps = bytes of K and V read (2 n_pos n_kv_heads head_dim
- *                    elem_size) / time; round-robin over copies of the cache (>= 256 MiB in all),
- *                    as for matvec.
+ *                    F16 and F32; and 32 heads over 32 KV heads (no grouping, as in Llama-2-7B)
+ *                    at 4096 and 16384 positions, KV F16. kv_gbps = bytes of K and V read
+ *                    (2 n_pos n_kv_heads head_dim elem_size) / time; round-robin over copies of
+ *                    the cache (>= 256 MiB in all), as for matvec.
  * attention_prefill: ifkc_attention_prefill of T = 512 queries at pos0 = 0 (a first prompt
  *                    chunk), same heads, KV F16; tflops = 4 (T (T+1) / 2) n_heads head_dim / time
  *                    (causal: query t sees t + 1 positions; QK^T and PV are 2 flops per
@@ -487,7 +488,7 @@ typedef struct {
     const float *q;
     const char *kv; /* copy c: K at kv + c * stride, V half a stride later */
     size_t stride;
-    int copies, kv_type, T, n_pos;
+    int copies, kv_type, T, n_pos, kvh; /* kvh: KV heads (ATT_KV_HEADS, or ATT_HEADS: no grouping) */
 } attention_args;
 
 static int attention_decode_call(void *arg, int i)
@@ -495,7 +496,7 @@ static int attention_decode_call(void *arg, int i)
     attention_args *a = arg;
     const char *k = a->kv + (size_t)(i % a->copies) * a->stride;
     return ifkc_attention_decode(a->d, a->out, a->q, k, k + a->stride / 2, a->kv_type,
-                                 (size_t)ATT_KV_HEADS * ATT_HEAD_DIM, a->n_pos, ATT_HEADS, ATT_KV_HEADS,
+                                 (size_t)a->kvh * ATT_HEAD_DIM, a->n_pos, ATT_HEADS, a->kvh,
                                  ATT_HEAD_DIM, 1.0f / sqrtf((float)ATT_HEAD_DIM));
 }
 
@@ -503,31 +504,31 @@ static int attention_prefill_call(void *arg, int i)
 {
     attention_args *a = arg;
     return ifkc_attention_prefill(a->d, a->out, a->q, a->kv, a->kv + a->stride / 2, a->kv_type,
-                                  (size_t)ATT_KV_HEADS * ATT_HEAD_DIM, a->T, 0, ATT_HEADS, ATT_KV_HEADS,
+                                  (size_t)a->kvh * ATT_HEAD_DIM, a->T, 0, ATT_HEADS, a->kvh,
                                   ATT_HEAD_DIM, 1.0f / sqrtf((float)ATT_HEAD_DIM));
 }
 
-/* Bytes of one of K or V over n_pos positions. */
-static size_t kv_bytes(int kv_type, int n_pos)
+/* Bytes of one of K or V over n_pos positions of kvh heads. */
+static size_t kv_bytes(int kv_type, int n_pos, int kvh)
 {
-    return (size_t)n_pos * ATT_KV_HEADS * ATT_HEAD_DIM * (kv_type == IFK_F32 ? 4 : 2);
+    return (size_t)n_pos * kvh * ATT_HEAD_DIM * (kv_type == IFK_F32 ? 4 : 2);
 }
 
 /* Device buffers of one attention call: `copies` (K, V) pairs of n_pos positions, q and out of
  * T queries; filled. */
-static int attention_setup(gpubench *g, attention_args *a, int kv_type, int T, int n_pos, int copies)
+static int attention_setup(gpubench *g, attention_args *a, int kv_type, int T, int n_pos, int copies, int kvh)
 {
-    size_t half = copy_stride(kv_bytes(kv_type, n_pos)), qn = (size_t)T * ATT_HEADS * ATT_HEAD_DIM;
-    *a = (attention_args){g->d, NULL, NULL, NULL, 2 * half, copies, kv_type, T, n_pos};
+    size_t half = copy_stride(kv_bytes(kv_type, n_pos, kvh)), qn = (size_t)T * ATT_HEADS * ATT_HEAD_DIM;
+    *a = (attention_args){g->d, NULL, NULL, NULL, 2 * half, copies, kv_type, T, n_pos, kvh};
     int rc = ifkc_malloc(g->d, (void **)&a->kv, a->stride * copies);
     if (!rc)
         rc = ifkc_malloc(g->d, (void **)&a->q, qn * 4);
     if (!rc)
         rc = ifkc_malloc(g->d, (void **)&a->out, qn * 4);
     if (!rc)
-        rc = fill_kv(g->d, (char *)a->kv, kv_type, n_pos, ATT_KV_HEADS * ATT_HEAD_DIM, 1);
+        rc = fill_kv(g->d, (char *)a->kv, kv_type, n_pos, kvh * ATT_HEAD_DIM, 1);
     if (!rc)
-        rc = fill_kv(g->d, (char *)a->kv + half, kv_type, n_pos, ATT_KV_HEADS * ATT_HEAD_DIM, 2);
+        rc = fill_kv(g->d, (char *)a->kv + half, kv_type, n_pos, kvh * ATT_HEAD_DIM, 2);
     if (!rc)
         rc = replicate(g->d, (char *)a->kv, a->stride, a->stride, copies);
     if (!rc)
@@ -543,15 +544,15 @@ static void attention_free(gpubench *g, attention_args *a)
 }
 
 /* One decode token over n_pos cached positions: K and V bytes read per second. */
-static void bench_attention_decode(gpubench *g, int kv_type, int n_pos)
+static void bench_attention_decode(gpubench *g, int kv_type, int n_pos, int kvh)
 {
     char what[64];
-    snprintf(what, sizeof what, "kv %s n_pos=%d", wtype_name(kv_type), n_pos);
-    size_t bytes = 2 * kv_bytes(kv_type, n_pos);
+    snprintf(what, sizeof what, "kv %s n_pos=%d kv_heads=%d", wtype_name(kv_type), n_pos, kvh);
+    size_t bytes = 2 * kv_bytes(kv_type, n_pos, kvh);
     int copies = copies_for(bytes);
     attention_args a;
     double best, med;
-    if (attention_setup(g, &a, kv_type, 1, n_pos, copies) ||
+    if (attention_setup(g, &a, kv_type, 1, n_pos, copies, kvh) ||
         time_calls(g, attention_decode_call, &a, copies, &best, &med)) {
         report_error(g, "attention_decode", what);
         goto out;
@@ -560,7 +561,7 @@ static void bench_attention_decode(gpubench *g, int kv_type, int n_pos)
     printf("{\"bench\":\"attention_decode\",\"kv_type\":\"%s\",\"n_pos\":%d,\"heads\":%d,\"kv_heads\":%d,"
            "\"head_dim\":%d,\"kv_bytes\":%zu,\"copies\":%d,\"us\":%.2f,\"us_median\":%.2f,\"kv_gbps\":%.1f,"
            "\"kv_gbps_median\":%.1f",
-           wtype_name(kv_type), n_pos, ATT_HEADS, ATT_KV_HEADS, ATT_HEAD_DIM, bytes, copies, best * 1e6,
+           wtype_name(kv_type), n_pos, ATT_HEADS, kvh, ATT_HEAD_DIM, bytes, copies, best * 1e6,
            med * 1e6, gbps, bytes / med * 1e-9);
     print_fraction(gbps, g->bw_gbps);
     printf("}\n");
@@ -576,7 +577,7 @@ static void bench_attention_prefill(gpubench *g, int kv_type, int T)
     snprintf(what, sizeof what, "kv %s T=%d pos0=0", wtype_name(kv_type), T);
     attention_args a;
     double best, med, flop = 4.0 * (T * (T + 1.0) / 2) * ATT_HEADS * ATT_HEAD_DIM;
-    if (attention_setup(g, &a, kv_type, T, T, 1) ||
+    if (attention_setup(g, &a, kv_type, T, T, 1, ATT_KV_HEADS) ||
         time_calls(g, attention_prefill_call, &a, 1, &best, &med)) {
         report_error(g, "attention_prefill", what);
         goto out;
@@ -630,7 +631,10 @@ static void run_attention_decode(gpubench *g, int quick)
     for (int t = 0; t < 2; t++)
         for (int c = 0; c < 4; c++)
             if (!quick || c % 2 == 0)
-                bench_attention_decode(g, kv_types[t], ctx[c]);
+                bench_attention_decode(g, kv_types[t], ctx[c], ATT_KV_HEADS);
+    /* Llama-2-7B's attention: no grouping, 32 KV heads (an F16 cache) */
+    for (int c = 1; c < 3; c++)
+        bench_attention_decode(g, IFK_F16, ctx[c], ATT_HEADS);
 }
 
 static int usage(void)

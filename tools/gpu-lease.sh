@@ -7,7 +7,12 @@
 #   kernels  bench/gpubench.c (--quick unless GPUBENCH_FULL=1)
 #   cli      tests/gpu/cli.sh (greedy tokens and perplexity on the GPU against the CPU)
 #   models   bench/bench-gpu.sh's model runs (IFLOW_BENCH_GPU_MODELS, default tinyllama)
+#   models7b the same for the Llama-2-7B shape (IFLOW_BENCH_GPU_TYPES picks the quantized types)
 #   sanitize compute-sanitizer memcheck over tests/gpu/test_* (slow)
+#   vunit    each test_cuda_ops in .gpu/variants (tools/gpu-variants.sh)
+#   variants each gpubench in .gpu/variants (tools/gpu-variants.sh): decode matrix-vector products
+#            (--quick) and decoding attention, one line per case with every variant's fraction
+#            of the copy bandwidth
 #   ncu      Nsight Compute on one launch each of the decode kernels named in NCU_KERNELS
 #            (demangled-name regexes, no spaces; default F16, Q8_B64 and Q4_B64 at T = 1)
 #
@@ -28,7 +33,7 @@ step() { # name, seconds, command...
     local name=$1 lim=$2 t0=$SECONDS rc
     shift 2
     echo "== $name (limit $lim s)"
-    timeout -k 5 "$lim" bash -c "$(declare -f env_info unit kernels cli models sanitize ncu_kernels); $*" >"$O/$name.log" 2>&1
+    timeout -k 5 "$lim" bash -c "$(declare -f env_info unit kernels cli models sanitize ncu_kernels variants vunit); $*" >"$O/$name.log" 2>&1
     rc=$?
     echo "== $name: exit $rc after $((SECONDS - t0)) s"
     grep -E '^(FAIL|OBSERVED|SKIP)|passed, [0-9]+ failed|error|Error' "$O/$name.log" | head -n 60
@@ -52,8 +57,13 @@ kernels() {
     if [ "${GPUBENCH_FULL:-0}" = 1 ]; then "$b/build/gpubench"; else "$b/build/gpubench" --quick; fi
 }
 cli() { bash tests/gpu/cli.sh; }
-models() { IFLOW_BENCH_GPU_MODELS=${IFLOW_BENCH_GPU_MODELS:-tinyllama} IFLOW_BENCH_DIR=/tmp/bench-gpu \
-    IFLOW_GPUBENCH_ARGS="--only copy --quick" bench/bench-gpu.sh "$b/build"; }
+models() { # [models] [out-name]: bench-gpu.sh's model runs; their JSON in $OUT/<out-name>.json
+    local which=${1:-${IFLOW_BENCH_GPU_MODELS:-tinyllama}} out=${OUT:-/tmp}/${2:-bench-gpu}.json
+    IFLOW_BENCH_GPU_MODELS=$which IFLOW_BENCH_DIR=/tmp/bench-gpu \
+        IFLOW_GPUBENCH_ARGS="--only copy --quick" bench/bench-gpu.sh "$b/build" >"$out" || return
+    jq -c '.models[] | {name, error, load_s, graphs: .decode_as_graphs, runs: [.runs[]? | {prefill_tok_s, decode_tok_s, decode_weight_gbps,
+        f: .decode_fraction_of_bandwidth}]}' "$out"
+}
 sanitize() {
     local t rc=0
     for t in "$b"/build/tests/gpu/test_*; do compute-sanitizer --tool memcheck --leak-check no "$t" || rc=1; done
@@ -73,6 +83,29 @@ ncu_kernels() {
     done
 }
 
+vunit() {
+    local t rc=0
+    for t in "$b"/variants/test_cuda_ops-*; do echo "-- $(basename "$t")"; "$t" || rc=1; done
+    return $rc
+}
+
+variants() { # the bundle's gpubench, then each variant's; VARIANT_ONLY: the benches (default attention_decode)
+    local name v only
+    { echo "bundle: (the bundle's own)"; cat "$b/variants/list"; } | while IFS= read -r line; do
+        name=${line%%:*}
+        v=$b/variants/gpubench-$name
+        [ "$name" = bundle ] && v=$b/build/gpubench
+        for only in ${VARIANT_ONLY:-attention_decode}; do
+            if [ "$only" = matvec ]; then "$v" --only matvec --quick; else "$v" --only "$only"; fi |
+                jq -c --arg v "$name" 'select(.bench != "device" and .bench != "copy") | {v: $v, b: .bench,
+                    c: ((.wtype // .kv_type) + " " + ((.T // 1) | tostring) + " " + ((.N // .n_pos) | tostring) + "x" + ((.K // .head_dim) | tostring) + (if .kv_heads then " kv" + (.kv_heads | tostring) else "" end)),
+                    f: .fraction_of_bw, us: .us_median}'
+        done
+    done >/tmp/variants.jsonl
+    cp /tmp/variants.jsonl "${OUT:-/tmp}/variants.jsonl" 2>/dev/null
+    jq -rs 'group_by(.c) | .[] | (.[0].c) + ": " + (map(.v + " " + (.f * 1000 | round / 1000 | tostring) + " (" + (.us | tostring) + " us)") | join(", "))' /tmp/variants.jsonl
+}
+
 [ $# -gt 0 ] || set -- env unit kernels cli
 for s in "$@"; do
     case $s in
@@ -81,7 +114,10 @@ for s in "$@"; do
     kernels) step kernels "${STEP_S_kernels:-90}" kernels ;;
     cli) step cli "${STEP_S_cli:-180}" cli ;;
     models) step models "${STEP_S_models:-240}" models ;;
+    models7b) step models7b "${STEP_S_models7b:-240}" models 7b bench-gpu-7b ;;
     sanitize) step sanitize "${STEP_S_sanitize:-120}" sanitize ;;
+    vunit) step vunit "${STEP_S_vunit:-60}" vunit ;;
+    variants) step variants "${STEP_S_variants:-120}" variants ;;
     ncu) step ncu "${STEP_S_ncu:-90}" ncu_kernels ;;
     *) echo "gpu-lease: unknown step '$s'" >&2; exit 2 ;;
     esac

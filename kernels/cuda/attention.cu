@@ -7,18 +7,21 @@
  *   exponential is an exp2f and the softmax is unchanged. All sums are F32.
  *
  *   Decode (one query token, n_pos keys): flash-decoding in two kernels.
- *   1. attn_decode_chunk, grid (chunk, kv head, query-head slice), 256 threads. A block owns
- *      up to DEC_GMAX query heads of one kv head (the whole group for ratios up to 8; larger
- *      groups are cut into slices) and a chunk of at most DEC_CHUNK_MAX keys, and reads each
- *      K and V row of its chunk exactly once for all its query heads.
+ *   1. attn_decode_chunk<D, KV, GM>, grid (chunk, kv head, query-head slice), 256 threads. A
+ *      block owns GM query heads of one kv head (GM = the group rounded up to a power of two,
+ *      at most DEC_GMAX = 8: the whole group for ratios up to 8; larger groups are cut into
+ *      slices) and a chunk of at most DEC_CHUNK_MAX keys, and reads each K and V row of its
+ *      chunk exactly once for all its query heads. GM is a template argument so that a block
+ *      computes no more heads than the group has: the per-key arithmetic, which bounds the
+ *      kernel (a 128-dim F16 row is 16 bytes a lane for 8 GM multiply-adds), scales with it.
  *      - A cache row is read as 16-byte pieces (4 F32 or 8 F16 values). The lanes of a warp
  *        form segments of S lanes (S = the row's piece count rounded up to a power of two,
  *        at most 32); a segment reads one row, lane by lane contiguous, so a warp reads
  *        32/S whole rows per load instruction: fully coalesced. Each warp keeps DEC_UNROLL
  *        such loads in flight before using them (memory-level parallelism).
  *      - Pass 1: score = q . k for every query head, summed over the segment by a
- *        reduce-scatter of xor shuffles (9 shuffles for 8 heads, not 40), stored to shared
- *        memory [head][key].
+ *        reduce-scatter of xor shuffles (9 shuffles for 8 heads, not 40; log2(S) for one),
+ *        stored to shared memory [head][key].
  *      - Per head: the chunk maximum m, p = exp2(score - m) in place, l = sum p.
  *      - Pass 2: every lane accumulates p * v for the pieces it owns, all heads at once; the
  *        segments of a warp are summed with shuffles, the warps one after another in shared
@@ -28,7 +31,8 @@
  *   2. attn_decode_merge, one block per query head: M = max m_c, then
  *      out = sum_c acc_c * exp2(m_c - M) / sum_c l_c * exp2(m_c - M).
  *      The chunk length is chosen on the host so that n_kv_heads * slices * chunks is about
- *      two blocks per SM (the kernel fits two per SM), within [DEC_CHUNK_MIN, DEC_CHUNK_MAX]
+ *      two blocks per SM (the kernel fits two per SM; four when GM <= 2, whose blocks need
+ *      fewer registers), within [DEC_CHUNK_MIN, DEC_CHUNK_MAX]
  *      keys, a multiple of 32: a context up to 64 keys is one chunk and needs no merge; 4k
  *      keys and more give every SM work; very long contexts give more waves of full chunks.
  *      The 16-byte loads need 16-byte aligned K/V rows (k, v and kv_ld * element size); a
@@ -48,8 +52,9 @@
  *   Rows of a tile past T see no key and are not written.
  *
  *   Head dims 8, 16, 32, 64, 80, 96, 128, 256 and both cache types are template instances of
- *   the two kernels (16 each); the merge kernel takes head_dim at run time. 8 to 32 are the
- *   tiny test models' (stories260K, xs-ckpt: 8), correct but not tuned.
+ *   the two kernels (the decode kernel also per GM: 1, 2, 4, 8 for head dims 64 and up, 8 for
+ *   the others); the merge kernel takes head_dim at run time. 8 to 32 are the tiny test
+ *   models' (stories260K, xs-ckpt: 8), correct but not tuned.
  */
 #include "kernels/cuda/common.cuh"
 
@@ -101,13 +106,22 @@ static __host__ __device__ constexpr int pow2_at_least(int x) { return x <= 1 ? 
 
 /* ---- decode ------------------------------------------------------------------------------ */
 
+/* IFKC_DEC_UNROLL and IFKC_DEC_BPS exist only so that tools/gpu-variants.sh can build gpubench
+ * with other values and time them side by side. */
+#ifndef IFKC_DEC_UNROLL
+#define IFKC_DEC_UNROLL 4
+#endif
+#ifndef IFKC_DEC_BPS
+#define IFKC_DEC_BPS 2
+#endif
+
 enum {
     DEC_WARPS = 8,
     DEC_THREADS = DEC_WARPS * 32,
-    DEC_GMAX = 8,          /* query heads per block                              */
+    DEC_GMAX = 8,          /* query heads per block, at most                     */
     DEC_CHUNK_MIN = 64,    /* keys per chunk, at least (shorter contexts: 1 chunk) */
     DEC_CHUNK_MAX = 1024,  /* keys per chunk, at most (the score buffer)         */
-    DEC_UNROLL = 4         /* row loads in flight per lane                       */
+    DEC_UNROLL = IFKC_DEC_UNROLL /* row loads in flight per lane                 */
 };
 
 /* How a row of D elements of KV is spread over a warp. */
@@ -149,18 +163,28 @@ static __device__ __forceinline__ float warp_max(float v)
     return v;
 }
 
-/* Sums the 8 values acc[0..8) of each lane over the S lanes of its segment (S a power of two,
- * 8 <= S <= 32; segments S-aligned in the warp). Reduce-scatter: at each of the first three
- * steps a lane keeps half of its values, sends the other half to its partner and adds what it
- * receives; then the single value left is summed over the remaining lanes. 9 shuffles for
- * S = 32 where 8 separate reductions take 40. Returns the sum for value
- * g = (sl & S/2 ? 4 : 0) | (sl & S/4 ? 2 : 0) | (sl & S/8 ? 1 : 0), sl the lane in the segment;
- * acc is clobbered. */
-template <int S> static __device__ __forceinline__ float segment_reduce_scatter(float (&acc)[DEC_GMAX], int sl)
+/* Sums the GM values acc[0..GM) of each lane over the S lanes of its segment (GM a power of two
+ * <= 8, S a power of two, GM <= S <= 32; segments S-aligned in the warp). Reduce-scatter: at
+ * each of the first log2(GM) steps a lane keeps half of its values, sends the other half to its
+ * partner and adds what it receives; then the single value left is summed over the remaining
+ * lanes. 9 shuffles for GM = 8 and S = 32 where 8 separate reductions take 40. Returns the sum
+ * for value g = rs_index<S, GM>(sl), sl the lane in the segment; acc is clobbered. */
+template <int S, int GM> static __device__ __forceinline__ int rs_index(int sl)
 {
-    static_assert(DEC_GMAX == 8 && S >= 8 && S <= 32, "three halving steps inside a segment");
+    int g = 0;
 #pragma unroll
-    for (int step = 0, c = DEC_GMAX; step < 3; step++, c >>= 1) {
+    for (int t = 0, c = GM; c > 1; t++, c >>= 1)
+        if (sl & (S >> (t + 1)))
+            g |= c >> 1;
+    return g;
+}
+
+template <int S, int GM> static __device__ __forceinline__ float segment_reduce_scatter(float (&acc)[GM], int sl)
+{
+    static_assert(GM >= 1 && GM <= 8 && (GM & (GM - 1)) == 0 && S >= GM && S <= 32, "halving steps inside a segment");
+    int step = 0;
+#pragma unroll
+    for (int c = GM; c > 1; c >>= 1, step++) {
         const int off = S >> (step + 1);
         const bool up = (sl & off) != 0; /* keep the upper half */
 #pragma unroll
@@ -172,24 +196,24 @@ template <int S> static __device__ __forceinline__ float segment_reduce_scatter(
     }
     float v = acc[0];
 #pragma unroll
-    for (int off = S / 16; off > 0; off >>= 1)
+    for (int off = S / (2 * GM); off > 0; off >>= 1)
         v += __shfl_xor_sync(FULL_MASK, v, off);
     return v;
 }
 
-template <int D, typename KV>
+template <int D, typename KV, int GM>
 __global__ void __launch_bounds__(DEC_THREADS, 2) attn_decode_chunk(dec_args a)
 {
     using SH = dec_shape<D, KV>;
     constexpr int E = SH::E, P = SH::P, S = SH::S, PPL = SH::PPL, KPW = SH::KPW, STEP = SH::STEP;
     /* Scores, then probabilities. Rows padded by 4 floats: the 8 heads' scores of one key
      * (and of the up to 4 keys of a warp) are stored at once to distinct banks. */
-    __shared__ float s_p[DEC_GMAX][DEC_CHUNK_MAX + 4];
-    __shared__ float s_o[DEC_GMAX][D];             /* the block's weighted V sums */
-    __shared__ float s_m[DEC_GMAX], s_l[DEC_GMAX];
+    __shared__ float s_p[GM][DEC_CHUNK_MAX + 4];
+    __shared__ float s_o[GM][D];             /* the block's weighted V sums */
+    __shared__ float s_m[GM], s_l[GM];
 
-    const int c = blockIdx.x, kvh = blockIdx.y, g0 = blockIdx.z * DEC_GMAX;
-    const int G = min(DEC_GMAX, a.group - g0);
+    const int c = blockIdx.x, kvh = blockIdx.y, g0 = blockIdx.z * GM;
+    const int G = min(GM, a.group - g0);
     const int h0 = kvh * a.group + g0;
     const int j0 = c * a.chunk_len;
     const int n = min(a.chunk_len, a.n_pos - j0);
@@ -199,9 +223,9 @@ __global__ void __launch_bounds__(DEC_THREADS, 2) attn_decode_chunk(dec_args a)
     const KV *vb = (const KV *)a.v + (size_t)j0 * a.kv_ld + (size_t)kvh * D;
 
     /* The query elements of the pieces this lane owns, in log2 units. */
-    float qr[DEC_GMAX][PPL][E];
+    float qr[GM][PPL][E];
 #pragma unroll
-    for (int g = 0; g < DEC_GMAX; g++)
+    for (int g = 0; g < GM; g++)
 #pragma unroll
         for (int i = 0; i < PPL; i++)
 #pragma unroll
@@ -227,24 +251,24 @@ __global__ void __launch_bounds__(DEC_THREADS, 2) attn_decode_chunk(dec_args a)
         }
 #pragma unroll
         for (int u = 0; u < DEC_UNROLL; u++) {
-            float acc[DEC_GMAX];
+            float acc[GM];
 #pragma unroll
-            for (int g = 0; g < DEC_GMAX; g++)
+            for (int g = 0; g < GM; g++)
                 acc[g] = 0.0f;
 #pragma unroll
             for (int i = 0; i < PPL; i++) {
                 float kf[E];
                 kv_piece<KV>::unpack(kr[u][i], kf);
 #pragma unroll
-                for (int g = 0; g < DEC_GMAX; g++)
+                for (int g = 0; g < GM; g++)
 #pragma unroll
                     for (int e = 0; e < E; e++)
                         acc[g] = fmaf(qr[g][i][e], kf[e], acc[g]);
             }
-            const float sc = segment_reduce_scatter<S>(acc, sl);
+            const float sc = segment_reduce_scatter<S, GM>(acc, sl);
             const int j = jb + u * STEP + seg;
-            if ((sl & (S / 8 - 1)) == 0) {
-                const int g = ((sl & (S / 2)) ? 4 : 0) | ((sl & (S / 4)) ? 2 : 0) | ((sl & (S / 8)) ? 1 : 0);
+            if ((sl & (S / GM - 1)) == 0) {
+                const int g = rs_index<S, GM>(sl);
                 if (g < G && j < n)
                     s_p[g][j] = sc;
             }
@@ -273,9 +297,9 @@ __global__ void __launch_bounds__(DEC_THREADS, 2) attn_decode_chunk(dec_args a)
     __syncthreads();
 
     /* Pass 2: acc[g] += p[g][j] * v[j] over this lane's rows and pieces. */
-    float acc[DEC_GMAX][PPL][E];
+    float acc[GM][PPL][E];
 #pragma unroll
-    for (int g = 0; g < DEC_GMAX; g++)
+    for (int g = 0; g < GM; g++)
 #pragma unroll
         for (int i = 0; i < PPL; i++)
 #pragma unroll
@@ -303,7 +327,7 @@ __global__ void __launch_bounds__(DEC_THREADS, 2) attn_decode_chunk(dec_args a)
                 float vf[E];
                 kv_piece<KV>::unpack(vr[u][i], vf);
 #pragma unroll
-                for (int g = 0; g < DEC_GMAX; g++) {
+                for (int g = 0; g < GM; g++) {
                     const float p = g < G ? s_p[g][j] : 0.0f;
 #pragma unroll
                     for (int e = 0; e < E; e++)
@@ -317,7 +341,7 @@ __global__ void __launch_bounds__(DEC_THREADS, 2) attn_decode_chunk(dec_args a)
 #pragma unroll
     for (int off = S; off < 32; off <<= 1)
 #pragma unroll
-        for (int g = 0; g < DEC_GMAX; g++)
+        for (int g = 0; g < GM; g++)
 #pragma unroll
             for (int i = 0; i < PPL; i++)
 #pragma unroll
@@ -327,7 +351,7 @@ __global__ void __launch_bounds__(DEC_THREADS, 2) attn_decode_chunk(dec_args a)
     for (int w = 0; w < DEC_WARPS; w++) {
         if (warp == w && seg == 0) {
 #pragma unroll
-            for (int g = 0; g < DEC_GMAX; g++)
+            for (int g = 0; g < GM; g++)
 #pragma unroll
                 for (int i = 0; i < PPL; i++) {
                     const int p = sl + i * S;
@@ -570,11 +594,11 @@ static int prefill_run(ifkc_dev *d, float *out, const float *q, const void *k, c
     return kv_type == IFK_F32 ? prefill_dispatch<float>(d, a, head_dim) : prefill_dispatch<__half>(d, a, head_dim);
 }
 
-/* Keys per chunk: about two blocks per SM over all (kv head, slice) pairs, a multiple of 32,
- * within [DEC_CHUNK_MIN, DEC_CHUNK_MAX]. */
-static int decode_chunk_len(int n_pos, int blocks_per_chunk, int sm_count)
+/* Keys per chunk: about blocks_per_sm blocks per SM over all (kv head, slice) pairs, a multiple
+ * of 32, within [DEC_CHUNK_MIN, DEC_CHUNK_MAX]. */
+static int decode_chunk_len(int n_pos, int blocks_per_chunk, int sm_count, int blocks_per_sm)
 {
-    const long long want = 2LL * (sm_count > 0 ? sm_count : 100);
+    const long long want = (long long)blocks_per_sm * (sm_count > 0 ? sm_count : 100);
     long long len = ((long long)n_pos * blocks_per_chunk + want - 1) / want;
     len = (len + 31) / 32 * 32;
     if (len < DEC_CHUNK_MIN)
@@ -584,9 +608,9 @@ static int decode_chunk_len(int n_pos, int blocks_per_chunk, int sm_count)
     return (int)len;
 }
 
-template <int D, typename KV> static int decode_launch(ifkc_dev *d, const dec_args &a, dim3 grid, int n_heads)
+template <int D, typename KV, int GM> static int decode_launch(ifkc_dev *d, const dec_args &a, dim3 grid, int n_heads)
 {
-    attn_decode_chunk<D, KV><<<grid, DEC_THREADS, 0, d->stream>>>(a);
+    attn_decode_chunk<D, KV, GM><<<grid, DEC_THREADS, 0, d->stream>>>(a);
     IFKC_CKL("attn_decode_chunk");
     if (a.n_chunks > 1) {
         attn_decode_merge<<<n_heads, D < 128 ? D : 128, 0, d->stream>>>(a.out, a.part_o, a.part_ml, a.n_chunks, D);
@@ -595,17 +619,31 @@ template <int D, typename KV> static int decode_launch(ifkc_dev *d, const dec_ar
     return 0;
 }
 
-template <typename KV> static int decode_dispatch(ifkc_dev *d, const dec_args &a, dim3 grid, int n_heads, int head_dim)
+/* gm: query heads per block, 1, 2, 4 or 8 (the tiny head dims: 8 only). */
+template <int D, typename KV> static int decode_gm(ifkc_dev *d, const dec_args &a, dim3 grid, int n_heads, int gm)
+{
+    if (D <= 32)
+        return decode_launch<D, KV, 8>(d, a, grid, n_heads);
+    switch (gm) {
+    case 1: return decode_launch<D, KV, 1>(d, a, grid, n_heads);
+    case 2: return decode_launch<D, KV, 2>(d, a, grid, n_heads);
+    case 4: return decode_launch<D, KV, 4>(d, a, grid, n_heads);
+    default: return decode_launch<D, KV, 8>(d, a, grid, n_heads);
+    }
+}
+
+template <typename KV>
+static int decode_dispatch(ifkc_dev *d, const dec_args &a, dim3 grid, int n_heads, int head_dim, int gm)
 {
     switch (head_dim) {
-    case 8: return decode_launch<8, KV>(d, a, grid, n_heads);
-    case 16: return decode_launch<16, KV>(d, a, grid, n_heads);
-    case 32: return decode_launch<32, KV>(d, a, grid, n_heads);
-    case 64: return decode_launch<64, KV>(d, a, grid, n_heads);
-    case 80: return decode_launch<80, KV>(d, a, grid, n_heads);
-    case 96: return decode_launch<96, KV>(d, a, grid, n_heads);
-    case 128: return decode_launch<128, KV>(d, a, grid, n_heads);
-    default: return decode_launch<256, KV>(d, a, grid, n_heads);
+    case 8: return decode_gm<8, KV>(d, a, grid, n_heads, gm);
+    case 16: return decode_gm<16, KV>(d, a, grid, n_heads, gm);
+    case 32: return decode_gm<32, KV>(d, a, grid, n_heads, gm);
+    case 64: return decode_gm<64, KV>(d, a, grid, n_heads, gm);
+    case 80: return decode_gm<80, KV>(d, a, grid, n_heads, gm);
+    case 96: return decode_gm<96, KV>(d, a, grid, n_heads, gm);
+    case 128: return decode_gm<128, KV>(d, a, grid, n_heads, gm);
+    default: return decode_gm<256, KV>(d, a, grid, n_heads, gm);
     }
 }
 
@@ -623,8 +661,16 @@ extern "C" int ifkc_attention_decode(ifkc_dev *d, float *out, const float *q, co
         return prefill_run(d, out, q, k, v, kv_type, kv_ld, 1, n_pos - 1, n_heads, n_kv_heads, head_dim, scale);
 
     const int group = n_heads / n_kv_heads;
-    const int slices = (group + DEC_GMAX - 1) / DEC_GMAX;
-    const int chunk_len = decode_chunk_len(n_pos, n_kv_heads * slices, d->sm_count);
+    /* query heads per block: the group rounded up to a power of two, at most DEC_GMAX (the
+     * tiny head dims: always DEC_GMAX); larger groups are cut into slices */
+    int gm = 1;
+    while (gm < group && gm < DEC_GMAX)
+        gm *= 2;
+    if (head_dim <= 32)
+        gm = DEC_GMAX;
+    const int slices = (group + gm - 1) / gm;
+    /* fewer heads a block, fewer registers: more blocks fit on an SM, so cut more chunks */
+    const int chunk_len = decode_chunk_len(n_pos, n_kv_heads * slices, d->sm_count, gm >= 4 ? IFKC_DEC_BPS : 2 * IFKC_DEC_BPS);
     const int n_chunks = (n_pos + chunk_len - 1) / chunk_len;
 
     dec_args a;
@@ -650,8 +696,8 @@ extern "C" int ifkc_attention_decode(ifkc_dev *d, float *out, const float *q, co
         a.part_ml = a.part_o + n_part * head_dim;
     }
     dim3 grid((unsigned)n_chunks, (unsigned)n_kv_heads, (unsigned)slices);
-    return kv_type == IFK_F32 ? decode_dispatch<float>(d, a, grid, n_heads, head_dim)
-                              : decode_dispatch<__half>(d, a, grid, n_heads, head_dim);
+    return kv_type == IFK_F32 ? decode_dispatch<float>(d, a, grid, n_heads, head_dim, gm)
+                              : decode_dispatch<__half>(d, a, grid, n_heads, head_dim, gm);
 }
 
 extern "C" int ifkc_attention_prefill(ifkc_dev *d, float *out, const float *q, const void *k, const void *v,

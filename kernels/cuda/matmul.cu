@@ -58,12 +58,26 @@
 #include "kernels/cpu/quant.h"
 #include "kernels/cuda/qblock.cuh"
 
-#define MV_WARPS 4                   /* warps per block of the matrix-vector kernels */
+/* The IFKC_MV_* macros exist only so that tools/gpu-variants.sh can build gpubench with other
+ * values and time them side by side; the defaults are the tuned ones. */
+#ifndef IFKC_MV_WARPS
+#define IFKC_MV_WARPS 4
+#endif
+#ifndef IFKC_MV_R
+#define IFKC_MV_R 2
+#endif
+#ifndef IFKC_MV_U1
+#define IFKC_MV_U1 8
+#endif
+#ifndef IFKC_MV_MINB
+#define IFKC_MV_MINB 4
+#endif
+#define MV_WARPS IFKC_MV_WARPS       /* warps per block of the matrix-vector kernels */
 #define MV_THREADS (32 * MV_WARPS)
-#define MV_R 2                       /* rows of W per warp */
+#define MV_R IFKC_MV_R               /* rows of W per warp */
 /* blocks per SM the kernels are compiled for: small T fits in 128 registers (without this
  * hint ptxas spilled a few bytes there) */
-#define MV_MINB(TM) ((TM) <= 2 ? 4 : 1)
+#define MV_MINB(TM) ((TM) <= 2 ? IFKC_MV_MINB : 1)
 #define QTILE_BYTES (64u << 20)      /* the largest dequantized F16 tile of the prefill path */
 
 /* ---- small device helpers -------------------------------------------------------------------- */
@@ -158,7 +172,7 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MINB(TM))
                    const float *__restrict__ x, size_t ldx, int T, int N, int K)
 {
     constexpr int B = IFKC_QB(QT), BB = IFKC_QBB(QT), G = B / 8, BPW = 32 / G;
-    constexpr int U = TM == 1 ? 8 : TM == 2 ? 4 : 2; /* steps of loads in flight */
+    constexpr int U = TM == 1 ? IFKC_MV_U1 : TM == 2 ? 4 : 2; /* steps of loads in flight */
     const int lane = threadIdx.x & 31, g = lane / G, j = lane % G;
     const int n0 = (int)(blockIdx.x * MV_WARPS + threadIdx.x / 32) * MV_R;
     if (n0 >= N)

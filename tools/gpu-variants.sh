@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# tools/gpu-variants.sh NAME='FLAGS' ... -- gpubench and test_cuda_ops built with the working
+# tree's kernels/cuda/attention.cu and matmul.cu (and other tuning constants, FLAGS) over the
+# library of the last tools/gpu-bundle.sh, into .gpu/variants/{gpubench,test_cuda_ops}-NAME, so
+# that one device call can check and time a kernel change beside the bundle's own
+# (tools/gpu-lease.sh vunit variants). FLAGS are nvcc -D options for kernels/cuda/matmul.cu and
+# attention.cu (IFKC_MV_WARPS, IFKC_MV_R, IFKC_MV_U1, IFKC_MV_MINB, IFKC_DEC_UNROLL, IFKC_DEC_BPS).
+# Run after tools/gpu-bundle.sh (it links against that build's library); sm_90 only.
+#   tools/gpu-variants.sh r1='-DIFKC_MV_R=1' u16='-DIFKC_MV_U1=16 -DIFKC_DEC_UNROLL=8'
+set -euo pipefail
+cd "$(dirname "$0")/.."
+B=build/gpu-bundle
+[ -f $B/libiflow.a ] || { echo "gpu-variants: run tools/gpu-bundle.sh first" >&2; exit 2; }
+NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
+CC_FLAGS=$(make --no-print-directory -n CUDA=1 BUILD=$B CUDA_ARCH="-gencode arch=compute_90,code=sm_90" -W bench/gpubench.c $B/gpubench |
+    grep -- '-o build/gpu-bundle/gpubench' | sed -E 's/ -o build\/gpu-bundle\/gpubench.*//')
+LINK_TAIL=$(make --no-print-directory -n CUDA=1 BUILD=$B CUDA_ARCH="-gencode arch=compute_90,code=sm_90" -W bench/gpubench.c $B/gpubench |
+    grep -- '-o build/gpu-bundle/gpubench' | sed -E 's/.*build\/gpu-bundle\/libiflow.a//')
+mkdir -p .gpu/variants build/gpu-variants
+for arg in "$@"; do
+    name=${arg%%=*} flags=${arg#*=}
+    o=build/gpu-variants/$name
+    mkdir -p "$o"
+    for f in attention matmul; do
+        # shellcheck disable=SC2086
+        $NVCC -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -I. -Xcompiler -Wall,-Wno-unused-parameter,-fPIC \
+            -Xptxas -warn-spills $flags -c kernels/cuda/$f.cu -o "$o/$f.o" 2>&1 | grep -v '^$' || true
+    done
+    # shellcheck disable=SC2086
+    $CC_FLAGS -o "$o/gpubench" bench/gpubench.c "$o/attention.o" "$o/matmul.o" $B/libiflow.a $LINK_TAIL
+    strip -o .gpu/variants/gpubench-"$name" "$o/gpubench"
+    # shellcheck disable=SC2086
+    $CC_FLAGS -o "$o/test_cuda_ops" tests/gpu/test_cuda_ops.c "$o/attention.o" "$o/matmul.o" $B/libiflow.a $LINK_TAIL
+    strip -o .gpu/variants/test_cuda_ops-"$name" "$o/test_cuda_ops"
+    echo "$name: $flags" >>.gpu/variants/list
+    echo "gpu-variants: $name ($flags)" >&2
+done
