@@ -16,7 +16,9 @@
  * matrices ran on the BF16 dot product (kernels.h's ifk_bf16_dot), whose roof is twice FMA's.
  * IFLOW_BENCH_DEVICE=cuda|cuda:N places every layer and the output on that GPU; decode is then
  * timed as greedy decoding runs it (iflow_ctx_eval_argmax: only the id comes back), and the
- * thread count only matters for the CPU's share (the embedding lookup).
+ * thread count only matters for the CPU's share (the embedding lookup). IFLOW_BENCH_GRAPHS=1
+ * runs each decode step as one CUDA graph (iflow_ctx_set_graphs; default: op by op);
+ * graph_launches / graph_instantiations / graph_aborts: iflow_device_graph_stats over the run.
  * IFLOW_BENCH_PLAN=FILE places the model as a partition plan says (plan.h; cpu:N devices get the
  * plan's thread counts, or the cores shared out), to compare with iflow-partition's estimates. */
 #include "bench/bench.h"
@@ -112,6 +114,8 @@ int main(int argc, char **argv)
                 fprintf(stderr, "iflow-bench: %s\n", iflow_errmsg());
                 return 1;
             }
+            const char *graphs = getenv("IFLOW_BENCH_GRAPHS");
+            iflow_ctx_set_graphs(c, graphs && strcmp(graphs, "1") == 0);
             double a0 = bench_now();
             int rc = iflow_ctx_eval(c, ids, n_prefill, logits, 0);
             double a1 = bench_now();
@@ -137,7 +141,10 @@ int main(int argc, char **argv)
                dec_tps * (double)iflow_model_decode_bytes(m) / 1e9, ifk_pool_taken_back() - taken0,
                ifk_pool_moves() - moves0);
     }
-    printf("]}\n");
+    long g_launches, g_inst, g_aborts;
+    iflow_device_graph_stats(dev, &g_launches, &g_inst, &g_aborts);
+    printf("], \"graph_launches\": %ld, \"graph_instantiations\": %ld, \"graph_aborts\": %ld}\n", g_launches, g_inst,
+           g_aborts);
     free(ids);
     free(logits);
     iflow_model_close(m);

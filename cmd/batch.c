@@ -423,6 +423,7 @@ int batch_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
     iflow_batch *b;
     if (iflow_batch_open(&b, m, &p) < 0 || (o->draft && iflow_batch_set_draft(b, o->draft, o->draft_n, o->draft_top_k, o->draft_top_p) < 0))
         die(t, NULL);
+    iflow_batch_set_graphs(b, o->gpu_graphs);
     const iflow_batch_params *bp = iflow_batch_params_of(b);
     signal(SIGPIPE, SIG_IGN); /* a closed output is seen as a failed write */
     int stop[2];

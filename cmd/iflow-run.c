@@ -27,7 +27,7 @@
 enum {
     O_MODEL = 'm', O_PROMPT = 'p', O_NPREDICT = 'n', O_THREADS = 't', O_CTX = 'c', O_VERBOSE = 'v',
     O_TEMP = 256, O_TOPK, O_TOPP, O_SEED, O_ECHO, O_JSON, O_TOKENIZE, O_BOS, O_PARSE_SPECIAL, O_DEVICE,
-    O_GPU_LAYERS, O_LIST_DEVICES, O_PLAN, O_ACTIVATIONS, O_STOP, O_BATCH, O_PARALLEL, O_KV_TYPE, O_METRICS, O_DRY_RUN,
+    O_GPU_LAYERS, O_GPU_GRAPHS, O_LIST_DEVICES, O_PLAN, O_ACTIVATIONS, O_STOP, O_BATCH, O_PARALLEL, O_KV_TYPE, O_METRICS, O_DRY_RUN,
     O_CONTEXT_SHIFT, O_KEEP, O_DRAFT, O_DRAFT_N, O_DRAFT_TOP_K, O_DRAFT_TOP_P, O_BEAMS, O_LENGTH_PENALTY,
     /* sampling: set through iflow_sampler_params_set() by their long names */
     O_SAMPLER, O_MINP, O_TYPICAL, O_TFS, O_MIROSTAT_TAU, O_MIROSTAT_ETA, O_REPEAT_PENALTY, O_REPEAT_LAST_N,
@@ -72,6 +72,7 @@ static const iflow_opt opts[] = {
     DEVICES_ACTIVATIONS_OPT(O_ACTIVATIONS),
     {O_DEVICE, "device", 0, "DEV", "compute on auto (a GPU if there is one, else the CPU), cpu, cuda or cuda:N (default auto)", "auto cpu cuda"},
     {O_GPU_LAYERS, "gpu-layers", 0, "N", "put the first N layers on the GPU and the rest on the CPU (default: all)", NULL},
+    {O_GPU_GRAPHS, "gpu-graphs", 0, NULL, "on a GPU, record each decode step and run it as one CUDA graph (the same results; off by default: on an H200 it was no faster)", NULL},
     {O_PLAN, "plan", 0, "FILE", "place the model over the devices of partition plan FILE (iflow-partition, iflow-plan(5))", "file"},
     {O_LIST_DEVICES, "list-devices", 0, NULL, "print the devices this machine has (with --json: JSON Lines) and exit", NULL},
     {O_BATCH, "batch", 0, NULL, "read JSON Lines requests from standard input, run them together (continuous batching) and write one JSON result per request as each finishes", NULL},
@@ -370,7 +371,8 @@ static int run_batch(const run_opts *o)
     batch_opts b = {.parallel = o->parallel, .n_ctx = o->n_ctx, .kv_type = o->kv_type, .threads = o->threads,
                     .max_tokens = o->n_predict, .verbose = o->verbose, .json = o->json, .sp = o->sp,
                     .context_shift = o->context_shift, .keep = o->keep,
-                    .metrics = o->metrics, .model = o->model, .progress = o->progress};
+                    .metrics = o->metrics, .model = o->model, .progress = o->progress,
+                    .gpu_graphs = o->dev.gpu_graphs};
     int rc;
     if (o->dry_run) {
         rc = batch_dry_run(&tool, m, &b);
@@ -424,6 +426,7 @@ static int run(const run_opts *o)
         iflow_batch_set_comm(g.b, comm) < 0 ||
         (draft && iflow_batch_set_draft(g.b, draft, o->draft_n, o->draft_top_k, o->draft_top_p) < 0))
         die(&tool, NULL);
+    iflow_batch_set_graphs(g.b, o->dev.gpu_graphs);
     double t_load = now_s() - t0;
     if (o->prompt)
         generate(&g, o->prompt, strlen(o->prompt));
@@ -442,6 +445,12 @@ static int run(const run_opts *o)
     char desc[256];
     if (o->verbose)
         fprintf(stderr, "%s: sampler: %s\n", tool.name, iflow_sampler_describe(chain, desc, sizeof desc));
+    if (o->verbose && pl.gpu && o->dev.gpu_graphs) {
+        long launches, inst, aborts;
+        iflow_device_graph_stats(pl.gpu, &launches, &inst, &aborts);
+        fprintf(stderr, "%s: %s: %ld steps run as one graph (%ld set up anew), %ld recordings dropped\n", tool.name,
+                pl.gpu->info.name, launches, inst, aborts);
+    }
     iflow_batch_stats st;
     iflow_batch_get_stats(g.b, &st);
     if (o->verbose && draft)
@@ -519,6 +528,7 @@ int main(int argc, char **argv)
         case OPT_NO_PROGRESS: o.progress = PROGRESS_OFF; break;
         case O_DEVICE: o.dev.device = arg; break;
         case O_GPU_LAYERS: o.dev.gpu_layers = (int)opt_long(&tool, "gpu-layers", arg, 0, 1 << 20); break;
+        case O_GPU_GRAPHS: o.dev.gpu_graphs = 1; break;
         case O_LIST_DEVICES: o.list_devices = 1; break;
         case O_PLAN: o.dev.plan = arg; break;
         case O_ACTIVATIONS: devices_set_activations(&tool, arg); break;

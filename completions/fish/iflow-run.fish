@@ -35,6 +35,7 @@ complete -c iflow-run -l ctx-size -s c -x -d 'context length in tokens (default:
 complete -c iflow-run -l activations -x -a 'int int8 f32' -d 'how the CPU\'s matrix products meet the activations: int (default: rounded per token, to int8 for quantized weights, int16 for 5 bits and more, and to BF16 for F16 and BF16 weights on CPUs with AVX512_BF16; the fast path), int8 (as int, but int8 for every quantized type on CPUs with AVX512_VNNI, Q8 with each token\'s 8 largest multiplied in F32: faster prefill of Q8, Q6 and Q5, a little less accurate) or f32 (not rounded: the reference, slower)'
 complete -c iflow-run -l device -x -a 'auto cpu cuda' -d 'compute on auto (a GPU if there is one, else the CPU), cpu, cuda or cuda:N (default auto)'
 complete -c iflow-run -l gpu-layers -x -d 'put the first N layers on the GPU and the rest on the CPU (default: all)'
+complete -c iflow-run -l gpu-graphs -d 'on a GPU, record each decode step and run it as one CUDA graph (the same results; off by default: on an H200 it was no faster)'
 complete -c iflow-run -l plan -r -d 'place the model over the devices of partition plan FILE (iflow-partition, iflow-plan(5))'
 complete -c iflow-run -l list-devices -d 'print the devices this machine has (with --json: JSON Lines) and exit'
 complete -c iflow-run -l batch -d 'read JSON Lines requests from standard input, run them together (continuous batching) and write one JSON result per request as each finishes'

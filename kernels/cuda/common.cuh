@@ -31,6 +31,11 @@ struct ifkc_dev {
     int            sm_count;
     void          *scratch[IFKC_SCRATCH_N_];
     size_t         scratch_bytes[IFKC_SCRATCH_N_];
+    /* Recording (ifkc_graph_*): the stream is being captured; the last instantiated graph. */
+    int             recording;
+    cudaGraphExec_t graph;
+    ifkc_graph_stats gstats;
+    int            *argmax_res;   /* [1] device: where ifkc_argmax_start left its result */
 };
 
 /* Record a message (printf format) and return code. */

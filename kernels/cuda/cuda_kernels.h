@@ -91,6 +91,23 @@ int  ifkc_make_current(ifkc_dev *d);
 /* Wait for every enqueued operation; reports an asynchronous kernel fault. */
 int  ifkc_sync(ifkc_dev *d);
 
+/* Recording (CUDA graphs): between ifkc_graph_begin and ifkc_graph_end the operations on d are
+ * recorded, not run; ifkc_graph_end then runs them all with one launch. A recording with the
+ * same operations in the same order as the last one (arguments may differ: positions, lengths,
+ * grid sizes) updates the last instantiated graph in place, which costs far less than
+ * instantiating a new one. Nothing recorded may wait for the device: ifkc_download, ifkc_sync
+ * and a scratch buffer that has to grow fail while recording (IFKC_EUNSUPPORTED); the caller
+ * then calls ifkc_graph_abort (nothing recorded runs) and does the work without recording. */
+typedef struct {
+    long launches;        /* graphs run                                          */
+    long instantiations;  /* of which needed a new instantiation (not an update) */
+    long aborts;          /* recordings dropped                                  */
+} ifkc_graph_stats;
+int  ifkc_graph_begin(ifkc_dev *d);
+int  ifkc_graph_end(ifkc_dev *d);
+void ifkc_graph_abort(ifkc_dev *d);
+void ifkc_graph_stats_get(const ifkc_dev *d, ifkc_graph_stats *out);
+
 /* ---- matrix products (kernels/cuda/matmul.cu) ------------------------------------------------ */
 
 /* 1 if ifkc_matmul computes weights of this type. */
@@ -159,6 +176,10 @@ int ifkc_add(ifkc_dev *d, float *y, const float *x, size_t n);
 int ifkc_add_bias(ifkc_dev *d, float *y, size_t ldy, const float *b, int T, int n);
 /* The index of the largest of x[0..n) (the lowest index among equals), copied to the host. */
 int ifkc_argmax(ifkc_dev *d, int32_t *out, const float *x, int n);
+/* The same in two halves, so that the first can be recorded: ifkc_argmax_start enqueues it and
+ * keeps the result on the device; ifkc_argmax_fetch waits for it and copies it to *out. */
+int ifkc_argmax_start(ifkc_dev *d, const float *x, int n);
+int ifkc_argmax_fetch(ifkc_dev *d, int32_t *out);
 
 #ifdef __cplusplus
 }

@@ -138,7 +138,10 @@ void ifkc_close(ifkc_dev *d)
     if (!d)
         return;
     cudaSetDevice(d->index);
+    ifkc_graph_abort(d);
     cudaStreamSynchronize(d->stream);
+    if (d->graph)
+        cudaGraphExecDestroy(d->graph);
     for (int i = 0; i < IFKC_SCRATCH_N_; i++)
         cudaFree(d->scratch[i]);
     ifkc_blas()->destroy(d->blas); /* loaded: the handle was opened through it */
@@ -179,9 +182,17 @@ void ifkc_free(ifkc_dev *d, void *p)
     }
 }
 
+/* The operations that wait for the device refuse while a graph is recorded (see ifkc_graph_begin). */
+static int refuse_recording(const ifkc_dev *d, const char *what)
+{
+    return ifkc_seterr(IFKC_EUNSUPPORTED, "%s on cuda:%d while a graph is recorded", what, d->index);
+}
+
 int ifkc_scratch(ifkc_dev *d, int slot, size_t nbytes, void **p)
 {
     if (d->scratch_bytes[slot] < nbytes) {
+        if (d->recording)
+            return refuse_recording(d, "a scratch buffer that grows");
         /* Kernels still queued may read the old buffer: wait before freeing it. */
         IFKC_CK(cudaStreamSynchronize(d->stream), "cudaStreamSynchronize");
         cudaFree(d->scratch[slot]);
@@ -204,6 +215,8 @@ int ifkc_memset0(ifkc_dev *d, void *p, size_t nbytes)
 
 int ifkc_upload(ifkc_dev *d, void *dst, const void *src, size_t nbytes)
 {
+    if (d->recording)
+        return refuse_recording(d, "an upload");
     /* From pageable memory the copy is staged by the driver and the call returns when src may
      * be reused; the stream orders it with the kernels around it. */
     IFKC_CK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, d->stream), "cudaMemcpy host to device");
@@ -213,6 +226,8 @@ int ifkc_upload(ifkc_dev *d, void *dst, const void *src, size_t nbytes)
 
 int ifkc_download(ifkc_dev *d, void *dst, const void *src, size_t nbytes)
 {
+    if (d->recording)
+        return refuse_recording(d, "a download");
     IFKC_CK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, d->stream), "cudaMemcpy device to host");
     IFKC_CK(cudaStreamSynchronize(d->stream), "cudaStreamSynchronize after download");
     return 0;
@@ -232,6 +247,72 @@ int ifkc_make_current(ifkc_dev *d)
 
 int ifkc_sync(ifkc_dev *d)
 {
+    if (d->recording)
+        return refuse_recording(d, "a wait");
     IFKC_CK(cudaStreamSynchronize(d->stream), "cudaStreamSynchronize");
     return 0;
 }
+
+/* ---- recording (CUDA graphs) --------------------------------------------------------------------
+ * Stream capture in thread-local mode: this thread's calls that are unsafe during a capture fail
+ * instead of being run. Each recording is ended into a graph; the handle keeps one instantiated
+ * graph (d->graph) and updates it from the new recording when the two have the same nodes
+ * (cudaGraphExecUpdate: kernel arguments and grid sizes may change), else instantiates anew. */
+int ifkc_graph_begin(ifkc_dev *d)
+{
+    if (d->recording)
+        return ifkc_seterr(IFKC_EINVAL, "cuda:%d is already recording a graph", d->index);
+    IFKC_CK(cudaSetDevice(d->index), "cudaSetDevice");
+    IFKC_CK(cudaStreamBeginCapture(d->stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    d->recording = 1;
+    return 0;
+}
+
+void ifkc_graph_abort(ifkc_dev *d)
+{
+    if (!d->recording)
+        return;
+    cudaGraph_t g = NULL;
+    if (cudaStreamEndCapture(d->stream, &g) == cudaSuccess && g)
+        cudaGraphDestroy(g);
+    cudaGetLastError(); /* the capture's failure is not the next launch's */
+    d->recording = 0;
+    d->gstats.aborts++;
+}
+
+int ifkc_graph_end(ifkc_dev *d)
+{
+    if (!d->recording)
+        return ifkc_seterr(IFKC_EINVAL, "cuda:%d is not recording a graph", d->index);
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(d->stream, &g);
+    d->recording = 0;
+    if (e != cudaSuccess || !g) {
+        cudaGetLastError();
+        d->gstats.aborts++;
+        return ifkc_cuda_err(e != cudaSuccess ? e : cudaErrorStreamCaptureInvalidated, "cudaStreamEndCapture");
+    }
+    if (d->graph) {
+        cudaGraphExecUpdateResultInfo info;
+        if (cudaGraphExecUpdate(d->graph, g, &info) != cudaSuccess) {
+            cudaGetLastError(); /* not the same nodes: instantiate this one */
+            cudaGraphExecDestroy(d->graph);
+            d->graph = NULL;
+        }
+    }
+    if (!d->graph) {
+        e = cudaGraphInstantiate(&d->graph, g, 0);
+        if (e != cudaSuccess) {
+            d->graph = NULL;
+            cudaGraphDestroy(g);
+            return ifkc_cuda_err(e, "cudaGraphInstantiate");
+        }
+        d->gstats.instantiations++;
+    }
+    cudaGraphDestroy(g);
+    IFKC_CK(cudaGraphLaunch(d->graph, d->stream), "cudaGraphLaunch");
+    d->gstats.launches++;
+    return 0;
+}
+
+void ifkc_graph_stats_get(const ifkc_dev *d, ifkc_graph_stats *out) { *out = d->gstats; }

@@ -276,7 +276,27 @@ __global__ void argmax_final(int *res, const float *part_v, const int *part_i, i
 
 extern "C" int ifkc_argmax(ifkc_dev *d, int32_t *out, const float *x, int n)
 {
-    if (!d || !out || !x)
+    if (!out)
+        return ifkc_seterr(IFKC_EINVAL, "argmax: a NULL handle or pointer");
+    int rc = ifkc_argmax_start(d, x, n);
+    return rc ? rc : ifkc_argmax_fetch(d, out);
+}
+
+extern "C" int ifkc_argmax_fetch(ifkc_dev *d, int32_t *out)
+{
+    if (!d || !out || !d->argmax_res)
+        return ifkc_seterr(IFKC_EINVAL, "argmax: nothing was started");
+    int32_t r;
+    int rc = ifkc_download(d, &r, d->argmax_res, sizeof r);
+    if (rc)
+        return rc;
+    *out = r;
+    return 0;
+}
+
+extern "C" int ifkc_argmax_start(ifkc_dev *d, const float *x, int n)
+{
+    if (!d || !x)
         return ifkc_seterr(IFKC_EINVAL, "argmax: a NULL handle or pointer");
     if (n <= 0)
         return ifkc_seterr(IFKC_EINVAL, "argmax: %d values (at least 1)", n);
@@ -296,10 +316,6 @@ extern "C" int ifkc_argmax(ifkc_dev *d, int32_t *out, const float *x, int n)
     IFKC_CKL("argmax_partial");
     argmax_final<<<1, OPS_THREADS, 0, d->stream>>>(res, part_v, part_i, nb, n);
     IFKC_CKL("argmax_final");
-    int32_t r;
-    rc = ifkc_download(d, &r, res, sizeof r);
-    if (rc)
-        return rc;
-    *out = r;
+    d->argmax_res = res;
     return 0;
 }

@@ -191,6 +191,10 @@ static int cu_attention_bias(iflow_device *d, float *out, const float *q, size_t
 
 static int cu_query(const iflow_device *d, iflow_device_info *info) { return iflow_cuda_info(d->info.index, info); }
 
+static int cu_record_begin(iflow_device *d) { CALL(d, ifkc_graph_begin(DEV(d))); }
+static int cu_record_end(iflow_device *d) { CALL(d, ifkc_graph_end(DEV(d))); }
+static void cu_record_abort(iflow_device *d) { ifkc_graph_abort(DEV(d)); }
+
 static const iflow_device_ops cuda_ops = {
     cu_close, cu_query, cu_alloc, cu_free, cu_upload, cu_download, cu_supports, cu_matmul, cu_rmsnorm,
     cu_rope, cu_attention, cu_silu_mul, cu_add, cu_add_bias, cu_argmax, cu_kv_store, cu_attention_paged,
@@ -200,7 +204,17 @@ static const iflow_device_ops cuda_ops = {
     NULL, /* pack: CUDA multiplies the row layout */
     cu_attention_bias,
     NULL, /* relu_mul: none yet */
+    cu_record_begin, cu_record_end, cu_record_abort,
 };
+
+void iflow_cuda_graph_stats(const iflow_device *d, long *launches, long *instantiations, long *aborts)
+{
+    ifkc_graph_stats st;
+    ifkc_graph_stats_get(DEV(d), &st);
+    *launches = st.launches;
+    *instantiations = st.instantiations;
+    *aborts = st.aborts;
+}
 
 int iflow_cuda_count(const char **why)
 {
@@ -280,6 +294,11 @@ int iflow_cuda_open(iflow_device **out, int index)
 {
     *out = NULL;
     return iflow_seterr(IFLOW_EUNSUPPORTED, "cannot open cuda:%d: %s", index, no_cuda);
+}
+
+void iflow_cuda_graph_stats(const iflow_device *d, long *launches, long *instantiations, long *aborts)
+{
+    *launches = *instantiations = *aborts = 0;
 }
 
 #endif

@@ -59,6 +59,14 @@ int iflow_device_open_auto(iflow_device **out, int n_threads, const char **fallb
     return iflow_cpu_open(out, n_threads);
 }
 
+void iflow_device_graph_stats(const iflow_device *d, long *launches, long *instantiations, long *aborts)
+{
+    if (d && d->info.kind == IFLOW_DEVICE_CUDA)
+        iflow_cuda_graph_stats(d, launches, instantiations, aborts);
+    else
+        *launches = *instantiations = *aborts = 0;
+}
+
 const char *iflow_device_cuda_status(void)
 {
     static __thread char status[512];

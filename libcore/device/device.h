@@ -110,6 +110,15 @@ typedef struct {
                            float scale, const float *bias);
     /* g = max(g, 0) * u, or max(g, 0) when u is NULL (T5's ReLU FFN); NULL: none. */
     int  (*relu_mul)(iflow_device *d, float *g, const float *u, size_t n);
+    /* Recording a step (CUDA graphs; NULL on a backend that runs each op as it comes).
+     * Between record_begin and record_end the ops are recorded, not run; record_end runs them
+     * all at once (a recording like the last one reuses its set-up: far cheaper than the ops
+     * one by one). While recording, an op that must wait for the device (a download, a
+     * scratch buffer that grows) fails; the caller then calls record_abort, which drops the
+     * recording (nothing of it runs), and does the step op by op. */
+    int  (*record_begin)(iflow_device *d);
+    int  (*record_end)(iflow_device *d);
+    void (*record_abort)(iflow_device *d);
 } iflow_device_ops;
 
 struct iflow_device {
@@ -140,6 +149,11 @@ int  iflow_device_query(const iflow_device *d, iflow_device_info *info);
 /* "cuda 13.0 runtime, 1 device"; or why CUDA is unavailable ("this build has no CUDA (built
  * with CUDA=0)", "no CUDA driver ...", "no CUDA-capable device"). Thread-local string. */
 const char *iflow_device_cuda_status(void);
+
+/* How the device's recordings went (record_begin..record_end): steps run as one graph, how many
+ * of those needed a new graph rather than an update of the last, recordings dropped. All 0 on
+ * a device that does not record. */
+void iflow_device_graph_stats(const iflow_device *d, long *launches, long *instantiations, long *aborts);
 
 /* Make n bytes of host data available on d: *out = host itself on a host-memory device (or d
  * NULL, the host), else a new device copy (free it with iflow_device_unput). */

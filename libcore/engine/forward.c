@@ -68,6 +68,8 @@ struct iflow_ctx {
     float *out_logits;          /* [out_rows][vocab] host: a step's logits before they are handed out */
     int out_rows;
     iflow_comm *comm;           /* several processes (comm.h), or NULL */
+    int record;                 /* single-token steps recorded as one graph where they can be (iflow_ctx_set_graphs; default 0) */
+    int record_fails;           /* recordings dropped in a row; at RECORD_MAX_FAILS the context stops trying */
 };
 
 static void scratch_free(dev_scratch *s)
@@ -882,9 +884,15 @@ static int output_logits(iflow_ctx *c, dev_scratch *s, int r0, int rows, float *
     return 0;
 }
 
+/* A step of one token recorded as one graph (defined with the steps of several sequences). */
+static int recordable(const iflow_ctx *c);
+static int ctx_step_recorded(iflow_ctx *c, int32_t id, float *logits, int32_t *next);
+
 /* One batch of T <= MAX_BATCH tokens. */
 static int forward_batch(iflow_ctx *c, const int32_t *ids, int T, float *logits, int all_logits)
 {
+    if (T == 1 && logits && !all_logits && recordable(c))
+        return ctx_step_recorded(c, ids[0], logits, NULL);
     dev_scratch *s;
     IFLOW_TRY(forward_own(c, ids, T, &s));
     if (!logits)
@@ -999,6 +1007,8 @@ int iflow_ctx_eval_argmax(iflow_ctx *c, const int32_t *ids, int n, int32_t *next
     dev_scratch *s;
     int T = n - done;
     float *y;
+    if (T == 1 && recordable(c))
+        return ctx_step_recorded(c, ids[done], NULL, next);
     IFLOW_TRY(forward_own(c, ids + done, T, &s));
     IFLOW_TRY(compute_logits(c, s, T - 1, 1, c->last_logits, &y));
     return s->dev->ops->argmax(s->dev, next, y, c->m->hp.vocab_size);
@@ -1022,26 +1032,35 @@ static int out_logits_rows(iflow_ctx *c, int rows)
 /* Rows of output a step sequence asks for. */
 static int out_rows_of(const iflow_step_seq *q) { return q->n_out > 0 ? q->n_out : 1; }
 
-/* The logits (or the argmax) after the last n_out rows of every sequence that asks for them,
- * one matrix product for all of them (the output matrix is read once per step). */
-static int step_logits(iflow_ctx *c, dev_scratch *s, const iflow_step_seq *seqs, const ifk_kv_seq *seq, int n_seqs)
+/* The first half of step_logits, which can be recorded: the output norms and the logits of
+ * the rows asked for, into *y (c->out_logits on a host device, else device scratch);
+ * *n_out = their count (0: nothing asked for, *y untouched), *n_full = the rows wanted whole. */
+static int step_project(iflow_ctx *c, dev_scratch *s, const iflow_step_seq *seqs, const ifk_kv_seq *seq, int n_seqs,
+                        float **y, int *n_out, int *n_full)
 {
     const iflow_hparams *hp = &c->m->hp;
-    iflow_device *d = s->dev;
-    int D = hp->dim, V = hp->vocab_size, n_out = 0, n_full = 0;
+    int D = hp->dim;
+    *n_out = *n_full = 0;
     for (int i = 0; i < n_seqs; i++)
         if (seqs[i].logits || seqs[i].next) {
             int k = out_rows_of(&seqs[i]), r = seq[i].row0 + seq[i].n_rows - k;
-            IFLOW_TRY(iflow_norm_rows(c->m, d, s->xb + (size_t)n_out * D, s->x + (size_t)r * D, c->m->output_norm_w,
-                     c->m->output_norm_b_w, k, D));
-            n_out += k;
-            n_full += seqs[i].logits ? k : 0;
+            IFLOW_TRY(iflow_norm_rows(c->m, s->dev, s->xb + (size_t)*n_out * D, s->x + (size_t)r * D,
+                                      c->m->output_norm_w, c->m->output_norm_b_w, k, D));
+            *n_out += k;
+            *n_full += seqs[i].logits ? k : 0;
         }
-    if (n_out == 0)
+    if (*n_out == 0)
         return 0;
-    IFLOW_TRY(out_logits_rows(c, n_out));
-    float *y;
-    IFLOW_TRY(project_logits(c, s, n_out, c->out_logits, &y));
+    IFLOW_TRY(out_logits_rows(c, *n_out));
+    return project_logits(c, s, *n_out, c->out_logits, y);
+}
+
+/* The second half: the logits (downloaded) or argmax ids each sequence asks for. */
+static int step_outputs(iflow_ctx *c, dev_scratch *s, const iflow_step_seq *seqs, int n_seqs, float *y, int n_out,
+                        int n_full)
+{
+    iflow_device *d = s->dev;
+    int V = c->m->hp.vocab_size;
     if (y != c->out_logits && n_full == n_out)
         IFLOW_TRY(d->ops->download(d, c->out_logits, y, (size_t)n_out * V * sizeof(float)));
     for (int i = 0, j = 0; i < n_seqs; i++) {
@@ -1063,6 +1082,89 @@ static int step_logits(iflow_ctx *c, dev_scratch *s, const iflow_step_seq *seqs,
     }
     return 0;
 }
+
+/* The logits (or the argmax) after the last n_out rows of every sequence that asks for them,
+ * one matrix product for all of them (the output matrix is read once per step). */
+static int step_logits(iflow_ctx *c, dev_scratch *s, const iflow_step_seq *seqs, const ifk_kv_seq *seq, int n_seqs)
+{
+    float *y;
+    int n_out, n_full;
+    IFLOW_TRY(step_project(c, s, seqs, seq, n_seqs, &y, &n_out, &n_full));
+    return n_out ? step_outputs(c, s, seqs, n_seqs, y, n_out, n_full) : 0;
+}
+
+/* ---- steps recorded as one graph -------------------------------------------------------------
+ *
+ * A decode step launches a dozen operations per layer; on a GPU, launching them one by one can
+ * cost more than computing them. Where the output device records (its record ops: CUDA
+ * graphs) and every layer is whole on it, a step whose sequences each bring one token is
+ * recorded from the first layer to the logits and run as one launch: the embedding rows go up
+ * before the recording, the logits or argmax ids come down after it. The recording holds the
+ * same ops with the same arguments as the step op by op, so the results are identical. A
+ * recording that fails (an op that would have to wait, such as a scratch buffer that grows
+ * with the context) is dropped and the step runs op by op; after RECORD_MAX_FAILS failures in
+ * a row the context stops recording. */
+enum { RECORD_MAX_FAILS = 8 };
+
+static int recordable(const iflow_ctx *c)
+{
+    const iflow_model *m = c->m;
+    const iflow_device *d = c->dev[m->output_dev].dev;
+    if (!c->record || c->record_fails >= RECORD_MAX_FAILS || c->comm || d->host_memory || !d->ops->record_begin)
+        return 0;
+    for (int l = 0; l < m->hp.n_layers; l++)
+        if (m->part0[l + 1] - m->part0[l] != 1 || m->parts[m->part0[l]].dev != m->output_dev)
+            return 0;
+    return 1;
+}
+
+/* Every layer on the output device s, then step_project. */
+static int layers_project(iflow_ctx *c, dev_scratch *s, const step_rows *r, const iflow_step_seq *seqs, int n_seqs,
+                          float **y, int *n_out, int *n_full)
+{
+    for (int l = 0; l < c->m->hp.n_layers; l++)
+        IFLOW_TRY(layer_block(c, s, c->m->part0[l], r));
+    return step_project(c, s, seqs, r->seq, n_seqs, y, n_out, n_full);
+}
+
+/* A step (rows r of tokens ids) with the layers and the projection recorded (recordable(c)). */
+static int step_recorded(iflow_ctx *c, const int32_t *ids, const step_rows *r, const iflow_step_seq *seqs, int n_seqs)
+{
+    dev_scratch *s = &c->dev[c->m->output_dev];
+    iflow_device *d = s->dev;
+    float *y = NULL;
+    int n_out = 0, n_full = 0;
+    IFLOW_TRY(embed(c, ids, r, c->m->output_dev));
+    int rc = d->ops->record_begin(d);
+    if (rc == 0) {
+        rc = layers_project(c, s, r, seqs, n_seqs, &y, &n_out, &n_full);
+        if (rc == 0)
+            rc = d->ops->record_end(d);
+        else
+            d->ops->record_abort(d);
+    }
+    if (rc < 0) { /* nothing recorded ran: the step op by op */
+        c->record_fails++;
+        IFLOW_TRY(layers_project(c, s, r, seqs, n_seqs, &y, &n_out, &n_full));
+    } else {
+        c->record_fails = 0;
+    }
+    return n_out ? step_outputs(c, s, seqs, n_seqs, y, n_out, n_full) : 0;
+}
+
+/* iflow_ctx_eval's and iflow_ctx_eval_argmax's step of one token, recorded: logits [vocab]
+ * (host) or *next. */
+static int ctx_step_recorded(iflow_ctx *c, int32_t id, float *logits, int32_t *next)
+{
+    iflow_step_seq q = {.ids = &id, .n = 1, .pos0 = c->n_past, .table = c->table0, .logits = logits, .next = next};
+    ifk_kv_seq seq = {.row0 = 0, .n_rows = 1, .pos0 = c->n_past, .table = c->table0};
+    step_rows r = {.kv = c->kv, .seq = &seq, .n_seq = 1, .T = 1};
+    IFLOW_TRY(step_recorded(c, &id, &r, &q, 1));
+    c->n_past += 1;
+    return 0;
+}
+
+void iflow_ctx_set_graphs(iflow_ctx *c, int on) { c->record = on != 0; }
 
 int iflow_ctx_step(iflow_ctx *c, iflow_kv *kv, const iflow_step_seq *seqs, int n_seqs)
 {
@@ -1090,6 +1192,8 @@ int iflow_ctx_step(iflow_ctx *c, iflow_kv *kv, const iflow_step_seq *seqs, int n
     }
     step_rows r = {.kv = kv, .seq = seq, .n_seq = n_seqs, .T = T};
     dev_scratch *s;
+    if (!c->comm && T == n_seqs && recordable(c)) /* one token each */
+        return step_recorded(c, ids, &r, seqs, n_seqs);
     if (!c->comm) {
         IFLOW_TRY(forward_layers(c, ids, &r, &s));
         return step_logits(c, s, seqs, seq, n_seqs);

@@ -319,4 +319,11 @@ int  iflow_ctx_set_comm(iflow_ctx *c, struct iflow_comm *comm);
  * (the lowest id among equal logits), found on the output device: only the id is copied back. */
 int  iflow_ctx_eval_argmax(iflow_ctx *c, const int32_t *ids, int n, int32_t *next);
 
+/* With on, steps whose sequences each bring one token (iflow_ctx_step, and iflow_ctx_eval /
+ * iflow_ctx_eval_argmax with n = 1) are recorded and run as one graph when the whole model is on
+ * one device that records (CUDA): the same operations with the same results, launched at once.
+ * Off (the default) runs them op by op: recording every step costs about what it saves
+ * (docs/PERFORMANCE.md, "Decode steps as CUDA graphs"). */
+void iflow_ctx_set_graphs(iflow_ctx *c, int on);
+
 #endif

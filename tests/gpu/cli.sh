@@ -9,6 +9,8 @@
 #     values; the CPU's quantized kernels round activations to integers, so they are not the
 #     reference here): at least the first 32 tokens equal on every prompt, and the count of the
 #     64 that agree is printed;
+#   - with --gpu-graphs, decode steps run as CUDA graphs (iflow-run -v counts them) and give the
+#     CPU's greedy tokens;
 #   - GPU/CPU hybrid (--gpu-layers 2 of 5) gives the CPU's greedy tokens;
 #   - iflow-ppl on the GPU within 0.1 % of the CPU's perplexity;
 #   - a placement that does not fit names the device and the bytes it lacks, before loading.
@@ -49,6 +51,17 @@ done
 cpu=$(greedy "$TMP/xs.ifs" cpu 64 "Once upon a time")
 gpu=$(greedy "$TMP/xs.ifs" cuda 64 "Once upon a time")
 expect_eq "$gpu" "$cpu" "xs-ckpt: greedy ids on the GPU"
+
+# ---- --gpu-graphs: decode steps as CUDA graphs, the same greedy ids ----
+prompt=$(head -n 1 "$G/stories260K.greedy64.jsonl" | jq -r .prompt)
+for model in s s16; do
+    cpu=$(greedy "$TMP/$model.ifs" cpu 64 "$prompt")
+    run $BIN/iflow-run -m "$TMP/$model.ifs" --device cuda --gpu-graphs -n 64 -p "$prompt" --temp 0 --json -v
+    expect_eq "$(jq -c .gen_ids <<<"$out")" "$cpu" "$model --gpu-graphs: the CPU's greedy ids"
+    expect_match "$err" "cuda:0: [1-9][0-9]* steps run as one graph \([0-9]+ set up anew\), [0-9]+ recordings dropped" \
+        "$model --gpu-graphs: decode steps run as CUDA graphs"
+    printf 'OBSERVED %s --gpu-graphs: %s\n' "$model" "$(grep 'as one graph' <<<"$err")" >&2
+done
 
 # ---- hybrid: 2 of 5 layers on the GPU ----
 prompt=$(head -n 1 "$G/stories260K.greedy64.jsonl" | jq -r .prompt)

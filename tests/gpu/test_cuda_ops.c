@@ -3,13 +3,16 @@
  * attention.cu, ops.cu) against their scalar CPU references on random data with a fixed seed.
  * Needs a GPU: without one it fails at once, saying so. Run by `make check-gpu`.
  *
- * Covered: decoding attention (F32 and F16 caches, head_dim 8/16/32/64/80/96/128/256, GQA ratios 1, 4,
- * 8, contexts of 1, 17 and 4097 keys, long contexts of 16384 and 40000 keys, a group larger
+ * Covered: decoding attention (F32 and F16 caches, head_dim 8/16/32/64/80/96/128/256, GQA ratios 1, 2,
+ * 4, 8, 3, 6, 7, 16, contexts of 1, 17 and 4097 keys, long contexts of 16384 and 40000 keys, a group larger
  * than one block's 8 heads, a padded and an unaligned row stride), prefill attention (T = 2,
  * 17, 100 at pos0 = 0 and pos0 > 0, the same shapes), the argument checks, kv_shift (against
  * the CPU's ifk_kv_shift: keys within 1e-5 relative, values bit for bit), kv_store (F32 and
  * F16, bit-exact), rmsnorm, rope (both layouts, freq_scale or not, partial rot_dim, several
- * positions), silu_mul, add, add_bias, argmax (ties, n = 1, a vocabulary of 151936).
+ * positions), silu_mul, add, add_bias, argmax (ties, n = 1, a vocabulary of 151936), and
+ * recording (ifkc_graph_*): three recordings of the same ops with other lengths give the ops'
+ * results exactly, set up one graph and update it twice; a download while recording is
+ * refused; an aborted recording runs nothing.
  *
  * Tolerances (the CPU reference accumulates dot products and sums in double):
  *   attention:  |o - ref| <= 1e-4 * max |v|. The GPU sums in F32 in another order: scores
@@ -135,7 +138,7 @@ static void attn_case(int kv_type, int head_dim, int n_heads, int n_kv, int T, i
 }
 
 static const int head_dims[] = {8, 16, 32, 64, 80, 96, 128, 256};
-static const int ratios[] = {1, 4, 8};
+static const int ratios[] = {1, 2, 4, 8}; /* the decode kernel's heads per block: 1, 2, 4, 8 */
 
 static void test_attention_decode(void)
 {
@@ -159,6 +162,11 @@ static void test_attention_decode_long(void)
     attn_case(IFK_F16, 128, 28, 4, 1, 5000, 0, VIA_DISPATCH);
     attn_case(IFK_F32, 128, 32, 2, 1, 3000, 0, VIA_DISPATCH);
     attn_case(IFK_F16, 64, 16, 1, 1, 700, 0, VIA_DIRECT);
+    /* Groups of 3 and 6: blocks of 4 and 8 heads, one and two of them idle. */
+    attn_case(IFK_F32, 64, 6, 2, 1, 3000, 0, VIA_DISPATCH);
+    attn_case(IFK_F16, 128, 12, 2, 1, 9000, 0, VIA_DIRECT);
+    /* Llama-2-7B: no grouping (32 heads, 32 kv heads), one head a block, several chunks. */
+    attn_case(IFK_F16, 128, 32, 32, 1, 4500, 0, VIA_DISPATCH);
     /* A padded row stride that keeps rows 16-byte aligned (the fast kernel) ... */
     attn_case(IFK_F32, 96, 8, 2, 1, 2000, 8, VIA_DISPATCH);
     attn_case(IFK_F16, 80, 8, 2, 1, 2000, 16, VIA_DISPATCH);
@@ -548,6 +556,67 @@ static void test_argmax(void)
     CHECK(ifkc_argmax(dev, &got, NULL, 5) == IFKC_EINVAL, "argmax of NULL");
 }
 
+/* ---- recording (CUDA graphs) ------------------------------------------------------------- */
+
+static void test_graph(void)
+{
+    const size_t n = 4096;
+    float *x = gpu_xmalloc(n * 4), *y = gpu_xmalloc(n * 4), *got = gpu_xmalloc(n * 4);
+    fill(x, n, -1.0f, 1.0f);
+    fill(y, n, -1.0f, 1.0f);
+    float *dx = gpu_dup(x, n * 4), *dy = gpu_dup(y, n * 4);
+    int32_t am;
+    CHECK(ifkc_argmax(dev, &am, dy, (int)n) == 0, "graph: argmax before recording: %s", ifkc_errmsg());
+    ifkc_graph_stats st0, st;
+    ifkc_graph_stats_get(dev, &st0);
+    for (int round = 0; round < 3; round++) {
+        size_t m = n - (size_t)round * 7; /* other lengths: other kernel arguments, same nodes */
+        int rc = ifkc_graph_begin(dev);
+        CHECK(rc == 0, "graph: begin: %s", ifkc_errmsg());
+        if (rc)
+            break;
+        float one;
+        CHECK(ifkc_download(dev, &one, dx, 4) == IFKC_EUNSUPPORTED, "graph: a download while recording is refused");
+        rc = ifkc_add(dev, dy, dx, m);
+        if (rc == 0)
+            rc = ifkc_argmax_start(dev, dy, (int)m);
+        if (rc == 0)
+            rc = ifkc_graph_end(dev);
+        else
+            ifkc_graph_abort(dev);
+        CHECK(rc == 0, "graph: round %d: %s", round, ifkc_errmsg());
+        if (rc)
+            break;
+        CHECK(ifkc_argmax_fetch(dev, &am) == 0, "graph: fetch: %s", ifkc_errmsg());
+        int best = 0;
+        for (size_t i = 0; i < m; i++) {
+            y[i] += x[i];
+            if (y[i] > y[best])
+                best = (int)i;
+        }
+        if (gpu_fetch(got, dy, n * 4) == 0)
+            CHECK(memcmp(got, y, n * 4) == 0, "graph: round %d: the recorded add is not the add", round);
+        CHECK(am == best, "graph: round %d: argmax %d, expected %d", round, (int)am, best);
+    }
+    ifkc_graph_stats_get(dev, &st);
+    CHECK(st.launches - st0.launches == 3 && st.instantiations - st0.instantiations == 1,
+          "graph: %ld launches, %ld instantiations (expected 3 and 1: the later recordings update the graph)",
+          st.launches - st0.launches, st.instantiations - st0.instantiations);
+    /* abort: nothing recorded runs */
+    CHECK(ifkc_graph_begin(dev) == 0, "graph: begin: %s", ifkc_errmsg());
+    CHECK(ifkc_add(dev, dy, dx, n) == 0, "graph: add: %s", ifkc_errmsg());
+    ifkc_graph_abort(dev);
+    if (gpu_fetch(got, dy, n * 4) == 0)
+        CHECK(memcmp(got, y, n * 4) == 0, "graph: an aborted recording changed y");
+    ifkc_graph_stats_get(dev, &st0);
+    CHECK(st0.aborts - st.aborts == 1, "graph: the abort was not counted");
+    ifkc_free(dev, dx);
+    ifkc_free(dev, dy);
+    free(x);
+    free(y);
+    free(got);
+}
+
 int main(void)
 {
     if (!gpu_open("test_cuda_ops"))
@@ -565,6 +634,7 @@ int main(void)
     RUN(test_silu_mul_add);
     RUN(test_add_bias);
     RUN(test_argmax);
+    RUN(test_graph);
 
     ifkc_close(dev);
     return check_summary("test_cuda_ops");
