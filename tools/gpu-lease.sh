@@ -13,6 +13,9 @@
 #   variants each gpubench in .gpu/variants (tools/gpu-variants.sh): decode matrix-vector products
 #            (--quick) and decoding attention, one line per case with every variant's fraction
 #            of the copy bandwidth
+#   ncustep  Nsight Compute's duration of every kernel of a short TinyLlama-shape run (F16 and
+#            Q4_B64; iflow-bench: 8 prompt tokens, 2 decode steps, best of 2), summed per kernel:
+#            where a decode step's time goes (NCUSTEP_TYPES, default "f16 q4_b64")
 #   ncu      Nsight Compute on one launch each of the decode kernels named in NCU_KERNELS
 #            (demangled-name regexes, no spaces; default F16, Q8_B64 and Q4_B64 at T = 1)
 #
@@ -33,7 +36,7 @@ step() { # name, seconds, command...
     local name=$1 lim=$2 t0=$SECONDS rc
     shift 2
     echo "== $name (limit $lim s)"
-    timeout -k 5 "$lim" bash -c "$(declare -f env_info unit kernels cli models sanitize ncu_kernels variants vunit); $*" >"$O/$name.log" 2>&1
+    timeout -k 5 "$lim" bash -c "$(declare -f env_info unit kernels cli models sanitize ncu_kernels variants vunit ncustep); $*" >"$O/$name.log" 2>&1
     rc=$?
     echo "== $name: exit $rc after $((SECONDS - t0)) s"
     grep -E '^(FAIL|OBSERVED|SKIP)|passed, [0-9]+ failed|error|Error' "$O/$name.log" | head -n 60
@@ -83,6 +86,26 @@ ncu_kernels() {
     done
 }
 
+ncustep() {
+    local ncu t src=/tmp/ncustep/tl-f16.ifs
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+    [ -n "$ncu" ] || { echo "no ncu"; return 1; }
+    mkdir -p /tmp/ncustep
+    "$b/bin/iflow-convert" --synthetic "$b/shared/models/synthetic/tinyllama-1.1b" -t f16 -o "$src" >/dev/null || return
+    for t in ${NCUSTEP_TYPES:-f16 q4_b64}; do
+        local m=$src
+        if [ "$t" != f16 ]; then
+            m=/tmp/ncustep/tl-$t.ifs
+            "$b/bin/iflow-quant" -t "$t" --keep "*=$t" -i "$src" -o "$m" >/dev/null || return
+        fi
+        echo "---- $t: iflow-bench without ncu"
+        IFLOW_BENCH_DEVICE=cuda "$b/build/iflow-bench" "$m" 8 2 1 | jq -c '.runs[0]'
+        echo "---- $t: kernel durations (ncu, each kernel serialized)"
+        IFLOW_BENCH_DEVICE=cuda "$ncu" --clock-control none --metrics gpu__time_duration.sum \
+            --print-summary per-kernel "$b/build/iflow-bench" "$m" 8 2 1 2>&1 | grep -v '^{'  # all of it: the log
+    done
+}
+
 vunit() {
     local t rc=0
     for t in "$b"/variants/test_cuda_ops-*; do echo "-- $(basename "$t")"; "$t" || rc=1; done
@@ -119,6 +142,7 @@ for s in "$@"; do
     vunit) step vunit "${STEP_S_vunit:-60}" vunit ;;
     variants) step variants "${STEP_S_variants:-120}" variants ;;
     ncu) step ncu "${STEP_S_ncu:-90}" ncu_kernels ;;
+    ncustep) step ncustep "${STEP_S_ncustep:-150}" ncustep ;;
     *) echo "gpu-lease: unknown step '$s'" >&2; exit 2 ;;
     esac
 done
