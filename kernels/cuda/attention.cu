@@ -106,13 +106,16 @@ static __host__ __device__ constexpr int pow2_at_least(int x) { return x <= 1 ? 
 
 /* ---- decode ------------------------------------------------------------------------------ */
 
-/* IFKC_DEC_UNROLL and IFKC_DEC_BPS exist only so that tools/gpu-variants.sh can build gpubench
- * with other values and time them side by side. */
+/* IFKC_DEC_UNROLL, IFKC_DEC_BPS and IFKC_DEC_MINB exist only so that tools/gpu-variants.sh can
+ * build gpubench with other values and time them side by side. */
 #ifndef IFKC_DEC_UNROLL
 #define IFKC_DEC_UNROLL 4
 #endif
 #ifndef IFKC_DEC_BPS
 #define IFKC_DEC_BPS 2
+#endif
+#ifndef IFKC_DEC_MINB /* blocks an SM the decoding kernel is compiled for (registers: 64K / (256 x this)) */
+#define IFKC_DEC_MINB 2
 #endif
 
 enum {
@@ -202,7 +205,7 @@ template <int S, int GM> static __device__ __forceinline__ float segment_reduce_
 }
 
 template <int D, typename KV, int GM>
-__global__ void __launch_bounds__(DEC_THREADS, 2) attn_decode_chunk(dec_args a)
+__global__ void __launch_bounds__(DEC_THREADS, IFKC_DEC_MINB) attn_decode_chunk(dec_args a)
 {
     using SH = dec_shape<D, KV>;
     constexpr int E = SH::E, P = SH::P, S = SH::S, PPL = SH::PPL, KPW = SH::KPW, STEP = SH::STEP;
