@@ -36,7 +36,7 @@ step() { # name, seconds, command...
     local name=$1 lim=$2 t0=$SECONDS rc
     shift 2
     echo "== $name (limit $lim s)"
-    timeout -k 5 "$lim" bash -c "$(declare -f env_info unit kernels cli models sanitize ncu_kernels variants vunit ncustep); $*" >"$O/$name.log" 2>&1
+    timeout -k 5 "$lim" bash -c "$(declare -f env_info unit kernels cli models sanitize ncu_kernels variants vunit ncustep unpack_variants); $*" >"$O/$name.log" 2>&1
     rc=$?
     echo "== $name: exit $rc after $((SECONDS - t0)) s"
     grep -E '^(FAIL|OBSERVED|SKIP)|passed, [0-9]+ failed|error|Error' "$O/$name.log" | head -n 60
@@ -106,14 +106,27 @@ ncustep() {
     done
 }
 
+unpack_variants() { # tools/gpu-variants.sh gzips them
+    local f
+    for f in "$b"/variants/*.gz; do [ -e "$f" ] && gunzip -kf "$f"; done
+    chmod +x "$b"/variants/gpubench-* "$b"/variants/test_cuda_* 2>/dev/null
+    return 0
+}
+
 vunit() {
     local t rc=0
-    for t in "$b"/variants/test_cuda_ops-*; do echo "-- $(basename "$t")"; "$t" || rc=1; done
+    unpack_variants
+    for t in "$b"/variants/test_cuda_*-*; do
+        case $t in *.gz) continue ;; esac
+        echo "-- $(basename "$t")"
+        "$t" || rc=1
+    done
     return $rc
 }
 
 variants() { # the bundle's gpubench, then each variant's; VARIANT_ONLY: the benches (default attention_decode)
     local name v only
+    unpack_variants
     { echo "bundle: (the bundle's own)"; cat "$b/variants/list"; } | while IFS= read -r line; do
         name=${line%%:*}
         v=$b/variants/gpubench-$name

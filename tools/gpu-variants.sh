@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# tools/gpu-variants.sh NAME='FLAGS' ... -- gpubench and test_cuda_ops built with the working
-# tree's kernels/cuda/attention.cu and matmul.cu (and other tuning constants, FLAGS) over the
-# library of the last tools/gpu-bundle.sh, into .gpu/variants/{gpubench,test_cuda_ops}-NAME, so
-# that one device call can check and time a kernel change beside the bundle's own
-# (tools/gpu-lease.sh vunit variants). FLAGS are nvcc -D options for kernels/cuda/matmul.cu and
-# attention.cu (IFKC_MV_WARPS, IFKC_MV_R, IFKC_MV_U1, IFKC_MV_MINB, IFKC_DEC_UNROLL, IFKC_DEC_BPS).
+# tools/gpu-variants.sh NAME='FLAGS' ... -- gpubench, test_cuda_ops and test_cuda_matmul built
+# with the working tree's kernels/cuda/attention.cu and matmul.cu (and other tuning constants,
+# FLAGS) over the library of the last tools/gpu-bundle.sh, into
+# .gpu/variants/{gpubench,test_cuda_ops,test_cuda_matmul}-NAME.gz, so that one device call can
+# check and time a kernel change beside the bundle's own (tools/gpu-lease.sh vunit variants). FLAGS are nvcc -D options for kernels/cuda/matmul.cu and
+# attention.cu (IFKC_MV_WARPS, IFKC_MV_R, IFKC_MV_R_WIDE, IFKC_MV_U1, IFKC_MV_MINB, IFKC_DEC_UNROLL,
+# IFKC_DEC_BPS, IFKC_DEC_MINB).
 # Run after tools/gpu-bundle.sh (it links against that build's library); sm_90 only.
 #   tools/gpu-variants.sh r1='-DIFKC_MV_R=1' u16='-DIFKC_MV_U1=16 -DIFKC_DEC_UNROLL=8'
 set -euo pipefail
@@ -29,9 +30,13 @@ for arg in "$@"; do
     # shellcheck disable=SC2086
     $CC_FLAGS -o "$o/gpubench" bench/gpubench.c "$o/attention.o" "$o/matmul.o" $B/libiflow.a $LINK_TAIL
     strip -o .gpu/variants/gpubench-"$name" "$o/gpubench"
-    # shellcheck disable=SC2086
-    $CC_FLAGS -o "$o/test_cuda_ops" tests/gpu/test_cuda_ops.c "$o/attention.o" "$o/matmul.o" $B/libiflow.a $LINK_TAIL
-    strip -o .gpu/variants/test_cuda_ops-"$name" "$o/test_cuda_ops"
+    for t in test_cuda_ops test_cuda_matmul; do
+        # shellcheck disable=SC2086
+        $CC_FLAGS -o "$o/$t" tests/gpu/$t.c "$o/attention.o" "$o/matmul.o" $B/libiflow.a $LINK_TAIL
+        strip -o .gpu/variants/"$t-$name" "$o/$t"
+    done
+    # gzip: three programs a variant would take ~13 MB of the 64 MB a device call carries
+    gzip -9f .gpu/variants/gpubench-"$name" .gpu/variants/test_cuda_ops-"$name" .gpu/variants/test_cuda_matmul-"$name"
     echo "$name: $flags" >>.gpu/variants/list
     echo "gpu-variants: $name ($flags)" >&2
 done

@@ -59,7 +59,9 @@
 #include "kernels/cuda/qblock.cuh"
 
 /* The IFKC_MV_* macros exist only so that tools/gpu-variants.sh can build gpubench with other
- * values and time them side by side; the defaults are the tuned ones. */
+ * values and time them side by side; the defaults are the tuned ones. IFKC_MV_R_WIDE: rows a
+ * warp for 4 and 8 tokens (on an H200 4 rows raised T = 8 from 0.31 to 0.43-0.46 of the
+ * bandwidth in F16, but with 4 rows at T = 1 too; to be checked on its own). */
 #ifndef IFKC_MV_WARPS
 #define IFKC_MV_WARPS 4
 #endif
@@ -74,7 +76,11 @@
 #endif
 #define MV_WARPS IFKC_MV_WARPS       /* warps per block of the matrix-vector kernels */
 #define MV_THREADS (32 * MV_WARPS)
-#define MV_R IFKC_MV_R               /* rows of W per warp */
+#ifndef IFKC_MV_R_WIDE
+#define IFKC_MV_R_WIDE IFKC_MV_R
+#endif
+#define MV_R IFKC_MV_R               /* rows of W per warp ... */
+#define MV_RT(TM) ((TM) >= 4 ? IFKC_MV_R_WIDE : MV_R) /* ... for TM tokens (IFKC_MV_R_WIDE from 4 on) */
 /* blocks per SM the kernels are compiled for: small T fits in 128 registers (without this
  * hint ptxas spilled a few bytes there) */
 #define MV_MINB(TM) ((TM) <= 2 ? IFKC_MV_MINB : 1)
@@ -89,13 +95,13 @@ __device__ __forceinline__ float4 ldg4(const float *p) /* p: 16-byte aligned */
 
 /* Sum acc over the warp; lane 0 stores the outputs that exist. y: [T][N] at stride ldy. */
 template <int TM>
-__device__ __forceinline__ void warp_store(float (&acc)[TM][MV_R], float *y, size_t ldy, int T, int N,
+__device__ __forceinline__ void warp_store(float (&acc)[TM][MV_RT(TM)], float *y, size_t ldy, int T, int N,
                                            int n0, int lane)
 {
 #pragma unroll
     for (int t = 0; t < TM; t++)
 #pragma unroll
-        for (int r = 0; r < MV_R; r++) {
+        for (int r = 0; r < MV_RT(TM); r++) {
             float v = acc[t][r];
 #pragma unroll
             for (int off = 16; off > 0; off /= 2)
@@ -106,7 +112,7 @@ __device__ __forceinline__ void warp_store(float (&acc)[TM][MV_R], float *y, siz
 #pragma unroll
         for (int t = 0; t < TM; t++)
 #pragma unroll
-            for (int r = 0; r < MV_R; r++)
+            for (int r = 0; r < MV_RT(TM); r++)
                 if (t < T && n0 + r < N)
                     y[(size_t)t * ldy + n0 + r] = acc[t][r];
     }
@@ -114,18 +120,18 @@ __device__ __forceinline__ void warp_store(float (&acc)[TM][MV_R], float *y, siz
 
 /* ---- quantized matrix-vector ----------------------------------------------------------------- */
 
-/* One block's slice for MV_R rows and TM tokens: acc[t][r] += min_r * sum(x) + delta_r * sum(q x).
- * dm, lo, hi: [MV_R] the block's f16 delta|min word and slice levels per row;
+/* One block's slice for MV_RT(TM) rows and TM tokens: acc[t][r] += min_r * sum(x) + delta_r * sum(q x).
+ * dm, lo, hi: [MV_RT(TM)] the block's f16 delta|min word and slice levels per row;
  * xt: [TM] pointers to x rows, already offset by the slice's 4j; k0: the block's first element;
  * lim = K - 4j: elements k0 + i with k0 + i >= lim are past K (read only when !full). */
 template <int TM, int B>
-__device__ __forceinline__ void qslice_dot(float (&acc)[TM][MV_R], const uint32_t (&dm)[MV_R],
-                                           const uint32_t (&lo)[MV_R], const uint32_t (&hi)[MV_R],
+__device__ __forceinline__ void qslice_dot(float (&acc)[TM][MV_RT(TM)], const uint32_t (&dm)[MV_RT(TM)],
+                                           const uint32_t (&lo)[MV_RT(TM)], const uint32_t (&hi)[MV_RT(TM)],
                                            const float *const (&xt)[TM], int k0, int lim, bool full)
 {
-    float dl[MV_R], mn[MV_R], qa[MV_R][4], qb[MV_R][4];
+    float dl[MV_RT(TM)], mn[MV_RT(TM)], qa[MV_RT(TM)][4], qb[MV_RT(TM)][4];
 #pragma unroll
-    for (int r = 0; r < MV_R; r++) {
+    for (int r = 0; r < MV_RT(TM); r++) {
         dl[r] = ifkc_f16_to_f32((uint16_t)(dm[r] & 0xffffu));
         mn[r] = ifkc_f16_to_f32((uint16_t)(dm[r] >> 16));
 #pragma unroll
@@ -150,7 +156,7 @@ __device__ __forceinline__ void qslice_dot(float (&acc)[TM][MV_R], const uint32_
         }
         float sx = ((xa[0] + xa[1]) + (xa[2] + xa[3])) + ((xb[0] + xb[1]) + (xb[2] + xb[3]));
 #pragma unroll
-        for (int r = 0; r < MV_R; r++) {
+        for (int r = 0; r < MV_RT(TM); r++) {
             float sq = qa[r][0] * xa[0];
 #pragma unroll
             for (int e = 1; e < 4; e++)
@@ -174,33 +180,33 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MINB(TM))
     constexpr int B = IFKC_QB(QT), BB = IFKC_QBB(QT), G = B / 8, BPW = 32 / G;
     constexpr int U = TM == 1 ? IFKC_MV_U1 : TM == 2 ? 4 : 2; /* steps of loads in flight */
     const int lane = threadIdx.x & 31, g = lane / G, j = lane % G;
-    const int n0 = (int)(blockIdx.x * MV_WARPS + threadIdx.x / 32) * MV_R;
+    const int n0 = (int)(blockIdx.x * MV_WARPS + threadIdx.x / 32) * MV_RT(TM);
     if (n0 >= N)
         return; /* the whole warp */
     const int nb = (K + B - 1) / B, nbf = K / B, lim = K - 4 * j;
     const size_t rb = (size_t)nb * BB;
-    const uint8_t *wr[MV_R];
+    const uint8_t *wr[MV_RT(TM)];
 #pragma unroll
-    for (int r = 0; r < MV_R; r++)
+    for (int r = 0; r < MV_RT(TM); r++)
         wr[r] = W + (size_t)min(n0 + r, N - 1) * rb;
     const float *xt[TM];
 #pragma unroll
     for (int t = 0; t < TM; t++)
         xt[t] = x + (size_t)min(t, T - 1) * ldx + 4 * j;
-    float acc[TM][MV_R];
+    float acc[TM][MV_RT(TM)];
 #pragma unroll
     for (int t = 0; t < TM; t++)
 #pragma unroll
-        for (int r = 0; r < MV_R; r++)
+        for (int r = 0; r < MV_RT(TM); r++)
             acc[t][r] = 0.0f;
 
     int b = g;
     for (; b + (U - 1) * BPW < nbf; b += U * BPW) { /* U full blocks per lane, loads first */
-        uint32_t dm[U][MV_R], lo[U][MV_R], hi[U][MV_R];
+        uint32_t dm[U][MV_RT(TM)], lo[U][MV_RT(TM)], hi[U][MV_RT(TM)];
 #pragma unroll
         for (int u = 0; u < U; u++)
 #pragma unroll
-            for (int r = 0; r < MV_R; r++) {
+            for (int r = 0; r < MV_RT(TM); r++) {
                 const uint8_t *blk = wr[r] + (size_t)(b + u * BPW) * BB;
                 dm[u][r] = ifkc_ld32(blk);
                 ifkc_qslice(QT, blk, j, &lo[u][r], &hi[u][r]);
@@ -210,9 +216,9 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MINB(TM))
             qslice_dot<TM, B>(acc, dm[u], lo[u], hi[u], xt, (b + u * BPW) * B, lim, true);
     }
     for (; b < nb; b += BPW) { /* the rest, one block at a time; the last may be partial */
-        uint32_t dm[MV_R], lo[MV_R], hi[MV_R];
+        uint32_t dm[MV_RT(TM)], lo[MV_RT(TM)], hi[MV_RT(TM)];
 #pragma unroll
-        for (int r = 0; r < MV_R; r++) {
+        for (int r = 0; r < MV_RT(TM); r++) {
             const uint8_t *blk = wr[r] + (size_t)b * BB;
             dm[r] = ifkc_ld32(blk);
             ifkc_qslice(QT, blk, j, &lo[r], &hi[r]);
@@ -249,15 +255,15 @@ __device__ __forceinline__ void chunk_f32(const uint4 &c, float *f)
     }
 }
 
-/* acc[t][r] += chunk r . x[t][k0 .. k0 + EPC). w: [MV_R] chunks; xt: [TM] 16-byte aligned rows. */
+/* acc[t][r] += chunk r . x[t][k0 .. k0 + EPC). w: [MV_RT(TM)] chunks; xt: [TM] 16-byte aligned rows. */
 template <int WT, int TM>
-__device__ __forceinline__ void chunk_dot(float (&acc)[TM][MV_R], const uint4 (&w)[MV_R],
+__device__ __forceinline__ void chunk_dot(float (&acc)[TM][MV_RT(TM)], const uint4 (&w)[MV_RT(TM)],
                                           const float *const (&xt)[TM], int k0)
 {
     constexpr int EPC = fw<WT>::EPC;
-    float wf[MV_R][EPC];
+    float wf[MV_RT(TM)][EPC];
 #pragma unroll
-    for (int r = 0; r < MV_R; r++)
+    for (int r = 0; r < MV_RT(TM); r++)
         chunk_f32<WT>(w[r], wf[r]);
 #pragma unroll
     for (int t = 0; t < TM; t++) {
@@ -268,7 +274,7 @@ __device__ __forceinline__ void chunk_dot(float (&acc)[TM][MV_R], const uint4 (&
             xv[4 * h] = a.x, xv[4 * h + 1] = a.y, xv[4 * h + 2] = a.z, xv[4 * h + 3] = a.w;
         }
 #pragma unroll
-        for (int r = 0; r < MV_R; r++)
+        for (int r = 0; r < MV_RT(TM); r++)
 #pragma unroll
             for (int e = 0; e < EPC; e++)
                 acc[t][r] = fmaf(wf[r][e], xv[e], acc[t][r]);
@@ -286,41 +292,41 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MINB(TM))
     constexpr int EPC = fw<WT>::EPC, ES = fw<WT>::ES;
     constexpr int U = TM <= 2 ? 4 : 2;
     const int lane = threadIdx.x & 31;
-    const int n0 = (int)(blockIdx.x * MV_WARPS + threadIdx.x / 32) * MV_R;
+    const int n0 = (int)(blockIdx.x * MV_WARPS + threadIdx.x / 32) * MV_RT(TM);
     if (n0 >= N)
         return;
     const int nch = K / EPC;
-    const uint4 *wr[MV_R];
+    const uint4 *wr[MV_RT(TM)];
 #pragma unroll
-    for (int r = 0; r < MV_R; r++)
+    for (int r = 0; r < MV_RT(TM); r++)
         wr[r] = (const uint4 *)((const uint8_t *)W + (size_t)min(n0 + r, N - 1) * K * ES);
     const float *xt[TM];
 #pragma unroll
     for (int t = 0; t < TM; t++)
         xt[t] = x + (size_t)min(t, T - 1) * ldx;
-    float acc[TM][MV_R];
+    float acc[TM][MV_RT(TM)];
 #pragma unroll
     for (int t = 0; t < TM; t++)
 #pragma unroll
-        for (int r = 0; r < MV_R; r++)
+        for (int r = 0; r < MV_RT(TM); r++)
             acc[t][r] = 0.0f;
 
     int c = lane;
     for (; c + (U - 1) * 32 < nch; c += U * 32) {
-        uint4 w[U][MV_R];
+        uint4 w[U][MV_RT(TM)];
 #pragma unroll
         for (int u = 0; u < U; u++)
 #pragma unroll
-            for (int r = 0; r < MV_R; r++)
+            for (int r = 0; r < MV_RT(TM); r++)
                 w[u][r] = __ldg(wr[r] + c + 32 * u);
 #pragma unroll
         for (int u = 0; u < U; u++)
             chunk_dot<WT, TM>(acc, w[u], xt, (c + 32 * u) * EPC);
     }
     for (; c < nch; c += 32) {
-        uint4 w[MV_R];
+        uint4 w[MV_RT(TM)];
 #pragma unroll
-        for (int r = 0; r < MV_R; r++)
+        for (int r = 0; r < MV_RT(TM); r++)
             w[r] = __ldg(wr[r] + c);
         chunk_dot<WT, TM>(acc, w, xt, c * EPC);
     }
@@ -345,33 +351,33 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MINB(TM))
                        const float *__restrict__ x, size_t ldx, int T, int N, int K)
 {
     const int lane = threadIdx.x & 31;
-    const int n0 = (int)(blockIdx.x * MV_WARPS + threadIdx.x / 32) * MV_R;
+    const int n0 = (int)(blockIdx.x * MV_WARPS + threadIdx.x / 32) * MV_RT(TM);
     if (n0 >= N)
         return;
-    size_t row[MV_R];
+    size_t row[MV_RT(TM)];
 #pragma unroll
-    for (int r = 0; r < MV_R; r++)
+    for (int r = 0; r < MV_RT(TM); r++)
         row[r] = (size_t)min(n0 + r, N - 1) * K;
     const float *xt[TM];
 #pragma unroll
     for (int t = 0; t < TM; t++)
         xt[t] = x + (size_t)min(t, T - 1) * ldx;
-    float acc[TM][MV_R];
+    float acc[TM][MV_RT(TM)];
 #pragma unroll
     for (int t = 0; t < TM; t++)
 #pragma unroll
-        for (int r = 0; r < MV_R; r++)
+        for (int r = 0; r < MV_RT(TM); r++)
             acc[t][r] = 0.0f;
     for (int k = lane; k < K; k += 32) {
-        float w[MV_R];
+        float w[MV_RT(TM)];
 #pragma unroll
-        for (int r = 0; r < MV_R; r++)
+        for (int r = 0; r < MV_RT(TM); r++)
             w[r] = welem<WT>(W, row[r] + k);
 #pragma unroll
         for (int t = 0; t < TM; t++) {
             float xv = __ldg(xt[t] + k);
 #pragma unroll
-            for (int r = 0; r < MV_R; r++)
+            for (int r = 0; r < MV_RT(TM); r++)
                 acc[t][r] = fmaf(w[r], xv, acc[t][r]);
         }
     }
@@ -430,7 +436,7 @@ __global__ void dequant_f16_kernel(__half *__restrict__ out, const uint8_t *__re
 
 static int tm_of(int T) { return T <= 1 ? 1 : T <= 2 ? 2 : T <= 4 ? 4 : 8; }
 
-static unsigned mv_blocks(int N) { return ifkc_cdiv((size_t)N, (size_t)MV_WARPS * MV_R); }
+static unsigned mv_blocks(int N, int tm) { return ifkc_cdiv((size_t)N, (size_t)MV_WARPS * MV_RT(tm)); }
 
 #define MV_ARGS y, ldy, W, x, ldx, T, N, K
 
@@ -438,7 +444,7 @@ template <int QT>
 static int launch_qmatvec(ifkc_dev *d, float *y, size_t ldy, const uint8_t *W, const float *x, size_t ldx,
                           int T, int N, int K)
 {
-    dim3 grid(mv_blocks(N)), block(MV_THREADS);
+    dim3 grid(mv_blocks(N, tm_of(T))), block(MV_THREADS);
     switch (tm_of(T)) {
     case 1: qmatvec_kernel<QT, 1><<<grid, block, 0, d->stream>>>(MV_ARGS); break;
     case 2: qmatvec_kernel<QT, 2><<<grid, block, 0, d->stream>>>(MV_ARGS); break;
@@ -453,7 +459,7 @@ template <int WT>
 static int launch_fmatvec(ifkc_dev *d, float *y, size_t ldy, const void *W, const float *x, size_t ldx,
                           int T, int N, int K, bool chunked)
 {
-    dim3 grid(mv_blocks(N)), block(MV_THREADS);
+    dim3 grid(mv_blocks(N, tm_of(T))), block(MV_THREADS);
     if (chunked) {
         switch (tm_of(T)) {
         case 1: fmatvec_kernel<WT, 1><<<grid, block, 0, d->stream>>>(MV_ARGS); break;
