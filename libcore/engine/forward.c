@@ -1103,7 +1103,8 @@ static int step_logits(iflow_ctx *c, dev_scratch *s, const iflow_step_seq *seqs,
  * same ops with the same arguments as the step op by op, so the results are identical. A
  * recording that fails (an op that would have to wait, such as a scratch buffer that grows
  * with the context) is dropped and the step runs op by op; after RECORD_MAX_FAILS failures in
- * a row the context stops recording. */
+ * a row the context stops recording. Opt-in (iflow_ctx_set_graphs, iflow-run --gpu-graphs): on
+ * an H200, recording every step cost about what launching it at once saved. */
 enum { RECORD_MAX_FAILS = 8 };
 
 static int recordable(const iflow_ctx *c)
