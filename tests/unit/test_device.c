@@ -9,6 +9,9 @@
  *     crossing by upload/download, logits copied back) exercises every path a GPU device takes
  *     through the engine, also bit-identical;
  *   - iflow_ctx_eval_argmax equals the argmax of the logits;
+ *   - steps recorded as one graph (iflow_ctx_set_graphs) on a device whose record ops this test
+ *     provides: the engine's recorded path gives the same bits, and a device that refuses to
+ *     record gets each step op by op, until the context stops asking;
  *   - placement errors: bad indices, a weight type a device has no kernel for (named), a device
  *     without the memory (named, with the bytes missing), all before anything is copied.
  */
@@ -70,11 +73,25 @@ static iflow_device *open_detached(const char *name, int threads)
     return d;
 }
 
+/* Record ops for the detached device: "recording" runs each op at once (nothing is deferred,
+ * so a recording must not fail half-way here) and counts; with rec_refuse, record_begin fails. */
+static int rec_refuse, rec_begins, rec_ends, rec_aborts;
+
+static int rec_begin(iflow_device *d)
+{
+    rec_begins++;
+    return rec_refuse ? iflow_seterr(IFLOW_EIO, "%s: recording refused (test)", d->info.name) : 0;
+}
+static int rec_end(iflow_device *d) { return rec_ends++, 0; }
+static void rec_abort(iflow_device *d) { rec_aborts++; }
+
 /* ---- helpers ---- */
 
 #define N_PROMPT 9
 #define N_DECODE 6
 static const int32_t prompt[N_PROMPT] = {1, 403, 407, 261, 378, 432, 383, 286, 261};
+
+static int run_graphs; /* run_model's contexts record their steps (iflow_ctx_set_graphs) */
 
 /* Prefill logits [N_PROMPT][vocab] then N_DECODE greedy steps' logits, into out (malloc'd). */
 static float *run_model(iflow_model *m, int *n_out)
@@ -88,6 +105,7 @@ static float *run_model(iflow_model *m, int *n_out)
         free(out);
         return NULL;
     }
+    iflow_ctx_set_graphs(c, run_graphs);
     CHECK(iflow_ctx_eval(c, prompt, N_PROMPT, out, 1) == 0, "prefill: %s", iflow_errmsg());
     float *last = out + (size_t)(N_PROMPT - 1) * V;
     for (int s = 0; s < N_DECODE; s++) {
@@ -217,6 +235,56 @@ static void test_detached_identical(void)
     }
 }
 
+/* The recorded path (forward.c, "steps recorded as one graph") on the detached device. */
+static void test_recorded_steps(void)
+{
+    iflow_model *m;
+    int n_ref, n;
+    CHECK(iflow_model_open(&m, s_q4, 0) == 0, "open: %s", iflow_errmsg());
+    float *ref = run_model(m, &n_ref);
+    iflow_device *det = open_detached("det:0", 1);
+    detached_ops.record_begin = rec_begin;
+    detached_ops.record_end = rec_end;
+    detached_ops.record_abort = rec_abort;
+    int layers[5];
+    iflow_placement p;
+    iflow_placement_first_n(&p, layers, 5, det, 5, NULL);
+    int rc = iflow_model_place(m, &p, 64);
+    CHECK(rc == 0, "place: %s", iflow_errmsg());
+    run_graphs = 1;
+    for (rec_refuse = 0; rec_refuse <= 1 && rc == 0; rec_refuse++) {
+        rec_begins = rec_ends = rec_aborts = 0;
+        float *got = run_model(m, &n);
+        CHECK(got && n == n_ref && bit_identical(got, ref, n), "recorded steps (%s): bit-identical",
+              rec_refuse ? "refused" : "taken");
+        /* the decode steps are recorded, the prefill is not */
+        CHECK(rec_begins == N_DECODE && rec_ends == (rec_refuse ? 0 : N_DECODE) && rec_aborts == 0,
+              "%d recordings begun, %d ended, %d aborted (%d decode steps)", rec_begins, rec_ends, rec_aborts,
+              N_DECODE);
+        free(got);
+    }
+    /* argmax steps too; after 8 refusals in a row the context stops recording */
+    iflow_ctx *c;
+    if (rc == 0 && iflow_ctx_open(&c, m, 64, 1) == 0) {
+        iflow_ctx_set_graphs(c, 1);
+        rec_refuse = 1;
+        rec_begins = 0;
+        int32_t next = 0;
+        CHECK(iflow_ctx_eval(c, prompt, N_PROMPT, NULL, 0) == 0, "prefill: %s", iflow_errmsg());
+        for (int i = 0; i < 12; i++) {
+            int32_t id = next;
+            CHECK(iflow_ctx_eval_argmax(c, &id, 1, &next) == 0, "argmax step %d: %s", i, iflow_errmsg());
+        }
+        CHECK(rec_begins == 8, "recording asked %d times in 12 refused steps (8, then no more)", rec_begins);
+        iflow_ctx_close(c);
+    }
+    run_graphs = 0;
+    rec_refuse = 0;
+    iflow_model_close(m);
+    iflow_device_close(det);
+    free(ref);
+}
+
 static void test_place_errors(void)
 {
     iflow_model *m;
@@ -290,6 +358,7 @@ int main(void)
     RUN(test_names_and_list);
     RUN(test_layer_split_identical);
     RUN(test_detached_identical);
+    RUN(test_recorded_steps);
     RUN(test_place_errors);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
