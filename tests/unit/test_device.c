@@ -235,6 +235,38 @@ static void test_detached_identical(void)
     }
 }
 
+/* Two sequences through iflow_ctx_step: a prefill step (not recorded), then N_DECODE steps of
+ * one token each (recorded with graphs on): out [2 * N_DECODE][vocab], their logits. */
+static int run_steps(iflow_model *m, int graphs, float *out)
+{
+    int V = iflow_model_hparams(m)->vocab_size, rc;
+    iflow_kv *kv = NULL;
+    iflow_ctx *c = NULL;
+    if ((rc = iflow_kv_open(&kv, m, IFK_KV_F32, 64, 2)) == 0 && (rc = iflow_ctx_open_steps(&c, m, 1)) == 0) {
+        iflow_ctx_set_graphs(c, graphs);
+        const int32_t t0[1] = {0}, t1[1] = {1};
+        int32_t next[2];
+        iflow_step_seq q[2] = {{.ids = prompt, .n = N_PROMPT, .pos0 = 0, .table = t0, .next = &next[0]},
+                               {.ids = prompt + 1, .n = N_PROMPT - 1, .pos0 = 0, .table = t1, .next = &next[1]}};
+        rc = iflow_ctx_step(c, kv, q, 2);
+        for (int s = 0; s < N_DECODE && rc == 0; s++) {
+            for (int i = 0; i < 2; i++) {
+                q[i].pos0 += q[i].n;
+                q[i].ids = &next[i];
+                q[i].n = 1;
+                q[i].next = NULL;
+                q[i].logits = out + (size_t)(2 * s + i) * V;
+            }
+            rc = iflow_ctx_step(c, kv, q, 2);
+            for (int i = 0; i < 2 && rc == 0; i++)
+                next[i] = iflow_argmax(q[i].logits, V);
+        }
+    }
+    iflow_ctx_close(c);
+    iflow_kv_close(kv);
+    return rc;
+}
+
 /* The recorded path (forward.c, "steps recorded as one graph") on the detached device. */
 static void test_recorded_steps(void)
 {
@@ -263,6 +295,17 @@ static void test_recorded_steps(void)
               N_DECODE);
         free(got);
     }
+    /* steps of several sequences (the batch engine's) */
+    int V = iflow_model_hparams(m)->vocab_size;
+    float *a = calloc((size_t)2 * N_DECODE * V, sizeof(float)), *b = calloc((size_t)2 * N_DECODE * V, sizeof(float));
+    rec_refuse = 0;
+    rec_begins = rec_ends = 0;
+    CHECK(rc == 0 && run_steps(m, 0, a) == 0 && rec_begins == 0, "two sequences op by op: %s", iflow_errmsg());
+    CHECK(rc == 0 && run_steps(m, 1, b) == 0, "two sequences recorded: %s", iflow_errmsg());
+    CHECK(rec_ends == N_DECODE, "%d of %d two-sequence decode steps recorded", rec_ends, N_DECODE);
+    CHECK(bit_identical(a, b, 2 * N_DECODE * V), "two sequences: recorded steps give the same logits");
+    free(a);
+    free(b);
     /* argmax steps too; after 8 refusals in a row the context stops recording */
     iflow_ctx *c;
     if (rc == 0 && iflow_ctx_open(&c, m, 64, 1) == 0) {
