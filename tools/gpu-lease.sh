@@ -117,6 +117,7 @@ vunit() {
     local t rc=0
     unpack_variants
     for t in "$b"/variants/test_cuda_*-*; do
+        [ -e "$t" ] || { echo "no variants (tools/gpu-variants.sh makes them)"; return 1; }
         case $t in *.gz) continue ;; esac
         echo "-- $(basename "$t")"
         "$t" || rc=1
@@ -127,7 +128,7 @@ vunit() {
 variants() { # the bundle's gpubench, then each variant's; VARIANT_ONLY: the benches (default attention_decode)
     local name v only
     unpack_variants
-    { echo "bundle: (the bundle's own)"; cat "$b/variants/list"; } | while IFS= read -r line; do
+    { echo "bundle: (the bundle's own)"; cat "$b/variants/list" 2>/dev/null; } | while IFS= read -r line; do
         name=${line%%:*}
         v=$b/variants/gpubench-$name
         [ "$name" = bundle ] && v=$b/build/gpubench
