@@ -622,16 +622,19 @@ template <int D, typename KV, int GM> static int decode_launch(ifkc_dev *d, cons
     return 0;
 }
 
-/* gm: query heads per block, 1, 2, 4 or 8 (the tiny head dims: 8 only). */
+/* gm: query heads per block, 1, 2, 4 or 8 (the tiny head dims: 8 only, the one instance they
+ * have; ifkc_attention_decode sets gm so). */
 template <int D, typename KV> static int decode_gm(ifkc_dev *d, const dec_args &a, dim3 grid, int n_heads, int gm)
 {
-    if (D <= 32)
-        return decode_launch<D, KV, 8>(d, a, grid, n_heads);
-    switch (gm) {
-    case 1: return decode_launch<D, KV, 1>(d, a, grid, n_heads);
-    case 2: return decode_launch<D, KV, 2>(d, a, grid, n_heads);
-    case 4: return decode_launch<D, KV, 4>(d, a, grid, n_heads);
-    default: return decode_launch<D, KV, 8>(d, a, grid, n_heads);
+    if constexpr (D <= 32) {
+        return decode_launch<D, KV, DEC_GMAX>(d, a, grid, n_heads);
+    } else {
+        switch (gm) {
+        case 1: return decode_launch<D, KV, 1>(d, a, grid, n_heads);
+        case 2: return decode_launch<D, KV, 2>(d, a, grid, n_heads);
+        case 4: return decode_launch<D, KV, 4>(d, a, grid, n_heads);
+        default: return decode_launch<D, KV, DEC_GMAX>(d, a, grid, n_heads);
+        }
     }
 }
 
