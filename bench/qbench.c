@@ -43,16 +43,23 @@
 #include <time.h>
 
 #include "bench/bench.h"
+#include "kernels/cpu/bigmem.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/pool.h"
 #include "kernels/cpu/qimpl.h"
 #include "kernels/cpu/qpack.h"
 #include "kernels/cpu/quant.h"
 
-/* 64-byte aligned, or exit (bench.h). */
+/* 64-byte aligned, or exit; large blocks in huge pages, as the CPU device allocates packed
+ * weights (bigmem.h), so that decode from DRAM reads them as the engine does. */
 static void *alloc64(size_t bytes)
 {
-    return bench_alloc64("qbench", bytes);
+    void *p = ifk_bigmem_alloc(bytes);
+    if (!p) {
+        fprintf(stderr, "qbench: out of memory (%zu bytes)\n", bytes);
+        exit(1);
+    }
+    return p;
 }
 
 /* Deterministic pseudo-normal values (sum of 4 uniforms), scaled. */
@@ -84,7 +91,7 @@ static uint8_t *make_matrix(int type, int ptype, int N, int K, uint32_t seed)
         return W;
     uint8_t *P = alloc64(ifk_qpack_bytes(type, N, K));
     ifk_qpack(P, W, type, N, K);
-    free(W);
+    ifk_bigmem_free(W);
     return P;
 }
 
@@ -187,10 +194,10 @@ static void bench_decode(int type, int ptype, int N, int K, int threads, double 
     printf("}\n");
     fflush(stdout);
     for (int c = 0; c < copies; c++)
-        free(W[c]);
-    free(W);
-    free(x);
-    free(y);
+        ifk_bigmem_free(W[c]);
+    ifk_bigmem_free(W);
+    ifk_bigmem_free(x);
+    ifk_bigmem_free(y);
 }
 
 static double roof_round(int op, double ops, int threads);
@@ -226,9 +233,9 @@ static void bench_prefill(int type, int ptype, int T, int N, int K, int threads,
            op ? "int16" : "int8", T, N, K, threads, best * 1e6,
            flop / best * 1e-9, flop / med * 1e-9, share_med);
     fflush(stdout);
-    free(W);
-    free(x);
-    free(y);
+    ifk_bigmem_free(W);
+    ifk_bigmem_free(x);
+    ifk_bigmem_free(y);
 }
 
 /* ---- the roof: peak vpdpbusd, vpdpwssd, FMA and vdpbf16ps throughput --------------------- */

@@ -108,6 +108,31 @@ static qrows_fn packed_kernel(int type)
     return NULL;
 }
 
+/* Bytes of software prefetch (into L2) ahead of the packed tiles a product reads from memory
+ * (qx.ahead), for `type` on nt threads. With the tiles in huge pages (bigmem.h) one thread's
+ * single forward stream is read fastest by the hardware prefetchers alone, and the software
+ * prefetch only gets in their way; on two threads, each taking items of rows in turn, and for
+ * Q6 and Q5, whose heavier unpacking reads a tile out of order, 8 KiB ahead still helps.
+ * Measured on the development machine (Zen 4; TinyLlama-1.1B shape, decode tok/s, median of 3-4
+ * alternating runs, 1 / 2 threads, 8 KiB ahead -> none): Q8_B64 20.5 / 30.6 -> 24.0 / 29.2,
+ * Q4_B64 37.8 / 60.4 -> 48.0 / 54.7, Q4_B32 31.9 / 55.0 -> 42.2 / 47.3, Q8_B32 19.1 / 26.3 ->
+ * 24.9 / 28.5, Q6 25.4 / 38.6 -> 20.0 / 33.4, Q5 34.5 / 55.7 -> 29.7 / 41.0; Q3H, Q3 and Q2
+ * within the noise at 1 thread. (Into L2, prefetcht1: in 4 KiB pages on a loaded machine, L1
+ * measured worse, most for Q6 and Q5.) IFLOW_PACK_AHEAD=BYTES in the environment overrides the rule
+ * (to measure it again elsewhere). */
+static int packed_ahead(int type, int nt)
+{
+    static int env = -2; /* -1: no override */
+    if (env == -2) {
+        const char *e = getenv("IFLOW_PACK_AHEAD");
+        int v = e && *e ? atoi(e) : -1;
+        env = v < -1 ? -1 : v;
+    }
+    if (env >= 0)
+        return env / 64 * 64;
+    return nt > 1 || type == IFK_Q6_B64 || type == IFK_Q5_B64 ? 8192 : 0;
+}
+
 int ifk_qpath_packed(int type)
 {
     return ifk_qtype(type) && packed_kernel(type);
@@ -176,6 +201,7 @@ static size_t qx_layout(ifk_qx *qx, int type, int x16, int k, int T, int K, char
     qx->sval = sp ? (float *)sp : NULL;
     qx->spos = sp ? (int32_t *)(sp + 4 * tk) : NULL;
     qx->su = sp ? (int32_t *)(sp + 8 * tk) : NULL;
+    qx->ahead = 0;
     return qbytes + 8 * sbytes + ((4 * (2 * tk + nu_max) + 63) & ~(size_t)63);
 }
 
@@ -326,6 +352,7 @@ typedef struct {
     int type, x16, T, N, K;
     int rpi;          /* rows per item */
     int k, nu, packed;/* the split (qx's k and nu; k = 0: none) */
+    int ahead;        /* qx's */
 } qmm_args;
 
 static void qmm_range(const qmm_args *a, int i, int *n0, int *n1)
@@ -341,6 +368,7 @@ static void qmm_run(const void *args, const void *in, int i, float *out)
     qx_layout(&qx, a->type, a->x16, a->k, a->T, a->K, (char *)in); /* in: the quantized x */
     const int nu_max = qx_nu_max(a->k, a->T, a->K); /* su's room (a stale item: pool.h) */
     qx.nu = a->nu < nu_max ? a->nu : nu_max;
+    qx.ahead = a->ahead;
     int n0, n1;
     qmm_range(a, i, &n0, &n1);
     if (!out) {
@@ -551,6 +579,7 @@ void ifk_qmatmul(float *y, size_t ldy, const void *W, int type, const float *x, 
                                      : path == QPATH_AVX2   ? ifk_avx2_qmatmul_rows
                                      : path == QPATH_AVX512 ? ifk_avx512_qmatmul_rows
                                                             : ifk_avx512gfni_qmatmul_rows;
+    qx.ahead = packed ? packed_ahead(type, nt) : 0;
     float *xm = (float *)((char *)qx.q + qx_bytes); /* the split's scratch, after what items read */
     qxq_args q = {quantize, x, ldx, qx, T, (T + 4 * nt - 1) / (4 * nt), qx_wants_pair_order(&qx, packed), xm};
     if (nt > 1 && T >= 16) /* worth sharing */
@@ -567,7 +596,7 @@ void ifk_qmatmul(float *y, size_t ldy, const void *W, int type, const float *x, 
         return;
     }
     int rpi = ifk_pool_rows_per_item(N, nt);
-    qmm_args a = {rows, y, ldy, W, ifk_qrow_bytes(type, K), type, qx.x16, T, N, K, rpi, k, qx.nu, packed};
+    qmm_args a = {rows, y, ldy, W, ifk_qrow_bytes(type, K), type, qx.x16, T, N, K, rpi, k, qx.nu, packed, qx.ahead};
     ifk_pool_run(&(ifk_pool_job){.run = qmm_run, .commit = qmm_commit, .args = &a, .args_size = sizeof a,
                                  .input = qx.q, .input_size = qx_bytes,
                                  .scratch_floats = (size_t)T * rpi, .n_items = (N + rpi - 1) / rpi,

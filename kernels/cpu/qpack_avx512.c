@@ -10,7 +10,8 @@
  * (slab_operands); the rest is common. Q8, Q6 and Q5 are compiled for both int16 x (the
  * default) and int8 x (the mode IFK_QX_INT8, quant.h: the same tiles, x's bytes in their pair
  * order; qpack.h), picked per call by qx->x16. The first token tile of a group (all of
- * decode) reads the tiles as one forward stream with a software prefetch ahead; the later ones
+ * decode) reads the tiles as one forward stream, with a software prefetch qx->ahead bytes ahead
+ * where the dispatcher asks for one (qdispatch.c's packed_ahead); the later ones
  * find them in cache.
  *
  * Compiled twice. Here (QP_GFNI = 0) for Q4 and Q8, with target("avx512vnni") on top of the
@@ -40,15 +41,6 @@
 #endif
 #define QP_INLINE static inline __attribute__((always_inline, target(QP_TARGET)))
 #define QP_FN __attribute__((target(QP_TARGET)))
-
-/* Bytes of software prefetch ahead of the tile being read, into L2 (prefetcht1). TinyLlama
- * Q4_B64 decode at 1 thread: 33 tok/s at 2 KiB, 35 at 8 KiB, no better at 16 KiB (into L1).
- * Into L2 rather than L1: decode from DRAM (qbench, 5632 x 2048, 1 thread, share of the read
- * bandwidth measured beside it, machine loaded) went from 0.69-0.76 to 0.89-0.96 for Q6, 0.62-0.79
- * to 0.85-1.0 for Q5, 0.73-0.87 to 0.96-0.99 for Q3H, 0.80-0.90 to 0.89-0.97 for Q4_B64. The
- * types that read their tiles out of order (Q6, Q5) gained most; a guess at why: requests into
- * L1 wait for its few miss buffers. */
-enum { QP_AHEAD = 8192 };
 
 /* Bytes of a tile (qpack.h): 16 rows x one block. */
 QP_INLINE size_t tile_bytes(const int type)
@@ -313,9 +305,9 @@ QP_INLINE void group_tile(float *y, size_t ldy, const uint8_t *tg, const ifk_qx 
         yv[j] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *tile = tg + (size_t)b * tb;
-        if (t0 == 0) /* the group's first pass reads its tiles from memory */
+        if (t0 == 0 && qx->ahead) /* the group's first pass reads its tiles from memory */
             for (size_t o = 0; o < tb; o += 64)
-                _mm_prefetch((const char *)tile + QP_AHEAD + o, _MM_HINT_T1);
+                _mm_prefetch((const char *)tile + qx->ahead + o, _MM_HINT_T1);
         __m512i a0[8], a1[8]; /* [C] */
 #pragma GCC unroll 8
         for (int j = 0; j < C; j++)
