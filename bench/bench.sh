@@ -8,8 +8,8 @@
 # same for TinyLlama with every matrix in each quantized type (bytes read per token are the
 # quantized bytes; prefill of 128 and 512 tokens as a fraction of the roof of the instruction the
 # type's product runs on, which qbench --roof measures in the same run; the packed types also in
-# the row layout, IFLOW_PACK=0; Q8_B64 also in the opt-in int8-activation mode,
-# IFLOW_BENCH_ACTIVATIONS=int8, as the entry q8_b64-int8_x); the same for TinyLlama in F16 and BF16 (float_weights: the BF16
+# the row layout, IFLOW_PACK=0; Q8_B64 also on int16 activations, IFLOW_BENCH_ACTIVATIONS=int16,
+# as the entry q8_b64-int16_x); the same for TinyLlama in F16 and BF16 (float_weights: the BF16
 # dot product where the CPU has it, also on the exact F32 product, IFLOW_BENCH_ACTIVATIONS=f32)
 # (decode streams every weight matrix once per token); then the kernel micro-benchmarks
 # (bench/kbench.c); and the TinyLlama shape split by layer and by tensor over virtual CPU devices
@@ -167,16 +167,15 @@ quant_entries() { # TinyLlama F16 -> each quantized type (every matrix): decode 
     for t in ${IFLOW_BENCH_TYPES:-q8_b32 q8_b64 q6 q5 q4_b32 q4_b64 q3h q3_b32 q2}; do
         log "tinyllama-1.1b-$t: quantizing and running"
         bin/iflow-quant -t "$t" --keep "*=$t" -i "$work/tl-src.ifs" -o "$work/tl-$t.ifs"
-        # the instruction the type's product runs on: int16 x for Q8, Q6 and Q5, else int8; every
-        # type is packed at load where the CPU has GFNI and AVX512_VBMI (kernels/cpu/qpack.h): the
-        # row layout too
+        # the instruction the type's product runs on: int16 x for Q6 and Q5, else int8 (Q8 less
+        # each token's outliers, on CPUs with AVX512_VNNI); every type is packed at load where
+        # the CPU has GFNI and AVX512_VBMI (kernels/cpu/qpack.h): the row layout too
         op=vpdpbusd_int8
-        case $t in q[865]*) op=vpdpwssd_int16 ;; esac
+        case $t in q[65]*) op=vpdpwssd_int16 ;; esac
         out+=("$(type_entry "$work/tl-$t.ifs" "$t" "$op" IFLOW_PACK=0 rows_layout)")
-        # Q8_B64 once more in the opt-in mode that rounds its x to int8 too, less each token's 8
-        # largest (--activations int8: vpdpbusd on the same packed tiles, the outliers in F32,
-        # kernels/cpu/qimpl.h's split), as the entry of "type" q8_b64-int8_x
-        [ "$t" = q8_b64 ] && out+=("$(IFLOW_BENCH_ACTIVATIONS=int8 type_entry "$work/tl-$t.ifs" "$t-int8_x" vpdpbusd_int8 \
+        # Q8_B64 once more on int16 x (--activations int16: vpdpwssd on the same packed tiles,
+        # nothing taken out; the default before 2026-11-28), as the entry of "type" q8_b64-int16_x
+        [ "$t" = q8_b64 ] && out+=("$(IFLOW_BENCH_ACTIVATIONS=int16 type_entry "$work/tl-$t.ifs" "$t-int16_x" vpdpwssd_int16 \
             IFLOW_PACK=0 rows_layout)")
         rm -f "$work/tl-$t.ifs"
     done

@@ -11,8 +11,8 @@
  * IFLOW_BENCH_ISA=scalar|avx2|avx512|avx512gfni forces a kernel path (to compare paths).
  * IFLOW_BENCH_ACTIVATIONS=f32 makes the CPU's products meet x in F32, unrounded (iflow-ppl
  * --activations f32: the reference products, to compare); =int8 rounds x to int8 for every
- * quantized type, Q8 (less each token's outliers), Q6 and Q5 included (iflow-ppl --activations
- * int8). bf16_dot: whether F16 and BF16
+ * quantized type, Q6 and Q5 included (iflow-ppl --activations int8); =int16 rounds Q8's to int16
+ * (iflow-ppl --activations int16; by default Q8 takes int8 x less each token's outliers). bf16_dot: whether F16 and BF16
  * matrices ran on the BF16 dot product (kernels.h's ifk_bf16_dot), whose roof is twice FMA's.
  * IFLOW_BENCH_DEVICE=cuda|cuda:N places every layer and the output on that GPU; decode is then
  * timed as greedy decoding runs it (iflow_ctx_eval_argmax: only the id comes back), and the
@@ -52,7 +52,7 @@ int main(int argc, char **argv)
     }
     const char *act = getenv("IFLOW_BENCH_ACTIVATIONS");
     if (act && *act && iflow_kernel_set_activations(act) < 0) {
-        fprintf(stderr, "iflow-bench: IFLOW_BENCH_ACTIVATIONS='%s' is not int, int8 or f32\n", act);
+        fprintf(stderr, "iflow-bench: IFLOW_BENCH_ACTIVATIONS='%s' is not int, int8, int16 or f32\n", act);
         return 2;
     }
     int n_prefill = argc > 2 ? atoi(argv[2]) : 128, n_decode = argc > 3 ? atoi(argv[3]) : 32;

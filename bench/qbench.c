@@ -3,7 +3,7 @@
  * per line on stdout.
  *
  *   qbench [--isa scalar|avx2|avx512|avx512gfni] [--threads N] [--no-single] [--type NAME]... [--shape NxK]...
- *          [--decode] [--hot] [--quick] [--roof] [--activations int|int8]
+ *          [--decode] [--hot] [--quick] [--roof] [--activations int|int8|int16]
  *
  * decode:  T = 1 on the TinyLlama shapes (N x K = 2048x2048, 5632x2048, 2048x5632, 32000x2048,
  *          256x2048) at 1 thread (unless --no-single) and at --threads (default: all cores). GBps = bytes of the
@@ -23,8 +23,9 @@
  * prefill: T = 64 on 2048x2048 and 5632x2048; GFLOPs = 2 T N K / time.
  * Each type in the row layout ("layout":"rows"), then packed (qpack.h) where this CPU has it.
  * "x": how x was rounded ("int8" or "int16", qimpl.h's ifk_qx_int16); --activations int8 sets the
- * mode IFK_QX_INT8 (quant.h: int8 x for Q8, Q6 and Q5 too, Q8 less each token's outliers,
- * qimpl.h's split), int (the default) leaves it.
+ * mode IFK_QX_INT8 (quant.h: int8 x for Q6 and Q5 too), int16 the mode IFK_QX_INT16 (int16 x for
+ * Q8 too, which by default takes int8 x less each token's outliers, qimpl.h's split), int (the
+ * default) leaves it.
  * roof:    the peak of vpdpbusd (int8), vpdpwssd (int16), FMA (F32) and, when the CPU has
  *          AVX512_BF16, vdpbf16ps (BF16) on 512-bit registers in GOP/s (a multiply-add is 2), at
  *          1 thread and at --threads, when the CPU has VNNI: what the products' GFLOPs are
@@ -380,11 +381,12 @@ int main(int argc, char **argv)
         } else if (!strcmp(argv[i], "--roof")) {
             roof = 1;
         } else if (!strcmp(argv[i], "--activations") && i + 1 < argc &&
-                   (!strcmp(argv[i + 1], "int") || !strcmp(argv[i + 1], "int8"))) {
-            ifk_set_qx_mode(!strcmp(argv[++i], "int8") ? IFK_QX_INT8 : IFK_QX_DEFAULT);
+                   (!strcmp(argv[i + 1], "int") || !strcmp(argv[i + 1], "int8") || !strcmp(argv[i + 1], "int16"))) {
+            i++;
+            ifk_set_qx_mode(!strcmp(argv[i], "int8") ? IFK_QX_INT8 : !strcmp(argv[i], "int16") ? IFK_QX_INT16 : IFK_QX_DEFAULT);
         } else {
             fprintf(stderr, "usage: qbench [--isa scalar|avx2|avx512] [--threads N] [--no-single] [--type NAME]... "
-                            "[--shape NxK]... [--decode] [--hot] [--quick] [--roof] [--activations int|int8]\n");
+                            "[--shape NxK]... [--decode] [--hot] [--quick] [--roof] [--activations int|int8|int16]\n");
             return 1;
         }
     }

@@ -98,7 +98,7 @@ void devices_release(placed *p)
 void devices_set_activations(const iflow_tool *t, const char *mode)
 {
     if (iflow_kernel_set_activations(mode) < 0)
-        die_usage(t, "unknown activations '%s' (int, int8, f32)", mode);
+        die_usage(t, "unknown activations '%s' (int, int8, int16, f32)", mode);
 }
 
 void devices_list(const iflow_tool *t, int as_json)

@@ -39,7 +39,7 @@ typedef struct {
 void devices_place(const iflow_tool *t, iflow_model *m, const device_opts *o, placed *p);
 void devices_release(placed *p);
 
-/* --activations MODE: int (the default), int8 or f32, how the CPU's products meet the
+/* --activations MODE: int (the default), int8, int16 or f32, how the CPU's products meet the
  * activations (iflow_kernel_set_activations: rounded per token, to int8 / int16 for quantized
  * weights and to BF16 for F16 / BF16 ones where the CPU has AVX512_BF16, or not); another MODE
  * is a usage error. DEVICES_ACTIVATIONS_OPT(id) is its entry in an option table (cmd/opt.h). */
@@ -47,11 +47,12 @@ void devices_set_activations(const iflow_tool *t, const char *mode);
 #define DEVICES_ACTIVATIONS_OPT(id)                                                                \
     {id, "activations", 0, "MODE",                                                                 \
      "how the CPU's matrix products meet the activations: int (default: rounded per token, to int8 " \
-     "for quantized weights, int16 for 5 bits and more, and to BF16 for F16 and BF16 weights on "   \
-     "CPUs with AVX512_BF16; the fast path), int8 (as int, but int8 for every quantized type on "   \
-     "CPUs with AVX512_VNNI, Q8 with each token's 8 largest multiplied in F32: faster prefill of "  \
-     "Q8, Q6 and Q5, a little less accurate) or f32 (not rounded: the reference, slower)",          \
-     "int int8 f32"}
+     "for quantized weights (Q8 with each token's 8 largest multiplied in F32, on CPUs with "        \
+     "AVX512_VNNI), int16 for Q6 and Q5, and to BF16 for F16 and BF16 weights on CPUs with "        \
+     "AVX512_BF16; the fast path), int8 (as int, and int8 for Q6 and Q5 too: faster prefill of "   \
+     "Q6 and Q5, a little less accurate), int16 (as int, but int16 for Q8 too: more accurate Q8, " \
+     "slower prefill) or f32 (not rounded: the reference, slower)",                                 \
+     "int int8 int16 f32"}
 
 /* Print every device (--list-devices): a table, or JSON Lines with as_json. */
 void devices_list(const iflow_tool *t, int as_json);

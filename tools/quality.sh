@@ -17,8 +17,9 @@
 #              among the activations rows).
 # Reported: perplexity, mean KL divergence, top-1 agreement.
 # Also, per model, protocol and type, the int8 path against the F32-activation path on the same
-# weights (iflow-ppl --activations int | f32; the default method), and for Q8, Q6 and Q5 the
-# opt-in int8 activations as well (--activations int8): docs/quant-activations.md.
+# weights (iflow-ppl --activations int | f32; the default method), and for Q8, Q6 and Q5 their
+# other activations as well (--activations int16 for Q8, whose default is int8 x less its
+# outliers; --activations int8 for Q6 and Q5): docs/quant-activations.md.
 # `tools/quality.sh methods` measures only the methods, `tools/quality.sh activations` only the
 # two paths (no importance matrices; minutes instead of an hour); the default is both.
 # Writes docs/quant-quality.md (tables) and docs/quant-quality.tsv (the column iflow-quant
@@ -62,20 +63,22 @@ score() { # model-name protocol type method quantized-shard base-shard [iflow-pp
 }
 
 # The int8 path against the F32-activation path (iflow-ppl --activations), on the same weights
-# (the default method), in one run: rows of methods act-int and act-f32, and act-int8 for the
-# types that take int16 x by default (Q8, Q6, Q5: --activations int8 rounds theirs to int8).
+# (the default method), in one run: rows of methods act-int and act-f32, and for the types of
+# kernels/cpu/qimpl.h's ifk_qx_x16 their other mode: act-int16 for Q8 (int8 x by default, less
+# each token's outliers: --activations int16 gives it int16 x), act-int8 for Q6 and Q5 (int16 x
+# by default: --activations int8 rounds theirs to int8).
 activations() { # model-name protocol type base-shard [iflow-quant --keep]
-    local name=$1 proto=$2 t=$3 base=$4 int8=0
+    local name=$1 proto=$2 t=$3 base=$4 other=""
     shift 4
-    case $t in q8_b32 | q8_b64 | q6 | q5) int8=1 ;; esac
-    have "$name" $proto "$t" act-f32 && { [ $int8 = 0 ] || have "$name" $proto "$t" act-int8; } && return
+    case $t in q8_b32 | q8_b64) other=int16 ;; q6 | q5) other=int8 ;; esac
+    have "$name" $proto "$t" act-f32 && { [ -z "$other" ] || have "$name" $proto "$t" "act-$other"; } && return
     echo "quality: $name $proto $t activations int / f32" >&2
     bin/iflow-quant -t "$t" "$@" -i "$base" -o "$work/qa.ifs"
     have "$name" $proto "$t" act-f32 || {
         score "$name" $proto "$t" act-int "$work/qa.ifs" "$base" --activations int
         score "$name" $proto "$t" act-f32 "$work/qa.ifs" "$base" --activations f32
     }
-    [ $int8 = 0 ] || score "$name" $proto "$t" act-int8 "$work/qa.ifs" "$base" --activations int8
+    [ -z "$other" ] || score "$name" $proto "$t" "act-$other" "$work/qa.ifs" "$base" --activations "$other"
 }
 
 measure() { # model-name source [protocols]: source an HF folder or a GGUF file (dequantized to F32)
@@ -159,7 +162,7 @@ act_table() {
     echo "### The int8 path against F32 activations (same weights: the default method)"
     echo
     echo "Perplexity and mean KL divergence from the F32 model, with the quantized products' activations"
-    echo "rounded per token (int8, or int16 for Q8, Q6 and Q5: kernels/cpu/qimpl.h) and not rounded"
+    echo "rounded per token (int8, Q8 less each token's outliers, or int16 for Q6 and Q5: kernels/cpu/qimpl.h) and not rounded"
     echo "(iflow-ppl --activations f32). The CPU issue asks the difference to stay within 0.2 % for"
     echo "Q8, Q6, Q5 and Q4. The f16 and bf16 rows: x rounded to BF16 for vdpbf16ps (kernels/cpu/kernels.h,"
     echo "where the CPU has AVX512_BF16; elsewhere both columns are the F32 product)."
@@ -178,19 +181,19 @@ act_table() {
                     100 * (pi[k] / pf[k] - 1), ki[k], kf[k]
             }
         }' "$raw"
-    grep -q "	act-int8	" "$raw" || return 0
+    grep -q "	act-int\(8\|16\)	" "$raw" || return 0
     echo
-    echo "### The opt-in int8 activations (--activations int8) for Q8, Q6 and Q5"
+    echo "### Q8, Q6 and Q5 in their other mode (--activations int16 for Q8, int8 for Q6 and Q5)"
     echo
-    echo "The same weights with x rounded to int8 (vpdpbusd, as Q4; the residual's correction at the"
-    echo "middle level; Q8 with each token's 8 largest taken out and multiplied in F32) instead of int16"
-    echo "(the default, --activations int), against F32 activations: what the faster prefill of the"
-    echo "mode costs in accuracy (docs/QUANTIZATION.md)."
+    echo "The same weights with Q8's x rounded to int16 (vpdpwssd; the default is int8 x less each"
+    echo "token's 8 largest, multiplied in F32), and Q6's and Q5's to int8 (vpdpbusd, as Q4; the"
+    echo "residual's correction at the middle level; their default is int16), against the default"
+    echo "and F32 activations: what each mode's speed costs in accuracy (docs/QUANTIZATION.md)."
     echo
-    echo "| model | protocol | type | ppl int8 x | ppl int16 x | ppl F32 x | int8 x vs F32 x | KLD int8 x | KLD int16 x | KLD F32 x |"
-    echo "|---|---|---|---|---|---|---|---|---|---|"
+    echo "| model | protocol | type | other mode | ppl other mode | ppl default | ppl F32 x | other vs F32 x | KLD other mode | KLD default | KLD F32 x |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|"
     awk -F'\t' '
-        $4 == "act-int8" { k = $1 SUBSEP $2 SUBSEP $3; if (!(k in p8)) order[++n] = k; p8[k] = $6; k8[k] = $8 }
+        $4 == "act-int8" || $4 == "act-int16" { k = $1 SUBSEP $2 SUBSEP $3; if (!(k in po)) order[++n] = k; po[k] = $6; ko[k] = $8; mo[k] = substr($4, 5) }
         $4 == "act-int" { k = $1 SUBSEP $2 SUBSEP $3; pi[k] = $6; ki[k] = $8 }
         $4 == "act-f32" { k = $1 SUBSEP $2 SUBSEP $3; pf[k] = $6; kf[k] = $8 }
         END {
@@ -198,8 +201,8 @@ act_table() {
                 k = order[i]
                 if (!(k in pf) || !(k in pi)) continue
                 split(k, f, SUBSEP)
-                printf "| %s | %s | %s | %.3f | %.3f | %.3f | %+.3f %% | %.4f | %.4f | %.4f |\n", f[1], f[2], f[3], p8[k], pi[k],
-                    pf[k], 100 * (p8[k] / pf[k] - 1), k8[k], ki[k], kf[k]
+                printf "| %s | %s | %s | %s | %.3f | %.3f | %.3f | %+.3f %% | %.4f | %.4f | %.4f |\n", f[1], f[2], f[3], mo[k], po[k], pi[k],
+                    pf[k], 100 * (po[k] / pf[k] - 1), ko[k], ki[k], kf[k]
             }
         }' "$raw"
 }

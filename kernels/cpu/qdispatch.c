@@ -59,7 +59,7 @@ static _Atomic int qx_mode;
 
 int ifk_set_qx_mode(int mode)
 {
-    if (mode != IFK_QX_F32 && mode != IFK_QX_INT8)
+    if (mode != IFK_QX_F32 && mode != IFK_QX_INT8 && mode != IFK_QX_INT16)
         mode = IFK_QX_DEFAULT;
     return atomic_exchange_explicit(&qx_mode, mode, memory_order_relaxed);
 }
@@ -70,20 +70,30 @@ int ifk_set_qx_f32(int on) { return ifk_set_qx_mode(on ? IFK_QX_F32 : IFK_QX_DEF
 
 int ifk_qx_f32(void) { return ifk_qx_mode() == IFK_QX_F32; }
 
-/* Whether products of `type` on `path` take outliers out of int8 x (qimpl.h's split): Q8 on
- * the paths with vpdpbusd, in the mode IFK_QX_INT8. */
+/* Whether `type` on `path` meets int8 x although the accuracy rule (ifk_qx_x16) gives it int16:
+ * on the paths with vpdpbusd, Q8 (with the split) unless the mode is IFK_QX_INT16, and Q6 and
+ * Q5 in the mode IFK_QX_INT8 (quant.h). The AVX2 path keeps int16: its maddubs would saturate
+ * on Q8's levels. */
+static int qx_int8_for_x16(int type, int path)
+{
+    const int mode = ifk_qx_mode();
+    if (!(path == QPATH_AVX512 || path == QPATH_AVX512GFNI))
+        return 0;
+    return ifk_qx_splits(type) ? mode == IFK_QX_DEFAULT || mode == IFK_QX_INT8 : mode == IFK_QX_INT8;
+}
+
+/* Whether products of `type` on `path` take outliers out of int8 x (qimpl.h's split): Q8
+ * wherever it meets int8 x. */
 static int qx_split_on(int type, int path)
 {
-    return ifk_qx_mode() == IFK_QX_INT8 && (path == QPATH_AVX512 || path == QPATH_AVX512GFNI) &&
-           ifk_qx_splits(type);
+    return ifk_qx_splits(type) && qx_int8_for_x16(type, path);
 }
 
 /* int16 x for `type` on `path` in the current mode: the types of the rule (ifk_qx_x16), unless
- * IFK_QX_INT8 and the path has vpdpbusd (the AVX2 path keeps int16: its maddubs would saturate
- * on Q8's levels). */
+ * they meet int8 x above. */
 static int qx_int16_on(int type, int path)
 {
-    return ifk_qx_x16(type) && !(ifk_qx_mode() == IFK_QX_INT8 && (path == QPATH_AVX512 || path == QPATH_AVX512GFNI));
+    return ifk_qx_x16(type) && !qx_int8_for_x16(type, path);
 }
 
 int ifk_qx_int16(int type) { return qx_int16_on(type, qpath()); }

@@ -28,8 +28,9 @@
  *             product over the block (vpdpbusd, maddubs + madd), so a lane needs one scale.
  *   int16 (ifk_qx_x16: Q8, Q6 and Q5, where int8 x would add much to the weights' own error):
  *     s = max|x| / 32767 per block; products are s16 x s16 (vpdpwssd, madd).
- *     In the opt-in mode IFK_QX_INT8 (quant.h) the VNNI paths round x to int8 for these types
- *     too, with the groups above (ifk_qx_int16 says which applies now): their levels are
+ *     On the VNNI paths Q8 rounds x to int8 by default (after the split below), and Q6 and Q5
+ *     do in the opt-in mode IFK_QX_INT8 (quant.h), with the groups above (ifk_qx_int16 says
+ *     which applies now; the mode IFK_QX_INT16 keeps Q8 on int16 x): their levels are
  *     unsigned bytes (Q8: 0..255), so vpdpbusd takes them as Q4's, at twice vpdpwssd's rate.
  *     For the packed Q8, Q6 and Q5 kernels qdispatch.c then swaps bytes 1 and 2 of every dword
  *     of xq after quantizing (the "int16 pair order" of their tiles, qpack.h).
@@ -48,7 +49,7 @@
  * on int8 x, c = 127.5: the same formula, whose share of the error it removes is the same (the
  * levels of a min/max block spread around the middle one for any L).
  *
- * Outliers ("the split", int8 x of Q8 on the AVX512_VNNI paths in the mode IFK_QX_INT8:
+ * Outliers ("the split", int8 x of Q8 on the AVX512_VNNI paths, the default there:
  * ifk_qx_splits below, qdispatch.c's qx_split_on). The activations of real models have a few
  * channels far larger than the rest, and one of them sets the int8 step of its whole group. So
  * each token's k largest |x_i| (k = ifk_qx_split_k(K), ties to the lower i) are taken out
@@ -59,7 +60,9 @@
  * WikiText-2, 64 chunks of 256) the split takes int8 x's perplexity from +0.35 % to +0.08 % of
  * F32 x (KL divergence 0.0047 -> 0.0017; the weights' own error is 0.0010), and within 0.2 %
  * on every model and protocol measured (docs/QUANTIZATION.md, "Q8: the outliers taken out").
- * It stays opt-in: Q8 decode on int8 x read the memory ~10 % slower than on int16 x. */
+ * It was opt-in while Q8 decode on int8 x read the memory ~10 % slower than on int16 x; with the
+ * weights in huge pages (bigmem.h) both read alike, and prefill on int8 x is ~1.35 times as fast,
+ * so it is Q8's default (docs/QUANTIZATION.md). */
 typedef struct {
     int type;     /* the weight type (IFK_Q*) */
     int B;        /* its block */
@@ -109,8 +112,8 @@ void ifk_qx_finish(const ifk_qx *qx, int t);
  * search method; docs/QUANTIZATION.md): int8 x adds ~0.009 nats to every type, which is 10x the
  * error of Q8 itself, 1.6x that of Q6, 15-20 % of Q5's (0.054 -> 0.064) and 2-5 % of Q4's and
  * below; int16 x adds nothing measurable (perplexity within 0.01 % of F32 x). Those figures
- * predate the residual's correction; with it, int8 x (the opt-in mode IFK_QX_INT8, which
- * ifk_qx_int16 follows) adds 0.001-0.005 nats to Q8, Q6 and Q5 on those models and SmolLM2-135M,
+ * predate the residual's correction; with it, plain int8 x (the mode IFK_QX_INT8, which
+ * ifk_qx_int16 follows; Q8 also takes its outliers out there) adds 0.001-0.005 nats to Q8, Q6 and Q5 on those models and SmolLM2-135M,
  * 1.5-19 times Q8's own error (docs/QUANTIZATION.md). */
 static inline int ifk_qx_x16(int type)
 {
@@ -118,11 +121,12 @@ static inline int ifk_qx_x16(int type)
 }
 
 /* Whether a product of `type` rounds x to int16 now: ifk_qx_x16(type), except on the
- * AVX512_VNNI paths in the mode IFK_QX_INT8 (qdispatch.c; quant.h's ifk_set_qx_mode). */
+ * AVX512_VNNI paths for Q8 (unless the mode is IFK_QX_INT16) and in the mode IFK_QX_INT8
+ * (qdispatch.c; quant.h's ifk_set_qx_mode). */
 int ifk_qx_int16(int type);
 
 /* Outliers a product of `type` with K inputs takes out of each token now (qimpl.h's split:
- * ifk_qx_split_k(K) for Q8 on the AVX512_VNNI paths in the mode IFK_QX_INT8), else 0. */
+ * ifk_qx_split_k(K) for Q8 wherever it meets int8 x), else 0. */
 int ifk_qx_split(int type, int K);
 
 /* Little-endian words at p, any alignment (the level bytes of blocks and tiles). */

@@ -89,11 +89,12 @@ void ifk_qmatmul_ref(float *y, size_t ldy, const void *W, int type, const float 
  * ifk_qmatmul_ref up to the rounding of x to integers. The SIMD paths compute each block as
  *     min * sum(x) + delta * (sum_i q_i * xq_i * s + c * sum_i (x_i - xq_i * s))
  * with sum(x) exact in F32 and x rounded once per call, xq = round(x / s) with s = max|x| / top
- * of its group: int8 (top = 127) per group of 32 elements for Q4 and below; int16 (top = 32767)
- * per block for Q8, Q6 and Q5, where int8 x would add much to the weights' own error (qimpl.h;
- * int8 for them too in the opt-in mode IFK_QX_INT8, ifk_set_qx_mode below, where Q8 first has
- * each token's 8 largest |x_i| taken out of the rounding and multiplied in F32: qimpl.h's
- * split; x_i is then 0 in the bound below).
+ * of its group: int8 (top = 127) per group of 32 elements for Q4 and below, and for Q8 on the
+ * AVX512_VNNI paths after each token's 8 largest |x_i| (4 for rows of 64) are taken out of the
+ * rounding and multiplied in F32 (qimpl.h's split; x_i is then 0 in the bound below); int16
+ * (top = 32767) per block for Q6 and Q5, and for Q8 on the AVX2 path and in the mode
+ * IFK_QX_INT16, where plain int8 x would add much to the weights' own error (qimpl.h; int8 for
+ * Q6 and Q5 too in the opt-in mode IFK_QX_INT8, ifk_set_qx_mode below).
  * c = (L - 1) / 2 for int8 x (the rounding residual's share at the middle level, corrected:
  * qimpl.h), 0 for int16. So per output
  *     |y - y_ref| <= sum_i |q_i - c| delta_b(i) * amax_b(i) / (2 top) * (1 + 1e-3)
@@ -122,16 +123,19 @@ int ifk_set_qx_f32(int on);
 int ifk_qx_f32(void);
 
 /* How quantized products meet the activations, process-wide (a superset of ifk_set_qx_f32):
- *   IFK_QX_DEFAULT  x rounded to int8, or to int16 for Q8, Q6 and Q5 (the accuracy rule above)
+ *   IFK_QX_DEFAULT  x rounded to int8 (Q8 with the split on the AVX512_VNNI paths), or to int16
+ *                   for Q6 and Q5 (the accuracy rule above)
  *   IFK_QX_F32      the F32-activation path (ifk_set_qx_f32(1))
- *   IFK_QX_INT8     x rounded to int8 for every quantized type: Q8, Q6 and Q5 too, on the
- *                   AVX512_VNNI paths (vpdpbusd, as Q4; qimpl.h's ifk_qx_int16), Q8 with the
- *                   split (qimpl.h). Faster in prefill (vpdpbusd does twice vpdpwssd's work), at
- *                   int8 x's accuracy: the bound above with top = 127 and c = (L - 1) / 2 for
- *                   those types too. The AVX2 path keeps int16 x for them (its maddubs would
- *                   saturate on 8-bit levels).
+ *   IFK_QX_INT8     x rounded to int8 for every quantized type: Q6 and Q5 too, on the
+ *                   AVX512_VNNI paths (vpdpbusd, as Q4; qimpl.h's ifk_qx_int16). Faster in
+ *                   prefill (vpdpbusd does twice vpdpwssd's work), at int8 x's accuracy: the
+ *                   bound above with top = 127 and c = (L - 1) / 2 for those types too. The AVX2
+ *                   path keeps int16 x for them (its maddubs would saturate on 8-bit levels).
+ *   IFK_QX_INT16    int16 x for Q8, Q6 and Q5 (Q8 without the split): the default before Q8
+ *                   took int8 x, ~3 times more accurate for Q8 (KL divergence over F32 x), its
+ *                   prefill about 0.7 times as fast.
  * ifk_set_qx_mode returns the previous mode (an unknown mode is taken as IFK_QX_DEFAULT). */
-enum { IFK_QX_DEFAULT = 0, IFK_QX_F32 = 1, IFK_QX_INT8 = 2 };
+enum { IFK_QX_DEFAULT = 0, IFK_QX_F32 = 1, IFK_QX_INT8 = 2, IFK_QX_INT16 = 3 };
 int ifk_set_qx_mode(int mode);
 int ifk_qx_mode(void);
 

@@ -834,7 +834,7 @@ void iflow_kernel_set_f32_activations(int on) { ifk_set_qx_f32(on); }
 int iflow_kernel_set_activations(const char *mode)
 {
     static const struct { const char *name; int mode; } modes[] = {
-        {"int", IFK_QX_DEFAULT}, {"int8", IFK_QX_INT8}, {"f32", IFK_QX_F32}};
+        {"int", IFK_QX_DEFAULT}, {"int8", IFK_QX_INT8}, {"int16", IFK_QX_INT16}, {"f32", IFK_QX_F32}};
     for (size_t i = 0; i < sizeof modes / sizeof *modes; i++)
         if (!strcmp(mode, modes[i].name)) {
             ifk_set_qx_mode(modes[i].mode);

@@ -181,11 +181,14 @@ const char *iflow_kernel_path(void);
  * paths are measured against, slower. Process-wide; set it before computing. */
 void iflow_kernel_set_f32_activations(int on);
 /* How the CPU's quantized products meet the activations (kernels/cpu/quant.h's modes), by name:
- *   "int"   the default: rounded per token to int8, or to int16 for Q8, Q6 and Q5;
- *   "int8"  int8 for every quantized type (on CPUs with AVX512_VNNI), for Q8 after each token's
- *           8 largest were taken out and multiplied in F32: faster prefill, within 0.2 % of F32
- *           activations' perplexity for Q8 on the models measured, up to 0.6 % for Q6 and Q5
- *           (docs/QUANTIZATION.md);
+ *   "int"   the default: rounded per token to int8, or to int16 for Q6 and Q5 (and for Q8 on
+ *           CPUs without AVX512_VNNI); Q8 on int8 after each token's 8 largest were taken out and
+ *           multiplied in F32: within 0.2 % of F32 activations' perplexity on the models
+ *           measured (docs/QUANTIZATION.md);
+ *   "int8"  as "int", and int8 for Q6 and Q5 too (on CPUs with AVX512_VNNI): faster prefill, up
+ *           to 0.6 % off F32 activations' perplexity for them;
+ *   "int16" as "int", but int16 for Q8 too (the default until 2026-11-28): Q8 closer to F32
+ *           activations (KL divergence ~2 times lower), prefill ~0.7 times as fast;
  *   "f32"   iflow_kernel_set_f32_activations(1).
  * Returns 0, or -1 (nothing changed) for another name. Process-wide; set it before computing. */
 int iflow_kernel_set_activations(const char *mode);

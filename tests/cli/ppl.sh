@@ -70,14 +70,13 @@ run $BIN/iflow-ppl -m "$TMP/s.ifs" -f "$WIKI" --protocol foo
 expect_rc 2 "unknown protocol"
 
 # --activations: the quantized products' int8 / int16 path against F32 activations, on xs-ckpt
-# (rows of 64 and 192: whole blocks). Q8 takes int16 x: within 0.01 % of F32 x. Q4_B64 takes int8
-# x: a different number (the rounding is real), within 0.5 % (docs/QUANTIZATION.md measures
-# 0.05-0.15 % on 64 windows). --activations int8 (int8 x for every quantized type): Q8 then
-# takes int8 x like Q4, less each token's 8 largest (multiplied in F32: kernels/cpu/qimpl.h's
-# split, where the CPU has AVX512_VNNI), a different number from int16 x; within 1 % of F32 x
-# (measured here -0.29 % on these 8 windows, +0.006 % on 24; without the split +0.63 % and
-# +0.46 %; docs/QUANTIZATION.md). Q4 takes int8 x in either
-# mode, so int8 gives int's number exactly.
+# (rows of 64 and 192: whole blocks). Q8 takes int8 x by default, less each token's 8 largest
+# (multiplied in F32: kernels/cpu/qimpl.h's split, where the CPU has AVX512_VNNI): within 1 % of
+# F32 x (measured -0.29 % on these 8 windows, +0.006 % on 24; without the split +0.63 % and
+# +0.46 %; docs/QUANTIZATION.md), and --activations int8 gives the same number; --activations
+# int16 gives it int16 x: within 0.01 % of F32 x, a different number. Q4_B64 takes int8 x in
+# every mode: within 0.5 % of F32 x (docs/QUANTIZATION.md measures 0.05-0.15 % on 64 windows),
+# the same number in each.
 $BIN/iflow-convert "$DATA/models/xs-ckpt/hf" -o "$TMP/x.ifs"
 for t in q8_b64 q4_b64; do
     $BIN/iflow-quant -t $t --keep "*=$t" -i "$TMP/x.ifs" -o "$TMP/x.$t.ifs" 2>/dev/null
@@ -89,18 +88,22 @@ for t in q8_b64 q4_b64; do
     run $BIN/iflow-ppl -m "$TMP/x.$t.ifs" -f "$WIKI" -c 256 --chunks 8 --json --activations int8
     expect_rc 0 "--activations int8 ($t)"
     p8=$(jq -r .ppl <<<"$out")
+    run $BIN/iflow-ppl -m "$TMP/x.$t.ifs" -f "$WIKI" -c 256 --chunks 8 --json --activations int16
+    expect_rc 0 "--activations int16 ($t)"
+    p16=$(jq -r .ppl <<<"$out")
+    expect_eq "$p8" "$pi" "--activations int8 vs int, $t (the same int8 x)"
     case $t in
     q8_b64)
-        expect_close "$pi" "$pf" 1e-4 "--activations int vs f32, $t (0.01 %)"
-        awk -v a="$p8" -v b="$pf" -v i="$pi" 'BEGIN { d = a / b - 1; if (d < 0) d = -d; exit !(d > 0 && d < 1e-2 && a != i) }' &&
-            ok || bad "--activations int8 vs f32 and int, $t: perplexity $p8 vs $pf and $pi" ;;
+        expect_close "$p16" "$pf" 1e-4 "--activations int16 vs f32, $t (0.01 %)"
+        awk -v a="$pi" -v b="$pf" -v i="$p16" 'BEGIN { d = a / b - 1; if (d < 0) d = -d; exit !(d > 0 && d < 1e-2 && a != i) }' &&
+            ok || bad "--activations int vs f32 and int16, $t: perplexity $pi vs $pf and $p16" ;;
     *) awk -v a="$pi" -v b="$pf" 'BEGIN { d = a / b - 1; if (d < 0) d = -d; exit !(d > 0 && d < 5e-3) }' &&
         ok || bad "--activations int vs f32, $t: perplexity $pi vs $pf"
-        expect_eq "$p8" "$pi" "--activations int8 vs int, $t (the same int8 x)" ;;
+        expect_eq "$p16" "$pi" "--activations int16 vs int, $t (the same int8 x)" ;;
     esac
 done
 run $BIN/iflow-ppl -m "$TMP/s.ifs" -f "$WIKI" --activations int4
 expect_rc 2 "unknown activations"
-expect_match "$err" "^iflow-ppl: unknown activations 'int4' \(int, int8, f32\)" "unknown activations: message"
+expect_match "$err" "^iflow-ppl: unknown activations 'int4' \(int, int8, int16, f32\)" "unknown activations: message"
 
 summary

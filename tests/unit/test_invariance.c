@@ -6,8 +6,8 @@
  * For every ISA path this CPU has (scalar, avx2, avx512, avx512gfni) and every weight type
  * (F32, F16, BF16 (on the BF16 dot product where the CPU has it, and on the F32 product of
  * ifk_set_qx_f32), the 9 quantized types, quantized from random F32 rows by the reference
- * quantizer, and the packed copies of qpack.h; Q8, Q6 and Q5 also in the mode IFK_QX_INT8,
- * quant.h's int8 x for them), on odd shapes (N not a multiple of 16 or 4; K with a partial last SIMD step or
+ * quantizer, and the packed copies of qpack.h; Q6 and Q5 also in the mode IFK_QX_INT8,
+ * quant.h's int8 x for them, and Q8 in the mode IFK_QX_INT16, its int16 x), on odd shapes (N not a multiple of 16 or 4; K with a partial last SIMD step or
  * block; K spanning several of the prefill kernels' K chunks):
  *   - each row of a pool of x rows alone (T = 1) is the reference;
  *   - calls with T = 1..17 rows taken from the pool at varying offsets, so that one x row sits
@@ -25,7 +25,7 @@
 
 #include "check.h"
 #include "kernels/cpu/kernels.h"
-#include "kernels/cpu/qimpl.h" /* ifk_qx_x16 */
+#include "kernels/cpu/qimpl.h" /* ifk_qx_x16, ifk_qx_splits */
 #include "kernels/cpu/qpack.h"
 #include "kernels/cpu/quant.h"
 
@@ -111,7 +111,8 @@ static const char *type_name(int wtype)
     return wtype == IFK_F16 ? "f16" : "bf16";
 }
 
-/* " int8-mode" while the quantized types run in the mode IFK_QX_INT8, else "" (for messages). */
+/* " int8-mode" / " int16-mode" while the quantized types run in the mode IFK_QX_INT8 /
+ * IFK_QX_INT16, else "" (for messages). */
 static const char *mode_tag = "";
 
 /* One weight type and shape on the current path. x rows have a stride of K + 3 (not a multiple
@@ -184,9 +185,10 @@ static void test_matmul_invariance(void)
                 ifk_set_qx_f32(0);
             }
         for (int q = IFK_Q8_B32; q < IFK_QTYPE_END_; q++)
-            for (int int8 = 0; int8 <= ifk_qx_x16(q); int8++) { /* Q8, Q6, Q5: int16 x, then int8 x */
-                ifk_set_qx_mode(int8 ? IFK_QX_INT8 : IFK_QX_DEFAULT);
-                mode_tag = int8 ? " int8-mode" : "";
+            for (int alt = 0; alt <= ifk_qx_x16(q); alt++) { /* Q8, Q6, Q5: the default, then the other x */
+                const int other = ifk_qx_splits(q) ? IFK_QX_INT16 : IFK_QX_INT8; /* Q8: int8 x by default */
+                ifk_set_qx_mode(alt ? other : IFK_QX_DEFAULT);
+                mode_tag = !alt ? "" : other == IFK_QX_INT16 ? " int16-mode" : " int8-mode";
                 /* K = 77: a partial last block; 8529: several chunks of 64 blocks, a partial block */
                 check_matmul(q, 45, 77, all_T, 17);
                 check_matmul(q, 37, 8529, some_T, 7);

@@ -283,8 +283,15 @@ static const int isas[] = { IFK_ISA_SCALAR, IFK_ISA_AVX2, IFK_ISA_AVX512, IFK_IS
 
 /* Largest error / sum |w'x| against the oracle, per path and type, for rows of K >= 1024:
  * [0] normal x and weights, [1] with outliers (printed by test_qmatmul_large); worst_rel8 the
- * same in the mode IFK_QX_INT8 for the types it changes (ifk_qx_x16). */
+ * same in the other mode of the types of ifk_qx_x16 (alt_mode). */
 static double worst_rel[2][N_ISAS][N_TYPES], worst_rel8[2][N_ISAS][N_TYPES];
+
+/* The mode that gives a type of ifk_qx_x16 the other x: Q8 takes int8 x by default (with the
+ * split), so IFK_QX_INT16; Q6 and Q5 take int16 x by default, so IFK_QX_INT8. */
+static int alt_mode(int type)
+{
+    return ifk_qx_splits(type) ? IFK_QX_INT16 : IFK_QX_INT8;
+}
 
 /* Random weights: normal, optionally with a few outliers (they set the blocks' ranges). */
 static void fill_weights(float *w, size_t n, float scale, int outliers)
@@ -404,15 +411,18 @@ static void check_qmatmul(int ti, int T, int N, int K, size_t ldx, size_t ldy, i
         P = malloc(ifk_qpack_bytes(type, N, K));
         ifk_qpack(P, W, type, N, K);
     }
-    /* each layout and path in the default mode, and for the types of ifk_qx_x16 (int16 x) in the
-     * mode IFK_QX_INT8 too (int8 x where the path has vpdpbusd: ifk_qx_int16) */
+    /* each layout and path in the default mode, and for the types of ifk_qx_x16 in their other
+     * mode too (alt_mode: int8 x for Q6 and Q5, int16 x for Q8, where the path has vpdpbusd:
+     * ifk_qx_int16) */
     for (int lp = 0; lp < (P ? 2 : 1) * N_ISAS * 2; lp++) {
-        const int int8 = lp % 2, layout = lp / (2 * N_ISAS), p = lp / 2 % N_ISAS;
-        if ((int8 && !ifk_qx_x16(type)) || ifk_set_isa(isas[p]) != isas[p])
+        const int alt = lp % 2, layout = lp / (2 * N_ISAS), p = lp / 2 % N_ISAS; /* alt: the other mode */
+        if ((alt && !ifk_qx_x16(type)) || ifk_set_isa(isas[p]) != isas[p])
             continue;
-        ifk_set_qx_mode(int8 ? IFK_QX_INT8 : IFK_QX_DEFAULT);
+        ifk_set_qx_mode(alt ? alt_mode(type) : IFK_QX_DEFAULT);
         const int x16 = ifk_qx_int16(type), split = ifk_qx_split(type, K);
-        const char *lname = layout ? (int8 ? " packed int8-mode" : " packed") : (int8 ? " int8-mode" : "");
+        const char *mname = alt_mode(type) == IFK_QX_INT16 ? " int16-mode" : " int8-mode";
+        char lname[40];
+        snprintf(lname, sizeof lname, "%s%s", layout ? " packed" : "", alt ? mname : "");
         for (size_t i = 0; i < (size_t)T * ldy; i++)
             y[i] = -1.0f;
         if (layout)
@@ -451,7 +461,7 @@ static void check_qmatmul(int ti, int T, int N, int K, size_t ldx, size_t ldy, i
                     CHECK(0, "%s %s%s T=%d N=%d K=%d thr=%d: y[%d][%d] = %.9g, oracle %.9g, error %.3g > %.3g",
                           ifk_isa_name(isas[p]), qt->name, lname, T, N, K, threads, t, n, v, r, e, tol);
                 if (K >= 1024 && !layout) {
-                    double *wr = int8 ? &worst_rel8[outliers][p][ti] : &worst_rel[outliers][p][ti];
+                    double *wr = alt ? &worst_rel8[outliers][p][ti] : &worst_rel[outliers][p][ti];
                     *wr = fmax(*wr, e / (mag + 1e-30));
                 }
                 /* the int8 arithmetic itself, up to float summation order */
@@ -467,7 +477,7 @@ static void check_qmatmul(int ti, int T, int N, int K, size_t ldx, size_t ldy, i
         CHECK(bad == 0 && bad_model == 0, "%s %s%s T=%d N=%d K=%d: %d outputs off the oracle, %d off the model",
               ifk_isa_name(isas[p]), qt->name, lname, T, N, K, bad, bad_model);
         ifk_set_qx_mode(IFK_QX_DEFAULT);
-        if (int8) { /* the F32-activation path below is the same in either mode */
+        if (alt) { /* the F32-activation path below is the same in either mode */
             CHECK(pad_ok, "%s %s%s: wrote past N in a padded row of y", ifk_isa_name(isas[p]), qt->name, lname);
             continue;
         }
@@ -542,7 +552,7 @@ static void test_qmatmul_large(void)
         printf("\n  %-7s", ifk_isa_name(isas[p]));
         for (int ti = 0; ti < N_TYPES; ti++)
             printf(" %s %.1e [%.1e]", ifk_qtype(all_types[ti])->name, worst_rel[0][p][ti], worst_rel[1][p][ti]);
-        printf("\n  %-7s int8-mode (IFK_QX_INT8):", ifk_isa_name(isas[p]));
+        printf("\n  %-7s other mode (Q8 IFK_QX_INT16, Q6 and Q5 IFK_QX_INT8):", ifk_isa_name(isas[p]));
         for (int ti = 0; ti < N_TYPES; ti++)
             if (ifk_qx_x16(all_types[ti]))
                 printf(" %s %.1e [%.1e]", ifk_qtype(all_types[ti])->name, worst_rel8[0][p][ti], worst_rel8[1][p][ti]);
