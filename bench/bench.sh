@@ -6,7 +6,8 @@
 # convert time and peak RSS, load time, prefill and decode tokens/s at 1 and 2 threads, and
 # decode speed as a fraction of the read bandwidth that ../shared/tools/membw.c measures; the
 # same for TinyLlama with every matrix in each quantized type (bytes read per token are the
-# quantized bytes; prefill of 128 and 512 tokens as a fraction of the roof of the instruction the
+# quantized bytes; batched decode of 4 and 16 streams, batched_decode_N_tok_s; prefill of 128
+# and 512 tokens as a fraction of the roof of the instruction the
 # type's product runs on, which qbench --roof measures in the same run; the packed types also in
 # the row layout, IFLOW_PACK=0; Q8_B64 also on int16 activations, IFLOW_BENCH_ACTIVATIONS=int16,
 # as the entry q8_b64-int16_x); the same for TinyLlama in F16 and BF16 (float_weights: the BF16
@@ -138,19 +139,25 @@ flop=$(jq '2 * (.num_hidden_layers * (2 * .hidden_size * .hidden_size
 # OTHER_ENV, the same file run again in that environment (another layout or product, reported
 # as OTHER_NAME_prefill_tok_s and OTHER_NAME_decode_tok_s).
 type_entry() { # shard type roof-op [other-env other-name]
-    local f=$1 t=$2 op=$3 r128 r512 other=null
+    local f=$1 t=$2 op=$3 r128 r512 b1 b2 other=null
     r128=$("$build/iflow-bench" "$f" 128 16 1 2)
     r512=$("$build/iflow-bench" "$f" 512 1 1 2)
+    # batched decode: 4 and 16 streams of 8-token prompts and 32 new tokens each, the decode
+    # phase's generated tok/s (batchbench's S_TG), at 1 and 2 threads
+    b1=$("$build/batchbench" "$f" streams 1 8 32 4 16)
+    b2=$("$build/batchbench" "$f" streams 2 8 32 4 16)
     [ -n "${4:-}" ] && other=$(env "$4" "$build/iflow-bench" "$f" 128 16 1 2)
     jq -c --arg t "$t" --arg op "$op" --arg oname "${5:-other}" --argjson size "$(stat -c %s "$f")" \
         --argjson bw1 "$bw1" --argjson bw2 "$bw2" --argjson flop "$flop" --argjson roof "$roof" \
-        --argjson r512 "$r512" --argjson other "$other" '
+        --argjson r512 "$r512" --argjson other "$other" --argjson b1 "$b1" --argjson b2 "$b2" '
         (if $op == "bf16_or_fma" then (if .bf16_dot then "vdpbf16ps_bf16" else "vfmadd_f32" end) else $op end) as $op |
         ($roof | map(select(.op == $op))) as $ro |
         {name: ("tinyllama-1.1b-" + $t), type: $t, file_bytes: $size, load_s, decode_bytes_per_token,
          matrix_flop_per_token: $flop, roof_op: $op, bf16_dot,
          runs: [.runs[] | .threads as $n | . + {membw_gbps: (if $n == 1 then $bw1 else $bw2 end),
                 prefill_512_tok_s: ($r512.runs[] | select(.threads == $n) | .prefill_tok_s),
+                batched_decode_4_tok_s: ((if $n == 1 then $b1 else $b2 end)[] | select(.streams == 4) | .decode_tok_s),
+                batched_decode_16_tok_s: ((if $n == 1 then $b1 else $b2 end)[] | select(.streams == 16) | .decode_tok_s),
                 roof_gops: ($ro[] | select(.threads == $n) | .GOPs)}
                 + (if $other then {($oname + "_prefill_tok_s"): ($other.runs[] | select(.threads == $n) | .prefill_tok_s),
                                    ($oname + "_decode_tok_s"): ($other.runs[] | select(.threads == $n) | .decode_tok_s)}
