@@ -272,6 +272,41 @@ static inline float dot(const float *a, const float *b, int n)
     return h2[0] + h2[1];
 }
 
+/* out[j] = dot(q, k[j], n) * scale for 16 keys, n a multiple of 16: each key's 16 lanes exactly
+ * as dot() sums them, and the 16 trees of dot() taken together, pairs of vectors at a time (the
+ * same additions of the same lanes, so the same bits, in about a third of the instructions). */
+static inline __attribute__((always_inline)) void dot16(float *out, const float *q, const float *const *k, int n, float scale)
+{
+    kv_f16x a[16];
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; j++)
+        a[j] = (kv_f16x){0};
+    for (int i = 0; i + 16 <= n; i += 16) { /* 16 independent sums, q's step loaded once */
+        kv_f16x va, vb;
+        memcpy(&va, q + i, sizeof va);
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; j++) {
+            memcpy(&vb, k[j] + i, sizeof vb);
+            a[j] += va * vb;
+        }
+    }
+    kv_f16x b[8], c[4], d[2], e;
+    for (int m = 0; m < 8; m++) /* w = 8: lanes 0-7 key 2m, 8-15 key 2m + 1 */
+        b[m] = __builtin_shufflevector(a[2 * m], a[2 * m + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+               __builtin_shufflevector(a[2 * m], a[2 * m + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    for (int m = 0; m < 4; m++) /* w = 4: 4 lanes a key, keys 4m .. 4m + 3 */
+        c[m] = __builtin_shufflevector(b[2 * m], b[2 * m + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+               __builtin_shufflevector(b[2 * m], b[2 * m + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    for (int m = 0; m < 2; m++) /* w = 2: 2 lanes a key, keys 8m .. 8m + 7 */
+        d[m] = __builtin_shufflevector(c[2 * m], c[2 * m + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+               __builtin_shufflevector(c[2 * m], c[2 * m + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+    /* w = 1: lane j is key j */
+    e = __builtin_shufflevector(d[0], d[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+        __builtin_shufflevector(d[0], d[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    e *= scale;
+    memcpy(out, &e, sizeof e);
+}
+
 /* o[d] += p[0] * v[0][d], then + p[1] * v[1][d], ... in that order for every d < hd (the
  * values of the plain loop), with o held in registers across the nj rows.  v: [nj] rows. */
 static inline void add_weighted(float *restrict o, const float *const *v, const float *p, int nj, int hd)
@@ -316,6 +351,43 @@ static inline void add_weighted(float *restrict o, const float *const *v, const 
     }
 }
 
+/* add_weighted for 8 heads at once, hd a multiple of 16: o + i hd of head i with its weights
+ * p + i IFK_KV_CHUNK (every (head, element) gets the same operations in the same order as
+ * add_weighted gives it; only the loads of v are shared). */
+static inline __attribute__((always_inline)) void add_weighted8(float *restrict o, const float *const *v, const float *p, int nj, int hd)
+{
+    for (int d0 = 0; d0 + 16 <= hd; d0 += 16) {
+        kv_f16x a0, a1, a2, a3, a4, a5, a6, a7, t;
+        memcpy(&a0, o + d0, sizeof a0);
+        memcpy(&a1, o + hd + d0, sizeof a1);
+        memcpy(&a2, o + 2 * hd + d0, sizeof a2);
+        memcpy(&a3, o + 3 * hd + d0, sizeof a3);
+        memcpy(&a4, o + 4 * hd + d0, sizeof a4);
+        memcpy(&a5, o + 5 * hd + d0, sizeof a5);
+        memcpy(&a6, o + 6 * hd + d0, sizeof a6);
+        memcpy(&a7, o + 7 * hd + d0, sizeof a7);
+        for (int j = 0; j < nj; j++) {
+            memcpy(&t, v[j] + d0, sizeof t);
+            a0 += p[j] * t;
+            a1 += p[IFK_KV_CHUNK + j] * t;
+            a2 += p[2 * IFK_KV_CHUNK + j] * t;
+            a3 += p[3 * IFK_KV_CHUNK + j] * t;
+            a4 += p[4 * IFK_KV_CHUNK + j] * t;
+            a5 += p[5 * IFK_KV_CHUNK + j] * t;
+            a6 += p[6 * IFK_KV_CHUNK + j] * t;
+            a7 += p[7 * IFK_KV_CHUNK + j] * t;
+        }
+        memcpy(o + d0, &a0, sizeof a0);
+        memcpy(o + hd + d0, &a1, sizeof a1);
+        memcpy(o + 2 * hd + d0, &a2, sizeof a2);
+        memcpy(o + 3 * hd + d0, &a3, sizeof a3);
+        memcpy(o + 4 * hd + d0, &a4, sizeof a4);
+        memcpy(o + 5 * hd + d0, &a5, sizeof a5);
+        memcpy(o + 6 * hd + d0, &a6, sizeof a6);
+        memcpy(o + 7 * hd + d0, &a7, sizeof a7);
+    }
+}
+
 /* The nh query heads of kv head g for one query row that attends to keys first .. n_keys - 1.
  * q, out: [nh][hd] (the row's heads g*nh ..). Online softmax over chunks of IFK_KV_CHUNK keys;
  * within a chunk each head takes the chunk's keys (scores) and values (sums) in key order, so
@@ -341,10 +413,22 @@ static void attend(float *restrict out, const float *restrict q, const void *k, 
             kr[j] = head_of(kbuf + (conv ? (size_t)j * hd : 0), k, L, r, g);
             vr[j] = head_of(vbuf + (conv ? (size_t)j * hd : 0), v, L, r, g);
         }
+        /* the scores of every head, 16 keys at a time: their rows stay in L1 across the heads */
+        int j = 0;
+        if (hd % 16 == 0)
+            for (; j + 16 <= nj; j += 16)
+                for (int h = 0; h < nh; h++) { /* the common sizes as constants: unrolled */
+                    if (hd == 64)
+                        dot16(s[h] + j, q + (size_t)h * hd, kr + j, 64, scale);
+                    else if (hd == 128)
+                        dot16(s[h] + j, q + (size_t)h * hd, kr + j, 128, scale);
+                    else
+                        dot16(s[h] + j, q + (size_t)h * hd, kr + j, hd, scale);
+                }
+        for (; j < nj; j++)
+            for (int h = 0; h < nh; h++)
+                s[h][j] = dot(q + (size_t)h * hd, kr[j], hd) * scale;
         for (int h = 0; h < nh; h++) {
-            const float *qh = q + (size_t)h * hd;
-            for (int j = 0; j < nj; j++)
-                s[h][j] = dot(qh, kr[j], hd) * scale;
             if (L->softcap > 0) /* Gemma 2's attention soft-capping */
                 for (int j = 0; j < nj; j++)
                     s[h][j] = L->softcap * tanhf(s[h][j] / L->softcap);
@@ -358,12 +442,26 @@ static void attend(float *restrict out, const float *restrict q, const void *k, 
                 o[d] *= corr;
             l[h] *= corr;
             m[h] = mx;
-            for (int j = 0; j < nj; j++) {
+            for (int j = 0; j < nj; j++)
                 s[h][j] = expf(s[h][j] - mx);
-                l[h] += s[h][j];
-            }
-            add_weighted(o, vr, s[h], nj, hd);
         }
+        /* l[h] += the weights in key order, the heads' sums interleaved (independent chains) */
+        for (int j = 0; j < nj; j++)
+            for (int h = 0; h < nh; h++)
+                l[h] += s[h][j];
+        /* the values, weighted: 8 heads at a time read each value row once */
+        int h = 0;
+        if (hd % 16 == 0)
+            for (; h + 8 <= nh; h += 8) {
+                if (hd == 64)
+                    add_weighted8(out + (size_t)h * hd, vr, s[h], nj, 64);
+                else if (hd == 128)
+                    add_weighted8(out + (size_t)h * hd, vr, s[h], nj, 128);
+                else
+                    add_weighted8(out + (size_t)h * hd, vr, s[h], nj, hd);
+            }
+        for (; h < nh; h++)
+            add_weighted(out + (size_t)h * hd, vr, s[h], nj, hd);
     }
     for (int h = 0; h < nh; h++) {
         float *o = out + (size_t)h * hd;
