@@ -248,6 +248,70 @@ void ifk_kv_shift(void *k, void *v, const ifk_kv_layout *L, const int32_t *table
 typedef float kv_f16x __attribute__((vector_size(64)));
 typedef float kv_f8x __attribute__((vector_size(32)));
 typedef float kv_f4x __attribute__((vector_size(16)));
+typedef int32_t kv_i16x __attribute__((vector_size(64)));
+
+/* e^x per lane for the softmax's arguments (x <= 0, or -inf), within ~2 ulp of expf: Cody-Waite
+ * reduction x = n ln2 + r (|r| <= ln2 / 2, n rounded to nearest even by the 1.5 * 2^23 trick), a
+ * degree-6 polynomial for e^r (vec_avx512.h's v16_exp's coefficients), 2^n from its bits. Below
+ * -87.3 (where 2^n leaves the normal range) and for -inf or NaN, 0: such a weight is below 1e-38
+ * of the largest, which is 1. Plain multiplies and adds, no FMA (this file is compiled without
+ * contraction), so every clone computes the same bits. */
+static inline __attribute__((always_inline)) void exp16(kv_f16x *v)
+{
+    kv_f16x x = *v;
+    const kv_f16x lo = x - x - 87.3f;
+    kv_i16x keep = x >= lo, xi; /* -1 where the result is not 0 (false for -inf and NaN) */
+    memcpy(&xi, &x, sizeof xi);
+    xi &= keep;
+    memcpy(&x, &xi, sizeof x);
+    kv_f16x n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    kv_f16x r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    kv_f16x p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r;
+    p = p + 1.0f;
+    kv_i16x bits = (__builtin_convertvector(n, kv_i16x) + 127) << 23;
+    kv_f16x two_n;
+    memcpy(&two_n, &bits, sizeof two_n);
+    p = p * two_n;
+    kv_i16x pi;
+    memcpy(&pi, &p, sizeof pi);
+    pi &= keep;
+    memcpy(v, &pi, sizeof pi);
+}
+
+/* e^x for one value, as exp16 computes it. */
+static inline __attribute__((always_inline)) float exp1(float x)
+{
+    kv_f16x v = {0};
+    v[0] = x;
+    exp16(&v);
+    return v[0];
+}
+
+/* v[j] = e^(v[j] - mx) for j < n, 16 at a time (exp16). */
+static inline __attribute__((always_inline)) void exp_minus(float *v, int n, float mx)
+{
+    int j = 0;
+    for (; j + 16 <= n; j += 16) {
+        kv_f16x t;
+        memcpy(&t, v + j, sizeof t);
+        t -= mx;
+        exp16(&t);
+        memcpy(v + j, &t, sizeof t);
+    }
+    if (j < n) {
+        kv_f16x t = {0};
+        memcpy(&t, v + j, (size_t)(n - j) * sizeof(float));
+        t -= mx;
+        exp16(&t);
+        memcpy(v + j, &t, (size_t)(n - j) * sizeof(float));
+    }
+}
 
 /* a . b over n, as 16 lanes summed in a fixed tree: lane u sums the products of elements
  * i = u (mod 16) in order, then lanes u and u + w are added for w = 8, 4, 2, 1. Written with
@@ -435,15 +499,14 @@ static void attend(float *restrict out, const float *restrict q, const void *k, 
             float mx = m[h];
             for (int j = 0; j < nj; j++)
                 mx = s[h][j] > mx ? s[h][j] : mx;
-            const float corr = expf(m[h] - mx); /* 0 on the first chunk (m = -inf) */
+            const float corr = exp1(m[h] - mx); /* 0 on the first chunk (m = -inf) */
             float *o = out + (size_t)h * hd;
 #pragma omp simd
             for (int d = 0; d < hd; d++)
                 o[d] *= corr;
             l[h] *= corr;
             m[h] = mx;
-            for (int j = 0; j < nj; j++)
-                s[h][j] = expf(s[h][j] - mx);
+            exp_minus(s[h], nj, mx);
         }
         /* l[h] += the weights in key order, the heads' sums interleaved (independent chains) */
         for (int j = 0; j < nj; j++)
