@@ -13,12 +13,12 @@
  *   ifk_bigmem_alloc(n) returns n zeroed bytes (64-byte aligned), or NULL when out of memory.
  *   From IFK_BIGMEM_MIN bytes on, the block is a mapping of its own, 2 MiB aligned, advised
  *   MADV_HUGEPAGE (the kernel backs it with huge pages as it is first touched: zero pages
- *   cost nothing until then, as with calloc); smaller blocks come from calloc.
+ *   cost nothing until then, as with calloc); smaller blocks come from aligned_alloc, zeroed.
  *   ifk_bigmem_free(p) frees a block of ifk_bigmem_alloc (NULL: nothing). Thread-safe.
  *   IFLOW_HUGEPAGES=0 in the environment (read at the first call) keeps the mappings but
  *   leaves out the advice: the 4 KiB pages, to compare.
- *   ifk_bigmem_huge_bytes(): bytes of the live mappings advised into huge pages (for -v and
- *   the tests; what the kernel actually backed is in /proc/self/smaps, AnonHugePages).
+ *   ifk_bigmem_huge_bytes(): bytes of the live mappings advised into huge pages (for the
+ *   tests; what the kernel actually backed is in /proc/self/smaps, AnonHugePages).
  */
 #ifndef IFK_BIGMEM_H
 #define IFK_BIGMEM_H
