@@ -47,7 +47,7 @@ void devices_set_activations(const iflow_tool *t, const char *mode);
 #define DEVICES_ACTIVATIONS_OPT(id)                                                                \
     {id, "activations", 0, "MODE",                                                                 \
      "how the CPU's matrix products meet the activations: int (default: rounded per token, to int8 " \
-     "for quantized weights (Q8 with each token's 8 largest multiplied in F32, on CPUs with "        \
+     "for quantized weights (Q8 and Q4 with each token's outliers multiplied in F32, on CPUs with " \
      "AVX512_VNNI), int16 for Q6 and Q5, and to BF16 for F16 and BF16 weights on CPUs with "        \
      "AVX512_BF16; the fast path), int8 (as int, and int8 for Q6 and Q5 too: faster prefill of "   \
      "Q6 and Q5, a little less accurate), int16 (as int, but int16 for Q8 too: more accurate Q8, " \

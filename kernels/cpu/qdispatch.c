@@ -82,18 +82,18 @@ static int qx_int8_for_x16(int type, int path)
     return ifk_qx_splits(type) ? mode == IFK_QX_DEFAULT || mode == IFK_QX_INT8 : mode == IFK_QX_INT8;
 }
 
-/* Whether products of `type` on `path` take outliers out of int8 x (qimpl.h's split): Q8
- * wherever it meets int8 x. */
-static int qx_split_on(int type, int path)
-{
-    return ifk_qx_splits(type) && qx_int8_for_x16(type, path);
-}
-
 /* int16 x for `type` on `path` in the current mode: the types of the rule (ifk_qx_x16), unless
  * they meet int8 x above. */
 static int qx_int16_on(int type, int path)
 {
     return ifk_qx_x16(type) && !qx_int8_for_x16(type, path);
+}
+
+/* Whether products of `type` on `path` take outliers out of int8 x (qimpl.h's split): Q8 and
+ * Q4 wherever they meet int8 x on the AVX512_VNNI paths (qsplit_avx512.c). */
+static int qx_split_on(int type, int path)
+{
+    return ifk_qx_splits(type) && (path == QPATH_AVX512 || path == QPATH_AVX512GFNI) && !qx_int16_on(type, path);
 }
 
 int ifk_qx_int16(int type) { return qx_int16_on(type, qpath()); }
@@ -370,6 +370,25 @@ typedef struct {
     int ahead;        /* qx's */
 } qmm_args;
 
+/* Rows n0 <= n < n1 of the int8 product (n0 a multiple of 16), then the split's F32 columns
+ * (qimpl.h) where some token took outliers out: 64 rows at a time, so that the split decodes
+ * its columns from the tiles the product has just read, in cache (for the whole of a large
+ * matrix at once they came from memory again, one line a column: Q4_B64 prefill 8 % slower). */
+static void rows_and_split(qrows_fn rows, float *y, size_t ldy, const void *W, int packed, const ifk_qx *qx, int n0,
+                           int n1)
+{
+    enum { CHUNK = 64 };
+    if (!qx->k || !qx->nu) {
+        rows(y, ldy, W, qx, n0, n1);
+        return;
+    }
+    for (int n = n0; n < n1; n += CHUNK) {
+        const int e = n1 - n < CHUNK ? n1 : n + CHUNK;
+        rows(y, ldy, W, qx, n, e);
+        ifk_avx512_qsplit_rows(y, ldy, W, packed, qx, n, e);
+    }
+}
+
 static void qmm_range(const qmm_args *a, int i, int *n0, int *n1)
 {
     *n0 = i * a->rpi;
@@ -386,16 +405,10 @@ static void qmm_run(const void *args, const void *in, int i, float *out)
     qx.ahead = a->ahead;
     int n0, n1;
     qmm_range(a, i, &n0, &n1);
-    if (!out) {
-        a->rows(a->y, a->ldy, a->W, &qx, n0, n1);
-        if (qx.k)
-            ifk_avx512_qsplit_rows(a->y, a->ldy, a->W, a->packed, &qx, n0, n1);
-    } else {
-        const char *W = a->W + (size_t)n0 * a->row_bytes;
-        a->rows(out, (size_t)(n1 - n0), W, &qx, 0, n1 - n0);
-        if (qx.k)
-            ifk_avx512_qsplit_rows(out, (size_t)(n1 - n0), W, a->packed, &qx, 0, n1 - n0);
-    }
+    if (!out)
+        rows_and_split(a->rows, a->y, a->ldy, a->W, a->packed, &qx, n0, n1);
+    else
+        rows_and_split(a->rows, out, (size_t)(n1 - n0), a->W + (size_t)n0 * a->row_bytes, a->packed, &qx, 0, n1 - n0);
 }
 
 static void qmm_commit(const void *args, int i, const float *out)
@@ -605,9 +618,7 @@ void ifk_qmatmul(float *y, size_t ldy, const void *W, int type, const float *x, 
     if (k)
         qx_split_union(&qx, (int32_t *)(xm + (size_t)T * K));
     if (nt <= 1) {
-        rows(y, ldy, W, &qx, 0, N);
-        if (k)
-            ifk_avx512_qsplit_rows(y, ldy, W, packed, &qx, 0, N);
+        rows_and_split(rows, y, ldy, W, packed, &qx, 0, N);
         return;
     }
     int rpi = ifk_pool_rows_per_item(N, nt);

@@ -1,21 +1,22 @@
 /*
- * qsplit_avx512.c -- the outliers of int8 activations (qimpl.h, "Outliers"): each token's k
- * largest |x_i| are picked and taken out of what is rounded, then added back in F32 against
- * the weights' decoded values, for Q8 in packed tiles (qpack.h) or rows (quant.h).
+ * qsplit_avx512.c -- the outliers of int8 activations (qimpl.h, "Outliers"): those of each
+ * token's k largest |x_i| that stand out are picked and taken out of what is rounded, then
+ * added back in F32 against
+ * the weights' decoded values, for Q8 and Q4 in packed tiles (qpack.h) or rows (quant.h).
  *
  * Picking reads x twice: the first pass copies it and keeps the largest |x| of each of the 16
- * lanes; those are 16 distinct elements, so the least of them is a lower bound on the k-th
- * largest (k <= 16), and the second pass ranks only the elements at or above it (a few per
- * cent of a row of normal values).
+ * lanes (i % 16); the least of those 16, L, is the reference of qimpl.h's rule (an outlier has
+ * |x| >= 2 L), and the second pass ranks only the elements at or above 2 L (none in most rows of
+ * normal values).
  *
  * Adding back decodes, for every 16 rows, the columns su of the tile (or rows) into a buffer
  * once for all tokens, then each token's outliers are added with one FMA per 16 rows each, in
  * ascending i: a token's result depends on its own x alone.
  *
- * Measured (2026-11-27, 1 / 2 threads, TinyLlama shape with random weights, Q8_B64, prefill of
- * 128 tokens): 126 / 253 tok/s against 151 / 279 for int8 x without the split and 97 / 177 for
- * int16 x. Random activations have no lasting outlier channels, so nearly every column is
- * someone's outlier and su is long: the worst case for the decoding above. */
+ * Measured (TinyLlama shape with random weights, Q8_B64, prefill of 128 tokens, 1 / 2 threads):
+ * 2026-11-27, every token taking its 8 largest, 126 / 253 tok/s against 151 / 279 for int8 x
+ * without the split and 97 / 177 for int16 x; 2026-11-28, under qimpl.h's rule (nothing stands
+ * out in most of those rows), 152-154 / 278-284. */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -49,9 +50,10 @@ void ifk_avx512_qsplit_pick(const float *x, int K, int k, float *xm, int32_t *id
         _mm512_mask_storeu_ps(xm + off, mk, a);
         lm = _mm512_max_ps(lm, _mm512_and_ps(a, absmask));
     }
-    /* the 16 lane maxima are 16 distinct elements, so the least of them is at most the k-th
-     * largest element (k <= 16): every top-k element is at least it */
-    const float thr = K >= 16 ? _mm512_reduce_min_ps(lm) : 0.0f;
+    /* the 16 lane maxima are 16 distinct elements, so the least of them, L, is at most the
+     * k-th largest element (k <= 16); an outlier stands out: |x| >= IFK_QX_SPLIT_RATIO L
+     * (qimpl.h) */
+    const float thr = K >= 16 ? IFK_QX_SPLIT_RATIO * _mm512_reduce_min_ps(lm) : 0.0f;
     /* pass 2: the candidates (|x| >= thr), kept ranked, k at most */
     const __m512 vthr = _mm512_set1_ps(thr);
     int ci[KMAX], n = 0;
@@ -85,20 +87,23 @@ void ifk_avx512_qsplit_pick(const float *x, int K, int k, float *xm, int32_t *id
         val[j] = x[ci[j]];
         xm[ci[j]] = 0.0f;
     }
-    for (int j = n; j < k; j++) { /* only with NaN in x: unused entries */
+    for (int j = n; j < k; j++) { /* fewer stand out (or NaN in x): unused entries */
         idx[j] = -1;
         val[j] = 0.0f;
     }
 }
 
-/* Levels of column e of a Q8 tile's 16 rows: unit e / 4, byte 4 r + (0, 2, 1, 3)[e % 4] of
- * row r's dword (the int16 pair order, qpack.h). */
-static __m512 packed_levels(const uint8_t *tile, int e)
+/* Levels of column e of a tile's 16 rows (qpack.h's layouts), as floats:
+ *   Q8: unit e / 4, byte 4 r + (0, 2, 1, 3)[e % 4] of row r's dword (the int16 pair order);
+ *   Q4: unit e / 8, byte 4 r + e % 4 of row r's dword, its high nibble where e % 8 >= 4. */
+static __m512 packed_levels(const uint8_t *tile, int type, int e)
 {
     static const int pair[4] = {0, 2, 1, 3};
-    const __m512i lv = _mm512_loadu_si512(tile + 64 + 64 * (e / 4));
+    const int q8 = type == IFK_Q8_B32 || type == IFK_Q8_B64;
+    const int unit = q8 ? e / 4 : e / 8, shift = q8 ? 8 * pair[e % 4] : 8 * (e % 4) + 4 * (e % 8 >= 4);
+    const __m512i lv = _mm512_loadu_si512(tile + 64 + 64 * unit);
     return _mm512_cvtepi32_ps(
-        _mm512_and_si512(_mm512_srl_epi32(lv, _mm_cvtsi32_si128(8 * pair[e % 4])), _mm512_set1_epi32(0xFF)));
+        _mm512_and_si512(_mm512_srl_epi32(lv, _mm_cvtsi32_si128(shift)), _mm512_set1_epi32(q8 ? 0xFF : 0x0F)));
 }
 
 static float f16_at(const uint8_t *p)
@@ -108,14 +113,17 @@ static float f16_at(const uint8_t *p)
     return ifk_f16_to_f32(h);
 }
 
-/* Column i of rows r < nr of Q8 in the row layout (rb bytes a row): w'[r][i], 0 past nr. */
-static __m512 row_column(const uint8_t *rows, size_t rb, int nr, int B, int BB, int i)
+/* Column i of rows r < nr in the row layout (rb bytes a row; quant.h: Q8's level e is byte e,
+ * Q4's the low nibble of byte e for e < B / 2, else the high nibble of byte e - B / 2):
+ * w'[r][i], 0 past nr. */
+static __m512 row_column(const uint8_t *rows, size_t rb, int nr, int type, int B, int BB, int i)
 {
     float w[16] = {0};
-    const int b = i / B, e = i % B;
+    const int b = i / B, e = i % B, q8 = type == IFK_Q8_B32 || type == IFK_Q8_B64;
     for (int r = 0; r < nr; r++) {
         const uint8_t *blk = rows + (size_t)r * rb + (size_t)b * BB;
-        w[r] = f16_at(blk + 2) + (float)blk[4 + e] * f16_at(blk);
+        const int q = q8 ? blk[4 + e] : e < B / 2 ? blk[4 + e] & 15 : blk[4 + e - B / 2] >> 4;
+        w[r] = f16_at(blk + 2) + (float)q * f16_at(blk);
     }
     return _mm512_loadu_ps(w);
 }
@@ -141,7 +149,7 @@ void ifk_avx512_qsplit_rows(float *y, size_t ldy, const void *W, int packed, con
             for (int u = u0; u < u1; u++) {
                 const int i = qx->su[u] >= 0 && qx->su[u] < qx->K ? qx->su[u] : 0; /* see above */
                 if (!packed) {
-                    _mm512_store_ps(wbuf[u - u0], row_column(rows, rb, nr, B, BB, i));
+                    _mm512_store_ps(wbuf[u - u0], row_column(rows, rb, nr, qx->type, B, BB, i));
                     continue;
                 }
                 const uint8_t *tile = rows + (size_t)(i / B) * 16 * BB;
@@ -150,7 +158,7 @@ void ifk_avx512_qsplit_rows(float *y, size_t ldy, const void *W, int packed, con
                     d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tile));
                     m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tile + 32)));
                 }
-                _mm512_store_ps(wbuf[u - u0], _mm512_add_ps(m, _mm512_mul_ps(packed_levels(tile, i % B), d)));
+                _mm512_store_ps(wbuf[u - u0], _mm512_add_ps(m, _mm512_mul_ps(packed_levels(tile, qx->type, i % B), d)));
             }
             for (int t = 0; t < qx->T; t++) {
                 const int32_t *pos = qx->spos + (size_t)t * k;

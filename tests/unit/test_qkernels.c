@@ -345,17 +345,32 @@ static double model_dot_rounded(const uint8_t *row, int type, int x16, const flo
     return y;
 }
 
-/* The k elements of largest |x| (ties: the lower i), in picked[K] (1 = picked). */
-static void pick_ref(const float *x, int K, int k, char *picked)
+/* qimpl.h's outliers of x: of the k elements of largest |x| (ties: the lower i), those with
+ * |x| >= IFK_QX_SPLIT_RATIO L, L the least over the lanes i % 16 of the lane's largest |x|
+ * (L = 0 for K < 16), in picked[K] (1 = picked); returns how many. */
+static int pick_ref(const float *x, int K, int k, char *picked)
 {
+    float L = INFINITY;
+    for (int l = 0; l < 16; l++) {
+        float m = 0.0f;
+        for (int i = l; i < K; i += 16)
+            m = fmaxf(m, fabsf(x[i]));
+        L = fminf(L, m);
+    }
+    const float thr = K >= 16 ? IFK_QX_SPLIT_RATIO * L : 0.0f;
+    int n = 0;
     memset(picked, 0, (size_t)K);
     for (int j = 0; j < k && j < K; j++) {
         int b = -1;
         for (int i = 0; i < K; i++)
             if (!picked[i] && (b < 0 || fabsf(x[i]) > fabsf(x[b])))
                 b = i;
+        if (!(fabsf(x[b]) >= thr))
+            break;
         picked[b] = 1;
+        n++;
     }
+    return n;
 }
 
 /* As model_dot_rounded, with qimpl.h's split when k > 0: the k outliers of x multiplied in F32
@@ -739,9 +754,10 @@ static void test_qsplit_pick(void)
         return;
     }
     static const int Ks[] = {1, 2, 15, 16, 17, 63, 64, 100, 192, 576, 2049, 5632};
+    int picks = 0, edge = 0;
     for (size_t ki = 0; ki < sizeof Ks / sizeof *Ks; ki++)
         for (int k = 1; k <= 8; k++)
-            for (int rep = 0; rep < 4; rep++) {
+            for (int rep = 0; rep < 5; rep++) {
                 const int K = Ks[ki];
                 if (k > K)
                     continue;
@@ -757,15 +773,26 @@ static void test_qsplit_pick(void)
                         v *= 40.0f;
                     if (rep == 3 && i % 3) /* mostly zeros */
                         v = 0.0f;
+                    if (rep == 4) /* the rule's edge: L = 1, one element at 2 L, one just under */
+                        v = rnd_u32() % 2 ? 1.0f : -1.0f;
                     x[i] = v;
                 }
+                if (rep == 4 && K >= 32) {
+                    x[K / 3] = -2.0f;
+                    x[2 * K / 3] = nextafterf(2.0f, 0.0f);
+                }
                 ifk_avx512_qsplit_pick(x, K, k, xm, idx, val);
-                pick_ref(x, K, k, picked);
+                const int n = pick_ref(x, K, k, picked);
                 int ok = 1;
-                for (int j = 0; j < k; j++) {
+                for (int j = 0; j < n; j++) {
                     ok &= idx[j] >= 0 && idx[j] < K && picked[idx[j]] && val[j] == x[idx[j]];
                     ok &= j == 0 || idx[j] > idx[j - 1];
                 }
+                for (int j = n; j < k; j++) /* unused entries */
+                    ok &= idx[j] == -1 && val[j] == 0.0f;
+                picks += n;
+                if (rep == 4 && K >= 32)
+                    edge += idx[0] == K / 3 && (k == 1 || idx[1] == -1);
                 for (int i = 0; i < K; i++)
                     ok &= xm[i] == (picked[i] ? 0.0f : x[i]);
                 CHECK(ok, "qsplit pick K=%d k=%d rep %d: not the reference's outliers", K, k, rep);
@@ -773,6 +800,8 @@ static void test_qsplit_pick(void)
                 free(xm);
                 free(picked);
             }
+    CHECK(picks > 100, "qsplit pick: the rows with outliers gave %d picks", picks);
+    CHECK(edge == 7 * 8, "qsplit pick: 2 L taken, just under 2 L left, in %d of 56 rows", edge);
 #endif
 }
 
