@@ -119,12 +119,21 @@ static qrows_fn packed_kernel(int type)
 }
 
 /* Bytes of software prefetch (into L2) ahead of the packed tiles a product reads from memory
- * (qx.ahead), for `type`, T tokens and nt threads. With the tiles in huge pages (bigmem.h) one
+ * (qx.ahead), for `type` and T tokens. With the tiles in huge pages (bigmem.h) one
  * thread's single forward stream for one token is read fastest by the hardware prefetchers
- * alone, and the software prefetch only gets in their way; on two threads, each taking items of
- * rows in turn, with several tokens (each tile's bytes then take longer to use), and for Q6 and
- * Q5, whose heavier unpacking reads a tile out of order, 8 KiB ahead still helps. Measured on
- * the development machine (Zen 4; TinyLlama-1.1B shape; tok/s, median of 3-4 alternating runs):
+ * alone, and the software prefetch only gets in their way, on one thread or two; with several
+ * tokens (each tile's bytes then take longer to use), and for Q6 and Q5, whose heavier
+ * unpacking reads a tile out of order, 8 KiB ahead still helps. Measured on the development
+ * machine (Zen 4; TinyLlama-1.1B shape; tok/s).
+ * 2026-11-28, decode at 2 threads, none / 2 KiB / 8 KiB ahead, 4 alternating rounds: Q8_B64
+ * 43-45 / 45-46 / 35-36, Q4_B64 55-74 / 57-70 / 62 (7 of 8 rounds best with none), Q4_B32
+ * 48-64 against 46-57 with 8 KiB (6 pairs), Q6 36 / 37 / 36, Q3H 71-73 against 71-75, Q2 even;
+ * 1 thread: Q4_B64 48-50 / 42-44 / 37-38, Q8_B64 27-28 / 27-28 / 19-20, Q6 21-22 / 21 / 26.
+ * (The day before, two threads read better with 8 KiB, below: the host's other tenants move
+ * what this VM's two cores can read, 30 GB/s then, 42-49 now.) Batched decode and prefill keep
+ * it: 2 threads, 4 / 16 streams, none against 8 KiB, Q4_B64 135-141 / 188-191 against 167-191 /
+ * 212-214; prefill of 128 tokens 3-4 % faster with it at 1 thread.
+ * 2026-11-27 (median of 3-4 alternating runs):
  *   decode, 1 / 2 threads, 8 KiB ahead -> none: Q8_B64 20.5 / 30.6 -> 24.0 / 29.2, Q4_B64
  *   37.8 / 60.4 -> 48.0 / 54.7, Q4_B32 31.9 / 55.0 -> 42.2 / 47.3, Q8_B32 19.1 / 26.3 -> 24.9 /
  *   28.5, Q6 25.4 / 38.6 -> 20.0 / 33.4, Q5 34.5 / 55.7 -> 29.7 / 41.0; Q3H, Q3 and Q2 within
@@ -135,7 +144,7 @@ static qrows_fn packed_kernel(int type)
  * (Into L2, prefetcht1: in 4 KiB pages on a loaded machine, L1 measured worse, most for Q6 and
  * Q5.) IFLOW_PACK_AHEAD=BYTES in the environment overrides the rule (to measure it again
  * elsewhere). */
-static int packed_ahead(int type, int T, int nt)
+static int packed_ahead(int type, int T)
 {
     static int env = -2; /* -1: no override */
     if (env == -2) {
@@ -145,7 +154,7 @@ static int packed_ahead(int type, int T, int nt)
     }
     if (env >= 0)
         return env / 64 * 64;
-    return T > 1 || nt > 1 || type == IFK_Q6_B64 || type == IFK_Q5_B64 ? 8192 : 0;
+    return T > 1 || type == IFK_Q6_B64 || type == IFK_Q5_B64 ? 8192 : 0;
 }
 
 int ifk_qpath_packed(int type)
@@ -607,7 +616,7 @@ void ifk_qmatmul(float *y, size_t ldy, const void *W, int type, const float *x, 
                                      : path == QPATH_AVX2   ? ifk_avx2_qmatmul_rows
                                      : path == QPATH_AVX512 ? ifk_avx512_qmatmul_rows
                                                             : ifk_avx512gfni_qmatmul_rows;
-    qx.ahead = packed ? packed_ahead(type, T, nt) : 0;
+    qx.ahead = packed ? packed_ahead(type, T) : 0;
     float *xm = (float *)((char *)qx.q + qx_bytes); /* the split's scratch, after what items read */
     qxq_args q = {quantize, x, ldx, qx, T, (T + 4 * nt - 1) / (4 * nt), qx_wants_pair_order(&qx, packed), xm};
     if (nt > 1 && T >= 16) /* worth sharing */
