@@ -162,7 +162,8 @@ act_table() {
     echo "### The int8 path against F32 activations (same weights: the default method)"
     echo
     echo "Perplexity and mean KL divergence from the F32 model, with the quantized products' activations"
-    echo "rounded per token (int8, Q8 less each token's outliers, or int16 for Q6 and Q5: kernels/cpu/qimpl.h) and not rounded"
+    echo "rounded per token (int8, Q8 and Q4 less each token's outliers that stand out, or int16 for Q6 and Q5:"
+    echo "kernels/cpu/qimpl.h) and not rounded"
     echo "(iflow-ppl --activations f32). The CPU issue asks the difference to stay within 0.2 % for"
     echo "Q8, Q6, Q5 and Q4. The f16 and bf16 rows: x rounded to BF16 for vdpbf16ps (kernels/cpu/kernels.h,"
     echo "where the CPU has AVX512_BF16; elsewhere both columns are the F32 product)."
@@ -186,7 +187,7 @@ act_table() {
     echo "### Q8, Q6 and Q5 in their other mode (--activations int16 for Q8, int8 for Q6 and Q5)"
     echo
     echo "The same weights with Q8's x rounded to int16 (vpdpwssd; the default is int8 x less each"
-    echo "token's 8 largest, multiplied in F32), and Q6's and Q5's to int8 (vpdpbusd, as Q4; the"
+    echo "token's outliers, multiplied in F32), and Q6's and Q5's to int8 (vpdpbusd, as Q4; the"
     echo "residual's correction at the middle level; their default is int16), against the default"
     echo "and F32 activations: what each mode's speed costs in accuracy (docs/QUANTIZATION.md)."
     echo
