@@ -70,14 +70,20 @@ int ifk_set_qx_f32(int on) { return ifk_set_qx_mode(on ? IFK_QX_F32 : IFK_QX_DEF
 
 int ifk_qx_f32(void) { return ifk_qx_mode() == IFK_QX_F32; }
 
+/* Whether `path` has vpdpbusd (AVX512_VNNI). */
+static int path_vnni(int path)
+{
+    return path == QPATH_AVX512 || path == QPATH_AVX512GFNI;
+}
+
 /* Whether `type` on `path` meets int8 x although the accuracy rule (ifk_qx_x16) gives it int16:
- * on the paths with vpdpbusd, Q8 (with the split) unless the mode is IFK_QX_INT16, and Q6 and
- * Q5 in the mode IFK_QX_INT8 (quant.h). The AVX2 path keeps int16: its maddubs would saturate
- * on Q8's levels. */
+ * on the paths with vpdpbusd, Q8 (the one of those types that splits) unless the mode is
+ * IFK_QX_INT16, and Q6 and Q5 in the mode IFK_QX_INT8 (quant.h). The AVX2 path keeps int16: its
+ * maddubs would saturate on Q8's levels. */
 static int qx_int8_for_x16(int type, int path)
 {
     const int mode = ifk_qx_mode();
-    if (!(path == QPATH_AVX512 || path == QPATH_AVX512GFNI))
+    if (!ifk_qx_x16(type) || !path_vnni(path))
         return 0;
     return ifk_qx_splits(type) ? mode == IFK_QX_DEFAULT || mode == IFK_QX_INT8 : mode == IFK_QX_INT8;
 }
@@ -93,7 +99,7 @@ static int qx_int16_on(int type, int path)
  * Q4 wherever they meet int8 x on the AVX512_VNNI paths (qsplit_avx512.c). */
 static int qx_split_on(int type, int path)
 {
-    return ifk_qx_splits(type) && (path == QPATH_AVX512 || path == QPATH_AVX512GFNI) && !qx_int16_on(type, path);
+    return ifk_qx_splits(type) && path_vnni(path) && !qx_int16_on(type, path);
 }
 
 int ifk_qx_int16(int type) { return qx_int16_on(type, qpath()); }
@@ -111,8 +117,7 @@ static qrows_fn packed_kernel(int type)
     const int path = qpath();
     if (path == QPATH_AVX512GFNI && has_vbmi())
         return ifk_avx512gfni_qmatmul_packed_rows;
-    if ((path == QPATH_AVX512 || path == QPATH_AVX512GFNI) &&
-        (type == IFK_Q4_B32 || type == IFK_Q4_B64 || type == IFK_Q8_B32 || type == IFK_Q8_B64))
+    if (path_vnni(path) && (type == IFK_Q4_B32 || type == IFK_Q4_B64 || type == IFK_Q8_B32 || type == IFK_Q8_B64))
         return ifk_avx512_qmatmul_packed_rows;
 #endif
     return NULL;

@@ -1,8 +1,8 @@
 /*
  * qsplit_avx512.c -- the outliers of int8 activations (qimpl.h, "Outliers"): those of each
  * token's k largest |x_i| that stand out are picked and taken out of what is rounded, then
- * added back in F32 against
- * the weights' decoded values, for Q8 and Q4 in packed tiles (qpack.h) or rows (quant.h).
+ * added back in F32 against the weights' decoded values, for Q8 and Q4 in packed tiles
+ * (qpack.h) or rows (quant.h).
  *
  * Picking reads x twice: the first pass copies it and keeps the largest |x| of each of the 16
  * lanes (i % 16); the least of those 16, L, is the reference of qimpl.h's rule (an outlier has
@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "kernels/cpu/impl.h"
+#include "kernels/cpu/qblock.h"
 #include "kernels/cpu/qimpl.h"
 #include "kernels/cpu/qpack.h"
 #include "kernels/cpu/quant.h"
@@ -106,24 +107,15 @@ static __m512 packed_levels(const uint8_t *tile, int type, int e)
         _mm512_and_si512(_mm512_srl_epi32(lv, _mm_cvtsi32_si128(shift)), _mm512_set1_epi32(q8 ? 0xFF : 0x0F)));
 }
 
-static float f16_at(const uint8_t *p)
-{
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return ifk_f16_to_f32(h);
-}
-
-/* Column i of rows r < nr in the row layout (rb bytes a row; quant.h: Q8's level e is byte e,
- * Q4's the low nibble of byte e for e < B / 2, else the high nibble of byte e - B / 2):
- * w'[r][i], 0 past nr. */
+/* Column i of rows r < nr in the row layout (rb bytes a row): w'[r][i], 0 past nr, as
+ * quant_ref.c decodes a block (qblock.h). */
 static __m512 row_column(const uint8_t *rows, size_t rb, int nr, int type, int B, int BB, int i)
 {
-    float w[16] = {0};
-    const int b = i / B, e = i % B, q8 = type == IFK_Q8_B32 || type == IFK_Q8_B64;
+    float w[16] = {0}, blk[IFK_QMAX_BLOCK];
+    const int b = i / B, e = i % B;
     for (int r = 0; r < nr; r++) {
-        const uint8_t *blk = rows + (size_t)r * rb + (size_t)b * BB;
-        const int q = q8 ? blk[4 + e] : e < B / 2 ? blk[4 + e] & 15 : blk[4 + e - B / 2] >> 4;
-        w[r] = f16_at(blk + 2) + (float)q * f16_at(blk);
+        ifk_qblock_decode(blk, type, rows + (size_t)r * rb + (size_t)b * BB, e + 1);
+        w[r] = blk[e];
     }
     return _mm512_loadu_ps(w);
 }
