@@ -69,7 +69,7 @@ int main(int argc, char **argv)
     if (plan_path && *plan_path) {
         int rc = iflow_plan_load(&plan, plan_path);
         if (rc == 0)
-            rc = iflow_plan_open_devices(&plan, plan_devs);
+            rc = iflow_plan_open_devices(&plan, -1, plan_devs);
         int n_ctx = (argc > 2 ? atoi(argv[2]) : 128) + (argc > 3 ? atoi(argv[3]) : 32) + 1;
         if (rc < 0 || iflow_model_place_plan(m, &plan, plan_devs, n_ctx) < 0) {
             fprintf(stderr, "iflow-bench: %s\n", iflow_errmsg());

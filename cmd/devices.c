@@ -53,7 +53,7 @@ static void place_plan(const iflow_tool *t, iflow_model *m, const device_opts *o
         die(t, NULL);
     if (!o->plan)
         plan = *own;
-    if (iflow_plan_open_devices(&plan, p->plan_devices) < 0)
+    if (iflow_plan_open_devices(&plan, iflow_model_own_device(m), p->plan_devices) < 0) /* mpirun: its own only */
         die(t, NULL);
     p->n_plan_devices = plan.n_devices;
     if (iflow_model_place_plan(m, &plan, p->plan_devices, o->n_ctx) < 0)

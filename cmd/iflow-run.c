@@ -404,15 +404,15 @@ static int run(const run_opts *o)
     iflow_model *m;
     /* mpirun -np N: this process computes plan device `rank`; process 0 prints */
     iflow_comm *comm = comm_mpi_open(&tool);
-    if (comm && !o->dev.plan)
-        die_usage(&tool, "under mpirun, --plan gives each process its device");
     if (comm && !o->prompt)
         die_usage(&tool, "under mpirun, give the prompt with -p (standard input reaches process 0 only)");
     if (comm && comm->rank != 0 && !freopen("/dev/null", "w", stdout))
         die(&tool, "cannot silence the output of process %d", comm->rank);
     double t0 = now_s();
-    if (cmd_model_open(&m, o->model, 0) < 0)
+    if (cmd_model_open_device(&m, o->model, 0, comm ? comm->rank : -1) < 0) /* of a split: its own file only */
         die(&tool, NULL);
+    if (comm && !o->dev.plan && !iflow_model_split_plan(m))
+        die_usage(&tool, "under mpirun, --plan (or a split model's own plan) gives each process its device");
     check_generates(m, o->model);
     g.m = m;
     if (!(g.tok = iflow_model_tokenizer(m)))

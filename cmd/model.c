@@ -26,10 +26,12 @@ int cmd_is_source(const char *path)
     return iflow_is_gguf_file(path) || iflow_is_llama2c_file(path);
 }
 
-int cmd_model_open(iflow_model **out, const char *path, int flags)
+int cmd_model_open(iflow_model **out, const char *path, int flags) { return cmd_model_open_device(out, path, flags, -1); }
+
+int cmd_model_open_device(iflow_model **out, const char *path, int flags, int dev)
 {
     if (!cmd_is_source(path))
-        return iflow_model_open(out, path, flags);
+        return iflow_model_open_device(out, path, flags, dev);
     /* converted into a temporary directory, opened, and unlinked: the mapping keeps the data */
     const char *tmp = getenv("TMPDIR");
     char dir[4096], shard[4200];
@@ -43,7 +45,7 @@ int cmd_model_open(iflow_model **out, const char *path, int flags)
     o.n_spec_dirs = (size_t)spec_dirs(dirs, 8);
     int rc = iflow_convert(path, shard, &o);
     if (rc == 0)
-        rc = iflow_model_open(out, shard, flags);
+        rc = iflow_model_open_device(out, shard, flags, dev);
     else
         iflow_preperr(rc, "converting '%s'", path);
     unlink(shard);

@@ -14,5 +14,7 @@ int cmd_is_source(const char *path);
  * copy until it closes. Convert once with iflow-convert to load a model repeatedly without
  * paying the conversion each time. */
 int cmd_model_open(iflow_model **out, const char *path, int flags);
+/* The same for the process computing plan device dev (iflow_model_open_device; dev < 0: all). */
+int cmd_model_open_device(iflow_model **out, const char *path, int flags, int dev);
 
 #endif

@@ -12,9 +12,12 @@
  *       partial outputs summed over all processes (all-reduce; a process without a part of
  *       that layer adds zeros);
  *     - the logits (or the argmax ids) of the step, broadcast from the output device's process.
- *   An iflow_comm is a vtable over a transport that is not iflow's own (MPI: cmd/comm_mpi.c;
- *   NCCL between GPUs is to come). Within one process the devices of a plan share host memory
- *   instead (forward.c's split_block), so no comm is set there.
+ *   Each process may open only what its device computes (iflow_model_open_device: of a split
+ *   model, its own file); iflow_ctx_set_comm checks that all run the same model.
+ *   An iflow_comm is a vtable over a transport: MPI between processes (cmd/comm_mpi.c), or
+ *   memory shared by threads (iflow_comm_local_open below: the processes of a plan as threads of
+ *   one process). NCCL between GPUs is to come. A plan run in one process without a comm shares
+ *   host memory instead (forward.c's split_block).
  *   Each op returns 0 or a negative IFLOW_E* code with the message set; every process must
  *   call the same ops in the same order (the forward pass guarantees it).
  */
@@ -37,5 +40,12 @@ struct iflow_comm {
     int rank, size;
     void *impl;
 };
+
+/* n communicators between threads of this process: comms[r] is rank r's, for the thread that
+ * plays process r. Collectives wait for all n ranks, a send for its receiver; allreduce_sum adds
+ * the ranks' buffers in rank order, so every rank gets the same bits (those of the in-process
+ * plan when its parts are in rank order). Close once, after every thread is done. */
+int  iflow_comm_local_open(iflow_comm **comms, int n);
+void iflow_comm_local_close(iflow_comm **comms, int n);
 
 #endif

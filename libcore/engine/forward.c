@@ -188,6 +188,8 @@ int iflow_kv_open(iflow_kv **out, const iflow_model *m, int type, int block, int
     for (int k = 0; k < n_parts && rc == 0; k++) {
         iflow_device *d = m->devs[m->parts[k].dev];
         kv->L[k] = part_layout(m, k, type, block, n_blocks);
+        if (!iflow_dev_is_mine(m, m->parts[k].dev)) /* another process's part: no pools here */
+            continue;
         kv->dev[k] = d && !d->host_memory ? d : NULL;
         size_t n = ifk_kv_pool_bytes(&kv->L[k]);
         if ((rc = kv_alloc(kv->dev[k], &kv->k[k], n)) == 0)
@@ -344,6 +346,8 @@ static int ctx_open(iflow_ctx **out, const iflow_model *m, int n_ctx, int n_thre
         rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
     for (int i = 0; i < m->n_devs && rc == 0; i++) {
         dev_scratch *s = &c->dev[i];
+        if (!iflow_dev_is_mine(m, i)) /* another process's device: it computes nothing here */
+            continue;
         s->dev = m->devs[i];
         if (!s->dev) {
             rc = iflow_device_open(&s->dev, "cpu", c->n_threads);
@@ -694,6 +698,9 @@ static int embed(iflow_ctx *c, const int32_t *ids, const step_rows *r, int to)
 static int forward_layers(iflow_ctx *c, const int32_t *ids, const step_rows *r, dev_scratch **out)
 {
     const iflow_model *m = c->m;
+    if (m->own_dev >= 0)
+        return iflow_seterr(IFLOW_EINVAL, "a model opened for plan device %d runs only as that process of a plan's "
+                            "processes (iflow_ctx_set_comm)", m->own_dev);
     int T = r->T, first_whole = m->part0[1] - m->part0[0] == 1;
     int cur = first_whole ? m->parts[0].dev : HOST;
     IFLOW_TRY(embed(c, ids, r, cur));
@@ -789,8 +796,9 @@ static int forward_layers_comm(iflow_ctx *c, const int32_t *ids, const step_rows
 {
     const iflow_model *m = c->m;
     const int me = c->comm->rank, T = r->T;
-    int holder = ALL, cur = HOST;
-    IFLOW_TRY(embed(c, ids, r, HOST)); /* every process looks the rows up: they are the same */
+    int holder = m->parts[m->part0[0]].dev, cur = HOST; /* layer 0's first part's process embeds (split.h) */
+    if (me == holder)
+        IFLOW_TRY(embed(c, ids, r, HOST));
     for (int l = 0; l < m->hp.n_layers; l++) {
         int k0 = m->part0[l], k1 = m->part0[l + 1];
         if (k1 - k0 == 1) {
@@ -816,13 +824,38 @@ static int forward_layers_comm(iflow_ctx *c, const int32_t *ids, const step_rows
     return 0;
 }
 
+/* Every process runs the same model: its identity (a split's files were cut from one source) agrees
+ * with process 0's, on every process or on none, so that all fail together. */
+static int check_same_model(const iflow_model *m, iflow_comm *cm)
+{
+    uint64_t mine = iflow_model_identity(m), root = mine;
+    IFLOW_TRY(cm->ops->bcast(cm, &root, sizeof root, 0));
+    float differ = root != mine, n_differ = differ;
+    IFLOW_TRY(cm->ops->allreduce_sum(cm, &n_differ, 1));
+    if (differ)
+        return iflow_seterr(IFLOW_EINVAL, "'%s' is not the model process 0 runs (%s)", iflow_shard_path(m->shard),
+                            m->split_plan ? "a file of a split cut from another model" : "its meta record differs");
+    if (n_differ > 0)
+        return iflow_seterr(IFLOW_EINVAL, "%.0f of the %d processes run another model than process 0's", n_differ,
+                            cm->size);
+    return 0;
+}
+
 int iflow_ctx_set_comm(iflow_ctx *c, iflow_comm *comm)
 {
-    if (comm && comm->size != c->m->n_devs)
+    const iflow_model *m = c->m;
+    if (comm && comm->size != m->n_devs)
         return iflow_seterr(IFLOW_EINVAL, "%d processes for a placement of %d devices: run one process per device",
-                            comm->size, c->m->n_devs);
+                            comm->size, m->n_devs);
     if (comm && (comm->rank < 0 || comm->rank >= comm->size))
         return iflow_seterr(IFLOW_EINVAL, "process rank %d outside 0..%d", comm->rank, comm->size - 1);
+    if (comm && m->own_dev >= 0 && m->own_dev != comm->rank)
+        return iflow_seterr(IFLOW_EINVAL, "process %d has the model of plan device %d", comm->rank, m->own_dev);
+    if (!comm && m->own_dev >= 0)
+        return iflow_seterr(IFLOW_EINVAL, "a model opened for plan device %d runs only as that process of a plan's "
+                            "processes", m->own_dev);
+    if (comm)
+        IFLOW_TRY(check_same_model(m, comm));
     c->comm = comm;
     return 0;
 }

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 #include <sys/stat.h>
 
 
@@ -737,8 +738,8 @@ static int bind_device(iflow_model *m, int dev)
     return rc;
 }
 
-/* A directory of iflow-partition --split: its plan, then each device's file, checked to belong
- * together (split.h) and bound; *meta0 is device 0's meta. */
+/* A directory of iflow-partition --split: its plan, then each device's file (or only m->own_dev's),
+ * checked to belong together (split.h) and bound; *meta0 is the first file's meta. */
 static int open_split(iflow_model *m, const char *dir, int flags, json_t **meta0)
 {
     char plan_path[4096], path[4096], path0[4096];
@@ -749,14 +750,20 @@ static int open_split(iflow_model *m, const char *dir, int flags, json_t **meta0
     int rc = iflow_plan_load(m->split_plan, plan_path);
     if (rc < 0)
         return iflow_preperr(rc, "'%s' is not a split model", dir);
-    for (int i = 0; i < p->n_devices && rc == 0; i++) {
-        json_t *meta = NULL, **mine = i ? &meta : meta0;
+    if (m->own_dev >= p->n_devices)
+        return iflow_seterr(IFLOW_EINVAL, "split model '%s' has %d devices, so there is no device %d to compute: run one "
+                            "process per device", dir, p->n_devices, m->own_dev);
+    const int first = m->own_dev >= 0 ? m->own_dev : 0;
+    for (int i = first; i < p->n_devices && rc == 0; i++) {
+        if (!iflow_dev_is_mine(m, i))
+            continue;
+        json_t *meta = NULL, **mine = i != first ? &meta : meta0;
         iflow_split_path(path, sizeof path, dir, i);
         rc = iflow_shard_open(&m->split_shards[i], path, shard_flags(flags));
         if (rc == 0)
             rc = parse_meta(m->split_shards[i], mine);
-        if (rc == 0 && i == 0) {
-            m->shard = m->split_shards[0];
+        if (rc == 0 && i == first) {
+            m->shard = m->split_shards[i];
             snprintf(path0, sizeof path0, "%s", path);
             const iflow_hparams *hp = &m->hp;
             if ((rc = iflow_hparams_from_json(&m->hp, *meta0, path)) == 0 &&
@@ -765,9 +772,9 @@ static int open_split(iflow_model *m, const char *dir, int flags, json_t **meta0
                 rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
         }
         if (rc == 0)
-            rc = iflow_split_check_meta(*mine, path, p, plan_path, i, i ? *meta0 : NULL, path0);
+            rc = iflow_split_check_meta(*mine, path, p, plan_path, i, i != first ? *meta0 : NULL, path0);
         if (rc == 0)
-            rc = iflow_split_check_source(m->split_shards[i], m->split_shards[0]);
+            rc = iflow_split_check_source(m->split_shards[i], m->shard);
         if (rc == 0)
             rc = bind_device(m, i);
         json_decref(meta);
@@ -777,12 +784,13 @@ static int open_split(iflow_model *m, const char *dir, int flags, json_t **meta0
     return rc;
 }
 
-int iflow_model_open(iflow_model **out, const char *path, int flags)
+int iflow_model_open_device(iflow_model **out, const char *path, int flags, int dev)
 {
     *out = NULL;
     iflow_model *m = calloc(1, sizeof *m);
     if (!m)
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    m->own_dev = dev < 0 ? -1 : dev;
     struct stat st;
     json_t *meta = NULL;
     int rc = strcmp(path, "-") != 0 && stat(path, &st) == 0 && S_ISDIR(st.st_mode) ? open_split(m, path, flags, &meta)
@@ -802,6 +810,8 @@ int iflow_model_open(iflow_model **out, const char *path, int flags)
     return 0;
 }
 
+int iflow_model_open(iflow_model **out, const char *path, int flags) { return iflow_model_open_device(out, path, flags, -1); }
+
 void iflow_model_close(iflow_model *m)
 {
     if (!m)
@@ -810,9 +820,10 @@ void iflow_model_close(iflow_model *m)
     iflow_unplace(m);
     iflow_tokenizer_close(m->tok);
     iflow_tokenizer_close(m->tgt_tok);
-    iflow_shard_close(m->shard); /* a split model's device 0 */
-    for (int i = 1; i < IFLOW_MAX_DEVICES; i++)
-        iflow_shard_close(m->split_shards[i]);
+    for (int i = 0; i < IFLOW_MAX_DEVICES; i++) /* a split model's files; shard is one of them */
+        if (m->split_shards[i] != m->shard)
+            iflow_shard_close(m->split_shards[i]);
+    iflow_shard_close(m->shard);
     free(m->split_layers);
     free(m->split_plan);
     free(m->split_dir);
@@ -823,6 +834,16 @@ void iflow_model_close(iflow_model *m)
 }
 
 const struct iflow_plan_s *iflow_model_split_plan(const iflow_model *m) { return m->split_plan; }
+int iflow_model_own_device(const iflow_model *m) { return m->own_dev; }
+
+uint64_t iflow_model_identity(const iflow_model *m)
+{
+    const iflow_shard_rec *r = m->split_plan ? iflow_shard_find(m->shard, "split") : NULL;
+    if (r) /* a digest of the whole source, the same in every file of the split (split.h) */
+        return XXH64(r->data, r->nbytes, 1);
+    const char *meta = iflow_shard_meta(m->shard);
+    return XXH64(meta, strlen(meta), 0);
+}
 const iflow_hparams *iflow_model_hparams(const iflow_model *m) { return &m->hp; }
 const iflow_tokenizer *iflow_model_tokenizer(const iflow_model *m) { return m->tok; }
 const iflow_tokenizer *iflow_model_target_tokenizer(const iflow_model *m) { return m->tgt_tok ? m->tgt_tok : m->tok; }

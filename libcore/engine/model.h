@@ -144,6 +144,16 @@ typedef struct iflow_model iflow_model;
 /* flags: IFLOW_MODEL_NO_VERIFY (include/iflow.h) skips payload checksums at open */
 
 int  iflow_model_open(iflow_model **out, const char *path, int flags);
+/* A model for the process that computes plan device dev, one of a plan's processes (comm.h;
+ * dev < 0: iflow_model_open()). Given a split directory, it opens DIR/plan.ini and DIR/device-dev.ifs
+ * only, so that a machine needs only its own file; that the processes' files belong together is
+ * checked when the context joins them (iflow_ctx_set_comm). Given one shard, it binds the whole
+ * model (the mapping reads only what is used). Either way placement puts only device dev's parts
+ * (and the output, when it is dev's) on their device; the other parts stay empty, and such a model
+ * runs only as process dev of a comm. */
+int  iflow_model_open_device(iflow_model **out, const char *path, int flags, int dev);
+/* The plan device a model was opened for (iflow_model_open_device), or -1. */
+int  iflow_model_own_device(const iflow_model *m);
 void iflow_model_close(iflow_model *m);
 const iflow_hparams *iflow_model_hparams(const iflow_model *m);
 /* The tokenizer that encodes text for the model (an encoder-decoder's source side), or NULL

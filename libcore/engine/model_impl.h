@@ -80,12 +80,14 @@ struct iflow_model {
     const float *output_norm_b_w;
     const float *rope_scale_w[IFLOW_MAX_DEVICES];
     int split;                    /* some layer has several parts */
+    int own_dev;                  /* one process per device (comm.h): the plan device whose parts this
+                                   * process places and computes; -1: all of them */
 
     /* a split model (a directory of iflow-partition --split, split.h): layers is NULL, and each
      * plan device's slices come from its own file */
     struct iflow_plan_s *split_plan;                 /* NULL for a model from one shard        */
     char *split_dir;
-    iflow_shard *split_shards[IFLOW_MAX_DEVICES];    /* [plan devices]; [0] is also shard      */
+    iflow_shard *split_shards[IFLOW_MAX_DEVICES];    /* [plan devices] (only own_dev's when set); the first is also shard */
     layer_weights *split_layers;                     /* [plan devices][n_layers]: device i's slices of layer l */
 };
 
@@ -106,6 +108,14 @@ int iflow_block_out(const iflow_model *m, iflow_device *d, float *x, const float
  * plain, act(up(in)) into gate; activation silu, gelu_tanh, gelu or relu. */
 int iflow_ffn_hidden(const iflow_hparams *hp, iflow_device *d, const layer_weights *w, const float *in, int T, int F,
                      float *gate, float *up);
+
+/* 1 if this process computes the parts of (plan) device dev: the others' parts of a model opened
+ * for one device (iflow_model_open_device) are described but hold no weights and never run. */
+static inline int iflow_dev_is_mine(const iflow_model *m, int dev) { return m->own_dev < 0 || dev == m->own_dev; }
+
+/* model.c: what every process of a plan must agree on (comm.h): a digest of the source of a split
+ * model's files, or of a whole model's meta record. */
+uint64_t iflow_model_identity(const iflow_model *m);
 
 /* place.c: the placement every model starts with (every layer whole on the context's CPU). */
 int  iflow_place_on_host(iflow_model *m);

@@ -120,6 +120,9 @@ static int describe_plan(const iflow_model *m, const iflow_plan *plan, iflow_dev
     int rc = iflow_plan_check(plan, hp->n_layers, hp->n_heads, hp->n_kv_heads, hp->ffn_dim);
     if (rc == 0 && m->split_plan && (rc = iflow_plan_same_partition(plan, m->split_plan, "its split's plan")) < 0)
         return iflow_preperr(rc, "model '%s' is split by another plan", m->split_dir);
+    if (rc == 0 && m->own_dev >= plan->n_devices)
+        rc = iflow_seterr(IFLOW_EINVAL, "this process computes plan device %d, but the plan has %d devices: run one "
+                          "process per device", m->own_dev, plan->n_devices);
     if (rc)
         return rc;
     int n = 0, idx[IFLOW_PLAN_MAX_DEVICES];
@@ -222,6 +225,8 @@ static int measure(const iflow_model *m, const layout *L, int n_ctx, iflow_devic
             const layer_part *p = &L->parts[k];
             iflow_device *d = L->devs[p->dev];
             uint64_t b = 0;
+            if (!iflow_dev_is_mine(m, p->dev))
+                continue;
             int rc = part_bytes(m, l, p, d, &b);
             if (rc)
                 return rc;
@@ -231,14 +236,16 @@ static int measure(const iflow_model *m, const layout *L, int n_ctx, iflow_devic
             uses[p->dev] = 1;
         }
     iflow_device *od = L->devs[L->output_dev];
-    const int encoder = hp->layout == IFLOW_LAYOUT_ENCODER; /* no output matrix */
+    const int encoder = hp->layout == IFLOW_LAYOUT_ENCODER || !iflow_dev_is_mine(m, L->output_dev); /* no output matrix here */
     if (od && !encoder && !od->ops->supports(od, m->output.type))
         return iflow_seterr(IFLOW_EUNSUPPORTED, "tensor '%s' has type %s, which has no kernel on %s",
                             hp->tie_embeddings ? "tok_embd" : "output", iflow_dtype_name(m->output.type), od->info.name);
     if (!host_dev(od) && !encoder)
         need[L->output_dev].weights += iflow_output_bytes(hp, m->output.type);
-    uses[L->output_dev] = 1;
+    uses[L->output_dev] = iflow_dev_is_mine(m, L->output_dev);
     for (int i = 0; i < L->n_devs; i++) {
+        if (!iflow_dev_is_mine(m, i))
+            continue;
         if (uses[i])
             need[i].scratch += iflow_scratch_bytes(hp, 1);
         if (i == L->output_dev)
@@ -444,10 +451,11 @@ static int copy_shared(iflow_model *m)
 {
     const iflow_hparams *hp = &m->hp;
     m->output_w = (weight){0};
-    int rc = hp->layout != IFLOW_LAYOUT_ENCODER ? copy_output(m) : 0;
+    int rc = hp->layout != IFLOW_LAYOUT_ENCODER && iflow_dev_is_mine(m, m->output_dev) ? copy_output(m) : 0;
     for (int i = 0; rc == 0 && i < m->n_devs && m->rope_scale; i++)
-        rc = iflow_device_put(dev_of(m, i), (const void **)&m->rope_scale_w[i], m->rope_scale,
-                              (size_t)hp->rope_dim / 2 * sizeof(float));
+        if (iflow_dev_is_mine(m, i))
+            rc = iflow_device_put(dev_of(m, i), (const void **)&m->rope_scale_w[i], m->rope_scale,
+                                  (size_t)hp->rope_dim / 2 * sizeof(float));
     return rc;
 }
 
@@ -503,7 +511,8 @@ static int apply(iflow_model *m, layout *L)
     for (int l = 0; l < m->hp.n_layers && rc == 0; l++) {
         m->split |= m->part0[l + 1] - m->part0[l] > 1;
         for (int k = m->part0[l]; k < m->part0[l + 1] && rc == 0; k++)
-            rc = copy_part(m, l, &m->parts[k], k == m->part0[l]);
+            if (iflow_dev_is_mine(m, m->parts[k].dev))
+                rc = copy_part(m, l, &m->parts[k], k == m->part0[l]);
     }
     if (rc == 0)
         rc = copy_shared(m);
@@ -565,6 +574,8 @@ int iflow_placement_bytes(const iflow_model *m, const iflow_placement *p, int n_
 
 int iflow_model_place(iflow_model *m, const iflow_placement *p, int n_ctx)
 {
+    if (m->own_dev >= 0)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "a model opened for plan device %d is placed by a plan only", m->own_dev);
     layout L = {0};
     int rc = describe_placement(m, p, &L);
     if (rc == 0)

@@ -300,7 +300,7 @@ int iflow_plan_same_partition(const iflow_plan *a, const iflow_plan *b, const ch
 
 static int is_cpu_name(const char *name) { return strcmp(name, "cpu") == 0 || strncmp(name, "cpu:", 4) == 0; }
 
-int iflow_plan_open_devices(const iflow_plan *p, iflow_device **devs)
+int iflow_plan_open_devices(const iflow_plan *p, int only, iflow_device **devs)
 {
     int n_cpu = 0, rc = 0;
     for (int i = 0; i < p->n_devices; i++) {
@@ -309,6 +309,8 @@ int iflow_plan_open_devices(const iflow_plan *p, iflow_device **devs)
     }
     for (int i = 0; i < p->n_devices && rc == 0; i++) {
         const iflow_plan_device *d = &p->devices[i];
+        if (only >= 0 && i != only)
+            continue;
         int cpu = is_cpu_name(d->name), threads = d->threads ? d->threads : cpu ? omp_get_num_procs() / n_cpu : 0;
         rc = iflow_device_open(&devs[i], cpu ? "cpu" : d->name, threads > 0 ? threads : 1);
     }

@@ -63,10 +63,11 @@ int  iflow_plan_same_partition(const iflow_plan *a, const iflow_plan *b, const c
 
 /* Open the plan's devices into devs[0 .. n_devices): "cpu" and "cpu:N" are CPU devices sharing
  * this machine's cores (a device's own thread count, else the cores divided among the plan's
- * CPU devices); any other name is opened as iflow_device_open() knows it ("cuda:1"). On failure
- * the devices already opened are closed and devs[] is all NULL. */
+ * CPU devices); any other name is opened as iflow_device_open() knows it ("cuda:1"). only >= 0:
+ * that device alone, the others NULL (one process per device: comm.h). On failure the devices
+ * already opened are closed and devs[] is all NULL. */
 struct iflow_device;
-int  iflow_plan_open_devices(const iflow_plan *p, struct iflow_device **devs);
+int  iflow_plan_open_devices(const iflow_plan *p, int only, struct iflow_device **devs);
 void iflow_plan_close_devices(const iflow_plan *p, struct iflow_device **devs);
 
 /* The devices holding layer l, in plan order, into idx[]; returns how many. */

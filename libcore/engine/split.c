@@ -23,10 +23,13 @@ static int holds_layers(const iflow_plan_device *d) { return d->layer1 > d->laye
 
 int iflow_split_embed_device(const iflow_plan *p)
 {
-    for (int i = 0; i < p->n_devices; i++)
-        if (holds_layers(&p->devices[i]) && p->devices[i].layer0 == 0 && p->devices[i].head0 == 0)
-            return i;
-    return 0;
+    int best = -1; /* layer 0's first part, as placement orders parts: head 0, then the least FFN column */
+    for (int i = 0; i < p->n_devices; i++) {
+        const iflow_plan_device *d = &p->devices[i];
+        if (holds_layers(d) && d->layer0 == 0 && d->head0 == 0 && (best < 0 || d->ffn0 < p->devices[best].ffn0))
+            best = i;
+    }
+    return best < 0 ? 0 : best;
 }
 
 /* ===================================================================== tensor lists ======= */
@@ -62,7 +65,7 @@ int iflow_split_tensors(const iflow_hparams *hp, const iflow_plan *p, int dev, i
         add(t, n, "tok_embd", V, D, 0, 0, V);
     if (embed && hp->position == IFLOW_POS_LEARNED)
         add(t, n, "pos_embd", hp->max_seq, D, 0, 0, hp->max_seq);
-    if (embed && hp->rope_freqs && hp->position == IFLOW_POS_ROPE) /* the model's rope_scale, on the host */
+    if (hp->rope_freqs && hp->position == IFLOW_POS_ROPE) /* every file: the model's rope_scale, on the host */
         add(t, n, "rope_freqs", hp->rope_dim / 2, 0, 0, 0, hp->rope_dim / 2);
     for (int l = l0; l < l0 + layers; l++) {
 #define L(suffix, d0, d1, cols, a0, a1) (snprintf(name, sizeof name, "blk.%d." suffix, l), add(t, n, name, d0, d1, cols, a0, a1))

@@ -15,8 +15,9 @@
  *   .ffn_gate .ffn_up [f1-f0][dim]  .ffn_down [dim][f1-f0] (columns)  norms whole
  *   .bq .bk .bv .ffn_gate_b .ffn_up_b sliced; .bo .ffn_down_b only on the device with head 0
  *   (the layer's first part, which adds them)
- *   tok_embd on the device computing layer 0's head 0 (embeddings), output_norm and output on
- *   the plan's output device (output; tok_embd there too when the embeddings are tied).
+ *   tok_embd (and pos_embd) on the device computing layer 0's first part (embeddings),
+ *   output_norm and output on the plan's output device (output; tok_embd there too when the
+ *   embeddings are tied), rope_freqs (when the model has it) in every file.
  * After the tensors, the blob "split" ({"source": hex}) carries an XXH64 digest of every
  * record of the source (names and payload checksums), known only once the source has been
  * read: files of one split carry the same digest, files of another model do not.
@@ -59,7 +60,8 @@ typedef struct {
 /* The tensors of device dev's file, in file order. *out is malloc'd. */
 int iflow_split_tensors(const iflow_hparams *hp, const iflow_plan *p, int dev, iflow_split_tensor **out, size_t *n);
 
-/* The device whose file holds the embedding table: the one computing head 0 of layer 0. */
+/* The device whose file holds the embedding table: the one computing layer 0's first part (head 0,
+ * the least FFN column), which embeds a step's tokens when each device is a process (forward.c). */
 int iflow_split_embed_device(const iflow_plan *p);
 
 /* Split shard `in` (path or "-") as plan p says into directory dir (created if absent). */

@@ -33,11 +33,51 @@ for model in s xs; do
     done
 done
 
+# ---- split files: each process opens its own file only ----
+# Each rank gets a directory of its own holding plan.ini and its device's file alone, as one
+# machine of several would, and must give the text of the whole model + plan.
+printf '#!/bin/sh\nexec "%s" -m "%s/own$OMPI_COMM_WORLD_RANK" "$@"\n' "$BIN/iflow-run" "$TMP" >"$TMP/own.sh"
+chmod +x "$TMP/own.sh"
+own_dirs() { # own_dirs SPLIT N: own0..own(N-1), each with plan.ini and device-r.ifs of SPLIT
+    rm -rf "$TMP"/own[0-9]
+    for ((r = 0; r < $2; r++)); do
+        mkdir "$TMP/own$r" && cp "$1/plan.ini" "$TMP/own$r/" && ln -s "$1/device-$r.ifs" "$TMP/own$r/"
+    done
+}
+for case in "xs hybrid 4" "s tensor 2" "s layer 3"; do
+    set -- $case
+    model=$1 strategy=$2 n=$3
+    $BIN/iflow-partition -m "$TMP/$model.ifs" --devices "cpu:$n" --strategy "$strategy" -o "$TMP/plan.ini" >/dev/null &&
+        $BIN/iflow-partition -m "$TMP/$model.ifs" --plan "$TMP/plan.ini" --split "$TMP/split-$model-$n" >/dev/null ||
+        { bad "$model: split $strategy over cpu:$n"; continue; }
+    want=$($BIN/iflow-run -m "$TMP/$model.ifs" --plan "$TMP/plan.ini" -p "Once upon a time" -n 48 --temp 0 -t 1 2>/dev/null)
+    own_dirs "$TMP/split-$model-$n" "$n"
+    run $MPIRUN -np "$n" "$TMP/own.sh" -p "Once upon a time" -n 48 --temp 0 -t 1
+    expect_rc 0 "$model $strategy split over $n processes, each with its own file only"
+    expect_eq "$out" "$want" "$model $strategy split over $n processes, each with its own file only: the text"
+done
+# a file of another split (the same shape, weights in Q8_B32) beside process 0's: refused on both
+$BIN/iflow-quant -t q8_b32 -i "$TMP/s.ifs" -o "$TMP/s8.ifs" 2>/dev/null
+$BIN/iflow-partition -m "$TMP/s.ifs" --devices cpu:2 --strategy layer -o "$TMP/plan.ini" >/dev/null
+$BIN/iflow-partition -m "$TMP/s.ifs" --plan "$TMP/plan.ini" --split "$TMP/split-a" >/dev/null
+$BIN/iflow-partition -m "$TMP/s8.ifs" --plan "$TMP/plan.ini" --split "$TMP/split-b" >/dev/null
+own_dirs "$TMP/split-a" 2
+ln -sf "$TMP/split-b/device-1.ifs" "$TMP/own1/device-1.ifs"
+run $MPIRUN -np 2 "$TMP/own.sh" -p "Once" -n 4 -t 1
+expect_match "$err" "iflow-run: '$TMP/own1/device-1.ifs' is not the model process 0 runs \(a file of a split cut from another model\)" \
+    "a file of another split: named by its process"
+expect_match "$err" "iflow-run: 1 of the 2 processes run another model than process 0's" "a file of another split: process 0 says so"
+own_dirs "$TMP/split-a" 2
+mkdir "$TMP/own2" && cp "$TMP/split-a/plan.ini" "$TMP/own2/"
+run $MPIRUN -np 3 "$TMP/own.sh" -p "Once" -n 4 -t 1
+expect_match "$err" "split model '$TMP/own2' has 2 devices, so there is no device 2 to compute: run one process per device" \
+    "a rank beyond the split's devices"
+
 # ---- refusals ----
 $BIN/iflow-partition -m "$TMP/s.ifs" --devices cpu:2 --strategy layer -o "$TMP/plan2.ini" >/dev/null
 run $MPIRUN -np 3 $BIN/iflow-run -m "$TMP/s.ifs" --plan "$TMP/plan2.ini" -p "Once" -n 4
 expect_match "$err" "iflow-run: 3 processes for a placement of 2 devices: run one process per device" "process count must match the plan"
 run $MPIRUN -np 2 $BIN/iflow-run -m "$TMP/s.ifs" -p "Once" -n 4
-expect_match "$err" "iflow-run: under mpirun, --plan gives each process its device" "--plan is needed"
+expect_match "$err" "iflow-run: under mpirun, --plan \\(or a split model's own plan\\) gives each process its device" "--plan is needed"
 
 summary

@@ -223,7 +223,7 @@ static void test_gptneox(void)
     iflow_device *devs[IFLOW_PLAN_MAX_DEVICES] = {0};
     if (iflow_model_open(&m, out, 0) < 0)
         return;
-    CHECK(iflow_plan_load(&p, plan_path) == 0 && iflow_plan_open_devices(&p, devs) == 0, "plan: %s", iflow_errmsg());
+    CHECK(iflow_plan_load(&p, plan_path) == 0 && iflow_plan_open_devices(&p, -1, devs) == 0, "plan: %s", iflow_errmsg());
     int rc = iflow_model_place_plan(m, &p, devs, 16);
     CHECK_ERR(rc, IFLOW_EUNSUPPORTED, "layer 0 has a parallel residual", "split over devices");
     iflow_model_close(m);

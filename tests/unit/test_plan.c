@@ -25,15 +25,19 @@
 #include "tests/unit/testlib.h"
 #include "libcore/base/dtype.h"
 #include "libcore/device/device.h"
+#include "libcore/engine/comm.h"
 #include "libcore/engine/model.h"
 #include "libcore/engine/plan.h"
 #include "libcore/engine/split.h"
 #include "libcore/formats/quant.h"
 #include "libcore/formats/shard.h"
 
+#include "kernels/cpu/kvcache.h"
+
 #include <dirent.h>
-#include <sys/stat.h>
 #include <math.h>
+#include <pthread.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static char dir[] = "/tmp/iflow-test-plan-XXXXXX";
@@ -91,8 +95,113 @@ static void make_plan(iflow_plan *p, const iflow_hparams *hp, int groups, int he
     p->output_device = p->n_devices - 1;
 }
 
+/* ---- the plan's processes, played by threads (comm.h's iflow_comm_local_open) ---- */
+
+/* Greedy generation as generate() does, by iflow_ctx_step over a one-block paged cache (a context
+ * over several processes runs steps only). */
+static int generate_steps(iflow_ctx *c, iflow_kv *kv, int V, float *out, int32_t *gen)
+{
+    static const int32_t prompt[] = {1, 403, 407, 261, 378};
+    const int32_t table[1] = {0};
+    iflow_step_seq q = {.ids = prompt, .n = 5, .pos0 = 0, .table = table, .logits = out, .n_out = 5};
+    int rc = iflow_ctx_step(c, kv, &q, 1);
+    for (int s = 0; s < N_GEN && rc == 0; s++) {
+        const float *last = out + (size_t)(4 + s) * V;
+        int32_t next = 0;
+        for (int i = 1; i < V; i++)
+            if (last[i] > last[next])
+                next = i;
+        gen[s] = next;
+        q = (iflow_step_seq){.ids = &gen[s], .n = 1, .pos0 = 5 + s, .table = table, .logits = out + (size_t)(5 + s) * V};
+        rc = iflow_ctx_step(c, kv, &q, 1);
+    }
+    return rc;
+}
+
+typedef struct {
+    iflow_comm *comm;
+    char dir[600];     /* this process's directory: plan.ini and its own device's file only */
+    float *out;        /* [(5 + N_GEN)][vocab] */
+    int32_t gen[N_GEN];
+    int rc;
+    char err[512];
+} proc_job;
+
+/* Process comm->rank: its file alone, placed on its plan device, generating with the others. */
+static void *run_process(void *arg)
+{
+    proc_job *j = arg;
+    iflow_model *m = NULL;
+    iflow_ctx *c = NULL;
+    iflow_kv *kv = NULL;
+    iflow_device *devs[IFLOW_PLAN_MAX_DEVICES] = {0};
+    iflow_plan plan = {0};
+    int rc = iflow_model_open_device(&m, j->dir, 0, j->comm->rank);
+    if (rc == 0) {
+        plan = *iflow_model_split_plan(m);
+        rc = iflow_plan_open_devices(&plan, j->comm->rank, devs);
+    }
+    if (rc == 0)
+        rc = iflow_model_place_plan(m, &plan, devs, 5 + N_GEN + 1);
+    if (rc == 0)
+        rc = iflow_ctx_open_steps(&c, m, 1);
+    if (rc == 0)
+        rc = iflow_kv_open(&kv, m, IFK_KV_F32, 5 + N_GEN + 1, 1);
+    if (rc == 0)
+        rc = iflow_ctx_set_comm(c, j->comm);
+    if (rc == 0)
+        rc = generate_steps(c, kv, iflow_model_hparams(m)->vocab_size, j->out, j->gen);
+    if ((j->rc = rc) < 0)
+        snprintf(j->err, sizeof j->err, "%s", iflow_errmsg());
+    iflow_kv_close(kv);
+    iflow_ctx_close(c);
+    iflow_model_close(m);
+    iflow_plan_close_devices(&plan, devs);
+    return NULL;
+}
+
+/* The split in split_dir run as q->n_devices processes (threads), each given a directory with
+ * plan.ini and its own file only: every process's logits and tokens are want's, bit for bit (the
+ * all-reduce adds in rank order, which is make_plan's part order). */
+static void processes_case(const char *name, const iflow_plan *q, size_t n, const float *want, const int32_t *want_gen)
+{
+    int P = q->n_devices;
+    iflow_comm *comms[IFLOW_PLAN_MAX_DEVICES];
+    proc_job jobs[IFLOW_PLAN_MAX_DEVICES];
+    pthread_t th[IFLOW_PLAN_MAX_DEVICES];
+    CHECK(iflow_comm_local_open(comms, P) == 0, "local comm: %s", iflow_errmsg());
+    for (int r = 0; r < P; r++) {
+        char from[700], to[700];
+        jobs[r] = (proc_job){.comm = comms[r], .out = calloc(n, sizeof(float))};
+        snprintf(jobs[r].dir, sizeof jobs[r].dir, "%s/own%d", dir, r);
+        mkdir(jobs[r].dir, 0755);
+        snprintf(from, sizeof from, "%s/plan.ini", split_dir), snprintf(to, sizeof to, "%s/plan.ini", jobs[r].dir);
+        CHECK(symlink(from, to) == 0, "link %s", to);
+        snprintf(from, sizeof from, "%s/device-%d.ifs", split_dir, r);
+        snprintf(to, sizeof to, "%s/device-%d.ifs", jobs[r].dir, r);
+        CHECK(symlink(from, to) == 0, "link %s", to);
+    }
+    for (int r = 0; r < P; r++)
+        CHECK(pthread_create(&th[r], NULL, run_process, &jobs[r]) == 0, "thread %d", r);
+    for (int r = 0; r < P; r++) {
+        char cmd[700];
+        pthread_join(th[r], NULL);
+        CHECK(jobs[r].rc == 0, "%s %s x%d, process %d of its own file: %s", name, q->strategy, P, r, jobs[r].err);
+        CHECK(memcmp(jobs[r].out, want, n * sizeof(float)) == 0,
+              "%s %s x%d as %d processes with their own files: process %d has the logits of the whole model + plan", name,
+              q->strategy, P, P, r);
+        CHECK(memcmp(jobs[r].gen, want_gen, sizeof jobs[r].gen) == 0, "%s %s x%d as processes: process %d's tokens",
+              name, q->strategy, P, r);
+        free(jobs[r].out);
+        snprintf(cmd, sizeof cmd, "rm -rf %s", jobs[r].dir);
+        CHECK(system(cmd) == 0, "%s", cmd);
+    }
+    iflow_comm_local_close(comms, P);
+}
+
 /* Split `path` by plan q into split_dir, open the directory alone and run it twice: placed on
- * its plan's devices, and as opened. want/want_gen: the whole model placed by q. */
+ * its plan's devices, and as opened; then as the plan's processes. want/want_gen: the whole model
+ * placed by q. */
 static void split_case(const char *path, const char *name, const iflow_plan *q, const float *want,
                        const int32_t *want_gen)
 {
@@ -115,7 +224,7 @@ static void split_case(const char *path, const char *name, const iflow_plan *q, 
         mine = *own;
     for (int placed = 0; placed < 2 && own; placed++) {
         if (placed) {
-            CHECK(iflow_plan_open_devices(&mine, devs) == 0, "open devices: %s", iflow_errmsg());
+            CHECK(iflow_plan_open_devices(&mine, -1, devs) == 0, "open devices: %s", iflow_errmsg());
             CHECK(iflow_model_place_plan(m, &mine, devs, 5 + N_GEN + 1) == 0, "place the split: %s", iflow_errmsg());
         }
         memset(out, 0, n * sizeof(float));
@@ -130,6 +239,7 @@ static void split_case(const char *path, const char *name, const iflow_plan *q, 
     if (own)
         iflow_plan_close_devices(&mine, devs);
     free(out);
+    processes_case(name, q, n, want, want_gen);
 }
 
 static void run_case(const char *path, const char *name, int groups, int heads, const float *ref, const int32_t *ref_gen)
@@ -154,7 +264,7 @@ static void run_case(const char *path, const char *name, int groups, int heads, 
         if (p.devices[i].layer1 <= p.devices[i].layer0)
             p.devices[i].layer0 = p.devices[i].layer1 = 0;
     CHECK(memcmp(&p, &q, sizeof p) == 0, "%s: the plan reads back as written", name);
-    CHECK(iflow_plan_open_devices(&q, devs) == 0, "open devices: %s", iflow_errmsg());
+    CHECK(iflow_plan_open_devices(&q, -1, devs) == 0, "open devices: %s", iflow_errmsg());
     int rc = iflow_model_place_plan(m, &q, devs, 5 + N_GEN + 1);
     CHECK(rc == 0, "%s %dx%d: place: %s", name, groups, heads, iflow_errmsg());
     if (rc == 0 && generate(m, out, gen) == 0) {
@@ -343,7 +453,7 @@ static void test_quantized_split(void)
     iflow_plan p;
     iflow_device *devs[IFLOW_PLAN_MAX_DEVICES] = {0};
     make_plan(&p, iflow_model_hparams(m), 1, 2);
-    CHECK(iflow_plan_open_devices(&p, devs) == 0, "open devices: %s", iflow_errmsg());
+    CHECK(iflow_plan_open_devices(&p, -1, devs) == 0, "open devices: %s", iflow_errmsg());
     int rc = iflow_model_place_plan(m, &p, devs, 16);
     CHECK_ERR(rc, IFLOW_EUNSUPPORTED, "blk.0.ffn_down", "block boundaries");
     /* heads on block boundaries and the FFN whole per layer group: fine (wo's 64 columns split
@@ -433,6 +543,36 @@ static void open_fails(const char *path, int code, const char *where, const char
     CHECK_ERR(rc, code, where, text);
     CHECK(m == NULL, "no model after a failed open");
     iflow_model_close(m);
+}
+
+/* What each device's file holds beyond its layers: the embeddings on layer 0's first part (head 0,
+ * then the least FFN column, whatever the device order), the output on the output device, and
+ * rope_freqs everywhere (each process makes its rope table from its own file). */
+static void test_split_shared_tensors(void)
+{
+    iflow_hparams hp = {.dim = 64, .n_layers = 2, .n_heads = 8, .n_kv_heads = 4, .head_dim = 8, .ffn_dim = 172,
+                        .vocab_size = 512, .rope_dim = 8, .rope_freqs = 1, .position = IFLOW_POS_ROPE};
+    iflow_plan p;
+    make_plan(&p, &hp, 1, 2);
+    iflow_plan_device t = p.devices[0]; /* device 1 now holds head 0 */
+    p.devices[0] = p.devices[1];
+    p.devices[1] = t;
+    CHECK(iflow_split_embed_device(&p) == 1, "the embeddings go with head 0 (device %d)", iflow_split_embed_device(&p));
+    for (int dev = 0; dev < 2; dev++) {
+        iflow_split_tensor *ts;
+        size_t n;
+        int has[3] = {0};
+        CHECK(iflow_split_tensors(&hp, &p, dev, &ts, &n) == 0, "tensors of device %d: %s", dev, iflow_errmsg());
+        for (size_t i = 0; i < n; i++) {
+            has[0] |= strcmp(ts[i].req.name, "tok_embd") == 0;
+            has[1] |= strcmp(ts[i].req.name, "rope_freqs") == 0;
+            has[2] |= strcmp(ts[i].req.name, "output") == 0;
+        }
+        free(ts);
+        CHECK(has[0] == (dev == 1), "device %d: tok_embd %s", dev, has[0] ? "held" : "missing");
+        CHECK(has[1], "device %d: rope_freqs in every file", dev);
+        CHECK(has[2] == (dev == p.output_device), "device %d: output %s", dev, has[2] ? "held" : "missing");
+    }
 }
 
 static void test_split_errors(void)
@@ -552,6 +692,7 @@ int main(void)
     RUN(test_xs_ckpt);
     RUN(test_biased);
     RUN(test_quantized_split);
+    RUN(test_split_shared_tensors);
     RUN(test_split_errors);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
