@@ -27,7 +27,7 @@
 enum {
     O_MODEL = 'm', O_PROMPT = 'p', O_NPREDICT = 'n', O_THREADS = 't', O_CTX = 'c', O_VERBOSE = 'v',
     O_TEMP = 256, O_TOPK, O_TOPP, O_SEED, O_ECHO, O_JSON, O_TOKENIZE, O_BOS, O_PARSE_SPECIAL, O_DEVICE,
-    O_GPU_LAYERS, O_GPU_GRAPHS, O_LIST_DEVICES, O_PLAN, O_ACTIVATIONS, O_STOP, O_BATCH, O_PARALLEL, O_KV_TYPE, O_METRICS, O_DRY_RUN,
+    O_GPU_LAYERS, O_GPU_GRAPHS, O_LIST_DEVICES, O_PLAN, O_COMM, O_ACTIVATIONS, O_STOP, O_BATCH, O_PARALLEL, O_KV_TYPE, O_METRICS, O_DRY_RUN,
     O_CONTEXT_SHIFT, O_KEEP, O_DRAFT, O_DRAFT_N, O_DRAFT_TOP_K, O_DRAFT_TOP_P, O_BEAMS, O_LENGTH_PENALTY,
     /* sampling: set through iflow_sampler_params_set() by their long names */
     O_SAMPLER, O_MINP, O_TYPICAL, O_TFS, O_MIROSTAT_TAU, O_MIROSTAT_ETA, O_REPEAT_PENALTY, O_REPEAT_LAST_N,
@@ -74,6 +74,7 @@ static const iflow_opt opts[] = {
     {O_GPU_LAYERS, "gpu-layers", 0, "N", "put the first N layers on the GPU and the rest on the CPU (default: all)", NULL},
     {O_GPU_GRAPHS, "gpu-graphs", 0, NULL, "on a GPU, record each decode step and run it as one CUDA graph (the same results; off by default: on an H200 it was no faster)", NULL},
     {O_PLAN, "plan", 0, "FILE", "place the model over the devices of partition plan FILE (iflow-partition, iflow-plan(5))", "file"},
+    {O_COMM, "comm", 0, "KIND", "how the processes of a plan (one per device, under mpirun) exchange states: auto (NCCL when every process's device is a GPU, else MPI), mpi or nccl; nccl without mpirun runs a one-device plan through NCCL (default auto)", "auto mpi nccl"},
     {O_LIST_DEVICES, "list-devices", 0, NULL, "print the devices this machine has (with --json: JSON Lines) and exit", NULL},
     {O_BATCH, "batch", 0, NULL, "read JSON Lines requests from standard input, run them together (continuous batching) and write one JSON result per request as each finishes", NULL},
     {O_PARALLEL, "parallel", 0, "N", "with --batch: requests running at once (default 16)", NULL},
@@ -112,6 +113,7 @@ typedef struct {
     int translate, n_given;
     const char *decoder_prefix, *source_prefix;
     const char *metrics;
+    const char *comm;     /* --comm: auto, mpi or nccl */
     device_opts dev;
     iflow_sampler_params sp;
     const char **stops;   /* [n_stops] --stop strings */
@@ -394,6 +396,30 @@ static int run_batch(const run_opts *o)
     return rc;
 }
 
+/* --comm: NCCL between the plan's processes' GPUs (MPI carries its bootstrap; without mpirun, a
+ * one-process NCCL comm), or NULL to keep MPI (or no comm). auto takes NCCL when every process's
+ * device is a GPU. */
+static iflow_comm *open_nccl(const run_opts *o, iflow_comm *mpi, const iflow_model *m, const placed *pl)
+{
+    const char *kind = o->comm ? o->comm : "auto";
+    if (strcmp(kind, "mpi") == 0 || (!mpi && strcmp(kind, "nccl") != 0))
+        return NULL;
+    iflow_device *mine = pl->plan_devices[iflow_model_own_device(m)];
+    if (strcmp(kind, "auto") == 0) {
+        float on_cpu = !mine || mine->info.kind != IFLOW_DEVICE_CUDA;
+        if (mpi->ops->allreduce_sum(mpi, &on_cpu, 1) < 0)
+            die(&tool, NULL);
+        if (o->verbose)
+            fprintf(stderr, "%s: the processes exchange states over %s\n", tool.name, on_cpu > 0 ? "MPI" : "NCCL");
+        if (on_cpu > 0)
+            return NULL;
+    }
+    iflow_comm *c;
+    if (iflow_comm_nccl_open(&c, mine, mpi) < 0)
+        die(&tool, NULL);
+    return c;
+}
+
 static int run(const run_opts *o)
 {
     if (strcmp(o->model, "-") == 0 && !o->prompt)
@@ -404,26 +430,28 @@ static int run(const run_opts *o)
     iflow_model *m;
     /* mpirun -np N: this process computes plan device `rank`; process 0 prints */
     iflow_comm *comm = comm_mpi_open(&tool);
+    const int nccl_alone = !comm && o->comm && strcmp(o->comm, "nccl") == 0; /* one process through NCCL */
     if (comm && !o->prompt)
         die_usage(&tool, "under mpirun, give the prompt with -p (standard input reaches process 0 only)");
     if (comm && comm->rank != 0 && !freopen("/dev/null", "w", stdout))
         die(&tool, "cannot silence the output of process %d", comm->rank);
     double t0 = now_s();
-    if (cmd_model_open_device(&m, o->model, 0, comm ? comm->rank : -1) < 0) /* of a split: its own file only */
+    if (cmd_model_open_device(&m, o->model, 0, comm ? comm->rank : nccl_alone ? 0 : -1) < 0) /* of a split: its own file */
         die(&tool, NULL);
-    if (comm && !o->dev.plan && !iflow_model_split_plan(m))
-        die_usage(&tool, "under mpirun, --plan (or a split model's own plan) gives each process its device");
+    if ((comm || nccl_alone) && !o->dev.plan && !iflow_model_split_plan(m))
+        die_usage(&tool, "under mpirun or --comm nccl, --plan (or a split model's own plan) gives each process its device");
     check_generates(m, o->model);
     g.m = m;
     if (!(g.tok = iflow_model_tokenizer(m)))
         die(&tool, "model '%s' has no tokenizer", o->model);
     placed pl, dpl;
     devices_place(&tool, m, &o->dev, &pl);
+    iflow_comm *nccl = comm || nccl_alone ? open_nccl(o, comm, m, &pl) : NULL;
     iflow_model *draft = o->draft ? open_draft(o, &dpl) : NULL;
     iflow_batch_params bp = {.parallel = 1, .n_ctx = o->n_ctx, .n_threads = o->threads};
     iflow_sampler *chain; /* for -v: the chain the requests run */
     if (iflow_batch_open(&g.b, m, &bp) < 0 || iflow_sampler_open(&chain, &o->sp, iflow_model_hparams(m)->vocab_size) < 0 ||
-        iflow_batch_set_comm(g.b, comm) < 0 ||
+        iflow_batch_set_comm(g.b, nccl ? nccl : comm) < 0 ||
         (draft && iflow_batch_set_draft(g.b, draft, o->draft_n, o->draft_top_k, o->draft_top_p) < 0))
         die(&tool, NULL);
     iflow_batch_set_graphs(g.b, o->dev.gpu_graphs);
@@ -467,6 +495,7 @@ static int run(const run_opts *o)
         devices_release(&dpl);
     }
     iflow_model_close(m);
+    iflow_comm_nccl_close(nccl);
     devices_release(&pl);
     comm_mpi_close(comm);
     return 0;
@@ -531,6 +560,11 @@ int main(int argc, char **argv)
         case O_GPU_GRAPHS: o.dev.gpu_graphs = 1; break;
         case O_LIST_DEVICES: o.list_devices = 1; break;
         case O_PLAN: o.dev.plan = arg; break;
+        case O_COMM:
+            if (strcmp(arg, "auto") && strcmp(arg, "mpi") && strcmp(arg, "nccl"))
+                die_usage(&tool, "--comm must be auto, mpi or nccl, not '%s'", arg);
+            o.comm = arg;
+            break;
         case O_ACTIVATIONS: devices_set_activations(&tool, arg); break;
         case O_BATCH: o.batch = 1; break;
         case O_PARALLEL: o.parallel = (int)opt_long(&tool, "parallel", arg, 1, IFLOW_MAX_STEP); break;

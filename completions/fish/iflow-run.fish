@@ -37,6 +37,7 @@ complete -c iflow-run -l device -x -a 'auto cpu cuda' -d 'compute on auto (a GPU
 complete -c iflow-run -l gpu-layers -x -d 'put the first N layers on the GPU and the rest on the CPU (default: all)'
 complete -c iflow-run -l gpu-graphs -d 'on a GPU, record each decode step and run it as one CUDA graph (the same results; off by default: on an H200 it was no faster)'
 complete -c iflow-run -l plan -r -d 'place the model over the devices of partition plan FILE (iflow-partition, iflow-plan(5))'
+complete -c iflow-run -l comm -x -a 'auto mpi nccl' -d 'how the processes of a plan (one per device, under mpirun) exchange states: auto (NCCL when every process\'s device is a GPU, else MPI), mpi or nccl; nccl without mpirun runs a one-device plan through NCCL (default auto)'
 complete -c iflow-run -l list-devices -d 'print the devices this machine has (with --json: JSON Lines) and exit'
 complete -c iflow-run -l batch -d 'read JSON Lines requests from standard input, run them together (continuous batching) and write one JSON result per request as each finishes'
 complete -c iflow-run -l parallel -x -d 'with --batch: requests running at once (default 16)'

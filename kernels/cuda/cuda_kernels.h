@@ -108,6 +108,26 @@ int  ifkc_graph_end(ifkc_dev *d);
 void ifkc_graph_abort(ifkc_dev *d);
 void ifkc_graph_stats_get(const ifkc_dev *d, ifkc_graph_stats *out);
 
+/* ---- collectives between GPUs (kernels/cuda/nccl.cu) ----------------------------------------- */
+
+/* NCCL, dlopen()ed on first use as cuBLAS is (libnccl.so.2 on the loader's path, then the CUDA
+ * toolkit's lib and lib64; IFLOW_NCCL: a path). A communicator is one rank of `size`, on one GPU
+ * (d, whose stream it uses); every rank calls the same operations in the same order. Buffers are
+ * host memory, staged through device memory; each call returns with its result on the host.
+ * Without the library: IFKC_ENODEV, "cannot load NCCL (libnccl.so.2): ...". */
+#define IFKC_NCCL_ID_BYTES 128
+typedef struct ifkc_nccl ifkc_nccl;
+/* 0 when NCCL loads (else IFKC_ENODEV with the reason). */
+int  ifkc_nccl_available(void);
+/* A new unique id (rank 0 makes it; every rank passes it to ifkc_nccl_open). */
+int  ifkc_nccl_id(void *id);
+int  ifkc_nccl_open(ifkc_nccl **out, ifkc_dev *d, int rank, int size, const void *id);
+void ifkc_nccl_close(ifkc_nccl *c);
+int  ifkc_nccl_bcast(ifkc_nccl *c, void *buf, size_t bytes, int root);
+int  ifkc_nccl_allreduce_sum(ifkc_nccl *c, float *buf, size_t n);   /* buf [n] = the sum over ranks */
+int  ifkc_nccl_send(ifkc_nccl *c, const void *buf, size_t bytes, int peer);
+int  ifkc_nccl_recv(ifkc_nccl *c, void *buf, size_t bytes, int peer);
+
 /* ---- matrix products (kernels/cuda/matmul.cu) ------------------------------------------------ */
 
 /* 1 if ifkc_matmul computes weights of this type. */

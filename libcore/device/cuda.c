@@ -7,6 +7,7 @@
  */
 #include "device_impl.h"
 #include "libcore/base/error.h"
+#include "libcore/engine/comm.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -274,6 +275,76 @@ int iflow_cuda_open(iflow_device **out, int index)
     return 0;
 }
 
+/* ---- comm.h's transport between GPUs: NCCL ---- */
+
+typedef struct {
+    ifkc_nccl *k;
+    iflow_device *gpu;
+} nccl_comm;
+
+#define NC(c) ((nccl_comm *)(c)->impl)
+#define NC_CALL(c, expr)                                                                           \
+    do {                                                                                           \
+        int rc_ = (expr);                                                                          \
+        return rc_ ? fail(NC(c)->gpu, rc_) : 0;                                                    \
+    } while (0)
+
+static int nc_bcast(iflow_comm *c, void *buf, size_t bytes, int root) { NC_CALL(c, ifkc_nccl_bcast(NC(c)->k, buf, bytes, root)); }
+static int nc_allreduce(iflow_comm *c, float *buf, size_t n) { NC_CALL(c, ifkc_nccl_allreduce_sum(NC(c)->k, buf, n)); }
+static int nc_send(iflow_comm *c, const void *buf, size_t bytes, int to) { NC_CALL(c, ifkc_nccl_send(NC(c)->k, buf, bytes, to)); }
+static int nc_recv(iflow_comm *c, void *buf, size_t bytes, int from) { NC_CALL(c, ifkc_nccl_recv(NC(c)->k, buf, bytes, from)); }
+
+static const iflow_comm_ops nccl_ops = {nc_bcast, nc_allreduce, nc_send, nc_recv};
+
+int iflow_comm_nccl_open(iflow_comm **out, iflow_device *gpu, iflow_comm *boot)
+{
+    *out = NULL;
+    if (!gpu || gpu->ops != &cuda_ops)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "NCCL runs between GPUs: this process's device is %s",
+                            gpu ? gpu->info.name : "the cpu");
+    const int rank = boot ? boot->rank : 0, size = boot ? boot->size : 1;
+    char id[IFKC_NCCL_ID_BYTES] = {0};
+    int rc = ifkc_nccl_available();
+    if (rc == 0 && rank == 0)
+        rc = ifkc_nccl_id(id);
+    if (rc)
+        rc = fail(gpu, rc);
+    if (boot) { /* all start NCCL or none: a rank left alone would wait in ncclCommInitRank */
+        float failed = rc != 0;
+        int brc = boot->ops->allreduce_sum(boot, &failed, 1);
+        if (brc == 0 && rc == 0 && failed > 0)
+            rc = iflow_seterr(IFLOW_EIO, "NCCL failed to start on %.0f of the %d processes", failed, size);
+        if (brc == 0 && rc == 0)
+            brc = boot->ops->bcast(boot, id, sizeof id, 0);
+        if (brc)
+            return brc;
+    }
+    nccl_comm *nc = rc ? NULL : calloc(1, sizeof *nc);
+    iflow_comm *c = rc ? NULL : calloc(1, sizeof *c);
+    if (rc == 0 && (!nc || !c))
+        rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    if (rc == 0 && (rc = ifkc_nccl_open(&nc->k, DEV(gpu), rank, size, id)) != 0)
+        rc = fail(gpu, rc);
+    if (rc) {
+        free(nc);
+        free(c);
+        return iflow_preperr(rc, "cannot start NCCL as rank %d of %d", rank, size);
+    }
+    nc->gpu = gpu;
+    *c = (iflow_comm){.ops = &nccl_ops, .rank = rank, .size = size, .impl = nc};
+    *out = c;
+    return 0;
+}
+
+void iflow_comm_nccl_close(iflow_comm *c)
+{
+    if (!c)
+        return;
+    ifkc_nccl_close(NC(c)->k);
+    free(c->impl);
+    free(c);
+}
+
 #else /* no CUDA in this build */
 
 static const char no_cuda[] = "this build has no CUDA (built with CUDA=0 or without nvcc)";
@@ -300,5 +371,13 @@ void iflow_cuda_graph_stats(const iflow_device *d, long *launches, long *instant
 {
     *launches = *instantiations = *aborts = 0;
 }
+
+int iflow_comm_nccl_open(iflow_comm **out, iflow_device *gpu, iflow_comm *boot)
+{
+    *out = NULL;
+    return iflow_seterr(IFLOW_EUNSUPPORTED, "cannot start NCCL: %s", no_cuda);
+}
+
+void iflow_comm_nccl_close(iflow_comm *c) { (void)c; }
 
 #endif

@@ -16,8 +16,8 @@
  *   model, its own file); iflow_ctx_set_comm checks that all run the same model.
  *   An iflow_comm is a vtable over a transport: MPI between processes (cmd/comm_mpi.c), or
  *   memory shared by threads (iflow_comm_local_open below: the processes of a plan as threads of
- *   one process). NCCL between GPUs is to come. A plan run in one process without a comm shares
- *   host memory instead (forward.c's split_block).
+ *   one process), or NCCL between GPUs (iflow_comm_nccl_open, bootstrapped over MPI). A plan run
+ *   in one process without a comm shares host memory instead (forward.c's split_block).
  *   Each op returns 0 or a negative IFLOW_E* code with the message set; every process must
  *   call the same ops in the same order (the forward pass guarantees it).
  */
@@ -40,6 +40,16 @@ struct iflow_comm {
     int rank, size;
     void *impl;
 };
+
+/* A communicator over NCCL for this process's GPU (a CUDA device: libcore/device/cuda.c, over
+ * kernels/cuda/nccl.cu), as rank boot->rank of boot->size: boot (MPI) carries NCCL's unique id
+ * from rank 0 and the agreement that every rank could start NCCL, so that none is left waiting.
+ * boot NULL: rank 0 of 1 (a one-device plan through the same path). Buffers stay in host memory
+ * (staged through the GPU). IFLOW_EUNSUPPORTED for a device that is not a GPU or a build without
+ * CUDA; IFLOW_ENOTFOUND when libnccl.so.2 does not load. */
+struct iflow_device;
+int  iflow_comm_nccl_open(iflow_comm **out, struct iflow_device *gpu, iflow_comm *boot);
+void iflow_comm_nccl_close(iflow_comm *c);
 
 /* n communicators between threads of this process: comms[r] is rank r's, for the thread that
  * plays process r. Collectives wait for all n ranks, a send for its receiver; allreduce_sum adds

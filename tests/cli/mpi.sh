@@ -64,20 +64,36 @@ $BIN/iflow-partition -m "$TMP/s8.ifs" --plan "$TMP/plan.ini" --split "$TMP/split
 own_dirs "$TMP/split-a" 2
 ln -sf "$TMP/split-b/device-1.ifs" "$TMP/own1/device-1.ifs"
 run $MPIRUN -np 2 "$TMP/own.sh" -p "Once" -n 4 -t 1
-expect_match "$err" "iflow-run: '$TMP/own1/device-1.ifs' is not the model process 0 runs \(a file of a split cut from another model\)" \
-    "a file of another split: named by its process"
-expect_match "$err" "iflow-run: 1 of the 2 processes run another model than process 0's" "a file of another split: process 0 says so"
+# (mpirun stops the job at the first process that exits, so either message may come first)
+expect_match "$err" "iflow-run: ('$TMP/own1/device-1.ifs' is not the model process 0 runs \(a file of a split cut from another model\)|1 of the 2 processes run another model than process 0's)" \
+    "a file of another split: refused, named"
 own_dirs "$TMP/split-a" 2
 mkdir "$TMP/own2" && cp "$TMP/split-a/plan.ini" "$TMP/own2/"
 run $MPIRUN -np 3 "$TMP/own.sh" -p "Once" -n 4 -t 1
 expect_match "$err" "split model '$TMP/own2' has 2 devices, so there is no device 2 to compute: run one process per device" \
     "a rank beyond the split's devices"
 
+# ---- --comm: auto picks MPI for CPU devices; nccl needs GPUs (tests/gpu/cli.sh runs it) ----
+$BIN/iflow-partition -m "$TMP/s.ifs" --devices cpu:2 --strategy tensor -o "$TMP/plan.ini" >/dev/null
+want=$($BIN/iflow-run -m "$TMP/s.ifs" --plan "$TMP/plan.ini" -p "Once upon a time" -n 16 --temp 0 -t 1 2>/dev/null)
+run $MPIRUN -np 2 $BIN/iflow-run -m "$TMP/s.ifs" --plan "$TMP/plan.ini" -p "Once upon a time" -n 16 --temp 0 -t 1 -v
+expect_match "$err" "iflow-run: the processes exchange states over MPI" "--comm auto over CPU devices: MPI, said under -v"
+expect_eq "$out" "$want" "--comm auto over CPU devices: the text"
+run $MPIRUN -np 2 $BIN/iflow-run -m "$TMP/s.ifs" --plan "$TMP/plan.ini" -p "Once upon a time" -n 16 --temp 0 -t 1 --comm mpi
+expect_eq "$out" "$want" "--comm mpi: the text"
+run $MPIRUN -np 2 $BIN/iflow-run -m "$TMP/s.ifs" --plan "$TMP/plan.ini" -p "Once" -n 4 -t 1 --comm nccl
+expect_match "$err" "iflow-run: (NCCL runs between GPUs: this process's device is cpu|cannot start NCCL: this build has no CUDA)" \
+    "--comm nccl over CPU devices: refused"
+run $BIN/iflow-run -m "$TMP/s.ifs" -p "Once" -n 4 --comm nccl
+expect_match "$err" "iflow-run: under mpirun or --comm nccl, --plan \\(or a split model's own plan\\) gives each process its device" \
+    "--comm nccl needs a plan"
+
 # ---- refusals ----
 $BIN/iflow-partition -m "$TMP/s.ifs" --devices cpu:2 --strategy layer -o "$TMP/plan2.ini" >/dev/null
 run $MPIRUN -np 3 $BIN/iflow-run -m "$TMP/s.ifs" --plan "$TMP/plan2.ini" -p "Once" -n 4
-expect_match "$err" "iflow-run: 3 processes for a placement of 2 devices: run one process per device" "process count must match the plan"
+expect_match "$err" "iflow-run: (3 processes for a placement of 2 devices|this process computes plan device 2, but the plan has 2 devices): run one process per device" \
+    "process count must match the plan"
 run $MPIRUN -np 2 $BIN/iflow-run -m "$TMP/s.ifs" -p "Once" -n 4
-expect_match "$err" "iflow-run: under mpirun, --plan \\(or a split model's own plan\\) gives each process its device" "--plan is needed"
+expect_match "$err" "iflow-run: under mpirun or --comm nccl, --plan \\(or a split model's own plan\\) gives each process its device" "--plan is needed"
 
 summary

@@ -70,6 +70,40 @@ run $BIN/iflow-run -m "$TMP/s.ifs" --device cuda --gpu-layers 2 -n 64 -p "$promp
 expect_eq "$(jq -c .gen_ids <<<"$out")" "$cpu" "--gpu-layers 2: the CPU's greedy ids"
 expect_match "$err" "device cuda:0 \(.*\): 2 of 5 layers, the rest on the cpu" "--gpu-layers 2 -v line"
 
+# ---- partition plans with the GPU (issue 8): GPU/CPU by layer and by heads, NCCL of one rank ----
+# The reference is the CPU alone (--activations f32, as greedy() runs it). A layer plan moves the
+# hidden state between cuda:0 and the CPU; a tensor plan splits each layer's heads and FFN columns
+# between them, summed in host memory; --comm nccl runs a one-device plan as rank 0 of 1 through
+# NCCL (the several-process path: embedding on the first part's process, logits broadcast), and a
+# split directory the same way from its own file.
+plan_ids() { # plan-file extra-args... -> gen ids
+    local p=$1
+    shift
+    $BIN/iflow-run -m "$TMP/s.ifs" --plan "$p" --activations f32 -n 64 -p "$prompt" --temp 0 --json "$@" | jq -c .gen_ids
+}
+cpu=$(greedy "$TMP/s.ifs" cpu 64 "$prompt")
+plan() { # strategy output device... ("name layers heads ffn") -> a plan file on stdout
+    local strategy=$1 output=$2 d
+    shift 2
+    printf '[plan]\nstrategy = %s\nlayers = 5\nheads = 8\nkv_heads = 4\nffn = 172\noutput = %s\n' "$strategy" "$output"
+    for d in "$@"; do
+        set -- $d
+        printf '\n[device %s]\nlayers = %s\nheads = %s\nffn = %s\n' "$1" "$2" "$3" "$4"
+    done
+}
+plan layer cpu "cuda:0 0-2 all all" "cpu 3-4 all all" >"$TMP/gpucpu.ini"
+expect_eq "$(plan_ids "$TMP/gpucpu.ini")" "$cpu" "layer plan cuda:0 (layers 0-2) + cpu (3-4): the CPU's greedy ids"
+plan tensor cuda:0 "cuda:0 all 0-3 0-85" "cpu all 4-7 86-171" >"$TMP/gpucpu-t.ini"
+expect_eq "$(plan_ids "$TMP/gpucpu-t.ini")" "$cpu" "tensor plan cuda:0 + cpu (heads and FFN halves): the CPU's greedy ids"
+plan layer cuda:0 "cuda:0 all all all" >"$TMP/gpu1.ini"
+run $BIN/iflow-run -m "$TMP/s.ifs" --plan "$TMP/gpu1.ini" --comm nccl --activations f32 -n 64 -p "$prompt" --temp 0 --json
+expect_rc 0 "--comm nccl, a one-device plan on cuda:0"
+expect_eq "$(jq -c .gen_ids <<<"$out")" "$cpu" "--comm nccl (rank 0 of 1 on cuda:0): the CPU's greedy ids"
+$BIN/iflow-partition -m "$TMP/s.ifs" --plan "$TMP/gpu1.ini" --split "$TMP/split-gpu1" >/dev/null
+run $BIN/iflow-run -m "$TMP/split-gpu1" --comm nccl --activations f32 -n 64 -p "$prompt" --temp 0 --json
+expect_eq "$(jq -c .gen_ids <<<"$out")" "$cpu" "--comm nccl from a split directory's own file: the CPU's greedy ids"
+echo "OBSERVED plans with cuda:0: layer and tensor GPU/CPU plans and a one-rank NCCL plan ran (stderr above if not)" >&2
+
 # ---- quantized types against their dequantized weights on the CPU ----
 for t in q8_b32 q8_b64 q6 q5 q4_b32 q4_b64 q3h q3_b32 q2; do
     $BIN/iflow-quant -t "$t" --keep "*=$t" -i "$TMP/s.ifs" -o "$TMP/q.ifs"
