@@ -313,62 +313,107 @@ static inline __attribute__((always_inline)) void exp_minus(float *v, int n, flo
     }
 }
 
-/* a . b over n, as 16 lanes summed in a fixed tree: lane u sums the products of elements
- * i = u (mod 16) in order, then lanes u and u + w are added for w = 8, 4, 2, 1. Written with
- * vector types so that the tree stays in registers; the values are those of the scalar loops
- * (no contraction in -std=c11). */
-static inline float dot(const float *a, const float *b, int n)
+/* Scores against keys held transposed: kt[d * IFK_KV_CHUNK + j] is key j's element d. Each
+ * lane is a key, so a head's score is one lane's sum over d in order (q[0] k[0] + q[1] k[1] + ...,
+ * then times scale), with no reduction across lanes; the heads share each load of kt. */
+
+/* 16x16 transpose of r[0..15] (rows) in place: four rounds that swap the off-diagonal w x w
+ * blocks, w = 8, 4, 2, 1. */
+#define KV_SWAP(w, lo, hi)                                                                         \
+    for (int i = 0; i < 16; i++)                                                                   \
+        if (!(i & (w))) {                                                                          \
+            kv_f16x a = r[i], b = r[i + (w)];                                                      \
+            r[i] = __builtin_shufflevector(a, b, lo);                                              \
+            r[i + (w)] = __builtin_shufflevector(a, b, hi);                                        \
+        }
+#define KV_LO8 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
+#define KV_HI8 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
+#define KV_LO4 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27
+#define KV_HI4 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31
+#define KV_LO2 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29
+#define KV_HI2 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31
+#define KV_LO1 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30
+#define KV_HI1 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31
+static inline __attribute__((always_inline)) void transpose16(kv_f16x *r)
 {
-    kv_f16x acc = {0};
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        kv_f16x va, vb;
-        memcpy(&va, a + i, sizeof va);
-        memcpy(&vb, b + i, sizeof vb);
-        acc += va * vb;
+    KV_SWAP(8, KV_LO8, KV_HI8)
+    KV_SWAP(4, KV_LO4, KV_HI4)
+    KV_SWAP(2, KV_LO2, KV_HI2)
+    KV_SWAP(1, KV_LO1, KV_HI1)
+}
+#undef KV_SWAP
+#undef KV_LO8
+#undef KV_HI8
+#undef KV_LO4
+#undef KV_HI4
+#undef KV_LO2
+#undef KV_HI2
+#undef KV_LO1
+#undef KV_HI1
+
+/* kt = the chunk's nj keys (rows kr[j] of hd), transposed, keys nj .. up to the next multiple of
+ * 16 zero. */
+static inline __attribute__((always_inline)) void transpose_keys(float *kt, const float *const *kr, int nj, int hd)
+{
+    for (int j0 = 0; j0 < nj; j0 += 16) {
+        const int nk = nj - j0 < 16 ? nj - j0 : 16;
+        int d0 = 0;
+        for (; d0 + 16 <= hd; d0 += 16) {
+            kv_f16x r[16];
+            if (nk == 16)
+                for (int j = 0; j < 16; j++)
+                    memcpy(&r[j], kr[j0 + j] + d0, sizeof r[j]);
+            else
+                for (int j = 0; j < 16; j++) {
+                    r[j] = (kv_f16x){0};
+                    if (j < nk)
+                        memcpy(&r[j], kr[j0 + j] + d0, sizeof r[j]);
+                }
+            transpose16(r);
+            for (int d = 0; d < 16; d++)
+                memcpy(kt + (size_t)(d0 + d) * IFK_KV_CHUNK + j0, &r[d], sizeof r[d]);
+        }
+        for (; d0 < hd; d0++)
+            for (int j = 0; j < 16; j++)
+                kt[(size_t)d0 * IFK_KV_CHUNK + j0 + j] = j < nk ? kr[j0 + j][d0] : 0.0f;
     }
-    for (; i < n; i++)
-        acc[i & 15] += a[i] * b[i];
-    kv_f8x h8 = __builtin_shufflevector(acc, acc, 0, 1, 2, 3, 4, 5, 6, 7) +
-                __builtin_shufflevector(acc, acc, 8, 9, 10, 11, 12, 13, 14, 15);
-    kv_f4x h4 = __builtin_shufflevector(h8, h8, 0, 1, 2, 3) + __builtin_shufflevector(h8, h8, 4, 5, 6, 7);
-    float h2[2] = {h4[0] + h4[2], h4[1] + h4[3]};
-    return h2[0] + h2[1];
 }
 
-/* out[j] = dot(q, k[j], n) * scale for 16 keys, n a multiple of 16: each key's 16 lanes exactly
- * as dot() sums them, and the 16 trees of dot() taken together, pairs of vectors at a time (the
- * same additions of the same lanes, so the same bits, in about a third of the instructions). */
-static inline __attribute__((always_inline)) void dot16(float *out, const float *q, const float *const *k, int n, float scale)
+/* s[h * IFK_KV_CHUNK + j] = scale * q_h . key j for H heads (q_h = q + h hd), keys 0 .. n16 - 1
+ * (n16 a multiple of 16), 16 at a time (each product's q taken by a broadcast load: two groups of
+ * keys sharing one broadcast register measured slower). */
+static inline __attribute__((always_inline)) void scores_h(const int H, float *s, const float *q, const float *kt,
+                                                            int n16, int hd, float scale)
 {
-    kv_f16x a[16];
-#pragma GCC unroll 16
-    for (int j = 0; j < 16; j++)
-        a[j] = (kv_f16x){0};
-    for (int i = 0; i + 16 <= n; i += 16) { /* 16 independent sums, q's step loaded once */
-        kv_f16x va, vb;
-        memcpy(&va, q + i, sizeof va);
-#pragma GCC unroll 16
-        for (int j = 0; j < 16; j++) {
-            memcpy(&vb, k[j] + i, sizeof vb);
-            a[j] += va * vb;
+    int j = 0;
+    for (; j < n16; j += 16) {
+        kv_f16x a[8];
+        _Pragma("GCC unroll 8") for (int h = 0; h < H; h++)
+            a[h] = (kv_f16x){0};
+        for (int d = 0; d < hd; d++) {
+            kv_f16x k0;
+            memcpy(&k0, kt + (size_t)d * IFK_KV_CHUNK + j, sizeof k0);
+            _Pragma("GCC unroll 8") for (int h = 0; h < H; h++)
+                a[h] += q[(size_t)h * hd + d] * k0;
+        }
+        _Pragma("GCC unroll 8") for (int h = 0; h < H; h++) {
+            a[h] *= scale;
+            memcpy(s + (size_t)h * IFK_KV_CHUNK + j, &a[h], sizeof a[h]);
         }
     }
-    kv_f16x b[8], c[4], d[2], e;
-    for (int m = 0; m < 8; m++) /* w = 8: lanes 0-7 key 2m, 8-15 key 2m + 1 */
-        b[m] = __builtin_shufflevector(a[2 * m], a[2 * m + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-               __builtin_shufflevector(a[2 * m], a[2 * m + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-    for (int m = 0; m < 4; m++) /* w = 4: 4 lanes a key, keys 4m .. 4m + 3 */
-        c[m] = __builtin_shufflevector(b[2 * m], b[2 * m + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
-               __builtin_shufflevector(b[2 * m], b[2 * m + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-    for (int m = 0; m < 2; m++) /* w = 2: 2 lanes a key, keys 8m .. 8m + 7 */
-        d[m] = __builtin_shufflevector(c[2 * m], c[2 * m + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
-               __builtin_shufflevector(c[2 * m], c[2 * m + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
-    /* w = 1: lane j is key j */
-    e = __builtin_shufflevector(d[0], d[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
-        __builtin_shufflevector(d[0], d[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-    e *= scale;
-    memcpy(out, &e, sizeof e);
+}
+
+/* scores_h for nh heads: 8, then 4, then one at a time. */
+static inline __attribute__((always_inline)) void scores(float *s, const float *q, const float *kt, int n16, int nh,
+                                                          int hd, float scale)
+{
+    int h = 0;
+    for (; h + 8 <= nh; h += 8)
+        scores_h(8, s + (size_t)h * IFK_KV_CHUNK, q + (size_t)h * hd, kt, n16, hd, scale);
+    for (; h + 4 <= nh; h += 4)
+        scores_h(4, s + (size_t)h * IFK_KV_CHUNK, q + (size_t)h * hd, kt, n16, hd, scale);
+    for (; h < nh; h++)
+        scores_h(1, s + (size_t)h * IFK_KV_CHUNK, q + (size_t)h * hd, kt, n16, hd, scale);
 }
 
 /* o[d] += p[0] * v[0][d], then + p[1] * v[1][d], ... in that order for every d < hd (the
@@ -452,90 +497,164 @@ static inline __attribute__((always_inline)) void add_weighted8(float *restrict 
     }
 }
 
-/* The nh query heads of kv head g for one query row that attends to keys first .. n_keys - 1.
- * q, out: [nh][hd] (the row's heads g*nh ..). Online softmax over chunks of IFK_KV_CHUNK keys;
- * within a chunk each head takes the chunk's keys (scores) and values (sums) in key order, so
- * a head's output depends only on its query and the keys, whatever the order of the heads. An
- * F32 pool is read in place; other types are converted a chunk at a time. */
+/* The sum of v[0 .. n16) (n16 a multiple of 16): 16 lanes over the groups in order, then the
+ * lanes added pairwise (w = 8, 4, 2, 1). */
+static inline __attribute__((always_inline)) float sum16(const float *v, int n16)
+{
+    kv_f16x acc = {0}, t;
+    for (int j = 0; j < n16; j += 16) {
+        memcpy(&t, v + j, sizeof t);
+        acc += t;
+    }
+    kv_f8x h8 = __builtin_shufflevector(acc, acc, 0, 1, 2, 3, 4, 5, 6, 7) +
+                __builtin_shufflevector(acc, acc, 8, 9, 10, 11, 12, 13, 14, 15);
+    kv_f4x h4 = __builtin_shufflevector(h8, h8, 0, 1, 2, 3) + __builtin_shufflevector(h8, h8, 4, 5, 6, 7);
+    return (h4[0] + h4[2]) + (h4[1] + h4[3]);
+}
+
+/* One step of the online softmax for a row's nh heads over a chunk of nj keys, their scores in
+ * s [nh][IFK_KV_CHUNK]: the running maxima m, sums l and outputs out [nh][hd] rescaled to the new
+ * maxima, then the chunk's weights (left in s, zero from nj to the next multiple of 16) added:
+ * to l as one sum16 a chunk, to out as the weighted values vr[j] in key order. The maxima and the
+ * exponentials are taken 16 keys at a time over all the heads (independent work in flight). */
+static inline __attribute__((always_inline)) void softmax_step(float *restrict out, float *s, float *m, float *l,
+                                                                const float *const *vr, int nj, int nh, int hd,
+                                                                float softcap)
+{
+    const int n16 = (nj + 15) & ~15;
+    kv_i16x tail; /* lanes of the last 16 keys that are keys of the chunk */
+    for (int i = 0; i < 16; i++)
+        tail[i] = i < nj - (n16 - 16) ? -1 : 0;
+    const kv_i16x ninf = (kv_i16x){0} + (int32_t)0xff800000u;
+    float mx[nh], corr[nh];
+    for (int h = 0; h < nh; h++) {
+        float *sh = s + (size_t)h * IFK_KV_CHUNK;
+        if (softcap > 0) /* Gemma 2's attention soft-capping */
+            for (int j = 0; j < nj; j++)
+                sh[j] = softcap * tanhf(sh[j] / softcap);
+        kv_i16x last;
+        memcpy(&last, sh + n16 - 16, sizeof last);
+        last = (last & tail) | (ninf & ~tail);
+        kv_f16x vmax;
+        memcpy(&vmax, &last, sizeof vmax);
+        for (int j = 0; j + 16 < n16; j += 16) {
+            kv_f16x t;
+            memcpy(&t, sh + j, sizeof t);
+            kv_i16x gt = t > vmax, tb, vb; /* the larger, lane by lane: exact in any order */
+            memcpy(&tb, &t, sizeof tb);
+            memcpy(&vb, &vmax, sizeof vb);
+            vb = (tb & gt) | (vb & ~gt);
+            memcpy(&vmax, &vb, sizeof vmax);
+        }
+        float x = m[h];
+        for (int i = 0; i < 16; i++)
+            x = vmax[i] > x ? vmax[i] : x;
+        mx[h] = x;
+    }
+    for (int h = 0; h < nh; h++) {
+        float *sh = s + (size_t)h * IFK_KV_CHUNK;
+        for (int j = 0; j < n16; j += 16) {
+            kv_f16x t;
+            memcpy(&t, sh + j, sizeof t);
+            t -= mx[h];
+            exp16(&t);
+            if (j + 16 == n16) { /* the padding's weights: 0 */
+                kv_i16x b;
+                memcpy(&b, &t, sizeof b);
+                b &= tail;
+                memcpy(&t, &b, sizeof t);
+            }
+            memcpy(sh + j, &t, sizeof t);
+        }
+    }
+    for (int h = 0; h < nh; h++) {
+        corr[h] = exp1(m[h] - mx[h]); /* 0 on the first chunk (m = -inf) */
+        m[h] = mx[h];
+        float *o = out + (size_t)h * hd;
+#pragma omp simd
+        for (int d = 0; d < hd; d++)
+            o[d] *= corr[h];
+        l[h] = l[h] * corr[h] + sum16(s + (size_t)h * IFK_KV_CHUNK, n16);
+    }
+    /* the values, weighted: 8 heads at a time read each value row once */
+    int h = 0;
+    if (hd % 16 == 0)
+        for (; h + 8 <= nh; h += 8)
+            add_weighted8(out + (size_t)h * hd, vr, s + (size_t)h * IFK_KV_CHUNK, nj, hd);
+    for (; h < nh; h++)
+        add_weighted(out + (size_t)h * hd, vr, s + (size_t)h * IFK_KV_CHUNK, nj, hd);
+}
+
+/* A row's share of a chunk of nj keys (transposed in kt, values vr): its scores, then the softmax
+ * step (s: scratch [nh][IFK_KV_CHUNK]). */
+static inline __attribute__((always_inline)) void row_step(float *restrict out, const float *q, const float *kt,
+                                                            float *s, float *m, float *l, const float *const *vr,
+                                                            int nj, int nh, int hd, float scale, float softcap)
+{
+    scores(s, q, kt, (nj + 15) & ~15, nh, hd, scale);
+    softmax_step(out, s, m, l, vr, nj, nh, hd, softcap);
+}
+
+/* Rows of one sequence for kv head g: row r (its nh query heads at q + r ld, out + r ld) attends to
+ * keys first .. n_keys[r] - 1. Online softmax over chunks of IFK_KV_CHUNK keys from `first`; each
+ * chunk's keys are converted (pools other than F32) and transposed once for all the rows, and each
+ * row then takes the same operations it would take alone: its scores (scores()), softmax_step over
+ * its own keys of the chunk. So a row's output depends only on its query, its position and the
+ * cache, whatever rows share the call, and heads only on their own query. */
+#define ATTEND_ROWS 16 /* rows that share a chunk's transposed keys */
 KV_CLONES
-static void attend(float *restrict out, const float *restrict q, const void *k, const void *v, const ifk_kv_layout *L,
-                   const int32_t *table, int first, int n_keys, int g, int nh, float scale)
+static void attend_rows(float *restrict out, const float *restrict q, size_t ld, int R, const void *k, const void *v,
+                        const ifk_kv_layout *L, const int32_t *table, int first, const int *n_keys, int g, int nh,
+                        float scale)
 {
     const int hd = L->head_dim, conv = L->type != IFK_KV_F32;
     float kbuf[conv ? IFK_KV_CHUNK * hd : 1], vbuf[conv ? IFK_KV_CHUNK * hd : 1];
-    float m[nh], l[nh], s[nh][IFK_KV_CHUNK];
+    float kt[(size_t)hd * IFK_KV_CHUNK] __attribute__((aligned(64)));
+    float m[R][nh], l[R][nh], s[(size_t)nh * IFK_KV_CHUNK] __attribute__((aligned(64)));
     const float *kr[IFK_KV_CHUNK], *vr[IFK_KV_CHUNK];
-    for (int h = 0; h < nh; h++) {
-        m[h] = -INFINITY;
-        l[h] = 0.0f;
-        memset(out + (size_t)h * hd, 0, (size_t)hd * sizeof(float));
+    int last = 0;
+    for (int r = 0; r < R; r++) {
+        last = n_keys[r] > last ? n_keys[r] : last;
+        for (int h = 0; h < nh; h++) {
+            m[r][h] = -INFINITY;
+            l[r][h] = 0.0f;
+        }
+        memset(out + (size_t)r * ld, 0, (size_t)nh * hd * sizeof(float));
     }
-    for (int j0 = first; j0 < n_keys; j0 += IFK_KV_CHUNK) {
-        const int nj = n_keys - j0 < IFK_KV_CHUNK ? n_keys - j0 : IFK_KV_CHUNK;
+    for (int j0 = first; j0 < last; j0 += IFK_KV_CHUNK) {
+        const int nj = last - j0 < IFK_KV_CHUNK ? last - j0 : IFK_KV_CHUNK;
         for (int j = 0; j < nj; j++) {
             const size_t r = row_of(L, table, j0 + j);
             kr[j] = head_of(kbuf + (conv ? (size_t)j * hd : 0), k, L, r, g);
             vr[j] = head_of(vbuf + (conv ? (size_t)j * hd : 0), v, L, r, g);
         }
-        /* the scores of every head, 16 keys at a time: their rows stay in L1 across the heads */
-        int j = 0;
-        if (hd % 16 == 0)
-            for (; j + 16 <= nj; j += 16)
-                for (int h = 0; h < nh; h++) { /* the common sizes as constants: unrolled */
-                    if (hd == 64)
-                        dot16(s[h] + j, q + (size_t)h * hd, kr + j, 64, scale);
-                    else if (hd == 128)
-                        dot16(s[h] + j, q + (size_t)h * hd, kr + j, 128, scale);
-                    else
-                        dot16(s[h] + j, q + (size_t)h * hd, kr + j, hd, scale);
-                }
-        for (; j < nj; j++)
-            for (int h = 0; h < nh; h++)
-                s[h][j] = dot(q + (size_t)h * hd, kr[j], hd) * scale;
-        for (int h = 0; h < nh; h++) {
-            if (L->softcap > 0) /* Gemma 2's attention soft-capping */
-                for (int j = 0; j < nj; j++)
-                    s[h][j] = L->softcap * tanhf(s[h][j] / L->softcap);
-            float mx = m[h];
-            for (int j = 0; j < nj; j++)
-                mx = s[h][j] > mx ? s[h][j] : mx;
-            const float corr = exp1(m[h] - mx); /* 0 on the first chunk (m = -inf) */
-            float *o = out + (size_t)h * hd;
-#pragma omp simd
-            for (int d = 0; d < hd; d++)
-                o[d] *= corr;
-            l[h] *= corr;
-            m[h] = mx;
-            exp_minus(s[h], nj, mx);
+        transpose_keys(kt, kr, nj, hd);
+        for (int r = 0; r < R; r++) {
+            const int nr = n_keys[r] - j0 < IFK_KV_CHUNK ? n_keys[r] - j0 : IFK_KV_CHUNK;
+            if (nr <= 0)
+                continue;
+            const float *qr = q + (size_t)r * ld;
+            float *o = out + (size_t)r * ld;
+            if (hd == 64) /* the common sizes as constants: unrolled */
+                row_step(o, qr, kt, s, m[r], l[r], vr, nr, nh, 64, scale, L->softcap);
+            else if (hd == 128)
+                row_step(o, qr, kt, s, m[r], l[r], vr, nr, nh, 128, scale, L->softcap);
+            else
+                row_step(o, qr, kt, s, m[r], l[r], vr, nr, nh, hd, scale, L->softcap);
         }
-        /* l[h] += the weights in key order, the heads' sums interleaved (independent chains) */
-        for (int j = 0; j < nj; j++)
-            for (int h = 0; h < nh; h++)
-                l[h] += s[h][j];
-        /* the values, weighted: 8 heads at a time read each value row once */
-        int h = 0;
-        if (hd % 16 == 0)
-            for (; h + 8 <= nh; h += 8) {
-                if (hd == 64)
-                    add_weighted8(out + (size_t)h * hd, vr, s[h], nj, 64);
-                else if (hd == 128)
-                    add_weighted8(out + (size_t)h * hd, vr, s[h], nj, 128);
-                else
-                    add_weighted8(out + (size_t)h * hd, vr, s[h], nj, hd);
-            }
-        for (; h < nh; h++)
-            add_weighted(out + (size_t)h * hd, vr, s[h], nj, hd);
     }
-    for (int h = 0; h < nh; h++) {
-        float *o = out + (size_t)h * hd;
-        const float inv = 1.0f / l[h];
-        for (int d = 0; d < hd; d++)
-            o[d] *= inv;
-    }
+    for (int r = 0; r < R; r++)
+        for (int h = 0; h < nh; h++) {
+            float *o = out + (size_t)r * ld + (size_t)h * hd;
+            const float inv = 1.0f / l[r][h];
+            for (int d = 0; d < hd; d++)
+                o[d] *= inv;
+        }
 }
 
-/* Paged attention on the pool (pool.h): item i is units [i * upi, (i + 1) * upi) of
- * (query row, kv head), in place. */
+/* Paged attention on the pool (pool.h): a unit is up to ATTEND_ROWS consecutive query rows of one
+ * sequence for one kv head (rows sharing their first key: with a window, one row); item i is units
+ * [i * upi, (i + 1) * upi). */
 typedef struct {
     float *out;
     const float *q;
@@ -543,8 +662,8 @@ typedef struct {
     const void *k, *v;
     const ifk_kv_layout *L;
     const ifk_kv_seq *seqs;
-    const int *first; /* [n_seqs + 1] unit index of each sequence's first row */
-    int n_kv, nh, hd, units, upi;
+    const int *first; /* [n_seqs + 1] unit index of each sequence's first unit */
+    int n_kv, nh, rows, units, upi;
     float scale;
 } paged_args;
 
@@ -552,16 +671,21 @@ KV_CLONES
 static void paged_run(const void *args, const void *in, int item, float *unused)
 {
     const paged_args *a = args;
+    const ifk_kv_layout *L = a->L;
     int u1 = (item + 1) * a->upi < a->units ? (item + 1) * a->upi : a->units;
     int s = 0;
     for (int u = item * a->upi; u < u1; u++) {
         while (a->first[s + 1] <= u)
             s++;
-        const int i = (u - a->first[s]) / a->n_kv, g = (u - a->first[s]) % a->n_kv;
-        const size_t off = (size_t)(a->seqs[s].row0 + i) * a->ld + (size_t)g * a->nh * a->hd;
-        const int n_keys = a->seqs[s].pos0 + (a->L->bidirectional ? a->seqs[s].n_rows : i + 1), w = a->L->window;
-        attend(a->out + off, a->q + off, a->k, a->v, a->L, a->seqs[s].table, w > 0 && n_keys > w ? n_keys - w : 0,
-               n_keys, g, a->nh, a->scale);
+        const ifk_kv_seq *q = &a->seqs[s];
+        const int i0 = (u - a->first[s]) / a->n_kv * a->rows, g = (u - a->first[s]) % a->n_kv;
+        const int R = q->n_rows - i0 < a->rows ? q->n_rows - i0 : a->rows;
+        int n_keys[ATTEND_ROWS], w = L->window;
+        for (int r = 0; r < R; r++)
+            n_keys[r] = q->pos0 + (L->bidirectional ? q->n_rows : i0 + r + 1);
+        const size_t off = (size_t)(q->row0 + i0) * a->ld + (size_t)g * a->nh * L->head_dim;
+        attend_rows(a->out + off, a->q + off, a->ld, R, a->k, a->v, L, q->table,
+                    w > 0 && n_keys[0] > w ? n_keys[0] - w : 0, n_keys, g, a->nh, a->scale);
     }
 }
 
@@ -569,20 +693,20 @@ void ifk_attention_paged(float *out, const float *q, size_t ld, const void *k, c
                          const ifk_kv_layout *L, const ifk_kv_seq *seqs, int n_seqs, int n_heads,
                          float scale, int n_threads)
 {
-    const int n_kv = L->n_kv_heads, hd = L->head_dim;
+    const int n_kv = L->n_kv_heads;
     if (n_seqs <= 0 || n_kv <= 0 || n_heads % n_kv)
         return;
-    const int nh = n_heads / n_kv;
+    const int nh = n_heads / n_kv, rows = L->window > 0 ? 1 : ATTEND_ROWS; /* a window: each row its own first key */
     int first[n_seqs + 1];
     first[0] = 0;
     for (int s = 0; s < n_seqs; s++)
-        first[s + 1] = first[s] + seqs[s].n_rows * n_kv;
+        first[s + 1] = first[s] + (seqs[s].n_rows + rows - 1) / rows * n_kv;
     const int units = first[n_seqs];
     int nt = n_threads > 0 ? n_threads : omp_get_num_procs();
     if (nt > units)
         nt = units;
     const int upi = (units + IFK_POOL_MAX_ITEMS - 1) / IFK_POOL_MAX_ITEMS;
-    paged_args a = {out, q, ld, k, v, L, seqs, first, n_kv, nh, hd, units, upi, scale};
+    paged_args a = {out, q, ld, k, v, L, seqs, first, n_kv, nh, rows, units, upi, scale};
     ifk_pool_run(&(ifk_pool_job){.run = paged_run, .args = &a, .args_size = sizeof a,
                                  .n_items = (units + upi - 1) / upi, .max_threads = nt});
 }

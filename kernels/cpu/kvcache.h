@@ -22,7 +22,8 @@
  *   sequence's cached rows and the layout, never on which other sequences or rows share the
  *   call, nor on the thread count (keys are taken in fixed chunks of IFK_KV_CHUNK from
  *   position 0 with an online softmax; float sums in a fixed order, no FMA contraction).
- *   Kernels never allocate and never fail; threads split (row, kv head) units.
+ *   Kernels never allocate and never fail; threads split units of (up to 16 query rows of a
+ *   sequence, kv head).
  */
 #ifndef IFK_KVCACHE_H
 #define IFK_KVCACHE_H
