@@ -14,7 +14,9 @@
  * prefill:   ifk_matmul with T = 64 and 256 (one matrix, reused: this is compute-bound);
  *            GFLOPs = 2 T N K / time.
  * attention: ifk_attention for one decode token (T = 1) and a 64-token prefill chunk over a
- *            2048-position cache, 32 query heads over 4 kv heads of 64 (TinyLlama).
+ *            2048-position cache, 32 query heads over 4 kv heads of 64 (TinyLlama); then the
+ *            engine's paged attention (ifk_attention_paged, an F32 pool) for a decode step at
+ *            2048 positions and a whole 512-token prefill.
  *
  * Times: the best and the median of rounds (a decode round reads every copy once).
  *
@@ -28,6 +30,7 @@
 #include <time.h>
 
 #include "bench/bench.h"
+#include "kernels/cpu/kvcache.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/quant.h"
 
@@ -151,6 +154,39 @@ static void bench_attention(int T, int n_ctx, int threads, double min_s)
     free(v);
 }
 
+/* The engine's attention (kvcache.h's ifk_attention_paged): T query rows at positions pos0 ..
+ * over an F32 pool of one block, TinyLlama's heads; GFLOPs counts a multiply and an add per
+ * (head, key, element) for the scores and again for the values. */
+static void bench_attention_paged(int T, int pos0, int threads, double min_s)
+{
+    const int NH = 32, NKV = 4, HD = 64, n = pos0 + T;
+    ifk_kv_layout L = {.type = IFK_KV_F32, .block = n, .n_kv_heads = NKV, .head_dim = HD, .group = 32, .n_blocks = 1};
+    const size_t ld = (size_t)NH * HD, kv = (size_t)n * NKV * HD;
+    float *q = alloc64((size_t)T * ld * 4), *out = alloc64((size_t)T * ld * 4), *x = alloc64(kv * 4);
+    void *k = alloc64(ifk_kv_pool_bytes(&L)), *v = alloc64(ifk_kv_pool_bytes(&L));
+    const int32_t table[1] = {0};
+    ifk_kv_seq all = {.row0 = 0, .n_rows = n, .pos0 = 0, .table = table}, seq = {.row0 = 0, .n_rows = T, .pos0 = pos0, .table = table};
+    fill_x(q, (size_t)T * ld);
+    fill_x(x, kv);
+    ifk_kv_store(k, &L, &all, 1, x, (size_t)NKV * HD, threads);
+    fill_x(x, kv);
+    ifk_kv_store(v, &L, &all, 1, x, (size_t)NKV * HD, threads);
+    double best, med;
+    BENCH_ROUNDS(min_s, &best, &med, ifk_attention_paged(out, q, ld, k, v, &L, &seq, 1, NH, 0.125f, threads));
+    double flop = 0;
+    for (int i = 0; i < T; i++)
+        flop += 4.0 * NH * HD * (pos0 + i + 1);
+    printf("{\"bench\":\"attention_paged\",\"T\":%d,\"pos0\":%d,\"heads\":%d,\"kv_heads\":%d,\"head_dim\":%d,"
+           "\"threads\":%d,\"us\":%.1f,\"GFLOPs\":%.2f,\"GFLOPs_median\":%.2f}\n",
+           T, pos0, NH, NKV, HD, threads, best * 1e6, flop / best * 1e-9, flop / med * 1e-9);
+    fflush(stdout);
+    free(q);
+    free(out);
+    free(x);
+    free(k);
+    free(v);
+}
+
 int main(int argc, char **argv)
 {
     int threads = omp_get_num_procs(), quick = 0, wt0 = IFK_F32, wt1 = IFK_BF16;
@@ -207,6 +243,8 @@ int main(int argc, char **argv)
     for (int tj = 0; tj < n_tl && (!only || !strcmp(only, "attention")); tj++) {
         bench_attention(1, 2048, tl[tj], min_s);
         bench_attention(64, 2048, tl[tj], min_s);
+        bench_attention_paged(1, 2047, tl[tj], min_s);  /* a decode step at 2k */
+        bench_attention_paged(512, 0, tl[tj], min_s);   /* a 512-token prefill */
     }
     return 0;
 }

@@ -497,6 +497,20 @@ static inline __attribute__((always_inline)) void add_weighted8(float *restrict 
     }
 }
 
+/* o[0 .. n) *= c. */
+static inline __attribute__((always_inline)) void scale_row(float *o, int n, float c)
+{
+    int d = 0;
+    for (; d + 16 <= n; d += 16) {
+        kv_f16x t;
+        memcpy(&t, o + d, sizeof t);
+        t *= c;
+        memcpy(o + d, &t, sizeof t);
+    }
+    for (; d < n; d++)
+        o[d] *= c;
+}
+
 /* The sum of v[0 .. n16) (n16 a multiple of 16): 16 lanes over the groups in order, then the
  * lanes added pairwise (w = 8, 4, 2, 1). */
 static inline __attribute__((always_inline)) float sum16(const float *v, int n16)
@@ -570,10 +584,7 @@ static inline __attribute__((always_inline)) void softmax_step(float *restrict o
     for (int h = 0; h < nh; h++) {
         corr[h] = exp1(m[h] - mx[h]); /* 0 on the first chunk (m = -inf) */
         m[h] = mx[h];
-        float *o = out + (size_t)h * hd;
-#pragma omp simd
-        for (int d = 0; d < hd; d++)
-            o[d] *= corr[h];
+        scale_row(out + (size_t)h * hd, hd, corr[h]);
         l[h] = l[h] * corr[h] + sum16(s + (size_t)h * IFK_KV_CHUNK, n16);
     }
     /* the values, weighted: 8 heads at a time read each value row once */
@@ -644,12 +655,8 @@ static void attend_rows(float *restrict out, const float *restrict q, size_t ld,
         }
     }
     for (int r = 0; r < R; r++)
-        for (int h = 0; h < nh; h++) {
-            float *o = out + (size_t)r * ld + (size_t)h * hd;
-            const float inv = 1.0f / l[r][h];
-            for (int d = 0; d < hd; d++)
-                o[d] *= inv;
-        }
+        for (int h = 0; h < nh; h++)
+            scale_row(out + (size_t)r * ld + (size_t)h * hd, hd, 1.0f / l[r][h]);
 }
 
 /* Paged attention on the pool (pool.h): a unit is up to ATTEND_ROWS consecutive query rows of one

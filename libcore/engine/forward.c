@@ -693,14 +693,21 @@ static int embed(iflow_ctx *c, const int32_t *ids, const step_rows *r, int to)
     return c->dev[to].dev->ops->upload(c->dev[to].dev, c->dev[to].x, rows, (size_t)T * D * sizeof(float));
 }
 
+/* The refusal to run a model opened for one plan device (iflow_model_open_device) without the
+ * other processes. */
+static int own_device_only(const iflow_model *m)
+{
+    return iflow_seterr(IFLOW_EINVAL, "a model opened for plan device %d runs only as that process of a plan's "
+                        "processes (iflow_ctx_set_comm)", m->own_dev);
+}
+
 /* The layers for a step's rows (ids [r->T]); the hidden state ends on the output device.
  * Returns the output device's scratch. */
 static int forward_layers(iflow_ctx *c, const int32_t *ids, const step_rows *r, dev_scratch **out)
 {
     const iflow_model *m = c->m;
     if (m->own_dev >= 0)
-        return iflow_seterr(IFLOW_EINVAL, "a model opened for plan device %d runs only as that process of a plan's "
-                            "processes (iflow_ctx_set_comm)", m->own_dev);
+        return own_device_only(m);
     int T = r->T, first_whole = m->part0[1] - m->part0[0] == 1;
     int cur = first_whole ? m->parts[0].dev : HOST;
     IFLOW_TRY(embed(c, ids, r, cur));
@@ -852,8 +859,7 @@ int iflow_ctx_set_comm(iflow_ctx *c, iflow_comm *comm)
     if (comm && m->own_dev >= 0 && m->own_dev != comm->rank)
         return iflow_seterr(IFLOW_EINVAL, "process %d has the model of plan device %d", comm->rank, m->own_dev);
     if (!comm && m->own_dev >= 0)
-        return iflow_seterr(IFLOW_EINVAL, "a model opened for plan device %d runs only as that process of a plan's "
-                            "processes", m->own_dev);
+        return own_device_only(m);
     if (comm)
         IFLOW_TRY(check_same_model(m, comm));
     c->comm = comm;
