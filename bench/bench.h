@@ -4,6 +4,7 @@
  *
  *   bench_now()            monotonic seconds
  *   bench_alloc64()        64-byte aligned memory, or exit(1) with a message
+ *   bench_need()           an allocation made otherwise, or that exit
  *   bench_best_median()    best and median of n timed rounds (sorts them)
  *   BENCH_ROUNDS()         times a statement in rounds: at least 3, and at least a minimum
  *                          time in all (at most BENCH_MAX_ROUNDS); best and median round
@@ -27,15 +28,20 @@ static inline double bench_now(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* A benchmark without its memory has nothing to say: exits. prog names the program. */
-static inline void *bench_alloc64(const char *prog, size_t bytes)
+/* A benchmark without its memory has nothing to say: p (an allocation of `bytes`), or exit.
+ * prog names the program. */
+static inline void *bench_need(const char *prog, void *p, size_t bytes)
 {
-    void *p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
     if (!p) {
         fprintf(stderr, "%s: out of memory (%zu bytes)\n", prog, bytes);
         exit(1);
     }
     return p;
+}
+
+static inline void *bench_alloc64(const char *prog, size_t bytes)
+{
+    return bench_need(prog, aligned_alloc(64, (bytes + 63) & ~(size_t)63), bytes);
 }
 
 static inline int bench_cmp_double(const void *a, const void *b)

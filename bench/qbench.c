@@ -53,15 +53,7 @@
 
 /* 64-byte aligned, or exit; large blocks in huge pages, as the CPU device allocates packed
  * weights (bigmem.h), so that decode from DRAM reads them as the engine does. */
-static void *alloc64(size_t bytes)
-{
-    void *p = ifk_bigmem_alloc(bytes);
-    if (!p) {
-        fprintf(stderr, "qbench: out of memory (%zu bytes)\n", bytes);
-        exit(1);
-    }
-    return p;
-}
+static void *alloc64(size_t bytes) { return bench_need("qbench", ifk_bigmem_alloc(bytes), bytes); }
 
 /* Deterministic pseudo-normal values (sum of 4 uniforms), scaled. */
 static void fill(float *a, size_t n, uint32_t seed, float scale)
