@@ -659,9 +659,8 @@ static void attend_rows(float *restrict out, const float *restrict q, size_t ld,
             scale_row(out + (size_t)r * ld + (size_t)h * hd, hd, 1.0f / l[r][h]);
 }
 
-/* Paged attention on the pool (pool.h): a unit is up to ATTEND_ROWS consecutive query rows of one
- * sequence for one kv head (rows sharing their first key: with a window, one row); item i is units
- * [i * upi, (i + 1) * upi). */
+/* Paged attention on the pool (pool.h): a unit is `rows` (up to ATTEND_ROWS) consecutive query
+ * rows of one sequence for one kv head; item i is units [i * upi, (i + 1) * upi). */
 typedef struct {
     float *out;
     const float *q;
@@ -703,13 +702,19 @@ void ifk_attention_paged(float *out, const float *q, size_t ld, const void *k, c
     const int n_kv = L->n_kv_heads;
     if (n_seqs <= 0 || n_kv <= 0 || n_heads % n_kv)
         return;
-    const int nh = n_heads / n_kv, rows = L->window > 0 ? 1 : ATTEND_ROWS; /* a window: each row its own first key */
+    const int nh = n_heads / n_kv;
+    int nt = n_threads > 0 ? n_threads : omp_get_num_procs(), n_rows = 0;
+    for (int s = 0; s < n_seqs; s++)
+        n_rows += seqs[s].n_rows;
+    /* rows a unit: up to ATTEND_ROWS while every thread keeps about 8 units (a row's result does
+     * not depend on it); with a window, each row has its own first key */
+    int rows = n_rows * n_kv / (8 * nt);
+    rows = L->window > 0 || rows < 1 ? 1 : rows > ATTEND_ROWS ? ATTEND_ROWS : rows;
     int first[n_seqs + 1];
     first[0] = 0;
     for (int s = 0; s < n_seqs; s++)
         first[s + 1] = first[s] + (seqs[s].n_rows + rows - 1) / rows * n_kv;
     const int units = first[n_seqs];
-    int nt = n_threads > 0 ? n_threads : omp_get_num_procs();
     if (nt > units)
         nt = units;
     const int upi = (units + IFK_POOL_MAX_ITEMS - 1) / IFK_POOL_MAX_ITEMS;

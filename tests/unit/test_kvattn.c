@@ -11,9 +11,9 @@
  * heads per kv head (the kernel takes heads 8, 4 and 1 at a time); rows that end a chunk of 64
  * keys, start one, or straddle one; blocks of 7 and 16 positions (rows of a chunk in several
  * blocks); a block table out of order; F32, F16 and Q8 pools.
- * Invariance: the rows of one call (which shares each chunk's keys among up to 16 rows) must
- * memcmp-equal the same rows computed one per call, and the same rows in a call with another
- * sequence before them, at 1 and 2 threads.
+ * Invariance: the rows of one call (which shares each chunk's keys among up to 16 rows, fewer
+ * when there are many threads) must memcmp-equal the same rows at 7 threads, computed one per
+ * call, and in a call with another sequence before them at 2 threads.
  */
 #include "check.h"
 #include "kernels/cpu/kvcache.h"
@@ -125,6 +125,9 @@ static void run_shape(const shape *s)
             worst = fmax(worst, fabs(all[(size_t)i * D + e] - ref[e]));
     }
     CHECK(worst <= 2e-5, "%s: max |out - float64 reference| = %g > 2e-5", what, worst);
+    /* at 7 threads the call cuts its rows into smaller units (a unit's rows share their keys) */
+    ifk_attention_paged(mixed, q, (size_t)D, p.k, p.v, &p.L, &seq, 1, H, scale, 7);
+    CHECK(memcmp(mixed, all, sizeof(float) * (size_t)s->T * D) == 0, "%s: the call at 7 threads = at 1", what);
     /* each row alone (an encoder's rows see the whole step, so they run as one step only) */
     for (int i = 0; i < s->T && !s->bidir; i++) {
         ifk_kv_seq alone = {.row0 = 0, .n_rows = 1, .pos0 = s->pos0 + i, .table = p.table};
