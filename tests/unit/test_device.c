@@ -9,6 +9,8 @@
  *     crossing by upload/download, logits copied back) exercises every path a GPU device takes
  *     through the engine, also bit-identical;
  *   - iflow_ctx_eval_argmax equals the argmax of the logits;
+ *   - a plan's processes (comm.h, threads over iflow_comm_local_open) each on a detached device,
+ *     bit-identical to the plan in one process: the GPU's side of one process per device;
  *   - steps recorded as one graph (iflow_ctx_set_graphs) on a device whose record ops this test
  *     provides: the engine's recorded path gives the same bits, and a device that refuses to
  *     record gets each step op by op, until the context stops asking;
@@ -18,10 +20,13 @@
 #include "tests/unit/testlib.h"
 #include "libcore/base/dtype.h"
 #include "libcore/device/device.h"
+#include "libcore/engine/comm.h"
 #include "libcore/engine/model.h"
+#include "libcore/engine/plan.h"
 #include "libcore/formats/quant.h"
 
 #include <math.h>
+#include <pthread.h>
 
 static char dir[] = "/tmp/iflow-test-device-XXXXXX";
 static char s_f32[512], s_q4[512];
@@ -381,6 +386,108 @@ static void test_place_errors(void)
     iflow_device_close(det);
 }
 
+/* ---- a plan's processes on detached devices (comm.h's one process per device, as threads) ---- */
+
+/* Greedy steps of the prompt on a model placed as it is (a plan's whole model here, or process
+ * `comm` of one): out [N_PROMPT + N_DECODE][vocab], gen [N_DECODE]. */
+static int run_plan_steps(iflow_model *m, iflow_comm *comm, float *out, int32_t *gen)
+{
+    iflow_ctx *c = NULL;
+    iflow_kv *kv = NULL;
+    int rc = iflow_ctx_open_steps(&c, m, 1);
+    if (rc == 0)
+        rc = iflow_kv_open(&kv, m, IFK_KV_F32, 64, 1);
+    if (rc == 0 && comm)
+        rc = iflow_ctx_set_comm(c, comm);
+    if (rc == 0)
+        rc = test_generate_steps(c, kv, prompt, N_PROMPT, N_DECODE, iflow_model_hparams(m)->vocab_size, out, gen);
+    iflow_kv_close(kv);
+    iflow_ctx_close(c);
+    return rc;
+}
+
+typedef struct {
+    iflow_comm *comm;
+    iflow_device *dev; /* this process's device: detached */
+    const char *plan;  /* the plan file */
+    float *out;
+    int32_t gen[N_DECODE];
+    int rc;
+    char err[512];
+} proc_job;
+
+/* Process comm->rank: the model opened for its plan device, placed on its detached device. */
+static void *run_process(void *arg)
+{
+    proc_job *j = arg;
+    iflow_model *m = NULL;
+    iflow_plan plan;
+    iflow_device *devs[IFLOW_PLAN_MAX_DEVICES] = {0};
+    devs[j->comm->rank] = j->dev;
+    int rc = iflow_plan_load(&plan, j->plan);
+    if (rc == 0)
+        rc = iflow_model_open_device(&m, s_f32, 0, j->comm->rank);
+    if (rc == 0)
+        rc = iflow_model_place_plan(m, &plan, devs, 64);
+    if (rc == 0)
+        rc = run_plan_steps(m, j->comm, j->out, j->gen);
+    if ((j->rc = rc) < 0)
+        snprintf(j->err, sizeof j->err, "%s", iflow_errmsg());
+    iflow_model_close(m);
+    return NULL;
+}
+
+/* A layer plan and a tensor plan over two detached devices, run as two processes (threads over
+ * iflow_comm_local_open): every process's logits and tokens are those of the same plan in one
+ * process, bit for bit. The processes take the GPU's paths of the several-process forward pass:
+ * the state sent from device memory, partial outputs downloaded for the all-reduce, the logits
+ * downloaded on the output device's process and broadcast. */
+static void test_processes_detached(void)
+{
+    static const char *const plans[] = {
+        "[plan]\nstrategy = layer\nlayers = 5\nheads = 8\nkv_heads = 4\nffn = 172\noutput = cpu:1\n"
+        "[device cpu:0]\nlayers = 0-2\n[device cpu:1]\nlayers = 3-4\n",
+        "[plan]\nstrategy = tensor\nlayers = 5\nheads = 8\nkv_heads = 4\nffn = 172\noutput = cpu:0\n"
+        "[device cpu:0]\nheads = 0-3\nffn = 0-85\n[device cpu:1]\nheads = 4-7\nffn = 86-171\n",
+    };
+    char path[600];
+    snprintf(path, sizeof path, "%s/procs.ini", dir);
+    for (size_t k = 0; k < sizeof plans / sizeof plans[0]; k++) {
+        test_write_file(path, plans[k], strlen(plans[k]));
+        iflow_model *m = NULL;
+        iflow_plan plan;
+        iflow_device *det[2] = {open_detached("det:0", 1), open_detached("det:1", 1)};
+        CHECK(iflow_plan_load(&plan, path) == 0 && iflow_model_open(&m, s_f32, 0) == 0 &&
+                  iflow_model_place_plan(m, &plan, det, 64) == 0, "plan %zu in one process: %s", k, iflow_errmsg());
+        const int V = iflow_model_hparams(m)->vocab_size;
+        const size_t n = (size_t)(N_PROMPT + N_DECODE) * V;
+        float *ref = calloc(n, sizeof(float));
+        int32_t ref_gen[N_DECODE] = {0};
+        CHECK(run_plan_steps(m, NULL, ref, ref_gen) == 0, "plan %zu in one process: %s", k, iflow_errmsg());
+        iflow_model_close(m);
+        iflow_comm *comms[2];
+        proc_job jobs[2];
+        pthread_t th[2];
+        CHECK(iflow_comm_local_open(comms, 2) == 0, "local comm: %s", iflow_errmsg());
+        for (int r = 0; r < 2; r++)
+            jobs[r] = (proc_job){.comm = comms[r], .dev = det[r], .plan = path, .out = calloc(n, sizeof(float))};
+        for (int r = 0; r < 2; r++)
+            CHECK(pthread_create(&th[r], NULL, run_process, &jobs[r]) == 0, "thread %d", r);
+        for (int r = 0; r < 2; r++) {
+            pthread_join(th[r], NULL);
+            CHECK(jobs[r].rc == 0, "plan %zu, process %d: %s", k, r, jobs[r].err);
+            CHECK(bit_identical(jobs[r].out, ref, (int)n) && memcmp(jobs[r].gen, ref_gen, sizeof ref_gen) == 0,
+                  "plan %zu, process %d on its detached device: the logits and tokens of the plan in one process", k,
+                  r);
+            free(jobs[r].out);
+        }
+        iflow_comm_local_close(comms, 2);
+        for (int r = 0; r < 2; r++)
+            iflow_device_close(det[r]);
+        free(ref);
+    }
+}
+
 int main(void)
 {
     if (!mkdtemp(dir))
@@ -402,6 +509,7 @@ int main(void)
     RUN(test_layer_split_identical);
     RUN(test_detached_identical);
     RUN(test_recorded_steps);
+    RUN(test_processes_detached);
     RUN(test_place_errors);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

@@ -47,9 +47,11 @@ static char s_f32[512], xs[512], s_q8[512], biased[512], plan_path[512], split_d
 
 /* Greedy generation from a short prompt: all logits of the prompt and of each step into out
  * ([(n_prompt + N_GEN)][vocab]), the generated ids into gen. */
+static const int32_t prompt5[5] = {1, 403, 407, 261, 378};
+
 static int generate(iflow_model *m, float *out, int32_t *gen)
 {
-    static const int32_t prompt[] = {1, 403, 407, 261, 378};
+    const int32_t *prompt = prompt5;
     const int np = 5, V = iflow_model_hparams(m)->vocab_size;
     iflow_ctx *c;
     int rc = iflow_ctx_open(&c, m, np + N_GEN + 1, 1);
@@ -97,27 +99,6 @@ static void make_plan(iflow_plan *p, const iflow_hparams *hp, int groups, int he
 
 /* ---- the plan's processes, played by threads (comm.h's iflow_comm_local_open) ---- */
 
-/* Greedy generation as generate() does, by iflow_ctx_step over a one-block paged cache (a context
- * over several processes runs steps only). */
-static int generate_steps(iflow_ctx *c, iflow_kv *kv, int V, float *out, int32_t *gen)
-{
-    static const int32_t prompt[] = {1, 403, 407, 261, 378};
-    const int32_t table[1] = {0};
-    iflow_step_seq q = {.ids = prompt, .n = 5, .pos0 = 0, .table = table, .logits = out, .n_out = 5};
-    int rc = iflow_ctx_step(c, kv, &q, 1);
-    for (int s = 0; s < N_GEN && rc == 0; s++) {
-        const float *last = out + (size_t)(4 + s) * V;
-        int32_t next = 0;
-        for (int i = 1; i < V; i++)
-            if (last[i] > last[next])
-                next = i;
-        gen[s] = next;
-        q = (iflow_step_seq){.ids = &gen[s], .n = 1, .pos0 = 5 + s, .table = table, .logits = out + (size_t)(5 + s) * V};
-        rc = iflow_ctx_step(c, kv, &q, 1);
-    }
-    return rc;
-}
-
 typedef struct {
     iflow_comm *comm;
     char dir[600];     /* this process's directory: plan.ini and its own device's file only */
@@ -150,7 +131,7 @@ static void *run_process(void *arg)
     if (rc == 0)
         rc = iflow_ctx_set_comm(c, j->comm);
     if (rc == 0)
-        rc = generate_steps(c, kv, iflow_model_hparams(m)->vocab_size, j->out, j->gen);
+        rc = test_generate_steps(c, kv, prompt5, 5, N_GEN, iflow_model_hparams(m)->vocab_size, j->out, j->gen);
     if ((j->rc = rc) < 0)
         snprintf(j->err, sizeof j->err, "%s", iflow_errmsg());
     iflow_kv_close(kv);

@@ -1,6 +1,6 @@
 /* testlib.h -- unit-test helpers that use libiflow's internal headers: test_convert() for a
  * model of the shared test data (specs from ./specs), test_ids() for a JSON array of token
- * ids, test_greedy_match() against golden tokens, test_same_tensors() to compare two shards'
+ * ids, test_generate_steps() for greedy steps, test_greedy_match() against golden tokens, test_same_tensors() to compare two shards'
  * tensors byte for byte. (CHECK_ERR() is check.h's.) */
 #ifndef IFLOW_TESTLIB_H
 #define IFLOW_TESTLIB_H
@@ -38,6 +38,24 @@ static inline int32_t *test_ids(const json_t *a, size_t *n)
     for (size_t i = 0; i < *n; i++)
         ids[i] = (int32_t)json_integer_value(json_array_get(a, i));
     return ids;
+}
+
+/* Greedy generation by iflow_ctx_step over kv (one block covering every position): the logits
+ * after each prompt token and after each of n_gen generated tokens into out ([np + n_gen][V]),
+ * the generated ids (each the argmax of the logits before it) into gen. As a context of a plan's
+ * processes runs (iflow_ctx_set_comm: steps only). */
+static inline int test_generate_steps(iflow_ctx *c, iflow_kv *kv, const int32_t *prompt, int np, int n_gen, int V,
+                                      float *out, int32_t *gen)
+{
+    const int32_t table[1] = {0};
+    iflow_step_seq q = {.ids = prompt, .n = np, .pos0 = 0, .table = table, .logits = out, .n_out = np};
+    int rc = iflow_ctx_step(c, kv, &q, 1);
+    for (int s = 0; s < n_gen && rc == 0; s++) {
+        gen[s] = iflow_argmax(out + (size_t)(np - 1 + s) * V, V);
+        q = (iflow_step_seq){.ids = &gen[s], .n = 1, .pos0 = np + s, .table = table, .logits = out + (size_t)(np + s) * V};
+        rc = iflow_ctx_step(c, kv, &q, 1);
+    }
+    return rc;
 }
 
 /* Greedy continuation of prompt ids; returns how many of `want` match in order (-1 when the
