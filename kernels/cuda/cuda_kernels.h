@@ -112,8 +112,10 @@ void ifkc_graph_stats_get(const ifkc_dev *d, ifkc_graph_stats *out);
 
 /* NCCL, dlopen()ed on first use as cuBLAS is (libnccl.so.2 on the loader's path, then the CUDA
  * toolkit's lib and lib64; IFLOW_NCCL: a path). A communicator is one rank of `size`, on one GPU
- * (d, whose stream it uses); every rank calls the same operations in the same order. Buffers are
- * host memory, staged through device memory; each call returns with its result on the host.
+ * (d, whose stream it uses); every rank calls the same operations in the same order. A buffer
+ * in d's memory is used in place (the operation is enqueued on d's stream, after the kernels
+ * before it); a host buffer is staged through device memory, and the call returns with its
+ * result on the host.
  * Without the library: IFKC_ENODEV, "cannot load NCCL (libnccl.so.2): ...". */
 #define IFKC_NCCL_ID_BYTES 128
 typedef struct ifkc_nccl ifkc_nccl;

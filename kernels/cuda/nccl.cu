@@ -2,8 +2,9 @@
  *
  * libnccl.so.2 is dlopen()ed as cuBLAS is (blas.cu): linking it would make every program need it
  * to start. nccl.h gives the types and signatures only; every call goes through the table below.
- * A communicator stages host buffers through one device buffer on its device's stream: upload,
- * the NCCL call, download (which waits), so each call returns with its result on the host. */
+ * A communicator takes device memory in place (the call is enqueued on its device's stream, in
+ * order with the kernels there) and stages host memory through one device buffer: upload, the
+ * NCCL call, download (which waits), so such a call returns with its result on the host. */
 #include "kernels/cuda/common.cuh"
 
 #include <dlfcn.h>
@@ -152,8 +153,24 @@ static int stage(ifkc_nccl *c, size_t n)
     return 0;
 }
 
+/* 1 if p is device memory (NCCL takes it in place), 0 for host memory (staged). */
+static int on_device(const void *p)
+{
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError(); /* plain host memory on older runtimes */
+        return 0;
+    }
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
 int ifkc_nccl_bcast(ifkc_nccl *c, void *buf, size_t bytes, int root)
 {
+    IFKC_TRY(ifkc_make_current(c->dev));
+    if (on_device(buf)) {
+        NCCL_CK(api.broadcast(buf, buf, bytes, ncclUint8, root, c->comm, c->dev->stream), "ncclBroadcast");
+        return 0;
+    }
     IFKC_TRY(stage(c, bytes));
     if (c->rank == root)
         IFKC_TRY(ifkc_upload(c->dev, c->stage, buf, bytes));
@@ -163,6 +180,11 @@ int ifkc_nccl_bcast(ifkc_nccl *c, void *buf, size_t bytes, int root)
 
 int ifkc_nccl_allreduce_sum(ifkc_nccl *c, float *buf, size_t n)
 {
+    IFKC_TRY(ifkc_make_current(c->dev));
+    if (on_device(buf)) {
+        NCCL_CK(api.all_reduce(buf, buf, n, ncclFloat32, ncclSum, c->comm, c->dev->stream), "ncclAllReduce");
+        return 0;
+    }
     IFKC_TRY(stage(c, n * sizeof *buf));
     IFKC_TRY(ifkc_upload(c->dev, c->stage, buf, n * sizeof *buf));
     NCCL_CK(api.all_reduce(c->stage, c->stage, n, ncclFloat32, ncclSum, c->comm, c->dev->stream), "ncclAllReduce");
@@ -171,6 +193,11 @@ int ifkc_nccl_allreduce_sum(ifkc_nccl *c, float *buf, size_t n)
 
 int ifkc_nccl_send(ifkc_nccl *c, const void *buf, size_t bytes, int peer)
 {
+    IFKC_TRY(ifkc_make_current(c->dev));
+    if (on_device(buf)) {
+        NCCL_CK(api.send(buf, bytes, ncclUint8, peer, c->comm, c->dev->stream), "ncclSend");
+        return 0;
+    }
     IFKC_TRY(stage(c, bytes));
     IFKC_TRY(ifkc_upload(c->dev, c->stage, buf, bytes));
     NCCL_CK(api.send(c->stage, bytes, ncclUint8, peer, c->comm, c->dev->stream), "ncclSend");
@@ -179,6 +206,11 @@ int ifkc_nccl_send(ifkc_nccl *c, const void *buf, size_t bytes, int peer)
 
 int ifkc_nccl_recv(ifkc_nccl *c, void *buf, size_t bytes, int peer)
 {
+    IFKC_TRY(ifkc_make_current(c->dev));
+    if (on_device(buf)) {
+        NCCL_CK(api.recv(buf, bytes, ncclUint8, peer, c->comm, c->dev->stream), "ncclRecv");
+        return 0;
+    }
     IFKC_TRY(stage(c, bytes));
     NCCL_CK(api.recv(c->stage, bytes, ncclUint8, peer, c->comm, c->dev->stream), "ncclRecv");
     return ifkc_download(c->dev, buf, c->stage, bytes);

@@ -331,7 +331,7 @@ int iflow_comm_nccl_open(iflow_comm **out, iflow_device *gpu, iflow_comm *boot)
         return iflow_preperr(rc, "cannot start NCCL as rank %d of %d", rank, size);
     }
     nc->gpu = gpu;
-    *c = (iflow_comm){.ops = &nccl_ops, .rank = rank, .size = size, .impl = nc};
+    *c = (iflow_comm){.ops = &nccl_ops, .rank = rank, .size = size, .device_buffers = 1, .impl = nc};
     *out = c;
     return 0;
 }

@@ -12,6 +12,8 @@
  *       partial outputs summed over all processes (all-reduce; a process without a part of
  *       that layer adds zeros);
  *     - the logits (or the argmax ids) of the step, broadcast from the output device's process.
+ *   The state and the partial outputs cross from and into a GPU's memory when the comm takes
+ *   device memory (device_buffers), else through the host.
  *   Each process may open only what its device computes (iflow_model_open_device: of a split
  *   model, its own file); iflow_ctx_set_comm checks that all run the same model.
  *   An iflow_comm is a vtable over a transport: MPI between processes (cmd/comm_mpi.c), or
@@ -38,14 +40,18 @@ typedef struct {
 struct iflow_comm {
     const iflow_comm_ops *ops;
     int rank, size;
+    int device_buffers;   /* 1: the ops also take this process's device memory (NCCL; threads
+                           * sharing memory), so a GPU's state is exchanged where it is; 0: host
+                           * memory only (MPI) */
     void *impl;
 };
 
 /* A communicator over NCCL for this process's GPU (a CUDA device: libcore/device/cuda.c, over
  * kernels/cuda/nccl.cu), as rank boot->rank of boot->size: boot (MPI) carries NCCL's unique id
  * from rank 0 and the agreement that every rank could start NCCL, so that none is left waiting.
- * boot NULL: rank 0 of 1 (a one-device plan through the same path). Buffers stay in host memory
- * (staged through the GPU). IFLOW_EUNSUPPORTED for a device that is not a GPU or a build without
+ * boot NULL: rank 0 of 1 (a one-device plan through the same path). Its ops take the GPU's
+ * memory in place (device_buffers: the forward pass keeps the state there) and host memory
+ * staged through the GPU. IFLOW_EUNSUPPORTED for a device that is not a GPU or a build without
  * CUDA; IFLOW_ENOTFOUND when libnccl.so.2 does not load. */
 struct iflow_device;
 int  iflow_comm_nccl_open(iflow_comm **out, struct iflow_device *gpu, iflow_comm *boot);

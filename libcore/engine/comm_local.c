@@ -142,7 +142,7 @@ int iflow_comm_local_open(iflow_comm **comms, int n)
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     for (int r = 0; r < n; r++) {
-        s->comms[r] = (iflow_comm){.ops = &local_ops, .rank = r, .size = n, .impl = s};
+        s->comms[r] = (iflow_comm){.ops = &local_ops, .rank = r, .size = n, .device_buffers = 1, .impl = s};
         comms[r] = &s->comms[r];
     }
     return 0;

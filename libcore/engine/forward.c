@@ -733,60 +733,104 @@ static int forward_layers(iflow_ctx *c, const int32_t *ids, const step_rows *r, 
 /* ---- one plan over several processes (comm.h) ---------------------------------------------
  *
  * Process r computes the parts on plan device r. `holder` is the process whose copy of the
- * hidden state is current (ALL: every process's c->xh is); `cur` is where that process keeps
- * it (a device index, or HOST). */
+ * hidden state is current (ALL: every process's is); `cur` is where this process keeps its copy
+ * (its device, or HOST: c->xh). When the comm takes device buffers and this process's device
+ * memory is not the host's (a GPU over NCCL), the state is exchanged from and into that memory
+ * and stays there; otherwise it crosses through c->xh. */
 enum { ALL = -2 };
 
-/* Make process `to` hold the state (from `holder`, through the host). */
+/* 1 if this process exchanges the state in its device's memory. */
+static int exchanges_on_device(const iflow_ctx *c)
+{
+    const iflow_device *d = c->dev[c->comm->rank].dev;
+    return c->comm->device_buffers && d && !d->host_memory;
+}
+
+/* Where this process sends or receives the state: its device's x (moved there first), or
+ * c->xh (moved there first); *cur follows. */
+static int exchange_buffer(iflow_ctx *c, int *cur, int T, float **buf)
+{
+    const int me = c->comm->rank;
+    if (exchanges_on_device(c)) {
+        IFLOW_TRY(move_to(c, *cur, me, T));
+        *cur = me;
+        *buf = c->dev[me].x;
+    } else {
+        IFLOW_TRY(move_to_host(c, *cur, T));
+        *cur = HOST;
+        *buf = c->xh;
+    }
+    return 0;
+}
+
+/* Make process `to` hold the state (from `holder`). */
 static int hand_over(iflow_ctx *c, int *holder, int *cur, int to, int T)
 {
     iflow_comm *cm = c->comm;
     size_t n = (size_t)T * c->m->hp.dim * sizeof(float);
+    float *buf;
     if (*holder == to)
         return 0;
-    if (*holder == ALL) { /* `to` has it in c->xh (cur is HOST everywhere); the others' go stale */
+    if (*holder == ALL) { /* `to` has it already; the others' copies go stale */
         *holder = to;
         return 0;
     }
     if (cm->rank == *holder) {
-        IFLOW_TRY(move_to_host(c, *cur, T));
-        IFLOW_TRY(cm->ops->send(cm, c->xh, n, to));
+        IFLOW_TRY(exchange_buffer(c, cur, T, &buf));
+        IFLOW_TRY(cm->ops->send(cm, buf, n, to));
     } else if (cm->rank == to) {
-        IFLOW_TRY(cm->ops->recv(cm, c->xh, n, *holder));
-        *cur = HOST;
+        IFLOW_TRY(exchange_buffer(c, cur, T, &buf)); /* (what it moves there is overwritten) */
+        IFLOW_TRY(cm->ops->recv(cm, buf, n, *holder));
     }
     *holder = to;
     return 0;
 }
 
-/* Every process's c->xh = the holder's state. */
+/* Every process's copy = the holder's state. */
 static int share(iflow_ctx *c, int *holder, int *cur, int T)
 {
     iflow_comm *cm = c->comm;
+    float *buf;
     if (*holder != ALL) {
-        if (cm->rank == *holder)
-            IFLOW_TRY(move_to_host(c, *cur, T));
-        IFLOW_TRY(cm->ops->bcast(cm, c->xh, (size_t)T * c->m->hp.dim * sizeof(float), *holder));
+        IFLOW_TRY(exchange_buffer(c, cur, T, &buf));
+        IFLOW_TRY(cm->ops->bcast(cm, buf, (size_t)T * c->m->hp.dim * sizeof(float), *holder));
     }
     *holder = ALL;
-    *cur = HOST;
     return 0;
 }
 
-/* One sub-block of a layer split over parts k0..k1-1: this process's part (if any) from c->xh,
- * its partial output summed with every other process's, added to c->xh everywhere. */
-static int split_block_comm(iflow_ctx *c, int k0, int k1, const step_rows *r, int is_ffn)
+/* One sub-block of a layer split over parts k0..k1-1 (every process holding the state): this
+ * process's part (if any) from its copy, the partial outputs summed over every process (a
+ * process without a part adds zeros), the sum added to every copy. On the device when the
+ * process exchanges there, else through the host. */
+static int split_block_comm(iflow_ctx *c, int *cur, int k0, int k1, const step_rows *r, int is_ffn)
 {
     iflow_comm *cm = c->comm;
-    size_t n = (size_t)r->T * c->m->hp.dim;
+    const int me = cm->rank;
+    const size_t n = (size_t)r->T * c->m->hp.dim;
+    int mine = -1;
+    for (int k = k0; k < k1; k++)
+        if (c->m->parts[k].dev == me)
+            mine = k;
+    dev_scratch *s = &c->dev[me];
+    if (exchanges_on_device(c)) {
+        IFLOW_TRY(move_to(c, *cur, me, r->T));
+        *cur = me;
+        if (mine >= 0)
+            IFLOW_TRY(is_ffn ? ffn_block(c, s, mine, r->T, 0) : attention_block(c, s, mine, r, 0));
+        else { /* zeros into the all-reduce */
+            memset(c->acc, 0, n * sizeof(float));
+            IFLOW_TRY(s->dev->ops->upload(s->dev, s->xb, c->acc, n * sizeof(float)));
+        }
+        IFLOW_TRY(cm->ops->allreduce_sum(cm, s->xb, n));
+        return s->dev->ops->add(s->dev, s->x, s->xb, n);
+    }
+    IFLOW_TRY(move_to_host(c, *cur, r->T));
+    *cur = HOST;
     memset(c->acc, 0, n * sizeof(float));
-    for (int k = k0; k < k1; k++) {
-        int dv = c->m->parts[k].dev;
-        if (dv != cm->rank)
-            continue;
-        dev_scratch *s = &c->dev[dv];
-        IFLOW_TRY(move_to(c, HOST, dv, r->T));
-        IFLOW_TRY(is_ffn ? ffn_block(c, s, k, r->T, 0) : attention_block(c, s, k, r, 0));
+    if (mine >= 0) {
+        IFLOW_TRY(move_to(c, HOST, me, r->T));
+        IFLOW_TRY(is_ffn ? ffn_block(c, s, mine, r->T, 0) : attention_block(c, s, mine, r, 0));
         if (s->dev->host_memory)
             memcpy(c->acc, s->xb, n * sizeof(float));
         else
@@ -818,8 +862,8 @@ static int forward_layers_comm(iflow_ctx *c, const int32_t *ids, const step_rows
             }
         } else {
             IFLOW_TRY(share(c, &holder, &cur, T));
-            IFLOW_TRY(split_block_comm(c, k0, k1, r, 0));
-            IFLOW_TRY(split_block_comm(c, k0, k1, r, 1));
+            IFLOW_TRY(split_block_comm(c, &cur, k0, k1, r, 0));
+            IFLOW_TRY(split_block_comm(c, &cur, k0, k1, r, 1));
         }
     }
     IFLOW_TRY(hand_over(c, &holder, &cur, m->output_dev, T));
