@@ -56,7 +56,7 @@ int iflow_split_tensors(const iflow_hparams *hp, const iflow_plan *p, int dev, i
     int64_t q0 = d->head0 * hd, q1 = d->head1 * hd, k0 = kv0 * hd,
             k1 = (kv0 + iflow_part_kv_heads(hp, d->head0, d->head1)) * hd, f0 = d->ffn0, f1 = d->ffn1;
     int embed = iflow_split_embed_device(p) == dev, output = p->output_device == dev, first = d->head0 == 0;
-    iflow_split_tensor *t = calloc(4 + (size_t)layers * 16, sizeof *t);
+    iflow_split_tensor *t = calloc(12 + (size_t)layers * 16, sizeof *t);
     if (!t)
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
     char name[48];
@@ -65,6 +65,13 @@ int iflow_split_tensors(const iflow_hparams *hp, const iflow_plan *p, int dev, i
         add(t, n, "tok_embd", V, D, 0, 0, V);
     if (embed && hp->position == IFLOW_POS_LEARNED)
         add(t, n, "pos_embd", hp->max_seq, D, 0, 0, hp->max_seq);
+    if (embed && hp->token_types > 0)
+        add(t, n, "tok_type_embd", hp->token_types, D, 0, 0, hp->token_types);
+    if (embed && hp->embed_norm) {
+        add(t, n, "embd_norm", D, 0, 0, 0, D);
+        if (hp->norm == IFLOW_NORM_LAYER)
+            add(t, n, "embd_norm_b", D, 0, 0, 0, D);
+    }
     if (hp->rope_freqs && hp->position == IFLOW_POS_ROPE) /* every file: the model's rope_scale, on the host */
         add(t, n, "rope_freqs", hp->rope_dim / 2, 0, 0, 0, hp->rope_dim / 2);
     for (int l = l0; l < l0 + layers; l++) {
@@ -107,12 +114,18 @@ int iflow_split_tensors(const iflow_hparams *hp, const iflow_plan *p, int dev, i
         }
 #undef L
     }
-    if (output) {
-        add(t, n, "output_norm", D, 0, 0, 0, D);
-        if (hp->norm == IFLOW_NORM_LAYER)
-            add(t, n, "output_norm_b", D, 0, 0, 0, D);
+    if (output && hp->layout != IFLOW_LAYOUT_ENCODER) { /* an encoder's output is its hidden states */
+        if (hp->final_norm) {
+            add(t, n, "output_norm", D, 0, 0, 0, D);
+            if (hp->norm == IFLOW_NORM_LAYER)
+                add(t, n, "output_norm_b", D, 0, 0, 0, D);
+        }
         if (!hp->tie_embeddings)
             add(t, n, "output", V, D, 0, 0, V);
+        if (hp->logits_bias) { /* a table [1][vocab], F32 on the host like a vector */
+            add(t, n, "output_b", 1, V, 0, 0, 1);
+            t[*n - 1].req.is_vector = 1;
+        }
     }
     *out = t;
     return 0;

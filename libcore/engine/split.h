@@ -15,9 +15,10 @@
  *   .ffn_gate .ffn_up [f1-f0][dim]  .ffn_down [dim][f1-f0] (columns)  norms whole
  *   .bq .bk .bv .ffn_gate_b .ffn_up_b sliced; .bo .ffn_down_b only on the device with head 0
  *   (the layer's first part, which adds them)
- *   tok_embd (and pos_embd) on the device computing layer 0's first part (embeddings),
- *   output_norm and output on the plan's output device (output; tok_embd there too when the
- *   embeddings are tied), rope_freqs (when the model has it) in every file.
+ *   tok_embd (and pos_embd, tok_type_embd, embd_norm as the blocks ask) on the device computing
+ *   layer 0's first part (embeddings); output_norm, output and output_b as the blocks ask on the
+ *   plan's output device (output; tok_embd there too when the embeddings are tied; none for an
+ *   encoder); rope_freqs (when the model has it) in every file.
  * After the tensors, the blob "split" ({"source": hex}) carries an XXH64 digest of every
  * record of the source (names and payload checksums), known only once the source has been
  * read: files of one split carry the same digest, files of another model do not.

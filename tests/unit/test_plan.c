@@ -29,6 +29,7 @@
 #include "libcore/engine/model.h"
 #include "libcore/engine/plan.h"
 #include "libcore/engine/split.h"
+#include "libcore/formats/convert.h"
 #include "libcore/formats/quant.h"
 #include "libcore/formats/shard.h"
 
@@ -556,6 +557,70 @@ static void test_split_shared_tensors(void)
     }
 }
 
+/* A model's output from one context: an encoder's pooled embedding of ids, else the logits after
+ * each of them. out: [n][vocab] (or [dim]). */
+static int family_output(iflow_model *m, const int32_t *ids, int n, float *out)
+{
+    iflow_ctx *c;
+    int rc = iflow_ctx_open(&c, m, 16, 1);
+    if (rc == 0)
+        rc = iflow_model_hparams(m)->layout == IFLOW_LAYOUT_ENCODER ? iflow_ctx_embed(c, ids, n, out)
+                                                                   : iflow_ctx_eval(c, ids, n, out, 1);
+    iflow_ctx_close(c);
+    return rc;
+}
+
+/* Split files of other families, by a layer plan of 2 devices: a Llama-3 model's rope_freqs (in
+ * each file), GPT-2's learned positions and layer norms with tied embeddings, BERT's token types,
+ * embedding norm and no output (an encoder): the split alone gives the whole model's output, bit
+ * for bit. */
+static void test_split_families(void)
+{
+    static const char *const names[] = {"llama3-freqs2", "gpt2", "bert"};
+    static const int32_t ids[6] = {1, 5, 9, 2, 7, 3};
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        char rel[128], src[4096], path[600];
+        snprintf(rel, sizeof rel, "gguf-families/%s.gguf", names[k]);
+        const char *fx = test_fixture(rel), *specs[] = {"specs"};
+        if (!fx) {
+            CHECK(0, "no fixture %s (run from the repository root)", rel);
+            continue;
+        }
+        snprintf(src, sizeof src, "%s", fx);
+        snprintf(path, sizeof path, "%s/%s.ifs", dir, names[k]);
+        iflow_convert_opts o = {.dtype = -1, .spec_dirs = specs, .n_spec_dirs = 1};
+        iflow_model *m = NULL, *sm = NULL;
+        iflow_plan p;
+        iflow_device *devs[IFLOW_PLAN_MAX_DEVICES] = {0};
+        int rc = iflow_convert(src, path, &o);
+        if (rc == 0)
+            rc = iflow_model_open(&m, path, 0);
+        CHECK(rc == 0, "%s: convert and open: %s", names[k], iflow_errmsg());
+        if (rc)
+            continue;
+        const iflow_hparams *hp = iflow_model_hparams(m);
+        const size_t n = hp->layout == IFLOW_LAYOUT_ENCODER ? (size_t)hp->dim : (size_t)6 * hp->vocab_size;
+        float *want = calloc(n, sizeof(float)), *got = calloc(n, sizeof(float));
+        make_plan(&p, hp, 2, 1);
+        CHECK(iflow_plan_open_devices(&p, -1, devs) == 0 && iflow_model_place_plan(m, &p, devs, 16) == 0 &&
+                  family_output(m, ids, 6, want) == 0,
+              "%s: whole model + plan: %s", names[k], iflow_errmsg());
+        rc = iflow_split_write(path, &p, split_dir);
+        if (rc == 0)
+            rc = iflow_model_open(&sm, split_dir, 0);
+        if (rc == 0)
+            rc = family_output(sm, ids, 6, got);
+        CHECK(rc == 0, "%s: the split alone: %s", names[k], iflow_errmsg());
+        CHECK(rc == 0 && memcmp(got, want, n * sizeof(float)) == 0, "%s: the split's output = the whole model's",
+              names[k]);
+        iflow_model_close(sm);
+        iflow_model_close(m);
+        iflow_plan_close_devices(&p, devs);
+        free(want);
+        free(got);
+    }
+}
+
 static void test_split_errors(void)
 {
     iflow_model *m;
@@ -674,6 +739,7 @@ int main(void)
     RUN(test_biased);
     RUN(test_quantized_split);
     RUN(test_split_shared_tensors);
+    RUN(test_split_families);
     RUN(test_split_errors);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
