@@ -406,37 +406,6 @@ static int run_plan_steps(iflow_model *m, iflow_comm *comm, float *out, int32_t 
     return rc;
 }
 
-typedef struct {
-    iflow_comm *comm;
-    iflow_device *dev; /* this process's device: detached */
-    const char *plan;  /* the plan file */
-    float *out;
-    int32_t gen[N_DECODE];
-    int rc;
-    char err[512];
-} proc_job;
-
-/* Process comm->rank: the model opened for its plan device, placed on its detached device. */
-static void *run_process(void *arg)
-{
-    proc_job *j = arg;
-    iflow_model *m = NULL;
-    iflow_plan plan;
-    iflow_device *devs[IFLOW_PLAN_MAX_DEVICES] = {0};
-    devs[j->comm->rank] = j->dev;
-    int rc = iflow_plan_load(&plan, j->plan);
-    if (rc == 0)
-        rc = iflow_model_open_device(&m, s_f32, 0, j->comm->rank);
-    if (rc == 0)
-        rc = iflow_model_place_plan(m, &plan, devs, 64);
-    if (rc == 0)
-        rc = run_plan_steps(m, j->comm, j->out, j->gen);
-    if ((j->rc = rc) < 0)
-        snprintf(j->err, sizeof j->err, "%s", iflow_errmsg());
-    iflow_model_close(m);
-    return NULL;
-}
-
 /* A layer plan and a tensor plan over two detached devices, run as two processes (threads over
  * iflow_comm_local_open): every process's logits and tokens are those of the same plan in one
  * process, bit for bit. The processes take the GPU's paths of the several-process forward pass:
@@ -465,23 +434,19 @@ static void test_processes_detached(void)
         int32_t ref_gen[N_DECODE] = {0};
         CHECK(run_plan_steps(m, NULL, ref, ref_gen) == 0, "plan %zu in one process: %s", k, iflow_errmsg());
         iflow_model_close(m);
-        iflow_comm *comms[2];
-        proc_job jobs[2];
-        pthread_t th[2];
-        CHECK(iflow_comm_local_open(comms, 2) == 0, "local comm: %s", iflow_errmsg());
+        test_process procs[2];
+        int32_t gens[2][N_DECODE];
         for (int r = 0; r < 2; r++)
-            jobs[r] = (proc_job){.comm = comms[r], .dev = det[r], .plan = path, .out = calloc(n, sizeof(float))};
-        for (int r = 0; r < 2; r++)
-            CHECK(pthread_create(&th[r], NULL, run_process, &jobs[r]) == 0, "thread %d", r);
+            procs[r] = (test_process){.model = s_f32, .plan = path, .dev = det[r], .prompt = prompt, .np = N_PROMPT,
+                                      .n_gen = N_DECODE, .out = calloc(n, sizeof(float)), .gen = gens[r]};
+        test_run_processes(procs, 2);
         for (int r = 0; r < 2; r++) {
-            pthread_join(th[r], NULL);
-            CHECK(jobs[r].rc == 0, "plan %zu, process %d: %s", k, r, jobs[r].err);
-            CHECK(bit_identical(jobs[r].out, ref, (int)n) && memcmp(jobs[r].gen, ref_gen, sizeof ref_gen) == 0,
+            CHECK(procs[r].rc == 0, "plan %zu, process %d: %s", k, r, procs[r].err);
+            CHECK(bit_identical(procs[r].out, ref, (int)n) && memcmp(gens[r], ref_gen, sizeof ref_gen) == 0,
                   "plan %zu, process %d on its detached device: the logits and tokens of the plan in one process", k,
                   r);
-            free(jobs[r].out);
+            free(procs[r].out);
         }
-        iflow_comm_local_close(comms, 2);
         for (int r = 0; r < 2; r++)
             iflow_device_close(det[r]);
         free(ref);

@@ -98,87 +98,40 @@ static void make_plan(iflow_plan *p, const iflow_hparams *hp, int groups, int he
     p->output_device = p->n_devices - 1;
 }
 
-/* ---- the plan's processes, played by threads (comm.h's iflow_comm_local_open) ---- */
-
-typedef struct {
-    iflow_comm *comm;
-    char dir[600];     /* this process's directory: plan.ini and its own device's file only */
-    float *out;        /* [(5 + N_GEN)][vocab] */
-    int32_t gen[N_GEN];
-    int rc;
-    char err[512];
-} proc_job;
-
-/* Process comm->rank: its file alone, placed on its plan device, generating with the others. */
-static void *run_process(void *arg)
-{
-    proc_job *j = arg;
-    iflow_model *m = NULL;
-    iflow_ctx *c = NULL;
-    iflow_kv *kv = NULL;
-    iflow_device *devs[IFLOW_PLAN_MAX_DEVICES] = {0};
-    iflow_plan plan = {0};
-    int rc = iflow_model_open_device(&m, j->dir, 0, j->comm->rank);
-    if (rc == 0) {
-        plan = *iflow_model_split_plan(m);
-        rc = iflow_plan_open_devices(&plan, j->comm->rank, devs);
-    }
-    if (rc == 0)
-        rc = iflow_model_place_plan(m, &plan, devs, 5 + N_GEN + 1);
-    if (rc == 0)
-        rc = iflow_ctx_open_steps(&c, m, 1);
-    if (rc == 0)
-        rc = iflow_kv_open(&kv, m, IFK_KV_F32, 5 + N_GEN + 1, 1);
-    if (rc == 0)
-        rc = iflow_ctx_set_comm(c, j->comm);
-    if (rc == 0)
-        rc = test_generate_steps(c, kv, prompt5, 5, N_GEN, iflow_model_hparams(m)->vocab_size, j->out, j->gen);
-    if ((j->rc = rc) < 0)
-        snprintf(j->err, sizeof j->err, "%s", iflow_errmsg());
-    iflow_kv_close(kv);
-    iflow_ctx_close(c);
-    iflow_model_close(m);
-    iflow_plan_close_devices(&plan, devs);
-    return NULL;
-}
-
-/* The split in split_dir run as q->n_devices processes (threads), each given a directory with
- * plan.ini and its own file only: every process's logits and tokens are want's, bit for bit (the
- * all-reduce adds in rank order, which is make_plan's part order). */
+/* The split in split_dir run as q->n_devices processes (threads, testlib.h), each given a
+ * directory with plan.ini and its own file only: every process's logits and tokens are want's,
+ * bit for bit (the all-reduce adds in rank order, which is make_plan's part order). */
 static void processes_case(const char *name, const iflow_plan *q, size_t n, const float *want, const int32_t *want_gen)
 {
     int P = q->n_devices;
-    iflow_comm *comms[IFLOW_PLAN_MAX_DEVICES];
-    proc_job jobs[IFLOW_PLAN_MAX_DEVICES];
-    pthread_t th[IFLOW_PLAN_MAX_DEVICES];
-    CHECK(iflow_comm_local_open(comms, P) == 0, "local comm: %s", iflow_errmsg());
+    test_process procs[IFLOW_PLAN_MAX_DEVICES];
+    char dirs[IFLOW_PLAN_MAX_DEVICES][600];
+    int32_t gens[IFLOW_PLAN_MAX_DEVICES][N_GEN];
     for (int r = 0; r < P; r++) {
-        char from[700], to[700];
-        jobs[r] = (proc_job){.comm = comms[r], .out = calloc(n, sizeof(float))};
-        snprintf(jobs[r].dir, sizeof jobs[r].dir, "%s/own%d", dir, r);
-        mkdir(jobs[r].dir, 0755);
-        snprintf(from, sizeof from, "%s/plan.ini", split_dir), snprintf(to, sizeof to, "%s/plan.ini", jobs[r].dir);
+        char from[1400], to[1400];
+        snprintf(dirs[r], sizeof dirs[r], "%s/own%d", dir, r);
+        mkdir(dirs[r], 0755);
+        snprintf(from, sizeof from, "%s/plan.ini", split_dir), snprintf(to, sizeof to, "%.600s/plan.ini", dirs[r]);
         CHECK(symlink(from, to) == 0, "link %s", to);
         snprintf(from, sizeof from, "%s/device-%d.ifs", split_dir, r);
-        snprintf(to, sizeof to, "%s/device-%d.ifs", jobs[r].dir, r);
+        snprintf(to, sizeof to, "%.600s/device-%d.ifs", dirs[r], r);
         CHECK(symlink(from, to) == 0, "link %s", to);
+        procs[r] = (test_process){.model = dirs[r], .prompt = prompt5, .np = 5, .n_gen = N_GEN,
+                                  .out = calloc(n, sizeof(float)), .gen = gens[r]};
     }
-    for (int r = 0; r < P; r++)
-        CHECK(pthread_create(&th[r], NULL, run_process, &jobs[r]) == 0, "thread %d", r);
+    test_run_processes(procs, P);
     for (int r = 0; r < P; r++) {
-        char cmd[700];
-        pthread_join(th[r], NULL);
-        CHECK(jobs[r].rc == 0, "%s %s x%d, process %d of its own file: %s", name, q->strategy, P, r, jobs[r].err);
-        CHECK(memcmp(jobs[r].out, want, n * sizeof(float)) == 0,
+        char cmd[1400];
+        CHECK(procs[r].rc == 0, "%s %s x%d, process %d of its own file: %s", name, q->strategy, P, r, procs[r].err);
+        CHECK(memcmp(procs[r].out, want, n * sizeof(float)) == 0,
               "%s %s x%d as %d processes with their own files: process %d has the logits of the whole model + plan", name,
               q->strategy, P, P, r);
-        CHECK(memcmp(jobs[r].gen, want_gen, sizeof jobs[r].gen) == 0, "%s %s x%d as processes: process %d's tokens",
-              name, q->strategy, P, r);
-        free(jobs[r].out);
-        snprintf(cmd, sizeof cmd, "rm -rf %s", jobs[r].dir);
+        CHECK(memcmp(gens[r], want_gen, sizeof gens[r]) == 0, "%s %s x%d as processes: process %d's tokens", name,
+              q->strategy, P, r);
+        free(procs[r].out);
+        snprintf(cmd, sizeof cmd, "rm -rf %.600s", dirs[r]);
         CHECK(system(cmd) == 0, "%s", cmd);
     }
-    iflow_comm_local_close(comms, P);
 }
 
 /* Split `path` by plan q into split_dir, open the directory alone and run it twice: placed on

@@ -1,6 +1,7 @@
 /* testlib.h -- unit-test helpers that use libiflow's internal headers: test_convert() for a
  * model of the shared test data (specs from ./specs), test_ids() for a JSON array of token
- * ids, test_generate_steps() for greedy steps, test_greedy_match() against golden tokens, test_same_tensors() to compare two shards'
+ * ids, test_generate_steps() for greedy steps, test_run_processes() for a plan's processes as
+ * threads, test_greedy_match() against golden tokens, test_same_tensors() to compare two shards'
  * tensors byte for byte. (CHECK_ERR() is check.h's.) */
 #ifndef IFLOW_TESTLIB_H
 #define IFLOW_TESTLIB_H
@@ -8,11 +9,15 @@
 #include "check.h"
 #include "libcore/formats/convert.h"
 #include "libcore/base/error.h"
+#include "libcore/engine/comm.h"
 #include "libcore/engine/model.h"
+#include "libcore/engine/plan.h"
 #include "libcore/engine/sampler.h"
+#include "kernels/cpu/kvcache.h"
 #include "libcore/formats/shard.h"
 
 #include <jansson.h>
+#include <pthread.h>
 
 /* Convert $IFLOW_TEST_DATA/rel to `out` with matrices of type dtype (-1: keep). 0, or <0 with a
  * failed check (-1 when the test data is missing). */
@@ -56,6 +61,82 @@ static inline int test_generate_steps(iflow_ctx *c, iflow_kv *kv, const int32_t 
         rc = iflow_ctx_step(c, kv, &q, 1);
     }
     return rc;
+}
+
+/* One process of a plan (comm.h), played by a thread: the model opened for its plan device
+ * (iflow_model_open_device: of a split directory, its own file only), placed by the plan on its
+ * device, generating greedily by steps with the others (test_generate_steps). */
+typedef struct {
+    iflow_comm *comm;
+    const char *model;          /* a shard, or a split directory                            */
+    const char *plan;           /* a plan file, or NULL: the split's own                    */
+    iflow_device *dev;          /* this process's device, or NULL: its plan device opened   */
+    const int32_t *prompt;
+    int np, n_gen;
+    float *out;                 /* [np + n_gen][vocab]                                      */
+    int32_t *gen;               /* [n_gen]                                                  */
+    int rc;
+    char err[512];
+} test_process;
+
+static inline void *test_process_run(void *arg)
+{
+    test_process *j = arg;
+    const int me = j->comm->rank, n_ctx = j->np + j->n_gen + 1;
+    iflow_model *m = NULL;
+    iflow_ctx *c = NULL;
+    iflow_kv *kv = NULL;
+    iflow_device *devs[IFLOW_PLAN_MAX_DEVICES] = {0};
+    iflow_plan plan = {0};
+    int rc = iflow_model_open_device(&m, j->model, 0, me), opened = 0;
+    if (rc == 0 && j->plan)
+        rc = iflow_plan_load(&plan, j->plan);
+    else if (rc == 0)
+        plan = *iflow_model_split_plan(m);
+    if (rc == 0 && j->dev)
+        devs[me] = j->dev;
+    else if (rc == 0)
+        opened = (rc = iflow_plan_open_devices(&plan, me, devs)) == 0;
+    if (rc == 0)
+        rc = iflow_model_place_plan(m, &plan, devs, n_ctx);
+    if (rc == 0)
+        rc = iflow_ctx_open_steps(&c, m, 1);
+    if (rc == 0)
+        rc = iflow_kv_open(&kv, m, IFK_KV_F32, n_ctx, 1);
+    if (rc == 0)
+        rc = iflow_ctx_set_comm(c, j->comm);
+    if (rc == 0)
+        rc = test_generate_steps(c, kv, j->prompt, j->np, j->n_gen, iflow_model_hparams(m)->vocab_size, j->out, j->gen);
+    if ((j->rc = rc) < 0)
+        snprintf(j->err, sizeof j->err, "%s", iflow_errmsg());
+    iflow_kv_close(kv);
+    iflow_ctx_close(c);
+    iflow_model_close(m);
+    if (opened)
+        iflow_plan_close_devices(&plan, devs);
+    return NULL;
+}
+
+/* Run procs[0 .. n) as the ranks of one plan (threads over iflow_comm_local_open); each job's
+ * comm is set here. 0, or -1 when the threads could not start (checked). */
+static inline int test_run_processes(test_process *procs, int n)
+{
+    iflow_comm *comms[IFLOW_PLAN_MAX_DEVICES];
+    pthread_t th[IFLOW_PLAN_MAX_DEVICES];
+    int started = 0;
+    if (iflow_comm_local_open(comms, n) < 0) {
+        CHECK(0, "local comm: %s", iflow_errmsg());
+        return -1;
+    }
+    for (int r = 0; r < n; r++)
+        procs[r].comm = comms[r];
+    for (int r = 0; r < n; r++)
+        started += pthread_create(&th[r], NULL, test_process_run, &procs[r]) == 0;
+    CHECK(started == n, "%d of %d process threads started", started, n);
+    for (int r = 0; r < started; r++) /* (a missing thread leaves the others waiting: not here) */
+        pthread_join(th[r], NULL);
+    iflow_comm_local_close(comms, n);
+    return started == n ? 0 : -1;
 }
 
 /* Greedy continuation of prompt ids; returns how many of `want` match in order (-1 when the
