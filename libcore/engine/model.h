@@ -244,6 +244,10 @@ int iflow_model_place(iflow_model *m, const iflow_placement *p, int n_ctx);
  * outputs and FFN outputs across them (an all-reduce through host memory, in part order). */
 struct iflow_plan_s;
 int iflow_model_place_plan(iflow_model *m, const struct iflow_plan_s *plan, iflow_device *const *devices, int n_ctx);
+/* 0 if every layer the plan splits over several devices has blocks that can be split (no post
+ * norms, no parallel residual), else IFLOW_EUNSUPPORTED naming the first layer that cannot: what
+ * placement would refuse, for the partition tool to refuse first. */
+int iflow_plan_splittable(const struct iflow_plan_s *plan, const iflow_hparams *hp);
 
 /* 1 if every device of m's placement computes in host memory (the CPU). */
 int iflow_model_host_only(const iflow_model *m);

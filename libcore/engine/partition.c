@@ -652,6 +652,8 @@ int iflow_partition_cost_of(iflow_partition_cost *c, const iflow_plan *p, const 
     const iflow_hparams *hp = &m->hp;
     memset(c, 0, sizeof *c);
     int rc = iflow_plan_check(p, hp->n_layers, hp->n_heads, hp->n_kv_heads, hp->ffn_dim);
+    if (rc == 0)
+        rc = iflow_plan_splittable(p, hp);
     if (rc)
         return rc;
     const iflow_pdevice *dev[IFLOW_PLAN_MAX_DEVICES];

@@ -112,6 +112,15 @@ static int check_splittable(const iflow_hparams *hp, int l)
     return 0;
 }
 
+int iflow_plan_splittable(const struct iflow_plan_s *plan, const iflow_hparams *hp)
+{
+    int idx[IFLOW_PLAN_MAX_DEVICES];
+    for (int l = 0; l < hp->n_layers && l < plan->n_layers; l++)
+        if (iflow_plan_layer_devices(plan, l, idx) > 1)
+            IFLOW_TRY(check_splittable(hp, l));
+    return 0;
+}
+
 static int describe_plan(const iflow_model *m, const iflow_plan *plan, iflow_device *const *devices, layout *L)
 {
     const iflow_hparams *hp = &m->hp;

@@ -253,7 +253,7 @@ static int read_meta(split_job *j, const iflow_shard_rec *r, json_t **meta)
                             index);
     if ((rc = iflow_hparams_from_json(&j->hp, *meta, j->in)) ||
         (rc = iflow_plan_check(j->p, j->hp.n_layers, j->hp.n_heads, j->hp.n_kv_heads, j->hp.ffn_dim)) ||
-        (rc = iflow_model_tensors(&j->hp, &j->whole, &j->n_whole)))
+        (rc = iflow_plan_splittable(j->p, &j->hp)) || (rc = iflow_model_tensors(&j->hp, &j->whole, &j->n_whole)))
         return rc;
     if (!(j->seen = calloc(j->n_whole, 1)))
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");

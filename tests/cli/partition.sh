@@ -162,6 +162,22 @@ expect_match "$err" "hybrid needs a device count G x T with G, T > 1.*3 devices 
 run $P -m "$TMP/nothing.ifs" --devices 2xL40S
 expect_rc 1 "missing model"
 expect_match "$err" "nothing\.ifs" "missing model: named"
+# a post-norm model (BERT): its layers cannot be split over devices, so tensor plans are refused
+# here, before a split is written or a run is placed, and --compare marks them n/a
+$BIN/iflow-convert tests/fixtures/families/bert -o "$TMP/bert.ifs" 2>/dev/null
+run $P -m "$TMP/bert.ifs" --devices cpu:2 --strategy tensor -o "$TMP/bt.ini"
+expect_rc 1 "tensor plan of a post-norm model"
+expect_eq "$err" "iflow-partition: layer 0 has post norms: it cannot be split over devices yet" "post norms: message"
+run $P -m "$TMP/bert.ifs" --devices cpu:2 --compare
+expect_match "$out" $'\ntensor .* n/a: layer 0 has post norms' "--compare: tensor n/a for a post-norm model"
+expect_match "$out" "best for latency: layer" "--compare: layer is the best left"
+printf '[plan]\nstrategy = tensor\nlayers = 2\nheads = 4\nkv_heads = 4\nffn = 64\noutput = cpu:0\n[device cpu:0]\nheads = 0-1\nffn = 0-31\n[device cpu:1]\nheads = 2-3\nffn = 32-63\n' >"$TMP/bt.ini"
+run $P -m "$TMP/bert.ifs" --plan "$TMP/bt.ini" --split "$TMP/bt-split"
+expect_rc 1 "--split by a tensor plan of a post-norm model"
+expect_match "$err" "layer 0 has post norms: it cannot be split over devices yet" "--split: post norms named"
+expect_no_file "$TMP/bt-split/*" "--split refused: nothing written"
+run $P -m "$TMP/bert.ifs" --devices cpu:2 --strategy layer -o "$TMP/bl.ini"
+expect_rc 0 "layer plan of a post-norm model"
 # ---- -o /dev/null writes in place (a rename over it would replace the device) ----
 run $BIN/iflow-partition -m "$TMP/s.ifs" --devices cpu:2 --strategy tensor -o /dev/null
 expect_rc 0 "-o /dev/null"
