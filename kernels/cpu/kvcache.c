@@ -293,26 +293,6 @@ static inline __attribute__((always_inline)) float exp1(float x)
     return v[0];
 }
 
-/* v[j] = e^(v[j] - mx) for j < n, 16 at a time (exp16). */
-static inline __attribute__((always_inline)) void exp_minus(float *v, int n, float mx)
-{
-    int j = 0;
-    for (; j + 16 <= n; j += 16) {
-        kv_f16x t;
-        memcpy(&t, v + j, sizeof t);
-        t -= mx;
-        exp16(&t);
-        memcpy(v + j, &t, sizeof t);
-    }
-    if (j < n) {
-        kv_f16x t = {0};
-        memcpy(&t, v + j, (size_t)(n - j) * sizeof(float));
-        t -= mx;
-        exp16(&t);
-        memcpy(v + j, &t, (size_t)(n - j) * sizeof(float));
-    }
-}
-
 /* Scores against keys held transposed: kt[d * IFK_KV_CHUNK + j] is key j's element d. Each
  * lane is a key, so a head's score is one lane's sum over d in order (q[0] k[0] + q[1] k[1] + ...,
  * then times scale), with no reduction across lanes; the heads share each load of kt. */
