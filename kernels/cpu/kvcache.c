@@ -520,7 +520,7 @@ static inline __attribute__((always_inline)) void softmax_step(float *restrict o
     for (int i = 0; i < 16; i++)
         tail[i] = i < nj - (n16 - 16) ? -1 : 0;
     const kv_i16x ninf = (kv_i16x){0} + (int32_t)0xff800000u;
-    float mx[nh], corr[nh];
+    float mx[nh];
     for (int h = 0; h < nh; h++) {
         float *sh = s + (size_t)h * IFK_KV_CHUNK;
         if (softcap > 0) /* Gemma 2's attention soft-capping */
@@ -562,10 +562,10 @@ static inline __attribute__((always_inline)) void softmax_step(float *restrict o
         }
     }
     for (int h = 0; h < nh; h++) {
-        corr[h] = exp1(m[h] - mx[h]); /* 0 on the first chunk (m = -inf) */
+        const float corr = exp1(m[h] - mx[h]); /* 0 on the first chunk (m = -inf) */
         m[h] = mx[h];
-        scale_row(out + (size_t)h * hd, hd, corr[h]);
-        l[h] = l[h] * corr[h] + sum16(s + (size_t)h * IFK_KV_CHUNK, n16);
+        scale_row(out + (size_t)h * hd, hd, corr);
+        l[h] = l[h] * corr + sum16(s + (size_t)h * IFK_KV_CHUNK, n16);
     }
     /* the values, weighted: 8 heads at a time read each value row once */
     int h = 0;

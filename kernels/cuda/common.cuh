@@ -43,6 +43,12 @@ int ifkc_seterr(int code, const char *fmt, ...) __attribute__((format(printf, 2,
 /* Map a CUDA error to an IFKC code and record "what: name: message". */
 int ifkc_cuda_err(cudaError_t e, const char *what);
 int ifkc_blas_err(cublasStatus_t s, const char *what);
+/* Libraries loaded on first use (cuBLAS: blas.cu, NCCL: nccl.cu). ifkc_dl_open: the file of
+ * $env_var if set, else each of paths[0 .. n) in turn (the soname first); NULL with
+ * "cannot load WHAT (paths[0]): <dlerror>" in why. ifkc_dl_sym: *slot = symbol `name`; 0 with
+ * "cannot load WHAT: paths[0] has no NAME" in why when it is missing. */
+void *ifkc_dl_open(const char *what, const char *env_var, const char *const *paths, int n, char *why, size_t cap);
+int ifkc_dl_sym(void *lib, const char *what, const char *soname, const char *name, void **slot, char *why, size_t cap);
 /* A scratch slot of at least nbytes (device memory, contents undefined). */
 int ifkc_scratch(ifkc_dev *d, int slot, size_t nbytes, void **p);
 

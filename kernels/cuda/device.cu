@@ -2,6 +2,7 @@
 #include "kernels/cuda/blas.cuh"
 #include "kernels/cuda/common.cuh"
 
+#include <dlfcn.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,30 @@ int ifkc_seterr(int code, const char *fmt, ...)
     vsnprintf(errmsg, sizeof errmsg, fmt, ap);
     va_end(ap);
     return code;
+}
+
+void *ifkc_dl_open(const char *what, const char *env_var, const char *const *paths, int n, char *why, size_t cap)
+{
+    const char *env = getenv(env_var);
+    void *lib = NULL;
+    if (env && *env)
+        lib = dlopen(env, RTLD_NOW | RTLD_LOCAL);
+    for (int i = 0; !lib && !(env && *env) && i < n; i++)
+        lib = dlopen(paths[i], RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        const char *e = dlerror();
+        snprintf(why, cap, "cannot load %s (%s): %s", what, paths[0], e ? e : "not found");
+    }
+    return lib;
+}
+
+int ifkc_dl_sym(void *lib, const char *what, const char *soname, const char *name, void **slot, char *why, size_t cap)
+{
+    dlerror();
+    *slot = dlsym(lib, name);
+    if (!*slot)
+        snprintf(why, cap, "cannot load %s: %s has no %s", what, soname, name);
+    return *slot != NULL;
 }
 
 int ifkc_cuda_err(cudaError_t e, const char *what)

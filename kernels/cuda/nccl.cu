@@ -7,7 +7,6 @@
  * NCCL call, download (which waits), so such a call returns with its result on the host. */
 #include "kernels/cuda/common.cuh"
 
-#include <dlfcn.h>
 #include <nccl.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -39,27 +38,17 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 static int resolve(void *lib, const char *name, void **slot)
 {
-    *slot = dlsym(lib, name);
-    if (!*slot)
-        snprintf(why, sizeof why, "cannot load NCCL: libnccl.so.2 has no %s", name);
-    return *slot != NULL;
+    return ifkc_dl_sym(lib, "NCCL", "libnccl.so.2", name, slot, why, sizeof why);
 }
 
 static void load(void)
 {
-    const char *env = getenv("IFLOW_NCCL"); /* a path, where NCCL lives elsewhere (a pip wheel) */
+    /* IFLOW_NCCL: a path, where NCCL lives elsewhere (a pip wheel) */
     static const char *const paths[] = {"libnccl.so.2", "/usr/local/cuda/lib/libnccl.so.2",
                                         "/usr/local/cuda/lib64/libnccl.so.2"};
-    void *lib = NULL;
-    if (env && *env)
-        lib = dlopen(env, RTLD_NOW | RTLD_LOCAL);
-    for (size_t i = 0; !lib && !(env && *env) && i < sizeof paths / sizeof paths[0]; i++)
-        lib = dlopen(paths[i], RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-        const char *e = dlerror();
-        snprintf(why, sizeof why, "cannot load NCCL (libnccl.so.2): %s", e ? e : "not found");
+    void *lib = ifkc_dl_open("NCCL", "IFLOW_NCCL", paths, 3, why, sizeof why);
+    if (!lib)
         return;
-    }
     loaded = resolve(lib, "ncclGetUniqueId", (void **)&api.get_unique_id) &&
              resolve(lib, "ncclCommInitRank", (void **)&api.init_rank) &&
              resolve(lib, "ncclCommDestroy", (void **)&api.destroy) &&

@@ -753,10 +753,8 @@ static int open_split(iflow_model *m, const char *dir, int flags, json_t **meta0
     if (m->own_dev >= p->n_devices)
         return iflow_seterr(IFLOW_EINVAL, "split model '%s' has %d devices, so there is no device %d to compute: run one "
                             "process per device", dir, p->n_devices, m->own_dev);
-    const int first = m->own_dev >= 0 ? m->own_dev : 0;
-    for (int i = first; i < p->n_devices && rc == 0; i++) {
-        if (!iflow_dev_is_mine(m, i))
-            continue;
+    const int first = m->own_dev >= 0 ? m->own_dev : 0, end = m->own_dev >= 0 ? m->own_dev + 1 : p->n_devices;
+    for (int i = first; i < end && rc == 0; i++) {
         json_t *meta = NULL, **mine = i != first ? &meta : meta0;
         iflow_split_path(path, sizeof path, dir, i);
         rc = iflow_shard_open(&m->split_shards[i], path, shard_flags(flags));

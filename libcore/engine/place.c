@@ -132,15 +132,13 @@ static int describe_plan(const iflow_model *m, const iflow_plan *plan, iflow_dev
     if (rc == 0 && m->own_dev >= plan->n_devices)
         rc = iflow_seterr(IFLOW_EINVAL, "this process computes plan device %d, but the plan has %d devices: run one "
                           "process per device", m->own_dev, plan->n_devices);
+    if (rc == 0)
+        rc = iflow_plan_splittable(plan, hp);
     if (rc)
         return rc;
     int n = 0, idx[IFLOW_PLAN_MAX_DEVICES];
-    for (int l = 0; l < hp->n_layers; l++) {
-        int k = iflow_plan_layer_devices(plan, l, idx);
-        if (k > 1 && (rc = check_splittable(hp, l)) < 0)
-            return rc;
-        n += k;
-    }
+    for (int l = 0; l < hp->n_layers; l++)
+        n += iflow_plan_layer_devices(plan, l, idx);
     if ((rc = layout_alloc(L, hp->n_layers, n)))
         return rc;
     L->n_devs = plan->n_devices;
@@ -245,11 +243,12 @@ static int measure(const iflow_model *m, const layout *L, int n_ctx, iflow_devic
             uses[p->dev] = 1;
         }
     iflow_device *od = L->devs[L->output_dev];
-    const int encoder = hp->layout == IFLOW_LAYOUT_ENCODER || !iflow_dev_is_mine(m, L->output_dev); /* no output matrix here */
-    if (od && !encoder && !od->ops->supports(od, m->output.type))
+    /* an encoder has no output matrix; another process's output device holds it there */
+    const int no_output = hp->layout == IFLOW_LAYOUT_ENCODER || !iflow_dev_is_mine(m, L->output_dev);
+    if (od && !no_output && !od->ops->supports(od, m->output.type))
         return iflow_seterr(IFLOW_EUNSUPPORTED, "tensor '%s' has type %s, which has no kernel on %s",
                             hp->tie_embeddings ? "tok_embd" : "output", iflow_dtype_name(m->output.type), od->info.name);
-    if (!host_dev(od) && !encoder)
+    if (!host_dev(od) && !no_output)
         need[L->output_dev].weights += iflow_output_bytes(hp, m->output.type);
     uses[L->output_dev] = iflow_dev_is_mine(m, L->output_dev);
     for (int i = 0; i < L->n_devs; i++) {
