@@ -17,8 +17,11 @@
 #          each in F16 and quantized (every matrix) to Q8_B64 and Q4_B64. Each run gets
 #          decode_fraction_of_bandwidth = decode_weight_gbps / bw_gbps. Model files are deleted
 #          after use (the 7B F16 file is 13.5 GB); a model that fails to run gets an entry with
-#          "error" and the others go on. decode_as_graphs is a second run with each decode
-#          step as one CUDA graph (iflow-run --gpu-graphs; IFLOW_BENCH_GPU_GRAPHS=0 skips it).
+#          "error" and the others go on. Decode runs as iflow-run's default runs it (each step
+#          recorded once and run again at the next positions; graphs: the counts); op_by_op is a
+#          second run with every operation launched on its own (iflow-run --no-gpu-graphs),
+#          unfused a third, op by op without the fused ops (IFLOW_CUDA_UNFUSED=1);
+#          IFLOW_BENCH_GPU_COMPARE=0 skips those two.
 #
 # Environment: IFLOW_TEST_DATA (default ../shared), IFLOW_BENCH_DIR (scratch, default
 # build/bench-gpu), IFLOW_BENCH_GPU_MODELS = all (default) | tinyllama | 7b | none,
@@ -65,11 +68,17 @@ run_model() { # name, type, file -> one JSON line
     log "$name: running ($((size / 1000000)) MB)"
     run=$(IFLOW_BENCH_DEVICE=cuda "$build/iflow-bench" "$file" 512 64 1 2>"$work/$name.err") || rc=$?
     cat "$work/$name.err" >&2
-    local graphs=null # decode with each step as one CUDA graph (iflow-run --gpu-graphs), to compare
-    if [ "$rc" = 0 ] && [ "${IFLOW_BENCH_GPU_GRAPHS:-1}" = 1 ]; then
-        graphs=$(IFLOW_BENCH_DEVICE=cuda IFLOW_BENCH_GRAPHS=1 "$build/iflow-bench" "$file" 512 64 1 2>/dev/null |
-            jq -c '{decode_tok_s: .runs[0].decode_tok_s, launches: .graph_launches,
-                    instantiations: .graph_instantiations, aborts: .graph_aborts}') || graphs=null
+    local graphs=null # the main run's recordings: steps run again, recordings made and dropped
+    [ "$rc" = 0 ] && graphs=$(jq -c '{launches: .graph_launches, instantiations: .graph_instantiations,
+                                      aborts: .graph_aborts, replays: .graph_replays}' <<<"$run")
+    local op_by_op=null unfused=null # to compare: decode op by op (iflow-run --no-gpu-graphs), and
+    # op by op without the fused ops (IFLOW_CUDA_UNFUSED=1); IFLOW_BENCH_GPU_COMPARE=0 skips them
+    if [ "$rc" = 0 ] && [ "${IFLOW_BENCH_GPU_COMPARE:-1}" = 1 ]; then
+        op_by_op=$(IFLOW_BENCH_DEVICE=cuda IFLOW_BENCH_GRAPHS=0 "$build/iflow-bench" "$file" 512 64 1 2>/dev/null |
+            jq -c '{decode_tok_s: .runs[0].decode_tok_s}') || op_by_op=null
+        unfused=$(IFLOW_CUDA_UNFUSED=1 IFLOW_BENCH_DEVICE=cuda IFLOW_BENCH_GRAPHS=0 "$build/iflow-bench" "$file" 512 64 1 \
+            2>/dev/null | jq -c '{prefill_tok_s: .runs[0].prefill_tok_s, decode_tok_s: .runs[0].decode_tok_s}') ||
+            unfused=null
     fi
     local line
     line=$(run_entry) || return 1
@@ -84,9 +93,11 @@ run_entry() { # run_model's JSON line, from its locals
             '{name: $name, type: $type, file_bytes: $size, error: ("iflow-bench exited \($rc): " + $err)}'
     else
         jq -c -n --arg name "$name" --arg type "$type" --argjson size "$size" --argjson run "$run" \
-            --argjson bw "$bw" --argjson graphs "${graphs:-null}" '
+            --argjson bw "$bw" --argjson graphs "${graphs:-null}" --argjson op_by_op "${op_by_op:-null}" \
+            --argjson unfused "${unfused:-null}" '
             {name: $name, type: $type, file_bytes: $size, device: $run.device, load_s: $run.load_s,
-             decode_bytes_per_token: $run.decode_bytes_per_token, decode_as_graphs: $graphs,
+             decode_bytes_per_token: $run.decode_bytes_per_token, graphs: $graphs, op_by_op: $op_by_op,
+             unfused: $unfused,
              runs: [$run.runs[] | . + {bw_gbps: $bw, decode_fraction_of_bandwidth:
                     (if $bw != null and $bw > 0 then .decode_weight_gbps / $bw else null end)}]}'
     fi

@@ -2,8 +2,8 @@
  * gpubench.c -- micro-benchmark of the CUDA kernels (kernels/cuda); one JSON object per line on
  * stdout.
  *
- *   gpubench [--device N] [--only device|copy|matvec|prefill|attention_decode|attention_prefill]
- *            [--quick]
+ *   gpubench [--device N] [--only device|copy|matvec|prefill|attention_decode|attention_prefill|
+ *            ops] [--quick]
  *
  * device:            the GPU as ifkc_device_info_get sees it (name, memory, SMs, compute
  *                    capability, runtime and driver versions, peak bandwidth from the memory
@@ -35,6 +35,18 @@
  *                    chunk), same heads, KV F16; tflops = 4 (T (T+1) / 2) n_heads head_dim / time
  *                    (causal: query t sees t + 1 positions; QK^T and PV are 2 flops per
  *                    multiply-add each).
+ * ops:               where a decode step's time goes: each operation of one token's layer, alone
+ *                    and as the whole layer in order (norm, q k v, two RoPEs, two cache stores,
+ *                    attention over 512 positions, o, add, norm, gate, up, SiLU, down, add), and
+ *                    the argmax over 32000 logits, on the TinyLlama-1.1B and Llama-2-7B shapes
+ *                    with F16 and Q4_B64 weights and an F16 cache. host_us: the host's time to
+ *                    enqueue one call; gpu_us: the device's time for one call, from CUDA events
+ *                    around 100 calls that queued up behind 2 GiB of copies (so the device ran
+ *                    them back to back, not waiting for the host; queued_behind says whether
+ *                    the host did finish enqueueing before the copies ended). A step that costs
+ *                    more host_us than gpu_us is bound by the host's launches. Then the fused
+ *                    ops (rope_store, add_rmsnorm, glu) and the layer with them, as the
+ *                    engine runs it on a GPU (layer_fused).
  *
  * Timing: each measurement enqueues calls on the device's stream and ends a round with
  * ifkc_sync(), timed on the host (bench.h). Two warm-up passes first (cuBLAS set-up, first
@@ -592,6 +604,228 @@ out:
     attention_free(g, &a);
 }
 
+/* ---- a decode step's operations ----------------------------------------------------------------- */
+
+typedef struct {
+    const char *name;
+    int D, nq, nkv, hd, F, vocab;
+} step_shape;
+
+typedef struct {
+    ifkc_dev *d;
+    const step_shape *sh;
+    int wtype, n_pos;
+    float *x, *xb, *q, *kx, *vx, *att, *gate, *up, *logits, *norm_w;
+    char *wq, *wk, *wv, *wo, *wg, *wu, *wd, *kc, *vc;
+} step_args;
+
+typedef int (*step_op)(step_args *a);
+
+static int op_rmsnorm(step_args *a) { return ifkc_rmsnorm(a->d, a->xb, a->x, a->norm_w, 1, a->sh->D, 1e-5f); }
+static int op_wq(step_args *a) { return ifkc_matmul(a->d, a->q, a->sh->nq * a->sh->hd, a->wq, a->wtype, a->xb, a->sh->D, 1, a->sh->nq * a->sh->hd, a->sh->D); }
+static int op_wk(step_args *a) { return ifkc_matmul(a->d, a->kx, a->sh->nkv * a->sh->hd, a->wk, a->wtype, a->xb, a->sh->D, 1, a->sh->nkv * a->sh->hd, a->sh->D); }
+static int op_wv(step_args *a) { return ifkc_matmul(a->d, a->vx, a->sh->nkv * a->sh->hd, a->wv, a->wtype, a->xb, a->sh->D, 1, a->sh->nkv * a->sh->hd, a->sh->D); }
+static int op_rope_q(step_args *a) { return ifkc_rope(a->d, a->q, a->sh->nq * a->sh->hd, 1, a->sh->nq, a->sh->hd, a->sh->hd, a->n_pos - 1, 10000.0f, NULL, IFK_ROPE_HALF); }
+static int op_rope_k(step_args *a) { return ifkc_rope(a->d, a->kx, a->sh->nkv * a->sh->hd, 1, a->sh->nkv, a->sh->hd, a->sh->hd, a->n_pos - 1, 10000.0f, NULL, IFK_ROPE_HALF); }
+static int op_store_k(step_args *a) { int n = a->sh->nkv * a->sh->hd; return ifkc_kv_store(a->d, a->kc, IFK_F16, n, a->n_pos - 1, a->kx, n, 1, n); }
+static int op_store_v(step_args *a) { int n = a->sh->nkv * a->sh->hd; return ifkc_kv_store(a->d, a->vc, IFK_F16, n, a->n_pos - 1, a->vx, n, 1, n); }
+static int op_attention(step_args *a)
+{
+    return ifkc_attention_decode(a->d, a->att, a->q, a->kc, a->vc, IFK_F16, (size_t)a->sh->nkv * a->sh->hd, a->n_pos,
+                                 a->sh->nq, a->sh->nkv, a->sh->hd, 1.0f / sqrtf((float)a->sh->hd));
+}
+static int op_wo(step_args *a) { return ifkc_matmul(a->d, a->xb, a->sh->D, a->wo, a->wtype, a->att, a->sh->nq * a->sh->hd, 1, a->sh->D, a->sh->nq * a->sh->hd); }
+static int op_add(step_args *a) { return ifkc_add(a->d, a->x, a->xb, a->sh->D); }
+static int op_gate(step_args *a) { return ifkc_matmul(a->d, a->gate, a->sh->F, a->wg, a->wtype, a->xb, a->sh->D, 1, a->sh->F, a->sh->D); }
+static int op_up(step_args *a) { return ifkc_matmul(a->d, a->up, a->sh->F, a->wu, a->wtype, a->xb, a->sh->D, 1, a->sh->F, a->sh->D); }
+static int op_silu(step_args *a) { return ifkc_silu_mul(a->d, a->gate, a->up, a->sh->F); }
+static int op_down(step_args *a) { return ifkc_matmul(a->d, a->xb, a->sh->D, a->wd, a->wtype, a->gate, a->sh->F, 1, a->sh->D, a->sh->F); }
+static int op_argmax(step_args *a) { return ifkc_argmax_start(a->d, a->logits, a->sh->vocab); }
+static int op_rope_store(step_args *a)
+{
+    int nkv = a->sh->nkv, hd = a->sh->hd;
+    return ifkc_rope_store(a->d, a->q, (size_t)a->sh->nq * hd, a->sh->nq, a->kx, a->vx, (size_t)nkv * hd, nkv, a->kc,
+                           a->vc, IFK_F16, (size_t)nkv * hd, 1, hd, hd, a->n_pos - 1, 10000.0f, NULL, IFK_ROPE_HALF);
+}
+static int op_add_rmsnorm(step_args *a) { return ifkc_add_rmsnorm(a->d, a->x, a->xb, a->norm_w, 1, a->sh->D, 1e-5f); }
+static int op_glu(step_args *a)
+{
+    return ifkc_matmul_glu(a->d, a->gate, a->up, a->sh->F, a->wg, a->wu, a->wtype, a->xb, a->sh->D, 1, a->sh->F,
+                           a->sh->D);
+}
+
+static const struct {
+    const char *name;
+    step_op fn;
+} step_ops[] = {
+    {"rmsnorm", op_rmsnorm}, {"wq", op_wq}, {"wk", op_wk}, {"wv", op_wv}, {"rope_q", op_rope_q},
+    {"rope_k", op_rope_k}, {"store_k", op_store_k}, {"store_v", op_store_v}, {"attention", op_attention},
+    {"wo", op_wo}, {"add", op_add}, {"rmsnorm", op_rmsnorm}, {"gate", op_gate}, {"up", op_up},
+    {"silu_mul", op_silu}, {"down", op_down}, {"add", op_add},
+};
+#define N_STEP_OPS ((int)(sizeof step_ops / sizeof step_ops[0]))
+
+/* The same layer with the fused ops the engine uses on a GPU. */
+static const struct {
+    const char *name;
+    step_op fn;
+} fused_ops[] = {
+    {"rmsnorm", op_rmsnorm}, {"wq", op_wq}, {"wk", op_wk}, {"wv", op_wv}, {"rope_store", op_rope_store},
+    {"attention", op_attention}, {"wo", op_wo}, {"add_rmsnorm", op_add_rmsnorm}, {"glu", op_glu},
+    {"down", op_down}, {"add", op_add},
+};
+#define N_FUSED_OPS ((int)(sizeof fused_ops / sizeof fused_ops[0]))
+
+static int layer_call(step_args *a)
+{
+    int rc = 0;
+    for (int i = 0; i < N_STEP_OPS && !rc; i++)
+        rc = step_ops[i].fn(a);
+    return rc;
+}
+
+static int layer_fused_call(step_args *a)
+{
+    int rc = 0;
+    for (int i = 0; i < N_FUSED_OPS && !rc; i++)
+        rc = fused_ops[i].fn(a);
+    return rc;
+}
+
+/* Host and device time of `reps` calls of fn (one op, or a layer of them: fn NULL), queued
+ * behind `blocker` bytes of copies. Best of 5 for each. */
+static int time_queued(step_args *a, step_op fn, int reps, char *blk, size_t blk_bytes, double *host_us,
+                       double *gpu_us, int *queued)
+{
+    *host_us = *gpu_us = 1e30;
+    *queued = 1;
+    for (int round = 0; round < 5; round++) {
+        int rc = ifkc_mark(a->d, 2);
+        for (int c = 0; c < 4 && !rc; c++)
+            rc = ifkc_copy(a->d, blk + blk_bytes / 2, blk, blk_bytes / 2);
+        if (!rc)
+            rc = ifkc_mark(a->d, 0);
+        double t0 = bench_now();
+        for (int i = 0; i < reps && !rc; i++)
+            rc = fn ? fn(a) : layer_call(a);
+        double host = bench_now() - t0;
+        float gpu_ms = 0, blk_ms = 0;
+        if (!rc)
+            rc = ifkc_mark(a->d, 1);
+        if (!rc)
+            rc = ifkc_marks_ms(a->d, 0, 1, &gpu_ms);
+        if (!rc)
+            rc = ifkc_marks_ms(a->d, 2, 0, &blk_ms);
+        if (rc)
+            return rc;
+        if (host * 1e3 > blk_ms)
+            *queued = 0;
+        if (host * 1e6 / reps < *host_us)
+            *host_us = host * 1e6 / reps;
+        if (gpu_ms * 1e3 / reps < *gpu_us)
+            *gpu_us = gpu_ms * 1e3 / reps;
+    }
+    return 0;
+}
+
+static void print_op(const step_args *a, const char *op, double host_us, double gpu_us, int queued)
+{
+    printf("{\"bench\":\"ops\",\"shape\":\"%s\",\"wtype\":\"%s\",\"n_pos\":%d,\"op\":\"%s\",\"host_us\":%.2f,"
+           "\"gpu_us\":%.2f,\"queued_behind\":%s}\n",
+           a->sh->name, wtype_name(a->wtype), a->n_pos, op, host_us, gpu_us, queued ? "true" : "false");
+    fflush(stdout);
+}
+
+static int step_alloc(ifkc_dev *d, char **p, size_t n, int wt, int N, int K)
+{
+    int rc = ifkc_malloc(d, (void **)p, n);
+    if (!rc && wt >= 0)
+        rc = fill_weights(d, *p, wt, N, K);
+    else if (!rc)
+        rc = fill_random_f32(d, (float *)*p, n / 4, (uint32_t)n);
+    return rc;
+}
+
+static void bench_ops_shape(gpubench *g, const step_shape *sh, int wt, char *blk, size_t blk_bytes)
+{
+    step_args a = {.d = g->d, .sh = sh, .wtype = wt, .n_pos = 512};
+    int Q = sh->nq * sh->hd, KV = sh->nkv * sh->hd, ctx = 4096;
+    int rc = 0;
+    struct { char **p; size_t n; int wt, N, K; } bufs[] = {
+        {(char **)&a.x, (size_t)sh->D * 4, -1, 0, 0}, {(char **)&a.xb, (size_t)sh->D * 4, -1, 0, 0},
+        {(char **)&a.q, (size_t)Q * 4, -1, 0, 0}, {(char **)&a.kx, (size_t)KV * 4, -1, 0, 0},
+        {(char **)&a.vx, (size_t)KV * 4, -1, 0, 0}, {(char **)&a.att, (size_t)Q * 4, -1, 0, 0},
+        {(char **)&a.gate, (size_t)sh->F * 4, -1, 0, 0}, {(char **)&a.up, (size_t)sh->F * 4, -1, 0, 0},
+        {(char **)&a.logits, (size_t)sh->vocab * 4, -1, 0, 0}, {(char **)&a.norm_w, (size_t)sh->D * 4, -1, 0, 0},
+        {&a.wq, (size_t)Q * row_bytes(wt, sh->D), wt, Q, sh->D}, {&a.wk, (size_t)KV * row_bytes(wt, sh->D), wt, KV, sh->D},
+        {&a.wv, (size_t)KV * row_bytes(wt, sh->D), wt, KV, sh->D}, {&a.wo, (size_t)sh->D * row_bytes(wt, Q), wt, sh->D, Q},
+        {&a.wg, (size_t)sh->F * row_bytes(wt, sh->D), wt, sh->F, sh->D}, {&a.wu, (size_t)sh->F * row_bytes(wt, sh->D), wt, sh->F, sh->D},
+        {&a.wd, (size_t)sh->D * row_bytes(wt, sh->F), wt, sh->D, sh->F},
+        {&a.kc, (size_t)ctx * KV * 2, -1, 0, 0}, {&a.vc, (size_t)ctx * KV * 2, -1, 0, 0},
+    };
+    int nb = (int)(sizeof bufs / sizeof bufs[0]);
+    for (int i = 0; i < nb && !rc; i++)
+        rc = step_alloc(g->d, bufs[i].p, bufs[i].n, bufs[i].wt, bufs[i].N, bufs[i].K);
+    if (!rc)
+        rc = ifkc_memset0(g->d, a.kc, (size_t)ctx * KV * 2);
+    if (!rc)
+        rc = ifkc_memset0(g->d, a.vc, (size_t)ctx * KV * 2);
+    double host, gpu, lh = 0, lg = 0;
+    int queued, all_queued = 1;
+    for (int i = 0; i < N_STEP_OPS && !rc; i++) {
+        if (!(rc = layer_call(&a)) && !(rc = time_queued(&a, step_ops[i].fn, 100, blk, blk_bytes, &host, &gpu, &queued))) {
+            print_op(&a, step_ops[i].name, host, gpu, queued);
+            lh += host, lg += gpu, all_queued &= queued;
+        }
+    }
+    if (!rc) /* the sum of the ops alone, then the layer as one sequence */
+        print_op(&a, "sum_of_ops", lh, lg, all_queued);
+    if (!rc && !(rc = time_queued(&a, NULL, 10, blk, blk_bytes, &host, &gpu, &queued)))
+        print_op(&a, "layer", host, gpu, queued);
+    lh = lg = 0, all_queued = 1;
+    for (int i = 0; i < N_FUSED_OPS && !rc; i++) { /* the fused ops alone (the others again) */
+        if (!(rc = time_queued(&a, fused_ops[i].fn, 100, blk, blk_bytes, &host, &gpu, &queued))) {
+            if (fused_ops[i].fn == op_rope_store || fused_ops[i].fn == op_add_rmsnorm || fused_ops[i].fn == op_glu)
+                print_op(&a, fused_ops[i].name, host, gpu, queued);
+            lh += host, lg += gpu, all_queued &= queued;
+        }
+    }
+    if (!rc)
+        print_op(&a, "sum_of_fused_ops", lh, lg, all_queued);
+    if (!rc && !(rc = time_queued(&a, layer_fused_call, 10, blk, blk_bytes, &host, &gpu, &queued)))
+        print_op(&a, "layer_fused", host, gpu, queued);
+    if (!rc && !(rc = time_queued(&a, op_argmax, 100, blk, blk_bytes, &host, &gpu, &queued)))
+        print_op(&a, "argmax_start", host, gpu, queued);
+    if (!rc)
+        for (a.n_pos = 1024; a.n_pos <= ctx && !rc; a.n_pos *= 4)
+            if (!(rc = time_queued(&a, op_attention, 100, blk, blk_bytes, &host, &gpu, &queued)))
+                print_op(&a, "attention", host, gpu, queued);
+    if (rc) {
+        char what[64];
+        snprintf(what, sizeof what, "%s %s", sh->name, wtype_name(wt));
+        report_error(g, "ops", what);
+    }
+    for (int i = 0; i < nb; i++)
+        ifkc_free(g->d, *bufs[i].p);
+}
+
+static void run_ops(gpubench *g)
+{
+    static const step_shape shapes[] = {{"tinyllama-1.1b", 2048, 32, 4, 64, 5632, 32000},
+                                        {"llama-2-7b", 4096, 32, 32, 128, 11008, 32000}};
+    static const int types[] = {IFK_F16, IFK_Q4_B64};
+    const size_t blk_bytes = (size_t)1 << 30; /* 4 copies of 512 MiB: about 1 ms on an H200 */
+    char *blk = NULL;
+    if (ifkc_malloc(g->d, (void **)&blk, blk_bytes) || ifkc_memset0(g->d, blk, blk_bytes)) {
+        report_error(g, "ops", "allocating 1 GiB to queue behind");
+        return;
+    }
+    for (int s = 0; s < 2; s++)
+        for (int t = 0; t < 2; t++)
+            bench_ops_shape(g, &shapes[s], types[t], blk, blk_bytes);
+    ifkc_free(g->d, blk);
+}
+
 /* ---- main -------------------------------------------------------------------------------------- */
 
 static int wanted(const char *only, const char *name)
@@ -640,7 +874,7 @@ static void run_attention_decode(gpubench *g, int quick)
 static int usage(void)
 {
     fprintf(stderr, "usage: gpubench [--device N] [--only device|copy|matvec|prefill|attention_decode|"
-                    "attention_prefill] [--quick]\n");
+                    "attention_prefill|ops] [--quick]\n");
     return 2;
 }
 
@@ -659,9 +893,9 @@ int main(int argc, char **argv)
             return usage();
     }
     static const char *const names[] = {"device", "copy", "matvec", "prefill", "attention_decode",
-                                        "attention_prefill"};
+                                        "attention_prefill", "ops"};
     int known = !only;
-    for (int i = 0; i < 6 && !known; i++)
+    for (int i = 0; i < 7 && !known; i++)
         known = !strcmp(only, names[i]);
     if (!known)
         return usage();
@@ -686,6 +920,8 @@ int main(int argc, char **argv)
         run_attention_decode(&g, quick);
     if (wanted(only, "attention_prefill"))
         bench_attention_prefill(&g, IFK_F16, 512);
+    if (wanted(only, "ops"))
+        run_ops(&g);
     ifkc_close(g.d);
     return g.failed;
 }

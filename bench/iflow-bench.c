@@ -16,9 +16,12 @@
  * matrices ran on the BF16 dot product (kernels.h's ifk_bf16_dot), whose roof is twice FMA's.
  * IFLOW_BENCH_DEVICE=cuda|cuda:N places every layer and the output on that GPU; decode is then
  * timed as greedy decoding runs it (iflow_ctx_eval_argmax: only the id comes back), and the
- * thread count only matters for the CPU's share (the embedding lookup). IFLOW_BENCH_GRAPHS=1
- * runs each decode step as one CUDA graph (iflow_ctx_set_graphs; default: op by op);
- * graph_launches / graph_instantiations / graph_aborts: iflow_device_graph_stats over the run.
+ * thread count only matters for the CPU's share (the embedding lookup). Decode steps run as
+ * iflow-run runs them by default (recorded once, run again at each next position:
+ * IFLOW_GRAPHS_REPLAY); IFLOW_BENCH_GRAPHS=0 runs them op by op, =1 records every step
+ * (iflow_ctx_set_graphs);
+ * graph_launches / graph_instantiations / graph_aborts / graph_replays: iflow_device_graph_stats over
+ * the run (replays: steps run again from a recording at the next position, not recorded).
  * IFLOW_BENCH_PLAN=FILE places the model as a partition plan says (plan.h; cpu:N devices get the
  * plan's thread counts, or the cores shared out), to compare with iflow-partition's estimates. */
 #include "bench/bench.h"
@@ -114,8 +117,10 @@ int main(int argc, char **argv)
                 fprintf(stderr, "iflow-bench: %s\n", iflow_errmsg());
                 return 1;
             }
-            const char *graphs = getenv("IFLOW_BENCH_GRAPHS");
-            iflow_ctx_set_graphs(c, graphs && strcmp(graphs, "1") == 0);
+            const char *graphs = getenv("IFLOW_BENCH_GRAPHS"); /* iflow-run's default, or 0 / 1 */
+            iflow_ctx_set_graphs(c, !graphs || !*graphs     ? IFLOW_GRAPHS_REPLAY
+                                    : strcmp(graphs, "1") == 0 ? IFLOW_GRAPHS_ALL
+                                                               : IFLOW_GRAPHS_OFF);
             double a0 = bench_now();
             int rc = iflow_ctx_eval(c, ids, n_prefill, logits, 0);
             double a1 = bench_now();
@@ -141,10 +146,10 @@ int main(int argc, char **argv)
                dec_tps * (double)iflow_model_decode_bytes(m) / 1e9, ifk_pool_taken_back() - taken0,
                ifk_pool_moves() - moves0);
     }
-    long g_launches, g_inst, g_aborts;
-    iflow_device_graph_stats(dev, &g_launches, &g_inst, &g_aborts);
-    printf("], \"graph_launches\": %ld, \"graph_instantiations\": %ld, \"graph_aborts\": %ld}\n", g_launches, g_inst,
-           g_aborts);
+    iflow_graph_stats gs;
+    iflow_device_graph_stats(dev, &gs);
+    printf("], \"graph_launches\": %ld, \"graph_instantiations\": %ld, \"graph_aborts\": %ld, \"graph_replays\": %ld}\n",
+           gs.launches, gs.instantiations, gs.aborts, gs.replays);
     free(ids);
     free(logits);
     iflow_model_close(m);

@@ -23,7 +23,7 @@ typedef struct {
     const iflow_model *draft;    /* --draft (placed), or NULL */
     int draft_n, draft_top_k;
     float draft_top_p;
-    int gpu_graphs;              /* --gpu-graphs */
+    int gpu_graphs;              /* IFLOW_GRAPHS_* (--gpu-graphs, --no-gpu-graphs) */
     const char *model;           /* for messages */
 } batch_opts;
 

@@ -24,7 +24,7 @@ typedef struct {
     const char *device;   /* "auto" (NULL too), "cpu", "cuda", "cuda:N"  */
     int gpu_layers;       /* layers on the GPU; < 0: all                 */
     int threads, n_ctx, verbose;
-    int gpu_graphs;       /* --gpu-graphs: decode steps as CUDA graphs (iflow_batch_set_graphs) */
+    int gpu_graphs;       /* IFLOW_GRAPHS_*: --gpu-graphs, --no-gpu-graphs (iflow_batch_set_graphs) */
 } device_opts;
 
 typedef struct {

@@ -27,7 +27,7 @@
 enum {
     O_MODEL = 'm', O_PROMPT = 'p', O_NPREDICT = 'n', O_THREADS = 't', O_CTX = 'c', O_VERBOSE = 'v',
     O_TEMP = 256, O_TOPK, O_TOPP, O_SEED, O_ECHO, O_JSON, O_TOKENIZE, O_BOS, O_PARSE_SPECIAL, O_DEVICE,
-    O_GPU_LAYERS, O_GPU_GRAPHS, O_LIST_DEVICES, O_PLAN, O_COMM, O_ACTIVATIONS, O_STOP, O_BATCH, O_PARALLEL, O_KV_TYPE, O_METRICS, O_DRY_RUN,
+    O_GPU_LAYERS, O_GPU_GRAPHS, O_NO_GPU_GRAPHS, O_LIST_DEVICES, O_PLAN, O_COMM, O_ACTIVATIONS, O_STOP, O_BATCH, O_PARALLEL, O_KV_TYPE, O_METRICS, O_DRY_RUN,
     O_CONTEXT_SHIFT, O_KEEP, O_DRAFT, O_DRAFT_N, O_DRAFT_TOP_K, O_DRAFT_TOP_P, O_BEAMS, O_LENGTH_PENALTY,
     /* sampling: set through iflow_sampler_params_set() by their long names */
     O_SAMPLER, O_MINP, O_TYPICAL, O_TFS, O_MIROSTAT_TAU, O_MIROSTAT_ETA, O_REPEAT_PENALTY, O_REPEAT_LAST_N,
@@ -72,7 +72,8 @@ static const iflow_opt opts[] = {
     DEVICES_ACTIVATIONS_OPT(O_ACTIVATIONS),
     {O_DEVICE, "device", 0, "DEV", "compute on auto (a GPU if there is one, else the CPU), cpu, cuda or cuda:N (default auto)", "auto cpu cuda"},
     {O_GPU_LAYERS, "gpu-layers", 0, "N", "put the first N layers on the GPU and the rest on the CPU (default: all)", NULL},
-    {O_GPU_GRAPHS, "gpu-graphs", 0, NULL, "on a GPU, record each decode step and run it as one CUDA graph (the same results; off by default: on an H200 it was no faster)", NULL},
+    {O_GPU_GRAPHS, "gpu-graphs", 0, NULL, "on a GPU, record every decode step, those of several requests too, and run it as one CUDA graph (by default a step of one request is recorded once and run again at each next position; the same results)", NULL},
+    {O_NO_GPU_GRAPHS, "no-gpu-graphs", 0, NULL, "on a GPU, launch each operation of a decode step on its own (the same results, slower)", NULL},
     {O_PLAN, "plan", 0, "FILE", "place the model over the devices of partition plan FILE (iflow-partition, iflow-plan(5))", "file"},
     {O_COMM, "comm", 0, "KIND", "how the processes of a plan (one per device, under mpirun) exchange states: auto (NCCL when every process's device is a GPU, else MPI), mpi or nccl; nccl without mpirun runs a one-device plan through NCCL (default auto)", "auto mpi nccl"},
     {O_LIST_DEVICES, "list-devices", 0, NULL, "print the devices this machine has (with --json: JSON Lines) and exit", NULL},
@@ -473,11 +474,12 @@ static int run(const run_opts *o)
     char desc[256];
     if (o->verbose)
         fprintf(stderr, "%s: sampler: %s\n", tool.name, iflow_sampler_describe(chain, desc, sizeof desc));
-    if (o->verbose && pl.gpu && o->dev.gpu_graphs) {
-        long launches, inst, aborts;
-        iflow_device_graph_stats(pl.gpu, &launches, &inst, &aborts);
-        fprintf(stderr, "%s: %s: %ld steps run as one graph (%ld set up anew), %ld recordings dropped\n", tool.name,
-                pl.gpu->info.name, launches, inst, aborts);
+    if (o->verbose && pl.gpu && o->dev.gpu_graphs != IFLOW_GRAPHS_OFF) {
+        iflow_graph_stats gs;
+        iflow_device_graph_stats(pl.gpu, &gs);
+        fprintf(stderr, "%s: %s: %ld steps run as one graph (%ld set up anew, %ld run again without recording), %ld "
+                "recordings dropped\n", tool.name, pl.gpu->info.name, gs.launches, gs.instantiations, gs.replays,
+                gs.aborts);
     }
     iflow_batch_stats st;
     iflow_batch_get_stats(g.b, &st);
@@ -521,7 +523,7 @@ static void sampling_opt(sampling_opts *so, int id, const char *arg)
 
 int main(int argc, char **argv)
 {
-    run_opts o = {.n_predict = 128, .dev = {.gpu_layers = -1}, .progress = PROGRESS_AUTO, .context_shift = -1,
+    run_opts o = {.n_predict = 128, .dev = {.gpu_layers = -1, .gpu_graphs = IFLOW_GRAPHS_REPLAY}, .progress = PROGRESS_AUTO, .context_shift = -1,
                   .keep = 4, .draft_n = 5, .length_penalty = 1.0f};
     int keep_given = 0, lp_given = 0;
     iflow_sampler_params_default(&o.sp);
@@ -557,7 +559,8 @@ int main(int argc, char **argv)
         case OPT_NO_PROGRESS: o.progress = PROGRESS_OFF; break;
         case O_DEVICE: o.dev.device = arg; break;
         case O_GPU_LAYERS: o.dev.gpu_layers = (int)opt_long(&tool, "gpu-layers", arg, 0, 1 << 20); break;
-        case O_GPU_GRAPHS: o.dev.gpu_graphs = 1; break;
+        case O_GPU_GRAPHS: o.dev.gpu_graphs = IFLOW_GRAPHS_ALL; break;
+        case O_NO_GPU_GRAPHS: o.dev.gpu_graphs = IFLOW_GRAPHS_OFF; break;
         case O_LIST_DEVICES: o.list_devices = 1; break;
         case O_PLAN: o.dev.plan = arg; break;
         case O_COMM:

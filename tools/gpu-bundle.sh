@@ -21,7 +21,7 @@ log() { echo "gpu-bundle: $*" >&2; }
 
 # The programs that compute on the GPU are built for Hopper only (sm_90: the lent machines are
 # H100 and H200), in a build folder of their own, and stripped, to stay well inside the 64 MiB
-# the device tool carries; iflow-convert and iflow-quant need no GPU and come from CUDA=0.
+# the device tool carries; iflow-convert, iflow-quant and iflow-partition need no GPU and come from CUDA=0.
 B=build/gpu-bundle
 make --no-print-directory deps >&2
 make --no-print-directory -j"$(nproc)" CUDA=0 all >&2
@@ -30,6 +30,7 @@ mkdir -p "$out/bin" "$out/build/tests/gpu" "$out/lib" "$out/shared/models/storie
     "$out/shared/models/synthetic" "$out/shared/golden" "$out/shared/data/wikitext-2-raw"
 strip -o "$out/bin/iflow-convert" bin/iflow-convert
 strip -o "$out/bin/iflow-quant" bin/iflow-quant
+strip -o "$out/bin/iflow-partition" bin/iflow-partition
 make --no-print-directory -j"$(nproc)" CUDA=1 BUILD=$B CUDA_ARCH="-gencode arch=compute_90,code=sm_90" \
     all gpu-bins $B/iflow-bench $B/gpubench >&2
 strip -o "$out/bin/iflow-run" bin/iflow-run

@@ -5,6 +5,8 @@
 #   env      nvidia-smi, and any library the programs cannot find there
 #   unit     the CUDA kernels against their CPU references (tests/gpu/test_*)
 #   kernels  bench/gpubench.c (--quick unless GPUBENCH_FULL=1)
+#   ops      gpubench --only ops: host and device microseconds of each operation of a decode
+#            layer, and of the layer (where a decode step's time goes)
 #   cli      tests/gpu/cli.sh (greedy tokens and perplexity on the GPU against the CPU)
 #   models   bench/bench-gpu.sh's model runs (IFLOW_BENCH_GPU_MODELS, default tinyllama)
 #   models7b the same for the Llama-2-7B shape (IFLOW_BENCH_GPU_TYPES picks the quantized types)
@@ -36,7 +38,7 @@ step() { # name, seconds, command...
     local name=$1 lim=$2 t0=$SECONDS rc
     shift 2
     echo "== $name (limit $lim s)"
-    timeout -k 5 "$lim" bash -c "$(declare -f env_info unit kernels cli models sanitize ncu_kernels variants vunit ncustep unpack_variants); $*" >"$O/$name.log" 2>&1
+    timeout -k 5 "$lim" bash -c "$(declare -f env_info unit kernels cli ops models sanitize ncu_kernels variants vunit ncustep unpack_variants); $*" >"$O/$name.log" 2>&1
     rc=$?
     echo "== $name: exit $rc after $((SECONDS - t0)) s"
     grep -E '^(FAIL|OBSERVED|SKIP)|passed, [0-9]+ failed|error|Error' "$O/$name.log" | head -n 60
@@ -60,11 +62,12 @@ kernels() {
     if [ "${GPUBENCH_FULL:-0}" = 1 ]; then "$b/build/gpubench"; else "$b/build/gpubench" --quick; fi
 }
 cli() { bash tests/gpu/cli.sh; }
+ops() { "$b/build/gpubench" --only ops | jq -c 'select(.bench == "ops" or .error) | del(.bench)'; }
 models() { # [models] [out-name]: bench-gpu.sh's model runs; their JSON in $OUT/<out-name>.json
     local which=${1:-${IFLOW_BENCH_GPU_MODELS:-tinyllama}} out=${OUT:-/tmp}/${2:-bench-gpu}.json
     IFLOW_BENCH_GPU_MODELS=$which IFLOW_BENCH_DIR=/tmp/bench-gpu \
         IFLOW_GPUBENCH_ARGS="--only copy --quick" bench/bench-gpu.sh "$b/build" >"$out" || return
-    jq -c '.models[] | {name, error, load_s, graphs: .decode_as_graphs, runs: [.runs[]? | {prefill_tok_s, decode_tok_s, decode_weight_gbps,
+    jq -c '.models[] | {name, error, load_s, graphs, op_by_op, unfused, runs: [.runs[]? | {prefill_tok_s, decode_tok_s, decode_weight_gbps,
         f: .decode_fraction_of_bandwidth}]}' "$out"
 }
 sanitize() {
@@ -149,6 +152,7 @@ for s in "$@"; do
     env) step env "${STEP_S_env:-30}" env_info ;;
     unit) step unit "${STEP_S_unit:-90}" unit ;;
     kernels) step kernels "${STEP_S_kernels:-90}" kernels ;;
+    ops) TAIL=${TAIL:-80} step ops "${STEP_S_ops:-60}" ops ;;
     cli) step cli "${STEP_S_cli:-180}" cli ;;
     models) step models "${STEP_S_models:-240}" models ;;
     models7b) step models7b "${STEP_S_models7b:-240}" models 7b bench-gpu-7b ;;

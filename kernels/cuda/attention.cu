@@ -29,7 +29,8 @@
  *      - With one chunk the block writes out = acc / l; otherwise it writes the partial
  *        (acc, m, l) to the handle's IFKC_SCRATCH_ATTN slot.
  *   2. attn_decode_merge, one block per query head: M = max m_c, then
- *      out = sum_c acc_c * exp2(m_c - M) / sum_c l_c * exp2(m_c - M).
+ *      out = sum_c acc_c * exp2(m_c - M) / sum_c l_c * exp2(m_c - M) (the chunks' weights
+ *      computed by the block's threads together, the sums with several loads in flight).
  *      The chunk length is chosen on the host so that n_kv_heads * slices * chunks is about
  *      two blocks per SM (the kernel fits two per SM; four when GM <= 2, whose blocks need
  *      fewer registers), within [DEC_CHUNK_MIN, DEC_CHUNK_MAX]
@@ -147,8 +148,39 @@ struct dec_args {
     const void *k, *v;    /* [n_pos][kv_ld] of KV, 16-byte aligned rows             */
     size_t kv_ld;
     int n_pos, group, chunk_len, n_chunks;
+    int chunk_stride;     /* chunks a head's partials are apart (n_chunks, or the most) */
     float qscale;         /* scale * log2(e)                                        */
+    /* A positional recording (ifkc_graph_begin_at): n_pos = *pos_dev + 1, and chunk_len and
+     * n_chunks follow from it on the device as decode_chunk_len gives them on the host (with
+     * bpc and want); the grid has the most chunks, and blocks past n_chunks return. */
+    const int *pos_dev;
+    int bpc;
+    long long want;
 };
+
+/* Keys per chunk: about `want` blocks over all (kv head, slice) pairs (bpc of them a chunk), a
+ * multiple of 32, within [DEC_CHUNK_MIN, DEC_CHUNK_MAX]. */
+static __host__ __device__ int decode_chunk_len(int n_pos, int bpc, long long want)
+{
+    long long len = ((long long)n_pos * bpc + want - 1) / want;
+    len = (len + 31) / 32 * 32;
+    if (len < DEC_CHUNK_MIN)
+        len = DEC_CHUNK_MIN;
+    if (len > DEC_CHUNK_MAX)
+        len = DEC_CHUNK_MAX;
+    return (int)len;
+}
+
+/* n_pos, chunk_len and n_chunks of this launch. */
+static __device__ __forceinline__ void dec_extent(const dec_args &a, int *n_pos, int *chunk_len, int *n_chunks)
+{
+    *n_pos = a.n_pos, *chunk_len = a.chunk_len, *n_chunks = a.n_chunks;
+    if (a.pos_dev) {
+        *n_pos = *a.pos_dev + 1;
+        *chunk_len = decode_chunk_len(*n_pos, a.bpc, a.want);
+        *n_chunks = (*n_pos + *chunk_len - 1) / *chunk_len;
+    }
+}
 
 template <typename T> static __device__ __forceinline__ T warp_sum(T v)
 {
@@ -216,10 +248,14 @@ __global__ void __launch_bounds__(DEC_THREADS, IFKC_DEC_MINB) attn_decode_chunk(
     __shared__ float s_m[GM], s_l[GM];
 
     const int c = blockIdx.x, kvh = blockIdx.y, g0 = blockIdx.z * GM;
+    int n_pos, chunk_len, n_chunks;
+    dec_extent(a, &n_pos, &chunk_len, &n_chunks);
+    if (c >= n_chunks) /* a positional recording's grid has the most chunks */
+        return;
     const int G = min(GM, a.group - g0);
     const int h0 = kvh * a.group + g0;
-    const int j0 = c * a.chunk_len;
-    const int n = min(a.chunk_len, a.n_pos - j0);
+    const int j0 = c * chunk_len;
+    const int n = min(chunk_len, n_pos - j0);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int seg = lane / S, sl = lane % S;
     const KV *kb = (const KV *)a.k + (size_t)j0 * a.kv_ld + (size_t)kvh * D;
@@ -369,38 +405,83 @@ __global__ void __launch_bounds__(DEC_THREADS, IFKC_DEC_MINB) attn_decode_chunk(
 
     for (int idx = threadIdx.x; idx < G * D; idx += DEC_THREADS) {
         const int g = idx / D, dd = idx % D;
-        if (a.n_chunks == 1)
+        if (n_chunks == 1)
             a.out[(size_t)(h0 + g) * D + dd] = s_o[g][dd] / s_l[g];
         else
-            a.part_o[((size_t)(h0 + g) * a.n_chunks + c) * D + dd] = s_o[g][dd];
+            a.part_o[((size_t)(h0 + g) * a.chunk_stride + c) * D + dd] = s_o[g][dd];
     }
-    if (a.n_chunks > 1 && threadIdx.x < G) {
+    if (n_chunks > 1 && threadIdx.x < G) {
         const int g = threadIdx.x;
-        float *ml = a.part_ml + ((size_t)(h0 + g) * a.n_chunks + c) * 2;
+        float *ml = a.part_ml + ((size_t)(h0 + g) * a.chunk_stride + c) * 2;
         ml[0] = s_m[g];
         ml[1] = s_l[g];
     }
 }
 
-/* One block per query head h.
- * out: [n_heads][D]; part_o: [n_heads][n_chunks][D]; part_ml: [n_heads][n_chunks][2]. */
-__global__ void attn_decode_merge(float *out, const float *part_o, const float *part_ml, int n_chunks, int D)
+/* One block per query head h (blockDim.x: D rounded up to a multiple of 32, at most 128), up to
+ * DEC_MERGE_MAX chunks.
+ * out: [n_heads][D]; part_o: [n_heads][chunk_stride][D]; part_ml: [n_heads][chunk_stride][2].
+ * The threads first find M = max m_c and the chunks' weights e_c = exp2(m_c - M) together (a
+ * chunk each, then a block reduction), then each output element sums part_o[c] * e_c over
+ * the chunks in order, DEC_MERGE_UNROLL loads in flight: before, every thread walked the
+ * chunks' maxima and sums one dependent load at a time, which at 64 chunks cost more than the
+ * chunks themselves. */
+enum { DEC_MERGE_MAX = 1024, DEC_MERGE_UNROLL = 8 };
+
+static __device__ float block_reduce(float v, bool is_max, float *red)
 {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        const float o = __shfl_xor_sync(FULL_MASK, v, off);
+        v = is_max ? fmaxf(v, o) : v + o;
+    }
+    __syncthreads(); /* red is reused */
+    if (lane == 0)
+        red[warp] = v;
+    __syncthreads();
+    v = red[0];
+    for (int w = 1; w < nw; w++)
+        v = is_max ? fmaxf(v, red[w]) : v + red[w];
+    return v;
+}
+
+__global__ void attn_decode_merge(dec_args a, int D)
+{
+    int n_pos, chunk_len, n_chunks;
+    dec_extent(a, &n_pos, &chunk_len, &n_chunks);
+    if (n_chunks == 1) /* one chunk wrote out itself (a positional recording launches this anyway) */
+        return;
+    __shared__ float s_e[DEC_MERGE_MAX], red[32];
     const int h = blockIdx.x;
-    const float *ml = part_ml + (size_t)h * n_chunks * 2;
-    const float *po = part_o + (size_t)h * n_chunks * D;
-    float M = -INFINITY;
-    for (int c = 0; c < n_chunks; c++)
-        M = fmaxf(M, ml[2 * c]);
-    float L = 0.0f;
-    for (int c = 0; c < n_chunks; c++)
-        L += ml[2 * c + 1] * exp2f(ml[2 * c] - M);
-    const float inv = 1.0f / L;
+    const float *ml = a.part_ml + (size_t)h * a.chunk_stride * 2;
+    const float *po = a.part_o + (size_t)h * a.chunk_stride * D;
+    float m = -INFINITY;
+    for (int c = threadIdx.x; c < n_chunks; c += blockDim.x)
+        m = fmaxf(m, ml[2 * c]);
+    const float M = block_reduce(m, true, red);
+    float l = 0.0f;
+    for (int c = threadIdx.x; c < n_chunks; c += blockDim.x) {
+        const float e = exp2f(ml[2 * c] - M);
+        s_e[c] = e;
+        l = fmaf(ml[2 * c + 1], e, l);
+    }
+    const float inv = 1.0f / block_reduce(l, false, red); /* its barriers publish s_e too */
     for (int dd = threadIdx.x; dd < D; dd += blockDim.x) {
         float o = 0.0f;
-        for (int c = 0; c < n_chunks; c++)
-            o = fmaf(po[(size_t)c * D + dd], exp2f(ml[2 * c] - M), o);
-        out[(size_t)h * D + dd] = o * inv;
+        int c = 0;
+        for (; c + DEC_MERGE_UNROLL <= n_chunks; c += DEC_MERGE_UNROLL) {
+            float p[DEC_MERGE_UNROLL];
+#pragma unroll
+            for (int u = 0; u < DEC_MERGE_UNROLL; u++)
+                p[u] = po[(size_t)(c + u) * D + dd];
+#pragma unroll
+            for (int u = 0; u < DEC_MERGE_UNROLL; u++)
+                o = fmaf(p[u], s_e[c + u], o);
+        }
+        for (; c < n_chunks; c++)
+            o = fmaf(po[(size_t)c * D + dd], s_e[c], o);
+        a.out[(size_t)h * D + dd] = o * inv;
     }
 }
 
@@ -597,26 +678,12 @@ static int prefill_run(ifkc_dev *d, float *out, const float *q, const void *k, c
     return kv_type == IFK_F32 ? prefill_dispatch<float>(d, a, head_dim) : prefill_dispatch<__half>(d, a, head_dim);
 }
 
-/* Keys per chunk: about blocks_per_sm blocks per SM over all (kv head, slice) pairs, a multiple
- * of 32, within [DEC_CHUNK_MIN, DEC_CHUNK_MAX]. */
-static int decode_chunk_len(int n_pos, int blocks_per_chunk, int sm_count, int blocks_per_sm)
-{
-    const long long want = (long long)blocks_per_sm * (sm_count > 0 ? sm_count : 100);
-    long long len = ((long long)n_pos * blocks_per_chunk + want - 1) / want;
-    len = (len + 31) / 32 * 32;
-    if (len < DEC_CHUNK_MIN)
-        len = DEC_CHUNK_MIN;
-    if (len > DEC_CHUNK_MAX)
-        len = DEC_CHUNK_MAX;
-    return (int)len;
-}
-
 template <int D, typename KV, int GM> static int decode_launch(ifkc_dev *d, const dec_args &a, dim3 grid, int n_heads)
 {
     attn_decode_chunk<D, KV, GM><<<grid, DEC_THREADS, 0, d->stream>>>(a);
     IFKC_CKL("attn_decode_chunk");
     if (a.n_chunks > 1) {
-        attn_decode_merge<<<n_heads, D < 128 ? D : 128, 0, d->stream>>>(a.out, a.part_o, a.part_ml, a.n_chunks, D);
+        attn_decode_merge<<<n_heads, D < 128 ? (D + 31) / 32 * 32 : 128, 0, d->stream>>>(a, D);
         IFKC_CKL("attn_decode_merge");
     }
     return 0;
@@ -653,18 +720,19 @@ static int decode_dispatch(ifkc_dev *d, const dec_args &a, dim3 grid, int n_head
     }
 }
 
-extern "C" int ifkc_attention_decode(ifkc_dev *d, float *out, const float *q, const void *k, const void *v,
-                                     int kv_type, size_t kv_ld, int n_pos, int n_heads, int n_kv_heads,
-                                     int head_dim, float scale)
+/* Decoding attention over n_pos keys; with pos_dev (a positional recording), over *pos_dev + 1
+ * keys, at most max_pos. */
+static int decode_run(ifkc_dev *d, float *out, const float *q, const void *k, const void *v, int kv_type,
+                      size_t kv_ld, int n_pos, int n_heads, int n_kv_heads, int head_dim, float scale,
+                      const int *pos_dev, int max_pos)
 {
-    int rc = attn_check("decoding attention", d, out, q, k, v, kv_type, kv_ld, n_heads, n_kv_heads, head_dim);
-    if (rc)
-        return rc;
-    if (n_pos <= 0)
-        return ifkc_seterr(IFKC_EINVAL, "decoding attention: %d keys (at least 1)", n_pos);
     const size_t es = kv_type == IFK_F32 ? 4 : 2;
-    if ((uintptr_t)k % 16 || (uintptr_t)v % 16 || kv_ld * es % 16)
+    if ((uintptr_t)k % 16 || (uintptr_t)v % 16 || kv_ld * es % 16) {
+        if (pos_dev)
+            return ifkc_seterr(IFKC_EUNSUPPORTED, "decoding attention at a device position needs 16-byte aligned "
+                               "cache rows");
         return prefill_run(d, out, q, k, v, kv_type, kv_ld, 1, n_pos - 1, n_heads, n_kv_heads, head_dim, scale);
+    }
 
     const int group = n_heads / n_kv_heads;
     /* query heads per block: the group rounded up to a power of two, at most DEC_GMAX (the
@@ -676,8 +744,15 @@ extern "C" int ifkc_attention_decode(ifkc_dev *d, float *out, const float *q, co
         gm = DEC_GMAX;
     const int slices = (group + gm - 1) / gm;
     /* fewer heads a block, fewer registers: more blocks fit on an SM, so cut more chunks */
-    const int chunk_len = decode_chunk_len(n_pos, n_kv_heads * slices, d->sm_count, gm >= 4 ? IFKC_DEC_BPS : 2 * IFKC_DEC_BPS);
-    const int n_chunks = (n_pos + chunk_len - 1) / chunk_len;
+    const int bpc = n_kv_heads * slices;
+    const long long want = (long long)(gm >= 4 ? IFKC_DEC_BPS : 2 * IFKC_DEC_BPS) * (d->sm_count > 0 ? d->sm_count : 100);
+    const int chunk_len = decode_chunk_len(n_pos, bpc, want);
+    int n_chunks = (n_pos + chunk_len - 1) / chunk_len, stride = n_chunks;
+    if (pos_dev) /* the grid and the partials for the most chunks any position up to max_pos has */
+        for (int p = 1; p <= max_pos; p++) {
+            const int cl = decode_chunk_len(p, bpc, want), nc = (p + cl - 1) / cl;
+            stride = nc > stride ? nc : stride;
+        }
 
     dec_args a;
     a.out = out;
@@ -690,20 +765,39 @@ extern "C" int ifkc_attention_decode(ifkc_dev *d, float *out, const float *q, co
     a.n_pos = n_pos;
     a.group = group;
     a.chunk_len = chunk_len;
-    a.n_chunks = n_chunks;
+    a.n_chunks = pos_dev ? stride : n_chunks; /* the host's view: the grid, and whether to merge */
+    a.chunk_stride = stride;
     a.qscale = scale * IFKC_LOG2E;
-    if (n_chunks > 1) {
-        const size_t n_part = (size_t)n_heads * n_chunks;
+    a.pos_dev = pos_dev;
+    a.bpc = bpc;
+    a.want = want;
+    if (stride > DEC_MERGE_MAX)
+        return ifkc_seterr(IFKC_EUNSUPPORTED, "decoding attention over %d keys: more than %d chunks of %d",
+                           pos_dev ? max_pos : n_pos, DEC_MERGE_MAX, DEC_CHUNK_MAX);
+    if (stride > 1) {
+        const size_t n_part = (size_t)n_heads * stride;
         void *p;
-        rc = ifkc_scratch(d, IFKC_SCRATCH_ATTN, n_part * (head_dim + 2) * sizeof(float), &p);
+        int rc = ifkc_scratch(d, IFKC_SCRATCH_ATTN, n_part * (head_dim + 2) * sizeof(float), &p);
         if (rc)
             return rc;
         a.part_o = (float *)p;
         a.part_ml = a.part_o + n_part * head_dim;
     }
-    dim3 grid((unsigned)n_chunks, (unsigned)n_kv_heads, (unsigned)slices);
+    dim3 grid((unsigned)a.n_chunks, (unsigned)n_kv_heads, (unsigned)slices);
     return kv_type == IFK_F32 ? decode_dispatch<float>(d, a, grid, n_heads, head_dim, gm)
                               : decode_dispatch<__half>(d, a, grid, n_heads, head_dim, gm);
+}
+
+extern "C" int ifkc_attention_decode(ifkc_dev *d, float *out, const float *q, const void *k, const void *v,
+                                     int kv_type, size_t kv_ld, int n_pos, int n_heads, int n_kv_heads,
+                                     int head_dim, float scale)
+{
+    int rc = attn_check("decoding attention", d, out, q, k, v, kv_type, kv_ld, n_heads, n_kv_heads, head_dim);
+    if (rc)
+        return rc;
+    if (n_pos <= 0)
+        return ifkc_seterr(IFKC_EINVAL, "decoding attention: %d keys (at least 1)", n_pos);
+    return decode_run(d, out, q, k, v, kv_type, kv_ld, n_pos, n_heads, n_kv_heads, head_dim, scale, NULL, 0);
 }
 
 extern "C" int ifkc_attention_prefill(ifkc_dev *d, float *out, const float *q, const void *k, const void *v,
@@ -725,6 +819,15 @@ extern "C" int ifkc_attention(ifkc_dev *d, float *out, const float *q, const voi
 {
     if (T < 0 || pos0 < 0 || (long long)pos0 + T > INT32_MAX)
         return ifkc_seterr(IFKC_EINVAL, "attention: bad token range (T %d at position %d)", T, pos0);
+    if (d && d->pos_on) { /* a positional recording: the step's one token at the device's position */
+        if (T != 1)
+            return ifkc_seterr(IFKC_EUNSUPPORTED, "attention of %d tokens at a device position (one only)", T);
+        int rc = attn_check("decoding attention", d, out, q, k, v, kv_type, kv_ld, n_heads, n_kv_heads, head_dim);
+        if (rc)
+            return rc;
+        return decode_run(d, out, q, k, v, kv_type, kv_ld, pos0 + 1, n_heads, n_kv_heads, head_dim, scale,
+                          d->pos_dev, d->pos_max);
+    }
     if (T == 1)
         return ifkc_attention_decode(d, out, q, k, v, kv_type, kv_ld, pos0 + 1, n_heads, n_kv_heads, head_dim,
                                      scale);
@@ -733,17 +836,18 @@ extern "C" int ifkc_attention(ifkc_dev *d, float *out, const float *q, const voi
 
 /* ---- cache store ------------------------------------------------------------------------- */
 
-static __device__ __forceinline__ void kv_put(float *p, float x) { *p = x; }
-static __device__ __forceinline__ void kv_put(__half *p, float x) { *p = __float2half_rn(x); }
-
-/* cache: rows pos0 .. pos0+T-1 of [*][ld_dst] KV; src: [T][ld_src] F32, n values a row. */
+/* cache: rows pos0 .. pos0+T-1 of [*][ld_dst] KV (pos0: *pos_dev when not NULL); src: [T][ld_src]
+ * F32, n values a row. */
 template <typename KV>
-__global__ void kv_store_rows(KV *cache, size_t ld_dst, int pos0, const float *src, size_t ld_src, int T, int n)
+__global__ void kv_store_rows(KV *cache, size_t ld_dst, int pos0, const int *pos_dev, const float *src, size_t ld_src,
+                              int T, int n)
 {
+    if (pos_dev)
+        pos0 = *pos_dev;
     const size_t total = (size_t)T * n;
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += (size_t)gridDim.x * blockDim.x) {
         const size_t t = idx / n, i = idx % n;
-        kv_put(cache + ((size_t)pos0 + t) * ld_dst + i, src[t * ld_src + i]);
+        ifkc_kv_put(cache + ((size_t)pos0 + t) * ld_dst + i, src[t * ld_src + i]);
     }
 }
 
@@ -773,8 +877,8 @@ __global__ void kv_shift_rows(KV *k, KV *v, size_t ld, int n_kv_heads, int head_
         ifkc_rope_pair(-(double)discard, i, rot_dim, theta, fs, interleaved, &c, &s, &ia, &ib);
         const size_t src = ((size_t)r0 + r) * ld + (size_t)h * head_dim, dst = src - (size_t)discard * ld;
         ifkc_rotate(kv_float(k[src + ia]), kv_float(k[src + ib]), c, s, &y0, &y1);
-        kv_put(k + dst + ia, y0);
-        kv_put(k + dst + ib, y1);
+        ifkc_kv_put(k + dst + ia, y0);
+        ifkc_kv_put(k + dst + ib, y1);
     }
 }
 
@@ -828,9 +932,11 @@ extern "C" int ifkc_kv_store(ifkc_dev *d, void *cache, int kv_type, size_t ld_ds
     if (blocks > 8192)
         blocks = 8192;
     if (kv_type == IFK_F32)
-        kv_store_rows<float><<<(unsigned)blocks, 256, 0, d->stream>>>((float *)cache, ld_dst, pos0, src, ld_src, T, n);
+        kv_store_rows<float><<<(unsigned)blocks, 256, 0, d->stream>>>((float *)cache, ld_dst, pos0, ifkc_pos_slot(d), src,
+                                                                      ld_src, T, n);
     else
-        kv_store_rows<__half><<<(unsigned)blocks, 256, 0, d->stream>>>((__half *)cache, ld_dst, pos0, src, ld_src, T, n);
+        kv_store_rows<__half><<<(unsigned)blocks, 256, 0, d->stream>>>((__half *)cache, ld_dst, pos0, ifkc_pos_slot(d),
+                                                                       src, ld_src, T, n);
     IFKC_CKL("kv_store_rows");
     return 0;
 }

@@ -11,6 +11,7 @@
 #define IFKC_COMMON_CUH
 
 #include <cublas_v2.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/cuda_kernels.h"
@@ -35,7 +36,18 @@ struct ifkc_dev {
     int             recording;
     cudaGraphExec_t graph;
     ifkc_graph_stats gstats;
+    /* Positional recording (ifkc_graph_begin_at): while pos_on, the operations that take the
+     * step's position read it from pos_dev (device int) and decoding attention is launched for
+     * up to pos_max positions. The graph it made (graph_at) stays valid while no scratch slot
+     * is replaced (scratch_gen == graph_gen) and the key is the caller's. scratch_want: what a
+     * slot had to grow to during a recording, grown when the recording is dropped. */
+    int            *pos_dev;
+    int             pos_on, pos_max, graph_at;
+    unsigned long long graph_key;
+    long            scratch_gen, graph_gen;
+    size_t          scratch_want[IFKC_SCRATCH_N_];
     int            *argmax_res;   /* [1] device: where ifkc_argmax_start left its result */
+    cudaEvent_t     mark[IFKC_MARKS]; /* ifkc_mark's events, made on first use               */
 };
 
 /* Record a message (printf format) and return code. */
@@ -51,6 +63,9 @@ void *ifkc_dl_open(const char *what, const char *env_var, const char *const *pat
 int ifkc_dl_sym(void *lib, const char *what, const char *soname, const char *name, void **slot, char *why, size_t cap);
 /* A scratch slot of at least nbytes (device memory, contents undefined). */
 int ifkc_scratch(ifkc_dev *d, int slot, size_t nbytes, void **p);
+/* Where an operation takes the step's position from: NULL (its argument) unless a positional
+ * recording is on (ifkc_graph_begin_at). */
+static inline const int *ifkc_pos_slot(const ifkc_dev *d) { return d->pos_on ? d->pos_dev : NULL; }
 
 #define IFKC_CK(call, what)                                                                       \
     do {                                                                                          \
@@ -92,6 +107,10 @@ static __device__ __forceinline__ void ifkc_rotate(float x0, float x1, float c, 
     *y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
     *y1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
 }
+
+/* A value stored into an F32 or F16 KV cache (F16: round to nearest even). */
+static __device__ __forceinline__ void ifkc_kv_put(float *p, float x) { *p = x; }
+static __device__ __forceinline__ void ifkc_kv_put(__half *p, float x) { *p = __float2half_rn(x); }
 
 static inline unsigned ifkc_cdiv(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
 

@@ -91,6 +91,13 @@ int  ifkc_make_current(ifkc_dev *d);
 /* Wait for every enqueued operation; reports an asynchronous kernel fault. */
 int  ifkc_sync(ifkc_dev *d);
 
+/* Timing on the device's own clock (CUDA events), for benchmarks: ifkc_mark enqueues mark
+ * `slot` (0 <= slot < IFKC_MARKS) after what is enqueued before it; ifkc_marks_ms waits for
+ * mark b and gives the device time between marks a and b in milliseconds. */
+#define IFKC_MARKS 4
+int  ifkc_mark(ifkc_dev *d, int slot);
+int  ifkc_marks_ms(ifkc_dev *d, int a, int b, float *ms);
+
 /* Recording (CUDA graphs): between ifkc_graph_begin and ifkc_graph_end the operations on d are
  * recorded, not run; ifkc_graph_end then runs them all with one launch. A recording with the
  * same operations in the same order as the last one (arguments may differ: positions, lengths,
@@ -102,10 +109,25 @@ typedef struct {
     long launches;        /* graphs run                                          */
     long instantiations;  /* of which needed a new instantiation (not an update) */
     long aborts;          /* recordings dropped                                  */
+    long replays;         /* of the launches, positional graphs run again (ifkc_graph_replay) */
 } ifkc_graph_stats;
 int  ifkc_graph_begin(ifkc_dev *d);
 int  ifkc_graph_end(ifkc_dev *d);
 void ifkc_graph_abort(ifkc_dev *d);
+/* Positional recording: as ifkc_graph_begin, but the operations that take the step's position
+ * (ifkc_rope, ifkc_kv_store, ifkc_rope_store, and ifkc_attention with T = 1) read it on the
+ * device, from a slot set to pos0 now and by each ifkc_graph_replay, so that the graph can run
+ * again at the next position without being recorded again; their own position arguments must
+ * be pos0. Decoding attention is launched for up to max_pos positions (blocks past the step's
+ * keys return at once), so its chunks, and so its results, are those of a call made op by op
+ * at the same position. Everything else in the recording must not depend on the position.
+ * key: the caller's name for what the graph computes (its buffers, its shapes).
+ * ifkc_graph_replay: runs that graph again at position pos0 and returns 0; returns 1, running
+ * nothing, when there is none to run: no positional graph is the last one, the key differs, a
+ * scratch buffer it uses was replaced, or pos0 >= max_pos; then record again. A dropped
+ * recording grows the scratch it lacked, so the next one finds it. */
+int  ifkc_graph_begin_at(ifkc_dev *d, int pos0, int max_pos, unsigned long long key);
+int  ifkc_graph_replay(ifkc_dev *d, int pos0, unsigned long long key);
 void ifkc_graph_stats_get(const ifkc_dev *d, ifkc_graph_stats *out);
 
 /* ---- collectives between GPUs (kernels/cuda/nccl.cu) ----------------------------------------- */
@@ -146,6 +168,13 @@ int ifkc_supports_wtype(int wtype);
 int ifkc_matmul(ifkc_dev *d, float *y, size_t ldy, const void *W, int wtype, const float *x,
                 size_t ldx, int T, int N, int K);
 
+/* The gated FFN's hidden layer: y[t][n] = silu(x[t] . Wg[n]) * (x[t] . Wu[n]), the values of
+ * ifkc_matmul with Wg into y, with Wu into u, then ifkc_silu_mul. Up to IFKC_MATVEC_MAX_T
+ * tokens (16-byte aligned rows) it is one kernel, a warp computing the gate and up rows of one
+ * output; otherwise the three operations, with u [T][ldy] as the up projection's output. */
+int ifkc_matmul_glu(ifkc_dev *d, float *y, float *u, size_t ldy, const void *Wg, const void *Wu, int wtype,
+                    const float *x, size_t ldx, int T, int N, int K);
+
 /* ---- attention (kernels/cuda/attention.cu) --------------------------------------------------- */
 
 /* Causal grouped-query attention, the contract of ifk_attention (kernels/cpu/kernels.h):
@@ -185,11 +214,21 @@ int ifkc_kv_shift(ifkc_dev *d, void *k, void *v, int kv_type, size_t ld, int n_k
 
 /* y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, for T rows of n (contiguous rows). y may equal x. */
 int ifkc_rmsnorm(ifkc_dev *d, float *y, const float *x, const float *w, int T, int n, float eps);
+/* x[t] += r[t] (stored), then y[t] = rmsnorm(x[t]) * w: the residual add and the next norm in
+ * one launch, the values of ifkc_add then ifkc_rmsnorm. y may equal r, not x; rows of at most
+ * 8192 values. */
+int ifkc_add_rmsnorm(ifkc_dev *d, float *x, float *y, const float *w, int T, int n, float eps);
 /* RoPE in place on T tokens (row stride ld elements) at positions pos0..pos0+T-1; the rest as
  * ifk_rope (freq_scale: device array [rot_dim/2] or NULL; layout IFK_ROPE_HALF/INTERLEAVED).
  * Angles are computed in double from pos and the frequency, as the CPU reference does. */
 int ifkc_rope(ifkc_dev *d, float *x, size_t ld, int T, int n_heads, int head_dim, int rot_dim,
               int pos0, float theta, const float *freq_scale, int layout);
+/* A step's new keys and values: ifkc_rope on q (nq heads, stride ldq) and on k (nkv heads,
+ * stride ldkv), then ifkc_kv_store of k's and v's rows (stride ldkv) into kcache and vcache
+ * (kv_type, stride ldc) at rows pos0.., in one launch: the same values. */
+int ifkc_rope_store(ifkc_dev *d, float *q, size_t ldq, int nq, float *k, const float *v, size_t ldkv, int nkv,
+                    void *kcache, void *vcache, int kv_type, size_t ldc, int T, int head_dim, int rot_dim,
+                    int pos0, float theta, const float *freq_scale, int layout);
 /* g[i] = silu(g[i]) * u[i] for i < n. */
 int ifkc_silu_mul(ifkc_dev *d, float *g, const float *u, size_t n);
 /* y[i] += x[i] for i < n. */

@@ -143,6 +143,12 @@ int ifkc_open(ifkc_dev **out, int index)
         free(d);
         return ifkc_cuda_err(e, "opening cuda device");
     }
+    e = cudaMalloc((void **)&d->pos_dev, sizeof(int));
+    if (e != cudaSuccess) {
+        cudaStreamDestroy(d->stream);
+        free(d);
+        return ifkc_cuda_err(e, "cudaMalloc of the step position");
+    }
     cublasStatus_t s = blas->create(&d->blas);
     if (s == CUBLAS_STATUS_SUCCESS)
         s = blas->set_stream(d->blas, d->stream);
@@ -150,6 +156,7 @@ int ifkc_open(ifkc_dev **out, int index)
         rc = ifkc_blas_err(s, "cublasCreate");
         if (d->blas)
             blas->destroy(d->blas);
+        cudaFree(d->pos_dev);
         cudaStreamDestroy(d->stream);
         free(d);
         return rc;
@@ -169,6 +176,10 @@ void ifkc_close(ifkc_dev *d)
         cudaGraphExecDestroy(d->graph);
     for (int i = 0; i < IFKC_SCRATCH_N_; i++)
         cudaFree(d->scratch[i]);
+    cudaFree(d->pos_dev);
+    for (int i = 0; i < IFKC_MARKS; i++)
+        if (d->mark[i])
+            cudaEventDestroy(d->mark[i]);
     ifkc_blas()->destroy(d->blas); /* loaded: the handle was opened through it */
     cudaStreamDestroy(d->stream);
     free(d);
@@ -216,8 +227,12 @@ static int refuse_recording(const ifkc_dev *d, const char *what)
 int ifkc_scratch(ifkc_dev *d, int slot, size_t nbytes, void **p)
 {
     if (d->scratch_bytes[slot] < nbytes) {
-        if (d->recording)
+        if (d->recording) { /* grown when the recording is dropped (ifkc_graph_abort) */
+            if (d->scratch_want[slot] < nbytes)
+                d->scratch_want[slot] = nbytes;
             return refuse_recording(d, "a scratch buffer that grows");
+        }
+        d->scratch_gen++; /* a positional graph that used the old buffer no longer holds */
         /* Kernels still queued may read the old buffer: wait before freeing it. */
         IFKC_CK(cudaStreamSynchronize(d->stream), "cudaStreamSynchronize");
         cudaFree(d->scratch[slot]);
@@ -278,6 +293,27 @@ int ifkc_sync(ifkc_dev *d)
     return 0;
 }
 
+int ifkc_mark(ifkc_dev *d, int slot)
+{
+    if (slot < 0 || slot >= IFKC_MARKS)
+        return ifkc_seterr(IFKC_EINVAL, "mark %d of cuda:%d is not one of 0..%d", slot, d->index, IFKC_MARKS - 1);
+    if (!d->mark[slot])
+        IFKC_CK(cudaEventCreate(&d->mark[slot]), "cudaEventCreate");
+    IFKC_CK(cudaEventRecord(d->mark[slot], d->stream), "cudaEventRecord");
+    return 0;
+}
+
+int ifkc_marks_ms(ifkc_dev *d, int a, int b, float *ms)
+{
+    if (a < 0 || a >= IFKC_MARKS || b < 0 || b >= IFKC_MARKS || !d->mark[a] || !d->mark[b])
+        return ifkc_seterr(IFKC_EINVAL, "marks %d and %d of cuda:%d were not both made", a, b, d->index);
+    if (d->recording)
+        return refuse_recording(d, "a wait");
+    IFKC_CK(cudaEventSynchronize(d->mark[b]), "cudaEventSynchronize");
+    IFKC_CK(cudaEventElapsedTime(ms, d->mark[a], d->mark[b]), "cudaEventElapsedTime");
+    return 0;
+}
+
 /* ---- recording (CUDA graphs) --------------------------------------------------------------------
  * Stream capture in thread-local mode: this thread's calls that are unsafe during a capture fail
  * instead of being run. Each recording is ended into a graph; the handle keeps one instantiated
@@ -290,6 +326,51 @@ int ifkc_graph_begin(ifkc_dev *d)
     IFKC_CK(cudaSetDevice(d->index), "cudaSetDevice");
     IFKC_CK(cudaStreamBeginCapture(d->stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
     d->recording = 1;
+    d->graph_at = 0;
+    return 0;
+}
+
+/* The step position for what follows on the stream (outside any recording). */
+__global__ void set_pos_kernel(int *slot, int pos) { *slot = pos; }
+
+static int set_pos(ifkc_dev *d, int pos0)
+{
+    set_pos_kernel<<<1, 1, 0, d->stream>>>(d->pos_dev, pos0);
+    IFKC_CKL("set_pos_kernel");
+    return 0;
+}
+
+int ifkc_graph_begin_at(ifkc_dev *d, int pos0, int max_pos, unsigned long long key)
+{
+    if (pos0 < 0 || max_pos <= pos0)
+        return ifkc_seterr(IFKC_EINVAL, "cuda:%d: position %d is not below the recording's %d", d->index, pos0, max_pos);
+    if (d->recording)
+        return ifkc_seterr(IFKC_EINVAL, "cuda:%d is already recording a graph", d->index);
+    IFKC_CK(cudaSetDevice(d->index), "cudaSetDevice");
+    int rc = set_pos(d, pos0);
+    if (rc)
+        return rc;
+    rc = ifkc_graph_begin(d);
+    if (rc)
+        return rc;
+    d->pos_on = 1;
+    d->pos_max = max_pos;
+    d->graph_key = key;
+    return 0;
+}
+
+int ifkc_graph_replay(ifkc_dev *d, int pos0, unsigned long long key)
+{
+    if (d->recording || !d->graph || !d->graph_at || d->graph_key != key || d->graph_gen != d->scratch_gen ||
+        pos0 < 0 || pos0 >= d->pos_max)
+        return 1;
+    IFKC_CK(cudaSetDevice(d->index), "cudaSetDevice");
+    int rc = set_pos(d, pos0);
+    if (rc)
+        return rc;
+    IFKC_CK(cudaGraphLaunch(d->graph, d->stream), "cudaGraphLaunch");
+    d->gstats.launches++;
+    d->gstats.replays++;
     return 0;
 }
 
@@ -302,7 +383,16 @@ void ifkc_graph_abort(ifkc_dev *d)
         cudaGraphDestroy(g);
     cudaGetLastError(); /* the capture's failure is not the next launch's */
     d->recording = 0;
+    d->pos_on = 0;
+    d->graph_at = 0;
     d->gstats.aborts++;
+    /* the scratch a dropped recording needed, so that the next one finds it */
+    for (int i = 0; i < IFKC_SCRATCH_N_; i++) {
+        void *p;
+        if (d->scratch_want[i] > d->scratch_bytes[i] && ifkc_scratch(d, i, d->scratch_want[i], &p) != 0)
+            break;
+        d->scratch_want[i] = 0;
+    }
 }
 
 int ifkc_graph_end(ifkc_dev *d)
@@ -311,7 +401,9 @@ int ifkc_graph_end(ifkc_dev *d)
         return ifkc_seterr(IFKC_EINVAL, "cuda:%d is not recording a graph", d->index);
     cudaGraph_t g = NULL;
     cudaError_t e = cudaStreamEndCapture(d->stream, &g);
+    const int at = d->pos_on;
     d->recording = 0;
+    d->pos_on = 0;
     if (e != cudaSuccess || !g) {
         cudaGetLastError();
         d->gstats.aborts++;
@@ -335,6 +427,8 @@ int ifkc_graph_end(ifkc_dev *d)
         d->gstats.instantiations++;
     }
     cudaGraphDestroy(g);
+    d->graph_at = at;
+    d->graph_gen = d->scratch_gen;
     IFKC_CK(cudaGraphLaunch(d->graph, d->stream), "cudaGraphLaunch");
     d->gstats.launches++;
     return 0;

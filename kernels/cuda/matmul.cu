@@ -118,6 +118,40 @@ __device__ __forceinline__ void warp_store(float (&acc)[TM][MV_RT(TM)], float *y
     }
 }
 
+/* The gated FFN's epilogue (GLU kernels: row 0 of the warp is gate row n0, row 1 up row n0):
+ * y[t][n0] = silu(gate) * up, ifkc_silu_mul's formula. */
+template <int TM>
+__device__ __forceinline__ void warp_store_glu(float (&acc)[TM][MV_RT(TM)], float *y, size_t ldy, int T, int n0,
+                                               int lane)
+{
+#pragma unroll
+    for (int t = 0; t < TM; t++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float v = acc[t][r];
+#pragma unroll
+            for (int off = 16; off > 0; off /= 2)
+                v += __shfl_xor_sync(0xffffffffu, v, off);
+            acc[t][r] = v;
+        }
+    if (lane == 0)
+#pragma unroll
+        for (int t = 0; t < TM; t++)
+            if (t < T) {
+                const float v = acc[t][0];
+                y[(size_t)t * ldy + n0] = __fmul_rn(v / (1.0f + expf(-v)), acc[t][1]);
+            }
+}
+
+/* Rows of W a warp starts at, and row r's base: rows n0 + r of W; with GLU (W2 not NULL) the
+ * warp owns output n0 alone, row 0 from W and row 1 from W2. */
+template <int TM>
+__device__ __forceinline__ int warp_row0(bool glu)
+{
+    const int w = (int)(blockIdx.x * MV_WARPS + threadIdx.x / 32);
+    return glu ? w : w * MV_RT(TM);
+}
+
 /* ---- quantized matrix-vector ----------------------------------------------------------------- */
 
 /* One block's slice for MV_RT(TM) rows and TM tokens: acc[t][r] += min_r * sum(x) + delta_r * sum(q x).
@@ -175,12 +209,12 @@ __device__ __forceinline__ void qslice_dot(float (&acc)[TM][MV_RT(TM)], const ui
 template <int QT, int TM>
 __global__ void __launch_bounds__(MV_THREADS, MV_MINB(TM))
     qmatvec_kernel(float *__restrict__ y, size_t ldy, const uint8_t *__restrict__ W,
-                   const float *__restrict__ x, size_t ldx, int T, int N, int K)
+                   const uint8_t *__restrict__ W2, const float *__restrict__ x, size_t ldx, int T, int N, int K)
 {
     constexpr int B = IFKC_QB(QT), BB = IFKC_QBB(QT), G = B / 8, BPW = 32 / G;
     constexpr int U = TM == 1 ? IFKC_MV_U1 : TM == 2 ? 4 : 2; /* steps of loads in flight */
     const int lane = threadIdx.x & 31, g = lane / G, j = lane % G;
-    const int n0 = (int)(blockIdx.x * MV_WARPS + threadIdx.x / 32) * MV_RT(TM);
+    const int n0 = warp_row0<TM>(W2 != NULL);
     if (n0 >= N)
         return; /* the whole warp */
     const int nb = (K + B - 1) / B, nbf = K / B, lim = K - 4 * j;
@@ -188,7 +222,7 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MINB(TM))
     const uint8_t *wr[MV_RT(TM)];
 #pragma unroll
     for (int r = 0; r < MV_RT(TM); r++)
-        wr[r] = W + (size_t)min(n0 + r, N - 1) * rb;
+        wr[r] = W2 ? (r == 0 ? W : W2) + (size_t)n0 * rb : W + (size_t)min(n0 + r, N - 1) * rb;
     const float *xt[TM];
 #pragma unroll
     for (int t = 0; t < TM; t++)
@@ -225,7 +259,10 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MINB(TM))
         }
         qslice_dot<TM, B>(acc, dm, lo, hi, xt, b * B, lim, b < nbf);
     }
-    warp_store<TM>(acc, y, ldy, T, N, n0, lane);
+    if (W2)
+        warp_store_glu<TM>(acc, y, ldy, T, n0, lane);
+    else
+        warp_store<TM>(acc, y, ldy, T, N, n0, lane);
 }
 
 /* ---- F32 / F16 / BF16 matrix-vector ---------------------------------------------------------- */
@@ -286,20 +323,21 @@ __device__ __forceinline__ void chunk_dot(float (&acc)[TM][MV_RT(TM)], const uin
  * aligned rows; y: [T][N] at ldy. */
 template <int WT, int TM>
 __global__ void __launch_bounds__(MV_THREADS, MV_MINB(TM))
-    fmatvec_kernel(float *__restrict__ y, size_t ldy, const void *__restrict__ W,
+    fmatvec_kernel(float *__restrict__ y, size_t ldy, const void *__restrict__ W, const void *__restrict__ W2,
                    const float *__restrict__ x, size_t ldx, int T, int N, int K)
 {
     constexpr int EPC = fw<WT>::EPC, ES = fw<WT>::ES;
     constexpr int U = TM <= 2 ? 4 : 2;
     const int lane = threadIdx.x & 31;
-    const int n0 = (int)(blockIdx.x * MV_WARPS + threadIdx.x / 32) * MV_RT(TM);
+    const int n0 = warp_row0<TM>(W2 != NULL);
     if (n0 >= N)
         return;
     const int nch = K / EPC;
     const uint4 *wr[MV_RT(TM)];
 #pragma unroll
     for (int r = 0; r < MV_RT(TM); r++)
-        wr[r] = (const uint4 *)((const uint8_t *)W + (size_t)min(n0 + r, N - 1) * K * ES);
+        wr[r] = (const uint4 *)(W2 ? (const uint8_t *)(r == 0 ? W : W2) + (size_t)n0 * K * ES
+                                   : (const uint8_t *)W + (size_t)min(n0 + r, N - 1) * K * ES);
     const float *xt[TM];
 #pragma unroll
     for (int t = 0; t < TM; t++)
@@ -330,7 +368,10 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MINB(TM))
             w[r] = __ldg(wr[r] + c);
         chunk_dot<WT, TM>(acc, w, xt, c * EPC);
     }
-    warp_store<TM>(acc, y, ldy, T, N, n0, lane);
+    if (W2)
+        warp_store_glu<TM>(acc, y, ldy, T, n0, lane);
+    else
+        warp_store<TM>(acc, y, ldy, T, N, n0, lane);
 }
 
 /* Element i of a weight array of type WT as a float. W: [> i]. */
@@ -436,15 +477,19 @@ __global__ void dequant_f16_kernel(__half *__restrict__ out, const uint8_t *__re
 
 static int tm_of(int T) { return T <= 1 ? 1 : T <= 2 ? 2 : T <= 4 ? 4 : 8; }
 
-static unsigned mv_blocks(int N, int tm) { return ifkc_cdiv((size_t)N, (size_t)MV_WARPS * MV_RT(tm)); }
+/* Blocks for N outputs: MV_RT rows a warp, or one output a warp for a GLU pair. */
+static unsigned mv_blocks(int N, int tm, bool glu)
+{
+    return ifkc_cdiv((size_t)N, (size_t)MV_WARPS * (glu ? 1 : MV_RT(tm)));
+}
 
-#define MV_ARGS y, ldy, W, x, ldx, T, N, K
+#define MV_ARGS y, ldy, W, W2, x, ldx, T, N, K
 
 template <int QT>
-static int launch_qmatvec(ifkc_dev *d, float *y, size_t ldy, const uint8_t *W, const float *x, size_t ldx,
-                          int T, int N, int K)
+static int launch_qmatvec(ifkc_dev *d, float *y, size_t ldy, const uint8_t *W, const uint8_t *W2, const float *x,
+                          size_t ldx, int T, int N, int K)
 {
-    dim3 grid(mv_blocks(N, tm_of(T))), block(MV_THREADS);
+    dim3 grid(mv_blocks(N, tm_of(T), W2 != NULL)), block(MV_THREADS);
     switch (tm_of(T)) {
     case 1: qmatvec_kernel<QT, 1><<<grid, block, 0, d->stream>>>(MV_ARGS); break;
     case 2: qmatvec_kernel<QT, 2><<<grid, block, 0, d->stream>>>(MV_ARGS); break;
@@ -456,10 +501,10 @@ static int launch_qmatvec(ifkc_dev *d, float *y, size_t ldy, const uint8_t *W, c
 }
 
 template <int WT>
-static int launch_fmatvec(ifkc_dev *d, float *y, size_t ldy, const void *W, const float *x, size_t ldx,
-                          int T, int N, int K, bool chunked)
+static int launch_fmatvec(ifkc_dev *d, float *y, size_t ldy, const void *W, const void *W2, const float *x,
+                          size_t ldx, int T, int N, int K, bool chunked)
 {
-    dim3 grid(mv_blocks(N, tm_of(T))), block(MV_THREADS);
+    dim3 grid(mv_blocks(N, tm_of(T), W2 != NULL)), block(MV_THREADS);
     if (chunked) {
         switch (tm_of(T)) {
         case 1: fmatvec_kernel<WT, 1><<<grid, block, 0, d->stream>>>(MV_ARGS); break;
@@ -468,12 +513,12 @@ static int launch_fmatvec(ifkc_dev *d, float *y, size_t ldy, const void *W, cons
         default: fmatvec_kernel<WT, 8><<<grid, block, 0, d->stream>>>(MV_ARGS); break;
         }
         IFKC_CKL("fmatvec_kernel");
-    } else {
+    } else { /* (never a GLU pair: ifkc_matmul_glu computes those apart) */
         switch (tm_of(T)) {
-        case 1: fmatvec_any_kernel<WT, 1><<<grid, block, 0, d->stream>>>(MV_ARGS); break;
-        case 2: fmatvec_any_kernel<WT, 2><<<grid, block, 0, d->stream>>>(MV_ARGS); break;
-        case 4: fmatvec_any_kernel<WT, 4><<<grid, block, 0, d->stream>>>(MV_ARGS); break;
-        default: fmatvec_any_kernel<WT, 8><<<grid, block, 0, d->stream>>>(MV_ARGS); break;
+        case 1: fmatvec_any_kernel<WT, 1><<<grid, block, 0, d->stream>>>(y, ldy, W, x, ldx, T, N, K); break;
+        case 2: fmatvec_any_kernel<WT, 2><<<grid, block, 0, d->stream>>>(y, ldy, W, x, ldx, T, N, K); break;
+        case 4: fmatvec_any_kernel<WT, 4><<<grid, block, 0, d->stream>>>(y, ldy, W, x, ldx, T, N, K); break;
+        default: fmatvec_any_kernel<WT, 8><<<grid, block, 0, d->stream>>>(y, ldy, W, x, ldx, T, N, K); break;
         }
         IFKC_CKL("fmatvec_any_kernel");
     }
@@ -508,9 +553,9 @@ static int is_quant(int wtype) { return wtype >= IFK_Q8_B32 && wtype < IFK_QTYPE
 
 static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
-/* T <= IFKC_MATVEC_MAX_T. */
-static int matvec(ifkc_dev *d, float *y, size_t ldy, const void *W, int wtype, const float *x, size_t ldx,
-                  int T, int N, int K)
+/* T <= IFKC_MATVEC_MAX_T. W2 not NULL: the GLU pair (ifkc_matmul_glu; then chunked or quantized). */
+static int matvec(ifkc_dev *d, float *y, size_t ldy, const void *W, const void *W2, int wtype, const float *x,
+                  size_t ldx, int T, int N, int K)
 {
     /* The quantized and chunked kernels read x as 16-byte pieces: rows of x must be aligned. */
     int chunked = !is_quant(wtype) && aligned16(W) && K % (wtype == IFK_F32 ? 4 : 8) == 0;
@@ -527,20 +572,22 @@ static int matvec(ifkc_dev *d, float *y, size_t ldy, const void *W, int wtype, c
         x = (const float *)p;
         ldx = ldc;
     }
-    const uint8_t *Wq = (const uint8_t *)W;
+    if (W2 && !is_quant(wtype) && !(chunked && aligned16(W2)))
+        return ifkc_seterr(IFKC_EINVAL, "matvec: a GLU pair of rows that are not 16-byte chunks");
+    const uint8_t *Wq = (const uint8_t *)W, *Wq2 = (const uint8_t *)W2;
     switch (wtype) {
-    case IFK_F32: return launch_fmatvec<IFK_F32>(d, y, ldy, W, x, ldx, T, N, K, chunked);
-    case IFK_F16: return launch_fmatvec<IFK_F16>(d, y, ldy, W, x, ldx, T, N, K, chunked);
-    case IFK_BF16: return launch_fmatvec<IFK_BF16>(d, y, ldy, W, x, ldx, T, N, K, chunked);
-    case IFK_Q8_B32: return launch_qmatvec<IFK_Q8_B32>(d, y, ldy, Wq, x, ldx, T, N, K);
-    case IFK_Q8_B64: return launch_qmatvec<IFK_Q8_B64>(d, y, ldy, Wq, x, ldx, T, N, K);
-    case IFK_Q6_B64: return launch_qmatvec<IFK_Q6_B64>(d, y, ldy, Wq, x, ldx, T, N, K);
-    case IFK_Q5_B64: return launch_qmatvec<IFK_Q5_B64>(d, y, ldy, Wq, x, ldx, T, N, K);
-    case IFK_Q4_B32: return launch_qmatvec<IFK_Q4_B32>(d, y, ldy, Wq, x, ldx, T, N, K);
-    case IFK_Q4_B64: return launch_qmatvec<IFK_Q4_B64>(d, y, ldy, Wq, x, ldx, T, N, K);
-    case IFK_Q3H_B64: return launch_qmatvec<IFK_Q3H_B64>(d, y, ldy, Wq, x, ldx, T, N, K);
-    case IFK_Q3_B32: return launch_qmatvec<IFK_Q3_B32>(d, y, ldy, Wq, x, ldx, T, N, K);
-    case IFK_Q2_B32: return launch_qmatvec<IFK_Q2_B32>(d, y, ldy, Wq, x, ldx, T, N, K);
+    case IFK_F32: return launch_fmatvec<IFK_F32>(d, y, ldy, W, W2, x, ldx, T, N, K, chunked);
+    case IFK_F16: return launch_fmatvec<IFK_F16>(d, y, ldy, W, W2, x, ldx, T, N, K, chunked);
+    case IFK_BF16: return launch_fmatvec<IFK_BF16>(d, y, ldy, W, W2, x, ldx, T, N, K, chunked);
+    case IFK_Q8_B32: return launch_qmatvec<IFK_Q8_B32>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K);
+    case IFK_Q8_B64: return launch_qmatvec<IFK_Q8_B64>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K);
+    case IFK_Q6_B64: return launch_qmatvec<IFK_Q6_B64>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K);
+    case IFK_Q5_B64: return launch_qmatvec<IFK_Q5_B64>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K);
+    case IFK_Q4_B32: return launch_qmatvec<IFK_Q4_B32>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K);
+    case IFK_Q4_B64: return launch_qmatvec<IFK_Q4_B64>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K);
+    case IFK_Q3H_B64: return launch_qmatvec<IFK_Q3H_B64>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K);
+    case IFK_Q3_B32: return launch_qmatvec<IFK_Q3_B32>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K);
+    case IFK_Q2_B32: return launch_qmatvec<IFK_Q2_B32>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K);
     default: return ifkc_seterr(IFKC_EUNSUPPORTED, "ifkc_matmul: weight type %d is not supported", wtype);
     }
 }
@@ -658,6 +705,34 @@ extern "C" int ifkc_matmul(ifkc_dev *d, float *y, size_t ldy, const void *W, int
     if (is_quant(wtype) && ((uintptr_t)W & 3))
         return ifkc_seterr(IFKC_EINVAL, "ifkc_matmul: quantized weights at %p are not 4-byte aligned", W);
     if (T <= IFKC_MATVEC_MAX_T)
-        return matvec(d, y, ldy, W, wtype, x, ldx, T, N, K);
+        return matvec(d, y, ldy, W, NULL, wtype, x, ldx, T, N, K);
     return gemm(d, y, ldy, W, wtype, x, ldx, T, N, K);
+}
+
+extern "C" int ifkc_matmul_glu(ifkc_dev *d, float *y, float *u, size_t ldy, const void *Wg, const void *Wu, int wtype,
+                               const float *x, size_t ldx, int T, int N, int K)
+{
+    if (!Wu || !u)
+        return ifkc_seterr(IFKC_EINVAL, "ifkc_matmul_glu: NULL argument (Wu %p, u %p)", Wu, (void *)u);
+    /* one kernel: a warp's two rows are gate row n and up row n (two rows a warp, 16-byte chunks) */
+    const int pair = T <= IFKC_MATVEC_MAX_T && MV_RT(tm_of(T)) == 2 &&
+                     (is_quant(wtype) ? ((uintptr_t)Wg & 3) == 0 && ((uintptr_t)Wu & 3) == 0
+                                      : aligned16(Wg) && aligned16(Wu) && K % (wtype == IFK_F32 ? 4 : 8) == 0);
+    if (!pair) { /* apart: the same values */
+        int rc = ifkc_matmul(d, y, ldy, Wg, wtype, x, ldx, T, N, K);
+        if (!rc)
+            rc = ifkc_matmul(d, u, ldy, Wu, wtype, x, ldx, T, N, K);
+        if (!rc && ldy == (size_t)N)
+            rc = ifkc_silu_mul(d, y, u, (size_t)T * N);
+        for (int t = 0; !rc && ldy != (size_t)N && t < T; t++)
+            rc = ifkc_silu_mul(d, y + (size_t)t * ldy, u + (size_t)t * ldy, (size_t)N);
+        return rc;
+    }
+    if (!ifkc_supports_wtype(wtype))
+        return ifkc_seterr(IFKC_EUNSUPPORTED, "ifkc_matmul_glu: weight type %d is not supported", wtype);
+    if (!d || !y || !Wg || !x)
+        return ifkc_seterr(IFKC_EINVAL, "ifkc_matmul_glu: NULL argument");
+    if (T <= 0 || N <= 0 || K <= 0 || (T > 1 && (ldx < (size_t)K || ldy < (size_t)N)))
+        return ifkc_seterr(IFKC_EINVAL, "ifkc_matmul_glu: bad shape T=%d N=%d K=%d", T, N, K);
+    return matvec(d, y, ldy, Wg, Wu, wtype, x, ldx, T, N, K);
 }

@@ -4,14 +4,18 @@
  * (kernels/cpu/ref.c).
  *
  * Plan
- *   rmsnorm:  one block per row; each thread sums squares of a strided slice in double, the
- *             block adds the partial sums (warp shuffles, then shared memory) in double, and
- *             1 / sqrt(ss / n + eps) is rounded to float as the reference does; then
- *             y = x * inv * w in the reference's order.
- *   rope:     one thread per (token, pair); it computes the angle, cos and sin in double like
- *             the reference (rounded to float once) and rotates that pair in every head.
- *             The products are written with __fmul_rn / __fadd_rn so nvcc does not fuse them
- *             (the reference's x0*c - x1*s rounds each product).
+ *   rmsnorm:  one block per row; each thread loads its values of x and w into registers (all
+ *             before any store), sums their squares in double, the block adds the partial
+ *             sums (warp shuffles, then shared memory) in double, and 1 / sqrt(ss / n + eps)
+ *             is rounded to float as the reference does; then y = x * inv * w in the
+ *             reference's order. add_rmsnorm first adds the residual (x += r, stored) in the
+ *             same pass: the residual add and the next block's norm in one launch.
+ *   rope:     one block per token; its threads compute the token's angles, cos and sin in
+ *             double like the reference (rounded to float once), one pair each, into shared
+ *             memory, then rotate every (head, pair) at once. The products are written with
+ *             __fmul_rn / __fadd_rn so nvcc does not fuse them (the reference's x0*c - x1*s
+ *             rounds each product). rope_store: q's and k's RoPE and the cache store of k and
+ *             v in one launch, the same values as the three operations.
  *   silu_mul, add, add_bias: grid-stride loops, one element per thread per step.
  *   argmax:   stage 1: block b reduces a contiguous span of x to (value, index); stage 2: one
  *             block reduces the per-block pairs; the index is copied to the host. The order
@@ -20,6 +24,7 @@
  */
 #include "kernels/cuda/common.cuh"
 
+#include <cuda_fp16.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -61,7 +66,8 @@ static __device__ double block_sum_double(double v)
     return part[0];
 }
 
-/* y, x: [T][n] (one block per row; y may equal x); w: [n]. */
+/* y, x: [T][n] (one block per row; y may equal x); w: [n]. Rows longer than RMS_THREADS *
+ * RMS_PT_MAX values: x is read twice. */
 __global__ void rmsnorm_rows(float *y, const float *x, const float *w, int n, float eps)
 {
     const float *xr = x + (size_t)blockIdx.x * n;
@@ -78,6 +84,69 @@ __global__ void rmsnorm_rows(float *y, const float *x, const float *w, int n, fl
         yr[i] = __fmul_rn(__fmul_rn(xr[i], inv), w[i]);
 }
 
+enum { RMS_THREADS = 512, RMS_PT_MAX = 16 };
+
+/* The same for rows of at most blockDim.x * PT values (blockDim.x <= RMS_THREADS), each thread holding its PT values of x
+ * and w in registers, all loaded before anything is stored (so one wait for memory, not one a
+ * value: y may alias x, which keeps the compiler from reordering loads past stores). With r:
+ * x += r first (stored back to x: the residual add, ifk_add's rounding), then the norm of the
+ * sum into y; r may equal y. */
+template <int PT>
+__global__ void __launch_bounds__(RMS_THREADS) rmsnorm_rows_reg(float *y, float *x, const float *r, const float *w,
+                                                                int n, float eps)
+{
+    float *xr = x + (size_t)blockIdx.x * n;
+    float *yr = y + (size_t)blockIdx.x * n;
+    const float *rr = r ? r + (size_t)blockIdx.x * n : NULL;
+    float xv[PT], wv[PT];
+#pragma unroll
+    for (int k = 0; k < PT; k++) {
+        const int i = threadIdx.x + k * blockDim.x;
+        xv[k] = i < n ? xr[i] : 0.0f;
+        wv[k] = i < n ? w[i] : 0.0f;
+        if (rr && i < n)
+            xv[k] = __fadd_rn(xv[k], rr[i]);
+    }
+    double ss = 0.0;
+#pragma unroll
+    for (int k = 0; k < PT; k++)
+        ss += (double)xv[k] * (double)xv[k];
+    ss = block_sum_double(ss); /* every thread's loads are done past its barriers */
+    const float inv = (float)(1.0 / sqrt(ss / n + (double)eps));
+#pragma unroll
+    for (int k = 0; k < PT; k++) {
+        const int i = threadIdx.x + k * blockDim.x;
+        if (i < n) {
+            if (rr)
+                xr[i] = xv[k];
+            yr[i] = __fmul_rn(__fmul_rn(xv[k], inv), wv[k]);
+        }
+    }
+}
+
+static int rmsnorm_launch(ifkc_dev *d, float *y, float *x, const float *r, const float *w, int T, int n, float eps)
+{
+    const int pt = (n + RMS_THREADS - 1) / RMS_THREADS;
+    const unsigned g = (unsigned)T;
+    if (pt <= 1) /* a short row (a head's qk norm): as many threads as it has values */
+        rmsnorm_rows_reg<1><<<g, (n + 31) / 32 * 32, 0, d->stream>>>(y, x, r, w, n, eps);
+    else if (pt <= 2)
+        rmsnorm_rows_reg<2><<<g, RMS_THREADS, 0, d->stream>>>(y, x, r, w, n, eps);
+    else if (pt <= 4)
+        rmsnorm_rows_reg<4><<<g, RMS_THREADS, 0, d->stream>>>(y, x, r, w, n, eps);
+    else if (pt <= 8)
+        rmsnorm_rows_reg<8><<<g, RMS_THREADS, 0, d->stream>>>(y, x, r, w, n, eps);
+    else if (pt <= RMS_PT_MAX)
+        rmsnorm_rows_reg<RMS_PT_MAX><<<g, RMS_THREADS, 0, d->stream>>>(y, x, r, w, n, eps);
+    else if (!r)
+        rmsnorm_rows<<<g, OPS_THREADS, 0, d->stream>>>(y, x, w, n, eps);
+    else
+        return ifkc_seterr(IFKC_EUNSUPPORTED, "add_rmsnorm: rows of %d values (at most %d)", n,
+                           RMS_THREADS * RMS_PT_MAX);
+    IFKC_CKL("rmsnorm_rows");
+    return 0;
+}
+
 extern "C" int ifkc_rmsnorm(ifkc_dev *d, float *y, const float *x, const float *w, int T, int n, float eps)
 {
     if (!d || !y || !x || !w)
@@ -86,31 +155,75 @@ extern "C" int ifkc_rmsnorm(ifkc_dev *d, float *y, const float *x, const float *
         return ifkc_seterr(IFKC_EINVAL, "rmsnorm: bad shape (T %d, n %d)", T, n);
     if (T == 0 || n == 0)
         return 0;
-    rmsnorm_rows<<<(unsigned)T, OPS_THREADS, 0, d->stream>>>(y, x, w, n, eps);
-    IFKC_CKL("rmsnorm_rows");
-    return 0;
+    return rmsnorm_launch(d, y, (float *)x, NULL, w, T, n, eps);
+}
+
+extern "C" int ifkc_add_rmsnorm(ifkc_dev *d, float *x, float *y, const float *w, int T, int n, float eps)
+{
+    if (!d || !y || !x || !w)
+        return ifkc_seterr(IFKC_EINVAL, "add_rmsnorm: a NULL handle or pointer");
+    if (T < 0 || n < 0 || x == y)
+        return ifkc_seterr(IFKC_EINVAL, "add_rmsnorm: bad shape (T %d, n %d%s)", T, n, x == y ? ", x = y" : "");
+    if (T == 0 || n == 0)
+        return 0;
+    return rmsnorm_launch(d, y, x, y, w, T, n, eps);
 }
 
 /* ---- rope --------------------------------------------------------------------------------- */
 
-/* x: [T][ld], token t holding n_heads heads of head_dim from x + t*ld; fs: [rot_dim/2] or NULL.
- * One thread per (token, pair i < rot_dim/2). */
-__global__ void rope_pairs(float *x, size_t ld, int T, int n_heads, int head_dim, int rot_dim, int pos0,
-                           float theta, const float *fs, int interleaved)
+enum { ROPE_THREADS = 256, ROPE_HALF_MAX = 128 };
+
+/* The cosines and sines of token t's pairs into c, s [half] (shared), then a barrier. */
+static __device__ __forceinline__ void rope_angles(float *c, float *s, double pos, int half, int rot_dim, float theta,
+                                                   const float *fs, int interleaved)
 {
-    const int half = rot_dim / 2;
-    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)T * half)
-        return;
-    const int t = (int)(idx / half), i = (int)(idx % half);
-    float c, s;
-    int ia, ib;
-    ifkc_rope_pair((double)(pos0 + t), i, rot_dim, theta, fs, interleaved, &c, &s, &ia, &ib);
-    float *xt = x + (size_t)t * ld;
-    for (int h = 0; h < n_heads; h++) {
-        float *xh = xt + (size_t)h * head_dim;
-        ifkc_rotate(xh[ia], xh[ib], c, s, &xh[ia], &xh[ib]);
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        int ia, ib;
+        ifkc_rope_pair(pos, i, rot_dim, theta, fs, interleaved, &c[i], &s[i], &ia, &ib);
     }
+    __syncthreads();
+}
+
+/* Pair i of a head: the offsets of its two values. */
+static __device__ __forceinline__ void rope_index(int i, int half, int interleaved, int *ia, int *ib)
+{
+    *ia = interleaved ? 2 * i : i;
+    *ib = interleaved ? 2 * i + 1 : i + half;
+}
+
+/* x: [T][ld], token t holding n_heads heads of head_dim from x + t*ld; fs: [rot_dim/2] or NULL.
+ * One block per token: its threads compute the token's angles (one pair each), then rotate
+ * every (head, pair) of the token at once. Position: *pos_dev when not NULL, else pos0. */
+__global__ void __launch_bounds__(ROPE_THREADS) rope_rows(float *x, size_t ld, int n_heads, int head_dim, int rot_dim,
+                                                          int pos0, const int *pos_dev, float theta, const float *fs,
+                                                          int interleaved)
+{
+    __shared__ float c[ROPE_HALF_MAX], s[ROPE_HALF_MAX];
+    const int half = rot_dim / 2, t = blockIdx.x;
+    const int pos = (pos_dev ? *pos_dev : pos0) + t;
+    rope_angles(c, s, (double)pos, half, rot_dim, theta, fs, interleaved);
+    float *xt = x + (size_t)t * ld;
+    for (int idx = threadIdx.x; idx < n_heads * half; idx += blockDim.x) {
+        const int h = idx / half, i = idx % half;
+        int ia, ib;
+        rope_index(i, half, interleaved, &ia, &ib);
+        float *xh = xt + (size_t)h * head_dim;
+        ifkc_rotate(xh[ia], xh[ib], c[i], s[i], &xh[ia], &xh[ib]);
+    }
+}
+
+static int rope_check(const char *what, int T, int n_heads, int head_dim, int rot_dim, int pos0, size_t ld, int layout)
+{
+    if (layout != IFK_ROPE_HALF && layout != IFK_ROPE_INTERLEAVED)
+        return ifkc_seterr(IFKC_EINVAL, "%s: unknown layout %d", what, layout);
+    if (T < 0 || n_heads < 0 || head_dim < 0 || rot_dim < 0 || pos0 < 0 || (long long)pos0 + T > INT32_MAX ||
+        (T > 1 && ld < (size_t)n_heads * head_dim))
+        return ifkc_seterr(IFKC_EINVAL, "%s: bad shape (T %d, %d heads of %d, rot_dim %d, position %d, stride %zu)",
+                           what, T, n_heads, head_dim, rot_dim, pos0, ld);
+    if ((rot_dim < head_dim ? rot_dim : head_dim) > 2 * ROPE_HALF_MAX)
+        return ifkc_seterr(IFKC_EUNSUPPORTED, "%s: %d rotated dimensions (at most %d)", what,
+                           rot_dim < head_dim ? rot_dim : head_dim, 2 * ROPE_HALF_MAX);
+    return 0;
 }
 
 extern "C" int ifkc_rope(ifkc_dev *d, float *x, size_t ld, int T, int n_heads, int head_dim, int rot_dim, int pos0,
@@ -118,21 +231,92 @@ extern "C" int ifkc_rope(ifkc_dev *d, float *x, size_t ld, int T, int n_heads, i
 {
     if (!d || !x)
         return ifkc_seterr(IFKC_EINVAL, "rope: a NULL handle or pointer");
-    if (layout != IFK_ROPE_HALF && layout != IFK_ROPE_INTERLEAVED)
-        return ifkc_seterr(IFKC_EINVAL, "rope: unknown layout %d", layout);
-    if (T < 0 || n_heads < 0 || head_dim < 0 || rot_dim < 0 || pos0 < 0 || (long long)pos0 + T > INT32_MAX ||
-        (T > 1 && ld < (size_t)n_heads * head_dim))
-        return ifkc_seterr(IFKC_EINVAL, "rope: bad shape (T %d, %d heads of %d, rot_dim %d, position %d, stride %zu)",
-                           T, n_heads, head_dim, rot_dim, pos0, ld);
+    int rc = rope_check("rope", T, n_heads, head_dim, rot_dim, pos0, ld, layout);
+    if (rc)
+        return rc;
     if (rot_dim > head_dim)
         rot_dim = head_dim;
-    const size_t n = (size_t)T * (rot_dim / 2);
-    if (n == 0 || n_heads == 0)
+    if (T == 0 || rot_dim / 2 == 0 || n_heads == 0)
         return 0;
-    rope_pairs<<<ifkc_cdiv(n, OPS_THREADS), OPS_THREADS, 0, d->stream>>>(x, ld, T, n_heads, head_dim, rot_dim, pos0,
-                                                                         theta, freq_scale,
-                                                                         layout == IFK_ROPE_INTERLEAVED);
-    IFKC_CKL("rope_pairs");
+    rope_rows<<<(unsigned)T, ROPE_THREADS, 0, d->stream>>>(x, ld, n_heads, head_dim, rot_dim, pos0, ifkc_pos_slot(d),
+                                                           theta, freq_scale, layout == IFK_ROPE_INTERLEAVED);
+    IFKC_CKL("rope_rows");
+    return 0;
+}
+
+/* RoPE of q and k, then k and v stored into the cache, for token t = blockIdx.x: what
+ * rope_rows on q, rope_rows on k and kv_store_rows on k and v compute, in one launch, the
+ * angles computed once for both. k's rotated values go to the cache and back to k. */
+template <typename KV>
+__global__ void __launch_bounds__(ROPE_THREADS) rope_store_rows(float *q, size_t ldq, int nq, float *k, const float *v,
+                                                                size_t ldkv, int nkv, KV *kc, KV *vc, size_t ldc,
+                                                                int pos0, const int *pos_dev, int head_dim,
+                                                                int rot_dim, float theta, const float *fs,
+                                                                int interleaved)
+{
+    __shared__ float c[ROPE_HALF_MAX], s[ROPE_HALF_MAX];
+    const int half = rot_dim / 2, t = blockIdx.x;
+    const int pos = (pos_dev ? *pos_dev : pos0) + t;
+    rope_angles(c, s, (double)pos, half, rot_dim, theta, fs, interleaved);
+    float *qt = q + (size_t)t * ldq, *kt = k + (size_t)t * ldkv;
+    const float *vt = v + (size_t)t * ldkv;
+    KV *kr = kc + (size_t)pos * ldc, *vr = vc + (size_t)pos * ldc;
+    for (int idx = threadIdx.x; idx < nq * half; idx += blockDim.x) {
+        const int h = idx / half, i = idx % half;
+        int ia, ib;
+        rope_index(i, half, interleaved, &ia, &ib);
+        float *xh = qt + (size_t)h * head_dim;
+        ifkc_rotate(xh[ia], xh[ib], c[i], s[i], &xh[ia], &xh[ib]);
+    }
+    for (int idx = threadIdx.x; idx < nkv * half; idx += blockDim.x) {
+        const int h = idx / half, i = idx % half;
+        int ia, ib;
+        rope_index(i, half, interleaved, &ia, &ib);
+        const size_t o = (size_t)h * head_dim;
+        float y0, y1;
+        ifkc_rotate(kt[o + ia], kt[o + ib], c[i], s[i], &y0, &y1);
+        kt[o + ia] = y0, kt[o + ib] = y1;
+        ifkc_kv_put(kr + o + ia, y0);
+        ifkc_kv_put(kr + o + ib, y1);
+    }
+    /* the key values past rot_dim as they are, and the values */
+    const int n = nkv * head_dim;
+    for (int e = threadIdx.x; e < n; e += blockDim.x) {
+        if (e % head_dim >= 2 * half)
+            ifkc_kv_put(kr + e, kt[e]);
+        ifkc_kv_put(vr + e, vt[e]);
+    }
+}
+
+extern "C" int ifkc_rope_store(ifkc_dev *d, float *q, size_t ldq, int nq, float *k, const float *v, size_t ldkv,
+                               int nkv, void *kcache, void *vcache, int kv_type, size_t ldc, int T, int head_dim,
+                               int rot_dim, int pos0, float theta, const float *freq_scale, int layout)
+{
+    if (!d || !q || !k || !v || !kcache || !vcache)
+        return ifkc_seterr(IFKC_EINVAL, "rope and store: a NULL handle or pointer");
+    if (kv_type != IFK_F32 && kv_type != IFK_F16)
+        return ifkc_seterr(IFKC_EUNSUPPORTED, "rope and store: kv cache type %d is not supported (f32 or f16)", kv_type);
+    int rc = rope_check("rope and store", T, nq, head_dim, rot_dim, pos0, ldq, layout);
+    if (!rc)
+        rc = rope_check("rope and store", T, nkv, head_dim, rot_dim, pos0, ldkv, layout);
+    if (rc)
+        return rc;
+    if (ldc < (size_t)nkv * head_dim)
+        return ifkc_seterr(IFKC_EINVAL, "rope and store: cache stride %zu is below a row of %d", ldc, nkv * head_dim);
+    if (rot_dim > head_dim)
+        rot_dim = head_dim;
+    if (T == 0)
+        return 0;
+    const int il = layout == IFK_ROPE_INTERLEAVED;
+    if (kv_type == IFK_F32)
+        rope_store_rows<float><<<(unsigned)T, ROPE_THREADS, 0, d->stream>>>(
+            q, ldq, nq, k, v, ldkv, nkv, (float *)kcache, (float *)vcache, ldc, pos0, ifkc_pos_slot(d), head_dim,
+            rot_dim, theta, freq_scale, il);
+    else
+        rope_store_rows<__half><<<(unsigned)T, ROPE_THREADS, 0, d->stream>>>(
+            q, ldq, nq, k, v, ldkv, nkv, (__half *)kcache, (__half *)vcache, ldc, pos0, ifkc_pos_slot(d), head_dim,
+            rot_dim, theta, freq_scale, il);
+    IFKC_CKL("rope_store_rows");
     return 0;
 }
 

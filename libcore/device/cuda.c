@@ -192,7 +192,42 @@ static int cu_attention_bias(iflow_device *d, float *out, const float *q, size_t
 
 static int cu_query(const iflow_device *d, iflow_device_info *info) { return iflow_cuda_info(d->info.index, info); }
 
+static int cu_add_rmsnorm(iflow_device *d, float *x, float *y, const float *r, const float *w, int T, int n, float eps)
+{
+    if (r != y) /* the kernel adds y into x: r must be y (the engine's only use) */
+        return iflow_seterr(IFLOW_EINVAL, "%s: add_rmsnorm adds the row it writes", d->info.name);
+    CALL(d, ifkc_add_rmsnorm(DEV(d), x, y, w, T, n, eps));
+}
+
+static int cu_rope_store(iflow_device *d, float *q, size_t ldq, int nq, float *k, const float *v, size_t ldkv,
+                         void *kpool, void *vpool, const ifk_kv_layout *L, const ifk_kv_seq *seq,
+                         const ifk_rope_params *rp)
+{
+    int rc = cu_kv_check(d, L, seq, 1);
+    if (rc < 0)
+        return rc;
+    const int kv_type = L->type == IFK_KV_F16 ? IFK_F16 : IFK_F32;
+    CALL(d, ifkc_rope_store(DEV(d), q, ldq, nq, k, v, ldkv, L->n_kv_heads, cu_block(kpool, L, seq->table[0]),
+                            cu_block(vpool, L, seq->table[0]), kv_type, (size_t)L->n_kv_heads * L->head_dim,
+                            seq->n_rows, L->head_dim, rp->rot_dim, seq->pos0, rp->theta, rp->freq_scale, rp->layout));
+}
+
+static int cu_glu(iflow_device *d, float *gate, float *up, size_t ld, const void *Wg, const void *Wu, int wtype,
+                  const float *x, size_t ldx, int T, int N, int K)
+{
+    CALL(d, ifkc_matmul_glu(DEV(d), gate, up, ld, Wg, Wu, wtype, x, ldx, T, N, K));
+}
+
 static int cu_record_begin(iflow_device *d) { CALL(d, ifkc_graph_begin(DEV(d))); }
+static int cu_record_at(iflow_device *d, int pos0, int max_pos, uint64_t key)
+{
+    CALL(d, ifkc_graph_begin_at(DEV(d), pos0, max_pos, key));
+}
+static int cu_replay(iflow_device *d, int pos0, uint64_t key)
+{
+    int rc = ifkc_graph_replay(DEV(d), pos0, key);
+    return rc < 0 ? fail(d, rc) : rc;
+}
 static int cu_record_end(iflow_device *d) { CALL(d, ifkc_graph_end(DEV(d))); }
 static void cu_record_abort(iflow_device *d) { ifkc_graph_abort(DEV(d)); }
 
@@ -205,16 +240,21 @@ static const iflow_device_ops cuda_ops = {
     NULL, /* pack: CUDA multiplies the row layout */
     cu_attention_bias,
     NULL, /* relu_mul: none yet */
-    cu_record_begin, cu_record_end, cu_record_abort,
+    cu_record_begin, cu_record_end, cu_record_abort, cu_record_at, cu_replay,
+    cu_add_rmsnorm, cu_rope_store, cu_glu,
 };
 
-void iflow_cuda_graph_stats(const iflow_device *d, long *launches, long *instantiations, long *aborts)
+/* The same without the fused ops (IFLOW_CUDA_UNFUSED=1): what they save, measured. */
+static iflow_device_ops cuda_ops_unfused;
+
+void iflow_cuda_graph_stats(const iflow_device *d, iflow_graph_stats *out)
 {
     ifkc_graph_stats st;
     ifkc_graph_stats_get(DEV(d), &st);
-    *launches = st.launches;
-    *instantiations = st.instantiations;
-    *aborts = st.aborts;
+    out->launches = st.launches;
+    out->instantiations = st.instantiations;
+    out->aborts = st.aborts;
+    out->replays = st.replays;
 }
 
 int iflow_cuda_count(const char **why)
@@ -271,6 +311,14 @@ int iflow_cuda_open(iflow_device **out, int index)
         return iflow_preperr(rc, "cannot open cuda:%d", index);
     }
     d->ops = &cuda_ops;
+    const char *unfused = getenv("IFLOW_CUDA_UNFUSED");
+    if (unfused && strcmp(unfused, "1") == 0) {
+        cuda_ops_unfused = cuda_ops;
+        cuda_ops_unfused.add_rmsnorm = NULL;
+        cuda_ops_unfused.rope_store = NULL;
+        cuda_ops_unfused.glu = NULL;
+        d->ops = &cuda_ops_unfused;
+    }
     *out = d;
     return 0;
 }
@@ -299,7 +347,7 @@ static const iflow_comm_ops nccl_ops = {nc_bcast, nc_allreduce, nc_send, nc_recv
 int iflow_comm_nccl_open(iflow_comm **out, iflow_device *gpu, iflow_comm *boot)
 {
     *out = NULL;
-    if (!gpu || gpu->ops != &cuda_ops)
+    if (!gpu || gpu->info.kind != IFLOW_DEVICE_CUDA)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "NCCL runs between GPUs: this process's device is %s",
                             gpu ? gpu->info.name : "the cpu");
     const int rank = boot ? boot->rank : 0, size = boot ? boot->size : 1;
@@ -367,10 +415,7 @@ int iflow_cuda_open(iflow_device **out, int index)
     return iflow_seterr(IFLOW_EUNSUPPORTED, "cannot open cuda:%d: %s", index, no_cuda);
 }
 
-void iflow_cuda_graph_stats(const iflow_device *d, long *launches, long *instantiations, long *aborts)
-{
-    *launches = *instantiations = *aborts = 0;
-}
+void iflow_cuda_graph_stats(const iflow_device *d, iflow_graph_stats *st) { (void)d, (void)st; }
 
 int iflow_comm_nccl_open(iflow_comm **out, iflow_device *gpu, iflow_comm *boot)
 {

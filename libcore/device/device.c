@@ -59,12 +59,11 @@ int iflow_device_open_auto(iflow_device **out, int n_threads, const char **fallb
     return iflow_cpu_open(out, n_threads);
 }
 
-void iflow_device_graph_stats(const iflow_device *d, long *launches, long *instantiations, long *aborts)
+void iflow_device_graph_stats(const iflow_device *d, iflow_graph_stats *st)
 {
+    memset(st, 0, sizeof *st);
     if (d && d->info.kind == IFLOW_DEVICE_CUDA)
-        iflow_cuda_graph_stats(d, launches, instantiations, aborts);
-    else
-        *launches = *instantiations = *aborts = 0;
+        iflow_cuda_graph_stats(d, st);
 }
 
 const char *iflow_device_cuda_status(void)

@@ -119,6 +119,30 @@ typedef struct {
     int  (*record_begin)(iflow_device *d);
     int  (*record_end)(iflow_device *d);
     void (*record_abort)(iflow_device *d);
+    /* A step recorded once and run again (NULL: none). record_at begins a recording (ended by
+     * record_end, dropped by record_abort) in which the ops that take the step's position
+     * (rope, kv_store, rope_store, and attention_paged of one token) read it on the device,
+     * where replay sets it: replay(d, pos0, key) runs the last such recording again at position
+     * pos0 without recording it (0), or returns 1, running nothing, when it cannot (none
+     * recorded under this key since, a buffer it used replaced, pos0 >= max_pos): then record
+     * again. The results are those of the ops run one by one at that position. key: the
+     * caller's name for everything else the recording depends on (buffers, shapes). */
+    int  (*record_at)(iflow_device *d, int pos0, int max_pos, uint64_t key);
+    int  (*replay)(iflow_device *d, int pos0, uint64_t key);
+    /* Fused ops (NULL: the engine runs the ops they stand for; the same values; the CUDA
+     * device leaves them out when IFLOW_CUDA_UNFUSED=1 is in the environment, so that what
+     * they save can be measured):
+     * add_rmsnorm: x += r, then y = rmsnorm(x) * w, for T contiguous rows of n (y may be r). */
+    int  (*add_rmsnorm)(iflow_device *d, float *x, float *y, const float *r, const float *w, int T, int n, float eps);
+    /* rope_store: rope of q (nq heads, stride ldq) and of k (the layout's kv heads), then
+     * kv_store of k and v (stride ldkv), for the one sequence seq. */
+    int  (*rope_store)(iflow_device *d, float *q, size_t ldq, int nq, float *k, const float *v, size_t ldkv,
+                       void *kpool, void *vpool, const ifk_kv_layout *L, const ifk_kv_seq *seq,
+                       const ifk_rope_params *rp);
+    /* glu: the gated FFN's hidden rows, gate = silu(x Wg^T) * (x Wu^T), Wg and Wu [N][K] of
+     * wtype, x [T][K] at ldx, gate [T][N] at ld; up (the same shape) may be used as scratch. */
+    int  (*glu)(iflow_device *d, float *gate, float *up, size_t ld, const void *Wg, const void *Wu, int wtype,
+                const float *x, size_t ldx, int T, int N, int K);
 } iflow_device_ops;
 
 struct iflow_device {
@@ -150,10 +174,13 @@ int  iflow_device_query(const iflow_device *d, iflow_device_info *info);
  * with CUDA=0)", "no CUDA driver ...", "no CUDA-capable device"). Thread-local string. */
 const char *iflow_device_cuda_status(void);
 
-/* How the device's recordings went (record_begin..record_end): steps run as one graph, how many
- * of those needed a new graph rather than an update of the last, recordings dropped. All 0 on
- * a device that does not record. */
-void iflow_device_graph_stats(const iflow_device *d, long *launches, long *instantiations, long *aborts);
+/* How the device's recordings went: steps run as one graph, how many of those needed a new
+ * graph rather than an update of the last, recordings dropped, and of the steps run, those
+ * that ran a positional recording again (replay). All 0 on a device that does not record. */
+typedef struct {
+    long launches, instantiations, aborts, replays;
+} iflow_graph_stats;
+void iflow_device_graph_stats(const iflow_device *d, iflow_graph_stats *st);
 
 /* Make n bytes of host data available on d: *out = host itself on a host-memory device (or d
  * NULL, the host), else a new device copy (free it with iflow_device_unput). */

@@ -17,6 +17,6 @@ int  iflow_cuda_open(iflow_device **out, int index);
 /* Number of CUDA devices, 0 with *why set when there are none. */
 int  iflow_cuda_count(const char **why);
 int  iflow_cuda_info(int index, iflow_device_info *info);
-void iflow_cuda_graph_stats(const iflow_device *d, long *launches, long *instantiations, long *aborts);
+void iflow_cuda_graph_stats(const iflow_device *d, iflow_graph_stats *st);
 
 #endif

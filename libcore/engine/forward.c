@@ -24,9 +24,11 @@
 #include <math.h>
 #include <omp.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 /* ===================================================================== context =========== */
 
@@ -53,7 +55,15 @@ struct iflow_kv {
     ifk_kv_layout *L;           /* [n_parts]: the part's kv heads, the cache's type and blocks */
     void **k, **v;              /* [n_parts] pools on the part's device                        */
     iflow_device **dev;         /* [n_parts] the device that allocated them; NULL: the host    */
+    uint64_t serial;            /* unique among the caches and contexts of this process        */
 };
+
+/* A number no other cache or context of this process has had (replayed steps' keys). */
+static uint64_t next_serial(void)
+{
+    static atomic_uint_fast64_t n;
+    return (uint64_t)atomic_fetch_add(&n, 1) + 1;
+}
 
 struct iflow_ctx {
     const iflow_model *m;
@@ -68,8 +78,11 @@ struct iflow_ctx {
     float *out_logits;          /* [out_rows][vocab] host: a step's logits before they are handed out */
     int out_rows;
     iflow_comm *comm;           /* several processes (comm.h), or NULL */
-    int record;                 /* single-token steps recorded as one graph where they can be (iflow_ctx_set_graphs; default 0) */
+    int record;                 /* IFLOW_GRAPHS_*: how one-token steps run where they can be recorded (iflow_ctx_set_graphs) */
     int record_fails;           /* recordings dropped in a row; at RECORD_MAX_FAILS the context stops trying */
+    uint64_t serial;            /* see next_serial */
+    float *replay_y;            /* where the replayed step's logits are, and their rows (step_replayed) */
+    int replay_n_out, replay_n_full;
 };
 
 static void scratch_free(dev_scratch *s)
@@ -179,6 +192,7 @@ int iflow_kv_open(iflow_kv **out, const iflow_model *m, int type, int block, int
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
     kv->m = m;
     kv->n_parts = n_parts;
+    kv->serial = next_serial();
     kv->L = calloc((size_t)n_parts, sizeof *kv->L);
     kv->k = calloc((size_t)n_parts, sizeof *kv->k);
     kv->v = calloc((size_t)n_parts, sizeof *kv->v);
@@ -333,6 +347,7 @@ static int ctx_open(iflow_ctx **out, const iflow_model *m, int n_ctx, int n_thre
     if (!c)
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
     c->m = m;
+    c->serial = next_serial();
     c->n_ctx = n_ctx;
     c->n_threads = n_threads > 0 ? n_threads : omp_get_num_procs();
     c->n_dev = m->n_devs;
@@ -423,6 +438,9 @@ int iflow_ffn_hidden(const iflow_hparams *hp, iflow_device *d, const layer_weigh
                      float *gate, float *up)
 {
     const int D = hp->dim, gated = hp->ffn == IFLOW_FFN_GATED;
+    if (gated && hp->activation == IFLOW_ACT_SILU && d->ops->glu && !w->gate_b && !w->up_b &&
+        w->gate.type == w->up.type) /* SwiGLU in one op */
+        return d->ops->glu(d, gate, up, (size_t)F, w->gate.data, w->up.data, w->gate.type, in, (size_t)D, T, F, D);
     IFLOW_TRY(iflow_linear_rows(d, gate, F, gated ? w->gate : w->up, gated ? w->gate_b : w->up_b, in, D, T, F, D));
     if (gated)
         IFLOW_TRY(iflow_linear_rows(d, up, F, w->up, w->up_b, in, D, T, F, D));
@@ -491,15 +509,26 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
         IFLOW_TRY(d->ops->rmsnorm(d, s->kx, s->kx, w->k_norm, T * nkv, hd, hp->norm_eps));
     }
     const float theta = layer_theta(m, L);
-    for (int i = 0; i < r->n_seq && hp->position == IFLOW_POS_ROPE; i++) {
-        const ifk_kv_seq *q = &r->seq[i];
-        IFLOW_TRY(d->ops->rope(d, s->q + (size_t)q->row0 * Q, (size_t)Q, q->n_rows, nq, hd, hp->rope_dim, q->pos0, theta,
-                         rope_scale, hp->rope_layout));
-        IFLOW_TRY(d->ops->rope(d, s->kx + (size_t)q->row0 * KV, (size_t)KV, q->n_rows, nkv, hd, hp->rope_dim, q->pos0,
-                         theta, rope_scale, hp->rope_layout));
+    if (hp->position == IFLOW_POS_ROPE && d->ops->rope_store) { /* RoPE and the cache store in one op */
+        const ifk_rope_params rp = {.rot_dim = hp->rope_dim, .theta = theta, .freq_scale = rope_scale,
+                                    .layout = hp->rope_layout};
+        for (int i = 0; i < r->n_seq; i++) {
+            const ifk_kv_seq *q = &r->seq[i];
+            IFLOW_TRY(d->ops->rope_store(d, s->q + (size_t)q->row0 * Q, (size_t)Q, nq, s->kx + (size_t)q->row0 * KV,
+                                         s->vx + (size_t)q->row0 * KV, (size_t)KV, r->kv->k[k], r->kv->v[k], L, q,
+                                         &rp));
+        }
+    } else {
+        for (int i = 0; i < r->n_seq && hp->position == IFLOW_POS_ROPE; i++) {
+            const ifk_kv_seq *q = &r->seq[i];
+            IFLOW_TRY(d->ops->rope(d, s->q + (size_t)q->row0 * Q, (size_t)Q, q->n_rows, nq, hd, hp->rope_dim, q->pos0,
+                                   theta, rope_scale, hp->rope_layout));
+            IFLOW_TRY(d->ops->rope(d, s->kx + (size_t)q->row0 * KV, (size_t)KV, q->n_rows, nkv, hd, hp->rope_dim,
+                                   q->pos0, theta, rope_scale, hp->rope_layout));
+        }
+        IFLOW_TRY(d->ops->kv_store(d, r->kv->k[k], L, r->seq, r->n_seq, s->kx, (size_t)KV));
+        IFLOW_TRY(d->ops->kv_store(d, r->kv->v[k], L, r->seq, r->n_seq, s->vx, (size_t)KV));
     }
-    IFLOW_TRY(d->ops->kv_store(d, r->kv->k[k], L, r->seq, r->n_seq, s->kx, (size_t)KV));
-    IFLOW_TRY(d->ops->kv_store(d, r->kv->v[k], L, r->seq, r->n_seq, s->vx, (size_t)KV));
     IFLOW_TRY(d->ops->attention_paged(d, s->att, s->q, (size_t)Q, r->kv->k[k], r->kv->v[k], L, r->seq, r->n_seq, nq,
                                 hp->attn_scale));
     /* o-projection into xb (free now), then the residual add */
@@ -512,16 +541,17 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
 }
 
 /* Gated FFN sub-block of part k for T tokens: its columns' down projection into s->xb, added
- * into s->x when `residual`. */
-static int ffn_block(iflow_ctx *c, dev_scratch *s, int k, int T, int residual)
+ * into s->x when `residual`. normed: s->xb holds the block's input already (add_rmsnorm). */
+static int ffn_block(iflow_ctx *c, dev_scratch *s, int k, int T, int residual, int normed)
 {
     const iflow_hparams *hp = &c->m->hp;
     const layer_part *p = &c->m->parts[k];
     const layer_weights *w = &p->w;
     iflow_device *d = s->dev;
     int D = hp->dim, F = p->f1 - p->f0;
-    const float *in;
-    IFLOW_TRY(iflow_block_in(c->m, s->dev, s->x, s->xb, w->ffn_norm, w->ffn_norm_b, T, &in));
+    const float *in = s->xb;
+    if (!normed)
+        IFLOW_TRY(iflow_block_in(c->m, s->dev, s->x, s->xb, w->ffn_norm, w->ffn_norm_b, T, &in));
     if (d->host_memory && p->f0 == 0)
         iflow_observe(c, layer_of_part(c->m, k), IFLOW_OBS_FFN_IN, 0, in, D, T, D);
     IFLOW_TRY(iflow_ffn_hidden(hp, d, w, in, T, F, s->gate, s->up));
@@ -538,14 +568,22 @@ static int ffn_block(iflow_ctx *c, dev_scratch *s, int k, int T, int residual)
  * attention's output waits in s->xa (swapped with s->xb, no copy) while the FFN runs. */
 static int layer_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows *r)
 {
-    if (!c->m->hp.parallel_residual) {
+    const iflow_hparams *hp = &c->m->hp;
+    iflow_device *d = s->dev;
+    if (!hp->parallel_residual && !hp->post_ln && hp->norm == IFLOW_NORM_RMS && d->ops->add_rmsnorm) {
+        /* the attention's residual add and the FFN's norm in one op */
+        IFLOW_TRY(attention_block(c, s, k, r, 0));
+        IFLOW_TRY(d->ops->add_rmsnorm(d, s->x, s->xb, s->xb, c->m->parts[k].w.ffn_norm, r->T, hp->dim, hp->norm_eps));
+        return ffn_block(c, s, k, r->T, 1, 1);
+    }
+    if (!hp->parallel_residual) {
         IFLOW_TRY(attention_block(c, s, k, r, 1));
-        return ffn_block(c, s, k, r->T, 1);
+        return ffn_block(c, s, k, r->T, 1, 0);
     }
     IFLOW_TRY(attention_block(c, s, k, r, 0));
     float *t = s->xa;
     s->xa = s->xb, s->xb = t;
-    IFLOW_TRY(ffn_block(c, s, k, r->T, 1));
+    IFLOW_TRY(ffn_block(c, s, k, r->T, 1, 0));
     return s->dev->ops->add(s->dev, s->x, s->xa, (size_t)r->T * c->m->hp.dim);
 }
 
@@ -615,7 +653,7 @@ static void *run_part(void *arg)
     int dv = j->c->m->parts[j->k].dev;
     j->rc = move_to(j->c, HOST, dv, j->r->T);
     if (j->rc == 0)
-        j->rc = j->is_ffn ? ffn_block(j->c, &j->c->dev[dv], j->k, j->r->T, 0)
+        j->rc = j->is_ffn ? ffn_block(j->c, &j->c->dev[dv], j->k, j->r->T, 0, 0)
                           : attention_block(j->c, &j->c->dev[dv], j->k, j->r, 0);
     if (j->rc < 0)
         snprintf(j->err, sizeof j->err, "%s", iflow_errmsg());
@@ -817,7 +855,7 @@ static int split_block_comm(iflow_ctx *c, int *cur, int k0, int k1, const step_r
         IFLOW_TRY(move_to(c, *cur, me, r->T));
         *cur = me;
         if (mine >= 0)
-            IFLOW_TRY(is_ffn ? ffn_block(c, s, mine, r->T, 0) : attention_block(c, s, mine, r, 0));
+            IFLOW_TRY(is_ffn ? ffn_block(c, s, mine, r->T, 0, 0) : attention_block(c, s, mine, r, 0));
         else { /* zeros into the all-reduce */
             memset(c->acc, 0, n * sizeof(float));
             IFLOW_TRY(s->dev->ops->upload(s->dev, s->xb, c->acc, n * sizeof(float)));
@@ -830,7 +868,7 @@ static int split_block_comm(iflow_ctx *c, int *cur, int k0, int k1, const step_r
     memset(c->acc, 0, n * sizeof(float));
     if (mine >= 0) {
         IFLOW_TRY(move_to(c, HOST, me, r->T));
-        IFLOW_TRY(is_ffn ? ffn_block(c, s, mine, r->T, 0) : attention_block(c, s, mine, r, 0));
+        IFLOW_TRY(is_ffn ? ffn_block(c, s, mine, r->T, 0, 0) : attention_block(c, s, mine, r, 0));
         if (s->dev->host_memory)
             memcpy(c->acc, s->xb, n * sizeof(float));
         else
@@ -1186,8 +1224,14 @@ static int step_logits(iflow_ctx *c, dev_scratch *s, const iflow_step_seq *seqs,
  * same ops with the same arguments as the step op by op, so the results are identical. A
  * recording that fails (an op that would have to wait, such as a scratch buffer that grows
  * with the context) is dropped and the step runs op by op; after RECORD_MAX_FAILS failures in
- * a row the context stops recording. Opt-in (iflow_ctx_set_graphs, iflow-run --gpu-graphs): on
- * an H200, recording every step cost about what launching it at once saved. */
+ * a row the context stops recording.
+ *
+ * Recording a step costs the host about what launching its ops does, so recording every step
+ * saves nothing (IFLOW_GRAPHS_ALL; on an H200 it was no faster). A step of one sequence of one
+ * token is recorded once instead (the device's record_at: the ops that take the position read
+ * it on the device) and run again at each next position (replay) while nothing it depends on
+ * changed (replay_key): one launch a step, the host free at once (IFLOW_GRAPHS_REPLAY, the
+ * default of iflow-run; docs/PERFORMANCE.md has the figures). */
 enum { RECORD_MAX_FAILS = 8 };
 
 static int recordable(const iflow_ctx *c)
@@ -1211,15 +1255,49 @@ static int layers_project(iflow_ctx *c, dev_scratch *s, const step_rows *r, cons
     return step_project(c, s, seqs, r->seq, n_seqs, y, n_out, n_full);
 }
 
+/* What a recording of one sequence's one-token step depends on besides the position: the
+ * context and the cache (their serials: their buffers), the sequence's block, the logits
+ * buffer (it grows), and what the step hands out. A replay under another key records again. */
+static uint64_t replay_key(const iflow_ctx *c, const dev_scratch *s, const step_rows *r, const iflow_step_seq *q)
+{
+    const uint64_t k[6] = {c->serial, r->kv->serial, (uint64_t)(uintptr_t)s->logits, (uint64_t)r->seq[0].table[0],
+                           (uint64_t)q->n_out, (q->logits != NULL) | (q->next != NULL) << 1};
+    return XXH64(k, sizeof k, 0);
+}
+
+/* The positions a sequence of the cache can hold (its block: one block per sequence on a GPU). */
+static int replay_max_pos(const iflow_kv *kv)
+{
+    int most = kv->L[0].block;
+    for (int k = 1; k < kv->n_parts; k++)
+        most = kv->L[k].block < most ? kv->L[k].block : most;
+    return most;
+}
+
 /* A step (rows r of tokens ids) with the layers and the projection recorded (recordable(c)). */
 static int step_recorded(iflow_ctx *c, const int32_t *ids, const step_rows *r, const iflow_step_seq *seqs, int n_seqs)
 {
     dev_scratch *s = &c->dev[c->m->output_dev];
     iflow_device *d = s->dev;
     float *y = NULL;
-    int n_out = 0, n_full = 0;
+    int n_out = 0, n_full = 0, rc;
     IFLOW_TRY(embed(c, ids, r, c->m->output_dev));
-    int rc = d->ops->record_begin(d);
+    /* One sequence of one token: run the last recording again if it holds (replay_key), else
+     * record one that can be (record_at). */
+    const int at = n_seqs == 1 && r->T == 1 && d->ops->record_at && d->ops->replay;
+    const int pos0 = r->seq[0].pos0;
+    uint64_t key = 0;
+    if (at) {
+        key = replay_key(c, s, r, seqs);
+        if ((rc = d->ops->replay(d, pos0, key)) < 0)
+            return rc;
+        if (rc == 0)
+            return c->replay_n_out ? step_outputs(c, s, seqs, n_seqs, c->replay_y, c->replay_n_out, c->replay_n_full)
+                                   : 0;
+        rc = d->ops->record_at(d, pos0, replay_max_pos(r->kv), key);
+    } else {
+        rc = d->ops->record_begin(d);
+    }
     if (rc == 0) {
         rc = layers_project(c, s, r, seqs, n_seqs, &y, &n_out, &n_full);
         if (rc == 0)
@@ -1232,6 +1310,11 @@ static int step_recorded(iflow_ctx *c, const int32_t *ids, const step_rows *r, c
         IFLOW_TRY(layers_project(c, s, r, seqs, n_seqs, &y, &n_out, &n_full));
     } else {
         c->record_fails = 0;
+        if (at) { /* what a replay of this recording hands out */
+            c->replay_y = y;
+            c->replay_n_out = n_out;
+            c->replay_n_full = n_full;
+        }
     }
     return n_out ? step_outputs(c, s, seqs, n_seqs, y, n_out, n_full) : 0;
 }
@@ -1248,7 +1331,10 @@ static int ctx_step_recorded(iflow_ctx *c, int32_t id, float *logits, int32_t *n
     return 0;
 }
 
-void iflow_ctx_set_graphs(iflow_ctx *c, int on) { c->record = on != 0; }
+void iflow_ctx_set_graphs(iflow_ctx *c, int mode)
+{
+    c->record = mode == IFLOW_GRAPHS_ALL || mode == IFLOW_GRAPHS_REPLAY ? mode : IFLOW_GRAPHS_OFF;
+}
 
 int iflow_ctx_step(iflow_ctx *c, iflow_kv *kv, const iflow_step_seq *seqs, int n_seqs)
 {
@@ -1276,7 +1362,7 @@ int iflow_ctx_step(iflow_ctx *c, iflow_kv *kv, const iflow_step_seq *seqs, int n
     }
     step_rows r = {.kv = kv, .seq = seq, .n_seq = n_seqs, .T = T};
     dev_scratch *s;
-    if (!c->comm && T == n_seqs && recordable(c)) /* one token each */
+    if (!c->comm && T == n_seqs && recordable(c) && (n_seqs == 1 || c->record == IFLOW_GRAPHS_ALL)) /* one token each */
         return step_recorded(c, ids, &r, seqs, n_seqs);
     if (!c->comm) {
         IFLOW_TRY(forward_layers(c, ids, &r, &s));

@@ -336,11 +336,18 @@ int  iflow_ctx_set_comm(iflow_ctx *c, struct iflow_comm *comm);
  * (the lowest id among equal logits), found on the output device: only the id is copied back. */
 int  iflow_ctx_eval_argmax(iflow_ctx *c, const int32_t *ids, int n, int32_t *next);
 
-/* With on, steps whose sequences each bring one token (iflow_ctx_step, and iflow_ctx_eval /
- * iflow_ctx_eval_argmax with n = 1) are recorded and run as one graph when the whole model is on
- * one device that records (CUDA): the same operations with the same results, launched at once.
- * Off (the default) runs them op by op: recording every step costs about what it saves
- * (docs/PERFORMANCE.md, "Decode steps as CUDA graphs"). */
-void iflow_ctx_set_graphs(iflow_ctx *c, int on);
+/* How decode steps run when the whole model is on one device that records (CUDA graphs); the
+ * results are the same in every mode (the same operations, launched otherwise):
+ *   IFLOW_GRAPHS_OFF     op by op (the default);
+ *   IFLOW_GRAPHS_REPLAY  a step of one sequence bringing one token (iflow_ctx_step, and
+ *                        iflow_ctx_eval / iflow_ctx_eval_argmax with n = 1) is recorded once
+ *                        and run again at each next position, one launch a step (the device
+ *                        reads the position itself); iflow-run's default on a GPU;
+ *   IFLOW_GRAPHS_ALL     that, and steps of several sequences of one token each recorded and
+ *                        run as one graph each time (recording a step costs about what
+ *                        launching it at once saves).
+ * docs/PERFORMANCE.md, "On a GPU: decode steps recorded once, fused ops". */
+enum { IFLOW_GRAPHS_OFF = 0, IFLOW_GRAPHS_ALL = 1, IFLOW_GRAPHS_REPLAY = 2 };
+void iflow_ctx_set_graphs(iflow_ctx *c, int mode);
 
 #endif

@@ -239,11 +239,11 @@ const iflow_batch_params *iflow_batch_params_of(const iflow_batch *b) { return &
 int iflow_batch_set_comm(iflow_batch *b, struct iflow_comm *comm) { return iflow_ctx_set_comm(b->ctx, comm); }
 int iflow_batch_pending(const iflow_batch *b) { return b->n_running + b->n_queued; }
 
-void iflow_batch_set_graphs(iflow_batch *b, int on)
+void iflow_batch_set_graphs(iflow_batch *b, int mode)
 {
-    iflow_ctx_set_graphs(b->ctx, on);
+    iflow_ctx_set_graphs(b->ctx, mode);
     if (b->dctx)
-        iflow_ctx_set_graphs(b->dctx, on);
+        iflow_ctx_set_graphs(b->dctx, mode);
 }
 
 void iflow_batch_get_stats(const iflow_batch *b, iflow_batch_stats *st)

@@ -60,9 +60,9 @@ void iflow_result_free(iflow_result *r);
 /* Requests running or queued. */
 int  iflow_batch_pending(const iflow_batch *b);
 void iflow_batch_get_stats(const iflow_batch *b, iflow_batch_stats *st);
-/* Decode steps as one CUDA graph each (model.h's iflow_ctx_set_graphs), the draft's too; off by
- * default. */
-void iflow_batch_set_graphs(iflow_batch *b, int on);
+/* How decode steps run on a GPU (model.h's iflow_ctx_set_graphs: IFLOW_GRAPHS_OFF, _REPLAY,
+ * _ALL), the draft's too; off by default. */
+void iflow_batch_set_graphs(iflow_batch *b, int mode);
 /* Run the batch's steps as one process of several (model.h's iflow_ctx_set_comm): every
  * process must add the same requests in the same order. */
 int  iflow_batch_set_comm(iflow_batch *b, struct iflow_comm *comm);

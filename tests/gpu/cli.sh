@@ -9,8 +9,12 @@
 #     values; the CPU's quantized kernels round activations to integers, so they are not the
 #     reference here): at least the first 32 tokens equal on every prompt, and the count of the
 #     64 that agree is printed;
-#   - with --gpu-graphs, decode steps run as CUDA graphs (iflow-run -v counts them) and give the
-#     CPU's greedy tokens;
+#   - decode steps are recorded once and run again at each next position (iflow-run's default;
+#     -v counts them; --gpu-graphs as well) and give the CPU's greedy tokens, and on the
+#     TinyLlama shape the tokens of the ops launched one by one (--no-gpu-graphs), greedy and
+#     sampled;
+#   - the fused ops give what the ops they stand for give (IFLOW_CUDA_UNFUSED=1): the same
+#     greedy ids, the same perplexity to the last digit;
 #   - GPU/CPU hybrid (--gpu-layers 2 of 5) gives the CPU's greedy tokens;
 #   - iflow-ppl on the GPU within 0.1 % of the CPU's perplexity;
 #   - a placement that does not fit names the device and the bytes it lacks, before loading.
@@ -52,16 +56,32 @@ cpu=$(greedy "$TMP/xs.ifs" cpu 64 "Once upon a time")
 gpu=$(greedy "$TMP/xs.ifs" cuda 64 "Once upon a time")
 expect_eq "$gpu" "$cpu" "xs-ckpt: greedy ids on the GPU"
 
-# ---- --gpu-graphs: decode steps as CUDA graphs, the same greedy ids ----
+# ---- --gpu-graphs: decode steps recorded once and run again, the same greedy ids ----
 prompt=$(head -n 1 "$G/stories260K.greedy64.jsonl" | jq -r .prompt)
 for model in s s16; do
     cpu=$(greedy "$TMP/$model.ifs" cpu 64 "$prompt")
     run $BIN/iflow-run -m "$TMP/$model.ifs" --device cuda --gpu-graphs -n 64 -p "$prompt" --temp 0 --json -v
     expect_eq "$(jq -c .gen_ids <<<"$out")" "$cpu" "$model --gpu-graphs: the CPU's greedy ids"
-    expect_match "$err" "cuda:0: [1-9][0-9]* steps run as one graph \([0-9]+ set up anew\), [0-9]+ recordings dropped" \
+    expect_match "$err" "cuda:0: [1-9][0-9]* steps run as one graph \([0-9]+ set up anew, [0-9]+ run again without recording\), [0-9]+ recordings dropped" \
         "$model --gpu-graphs: decode steps run as CUDA graphs"
+    replays=$(sed -n 's/.* \([0-9]*\) run again without recording.*/\1/p' <<<"$err")
+    [ "${replays:-0}" -ge 50 ] && ok || bad "$model --gpu-graphs: ${replays:-0} of 63 steps run again, expected 50 or more"
     printf 'OBSERVED %s --gpu-graphs: %s\n' "$model" "$(grep 'as one graph' <<<"$err")" >&2
 done
+
+# ---- the fused ops (RoPE with the cache store, residual add with the norm, SwiGLU in one
+# product) give the values of the ops they stand for: IFLOW_CUDA_UNFUSED=1 runs those ----
+for model in s s16; do
+    run $BIN/iflow-run -m "$TMP/$model.ifs" --device cuda -n 64 -p "$prompt" --temp 0 --json
+    fused=$(jq -c .gen_ids <<<"$out")
+    run env IFLOW_CUDA_UNFUSED=1 $BIN/iflow-run -m "$TMP/$model.ifs" --device cuda --no-gpu-graphs -n 64 -p "$prompt" \
+        --temp 0 --json
+    expect_eq "$(jq -c .gen_ids <<<"$out")" "$fused" "$model: the same greedy ids with the ops unfused, op by op"
+done
+ppl_of() { $BIN/iflow-ppl -m "$1" -f "$DATA/data/wikitext-2-raw/wiki.test.raw" -c 256 --chunks 4 --json --device cuda | jq .ppl; }
+p_fused=$(ppl_of "$TMP/s.ifs")
+p_unfused=$(IFLOW_CUDA_UNFUSED=1 ppl_of "$TMP/s.ifs")
+expect_eq "$p_fused" "$p_unfused" "stories260K: the same perplexity, to the last digit, with the ops unfused"
 
 # ---- hybrid: 2 of 5 layers on the GPU ----
 prompt=$(head -n 1 "$G/stories260K.greedy64.jsonl" | jq -r .prompt)
@@ -141,6 +161,19 @@ if [ -f "$DATA/models/synthetic/tinyllama-1.1b/config.json" ]; then
     gpu=$(greedy "$TMP/tl.ifs" cuda 32 "Once upon a time")
     echo "OBSERVED tinyllama-1.1b f16: $(agree "$gpu" "$cpu") of 32 greedy tokens agree" >&2
     expect_eq "$gpu" "$cpu" "tinyllama-1.1b f16: greedy ids on the GPU"
+    # recorded once and replayed over 100 positions (attention of 1 and 2 chunks; iflow-run's
+    # default): the ids of the ops launched one by one
+    run $BIN/iflow-run -m "$TMP/tl.ifs" --device cuda --no-gpu-graphs -n 100 -p "Once upon a time" --temp 0 --json -v
+    byop=$(jq -c .gen_ids <<<"$out")
+    expect_eq "$(grep -c 'as one graph' <<<"$err")" 0 "--no-gpu-graphs: no step recorded"
+    run $BIN/iflow-run -m "$TMP/tl.ifs" --device cuda -n 100 -p "Once upon a time" --temp 0 --json -v
+    expect_eq "$(jq -c .gen_ids <<<"$out")" "$byop" "tinyllama-1.1b f16, steps replayed: the ids of the ops run one by one"
+    printf 'OBSERVED tinyllama-1.1b, steps replayed: %s\n' "$(grep 'as one graph' <<<"$err")" >&2
+    # sampling reads the logits a replayed step hands out: the same tokens for the same seed
+    run $BIN/iflow-run -m "$TMP/tl.ifs" --device cuda --no-gpu-graphs -n 48 -p "Once upon a time" --temp 0.8 --seed 7 --json
+    byop=$(jq -c .gen_ids <<<"$out")
+    run $BIN/iflow-run -m "$TMP/tl.ifs" --device cuda -n 48 -p "Once upon a time" --temp 0.8 --seed 7 --json
+    expect_eq "$(jq -c .gen_ids <<<"$out")" "$byop" "tinyllama-1.1b f16, steps replayed, sampled: the ids of the ops run one by one"
     ppl_close "$TMP/tl.ifs" 512 2 tinyllama-1.1b
     # a placement that cannot fit: refused with the device and the bytes, before loading
     run $BIN/iflow-run -m "$TMP/tl.ifs" --device cuda -c 16000000 -p hi -n 1

@@ -11,7 +11,9 @@
  * untouched); x not 16-byte aligned (a copy to scratch first); a quantized matrix larger than
  * one prefill tile; the argument checks (an unsupported type code is IFKC_EUNSUPPORTED and the
  * message names it; bad shapes and NULL pointers are IFKC_EINVAL); and N = 4096, K = 11008 at
- * T = 1 and 64 for Q4_B64, Q8_B64 and F16, whose decode speed is printed (not checked).
+ * T = 1 and 64 for Q4_B64, Q8_B64 and F16, whose decode speed is printed (not checked); and
+ * ifkc_matmul_glu (the gated FFN's gate and up products with SiLU in one kernel) bit for bit
+ * against the three operations it stands for.
  *
  * Tolerances, per output y[t][n], with w' the decoded weights and
  *     S  = sum_k |w'_k x_k|,       S' = sum_k (|min_b(k)| + q_k delta_b(k)) |x_k|
@@ -352,6 +354,44 @@ static void test_large(void)
     }
 }
 
+/* ifkc_matmul_glu against ifkc_matmul (gate), ifkc_matmul (up) and ifkc_silu_mul, bit for bit:
+ * every type, T = 1, 2, 3, 8 (one kernel) and 9 (the ops apart), K with and without a partial
+ * last block (37: the element-wise F16 / BF16 kernel, computed apart). */
+static void test_glu(void)
+{
+    static const int Ks[] = {64, 37, 1000}, Ts[] = {1, 2, 3, 8, 9};
+    const int N = 37;
+    for (int ti = 0; ti < N_TYPES; ti++)
+        for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
+            const int K = Ks[ki];
+            wmat g = wmat_make(all_types[ti], N, K), u = wmat_make(all_types[ti], N, K);
+            float *x = x_make(9, K, (size_t)K), *xd = gpu_dup(x, (size_t)9 * K * 4);
+            float *y1 = gpu_dup(NULL, (size_t)9 * N * 4), *u1 = gpu_dup(NULL, (size_t)9 * N * 4);
+            float *y2 = gpu_dup(NULL, (size_t)9 * N * 4), *u2 = gpu_dup(NULL, (size_t)9 * N * 4);
+            float *h1 = gpu_xmalloc((size_t)9 * N * 4), *h2 = gpu_xmalloc((size_t)9 * N * 4);
+            for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+                const int T = Ts[i];
+                int rc = ifkc_matmul(dev, y1, N, g.dev, g.type, xd, K, T, N, K);
+                if (!rc)
+                    rc = ifkc_matmul(dev, u1, N, u.dev, u.type, xd, K, T, N, K);
+                if (!rc)
+                    rc = ifkc_silu_mul(dev, y1, u1, (size_t)T * N);
+                CHECK(rc == 0, "glu %s K %d T %d: the ops apart: %s", tname(g.type), K, T, ifkc_errmsg());
+                int rc2 = ifkc_matmul_glu(dev, y2, u2, N, g.dev, u.dev, g.type, xd, K, T, N, K);
+                CHECK(rc2 == 0, "glu %s K %d T %d: %s", tname(g.type), K, T, ifkc_errmsg());
+                if (rc == 0 && rc2 == 0 && gpu_fetch(h1, y1, (size_t)T * N * 4) == 0 &&
+                    gpu_fetch(h2, y2, (size_t)T * N * 4) == 0)
+                    CHECK(memcmp(h1, h2, (size_t)T * N * 4) == 0,
+                          "glu %s K %d T %d: not the values of the gate and up products and silu_mul", tname(g.type),
+                          K, T);
+            }
+            ifkc_free(dev, xd), ifkc_free(dev, y1), ifkc_free(dev, u1), ifkc_free(dev, y2), ifkc_free(dev, u2);
+            free(x), free(h1), free(h2);
+            wmat_free(&g);
+            wmat_free(&u);
+        }
+}
+
 int main(void)
 {
     if (!gpu_open("test_cuda_matmul"))
@@ -363,6 +403,7 @@ int main(void)
     RUN(test_shapes);
     RUN(test_strides);
     RUN(test_tiles);
+    RUN(test_glu);
     RUN(test_large);
 
     printf("  worst |y - ref| / tolerance:\n");

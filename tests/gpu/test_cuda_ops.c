@@ -12,7 +12,8 @@
  * positions), silu_mul, add, add_bias, argmax (ties, n = 1, a vocabulary of 151936), and
  * recording (ifkc_graph_*): three recordings of the same ops with other lengths give the ops'
  * results exactly, set up one graph and update it twice; a download while recording is
- * refused; an aborted recording runs nothing.
+ * refused; an aborted recording runs nothing. The fused ops (add_rmsnorm, rope_store) and a
+ * positional recording (ifkc_graph_begin_at) replayed at 259 next positions, against the ops.
  *
  * Tolerances (the CPU reference accumulates dot products and sums in double):
  *   attention:  |o - ref| <= 1e-4 * max |v|. The GPU sums in F32 in another order: scores
@@ -20,13 +21,16 @@
  *               chunks and lanes); the float error of such sums is ~1e-6 relative, 1e-4 leaves
  *               room for the longest sums while any indexing or masking error (a wrong key,
  *               a missing rescale) is far larger.
- *   rmsnorm:    |y - ref| <= 1e-6 * |ref| + 1e-30: both sum squares in double; only the
+ *   rmsnorm, add_rmsnorm:
+ *               |y - ref| <= 1e-6 * |ref| + 1e-30: both sum squares in double; only the
  *               float rounding of 1/sqrt may differ (1 ulp = 1.2e-7 relative).
  *   rope:       |x - ref| <= 1e-6 absolute for |x| <= 1: angles, cos and sin in double on both
  *               sides, rounded once to float; CUDA's double pow/sincos may differ from libm by
  *               an ulp of double, which changes the float cos/sin at most by 1 float ulp.
  *   silu_mul:   |g - ref| <= 1e-6 * |ref| + 1e-30: CUDA's expf is within 2 ulp, glibc's 1.
  *   kv_store, add, add_bias, argmax: exact.
+ *   Fused ops against the ops they stand for, and a positional recording's replays against
+ *   the ops run at each position: exact (the same operations in the same order).
  */
 #include <math.h>
 #include <stdint.h>
@@ -357,7 +361,7 @@ static void test_kv_shift(void)
 
 static void test_rmsnorm(void)
 {
-    static const int ns[] = {1, 7, 1000, 4096, 5120};
+    static const int ns[] = {1, 7, 1000, 4096, 5120, 8192, 10000}; /* 10000: the two-pass kernel */
     const int T = 3;
     for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
         for (int inplace = 0; inplace <= 1; inplace++) {
@@ -617,6 +621,207 @@ static void test_graph(void)
     free(got);
 }
 
+/* ---- fused ops ---------------------------------------------------------------------------- */
+
+/* add_rmsnorm: x += r stored bit for bit as ifk_add; y against the CPU's rmsnorm of the sum, and
+ * bit for bit against ifkc_add then ifkc_rmsnorm (y = r, as the engine calls it). */
+static void test_add_rmsnorm(void)
+{
+    static const int ns[] = {1, 7, 64, 1000, 4096, 5120, 8192};
+    const int T = 3;
+    for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+        const int n = ns[ni];
+        const size_t tn = (size_t)T * n;
+        float *x = gpu_xmalloc(tn * 4), *r = gpu_xmalloc(tn * 4), *w = gpu_xmalloc((size_t)n * 4);
+        float *sum = gpu_xmalloc(tn * 4), *ref = gpu_xmalloc(tn * 4), *gx = gpu_xmalloc(tn * 4), *gy = gpu_xmalloc(tn * 4);
+        float *ux = gpu_xmalloc(tn * 4), *uy = gpu_xmalloc(tn * 4);
+        fill(x, tn, -2.0f, 2.0f);
+        fill(r, tn, -2.0f, 2.0f);
+        fill(w, n, 0.5f, 1.5f);
+        memcpy(sum, x, tn * 4);
+        ifk_add(sum, r, tn);
+        for (int t = 0; t < T; t++)
+            ifk_rmsnorm(ref + (size_t)t * n, sum + (size_t)t * n, w, n, 1e-5f);
+        float *dx = gpu_dup(x, tn * 4), *dr = gpu_dup(r, tn * 4), *dw = gpu_dup(w, (size_t)n * 4);
+        float *ex = gpu_dup(x, tn * 4), *er = gpu_dup(r, tn * 4);
+        int rc = ifkc_add_rmsnorm(dev, dx, dr, dw, T, n, 1e-5f);
+        CHECK(rc == 0, "add_rmsnorm n %d: %s", n, ifkc_errmsg());
+        int rc2 = ifkc_add(dev, ex, er, tn);
+        if (rc2 == 0)
+            rc2 = ifkc_rmsnorm(dev, er, ex, dw, T, n, 1e-5f);
+        CHECK(rc2 == 0, "add then rmsnorm n %d: %s", n, ifkc_errmsg());
+        if (rc == 0 && rc2 == 0 && gpu_fetch(gx, dx, tn * 4) == 0 && gpu_fetch(gy, dr, tn * 4) == 0 &&
+            gpu_fetch(ux, ex, tn * 4) == 0 && gpu_fetch(uy, er, tn * 4) == 0) {
+            CHECK(memcmp(gx, sum, tn * 4) == 0, "add_rmsnorm n %d: x + r is not ifk_add's", n);
+            size_t bad = tn;
+            for (size_t i = 0; i < tn && bad == tn; i++)
+                if (!(fabsf(gy[i] - ref[i]) <= 1e-6f * fabsf(ref[i]) + 1e-30f))
+                    bad = i;
+            CHECK(bad == tn, "add_rmsnorm n %d: element %zu is %g, reference %g", n, bad, bad < tn ? gy[bad] : 0.0f,
+                  bad < tn ? ref[bad] : 0.0f);
+            CHECK(memcmp(gx, ux, tn * 4) == 0 && memcmp(gy, uy, tn * 4) == 0,
+                  "add_rmsnorm n %d: not the values of ifkc_add then ifkc_rmsnorm", n);
+        }
+        ifkc_free(dev, dx), ifkc_free(dev, dr), ifkc_free(dev, dw), ifkc_free(dev, ex), ifkc_free(dev, er);
+        free(x), free(r), free(w), free(sum), free(ref), free(gx), free(gy), free(ux), free(uy);
+    }
+    float *d1 = gpu_dup(NULL, 64);
+    CHECK(ifkc_add_rmsnorm(dev, d1, d1, d1, 1, 16, 1e-5f) == IFKC_EINVAL, "add_rmsnorm with y = x is refused");
+    CHECK(ifkc_add_rmsnorm(dev, d1, d1 + 1, d1, 1, 9000, 1e-5f) == IFKC_EUNSUPPORTED,
+          "add_rmsnorm of rows past 8192 is refused: %s", ifkc_errmsg());
+    ifkc_free(dev, d1);
+}
+
+/* rope_store: q, k and both caches bit for bit as ifkc_rope on q and k, then ifkc_kv_store of k
+ * and v (cache rows outside the step untouched by both). */
+static void rope_store_case(int kv_type, int head_dim, int rot_dim, int T, int pos0, int layout, int with_fs)
+{
+    const int nq = 6, nkv = 2, rows = pos0 + T + 3;
+    const size_t ldq = (size_t)nq * head_dim, ldkv = (size_t)nkv * head_dim, ldc = ldkv + 8;
+    const size_t es = kv_type == IFK_F32 ? 4 : 2, nqv = (size_t)T * ldq, nkvv = (size_t)T * ldkv, cb = rows * ldc * es;
+    float *q = gpu_xmalloc(nqv * 4), *k = gpu_xmalloc(nkvv * 4), *v = gpu_xmalloc(nkvv * 4), fs[128];
+    unsigned char *cache = gpu_xmalloc(cb), *a = gpu_xmalloc(cb), *b = gpu_xmalloc(cb);
+    fill(q, nqv, -1.0f, 1.0f);
+    fill(k, nkvv, -1.0f, 1.0f);
+    fill(v, nkvv, -1.0f, 1.0f);
+    fill(fs, 128, 0.25f, 1.0f);
+    for (size_t i = 0; i < cb; i++)
+        cache[i] = (unsigned char)(i * 37 + 11);
+    float *dfs = gpu_dup(fs, sizeof fs), *fsp = with_fs ? dfs : NULL;
+    float *q1 = gpu_dup(q, nqv * 4), *k1 = gpu_dup(k, nkvv * 4), *v1 = gpu_dup(v, nkvv * 4);
+    float *q2 = gpu_dup(q, nqv * 4), *k2 = gpu_dup(k, nkvv * 4), *v2 = gpu_dup(v, nkvv * 4);
+    void *kc1 = gpu_dup(cache, cb), *vc1 = gpu_dup(cache, cb), *kc2 = gpu_dup(cache, cb), *vc2 = gpu_dup(cache, cb);
+    int rc = ifkc_rope(dev, q1, ldq, T, nq, head_dim, rot_dim, pos0, 10000.0f, fsp, layout);
+    if (!rc)
+        rc = ifkc_rope(dev, k1, ldkv, T, nkv, head_dim, rot_dim, pos0, 10000.0f, fsp, layout);
+    if (!rc)
+        rc = ifkc_kv_store(dev, kc1, kv_type, ldc, pos0, k1, ldkv, T, (int)ldkv);
+    if (!rc)
+        rc = ifkc_kv_store(dev, vc1, kv_type, ldc, pos0, v1, ldkv, T, (int)ldkv);
+    CHECK(rc == 0, "rope then store: %s", ifkc_errmsg());
+    int rc2 = ifkc_rope_store(dev, q2, ldq, nq, k2, v2, ldkv, nkv, kc2, vc2, kv_type, ldc, T, head_dim, rot_dim, pos0,
+                              10000.0f, fsp, layout);
+    CHECK(rc2 == 0, "rope_store: %s", ifkc_errmsg());
+    if (rc == 0 && rc2 == 0) {
+        const char *what = NULL;
+        float *g1 = gpu_xmalloc(nqv * 4), *g2 = gpu_xmalloc(nqv * 4);
+        if (gpu_fetch(g1, q1, nqv * 4) == 0 && gpu_fetch(g2, q2, nqv * 4) == 0 && memcmp(g1, g2, nqv * 4))
+            what = "q";
+        if (!what && gpu_fetch(g1, k1, nkvv * 4) == 0 && gpu_fetch(g2, k2, nkvv * 4) == 0 && memcmp(g1, g2, nkvv * 4))
+            what = "k";
+        if (!what && gpu_fetch(a, kc1, cb) == 0 && gpu_fetch(b, kc2, cb) == 0 && memcmp(a, b, cb))
+            what = "the key cache";
+        if (!what && gpu_fetch(a, vc1, cb) == 0 && gpu_fetch(b, vc2, cb) == 0 && memcmp(a, b, cb))
+            what = "the value cache";
+        CHECK(!what, "rope_store %s d%d rot %d T %d pos0 %d %s%s: %s differs from rope then store", kvname(kv_type),
+              head_dim, rot_dim, T, pos0, layout == IFK_ROPE_HALF ? "half" : "interleaved", with_fs ? " freq_scale" : "",
+              what);
+        free(g1), free(g2);
+    }
+    ifkc_free(dev, dfs), ifkc_free(dev, q1), ifkc_free(dev, k1), ifkc_free(dev, v1), ifkc_free(dev, q2);
+    ifkc_free(dev, k2), ifkc_free(dev, v2), ifkc_free(dev, kc1), ifkc_free(dev, vc1), ifkc_free(dev, kc2);
+    ifkc_free(dev, vc2);
+    free(q), free(k), free(v), free(cache), free(a), free(b);
+}
+
+static void test_rope_store(void)
+{
+    for (int kt = IFK_F32; kt <= IFK_F16; kt++)
+        for (int layout = IFK_ROPE_HALF; layout <= IFK_ROPE_INTERLEAVED; layout++) {
+            rope_store_case(kt, 64, 64, 1, 0, layout, 0);
+            rope_store_case(kt, 128, 128, 1, 4095, layout, 1);
+            rope_store_case(kt, 64, 32, 5, 37, layout, 0); /* partial rotary: the rest stored as it is */
+            rope_store_case(kt, 8, 8, 17, 3, layout, 1);
+            rope_store_case(kt, 256, 256, 2, 100000, layout, 0);
+        }
+}
+
+/* ---- a step recorded once, run again at the next positions (ifkc_graph_begin_at) -------------- */
+
+/* A decode step's position-dependent ops (rope_store, then attention of the one token) for
+ * positions 0 .. n_steps - 1: op by op with their own positions, and as one positional
+ * recording replayed at each next position. Outputs bit for bit equal at every position (the
+ * attention's chunks are the same: 1 to 5 chunks of 64 keys here), the caches too. */
+static void test_graph_at(void)
+{
+    enum { NQ = 32, NKV = 4, HD = 64, MAX_POS = 300, STEPS = 260 };
+    const size_t ld = (size_t)NKV * HD, ldq = (size_t)NQ * HD, cb = (size_t)MAX_POS * ld * 2;
+    float *q = gpu_xmalloc(ldq * 4), *kv = gpu_xmalloc(2 * ld * 4), *o1 = gpu_xmalloc(ldq * 4), *o2 = gpu_xmalloc(ldq * 4);
+    float *dq[2] = {gpu_dup(NULL, ldq * 4), gpu_dup(NULL, ldq * 4)}, *dk[2] = {gpu_dup(NULL, ld * 4), gpu_dup(NULL, ld * 4)};
+    float *dv[2] = {gpu_dup(NULL, ld * 4), gpu_dup(NULL, ld * 4)}, *dout[2] = {gpu_dup(NULL, ldq * 4), gpu_dup(NULL, ldq * 4)};
+    void *kc[2] = {gpu_dup(NULL, cb), gpu_dup(NULL, cb)}, *vc[2] = {gpu_dup(NULL, cb), gpu_dup(NULL, cb)};
+    const unsigned long long key = 0x1234;
+    ifkc_graph_stats st0, st;
+    ifkc_graph_stats_get(dev, &st0);
+    int bad = 0, recorded = 0, retries = 0;
+    for (int pos = 0; pos < STEPS && !bad; pos++) {
+        fill(q, ldq, -1.0f, 1.0f);
+        fill(kv, 2 * ld, -1.0f, 1.0f);
+        for (int i = 0; i < 2; i++) /* the step's inputs, as the embedding and projections would leave them */
+            if (ifkc_upload(dev, dq[i], q, ldq * 4) || ifkc_upload(dev, dk[i], kv, ld * 4) ||
+                ifkc_upload(dev, dv[i], kv + ld, ld * 4))
+                bad = 1;
+        int rc = ifkc_rope_store(dev, dq[0], ldq, NQ, dk[0], dv[0], ld, NKV, kc[0], vc[0], IFK_F16, ld, 1, HD, HD, pos,
+                                 10000.0f, NULL, IFK_ROPE_HALF);
+        if (!rc)
+            rc = ifkc_attention(dev, dout[0], dq[0], kc[0], vc[0], IFK_F16, ld, 1, pos, NQ, NKV, HD, 0.125f);
+        CHECK(rc == 0, "graph_at: op by op at %d: %s", pos, ifkc_errmsg());
+        rc = recorded ? ifkc_graph_replay(dev, pos, key) : 1;
+        CHECK(rc >= 0, "graph_at: replay at %d: %s", pos, ifkc_errmsg());
+        if (rc == 1) { /* record; a first try may lack scratch (the partials of 5 chunks) */
+            CHECK(!recorded, "graph_at: replay at %d refused", pos);
+            for (int tries = 0; tries < 2 && rc != 0; tries++) {
+                rc = ifkc_graph_begin_at(dev, pos, MAX_POS, key);
+                CHECK(rc == 0, "graph_at: begin at %d: %s", pos, ifkc_errmsg());
+                if (rc)
+                    break;
+                rc = ifkc_rope_store(dev, dq[1], ldq, NQ, dk[1], dv[1], ld, NKV, kc[1], vc[1], IFK_F16, ld, 1, HD, HD,
+                                     pos, 10000.0f, NULL, IFK_ROPE_HALF);
+                if (!rc)
+                    rc = ifkc_attention(dev, dout[1], dq[1], kc[1], vc[1], IFK_F16, ld, 1, pos, NQ, NKV, HD, 0.125f);
+                if (!rc)
+                    rc = ifkc_graph_end(dev);
+                else {
+                    ifkc_graph_abort(dev);
+                    retries++;
+                }
+            }
+            CHECK(rc == 0, "graph_at: recording at %d: %s", pos, ifkc_errmsg());
+            recorded = rc == 0;
+            bad |= rc != 0;
+        }
+        if (!bad && gpu_fetch(o1, dout[0], ldq * 4) == 0 && gpu_fetch(o2, dout[1], ldq * 4) == 0 &&
+            memcmp(o1, o2, ldq * 4)) {
+            CHECK(0, "graph_at: the output at position %d differs from the ops run one by one", pos);
+            bad = 1;
+        }
+    }
+    unsigned char *c1 = gpu_xmalloc(cb), *c2 = gpu_xmalloc(cb);
+    if (!bad && gpu_fetch(c1, kc[0], cb) == 0 && gpu_fetch(c2, kc[1], cb) == 0)
+        CHECK(memcmp(c1, c2, (size_t)STEPS * ld * 2) == 0, "graph_at: the key caches differ");
+    ifkc_graph_stats_get(dev, &st);
+    CHECK(bad || st.replays - st0.replays == STEPS - 1, "graph_at: %ld replays, expected %d", st.replays - st0.replays,
+          STEPS - 1);
+    printf("OBSERVED graph_at: %d positions, %ld replays, %d recordings dropped for scratch\n", STEPS,
+           st.replays - st0.replays, retries);
+    CHECK(ifkc_graph_replay(dev, 5, key + 1) == 1, "graph_at: a replay under another key runs nothing");
+    CHECK(ifkc_graph_replay(dev, MAX_POS, key) == 1, "graph_at: a replay past max_pos runs nothing");
+    CHECK(ifkc_graph_begin_at(dev, MAX_POS, MAX_POS, key) == IFKC_EINVAL, "graph_at: a recording at max_pos is refused");
+    /* a plain recording replaces the positional graph: replays stop */
+    if (ifkc_graph_begin(dev) == 0) {
+        if (ifkc_add(dev, dout[0], dout[1], 8) == 0)
+            CHECK(ifkc_graph_end(dev) == 0, "graph_at: plain recording: %s", ifkc_errmsg());
+        else
+            ifkc_graph_abort(dev);
+    }
+    CHECK(ifkc_graph_replay(dev, 5, key) == 1, "graph_at: no replay after a plain recording");
+    CHECK(ifkc_sync(dev) == 0, "graph_at: sync: %s", ifkc_errmsg());
+    for (int i = 0; i < 2; i++)
+        ifkc_free(dev, dq[i]), ifkc_free(dev, dk[i]), ifkc_free(dev, dv[i]), ifkc_free(dev, dout[i]),
+            ifkc_free(dev, kc[i]), ifkc_free(dev, vc[i]);
+    free(q), free(kv), free(o1), free(o2), free(c1), free(c2);
+}
+
 int main(void)
 {
     if (!gpu_open("test_cuda_ops"))
@@ -635,6 +840,9 @@ int main(void)
     RUN(test_add_bias);
     RUN(test_argmax);
     RUN(test_graph);
+    RUN(test_add_rmsnorm);
+    RUN(test_rope_store);
+    RUN(test_graph_at);
 
     ifkc_close(dev);
     return check_summary("test_cuda_ops");

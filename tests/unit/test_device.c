@@ -13,7 +13,8 @@
  *     bit-identical to the plan in one process: the GPU's side of one process per device;
  *   - steps recorded as one graph (iflow_ctx_set_graphs) on a device whose record ops this test
  *     provides: the engine's recorded path gives the same bits, and a device that refuses to
- *     record gets each step op by op, until the context stops asking;
+ *     record gets each step op by op, until the context stops asking; in replay mode a step of
+ *     one sequence is asked to be run again, then recorded at its position under one key;
  *   - placement errors: bad indices, a weight type a device has no kernel for (named), a device
  *     without the memory (named, with the bytes missing), all before anything is copied.
  */
@@ -89,6 +90,30 @@ static int rec_begin(iflow_device *d)
 }
 static int rec_end(iflow_device *d) { return rec_ends++, 0; }
 static void rec_abort(iflow_device *d) { rec_aborts++; }
+
+/* Positional recording (record_at / replay): this device cannot run a recording again (its ops
+ * ran at once), so replay always says "record again"; the test checks what the engine asks:
+ * the positions, the most positions, and that one context's steps keep one key. */
+static int rec_ats, rec_replays, rec_keys_differ, rec_at_pos[16], rec_at_max;
+static uint64_t rec_key;
+static int rec_at(iflow_device *d, int pos0, int max_pos, uint64_t key)
+{
+    if (rec_ats > 0 && key != rec_key)
+        rec_keys_differ++;
+    rec_key = key;
+    if (rec_ats < 16)
+        rec_at_pos[rec_ats] = pos0;
+    rec_at_max = max_pos;
+    rec_ats++;
+    return 0;
+}
+static int rec_replay(iflow_device *d, int pos0, uint64_t key)
+{
+    rec_replays++;
+    if (rec_ats > 0 && key != rec_key)
+        rec_keys_differ++;
+    return 1;
+}
 
 /* ---- helpers ---- */
 
@@ -311,6 +336,31 @@ static void test_recorded_steps(void)
     CHECK(bit_identical(a, b, 2 * N_DECODE * V), "two sequences: recorded steps give the same logits");
     free(a);
     free(b);
+    /* IFLOW_GRAPHS_REPLAY: one-token steps of one sequence go through record_at (replay asked
+     * first), at their positions, under one key; steps of two sequences run op by op */
+    detached_ops.record_at = rec_at;
+    detached_ops.replay = rec_replay;
+    run_graphs = IFLOW_GRAPHS_REPLAY;
+    rec_begins = rec_ends = rec_aborts = rec_ats = rec_replays = rec_keys_differ = 0;
+    float *got = run_model(m, &n);
+    CHECK(got && n == n_ref && bit_identical(got, ref, n), "replayable steps: bit-identical");
+    free(got);
+    CHECK(rec_ats == N_DECODE && rec_replays == N_DECODE && rec_ends == N_DECODE && rec_begins == 0,
+          "replay mode: %d record_at, %d replays asked, %d ended, %d plain recordings (%d steps)", rec_ats,
+          rec_replays, rec_ends, rec_begins, N_DECODE);
+    int at_ok = rec_at_max == 64;
+    for (int s = 0; s < N_DECODE && s < 16; s++)
+        at_ok &= rec_at_pos[s] == N_PROMPT + s;
+    CHECK(at_ok && rec_keys_differ == 0, "replay mode: positions %d.., at most %d, %d key changes", rec_at_pos[0],
+          rec_at_max, rec_keys_differ);
+    a = calloc((size_t)2 * N_DECODE * V, sizeof(float));
+    rec_ats = rec_begins = 0;
+    CHECK(run_steps(m, IFLOW_GRAPHS_REPLAY, a) == 0 && rec_ats == 0 && rec_begins == 0,
+          "replay mode, two sequences: op by op (%d, %d recordings)", rec_ats, rec_begins);
+    free(a);
+    detached_ops.record_at = NULL;
+    detached_ops.replay = NULL;
+
     /* argmax steps too; after 8 refusals in a row the context stops recording */
     iflow_ctx *c;
     if (rc == 0 && iflow_ctx_open(&c, m, 64, 1) == 0) {
