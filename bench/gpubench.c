@@ -45,7 +45,7 @@
  *                    them back to back, not waiting for the host; queued_behind says whether
  *                    the host did finish enqueueing before the copies ended). A step that costs
  *                    more host_us than gpu_us is bound by the host's launches. Then the fused
- *                    ops (rope_store, add_rmsnorm, glu) and the layer with them, as the
+ *                    ops (qkv, rope_store, add_rmsnorm, glu) and the layer with them, as the
  *                    engine runs it on a GPU (layer_fused).
  *
  * Timing: each measurement enqueues calls on the device's stream and ends a round with
@@ -648,6 +648,12 @@ static int op_rope_store(step_args *a)
                            a->vc, IFK_F16, (size_t)nkv * hd, 1, hd, hd, a->n_pos - 1, 10000.0f, NULL, IFK_ROPE_HALF);
 }
 static int op_add_rmsnorm(step_args *a) { return ifkc_add_rmsnorm(a->d, a->x, a->xb, a->norm_w, 1, a->sh->D, 1e-5f); }
+static int op_qkv(step_args *a)
+{
+    const step_shape *sh = a->sh;
+    return ifkc_matmul_qkv(a->d, a->q, (size_t)sh->nq * sh->hd, a->kx, a->vx, (size_t)sh->nkv * sh->hd, a->wq, a->wk,
+                           a->wv, a->wtype, a->xb, sh->D, 1, sh->nq * sh->hd, sh->nkv * sh->hd, sh->D);
+}
 static int op_glu(step_args *a)
 {
     return ifkc_matmul_glu(a->d, a->gate, a->up, a->sh->F, a->wg, a->wu, a->wtype, a->xb, a->sh->D, 1, a->sh->F,
@@ -670,7 +676,7 @@ static const struct {
     const char *name;
     step_op fn;
 } fused_ops[] = {
-    {"rmsnorm", op_rmsnorm}, {"wq", op_wq}, {"wk", op_wk}, {"wv", op_wv}, {"rope_store", op_rope_store},
+    {"rmsnorm", op_rmsnorm}, {"qkv", op_qkv}, {"rope_store", op_rope_store},
     {"attention", op_attention}, {"wo", op_wo}, {"add_rmsnorm", op_add_rmsnorm}, {"glu", op_glu},
     {"down", op_down}, {"add", op_add},
 };
@@ -785,7 +791,8 @@ static void bench_ops_shape(gpubench *g, const step_shape *sh, int wt, char *blk
     lh = lg = 0, all_queued = 1;
     for (int i = 0; i < N_FUSED_OPS && !rc; i++) { /* the fused ops alone (the others again) */
         if (!(rc = time_queued(&a, fused_ops[i].fn, 100, blk, blk_bytes, &host, &gpu, &queued))) {
-            if (fused_ops[i].fn == op_rope_store || fused_ops[i].fn == op_add_rmsnorm || fused_ops[i].fn == op_glu)
+            if (fused_ops[i].fn == op_qkv || fused_ops[i].fn == op_rope_store || fused_ops[i].fn == op_add_rmsnorm ||
+                fused_ops[i].fn == op_glu)
                 print_op(&a, fused_ops[i].name, host, gpu, queued);
             lh += host, lg += gpu, all_queued &= queued;
         }

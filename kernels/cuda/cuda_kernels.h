@@ -175,6 +175,13 @@ int ifkc_matmul(ifkc_dev *d, float *y, size_t ldy, const void *W, int wtype, con
 int ifkc_matmul_glu(ifkc_dev *d, float *y, float *u, size_t ldy, const void *Wg, const void *Wu, int wtype,
                     const float *x, size_t ldx, int T, int N, int K);
 
+/* The attention's three input projections in one launch: yq = x Wq^T ([T][Nq] at ldq), yk =
+ * x Wk^T and yv = x Wv^T ([T][Nkv] at ldkv), all of wtype: the values of three ifkc_matmul
+ * calls, which it makes instead when T, the rows or the alignment do not allow one launch. */
+int ifkc_matmul_qkv(ifkc_dev *d, float *yq, size_t ldq, float *yk, float *yv, size_t ldkv, const void *Wq,
+                    const void *Wk, const void *Wv, int wtype, const float *x, size_t ldx, int T, int Nq, int Nkv,
+                    int K);
+
 /* ---- attention (kernels/cuda/attention.cu) --------------------------------------------------- */
 
 /* Causal grouped-query attention, the contract of ifk_attention (kernels/cpu/kernels.h):

@@ -152,6 +152,34 @@ __device__ __forceinline__ int warp_row0(bool glu)
     return glu ? w : w * MV_RT(TM);
 }
 
+/* Up to three matrices of one type computed by one launch as the rows of one (ifkc_matmul_qkv):
+ * rows end[s-1] .. end[s]-1 of the launch are rows 0.. of W[s], written to y[s] at stride
+ * ld[s]. n = 0: one matrix (the kernel's own W, y, ldy). Each segment's rows are a multiple of
+ * the rows a warp computes, so a warp stays in one. */
+struct mv_segs {
+    const void *W[3];
+    float *y[3];
+    size_t ld[3];
+    int end[3];
+    int n;
+};
+
+/* The matrix, output, stride and local row of row n0 of the launch (and N: that matrix's rows). */
+template <typename P>
+__device__ __forceinline__ void seg_pick(const mv_segs &sg, int &n0, int &N, P &W, float *&y, size_t &ldy)
+{
+    if (!sg.n)
+        return;
+    /* selects, not sg.W[s]: an index into the parameters would copy them to local memory */
+    const bool s0 = n0 < sg.end[0], s1 = !s0 && n0 < sg.end[1];
+    const int start = s0 ? 0 : s1 ? sg.end[0] : sg.end[1];
+    W = (P)(s0 ? sg.W[0] : s1 ? sg.W[1] : sg.W[2]);
+    y = s0 ? sg.y[0] : s1 ? sg.y[1] : sg.y[2];
+    ldy = s0 ? sg.ld[0] : s1 ? sg.ld[1] : sg.ld[2];
+    N = (s0 ? sg.end[0] : s1 ? sg.end[1] : sg.end[2]) - start;
+    n0 -= start;
+}
+
 /* ---- quantized matrix-vector ----------------------------------------------------------------- */
 
 /* One block's slice for MV_RT(TM) rows and TM tokens: acc[t][r] += min_r * sum(x) + delta_r * sum(q x).
@@ -209,20 +237,26 @@ __device__ __forceinline__ void qslice_dot(float (&acc)[TM][MV_RT(TM)], const ui
 template <int QT, int TM>
 __global__ void __launch_bounds__(MV_THREADS, MV_MINB(TM))
     qmatvec_kernel(float *__restrict__ y, size_t ldy, const uint8_t *__restrict__ W,
-                   const uint8_t *__restrict__ W2, const float *__restrict__ x, size_t ldx, int T, int N, int K)
+                   const uint8_t *__restrict__ W2, const float *__restrict__ x, size_t ldx, int T, int N, int K,
+                   mv_segs sg)
 {
     constexpr int B = IFKC_QB(QT), BB = IFKC_QBB(QT), G = B / 8, BPW = 32 / G;
     constexpr int U = TM == 1 ? IFKC_MV_U1 : TM == 2 ? 4 : 2; /* steps of loads in flight */
     const int lane = threadIdx.x & 31, g = lane / G, j = lane % G;
-    const int n0 = warp_row0<TM>(W2 != NULL);
+    int n0 = warp_row0<TM>(W2 != NULL);
     if (n0 >= N)
         return; /* the whole warp */
+    const uint8_t *Wm = W;
+    float *ym = y;
+    size_t ldm = ldy;
+    int Nm = N;
+    seg_pick(sg, n0, Nm, Wm, ym, ldm);
     const int nb = (K + B - 1) / B, nbf = K / B, lim = K - 4 * j;
     const size_t rb = (size_t)nb * BB;
     const uint8_t *wr[MV_RT(TM)];
 #pragma unroll
     for (int r = 0; r < MV_RT(TM); r++)
-        wr[r] = W2 ? (r == 0 ? W : W2) + (size_t)n0 * rb : W + (size_t)min(n0 + r, N - 1) * rb;
+        wr[r] = W2 ? (r == 0 ? W : W2) + (size_t)n0 * rb : Wm + (size_t)min(n0 + r, Nm - 1) * rb;
     const float *xt[TM];
 #pragma unroll
     for (int t = 0; t < TM; t++)
@@ -262,7 +296,7 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MINB(TM))
     if (W2)
         warp_store_glu<TM>(acc, y, ldy, T, n0, lane);
     else
-        warp_store<TM>(acc, y, ldy, T, N, n0, lane);
+        warp_store<TM>(acc, ym, ldm, T, Nm, n0, lane);
 }
 
 /* ---- F32 / F16 / BF16 matrix-vector ---------------------------------------------------------- */
@@ -324,20 +358,25 @@ __device__ __forceinline__ void chunk_dot(float (&acc)[TM][MV_RT(TM)], const uin
 template <int WT, int TM>
 __global__ void __launch_bounds__(MV_THREADS, MV_MINB(TM))
     fmatvec_kernel(float *__restrict__ y, size_t ldy, const void *__restrict__ W, const void *__restrict__ W2,
-                   const float *__restrict__ x, size_t ldx, int T, int N, int K)
+                   const float *__restrict__ x, size_t ldx, int T, int N, int K, mv_segs sg)
 {
     constexpr int EPC = fw<WT>::EPC, ES = fw<WT>::ES;
     constexpr int U = TM <= 2 ? 4 : 2;
     const int lane = threadIdx.x & 31;
-    const int n0 = warp_row0<TM>(W2 != NULL);
+    int n0 = warp_row0<TM>(W2 != NULL);
     if (n0 >= N)
         return;
+    const void *Wm = W;
+    float *ym = y;
+    size_t ldm = ldy;
+    int Nm = N;
+    seg_pick(sg, n0, Nm, Wm, ym, ldm);
     const int nch = K / EPC;
     const uint4 *wr[MV_RT(TM)];
 #pragma unroll
     for (int r = 0; r < MV_RT(TM); r++)
         wr[r] = (const uint4 *)(W2 ? (const uint8_t *)(r == 0 ? W : W2) + (size_t)n0 * K * ES
-                                   : (const uint8_t *)W + (size_t)min(n0 + r, N - 1) * K * ES);
+                                   : (const uint8_t *)Wm + (size_t)min(n0 + r, Nm - 1) * K * ES);
     const float *xt[TM];
 #pragma unroll
     for (int t = 0; t < TM; t++)
@@ -371,7 +410,7 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MINB(TM))
     if (W2)
         warp_store_glu<TM>(acc, y, ldy, T, n0, lane);
     else
-        warp_store<TM>(acc, y, ldy, T, N, n0, lane);
+        warp_store<TM>(acc, ym, ldm, T, Nm, n0, lane);
 }
 
 /* Element i of a weight array of type WT as a float. W: [> i]. */
@@ -483,11 +522,11 @@ static unsigned mv_blocks(int N, int tm, bool glu)
     return ifkc_cdiv((size_t)N, (size_t)MV_WARPS * (glu ? 1 : MV_RT(tm)));
 }
 
-#define MV_ARGS y, ldy, W, W2, x, ldx, T, N, K
+#define MV_ARGS y, ldy, W, W2, x, ldx, T, N, K, sg
 
 template <int QT>
 static int launch_qmatvec(ifkc_dev *d, float *y, size_t ldy, const uint8_t *W, const uint8_t *W2, const float *x,
-                          size_t ldx, int T, int N, int K)
+                          size_t ldx, int T, int N, int K, const mv_segs &sg)
 {
     dim3 grid(mv_blocks(N, tm_of(T), W2 != NULL)), block(MV_THREADS);
     switch (tm_of(T)) {
@@ -502,7 +541,7 @@ static int launch_qmatvec(ifkc_dev *d, float *y, size_t ldy, const uint8_t *W, c
 
 template <int WT>
 static int launch_fmatvec(ifkc_dev *d, float *y, size_t ldy, const void *W, const void *W2, const float *x,
-                          size_t ldx, int T, int N, int K, bool chunked)
+                          size_t ldx, int T, int N, int K, bool chunked, const mv_segs &sg)
 {
     dim3 grid(mv_blocks(N, tm_of(T), W2 != NULL)), block(MV_THREADS);
     if (chunked) {
@@ -553,9 +592,10 @@ static int is_quant(int wtype) { return wtype >= IFK_Q8_B32 && wtype < IFK_QTYPE
 
 static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
-/* T <= IFKC_MATVEC_MAX_T. W2 not NULL: the GLU pair (ifkc_matmul_glu; then chunked or quantized). */
+/* T <= IFKC_MATVEC_MAX_T. W2 not NULL: the GLU pair (ifkc_matmul_glu; then chunked or quantized).
+ * sg->n > 0: the segments of ifkc_matmul_qkv (W the first, N their rows; chunked or quantized). */
 static int matvec(ifkc_dev *d, float *y, size_t ldy, const void *W, const void *W2, int wtype, const float *x,
-                  size_t ldx, int T, int N, int K)
+                  size_t ldx, int T, int N, int K, const mv_segs &sg)
 {
     /* The quantized and chunked kernels read x as 16-byte pieces: rows of x must be aligned. */
     int chunked = !is_quant(wtype) && aligned16(W) && K % (wtype == IFK_F32 ? 4 : 8) == 0;
@@ -574,20 +614,22 @@ static int matvec(ifkc_dev *d, float *y, size_t ldy, const void *W, const void *
     }
     if (W2 && !is_quant(wtype) && !(chunked && aligned16(W2)))
         return ifkc_seterr(IFKC_EINVAL, "matvec: a GLU pair of rows that are not 16-byte chunks");
+    if (sg.n && !is_quant(wtype) && !chunked)
+        return ifkc_seterr(IFKC_EINVAL, "matvec: segments of rows that are not 16-byte chunks");
     const uint8_t *Wq = (const uint8_t *)W, *Wq2 = (const uint8_t *)W2;
     switch (wtype) {
-    case IFK_F32: return launch_fmatvec<IFK_F32>(d, y, ldy, W, W2, x, ldx, T, N, K, chunked);
-    case IFK_F16: return launch_fmatvec<IFK_F16>(d, y, ldy, W, W2, x, ldx, T, N, K, chunked);
-    case IFK_BF16: return launch_fmatvec<IFK_BF16>(d, y, ldy, W, W2, x, ldx, T, N, K, chunked);
-    case IFK_Q8_B32: return launch_qmatvec<IFK_Q8_B32>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K);
-    case IFK_Q8_B64: return launch_qmatvec<IFK_Q8_B64>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K);
-    case IFK_Q6_B64: return launch_qmatvec<IFK_Q6_B64>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K);
-    case IFK_Q5_B64: return launch_qmatvec<IFK_Q5_B64>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K);
-    case IFK_Q4_B32: return launch_qmatvec<IFK_Q4_B32>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K);
-    case IFK_Q4_B64: return launch_qmatvec<IFK_Q4_B64>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K);
-    case IFK_Q3H_B64: return launch_qmatvec<IFK_Q3H_B64>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K);
-    case IFK_Q3_B32: return launch_qmatvec<IFK_Q3_B32>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K);
-    case IFK_Q2_B32: return launch_qmatvec<IFK_Q2_B32>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K);
+    case IFK_F32: return launch_fmatvec<IFK_F32>(d, y, ldy, W, W2, x, ldx, T, N, K, chunked, sg);
+    case IFK_F16: return launch_fmatvec<IFK_F16>(d, y, ldy, W, W2, x, ldx, T, N, K, chunked, sg);
+    case IFK_BF16: return launch_fmatvec<IFK_BF16>(d, y, ldy, W, W2, x, ldx, T, N, K, chunked, sg);
+    case IFK_Q8_B32: return launch_qmatvec<IFK_Q8_B32>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K, sg);
+    case IFK_Q8_B64: return launch_qmatvec<IFK_Q8_B64>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K, sg);
+    case IFK_Q6_B64: return launch_qmatvec<IFK_Q6_B64>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K, sg);
+    case IFK_Q5_B64: return launch_qmatvec<IFK_Q5_B64>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K, sg);
+    case IFK_Q4_B32: return launch_qmatvec<IFK_Q4_B32>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K, sg);
+    case IFK_Q4_B64: return launch_qmatvec<IFK_Q4_B64>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K, sg);
+    case IFK_Q3H_B64: return launch_qmatvec<IFK_Q3H_B64>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K, sg);
+    case IFK_Q3_B32: return launch_qmatvec<IFK_Q3_B32>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K, sg);
+    case IFK_Q2_B32: return launch_qmatvec<IFK_Q2_B32>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K, sg);
     default: return ifkc_seterr(IFKC_EUNSUPPORTED, "ifkc_matmul: weight type %d is not supported", wtype);
     }
 }
@@ -705,8 +747,30 @@ extern "C" int ifkc_matmul(ifkc_dev *d, float *y, size_t ldy, const void *W, int
     if (is_quant(wtype) && ((uintptr_t)W & 3))
         return ifkc_seterr(IFKC_EINVAL, "ifkc_matmul: quantized weights at %p are not 4-byte aligned", W);
     if (T <= IFKC_MATVEC_MAX_T)
-        return matvec(d, y, ldy, W, NULL, wtype, x, ldx, T, N, K);
+        return matvec(d, y, ldy, W, NULL, wtype, x, ldx, T, N, K, mv_segs{});
     return gemm(d, y, ldy, W, wtype, x, ldx, T, N, K);
+}
+
+extern "C" int ifkc_matmul_qkv(ifkc_dev *d, float *yq, size_t ldq, float *yk, float *yv, size_t ldkv, const void *Wq,
+                               const void *Wk, const void *Wv, int wtype, const float *x, size_t ldx, int T, int Nq,
+                               int Nkv, int K)
+{
+    if (!d || !yq || !yk || !yv || !Wq || !Wk || !Wv || !x)
+        return ifkc_seterr(IFKC_EINVAL, "ifkc_matmul_qkv: a NULL argument");
+    const int R = MV_RT(tm_of(T));
+    const void *Ws[3] = {Wq, Wk, Wv};
+    int pair = T <= IFKC_MATVEC_MAX_T && Nq > 0 && Nkv > 0 && Nq % R == 0 && Nkv % R == 0 && K > 0;
+    for (int i = 0; i < 3 && pair; i++)
+        pair = is_quant(wtype) ? ((uintptr_t)Ws[i] & 3) == 0
+                               : aligned16(Ws[i]) && K % (wtype == IFK_F32 ? 4 : 8) == 0;
+    if (!pair || !ifkc_supports_wtype(wtype) || (T > 1 && (ldx < (size_t)K || ldq < (size_t)Nq || ldkv < (size_t)Nkv))) {
+        int rc = ifkc_matmul(d, yq, ldq, Wq, wtype, x, ldx, T, Nq, K); /* apart: the same values */
+        if (!rc)
+            rc = ifkc_matmul(d, yk, ldkv, Wk, wtype, x, ldx, T, Nkv, K);
+        return rc ? rc : ifkc_matmul(d, yv, ldkv, Wv, wtype, x, ldx, T, Nkv, K);
+    }
+    mv_segs sg = {{Wq, Wk, Wv}, {yq, yk, yv}, {ldq, ldkv, ldkv}, {Nq, Nq + Nkv, Nq + 2 * Nkv}, 3};
+    return matvec(d, yq, ldq, Wq, NULL, wtype, x, ldx, T, Nq + 2 * Nkv, K, sg);
 }
 
 extern "C" int ifkc_matmul_glu(ifkc_dev *d, float *y, float *u, size_t ldy, const void *Wg, const void *Wu, int wtype,
@@ -734,5 +798,5 @@ extern "C" int ifkc_matmul_glu(ifkc_dev *d, float *y, float *u, size_t ldy, cons
         return ifkc_seterr(IFKC_EINVAL, "ifkc_matmul_glu: NULL argument");
     if (T <= 0 || N <= 0 || K <= 0 || (T > 1 && (ldx < (size_t)K || ldy < (size_t)N)))
         return ifkc_seterr(IFKC_EINVAL, "ifkc_matmul_glu: bad shape T=%d N=%d K=%d", T, N, K);
-    return matvec(d, y, ldy, Wg, Wu, wtype, x, ldx, T, N, K);
+    return matvec(d, y, ldy, Wg, Wu, wtype, x, ldx, T, N, K, mv_segs{});
 }

@@ -15,7 +15,8 @@
  *             memory, then rotate every (head, pair) at once. The products are written with
  *             __fmul_rn / __fadd_rn so nvcc does not fuse them (the reference's x0*c - x1*s
  *             rounds each product). rope_store: q's and k's RoPE and the cache store of k and
- *             v in one launch, the same values as the three operations.
+ *             v in one launch, the same values as the three operations; a block per token
+ *             and group of heads (about 256 pairs a block).
  *   silu_mul, add, add_bias: grid-stride loops, one element per thread per step.
  *   argmax:   stage 1: block b reduces a contiguous span of x to (value, index); stage 2: one
  *             block reduces the per-block pairs; the index is copied to the host. The order
@@ -244,44 +245,46 @@ extern "C" int ifkc_rope(ifkc_dev *d, float *x, size_t ld, int T, int n_heads, i
     return 0;
 }
 
-/* RoPE of q and k, then k and v stored into the cache, for token t = blockIdx.x: what
- * rope_rows on q, rope_rows on k and kv_store_rows on k and v compute, in one launch, the
- * angles computed once for both. k's rotated values go to the cache and back to k. */
+/* RoPE of q and k, then k and v stored into the cache, for token t = blockIdx.x and the heads
+ * of block blockIdx.y (heads 0 .. nq-1 are q's, nq .. nq+nkv-1 k's, hpb a block): what
+ * rope_rows on q, rope_rows on k and kv_store_rows on k and v compute, in one launch. Each block
+ * computes the token's angles itself (half pairs, in double); spreading the heads over blocks
+ * keeps the work of one thread to a pair or two (one block for 64 heads of 128 took 10 us on
+ * an H200). k's rotated values go to the cache and back to k. */
 template <typename KV>
 __global__ void __launch_bounds__(ROPE_THREADS) rope_store_rows(float *q, size_t ldq, int nq, float *k, const float *v,
                                                                 size_t ldkv, int nkv, KV *kc, KV *vc, size_t ldc,
                                                                 int pos0, const int *pos_dev, int head_dim,
                                                                 int rot_dim, float theta, const float *fs,
-                                                                int interleaved)
+                                                                int interleaved, int hpb)
 {
     __shared__ float c[ROPE_HALF_MAX], s[ROPE_HALF_MAX];
     const int half = rot_dim / 2, t = blockIdx.x;
+    const int h0 = blockIdx.y * hpb, h1 = min(h0 + hpb, nq + nkv);
     const int pos = (pos_dev ? *pos_dev : pos0) + t;
     rope_angles(c, s, (double)pos, half, rot_dim, theta, fs, interleaved);
     float *qt = q + (size_t)t * ldq, *kt = k + (size_t)t * ldkv;
     const float *vt = v + (size_t)t * ldkv;
     KV *kr = kc + (size_t)pos * ldc, *vr = vc + (size_t)pos * ldc;
-    for (int idx = threadIdx.x; idx < nq * half; idx += blockDim.x) {
-        const int h = idx / half, i = idx % half;
+    for (int idx = threadIdx.x; idx < (h1 - h0) * half; idx += blockDim.x) {
+        const int h = h0 + idx / half, i = idx % half;
         int ia, ib;
         rope_index(i, half, interleaved, &ia, &ib);
-        float *xh = qt + (size_t)h * head_dim;
-        ifkc_rotate(xh[ia], xh[ib], c[i], s[i], &xh[ia], &xh[ib]);
+        if (h < nq) {
+            float *xh = qt + (size_t)h * head_dim;
+            ifkc_rotate(xh[ia], xh[ib], c[i], s[i], &xh[ia], &xh[ib]);
+        } else {
+            const size_t o = (size_t)(h - nq) * head_dim;
+            float y0, y1;
+            ifkc_rotate(kt[o + ia], kt[o + ib], c[i], s[i], &y0, &y1);
+            kt[o + ia] = y0, kt[o + ib] = y1;
+            ifkc_kv_put(kr + o + ia, y0);
+            ifkc_kv_put(kr + o + ib, y1);
+        }
     }
-    for (int idx = threadIdx.x; idx < nkv * half; idx += blockDim.x) {
-        const int h = idx / half, i = idx % half;
-        int ia, ib;
-        rope_index(i, half, interleaved, &ia, &ib);
-        const size_t o = (size_t)h * head_dim;
-        float y0, y1;
-        ifkc_rotate(kt[o + ia], kt[o + ib], c[i], s[i], &y0, &y1);
-        kt[o + ia] = y0, kt[o + ib] = y1;
-        ifkc_kv_put(kr + o + ia, y0);
-        ifkc_kv_put(kr + o + ib, y1);
-    }
-    /* the key values past rot_dim as they are, and the values */
-    const int n = nkv * head_dim;
-    for (int e = threadIdx.x; e < n; e += blockDim.x) {
+    /* the block's kv heads: the key values past rot_dim as they are, and the values */
+    const int k0 = max(h0, nq) - nq, k1 = h1 - nq;
+    for (int e = k0 * head_dim + threadIdx.x; e < k1 * head_dim; e += blockDim.x) {
         if (e % head_dim >= 2 * half)
             ifkc_kv_put(kr + e, kt[e]);
         ifkc_kv_put(vr + e, vt[e]);
@@ -308,14 +311,17 @@ extern "C" int ifkc_rope_store(ifkc_dev *d, float *q, size_t ldq, int nq, float 
     if (T == 0)
         return 0;
     const int il = layout == IFK_ROPE_INTERLEAVED;
+    /* heads a block: about ROPE_THREADS pairs (and at least one head) */
+    const int hpb = rot_dim / 2 >= ROPE_THREADS ? 1 : ROPE_THREADS / (rot_dim / 2 > 0 ? rot_dim / 2 : 1);
+    const dim3 grid((unsigned)T, ifkc_cdiv((size_t)(nq + nkv), (size_t)hpb));
     if (kv_type == IFK_F32)
-        rope_store_rows<float><<<(unsigned)T, ROPE_THREADS, 0, d->stream>>>(
+        rope_store_rows<float><<<grid, ROPE_THREADS, 0, d->stream>>>(
             q, ldq, nq, k, v, ldkv, nkv, (float *)kcache, (float *)vcache, ldc, pos0, ifkc_pos_slot(d), head_dim,
-            rot_dim, theta, freq_scale, il);
+            rot_dim, theta, freq_scale, il, hpb);
     else
-        rope_store_rows<__half><<<(unsigned)T, ROPE_THREADS, 0, d->stream>>>(
+        rope_store_rows<__half><<<grid, ROPE_THREADS, 0, d->stream>>>(
             q, ldq, nq, k, v, ldkv, nkv, (__half *)kcache, (__half *)vcache, ldc, pos0, ifkc_pos_slot(d), head_dim,
-            rot_dim, theta, freq_scale, il);
+            rot_dim, theta, freq_scale, il, hpb);
     IFKC_CKL("rope_store_rows");
     return 0;
 }

@@ -265,7 +265,7 @@ static const iflow_device_ops cpu_ops = {
     cpu_rope, cpu_attention, cpu_silu_mul, cpu_add, cpu_add_bias, cpu_argmax, cpu_kv_store, cpu_attention_paged, cpu_kv_shift,
     cpu_gelu_mul, cpu_layernorm, iflow_cpu_pack, cpu_attention_bias, cpu_relu_mul,
     NULL, NULL, NULL, NULL, NULL, /* record_begin .. replay: every op runs as it comes */
-    NULL, NULL, NULL, /* add_rmsnorm, rope_store, glu: the engine runs the ops they stand for */
+    NULL, NULL, NULL, NULL, /* add_rmsnorm, rope_store, glu, qkv: the engine runs the ops they stand for */
 };
 
 /* The CPU's brand string, from /proc/cpuinfo ("" if unreadable). */

@@ -218,6 +218,12 @@ static int cu_glu(iflow_device *d, float *gate, float *up, size_t ld, const void
     CALL(d, ifkc_matmul_glu(DEV(d), gate, up, ld, Wg, Wu, wtype, x, ldx, T, N, K));
 }
 
+static int cu_qkv(iflow_device *d, float *q, size_t ldq, float *k, float *v, size_t ldkv, const void *Wq,
+                  const void *Wk, const void *Wv, int wtype, const float *x, size_t ldx, int T, int Nq, int Nkv, int K)
+{
+    CALL(d, ifkc_matmul_qkv(DEV(d), q, ldq, k, v, ldkv, Wq, Wk, Wv, wtype, x, ldx, T, Nq, Nkv, K));
+}
+
 static int cu_record_begin(iflow_device *d) { CALL(d, ifkc_graph_begin(DEV(d))); }
 static int cu_record_at(iflow_device *d, int pos0, int max_pos, uint64_t key)
 {
@@ -241,7 +247,7 @@ static const iflow_device_ops cuda_ops = {
     cu_attention_bias,
     NULL, /* relu_mul: none yet */
     cu_record_begin, cu_record_end, cu_record_abort, cu_record_at, cu_replay,
-    cu_add_rmsnorm, cu_rope_store, cu_glu,
+    cu_add_rmsnorm, cu_rope_store, cu_glu, cu_qkv,
 };
 
 /* The same without the fused ops (IFLOW_CUDA_UNFUSED=1): what they save, measured. */
@@ -317,6 +323,7 @@ int iflow_cuda_open(iflow_device **out, int index)
         cuda_ops_unfused.add_rmsnorm = NULL;
         cuda_ops_unfused.rope_store = NULL;
         cuda_ops_unfused.glu = NULL;
+        cuda_ops_unfused.qkv = NULL;
         d->ops = &cuda_ops_unfused;
     }
     *out = d;

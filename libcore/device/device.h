@@ -143,6 +143,10 @@ typedef struct {
      * wtype, x [T][K] at ldx, gate [T][N] at ld; up (the same shape) may be used as scratch. */
     int  (*glu)(iflow_device *d, float *gate, float *up, size_t ld, const void *Wg, const void *Wu, int wtype,
                 const float *x, size_t ldx, int T, int N, int K);
+    /* qkv: the three matmuls of the attention's input, q = x Wq^T [T][Nq] (ldq), k = x Wk^T and
+     * v = x Wv^T [T][Nkv] (ldkv), the weights of one wtype. */
+    int  (*qkv)(iflow_device *d, float *q, size_t ldq, float *k, float *v, size_t ldkv, const void *Wq, const void *Wk,
+                const void *Wv, int wtype, const float *x, size_t ldx, int T, int Nq, int Nkv, int K);
 } iflow_device_ops;
 
 struct iflow_device {

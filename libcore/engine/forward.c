@@ -501,9 +501,20 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
     IFLOW_TRY(iflow_block_in(m, s->dev, s->x, s->xb, w->attn_norm, w->attn_norm_b, T, &in));
     if (d->host_memory && p->q0 == 0) /* the inputs of every matrix, for importance matrices (observe.h) */
         iflow_observe(c, layer_of_part(m, k), IFLOW_OBS_ATTN_IN, 0, in, D, T, D);
-    IFLOW_TRY(iflow_linear_rows(s->dev, s->q, Q, w->wq, w->bq, in, D, T, Q, D));
-    IFLOW_TRY(iflow_linear_rows(s->dev, s->kx, KV, w->wk, w->bk, in, D, T, KV, D));
-    IFLOW_TRY(iflow_linear_rows(s->dev, s->vx, KV, w->wv, w->bv, in, D, T, KV, D));
+    if (d->ops->qkv && w->wq.type == w->wk.type && w->wq.type == w->wv.type) { /* one op for the three */
+        IFLOW_TRY(d->ops->qkv(d, s->q, (size_t)Q, s->kx, s->vx, (size_t)KV, w->wq.data, w->wk.data, w->wv.data,
+                              w->wq.type, in, (size_t)D, T, Q, KV, D));
+        if (w->bq)
+            IFLOW_TRY(d->ops->add_bias(d, s->q, (size_t)Q, w->bq, T, Q));
+        if (w->bk)
+            IFLOW_TRY(d->ops->add_bias(d, s->kx, (size_t)KV, w->bk, T, KV));
+        if (w->bv)
+            IFLOW_TRY(d->ops->add_bias(d, s->vx, (size_t)KV, w->bv, T, KV));
+    } else {
+        IFLOW_TRY(iflow_linear_rows(s->dev, s->q, Q, w->wq, w->bq, in, D, T, Q, D));
+        IFLOW_TRY(iflow_linear_rows(s->dev, s->kx, KV, w->wk, w->bk, in, D, T, KV, D));
+        IFLOW_TRY(iflow_linear_rows(s->dev, s->vx, KV, w->wv, w->bv, in, D, T, KV, D));
+    }
     if (w->q_norm) { /* qk_norm: each head's q and k (rows of head_dim) */
         IFLOW_TRY(d->ops->rmsnorm(d, s->q, s->q, w->q_norm, T * nq, hd, hp->norm_eps));
         IFLOW_TRY(d->ops->rmsnorm(d, s->kx, s->kx, w->k_norm, T * nkv, hd, hp->norm_eps));

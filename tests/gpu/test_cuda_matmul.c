@@ -13,7 +13,8 @@
  * message names it; bad shapes and NULL pointers are IFKC_EINVAL); and N = 4096, K = 11008 at
  * T = 1 and 64 for Q4_B64, Q8_B64 and F16, whose decode speed is printed (not checked); and
  * ifkc_matmul_glu (the gated FFN's gate and up products with SiLU in one kernel) bit for bit
- * against the three operations it stands for.
+ * against the three operations it stands for, and ifkc_matmul_qkv (three matrices in one
+ * launch) bit for bit against three ifkc_matmul calls.
  *
  * Tolerances, per output y[t][n], with w' the decoded weights and
  *     S  = sum_k |w'_k x_k|,       S' = sum_k (|min_b(k)| + q_k delta_b(k)) |x_k|
@@ -392,6 +393,61 @@ static void test_glu(void)
         }
 }
 
+/* ifkc_matmul_qkv against three ifkc_matmul calls, bit for bit: every type, T = 1, 2, 3, 8 (one
+ * launch) and 9 (apart), strided outputs, rows that a warp's pair divides (Nq 64, Nkv 16) and
+ * that it does not (Nq 37: computed apart). */
+static void test_qkv(void)
+{
+    static const int Ks[] = {64, 1000}, Ts[] = {1, 2, 3, 8, 9}, Nqs[] = {64, 37};
+    const int Nkv = 16;
+    for (int ti = 0; ti < N_TYPES; ti++)
+        for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
+            for (size_t qi = 0; qi < sizeof Nqs / sizeof Nqs[0]; qi++) {
+                const int K = Ks[ki], Nq = Nqs[qi];
+                const size_t ldq = (size_t)Nq + 3, ldkv = (size_t)Nkv + 5, nq = 9 * ldq, nkv = 9 * ldkv;
+                wmat wq = wmat_make(all_types[ti], Nq, K), wk = wmat_make(all_types[ti], Nkv, K),
+                     wv = wmat_make(all_types[ti], Nkv, K);
+                float *x = x_make(9, K, (size_t)K), *xd = gpu_dup(x, (size_t)9 * K * 4);
+                float *q1 = gpu_dup(NULL, nq * 4), *k1 = gpu_dup(NULL, nkv * 4), *v1 = gpu_dup(NULL, nkv * 4);
+                float *q2 = gpu_dup(NULL, nq * 4), *k2 = gpu_dup(NULL, nkv * 4), *v2 = gpu_dup(NULL, nkv * 4);
+                float *h1 = gpu_xmalloc(nq * 4), *h2 = gpu_xmalloc(nq * 4);
+                for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+                    const int T = Ts[i];
+                    /* the same NaN-free start in both, so the strides' gaps compare too */
+                    CHECK(ifkc_memset0(dev, q1, nq * 4) == 0 && ifkc_memset0(dev, q2, nq * 4) == 0 &&
+                              ifkc_memset0(dev, k1, nkv * 4) == 0 && ifkc_memset0(dev, k2, nkv * 4) == 0 &&
+                              ifkc_memset0(dev, v1, nkv * 4) == 0 && ifkc_memset0(dev, v2, nkv * 4) == 0,
+                          "qkv: memset: %s", ifkc_errmsg());
+                    int rc = ifkc_matmul(dev, q1, ldq, wq.dev, wq.type, xd, K, T, Nq, K);
+                    if (!rc)
+                        rc = ifkc_matmul(dev, k1, ldkv, wk.dev, wk.type, xd, K, T, Nkv, K);
+                    if (!rc)
+                        rc = ifkc_matmul(dev, v1, ldkv, wv.dev, wv.type, xd, K, T, Nkv, K);
+                    CHECK(rc == 0, "qkv %s K %d T %d: the three apart: %s", tname(wq.type), K, T, ifkc_errmsg());
+                    int rc2 = ifkc_matmul_qkv(dev, q2, ldq, k2, v2, ldkv, wq.dev, wk.dev, wv.dev, wq.type, xd, K, T,
+                                              Nq, Nkv, K);
+                    CHECK(rc2 == 0, "qkv %s K %d T %d: %s", tname(wq.type), K, T, ifkc_errmsg());
+                    const char *what = NULL;
+                    if (rc == 0 && rc2 == 0) {
+                        if (gpu_fetch(h1, q1, nq * 4) == 0 && gpu_fetch(h2, q2, nq * 4) == 0 && memcmp(h1, h2, nq * 4))
+                            what = "q";
+                        if (!what && gpu_fetch(h1, k1, nkv * 4) == 0 && gpu_fetch(h2, k2, nkv * 4) == 0 &&
+                            memcmp(h1, h2, nkv * 4))
+                            what = "k";
+                        if (!what && gpu_fetch(h1, v1, nkv * 4) == 0 && gpu_fetch(h2, v2, nkv * 4) == 0 &&
+                            memcmp(h1, h2, nkv * 4))
+                            what = "v";
+                    }
+                    CHECK(!what, "qkv %s K %d Nq %d T %d: %s differs from its own product", tname(wq.type), K, Nq,
+                          T, what);
+                }
+                ifkc_free(dev, xd), ifkc_free(dev, q1), ifkc_free(dev, k1), ifkc_free(dev, v1);
+                ifkc_free(dev, q2), ifkc_free(dev, k2), ifkc_free(dev, v2);
+                free(x), free(h1), free(h2);
+                wmat_free(&wq), wmat_free(&wk), wmat_free(&wv);
+            }
+}
+
 int main(void)
 {
     if (!gpu_open("test_cuda_matmul"))
@@ -404,6 +460,7 @@ int main(void)
     RUN(test_strides);
     RUN(test_tiles);
     RUN(test_glu);
+    RUN(test_qkv);
     RUN(test_large);
 
     printf("  worst |y - ref| / tolerance:\n");
