@@ -571,10 +571,11 @@ static void bench_attention_decode(gpubench *g, int kv_type, int n_pos, int kvh)
     }
     double gbps = bytes / best * 1e-9;
     printf("{\"bench\":\"attention_decode\",\"kv_type\":\"%s\",\"n_pos\":%d,\"heads\":%d,\"kv_heads\":%d,"
-           "\"head_dim\":%d,\"kv_bytes\":%zu,\"copies\":%d,\"us\":%.2f,\"us_median\":%.2f,\"kv_gbps\":%.1f,"
-           "\"kv_gbps_median\":%.1f",
-           wtype_name(kv_type), n_pos, ATT_HEADS, kvh, ATT_HEAD_DIM, bytes, copies, best * 1e6,
-           med * 1e6, gbps, bytes / med * 1e-9);
+           "\"head_dim\":%d,\"tensor_cores\":%s,\"kv_bytes\":%zu,\"copies\":%d,\"us\":%.2f,\"us_median\":%.2f,"
+           "\"kv_gbps\":%.1f,\"kv_gbps_median\":%.1f",
+           wtype_name(kv_type), n_pos, ATT_HEADS, kvh, ATT_HEAD_DIM,
+           ifkc_attention_decode_tensor_cores(kv_type, ATT_HEAD_DIM, ATT_HEADS / kvh) ? "true" : "false", bytes, copies,
+           best * 1e6, med * 1e6, gbps, bytes / med * 1e-9);
     print_fraction(gbps, g->bw_gbps);
     printf("}\n");
     fflush(stdout);
@@ -595,9 +596,10 @@ static void bench_attention_prefill(gpubench *g, int kv_type, int T)
         goto out;
     }
     printf("{\"bench\":\"attention_prefill\",\"kv_type\":\"%s\",\"T\":%d,\"pos0\":0,\"heads\":%d,"
-           "\"kv_heads\":%d,\"head_dim\":%d,\"us\":%.1f,\"us_median\":%.1f,\"tflops\":%.2f,"
+           "\"kv_heads\":%d,\"head_dim\":%d,\"tensor_cores\":%s,\"us\":%.1f,\"us_median\":%.1f,\"tflops\":%.2f,"
            "\"tflops_median\":%.2f}\n",
-           wtype_name(kv_type), T, ATT_HEADS, ATT_KV_HEADS, ATT_HEAD_DIM, best * 1e6, med * 1e6,
+           wtype_name(kv_type), T, ATT_HEADS, ATT_KV_HEADS, ATT_HEAD_DIM,
+           ifkc_attention_prefill_tensor_cores(kv_type, ATT_HEAD_DIM, T) ? "true" : "false", best * 1e6, med * 1e6,
            flop / best * 1e-12, flop / med * 1e-12);
     fflush(stdout);
 out:

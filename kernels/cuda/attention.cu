@@ -660,6 +660,183 @@ template <typename KV> static int prefill_dispatch(ifkc_dev *d, const pf_args &a
     }
 }
 
+/* ---- prefill on tensor cores (IFKC_PF_TC=1; off by default until it has run on a GPU) ------ */
+
+#ifndef IFKC_PF_TC
+#define IFKC_PF_TC 0
+#endif
+
+#if IFKC_PF_TC
+#include <mma.h>
+
+/* attn_prefill_tc<D>: the prefill kernel's algorithm (a tile of queries against tiles of keys,
+ * online softmax) with the two products on tensor cores (WMMA, F16 inputs, F32 sums), for an F16
+ * cache with 16-byte aligned rows and D in {64, 80, 96, 128}. A block holds TC_BQ = 64 queries of
+ * one head, four warps of 16 rows; a key tile is TC_BK = 64 keys. Per tile: the K tile into
+ * shared memory; each warp S[16][64] = Q K^T (its rows); each row's max, P = exp2(S - m) rounded
+ * to F16, the sum, and the row of O (shared, F32) scaled by exp2(m_old - m_new), two lanes a row;
+ * the V tile into the K tile's buffer; O += P V (accumulators loaded from and stored back to
+ * shared memory). Q is rounded to F16 after scaling (scale * log2 e), P to F16: results are within
+ * a few 1e-3 of the F32 kernel's (tests/gpu: |o - ref| <= 5e-3 max |v|). */
+enum { TC_BQ = 64, TC_BK = 64, TC_THREADS = 128 };
+
+template <int D> struct tc_layout {
+    static constexpr int QLD = D + 8;      /* halves: Q and K/V rows (16-byte multiples, fewer conflicts) */
+    static constexpr int SLD = TC_BK + 4;  /* floats: scores                                            */
+    static constexpr int PLD = TC_BK + 8;  /* halves: probabilities                                     */
+    static constexpr int OLD = D + 4;      /* floats: the output accumulator                            */
+    static constexpr size_t bytes = sizeof(__half) * ((size_t)TC_BQ * QLD + (size_t)TC_BK * QLD + (size_t)TC_BQ * PLD) +
+                                    sizeof(float) * ((size_t)TC_BQ * SLD + (size_t)TC_BQ * OLD);
+};
+
+/* Rows jt .. jt+TC_BK-1 of one kv head's F16 cache (g: row 0 of the head, stride ld halves, 16-byte
+ * aligned) into s [TC_BK][QLD] halves; rows at or past n_keys as 0. 16-byte pieces. */
+template <int D>
+static __device__ __forceinline__ void tc_load_tile(__half *s, const __half *g, size_t ld, int jt, int n_keys)
+{
+    constexpr int P = D / 8, QLD = tc_layout<D>::QLD;
+    for (int idx = threadIdx.x; idx < TC_BK * P; idx += TC_THREADS) {
+        const int cc = idx / P, pp = idx % P, j = jt + cc;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (j < n_keys)
+            v = __ldg((const uint4 *)(g + (size_t)j * ld) + pp);
+        *(uint4 *)(s + cc * QLD + pp * 8) = v;
+    }
+}
+
+template <int D>
+__global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc(pf_args a)
+{
+    using namespace nvcuda;
+    using L = tc_layout<D>;
+    constexpr int QLD = L::QLD, SLD = L::SLD, PLD = L::PLD, OLD = L::OLD;
+    static_assert(D % 16 == 0 && TC_THREADS == 4 * 32 && TC_BQ == 64 && TC_BK == 64, "four warps of 16 rows");
+    extern __shared__ __align__(128) unsigned char tc_smem[];
+    __half *s_q = (__half *)tc_smem;            /* [BQ][QLD]          */
+    __half *s_kv = s_q + TC_BQ * QLD;           /* [BK][QLD]: K, then V */
+    __half *s_p = s_kv + TC_BK * QLD;           /* [BQ][PLD]          */
+    float *s_s = (float *)(s_p + TC_BQ * PLD);  /* [BQ][SLD]          */
+    float *s_o = s_s + TC_BQ * SLD;             /* [BQ][OLD]          */
+
+    const int tile = gridDim.x - 1 - blockIdx.x; /* last tokens (most keys) first */
+    const int h = blockIdx.y, kvh = h / a.group;
+    const int t0 = tile * TC_BQ, nt = min(TC_BQ, a.T - t0);
+    const int n_keys = a.pos0 + t0 + nt;
+    const size_t qld = (size_t)a.n_heads * D;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int row = warp * 16 + lane / 2, side = lane % 2;  /* softmax: two lanes a row, 32 keys each */
+    const int last = row < nt ? a.pos0 + t0 + row : -1;     /* the last key the row sees */
+    const __half *kg = (const __half *)a.k + (size_t)kvh * D;
+    const __half *vg = (const __half *)a.v + (size_t)kvh * D;
+
+    for (int idx = threadIdx.x; idx < TC_BQ * D; idx += TC_THREADS) {
+        const int rr = idx / D, dd = idx % D;
+        const float qv = rr < nt ? a.q[(size_t)(t0 + rr) * qld + (size_t)h * D + dd] * a.qscale : 0.0f;
+        s_q[rr * QLD + dd] = __float2half_rn(qv);
+        s_o[rr * OLD + dd] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+
+    for (int jt = 0; jt < n_keys; jt += TC_BK) {
+        __syncthreads(); /* Q stored; the previous tile's V used up */
+        tc_load_tile<D>(s_kv, kg, a.kv_ld, jt, n_keys);
+        __syncthreads();
+
+        /* S = Q K^T for this warp's 16 rows */
+#pragma unroll
+        for (int c = 0; c < TC_BK / 16; c++) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb;
+                wmma::load_matrix_sync(fa, s_q + (warp * 16) * QLD + kk * 16, QLD);
+                wmma::load_matrix_sync(fb, s_kv + (c * 16) * QLD + kk * 16, QLD); /* K^T: column-major */
+                wmma::mma_sync(acc, fa, fb, acc);
+            }
+            wmma::store_matrix_sync(s_s + (warp * 16) * SLD + c * 16, acc, SLD, wmma::mem_row_major);
+        }
+        __syncwarp();
+
+        /* online softmax of the row's 64 scores, two lanes a row */
+        float tmax = -INFINITY;
+        const float *srow = s_s + row * SLD + side * 32;
+        for (int j = 0; j < 32; j++)
+            if (jt + side * 32 + j <= last)
+                tmax = fmaxf(tmax, srow[j]);
+        tmax = fmaxf(tmax, __shfl_xor_sync(FULL_MASK, tmax, 1));
+        const float m_new = fmaxf(m, tmax);
+        const float alpha = m_new == -INFINITY ? 1.0f : exp2f(m - m_new);
+        float rs = 0.0f;
+        __half *prow = s_p + row * PLD + side * 32;
+        for (int j = 0; j < 32; j++) {
+            const float p = jt + side * 32 + j <= last ? exp2f(srow[j] - m_new) : 0.0f;
+            const __half ph = __float2half_rn(p);
+            prow[j] = ph;
+            rs += __half2float(ph); /* the sum of what P V multiplies */
+        }
+        rs += __shfl_xor_sync(FULL_MASK, rs, 1);
+        l = l * alpha + rs;
+        m = m_new;
+        float *orow = s_o + row * OLD + side * (D / 2);
+        for (int dd = 0; dd < D / 2; dd++)
+            orow[dd] *= alpha;
+        __syncthreads(); /* every warp is done with K */
+        tc_load_tile<D>(s_kv, vg, a.kv_ld, jt, n_keys);
+        __syncthreads();
+
+        /* O += P V for this warp's rows */
+#pragma unroll
+        for (int cb = 0; cb < D / 16; cb++) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::load_matrix_sync(acc, s_o + (warp * 16) * OLD + cb * 16, OLD, wmma::mem_row_major);
+#pragma unroll
+            for (int kk = 0; kk < TC_BK / 16; kk++) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fb;
+                wmma::load_matrix_sync(fa, s_p + (warp * 16) * PLD + kk * 16, PLD);
+                wmma::load_matrix_sync(fb, s_kv + (kk * 16) * QLD + cb * 16, QLD);
+                wmma::mma_sync(acc, fa, fb, acc);
+            }
+            wmma::store_matrix_sync(s_o + (warp * 16) * OLD + cb * 16, acc, OLD, wmma::mem_row_major);
+        }
+        __syncwarp();
+    }
+
+    if (row < nt) {
+        float *out = a.out + (size_t)(t0 + row) * qld + (size_t)h * D;
+        const float inv = 1.0f / l;
+        const float *orow = s_o + row * OLD;
+        for (int dd = side; dd < D; dd += 2)
+            out[dd] = orow[dd] * inv;
+    }
+}
+
+template <int D> static int prefill_tc_launch(ifkc_dev *d, const pf_args &a)
+{
+    const size_t smem = tc_layout<D>::bytes;
+    IFKC_CK(cudaFuncSetAttribute(attn_prefill_tc<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+            "cudaFuncSetAttribute (tensor-core prefill attention shared memory)");
+    dim3 grid(ifkc_cdiv((size_t)a.T, TC_BQ), (unsigned)a.n_heads);
+    attn_prefill_tc<D><<<grid, TC_THREADS, smem, d->stream>>>(a);
+    IFKC_CKL("attn_prefill_tc");
+    return 0;
+}
+#endif
+
+/* Whether prefill of T tokens over an F16/F32 cache of head_dim runs on tensor cores here. */
+static int prefill_tc(int kv_type, int head_dim, int T)
+{
+    return IFKC_PF_TC && kv_type == IFK_F16 && T >= 16 &&
+           (head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128);
+}
+
+extern "C" int ifkc_attention_prefill_tensor_cores(int kv_type, int head_dim, int T)
+{
+    return prefill_tc(kv_type, head_dim, T);
+}
+
 /* Arguments already checked; T >= 1. */
 static int prefill_run(ifkc_dev *d, float *out, const float *q, const void *k, const void *v, int kv_type,
                        size_t kv_ld, int T, int pos0, int n_heads, int n_kv_heads, int head_dim, float scale)
@@ -675,6 +852,15 @@ static int prefill_run(ifkc_dev *d, float *out, const float *q, const void *k, c
     a.n_heads = n_heads;
     a.group = n_heads / n_kv_heads;
     a.qscale = scale * IFKC_LOG2E;
+#if IFKC_PF_TC
+    if (prefill_tc(kv_type, head_dim, T) && (uintptr_t)k % 16 == 0 && (uintptr_t)v % 16 == 0 && kv_ld % 8 == 0)
+        switch (head_dim) {
+        case 64: return prefill_tc_launch<64>(d, a);
+        case 80: return prefill_tc_launch<80>(d, a);
+        case 96: return prefill_tc_launch<96>(d, a);
+        default: return prefill_tc_launch<128>(d, a);
+        }
+#endif
     return kv_type == IFK_F32 ? prefill_dispatch<float>(d, a, head_dim) : prefill_dispatch<__half>(d, a, head_dim);
 }
 
@@ -720,6 +906,264 @@ static int decode_dispatch(ifkc_dev *d, const dec_args &a, dim3 grid, int n_head
     }
 }
 
+/* ---- decoding attention on tensor cores (IFKC_DEC_TC=1; off by default until it has run on a
+ * GPU) ----------------------------------------------------------------------------------------
+ *
+ * attn_decode_tc<D>: a block per (chunk, kv head), as attn_decode_chunk, for an F16 cache with
+ * 16-byte aligned rows, D in {64, 80, 96, 128} and groups of 2 to 16 query heads: the group's
+ * heads are the 16 rows of one WMMA tile (F16 inputs, F32 sums), so a key costs a tensor-core
+ * share instead of G x D FP32 multiply-adds in each pass (which bound the FP32 kernel for
+ * groups of 4 and 8). The four warps take the chunk's tiles of DT_BK keys in turn, each with its
+ * own online softmax over its tiles (S = Q K^T, P = exp2(S - m) rounded to F16, O += P V, the
+ * O rows in shared memory), and the block then combines the four as the merge kernel combines
+ * chunks. The chunk's result goes out as the FP32 kernel's: out directly for one chunk, else
+ * the partial (o, m, l) for attn_decode_merge. */
+#ifndef IFKC_DEC_TC
+#define IFKC_DEC_TC 0
+#endif
+
+#if IFKC_DEC_TC
+#include <mma.h>
+
+enum { DT_BK = 32, DT_WARPS = 4, DT_THREADS = DT_WARPS * 32 };
+
+static constexpr size_t dt_round(size_t b) { return (b + 127) / 128 * 128; }
+
+template <int D> struct dt_layout {
+    static constexpr int QLD = D + 8;     /* halves: Q, K and V rows              */
+    static constexpr int SLD = DT_BK + 4; /* floats: scores                        */
+    static constexpr int PLD = DT_BK + 8; /* halves: probabilities                 */
+    static constexpr int OLD = D + 4;     /* floats: a warp's output rows          */
+    static constexpr size_t q_bytes = dt_round(sizeof(__half) * 16 * QLD);
+    static constexpr size_t kv_bytes = dt_round(sizeof(__half) * DT_BK * QLD);
+    static constexpr size_t s_bytes = dt_round(sizeof(float) * 16 * SLD);
+    static constexpr size_t p_bytes = dt_round(sizeof(__half) * 16 * PLD);
+    static constexpr size_t o_bytes = dt_round(sizeof(float) * 16 * OLD);
+    static constexpr size_t warp_bytes = kv_bytes + s_bytes + p_bytes + o_bytes;
+    static constexpr size_t ml_bytes = dt_round(sizeof(float) * DT_WARPS * 16 * 2);
+    static constexpr size_t bytes = q_bytes + DT_WARPS * warp_bytes + ml_bytes;
+};
+
+/* Keys jt .. jt+DT_BK-1 of the chunk (g: its first key, kv head offset applied; stride ld
+ * halves) into s [DT_BK][QLD] by one warp; keys at or past n as 0. */
+template <int D>
+static __device__ __forceinline__ void dt_load_tile(__half *s, const __half *g, size_t ld, int jt, int n, int lane)
+{
+    constexpr int P = D / 8, QLD = dt_layout<D>::QLD;
+    for (int idx = lane; idx < DT_BK * P; idx += 32) {
+        const int cc = idx / P, pp = idx % P, j = jt + cc;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (j < n)
+            v = __ldg((const uint4 *)(g + (size_t)j * ld) + pp);
+        *(uint4 *)(s + cc * QLD + pp * 8) = v;
+    }
+}
+
+template <int D>
+__global__ void __launch_bounds__(DT_THREADS) attn_decode_tc(dec_args a)
+{
+    using namespace nvcuda;
+    using L = dt_layout<D>;
+    constexpr int QLD = L::QLD, SLD = L::SLD, PLD = L::PLD, OLD = L::OLD;
+    static_assert(D % 16 == 0 && DT_BK % 16 == 0, "WMMA tiles");
+    extern __shared__ __align__(128) unsigned char dt_smem[];
+    const int c = blockIdx.x, kvh = blockIdx.y;
+    int n_pos, chunk_len, n_chunks;
+    dec_extent(a, &n_pos, &chunk_len, &n_chunks);
+    if (c >= n_chunks) /* a positional recording's grid has the most chunks */
+        return;
+    const int G = a.group, h0 = kvh * G;
+    const int j0 = c * chunk_len, n = min(chunk_len, n_pos - j0);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int row = lane / 2, side = lane % 2; /* softmax: two lanes a row, DT_BK / 2 keys each */
+    __half *s_q = (__half *)dt_smem;
+    unsigned char *wbase = dt_smem + L::q_bytes + warp * L::warp_bytes;
+    __half *s_kv = (__half *)wbase;
+    float *s_s = (float *)(wbase + L::kv_bytes);
+    __half *s_p = (__half *)(wbase + L::kv_bytes + L::s_bytes);
+    float *s_o = (float *)(wbase + L::kv_bytes + L::s_bytes + L::p_bytes);
+    float *s_ml = (float *)(dt_smem + L::q_bytes + DT_WARPS * L::warp_bytes); /* [DT_WARPS][16][2] */
+    const __half *kg = (const __half *)a.k + (size_t)j0 * a.kv_ld + (size_t)kvh * D;
+    const __half *vg = (const __half *)a.v + (size_t)j0 * a.kv_ld + (size_t)kvh * D;
+
+    for (int idx = threadIdx.x; idx < 16 * D; idx += DT_THREADS) {
+        const int g = idx / D, dd = idx % D;
+        s_q[g * QLD + dd] = __float2half_rn(g < G ? a.q[(size_t)(h0 + g) * D + dd] * a.qscale : 0.0f);
+    }
+    for (int idx = lane; idx < 16 * D; idx += 32)
+        s_o[(idx / D) * OLD + idx % D] = 0.0f;
+    __syncthreads();
+
+    float m = -INFINITY, l = 0.0f;
+    for (int jt = warp * DT_BK; jt < n; jt += DT_WARPS * DT_BK) {
+        dt_load_tile<D>(s_kv, kg, a.kv_ld, jt, n, lane);
+        __syncwarp();
+#pragma unroll
+        for (int cb = 0; cb < DT_BK / 16; cb++) { /* S = Q K^T */
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb;
+                wmma::load_matrix_sync(fa, s_q + kk * 16, QLD);
+                wmma::load_matrix_sync(fb, s_kv + (cb * 16) * QLD + kk * 16, QLD);
+                wmma::mma_sync(acc, fa, fb, acc);
+            }
+            wmma::store_matrix_sync(s_s + cb * 16, acc, SLD, wmma::mem_row_major);
+        }
+        __syncwarp();
+        /* online softmax of the row's keys of this tile (rows past the group: nothing) */
+        constexpr int HK = DT_BK / 2;
+        const float *srow = s_s + row * SLD + side * HK;
+        float tmax = -INFINITY;
+        for (int j = 0; j < HK; j++)
+            if (row < G && jt + side * HK + j < n)
+                tmax = fmaxf(tmax, srow[j]);
+        tmax = fmaxf(tmax, __shfl_xor_sync(FULL_MASK, tmax, 1));
+        const float m_new = fmaxf(m, tmax);
+        const float alpha = m_new == -INFINITY ? 1.0f : exp2f(m - m_new);
+        float rs = 0.0f;
+        __half *prow = s_p + row * PLD + side * HK;
+        for (int j = 0; j < HK; j++) {
+            const float p = row < G && jt + side * HK + j < n ? exp2f(srow[j] - m_new) : 0.0f;
+            const __half ph = __float2half_rn(p);
+            prow[j] = ph;
+            rs += __half2float(ph);
+        }
+        rs += __shfl_xor_sync(FULL_MASK, rs, 1);
+        l = l * alpha + rs;
+        m = m_new;
+        float *orow = s_o + row * OLD + side * (D / 2);
+        for (int dd = 0; dd < D / 2; dd++)
+            orow[dd] *= alpha;
+        __syncwarp(); /* K read, P and the scaled O written */
+        dt_load_tile<D>(s_kv, vg, a.kv_ld, jt, n, lane);
+        __syncwarp();
+#pragma unroll
+        for (int cb = 0; cb < D / 16; cb++) { /* O += P V */
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::load_matrix_sync(acc, s_o + cb * 16, OLD, wmma::mem_row_major);
+#pragma unroll
+            for (int kk = 0; kk < DT_BK / 16; kk++) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fb;
+                wmma::load_matrix_sync(fa, s_p + kk * 16, PLD);
+                wmma::load_matrix_sync(fb, s_kv + (kk * 16) * QLD + cb * 16, QLD);
+                wmma::mma_sync(acc, fa, fb, acc);
+            }
+            wmma::store_matrix_sync(s_o + cb * 16, acc, OLD, wmma::mem_row_major);
+        }
+        __syncwarp(); /* V read before the next tile overwrites it */
+    }
+    if (side == 0) {
+        s_ml[(warp * 16 + row) * 2] = m;
+        s_ml[(warp * 16 + row) * 2 + 1] = l;
+    }
+    __syncthreads();
+
+    /* the four warps' results combined, as attn_decode_merge combines chunks */
+    for (int idx = threadIdx.x; idx < G * D; idx += DT_THREADS) {
+        const int g = idx / D, dd = idx % D;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < DT_WARPS; w++)
+            M = fmaxf(M, s_ml[(w * 16 + g) * 2]);
+        float o = 0.0f, Ls = 0.0f;
+#pragma unroll
+        for (int w = 0; w < DT_WARPS; w++) {
+            const float mw = s_ml[(w * 16 + g) * 2], e = mw == -INFINITY ? 0.0f : exp2f(mw - M);
+            const float *ow = (const float *)(dt_smem + L::q_bytes + w * L::warp_bytes + L::kv_bytes + L::s_bytes +
+                                              L::p_bytes);
+            o = fmaf(ow[g * OLD + dd], e, o);
+            Ls = fmaf(s_ml[(w * 16 + g) * 2 + 1], e, Ls);
+        }
+        if (n_chunks == 1) {
+            a.out[(size_t)(h0 + g) * D + dd] = o / Ls;
+        } else {
+            a.part_o[((size_t)(h0 + g) * a.chunk_stride + c) * D + dd] = o;
+            if (dd == 0) {
+                float *ml = a.part_ml + ((size_t)(h0 + g) * a.chunk_stride + c) * 2;
+                ml[0] = M;
+                ml[1] = Ls;
+            }
+        }
+    }
+}
+
+template <int D> static int decode_tc_launch(ifkc_dev *d, const dec_args &a, int n_kv_heads, int n_heads)
+{
+    const size_t smem = dt_layout<D>::bytes;
+    IFKC_CK(cudaFuncSetAttribute(attn_decode_tc<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+            "cudaFuncSetAttribute (tensor-core decoding attention shared memory)");
+    attn_decode_tc<D><<<dim3((unsigned)a.n_chunks, (unsigned)n_kv_heads), DT_THREADS, smem, d->stream>>>(a);
+    IFKC_CKL("attn_decode_tc");
+    if (a.n_chunks > 1) {
+        attn_decode_merge<<<n_heads, D < 128 ? (D + 31) / 32 * 32 : 128, 0, d->stream>>>(a, D);
+        IFKC_CKL("attn_decode_merge");
+    }
+    return 0;
+}
+#endif
+
+/* Whether decoding attention over an F16/F32 cache of head_dim with groups of `group` query
+ * heads runs on tensor cores here. */
+static int decode_tc(int kv_type, int head_dim, int group)
+{
+    return IFKC_DEC_TC && kv_type == IFK_F16 && group >= 2 && group <= 16 &&
+           (head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128);
+}
+
+extern "C" int ifkc_attention_decode_tensor_cores(int kv_type, int head_dim, int group)
+{
+    return decode_tc(kv_type, head_dim, group);
+}
+
+/* The launch's arguments: chunks of decode_chunk_len(n_pos, bpc, want) keys (with pos_dev, the
+ * grid and the partials sized for the most chunks any position up to max_pos has), and the
+ * partials' scratch when there is more than one chunk. */
+static int decode_setup(ifkc_dev *d, dec_args *a, float *out, const float *q, const void *k, const void *v,
+                        size_t kv_ld, int n_pos, int n_heads, int group, int head_dim, float scale,
+                        const int *pos_dev, int max_pos, int bpc, long long want)
+{
+    const int chunk_len = decode_chunk_len(n_pos, bpc, want);
+    int n_chunks = (n_pos + chunk_len - 1) / chunk_len, stride = n_chunks;
+    if (pos_dev)
+        for (int p = 1; p <= max_pos; p++) {
+            const int cl = decode_chunk_len(p, bpc, want), nc = (p + cl - 1) / cl;
+            stride = nc > stride ? nc : stride;
+        }
+    a->out = out;
+    a->part_o = NULL;
+    a->part_ml = NULL;
+    a->q = q;
+    a->k = k;
+    a->v = v;
+    a->kv_ld = kv_ld;
+    a->n_pos = n_pos;
+    a->group = group;
+    a->chunk_len = chunk_len;
+    a->n_chunks = pos_dev ? stride : n_chunks; /* the host's view: the grid, and whether to merge */
+    a->chunk_stride = stride;
+    a->qscale = scale * IFKC_LOG2E;
+    a->pos_dev = pos_dev;
+    a->bpc = bpc;
+    a->want = want;
+    if (stride > DEC_MERGE_MAX)
+        return ifkc_seterr(IFKC_EUNSUPPORTED, "decoding attention over %d keys: more than %d chunks of %d",
+                           pos_dev ? max_pos : n_pos, DEC_MERGE_MAX, DEC_CHUNK_MAX);
+    if (stride > 1) {
+        const size_t n_part = (size_t)n_heads * stride;
+        void *p;
+        int rc = ifkc_scratch(d, IFKC_SCRATCH_ATTN, n_part * (head_dim + 2) * sizeof(float), &p);
+        if (rc)
+            return rc;
+        a->part_o = (float *)p;
+        a->part_ml = a->part_o + n_part * head_dim;
+    }
+    return 0;
+}
+
 /* Decoding attention over n_pos keys; with pos_dev (a positional recording), over *pos_dev + 1
  * keys, at most max_pos. */
 static int decode_run(ifkc_dev *d, float *out, const float *q, const void *k, const void *v, int kv_type,
@@ -733,8 +1177,22 @@ static int decode_run(ifkc_dev *d, float *out, const float *q, const void *k, co
                                "cache rows");
         return prefill_run(d, out, q, k, v, kv_type, kv_ld, 1, n_pos - 1, n_heads, n_kv_heads, head_dim, scale);
     }
-
-    const int group = n_heads / n_kv_heads;
+    const int group = n_heads / n_kv_heads, sms = d->sm_count > 0 ? d->sm_count : 100;
+    dec_args a;
+    int rc;
+#if IFKC_DEC_TC
+    if (decode_tc(kv_type, head_dim, group)) { /* a block per (chunk, kv head), IFKC_DEC_BPS of them an SM */
+        if ((rc = decode_setup(d, &a, out, q, k, v, kv_ld, n_pos, n_heads, group, head_dim, scale, pos_dev, max_pos,
+                               n_kv_heads, (long long)IFKC_DEC_BPS * sms)))
+            return rc;
+        switch (head_dim) {
+        case 64: return decode_tc_launch<64>(d, a, n_kv_heads, n_heads);
+        case 80: return decode_tc_launch<80>(d, a, n_kv_heads, n_heads);
+        case 96: return decode_tc_launch<96>(d, a, n_kv_heads, n_heads);
+        default: return decode_tc_launch<128>(d, a, n_kv_heads, n_heads);
+        }
+    }
+#endif
     /* query heads per block: the group rounded up to a power of two, at most DEC_GMAX (the
      * tiny head dims: always DEC_GMAX); larger groups are cut into slices */
     int gm = 1;
@@ -744,45 +1202,9 @@ static int decode_run(ifkc_dev *d, float *out, const float *q, const void *k, co
         gm = DEC_GMAX;
     const int slices = (group + gm - 1) / gm;
     /* fewer heads a block, fewer registers: more blocks fit on an SM, so cut more chunks */
-    const int bpc = n_kv_heads * slices;
-    const long long want = (long long)(gm >= 4 ? IFKC_DEC_BPS : 2 * IFKC_DEC_BPS) * (d->sm_count > 0 ? d->sm_count : 100);
-    const int chunk_len = decode_chunk_len(n_pos, bpc, want);
-    int n_chunks = (n_pos + chunk_len - 1) / chunk_len, stride = n_chunks;
-    if (pos_dev) /* the grid and the partials for the most chunks any position up to max_pos has */
-        for (int p = 1; p <= max_pos; p++) {
-            const int cl = decode_chunk_len(p, bpc, want), nc = (p + cl - 1) / cl;
-            stride = nc > stride ? nc : stride;
-        }
-
-    dec_args a;
-    a.out = out;
-    a.part_o = NULL;
-    a.part_ml = NULL;
-    a.q = q;
-    a.k = k;
-    a.v = v;
-    a.kv_ld = kv_ld;
-    a.n_pos = n_pos;
-    a.group = group;
-    a.chunk_len = chunk_len;
-    a.n_chunks = pos_dev ? stride : n_chunks; /* the host's view: the grid, and whether to merge */
-    a.chunk_stride = stride;
-    a.qscale = scale * IFKC_LOG2E;
-    a.pos_dev = pos_dev;
-    a.bpc = bpc;
-    a.want = want;
-    if (stride > DEC_MERGE_MAX)
-        return ifkc_seterr(IFKC_EUNSUPPORTED, "decoding attention over %d keys: more than %d chunks of %d",
-                           pos_dev ? max_pos : n_pos, DEC_MERGE_MAX, DEC_CHUNK_MAX);
-    if (stride > 1) {
-        const size_t n_part = (size_t)n_heads * stride;
-        void *p;
-        int rc = ifkc_scratch(d, IFKC_SCRATCH_ATTN, n_part * (head_dim + 2) * sizeof(float), &p);
-        if (rc)
-            return rc;
-        a.part_o = (float *)p;
-        a.part_ml = a.part_o + n_part * head_dim;
-    }
+    if ((rc = decode_setup(d, &a, out, q, k, v, kv_ld, n_pos, n_heads, group, head_dim, scale, pos_dev, max_pos,
+                           n_kv_heads * slices, (long long)(gm >= 4 ? IFKC_DEC_BPS : 2 * IFKC_DEC_BPS) * sms)))
+        return rc;
     dim3 grid((unsigned)a.n_chunks, (unsigned)n_kv_heads, (unsigned)slices);
     return kv_type == IFK_F32 ? decode_dispatch<float>(d, a, grid, n_heads, head_dim, gm)
                               : decode_dispatch<__half>(d, a, grid, n_heads, head_dim, gm);

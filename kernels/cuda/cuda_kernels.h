@@ -203,6 +203,15 @@ int ifkc_attention_decode(ifkc_dev *d, float *out, const float *q, const void *k
 int ifkc_attention_prefill(ifkc_dev *d, float *out, const float *q, const void *k, const void *v,
                            int kv_type, size_t kv_ld, int T, int pos0, int n_heads,
                            int n_kv_heads, int head_dim, float scale);
+/* 1 when prefill of T tokens over a cache of kv_type and head_dim runs on tensor cores in this
+ * build (kernels/cuda/attention.cu built with IFKC_PF_TC=1; F16 caches with 16-byte aligned
+ * rows, head_dim 64, 80, 96 or 128, T >= 16): Q and P are then rounded to F16, and results are
+ * within a few 1e-3 of the F32 kernel's rather than 1e-6. */
+int ifkc_attention_prefill_tensor_cores(int kv_type, int head_dim, int T);
+/* 1 when decoding attention over a cache of kv_type and head_dim with groups of `group` query
+ * heads runs on tensor cores in this build (IFKC_DEC_TC=1; F16 caches, head_dim 64, 80, 96 or
+ * 128, groups of 2 to 16): Q and the probabilities are then rounded to F16. */
+int ifkc_attention_decode_tensor_cores(int kv_type, int head_dim, int group);
 
 /* Store T rows of n F32 values (src, stride ld_src) into cache rows pos0.. of kv_type (F32 or
  * F16, round-to-nearest-even), stride ld_dst. */
