@@ -25,6 +25,8 @@ enum {
     IFKC_SCRATCH_N_
 };
 
+enum { IFKC_GRAPH_SLOTS = 4 }; /* positional graphs a handle keeps (ifkc_graph_begin_at) */
+
 struct ifkc_dev {
     int            index;
     cudaStream_t   stream;
@@ -38,13 +40,22 @@ struct ifkc_dev {
     ifkc_graph_stats gstats;
     /* Positional recording (ifkc_graph_begin_at): while pos_on, the operations that take the
      * step's position read it from pos_dev (device int) and decoding attention is launched for
-     * up to pos_max positions. The graph it made (graph_at) stays valid while no scratch slot
-     * is replaced (scratch_gen == graph_gen) and the key is the caller's. scratch_want: what a
-     * slot had to grow to during a recording, grown when the recording is dropped. */
+     * up to pos_max positions. Each graph it makes goes to a slot of `at` under the caller's
+     * key (a key's new recording replaces its graph; a new key the least recently used), so
+     * that contexts taking turns on one device (a draft model's and its target's) keep theirs;
+     * a slot is valid while no scratch buffer is replaced (scratch_gen == gen). scratch_want:
+     * what a scratch buffer had to grow to during a recording, grown when it is dropped. */
     int            *pos_dev;
-    int             pos_on, pos_max, graph_at;
-    unsigned long long graph_key;
-    long            scratch_gen, graph_gen;
+    int             pos_on, pos_max;
+    unsigned long long pos_key;
+    struct {
+        cudaGraphExec_t exec;
+        unsigned long long key;
+        long gen, used;
+        int max_pos;
+    } at[IFKC_GRAPH_SLOTS];
+    long            at_clock;
+    long            scratch_gen;
     size_t          scratch_want[IFKC_SCRATCH_N_];
     int            *argmax_res;   /* [1] device: where ifkc_argmax_start left its result */
     cudaEvent_t     mark[IFKC_MARKS]; /* ifkc_mark's events, made on first use               */

@@ -122,10 +122,11 @@ void ifkc_graph_abort(ifkc_dev *d);
  * keys return at once), so its chunks, and so its results, are those of a call made op by op
  * at the same position. Everything else in the recording must not depend on the position.
  * key: the caller's name for what the graph computes (its buffers, its shapes).
- * ifkc_graph_replay: runs that graph again at position pos0 and returns 0; returns 1, running
- * nothing, when there is none to run: no positional graph is the last one, the key differs, a
- * scratch buffer it uses was replaced, or pos0 >= max_pos; then record again. A dropped
- * recording grows the scratch it lacked, so the next one finds it. */
+ * ifkc_graph_replay: runs the graph last recorded under key again at position pos0 and returns
+ * 0; returns 1, running nothing, when there is none to run: none under this key (a handle keeps
+ * the graphs of its four most recently used keys, so contexts taking turns keep theirs), a
+ * scratch buffer it uses was replaced since, or pos0 >= its max_pos; then record again. A
+ * dropped recording grows the scratch it lacked, so the next one finds it. */
 int  ifkc_graph_begin_at(ifkc_dev *d, int pos0, int max_pos, unsigned long long key);
 int  ifkc_graph_replay(ifkc_dev *d, int pos0, unsigned long long key);
 void ifkc_graph_stats_get(const ifkc_dev *d, ifkc_graph_stats *out);

@@ -174,6 +174,9 @@ void ifkc_close(ifkc_dev *d)
     cudaStreamSynchronize(d->stream);
     if (d->graph)
         cudaGraphExecDestroy(d->graph);
+    for (int i = 0; i < IFKC_GRAPH_SLOTS; i++)
+        if (d->at[i].exec)
+            cudaGraphExecDestroy(d->at[i].exec);
     for (int i = 0; i < IFKC_SCRATCH_N_; i++)
         cudaFree(d->scratch[i]);
     cudaFree(d->pos_dev);
@@ -326,7 +329,6 @@ int ifkc_graph_begin(ifkc_dev *d)
     IFKC_CK(cudaSetDevice(d->index), "cudaSetDevice");
     IFKC_CK(cudaStreamBeginCapture(d->stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
     d->recording = 1;
-    d->graph_at = 0;
     return 0;
 }
 
@@ -355,20 +357,30 @@ int ifkc_graph_begin_at(ifkc_dev *d, int pos0, int max_pos, unsigned long long k
         return rc;
     d->pos_on = 1;
     d->pos_max = max_pos;
-    d->graph_key = key;
+    d->pos_key = key;
     return 0;
+}
+
+/* The slot holding key's positional graph, or -1. */
+static int at_find(const ifkc_dev *d, unsigned long long key)
+{
+    for (int i = 0; i < IFKC_GRAPH_SLOTS; i++)
+        if (d->at[i].exec && d->at[i].key == key)
+            return i;
+    return -1;
 }
 
 int ifkc_graph_replay(ifkc_dev *d, int pos0, unsigned long long key)
 {
-    if (d->recording || !d->graph || !d->graph_at || d->graph_key != key || d->graph_gen != d->scratch_gen ||
-        pos0 < 0 || pos0 >= d->pos_max)
+    const int i = d->recording ? -1 : at_find(d, key);
+    if (i < 0 || d->at[i].gen != d->scratch_gen || pos0 < 0 || pos0 >= d->at[i].max_pos)
         return 1;
     IFKC_CK(cudaSetDevice(d->index), "cudaSetDevice");
     int rc = set_pos(d, pos0);
     if (rc)
         return rc;
-    IFKC_CK(cudaGraphLaunch(d->graph, d->stream), "cudaGraphLaunch");
+    IFKC_CK(cudaGraphLaunch(d->at[i].exec, d->stream), "cudaGraphLaunch");
+    d->at[i].used = ++d->at_clock;
     d->gstats.launches++;
     d->gstats.replays++;
     return 0;
@@ -384,7 +396,6 @@ void ifkc_graph_abort(ifkc_dev *d)
     cudaGetLastError(); /* the capture's failure is not the next launch's */
     d->recording = 0;
     d->pos_on = 0;
-    d->graph_at = 0;
     d->gstats.aborts++;
     /* the scratch a dropped recording needed, so that the next one finds it */
     for (int i = 0; i < IFKC_SCRATCH_N_; i++) {
@@ -409,27 +420,41 @@ int ifkc_graph_end(ifkc_dev *d)
         d->gstats.aborts++;
         return ifkc_cuda_err(e != cudaSuccess ? e : cudaErrorStreamCaptureInvalidated, "cudaStreamEndCapture");
     }
-    if (d->graph) {
+    /* where it goes: the plain graph, or the key's slot (else an empty one, else the least
+     * recently used) */
+    int slot = -1;
+    if (at && (slot = at_find(d, d->pos_key)) < 0) {
+        slot = 0;
+        for (int i = 1; i < IFKC_GRAPH_SLOTS && d->at[slot].exec; i++)
+            if (!d->at[i].exec || d->at[i].used < d->at[slot].used)
+                slot = i;
+    }
+    cudaGraphExec_t *exec = at ? &d->at[slot].exec : &d->graph;
+    if (*exec) {
         cudaGraphExecUpdateResultInfo info;
-        if (cudaGraphExecUpdate(d->graph, g, &info) != cudaSuccess) {
+        if (cudaGraphExecUpdate(*exec, g, &info) != cudaSuccess) {
             cudaGetLastError(); /* not the same nodes: instantiate this one */
-            cudaGraphExecDestroy(d->graph);
-            d->graph = NULL;
+            cudaGraphExecDestroy(*exec);
+            *exec = NULL;
         }
     }
-    if (!d->graph) {
-        e = cudaGraphInstantiate(&d->graph, g, 0);
+    if (!*exec) {
+        e = cudaGraphInstantiate(exec, g, 0);
         if (e != cudaSuccess) {
-            d->graph = NULL;
+            *exec = NULL;
             cudaGraphDestroy(g);
             return ifkc_cuda_err(e, "cudaGraphInstantiate");
         }
         d->gstats.instantiations++;
     }
     cudaGraphDestroy(g);
-    d->graph_at = at;
-    d->graph_gen = d->scratch_gen;
-    IFKC_CK(cudaGraphLaunch(d->graph, d->stream), "cudaGraphLaunch");
+    if (at) {
+        d->at[slot].key = d->pos_key;
+        d->at[slot].gen = d->scratch_gen;
+        d->at[slot].max_pos = d->pos_max;
+        d->at[slot].used = ++d->at_clock;
+    }
+    IFKC_CK(cudaGraphLaunch(*exec, d->stream), "cudaGraphLaunch");
     d->gstats.launches++;
     return 0;
 }

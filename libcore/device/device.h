@@ -122,10 +122,10 @@ typedef struct {
     /* A step recorded once and run again (NULL: none). record_at begins a recording (ended by
      * record_end, dropped by record_abort) in which the ops that take the step's position
      * (rope, kv_store, rope_store, and attention_paged of one token) read it on the device,
-     * where replay sets it: replay(d, pos0, key) runs the last such recording again at position
-     * pos0 without recording it (0), or returns 1, running nothing, when it cannot (none
-     * recorded under this key since, a buffer it used replaced, pos0 >= max_pos): then record
-     * again. The results are those of the ops run one by one at that position. key: the
+     * where replay sets it: replay(d, pos0, key) runs the last such recording under key again
+     * at position pos0 without recording it (0), or returns 1, running nothing, when it cannot
+     * (none kept under this key: CUDA keeps the four keys used last; a buffer it used replaced;
+     * pos0 >= max_pos): then record again. The results are those of the ops run one by one at that position. key: the
      * caller's name for everything else the recording depends on (buffers, shapes). */
     int  (*record_at)(iflow_device *d, int pos0, int max_pos, uint64_t key);
     int  (*replay)(iflow_device *d, int pos0, uint64_t key);
