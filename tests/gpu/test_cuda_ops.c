@@ -13,7 +13,8 @@
  * recording (ifkc_graph_*): three recordings of the same ops with other lengths give the ops'
  * results exactly, set up one graph and update it twice; a download while recording is
  * refused; an aborted recording runs nothing. The fused ops (add_rmsnorm, rope_store) and a
- * positional recording (ifkc_graph_begin_at) replayed at 259 next positions, against the ops.
+ * positional recording (ifkc_graph_begin_at) replayed at 259 next positions, against the ops;
+ * a second key's recording and a plain one leave the first key's graph to replay.
  *
  * Tolerances (the CPU reference accumulates dot products and sums in double):
  *   attention:  |o - ref| <= 1e-4 * max |v| (5e-3 where it runs on tensor cores, which
@@ -816,14 +817,25 @@ static void test_graph_at(void)
     CHECK(ifkc_graph_replay(dev, 5, key + 1) == 1, "graph_at: a replay under another key runs nothing");
     CHECK(ifkc_graph_replay(dev, MAX_POS, key) == 1, "graph_at: a replay past max_pos runs nothing");
     CHECK(ifkc_graph_begin_at(dev, MAX_POS, MAX_POS, key) == IFKC_EINVAL, "graph_at: a recording at max_pos is refused");
-    /* a plain recording replaces the positional graph: replays stop */
+    /* another key's recording and a plain one keep the first key's graph (contexts taking turns) */
+    int rc = ifkc_graph_begin_at(dev, STEPS, MAX_POS, key + 7);
+    if (rc == 0) {
+        rc = ifkc_rope_store(dev, dq[0], ldq, NQ, dk[0], dv[0], ld, NKV, kc[0], vc[0], IFK_F16, ld, 1, HD, HD, STEPS,
+                             10000.0f, NULL, IFK_ROPE_HALF);
+        if (rc == 0)
+            rc = ifkc_graph_end(dev);
+        else
+            ifkc_graph_abort(dev);
+    }
+    CHECK(rc == 0, "graph_at: a second key's recording: %s", ifkc_errmsg());
     if (ifkc_graph_begin(dev) == 0) {
         if (ifkc_add(dev, dout[0], dout[1], 8) == 0)
             CHECK(ifkc_graph_end(dev) == 0, "graph_at: plain recording: %s", ifkc_errmsg());
         else
             ifkc_graph_abort(dev);
     }
-    CHECK(ifkc_graph_replay(dev, 5, key) == 1, "graph_at: no replay after a plain recording");
+    CHECK(ifkc_graph_replay(dev, STEPS + 1, key) == 0, "graph_at: the first key's graph kept");
+    CHECK(ifkc_graph_replay(dev, STEPS + 2, key + 7) == 0, "graph_at: the second key's graph kept");
     CHECK(ifkc_sync(dev) == 0, "graph_at: sync: %s", ifkc_errmsg());
     for (int i = 0; i < 2; i++)
         ifkc_free(dev, dq[i]), ifkc_free(dev, dk[i]), ifkc_free(dev, dv[i]), ifkc_free(dev, dout[i]),
