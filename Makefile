@@ -77,7 +77,8 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90]
 ifeq ($(CUDA),1)
   CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
-  NVCCFLAGS ?= -O3 -std=c++17 $(CUDA_ARCH) -I. -Xcompiler -Wall,-Wno-unused-parameter,-fPIC
+  # CUDA_DEFS: -D options for kernels/cuda (the kernels' macros, e.g. -DIFKC_MV_DP4A=1)
+  NVCCFLAGS ?= -O3 -std=c++17 $(CUDA_ARCH) -I. -Xcompiler -Wall,-Wno-unused-parameter,-fPIC $(CUDA_DEFS)
   CUDA_SRC  := $(wildcard kernels/cuda/*.cu)
   CUDA_OBJ  := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
   LIB_OBJ   += $(CUDA_OBJ)

@@ -459,9 +459,10 @@ static void bench_matvec(gpubench *g, int wt, int T, int N, int K)
         goto out;
     }
     double gbps = bytes / best * 1e-9;
-    printf("{\"bench\":\"matvec\",\"wtype\":\"%s\",\"T\":%d,\"N\":%d,\"K\":%d,\"weight_bytes\":%zu,"
+    printf("{\"bench\":\"matvec\",\"wtype\":\"%s\",\"T\":%d,\"N\":%d,\"K\":%d,\"int8_x\":%s,\"weight_bytes\":%zu,"
            "\"copies\":%d,\"us\":%.2f,\"us_median\":%.2f,\"weight_gbps\":%.1f,\"weight_gbps_median\":%.1f",
-           wtype_name(wt), T, N, K, bytes, copies, best * 1e6, med * 1e6, gbps, bytes / med * 1e-9);
+           wtype_name(wt), T, N, K, ifkc_matvec_int8_x(wt) ? "true" : "false", bytes, copies, best * 1e6, med * 1e6,
+           gbps, bytes / med * 1e-9);
     print_fraction(gbps, g->bw_gbps);
     printf("}\n");
     fflush(stdout);

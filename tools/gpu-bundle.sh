@@ -22,7 +22,10 @@ log() { echo "gpu-bundle: $*" >&2; }
 # The programs that compute on the GPU are built for Hopper only (sm_90: the lent machines are
 # H100 and H200), in a build folder of their own, and stripped, to stay well inside the 64 MiB
 # the device tool carries; iflow-convert, iflow-quant and iflow-partition need no GPU and come from CUDA=0.
+# GPU_BUNDLE_DEFS: -D options for kernels/cuda (CUDA_DEFS), built in a folder of their own (named
+# by a hash of them, so that other options never reuse stale objects).
 B=build/gpu-bundle
+[ -z "${GPU_BUNDLE_DEFS:-}" ] || B=build/gpu-bundle-$(printf '%s' "$GPU_BUNDLE_DEFS" | md5sum | cut -c1-8)
 make --no-print-directory deps >&2
 make --no-print-directory -j"$(nproc)" CUDA=0 all >&2
 rm -rf "$out"
@@ -32,6 +35,7 @@ strip -o "$out/bin/iflow-convert" bin/iflow-convert
 strip -o "$out/bin/iflow-quant" bin/iflow-quant
 strip -o "$out/bin/iflow-partition" bin/iflow-partition
 make --no-print-directory -j"$(nproc)" CUDA=1 BUILD=$B CUDA_ARCH="-gencode arch=compute_90,code=sm_90" \
+    CUDA_DEFS="${GPU_BUNDLE_DEFS:-}" \
     all gpu-bins $B/iflow-bench $B/gpubench >&2
 strip -o "$out/bin/iflow-run" bin/iflow-run
 strip -o "$out/bin/iflow-ppl" bin/iflow-ppl

@@ -6,8 +6,8 @@
 # check and time a kernel change beside the bundle's own (tools/gpu-lease.sh vunit variants). FLAGS are nvcc -D options for kernels/cuda/matmul.cu and
 # attention.cu (IFKC_MV_WARPS, IFKC_MV_R, IFKC_MV_R_WIDE, IFKC_MV_U1, IFKC_MV_MINB, IFKC_DEC_UNROLL,
 # IFKC_DEC_BPS, IFKC_DEC_MINB; IFKC_PF_TC=1 and IFKC_DEC_TC=1: prefill and decoding attention on
-# tensor cores, off by default until they have run on a GPU; time the first with
-# VARIANT_ONLY=attention_prefill).
+# tensor cores; IFKC_MV_DP4A=1: the quantized decode products on int8 activations; all three off
+# by default until they have run on a GPU; VARIANT_ONLY picks what is timed).
 # Run after tools/gpu-bundle.sh (it links against that build's library); sm_90 only.
 #   tools/gpu-variants.sh r1='-DIFKC_MV_R=1' u16='-DIFKC_MV_U1=16 -DIFKC_DEC_UNROLL=8'
 set -euo pipefail

@@ -22,6 +22,7 @@ enum {
     IFKC_SCRATCH_X16 = 1,   /* activations rounded to F16 / BF16 for cuBLAS                  */
     IFKC_SCRATCH_ATTN = 2,  /* partial softmax results of split decoding attention          */
     IFKC_SCRATCH_MISC = 3,  /* small results (argmax)                                         */
+    IFKC_SCRATCH_XQ = 4,    /* activations rounded to int8 and their scales (IFKC_MV_DP4A)    */
     IFKC_SCRATCH_N_
 };
 

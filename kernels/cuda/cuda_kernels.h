@@ -166,6 +166,10 @@ int ifkc_supports_wtype(int wtype);
  * with tensor cores (x rounded once to the weight's 16-bit type, F32 accumulation), quantized
  * weights dequantized to F16 a tile of rows at a time into the handle's scratch. */
 #define IFKC_MATVEC_MAX_T 8
+/* 1 when the decode kernels round x to int8 for weights of this type (a build with
+ * IFKC_MV_DP4A=1: blocks of 32 values, scale max |x| / 127), which costs an output at most
+ * sum_k |w_k| max|x|_block(k) / 254 beside the float error; 0 otherwise. */
+int ifkc_matvec_int8_x(int wtype);
 int ifkc_matmul(ifkc_dev *d, float *y, size_t ldy, const void *W, int wtype, const float *x,
                 size_t ldx, int T, int N, int K);
 

@@ -299,6 +299,146 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MINB(TM))
         warp_store<TM>(acc, ym, ldm, T, Nm, n0, lane);
 }
 
+/* ---- quantized matrix-vector on int8 activations (IFKC_MV_DP4A=1; off by default until it has
+ * run on a GPU) ----------------------------------------------------------------------------------
+ *
+ * x is first rounded to int8 in blocks of 32 (scale = max |x| / 127 a block, round to nearest)
+ * into the handle's IFKC_SCRATCH_XQ slot, zero-padded to a multiple of 64; then a block's slice
+ * (ifkc_qslice's levels as four bytes, the kernels' decoder) is two dp4a instructions against
+ * the matching int8 x instead of eight float multiply-adds and eight byte-to-float conversions:
+ *     delta * (sx_a * dp4a(lo, xq_a) + sx_b * dp4a(hi, xq_b)) + min * (sx_a * sum xq_a + sx_b * sum xq_b)
+ * (the 4-element sums of xq by dp4a with 0x01010101). Rounding x costs each output at most
+ * sum_k |w_k| * max|x|_block(k) / 254: tests/gpu/test_cuda_matmul checks that bound. */
+#ifndef IFKC_MV_DP4A
+#define IFKC_MV_DP4A 0
+#endif
+
+#if IFKC_MV_DP4A
+/* a (4 unsigned bytes) . b (4 signed bytes) + c */
+static __device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c)
+{
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+/* xq [T][kp] int8 and sx [T][kp / 32]: x [T][K] (ldx) in blocks of 32, one warp a block; past K 0. */
+__global__ void quantize_x_i8(int8_t *__restrict__ xq, float *__restrict__ sx, const float *__restrict__ x, size_t ldx,
+                              int T, int K, int kp)
+{
+    const int wpb = blockDim.x / 32, lane = threadIdx.x % 32;
+    const long long blk = (long long)blockIdx.x * wpb + threadIdx.x / 32, nblk = (long long)T * (kp / 32);
+    if (blk >= nblk)
+        return;
+    const int t = (int)(blk / (kp / 32)), k = (int)(blk % (kp / 32)) * 32 + lane;
+    const float v = k < K ? x[(size_t)t * ldx + k] : 0.0f;
+    float amax = fabsf(v);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    const float s = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    xq[(size_t)t * kp + k] = (int8_t)max(-127, min(127, __float2int_rn(v * inv)));
+    if (lane == 0)
+        sx[(size_t)t * (kp / 32) + k / 32] = s;
+}
+
+/* One block's slice against int8 x: acc[t][r] += delta_r * sum(q x) + min_r * sum(x). xq: [TM]
+ * rows offset by the slice's 4j; sx: [TM] rows of scales; k0: the block's first element; j4: 4j. */
+template <int TM, int B>
+__device__ __forceinline__ void qslice_dot_i8(float (&acc)[TM][MV_RT(TM)], const uint32_t (&dm)[MV_RT(TM)],
+                                              const uint32_t (&lo)[MV_RT(TM)], const uint32_t (&hi)[MV_RT(TM)],
+                                              const int8_t *const (&xq)[TM], const float *const (&sx)[TM], int k0,
+                                              int j4)
+{
+    float dl[MV_RT(TM)], mn[MV_RT(TM)];
+#pragma unroll
+    for (int r = 0; r < MV_RT(TM); r++) {
+        dl[r] = ifkc_f16_to_f32((uint16_t)(dm[r] & 0xffffu));
+        mn[r] = ifkc_f16_to_f32((uint16_t)(dm[r] >> 16));
+    }
+#pragma unroll
+    for (int t = 0; t < TM; t++) {
+        const int xa = __ldg((const int *)(xq[t] + k0)), xb = __ldg((const int *)(xq[t] + k0 + B / 2));
+        const float fa = __ldg(sx[t] + (k0 + j4) / 32), fb = __ldg(sx[t] + (k0 + j4 + B / 2) / 32);
+        const float msum = fmaf(fa, (float)__dp4a(0x01010101, xa, 0), fb * (float)__dp4a(0x01010101, xb, 0));
+#pragma unroll
+        for (int r = 0; r < MV_RT(TM); r++) {
+            const float dot = fmaf(fa, (float)dp4a_us(lo[r], xa, 0), fb * (float)dp4a_us(hi[r], xb, 0));
+            acc[t][r] = fmaf(dl[r], dot, fmaf(mn[r], msum, acc[t][r]));
+        }
+    }
+}
+
+/* qmatvec_kernel's loop over blocks with int8 x (xq [T][kp], sx [T][kp / 32]); the same rows,
+ * segments and GLU pairs. Blocks past K need no guard: xq is zero there, and so are levels. */
+template <int QT, int TM>
+__global__ void __launch_bounds__(MV_THREADS, MV_MINB(TM))
+    qmatvec_i8_kernel(float *__restrict__ y, size_t ldy, const uint8_t *__restrict__ W,
+                      const uint8_t *__restrict__ W2, const int8_t *__restrict__ xq, const float *__restrict__ sx,
+                      int kp, int T, int N, int K, mv_segs sg)
+{
+    constexpr int B = IFKC_QB(QT), BB = IFKC_QBB(QT), G = B / 8, BPW = 32 / G;
+    constexpr int U = TM == 1 ? IFKC_MV_U1 : TM == 2 ? 4 : 2;
+    const int lane = threadIdx.x & 31, g = lane / G, j = lane % G;
+    int n0 = warp_row0<TM>(W2 != NULL);
+    if (n0 >= N)
+        return;
+    const uint8_t *Wm = W;
+    float *ym = y;
+    size_t ldm = ldy;
+    int Nm = N;
+    seg_pick(sg, n0, Nm, Wm, ym, ldm);
+    const int nb = (K + B - 1) / B;
+    const size_t rb = (size_t)nb * BB;
+    const uint8_t *wr[MV_RT(TM)];
+#pragma unroll
+    for (int r = 0; r < MV_RT(TM); r++)
+        wr[r] = W2 ? (r == 0 ? W : W2) + (size_t)n0 * rb : Wm + (size_t)min(n0 + r, Nm - 1) * rb;
+    const int8_t *xqt[TM];
+    const float *sxt[TM];
+#pragma unroll
+    for (int t = 0; t < TM; t++) {
+        xqt[t] = xq + (size_t)min(t, T - 1) * kp + 4 * j;
+        sxt[t] = sx + (size_t)min(t, T - 1) * (kp / 32);
+    }
+    float acc[TM][MV_RT(TM)];
+#pragma unroll
+    for (int t = 0; t < TM; t++)
+#pragma unroll
+        for (int r = 0; r < MV_RT(TM); r++)
+            acc[t][r] = 0.0f;
+    int b = g;
+    for (; b + (U - 1) * BPW < nb; b += U * BPW) {
+        uint32_t dm[U][MV_RT(TM)], lo[U][MV_RT(TM)], hi[U][MV_RT(TM)];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int r = 0; r < MV_RT(TM); r++) {
+                const uint8_t *blk = wr[r] + (size_t)(b + u * BPW) * BB;
+                dm[u][r] = ifkc_ld32(blk);
+                ifkc_qslice(QT, blk, j, &lo[u][r], &hi[u][r]);
+            }
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            qslice_dot_i8<TM, B>(acc, dm[u], lo[u], hi[u], xqt, sxt, (b + u * BPW) * B, 4 * j);
+    }
+    for (; b < nb; b += BPW) {
+        uint32_t dm[MV_RT(TM)], lo[MV_RT(TM)], hi[MV_RT(TM)];
+#pragma unroll
+        for (int r = 0; r < MV_RT(TM); r++) {
+            const uint8_t *blk = wr[r] + (size_t)b * BB;
+            dm[r] = ifkc_ld32(blk);
+            ifkc_qslice(QT, blk, j, &lo[r], &hi[r]);
+        }
+        qslice_dot_i8<TM, B>(acc, dm, lo, hi, xqt, sxt, b * B, 4 * j);
+    }
+    if (W2)
+        warp_store_glu<TM>(acc, y, ldy, T, n0, lane);
+    else
+        warp_store<TM>(acc, ym, ldm, T, Nm, n0, lane);
+}
+#endif
+
 /* ---- F32 / F16 / BF16 matrix-vector ---------------------------------------------------------- */
 
 /* Elements of a 16-byte chunk of weights and the bytes of one element. */
@@ -592,11 +732,63 @@ static int is_quant(int wtype) { return wtype >= IFK_Q8_B32 && wtype < IFK_QTYPE
 
 static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
+#if IFKC_MV_DP4A
+template <int QT>
+static int launch_qmatvec_i8(ifkc_dev *d, float *y, size_t ldy, const uint8_t *W, const uint8_t *W2,
+                             const int8_t *xq, const float *sx, int kp, int T, int N, int K, const mv_segs &sg)
+{
+    dim3 grid(mv_blocks(N, tm_of(T), W2 != NULL)), block(MV_THREADS);
+    switch (tm_of(T)) {
+    case 1: qmatvec_i8_kernel<QT, 1><<<grid, block, 0, d->stream>>>(y, ldy, W, W2, xq, sx, kp, T, N, K, sg); break;
+    case 2: qmatvec_i8_kernel<QT, 2><<<grid, block, 0, d->stream>>>(y, ldy, W, W2, xq, sx, kp, T, N, K, sg); break;
+    case 4: qmatvec_i8_kernel<QT, 4><<<grid, block, 0, d->stream>>>(y, ldy, W, W2, xq, sx, kp, T, N, K, sg); break;
+    default: qmatvec_i8_kernel<QT, 8><<<grid, block, 0, d->stream>>>(y, ldy, W, W2, xq, sx, kp, T, N, K, sg); break;
+    }
+    IFKC_CKL("qmatvec_i8_kernel");
+    return 0;
+}
+
+/* The quantized decode product on int8 activations: x rounded into scratch, then the kernel. */
+static int matvec_i8(ifkc_dev *d, float *y, size_t ldy, const void *W, const void *W2, int wtype, const float *x,
+                     size_t ldx, int T, int N, int K, const mv_segs &sg)
+{
+    const int kp = (K + 63) / 64 * 64;
+    const size_t xq_bytes = ((size_t)T * kp + 15) / 16 * 16, sx_bytes = (size_t)T * (kp / 32) * sizeof(float);
+    void *p;
+    int rc = ifkc_scratch(d, IFKC_SCRATCH_XQ, xq_bytes + sx_bytes, &p);
+    if (rc)
+        return rc;
+    int8_t *xq = (int8_t *)p;
+    float *sx = (float *)((char *)p + xq_bytes);
+    const long long nblk = (long long)T * (kp / 32);
+    quantize_x_i8<<<(unsigned)((nblk + 7) / 8), 256, 0, d->stream>>>(xq, sx, x, ldx, T, K, kp);
+    IFKC_CKL("quantize_x_i8");
+    const uint8_t *Wq = (const uint8_t *)W, *Wq2 = (const uint8_t *)W2;
+    switch (wtype) {
+    case IFK_Q8_B32: return launch_qmatvec_i8<IFK_Q8_B32>(d, y, ldy, Wq, Wq2, xq, sx, kp, T, N, K, sg);
+    case IFK_Q8_B64: return launch_qmatvec_i8<IFK_Q8_B64>(d, y, ldy, Wq, Wq2, xq, sx, kp, T, N, K, sg);
+    case IFK_Q6_B64: return launch_qmatvec_i8<IFK_Q6_B64>(d, y, ldy, Wq, Wq2, xq, sx, kp, T, N, K, sg);
+    case IFK_Q5_B64: return launch_qmatvec_i8<IFK_Q5_B64>(d, y, ldy, Wq, Wq2, xq, sx, kp, T, N, K, sg);
+    case IFK_Q4_B32: return launch_qmatvec_i8<IFK_Q4_B32>(d, y, ldy, Wq, Wq2, xq, sx, kp, T, N, K, sg);
+    case IFK_Q4_B64: return launch_qmatvec_i8<IFK_Q4_B64>(d, y, ldy, Wq, Wq2, xq, sx, kp, T, N, K, sg);
+    case IFK_Q3H_B64: return launch_qmatvec_i8<IFK_Q3H_B64>(d, y, ldy, Wq, Wq2, xq, sx, kp, T, N, K, sg);
+    case IFK_Q3_B32: return launch_qmatvec_i8<IFK_Q3_B32>(d, y, ldy, Wq, Wq2, xq, sx, kp, T, N, K, sg);
+    default: return launch_qmatvec_i8<IFK_Q2_B32>(d, y, ldy, Wq, Wq2, xq, sx, kp, T, N, K, sg);
+    }
+}
+#endif
+
+extern "C" int ifkc_matvec_int8_x(int wtype) { return IFKC_MV_DP4A && is_quant(wtype); }
+
 /* T <= IFKC_MATVEC_MAX_T. W2 not NULL: the GLU pair (ifkc_matmul_glu; then chunked or quantized).
  * sg->n > 0: the segments of ifkc_matmul_qkv (W the first, N their rows; chunked or quantized). */
 static int matvec(ifkc_dev *d, float *y, size_t ldy, const void *W, const void *W2, int wtype, const float *x,
                   size_t ldx, int T, int N, int K, const mv_segs &sg)
 {
+#if IFKC_MV_DP4A
+    if (is_quant(wtype))
+        return matvec_i8(d, y, ldy, W, W2, wtype, x, ldx, T, N, K, sg);
+#endif
     /* The quantized and chunked kernels read x as 16-byte pieces: rows of x must be aligned. */
     int chunked = !is_quant(wtype) && aligned16(W) && K % (wtype == IFK_F32 ? 4 : 8) == 0;
     int x_ok = aligned16(x) && (T == 1 || ldx % 4 == 0);

@@ -26,7 +26,9 @@
  *     T > 8, quantized (w' and x rounded to F16, 2 x 2^-11):  |y - ref| <= 2e-3 * S
  *     T > 8, BF16 weights (x rounded once to BF16, 2^-8):     |y - ref| <= 5e-3 * S
  * Float sums of up to 11008 terms are ~1e-6 of S; any indexing error (a wrong level, block,
- * row or element of x) is of the order of S itself.
+ * row or element of x) is of the order of S itself. A build whose decode kernels round x to
+ * int8 (IFKC_MV_DP4A=1, ifkc_matvec_int8_x) adds that rounding's bound for T <= 8:
+ * 1.01 * sum_k S'_k max|x|_block(k) / 254 (half a step of the block's scale).
  */
 #include <math.h>
 #include <stdint.h>
@@ -198,19 +200,25 @@ static void run_case(const wmat *w, const float *x, size_t ldx, int T, size_t ld
     if (rc == 0) {
         reference(yref, w, x, ldx, T);
         const double f = tol_factor(w->type, T);
-        const int gemm = T > IFKC_MATVEC_MAX_T;
+        const int gemm = T > IFKC_MATVEC_MAX_T, i8 = !gemm && ifkc_matvec_int8_x(w->type);
         int bad = 0, bad_pad = 0;
         double wr = 0.0;
 #pragma omp parallel for reduction(+ : bad, bad_pad) reduction(max : wr)
         for (int n = 0; n < N; n++)
             for (int t = 0; t < T; t++) {
                 const float *xt = x + (size_t)t * ldx, *dq = w->dq + (size_t)n * K, *mg = w->mag + (size_t)n * K;
-                double s = 0.0, s2 = 0.0;
+                double s = 0.0, s2 = 0.0, s8 = 0.0, amax = 0.0;
                 for (int k = 0; k < K; k++) {
                     s += fabs((double)dq[k] * xt[k]);
                     s2 += (double)mg[k] * fabs(xt[k]);
+                    if (i8 && k % 32 == 0) { /* x rounded to int8 in blocks of 32: half a step of its block */
+                        amax = 0.0;
+                        for (int kk = k; kk < K && kk < k + 32; kk++)
+                            amax = fmax(amax, fabs(xt[kk]));
+                    }
+                    s8 += (double)mg[k] * amax / 254.0;
                 }
-                double tol = f * (gemm ? s : s2) + 1e-30;
+                double tol = f * (gemm ? s : s2) + (i8 ? 1.01 * s8 : 0.0) + 1e-30;
                 double e = fabs((double)y[(size_t)t * ldy + n] - yref[(size_t)t * N + n]);
                 if (!(e <= tol)) {
                     bad++;
