@@ -660,14 +660,109 @@ template <typename KV> static int prefill_dispatch(ifkc_dev *d, const pf_args &a
     }
 }
 
-/* ---- prefill on tensor cores (IFKC_PF_TC=1; off by default until it has run on a GPU) ------ */
-
 #ifndef IFKC_PF_TC
 #define IFKC_PF_TC 0
 #endif
+#ifndef IFKC_DEC_TC
+#define IFKC_DEC_TC 0
+#endif
+
+#if IFKC_PF_TC || IFKC_DEC_TC
+#include <mma.h>
+
+/* What the two tensor-core kernels share. tc_load_tile: rows jt .. jt+BK-1 of an F16 cache (g:
+ * row 0, stride ld halves, 16-byte aligned) into s [BK][LD] halves, rows at or past n as 0, in
+ * 16-byte pieces, thread `tid` of `nt` taking every nt-th piece. tc_softmax_step: one tile's
+ * online-softmax step for a row held by two lanes (`side` 0 or 1, HK keys each): srow the row's
+ * scores (log2 units), the first `valid` keys of the tile visible to it; P rounded to F16 into
+ * prow; m and l updated; the row of O (orow, D floats) scaled by exp2(m_old - m_new). */
+template <int D, int BK, int LD>
+static __device__ __forceinline__ void tc_load_tile(__half *s, const __half *g, size_t ld, int jt, int n, int tid, int nt)
+{
+    constexpr int P = D / 8;
+    for (int idx = tid; idx < BK * P; idx += nt) {
+        const int cc = idx / P, pp = idx % P, j = jt + cc;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (j < n)
+            v = __ldg((const uint4 *)(g + (size_t)j * ld) + pp);
+        *(uint4 *)(s + cc * LD + pp * 8) = v;
+    }
+}
+
+template <int D, int HK>
+static __device__ __forceinline__ void tc_softmax_step(const float *srow, __half *prow, float *orow, int side,
+                                                       int valid, float &m, float &l)
+{
+    srow += side * HK, prow += side * HK;
+    float tmax = -INFINITY;
+    for (int j = 0; j < HK; j++)
+        if (side * HK + j < valid)
+            tmax = fmaxf(tmax, srow[j]);
+    tmax = fmaxf(tmax, __shfl_xor_sync(FULL_MASK, tmax, 1));
+    const float m_new = fmaxf(m, tmax);
+    const float alpha = m_new == -INFINITY ? 1.0f : exp2f(m - m_new);
+    float rs = 0.0f;
+    for (int j = 0; j < HK; j++) {
+        const __half ph = __float2half_rn(side * HK + j < valid ? exp2f(srow[j] - m_new) : 0.0f);
+        prow[j] = ph;
+        rs += __half2float(ph); /* the sum of what P V multiplies */
+    }
+    rs += __shfl_xor_sync(FULL_MASK, rs, 1);
+    l = l * alpha + rs;
+    m = m_new;
+    orow += side * (D / 2);
+    for (int dd = 0; dd < D / 2; dd++)
+        orow[dd] *= alpha;
+}
+/* One warp's two products on 16 rows (WMMA, F16 inputs, F32 sums): tc_scores S [16][BK] (ld
+ * sld) = Q [16][D] (ld qld) K^T, K [BK][D] (ld kld); tc_accumulate O [16][D] (ld old) += P
+ * [16][BK] (ld pld) V, V [BK][D] (ld vld). Pointers 32-byte aligned, leading dimensions
+ * multiples of 16 bytes. */
+template <int D, int BK>
+static __device__ __forceinline__ void tc_scores(float *s, int sld, const __half *q, int qld, const __half *k, int kld)
+{
+    using namespace nvcuda;
+#pragma unroll
+    for (int cb = 0; cb < BK / 16; cb++) {
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+        wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb; /* K^T */
+            wmma::load_matrix_sync(fa, q + kk * 16, qld);
+            wmma::load_matrix_sync(fb, k + (cb * 16) * kld + kk * 16, kld);
+            wmma::mma_sync(acc, fa, fb, acc);
+        }
+        wmma::store_matrix_sync(s + cb * 16, acc, sld, wmma::mem_row_major);
+    }
+}
+
+template <int D, int BK>
+static __device__ __forceinline__ void tc_accumulate(float *o, int old, const __half *p, int pld, const __half *v,
+                                                     int vld)
+{
+    using namespace nvcuda;
+#pragma unroll
+    for (int cb = 0; cb < D / 16; cb++) {
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+        wmma::load_matrix_sync(acc, o + cb * 16, old, wmma::mem_row_major);
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fb;
+            wmma::load_matrix_sync(fa, p + kk * 16, pld);
+            wmma::load_matrix_sync(fb, v + (kk * 16) * vld + cb * 16, vld);
+            wmma::mma_sync(acc, fa, fb, acc);
+        }
+        wmma::store_matrix_sync(o + cb * 16, acc, old, wmma::mem_row_major);
+    }
+}
+#endif
+
+/* ---- prefill on tensor cores (IFKC_PF_TC=1; off by default until it has run on a GPU) ------ */
 
 #if IFKC_PF_TC
-#include <mma.h>
 
 /* attn_prefill_tc<D>: the prefill kernel's algorithm (a tile of queries against tiles of keys,
  * online softmax) with the two products on tensor cores (WMMA, F16 inputs, F32 sums), for an F16
@@ -689,25 +784,9 @@ template <int D> struct tc_layout {
                                     sizeof(float) * ((size_t)TC_BQ * SLD + (size_t)TC_BQ * OLD);
 };
 
-/* Rows jt .. jt+TC_BK-1 of one kv head's F16 cache (g: row 0 of the head, stride ld halves, 16-byte
- * aligned) into s [TC_BK][QLD] halves; rows at or past n_keys as 0. 16-byte pieces. */
-template <int D>
-static __device__ __forceinline__ void tc_load_tile(__half *s, const __half *g, size_t ld, int jt, int n_keys)
-{
-    constexpr int P = D / 8, QLD = tc_layout<D>::QLD;
-    for (int idx = threadIdx.x; idx < TC_BK * P; idx += TC_THREADS) {
-        const int cc = idx / P, pp = idx % P, j = jt + cc;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (j < n_keys)
-            v = __ldg((const uint4 *)(g + (size_t)j * ld) + pp);
-        *(uint4 *)(s + cc * QLD + pp * 8) = v;
-    }
-}
-
 template <int D>
 __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc(pf_args a)
 {
-    using namespace nvcuda;
     using L = tc_layout<D>;
     constexpr int QLD = L::QLD, SLD = L::SLD, PLD = L::PLD, OLD = L::OLD;
     static_assert(D % 16 == 0 && TC_THREADS == 4 * 32 && TC_BQ == 64 && TC_BK == 64, "four warps of 16 rows");
@@ -739,68 +818,20 @@ __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc(pf_args a)
 
     for (int jt = 0; jt < n_keys; jt += TC_BK) {
         __syncthreads(); /* Q stored; the previous tile's V used up */
-        tc_load_tile<D>(s_kv, kg, a.kv_ld, jt, n_keys);
+        tc_load_tile<D, TC_BK, QLD>(s_kv, kg, a.kv_ld, jt, n_keys, threadIdx.x, TC_THREADS);
         __syncthreads();
 
-        /* S = Q K^T for this warp's 16 rows */
-#pragma unroll
-        for (int c = 0; c < TC_BK / 16; c++) {
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-            wmma::fill_fragment(acc, 0.0f);
-#pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb;
-                wmma::load_matrix_sync(fa, s_q + (warp * 16) * QLD + kk * 16, QLD);
-                wmma::load_matrix_sync(fb, s_kv + (c * 16) * QLD + kk * 16, QLD); /* K^T: column-major */
-                wmma::mma_sync(acc, fa, fb, acc);
-            }
-            wmma::store_matrix_sync(s_s + (warp * 16) * SLD + c * 16, acc, SLD, wmma::mem_row_major);
-        }
+        tc_scores<D, TC_BK>(s_s + (warp * 16) * SLD, SLD, s_q + (warp * 16) * QLD, QLD, s_kv, QLD); /* S = Q K^T */
         __syncwarp();
 
-        /* online softmax of the row's 64 scores, two lanes a row */
-        float tmax = -INFINITY;
-        const float *srow = s_s + row * SLD + side * 32;
-        for (int j = 0; j < 32; j++)
-            if (jt + side * 32 + j <= last)
-                tmax = fmaxf(tmax, srow[j]);
-        tmax = fmaxf(tmax, __shfl_xor_sync(FULL_MASK, tmax, 1));
-        const float m_new = fmaxf(m, tmax);
-        const float alpha = m_new == -INFINITY ? 1.0f : exp2f(m - m_new);
-        float rs = 0.0f;
-        __half *prow = s_p + row * PLD + side * 32;
-        for (int j = 0; j < 32; j++) {
-            const float p = jt + side * 32 + j <= last ? exp2f(srow[j] - m_new) : 0.0f;
-            const __half ph = __float2half_rn(p);
-            prow[j] = ph;
-            rs += __half2float(ph); /* the sum of what P V multiplies */
-        }
-        rs += __shfl_xor_sync(FULL_MASK, rs, 1);
-        l = l * alpha + rs;
-        m = m_new;
-        float *orow = s_o + row * OLD + side * (D / 2);
-        for (int dd = 0; dd < D / 2; dd++)
-            orow[dd] *= alpha;
+        /* online softmax, two lanes a row: the keys up to `last` */
+        tc_softmax_step<D, TC_BK / 2>(s_s + row * SLD, s_p + row * PLD, s_o + row * OLD, side,
+                                      last - jt + 1, m, l);
         __syncthreads(); /* every warp is done with K */
-        tc_load_tile<D>(s_kv, vg, a.kv_ld, jt, n_keys);
+        tc_load_tile<D, TC_BK, QLD>(s_kv, vg, a.kv_ld, jt, n_keys, threadIdx.x, TC_THREADS);
         __syncthreads();
 
-        /* O += P V for this warp's rows */
-#pragma unroll
-        for (int cb = 0; cb < D / 16; cb++) {
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-            wmma::load_matrix_sync(acc, s_o + (warp * 16) * OLD + cb * 16, OLD, wmma::mem_row_major);
-#pragma unroll
-            for (int kk = 0; kk < TC_BK / 16; kk++) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fb;
-                wmma::load_matrix_sync(fa, s_p + (warp * 16) * PLD + kk * 16, PLD);
-                wmma::load_matrix_sync(fb, s_kv + (kk * 16) * QLD + cb * 16, QLD);
-                wmma::mma_sync(acc, fa, fb, acc);
-            }
-            wmma::store_matrix_sync(s_o + (warp * 16) * OLD + cb * 16, acc, OLD, wmma::mem_row_major);
-        }
+        tc_accumulate<D, TC_BK>(s_o + (warp * 16) * OLD, OLD, s_p + (warp * 16) * PLD, PLD, s_kv, QLD); /* O += P V */
         __syncwarp();
     }
 
@@ -918,12 +949,7 @@ static int decode_dispatch(ifkc_dev *d, const dec_args &a, dim3 grid, int n_head
  * O rows in shared memory), and the block then combines the four as the merge kernel combines
  * chunks. The chunk's result goes out as the FP32 kernel's: out directly for one chunk, else
  * the partial (o, m, l) for attn_decode_merge. */
-#ifndef IFKC_DEC_TC
-#define IFKC_DEC_TC 0
-#endif
-
 #if IFKC_DEC_TC
-#include <mma.h>
 
 enum { DT_BK = 32, DT_WARPS = 4, DT_THREADS = DT_WARPS * 32 };
 
@@ -944,25 +970,9 @@ template <int D> struct dt_layout {
     static constexpr size_t bytes = q_bytes + DT_WARPS * warp_bytes + ml_bytes;
 };
 
-/* Keys jt .. jt+DT_BK-1 of the chunk (g: its first key, kv head offset applied; stride ld
- * halves) into s [DT_BK][QLD] by one warp; keys at or past n as 0. */
-template <int D>
-static __device__ __forceinline__ void dt_load_tile(__half *s, const __half *g, size_t ld, int jt, int n, int lane)
-{
-    constexpr int P = D / 8, QLD = dt_layout<D>::QLD;
-    for (int idx = lane; idx < DT_BK * P; idx += 32) {
-        const int cc = idx / P, pp = idx % P, j = jt + cc;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (j < n)
-            v = __ldg((const uint4 *)(g + (size_t)j * ld) + pp);
-        *(uint4 *)(s + cc * QLD + pp * 8) = v;
-    }
-}
-
 template <int D>
 __global__ void __launch_bounds__(DT_THREADS) attn_decode_tc(dec_args a)
 {
-    using namespace nvcuda;
     using L = dt_layout<D>;
     constexpr int QLD = L::QLD, SLD = L::SLD, PLD = L::PLD, OLD = L::OLD;
     static_assert(D % 16 == 0 && DT_BK % 16 == 0, "WMMA tiles");
@@ -996,64 +1006,17 @@ __global__ void __launch_bounds__(DT_THREADS) attn_decode_tc(dec_args a)
 
     float m = -INFINITY, l = 0.0f;
     for (int jt = warp * DT_BK; jt < n; jt += DT_WARPS * DT_BK) {
-        dt_load_tile<D>(s_kv, kg, a.kv_ld, jt, n, lane);
+        tc_load_tile<D, DT_BK, QLD>(s_kv, kg, a.kv_ld, jt, n, lane, 32);
         __syncwarp();
-#pragma unroll
-        for (int cb = 0; cb < DT_BK / 16; cb++) { /* S = Q K^T */
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-            wmma::fill_fragment(acc, 0.0f);
-#pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb;
-                wmma::load_matrix_sync(fa, s_q + kk * 16, QLD);
-                wmma::load_matrix_sync(fb, s_kv + (cb * 16) * QLD + kk * 16, QLD);
-                wmma::mma_sync(acc, fa, fb, acc);
-            }
-            wmma::store_matrix_sync(s_s + cb * 16, acc, SLD, wmma::mem_row_major);
-        }
+        tc_scores<D, DT_BK>(s_s, SLD, s_q, QLD, s_kv, QLD); /* S = Q K^T */
         __syncwarp();
-        /* online softmax of the row's keys of this tile (rows past the group: nothing) */
-        constexpr int HK = DT_BK / 2;
-        const float *srow = s_s + row * SLD + side * HK;
-        float tmax = -INFINITY;
-        for (int j = 0; j < HK; j++)
-            if (row < G && jt + side * HK + j < n)
-                tmax = fmaxf(tmax, srow[j]);
-        tmax = fmaxf(tmax, __shfl_xor_sync(FULL_MASK, tmax, 1));
-        const float m_new = fmaxf(m, tmax);
-        const float alpha = m_new == -INFINITY ? 1.0f : exp2f(m - m_new);
-        float rs = 0.0f;
-        __half *prow = s_p + row * PLD + side * HK;
-        for (int j = 0; j < HK; j++) {
-            const float p = row < G && jt + side * HK + j < n ? exp2f(srow[j] - m_new) : 0.0f;
-            const __half ph = __float2half_rn(p);
-            prow[j] = ph;
-            rs += __half2float(ph);
-        }
-        rs += __shfl_xor_sync(FULL_MASK, rs, 1);
-        l = l * alpha + rs;
-        m = m_new;
-        float *orow = s_o + row * OLD + side * (D / 2);
-        for (int dd = 0; dd < D / 2; dd++)
-            orow[dd] *= alpha;
+        /* online softmax, two lanes a row: the chunk's keys (rows past the group: none) */
+        tc_softmax_step<D, DT_BK / 2>(s_s + row * SLD, s_p + row * PLD, s_o + row * OLD, side, row < G ? n - jt : 0,
+                                      m, l);
         __syncwarp(); /* K read, P and the scaled O written */
-        dt_load_tile<D>(s_kv, vg, a.kv_ld, jt, n, lane);
+        tc_load_tile<D, DT_BK, QLD>(s_kv, vg, a.kv_ld, jt, n, lane, 32);
         __syncwarp();
-#pragma unroll
-        for (int cb = 0; cb < D / 16; cb++) { /* O += P V */
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-            wmma::load_matrix_sync(acc, s_o + cb * 16, OLD, wmma::mem_row_major);
-#pragma unroll
-            for (int kk = 0; kk < DT_BK / 16; kk++) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fb;
-                wmma::load_matrix_sync(fa, s_p + kk * 16, PLD);
-                wmma::load_matrix_sync(fb, s_kv + (kk * 16) * QLD + cb * 16, QLD);
-                wmma::mma_sync(acc, fa, fb, acc);
-            }
-            wmma::store_matrix_sync(s_o + cb * 16, acc, OLD, wmma::mem_row_major);
-        }
+        tc_accumulate<D, DT_BK>(s_o, OLD, s_p, PLD, s_kv, QLD); /* O += P V */
         __syncwarp(); /* V read before the next tile overwrites it */
     }
     if (side == 0) {

@@ -231,74 +231,6 @@ __device__ __forceinline__ void qslice_dot(float (&acc)[TM][MV_RT(TM)], const ui
     }
 }
 
-/* y[t][n] = sum_k dequant(W[n])[k] x[t][k], T <= TM.
- * W: [N][nb * BB] bytes (4-byte aligned); x: [T][K] at stride ldx (16-byte aligned rows);
- * y: [T][N] at stride ldy. */
-template <int QT, int TM>
-__global__ void __launch_bounds__(MV_THREADS, MV_MINB(TM))
-    qmatvec_kernel(float *__restrict__ y, size_t ldy, const uint8_t *__restrict__ W,
-                   const uint8_t *__restrict__ W2, const float *__restrict__ x, size_t ldx, int T, int N, int K,
-                   mv_segs sg)
-{
-    constexpr int B = IFKC_QB(QT), BB = IFKC_QBB(QT), G = B / 8, BPW = 32 / G;
-    constexpr int U = TM == 1 ? IFKC_MV_U1 : TM == 2 ? 4 : 2; /* steps of loads in flight */
-    const int lane = threadIdx.x & 31, g = lane / G, j = lane % G;
-    int n0 = warp_row0<TM>(W2 != NULL);
-    if (n0 >= N)
-        return; /* the whole warp */
-    const uint8_t *Wm = W;
-    float *ym = y;
-    size_t ldm = ldy;
-    int Nm = N;
-    seg_pick(sg, n0, Nm, Wm, ym, ldm);
-    const int nb = (K + B - 1) / B, nbf = K / B, lim = K - 4 * j;
-    const size_t rb = (size_t)nb * BB;
-    const uint8_t *wr[MV_RT(TM)];
-#pragma unroll
-    for (int r = 0; r < MV_RT(TM); r++)
-        wr[r] = W2 ? (r == 0 ? W : W2) + (size_t)n0 * rb : Wm + (size_t)min(n0 + r, Nm - 1) * rb;
-    const float *xt[TM];
-#pragma unroll
-    for (int t = 0; t < TM; t++)
-        xt[t] = x + (size_t)min(t, T - 1) * ldx + 4 * j;
-    float acc[TM][MV_RT(TM)];
-#pragma unroll
-    for (int t = 0; t < TM; t++)
-#pragma unroll
-        for (int r = 0; r < MV_RT(TM); r++)
-            acc[t][r] = 0.0f;
-
-    int b = g;
-    for (; b + (U - 1) * BPW < nbf; b += U * BPW) { /* U full blocks per lane, loads first */
-        uint32_t dm[U][MV_RT(TM)], lo[U][MV_RT(TM)], hi[U][MV_RT(TM)];
-#pragma unroll
-        for (int u = 0; u < U; u++)
-#pragma unroll
-            for (int r = 0; r < MV_RT(TM); r++) {
-                const uint8_t *blk = wr[r] + (size_t)(b + u * BPW) * BB;
-                dm[u][r] = ifkc_ld32(blk);
-                ifkc_qslice(QT, blk, j, &lo[u][r], &hi[u][r]);
-            }
-#pragma unroll
-        for (int u = 0; u < U; u++)
-            qslice_dot<TM, B>(acc, dm[u], lo[u], hi[u], xt, (b + u * BPW) * B, lim, true);
-    }
-    for (; b < nb; b += BPW) { /* the rest, one block at a time; the last may be partial */
-        uint32_t dm[MV_RT(TM)], lo[MV_RT(TM)], hi[MV_RT(TM)];
-#pragma unroll
-        for (int r = 0; r < MV_RT(TM); r++) {
-            const uint8_t *blk = wr[r] + (size_t)b * BB;
-            dm[r] = ifkc_ld32(blk);
-            ifkc_qslice(QT, blk, j, &lo[r], &hi[r]);
-        }
-        qslice_dot<TM, B>(acc, dm, lo, hi, xt, b * B, lim, b < nbf);
-    }
-    if (W2)
-        warp_store_glu<TM>(acc, y, ldy, T, n0, lane);
-    else
-        warp_store<TM>(acc, ym, ldm, T, Nm, n0, lane);
-}
-
 /* ---- quantized matrix-vector on int8 activations (IFKC_MV_DP4A=1; off by default until it has
  * run on a GPU) ----------------------------------------------------------------------------------
  *
@@ -313,33 +245,12 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MINB(TM))
 #define IFKC_MV_DP4A 0
 #endif
 
-#if IFKC_MV_DP4A
 /* a (4 unsigned bytes) . b (4 signed bytes) + c */
-static __device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c)
+__device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c)
 {
     int d;
     asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
     return d;
-}
-
-/* xq [T][kp] int8 and sx [T][kp / 32]: x [T][K] (ldx) in blocks of 32, one warp a block; past K 0. */
-__global__ void quantize_x_i8(int8_t *__restrict__ xq, float *__restrict__ sx, const float *__restrict__ x, size_t ldx,
-                              int T, int K, int kp)
-{
-    const int wpb = blockDim.x / 32, lane = threadIdx.x % 32;
-    const long long blk = (long long)blockIdx.x * wpb + threadIdx.x / 32, nblk = (long long)T * (kp / 32);
-    if (blk >= nblk)
-        return;
-    const int t = (int)(blk / (kp / 32)), k = (int)(blk % (kp / 32)) * 32 + lane;
-    const float v = k < K ? x[(size_t)t * ldx + k] : 0.0f;
-    float amax = fabsf(v);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1)
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    const float s = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    xq[(size_t)t * kp + k] = (int8_t)max(-127, min(127, __float2int_rn(v * inv)));
-    if (lane == 0)
-        sx[(size_t)t * (kp / 32) + k / 32] = s;
 }
 
 /* One block's slice against int8 x: acc[t][r] += delta_r * sum(q x) + min_r * sum(x). xq: [TM]
@@ -369,37 +280,77 @@ __device__ __forceinline__ void qslice_dot_i8(float (&acc)[TM][MV_RT(TM)], const
     }
 }
 
-/* qmatvec_kernel's loop over blocks with int8 x (xq [T][kp], sx [T][kp / 32]); the same rows,
- * segments and GLU pairs. Blocks past K need no guard: xq is zero there, and so are levels. */
-template <int QT, int TM>
+#if IFKC_MV_DP4A
+/* xq [T][kp] int8 and sx [T][kp / 32]: x [T][K] (ldx) in blocks of 32, one warp a block; past K 0. */
+__global__ void quantize_x_i8(int8_t *__restrict__ xq, float *__restrict__ sx, const float *__restrict__ x, size_t ldx,
+                              int T, int K, int kp)
+{
+    const int wpb = blockDim.x / 32, lane = threadIdx.x % 32;
+    const long long blk = (long long)blockIdx.x * wpb + threadIdx.x / 32, nblk = (long long)T * (kp / 32);
+    if (blk >= nblk)
+        return;
+    const int t = (int)(blk / (kp / 32)), k = (int)(blk % (kp / 32)) * 32 + lane;
+    const float v = k < K ? x[(size_t)t * ldx + k] : 0.0f;
+    float amax = fabsf(v);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    const float s = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    xq[(size_t)t * kp + k] = (int8_t)max(-127, min(127, __float2int_rn(v * inv)));
+    if (lane == 0)
+        sx[(size_t)t * (kp / 32) + k / 32] = s;
+}
+
+#endif
+
+/* The activations of a decode product: F32 rows x [T][ldx], or (I8) int8 rows xq [T][kp] with
+ * scales sx [T][kp / 32] (quantize_x_i8). */
+struct mv_x {
+    const float *x;
+    size_t ldx;
+    const int8_t *xq;
+    const float *sx;
+    int kp;
+};
+
+/* y[t][n] = sum_k dequant(W[n])[k] x[t][k], T <= TM.
+ * W: [N][nb * BB] bytes (4-byte aligned); x: [T][K] at stride ldx (16-byte aligned rows), or
+ * with I8 (IFKC_MV_DP4A) int8 x; y: [T][N] at stride ldy. Blocks past K with int8 x need no
+ * guard: xq is zero there, and so are the levels. */
+template <int QT, int TM, bool I8>
 __global__ void __launch_bounds__(MV_THREADS, MV_MINB(TM))
-    qmatvec_i8_kernel(float *__restrict__ y, size_t ldy, const uint8_t *__restrict__ W,
-                      const uint8_t *__restrict__ W2, const int8_t *__restrict__ xq, const float *__restrict__ sx,
-                      int kp, int T, int N, int K, mv_segs sg)
+    qmatvec_kernel(float *__restrict__ y, size_t ldy, const uint8_t *__restrict__ W,
+                   const uint8_t *__restrict__ W2, mv_x xin, int T, int N, int K, mv_segs sg)
 {
     constexpr int B = IFKC_QB(QT), BB = IFKC_QBB(QT), G = B / 8, BPW = 32 / G;
-    constexpr int U = TM == 1 ? IFKC_MV_U1 : TM == 2 ? 4 : 2;
+    constexpr int U = TM == 1 ? IFKC_MV_U1 : TM == 2 ? 4 : 2; /* steps of loads in flight */
     const int lane = threadIdx.x & 31, g = lane / G, j = lane % G;
     int n0 = warp_row0<TM>(W2 != NULL);
     if (n0 >= N)
-        return;
+        return; /* the whole warp */
     const uint8_t *Wm = W;
     float *ym = y;
     size_t ldm = ldy;
     int Nm = N;
     seg_pick(sg, n0, Nm, Wm, ym, ldm);
-    const int nb = (K + B - 1) / B;
+    const int nb = (K + B - 1) / B, nbf = K / B, lim = K - 4 * j;
     const size_t rb = (size_t)nb * BB;
     const uint8_t *wr[MV_RT(TM)];
 #pragma unroll
     for (int r = 0; r < MV_RT(TM); r++)
         wr[r] = W2 ? (r == 0 ? W : W2) + (size_t)n0 * rb : Wm + (size_t)min(n0 + r, Nm - 1) * rb;
+    const float *xt[TM];
     const int8_t *xqt[TM];
     const float *sxt[TM];
 #pragma unroll
     for (int t = 0; t < TM; t++) {
-        xqt[t] = xq + (size_t)min(t, T - 1) * kp + 4 * j;
-        sxt[t] = sx + (size_t)min(t, T - 1) * (kp / 32);
+        const size_t tt = (size_t)min(t, T - 1);
+        if constexpr (I8) {
+            xqt[t] = xin.xq + tt * xin.kp + 4 * j;
+            sxt[t] = xin.sx + tt * (xin.kp / 32);
+        } else {
+            xt[t] = xin.x + tt * xin.ldx + 4 * j;
+        }
     }
     float acc[TM][MV_RT(TM)];
 #pragma unroll
@@ -407,8 +358,9 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MINB(TM))
 #pragma unroll
         for (int r = 0; r < MV_RT(TM); r++)
             acc[t][r] = 0.0f;
+
     int b = g;
-    for (; b + (U - 1) * BPW < nb; b += U * BPW) {
+    for (; b + (U - 1) * BPW < nbf; b += U * BPW) { /* U full blocks per lane, loads first */
         uint32_t dm[U][MV_RT(TM)], lo[U][MV_RT(TM)], hi[U][MV_RT(TM)];
 #pragma unroll
         for (int u = 0; u < U; u++)
@@ -419,10 +371,14 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MINB(TM))
                 ifkc_qslice(QT, blk, j, &lo[u][r], &hi[u][r]);
             }
 #pragma unroll
-        for (int u = 0; u < U; u++)
-            qslice_dot_i8<TM, B>(acc, dm[u], lo[u], hi[u], xqt, sxt, (b + u * BPW) * B, 4 * j);
+        for (int u = 0; u < U; u++) {
+            if constexpr (I8)
+                qslice_dot_i8<TM, B>(acc, dm[u], lo[u], hi[u], xqt, sxt, (b + u * BPW) * B, 4 * j);
+            else
+                qslice_dot<TM, B>(acc, dm[u], lo[u], hi[u], xt, (b + u * BPW) * B, lim, true);
+        }
     }
-    for (; b < nb; b += BPW) {
+    for (; b < nb; b += BPW) { /* the rest, one block at a time; the last may be partial */
         uint32_t dm[MV_RT(TM)], lo[MV_RT(TM)], hi[MV_RT(TM)];
 #pragma unroll
         for (int r = 0; r < MV_RT(TM); r++) {
@@ -430,14 +386,18 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MINB(TM))
             dm[r] = ifkc_ld32(blk);
             ifkc_qslice(QT, blk, j, &lo[r], &hi[r]);
         }
-        qslice_dot_i8<TM, B>(acc, dm, lo, hi, xqt, sxt, b * B, 4 * j);
+        if constexpr (I8)
+            qslice_dot_i8<TM, B>(acc, dm, lo, hi, xqt, sxt, b * B, 4 * j);
+        else
+            qslice_dot<TM, B>(acc, dm, lo, hi, xt, b * B, lim, b < nbf);
     }
     if (W2)
         warp_store_glu<TM>(acc, y, ldy, T, n0, lane);
     else
         warp_store<TM>(acc, ym, ldm, T, Nm, n0, lane);
 }
-#endif
+
+
 
 /* ---- F32 / F16 / BF16 matrix-vector ---------------------------------------------------------- */
 
@@ -664,16 +624,17 @@ static unsigned mv_blocks(int N, int tm, bool glu)
 
 #define MV_ARGS y, ldy, W, W2, x, ldx, T, N, K, sg
 
-template <int QT>
-static int launch_qmatvec(ifkc_dev *d, float *y, size_t ldy, const uint8_t *W, const uint8_t *W2, const float *x,
-                          size_t ldx, int T, int N, int K, const mv_segs &sg)
+/* xin: F32 x, or with I8 int8 x (matvec_i8). */
+template <int QT, bool I8 = false>
+static int launch_qmatvec(ifkc_dev *d, float *y, size_t ldy, const uint8_t *W, const uint8_t *W2, const mv_x &xin,
+                          int T, int N, int K, const mv_segs &sg)
 {
     dim3 grid(mv_blocks(N, tm_of(T), W2 != NULL)), block(MV_THREADS);
     switch (tm_of(T)) {
-    case 1: qmatvec_kernel<QT, 1><<<grid, block, 0, d->stream>>>(MV_ARGS); break;
-    case 2: qmatvec_kernel<QT, 2><<<grid, block, 0, d->stream>>>(MV_ARGS); break;
-    case 4: qmatvec_kernel<QT, 4><<<grid, block, 0, d->stream>>>(MV_ARGS); break;
-    default: qmatvec_kernel<QT, 8><<<grid, block, 0, d->stream>>>(MV_ARGS); break;
+    case 1: qmatvec_kernel<QT, 1, I8><<<grid, block, 0, d->stream>>>(y, ldy, W, W2, xin, T, N, K, sg); break;
+    case 2: qmatvec_kernel<QT, 2, I8><<<grid, block, 0, d->stream>>>(y, ldy, W, W2, xin, T, N, K, sg); break;
+    case 4: qmatvec_kernel<QT, 4, I8><<<grid, block, 0, d->stream>>>(y, ldy, W, W2, xin, T, N, K, sg); break;
+    default: qmatvec_kernel<QT, 8, I8><<<grid, block, 0, d->stream>>>(y, ldy, W, W2, xin, T, N, K, sg); break;
     }
     IFKC_CKL("qmatvec_kernel");
     return 0;
@@ -733,21 +694,6 @@ static int is_quant(int wtype) { return wtype >= IFK_Q8_B32 && wtype < IFK_QTYPE
 static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 #if IFKC_MV_DP4A
-template <int QT>
-static int launch_qmatvec_i8(ifkc_dev *d, float *y, size_t ldy, const uint8_t *W, const uint8_t *W2,
-                             const int8_t *xq, const float *sx, int kp, int T, int N, int K, const mv_segs &sg)
-{
-    dim3 grid(mv_blocks(N, tm_of(T), W2 != NULL)), block(MV_THREADS);
-    switch (tm_of(T)) {
-    case 1: qmatvec_i8_kernel<QT, 1><<<grid, block, 0, d->stream>>>(y, ldy, W, W2, xq, sx, kp, T, N, K, sg); break;
-    case 2: qmatvec_i8_kernel<QT, 2><<<grid, block, 0, d->stream>>>(y, ldy, W, W2, xq, sx, kp, T, N, K, sg); break;
-    case 4: qmatvec_i8_kernel<QT, 4><<<grid, block, 0, d->stream>>>(y, ldy, W, W2, xq, sx, kp, T, N, K, sg); break;
-    default: qmatvec_i8_kernel<QT, 8><<<grid, block, 0, d->stream>>>(y, ldy, W, W2, xq, sx, kp, T, N, K, sg); break;
-    }
-    IFKC_CKL("qmatvec_i8_kernel");
-    return 0;
-}
-
 /* The quantized decode product on int8 activations: x rounded into scratch, then the kernel. */
 static int matvec_i8(ifkc_dev *d, float *y, size_t ldy, const void *W, const void *W2, int wtype, const float *x,
                      size_t ldx, int T, int N, int K, const mv_segs &sg)
@@ -763,17 +709,18 @@ static int matvec_i8(ifkc_dev *d, float *y, size_t ldy, const void *W, const voi
     const long long nblk = (long long)T * (kp / 32);
     quantize_x_i8<<<(unsigned)((nblk + 7) / 8), 256, 0, d->stream>>>(xq, sx, x, ldx, T, K, kp);
     IFKC_CKL("quantize_x_i8");
+    const mv_x xin = {NULL, 0, xq, sx, kp};
     const uint8_t *Wq = (const uint8_t *)W, *Wq2 = (const uint8_t *)W2;
     switch (wtype) {
-    case IFK_Q8_B32: return launch_qmatvec_i8<IFK_Q8_B32>(d, y, ldy, Wq, Wq2, xq, sx, kp, T, N, K, sg);
-    case IFK_Q8_B64: return launch_qmatvec_i8<IFK_Q8_B64>(d, y, ldy, Wq, Wq2, xq, sx, kp, T, N, K, sg);
-    case IFK_Q6_B64: return launch_qmatvec_i8<IFK_Q6_B64>(d, y, ldy, Wq, Wq2, xq, sx, kp, T, N, K, sg);
-    case IFK_Q5_B64: return launch_qmatvec_i8<IFK_Q5_B64>(d, y, ldy, Wq, Wq2, xq, sx, kp, T, N, K, sg);
-    case IFK_Q4_B32: return launch_qmatvec_i8<IFK_Q4_B32>(d, y, ldy, Wq, Wq2, xq, sx, kp, T, N, K, sg);
-    case IFK_Q4_B64: return launch_qmatvec_i8<IFK_Q4_B64>(d, y, ldy, Wq, Wq2, xq, sx, kp, T, N, K, sg);
-    case IFK_Q3H_B64: return launch_qmatvec_i8<IFK_Q3H_B64>(d, y, ldy, Wq, Wq2, xq, sx, kp, T, N, K, sg);
-    case IFK_Q3_B32: return launch_qmatvec_i8<IFK_Q3_B32>(d, y, ldy, Wq, Wq2, xq, sx, kp, T, N, K, sg);
-    default: return launch_qmatvec_i8<IFK_Q2_B32>(d, y, ldy, Wq, Wq2, xq, sx, kp, T, N, K, sg);
+    case IFK_Q8_B32: return launch_qmatvec<IFK_Q8_B32, true>(d, y, ldy, Wq, Wq2, xin, T, N, K, sg);
+    case IFK_Q8_B64: return launch_qmatvec<IFK_Q8_B64, true>(d, y, ldy, Wq, Wq2, xin, T, N, K, sg);
+    case IFK_Q6_B64: return launch_qmatvec<IFK_Q6_B64, true>(d, y, ldy, Wq, Wq2, xin, T, N, K, sg);
+    case IFK_Q5_B64: return launch_qmatvec<IFK_Q5_B64, true>(d, y, ldy, Wq, Wq2, xin, T, N, K, sg);
+    case IFK_Q4_B32: return launch_qmatvec<IFK_Q4_B32, true>(d, y, ldy, Wq, Wq2, xin, T, N, K, sg);
+    case IFK_Q4_B64: return launch_qmatvec<IFK_Q4_B64, true>(d, y, ldy, Wq, Wq2, xin, T, N, K, sg);
+    case IFK_Q3H_B64: return launch_qmatvec<IFK_Q3H_B64, true>(d, y, ldy, Wq, Wq2, xin, T, N, K, sg);
+    case IFK_Q3_B32: return launch_qmatvec<IFK_Q3_B32, true>(d, y, ldy, Wq, Wq2, xin, T, N, K, sg);
+    default: return launch_qmatvec<IFK_Q2_B32, true>(d, y, ldy, Wq, Wq2, xin, T, N, K, sg);
     }
 }
 #endif
@@ -809,19 +756,20 @@ static int matvec(ifkc_dev *d, float *y, size_t ldy, const void *W, const void *
     if (sg.n && !is_quant(wtype) && !chunked)
         return ifkc_seterr(IFKC_EINVAL, "matvec: segments of rows that are not 16-byte chunks");
     const uint8_t *Wq = (const uint8_t *)W, *Wq2 = (const uint8_t *)W2;
+    const mv_x xf = {x, ldx, NULL, NULL, 0};
     switch (wtype) {
     case IFK_F32: return launch_fmatvec<IFK_F32>(d, y, ldy, W, W2, x, ldx, T, N, K, chunked, sg);
     case IFK_F16: return launch_fmatvec<IFK_F16>(d, y, ldy, W, W2, x, ldx, T, N, K, chunked, sg);
     case IFK_BF16: return launch_fmatvec<IFK_BF16>(d, y, ldy, W, W2, x, ldx, T, N, K, chunked, sg);
-    case IFK_Q8_B32: return launch_qmatvec<IFK_Q8_B32>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K, sg);
-    case IFK_Q8_B64: return launch_qmatvec<IFK_Q8_B64>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K, sg);
-    case IFK_Q6_B64: return launch_qmatvec<IFK_Q6_B64>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K, sg);
-    case IFK_Q5_B64: return launch_qmatvec<IFK_Q5_B64>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K, sg);
-    case IFK_Q4_B32: return launch_qmatvec<IFK_Q4_B32>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K, sg);
-    case IFK_Q4_B64: return launch_qmatvec<IFK_Q4_B64>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K, sg);
-    case IFK_Q3H_B64: return launch_qmatvec<IFK_Q3H_B64>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K, sg);
-    case IFK_Q3_B32: return launch_qmatvec<IFK_Q3_B32>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K, sg);
-    case IFK_Q2_B32: return launch_qmatvec<IFK_Q2_B32>(d, y, ldy, Wq, Wq2, x, ldx, T, N, K, sg);
+    case IFK_Q8_B32: return launch_qmatvec<IFK_Q8_B32>(d, y, ldy, Wq, Wq2, xf, T, N, K, sg);
+    case IFK_Q8_B64: return launch_qmatvec<IFK_Q8_B64>(d, y, ldy, Wq, Wq2, xf, T, N, K, sg);
+    case IFK_Q6_B64: return launch_qmatvec<IFK_Q6_B64>(d, y, ldy, Wq, Wq2, xf, T, N, K, sg);
+    case IFK_Q5_B64: return launch_qmatvec<IFK_Q5_B64>(d, y, ldy, Wq, Wq2, xf, T, N, K, sg);
+    case IFK_Q4_B32: return launch_qmatvec<IFK_Q4_B32>(d, y, ldy, Wq, Wq2, xf, T, N, K, sg);
+    case IFK_Q4_B64: return launch_qmatvec<IFK_Q4_B64>(d, y, ldy, Wq, Wq2, xf, T, N, K, sg);
+    case IFK_Q3H_B64: return launch_qmatvec<IFK_Q3H_B64>(d, y, ldy, Wq, Wq2, xf, T, N, K, sg);
+    case IFK_Q3_B32: return launch_qmatvec<IFK_Q3_B32>(d, y, ldy, Wq, Wq2, xf, T, N, K, sg);
+    case IFK_Q2_B32: return launch_qmatvec<IFK_Q2_B32>(d, y, ldy, Wq, Wq2, xf, T, N, K, sg);
     default: return ifkc_seterr(IFKC_EUNSUPPORTED, "ifkc_matmul: weight type %d is not supported", wtype);
     }
 }
