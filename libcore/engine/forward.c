@@ -81,8 +81,6 @@ struct iflow_ctx {
     int record;                 /* IFLOW_GRAPHS_*: how one-token steps run where they can be recorded (iflow_ctx_set_graphs) */
     int record_fails;           /* recordings dropped in a row; at RECORD_MAX_FAILS the context stops trying */
     uint64_t serial;            /* see next_serial */
-    float *replay_y;            /* where the replayed step's logits are, and their rows (step_replayed) */
-    int replay_n_out, replay_n_full;
 };
 
 static void scratch_free(dev_scratch *s)
@@ -1302,9 +1300,10 @@ static int step_recorded(iflow_ctx *c, const int32_t *ids, const step_rows *r, c
         key = replay_key(c, s, r, seqs);
         if ((rc = d->ops->replay(d, pos0, key)) < 0)
             return rc;
-        if (rc == 0)
-            return c->replay_n_out ? step_outputs(c, s, seqs, n_seqs, c->replay_y, c->replay_n_out, c->replay_n_full)
-                                   : 0;
+        if (rc == 0) { /* what step_project put where: the key names it */
+            const int n_out = seqs[0].logits || seqs[0].next ? out_rows_of(&seqs[0]) : 0;
+            return n_out ? step_outputs(c, s, seqs, n_seqs, s->logits, n_out, seqs[0].logits ? n_out : 0) : 0;
+        }
         rc = d->ops->record_at(d, pos0, replay_max_pos(r->kv), key);
     } else {
         rc = d->ops->record_begin(d);
@@ -1321,11 +1320,6 @@ static int step_recorded(iflow_ctx *c, const int32_t *ids, const step_rows *r, c
         IFLOW_TRY(layers_project(c, s, r, seqs, n_seqs, &y, &n_out, &n_full));
     } else {
         c->record_fails = 0;
-        if (at) { /* what a replay of this recording hands out */
-            c->replay_y = y;
-            c->replay_n_out = n_out;
-            c->replay_n_full = n_full;
-        }
     }
     return n_out ? step_outputs(c, s, seqs, n_seqs, y, n_out, n_full) : 0;
 }
