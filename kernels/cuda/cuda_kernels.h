@@ -236,8 +236,8 @@ int ifkc_kv_shift(ifkc_dev *d, void *k, void *v, int kv_type, size_t ld, int n_k
 /* y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, for T rows of n (contiguous rows). y may equal x. */
 int ifkc_rmsnorm(ifkc_dev *d, float *y, const float *x, const float *w, int T, int n, float eps);
 /* x[t] += r[t] (stored), then y[t] = rmsnorm(x[t]) * w: the residual add and the next norm in
- * one launch, the values of ifkc_add then ifkc_rmsnorm. y may equal r, not x; rows of at most
- * 8192 values. */
+ * one launch, the values of ifkc_add then ifkc_rmsnorm. y may equal r, not x. (Rows past 8192
+ * values take two launches.) */
 int ifkc_add_rmsnorm(ifkc_dev *d, float *x, float *y, const float *w, int T, int n, float eps);
 /* RoPE in place on T tokens (row stride ld elements) at positions pos0..pos0+T-1; the rest as
  * ifk_rope (freq_scale: device array [rot_dim/2] or NULL; layout IFK_ROPE_HALF/INTERLEAVED).

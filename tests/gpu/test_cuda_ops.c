@@ -637,7 +637,7 @@ static void test_graph(void)
  * bit for bit against ifkc_add then ifkc_rmsnorm (y = r, as the engine calls it). */
 static void test_add_rmsnorm(void)
 {
-    static const int ns[] = {1, 7, 64, 1000, 4096, 5120, 8192};
+    static const int ns[] = {1, 7, 64, 1000, 4096, 5120, 8192, 10000}; /* 10000: two launches */
     const int T = 3;
     for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
         const int n = ns[ni];
@@ -677,8 +677,6 @@ static void test_add_rmsnorm(void)
     }
     float *d1 = gpu_dup(NULL, 64);
     CHECK(ifkc_add_rmsnorm(dev, d1, d1, d1, 1, 16, 1e-5f) == IFKC_EINVAL, "add_rmsnorm with y = x is refused");
-    CHECK(ifkc_add_rmsnorm(dev, d1, d1 + 1, d1, 1, 9000, 1e-5f) == IFKC_EUNSUPPORTED,
-          "add_rmsnorm of rows past 8192 is refused: %s", ifkc_errmsg());
     ifkc_free(dev, d1);
 }
 
