@@ -1,4 +1,5 @@
 /* iflow-ppl -- perplexity of a model over a text file, under a stated protocol. */
+#include "cmd/comm_mpi.h"
 #include "cmd/devices.h"
 #include "cmd/io.h"
 #include "cmd/model.h"
@@ -138,14 +139,34 @@ int main(int argc, char **argv)
         die_usage(&tool, "--save-imatrix computes on the CPU: leave out --device, --plan and --gpu-layers");
     if (imatrix_path)
         dev.device = "cpu";
+    /* mpirun -np N: this process computes plan device `rank` (over MPI); every process scores the
+     * text from the logits they share, process 0 prints */
+    iflow_comm *comm = comm_mpi_open(&tool);
+    if (comm) {
+        if (imatrix_path || base_path)
+            die_usage(&tool, "under mpirun, --save-imatrix and --kl-base are not available (each process holds part of "
+                             "the model)");
+        if (strcmp(model, "-") == 0 || strcmp(file, "-") == 0)
+            die_usage(&tool, "under mpirun, the model and the text come from files (standard input reaches process 0 "
+                             "only)");
+        if (comm->rank != 0) {
+            if (!freopen("/dev/null", "w", stdout))
+                die(&tool, "cannot silence the output of process %d", comm->rank);
+            progress_mode = PROGRESS_OFF;
+            verbose = 0;
+            logprobs_path = NULL;
+        }
+    }
     double t0 = now_s();
     iflow_model *m;
     iflow_ctx *ctx;
     char *text;
     size_t len, n_ids;
     int32_t *ids;
-    if (cmd_model_open(&m, model, 0) < 0)
+    if (cmd_model_open_device(&m, model, 0, comm ? comm->rank : -1) < 0) /* of a split: its own file */
         die(&tool, NULL);
+    if (comm && !dev.plan && !iflow_model_split_plan(m))
+        die_usage(&tool, "under mpirun, --plan (or a split model's own plan) gives each process its device");
     if (iflow_model_hparams(m)->layout == IFLOW_LAYOUT_ENCODER)
         die(&tool, "model '%s' is an encoder: an encoder gives embeddings (iflow-run --embed), not next-token "
                    "probabilities", model);
@@ -164,7 +185,7 @@ int main(int argc, char **argv)
     dev.verbose = verbose;
     placed pl, base_pl = {0};
     devices_place(&tool, m, &dev, &pl);
-    if (iflow_ctx_open(&ctx, m, c_len, threads) < 0)
+    if (iflow_ctx_open(&ctx, m, c_len, threads) < 0 || (comm && iflow_ctx_set_comm(ctx, comm) < 0))
         die(&tool, NULL);
     iflow_model *base = NULL;
     iflow_ctx *base_ctx = NULL;
@@ -257,5 +278,6 @@ int main(int argc, char **argv)
     iflow_model_close(m);
     devices_release(&base_pl);
     devices_release(&pl);
+    comm_mpi_close(comm);
     return 0;
 }

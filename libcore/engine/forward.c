@@ -1054,8 +1054,6 @@ static int check_decoder(const iflow_ctx *c)
 static int check_eval(const iflow_ctx *c, const int32_t *ids, int n)
 {
     IFLOW_TRY(check_decoder(c));
-    if (c->comm)
-        return iflow_seterr(IFLOW_EUNSUPPORTED, "a context over several processes runs iflow_ctx_step only");
     if (!c->kv)
         return iflow_seterr(IFLOW_EINVAL, "this context has no cache of its own (it runs iflow_ctx_step)");
     if (n <= 0)
@@ -1066,6 +1064,18 @@ static int check_eval(const iflow_ctx *c, const int32_t *ids, int n)
     return check_ids(c, ids, n);
 }
 
+/* iflow_ctx_eval's batch of T tokens over several processes: a step of the context's own
+ * sequence (the comm path of iflow_ctx_step), the logits of its last row or of all rows into out
+ * on every process. */
+static int eval_batch_comm(iflow_ctx *c, const int32_t *ids, int T, float *out, int all_logits)
+{
+    iflow_step_seq q = {.ids = ids, .n = T, .pos0 = c->n_past, .table = c->table0, .logits = out,
+                        .n_out = out && all_logits ? T : 0};
+    IFLOW_TRY(iflow_ctx_step(c, c->kv, &q, 1));
+    c->n_past += T;
+    return 0;
+}
+
 int iflow_ctx_eval(iflow_ctx *c, const int32_t *ids, int n, float *logits, int all_logits)
 {
     const iflow_hparams *hp = &c->m->hp;
@@ -1073,7 +1083,7 @@ int iflow_ctx_eval(iflow_ctx *c, const int32_t *ids, int n, float *logits, int a
     for (int done = 0; done < n;) {
         int T = n - done < MAX_BATCH ? n - done : MAX_BATCH, last_batch = done + T == n;
         float *out = all_logits ? logits + (size_t)done * hp->vocab_size : last_batch ? logits : NULL;
-        IFLOW_TRY(forward_batch(c, ids + done, T, out, all_logits));
+        IFLOW_TRY(c->comm ? eval_batch_comm(c, ids + done, T, out, all_logits) : forward_batch(c, ids + done, T, out, all_logits));
         done += T;
     }
     return 0;
@@ -1129,6 +1139,9 @@ int iflow_ctx_embed(iflow_ctx *c, const int32_t *ids, int n, float *out)
 int iflow_ctx_eval_argmax(iflow_ctx *c, const int32_t *ids, int n, int32_t *next)
 {
     IFLOW_TRY(check_eval(c, ids, n));
+    if (c->comm)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "a context over several processes takes iflow_ctx_eval or "
+                            "iflow_ctx_step, not iflow_ctx_eval_argmax");
     int done = 0;
     while (n - done > MAX_BATCH) {
         IFLOW_TRY(forward_batch(c, ids + done, MAX_BATCH, NULL, 0));

@@ -269,7 +269,8 @@ int  iflow_ctx_n_ctx(const iflow_ctx *c);
 int  iflow_ctx_n_vocab(const iflow_ctx *c);
 /* Run n tokens at positions n_past .. n_past+n-1. logits: NULL; or [vocab] for the last token;
  * or, with all_logits, [n][vocab]. IFLOW_ERANGE if the cache would overflow or an id is out of
- * the vocabulary. */
+ * the vocabulary. A context over several processes (iflow_ctx_set_comm) runs it as steps of its
+ * own sequence, every process calling it alike and receiving the logits. */
 int  iflow_ctx_eval(iflow_ctx *c, const int32_t *ids, int n, float *logits, int all_logits);
 /* An encoder (block layout = encoder) over one input of n <= IFLOW_MAX_STEP tokens, every
  * position seeing every other: out [dim] = its last hidden states pooled (the first position's,

@@ -88,6 +88,34 @@ run $BIN/iflow-run -m "$TMP/s.ifs" -p "Once" -n 4 --comm nccl
 expect_match "$err" "iflow-run: under mpirun or --comm nccl, --plan \\(or a split model's own plan\\) gives each process its device" \
     "--comm nccl needs a plan"
 
+# ---- iflow-ppl over several processes: the perplexity of one process, to the last digit ----
+WIKI=$DATA/data/wikitext-2-raw/wiki.test.raw
+ppl_json() { $BIN/iflow-ppl -f "$WIKI" -c 128 --chunks 3 --json -t 1 "$@" 2>/dev/null | jq .ppl; }
+for case in "s layer 2" "xs tensor 2"; do
+    set -- $case
+    model=$1 strategy=$2 n=$3
+    $BIN/iflow-partition -m "$TMP/$model.ifs" --devices "cpu:$n" --strategy "$strategy" -o "$TMP/plan.ini" >/dev/null
+    want=$(ppl_json -m "$TMP/$model.ifs" --plan "$TMP/plan.ini")
+    run $MPIRUN -np "$n" $BIN/iflow-ppl -m "$TMP/$model.ifs" --plan "$TMP/plan.ini" -f "$WIKI" -c 128 --chunks 3 --json -t 1
+    expect_rc 0 "iflow-ppl, $model $strategy over $n processes"
+    expect_eq "$(jq .ppl <<<"$out")" "$want" "iflow-ppl, $model $strategy over $n processes: the perplexity of one process"
+done
+# (a tensor plan sums each layer's halves in another order: within 1e-4 of the whole model's)
+expect_close "$want" "$(ppl_json -m "$TMP/xs.ifs")" 1e-4 "iflow-ppl: a tensor plan's perplexity is the model's"
+# each process with its own split file only
+$BIN/iflow-partition -m "$TMP/s.ifs" --devices cpu:2 --strategy layer -o "$TMP/plan.ini" >/dev/null &&
+    $BIN/iflow-partition -m "$TMP/s.ifs" --plan "$TMP/plan.ini" --split "$TMP/split-ppl" >/dev/null
+own_dirs "$TMP/split-ppl" 2
+printf '#!/bin/sh\nexec "%s" -m "%s/own$OMPI_COMM_WORLD_RANK" "$@"\n' "$BIN/iflow-ppl" "$TMP" >"$TMP/own-ppl.sh"
+chmod +x "$TMP/own-ppl.sh"
+run $MPIRUN -np 2 "$TMP/own-ppl.sh" -f "$WIKI" -c 128 --chunks 3 --json -t 1
+expect_eq "$(jq .ppl <<<"$out")" "$(ppl_json -m "$TMP/s.ifs")" "iflow-ppl from a split, each process its own file: the model's perplexity"
+run $MPIRUN -np 2 $BIN/iflow-ppl -m "$TMP/s.ifs" -f "$WIKI" -c 128 --chunks 1
+expect_match "$err" "iflow-ppl: under mpirun, --plan \\(or a split model's own plan\\) gives each process its device" \
+    "iflow-ppl under mpirun needs a plan"
+run $MPIRUN -np 2 $BIN/iflow-ppl -m "$TMP/s.ifs" --plan "$TMP/plan.ini" -f "$WIKI" -c 128 --chunks 1 --kl-base "$TMP/s.ifs"
+expect_match "$err" "iflow-ppl: under mpirun, --save-imatrix and --kl-base are not available" "iflow-ppl --kl-base under mpirun: refused"
+
 # ---- refusals ----
 $BIN/iflow-partition -m "$TMP/s.ifs" --devices cpu:2 --strategy layer -o "$TMP/plan2.ini" >/dev/null
 run $MPIRUN -np 3 $BIN/iflow-run -m "$TMP/s.ifs" --plan "$TMP/plan2.ini" -p "Once" -n 4

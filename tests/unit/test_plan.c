@@ -100,7 +100,8 @@ static void make_plan(iflow_plan *p, const iflow_hparams *hp, int groups, int he
 
 /* The split in split_dir run as q->n_devices processes (threads, testlib.h), each given a
  * directory with plan.ini and its own file only: every process's logits and tokens are want's,
- * bit for bit (the all-reduce adds in rank order, which is make_plan's part order). */
+ * bit for bit (the all-reduce adds in rank order, which is make_plan's part order); then the
+ * prompt through iflow_ctx_eval as the same processes, its logits want's too. */
 static void processes_case(const char *name, const iflow_plan *q, size_t n, const float *want, const int32_t *want_gen)
 {
     int P = q->n_devices;
@@ -121,13 +122,23 @@ static void processes_case(const char *name, const iflow_plan *q, size_t n, cons
     }
     test_run_processes(procs, P);
     for (int r = 0; r < P; r++) {
-        char cmd[1400];
         CHECK(procs[r].rc == 0, "%s %s x%d, process %d of its own file: %s", name, q->strategy, P, r, procs[r].err);
         CHECK(memcmp(procs[r].out, want, n * sizeof(float)) == 0,
               "%s %s x%d as %d processes with their own files: process %d has the logits of the whole model + plan", name,
               q->strategy, P, P, r);
         CHECK(memcmp(gens[r], want_gen, sizeof gens[r]) == 0, "%s %s x%d as processes: process %d's tokens", name,
               q->strategy, P, r);
+        memset(procs[r].out, 0, n * sizeof(float));
+        procs[r].eval = 1;
+    }
+    test_run_processes(procs, P); /* iflow_ctx_eval of the prompt as the same processes */
+    for (int r = 0; r < P; r++) {
+        const size_t np_v = n / (5 + N_GEN) * 5; /* the prompt's rows */
+        char cmd[1400];
+        CHECK(procs[r].rc == 0, "%s %s x%d, process %d evaluating: %s", name, q->strategy, P, r, procs[r].err);
+        CHECK(memcmp(procs[r].out, want, np_v * sizeof(float)) == 0,
+              "%s %s x%d as %d processes, iflow_ctx_eval: process %d has the prompt's logits of the whole model + plan",
+              name, q->strategy, P, P, r);
         free(procs[r].out);
         snprintf(cmd, sizeof cmd, "rm -rf %.600s", dirs[r]);
         CHECK(system(cmd) == 0, "%s", cmd);

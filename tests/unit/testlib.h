@@ -65,7 +65,8 @@ static inline int test_generate_steps(iflow_ctx *c, iflow_kv *kv, const int32_t 
 
 /* One process of a plan (comm.h), played by a thread: the model opened for its plan device
  * (iflow_model_open_device: of a split directory, its own file only), placed by the plan on its
- * device, generating greedily by steps with the others (test_generate_steps). */
+ * device, generating greedily by steps with the others (test_generate_steps), or (eval)
+ * evaluating the prompt with iflow_ctx_eval. */
 typedef struct {
     iflow_comm *comm;
     const char *model;          /* a shard, or a split directory                            */
@@ -75,6 +76,7 @@ typedef struct {
     int np, n_gen;
     float *out;                 /* [np + n_gen][vocab]                                      */
     int32_t *gen;               /* [n_gen]                                                  */
+    int eval;                   /* instead: iflow_ctx_eval of the prompt, its logits in out [np][vocab] */
     int rc;
     char err[512];
 } test_process;
@@ -99,14 +101,19 @@ static inline void *test_process_run(void *arg)
         opened = (rc = iflow_plan_open_devices(&plan, me, devs)) == 0;
     if (rc == 0)
         rc = iflow_model_place_plan(m, &plan, devs, n_ctx);
-    if (rc == 0)
+    if (rc == 0 && j->eval) { /* a context with its own cache, evaluated as one process of several */
+        if ((rc = iflow_ctx_open(&c, m, n_ctx, 1)) == 0 && (rc = iflow_ctx_set_comm(c, j->comm)) == 0)
+            rc = iflow_ctx_eval(c, j->prompt, j->np, j->out, 1);
+    } else if (rc == 0) {
         rc = iflow_ctx_open_steps(&c, m, 1);
-    if (rc == 0)
-        rc = iflow_kv_open(&kv, m, IFK_KV_F32, n_ctx, 1);
-    if (rc == 0)
-        rc = iflow_ctx_set_comm(c, j->comm);
-    if (rc == 0)
-        rc = test_generate_steps(c, kv, j->prompt, j->np, j->n_gen, iflow_model_hparams(m)->vocab_size, j->out, j->gen);
+        if (rc == 0)
+            rc = iflow_kv_open(&kv, m, IFK_KV_F32, n_ctx, 1);
+        if (rc == 0)
+            rc = iflow_ctx_set_comm(c, j->comm);
+        if (rc == 0)
+            rc = test_generate_steps(c, kv, j->prompt, j->np, j->n_gen, iflow_model_hparams(m)->vocab_size, j->out,
+                                     j->gen);
+    }
     if ((j->rc = rc) < 0)
         snprintf(j->err, sizeof j->err, "%s", iflow_errmsg());
     iflow_kv_close(kv);
