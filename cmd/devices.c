@@ -2,6 +2,7 @@
 #include "cmd/devices.h"
 #include "cmd/io.h"
 #include "libcore/base/error.h"
+#include "libcore/engine/comm.h"
 #include "libcore/engine/plan.h"
 
 
@@ -139,4 +140,32 @@ void devices_list(const iflow_tool *t, int as_json)
     if (n == 1 && !as_json)
         printf("(no GPU: %s)\n", iflow_device_cuda_status());
     fflush(stdout);
+}
+
+void devices_check_comm(const iflow_tool *t, const char *kind)
+{
+    if (strcmp(kind, "auto") && strcmp(kind, "mpi") && strcmp(kind, "nccl"))
+        die_usage(t, "--comm must be auto, mpi or nccl, not '%s'", kind);
+}
+
+iflow_comm *devices_comm_nccl(const iflow_tool *t, const char *kind, iflow_comm *mpi, const iflow_model *m,
+                              const placed *p, int verbose)
+{
+    kind = kind ? kind : "auto";
+    if (strcmp(kind, "mpi") == 0 || (!mpi && strcmp(kind, "nccl") != 0))
+        return NULL;
+    iflow_device *mine = p->plan_devices[iflow_model_own_device(m)];
+    if (strcmp(kind, "auto") == 0) {
+        float on_cpu = !mine || mine->info.kind != IFLOW_DEVICE_CUDA;
+        if (mpi->ops->allreduce_sum(mpi, &on_cpu, 1) < 0)
+            die(t, NULL);
+        if (verbose)
+            fprintf(stderr, "%s: the processes exchange states over %s\n", t->name, on_cpu > 0 ? "MPI" : "NCCL");
+        if (on_cpu > 0)
+            return NULL;
+    }
+    iflow_comm *c;
+    if (iflow_comm_nccl_open(&c, mine, mpi) < 0)
+        die(t, NULL);
+    return c;
 }

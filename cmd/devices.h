@@ -54,6 +54,21 @@ void devices_set_activations(const iflow_tool *t, const char *mode);
      "slower prefill) or f32 (not rounded: the reference, slower)",                                 \
      "int int8 int16 f32"}
 
+/* --comm KIND (auto, mpi or nccl; another is a usage error): how a plan's processes exchange
+ * states. devices_comm_nccl() is the NCCL comm it asks for, or NULL to keep mpi (MPI, or no
+ * comm without mpirun): auto takes NCCL when every process's device is a GPU (an all-reduce
+ * over mpi, so that all agree; said under verbose), nccl insists (without mpirun: rank 0 of
+ * 1). Failures exit through die(). DEVICES_COMM_OPT(id) is its option-table entry. */
+void devices_check_comm(const iflow_tool *t, const char *kind);
+struct iflow_comm *devices_comm_nccl(const iflow_tool *t, const char *kind, struct iflow_comm *mpi,
+                                     const iflow_model *m, const placed *p, int verbose);
+#define DEVICES_COMM_OPT(id)                                                                       \
+    {id, "comm", 0, "KIND",                                                                        \
+     "how the processes of a plan (one per device, under mpirun) exchange states: auto (NCCL when " \
+     "every process's device is a GPU, else MPI), mpi or nccl; nccl without mpirun runs a "        \
+     "one-device plan through NCCL (default auto)",                                                 \
+     "auto mpi nccl"}
+
 /* Print every device (--list-devices): a table, or JSON Lines with as_json. */
 void devices_list(const iflow_tool *t, int as_json);
 

@@ -19,7 +19,7 @@
 
 enum {
     O_MODEL = 'm', O_FILE = 'f', O_CTX = 'c', O_THREADS = 't', O_VERBOSE = 'v',
-    O_CHUNKS = 256, O_PROTOCOL, O_MAX_TOKENS, O_JSON, O_LOGPROBS, O_KL_BASE, O_DEVICE, O_GPU_LAYERS, O_PLAN,
+    O_CHUNKS = 256, O_PROTOCOL, O_MAX_TOKENS, O_JSON, O_LOGPROBS, O_KL_BASE, O_DEVICE, O_GPU_LAYERS, O_PLAN, O_COMM,
     O_SAVE_IMATRIX, O_ACTIVATIONS,
 };
 
@@ -36,6 +36,7 @@ static const iflow_opt opts[] = {
     {O_DEVICE, "device", 0, "DEV", "compute on auto (a GPU if there is one, else the CPU), cpu, cuda or cuda:N (default auto)", "auto cpu cuda"},
     {O_GPU_LAYERS, "gpu-layers", 0, "N", "put the first N layers on the GPU and the rest on the CPU (default: all)", NULL},
     {O_PLAN, "plan", 0, "FILE", "place the model over the devices of partition plan FILE (iflow-partition, iflow-plan(5))", "file"},
+    DEVICES_COMM_OPT(O_COMM),
     {O_SAVE_IMATRIX, "save-imatrix", 0, "FILE", "also write the importance matrix of the text to FILE, for iflow-quant (computes on the CPU)", "file"},
     {O_JSON, "json", 0, NULL, "print the result as one JSON object", NULL},
     {O_LOGPROBS, "logprobs", 0, "FILE", "write every scored position's log-probability to FILE as TSV", "file"},
@@ -99,6 +100,7 @@ int main(int argc, char **argv)
     int progress_mode = PROGRESS_AUTO;
     long chunks = 0, max_tokens = 0;
     device_opts dev = {.gpu_layers = -1};
+    const char *comm_kind = NULL; /* --comm */
     const char *arg;
     while ((c = opt_next(&tool, argc, argv, &arg)) != 0) {
         switch (c) {
@@ -117,6 +119,10 @@ int main(int argc, char **argv)
         case OPT_NO_PROGRESS: progress_mode = PROGRESS_OFF; break;
         case O_DEVICE: dev.device = arg; break;
         case O_PLAN: dev.plan = arg; break;
+        case O_COMM:
+            devices_check_comm(&tool, arg);
+            comm_kind = arg;
+            break;
         case O_GPU_LAYERS: dev.gpu_layers = (int)opt_long(&tool, "gpu-layers", arg, 0, 1 << 20); break;
         case O_ACTIVATIONS: devices_set_activations(&tool, arg); break;
         case O_PROTOCOL:
@@ -142,14 +148,15 @@ int main(int argc, char **argv)
     /* mpirun -np N: this process computes plan device `rank` (over MPI); every process scores the
      * text from the logits they share, process 0 prints */
     iflow_comm *comm = comm_mpi_open(&tool);
-    if (comm) {
+    const int nccl_alone = !comm && comm_kind && strcmp(comm_kind, "nccl") == 0; /* one process through NCCL */
+    if (comm || nccl_alone) {
         if (imatrix_path || base_path)
-            die_usage(&tool, "under mpirun, --save-imatrix and --kl-base are not available (each process holds part of "
-                             "the model)");
+            die_usage(&tool, "under mpirun or --comm nccl, --save-imatrix and --kl-base are not available (each "
+                             "process holds part of the model)");
         if (strcmp(model, "-") == 0 || strcmp(file, "-") == 0)
-            die_usage(&tool, "under mpirun, the model and the text come from files (standard input reaches process 0 "
-                             "only)");
-        if (comm->rank != 0) {
+            die_usage(&tool, "under mpirun or --comm nccl, the model and the text come from files (standard input "
+                             "reaches process 0 only)");
+        if (comm && comm->rank != 0) {
             if (!freopen("/dev/null", "w", stdout))
                 die(&tool, "cannot silence the output of process %d", comm->rank);
             progress_mode = PROGRESS_OFF;
@@ -163,10 +170,10 @@ int main(int argc, char **argv)
     char *text;
     size_t len, n_ids;
     int32_t *ids;
-    if (cmd_model_open_device(&m, model, 0, comm ? comm->rank : -1) < 0) /* of a split: its own file */
+    if (cmd_model_open_device(&m, model, 0, comm ? comm->rank : nccl_alone ? 0 : -1) < 0) /* of a split: its own file */
         die(&tool, NULL);
-    if (comm && !dev.plan && !iflow_model_split_plan(m))
-        die_usage(&tool, "under mpirun, --plan (or a split model's own plan) gives each process its device");
+    if ((comm || nccl_alone) && !dev.plan && !iflow_model_split_plan(m))
+        die_usage(&tool, "under mpirun or --comm nccl, --plan (or a split model's own plan) gives each process its device");
     if (iflow_model_hparams(m)->layout == IFLOW_LAYOUT_ENCODER)
         die(&tool, "model '%s' is an encoder: an encoder gives embeddings (iflow-run --embed), not next-token "
                    "probabilities", model);
@@ -185,7 +192,9 @@ int main(int argc, char **argv)
     dev.verbose = verbose;
     placed pl, base_pl = {0};
     devices_place(&tool, m, &dev, &pl);
-    if (iflow_ctx_open(&ctx, m, c_len, threads) < 0 || (comm && iflow_ctx_set_comm(ctx, comm) < 0))
+    iflow_comm *nccl = comm || nccl_alone ? devices_comm_nccl(&tool, comm_kind, comm, m, &pl, verbose) : NULL;
+    iflow_comm *via = nccl ? nccl : comm;
+    if (iflow_ctx_open(&ctx, m, c_len, threads) < 0 || (via && iflow_ctx_set_comm(ctx, via) < 0))
         die(&tool, NULL);
     iflow_model *base = NULL;
     iflow_ctx *base_ctx = NULL;
@@ -278,6 +287,7 @@ int main(int argc, char **argv)
     iflow_model_close(m);
     devices_release(&base_pl);
     devices_release(&pl);
+    iflow_comm_nccl_close(nccl);
     comm_mpi_close(comm);
     return 0;
 }

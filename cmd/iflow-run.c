@@ -75,7 +75,7 @@ static const iflow_opt opts[] = {
     {O_GPU_GRAPHS, "gpu-graphs", 0, NULL, "on a GPU, record every decode step, those of several requests too, and run it as one CUDA graph (by default a step of one request is recorded once and run again at each next position; the same results)", NULL},
     {O_NO_GPU_GRAPHS, "no-gpu-graphs", 0, NULL, "on a GPU, launch each operation of a decode step on its own (the same results, slower)", NULL},
     {O_PLAN, "plan", 0, "FILE", "place the model over the devices of partition plan FILE (iflow-partition, iflow-plan(5))", "file"},
-    {O_COMM, "comm", 0, "KIND", "how the processes of a plan (one per device, under mpirun) exchange states: auto (NCCL when every process's device is a GPU, else MPI), mpi or nccl; nccl without mpirun runs a one-device plan through NCCL (default auto)", "auto mpi nccl"},
+    DEVICES_COMM_OPT(O_COMM),
     {O_LIST_DEVICES, "list-devices", 0, NULL, "print the devices this machine has (with --json: JSON Lines) and exit", NULL},
     {O_BATCH, "batch", 0, NULL, "read JSON Lines requests from standard input, run them together (continuous batching) and write one JSON result per request as each finishes", NULL},
     {O_PARALLEL, "parallel", 0, "N", "with --batch: requests running at once (default 16)", NULL},
@@ -397,30 +397,6 @@ static int run_batch(const run_opts *o)
     return rc;
 }
 
-/* --comm: NCCL between the plan's processes' GPUs (MPI carries its bootstrap; without mpirun, a
- * one-process NCCL comm), or NULL to keep MPI (or no comm). auto takes NCCL when every process's
- * device is a GPU. */
-static iflow_comm *open_nccl(const run_opts *o, iflow_comm *mpi, const iflow_model *m, const placed *pl)
-{
-    const char *kind = o->comm ? o->comm : "auto";
-    if (strcmp(kind, "mpi") == 0 || (!mpi && strcmp(kind, "nccl") != 0))
-        return NULL;
-    iflow_device *mine = pl->plan_devices[iflow_model_own_device(m)];
-    if (strcmp(kind, "auto") == 0) {
-        float on_cpu = !mine || mine->info.kind != IFLOW_DEVICE_CUDA;
-        if (mpi->ops->allreduce_sum(mpi, &on_cpu, 1) < 0)
-            die(&tool, NULL);
-        if (o->verbose)
-            fprintf(stderr, "%s: the processes exchange states over %s\n", tool.name, on_cpu > 0 ? "MPI" : "NCCL");
-        if (on_cpu > 0)
-            return NULL;
-    }
-    iflow_comm *c;
-    if (iflow_comm_nccl_open(&c, mine, mpi) < 0)
-        die(&tool, NULL);
-    return c;
-}
-
 static int run(const run_opts *o)
 {
     if (strcmp(o->model, "-") == 0 && !o->prompt)
@@ -447,7 +423,7 @@ static int run(const run_opts *o)
         die(&tool, "model '%s' has no tokenizer", o->model);
     placed pl, dpl;
     devices_place(&tool, m, &o->dev, &pl);
-    iflow_comm *nccl = comm || nccl_alone ? open_nccl(o, comm, m, &pl) : NULL;
+    iflow_comm *nccl = comm || nccl_alone ? devices_comm_nccl(&tool, o->comm, comm, m, &pl, o->verbose) : NULL;
     iflow_model *draft = o->draft ? open_draft(o, &dpl) : NULL;
     iflow_batch_params bp = {.parallel = 1, .n_ctx = o->n_ctx, .n_threads = o->threads};
     iflow_sampler *chain; /* for -v: the chain the requests run */
@@ -564,8 +540,7 @@ int main(int argc, char **argv)
         case O_LIST_DEVICES: o.list_devices = 1; break;
         case O_PLAN: o.dev.plan = arg; break;
         case O_COMM:
-            if (strcmp(arg, "auto") && strcmp(arg, "mpi") && strcmp(arg, "nccl"))
-                die_usage(&tool, "--comm must be auto, mpi or nccl, not '%s'", arg);
+            devices_check_comm(&tool, arg);
             o.comm = arg;
             break;
         case O_ACTIVATIONS: devices_set_activations(&tool, arg); break;

@@ -11,6 +11,7 @@ complete -c iflow-ppl -l activations -x -a 'int int8 int16 f32' -d 'how the CPU\
 complete -c iflow-ppl -l device -x -a 'auto cpu cuda' -d 'compute on auto (a GPU if there is one, else the CPU), cpu, cuda or cuda:N (default auto)'
 complete -c iflow-ppl -l gpu-layers -x -d 'put the first N layers on the GPU and the rest on the CPU (default: all)'
 complete -c iflow-ppl -l plan -r -d 'place the model over the devices of partition plan FILE (iflow-partition, iflow-plan(5))'
+complete -c iflow-ppl -l comm -x -a 'auto mpi nccl' -d 'how the processes of a plan (one per device, under mpirun) exchange states: auto (NCCL when every process\'s device is a GPU, else MPI), mpi or nccl; nccl without mpirun runs a one-device plan through NCCL (default auto)'
 complete -c iflow-ppl -l save-imatrix -r -d 'also write the importance matrix of the text to FILE, for iflow-quant (computes on the CPU)'
 complete -c iflow-ppl -l json -d 'print the result as one JSON object'
 complete -c iflow-ppl -l logprobs -r -d 'write every scored position\'s log-probability to FILE as TSV'

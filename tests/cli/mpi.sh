@@ -110,11 +110,20 @@ printf '#!/bin/sh\nexec "%s" -m "%s/own$OMPI_COMM_WORLD_RANK" "$@"\n' "$BIN/iflo
 chmod +x "$TMP/own-ppl.sh"
 run $MPIRUN -np 2 "$TMP/own-ppl.sh" -f "$WIKI" -c 128 --chunks 3 --json -t 1
 expect_eq "$(jq .ppl <<<"$out")" "$(ppl_json -m "$TMP/s.ifs")" "iflow-ppl from a split, each process its own file: the model's perplexity"
+run $MPIRUN -np 2 $BIN/iflow-ppl -m "$TMP/s.ifs" --plan "$TMP/plan.ini" -f "$WIKI" -c 128 --chunks 3 --json -t 1 -v
+expect_match "$err" "iflow-ppl: the processes exchange states over MPI" "iflow-ppl --comm auto over CPU devices: MPI, said under -v"
+expect_eq "$(jq .ppl <<<"$out")" "$(ppl_json -m "$TMP/s.ifs")" "iflow-ppl --comm auto: the perplexity"
+run $MPIRUN -np 2 $BIN/iflow-ppl -m "$TMP/s.ifs" --plan "$TMP/plan.ini" -f "$WIKI" -c 128 --chunks 1 --comm nccl
+expect_match "$err" "iflow-ppl: (NCCL runs between GPUs: this process's device is cpu|cannot start NCCL: this build has no CUDA)" \
+    "iflow-ppl --comm nccl over CPU devices: refused"
 run $MPIRUN -np 2 $BIN/iflow-ppl -m "$TMP/s.ifs" -f "$WIKI" -c 128 --chunks 1
-expect_match "$err" "iflow-ppl: under mpirun, --plan \\(or a split model's own plan\\) gives each process its device" \
+expect_match "$err" "iflow-ppl: under mpirun or --comm nccl, --plan \\(or a split model's own plan\\) gives each process its device" \
     "iflow-ppl under mpirun needs a plan"
 run $MPIRUN -np 2 $BIN/iflow-ppl -m "$TMP/s.ifs" --plan "$TMP/plan.ini" -f "$WIKI" -c 128 --chunks 1 --kl-base "$TMP/s.ifs"
-expect_match "$err" "iflow-ppl: under mpirun, --save-imatrix and --kl-base are not available" "iflow-ppl --kl-base under mpirun: refused"
+expect_match "$err" "iflow-ppl: under mpirun or --comm nccl, --save-imatrix and --kl-base are not available" \
+    "iflow-ppl --kl-base under mpirun: refused"
+run $BIN/iflow-ppl -m "$TMP/s.ifs" -f "$WIKI" -c 128 --chunks 1 --comm bogus
+expect_rc 2 "iflow-ppl --comm bogus: a usage error"
 
 # ---- refusals ----
 $BIN/iflow-partition -m "$TMP/s.ifs" --devices cpu:2 --strategy layer -o "$TMP/plan2.ini" >/dev/null

@@ -122,6 +122,12 @@ expect_eq "$(jq -c .gen_ids <<<"$out")" "$cpu" "--comm nccl (rank 0 of 1 on cuda
 $BIN/iflow-partition -m "$TMP/s.ifs" --plan "$TMP/gpu1.ini" --split "$TMP/split-gpu1" >/dev/null
 run $BIN/iflow-run -m "$TMP/split-gpu1" --comm nccl --activations f32 -n 64 -p "$prompt" --temp 0 --json
 expect_eq "$(jq -c .gen_ids <<<"$out")" "$cpu" "--comm nccl from a split directory's own file: the CPU's greedy ids"
+# iflow-ppl the same way: a one-device plan through NCCL gives the GPU's perplexity
+p_gpu=$($BIN/iflow-ppl -m "$TMP/s.ifs" -f "$DATA/data/wikitext-2-raw/wiki.test.raw" -c 256 --chunks 4 --json --device cuda | jq .ppl)
+run $BIN/iflow-ppl -m "$TMP/s.ifs" --plan "$TMP/gpu1.ini" --comm nccl -f "$DATA/data/wikitext-2-raw/wiki.test.raw" -c 256 \
+    --chunks 4 --json
+expect_rc 0 "iflow-ppl --comm nccl, a one-device plan on cuda:0"
+expect_close "$(jq .ppl <<<"$out")" "$p_gpu" 1e-6 "iflow-ppl --comm nccl (rank 0 of 1 on cuda:0): the GPU's perplexity"
 echo "OBSERVED plans with cuda:0: layer and tensor GPU/CPU plans and a one-rank NCCL plan ran (stderr above if not)" >&2
 
 # ---- quantized types against their dequantized weights on the CPU ----
