@@ -192,10 +192,8 @@ static int cu_attention_bias(iflow_device *d, float *out, const float *q, size_t
 
 static int cu_query(const iflow_device *d, iflow_device_info *info) { return iflow_cuda_info(d->info.index, info); }
 
-static int cu_add_rmsnorm(iflow_device *d, float *x, float *y, const float *r, const float *w, int T, int n, float eps)
+static int cu_add_rmsnorm(iflow_device *d, float *x, float *y, const float *w, int T, int n, float eps)
 {
-    if (r != y) /* the kernel adds y into x: r must be y (the engine's only use) */
-        return iflow_seterr(IFLOW_EINVAL, "%s: add_rmsnorm adds the row it writes", d->info.name);
     CALL(d, ifkc_add_rmsnorm(DEV(d), x, y, w, T, n, eps));
 }
 

@@ -125,15 +125,17 @@ typedef struct {
      * where replay sets it: replay(d, pos0, key) runs the last such recording under key again
      * at position pos0 without recording it (0), or returns 1, running nothing, when it cannot
      * (none kept under this key: CUDA keeps the four keys used last; a buffer it used replaced;
-     * pos0 >= max_pos): then record again. The results are those of the ops run one by one at that position. key: the
-     * caller's name for everything else the recording depends on (buffers, shapes). */
+     * pos0 >= max_pos): then record again. The results are those of the ops run one by one at
+     * that position. key: the caller's name for everything else the recording depends on
+     * (buffers, shapes). */
     int  (*record_at)(iflow_device *d, int pos0, int max_pos, uint64_t key);
     int  (*replay)(iflow_device *d, int pos0, uint64_t key);
     /* Fused ops (NULL: the engine runs the ops they stand for; the same values; the CUDA
      * device leaves them out when IFLOW_CUDA_UNFUSED=1 is in the environment, so that what
      * they save can be measured):
-     * add_rmsnorm: x += r, then y = rmsnorm(x) * w, for T contiguous rows of n (y may be r). */
-    int  (*add_rmsnorm)(iflow_device *d, float *x, float *y, const float *r, const float *w, int T, int n, float eps);
+     * add_rmsnorm: x += y, then y = rmsnorm(x) * w, for T contiguous rows of n (the residual add
+     * of a block's output in y, and the next block's normed input into y). */
+    int  (*add_rmsnorm)(iflow_device *d, float *x, float *y, const float *w, int T, int n, float eps);
     /* rope_store: rope of q (nq heads, stride ldq) and of k (the layout's kv heads), then
      * kv_store of k and v (stride ldkv), for the one sequence seq. */
     int  (*rope_store)(iflow_device *d, float *q, size_t ldq, int nq, float *k, const float *v, size_t ldkv,

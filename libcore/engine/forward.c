@@ -582,7 +582,7 @@ static int layer_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows *r)
     if (!hp->parallel_residual && !hp->post_ln && hp->norm == IFLOW_NORM_RMS && d->ops->add_rmsnorm) {
         /* the attention's residual add and the FFN's norm in one op */
         IFLOW_TRY(attention_block(c, s, k, r, 0));
-        IFLOW_TRY(d->ops->add_rmsnorm(d, s->x, s->xb, s->xb, c->m->parts[k].w.ffn_norm, r->T, hp->dim, hp->norm_eps));
+        IFLOW_TRY(d->ops->add_rmsnorm(d, s->x, s->xb, c->m->parts[k].w.ffn_norm, r->T, hp->dim, hp->norm_eps));
         return ffn_block(c, s, k, r->T, 1, 1);
     }
     if (!hp->parallel_residual) {
@@ -1083,7 +1083,8 @@ int iflow_ctx_eval(iflow_ctx *c, const int32_t *ids, int n, float *logits, int a
     for (int done = 0; done < n;) {
         int T = n - done < MAX_BATCH ? n - done : MAX_BATCH, last_batch = done + T == n;
         float *out = all_logits ? logits + (size_t)done * hp->vocab_size : last_batch ? logits : NULL;
-        IFLOW_TRY(c->comm ? eval_batch_comm(c, ids + done, T, out, all_logits) : forward_batch(c, ids + done, T, out, all_logits));
+        IFLOW_TRY(c->comm ? eval_batch_comm(c, ids + done, T, out, all_logits)
+                          : forward_batch(c, ids + done, T, out, all_logits));
         done += T;
     }
     return 0;
@@ -1175,6 +1176,18 @@ static int out_logits_rows(iflow_ctx *c, int rows)
 /* Rows of output a step sequence asks for. */
 static int out_rows_of(const iflow_step_seq *q) { return q->n_out > 0 ? q->n_out : 1; }
 
+/* The rows of output a step's sequences ask for: *n_out in all, *n_full of them as logits (the
+ * others' as argmax ids). */
+static void step_out_rows(const iflow_step_seq *seqs, int n_seqs, int *n_out, int *n_full)
+{
+    *n_out = *n_full = 0;
+    for (int i = 0; i < n_seqs; i++)
+        if (seqs[i].logits || seqs[i].next) {
+            *n_out += out_rows_of(&seqs[i]);
+            *n_full += seqs[i].logits ? out_rows_of(&seqs[i]) : 0;
+        }
+}
+
 /* The first half of step_logits, which can be recorded: the output norms and the logits of
  * the rows asked for, into *y (c->out_logits on a host device, else device scratch);
  * *n_out = their count (0: nothing asked for, *y untouched), *n_full = the rows wanted whole. */
@@ -1183,17 +1196,16 @@ static int step_project(iflow_ctx *c, dev_scratch *s, const iflow_step_seq *seqs
 {
     const iflow_hparams *hp = &c->m->hp;
     int D = hp->dim;
-    *n_out = *n_full = 0;
-    for (int i = 0; i < n_seqs; i++)
-        if (seqs[i].logits || seqs[i].next) {
-            int k = out_rows_of(&seqs[i]), r = seq[i].row0 + seq[i].n_rows - k;
-            IFLOW_TRY(iflow_norm_rows(c->m, s->dev, s->xb + (size_t)*n_out * D, s->x + (size_t)r * D,
-                                      c->m->output_norm_w, c->m->output_norm_b_w, k, D));
-            *n_out += k;
-            *n_full += seqs[i].logits ? k : 0;
-        }
+    step_out_rows(seqs, n_seqs, n_out, n_full);
     if (*n_out == 0)
         return 0;
+    for (int i = 0, j = 0; i < n_seqs; i++) /* j: the output rows so far */
+        if (seqs[i].logits || seqs[i].next) {
+            int k = out_rows_of(&seqs[i]), r = seq[i].row0 + seq[i].n_rows - k;
+            IFLOW_TRY(iflow_norm_rows(c->m, s->dev, s->xb + (size_t)j * D, s->x + (size_t)r * D, c->m->output_norm_w,
+                                      c->m->output_norm_b_w, k, D));
+            j += k;
+        }
     IFLOW_TRY(out_logits_rows(c, *n_out));
     return project_logits(c, s, *n_out, c->out_logits, y);
 }
@@ -1313,9 +1325,9 @@ static int step_recorded(iflow_ctx *c, const int32_t *ids, const step_rows *r, c
         key = replay_key(c, s, r, seqs);
         if ((rc = d->ops->replay(d, pos0, key)) < 0)
             return rc;
-        if (rc == 0) { /* what step_project put where: the key names it */
-            const int n_out = seqs[0].logits || seqs[0].next ? out_rows_of(&seqs[0]) : 0;
-            return n_out ? step_outputs(c, s, seqs, n_seqs, s->logits, n_out, seqs[0].logits ? n_out : 0) : 0;
+        if (rc == 0) { /* what step_project left in s->logits: the key names it */
+            step_out_rows(seqs, n_seqs, &n_out, &n_full);
+            return n_out ? step_outputs(c, s, seqs, n_seqs, s->logits, n_out, n_full) : 0;
         }
         rc = d->ops->record_at(d, pos0, replay_max_pos(r->kv), key);
     } else {
