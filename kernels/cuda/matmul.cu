@@ -693,6 +693,16 @@ static int is_quant(int wtype) { return wtype >= IFK_Q8_B32 && wtype < IFK_QTYPE
 
 static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
+/* 1 if the decode kernels read W's rows in place a warp at a time (what a GLU pair or a qkv
+ * segment needs): quantized blocks 4-byte aligned; F32 / F16 / BF16 rows of whole 16-byte
+ * chunks, 16-byte aligned (else the element-wise kernel). */
+static int rows_in_place(const void *W, int wtype, int K)
+{
+    if (is_quant(wtype))
+        return ((uintptr_t)W & 3) == 0;
+    return aligned16(W) && K % (wtype == IFK_F32 ? 4 : 8) == 0;
+}
+
 #if IFKC_MV_DP4A
 /* The quantized decode product on int8 activations: x rounded into scratch, then the kernel. */
 static int matvec_i8(ifkc_dev *d, float *y, size_t ldy, const void *W, const void *W2, int wtype, const float *x,
@@ -737,7 +747,7 @@ static int matvec(ifkc_dev *d, float *y, size_t ldy, const void *W, const void *
         return matvec_i8(d, y, ldy, W, W2, wtype, x, ldx, T, N, K, sg);
 #endif
     /* The quantized and chunked kernels read x as 16-byte pieces: rows of x must be aligned. */
-    int chunked = !is_quant(wtype) && aligned16(W) && K % (wtype == IFK_F32 ? 4 : 8) == 0;
+    int chunked = !is_quant(wtype) && rows_in_place(W, wtype, K);
     int x_ok = aligned16(x) && (T == 1 || ldx % 4 == 0);
     if ((is_quant(wtype) || chunked) && !x_ok) {
         size_t ldc = ((size_t)K + 3) & ~(size_t)3;
@@ -751,7 +761,7 @@ static int matvec(ifkc_dev *d, float *y, size_t ldy, const void *W, const void *
         x = (const float *)p;
         ldx = ldc;
     }
-    if (W2 && !is_quant(wtype) && !(chunked && aligned16(W2)))
+    if (W2 && !(rows_in_place(W, wtype, K) && rows_in_place(W2, wtype, K)))
         return ifkc_seterr(IFKC_EINVAL, "matvec: a GLU pair of rows that are not 16-byte chunks");
     if (sg.n && !is_quant(wtype) && !chunked)
         return ifkc_seterr(IFKC_EINVAL, "matvec: segments of rows that are not 16-byte chunks");
@@ -901,8 +911,7 @@ extern "C" int ifkc_matmul_qkv(ifkc_dev *d, float *yq, size_t ldq, float *yk, fl
     const void *Ws[3] = {Wq, Wk, Wv};
     int pair = T <= IFKC_MATVEC_MAX_T && Nq > 0 && Nkv > 0 && Nq % R == 0 && Nkv % R == 0 && K > 0;
     for (int i = 0; i < 3 && pair; i++)
-        pair = is_quant(wtype) ? ((uintptr_t)Ws[i] & 3) == 0
-                               : aligned16(Ws[i]) && K % (wtype == IFK_F32 ? 4 : 8) == 0;
+        pair = rows_in_place(Ws[i], wtype, K);
     if (!pair || !ifkc_supports_wtype(wtype) || (T > 1 && (ldx < (size_t)K || ldq < (size_t)Nq || ldkv < (size_t)Nkv))) {
         int rc = ifkc_matmul(d, yq, ldq, Wq, wtype, x, ldx, T, Nq, K); /* apart: the same values */
         if (!rc)
@@ -919,9 +928,8 @@ extern "C" int ifkc_matmul_glu(ifkc_dev *d, float *y, float *u, size_t ldy, cons
     if (!Wu || !u)
         return ifkc_seterr(IFKC_EINVAL, "ifkc_matmul_glu: NULL argument (Wu %p, u %p)", Wu, (void *)u);
     /* one kernel: a warp's two rows are gate row n and up row n (two rows a warp, 16-byte chunks) */
-    const int pair = T <= IFKC_MATVEC_MAX_T && MV_RT(tm_of(T)) == 2 &&
-                     (is_quant(wtype) ? ((uintptr_t)Wg & 3) == 0 && ((uintptr_t)Wu & 3) == 0
-                                      : aligned16(Wg) && aligned16(Wu) && K % (wtype == IFK_F32 ? 4 : 8) == 0);
+    const int pair = T <= IFKC_MATVEC_MAX_T && MV_RT(tm_of(T)) == 2 && rows_in_place(Wg, wtype, K) &&
+                     rows_in_place(Wu, wtype, K);
     if (!pair) { /* apart: the same values */
         int rc = ifkc_matmul(d, y, ldy, Wg, wtype, x, ldx, T, N, K);
         if (!rc)
