@@ -909,7 +909,7 @@ extern "C" int ifkc_matmul_qkv(ifkc_dev *d, float *yq, size_t ldq, float *yk, fl
         return ifkc_seterr(IFKC_EINVAL, "ifkc_matmul_qkv: a NULL argument");
     const int R = MV_RT(tm_of(T));
     const void *Ws[3] = {Wq, Wk, Wv};
-    int pair = T <= IFKC_MATVEC_MAX_T && Nq > 0 && Nkv > 0 && Nq % R == 0 && Nkv % R == 0 && K > 0;
+    int pair = T > 0 && T <= IFKC_MATVEC_MAX_T && Nq > 0 && Nkv > 0 && Nq % R == 0 && Nkv % R == 0 && K > 0;
     for (int i = 0; i < 3 && pair; i++)
         pair = rows_in_place(Ws[i], wtype, K);
     if (!pair || !ifkc_supports_wtype(wtype) || (T > 1 && (ldx < (size_t)K || ldq < (size_t)Nq || ldkv < (size_t)Nkv))) {

@@ -449,6 +449,10 @@ static void test_qkv(void)
                     CHECK(!what, "qkv %s K %d Nq %d T %d: %s differs from its own product", tname(wq.type), K, Nq,
                           T, what);
                 }
+                if (ti == 0 && ki == 0 && qi == 0) /* no rows: the three products' shape error, no launch */
+                    CHECK(ifkc_matmul_qkv(dev, q2, ldq, k2, v2, ldkv, wq.dev, wk.dev, wv.dev, wq.type, xd, K, 0, Nq, Nkv,
+                                          K) == IFKC_EINVAL,
+                          "qkv with T = 0: %s", ifkc_errmsg());
                 ifkc_free(dev, xd), ifkc_free(dev, q1), ifkc_free(dev, k1), ifkc_free(dev, v1);
                 ifkc_free(dev, q2), ifkc_free(dev, k2), ifkc_free(dev, v2);
                 free(x), free(h1), free(h2);
