@@ -209,12 +209,13 @@ partition_entries() { # TinyLlama F16 on virtual CPU devices: measured decode ag
     bin/iflow-convert --synthetic "$DATA/models/synthetic/tinyllama-1.1b" -t f16 -o "$work/tl-part.ifs"
     local n s out=() est meas
     for n in 1 2; do
-        # each virtual device gets one core and the one-thread bandwidth measured above
+        # each virtual device gets one core and the one-thread bandwidth measured above; together
+        # they read what two threads did
         for s in layer tensor; do
             [ "$n" = 1 ] && [ "$s" = tensor ] && continue
             bin/iflow-partition -m "$work/tl-part.ifs" --devices "cpu:$n" --strategy "$s" --cpu-bw "$bw1" \
-                --ctx 64 -o "$work/plan.ini" >/dev/null
-            est=$(bin/iflow-partition -m "$work/tl-part.ifs" --devices "cpu:$n" --cpu-bw "$bw1" --ctx 64 --compare --json |
+                --host-bw "$bw2" --ctx 64 -o "$work/plan.ini" >/dev/null
+            est=$(bin/iflow-partition -m "$work/tl-part.ifs" --devices "cpu:$n" --cpu-bw "$bw1" --host-bw "$bw2" --ctx 64 --compare --json |
                 jq -c --arg s "$s" 'select(.strategy == $s) | {ms_per_token, decode_tokens_per_s}')
             sed -i 's/^\[device cpu:\([0-9]*\)\]$/[device cpu:\1]\nthreads = 1/' "$work/plan.ini"
             meas=$(IFLOW_BENCH_PLAN="$work/plan.ini" "$build/iflow-bench" "$work/tl-part.ifs" 16 16 "$n" |

@@ -17,7 +17,7 @@
 
 enum {
     O_MODEL = 'm', O_OUTPUT = 'o', O_VERBOSE = 'v',
-    O_CONFIG = 256, O_DEVICES, O_STRATEGY, O_COMPARE, O_JSON, O_CTX, O_BATCH, O_DTYPE, O_OBJECTIVE, O_CPU_BW, O_LINK_BW,
+    O_CONFIG = 256, O_DEVICES, O_STRATEGY, O_COMPARE, O_JSON, O_CTX, O_BATCH, O_DTYPE, O_OBJECTIVE, O_CPU_BW, O_HOST_BW, O_LINK_BW,
     O_PLAN, O_SPLIT,
 };
 
@@ -38,6 +38,8 @@ static const iflow_opt opts[] = {
     {O_OBJECTIVE, "objective", 0, "NAME", "what auto and hybrid optimize: latency (default) or throughput",
      "latency throughput"},
     {O_CPU_BW, "cpu-bw", 0, "GBPS", "memory bandwidth of each CPU device, GB/s (default: specs/devices.ini's, 20)", NULL},
+    {O_HOST_BW, "host-bw", 0, "GBPS", "memory bandwidth of all CPU devices together, GB/s (default: specs/devices.ini's)",
+     NULL},
     {O_LINK_BW, "link-bw", 0, "GBPS", "link bandwidth of every device, GB/s (default: each description's)", NULL},
     {O_SPLIT, "split", 0, "DIR", "write DIR/plan.ini and one shard file per device of the plan, holding only its slices", "dir"},
     {O_PLAN, "plan", 0, "FILE", "with --split: split by this plan (iflow-plan(5)) instead of planning one", "file"},
@@ -91,8 +93,10 @@ static void print_cost_verbose(const iflow_plan *p, const iflow_partition_cost *
                 c->device[i], mib(a, sizeof a, x->weights), mib(b, sizeof b, x->kv), mib(d, sizeof d, x->scratch),
                 mib(e, sizeof e, x->total), mib(f, sizeof f, x->capacity), x->total > x->capacity ? " (does not fit)" : "");
     }
-    fprintf(stderr, "  decode step: read %.3f ms + all-reduce %.3f ms + transfers %.3f ms + output %.3f ms = %.3f ms\n",
-            ms(c->t_read), ms(c->t_allreduce), ms(c->t_transfer), ms(c->t_output), ms(c->latency));
+    fprintf(stderr,
+            "  decode step: read %.3f ms + fixed %.3f ms + all-reduce %.3f ms + transfers %.3f ms + output %.3f ms"
+            " = %.3f ms\n",
+            ms(c->t_read), ms(c->t_fixed), ms(c->t_allreduce), ms(c->t_transfer), ms(c->t_output), ms(c->latency));
     fprintf(stderr, "  throughput: slowest stage %.3f ms, %.1f tokens/s at batch %d with every stage busy\n",
             ms(c->stage_max), c->tokens_per_s, o->batch);
 }
@@ -123,6 +127,7 @@ static json_t *cost_json(const char *strategy, const iflow_plan *p, const iflow_
     json_object_set_new(j, "decode_tokens_per_s", json_real(1.0 / c->latency));
     json_object_set_new(j, "tokens_per_s", json_real(c->tokens_per_s));
     json_object_set_new(j, "read_ms", json_real(ms(c->t_read)));
+    json_object_set_new(j, "fixed_ms", json_real(ms(c->t_fixed)));
     json_object_set_new(j, "allreduce_ms", json_real(ms(c->t_allreduce)));
     json_object_set_new(j, "transfer_ms", json_real(ms(c->t_transfer)));
     json_object_set_new(j, "output_ms", json_real(ms(c->t_output)));
@@ -221,6 +226,7 @@ int main(int argc, char **argv)
             po.objective = strcmp(arg, "throughput") == 0 ? IFLOW_OBJ_THROUGHPUT : IFLOW_OBJ_LATENCY;
             break;
         case O_CPU_BW: mo.cpu_bw = opt_double(&tool, "cpu-bw", arg, 0.001, 1e6) * 1e9; break;
+        case O_HOST_BW: mo.host_bw = opt_double(&tool, "host-bw", arg, 0.001, 1e6) * 1e9; break;
         case O_LINK_BW: mo.link_bw = opt_double(&tool, "link-bw", arg, 0.001, 1e6) * 1e9; break;
         case O_VERBOSE: verbose = 1; break;
         case O_PLAN: plan_path = arg; break;

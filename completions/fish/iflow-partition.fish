@@ -11,6 +11,7 @@ complete -c iflow-partition -l batch -x -d 'sequences decoded together (default 
 complete -c iflow-partition -l dtype -x -a 'f32 f16 bf16 q8_b32 q8_b64 q6 q5 q4_b32 q4_b64 q3h q3_b32 q2' -d 'with --config: the type of the weight matrices (default f16)'
 complete -c iflow-partition -l objective -x -a 'latency throughput' -d 'what auto and hybrid optimize: latency (default) or throughput'
 complete -c iflow-partition -l cpu-bw -x -d 'memory bandwidth of each CPU device, GB/s (default: specs/devices.ini\'s, 20)'
+complete -c iflow-partition -l host-bw -x -d 'memory bandwidth of all CPU devices together, GB/s (default: specs/devices.ini\'s)'
 complete -c iflow-partition -l link-bw -x -d 'link bandwidth of every device, GB/s (default: each description\'s)'
 complete -c iflow-partition -l split -r -d 'write DIR/plan.ini and one shard file per device of the plan, holding only its slices'
 complete -c iflow-partition -l plan -r -d 'with --split: split by this plan (iflow-plan(5)) instead of planning one'

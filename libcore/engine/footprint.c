@@ -17,17 +17,30 @@ int iflow_part_kv_heads(const iflow_hparams *hp, int q0, int q1)
     return q1 > q0 ? iflow_part_kv0(hp, q1 - 1) - iflow_part_kv0(hp, q0) + 1 : 0;
 }
 
+void iflow_part_matrix_bytes(const iflow_hparams *hp, const int *t, int q0, int q1, int f0, int f1,
+                             uint64_t out[IFLOW_PM_COUNT])
+{
+    int64_t D = hp->dim, hd = hp->head_dim, nq = (int64_t)(q1 - q0) * hd,
+            nkv = (int64_t)iflow_part_kv_heads(hp, q0, q1) * hd, nf = f1 - f0;
+    out[IFLOW_PM_WQ] = iflow_matrix_bytes(t[IFLOW_PM_WQ], nq, D);
+    out[IFLOW_PM_WK] = iflow_matrix_bytes(t[IFLOW_PM_WK], nkv, D);
+    out[IFLOW_PM_WV] = iflow_matrix_bytes(t[IFLOW_PM_WV], nkv, D);
+    out[IFLOW_PM_WO] = iflow_matrix_bytes(t[IFLOW_PM_WO], D, nq);
+    out[IFLOW_PM_GATE] = hp->ffn == IFLOW_FFN_GATED ? iflow_matrix_bytes(t[IFLOW_PM_GATE], nf, D) : 0;
+    out[IFLOW_PM_UP] = iflow_matrix_bytes(t[IFLOW_PM_UP], nf, D);
+    out[IFLOW_PM_DOWN] = iflow_matrix_bytes(t[IFLOW_PM_DOWN], D, nf);
+}
+
 iflow_part_bytes iflow_part_weight_bytes(const iflow_hparams *hp, const int *t, int q0, int q1, int f0, int f1)
 {
     int64_t D = hp->dim, hd = hp->head_dim, nq = (int64_t)(q1 - q0) * hd,
             nkv = (int64_t)iflow_part_kv_heads(hp, q0, q1) * hd, nf = f1 - f0;
+    uint64_t mb[IFLOW_PM_COUNT];
+    iflow_part_matrix_bytes(hp, t, q0, q1, f0, f1, mb);
     iflow_part_bytes b;
-    b.attn = iflow_matrix_bytes(t[IFLOW_PM_WQ], nq, D) + iflow_matrix_bytes(t[IFLOW_PM_WK], nkv, D) +
-             iflow_matrix_bytes(t[IFLOW_PM_WV], nkv, D) + iflow_matrix_bytes(t[IFLOW_PM_WO], D, nq) +
-             (uint64_t)D * sizeof(float);
+    b.attn = mb[IFLOW_PM_WQ] + mb[IFLOW_PM_WK] + mb[IFLOW_PM_WV] + mb[IFLOW_PM_WO] + (uint64_t)D * sizeof(float);
     const int gated = hp->ffn == IFLOW_FFN_GATED;
-    b.ffn = (gated ? iflow_matrix_bytes(t[IFLOW_PM_GATE], nf, D) : 0) + iflow_matrix_bytes(t[IFLOW_PM_UP], nf, D) +
-            iflow_matrix_bytes(t[IFLOW_PM_DOWN], D, nf) + (uint64_t)D * sizeof(float);
+    b.ffn = mb[IFLOW_PM_GATE] + mb[IFLOW_PM_UP] + mb[IFLOW_PM_DOWN] + (uint64_t)D * sizeof(float);
     if (hp->norm == IFLOW_NORM_LAYER)
         b.attn += (uint64_t)D * sizeof(float), b.ffn += (uint64_t)D * sizeof(float);
     if (hp->qkv_bias)

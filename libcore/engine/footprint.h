@@ -34,7 +34,12 @@ typedef struct {
     uint64_t ffn;    /* gate, up, down slices, the FFN norm, the FFN biases             */
 } iflow_part_bytes;
 
-/* Weight bytes of one part; types[IFLOW_PM_*] are the layer's matrix types. */
+/* The bytes of each matrix slice of one part, out[IFLOW_PM_*] (0 for a matrix the layer has not:
+ * the gate of a plain FFN); types[IFLOW_PM_*] are the layer's matrix types. */
+void iflow_part_matrix_bytes(const iflow_hparams *hp, const int *types, int q0, int q1, int f0, int f1,
+                             uint64_t out[IFLOW_PM_COUNT]);
+
+/* Weight bytes of one part: its matrix slices, norms and biases. */
 iflow_part_bytes iflow_part_weight_bytes(const iflow_hparams *hp, const int *types, int q0, int q1, int f0, int f1);
 
 /* The F32 KV cache of one part holding n_kv_heads, for n_ctx positions of one sequence. */

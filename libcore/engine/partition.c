@@ -26,6 +26,7 @@
 struct iflow_devdb {
     int n;
     iflow_devdesc *d;
+    double *eff_any;  /* [n] while reading: each description's `*` efficiency (UNSET_EFF: none) */
 };
 
 enum { K_KIND = 1, K_MEMORY = 2, K_BW = 4, K_FLOPS = 8, K_LINK = 16, K_LAT = 32, K_ALL = 63 };
@@ -37,6 +38,10 @@ typedef struct {
     int rc, lineno, section_line;
     unsigned have;          /* K_* of the current section */
 } db_state;
+
+/* While the file is read: not given. iflow_devdb_load() resolves them (resolve_measured). */
+#define UNSET_OVERHEAD (-1.0)
+#define UNSET_EFF 0.0
 
 typedef struct { const char *unit; double scale; } unit_t;
 
@@ -102,6 +107,34 @@ static char *db_read_line(char *buf, int n, void *stream)
     return s;
 }
 
+/* "f16 0.82, q8_b64 0.49, * 0.39": a weight type (or * for the others) and the fraction of
+ * the bandwidth decode reads it at, in (0, 4] (above 1 where the stated bandwidth is a loop's
+ * that the engine's reads beat). eff_any keeps *'s until resolve_measured(). */
+static int parse_efficiency(db_state *st, iflow_devdesc *d, const char *value)
+{
+    char buf[512];
+    if (strlen(value) >= sizeof buf)
+        return db_fail(st, st->lineno, "efficiency = '%.64s...' is too long%s", value, "");
+    snprintf(buf, sizeof buf, "%s", value);
+    for (char *save = NULL, *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        char name[32], extra;
+        double f;
+        if (sscanf(item, " %31s %lf %c", name, &f, &extra) != 2 || !isfinite(f) || f <= 0 || f > 4)
+            return db_fail(st, st->lineno, "bad efficiency item '%s'%s (a weight type and a fraction, such as f16 0.82)",
+                           item, "");
+        int t = strcmp(name, "*") == 0 ? -1 : iflow_dtype_from_name(name);
+        if (t != -1 && !iflow_dtype_is_float(t) && !iflow_dtype_is_quant(t))
+            t = -2;
+        if (t == -2 || (t == -1 && strcmp(name, "*") != 0))
+            return db_fail(st, st->lineno, "efficiency names '%s', not a weight type%s", name, "");
+        double *slot = t < 0 ? &st->db->eff_any[st->db->n - 1] : &d->eff[t];
+        if (*slot != UNSET_EFF)
+            return db_fail(st, st->lineno, "efficiency gives '%s' twice%s", name, "");
+        *slot = f;
+    }
+    return 1;
+}
+
 static int db_handler(void *user, const char *section, const char *key, const char *value)
 {
     db_state *st = user;
@@ -125,8 +158,16 @@ static int db_handler(void *user, const char *section, const char *key, const ch
             return 0;
         }
         db->d = d;
+        double *any = realloc(db->eff_any, (size_t)(db->n + 1) * sizeof *any);
+        if (!any) {
+            st->rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
+            return 0;
+        }
+        db->eff_any = any;
+        any[db->n] = UNSET_EFF;
         memset(&d[db->n], 0, sizeof *d);
         snprintf(d[db->n].name, sizeof d[db->n].name, "%s", name);
+        d[db->n].overhead = UNSET_OVERHEAD;
         db->n++;
         st->have = 0;
         st->section_line = st->lineno;
@@ -164,6 +205,22 @@ static int db_handler(void *user, const char *section, const char *key, const ch
     } else if (strcmp(key, "match") == 0) {
         snprintf(d->match, sizeof d->match, "%s", value);
         return 1;
+    } else if (strcmp(key, "overhead") == 0) {
+        if (d->overhead != UNSET_OVERHEAD)
+            return db_fail(st, st->lineno, "'%s' given twice for device '%s'", key, d->name);
+        if (with_unit(value, time_units, &x) || x > 1)
+            return db_fail(st, st->lineno, "bad overhead = '%s'%s (such as 36 us)", value, "");
+        d->overhead = x;
+        return 1;
+    } else if (strcmp(key, "host_bandwidth") == 0) {
+        if (d->host_bw > 0)
+            return db_fail(st, st->lineno, "'%s' given twice for device '%s'", key, d->name);
+        if (with_unit(value, rate_units, &x) || x <= 0)
+            return db_fail(st, st->lineno, "bad host_bandwidth = '%s'%s (a rate such as 40 GB/s)", value, "");
+        d->host_bw = x;
+        return 1;
+    } else if (strcmp(key, "efficiency") == 0) {
+        return parse_efficiency(st, d, value);
     } else {
         return db_fail(st, st->lineno, "unknown key '%s'%s", key, "");
     }
@@ -171,6 +228,35 @@ static int db_handler(void *user, const char *section, const char *key, const ch
         return db_fail(st, st->lineno, "'%s' given twice for device '%s'", key, d->name);
     st->have |= bit;
     return 1;
+}
+
+/* Fill what a description left unset: its own `*`, else its kind's template's ("cpu", "cuda"),
+ * else overhead 0, efficiency 1, no host limit. Templates first, so a template's `*` counts. */
+static int resolve_measured(iflow_devdb *db, const char *path)
+{
+    const char *templates[2] = {"cpu", "cuda"};
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < db->n; i++) {
+            iflow_devdesc *d = &db->d[i];
+            int is_template = strcmp(d->name, templates[0]) == 0 || strcmp(d->name, templates[1]) == 0;
+            if (is_template != (pass == 0))
+                continue;
+            const iflow_devdesc *t = is_template ? NULL : iflow_devdb_find(db, templates[d->is_cpu ? 0 : 1]);
+            if (t && t->is_cpu != d->is_cpu)
+                return iflow_seterr(IFLOW_EFORMAT, "device file '%s': template '%s' is not of kind %s", path, t->name,
+                                    d->is_cpu ? "cpu" : "gpu");
+            if (d->host_bw > 0 && !d->is_cpu)
+                return iflow_seterr(IFLOW_EFORMAT, "device file '%s': host_bandwidth of '%s', which is not a cpu", path,
+                                    d->name);
+            if (d->overhead == UNSET_OVERHEAD)
+                d->overhead = t ? t->overhead : 0;
+            if (d->host_bw <= 0 && t)
+                d->host_bw = t->host_bw;
+            for (int k = 0; k < IFLOW_DT_QEND_; k++)
+                if (d->eff[k] == UNSET_EFF)
+                    d->eff[k] = db->eff_any[i] != UNSET_EFF ? db->eff_any[i] : t ? t->eff[k] : 1.0;
+        }
+    return 0;
 }
 
 int iflow_devdb_load(iflow_devdb **out, const char *path)
@@ -194,6 +280,8 @@ int iflow_devdb_load(iflow_devdb **out, const char *path)
         db_close_section(&st);
     if (st.rc == 0 && db->n == 0)
         st.rc = iflow_seterr(IFLOW_EFORMAT, "device file '%s' describes no device ([device NAME] sections)", path);
+    if (st.rc == 0)
+        st.rc = resolve_measured(db, path);
     if (st.rc) {
         iflow_devdb_free(db);
         return st.rc;
@@ -207,6 +295,7 @@ void iflow_devdb_free(iflow_devdb *db)
     if (!db)
         return;
     free(db->d);
+    free(db->eff_any);
     free(db);
 }
 
@@ -275,6 +364,9 @@ static int add_live(iflow_machine *m, const char *spec, const char *item, int in
             if (db->d[k].match[0] && strstr(info[i].model, db->d[k].match))
                 match = &db->d[k];
         iflow_devdesc d = {0};
+        if (match || tmpl) /* what decode measured there: overhead, efficiency */
+            d = match ? *match : *tmpl;
+        d.match[0] = 0;
         snprintf(d.name, sizeof d.name, "%s", match ? match->name : info[i].model);
         d.memory = info[i].mem_total;
         d.mem_bw = info[i].mem_bw_peak > 0 ? info[i].mem_bw_peak : match ? match->mem_bw : tmpl ? tmpl->mem_bw : 0;
@@ -368,6 +460,8 @@ int iflow_machine_parse(iflow_machine *m, const char *spec, const iflow_devdb *d
             p->d.flops = p->d.flops * host_cores / n_cpu;
             if (o && o->cpu_bw > 0)
                 p->d.mem_bw = o->cpu_bw;
+            if (o && o->host_bw > 0)
+                p->d.host_bw = o->host_bw;
         } else if (!p->name[0]) {
             for (int taken = 1; taken;) {
                 char name[32];
@@ -602,6 +696,27 @@ static double dev_time(const iflow_devdesc *d, double bytes, double flop)
     return t;
 }
 
+/* The bytes of one part as decode reads them on device d: each matrix slice's bytes over the
+ * fraction of the bandwidth its type is read at there, the vectors' over F32's. */
+typedef struct { double attn, ffn; } part_read;
+
+static part_read part_effective(const iflow_devdesc *d, const iflow_model_shape *m, int l, int q0, int q1, int f0,
+                                int f1)
+{
+    const int *t = &m->types[l * IFLOW_PM_COUNT];
+    uint64_t mb[IFLOW_PM_COUNT];
+    iflow_part_matrix_bytes(&m->hp, t, q0, q1, f0, f1, mb);
+    iflow_part_bytes b = iflow_part_weight_bytes(&m->hp, t, q0, q1, f0, f1);
+    double mat_a = (double)(mb[IFLOW_PM_WQ] + mb[IFLOW_PM_WK] + mb[IFLOW_PM_WV] + mb[IFLOW_PM_WO]);
+    double mat_f = (double)(mb[IFLOW_PM_GATE] + mb[IFLOW_PM_UP] + mb[IFLOW_PM_DOWN]);
+    double f32 = d->eff[IFLOW_DT_F32];
+    part_read r = {((double)b.attn - mat_a) / f32, ((double)b.ffn - mat_f) / f32};
+    for (int k = 0; k < IFLOW_PM_COUNT; k++)
+        if (mb[k]) /* a plain FFN has no gate */
+            *(k <= IFLOW_PM_WO ? &r.attn : &r.ffn) += (double)mb[k] / d->eff[t[k]];
+    return r;
+}
+
 /* Ring all-reduce of `bytes` over n devices: 2(n-1)/n x bytes / link + 2(n-1) x latency. */
 static double allreduce_time(int n, double bytes, double link_bw, double lat)
 {
@@ -727,22 +842,34 @@ int iflow_partition_cost_of(iflow_partition_cost *c, const iflow_plan *p, const 
             stage = 0;
         }
         prev = mk;
-        double ta = 0, tf = 0;
+        double ta = 0, tf = 0, fixed = 0, host_a = 0, host_f = 0, host_bw = 0;
         for (int a = 0; a < k; a++) {
             const iflow_plan_device *d = &p->devices[idx[a]];
+            const iflow_devdesc *dd = &dev[idx[a]]->d;
             part_size s = part_of(m, l, d->head0, d->head1, d->ffn0, d->ffn1);
-            double kv_read = (double)B * n_ctx * s.nkv * hp->head_dim * 4;   /* 2 x (n_ctx/2) rows of K and V */
+            part_read r = part_effective(dd, m, l, d->head0, d->head1, d->ffn0, d->ffn1);
+            double kv_read = (double)B * n_ctx * s.nkv * hp->head_dim * 4 / dd->eff[IFLOW_DT_F32]; /* 2 x (n_ctx/2) rows */
             double att_flop = (double)B * 2.0 * s.nq * hp->head_dim * n_ctx; /* q.k and p.v over n_ctx/2     */
-            double t1 = dev_time(&dev[idx[a]]->d, (double)s.attn_w + kv_read, B * s.attn_flop + att_flop);
-            double t2 = dev_time(&dev[idx[a]]->d, (double)s.ffn_w, B * s.ffn_flop);
+            double t1 = dev_time(dd, r.attn + kv_read, B * s.attn_flop + att_flop);
+            double t2 = dev_time(dd, r.ffn, B * s.ffn_flop);
             ta = t1 > ta ? t1 : ta;
             tf = t2 > tf ? t2 : tf;
+            fixed = dd->overhead > fixed ? dd->overhead : fixed;
+            if (dd->is_cpu && dd->host_bw > 0) { /* CPU devices read one host's memory together */
+                host_a += r.attn + kv_read, host_f += r.ffn;
+                host_bw = host_bw == 0 || dd->host_bw < host_bw ? dd->host_bw : host_bw;
+            }
+        }
+        if (host_bw > 0) {
+            ta = host_a / host_bw > ta ? host_a / host_bw : ta;
+            tf = host_f / host_bw > tf ? host_f / host_bw : tf;
         }
         mask_link(dev, mk, &bw, &lat);
         double tr = 2 * allreduce_time(k, act, bw, lat);
         c->t_read += ta + tf;
+        c->t_fixed += fixed;
         c->t_allreduce += tr;
-        stage += ta + tf + tr;
+        stage += ta + tf + fixed + tr;
     }
     /* the output: from the last layer's devices to the output device, then norm and matrix */
     if (!(prev & (1u << p->output_device))) {
@@ -751,13 +878,14 @@ int iflow_partition_cost_of(iflow_partition_cost *c, const iflow_plan *p, const 
         c->t_transfer += act / bw + lat;
         stage += act / bw + lat;
     }
+    const iflow_devdesc *od = &dev[p->output_device]->d;
     c->t_output = hp->layout == IFLOW_LAYOUT_ENCODER ? 0.0 /* no output matrix */
-                                                     : dev_time(&dev[p->output_device]->d, (double)output_bytes(m),
+                                                     : dev_time(od, (double)output_bytes(m) / od->eff[m->output_type],
                                                                 2.0 * B * (double)hp->vocab_size * hp->dim);
     stage += c->t_output;
     if (stage > c->stage_max)
         c->stage_max = stage;
-    c->latency = c->t_read + c->t_allreduce + c->t_transfer + c->t_output;
+    c->latency = c->t_read + c->t_fixed + c->t_allreduce + c->t_transfer + c->t_output;
     c->tokens_per_s = B / c->stage_max;
     return 0;
 }

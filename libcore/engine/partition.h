@@ -10,7 +10,12 @@
  *       [device H100-80G]
  *       kind = gpu      memory = 81559 MiB    bandwidth = 3350 GB/s    flops = 989 TFLOP/s
  *       link = 450 GB/s       latency = 2 us          match = H100 80GB HBM3
- *   every number with its unit; errors name the file and line. The description named "cpu" is
+ *       overhead = 36 us      efficiency = f16 0.82, q4_b64 0.39, * 0.39
+ *       host_bandwidth = 35 GB/s                      (kind cpu only)
+ *   every number with its unit; errors name the file and line. overhead, efficiency and
+ *   host_bandwidth are optional: what iflow's decode measured on that kind of device (a fixed
+ *   time per layer part and step; the fraction of the bandwidth each weight type is read at,
+ *   `*` for the types not named; what all CPU devices of one host read together). The description named "cpu" is
  *   the template of virtual CPU devices (its flops are per core, its memory "host"), the one
  *   named "cuda" that of live GPUs.
  *
@@ -49,6 +54,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "libcore/base/dtype.h"        /* IFLOW_DT_QEND_: efficiency per weight type */
 #include "libcore/engine/footprint.h"   /* IFLOW_PM_*: the matrices of a layer */
 #include "libcore/engine/model.h"
 #include "libcore/engine/plan.h"
@@ -64,6 +70,11 @@ typedef struct {
     double   link_bw;    /* bytes/s per direction to the other devices                        */
     double   link_lat;   /* seconds per message                                               */
     char     match[64];  /* a substring of a CUDA device's model name ("" none)               */
+    /* How fast iflow's decode runs there, measured (optional keys; a description without them
+     * takes its kind's template's, "cpu" or "cuda"; without those: 0, 0 and 1): */
+    double   overhead;   /* seconds each layer part adds to a decode step beyond its reads     */
+    double   host_bw;    /* kind cpu: bytes/s all CPU devices of the host read together (0: no limit) */
+    double   eff[IFLOW_DT_QEND_]; /* per weight type: the fraction of mem_bw decode reads it at  */
 } iflow_devdesc;
 
 typedef struct iflow_devdb iflow_devdb;
@@ -88,6 +99,7 @@ typedef struct {
 
 typedef struct {
     double   cpu_bw;       /* bytes/s of each CPU device; 0: the "cpu" description's       */
+    double   host_bw;      /* bytes/s of all CPU devices together; 0: the "cpu" description's */
     double   link_bw;      /* bytes/s of every device's link; 0: as described              */
     uint64_t host_memory;  /* 0: this machine's (iflow_device_list)                        */
     int      host_cores;   /* 0: this machine's                                            */
@@ -156,7 +168,9 @@ typedef struct {
     int    n_stages;                                  /* pipeline stages (distinct device sets) */
     int    sequences;                                 /* whose KV cache is counted              */
     /* decode step (one token of each of `batch` sequences), seconds: */
-    double t_read;       /* per layer, the slowest part's max(bytes / bandwidth, flop / FLOP/s), summed */
+    double t_read;       /* per layer, the slowest part's max(bytes / (bandwidth x efficiency), flop /
+                          * FLOP/s) (CPU parts together: at most the host's bandwidth), summed        */
+    double t_fixed;      /* per layer, the largest overhead of the devices holding it, summed           */
     double t_allreduce;  /* 2 ring all-reduces per split layer                                     */
     double t_transfer;   /* hidden state across layer-range boundaries                             */
     double t_output;     /* final norm and output matrix                                           */

@@ -17,9 +17,9 @@ expect_rc 0 "--compare from a pipe"
 expect_eq "$out" "model: <stdin>: 5 layers, 8 heads, 4 kv heads, dim 64, ffn 172, 1040128 bytes
 devices: 4xH100-80G (4); ctx 4096, batch 1, objective latency
 strategy layout   mem/device   ms/token decode tok/s     tokens/s  fits
-layer    4x1         2.6 MiB      0.007     140950.0     412866.6  yes
-tensor   1x4         1.9 MiB      0.120       8311.7       8311.7  yes
-hybrid   2x2         2.1 MiB      0.043      23489.2      37993.4  yes
+layer    4x1         2.6 MiB      0.192       5201.3      13074.4  yes
+tensor   1x4         1.9 MiB      0.305       3274.9       3274.9  yes
+hybrid   2x2         2.1 MiB      0.228       4392.6       7279.7  yes
 gpu-cpu  -                 -          -            -            -  n/a: gpu-cpu needs a GPU and a CPU among the devices '4xH100-80G' (such as H100-80G,cpu)
 best for latency: layer" "--compare table"
 
@@ -71,7 +71,7 @@ run $P -m "$TMP/s.ifs" --devices 2xL40S --strategy layer -o "$TMP/l.ini" --json 
 expect_rc 0 "--json -o"
 expect_eq "$(jq -r '[.strategy, .fits, .stages] | map(tostring) | join(" ")' <<<"$out")" "layer true 2" "the plan's cost as JSON"
 expect_match "$err" $'^iflow-partition: layer plan on 2xL40S: layout 2x1, 2 stages, ctx 4096, batch 1 \\(KV cache of 1 sequence\\)\n  cuda:0 ' "-v"
-expect_match "$err" "decode step: read [0-9.]+ ms \+ all-reduce 0\.000 ms \+ transfers [0-9.]+ ms \+ output [0-9.]+ ms = [0-9.]+ ms" "-v breakdown"
+expect_match "$err" "decode step: read [0-9.]+ ms \+ fixed 0\.185 ms \+ all-reduce 0\.000 ms \+ transfers [0-9.]+ ms \+ output [0-9.]+ ms = [0-9.]+ ms" "-v breakdown"
 
 # ---- --split: one shard file per device ----
 gen() { $BIN/iflow-run -p "Once upon a time" -n 64 --temp 0 --json -t 1 "$@" | jq -c .gen_ids; }

@@ -39,6 +39,13 @@ static void test_devices(void)
     for (size_t i = 0; i < sizeof need / sizeof *need; i++)
         CHECK(iflow_devdb_find(db, need[i]) != NULL, "devices.ini describes %s", need[i]);
     CHECK(iflow_devdb_find(db, "cpu")->is_cpu, "cpu is a CPU");
+    /* what decode measured: GPU descriptions take the cuda template's, CPU ones the cpu's */
+    CHECK(close_to(h->overhead, 37e-6) && h->eff[IFLOW_DT_F16] == 0.87 && h->eff[IFLOW_DT_Q8_B64] == 0.53 &&
+              h->eff[IFLOW_DT_Q4_B64] == 0.44 && h->eff[IFLOW_DT_Q6_B64] == 0.44 /* `*` */ && h->host_bw == 0,
+          "H100-80G takes the cuda template's overhead %g and efficiencies", h->overhead);
+    const iflow_devdesc *cpu = iflow_devdb_find(db, "cpu");
+    CHECK(cpu->overhead == 0 && cpu->eff[IFLOW_DT_F16] == 1 && cpu->eff[IFLOW_DT_Q2_B32] == 1 && cpu->host_bw == 40e9,
+          "cpu: no overhead, efficiency 1, the host's 40 GB/s");
 
     iflow_machine m;
     if (machine(&m, "4xH100-80G") == 0)
@@ -47,7 +54,7 @@ static void test_devices(void)
               "4xH100-80G: cuda:0..cuda:3");
     if (machine(&m, "cpu:4") == 0)
         CHECK(m.n == 4 && strcmp(m.dev[3].name, "cpu:3") == 0 && m.dev[0].d.memory == 16ull << 30 &&
-                  m.dev[0].d.mem_bw == 20e9 && close_to(m.dev[0].d.flops, 4 * 64e9),
+                  m.dev[0].d.mem_bw == 20e9 && close_to(m.dev[0].d.flops, 4 * 117e9),
               "cpu:4 shares 64 GiB and 16 cores: %llu bytes, %g FLOP/s", (unsigned long long)m.dev[0].d.memory,
               m.dev[0].d.flops);
     iflow_machine_opts o = host;
@@ -74,6 +81,16 @@ static void test_devices_file_errors(void)
         {"[gpu X]\nkind = gpu\n", "unknown section"},
         {"[device X]\nkind = tpu\n", "bad kind"},
         {"[device X]\ncolour = red\n", "unknown key 'colour'"},
+        {"[device X]\nefficiency = f16\n", "bad efficiency item 'f16'"},
+        {"[device X]\nefficiency = f16 0.8, q4 0.4\n", "names 'q4', not a weight type"},
+        {"[device X]\nefficiency = i32 0.8\n", "names 'i32', not a weight type"},
+        {"[device X]\nefficiency = f16 0.8, f16 0.7\n", "gives 'f16' twice"},
+        {"[device X]\nefficiency = * 0.8, * 0.7\n", "gives '*' twice"},
+        {"[device X]\nefficiency = f16 0\n", "bad efficiency item"},
+        {"[device X]\noverhead = 5 parsecs\n", "bad overhead"},
+        {"[device X]\nkind = gpu\nmemory = 1 GiB\nbandwidth = 1 GB/s\nflops = 1 TFLOP/s\nlink = 1 GB/s\n"
+         "latency = 1 us\nhost_bandwidth = 9 GB/s\n",
+         "host_bandwidth of 'X', which is not a cpu"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         char path[64];
@@ -85,6 +102,37 @@ static void test_devices_file_errors(void)
         CHECK(d == NULL, "nothing returned");
         unlink(path);
     }
+}
+
+/* A description's own overhead and efficiency (its `*` included) win over its template's; the
+ * rest come from the template; without a template, 1 and 0. */
+static void test_devices_measured(void)
+{
+    const char *text = "[device cuda]\nkind = gpu\nmemory = live\nbandwidth = 1 TB/s\nflops = 0 FLOP/s\n"
+                       "link = 1 GB/s\nlatency = 1 us\noverhead = 20 us\nefficiency = f16 0.9, * 0.5\n"
+                       "[device A]\nkind = gpu\nmemory = 1 GiB\nbandwidth = 1 TB/s\nflops = 1 TFLOP/s\n"
+                       "link = 1 GB/s\nlatency = 1 us\nefficiency = q8_b64 0.6\n"
+                       "[device B]\nkind = gpu\nmemory = 1 GiB\nbandwidth = 1 TB/s\nflops = 1 TFLOP/s\n"
+                       "link = 1 GB/s\nlatency = 1 us\noverhead = 0 us\nefficiency = * 0.7\n"
+                       "[device C]\nkind = cpu\nmemory = host\nbandwidth = 1 GB/s\nflops = 1 GFLOP/s\n"
+                       "link = 1 GB/s\nlatency = 1 us\n";
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/iflow-devices-m-%d.ini", (int)getpid());
+    test_write_file(path, text, strlen(text));
+    iflow_devdb *d = NULL;
+    int rc = iflow_devdb_load(&d, path);
+    unlink(path);
+    CHECK(rc == 0, "load: %s", iflow_errmsg());
+    if (rc)
+        return;
+    const iflow_devdesc *a = iflow_devdb_find(d, "A"), *b = iflow_devdb_find(d, "B"), *c = iflow_devdb_find(d, "C");
+    CHECK(close_to(a->overhead, 20e-6) && a->eff[IFLOW_DT_Q8_B64] == 0.6 && a->eff[IFLOW_DT_F16] == 0.9 &&
+              a->eff[IFLOW_DT_Q4_B64] == 0.5,
+          "A: its q8_b64, the template's f16, overhead and `*`: %g %g %g %g", a->overhead, a->eff[IFLOW_DT_Q8_B64],
+          a->eff[IFLOW_DT_F16], a->eff[IFLOW_DT_Q4_B64]);
+    CHECK(b->overhead == 0 && b->eff[IFLOW_DT_F16] == 0.7 && b->eff[IFLOW_DT_Q2_B32] == 0.7, "B: its own `*` and 0 us");
+    CHECK(c->overhead == 0 && c->eff[IFLOW_DT_F32] == 1 && c->host_bw == 0, "C: no cpu template, 1 and 0");
+    iflow_devdb_free(d);
 }
 
 /* Every strategy on 1, 2, 3, 4, 8 devices of `desc`: plans pass iflow_plan_check and a save/load. */
@@ -333,6 +381,43 @@ static void test_fit(void)
     iflow_model_shape_free(&s);
 }
 
+/* CPU devices read one host's memory: a tensor split over cpu:2 costs each layer at least its
+ * parts' bytes together over --host-bw; a layer split runs one device at a time. */
+static void test_host_bandwidth(void)
+{
+    iflow_model_shape s;
+    if (!test_data(TINY))
+        SKIP("no " TINY);
+    if (config(&s, test_data(TINY), IFLOW_DT_F16))
+        return;
+    iflow_machine m;
+    iflow_machine_opts o = host;
+    o.cpu_bw = 20e9;
+    iflow_partition_opts po = {.n_ctx = 64};
+    iflow_plan p;
+    iflow_partition_cost c[3];
+    const double host_bw[3] = {30e9, 60e9, 1e15};
+    for (int i = 0; i < 3; i++) {
+        o.host_bw = host_bw[i];
+        CHECK(iflow_machine_parse(&m, "cpu:2", db, &o) == 0 && m.dev[1].d.host_bw == host_bw[i], "--host-bw");
+        int rc = iflow_partition_make(&p, &c[i], &s, &m, IFLOW_STRAT_TENSOR, &po);
+        CHECK(rc == 0, "tensor on cpu:2: %s", iflow_errmsg());
+    }
+    /* both halves together over 30 GB/s; each half alone over 20 GB/s once the host allows 40 */
+    CHECK(close_to(c[0].t_read * 30e9, c[2].t_read * 20e9 * 2), "30 GB/s for both: %g s against %g s", c[0].t_read,
+          c[2].t_read);
+    CHECK(close_to(c[1].t_read, c[2].t_read), "60 GB/s: each device's own 20 GB/s bounds it");
+    o.host_bw = 30e9;
+    CHECK(iflow_machine_parse(&m, "cpu:2", db, &o) == 0, "cpu:2");
+    iflow_partition_cost l30, l1;
+    iflow_partition_make(&p, &l30, &s, &m, IFLOW_STRAT_LAYER, &po);
+    o.host_bw = 1e15;
+    iflow_machine_parse(&m, "cpu:2", db, &o);
+    iflow_partition_make(&p, &l1, &s, &m, IFLOW_STRAT_LAYER, &po);
+    CHECK(close_to(l30.t_read, l1.t_read), "layer split: one device at a time, the host's limit not reached");
+    iflow_model_shape_free(&s);
+}
+
 /* TinyLlama f16 on 2xH100-80G by tensor, ctx 4096, batch 1: docs/PARTITION.md's formulas by hand. */
 static void test_cost_by_hand(void)
 {
@@ -352,11 +437,15 @@ static void test_cost_by_hand(void)
     double D = 2048, attn = (1024 * D + 2 * 128 * D + D * 1024) * 2 + D * 4, ffn = 3 * 2816 * D * 2 + D * 4;
     double kv_read = 4096.0 * 2 * 64 * 4;                   /* 2 x (4096/2) positions x 2 kv heads x 64 x f32 */
     double bw = 3350e9, link = 450e9, lat = 2e-6, act = D * 4;
-    double t_layer = (attn + kv_read) / bw + ffn / bw;      /* bandwidth-bound at batch 1 */
+    /* what decode measured (the cuda template's, which H100-80G takes): f16 and f32 read at
+     * 0.87 of the bandwidth, 37 us a layer; the norms (D x 4 bytes) are f32 */
+    double e = 0.87, fixed = 37e-6;
+    double t_layer = (attn + kv_read) / (bw * e) + ffn / (bw * e); /* bandwidth-bound at batch 1 */
     double t_ar = 2 * (2.0 * 1 / 2 * act / link + 2 * 1 * lat);
-    double out = 32000 * D * 2 + D * 4, t_out = out / bw;
-    double want = 22 * (t_layer + t_ar) + t_out;
+    double out = 32000 * D * 2 + D * 4, t_out = out / (bw * e);
+    double want = 22 * (t_layer + fixed + t_ar) + t_out;
     CHECK(close_to(c.t_read, 22 * t_layer), "read time %.9g, by hand %.9g", c.t_read, 22 * t_layer);
+    CHECK(close_to(c.t_fixed, 22 * fixed), "fixed time %.9g, by hand %.9g", c.t_fixed, 22 * fixed);
     CHECK(close_to(c.t_allreduce, 22 * t_ar), "all-reduce %.9g, by hand %.9g", c.t_allreduce, 22 * t_ar);
     CHECK(c.t_transfer == 0 && close_to(c.t_output, t_out), "no transfer; output %.9g", c.t_output);
     CHECK(close_to(c.latency, want), "latency %.9g s, by hand %.9g", c.latency, want);
@@ -392,7 +481,7 @@ static void test_cost_other_blocks(void)
     int rc = iflow_partition_make(&p, &c, &s, &m, IFLOW_STRAT_LAYER, &o);
     CHECK(rc == 0, "gpt2: %s", iflow_errmsg());
     const iflow_hparams *hp = &s.hp;
-    double t_read = 0, B = 1024, bw = 3350e9, flops = 989e12;
+    double t_read = 0, B = 1024, bw = 3350e9 * 0.87 /* f16 and f32 read at 0.87 */, flops = 989e12;
     for (int l = 0; l < hp->n_layers; l++) {
         iflow_part_bytes b = iflow_part_weight_bytes(hp, s.types + l * IFLOW_PM_COUNT, 0, hp->n_heads, 0, hp->ffn_dim);
         double kv = B * 64 * hp->n_kv_heads * hp->head_dim * 4, ffn_flop = B * 2.0 * hp->dim * 2 * hp->ffn_dim;
@@ -428,6 +517,8 @@ int main(void)
     }
     RUN(test_devices);
     RUN(test_devices_file_errors);
+    RUN(test_devices_measured);
+    RUN(test_host_bandwidth);
     RUN(test_shapes);
     RUN(test_layers_follow_memory);
     RUN(test_gqa);
