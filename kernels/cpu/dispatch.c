@@ -11,6 +11,7 @@
 #include <math.h>
 #include <omp.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cpu/impl.h"
@@ -205,9 +206,71 @@ IFK_DECL_MATMUL_ROWS(ifk_path_matmul_rows)
     path()->matmul_rows(y, ldy, W, wtype, x, ldx, T, n0, n1, K);
 }
 
+/* A packed F16 / BF16 matrix (qpack.h) on the exact F32 product: unpacked 16 rows at a time
+ * (one at a time, on the stack, without memory for 16) into the row layout and multiplied by
+ * the path's product: the reference, used only where the exact product is asked for after the
+ * model was packed. */
+IFK_DECL_MATMUL_ROWS(fpack_unpacked_rows)
+{
+    const int base = ifk_fpack_base(wtype);
+    uint16_t *buf = malloc((size_t)16 * K * sizeof *buf);
+    for (int n = n0; n < n1; n += 16) {
+        const int nr = n1 - n < 16 ? n1 - n : 16;
+        if (buf) {
+            ifk_qunpack_rows(buf, W, wtype, n, n + nr, K);
+            path()->matmul_rows(y + n, ldy, buf, base, x, ldx, T, 0, nr, K);
+            continue;
+        }
+        for (int r = 0; r < nr; r++) {
+            uint16_t one[K];
+            ifk_qunpack_rows(one, W, wtype, n + r, n + r + 1, K);
+            path()->matmul_rows(y + n + r, ldy, one, base, x, ldx, T, 0, 1, K);
+        }
+    }
+    free(buf);
+}
+
+static void mm_pool(mm_args *a, float *y, const void *in, size_t in_bytes, int nt);
+
+/* A packed F16 / BF16 matrix: the packed BF16 product (fpack_avx512bf16.c) on x rounded to
+ * BF16, as the row layout's BF16 product; the exact product unpacks it (above). Items of the
+ * pool are whole groups of 16 rows (ifk_pool_rows_per_item's multiple of 16). */
+static void fpack_matmul(float *y, size_t ldy, const void *W, int wtype, const float *x, size_t ldx, int T, int N,
+                         int K, int n_threads)
+{
+    if (T <= 0 || N <= 0)
+        return;
+    const int base = ifk_fpack_base(wtype);
+    int nt = threads_for(n_threads, (double)T * N * K);
+    int blocks = (N + 15) / 16;
+    if (nt > blocks)
+        nt = blocks;
+    mm_args a = {fpack_unpacked_rows, NULL, y, ldy, W, (size_t)(K + (K & 1)) * 2, ldx, wtype, T, N, K, 0};
+    const void *in = x;
+    size_t in_bytes = ((size_t)(T - 1) * ldx + (size_t)K) * sizeof(float);
+#ifndef IFK_NO_SIMD
+    if (ifk_bf16_dot(base)) {
+        const size_t ldxb = (((size_t)K + 31) & ~(size_t)31) + 32; /* as ifk_matmul's */
+        uint16_t *xb = ifk_thread_scratch((size_t)T * ldxb * sizeof *xb);
+        if (xb) {
+            ifk_avx512bf16_round_x(xb, ldxb, x, ldx, T, K);
+            a.bf16_rows = ifk_avx512bf16_fpack_rows;
+            a.ldx = ldxb;
+            in = xb;
+            in_bytes = (size_t)T * ldxb * sizeof *xb;
+        }
+    }
+#endif
+    mm_pool(&a, y, in, in_bytes, nt);
+}
+
 void ifk_matmul(float *y, size_t ldy, const void *W, int wtype, const float *x, size_t ldx,
                 int T, int N, int K, int n_threads)
 {
+    if (ifk_fpack_base(wtype) >= 0) {
+        fpack_matmul(y, ldy, W, wtype, x, ldx, T, N, K, n_threads);
+        return;
+    }
     if (ifk_qtype(wtype) || ifk_qpack_base(wtype) >= 0) { /* block-quantized weights: quant.h, qpack.h */
         ifk_qmatmul(y, ldy, W, wtype, x, ldx, T, N, K, n_threads);
         return;
@@ -238,14 +301,20 @@ void ifk_matmul(float *y, size_t ldy, const void *W, int wtype, const float *x, 
         }
     }
 #endif
+    mm_pool(&a, y, in, in_bytes, nt);
+}
+
+/* The product of a's rows on nt threads of the pool (one: here). */
+static void mm_pool(mm_args *a, float *y, const void *in, size_t in_bytes, int nt)
+{
     if (nt <= 1) {
-        mm_rows(&a, y, ldy, W, in, 0, N);
+        mm_rows(a, y, a->ldy, a->W, in, 0, a->N);
         return;
     }
-    a.rpi = ifk_pool_rows_per_item(N, nt);
-    ifk_pool_run(&(ifk_pool_job){.run = mm_run, .commit = mm_commit, .args = &a, .args_size = sizeof a,
+    a->rpi = ifk_pool_rows_per_item(a->N, nt);
+    ifk_pool_run(&(ifk_pool_job){.run = mm_run, .commit = mm_commit, .args = a, .args_size = sizeof *a,
                                  .input = in, .input_size = in_bytes,
-                                 .scratch_floats = (size_t)T * a.rpi, .n_items = (N + a.rpi - 1) / a.rpi,
+                                 .scratch_floats = (size_t)a->T * a->rpi, .n_items = (a->N + a->rpi - 1) / a->rpi,
                                  .max_threads = nt});
 }
 

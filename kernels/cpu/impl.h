@@ -65,6 +65,9 @@ void ifk_avx512bf16_round_x(uint16_t *xb, size_t ldxb, const float *x, size_t ld
     void name(float *y, size_t ldy, const void *W, int wtype, const uint16_t *x, size_t ldx,  \
               int T, int n0, int n1, int K)
 IFK_DECL_BF16_ROWS(ifk_avx512bf16_matmul_rows);
+/* The same over a packed F16 / BF16 matrix (qpack.h's pairs; fpack_avx512bf16.c): W the packed
+ * matrix, wtype its packed code, n0 a multiple of 16. */
+IFK_DECL_BF16_ROWS(ifk_avx512bf16_fpack_rows);
 
 /* A per-thread scratch buffer of at least `bytes` (64-byte aligned; it grows, never shrinks,
  * and is freed when the thread ends), or NULL when it cannot grow. One per thread, shared by

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/kernels.h"
 #include "kernels/cpu/qimpl.h"
 #include "kernels/cpu/qpack.h"
 #include "kernels/cpu/quant.h"
@@ -28,6 +29,8 @@ static int pack_wanted(void)
 
 int ifk_qpack_type(int type)
 {
+    if (type == IFK_F16 || type == IFK_BF16) /* pairs for the BF16 product (qpack.h) */
+        return ifk_bf16_dot(type) && pack_wanted() ? IFK_QPACKED + type : 0;
     return ifk_qtype(type) && ifk_qpath_packed(type) && pack_wanted() ? IFK_QPACKED + type : 0;
 }
 
@@ -36,9 +39,42 @@ int ifk_qpack_base(int ptype)
     return ptype >= IFK_QPACKED && ifk_qtype(ptype - IFK_QPACKED) ? ptype - IFK_QPACKED : -1;
 }
 
+int ifk_fpack_base(int ptype)
+{
+    return ptype == IFK_QPACKED + IFK_F16 || ptype == IFK_QPACKED + IFK_BF16 ? ptype - IFK_QPACKED : -1;
+}
+
+/* A row of a float matrix in pairs: K elements rounded up to an even count. */
+static size_t pair_row_bytes(int K) { return (size_t)(K + (K & 1)) * 2; }
+
 size_t ifk_qpack_bytes(int type, int N, int K)
 {
+    if (type == IFK_F16 || type == IFK_BF16)
+        return (size_t)((N + 15) / 16) * 16 * pair_row_bytes(K);
     return (size_t)((N + 15) / 16) * 16 * ifk_qrow_bytes(type, K);
+}
+
+/* Float pairs: element (row 16 g + l, 2 p + h) at element ((g * P + p) * 16 + l) * 2 + h of the
+ * packed matrix, P = ceil(K / 2); rows past N and the element past an odd K are 0. Both
+ * directions move whole pairs (32-bit words) where K is even. */
+static void fpack_group(uint16_t *tile, const uint16_t *rows, int nr, int K, int to_tile)
+{
+    const int P = (K + 1) / 2;
+    for (int l = 0; l < nr; l++) {
+        const uint16_t *src = rows + (size_t)l * K;
+        uint16_t *dst = (uint16_t *)src;
+        for (int p = 0; p < P; p++) {
+            uint16_t *t = tile + ((size_t)p * 16 + l) * 2;
+            if (to_tile) {
+                t[0] = src[2 * p];
+                t[1] = 2 * p + 1 < K ? src[2 * p + 1] : 0;
+            } else {
+                dst[2 * p] = t[0];
+                if (2 * p + 1 < K)
+                    dst[2 * p + 1] = t[1];
+            }
+        }
+    }
 }
 
 /* ---- little-endian words and the moves both directions share ------------------------------ */
@@ -259,6 +295,17 @@ static void move_rows(uint8_t *tiles, uint8_t *rows, int nb, int r0, int r1, int
 
 void ifk_qpack(void *dst, const void *W, int type, int N, int K)
 {
+    if (type == IFK_F16 || type == IFK_BF16) {
+        const size_t group_elems = 16 * pair_row_bytes(K) / 2;
+        const int n_groups = (N + 15) / 16;
+#pragma omp parallel for schedule(static) if (n_groups >= 64)
+        for (int g = 0; g < n_groups; g++) {
+            uint16_t *out = (uint16_t *)dst + (size_t)g * group_elems;
+            memset(out, 0, group_elems * 2);
+            fpack_group(out, (const uint16_t *)W + (size_t)g * 16 * K, N - 16 * g < 16 ? N - 16 * g : 16, K, 1);
+        }
+        return;
+    }
     const int nb = (K + ifk_qtype(type)->block - 1) / ifk_qtype(type)->block;
     const size_t group_bytes = 16 * ifk_qrow_bytes(type, K);
     const int n_groups = (N + 15) / 16;
@@ -274,6 +321,17 @@ void ifk_qpack(void *dst, const void *W, int type, int N, int K)
 
 void ifk_qunpack_rows(void *dst, const void *P, int ptype, int n0, int n1, int K)
 {
+    if (ifk_fpack_base(ptype) >= 0) {
+        const size_t group_elems = 16 * pair_row_bytes(K) / 2;
+        for (int n = n0; n < n1;) { /* the rows of one group at a time */
+            const int g = n / 16, r1 = n1 - 16 * g < 16 ? n1 - 16 * g : 16;
+            uint16_t *tile = (uint16_t *)P + (size_t)g * group_elems + (size_t)(n % 16) * 2; /* from row n */
+            /* row l of the call is lane n % 16 + l of the tile: shift the tile by whole lanes */
+            fpack_group(tile, (uint16_t *)dst + (size_t)(n - n0) * K, r1 - n % 16, K, 0);
+            n = 16 * g + r1;
+        }
+        return;
+    }
     const int type = ifk_qpack_base(ptype), nb = (K + ifk_qtype(type)->block - 1) / ifk_qtype(type)->block;
     const size_t rb = ifk_qrow_bytes(type, K);
     for (int n = n0; n < n1;) { /* the rows of one group at a time */

@@ -112,8 +112,10 @@ enum { IFK_QPACKED = 64 }; /* a packed type's code: IFK_QPACKED + its base type 
  * has no kernel for it (a path without AVX512_VNNI, or without GFNI and AVX512_VBMI for the
  * types other than Q4 and Q8; IFLOW_PACK=0). */
 int ifk_qpack_type(int type);
-/* The base type of a packed code, or -1 when `ptype` is not one. */
+/* The base type of a packed code of a quantized type, or -1 when `ptype` is not one. */
 int ifk_qpack_base(int ptype);
+/* The base type (IFK_F16, IFK_BF16) of a packed float code, or -1 when `ptype` is not one. */
+int ifk_fpack_base(int ptype);
 /* Bytes of a packed copy of an [N][K] matrix of base type `type` (N rounded up to 16 rows). */
 size_t ifk_qpack_bytes(int type, int N, int K);
 /* dst: [ifk_qpack_bytes] = W: [N][row bytes] of `type` in the packed layout above. */

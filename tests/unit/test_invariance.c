@@ -6,7 +6,7 @@
  * For every ISA path this CPU has (scalar, avx2, avx512, avx512gfni) and every weight type
  * (F32, F16, BF16 (on the BF16 dot product where the CPU has it, and on the F32 product of
  * ifk_set_qx_f32), the 9 quantized types, quantized from random F32 rows by the reference
- * quantizer, and the packed copies of qpack.h; Q6 and Q5 also in the mode IFK_QX_INT8,
+ * quantizer, and the packed copies of qpack.h, the float pairs of F16 and BF16 too; Q6 and Q5 also in the mode IFK_QX_INT8,
  * quant.h's int8 x for them, and Q8 in the mode IFK_QX_INT16, its int16 x), on odd shapes (N not a multiple of 16 or 4; K with a partial last SIMD step or
  * block; K spanning several of the prefill kernels' K chunks):
  *   - each row of a pool of x rows alone (T = 1) is the reference;
@@ -65,8 +65,8 @@ static uint16_t to_bf16(float f)
  * codes: the base type's rows packed, qpack.h); malloc'd. */
 static void *make_weights(int wtype, int N, int K)
 {
-    if (ifk_qpack_base(wtype) >= 0) {
-        int base = ifk_qpack_base(wtype);
+    if (ifk_qpack_base(wtype) >= 0 || ifk_fpack_base(wtype) >= 0) {
+        int base = ifk_qpack_base(wtype) >= 0 ? ifk_qpack_base(wtype) : ifk_fpack_base(wtype);
         void *W = make_weights(base, N, K), *P = malloc(ifk_qpack_bytes(base, N, K));
         ifk_qpack(P, W, base, N, K);
         free(W);
@@ -102,6 +102,9 @@ static const char *type_name(int wtype)
     };
     if (ifk_qpack_base(wtype) >= 0)
         return packed[ifk_qpack_base(wtype)] ? packed[ifk_qpack_base(wtype)] : "packed";
+    if (ifk_fpack_base(wtype) >= 0)
+        return ifk_fpack_base(wtype) == IFK_F16 ? (ifk_bf16_dot(IFK_F16) ? "f16 packed (bf16 dot)" : "f16 packed")
+                                                : (ifk_bf16_dot(IFK_BF16) ? "bf16 packed (bf16 dot)" : "bf16 packed");
     if (ifk_qtype(wtype))
         return ifk_qtype(wtype)->name;
     if (wtype == IFK_F32)
@@ -182,6 +185,10 @@ static void test_matmul_invariance(void)
                 check_matmul(ftypes[f], 45, 77, all_T, 17);
                 check_matmul(ftypes[f], 45, 3000, some_T, 7);
                 check_matmul(ftypes[f], 37, 4200, some_T, 7);
+                if (ftypes[f] != IFK_F32) { /* packed pairs (qpack.h): K odd; K over several chunks */
+                    check_matmul(IFK_QPACKED + ftypes[f], 45, 77, all_T, 17);
+                    check_matmul(IFK_QPACKED + ftypes[f], 37, 3001, some_T, 7);
+                }
                 ifk_set_qx_f32(0);
             }
         for (int q = IFK_Q8_B32; q < IFK_QTYPE_END_; q++)

@@ -27,6 +27,7 @@
 
 #include "kernels/cpu/impl.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/qpack.h"
 #include "kernels/cpu/quant.h"
 #include "libcore/base/dtype.h"
 #include "tests/unit/check.h"
@@ -368,6 +369,57 @@ static int count_bad(const float *y, const float *ref, size_t ldy, const double 
     return bad;
 }
 
+/* The packed copy of an F16 / BF16 matrix (qpack.h's pairs; fpack_avx512bf16.c): unpacked it
+ * gives back W's bytes; its product against the same references as the row layout's, with the
+ * bound of one chain per output (K additions: kernels.h's gamma for a chain of K), on every
+ * path (the exact product unpacks it). loose: scratch. */
+static void check_packed(const void *W, int wt, const float *x, size_t ldx, float *y, size_t ldy, const float *yr,
+                         const float *yrr, const double *sabs, const double *sabs_r, double *loose, int T, int N, int K,
+                         int *bf16_seen)
+{
+    static const int threads[] = {1, 2, 0};
+    const int pt = IFK_QPACKED + wt;
+    void *P = malloc(ifk_qpack_bytes(wt, N, K)), *back = malloc((size_t)N * K * 2);
+    ifk_qpack(P, W, wt, N, K);
+    ifk_qunpack_rows(back, P, pt, 0, N, K);
+    CHECK(memcmp(back, W, (size_t)N * K * 2) == 0, "%s N=%d K=%d: packed and unpacked, not W", wname(wt), N, K);
+    if (N > 3) { /* rows from the middle of a group */
+        ifk_qunpack_rows(back, P, pt, 3, N, K);
+        CHECK(memcmp(back, (const uint16_t *)W + 3 * (size_t)K, (size_t)(N - 3) * K * 2) == 0,
+              "%s N=%d K=%d: rows 3.. unpacked", wname(wt), N, K);
+    }
+    const double gamma = (K + 6.0) * 0x1p-24, u = 0x1p-8, uw = wt == IFK_F16 ? u : 0;
+    for (size_t i = 0; i < (size_t)T * N; i++)
+        loose[i] = (u + uw + u * uw) * sabs[i] + gamma * sabs_r[i];
+    for (int isa = IFK_ISA_SCALAR; isa < n_isas(); isa++) {
+        ifk_set_isa(isa);
+        for (int exact = 0; exact <= 1; exact++) {
+            ifk_set_qx_f32(exact);
+            const int bf16 = ifk_bf16_dot(wt);
+            *bf16_seen += bf16;
+            for (int ti = 0; ti < 3; ti++) {
+                for (size_t i = 0; i < (size_t)T * ldy; i++)
+                    y[i] = GUARD;
+                ifk_matmul(y, ldy, P, pt, x, ldx, T, N, K, threads[ti]);
+                int guard_ok = 1, bad;
+                double worst = 0;
+                if (!bf16) {
+                    bad = count_bad(y, yr, ldy, sabs, 1e-5, T, N, &worst, &guard_ok);
+                } else {
+                    bad = count_bad(y, yrr, ldy, sabs_r, gamma, T, N, &worst, &guard_ok);
+                    bad += count_bad(y, yr, ldy, loose, 1.0, T, N, &worst, &guard_ok);
+                }
+                CHECK(bad == 0 && guard_ok, "matmul %s %s packed (%s) T=%d N=%d K=%d threads=%d: %d wrong, worst %.3g x tol%s",
+                      ifk_isa_name(isa), wname(wt), bf16 ? "bf16 dot" : "f32", T, N, K, threads[ti], bad, worst,
+                      guard_ok ? "" : ", wrote past N");
+            }
+        }
+        ifk_set_qx_f32(0);
+    }
+    free(P);
+    free(back);
+}
+
 static void test_matmul(void)
 {
     static const int shapes[][3] = { /* T, N, K */
@@ -443,6 +495,8 @@ static void test_matmul(void)
                 }
                 ifk_set_qx_f32(0);
             }
+            if (wt != IFK_F32)
+                check_packed(W, wt, x, ldx, y, ldy, yr, yrr, sabs, sabs_r, loose, T, N, K, &bf16_seen);
             free(W);
         }
         free(x);
