@@ -58,7 +58,7 @@ int ifk_isa_current(void);
 /* Matrix product with a weight matrix:
  *   y[t][n] = sum_k W[n][k] * x[t][k]      for 0 <= t < T, 0 <= n < N
  * W:  [N][K] of type wtype, rows contiguous (row n starts at W + n*K elements); or a packed
- *     copy of a quantized matrix (qpack.h), wtype its packed code.
+ *     copy of a quantized, F16 or BF16 matrix (qpack.h), wtype its packed code.
  * x:  [T][K] F32, row t at x + t*ldx.     y: [T][N] F32, row t at y + t*ldy.
  * T == 1 is the decode matrix-vector product; T > 1 (prefill) reads each weight row once for
  * all T tokens. Threads split N. Row t of y is bit-identical to a call with x[t] alone (T = 1),
@@ -74,7 +74,8 @@ void ifk_matmul(float *y, size_t ldy, const void *W, int wtype, const float *x, 
  *     |y - y_exact| <= (u + u_w + u u_w) sum_k |w_k x_k|  +  n 2^-24 sum_k |w'_k x'_k|
  * with u = 2^-8 (x's rounding), u_w = 2^-8 for F16 weights and 0 for BF16, w', x' the rounded
  * values and n = 2 ceil(min(K, 2048) / 32) + ceil(K / 2048) + 4 (the additions any product
- * goes through); F32 subnormals in x count as 0. Twice the FMA roof (Zen 4: 234 against 118
+ * goes through; for a packed copy, qpack.h's float pairs, one chain of K additions: n = K + 5);
+ * F32 subnormals in x count as 0. Twice the FMA roof (Zen 4: 234 against 118
  * GFLOP/s a core); batch invariant like every product. (The rounded x lives in a per-thread
  * buffer of T x K BF16; a call that cannot grow it runs the F32 product instead.)
  * The rule for F16, by measurement (KL divergence to the F32 model, WikiText-2, 24 windows of

@@ -40,8 +40,8 @@
  *
  * What. Packing is done once, at load, by the CPU device (libcore/device/cpu.c) into memory of
  * its own; files keep the row layout. A packed matrix has a type code of its own,
- * IFK_QPACKED + the base type, that only ifk_matmul / ifk_qmatmul (kernels.h) and the functions
- * below accept. Every quantized type has a packed layout (the bytes move, none are added, so the
+ * IFK_QPACKED + the base type (quantized, or F16 / BF16: below), that only ifk_matmul /
+ * ifk_qmatmul (kernels.h) and the functions below accept. Every quantized type has a packed layout (the bytes move, none are added, so the
  * packed copy has exactly the size of the original, padding rows aside). Which are packed
  * depends on the path (ifk_qpack_type): Q4 and Q8 on every AVX512_VNNI path; Q6, Q5, Q3H, Q3 and
  * Q2 where the CPU also has GFNI and AVX512_VBMI (the avx512gfni path), whose instructions their
@@ -84,6 +84,18 @@
  *          first operand, the high halves its second.
  *     Size: 16 * BB.
  *
+ * F16 and BF16 (float pairs). Where ifk_matmul multiplies them with the BF16 dot product
+ * (kernels.h's ifk_bf16_dot), F16 and BF16 matrices are packed too, losslessly (their own
+ * element type): group g's pair p (elements 2 p and 2 p + 1 of its 16 rows) is 32 elements at
+ * element (g * P + p) * 32, P = ceil(K / 2), row l's pair at 2 l; the element past an odd K and
+ * the rows past N are 0. A vector of 64 bytes is then one vdpbf16ps operand of 16 rows against
+ * a token's pair broadcast (fpack_avx512bf16.c states the arithmetic: one chain per output, the
+ * same in decode and prefill). A row is 2 P elements, so rows n0 .. of a group-aligned range
+ * start at n0 * 4 P bytes. On the exact F32 product (ifk_set_qx_f32) they are unpacked 16 rows
+ * at a time again (the reference); ifk_qpack_type packs them only while the BF16 product is on.
+ * Measured (2026-11-28, TinyLlama-1.1B shape, 1 / 2 threads; docs/PERFORMANCE.md): F16 prefill
+ * of 128 tokens 89 -> 101 / 159-163 -> 192 tok/s, decode 10.8 -> 13.3-13.6 / 15-20 -> 16-24.
+ *
  * Arithmetic. Per output (row n, token t) and block, in this order, with a0 / a1 the exact
  * int32 sums of the slabs' first / second halves (int8 x: the x groups 0 / 1 of qimpl.h):
  *     int8 x, B = 64 (Q4_B64, Q3H):     p = fma(float(a1), s1, fma(float(a0), s0, cor))
@@ -108,15 +120,17 @@
 
 enum { IFK_QPACKED = 64 }; /* a packed type's code: IFK_QPACKED + its base type (quant.h) */
 
-/* The packed code this CPU's product prefers for matrices of `type` (quant.h), or 0 when it
- * has no kernel for it (a path without AVX512_VNNI, or without GFNI and AVX512_VBMI for the
- * types other than Q4 and Q8; IFLOW_PACK=0). */
+/* The packed code this CPU's product prefers for matrices of `type` (quant.h, or IFK_F16 /
+ * IFK_BF16), or 0 when it has no kernel for it (a path without AVX512_VNNI, or without GFNI and
+ * AVX512_VBMI for the types other than Q4 and Q8; F16 / BF16 while ifk_bf16_dot is 0;
+ * IFLOW_PACK=0). */
 int ifk_qpack_type(int type);
 /* The base type of a packed code of a quantized type, or -1 when `ptype` is not one. */
 int ifk_qpack_base(int ptype);
 /* The base type (IFK_F16, IFK_BF16) of a packed float code, or -1 when `ptype` is not one. */
 int ifk_fpack_base(int ptype);
-/* Bytes of a packed copy of an [N][K] matrix of base type `type` (N rounded up to 16 rows). */
+/* Bytes of a packed copy of an [N][K] matrix of base type `type` (N rounded up to 16 rows; F16
+ * and BF16: K up to an even count). */
 size_t ifk_qpack_bytes(int type, int N, int K);
 /* dst: [ifk_qpack_bytes] = W: [N][row bytes] of `type` in the packed layout above. */
 void ifk_qpack(void *dst, const void *W, int type, int N, int K);
