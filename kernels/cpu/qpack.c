@@ -55,8 +55,9 @@ size_t ifk_qpack_bytes(int type, int N, int K)
 }
 
 /* Float pairs: element (row 16 g + l, 2 p + h) at element ((g * P + p) * 16 + l) * 2 + h of the
- * packed matrix, P = ceil(K / 2); rows past N and the element past an odd K are 0. Both
- * directions move whole pairs (32-bit words) where K is even. */
+ * group's tile, P = ceil(K / 2); rows past N and the element past an odd K are 0 (the caller
+ * zeroes the tile). One function for both directions, as move_rows below (to_tile: rows ->
+ * tile; else tile -> rows, the const of rows dropped, written only then). */
 static void fpack_group(uint16_t *tile, const uint16_t *rows, int nr, int K, int to_tile)
 {
     const int P = (K + 1) / 2;
