@@ -230,62 +230,24 @@ IFK_DECL_MATMUL_ROWS(fpack_unpacked_rows)
     free(buf);
 }
 
-static void mm_pool(mm_args *a, float *y, const void *in, size_t in_bytes, int nt);
-
-/* A packed F16 / BF16 matrix: the packed BF16 product (fpack_avx512bf16.c) on x rounded to
- * BF16, as the row layout's BF16 product; the exact product unpacks it (above). Items of the
- * pool are whole groups of 16 rows (ifk_pool_rows_per_item's multiple of 16). */
-static void fpack_matmul(float *y, size_t ldy, const void *W, int wtype, const float *x, size_t ldx, int T, int N,
-                         int K, int n_threads)
+/* y = x W^T for a matrix of wtype whose rows `rows` multiplies with F32 x, or, when bf16 (the
+ * BF16 dot product is on for it) and there is memory for x rounded to BF16, `bf16_rows` does;
+ * row_bytes: a row of W (packed matrices: as packed). Split over the pool (mm_run). */
+static void mm_product(IFK_DECL_MATMUL_ROWS((*rows)), IFK_DECL_BF16_ROWS((*bf16_rows)), int bf16, size_t row_bytes,
+                       float *y, size_t ldy, const void *W, int wtype, const float *x, size_t ldx, int T, int N, int K,
+                       int n_threads)
 {
-    if (T <= 0 || N <= 0)
-        return;
-    const int base = ifk_fpack_base(wtype);
-    int nt = threads_for(n_threads, (double)T * N * K);
-    int blocks = (N + 15) / 16;
-    if (nt > blocks)
-        nt = blocks;
-    mm_args a = {fpack_unpacked_rows, NULL, y, ldy, W, (size_t)(K + (K & 1)) * 2, ldx, wtype, T, N, K, 0};
-    const void *in = x;
-    size_t in_bytes = ((size_t)(T - 1) * ldx + (size_t)K) * sizeof(float);
-#ifndef IFK_NO_SIMD
-    if (ifk_bf16_dot(base)) {
-        const size_t ldxb = (((size_t)K + 31) & ~(size_t)31) + 32; /* as ifk_matmul's */
-        uint16_t *xb = ifk_thread_scratch((size_t)T * ldxb * sizeof *xb);
-        if (xb) {
-            ifk_avx512bf16_round_x(xb, ldxb, x, ldx, T, K);
-            a.bf16_rows = ifk_avx512bf16_fpack_rows;
-            a.ldx = ldxb;
-            in = xb;
-            in_bytes = (size_t)T * ldxb * sizeof *xb;
-        }
-    }
-#endif
-    mm_pool(&a, y, in, in_bytes, nt);
-}
-
-void ifk_matmul(float *y, size_t ldy, const void *W, int wtype, const float *x, size_t ldx,
-                int T, int N, int K, int n_threads)
-{
-    if (ifk_fpack_base(wtype) >= 0) {
-        fpack_matmul(y, ldy, W, wtype, x, ldx, T, N, K, n_threads);
-        return;
-    }
-    if (ifk_qtype(wtype) || ifk_qpack_base(wtype) >= 0) { /* block-quantized weights: quant.h, qpack.h */
-        ifk_qmatmul(y, ldy, W, wtype, x, ldx, T, N, K, n_threads);
-        return;
-    }
     if (T <= 0 || N <= 0)
         return;
     int nt = threads_for(n_threads, (double)T * N * K);
     int blocks = (N + 15) / 16;
     if (nt > blocks)
         nt = blocks;
-    mm_args a = {path()->matmul_rows, NULL, y, ldy, W, (size_t)K * (wtype == IFK_F32 ? 4 : 2), ldx, wtype, T, N, K, 0};
+    mm_args a = {rows, NULL, y, ldy, W, row_bytes, ldx, wtype, T, N, K, 0};
     const void *in = x;
     size_t in_bytes = ((size_t)(T - 1) * ldx + (size_t)K) * sizeof(float);
 #ifndef IFK_NO_SIMD
-    if (ifk_bf16_dot(wtype)) {
+    if (bf16) {
         /* x rounded once per call, each token on its own (so batch invariant); without memory
          * for it the F32 product runs instead. Rows of xb are whole steps of 32 plus 64 bytes,
          * so that the 4 tokens the kernel reads at once do not fall on the same L1 sets (rows
@@ -294,28 +256,47 @@ void ifk_matmul(float *y, size_t ldy, const void *W, int wtype, const float *x, 
         uint16_t *xb = ifk_thread_scratch((size_t)T * ldxb * sizeof *xb);
         if (xb) {
             ifk_avx512bf16_round_x(xb, ldxb, x, ldx, T, K);
-            a.bf16_rows = ifk_avx512bf16_matmul_rows;
+            a.bf16_rows = bf16_rows;
             a.ldx = ldxb;
             in = xb;
             in_bytes = (size_t)T * ldxb * sizeof *xb;
         }
     }
+#else
+    (void)bf16_rows, (void)bf16;
 #endif
-    mm_pool(&a, y, in, in_bytes, nt);
-}
-
-/* The product of a's rows on nt threads of the pool (one: here). */
-static void mm_pool(mm_args *a, float *y, const void *in, size_t in_bytes, int nt)
-{
     if (nt <= 1) {
-        mm_rows(a, y, a->ldy, a->W, in, 0, a->N);
+        mm_rows(&a, y, ldy, W, in, 0, N);
         return;
     }
-    a->rpi = ifk_pool_rows_per_item(a->N, nt);
-    ifk_pool_run(&(ifk_pool_job){.run = mm_run, .commit = mm_commit, .args = a, .args_size = sizeof *a,
+    a.rpi = ifk_pool_rows_per_item(N, nt);
+    ifk_pool_run(&(ifk_pool_job){.run = mm_run, .commit = mm_commit, .args = &a, .args_size = sizeof a,
                                  .input = in, .input_size = in_bytes,
-                                 .scratch_floats = (size_t)a->T * a->rpi, .n_items = (a->N + a->rpi - 1) / a->rpi,
+                                 .scratch_floats = (size_t)T * a.rpi, .n_items = (N + a.rpi - 1) / a.rpi,
                                  .max_threads = nt});
+}
+
+#ifdef IFK_NO_SIMD /* no BF16 kernels in the build (ifk_bf16_dot is 0 there) */
+#define BF16_KERNEL(f) NULL
+#else
+#define BF16_KERNEL(f) f
+#endif
+
+void ifk_matmul(float *y, size_t ldy, const void *W, int wtype, const float *x, size_t ldx,
+                int T, int N, int K, int n_threads)
+{
+    const int fbase = ifk_fpack_base(wtype);
+    if (fbase >= 0) { /* packed F16 / BF16 (qpack.h): the packed BF16 product, else unpacked 16 rows at a time */
+        mm_product(fpack_unpacked_rows, BF16_KERNEL(ifk_avx512bf16_fpack_rows), ifk_bf16_dot(fbase),
+                   (size_t)(K + (K & 1)) * 2, y, ldy, W, wtype, x, ldx, T, N, K, n_threads);
+        return;
+    }
+    if (ifk_qtype(wtype) || ifk_qpack_base(wtype) >= 0) { /* block-quantized weights: quant.h, qpack.h */
+        ifk_qmatmul(y, ldy, W, wtype, x, ldx, T, N, K, n_threads);
+        return;
+    }
+    mm_product(path()->matmul_rows, BF16_KERNEL(ifk_avx512bf16_matmul_rows), ifk_bf16_dot(wtype),
+               (size_t)K * (wtype == IFK_F32 ? 4 : 2), y, ldy, W, wtype, x, ldx, T, N, K, n_threads);
 }
 
 void ifk_get_row(float *out, const void *W, int wtype, size_t row, int K)

@@ -120,8 +120,8 @@ static int parse_efficiency(db_state *st, iflow_devdesc *d, const char *value)
         char name[32], extra;
         double f;
         if (sscanf(item, " %31s %lf %c", name, &f, &extra) != 2 || !isfinite(f) || f <= 0 || f > 4)
-            return db_fail(st, st->lineno, "bad efficiency item '%s'%s (a weight type and a fraction, such as f16 0.82)",
-                           item, "");
+            return db_fail(st, st->lineno,
+                           "bad efficiency item '%s'%s (a weight type and a fraction, such as f16 0.82)", item, "");
         int t = strcmp(name, "*") == 0 ? -1 : iflow_dtype_from_name(name);
         if (t != -1 && !iflow_dtype_is_float(t) && !iflow_dtype_is_quant(t))
             t = -2;
@@ -848,7 +848,8 @@ int iflow_partition_cost_of(iflow_partition_cost *c, const iflow_plan *p, const 
             const iflow_devdesc *dd = &dev[idx[a]]->d;
             part_size s = part_of(m, l, d->head0, d->head1, d->ffn0, d->ffn1);
             part_read r = part_effective(dd, m, l, d->head0, d->head1, d->ffn0, d->ffn1);
-            double kv_read = (double)B * n_ctx * s.nkv * hp->head_dim * 4 / dd->eff[IFLOW_DT_F32]; /* 2 x (n_ctx/2) rows */
+            /* 2 x (n_ctx/2) rows of K and V, F32, read at F32's efficiency */
+            double kv_read = (double)B * n_ctx * s.nkv * hp->head_dim * 4 / dd->eff[IFLOW_DT_F32];
             double att_flop = (double)B * 2.0 * s.nq * hp->head_dim * n_ctx; /* q.k and p.v over n_ctx/2     */
             double t1 = dev_time(dd, r.attn + kv_read, B * s.attn_flop + att_flop);
             double t2 = dev_time(dd, r.ffn, B * s.ffn_flop);

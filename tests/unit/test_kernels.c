@@ -409,7 +409,8 @@ static void check_packed(const void *W, int wt, const float *x, size_t ldx, floa
                     bad = count_bad(y, yrr, ldy, sabs_r, gamma, T, N, &worst, &guard_ok);
                     bad += count_bad(y, yr, ldy, loose, 1.0, T, N, &worst, &guard_ok);
                 }
-                CHECK(bad == 0 && guard_ok, "matmul %s %s packed (%s) T=%d N=%d K=%d threads=%d: %d wrong, worst %.3g x tol%s",
+                CHECK(bad == 0 && guard_ok,
+                      "matmul %s %s packed (%s) T=%d N=%d K=%d threads=%d: %d wrong, worst %.3g x tol%s",
                       ifk_isa_name(isa), wname(wt), bf16 ? "bf16 dot" : "f32", T, N, K, threads[ti], bad, worst,
                       guard_ok ? "" : ", wrote past N");
             }

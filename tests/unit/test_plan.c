@@ -8,7 +8,8 @@
  * and the FFN down-projection in pieces (one per part, added in part order), so float rounding
  * differs: per-position logits within 1e-4 (absolute; the logits are O(10)) and the same 64
  * greedy tokens, on stories260K and xs-ckpt (8 heads over 4 kv heads: 8 devices replicate each
- * kv head on two) and the TinyLlama-1.1B shape (synthetic F16 weights; not under sanitizers). PLAN_SHOW=1 in the environment prints each case's largest logit difference.
+ * kv head on two) and the TinyLlama-1.1B shape (synthetic F16 weights; not under sanitizers).
+ * PLAN_SHOW=1 in the environment prints each case's largest logit difference.
  *
  * Split files (iflow-partition --split, split.h): for every plan of 2, 3 and 4 devices, the
  * model split into one file per device and loaded from those files alone gives exactly (bit for
@@ -269,17 +270,6 @@ static void model_cases(const char *path, const char *name)
 }
 
 static void test_stories260K(void) { model_cases(s_f32, "stories260K"); }
-
-#if defined(__SANITIZE_ADDRESS__)
-#define SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SANITIZED 1
-#endif
-#endif
-#ifndef SANITIZED
-#define SANITIZED 0
-#endif
 
 /* The TinyLlama-1.1B shape (synthetic F16 weights: 22 layers, 32 heads over 4 kv heads, FFN
  * 5632, vocab 32000): every strategy on 1-8 devices as for the small models, the split files

@@ -13,17 +13,6 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SANITIZED 1
-#endif
-#endif
-#ifndef SANITIZED
-#define SANITIZED 0
-#endif
-
 #define SEP "\n__ggml_vocab_test__\n"
 
 static double now(void)
