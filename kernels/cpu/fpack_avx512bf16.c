@@ -8,8 +8,9 @@
  * rounded into a buffer a block at a time, 70-80 %). In the packed layout a vector holds one
  * pair of elements (2 p, 2 p + 1) of 16 rows, so a step is: load the pair of 16 rows once,
  * broadcast the pair of each token (4 bytes), one vdpbf16ps per token into that token's 16
- * rows. Tiles of 32 rows x 8 tokens (16 accumulators) measured 217-224 GFLOP/s, 92-95 % of the
- * roof, on one Zen 4 core (2026-11-28; a standalone harness, 2048 x 2048, T = 128).
+ * rows. Tiles of 32 rows x 8 tokens (16 accumulators) measured 217 GFLOP/s, 92 % of the roof,
+ * on one Zen 4 core (2026-11-28; a standalone harness, 2048 x 2048, T = 128; 48 x 8 gave 224,
+ * but no gain in the whole model, so the tile stays at 32 rows).
  *
  * Arithmetic. Each output y[t][n] is ONE chain: acc = 0, then acc = vdpbf16ps(acc, pair p of row
  * n, pair p of x[t]) for p = 0, 1, ..., ceil(K / 2) - 1 in order (each product exact in F32, the
