@@ -856,11 +856,16 @@ template <int D> static int prefill_tc_launch(ifkc_dev *d, const pf_args &a)
 }
 #endif
 
+/* The head dims the tensor-core kernels are built for (WMMA tiles of 16). */
+static int tc_head_dim(int head_dim)
+{
+    return head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128;
+}
+
 /* Whether prefill of T tokens over an F16/F32 cache of head_dim runs on tensor cores here. */
 static int prefill_tc(int kv_type, int head_dim, int T)
 {
-    return IFKC_PF_TC && kv_type == IFK_F16 && T >= 16 &&
-           (head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128);
+    return IFKC_PF_TC && kv_type == IFK_F16 && T >= 16 && tc_head_dim(head_dim);
 }
 
 extern "C" int ifkc_attention_prefill_tensor_cores(int kv_type, int head_dim, int T)
@@ -895,15 +900,22 @@ static int prefill_run(ifkc_dev *d, float *out, const float *q, const void *k, c
     return kv_type == IFK_F32 ? prefill_dispatch<float>(d, a, head_dim) : prefill_dispatch<__half>(d, a, head_dim);
 }
 
-template <int D, typename KV, int GM> static int decode_launch(ifkc_dev *d, const dec_args &a, dim3 grid, int n_heads)
+
+/* The chunks' partial results combined (attn_decode_merge), when there is more than one. */
+static int decode_merge(ifkc_dev *d, const dec_args &a, int n_heads, int D)
 {
-    attn_decode_chunk<D, KV, GM><<<grid, DEC_THREADS, 0, d->stream>>>(a);
-    IFKC_CKL("attn_decode_chunk");
     if (a.n_chunks > 1) {
         attn_decode_merge<<<n_heads, D < 128 ? (D + 31) / 32 * 32 : 128, 0, d->stream>>>(a, D);
         IFKC_CKL("attn_decode_merge");
     }
     return 0;
+}
+
+template <int D, typename KV, int GM> static int decode_launch(ifkc_dev *d, const dec_args &a, dim3 grid, int n_heads)
+{
+    attn_decode_chunk<D, KV, GM><<<grid, DEC_THREADS, 0, d->stream>>>(a);
+    IFKC_CKL("attn_decode_chunk");
+    return decode_merge(d, a, n_heads, D);
 }
 
 /* gm: query heads per block, 1, 2, 4 or 8 (the tiny head dims: 8 only, the one instance they
@@ -1061,11 +1073,7 @@ template <int D> static int decode_tc_launch(ifkc_dev *d, const dec_args &a, int
             "cudaFuncSetAttribute (tensor-core decoding attention shared memory)");
     attn_decode_tc<D><<<dim3((unsigned)a.n_chunks, (unsigned)n_kv_heads), DT_THREADS, smem, d->stream>>>(a);
     IFKC_CKL("attn_decode_tc");
-    if (a.n_chunks > 1) {
-        attn_decode_merge<<<n_heads, D < 128 ? (D + 31) / 32 * 32 : 128, 0, d->stream>>>(a, D);
-        IFKC_CKL("attn_decode_merge");
-    }
-    return 0;
+    return decode_merge(d, a, n_heads, D);
 }
 #endif
 
@@ -1073,8 +1081,7 @@ template <int D> static int decode_tc_launch(ifkc_dev *d, const dec_args &a, int
  * heads runs on tensor cores here. */
 static int decode_tc(int kv_type, int head_dim, int group)
 {
-    return IFKC_DEC_TC && kv_type == IFK_F16 && group >= 2 && group <= 16 &&
-           (head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128);
+    return IFKC_DEC_TC && kv_type == IFK_F16 && group >= 2 && group <= 16 && tc_head_dim(head_dim);
 }
 
 extern "C" int ifkc_attention_decode_tensor_cores(int kv_type, int head_dim, int group)

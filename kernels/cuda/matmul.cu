@@ -397,8 +397,6 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MINB(TM))
         warp_store<TM>(acc, ym, ldm, T, Nm, n0, lane);
 }
 
-
-
 /* ---- F32 / F16 / BF16 matrix-vector ---------------------------------------------------------- */
 
 /* Elements of a 16-byte chunk of weights and the bytes of one element. */
@@ -640,6 +638,25 @@ static int launch_qmatvec(ifkc_dev *d, float *y, size_t ldy, const uint8_t *W, c
     return 0;
 }
 
+/* launch_qmatvec for the quantized type wtype (a known one: is_quant). */
+template <bool I8>
+static int launch_qmatvec_type(ifkc_dev *d, float *y, size_t ldy, const void *W, const void *W2, int wtype,
+                               const mv_x &xin, int T, int N, int K, const mv_segs &sg)
+{
+    const uint8_t *Wq = (const uint8_t *)W, *Wq2 = (const uint8_t *)W2;
+    switch (wtype) {
+    case IFK_Q8_B32: return launch_qmatvec<IFK_Q8_B32, I8>(d, y, ldy, Wq, Wq2, xin, T, N, K, sg);
+    case IFK_Q8_B64: return launch_qmatvec<IFK_Q8_B64, I8>(d, y, ldy, Wq, Wq2, xin, T, N, K, sg);
+    case IFK_Q6_B64: return launch_qmatvec<IFK_Q6_B64, I8>(d, y, ldy, Wq, Wq2, xin, T, N, K, sg);
+    case IFK_Q5_B64: return launch_qmatvec<IFK_Q5_B64, I8>(d, y, ldy, Wq, Wq2, xin, T, N, K, sg);
+    case IFK_Q4_B32: return launch_qmatvec<IFK_Q4_B32, I8>(d, y, ldy, Wq, Wq2, xin, T, N, K, sg);
+    case IFK_Q4_B64: return launch_qmatvec<IFK_Q4_B64, I8>(d, y, ldy, Wq, Wq2, xin, T, N, K, sg);
+    case IFK_Q3H_B64: return launch_qmatvec<IFK_Q3H_B64, I8>(d, y, ldy, Wq, Wq2, xin, T, N, K, sg);
+    case IFK_Q3_B32: return launch_qmatvec<IFK_Q3_B32, I8>(d, y, ldy, Wq, Wq2, xin, T, N, K, sg);
+    default: return launch_qmatvec<IFK_Q2_B32, I8>(d, y, ldy, Wq, Wq2, xin, T, N, K, sg);
+    }
+}
+
 template <int WT>
 static int launch_fmatvec(ifkc_dev *d, float *y, size_t ldy, const void *W, const void *W2, const float *x,
                           size_t ldx, int T, int N, int K, bool chunked, const mv_segs &sg)
@@ -720,18 +737,7 @@ static int matvec_i8(ifkc_dev *d, float *y, size_t ldy, const void *W, const voi
     quantize_x_i8<<<(unsigned)((nblk + 7) / 8), 256, 0, d->stream>>>(xq, sx, x, ldx, T, K, kp);
     IFKC_CKL("quantize_x_i8");
     const mv_x xin = {NULL, 0, xq, sx, kp};
-    const uint8_t *Wq = (const uint8_t *)W, *Wq2 = (const uint8_t *)W2;
-    switch (wtype) {
-    case IFK_Q8_B32: return launch_qmatvec<IFK_Q8_B32, true>(d, y, ldy, Wq, Wq2, xin, T, N, K, sg);
-    case IFK_Q8_B64: return launch_qmatvec<IFK_Q8_B64, true>(d, y, ldy, Wq, Wq2, xin, T, N, K, sg);
-    case IFK_Q6_B64: return launch_qmatvec<IFK_Q6_B64, true>(d, y, ldy, Wq, Wq2, xin, T, N, K, sg);
-    case IFK_Q5_B64: return launch_qmatvec<IFK_Q5_B64, true>(d, y, ldy, Wq, Wq2, xin, T, N, K, sg);
-    case IFK_Q4_B32: return launch_qmatvec<IFK_Q4_B32, true>(d, y, ldy, Wq, Wq2, xin, T, N, K, sg);
-    case IFK_Q4_B64: return launch_qmatvec<IFK_Q4_B64, true>(d, y, ldy, Wq, Wq2, xin, T, N, K, sg);
-    case IFK_Q3H_B64: return launch_qmatvec<IFK_Q3H_B64, true>(d, y, ldy, Wq, Wq2, xin, T, N, K, sg);
-    case IFK_Q3_B32: return launch_qmatvec<IFK_Q3_B32, true>(d, y, ldy, Wq, Wq2, xin, T, N, K, sg);
-    default: return launch_qmatvec<IFK_Q2_B32, true>(d, y, ldy, Wq, Wq2, xin, T, N, K, sg);
-    }
+    return launch_qmatvec_type<true>(d, y, ldy, W, W2, wtype, xin, T, N, K, sg);
 }
 #endif
 
@@ -765,23 +771,15 @@ static int matvec(ifkc_dev *d, float *y, size_t ldy, const void *W, const void *
         return ifkc_seterr(IFKC_EINVAL, "matvec: a GLU pair of rows that are not 16-byte chunks");
     if (sg.n && !is_quant(wtype) && !chunked)
         return ifkc_seterr(IFKC_EINVAL, "matvec: segments of rows that are not 16-byte chunks");
-    const uint8_t *Wq = (const uint8_t *)W, *Wq2 = (const uint8_t *)W2;
-    const mv_x xf = {x, ldx, NULL, NULL, 0};
     switch (wtype) {
     case IFK_F32: return launch_fmatvec<IFK_F32>(d, y, ldy, W, W2, x, ldx, T, N, K, chunked, sg);
     case IFK_F16: return launch_fmatvec<IFK_F16>(d, y, ldy, W, W2, x, ldx, T, N, K, chunked, sg);
     case IFK_BF16: return launch_fmatvec<IFK_BF16>(d, y, ldy, W, W2, x, ldx, T, N, K, chunked, sg);
-    case IFK_Q8_B32: return launch_qmatvec<IFK_Q8_B32>(d, y, ldy, Wq, Wq2, xf, T, N, K, sg);
-    case IFK_Q8_B64: return launch_qmatvec<IFK_Q8_B64>(d, y, ldy, Wq, Wq2, xf, T, N, K, sg);
-    case IFK_Q6_B64: return launch_qmatvec<IFK_Q6_B64>(d, y, ldy, Wq, Wq2, xf, T, N, K, sg);
-    case IFK_Q5_B64: return launch_qmatvec<IFK_Q5_B64>(d, y, ldy, Wq, Wq2, xf, T, N, K, sg);
-    case IFK_Q4_B32: return launch_qmatvec<IFK_Q4_B32>(d, y, ldy, Wq, Wq2, xf, T, N, K, sg);
-    case IFK_Q4_B64: return launch_qmatvec<IFK_Q4_B64>(d, y, ldy, Wq, Wq2, xf, T, N, K, sg);
-    case IFK_Q3H_B64: return launch_qmatvec<IFK_Q3H_B64>(d, y, ldy, Wq, Wq2, xf, T, N, K, sg);
-    case IFK_Q3_B32: return launch_qmatvec<IFK_Q3_B32>(d, y, ldy, Wq, Wq2, xf, T, N, K, sg);
-    case IFK_Q2_B32: return launch_qmatvec<IFK_Q2_B32>(d, y, ldy, Wq, Wq2, xf, T, N, K, sg);
-    default: return ifkc_seterr(IFKC_EUNSUPPORTED, "ifkc_matmul: weight type %d is not supported", wtype);
     }
+    if (!is_quant(wtype))
+        return ifkc_seterr(IFKC_EUNSUPPORTED, "ifkc_matmul: weight type %d is not supported", wtype);
+    const mv_x xf = {x, ldx, NULL, NULL, 0};
+    return launch_qmatvec_type<false>(d, y, ldy, W, W2, wtype, xf, T, N, K, sg);
 }
 
 /* ---- the prefill path (cuBLAS) --------------------------------------------------------------- */

@@ -85,13 +85,6 @@ __global__ void rmsnorm_rows(float *y, const float *x, const float *w, int n, fl
         yr[i] = __fmul_rn(__fmul_rn(xr[i], inv), w[i]);
 }
 
-/* y, x: [n]. */
-__global__ void add_n(float *y, const float *x, size_t n)
-{
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        y[i] += x[i];
-}
-
 enum { RMS_THREADS = 512, RMS_PT_MAX = 16 };
 
 /* The same for rows of at most blockDim.x * PT values (blockDim.x <= RMS_THREADS), each thread holding its PT values of x
@@ -146,11 +139,10 @@ static int rmsnorm_launch(ifkc_dev *d, float *y, float *x, const float *r, const
         rmsnorm_rows_reg<8><<<g, RMS_THREADS, 0, d->stream>>>(y, x, r, w, n, eps);
     else if (pt <= RMS_PT_MAX)
         rmsnorm_rows_reg<RMS_PT_MAX><<<g, RMS_THREADS, 0, d->stream>>>(y, x, r, w, n, eps);
-    else { /* longer rows: x read twice (the residual added first, as ifkc_add does) */
-        if (r) {
-            add_n<<<ops_blocks((size_t)T * n), OPS_THREADS, 0, d->stream>>>(x, r, (size_t)T * n);
-            IFKC_CKL("add_n");
-        }
+    else { /* longer rows: the residual added first (ifkc_add), then x read twice */
+        int rc = r ? ifkc_add(d, x, r, (size_t)T * n) : 0;
+        if (rc)
+            return rc;
         rmsnorm_rows<<<g, OPS_THREADS, 0, d->stream>>>(y, x, w, n, eps);
     }
     IFKC_CKL("rmsnorm_rows");
@@ -346,6 +338,12 @@ __global__ void silu_mul_n(float *g, const float *u, size_t n)
     }
 }
 
+/* y, x: [n]. */
+__global__ void add_n(float *y, const float *x, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] += x[i];
+}
 
 /* y: [T][ldy], n values a row; b: [n]. */
 __global__ void add_bias_rows(float *y, size_t ldy, const float *b, int T, int n)
