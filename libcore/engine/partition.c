@@ -641,6 +641,8 @@ int iflow_model_shape_from_shard(iflow_model_shape *s, const char *path)
 
 typedef struct {
     uint64_t attn_w, ffn_w;        /* weight bytes of the part's attention and FFN slices */
+    uint64_t mb[IFLOW_PM_COUNT];   /* of them, each matrix slice's                         */
+    const int *types;              /* the layer's matrix types [IFLOW_PM_COUNT]             */
     double attn_flop, ffn_flop;    /* per token: 2 x elements                              */
     int nq, nkv, nf;               /* heads, kv heads, FFN columns                         */
 } part_size;
@@ -659,6 +661,8 @@ static part_size part_of(const iflow_model_shape *m, int l, int q0, int q1, int 
     iflow_part_bytes b = iflow_part_weight_bytes(hp, t, q0, q1, f0, f1); /* footprint.h, as place.c */
     p.attn_w = b.attn;
     p.ffn_w = b.ffn;
+    iflow_part_matrix_bytes(hp, t, q0, q1, f0, f1, p.mb);
+    p.types = t;
     p.attn_flop = 2.0 * (double)D * (double)(2 * nq + 2 * nkv);
     p.ffn_flop = 2.0 * (double)D * (double)((hp->ffn == IFLOW_FFN_GATED ? 3 : 2) * nf);
     return p;
@@ -696,24 +700,20 @@ static double dev_time(const iflow_devdesc *d, double bytes, double flop)
     return t;
 }
 
-/* The bytes of one part as decode reads them on device d: each matrix slice's bytes over the
+/* The bytes of part s as decode reads them on device d: each matrix slice's bytes over the
  * fraction of the bandwidth its type is read at there, the vectors' over F32's. */
 typedef struct { double attn, ffn; } part_read;
 
-static part_read part_effective(const iflow_devdesc *d, const iflow_model_shape *m, int l, int q0, int q1, int f0,
-                                int f1)
+static part_read part_effective(const iflow_devdesc *d, const part_size *s)
 {
-    const int *t = &m->types[l * IFLOW_PM_COUNT];
-    uint64_t mb[IFLOW_PM_COUNT];
-    iflow_part_matrix_bytes(&m->hp, t, q0, q1, f0, f1, mb);
-    iflow_part_bytes b = iflow_part_weight_bytes(&m->hp, t, q0, q1, f0, f1);
+    const uint64_t *mb = s->mb;
     double mat_a = (double)(mb[IFLOW_PM_WQ] + mb[IFLOW_PM_WK] + mb[IFLOW_PM_WV] + mb[IFLOW_PM_WO]);
     double mat_f = (double)(mb[IFLOW_PM_GATE] + mb[IFLOW_PM_UP] + mb[IFLOW_PM_DOWN]);
     double f32 = d->eff[IFLOW_DT_F32];
-    part_read r = {((double)b.attn - mat_a) / f32, ((double)b.ffn - mat_f) / f32};
+    part_read r = {((double)s->attn_w - mat_a) / f32, ((double)s->ffn_w - mat_f) / f32};
     for (int k = 0; k < IFLOW_PM_COUNT; k++)
         if (mb[k]) /* a plain FFN has no gate */
-            *(k <= IFLOW_PM_WO ? &r.attn : &r.ffn) += (double)mb[k] / d->eff[t[k]];
+            *(k <= IFLOW_PM_WO ? &r.attn : &r.ffn) += (double)mb[k] / d->eff[s->types[k]];
     return r;
 }
 
@@ -847,7 +847,7 @@ int iflow_partition_cost_of(iflow_partition_cost *c, const iflow_plan *p, const 
             const iflow_plan_device *d = &p->devices[idx[a]];
             const iflow_devdesc *dd = &dev[idx[a]]->d;
             part_size s = part_of(m, l, d->head0, d->head1, d->ffn0, d->ffn1);
-            part_read r = part_effective(dd, m, l, d->head0, d->head1, d->ffn0, d->ffn1);
+            part_read r = part_effective(dd, &s);
             /* 2 x (n_ctx/2) rows of K and V, F32, read at F32's efficiency */
             double kv_read = (double)B * n_ctx * s.nkv * hp->head_dim * 4 / dd->eff[IFLOW_DT_F32];
             double att_flop = (double)B * 2.0 * s.nq * hp->head_dim * n_ctx; /* q.k and p.v over n_ctx/2     */
