@@ -2,7 +2,7 @@
  * kbench.c -- micro-benchmark of the CPU kernels; one JSON object per line on stdout.
  *
  *   kbench [--isa scalar|avx2|avx512|avx512gfni] [--threads N] [--only decode|prefill|attention]
- *          [--type f32|f16|bf16] [--exact] [--quick]
+ *          [--type f32|f16|bf16] [--exact] [--packed] [--quick]
  *
  * "product": how ifk_matmul multiplies the weight type here: "bf16_dot" (vdpbf16ps against x
  * rounded to BF16, kernels.h's ifk_bf16_dot) or "f32" (FMA); --exact forces the F32 product
@@ -12,7 +12,8 @@
  *            reads the next of several copies of the matrix (>= 256 MiB in all), so weights
  *            come from DRAM as they do in a real model, not from the last-level cache.
  * prefill:   ifk_matmul with T = 64 and 256 (one matrix, reused: this is compute-bound);
- *            GFLOPs = 2 T N K / time.
+ *            GFLOPs = 2 T N K / time. --packed: F16 / BF16 in the layout the model loads them in
+ *            (qpack.h's float pairs), where this CPU packs them.
  * attention: ifk_attention for one decode token (T = 1) and a 64-token prefill chunk over a
  *            2048-position cache, 32 query heads over 4 kv heads of 64 (TinyLlama); then the
  *            engine's paged attention (ifk_attention_paged, an F32 pool) for a decode step at
@@ -32,6 +33,7 @@
 #include "bench/bench.h"
 #include "kernels/cpu/kvcache.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/qpack.h"
 #include "kernels/cpu/quant.h"
 
 /* 64-byte aligned, or exit (bench.h). */
@@ -104,7 +106,9 @@ static void bench_decode(int N, int K, int wt, int threads, double min_s)
     free(y);
 }
 
-static void bench_prefill(int T, int N, int K, int wt, int threads, double min_s)
+/* packed: the weights in the layout the model loads them in (qpack.h's float pairs, when this
+ * CPU packs the type; else the row layout, and "layout" says so). */
+static void bench_prefill(int T, int N, int K, int wt, int threads, int packed, double min_s)
 {
     size_t bytes = (size_t)N * K * (wt == IFK_F32 ? 4 : 2);
     void *W = alloc64(bytes);
@@ -112,14 +116,23 @@ static void bench_prefill(int T, int N, int K, int wt, int threads, double min_s
     float *y = alloc64((size_t)T * N * 4);
     fill_w(W, wt, (size_t)N * K, 7);
     fill_x(x, (size_t)T * K);
-    ifk_matmul(y, (size_t)N, W, wt, x, (size_t)K, T, N, K, threads);
+    int mt = packed && wt != IFK_F32 ? ifk_qpack_type(wt) : 0;
+    if (mt) {
+        void *P = alloc64(ifk_qpack_bytes(wt, N, K));
+        ifk_qpack(P, W, wt, N, K);
+        free(W);
+        W = P;
+    } else {
+        mt = wt;
+    }
+    ifk_matmul(y, (size_t)N, W, mt, x, (size_t)K, T, N, K, threads);
     double best, med, flop = 2.0 * T * N * K;
     BENCH_ROUNDS(min_s, &best, &med,
-                 ifk_matmul(y, (size_t)N, W, wt, x, (size_t)K, T, N, K, threads));
-    printf("{\"bench\":\"prefill\",\"isa\":\"%s\",\"wtype\":\"%s\",\"product\":\"%s\",\"T\":%d,\"N\":%d,"
-           "\"K\":%d,\"threads\":%d,\"us\":%.1f,\"GFLOPs\":%.1f,\"GFLOPs_median\":%.1f}\n",
-           ifk_isa_name(ifk_isa_current()), wname(wt), product(wt), T, N, K, threads, best * 1e6, flop / best * 1e-9,
-           flop / med * 1e-9);
+                 ifk_matmul(y, (size_t)N, W, mt, x, (size_t)K, T, N, K, threads));
+    printf("{\"bench\":\"prefill\",\"isa\":\"%s\",\"wtype\":\"%s\",\"layout\":\"%s\",\"product\":\"%s\",\"T\":%d,"
+           "\"N\":%d,\"K\":%d,\"threads\":%d,\"us\":%.1f,\"GFLOPs\":%.1f,\"GFLOPs_median\":%.1f}\n",
+           ifk_isa_name(ifk_isa_current()), wname(wt), mt != wt ? "packed" : "rows", product(wt), T, N, K, threads,
+           best * 1e6, flop / best * 1e-9, flop / med * 1e-9);
     fflush(stdout);
     free(W);
     free(x);
@@ -189,7 +202,7 @@ static void bench_attention_paged(int T, int pos0, int threads, double min_s)
 
 int main(int argc, char **argv)
 {
-    int threads = omp_get_num_procs(), quick = 0, wt0 = IFK_F32, wt1 = IFK_BF16;
+    int threads = omp_get_num_procs(), quick = 0, packed = 0, wt0 = IFK_F32, wt1 = IFK_BF16;
     const char *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
@@ -219,9 +232,11 @@ int main(int argc, char **argv)
             ifk_set_qx_f32(1);
         } else if (!strcmp(argv[i], "--quick")) {
             quick = 1;
+        } else if (!strcmp(argv[i], "--packed")) {
+            packed = 1;
         } else {
             fprintf(stderr, "usage: kbench [--isa scalar|avx2|avx512] [--threads N] "
-                            "[--only decode|prefill|attention] [--type f32|f16|bf16] [--exact] [--quick]\n");
+                            "[--only decode|prefill|attention] [--type f32|f16|bf16] [--exact] [--packed] [--quick]\n");
             return 2;
         }
     }
@@ -239,7 +254,7 @@ int main(int argc, char **argv)
         for (int wt = wt0; wt <= wt1; wt++)
             for (int ti = 0; ti < 2; ti++)
                 for (int tj = 0; tj < n_tl; tj++)
-                    bench_prefill(Ts[ti], shapes[s][0], shapes[s][1], wt, tl[tj], min_s);
+                    bench_prefill(Ts[ti], shapes[s][0], shapes[s][1], wt, tl[tj], packed, min_s);
     for (int tj = 0; tj < n_tl && (!only || !strcmp(only, "attention")); tj++) {
         bench_attention(1, 2048, tl[tj], min_s);
         bench_attention(64, 2048, tl[tj], min_s);

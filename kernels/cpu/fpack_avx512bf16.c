@@ -18,8 +18,12 @@
  * between them (F32 stored and loaded exactly), decode runs it in one go: the same operations,
  * so y[t] depends only on W and x[t], whatever T and the rows' split between threads (kernels.h's
  * batch invariance). Not the row layout's sum: the packed and unpacked products differ by
- * rounding. F16 weights are rounded to BF16 (nearest even) in registers in decode, and a chunk of
- * 32 rows at a time into a buffer in prefill, reused by every token; the same rounding.
+ * rounding. F16 weights are rounded to BF16 (nearest even) in registers in decode; in prefill the
+ * first tile of a chunk of 32 rows rounds them as it multiplies and keeps them in a buffer that
+ * the chunk's other tiles read: the same rounding. (A separate pass over the chunk before its
+ * tiles cost 9 % of F16 prefill: it read the weights from DRAM with nothing to overlap them;
+ * inside the first tile they arrive under its products. 2026-11-28: 99-100 -> 102-104 tok/s at
+ * 128 tokens, 1 thread.)
  *
  * x: [T][ldx] BF16, rounded by ifk_avx512bf16_round_x (zeros past K up to ldx, so the odd
  * element's pair reads a zero of x against a zero weight). Rows n0 .. n1 - 1, n0 a multiple of
@@ -53,10 +57,13 @@ static __mmask16 lanes(int n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)
 
 /* The tile of R groups x C tokens over pairs p0 .. p1 - 1 of w (BF16 pairs, group r at
  * w + r * gs elements; pair p at 32 p): acc from y (or 0 when first), the chain, acc back to y.
+ * cvt: w is not written yet; the pairs come from the F16 source (group r at src + r * sgs, pair
+ * p at p + soff), rounded, and are stored to keep (= w) as they are used.
  * y: token c's row at y + c * ldy, group r's 16 rows at + 16 r; the last group's rows past
  * `last` lanes are not stored. */
-IFK_INLINE void tile(const int R, const int C, float *y, size_t ldy, const uint16_t *w, size_t gs,
-                     const uint16_t *x, size_t ldx, int p0, int p1, int first, __mmask16 last)
+IFK_INLINE void tile(const int R, const int C, const int cvt, float *y, size_t ldy, const uint16_t *w, size_t gs,
+                     uint16_t *keep, const uint16_t *src, size_t sgs, int soff, const uint16_t *x, size_t ldx, int p0,
+                     int p1, int first, __mmask16 last)
 {
     __m512 acc[2][FP_C];
 #pragma GCC unroll 2
@@ -70,8 +77,14 @@ IFK_INLINE void tile(const int R, const int C, float *y, size_t ldy, const uint1
     for (int p = p0; p < p1; p++) {
         __m512bh wv[2];
 #pragma GCC unroll 2
-        for (int r = 0; r < R; r++)
-            wv[r] = (__m512bh)_mm512_loadu_si512(w + r * gs + 32 * (size_t)p);
+        for (int r = 0; r < R; r++) {
+            if (cvt) { /* F16 pair p + soff of the source, rounded and kept (where w is) for the next tiles */
+                wv[r] = pair_w(src + r * sgs + 32 * (size_t)(p + soff), 1);
+                _mm512_store_si512(keep + r * gs + 32 * (size_t)p, (__m512i)wv[r]);
+            } else {
+                wv[r] = (__m512bh)_mm512_loadu_si512(w + r * gs + 32 * (size_t)p);
+            }
+        }
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) {
             __m512bh xv = pair_x(x + (size_t)c * ldx, p);
@@ -87,36 +100,36 @@ IFK_INLINE void tile(const int R, const int C, float *y, size_t ldy, const uint1
             _mm512_mask_storeu_ps(y + (size_t)c * ldy + 16 * r, r == R - 1 ? last : 0xffff, acc[r][c]);
 }
 
-/* tile() for a C known only at run time (the last tokens of a call). */
-static void tile_any(int R, int C, float *y, size_t ldy, const uint16_t *w, size_t gs, const uint16_t *x, size_t ldx,
-                     int p0, int p1, int first, __mmask16 last)
-{
-#define FP_TILE(r, c) tile(r, c, y, ldy, w, gs, x, ldx, p0, p1, first, last)
-    if (R == 2) {
-        switch (C) {
-        case 8: FP_TILE(2, 8); break;
-        case 7: FP_TILE(2, 7); break;
-        case 6: FP_TILE(2, 6); break;
-        case 5: FP_TILE(2, 5); break;
-        case 4: FP_TILE(2, 4); break;
-        case 3: FP_TILE(2, 3); break;
-        case 2: FP_TILE(2, 2); break;
-        default: FP_TILE(2, 1); break;
-        }
-    } else {
-        switch (C) {
-        case 8: FP_TILE(1, 8); break;
-        case 7: FP_TILE(1, 7); break;
-        case 6: FP_TILE(1, 6); break;
-        case 5: FP_TILE(1, 5); break;
-        case 4: FP_TILE(1, 4); break;
-        case 3: FP_TILE(1, 3); break;
-        case 2: FP_TILE(1, 2); break;
-        default: FP_TILE(1, 1); break;
-        }
+/* tile() for R and C known only at run time (the last tokens of a call); cvt: the first tile
+ * of an F16 chunk, which rounds the source's pairs into w as it goes. */
+#define FP_TILE(R, C, CVT) tile(R, C, CVT, y, ldy, w, gs, keep, src, sgs, soff, x, ldx, p0, p1, first, last)
+#define FP_TILES(R, CVT)                      \
+    switch (C) {                              \
+    case 8: FP_TILE(R, 8, CVT); break;        \
+    case 7: FP_TILE(R, 7, CVT); break;        \
+    case 6: FP_TILE(R, 6, CVT); break;        \
+    case 5: FP_TILE(R, 5, CVT); break;        \
+    case 4: FP_TILE(R, 4, CVT); break;        \
+    case 3: FP_TILE(R, 3, CVT); break;        \
+    case 2: FP_TILE(R, 2, CVT); break;        \
+    default: FP_TILE(R, 1, CVT); break;       \
     }
-#undef FP_TILE
+
+static void tile_any(int R, int C, int cvt, float *y, size_t ldy, const uint16_t *w, size_t gs, uint16_t *keep,
+                     const uint16_t *src, size_t sgs, int soff, const uint16_t *x, size_t ldx, int p0, int p1, int first,
+                     __mmask16 last)
+{
+    if (R == 2 && cvt)
+        FP_TILES(2, 1)
+    else if (R == 2)
+        FP_TILES(2, 0)
+    else if (cvt)
+        FP_TILES(1, 1)
+    else
+        FP_TILES(1, 0)
 }
+#undef FP_TILES
+#undef FP_TILE
 
 /* Decode: groups g0 .. g1 - 1, 4 chains at a time, all K in one go. */
 static void fpack_gemv(float *y, const uint16_t *P, size_t gs, int f16, const uint16_t *x, int g0, int g1, int n1,
@@ -174,13 +187,8 @@ IFK_DECL_BF16_ROWS(ifk_avx512bf16_fpack_rows)
             const uint16_t *w = P + (size_t)g * gs;
             size_t wgs = gs;
             int q0 = pc, q1 = pe;
-            if (f16) { /* the chunk of these groups rounded to BF16 once, for every token */
-                for (int r = 0; r < R; r++)
-                    for (int p = pc; p < pe; p++)
-                        _mm512_store_si512(buf + ((size_t)r * FP_KC + (p - pc)) * 32,
-                                           (__m512i)pair_w(w + r * gs + 32 * (size_t)p, 1));
+            if (f16) /* the chunk of these groups rounded to BF16 once (by the first tile), for every token */
                 w = buf, wgs = (size_t)FP_KC * 32, q0 = 0, q1 = pe - pc;
-            }
             /* the next block of pairs (the next groups of this chunk, else the first of the next
              * chunk) into L2 while the tokens pass over this one, a share before each tile */
             const int gn = g + 2 < g1 ? g + 2 : g0, pn = g + 2 < g1 ? pc : pe;
@@ -194,7 +202,8 @@ IFK_DECL_BF16_ROWS(ifk_avx512bf16_fpack_rows)
                 float *yt = y + (size_t)t * ldy + 16 * g;
                 const uint16_t *xt = x + (size_t)t * ldx + 2 * (size_t)pc;
                 /* x from the chunk's first pair: tile() indexes pairs from q0 */
-                tile_any(R, C, yt, ldy, w, wgs, xt - 2 * (size_t)q0, ldx, q0, q1, pc == 0, last);
+                tile_any(R, C, f16 && t == 0, yt, ldy, w, wgs, buf, P + (size_t)g * gs, gs, pc, xt - 2 * (size_t)q0,
+                         ldx, q0, q1, pc == 0, last);
             }
         }
     }
