@@ -18,9 +18,10 @@
  * between them (F32 stored and loaded exactly), decode runs it in one go: the same operations,
  * so y[t] depends only on W and x[t], whatever T and the rows' split between threads (kernels.h's
  * batch invariance). Not the row layout's sum: the packed and unpacked products differ by
- * rounding. F16 weights are rounded to BF16 (nearest even) in registers in decode; in prefill the
- * first tile of a chunk of 32 rows rounds them as it multiplies and keeps them in a buffer that
- * the chunk's other tiles read: the same rounding. (A separate pass over the chunk before its
+ * rounding. F16 weights are rounded to BF16 (nearest even) in registers in decode and when the
+ * tokens fit one tile (T <= 8: batched decode; the whole of K in one go, as decode); in prefill
+ * the first tile of a chunk of 32 rows rounds them as it multiplies and keeps them in a buffer
+ * that the chunk's other tiles read: the same rounding. (A separate pass over the chunk before its
  * tiles cost 9 % of F16 prefill: it read the weights from DRAM with nothing to overlap them;
  * inside the first tile they arrive under its products. 2026-11-28: 99-100 -> 102-104 tok/s at
  * 128 tokens, 1 thread.)
@@ -35,6 +36,7 @@
 
 #define FP_KC 512 /* pairs per prefill chunk: 32 rows x 1024 elements of BF16, 64 KiB (in L2) */
 #define FP_C 8    /* tokens per tile */
+#define FP_PF_TILES 8 /* token tiles of a call below which prefill does not prefetch the next block */
 
 /* Pair p of 16 rows, as BF16: as stored, or F16 rounded to nearest even. v: 32 elements. */
 IFK_INLINE __m512bh pair_w(const uint16_t *v, int f16)
@@ -58,7 +60,7 @@ static __mmask16 lanes(int n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)
 /* The tile of R groups x C tokens over pairs p0 .. p1 - 1 of w (BF16 pairs, group r at
  * w + r * gs elements; pair p at 32 p): acc from y (or 0 when first), the chain, acc back to y.
  * cvt: w is not written yet; the pairs come from the F16 source (group r at src + r * sgs, pair
- * p at p + soff), rounded, and are stored to keep (= w) as they are used.
+ * p at p + soff), rounded, and are stored to keep (= w) as they are used (keep NULL: not kept).
  * y: token c's row at y + c * ldy, group r's 16 rows at + 16 r; the last group's rows past
  * `last` lanes are not stored. */
 IFK_INLINE void tile(const int R, const int C, const int cvt, float *y, size_t ldy, const uint16_t *w, size_t gs,
@@ -80,7 +82,8 @@ IFK_INLINE void tile(const int R, const int C, const int cvt, float *y, size_t l
         for (int r = 0; r < R; r++) {
             if (cvt) { /* F16 pair p + soff of the source, rounded and kept (where w is) for the next tiles */
                 wv[r] = pair_w(src + r * sgs + 32 * (size_t)(p + soff), 1);
-                _mm512_store_si512(keep + r * gs + 32 * (size_t)p, (__m512i)wv[r]);
+                if (keep)
+                    _mm512_store_si512(keep + r * gs + 32 * (size_t)p, (__m512i)wv[r]);
             } else {
                 wv[r] = (__m512bh)_mm512_loadu_si512(w + r * gs + 32 * (size_t)p);
             }
@@ -116,8 +119,8 @@ IFK_INLINE void tile(const int R, const int C, const int cvt, float *y, size_t l
     }
 
 static void tile_any(int R, int C, int cvt, float *y, size_t ldy, const uint16_t *w, size_t gs, uint16_t *keep,
-                     const uint16_t *src, size_t sgs, int soff, const uint16_t *x, size_t ldx, int p0, int p1, int first,
-                     __mmask16 last)
+                     const uint16_t *src, size_t sgs, int soff, const uint16_t *x, size_t ldx, int p0, int p1,
+                     int first, __mmask16 last)
 {
     if (R == 2 && cvt)
         FP_TILES(2, 1)
@@ -177,6 +180,14 @@ IFK_DECL_BF16_ROWS(ifk_avx512bf16_fpack_rows)
         fpack_gemv(y, P, gs, f16, x, g0, g1, n1, P2);
         return;
     }
+    if (T <= FP_C) { /* one tile of tokens: all of K in one go, F16 rounded in registers */
+        for (int g = g0; g < g1; g += 2) {
+            const int R = g1 - g < 2 ? 1 : 2;
+            const uint16_t *w = P + (size_t)g * gs;
+            tile_any(R, T, f16, y + 16 * g, ldy, w, gs, NULL, w, gs, 0, x, ldx, 0, P2, 1, lanes(n1 - 16 * (g + R - 1)));
+        }
+        return;
+    }
     _Alignas(64) uint16_t buf[f16 ? 2 * FP_KC * 32 : 1]; /* F16: 2 groups' chunk as BF16, 64 KiB */
     for (int pc = 0; pc < P2; pc += FP_KC) {
         const int pe = P2 - pc < FP_KC ? P2 : pc + FP_KC;
@@ -190,10 +201,14 @@ IFK_DECL_BF16_ROWS(ifk_avx512bf16_fpack_rows)
             if (f16) /* the chunk of these groups rounded to BF16 once (by the first tile), for every token */
                 w = buf, wgs = (size_t)FP_KC * 32, q0 = 0, q1 = pe - pc;
             /* the next block of pairs (the next groups of this chunk, else the first of the next
-             * chunk) into L2 while the tokens pass over this one, a share before each tile */
+             * chunk) into L2 while the tokens pass over this one, a share before each tile; not
+             * with fewer than FP_PF_TILES tiles, where the shares come in bursts that stall (12 %
+             * of a 16-row decode step) and the first tile's reads of the block serve as well */
+            const int n_tiles = (T + FP_C - 1) / FP_C;
             const int gn = g + 2 < g1 ? g + 2 : g0, pn = g + 2 < g1 ? pc : pe;
-            const int n_lines = pn < P2 ? (P2 - pn < FP_KC ? P2 - pn : FP_KC) : 0; /* 64 B: one pair */
-            const int n_groups = g1 - gn < 2 ? g1 - gn : 2, n_tiles = (T + FP_C - 1) / FP_C;
+            const int n_pf = P2 - pn < FP_KC ? P2 - pn : FP_KC;                /* lines: a pair is 64 B */
+            const int n_lines = pn < P2 && n_tiles >= FP_PF_TILES ? n_pf : 0;
+            const int n_groups = g1 - gn < 2 ? g1 - gn : 2;
             for (int t = 0; t < T; t += FP_C) {
                 const int C = T - t < FP_C ? T - t : FP_C, i = t / FP_C;
                 for (int r = 0; r < n_groups; r++)
