@@ -126,10 +126,13 @@ s260=$(entry stories260K-f32 128 128 "$DATA/models/stories260K/hf")
 tl16=$(entry tinyllama-1.1b-f16 64 16 --synthetic "$DATA/models/synthetic/tinyllama-1.1b" -t f16)
 tl32=$(entry tinyllama-1.1b-f32 64 16 --synthetic "$DATA/models/synthetic/tinyllama-1.1b" -t f32)
 
-# multiply-adds of the matrices per token x 2: the FLOPs a prefill token costs (attention aside)
+# multiply-adds of the layers' matrices per token x 2: the FLOPs a prefill token costs (attention
+# aside). The output matrix runs for the last token of a call only (iflow-bench asks for its
+# logits alone, as llama-bench does): 1/128 of a token's share, left out. (Before 2026-11-28 it
+# was counted for every token, which put the fractions 6.7 % too high.)
 flop=$(jq '2 * (.num_hidden_layers * (2 * .hidden_size * .hidden_size
             + 2 * .hidden_size * (.hidden_size / .num_attention_heads * .num_key_value_heads)
-            + 3 * .hidden_size * .intermediate_size) + .vocab_size * .hidden_size)' \
+            + 3 * .hidden_size * .intermediate_size))' \
     "$DATA/models/synthetic/tinyllama-1.1b/config.json")
 
 # One weight type on the TinyLlama shape (every matrix in it) -> JSON: prefill of 128 and 512
