@@ -38,6 +38,7 @@
 #define IFK_POOL_H
 
 #include <stddef.h>
+#include <string.h>
 
 enum {
     IFK_POOL_MAX_ITEMS = 256,  /* items of one job */
@@ -73,9 +74,8 @@ static inline int ifk_pool_rows_per_item(int N, int nt)
 /* A product's commit: rows n0 .. n0+n of y ([T][ldy]) from an item's scratch out ([T][n]). */
 static inline void ifk_pool_copy_rows(float *y, size_t ldy, int n0, const float *out, int T, int n)
 {
-    for (int t = 0; t < T; t++)
-        for (int i = 0; i < n; i++)
-            y[(size_t)t * ldy + (size_t)(n0 + i)] = out[(size_t)t * (size_t)n + (size_t)i];
+    for (int t = 0; t < T; t++) /* memcpy: the plain loop stayed scalar at -O2 (2 % of Q4 prefill) */
+        memcpy(y + (size_t)t * ldy + (size_t)n0, out + (size_t)t * (size_t)n, (size_t)n * sizeof(float));
 }
 
 /* Whether the jobs this thread submits may be taken back from late workers (default 0); the
