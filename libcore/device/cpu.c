@@ -13,6 +13,7 @@
 
 #include <math.h>
 #include <omp.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,18 +86,133 @@ static int cpu_matmul(iflow_device *d, float *y, size_t ldy, const void *W, int 
     return 0;
 }
 
+/* ---- row-wise and element-wise operations on the device's threads -------------------------
+ *
+ * A prefill's norms, RoPE, SiLU and residual adds ran on the submitting thread alone while the
+ * other threads waited for the next product (2-3 % of a 2-thread prefill). They are split into
+ * pieces on the pool (pool.h) when the work is large enough to pay for a job: rows for the norm
+ * and RoPE, runs of elements starting at multiples of 16 (where every SIMD path's lanes start)
+ * for SiLU and add, so every element gets the operations it gets on one thread. Pieces may be
+ * taken back from a preempted worker: a worker computes its piece into its scratch (a copy of
+ * the piece's input first, for the in-place operations) and span_commit copies it in. */
+enum { SPAN_RMSNORM, SPAN_ROPE, SPAN_SILU_MUL, SPAN_ADD };
+enum { SPAN_MIN = 32768 }; /* elements below which one thread does it */
+/* After a piece was taken back from a late worker, the next SPAN_BACKOFF operations run on one
+ * thread: pieces this small gain less than waiting for a worker that shares its core costs. */
+enum { SPAN_BACKOFF = 256 };
+static _Atomic int span_serial;
+
+typedef struct {
+    int op, pieces, rows; /* rows: the op works on rows of `n` (ld apart), else on n elements */
+    size_t n, ld, per;    /* per: rows or elements a piece (elements: a multiple of 16) */
+    float *y;             /* the result (in place: also the input, but for the norm's x) */
+    const float *x, *w;   /* rmsnorm: x, w; silu_mul: u in x; add: x */
+    float eps;
+    int n_heads, head_dim, rot_dim, pos0, layout; /* rope */
+    float theta;
+    const float *freq_scale;
+} span_args;
+
+static void span_range(const span_args *a, int i, size_t *i0, size_t *i1)
+{
+    size_t total = a->rows ? (size_t)a->rows : a->n;
+    *i0 = (size_t)i * a->per;
+    *i1 = *i0 + a->per < total ? *i0 + a->per : total;
+}
+
+static void span_run(const void *args, const void *in, int i, float *out)
+{
+    const span_args *a = args;
+    size_t i0, i1;
+    span_range(a, i, &i0, &i1);
+    switch (a->op) {
+    case SPAN_RMSNORM:
+        for (size_t t = i0; t < i1; t++)
+            ifk_rmsnorm(out ? out + (t - i0) * a->n : a->y + t * a->ld, a->x + t * a->ld, a->w, (int)a->n, a->eps);
+        break;
+    case SPAN_ROPE:
+        for (size_t t = i0; t < i1; t++) {
+            float *r = a->y + t * a->ld;
+            if (out)
+                r = memcpy(out + (t - i0) * a->n, r, a->n * sizeof(float));
+            ifk_rope(r, a->n_heads, a->head_dim, a->rot_dim, a->pos0 + (int)t, a->theta, a->freq_scale, a->layout);
+        }
+        break;
+    case SPAN_SILU_MUL:
+    case SPAN_ADD: {
+        float *g = a->y + i0;
+        if (out)
+            g = memcpy(out, g, (i1 - i0) * sizeof(float));
+        if (a->op == SPAN_ADD)
+            ifk_add(g, a->x + i0, (int)(i1 - i0));
+        else
+            ifk_silu_mul(g, a->x + i0, (int)(i1 - i0));
+        break;
+    }
+    }
+}
+
+static void span_commit(const void *args, int i, const float *out)
+{
+    const span_args *a = args;
+    size_t i0, i1;
+    span_range(a, i, &i0, &i1);
+    if (a->rows)
+        ifk_pool_copy_rows(a->y + i0 * a->ld, a->ld, 0, out, (int)(i1 - i0), (int)a->n);
+    else
+        memcpy(a->y + i0, out, (i1 - i0) * sizeof(float));
+}
+
+/* Runs a on d's threads (a->op and its operands set; rows or n given): in pieces when the work
+ * has at least SPAN_MIN elements and d has threads to share it, else here in one piece. */
+static void span(iflow_device *d, span_args *a)
+{
+    const size_t elems = a->rows ? (size_t)a->rows * a->n : a->n;
+    const int nt = d->n_threads > 0 ? d->n_threads : omp_get_num_procs();
+    const size_t units = a->rows ? (size_t)a->rows : (a->n + 15) / 16; /* rows, or groups of 16 */
+    size_t pieces = nt > 1 && elems >= SPAN_MIN ? 4 * (size_t)nt : 1;
+    if (pieces > 1 && atomic_load_explicit(&span_serial, memory_order_relaxed) > 0) {
+        atomic_fetch_sub_explicit(&span_serial, 1, memory_order_relaxed);
+        pieces = 1;
+    }
+    pieces = pieces < units ? pieces : units > 0 ? units : 1;
+    a->per = (units + pieces - 1) / pieces;
+    a->pieces = (int)((units + a->per - 1) / a->per);
+    if (!a->rows)
+        a->per *= 16;
+    if (a->pieces <= 1) {
+        if (units)
+            span_run(a, NULL, 0, NULL);
+        return;
+    }
+    int was = ifk_pool_set_take_back(1);
+    long taken = ifk_pool_taken_back();
+    ifk_pool_run(&(ifk_pool_job){.run = span_run, .commit = span_commit, .args = a, .args_size = sizeof *a,
+                                 .scratch_floats = a->rows ? a->per * a->n : a->per, .n_items = a->pieces,
+                                 .max_threads = nt});
+    ifk_pool_set_take_back(was);
+    if (ifk_pool_taken_back() != taken) /* a worker was late: another process holds its core */
+        atomic_store_explicit(&span_serial, SPAN_BACKOFF, memory_order_relaxed);
+}
+
+void iflow_cpu_span_reset(void)
+{
+    atomic_store_explicit(&span_serial, 0, memory_order_relaxed);
+}
+
 static int cpu_rmsnorm(iflow_device *d, float *y, const float *x, const float *w, int T, int n, float eps)
 {
-    for (int t = 0; t < T; t++)
-        ifk_rmsnorm(y + (size_t)t * n, x + (size_t)t * n, w, n, eps);
+    span(d, &(span_args){.op = SPAN_RMSNORM, .rows = T, .n = (size_t)n, .ld = (size_t)n, .y = y, .x = x, .w = w,
+                         .eps = eps});
     return 0;
 }
 
 static int cpu_rope(iflow_device *d, float *x, size_t ld, int T, int n_heads, int head_dim, int rot_dim, int pos0,
                     float theta, const float *freq_scale, int layout)
 {
-    for (int t = 0; t < T; t++)
-        ifk_rope(x + (size_t)t * ld, n_heads, head_dim, rot_dim, pos0 + t, theta, freq_scale, layout);
+    span(d, &(span_args){.op = SPAN_ROPE, .rows = T, .n = (size_t)n_heads * (size_t)head_dim, .ld = ld, .y = x,
+                         .n_heads = n_heads, .head_dim = head_dim, .rot_dim = rot_dim, .pos0 = pos0,
+                         .layout = layout, .theta = theta, .freq_scale = freq_scale});
     return 0;
 }
 
@@ -123,7 +239,7 @@ static int cpu_layernorm(iflow_device *d, float *y, const float *x, const float 
 static int cpu_silu_mul(iflow_device *d, float *g, const float *u, size_t n)
 {
     if (u) {
-        ifk_silu_mul(g, u, (int)n);
+        span(d, &(span_args){.op = SPAN_SILU_MUL, .n = n, .y = g, .x = u});
         return 0;
     }
     for (size_t i = 0; i < n; i++) /* a plain FFN's (Marian's swish) */
@@ -133,7 +249,7 @@ static int cpu_silu_mul(iflow_device *d, float *g, const float *u, size_t n)
 
 static int cpu_add(iflow_device *d, float *y, const float *x, size_t n)
 {
-    ifk_add(y, x, (int)n);
+    span(d, &(span_args){.op = SPAN_ADD, .n = n, .y = y, .x = x});
     return 0;
 }
 

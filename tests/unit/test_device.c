@@ -16,18 +16,25 @@
  *     record gets each step op by op, until the context stops asking; in replay mode a step of
  *     one sequence is asked to be run again, then recorded at its position under one key;
  *   - placement errors: bad indices, a weight type a device has no kernel for (named), a device
- *     without the memory (named, with the bytes missing), all before anything is copied.
+ *     without the memory (named, with the bytes missing), all before anything is copied;
+ *   - the CPU device's norms, RoPE, SiLU and adds, split over threads in pieces (cpu.c's span),
+ *     give one thread's bits, also when a late worker's piece is taken back, and leave the
+ *     padding between rows alone.
  */
 #include "tests/unit/testlib.h"
 #include "libcore/base/dtype.h"
 #include "libcore/device/device.h"
+#include "libcore/device/device_impl.h"
 #include "libcore/engine/comm.h"
 #include "libcore/engine/model.h"
 #include "libcore/engine/plan.h"
 #include "libcore/formats/quant.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/pool.h"
 
 #include <math.h>
 #include <pthread.h>
+#include <string.h>
 
 static char dir[] = "/tmp/iflow-test-device-XXXXXX";
 static char s_f32[512], s_q4[512];
@@ -503,6 +510,72 @@ static void test_processes_detached(void)
     }
 }
 
+/* ---- the CPU device's row-wise and element-wise ops over threads ---- */
+
+static void fill_rand(float *v, size_t n, uint32_t seed)
+{
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        v[i] = (float)((int32_t)(seed >> 8) % 20000) / 5000.0f;
+    }
+}
+
+/* One op on the 1-thread device and on the split one (an in-place op on its own copy of y);
+ * every element must be the same bits. */
+static void ops_case(iflow_device *one, iflow_device *many, const char *what, int op, size_t n_y, uint32_t seed,
+                     int late)
+{
+    enum { T = 40, DIM = 1000, HEADS = 12, HD = 80, LD = 1003 };
+    float *y1 = malloc(n_y * sizeof *y1), *y2 = malloc(n_y * sizeof *y2), *x = malloc(n_y * sizeof *x);
+    float *w = malloc(DIM * sizeof *w);
+    fill_rand(y1, n_y, seed);
+    memcpy(y2, y1, n_y * sizeof *y1);
+    fill_rand(x, n_y, seed + 1);
+    fill_rand(w, DIM, seed + 2);
+    const float fs[HD / 2] = {1.0f, 0.5f, 0.25f};
+    long taken = ifk_pool_taken_back();
+    for (int k = 0; k < 2; k++) {
+        iflow_device *d = k ? many : one;
+        iflow_cpu_span_reset();
+        float *y = k ? y2 : y1;
+        switch (op) {
+        case 0: d->ops->rmsnorm(d, y, x, w, T, DIM, 1e-5f); break;          /* y from x */
+        case 1: d->ops->rmsnorm(d, y, y, w, T, DIM, 1e-5f); break;          /* in place */
+        case 2: d->ops->rope(d, y, LD, T, HEADS, HD, HD, 7, 10000.0f, NULL, IFK_ROPE_HALF); break;
+        case 3: d->ops->rope(d, y, LD, T, HEADS, HD, 64, 3, 500000.0f, fs, IFK_ROPE_INTERLEAVED); break;
+        case 4: d->ops->silu_mul(d, y, x, n_y); break;
+        case 5: d->ops->add(d, y, x, n_y); break;
+        }
+    }
+    iflow_cpu_span_reset();
+    size_t bad = 0;
+    for (size_t i = 0; i < n_y; i++)
+        bad += memcmp(&y1[i], &y2[i], sizeof *y1) != 0;
+    CHECK(bad == 0, "%s over threads: %zu of %zu elements differ from one thread's", what, bad, n_y);
+    if (late)
+        CHECK(ifk_pool_taken_back() > taken, "%s: the late worker's piece was not taken back", what);
+    ifk_pool_quiesce(); /* a late worker may still read them */
+    free(y1), free(y2), free(x), free(w);
+}
+
+static void test_ops_threads(void)
+{
+    iflow_device *one, *many;
+    CHECK(iflow_device_open(&one, "cpu", 1) == 0 && iflow_device_open(&many, "cpu", 3) == 0, "cpu devices open");
+    for (int late = 0; late <= 1; late++) {
+        ifk_pool_test_delay(late ? 2000 : 0); /* a worker's first piece comes late: taken back */
+        ops_case(one, many, "rmsnorm", 0, 40 * 1000, 11, late);
+        ops_case(one, many, "rmsnorm in place", 1, 40 * 1000, 12, late);
+        ops_case(one, many, "rope, half layout", 2, 40 * 1003, 13, late);
+        ops_case(one, many, "rope, interleaved, partial, scaled", 3, 40 * 1003, 14, late);
+        ops_case(one, many, "silu_mul", 4, 70001, 15, late);
+        ops_case(one, many, "add", 5, 50003, 16, late);
+    }
+    ifk_pool_test_delay(0);
+    iflow_device_close(one);
+    iflow_device_close(many);
+}
+
 int main(void)
 {
     if (!mkdtemp(dir))
@@ -526,6 +599,7 @@ int main(void)
     RUN(test_recorded_steps);
     RUN(test_processes_detached);
     RUN(test_place_errors);
+    RUN(test_ops_threads);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0)
