@@ -103,7 +103,7 @@ enum { SPAN_BACKOFF = 256 };
 static _Atomic int span_serial;
 
 typedef struct {
-    int op, pieces, rows; /* rows: the op works on rows of `n` (ld apart), else on n elements */
+    int op, pieces, rows; /* SPAN_RMSNORM, SPAN_ROPE: `rows` rows of n (ld apart); else n elements */
     size_t n, ld, per;    /* per: rows or elements a piece (elements: a multiple of 16) */
     float *y;             /* the result (in place: also the input, but for the norm's x) */
     const float *x, *w;   /* rmsnorm: x, w; silu_mul: u in x; add: x */
@@ -113,9 +113,11 @@ typedef struct {
     const float *freq_scale;
 } span_args;
 
+static int span_by_rows(const span_args *a) { return a->op == SPAN_RMSNORM || a->op == SPAN_ROPE; }
+
 static void span_range(const span_args *a, int i, size_t *i0, size_t *i1)
 {
-    size_t total = a->rows ? (size_t)a->rows : a->n;
+    size_t total = span_by_rows(a) ? (size_t)a->rows : a->n;
     *i0 = (size_t)i * a->per;
     *i1 = *i0 + a->per < total ? *i0 + a->per : total;
 }
@@ -157,7 +159,7 @@ static void span_commit(const void *args, int i, const float *out)
     const span_args *a = args;
     size_t i0, i1;
     span_range(a, i, &i0, &i1);
-    if (a->rows)
+    if (span_by_rows(a))
         ifk_pool_copy_rows(a->y + i0 * a->ld, a->ld, 0, out, (int)(i1 - i0), (int)a->n);
     else
         memcpy(a->y + i0, out, (i1 - i0) * sizeof(float));
@@ -167,28 +169,30 @@ static void span_commit(const void *args, int i, const float *out)
  * has at least SPAN_MIN elements and d has threads to share it, else here in one piece. */
 static void span(iflow_device *d, span_args *a)
 {
-    const size_t elems = a->rows ? (size_t)a->rows * a->n : a->n;
+    const int by_rows = span_by_rows(a);
+    const size_t elems = by_rows ? (size_t)a->rows * a->n : a->n;
     const int nt = d->n_threads > 0 ? d->n_threads : omp_get_num_procs();
-    const size_t units = a->rows ? (size_t)a->rows : (a->n + 15) / 16; /* rows, or groups of 16 */
+    const size_t units = by_rows ? (size_t)a->rows : (a->n + 15) / 16; /* rows, or groups of 16 */
+    if (elems == 0)
+        return;
     size_t pieces = nt > 1 && elems >= SPAN_MIN ? 4 * (size_t)nt : 1;
     if (pieces > 1 && atomic_load_explicit(&span_serial, memory_order_relaxed) > 0) {
         atomic_fetch_sub_explicit(&span_serial, 1, memory_order_relaxed);
         pieces = 1;
     }
-    pieces = pieces < units ? pieces : units > 0 ? units : 1;
+    pieces = pieces < units ? pieces : units;
     a->per = (units + pieces - 1) / pieces;
     a->pieces = (int)((units + a->per - 1) / a->per);
-    if (!a->rows)
+    if (!by_rows)
         a->per *= 16;
     if (a->pieces <= 1) {
-        if (units)
-            span_run(a, NULL, 0, NULL);
+        span_run(a, NULL, 0, NULL);
         return;
     }
     int was = ifk_pool_set_take_back(1);
     long taken = ifk_pool_taken_back();
     ifk_pool_run(&(ifk_pool_job){.run = span_run, .commit = span_commit, .args = a, .args_size = sizeof *a,
-                                 .scratch_floats = a->rows ? a->per * a->n : a->per, .n_items = a->pieces,
+                                 .scratch_floats = by_rows ? a->per * a->n : a->per, .n_items = a->pieces,
                                  .max_threads = nt});
     ifk_pool_set_take_back(was);
     if (ifk_pool_taken_back() != taken) /* a worker was late: another process holds its core */

@@ -572,6 +572,13 @@ static void test_ops_threads(void)
         ops_case(one, many, "add", 5, 50003, 16, late);
     }
     ifk_pool_test_delay(0);
+    float v = 1.0f, u = 2.0f; /* nothing to do: nothing done */
+    many->ops->rmsnorm(many, &v, &u, &u, 0, 1, 1e-5f);
+    many->ops->rmsnorm(many, &v, &u, &u, 3, 0, 1e-5f);
+    many->ops->silu_mul(many, &v, &u, 0);
+    many->ops->add(many, &v, &u, 0);
+    many->ops->rope(many, &v, 1, 0, 1, 2, 2, 0, 10000.0f, NULL, IFK_ROPE_HALF);
+    CHECK(v == 1.0f, "an op over no rows or elements changed its output");
     iflow_device_close(one);
     iflow_device_close(many);
 }
