@@ -195,7 +195,7 @@ IFK_DECL_BF16_ROWS(ifk_avx512bf16_fpack_rows)
             const int R = g1 - g < 2 ? 1 : 2;
             const int nl = 16 * (g + R - 1); /* the last group's first row */
             const __mmask16 last = lanes(n1 - nl);
-            const uint16_t *w = P + (size_t)g * gs;
+            const uint16_t *src = P + (size_t)g * gs, *w = src; /* w: where the tiles read the pairs */
             size_t wgs = gs;
             int q0 = pc, q1 = pe;
             if (f16) /* the chunk of these groups rounded to BF16 once (by the first tile), for every token */
@@ -217,8 +217,8 @@ IFK_DECL_BF16_ROWS(ifk_avx512bf16_fpack_rows)
                 float *yt = y + (size_t)t * ldy + 16 * g;
                 const uint16_t *xt = x + (size_t)t * ldx + 2 * (size_t)pc;
                 /* x from the chunk's first pair: tile() indexes pairs from q0 */
-                tile_any(R, C, f16 && t == 0, yt, ldy, w, wgs, buf, P + (size_t)g * gs, gs, pc, xt - 2 * (size_t)q0,
-                         ldx, q0, q1, pc == 0, last);
+                tile_any(R, C, f16 && t == 0, yt, ldy, w, wgs, buf, src, gs, pc, xt - 2 * (size_t)q0, ldx, q0, q1,
+                         pc == 0, last);
             }
         }
     }

@@ -171,11 +171,12 @@ static void span(iflow_device *d, span_args *a)
 {
     const int by_rows = span_by_rows(a);
     const size_t elems = by_rows ? (size_t)a->rows * a->n : a->n;
-    const int nt = d->n_threads > 0 ? d->n_threads : omp_get_num_procs();
     const size_t units = by_rows ? (size_t)a->rows : (a->n + 15) / 16; /* rows, or groups of 16 */
     if (elems == 0)
         return;
-    size_t pieces = nt > 1 && elems >= SPAN_MIN ? 4 * (size_t)nt : 1;
+    /* the thread count only for work that may be split: decode's ops do not ask for it */
+    const int nt = elems < SPAN_MIN ? 1 : d->n_threads > 0 ? d->n_threads : omp_get_num_procs();
+    size_t pieces = nt > 1 ? 4 * (size_t)nt : 1;
     if (pieces > 1 && atomic_load_explicit(&span_serial, memory_order_relaxed) > 0) {
         atomic_fetch_sub_explicit(&span_serial, 1, memory_order_relaxed);
         pieces = 1;
