@@ -120,8 +120,8 @@ static int parse_efficiency(db_state *st, iflow_devdesc *d, const char *value)
         char name[32], extra;
         double f;
         if (sscanf(item, " %31s %lf %c", name, &f, &extra) != 2 || !isfinite(f) || f <= 0 || f > 4)
-            return db_fail(st, st->lineno, "bad efficiency item '%s' (a weight type and a fraction, such as f16 0.82)",
-                           item);
+            return db_fail(st, st->lineno,
+                           "bad efficiency item '%s'%s (a weight type and a fraction, such as f16 0.82)", item, "");
         int t = strcmp(name, "*") == 0 ? -1 : iflow_dtype_from_name(name);
         if (t != -1 && !iflow_dtype_is_float(t) && !iflow_dtype_is_quant(t))
             t = -2;
