@@ -64,6 +64,7 @@ LDFLAGS  += -fopenmp $(LDSAN)
 AVX2_FLAGS   := -mavx2 -mfma -mf16c
 AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c
 AVX512BF16_FLAGS := $(AVX512_FLAGS) -mavx512bf16
+AMX_FLAGS := $(AVX512BF16_FLAGS) -mamx-tile -mamx-bf16
 
 LIB_SRC  := $(wildcard libcore/*/*.c) $(wildcard kernels/cpu/*.c)
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
@@ -159,6 +160,10 @@ $(BUILD)/kernels/cpu/%_avx512gfni.o: kernels/cpu/%_avx512gfni.c $(BUILD)/.cflags
 $(BUILD)/kernels/cpu/%_avx512bf16.o: kernels/cpu/%_avx512bf16.c $(BUILD)/.cflags
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(AVX512BF16_FLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/kernels/cpu/%_amx.o: kernels/cpu/%_amx.c $(BUILD)/.cflags
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(AMX_FLAGS) -MMD -MP -c $< -o $@
 
 # Objects are rebuilt when the compiler flags change (a stamp holding them).
 $(BUILD)/.cflags: FORCE
@@ -256,7 +261,7 @@ $(BUILD)/membw: $(IFLOW_TEST_DATA)/tools/membw.c
 # ---- fuzzing (clang + libFuzzer) -------------------------------------------------------------
 
 FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -fopenmp $(PKG_CFLAGS) -I. -DIFK_NO_SIMD
-FUZZ_LIB_SRC := $(filter-out kernels/cpu/%_avx2.c kernels/cpu/%_avx512.c kernels/cpu/%_avx512gfni.c kernels/cpu/%_avx512bf16.c,$(LIB_SRC))
+FUZZ_LIB_SRC := $(filter-out kernels/cpu/%_avx2.c kernels/cpu/%_avx512.c kernels/cpu/%_avx512gfni.c kernels/cpu/%_avx512bf16.c kernels/cpu/%_amx.c,$(LIB_SRC))
 FUZZ_OBJ := $(FUZZ_LIB_SRC:%.c=build/fuzz/obj/%.o)
 fuzz-build: $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
 .SECONDARY: $(FUZZ_OBJ)

@@ -138,7 +138,7 @@ flop=$(jq '2 * (.num_hidden_layers * (2 * .hidden_size * .hidden_size
 # One weight type on the TinyLlama shape (every matrix in it) -> JSON: prefill of 128 and 512
 # tokens and decode at 1 and 2 threads, as fractions of the roof of the instruction the type's
 # product runs on (ROOF_OP, measured by qbench --roof above; bf16_or_fma: vdpbf16ps where the
-# run reports bf16_dot, else FMA) and of the read bandwidth; with
+# run reports bf16_dot, tdpbf16ps where its kernel path is amx, else FMA) and of the read bandwidth; with
 # OTHER_ENV, the same file run again in that environment (another layout or product, reported
 # as OTHER_NAME_prefill_tok_s and OTHER_NAME_decode_tok_s).
 type_entry() { # shard type roof-op [other-env other-name]
@@ -153,7 +153,7 @@ type_entry() { # shard type roof-op [other-env other-name]
     jq -c --arg t "$t" --arg op "$op" --arg oname "${5:-other}" --argjson size "$(stat -c %s "$f")" \
         --argjson bw1 "$bw1" --argjson bw2 "$bw2" --argjson flop "$flop" --argjson roof "$roof" \
         --argjson r512 "$r512" --argjson other "$other" --argjson b1 "$b1" --argjson b2 "$b2" '
-        (if $op == "bf16_or_fma" then (if .bf16_dot then "vdpbf16ps_bf16" else "vfmadd_f32" end) else $op end) as $op |
+        (if $op == "bf16_or_fma" then (if .bf16_dot then (if .kernel_path == "amx" then "tdpbf16ps_amx_bf16" else "vdpbf16ps_bf16" end) else "vfmadd_f32" end) else $op end) as $op |
         ($roof | map(select(.op == $op))) as $ro |
         {name: ("tinyllama-1.1b-" + $t), type: $t, file_bytes: $size, load_s, decode_bytes_per_token,
          matrix_flop_per_token: $flop, roof_op: $op, bf16_dot,

@@ -45,7 +45,7 @@ int main(int argc, char **argv)
     const char *isa = getenv("IFLOW_BENCH_ISA");
     if (isa && *isa) {
         int want = -2;
-        for (int i = IFK_ISA_SCALAR; i <= IFK_ISA_AVX512GFNI; i++)
+        for (int i = IFK_ISA_SCALAR; i <= IFK_ISA_AMX; i++)
             if (!strcmp(isa, ifk_isa_name(i)))
                 want = i;
         if (want == -2 || ifk_set_isa(want) != want) {

@@ -207,10 +207,12 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
             const char *s = argv[++i];
-            int want = !strcmp(s, "scalar") ? IFK_ISA_SCALAR : !strcmp(s, "avx2") ? IFK_ISA_AVX2
-                     : !strcmp(s, "avx512") ? IFK_ISA_AVX512 : !strcmp(s, "avx512gfni") ? IFK_ISA_AVX512GFNI : -2;
+            int want = -2;
+            for (int p = IFK_ISA_SCALAR; p <= IFK_ISA_AMX; p++)
+                if (!strcmp(s, ifk_isa_name(p)))
+                    want = p;
             if (want == -2) {
-                fprintf(stderr, "kbench: unknown --isa '%s' (scalar, avx2, avx512, avx512gfni)\n", s);
+                fprintf(stderr, "kbench: unknown --isa '%s' (scalar, avx2, avx512, avx512gfni, amx)\n", s);
                 return 2;
             }
             if (ifk_set_isa(want) != want) {

@@ -27,7 +27,8 @@
  * Q8 too, which by default takes int8 x less each token's outliers, qimpl.h's split), int (the
  * default) leaves it.
  * roof:    the peak of vpdpbusd (int8), vpdpwssd (int16), FMA (F32) and, when the CPU has
- *          AVX512_BF16, vdpbf16ps (BF16) on 512-bit registers in GOP/s (a multiply-add is 2), at
+ *          AVX512_BF16, vdpbf16ps (BF16) on 512-bit registers, and on the amx path tdpbf16ps
+ *          (AMX tiles, BF16), in GOP/s (a multiply-add is 2), at
  *          1 thread and at --threads, when the CPU has VNNI: what the products' GFLOPs are
  *          fractions of. Only this is run.
  * Times: the best and the median of rounds (a decode round reads every copy once). Other
@@ -260,9 +261,44 @@ ROOF_FN(roof_dpbf16, "avx512f,avx512bw,avx512bf16", __m512, _mm512_set1_ps((floa
         _mm512_dpbf16_ps(a[c], (__m512bh)_mm512_set1_epi32(0x35803f80), (__m512bh)_mm512_set1_epi32(0x35803f80)),
         _mm512_reduce_add_ps)
 
+/* AMX tiles (the amx path, fpack_amx.c): iters x ROOF_CHAINS tdpbf16ps (16 x 16 outputs of
+ * 32 BF16 pairs each, 16384 operations), four accumulators in turn. The thread's tiles are
+ * configured here and released after. */
+__attribute__((target("avx512f,amx-tile,amx-bf16"), noinline)) static float roof_tdpbf16(long iters)
+{
+    struct {
+        uint8_t palette, start_row, reserved[14];
+        uint16_t colsb[16];
+        uint8_t rows[16];
+    } __attribute__((aligned(64))) c = {.palette = 1};
+    static const uint16_t ab[16 * 32] __attribute__((aligned(64))) = {0}; /* zeros: the sums stay finite */
+    float out[16 * 16] __attribute__((aligned(64)));
+    for (int i = 0; i < 8; i++)
+        c.rows[i] = 16, c.colsb[i] = 64;
+    _tile_loadconfig(&c);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_loadd(4, ab, 64);
+    _tile_loadd(5, ab, 64);
+    _tile_loadd(6, ab, 64);
+    _tile_loadd(7, ab, 64);
+    for (long i = 0; i < iters * (ROOF_CHAINS / 4); i++) {
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, out, 64);
+    _tile_release();
+    return out[0];
+}
+
 static float roof_loop(int op, long iters)
 {
-    return op == 0 ? roof_dpbusd(iters) : op == 1 ? roof_dpwssd(iters) : op == 2 ? roof_fma(iters) : roof_dpbf16(iters);
+    return op == 0 ? roof_dpbusd(iters) : op == 1 ? roof_dpwssd(iters) : op == 2 ? roof_fma(iters)
+           : op == 3 ? roof_dpbf16(iters) : roof_tdpbf16(iters);
 }
 
 /* roof_loop on `threads` threads at once; the sum of their results. */
@@ -305,14 +341,14 @@ static double roof_round(int op, double ops, int threads)
  * thread at once: the ceiling the products' GFLOPs are fractions of. */
 static void bench_roof(int threads, double min_s)
 {
-    static const char *names[] = { "vpdpbusd_int8", "vpdpwssd_int16", "vfmadd_f32", "vdpbf16ps_bf16" };
-    static const double ops_per_insn[] = { 128, 64, 32, 64 };
+    static const char *names[] = { "vpdpbusd_int8", "vpdpwssd_int16", "vfmadd_f32", "vdpbf16ps_bf16", "tdpbf16ps_amx_bf16" };
+    static const double ops_per_insn[] = { 128, 64, 32, 64, 16384 };
     __builtin_cpu_init();
     if (!__builtin_cpu_supports("avx512vnni"))
         return;
-    const long iters = 2000000;
-    const int n_ops = __builtin_cpu_supports("avx512bf16") ? 4 : 3;
+    const int n_ops = ifk_isa_detect() == IFK_ISA_AMX ? 5 : __builtin_cpu_supports("avx512bf16") ? 4 : 3;
     for (int op = 0; op < n_ops; op++) {
+        const long iters = op == 4 ? 20000 : 2000000; /* a round of about 0.1 s on one core */
         double best, med;
         volatile float sink = 0.0f;
         BENCH_ROUNDS(min_s, &best, &med, sink += roof_team(op, iters, threads));
@@ -341,8 +377,10 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
             const char *s = argv[++i];
-            int want = !strcmp(s, "scalar") ? IFK_ISA_SCALAR : !strcmp(s, "avx2") ? IFK_ISA_AVX2
-                     : !strcmp(s, "avx512") ? IFK_ISA_AVX512 : IFK_ISA_AVX512GFNI;
+            int want = IFK_ISA_AVX512GFNI;
+            for (int p = IFK_ISA_SCALAR; p <= IFK_ISA_AMX; p++)
+                if (!strcmp(s, ifk_isa_name(p)))
+                    want = p;
             if (ifk_set_isa(want) != want) {
                 fprintf(stderr, "qbench: this CPU lacks %s\n", s);
                 return 1;

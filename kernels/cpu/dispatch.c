@@ -22,6 +22,10 @@
 
 #ifndef IFK_NO_SIMD
 #include <cpuid.h>
+#ifdef __linux__
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #endif
 
 typedef struct {
@@ -47,6 +51,32 @@ static const ifk_path path_avx512 = IFK_PATH(avx512);
 /* -1 until first use; then the IFK_ISA_* in use. */
 static _Atomic int isa_now = -1;
 
+#ifndef IFK_NO_SIMD
+/* AMX tiles: the CPU has AMX-TILE, AMX-BF16 and AMX-INT8 (cpuid 7.0 edx bits 24, 22, 25), the
+ * OS has enabled the tile state (XCR0 bits 17 and 18), and Linux grants it to this process
+ * (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, 18; asked once, for every thread). */
+static int amx_usable(void)
+{
+    static _Atomic int ok = -1;
+    int r = atomic_load_explicit(&ok, memory_order_relaxed);
+    if (r >= 0)
+        return r;
+    r = 0;
+#ifdef __linux__
+    unsigned a, b, c, d;
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 22 & 1) && (d >> 24 & 1) && (d >> 25 & 1) &&
+        __get_cpuid(1, &a, &b, &c, &d) && (c & bit_OSXSAVE)) {
+        unsigned lo, hi;
+        __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+        if ((lo >> 17 & 3) == 3 && __builtin_cpu_supports("avx512bf16"))
+            r = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+    }
+#endif
+    atomic_store_explicit(&ok, r, memory_order_relaxed);
+    return r;
+}
+#endif
+
 int ifk_isa_detect(void)
 {
 #ifdef IFK_NO_SIMD
@@ -61,9 +91,9 @@ int ifk_isa_detect(void)
         return IFK_ISA_SCALAR;
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
-        return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("gfni")
-                   ? IFK_ISA_AVX512GFNI
-                   : IFK_ISA_AVX512;
+        return !(__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("gfni")) ? IFK_ISA_AVX512
+               : amx_usable()                                                              ? IFK_ISA_AMX
+                                                                                           : IFK_ISA_AVX512GFNI;
     return IFK_ISA_AVX2;
 #endif
 }
@@ -95,6 +125,7 @@ const char *ifk_isa_name(int isa)
     case IFK_ISA_AVX2: return "avx2";
     case IFK_ISA_AVX512: return "avx512";
     case IFK_ISA_AVX512GFNI: return "avx512gfni";
+    case IFK_ISA_AMX: return "amx";
     default: return "unknown";
     }
 }
@@ -104,7 +135,8 @@ static const ifk_path *path(void)
 #ifndef IFK_NO_SIMD
     switch (ifk_isa_current()) {
     case IFK_ISA_AVX512:
-    case IFK_ISA_AVX512GFNI: return &path_avx512;
+    case IFK_ISA_AVX512GFNI:
+    case IFK_ISA_AMX: return &path_avx512;
     case IFK_ISA_AVX2: return &path_avx2;
     default: break;
     }
@@ -286,9 +318,11 @@ void ifk_matmul(float *y, size_t ldy, const void *W, int wtype, const float *x, 
                 int T, int N, int K, int n_threads)
 {
     const int fbase = ifk_fpack_base(wtype);
-    if (fbase >= 0) { /* packed F16 / BF16 (qpack.h): the packed BF16 product, else unpacked 16 rows at a time */
-        mm_product(fpack_unpacked_rows, BF16_KERNEL(ifk_avx512bf16_fpack_rows), ifk_bf16_dot(fbase),
-                   (size_t)(K + (K & 1)) * 2, y, ldy, W, wtype, x, ldx, T, N, K, n_threads);
+    if (fbase >= 0) { /* packed F16 / BF16 (qpack.h): the packed BF16 product (on AMX tiles on the amx
+                       * path), else unpacked 16 rows at a time */
+        const int amx = ifk_isa_current() == IFK_ISA_AMX;
+        mm_product(fpack_unpacked_rows, amx ? BF16_KERNEL(ifk_amx_fpack_rows) : BF16_KERNEL(ifk_avx512bf16_fpack_rows),
+                   ifk_bf16_dot(fbase), (size_t)(K + (K & 1)) * 2, y, ldy, W, wtype, x, ldx, T, N, K, n_threads);
         return;
     }
     if (ifk_qtype(wtype) || ifk_qpack_base(wtype) >= 0) { /* block-quantized weights: quant.h, qpack.h */

@@ -68,6 +68,8 @@ IFK_DECL_BF16_ROWS(ifk_avx512bf16_matmul_rows);
 /* The same over a packed F16 / BF16 matrix (qpack.h's pairs; fpack_avx512bf16.c): W the packed
  * matrix, wtype its packed code, n0 a multiple of 16. */
 IFK_DECL_BF16_ROWS(ifk_avx512bf16_fpack_rows);
+/* The same on AMX tiles (fpack_amx.c; the IFK_ISA_AMX path): a different summation order. */
+IFK_DECL_BF16_ROWS(ifk_amx_fpack_rows);
 
 /* A per-thread scratch buffer of at least `bytes` (64-byte aligned; it grows, never shrinks,
  * and is freed when the thread ends), or NULL when it cannot grow. One per thread, shared by

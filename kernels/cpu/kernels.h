@@ -43,15 +43,19 @@ enum { IFK_F32 = 0, IFK_F16 = 1, IFK_BF16 = 2 };
 /* Paths, each a superset of the one before. IFK_ISA_AVX512GFNI is AVX-512 with AVX512_VNNI and
  * GFNI (Ice Lake, Zen 4 and later): only the quantized product uses the extra instructions
  * (Q3H's unpacking, qmatmul_avx512.c; with AVX512_VBMI, the packed layouts of every type,
- * qpack_avx512.c); every other kernel runs its AVX-512 code. */
-enum { IFK_ISA_AUTO = -1, IFK_ISA_SCALAR = 0, IFK_ISA_AVX2 = 1, IFK_ISA_AVX512 = 2, IFK_ISA_AVX512GFNI = 3 };
+ * qpack_avx512.c); every other kernel runs its AVX-512 code. IFK_ISA_AMX is that with AVX512_BF16
+ * and AMX tiles (AMX-TILE, AMX-BF16, AMX-INT8: Sapphire Rapids and later, where the OS grants the
+ * tile state): packed F16 / BF16 products multiply on tiles (fpack_amx.c); everything else runs
+ * as on avx512gfni. */
+enum { IFK_ISA_AUTO = -1, IFK_ISA_SCALAR = 0, IFK_ISA_AVX2 = 1, IFK_ISA_AVX512 = 2, IFK_ISA_AVX512GFNI = 3,
+       IFK_ISA_AMX = 4 };
 
 /* Best ISA this CPU supports. */
 int ifk_isa_detect(void);
 /* Force a path (IFK_ISA_AUTO restores the detected one). Returns the path now in use; a path
  * the CPU lacks is refused and the current one kept. Not thread-safe: call before computing. */
 int ifk_set_isa(int isa);
-/* "scalar", "avx2", "avx512", "avx512gfni". */
+/* "scalar", "avx2", "avx512", "avx512gfni", "amx". */
 const char *ifk_isa_name(int isa);
 int ifk_isa_current(void);
 
@@ -76,7 +80,9 @@ void ifk_matmul(float *y, size_t ldy, const void *W, int wtype, const float *x, 
  * values and n = 2 ceil(min(K, 2048) / 32) + ceil(K / 2048) + 4 (the additions any product
  * goes through; for a packed copy, qpack.h's float pairs, one chain of K additions: n = K + 5);
  * F32 subnormals in x count as 0. Twice the FMA roof (Zen 4: 234 against 118
- * GFLOP/s a core); batch invariant like every product. (The rounded x lives in a per-thread
+ * GFLOP/s a core); on the amx path packed copies multiply on AMX tiles (tdpbf16ps: the same
+ * roundings and bound, steps of 32 products summed by the hardware; 2280 GFLOP/s a core on the
+ * Xeon measured); batch invariant like every product. (The rounded x lives in a per-thread
  * buffer of T x K BF16; a call that cannot grow it runs the F32 product instead.)
  * The rule for F16, by measurement (KL divergence to the F32 model, WikiText-2, 24 windows of
  * 256; docs/PERFORMANCE.md): it takes the BF16 product, because what it then loses is what BF16

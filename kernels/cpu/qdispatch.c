@@ -46,6 +46,7 @@ static int qpath(void)
     return QPATH_SCALAR;
 #else
     switch (ifk_isa_current()) {
+    case IFK_ISA_AMX: /* AMX multiplies packed F16 / BF16 only (dispatch.c) */
     case IFK_ISA_AVX512GFNI: return QPATH_AVX512GFNI; /* implies VNNI */
     case IFK_ISA_AVX512: return has_vnni() ? QPATH_AVX512 : QPATH_AVX2;
     case IFK_ISA_AVX2: return QPATH_AVX2;

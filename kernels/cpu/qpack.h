@@ -90,7 +90,8 @@
  * element (g * P + p) * 32, P = ceil(K / 2), row l's pair at 2 l; the element past an odd K and
  * the rows past N are 0. A vector of 64 bytes is then one vdpbf16ps operand of 16 rows against
  * a token's pair broadcast (fpack_avx512bf16.c states the arithmetic: one chain per output, the
- * same in decode and prefill). A row is 2 P elements, so rows n0 .. of a group-aligned range
+ * same in decode and prefill), and 16 consecutive pairs of a group (1 KiB) are one AMX tile
+ * multiply's second operand (fpack_amx.c). A row is 2 P elements, so rows n0 .. of a group-aligned range
  * start at n0 * 4 P bytes. On the exact F32 product (ifk_set_qx_f32) they are unpacked 16 rows
  * at a time again (the reference); ifk_qpack_type packs them only while the BF16 product is on.
  * Measured (2026-11-28, TinyLlama-1.1B shape, 1 / 2 threads; docs/PERFORMANCE.md): F16 prefill

@@ -3,14 +3,15 @@
  * matrix product depends only on W and x[t], and an attention query only on its position and
  * the cache rows it sees, bit for bit, whatever the batch around them.
  *
- * For every ISA path this CPU has (scalar, avx2, avx512, avx512gfni) and every weight type
+ * For every ISA path this CPU has (scalar, avx2, avx512, avx512gfni, amx) and every weight type
  * (F32, F16, BF16 (on the BF16 dot product where the CPU has it, and on the F32 product of
  * ifk_set_qx_f32), the 9 quantized types, quantized from random F32 rows by the reference
  * quantizer, and the packed copies of qpack.h, the float pairs of F16 and BF16 too; Q6 and Q5 also in the mode IFK_QX_INT8,
  * quant.h's int8 x for them, and Q8 in the mode IFK_QX_INT16, its int16 x), on odd shapes (N not a multiple of 16 or 4; K with a partial last SIMD step or
  * block; K spanning several of the prefill kernels' K chunks):
  *   - each row of a pool of x rows alone (T = 1) is the reference;
- *   - calls with T = 1..17 rows taken from the pool at varying offsets, so that one x row sits
+ *   - calls with T = 1..17 rows (and, for packed F16 / BF16, 32, 33 and 40: AMX's two tiles of
+ *     16 tokens and the tokens left over) taken from the pool at varying offsets, so that one x row sits
  *     at different places of batches of different sizes, at 1 and 2 threads, must give the
  *     reference's bytes (memcmp) for every row.
  * Attention: for T queries at positions pos0 .. pos0+T-1, output row t must memcmp-equal a
@@ -29,10 +30,9 @@
 #include "kernels/cpu/qpack.h"
 #include "kernels/cpu/quant.h"
 
-#define POOL 24 /* x rows in the pool; a call takes T <= 17 of them from an offset */
-#define TMAX 17
+#define TMAX 17 /* attention's most tokens a call */
 
-static const int isas[] = { IFK_ISA_SCALAR, IFK_ISA_AVX2, IFK_ISA_AVX512, IFK_ISA_AVX512GFNI };
+static const int isas[] = { IFK_ISA_SCALAR, IFK_ISA_AVX2, IFK_ISA_AVX512, IFK_ISA_AVX512GFNI, IFK_ISA_AMX };
 
 static void fill_normal(float *a, size_t n, float scale)
 {
@@ -122,24 +122,28 @@ static const char *mode_tag = "";
  * of anything), y rows of N + 5; the padding of y must stay untouched. */
 static void check_matmul(int wtype, int N, int K, const int *Ts, int n_Ts)
 {
+    int tmax = 0;
+    for (int i = 0; i < n_Ts; i++)
+        tmax = Ts[i] > tmax ? Ts[i] : tmax;
+    const int pool = tmax + 7; /* x rows in the pool; a call takes T of them from an offset */
     const size_t ldx = (size_t)K + 3, ldy = (size_t)N + 5;
     void *W = make_weights(wtype, N, K);
-    float *x = malloc((size_t)POOL * ldx * sizeof *x);      /* [POOL][ldx] */
-    float *ref = malloc((size_t)POOL * N * sizeof *ref);    /* [POOL][N]   */
-    float *y = malloc((size_t)TMAX * ldy * sizeof *y);      /* [TMAX][ldy] */
-    fill_normal(x, (size_t)POOL * ldx, 1.0f);
-    for (int p = 0; p < POOL; p++) /* a few rows with outliers, one all zero */
+    float *x = malloc((size_t)pool * ldx * sizeof *x);      /* [pool][ldx] */
+    float *ref = malloc((size_t)pool * N * sizeof *ref);    /* [pool][N]   */
+    float *y = malloc((size_t)tmax * ldy * sizeof *y);      /* [tmax][ldy] */
+    fill_normal(x, (size_t)pool * ldx, 1.0f);
+    for (int p = 0; p < pool; p++) /* a few rows with outliers, one all zero */
         if (p % 7 == 3)
             x[(size_t)p * ldx + (size_t)(p * 31) % K] = 40.0f;
     memset(x + 5 * ldx, 0, (size_t)K * sizeof *x);
-    for (int p = 0; p < POOL; p++)
+    for (int p = 0; p < pool; p++)
         ifk_matmul(ref + (size_t)p * N, (size_t)N, W, wtype, x + (size_t)p * ldx, ldx, 1, N, K, 1);
     int bad = 0, calls = 0, pad_bad = 0;
     for (int ti = 0; ti < n_Ts; ti++)
         for (int threads = 1; threads <= 2; threads++) {
             const int T = Ts[ti];
-            for (int off = (T * 5 + threads) % (POOL - T + 1), rep = 0; rep < 2; rep++, off = (off + 7) % (POOL - T + 1)) {
-                for (size_t i = 0; i < (size_t)TMAX * ldy; i++)
+            for (int off = (T * 5 + threads) % (pool - T + 1), rep = 0; rep < 2; rep++, off = (off + 7) % (pool - T + 1)) {
+                for (size_t i = 0; i < (size_t)tmax * ldy; i++)
                     y[i] = -12345.0f;
                 ifk_matmul(y, ldy, W, wtype, x + (size_t)off * ldx, ldx, T, N, K, threads);
                 calls++;
@@ -171,6 +175,7 @@ static void test_matmul_invariance(void)
 {
     static const int all_T[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17 };
     static const int some_T[] = { 1, 2, 3, 5, 8, 16, 17 };
+    static const int tile_T[] = { 1, 32, 33, 40 };
     const int ftypes[] = { IFK_F32, IFK_F16, IFK_BF16 };
     int paths = 0;
     for (size_t p = 0; p < sizeof isas / sizeof *isas; p++) {
@@ -185,9 +190,11 @@ static void test_matmul_invariance(void)
                 check_matmul(ftypes[f], 45, 77, all_T, 17);
                 check_matmul(ftypes[f], 45, 3000, some_T, 7);
                 check_matmul(ftypes[f], 37, 4200, some_T, 7);
-                if (ftypes[f] != IFK_F32) { /* packed pairs (qpack.h): K odd; K over several chunks */
+                if (ftypes[f] != IFK_F32) { /* packed pairs (qpack.h): K odd; K over several chunks; on
+                                             * AMX, 2 tiles of 16 tokens and the tokens left over */
                     check_matmul(IFK_QPACKED + ftypes[f], 45, 77, all_T, 17);
                     check_matmul(IFK_QPACKED + ftypes[f], 37, 3001, some_T, 7);
+                    check_matmul(IFK_QPACKED + ftypes[f], 33, 1100, tile_T, 4);
                 }
                 ifk_set_qx_f32(0);
             }

@@ -287,10 +287,10 @@ static void test_isa_selection(void)
 {
     int best = ifk_isa_detect();
     CHECK(ifk_set_isa(IFK_ISA_SCALAR) == IFK_ISA_SCALAR, "scalar can always be chosen");
-    CHECK(ifk_set_isa(IFK_ISA_AVX512GFNI + 1) == IFK_ISA_SCALAR, "an unknown path is refused");
+    CHECK(ifk_set_isa(IFK_ISA_AMX + 1) == IFK_ISA_SCALAR, "an unknown path is refused");
     CHECK(ifk_set_isa(IFK_ISA_AUTO) == best, "auto restores %s", ifk_isa_name(best));
     CHECK(!strcmp(ifk_isa_name(IFK_ISA_AVX2), "avx2") && !strcmp(ifk_isa_name(IFK_ISA_AVX512), "avx512") &&
-              !strcmp(ifk_isa_name(IFK_ISA_AVX512GFNI), "avx512gfni"),
+              !strcmp(ifk_isa_name(IFK_ISA_AVX512GFNI), "avx512gfni") && !strcmp(ifk_isa_name(IFK_ISA_AMX), "amx"),
           "isa names");
     printf("test_kernels: this CPU's best path: %s\n", ifk_isa_name(best));
 }

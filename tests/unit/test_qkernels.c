@@ -278,7 +278,7 @@ static void test_all_levels(void)
 
 /* ---- (c) ifk_qmatmul on every path against the oracle ----------------------------------- */
 
-static const int isas[] = { IFK_ISA_SCALAR, IFK_ISA_AVX2, IFK_ISA_AVX512, IFK_ISA_AVX512GFNI };
+static const int isas[] = { IFK_ISA_SCALAR, IFK_ISA_AVX2, IFK_ISA_AVX512, IFK_ISA_AVX512GFNI, IFK_ISA_AMX };
 #define N_ISAS 4
 
 /* Largest error / sum |w'x| against the oracle, per path and type, for rows of K >= 1024:

@@ -229,7 +229,7 @@ static void test_kernels(void)
             ifk_dequantize_row(dq + n * K, type, W + n * rb, K);
         }
         ifk_qmatmul_ref(ref, N, W, type, x, K, T, N, K);
-        for (int isa = IFK_ISA_SCALAR; isa <= IFK_ISA_AVX512GFNI; isa++) {
+        for (int isa = IFK_ISA_SCALAR; isa <= IFK_ISA_AMX; isa++) {
         if (ifk_set_isa(isa) != isa)
             continue;
         ifk_qmatmul(y, N, W, type, x, K, T, N, K, 1);
