@@ -105,8 +105,11 @@ static inline __attribute__((always_inline)) void block(const int NT, const int 
 {
     _Alignas(64) uint16_t sb[2][2][FA_STEP * 32]; /* F16 steps not kept: [step parity][group] */
     _Alignas(64) float tmp[2][16][16]; /* the partial last group's C, per token tile */
-    const size_t sy = ldy * sizeof(float), sx = ldx * sizeof(uint16_t);
+    const size_t sx = ldx * sizeof(uint16_t);
     const int part = last < 16; /* the last group (R - 1) goes through tmp */
+    /* C c (0..3): token tile c / 2, group c % 2; in y, or tmp for the partial last group */
+#define FA_C(c) ((c) % 2 == R - 1 && part ? (void *)tmp[(c) / 2] : (void *)(y + 16 * ldy * ((c) / 2) + 16 * ((c) % 2)))
+#define FA_CS(c) ((c) % 2 == R - 1 && part ? (size_t)64 : ldy * sizeof(float))
     if (first) {
         _tile_zero(0);
         _tile_zero(1);
@@ -119,21 +122,13 @@ static inline __attribute__((always_inline)) void block(const int NT, const int 
                     memset(tmp[i][t], 0, sizeof tmp[i][t]);
                     memcpy(tmp[i][t], y + ((size_t)16 * i + t) * ldy + 16 * (R - 1), (size_t)last * sizeof(float));
                 }
-        /* C 0 / 1: token tile 0, groups 0 / 1; C 2 / 3: token tile 1 */
-        if (R == 1 && part)
-            _tile_loadd(0, tmp[0], 64);
-        else
-            _tile_loadd(0, y, sy);
+        _tile_loadd(0, FA_C(0), FA_CS(0));
         if (R == 2)
-            _tile_loadd(1, part ? (const void *)tmp[0] : y + 16, part ? 64 : sy);
-        if (NT == 2) {
-            if (R == 1 && part)
-                _tile_loadd(2, tmp[1], 64);
-            else
-                _tile_loadd(2, y + 16 * ldy, sy);
-            if (R == 2)
-                _tile_loadd(3, part ? (const void *)tmp[1] : y + 16 * ldy + 16, part ? 64 : sy);
-        }
+            _tile_loadd(1, FA_C(1), FA_CS(1));
+        if (NT == 2)
+            _tile_loadd(2, FA_C(2), FA_CS(2));
+        if (NT == 2 && R == 2)
+            _tile_loadd(3, FA_C(3), FA_CS(3));
     }
     for (int s = 0; s < ws->n_steps; s++) {
         if (ws->src) {
@@ -166,20 +161,15 @@ static inline __attribute__((always_inline)) void block(const int NT, const int 
                 _tile_dpbf16ps(3, 5, 7);
         }
     }
-    if (R == 1 && part)
-        _tile_stored(0, tmp[0], 64);
-    else
-        _tile_stored(0, y, sy);
+    _tile_stored(0, FA_C(0), FA_CS(0));
     if (R == 2)
-        _tile_stored(1, part ? (void *)tmp[0] : y + 16, part ? 64 : sy);
-    if (NT == 2) {
-        if (R == 1 && part)
-            _tile_stored(2, tmp[1], 64);
-        else
-            _tile_stored(2, y + 16 * ldy, sy);
-        if (R == 2)
-            _tile_stored(3, part ? (void *)tmp[1] : y + 16 * ldy + 16, part ? 64 : sy);
-    }
+        _tile_stored(1, FA_C(1), FA_CS(1));
+    if (NT == 2)
+        _tile_stored(2, FA_C(2), FA_CS(2));
+    if (NT == 2 && R == 2)
+        _tile_stored(3, FA_C(3), FA_CS(3));
+#undef FA_C
+#undef FA_CS
     if (part)
         for (int i = 0; i < NT; i++)
             for (int t = 0; t < tokens; t++)
@@ -228,9 +218,7 @@ IFK_DECL_BF16_ROWS(ifk_amx_fpack_rows)
     const size_t gs = (size_t)P2 * 32; /* elements of a group */
     const uint16_t *P = W;
     if (K <= 0 || n1 <= n0) {
-        for (int t = 0; t < T; t++)
-            for (int n = n0; n < n1; n++)
-                y[(size_t)t * ldy + n] = 0.0f;
+        ifk_zero_rows(y, ldy, T, n0, n1);
         return;
     }
     _Alignas(64) uint16_t tailw[2][FA_STEP * 32];

@@ -171,9 +171,7 @@ IFK_DECL_BF16_ROWS(ifk_avx512bf16_fpack_rows)
     const size_t gs = (size_t)P2 * 32; /* elements of a group */
     const uint16_t *P = W;
     if (K <= 0 || n1 <= n0) {
-        for (int t = 0; t < T; t++)
-            for (int n = n0; n < n1; n++)
-                y[(size_t)t * ldy + n] = 0.0f;
+        ifk_zero_rows(y, ldy, T, n0, n1);
         return;
     }
     if (T == 1) {

@@ -71,6 +71,14 @@ IFK_DECL_BF16_ROWS(ifk_avx512bf16_fpack_rows);
 /* The same on AMX tiles (fpack_amx.c; the IFK_ISA_AMX path): a different summation order. */
 IFK_DECL_BF16_ROWS(ifk_amx_fpack_rows);
 
+/* y[t][n] = 0 for t < T, n0 <= n < n1: a product over K = 0. */
+static inline void ifk_zero_rows(float *y, size_t ldy, int T, int n0, int n1)
+{
+    for (int t = 0; t < T; t++)
+        for (int n = n0; n < n1; n++)
+            y[(size_t)t * ldy + n] = 0.0f;
+}
+
 /* A per-thread scratch buffer of at least `bytes` (64-byte aligned; it grows, never shrinks,
  * and is freed when the thread ends), or NULL when it cannot grow. One per thread, shared by
  * the quantized product's x (qdispatch.c) and the BF16 product's x (dispatch.c): a thread
