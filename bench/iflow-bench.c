@@ -44,10 +44,7 @@ int main(int argc, char **argv)
     }
     const char *isa = getenv("IFLOW_BENCH_ISA");
     if (isa && *isa) {
-        int want = -2;
-        for (int i = IFK_ISA_SCALAR; i <= IFK_ISA_AMX; i++)
-            if (!strcmp(isa, ifk_isa_name(i)))
-                want = i;
+        const int want = ifk_isa_by_name(isa);
         if (want == -2 || ifk_set_isa(want) != want) {
             fprintf(stderr, "iflow-bench: kernel path '%s' is unknown or not supported here\n", isa);
             return 2;

@@ -207,10 +207,7 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
             const char *s = argv[++i];
-            int want = -2;
-            for (int p = IFK_ISA_SCALAR; p <= IFK_ISA_AMX; p++)
-                if (!strcmp(s, ifk_isa_name(p)))
-                    want = p;
+            const int want = ifk_isa_by_name(s);
             if (want == -2) {
                 fprintf(stderr, "kbench: unknown --isa '%s' (scalar, avx2, avx512, avx512gfni, amx)\n", s);
                 return 2;

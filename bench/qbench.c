@@ -377,10 +377,9 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
             const char *s = argv[++i];
-            int want = IFK_ISA_AVX512GFNI;
-            for (int p = IFK_ISA_SCALAR; p <= IFK_ISA_AMX; p++)
-                if (!strcmp(s, ifk_isa_name(p)))
-                    want = p;
+            int want = ifk_isa_by_name(s);
+            if (want == -2) /* as before: an unknown name asks for avx512gfni */
+                want = IFK_ISA_AVX512GFNI;
             if (ifk_set_isa(want) != want) {
                 fprintf(stderr, "qbench: this CPU lacks %s\n", s);
                 return 1;

@@ -130,6 +130,14 @@ const char *ifk_isa_name(int isa)
     }
 }
 
+int ifk_isa_by_name(const char *name)
+{
+    for (int isa = IFK_ISA_SCALAR; isa <= IFK_ISA_AMX; isa++)
+        if (!strcmp(name, ifk_isa_name(isa)))
+            return isa;
+    return -2;
+}
+
 static const ifk_path *path(void)
 {
 #ifndef IFK_NO_SIMD

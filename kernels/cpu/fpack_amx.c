@@ -22,9 +22,10 @@
  * exactly); every T, decode included, runs the same steps, so y[t] depends only on W and x[t]
  * (kernels.h's batch invariance): T = 1 is a tile of one token. The last step of an odd or
  * short K reads x's zeros (round_x pads x to a multiple of 32 and more) against a copy of the
- * last pairs padded with zeros. F16 weights are rounded to BF16 (nearest even) into a buffer a
- * chunk of two groups at a time, the same rounding as the avx512 path's. Results differ from
- * the avx512 path's vdpbf16ps chain by summation order only.
+ * last pairs padded with zeros. F16 weights are rounded to BF16 (nearest even; the avx512
+ * path's rounding) a step at a time just before its multiply: in prefill by a chunk's first token
+ * tile, into a buffer of the chunk that its other tiles read; in decode into a small buffer.
+ * Results differ from the avx512 path's vdpbf16ps chain by summation order only.
  *
  * A thread's tile state is its own: each call loads the configuration (ldtilecfg) and releases
  * the tiles when done. The process must have asked the kernel for the tile data state
@@ -245,9 +246,9 @@ IFK_DECL_BF16_ROWS(ifk_amx_fpack_rows)
         for (int g = g0; g < g1; g += 2) {
             const int R = g1 - g < 2 ? 1 : 2, nl = n1 - 16 * (g + R - 1), last = nl < 16 ? nl : 16;
             fa_steps ws = steps_of(P, gs, f16, g, R, pc, pe, P2, tailw), kept = ws;
-            ws.pf = 1, ws.keep = buf;
-            if (f16) /* the other tiles read what the first one rounded */
-                kept.src = NULL, kept.w[0] = buf, kept.w[1] = buf + (size_t)(R - 1) * FA_KC * 32;
+            ws.pf = 1;
+            if (f16) /* the first tile rounds into buf; the other tiles read it */
+                ws.keep = buf, kept.src = NULL, kept.w[0] = buf, kept.w[1] = buf + (size_t)(R - 1) * FA_KC * 32;
             float *yg = y + 16 * (size_t)g;
             const uint16_t *xc = x + 2 * (size_t)pc;
             if (cfg != 16)

@@ -57,6 +57,8 @@ int ifk_isa_detect(void);
 int ifk_set_isa(int isa);
 /* "scalar", "avx2", "avx512", "avx512gfni", "amx". */
 const char *ifk_isa_name(int isa);
+/* The path of that name (ifk_isa_name's), or -2 for a name no path has. */
+int ifk_isa_by_name(const char *name);
 int ifk_isa_current(void);
 
 /* Matrix product with a weight matrix:
