@@ -183,6 +183,28 @@ static int packed_ahead(int type, int T)
     return T > 1 || type == IFK_Q6_B64 || type == IFK_Q5_B64 || cpu_is_intel() ? 8192 : 0;
 }
 
+/* Groups a packed product reads side by side (qx.streams) for T tokens: two for decode on
+ * Intel cores, else one. There one thread's single stream, even with the prefetch above, keeps
+ * too few lines in flight (membw: one stream a thread 12.5 GB/s, four 17.4); with two groups
+ * advancing block by block the L2 streamer follows two streams. Measured on the Xeon (model 207),
+ * 2026-11-28, the TinyLlama-1.1B stack of packed Q4_B64 matrices, T = 1, 1 thread, 8 KiB ahead,
+ * GB/s, one stream against two in alternating rounds: 10.0-14.3 against 11.9-15.7 (two ahead in
+ * 13 of 14 rounds, means 12.2 / 14.1); four: 8.8-15.1, no better than two. Whole models
+ * (iflow-bench, 1 / 2 threads) even within this host's noise (23-25 / 38-42 tok/s both).
+ * IFLOW_PACK_STREAMS=1..4 overrides. */
+static int packed_streams(int T)
+{
+    static int env = -2; /* -1: no override */
+    if (env == -2) {
+        const char *e = getenv("IFLOW_PACK_STREAMS");
+        const int v = e && *e ? atoi(e) : -1;
+        env = v < 1 ? -1 : v > 4 ? 4 : v;
+    }
+    if (T != 1)
+        return 1;
+    return env > 0 ? env : cpu_is_intel() ? 2 : 1;
+}
+
 int ifk_qpath_packed(int type)
 {
     return ifk_qtype(type) && packed_kernel(type);
@@ -252,6 +274,7 @@ static size_t qx_layout(ifk_qx *qx, int type, int x16, int k, int T, int K, char
     qx->spos = sp ? (int32_t *)(sp + 4 * tk) : NULL;
     qx->su = sp ? (int32_t *)(sp + 8 * tk) : NULL;
     qx->ahead = 0;
+    qx->streams = 1;
     return qbytes + 8 * sbytes + ((4 * (2 * tk + nu_max) + 63) & ~(size_t)63);
 }
 
@@ -402,7 +425,7 @@ typedef struct {
     int type, x16, T, N, K;
     int rpi;          /* rows per item */
     int k, nu, packed;/* the split (qx's k and nu; k = 0: none) */
-    int ahead;        /* qx's */
+    int ahead, streams; /* qx's */
 } qmm_args;
 
 /* Rows n0 <= n < n1 of the int8 product (n0 a multiple of 16), then the split's F32 columns
@@ -438,6 +461,7 @@ static void qmm_run(const void *args, const void *in, int i, float *out)
     const int nu_max = qx_nu_max(a->k, a->T, a->K); /* su's room (a stale item: pool.h) */
     qx.nu = a->nu < nu_max ? a->nu : nu_max;
     qx.ahead = a->ahead;
+    qx.streams = a->streams;
     int n0, n1;
     qmm_range(a, i, &n0, &n1);
     if (!out)
@@ -643,6 +667,7 @@ void ifk_qmatmul(float *y, size_t ldy, const void *W, int type, const float *x, 
                                      : path == QPATH_AVX512 ? ifk_avx512_qmatmul_rows
                                                             : ifk_avx512gfni_qmatmul_rows;
     qx.ahead = packed ? packed_ahead(type, T) : 0;
+    qx.streams = packed ? packed_streams(T) : 1;
     float *xm = (float *)((char *)qx.q + qx_bytes); /* the split's scratch, after what items read */
     qxq_args q = {quantize, x, ldx, qx, T, (T + 4 * nt - 1) / (4 * nt), qx_wants_pair_order(&qx, packed), xm};
     if (nt > 1 && T >= 16) /* worth sharing */
@@ -657,7 +682,7 @@ void ifk_qmatmul(float *y, size_t ldy, const void *W, int type, const float *x, 
         return;
     }
     int rpi = ifk_pool_rows_per_item(N, nt);
-    qmm_args a = {rows, y, ldy, W, ifk_qrow_bytes(type, K), type, qx.x16, T, N, K, rpi, k, qx.nu, packed, qx.ahead};
+    qmm_args a = {rows, y, ldy, W, ifk_qrow_bytes(type, K), type, qx.x16, T, N, K, rpi, k, qx.nu, packed, qx.ahead, qx.streams};
     ifk_pool_run(&(ifk_pool_job){.run = qmm_run, .commit = qmm_commit, .args = &a, .args_size = sizeof a,
                                  .input = qx.q, .input_size = qx_bytes,
                                  .scratch_floats = (size_t)T * rpi, .n_items = (N + rpi - 1) / rpi,

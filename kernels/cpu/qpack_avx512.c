@@ -12,7 +12,8 @@
  * order; qpack.h), picked per call by qx->x16. The first token tile of a group (all of
  * decode) reads the tiles as one forward stream, with a software prefetch qx->ahead bytes ahead
  * where the dispatcher asks for one (qdispatch.c's packed_ahead); the later ones
- * find them in cache.
+ * find them in cache. Decode may read qx->streams groups side by side instead, block by block
+ * (several streams through memory; qdispatch.c's packed_streams).
  *
  * Compiled twice. Here (QP_GFNI = 0) for Q4 and Q8, with target("avx512vnni") on top of the
  * file's -mavx512* flags: ifk_avx512_qmatmul_packed_rows, which qdispatch.c calls on the VNNI
@@ -291,49 +292,47 @@ QP_INLINE void tile_sums(__m512i *a0, __m512i *a1, const uint8_t *tile, const if
     }
 }
 
-/* y[t0 + j][n0 + r] for j < C, r < nr (<= 16): the 16 rows of the group whose tiles start at
- * tg ([nb][tile_bytes] bytes) against tokens t0 .. t0 + C - 1 of qx. One x scale per block
- * (int16 x, or B = 32): the two int32 sums added exactly before the one conversion. */
-QP_INLINE void group_tile(float *y, size_t ldy, const uint8_t *tg, const ifk_qx *qx, int n0, int nr, int t0,
-                          const int type, const int x16, const int C)
+/* Block b of one group (its tile at `tile`) against tokens t0 .. t0 + C - 1 of qx, added into
+ * yv[j] (the group's 16 outputs of token t0 + j). One x scale per block (int16 x, or B = 32): the
+ * two int32 sums added exactly before the one conversion. */
+QP_INLINE void block_step(__m512 *yv, const uint8_t *tile, const ifk_qx *qx, int b, int t0, const int type,
+                          const int x16, const int C)
 {
-    const int nb = qx->nb, B = ifk_qtype_block(type);
+    const int B = ifk_qtype_block(type);
     const size_t tb = tile_bytes(type);
-    __m512 yv[8];
+    if (t0 == 0 && qx->ahead) /* the group's first pass reads its tiles from memory */
+        for (size_t o = 0; o < tb; o += 64)
+            _mm_prefetch((const char *)tile + qx->ahead + o, _MM_HINT_T1);
+    __m512i a0[8], a1[8]; /* [C] */
 #pragma GCC unroll 8
     for (int j = 0; j < C; j++)
-        yv[j] = _mm512_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *tile = tg + (size_t)b * tb;
-        if (t0 == 0 && qx->ahead) /* the group's first pass reads its tiles from memory */
-            for (size_t o = 0; o < tb; o += 64)
-                _mm_prefetch((const char *)tile + qx->ahead + o, _MM_HINT_T1);
-        __m512i a0[8], a1[8]; /* [C] */
+        a0[j] = a1[j] = _mm512_setzero_si512();
+    tile_sums(a0, a1, tile, qx, b, t0, type, x16, C);
+    const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tile));
+    const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tile + 32)));
 #pragma GCC unroll 8
-        for (int j = 0; j < C; j++)
-            a0[j] = a1[j] = _mm512_setzero_si512();
-        tile_sums(a0, a1, tile, qx, b, t0, type, x16, C);
-        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tile));
-        const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tile + 32)));
-#pragma GCC unroll 8
-        for (int j = 0; j < C; j++) {
-            const size_t o = (size_t)(t0 + j) * qx->s_ld + (size_t)b;
-            /* p: the block's product before the weight scales (qpack.h's arithmetic), with
-             * int8 x the residual's correction (qimpl.h) added in the first multiply's place */
-            __m512 p;
-            if (x16)
-                p = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a0[j], a1[j])), _mm512_set1_ps(qx->s0[o]));
-            else if (B == 32)
-                p = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a0[j], a1[j])), _mm512_set1_ps(qx->s0[o]),
-                                    _mm512_set1_ps(qx->cor[o]));
-            else
-                p = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a1[j]), _mm512_set1_ps(qx->s1[o]),
-                                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(a0[j]), _mm512_set1_ps(qx->s0[o]),
-                                                    _mm512_set1_ps(qx->cor[o])));
-            yv[j] = _mm512_fmadd_ps(p, dv, yv[j]);
-            yv[j] = _mm512_fmadd_ps(mv, _mm512_set1_ps(qx->sum[o]), yv[j]);
-        }
+    for (int j = 0; j < C; j++) {
+        const size_t o = (size_t)(t0 + j) * qx->s_ld + (size_t)b;
+        /* p: the block's product before the weight scales (qpack.h's arithmetic), with int8 x
+         * the residual's correction (qimpl.h) added in the first multiply's place */
+        __m512 p;
+        if (x16)
+            p = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a0[j], a1[j])), _mm512_set1_ps(qx->s0[o]));
+        else if (B == 32)
+            p = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a0[j], a1[j])), _mm512_set1_ps(qx->s0[o]),
+                                _mm512_set1_ps(qx->cor[o]));
+        else
+            p = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a1[j]), _mm512_set1_ps(qx->s1[o]),
+                                _mm512_fmadd_ps(_mm512_cvtepi32_ps(a0[j]), _mm512_set1_ps(qx->s0[o]),
+                                                _mm512_set1_ps(qx->cor[o])));
+        yv[j] = _mm512_fmadd_ps(p, dv, yv[j]);
+        yv[j] = _mm512_fmadd_ps(mv, _mm512_set1_ps(qx->sum[o]), yv[j]);
     }
+}
+
+/* y[t0 + j][n0 + r] for j < C, r < nr (<= 16) from yv[j]. */
+QP_INLINE void store_outputs(float *y, size_t ldy, const __m512 *yv, int n0, int nr, int t0, const int C)
+{
 #pragma GCC unroll 8
     for (int j = 0; j < C; j++) {
         float *yp = y + (size_t)(t0 + j) * ldy + n0;
@@ -344,11 +343,65 @@ QP_INLINE void group_tile(float *y, size_t ldy, const uint8_t *tg, const ifk_qx 
     }
 }
 
+/* y[t0 + j][n0 + r] for j < C, r < nr (<= 16): the 16 rows of the group whose tiles start at
+ * tg ([nb][tile_bytes] bytes) against tokens t0 .. t0 + C - 1 of qx. */
+QP_INLINE void group_tile(float *y, size_t ldy, const uint8_t *tg, const ifk_qx *qx, int n0, int nr, int t0,
+                          const int type, const int x16, const int C)
+{
+    const size_t tb = tile_bytes(type);
+    __m512 yv[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < C; j++)
+        yv[j] = _mm512_setzero_ps();
+    for (int b = 0; b < qx->nb; b++)
+        block_step(yv, tg + (size_t)b * tb, qx, b, t0, type, x16, C);
+    store_outputs(y, ldy, yv, n0, nr, t0, C);
+}
+
+/* group_tile for one token (T = 1) and S groups at once, block by block (S streams through
+ * memory): group s's tiles at tg[s], its rows from n[s] (nr of them for the last, 16 for the
+ * others); each output the same operations as alone. */
+QP_INLINE void group_multi1(float *y, const uint8_t *const *tg, const int *n, int nr, const ifk_qx *qx,
+                            const int type, const int x16, const int S)
+{
+    const size_t tb = tile_bytes(type);
+    __m512 yv[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < S; i++)
+        yv[i] = _mm512_setzero_ps();
+    for (int b = 0; b < qx->nb; b++)
+#pragma GCC unroll 4
+        for (int i = 0; i < S; i++)
+            block_step(&yv[i], tg[i] + (size_t)b * tb, qx, b, 0, type, x16, 1);
+#pragma GCC unroll 4
+    for (int i = 0; i < S; i++)
+        store_outputs(y, 0, &yv[i], n[i], i == S - 1 ? nr : 16, 0, 1);
+}
+
 /* Rows n0 <= n < n1 (n0 a multiple of 16), every token, of a packed matrix of one type. */
 QP_INLINE void packed_rows(float *y, size_t ldy, const uint8_t *P, const ifk_qx *qx, int n0, int n1, const int type,
                            const int x16)
 {
     const size_t group_bytes = (size_t)qx->nb * tile_bytes(type);
+    if (qx->T == 1 && qx->streams > 1) { /* S streams: groups i, i + h, i + 2 h, ... */
+        const int G = (n1 - n0 + 15) / 16, S = qx->streams < 4 ? qx->streams : 4, h = (G + S - 1) / S;
+        for (int i = 0; i < h; i++) {
+            const uint8_t *tg[4] = { 0 };
+            int n[4] = { 0 }, k = 0;
+            for (; k < S && i + k * h < G; k++) {
+                n[k] = n0 + 16 * (i + k * h);
+                tg[k] = P + (size_t)(n[k] / 16) * group_bytes;
+            }
+            const int nr = n1 - n[k - 1] < 16 ? n1 - n[k - 1] : 16;
+            switch (k) {
+            case 4: group_multi1(y, tg, n, nr, qx, type, x16, 4); break;
+            case 3: group_multi1(y, tg, n, nr, qx, type, x16, 3); break;
+            case 2: group_multi1(y, tg, n, nr, qx, type, x16, 2); break;
+            default: group_multi1(y, tg, n, nr, qx, type, x16, 1); break;
+            }
+        }
+        return;
+    }
     for (int n = n0; n < n1; n += 16) {
         const uint8_t *tg = P + (size_t)(n / 16) * group_bytes;
         const int nr = n1 - n < 16 ? n1 - n : 16;
