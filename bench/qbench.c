@@ -3,7 +3,7 @@
  * per line on stdout.
  *
  *   qbench [--isa scalar|avx2|avx512|avx512gfni] [--threads N] [--no-single] [--type NAME]... [--shape NxK]...
- *          [--decode] [--hot] [--quick] [--roof] [--activations int|int8|int16]
+ *          [--decode] [--hot] [--stack] [--quick] [--roof] [--activations int|int8|int16]
  *
  * decode:  T = 1 on the TinyLlama shapes (N x K = 2048x2048, 5632x2048, 2048x5632, 32000x2048,
  *          256x2048) at 1 thread (unless --no-single) and at --threads (default: all cores). GBps = bytes of the
@@ -20,6 +20,9 @@
  *          above the read bandwidth means that decode from DRAM is bound by the bandwidth, not by
  *          the kernel; and unlike timings from DRAM it hardly depends on other tenants' traffic.
  *          Only this is run.
+ * stack:   decode through the TinyLlama-1.1B stack of one type (bench_stack: 22 layers x 7
+ *          matrices and the output, each its own allocation, in the model's order), packed
+ *          where this CPU has it: GBps of a token's pass. Only this is run.
  * prefill: T = 64 on 2048x2048 and 5632x2048; GFLOPs = 2 T N K / time.
  * Each type in the row layout ("layout":"rows"), then packed (qpack.h) where this CPU has it.
  * "x": how x was rounded ("int8" or "int16", qimpl.h's ifk_qx_int16); --activations int8 sets the
@@ -196,6 +199,67 @@ static void bench_decode(int type, int ptype, int N, int K, int threads, double 
 
 static double roof_round(int op, double ops, int threads);
 
+/* Decode through a TinyLlama-1.1B-shaped stack: 22 layers of 7 matrices (q, k, v, o, gate, up,
+ * down) and the output matrix, each an allocation of its own as the engine's, multiplied in that
+ * order with T = 1; one pass is a token's products. The matrices are copies of one per shape
+ * (quantizing is slow; the bytes read are the same). GBps = the stack's bytes / a pass's time.
+ * Unlike --decode, which reads copies of one shape back to back, this starts a new matrix as
+ * often as a model does (what measured the decode streams of qdispatch.c's packed_streams). */
+static void bench_stack(int type, int ptype, int threads, double min_s)
+{
+    enum { LAYERS = 22, PER = 7 };
+    static const int shape[PER + 1][2] = { { 2048, 2048 }, { 256, 2048 }, { 256, 2048 }, { 2048, 2048 },
+                                           { 5632, 2048 }, { 5632, 2048 }, { 2048, 5632 }, { 32000, 2048 } };
+    const int n = LAYERS * PER + 1;
+    uint8_t *proto[PER + 1], **W = alloc64((size_t)n * sizeof *W);
+    size_t bytes[PER + 1];
+    double total = 0.0;
+    for (int s = 0; s <= PER; s++) {
+        if (s == 2) { /* v: k's shape */
+            proto[2] = proto[1], bytes[2] = bytes[1];
+            continue;
+        }
+        proto[s] = make_matrix(type, ptype, shape[s][0], shape[s][1], 7 + (uint32_t)s);
+        bytes[s] = ptype == type ? (size_t)shape[s][0] * ifk_qrow_bytes(type, shape[s][1])
+                                 : ifk_qpack_bytes(type, shape[s][0], shape[s][1]);
+    }
+    for (int i = 0; i < n; i++) {
+        const int s = i == n - 1 ? PER : i % PER;
+        W[i] = alloc64(bytes[s]);
+        memcpy(W[i], proto[s], bytes[s]);
+        total += (double)bytes[s];
+    }
+    float *x = alloc64(5632 * sizeof(float)), *y = alloc64(32000 * sizeof(float));
+    fill(x, 5632, 5, 1.0f);
+    static double t[BENCH_MAX_ROUNDS];
+    double spent = 0.0, best, med;
+    int r = 0;
+    for (int pass = -1; pass < BENCH_MAX_ROUNDS && (pass < 3 || spent < min_s); pass++) {
+        const double t0 = bench_now();
+        for (int i = 0; i < n; i++) {
+            const int s = i == n - 1 ? PER : i % PER;
+            ifk_qmatmul(y, (size_t)shape[s][0], W[i], ptype, x, (size_t)shape[s][1], 1, shape[s][0], shape[s][1],
+                        threads);
+        }
+        if (pass >= 0) /* pass -1: warm-up (page faults, scratch) */
+            spent += t[r++] = bench_now() - t0;
+    }
+    bench_best_median(t, r, &best, &med);
+    printf("{\"bench\":\"qstack\",\"isa\":\"%s\",\"wtype\":\"%s\",\"layout\":\"%s\",\"threads\":%d,\"MB\":%.1f,"
+           "\"ms\":%.2f,\"GBps\":%.2f,\"GBps_median\":%.2f}\n",
+           ifk_isa_name(ifk_isa_current()), ifk_qtype(type)->name, ptype == type ? "rows" : "packed", threads,
+           total * 1e-6, best * 1e3, total / best * 1e-9, total / med * 1e-9);
+    fflush(stdout);
+    for (int i = 0; i < n; i++)
+        ifk_bigmem_free(W[i]);
+    for (int s = 0; s <= PER; s++)
+        if (s != 2)
+            ifk_bigmem_free(proto[s]);
+    ifk_bigmem_free(W);
+    ifk_bigmem_free(x);
+    ifk_bigmem_free(y);
+}
+
 /* Each product round is followed by a round of the roof of the instruction the type's product
  * runs on (vpdpwssd for int16 x, else vpdpbusd; as --roof) for about as many operations:
  * roof_fraction_paired is the median over rounds of the product's GFLOPs / that roof's, the
@@ -370,7 +434,7 @@ static int type_by_name(const char *s)
 
 int main(int argc, char **argv)
 {
-    int threads = omp_get_num_procs(), quick = 0, roof = 0, decode_only = 0, hot = 0, single = 1, types[IFK_QTYPE_END_],
+    int threads = omp_get_num_procs(), quick = 0, roof = 0, stack = 0, decode_only = 0, hot = 0, single = 1, types[IFK_QTYPE_END_],
         n_types = 0;
     int shapes[16][2] = { { 2048, 2048 }, { 5632, 2048 }, { 2048, 5632 }, { 32000, 2048 }, { 256, 2048 } };
     int n_shapes = 5, own_shapes = 0;
@@ -409,13 +473,15 @@ int main(int argc, char **argv)
             quick = 1;
         } else if (!strcmp(argv[i], "--roof")) {
             roof = 1;
+        } else if (!strcmp(argv[i], "--stack")) {
+            stack = 1;
         } else if (!strcmp(argv[i], "--activations") && i + 1 < argc &&
                    (!strcmp(argv[i + 1], "int") || !strcmp(argv[i + 1], "int8") || !strcmp(argv[i + 1], "int16"))) {
             i++;
             ifk_set_qx_mode(!strcmp(argv[i], "int8") ? IFK_QX_INT8 : !strcmp(argv[i], "int16") ? IFK_QX_INT16 : IFK_QX_DEFAULT);
         } else {
             fprintf(stderr, "usage: qbench [--isa scalar|avx2|avx512] [--threads N] [--no-single] [--type NAME]... "
-                            "[--shape NxK]... [--decode] [--hot] [--quick] [--roof] [--activations int|int8|int16]\n");
+                            "[--shape NxK]... [--decode] [--hot] [--stack] [--quick] [--roof] [--activations int|int8|int16]\n");
             return 1;
         }
     }
@@ -432,6 +498,14 @@ int main(int argc, char **argv)
         return 0;
     }
     int thread_counts[2] = { 1, threads }, n_tc = threads > 1 ? 2 : 1, tc0 = single || threads == 1 ? 0 : 1;
+    if (stack) {
+        for (int ti = 0; ti < n_types; ti++) {
+            const int ptype = ifk_qpack_type(types[ti]) ? ifk_qpack_type(types[ti]) : types[ti];
+            for (int c = tc0; c < n_tc; c++)
+                bench_stack(types[ti], ptype, thread_counts[c], min_s);
+        }
+        return 0;
+    }
     for (int ti = 0; ti < n_types; ti++) {
         /* the row layout, then the packed one where this CPU has it */
         int layouts[2] = { types[ti], ifk_qpack_type(types[ti]) }, n_layouts = layouts[1] ? 2 : 1;
