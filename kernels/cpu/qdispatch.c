@@ -187,10 +187,12 @@ static int packed_ahead(int type, int T)
  * Intel cores, else one. There one thread's single stream, even with the prefetch above, keeps
  * too few lines in flight (membw: one stream a thread 12.5 GB/s, four 17.4); with two groups
  * advancing block by block the L2 streamer follows two streams. Measured on the Xeon (model 207),
- * 2026-11-28, the TinyLlama-1.1B stack of packed Q4_B64 matrices, T = 1, 1 thread, 8 KiB ahead,
- * GB/s, one stream against two in alternating rounds: 10.0-14.3 against 11.9-15.7 (two ahead in
- * 13 of 14 rounds, means 12.2 / 14.1); four: 8.8-15.1, no better than two. Whole models
- * (iflow-bench, 1 / 2 threads) even within this host's noise (23-25 / 38-42 tok/s both).
+ * 2026-11-28, 8 KiB ahead, GB/s, one stream against two: the TinyLlama-1.1B stack of packed
+ * Q4_B64 matrices at 1 thread, alternating rounds, 10.0-14.3 against 11.9-15.7 (two ahead in 13
+ * of 14 rounds, means 12.2 / 14.1; four streams 8.8-15.1, no better); `qbench --stack`, 4 rounds,
+ * 1 / 2 threads: Q4_B64 11.7-15.6 / 23.1-27.5 against 11.6-16.6 / 25.2-31.0, Q8_B64 12.3-15.7 /
+ * 24.9-29.3 against 13.1-17.4 / 27.2-29.8 (two ahead in 12 of 16 pairs; Q4_B64 at 1 thread
+ * even). Whole models (iflow-bench) even within this host's noise (23-25 / 38-42 tok/s both).
  * IFLOW_PACK_STREAMS=1..4 overrides. */
 static int packed_streams(int T)
 {
