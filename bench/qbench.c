@@ -135,10 +135,16 @@ static long long read_pool(const uint8_t *p, size_t n, int threads)
     return total;
 }
 
+/* Bytes of an [N][K] matrix of type in layout ptype (type: rows; its packed code: qpack.h). */
+static size_t matrix_bytes(int type, int ptype, int N, int K)
+{
+    return ptype == type ? (size_t)N * ifk_qrow_bytes(type, K) : ifk_qpack_bytes(type, N, K);
+}
+
 /* ptype: type, or its packed code (qpack.h). hot: one copy, read from cache. */
 static void bench_decode(int type, int ptype, int N, int K, int threads, double min_s, int hot)
 {
-    size_t bytes = ptype == type ? (size_t)N * ifk_qrow_bytes(type, K) : ifk_qpack_bytes(type, N, K);
+    size_t bytes = matrix_bytes(type, ptype, N, K);
     int copies = hot ? 1 : (int)((256u << 20) / bytes) + 1;
     uint8_t **W = alloc64((size_t)copies * sizeof *W);
     W[0] = make_matrix(type, ptype, N, K, 1);
@@ -215,13 +221,8 @@ static void bench_stack(int type, int ptype, int threads, double min_s)
     size_t bytes[PER + 1];
     double total = 0.0;
     for (int s = 0; s <= PER; s++) {
-        if (s == 2) { /* v: k's shape */
-            proto[2] = proto[1], bytes[2] = bytes[1];
-            continue;
-        }
         proto[s] = make_matrix(type, ptype, shape[s][0], shape[s][1], 7 + (uint32_t)s);
-        bytes[s] = ptype == type ? (size_t)shape[s][0] * ifk_qrow_bytes(type, shape[s][1])
-                                 : ifk_qpack_bytes(type, shape[s][0], shape[s][1]);
+        bytes[s] = matrix_bytes(type, ptype, shape[s][0], shape[s][1]);
     }
     for (int i = 0; i < n; i++) {
         const int s = i == n - 1 ? PER : i % PER;
@@ -253,8 +254,7 @@ static void bench_stack(int type, int ptype, int threads, double min_s)
     for (int i = 0; i < n; i++)
         ifk_bigmem_free(W[i]);
     for (int s = 0; s <= PER; s++)
-        if (s != 2)
-            ifk_bigmem_free(proto[s]);
+        ifk_bigmem_free(proto[s]);
     ifk_bigmem_free(W);
     ifk_bigmem_free(x);
     ifk_bigmem_free(y);

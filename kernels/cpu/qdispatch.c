@@ -170,15 +170,22 @@ static int cpu_is_intel(void)
 #endif
 }
 
+/* The integer in the environment variable `name` (an override, to measure a rule again), read
+ * once into *cache (-2 until then), or -1 when unset, empty or negative. */
+static int env_override(const char *name, int *cache)
+{
+    if (*cache == -2) {
+        const char *e = getenv(name);
+        const int v = e && *e ? atoi(e) : -1;
+        *cache = v < 0 ? -1 : v;
+    }
+    return *cache;
+}
+
 static int packed_ahead(int type, int T)
 {
-    static int env = -2; /* -1: no override */
-    if (env == -2) {
-        const char *e = getenv("IFLOW_PACK_AHEAD");
-        int v = e && *e ? atoi(e) : -1;
-        env = v < -1 ? -1 : v;
-    }
-    if (env >= 0)
+    static int env = -2;
+    if (env_override("IFLOW_PACK_AHEAD", &env) >= 0)
         return env / 64 * 64;
     return T > 1 || type == IFK_Q6_B64 || type == IFK_Q5_B64 || cpu_is_intel() ? 8192 : 0;
 }
@@ -196,15 +203,11 @@ static int packed_ahead(int type, int T)
  * IFLOW_PACK_STREAMS=1..4 overrides. */
 static int packed_streams(int T)
 {
-    static int env = -2; /* -1: no override */
-    if (env == -2) {
-        const char *e = getenv("IFLOW_PACK_STREAMS");
-        const int v = e && *e ? atoi(e) : -1;
-        env = v < 1 ? -1 : v > 4 ? 4 : v;
-    }
+    static int env = -2;
+    const int v = env_override("IFLOW_PACK_STREAMS", &env);
     if (T != 1)
         return 1;
-    return env > 0 ? env : cpu_is_intel() ? 2 : 1;
+    return v >= 1 ? (v > 4 ? 4 : v) : cpu_is_intel() ? 2 : 1;
 }
 
 int ifk_qpath_packed(int type)
