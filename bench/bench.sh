@@ -260,10 +260,11 @@ ctxshift=$(shift_entries)
 # and with IFLOW_POOL=0 (OpenMP's dynamic loop, the pool's fallback). The competitor's fair share
 # of the two cores is a quarter (half of one of them): decode should lose no more than that.
 # The pool runs IFLOW_BENCH_BUSY_ROUNDS (default 3) alternating quiet / busy rounds, OpenMP one
-# (its figure is a contrast); decode_kept_median is the pool's median round. fair_share_bound:
-# what decode keeps when the worker on core 1 gets exactly half of it and nothing is wasted, a
-# time share of half at 1-thread speed and half at 2-thread speed: (1T + 2T) / (2 x 2T) of the
-# same round; decode_kept / fair_share_bound says how much of that the pool delivered.
+# (its figure is a contrast); decode_kept_median is the pool's median round (the lower middle
+# one for an even count). fair_share_bound: what decode keeps when the worker on core 1 gets
+# exactly half of it and nothing is wasted, half the time at 1-thread speed and half at 2-thread
+# speed: (1T + 2T) / (2 x 2T) of the same round; of_bound = decode_kept / fair_share_bound, how
+# much of that the pool delivered.
 busy_round() { # pool -> one JSON line
     local pool=$1 quiet busy bp
     quiet=$(IFLOW_POOL=$pool taskset -c 0,1 "$build/iflow-bench" "$work/tl-busy.ifs" 16 48 1 2)
