@@ -275,9 +275,9 @@ busy_round() { # pool -> one JSON line
     wait "$bp" 2>/dev/null || true
     jq -cn --arg k "$([ "$pool" = 1 ] && echo pool || echo openmp)" --argjson q "$quiet" --argjson b "$busy" '
         ($q.runs[0].decode_tok_s) as $d1 | ($q.runs[1].decode_tok_s) as $d2 | ($b.runs[0].decode_tok_s) as $db |
+        ($db / $d2) as $kept | (($d1 + $d2) / (2 * $d2)) as $bound |
         {threads: $k, quiet_1t_decode_tok_s: $d1, quiet_2t_decode_tok_s: $d2, busy_2t_decode_tok_s: $db,
-         decode_kept: ($db / $d2), fair_share_bound: (($d1 + $d2) / (2 * $d2)),
-         of_bound: (($db / $d2) / (($d1 + $d2) / (2 * $d2))),
+         decode_kept: $kept, fair_share_bound: $bound, of_bound: ($kept / $bound),
          quiet_2t_prefill_tok_s: $q.runs[1].prefill_tok_s, busy_2t_prefill_tok_s: $b.runs[0].prefill_tok_s,
          prefill_kept: ($b.runs[0].prefill_tok_s / $q.runs[1].prefill_tok_s),
          items_taken_back: $b.runs[0].pool_items_taken_back, worker_moves: $b.runs[0].pool_worker_moves}'
@@ -287,16 +287,15 @@ busy_entry() {
     bin/iflow-convert --synthetic "$DATA/models/synthetic/tinyllama-1.1b" -t f16 -o "$work/tl-busy16.ifs" >&2
     bin/iflow-quant -t q4_b64 --keep "*=q4_b64" -i "$work/tl-busy16.ifs" -o "$work/tl-busy.ifs" >&2
     rm -f "$work/tl-busy16.ifs"
-    local r out=()
-    for r in $(seq "${IFLOW_BENCH_BUSY_ROUNDS:-3}"); do
+    local _ out=()
+    for _ in $(seq "${IFLOW_BENCH_BUSY_ROUNDS:-3}"); do
         out+=("$(busy_round 1)")
     done
     out+=("$(busy_round 0)")
     rm -f "$work/tl-busy.ifs"
-    printf '%s\n' "${out[@]}" | jq -s '{model: "tinyllama-1.1b-q4_b64", cores: "0,1", competitor: "busy loop on core 1",
-        competitor_share: 0.25, runs: .,
-        decode_kept_median: (map(select(.threads == "pool") | .decode_kept) | sort | .[(length - 1) / 2 | floor]),
-        prefill_kept_median: (map(select(.threads == "pool") | .prefill_kept) | sort | .[(length - 1) / 2 | floor])}'
+    printf '%s\n' "${out[@]}" | jq -s 'def pool_median(f): map(select(.threads == "pool") | f) | sort | .[(length - 1) / 2 | floor];
+        {model: "tinyllama-1.1b-q4_b64", cores: "0,1", competitor: "busy loop on core 1", competitor_share: 0.25, runs: .,
+         decode_kept_median: pool_median(.decode_kept), prefill_kept_median: pool_median(.prefill_kept)}'
 }
 busy=$(busy_entry)
 spec=$(speculative_entries)
