@@ -19,9 +19,10 @@
 #          after use (the 7B F16 file is 13.5 GB); a model that fails to run gets an entry with
 #          "error" and the others go on. Decode runs as iflow-run's default runs it (each step
 #          recorded once and run again at the next positions; graphs: the counts); op_by_op is a
-#          second run with every operation launched on its own (iflow-run --no-gpu-graphs),
-#          unfused a third, op by op without the fused ops (IFLOW_CUDA_UNFUSED=1);
-#          IFLOW_BENCH_GPU_COMPARE=0 skips those two.
+#          second run with every operation launched on its own (iflow-run --no-gpu-graphs) and
+#          its prefill in passes of 128 rows (IFLOW_PASS=128; a GPU's default is 512:
+#          prefill_pass128_tok_s), unfused a third, op by op without the fused ops
+#          (IFLOW_CUDA_UNFUSED=1); IFLOW_BENCH_GPU_COMPARE=0 skips those two.
 #
 # Environment: IFLOW_TEST_DATA (default ../shared), IFLOW_BENCH_DIR (scratch, default
 # build/bench-gpu), IFLOW_BENCH_GPU_MODELS = all (default) | tinyllama | 7b | none,
@@ -71,11 +72,13 @@ run_model() { # name, type, file -> one JSON line
     local graphs=null # the main run's recordings: steps run again, recordings made and dropped
     [ "$rc" = 0 ] && graphs=$(jq -c '{launches: .graph_launches, instantiations: .graph_instantiations,
                                       aborts: .graph_aborts, replays: .graph_replays}' <<<"$run")
-    local op_by_op=null unfused=null # to compare: decode op by op (iflow-run --no-gpu-graphs), and
-    # op by op without the fused ops (IFLOW_CUDA_UNFUSED=1); IFLOW_BENCH_GPU_COMPARE=0 skips them
+    local op_by_op=null unfused=null # to compare: decode op by op (iflow-run --no-gpu-graphs) with
+    # prefill in passes of 128, and op by op without the fused ops (IFLOW_CUDA_UNFUSED=1);
+    # IFLOW_BENCH_GPU_COMPARE=0 skips them
     if [ "$rc" = 0 ] && [ "${IFLOW_BENCH_GPU_COMPARE:-1}" = 1 ]; then
-        op_by_op=$(IFLOW_BENCH_DEVICE=cuda IFLOW_BENCH_GRAPHS=0 "$build/iflow-bench" "$file" 512 64 1 2>/dev/null |
-            jq -c '{decode_tok_s: .runs[0].decode_tok_s}') || op_by_op=null
+        op_by_op=$(IFLOW_PASS=128 IFLOW_BENCH_DEVICE=cuda IFLOW_BENCH_GRAPHS=0 "$build/iflow-bench" "$file" 512 64 1 \
+            2>/dev/null | jq -c '{decode_tok_s: .runs[0].decode_tok_s, prefill_pass128_tok_s: .runs[0].prefill_tok_s}') ||
+            op_by_op=null
         unfused=$(IFLOW_CUDA_UNFUSED=1 IFLOW_BENCH_DEVICE=cuda IFLOW_BENCH_GRAPHS=0 "$build/iflow-bench" "$file" 512 64 1 \
             2>/dev/null | jq -c '{prefill_tok_s: .runs[0].prefill_tok_s, decode_tok_s: .runs[0].decode_tok_s}') ||
             unfused=null

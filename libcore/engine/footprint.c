@@ -61,11 +61,13 @@ uint64_t iflow_part_kv_bytes(const iflow_hparams *hp, int n_kv_heads, int n_ctx)
     return 2ull * (uint64_t)n_ctx * (uint64_t)n_kv_heads * (uint64_t)hp->head_dim * sizeof(float);
 }
 
-uint64_t iflow_scratch_bytes(const iflow_hparams *hp, int batch)
+uint64_t iflow_scratch_bytes(const iflow_hparams *hp, int rows)
 {
-    uint64_t rows = batch > MAX_BATCH ? (uint64_t)batch : MAX_BATCH;
-    uint64_t D = hp->dim, Q = (uint64_t)hp->n_heads * hp->head_dim, F = hp->ffn_dim;
-    return rows * ((hp->parallel_residual ? 3 : 2) * D + 2 * Q + 2 * F) * sizeof(float); /* + xa: forward.c */
+    uint64_t n = rows > MAX_BATCH ? (uint64_t)rows : MAX_BATCH;
+    uint64_t D = hp->dim, Q = (uint64_t)hp->n_heads * hp->head_dim, F = hp->ffn_dim,
+             KV = (uint64_t)hp->n_kv_heads * hp->head_dim;
+    /* forward.c's scratch_alloc: x, xb (and xa), q, att, gate, up, kx, vx */
+    return n * ((hp->parallel_residual ? 3 : 2) * D + 2 * Q + 2 * F + 2 * KV) * sizeof(float);
 }
 
 uint64_t iflow_output_bytes(const iflow_hparams *hp, int output_type)

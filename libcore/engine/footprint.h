@@ -45,8 +45,13 @@ iflow_part_bytes iflow_part_weight_bytes(const iflow_hparams *hp, const int *typ
 /* The F32 KV cache of one part holding n_kv_heads, for n_ctx positions of one sequence. */
 uint64_t iflow_part_kv_bytes(const iflow_hparams *hp, int n_kv_heads, int n_ctx);
 
-/* Scratch of a device that runs layers: activations of max(engine batch, batch) tokens. */
-uint64_t iflow_scratch_bytes(const iflow_hparams *hp, int batch);
+/* Rows of one forward pass of iflow_ctx_eval when neither a layer nor the output runs in host
+ * memory (else IFLOW_MAX_STEP): cuBLAS's products and the prefill attention fill a GPU at 512
+ * rows, not at 128. */
+#define IFLOW_GPU_PASS 512
+
+/* Scratch of a device that runs layers: activations of max(IFLOW_MAX_STEP, rows) tokens. */
+uint64_t iflow_scratch_bytes(const iflow_hparams *hp, int rows);
 
 /* The output matrix ([vocab][dim] of output_type) and the final norm; 0 for an encoder, which has
  * neither. */

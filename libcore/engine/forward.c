@@ -32,7 +32,8 @@
 
 /* ===================================================================== context =========== */
 
-/* What one device of the placement holds for a context: scratch for one batch of B tokens. */
+/* What one device of the placement holds for a context: scratch for one pass of B tokens
+ * (iflow_ctx.pass: 128, or 512 where no layer runs in host memory). */
 typedef struct {
     iflow_device *dev;
     int owned;                  /* the context's own CPU device (a NULL placement entry) */
@@ -68,6 +69,7 @@ static uint64_t next_serial(void)
 struct iflow_ctx {
     const iflow_model *m;
     int n_ctx, n_past, n_threads;
+    int pass;                   /* B: rows of one forward pass of iflow_ctx_eval (the model's pass) */
     int n_dev;
     dev_scratch dev[IFLOW_MAX_DEVICES];
     iflow_kv *kv;               /* the context's own cache (one block of n_ctx), or NULL     */
@@ -95,23 +97,24 @@ static void scratch_free(dev_scratch *s)
     memset(s, 0, sizeof *s);
 }
 
-static int scratch_alloc(dev_scratch *s, const iflow_hparams *hp)
+/* Scratch of B rows (the context's pass) on s's device. */
+static int scratch_alloc(dev_scratch *s, const iflow_hparams *hp, size_t B)
 {
     iflow_device *d = s->dev;
     size_t D = (size_t)hp->dim, Q = (size_t)hp->n_heads * hp->head_dim, F = (size_t)hp->ffn_dim,
            KV = (size_t)hp->n_kv_heads * hp->head_dim;
     int rc;
-    if ((rc = d->ops->alloc(d, (void **)&s->x, MAX_BATCH * D * sizeof(float))) ||
-        (rc = d->ops->alloc(d, (void **)&s->xb, MAX_BATCH * D * sizeof(float))) ||
-        (rc = d->ops->alloc(d, (void **)&s->q, MAX_BATCH * Q * sizeof(float))) ||
-        (rc = d->ops->alloc(d, (void **)&s->att, MAX_BATCH * Q * sizeof(float))) ||
-        (rc = d->ops->alloc(d, (void **)&s->gate, MAX_BATCH * F * sizeof(float))) ||
-        (rc = d->ops->alloc(d, (void **)&s->up, MAX_BATCH * F * sizeof(float))) ||
-        (rc = d->ops->alloc(d, (void **)&s->kx, MAX_BATCH * KV * sizeof(float))) ||
-        (rc = d->ops->alloc(d, (void **)&s->vx, MAX_BATCH * KV * sizeof(float))))
+    if ((rc = d->ops->alloc(d, (void **)&s->x, B * D * sizeof(float))) ||
+        (rc = d->ops->alloc(d, (void **)&s->xb, B * D * sizeof(float))) ||
+        (rc = d->ops->alloc(d, (void **)&s->q, B * Q * sizeof(float))) ||
+        (rc = d->ops->alloc(d, (void **)&s->att, B * Q * sizeof(float))) ||
+        (rc = d->ops->alloc(d, (void **)&s->gate, B * F * sizeof(float))) ||
+        (rc = d->ops->alloc(d, (void **)&s->up, B * F * sizeof(float))) ||
+        (rc = d->ops->alloc(d, (void **)&s->kx, B * KV * sizeof(float))) ||
+        (rc = d->ops->alloc(d, (void **)&s->vx, B * KV * sizeof(float))))
         return rc;
     if (hp->parallel_residual)
-        return d->ops->alloc(d, (void **)&s->xa, MAX_BATCH * D * sizeof(float));
+        return d->ops->alloc(d, (void **)&s->xa, B * D * sizeof(float));
     return 0;
 }
 
@@ -350,7 +353,8 @@ static int ctx_open(iflow_ctx **out, const iflow_model *m, int n_ctx, int n_thre
     c->n_threads = n_threads > 0 ? n_threads : omp_get_num_procs();
     c->n_dev = m->n_devs;
     int rc = 0;
-    size_t B = MAX_BATCH * (size_t)hp->dim * sizeof(float);
+    c->pass = m->pass > MAX_BATCH ? m->pass : MAX_BATCH;
+    size_t B = (size_t)c->pass * hp->dim * sizeof(float);
     c->stage = malloc(B);
     c->xh = malloc(B);
     c->acc = malloc(B);
@@ -367,7 +371,7 @@ static int ctx_open(iflow_ctx **out, const iflow_model *m, int n_ctx, int n_thre
             s->owned = rc == 0;
         }
         if (rc == 0)
-            rc = scratch_alloc(s, hp);
+            rc = scratch_alloc(s, hp, (size_t)c->pass);
     }
     if (rc == 0 && n_ctx > 0)
         rc = iflow_kv_open(&c->kv, m, IFK_KV_F32, n_ctx, 1);
@@ -1018,7 +1022,7 @@ static int output_logits(iflow_ctx *c, dev_scratch *s, int r0, int rows, float *
 static int recordable(const iflow_ctx *c);
 static int ctx_step_recorded(iflow_ctx *c, int32_t id, float *logits, int32_t *next);
 
-/* One batch of T <= MAX_BATCH tokens. */
+/* One pass of T <= c->pass tokens. */
 static int forward_batch(iflow_ctx *c, const int32_t *ids, int T, float *logits, int all_logits)
 {
     if (T == 1 && logits && !all_logits && recordable(c))
@@ -1080,8 +1084,9 @@ int iflow_ctx_eval(iflow_ctx *c, const int32_t *ids, int n, float *logits, int a
 {
     const iflow_hparams *hp = &c->m->hp;
     IFLOW_TRY(check_eval(c, ids, n));
+    const int B = c->comm ? MAX_BATCH : c->pass; /* over processes: steps of iflow_ctx_step */
     for (int done = 0; done < n;) {
-        int T = n - done < MAX_BATCH ? n - done : MAX_BATCH, last_batch = done + T == n;
+        int T = n - done < B ? n - done : B, last_batch = done + T == n;
         float *out = all_logits ? logits + (size_t)done * hp->vocab_size : last_batch ? logits : NULL;
         IFLOW_TRY(c->comm ? eval_batch_comm(c, ids + done, T, out, all_logits)
                           : forward_batch(c, ids + done, T, out, all_logits));
@@ -1144,9 +1149,9 @@ int iflow_ctx_eval_argmax(iflow_ctx *c, const int32_t *ids, int n, int32_t *next
         return iflow_seterr(IFLOW_EUNSUPPORTED, "a context over several processes takes iflow_ctx_eval or "
                             "iflow_ctx_step, not iflow_ctx_eval_argmax");
     int done = 0;
-    while (n - done > MAX_BATCH) {
-        IFLOW_TRY(forward_batch(c, ids + done, MAX_BATCH, NULL, 0));
-        done += MAX_BATCH;
+    while (n - done > c->pass) {
+        IFLOW_TRY(forward_batch(c, ids + done, c->pass, NULL, 0));
+        done += c->pass;
     }
     dev_scratch *s;
     int T = n - done;

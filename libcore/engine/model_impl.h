@@ -9,7 +9,7 @@
 
 #include "model.h"
 
-#define MAX_BATCH IFLOW_MAX_STEP /* tokens per forward pass; longer prompts are run in chunks */
+#define MAX_BATCH IFLOW_MAX_STEP /* tokens of one step (iflow_ctx_eval's passes: iflow_model.pass) */
 #define MAX_PACKED 12            /* a layer's matrices: 7, and 4 of cross-attention */
 
 typedef struct { const void *data; int type; } weight;   /* a matrix [rows][cols] of type */
@@ -82,6 +82,7 @@ struct iflow_model {
     int split;                    /* some layer has several parts */
     int own_dev;                  /* one process per device (comm.h): the plan device whose parts this
                                    * process places and computes; -1: all of them */
+    int pass;                     /* rows of one forward pass of iflow_ctx_eval, >= MAX_BATCH (place.c's pass_rows) */
 
     /* a split model (a directory of iflow-partition --split, split.h): layers is NULL, and each
      * plan device's slices come from its own file */

@@ -682,9 +682,13 @@ static uint64_t logits_bytes(const iflow_model_shape *m, int seqs)
     return m->hp.layout == IFLOW_LAYOUT_ENCODER ? 0 : (uint64_t)m->hp.vocab_size * 4 * (uint64_t)seqs;
 }
 
-/* Scratch of a device that runs layers (forward.c: one batch of activations); the output
- * device also holds a row of logits per sequence, counted where the output is placed. */
-static uint64_t scratch_bytes(const iflow_model_shape *m, int batch) { return iflow_scratch_bytes(&m->hp, batch); }
+/* Scratch of a device that runs layers (forward.c: one pass of activations; a GPU's as if the
+ * plan ran in one process with no layer on a CPU, the larger pass); the output device also
+ * holds a row of logits per sequence, counted where the output is placed. */
+static uint64_t scratch_bytes(const iflow_model_shape *m, int batch, int is_cpu)
+{
+    return iflow_scratch_bytes(&m->hp, !is_cpu && batch < IFLOW_GPU_PASS ? IFLOW_GPU_PASS : batch);
+}
 
 /* ===================================================================== the cost model ====== */
 
@@ -813,7 +817,7 @@ int iflow_partition_cost_of(iflow_partition_cost *c, const iflow_plan *p, const 
     for (int i = 0; i < p->n_devices; i++) {
         iflow_partition_mem *x = &c->mem[i];
         if (used[i])
-            x->scratch += scratch_bytes(m, B);
+            x->scratch += scratch_bytes(m, B, dev[i]->d.is_cpu);
         x->total = x->weights + x->kv + x->scratch;
         x->capacity = dev[i]->d.memory;
         if (x->total > c->mem_max)
@@ -1058,7 +1062,8 @@ static int build_grouped(iflow_plan *p, const iflow_model_shape *m, const iflow_
     for (int j = 0; j < G; j++) {
         cap[j] = 0;
         for (int t = 0; t < T; t++)
-            cap[j] += (double)mc->dev[devs[j * T + t]].d.memory - (double)scratch_bytes(m, B);
+            cap[j] += (double)mc->dev[devs[j * T + t]].d.memory -
+                      (double)scratch_bytes(m, B, mc->dev[devs[j * T + t]].d.is_cpu);
         if (j == G - 1)
             cap[j] -= (double)output_bytes(m) + (double)logits_bytes(m, B);
     }
@@ -1099,7 +1104,7 @@ static int build_gpu_cpu(iflow_plan *p, const iflow_model_shape *m, const iflow_
         return iflow_seterr(IFLOW_EUNSUPPORTED, "gpu-cpu needs a GPU and a CPU among the devices '%s' (such as H100-80G,cpu)",
                             mc->label);
     int seqs = B * (o && o->objective == IFLOW_OBJ_THROUGHPUT ? 2 : 1);
-    double room = (double)mc->dev[gpu].d.memory - (double)scratch_bytes(m, B), used = 0;
+    double room = (double)mc->dev[gpu].d.memory - (double)scratch_bytes(m, B, 0), used = 0;
     int N = 0;
     while (N < hp->n_layers && used + layer_need(m, N, n_ctx, seqs) <= room)
         used += layer_need(m, N++, n_ctx, seqs);

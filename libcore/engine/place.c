@@ -222,6 +222,30 @@ static int part_bytes(const iflow_model *m, int l, const layer_part *p, iflow_de
     return 0;
 }
 
+#define MAX_PASS 4096 /* the most rows IFLOW_PASS may ask for */
+
+/* Rows of one forward pass of iflow_ctx_eval under layout L: MAX_BATCH, or IFLOW_GPU_PASS when
+ * the layers and the output all run on devices that are not the host and this process runs them
+ * all (a plan's processes, one per device, evaluate in steps of MAX_BATCH). IFLOW_PASS=n,
+ * MAX_BATCH <= n <= MAX_PASS, asks for n instead (benchmarks; the CPU's results do not depend
+ * on it, test_invariance's contract). */
+static int pass_rows(const iflow_model *m, const layout *L)
+{
+    const char *e = getenv("IFLOW_PASS");
+    if (e && *e) {
+        char *end;
+        long n = strtol(e, &end, 10);
+        if (*end == 0 && n >= MAX_BATCH && n <= MAX_PASS)
+            return (int)n;
+    }
+    if (m->own_dev >= 0 || host_dev(L->devs[L->output_dev]))
+        return MAX_BATCH;
+    for (int k = 0; k < L->part0[m->hp.n_layers]; k++)
+        if (host_dev(L->devs[L->parts[k].dev]))
+            return MAX_BATCH;
+    return IFLOW_GPU_PASS;
+}
+
 static int measure(const iflow_model *m, const layout *L, int n_ctx, iflow_device_bytes *need)
 {
     const iflow_hparams *hp = &m->hp;
@@ -255,7 +279,7 @@ static int measure(const iflow_model *m, const layout *L, int n_ctx, iflow_devic
         if (!iflow_dev_is_mine(m, i))
             continue;
         if (uses[i])
-            need[i].scratch += iflow_scratch_bytes(hp, 1);
+            need[i].scratch += iflow_scratch_bytes(hp, pass_rows(m, L));
         if (i == L->output_dev)
             need[i].scratch += (uint64_t)hp->vocab_size * sizeof(float); /* one row of logits */
         if (m->rope_scale && !host_dev(L->devs[i]))
@@ -511,6 +535,7 @@ static int apply(iflow_model *m, layout *L)
     m->n_devs = L->n_devs;
     memcpy(m->devs, L->devs, sizeof m->devs);
     m->output_dev = L->output_dev;
+    m->pass = pass_rows(m, L);
     m->part0 = L->part0;
     m->parts = L->parts;
     L->part0 = NULL;

@@ -17,9 +17,9 @@ expect_rc 0 "--compare from a pipe"
 expect_eq "$out" "model: <stdin>: 5 layers, 8 heads, 4 kv heads, dim 64, ffn 172, 1040128 bytes
 devices: 4xH100-80G (4); ctx 4096, batch 1, objective latency
 strategy layout   mem/device   ms/token decode tok/s     tokens/s  fits
-layer    4x1         2.6 MiB      0.192       5201.3      13074.4  yes
-tensor   1x4         1.9 MiB      0.305       3274.9       3274.9  yes
-hybrid   2x2         2.1 MiB      0.228       4392.6       7279.7  yes
+layer    4x1         3.6 MiB      0.192       5201.3      13074.4  yes
+tensor   1x4         2.9 MiB      0.305       3274.9       3274.9  yes
+hybrid   2x2         3.1 MiB      0.228       4392.6       7279.7  yes
 gpu-cpu  -                 -          -            -            -  n/a: gpu-cpu needs a GPU and a CPU among the devices '4xH100-80G' (such as H100-80G,cpu)
 best for latency: layer" "--compare table"
 
@@ -40,7 +40,7 @@ expect_rc 0 "70B on 8xH100-80G"
 expect_eq "$(jq -r 'select(.strategy == "tensor") | .fits' <<<"$out")" "true" "70B fits by tensor"
 run $P --config $B70 --devices 1xH100-80G --strategy tensor -o "$TMP/no.ini"
 expect_rc 1 "70B on one H100"
-expect_eq "$err" "iflow-partition: cuda:0 (H100-80G) lacks 50.9 GiB (54641456128 bytes) for the tensor plan: it needs 130.5 GiB (weights 128.0 GiB, KV cache 2.5 GiB for 4096 positions x 1 sequence, scratch 44.1 MiB) and has 79.6 GiB" \
+expect_eq "$err" "iflow-partition: cuda:0 (H100-80G) lacks 51.0 GiB (54784062464 bytes) for the tensor plan: it needs 130.7 GiB (weights 128.0 GiB, KV cache 2.5 GiB for 4096 positions x 1 sequence, scratch 180.1 MiB) and has 79.6 GiB" \
     "does not fit: names the device and bytes"
 expect_no_file "$TMP/no.ini*" "no plan left behind"
 run $P --config $B70 --devices 1xH100-80G

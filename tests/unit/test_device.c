@@ -9,6 +9,8 @@
  *     crossing by upload/download, logits copied back) exercises every path a GPU device takes
  *     through the engine, also bit-identical;
  *   - iflow_ctx_eval_argmax equals the argmax of the logits;
+ *   - iflow_ctx_eval's passes (128 rows, 512 where no layer is in host memory, IFLOW_PASS) give
+ *     the same bits on a 700-token prompt, and placements count their scratch;
  *   - a plan's processes (comm.h, threads over iflow_comm_local_open) each on a detached device,
  *     bit-identical to the plan in one process: the GPU's side of one process per device;
  *   - steps recorded as one graph (iflow_ctx_set_graphs) on a device whose record ops this test
@@ -26,6 +28,7 @@
 #include "libcore/device/device.h"
 #include "libcore/device/device_impl.h"
 #include "libcore/engine/comm.h"
+#include "libcore/engine/footprint.h"
 #include "libcore/engine/model.h"
 #include "libcore/engine/plan.h"
 #include "libcore/formats/quant.h"
@@ -270,6 +273,76 @@ static void test_detached_identical(void)
         iflow_device_close(det);
         free(ref);
     }
+}
+
+/* All logits of ids [n] in one iflow_ctx_eval (passes of the model's rows), into out [n][vocab]. */
+static int eval_all(iflow_model *m, const int32_t *ids, int n, float *out)
+{
+    iflow_ctx *c;
+    int rc = iflow_ctx_open(&c, m, n, 1);
+    if (rc == 0)
+        rc = iflow_ctx_eval(c, ids, n, out, 1);
+    CHECK(rc == 0, "eval of %d tokens: %s", n, iflow_errmsg());
+    iflow_ctx_close(c);
+    return rc;
+}
+
+/* The scratch a placement counts on device i; 0 when the placement is refused. */
+static uint64_t scratch_of(iflow_model *m, iflow_placement *p, int n_ctx, int i)
+{
+    iflow_device_bytes need[IFLOW_MAX_DEVICES];
+    int rc = iflow_placement_bytes(m, p, n_ctx, need);
+    CHECK(rc == 0, "placement bytes: %s", iflow_errmsg());
+    return rc ? 0 : need[i].scratch;
+}
+
+/* iflow_ctx_eval's passes: 128 rows where a layer or the output runs in host memory, 512 where
+ * none does (a GPU's), IFLOW_PASS's where it asks. A prompt of 700 tokens gives the same bits in
+ * passes of 128 (host), 512 (detached device) and 300 (IFLOW_PASS), by the CPU kernels' batch
+ * invariance, and each placement counts the scratch of its pass (plus one row of logits). */
+static void test_pass_rows(void)
+{
+    enum { N = 700 };
+    iflow_model *m;
+    CHECK(iflow_model_open(&m, s_f32, 0) == 0, "open: %s", iflow_errmsg());
+    const iflow_hparams hps = *iflow_model_hparams(m), *hp = &hps; /* past the model's close */
+    const int V = hp->vocab_size;
+    const uint64_t logits_row = (uint64_t)V * sizeof(float);
+    int32_t *ids = malloc(N * sizeof *ids);
+    float *ref = malloc((size_t)N * V * sizeof(float)), *got = malloc((size_t)N * V * sizeof(float));
+    for (int i = 0; i < N; i++)
+        ids[i] = 3 + (int)(((uint32_t)i * 2654435761u) >> 9) % (V - 3);
+    int layers[5];
+    iflow_placement p;
+    iflow_device *det = open_detached("det:0", 1);
+    if (eval_all(m, ids, N, ref) == 0) {
+        iflow_placement_first_n(&p, layers, 5, NULL, 5, NULL);
+        CHECK(scratch_of(m, &p, N, 0) == iflow_scratch_bytes(hp, 128) + logits_row, "host: a pass of 128 rows");
+        iflow_placement_first_n(&p, layers, 5, det, 3, NULL);
+        CHECK(scratch_of(m, &p, N, 0) == iflow_scratch_bytes(hp, 128), "3 of 5 layers detached: 128 rows");
+        iflow_placement_first_n(&p, layers, 5, det, 5, NULL);
+        CHECK(scratch_of(m, &p, N, 0) == iflow_scratch_bytes(hp, IFLOW_GPU_PASS) + logits_row,
+              "every layer and the output detached: %d rows", IFLOW_GPU_PASS);
+        CHECK(iflow_model_place(m, &p, N) == 0, "place: %s", iflow_errmsg());
+        CHECK(eval_all(m, ids, N, got) == 0 && bit_identical(got, ref, N * V),
+              "%d tokens in passes of %d: the bits of passes of 128", N, IFLOW_GPU_PASS);
+    }
+    iflow_model_close(m);
+    setenv("IFLOW_PASS", "300", 1);
+    CHECK(iflow_model_open(&m, s_f32, 0) == 0, "open: %s", iflow_errmsg());
+    iflow_placement_first_n(&p, layers, 5, NULL, 5, NULL);
+    CHECK(scratch_of(m, &p, N, 0) == iflow_scratch_bytes(hp, 300) + logits_row, "IFLOW_PASS=300: 300 rows");
+    CHECK(eval_all(m, ids, N, got) == 0 && bit_identical(got, ref, N * V), "passes of 300: the same bits");
+    iflow_model_close(m);
+    setenv("IFLOW_PASS", "64", 1); /* below a step: ignored */
+    CHECK(iflow_model_open(&m, s_f32, 0) == 0, "open: %s", iflow_errmsg());
+    CHECK(scratch_of(m, &p, N, 0) == iflow_scratch_bytes(hp, 128) + logits_row, "IFLOW_PASS=64 is ignored");
+    iflow_model_close(m);
+    unsetenv("IFLOW_PASS");
+    iflow_device_close(det);
+    free(ids);
+    free(ref);
+    free(got);
 }
 
 /* Two sequences through iflow_ctx_step: a prefill step (not recorded), then N_DECODE steps of
@@ -604,6 +677,7 @@ int main(void)
     RUN(test_names_and_list);
     RUN(test_layer_split_identical);
     RUN(test_detached_identical);
+    RUN(test_pass_rows);
     RUN(test_recorded_steps);
     RUN(test_processes_detached);
     RUN(test_place_errors);

@@ -450,9 +450,10 @@ static void test_cost_by_hand(void)
     CHECK(c.t_transfer == 0 && close_to(c.t_output, t_out), "no transfer; output %.9g", c.t_output);
     CHECK(close_to(c.latency, want), "latency %.9g s, by hand %.9g", c.latency, want);
     CHECK(close_to(c.tokens_per_s, 1 / want), "one stage: throughput = 1 / latency");
-    /* memory of device 0: its slices, the output matrix, KV for 4096 positions, scratch */
+    /* memory of device 0: its slices, the output matrix, KV for 4096 positions, scratch (a GPU's
+     * pass of 512 rows of x, xb, q, att, gate, up and the new k, v of 4 kv heads) and a row of logits */
     uint64_t w = (uint64_t)(22 * (attn + ffn) + out), kv = 22ull * 2 * 4096 * 2 * 64 * 4;
-    uint64_t scratch = 128ull * (2 * 2048 + 2 * 2048 + 2 * 5632) * 4 + 32000 * 4;
+    uint64_t scratch = 512ull * (2 * 2048 + 2 * 2048 + 2 * 5632 + 2 * 256) * 4 + 32000 * 4;
     CHECK(c.mem[0].weights == w && c.mem[0].kv == kv && c.mem[0].scratch == scratch,
           "device 0: weights %llu (%llu), kv %llu (%llu), scratch %llu (%llu)", (unsigned long long)c.mem[0].weights,
           (unsigned long long)w, (unsigned long long)c.mem[0].kv, (unsigned long long)kv,
@@ -502,10 +503,10 @@ static void test_cost_other_blocks(void)
         iflow_part_bytes b = iflow_part_weight_bytes(&s.hp, s.types + l * IFLOW_PM_COUNT, 0, s.hp.n_heads, 0, s.hp.ffn_dim);
         w += b.attn + b.ffn;
     }
-    CHECK(c.mem[0].weights == w && c.mem[0].scratch == iflow_scratch_bytes(&s.hp, 1) && c.t_output == 0,
+    CHECK(c.mem[0].weights == w && c.mem[0].scratch == iflow_scratch_bytes(&s.hp, IFLOW_GPU_PASS) && c.t_output == 0,
           "bert: weights %llu (layers alone %llu), scratch %llu (no logits %llu), output time %g",
           (unsigned long long)c.mem[0].weights, (unsigned long long)w, (unsigned long long)c.mem[0].scratch,
-          (unsigned long long)iflow_scratch_bytes(&s.hp, 1), c.t_output);
+          (unsigned long long)iflow_scratch_bytes(&s.hp, IFLOW_GPU_PASS), c.t_output);
     iflow_model_shape_free(&s);
 }
 
