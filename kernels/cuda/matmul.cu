@@ -295,8 +295,11 @@ __global__ void quantize_x_i8(int8_t *__restrict__ xq, float *__restrict__ sx, c
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1)
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    const float s = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    xq[(size_t)t * kp + k] = (int8_t)max(-127, min(127, __float2int_rn(v * inv)));
+    /* below 2^-64, 127 / amax would overflow to inf (every value then +-127): scale the block up
+     * by 2^64 first, as the CPU's int8 paths do (qmatmul_avx512.c's prescale) */
+    const float pre = amax < 0x1p-64f ? 0x1p64f : 1.0f;
+    const float s = amax / 127.0f, inv = amax > 0.0f ? 127.0f / (amax * pre) : 0.0f;
+    xq[(size_t)t * kp + k] = (int8_t)max(-127, min(127, __float2int_rn(v * pre * inv)));
     if (lane == 0)
         sx[(size_t)t * (kp / 32) + k / 32] = s;
 }
