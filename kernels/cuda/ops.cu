@@ -309,7 +309,7 @@ extern "C" int ifkc_rope_store(ifkc_dev *d, float *q, size_t ldq, int nq, float 
         return ifkc_seterr(IFKC_EINVAL, "rope and store: cache stride %zu is below a row of %d", ldc, nkv * head_dim);
     if (rot_dim > head_dim)
         rot_dim = head_dim;
-    if (T == 0)
+    if (T == 0 || nq + nkv == 0) /* nothing to do (a grid of no blocks is an error) */
         return 0;
     const int il = layout == IFK_ROPE_INTERLEAVED;
     /* heads a block: about ROPE_THREADS pairs (and at least one head) */
