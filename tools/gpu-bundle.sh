@@ -58,11 +58,17 @@ cp -r "$DATA/models/synthetic/tinyllama-1.1b" "$out/shared/models/synthetic/"
 cp "$DATA/golden/stories260K.greedy64.jsonl" "$DATA/golden/xs-ckpt.greedy64.json" "$out/shared/golden/"
 cp "$DATA/data/wikitext-2-raw/wiki.test.raw" "$out/shared/data/wikitext-2-raw/"
 
+# Files past 1 MB travel gzipped (the programs each hold kernels/cuda's machine code: 45 MB
+# become about 17, leaving the carry room for variants); run.sh and tools/gpu-lease.sh unpack them.
+find "$out" -type f -size +1M ! -name '*.gz' -exec gzip -9 {} +
+
 cat >"$out/run.sh" <<'EOF'
 #!/usr/bin/env bash
 # run.sh check|bench -- make check-gpu or make bench-gpu from this bundle (tools/gpu-bundle.sh).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+find "$here" -name '*.gz' ! -path "$here/variants/*" -exec gunzip -f {} + # files past 1 MB travel gzipped
+chmod +x "$here"/bin/* "$here"/build/gpubench "$here"/build/iflow-bench "$here"/build/tests/gpu/* 2>/dev/null
 cd "$here/.."
 export IFLOW_SPEC_PATH=$PWD/specs PATH=$here/bin:$PATH LD_LIBRARY_PATH=$here/lib:${LD_LIBRARY_PATH:-} IFLOW_TEST_DATA=$here/shared BIN=$here/bin
 case ${1:-check} in
@@ -72,4 +78,4 @@ bench) exec bench/bench-gpu.sh "$here/build" ;;
 esac
 EOF
 chmod +x "$out/run.sh"
-log "$(du -sh "$out" | cut -f1) in $out; on the device: carry [\"$out\"], run: bash $out/run.sh check"
+log "$(du -sh "$out" | cut -f1) in $out (files past 1 MB gzipped); on the device: carry [\"$out\"], run: bash $out/run.sh check"

@@ -28,6 +28,9 @@ set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
 export b=$here/.gpu
+# tools/gpu-bundle.sh gzips the files past 1 MB (the variants are unpacked by their steps)
+find "$b" -name '*.gz' ! -path "$b/variants/*" -exec gunzip -f {} + 2>/dev/null
+chmod +x "$b"/bin/* "$b"/build/gpubench "$b"/build/iflow-bench "$b"/build/tests/gpu/* 2>/dev/null
 [ -x "$b/bin/iflow-run" ] || { echo "gpu-lease: no bundle in $b (run tools/gpu-bundle.sh here first)" >&2; exit 2; }
 O=${OUT:-/tmp/gpu-lease}
 mkdir -p "$O"
@@ -157,7 +160,7 @@ for s in "$@"; do
     models) step models "${STEP_S_models:-240}" models ;;
     models7b) step models7b "${STEP_S_models7b:-240}" models 7b bench-gpu-7b ;;
     sanitize) step sanitize "${STEP_S_sanitize:-120}" sanitize ;;
-    vunit) step vunit "${STEP_S_vunit:-60}" vunit ;;
+    vunit) step vunit "${STEP_S_vunit:-180}" vunit ;;
     variants) step variants "${STEP_S_variants:-120}" variants ;;
     ncu) step ncu "${STEP_S_ncu:-90}" ncu_kernels ;;
     ncustep) step ncustep "${STEP_S_ncustep:-150}" ncustep ;;

@@ -361,6 +361,10 @@ int ifkc_graph_begin_at(ifkc_dev *d, int pos0, int max_pos, unsigned long long k
     return 0;
 }
 
+/* 1 when slot i holds no graph that can run: empty, or recorded over a scratch buffer since
+ * replaced. */
+static int at_void(const ifkc_dev *d, int i) { return !d->at[i].exec || d->at[i].gen != d->scratch_gen; }
+
 /* The slot holding key's positional graph, or -1. */
 static int at_find(const ifkc_dev *d, unsigned long long key)
 {
@@ -420,13 +424,13 @@ int ifkc_graph_end(ifkc_dev *d)
         d->gstats.aborts++;
         return ifkc_cuda_err(e != cudaSuccess ? e : cudaErrorStreamCaptureInvalidated, "cudaStreamEndCapture");
     }
-    /* where it goes: the plain graph, or the key's slot (else an empty one, else the least
-     * recently used) */
+    /* where it goes: the plain graph, or the key's slot (else an empty one, else one recorded
+     * over a scratch buffer since replaced, else the least recently used) */
     int slot = -1;
     if (at && (slot = at_find(d, d->pos_key)) < 0) {
         slot = 0;
-        for (int i = 1; i < IFKC_GRAPH_SLOTS && d->at[slot].exec; i++)
-            if (!d->at[i].exec || d->at[i].used < d->at[slot].used)
+        for (int i = 1; i < IFKC_GRAPH_SLOTS && !at_void(d, slot); i++)
+            if (at_void(d, i) || d->at[i].used < d->at[slot].used)
                 slot = i;
     }
     cudaGraphExec_t *exec = at ? &d->at[slot].exec : &d->graph;
