@@ -19,7 +19,7 @@
 
 enum {
     O_MODEL = 'm', O_FILE = 'f', O_CTX = 'c', O_THREADS = 't', O_VERBOSE = 'v',
-    O_CHUNKS = 256, O_PROTOCOL, O_MAX_TOKENS, O_JSON, O_LOGPROBS, O_KL_BASE, O_DEVICE, O_GPU_LAYERS, O_PLAN, O_COMM,
+    O_CHUNKS = 256, O_PROTOCOL, O_MAX_TOKENS, O_JSON, O_LOGPROBS, O_KL_BASE, O_KV_TYPE, O_DEVICE, O_GPU_LAYERS, O_PLAN, O_COMM,
     O_SAVE_IMATRIX, O_ACTIVATIONS,
 };
 
@@ -31,6 +31,7 @@ static const iflow_opt opts[] = {
     {O_PROTOCOL, "protocol", 0, "NAME", "windows (default: BOS + c-1 tokens, all scored) or llama.cpp (second halves)", "windows llama.cpp"},
     {O_MAX_TOKENS, "max-tokens", 0, "N", "use only the first N tokens of the text", NULL},
     {O_KL_BASE, "kl-base", 0, "FILE", "also compare with base model FILE: KL divergence, top-1 agreement, delta perplexity", "file"},
+    {O_KV_TYPE, "kv-type", 0, "TYPE", "KV cache type f32, f16 or q8 (INT8 with a scale per group; default f32); the --kl-base model keeps f32, so '-m M --kv-type q8 --kl-base M' measures what the cache type costs", "f32 f16 q8"},
     {O_THREADS, "threads", 't', "N", "compute threads (default: all cores)", NULL},
     DEVICES_ACTIVATIONS_OPT(O_ACTIVATIONS),
     {O_DEVICE, "device", 0, "DEV", "compute on auto (a GPU if there is one, else the CPU), cpu, cuda or cuda:N (default auto)", "auto cpu cuda"},
@@ -97,7 +98,7 @@ int main(int argc, char **argv)
 {
     const char *model = NULL, *file = NULL, *logprobs_path = NULL, *base_path = NULL, *imatrix_path = NULL;
     int c_len = 512, threads = 0, protocol = IFLOW_PPL_WINDOWS, as_json = 0, verbose = 0, c;
-    int progress_mode = PROGRESS_AUTO;
+    int progress_mode = PROGRESS_AUTO, kv_type = 0;
     long chunks = 0, max_tokens = 0;
     device_opts dev = {.gpu_layers = -1};
     const char *comm_kind = NULL; /* --comm */
@@ -113,6 +114,10 @@ int main(int argc, char **argv)
         case O_JSON: as_json = 1; break;
         case O_LOGPROBS: logprobs_path = arg; break;
         case O_KL_BASE: base_path = arg; break;
+        case O_KV_TYPE:
+            if ((kv_type = ifk_kv_type_from_name(arg)) < 0)
+                die_usage(&tool, "--kv-type must be f32, f16 or q8, not '%s'", arg);
+            break;
         case O_SAVE_IMATRIX: imatrix_path = arg; break;
         case O_VERBOSE: verbose = 1; break;
         case OPT_PROGRESS: progress_mode = PROGRESS_ON; break;
@@ -194,7 +199,7 @@ int main(int argc, char **argv)
     devices_place(&tool, m, &dev, &pl);
     iflow_comm *nccl = comm || nccl_alone ? devices_comm_nccl(&tool, comm_kind, comm, m, &pl, verbose) : NULL;
     iflow_comm *via = nccl ? nccl : comm;
-    if (iflow_ctx_open(&ctx, m, c_len, threads) < 0 || (via && iflow_ctx_set_comm(ctx, via) < 0))
+    if (iflow_ctx_open_kv(&ctx, m, c_len, threads, kv_type) < 0 || (via && iflow_ctx_set_comm(ctx, via) < 0))
         die(&tool, NULL);
     iflow_model *base = NULL;
     iflow_ctx *base_ctx = NULL;
@@ -246,9 +251,9 @@ int main(int argc, char **argv)
     char proto[160];
     describe(protocol, c_len, proto, sizeof proto);
     if (as_json) {
-        json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:I, s:I, s:I, s:f, s:f, s:f, s:f}", "model", model, "file", file,
-                              "protocol", protocol == IFLOW_PPL_WINDOWS ? "windows" : "llama.cpp", "ctx", c_len,
-                              "windows", (json_int_t)r.n_windows, "text_tokens", (json_int_t)n_ids, "tokens_scored",
+        json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:s, s:I, s:I, s:I, s:f, s:f, s:f, s:f}", "model", model, "file",
+                              file, "protocol", protocol == IFLOW_PPL_WINDOWS ? "windows" : "llama.cpp", "ctx", c_len,
+                              "kv_type", ifk_kv_type_name(kv_type), "windows", (json_int_t)r.n_windows, "text_tokens", (json_int_t)n_ids, "tokens_scored",
                               (json_int_t)r.n_scored, "mean_nll", nll, "ppl", ppl, "seconds", t2 - t1,
                               "tokens_per_second", (double)r.n_scored / (t2 - t1 > 0 ? t2 - t1 : 1));
         json_object_set_new(o, "protocol_description", json_string(proto));

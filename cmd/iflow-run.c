@@ -79,7 +79,7 @@ static const iflow_opt opts[] = {
     {O_LIST_DEVICES, "list-devices", 0, NULL, "print the devices this machine has (with --json: JSON Lines) and exit", NULL},
     {O_BATCH, "batch", 0, NULL, "read JSON Lines requests from standard input, run them together (continuous batching) and write one JSON result per request as each finishes", NULL},
     {O_PARALLEL, "parallel", 0, "N", "with --batch: requests running at once (default 16)", NULL},
-    {O_KV_TYPE, "kv-type", 0, "TYPE", "with --batch: KV cache type f32, f16 or q8 (INT8 with a scale per group; default f32)", "f32 f16 q8"},
+    {O_KV_TYPE, "kv-type", 0, "TYPE", "KV cache type f32, f16 or q8 (INT8 with a scale per group; default f32): f16 halves the cache and what decode reads of it", "f32 f16 q8"},
     {O_METRICS, "metrics", 0, "FILE", "with --batch: write throughput and latency metrics to FILE as JSON", "file"},
     {O_DRY_RUN, "dry-run", 0, NULL, "print the memory plan of --batch (weights, KV cache per request and in total, scratch) and the largest --parallel that fits (with --json: one JSON object), then exit", NULL},
     {O_ECHO, "echo", 0, NULL, "print the prompt before its continuation", NULL},
@@ -232,7 +232,8 @@ static void generate_beams(generator *g, const char *prompt, size_t prompt_len, 
 {
     const run_opts *o = g->o;
     iflow_beam_params bp = {.n_beams = o->beams, .max_tokens = o->n_predict, .length_penalty = o->length_penalty,
-                            .n_ctx = o->n_ctx, .n_threads = o->threads, .stop = o->stops, .n_stop = o->n_stops};
+                            .n_ctx = o->n_ctx, .kv_type = o->kv_type, .n_threads = o->threads, .stop = o->stops,
+                            .n_stop = o->n_stops};
     iflow_beam *bs;
     int nb;
     double t0 = now_s();
@@ -425,7 +426,7 @@ static int run(const run_opts *o)
     devices_place(&tool, m, &o->dev, &pl);
     iflow_comm *nccl = comm || nccl_alone ? devices_comm_nccl(&tool, o->comm, comm, m, &pl, o->verbose) : NULL;
     iflow_model *draft = o->draft ? open_draft(o, &dpl) : NULL;
-    iflow_batch_params bp = {.parallel = 1, .n_ctx = o->n_ctx, .n_threads = o->threads};
+    iflow_batch_params bp = {.parallel = 1, .n_ctx = o->n_ctx, .kv_type = o->kv_type, .n_threads = o->threads};
     iflow_sampler *chain; /* for -v: the chain the requests run */
     if (iflow_batch_open(&g.b, m, &bp) < 0 || iflow_sampler_open(&chain, &o->sp, iflow_model_hparams(m)->vocab_size) < 0 ||
         iflow_batch_set_comm(g.b, nccl ? nccl : comm) < 0 ||
@@ -443,10 +444,10 @@ static int run(const run_opts *o)
     if (o->verbose)
         fprintf(stderr,
                 "%s: load %.3f s; prompt %ld tokens in %.3f s (%.1f tok/s); generated %ld tokens in %.3f s (%.1f tok/s); "
-                "threads %s; kernels %s; seed %llu\n",
+                "threads %s; kernels %s; kv cache %s; seed %llu\n",
                 tool.name, t_load, g.n_prompt_tokens, g.t_prompt, g.n_prompt_tokens / (g.t_prompt > 0 ? g.t_prompt : 1),
                 g.n_gen_tokens, g.t_gen, g.n_gen_tokens / (g.t_gen > 0 ? g.t_gen : 1), threads, iflow_kernel_path(),
-                (unsigned long long)o->sp.seed);
+                ifk_kv_type_name(o->kv_type), (unsigned long long)o->sp.seed);
     char desc[256];
     if (o->verbose)
         fprintf(stderr, "%s: sampler: %s\n", tool.name, iflow_sampler_describe(chain, desc, sizeof desc));
@@ -597,10 +598,12 @@ int main(int argc, char **argv)
         die_usage(&tool, "--beams does not go with a context shift (--context-shift, --keep): beams end at the context");
     if ((o.draft_n != 5 || o.draft_top_k || o.draft_top_p) && !o.draft)
         die_usage(&tool, "--draft-n, --draft-top-k and --draft-top-p go with --draft");
-    if ((o.parallel || o.metrics || o.kv_type) && !o.batch && !o.dry_run)
-        die_usage(&tool, "--parallel, --kv-type and --metrics go with --batch");
+    if ((o.parallel || o.metrics) && !o.batch && !o.dry_run)
+        die_usage(&tool, "--parallel and --metrics go with --batch");
     if (o.embed && (o.batch || o.dry_run || o.tokenize || o.beams || o.draft || o.n_stops || o.json || o.echo))
         die_usage(&tool, "--embed goes with none of --batch, --dry-run, --tokenize, --beams, --draft, --stop, --json, --echo");
+    if (o.kv_type && (o.embed || o.translate))
+        die_usage(&tool, "--kv-type goes with generation, not with --%s", o.embed ? "embed" : "translate");
     if ((o.decoder_prefix || o.source_prefix) && !o.translate)
         die_usage(&tool, "--%s goes with --translate", o.decoder_prefix ? "decoder-prefix" : "source-prefix");
     if (o.translate && (o.embed || o.batch || o.dry_run || o.tokenize || o.draft || o.n_stops || o.echo || so.n ||

@@ -176,8 +176,11 @@ IFLOW_API void iflow_model_get_info(const iflow_model *m, iflow_model_info *info
 typedef struct iflow_ctx iflow_ctx;
 
 /* A context: a KV cache of n_ctx positions (<= 0: the model's n_ctx_train) and scratch,
- * computing with n_threads threads (<= 0: all cores). */
+ * computing with n_threads threads (<= 0: all cores). The cache holds F32; iflow_ctx_open_kv
+ * takes its type as iflow_batch_params.kv_type does (0: F32, 1: F16, 2: INT8 with a scale per
+ * group; IFLOW_EINVAL for another). */
 IFLOW_API int  iflow_ctx_open(iflow_ctx **out, const iflow_model *m, int n_ctx, int n_threads);
+IFLOW_API int  iflow_ctx_open_kv(iflow_ctx **out, const iflow_model *m, int n_ctx, int n_threads, int kv_type);
 IFLOW_API void iflow_ctx_close(iflow_ctx *c);
 /* Forget every position (the cache is reused). */
 IFLOW_API void iflow_ctx_reset(iflow_ctx *c);
@@ -255,7 +258,9 @@ IFLOW_API const char *iflow_sampler_describe(const iflow_sampler *s, char *buf, 
  * together. A request's tokens depend only on the model, its prompt and its sampling
  * parameters, never on the other requests. One thread drives a batch. */
 
-#define IFLOW_MAX_STEP 128 /* tokens in one step (and in one forward pass of iflow_ctx_eval) */
+#define IFLOW_MAX_STEP 128 /* requests in one step; tokens in one step and in one forward pass of
+                            * iflow_ctx_eval too, but 512 where no layer and not the output runs
+                            * in host memory (a GPU placement) */
 #define IFLOW_MAX_STOP 8   /* stop strings per request */
 
 typedef struct {
@@ -264,7 +269,8 @@ typedef struct {
     int kv_type;       /* 0: F32 (default), 1: F16, 2: INT8 with a scale per group           */
     int block;         /* positions per KV block; <= 0: 16                                   */
     int n_blocks;      /* blocks in the cache; <= 0: enough for parallel requests of n_ctx */
-    int step_tokens;   /* tokens per step; <= 0 or more than IFLOW_MAX_STEP: the max         */
+    int step_tokens;   /* tokens per step; <= 0 or more than a step holds: the most (128, or
+                        * 512 on a GPU placement: IFLOW_MAX_STEP's comment)                */
     int n_threads;     /* <= 0: all cores                                                   */
 } iflow_batch_params;
 

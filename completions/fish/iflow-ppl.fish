@@ -6,6 +6,7 @@ complete -c iflow-ppl -l chunks -x -d 'score at most N windows (default: the who
 complete -c iflow-ppl -l protocol -x -a 'windows llama.cpp' -d 'windows (default: BOS + c-1 tokens, all scored) or llama.cpp (second halves)'
 complete -c iflow-ppl -l max-tokens -x -d 'use only the first N tokens of the text'
 complete -c iflow-ppl -l kl-base -r -d 'also compare with base model FILE: KL divergence, top-1 agreement, delta perplexity'
+complete -c iflow-ppl -l kv-type -x -a 'f32 f16 q8' -d 'KV cache type f32, f16 or q8 (INT8 with a scale per group; default f32); the --kl-base model keeps f32, so \'-m M --kv-type q8 --kl-base M\' measures what the cache type costs'
 complete -c iflow-ppl -l threads -s t -x -d 'compute threads (default: all cores)'
 complete -c iflow-ppl -l activations -x -a 'int int8 int16 f32' -d 'how the CPU\'s matrix products meet the activations: int (default: rounded per token, to int8 for quantized weights (Q8 and Q4 with each token\'s outliers multiplied in F32, on CPUs with AVX512_VNNI), int16 for Q6 and Q5, and to BF16 for F16 and BF16 weights on CPUs with AVX512_BF16; the fast path), int8 (as int, and int8 for Q6 and Q5 too: faster prefill of Q6 and Q5, a little less accurate), int16 (as int, but int16 for Q8 too: more accurate Q8, slower prefill) or f32 (not rounded: the reference, slower)'
 complete -c iflow-ppl -l device -x -a 'auto cpu cuda' -d 'compute on auto (a GPU if there is one, else the CPU), cpu, cuda or cuda:N (default auto)'

@@ -42,7 +42,7 @@ complete -c iflow-run -l comm -x -a 'auto mpi nccl' -d 'how the processes of a p
 complete -c iflow-run -l list-devices -d 'print the devices this machine has (with --json: JSON Lines) and exit'
 complete -c iflow-run -l batch -d 'read JSON Lines requests from standard input, run them together (continuous batching) and write one JSON result per request as each finishes'
 complete -c iflow-run -l parallel -x -d 'with --batch: requests running at once (default 16)'
-complete -c iflow-run -l kv-type -x -a 'f32 f16 q8' -d 'with --batch: KV cache type f32, f16 or q8 (INT8 with a scale per group; default f32)'
+complete -c iflow-run -l kv-type -x -a 'f32 f16 q8' -d 'KV cache type f32, f16 or q8 (INT8 with a scale per group; default f32): f16 halves the cache and what decode reads of it'
 complete -c iflow-run -l metrics -r -d 'with --batch: write throughput and latency metrics to FILE as JSON'
 complete -c iflow-run -l dry-run -d 'print the memory plan of --batch (weights, KV cache per request and in total, scratch) and the largest --parallel that fits (with --json: one JSON object), then exit'
 complete -c iflow-run -l echo -d 'print the prompt before its continuation'

@@ -69,7 +69,9 @@ static uint64_t next_serial(void)
 struct iflow_ctx {
     const iflow_model *m;
     int n_ctx, n_past, n_threads;
-    int pass;                   /* B: rows of one forward pass of iflow_ctx_eval (the model's pass) */
+    int pass;                   /* B: rows of one forward pass (the model's pass) */
+    int32_t *step_ids;          /* [B] a step's tokens, gathered from its sequences           */
+    ifk_kv_seq *step_seq;       /* [B] a step's sequences                                     */
     int n_dev;
     dev_scratch dev[IFLOW_MAX_DEVICES];
     iflow_kv *kv;               /* the context's own cache (one block of n_ctx), or NULL     */
@@ -340,7 +342,7 @@ int iflow_kv_shift(iflow_kv *kv, const int32_t *table, int n_past, int keep, int
 /* ---- contexts ---------------------------------------------------------------------------- */
 
 /* A context with scratch on every device; its own cache of n_ctx positions unless n_ctx < 0. */
-static int ctx_open(iflow_ctx **out, const iflow_model *m, int n_ctx, int n_threads)
+static int ctx_open(iflow_ctx **out, const iflow_model *m, int n_ctx, int n_threads, int kv_type)
 {
     const iflow_hparams *hp = &m->hp;
     *out = NULL;
@@ -359,7 +361,9 @@ static int ctx_open(iflow_ctx **out, const iflow_model *m, int n_ctx, int n_thre
     c->xh = malloc(B);
     c->acc = malloc(B);
     c->last_logits = malloc((size_t)hp->vocab_size * sizeof(float));
-    if (!c->stage || !c->xh || !c->acc || !c->last_logits)
+    c->step_ids = malloc((size_t)c->pass * sizeof *c->step_ids);
+    c->step_seq = malloc((size_t)c->pass * sizeof *c->step_seq);
+    if (!c->stage || !c->xh || !c->acc || !c->last_logits || !c->step_ids || !c->step_seq)
         rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
     for (int i = 0; i < m->n_devs && rc == 0; i++) {
         dev_scratch *s = &c->dev[i];
@@ -374,7 +378,7 @@ static int ctx_open(iflow_ctx **out, const iflow_model *m, int n_ctx, int n_thre
             rc = scratch_alloc(s, hp, (size_t)c->pass);
     }
     if (rc == 0 && n_ctx > 0)
-        rc = iflow_kv_open(&c->kv, m, IFK_KV_F32, n_ctx, 1);
+        rc = iflow_kv_open(&c->kv, m, kv_type, n_ctx, 1);
     if (rc < 0) {
         iflow_ctx_close(c);
         return n_ctx > 0 ? iflow_preperr(rc, "cannot open a context of %d positions", n_ctx) : rc;
@@ -385,12 +389,20 @@ static int ctx_open(iflow_ctx **out, const iflow_model *m, int n_ctx, int n_thre
 
 int iflow_ctx_open(iflow_ctx **out, const iflow_model *m, int n_ctx, int n_threads)
 {
-    return ctx_open(out, m, n_ctx > 0 ? n_ctx : m->hp.max_seq, n_threads);
+    return ctx_open(out, m, n_ctx > 0 ? n_ctx : m->hp.max_seq, n_threads, IFK_KV_F32);
+}
+
+int iflow_ctx_open_kv(iflow_ctx **out, const iflow_model *m, int n_ctx, int n_threads, int kv_type)
+{
+    *out = NULL;
+    if (!ifk_kv_type_name(kv_type))
+        return iflow_seterr(IFLOW_EINVAL, "unknown KV cache type %d", kv_type);
+    return ctx_open(out, m, n_ctx > 0 ? n_ctx : m->hp.max_seq, n_threads, kv_type);
 }
 
 int iflow_ctx_open_steps(iflow_ctx **out, const iflow_model *m, int n_threads)
 {
-    return ctx_open(out, m, -1, n_threads);
+    return ctx_open(out, m, -1, n_threads, IFK_KV_F32);
 }
 
 void iflow_ctx_close(iflow_ctx *c)
@@ -411,6 +423,8 @@ void iflow_ctx_close(iflow_ctx *c)
     free(c->acc);
     free(c->last_logits);
     free(c->out_logits);
+    free(c->step_ids);
+    free(c->step_seq);
     free(c);
 }
 
@@ -1084,7 +1098,7 @@ int iflow_ctx_eval(iflow_ctx *c, const int32_t *ids, int n, float *logits, int a
 {
     const iflow_hparams *hp = &c->m->hp;
     IFLOW_TRY(check_eval(c, ids, n));
-    const int B = c->comm ? MAX_BATCH : c->pass; /* over processes: steps of iflow_ctx_step */
+    const int B = iflow_ctx_step_tokens(c); /* over processes: steps of iflow_ctx_step */
     for (int done = 0; done < n;) {
         int T = n - done < B ? n - done : B, last_batch = done + T == n;
         float *out = all_logits ? logits + (size_t)done * hp->vocab_size : last_batch ? logits : NULL;
@@ -1371,10 +1385,16 @@ void iflow_ctx_set_graphs(iflow_ctx *c, int mode)
     c->record = mode == IFLOW_GRAPHS_ALL || mode == IFLOW_GRAPHS_REPLAY ? mode : IFLOW_GRAPHS_OFF;
 }
 
+int iflow_ctx_step_tokens(const iflow_ctx *c)
+{
+    return c->comm ? MAX_BATCH : c->pass; /* every process of a comm steps at MAX_BATCH */
+}
+
 int iflow_ctx_step(iflow_ctx *c, iflow_kv *kv, const iflow_step_seq *seqs, int n_seqs)
 {
-    int32_t ids[MAX_BATCH];
-    ifk_kv_seq seq[MAX_BATCH];
+    int32_t *ids = c->step_ids;
+    ifk_kv_seq *seq = c->step_seq;
+    const int max_T = iflow_ctx_step_tokens(c);
     int T = 0;
     if (kv->m != c->m)
         return iflow_seterr(IFLOW_EINVAL, "the KV cache belongs to another model");
@@ -1388,8 +1408,8 @@ int iflow_ctx_step(iflow_ctx *c, iflow_kv *kv, const iflow_step_seq *seqs, int n
         if (q->n_out < 0 || q->n_out > q->n)
             return iflow_seterr(IFLOW_EINVAL, "sequence %d of the step asks for %d rows of output of its %d", i, q->n_out,
                                 q->n);
-        if (T + q->n > MAX_BATCH)
-            return iflow_seterr(IFLOW_ERANGE, "a step holds at most %d tokens", MAX_BATCH);
+        if (T + q->n > max_T)
+            return iflow_seterr(IFLOW_ERANGE, "a step holds at most %d tokens", max_T);
         IFLOW_TRY(check_ids(c, q->ids, q->n));
         memcpy(ids + T, q->ids, (size_t)q->n * sizeof *ids);
         seq[i] = (ifk_kv_seq){.row0 = T, .n_rows = q->n, .pos0 = q->pos0, .table = q->table};

@@ -259,8 +259,10 @@ void iflow_placement_first_n(iflow_placement *p, int *layer_device, int n_layers
 
 typedef struct iflow_ctx iflow_ctx;
 
-/* n_ctx <= 0: the model's max_seq. n_threads <= 0: all cores. */
+/* n_ctx <= 0: the model's max_seq. n_threads <= 0: all cores. The cache is IFK_KV_F32;
+ * iflow_ctx_open_kv takes its type (IFK_KV_F32, IFK_KV_F16 or IFK_KV_Q8, kernels/cpu/kvcache.h). */
 int  iflow_ctx_open(iflow_ctx **out, const iflow_model *m, int n_ctx, int n_threads);
+int  iflow_ctx_open_kv(iflow_ctx **out, const iflow_model *m, int n_ctx, int n_threads, int kv_type);
 void iflow_ctx_close(iflow_ctx *c);
 /* Forget every position (the cache is reused). */
 void iflow_ctx_reset(iflow_ctx *c);
@@ -290,7 +292,10 @@ int  iflow_ctx_embed(iflow_ctx *c, const int32_t *ids, int n, float *out);
  * batch-invariant), so a request gives the same tokens alone or in any batch. */
 typedef struct iflow_kv iflow_kv;
 
-/* IFLOW_MAX_STEP (include/iflow.h): tokens in one step and in one forward pass of iflow_ctx_eval */
+/* Tokens in one step and in one forward pass of iflow_ctx_eval: a context's pass,
+ * IFLOW_MAX_STEP (include/iflow.h), or 512 where no layer and not the output runs in host
+ * memory (a GPU placement; over several processes IFLOW_MAX_STEP); IFLOW_PASS asks for another. */
+int  iflow_ctx_step_tokens(const iflow_ctx *c);
 
 int  iflow_kv_open(iflow_kv **out, const iflow_model *m, int type, int block, int n_blocks);
 void iflow_kv_close(iflow_kv *kv);
@@ -324,8 +329,8 @@ typedef struct {
 
 /* A context with scratch but no cache of its own, for iflow_ctx_step. */
 int  iflow_ctx_open_steps(iflow_ctx **out, const iflow_model *m, int n_threads);
-/* One step: at most IFLOW_MAX_STEP tokens in all; positions before each sequence's pos0
- * must be in its blocks already. */
+/* One step: at most iflow_ctx_step_tokens(c) tokens in all; positions before each sequence's
+ * pos0 must be in its blocks already. */
 int  iflow_ctx_step(iflow_ctx *c, iflow_kv *kv, const iflow_step_seq *seqs, int n_seqs);
 
 /* Run c's steps as process comm->rank of comm->size, one per device of the model's placement

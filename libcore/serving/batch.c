@@ -117,11 +117,9 @@ int iflow_batch_open(iflow_batch **out, const iflow_model *m, const iflow_batch_
         q.block = iflow_model_host_only(m) ? 16 : q.n_ctx;
     if (q.n_blocks <= 0)
         q.n_blocks = q.parallel * ((q.n_ctx + q.block - 1) / q.block);
-    if (q.step_tokens <= 0 || q.step_tokens > IFLOW_MAX_STEP)
-        q.step_tokens = IFLOW_MAX_STEP;
-    if (q.parallel > q.step_tokens)
-        return iflow_seterr(IFLOW_EINVAL, "%d parallel requests exceed the %d tokens of a step", q.parallel,
-                            q.step_tokens);
+    if (q.parallel > IFLOW_MAX_STEP)
+        return iflow_seterr(IFLOW_EINVAL, "%d parallel requests exceed the %d a step holds", q.parallel,
+                            IFLOW_MAX_STEP);
     if (!ifk_kv_type_name(q.kv_type))
         return iflow_seterr(IFLOW_EINVAL, "unknown KV cache type %d", q.kv_type);
     iflow_batch *b = calloc(1, sizeof *b);
@@ -129,16 +127,24 @@ int iflow_batch_open(iflow_batch **out, const iflow_model *m, const iflow_batch_
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
     b->m = m;
     b->tok = iflow_model_tokenizer(m);
+    int rc = iflow_ctx_open_steps(&b->ctx, m, q.n_threads);
+    if (rc == 0) { /* a step holds the context's pass: 128 tokens, 512 on a GPU placement */
+        const int most = iflow_ctx_step_tokens(b->ctx);
+        if (q.step_tokens <= 0 || q.step_tokens > most)
+            q.step_tokens = most;
+        if (q.parallel > q.step_tokens)
+            rc = iflow_seterr(IFLOW_EINVAL, "%d parallel requests exceed the %d tokens of a step", q.parallel,
+                              q.step_tokens);
+    }
     b->p = q;
-    int rc = 0;
-    b->free_blocks = malloc((size_t)q.n_blocks * sizeof *b->free_blocks);
-    b->logits = malloc((size_t)q.step_tokens * hp->vocab_size * sizeof(float));
-    if (!b->free_blocks || !b->logits)
-        rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    if (rc == 0) {
+        b->free_blocks = malloc((size_t)q.n_blocks * sizeof *b->free_blocks);
+        b->logits = malloc((size_t)q.step_tokens * hp->vocab_size * sizeof(float));
+        if (!b->free_blocks || !b->logits)
+            rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    }
     if (rc == 0)
         rc = iflow_kv_open(&b->kv, m, q.kv_type, q.block, q.n_blocks);
-    if (rc == 0)
-        rc = iflow_ctx_open_steps(&b->ctx, m, q.n_threads);
     if (rc < 0) {
         iflow_batch_close(b);
         return rc;
@@ -236,7 +242,13 @@ int iflow_batch_set_draft(iflow_batch *b, const iflow_model *draft, int n_draft,
 }
 
 const iflow_batch_params *iflow_batch_params_of(const iflow_batch *b) { return &b->p; }
-int iflow_batch_set_comm(iflow_batch *b, struct iflow_comm *comm) { return iflow_ctx_set_comm(b->ctx, comm); }
+int iflow_batch_set_comm(iflow_batch *b, struct iflow_comm *comm)
+{
+    IFLOW_TRY(iflow_ctx_set_comm(b->ctx, comm));
+    if (b->p.step_tokens > iflow_ctx_step_tokens(b->ctx)) /* processes step at IFLOW_MAX_STEP */
+        b->p.step_tokens = iflow_ctx_step_tokens(b->ctx);
+    return 0;
+}
 int iflow_batch_pending(const iflow_batch *b) { return b->n_running + b->n_queued; }
 
 void iflow_batch_set_graphs(iflow_batch *b, int mode)

@@ -117,8 +117,24 @@ expect_eq "$(jq -c '[.n_ctx, .kv_type, .parallel, .kv_per_request_bytes]' <<<"$o
 # ---- usage errors ----
 run $BIN/iflow-run -m "$TMP/s.ifs" --parallel 4 -p hi
 expect_rc 2 "--parallel without --batch"
-expect_eq "$err" "iflow-run: --parallel, --kv-type and --metrics go with --batch
+expect_eq "$err" "iflow-run: --parallel and --metrics go with --batch
 Try 'iflow-run --help' for more information." "--parallel without --batch: message"
+run $BIN/iflow-run -m "$TMP/s.ifs" --embed --kv-type f16 -p hi
+expect_rc 2 "--kv-type with --embed"
+expect_eq "$err" "iflow-run: --kv-type goes with generation, not with --embed
+Try 'iflow-run --help' for more information." "--kv-type with --embed: message"
+
+# ---- --kv-type without --batch: one request through the same engine, in that cache ----
+# (on this prompt the q8 cache's greedy text leaves the f32 one within 200 tokens)
+run $BIN/iflow-run -m "$TMP/s.ifs" -p "The dog" -n 200 --temp 0 --kv-type q8 -t 1 -v
+expect_rc 0 "--kv-type q8 without --batch"
+expect_match "$err" "; kv cache q8; " "-v names the KV cache type"
+one=$out
+run bash -c "echo '{\"prompt\":\"The dog\",\"max_tokens\":200,\"temperature\":0}' | $BIN/iflow-run -m '$TMP/s.ifs' --batch --kv-type q8 -t 1"
+expect_eq "$(jq -r .text <<<"$out")" "$one" "--kv-type q8: the text of a --batch request in a q8 cache"
+run $BIN/iflow-run -m "$TMP/s.ifs" -p "The dog" -n 200 --temp 0 -t 1
+expect_rc 0 "the f32 cache"
+[ "$out" != "$one" ] && ok || bad "--kv-type q8 had no effect on the text (the q8 cache's text is the f32 one's)"
 run $BIN/iflow-run -m "$TMP/s.ifs" --batch --kv-type q4
 expect_rc 2 "bad --kv-type"
 

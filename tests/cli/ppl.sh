@@ -26,6 +26,27 @@ expect_eq "$rows" 1023 "protocol W: every golden position scored"
 within "$d" 1e-4 && ok || bad "protocol W: max |logprob diff| $d > 1e-4"
 echo "protocol W: max |logprob - golden| = $d over $rows positions"
 
+# --kv-type: protocol W with the cache in F16 (keys and values rounded to half precision: the
+# perplexity within 0.05 % of the golden, every position's log-probability within 0.05 nats;
+# measured 0.013 % and 0.032) and in q8 (INT8, a scale per 8 values here: within 0.5 %, measured
+# 0.05 %), q8 with --kl-base of the same model (its cache stays F32): what the cache type costs
+run $BIN/iflow-ppl -m "$TMP/s.ifs" -f "$WIKI" -c 256 --max-tokens 1023 --json --kv-type f16 --logprobs "$TMP/w16.tsv"
+expect_rc 0 "protocol W, --kv-type f16"
+expect_eq "$(jq -r .kv_type <<<"$out")" f16 "--kv-type f16: kv_type in the JSON"
+expect_close "$(jq -r .ppl <<<"$out")" 101.74647178632603 5e-4 "protocol W perplexity, F16 cache (0.05 %)"
+read -r d rows <<<"$(maxdiff "$TMP/w16.tsv" "$G/stories260K.wiki1024.win256.logprobs.tsv" 6)"
+expect_eq "$rows" 1023 "--kv-type f16: every golden position scored"
+within "$d" 0.05 && ok || bad "--kv-type f16: max |logprob diff| $d > 0.05"
+run $BIN/iflow-ppl -m "$TMP/s.ifs" -f "$WIKI" -c 256 --max-tokens 1023 --json --kv-type q8 --kl-base "$TMP/s.ifs"
+expect_rc 0 "protocol W, --kv-type q8 --kl-base"
+expect_close "$(jq -r .ppl <<<"$out")" 101.74647178632603 5e-3 "protocol W perplexity, q8 cache (0.5 %)"
+expect_close "$(jq -r .base_ppl <<<"$out")" 101.74647178632603 1e-4 "--kl-base keeps an F32 cache (0.01 %)"
+jq -e '.mean_kld > 0 and .mean_kld < 0.02 and .top1_agreement > 0.9 and .top1_agreement < 1' <<<"$out" >/dev/null &&
+    ok || bad "--kv-type q8 against its F32 cache: KL $(jq -c '[.mean_kld, .top1_agreement]' <<<"$out")"
+run $BIN/iflow-ppl -m "$TMP/s.ifs" -f "$WIKI" --kv-type q4
+expect_rc 2 "unknown --kv-type"
+expect_match "$err" "^iflow-ppl: --kv-type must be f32, f16 or q8, not 'q4'" "unknown --kv-type: message"
+
 # Protocol F: one pass of all 1024 ids is one window of 1024
 run $BIN/iflow-ppl -m "$TMP/s.ifs" -f "$WIKI" -c 1024 --max-tokens 1023 --json --logprobs "$TMP/f.tsv"
 expect_rc 0 "protocol F"

@@ -50,7 +50,7 @@ expect_eq "$out" "$(sed -n 2p "$G/stories260K.greedy64.jsonl" | jq -r .continuat
 
 # ---- -v: timings, threads, the kernel path and the seed on standard error ----
 run $BIN/iflow-run -m "$TMP/s.ifs" -p "Once upon a time" -n 4 --temp 0.5 --seed 11 -t 1 -v --device cpu
-expect_match "$err" "^iflow-run: load [0-9.]+ s; prompt 5 tokens in [0-9.]+ s \([0-9.]+ tok/s\); generated 4 tokens in [0-9.]+ s \([0-9.]+ tok/s\); threads 1; kernels (scalar|avx2|avx512|avx512gfni|amx); seed 11
+expect_match "$err" "^iflow-run: load [0-9.]+ s; prompt 5 tokens in [0-9.]+ s \([0-9.]+ tok/s\); generated 4 tokens in [0-9.]+ s \([0-9.]+ tok/s\); threads 1; kernels (scalar|avx2|avx512|avx512gfni|amx); kv cache f32; seed 11
 iflow-run: sampler: top-k 40 -> top-p 0.95 -> temp 0.5 -> draw$" "-v lines"
 
 # ---- --echo, -n 0 ----

@@ -16,7 +16,9 @@
 #   - the fused ops give what the ops they stand for give (IFLOW_CUDA_UNFUSED=1): the same
 #     greedy ids, the same perplexity to the last digit;
 #   - GPU/CPU hybrid (--gpu-layers 2 of 5) gives the CPU's greedy tokens;
-#   - iflow-ppl on the GPU within 0.1 % of the CPU's perplexity;
+#   - iflow-ppl on the GPU within 0.1 % of the CPU's perplexity; a 512-token window in one pass
+#     of 512 rows (the GPU's) within 0.01 % of passes of 128 (IFLOW_PASS=128);
+#   - --kv-type f16 on the GPU: at least 32 of 64 greedy tokens the CPU's, perplexity within 0.1 %;
 #   - a placement that does not fit names the device and the bytes it lacks, before loading.
 # What is observed is printed on lines starting with "OBSERVED" (the make check-gpu log keeps them).
 . "$(dirname "$0")/../cli/lib.sh"
@@ -160,6 +162,30 @@ ppl_close() { # model ctx chunks name: the GPU's perplexity within 0.1 % of the 
 ppl_close "$TMP/s.ifs" 256 8 stories260K
 ppl_close "$TMP/xs.ifs" 256 8 xs-ckpt
 
+# ---- --kv-type f16: the cache in half precision on the GPU (CUDA's F16 attention kernels) ----
+# The keys and values come from products summed in another order on each side, so one may round
+# to the other F16 neighbour: at least the first 32 greedy tokens equal, perplexity within 0.1 %.
+least=64
+while IFS= read -r rec; do
+    prompt=$(jq -r .prompt <<<"$rec")
+    a=$($BIN/iflow-run -m "$TMP/s.ifs" --device cuda --kv-type f16 -n 64 -p "$prompt" --temp 0 --json | jq -c .gen_ids)
+    b=$($BIN/iflow-run -m "$TMP/s.ifs" --device cpu --activations f32 --kv-type f16 -n 64 -p "$prompt" --temp 0 --json |
+        jq -c .gen_ids)
+    n=$(agree "$a" "$b")
+    [ "$n" -lt "$least" ] && least=$n
+done <"$G/stories260K.greedy64.jsonl"
+echo "OBSERVED --kv-type f16: GPU and CPU greedy agree on at least $least of 64 tokens on every prompt" >&2
+[ "$least" -ge 32 ] && ok || bad "--kv-type f16: only $least tokens agree on some prompt"
+for dev in cpu cuda; do
+    act=()
+    [ $dev = cpu ] && act=(--activations f32)
+    run $BIN/iflow-ppl -m "$TMP/s.ifs" -f "$DATA/data/wikitext-2-raw/wiki.test.raw" -c 256 --chunks 8 --json --device $dev \
+        --kv-type f16 "${act[@]}"
+    [ $dev = cpu ] && p_cpu=$(jq .ppl <<<"$out") || p_gpu=$(jq .ppl <<<"$out")
+done
+echo "OBSERVED --kv-type f16 perplexity: cpu $p_cpu, gpu $p_gpu" >&2
+expect_close "$p_gpu" "$p_cpu" 0.001 "--kv-type f16: GPU perplexity within 0.1 %"
+
 # ---- the TinyLlama-1.1B shape (synthetic F16) ----
 if [ -f "$DATA/models/synthetic/tinyllama-1.1b/config.json" ]; then
     $BIN/iflow-convert --synthetic "$DATA/models/synthetic/tinyllama-1.1b" -t f16 -o "$TMP/tl.ifs"
@@ -181,6 +207,14 @@ if [ -f "$DATA/models/synthetic/tinyllama-1.1b/config.json" ]; then
     run $BIN/iflow-run -m "$TMP/tl.ifs" --device cuda -n 48 -p "Once upon a time" --temp 0.8 --seed 7 --json
     expect_eq "$(jq -c .gen_ids <<<"$out")" "$byop" "tinyllama-1.1b f16, steps replayed, sampled: the ids of the ops run one by one"
     ppl_close "$TMP/tl.ifs" 512 2 tinyllama-1.1b
+    # the GPU runs a 512-token window as one pass of 512 rows; in passes of 128 (IFLOW_PASS) the
+    # products have other shapes (cuBLAS may pick other algorithms): within 0.01 %
+    p512=$($BIN/iflow-ppl -m "$TMP/tl.ifs" -f "$DATA/data/wikitext-2-raw/wiki.test.raw" -c 512 --chunks 2 --json \
+        --device cuda | jq .ppl)
+    p128=$(IFLOW_PASS=128 $BIN/iflow-ppl -m "$TMP/tl.ifs" -f "$DATA/data/wikitext-2-raw/wiki.test.raw" -c 512 --chunks 2 \
+        --json --device cuda | jq .ppl)
+    echo "OBSERVED tinyllama-1.1b perplexity on the GPU: passes of 512 rows $p512, of 128 $p128" >&2
+    expect_close "$p512" "$p128" 1e-4 "tinyllama-1.1b: passes of 512 and of 128 rows (0.01 %)"
     # a placement that cannot fit: refused with the device and the bytes, before loading
     run $BIN/iflow-run -m "$TMP/tl.ifs" --device cuda -c 16000000 -p hi -n 1
     expect_rc 1 "a KV cache larger than the GPU"

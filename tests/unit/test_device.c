@@ -10,7 +10,8 @@
  *     through the engine, also bit-identical;
  *   - iflow_ctx_eval_argmax equals the argmax of the logits;
  *   - iflow_ctx_eval's passes (128 rows, 512 where no layer is in host memory, IFLOW_PASS) give
- *     the same bits on a 700-token prompt, and placements count their scratch;
+ *     the same bits on a 700-token prompt, a step holds as many tokens as a pass, and
+ *     placements count their scratch;
  *   - a plan's processes (comm.h, threads over iflow_comm_local_open) each on a detached device,
  *     bit-identical to the plan in one process: the GPU's side of one process per device;
  *   - steps recorded as one graph (iflow_ctx_set_graphs) on a device whose record ops this test
@@ -333,6 +334,24 @@ static void test_pass_rows(void)
     iflow_placement_first_n(&p, layers, 5, NULL, 5, NULL);
     CHECK(scratch_of(m, &p, N, 0) == iflow_scratch_bytes(hp, 300) + logits_row, "IFLOW_PASS=300: 300 rows");
     CHECK(eval_all(m, ids, N, got) == 0 && bit_identical(got, ref, N * V), "passes of 300: the same bits");
+    /* a step of a paged cache holds the pass too: 250 tokens in one step give ctx_eval's bits, and
+     * 301 are refused */
+    iflow_kv *kv = NULL;
+    iflow_ctx *sc = NULL;
+    if (iflow_kv_open(&kv, m, IFK_KV_F32, N, 1) == 0 && iflow_ctx_open_steps(&sc, m, 1) == 0) {
+        CHECK(iflow_ctx_step_tokens(sc) == 300, "steps of %d tokens, not 300", iflow_ctx_step_tokens(sc));
+        const int32_t table[1] = {0};
+        iflow_step_seq q = {.ids = ids, .n = 250, .pos0 = 0, .table = table, .logits = got, .n_out = 250};
+        CHECK(iflow_ctx_step(sc, kv, &q, 1) == 0 && bit_identical(got, ref, 250 * V),
+              "a step of 250 tokens: the bits of iflow_ctx_eval (%s)", iflow_errmsg());
+        q = (iflow_step_seq){.ids = ids + 250, .n = 301, .pos0 = 250, .table = table};
+        int rc = iflow_ctx_step(sc, kv, &q, 1);
+        CHECK_ERR(rc, IFLOW_ERANGE, "a step", "at most 300 tokens"); /* of 301 tokens */
+    } else {
+        CHECK(0, "paged cache and step context: %s", iflow_errmsg());
+    }
+    iflow_ctx_close(sc);
+    iflow_kv_close(kv);
     iflow_model_close(m);
     setenv("IFLOW_PASS", "64", 1); /* below a step: ignored */
     CHECK(iflow_model_open(&m, s_f32, 0) == 0, "open: %s", iflow_errmsg());
