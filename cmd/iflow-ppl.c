@@ -253,9 +253,9 @@ int main(int argc, char **argv)
     if (as_json) {
         json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:s, s:I, s:I, s:I, s:f, s:f, s:f, s:f}", "model", model, "file",
                               file, "protocol", protocol == IFLOW_PPL_WINDOWS ? "windows" : "llama.cpp", "ctx", c_len,
-                              "kv_type", ifk_kv_type_name(kv_type), "windows", (json_int_t)r.n_windows, "text_tokens", (json_int_t)n_ids, "tokens_scored",
-                              (json_int_t)r.n_scored, "mean_nll", nll, "ppl", ppl, "seconds", t2 - t1,
-                              "tokens_per_second", (double)r.n_scored / (t2 - t1 > 0 ? t2 - t1 : 1));
+                              "kv_type", ifk_kv_type_name(kv_type), "windows", (json_int_t)r.n_windows, "text_tokens",
+                              (json_int_t)n_ids, "tokens_scored", (json_int_t)r.n_scored, "mean_nll", nll, "ppl", ppl,
+                              "seconds", t2 - t1, "tokens_per_second", (double)r.n_scored / (t2 - t1 > 0 ? t2 - t1 : 1));
         json_object_set_new(o, "protocol_description", json_string(proto));
         if (base) {
             json_t *kl = json_pack("{s:s, s:f, s:f, s:f, s:f, s:f}", "kl_base", base_path, "base_ppl",
