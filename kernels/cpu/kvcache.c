@@ -17,12 +17,6 @@
 #else
 #define KV_CLONES
 #endif
-#if defined(__GNUC__) && !defined(IFK_NO_SIMD) && defined(__x86_64__)
-#define KV_F16C 1 /* half-precision rows converted 16 or 8 at a time where the CPU can (vcvtph2ps) */
-#include <immintrin.h>
-#else
-#define KV_F16C 0
-#endif
 
 /* GCC's vector types (the width the clone's target allows; plain code where it has none). */
 typedef float kv_f16x __attribute__((vector_size(64)));
@@ -108,52 +102,6 @@ static inline uint16_t f2h(float f)
     return (uint16_t)(s | (r >> 13));
 }
 
-/* out [n] = h [n] as F32: h2f, or on CPUs with F16C / AVX-512 the instruction that converts 8 or
- * 16 at once (exact too, the same bits: half to float loses nothing; a NaN comes out quiet both
- * ways). The attention reads an F16 cache through this: h2f alone cost more than the half of the
- * bytes saved (decode with a 1,900-token F16 cache ran 30 % slower than with F32). */
-static void h2f_row_plain(float *out, const uint16_t *h, int n)
-{
-    for (int d = 0; d < n; d++)
-        out[d] = h2f(h[d]);
-}
-
-#if KV_F16C
-__attribute__((target("avx512f"))) static void h2f_row_avx512(float *out, const uint16_t *h, int n)
-{
-    int d = 0;
-    for (; d + 16 <= n; d += 16)
-        _mm512_storeu_ps(out + d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + d))));
-    h2f_row_plain(out + d, h + d, n - d);
-}
-
-__attribute__((target("avx,f16c"))) static void h2f_row_f16c(float *out, const uint16_t *h, int n)
-{
-    int d = 0;
-    for (; d + 8 <= n; d += 8)
-        _mm256_storeu_ps(out + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + d))));
-    h2f_row_plain(out + d, h + d, n - d);
-}
-#endif
-
-static void h2f_row(float *out, const uint16_t *h, int n)
-{
-#if KV_F16C
-    static void (*_Atomic row)(float *, const uint16_t *, int); /* chosen once (a benign race: the same choice) */
-    void (*f)(float *, const uint16_t *, int) = row;
-    if (!f) {
-        __builtin_cpu_init();
-        f = __builtin_cpu_supports("avx512f") ? h2f_row_avx512
-            : __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx") ? h2f_row_f16c
-                                                                               : h2f_row_plain;
-        row = f;
-    }
-    f(out, h, n);
-#else
-    h2f_row_plain(out, h, n);
-#endif
-}
-
 /* ---- one head of one position, to F32 ----------------------------------------------------- */
 
 /* out [head_dim] = head g of pool row r. */
@@ -166,8 +114,9 @@ static inline __attribute__((always_inline)) void load_head(float *out, const vo
     case IFK_KV_F32:
         memcpy(out, (const float *)pool + off, (size_t)hd * sizeof(float));
         break;
-    case IFK_KV_F16:
-        h2f_row(out, (const uint16_t *)pool + off, hd);
+    case IFK_KV_F16: /* the kernel path's row conversion: vcvtph2ps, 16 or 8 at a time (exact, as h2f;
+                      * h2f one value at a time cost more than the half of the bytes saved) */
+        ifk_get_row(out, (const uint16_t *)pool + off, IFK_F16, 0, hd);
         break;
     case IFK_KV_Q8: {
         const int8_t *q = (const int8_t *)pool + off;
