@@ -96,11 +96,13 @@ $(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu $(wildcard kernels/cuda/*.h kernels
 # products on int8 activations) are off by default; make check compiles them too (sm_90 only,
 # not in a SANITIZE=1 build), so that no change breaks them unseen.
 CUDA_VARIANTS := $(if $(filter 1,$(CUDA)),$(if $(filter 1,$(SANITIZE)),,$(BUILD)/kernels/cuda/variants/attention-tc.o $(BUILD)/kernels/cuda/variants/matmul-i8.o))
+$(BUILD)/kernels/cuda/variants/attention-tc.o: kernels/cuda/attention.cu
 $(BUILD)/kernels/cuda/variants/attention-tc.o: VDEFS := -DIFKC_PF_TC=1 -DIFKC_DEC_TC=1
+$(BUILD)/kernels/cuda/variants/matmul-i8.o: kernels/cuda/matmul.cu
 $(BUILD)/kernels/cuda/variants/matmul-i8.o: VDEFS := -DIFKC_MV_DP4A=1
-$(BUILD)/kernels/cuda/variants/%.o: $(wildcard kernels/cuda/*.cu kernels/cuda/*.h kernels/cuda/*.cuh) kernels/cpu/quant.h kernels/cpu/kernels.h
+$(BUILD)/kernels/cuda/variants/%.o: $(wildcard kernels/cuda/*.h kernels/cuda/*.cuh) kernels/cpu/quant.h kernels/cpu/kernels.h
 	@mkdir -p $(dir $@)
-	$(NVCC) $(filter-out $(CUDA_ARCH),$(NVCCFLAGS)) -gencode arch=compute_90,code=sm_90 $(VDEFS) -c kernels/cuda/$(firstword $(subst -, ,$*)).cu -o $@
+	$(NVCC) $(filter-out $(CUDA_ARCH),$(NVCCFLAGS)) -gencode arch=compute_90,code=sm_90 $(VDEFS) -c $(filter %.cu,$^) -o $@
 LIB      := $(BUILD)/libiflow.a
 
 # The shared library: the same objects, only include/iflow.h's functions exported (a version

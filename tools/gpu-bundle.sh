@@ -59,22 +59,25 @@ cp "$DATA/golden/stories260K.greedy64.jsonl" "$DATA/golden/xs-ckpt.greedy64.json
 cp "$DATA/data/wikitext-2-raw/wiki.test.raw" "$out/shared/data/wikitext-2-raw/"
 
 # Files past 1 MB travel gzipped (the programs each hold kernels/cuda's machine code: 45 MB
-# become about 17, leaving the carry room for variants); run.sh and tools/gpu-lease.sh unpack them.
+# become 21, leaving the carry room for variants); run.sh unpacks them (`run.sh unpack` alone:
+# tools/gpu-lease.sh).
 find "$out" -type f -size +1M ! -name '*.gz' -exec gzip -9 {} +
 
 cat >"$out/run.sh" <<'EOF'
 #!/usr/bin/env bash
-# run.sh check|bench -- make check-gpu or make bench-gpu from this bundle (tools/gpu-bundle.sh).
+# run.sh check|bench|unpack -- make check-gpu or make bench-gpu from this bundle
+# (tools/gpu-bundle.sh); each first unpacks the files that travel gzipped (unpack: only that).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-find "$here" -name '*.gz' ! -path "$here/variants/*" -exec gunzip -f {} + # files past 1 MB travel gzipped
+find "$here" -name '*.gz' ! -path "$here/variants/*" -exec gunzip -f {} + # variants: their own steps
 chmod +x "$here"/bin/* "$here"/build/gpubench "$here"/build/iflow-bench "$here"/build/tests/gpu/* 2>/dev/null
 cd "$here/.."
 export IFLOW_SPEC_PATH=$PWD/specs PATH=$here/bin:$PATH LD_LIBRARY_PATH=$here/lib:${LD_LIBRARY_PATH:-} IFLOW_TEST_DATA=$here/shared BIN=$here/bin
 case ${1:-check} in
 check) exec tests/run.sh --gpu "$here/build" ;;
 bench) exec bench/bench-gpu.sh "$here/build" ;;
-*) echo "usage: run.sh check|bench" >&2; exit 2 ;;
+unpack) ;;
+*) echo "usage: run.sh check|bench|unpack" >&2; exit 2 ;;
 esac
 EOF
 chmod +x "$out/run.sh"

@@ -28,9 +28,7 @@ set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
 export b=$here/.gpu
-# tools/gpu-bundle.sh gzips the files past 1 MB (the variants are unpacked by their steps)
-find "$b" -name '*.gz' ! -path "$b/variants/*" -exec gunzip -f {} + 2>/dev/null
-chmod +x "$b"/bin/* "$b"/build/gpubench "$b"/build/iflow-bench "$b"/build/tests/gpu/* 2>/dev/null
+[ -f "$b/run.sh" ] && bash "$b/run.sh" unpack # tools/gpu-bundle.sh gzips the files past 1 MB
 [ -x "$b/bin/iflow-run" ] || { echo "gpu-lease: no bundle in $b (run tools/gpu-bundle.sh here first)" >&2; exit 2; }
 O=${OUT:-/tmp/gpu-lease}
 mkdir -p "$O"
