@@ -355,7 +355,7 @@ static int ctx_open(iflow_ctx **out, const iflow_model *m, int n_ctx, int n_thre
     c->n_threads = n_threads > 0 ? n_threads : omp_get_num_procs();
     c->n_dev = m->n_devs;
     int rc = 0;
-    c->pass = m->pass > MAX_BATCH ? m->pass : MAX_BATCH;
+    c->pass = m->pass; /* >= MAX_BATCH: every model opened is placed (place.c sets it) */
     size_t B = (size_t)c->pass * hp->dim * sizeof(float);
     c->stage = malloc(B);
     c->xh = malloc(B);
