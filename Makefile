@@ -7,6 +7,7 @@
 #   make check        deps + build + the whole test suite (SANITIZE=1: under ASan + UBSan)
 #   make bench        deps + build + benchmarks, JSON on stdout
 #   make check-gpu    the GPU tests (tests/gpu), on a machine with a GPU (CUDA=1)
+#   make check-emu    the GPU tests on the CPU emulation of CUDA (tests/cuda-emu; no GPU needed)
 #   make bench-gpu    the GPU benchmarks, JSON on stdout (tools/gpu-bundle.sh packs both for a lent GPU)
 #   make fuzz         build the libFuzzer targets (clang) and run each for FUZZ_SECONDS
 #   make quality      measure every weight type against F32 (writes docs/quant-quality.*)
@@ -38,7 +39,9 @@ NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/c
 ifeq ($(CUDA),)
   CUDA := $(if $(NVCC),1,0)
 endif
-NOCUDA_SUFFIX := $(if $(filter 1,$(CUDA)),,-nocuda)
+# CUDA=emu: kernels/cuda built with g++ against the CPU emulation of CUDA (tests/cuda-emu), in a
+# folder of its own; make check-emu runs the GPU tests there.
+NOCUDA_SUFFIX := $(if $(filter 1,$(CUDA)),,$(if $(filter emu,$(CUDA)),-emu,-nocuda))
 
 ifeq ($(SANITIZE),1)
   BUILD  := build/san$(NOCUDA_SUFFIX)
@@ -88,9 +91,41 @@ ifeq ($(CUDA),1)
   LDLIBS    += $(CUDA_LIBS)
 endif
 
+ifeq ($(CUDA),emu)
+  # The CPU emulation (tests/cuda-emu/cuda_emu.h): cu2cc.pl turns each .cu's <<<...>>> launches
+  # into calls, g++ compiles the result against the emulation's CUDA headers (no FMA contraction:
+  # see cuda_emu.h), emu.o stands for the CUDA runtime, and libcublas.so.emu for cuBLAS (found
+  # by kernels/cuda/blas.cu's dlopen through the rpath to $(BUILD)/lib).
+  EMU_DIR   := tests/cuda-emu
+  EMU_HDR   := $(wildcard $(EMU_DIR)/*.h $(EMU_DIR)/include/*.h)
+  EMU_CXXFLAGS := -std=c++17 $(OPT) -fPIC -ffp-contract=off -Wall -Wno-unused-parameter -Wno-unknown-pragmas \
+                  -Wno-sign-compare -I. -I$(EMU_DIR)/include $(CUDA_DEFS)
+  CUDA_SRC  := $(wildcard kernels/cuda/*.cu)
+  CUDA_OBJ  := $(CUDA_SRC:%.cu=$(BUILD)/%.o) $(BUILD)/$(EMU_DIR)/emu.o
+  LIB_OBJ   += $(CUDA_OBJ)
+  CFLAGS    += -DIFLOW_HAVE_CUDA=1
+  # DT_RPATH, not RUNPATH: under ASan dlopen() is called from libasan, and only the program's
+  # RPATH applies to every object's dlopen
+  CUDA_LIBS := -Wl,--disable-new-dtags,-rpath,$(abspath $(BUILD))/lib -ldl -lpthread -lstdc++
+  LDLIBS    += $(CUDA_LIBS)
+  EMU_CUBLAS := $(BUILD)/lib/libcublas.so.emu
+$(BUILD)/kernels/cuda/%.cc: kernels/cuda/%.cu $(EMU_DIR)/cu2cc.pl
+	@mkdir -p $(dir $@)
+	$(EMU_DIR)/cu2cc.pl $< $@
+.PRECIOUS: $(BUILD)/kernels/cuda/%.cc
+$(BUILD)/kernels/cuda/%.o: $(BUILD)/kernels/cuda/%.cc $(wildcard kernels/cuda/*.h kernels/cuda/*.cuh) kernels/cpu/quant.h kernels/cpu/kernels.h $(EMU_HDR)
+	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+$(BUILD)/$(EMU_DIR)/emu.o: $(EMU_DIR)/emu.cc $(EMU_HDR)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+$(EMU_CUBLAS): $(EMU_DIR)/cublas.cc $(EMU_HDR)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -shared -o $@ $< $(LDSAN)
+else
 $(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu $(wildcard kernels/cuda/*.h kernels/cuda/*.cuh) kernels/cpu/quant.h kernels/cpu/kernels.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+endif
 
 # The kernels' variants that wait for a GPU (docs/GPU-RUNS.md: attention on tensor cores, decode
 # products on int8 activations) are off by default; make check compiles them too (sm_90 only,
@@ -100,9 +135,20 @@ $(BUILD)/kernels/cuda/variants/attention-tc.o: kernels/cuda/attention.cu
 $(BUILD)/kernels/cuda/variants/attention-tc.o: VDEFS := -DIFKC_PF_TC=1 -DIFKC_DEC_TC=1
 $(BUILD)/kernels/cuda/variants/matmul-i8.o: kernels/cuda/matmul.cu
 $(BUILD)/kernels/cuda/variants/matmul-i8.o: VDEFS := -DIFKC_MV_DP4A=1
+ifeq ($(CUDA),emu)
+# On the emulation the variants are also run (make check-emu-variants: the GPU tests linked with
+# them, EMU_VARIANT_BINS below).
+CUDA_VARIANTS := $(BUILD)/kernels/cuda/variants/attention-tc.o $(BUILD)/kernels/cuda/variants/matmul-i8.o
+$(BUILD)/kernels/cuda/variants/attention-tc.o: $(BUILD)/kernels/cuda/attention.cc
+$(BUILD)/kernels/cuda/variants/matmul-i8.o: $(BUILD)/kernels/cuda/matmul.cc
+$(BUILD)/kernels/cuda/variants/%.o: $(wildcard kernels/cuda/*.h kernels/cuda/*.cuh) kernels/cpu/quant.h kernels/cpu/kernels.h $(EMU_HDR)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) $(VDEFS) -c $(filter %.cc,$^) -o $@
+else
 $(BUILD)/kernels/cuda/variants/%.o: $(wildcard kernels/cuda/*.h kernels/cuda/*.cuh) kernels/cpu/quant.h kernels/cpu/kernels.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(filter-out $(CUDA_ARCH),$(NVCCFLAGS)) -gencode arch=compute_90,code=sm_90 $(VDEFS) -c $(filter %.cu,$^) -o $@
+endif
 LIB      := $(BUILD)/libiflow.a
 
 # The shared library: the same objects, only include/iflow.h's functions exported (a version
@@ -149,7 +195,7 @@ FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_SECONDS ?= 20
 
 .PHONY: all deps demo check bench quality fuzz fuzz-deps fuzz-build fuzz-run docs install clean
-all: $(BINS) lib
+all: $(BINS) lib $(EMU_CUBLAS)
 
 # ---- library and programs -------------------------------------------------------------------
 
@@ -225,7 +271,7 @@ $(BUILD)/tests/unit/test_%: tests/unit/test_%.c $(UNIT_COMMON) $(UNIT_HDR) $(LIB
 
 # GPU tests (tests/gpu): built by `make check` (so CI catches a CUDA change that breaks them),
 # run by `make check-gpu` on a machine with a GPU.
-GPU_TEST_SRC := $(if $(filter 1,$(CUDA)),$(wildcard tests/gpu/test_*.c))
+GPU_TEST_SRC := $(if $(filter 1 emu,$(CUDA)),$(wildcard tests/gpu/test_*.c))
 GPU_TEST_BIN := $(GPU_TEST_SRC:%.c=$(BUILD)/%)
 $(BUILD)/tests/gpu/test_%: tests/gpu/test_%.c $(UNIT_COMMON) $(UNIT_HDR) $(LIB)
 	@mkdir -p $(dir $@)
@@ -237,7 +283,31 @@ check-gpu: deps
 	@tests/run.sh --gpu $(BUILD)
 
 gpu-bins: $(GPU_TEST_BIN)
+
+ifeq ($(CUDA),emu)
+# the GPU tests linked with the kernel variants (the variant's objects come before the library)
+EMU_VARIANT_BINS := $(BUILD)/tests/gpu-variants/test_cuda_ops-tc $(BUILD)/tests/gpu-variants/test_cuda_matmul-i8
+$(BUILD)/tests/gpu-variants/test_cuda_ops-tc: tests/gpu/test_cuda_ops.c $(BUILD)/kernels/cuda/variants/attention-tc.o
+$(BUILD)/tests/gpu-variants/test_cuda_matmul-i8: tests/gpu/test_cuda_matmul.c $(BUILD)/kernels/cuda/variants/matmul-i8.o
+$(EMU_VARIANT_BINS): $(UNIT_COMMON) $(UNIT_HDR) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.o,$^) $(LIB) $(LDLIBS)
+endif
 .PHONY: gpu-bins check-gpu
+
+# The GPU tests on the CPU emulation of CUDA (tests/cuda-emu): the kernels' logic against their
+# CPU references on a machine without a GPU (CI). Its own build folder (build/rel-emu, build/san-emu).
+check-emu: deps
+	@$(MAKE) --no-print-directory CUDA=emu all gpu-bins
+	@IFLOW_EMU=1 tests/run.sh --gpu build/$(if $(filter 1,$(SANITIZE)),san,rel)-emu
+
+# The kernel variants that wait for a GPU (tensor-core attention, int8 decode products), each
+# with the GPU test of its kernels, on the emulation.
+check-emu-variants: deps
+	@$(MAKE) --no-print-directory CUDA=emu all emu-variant-bins
+	@IFLOW_EMU=1 tests/run.sh --gpu-variants build/$(if $(filter 1,$(SANITIZE)),san,rel)-emu
+emu-variant-bins: $(EMU_VARIANT_BINS)
+.PHONY: check-emu check-emu-variants emu-variant-bins
 
 # check also builds the benchmark programs (not run: speed is measured by make bench), so a
 # change that breaks them fails CI.

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # tests/run.sh BUILD_DIR -- run every unit-test binary and every CLI test script.
 # tests/run.sh --gpu BUILD_DIR -- run the GPU tests instead (tests/gpu: test_* binaries, *.sh).
+# tests/run.sh --gpu-variants BUILD_DIR -- the GPU tests built with the kernel variants
+# (BUILD_DIR/tests/gpu-variants: make check-emu-variants).
 #
 # Each test prints one summary line "<name>: P passed, F failed[, S skipped]"; this script
 # echoes them and ends with the totals as "N passed, N failed". Exit status: 0 only if every
@@ -8,6 +10,7 @@
 set -u
 suite=unit cli=tests/cli
 if [ "${1:-}" = --gpu ]; then suite=gpu cli=tests/gpu; shift; fi
+if [ "${1:-}" = --gpu-variants ]; then suite=gpu-variants cli=; shift; fi
 build=${1:?usage: tests/run.sh [--gpu] BUILD_DIR}
 export IFLOW_TEST_BUILD=$build   # the CLI tests skip their slowest cases in sanitizer builds
 cd "$(dirname "$0")/.." || exit 2
@@ -47,7 +50,7 @@ tally() { # name, command...
 for t in "$build"/tests/$suite/test_*; do
     [ -x "$t" ] && tally "$(basename "$t")" "$t"
 done
-for t in "$cli"/*.sh; do
+for t in ${cli:+"$cli"/*.sh}; do
     [ -f "$t" ] || continue
     case $t in */lib.sh) continue ;; esac
     tally "$(basename "$t" .sh)" bash "$t"

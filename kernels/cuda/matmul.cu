@@ -248,9 +248,15 @@ __device__ __forceinline__ void qslice_dot(float (&acc)[TM][MV_RT(TM)], const ui
 /* a (4 unsigned bytes) . b (4 signed bytes) + c */
 __device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c)
 {
+#ifdef __CUDA_ARCH__
     int d;
     asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
     return d;
+#else /* the CPU emulation (tests/cuda-emu) */
+    for (int i = 0; i < 4; i++)
+        c += (int)((a >> (8 * i)) & 0xffu) * (int)(int8_t)(b >> (8 * i));
+    return c;
+#endif
 }
 
 /* One block's slice against int8 x: acc[t][r] += delta_r * sum(q x) + min_r * sum(x). xq: [TM]

@@ -1,0 +1,2 @@
+/* cuda_runtime.h of the CPU emulation: see tests/cuda-emu/cuda_emu.h */
+#include "../cuda_emu.h"
