@@ -118,6 +118,9 @@ $(BUILD)/kernels/cuda/%.o: $(BUILD)/kernels/cuda/%.cc $(wildcard kernels/cuda/*.
 $(BUILD)/$(EMU_DIR)/emu.o: $(EMU_DIR)/emu.cc $(EMU_HDR)
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+$(BUILD)/$(EMU_DIR)/%.cc: $(EMU_DIR)/%.cu $(EMU_DIR)/cu2cc.pl
+	@mkdir -p $(dir $@)
+	$(EMU_DIR)/cu2cc.pl $< $@
 $(EMU_CUBLAS): $(EMU_DIR)/cublas.cc $(EMU_HDR)
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -shared -o $@ $< $(LDSAN)
@@ -285,6 +288,11 @@ check-gpu: deps
 gpu-bins: $(GPU_TEST_BIN)
 
 ifeq ($(CUDA),emu)
+# the emulation's own test (tests/cuda-emu/test_emu.cu), run with the GPU tests
+gpu-bins: $(BUILD)/tests/gpu/test_emu
+$(BUILD)/tests/gpu/test_emu: $(BUILD)/$(EMU_DIR)/test_emu.cc tests/unit/check.h $(EMU_HDR) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) $(LDFLAGS) -o $@ $< $(LIB) $(LDLIBS)
 # the GPU tests linked with the kernel variants (the variant's objects come before the library)
 EMU_VARIANT_BINS := $(BUILD)/tests/gpu-variants/test_cuda_ops-tc $(BUILD)/tests/gpu-variants/test_cuda_matmul-i8
 $(BUILD)/tests/gpu-variants/test_cuda_ops-tc: tests/gpu/test_cuda_ops.c $(BUILD)/kernels/cuda/variants/attention-tc.o

@@ -30,6 +30,10 @@
  *     compute capability 9.0) so that launch shapes are those of the real device.
  *   cuBLAS: libcublas.so.emu (tests/cuda-emu/cublas.cc), dlopen()ed as the real one would be:
  *     sgemm and gemm_ex in double sums. NCCL: none (the NCCL paths report it missing).
+ *   Machines: x86-64 (the fibers' switch is a few lines of its assembly, emu.cc).
+ *
+ * Files: include/ (the CUDA header names), emu.cc (runtime, launches, fibers), cublas.cc,
+ * cu2cc.pl. Build: the Makefile's CUDA=emu block. What the GPU tests skip here: IFLOW_EMU.
  */
 #ifndef IFLOW_CUDA_EMU_H
 #define IFLOW_CUDA_EMU_H

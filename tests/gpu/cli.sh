@@ -17,7 +17,8 @@
 #     greedy ids, the same perplexity to the last digit;
 #   - GPU/CPU hybrid (--gpu-layers 2 of 5) gives the CPU's greedy tokens;
 #   - iflow-ppl on the GPU within 0.1 % of the CPU's perplexity; a 512-token window in one pass
-#     of 512 rows (the GPU's) within 0.01 % of passes of 128 (IFLOW_PASS=128);
+#     of 512 rows (the GPU's) within 0.01 % of passes of 128 (IFLOW_PASS=128), stories260K and
+#     the TinyLlama shape;
 #   - --kv-type f16 on the GPU: at least 32 of 64 greedy tokens the CPU's, perplexity within 0.1 %;
 #   - a placement that does not fit names the device and the bytes it lacks, before loading.
 # What is observed is printed on lines starting with "OBSERVED" (the make check-gpu log keeps them).
@@ -175,6 +176,13 @@ ppl_close() { # model ctx chunks name: the GPU's perplexity within 0.1 % of the 
 }
 ppl_close "$TMP/s.ifs" 256 8 stories260K
 ppl_close "$TMP/xs.ifs" 256 8 xs-ckpt
+# a window of 512 tokens in one pass of 512 rows (a GPU's) and in passes of 128 (IFLOW_PASS)
+p512=$($BIN/iflow-ppl -m "$TMP/s.ifs" -f "$DATA/data/wikitext-2-raw/wiki.test.raw" -c 512 --chunks 2 --json --device cuda |
+    jq .ppl)
+p128=$(IFLOW_PASS=128 $BIN/iflow-ppl -m "$TMP/s.ifs" -f "$DATA/data/wikitext-2-raw/wiki.test.raw" -c 512 --chunks 2 --json \
+    --device cuda | jq .ppl)
+echo "OBSERVED stories260K perplexity on the GPU: passes of 512 rows $p512, of 128 $p128" >&2
+expect_close "$p512" "$p128" 1e-4 "stories260K: passes of 512 and of 128 rows (0.01 %)"
 
 # ---- --kv-type f16: the cache in half precision on the GPU (CUDA's F16 attention kernels) ----
 # The keys and values come from products summed in another order on each side, so one may round
