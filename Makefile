@@ -304,10 +304,11 @@ endif
 .PHONY: gpu-bins check-gpu
 
 # The GPU tests on the CPU emulation of CUDA (tests/cuda-emu): the kernels' logic against their
-# CPU references on a machine without a GPU (CI). Its own build folder (build/rel-emu, build/san-emu).
+# CPU references on a machine without a GPU (CI), with two emulated GPUs (tests/gpu/cli.sh's
+# two-GPU plans). Its own build folder (build/rel-emu, build/san-emu).
 check-emu: deps
 	@$(MAKE) --no-print-directory CUDA=emu all gpu-bins
-	@IFLOW_EMU=1 tests/run.sh --gpu build/$(if $(filter 1,$(SANITIZE)),san,rel)-emu
+	@IFLOW_EMU=1 IFLOW_EMU_DEVICES=2 tests/run.sh --gpu build/$(if $(filter 1,$(SANITIZE)),san,rel)-emu
 
 # The kernel variants that wait for a GPU (tensor-core attention, int8 decode products), each
 # with the GPU test of its kernels, on the emulation.

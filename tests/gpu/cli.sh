@@ -15,7 +15,8 @@
 #     sampled;
 #   - the fused ops give what the ops they stand for give (IFLOW_CUDA_UNFUSED=1): the same
 #     greedy ids, the same perplexity to the last digit;
-#   - GPU/CPU hybrid (--gpu-layers 2 of 5) gives the CPU's greedy tokens;
+#   - GPU/CPU hybrid (--gpu-layers 2 of 5) gives the CPU's greedy tokens; so do partition plans
+#     over the GPU and the CPU, and where there are two GPUs, over both;
 #   - iflow-ppl on the GPU within 0.1 % of the CPU's perplexity; a 512-token window in one pass
 #     of 512 rows (the GPU's) within 0.01 % of passes of 128 (IFLOW_PASS=128), stories260K and
 #     the TinyLlama shape;
@@ -37,6 +38,7 @@ if [ -n "${IFLOW_EMU:-}" ]; then
 fi
 run $BIN/iflow-run --list-devices
 expect_match "$out" $'\ncuda:0 ' "--list-devices shows cuda:0"
+devices=$out
 printf 'OBSERVED %s\n' "$out" >&2
 
 # The CPU computes with unrounded activations (--activations f32): its default rounds them for
@@ -146,6 +148,18 @@ else
     expect_close "$(jq .ppl <<<"$out")" "$p_gpu" 1e-6 "iflow-ppl --comm nccl (rank 0 of 1 on cuda:0): the GPU's perplexity"
 fi
 echo "OBSERVED plans with cuda:0: layer and tensor GPU/CPU plans$([ -n "${IFLOW_EMU:-}" ] || echo " and a one-rank NCCL plan") ran (stderr above if not)" >&2
+
+# ---- two GPUs: layers 0-2 on cuda:0 and 3-4 on cuda:1 (the hidden state crossing between
+# devices), and each layer's heads and FFN columns halved between them (make check-emu runs
+# with two emulated devices) ----
+if grep -q '^cuda:1 ' <<<"$devices"; then
+    plan layer cuda:1 "cuda:0 0-2 all all" "cuda:1 3-4 all all" >"$TMP/gpu2.ini"
+    expect_eq "$(plan_ids "$TMP/gpu2.ini")" "$cpu" "layer plan cuda:0 (layers 0-2) + cuda:1 (3-4): the CPU's greedy ids"
+    plan tensor cuda:0 "cuda:0 all 0-3 0-85" "cuda:1 all 4-7 86-171" >"$TMP/gpu2-t.ini"
+    expect_eq "$(plan_ids "$TMP/gpu2-t.ini")" "$cpu" "tensor plan cuda:0 + cuda:1 (heads and FFN halves): the CPU's greedy ids"
+else
+    echo "SKIP $NAME: the two-GPU plans (one GPU here)" >&2
+fi
 
 # ---- quantized types against their dequantized weights on the CPU ----
 for t in q8_b32 q8_b64 q6 q5 q4_b32 q4_b64 q3h q3_b32 q2; do
