@@ -11,7 +11,7 @@ set -u
 suite=unit cli=tests/cli
 if [ "${1:-}" = --gpu ]; then suite=gpu cli=tests/gpu; shift; fi
 if [ "${1:-}" = --gpu-variants ]; then suite=gpu-variants cli=; shift; fi
-build=${1:?usage: tests/run.sh [--gpu] BUILD_DIR}
+build=${1:?usage: tests/run.sh [--gpu | --gpu-variants] BUILD_DIR}
 export IFLOW_TEST_BUILD=$build   # the CLI tests skip their slowest cases in sanitizer builds
 cd "$(dirname "$0")/.." || exit 2
 export IFLOW_TEST_DATA=${IFLOW_TEST_DATA:-../shared}

@@ -466,11 +466,11 @@ int emu::launch_ok(const char *name, const void *fn, dim3 grid, dim3 block, size
  * fiber waits or has returned, the barriers whose threads have all arrived let them go.
  *
  * The switch between the scheduler and a fiber is emu_switch (x86-64 assembly below: the
- * callee-saved registers on the old stack, then the new stack's; the floating-point control
- * words are left alone, as no kernel changes them),
- * since ucontext's swapcontext costs a system call each time (the signal mask) and a block's
- * threads switch at every barrier and shuffle. Under AddressSanitizer each switch is announced
- * to it (__sanitizer_start/finish_switch_fiber). */
+ * callee-saved registers onto the old stack, then the new stack's off it; the floating-point
+ * control words are left alone, as no kernel changes them), since ucontext's swapcontext costs a
+ * system call each time (the signal mask) and a block's threads switch at every barrier and
+ * shuffle. Under AddressSanitizer each switch is announced to it
+ * (__sanitizer_start/finish_switch_fiber). */
 extern "C" void emu_switch(void **save_sp, void *load_sp);
 asm(".text\n"
     ".globl emu_switch\n"
@@ -497,7 +497,8 @@ enum { F_RUN, F_WARP, F_BLOCK, F_DONE };
 struct fiber {
     void *sp;       /* saved stack pointer while switched out */
     int state;
-    unsigned shfl;  /* shuffles so far: which of the two exchange buffers the next one uses */
+    unsigned shfl;  /* shuffles reached so far: the exchange buffer of the next one (odd,
+                     * even), and whether the lane gave a value to a given one */
 };
 struct block_run {
     const char *name;
@@ -540,10 +541,10 @@ extern "C" void fiber_entry(void)
 /* A fiber that starts at fiber_entry on stack st: what emu_switch pops, then the return address. */
 void fiber_init(fiber &f, char *st, int t)
 {
-    /* the stacks' tops 64 bytes apart modulo a page, not all in one set of the L1 cache */
     /* a stack used by an earlier fiber keeps the redzones of the frames it left without returning
      * (fiber_entry's and its last switch's, at the top): clean for AddressSanitizer */
     ASAN_UNPOISON_MEMORY_REGION(st + STACK - (16 << 10), 16 << 10);
+    /* the stacks' tops 64 bytes apart modulo a page, not all in one set of the L1 cache */
     uintptr_t top = ((uintptr_t)(st + STACK - 64 * (t % 64)) & ~(uintptr_t)15) - 8; /* at entry, rsp % 16 == 8 */
     void **sp = (void **)top;
     *--sp = (void *)fiber_entry;
