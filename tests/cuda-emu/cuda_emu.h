@@ -3,16 +3,18 @@
  *
  * `make CUDA=emu` builds kernels/cuda from its unchanged sources with g++ against this header
  * (tests/cuda-emu/include/ holds the CUDA header names, each including this one) after one
- * textual change, cu2cc.pl: `k<<<grid, block, smem, stream>>>(args)` becomes a call of
- * emu::launch. Every program and test of that build then finds one GPU, "iflow CUDA emulator",
- * that runs the kernels on the CPU: `make check-emu` runs the GPU tests (tests/gpu) there, so a
+ * textual change, cu2cc.pl: `k<<<grid, block, smem, stream>>>(args)` becomes
+ * `emu::launcher(grid, block, smem, stream).run("k", k, args)`. Every program and test of that
+ * build then finds GPUs, "iflow CUDA emulator", that run the kernels on the CPU: `make check-emu` runs the GPU tests (tests/gpu) there, so a
  * machine without a GPU (CI) checks the kernels' logic against their CPU references: indices,
  * bounds, barriers, shuffles, tiling, the recorded graphs. Not their speed, and not the GPU's
  * floating point to the bit (nvcc contracts a * b + c into FMAs; g++ here does not).
  *
  * Contract of the emulation
- *   Memory: device memory is host memory (cudaMalloc = aligned_alloc), counted per device
- *     against IFLOW_EMU_MEM bytes (default 8 GiB), so out-of-memory paths run; under
+ *   Memory: device memory is host memory (cudaMalloc = posix_memalign, filled with 0xff so that
+ *     a float read before it is written is NaN), counted per device against IFLOW_EMU_MEM bytes
+ *     (default 8 GiB), so out-of-memory paths run; a copy's device side must lie in one
+ *     allocation; under
  *     SANITIZE=1 AddressSanitizer sees every device allocation and each block's dynamic shared
  *     memory at its exact size, as compute-sanitizer's memcheck would.
  *   Streams: an operation runs when it is enqueued, in order. A capturing stream
@@ -20,10 +22,12 @@
  *     runs the recording again with the arguments it was recorded with.
  *   Launches: the configuration is checked as the GPU checks it (1..1024 threads a block,
  *     dynamic shared memory within 48 KiB or the kernel's cudaFuncSetAttribute limit) and an
- *     error is left for cudaGetLastError. Blocks run one after another; a block's threads are
- *     fibers on the launching thread, switched at __syncthreads, __syncwarp and every warp
- *     shuffle. A barrier that some live threads of the block (or warp) never reach is a
- *     deadlock on the GPU: the emulator prints the kernel's block and aborts.
+ *     error is left for cudaGetLastError. Blocks run one after another (a race between blocks
+ *     cannot show); a block's threads are fibers on the launching thread, switched at
+ *     __syncthreads, __syncwarp and every warp shuffle. A warp whose live lanes wait at
+ *     different kinds of barrier (__syncthreads and __syncwarp or a shuffle) never goes on, on a
+ *     GPU either: the emulator prints the kernel and block and aborts. Threads that returned
+ *     count as arrived at __syncthreads, and give their value to the shuffles they reached.
  *     IFLOW_EMU_ORDER=reverse runs the threads between two barriers last to first, so that a
  *     missing barrier shows as a different result.
  *   Devices: IFLOW_EMU_DEVICES of them (default 1), each with an H200's properties (132 SMs,
