@@ -109,18 +109,15 @@ ifeq ($(CUDA),emu)
   CUDA_LIBS := -Wl,--disable-new-dtags,-rpath,$(abspath $(BUILD))/lib -ldl -lpthread -lstdc++
   LDLIBS    += $(CUDA_LIBS)
   EMU_CUBLAS := $(BUILD)/lib/libcublas.so.emu
-$(BUILD)/kernels/cuda/%.cc: kernels/cuda/%.cu $(EMU_DIR)/cu2cc.pl
+$(BUILD)/%.cc: %.cu $(EMU_DIR)/cu2cc.pl
 	@mkdir -p $(dir $@)
 	$(EMU_DIR)/cu2cc.pl $< $@
-.PRECIOUS: $(BUILD)/kernels/cuda/%.cc
+.PRECIOUS: $(BUILD)/%.cc
 $(BUILD)/kernels/cuda/%.o: $(BUILD)/kernels/cuda/%.cc $(wildcard kernels/cuda/*.h kernels/cuda/*.cuh) kernels/cpu/quant.h kernels/cpu/kernels.h $(EMU_HDR)
 	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
 $(BUILD)/$(EMU_DIR)/emu.o: $(EMU_DIR)/emu.cc $(EMU_HDR)
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
-$(BUILD)/$(EMU_DIR)/%.cc: $(EMU_DIR)/%.cu $(EMU_DIR)/cu2cc.pl
-	@mkdir -p $(dir $@)
-	$(EMU_DIR)/cu2cc.pl $< $@
 $(EMU_CUBLAS): $(EMU_DIR)/cublas.cc $(EMU_HDR)
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -shared -o $@ $< $(LDSAN)
@@ -306,15 +303,16 @@ endif
 # The GPU tests on the CPU emulation of CUDA (tests/cuda-emu): the kernels' logic against their
 # CPU references on a machine without a GPU (CI), with two emulated GPUs (tests/gpu/cli.sh's
 # two-GPU plans). Its own build folder (build/rel-emu, build/san-emu).
+EMU_BUILD := build/$(if $(filter 1,$(SANITIZE)),san,rel)-emu
 check-emu: deps
 	@$(MAKE) --no-print-directory CUDA=emu all gpu-bins
-	@IFLOW_EMU=1 IFLOW_EMU_DEVICES=2 tests/run.sh --gpu build/$(if $(filter 1,$(SANITIZE)),san,rel)-emu
+	@IFLOW_EMU=1 IFLOW_EMU_DEVICES=2 tests/run.sh --gpu $(EMU_BUILD)
 
 # The kernel variants that wait for a GPU (tensor-core attention, int8 decode products), each
 # with the GPU test of its kernels, on the emulation.
 check-emu-variants: deps
 	@$(MAKE) --no-print-directory CUDA=emu all emu-variant-bins
-	@IFLOW_EMU=1 tests/run.sh --gpu-variants build/$(if $(filter 1,$(SANITIZE)),san,rel)-emu
+	@IFLOW_EMU=1 tests/run.sh --gpu-variants $(EMU_BUILD)
 emu-variant-bins: $(EMU_VARIANT_BINS)
 .PHONY: check-emu check-emu-variants emu-variant-bins
 

@@ -85,7 +85,6 @@ enum cudaError_t {
     cudaErrorStreamCaptureUnsupported = 900,
     cudaErrorStreamCaptureInvalidated = 901,
     cudaErrorIllegalState = 401,
-    cudaErrorLaunchFailure = 719,
 };
 typedef cudaError_t cudaError;
 
@@ -97,8 +96,7 @@ struct cudaPointerAttributes {
     int device;
     void *devicePointer, *hostPointer;
 };
-enum cudaDeviceAttr { cudaDevAttrMemoryClockRate = 36, cudaDevAttrGlobalMemoryBusWidth = 37,
-                      cudaDevAttrMultiProcessorCount = 16, cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
+enum cudaDeviceAttr { cudaDevAttrMemoryClockRate = 36, cudaDevAttrGlobalMemoryBusWidth = 37 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal, cudaStreamCaptureModeThreadLocal,
                              cudaStreamCaptureModeRelaxed };
@@ -108,12 +106,10 @@ struct cudaGraphExecUpdateResultInfo {
     void *errorNode, *errorFromNode;
 };
 #define cudaStreamNonBlocking 0x01u
-#define cudaStreamDefault 0x00u
 
-struct cudaDeviceProp {
+struct cudaDeviceProp { /* what kernels/cuda reads */
     char name[256];
-    size_t totalGlobalMem, sharedMemPerBlock, sharedMemPerBlockOptin;
-    int major, minor, multiProcessorCount, warpSize, maxThreadsPerBlock;
+    int major, minor, multiProcessorCount;
 };
 
 /* A stream. enqueue is emu::enqueue, reached through the stream so that libcublas.so.emu needs
@@ -129,7 +125,6 @@ typedef struct emu_graph *cudaGraph_t;
 typedef struct emu_graph *cudaGraphExec_t;
 
 enum cudaDataType { CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14 };
-typedef cudaDataType cudaDataType_t;
 
 cudaError_t cudaGetDeviceCount(int *n);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev);
@@ -188,14 +183,10 @@ struct float2 { float x, y; };
 struct float4 { float x, y, z, w; };
 struct uint2 { unsigned x, y; };
 struct uint4 { unsigned x, y, z, w; };
-struct int4 { int x, y, z, w; };
 static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 static inline uint2 make_uint2(unsigned a, unsigned b) { return {a, b}; }
-static inline float2 make_float2(float a, float b) { return {a, b}; }
-static inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 
 static inline __half __float2half_rn(float f) { __half h; h.h = (_Float16)f; return h; }
-static inline __half __float2half(float f) { return __float2half_rn(f); }
 static inline float __half2float(__half h) { return (float)h.h; }
 static inline __half __ushort_as_half(unsigned short u) { __half h; memcpy(&h, &u, 2); return h; }
 static inline unsigned short __half_as_ushort(__half h) { unsigned short u; memcpy(&u, &h, 2); return u; }
@@ -226,15 +217,8 @@ static inline float __bfloat162float(__nv_bfloat16 b)
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
-#define __expf(x) expf(x)
-#define __logf(x) logf(x)
-static inline float __fdividef(float a, float b) { return a / b; }
-static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static inline int __float2int_rn(float x) { return (int)lrintf(x); }
 static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
-static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
-static inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f; }
-static inline int __float_as_int(float f) { int u; memcpy(&u, &f, 4); return u; }
 static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s)
 {
     const uint64_t v = (uint64_t)y << 32 | x;
@@ -247,12 +231,6 @@ static inline int __dp4a(int a, int b, int c)
 {
     for (int i = 0; i < 4; i++)
         c += (int)(int8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));
-    return c;
-}
-static inline unsigned __dp4a(unsigned a, unsigned b, unsigned c)
-{
-    for (int i = 0; i < 4; i++)
-        c += ((a >> (8 * i)) & 0xffu) * ((b >> (8 * i)) & 0xffu);
     return c;
 }
 template <typename T> static inline T __ldg(const T *p) { return *p; }

@@ -50,26 +50,24 @@ static const struct {
     {cudaErrorStreamCaptureInvalidated, "cudaErrorStreamCaptureInvalidated",
      "operation failed due to a previous error during capture"},
     {cudaErrorIllegalState, "cudaErrorIllegalState", "the operation cannot be performed in the present state"},
-    {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
 };
 
-const char *cudaGetErrorName(cudaError_t e)
+static const char *error_text(cudaError_t e, bool name)
 {
     for (const auto &n : error_names)
         if (n.e == e)
-            return n.name;
-    return "cudaErrorUnknown";
+            return name ? n.name : n.text;
+    return name ? "cudaErrorUnknown" : "unknown error";
 }
 
-const char *cudaGetErrorString(cudaError_t e)
-{
-    for (const auto &n : error_names)
-        if (n.e == e)
-            return n.text;
-    return "unknown error";
-}
+const char *cudaGetErrorName(cudaError_t e) { return error_text(e, true); }
+
+const char *cudaGetErrorString(cudaError_t e) { return error_text(e, false); }
 
 /* ---- devices ----------------------------------------------------------------------------------- */
+
+/* What an H200 has, which the launch checks and the properties both say. */
+enum { SM_COUNT = 132, MAX_THREADS = 1024, SMEM_DEFAULT = 48 << 10, SMEM_OPTIN = 227 << 10 };
 
 static int env_int(const char *name, long long lo, long long hi, long long dflt)
 {
@@ -81,13 +79,24 @@ static int env_int(const char *name, long long lo, long long hi, long long dflt)
     return *end || v < lo || v > hi ? (int)dflt : (int)v;
 }
 
-static int n_devices(void) { return env_int("IFLOW_EMU_DEVICES", 0, 16, 1); }
+/* The environment is read at the first call. */
+static int n_devices(void)
+{
+    static const int n = env_int("IFLOW_EMU_DEVICES", 0, 16, 1);
+    return n;
+}
 
-static size_t mem_limit(void)
+static size_t read_mem_limit(void)
 {
     const char *s = getenv("IFLOW_EMU_MEM");
     unsigned long long v = s && *s ? strtoull(s, NULL, 10) : 0;
     return v ? (size_t)v : (size_t)8 << 30;
+}
+
+static size_t mem_limit(void)
+{
+    static const size_t limit = read_mem_limit();
+    return limit;
 }
 
 static thread_local int current = 0;
@@ -106,13 +115,8 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev)
         return fail(cudaErrorInvalidDevice);
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "iflow CUDA emulator");
-    p->totalGlobalMem = mem_limit();
-    p->sharedMemPerBlock = 48 << 10;
-    p->sharedMemPerBlockOptin = 227 << 10;
     p->major = 9, p->minor = 0;
-    p->multiProcessorCount = 132;
-    p->warpSize = 32;
-    p->maxThreadsPerBlock = 1024;
+    p->multiProcessorCount = SM_COUNT;
     return cudaSuccess;
 }
 
@@ -123,8 +127,6 @@ cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int dev)
     switch (a) {
     case cudaDevAttrMemoryClockRate: *v = 2619000; return cudaSuccess; /* kHz: an H200's HBM3e */
     case cudaDevAttrGlobalMemoryBusWidth: *v = 6144; return cudaSuccess;
-    case cudaDevAttrMultiProcessorCount: *v = 132; return cudaSuccess;
-    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = 227 << 10; return cudaSuccess;
     }
     return fail(cudaErrorInvalidValue);
 }
@@ -162,14 +164,14 @@ struct emu_graph {
     bool invalid; /* an operation the recording does not allow was called during it */
 };
 
-/* Captures on this thread: the calls a capture forbids (they would wait for the device) fail. */
-static thread_local int capturing;
-static thread_local emu_stream *capturing_stream;
+/* The stream this thread is capturing, or NULL: while it is, the calls a capture forbids (they
+ * would wait for the device) fail and spoil the capture. */
+static thread_local emu_stream *capturing;
 
 static cudaError_t forbidden_in_capture(void)
 {
-    if (capturing_stream && capturing_stream->capture)
-        capturing_stream->capture->invalid = true;
+    if (capturing)
+        capturing->capture->invalid = true;
     return fail(cudaErrorStreamCaptureUnsupported);
 }
 
@@ -193,8 +195,8 @@ cudaError_t cudaStreamDestroy(cudaStream_t s)
         return fail(cudaErrorInvalidResourceHandle);
     if (s->capture) {
         delete s->capture;
-        capturing--;
-        capturing_stream = NULL;
+        if (capturing == s)
+            capturing = NULL;
     }
     delete s;
     return cudaSuccess;
@@ -212,8 +214,7 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode)
     if (!s || s->capture)
         return fail(!s ? cudaErrorStreamCaptureUnsupported : cudaErrorIllegalState);
     s->capture = new emu_graph{{}, false};
-    capturing++;
-    capturing_stream = s;
+    capturing = s;
     return cudaSuccess;
 }
 
@@ -223,8 +224,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g)
         return fail(cudaErrorIllegalState);
     emu_graph *r = s->capture;
     s->capture = NULL;
-    capturing--;
-    capturing_stream = NULL;
+    capturing = NULL;
     if (r->invalid) {
         delete r;
         *g = NULL;
@@ -325,7 +325,7 @@ static std::map<uintptr_t, allocation> allocations; /* by first byte */
 static size_t used[16];
 
 /* The allocation holding [p, p + n), or NULL. */
-static const allocation *device_range(const void *p, size_t n, uintptr_t *base)
+static const allocation *device_range(const void *p, size_t n)
 {
     std::lock_guard<std::mutex> g(mem_mu);
     auto it = allocations.upper_bound((uintptr_t)p);
@@ -334,8 +334,6 @@ static const allocation *device_range(const void *p, size_t n, uintptr_t *base)
     --it;
     if ((uintptr_t)p + n > it->first + it->second.bytes)
         return NULL;
-    if (base)
-        *base = it->first;
     return &it->second;
 }
 
@@ -383,7 +381,7 @@ cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b)
 
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *a, const void *p)
 {
-    const allocation *al = p ? device_range(p, 1, NULL) : NULL;
+    const allocation *al = p ? device_range(p, 1) : NULL;
     memset(a, 0, sizeof *a);
     a->type = al ? cudaMemoryTypeDevice : cudaMemoryTypeUnregistered;
     a->device = al ? al->dev : -1;
@@ -397,7 +395,7 @@ static bool copy_ok(void *dst, const void *src, size_t n, cudaMemcpyKind k)
 {
     const bool dd = k == cudaMemcpyHostToDevice || k == cudaMemcpyDeviceToDevice;
     const bool sd = k == cudaMemcpyDeviceToHost || k == cudaMemcpyDeviceToDevice;
-    return n == 0 || ((!dd || device_range(dst, n, NULL)) && (!sd || device_range(src, n, NULL)));
+    return n == 0 || ((!dd || device_range(dst, n)) && (!sd || device_range(src, n)));
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind k)
@@ -420,7 +418,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
 
 cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t s)
 {
-    if (n && !device_range(dst, n, NULL))
+    if (n && !device_range(dst, n))
         return fail(cudaErrorInvalidValue);
     emu::enqueue(s, [=]() { memset(dst, v, n); });
     return cudaSuccess;
@@ -433,7 +431,7 @@ static std::map<const void *, int> dyn_smem_limit; /* cudaFuncSetAttribute's */
 
 cudaError_t emu_func_set_attribute(const void *fn, cudaFuncAttribute a, int v)
 {
-    if (a != cudaFuncAttributeMaxDynamicSharedMemorySize || v < 0 || v > (227 << 10))
+    if (a != cudaFuncAttributeMaxDynamicSharedMemorySize || v < 0 || v > SMEM_OPTIN)
         return fail(cudaErrorInvalidValue);
     std::lock_guard<std::mutex> g(attr_mu);
     dyn_smem_limit[fn] = v;
@@ -443,12 +441,12 @@ cudaError_t emu_func_set_attribute(const void *fn, cudaFuncAttribute a, int v)
 int emu::launch_ok(const char *name, const void *fn, dim3 grid, dim3 block, size_t smem)
 {
     const unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
-    if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
+    if (threads == 0 || threads > MAX_THREADS || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
         grid.y > 65535 || grid.z > 65535 || grid.x > 0x7fffffffu) {
         fail(cudaErrorInvalidConfiguration);
         return 0;
     }
-    size_t limit = 48 << 10;
+    size_t limit = SMEM_DEFAULT;
     {
         std::lock_guard<std::mutex> g(attr_mu);
         auto it = dyn_smem_limit.find(fn);
@@ -510,7 +508,7 @@ struct block_run {
     const void *sched_bottom;
     size_t sched_size;
     void *dyn;
-    uint64_t xch[2][1024]; /* the shuffles' values, by thread: odd and even shuffles apart, so that
+    uint64_t xch[2][MAX_THREADS]; /* the shuffles' values, by thread: odd and even shuffles apart, so that
                             * one barrier a shuffle is enough (a lane cannot write a buffer
                             * again before every lane has passed the next shuffle's barrier) */
 };
@@ -573,11 +571,7 @@ void wait_at(int state)
 
 bool reverse_order(void)
 {
-    static int r = -1;
-    if (r < 0) {
-        const char *s = getenv("IFLOW_EMU_ORDER");
-        r = s && !strcmp(s, "reverse");
-    }
+    static const bool r = getenv("IFLOW_EMU_ORDER") && !strcmp(getenv("IFLOW_EMU_ORDER"), "reverse");
     return r;
 }
 
@@ -647,11 +641,11 @@ void run_block(block_run &b)
     }
 }
 
-std::recursive_mutex launch_mu; /* one grid at a time: __shared__ arrays are static */
+std::mutex launch_mu; /* one grid at a time: __shared__ arrays are static */
 
 void run_grid(const char *name, dim3 grid, dim3 block, size_t smem, std::function<void()> &body)
 {
-    std::lock_guard<std::recursive_mutex> g(launch_mu);
+    std::lock_guard<std::mutex> g(launch_mu);
     const int n = (int)(block.x * block.y * block.z);
     while ((int)stacks.size() < n) {
         void *s = mmap(NULL, STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -664,7 +658,6 @@ void run_grid(const char *name, dim3 grid, dim3 block, size_t smem, std::functio
     std::vector<fiber> fibers((size_t)n);
     block_run b;
     b.name = name, b.body = &body, b.n = n, b.cur = 0, b.f = fibers.data();
-    block_run *outer = B;
     B = &b;
     gridDim = grid, blockDim = block;
     for (unsigned z = 0; z < grid.z; z++)
@@ -681,7 +674,7 @@ void run_grid(const char *name, dim3 grid, dim3 block, size_t smem, std::functio
                 run_block(b);
                 free(b.dyn);
             }
-    B = outer;
+    B = NULL;
 }
 } // namespace
 
