@@ -105,8 +105,9 @@ ifeq ($(CUDA),emu)
   LIB_OBJ   += $(CUDA_OBJ)
   CFLAGS    += -DIFLOW_HAVE_CUDA=1
   # DT_RPATH, not RUNPATH: under ASan dlopen() is called from libasan, and only the program's
-  # RPATH applies to every object's dlopen
-  CUDA_LIBS := -Wl,--disable-new-dtags,-rpath,$(abspath $(BUILD))/lib -ldl -lpthread -lstdc++
+  # RPATH applies to every object's dlopen. -rdynamic: the kernels' names in the emulator's
+  # messages (emu::kernel_name).
+  CUDA_LIBS := -rdynamic -Wl,--disable-new-dtags,-rpath,$(abspath $(BUILD))/lib -ldl -lpthread -lstdc++
   LDLIBS    += $(CUDA_LIBS)
   EMU_CUBLAS := $(BUILD)/lib/libcublas.so.emu
 $(BUILD)/%.cc: %.cu $(EMU_DIR)/cu2cc.pl

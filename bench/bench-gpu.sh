@@ -22,7 +22,9 @@
 #          second run with every operation launched on its own (iflow-run --no-gpu-graphs) and
 #          its prefill in passes of 128 rows (IFLOW_PASS=128; a GPU's default is 512:
 #          prefill_pass128_tok_s), unfused a third, op by op without the fused ops
-#          (IFLOW_CUDA_UNFUSED=1); IFLOW_BENCH_GPU_COMPARE=0 skips those two.
+#          (IFLOW_CUDA_UNFUSED=1); IFLOW_BENCH_GPU_COMPARE=0 skips those two. overlap: the main
+#          run again with overlapped launches (IFLOW_CUDA_OVERLAP=1: each kernel starts while the
+#          one before it finishes; compute capability 9.0), null where the run failed.
 #
 # Environment: IFLOW_TEST_DATA (default ../shared), IFLOW_BENCH_DIR (scratch, default
 # build/bench-gpu), IFLOW_BENCH_GPU_MODELS = all (default) | tinyllama | 7b | none,
@@ -83,6 +85,11 @@ run_model() { # name, type, file -> one JSON line
             2>/dev/null | jq -c '{prefill_tok_s: .runs[0].prefill_tok_s, decode_tok_s: .runs[0].decode_tok_s}') ||
             unfused=null
     fi
+    local overlap=null # the main run with overlapped launches (IFLOW_CUDA_OVERLAP=1)
+    if [ "$rc" = 0 ]; then
+        overlap=$(IFLOW_CUDA_OVERLAP=1 IFLOW_BENCH_DEVICE=cuda "$build/iflow-bench" "$file" 512 64 1 2>/dev/null |
+            jq -c '{prefill_tok_s: .runs[0].prefill_tok_s, decode_tok_s: .runs[0].decode_tok_s}') || overlap=null
+    fi
     local line
     line=$(run_entry) || return 1
     log "done: $line"
@@ -97,10 +104,10 @@ run_entry() { # run_model's JSON line, from its locals
     else
         jq -c -n --arg name "$name" --arg type "$type" --argjson size "$size" --argjson run "$run" \
             --argjson bw "$bw" --argjson graphs "${graphs:-null}" --argjson op_by_op "${op_by_op:-null}" \
-            --argjson unfused "${unfused:-null}" '
+            --argjson unfused "${unfused:-null}" --argjson overlap "${overlap:-null}" '
             {name: $name, type: $type, file_bytes: $size, device: $run.device, load_s: $run.load_s,
              decode_bytes_per_token: $run.decode_bytes_per_token, graphs: $graphs, op_by_op: $op_by_op,
-             unfused: $unfused,
+             unfused: $unfused, overlap: $overlap,
              runs: [$run.runs[] | . + {bw_gbps: $bw, decode_fraction_of_bandwidth:
                     (if $bw != null and $bw > 0 then .decode_weight_gbps / $bw else null end)}]}'
     fi

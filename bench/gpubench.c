@@ -19,7 +19,10 @@
  * matvec:            ifkc_matmul with T = 1 (decode) for every weight type (F32, F16, BF16 and
  *                    the nine quantized types) on the Llama-2-7B shapes N x K = 4096 x 4096
  *                    (attention projections), 11008 x 4096 (gate, up), 4096 x 11008 (down) and
- *                    32000 x 4096 (output); and T = 8 (batched decode) for F16, Q8_B64 and Q4_B64.
+ *                    32000 x 4096 (output); and T = 8 (batched decode) for F16, Q8_B64 and Q4_B64;
+ *                    then T = 1 for those three again with overlapped launches ("overlap": each
+ *                    call's kernel starts, and fetches its rows into L2, while the one before it
+ *                    finishes; ifkc_set_overlap), on a GPU that has them (compute capability 9.0).
  *                    weight_gbps = bytes of the weight matrix / time per call. Calls go round-robin
  *                    over several copies of the matrix (>= 256 MiB in all), so the 50 MB L2 of an
  *                    H100 cannot serve a repeat: weights come from HBM as in a real model.
@@ -46,7 +49,8 @@
  *                    the host did finish enqueueing before the copies ended). A step that costs
  *                    more host_us than gpu_us is bound by the host's launches. Then the fused
  *                    ops (qkv, rope_store, add_rmsnorm, glu) and the layer with them, as the
- *                    engine runs it on a GPU (layer_fused).
+ *                    engine runs it on a GPU (layer_fused), and that layer with overlapped
+ *                    launches (layer_fused_overlap, compute capability 9.0 and up).
  *
  * Timing: each measurement enqueues calls on the device's stream and ends a round with
  * ifkc_sync(), timed on the host (bench.h). Two warm-up passes first (cuBLAS set-up, first
@@ -90,6 +94,7 @@ typedef struct {
     double bw_gbps; /* the copy bench's 2N/t (0 until measured)                  */
     double peak_gbps;
     int failed;     /* some measurement printed an error                         */
+    int overlap;    /* launches overlap (ifkc_set_overlap) in what is measured now */
 } gpubench;
 
 /* ---- output ------------------------------------------------------------------------------------ */
@@ -459,10 +464,11 @@ static void bench_matvec(gpubench *g, int wt, int T, int N, int K)
         goto out;
     }
     double gbps = bytes / best * 1e-9;
-    printf("{\"bench\":\"matvec\",\"wtype\":\"%s\",\"T\":%d,\"N\":%d,\"K\":%d,\"int8_x\":%s,\"weight_bytes\":%zu,"
-           "\"copies\":%d,\"us\":%.2f,\"us_median\":%.2f,\"weight_gbps\":%.1f,\"weight_gbps_median\":%.1f",
-           wtype_name(wt), T, N, K, ifkc_matvec_int8_x(wt) ? "true" : "false", bytes, copies, best * 1e6, med * 1e6,
-           gbps, bytes / med * 1e-9);
+    printf("{\"bench\":\"matvec\",\"wtype\":\"%s\",\"T\":%d,\"N\":%d,\"K\":%d,\"int8_x\":%s,\"overlap\":%s,"
+           "\"weight_bytes\":%zu,\"copies\":%d,\"us\":%.2f,\"us_median\":%.2f,\"weight_gbps\":%.1f,"
+           "\"weight_gbps_median\":%.1f",
+           wtype_name(wt), T, N, K, ifkc_matvec_int8_x(wt) ? "true" : "false", g->overlap ? "true" : "false", bytes,
+           copies, best * 1e6, med * 1e6, gbps, bytes / med * 1e-9);
     print_fraction(gbps, g->bw_gbps);
     printf("}\n");
     fflush(stdout);
@@ -804,6 +810,11 @@ static void bench_ops_shape(gpubench *g, const step_shape *sh, int wt, char *blk
         print_op(&a, "sum_of_fused_ops", lh, lg, all_queued);
     if (!rc && !(rc = time_queued(&a, layer_fused_call, 10, blk, blk_bytes, &host, &gpu, &queued)))
         print_op(&a, "layer_fused", host, gpu, queued);
+    if (!rc && ifkc_set_overlap(g->d, 1)) { /* the same with overlapped launches */
+        if (!(rc = time_queued(&a, layer_fused_call, 10, blk, blk_bytes, &host, &gpu, &queued)))
+            print_op(&a, "layer_fused_overlap", host, gpu, queued);
+        ifkc_set_overlap(g->d, 0);
+    }
     if (!rc && !(rc = time_queued(&a, op_argmax, 100, blk, blk_bytes, &host, &gpu, &queued)))
         print_op(&a, "argmax_start", host, gpu, queued);
     if (!rc)
@@ -857,6 +868,14 @@ static void run_matvec(gpubench *g, int quick)
     for (int s = 0; s < n_shapes; s++)
         for (int b = 0; b < 3; b++)
             bench_matvec(g, batched[b], 8, shapes[s][0], shapes[s][1]);
+    /* back-to-back products with overlapped launches (each fetches its rows while the one
+     * before it finishes): what the gaps between kernels cost the figures above */
+    if ((g->overlap = ifkc_set_overlap(g->d, 1))) {
+        for (int s = 0; s < n_shapes; s++)
+            for (int b = 0; b < 3; b++)
+                bench_matvec(g, batched[b], 1, shapes[s][0], shapes[s][1]);
+        g->overlap = ifkc_set_overlap(g->d, 0);
+    }
 }
 
 static void run_prefill(gpubench *g, int quick)

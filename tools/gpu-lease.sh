@@ -68,7 +68,7 @@ models() { # [models] [out-name]: bench-gpu.sh's model runs; their JSON in $OUT/
     local which=${1:-${IFLOW_BENCH_GPU_MODELS:-tinyllama}} out=${OUT:-/tmp}/${2:-bench-gpu}.json
     IFLOW_BENCH_GPU_MODELS=$which IFLOW_BENCH_DIR=/tmp/bench-gpu \
         IFLOW_GPUBENCH_ARGS="--only copy --quick" bench/bench-gpu.sh "$b/build" >"$out" || return
-    jq -c '.models[] | {name, error, load_s, graphs, op_by_op, unfused, runs: [.runs[]? | {prefill_tok_s, decode_tok_s, decode_weight_gbps,
+    jq -c '.models[] | {name, error, load_s, graphs, op_by_op, unfused, overlap, runs: [.runs[]? | {prefill_tok_s, decode_tok_s, decode_weight_gbps,
         f: .decode_fraction_of_bandwidth}]}' "$out"
 }
 sanitize() {
@@ -139,7 +139,7 @@ variants() { # the bundle's gpubench, then each variant's; VARIANT_ONLY: the ben
         for only in ${VARIANT_ONLY:-attention_decode}; do
             if [ "$only" = matvec ]; then "$v" --only matvec --quick; else "$v" --only "$only"; fi |
                 jq -c --arg v "$name" 'select(.bench != "device" and .bench != "copy") | {v: $v, b: .bench,
-                    c: ((.wtype // .kv_type) + " " + ((.T // 1) | tostring) + " " + ((.N // .n_pos) | tostring) + "x" + ((.K // .head_dim) | tostring) + (if .kv_heads then " kv" + (.kv_heads | tostring) else "" end)),
+                    c: ((.wtype // .kv_type) + " " + ((.T // 1) | tostring) + " " + ((.N // .n_pos) | tostring) + "x" + ((.K // .head_dim) | tostring) + (if .kv_heads then " kv" + (.kv_heads | tostring) else "" end) + (if .overlap then " overlap" else "" end)),
                     f: .fraction_of_bw, us: .us_median}'
         done
     done >/tmp/variants.jsonl

@@ -239,6 +239,7 @@ template <int S, int GM> static __device__ __forceinline__ float segment_reduce_
 template <int D, typename KV, int GM>
 __global__ void __launch_bounds__(DEC_THREADS, IFKC_DEC_MINB) attn_decode_chunk(dec_args a)
 {
+    ifkc_grid_begin();
     using SH = dec_shape<D, KV>;
     constexpr int E = SH::E, P = SH::P, S = SH::S, PPL = SH::PPL, KPW = SH::KPW, STEP = SH::STEP;
     /* Scores, then probabilities. Rows padded by 4 floats: the 8 heads' scores of one key
@@ -448,6 +449,7 @@ static __device__ float block_reduce(float v, bool is_max, float *red)
 
 __global__ void attn_decode_merge(dec_args a, int D)
 {
+    ifkc_grid_begin();
     int n_pos, chunk_len, n_chunks;
     dec_extent(a, &n_pos, &chunk_len, &n_chunks);
     if (n_chunks == 1) /* one chunk wrote out itself (a positional recording launches this anyway) */
@@ -520,6 +522,7 @@ static __device__ __forceinline__ void pf_load_tile(float *s, const KV *g, size_
 template <int D, typename KV>
 __global__ void __launch_bounds__(PF_THREADS) attn_prefill_tile(pf_args a)
 {
+    ifkc_grid_begin();
     static_assert(PF_THREADS == PF_BQ * 4 && PF_BK == 32 && D % 4 == 0, "thread layout: 4 per row");
     constexpr int QLD = D + 1, KLD = D + 1, PLD = PF_BK + 1, NC = PF_BK / 4, NO = D / 4;
     extern __shared__ float smem[];
@@ -641,8 +644,7 @@ template <int D, typename KV> static int prefill_launch(ifkc_dev *d, const pf_ar
     IFKC_CK(cudaFuncSetAttribute(attn_prefill_tile<D, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
             "cudaFuncSetAttribute (prefill attention shared memory)");
     dim3 grid(ifkc_cdiv((size_t)a.T, PF_BQ), (unsigned)a.n_heads);
-    attn_prefill_tile<D, KV><<<grid, PF_THREADS, smem, d->stream>>>(a);
-    IFKC_CKL("attn_prefill_tile");
+    IFKC_CKL(ifkc_launch(d, attn_prefill_tile<D, KV>, grid, PF_THREADS, smem, a), "attn_prefill_tile");
     return 0;
 }
 
@@ -787,6 +789,7 @@ template <int D> struct tc_layout {
 template <int D>
 __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc(pf_args a)
 {
+    ifkc_grid_begin();
     using L = tc_layout<D>;
     constexpr int QLD = L::QLD, SLD = L::SLD, PLD = L::PLD, OLD = L::OLD;
     static_assert(D % 16 == 0 && TC_THREADS == 4 * 32 && TC_BQ == 64 && TC_BK == 64, "four warps of 16 rows");
@@ -850,8 +853,7 @@ template <int D> static int prefill_tc_launch(ifkc_dev *d, const pf_args &a)
     IFKC_CK(cudaFuncSetAttribute(attn_prefill_tc<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
             "cudaFuncSetAttribute (tensor-core prefill attention shared memory)");
     dim3 grid(ifkc_cdiv((size_t)a.T, TC_BQ), (unsigned)a.n_heads);
-    attn_prefill_tc<D><<<grid, TC_THREADS, smem, d->stream>>>(a);
-    IFKC_CKL("attn_prefill_tc");
+    IFKC_CKL(ifkc_launch(d, attn_prefill_tc<D>, grid, TC_THREADS, smem, a), "attn_prefill_tc");
     return 0;
 }
 #endif
@@ -905,16 +907,15 @@ static int prefill_run(ifkc_dev *d, float *out, const float *q, const void *k, c
 static int decode_merge(ifkc_dev *d, const dec_args &a, int n_heads, int D)
 {
     if (a.n_chunks > 1) {
-        attn_decode_merge<<<n_heads, D < 128 ? (D + 31) / 32 * 32 : 128, 0, d->stream>>>(a, D);
-        IFKC_CKL("attn_decode_merge");
+        IFKC_CKL(ifkc_launch(d, attn_decode_merge, n_heads, D < 128 ? (D + 31) / 32 * 32 : 128, 0, a, D),
+                 "attn_decode_merge");
     }
     return 0;
 }
 
 template <int D, typename KV, int GM> static int decode_launch(ifkc_dev *d, const dec_args &a, dim3 grid, int n_heads)
 {
-    attn_decode_chunk<D, KV, GM><<<grid, DEC_THREADS, 0, d->stream>>>(a);
-    IFKC_CKL("attn_decode_chunk");
+    IFKC_CKL(ifkc_launch(d, attn_decode_chunk<D, KV, GM>, grid, DEC_THREADS, 0, a), "attn_decode_chunk");
     return decode_merge(d, a, n_heads, D);
 }
 
@@ -985,6 +986,7 @@ template <int D> struct dt_layout {
 template <int D>
 __global__ void __launch_bounds__(DT_THREADS) attn_decode_tc(dec_args a)
 {
+    ifkc_grid_begin();
     using L = dt_layout<D>;
     constexpr int QLD = L::QLD, SLD = L::SLD, PLD = L::PLD, OLD = L::OLD;
     static_assert(D % 16 == 0 && DT_BK % 16 == 0, "WMMA tiles");
@@ -1071,8 +1073,8 @@ template <int D> static int decode_tc_launch(ifkc_dev *d, const dec_args &a, int
     const size_t smem = dt_layout<D>::bytes;
     IFKC_CK(cudaFuncSetAttribute(attn_decode_tc<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
             "cudaFuncSetAttribute (tensor-core decoding attention shared memory)");
-    attn_decode_tc<D><<<dim3((unsigned)a.n_chunks, (unsigned)n_kv_heads), DT_THREADS, smem, d->stream>>>(a);
-    IFKC_CKL("attn_decode_tc");
+    IFKC_CKL(ifkc_launch(d, attn_decode_tc<D>, dim3((unsigned)a.n_chunks, (unsigned)n_kv_heads), DT_THREADS, smem, a),
+             "attn_decode_tc");
     return decode_merge(d, a, n_heads, D);
 }
 #endif
@@ -1234,6 +1236,7 @@ template <typename KV>
 __global__ void kv_store_rows(KV *cache, size_t ld_dst, int pos0, const int *pos_dev, const float *src, size_t ld_src,
                               int T, int n)
 {
+    ifkc_grid_begin();
     if (pos_dev)
         pos0 = *pos_dev;
     const size_t total = (size_t)T * n;
@@ -1250,6 +1253,7 @@ template <typename KV>
 __global__ void kv_shift_rows(KV *k, KV *v, size_t ld, int n_kv_heads, int head_dim, int rot_dim, int r0, int n,
                               int discard, float theta, const float *fs, int interleaved)
 {
+    ifkc_grid_begin();
     const int half = rot_dim / 2, KVN = n_kv_heads * head_dim;
     const size_t nk = (size_t)n * n_kv_heads * half, nv = (size_t)n * KVN;
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < nk + nv;
@@ -1294,15 +1298,14 @@ extern "C" int ifkc_kv_shift(ifkc_dev *d, void *k, void *v, int kv_type, size_t 
         size_t blocks = (total + 255) / 256;
         if (blocks > 8192)
             blocks = 8192;
-        if (kv_type == IFK_F32)
-            kv_shift_rows<float><<<(unsigned)blocks, 256, 0, d->stream>>>((float *)k, (float *)v, ld, n_kv_heads, head_dim,
-                                                                          rot_dim, r0, n, discard, theta, freq_scale,
-                                                                          layout == IFK_ROPE_INTERLEAVED);
-        else
-            kv_shift_rows<__half><<<(unsigned)blocks, 256, 0, d->stream>>>((__half *)k, (__half *)v, ld, n_kv_heads,
-                                                                           head_dim, rot_dim, r0, n, discard, theta,
-                                                                           freq_scale, layout == IFK_ROPE_INTERLEAVED);
-        IFKC_CKL("kv_shift_rows");
+        const cudaError_t e =
+            kv_type == IFK_F32
+                ? ifkc_launch(d, kv_shift_rows<float>, (unsigned)blocks, 256, 0, (float *)k, (float *)v, ld, n_kv_heads,
+                              head_dim, rot_dim, r0, n, discard, theta, freq_scale, layout == IFK_ROPE_INTERLEAVED)
+                : ifkc_launch(d, kv_shift_rows<__half>, (unsigned)blocks, 256, 0, (__half *)k, (__half *)v, ld,
+                              n_kv_heads, head_dim, rot_dim, r0, n, discard, theta, freq_scale,
+                              layout == IFK_ROPE_INTERLEAVED);
+        IFKC_CKL(e, "kv_shift_rows");
     }
     return 0;
 }
@@ -1323,12 +1326,12 @@ extern "C" int ifkc_kv_store(ifkc_dev *d, void *cache, int kv_type, size_t ld_ds
     size_t blocks = (total + 255) / 256;
     if (blocks > 8192)
         blocks = 8192;
-    if (kv_type == IFK_F32)
-        kv_store_rows<float><<<(unsigned)blocks, 256, 0, d->stream>>>((float *)cache, ld_dst, pos0, ifkc_pos_slot(d), src,
-                                                                      ld_src, T, n);
-    else
-        kv_store_rows<__half><<<(unsigned)blocks, 256, 0, d->stream>>>((__half *)cache, ld_dst, pos0, ifkc_pos_slot(d),
-                                                                       src, ld_src, T, n);
-    IFKC_CKL("kv_store_rows");
+    const cudaError_t e =
+        kv_type == IFK_F32
+            ? ifkc_launch(d, kv_store_rows<float>, (unsigned)blocks, 256, 0, (float *)cache, ld_dst, pos0,
+                          ifkc_pos_slot(d), src, ld_src, T, n)
+            : ifkc_launch(d, kv_store_rows<__half>, (unsigned)blocks, 256, 0, (__half *)cache, ld_dst, pos0,
+                          ifkc_pos_slot(d), src, ld_src, T, n);
+    IFKC_CKL(e, "kv_store_rows");
     return 0;
 }

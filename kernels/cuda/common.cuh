@@ -3,9 +3,21 @@
  * scratch buffers. Internal to kernels/cuda; the C contract is cuda_kernels.h.
  *
  * Error handling: every CUDA runtime call goes through IFKC_CK(call, "what"), every cuBLAS call
- * through IFKC_CKB(call, "what"), every launch is followed by IFKC_CKL("kernel name"). On
- * failure they record "what: <CUDA error name>: <CUDA message>" with ifkc_seterr() and return
- * the mapped IFKC_E* code from the enclosing function.
+ * through IFKC_CKB(call, "what"), every launch is ifkc_launch checked by IFKC_CKL(launch,
+ * "kernel name"). On failure they record "what: <CUDA error name>: <CUDA message>" with
+ * ifkc_seterr() and return the mapped IFKC_E* code from the enclosing function.
+ *
+ * Overlapped launches (ifkc_set_overlap): with programmatic dependent launch (compute
+ * capability 9.0 and up) a kernel may be started while the kernel before it in the stream is
+ * still running, so that the gap between two kernels (about 2 us on an H200, a few times a
+ * layer) is spent on the next kernel's set-up instead of nothing. The rule every kernel of
+ * kernels/cuda keeps, so that any of them may be launched that way: each thread calls
+ * ifkc_grid_begin() before it reads or writes global memory that an earlier kernel may write or
+ * read, and before it returns (so that a grid never completes before the grid it depends on,
+ * which keeps the order transitive). What a kernel does before that may only read memory no
+ * kernel writes: the weights (the decode products prefetch their rows into L2 there). The CPU
+ * emulation (tests/cuda-emu) checks the second half of the rule: a thread of an overlapped
+ * launch that returns without ifkc_grid_begin() stops the test.
  */
 #ifndef IFKC_COMMON_CUH
 #define IFKC_COMMON_CUH
@@ -13,6 +25,9 @@
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <stdint.h>
+
+#include <utility>
 
 #include "kernels/cuda/cuda_kernels.h"
 
@@ -31,6 +46,8 @@ enum { IFKC_GRAPH_SLOTS = 4 }; /* positional graphs a handle keeps (ifkc_graph_b
 struct ifkc_dev {
     int            index;
     cudaStream_t   stream;
+    int            cc;        /* compute capability, major * 10 + minor                         */
+    int            overlap;   /* ifkc_set_overlap: launches with programmatic stream serialization */
     cublasHandle_t blas;
     int            sm_count;
     void          *scratch[IFKC_SCRATCH_N_];
@@ -93,9 +110,52 @@ static inline const int *ifkc_pos_slot(const ifkc_dev *d) { return d->pos_on ? d
             return ifkc_blas_err(s_, what);                                                       \
     } while (0)
 
-/* After a <<<...>>> launch: a bad configuration is reported now; faults inside the kernel come
- * with the next synchronizing call (ifkc_download, ifkc_sync). */
-#define IFKC_CKL(name) IFKC_CK(cudaGetLastError(), "launch of " name)
+/* Launch kernel k on d's stream: k<<<grid, block, smem, d->stream>>>(args...), and with
+ * d->overlap programmatic stream serialization (the kernel may start before the one before it
+ * has finished; it waits for it in ifkc_grid_begin). A bad configuration is returned now (and
+ * not left for a later cudaGetLastError); faults inside the kernel come with the next
+ * synchronizing call (ifkc_download, ifkc_sync). */
+template <typename... P, typename... A>
+static inline cudaError_t ifkc_launch(const ifkc_dev *d, void (*k)(P...), dim3 grid, dim3 block, size_t smem,
+                                      A &&...args)
+{
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t c = {};
+    c.gridDim = grid, c.blockDim = block, c.dynamicSmemBytes = smem, c.stream = d->stream;
+    c.attrs = at, c.numAttrs = d->overlap ? 1u : 0u;
+    cudaError_t e = cudaLaunchKernelEx(&c, k, std::forward<A>(args)...);
+    if (e != cudaSuccess)
+        (void)cudaGetLastError(); /* reported through e */
+    return e;
+}
+#define IFKC_CKL(launch, name) IFKC_CK(launch, "launch of " name)
+
+/* A kernel's first step (see "Overlapped launches" above): wait until the kernels before it in
+ * the stream have finished and their writes are visible, then let the next kernel start
+ * launching. Nothing on GPUs before compute capability 9.0, where launches never overlap. */
+static __device__ __forceinline__ void ifkc_grid_begin(void)
+{
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    cudaGridDependencySynchronize();
+    cudaTriggerProgrammaticLaunchCompletion();
+#endif
+}
+
+/* Ask for the bytes [p, p + n) in L2, 128-byte lines spread over the `lanes` threads (this one
+ * is `lane`); loads nothing into registers. Used before ifkc_grid_begin on weights only. */
+static __device__ __forceinline__ void ifkc_prefetch_l2(const void *p, size_t n, int lane, int lanes)
+{
+#if defined(__CUDA_ARCH__)
+    const char *c = (const char *)((uintptr_t)p & ~(uintptr_t)127);
+    const char *end = (const char *)p + n;
+    for (c += (size_t)lane * 128; c < end; c += (size_t)lanes * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(c));
+#else
+    (void)p, (void)n, (void)lane, (void)lanes;
+#endif
+}
 
 /* RoPE pair i at position pos, as ifk_rope: the angle pos * theta^(-2i/rot_dim) (times fs[i]
  * when fs is not NULL) in double, its cosine and sine rounded to float, and the indices of the

@@ -74,6 +74,14 @@ typedef struct ifkc_dev ifkc_dev;
 /* Open device `index`: a stream and a cuBLAS handle. */
 int  ifkc_open(ifkc_dev **out, int index);
 void ifkc_close(ifkc_dev *d);
+/* Overlapped launches (programmatic dependent launch; off when opened): each kernel may be
+ * started while the kernel before it in the stream finishes, waiting for it on the device, and
+ * the decode products fetch their weight rows into L2 before that wait. It hides the gap
+ * between kernels that a decode step has a few times a layer; results are the same bits. Only
+ * on compute capability 9.0 and up (elsewhere it stays off). Applies to what is launched or
+ * recorded after the call (recorded steps are dropped when it changes). Returns whether it is
+ * on. */
+int  ifkc_set_overlap(ifkc_dev *d, int on);
 
 /* Device memory. ifkc_malloc'd memory is not zeroed (ifkc_memset0 does that). */
 int  ifkc_malloc(ifkc_dev *d, void **p, size_t nbytes);

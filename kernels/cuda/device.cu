@@ -136,6 +136,7 @@ int ifkc_open(ifkc_dev **out, int index)
         return ifkc_seterr(IFKC_ENOMEM, "out of host memory");
     d->index = index;
     d->sm_count = info.sm_count;
+    d->cc = info.cc_major * 10 + info.cc_minor;
     cudaError_t e = cudaSetDevice(index);
     if (e == cudaSuccess)
         e = cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking);
@@ -163,6 +164,15 @@ int ifkc_open(ifkc_dev **out, int index)
     }
     *out = d;
     return 0;
+}
+
+int ifkc_set_overlap(ifkc_dev *d, int on)
+{
+    on = on && d->cc >= 90;
+    if (on != d->overlap)
+        d->scratch_gen++; /* recorded steps were launched the other way */
+    d->overlap = on;
+    return on;
 }
 
 void ifkc_close(ifkc_dev *d)
@@ -333,12 +343,11 @@ int ifkc_graph_begin(ifkc_dev *d)
 }
 
 /* The step position for what follows on the stream (outside any recording). */
-__global__ void set_pos_kernel(int *slot, int pos) { *slot = pos; }
+__global__ void set_pos_kernel(int *slot, int pos) { ifkc_grid_begin(); *slot = pos; }
 
 static int set_pos(ifkc_dev *d, int pos0)
 {
-    set_pos_kernel<<<1, 1, 0, d->stream>>>(d->pos_dev, pos0);
-    IFKC_CKL("set_pos_kernel");
+    IFKC_CKL(ifkc_launch(d, set_pos_kernel, 1, 1, 0, d->pos_dev, pos0), "set_pos_kernel");
     return 0;
 }
 

@@ -162,6 +162,7 @@ struct mv_segs {
     size_t ld[3];
     int end[3];
     int n;
+    int prefetch; /* the warp's rows into L2 before ifkc_grid_begin (overlapped launches) */
 };
 
 /* The matrix, output, stride and local row of row n0 of the launch (and N: that matrix's rows). */
@@ -291,6 +292,7 @@ __device__ __forceinline__ void qslice_dot_i8(float (&acc)[TM][MV_RT(TM)], const
 __global__ void quantize_x_i8(int8_t *__restrict__ xq, float *__restrict__ sx, const float *__restrict__ x, size_t ldx,
                               int T, int K, int kp)
 {
+    ifkc_grid_begin();
     const int wpb = blockDim.x / 32, lane = threadIdx.x % 32;
     const long long blk = (long long)blockIdx.x * wpb + threadIdx.x / 32, nblk = (long long)T * (kp / 32);
     if (blk >= nblk)
@@ -335,8 +337,10 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MINB(TM))
     constexpr int U = TM == 1 ? IFKC_MV_U1 : TM == 2 ? 4 : 2; /* steps of loads in flight */
     const int lane = threadIdx.x & 31, g = lane / G, j = lane % G;
     int n0 = warp_row0<TM>(W2 != NULL);
-    if (n0 >= N)
-        return; /* the whole warp */
+    if (n0 >= N) { /* the whole warp */
+        ifkc_grid_begin();
+        return;
+    }
     const uint8_t *Wm = W;
     float *ym = y;
     size_t ldm = ldy;
@@ -348,6 +352,12 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MINB(TM))
 #pragma unroll
     for (int r = 0; r < MV_RT(TM); r++)
         wr[r] = W2 ? (r == 0 ? W : W2) + (size_t)n0 * rb : Wm + (size_t)min(n0 + r, Nm - 1) * rb;
+    if (sg.prefetch) { /* rows no kernel writes: before the wait */
+#pragma unroll
+        for (int r = 0; r < MV_RT(TM); r++)
+            ifkc_prefetch_l2(wr[r], rb, lane, 32);
+    }
+    ifkc_grid_begin();
     const float *xt[TM];
     const int8_t *xqt[TM];
     const float *sxt[TM];
@@ -471,8 +481,10 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MINB(TM))
     constexpr int U = TM <= 2 ? 4 : 2;
     const int lane = threadIdx.x & 31;
     int n0 = warp_row0<TM>(W2 != NULL);
-    if (n0 >= N)
+    if (n0 >= N) {
+        ifkc_grid_begin();
         return;
+    }
     const void *Wm = W;
     float *ym = y;
     size_t ldm = ldy;
@@ -484,6 +496,12 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MINB(TM))
     for (int r = 0; r < MV_RT(TM); r++)
         wr[r] = (const uint4 *)(W2 ? (const uint8_t *)(r == 0 ? W : W2) + (size_t)n0 * K * ES
                                    : (const uint8_t *)Wm + (size_t)min(n0 + r, Nm - 1) * K * ES);
+    if (sg.prefetch) { /* rows no kernel writes: before the wait */
+#pragma unroll
+        for (int r = 0; r < MV_RT(TM); r++)
+            ifkc_prefetch_l2(wr[r], (size_t)K * ES, lane, 32);
+    }
+    ifkc_grid_begin();
     const float *xt[TM];
 #pragma unroll
     for (int t = 0; t < TM; t++)
@@ -537,6 +555,7 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MINB(TM))
     fmatvec_any_kernel(float *__restrict__ y, size_t ldy, const void *__restrict__ W,
                        const float *__restrict__ x, size_t ldx, int T, int N, int K)
 {
+    ifkc_grid_begin();
     const int lane = threadIdx.x & 31;
     const int n0 = (int)(blockIdx.x * MV_WARPS + threadIdx.x / 32) * MV_RT(TM);
     if (n0 >= N)
@@ -582,6 +601,7 @@ template <typename H>
 __global__ void convert_x_kernel(H *__restrict__ out, size_t ldo, const float *__restrict__ x, size_t ldx,
                                  int T, int K)
 {
+    ifkc_grid_begin();
     size_t n = (size_t)T * K;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         size_t t = i / (size_t)K, k = i % (size_t)K;
@@ -600,6 +620,7 @@ __device__ __forceinline__ uint32_t half2_bits(float a, float b)
 template <int QT>
 __global__ void dequant_f16_kernel(__half *__restrict__ out, const uint8_t *__restrict__ W, int rows, int nb)
 {
+    ifkc_grid_begin();
     constexpr int B = IFKC_QB(QT), BB = IFKC_QBB(QT), G = B / 8;
     unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
     unsigned per_row = (unsigned)nb * G;
@@ -637,13 +658,14 @@ static int launch_qmatvec(ifkc_dev *d, float *y, size_t ldy, const uint8_t *W, c
                           int T, int N, int K, const mv_segs &sg)
 {
     dim3 grid(mv_blocks(N, tm_of(T), W2 != NULL)), block(MV_THREADS);
+    cudaError_t e;
     switch (tm_of(T)) {
-    case 1: qmatvec_kernel<QT, 1, I8><<<grid, block, 0, d->stream>>>(y, ldy, W, W2, xin, T, N, K, sg); break;
-    case 2: qmatvec_kernel<QT, 2, I8><<<grid, block, 0, d->stream>>>(y, ldy, W, W2, xin, T, N, K, sg); break;
-    case 4: qmatvec_kernel<QT, 4, I8><<<grid, block, 0, d->stream>>>(y, ldy, W, W2, xin, T, N, K, sg); break;
-    default: qmatvec_kernel<QT, 8, I8><<<grid, block, 0, d->stream>>>(y, ldy, W, W2, xin, T, N, K, sg); break;
+    case 1: e = ifkc_launch(d, qmatvec_kernel<QT, 1, I8>, grid, block, 0, y, ldy, W, W2, xin, T, N, K, sg); break;
+    case 2: e = ifkc_launch(d, qmatvec_kernel<QT, 2, I8>, grid, block, 0, y, ldy, W, W2, xin, T, N, K, sg); break;
+    case 4: e = ifkc_launch(d, qmatvec_kernel<QT, 4, I8>, grid, block, 0, y, ldy, W, W2, xin, T, N, K, sg); break;
+    default: e = ifkc_launch(d, qmatvec_kernel<QT, 8, I8>, grid, block, 0, y, ldy, W, W2, xin, T, N, K, sg); break;
     }
-    IFKC_CKL("qmatvec_kernel");
+    IFKC_CKL(e, "qmatvec_kernel");
     return 0;
 }
 
@@ -671,22 +693,23 @@ static int launch_fmatvec(ifkc_dev *d, float *y, size_t ldy, const void *W, cons
                           size_t ldx, int T, int N, int K, bool chunked, const mv_segs &sg)
 {
     dim3 grid(mv_blocks(N, tm_of(T), W2 != NULL)), block(MV_THREADS);
+    cudaError_t e;
     if (chunked) {
         switch (tm_of(T)) {
-        case 1: fmatvec_kernel<WT, 1><<<grid, block, 0, d->stream>>>(MV_ARGS); break;
-        case 2: fmatvec_kernel<WT, 2><<<grid, block, 0, d->stream>>>(MV_ARGS); break;
-        case 4: fmatvec_kernel<WT, 4><<<grid, block, 0, d->stream>>>(MV_ARGS); break;
-        default: fmatvec_kernel<WT, 8><<<grid, block, 0, d->stream>>>(MV_ARGS); break;
+        case 1: e = ifkc_launch(d, fmatvec_kernel<WT, 1>, grid, block, 0, MV_ARGS); break;
+        case 2: e = ifkc_launch(d, fmatvec_kernel<WT, 2>, grid, block, 0, MV_ARGS); break;
+        case 4: e = ifkc_launch(d, fmatvec_kernel<WT, 4>, grid, block, 0, MV_ARGS); break;
+        default: e = ifkc_launch(d, fmatvec_kernel<WT, 8>, grid, block, 0, MV_ARGS); break;
         }
-        IFKC_CKL("fmatvec_kernel");
+        IFKC_CKL(e, "fmatvec_kernel");
     } else { /* (never a GLU pair: ifkc_matmul_glu computes those apart) */
         switch (tm_of(T)) {
-        case 1: fmatvec_any_kernel<WT, 1><<<grid, block, 0, d->stream>>>(y, ldy, W, x, ldx, T, N, K); break;
-        case 2: fmatvec_any_kernel<WT, 2><<<grid, block, 0, d->stream>>>(y, ldy, W, x, ldx, T, N, K); break;
-        case 4: fmatvec_any_kernel<WT, 4><<<grid, block, 0, d->stream>>>(y, ldy, W, x, ldx, T, N, K); break;
-        default: fmatvec_any_kernel<WT, 8><<<grid, block, 0, d->stream>>>(y, ldy, W, x, ldx, T, N, K); break;
+        case 1: e = ifkc_launch(d, fmatvec_any_kernel<WT, 1>, grid, block, 0, y, ldy, W, x, ldx, T, N, K); break;
+        case 2: e = ifkc_launch(d, fmatvec_any_kernel<WT, 2>, grid, block, 0, y, ldy, W, x, ldx, T, N, K); break;
+        case 4: e = ifkc_launch(d, fmatvec_any_kernel<WT, 4>, grid, block, 0, y, ldy, W, x, ldx, T, N, K); break;
+        default: e = ifkc_launch(d, fmatvec_any_kernel<WT, 8>, grid, block, 0, y, ldy, W, x, ldx, T, N, K); break;
         }
-        IFKC_CKL("fmatvec_any_kernel");
+        IFKC_CKL(e, "fmatvec_any_kernel");
     }
     return 0;
 }
@@ -699,8 +722,7 @@ static int launch_convert_x(ifkc_dev *d, H *out, size_t ldo, const float *x, siz
     unsigned blocks = ifkc_cdiv(n, 256);
     if (blocks > 8u * (unsigned)(d->sm_count > 0 ? d->sm_count : 132))
         blocks = 8u * (unsigned)(d->sm_count > 0 ? d->sm_count : 132);
-    convert_x_kernel<H><<<blocks, 256, 0, d->stream>>>(out, ldo, x, ldx, T, K);
-    IFKC_CKL("convert_x_kernel");
+    IFKC_CKL(ifkc_launch(d, convert_x_kernel<H>, blocks, 256, 0, out, ldo, x, ldx, T, K), "convert_x_kernel");
     return 0;
 }
 
@@ -708,8 +730,7 @@ template <int QT>
 static int launch_dequant(ifkc_dev *d, __half *out, const uint8_t *W, int rows, int nb)
 {
     unsigned n = (unsigned)rows * (unsigned)nb * (IFKC_QB(QT) / 8);
-    dequant_f16_kernel<QT><<<ifkc_cdiv(n, 256), 256, 0, d->stream>>>(out, W, rows, nb);
-    IFKC_CKL("dequant_f16_kernel");
+    IFKC_CKL(ifkc_launch(d, dequant_f16_kernel<QT>, ifkc_cdiv(n, 256), 256, 0, out, W, rows, nb), "dequant_f16_kernel");
     return 0;
 }
 
@@ -743,8 +764,8 @@ static int matvec_i8(ifkc_dev *d, float *y, size_t ldy, const void *W, const voi
     int8_t *xq = (int8_t *)p;
     float *sx = (float *)((char *)p + xq_bytes);
     const long long nblk = (long long)T * (kp / 32);
-    quantize_x_i8<<<(unsigned)((nblk + 7) / 8), 256, 0, d->stream>>>(xq, sx, x, ldx, T, K, kp);
-    IFKC_CKL("quantize_x_i8");
+    IFKC_CKL(ifkc_launch(d, quantize_x_i8, (unsigned)((nblk + 7) / 8), 256, 0, xq, sx, x, ldx, T, K, kp),
+             "quantize_x_i8");
     const mv_x xin = {NULL, 0, xq, sx, kp};
     return launch_qmatvec_type<true>(d, y, ldy, W, W2, wtype, xin, T, N, K, sg);
 }
@@ -755,8 +776,10 @@ extern "C" int ifkc_matvec_int8_x(int wtype) { return IFKC_MV_DP4A && is_quant(w
 /* T <= IFKC_MATVEC_MAX_T. W2 not NULL: the GLU pair (ifkc_matmul_glu; then chunked or quantized).
  * sg->n > 0: the segments of ifkc_matmul_qkv (W the first, N their rows; chunked or quantized). */
 static int matvec(ifkc_dev *d, float *y, size_t ldy, const void *W, const void *W2, int wtype, const float *x,
-                  size_t ldx, int T, int N, int K, const mv_segs &sg)
+                  size_t ldx, int T, int N, int K, const mv_segs &segs)
 {
+    mv_segs sg = segs;
+    sg.prefetch = d->overlap;
 #if IFKC_MV_DP4A
     if (is_quant(wtype))
         return matvec_i8(d, y, ldy, W, W2, wtype, x, ldx, T, N, K, sg);

@@ -71,6 +71,7 @@ static __device__ double block_sum_double(double v)
  * RMS_PT_MAX values: x is read twice. */
 __global__ void rmsnorm_rows(float *y, const float *x, const float *w, int n, float eps)
 {
+    ifkc_grid_begin();
     const float *xr = x + (size_t)blockIdx.x * n;
     float *yr = y + (size_t)blockIdx.x * n;
     double ss = 0.0;
@@ -96,6 +97,7 @@ template <int PT>
 __global__ void __launch_bounds__(RMS_THREADS) rmsnorm_rows_reg(float *y, float *x, const float *r, const float *w,
                                                                 int n, float eps)
 {
+    ifkc_grid_begin();
     float *xr = x + (size_t)blockIdx.x * n;
     float *yr = y + (size_t)blockIdx.x * n;
     const float *rr = r ? r + (size_t)blockIdx.x * n : NULL;
@@ -129,23 +131,24 @@ static int rmsnorm_launch(ifkc_dev *d, float *y, float *x, const float *r, const
 {
     const int pt = (n + RMS_THREADS - 1) / RMS_THREADS;
     const unsigned g = (unsigned)T;
+    cudaError_t e;
     if (pt <= 1) /* a short row (a head's qk norm): as many threads as it has values */
-        rmsnorm_rows_reg<1><<<g, (n + 31) / 32 * 32, 0, d->stream>>>(y, x, r, w, n, eps);
+        e = ifkc_launch(d, rmsnorm_rows_reg<1>, g, (n + 31) / 32 * 32, 0, y, x, r, w, n, eps);
     else if (pt <= 2)
-        rmsnorm_rows_reg<2><<<g, RMS_THREADS, 0, d->stream>>>(y, x, r, w, n, eps);
+        e = ifkc_launch(d, rmsnorm_rows_reg<2>, g, RMS_THREADS, 0, y, x, r, w, n, eps);
     else if (pt <= 4)
-        rmsnorm_rows_reg<4><<<g, RMS_THREADS, 0, d->stream>>>(y, x, r, w, n, eps);
+        e = ifkc_launch(d, rmsnorm_rows_reg<4>, g, RMS_THREADS, 0, y, x, r, w, n, eps);
     else if (pt <= 8)
-        rmsnorm_rows_reg<8><<<g, RMS_THREADS, 0, d->stream>>>(y, x, r, w, n, eps);
+        e = ifkc_launch(d, rmsnorm_rows_reg<8>, g, RMS_THREADS, 0, y, x, r, w, n, eps);
     else if (pt <= RMS_PT_MAX)
-        rmsnorm_rows_reg<RMS_PT_MAX><<<g, RMS_THREADS, 0, d->stream>>>(y, x, r, w, n, eps);
+        e = ifkc_launch(d, rmsnorm_rows_reg<RMS_PT_MAX>, g, RMS_THREADS, 0, y, x, r, w, n, eps);
     else { /* longer rows: the residual added first (ifkc_add), then x read twice */
         int rc = r ? ifkc_add(d, x, r, (size_t)T * n) : 0;
         if (rc)
             return rc;
-        rmsnorm_rows<<<g, OPS_THREADS, 0, d->stream>>>(y, x, w, n, eps);
+        e = ifkc_launch(d, rmsnorm_rows, g, OPS_THREADS, 0, y, x, w, n, eps);
     }
-    IFKC_CKL("rmsnorm_rows");
+    IFKC_CKL(e, "rmsnorm_rows");
     return 0;
 }
 
@@ -200,6 +203,7 @@ __global__ void __launch_bounds__(ROPE_THREADS) rope_rows(float *x, size_t ld, i
                                                           int pos0, const int *pos_dev, float theta, const float *fs,
                                                           int interleaved)
 {
+    ifkc_grid_begin();
     __shared__ float c[ROPE_HALF_MAX], s[ROPE_HALF_MAX];
     const int half = rot_dim / 2, t = blockIdx.x;
     const int pos = (pos_dev ? *pos_dev : pos0) + t;
@@ -240,9 +244,9 @@ extern "C" int ifkc_rope(ifkc_dev *d, float *x, size_t ld, int T, int n_heads, i
         rot_dim = head_dim;
     if (T == 0 || rot_dim / 2 == 0 || n_heads == 0)
         return 0;
-    rope_rows<<<(unsigned)T, ROPE_THREADS, 0, d->stream>>>(x, ld, n_heads, head_dim, rot_dim, pos0, ifkc_pos_slot(d),
-                                                           theta, freq_scale, layout == IFK_ROPE_INTERLEAVED);
-    IFKC_CKL("rope_rows");
+    IFKC_CKL(ifkc_launch(d, rope_rows, (unsigned)T, ROPE_THREADS, 0, x, ld, n_heads, head_dim, rot_dim, pos0,
+                         ifkc_pos_slot(d), theta, freq_scale, layout == IFK_ROPE_INTERLEAVED),
+             "rope_rows");
     return 0;
 }
 
@@ -259,6 +263,7 @@ __global__ void __launch_bounds__(ROPE_THREADS) rope_store_rows(float *q, size_t
                                                                 int rot_dim, float theta, const float *fs,
                                                                 int interleaved, int hpb)
 {
+    ifkc_grid_begin();
     __shared__ float c[ROPE_HALF_MAX], s[ROPE_HALF_MAX];
     const int half = rot_dim / 2, t = blockIdx.x;
     const int h0 = blockIdx.y * hpb, h1 = min(h0 + hpb, nq + nkv);
@@ -315,15 +320,14 @@ extern "C" int ifkc_rope_store(ifkc_dev *d, float *q, size_t ldq, int nq, float 
     /* heads a block: about ROPE_THREADS pairs (and at least one head) */
     const int hpb = rot_dim / 2 >= ROPE_THREADS ? 1 : ROPE_THREADS / (rot_dim / 2 > 0 ? rot_dim / 2 : 1);
     const dim3 grid((unsigned)T, ifkc_cdiv((size_t)(nq + nkv), (size_t)hpb));
-    if (kv_type == IFK_F32)
-        rope_store_rows<float><<<grid, ROPE_THREADS, 0, d->stream>>>(
-            q, ldq, nq, k, v, ldkv, nkv, (float *)kcache, (float *)vcache, ldc, pos0, ifkc_pos_slot(d), head_dim,
-            rot_dim, theta, freq_scale, il, hpb);
-    else
-        rope_store_rows<__half><<<grid, ROPE_THREADS, 0, d->stream>>>(
-            q, ldq, nq, k, v, ldkv, nkv, (__half *)kcache, (__half *)vcache, ldc, pos0, ifkc_pos_slot(d), head_dim,
-            rot_dim, theta, freq_scale, il, hpb);
-    IFKC_CKL("rope_store_rows");
+    const cudaError_t e =
+        kv_type == IFK_F32
+            ? ifkc_launch(d, rope_store_rows<float>, grid, ROPE_THREADS, 0, q, ldq, nq, k, v, ldkv, nkv, (float *)kcache,
+                          (float *)vcache, ldc, pos0, ifkc_pos_slot(d), head_dim, rot_dim, theta, freq_scale, il, hpb)
+            : ifkc_launch(d, rope_store_rows<__half>, grid, ROPE_THREADS, 0, q, ldq, nq, k, v, ldkv, nkv,
+                          (__half *)kcache, (__half *)vcache, ldc, pos0, ifkc_pos_slot(d), head_dim, rot_dim, theta,
+                          freq_scale, il, hpb);
+    IFKC_CKL(e, "rope_store_rows");
     return 0;
 }
 
@@ -332,6 +336,7 @@ extern "C" int ifkc_rope_store(ifkc_dev *d, float *q, size_t ldq, int nq, float 
 /* g, u: [n]. */
 __global__ void silu_mul_n(float *g, const float *u, size_t n)
 {
+    ifkc_grid_begin();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         const float v = g[i];
         g[i] = __fmul_rn(v / (1.0f + expf(-v)), u[i]);
@@ -341,6 +346,7 @@ __global__ void silu_mul_n(float *g, const float *u, size_t n)
 /* y, x: [n]. */
 __global__ void add_n(float *y, const float *x, size_t n)
 {
+    ifkc_grid_begin();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         y[i] += x[i];
 }
@@ -348,6 +354,7 @@ __global__ void add_n(float *y, const float *x, size_t n)
 /* y: [T][ldy], n values a row; b: [n]. */
 __global__ void add_bias_rows(float *y, size_t ldy, const float *b, int T, int n)
 {
+    ifkc_grid_begin();
     const size_t total = (size_t)T * n;
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (size_t)gridDim.x * blockDim.x) {
@@ -362,8 +369,7 @@ extern "C" int ifkc_silu_mul(ifkc_dev *d, float *g, const float *u, size_t n)
         return ifkc_seterr(IFKC_EINVAL, "silu_mul: a NULL handle or pointer");
     if (n == 0)
         return 0;
-    silu_mul_n<<<ops_blocks(n), OPS_THREADS, 0, d->stream>>>(g, u, n);
-    IFKC_CKL("silu_mul_n");
+    IFKC_CKL(ifkc_launch(d, silu_mul_n, ops_blocks(n), OPS_THREADS, 0, g, u, n), "silu_mul_n");
     return 0;
 }
 
@@ -373,8 +379,7 @@ extern "C" int ifkc_add(ifkc_dev *d, float *y, const float *x, size_t n)
         return ifkc_seterr(IFKC_EINVAL, "add: a NULL handle or pointer");
     if (n == 0)
         return 0;
-    add_n<<<ops_blocks(n), OPS_THREADS, 0, d->stream>>>(y, x, n);
-    IFKC_CKL("add_n");
+    IFKC_CKL(ifkc_launch(d, add_n, ops_blocks(n), OPS_THREADS, 0, y, x, n), "add_n");
     return 0;
 }
 
@@ -386,8 +391,7 @@ extern "C" int ifkc_add_bias(ifkc_dev *d, float *y, size_t ldy, const float *b, 
         return ifkc_seterr(IFKC_EINVAL, "add_bias: bad shape (T %d, n %d, stride %zu)", T, n, ldy);
     if (T == 0 || n == 0)
         return 0;
-    add_bias_rows<<<ops_blocks((size_t)T * n), OPS_THREADS, 0, d->stream>>>(y, ldy, b, T, n);
-    IFKC_CKL("add_bias_rows");
+    IFKC_CKL(ifkc_launch(d, add_bias_rows, ops_blocks((size_t)T * n), OPS_THREADS, 0, y, ldy, b, T, n), "add_bias_rows");
     return 0;
 }
 
@@ -441,6 +445,7 @@ static __device__ void am_block(float &bv, int &bi)
 /* x: [n]; part_v, part_i: [gridDim.x]. Block b covers x[b*span .. min(n, (b+1)*span)). */
 __global__ void argmax_partial(float *part_v, int *part_i, const float *x, int n, int span)
 {
+    ifkc_grid_begin();
     const int lo = blockIdx.x * span, hi = min(n, lo + span);
     float bv = -INFINITY;
     int bi = INT32_MAX;
@@ -456,6 +461,7 @@ __global__ void argmax_partial(float *part_v, int *part_i, const float *x, int n
 /* part_v, part_i: [nb]; res: [1], the index (0 when nothing was chosen: all NaN). */
 __global__ void argmax_final(int *res, const float *part_v, const int *part_i, int nb, int n)
 {
+    ifkc_grid_begin();
     float bv = -INFINITY;
     int bi = INT32_MAX;
     for (int b = threadIdx.x; b < nb; b += blockDim.x)
@@ -503,10 +509,8 @@ extern "C" int ifkc_argmax_start(ifkc_dev *d, const float *x, int n)
     float *part_v = (float *)p;
     int *part_i = (int *)(part_v + nb);
     int *res = part_i + nb;
-    argmax_partial<<<(unsigned)nb, OPS_THREADS, 0, d->stream>>>(part_v, part_i, x, n, span);
-    IFKC_CKL("argmax_partial");
-    argmax_final<<<1, OPS_THREADS, 0, d->stream>>>(res, part_v, part_i, nb, n);
-    IFKC_CKL("argmax_final");
+    IFKC_CKL(ifkc_launch(d, argmax_partial, (unsigned)nb, OPS_THREADS, 0, part_v, part_i, x, n, span), "argmax_partial");
+    IFKC_CKL(ifkc_launch(d, argmax_final, 1, OPS_THREADS, 0, res, part_v, part_i, nb, n), "argmax_final");
     d->argmax_res = res;
     return 0;
 }

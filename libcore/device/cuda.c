@@ -324,6 +324,9 @@ int iflow_cuda_open(iflow_device **out, int index)
         cuda_ops_unfused.qkv = NULL;
         d->ops = &cuda_ops_unfused;
     }
+    const char *overlap = getenv("IFLOW_CUDA_OVERLAP"); /* off until measured on a GPU */
+    if (overlap && strcmp(overlap, "1") == 0)
+        ifkc_set_overlap(DEV(d), 1);
     *out = d;
     return 0;
 }

@@ -20,10 +20,14 @@
  *   Streams: an operation runs when it is enqueued, in order. A capturing stream
  *     (cudaStreamBeginCapture) records launches, copies and memsets instead; cudaGraphLaunch
  *     runs the recording again with the arguments it was recorded with.
- *   Launches: the configuration is checked as the GPU checks it (1..1024 threads a block,
- *     dynamic shared memory within 48 KiB or the kernel's cudaFuncSetAttribute limit) and an
- *     error is left for cudaGetLastError. Blocks run one after another (a race between blocks
- *     cannot show); a block's threads are fibers on the launching thread, switched at
+ *   Launches: by <<<>>> (cu2cc.pl) or cudaLaunchKernelEx (kernels/cuda's ifkc_launch). The
+ *     configuration is checked as the GPU checks it (1..1024 threads a block, dynamic shared
+ *     memory within 48 KiB or the kernel's cudaFuncSetAttribute limit) and an error is left
+ *     for cudaGetLastError (and returned by cudaLaunchKernelEx). An overlapped launch
+ *     (programmatic stream serialization) runs after the grid before it like any other; every
+ *     one of its threads must have called cudaGridDependencySynchronize() when it returns, or
+ *     the emulator prints the kernel (by its symbol), thread and block and aborts. Blocks run
+ *     one after another (a race between blocks cannot show); a block's threads are fibers on the launching thread, switched at
  *     __syncthreads, __syncwarp and every warp shuffle. A warp whose live lanes wait at
  *     different kinds of barrier (__syncthreads and __syncwarp or a shuffle) never goes on, on a
  *     GPU either: the emulator prints the kernel and block and aborts. Threads that returned
@@ -158,6 +162,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = 0);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b);
 cudaError_t cudaGetLastError(void);
+cudaError_t cudaPeekAtLastError(void);
 const char *cudaGetErrorName(cudaError_t e);
 const char *cudaGetErrorString(cudaError_t e);
 cudaError_t emu_func_set_attribute(const void *fn, cudaFuncAttribute a, int v);
@@ -293,31 +298,76 @@ template <typename T> static inline T __shfl_up_sync(unsigned, T v, unsigned d, 
 
 /* ---- launches --------------------------------------------------------------------------------- */
 
+/* cudaLaunchKernelEx's configuration; of the attributes, programmatic stream serialization
+ * (an overlapped launch, see `Launches` above) is the one kernels/cuda uses. */
+enum cudaLaunchAttributeID { cudaLaunchAttributeIgnore = 0, cudaLaunchAttributeProgrammaticStreamSerialization = 6 };
+union cudaLaunchAttributeValue {
+    char pad[64];
+    int programmaticStreamSerializationAllowed;
+};
+struct cudaLaunchAttribute {
+    cudaLaunchAttributeID id;
+    cudaLaunchAttributeValue val;
+};
+struct cudaLaunchConfig_t {
+    dim3 gridDim, blockDim;
+    size_t dynamicSmemBytes;
+    cudaStream_t stream;
+    cudaLaunchAttribute *attrs;
+    unsigned int numAttrs;
+};
+/* In a kernel: the thread has waited for the grids before it (an overlapped launch's rule). */
+void cudaGridDependencySynchronize(void);
+static inline void cudaTriggerProgrammaticLaunchCompletion(void) {}
+
 namespace emu {
 /* The block's dynamic shared memory (cu2cc.pl turns `extern __shared__ T name[];` into a
  * pointer to it). */
 void *dyn_smem(void);
 /* Check a configuration; 0 and the error left for cudaGetLastError when it is bad. */
 int launch_ok(const char *name, const void *fn, dim3 grid, dim3 block, size_t smem);
-/* Run body on every thread of every block of grid, now or into the stream's recording. */
-void launch_body(const char *name, dim3 grid, dim3 block, size_t smem, cudaStream_t s, std::function<void()> body);
 /* Run op on stream s now, or record it when s is being captured (cuBLAS's calls). */
 void enqueue(cudaStream_t s, std::function<void()> op);
+/* Run body on every thread of every block of grid, now or into the stream's recording;
+ * overlap: an overlapped launch (its threads must call cudaGridDependencySynchronize). */
+void launch_body(const char *name, dim3 grid, dim3 block, size_t smem, cudaStream_t s, bool overlap,
+                 std::function<void()> body);
+/* The kernel at fn by its symbol (programs of the emulation are linked with -rdynamic). */
+const char *kernel_name(const void *fn);
 
 struct launcher {
     dim3 grid, block;
     size_t smem;
     cudaStream_t stream;
+    bool overlap = false; /* programmatic stream serialization */
     launcher(dim3 g, dim3 b, size_t sm = 0, cudaStream_t s = 0) : grid(g), block(b), smem(sm), stream(s) {}
-    /* name: the kernel as the launch wrote it (cu2cc.pl), for messages */
-    template <typename... P, typename... A> void run(const char *name, void (*fn)(P...), A &&...a)
+    /* name: the kernel as the launch wrote it (cu2cc.pl), for messages. false: a bad
+     * configuration, left for cudaGetLastError. */
+    template <typename... P, typename... A> bool run(const char *name, void (*fn)(P...), A &&...a)
     {
         if (!launch_ok(name, (const void *)fn, grid, block, smem))
-            return;
+            return false;
         std::tuple<std::decay_t<P>...> args(std::forward<A>(a)...);
-        launch_body(name, grid, block, smem, stream, [fn, args]() { std::apply(fn, args); });
+        launch_body(name, grid, block, smem, stream, overlap, [fn, args]() { std::apply(fn, args); });
+        return true;
     }
 };
 } // namespace emu
+
+/* An overlapped launch runs as any other (one grid after another); what the emulation checks
+ * is the rule that makes overlapping safe: every thread of such a grid calls
+ * cudaGridDependencySynchronize() before it returns, or the emulator stops naming the kernel. */
+template <typename... P, typename... A>
+static inline cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t *c, void (*fn)(P...), A &&...a)
+{
+    emu::launcher l(c->gridDim, c->blockDim, c->dynamicSmemBytes, c->stream);
+    for (unsigned i = 0; i < c->numAttrs; i++) {
+        if (c->attrs[i].id == cudaLaunchAttributeProgrammaticStreamSerialization)
+            l.overlap = c->attrs[i].val.programmaticStreamSerializationAllowed != 0;
+        else if (c->attrs[i].id != cudaLaunchAttributeIgnore)
+            return cudaErrorInvalidValue;
+    }
+    return l.run(emu::kernel_name((const void *)fn), fn, std::forward<A>(a)...) ? cudaSuccess : cudaPeekAtLastError();
+}
 
 #endif

@@ -3,12 +3,15 @@
  * cuda_emu.h's. */
 #include "cuda_emu.h"
 
+#include <cxxabi.h>
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <time.h>
 
 #include <map>
+#include <string>
 #include <mutex>
 #include <vector>
 
@@ -31,6 +34,8 @@ cudaError_t cudaGetLastError(void)
     last_error = cudaSuccess;
     return e;
 }
+
+cudaError_t cudaPeekAtLastError(void) { return last_error; }
 
 static const struct {
     cudaError_t e;
@@ -495,11 +500,13 @@ enum { F_RUN, F_WARP, F_BLOCK, F_DONE };
 struct fiber {
     void *sp;       /* saved stack pointer while switched out */
     int state;
+    bool began;     /* called cudaGridDependencySynchronize */
     unsigned shfl;  /* shuffles reached so far: the exchange buffer of the next one (odd,
                      * even), and whether the lane gave a value to a given one */
 };
 struct block_run {
     const char *name;
+    bool overlap;         /* an overlapped launch: every thread must call cudaGridDependencySynchronize */
     std::function<void()> *body;
     int n;                /* threads */
     int cur;              /* the fiber running */
@@ -531,6 +538,13 @@ extern "C" void fiber_entry(void)
     __sanitizer_finish_switch_fiber(NULL, &B->sched_bottom, &B->sched_size);
     (*B->body)();
     fiber &me = B->f[B->cur];
+    if (B->overlap && !me.began) {
+        fprintf(stderr,
+                "cuda emulator: %s, launched to overlap the kernel before it (programmatic stream serialization): "
+                "thread %d of block (%u, %u, %u) returned without cudaGridDependencySynchronize()\n",
+                B->name, B->cur, blockIdx.x, blockIdx.y, blockIdx.z);
+        abort();
+    }
     me.state = F_DONE;
     to_scheduler(me, true); /* never resumed */
     abort();
@@ -550,6 +564,7 @@ void fiber_init(fiber &f, char *st, int t)
         *--sp = NULL; /* rbp rbx r12 r13 r14 r15 */
     f.sp = sp;
     f.state = F_RUN;
+    f.began = false;
     f.shfl = 0;
 }
 
@@ -643,7 +658,7 @@ void run_block(block_run &b)
 
 std::mutex launch_mu; /* one grid at a time: __shared__ arrays are static */
 
-void run_grid(const char *name, dim3 grid, dim3 block, size_t smem, std::function<void()> &body)
+void run_grid(const char *name, dim3 grid, dim3 block, size_t smem, bool overlap, std::function<void()> &body)
 {
     std::lock_guard<std::mutex> g(launch_mu);
     const int n = (int)(block.x * block.y * block.z);
@@ -657,7 +672,7 @@ void run_grid(const char *name, dim3 grid, dim3 block, size_t smem, std::functio
     }
     std::vector<fiber> fibers((size_t)n);
     block_run b;
-    b.name = name, b.body = &body, b.n = n, b.cur = 0, b.f = fibers.data();
+    b.name = name, b.overlap = overlap, b.body = &body, b.n = n, b.cur = 0, b.f = fibers.data();
     B = &b;
     gridDim = grid, blockDim = block;
     for (unsigned z = 0; z < grid.z; z++)
@@ -678,10 +693,39 @@ void run_grid(const char *name, dim3 grid, dim3 block, size_t smem, std::functio
 }
 } // namespace
 
-void emu::launch_body(const char *name, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+void emu::launch_body(const char *name, dim3 grid, dim3 block, size_t smem, cudaStream_t s, bool overlap,
                       std::function<void()> body)
 {
-    enqueue(s, [=]() mutable { run_grid(name, grid, block, smem, body); });
+    enqueue(s, [=]() mutable { run_grid(name, grid, block, smem, overlap, body); });
+}
+
+void cudaGridDependencySynchronize(void)
+{
+    if (B) /* in a kernel */
+        B->f[B->cur].began = true;
+}
+
+const char *emu::kernel_name(const void *fn)
+{
+    static std::mutex mu;
+    static std::map<const void *, std::string> names;
+    std::lock_guard<std::mutex> g(mu);
+    auto it = names.find(fn);
+    if (it != names.end())
+        return it->second.c_str();
+    Dl_info di;
+    std::string name;
+    if (dladdr(fn, &di) && di.dli_sname) {
+        int st = 0;
+        char *dm = abi::__cxa_demangle(di.dli_sname, NULL, NULL, &st);
+        name = st == 0 && dm ? dm : di.dli_sname;
+        free(dm);
+    } else {
+        char buf[64];
+        snprintf(buf, sizeof buf, "the kernel at %p", fn);
+        name = buf;
+    }
+    return names.emplace(fn, name).first->second.c_str();
 }
 
 void *emu::dyn_smem(void) { return B ? B->dyn : NULL; }

@@ -16,7 +16,11 @@
  *     cudaFuncSetAttribute (and within it with), errors left for cudaGetLastError;
  *   - a captured stream records launches and copies, replayed by cudaGraphLaunch with the
  *     device's values of the time; a synchronous call while capturing invalidates it;
- *   - device memory: IFLOW_EMU_MEM bounds cudaMalloc; copies check their device side.
+ *   - device memory: IFLOW_EMU_MEM bounds cudaMalloc; copies check their device side;
+ *   - cudaLaunchKernelEx: runs the kernel, returns a bad configuration's error; in an
+ *     overlapped launch (programmatic stream serialization) a thread that returns without
+ *     cudaGridDependencySynchronize() ends the program naming the kernel (in a child), and one
+ *     that calls it is fine; without the attribute nothing is required.
  */
 #include <cuda_runtime.h>
 
@@ -134,8 +138,8 @@ static void test_shuffles(void)
     cudaFree(out);
 }
 
-/* run fn in a child; 1 if it died of SIGABRT with "deadlock" in its stderr */
-static int dies_of_deadlock(void (*fn)(void))
+/* run fn in a child; 1 if it died of SIGABRT with `what` in its stderr */
+static int dies_saying(void (*fn)(void), const char *what)
 {
     int fd[2];
     if (pipe(fd))
@@ -158,8 +162,10 @@ static int dies_of_deadlock(void (*fn)(void))
     close(fd[0]);
     int st = 0;
     waitpid(pid, &st, 0);
-    return WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT && strstr(buf, "cuda emulator: deadlock in ") != NULL;
+    return WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT && strstr(buf, what) != NULL;
 }
+
+static int dies_of_deadlock(void (*fn)(void)) { return dies_saying(fn, "cuda emulator: deadlock in "); }
 
 static void run_odd_even_barriers(void)
 {
@@ -202,6 +208,54 @@ static void test_launch_checks(void)
     int got[256];
     cudaMemcpy(got, out, sizeof got, cudaMemcpyDeviceToHost);
     CHECK(got[0] == 1 && got[255] == 0, "the block's dynamic shared memory: %d %d", got[0], got[255]);
+    cudaFree(out);
+}
+
+/* out[i] += 1 for the block's threads; the even ones (all: every_thread) wait first */
+__global__ void overlapped_add(int *out, int every_thread)
+{
+    if (every_thread || threadIdx.x % 2 == 0)
+        cudaGridDependencySynchronize();
+    out[threadIdx.x] += 1;
+}
+
+static cudaError_t launch_ex(int overlap, dim3 block, int every_thread, int *out)
+{
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t c = {};
+    c.gridDim = dim3(2), c.blockDim = block, c.attrs = at, c.numAttrs = overlap ? 1u : 0u;
+    return cudaLaunchKernelEx(&c, overlapped_add, out, every_thread);
+}
+
+static void run_overlap_without_wait(void)
+{
+    int *out;
+    cudaMalloc(&out, 64 * sizeof(int));
+    cudaMemsetAsync(out, 0, 64 * sizeof(int));
+    launch_ex(1, dim3(64), 0, out);
+}
+
+static void test_launch_ex(void)
+{
+    int *out, got[64];
+    cudaMalloc(&out, 64 * sizeof(int));
+    cudaMemsetAsync(out, 0, 64 * sizeof(int));
+    CHECK(launch_ex(1, dim3(64), 1, out) == cudaSuccess, "an overlapped launch whose threads all wait");
+    CHECK(launch_ex(0, dim3(64), 0, out) == cudaSuccess, "a plain launch whose odd threads do not wait");
+    cudaMemcpy(got, out, sizeof got, cudaMemcpyDeviceToHost);
+    CHECK(got[0] == 4 && got[63] == 4, "cudaLaunchKernelEx ran both grids of 2 blocks: %d %d", got[0], got[63]);
+    CHECK(launch_ex(1, dim3(2048), 1, out) == cudaErrorInvalidConfiguration, "2048 threads: returned");
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration, "and left for cudaGetLastError");
+    cudaLaunchAttribute odd = {};
+    odd.id = (cudaLaunchAttributeID)99;
+    cudaLaunchConfig_t c = {};
+    c.gridDim = dim3(1), c.blockDim = dim3(32), c.attrs = &odd, c.numAttrs = 1;
+    CHECK(cudaLaunchKernelEx(&c, overlapped_add, out, 1) == cudaErrorInvalidValue, "an unknown attribute: invalid value");
+    fflush(NULL);
+    CHECK(dies_saying(run_overlap_without_wait, "overlapped_add(int*, int), launched to overlap the kernel before it"),
+          "an overlapped launch with a thread that returns without cudaGridDependencySynchronize: stopped");
     cudaFree(out);
 }
 
@@ -270,6 +324,7 @@ int main(void)
     RUN(test_shuffles);
     RUN(test_deadlocks);
     RUN(test_launch_checks);
+    RUN(test_launch_ex);
     RUN(test_graphs);
     RUN(test_memory);
     return check_summary("test_emu");

@@ -15,6 +15,7 @@
 #     sampled;
 #   - the fused ops give what the ops they stand for give (IFLOW_CUDA_UNFUSED=1): the same
 #     greedy ids, the same perplexity to the last digit;
+#   - overlapped launches (IFLOW_CUDA_OVERLAP=1) give the ids and the perplexity of plain ones;
 #   - GPU/CPU hybrid (--gpu-layers 2 of 5) gives the CPU's greedy tokens; so do partition plans
 #     over the GPU and the CPU, and where there are two GPUs, over both;
 #   - iflow-ppl on the GPU within 0.1 % of the CPU's perplexity; a 512-token window in one pass
@@ -97,6 +98,19 @@ ppl_of() { $BIN/iflow-ppl -m "$1" -f "$DATA/data/wikitext-2-raw/wiki.test.raw" -
 p_fused=$(ppl_of "$TMP/s.ifs")
 p_unfused=$(IFLOW_CUDA_UNFUSED=1 ppl_of "$TMP/s.ifs")
 expect_eq "$p_fused" "$p_unfused" "stories260K: the same perplexity, to the last digit, with the ops unfused"
+
+# ---- overlapped launches (IFLOW_CUDA_OVERLAP=1: each kernel starts while the one before it
+# finishes, waiting for it on the device): the same greedy ids, replayed and op by op, and the
+# same perplexity to the last digit ----
+for model in s s16; do
+    run $BIN/iflow-run -m "$TMP/$model.ifs" --device cuda -n 64 -p "$prompt" --temp 0 --json
+    plain=$(jq -c .gen_ids <<<"$out")
+    for graphs in --gpu-graphs --no-gpu-graphs; do
+        run env IFLOW_CUDA_OVERLAP=1 $BIN/iflow-run -m "$TMP/$model.ifs" --device cuda $graphs -n 64 -p "$prompt" --temp 0 --json
+        expect_eq "$(jq -c .gen_ids <<<"$out")" "$plain" "$model, overlapped launches ($graphs): the same greedy ids"
+    done
+done
+expect_eq "$(IFLOW_CUDA_OVERLAP=1 ppl_of "$TMP/s.ifs")" "$p_fused" "stories260K: the same perplexity with overlapped launches"
 
 # ---- hybrid: 2 of 5 layers on the GPU ----
 prompt=$(head -n 1 "$G/stories260K.greedy64.jsonl" | jq -r .prompt)
@@ -250,6 +264,8 @@ elif [ -f "$DATA/models/synthetic/tinyllama-1.1b/config.json" ]; then
     byop=$(jq -c .gen_ids <<<"$out")
     run $BIN/iflow-run -m "$TMP/tl.ifs" --device cuda -n 48 -p "Once upon a time" --temp 0.8 --seed 7 --json
     expect_eq "$(jq -c .gen_ids <<<"$out")" "$byop" "tinyllama-1.1b f16, steps replayed, sampled: the ids of the ops run one by one"
+    run env IFLOW_CUDA_OVERLAP=1 $BIN/iflow-run -m "$TMP/tl.ifs" --device cuda -n 48 -p "Once upon a time" --temp 0.8 --seed 7 --json
+    expect_eq "$(jq -c .gen_ids <<<"$out")" "$byop" "tinyllama-1.1b f16, overlapped launches, sampled: the same ids"
     ppl_close "$TMP/tl.ifs" 512 2 tinyllama-1.1b
     passes_close "$TMP/tl.ifs" tinyllama-1.1b
     # a placement that cannot fit: refused with the device and the bytes, before loading

@@ -14,7 +14,9 @@
  * results exactly, set up one graph and update it twice; a download while recording is
  * refused; an aborted recording runs nothing. The fused ops (add_rmsnorm, rope_store) and a
  * positional recording (ifkc_graph_begin_at) replayed at 259 next positions, against the ops;
- * a second key's recording and a plain one leave the first key's graph to replay.
+ * a second key's recording and a plain one leave the first key's graph to replay. Overlapped
+ * launches (ifkc_set_overlap): a decode layer of fused ops, F16 and Q4_B64 weights, op by op
+ * and replayed, gives the bits it gives without them.
  *
  * Tolerances (the CPU reference accumulates dot products and sums in double):
  *   attention:  |o - ref| <= 1e-4 * max |v| (5e-3 where it runs on tensor cores, which
@@ -31,8 +33,9 @@
  *               an ulp of double, which changes the float cos/sin at most by 1 float ulp.
  *   silu_mul:   |g - ref| <= 1e-6 * |ref| + 1e-30: CUDA's expf is within 2 ulp, glibc's 1.
  *   kv_store, add, add_bias, argmax: exact.
- *   Fused ops against the ops they stand for, and a positional recording's replays against
- *   the ops run at each position: exact (the same operations in the same order).
+ *   Fused ops against the ops they stand for, a positional recording's replays against the
+ *   ops run at each position, and overlapped launches against plain ones: exact (the same
+ *   operations in the same order).
  */
 #include <math.h>
 #include <stdint.h>
@@ -42,6 +45,7 @@
 #include "kernels/cpu/impl.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/kvcache.h"
+#include "kernels/cpu/quant.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "libcore/base/dtype.h"
 #include "tests/gpu/gpulib.h"
@@ -841,6 +845,151 @@ static void test_graph_at(void)
     free(q), free(kv), free(o1), free(o2), free(c1), free(c2);
 }
 
+/* ---- overlapped launches (ifkc_set_overlap) -------------------------------------------------- */
+
+/* A decode layer as the engine runs it on a GPU (fused ops), where every kernel reads what the
+ * one before it wrote: add_rmsnorm, qkv, rope_store, attention, wo, add_rmsnorm, glu, down. */
+typedef struct {
+    int D, NQ, NKV, HD, F, wtype, max_pos;
+    void *wq, *wk, *wv, *wo, *wg, *wu, *wd, *kc, *vc;
+    float *norm1, *norm2, *x, *xb, *q, *k, *v, *att, *gate, *up;
+} ov_layer;
+
+/* N x K random weights (normal * 0.05 / sqrt(K / 64)) of wtype (F16 or quantized) on the device. */
+static void *ov_weights(int wtype, int N, int K)
+{
+    const size_t rb = wtype == IFK_F16 ? (size_t)K * 2 : ifk_qrow_bytes(wtype, K);
+    uint8_t *h = gpu_xmalloc((size_t)N * rb);
+    float *src = gpu_xmalloc((size_t)K * 4);
+    const float sd = 0.05f / sqrtf((float)K / 64.0f);
+    for (int n = 0; n < N; n++) {
+        for (int k = 0; k < K; k++)
+            src[k] = sd * rnd_normal();
+        if (wtype == IFK_F16)
+            for (int k = 0; k < K; k++)
+                ((uint16_t *)(h + (size_t)n * rb))[k] = iflow_f32_to_f16(src[k]);
+        else
+            ifk_quantize_row(h + (size_t)n * rb, wtype, src, K);
+    }
+    void *p = gpu_dup(h, (size_t)N * rb);
+    free(h), free(src);
+    return p;
+}
+
+/* The layer's step at position pos (its ops with their own positions). */
+static int ov_step(const ov_layer *L, int pos)
+{
+    const size_t ldq = (size_t)L->NQ * L->HD, ldkv = (size_t)L->NKV * L->HD;
+    int rc = ifkc_add_rmsnorm(dev, L->x, L->xb, L->norm1, 1, L->D, 1e-5f);
+    if (!rc)
+        rc = ifkc_matmul_qkv(dev, L->q, ldq, L->k, L->v, ldkv, L->wq, L->wk, L->wv, L->wtype, L->xb, L->D, 1,
+                             (int)ldq, (int)ldkv, L->D);
+    if (!rc)
+        rc = ifkc_rope_store(dev, L->q, ldq, L->NQ, L->k, L->v, ldkv, L->NKV, L->kc, L->vc, IFK_F16, ldkv, 1, L->HD,
+                             L->HD, pos, 10000.0f, NULL, IFK_ROPE_HALF);
+    if (!rc)
+        rc = ifkc_attention(dev, L->att, L->q, L->kc, L->vc, IFK_F16, ldkv, 1, pos, L->NQ, L->NKV, L->HD,
+                            1.0f / sqrtf((float)L->HD));
+    if (!rc)
+        rc = ifkc_matmul(dev, L->xb, L->D, L->wo, L->wtype, L->att, ldq, 1, L->D, (int)ldq);
+    if (!rc)
+        rc = ifkc_add_rmsnorm(dev, L->x, L->xb, L->norm2, 1, L->D, 1e-5f);
+    if (!rc)
+        rc = ifkc_matmul_glu(dev, L->gate, L->up, L->F, L->wg, L->wu, L->wtype, L->xb, L->D, 1, L->F, L->D);
+    if (!rc)
+        rc = ifkc_matmul(dev, L->xb, L->D, L->wd, L->wtype, L->gate, L->F, 1, L->D, L->F);
+    return rc;
+}
+
+/* steps positions from the same start: op by op (replay 0) or recorded at 0 and replayed. The
+ * residual stream x and the last output xb carry over from step to step. Results into out:
+ * [D] x, [D] xb, then the key and value caches of `steps` positions as bytes. */
+static int ov_run(const ov_layer *L, int steps, int replay, const float *x0, unsigned char *out)
+{
+    const size_t ldkv = (size_t)L->NKV * L->HD, cb = (size_t)L->max_pos * ldkv * 2;
+    int rc = ifkc_upload(dev, L->x, x0, (size_t)L->D * 4);
+    if (!rc)
+        rc = ifkc_upload(dev, L->xb, x0 + L->D, (size_t)L->D * 4);
+    if (!rc)
+        rc = ifkc_memset0(dev, L->kc, cb);
+    if (!rc)
+        rc = ifkc_memset0(dev, L->vc, cb);
+    const unsigned long long key = 0x0e71a9ULL + (unsigned)L->wtype;
+    for (int pos = 0; pos < steps && !rc; pos++) {
+        if (!replay || pos == 0) {
+            rc = replay ? ifkc_graph_begin_at(dev, pos, L->max_pos, key) : 0;
+            if (!rc)
+                rc = ov_step(L, pos);
+            if (replay && !rc)
+                rc = ifkc_graph_end(dev);
+            else if (replay && rc)
+                ifkc_graph_abort(dev);
+        } else if ((rc = ifkc_graph_replay(dev, pos, key)) == 1) {
+            rc = IFKC_EINVAL; /* the recording should have stayed */
+        }
+    }
+    const size_t kvb = (size_t)steps * ldkv * 2;
+    if (!rc)
+        rc = ifkc_download(dev, out, L->x, (size_t)L->D * 4);
+    if (!rc)
+        rc = ifkc_download(dev, out + (size_t)L->D * 4, L->xb, (size_t)L->D * 4);
+    if (!rc)
+        rc = ifkc_download(dev, out + (size_t)L->D * 8, L->kc, kvb);
+    if (!rc)
+        rc = ifkc_download(dev, out + (size_t)L->D * 8 + kvb, L->vc, kvb);
+    return rc;
+}
+
+/* The layer op by op without overlap, op by op with it, and recorded with it and replayed at
+ * each next position: the same bits (a kernel that read its input before waiting for the kernel
+ * writing it would read stale values on a GPU where launches overlap). The TinyLlama-1.1B
+ * layer's shape on a GPU; a smaller one on the CPU emulation. */
+static void test_overlap(void)
+{
+    const int emu = getenv("IFLOW_EMU") != NULL;
+    const int D = emu ? 512 : 2048, NQ = emu ? 8 : 32, NKV = emu ? 2 : 4, F = emu ? 1408 : 5632, steps = emu ? 5 : 40;
+    static const int wtypes[] = {IFK_F16, IFK_Q4_B64};
+    for (int w = 0; w < 2; w++) {
+        ov_layer L = {.D = D, .NQ = NQ, .NKV = NKV, .HD = 64, .F = F, .wtype = wtypes[w], .max_pos = 64};
+        const size_t ldq = (size_t)NQ * 64, ldkv = (size_t)NKV * 64, cb = (size_t)L.max_pos * ldkv * 2;
+        L.wq = ov_weights(L.wtype, (int)ldq, D), L.wk = ov_weights(L.wtype, (int)ldkv, D);
+        L.wv = ov_weights(L.wtype, (int)ldkv, D), L.wo = ov_weights(L.wtype, D, (int)ldq);
+        L.wg = ov_weights(L.wtype, F, D), L.wu = ov_weights(L.wtype, F, D), L.wd = ov_weights(L.wtype, D, F);
+        L.kc = gpu_dup(NULL, cb), L.vc = gpu_dup(NULL, cb);
+        float *h = gpu_xmalloc((size_t)2 * D * 4);
+        fill(h, 2 * D, 0.5f, 1.5f);
+        L.norm1 = gpu_dup(h, (size_t)D * 4), L.norm2 = gpu_dup(h + D, (size_t)D * 4);
+        fill(h, 2 * D, -1.0f, 1.0f); /* x0 and the first step's xb */
+        L.x = gpu_dup(NULL, (size_t)D * 4), L.xb = gpu_dup(NULL, (size_t)D * 4);
+        L.q = gpu_dup(NULL, ldq * 4), L.k = gpu_dup(NULL, ldkv * 4), L.v = gpu_dup(NULL, ldkv * 4);
+        L.att = gpu_dup(NULL, ldq * 4), L.gate = gpu_dup(NULL, (size_t)F * 4), L.up = gpu_dup(NULL, (size_t)F * 4);
+        const size_t nout = (size_t)D * 8 + 2 * (size_t)steps * ldkv * 2;
+        unsigned char *ref = gpu_xmalloc(nout), *got = gpu_xmalloc(nout);
+        const char *wn = L.wtype == IFK_F16 ? "f16" : "q4_b64";
+        ifkc_set_overlap(dev, 0);
+        int rc = ov_run(&L, steps, 0, h, ref);
+        CHECK(rc == 0, "overlap %s: the layer without overlap: %s", wn, ifkc_errmsg());
+        const int on = ifkc_set_overlap(dev, 1);
+        printf("OBSERVED overlap: %s layer (%d values, %d steps), overlapped launches %s\n", wn, D, steps,
+               on ? "on" : "not available (compute capability below 9.0)");
+        for (int replay = 0; replay < 2 && rc == 0; replay++) {
+            int r2 = ov_run(&L, steps, replay, h, got);
+            CHECK(r2 == 0, "overlap %s%s: %s", wn, replay ? ", replayed" : "", ifkc_errmsg());
+            if (r2 == 0) {
+                const float *xr = (const float *)ref, *xg = (const float *)got;
+                CHECK(memcmp(ref, got, nout) == 0, "overlap %s%s: results differ from those without overlap (x[0] %.9g, %.9g)",
+                      wn, replay ? ", replayed" : "", xr[0], xg[0]);
+            }
+        }
+        ifkc_set_overlap(dev, 0);
+        void *bufs[] = {L.wq, L.wk, L.wv, L.wo, L.wg, L.wu, L.wd, L.kc, L.vc, L.norm1, L.norm2, L.x, L.xb,
+                        L.q, L.k, L.v, L.att, L.gate, L.up};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            ifkc_free(dev, bufs[i]);
+        free(h), free(ref), free(got);
+    }
+}
+
 int main(void)
 {
     if (!gpu_open("test_cuda_ops"))
@@ -862,6 +1011,7 @@ int main(void)
     RUN(test_add_rmsnorm);
     RUN(test_rope_store);
     RUN(test_graph_at);
+    RUN(test_overlap);
 
     ifkc_close(dev);
     return check_summary("test_cuda_ops");
