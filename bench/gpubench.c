@@ -31,7 +31,8 @@
  * attention_decode:  ifkc_attention_decode over 1024, 4096, 16384 and 65536 positions, 32 query
  *                    heads over 8 KV heads of 128 (grouped-query attention as in Llama-3-8B), KV
  *                    F16 and F32; and 32 heads over 32 KV heads (no grouping, as in Llama-2-7B)
- *                    at 4096 and 16384 positions, KV F16. kv_gbps = bytes of K and V read
+ *                    at 4096 and 16384 positions, KV F16; then the grouped F16 ones again with
+ *                    overlapped launches ("overlap"). kv_gbps = bytes of K and V read
  *                    (2 n_pos n_kv_heads head_dim elem_size) / time; round-robin over copies of
  *                    the cache (>= 256 MiB in all), as for matvec.
  * attention_prefill: ifkc_attention_prefill of T = 512 queries at pos0 = 0 (a first prompt
@@ -578,11 +579,11 @@ static void bench_attention_decode(gpubench *g, int kv_type, int n_pos, int kvh)
     }
     double gbps = bytes / best * 1e-9;
     printf("{\"bench\":\"attention_decode\",\"kv_type\":\"%s\",\"n_pos\":%d,\"heads\":%d,\"kv_heads\":%d,"
-           "\"head_dim\":%d,\"tensor_cores\":%s,\"kv_bytes\":%zu,\"copies\":%d,\"us\":%.2f,\"us_median\":%.2f,"
-           "\"kv_gbps\":%.1f,\"kv_gbps_median\":%.1f",
+           "\"head_dim\":%d,\"tensor_cores\":%s,\"overlap\":%s,\"kv_bytes\":%zu,\"copies\":%d,\"us\":%.2f,"
+           "\"us_median\":%.2f,\"kv_gbps\":%.1f,\"kv_gbps_median\":%.1f",
            wtype_name(kv_type), n_pos, ATT_HEADS, kvh, ATT_HEAD_DIM,
-           ifkc_attention_decode_tensor_cores(kv_type, ATT_HEAD_DIM, ATT_HEADS / kvh) ? "true" : "false", bytes, copies,
-           best * 1e6, med * 1e6, gbps, bytes / med * 1e-9);
+           ifkc_attention_decode_tensor_cores(kv_type, ATT_HEAD_DIM, ATT_HEADS / kvh) ? "true" : "false",
+           g->overlap ? "true" : "false", bytes, copies, best * 1e6, med * 1e6, gbps, bytes / med * 1e-9);
     print_fraction(gbps, g->bw_gbps);
     printf("}\n");
     fflush(stdout);
@@ -898,6 +899,14 @@ static void run_attention_decode(gpubench *g, int quick)
     /* Llama-2-7B's attention: no grouping, 32 KV heads (an F16 cache) */
     for (int c = 1; c < 3; c++)
         bench_attention_decode(g, IFK_F16, ctx[c], ATT_HEADS);
+    /* grouped heads, F16, with overlapped launches (each call's chunks fetched into L2 while the
+     * call before it finishes) */
+    if ((g->overlap = ifkc_set_overlap(g->d, 1))) {
+        for (int c = 0; c < 4; c++)
+            if (!quick || c % 2 == 0)
+                bench_attention_decode(g, IFK_F16, ctx[c], ATT_KV_HEADS);
+        g->overlap = ifkc_set_overlap(g->d, 0);
+    }
 }
 
 static int usage(void)

@@ -7,7 +7,9 @@
 # attention.cu (IFKC_MV_WARPS, IFKC_MV_R, IFKC_MV_R_WIDE, IFKC_MV_U1, IFKC_MV_MINB, IFKC_DEC_UNROLL,
 # IFKC_DEC_BPS, IFKC_DEC_MINB; IFKC_PF_TC=1 and IFKC_DEC_TC=1: prefill and decoding attention on
 # tensor cores; IFKC_MV_DP4A=1: the quantized decode products on int8 activations; all three off
-# by default until they have run on a GPU; VARIANT_ONLY picks what is timed).
+# by default until they have run on a GPU; IFKC_MV_PREFETCH=1, IFKC_DEC_PREFETCH=1: the decode
+# products' and decoding attention's L2 prefetch without overlapped launches; VARIANT_ONLY picks
+# what is timed).
 # Run after tools/gpu-bundle.sh (it links against that build's library); sm_90 only.
 #   tools/gpu-variants.sh r1='-DIFKC_MV_R=1' u16='-DIFKC_MV_U1=16 -DIFKC_DEC_UNROLL=8'
 set -euo pipefail

@@ -118,6 +118,9 @@ static __host__ __device__ constexpr int pow2_at_least(int x) { return x <= 1 ? 
 #ifndef IFKC_DEC_MINB /* blocks an SM the decoding kernel is compiled for (registers: 64K / (256 x this)) */
 #define IFKC_DEC_MINB 2
 #endif
+#ifndef IFKC_DEC_PREFETCH /* 1: the chunk's rows into L2 also without overlapped launches (where they always are) */
+#define IFKC_DEC_PREFETCH 0
+#endif
 
 enum {
     DEC_WARPS = 8,
@@ -156,6 +159,7 @@ struct dec_args {
     const int *pos_dev;
     int bpc;
     long long want;
+    int prefetch;         /* the chunk's K and V rows into L2 before ifkc_grid_begin      */
 };
 
 /* Keys per chunk: about `want` blocks over all (kv head, slice) pairs (bpc of them a chunk), a
@@ -179,6 +183,19 @@ static __device__ __forceinline__ void dec_extent(const dec_args &a, int *n_pos,
         *n_pos = *a.pos_dev + 1;
         *chunk_len = decode_chunk_len(*n_pos, a.bpc, a.want);
         *n_chunks = (*n_pos + *chunk_len - 1) / *chunk_len;
+    }
+}
+
+/* The n cached rows from j0 of kv head kvh, K and V, into L2 (overlapped launches: while the
+ * kernel before this one finishes). Prefetches never make stale data: L2 is where the GPU's
+ * writes go, so rows that kernel is still writing (the step's own key and value) are fetched
+ * again or updated there. */
+template <int D, typename KV>
+static __device__ __forceinline__ void dec_prefetch(const dec_args &a, int j0, int n, int kvh)
+{
+    for (int i = threadIdx.x; i < 2 * n; i += blockDim.x) {
+        const KV *row = (const KV *)(i < n ? a.k : a.v) + (size_t)(j0 + i % n) * a.kv_ld + (size_t)kvh * D;
+        ifkc_prefetch_l2(row, D * sizeof(KV), 0, 1);
     }
 }
 
@@ -239,7 +256,6 @@ template <int S, int GM> static __device__ __forceinline__ float segment_reduce_
 template <int D, typename KV, int GM>
 __global__ void __launch_bounds__(DEC_THREADS, IFKC_DEC_MINB) attn_decode_chunk(dec_args a)
 {
-    ifkc_grid_begin();
     using SH = dec_shape<D, KV>;
     constexpr int E = SH::E, P = SH::P, S = SH::S, PPL = SH::PPL, KPW = SH::KPW, STEP = SH::STEP;
     /* Scores, then probabilities. Rows padded by 4 floats: the 8 heads' scores of one key
@@ -250,7 +266,12 @@ __global__ void __launch_bounds__(DEC_THREADS, IFKC_DEC_MINB) attn_decode_chunk(
 
     const int c = blockIdx.x, kvh = blockIdx.y, g0 = blockIdx.z * GM;
     int n_pos, chunk_len, n_chunks;
+    /* before the wait: a positional recording's *pos_dev is set before its graph is launched
+     * and by no kernel in it */
     dec_extent(a, &n_pos, &chunk_len, &n_chunks);
+    if (a.prefetch && c < n_chunks)
+        dec_prefetch<D, KV>(a, c * chunk_len, min(chunk_len, n_pos - c * chunk_len), kvh);
+    ifkc_grid_begin();
     if (c >= n_chunks) /* a positional recording's grid has the most chunks */
         return;
     const int G = min(GM, a.group - g0);
@@ -986,14 +1007,16 @@ template <int D> struct dt_layout {
 template <int D>
 __global__ void __launch_bounds__(DT_THREADS) attn_decode_tc(dec_args a)
 {
-    ifkc_grid_begin();
     using L = dt_layout<D>;
     constexpr int QLD = L::QLD, SLD = L::SLD, PLD = L::PLD, OLD = L::OLD;
     static_assert(D % 16 == 0 && DT_BK % 16 == 0, "WMMA tiles");
     extern __shared__ __align__(128) unsigned char dt_smem[];
     const int c = blockIdx.x, kvh = blockIdx.y;
     int n_pos, chunk_len, n_chunks;
-    dec_extent(a, &n_pos, &chunk_len, &n_chunks);
+    dec_extent(a, &n_pos, &chunk_len, &n_chunks); /* before the wait: see attn_decode_chunk */
+    if (a.prefetch && c < n_chunks)
+        dec_prefetch<D, __half>(a, c * chunk_len, min(chunk_len, n_pos - c * chunk_len), kvh);
+    ifkc_grid_begin();
     if (c >= n_chunks) /* a positional recording's grid has the most chunks */
         return;
     const int G = a.group, h0 = kvh * G;
@@ -1121,6 +1144,7 @@ static int decode_setup(ifkc_dev *d, dec_args *a, float *out, const float *q, co
     a->pos_dev = pos_dev;
     a->bpc = bpc;
     a->want = want;
+    a->prefetch = d->overlap || IFKC_DEC_PREFETCH;
     if (stride > DEC_MERGE_MAX)
         return ifkc_seterr(IFKC_EUNSUPPORTED, "decoding attention over %d keys: more than %d chunks of %d",
                            pos_dev ? max_pos : n_pos, DEC_MERGE_MAX, DEC_CHUNK_MAX);

@@ -14,10 +14,13 @@
  * kernels/cuda keeps, so that any of them may be launched that way: each thread calls
  * ifkc_grid_begin() before it reads or writes global memory that an earlier kernel may write or
  * read, and before it returns (so that a grid never completes before the grid it depends on,
- * which keeps the order transitive). What a kernel does before that may only read memory no
- * kernel writes: the weights (the decode products prefetch their rows into L2 there). The CPU
- * emulation (tests/cuda-emu) checks the second half of the rule: a thread of an overlapped
- * launch that returns without ifkc_grid_begin() stops the test.
+ * which keeps the order transitive). Before it a kernel may read only what no kernel it can
+ * overlap writes (its arguments; the weights; a positional recording's step position, set
+ * before the graph is launched), and may prefetch any memory into L2 (ifkc_prefetch_l2: L2 is
+ * where the GPU's writes go, so a prefetched line is never stale, and nothing is loaded into
+ * the SM): the decode products prefetch their weight rows, decoding attention its chunk of the
+ * cache. The CPU emulation (tests/cuda-emu) checks the second half of the rule: a thread of an
+ * overlapped launch that returns without ifkc_grid_begin() stops the test.
  */
 #ifndef IFKC_COMMON_CUH
 #define IFKC_COMMON_CUH
@@ -144,7 +147,8 @@ static __device__ __forceinline__ void ifkc_grid_begin(void)
 }
 
 /* Ask for the bytes [p, p + n) in L2, 128-byte lines spread over the `lanes` threads (this one
- * is `lane`); loads nothing into registers. Used before ifkc_grid_begin on weights only. */
+ * is `lane`); loads nothing into registers. On the host (the CPU emulation) lane 0 reads the
+ * range's first and last byte instead, so that a range outside its buffer shows there. */
 static __device__ __forceinline__ void ifkc_prefetch_l2(const void *p, size_t n, int lane, int lanes)
 {
 #if defined(__CUDA_ARCH__)
@@ -153,7 +157,9 @@ static __device__ __forceinline__ void ifkc_prefetch_l2(const void *p, size_t n,
     for (c += (size_t)lane * 128; c < end; c += (size_t)lanes * 128)
         asm volatile("prefetch.global.L2 [%0];" ::"l"(c));
 #else
-    (void)p, (void)n, (void)lane, (void)lanes;
+    if (lane == 0 && n > 0)
+        (void)(*(const volatile char *)p + *((const volatile char *)p + n - 1));
+    (void)lanes;
 #endif
 }
 

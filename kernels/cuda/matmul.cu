@@ -74,6 +74,11 @@
 #ifndef IFKC_MV_MINB
 #define IFKC_MV_MINB 4
 #endif
+/* IFKC_MV_PREFETCH=1: the decode products prefetch their rows into L2 at their start also
+ * without overlapped launches (where they always do), to tell the two effects apart. */
+#ifndef IFKC_MV_PREFETCH
+#define IFKC_MV_PREFETCH 0
+#endif
 #define MV_WARPS IFKC_MV_WARPS       /* warps per block of the matrix-vector kernels */
 #define MV_THREADS (32 * MV_WARPS)
 #ifndef IFKC_MV_R_WIDE
@@ -779,7 +784,7 @@ static int matvec(ifkc_dev *d, float *y, size_t ldy, const void *W, const void *
                   size_t ldx, int T, int N, int K, const mv_segs &segs)
 {
     mv_segs sg = segs;
-    sg.prefetch = d->overlap;
+    sg.prefetch = d->overlap || IFKC_MV_PREFETCH;
 #if IFKC_MV_DP4A
     if (is_quant(wtype))
         return matvec_i8(d, y, ldy, W, W2, wtype, x, ldx, T, N, K, sg);

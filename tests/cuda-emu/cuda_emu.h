@@ -300,7 +300,7 @@ template <typename T> static inline T __shfl_up_sync(unsigned, T v, unsigned d, 
 
 /* cudaLaunchKernelEx's configuration; of the attributes, programmatic stream serialization
  * (an overlapped launch, see `Launches` above) is the one kernels/cuda uses. */
-enum cudaLaunchAttributeID { cudaLaunchAttributeIgnore = 0, cudaLaunchAttributeProgrammaticStreamSerialization = 6 };
+enum cudaLaunchAttributeID : int { cudaLaunchAttributeIgnore = 0, cudaLaunchAttributeProgrammaticStreamSerialization = 6 };
 union cudaLaunchAttributeValue {
     char pad[64];
     int programmaticStreamSerializationAllowed;
