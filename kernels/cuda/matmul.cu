@@ -353,15 +353,18 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MINB(TM))
     seg_pick(sg, n0, Nm, Wm, ym, ldm);
     const int nb = (K + B - 1) / B, nbf = K / B, lim = K - 4 * j;
     const size_t rb = (size_t)nb * BB;
+    if (sg.prefetch) { /* the warp's rows (no kernel writes them) before the wait */
+        if (W2) {
+            ifkc_prefetch_l2(W + (size_t)n0 * rb, rb, lane, 32);
+            ifkc_prefetch_l2(W2 + (size_t)n0 * rb, rb, lane, 32);
+        } else {
+            ifkc_prefetch_l2(Wm + (size_t)n0 * rb, (size_t)min(MV_RT(TM), Nm - n0) * rb, lane, 32);
+        }
+    }
     const uint8_t *wr[MV_RT(TM)];
 #pragma unroll
     for (int r = 0; r < MV_RT(TM); r++)
         wr[r] = W2 ? (r == 0 ? W : W2) + (size_t)n0 * rb : Wm + (size_t)min(n0 + r, Nm - 1) * rb;
-    if (sg.prefetch) { /* rows no kernel writes: before the wait */
-#pragma unroll
-        for (int r = 0; r < MV_RT(TM); r++)
-            ifkc_prefetch_l2(wr[r], rb, lane, 32);
-    }
     ifkc_grid_begin();
     const float *xt[TM];
     const int8_t *xqt[TM];
@@ -495,17 +498,21 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MINB(TM))
     size_t ldm = ldy;
     int Nm = N;
     seg_pick(sg, n0, Nm, Wm, ym, ldm);
+    const size_t rb = (size_t)K * ES;
+    if (sg.prefetch) { /* the warp's rows (no kernel writes them) before the wait */
+        if (W2) {
+            ifkc_prefetch_l2((const uint8_t *)W + (size_t)n0 * rb, rb, lane, 32);
+            ifkc_prefetch_l2((const uint8_t *)W2 + (size_t)n0 * rb, rb, lane, 32);
+        } else {
+            ifkc_prefetch_l2((const uint8_t *)Wm + (size_t)n0 * rb, (size_t)min(MV_RT(TM), Nm - n0) * rb, lane, 32);
+        }
+    }
     const int nch = K / EPC;
     const uint4 *wr[MV_RT(TM)];
 #pragma unroll
     for (int r = 0; r < MV_RT(TM); r++)
         wr[r] = (const uint4 *)(W2 ? (const uint8_t *)(r == 0 ? W : W2) + (size_t)n0 * K * ES
                                    : (const uint8_t *)Wm + (size_t)min(n0 + r, Nm - 1) * K * ES);
-    if (sg.prefetch) { /* rows no kernel writes: before the wait */
-#pragma unroll
-        for (int r = 0; r < MV_RT(TM); r++)
-            ifkc_prefetch_l2(wr[r], (size_t)K * ES, lane, 32);
-    }
     ifkc_grid_begin();
     const float *xt[TM];
 #pragma unroll
