@@ -14,7 +14,8 @@
  * T = 1 and 64 for Q4_B64, Q8_B64 and F16, whose decode speed is printed (not checked); and
  * ifkc_matmul_glu (the gated FFN's gate and up products with SiLU in one kernel) bit for bit
  * against the three operations it stands for, and ifkc_matmul_qkv (three matrices in one
- * launch) bit for bit against three ifkc_matmul calls.
+ * launch) bit for bit against three ifkc_matmul calls; and all of them with overlapped launches
+ * (ifkc_set_overlap) bit for bit against themselves without.
  *
  * Tolerances, per output y[t][n], with w' the decoded weights and
  *     S  = sum_k |w'_k x_k|,       S' = sum_k (|min_b(k)| + q_k delta_b(k)) |x_k|
@@ -466,6 +467,60 @@ static void test_qkv(void)
             }
 }
 
+/* The decode products with overlapped launches (ifkc_set_overlap: each prefetches its rows into
+ * L2 and may start while the launch before it ends) give the bits they give without: every
+ * type, T = 1, 2, 3, 8, a chain in which each product reads what the one before wrote: y = W x
+ * (K x K), then from y a plain product of 37 rows (the last warp's rows past N), the GLU pair
+ * and the three segments of ifkc_matmul_qkv. */
+static void test_overlap(void)
+{
+    static const int Ks[] = {37, 1000}, Ts[] = {1, 2, 3, 8};
+    const int N = 37, Nq = 64, Nkv = 16;
+    for (int ti = 0; ti < N_TYPES; ti++)
+        for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
+            const int K = Ks[ki], type = all_types[ti];
+            wmat w = wmat_make(type, K, K), g = wmat_make(type, N, K), u = wmat_make(type, N, K);
+            wmat wq = wmat_make(type, Nq, K), wk = wmat_make(type, Nkv, K), wv = wmat_make(type, Nkv, K);
+            /* outputs, [8] rows each: y [K], z [N], gate [N], up [N], q [Nq], k [Nkv], v [Nkv] */
+            const size_t nout = (size_t)8 * (K + 3 * N + Nq + 2 * Nkv);
+            float *x = x_make(8, K, (size_t)K), *xd = gpu_dup(x, (size_t)8 * K * 4), *outd = gpu_dup(NULL, nout * 4);
+            float *yd = outd, *zd = yd + 8 * K, *gd = zd + 8 * N, *ud = gd + 8 * N, *qd = ud + 8 * N,
+                  *kd = qd + 8 * Nq, *vd = kd + 8 * Nkv;
+            float *ref = gpu_xmalloc(nout * 4), *got = gpu_xmalloc(nout * 4);
+            int on = 0;
+            for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+                const int T = Ts[i];
+                for (int mode = 0; mode < 2; mode++) {
+                    on = ifkc_set_overlap(dev, mode);
+                    int rc = ifkc_memset0(dev, outd, nout * 4);
+                    if (!rc)
+                        rc = ifkc_matmul(dev, yd, K, w.dev, type, xd, K, T, K, K);
+                    if (!rc)
+                        rc = ifkc_matmul(dev, zd, N, g.dev, type, yd, K, T, N, K);
+                    if (!rc)
+                        rc = ifkc_matmul_glu(dev, gd, ud, N, g.dev, u.dev, type, yd, K, T, N, K);
+                    if (!rc)
+                        rc = ifkc_matmul_qkv(dev, qd, Nq, kd, vd, Nkv, wq.dev, wk.dev, wv.dev, type, yd, K, T, Nq,
+                                             Nkv, K);
+                    CHECK(rc == 0, "overlap %s K %d T %d (overlap %d): %s", tname(type), K, T, mode, ifkc_errmsg());
+                    if (rc || gpu_fetch(mode ? got : ref, outd, nout * 4))
+                        break;
+                    if (mode)
+                        CHECK(memcmp(ref, got, nout * 4) == 0,
+                              "overlap %s K %d T %d: the products differ from those without overlap", tname(type), K,
+                              T);
+                }
+                ifkc_set_overlap(dev, 0);
+            }
+            if (ti == 0 && ki == 0)
+                printf("OBSERVED overlap: decode products with overlapped launches %s\n",
+                       on ? "on" : "not available (compute capability below 9.0)");
+            ifkc_free(dev, xd), ifkc_free(dev, outd);
+            free(x), free(ref), free(got);
+            wmat_free(&w), wmat_free(&g), wmat_free(&u), wmat_free(&wq), wmat_free(&wk), wmat_free(&wv);
+        }
+}
+
 int main(void)
 {
     if (!gpu_open("test_cuda_matmul"))
@@ -479,6 +534,7 @@ int main(void)
     RUN(test_tiles);
     RUN(test_glu);
     RUN(test_qkv);
+    RUN(test_overlap);
     RUN(test_large);
 
     printf("  worst |y - ref| / tolerance:\n");
