@@ -2,13 +2,16 @@
  * cuda_emu.h -- the part of CUDA that kernels/cuda uses, emulated on the CPU.
  *
  * `make CUDA=emu` builds kernels/cuda from its unchanged sources with g++ against this header
- * (tests/cuda-emu/include/ holds the CUDA header names, each including this one) after one
- * textual change, cu2cc.pl: `k<<<grid, block, smem, stream>>>(args)` becomes
- * `emu::launcher(grid, block, smem, stream).run("k", k, args)`. Every program and test of that
- * build then finds GPUs, "iflow CUDA emulator", that run the kernels on the CPU: `make check-emu` runs the GPU tests (tests/gpu) there, so a
- * machine without a GPU (CI) checks the kernels' logic against their CPU references: indices,
- * bounds, barriers, shuffles, tiling, the recorded graphs. Not their speed, and not the GPU's
- * floating point to the bit (nvcc contracts a * b + c into FMAs; g++ here does not).
+ * (tests/cuda-emu/include/ holds the CUDA header names, each including this one) after a
+ * textual pass, cu2cc.pl: `extern __shared__ T x[]` becomes a pointer to the block's dynamic
+ * shared memory, and a `k<<<grid, block, smem, stream>>>(args)` launch (test_emu.cu's;
+ * kernels/cuda launches through cudaLaunchKernelEx, emulated below) `emu::launcher(grid, block, smem,
+ * stream).run("k", k, args)`. Every program and test of that build then finds GPUs, "iflow CUDA
+ * emulator", that run the kernels on the CPU: `make check-emu` runs the GPU tests (tests/gpu)
+ * there, so a machine without a GPU (CI) checks the kernels' logic against their CPU
+ * references: indices, bounds, barriers, shuffles, tiling, the recorded graphs, the overlapped
+ * launches' rule. Not their speed, and not the GPU's floating point to the bit (nvcc contracts
+ * a * b + c into FMAs; g++ here does not).
  *
  * Contract of the emulation
  *   Memory: device memory is host memory (cudaMalloc = posix_memalign, filled with 0xff so that
