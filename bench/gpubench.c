@@ -20,6 +20,8 @@
  *                    the nine quantized types) on the Llama-2-7B shapes N x K = 4096 x 4096
  *                    (attention projections), 11008 x 4096 (gate, up), 4096 x 11008 (down) and
  *                    32000 x 4096 (output); and T = 8 (batched decode) for F16, Q8_B64 and Q4_B64;
+ *                    Q4_B64 at T = 1 repacked so that a lane reads 16 level bytes at a time
+ *                    ("layout":"packed", ifkc_q4p_*: experimental, not used by the engine);
  *                    then T = 1 for those three again with overlapped launches ("overlap": each
  *                    call's kernel starts, and fetches its rows into L2, while the one before it
  *                    finishes; ifkc_set_overlap), on a GPU that has them (compute capability 9.0).
@@ -477,6 +479,49 @@ out:
     matmul_free(g, &a);
 }
 
+/* The experimental repacked Q4_B64 product (ifkc_q4p_*: levels read 16 bytes a lane), T = 1:
+ * the copies of matmul_setup packed into a buffer of the same size. */
+static int q4p_call(void *arg, int i)
+{
+    matmul_args *a = arg;
+    return ifkc_q4p_matvec(a->d, a->y, a->W + (size_t)(i % a->copies) * a->stride, a->x, a->N, a->K);
+}
+
+static void bench_matvec_q4p(gpubench *g, int N, int K)
+{
+    char what[96];
+    snprintf(what, sizeof what, "q4_b64 packed T=1 N=%d K=%d", N, K);
+    const size_t bytes = ifkc_q4p_bytes(N, K);
+    const int copies = copies_for(bytes);
+    matmul_args a, p;
+    char *P = NULL;
+    double best, med;
+    int rc = matmul_setup(g, &a, IFK_Q4_B64, 1, N, K, copies);
+    if (!rc)
+        rc = ifkc_malloc(g->d, (void **)&P, a.stride * copies);
+    if (!rc)
+        rc = ifkc_q4p_pack(g->d, P, a.W, N, K);
+    if (!rc)
+        rc = replicate(g->d, P, bytes, a.stride, copies);
+    p = a;
+    p.W = P;
+    if (rc || time_calls(g, q4p_call, &p, copies, &best, &med)) {
+        report_error(g, "matvec", what);
+        goto out;
+    }
+    double gbps = bytes / best * 1e-9;
+    printf("{\"bench\":\"matvec\",\"wtype\":\"q4_b64\",\"layout\":\"packed\",\"T\":1,\"N\":%d,\"K\":%d,"
+           "\"overlap\":%s,\"weight_bytes\":%zu,\"copies\":%d,\"us\":%.2f,\"us_median\":%.2f,\"weight_gbps\":%.1f,"
+           "\"weight_gbps_median\":%.1f",
+           N, K, g->overlap ? "true" : "false", bytes, copies, best * 1e6, med * 1e6, gbps, bytes / med * 1e-9);
+    print_fraction(gbps, g->bw_gbps);
+    printf("}\n");
+    fflush(stdout);
+out:
+    ifkc_free(g->d, P);
+    matmul_free(g, &a);
+}
+
 /* Prompt-sized products (cuBLAS): flops per second; one matrix (compute-bound, L2 irrelevant). */
 static void bench_prefill(gpubench *g, int wt, int T, int N, int K)
 {
@@ -869,6 +914,9 @@ static void run_matvec(gpubench *g, int quick)
     for (int s = 0; s < n_shapes; s++)
         for (int b = 0; b < 3; b++)
             bench_matvec(g, batched[b], 8, shapes[s][0], shapes[s][1]);
+    /* Q4_B64 repacked so that a lane reads 16 level bytes at a time (experimental) */
+    for (int s = 0; s < n_shapes; s++)
+        bench_matvec_q4p(g, shapes[s][0], shapes[s][1]);
     /* back-to-back products with overlapped launches (each fetches its rows while the one
      * before it finishes): what the gaps between kernels cost the figures above */
     if ((g->overlap = ifkc_set_overlap(g->d, 1))) {

@@ -139,7 +139,7 @@ variants() { # the bundle's gpubench, then each variant's; VARIANT_ONLY: the ben
         for only in ${VARIANT_ONLY:-attention_decode}; do
             if [ "$only" = matvec ]; then "$v" --only matvec --quick; else "$v" --only "$only"; fi |
                 jq -c --arg v "$name" 'select(.bench != "device" and .bench != "copy") | {v: $v, b: .bench,
-                    c: ((.wtype // .kv_type) + " " + ((.T // 1) | tostring) + " " + ((.N // .n_pos) | tostring) + "x" + ((.K // .head_dim) | tostring) + (if .kv_heads then " kv" + (.kv_heads | tostring) else "" end) + (if .overlap then " overlap" else "" end)),
+                    c: ((.wtype // .kv_type) + " " + ((.T // 1) | tostring) + " " + ((.N // .n_pos) | tostring) + "x" + ((.K // .head_dim) | tostring) + (if .kv_heads then " kv" + (.kv_heads | tostring) else "" end) + (if .overlap then " overlap" else "" end) + (if .layout then " " + .layout else "" end)),
                     f: .fraction_of_bw, us: .us_median}'
         done
     done >/tmp/variants.jsonl

@@ -178,6 +178,15 @@ int ifkc_supports_wtype(int wtype);
  * IFKC_MV_DP4A=1: blocks of 32 values, scale max |x| / 127), which costs an output at most
  * sum_k |w_k| max|x|_block(k) / 254 beside the float error; 0 otherwise. */
 int ifkc_matvec_int8_x(int wtype);
+
+/* Experimental, for gpubench only (not used by the engine): Q4_B64 decode products on a copy of
+ * the rows repacked so that a lane reads 16 level bytes at a time (matmul.cu says how).
+ * ifkc_q4p_bytes: the packed size of an N x K matrix (K a multiple of 64; 0 otherwise; the
+ * same bytes as the file's); ifkc_q4p_pack: W (the file's layout) -> P (16-byte aligned);
+ * ifkc_q4p_matvec: y [N] = P x, x [K] 16-byte aligned, one token. */
+size_t ifkc_q4p_bytes(int N, int K);
+int ifkc_q4p_pack(ifkc_dev *d, void *P, const void *W, int N, int K);
+int ifkc_q4p_matvec(ifkc_dev *d, float *y, const void *P, const float *x, int N, int K);
 int ifkc_matmul(ifkc_dev *d, float *y, size_t ldy, const void *W, int wtype, const float *x,
                 size_t ldx, int T, int N, int K);
 

@@ -990,3 +990,131 @@ extern "C" int ifkc_matmul_glu(ifkc_dev *d, float *y, float *u, size_t ldy, cons
         return ifkc_seterr(IFKC_EINVAL, "ifkc_matmul_glu: bad shape T=%d N=%d K=%d", T, N, K);
     return matvec(d, y, ldy, Wg, Wu, wtype, x, ldx, T, N, K, mv_segs{});
 }
+
+/* ---- experimental: Q4_B64 rows repacked for the decode product (gpubench only) ----------------
+ *
+ * The block layout makes a warp's step over Q4_B64 two 4-byte loads a lane for 144 bytes of
+ * weights (36-byte blocks cannot be read 16 bytes at a time); the F16 kernel reads 512 bytes a
+ * load instruction and streams HBM far better (0.70-0.88 of the copy bandwidth against 0.30-0.43
+ * on an H200, 2026-11-27). This layout asks whether the quantized products get there when their
+ * levels can be read 16 bytes a lane: a copy of the same bytes, [N][nb][32] level bytes (16-byte
+ * aligned rows) then [N][nb] delta|min words. A lane takes half a block (32 weights: byte k of
+ * the 16 holds element k's level in its low nibble and element 32 + k's in its high one); a warp
+ * 16 blocks of each of Q4P_R rows a step. T = 1, K a multiple of 64. Not used by the engine. */
+#define Q4P_R 4 /* rows a warp       */
+#define Q4P_U 2 /* steps of loads in flight */
+
+__global__ void q4p_pack_kernel(uint8_t *__restrict__ lv, uint32_t *__restrict__ dmw, const uint8_t *__restrict__ W,
+                                size_t n_blocks)
+{
+    ifkc_grid_begin();
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n_blocks; i += (size_t)gridDim.x * blockDim.x) {
+        const uint8_t *blk = W + i * IFKC_QBB(IFK_Q4_B64);
+        dmw[i] = ifkc_ld32(blk);
+#pragma unroll
+        for (int w = 0; w < 8; w++)
+            ((uint32_t *)(lv + i * 32))[w] = ifkc_ld32(blk + 4 + 4 * w);
+    }
+}
+
+/* y[n] = row n of the packed matrix (lv, dmw; nb blocks a row) . x; x: [nb * 64], 16-byte aligned. */
+__global__ void __launch_bounds__(MV_THREADS) q4p_matvec_kernel(float *__restrict__ y, const uint8_t *__restrict__ lv,
+                                                                const uint32_t *__restrict__ dmw,
+                                                                const float *__restrict__ x, int N, int nb)
+{
+    const int lane = threadIdx.x & 31, half = lane & 1;
+    const int n0 = (int)(blockIdx.x * MV_WARPS + threadIdx.x / 32) * Q4P_R;
+    ifkc_grid_begin();
+    if (n0 >= N)
+        return;
+    float acc[Q4P_R];
+#pragma unroll
+    for (int r = 0; r < Q4P_R; r++)
+        acc[r] = 0.0f;
+    for (int b0 = 0; b0 < nb; b0 += 16 * Q4P_U) {
+        uint4 q[Q4P_U][Q4P_R];
+        uint32_t dm[Q4P_U][Q4P_R];
+#pragma unroll
+        for (int u = 0; u < Q4P_U; u++) {
+            const int b = b0 + 16 * u + lane / 2;
+#pragma unroll
+            for (int r = 0; r < Q4P_R; r++) {
+                const size_t i = (size_t)min(n0 + r, N - 1) * nb + b;
+                q[u][r] = b < nb ? __ldg((const uint4 *)(lv + i * 32 + 16 * half)) : make_uint4(0, 0, 0, 0);
+                dm[u][r] = b < nb ? __ldg(dmw + i) : 0u;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < Q4P_U; u++) {
+            const int b = b0 + 16 * u + lane / 2;
+            if (b >= nb)
+                continue;
+            /* x of the lane's weights: elements 16 half + i (low nibbles) and 32 + 16 half + i */
+            const float *xl = x + (size_t)b * 64 + 16 * half, *xh = xl + 32;
+            float lo[16], hi[16], sx = 0.0f;
+#pragma unroll
+            for (int v = 0; v < 4; v++) {
+                const float4 a = ldg4(xl + 4 * v), c = ldg4(xh + 4 * v);
+                lo[4 * v] = a.x, lo[4 * v + 1] = a.y, lo[4 * v + 2] = a.z, lo[4 * v + 3] = a.w;
+                hi[4 * v] = c.x, hi[4 * v + 1] = c.y, hi[4 * v + 2] = c.z, hi[4 * v + 3] = c.w;
+            }
+#pragma unroll
+            for (int i = 0; i < 16; i++)
+                sx += lo[i] + hi[i];
+#pragma unroll
+            for (int r = 0; r < Q4P_R; r++) {
+                const uint32_t w4[4] = {q[u][r].x, q[u][r].y, q[u][r].z, q[u][r].w};
+                float dot = 0.0f;
+#pragma unroll
+                for (int wi = 0; wi < 4; wi++) {
+                    const uint32_t l = w4[wi] & 0x0f0f0f0fu, h = (w4[wi] >> 4) & 0x0f0f0f0fu;
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        dot = fmaf(ifkc_qbyte_f32(l, e), lo[4 * wi + e], fmaf(ifkc_qbyte_f32(h, e), hi[4 * wi + e], dot));
+                }
+                const float dl = ifkc_f16_to_f32((uint16_t)(dm[u][r] & 0xffffu)), mn = ifkc_f16_to_f32((uint16_t)(dm[u][r] >> 16));
+                acc[r] = fmaf(dl, dot, fmaf(mn, sx, acc[r]));
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < Q4P_R; r++) {
+        float v = acc[r];
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2)
+            v += __shfl_xor_sync(0xffffffffu, v, off);
+        if (lane == 0 && n0 + r < N)
+            y[n0 + r] = v;
+    }
+}
+
+extern "C" size_t ifkc_q4p_bytes(int N, int K)
+{
+    return N > 0 && K > 0 && K % 64 == 0 ? (size_t)N * (K / 64) * IFKC_QBB(IFK_Q4_B64) : 0;
+}
+
+extern "C" int ifkc_q4p_pack(ifkc_dev *d, void *P, const void *W, int N, int K)
+{
+    if (!d || !P || !W || !ifkc_q4p_bytes(N, K) || (uintptr_t)P % 16 || (uintptr_t)W % 4)
+        return ifkc_seterr(IFKC_EINVAL, "q4p pack: bad arguments (N %d, K %d: K a multiple of 64, P 16-byte aligned)",
+                           N, K);
+    const size_t nbk = (size_t)N * (K / 64);
+    uint8_t *lv = (uint8_t *)P;
+    IFKC_CKL(ifkc_launch(d, q4p_pack_kernel, ifkc_cdiv(nbk, 256) < 8192 ? ifkc_cdiv(nbk, 256) : 8192u, 256, 0, lv,
+                         (uint32_t *)(lv + nbk * 32), (const uint8_t *)W, nbk),
+             "q4p_pack_kernel");
+    return 0;
+}
+
+extern "C" int ifkc_q4p_matvec(ifkc_dev *d, float *y, const void *P, const float *x, int N, int K)
+{
+    if (!d || !y || !P || !x || !ifkc_q4p_bytes(N, K) || (uintptr_t)P % 16 || (uintptr_t)x % 16)
+        return ifkc_seterr(IFKC_EINVAL, "q4p matvec: bad arguments (N %d, K %d: K a multiple of 64, P and x "
+                           "16-byte aligned)", N, K);
+    const int nb = K / 64;
+    const uint8_t *lv = (const uint8_t *)P;
+    IFKC_CKL(ifkc_launch(d, q4p_matvec_kernel, ifkc_cdiv((size_t)N, (size_t)MV_WARPS * Q4P_R), MV_THREADS, 0, y, lv,
+                         (const uint32_t *)(lv + (size_t)N * nb * 32), x, N, nb),
+             "q4p_matvec_kernel");
+    return 0;
+}
