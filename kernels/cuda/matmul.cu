@@ -1004,6 +1004,7 @@ extern "C" int ifkc_matmul_glu(ifkc_dev *d, float *y, float *u, size_t ldy, cons
 #define Q4P_R 4 /* rows a warp       */
 #define Q4P_U 2 /* steps of loads in flight */
 
+/* W: n_blocks Q4_B64 blocks (36 bytes) -> lv [n_blocks][32] level bytes, dmw [n_blocks] words. */
 __global__ void q4p_pack_kernel(uint8_t *__restrict__ lv, uint32_t *__restrict__ dmw, const uint8_t *__restrict__ W,
                                 size_t n_blocks)
 {
@@ -1017,7 +1018,8 @@ __global__ void q4p_pack_kernel(uint8_t *__restrict__ lv, uint32_t *__restrict__
     }
 }
 
-/* y[n] = row n of the packed matrix (lv, dmw; nb blocks a row) . x; x: [nb * 64], 16-byte aligned. */
+/* y[n] = row n of the packed matrix . x. lv: [N][nb][32] level bytes, dmw: [N][nb] delta|min
+ * words, x: [nb * 64] (16-byte aligned), y: [N]. */
 __global__ void __launch_bounds__(MV_THREADS) q4p_matvec_kernel(float *__restrict__ y, const uint8_t *__restrict__ lv,
                                                                 const uint32_t *__restrict__ dmw,
                                                                 const float *__restrict__ x, int N, int nb)
