@@ -451,69 +451,50 @@ static int check_wtype(const char *bench, int wt, int T, int N, int K)
     return -1;
 }
 
-/* Decode-sized products (T <= IFKC_MATVEC_MAX_T): weight bytes read per second. */
-static void bench_matvec(gpubench *g, int wt, int T, int N, int K)
-{
-    if (check_wtype("matvec", wt, T, N, K))
-        return;
-    char what[96];
-    snprintf(what, sizeof what, "%s T=%d N=%d K=%d", wtype_name(wt), T, N, K);
-    size_t bytes = (size_t)N * row_bytes(wt, K);
-    int copies = copies_for(bytes);
-    matmul_args a;
-    double best, med;
-    if (matmul_setup(g, &a, wt, T, N, K, copies) || time_calls(g, matmul_call, &a, copies, &best, &med)) {
-        report_error(g, "matvec", what);
-        goto out;
-    }
-    double gbps = bytes / best * 1e-9;
-    printf("{\"bench\":\"matvec\",\"wtype\":\"%s\",\"T\":%d,\"N\":%d,\"K\":%d,\"int8_x\":%s,\"overlap\":%s,"
-           "\"weight_bytes\":%zu,\"copies\":%d,\"us\":%.2f,\"us_median\":%.2f,\"weight_gbps\":%.1f,"
-           "\"weight_gbps_median\":%.1f",
-           wtype_name(wt), T, N, K, ifkc_matvec_int8_x(wt) ? "true" : "false", g->overlap ? "true" : "false", bytes,
-           copies, best * 1e6, med * 1e6, gbps, bytes / med * 1e-9);
-    print_fraction(gbps, g->bw_gbps);
-    printf("}\n");
-    fflush(stdout);
-out:
-    matmul_free(g, &a);
-}
-
-/* The experimental repacked Q4_B64 product (ifkc_q4p_*: levels read 16 bytes a lane), T = 1:
- * the copies of matmul_setup packed into a buffer of the same size. */
+/* The experimental repacked Q4_B64 product (ifkc_q4p_*: levels read 16 bytes a lane), T = 1. */
 static int q4p_call(void *arg, int i)
 {
     matmul_args *a = arg;
     return ifkc_q4p_matvec(a->d, a->y, a->W + (size_t)(i % a->copies) * a->stride, a->x, a->N, a->K);
 }
 
-static void bench_matvec_q4p(gpubench *g, int N, int K)
+/* Decode-sized products (T <= IFKC_MATVEC_MAX_T): weight bytes read per second. packed: Q4_B64
+ * at T = 1 on the copies of matmul_setup repacked (ifkc_q4p_pack, the same bytes) into a buffer
+ * of the same size, timed through ifkc_q4p_matvec. */
+static void bench_matvec(gpubench *g, int wt, int T, int N, int K, int packed)
 {
+    if (check_wtype("matvec", wt, T, N, K))
+        return;
     char what[96];
-    snprintf(what, sizeof what, "q4_b64 packed T=1 N=%d K=%d", N, K);
-    const size_t bytes = ifkc_q4p_bytes(N, K);
-    const int copies = copies_for(bytes);
+    snprintf(what, sizeof what, "%s%s T=%d N=%d K=%d", wtype_name(wt), packed ? " packed" : "", T, N, K);
+    size_t bytes = (size_t)N * row_bytes(wt, K);
+    int copies = copies_for(bytes);
     matmul_args a, p;
     char *P = NULL;
     double best, med;
-    int rc = matmul_setup(g, &a, IFK_Q4_B64, 1, N, K, copies);
-    if (!rc)
-        rc = ifkc_malloc(g->d, (void **)&P, a.stride * copies);
-    if (!rc)
-        rc = ifkc_q4p_pack(g->d, P, a.W, N, K);
-    if (!rc)
-        rc = replicate(g->d, P, bytes, a.stride, copies);
+    int rc = matmul_setup(g, &a, wt, T, N, K, copies);
+    if (packed) {
+        if (!rc)
+            rc = ifkc_malloc(g->d, (void **)&P, a.stride * copies);
+        if (!rc)
+            rc = ifkc_q4p_pack(g->d, P, a.W, N, K);
+        if (!rc)
+            rc = replicate(g->d, P, bytes, a.stride, copies);
+    }
     p = a;
-    p.W = P;
-    if (rc || time_calls(g, q4p_call, &p, copies, &best, &med)) {
+    if (packed)
+        p.W = P;
+    if (rc || time_calls(g, packed ? q4p_call : matmul_call, &p, copies, &best, &med)) {
         report_error(g, "matvec", what);
         goto out;
     }
     double gbps = bytes / best * 1e-9;
-    printf("{\"bench\":\"matvec\",\"wtype\":\"q4_b64\",\"layout\":\"packed\",\"T\":1,\"N\":%d,\"K\":%d,"
-           "\"overlap\":%s,\"weight_bytes\":%zu,\"copies\":%d,\"us\":%.2f,\"us_median\":%.2f,\"weight_gbps\":%.1f,"
+    printf("{\"bench\":\"matvec\",\"wtype\":\"%s\",%s\"T\":%d,\"N\":%d,\"K\":%d,\"int8_x\":%s,\"overlap\":%s,"
+           "\"weight_bytes\":%zu,\"copies\":%d,\"us\":%.2f,\"us_median\":%.2f,\"weight_gbps\":%.1f,"
            "\"weight_gbps_median\":%.1f",
-           N, K, g->overlap ? "true" : "false", bytes, copies, best * 1e6, med * 1e6, gbps, bytes / med * 1e-9);
+           wtype_name(wt), packed ? "\"layout\":\"packed\"," : "", T, N, K,
+           !packed && ifkc_matvec_int8_x(wt) ? "true" : "false", g->overlap ? "true" : "false", bytes, copies,
+           best * 1e6, med * 1e6, gbps, bytes / med * 1e-9);
     print_fraction(gbps, g->bw_gbps);
     printf("}\n");
     fflush(stdout);
@@ -907,22 +888,22 @@ static void run_matvec(gpubench *g, int quick)
     int n_shapes = quick ? 2 : 4;
     for (int s = 0; s < n_shapes; s++) {
         for (int wt = IFK_F32; wt <= IFK_BF16; wt++)
-            bench_matvec(g, wt, 1, shapes[s][0], shapes[s][1]);
+            bench_matvec(g, wt, 1, shapes[s][0], shapes[s][1], 0);
         for (int wt = IFK_Q8_B32; wt < IFK_QTYPE_END_; wt++)
-            bench_matvec(g, wt, 1, shapes[s][0], shapes[s][1]);
+            bench_matvec(g, wt, 1, shapes[s][0], shapes[s][1], 0);
     }
     for (int s = 0; s < n_shapes; s++)
         for (int b = 0; b < 3; b++)
-            bench_matvec(g, batched[b], 8, shapes[s][0], shapes[s][1]);
+            bench_matvec(g, batched[b], 8, shapes[s][0], shapes[s][1], 0);
     /* Q4_B64 repacked so that a lane reads 16 level bytes at a time (experimental) */
     for (int s = 0; s < n_shapes; s++)
-        bench_matvec_q4p(g, shapes[s][0], shapes[s][1]);
+        bench_matvec(g, IFK_Q4_B64, 1, shapes[s][0], shapes[s][1], 1);
     /* back-to-back products with overlapped launches (each fetches its rows while the one
      * before it finishes): what the gaps between kernels cost the figures above */
     if ((g->overlap = ifkc_set_overlap(g->d, 1))) {
         for (int s = 0; s < n_shapes; s++)
             for (int b = 0; b < 3; b++)
-                bench_matvec(g, batched[b], 1, shapes[s][0], shapes[s][1]);
+                bench_matvec(g, batched[b], 1, shapes[s][0], shapes[s][1], 0);
         g->overlap = ifkc_set_overlap(g->d, 0);
     }
 }
