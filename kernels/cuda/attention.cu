@@ -199,6 +199,19 @@ static __device__ __forceinline__ void dec_prefetch(const dec_args &a, int j0, i
     }
 }
 
+/* A decoding block's start (chunk c of kv head kvh): its launch's extent, the chunk's K and V
+ * rows into L2 when a.prefetch, then ifkc_grid_begin. The extent is read before the wait: a
+ * positional recording's *pos_dev is set before its graph is launched and by no kernel in it. */
+template <int D, typename KV>
+static __device__ __forceinline__ void dec_begin(const dec_args &a, int c, int kvh, int *n_pos, int *chunk_len,
+                                                 int *n_chunks)
+{
+    dec_extent(a, n_pos, chunk_len, n_chunks);
+    if (a.prefetch && c < *n_chunks)
+        dec_prefetch<D, KV>(a, c * *chunk_len, min(*chunk_len, *n_pos - c * *chunk_len), kvh);
+    ifkc_grid_begin();
+}
+
 template <typename T> static __device__ __forceinline__ T warp_sum(T v)
 {
 #pragma unroll
@@ -266,12 +279,7 @@ __global__ void __launch_bounds__(DEC_THREADS, IFKC_DEC_MINB) attn_decode_chunk(
 
     const int c = blockIdx.x, kvh = blockIdx.y, g0 = blockIdx.z * GM;
     int n_pos, chunk_len, n_chunks;
-    /* before the wait: a positional recording's *pos_dev is set before its graph is launched
-     * and by no kernel in it */
-    dec_extent(a, &n_pos, &chunk_len, &n_chunks);
-    if (a.prefetch && c < n_chunks)
-        dec_prefetch<D, KV>(a, c * chunk_len, min(chunk_len, n_pos - c * chunk_len), kvh);
-    ifkc_grid_begin();
+    dec_begin<D, KV>(a, c, kvh, &n_pos, &chunk_len, &n_chunks);
     if (c >= n_chunks) /* a positional recording's grid has the most chunks */
         return;
     const int G = min(GM, a.group - g0);
@@ -1013,10 +1021,7 @@ __global__ void __launch_bounds__(DT_THREADS) attn_decode_tc(dec_args a)
     extern __shared__ __align__(128) unsigned char dt_smem[];
     const int c = blockIdx.x, kvh = blockIdx.y;
     int n_pos, chunk_len, n_chunks;
-    dec_extent(a, &n_pos, &chunk_len, &n_chunks); /* before the wait: see attn_decode_chunk */
-    if (a.prefetch && c < n_chunks)
-        dec_prefetch<D, __half>(a, c * chunk_len, min(chunk_len, n_pos - c * chunk_len), kvh);
-    ifkc_grid_begin();
+    dec_begin<D, __half>(a, c, kvh, &n_pos, &chunk_len, &n_chunks);
     if (c >= n_chunks) /* a positional recording's grid has the most chunks */
         return;
     const int G = a.group, h0 = kvh * G;
