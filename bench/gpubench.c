@@ -20,9 +20,11 @@
  *                    the nine quantized types) on the Llama-2-7B shapes N x K = 4096 x 4096
  *                    (attention projections), 11008 x 4096 (gate, up), 4096 x 11008 (down) and
  *                    32000 x 4096 (output); and T = 8 (batched decode) for F16, Q8_B64 and Q4_B64;
- *                    Q4_B64 at T = 1 repacked so that a lane reads 16 level bytes at a time
- *                    ("layout":"packed", ifkc_q4p_*: experimental, not used by the engine);
- *                    then T = 1 for those three again with overlapped launches ("overlap": each
+ *                    Q4_B32, Q4_B64, Q8_B32 and Q8_B64 at T = 1, and Q8_B64 and Q4_B64 at
+ *                    T = 8, in warp tiles ("layout":"tiled", ifkc_tile_pack: a lane reads 16
+ *                    level bytes at a time, int8 activations; IFLOW_CUDA_TILED=1 in the engine);
+ *                    then T = 1 for those three, and tiled Q8_B64 and Q4_B64, again with
+ *                    overlapped launches ("overlap": each
  *                    call's kernel starts, and fetches its rows into L2, while the one before it
  *                    finishes; ifkc_set_overlap), on a GPU that has them (compute capability 9.0).
  *                    weight_gbps = bytes of the weight matrix / time per call. Calls go round-robin
@@ -451,40 +453,40 @@ static int check_wtype(const char *bench, int wt, int T, int N, int K)
     return -1;
 }
 
-/* The experimental repacked Q4_B64 product (ifkc_q4p_*: levels read 16 bytes a lane), T = 1. */
-static int q4p_call(void *arg, int i)
-{
-    matmul_args *a = arg;
-    return ifkc_q4p_matvec(a->d, a->y, a->W + (size_t)(i % a->copies) * a->stride, a->x, a->N, a->K);
-}
-
-/* Decode-sized products (T <= IFKC_MATVEC_MAX_T): weight bytes read per second. packed: Q4_B64
- * at T = 1 on the copies of matmul_setup repacked (ifkc_q4p_pack, the same bytes) into a buffer
- * of the same size, timed through ifkc_q4p_matvec. */
-static void bench_matvec(gpubench *g, int wt, int T, int N, int K, int packed)
+/* Decode-sized products (T <= IFKC_MATVEC_MAX_T): weight bytes read per second. tiled: the
+ * matrix repacked into warp tiles (ifkc_tile_pack, from a host copy; the same bytes) and
+ * replicated, timed through ifkc_matmul with its tiled code (int8 activations, their rounding
+ * kernel included in each call). */
+static void bench_matvec(gpubench *g, int wt, int T, int N, int K, int tiled)
 {
     if (check_wtype("matvec", wt, T, N, K))
         return;
     char what[96];
-    snprintf(what, sizeof what, "%s%s T=%d N=%d K=%d", wtype_name(wt), packed ? " packed" : "", T, N, K);
+    snprintf(what, sizeof what, "%s%s T=%d N=%d K=%d", wtype_name(wt), tiled ? " tiled" : "", T, N, K);
     size_t bytes = (size_t)N * row_bytes(wt, K);
     int copies = copies_for(bytes);
     matmul_args a, p;
-    char *P = NULL;
+    char *P = NULL, *one = NULL, *host = NULL;
     double best, med;
-    int rc = matmul_setup(g, &a, wt, T, N, K, copies);
-    if (packed) {
+    int rc = matmul_setup(g, &a, wt, T, N, K, copies), ptype = wt;
+    if (tiled && !rc) {
+        host = malloc(bytes);
+        rc = host ? ifkc_download(g->d, host, a.W, bytes) : -1;
+        if (!rc)
+            rc = ifkc_tile_pack(g->d, (void **)&one, &ptype, host, wt, N, K);
+        if (!rc && !one)
+            rc = -1; /* not a tiled shape: reported below */
         if (!rc)
             rc = ifkc_malloc(g->d, (void **)&P, a.stride * copies);
         if (!rc)
-            rc = ifkc_q4p_pack(g->d, P, a.W, N, K);
+            rc = ifkc_copy(g->d, P, one, bytes);
         if (!rc)
             rc = replicate(g->d, P, bytes, a.stride, copies);
     }
     p = a;
-    if (packed)
-        p.W = P;
-    if (rc || time_calls(g, packed ? q4p_call : matmul_call, &p, copies, &best, &med)) {
+    if (tiled)
+        p.W = P, p.wtype = ptype;
+    if (rc || time_calls(g, matmul_call, &p, copies, &best, &med)) {
         report_error(g, "matvec", what);
         goto out;
     }
@@ -492,14 +494,16 @@ static void bench_matvec(gpubench *g, int wt, int T, int N, int K, int packed)
     printf("{\"bench\":\"matvec\",\"wtype\":\"%s\",%s\"T\":%d,\"N\":%d,\"K\":%d,\"int8_x\":%s,\"overlap\":%s,"
            "\"weight_bytes\":%zu,\"copies\":%d,\"us\":%.2f,\"us_median\":%.2f,\"weight_gbps\":%.1f,"
            "\"weight_gbps_median\":%.1f",
-           wtype_name(wt), packed ? "\"layout\":\"packed\"," : "", T, N, K,
-           !packed && ifkc_matvec_int8_x(wt) ? "true" : "false", g->overlap ? "true" : "false", bytes, copies,
+           wtype_name(wt), tiled ? "\"layout\":\"tiled\"," : "", T, N, K,
+           tiled || ifkc_matvec_int8_x(wt) ? "true" : "false", g->overlap ? "true" : "false", bytes, copies,
            best * 1e6, med * 1e6, gbps, bytes / med * 1e-9);
     print_fraction(gbps, g->bw_gbps);
     printf("}\n");
     fflush(stdout);
 out:
     ifkc_free(g->d, P);
+    ifkc_free(g->d, one);
+    free(host);
     matmul_free(g, &a);
 }
 
@@ -885,6 +889,7 @@ static void run_matvec(gpubench *g, int quick)
 {
     static const int shapes[][2] = {{4096, 4096}, {11008, 4096}, {4096, 11008}, {32000, 4096}};
     static const int batched[] = {IFK_F16, IFK_Q8_B64, IFK_Q4_B64};
+    static const int tiled[] = {IFK_Q4_B32, IFK_Q4_B64, IFK_Q8_B32, IFK_Q8_B64};
     int n_shapes = quick ? 2 : 4;
     for (int s = 0; s < n_shapes; s++) {
         for (int wt = IFK_F32; wt <= IFK_BF16; wt++)
@@ -895,15 +900,22 @@ static void run_matvec(gpubench *g, int quick)
     for (int s = 0; s < n_shapes; s++)
         for (int b = 0; b < 3; b++)
             bench_matvec(g, batched[b], 8, shapes[s][0], shapes[s][1], 0);
-    /* Q4_B64 repacked so that a lane reads 16 level bytes at a time (experimental) */
-    for (int s = 0; s < n_shapes; s++)
-        bench_matvec(g, IFK_Q4_B64, 1, shapes[s][0], shapes[s][1], 1);
+    /* Q4 and Q8 in warp tiles (IFLOW_CUDA_TILED=1: 16 level bytes a lane, int8 activations) */
+    for (int s = 0; s < n_shapes; s++) {
+        for (int b = 0; b < 4; b++)
+            bench_matvec(g, tiled[b], 1, shapes[s][0], shapes[s][1], 1);
+        bench_matvec(g, IFK_Q8_B64, 8, shapes[s][0], shapes[s][1], 1);
+        bench_matvec(g, IFK_Q4_B64, 8, shapes[s][0], shapes[s][1], 1);
+    }
     /* back-to-back products with overlapped launches (each fetches its rows while the one
      * before it finishes): what the gaps between kernels cost the figures above */
     if ((g->overlap = ifkc_set_overlap(g->d, 1))) {
-        for (int s = 0; s < n_shapes; s++)
+        for (int s = 0; s < n_shapes; s++) {
             for (int b = 0; b < 3; b++)
                 bench_matvec(g, batched[b], 1, shapes[s][0], shapes[s][1], 0);
+            bench_matvec(g, IFK_Q8_B64, 1, shapes[s][0], shapes[s][1], 1);
+            bench_matvec(g, IFK_Q4_B64, 1, shapes[s][0], shapes[s][1], 1);
+        }
         g->overlap = ifkc_set_overlap(g->d, 0);
     }
 }

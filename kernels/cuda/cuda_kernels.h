@@ -179,16 +179,20 @@ int ifkc_supports_wtype(int wtype);
  * sum_k |w_k| max|x|_block(k) / 254 beside the float error; 0 otherwise. */
 int ifkc_matvec_int8_x(int wtype);
 
-/* Experimental, for gpubench only (not used by the engine): Q4_B64 decode products on a copy of
- * the rows repacked so that a lane reads 16 level bytes at a time (matmul.cu says how).
- * ifkc_q4p_bytes: the packed size of an N x K matrix (K a multiple of 64; 0 otherwise; the
- * same bytes as the file's); ifkc_q4p_pack: W (the file's layout) -> P (16-byte aligned);
- * ifkc_q4p_matvec: y [N] = P x, x [K] 16-byte aligned, one token. */
-size_t ifkc_q4p_bytes(int N, int K);
-int ifkc_q4p_pack(ifkc_dev *d, void *P, const void *W, int N, int K);
-int ifkc_q4p_matvec(ifkc_dev *d, float *y, const void *P, const float *x, int N, int K);
 int ifkc_matmul(ifkc_dev *d, float *y, size_t ldy, const void *W, int wtype, const float *x,
                 size_t ldx, int T, int N, int K);
+
+/* Warp tiles (qtiled.cu, layout in qtile.cuh): a copy of a host Q4_B32, Q4_B64, Q8_B32 or Q8_B64
+ * matrix W [N][K] (the file's layout) in device memory (*out, freed with ifkc_free) whose decode
+ * products read 16 level bytes a lane and compute on int8 activations, rounded as the CPU's
+ * int8 products round them (kernels/cpu/qimpl.h: per-group scales, the residual's correction,
+ * the outliers taken out), so that they cost an output what they cost it on the CPU. Its type
+ * code *out_type = IFKC_TILED + wtype goes to ifkc_matmul, ifkc_matmul_glu and
+ * ifkc_matmul_qkv in place of wtype. The copy has the same size as W; a matrix that cannot be
+ * tiled (another type, or rows that are not whole 16-byte units: ceil(K / B) not a multiple
+ * of 4) gets *out = NULL, *out_type = wtype, and 0. */
+#define IFKC_TILED 128
+int ifkc_tile_pack(ifkc_dev *d, void **out, int *out_type, const void *W, int wtype, int N, int K);
 
 /* The gated FFN's hidden layer: y[t][n] = silu(x[t] . Wg[n]) * (x[t] . Wu[n]), the values of
  * ifkc_matmul with Wg into y, with Wu into u, then ifkc_silu_mul. Up to IFKC_MATVEC_MAX_T

@@ -56,135 +56,11 @@
 
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/quant.h"
+#include "kernels/cuda/matvec.cuh"
 #include "kernels/cuda/qblock.cuh"
+#include "kernels/cuda/qtile.cuh"
 
-/* The IFKC_MV_* macros exist only so that tools/gpu-variants.sh can build gpubench with other
- * values and time them side by side; the defaults are the tuned ones. IFKC_MV_R_WIDE: rows a
- * warp for 4 and 8 tokens (on an H200 4 rows raised T = 8 from 0.31 to 0.43-0.46 of the
- * bandwidth in F16, but with 4 rows at T = 1 too; to be checked on its own). */
-#ifndef IFKC_MV_WARPS
-#define IFKC_MV_WARPS 4
-#endif
-#ifndef IFKC_MV_R
-#define IFKC_MV_R 2
-#endif
-#ifndef IFKC_MV_U1
-#define IFKC_MV_U1 8
-#endif
-#ifndef IFKC_MV_MINB
-#define IFKC_MV_MINB 4
-#endif
-/* IFKC_MV_PREFETCH=1: the decode products prefetch their rows into L2 at their start also
- * without overlapped launches (where they always do), to tell the two effects apart. */
-#ifndef IFKC_MV_PREFETCH
-#define IFKC_MV_PREFETCH 0
-#endif
-#define MV_WARPS IFKC_MV_WARPS       /* warps per block of the matrix-vector kernels */
-#define MV_THREADS (32 * MV_WARPS)
-#ifndef IFKC_MV_R_WIDE
-#define IFKC_MV_R_WIDE IFKC_MV_R
-#endif
-#define MV_R IFKC_MV_R               /* rows of W per warp ... */
-#define MV_RT(TM) ((TM) >= 4 ? IFKC_MV_R_WIDE : MV_R) /* ... for TM tokens (IFKC_MV_R_WIDE from 4 on) */
-/* blocks per SM the kernels are compiled for: small T fits in 128 registers (without this
- * hint ptxas spilled a few bytes there) */
-#define MV_MINB(TM) ((TM) <= 2 ? IFKC_MV_MINB : 1)
-#define QTILE_BYTES (64u << 20)      /* the largest dequantized F16 tile of the prefill path */
-
-/* ---- small device helpers -------------------------------------------------------------------- */
-
-__device__ __forceinline__ float4 ldg4(const float *p) /* p: 16-byte aligned */
-{
-    return __ldg((const float4 *)p);
-}
-
-/* Sum acc over the warp; lane 0 stores the outputs that exist. y: [T][N] at stride ldy. */
-template <int TM>
-__device__ __forceinline__ void warp_store(float (&acc)[TM][MV_RT(TM)], float *y, size_t ldy, int T, int N,
-                                           int n0, int lane)
-{
-#pragma unroll
-    for (int t = 0; t < TM; t++)
-#pragma unroll
-        for (int r = 0; r < MV_RT(TM); r++) {
-            float v = acc[t][r];
-#pragma unroll
-            for (int off = 16; off > 0; off /= 2)
-                v += __shfl_xor_sync(0xffffffffu, v, off);
-            acc[t][r] = v;
-        }
-    if (lane == 0) {
-#pragma unroll
-        for (int t = 0; t < TM; t++)
-#pragma unroll
-            for (int r = 0; r < MV_RT(TM); r++)
-                if (t < T && n0 + r < N)
-                    y[(size_t)t * ldy + n0 + r] = acc[t][r];
-    }
-}
-
-/* The gated FFN's epilogue (GLU kernels: row 0 of the warp is gate row n0, row 1 up row n0):
- * y[t][n0] = silu(gate) * up, ifkc_silu_mul's formula. */
-template <int TM>
-__device__ __forceinline__ void warp_store_glu(float (&acc)[TM][MV_RT(TM)], float *y, size_t ldy, int T, int n0,
-                                               int lane)
-{
-#pragma unroll
-    for (int t = 0; t < TM; t++)
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float v = acc[t][r];
-#pragma unroll
-            for (int off = 16; off > 0; off /= 2)
-                v += __shfl_xor_sync(0xffffffffu, v, off);
-            acc[t][r] = v;
-        }
-    if (lane == 0)
-#pragma unroll
-        for (int t = 0; t < TM; t++)
-            if (t < T) {
-                const float v = acc[t][0];
-                y[(size_t)t * ldy + n0] = __fmul_rn(v / (1.0f + expf(-v)), acc[t][1]);
-            }
-}
-
-/* Rows of W a warp starts at, and row r's base: rows n0 + r of W; with GLU (W2 not NULL) the
- * warp owns output n0 alone, row 0 from W and row 1 from W2. */
-template <int TM>
-__device__ __forceinline__ int warp_row0(bool glu)
-{
-    const int w = (int)(blockIdx.x * MV_WARPS + threadIdx.x / 32);
-    return glu ? w : w * MV_RT(TM);
-}
-
-/* Up to three matrices of one type computed by one launch as the rows of one (ifkc_matmul_qkv):
- * rows end[s-1] .. end[s]-1 of the launch are rows 0.. of W[s], written to y[s] at stride
- * ld[s]. n = 0: one matrix (the kernel's own W, y, ldy). Each segment's rows are a multiple of
- * the rows a warp computes, so a warp stays in one. */
-struct mv_segs {
-    const void *W[3];
-    float *y[3];
-    size_t ld[3];
-    int end[3];
-    int n;
-    int prefetch; /* the warp's rows into L2 before ifkc_grid_begin (overlapped launches) */
-};
-
-/* The matrix, output, stride and local row of row n0 of the launch (and N: that matrix's rows). */
-template <typename P>
-__device__ __forceinline__ void seg_pick(const mv_segs &sg, int &n0, int &N, P &W, float *&y, size_t &ldy)
-{
-    if (!sg.n)
-        return;
-    /* selects, not sg.W[s]: an index into the parameters would copy them to local memory */
-    const bool s0 = n0 < sg.end[0], s1 = !s0 && n0 < sg.end[1];
-    const int start = s0 ? 0 : s1 ? sg.end[0] : sg.end[1];
-    W = (P)(s0 ? sg.W[0] : s1 ? sg.W[1] : sg.W[2]);
-    y = s0 ? sg.y[0] : s1 ? sg.y[1] : sg.y[2];
-    ldy = s0 ? sg.ld[0] : s1 ? sg.ld[1] : sg.ld[2];
-    N = (s0 ? sg.end[0] : s1 ? sg.end[1] : sg.end[2]) - start;
-    n0 -= start;
-}
+#define QTILE_BYTES (64u << 20) /* the largest dequantized F16 tile of the prefill path */
 
 /* ---- quantized matrix-vector ----------------------------------------------------------------- */
 
@@ -250,20 +126,6 @@ __device__ __forceinline__ void qslice_dot(float (&acc)[TM][MV_RT(TM)], const ui
 #ifndef IFKC_MV_DP4A
 #define IFKC_MV_DP4A 0
 #endif
-
-/* a (4 unsigned bytes) . b (4 signed bytes) + c */
-__device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c)
-{
-#ifdef __CUDA_ARCH__
-    int d;
-    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-#else /* the CPU emulation (tests/cuda-emu) */
-    for (int i = 0; i < 4; i++)
-        c += (int)((a >> (8 * i)) & 0xffu) * (int)(int8_t)(b >> (8 * i));
-    return c;
-#endif
-}
 
 /* One block's slice against int8 x: acc[t][r] += delta_r * sum(q x) + min_r * sum(x). xq: [TM]
  * rows offset by the slice's 4j; sx: [TM] rows of scales; k0: the block's first element; j4: 4j. */
@@ -621,12 +483,6 @@ __global__ void convert_x_kernel(H *__restrict__ out, size_t ldo, const float *_
     }
 }
 
-/* Two floats rounded to F16, a in the low half. */
-__device__ __forceinline__ uint32_t half2_bits(float a, float b)
-{
-    return (uint32_t)__half_as_ushort(__float2half_rn(a)) | (uint32_t)__half_as_ushort(__float2half_rn(b)) << 16;
-}
-
 /* Rows of a quantized matrix to F16: one thread per slice (8 elements, two runs of 4).
  * W: [rows][nb * BB] bytes; out: [rows][nb * B] F16 (whole blocks, padding included). */
 template <int QT>
@@ -654,13 +510,6 @@ __global__ void dequant_f16_kernel(__half *__restrict__ out, const uint8_t *__re
 
 /* ---- launches -------------------------------------------------------------------------------- */
 
-static int tm_of(int T) { return T <= 1 ? 1 : T <= 2 ? 2 : T <= 4 ? 4 : 8; }
-
-/* Blocks for N outputs: MV_RT rows a warp, or one output a warp for a GLU pair. */
-static unsigned mv_blocks(int N, int tm, bool glu)
-{
-    return ifkc_cdiv((size_t)N, (size_t)MV_WARPS * (glu ? 1 : MV_RT(tm)));
-}
 
 #define MV_ARGS y, ldy, W, W2, x, ldx, T, N, K, sg
 
@@ -750,6 +599,9 @@ static int launch_dequant(ifkc_dev *d, __half *out, const uint8_t *W, int rows, 
 
 static int is_quant(int wtype) { return wtype >= IFK_Q8_B32 && wtype < IFK_QTYPE_END_; }
 
+/* a warp-tile code (qtiled.cu): IFKC_TILED + a base type qtile.cuh lays out */
+static int is_tiled(int wtype) { return wtype > IFKC_TILED && IFKC_TILE_TYPE(wtype - IFKC_TILED); }
+
 static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 /* 1 if the decode kernels read W's rows in place a warp at a time (what a GLU pair or a qkv
@@ -757,6 +609,8 @@ static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
  * chunks, 16-byte aligned (else the element-wise kernel). */
 static int rows_in_place(const void *W, int wtype, int K)
 {
+    if (is_tiled(wtype))
+        return aligned16(W);
     if (is_quant(wtype))
         return ((uintptr_t)W & 3) == 0;
     return aligned16(W) && K % (wtype == IFK_F32 ? 4 : 8) == 0;
@@ -792,6 +646,8 @@ static int matvec(ifkc_dev *d, float *y, size_t ldy, const void *W, const void *
 {
     mv_segs sg = segs;
     sg.prefetch = d->overlap || IFKC_MV_PREFETCH;
+    if (is_tiled(wtype))
+        return tiled_matvec(d, y, ldy, W, W2, wtype, x, ldx, T, N, K, sg);
 #if IFKC_MV_DP4A
     if (is_quant(wtype))
         return matvec_i8(d, y, ldy, W, W2, wtype, x, ldx, T, N, K, sg);
@@ -891,8 +747,8 @@ static int gemm(ifkc_dev *d, float *y, size_t ldy, const void *W, int wtype, con
 
     /* quantized: tiles of whole rows, dequantized to F16 with a row stride of nb * B */
     /* (quant.h's functions have C linkage without extern "C": the macros of qblock.cuh here) */
-    const int B = IFKC_QB(wtype), nb = (K + B - 1) / B;
-    const size_t ldw = (size_t)nb * B, rb = (size_t)nb * IFKC_QBB(wtype);
+    const int base = is_tiled(wtype) ? wtype - IFKC_TILED : wtype, B = IFKC_QB(base), nb = (K + B - 1) / B;
+    const size_t ldw = (size_t)nb * B, rb = (size_t)nb * IFKC_QBB(base);
     size_t rows = QTILE_BYTES / (ldw * sizeof(__half));
     if (rows >= 64)
         rows -= rows % 64;
@@ -906,7 +762,8 @@ static int gemm(ifkc_dev *d, float *y, size_t ldy, const void *W, int wtype, con
         return rc;
     for (int n0 = 0; n0 < N; n0 += (int)rows) {
         int nr = N - n0 < (int)rows ? N - n0 : (int)rows;
-        rc = dequant_rows(d, (__half *)w16, (const uint8_t *)W + (size_t)n0 * rb, wtype, nr, nb);
+        const uint8_t *Wn = (const uint8_t *)W + (size_t)n0 * rb;
+        rc = is_tiled(wtype) ? tiled_dequant(d, (__half *)w16, Wn, base, nr, nb) : dequant_rows(d, (__half *)w16, Wn, wtype, nr, nb);
         if (rc)
             return rc;
         rc = gemm16(blas, d, y + n0, ldy, w16, ldw, x16, ldx16, CUDA_R_16F, T, nr, K);
@@ -920,7 +777,7 @@ static int gemm(ifkc_dev *d, float *y, size_t ldy, const void *W, int wtype, con
 
 extern "C" int ifkc_supports_wtype(int wtype)
 {
-    return wtype == IFK_F32 || wtype == IFK_F16 || wtype == IFK_BF16 || is_quant(wtype);
+    return wtype == IFK_F32 || wtype == IFK_F16 || wtype == IFK_BF16 || is_quant(wtype) || is_tiled(wtype);
 }
 
 extern "C" int ifkc_matmul(ifkc_dev *d, float *y, size_t ldy, const void *W, int wtype, const float *x,
@@ -938,6 +795,8 @@ extern "C" int ifkc_matmul(ifkc_dev *d, float *y, size_t ldy, const void *W, int
                            K, ldy, N);
     if (is_quant(wtype) && ((uintptr_t)W & 3))
         return ifkc_seterr(IFKC_EINVAL, "ifkc_matmul: quantized weights at %p are not 4-byte aligned", W);
+    if (is_tiled(wtype) && ((uintptr_t)W & 15))
+        return ifkc_seterr(IFKC_EINVAL, "ifkc_matmul: tiled weights at %p are not 16-byte aligned", W);
     if (T <= IFKC_MATVEC_MAX_T)
         return matvec(d, y, ldy, W, NULL, wtype, x, ldx, T, N, K, mv_segs{});
     return gemm(d, y, ldy, W, wtype, x, ldx, T, N, K);
@@ -989,134 +848,4 @@ extern "C" int ifkc_matmul_glu(ifkc_dev *d, float *y, float *u, size_t ldy, cons
     if (T <= 0 || N <= 0 || K <= 0 || (T > 1 && (ldx < (size_t)K || ldy < (size_t)N)))
         return ifkc_seterr(IFKC_EINVAL, "ifkc_matmul_glu: bad shape T=%d N=%d K=%d", T, N, K);
     return matvec(d, y, ldy, Wg, Wu, wtype, x, ldx, T, N, K, mv_segs{});
-}
-
-/* ---- experimental: Q4_B64 rows repacked for the decode product (gpubench only) ----------------
- *
- * The block layout makes a warp's step over Q4_B64 two 4-byte loads a lane for 144 bytes of
- * weights (36-byte blocks cannot be read 16 bytes at a time); the F16 kernel reads 512 bytes a
- * load instruction and streams HBM far better (0.70-0.88 of the copy bandwidth against 0.30-0.43
- * on an H200, 2026-11-27). This layout asks whether the quantized products get there when their
- * levels can be read 16 bytes a lane: a copy of the same bytes, [N][nb][32] level bytes (16-byte
- * aligned rows) then [N][nb] delta|min words. A lane takes half a block (32 weights: byte k of
- * the 16 holds element k's level in its low nibble and element 32 + k's in its high one); a warp
- * 16 blocks of each of Q4P_R rows a step. T = 1, K a multiple of 64. Not used by the engine. */
-#define Q4P_R 4 /* rows a warp       */
-#define Q4P_U 2 /* steps of loads in flight */
-
-/* W: n_blocks Q4_B64 blocks (36 bytes) -> lv [n_blocks][32] level bytes, dmw [n_blocks] words. */
-__global__ void q4p_pack_kernel(uint8_t *__restrict__ lv, uint32_t *__restrict__ dmw, const uint8_t *__restrict__ W,
-                                size_t n_blocks)
-{
-    ifkc_grid_begin();
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n_blocks; i += (size_t)gridDim.x * blockDim.x) {
-        const uint8_t *blk = W + i * IFKC_QBB(IFK_Q4_B64);
-        dmw[i] = ifkc_ld32(blk);
-#pragma unroll
-        for (int w = 0; w < 8; w++)
-            ((uint32_t *)(lv + i * 32))[w] = ifkc_ld32(blk + 4 + 4 * w);
-    }
-}
-
-/* y[n] = row n of the packed matrix . x. lv: [N][nb][32] level bytes, dmw: [N][nb] delta|min
- * words, x: [nb * 64] (16-byte aligned), y: [N]. */
-__global__ void __launch_bounds__(MV_THREADS) q4p_matvec_kernel(float *__restrict__ y, const uint8_t *__restrict__ lv,
-                                                                const uint32_t *__restrict__ dmw,
-                                                                const float *__restrict__ x, int N, int nb)
-{
-    const int lane = threadIdx.x & 31, half = lane & 1;
-    const int n0 = (int)(blockIdx.x * MV_WARPS + threadIdx.x / 32) * Q4P_R;
-    ifkc_grid_begin();
-    if (n0 >= N)
-        return;
-    float acc[Q4P_R];
-#pragma unroll
-    for (int r = 0; r < Q4P_R; r++)
-        acc[r] = 0.0f;
-    for (int b0 = 0; b0 < nb; b0 += 16 * Q4P_U) {
-        uint4 q[Q4P_U][Q4P_R];
-        uint32_t dm[Q4P_U][Q4P_R];
-#pragma unroll
-        for (int u = 0; u < Q4P_U; u++) {
-            const int b = b0 + 16 * u + lane / 2;
-#pragma unroll
-            for (int r = 0; r < Q4P_R; r++) {
-                const size_t i = (size_t)min(n0 + r, N - 1) * nb + b;
-                q[u][r] = b < nb ? __ldg((const uint4 *)(lv + i * 32 + 16 * half)) : make_uint4(0, 0, 0, 0);
-                dm[u][r] = b < nb ? __ldg(dmw + i) : 0u;
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < Q4P_U; u++) {
-            const int b = b0 + 16 * u + lane / 2;
-            if (b >= nb)
-                continue;
-            /* x of the lane's weights: elements 16 half + i (low nibbles) and 32 + 16 half + i */
-            const float *xl = x + (size_t)b * 64 + 16 * half, *xh = xl + 32;
-            float lo[16], hi[16], sx = 0.0f;
-#pragma unroll
-            for (int v = 0; v < 4; v++) {
-                const float4 a = ldg4(xl + 4 * v), c = ldg4(xh + 4 * v);
-                lo[4 * v] = a.x, lo[4 * v + 1] = a.y, lo[4 * v + 2] = a.z, lo[4 * v + 3] = a.w;
-                hi[4 * v] = c.x, hi[4 * v + 1] = c.y, hi[4 * v + 2] = c.z, hi[4 * v + 3] = c.w;
-            }
-#pragma unroll
-            for (int i = 0; i < 16; i++)
-                sx += lo[i] + hi[i];
-#pragma unroll
-            for (int r = 0; r < Q4P_R; r++) {
-                const uint32_t w4[4] = {q[u][r].x, q[u][r].y, q[u][r].z, q[u][r].w};
-                float dot = 0.0f;
-#pragma unroll
-                for (int wi = 0; wi < 4; wi++) {
-                    const uint32_t l = w4[wi] & 0x0f0f0f0fu, h = (w4[wi] >> 4) & 0x0f0f0f0fu;
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        dot = fmaf(ifkc_qbyte_f32(l, e), lo[4 * wi + e], fmaf(ifkc_qbyte_f32(h, e), hi[4 * wi + e], dot));
-                }
-                const float dl = ifkc_f16_to_f32((uint16_t)(dm[u][r] & 0xffffu)), mn = ifkc_f16_to_f32((uint16_t)(dm[u][r] >> 16));
-                acc[r] = fmaf(dl, dot, fmaf(mn, sx, acc[r]));
-            }
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < Q4P_R; r++) {
-        float v = acc[r];
-#pragma unroll
-        for (int off = 16; off > 0; off /= 2)
-            v += __shfl_xor_sync(0xffffffffu, v, off);
-        if (lane == 0 && n0 + r < N)
-            y[n0 + r] = v;
-    }
-}
-
-extern "C" size_t ifkc_q4p_bytes(int N, int K)
-{
-    return N > 0 && K > 0 && K % 64 == 0 ? (size_t)N * (K / 64) * IFKC_QBB(IFK_Q4_B64) : 0;
-}
-
-extern "C" int ifkc_q4p_pack(ifkc_dev *d, void *P, const void *W, int N, int K)
-{
-    if (!d || !P || !W || !ifkc_q4p_bytes(N, K) || (uintptr_t)P % 16 || (uintptr_t)W % 4)
-        return ifkc_seterr(IFKC_EINVAL, "q4p pack: bad arguments (N %d, K %d: K a multiple of 64, P 16-byte aligned)",
-                           N, K);
-    const size_t nbk = (size_t)N * (K / 64);
-    uint8_t *lv = (uint8_t *)P;
-    IFKC_CKL(ifkc_launch(d, q4p_pack_kernel, ifkc_cdiv(nbk, 256) < 8192 ? ifkc_cdiv(nbk, 256) : 8192u, 256, 0, lv,
-                         (uint32_t *)(lv + nbk * 32), (const uint8_t *)W, nbk),
-             "q4p_pack_kernel");
-    return 0;
-}
-
-extern "C" int ifkc_q4p_matvec(ifkc_dev *d, float *y, const void *P, const float *x, int N, int K)
-{
-    if (!d || !y || !P || !x || !ifkc_q4p_bytes(N, K) || (uintptr_t)P % 16 || (uintptr_t)x % 16)
-        return ifkc_seterr(IFKC_EINVAL, "q4p matvec: bad arguments (N %d, K %d: K a multiple of 64, P and x "
-                           "16-byte aligned)", N, K);
-    const int nb = K / 64;
-    const uint8_t *lv = (const uint8_t *)P;
-    IFKC_CKL(ifkc_launch(d, q4p_matvec_kernel, ifkc_cdiv((size_t)N, (size_t)MV_WARPS * Q4P_R), MV_THREADS, 0, y, lv,
-                         (const uint32_t *)(lv + (size_t)N * nb * 32), x, N, nb),
-             "q4p_matvec_kernel");
-    return 0;
 }

@@ -222,6 +222,14 @@ static int cu_qkv(iflow_device *d, float *q, size_t ldq, float *k, float *v, siz
     CALL(d, ifkc_matmul_qkv(DEV(d), q, ldq, k, v, ldkv, Wq, Wk, Wv, wtype, x, ldx, T, Nq, Nkv, K));
 }
 
+/* Q4 and Q8 matrices as warp tiles (IFLOW_CUDA_TILED=1): their decode products read 16 level
+ * bytes a lane against int8 activations (kernels/cuda/qtiled.cu). Off by default until measured
+ * on a GPU. */
+static int cu_pack(iflow_device *d, void **out, int *out_type, const void *W, int wtype, int N, int K)
+{
+    CALL(d, ifkc_tile_pack(DEV(d), out, out_type, W, wtype, N, K));
+}
+
 static int cu_record_begin(iflow_device *d) { CALL(d, ifkc_graph_begin(DEV(d))); }
 static int cu_record_at(iflow_device *d, int pos0, int max_pos, uint64_t key)
 {
@@ -241,15 +249,16 @@ static const iflow_device_ops cuda_ops = {
     cu_kv_shift,
     NULL, /* gelu_mul: none yet (the engine refuses gelu blocks on CUDA) */
     NULL, /* layernorm: none yet */
-    NULL, /* pack: CUDA multiplies the row layout */
+    NULL, /* pack: the row layout, unless IFLOW_CUDA_TILED=1 (cu_pack) */
     cu_attention_bias,
     NULL, /* relu_mul: none yet */
     cu_record_begin, cu_record_end, cu_record_abort, cu_record_at, cu_replay,
     cu_add_rmsnorm, cu_rope_store, cu_glu, cu_qkv,
 };
 
-/* The same without the fused ops (IFLOW_CUDA_UNFUSED=1): what they save, measured. */
-static iflow_device_ops cuda_ops_unfused;
+/* cuda_ops as the environment changes them, the same for every device: without the fused ops
+ * (IFLOW_CUDA_UNFUSED=1: what they save, measured), with the warp tiles (IFLOW_CUDA_TILED=1). */
+static iflow_device_ops cuda_ops_env;
 
 void iflow_cuda_graph_stats(const iflow_device *d, iflow_graph_stats *out)
 {
@@ -315,14 +324,19 @@ int iflow_cuda_open(iflow_device **out, int index)
         return iflow_preperr(rc, "cannot open cuda:%d", index);
     }
     d->ops = &cuda_ops;
-    const char *unfused = getenv("IFLOW_CUDA_UNFUSED");
-    if (unfused && strcmp(unfused, "1") == 0) {
-        cuda_ops_unfused = cuda_ops;
-        cuda_ops_unfused.add_rmsnorm = NULL;
-        cuda_ops_unfused.rope_store = NULL;
-        cuda_ops_unfused.glu = NULL;
-        cuda_ops_unfused.qkv = NULL;
-        d->ops = &cuda_ops_unfused;
+    const char *unfused = getenv("IFLOW_CUDA_UNFUSED"), *tiled = getenv("IFLOW_CUDA_TILED");
+    const int no_fused = unfused && strcmp(unfused, "1") == 0, tiles = tiled && strcmp(tiled, "1") == 0;
+    if (no_fused || tiles) {
+        cuda_ops_env = cuda_ops;
+        if (no_fused) {
+            cuda_ops_env.add_rmsnorm = NULL;
+            cuda_ops_env.rope_store = NULL;
+            cuda_ops_env.glu = NULL;
+            cuda_ops_env.qkv = NULL;
+        }
+        if (tiles)
+            cuda_ops_env.pack = cu_pack;
+        d->ops = &cuda_ops_env;
     }
     const char *overlap = getenv("IFLOW_CUDA_OVERLAP"); /* off until measured on a GPU */
     if (overlap && strcmp(overlap, "1") == 0)

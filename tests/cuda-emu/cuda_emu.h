@@ -193,6 +193,7 @@ struct uint2 { unsigned x, y; };
 struct uint4 { unsigned x, y, z, w; };
 static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 static inline uint2 make_uint2(unsigned a, unsigned b) { return {a, b}; }
+static inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 
 static inline __half __float2half_rn(float f) { __half h; h.h = (_Float16)f; return h; }
 static inline float __half2float(__half h) { return (float)h.h; }

@@ -241,6 +241,40 @@ done
 echo "OBSERVED --kv-type f16 perplexity: cpu $p_cpu, gpu $p_gpu" >&2
 expect_close "$p_gpu" "$p_cpu" 0.001 "--kv-type f16: GPU perplexity within 0.1 %"
 
+# ---- warp tiles (IFLOW_CUDA_TILED=1): Q4 and Q8 matrices repacked at load, decode products on
+# int8 activations rounded as the CPU's int8 products round them, so the reference is the CPU's
+# default (quantized) path. A synthetic model whose every matrix tiles (tests/fixtures/synthetic/
+# tiles-mini: 2 layers of 256, FFN 768, the Llama 2 vocabulary). Perplexity over windows of 8
+# tokens (every product a decode product): within 0.1 % of the CPU's, and not the GPU's without
+# tiles to the last digit (F32 activations: the tiles were used). Rounding to int8 is
+# discontinuous, so a last-bit difference upstream (attention summed in another order) moves an
+# occasional value by a whole step: on the emulation a window's first row agreed with the CPU to
+# 1e-7, the perplexities to 0.00002-0.022 %, about the size of int8 rounding's own effect here
+# (0.01-0.15 %); test_cuda_tiled checks the products themselves against the CPU's to 1e-5.
+# Greedy ids of a random model part at the first near tie (the CPU's own packed and row-layout
+# products part within a few tokens), so they are only printed. ----
+mkdir -p "$TMP/tiles-mini"
+cp tests/fixtures/synthetic/tiles-mini/config.json "$DATA/models/synthetic/tinyllama-1.1b/tokenizer.gguf" "$TMP/tiles-mini/"
+$BIN/iflow-convert --synthetic "$TMP/tiles-mini" -t f32 -o "$TMP/tm.ifs" >/dev/null
+tppl() { # model device [env...] -> perplexity over 8 windows of 8 tokens
+    local m=$1 d=$2
+    shift 2
+    env "$@" $BIN/iflow-ppl -m "$m" -f "$DATA/data/wikitext-2-raw/wiki.test.raw" -c 8 --chunks 8 --json --device "$d" | jq .ppl
+}
+for t in q4_b32 q4_b64 q8_b32 q8_b64; do
+    $BIN/iflow-quant -t "$t" --keep "*=$t" -i "$TMP/tm.ifs" -o "$TMP/tmq.ifs" >/dev/null
+    p_cpu=$(tppl "$TMP/tmq.ifs" cpu)
+    p_tiles=$(tppl "$TMP/tmq.ifs" cuda IFLOW_CUDA_TILED=1)
+    p_rows=$(tppl "$TMP/tmq.ifs" cuda)
+    echo "OBSERVED tiles $t perplexity: cpu (int8) $p_cpu, gpu tiles $p_tiles, gpu rows (f32 x) $p_rows" >&2
+    expect_close "$p_tiles" "$p_cpu" 1e-3 "tiles $t: the CPU's int8 perplexity within 0.1 %"
+    [ "$p_tiles" != "$p_rows" ] && ok || bad "tiles $t: IFLOW_CUDA_TILED=1 gave the row layout's perplexity $p_rows"
+    cpu=$($BIN/iflow-run -m "$TMP/tmq.ifs" --device cpu -n 32 -p "Once upon a time" --temp 0 --json | jq -c .gen_ids)
+    run env IFLOW_CUDA_TILED=1 $BIN/iflow-run -m "$TMP/tmq.ifs" --device cuda -n 32 -p "Once upon a time" --temp 0 --json
+    expect_rc 0 "tiles $t: iflow-run"
+    echo "OBSERVED tiles $t: $(agree "$(jq -c .gen_ids <<<"$out")" "$cpu") of 32 greedy ids the CPU's" >&2
+done
+
 # ---- the TinyLlama-1.1B shape (synthetic F16) ----
 # (not on the CPU emulation of make check-emu: a 1.1B model takes minutes a token there)
 if [ -n "${IFLOW_EMU:-}" ]; then

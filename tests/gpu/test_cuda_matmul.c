@@ -15,8 +15,8 @@
  * ifkc_matmul_glu (the gated FFN's gate and up products with SiLU in one kernel) bit for bit
  * against the three operations it stands for, and ifkc_matmul_qkv (three matrices in one
  * launch) bit for bit against three ifkc_matmul calls; and all of them with overlapped launches
- * (ifkc_set_overlap) bit for bit against themselves without; the experimental repacked Q4_B64
- * product (ifkc_q4p_*) against the reference.
+ * (ifkc_set_overlap) bit for bit against themselves without. (The warp-tile layout's products:
+ * test_cuda_tiled.c.)
  *
  * Tolerances, per output y[t][n], with w' the decoded weights and
  *     S  = sum_k |w'_k x_k|,       S' = sum_k (|min_b(k)| + q_k delta_b(k)) |x_k|
@@ -522,43 +522,6 @@ static void test_overlap(void)
         }
 }
 
-/* The experimental repacked Q4_B64 decode product (ifkc_q4p_*, gpubench's "packed" rows) against
- * the reference, at the matrix-vector tolerance: N = 37 and 300 (rows past the warp's four),
- * K = 64, 1024 and 11008 (a last step of 12 blocks of 16); K not a multiple of 64 is refused. */
-static void test_q4_packed(void)
-{
-    static const int Ns[] = {37, 300}, Ks[] = {64, 1024, 11008};
-    for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++)
-        for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
-            const int N = Ns[ni], K = Ks[ki];
-            wmat w = wmat_make(IFK_Q4_B64, N, K);
-            float *x = x_make(1, K, (size_t)K), *xd = gpu_dup(x, (size_t)K * 4), *yd = gpu_dup(NULL, (size_t)N * 4);
-            float *y = gpu_xmalloc((size_t)N * 4), *yref = gpu_xmalloc((size_t)N * 4);
-            void *P = gpu_dup(NULL, ifkc_q4p_bytes(N, K));
-            int rc = ifkc_q4p_pack(dev, P, w.dev, N, K);
-            if (!rc)
-                rc = ifkc_q4p_matvec(dev, yd, P, xd, N, K);
-            CHECK(rc == 0, "q4 packed N %d K %d: %s", N, K, ifkc_errmsg());
-            if (rc == 0 && gpu_fetch(y, yd, (size_t)N * 4) == 0) {
-                reference(yref, &w, x, (size_t)K, 1);
-                int bad = 0;
-                for (int n = 0; n < N; n++) {
-                    double s2 = 0.0;
-                    for (int k = 0; k < K; k++)
-                        s2 += (double)w.mag[(size_t)n * K + k] * fabs(x[k]);
-                    bad += !(fabs((double)y[n] - yref[n]) <= 1e-5 * s2 + 1e-30);
-                }
-                CHECK(bad == 0, "q4 packed N %d K %d: %d of %d outputs off", N, K, bad, N);
-            }
-            if (ni == 0 && ki == 0)
-                CHECK(ifkc_q4p_pack(dev, P, w.dev, N, 37) == IFKC_EINVAL && ifkc_q4p_bytes(N, 37) == 0,
-                      "q4 packed: K = 37 refused");
-            ifkc_free(dev, P), ifkc_free(dev, xd), ifkc_free(dev, yd);
-            free(x), free(y), free(yref);
-            wmat_free(&w);
-        }
-}
-
 int main(void)
 {
     if (!gpu_open("test_cuda_matmul"))
@@ -573,7 +536,6 @@ int main(void)
     RUN(test_glu);
     RUN(test_qkv);
     RUN(test_overlap);
-    RUN(test_q4_packed);
     RUN(test_large);
 
     printf("  worst |y - ref| / tolerance:\n");
