@@ -24,7 +24,9 @@
 #          prefill_pass128_tok_s), unfused a third, op by op without the fused ops
 #          (IFLOW_CUDA_UNFUSED=1); IFLOW_BENCH_GPU_COMPARE=0 skips those two. overlap: the main
 #          run again with overlapped launches (IFLOW_CUDA_OVERLAP=1: each kernel starts while the
-#          one before it finishes; compute capability 9.0), null where the run failed.
+#          one before it finishes; compute capability 9.0), null where the run failed. tiled
+#          (Q4_B32, Q4_B64, Q8_B32, Q8_B64): the main run with those matrices in warp tiles
+#          (IFLOW_CUDA_TILED=1: int8 activations), and its decode with overlap as well.
 #
 # Environment: IFLOW_TEST_DATA (default ../shared), IFLOW_BENCH_DIR (scratch, default
 # build/bench-gpu), IFLOW_BENCH_GPU_MODELS = all (default) | tinyllama | 7b | none,
@@ -90,6 +92,15 @@ run_model() { # name, type, file -> one JSON line
         overlap=$(IFLOW_CUDA_OVERLAP=1 IFLOW_BENCH_DEVICE=cuda "$build/iflow-bench" "$file" 512 64 1 2>/dev/null |
             jq -c '{prefill_tok_s: .runs[0].prefill_tok_s, decode_tok_s: .runs[0].decode_tok_s}') || overlap=null
     fi
+    local tiled=null # Q4 and Q8 in warp tiles (IFLOW_CUDA_TILED=1), the main run and with overlap
+    if [ "$rc" = 0 ] && [[ $type =~ ^q[48]_b(32|64)$ ]]; then
+        tiled=$(IFLOW_CUDA_TILED=1 IFLOW_BENCH_DEVICE=cuda "$build/iflow-bench" "$file" 512 64 1 2>/dev/null |
+            jq -c '{prefill_tok_s: .runs[0].prefill_tok_s, decode_tok_s: .runs[0].decode_tok_s}') || tiled=null
+        local tiled_ov
+        tiled_ov=$(IFLOW_CUDA_TILED=1 IFLOW_CUDA_OVERLAP=1 IFLOW_BENCH_DEVICE=cuda "$build/iflow-bench" "$file" 512 64 1 \
+            2>/dev/null | jq -c '{decode_tok_s: .runs[0].decode_tok_s}') || tiled_ov=null
+        [ "$tiled" != null ] && tiled=$(jq -c --argjson ov "${tiled_ov:-null}" '. + {overlap: $ov}' <<<"$tiled")
+    fi
     local line
     line=$(run_entry) || return 1
     log "done: $line"
@@ -104,10 +115,10 @@ run_entry() { # run_model's JSON line, from its locals
     else
         jq -c -n --arg name "$name" --arg type "$type" --argjson size "$size" --argjson run "$run" \
             --argjson bw "$bw" --argjson graphs "${graphs:-null}" --argjson op_by_op "${op_by_op:-null}" \
-            --argjson unfused "${unfused:-null}" --argjson overlap "${overlap:-null}" '
+            --argjson unfused "${unfused:-null}" --argjson overlap "${overlap:-null}" --argjson tiled "${tiled:-null}" '
             {name: $name, type: $type, file_bytes: $size, device: $run.device, load_s: $run.load_s,
              decode_bytes_per_token: $run.decode_bytes_per_token, graphs: $graphs, op_by_op: $op_by_op,
-             unfused: $unfused, overlap: $overlap,
+             unfused: $unfused, overlap: $overlap, tiled: $tiled,
              runs: [$run.runs[] | . + {bw_gbps: $bw, decode_fraction_of_bandwidth:
                     (if $bw != null and $bw > 0 then .decode_weight_gbps / $bw else null end)}]}'
     fi

@@ -68,7 +68,7 @@ models() { # [models] [out-name]: bench-gpu.sh's model runs; their JSON in $OUT/
     local which=${1:-${IFLOW_BENCH_GPU_MODELS:-tinyllama}} out=${OUT:-/tmp}/${2:-bench-gpu}.json
     IFLOW_BENCH_GPU_MODELS=$which IFLOW_BENCH_DIR=/tmp/bench-gpu \
         IFLOW_GPUBENCH_ARGS="--only copy --quick" bench/bench-gpu.sh "$b/build" >"$out" || return
-    jq -c '.models[] | {name, error, load_s, graphs, op_by_op, unfused, overlap, runs: [.runs[]? | {prefill_tok_s, decode_tok_s, decode_weight_gbps,
+    jq -c '.models[] | {name, error, load_s, graphs, op_by_op, unfused, overlap, tiled, runs: [.runs[]? | {prefill_tok_s, decode_tok_s, decode_weight_gbps,
         f: .decode_fraction_of_bandwidth}]}' "$out"
 }
 sanitize() {
