@@ -53,6 +53,7 @@
 #endif
 #define QX_THREADS 256 /* threads of tiled_qx_kernel: one block a token */
 #define QX_KMAX 8      /* the most outliers a token takes out (ifk_qx_split_k) */
+#define QX_CAND 256    /* candidates for them a warp ranks (more: block-wide rounds) */
 
 /* A token's rounded x, as tiled_qx_kernel leaves it in the handle's IFKC_SCRATCH_XQ slot. */
 struct tq_x {
@@ -104,64 +105,125 @@ __device__ __forceinline__ void group_step(float amax, float &pre, float &inv)
     inv = amax > 0.0f ? 127.0f / (amax * pre) : 0.0f;
 }
 
+/* Warp-wide: of the n candidates (cv: |x_i|, ci: i; any order), the k that rank first into
+ * sel[0 ..), their count into *nsel (lane 0 writes). Lane l holds entries l, l + 32, ... */
+__device__ __forceinline__ void pick_from_list(const float *cv, const int *ci, int n, int k, int *sel, int *nsel,
+                                               int lane)
+{
+    unsigned taken = 0; /* bit s: entry lane + 32 s is taken */
+    int got = 0;
+    for (int round = 0; round < k; round++) {
+        float bv = -1.0f;
+        int bi = INT_MAX;
+        for (int s = 0; s < QX_CAND / 32; s++) {
+            const int e = lane + 32 * s;
+            if (e < n && !(taken >> s & 1u) && ranks_before(cv[e], ci[e], bv, bi))
+                bv = cv[e], bi = ci[e];
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+            if (ranks_before(ov, oi, bv, bi))
+                bv = ov, bi = oi;
+        }
+        if (bv < 0.0f) /* the same in every lane: none left */
+            break;
+        for (int s = 0; s < QX_CAND / 32; s++) /* its holder marks it (indices are unique) */
+            if (lane + 32 * s < n && ci[lane + 32 * s] == bi)
+                taken |= 1u << s;
+        if (lane == 0)
+            sel[round] = bi;
+        got = round + 1;
+    }
+    if (lane == 0)
+        *nsel = got;
+}
+
+/* Block-wide, for lists longer than QX_CAND: k rounds of the best |x_i| >= thr not taken yet
+ * (sv, si: QX_THREADS entries of scratch). Every thread calls it. */
+__device__ void pick_by_rounds(const float *xt, int K, float thr, int k, float *sv, int *si, int *sel, int *nsel,
+                               int tid)
+{
+    for (int round = 0; round < k; round++) {
+        float bv = -1.0f;
+        int bi = INT_MAX;
+        for (int i = tid; i < K; i += QX_THREADS) {
+            const float a = fabsf(xt[i]);
+            bool taken = false;
+            for (int s = 0; s < round; s++)
+                taken |= sel[s] == i;
+            if (a >= thr && !taken && ranks_before(a, i, bv, bi))
+                bv = a, bi = i;
+        }
+        sv[tid] = bv;
+        si[tid] = bi;
+        __syncthreads();
+        for (int half = QX_THREADS / 2; half > 0; half /= 2) {
+            if (tid < half && ranks_before(sv[tid + half], si[tid + half], sv[tid], si[tid]))
+                sv[tid] = sv[tid + half], si[tid] = si[tid + half];
+            __syncthreads();
+        }
+        const bool found = sv[0] >= 0.0f;
+        if (tid == 0 && found)
+            sel[round] = si[0], *nsel = round + 1;
+        __syncthreads();
+        if (!found)
+            break;
+    }
+}
+
 /* x [T][K] (ldx) -> o for base type QT. Grid: T blocks of QX_THREADS. */
 template <int QT>
 __global__ void __launch_bounds__(QX_THREADS) tiled_qx_kernel(tq_x o, const float *__restrict__ x, size_t ldx, int K)
 {
     constexpr int B = IFKC_QB(QT);
-    __shared__ float sv[QX_THREADS];
-    __shared__ int si[QX_THREADS];
-    __shared__ int sel[QX_KMAX];
-    __shared__ int nsel;
+    __shared__ float sv[QX_THREADS], cv[QX_CAND], lmax[16];
+    __shared__ int si[QX_THREADS], ci[QX_CAND], sel[QX_KMAX];
+    __shared__ int nsel, ncand;
     const int tid = threadIdx.x, t = blockIdx.x, lane = tid & 31, warp = tid / 32;
     ifkc_grid_begin();
     const float *xt = x + (size_t)t * ldx;
     if (tid == 0)
-        nsel = 0;
+        nsel = 0, ncand = 0;
     __syncthreads();
 
-    /* the split: the threshold, then up to k rounds of "the best candidate not taken yet" */
+    /* the split: the threshold; then the candidates (|x_i| >= thr) into a list, of which warp 0
+     * takes the k that rank first, a warp-wide "best not taken yet" per round (few stand out in
+     * real activations; more than QX_CAND of them, as when L is 0, take block-wide rounds) */
     if (o.k > 0) {
         float m = 0.0f; /* thread tid sees i = tid mod QX_THREADS, so lane i % 16 = tid % 16 */
         for (int i = tid; i < K; i += QX_THREADS)
             m = fmaxf(m, fabsf(xt[i]));
         sv[tid] = m;
         __syncthreads();
-        float L = INFINITY;
-        for (int l = 0; l < 16; l++) {
-            float ml = 0.0f;
-            for (int j = l; j < QX_THREADS; j += 16)
-                ml = fmaxf(ml, sv[j]);
-            L = fminf(L, ml);
+        if (tid < 16) {
+            for (int j = tid + 16; j < QX_THREADS; j += 16)
+                m = fmaxf(m, sv[j]);
+            lmax[tid] = m;
         }
+        __syncthreads();
+        float L = lmax[0];
+        for (int l = 1; l < 16; l++)
+            L = fminf(L, lmax[l]);
         const float thr = IFK_QX_SPLIT_RATIO * L;
-        __syncthreads(); /* sv is reused below */
-        for (int round = 0; round < o.k; round++) {
-            float bv = -1.0f;
-            int bi = INT_MAX;
-            for (int i = tid; i < K; i += QX_THREADS) {
-                const float a = fabsf(xt[i]);
-                bool taken = false;
-                for (int s = 0; s < round; s++)
-                    taken |= sel[s] == i;
-                if (a >= thr && !taken && ranks_before(a, i, bv, bi))
-                    bv = a, bi = i;
+        for (int i = tid; i < K; i += QX_THREADS) {
+            const float a = fabsf(xt[i]);
+            if (a >= thr) {
+                const int p = atomicAdd(&ncand, 1); /* the list's order is any: the ranking decides */
+                if (p < QX_CAND)
+                    cv[p] = a, ci[p] = i;
             }
-            sv[tid] = bv;
-            si[tid] = bi;
-            __syncthreads();
-            for (int half = QX_THREADS / 2; half > 0; half /= 2) {
-                if (tid < half && ranks_before(sv[tid + half], si[tid + half], sv[tid], si[tid]))
-                    sv[tid] = sv[tid + half], si[tid] = si[tid + half];
-                __syncthreads();
-            }
-            const bool found = sv[0] >= 0.0f;
-            if (tid == 0 && found)
-                sel[round] = si[0], nsel = round + 1;
-            __syncthreads();
-            if (!found)
-                break;
         }
+        __syncthreads();
+        const int nc = ncand;
+        if (nc <= QX_CAND) {
+            if (warp == 0)
+                pick_from_list(cv, ci, nc, o.k, sel, &nsel, lane);
+        } else {
+            pick_by_rounds(xt, K, thr, o.k, sv, si, sel, &nsel, tid);
+        }
+        __syncthreads();
         if (tid == 0) { /* by i ascending, then out */
             for (int a = 1; a < nsel; a++)
                 for (int b = a; b > 0 && sel[b] < sel[b - 1]; b--) {

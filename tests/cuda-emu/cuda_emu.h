@@ -242,6 +242,14 @@ static inline int __dp4a(int a, int b, int c)
         c += (int)(int8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));
     return c;
 }
+/* A block's threads are fibers switched only at barriers and shuffles, and blocks run one after
+ * another: a read-modify-write is atomic as it stands. */
+static inline int atomicAdd(int *p, int v)
+{
+    const int old = *p;
+    *p = old + v;
+    return old;
+}
 template <typename T> static inline T __ldg(const T *p) { return *p; }
 #define IFLOW_EMU_MINMAX(T)                                                                   \
     static inline T min(T a, T b) { return a < b ? a : b; }                                    \

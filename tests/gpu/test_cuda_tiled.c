@@ -5,8 +5,8 @@
  *
  * Products, for T = 1, 2, 3, 8 (decode: int8 x) and 9, 64 (cuBLAS on rows dequantized from the
  * tiles); N = 37, 300; K with 4, 36 and 64 blocks (one short tile, a whole tile and a short one,
- * two whole tiles) and K = 36 B - 5 (the last block cut short); x normal with two channels 30
- * times larger (so that tokens take outliers out), strided (ldx > K) and not 16-byte aligned.
+ * two whole tiles) and K = 36 B - 5 (the last block cut short); x normal with outliers three
+ * ways (x_make), strided (ldx > K) and not 16-byte aligned.
  * With w' the decoded weights, S' = sum_k (|min_b(k)| + q_k delta_b(k)) |x_k| (as in
  * test_cuda_matmul.c), c = (L - 1) / 2 and s_g(k) = max|x| / 127 over element k's group of x
  * (kernels/cpu/qimpl.h's groups; an upper bound of the step the kernel uses, which takes the
@@ -100,13 +100,25 @@ static void tmat_free(tmat *w)
     free(w->host), free(w->dq), free(w->mag), free(w->dlt);
 }
 
-/* x [T][ldx]: normal, channels 5 and K / 2 thirty times larger. */
+/* x [T][ldx], normal, and by token t % 3 (the rounding kernel's three ways to its outliers):
+ * 0: channels 5 and K / 2 thirty times larger (two stand out: ranked in one warp);
+ * 1: 24 channels 5-50 times larger (more stand out than are taken: the warp ranks them);
+ * 2: every 16th channel 0, so the least lane maximum is 0 and every value stands out (past 256
+ *    candidates: block-wide rounds). Past K: 7 (never read). */
 static float *x_make(int T, int K, size_t ldx)
 {
     float *x = gpu_xmalloc((size_t)T * ldx * sizeof(float));
-    for (int t = 0; t < T; t++)
+    for (int t = 0; t < T; t++) {
+        float *xt = x + (size_t)t * ldx;
         for (size_t k = 0; k < ldx; k++)
-            x[(size_t)t * ldx + k] = (k < (size_t)K ? rnd_normal() : 7.0f) * (k == 5 || k == (size_t)K / 2 ? 30.0f : 1.0f);
+            xt[k] = k < (size_t)K ? rnd_normal() : 7.0f;
+        if (t % 3 == 0)
+            xt[5] *= 30.0f, xt[K / 2] *= 30.0f;
+        for (int j = 0; t % 3 == 1 && j < 24; j++)
+            xt[rnd_u32() % (unsigned)K] *= 5.0f + 45.0f * rnd_unit();
+        for (int k = 0; t % 3 == 2 && k < K; k += 16)
+            xt[k] = 0.0f;
+    }
     return x;
 }
 
