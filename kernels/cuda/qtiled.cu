@@ -51,7 +51,7 @@
 #ifndef IFKC_TILE_U
 #define IFKC_TILE_U 2
 #endif
-#define QX_THREADS 256 /* threads of tiled_qx_kernel: one block a token */
+#define QX_THREADS 512 /* threads of tiled_qx_kernel: one block a token (1024 spill) */
 #define QX_KMAX 8      /* the most outliers a token takes out (ifk_qx_split_k) */
 #define QX_CAND 256    /* candidates for them a warp ranks (more: block-wide rounds) */
 
@@ -81,19 +81,21 @@ __device__ __forceinline__ int round_i8(float v, float pre, float inv)
     return max(-128, min(127, __float2int_rn(__fmul_rn(__fmul_rn(v, pre), inv))));
 }
 
-__device__ __forceinline__ float warp_max(float v)
+/* Max and sum over each aligned group of N lanes (N a power of 2, at most 32), every lane. */
+template <int N>
+__device__ __forceinline__ float group_max(float v)
 {
 #pragma unroll
-    for (int off = 16; off > 0; off /= 2)
+    for (int off = N / 2; off > 0; off /= 2)
         v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
     return v;
 }
 
-template <typename V>
-__device__ __forceinline__ V warp_sum(V v)
+template <int N, typename V>
+__device__ __forceinline__ V group_sum(V v)
 {
 #pragma unroll
-    for (int off = 16; off > 0; off /= 2)
+    for (int off = N / 2; off > 0; off /= 2)
         v += __shfl_xor_sync(0xffffffffu, v, off);
     return v;
 }
@@ -240,41 +242,59 @@ __global__ void __launch_bounds__(QX_THREADS) tiled_qx_kernel(tq_x o, const floa
     }
     const int ns = nsel;
 
-    /* the blocks, a warp each: lane l holds elements l and l + 32 (B = 64; both in group
-     * (l / 4) % 2) or element l (B = 32) of x with the outliers set to 0 */
+    /* the blocks, B / 8 lanes each (a warp takes 32 / (B / 8) at a time): lane j of a block
+     * holds its elements 8 j .. 8 j + 7 of x with the outliers set to 0, the first four in
+     * group 0 and the last four in group 1 for B = 64 (the alternating runs of 4), all eight in
+     * group 0 for B = 32 */
+    constexpr int LPB = B / 8;
+    const int j = lane % LPB;
     int8_t *q = o.q + (size_t)t * o.kp;
     float4 *bk = o.blk + (size_t)t * o.nb;
-    for (int b = warp; b < o.nb; b += QX_THREADS / 32) {
-        float v[B / 32];
+    for (int b0 = warp * (32 / LPB); b0 < o.nb; b0 += QX_THREADS / LPB) { /* b0: the warp's first */
+        const int b = b0 + lane / LPB;
+        const bool on = b < o.nb; /* alike in a group of LPB lanes; every lane shuffles */
+        float v[8];
 #pragma unroll
-        for (int h = 0; h < B / 32; h++) {
-            const int i = b * B + 32 * h + lane;
+        for (int e = 0; e < 8; e++) {
+            const int i = b * B + 8 * j + e;
             bool out = false;
             for (int s = 0; s < ns; s++)
                 out |= sel[s] == i;
-            v[h] = i < K && !out ? xt[i] : 0.0f;
+            v[e] = on && i < K && !out ? xt[i] : 0.0f;
         }
-        const int g = B == 64 ? (lane >> 2) & 1 : 0;
-        float a = 0.0f, sum = 0.0f;
+        float a0 = 0.0f, a1 = 0.0f, sum = 0.0f;
 #pragma unroll
-        for (int h = 0; h < B / 32; h++)
-            a = fmaxf(a, fabsf(v[h])), sum += v[h];
-        const float amax0 = warp_max(g == 0 ? a : 0.0f), amax1 = B == 64 ? warp_max(g == 1 ? a : 0.0f) : 0.0f;
-        sum = warp_sum(sum);
-        float pre, inv;
-        group_step(g == 0 ? amax0 : amax1, pre, inv);
-        int qs = 0;
-#pragma unroll
-        for (int h = 0; h < B / 32; h++) {
-            const int qv = round_i8(v[h], pre, inv);
-            q[b * B + 32 * h + lane] = (int8_t)qv;
-            qs += qv;
+        for (int e = 0; e < 8; e++) {
+            if (B == 64 && e >= 4)
+                a1 = fmaxf(a1, fabsf(v[e]));
+            else
+                a0 = fmaxf(a0, fabsf(v[e]));
+            sum += v[e];
         }
-        const int X0 = warp_sum(g == 0 ? qs : 0), X1 = warp_sum(g == 1 ? qs : 0);
-        if (lane == 0) {
-            const float s0 = amax0 / 127.0f, s1 = amax1 / 127.0f;
-            const float rounded = __fadd_rn(__fmul_rn(s0, (float)X0), __fmul_rn(s1, (float)X1));
-            bk[b] = make_float4(s0, sum, s1, MID_LEVEL(QT) * (sum - rounded));
+        a0 = group_max<LPB>(a0), a1 = group_max<LPB>(a1), sum = group_sum<LPB>(sum);
+        float pre0, inv0, pre1, inv1;
+        group_step(a0, pre0, inv0);
+        group_step(a1, pre1, inv1);
+        int q4[8], x0 = 0, x1 = 0;
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const bool g1 = B == 64 && e >= 4;
+            q4[e] = round_i8(v[e], g1 ? pre1 : pre0, g1 ? inv1 : inv0);
+            (g1 ? x1 : x0) += q4[e];
+        }
+        x0 = group_sum<LPB>(x0), x1 = group_sum<LPB>(x1);
+        if (on) {
+            uint32_t w[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                w[h] = (uint32_t)(q4[4 * h] & 255) | (uint32_t)(q4[4 * h + 1] & 255) << 8 |
+                       (uint32_t)(q4[4 * h + 2] & 255) << 16 | (uint32_t)(q4[4 * h + 3] & 255) << 24;
+            *(uint2 *)(q + (size_t)b * B + 8 * j) = make_uint2(w[0], w[1]);
+            if (j == 0) {
+                const float s0 = a0 / 127.0f, s1 = a1 / 127.0f;
+                const float rounded = __fadd_rn(__fmul_rn(s0, (float)x0), __fmul_rn(s1, (float)x1));
+                bk[b] = make_float4(s0, sum, s1, MID_LEVEL(QT) * (sum - rounded));
+            }
         }
     }
 }
