@@ -55,7 +55,10 @@
  *                    more host_us than gpu_us is bound by the host's launches. Then the fused
  *                    ops (qkv, rope_store, add_rmsnorm, glu) and the layer with them, as the
  *                    engine runs it on a GPU (layer_fused), and that layer with overlapped
- *                    launches (layer_fused_overlap, compute capability 9.0 and up).
+ *                    launches (layer_fused_overlap, compute capability 9.0 and up); for Q4_B64
+ *                    the products again in warp tiles (qkv_tiled, wo_tiled, glu_tiled, down_tiled:
+ *                    each with its rounding of x to int8) and the layer with them
+ *                    (layer_fused_tiled, layer_fused_tiled_overlap).
  *
  * Timing: each measurement enqueues calls on the device's stream and ends a round with
  * ifkc_sync(), timed on the host (bench.h). Two warm-up passes first (cuBLAS set-up, first
@@ -87,6 +90,7 @@
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/qtile.cuh"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 #define MIN_TOTAL_BYTES ((size_t)256 << 20) /* copies of a weight matrix or KV cache: >= 5x L2 */
@@ -792,6 +796,60 @@ static int step_alloc(ifkc_dev *d, char **p, size_t n, int wt, int N, int K)
     return rc;
 }
 
+/* *p (an N x K matrix of wt on the device) replaced by its warp tiles (ifkc_tile_pack). */
+static int tile_matrix(ifkc_dev *d, char **p, int wt, int N, int K)
+{
+    size_t bytes = (size_t)N * row_bytes(wt, K);
+    char *host = malloc(bytes), *t = NULL;
+    int ptype, rc = host ? ifkc_download(d, host, *p, bytes) : -1;
+    if (!rc)
+        rc = ifkc_tile_pack(d, (void **)&t, &ptype, host, wt, N, K);
+    free(host);
+    if (!rc && !t)
+        rc = -1; /* a shape the tiles do not take */
+    if (rc)
+        return rc;
+    ifkc_free(d, *p);
+    *p = t;
+    return 0;
+}
+
+/* The layer's products again in warp tiles: each alone ("_tiled": the rounding of x to int8
+ * included, one more launch each), the fused layer, and with overlapped launches. */
+static int bench_ops_tiled(gpubench *g, step_args *a, char *blk, size_t blk_bytes)
+{
+    const step_shape *sh = a->sh;
+    const int wt = a->wtype, Q = sh->nq * sh->hd, KV = sh->nkv * sh->hd;
+    int rc = tile_matrix(g->d, &a->wq, wt, Q, sh->D);
+    rc = rc ? rc : tile_matrix(g->d, &a->wk, wt, KV, sh->D);
+    rc = rc ? rc : tile_matrix(g->d, &a->wv, wt, KV, sh->D);
+    rc = rc ? rc : tile_matrix(g->d, &a->wo, wt, sh->D, Q);
+    rc = rc ? rc : tile_matrix(g->d, &a->wg, wt, sh->F, sh->D);
+    rc = rc ? rc : tile_matrix(g->d, &a->wu, wt, sh->F, sh->D);
+    rc = rc ? rc : tile_matrix(g->d, &a->wd, wt, sh->D, sh->F);
+    if (rc)
+        return rc;
+    a->wtype = IFKC_TILED + wt;
+    static const struct {
+        const char *name;
+        step_op fn;
+    } ops[] = {{"qkv_tiled", op_qkv}, {"wo_tiled", op_wo}, {"glu_tiled", op_glu}, {"down_tiled", op_down}};
+    double host, gpu;
+    int queued;
+    for (int i = 0; i < 4 && !rc; i++)
+        if (!(rc = time_queued(a, ops[i].fn, 100, blk, blk_bytes, &host, &gpu, &queued)))
+            print_op(a, ops[i].name, host, gpu, queued);
+    if (!rc && !(rc = time_queued(a, layer_fused_call, 10, blk, blk_bytes, &host, &gpu, &queued)))
+        print_op(a, "layer_fused_tiled", host, gpu, queued);
+    if (!rc && ifkc_set_overlap(g->d, 1)) {
+        if (!(rc = time_queued(a, layer_fused_call, 10, blk, blk_bytes, &host, &gpu, &queued)))
+            print_op(a, "layer_fused_tiled_overlap", host, gpu, queued);
+        ifkc_set_overlap(g->d, 0);
+    }
+    a->wtype = wt;
+    return rc;
+}
+
 static void bench_ops_shape(gpubench *g, const step_shape *sh, int wt, char *blk, size_t blk_bytes)
 {
     step_args a = {.d = g->d, .sh = sh, .wtype = wt, .n_pos = 512};
@@ -846,6 +904,8 @@ static void bench_ops_shape(gpubench *g, const step_shape *sh, int wt, char *blk
             print_op(&a, "layer_fused_overlap", host, gpu, queued);
         ifkc_set_overlap(g->d, 0);
     }
+    if (!rc && IFKC_TILE_TYPE(wt)) /* the products in warp tiles (IFLOW_CUDA_TILED=1) */
+        rc = bench_ops_tiled(g, &a, blk, blk_bytes);
     if (!rc && !(rc = time_queued(&a, op_argmax, 100, blk, blk_bytes, &host, &gpu, &queued)))
         print_op(&a, "argmax_start", host, gpu, queued);
     if (!rc)
