@@ -815,7 +815,8 @@ static int tile_matrix(ifkc_dev *d, char **p, int wt, int N, int K)
 }
 
 /* The layer's products again in warp tiles: each alone ("_tiled": the rounding of x to int8
- * included, one more launch each), the fused layer, and with overlapped launches. */
+ * included, one more launch each), the fused layer (its norms round x for qkv and GLU in their
+ * own launch, as in a model), and with overlapped launches. */
 static int bench_ops_tiled(gpubench *g, step_args *a, char *blk, size_t blk_bytes)
 {
     const step_shape *sh = a->sh;
@@ -830,6 +831,7 @@ static int bench_ops_tiled(gpubench *g, step_args *a, char *blk, size_t blk_byte
     if (rc)
         return rc;
     a->wtype = IFKC_TILED + wt;
+    ifkc_tile_norm(g->d, wt); /* the norms round x for the qkv and GLU products, as in a model */
     static const struct {
         const char *name;
         step_op fn;
@@ -847,6 +849,7 @@ static int bench_ops_tiled(gpubench *g, step_args *a, char *blk, size_t blk_byte
         ifkc_set_overlap(g->d, 0);
     }
     a->wtype = wt;
+    ifkc_tile_norm(g->d, 0);
     return rc;
 }
 

@@ -40,7 +40,7 @@ enum {
     IFKC_SCRATCH_X16 = 1,   /* activations rounded to F16 / BF16 for cuBLAS                  */
     IFKC_SCRATCH_ATTN = 2,  /* partial softmax results of split decoding attention          */
     IFKC_SCRATCH_MISC = 3,  /* small results (argmax)                                         */
-    IFKC_SCRATCH_XQ = 4,    /* activations rounded to int8 and their scales (IFKC_MV_DP4A)    */
+    IFKC_SCRATCH_XQ = 4,    /* activations rounded to int8 and their scales (tiles, IFKC_MV_DP4A) */
     IFKC_SCRATCH_N_
 };
 
@@ -79,6 +79,17 @@ struct ifkc_dev {
     long            scratch_gen;
     size_t          scratch_want[IFKC_SCRATCH_N_];
     int            *argmax_res;   /* [1] device: where ifkc_argmax_start left its result */
+    /* Warp tiles (qtiled.cu). seq counts the work enqueued (launches, copies, cuBLAS calls);
+     * tile_type is the base type of the tiles ifkc_tile_pack made here (-1: several; 0: none,
+     * or ifkc_tile_norm turned it off); xq says which norm output the int8 rounding in
+     * IFKC_SCRATCH_XQ is of, made by that norm's kernel at seq (valid while seq is unchanged). */
+    unsigned long long seq;
+    int             tile_type;
+    struct {
+        const float *src;
+        int T, K, type;
+        unsigned long long seq;
+    } xq;
     cudaEvent_t     mark[IFKC_MARKS]; /* ifkc_mark's events, made on first use               */
 };
 
@@ -119,9 +130,10 @@ static inline const int *ifkc_pos_slot(const ifkc_dev *d) { return d->pos_on ? d
  * not left for a later cudaGetLastError); faults inside the kernel come with the next
  * synchronizing call (ifkc_download, ifkc_sync). */
 template <typename... P, typename... A>
-static inline cudaError_t ifkc_launch(const ifkc_dev *d, void (*k)(P...), dim3 grid, dim3 block, size_t smem,
+static inline cudaError_t ifkc_launch(ifkc_dev *d, void (*k)(P...), dim3 grid, dim3 block, size_t smem,
                                       A &&...args)
 {
+    d->seq++;
     cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;

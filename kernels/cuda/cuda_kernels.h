@@ -193,6 +193,11 @@ int ifkc_matmul(ifkc_dev *d, float *y, size_t ldy, const void *W, int wtype, con
  * of 4) gets *out = NULL, *out_type = wtype, and 0. */
 #define IFKC_TILED 128
 int ifkc_tile_pack(ifkc_dev *d, void **out, int *out_type, const void *W, int wtype, int N, int K);
+/* Once ifkc_tile_pack has made tiles of one type on d, ifkc_rmsnorm and ifkc_add_rmsnorm of up to
+ * IFKC_MATVEC_MAX_T rows of 513 to 8192 values also round their output to int8 for that type in
+ * the same launch, and a tiled product reading that output next skips its own rounding (the
+ * same values). ifkc_tile_norm sets the type they round for (0: none; tests, measurements). */
+int ifkc_tile_norm(ifkc_dev *d, int type);
 
 /* The gated FFN's hidden layer: y[t][n] = silu(x[t] . Wg[n]) * (x[t] . Wu[n]), the values of
  * ifkc_matmul with Wg into y, with Wu into u, then ifkc_silu_mul. Up to IFKC_MATVEC_MAX_T

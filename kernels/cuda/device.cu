@@ -262,6 +262,7 @@ int ifkc_scratch(ifkc_dev *d, int slot, size_t nbytes, void **p)
 
 int ifkc_memset0(ifkc_dev *d, void *p, size_t nbytes)
 {
+    d->seq++;
     IFKC_CK(cudaMemsetAsync(p, 0, nbytes, d->stream), "cudaMemsetAsync");
     return 0;
 }
@@ -272,6 +273,7 @@ int ifkc_upload(ifkc_dev *d, void *dst, const void *src, size_t nbytes)
         return refuse_recording(d, "an upload");
     /* From pageable memory the copy is staged by the driver and the call returns when src may
      * be reused; the stream orders it with the kernels around it. */
+    d->seq++;
     IFKC_CK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, d->stream), "cudaMemcpy host to device");
     IFKC_CK(cudaStreamSynchronize(d->stream), "cudaStreamSynchronize after upload");
     return 0;
@@ -288,6 +290,7 @@ int ifkc_download(ifkc_dev *d, void *dst, const void *src, size_t nbytes)
 
 int ifkc_copy(ifkc_dev *d, void *dst, const void *src, size_t nbytes)
 {
+    d->seq++;
     IFKC_CK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, d->stream), "cudaMemcpy device to device");
     return 0;
 }

@@ -720,6 +720,7 @@ static int gemm(ifkc_dev *d, float *y, size_t ldy, const void *W, int wtype, con
     if (ldx > INT_MAX || ldy > INT_MAX)
         return ifkc_seterr(IFKC_EINVAL, "ifkc_matmul: stride too large for cublas (ldx %zu, ldy %zu)", ldx, ldy);
     const ifkc_blas_api *blas = ifkc_blas(); /* loaded by ifkc_open; NULL only without it */
+    d->seq++; /* cuBLAS writes y */
     if (!blas)
         return IFKC_ENODEV;
     if (wtype == IFK_F32) {

@@ -180,6 +180,11 @@ static inline unsigned mv_blocks(int N, int tm, bool glu)
  * matmul.cu's matvec, W2 a GLU pair's up matrix, sg the qkv segments. x need not be aligned. */
 int tiled_matvec(ifkc_dev *d, float *y, size_t ldy, const void *W, const void *W2, int wtype, const float *x,
                  size_t ldx, int T, int N, int K, const mv_segs &sg);
+/* ops.cu's RMS norms (r NULL: ifkc_rmsnorm; else ifkc_add_rmsnorm) where the device has tiles of
+ * one type (ifkc_tile_pack) and T is decode-sized: the norm's kernel also rounds y to int8 for
+ * them, and the tiled product that reads y next uses that rounding instead of launching its
+ * own. 1: done so; 0: not applicable (the caller runs its own kernel); < 0: an error. */
+int tiled_norm(ifkc_dev *d, float *y, float *x, const float *r, const float *w, int T, int n, float eps);
 /* Rows of a tiled matrix (base type wtype) to F16 at out [rows][nb * B], as matmul.cu's
  * dequant_rows does for the row layout (the prefill path). */
 int tiled_dequant(ifkc_dev *d, __half *out, const uint8_t *W, int wtype, int rows, int nb);

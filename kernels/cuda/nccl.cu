@@ -133,6 +133,7 @@ void ifkc_nccl_close(ifkc_nccl *c)
 static int stage(ifkc_nccl *c, size_t n)
 {
     IFKC_TRY(ifkc_make_current(c->dev));
+    c->dev->seq++; /* NCCL writes buffers */
     if (n <= c->cap)
         return 0;
     cudaFree(c->stage);
@@ -156,6 +157,7 @@ static int on_device(const void *p)
 int ifkc_nccl_bcast(ifkc_nccl *c, void *buf, size_t bytes, int root)
 {
     IFKC_TRY(ifkc_make_current(c->dev));
+    c->dev->seq++; /* NCCL writes buffers */
     if (on_device(buf)) {
         NCCL_CK(api.broadcast(buf, buf, bytes, ncclUint8, root, c->comm, c->dev->stream), "ncclBroadcast");
         return 0;
@@ -170,6 +172,7 @@ int ifkc_nccl_bcast(ifkc_nccl *c, void *buf, size_t bytes, int root)
 int ifkc_nccl_allreduce_sum(ifkc_nccl *c, float *buf, size_t n)
 {
     IFKC_TRY(ifkc_make_current(c->dev));
+    c->dev->seq++; /* NCCL writes buffers */
     if (on_device(buf)) {
         NCCL_CK(api.all_reduce(buf, buf, n, ncclFloat32, ncclSum, c->comm, c->dev->stream), "ncclAllReduce");
         return 0;
@@ -183,6 +186,7 @@ int ifkc_nccl_allreduce_sum(ifkc_nccl *c, float *buf, size_t n)
 int ifkc_nccl_send(ifkc_nccl *c, const void *buf, size_t bytes, int peer)
 {
     IFKC_TRY(ifkc_make_current(c->dev));
+    c->dev->seq++; /* NCCL writes buffers */
     if (on_device(buf)) {
         NCCL_CK(api.send(buf, bytes, ncclUint8, peer, c->comm, c->dev->stream), "ncclSend");
         return 0;
@@ -196,6 +200,7 @@ int ifkc_nccl_send(ifkc_nccl *c, const void *buf, size_t bytes, int peer)
 int ifkc_nccl_recv(ifkc_nccl *c, void *buf, size_t bytes, int peer)
 {
     IFKC_TRY(ifkc_make_current(c->dev));
+    c->dev->seq++; /* NCCL writes buffers */
     if (on_device(buf)) {
         NCCL_CK(api.recv(buf, bytes, ncclUint8, peer, c->comm, c->dev->stream), "ncclRecv");
         return 0;

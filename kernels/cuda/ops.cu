@@ -30,8 +30,8 @@
 #include <stdint.h>
 
 #include "kernels/cpu/kernels.h"
-
-#define FULL_MASK 0xffffffffu
+#include "kernels/cuda/matvec.cuh"
+#include "kernels/cuda/norm.cuh"
 
 enum { OPS_THREADS = 256, OPS_MAX_BLOCKS = 8192 };
 
@@ -43,29 +43,6 @@ static unsigned ops_blocks(size_t n)
 }
 
 /* ---- rmsnorm ------------------------------------------------------------------------------ */
-
-/* Sum of v over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it. */
-static __device__ double block_sum_double(double v)
-{
-    __shared__ double part[32];
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1)
-        v += __shfl_xor_sync(FULL_MASK, v, off);
-    if (lane == 0)
-        part[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < nw ? part[lane] : 0.0;
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1)
-            v += __shfl_xor_sync(FULL_MASK, v, off);
-        if (lane == 0)
-            part[0] = v;
-    }
-    __syncthreads();
-    return part[0];
-}
 
 /* y, x: [T][n] (one block per row; y may equal x); w: [n]. Rows longer than RMS_THREADS *
  * RMS_PT_MAX values: x is read twice. */
@@ -86,49 +63,20 @@ __global__ void rmsnorm_rows(float *y, const float *x, const float *w, int n, fl
         yr[i] = __fmul_rn(__fmul_rn(xr[i], inv), w[i]);
 }
 
-enum { RMS_THREADS = 512, RMS_PT_MAX = 16 };
-
-/* The same for rows of at most blockDim.x * PT values (blockDim.x <= RMS_THREADS), each thread holding its PT values of x
- * and w in registers, all loaded before anything is stored (so one wait for memory, not one a
- * value: y may alias x, which keeps the compiler from reordering loads past stores). With r:
- * x += r first (stored back to x: the residual add, ifk_add's rounding), then the norm of the
- * sum into y; r may equal y. */
+/* The norm of row blockIdx.x (norm.cuh's norm_row_reg). */
 template <int PT>
 __global__ void __launch_bounds__(RMS_THREADS) rmsnorm_rows_reg(float *y, float *x, const float *r, const float *w,
                                                                 int n, float eps)
 {
     ifkc_grid_begin();
-    float *xr = x + (size_t)blockIdx.x * n;
-    float *yr = y + (size_t)blockIdx.x * n;
-    const float *rr = r ? r + (size_t)blockIdx.x * n : NULL;
-    float xv[PT], wv[PT];
-#pragma unroll
-    for (int k = 0; k < PT; k++) {
-        const int i = threadIdx.x + k * blockDim.x;
-        xv[k] = i < n ? xr[i] : 0.0f;
-        wv[k] = i < n ? w[i] : 0.0f;
-        if (rr && i < n)
-            xv[k] = __fadd_rn(xv[k], rr[i]);
-    }
-    double ss = 0.0;
-#pragma unroll
-    for (int k = 0; k < PT; k++)
-        ss += (double)xv[k] * (double)xv[k];
-    ss = block_sum_double(ss); /* every thread's loads are done past its barriers */
-    const float inv = (float)(1.0 / sqrt(ss / n + (double)eps));
-#pragma unroll
-    for (int k = 0; k < PT; k++) {
-        const int i = threadIdx.x + k * blockDim.x;
-        if (i < n) {
-            if (rr)
-                xr[i] = xv[k];
-            yr[i] = __fmul_rn(__fmul_rn(xv[k], inv), wv[k]);
-        }
-    }
+    norm_row_reg<PT>(y, x, r, w, n, eps);
 }
 
 static int rmsnorm_launch(ifkc_dev *d, float *y, float *x, const float *r, const float *w, int T, int n, float eps)
 {
+    const int tiled = tiled_norm(d, y, x, r, w, T, n, eps); /* the norm that also rounds for tiles */
+    if (tiled)
+        return tiled < 0 ? tiled : 0;
     const int pt = (n + RMS_THREADS - 1) / RMS_THREADS;
     const unsigned g = (unsigned)T;
     cudaError_t e;

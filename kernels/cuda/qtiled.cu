@@ -17,7 +17,9 @@
  *      IFK_QX_SPLIT_RATIO times the least of the 16 maxima of |x_i| over i % 16 are taken out
  *      of x before it is rounded, and kept (index, value) to be added in F32. The same rule,
  *      scales and rounding as the CPU's: the int8 values are the CPU's, bit for bit; sums are
- *      in another order.
+ *      in another order. QX_THREADS threads: two passes over x (the lane maxima, then the
+ *      values that stand out into a shared list, which warp 0 ranks), then B / 8 lanes a
+ *      block of B, 8 consecutive values a lane.
  *   2. tiled_matvec_kernel: the matvec.cuh shape (a warp owns MV_RT(TM) rows and all T
  *      tokens); lane j takes block j of each tile of 32: its level bytes as P 16-byte loads
  *      (the warp's loads of a part are 512 contiguous bytes), its delta|min word, and for each
@@ -25,10 +27,19 @@
  *      load): then per row
  *          d_g = sum over group g of q_i xq_i       (dp4a: 4 levels a time, Q4 nibbles masked)
  *          acc += delta (s0 d_0 + s1 d_1 + cor) + min sum
- *      U = IFKC_TILE_U = 2 tiles (TM = 1, 2) or 1 in flight. After the tiles each lane k < split adds outlier
- *      k's x_i w'_i (qtile.cuh's ifkc_tile_weight) for its token, and the warp's sums are
- *      added as in matmul.cu. Per weight this is about a quarter of an instruction for Q8 and
+ *      IFKC_TILE_U = 2 tiles (TM = 1, 2) or 1 in flight. After the tiles each lane k < split
+ *      adds outlier k's x_i w'_i (qtile.cuh's ifkc_tile_weight) for its token, and the warp's
+ *      sums are added as in matmul.cu. Per weight this is about a quarter of an instruction for Q8 and
  *      a half for Q4, against 2-3 for the row layout's F32 kernels.
+ *
+ *   The rounding's launch is saved where x is a norm's output (the attention's and the FFN's
+ *   inputs, the logits'): once ifkc_tile_pack has made tiles of one type on a device, its
+ *   ifkc_rmsnorm and ifkc_add_rmsnorm of decode-sized T (rows of 513 to 8192 values) run
+ *   norm_round_kernel, ops.cu's norm of the row (norm.cuh, the same bits) and then the row's
+ *   rounding by the same block, and note it (ifkc_dev's xq); a tiled product whose x is that
+ *   output, with nothing enqueued on the device since (ifkc_dev's seq: every launch, copy,
+ *   cuBLAS and NCCL call counts), uses it. The attention output and the FFN's hidden rows are
+ *   rounded by the product's own launch.
  *
  *   Prefill, T > IFKC_MATVEC_MAX_T: matmul.cu's cuBLAS path with tiled_dequant, one thread
  *   per 16 level bytes, in place of its row-layout dequantization.
@@ -44,6 +55,7 @@
 #include "kernels/cpu/qimpl.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cuda/matvec.cuh"
+#include "kernels/cuda/norm.cuh"
 #include "kernels/cuda/qtile.cuh"
 
 /* Tiles of loads a warp has in flight for one and two tokens (one from four tokens on); a macro
@@ -175,17 +187,16 @@ __device__ void pick_by_rounds(const float *xt, int K, float thr, int k, float *
     }
 }
 
-/* x [T][K] (ldx) -> o for base type QT. Grid: T blocks of QX_THREADS. */
+/* Token t's row xt [K] -> o for base type QT, by the whole block (QX_THREADS threads; every
+ * thread calls it). xt is read with plain loads: it may have been written by this block. */
 template <int QT>
-__global__ void __launch_bounds__(QX_THREADS) tiled_qx_kernel(tq_x o, const float *__restrict__ x, size_t ldx, int K)
+__device__ __forceinline__ void qx_row(const tq_x &o, const float *xt, int K, int t)
 {
     constexpr int B = IFKC_QB(QT);
     __shared__ float sv[QX_THREADS], cv[QX_CAND], lmax[16];
     __shared__ int si[QX_THREADS], ci[QX_CAND], sel[QX_KMAX];
     __shared__ int nsel, ncand;
-    const int tid = threadIdx.x, t = blockIdx.x, lane = tid & 31, warp = tid / 32;
-    ifkc_grid_begin();
-    const float *xt = x + (size_t)t * ldx;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid / 32;
     if (tid == 0)
         nsel = 0, ncand = 0;
     __syncthreads();
@@ -298,6 +309,34 @@ __global__ void __launch_bounds__(QX_THREADS) tiled_qx_kernel(tq_x o, const floa
         }
     }
 }
+
+/* x [T][K] (ldx) -> o for base type QT. Grid: T blocks of QX_THREADS. */
+template <int QT>
+__global__ void __launch_bounds__(QX_THREADS) tiled_qx_kernel(tq_x o, const float *__restrict__ x, size_t ldx, int K)
+{
+    ifkc_grid_begin();
+    qx_row<QT>(o, x + (size_t)blockIdx.x * ldx, K, blockIdx.x);
+}
+
+/* qx_row as a call of its own: inlined into norm_round_kernel it spilled a few bytes there. */
+template <int QT>
+__device__ __noinline__ void qx_row_call(const tq_x o, const float *xt, int K, int t)
+{
+    qx_row<QT>(o, xt, K, t);
+}
+
+/* ops.cu's norm of row blockIdx.x (norm.cuh, r NULL for ifkc_rmsnorm), then that row of y
+ * rounded into o: the norm and the next tiled product's rounding in one launch. */
+template <int PT, int QT>
+__global__ void __launch_bounds__(RMS_THREADS) norm_round_kernel(float *y, float *x, const float *r, const float *w,
+                                                                 int n, float eps, tq_x o)
+{
+    ifkc_grid_begin();
+    norm_row_reg<PT>(y, x, r, w, n, eps);
+    __syncthreads(); /* the row's y, written by the block's threads, visible to all of them */
+    qx_row_call<QT>(o, y + (size_t)blockIdx.x * n, n, blockIdx.x);
+}
+static_assert(RMS_THREADS == QX_THREADS, "the norm's block rounds its row as tiled_qx_kernel's does");
 
 /* ---- the decode product ---------------------------------------------------------------------- */
 
@@ -470,9 +509,9 @@ __global__ void tiled_dequant_kernel(__half *__restrict__ out, const uint8_t *__
 
 /* ---- launches -------------------------------------------------------------------------------- */
 
+/* The rounding of T rows of K for base type QT in the handle's IFKC_SCRATCH_XQ slot. */
 template <int QT>
-static int launch_tiled(ifkc_dev *d, float *y, size_t ldy, const uint8_t *W, const uint8_t *W2, const float *x,
-                        size_t ldx, int T, int N, int K, const mv_segs &sg)
+static int xq_layout(ifkc_dev *d, int T, int K, tq_x *xin)
 {
     constexpr int B = IFKC_QB(QT);
     const int nb = (K + B - 1) / B, kp = nb * B;
@@ -482,11 +521,26 @@ static int launch_tiled(ifkc_dev *d, float *y, size_t ldy, const uint8_t *W, con
     if (rc)
         return rc;
     /* kp is a multiple of 128 (nb % 4 == 0), so every piece is 16-byte aligned */
-    tq_x xin = {(int8_t *)p, (float4 *)((char *)p + qb), (int32_t *)((char *)p + qb + bb),
-                (float *)((char *)p + qb + bb + ob), kp, nb, ifk_qx_split_k(K)};
-    if (xin.k > QX_KMAX)
-        xin.k = QX_KMAX;
-    IFKC_CKL(ifkc_launch(d, tiled_qx_kernel<QT>, (unsigned)T, QX_THREADS, 0, xin, x, ldx, K), "tiled_qx_kernel");
+    *xin = {(int8_t *)p, (float4 *)((char *)p + qb), (int32_t *)((char *)p + qb + bb),
+            (float *)((char *)p + qb + bb + ob), kp, nb, ifk_qx_split_k(K)};
+    if (xin->k > QX_KMAX)
+        xin->k = QX_KMAX;
+    return 0;
+}
+
+template <int QT>
+static int launch_tiled(ifkc_dev *d, float *y, size_t ldy, const uint8_t *W, const uint8_t *W2, const float *x,
+                        size_t ldx, int T, int N, int K, const mv_segs &sg)
+{
+    tq_x xin;
+    int rc = xq_layout<QT>(d, T, K, &xin);
+    if (rc)
+        return rc;
+    /* x rounded by the norm that wrote it, with nothing enqueued since (tiled_norm)? */
+    const bool rounded = d->xq.src == x && d->xq.seq == d->seq && d->xq.T == T && d->xq.K == K && d->xq.type == QT &&
+                         (T == 1 || ldx == (size_t)K);
+    if (!rounded)
+        IFKC_CKL(ifkc_launch(d, tiled_qx_kernel<QT>, (unsigned)T, QX_THREADS, 0, xin, x, ldx, K), "tiled_qx_kernel");
     dim3 grid(mv_blocks(N, tm_of(T), W2 != NULL)), block(MV_THREADS);
     cudaError_t e;
     switch (tm_of(T)) {
@@ -496,6 +550,52 @@ static int launch_tiled(ifkc_dev *d, float *y, size_t ldy, const uint8_t *W, con
     default: e = ifkc_launch(d, tiled_matvec_kernel<QT, 8>, grid, block, 0, y, ldy, W, W2, xin, T, N, sg); break;
     }
     IFKC_CKL(e, "tiled_matvec_kernel");
+    return 0;
+}
+
+template <int QT>
+static int launch_norm_round(ifkc_dev *d, float *y, float *x, const float *r, const float *w, int T, int n, float eps)
+{
+    tq_x o;
+    int rc = xq_layout<QT>(d, T, n, &o);
+    if (rc)
+        return rc;
+    const int pt = (n + RMS_THREADS - 1) / RMS_THREADS;
+    cudaError_t e;
+    if (pt <= 2)
+        e = ifkc_launch(d, norm_round_kernel<2, QT>, (unsigned)T, RMS_THREADS, 0, y, x, r, w, n, eps, o);
+    else if (pt <= 4)
+        e = ifkc_launch(d, norm_round_kernel<4, QT>, (unsigned)T, RMS_THREADS, 0, y, x, r, w, n, eps, o);
+    else if (pt <= 8)
+        e = ifkc_launch(d, norm_round_kernel<8, QT>, (unsigned)T, RMS_THREADS, 0, y, x, r, w, n, eps, o);
+    else
+        e = ifkc_launch(d, norm_round_kernel<RMS_PT_MAX, QT>, (unsigned)T, RMS_THREADS, 0, y, x, r, w, n, eps, o);
+    IFKC_CKL(e, "norm_round_kernel");
+    d->xq.src = y, d->xq.T = T, d->xq.K = n, d->xq.type = QT, d->xq.seq = d->seq;
+    return 1;
+}
+
+int tiled_norm(ifkc_dev *d, float *y, float *x, const float *r, const float *w, int T, int n, float eps)
+{
+    const int type = d->tile_type, pt = (n + RMS_THREADS - 1) / RMS_THREADS;
+    /* (ops.cu's own kernels take rows of one block's threads or fewer, and past RMS_PT_MAX a
+     * block's values, otherwise) */
+    if (type <= 0 || T < 1 || T > IFKC_MATVEC_MAX_T || pt < 2 || pt > RMS_PT_MAX || !ifkc_tile_ok(type, n))
+        return 0;
+    switch (type) {
+    case IFK_Q4_B32: return launch_norm_round<IFK_Q4_B32>(d, y, x, r, w, T, n, eps);
+    case IFK_Q4_B64: return launch_norm_round<IFK_Q4_B64>(d, y, x, r, w, T, n, eps);
+    case IFK_Q8_B32: return launch_norm_round<IFK_Q8_B32>(d, y, x, r, w, T, n, eps);
+    default: return launch_norm_round<IFK_Q8_B64>(d, y, x, r, w, T, n, eps);
+    }
+}
+
+extern "C" int ifkc_tile_norm(ifkc_dev *d, int type)
+{
+    if (!d || (type != 0 && !IFKC_TILE_TYPE(type)))
+        return ifkc_seterr(IFKC_EINVAL, "ifkc_tile_norm: type %d has no tiles", type);
+    d->tile_type = type;
+    d->xq.src = NULL;
     return 0;
 }
 
@@ -569,5 +669,6 @@ extern "C" int ifkc_tile_pack(ifkc_dev *d, void **out, int *out_type, const void
     }
     *out = p;
     *out_type = IFKC_TILED + wtype;
+    d->tile_type = d->tile_type == 0 || d->tile_type == wtype ? wtype : -1; /* the norms round for one type */
     return 0;
 }

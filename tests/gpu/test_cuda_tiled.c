@@ -22,6 +22,9 @@
  *     cuBLAS call);
  *   - ifkc_matmul_glu and ifkc_matmul_qkv on tiles bit for bit against their operations apart;
  *   - with overlapped launches (ifkc_set_overlap) bit for bit against without;
+ *   - the norms that also round for the tiles (ifkc_tile_norm): the norm's output and the
+ *     products of it bit for bit what they are apart, and a launch in between (an add into
+ *     the output) makes the product round again;
  *   - packing: other types and K whose blocks are not a multiple of 4 are left as they are
  *     (*out NULL, type unchanged, 0); tiled weights not 16-byte aligned and a tiled code with K
  *     that cannot be tiled are IFKC_EINVAL.
@@ -301,6 +304,63 @@ static void test_fused(void)
     }
 }
 
+/* The norms that round for the tiles (ifkc_tile_norm): y and the tiled products of y (plain,
+ * GLU, qkv) bit for bit what they are with the norm and the rounding apart; a launch between
+ * the norm and the product (here an add into y) makes the product round y again. */
+static void check_norm_rounding(int type, int D, int T)
+{
+    const int N = 64;
+    tmat g = tmat_make(type, N, D), u = tmat_make(type, N, D), wk = tmat_make(type, 16, D), wv = tmat_make(type, 16, D);
+    const int tt = IFKC_TILED + type;
+    float *x0 = x_make(T, D, (size_t)D), *w = x_make(1, D, (size_t)D), *r = x_make(T, D, (size_t)D);
+    float *xd = gpu_dup(x0, (size_t)T * D * 4), *wd = gpu_dup(w, (size_t)D * 4), *rd = gpu_dup(r, (size_t)T * D * 4);
+    float *yd = gpu_dup(NULL, (size_t)T * D * 4), *o1 = gpu_dup(NULL, (size_t)T * N * 4), *o2 = gpu_dup(NULL, (size_t)T * N * 4);
+    float *o3 = gpu_dup(NULL, (size_t)T * N * 4);
+    float *h[2] = { gpu_xmalloc((size_t)T * N * 4), gpu_xmalloc((size_t)T * N * 4) };
+    float *hy[2] = { gpu_xmalloc((size_t)T * D * 4), gpu_xmalloc((size_t)T * D * 4) };
+    /* what: 0 plain product, 1 GLU, 2 qkv (q from g), 3 add into y between norm and product;
+     * norm: 0 ifkc_rmsnorm, 1 ifkc_add_rmsnorm (x reset first: it adds into x) */
+    for (int what = 0; what < 4; what++)
+        for (int norm = 0; norm < 2; norm++) {
+            int rc = 0;
+            for (int fused = 0; fused < 2 && !rc; fused++) {
+                rc = ifkc_tile_norm(dev, fused ? type : 0);
+                rc = rc ? rc : ifkc_upload(dev, xd, x0, (size_t)T * D * 4);
+                rc = rc ? rc : ifkc_upload(dev, yd, r, (size_t)T * D * 4);
+                rc = rc ? rc : norm ? ifkc_add_rmsnorm(dev, xd, yd, wd, T, D, 1e-5f) : ifkc_rmsnorm(dev, yd, xd, wd, T, D, 1e-5f);
+                if (!rc && what == 3)
+                    rc = ifkc_add(dev, yd, rd, (size_t)T * D);
+                if (!rc && (what == 0 || what == 3))
+                    rc = ifkc_matmul(dev, o1, N, g.tiledev, tt, yd, D, T, N, D);
+                else if (!rc && what == 1)
+                    rc = ifkc_matmul_glu(dev, o1, o2, N, g.tiledev, u.tiledev, tt, yd, D, T, N, D);
+                else if (!rc)
+                    rc = ifkc_matmul_qkv(dev, o1, N, o2, o3, 16, g.tiledev, wk.tiledev, wv.tiledev, tt, yd, D, T, N, 16, D);
+                rc = rc ? rc : gpu_fetch(h[fused], o1, (size_t)T * N * 4);
+                rc = rc ? rc : gpu_fetch(hy[fused], yd, (size_t)T * D * 4);
+            }
+            CHECK(rc == 0, "%s D %d T %d case %d/%d: %s", tname(type), D, T, what, norm, ifkc_errmsg());
+            if (rc == 0)
+                CHECK(!memcmp(h[0], h[1], (size_t)T * N * 4) && !memcmp(hy[0], hy[1], (size_t)T * D * 4),
+                      "%s D %d T %d case %d/%d: the norm's rounding gives other bits than the product's own", tname(type), D,
+                      T, what, norm);
+        }
+    ifkc_tile_norm(dev, 0);
+    ifkc_free(dev, xd), ifkc_free(dev, wd), ifkc_free(dev, rd), ifkc_free(dev, yd);
+    ifkc_free(dev, o1), ifkc_free(dev, o2), ifkc_free(dev, o3);
+    free(x0), free(w), free(r), free(h[0]), free(h[1]), free(hy[0]), free(hy[1]);
+    tmat_free(&g), tmat_free(&u), tmat_free(&wk), tmat_free(&wv);
+}
+
+static void test_norm_rounding(void)
+{
+    for (int ti = 0; ti < N_TILE; ti++) {
+        check_norm_rounding(tile_types[ti], 1024, 1);
+        check_norm_rounding(tile_types[ti], 2048 + 256, 3);
+    }
+    CHECK(ifkc_tile_norm(dev, IFK_Q6_B64) == IFKC_EINVAL, "ifkc_tile_norm of a type without tiles");
+}
+
 static void test_errors(void)
 {
     uint8_t *W = gpu_xmalloc(ifk_qrow_bytes(IFK_Q6_B64, 4096) * 4);
@@ -336,6 +396,7 @@ int main(void)
     RUN(test_errors);
     RUN(test_products);
     RUN(test_fused);
+    RUN(test_norm_rounding);
     ifkc_close(dev);
     return check_summary("test_cuda_tiled");
 }
