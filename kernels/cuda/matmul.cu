@@ -510,6 +510,17 @@ __global__ void dequant_f16_kernel(__half *__restrict__ out, const uint8_t *__re
 
 /* ---- launches -------------------------------------------------------------------------------- */
 
+/* The decode kernels by TM, for launch_tm (matvec.cuh). */
+template <int QT, bool I8> struct qmatvec_k {
+    template <int TM> static auto k() { return &qmatvec_kernel<QT, TM, I8>; }
+};
+template <int WT> struct fmatvec_k {
+    template <int TM> static auto k() { return &fmatvec_kernel<WT, TM>; }
+};
+template <int WT> struct fmatvec_any_k {
+    template <int TM> static auto k() { return &fmatvec_any_kernel<WT, TM>; }
+};
+
 
 #define MV_ARGS y, ldy, W, W2, x, ldx, T, N, K, sg
 
@@ -518,14 +529,7 @@ template <int QT, bool I8 = false>
 static int launch_qmatvec(ifkc_dev *d, float *y, size_t ldy, const uint8_t *W, const uint8_t *W2, const mv_x &xin,
                           int T, int N, int K, const mv_segs &sg)
 {
-    dim3 grid(mv_blocks(N, tm_of(T), W2 != NULL)), block(MV_THREADS);
-    cudaError_t e;
-    switch (tm_of(T)) {
-    case 1: e = ifkc_launch(d, qmatvec_kernel<QT, 1, I8>, grid, block, 0, y, ldy, W, W2, xin, T, N, K, sg); break;
-    case 2: e = ifkc_launch(d, qmatvec_kernel<QT, 2, I8>, grid, block, 0, y, ldy, W, W2, xin, T, N, K, sg); break;
-    case 4: e = ifkc_launch(d, qmatvec_kernel<QT, 4, I8>, grid, block, 0, y, ldy, W, W2, xin, T, N, K, sg); break;
-    default: e = ifkc_launch(d, qmatvec_kernel<QT, 8, I8>, grid, block, 0, y, ldy, W, W2, xin, T, N, K, sg); break;
-    }
+    const cudaError_t e = launch_tm<qmatvec_k<QT, I8>>(d, T, N, W2 != NULL, y, ldy, W, W2, xin, T, N, K, sg);
     IFKC_CKL(e, "qmatvec_kernel");
     return 0;
 }
@@ -553,25 +557,10 @@ template <int WT>
 static int launch_fmatvec(ifkc_dev *d, float *y, size_t ldy, const void *W, const void *W2, const float *x,
                           size_t ldx, int T, int N, int K, bool chunked, const mv_segs &sg)
 {
-    dim3 grid(mv_blocks(N, tm_of(T), W2 != NULL)), block(MV_THREADS);
-    cudaError_t e;
-    if (chunked) {
-        switch (tm_of(T)) {
-        case 1: e = ifkc_launch(d, fmatvec_kernel<WT, 1>, grid, block, 0, MV_ARGS); break;
-        case 2: e = ifkc_launch(d, fmatvec_kernel<WT, 2>, grid, block, 0, MV_ARGS); break;
-        case 4: e = ifkc_launch(d, fmatvec_kernel<WT, 4>, grid, block, 0, MV_ARGS); break;
-        default: e = ifkc_launch(d, fmatvec_kernel<WT, 8>, grid, block, 0, MV_ARGS); break;
-        }
-        IFKC_CKL(e, "fmatvec_kernel");
-    } else { /* (never a GLU pair: ifkc_matmul_glu computes those apart) */
-        switch (tm_of(T)) {
-        case 1: e = ifkc_launch(d, fmatvec_any_kernel<WT, 1>, grid, block, 0, y, ldy, W, x, ldx, T, N, K); break;
-        case 2: e = ifkc_launch(d, fmatvec_any_kernel<WT, 2>, grid, block, 0, y, ldy, W, x, ldx, T, N, K); break;
-        case 4: e = ifkc_launch(d, fmatvec_any_kernel<WT, 4>, grid, block, 0, y, ldy, W, x, ldx, T, N, K); break;
-        default: e = ifkc_launch(d, fmatvec_any_kernel<WT, 8>, grid, block, 0, y, ldy, W, x, ldx, T, N, K); break;
-        }
-        IFKC_CKL(e, "fmatvec_any_kernel");
-    }
+    if (chunked)
+        IFKC_CKL(launch_tm<fmatvec_k<WT>>(d, T, N, W2 != NULL, MV_ARGS), "fmatvec_kernel");
+    else /* (never a GLU pair: ifkc_matmul_glu computes those apart) */
+        IFKC_CKL(launch_tm<fmatvec_any_k<WT>>(d, T, N, false, y, ldy, W, x, ldx, T, N, K), "fmatvec_any_kernel");
     return 0;
 }
 

@@ -17,6 +17,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include <utility>
+
 /* The IFKC_MV_* macros exist only so that tools/gpu-variants.sh can build gpubench with other
  * values and time them side by side; the defaults are the tuned ones. IFKC_MV_R_WIDE: rows a
  * warp for 4 and 8 tokens (on an H200 4 rows raised T = 8 from 0.31 to 0.43-0.46 of the
@@ -172,6 +174,20 @@ static inline int tm_of(int T) { return T <= 1 ? 1 : T <= 2 ? 2 : T <= 4 ? 4 : 8
 static inline unsigned mv_blocks(int N, int tm, bool glu)
 {
     return ifkc_cdiv((size_t)N, (size_t)MV_WARPS * (glu ? 1 : MV_RT(tm)));
+}
+
+/* Launch KP::k<TM>() (a decode kernel instantiated for TM tokens) for TM = tm_of(T), on a
+ * grid of mv_blocks. KP: a struct with  template <int TM> static auto k() { return &kernel<.., TM>; }. */
+template <typename KP, typename... A>
+static inline cudaError_t launch_tm(ifkc_dev *d, int T, int N, bool glu, A &&...args)
+{
+    const dim3 grid(mv_blocks(N, tm_of(T), glu)), block(MV_THREADS);
+    switch (tm_of(T)) {
+    case 1: return ifkc_launch(d, KP::template k<1>(), grid, block, 0, std::forward<A>(args)...);
+    case 2: return ifkc_launch(d, KP::template k<2>(), grid, block, 0, std::forward<A>(args)...);
+    case 4: return ifkc_launch(d, KP::template k<4>(), grid, block, 0, std::forward<A>(args)...);
+    default: return ifkc_launch(d, KP::template k<8>(), grid, block, 0, std::forward<A>(args)...);
+    }
 }
 
 /* ---- the warp-tile products (qtiled.cu), called by matmul.cu's entry points -------------------- */

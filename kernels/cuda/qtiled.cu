@@ -509,6 +509,11 @@ __global__ void tiled_dequant_kernel(__half *__restrict__ out, const uint8_t *__
 
 /* ---- launches -------------------------------------------------------------------------------- */
 
+/* tiled_matvec_kernel by TM, for launch_tm (matvec.cuh). */
+template <int QT> struct tiled_matvec_k {
+    template <int TM> static auto k() { return &tiled_matvec_kernel<QT, TM>; }
+};
+
 /* The rounding of T rows of K for base type QT in the handle's IFKC_SCRATCH_XQ slot. */
 template <int QT>
 static int xq_layout(ifkc_dev *d, int T, int K, tq_x *xin)
@@ -541,15 +546,7 @@ static int launch_tiled(ifkc_dev *d, float *y, size_t ldy, const uint8_t *W, con
                          (T == 1 || ldx == (size_t)K);
     if (!rounded)
         IFKC_CKL(ifkc_launch(d, tiled_qx_kernel<QT>, (unsigned)T, QX_THREADS, 0, xin, x, ldx, K), "tiled_qx_kernel");
-    dim3 grid(mv_blocks(N, tm_of(T), W2 != NULL)), block(MV_THREADS);
-    cudaError_t e;
-    switch (tm_of(T)) {
-    case 1: e = ifkc_launch(d, tiled_matvec_kernel<QT, 1>, grid, block, 0, y, ldy, W, W2, xin, T, N, sg); break;
-    case 2: e = ifkc_launch(d, tiled_matvec_kernel<QT, 2>, grid, block, 0, y, ldy, W, W2, xin, T, N, sg); break;
-    case 4: e = ifkc_launch(d, tiled_matvec_kernel<QT, 4>, grid, block, 0, y, ldy, W, W2, xin, T, N, sg); break;
-    default: e = ifkc_launch(d, tiled_matvec_kernel<QT, 8>, grid, block, 0, y, ldy, W, W2, xin, T, N, sg); break;
-    }
-    IFKC_CKL(e, "tiled_matvec_kernel");
+    IFKC_CKL(launch_tm<tiled_matvec_k<QT>>(d, T, N, W2 != NULL, y, ldy, W, W2, xin, T, N, sg), "tiled_matvec_kernel");
     return 0;
 }
 
