@@ -203,31 +203,13 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MINB(TM))
     constexpr int B = IFKC_QB(QT), BB = IFKC_QBB(QT), G = B / 8, BPW = 32 / G;
     constexpr int U = TM == 1 ? IFKC_MV_U1 : TM == 2 ? 4 : 2; /* steps of loads in flight */
     const int lane = threadIdx.x & 31, g = lane / G, j = lane % G;
-    int n0 = warp_row0<TM>(W2 != NULL);
-    if (n0 >= N) { /* the whole warp */
-        ifkc_grid_begin();
-        return;
-    }
-    const uint8_t *Wm = W;
-    float *ym = y;
-    size_t ldm = ldy;
-    int Nm = N;
-    seg_pick(sg, n0, Nm, Wm, ym, ldm);
     const int nb = (K + B - 1) / B, nbf = K / B, lim = K - 4 * j;
-    const size_t rb = (size_t)nb * BB;
-    if (sg.prefetch) { /* the warp's rows (no kernel writes them) before the wait */
-        if (W2) {
-            ifkc_prefetch_l2(W + (size_t)n0 * rb, rb, lane, 32);
-            ifkc_prefetch_l2(W2 + (size_t)n0 * rb, rb, lane, 32);
-        } else {
-            ifkc_prefetch_l2(Wm + (size_t)n0 * rb, (size_t)min(MV_RT(TM), Nm - n0) * rb, lane, 32);
-        }
-    }
+    int n0, Nm;
+    float *ym;
+    size_t ldm;
     const uint8_t *wr[MV_RT(TM)];
-#pragma unroll
-    for (int r = 0; r < MV_RT(TM); r++)
-        wr[r] = W2 ? (r == 0 ? W : W2) + (size_t)n0 * rb : Wm + (size_t)min(n0 + r, Nm - 1) * rb;
-    ifkc_grid_begin();
+    if (!warp_begin<TM>(W, W2, y, ldy, N, (size_t)nb * BB, sg, lane, n0, ym, ldm, Nm, wr))
+        return;
     const float *xt[TM];
     const int8_t *xqt[TM];
     const float *sxt[TM];
@@ -349,33 +331,18 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MINB(TM))
 {
     constexpr int EPC = fw<WT>::EPC, ES = fw<WT>::ES;
     constexpr int U = TM <= 2 ? 4 : 2;
-    const int lane = threadIdx.x & 31;
-    int n0 = warp_row0<TM>(W2 != NULL);
-    if (n0 >= N) {
-        ifkc_grid_begin();
+    const int lane = threadIdx.x & 31, nch = K / EPC;
+    int n0, Nm;
+    float *ym;
+    size_t ldm;
+    const uint8_t *wb[MV_RT(TM)];
+    if (!warp_begin<TM>((const uint8_t *)W, (const uint8_t *)W2, y, ldy, N, (size_t)K * ES, sg, lane, n0, ym, ldm, Nm,
+                        wb))
         return;
-    }
-    const void *Wm = W;
-    float *ym = y;
-    size_t ldm = ldy;
-    int Nm = N;
-    seg_pick(sg, n0, Nm, Wm, ym, ldm);
-    const size_t rb = (size_t)K * ES;
-    if (sg.prefetch) { /* the warp's rows (no kernel writes them) before the wait */
-        if (W2) {
-            ifkc_prefetch_l2((const uint8_t *)W + (size_t)n0 * rb, rb, lane, 32);
-            ifkc_prefetch_l2((const uint8_t *)W2 + (size_t)n0 * rb, rb, lane, 32);
-        } else {
-            ifkc_prefetch_l2((const uint8_t *)Wm + (size_t)n0 * rb, (size_t)min(MV_RT(TM), Nm - n0) * rb, lane, 32);
-        }
-    }
-    const int nch = K / EPC;
     const uint4 *wr[MV_RT(TM)];
 #pragma unroll
     for (int r = 0; r < MV_RT(TM); r++)
-        wr[r] = (const uint4 *)(W2 ? (const uint8_t *)(r == 0 ? W : W2) + (size_t)n0 * K * ES
-                                   : (const uint8_t *)Wm + (size_t)min(n0 + r, Nm - 1) * K * ES);
-    ifkc_grid_begin();
+        wr[r] = (const uint4 *)wb[r];
     const float *xt[TM];
 #pragma unroll
     for (int t = 0; t < TM; t++)

@@ -160,6 +160,39 @@ __device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c)
     return c;
 #endif
 }
+/* A decode kernel's start, for one warp: its first row n0 of the launch (false when it has
+ * none: it has then waited, and must return), the output, stride and row count of its segment
+ * (seg_pick), and its MV_RT(TM) rows of W, rb bytes each (a GLU pair: row n0 of W and of W2;
+ * rows past the segment's last repeat it), fetched into L2 before the wait when sg.prefetch
+ * (overlapped launches: no kernel writes W). Ends with ifkc_grid_begin(). */
+template <int TM>
+__device__ __forceinline__ bool warp_begin(const uint8_t *W, const uint8_t *W2, float *y, size_t ldy, int N, size_t rb,
+                                           const mv_segs &sg, int lane, int &n0, float *&ym, size_t &ldm, int &Nm,
+                                           const uint8_t *(&wr)[MV_RT(TM)])
+{
+    n0 = warp_row0<TM>(W2 != NULL);
+    if (n0 >= N) { /* the whole warp */
+        ifkc_grid_begin();
+        return false;
+    }
+    const uint8_t *Wm = W;
+    ym = y, ldm = ldy, Nm = N;
+    seg_pick(sg, n0, Nm, Wm, ym, ldm);
+    if (sg.prefetch) {
+        if (W2) {
+            ifkc_prefetch_l2(W + (size_t)n0 * rb, rb, lane, 32);
+            ifkc_prefetch_l2(W2 + (size_t)n0 * rb, rb, lane, 32);
+        } else {
+            ifkc_prefetch_l2(Wm + (size_t)n0 * rb, (size_t)min(MV_RT(TM), Nm - n0) * rb, lane, 32);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MV_RT(TM); r++)
+        wr[r] = W2 ? (r == 0 ? W : W2) + (size_t)n0 * rb : Wm + (size_t)min(n0 + r, Nm - 1) * rb;
+    ifkc_grid_begin();
+    return true;
+}
+
 /* Two floats rounded to F16, a in the low half. */
 __device__ __forceinline__ uint32_t half2_bits(float a, float b)
 {

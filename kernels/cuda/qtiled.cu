@@ -376,32 +376,13 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MINB(TM))
 {
     constexpr int B = IFKC_QB(QT), BB = IFKC_QBB(QT), P = (BB - 4) / 16, R = MV_RT(TM);
     constexpr int U = TM <= 2 ? IFKC_TILE_U : 1; /* tiles of loads in flight */
-    const int lane = threadIdx.x & 31;
-    int n0 = warp_row0<TM>(W2 != NULL);
-    if (n0 >= N) { /* the whole warp */
-        ifkc_grid_begin();
-        return;
-    }
-    const uint8_t *Wm = W;
-    float *ym = y;
-    size_t ldm = ldy;
-    int Nm = N;
-    seg_pick(sg, n0, Nm, Wm, ym, ldm);
-    const int nb = xin.nb, nt = (nb + 31) / 32;
-    const size_t rs = (size_t)nb * BB;
-    if (sg.prefetch) { /* the warp's rows (no kernel writes them) before the wait */
-        if (W2) {
-            ifkc_prefetch_l2(W + (size_t)n0 * rs, rs, lane, 32);
-            ifkc_prefetch_l2(W2 + (size_t)n0 * rs, rs, lane, 32);
-        } else {
-            ifkc_prefetch_l2(Wm + (size_t)n0 * rs, (size_t)min(R, Nm - n0) * rs, lane, 32);
-        }
-    }
+    const int lane = threadIdx.x & 31, nb = xin.nb, nt = (nb + 31) / 32;
+    int n0, Nm;
+    float *ym;
+    size_t ldm;
     const uint8_t *wr[R];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-        wr[r] = W2 ? (r == 0 ? W : W2) + (size_t)n0 * rs : Wm + (size_t)min(n0 + r, Nm - 1) * rs;
-    ifkc_grid_begin();
+    if (!warp_begin<TM>(W, W2, y, ldy, N, (size_t)nb * BB, sg, lane, n0, ym, ldm, Nm, wr))
+        return;
     float acc[TM][R];
 #pragma unroll
     for (int t = 0; t < TM; t++)
