@@ -92,12 +92,18 @@ static void worker_item(uint64_t g, int i, run_fn run, commit_fn commit, const v
                         size_t scratch_floats, float **scratch, size_t *cap)
 {
     atomic_fetch_add(&P.busy, 1);
-    uint64_t v = atomic_load(&P.state[i]);
-    if (v >> 2 == g) /* already taken back */
-        goto out;
+    /* tests (ifk_pool_test_delay): the first worker item of a generation sleeps here, as a
+     * worker preempted between its claim and its look at the item's state */
     int delay = atomic_load_explicit(&P.delay_usec, memory_order_relaxed);
     if (delay > 0 && atomic_exchange(&P.delay_gen, g) != g)
         usleep((useconds_t)delay);
+    /* Open means an older generation. g: taken back. Newer: the job ended (the item taken back)
+     * and a later job's item i has been published or taken back since; committing over that
+     * value would publish into the old job's output, freed or reused by now, and count as one
+     * of the later job's items (its submitter would return before they are all done). */
+    uint64_t v = atomic_load(&P.state[i]);
+    if (v >> 2 >= g)
+        goto out;
     if (!commit) { /* in place: the submitter waits for it */
         run(args, in, i, NULL);
         atomic_store(&P.state[i], g << 2 | ST_DONE);

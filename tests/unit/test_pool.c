@@ -3,9 +3,11 @@
  *
  *   - every item of a job runs exactly once (in place or published by commit), for item
  *     counts 1..IFK_POOL_MAX_ITEMS and 2..5 threads, stealable or not;
- *   - taking items back: a worker made to sleep inside its first item of a job
- *     (ifk_pool_test_delay, standing in for a preempted thread) loses it to the submitter; the
- *     job still returns every result, and the late worker's result never lands;
+ *   - taking items back: a worker made to sleep between claiming its first item of a job and
+ *     looking at the item's state (ifk_pool_test_delay, standing in for a preempted thread)
+ *     loses it to the submitter; the job still returns every result, the late worker's result
+ *     never lands, and its waking after later jobs have used the item's slot changes none of
+ *     theirs (it once published into the old job's output and counted as a later job's item);
  *   - matrix products (F32 and quantized) and attention at 4 threads, with and without such
  *     a late worker, give the bytes of the 1-thread call (memcmp);
  *   - two threads submitting at once (one runs on the pool, the other with OpenMP) and a job
