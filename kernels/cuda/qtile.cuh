@@ -101,8 +101,8 @@ IFKC_HD float ifkc_tile_weight(int t, const uint8_t *row, int nb, int e)
         byte = i - B / 2, shift = 4;
     const uint8_t v = row[ifkc_tile_part_at(t, nb, b, byte / 16) + byte % 16];
     const int q = t == IFK_Q8_B32 || t == IFK_Q8_B64 ? v : (v >> shift) & 15;
-    const uint8_t *w = row + ifkc_tile_word_at(t, nb, b);
-    const float delta = ifkc_f16_to_f32((uint16_t)(w[0] | w[1] << 8)), min = ifkc_f16_to_f32((uint16_t)(w[2] | w[3] << 8));
+    float delta, min;
+    ifkc_qdelta_min(row + ifkc_tile_word_at(t, nb, b), &delta, &min); /* the word is 4-byte aligned */
     return fmaf((float)q, delta, min);
 }
 
