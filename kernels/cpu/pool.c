@@ -7,10 +7,13 @@
  *             that wakes late can never take an item of a job it did not read.
  *   job       run, commit, input, n_items, limit and args, written by the submitter before it
  *             publishes the generation (release stores). A worker reads them, then claims: the
- *             claim succeeding proves that what it read belongs to that generation (the
- *             submitter rewrites them only after every item of the previous job is finished,
- *             that is after the last claim, and its stores are release stores, so a worker
- *             that saw a newer value must also see the claim moved on: a seqlock in effect).
+ *             claim succeeding proves that what it read belongs to that generation, a seqlock
+ *             in effect. Before rewriting them the submitter closes the old generation (next =
+ *             CLOSED, past any n_items), and its field stores are release stores, so a worker
+ *             that read a newer field must also see the claim closed and its claim fails.
+ *             (Without the close, a worker that had claimed past the end of a job of n items
+ *             could read the next job's larger n_items and claim item n of the old generation:
+ *             it then ran that item of the new job in place with torn args, twice.)
  *   state[i]  generation << 2 | ST_*: whether a worker's item i has been published (DONE),
  *             is being published (COMMITTING) or was taken back by the submitter (STOLEN).
  *             Any other generation means "open". The submitter's own items never touch it.
@@ -35,6 +38,8 @@
 #include <unistd.h>
 
 enum { ST_DONE = 1, ST_COMMITTING = 2, ST_STOLEN = 3 };
+enum { CLOSED = 0xffff }; /* a claim's next item while the submitter rewrites the job */
+_Static_assert((int)CLOSED > (int)IFK_POOL_MAX_ITEMS, "a closed claim is past every job's items");
 enum { ARG_WORDS = IFK_POOL_ARGS / 8 };
 
 #define SPIN_NS 200000          /* a worker spins this long for the next job, then sleeps */
@@ -64,6 +69,7 @@ static struct {
     _Atomic long taken_back, moved;
     _Atomic int delay_usec;
     _Atomic uint64_t delay_gen; /* the last generation whose first worker item slept */
+    _Atomic int gap_usec;       /* ifk_pool_test_gap() */
 } P = {.lock = PTHREAD_MUTEX_INITIALIZER, .enabled = -1};
 
 static _Thread_local int take_back_ok; /* ifk_pool_set_take_back() */
@@ -149,6 +155,10 @@ static void worker_job(int id, uint64_t c, float **scratch, size_t *cap)
             continue;   /* someone else took `next`: try the one after */
         }
         worker_item(g, next, run, commit, in, args, sf, scratch, cap);
+        /* tests (ifk_pool_test_gap): the submitter returns and starts rewriting the job meanwhile */
+        int gap = atomic_load_explicit(&P.gap_usec, memory_order_relaxed);
+        if (gap > 0)
+            usleep((useconds_t)gap / 2);
         c = atomic_load_explicit(&P.claim, memory_order_acquire);
         if (c >> 16 != g)
             return;
@@ -339,6 +349,9 @@ void ifk_pool_run(const ifk_pool_job *job)
         else
             commit = NULL; /* cannot be stolen safely: run it in place */
     }
+    /* close the old generation first: a worker that reads any field of this job then fails to
+     * claim (the seqlock of the header's "job") */
+    atomic_store(&P.claim, P.gen << 16 | CLOSED);
     const uint64_t g = ++P.gen;
     atomic_store_explicit(&P.master_cpu, sched_getcpu(), memory_order_relaxed);
     uint64_t args[ARG_WORDS] = {0};
@@ -352,6 +365,9 @@ void ifk_pool_run(const ifk_pool_job *job)
     for (int w = 0; w < ARG_WORDS; w++)
         atomic_store_explicit(&P.args[w], args[w], memory_order_release);
     atomic_store_explicit(&P.done, 0, memory_order_release);
+    int gap = atomic_load_explicit(&P.gap_usec, memory_order_relaxed);
+    if (gap > 0) /* tests (ifk_pool_test_gap): the job written, not yet published */
+        usleep((useconds_t)gap);
     atomic_store(&P.claim, g << 16);
     atomic_store(&P.wake, (uint32_t)g);
     if (atomic_load(&P.sleepers) > 0)
@@ -412,4 +428,9 @@ long ifk_pool_moves(void)
 void ifk_pool_test_delay(int usec)
 {
     atomic_store(&P.delay_usec, usec);
+}
+
+void ifk_pool_test_gap(int usec)
+{
+    atomic_store(&P.gap_usec, usec);
 }

@@ -96,4 +96,9 @@ long ifk_pool_moves(void);
  * the submitter leaves the job's first item to a worker (waiting up to a second for one). */
 void ifk_pool_test_delay(int usec);
 
+/* Tests: the submitter sleeps `usec` between writing a job and publishing it, and a worker
+ * sleeps usec / 2 after each item before looking for the next (0: neither): a worker that
+ * finished the last item of a job then looks at the claim while the next job is half-written. */
+void ifk_pool_test_gap(int usec);
+
 #endif

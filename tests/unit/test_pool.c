@@ -8,6 +8,9 @@
  *     loses it to the submitter; the job still returns every result, the late worker's result
  *     never lands, and its waking after later jobs have used the item's slot changes none of
  *     theirs (it once published into the old job's output and counted as a later job's item);
+ *   - a worker that finished a job's last item and looks for another while the submitter is
+ *     writing the next, larger job (ifk_pool_test_gap) claims nothing of it (it once claimed
+ *     item n of the old generation and ran the new job's item n a second time, in place);
  *   - matrix products (F32 and quantized) and attention at 4 threads, with and without such
  *     a late worker, give the bytes of the 1-thread call (memcmp);
  *   - two threads submitting at once (one runs on the pool, the other with OpenMP) and a job
@@ -119,6 +122,22 @@ static void test_taken_back(void)
     CHECK(ifk_pool_taken_back() >= before + 5, "only %ld items taken back from 6 late workers",
           ifk_pool_taken_back() - before);
     ifk_pool_test_delay(0);
+}
+
+static void test_gap(void)
+{
+    /* a worker that ran the last item of a job looks for the next item while the submitter is
+     * writing a larger job: it must not claim that job's item n of the old generation (it once
+     * did, and ran it in place a second time with the args it read meanwhile) */
+    ifk_pool_test_gap(4000);
+    for (int rep = 0; rep < 6; rep++) {
+        count_job(2, 2, 0, 400 + rep, 50);
+        count_job(6, 2, 0, 500 + rep, 50);
+        count_job(3, 3, 1, 600 + rep, 50);
+        count_job(9, 3, 1, 700 + rep, 50);
+    }
+    ifk_pool_test_gap(0);
+    ifk_pool_quiesce();
 }
 
 /* ---- products and attention ------------------------------------------------------------------ */
@@ -236,6 +255,7 @@ int main(void)
     ifk_pool_set_take_back(1); /* this test frees nothing an item reads before quiescing */
     RUN(test_every_item_once);
     RUN(test_taken_back);
+    RUN(test_gap);
     RUN(test_products);
     RUN(test_two_submitters);
     RUN(test_fork);
