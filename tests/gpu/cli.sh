@@ -256,18 +256,29 @@ expect_close "$p_gpu" "$p_cpu" 0.001 "--kv-type f16: GPU perplexity within 0.1 %
 mkdir -p "$TMP/tiles-mini"
 cp tests/fixtures/synthetic/tiles-mini/config.json "$DATA/models/synthetic/tinyllama-1.1b/tokenizer.gguf" "$TMP/tiles-mini/"
 $BIN/iflow-convert --synthetic "$TMP/tiles-mini" -t f32 -o "$TMP/tm.ifs" >/dev/null
-tppl() { # model device [env...] -> perplexity over 8 windows of 8 tokens
+# The CPU rounds x as the tiles do only on its AVX512_VNNI paths (the split is an AVX-512 kernel;
+# without VNNI, Q8 meets int16 x and Q4 int8 x with its outliers in): elsewhere (an AVX2-only
+# host, as CI's can be) the reference is the CPU's F32 x, within 1 % (int8 rounding's own effect
+# here is 0.01-0.3 %: on a Zen 3, Q4_B32 tiles 0.26 % from the CPU's int8 x without the split).
+run $BIN/iflow-ppl -m "$TMP/tm.ifs" -f "$DATA/data/wikitext-2-raw/wiki.test.raw" -c 8 --chunks 1 --device cpu -v
+if grep -qw avx512_vnni /proc/cpuinfo && grep -Eq '; kernels (avx512|avx512gfni|amx)$' <<<"$err"; then
+    ref_x=() ref_tol=1e-3 ref_what="the CPU's int8 perplexity within 0.1 %"
+else
+    ref_x=(--activations f32) ref_tol=1e-2 ref_what="the CPU's F32-x perplexity within 1 % (no AVX512_VNNI: the CPU rounds x otherwise)"
+fi
+tppl() { # model device [env...] -> perplexity over 8 windows of 8 tokens (the CPU: ref_x)
     local m=$1 d=$2
     shift 2
-    env "$@" $BIN/iflow-ppl -m "$m" -f "$DATA/data/wikitext-2-raw/wiki.test.raw" -c 8 --chunks 8 --json --device "$d" | jq .ppl
+    env "$@" $BIN/iflow-ppl -m "$m" -f "$DATA/data/wikitext-2-raw/wiki.test.raw" -c 8 --chunks 8 --json --device "$d" \
+        $([ "$d" = cpu ] && echo "${ref_x[@]}") | jq .ppl
 }
 for t in q4_b32 q4_b64 q8_b32 q8_b64; do
     $BIN/iflow-quant -t "$t" --keep "*=$t" -i "$TMP/tm.ifs" -o "$TMP/tmq.ifs" >/dev/null
     p_cpu=$(tppl "$TMP/tmq.ifs" cpu)
     p_tiles=$(tppl "$TMP/tmq.ifs" cuda IFLOW_CUDA_TILED=1)
     p_rows=$(tppl "$TMP/tmq.ifs" cuda)
-    echo "OBSERVED tiles $t perplexity: cpu (int8) $p_cpu, gpu tiles $p_tiles, gpu rows (f32 x) $p_rows" >&2
-    expect_close "$p_tiles" "$p_cpu" 1e-3 "tiles $t: the CPU's int8 perplexity within 0.1 %"
+    echo "OBSERVED tiles $t perplexity: cpu (${ref_x[*]:-int8}) $p_cpu, gpu tiles $p_tiles, gpu rows (f32 x) $p_rows" >&2
+    expect_close "$p_tiles" "$p_cpu" "$ref_tol" "tiles $t: $ref_what"
     [ "$p_tiles" != "$p_rows" ] && ok || bad "tiles $t: IFLOW_CUDA_TILED=1 gave the row layout's perplexity $p_rows"
     cpu=$($BIN/iflow-run -m "$TMP/tmq.ifs" --device cpu -n 32 -p "Once upon a time" --temp 0 --json | jq -c .gen_ids)
     run env IFLOW_CUDA_TILED=1 $BIN/iflow-run -m "$TMP/tmq.ifs" --device cuda -n 32 -p "Once upon a time" --temp 0 --json
@@ -284,8 +295,8 @@ $BIN/iflow-convert --synthetic "$TMP/tiles-768" -t f32 -o "$TMP/t7.ifs" >/dev/nu
 $BIN/iflow-quant -t q4_b64 --keep "*=q4_b64" -i "$TMP/t7.ifs" -o "$TMP/t7q.ifs" >/dev/null
 p_cpu=$(tppl "$TMP/t7q.ifs" cpu)
 p_tiles=$(tppl "$TMP/t7q.ifs" cuda IFLOW_CUDA_TILED=1)
-echo "OBSERVED tiles q4_b64, rows of 768 (norms rounding for the tiles): perplexity cpu (int8) $p_cpu, gpu tiles $p_tiles" >&2
-expect_close "$p_tiles" "$p_cpu" 1e-3 "tiles q4_b64, rows of 768: the CPU's int8 perplexity within 0.1 %"
+echo "OBSERVED tiles q4_b64, rows of 768 (norms rounding for the tiles): perplexity cpu (${ref_x[*]:-int8}) $p_cpu, gpu tiles $p_tiles" >&2
+expect_close "$p_tiles" "$p_cpu" "$ref_tol" "tiles q4_b64, rows of 768: $ref_what"
 rm -f "$TMP/t7.ifs" "$TMP/t7q.ifs" "$TMP/tm.ifs" "$TMP/tmq.ifs"
 
 # ---- the TinyLlama-1.1B shape (synthetic F16) ----
