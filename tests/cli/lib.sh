@@ -7,6 +7,7 @@
 #   expect_match TEXT REGEX WHAT   (bash extended regex)
 #   expect_no_file PATTERN WHAT    no file matches the glob (nothing half-written)
 #   expect_close A B TOL WHAT      |A-B| <= TOL*|B| (relative)
+#   cpu_vnni              whether the CPU's quantized products take its AVX512_VNNI paths
 set -u
 NAME=$(basename "$0" .sh)
 BIN=${BIN:-bin}
@@ -39,6 +40,14 @@ expect_close() {
 }
 # one line of stderr, naming the program
 expect_one_line() { [ "$(printf '%s\n' "$err" | wc -l)" = 1 ] && ok || bad "$1: expected one line on stderr, got: $err"; }
+
+# The CPU's quantized products take the AVX512_VNNI paths (qdispatch.c's path_vnni: Q8 on int8 x,
+# each token's outliers split out, as the GPU's warp tiles round x) only where the CPU has
+# AVX512_VNNI and iflow's kernels are an AVX-512 set; elsewhere Q8 meets int16 x, nothing split.
+cpu_vnni() {
+    grep -qw avx512_vnni /proc/cpuinfo &&
+        [[ $($BIN/iflow-run --list-devices --json | jq -r 'select(.name == "cpu") | .detail') =~ ^kernels\ (avx512|avx512gfni|amx)$ ]]
+}
 
 summary() {
     echo "$NAME: $PASS passed, $FAIL failed"

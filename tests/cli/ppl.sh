@@ -100,9 +100,8 @@ expect_rc 2 "unknown protocol"
 # the same number in each. Without AVX512_VNNI (the kernels avx2, or avx512 on a CPU that lacks
 # it) Q8 meets int16 x in every mode: int, int8 and int16 give one number, within 0.01 % of F32 x.
 $BIN/iflow-convert "$DATA/models/xs-ckpt/hf" -o "$TMP/x.ifs"
-run $BIN/iflow-ppl -m "$TMP/x.ifs" -f "$WIKI" -c 16 --chunks 1 -v
 vnni=0
-grep -qw avx512_vnni /proc/cpuinfo && grep -Eq '; kernels (avx512|avx512gfni|amx)$' <<<"$err" && vnni=1
+cpu_vnni && vnni=1
 for t in q8_b64 q4_b64; do
     $BIN/iflow-quant -t $t --keep "*=$t" -i "$TMP/x.ifs" -o "$TMP/x.$t.ifs" 2>/dev/null
     run $BIN/iflow-ppl -m "$TMP/x.$t.ifs" -f "$WIKI" -c 256 --chunks 8 --json --activations int

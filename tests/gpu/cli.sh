@@ -260,8 +260,7 @@ $BIN/iflow-convert --synthetic "$TMP/tiles-mini" -t f32 -o "$TMP/tm.ifs" >/dev/n
 # without VNNI, Q8 meets int16 x and Q4 int8 x with its outliers in): elsewhere (an AVX2-only
 # host, as CI's can be) the reference is the CPU's F32 x, within 1 % (int8 rounding's own effect
 # here is 0.01-0.3 %: on a Zen 3, Q4_B32 tiles 0.26 % from the CPU's int8 x without the split).
-run $BIN/iflow-ppl -m "$TMP/tm.ifs" -f "$DATA/data/wikitext-2-raw/wiki.test.raw" -c 8 --chunks 1 --device cpu -v
-if grep -qw avx512_vnni /proc/cpuinfo && grep -Eq '; kernels (avx512|avx512gfni|amx)$' <<<"$err"; then
+if cpu_vnni; then
     ref_x=() ref_tol=1e-3 ref_what="the CPU's int8 perplexity within 0.1 %"
 else
     ref_x=(--activations f32) ref_tol=1e-2 ref_what="the CPU's F32-x perplexity within 1 % (no AVX512_VNNI: the CPU rounds x otherwise)"
