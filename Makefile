@@ -348,12 +348,7 @@ bench-gpu: deps
 # pairs of AVX ones (the same loads of the same bytes).
 $(BUILD)/membw: $(IFLOW_TEST_DATA)/tools/membw.c bench/membw-avx2.h
 	@mkdir -p $(dir $@)
-	@if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then \
-	    echo "$(CC) -O3 -march=native -fopenmp $< -o $@"; $(CC) -O3 -march=native -fopenmp $< -o $@; \
-	else \
-	    echo "$(CC) -O3 -march=native -fopenmp -include bench/membw-avx2.h $< -o $@ (no AVX-512 here)"; \
-	    $(CC) -O3 -march=native -fopenmp -include bench/membw-avx2.h $< -o $@; \
-	fi
+	$(CC) -O3 -march=native -fopenmp $$(grep -qw avx512f /proc/cpuinfo || echo -include bench/membw-avx2.h) $< -o $@
 
 # ---- fuzzing (clang + libFuzzer) -------------------------------------------------------------
 
