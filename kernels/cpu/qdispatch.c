@@ -118,8 +118,11 @@ static qrows_fn packed_kernel(int type)
     const int path = qpath();
     if (path == QPATH_AVX512GFNI && has_vbmi())
         return ifk_avx512gfni_qmatmul_packed_rows;
-    if (path_vnni(path) && (type == IFK_Q4_B32 || type == IFK_Q4_B64 || type == IFK_Q8_B32 || type == IFK_Q8_B64))
+    const int q4q8 = type == IFK_Q4_B32 || type == IFK_Q4_B64 || type == IFK_Q8_B32 || type == IFK_Q8_B64;
+    if (path_vnni(path) && q4q8)
         return ifk_avx512_qmatmul_packed_rows;
+    if (path == QPATH_AVX2 && q4q8) /* Q8 on int16 x there (qx_int8_for_x16) */
+        return ifk_avx2_qmatmul_packed_rows;
 #endif
     return NULL;
 }

@@ -211,6 +211,9 @@ void ifk_avx512_qsplit_rows(float *y, size_t ldy, const void *W, int packed, con
  * (AVX512_VNNI), the avx512gfni one every type (AVX512_VNNI, AVX512_VBMI and GFNI). */
 IFK_DECL_QMATMUL_ROWS(ifk_avx512_qmatmul_packed_rows);
 IFK_DECL_QMATMUL_ROWS(ifk_avx512gfni_qmatmul_packed_rows);
+/* qpack_avx2.c: the same for Q4 (int8 x) and Q8 (int16 x) on the AVX2 path; x quantized by
+ * ifk_avx2_qx_quantize. */
+IFK_DECL_QMATMUL_ROWS(ifk_avx2_qmatmul_packed_rows);
 
 /* qdispatch.c: 1 when the current path multiplies packed matrices of base type `type` with a
  * kernel of their own (ifk_qpack_type packs only those). */

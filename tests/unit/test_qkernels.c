@@ -674,6 +674,60 @@ static void test_qpack_roundtrip(void)
           "only packed codes of quantized types have a base");
 }
 
+/* The AVX2 and AVX512_VNNI kernels of packed Q4 and Q8 (qpack_avx2.c, qpack_avx512.c) carry out
+ * qpack.h's arithmetic lane for lane, so on the same tiles and x they give the same bits: Q4 on
+ * int8 x, Q8 on int16 x (the mode IFK_QX_INT16 on the VNNI path, the AVX2 path's only one). x is
+ * uniform over the multiples of 1/256 in [-1, 1]: its block sums are then exact in F32 whatever
+ * the order each path's quantize adds them in, and with K >= 256 no activation stands out enough
+ * for the VNNI path's split (qimpl.h: 2 L). Every token tile of either kernel (T = 7) and decode,
+ * 1 and 2 threads. Only where the CPU has both paths. */
+static void test_qpack_avx2_bits(void)
+{
+#ifdef IFK_NO_SIMD
+    return;
+#else
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512vnni") || ifk_set_isa(IFK_ISA_AVX512) != IFK_ISA_AVX512) {
+        ifk_set_isa(IFK_ISA_AUTO);
+        return;
+    }
+    static const int types[] = { IFK_Q4_B32, IFK_Q4_B64, IFK_Q8_B32, IFK_Q8_B64 };
+    static const int shapes[][3] = { { 7, 40, 320 }, { 1, 33, 2048 }, { 5, 16, 256 } }; /* T, N, K */
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++)
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+            for (int threads = 1; threads <= 2; threads++) {
+                const int type = types[ti], T = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+                const size_t rb = ifk_qrow_bytes(type, K);
+                float *w = malloc((size_t)N * K * sizeof *w), *x = malloc((size_t)T * K * sizeof *x);
+                float *y2 = malloc((size_t)T * N * sizeof *y2), *y5 = malloc((size_t)T * N * sizeof *y5);
+                uint8_t *W = malloc((size_t)N * rb), *P = malloc(ifk_qpack_bytes(type, N, K));
+                fill_weights(w, (size_t)N * K, 0.05f, 1);
+                for (int n = 0; n < N; n++)
+                    ifk_quantize_row(W + n * rb, type, w + (size_t)n * K, K);
+                ifk_qpack(P, W, type, N, K);
+                for (size_t i = 0; i < (size_t)T * K; i++)
+                    x[i] = (float)((int)(rnd_u32() % 511) - 255) / 256.0f;
+                ifk_set_qx_mode(ifk_qx_x16(type) ? IFK_QX_INT16 : IFK_QX_DEFAULT);
+                ifk_set_isa(IFK_ISA_AVX512);
+                ifk_qmatmul(y5, (size_t)N, P, IFK_QPACKED + type, x, (size_t)K, T, N, K, threads);
+                ifk_set_isa(IFK_ISA_AVX2);
+                const int avx2_packed = ifk_qpath_packed(type);
+                ifk_qmatmul(y2, (size_t)N, P, IFK_QPACKED + type, x, (size_t)K, T, N, K, threads);
+                ifk_set_qx_mode(IFK_QX_DEFAULT);
+                ifk_set_isa(IFK_ISA_AUTO);
+                CHECK(avx2_packed, "%s: the AVX2 path has a packed kernel", ifk_qtype(type)->name);
+                CHECK(!memcmp(y2, y5, (size_t)T * N * sizeof *y2), "%s T=%d N=%d K=%d thr=%d: AVX2 packed != AVX512 packed",
+                      ifk_qtype(type)->name, T, N, K, threads);
+                free(w);
+                free(x);
+                free(y2);
+                free(y5);
+                free(W);
+                free(P);
+            }
+#endif
+}
+
 /* ---- (d) ifk_qget_row -------------------------------------------------------------------- */
 
 static void test_qget_row(void)
@@ -815,6 +869,7 @@ int main(void)
     RUN(test_q3h_codes);
     RUN(test_qget_row);
     RUN(test_qpack_roundtrip);
+    RUN(test_qpack_avx2_bits);
     RUN(test_qsplit_pick);
     RUN(test_qmatmul_edges);
     RUN(test_qmatmul_paths);
