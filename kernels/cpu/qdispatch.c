@@ -9,7 +9,7 @@
  * IFK_ISA_AVX2 uses qmatmul_avx2.c; the scalar path is the oracle of quant_ref.c. Built with
  * -DIFK_NO_SIMD, only the scalar path exists. Packed matrices (qpack.h) have kernels of their
  * own (packed_kernel): every type on the GFNI path of a CPU with AVX512_VBMI, Q4 and Q8 on the
- * VNNI paths; elsewhere their rows are unpacked again.
+ * VNNI paths and on the AVX2 path; elsewhere their rows are unpacked again.
  */
 #include <omp.h>
 #include <pthread.h>
@@ -111,7 +111,8 @@ typedef IFK_DECL_QMATMUL_ROWS((*qrows_fn));
 
 /* The kernel that multiplies packed matrices of base type `type` on the current path, or NULL
  * (their rows are then unpacked, 16 at a time): on the GFNI path of a CPU with AVX512_VBMI
- * every type's (qpack_avx512gfni.c), on the other VNNI paths Q4's and Q8's. */
+ * every type's (qpack_avx512gfni.c), on the other VNNI paths Q4's and Q8's, and on the AVX2 path
+ * Q4's and Q8's (qpack_avx2.c). */
 static qrows_fn packed_kernel(int type)
 {
 #ifndef IFK_NO_SIMD

@@ -93,9 +93,9 @@ typedef struct {
     float *sval;  /* [T][k] a token's outliers x_i, by i ascending */
     int32_t *spos;/* [T][k] their i while quantizing, then their places in su */
     int32_t *su;  /* [nu] the i that any token took out, ascending */
-    /* the product's reading (packed tiles, qpack_avx512.c): */
+    /* the product's reading (packed tiles, qpack_avx512.c and qpack_avx2.c): */
     int ahead;    /* bytes of software prefetch ahead of a group's first pass; 0: none */
-    int streams;  /* packed decode (T = 1): groups read side by side, 1 .. 4 (qpack_avx512.c) */
+    int streams;  /* packed decode (T = 1): groups read side by side, 1 .. 4 (qpack_avx512.c, qpack_avx2.c) */
 } ifk_qx;
 
 /* The types whose int8 products take outliers out (the split above) where it runs: Q8, which

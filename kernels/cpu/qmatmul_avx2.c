@@ -12,6 +12,10 @@
  * headers 8 per gather) and passes tiles of 2 tokens over them. Both sum each output in the
  * same order (qmatmul_avx512.c's, with 8 lanes; see tile), so row t of y depends only on W
  * and x[t] (kernels.h's batch invariance).
+ *
+ * A model's Q4 and Q8 matrices are packed at load and multiplied by qpack_avx2.c instead
+ * (qpack.h; 1.6-2 times this file's prefill); this file serves the other types, and Q4 and Q8
+ * where packing is off (IFLOW_PACK=0) or the matrix is not a model's.
  */
 #include <immintrin.h>
 #include <string.h>

@@ -1,6 +1,7 @@
 /*
  * qpack.c -- packing quantized matrices into 16-row tiles and back (the layouts are qpack.h's);
- * scalar, run once per matrix at load. The product over packed tiles is qpack_avx512.c.
+ * scalar, run once per matrix at load. The products over packed tiles are qpack_avx512.c and
+ * qpack_avx2.c.
  *
  * Each type has one function that moves row r's levels between its block (quant.h) and the
  * level bytes of a tile, in either direction (to_tile), so that packing and unpacking cannot
