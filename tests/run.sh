@@ -50,6 +50,13 @@ tally() { # name, command...
 for t in "$build"/tests/$suite/test_*; do
     [ -x "$t" ] && tally "$(basename "$t")" "$t"
 done
+# The packed products' other ways of reading their tiles (qdispatch.c: decode over several
+# streams, a software prefetch ahead), which the dispatcher picks only on Intel CPUs or from the
+# environment: the kernel tests again with both forced, so that AMD machines run them too.
+if [ $suite = unit ] && [ -x "$build/tests/unit/test_qkernels" ]; then
+    echo "test_qkernels again, with IFLOW_PACK_STREAMS=3 IFLOW_PACK_AHEAD=1024:"
+    tally test_qkernels env IFLOW_PACK_STREAMS=3 IFLOW_PACK_AHEAD=1024 "$build/tests/unit/test_qkernels"
+fi
 for t in ${cli:+"$cli"/*.sh}; do
     [ -f "$t" ] || continue
     case $t in */lib.sh) continue ;; esac
