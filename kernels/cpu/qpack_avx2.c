@@ -74,8 +74,9 @@ QA_INLINE int two_sums(const int type)
  * and of w1 with x_j[4..7] (4-byte broadcasts), added by ADD (vpaddw or vpaddd) into S0[j] and
  * S1[j] (QA_SLAB4_TWO) or both into S0[j] (QA_SLAB4_ONE). In assembly because GCC (12) did not
  * keep the 8 sums in registers: it copied each sum to a new register and back after every add
- * and spilled one (Q4_B64 prefill, 1 thread: 118 GFLOPs with intrinsics). ld3 = 3 ld; t0, t1
- * are scratch. */
+ * and spilled one (Q4_B64 prefill, 1 thread: 118 GFLOPs with intrinsics, 212 so). ld3 = 3 ld;
+ * t0, t1 are scratch. x is only read while the kernel runs, so the statement declares no memory
+ * operand (as qpack_avx512.c's). */
 #define QA_BC(D, X, T) "vpbroadcastd " D "(%[p]" X "), %[" T "]\n\t"
 #define QA_X0 ""
 #define QA_X1 ",%[ld],1"
@@ -111,7 +112,7 @@ QA_INLINE void half_sums(__m256i *a0, __m256i *a1, const uint8_t *lv, const ifk_
 #pragma GCC unroll 4
     for (int j = 0; j < C; j++)
         s0[j] = s1[j] = _mm256_setzero_si256();
-#pragma GCC unroll 1
+#pragma GCC unroll 1 /* unrolled, GCC interleaved the slabs and spilled their sums to the stack */
     for (int s = 0; s < B / per; s++) {
         __m256i w0, w1;
         slab_operands(&w0, &w1, lv, s, type);

@@ -55,8 +55,8 @@ static int cpu_copy(iflow_device *d, void *dst, const void *src, size_t nbytes)
 static int cpu_supports(const iflow_device *d, int wtype) { return 1; /* every type has a CPU kernel */ }
 
 /* Quantized matrices into 16-row tiles (qpack.h), where this CPU's product has a kernel for
- * them (every type on AVX-512 with VNNI, GFNI and VBMI; Q4 and Q8 with VNNI alone, and on AVX2); the copy is
- * d's memory (its alloc op), the host's for d NULL. */
+ * them (every type on AVX-512 with VNNI, GFNI and VBMI; Q4 and Q8 with VNNI alone, and on AVX2);
+ * the copy is d's memory (its alloc op), the host's for d NULL. */
 int iflow_cpu_pack(iflow_device *d, void **out, int *out_type, const void *W, int wtype, int N, int K)
 {
     *out = NULL;
