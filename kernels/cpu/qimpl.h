@@ -141,6 +141,25 @@ int ifk_qx_int16(int type);
  * ifk_qx_split_k(K) for Q8 wherever it meets int8 x), else 0. */
 int ifk_qx_split(int type, int K);
 
+/* Packed decode over S streams (qx->streams; qpack_avx512.c, qpack_avx2.c): the G groups of 16
+ * rows from n0 (a multiple of 16) to n1 are read in h = ceil(G / S) rounds (stream_rounds), round
+ * i taking groups i, i + h, i + 2 h, ... side by side (stream_round: their first rows in
+ * n[0 .. k - 1], k (1 .. S) returned, *nr the rows of the last of them, <= 16). */
+static inline int ifk_qpack_stream_rounds(int n0, int n1, int S)
+{
+    return ((n1 - n0 + 15) / 16 + S - 1) / S;
+}
+
+static inline int ifk_qpack_stream_round(int i, int n0, int n1, int S, int *n, int *nr)
+{
+    const int G = (n1 - n0 + 15) / 16, h = ifk_qpack_stream_rounds(n0, n1, S);
+    int k = 0;
+    for (; k < S && i + k * h < G; k++)
+        n[k] = n0 + 16 * (i + k * h);
+    *nr = n1 - n[k - 1] < 16 ? n1 - n[k - 1] : 16;
+    return k;
+}
+
 /* Little-endian words at p, any alignment (the level bytes of blocks and tiles). */
 static inline uint32_t ifk_rd32(const uint8_t *p)
 {

@@ -246,15 +246,13 @@ QA_INLINE void packed_rows(float *y, size_t ldy, const uint8_t *P, const ifk_qx 
 {
     const size_t group_bytes = (size_t)qx->nb * tile_bytes(type);
     if (qx->T == 1 && qx->streams > 1) { /* S streams: groups i, i + h, i + 2 h, ... */
-        const int G = (n1 - n0 + 15) / 16, S = qx->streams < 4 ? qx->streams : 4, h = (G + S - 1) / S;
+        const int S = qx->streams < 4 ? qx->streams : 4, h = ifk_qpack_stream_rounds(n0, n1, S);
         for (int i = 0; i < h; i++) {
             const uint8_t *tg[4] = { 0 };
-            int n[4] = { 0 }, k = 0;
-            for (; k < S && i + k * h < G; k++) {
-                n[k] = n0 + 16 * (i + k * h);
-                tg[k] = P + (size_t)(n[k] / 16) * group_bytes;
-            }
-            const int nr = n1 - n[k - 1] < 16 ? n1 - n[k - 1] : 16;
+            int n[4] = { 0 }, nr;
+            const int k = ifk_qpack_stream_round(i, n0, n1, S, n, &nr);
+            for (int s = 0; s < k; s++)
+                tg[s] = P + (size_t)(n[s] / 16) * group_bytes;
             switch (k) {
             case 4: group_multi1(y, tg, n, nr, qx, type, 4); break;
             case 3: group_multi1(y, tg, n, nr, qx, type, 3); break;
