@@ -43,12 +43,12 @@
  * IFK_QPACKED + the base type (quantized, or F16 / BF16: below), that only ifk_matmul /
  * ifk_qmatmul (kernels.h) and the functions below accept. Every quantized type has a packed layout (the bytes move, none are added, so the
  * packed copy has exactly the size of the original, padding rows aside). Which are packed
- * depends on the path (ifk_qpack_type): Q4 and Q8 on every AVX512_VNNI path (qpack_avx512.c) and on
- * the AVX2 path (qpack_avx2.c: the same tiles as two halves of 8 rows, vpmaddubsw / vpmaddwd,
- * the same bits); Q6, Q5, Q3H, Q3 and Q2 where the CPU also has GFNI and AVX512_VBMI (the
- * avx512gfni path), whose instructions their unpacking uses. On any other path (scalar, or the
- * ISA forced lower after packing) a packed matrix is multiplied by unpacking its rows again, 16
- * at a time.
+ * depends on the path (ifk_qpack_type): Q4 and Q8 on every AVX512_VNNI path (qpack_avx512.c)
+ * and on the AVX2 path (qpack_avx2.c: the same tiles as two halves of 8 rows, vpmaddubsw /
+ * vpmaddwd, the same bits); Q6, Q5, Q3H, Q3 and Q2 where the CPU also has GFNI and AVX512_VBMI
+ * (the avx512gfni path), whose instructions their unpacking uses. On a path without a kernel for
+ * the type (scalar, or the ISA forced lower after packing) a packed matrix is multiplied by
+ * unpacking its rows again, 16 at a time.
  *
  * Byte layout. Rows are taken 16 at a time (group g: rows 16 g .. 16 g + 15; the rows past N in
  * the last group are zero bytes). Group g's blocks follow each other; block b of group g (the
