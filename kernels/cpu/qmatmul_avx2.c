@@ -22,22 +22,18 @@
 
 #include "kernels/cpu/qimpl.h"
 #include "kernels/cpu/quant.h"
+#include "kernels/cpu/vec_avx2.h"
 
 #define QK_INLINE static inline __attribute__((always_inline))
 
 /* ---- activation quantization ------------------------------------------------------------- */
-
-QK_INLINE __m256i lanes_below(int n)
-{
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
 
 /* 8 floats of x from element k (lanes at or past K are 0).  x: [K]. */
 QK_INLINE __m256 load_x8(const float *x, int k, int K)
 {
     if (k + 8 <= K)
         return _mm256_loadu_ps(x + k);
-    return _mm256_maskload_ps(x + k, lanes_below(K - k));
+    return v8_load_part(x + k, K - k);
 }
 
 QK_INLINE __m256 abs8(__m256 v)
@@ -360,7 +356,7 @@ QK_INLINE void chunk_headers(float *d, float *m, const uint8_t *row, int c0, int
     for (int g = 0; g < PF_KC; g += 8) {
         int ng = nc - g < 0 ? 0 : nc - g < 8 ? nc - g : 8;
         __m256i h = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)(row + (size_t)(c0 + g) * BB), at,
-                                                lanes_below(ng), 1);
+                                                v8_mask(ng), 1);
         /* u16 halves -> F16: [d0..d3 m0..m3 | d4..d7 m4..m7] -> [d0..d7 | m0..m7] */
         __m256i p = _mm256_packus_epi32(_mm256_and_si256(h, _mm256_set1_epi32(0xffff)), _mm256_srli_epi32(h, 16));
         p = _mm256_permute4x64_epi64(p, 0xD8);
@@ -664,7 +660,7 @@ IFK_DECL_QGET_ROW(ifk_avx2_qget_row)
             if (K - k - i >= 8)
                 _mm256_storeu_ps(out + k + i, v);
             else
-                _mm256_maskstore_ps(out + k + i, lanes_below(K - k - i), v);
+                v8_store_part(out + k + i, K - k - i, v);
         }
     }
 }

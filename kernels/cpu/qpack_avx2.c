@@ -29,6 +29,7 @@
 
 #include "kernels/cpu/qimpl.h"
 #include "kernels/cpu/qpack.h"
+#include "kernels/cpu/vec_avx2.h"
 
 #define QA_INLINE static inline __attribute__((always_inline))
 
@@ -185,12 +186,6 @@ QA_INLINE void block_step(__m256 (*yv)[2], const uint8_t *tile, const ifk_qx *qx
     }
 }
 
-/* Lanes below n (0 <= n <= 8) set. */
-QA_INLINE __m256i lanes_below(int n)
-{
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
 /* y[t0 + j][n0 + r] for j < C, r < nr (<= 16) from yv[j]. */
 QA_INLINE void store_outputs(float *y, size_t ldy, __m256 (*yv)[2], int n0, int nr, int t0, const int C)
 {
@@ -202,7 +197,7 @@ QA_INLINE void store_outputs(float *y, size_t ldy, __m256 (*yv)[2], int n0, int 
             if (n >= 8)
                 _mm256_storeu_ps(yp + 8 * h, yv[j][h]);
             else if (n > 0)
-                _mm256_maskstore_ps(yp + 8 * h, lanes_below(n), yv[j][h]);
+                v8_store_part(yp + 8 * h, n, yv[j][h]);
         }
     }
 }
