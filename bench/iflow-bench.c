@@ -22,6 +22,8 @@
  * (iflow_ctx_set_graphs);
  * graph_launches / graph_instantiations / graph_aborts / graph_replays: iflow_device_graph_stats over
  * the run (replays: steps run again from a recording at the next position, not recorded).
+ * IFLOW_BENCH_KV=f32|f16|q8: the KV cache's type (iflow-run --kv-type; default f32). Decode at a
+ * depth: PREFILL_TOKENS is the context the DECODE_TOKENS steps attend to.
  * IFLOW_BENCH_PLAN=FILE places the model as a partition plan says (plan.h; cpu:N devices get the
  * plan's thread counts, or the cores shared out), to compare with iflow-partition's estimates. */
 #include "bench/bench.h"
@@ -29,6 +31,7 @@
 #include "libcore/engine/model.h"
 #include "libcore/engine/plan.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/kvcache.h"
 #include "kernels/cpu/pool.h"
 
 #include <stdio.h>
@@ -53,6 +56,12 @@ int main(int argc, char **argv)
     const char *act = getenv("IFLOW_BENCH_ACTIVATIONS");
     if (act && *act && iflow_kernel_set_activations(act) < 0) {
         fprintf(stderr, "iflow-bench: IFLOW_BENCH_ACTIVATIONS='%s' is not int, int8, int16 or f32\n", act);
+        return 2;
+    }
+    const char *kv = getenv("IFLOW_BENCH_KV");
+    const int kv_type = kv && *kv ? ifk_kv_type_from_name(kv) : IFK_KV_F32;
+    if (kv_type < 0) {
+        fprintf(stderr, "iflow-bench: IFLOW_BENCH_KV='%s' is not f32, f16 or q8\n", kv);
         return 2;
     }
     int n_prefill = argc > 2 ? atoi(argv[2]) : 128, n_decode = argc > 3 ? atoi(argv[3]) : 32;
@@ -99,10 +108,11 @@ int main(int argc, char **argv)
     for (int i = 0; i < n_prefill + n_decode; i++)
         ids[i] = (int32_t)((s = s * 1664525u + 1013904223u) >> 8) % hp->vocab_size;
     float *logits = malloc(sizeof(float) * (size_t)hp->vocab_size);
-    printf("{\"model\": \"%s\", \"device\": \"%s\", \"kernel_path\": \"%s\", \"bf16_dot\": %s, \"load_s\": %.4f, "
-           "\"decode_bytes_per_token\": %llu, \"runs\": [",
+    printf("{\"model\": \"%s\", \"device\": \"%s\", \"kernel_path\": \"%s\", \"bf16_dot\": %s, \"kv_type\": \"%s\", "
+           "\"load_s\": %.4f, \"decode_bytes_per_token\": %llu, \"runs\": [",
            argv[1], dev ? dev->info.name : plan.n_devices ? plan_path : "cpu", ifk_isa_name(ifk_isa_current()),
-           ifk_bf16_dot(IFK_BF16) ? "true" : "false", t_load, (unsigned long long)iflow_model_decode_bytes(m));
+           ifk_bf16_dot(IFK_BF16) ? "true" : "false", ifk_kv_type_name(kv_type), t_load,
+           (unsigned long long)iflow_model_decode_bytes(m));
     int n_threads_args = argc > 4 ? argc - 4 : 2;
     for (int a = 0; a < n_threads_args; a++) {
         int threads = argc > 4 ? atoi(argv[4 + a]) : a + 1;
@@ -110,7 +120,7 @@ int main(int argc, char **argv)
         long taken0 = ifk_pool_taken_back(), moves0 = ifk_pool_moves();
         for (int rep = 0; rep < 2; rep++) {
             iflow_ctx *c;
-            if (iflow_ctx_open(&c, m, n_prefill + n_decode + 1, threads) < 0) {
+            if (iflow_ctx_open_kv(&c, m, n_prefill + n_decode + 1, threads, kv_type) < 0) {
                 fprintf(stderr, "iflow-bench: %s\n", iflow_errmsg());
                 return 1;
             }

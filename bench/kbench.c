@@ -1,7 +1,7 @@
 /*
  * kbench.c -- micro-benchmark of the CPU kernels; one JSON object per line on stdout.
  *
- *   kbench [--isa scalar|avx2|avx512|avx512gfni] [--threads N] [--only decode|prefill|attention]
+ *   kbench [--isa scalar|avx2|avx512|avx512gfni] [--threads N] [--only decode|prefill|attention|attention_decode]
  *          [--type f32|f16|bf16] [--exact] [--packed] [--quick]
  *
  * "product": how ifk_matmul multiplies the weight type here: "bf16_dot" (vdpbf16ps against x
@@ -18,6 +18,9 @@
  *            2048-position cache, 32 query heads over 4 kv heads of 64 (TinyLlama); then the
  *            engine's paged attention (ifk_attention_paged, an F32 pool) for a decode step at
  *            2048 positions and a whole 512-token prefill.
+ * attention_decode: the engine's paged attention for one decode step over 1k, 4k and 16k cached
+ *            positions, F32, F16 and Q8 caches, TinyLlama's heads and Llama-2-7B's, the cache
+ *            read from DRAM (several layers' pools in turn); GBps = bytes of cache / time.
  *
  * Times: the best and the median of rounds (a decode round reads every copy once).
  *
@@ -31,6 +34,7 @@
 #include <time.h>
 
 #include "bench/bench.h"
+#include "kernels/cpu/bigmem.h"
 #include "kernels/cpu/kvcache.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/qpack.h"
@@ -200,6 +204,56 @@ static void bench_attention_paged(int T, int pos0, int threads, double min_s)
     free(v);
 }
 
+/* Decoding attention (ifk_attention_paged, one query row) over an n_ctx-position cache of kv type
+ * kvt, as a model's decode step meets it: several layers' pools (>= 256 MiB in all, so that the
+ * cache comes from DRAM, not the last-level cache), one call each in turn. shape 0: TinyLlama's
+ * heads (32 over 4 kv heads of 64), 1: Llama-2-7B's (32 of 128, no grouping). GBps = bytes of the
+ * cache read (values and Q8's scales, K and V) / time. */
+static void bench_attention_decode(int shape, int kvt, int n_ctx, int threads, double min_s)
+{
+    const int NH = 32, NKV = shape ? 32 : 4, HD = shape ? 128 : 64;
+    ifk_kv_layout L = {.type = kvt, .block = n_ctx, .n_kv_heads = NKV, .head_dim = HD, .group = ifk_kv_group(HD),
+                       .n_blocks = 1};
+    const size_t ld = (size_t)NH * HD, KV = (size_t)NKV * HD, pool = ifk_kv_pool_bytes(&L);
+    const size_t bytes = 2 * (size_t)n_ctx * ifk_kv_row_bytes(&L);
+    int copies = (int)((256u << 20) / bytes) + 1;
+    float *q = alloc64(ld * 4), *out = alloc64(ld * 4), *x = alloc64((size_t)n_ctx * KV * 4);
+    char **k = alloc64((size_t)copies * sizeof *k), **v = alloc64((size_t)copies * sizeof *v);
+    const int32_t table[1] = {0};
+    ifk_kv_seq all = {.row0 = 0, .n_rows = n_ctx, .pos0 = 0, .table = table};
+    ifk_kv_seq seq = {.row0 = 0, .n_rows = 1, .pos0 = n_ctx - 1, .table = table};
+    fill_x(q, ld);
+    fill_x(x, (size_t)n_ctx * KV);
+    for (int c = 0; c < copies; c++) {
+        k[c] = bench_need("kbench", ifk_bigmem_alloc(pool), pool); /* as the engine allocates a cache */
+        v[c] = bench_need("kbench", ifk_bigmem_alloc(pool), pool);
+        ifk_kv_store(k[c], &L, &all, 1, x, KV, threads);
+        ifk_kv_store(v[c], &L, &all, 1, x, KV, threads);
+    }
+    for (int c = 0; c < copies; c++) /* warm-up */
+        ifk_attention_paged(out, q, ld, k[c], v[c], &L, &seq, 1, NH, 0.125f, threads);
+    double best, med;
+    BENCH_ROUNDS(min_s, &best, &med,
+                 for (int c = 0; c < copies; c++)
+                     ifk_attention_paged(out, q, ld, k[c], v[c], &L, &seq, 1, NH, 0.125f, threads));
+    best /= copies;
+    med /= copies;
+    printf("{\"bench\":\"attention_decode\",\"isa\":\"%s\",\"kv_type\":\"%s\",\"n_ctx\":%d,\"heads\":%d,"
+           "\"kv_heads\":%d,\"head_dim\":%d,\"threads\":%d,\"us\":%.1f,\"GBps\":%.2f,\"GBps_median\":%.2f}\n",
+           ifk_isa_name(ifk_isa_current()), ifk_kv_type_name(kvt), n_ctx, NH, NKV, HD, threads, best * 1e6,
+           bytes / best * 1e-9, bytes / med * 1e-9);
+    fflush(stdout);
+    for (int c = 0; c < copies; c++) {
+        ifk_bigmem_free(k[c]);
+        ifk_bigmem_free(v[c]);
+    }
+    free(k);
+    free(v);
+    free(q);
+    free(out);
+    free(x);
+}
+
 int main(int argc, char **argv)
 {
     int threads = omp_get_num_procs(), quick = 0, packed = 0, wt0 = IFK_F32, wt1 = IFK_BF16;
@@ -235,7 +289,7 @@ int main(int argc, char **argv)
             packed = 1;
         } else {
             fprintf(stderr, "usage: kbench [--isa scalar|avx2|avx512] [--threads N] "
-                            "[--only decode|prefill|attention] [--type f32|f16|bf16] [--exact] [--packed] [--quick]\n");
+                            "[--only decode|prefill|attention|attention_decode] [--type f32|f16|bf16] [--exact] [--packed] [--quick]\n");
             return 2;
         }
     }
@@ -260,5 +314,11 @@ int main(int argc, char **argv)
         bench_attention_paged(1, 2047, tl[tj], min_s);  /* a decode step at 2k */
         bench_attention_paged(512, 0, tl[tj], min_s);   /* a 512-token prefill */
     }
+    static const int ctxs[] = {1024, 4096, 16384};
+    for (int shape = 0; shape < 2 && (!only || !strcmp(only, "attention") || !strcmp(only, "attention_decode")); shape++)
+        for (int ci = 0; ci < 3; ci++)
+            for (int kvt = IFK_KV_F32; kvt <= IFK_KV_Q8; kvt++)
+                for (int tj = 0; tj < n_tl; tj++)
+                    bench_attention_decode(shape, kvt, ctxs[ci], tl[tj], min_s);
     return 0;
 }
