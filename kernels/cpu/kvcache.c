@@ -23,6 +23,8 @@ typedef float kv_f16x __attribute__((vector_size(64)));
 typedef float kv_f8x __attribute__((vector_size(32)));
 typedef float kv_f4x __attribute__((vector_size(16)));
 typedef signed char kv_i8x16 __attribute__((vector_size(16)));
+typedef short kv_s16x16 __attribute__((vector_size(32)));
+typedef int32_t kv_i16x __attribute__((vector_size(64)));
 
 /* ---- layout --------------------------------------------------------------------------- */
 
@@ -128,7 +130,11 @@ static inline __attribute__((always_inline)) void load_head(float *out, const vo
             for (; d + 16 <= d0 + L->group; d += 16) { /* the loop below, 16 at a time (it stayed scalar) */
                 kv_i8x16 v;
                 memcpy(&v, q + d, sizeof v);
-                const kv_f16x y = __builtin_convertvector(v, kv_f16x) * s;
+                /* through int16 and int32: GCC 12 turned int8 -> float (and int8 -> int32) into
+                 * a scalar conversion a lane */
+                const kv_f16x y =
+                    __builtin_convertvector(__builtin_convertvector(__builtin_convertvector(v, kv_s16x16), kv_i16x),
+                                            kv_f16x) * s;
                 memcpy(out + d, &y, sizeof y);
             }
             for (; d < d0 + L->group; d++)
@@ -139,6 +145,22 @@ static inline __attribute__((always_inline)) void load_head(float *out, const vo
     default:
         memset(out, 0, (size_t)hd * sizeof(float));
     }
+}
+
+/* Head g of pool row r (its values, and a Q8 pool's scales) on its way into the cache. A head's
+ * values are a slice of every row (n_kv_heads slices a row), a stride the hardware's prefetchers
+ * follow poorly: a decoding row's attention waited on memory most of its time without this. */
+static inline __attribute__((always_inline)) void prefetch_head(const void *pool, const ifk_kv_layout *L, size_t r,
+                                                               int g)
+{
+    const size_t hd = (size_t)L->head_dim, KV = (size_t)L->n_kv_heads * hd;
+    const size_t elt = L->type == IFK_KV_F32 ? 4 : L->type == IFK_KV_F16 ? 2 : 1;
+    const char *p = (const char *)pool + (r * KV + (size_t)g * hd) * elt;
+    for (size_t b = 0; b < hd * elt; b += 64)
+        __builtin_prefetch(p + b, 0, 2);
+    if (L->type == IFK_KV_Q8)
+        __builtin_prefetch((const char *)pool + (size_t)L->n_blocks * L->block * KV +
+                           (r * (KV / L->group) + (size_t)g * (hd / L->group)) * 2, 0, 2);
 }
 
 /* Head g of pool row r as F32: in place for an F32 pool, else converted into buf [head_dim]. */
@@ -256,8 +278,6 @@ void ifk_kv_shift(void *k, void *v, const ifk_kv_layout *L, const int32_t *table
 }
 
 /* ---- attention ---------------------------------------------------------------------------- */
-
-typedef int32_t kv_i16x __attribute__((vector_size(64)));
 
 /* e^x per lane for the softmax's arguments (x <= 0, or -inf), within ~2 ulp of expf: Cody-Waite
  * reduction x = n ln2 + r (|r| <= ln2 / 2, n rounded to nearest even by the 1.5 * 2^23 trick), a
@@ -623,6 +643,12 @@ static void attend_rows(float *restrict out, const float *restrict q, size_t ld,
     }
     for (int j0 = first; j0 < last; j0 += IFK_KV_CHUNK) {
         const int nj = last - j0 < IFK_KV_CHUNK ? last - j0 : IFK_KV_CHUNK;
+        const int nn = last - j0 - nj < IFK_KV_CHUNK ? last - j0 - nj : IFK_KV_CHUNK; /* the next chunk's keys */
+        for (int j = 0; j < nn; j++) {
+            const size_t r = row_of(L, table, j0 + nj + j);
+            prefetch_head(k, L, r, g);
+            prefetch_head(v, L, r, g);
+        }
         for (int j = 0; j < nj; j++) {
             const size_t r = row_of(L, table, j0 + j);
             kr[j] = head_of(kbuf + (conv ? (size_t)j * hd : 0), k, L, r, g);

@@ -19,6 +19,7 @@
 #include "comm.h"
 #include "observe.h"
 #include "libcore/base/error.h"
+#include "kernels/cpu/bigmem.h"
 #include "kernels/cpu/kernels.h"
 
 #include <math.h>
@@ -175,11 +176,15 @@ uint64_t iflow_kv_block_bytes(const iflow_model *m, int type, int block)
     return n;
 }
 
+/* A pool on device d, or in host memory: zero pages until the cache grows into them, in huge
+ * pages (bigmem.h), since attention walks a head's slice of every row, one 4 KiB page after
+ * another, and in 4 KiB pages waited on the TLB (docs/PERFORMANCE.md, "Decoding attention on
+ * the CPU"). */
 static int kv_alloc(iflow_device *d, void **p, size_t n)
 {
     if (d && !d->host_memory)
         return d->ops->alloc(d, p, n);
-    *p = calloc(1, n ? n : 1); /* zero pages until the cache grows into them */
+    *p = ifk_bigmem_alloc(n ? n : 1);
     return *p ? 0 : iflow_seterr(IFLOW_ENOMEM, "out of memory");
 }
 
@@ -232,7 +237,7 @@ void iflow_kv_close(iflow_kv *kv)
             if (kv->dev && kv->dev[k])
                 kv->dev[k]->ops->free(kv->dev[k], pools[i]);
             else
-                free(pools[i]);
+                ifk_bigmem_free(pools[i]);
         }
     }
     free(kv->L);
