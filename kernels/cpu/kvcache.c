@@ -1,8 +1,14 @@
 /* kvcache.c -- the paged KV cache's kernels. See kvcache.h.
  *
  * Portable C compiled three times (GCC target clones: x86-64-v4, x86-64-v3, baseline) and
- * picked at load time. Sums are written as 16 explicit lanes added in a fixed tree, and the
- * file is compiled without FMA contraction (-std=c11), so every clone gives the same bits.
+ * picked at load time. Sums are written as 16 explicit lanes added in a fixed tree; the file is
+ * compiled without FMA contraction (-std=c11), and the products that are fused say so (KV_FMA:
+ * fmaf, exact in every clone), so every clone gives the same bits.
+ *
+ * Decoding speed (docs/PERFORMANCE.md, "Decoding attention on the CPU"): a row's attention walks
+ * one kv head's slice of every cached position. The cache is in huge pages (the engine allocates
+ * it with bigmem.h), the next chunk's slices are requested from inside this chunk's loops
+ * (kv_pf), and the 16 x 16 transposes of the keys are unrolled so that they stay in registers.
  */
 #include "kernels/cpu/kvcache.h"
 #include "kernels/cpu/kernels.h"
@@ -25,6 +31,16 @@ typedef float kv_f4x __attribute__((vector_size(16)));
 typedef signed char kv_i8x16 __attribute__((vector_size(16)));
 typedef short kv_s16x16 __attribute__((vector_size(32)));
 typedef int32_t kv_i16x __attribute__((vector_size(64)));
+
+/* acc += s * v lane by lane, each lane one fused multiply-add (one rounding): fmaf, which GCC
+ * makes vfmadd in the clones that have FMA and the C library computes exactly in the one that
+ * has not, so every clone still gives the same bits. */
+#define KV_FMA(acc, s, v)                                                                          \
+    do {                                                                                           \
+        const float kv_s_ = (s);                                                                   \
+        for (int kv_i_ = 0; kv_i_ < 16; kv_i_++)                                                   \
+            (acc)[kv_i_] = __builtin_fmaf(kv_s_, (v)[kv_i_], (acc)[kv_i_]);                        \
+    } while (0)
 
 /* ---- layout --------------------------------------------------------------------------- */
 
@@ -147,20 +163,51 @@ static inline __attribute__((always_inline)) void load_head(float *out, const vo
     }
 }
 
-/* Head g of pool row r (its values, and a Q8 pool's scales) on its way into the cache. A head's
- * values are a slice of every row (n_kv_heads slices a row), a stride the hardware's prefetchers
- * follow poorly: a decoding row's attention waited on memory most of its time without this. */
-static inline __attribute__((always_inline)) void prefetch_head(const void *pool, const ifk_kv_layout *L, size_t r,
-                                                               int g)
+/* ---- prefetch: the next chunk's rows while this one is computed ------------------------- */
+
+/* A kv head's values are a slice of every pool row (n_kv_heads slices a row): a stride the
+ * hardware's prefetchers follow poorly, so a decoding row's attention waited on memory most of
+ * its time. The cache lines of the next chunk's K and V slices (and a Q8 pool's scales) are
+ * listed when a chunk starts and requested a few at a time from inside the chunk's loops (the
+ * scores' and the weighted values'), one per iteration: issued all at once, most of them were
+ * dropped (no faster than none). */
+#define KV_PF_MAX (4 * IFK_KV_CHUNK) /* a chunk's K and V slices, and a Q8 pool's two scale runs */
+typedef struct {
+    const char *at[KV_PF_MAX]; /* start of each slice */
+    int lines[KV_PF_MAX];      /* its cache lines     */
+    int n, e, l;               /* slices; the next one to request, and its next line */
+} kv_pf;
+
+/* Head g of pool row r (values, then a Q8 pool's scales) onto the list. */
+static inline __attribute__((always_inline)) void pf_add(kv_pf *pf, const void *pool, const ifk_kv_layout *L, size_t r,
+                                                        int g)
 {
     const size_t hd = (size_t)L->head_dim, KV = (size_t)L->n_kv_heads * hd;
     const size_t elt = L->type == IFK_KV_F32 ? 4 : L->type == IFK_KV_F16 ? 2 : 1;
-    const char *p = (const char *)pool + (r * KV + (size_t)g * hd) * elt;
-    for (size_t b = 0; b < hd * elt; b += 64)
-        __builtin_prefetch(p + b, 0, 2);
-    if (L->type == IFK_KV_Q8)
-        __builtin_prefetch((const char *)pool + (size_t)L->n_blocks * L->block * KV +
-                           (r * (KV / L->group) + (size_t)g * (hd / L->group)) * 2, 0, 2);
+    pf->at[pf->n] = (const char *)pool + (r * KV + (size_t)g * hd) * elt;
+    pf->lines[pf->n++] = (int)((hd * elt + 63) / 64);
+    if (L->type == IFK_KV_Q8) {
+        pf->at[pf->n] = (const char *)pool + (size_t)L->n_blocks * L->block * KV +
+                        (r * (KV / L->group) + (size_t)g * (hd / L->group)) * 2;
+        pf->lines[pf->n++] = 1;
+    }
+}
+
+/* The next line of the list into the L2 cache (pf NULL or done: nothing). */
+static inline __attribute__((always_inline)) void pf_step(kv_pf *pf)
+{
+    if (pf && pf->e < pf->n) {
+        __builtin_prefetch(pf->at[pf->e] + 64 * pf->l, 0, 2);
+        if (++pf->l == pf->lines[pf->e])
+            pf->l = 0, pf->e++;
+    }
+}
+
+/* The lines the loops did not get to. */
+static inline __attribute__((always_inline)) void pf_rest(kv_pf *pf)
+{
+    while (pf->e < pf->n)
+        pf_step(pf);
 }
 
 /* Head g of pool row r as F32: in place for an F32 pool, else converted into buf [head_dim]. */
@@ -329,7 +376,7 @@ static inline __attribute__((always_inline)) float exp1(float x)
 /* 16x16 transpose of r[0..15] (rows) in place: four rounds that swap the off-diagonal w x w
  * blocks, w = 8, 4, 2, 1. */
 #define KV_SWAP(w, lo, hi)                                                                         \
-    for (int i = 0; i < 16; i++)                                                                   \
+    _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++)                                          \
         if (!(i & (w))) {                                                                          \
             kv_f16x a = r[i], b = r[i + (w)];                                                      \
             r[i] = __builtin_shufflevector(a, b, lo);                                              \
@@ -370,16 +417,16 @@ static inline __attribute__((always_inline)) void transpose_keys(float *kt, cons
         for (; d0 + 16 <= hd; d0 += 16) {
             kv_f16x r[16];
             if (nk == 16)
-                for (int j = 0; j < 16; j++)
+                _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++)
                     memcpy(&r[j], kr[j0 + j] + d0, sizeof r[j]);
             else
-                for (int j = 0; j < 16; j++) {
+                _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++) {
                     r[j] = (kv_f16x){0};
                     if (j < nk)
                         memcpy(&r[j], kr[j0 + j] + d0, sizeof r[j]);
                 }
             transpose16(r);
-            for (int d = 0; d < 16; d++)
+            _Pragma("GCC unroll 16") for (int d = 0; d < 16; d++)
                 memcpy(kt + (size_t)(d0 + d) * IFK_KV_CHUNK + j0, &r[d], sizeof r[d]);
         }
         for (; d0 < hd; d0++)
@@ -392,7 +439,7 @@ static inline __attribute__((always_inline)) void transpose_keys(float *kt, cons
  * (n16 a multiple of 16), 16 at a time (each product's q taken by a broadcast load: two groups of
  * keys sharing one broadcast register measured slower). */
 static inline __attribute__((always_inline)) void scores_h(const int H, float *s, const float *q, const float *kt,
-                                                            int n16, int hd, float scale)
+                                                            int n16, int hd, float scale, kv_pf *pf)
 {
     int j = 0;
     for (; j < n16; j += 16) {
@@ -401,9 +448,10 @@ static inline __attribute__((always_inline)) void scores_h(const int H, float *s
             a[h] = (kv_f16x){0};
         for (int d = 0; d < hd; d++) {
             kv_f16x k0;
+            pf_step(pf);
             memcpy(&k0, kt + (size_t)d * IFK_KV_CHUNK + j, sizeof k0);
             _Pragma("GCC unroll 8") for (int h = 0; h < H; h++)
-                a[h] += q[(size_t)h * hd + d] * k0;
+                KV_FMA(a[h], q[(size_t)h * hd + d], k0);
         }
         _Pragma("GCC unroll 8") for (int h = 0; h < H; h++) {
             a[h] *= scale;
@@ -414,20 +462,20 @@ static inline __attribute__((always_inline)) void scores_h(const int H, float *s
 
 /* scores_h for nh heads: 8, then 4, then one at a time. */
 static inline __attribute__((always_inline)) void scores(float *s, const float *q, const float *kt, int n16, int nh,
-                                                          int hd, float scale)
+                                                          int hd, float scale, kv_pf *pf)
 {
     int h = 0;
     for (; h + 8 <= nh; h += 8)
-        scores_h(8, s + (size_t)h * IFK_KV_CHUNK, q + (size_t)h * hd, kt, n16, hd, scale);
+        scores_h(8, s + (size_t)h * IFK_KV_CHUNK, q + (size_t)h * hd, kt, n16, hd, scale, pf);
     for (; h + 4 <= nh; h += 4)
-        scores_h(4, s + (size_t)h * IFK_KV_CHUNK, q + (size_t)h * hd, kt, n16, hd, scale);
+        scores_h(4, s + (size_t)h * IFK_KV_CHUNK, q + (size_t)h * hd, kt, n16, hd, scale, pf);
     for (; h < nh; h++)
-        scores_h(1, s + (size_t)h * IFK_KV_CHUNK, q + (size_t)h * hd, kt, n16, hd, scale);
+        scores_h(1, s + (size_t)h * IFK_KV_CHUNK, q + (size_t)h * hd, kt, n16, hd, scale, pf);
 }
 
 /* o[d] += p[0] * v[0][d], then + p[1] * v[1][d], ... in that order for every d < hd (the
  * values of the plain loop), with o held in registers across the nj rows.  v: [nj] rows. */
-static inline void add_weighted(float *restrict o, const float *const *v, const float *p, int nj, int hd)
+static inline void add_weighted(float *restrict o, const float *const *v, const float *p, int nj, int hd, kv_pf *pf)
 {
     int d0 = 0;
     for (; d0 + 64 <= hd; d0 += 64) { /* four named sums: an array of them stayed in memory */
@@ -438,14 +486,15 @@ static inline void add_weighted(float *restrict o, const float *const *v, const 
         memcpy(&a3, o + d0 + 48, sizeof a3);
         for (int j = 0; j < nj; j++) {
             const float *vj = v[j] + d0;
+            pf_step(pf);
             memcpy(&t0, vj, sizeof t0);
             memcpy(&t1, vj + 16, sizeof t1);
             memcpy(&t2, vj + 32, sizeof t2);
             memcpy(&t3, vj + 48, sizeof t3);
-            a0 += p[j] * t0;
-            a1 += p[j] * t1;
-            a2 += p[j] * t2;
-            a3 += p[j] * t3;
+            KV_FMA(a0, p[j], t0);
+            KV_FMA(a1, p[j], t1);
+            KV_FMA(a2, p[j], t2);
+            KV_FMA(a3, p[j], t3);
         }
         memcpy(o + d0, &a0, sizeof a0);
         memcpy(o + d0 + 16, &a1, sizeof a1);
@@ -457,14 +506,14 @@ static inline void add_weighted(float *restrict o, const float *const *v, const 
         memcpy(&a, o + d0, sizeof a);
         for (int j = 0; j < nj; j++) {
             memcpy(&t, v[j] + d0, sizeof t);
-            a += p[j] * t;
+            KV_FMA(a, p[j], t);
         }
         memcpy(o + d0, &a, sizeof a);
     }
     for (; d0 < hd; d0++) {
         float a = o[d0];
         for (int j = 0; j < nj; j++)
-            a += p[j] * v[j][d0];
+            a = __builtin_fmaf(p[j], v[j][d0], a);
         o[d0] = a;
     }
 }
@@ -472,7 +521,8 @@ static inline void add_weighted(float *restrict o, const float *const *v, const 
 /* add_weighted for 8 heads at once, hd a multiple of 16: o + i hd of head i with its weights
  * p + i IFK_KV_CHUNK (every (head, element) gets the same operations in the same order as
  * add_weighted gives it; only the loads of v are shared). */
-static inline __attribute__((always_inline)) void add_weighted8(float *restrict o, const float *const *v, const float *p, int nj, int hd)
+static inline __attribute__((always_inline)) void add_weighted8(float *restrict o, const float *const *v, const float *p,
+                                                                 int nj, int hd, kv_pf *pf)
 {
     for (int d0 = 0; d0 + 16 <= hd; d0 += 16) {
         kv_f16x a0, a1, a2, a3, a4, a5, a6, a7, t;
@@ -485,15 +535,16 @@ static inline __attribute__((always_inline)) void add_weighted8(float *restrict 
         memcpy(&a6, o + 6 * hd + d0, sizeof a6);
         memcpy(&a7, o + 7 * hd + d0, sizeof a7);
         for (int j = 0; j < nj; j++) {
+            pf_step(pf);
             memcpy(&t, v[j] + d0, sizeof t);
-            a0 += p[j] * t;
-            a1 += p[IFK_KV_CHUNK + j] * t;
-            a2 += p[2 * IFK_KV_CHUNK + j] * t;
-            a3 += p[3 * IFK_KV_CHUNK + j] * t;
-            a4 += p[4 * IFK_KV_CHUNK + j] * t;
-            a5 += p[5 * IFK_KV_CHUNK + j] * t;
-            a6 += p[6 * IFK_KV_CHUNK + j] * t;
-            a7 += p[7 * IFK_KV_CHUNK + j] * t;
+            KV_FMA(a0, p[j], t);
+            KV_FMA(a1, p[IFK_KV_CHUNK + j], t);
+            KV_FMA(a2, p[2 * IFK_KV_CHUNK + j], t);
+            KV_FMA(a3, p[3 * IFK_KV_CHUNK + j], t);
+            KV_FMA(a4, p[4 * IFK_KV_CHUNK + j], t);
+            KV_FMA(a5, p[5 * IFK_KV_CHUNK + j], t);
+            KV_FMA(a6, p[6 * IFK_KV_CHUNK + j], t);
+            KV_FMA(a7, p[7 * IFK_KV_CHUNK + j], t);
         }
         memcpy(o + d0, &a0, sizeof a0);
         memcpy(o + hd + d0, &a1, sizeof a1);
@@ -542,7 +593,7 @@ static inline __attribute__((always_inline)) float sum16(const float *v, int n16
  * exponentials are taken 16 keys at a time over all the heads (independent work in flight). */
 static inline __attribute__((always_inline)) void softmax_step(float *restrict out, float *s, float *m, float *l,
                                                                 const float *const *vr, int nj, int nh, int hd,
-                                                                float softcap)
+                                                                float softcap, kv_pf *pf)
 {
     const int n16 = (nj + 15) & ~15;
     kv_i16x tail; /* lanes of the last 16 keys that are keys of the chunk */
@@ -600,19 +651,20 @@ static inline __attribute__((always_inline)) void softmax_step(float *restrict o
     int h = 0;
     if (hd % 16 == 0)
         for (; h + 8 <= nh; h += 8)
-            add_weighted8(out + (size_t)h * hd, vr, s + (size_t)h * IFK_KV_CHUNK, nj, hd);
+            add_weighted8(out + (size_t)h * hd, vr, s + (size_t)h * IFK_KV_CHUNK, nj, hd, pf);
     for (; h < nh; h++)
-        add_weighted(out + (size_t)h * hd, vr, s + (size_t)h * IFK_KV_CHUNK, nj, hd);
+        add_weighted(out + (size_t)h * hd, vr, s + (size_t)h * IFK_KV_CHUNK, nj, hd, pf);
 }
 
 /* A row's share of a chunk of nj keys (transposed in kt, values vr): its scores, then the softmax
  * step (s: scratch [nh][IFK_KV_CHUNK]). */
 static inline __attribute__((always_inline)) void row_step(float *restrict out, const float *q, const float *kt,
                                                             float *s, float *m, float *l, const float *const *vr,
-                                                            int nj, int nh, int hd, float scale, float softcap)
+                                                            int nj, int nh, int hd, float scale, float softcap,
+                                                            kv_pf *pf)
 {
-    scores(s, q, kt, (nj + 15) & ~15, nh, hd, scale);
-    softmax_step(out, s, m, l, vr, nj, nh, hd, softcap);
+    scores(s, q, kt, (nj + 15) & ~15, nh, hd, scale, pf);
+    softmax_step(out, s, m, l, vr, nj, nh, hd, softcap, pf);
 }
 
 /* Rows of one sequence for kv head g: row r (its nh query heads at q + r ld, out + r ld) attends to
@@ -632,6 +684,7 @@ static void attend_rows(float *restrict out, const float *restrict q, size_t ld,
     float kt[(size_t)hd * IFK_KV_CHUNK] __attribute__((aligned(64)));
     float m[R][nh], l[R][nh], s[(size_t)nh * IFK_KV_CHUNK] __attribute__((aligned(64)));
     const float *kr[IFK_KV_CHUNK], *vr[IFK_KV_CHUNK];
+    kv_pf pf;
     int last = 0;
     for (int r = 0; r < R; r++) {
         last = n_keys[r] > last ? n_keys[r] : last;
@@ -643,12 +696,11 @@ static void attend_rows(float *restrict out, const float *restrict q, size_t ld,
     }
     for (int j0 = first; j0 < last; j0 += IFK_KV_CHUNK) {
         const int nj = last - j0 < IFK_KV_CHUNK ? last - j0 : IFK_KV_CHUNK;
-        const int nn = last - j0 - nj < IFK_KV_CHUNK ? last - j0 - nj : IFK_KV_CHUNK; /* the next chunk's keys */
-        for (int j = 0; j < nn; j++) {
-            const size_t r = row_of(L, table, j0 + nj + j);
-            prefetch_head(k, L, r, g);
-            prefetch_head(v, L, r, g);
-        }
+        pf.n = pf.e = pf.l = 0; /* the next chunk's K slices, then its V slices */
+        const int nn = last - j0 - nj < IFK_KV_CHUNK ? last - j0 - nj : IFK_KV_CHUNK;
+        for (int w = 0; w < 2; w++)
+            for (int j = 0; j < nn; j++)
+                pf_add(&pf, w ? v : k, L, row_of(L, table, j0 + nj + j), g);
         for (int j = 0; j < nj; j++) {
             const size_t r = row_of(L, table, j0 + j);
             kr[j] = head_of(kbuf + (conv ? (size_t)j * hd : 0), k, L, r, g);
@@ -661,13 +713,15 @@ static void attend_rows(float *restrict out, const float *restrict q, size_t ld,
                 continue;
             const float *qr = q + (size_t)r * ld;
             float *o = out + (size_t)r * ld;
+            kv_pf *p = pf.e == 0 && pf.l == 0 ? &pf : NULL; /* the first row's loops request the lines */
             if (hd == 64) /* the common sizes as constants: unrolled */
-                row_step(o, qr, kt, s, m[r], l[r], vr, nr, nh, 64, scale, L->softcap);
+                row_step(o, qr, kt, s, m[r], l[r], vr, nr, nh, 64, scale, L->softcap, p);
             else if (hd == 128)
-                row_step(o, qr, kt, s, m[r], l[r], vr, nr, nh, 128, scale, L->softcap);
+                row_step(o, qr, kt, s, m[r], l[r], vr, nr, nh, 128, scale, L->softcap, p);
             else
-                row_step(o, qr, kt, s, m[r], l[r], vr, nr, nh, hd, scale, L->softcap);
+                row_step(o, qr, kt, s, m[r], l[r], vr, nr, nh, hd, scale, L->softcap, p);
         }
+        pf_rest(&pf);
     }
     for (int r = 0; r < R; r++)
         for (int h = 0; h < nh; h++)

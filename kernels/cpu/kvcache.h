@@ -21,7 +21,8 @@
  *   Results are batch-invariant: the output row of a query depends only on that query, the
  *   sequence's cached rows and the layout, never on which other sequences or rows share the
  *   call, nor on the thread count (keys are taken in fixed chunks of IFK_KV_CHUNK from
- *   position 0 with an online softmax; float sums in a fixed order, no FMA contraction).
+ *   position 0 with an online softmax; float sums in a fixed order, the same on every kernel
+ *   path: products fused where kvcache.c says so, nowhere else).
  *   Kernels never allocate and never fail; threads split units of (up to 16 query rows of a
  *   sequence, kv head).
  */
