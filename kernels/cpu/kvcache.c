@@ -407,32 +407,30 @@ static inline __attribute__((always_inline)) void transpose16(kv_f16x *r)
 #undef KV_LO1
 #undef KV_HI1
 
-/* kt = the chunk's nj keys (rows kr[j] of hd), transposed, keys nj .. up to the next multiple of
- * 16 zero. */
-static inline __attribute__((always_inline)) void transpose_keys(float *kt, const float *const *kr, int nj, int hd)
+/* kt[d * IFK_KV_CHUNK + j0 + j] = kr[j][d]: a group of nk <= 16 keys of a chunk (rows kr[j] of hd),
+ * transposed, keys nk .. 15 of the group zero. */
+static inline __attribute__((always_inline)) void transpose_group(float *kt, const float *const *kr, int j0, int nk,
+                                                                 int hd)
 {
-    for (int j0 = 0; j0 < nj; j0 += 16) {
-        const int nk = nj - j0 < 16 ? nj - j0 : 16;
-        int d0 = 0;
-        for (; d0 + 16 <= hd; d0 += 16) {
-            kv_f16x r[16];
-            if (nk == 16)
-                _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++)
-                    memcpy(&r[j], kr[j0 + j] + d0, sizeof r[j]);
-            else
-                _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++) {
-                    r[j] = (kv_f16x){0};
-                    if (j < nk)
-                        memcpy(&r[j], kr[j0 + j] + d0, sizeof r[j]);
-                }
-            transpose16(r);
-            _Pragma("GCC unroll 16") for (int d = 0; d < 16; d++)
-                memcpy(kt + (size_t)(d0 + d) * IFK_KV_CHUNK + j0, &r[d], sizeof r[d]);
-        }
-        for (; d0 < hd; d0++)
-            for (int j = 0; j < 16; j++)
-                kt[(size_t)d0 * IFK_KV_CHUNK + j0 + j] = j < nk ? kr[j0 + j][d0] : 0.0f;
+    int d0 = 0;
+    for (; d0 + 16 <= hd; d0 += 16) {
+        kv_f16x r[16];
+        if (nk == 16)
+            _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++)
+                memcpy(&r[j], kr[j] + d0, sizeof r[j]);
+        else
+            _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++) {
+                r[j] = (kv_f16x){0};
+                if (j < nk)
+                    memcpy(&r[j], kr[j] + d0, sizeof r[j]);
+            }
+        transpose16(r);
+        _Pragma("GCC unroll 16") for (int d = 0; d < 16; d++)
+            memcpy(kt + (size_t)(d0 + d) * IFK_KV_CHUNK + j0, &r[d], sizeof r[d]);
     }
+    for (; d0 < hd; d0++)
+        for (int j = 0; j < 16; j++)
+            kt[(size_t)d0 * IFK_KV_CHUNK + j0 + j] = j < nk ? kr[j][d0] : 0.0f;
 }
 
 /* s[h * IFK_KV_CHUNK + j] = scale * q_h . key j for H heads (q_h = q + h hd), keys 0 .. n16 - 1
@@ -475,7 +473,7 @@ static inline __attribute__((always_inline)) void scores(float *s, const float *
 
 /* o[d] += p[0] * v[0][d], then + p[1] * v[1][d], ... in that order for every d < hd (the
  * values of the plain loop), with o held in registers across the nj rows.  v: [nj] rows. */
-static inline void add_weighted(float *restrict o, const float *const *v, const float *p, int nj, int hd, kv_pf *pf)
+static inline __attribute__((always_inline)) void add_weighted(float *restrict o, const float *const *v, const float *p, int nj, int hd, kv_pf *pf)
 {
     int d0 = 0;
     for (; d0 + 64 <= hd; d0 += 64) { /* four named sums: an array of them stayed in memory */
@@ -680,7 +678,7 @@ static void attend_rows(float *restrict out, const float *restrict q, size_t ld,
                         float scale)
 {
     const int hd = L->head_dim, conv = L->type != IFK_KV_F32;
-    float kbuf[conv ? IFK_KV_CHUNK * hd : 1], vbuf[conv ? IFK_KV_CHUNK * hd : 1];
+    float kbuf[conv ? 16 * hd : 1], vbuf[conv ? IFK_KV_CHUNK * hd : 1];
     float kt[(size_t)hd * IFK_KV_CHUNK] __attribute__((aligned(64)));
     float m[R][nh], l[R][nh], s[(size_t)nh * IFK_KV_CHUNK] __attribute__((aligned(64)));
     const float *kr[IFK_KV_CHUNK], *vr[IFK_KV_CHUNK];
@@ -703,10 +701,16 @@ static void attend_rows(float *restrict out, const float *restrict q, size_t ld,
                 pf_add(&pf, w ? v : k, L, row_of(L, table, j0 + nj + j), g);
         for (int j = 0; j < nj; j++) {
             const size_t r = row_of(L, table, j0 + j);
-            kr[j] = head_of(kbuf + (conv ? (size_t)j * hd : 0), k, L, r, g);
             vr[j] = head_of(vbuf + (conv ? (size_t)j * hd : 0), v, L, r, g);
+            if (!conv)
+                kr[j] = (const float *)k + r * L->n_kv_heads * hd + (size_t)g * hd;
         }
-        transpose_keys(kt, kr, nj, hd);
+        for (int a = 0; a < nj; a += 16) { /* the keys 16 at a time: a pool other than F32 converts */
+            const int nk = nj - a < 16 ? nj - a : 16; /* them into a buffer of 16 rows, which stays in L1 */
+            for (int j = 0; j < nk && conv; j++)
+                kr[a + j] = head_of(kbuf + (size_t)j * hd, k, L, row_of(L, table, j0 + a + j), g);
+            transpose_group(kt, kr + a, a, nk, hd);
+        }
         for (int r = 0; r < R; r++) {
             const int nr = n_keys[r] - j0 < IFK_KV_CHUNK ? n_keys[r] - j0 : IFK_KV_CHUNK;
             if (nr <= 0)
