@@ -34,7 +34,8 @@ typedef int32_t kv_i16x __attribute__((vector_size(64)));
 
 /* acc += s * v lane by lane, each lane one fused multiply-add (one rounding): fmaf, which GCC
  * makes vfmadd in the clones that have FMA and the C library computes exactly in the one that
- * has not, so every clone still gives the same bits. */
+ * has not, so every clone still gives the same bits. A function that uses it is inlined into the
+ * clones (always_inline): out of line it is compiled for baseline x86-64 and calls fmaf a lane. */
 #define KV_FMA(acc, s, v)                                                                          \
     do {                                                                                           \
         const float kv_s_ = (s);                                                                   \
@@ -81,6 +82,19 @@ size_t ifk_kv_pool_bytes(const ifk_kv_layout *L)
 static inline size_t row_of(const ifk_kv_layout *L, const int32_t *table, int pos)
 {
     return (size_t)table[pos / L->block] * (size_t)L->block + (size_t)(pos % L->block);
+}
+
+/* rows[i] = row_of(pos0 + i) for i < n, with one division (a division a key was a tenth of a
+ * decoding row's attention over a Q8 pool). */
+static inline __attribute__((always_inline)) void rows_of(size_t *rows, const ifk_kv_layout *L, const int32_t *table,
+                                                         int pos0, int n)
+{
+    int b = pos0 / L->block, o = pos0 % L->block;
+    for (int i = 0; i < n; i++) {
+        rows[i] = (size_t)table[b] * (size_t)L->block + (size_t)o;
+        if (++o == L->block)
+            o = 0, b++;
+    }
 }
 
 /* ---- half precision (exact both ways; round to nearest even into half) ------------------ */
@@ -683,6 +697,7 @@ static void attend_rows(float *restrict out, const float *restrict q, size_t ld,
     float m[R][nh], l[R][nh], s[(size_t)nh * IFK_KV_CHUNK] __attribute__((aligned(64)));
     const float *kr[IFK_KV_CHUNK], *vr[IFK_KV_CHUNK];
     kv_pf pf;
+    size_t rows_a[IFK_KV_CHUNK], rows_b[IFK_KV_CHUNK], *rows = rows_a, *rows_nn = rows_b; /* pool rows */
     int last = 0;
     for (int r = 0; r < R; r++) {
         last = n_keys[r] > last ? n_keys[r] : last;
@@ -696,19 +711,23 @@ static void attend_rows(float *restrict out, const float *restrict q, size_t ld,
         const int nj = last - j0 < IFK_KV_CHUNK ? last - j0 : IFK_KV_CHUNK;
         pf.n = pf.e = pf.l = 0; /* the next chunk's K slices, then its V slices */
         const int nn = last - j0 - nj < IFK_KV_CHUNK ? last - j0 - nj : IFK_KV_CHUNK;
+        size_t *was = rows; /* this chunk's rows: the last chunk's next ones */
+        rows = rows_nn, rows_nn = was;
+        if (j0 == first)
+            rows_of(rows, L, table, j0, nj);
+        rows_of(rows_nn, L, table, j0 + nj, nn);
         for (int w = 0; w < 2; w++)
             for (int j = 0; j < nn; j++)
-                pf_add(&pf, w ? v : k, L, row_of(L, table, j0 + nj + j), g);
+                pf_add(&pf, w ? v : k, L, rows_nn[j], g);
         for (int j = 0; j < nj; j++) {
-            const size_t r = row_of(L, table, j0 + j);
-            vr[j] = head_of(vbuf + (conv ? (size_t)j * hd : 0), v, L, r, g);
+            vr[j] = head_of(vbuf + (conv ? (size_t)j * hd : 0), v, L, rows[j], g);
             if (!conv)
-                kr[j] = (const float *)k + r * L->n_kv_heads * hd + (size_t)g * hd;
+                kr[j] = (const float *)k + rows[j] * L->n_kv_heads * hd + (size_t)g * hd;
         }
         for (int a = 0; a < nj; a += 16) { /* the keys 16 at a time: a pool other than F32 converts */
             const int nk = nj - a < 16 ? nj - a : 16; /* them into a buffer of 16 rows, which stays in L1 */
             for (int j = 0; j < nk && conv; j++)
-                kr[a + j] = head_of(kbuf + (size_t)j * hd, k, L, row_of(L, table, j0 + a + j), g);
+                kr[a + j] = head_of(kbuf + (size_t)j * hd, k, L, rows[a + j], g);
             transpose_group(kt, kr + a, a, nk, hd);
         }
         for (int r = 0; r < R; r++) {
