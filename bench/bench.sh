@@ -20,7 +20,8 @@
 # as a Poisson process (IFLOW_BENCH_REPLAY_RATE requests/s, default 1) with its latency metrics;
 # and generation past the context (bench/shiftbench.c): perplexity and tokens/s of WikiText read
 # through a small context with RoPE-key shifts, recomputation, and restarts; and decode beside a
-# busy loop pinned to one of the two cores the run uses (the thread pool against OpenMP).
+# busy loop pinned to one of the two cores the run uses (the thread pool against OpenMP); and
+# decode after a 2,048-token prompt with each KV cache type (decode_at_depth).
 # No thresholds: these are measurements.
 set -euo pipefail
 build=${1:?usage: bench/bench.sh BUILD_DIR}
@@ -298,15 +299,39 @@ busy_entry() {
          decode_kept_median: pool_median(.decode_kept), prefill_kept_median: pool_median(.prefill_kept)}'
 }
 busy=$(busy_entry)
+
+# Decode at a depth: TinyLlama Q4_B64, 16 greedy steps after a 2,048-token prompt, at 2 threads,
+# with each KV cache type (iflow-run --kv-type; IFLOW_BENCH_KV): what the attention over the
+# cache adds to a step. kv_bytes_per_token: the cache a step reads (K and V of every layer at
+# the prompt's length); decode_gbps_with_kv: weights and cache read per second.
+depth_entries() {
+    log "decode at depth 2048: TinyLlama Q4_B64, KV cache f32, f16, q8"
+    bin/iflow-convert --synthetic "$DATA/models/synthetic/tinyllama-1.1b" -t f16 -o "$work/tl-depth16.ifs" >&2
+    bin/iflow-quant -t q4_b64 --keep "*=q4_b64" -i "$work/tl-depth16.ifs" -o "$work/tl-depth.ifs" >&2
+    rm -f "$work/tl-depth16.ifs"
+    local kv out=() row
+    for kv in f32 f16 q8; do
+        row=$(IFLOW_BENCH_KV=$kv "$build/iflow-bench" "$work/tl-depth.ifs" 2048 16 2)
+        out+=("$row")
+    done
+    rm -f "$work/tl-depth.ifs"
+    printf '%s\n' "${out[@]}" | jq -s --argjson bw2 "$bw2" 'map(
+        {kv_type, depth: .runs[0].prefill_tokens, threads: .runs[0].threads, decode_tok_s: .runs[0].decode_tok_s,
+         kv_bytes_per_token: .decode_kv_bytes_per_token,
+         decode_gbps_with_kv: ((.decode_bytes_per_token + .decode_kv_bytes_per_token) * .runs[0].decode_tok_s / 1e9),
+         fraction_of_bandwidth: ((.decode_bytes_per_token + .decode_kv_bytes_per_token) * .runs[0].decode_tok_s / 1e9 / $bw2)})
+        | {model: "tinyllama-1.1b-q4_b64", runs: .}'
+}
+depth=$(depth_entries)
 spec=$(speculative_entries)
 
 log "kernel micro-benchmarks"
 kern=$("$build/kbench" --quick | jq -s .)
 
 jq -n --argjson bw1 "$bw1" --argjson bw2 "$bw2" --argjson a "$s260" --argjson b "$tl16" --argjson c "$tl32" \
-    --argjson kern "$kern" --argjson roof "$roof" --argjson quant "$quant" --argjson float "$float" --argjson part "$part" --argjson batch "$batch" --argjson ctxshift "$ctxshift" --argjson spec "$spec" --argjson busy "$busy" \
+    --argjson kern "$kern" --argjson roof "$roof" --argjson quant "$quant" --argjson float "$float" --argjson part "$part" --argjson batch "$batch" --argjson ctxshift "$ctxshift" --argjson spec "$spec" --argjson busy "$busy" --argjson depth "$depth" \
     --arg cpu "$(sed -nE 's/^model name\s*: //p' /proc/cpuinfo | head -n 1)" --arg cores "$(nproc)" '
     {machine: {cpu: $cpu, cores: ($cores | tonumber), kernel_path: ($kern[0].isa // null),
                membw_read_gbps: {"1": $bw1, "2": $bw2}, roof: $roof},
-     models: [$a, $b, $c], quantized: $quant, float_weights: $float, partition: $part, batch: $batch, context_shift: $ctxshift, speculative: $spec, busy_core: $busy,
+     models: [$a, $b, $c], quantized: $quant, float_weights: $float, partition: $part, batch: $batch, context_shift: $ctxshift, speculative: $spec, busy_core: $busy, decode_at_depth: $depth,
      kernels: $kern}'
