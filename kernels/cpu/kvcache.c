@@ -182,9 +182,9 @@ static inline __attribute__((always_inline)) void load_head(float *out, const vo
 /* A kv head's values are a slice of every pool row (n_kv_heads slices a row): a stride the
  * hardware's prefetchers follow poorly, so a decoding row's attention waited on memory most of
  * its time. The cache lines of the next chunk's K and V slices (and a Q8 pool's scales) are
- * listed when a chunk starts and requested a few at a time from inside the chunk's loops (the
- * scores' and the weighted values'), one per iteration: issued all at once, most of them were
- * dropped (no faster than none). */
+ * listed when a chunk starts and requested one at a time from inside the chunk's loops (one an
+ * iteration of the scores' and of the weighted values' loops): issued all at once, most of them
+ * were dropped. */
 #define KV_PF_MAX (4 * IFK_KV_CHUNK) /* a chunk's K and V slices, and a Q8 pool's two scale runs */
 typedef struct {
     const char *at[KV_PF_MAX]; /* start of each slice */
@@ -487,7 +487,8 @@ static inline __attribute__((always_inline)) void scores(float *s, const float *
 
 /* o[d] += p[0] * v[0][d], then + p[1] * v[1][d], ... in that order for every d < hd (the
  * values of the plain loop), with o held in registers across the nj rows.  v: [nj] rows. */
-static inline __attribute__((always_inline)) void add_weighted(float *restrict o, const float *const *v, const float *p, int nj, int hd, kv_pf *pf)
+static inline __attribute__((always_inline)) void add_weighted(float *restrict o, const float *const *v, const float *p,
+                                                                int nj, int hd, kv_pf *pf)
 {
     int d0 = 0;
     for (; d0 + 64 <= hd; d0 += 64) { /* four named sums: an array of them stayed in memory */
