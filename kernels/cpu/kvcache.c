@@ -84,6 +84,25 @@ static inline size_t row_of(const ifk_kv_layout *L, const int32_t *table, int po
     return (size_t)table[pos / L->block] * (size_t)L->block + (size_t)(pos % L->block);
 }
 
+/* Bytes of one cached value (a Q8 pool's scales aside). */
+static inline size_t value_bytes(const ifk_kv_layout *L)
+{
+    return L->type == IFK_KV_F32 ? 4 : L->type == IFK_KV_F16 ? 2 : 1;
+}
+
+/* Byte offsets into a pool of head g of row r: its values, and (Q8) its group scales, which
+ * follow every row's values. */
+static inline size_t head_values_at(const ifk_kv_layout *L, size_t r, int g)
+{
+    return (r * L->n_kv_heads * L->head_dim + (size_t)g * L->head_dim) * value_bytes(L);
+}
+
+static inline size_t head_scales_at(const ifk_kv_layout *L, size_t r, int g)
+{
+    const size_t KV = (size_t)L->n_kv_heads * L->head_dim;
+    return (size_t)L->n_blocks * L->block * KV + (r * (KV / L->group) + (size_t)g * (L->head_dim / L->group)) * 2;
+}
+
 /* rows[i] = row_of(pos0 + i) for i < n, with one division (a division a key was a tenth of a
  * decoding row's attention over a Q8 pool). */
 static inline __attribute__((always_inline)) void rows_of(size_t *rows, const ifk_kv_layout *L, const int32_t *table,
@@ -152,8 +171,7 @@ static inline __attribute__((always_inline)) void load_head(float *out, const vo
         break;
     case IFK_KV_Q8: {
         const int8_t *q = (const int8_t *)pool + off;
-        const uint16_t *sc = (const uint16_t *)((const int8_t *)pool + (size_t)L->n_blocks * L->block * KV) +
-                             r * (size_t)(KV / L->group) + (size_t)g * (hd / L->group);
+        const uint16_t *sc = (const uint16_t *)((const char *)pool + head_scales_at(L, r, g));
         for (int d0 = 0; d0 < hd; d0 += L->group) {
             const float s = h2f(sc[d0 / L->group]);
             int d = d0;
@@ -196,13 +214,10 @@ typedef struct {
 static inline __attribute__((always_inline)) void pf_add(kv_pf *pf, const void *pool, const ifk_kv_layout *L, size_t r,
                                                         int g)
 {
-    const size_t hd = (size_t)L->head_dim, KV = (size_t)L->n_kv_heads * hd;
-    const size_t elt = L->type == IFK_KV_F32 ? 4 : L->type == IFK_KV_F16 ? 2 : 1;
-    pf->at[pf->n] = (const char *)pool + (r * KV + (size_t)g * hd) * elt;
-    pf->lines[pf->n++] = (int)((hd * elt + 63) / 64);
+    pf->at[pf->n] = (const char *)pool + head_values_at(L, r, g);
+    pf->lines[pf->n++] = (int)(((size_t)L->head_dim * value_bytes(L) + 63) / 64);
     if (L->type == IFK_KV_Q8) {
-        pf->at[pf->n] = (const char *)pool + (size_t)L->n_blocks * L->block * KV +
-                        (r * (KV / L->group) + (size_t)g * (hd / L->group)) * 2;
+        pf->at[pf->n] = (const char *)pool + head_scales_at(L, r, g);
         pf->lines[pf->n++] = 1;
     }
 }
@@ -293,7 +308,7 @@ void ifk_kv_block_extent(const ifk_kv_layout *L, int64_t blk, size_t *val, size_
                          size_t *scale_bytes)
 {
     const size_t KV = (size_t)L->n_kv_heads * L->head_dim, rows = (size_t)L->block, r0 = (size_t)blk * rows;
-    size_t elt = L->type == IFK_KV_F32 ? 4 : L->type == IFK_KV_F16 ? 2 : 1;
+    const size_t elt = value_bytes(L);
     *val = r0 * KV * elt;
     *val_bytes = rows * KV * elt;
     *scale = *scale_bytes = 0;
@@ -722,13 +737,14 @@ static void attend_rows(float *restrict out, const float *restrict q, size_t ld,
                 pf_add(&pf, w ? v : k, L, rows_nn[j], g);
         for (int j = 0; j < nj; j++) {
             vr[j] = head_of(vbuf + (conv ? (size_t)j * hd : 0), v, L, rows[j], g);
-            if (!conv)
-                kr[j] = (const float *)k + rows[j] * L->n_kv_heads * hd + (size_t)g * hd;
+            if (!conv) /* the pool's own row */
+                kr[j] = head_of(kbuf, k, L, rows[j], g);
         }
         for (int a = 0; a < nj; a += 16) { /* the keys 16 at a time: a pool other than F32 converts */
             const int nk = nj - a < 16 ? nj - a : 16; /* them into a buffer of 16 rows, which stays in L1 */
-            for (int j = 0; j < nk && conv; j++)
-                kr[a + j] = head_of(kbuf + (size_t)j * hd, k, L, rows[a + j], g);
+            if (conv)
+                for (int j = 0; j < nk; j++)
+                    kr[a + j] = head_of(kbuf + (size_t)j * hd, k, L, rows[a + j], g);
             transpose_group(kt, kr + a, a, nk, hd);
         }
         for (int r = 0; r < R; r++) {
