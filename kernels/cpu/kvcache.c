@@ -24,6 +24,17 @@
 #define KV_CLONES
 #endif
 
+/* The attention over a Q8 pool is compiled once more, for AVX-512 with AVX512_VNNI
+ * (attend_rows_vnni, KV_VNNI_TARGET), where GCC optimizes: the two instructions it needs that
+ * GCC's vector extensions do not give (kv_dpbusd, kv_i8_to_i32) are inline assembly, which the
+ * other instances hold as dead code (an intrinsic there would not compile). */
+#if defined(__GNUC__) && !defined(__clang__) && !defined(IFK_NO_SIMD) && defined(__x86_64__) && defined(__OPTIMIZE__)
+#define KV_VNNI 1
+#define KV_VNNI_TARGET __attribute__((target("arch=x86-64-v4,avx512vnni")))
+#else
+#define KV_VNNI 0
+#endif
+
 /* GCC's vector types (the width the clone's target allows; plain code where it has none). */
 typedef float kv_f16x __attribute__((vector_size(64)));
 typedef float kv_f8x __attribute__((vector_size(32)));
@@ -42,6 +53,35 @@ typedef int32_t kv_i16x __attribute__((vector_size(64)));
         for (int kv_i_ = 0; kv_i_ < 16; kv_i_++)                                                   \
             (acc)[kv_i_] = __builtin_fmaf(kv_s_, (v)[kv_i_], (acc)[kv_i_]);                        \
     } while (0)
+
+/* *acc += the dword-wise dot products of k's unsigned bytes with q4's four signed bytes
+ * (vpdpbusd; called only where vnni is 1, see KV_VNNI). */
+static inline __attribute__((always_inline)) void kv_dpbusd(kv_i16x *acc, const kv_i16x *k, int32_t q4)
+{
+#if KV_VNNI
+    const kv_i16x qv = (kv_i16x){0} + q4;
+    kv_i16x a = *acc;
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(a) : "v"(*k), "v"(qv));
+    *acc = a;
+#else
+    for (int b = 0; b < 4; b++)
+        *acc += (int32_t)(signed char)(q4 >> 8 * b) * ((*k >> 8 * b) & 0xff);
+#endif
+}
+
+/* *w = p[0 .. 16) widened to int32 (vpmovsxbd; called only where vnni is 1: GCC 12 widens a
+ * vector of 16 int8 in 8 instructions, or a lane at a time). */
+static inline __attribute__((always_inline)) void kv_i8_to_i32(kv_i16x *w, const int8_t *p)
+{
+#if KV_VNNI
+    kv_i8x16 b;
+    memcpy(&b, p, sizeof b);
+    __asm__("vpmovsxbd %1, %0" : "=v"(*w) : "v"(b));
+#else
+    for (int i = 0; i < 16; i++)
+        (*w)[i] = p[i];
+#endif
+}
 
 /* ---- layout --------------------------------------------------------------------------- */
 
@@ -90,27 +130,44 @@ static inline size_t value_bytes(const ifk_kv_layout *L)
     return L->type == IFK_KV_F32 ? 4 : L->type == IFK_KV_F16 ? 2 : 1;
 }
 
-/* Byte offsets into a pool of head g of row r: its values, and (Q8) its group scales, which
- * follow every row's values. */
-static inline size_t head_values_at(const ifk_kv_layout *L, size_t r, int g)
+/* Byte offset into a Q8 pool of the scale of group i (0 .. KV / group - 1) of pool row r: the
+ * scales follow every row's values, a block's together, group by group (kvcache.h). */
+static inline size_t scale_at(const ifk_kv_layout *L, size_t r, size_t i)
 {
-    return (r * L->n_kv_heads * L->head_dim + (size_t)g * L->head_dim) * value_bytes(L);
+    const size_t KV = (size_t)L->n_kv_heads * L->head_dim, B = (size_t)L->block;
+    return (size_t)L->n_blocks * B * KV + ((r / B * (KV / L->group) + i) * B + r % B) * 2;
 }
 
-static inline size_t head_scales_at(const ifk_kv_layout *L, size_t r, int g)
+/* Where kv head g is, as byte offsets into a pool: pool row r's values at val0 + r val_r; in a Q8
+ * pool, the scale of its group gi at slot o of block b at sc0 + b sc_b + gi sc_g + 2 o. Taken once
+ * a call: the scales' offsets take divisions (two a key were a tenth of a decoding row's
+ * attention over a Q8 pool). */
+typedef struct {
+    size_t val0, val_r, sc0, sc_b, sc_g;
+} kv_at;
+
+static inline kv_at head_at(const ifk_kv_layout *L, int g)
 {
-    const size_t KV = (size_t)L->n_kv_heads * L->head_dim;
-    return (size_t)L->n_blocks * L->block * KV + (r * (KV / L->group) + (size_t)g * (L->head_dim / L->group)) * 2;
+    const size_t KV = (size_t)L->n_kv_heads * L->head_dim, vb = value_bytes(L);
+    kv_at a = {(size_t)g * L->head_dim * vb, KV * vb, 0, 0, 0};
+    if (L->type == IFK_KV_Q8) {
+        a.sc0 = scale_at(L, 0, (size_t)g * (L->head_dim / L->group));
+        a.sc_b = KV / L->group * L->block * 2;
+        a.sc_g = (size_t)L->block * 2;
+    }
+    return a;
 }
 
 /* rows[i] = row_of(pos0 + i) for i < n, with one division (a division a key was a tenth of a
- * decoding row's attention over a Q8 pool). */
-static inline __attribute__((always_inline)) void rows_of(size_t *rows, const ifk_kv_layout *L, const int32_t *table,
-                                                         int pos0, int n)
+ * decoding row's attention over a Q8 pool); and (a Q8 pool) scs[i]: the byte offset of the scale
+ * of that row's first group of the head at `at`. */
+static inline __attribute__((always_inline)) void rows_of(size_t *rows, size_t *scs, const ifk_kv_layout *L,
+                                                         const kv_at *at, const int32_t *table, int pos0, int n)
 {
     int b = pos0 / L->block, o = pos0 % L->block;
     for (int i = 0; i < n; i++) {
         rows[i] = (size_t)table[b] * (size_t)L->block + (size_t)o;
+        scs[i] = at->sc0 + (size_t)table[b] * at->sc_b + (size_t)o * 2;
         if (++o == L->block)
             o = 0, b++;
     }
@@ -134,6 +191,19 @@ static inline float h2f(uint16_t h)
     return f;
 }
 
+/* *out = h2f of 16 halves at once (their bits in the low 16 bits of each lane of h). */
+static inline __attribute__((always_inline)) void h2f16(kv_f16x *out, kv_i16x h)
+{
+    const kv_i16x a = h & 0x7fff, m = h & 0x3ff, s = (h & 0x8000) << 16;
+    const kv_i16x normal = s | ((a << 13) + (112 << 23)), e0 = a < 0x400, e31 = a >= 0x7c00;
+    const kv_i16x special = s | 0x7f800000 | (m << 13) | ((m != 0) & 0x400000);
+    kv_f16x f = __builtin_convertvector(m, kv_f16x) * 0x1p-24f; /* exponent 0: m 2^-24, exact */
+    kv_i16x b;
+    memcpy(&b, &f, sizeof b);
+    b = (e0 & (s | b)) | (e31 & special) | (~(e0 | e31) & normal);
+    memcpy(out, &b, sizeof b);
+}
+
 static inline uint16_t f2h(float f)
 {
     uint32_t x;
@@ -155,38 +225,46 @@ static inline uint16_t f2h(float f)
 
 /* ---- one head of one position, to F32 ----------------------------------------------------- */
 
-/* out [head_dim] = head g of pool row r. */
-static inline __attribute__((always_inline)) void load_head(float *out, const void *pool, const ifk_kv_layout *L, size_t r,
-                                                          int g)
+/* out[i] = q[i] * s, i < n. */
+static inline __attribute__((always_inline)) void q8_floats(float *out, const int8_t *q, int n, float s,
+                                                            const int vnni)
 {
-    const int hd = L->head_dim, KV = L->n_kv_heads * hd;
-    const size_t off = r * (size_t)KV + (size_t)g * hd;
+    int i = 0;
+    for (; i + 16 <= n; i += 16) { /* the loop below, 16 at a time (it stayed scalar) */
+        kv_i16x w;
+        if (vnni)
+            kv_i8_to_i32(&w, q + i);
+        else { /* through int16: GCC 12 turned int8 -> int32 into a conversion a lane */
+            kv_i8x16 v;
+            memcpy(&v, q + i, sizeof v);
+            w = __builtin_convertvector(__builtin_convertvector(v, kv_s16x16), kv_i16x);
+        }
+        const kv_f16x y = __builtin_convertvector(w, kv_f16x) * s;
+        memcpy(out + i, &y, sizeof y);
+    }
+    for (; i < n; i++)
+        out[i] = (float)q[i] * s;
+}
+
+/* out [head_dim] = the head at `at` of pool row r (sco: a Q8 pool's offset of its first scale). */
+static inline __attribute__((always_inline)) void load_head(float *out, const void *pool, const ifk_kv_layout *L,
+                                                          const kv_at *at, size_t r, size_t sco)
+{
+    const int hd = L->head_dim;
+    const char *x = (const char *)pool + at->val0 + r * at->val_r;
     switch (L->type) {
     case IFK_KV_F32:
-        memcpy(out, (const float *)pool + off, (size_t)hd * sizeof(float));
+        memcpy(out, x, (size_t)hd * sizeof(float));
         break;
     case IFK_KV_F16: /* the kernel path's row conversion: vcvtph2ps, 16 or 8 at a time (exact, as h2f;
                       * h2f one value at a time cost more than the half of the bytes saved) */
-        ifk_get_row(out, (const uint16_t *)pool + off, IFK_F16, 0, hd);
+        ifk_get_row(out, (const uint16_t *)x, IFK_F16, 0, hd);
         break;
     case IFK_KV_Q8: {
-        const int8_t *q = (const int8_t *)pool + off;
-        const uint16_t *sc = (const uint16_t *)((const char *)pool + head_scales_at(L, r, g));
         for (int d0 = 0; d0 < hd; d0 += L->group) {
-            const float s = h2f(sc[d0 / L->group]);
-            int d = d0;
-            for (; d + 16 <= d0 + L->group; d += 16) { /* the loop below, 16 at a time (it stayed scalar) */
-                kv_i8x16 v;
-                memcpy(&v, q + d, sizeof v);
-                /* through int16 and int32: GCC 12 turned int8 -> float (and int8 -> int32) into
-                 * a scalar conversion a lane */
-                const kv_f16x y =
-                    __builtin_convertvector(__builtin_convertvector(__builtin_convertvector(v, kv_s16x16), kv_i16x),
-                                            kv_f16x) * s;
-                memcpy(out + d, &y, sizeof y);
-            }
-            for (; d < d0 + L->group; d++)
-                out[d] = (float)q[d] * s;
+            uint16_t sc;
+            memcpy(&sc, (const char *)pool + sco + (size_t)(d0 / L->group) * at->sc_g, sizeof sc);
+            q8_floats(out + d0, (const int8_t *)x + d0, L->group, h2f(sc), 0);
         }
         break;
     }
@@ -210,16 +288,19 @@ typedef struct {
     int n, e, l;               /* slices; the next one to request, and its next line */
 } kv_pf;
 
-/* Head g of pool row r (values, then a Q8 pool's scales) onto the list. */
-static inline __attribute__((always_inline)) void pf_add(kv_pf *pf, const void *pool, const ifk_kv_layout *L, size_t r,
-                                                        int g)
+/* The head at `at` of pool row r onto the list: its values, and (a Q8 pool, sc_line) the lines of
+ * its scales, each group's from sco on (the next rows' scales follow them in a block: the caller
+ * asks for them once a line). */
+static inline __attribute__((always_inline)) void pf_add(kv_pf *pf, const void *pool, const ifk_kv_layout *L,
+                                                        const kv_at *at, size_t r, size_t sco, int sc_line)
 {
-    pf->at[pf->n] = (const char *)pool + head_values_at(L, r, g);
+    pf->at[pf->n] = (const char *)pool + at->val0 + r * at->val_r;
     pf->lines[pf->n++] = (int)(((size_t)L->head_dim * value_bytes(L) + 63) / 64);
-    if (L->type == IFK_KV_Q8) {
-        pf->at[pf->n] = (const char *)pool + head_scales_at(L, r, g);
-        pf->lines[pf->n++] = 1;
-    }
+    if (L->type == IFK_KV_Q8 && sc_line)
+        for (int gi = 0; gi < L->head_dim / L->group && pf->n < KV_PF_MAX; gi++) {
+            pf->at[pf->n] = (const char *)pool + sco + (size_t)gi * at->sc_g;
+            pf->lines[pf->n++] = 1;
+        }
 }
 
 /* The next line of the list into the L2 cache (pf NULL or done: nothing). */
@@ -239,21 +320,25 @@ static inline __attribute__((always_inline)) void pf_rest(kv_pf *pf)
         pf_step(pf);
 }
 
-/* Head g of pool row r as F32: in place for an F32 pool, else converted into buf [head_dim]. */
+/* The head at `at` of pool row r as F32: in place for an F32 pool, else converted into buf [head_dim]
+ * (an F16 pool's: a Q8 pool's rows take q8_keys and q8_values). */
 static inline __attribute__((always_inline)) const float *head_of(float *buf, const void *pool, const ifk_kv_layout *L,
-                                                                 size_t r, int g)
+                                                                 const kv_at *at, size_t r)
 {
     if (L->type == IFK_KV_F32)
-        return (const float *)pool + r * (size_t)L->n_kv_heads * L->head_dim + (size_t)g * L->head_dim;
-    load_head(buf, pool, L, r, g);
+        return (const float *)((const char *)pool + at->val0 + r * at->val_r);
+    load_head(buf, pool, L, at, r, 0);
     return buf;
 }
 
 void ifk_kv_load_row(float *out, const void *pool, const ifk_kv_layout *L, const int32_t *table, int pos)
 {
     size_t r = row_of(L, table, pos);
-    for (int g = 0; g < L->n_kv_heads; g++)
-        load_head(out + (size_t)g * L->head_dim, pool, L, r, g);
+    for (int g = 0; g < L->n_kv_heads; g++) {
+        const kv_at at = head_at(L, g);
+        load_head(out + (size_t)g * L->head_dim, pool, L, &at, r,
+                  L->type == IFK_KV_Q8 ? scale_at(L, r, (size_t)g * (L->head_dim / L->group)) : 0);
+    }
 }
 
 /* ---- store ---------------------------------------------------------------------------- */
@@ -275,14 +360,14 @@ static void store_row(void *pool, const ifk_kv_layout *L, size_t r, const float 
     case IFK_KV_Q8: {
         const int G = L->group;
         int8_t *q = (int8_t *)pool + r * KV;
-        uint16_t *sc = (uint16_t *)((int8_t *)pool + (size_t)L->n_blocks * L->block * KV) + r * (size_t)(KV / G);
+        uint16_t *sc = (uint16_t *)((char *)pool + scale_at(L, r, 0)); /* group i at sc[i * block] */
         for (int i0 = 0; i0 < KV; i0 += G) {
             float amax = 0.0f;
             for (int i = i0; i < i0 + G; i++)
                 amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
             uint16_t hs = f2h(amax / 127.0f);
             float s = h2f(hs), inv = s > 0.0f ? 1.0f / s : 0.0f;
-            sc[i0 / G] = hs;
+            sc[(size_t)(i0 / G) * L->block] = hs;
             for (int i = i0; i < i0 + G; i++) {
                 float v = nearbyintf(x[i] * inv);
                 q[i] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : v);
@@ -328,13 +413,11 @@ static void copy_row(void *pool, const ifk_kv_layout *L, size_t dst, size_t src)
     switch (L->type) {
     case IFK_KV_F32: memmove((float *)pool + dst * KV, (float *)pool + src * KV, KV * sizeof(float)); break;
     case IFK_KV_F16: memmove((uint16_t *)pool + dst * KV, (uint16_t *)pool + src * KV, KV * 2); break;
-    case IFK_KV_Q8: {
-        const size_t ns = KV / (size_t)L->group;
-        uint16_t *sc = (uint16_t *)((int8_t *)pool + (size_t)L->n_blocks * L->block * KV);
+    case IFK_KV_Q8:
         memmove((int8_t *)pool + dst * KV, (int8_t *)pool + src * KV, KV);
-        memmove(sc + dst * ns, sc + src * ns, ns * 2);
+        for (size_t i = 0; i < KV / (size_t)L->group; i++)
+            memmove((char *)pool + scale_at(L, dst, i), (char *)pool + scale_at(L, src, i), 2);
         break;
-    }
     default: break;
     }
 }
@@ -498,6 +581,213 @@ static inline __attribute__((always_inline)) void scores(float *s, const float *
         scores_h(4, s + (size_t)h * IFK_KV_CHUNK, q + (size_t)h * hd, kt, n16, hd, scale, pf);
     for (; h < nh; h++)
         scores_h(1, s + (size_t)h * IFK_KV_CHUNK, q + (size_t)h * hd, kt, n16, hd, scale, pf);
+}
+
+/* ---- a Q8 pool's keys against an int8 query -------------------------------------------- */
+
+/* Over a Q8 pool the query is rounded to int8 as well, each group of L->group values of a head
+ * with its own F32 scale (maxabs / 127, as llama.cpp rounds the query for its q8_0 keys), so that
+ * a group's product of query and key is an exact integer, sum_d q_d k_d (|q_d|, |k_d| <= 127;
+ * groups of up to 1024 values stay below 2^24). A head's score is then, group by group in order,
+ *     a = fmaf(q_scale[g], (float)sum_g * k_scale[g], a),   then a * scale.
+ * With AVX512_VNNI (vpdpbusd) the sums take one instruction per 4 values of 16 keys, over keys
+ * held as dwords of 4 values transposed (ktq[w * IFK_KV_CHUNK + j]: key j's values 4w .. 4w + 3),
+ * 0x80 added to each byte (vpdpbusd multiplies unsigned by signed bytes), and the sums started
+ * at -128 * the group's sum of q, which takes that back out. Elsewhere the same integers are
+ * summed as floats (every partial sum is an integer below 2^24: exact in any order), over keys
+ * converted unscaled and transposed as the other pools' are. Both give the same bits. */
+#define KV_Q8_BIAS ((int32_t)0x80808080u) /* the keys' bytes + 128 */
+
+/* Whether a pool of layout L takes the int8 query (a group a whole number of dwords). */
+static inline int q8_int(const ifk_kv_layout *L)
+{
+    return L->type == IFK_KV_Q8 && L->group % 4 == 0 && L->group <= 1024;
+}
+
+/* A query row's nh heads [nh][hd] rounded for a Q8 pool: qi [nh][hd] (int8), and as floats qf
+ * [nh][hd] (NULL: not wanted), the groups' scales qs [nh][ng] and VNNI's starting sums qb [nh][ng]. */
+static inline __attribute__((always_inline)) void q8_query(int8_t *qi, float *qf, float *qs, int32_t *qb,
+                                                          const float *q, int nh, int hd, int G)
+{
+    for (int i0 = 0; i0 < nh * hd; i0 += G) {
+        float amax = 0.0f;
+        for (int i = i0; i < i0 + G; i++)
+            amax = fabsf(q[i]) > amax ? fabsf(q[i]) : amax;
+        const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        int32_t sum = 0;
+        for (int i = i0; i < i0 + G; i++) {
+            const float v = nearbyintf(q[i] * id);
+            qi[i] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : v);
+            sum += qi[i];
+            if (qf)
+                qf[i] = qi[i];
+        }
+        qs[i0 / G] = d;
+        qb[i0 / G] = -128 * sum;
+    }
+}
+
+/* sc[0 .. 16) = the scales at byte offsets pool + scs[j] + goff for j < n (<= 16; F16 -> F32),
+ * 0 for the rest: 16 adjacent ones (a block's) loaded at once, else one at a time. */
+typedef unsigned short kv_u16x16 __attribute__((vector_size(32)));
+static inline __attribute__((always_inline)) void q8_scales(float *sc, const void *pool, const size_t *scs, int n,
+                                                           size_t goff)
+{
+    kv_i16x h = {0};
+    if (n == 16 && scs[15] == scs[0] + 30) {
+        kv_u16x16 x;
+        memcpy(&x, (const char *)pool + scs[0] + goff, sizeof x);
+        h = __builtin_convertvector(x, kv_i16x);
+    } else
+        for (int j = 0; j < n; j++) {
+            uint16_t x;
+            memcpy(&x, (const char *)pool + scs[j] + goff, sizeof x);
+            h[j] = x;
+        }
+    kv_f16x f;
+    h2f16(&f, h);
+    memcpy(sc, &f, sizeof f);
+}
+
+/* Keys j0 .. j0 + nk - 1 of a chunk (pool rows rows[0 .. nk), scales scs (rows_of), the head at
+ * `at`; nk <= 16, the rest of the 16 zero) for the int8 query: their group scales into
+ * ks[gi * IFK_KV_CHUNK + j0 + j], their values into kt: as ktq (vnni; int32 [hd / 4][IFK_KV_CHUNK],
+ * see above) or unscaled and transposed as floats (float [hd][IFK_KV_CHUNK]; kbuf: scratch
+ * [16][hd]). */
+static inline __attribute__((always_inline)) void q8_keys(void *kt, float *ks, float *kbuf, const void *pool,
+                                                         const ifk_kv_layout *L, const kv_at *at, const size_t *rows,
+                                                         const size_t *scs, int j0, int nk, const int vnni)
+{
+    const int hd = L->head_dim, ng = hd / L->group;
+    const int8_t *kr8[16];
+    for (int j = 0; j < 16; j++)
+        kr8[j] = j < nk ? (const int8_t *)pool + at->val0 + rows[j] * at->val_r : NULL;
+    for (int gi = 0; gi < ng; gi++)
+        q8_scales(ks + (size_t)gi * IFK_KV_CHUNK + j0, pool, scs, nk, (size_t)gi * at->sc_g);
+    if (vnni) {
+        int32_t *ktq = kt;
+        int w0 = 0;
+        for (; w0 + 16 <= hd / 4; w0 += 16) { /* 16 keys x 16 dwords: one transpose */
+            kv_f16x r[16];
+            _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++) {
+                r[j] = (kv_f16x){0};
+                if (j < nk)
+                    memcpy(&r[j], kr8[j] + 4 * w0, sizeof r[j]);
+            }
+            transpose16(r);
+            _Pragma("GCC unroll 16") for (int w = 0; w < 16; w++) {
+                kv_i16x t;
+                memcpy(&t, &r[w], sizeof t);
+                t ^= KV_Q8_BIAS;
+                memcpy(ktq + (size_t)(w0 + w) * IFK_KV_CHUNK + j0, &t, sizeof t);
+            }
+        }
+        for (; w0 < hd / 4; w0++)
+            for (int j = 0; j < 16; j++) {
+                int32_t x = 0;
+                if (j < nk)
+                    memcpy(&x, kr8[j] + 4 * w0, sizeof x);
+                ktq[(size_t)w0 * IFK_KV_CHUNK + j0 + j] = x ^ KV_Q8_BIAS;
+            }
+        return;
+    }
+    const float *kr[16];
+    for (int j = 0; j < nk; j++) {
+        q8_floats(kbuf + (size_t)j * hd, kr8[j], hd, 1.0f, 0);
+        kr[j] = kbuf + (size_t)j * hd;
+    }
+    transpose_group(kt, kr, j0, nk, hd);
+}
+
+/* A chunk's nj value rows (pool rows rows[0 .. nj), scales scs, the head at `at`) of a Q8 pool as
+ * F32 into vbuf [nj][hd] (sc: scratch [hd / group][IFK_KV_CHUNK]). */
+static inline __attribute__((always_inline)) void q8_values(float *vbuf, float *sc, const void *pool,
+                                                           const ifk_kv_layout *L, const kv_at *at,
+                                                           const size_t *rows, const size_t *scs, int nj,
+                                                           const int vnni)
+{
+    const int hd = L->head_dim, G = L->group, ng = hd / G;
+    for (int gi = 0; gi < ng; gi++)
+        for (int a = 0; a < nj; a += 16)
+            q8_scales(sc + (size_t)gi * IFK_KV_CHUNK + a, pool, scs + a, nj - a < 16 ? nj - a : 16,
+                      (size_t)gi * at->sc_g);
+    for (int j = 0; j < nj; j++) {
+        const int8_t *x = (const int8_t *)pool + at->val0 + rows[j] * at->val_r;
+        for (int gi = 0; gi < ng; gi++)
+            q8_floats(vbuf + (size_t)j * hd + gi * G, x + gi * G, G, sc[(size_t)gi * IFK_KV_CHUNK + j], vnni);
+    }
+}
+
+/* s[h * IFK_KV_CHUNK + j] = scale * (query head h . key j) for H heads of a row rounded by
+ * q8_query (its qi, qf, qs, qb from head 0 of the H), over keys 0 .. n16 - 1 held by q8_keys. */
+static inline __attribute__((always_inline)) void scores_q8_h(const int H, float *s, const int8_t *qi, const float *qf,
+                                                               const float *qs, const int32_t *qb, const void *kt,
+                                                               const float *ks, int n16, int hd, int G, float scale,
+                                                               kv_pf *pf, const int vnni)
+{
+    const int ng = hd / G;
+    for (int j = 0; j < n16; j += 16) {
+        kv_f16x a[8];
+        _Pragma("GCC unroll 8") for (int h = 0; h < H; h++)
+            a[h] = (kv_f16x){0};
+        for (int gi = 0; gi < ng; gi++) {
+            kv_f16x sum[8], k0;
+            if (vnni) {
+                kv_i16x is[8] = {{0}}, kq; /* (all 8 set: GCC 12 warned of the unused ones) */
+                _Pragma("GCC unroll 8") for (int h = 0; h < H; h++)
+                    is[h] = (kv_i16x){0} + qb[h * ng + gi];
+                for (int w = gi * G / 4; w < (gi + 1) * G / 4; w++) {
+                    pf_step(pf);
+                    memcpy(&kq, (const int32_t *)kt + (size_t)w * IFK_KV_CHUNK + j, sizeof kq);
+                    _Pragma("GCC unroll 8") for (int h = 0; h < H; h++) {
+                        int32_t q4;
+                        memcpy(&q4, qi + (size_t)h * hd + 4 * w, sizeof q4);
+                        kv_dpbusd(&is[h], &kq, q4);
+                    }
+                }
+                _Pragma("GCC unroll 8") for (int h = 0; h < H; h++)
+                    sum[h] = __builtin_convertvector(is[h], kv_f16x);
+            } else {
+                _Pragma("GCC unroll 8") for (int h = 0; h < H; h++)
+                    sum[h] = (kv_f16x){0};
+                for (int d = gi * G; d < (gi + 1) * G; d++) {
+                    pf_step(pf);
+                    memcpy(&k0, (const float *)kt + (size_t)d * IFK_KV_CHUNK + j, sizeof k0);
+                    _Pragma("GCC unroll 8") for (int h = 0; h < H; h++)
+                        KV_FMA(sum[h], qf[(size_t)h * hd + d], k0);
+                }
+            }
+            memcpy(&k0, ks + (size_t)gi * IFK_KV_CHUNK + j, sizeof k0);
+            _Pragma("GCC unroll 8") for (int h = 0; h < H; h++) {
+                sum[h] *= k0;
+                KV_FMA(a[h], qs[h * ng + gi], sum[h]);
+            }
+        }
+        _Pragma("GCC unroll 8") for (int h = 0; h < H; h++) {
+            a[h] *= scale;
+            memcpy(s + (size_t)h * IFK_KV_CHUNK + j, &a[h], sizeof a[h]);
+        }
+    }
+}
+
+/* scores_q8_h for nh heads: 8, then 4, then one at a time. */
+static inline __attribute__((always_inline)) void scores_q8(float *s, const int8_t *qi, const float *qf,
+                                                             const float *qs, const int32_t *qb, const void *kt,
+                                                             const float *ks, int n16, int nh, int hd, int G,
+                                                             float scale, kv_pf *pf, const int vnni)
+{
+    const int ng = hd / G;
+    int h = 0;
+#define KV_Q8_HEADS(H)                                                                             \
+    scores_q8_h(H, s + (size_t)h * IFK_KV_CHUNK, qi + (size_t)h * hd, qf ? qf + (size_t)h * hd : NULL,    \
+                qs + h * ng, qb + h * ng, kt, ks, n16, hd, G, scale, pf, vnni)
+    for (; h + 8 <= nh; h += 8)
+        KV_Q8_HEADS(8);
+    for (; h + 4 <= nh; h += 4)
+        KV_Q8_HEADS(4);
+    for (; h < nh; h++)
+        KV_Q8_HEADS(1);
+#undef KV_Q8_HEADS
 }
 
 /* o[d] += p[0] * v[0][d], then + p[1] * v[1][d], ... in that order for every d < hd (the
@@ -684,36 +974,59 @@ static inline __attribute__((always_inline)) void softmax_step(float *restrict o
         add_weighted(out + (size_t)h * hd, vr, s + (size_t)h * IFK_KV_CHUNK, nj, hd, pf);
 }
 
+/* A Q8 pool's query rows rounded (q8_query; qf NULL with VNNI) and a chunk's key scales (q8_keys). */
+typedef struct {
+    const int8_t *qi;
+    const float *qf, *qs;
+    const int32_t *qb;
+    const float *ks;
+} kv_q8q;
+
 /* A row's share of a chunk of nj keys (transposed in kt, values vr): its scores, then the softmax
- * step (s: scratch [nh][IFK_KV_CHUNK]). */
-static inline __attribute__((always_inline)) void row_step(float *restrict out, const float *q, const float *kt,
-                                                            float *s, float *m, float *l, const float *const *vr,
-                                                            int nj, int nh, int hd, float scale, float softcap,
-                                                            kv_pf *pf)
+ * step (s: scratch [nh][IFK_KV_CHUNK]). q8: the row's rounded query over a Q8 pool, else NULL. */
+static inline __attribute__((always_inline)) void row_step(float *restrict out, const float *q, const kv_q8q *q8,
+                                                            const float *kt, float *s, float *m, float *l,
+                                                            const float *const *vr, int nj, int nh, int hd, int G,
+                                                            float scale, float softcap, kv_pf *pf, const int vnni)
 {
-    scores(s, q, kt, (nj + 15) & ~15, nh, hd, scale, pf);
+    const int n16 = (nj + 15) & ~15;
+    if (q8)
+        scores_q8(s, q8->qi, q8->qf, q8->qs, q8->qb, kt, q8->ks, n16, nh, hd, G, scale, pf, vnni);
+    else
+        scores(s, q, kt, n16, nh, hd, scale, pf);
     softmax_step(out, s, m, l, vr, nj, nh, hd, softcap, pf);
 }
 
 /* Rows of one sequence for kv head g: row r (its nh query heads at q + r ld, out + r ld) attends to
  * keys first .. n_keys[r] - 1. Online softmax over chunks of IFK_KV_CHUNK keys from `first`; each
  * chunk's keys are converted (pools other than F32) and transposed once for all the rows, and each
- * row then takes the same operations it would take alone: its scores (scores()), softmax_step over
- * its own keys of the chunk. So a row's output depends only on its query, its position and the
- * cache, whatever rows share the call, and heads only on their own query. */
-#define ATTEND_ROWS 16 /* rows that share a chunk's transposed keys */
-KV_CLONES
-static void attend_rows(float *restrict out, const float *restrict q, size_t ld, int R, const void *k, const void *v,
-                        const ifk_kv_layout *L, const int32_t *table, int first, const int *n_keys, int g, int nh,
-                        float scale)
+ * row then takes the same operations it would take alone: its scores (scores(), or over a Q8 pool
+ * scores_q8() with its query rounded once), softmax_step over its own keys of the chunk. So a
+ * row's output depends only on its query, its position and the cache, whatever rows share the
+ * call, and heads only on their own query. vnni: the Q8 pool's products on vpdpbusd (the same bits).
+ * Compiled as attend_rows (the clones) and attend_rows_vnni. */
+#define ATTEND_ROWS 16         /* rows that share a chunk's transposed keys */
+#define ATTEND_Q8_BYTES 65536 /* at most for a unit's rounded queries (fewer rows a unit when more) */
+static inline __attribute__((always_inline)) void attend_body(float *restrict out, const float *restrict q, size_t ld,
+                                                               int R, const void *k, const void *v,
+                                                               const ifk_kv_layout *L, const int32_t *table, int first,
+                                                               const int *n_keys, int g, int nh, float scale,
+                                                               const int vnni)
 {
-    const int hd = L->head_dim, conv = L->type != IFK_KV_F32;
-    float kbuf[conv ? 16 * hd : 1], vbuf[conv ? IFK_KV_CHUNK * hd : 1];
-    float kt[(size_t)hd * IFK_KV_CHUNK] __attribute__((aligned(64)));
+    const int hd = L->head_dim, conv = L->type != IFK_KV_F32, q8 = vnni || q8_int(L), G = L->group;
+    const int ng = q8 ? hd / G : 1, QH = q8 ? nh * hd : 1, QG = q8 ? nh * ng : 1;
+    const kv_at at = head_at(L, g); /* the K and V pools' layout is one */
+    float kbuf[conv ? 16 * hd : 1], vbuf[conv ? IFK_KV_CHUNK * hd : 1], vsc[(size_t)ng * IFK_KV_CHUNK];
+    float kt[(size_t)hd * IFK_KV_CHUNK] __attribute__((aligned(64))); /* q8 with VNNI: int32 [hd / 4][CHUNK] */
+    float ks[(size_t)ng * IFK_KV_CHUNK] __attribute__((aligned(64)));
+    int8_t qi[R * QH] __attribute__((aligned(64)));
+    float qf[vnni ? 1 : R * QH], qs[R * QG];
+    int32_t qb[R * QG];
     float m[R][nh], l[R][nh], s[(size_t)nh * IFK_KV_CHUNK] __attribute__((aligned(64)));
     const float *kr[IFK_KV_CHUNK], *vr[IFK_KV_CHUNK];
     kv_pf pf;
     size_t rows_a[IFK_KV_CHUNK], rows_b[IFK_KV_CHUNK], *rows = rows_a, *rows_nn = rows_b; /* pool rows */
+    size_t scs_a[IFK_KV_CHUNK], scs_b[IFK_KV_CHUNK], *scs = scs_a, *scs_nn = scs_b;     /* their scales */
     int last = 0;
     for (int r = 0; r < R; r++) {
         last = n_keys[r] > last ? n_keys[r] : last;
@@ -722,29 +1035,38 @@ static void attend_rows(float *restrict out, const float *restrict q, size_t ld,
             l[r][h] = 0.0f;
         }
         memset(out + (size_t)r * ld, 0, (size_t)nh * hd * sizeof(float));
+        if (q8)
+            q8_query(qi + r * QH, vnni ? NULL : qf + r * QH, qs + r * QG, qb + r * QG, q + (size_t)r * ld, nh, hd, G);
     }
     for (int j0 = first; j0 < last; j0 += IFK_KV_CHUNK) {
         const int nj = last - j0 < IFK_KV_CHUNK ? last - j0 : IFK_KV_CHUNK;
         pf.n = pf.e = pf.l = 0; /* the next chunk's K slices, then its V slices */
         const int nn = last - j0 - nj < IFK_KV_CHUNK ? last - j0 - nj : IFK_KV_CHUNK;
-        size_t *was = rows; /* this chunk's rows: the last chunk's next ones */
-        rows = rows_nn, rows_nn = was;
+        size_t *was = rows, *was_sc = scs; /* this chunk's rows: the last chunk's next ones */
+        rows = rows_nn, rows_nn = was, scs = scs_nn, scs_nn = was_sc;
         if (j0 == first)
-            rows_of(rows, L, table, j0, nj);
-        rows_of(rows_nn, L, table, j0 + nj, nn);
+            rows_of(rows, scs, L, &at, table, j0, nj);
+        rows_of(rows_nn, scs_nn, L, &at, table, j0 + nj, nn);
         for (int w = 0; w < 2; w++)
-            for (int j = 0; j < nn; j++)
-                pf_add(&pf, w ? v : k, L, rows_nn[j], g);
+            for (int j = 0; j < nn; j++) /* a Q8 pool's scales: a line's once */
+                pf_add(&pf, w ? v : k, L, &at, rows_nn[j], scs_nn[j],
+                       j == 0 || scs_nn[j] != scs_nn[j - 1] + 2 || scs_nn[j] % 64 == 0);
+        if (q8)
+            q8_values(vbuf, vsc, v, L, &at, rows, scs, nj, vnni);
         for (int j = 0; j < nj; j++) {
-            vr[j] = head_of(vbuf + (conv ? (size_t)j * hd : 0), v, L, rows[j], g);
+            vr[j] = q8 ? vbuf + (size_t)j * hd : head_of(vbuf + (conv ? (size_t)j * hd : 0), v, L, &at, rows[j]);
             if (!conv) /* the pool's own row */
-                kr[j] = head_of(kbuf, k, L, rows[j], g);
+                kr[j] = head_of(kbuf, k, L, &at, rows[j]);
         }
         for (int a = 0; a < nj; a += 16) { /* the keys 16 at a time: a pool other than F32 converts */
             const int nk = nj - a < 16 ? nj - a : 16; /* them into a buffer of 16 rows, which stays in L1 */
+            if (q8) {
+                q8_keys(kt, ks, kbuf, k, L, &at, rows + a, scs + a, a, nk, vnni);
+                continue;
+            }
             if (conv)
                 for (int j = 0; j < nk; j++)
-                    kr[a + j] = head_of(kbuf + (size_t)j * hd, k, L, rows[a + j], g);
+                    kr[a + j] = head_of(kbuf + (size_t)j * hd, k, L, &at, rows[a + j]);
             transpose_group(kt, kr + a, a, nk, hd);
         }
         for (int r = 0; r < R; r++) {
@@ -753,19 +1075,52 @@ static void attend_rows(float *restrict out, const float *restrict q, size_t ld,
                 continue;
             const float *qr = q + (size_t)r * ld;
             float *o = out + (size_t)r * ld;
+            const kv_q8q rq = {qi + r * QH, vnni ? NULL : qf + r * QH, qs + r * QG, qb + r * QG, ks};
+            const kv_q8q *q8r = q8 ? &rq : NULL;
             kv_pf *p = pf.e == 0 && pf.l == 0 ? &pf : NULL; /* the first row's loops request the lines */
             if (hd == 64) /* the common sizes as constants: unrolled */
-                row_step(o, qr, kt, s, m[r], l[r], vr, nr, nh, 64, scale, L->softcap, p);
+                row_step(o, qr, q8r, kt, s, m[r], l[r], vr, nr, nh, 64, G, scale, L->softcap, p, vnni);
             else if (hd == 128)
-                row_step(o, qr, kt, s, m[r], l[r], vr, nr, nh, 128, scale, L->softcap, p);
+                row_step(o, qr, q8r, kt, s, m[r], l[r], vr, nr, nh, 128, G, scale, L->softcap, p, vnni);
             else
-                row_step(o, qr, kt, s, m[r], l[r], vr, nr, nh, hd, scale, L->softcap, p);
+                row_step(o, qr, q8r, kt, s, m[r], l[r], vr, nr, nh, hd, G, scale, L->softcap, p, vnni);
         }
         pf_rest(&pf);
     }
     for (int r = 0; r < R; r++)
         for (int h = 0; h < nh; h++)
             scale_row(out + (size_t)r * ld + (size_t)h * hd, hd, 1.0f / l[r][h]);
+}
+
+#define ATTEND_ARGS                                                                                \
+    float *restrict out, const float *restrict q, size_t ld, int R, const void *k, const void *v,   \
+        const ifk_kv_layout *L, const int32_t *table, int first, const int *n_keys, int g, int nh, float scale
+KV_CLONES
+static void attend_rows(ATTEND_ARGS)
+{
+    attend_body(out, q, ld, R, k, v, L, table, first, n_keys, g, nh, scale, 0);
+}
+
+#if KV_VNNI
+KV_VNNI_TARGET
+static void attend_rows_vnni(ATTEND_ARGS)
+{
+    attend_body(out, q, ld, R, k, v, L, table, first, n_keys, g, nh, scale, 1);
+}
+#endif
+#undef ATTEND_ARGS
+
+/* Whether this process's Q8 pools take attend_rows_vnni: the CPU has AVX-512 and AVX512_VNNI and
+ * no narrower path is forced (ifk_set_isa: tests compare the two). */
+static int use_vnni(const ifk_kv_layout *L)
+{
+#if KV_VNNI
+    return q8_int(L) && ifk_isa_current() >= IFK_ISA_AVX512 && __builtin_cpu_supports("x86-64-v4") &&
+           __builtin_cpu_supports("avx512vnni");
+#else
+    (void)L;
+    return 0;
+#endif
 }
 
 /* Paged attention on the pool (pool.h): a unit is `rows` (up to ATTEND_ROWS) consecutive query
@@ -780,6 +1135,7 @@ typedef struct {
     const int *first; /* [n_seqs + 1] unit index of each sequence's first unit */
     int n_kv, nh, rows, units, upi;
     float scale;
+    int vnni; /* Q8: attend_rows_vnni */
 } paged_args;
 
 KV_CLONES
@@ -799,8 +1155,15 @@ static void paged_run(const void *args, const void *in, int item, float *unused)
         for (int r = 0; r < R; r++)
             n_keys[r] = q->pos0 + (L->bidirectional ? q->n_rows : i0 + r + 1);
         const size_t off = (size_t)(q->row0 + i0) * a->ld + (size_t)g * a->nh * L->head_dim;
-        attend_rows(a->out + off, a->q + off, a->ld, R, a->k, a->v, L, q->table,
-                    w > 0 && n_keys[0] > w ? n_keys[0] - w : 0, n_keys, g, a->nh, a->scale);
+        const int first = w > 0 && n_keys[0] > w ? n_keys[0] - w : 0;
+#if KV_VNNI
+        if (a->vnni) {
+            attend_rows_vnni(a->out + off, a->q + off, a->ld, R, a->k, a->v, L, q->table, first, n_keys, g, a->nh,
+                             a->scale);
+            continue;
+        }
+#endif
+        attend_rows(a->out + off, a->q + off, a->ld, R, a->k, a->v, L, q->table, first, n_keys, g, a->nh, a->scale);
     }
 }
 
@@ -819,6 +1182,11 @@ void ifk_attention_paged(float *out, const float *q, size_t ld, const void *k, c
      * not depend on it); with a window, each row has its own first key */
     int rows = n_rows * n_kv / (8 * nt);
     rows = L->window > 0 || rows < 1 ? 1 : rows > ATTEND_ROWS ? ATTEND_ROWS : rows;
+    if (q8_int(L)) { /* a row's rounded query: qi, qf [nh][hd]; qs, qb [nh][hd / group] */
+        const size_t row_bytes = (size_t)nh * L->head_dim * 5 + (size_t)nh * (L->head_dim / L->group) * 8;
+        while (rows > 1 && (size_t)rows * row_bytes > ATTEND_Q8_BYTES)
+            rows--;
+    }
     int first[n_seqs + 1];
     first[0] = 0;
     for (int s = 0; s < n_seqs; s++)
@@ -827,7 +1195,7 @@ void ifk_attention_paged(float *out, const float *q, size_t ld, const void *k, c
     if (nt > units)
         nt = units;
     const int upi = (units + IFK_POOL_MAX_ITEMS - 1) / IFK_POOL_MAX_ITEMS;
-    paged_args a = {out, q, ld, k, v, L, seqs, first, n_kv, nh, rows, units, upi, scale};
+    paged_args a = {out, q, ld, k, v, L, seqs, first, n_kv, nh, rows, units, upi, scale, use_vnni(L)};
     ifk_pool_run(&(ifk_pool_job){.run = paged_run, .args = &a, .args_size = sizeof a,
                                  .n_items = (units + upi - 1) / upi, .max_threads = nt});
 }

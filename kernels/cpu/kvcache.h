@@ -8,9 +8,10 @@
  *     IFK_KV_F32  float    data[n_blocks * block][KV]
  *     IFK_KV_F16  uint16_t data[n_blocks * block][KV]             (IEEE half, round to nearest even)
  *     IFK_KV_Q8   int8_t   data[n_blocks * block][KV], then
- *                 uint16_t scale[n_blocks * block][KV / group]    (F16; value = q * scale)
+ *                 uint16_t scale[n_blocks][KV / group][block]     (F16; value = q * scale)
  *   where KV = n_kv_heads * head_dim. Q8 is symmetric group quantization (PPL.LLM's INT8 KV):
- *   each run of `group` values of one head at one position has its own scale, maxabs / 127.
+ *   each run of `group` values of one head at one position has its own scale, maxabs / 127; a
+ *   block's scales of one group are adjacent (slot by slot), so 16 keys' scales load at once.
  *   A contiguous cache is the special case of one sequence with table {0, 1, 2, ...}.
  *
  * Contract
@@ -23,6 +24,10 @@
  *   call, nor on the thread count (keys are taken in fixed chunks of IFK_KV_CHUNK from
  *   position 0 with an online softmax; float sums in a fixed order, the same on every kernel
  *   path: products fused where kvcache.c says so, nowhere else).
+ *   Over a Q8 pool the query is rounded as the keys are (int8, a scale maxabs / 127 for each
+ *   group of `group` values of a head, kept in F32; as llama.cpp rounds it for q8_0 keys) before
+ *   its products with the keys, which are then exact integers (vpdpbusd where the CPU has
+ *   AVX512_VNNI; the same bits elsewhere).
  *   Kernels never allocate and never fail; threads split units of (up to 16 query rows of a
  *   sequence, kv head).
  */

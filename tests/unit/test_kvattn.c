@@ -5,17 +5,21 @@
  * Reference: for each query row and head, softmax(scale * q . k_j) over the keys the row sees
  * (causal, a sliding window, or the whole step for an encoder), optionally soft-capped, in
  * double precision over the pool's stored values read back (ifk_kv_load_row: F16 and Q8 pools
- * hold rounded values, which both sides then use). Tolerance: 2e-5 absolute (the values are
- * O(1); F32 sums of up to 200 terms).
+ * hold rounded values, which both sides then use; over a Q8 pool the query is rounded too, as
+ * kvcache.h specifies: to int8, a scale maxabs / 127 a group). Tolerance: 2e-5 absolute (the values
+ * are O(1); F32 sums of up to 200 terms).
  * Shapes on purpose: head_dim 8, 40 (not a multiple of 16), 64, 80 and 128; 1, 3, 8 and 9 query
  * heads per kv head (the kernel takes heads 8, 4 and 1 at a time); rows that end a chunk of 64
  * keys, start one, or straddle one; blocks of 7 and 16 positions (rows of a chunk in several
  * blocks); a block table out of order; F32, F16 and Q8 pools.
  * Invariance: the rows of one call (which shares each chunk's keys among up to 16 rows, fewer
  * when there are many threads) must memcmp-equal the same rows at 7 threads, computed one per
- * call, and in a call with another sequence before them at 2 threads.
+ * call, and in a call with another sequence before them at 2 threads; and a Q8 pool's must
+ * memcmp-equal them on the AVX2 path (ifk_set_isa), which sums the int8 products as floats where
+ * a CPU with AVX512_VNNI sums them with vpdpbusd (the same path twice on a CPU without).
  */
 #include "check.h"
+#include "kernels/cpu/kernels.h"
 #include "kernels/cpu/kvcache.h"
 
 #include <math.h>
@@ -63,10 +67,30 @@ static void pool_free(pool *p)
     free(p->table);
 }
 
+/* Query row qr [H * hd] as a Q8 pool's attention takes it: each group of G values of a head
+ * rounded to int8 with the scale maxabs / 127 (F32, as kvcache.h says), then multiplied back out. */
+static void round_query(double *qd, const float *qr, int H, int hd, int G)
+{
+    for (int i0 = 0; i0 < H * hd; i0 += G) {
+        float amax = 0.0f;
+        for (int i = i0; i < i0 + G; i++)
+            amax = fmaxf(amax, fabsf(qr[i]));
+        const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        for (int i = i0; i < i0 + G; i++)
+            qd[i] = (double)fminf(fmaxf(nearbyintf(qr[i] * id), -127.0f), 127.0f) * d;
+    }
+}
+
 /* The double-precision output of query row i (at position pos0 + i). */
-static void reference(double *out, const float *q, const pool *p, const shape *s, int i, float scale)
+static void reference(double *out, const float *qr, const pool *p, const shape *s, int i, float scale)
 {
     const int H = s->n_kv * s->nh, KV = s->n_kv * s->hd, pos = s->pos0 + i;
+    double *q = malloc(sizeof(double) * (size_t)H * s->hd);
+    if (s->type == IFK_KV_Q8)
+        round_query(q, qr, H, s->hd, p->L.group);
+    else
+        for (int e = 0; e < H * s->hd; e++)
+            q[e] = qr[e];
     int last = s->bidir ? s->pos0 + s->T - 1 : pos, first = 0;
     if (s->window > 0 && last + 1 > s->window)
         first = last + 1 - s->window;
@@ -79,7 +103,7 @@ static void reference(double *out, const float *q, const pool *p, const shape *s
             ifk_kv_load_row(kr, p->k, &p->L, p->table, j);
             double d = 0;
             for (int e = 0; e < s->hd; e++)
-                d += (double)q[(size_t)h * s->hd + e] * kr[(size_t)g * s->hd + e];
+                d += q[(size_t)h * s->hd + e] * kr[(size_t)g * s->hd + e];
             d *= scale;
             if (s->softcap > 0)
                 d = s->softcap * tanh(d / s->softcap);
@@ -96,6 +120,7 @@ static void reference(double *out, const float *q, const pool *p, const shape *s
                 out[(size_t)h * s->hd + e] += w[j] / sum * vr[(size_t)g * s->hd + e];
         }
     }
+    free(q);
     free(kr);
     free(vr);
     free(w);
@@ -134,6 +159,13 @@ static void run_shape(const shape *s)
         ifk_attention_paged(one, q + (size_t)i * D, (size_t)D, p.k, p.v, &p.L, &alone, 1, H, scale, 1 + i % 2);
         CHECK(memcmp(one, all + (size_t)i * D, sizeof(float) * D) == 0, "%s: row %d alone = row %d of the call", what,
               s->pos0 + i, s->pos0 + i);
+    }
+    /* a Q8 pool's products summed as floats (the AVX2 path) where this CPU may use vpdpbusd */
+    if (s->type == IFK_KV_Q8 && ifk_isa_detect() >= IFK_ISA_AVX2) {
+        CHECK(ifk_set_isa(IFK_ISA_AVX2) == IFK_ISA_AVX2, "the AVX2 path can be chosen");
+        ifk_attention_paged(mixed, q, (size_t)D, p.k, p.v, &p.L, &seq, 1, H, scale, 2);
+        ifk_set_isa(IFK_ISA_AUTO);
+        CHECK(memcmp(mixed, all, sizeof(float) * (size_t)s->T * D) == 0, "%s: the AVX2 path = this CPU's", what);
     }
     /* behind 3 rows of another sequence (the same pool, positions 0..2), at 2 threads */
     float *q2 = malloc(sizeof(float) * (size_t)(s->T + 3) * D);
