@@ -699,8 +699,8 @@ static inline __attribute__((always_inline)) void q8_keys(void *kt, float *ks, f
     transpose_group(kt, kr, j0, nk, hd);
 }
 
-/* A chunk's nj value rows (pool rows rows[0 .. nj), scales scs, the head at `at`) of a Q8 pool as
- * F32 into vbuf [nj][hd] (sc: scratch [hd / group][IFK_KV_CHUNK]). */
+/* A chunk's nj value rows (pool rows rows[0 .. nj), scales scs, the head at `at`) of a Q8 pool:
+ * their scales into sc [hd / group][IFK_KV_CHUNK], and as F32 into vbuf [nj][hd] (NULL: not). */
 static inline __attribute__((always_inline)) void q8_values(float *vbuf, float *sc, const void *pool,
                                                            const ifk_kv_layout *L, const kv_at *at,
                                                            const size_t *rows, const size_t *scs, int nj,
@@ -711,7 +711,7 @@ static inline __attribute__((always_inline)) void q8_values(float *vbuf, float *
         for (int a = 0; a < nj; a += 16)
             q8_scales(sc + (size_t)gi * IFK_KV_CHUNK + a, pool, scs + a, nj - a < 16 ? nj - a : 16,
                       (size_t)gi * at->sc_g);
-    for (int j = 0; j < nj; j++) {
+    for (int j = 0; j < nj && vbuf; j++) {
         const int8_t *x = (const int8_t *)pool + at->val0 + rows[j] * at->val_r;
         for (int gi = 0; gi < ng; gi++)
             q8_floats(vbuf + (size_t)j * hd + gi * G, x + gi * G, G, sc[(size_t)gi * IFK_KV_CHUNK + j], vnni);
@@ -790,10 +790,24 @@ static inline __attribute__((always_inline)) void scores_q8(float *s, const int8
 #undef KV_Q8_HEADS
 }
 
+/* Values d0 .. d0 + 15 of row j into *t: from v, or (v8 not NULL) a Q8 pool's row converted as
+ * q8_floats converts it (vs [hd / G][IFK_KV_CHUNK]: the rows' scales; G a multiple of 16). */
+static inline __attribute__((always_inline)) void value16(kv_f16x *t, const float *const *v, const int8_t *const *v8,
+                                                          const float *vs, int G, int j, int d0, const int vnni)
+{
+    if (v8)
+        q8_floats((float *)t, v8[j] + d0, 16, vs[(size_t)(d0 / G) * IFK_KV_CHUNK + j], vnni);
+    else
+        memcpy(t, v[j] + d0, sizeof *t);
+}
+
 /* o[d] += p[0] * v[0][d], then + p[1] * v[1][d], ... in that order for every d < hd (the
- * values of the plain loop), with o held in registers across the nj rows.  v: [nj] rows. */
-static inline __attribute__((always_inline)) void add_weighted(float *restrict o, const float *const *v, const float *p,
-                                                                int nj, int hd, kv_pf *pf)
+ * values of the plain loop), with o held in registers across the nj rows.  v: [nj] rows; or v8,
+ * vs, G: as value16's (hd a multiple of 16). */
+static inline __attribute__((always_inline)) void add_weighted(float *restrict o, const float *const *v,
+                                                                const int8_t *const *v8, const float *vs, int G,
+                                                                const float *p, int nj, int hd, kv_pf *pf,
+                                                                const int vnni)
 {
     int d0 = 0;
     for (; d0 + 64 <= hd; d0 += 64) { /* four named sums: an array of them stayed in memory */
@@ -803,12 +817,11 @@ static inline __attribute__((always_inline)) void add_weighted(float *restrict o
         memcpy(&a2, o + d0 + 32, sizeof a2);
         memcpy(&a3, o + d0 + 48, sizeof a3);
         for (int j = 0; j < nj; j++) {
-            const float *vj = v[j] + d0;
             pf_step(pf);
-            memcpy(&t0, vj, sizeof t0);
-            memcpy(&t1, vj + 16, sizeof t1);
-            memcpy(&t2, vj + 32, sizeof t2);
-            memcpy(&t3, vj + 48, sizeof t3);
+            value16(&t0, v, v8, vs, G, j, d0, vnni);
+            value16(&t1, v, v8, vs, G, j, d0 + 16, vnni);
+            value16(&t2, v, v8, vs, G, j, d0 + 32, vnni);
+            value16(&t3, v, v8, vs, G, j, d0 + 48, vnni);
             KV_FMA(a0, p[j], t0);
             KV_FMA(a1, p[j], t1);
             KV_FMA(a2, p[j], t2);
@@ -823,7 +836,7 @@ static inline __attribute__((always_inline)) void add_weighted(float *restrict o
         kv_f16x a, t;
         memcpy(&a, o + d0, sizeof a);
         for (int j = 0; j < nj; j++) {
-            memcpy(&t, v[j] + d0, sizeof t);
+            value16(&t, v, v8, vs, G, j, d0, vnni);
             KV_FMA(a, p[j], t);
         }
         memcpy(o + d0, &a, sizeof a);
@@ -838,9 +851,13 @@ static inline __attribute__((always_inline)) void add_weighted(float *restrict o
 
 /* add_weighted for 8 heads at once, hd a multiple of 16: o + i hd of head i with its weights
  * p + i IFK_KV_CHUNK (every (head, element) gets the same operations in the same order as
- * add_weighted gives it; only the loads of v are shared). */
-static inline __attribute__((always_inline)) void add_weighted8(float *restrict o, const float *const *v, const float *p,
-                                                                 int nj, int hd, kv_pf *pf)
+ * add_weighted gives it; only the loads of v are shared). v8: a Q8 pool's rows instead of v, each
+ * 16 values converted where they are used (as q8_floats would: vs [hd / G][IFK_KV_CHUNK] their
+ * scales, G a multiple of 16), else NULL. */
+static inline __attribute__((always_inline)) void add_weighted8(float *restrict o, const float *const *v,
+                                                                 const int8_t *const *v8, const float *vs, int G,
+                                                                 const float *p, int nj, int hd, kv_pf *pf,
+                                                                 const int vnni)
 {
     for (int d0 = 0; d0 + 16 <= hd; d0 += 16) {
         kv_f16x a0, a1, a2, a3, a4, a5, a6, a7, t;
@@ -854,7 +871,7 @@ static inline __attribute__((always_inline)) void add_weighted8(float *restrict 
         memcpy(&a7, o + 7 * hd + d0, sizeof a7);
         for (int j = 0; j < nj; j++) {
             pf_step(pf);
-            memcpy(&t, v[j] + d0, sizeof t);
+            value16(&t, v, v8, vs, G, j, d0, vnni);
             KV_FMA(a0, p[j], t);
             KV_FMA(a1, p[IFK_KV_CHUNK + j], t);
             KV_FMA(a2, p[2 * IFK_KV_CHUNK + j], t);
@@ -910,8 +927,9 @@ static inline __attribute__((always_inline)) float sum16(const float *v, int n16
  * to l as one sum16 a chunk, to out as the weighted values vr[j] in key order. The maxima and the
  * exponentials are taken 16 keys at a time over all the heads (independent work in flight). */
 static inline __attribute__((always_inline)) void softmax_step(float *restrict out, float *s, float *m, float *l,
-                                                                const float *const *vr, int nj, int nh, int hd,
-                                                                float softcap, kv_pf *pf)
+                                                                const float *const *vr, const int8_t *const *v8,
+                                                                const float *vs, int G, int nj, int nh, int hd,
+                                                                float softcap, kv_pf *pf, const int vnni)
 {
     const int n16 = (nj + 15) & ~15;
     kv_i16x tail; /* lanes of the last 16 keys that are keys of the chunk */
@@ -965,21 +983,24 @@ static inline __attribute__((always_inline)) void softmax_step(float *restrict o
         scale_row(out + (size_t)h * hd, hd, corr);
         l[h] = l[h] * corr + sum16(s + (size_t)h * IFK_KV_CHUNK, n16);
     }
-    /* the values, weighted: 8 heads at a time read each value row once */
+    /* the values, weighted: 8 heads at a time read each value row once (v8: all of them, or the one) */
     int h = 0;
     if (hd % 16 == 0)
         for (; h + 8 <= nh; h += 8)
-            add_weighted8(out + (size_t)h * hd, vr, s + (size_t)h * IFK_KV_CHUNK, nj, hd, pf);
+            add_weighted8(out + (size_t)h * hd, vr, v8, vs, G, s + (size_t)h * IFK_KV_CHUNK, nj, hd, pf, vnni);
     for (; h < nh; h++)
-        add_weighted(out + (size_t)h * hd, vr, s + (size_t)h * IFK_KV_CHUNK, nj, hd, pf);
+        add_weighted(out + (size_t)h * hd, vr, v8, vs, G, s + (size_t)h * IFK_KV_CHUNK, nj, hd, pf, vnni);
 }
 
-/* A Q8 pool's query rows rounded (q8_query; qf NULL with VNNI) and a chunk's key scales (q8_keys). */
+/* A Q8 pool's query rows rounded (q8_query; qf NULL with VNNI), a chunk's key scales (q8_keys),
+ * and its value rows as int8 with their scales (v8 NULL: converted, in vr). */
 typedef struct {
     const int8_t *qi;
     const float *qf, *qs;
     const int32_t *qb;
     const float *ks;
+    const int8_t *const *v8;
+    const float *vs;
 } kv_q8q;
 
 /* A row's share of a chunk of nj keys (transposed in kt, values vr): its scores, then the softmax
@@ -994,7 +1015,7 @@ static inline __attribute__((always_inline)) void row_step(float *restrict out, 
         scores_q8(s, q8->qi, q8->qf, q8->qs, q8->qb, kt, q8->ks, n16, nh, hd, G, scale, pf, vnni);
     else
         scores(s, q, kt, n16, nh, hd, scale, pf);
-    softmax_step(out, s, m, l, vr, nj, nh, hd, softcap, pf);
+    softmax_step(out, s, m, l, vr, q8 ? q8->v8 : NULL, q8 ? q8->vs : NULL, G, nj, nh, hd, softcap, pf, vnni);
 }
 
 /* Rows of one sequence for kv head g: row r (its nh query heads at q + r ld, out + r ld) attends to
@@ -1015,6 +1036,9 @@ static inline __attribute__((always_inline)) void attend_body(float *restrict ou
 {
     const int hd = L->head_dim, conv = L->type != IFK_KV_F32, q8 = vnni || q8_int(L), G = L->group;
     const int ng = q8 ? hd / G : 1, QH = q8 ? nh * hd : 1, QG = q8 ? nh * ng : 1;
+    /* a Q8 pool's values converted where they are used: when every head takes them 8 at a time, or
+     * there is one */
+    const int v8 = q8 && (nh % 8 == 0 || nh == 1) && hd % 16 == 0 && G % 16 == 0;
     const kv_at at = head_at(L, g); /* the K and V pools' layout is one */
     float kbuf[conv ? 16 * hd : 1], vbuf[conv ? IFK_KV_CHUNK * hd : 1], vsc[(size_t)ng * IFK_KV_CHUNK];
     float kt[(size_t)hd * IFK_KV_CHUNK] __attribute__((aligned(64))); /* q8 with VNNI: int32 [hd / 4][CHUNK] */
@@ -1024,6 +1048,7 @@ static inline __attribute__((always_inline)) void attend_body(float *restrict ou
     int32_t qb[R * QG];
     float m[R][nh], l[R][nh], s[(size_t)nh * IFK_KV_CHUNK] __attribute__((aligned(64)));
     const float *kr[IFK_KV_CHUNK], *vr[IFK_KV_CHUNK];
+    const int8_t *vr8[IFK_KV_CHUNK];
     kv_pf pf;
     size_t rows_a[IFK_KV_CHUNK], rows_b[IFK_KV_CHUNK], *rows = rows_a, *rows_nn = rows_b; /* pool rows */
     size_t scs_a[IFK_KV_CHUNK], scs_b[IFK_KV_CHUNK], *scs = scs_a, *scs_nn = scs_b;     /* their scales */
@@ -1052,8 +1077,10 @@ static inline __attribute__((always_inline)) void attend_body(float *restrict ou
                 pf_add(&pf, w ? v : k, L, &at, rows_nn[j], scs_nn[j],
                        j == 0 || scs_nn[j] != scs_nn[j - 1] + 2 || scs_nn[j] % 64 == 0);
         if (q8)
-            q8_values(vbuf, vsc, v, L, &at, rows, scs, nj, vnni);
+            q8_values(v8 ? NULL : vbuf, vsc, v, L, &at, rows, scs, nj, vnni);
         for (int j = 0; j < nj; j++) {
+            if (v8)
+                vr8[j] = (const int8_t *)v + at.val0 + rows[j] * at.val_r;
             vr[j] = q8 ? vbuf + (size_t)j * hd : head_of(vbuf + (conv ? (size_t)j * hd : 0), v, L, &at, rows[j]);
             if (!conv) /* the pool's own row */
                 kr[j] = head_of(kbuf, k, L, &at, rows[j]);
@@ -1075,7 +1102,7 @@ static inline __attribute__((always_inline)) void attend_body(float *restrict ou
                 continue;
             const float *qr = q + (size_t)r * ld;
             float *o = out + (size_t)r * ld;
-            const kv_q8q rq = {qi + r * QH, vnni ? NULL : qf + r * QH, qs + r * QG, qb + r * QG, ks};
+            const kv_q8q rq = {qi + r * QH, vnni ? NULL : qf + r * QH, qs + r * QG, qb + r * QG, ks, v8 ? vr8 : NULL, vsc};
             const kv_q8q *q8r = q8 ? &rq : NULL;
             kv_pf *p = pf.e == 0 && pf.l == 0 ? &pf : NULL; /* the first row's loops request the lines */
             if (hd == 64) /* the common sizes as constants: unrolled */
