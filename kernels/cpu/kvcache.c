@@ -1036,9 +1036,9 @@ static inline __attribute__((always_inline)) void attend_body(float *restrict ou
 {
     const int hd = L->head_dim, conv = L->type != IFK_KV_F32, q8 = vnni || q8_int(L), G = L->group;
     const int ng = q8 ? hd / G : 1, QH = q8 ? nh * hd : 1, QG = q8 ? nh * ng : 1;
-    /* a Q8 pool's values converted where they are used: when every head takes them 8 at a time, or
-     * there is one */
-    const int v8 = q8 && (nh % 8 == 0 || nh == 1) && hd % 16 == 0 && G % 16 == 0;
+    /* a Q8 pool's values converted where they are used, for one row (more convert them once for
+     * all: into vbuf) when every head takes them 8 at a time, or there is one */
+    const int v8 = q8 && R == 1 && (nh % 8 == 0 || nh == 1) && hd % 16 == 0 && G % 16 == 0;
     const kv_at at = head_at(L, g); /* the K and V pools' layout is one */
     float kbuf[conv ? 16 * hd : 1], vbuf[conv ? IFK_KV_CHUNK * hd : 1], vsc[(size_t)ng * IFK_KV_CHUNK];
     float kt[(size_t)hd * IFK_KV_CHUNK] __attribute__((aligned(64))); /* q8 with VNNI: int32 [hd / 4][CHUNK] */
