@@ -1102,7 +1102,8 @@ static inline __attribute__((always_inline)) void attend_body(float *restrict ou
                 continue;
             const float *qr = q + (size_t)r * ld;
             float *o = out + (size_t)r * ld;
-            const kv_q8q rq = {qi + r * QH, vnni ? NULL : qf + r * QH, qs + r * QG, qb + r * QG, ks, v8 ? vr8 : NULL, vsc};
+            const kv_q8q rq = {qi + r * QH, vnni ? NULL : qf + r * QH, qs + r * QG, qb + r * QG, ks,
+                               v8 ? vr8 : NULL, vsc};
             const kv_q8q *q8r = q8 ? &rq : NULL;
             kv_pf *p = pf.e == 0 && pf.l == 0 ? &pf : NULL; /* the first row's loops request the lines */
             if (hd == 64) /* the common sizes as constants: unrolled */
