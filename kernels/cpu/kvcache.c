@@ -627,14 +627,24 @@ static inline __attribute__((always_inline)) void q8_query(int8_t *qi, float *qf
     }
 }
 
+/* Whether the n scales at scs[0 .. n) are 16 adjacent ones (within a block, or over blocks
+ * that follow each other in the pool). */
+static inline __attribute__((always_inline)) int adjacent16(const size_t *scs, int n)
+{
+    int adj = n == 16;
+    for (int j = 1; j < 16 && adj; j++)
+        adj = scs[j] == scs[0] + 2 * (size_t)j;
+    return adj;
+}
+
 /* sc[0 .. 16) = the scales at byte offsets pool + scs[j] + goff for j < n (<= 16; F16 -> F32),
- * 0 for the rest: 16 adjacent ones (a block's) loaded at once, else one at a time. */
+ * 0 for the rest: loaded at once when adjacent (adjacent16), else one at a time. */
 typedef unsigned short kv_u16x16 __attribute__((vector_size(32)));
 static inline __attribute__((always_inline)) void q8_scales(float *sc, const void *pool, const size_t *scs, int n,
-                                                           size_t goff)
+                                                           int adj, size_t goff)
 {
     kv_i16x h = {0};
-    if (n == 16 && scs[15] == scs[0] + 30) {
+    if (adj) {
         kv_u16x16 x;
         memcpy(&x, (const char *)pool + scs[0] + goff, sizeof x);
         h = __builtin_convertvector(x, kv_i16x);
@@ -662,8 +672,9 @@ static inline __attribute__((always_inline)) void q8_keys(void *kt, float *ks, f
     const int8_t *kr8[16];
     for (int j = 0; j < 16; j++)
         kr8[j] = j < nk ? (const int8_t *)pool + at->val0 + rows[j] * at->val_r : NULL;
+    const int adj = adjacent16(scs, nk);
     for (int gi = 0; gi < ng; gi++)
-        q8_scales(ks + (size_t)gi * IFK_KV_CHUNK + j0, pool, scs, nk, (size_t)gi * at->sc_g);
+        q8_scales(ks + (size_t)gi * IFK_KV_CHUNK + j0, pool, scs, nk, adj, (size_t)gi * at->sc_g);
     if (vnni) {
         int32_t *ktq = kt;
         int w0 = 0;
@@ -707,10 +718,11 @@ static inline __attribute__((always_inline)) void q8_values(float *vbuf, float *
                                                            const int vnni)
 {
     const int hd = L->head_dim, G = L->group, ng = hd / G;
-    for (int gi = 0; gi < ng; gi++)
-        for (int a = 0; a < nj; a += 16)
-            q8_scales(sc + (size_t)gi * IFK_KV_CHUNK + a, pool, scs + a, nj - a < 16 ? nj - a : 16,
-                      (size_t)gi * at->sc_g);
+    for (int a = 0; a < nj; a += 16) {
+        const int n = nj - a < 16 ? nj - a : 16, adj = adjacent16(scs + a, n);
+        for (int gi = 0; gi < ng; gi++)
+            q8_scales(sc + (size_t)gi * IFK_KV_CHUNK + a, pool, scs + a, n, adj, (size_t)gi * at->sc_g);
+    }
     for (int j = 0; j < nj && vbuf; j++) {
         const int8_t *x = (const int8_t *)pool + at->val0 + rows[j] * at->val_r;
         for (int gi = 0; gi < ng; gi++)

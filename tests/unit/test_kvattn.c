@@ -29,6 +29,7 @@
 typedef struct {
     int type, hd, n_kv, nh, block, pos0, T, window, bidir;
     float softcap;
+    int swap; /* block table: odd blocks swapped in pairs (1 <-> 3, ...), the others in place */
 } shape;
 
 /* A pool of n positions filled with random rows through ifk_kv_store, its block table reversed. */
@@ -49,7 +50,7 @@ static void pool_make(pool *p, const shape *s, int n)
     p->v = calloc(1, bytes);
     p->table = malloc(sizeof(int32_t) * (size_t)nb);
     for (int b = 0; b < nb; b++)
-        p->table[b] = nb - 1 - b;
+        p->table[b] = !s->swap ? nb - 1 - b : b % 2 && (b ^ 2) < nb ? b ^ 2 : b;
     float *x = malloc(sizeof(float) * (size_t)n * KV);
     ifk_kv_seq seq = {.row0 = 0, .n_rows = n, .pos0 = 0, .table = p->table};
     for (int w = 0; w < 2; w++) {
@@ -202,7 +203,8 @@ static void test_shapes(void)
             }
 }
 
-/* A sliding window (each row its own first key), soft-capped scores, an encoder's step. */
+/* A sliding window (each row its own first key), soft-capped scores, an encoder's step; a Q8 pool
+ * whose keys' scales look adjacent and are not. */
 static void test_variants(void)
 {
     shape w = {.type = IFK_KV_F32, .hd = 64, .n_kv = 2, .nh = 4, .block = 16, .pos0 = 50, .T = 40, .window = 37};
@@ -211,6 +213,10 @@ static void test_variants(void)
     run_shape(&c);
     shape e = {.type = IFK_KV_F32, .hd = 40, .n_kv = 2, .nh = 3, .block = 7, .pos0 = 0, .T = 90, .bidir = 1};
     run_shape(&e);
+    /* a Q8 pool whose 16 keys' scales (one group a row) end 30 bytes after they start over three
+     * blocks, the middle one elsewhere in the pool: not adjacent */
+    shape q = {.type = IFK_KV_Q8, .hd = 40, .n_kv = 1, .nh = 8, .block = 7, .pos0 = 60, .T = 9, .swap = 1};
+    run_shape(&q);
 }
 
 int main(void)
