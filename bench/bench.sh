@@ -268,10 +268,10 @@ ctxshift=$(shift_entries)
 # much of that the pool delivered.
 busy_round() { # pool -> one JSON line
     local pool=$1 quiet busy bp
-    quiet=$(IFLOW_POOL=$pool taskset -c 0,1 "$build/iflow-bench" "$work/tl-q4.ifs" 16 48 1 2)
+    quiet=$(IFLOW_POOL=$pool taskset -c 0,1 "$build/iflow-bench" "$work/tl-bq4.ifs" 16 48 1 2)
     taskset -c 1 bash -c 'while :; do :; done' &
     bp=$!
-    busy=$(IFLOW_POOL=$pool taskset -c 0,1 "$build/iflow-bench" "$work/tl-q4.ifs" 16 48 2)
+    busy=$(IFLOW_POOL=$pool taskset -c 0,1 "$build/iflow-bench" "$work/tl-bq4.ifs" 16 48 2)
     kill "$bp"
     wait "$bp" 2>/dev/null || true
     jq -cn --arg k "$([ "$pool" = 1 ] && echo pool || echo openmp)" --argjson q "$quiet" --argjson b "$busy" '
@@ -285,6 +285,7 @@ busy_round() { # pool -> one JSON line
 }
 busy_entry() {
     log "busy core: TinyLlama Q4_B64 at 2 threads, quiet and beside a busy loop on core 1; pool and OpenMP"
+    tl_q4_pair
     local _ out=()
     for _ in $(seq "${IFLOW_BENCH_BUSY_ROUNDS:-3}"); do
         out+=("$(busy_round 1)")
@@ -294,12 +295,6 @@ busy_entry() {
         {model: "tinyllama-1.1b-q4_b64", cores: "0,1", competitor: "busy loop on core 1", competitor_share: 0.25, runs: .,
          decode_kept_median: pool_median(.decode_kept), prefill_kept_median: pool_median(.prefill_kept)}'
 }
-
-# TinyLlama with every matrix in Q4_B64 (tl-q4.ifs), for the busy-core and the depth entries
-log "tinyllama-1.1b-q4_b64 for the busy-core and depth entries: converting"
-bin/iflow-convert --synthetic "$DATA/models/synthetic/tinyllama-1.1b" -t f16 -o "$work/tl-q4-src.ifs" >&2
-bin/iflow-quant -t q4_b64 --keep "*=q4_b64" -i "$work/tl-q4-src.ifs" -o "$work/tl-q4.ifs" >&2
-rm -f "$work/tl-q4-src.ifs"
 busy=$(busy_entry)
 
 # Decode at a depth: TinyLlama Q4_B64, 16 greedy steps after a 2,048-token prompt, at 2 threads,
@@ -308,9 +303,10 @@ busy=$(busy_entry)
 # the prompt's length); decode_gbps_with_kv: weights and cache read per second.
 depth_entries() {
     log "decode at depth 2048: TinyLlama Q4_B64, KV cache f32, f16, q8"
+    tl_q4_pair
     local kv out=()
     for kv in f32 f16 q8; do
-        out+=("$(IFLOW_BENCH_KV=$kv "$build/iflow-bench" "$work/tl-q4.ifs" 2048 16 2)")
+        out+=("$(IFLOW_BENCH_KV=$kv "$build/iflow-bench" "$work/tl-bq4.ifs" 2048 16 2)")
     done
     printf '%s\n' "${out[@]}" | jq -s --argjson bw2 "$bw2" 'map(
         {kv_type, depth: .runs[0].prefill_tokens, threads: .runs[0].threads, decode_tok_s: .runs[0].decode_tok_s,
@@ -320,7 +316,6 @@ depth_entries() {
         | {model: "tinyllama-1.1b-q4_b64", runs: .}'
 }
 depth=$(depth_entries)
-rm -f "$work/tl-q4.ifs"
 spec=$(speculative_entries)
 
 log "kernel micro-benchmarks"
