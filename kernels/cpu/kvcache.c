@@ -343,6 +343,24 @@ void ifk_kv_load_row(float *out, const void *pool, const ifk_kv_layout *L, const
 
 /* ---- store ---------------------------------------------------------------------------- */
 
+/* The largest |x[i]|, i < n (a Q8 group's, for its scale). */
+static inline __attribute__((always_inline)) float amax_of(const float *x, int n)
+{
+    float amax = 0.0f;
+    for (int i = 0; i < n; i++)
+        amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+    return amax;
+}
+
+/* q[i] = x[i] * inv rounded to the nearest int8 in -127 .. 127 (ties to even), i < n. */
+static inline __attribute__((always_inline)) void round_i8(int8_t *q, const float *x, int n, float inv)
+{
+    for (int i = 0; i < n; i++) {
+        const float v = nearbyintf(x[i] * inv);
+        q[i] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : v);
+    }
+}
+
 /* Pool row r = x [KV]. */
 static void store_row(void *pool, const ifk_kv_layout *L, size_t r, const float *x)
 {
@@ -362,16 +380,10 @@ static void store_row(void *pool, const ifk_kv_layout *L, size_t r, const float 
         int8_t *q = (int8_t *)pool + r * KV;
         uint16_t *sc = (uint16_t *)((char *)pool + scale_at(L, r, 0)); /* group i at sc[i * block] */
         for (int i0 = 0; i0 < KV; i0 += G) {
-            float amax = 0.0f;
-            for (int i = i0; i < i0 + G; i++)
-                amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
-            uint16_t hs = f2h(amax / 127.0f);
+            uint16_t hs = f2h(amax_of(x + i0, G) / 127.0f);
             float s = h2f(hs), inv = s > 0.0f ? 1.0f / s : 0.0f;
             sc[(size_t)(i0 / G) * L->block] = hs;
-            for (int i = i0; i < i0 + G; i++) {
-                float v = nearbyintf(x[i] * inv);
-                q[i] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : v);
-            }
+            round_i8(q + i0, x + i0, G, inv);
         }
         break;
     }
@@ -398,9 +410,8 @@ void ifk_kv_block_extent(const ifk_kv_layout *L, int64_t blk, size_t *val, size_
     *val_bytes = rows * KV * elt;
     *scale = *scale_bytes = 0;
     if (L->type == IFK_KV_Q8) {
-        size_t ns = KV / (size_t)L->group;
-        *scale = (size_t)L->n_blocks * rows * KV + r0 * ns * 2;
-        *scale_bytes = rows * ns * 2;
+        *scale = scale_at(L, r0, 0);
+        *scale_bytes = rows * (KV / (size_t)L->group) * 2;
     }
 }
 
@@ -570,19 +581,6 @@ static inline __attribute__((always_inline)) void scores_h(const int H, float *s
     }
 }
 
-/* scores_h for nh heads: 8, then 4, then one at a time. */
-static inline __attribute__((always_inline)) void scores(float *s, const float *q, const float *kt, int n16, int nh,
-                                                          int hd, float scale, kv_pf *pf)
-{
-    int h = 0;
-    for (; h + 8 <= nh; h += 8)
-        scores_h(8, s + (size_t)h * IFK_KV_CHUNK, q + (size_t)h * hd, kt, n16, hd, scale, pf);
-    for (; h + 4 <= nh; h += 4)
-        scores_h(4, s + (size_t)h * IFK_KV_CHUNK, q + (size_t)h * hd, kt, n16, hd, scale, pf);
-    for (; h < nh; h++)
-        scores_h(1, s + (size_t)h * IFK_KV_CHUNK, q + (size_t)h * hd, kt, n16, hd, scale, pf);
-}
-
 /* ---- a Q8 pool's keys against an int8 query -------------------------------------------- */
 
 /* Over a Q8 pool the query is rounded to int8 as well, each group of L->group values of a head
@@ -610,14 +608,10 @@ static inline __attribute__((always_inline)) void q8_query(int8_t *qi, float *qf
                                                           const float *q, int nh, int hd, int G)
 {
     for (int i0 = 0; i0 < nh * hd; i0 += G) {
-        float amax = 0.0f;
-        for (int i = i0; i < i0 + G; i++)
-            amax = fabsf(q[i]) > amax ? fabsf(q[i]) : amax;
-        const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        const float d = amax_of(q + i0, G) / 127.0f;
+        round_i8(qi + i0, q + i0, G, d > 0.0f ? 1.0f / d : 0.0f);
         int32_t sum = 0;
         for (int i = i0; i < i0 + G; i++) {
-            const float v = nearbyintf(q[i] * id);
-            qi[i] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : v);
             sum += qi[i];
             if (qf)
                 qf[i] = qi[i];
@@ -782,24 +776,43 @@ static inline __attribute__((always_inline)) void scores_q8_h(const int H, float
     }
 }
 
-/* scores_q8_h for nh heads: 8, then 4, then one at a time. */
-static inline __attribute__((always_inline)) void scores_q8(float *s, const int8_t *qi, const float *qf,
-                                                             const float *qs, const int32_t *qb, const void *kt,
-                                                             const float *ks, int n16, int nh, int hd, int G,
+/* A Q8 pool's query rows rounded (q8_query; qf NULL with VNNI), a chunk's key scales (q8_keys),
+ * and its value rows as int8 with their scales (v8 NULL: converted, in vr). */
+typedef struct {
+    const int8_t *qi;
+    const float *qf, *qs;
+    const int32_t *qb;
+    const float *ks;
+    const int8_t *const *v8;
+    const float *vs;
+} kv_q8q;
+
+/* Scores of heads h .. h + H - 1 of a row: scores_h over keys kt, or over a Q8 pool (q8 not NULL)
+ * scores_q8_h with the row's rounded query. */
+static inline __attribute__((always_inline)) void scores_of(const int H, int h, float *s, const float *q,
+                                                             const kv_q8q *q8, const void *kt, int n16, int hd, int G,
                                                              float scale, kv_pf *pf, const int vnni)
 {
-    const int ng = hd / G;
+    if (q8) {
+        const int ng = hd / G;
+        scores_q8_h(H, s + (size_t)h * IFK_KV_CHUNK, q8->qi + (size_t)h * hd, q8->qf ? q8->qf + (size_t)h * hd : NULL,
+                    q8->qs + h * ng, q8->qb + h * ng, kt, q8->ks, n16, hd, G, scale, pf, vnni);
+    } else
+        scores_h(H, s + (size_t)h * IFK_KV_CHUNK, q + (size_t)h * hd, kt, n16, hd, scale, pf);
+}
+
+/* A row's scores for its nh heads: 8, then 4, then one at a time. */
+static inline __attribute__((always_inline)) void scores(float *s, const float *q, const kv_q8q *q8, const void *kt,
+                                                          int n16, int nh, int hd, int G, float scale, kv_pf *pf,
+                                                          const int vnni)
+{
     int h = 0;
-#define KV_Q8_HEADS(H)                                                                             \
-    scores_q8_h(H, s + (size_t)h * IFK_KV_CHUNK, qi + (size_t)h * hd, qf ? qf + (size_t)h * hd : NULL,    \
-                qs + h * ng, qb + h * ng, kt, ks, n16, hd, G, scale, pf, vnni)
     for (; h + 8 <= nh; h += 8)
-        KV_Q8_HEADS(8);
+        scores_of(8, h, s, q, q8, kt, n16, hd, G, scale, pf, vnni);
     for (; h + 4 <= nh; h += 4)
-        KV_Q8_HEADS(4);
+        scores_of(4, h, s, q, q8, kt, n16, hd, G, scale, pf, vnni);
     for (; h < nh; h++)
-        KV_Q8_HEADS(1);
-#undef KV_Q8_HEADS
+        scores_of(1, h, s, q, q8, kt, n16, hd, G, scale, pf, vnni);
 }
 
 /* Values d0 .. d0 + 15 of row j into *t: from v, or (v8 not NULL) a Q8 pool's row converted as
@@ -1004,17 +1017,6 @@ static inline __attribute__((always_inline)) void softmax_step(float *restrict o
         add_weighted(out + (size_t)h * hd, vr, v8, vs, G, s + (size_t)h * IFK_KV_CHUNK, nj, hd, pf, vnni);
 }
 
-/* A Q8 pool's query rows rounded (q8_query; qf NULL with VNNI), a chunk's key scales (q8_keys),
- * and its value rows as int8 with their scales (v8 NULL: converted, in vr). */
-typedef struct {
-    const int8_t *qi;
-    const float *qf, *qs;
-    const int32_t *qb;
-    const float *ks;
-    const int8_t *const *v8;
-    const float *vs;
-} kv_q8q;
-
 /* A row's share of a chunk of nj keys (transposed in kt, values vr): its scores, then the softmax
  * step (s: scratch [nh][IFK_KV_CHUNK]). q8: the row's rounded query over a Q8 pool, else NULL. */
 static inline __attribute__((always_inline)) void row_step(float *restrict out, const float *q, const kv_q8q *q8,
@@ -1022,19 +1024,15 @@ static inline __attribute__((always_inline)) void row_step(float *restrict out, 
                                                             const float *const *vr, int nj, int nh, int hd, int G,
                                                             float scale, float softcap, kv_pf *pf, const int vnni)
 {
-    const int n16 = (nj + 15) & ~15;
-    if (q8)
-        scores_q8(s, q8->qi, q8->qf, q8->qs, q8->qb, kt, q8->ks, n16, nh, hd, G, scale, pf, vnni);
-    else
-        scores(s, q, kt, n16, nh, hd, scale, pf);
+    scores(s, q, q8, kt, (nj + 15) & ~15, nh, hd, G, scale, pf, vnni);
     softmax_step(out, s, m, l, vr, q8 ? q8->v8 : NULL, q8 ? q8->vs : NULL, G, nj, nh, hd, softcap, pf, vnni);
 }
 
 /* Rows of one sequence for kv head g: row r (its nh query heads at q + r ld, out + r ld) attends to
  * keys first .. n_keys[r] - 1. Online softmax over chunks of IFK_KV_CHUNK keys from `first`; each
  * chunk's keys are converted (pools other than F32) and transposed once for all the rows, and each
- * row then takes the same operations it would take alone: its scores (scores(), or over a Q8 pool
- * scores_q8() with its query rounded once), softmax_step over its own keys of the chunk. So a
+ * row then takes the same operations it would take alone: its scores (scores(); over a Q8 pool
+ * with its query rounded once), softmax_step over its own keys of the chunk. So a
  * row's output depends only on its query, its position and the cache, whatever rows share the
  * call, and heads only on their own query. vnni: the Q8 pool's products on vpdpbusd (the same bits).
  * Compiled as attend_rows (the clones) and attend_rows_vnni. */
