@@ -2,7 +2,7 @@
  * kbench.c -- micro-benchmark of the CPU kernels; one JSON object per line on stdout.
  *
  *   kbench [--isa scalar|avx2|avx512|avx512gfni] [--threads N] [--only decode|prefill|attention|attention_decode]
- *          [--type f32|f16|bf16] [--exact] [--packed] [--quick]
+ *          [--type f32|f16|bf16] [--exact] [--packed] [--no-split] [--quick]
  *
  * "product": how ifk_matmul multiplies the weight type here: "bf16_dot" (vdpbf16ps against x
  * rounded to BF16, kernels.h's ifk_bf16_dot) or "f32" (FMA); --exact forces the F32 product
@@ -21,6 +21,8 @@
  * attention_decode: the engine's paged attention for one decode step over 1k, 4k and 16k cached
  *            positions, F32, F16 and Q8 caches, TinyLlama's heads and Llama-2-7B's, the cache
  *            read from DRAM (several layers' pools in turn); GBps = bytes of cache / time.
+ *            "split": whether the call's parts of keys ran as units of their own (the work
+ *            ifk_attention_work asks for was given); --no-split gives none (parts in turn).
  *
  * Times: the best and the median of rounds (a decode round reads every copy once).
  *
@@ -171,6 +173,23 @@ static void bench_attention(int T, int n_ctx, int threads, double min_s)
     free(v);
 }
 
+/* ifk_attention_paged with the work it asks for (none with --no-split); returns whether it had some. */
+static int split_attn = 1;
+static int paged(float *out, const float *q, size_t ld, const void *k, const void *v, const ifk_kv_layout *L,
+                 const ifk_kv_seq *seq, int NH, int threads)
+{
+    static float *work;
+    static size_t have;
+    size_t n = split_attn ? ifk_attention_work(L, seq, 1, NH, threads) : 0;
+    if (n > have) {
+        free(work);
+        work = bench_need("kbench", malloc(n * sizeof(float)), n * sizeof(float));
+        have = n;
+    }
+    ifk_attention_paged(out, q, ld, k, v, L, seq, 1, NH, 0.125f, threads, n ? work : NULL, n);
+    return n > 0;
+}
+
 /* The engine's attention (kvcache.h's ifk_attention_paged): T query rows at positions pos0 ..
  * over an F32 pool of one block, TinyLlama's heads; GFLOPs counts a multiply and an add per
  * (head, key, element) for the scores and again for the values. */
@@ -189,7 +208,7 @@ static void bench_attention_paged(int T, int pos0, int threads, double min_s)
     fill_x(x, kv);
     ifk_kv_store(v, &L, &all, 1, x, (size_t)NKV * HD, threads);
     double best, med;
-    BENCH_ROUNDS(min_s, &best, &med, ifk_attention_paged(out, q, ld, k, v, &L, &seq, 1, NH, 0.125f, threads));
+    BENCH_ROUNDS(min_s, &best, &med, paged(out, q, ld, k, v, &L, &seq, NH, threads));
     double flop = 0;
     for (int i = 0; i < T; i++)
         flop += 4.0 * NH * HD * (pos0 + i + 1);
@@ -230,17 +249,19 @@ static void bench_attention_decode(int shape, int kvt, int n_ctx, int threads, d
         ifk_kv_store(k[c], &L, &all, 1, x, KV, threads);
         ifk_kv_store(v[c], &L, &all, 1, x, KV, threads);
     }
+    int split = 0;
     for (int c = 0; c < copies; c++) /* warm-up */
-        ifk_attention_paged(out, q, ld, k[c], v[c], &L, &seq, 1, NH, 0.125f, threads);
+        split = paged(out, q, ld, k[c], v[c], &L, &seq, NH, threads);
     double best, med;
     BENCH_ROUNDS(min_s, &best, &med,
                  for (int c = 0; c < copies; c++)
-                     ifk_attention_paged(out, q, ld, k[c], v[c], &L, &seq, 1, NH, 0.125f, threads));
+                     paged(out, q, ld, k[c], v[c], &L, &seq, NH, threads));
     best /= copies;
     med /= copies;
     printf("{\"bench\":\"attention_decode\",\"isa\":\"%s\",\"kv_type\":\"%s\",\"n_ctx\":%d,\"heads\":%d,"
-           "\"kv_heads\":%d,\"head_dim\":%d,\"threads\":%d,\"us\":%.1f,\"GBps\":%.2f,\"GBps_median\":%.2f}\n",
-           ifk_isa_name(ifk_isa_current()), ifk_kv_type_name(kvt), n_ctx, NH, NKV, HD, threads, best * 1e6,
+           "\"kv_heads\":%d,\"head_dim\":%d,\"threads\":%d,\"split\":%d,\"us\":%.1f,\"GBps\":%.2f,"
+           "\"GBps_median\":%.2f}\n",
+           ifk_isa_name(ifk_isa_current()), ifk_kv_type_name(kvt), n_ctx, NH, NKV, HD, threads, split, best * 1e6,
            bytes / best * 1e-9, bytes / med * 1e-9);
     fflush(stdout);
     for (int c = 0; c < copies; c++) {
@@ -283,13 +304,16 @@ int main(int argc, char **argv)
             }
         } else if (!strcmp(argv[i], "--exact")) {
             ifk_set_qx_f32(1);
+        } else if (!strcmp(argv[i], "--no-split")) {
+            split_attn = 0;
         } else if (!strcmp(argv[i], "--quick")) {
             quick = 1;
         } else if (!strcmp(argv[i], "--packed")) {
             packed = 1;
         } else {
             fprintf(stderr, "usage: kbench [--isa scalar|avx2|avx512] [--threads N] "
-                            "[--only decode|prefill|attention|attention_decode] [--type f32|f16|bf16] [--exact] [--packed] [--quick]\n");
+                            "[--only decode|prefill|attention|attention_decode] [--type f32|f16|bf16] [--exact] [--packed] "
+                            "[--no-split] [--quick]\n");
             return 2;
         }
     }

@@ -9,6 +9,10 @@
  * one kv head's slice of every cached position. The cache is in huge pages (the engine allocates
  * it with bigmem.h), the next chunk's slices are requested from inside this chunk's loops
  * (kv_pf), and the 16 x 16 transposes of the keys are unrolled so that they stay in registers.
+ * A row's keys come in parts of IFK_KV_PART (merge_part): with few units a thread (one sequence's
+ * decoding step, 4 kv heads) each part is a unit of its own and a second job merges them
+ * (paged_combine); an item then holds a run of parts, each of which requests the next one's first
+ * chunk, so a part does not start on a cold cache.
  */
 #include "kernels/cpu/kvcache.h"
 #include "kernels/cpu/kernels.h"
@@ -352,11 +356,13 @@ static inline __attribute__((always_inline)) float amax_of(const float *x, int n
     return amax;
 }
 
-/* q[i] = x[i] * inv rounded to the nearest int8 in -127 .. 127 (ties to even), i < n. */
+/* q[i] = x[i] * inv rounded to the nearest int8 in -127 .. 127 (ties to even), i < n: inv is at
+ * most 127 / max |x|, so |x[i] * inv| < 2^22, where adding and taking back 1.5 * 2^23 rounds to
+ * the nearest integer as nearbyintf does (for which GCC called libm, once a value). */
 static inline __attribute__((always_inline)) void round_i8(int8_t *q, const float *x, int n, float inv)
 {
     for (int i = 0; i < n; i++) {
-        const float v = nearbyintf(x[i] * inv);
+        const float v = (x[i] * inv + 12582912.0f) - 12582912.0f;
         q[i] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : v);
     }
 }
@@ -816,14 +822,22 @@ static inline __attribute__((always_inline)) void scores(float *s, const float *
 }
 
 /* Values d0 .. d0 + 15 of row j into *t: from v, or (v8 not NULL) a Q8 pool's row converted as
- * q8_floats converts it (vs [hd / G][IFK_KV_CHUNK]: the rows' scales; G a multiple of 16). */
+ * q8_floats converts it (vs [IFK_KV_CHUNK]: the rows' scales of the group of d0, group_scales;
+ * G a multiple of 16). */
 static inline __attribute__((always_inline)) void value16(kv_f16x *t, const float *const *v, const int8_t *const *v8,
                                                           const float *vs, int G, int j, int d0, const int vnni)
 {
     if (v8)
-        q8_floats((float *)t, v8[j] + d0, 16, vs[(size_t)(d0 / G) * IFK_KV_CHUNK + j], vnni);
+        q8_floats((float *)t, v8[j] + d0, 16, vs[j], vnni);
     else
         memcpy(t, v[j] + d0, sizeof *t);
+}
+
+/* The scales of the group of value d0 (value16's vs), taken before a loop over the rows: GCC left
+ * the division inside it, one a row. */
+static inline __attribute__((always_inline)) const float *group_scales(const float *vs, int G, int d0)
+{
+    return vs ? vs + (size_t)(d0 / G) * IFK_KV_CHUNK : NULL;
 }
 
 /* o[d] += p[0] * v[0][d], then + p[1] * v[1][d], ... in that order for every d < hd (the
@@ -841,12 +855,14 @@ static inline __attribute__((always_inline)) void add_weighted(float *restrict o
         memcpy(&a1, o + d0 + 16, sizeof a1);
         memcpy(&a2, o + d0 + 32, sizeof a2);
         memcpy(&a3, o + d0 + 48, sizeof a3);
+        const float *s0 = group_scales(vs, G, d0), *s1 = group_scales(vs, G, d0 + 16);
+        const float *s2 = group_scales(vs, G, d0 + 32), *s3 = group_scales(vs, G, d0 + 48);
         for (int j = 0; j < nj; j++) {
             pf_step(pf);
-            value16(&t0, v, v8, vs, G, j, d0, vnni);
-            value16(&t1, v, v8, vs, G, j, d0 + 16, vnni);
-            value16(&t2, v, v8, vs, G, j, d0 + 32, vnni);
-            value16(&t3, v, v8, vs, G, j, d0 + 48, vnni);
+            value16(&t0, v, v8, s0, G, j, d0, vnni);
+            value16(&t1, v, v8, s1, G, j, d0 + 16, vnni);
+            value16(&t2, v, v8, s2, G, j, d0 + 32, vnni);
+            value16(&t3, v, v8, s3, G, j, d0 + 48, vnni);
             KV_FMA(a0, p[j], t0);
             KV_FMA(a1, p[j], t1);
             KV_FMA(a2, p[j], t2);
@@ -860,8 +876,9 @@ static inline __attribute__((always_inline)) void add_weighted(float *restrict o
     for (; d0 + 16 <= hd; d0 += 16) {
         kv_f16x a, t;
         memcpy(&a, o + d0, sizeof a);
+        const float *s0 = group_scales(vs, G, d0);
         for (int j = 0; j < nj; j++) {
-            value16(&t, v, v8, vs, G, j, d0, vnni);
+            value16(&t, v, v8, s0, G, j, d0, vnni);
             KV_FMA(a, p[j], t);
         }
         memcpy(o + d0, &a, sizeof a);
@@ -894,9 +911,10 @@ static inline __attribute__((always_inline)) void add_weighted8(float *restrict 
         memcpy(&a5, o + 5 * hd + d0, sizeof a5);
         memcpy(&a6, o + 6 * hd + d0, sizeof a6);
         memcpy(&a7, o + 7 * hd + d0, sizeof a7);
+        const float *s0 = group_scales(vs, G, d0);
         for (int j = 0; j < nj; j++) {
             pf_step(pf);
-            value16(&t, v, v8, vs, G, j, d0, vnni);
+            value16(&t, v, v8, s0, G, j, d0, vnni);
             KV_FMA(a0, p[j], t);
             KV_FMA(a1, p[IFK_KV_CHUNK + j], t);
             KV_FMA(a2, p[2 * IFK_KV_CHUNK + j], t);
@@ -1028,20 +1046,53 @@ static inline __attribute__((always_inline)) void row_step(float *restrict out, 
     softmax_step(out, s, m, l, vr, q8 ? q8->v8 : NULL, q8 ? q8->vs : NULL, G, nj, nh, hd, softcap, pf, vnni);
 }
 
-/* Rows of one sequence for kv head g: row r (its nh query heads at q + r ld, out + r ld) attends to
- * keys first .. n_keys[r] - 1. Online softmax over chunks of IFK_KV_CHUNK keys from `first`; each
+/* A part's result (po: unnormalized sums [nh][hd], maxima pm, sums pl) merged into the running
+ * one (o, m, l): both rescaled to the larger maximum, then added. The one merge of the parts of a
+ * row's keys, whether one unit takes them in turn or each part is a unit of its own (combine). */
+static inline __attribute__((always_inline)) void merge_part(float *restrict o, float *m, float *l,
+                                                              const float *restrict po, const float *pm,
+                                                              const float *pl, int nh, int hd)
+{
+    for (int h = 0; h < nh; h++) {
+        const float mx = pm[h] > m[h] ? pm[h] : m[h], ca = exp1(m[h] - mx), cp = exp1(pm[h] - mx);
+        float *oh = o + (size_t)h * hd;
+        const float *ph = po + (size_t)h * hd;
+        int d = 0;
+        for (; d + 16 <= hd; d += 16) {
+            kv_f16x a, b;
+            memcpy(&a, oh + d, sizeof a);
+            memcpy(&b, ph + d, sizeof b);
+            a = a * ca + b * cp;
+            memcpy(oh + d, &a, sizeof a);
+        }
+        for (; d < hd; d++)
+            oh[d] = oh[d] * ca + ph[d] * cp;
+        l[h] = l[h] * ca + pl[h] * cp;
+        m[h] = mx;
+    }
+}
+
+/* Rows of one sequence for kv head g: row r (its nh query heads at q + r ld) attends to keys
+ * first .. n_keys[r] - 1. Online softmax over chunks of IFK_KV_CHUNK keys from `first`; each
  * chunk's keys are converted (pools other than F32) and transposed once for all the rows, and each
  * row then takes the same operations it would take alone: its scores (scores(); over a Q8 pool
- * with its query rounded once), softmax_step over its own keys of the chunk. So a
- * row's output depends only on its query, its position and the cache, whatever rows share the
- * call, and heads only on their own query. vnni: the Q8 pool's products on vpdpbusd (the same bits).
- * Compiled as attend_rows (the clones) and attend_rows_vnni. */
+ * with its query rounded once), softmax_step over its own keys of the chunk. The keys are taken in
+ * parts of IFK_KV_PART from `first`, each part's softmax from scratch, and the parts merged in
+ * order (merge_part). So a row's output depends only on its query, its position and the cache,
+ * whatever rows share the call, and heads only on their own query.
+ *   ml NULL: out rows (stride ldo) receive the attention's output, the parts merged here;
+ *   ml not NULL (the caller keeps the keys within one part): out rows receive the part's
+ *   unnormalized sums and ml [R][2][nh] its maxima and sums (a sum 0: the row has no keys in it).
+ * vnni: the Q8 pool's products on vpdpbusd (the same bits). Compiled as attend_rows (the clones)
+ * and attend_rows_vnni. */
 #define ATTEND_ROWS 16         /* rows that share a chunk's transposed keys */
 #define ATTEND_Q8_BYTES 65536 /* at most for a unit's rounded queries (fewer rows a unit when more) */
-static inline __attribute__((always_inline)) void attend_body(float *restrict out, const float *restrict q, size_t ld,
-                                                               int R, const void *k, const void *v,
-                                                               const ifk_kv_layout *L, const int32_t *table, int first,
-                                                               const int *n_keys, int g, int nh, float scale,
+#define ATTEND_PART_BYTES 65536 /* at most for a unit's part sums when it merges parts itself */
+static inline __attribute__((always_inline)) void attend_body(float *restrict out, size_t ldo, float *restrict ml,
+                                                               const float *restrict q, size_t ld, int R,
+                                                               const void *k, const void *v, const ifk_kv_layout *L,
+                                                               const int32_t *table, int first, const int *n_keys,
+                                                               int pf_last, int g, int nh, float scale,
                                                                const int vnni)
 {
     const int hd = L->head_dim, conv = L->type != IFK_KV_F32, q8 = vnni || q8_int(L), G = L->group;
@@ -1050,6 +1101,14 @@ static inline __attribute__((always_inline)) void attend_body(float *restrict ou
      * all: into vbuf) when every head takes them 8 at a time, or there is one */
     const int v8 = q8 && R == 1 && (nh % 8 == 0 || nh == 1) && hd % 16 == 0 && G % 16 == 0;
     const kv_at at = head_at(L, g); /* the K and V pools' layout is one */
+    int last = 0;
+    for (int r = 0; r < R; r++)
+        last = n_keys[r] > last ? n_keys[r] : last;
+    /* more than one part merged here: each part's sums in cur, the merged ones in out (am, al) */
+    const int split = !ml && last - first > IFK_KV_PART;
+    const size_t ldc = split ? (size_t)nh * hd : ldo;
+    float pbuf[split ? (size_t)R * nh * hd : 1], am[R][nh], al[R][nh];
+    float *cur = split ? pbuf : out;
     float kbuf[conv ? 16 * hd : 1], vbuf[conv ? IFK_KV_CHUNK * hd : 1], vsc[(size_t)ng * IFK_KV_CHUNK];
     float kt[(size_t)hd * IFK_KV_CHUNK] __attribute__((aligned(64))); /* q8 with VNNI: int32 [hd / 4][CHUNK] */
     float ks[(size_t)ng * IFK_KV_CHUNK] __attribute__((aligned(64)));
@@ -1062,21 +1121,39 @@ static inline __attribute__((always_inline)) void attend_body(float *restrict ou
     kv_pf pf;
     size_t rows_a[IFK_KV_CHUNK], rows_b[IFK_KV_CHUNK], *rows = rows_a, *rows_nn = rows_b; /* pool rows */
     size_t scs_a[IFK_KV_CHUNK], scs_b[IFK_KV_CHUNK], *scs = scs_a, *scs_nn = scs_b;     /* their scales */
-    int last = 0;
     for (int r = 0; r < R; r++) {
-        last = n_keys[r] > last ? n_keys[r] : last;
         for (int h = 0; h < nh; h++) {
             m[r][h] = -INFINITY;
             l[r][h] = 0.0f;
         }
-        memset(out + (size_t)r * ld, 0, (size_t)nh * hd * sizeof(float));
+        memset(cur + (size_t)r * ldc, 0, (size_t)nh * hd * sizeof(float));
         if (q8)
             q8_query(qi + r * QH, vnni ? NULL : qf + r * QH, qs + r * QG, qb + r * QG, q + (size_t)r * ld, nh, hd, G);
     }
     for (int j0 = first; j0 < last; j0 += IFK_KV_CHUNK) {
         const int nj = last - j0 < IFK_KV_CHUNK ? last - j0 : IFK_KV_CHUNK;
+        if (split && j0 > first && (j0 - first) % IFK_KV_PART == 0) /* a part ends: into out */
+            for (int r = 0; r < R; r++) {
+                if (n_keys[r] <= j0 - IFK_KV_PART)
+                    continue; /* done with an earlier part */
+                float *o = out + (size_t)r * ldo, *c = cur + (size_t)r * ldc;
+                if (j0 - IFK_KV_PART == first) {
+                    memcpy(o, c, (size_t)nh * hd * sizeof(float));
+                    memcpy(am[r], m[r], sizeof am[r]);
+                    memcpy(al[r], l[r], sizeof al[r]);
+                } else {
+                    merge_part(o, am[r], al[r], c, m[r], l[r], nh, hd);
+                }
+                for (int h = 0; h < nh && n_keys[r] > j0; h++) { /* the next part from scratch */
+                    m[r][h] = -INFINITY;
+                    l[r][h] = 0.0f;
+                }
+                if (n_keys[r] > j0)
+                    memset(c, 0, (size_t)nh * hd * sizeof(float));
+            }
         pf.n = pf.e = pf.l = 0; /* the next chunk's K slices, then its V slices */
-        const int nn = last - j0 - nj < IFK_KV_CHUNK ? last - j0 - nj : IFK_KV_CHUNK;
+        const int pl = pf_last > last ? pf_last : last; /* the next chunk: this part's, or the next part's first */
+        const int nn = pl - j0 - nj < IFK_KV_CHUNK ? pl - j0 - nj : IFK_KV_CHUNK;
         size_t *was = rows, *was_sc = scs; /* this chunk's rows: the last chunk's next ones */
         rows = rows_nn, rows_nn = was, scs = scs_nn, scs_nn = was_sc;
         if (j0 == first)
@@ -1111,7 +1188,7 @@ static inline __attribute__((always_inline)) void attend_body(float *restrict ou
             if (nr <= 0)
                 continue;
             const float *qr = q + (size_t)r * ld;
-            float *o = out + (size_t)r * ld;
+            float *o = cur + (size_t)r * ldc;
             const kv_q8q rq = {qi + r * QH, vnni ? NULL : qf + r * QH, qs + r * QG, qb + r * QG, ks,
                                v8 ? vr8 : NULL, vsc};
             const kv_q8q *q8r = q8 ? &rq : NULL;
@@ -1125,25 +1202,37 @@ static inline __attribute__((always_inline)) void attend_body(float *restrict ou
         }
         pf_rest(&pf);
     }
+    if (ml) { /* a part of its own: the combine merges it */
+        for (int r = 0; r < R; r++) {
+            memcpy(ml + (size_t)r * 2 * nh, m[r], sizeof m[r]);
+            memcpy(ml + (size_t)r * 2 * nh + nh, l[r], sizeof l[r]);
+        }
+        return;
+    }
+    if (split) /* the last part (rows with keys in it) into out */
+        for (int r = 0, p0 = first + (last - first - 1) / IFK_KV_PART * IFK_KV_PART; r < R; r++)
+            if (n_keys[r] > p0)
+                merge_part(out + (size_t)r * ldo, am[r], al[r], cur + (size_t)r * ldc, m[r], l[r], nh, hd);
     for (int r = 0; r < R; r++)
         for (int h = 0; h < nh; h++)
-            scale_row(out + (size_t)r * ld + (size_t)h * hd, hd, 1.0f / l[r][h]);
+            scale_row(out + (size_t)r * ldo + (size_t)h * hd, hd, 1.0f / (split ? al[r][h] : l[r][h]));
 }
 
 #define ATTEND_ARGS                                                                                \
-    float *restrict out, const float *restrict q, size_t ld, int R, const void *k, const void *v,   \
-        const ifk_kv_layout *L, const int32_t *table, int first, const int *n_keys, int g, int nh, float scale
+    float *restrict out, size_t ldo, float *restrict ml, const float *restrict q, size_t ld, int R, const void *k, \
+        const void *v, const ifk_kv_layout *L, const int32_t *table, int first, const int *n_keys, int pf_last,   \
+        int g, int nh, float scale
 KV_CLONES
 static void attend_rows(ATTEND_ARGS)
 {
-    attend_body(out, q, ld, R, k, v, L, table, first, n_keys, g, nh, scale, 0);
+    attend_body(out, ldo, ml, q, ld, R, k, v, L, table, first, n_keys, pf_last, g, nh, scale, 0);
 }
 
 #if KV_VNNI
 KV_VNNI_TARGET
 static void attend_rows_vnni(ATTEND_ARGS)
 {
-    attend_body(out, q, ld, R, k, v, L, table, first, n_keys, g, nh, scale, 1);
+    attend_body(out, ldo, ml, q, ld, R, k, v, L, table, first, n_keys, pf_last, g, nh, scale, 1);
 }
 #endif
 #undef ATTEND_ARGS
@@ -1161,8 +1250,11 @@ static int use_vnni(const ifk_kv_layout *L)
 #endif
 }
 
-/* Paged attention on the pool (pool.h): a unit is `rows` (up to ATTEND_ROWS) consecutive query
- * rows of one sequence for one kv head; item i is units [i * upi, (i + 1) * upi). */
+/* Paged attention on the pool (pool.h). A unit is `rows` (up to ATTEND_ROWS) consecutive query
+ * rows of one sequence for one kv head; in a split call, a sequence whose keys span parts[s] > 1
+ * parts (IFK_KV_PART) has a unit for each part of each of those, which leaves its unnormalized
+ * result in the work (a slot of `slot` floats a unit), and a second job merges each unit's parts
+ * into the output (combine). Item i is units [i * upi, (i + 1) * upi). */
 typedef struct {
     float *out;
     const float *q;
@@ -1170,70 +1262,194 @@ typedef struct {
     const void *k, *v;
     const ifk_kv_layout *L;
     const ifk_kv_seq *seqs;
-    const int *first; /* [n_seqs + 1] unit index of each sequence's first unit */
+    const int *first;  /* [n_seqs + 1] unit index of each sequence's first unit (parts counted) */
+    const int *gfirst; /* [n_seqs + 1] the same without parts (the combine's units)            */
+    const int *parts;  /* [n_seqs] parts a unit of the sequence has in this call (1: none)     */
+    float *work;       /* split: [units][slot]: a part's sums [rows][nh * head_dim], then [rows][2][nh] */
+    size_t slot;
     int n_kv, nh, rows, units, upi;
     float scale;
     int vnni; /* Q8: attend_rows_vnni */
 } paged_args;
+
+/* The sequence of unit u (a prefix table f [n_seqs + 1]), from s on. */
+static inline int seq_of(const int *f, int u, int s)
+{
+    while (f[s + 1] <= u)
+        s++;
+    return s;
+}
+
+/* Row i0's n_keys (R rows from i0 of sequence q) and the first key they see. */
+static inline int keys_of(int *n_keys, const ifk_kv_layout *L, const ifk_kv_seq *q, int i0, int R)
+{
+    for (int r = 0; r < R; r++)
+        n_keys[r] = q->pos0 + (L->bidirectional ? q->n_rows : i0 + r + 1);
+    return L->window > 0 && n_keys[0] > L->window ? n_keys[0] - L->window : 0;
+}
 
 KV_CLONES
 static void paged_run(const void *args, const void *in, int item, float *unused)
 {
     const paged_args *a = args;
     const ifk_kv_layout *L = a->L;
-    int u1 = (item + 1) * a->upi < a->units ? (item + 1) * a->upi : a->units;
+    const int hd = L->head_dim, u1 = (item + 1) * a->upi < a->units ? (item + 1) * a->upi : a->units;
     int s = 0;
     for (int u = item * a->upi; u < u1; u++) {
-        while (a->first[s + 1] <= u)
-            s++;
+        s = seq_of(a->first, u, s);
         const ifk_kv_seq *q = &a->seqs[s];
-        const int i0 = (u - a->first[s]) / a->n_kv * a->rows, g = (u - a->first[s]) % a->n_kv;
+        const int np = a->parts[s], gu = (u - a->first[s]) / np, p = (u - a->first[s]) % np;
+        const int i0 = gu / a->n_kv * a->rows, g = gu % a->n_kv;
         const int R = q->n_rows - i0 < a->rows ? q->n_rows - i0 : a->rows;
-        int n_keys[ATTEND_ROWS], w = L->window;
-        for (int r = 0; r < R; r++)
-            n_keys[r] = q->pos0 + (L->bidirectional ? q->n_rows : i0 + r + 1);
-        const size_t off = (size_t)(q->row0 + i0) * a->ld + (size_t)g * a->nh * L->head_dim;
-        const int first = w > 0 && n_keys[0] > w ? n_keys[0] - w : 0;
+        int n_keys[ATTEND_ROWS], first = keys_of(n_keys, L, q, i0, R);
+        const size_t off = (size_t)(q->row0 + i0) * a->ld + (size_t)g * a->nh * hd;
+        float *o = a->out + off, *ml = NULL;
+        size_t ldo = a->ld;
+        int pf_last = 0;
+        if (np > 1) { /* part p alone: keys first + p PART .. first + (p + 1) PART - 1 */
+            first += p * IFK_KV_PART;
+            pf_last = u + 1 < u1 && p + 1 < np ? n_keys[R - 1] : 0; /* this item's next unit: the next part */
+            for (int r = 0; r < R; r++)
+                n_keys[r] = n_keys[r] < first + IFK_KV_PART ? n_keys[r] : first + IFK_KV_PART;
+            o = a->work + (size_t)u * a->slot;
+            ml = o + (size_t)a->rows * a->nh * hd;
+            ldo = (size_t)a->nh * hd;
+        }
 #if KV_VNNI
         if (a->vnni) {
-            attend_rows_vnni(a->out + off, a->q + off, a->ld, R, a->k, a->v, L, q->table, first, n_keys, g, a->nh,
-                             a->scale);
+            attend_rows_vnni(o, ldo, ml, a->q + off, a->ld, R, a->k, a->v, L, q->table, first, n_keys, pf_last, g,
+                             a->nh, a->scale);
             continue;
         }
 #endif
-        attend_rows(a->out + off, a->q + off, a->ld, R, a->k, a->v, L, q->table, first, n_keys, g, a->nh, a->scale);
+        attend_rows(o, ldo, ml, a->q + off, a->ld, R, a->k, a->v, L, q->table, first, n_keys, pf_last, g, a->nh,
+                    a->scale);
     }
 }
 
-void ifk_attention_paged(float *out, const float *q, size_t ld, const void *k, const void *v,
-                         const ifk_kv_layout *L, const ifk_kv_seq *seqs, int n_seqs, int n_heads,
-                         float scale, int n_threads)
+/* The combine of a split call: unit u (gfirst's numbering) of a sequence with parts: each row's
+ * parts merged in order (merge_part, as attend_body merges them), then normalized. */
+KV_CLONES
+static void paged_combine(const void *args, const void *in, int item, float *unused)
 {
-    const int n_kv = L->n_kv_heads;
-    if (n_seqs <= 0 || n_kv <= 0 || n_heads % n_kv)
-        return;
-    const int nh = n_heads / n_kv;
-    int nt = n_threads > 0 ? n_threads : omp_get_num_procs(), n_rows = 0;
-    for (int s = 0; s < n_seqs; s++)
+    const paged_args *a = args;
+    const int hd = a->L->head_dim, nh = a->nh, H = nh * hd;
+    const int u1 = (item + 1) * a->upi < a->units ? (item + 1) * a->upi : a->units;
+    int s = 0;
+    for (int u = item * a->upi; u < u1; u++) {
+        s = seq_of(a->gfirst, u, s);
+        const int np = a->parts[s];
+        if (np == 1)
+            continue; /* paged_run's output is final */
+        const ifk_kv_seq *q = &a->seqs[s];
+        const int gu = u - a->gfirst[s], i0 = gu / a->n_kv * a->rows, g = gu % a->n_kv;
+        const int R = q->n_rows - i0 < a->rows ? q->n_rows - i0 : a->rows;
+        const float *w = a->work + (size_t)(a->first[s] + gu * np) * a->slot;
+        for (int r = 0; r < R; r++) {
+            float *o = a->out + (size_t)(q->row0 + i0 + r) * a->ld + (size_t)g * H, m[nh], l[nh];
+            const float *ml = w + (size_t)a->rows * H + (size_t)r * 2 * nh;
+            memcpy(o, w + (size_t)r * H, (size_t)H * sizeof(float));
+            memcpy(m, ml, sizeof m);
+            memcpy(l, ml + nh, sizeof l);
+            for (int p = 1; p < np; p++) {
+                const float *pw = w + (size_t)p * a->slot, *pml = pw + (size_t)a->rows * H + (size_t)r * 2 * nh;
+                if (pml[nh] > 0) /* the row has keys in part p */
+                    merge_part(o, m, l, pw + (size_t)r * H, pml, pml + nh, nh, hd);
+            }
+            for (int h = 0; h < nh; h++)
+                scale_row(o + (size_t)h * hd, hd, 1.0f / l[h]);
+        }
+    }
+}
+
+/* A call's units: rows a unit, each sequence's parts (1 unless split), the prefix tables first
+ * (with parts) and gfirst (without); returns the work floats of a split call, 0 when not split.
+ * Split when the work (at most work_floats) lets the parts of long rows be units of their own and
+ * there are fewer than 8 units a thread without. Nothing here changes a row's bits. */
+typedef struct {
+    int rows, units, gunits, nt;
+    size_t slot, work;
+} paged_plan;
+
+static void plan_of(paged_plan *P, int *first, int *gfirst, int *parts, const ifk_kv_layout *L,
+                    const ifk_kv_seq *seqs, int n_seqs, int nh, int nt, size_t work_floats)
+{
+    const int n_kv = L->n_kv_heads, hd = L->head_dim;
+    int n_rows = 0, long_rows = 0;
+    for (int s = 0; s < n_seqs; s++) {
         n_rows += seqs[s].n_rows;
+        const int nk = seqs[s].pos0 + seqs[s].n_rows, span = L->window > 0 && nk > L->window ? L->window : nk;
+        parts[s] = (span + IFK_KV_PART - 1) / IFK_KV_PART;
+        long_rows |= parts[s] > 1;
+    }
     /* rows a unit: up to ATTEND_ROWS while every thread keeps about 8 units (a row's result does
      * not depend on it); with a window, each row has its own first key */
     int rows = n_rows * n_kv / (8 * nt);
     rows = L->window > 0 || rows < 1 ? 1 : rows > ATTEND_ROWS ? ATTEND_ROWS : rows;
     if (q8_int(L)) { /* a row's rounded query: qi, qf [nh][hd]; qs, qb [nh][hd / group] */
-        const size_t row_bytes = (size_t)nh * L->head_dim * 5 + (size_t)nh * (L->head_dim / L->group) * 8;
+        const size_t row_bytes = (size_t)nh * hd * 5 + (size_t)nh * (hd / L->group) * 8;
         while (rows > 1 && (size_t)rows * row_bytes > ATTEND_Q8_BYTES)
             rows--;
     }
-    int first[n_seqs + 1];
+    while (long_rows && rows > 1 && (size_t)rows * nh * hd * sizeof(float) > ATTEND_PART_BYTES)
+        rows--; /* a unit's part sums (attend_body's pbuf) */
+    gfirst[0] = 0;
+    for (int s = 0; s < n_seqs; s++)
+        gfirst[s + 1] = gfirst[s] + (seqs[s].n_rows + rows - 1) / rows * n_kv;
+    const size_t slot = (size_t)rows * (nh * hd + 2 * nh);
     first[0] = 0;
     for (int s = 0; s < n_seqs; s++)
-        first[s + 1] = first[s] + (seqs[s].n_rows + rows - 1) / rows * n_kv;
-    const int units = first[n_seqs];
-    if (nt > units)
-        nt = units;
-    const int upi = (units + IFK_POOL_MAX_ITEMS - 1) / IFK_POOL_MAX_ITEMS;
-    paged_args a = {out, q, ld, k, v, L, seqs, first, n_kv, nh, rows, units, upi, scale, use_vnni(L)};
+        first[s + 1] = first[s] + (gfirst[s + 1] - gfirst[s]) * parts[s];
+    const size_t work = (size_t)first[n_seqs] * slot;
+    const int split = nt > 1 && long_rows && gfirst[n_seqs] < 8 * nt && work <= work_floats;
+    if (!split) {
+        for (int s = 0; s <= n_seqs; s++) {
+            first[s] = gfirst[s];
+            if (s < n_seqs)
+                parts[s] = 1;
+        }
+    }
+    *P = (paged_plan){rows, first[n_seqs], gfirst[n_seqs], nt, slot, split ? work : 0};
+}
+
+/* Threads for a call of n_threads (<= 0: every core). */
+static int threads_of(int n_threads) { return n_threads > 0 ? n_threads : omp_get_num_procs(); }
+
+size_t ifk_attention_work(const ifk_kv_layout *L, const ifk_kv_seq *seqs, int n_seqs, int n_heads, int n_threads)
+{
+    if (n_seqs <= 0 || L->n_kv_heads <= 0 || n_heads % L->n_kv_heads)
+        return 0;
+    int first[n_seqs + 1], gfirst[n_seqs + 1], parts[n_seqs];
+    paged_plan P;
+    plan_of(&P, first, gfirst, parts, L, seqs, n_seqs, n_heads / L->n_kv_heads, threads_of(n_threads),
+            IFK_KV_WORK_MAX);
+    return P.work;
+}
+
+void ifk_attention_paged(float *out, const float *q, size_t ld, const void *k, const void *v,
+                         const ifk_kv_layout *L, const ifk_kv_seq *seqs, int n_seqs, int n_heads,
+                         float scale, int n_threads, float *work, size_t work_floats)
+{
+    const int n_kv = L->n_kv_heads;
+    if (n_seqs <= 0 || n_kv <= 0 || n_heads % n_kv)
+        return;
+    const int nh = n_heads / n_kv;
+    int first[n_seqs + 1], gfirst[n_seqs + 1], parts[n_seqs];
+    paged_plan P;
+    plan_of(&P, first, gfirst, parts, L, seqs, n_seqs, nh, threads_of(n_threads), work ? work_floats : 0);
+    int nt = P.nt < P.units ? P.nt : P.units;
+    int upi = (P.units + IFK_POOL_MAX_ITEMS - 1) / IFK_POOL_MAX_ITEMS;
+    if (P.work && upi < P.units / (4 * nt)) /* about 4 items a thread, each a run of parts, */
+        upi = P.units / (4 * nt);          /* which prefetches its next part's first keys  */
+    paged_args a = {out, q, ld, k, v, L, seqs, first, gfirst, parts, work, P.slot, n_kv, nh, P.rows, P.units, upi,
+                    scale, use_vnni(L)};
     ifk_pool_run(&(ifk_pool_job){.run = paged_run, .args = &a, .args_size = sizeof a,
-                                 .n_items = (units + upi - 1) / upi, .max_threads = nt});
+                                 .n_items = (P.units + upi - 1) / upi, .max_threads = nt});
+    if (!P.work)
+        return;
+    a.units = P.gunits; /* the combine: one unit for each (rows, kv head) */
+    a.upi = upi = (P.gunits + IFK_POOL_MAX_ITEMS - 1) / IFK_POOL_MAX_ITEMS;
+    nt = P.nt < P.gunits ? P.nt : P.gunits;
+    ifk_pool_run(&(ifk_pool_job){.run = paged_combine, .args = &a, .args_size = sizeof a,
+                                 .n_items = (P.gunits + upi - 1) / upi, .max_threads = nt});
 }

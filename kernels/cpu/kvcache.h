@@ -21,15 +21,18 @@
  *   is written.
  *   Results are batch-invariant: the output row of a query depends only on that query, the
  *   sequence's cached rows and the layout, never on which other sequences or rows share the
- *   call, nor on the thread count (keys are taken in fixed chunks of IFK_KV_CHUNK from
- *   position 0 with an online softmax; float sums in a fixed order, the same on every kernel
- *   path: products fused where kvcache.c says so, nowhere else).
+ *   call, nor on the thread count (keys are taken in fixed chunks of IFK_KV_CHUNK from the
+ *   first key the row sees with an online softmax; chunks in parts of IFK_KV_PART keys, each
+ *   part's softmax from scratch and the parts merged in order, whether one thread takes them
+ *   in turn or each part is a unit of its own; float sums in a fixed order, the same on every
+ *   kernel path: products fused where kvcache.c says so, nowhere else).
  *   Over a Q8 pool the query is rounded as the keys are (int8, a scale maxabs / 127 for each
  *   group of `group` values of a head, kept in F32; as llama.cpp rounds it for q8_0 keys) before
  *   its products with the keys, which are then exact integers (vpdpbusd where the CPU has
  *   AVX512_VNNI; the same bits elsewhere).
  *   Kernels never allocate and never fail; threads split units of (up to 16 query rows of a
- *   sequence, kv head).
+ *   sequence, kv head), and of a part of their keys when the caller's work lets them (few
+ *   units, long rows: one sequence's decoding step deep in its context).
  */
 #ifndef IFK_KVCACHE_H
 #define IFK_KVCACHE_H
@@ -38,7 +41,9 @@
 #include <stdint.h>
 
 enum { IFK_KV_F32 = 0, IFK_KV_F16 = 1, IFK_KV_Q8 = 2 };
-#define IFK_KV_CHUNK 64 /* keys per online-softmax step */
+#define IFK_KV_CHUNK 64  /* keys per online-softmax step */
+#define IFK_KV_PART 512  /* keys per part (a multiple of IFK_KV_CHUNK) */
+#define IFK_KV_WORK_MAX ((size_t)1 << 22) /* floats of work a call asks for at most */
 
 typedef struct {
     int type;           /* IFK_KV_*                                      */
@@ -78,10 +83,15 @@ void ifk_kv_store(void *pool, const ifk_kv_layout *L, const ifk_kv_seq *seqs, in
  *   position p = pos0 + i and attends to positions 0 .. p (already stored), or to the last
  *   L->window of them (p - window + 1 .. p) when L->window > 0; with L->bidirectional, to
  *   0 .. pos0 + n_rows - 1 (the whole step: an encoder's input).
- * Query head h reads kv head h / (n_heads / n_kv_heads). Scores are scaled by `scale`. */
+ * Query head h reads kv head h / (n_heads / n_kv_heads). Scores are scaled by `scale`.
+ * work [work_floats] (may be NULL) holds the parts' partial results when they are units of their
+ * own: with less than ifk_attention_work() asks, the parts are taken in turn (the same bits). */
 void ifk_attention_paged(float *out, const float *q, size_t ld, const void *k, const void *v,
                          const ifk_kv_layout *L, const ifk_kv_seq *seqs, int n_seqs, int n_heads,
-                         float scale, int n_threads);
+                         float scale, int n_threads, float *work, size_t work_floats);
+/* Floats of work with which the call above splits parts over threads; 0 when it would not (one
+ * thread, short rows, units enough without), at most IFK_KV_WORK_MAX. */
+size_t ifk_attention_work(const ifk_kv_layout *L, const ifk_kv_seq *seqs, int n_seqs, int n_heads, int n_threads);
 
 /* Rotary parameters as ifk_rope takes them (kernels.h). */
 typedef struct {

@@ -13,6 +13,7 @@
 
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -293,10 +294,54 @@ static int cpu_kv_shift(iflow_device *d, void *k, void *v, const ifk_kv_layout *
     return 0;
 }
 
+/* The work of an attention whose parts of keys run as units of their own (kvcache.h: a decoding
+ * step deep in its context): a buffer for each calling thread (contexts on their own threads
+ * share this device), grown as a call asks and freed when the thread ends. Without it (out of
+ * memory) the parts are taken in turn, to the same bits. */
+typedef struct {
+    float *p;
+    size_t n;
+} attn_work;
+static pthread_key_t work_key;
+static pthread_once_t work_once = PTHREAD_ONCE_INIT;
+static int work_key_ok;
+
+static void work_free(void *w)
+{
+    free(((attn_work *)w)->p);
+    free(w);
+}
+
+static void work_key_make(void) { work_key_ok = pthread_key_create(&work_key, work_free) == 0; }
+
+/* This thread's work of at least n floats, or NULL. */
+static float *work_of(size_t n)
+{
+    pthread_once(&work_once, work_key_make);
+    if (!work_key_ok)
+        return NULL;
+    attn_work *w = pthread_getspecific(work_key);
+    if (!w && (!(w = calloc(1, sizeof *w)) || pthread_setspecific(work_key, w))) {
+        free(w);
+        return NULL;
+    }
+    if (w->n < n) {
+        float *p = malloc(n * sizeof(float));
+        if (!p)
+            return NULL;
+        free(w->p);
+        w->p = p;
+        w->n = n;
+    }
+    return w->p;
+}
+
 static int cpu_attention_paged(iflow_device *d, float *out, const float *q, size_t ld, const void *k, const void *v,
                                const ifk_kv_layout *L, const ifk_kv_seq *seqs, int n_seqs, int n_heads, float scale)
 {
-    ifk_attention_paged(out, q, ld, k, v, L, seqs, n_seqs, n_heads, scale, d->n_threads);
+    size_t n = ifk_attention_work(L, seqs, n_seqs, n_heads, d->n_threads);
+    float *work = n ? work_of(n) : NULL;
+    ifk_attention_paged(out, q, ld, k, v, L, seqs, n_seqs, n_heads, scale, d->n_threads, work, work ? n : 0);
     return 0;
 }
 

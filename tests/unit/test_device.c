@@ -22,7 +22,10 @@
  *     without the memory (named, with the bytes missing), all before anything is copied;
  *   - the CPU device's norms, RoPE, SiLU and adds, split over threads in pieces (cpu.c's span),
  *     give one thread's bits, also when a late worker's piece is taken back, and leave the
- *     padding between rows alone.
+ *     padding between rows alone;
+ *   - the CPU device's paged attention of a decoding row deep in its context, its parts of keys
+ *     over threads in the work of the calling thread (cpu.c's work_of), from the main thread and
+ *     from two threads at once, gives one thread's bits.
  */
 #include "tests/unit/testlib.h"
 #include "libcore/base/dtype.h"
@@ -34,6 +37,7 @@
 #include "libcore/engine/plan.h"
 #include "libcore/formats/quant.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/kvcache.h"
 #include "kernels/cpu/pool.h"
 
 #include <math.h>
@@ -676,6 +680,66 @@ static void test_ops_threads(void)
     iflow_device_close(many);
 }
 
+/* ---- the CPU device's paged attention over threads ---- */
+
+enum { AT_NKV = 4, AT_NH = 32, AT_HD = 64, AT_N = 1500 }; /* TinyLlama's heads, 3 parts of keys */
+typedef struct {
+    iflow_device *d;
+    const ifk_kv_layout *L;
+    const void *k, *v;
+    const float *q;
+    const int32_t *table;
+    float out[AT_NH * AT_HD];
+} attend_job;
+
+static void *attend_one(void *arg)
+{
+    attend_job *j = arg;
+    ifk_kv_seq seq = {.row0 = 0, .n_rows = 1, .pos0 = AT_N - 1, .table = j->table};
+    j->d->ops->attention_paged(j->d, j->out, j->q, AT_NH * AT_HD, j->k, j->v, j->L, &seq, 1, AT_NH, 0.125f);
+    return NULL;
+}
+
+static void test_attention_threads(void)
+{
+    const int KV = AT_NKV * AT_HD;
+    ifk_kv_layout L = {.type = IFK_KV_F16, .block = 16, .n_kv_heads = AT_NKV, .head_dim = AT_HD, .group = 32,
+                       .n_blocks = (AT_N + 15) / 16};
+    void *k = calloc(1, ifk_kv_pool_bytes(&L)), *v = calloc(1, ifk_kv_pool_bytes(&L));
+    int32_t table[(AT_N + 15) / 16];
+    for (int b = 0; b < (AT_N + 15) / 16; b++)
+        table[b] = b;
+    float *x = malloc(sizeof(float) * AT_N * KV), q[AT_NH * AT_HD];
+    ifk_kv_seq all = {.row0 = 0, .n_rows = AT_N, .pos0 = 0, .table = table};
+    fill_rand(x, (size_t)AT_N * KV, 21);
+    ifk_kv_store(k, &L, &all, 1, x, KV, 1);
+    fill_rand(x, (size_t)AT_N * KV, 22);
+    ifk_kv_store(v, &L, &all, 1, x, KV, 1);
+    fill_rand(q, AT_NH * AT_HD, 23);
+    iflow_device *one, *many;
+    CHECK(iflow_device_open(&one, "cpu", 1) == 0 && iflow_device_open(&many, "cpu", 3) == 0, "cpu devices open");
+    ifk_kv_seq seq = {.row0 = 0, .n_rows = 1, .pos0 = AT_N - 1, .table = table};
+    CHECK(ifk_attention_work(&L, &seq, 1, AT_NH, 3) > 0, "a decoding row over 3 parts at 3 threads asks for work");
+    attend_job ref = {.d = one, .L = &L, .k = k, .v = v, .q = q, .table = table}, main_job = ref, th[2] = {ref, ref};
+    main_job.d = th[0].d = th[1].d = many;
+    attend_one(&ref);
+    attend_one(&main_job);
+    CHECK(memcmp(ref.out, main_job.out, sizeof ref.out) == 0, "attention at 3 threads = at 1");
+    pthread_t t[2];
+    int started[2];
+    for (int i = 0; i < 2; i++)
+        started[i] = pthread_create(&t[i], NULL, attend_one, &th[i]) == 0;
+    for (int i = 0; i < 2; i++) {
+        if (started[i])
+            pthread_join(t[i], NULL);
+        CHECK(started[i] && memcmp(ref.out, th[i].out, sizeof ref.out) == 0,
+              "attention at 3 threads from thread %d of 2 = at 1", i);
+    }
+    iflow_device_close(one);
+    iflow_device_close(many);
+    free(x), free(k), free(v);
+}
+
 int main(void)
 {
     if (!mkdtemp(dir))
@@ -701,6 +765,7 @@ int main(void)
     RUN(test_processes_detached);
     RUN(test_place_errors);
     RUN(test_ops_threads);
+    RUN(test_attention_threads);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0)

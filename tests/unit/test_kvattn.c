@@ -12,9 +12,13 @@
  * heads per kv head (the kernel takes heads 8, 4 and 1 at a time); rows that end a chunk of 64
  * keys, start one, or straddle one; blocks of 7 and 16 positions (rows of a chunk in several
  * blocks); a block table out of order; F32, F16 and Q8 pools.
- * Invariance: the rows of one call (which shares each chunk's keys among up to 16 rows, fewer
- * when there are many threads) must memcmp-equal the same rows at 7 threads, computed one per
- * call, and in a call with another sequence before them at 2 threads; and a Q8 pool's must
+ * Rows whose keys span parts of IFK_KV_PART (merged in order): rows that end a part, start one or
+ * straddle one, a window wider than a part, an encoder's step of more than a part.
+ * Invariance: the rows of one call at 1 thread (which shares each chunk's keys among up to 16 rows,
+ * fewer when there are many threads, and takes a row's parts in turn) must memcmp-equal the same
+ * rows at 7 threads, computed one per call at 1 and 2 threads (2: long rows' parts are units of
+ * their own, in the work ifk_attention_work asks for), and in a call with another sequence before
+ * them at 2 threads; and a Q8 pool's must
  * memcmp-equal them on the AVX2 path (ifk_set_isa), which sums the int8 products as floats where
  * a CPU with AVX512_VNNI sums them with vpdpbusd (the same path twice on a CPU without).
  */
@@ -127,6 +131,18 @@ static void reference(double *out, const float *qr, const pool *p, const shape *
     free(w);
 }
 
+/* ifk_attention_paged with the work ifk_attention_work asks for (none when it asks for none);
+ * returns the floats it asked for. */
+static size_t attend(float *out, const float *q, size_t ld, const pool *p, const ifk_kv_seq *seqs, int n_seqs, int H,
+                     float scale, int nt)
+{
+    size_t n = ifk_attention_work(&p->L, seqs, n_seqs, H, nt);
+    float *work = n ? malloc(sizeof(float) * n) : NULL;
+    ifk_attention_paged(out, q, ld, p->k, p->v, &p->L, seqs, n_seqs, H, scale, nt, work, n);
+    free(work);
+    return n;
+}
+
 static void run_shape(const shape *s)
 {
     const int H = s->n_kv * s->nh, D = H * s->hd, n = s->pos0 + s->T;
@@ -143,7 +159,7 @@ static void run_shape(const shape *s)
     for (size_t i = 0; i < (size_t)s->T * D; i++)
         q[i] = (float)rnd_normal();
     ifk_kv_seq seq = {.row0 = 0, .n_rows = s->T, .pos0 = s->pos0, .table = p.table};
-    ifk_attention_paged(all, q, (size_t)D, p.k, p.v, &p.L, &seq, 1, H, scale, 1);
+    CHECK(attend(all, q, (size_t)D, &p, &seq, 1, H, scale, 1) == 0, "%s: no work at 1 thread", what);
     double worst = 0;
     for (int i = 0; i < s->T; i++) {
         reference(ref, q + (size_t)i * D, &p, s, i, scale);
@@ -152,19 +168,23 @@ static void run_shape(const shape *s)
     }
     CHECK(worst <= 2e-5, "%s: max |out - float64 reference| = %g > 2e-5", what, worst);
     /* at 7 threads the call cuts its rows into smaller units (a unit's rows share their keys) */
-    ifk_attention_paged(mixed, q, (size_t)D, p.k, p.v, &p.L, &seq, 1, H, scale, 7);
+    attend(mixed, q, (size_t)D, &p, &seq, 1, H, scale, 7);
     CHECK(memcmp(mixed, all, sizeof(float) * (size_t)s->T * D) == 0, "%s: the call at 7 threads = at 1", what);
     /* each row alone (an encoder's rows see the whole step, so they run as one step only) */
     for (int i = 0; i < s->T && !s->bidir; i++) {
         ifk_kv_seq alone = {.row0 = 0, .n_rows = 1, .pos0 = s->pos0 + i, .table = p.table};
-        ifk_attention_paged(one, q + (size_t)i * D, (size_t)D, p.k, p.v, &p.L, &alone, 1, H, scale, 1 + i % 2);
+        size_t w = attend(one, q + (size_t)i * D, (size_t)D, &p, &alone, 1, H, scale, 1 + i % 2);
         CHECK(memcmp(one, all + (size_t)i * D, sizeof(float) * D) == 0, "%s: row %d alone = row %d of the call", what,
               s->pos0 + i, s->pos0 + i);
+        /* a decoding row over more than a part, at 2 threads, takes its parts as units of their own */
+        const int span = s->window && s->pos0 + i + 1 > s->window ? s->window : s->pos0 + i + 1;
+        if (i % 2 && span > IFK_KV_PART)
+            CHECK(w > 0, "%s: row %d at 2 threads asks for work", what, s->pos0 + i);
     }
     /* a Q8 pool's products summed as floats (the AVX2 path) where this CPU may use vpdpbusd */
     if (s->type == IFK_KV_Q8 && ifk_isa_detect() >= IFK_ISA_AVX2) {
         CHECK(ifk_set_isa(IFK_ISA_AVX2) == IFK_ISA_AVX2, "the AVX2 path can be chosen");
-        ifk_attention_paged(mixed, q, (size_t)D, p.k, p.v, &p.L, &seq, 1, H, scale, 2);
+        attend(mixed, q, (size_t)D, &p, &seq, 1, H, scale, 2);
         ifk_set_isa(IFK_ISA_AUTO);
         CHECK(memcmp(mixed, all, sizeof(float) * (size_t)s->T * D) == 0, "%s: the AVX2 path = this CPU's", what);
     }
@@ -175,7 +195,7 @@ static void run_shape(const shape *s)
     memcpy(q2 + (size_t)3 * D, q, sizeof(float) * (size_t)s->T * D);
     ifk_kv_seq two[2] = {{.row0 = 0, .n_rows = 3, .pos0 = 0, .table = p.table},
                          {.row0 = 3, .n_rows = s->T, .pos0 = s->pos0, .table = p.table}};
-    ifk_attention_paged(mixed, q2, (size_t)D, p.k, p.v, &p.L, two, s->bidir ? 1 : 2, H, scale, 2);
+    attend(mixed, q2, (size_t)D, &p, two, s->bidir ? 1 : 2, H, scale, 2);
     if (!s->bidir)
         CHECK(memcmp(mixed + (size_t)3 * D, all, sizeof(float) * (size_t)s->T * D) == 0,
               "%s: the rows behind another sequence, at 2 threads, = the rows alone", what);
@@ -219,9 +239,29 @@ static void test_variants(void)
     run_shape(&q);
 }
 
+/* Rows over more than a part of keys (IFK_KV_PART): each kind of pool, rows around part ends,
+ * decoding rows (one a call), a window of more than a part, an encoder's step over two parts. */
+static void test_parts(void)
+{
+    const int P = IFK_KV_PART;
+    shape a = {.type = IFK_KV_F32, .hd = 64, .n_kv = 2, .nh = 4, .block = 16, .pos0 = 2 * P - 20, .T = 40};
+    run_shape(&a);
+    shape b = {.type = IFK_KV_F16, .hd = 128, .n_kv = 1, .nh = 1, .block = 7, .pos0 = 3 * P - 3, .T = 5};
+    run_shape(&b);
+    shape c = {.type = IFK_KV_Q8, .hd = 64, .n_kv = 4, .nh = 8, .block = 16, .pos0 = P - 2, .T = 4};
+    run_shape(&c);
+    shape d = {.type = IFK_KV_Q8, .hd = 80, .n_kv = 1, .nh = 3, .block = 7, .pos0 = 2 * P + 60, .T = 20};
+    run_shape(&d);
+    shape w = {.type = IFK_KV_F16, .hd = 64, .n_kv = 2, .nh = 2, .block = 16, .pos0 = 2 * P, .T = 8, .window = P + 70};
+    run_shape(&w);
+    shape e = {.type = IFK_KV_F32, .hd = 40, .n_kv = 1, .nh = 2, .block = 16, .pos0 = 0, .T = P + 30, .bidir = 1};
+    run_shape(&e);
+}
+
 int main(void)
 {
     RUN(test_shapes);
     RUN(test_variants);
+    RUN(test_parts);
     return check_summary("test_kvattn");
 }
