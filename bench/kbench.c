@@ -312,8 +312,8 @@ int main(int argc, char **argv)
             packed = 1;
         } else {
             fprintf(stderr, "usage: kbench [--isa scalar|avx2|avx512] [--threads N] "
-                            "[--only decode|prefill|attention|attention_decode] [--type f32|f16|bf16] [--exact] [--packed] "
-                            "[--no-split] [--quick]\n");
+                            "[--only decode|prefill|attention|attention_decode] [--type f32|f16|bf16] [--exact] "
+                            "[--packed] [--no-split] [--quick]\n");
             return 2;
         }
     }
