@@ -1072,6 +1072,16 @@ static inline __attribute__((always_inline)) void merge_part(float *restrict o, 
     }
 }
 
+/* A row's running softmax (nh heads: sums c [nh][hd], maxima m, sums l) before its first key. */
+static inline __attribute__((always_inline)) void part_reset(float *c, float *m, float *l, int nh, int hd)
+{
+    for (int h = 0; h < nh; h++) {
+        m[h] = -INFINITY;
+        l[h] = 0.0f;
+    }
+    memset(c, 0, (size_t)nh * hd * sizeof(float));
+}
+
 /* Rows of one sequence for kv head g: row r (its nh query heads at q + r ld) attends to keys
  * first .. n_keys[r] - 1. Online softmax over chunks of IFK_KV_CHUNK keys from `first`; each
  * chunk's keys are converted (pools other than F32) and transposed once for all the rows, and each
@@ -1122,11 +1132,7 @@ static inline __attribute__((always_inline)) void attend_body(float *restrict ou
     size_t rows_a[IFK_KV_CHUNK], rows_b[IFK_KV_CHUNK], *rows = rows_a, *rows_nn = rows_b; /* pool rows */
     size_t scs_a[IFK_KV_CHUNK], scs_b[IFK_KV_CHUNK], *scs = scs_a, *scs_nn = scs_b;     /* their scales */
     for (int r = 0; r < R; r++) {
-        for (int h = 0; h < nh; h++) {
-            m[r][h] = -INFINITY;
-            l[r][h] = 0.0f;
-        }
-        memset(cur + (size_t)r * ldc, 0, (size_t)nh * hd * sizeof(float));
+        part_reset(cur + (size_t)r * ldc, m[r], l[r], nh, hd);
         if (q8)
             q8_query(qi + r * QH, vnni ? NULL : qf + r * QH, qs + r * QG, qb + r * QG, q + (size_t)r * ld, nh, hd, G);
     }
@@ -1144,12 +1150,8 @@ static inline __attribute__((always_inline)) void attend_body(float *restrict ou
                 } else {
                     merge_part(o, am[r], al[r], c, m[r], l[r], nh, hd);
                 }
-                for (int h = 0; h < nh && n_keys[r] > j0; h++) { /* the next part from scratch */
-                    m[r][h] = -INFINITY;
-                    l[r][h] = 0.0f;
-                }
-                if (n_keys[r] > j0)
-                    memset(c, 0, (size_t)nh * hd * sizeof(float));
+                if (n_keys[r] > j0) /* the next part from scratch */
+                    part_reset(c, m[r], l[r], nh, hd);
             }
         pf.n = pf.e = pf.l = 0; /* the next chunk's K slices, then its V slices */
         const int pl = pf_last > last ? pf_last : last; /* the next chunk: this part's, or the next part's first */
@@ -1280,6 +1282,20 @@ static inline int seq_of(const int *f, int u, int s)
     return s;
 }
 
+/* The end of item i's units (item i is units [i * upi, end)). */
+static inline int item_end(const paged_args *a, int item)
+{
+    return (item + 1) * a->upi < a->units ? (item + 1) * a->upi : a->units;
+}
+
+/* Unit gu of sequence q, parts not counted: its kv head *g and first row *i0; returns its rows. */
+static inline int unit_rows(const paged_args *a, const ifk_kv_seq *q, int gu, int *g, int *i0)
+{
+    *g = gu % a->n_kv;
+    *i0 = gu / a->n_kv * a->rows;
+    return q->n_rows - *i0 < a->rows ? q->n_rows - *i0 : a->rows;
+}
+
 /* Row i0's n_keys (R rows from i0 of sequence q) and the first key they see. */
 static inline int keys_of(int *n_keys, const ifk_kv_layout *L, const ifk_kv_seq *q, int i0, int R)
 {
@@ -1293,14 +1309,14 @@ static void paged_run(const void *args, const void *in, int item, float *unused)
 {
     const paged_args *a = args;
     const ifk_kv_layout *L = a->L;
-    const int hd = L->head_dim, u1 = (item + 1) * a->upi < a->units ? (item + 1) * a->upi : a->units;
+    const int hd = L->head_dim, u1 = item_end(a, item);
     int s = 0;
     for (int u = item * a->upi; u < u1; u++) {
         s = seq_of(a->first, u, s);
         const ifk_kv_seq *q = &a->seqs[s];
-        const int np = a->parts[s], gu = (u - a->first[s]) / np, p = (u - a->first[s]) % np;
-        const int i0 = gu / a->n_kv * a->rows, g = gu % a->n_kv;
-        const int R = q->n_rows - i0 < a->rows ? q->n_rows - i0 : a->rows;
+        const int np = a->parts[s], p = (u - a->first[s]) % np;
+        int g, i0;
+        const int R = unit_rows(a, q, (u - a->first[s]) / np, &g, &i0);
         int n_keys[ATTEND_ROWS], first = keys_of(n_keys, L, q, i0, R);
         const size_t off = (size_t)(q->row0 + i0) * a->ld + (size_t)g * a->nh * hd;
         float *o = a->out + off, *ml = NULL;
@@ -1333,8 +1349,7 @@ KV_CLONES
 static void paged_combine(const void *args, const void *in, int item, float *unused)
 {
     const paged_args *a = args;
-    const int hd = a->L->head_dim, nh = a->nh, H = nh * hd;
-    const int u1 = (item + 1) * a->upi < a->units ? (item + 1) * a->upi : a->units;
+    const int hd = a->L->head_dim, nh = a->nh, H = nh * hd, u1 = item_end(a, item);
     int s = 0;
     for (int u = item * a->upi; u < u1; u++) {
         s = seq_of(a->gfirst, u, s);
@@ -1342,8 +1357,9 @@ static void paged_combine(const void *args, const void *in, int item, float *unu
         if (np == 1)
             continue; /* paged_run's output is final */
         const ifk_kv_seq *q = &a->seqs[s];
-        const int gu = u - a->gfirst[s], i0 = gu / a->n_kv * a->rows, g = gu % a->n_kv;
-        const int R = q->n_rows - i0 < a->rows ? q->n_rows - i0 : a->rows;
+        const int gu = u - a->gfirst[s];
+        int g, i0;
+        const int R = unit_rows(a, q, gu, &g, &i0);
         const float *w = a->work + (size_t)(a->first[s] + gu * np) * a->slot;
         for (int r = 0; r < R; r++) {
             float *o = a->out + (size_t)(q->row0 + i0 + r) * a->ld + (size_t)g * H, m[nh], l[nh];
@@ -1397,17 +1413,15 @@ static void plan_of(paged_plan *P, int *first, int *gfirst, int *parts, const if
     for (int s = 0; s < n_seqs; s++)
         gfirst[s + 1] = gfirst[s] + (seqs[s].n_rows + rows - 1) / rows * n_kv;
     const size_t slot = (size_t)rows * (nh * hd + 2 * nh);
-    first[0] = 0;
+    size_t part_units = 0; /* units when split */
     for (int s = 0; s < n_seqs; s++)
-        first[s + 1] = first[s] + (gfirst[s + 1] - gfirst[s]) * parts[s];
-    const size_t work = (size_t)first[n_seqs] * slot;
+        part_units += (size_t)(gfirst[s + 1] - gfirst[s]) * parts[s];
+    const size_t work = part_units * slot;
     const int split = nt > 1 && long_rows && gfirst[n_seqs] < 8 * nt && work <= work_floats;
-    if (!split) {
-        for (int s = 0; s <= n_seqs; s++) {
-            first[s] = gfirst[s];
-            if (s < n_seqs)
-                parts[s] = 1;
-        }
+    first[0] = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        parts[s] = split ? parts[s] : 1;
+        first[s + 1] = first[s] + (gfirst[s + 1] - gfirst[s]) * parts[s];
     }
     *P = (paged_plan){rows, first[n_seqs], gfirst[n_seqs], nt, slot, split ? work : 0};
 }
