@@ -17,7 +17,8 @@
 # (cpu:1, cpu:2; iflow-run --plan), measured against iflow-partition's estimate, so the cost
 # model's error shows; and continuous batching (bench/batchbench.c): generated tokens/s of 1, 4
 # and 16 streams on the TinyLlama shape in Q4_B64, and a replay of 200 WikiText prompts arriving
-# as a Poisson process (IFLOW_BENCH_REPLAY_RATE requests/s, default 1) with its latency metrics;
+# as a Poisson process (IFLOW_BENCH_REPLAY_RATE requests/s, default 1) with its latency metrics,
+# and 16 requests sharing a 512-token prompt prefix with the prefix cache and without it;
 # and generation past the context (bench/shiftbench.c): perplexity and tokens/s of WikiText read
 # through a small context with RoPE-key shifts, recomputation, and restarts; and decode beside a
 # busy loop pinned to one of the two cores the run uses (the thread pool against OpenMP); and
@@ -235,16 +236,17 @@ partition_entries() { # TinyLlama F16 on virtual CPU devices: measured decode ag
 }
 part=$(partition_entries)
 
-batch_entries() { # continuous batching on the TinyLlama shape, Q4_B64: streams and a Poisson replay
-    log "batch: TinyLlama Q4_B64, 1/4/16 streams at 1 and 2 threads, and a replay of 200 WikiText prompts"
+batch_entries() { # continuous batching on the TinyLlama shape, Q4_B64: streams, a Poisson replay, a shared prefix
+    log "batch: TinyLlama Q4_B64, 1/4/16 streams at 1 and 2 threads, a replay of 200 WikiText prompts, a shared prefix"
     tl_q4_pair
-    local s1 s2 rp
+    local s1 s2 rp sh
     s1=$("$build/batchbench" "$work/tl-bq4.ifs" streams 1 8 64 1 4 16)
     s2=$("$build/batchbench" "$work/tl-bq4.ifs" streams 2 8 64 1 4 16)
     rp=$("$build/batchbench" "$work/tl-bq4.ifs" replay 2 "$DATA/data/wikitext-2-raw/wiki.test.raw" 200 \
         "${IFLOW_BENCH_REPLAY_RATE:-1}" 16 32)
-    jq -n --argjson s1 "$s1" --argjson s2 "$s2" --argjson rp "$rp" \
-        '{model: "tinyllama-1.1b-q4_b64", streams: {"1": $s1, "2": $s2}, replay: $rp[0]}'
+    sh=$("$build/batchbench" "$work/tl-bq4.ifs" shared 2 512 16 32 16)
+    jq -n --argjson s1 "$s1" --argjson s2 "$s2" --argjson rp "$rp" --argjson sh "$sh" \
+        '{model: "tinyllama-1.1b-q4_b64", streams: {"1": $s1, "2": $s2}, replay: $rp[0], shared_prefix: $sh[0]}'
 }
 batch=$(batch_entries)
 

@@ -419,7 +419,8 @@ static void forget(item **live, int *n, const item *it)
 
 int batch_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
 {
-    iflow_batch_params p = {.parallel = o->parallel, .n_ctx = o->n_ctx, .kv_type = o->kv_type, .n_threads = o->threads};
+    iflow_batch_params p = {.parallel = o->parallel, .n_ctx = o->n_ctx, .kv_type = o->kv_type, .n_threads = o->threads,
+                            .no_prefix_cache = o->no_prefix_cache};
     iflow_batch *b;
     if (iflow_batch_open(&b, m, &p) < 0 || (o->draft && iflow_batch_set_draft(b, o->draft, o->draft_n, o->draft_top_k, o->draft_top_p) < 0))
         die(t, NULL);

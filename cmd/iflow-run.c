@@ -27,7 +27,7 @@
 enum {
     O_MODEL = 'm', O_PROMPT = 'p', O_NPREDICT = 'n', O_THREADS = 't', O_CTX = 'c', O_VERBOSE = 'v',
     O_TEMP = 256, O_TOPK, O_TOPP, O_SEED, O_ECHO, O_JSON, O_TOKENIZE, O_BOS, O_PARSE_SPECIAL, O_DEVICE,
-    O_GPU_LAYERS, O_GPU_GRAPHS, O_NO_GPU_GRAPHS, O_LIST_DEVICES, O_PLAN, O_COMM, O_ACTIVATIONS, O_STOP, O_BATCH, O_PARALLEL, O_KV_TYPE, O_METRICS, O_DRY_RUN,
+    O_GPU_LAYERS, O_GPU_GRAPHS, O_NO_GPU_GRAPHS, O_LIST_DEVICES, O_PLAN, O_COMM, O_ACTIVATIONS, O_STOP, O_BATCH, O_PARALLEL, O_KV_TYPE, O_NO_PREFIX_CACHE, O_METRICS, O_DRY_RUN,
     O_CONTEXT_SHIFT, O_KEEP, O_DRAFT, O_DRAFT_N, O_DRAFT_TOP_K, O_DRAFT_TOP_P, O_BEAMS, O_LENGTH_PENALTY,
     /* sampling: set through iflow_sampler_params_set() by their long names */
     O_SAMPLER, O_MINP, O_TYPICAL, O_TFS, O_MIROSTAT_TAU, O_MIROSTAT_ETA, O_REPEAT_PENALTY, O_REPEAT_LAST_N,
@@ -80,6 +80,7 @@ static const iflow_opt opts[] = {
     {O_BATCH, "batch", 0, NULL, "read JSON Lines requests from standard input, run them together (continuous batching) and write one JSON result per request as each finishes", NULL},
     {O_PARALLEL, "parallel", 0, "N", "with --batch: requests running at once (default 16)", NULL},
     {O_KV_TYPE, "kv-type", 0, "TYPE", "KV cache type f32, f16 or q8 (INT8 with a scale per group; default f32): f16 halves the cache and what decode reads of it", "f32 f16 q8"},
+    {O_NO_PREFIX_CACHE, "no-prefix-cache", 0, NULL, "evaluate every prompt whole: by default a prompt takes the KV cache of the longest prefix it shares, in whole blocks, with an earlier prompt still cached (the same output, less prefill)", NULL},
     {O_METRICS, "metrics", 0, "FILE", "with --batch: write throughput and latency metrics to FILE as JSON", "file"},
     {O_DRY_RUN, "dry-run", 0, NULL, "print the memory plan of --batch (weights, KV cache per request and in total, scratch) and the largest --parallel that fits (with --json: one JSON object), then exit", NULL},
     {O_ECHO, "echo", 0, NULL, "print the prompt before its continuation", NULL},
@@ -104,7 +105,7 @@ static const iflow_tool tool = {
 typedef struct {
     const char *model, *prompt;
     int n_predict, threads, n_ctx, echo, json, tokenize, bos, parse_special, verbose, list_devices;
-    int batch, parallel, kv_type, dry_run, progress, embed;
+    int batch, parallel, kv_type, no_prefix_cache, dry_run, progress, embed;
     int context_shift, keep;
     const char *draft;
     int draft_n, draft_top_k;
@@ -373,6 +374,7 @@ static int run_batch(const run_opts *o)
     if (!iflow_model_tokenizer(m))
         die(&tool, "model '%s' has no tokenizer", o->model);
     batch_opts b = {.parallel = o->parallel, .n_ctx = o->n_ctx, .kv_type = o->kv_type, .threads = o->threads,
+                    .no_prefix_cache = o->no_prefix_cache,
                     .max_tokens = o->n_predict, .verbose = o->verbose, .json = o->json, .sp = o->sp,
                     .context_shift = o->context_shift, .keep = o->keep,
                     .metrics = o->metrics, .model = o->model, .progress = o->progress,
@@ -426,7 +428,8 @@ static int run(const run_opts *o)
     devices_place(&tool, m, &o->dev, &pl);
     iflow_comm *nccl = comm || nccl_alone ? devices_comm_nccl(&tool, o->comm, comm, m, &pl, o->verbose) : NULL;
     iflow_model *draft = o->draft ? open_draft(o, &dpl) : NULL;
-    iflow_batch_params bp = {.parallel = 1, .n_ctx = o->n_ctx, .kv_type = o->kv_type, .n_threads = o->threads};
+    iflow_batch_params bp = {.parallel = 1, .n_ctx = o->n_ctx, .kv_type = o->kv_type, .n_threads = o->threads,
+                             .no_prefix_cache = o->no_prefix_cache};
     iflow_sampler *chain; /* for -v: the chain the requests run */
     if (iflow_batch_open(&g.b, m, &bp) < 0 || iflow_sampler_open(&chain, &o->sp, iflow_model_hparams(m)->vocab_size) < 0 ||
         iflow_batch_set_comm(g.b, nccl ? nccl : comm) < 0 ||
@@ -551,6 +554,7 @@ int main(int argc, char **argv)
             if ((o.kv_type = ifk_kv_type_from_name(arg)) < 0)
                 die_usage(&tool, "--kv-type must be f32, f16 or q8, not '%s'", arg);
             break;
+        case O_NO_PREFIX_CACHE: o.no_prefix_cache = 1; break;
         case O_METRICS: o.metrics = arg; break;
         case O_DRY_RUN: o.dry_run = 1; break;
         case O_CONTEXT_SHIFT:
@@ -602,8 +606,9 @@ int main(int argc, char **argv)
         die_usage(&tool, "--parallel and --metrics go with --batch");
     if (o.embed && (o.batch || o.dry_run || o.tokenize || o.beams || o.draft || o.n_stops || o.json || o.echo))
         die_usage(&tool, "--embed goes with none of --batch, --dry-run, --tokenize, --beams, --draft, --stop, --json, --echo");
-    if (o.kv_type && (o.embed || o.translate))
-        die_usage(&tool, "--kv-type goes with generation, not with --%s", o.embed ? "embed" : "translate");
+    if ((o.kv_type || o.no_prefix_cache) && (o.embed || o.translate))
+        die_usage(&tool, "--%s goes with generation, not with --%s", o.kv_type ? "kv-type" : "no-prefix-cache",
+                  o.embed ? "embed" : "translate");
     if ((o.decoder_prefix || o.source_prefix) && !o.translate)
         die_usage(&tool, "--%s goes with --translate", o.decoder_prefix ? "decoder-prefix" : "source-prefix");
     if (o.translate && (o.embed || o.batch || o.dry_run || o.tokenize || o.draft || o.n_stops || o.echo || so.n ||

@@ -272,6 +272,12 @@ typedef struct {
     int step_tokens;   /* tokens per step; <= 0 or more than a step holds: the most (128, or
                         * 512 on a GPU placement: IFLOW_MAX_STEP's comment)                */
     int n_threads;     /* <= 0: all cores                                                   */
+    int no_prefix_cache; /* 1: every request evaluates its whole prompt. By default a request
+                        * takes the KV blocks of the longest run of full prompt blocks that an
+                        * earlier request's prompt had alike (the same tokens from position 0),
+                        * instead of evaluating them: the same keys and values, so the same
+                        * tokens; the blocks stay cached when their requests end, until their
+                        * room is needed. Not with a context shift or a draft model.           */
 } iflow_batch_params;
 
 enum { IFLOW_FINISH_EOS = 0, IFLOW_FINISH_LENGTH, IFLOW_FINISH_STOP, IFLOW_FINISH_CONTEXT };
@@ -323,9 +329,11 @@ typedef struct {
     uint64_t steps, step_tokens;    /* steps run and the tokens they held                   */
     uint64_t running_sum;           /* sum over steps of the requests running               */
     uint64_t generated, prompt;     /* tokens generated, prompt tokens prefilled            */
+    uint64_t prompt_cached;         /* prompt tokens taken from the prefix cache instead    */
     uint64_t shifts, recomputed;    /* context shifts, and the tokens re-evaluated for them */
     uint64_t drafted, accepted;     /* draft tokens proposed, and those the model accepted  */
-    int blocks_total, blocks_used, blocks_peak;
+    int blocks_total, blocks_used, blocks_peak; /* used: held by requests                   */
+    int blocks_idle;                /* cached, held by none: reused, or taken when needed   */
     int running, queued;            /* now                                                  */
 } iflow_batch_stats;
 

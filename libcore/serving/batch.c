@@ -1,6 +1,7 @@
 /* batch.c -- continuous batching over a paged KV cache. See batch.h. */
 #include "libcore/serving/batch.h"
 #include "libcore/base/error.h"
+#include "libcore/serving/blocks.h"
 #include "libcore/engine/stop.h"
 #include "kernels/cpu/kvcache.h"
 
@@ -34,6 +35,14 @@ typedef struct req {
     int32_t pending;              /* DECODE: the last drawn token, not yet in the cache    */
     int32_t *blocks;              /* [n_reserved] block table (n_held filled)              */
     int n_reserved, n_held;
+    int n_left;                   /* blocks reserved for r alone and not taken yet         */
+    /* prefix caching (blocks.h): the prompt's full blocks before its last token */
+    iflow_block_name *names;      /* [n_names] their names; n_names 0: r shares nothing     */
+    int n_names;
+    int n_shared;                 /* blocks[0 .. n_shared) came from the cache at admission */
+    int n_waited;                 /* of those, the ones seen ready (r prefills after all)  */
+    int n_named;                  /* blocks[n_shared .. n_named) are r's, named for others */
+    int n_marked;                 /* of those, the ones r has written and marked ready     */
     iflow_sampler *sampler;
     int greedy;                   /* the sampler always takes the argmax                   */
     iflow_stop *stop;             /* the stop strings' matcher                             */
@@ -48,8 +57,8 @@ struct iflow_batch {
     iflow_batch_params p;
     iflow_kv *kv;
     iflow_ctx *ctx;
-    int32_t *free_blocks;         /* [n_blocks] a stack */
-    int n_free, n_unreserved;
+    iflow_blocks *pool;           /* the cache's blocks: who holds which, which are named   */
+    int share;                    /* prefix caching on                                      */
     req *queue, *queue_tail;      /* waiting, in arrival order */
     req *running;                 /* in admission order */
     int n_running, n_queued;
@@ -137,21 +146,17 @@ int iflow_batch_open(iflow_batch **out, const iflow_model *m, const iflow_batch_
                               q.step_tokens);
     }
     b->p = q;
-    if (rc == 0) {
-        b->free_blocks = malloc((size_t)q.n_blocks * sizeof *b->free_blocks);
-        b->logits = malloc((size_t)q.step_tokens * hp->vocab_size * sizeof(float));
-        if (!b->free_blocks || !b->logits)
-            rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
-    }
+    if (rc == 0 && !(b->logits = malloc((size_t)q.step_tokens * hp->vocab_size * sizeof(float))))
+        rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    if (rc == 0)
+        rc = iflow_blocks_open(&b->pool, q.n_blocks);
     if (rc == 0)
         rc = iflow_kv_open(&b->kv, m, q.kv_type, q.block, q.n_blocks);
     if (rc < 0) {
         iflow_batch_close(b);
         return rc;
     }
-    for (int i = 0; i < q.n_blocks; i++) /* block 0 on top: the first request gets 0, 1, ... */
-        b->free_blocks[i] = q.n_blocks - 1 - i;
-    b->n_free = b->n_unreserved = q.n_blocks;
+    b->share = !q.no_prefix_cache;
     b->st.blocks_total = q.n_blocks;
     *out = b;
     return 0;
@@ -173,6 +178,7 @@ static void req_free(req *r)
     free(r->prompt);
     free(r->window);
     free(r->blocks);
+    free(r->names);
     free(r->q);
     iflow_sampler_close(r->dsampler);
     iflow_sampler_close(r->sampler);
@@ -199,7 +205,7 @@ void iflow_batch_close(iflow_batch *b)
     iflow_kv_close(b->dkv);
     free(b->dlogits);
     free(b->p_dist);
-    free(b->free_blocks);
+    iflow_blocks_close(b->pool);
     free(b->logits);
     free(b);
 }
@@ -261,7 +267,8 @@ void iflow_batch_set_graphs(iflow_batch *b, int mode)
 void iflow_batch_get_stats(const iflow_batch *b, iflow_batch_stats *st)
 {
     *st = b->st;
-    st->blocks_used = b->p.n_blocks - b->n_free;
+    st->blocks_idle = iflow_blocks_n_idle(b->pool);
+    st->blocks_used = b->p.n_blocks - iflow_blocks_n_free(b->pool) - st->blocks_idle;
     st->running = b->n_running;
     st->queued = b->n_queued;
 }
@@ -312,9 +319,16 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
     r->blocks = malloc((size_t)need * sizeof *r->blocks);
     if (shift)
         r->window = malloc(((size_t)b->p.n_ctx + 1) * sizeof *r->window);
+    /* prefix caching: the prompt's full blocks before its last token (that one is always
+     * evaluated, for the logits); not where the cache moves (a shift) or a draft shares the
+     * block tables (its cache would need the same blocks) */
+    r->n_names = b->share && !shift && !b->draft ? (q->n_prompt - 1) / b->p.block : 0;
+    if (r->n_names)
+        r->names = malloc((size_t)r->n_names * sizeof *r->names);
     if (r->res)
         r->res->tokens = malloc((size_t)max_tokens * sizeof *r->res->tokens);
-    if (!r->res || !r->prompt || !r->blocks || !r->res->tokens || (shift && !r->window)) {
+    if (!r->res || !r->prompt || !r->blocks || !r->res->tokens || (shift && !r->window) ||
+        (r->n_names && !r->names)) {
         req_free(r);
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
     }
@@ -340,6 +354,7 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
     }
     r->greedy = iflow_sampler_is_greedy(r->sampler);
     memcpy(r->prompt, q->prompt, (size_t)q->n_prompt * sizeof *r->prompt);
+    iflow_blocks_names(r->prompt, r->n_names, b->p.block, r->names);
     r->n_prompt = q->n_prompt;
     r->max_tokens = max_tokens;
     r->clipped = max_tokens < q->max_tokens;
@@ -366,12 +381,41 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
     return 0;
 }
 
+/* Blocks for positions 0 .. end - 1 of r, taken from the pool (reserved at admission). */
+static void hold_blocks(iflow_batch *b, req *r, int end)
+{
+    int need = blocks_for(b, end);
+    for (; r->n_held < need; r->n_left--)
+        r->blocks[r->n_held++] = iflow_blocks_take(b->pool);
+}
+
+/* r starts: it shares the blocks of its prompt's longest prefix that the cache holds (their
+ * positions are not evaluated again), reserves the rest, and names the other full blocks of
+ * its prompt at once so that the requests admitted after it find them (they wait until r's
+ * prefill has written them). */
+static void start(iflow_batch *b, req *r, int m)
+{
+    iflow_blocks_share(b->pool, r->names, m, r->blocks);
+    r->n_held = r->n_shared = m;
+    r->n_left = r->n_reserved - m;
+    iflow_blocks_reserve(b->pool, r->n_left);
+    r->n_done = r->n_past = m * b->p.block;
+    b->st.prompt_cached += (uint64_t)r->n_done;
+    hold_blocks(b, r, r->n_names * b->p.block);
+    r->n_named = r->n_marked = m;
+    while (r->n_named < r->n_names && iflow_blocks_name(b->pool, r->blocks[r->n_named], &r->names[r->n_named]))
+        r->n_named++;
+}
+
 /* Start queued requests while there is room (arrival order: the first that does not fit
- * waits, and so do the ones behind it). */
+ * waits, and so do the ones behind it). Sharing an idle block takes room as a new one does. */
 static int admit(iflow_batch *b)
 {
-    while (b->queue && b->n_running < b->p.parallel && b->queue->n_reserved <= b->n_unreserved) {
+    while (b->queue && b->n_running < b->p.parallel) {
         req *r = b->queue;
+        int pins = 0, m = iflow_blocks_match(b->pool, r->names, r->n_names, &pins);
+        if (r->n_reserved - m + pins > iflow_blocks_room(b->pool))
+            break;
         b->queue = r->next;
         if (!b->queue)
             b->queue_tail = NULL;
@@ -382,19 +426,11 @@ static int admit(iflow_batch *b)
             tail = &(*tail)->next;
         *tail = r;
         b->n_running++;
-        b->n_unreserved -= r->n_reserved;
+        start(b, r, m);
         r->state = PREFILL;
         r->res->t_started = now();
     }
     return 0;
-}
-
-/* Blocks for positions 0 .. end - 1 of r, taken from the free stack (reserved at admission). */
-static void hold_blocks(iflow_batch *b, req *r, int end)
-{
-    int need = blocks_for(b, end);
-    while (r->n_held < need)
-        r->blocks[r->n_held++] = b->free_blocks[--b->n_free];
 }
 
 /* Final text of r: into its result, and to its on_text. */
@@ -441,9 +477,8 @@ static int finish(iflow_batch *b, req *r, int why)
     r->res->t_done = now();
     b->done[(b->done_head + b->done_n++) % b->done_cap] = r->res;
     r->res = NULL;
-    while (r->n_held > 0)
-        b->free_blocks[b->n_free++] = r->blocks[--r->n_held];
-    b->n_unreserved += r->n_reserved;
+    iflow_blocks_release(b->pool, r->blocks, r->n_held, r->n_left);
+    r->n_held = r->n_left = 0;
     for (req **p = &b->running; *p; p = &(*p)->next)
         if (*p == r) {
             *p = r->next;
@@ -550,6 +585,14 @@ static int shift_context(iflow_batch *b, req *r)
         b->st.recomputed += (uint64_t)r->n_fill;
     }
     return 0;
+}
+
+/* r may prefill: the blocks it shares have been written (by the requests that named them). */
+static int shared_ready(const iflow_batch *b, req *r)
+{
+    while (r->n_waited < r->n_shared && iflow_blocks_ready(b->pool, r->blocks[r->n_waited]))
+        r->n_waited++;
+    return r->n_waited == r->n_shared;
 }
 
 /* Sequence n of the step is r's last row before a draw: its logits for r's sampler, or for a
@@ -720,7 +763,7 @@ int iflow_batch_step(iflow_batch *b)
             tokens += 1 + r->n_prop;
         }
     for (req *r = b->running; r && tokens < b->p.step_tokens; r = r->next)
-        if (r->state == PREFILL) {
+        if (r->state == PREFILL && shared_ready(b, r)) {
             int chunk = r->n_fill - r->n_done;
             if (chunk > b->p.step_tokens - tokens)
                 chunk = b->p.step_tokens - tokens;
@@ -739,7 +782,7 @@ int iflow_batch_step(iflow_batch *b)
     b->st.steps++;
     b->st.step_tokens += (uint64_t)tokens;
     b->st.running_sum += (uint64_t)b->n_running;
-    int used = b->p.n_blocks - b->n_free;
+    int used = b->p.n_blocks - iflow_blocks_n_free(b->pool) - iflow_blocks_n_idle(b->pool);
     if (used > b->st.blocks_peak)
         b->st.blocks_peak = used;
     for (int i = 0; i < n; i++) {
@@ -751,6 +794,8 @@ int iflow_batch_step(iflow_batch *b)
         }
         r->n_done += seqs[i].n;
         r->n_past = r->n_done;
+        for (int full = r->n_done / b->p.block; r->n_marked < full && r->n_marked < r->n_named; r->n_marked++)
+            iflow_blocks_set_ready(b->pool, r->blocks[r->n_marked]);
         if (r->fill == r->prompt)
             b->st.prompt += (uint64_t)seqs[i].n;
         if (!seqs[i].logits && !seqs[i].next)

@@ -11,7 +11,11 @@
  *   kept). iflow_batch_step() runs one step:
  *     1. admission, in arrival order: a queued request starts while fewer than `parallel` run
  *        and the unreserved blocks cover its prompt plus max_tokens, which it then reserves
- *        (so a running request never waits for memory: no preemption);
+ *        (so a running request never waits for memory: no preemption). Prefix caching
+ *        (blocks.h; off with iflow_batch_params.no_prefix_cache): the request first takes the
+ *        blocks of the longest run of its prompt's full blocks (before its last token) that
+ *        an earlier request named, and evaluates its prompt from there, once those blocks
+ *        are written; it names its own, which stay cached (idle) after it ends;
  *     2. every decoding request contributes its next token, and prefilling requests fill the
  *        rest of the step's token budget with chunks of their prompts, so prefill and decode
  *        go through one step together and the weights are read once for all of them;

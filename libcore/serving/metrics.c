@@ -86,6 +86,7 @@ json_t *iflow_metrics_json(iflow_metrics *m, const iflow_model *model, const ifl
     json_object_set_new(js, "wall_s", real(wall, 3));
     json_object_set_new(js, "requests_per_s", real(wall > 0 ? m->n_ok / wall : 0, 3));
     json_object_set_new(js, "prompt_tokens", json_integer((json_int_t)m->prompt_tokens));
+    json_object_set_new(js, "prompt_tokens_cached", json_integer((json_int_t)st.prompt_cached));
     json_object_set_new(js, "generated_tokens", json_integer((json_int_t)m->gen_tokens));
     json_object_set_new(js, "generated_tokens_per_s", real(wall > 0 ? (double)m->gen_tokens / wall : 0, 2));
     json_object_set_new(js, "ttft_ms", dist_json(m->ttft, m->n_ok));
@@ -99,6 +100,7 @@ json_t *iflow_metrics_json(iflow_metrics *m, const iflow_model *model, const ifl
     json_object_set_new(kv, "block_bytes", json_integer((json_int_t)iflow_batch_block_bytes(model, p->kv_type, p->block)));
     json_object_set_new(kv, "blocks_total", json_integer(st.blocks_total));
     json_object_set_new(kv, "blocks_peak", json_integer(st.blocks_peak));
+    json_object_set_new(kv, "blocks_idle", json_integer(st.blocks_idle));
     json_object_set_new(js, "kv_blocks", kv);
     if (st.drafted) /* speculative decoding */
         json_object_set_new(js, "draft", json_pack("{s:I, s:I, s:o}", "proposed", (json_int_t)st.drafted, "accepted",

@@ -5,10 +5,12 @@
  *   An iflow_metrics collects finished results (iflow_metrics_add) and errors; the batch's
  *   counters (iflow_batch_stats) come in at the end. iflow_metrics_json() builds the report,
  *   one JSON object, the same for iflow-run --metrics and the benchmarks:
- *     requests, errors, wall_s, requests_per_s, prompt_tokens, generated_tokens,
+ *     requests, errors, wall_s, requests_per_s, prompt_tokens, prompt_tokens_cached (of
+ *     those, the ones taken from the prefix cache instead of evaluated), generated_tokens,
  *     generated_tokens_per_s, ttft_ms and token_latency_ms ({mean, p50, p90, p99}), parallel,
  *     steps, tokens_per_step, batch_occupancy (mean running / parallel), kv_blocks {type,
- *     block_positions, block_bytes, blocks_total, blocks_peak}.
+ *     block_positions, block_bytes, blocks_total, blocks_peak, blocks_idle (cached, held by
+ *     no request, at the end)}.
  *   Time to first token runs from iflow_batch_add() to the first generated token; token
  *   latency is (t_done - t_first) / (tokens - 1) per request. Percentiles are nearest-rank.
  *   Memory: two doubles per request.

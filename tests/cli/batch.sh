@@ -103,6 +103,45 @@ expect_rc 0 "metrics run"
 expect_eq "$(jq -r '[.requests, .errors, (.ttft_ms | keys | join(",")), (.token_latency_ms.p50 > 0), (.batch_occupancy > 0), .kv_blocks.type, .kv_blocks.blocks_peak <= .kv_blocks.blocks_total] | @tsv' "$TMP/m.json")" \
     "16	0	mean,p50,p90,p99	true	true	f32	true" "metrics fields"
 
+# ---- prefix caching: a shared beginning is evaluated once; the same texts without it ----
+pre='Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her friends.
+Her friend Tom had a big red ball. They liked to throw it high in the sky and run after it. The sun was warm and
+the birds sang in the trees. Lily was very happy. One day,'
+for e in 'she saw a big dog' 'she found a red ball' 'it started to rain' 'her mom called her' 'she saw a big dog'; do
+    jq -cn --arg p "$pre $e" '{prompt: $p, max_tokens: 24, temperature: 0.8, seed: 3}'
+done >"$TMP/shared.jsonl"
+shared_run() { # extra options -> the results' [id, text], sorted
+    run bash -c "$BIN/iflow-run -m '$TMP/s.ifs' --batch --parallel 3 -t 2 $* <'$TMP/shared.jsonl' |
+        jq -c '[.id, .text]' | sort"
+}
+shared_run --metrics "$TMP/pc.json"
+expect_rc 0 "prefix cache"
+with=$out
+shared_run --no-prefix-cache --metrics "$TMP/nc.json"
+expect_eq "$out" "$with" "--no-prefix-cache: the same texts"
+# the reference: each prompt's tokens, and for each the most whole blocks of 16 before its last token
+# that an earlier prompt has alike from the start
+while IFS= read -r line; do
+    jq -j .prompt <<<"$line" | $BIN/iflow-run -m "$TMP/s.ifs" --tokenize --bos --json | jq -c .ids
+done <"$TMP/shared.jsonl" >"$TMP/shared.ids"
+want=$(jq -s '[range(length) as $i | .[$i] as $a | [range($i) as $j | .[$j] as $b |
+    [range(([($a | length), ($b | length)] | min) - 1 | . / 16 | floor) as $k
+     | select($a[0:16 * ($k + 1)] == $b[0:16 * ($k + 1)])] | length] | (max // 0)] | add * 16' "$TMP/shared.ids")
+expect_eq "$(jq -c '[.prompt_tokens_cached, .kv_blocks.blocks_idle > 0]' "$TMP/pc.json")" "[$want,true]" \
+    "prefix cache: positions taken from it"
+[ "$want" -ge 256 ] && ok || bad "the shared prompts share only $want positions"
+all=$(jq .prompt_tokens "$TMP/pc.json")
+expect_eq "$(jq -c "[.prompt_tokens_cached, .kv_blocks.blocks_idle, .prompt_tokens == $all]" "$TMP/nc.json")" \
+    "[0,0,true]" "--no-prefix-cache: nothing from the cache"
+# the plain mode: consecutive prompts of standard input share too
+jq -r .prompt "$TMP/shared.jsonl" >"$TMP/shared.txt"
+run bash -c "$BIN/iflow-run -m '$TMP/s.ifs' -n 24 --seed 3 -t 2 <'$TMP/shared.txt'"
+with=$out
+run bash -c "$BIN/iflow-run -m '$TMP/s.ifs' -n 24 --seed 3 -t 2 --no-prefix-cache <'$TMP/shared.txt'"
+expect_eq "$out" "$with" "plain mode, --no-prefix-cache: the same texts"
+run $BIN/iflow-run -m "$TMP/s.ifs" --embed --no-prefix-cache -p hi
+expect_rc 2 "--no-prefix-cache with --embed"
+
 # ---- --dry-run ----
 run $BIN/iflow-run -m "$TMP/s.ifs" --dry-run --parallel 32 -c 256 --kv-type q8
 expect_rc 0 "dry run"

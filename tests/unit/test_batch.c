@@ -14,6 +14,11 @@
  *   - F16 and INT8 KV: perplexity over 256 tokens of WikiText-2 on xs-ckpt within stated deltas
  *     of the F32 cache: F16 0.05 %, INT8 2 % (measured +1.55 %: head_dim 8, so each group of 8
  *     values has its own scale, the hardest case; BATCH_SHOW=1 prints them);
+ *   - prefix caching: requests whose prompts share prefixes (equal, one a prefix of another,
+ *     a prompt of whole blocks), all at once, joining a running batch, one after another, and
+ *     in a cache so small that cached blocks are evicted: the tokens must be those of each
+ *     request alone with the cache off, and the positions taken from the cache those that a
+ *     comparison of the prompts' tokens predicts;
  *   - finish reasons, stop strings across token boundaries, blocks returned, refused requests.
  */
 #include "tests/unit/testlib.h"
@@ -89,7 +94,7 @@ static void test_paged_vs_contiguous(void)
 #define N_REQ 10
 
 typedef struct {
-    int32_t prompt[48];
+    int32_t prompt[64];
     int n_prompt, max_tokens;
     iflow_sampler_params sp;
     int32_t out[64];
@@ -150,7 +155,7 @@ static void batching_vs_alone(const char *path, float temp, int kv_type)
     make_cases(alone, V, temp);
     memcpy(mixed, alone, sizeof mixed);
     /* alone: one request at a time, the whole prompt in one step */
-    iflow_batch_params p1 = {.parallel = 1, .n_ctx = 128, .kv_type = kv_type, .n_threads = 1};
+    iflow_batch_params p1 = {.parallel = 1, .n_ctx = 128, .kv_type = kv_type, .n_threads = 1, .no_prefix_cache = 1};
     iflow_batch *b;
     int rc = iflow_batch_open(&b, m, &p1);
     CHECK(rc == 0, "open alone: %s", iflow_errmsg());
@@ -220,6 +225,157 @@ static void test_batching(void)
     batching_vs_alone(xs, 0.9f, IFK_KV_F32);
     batching_vs_alone(s260, 0.8f, IFK_KV_Q8);
     batching_vs_alone(xs, 0.0f, IFK_KV_F16);
+}
+
+/* ---- prefix caching ---------------------------------------------------------------------------- */
+
+/* Prompts from two prefixes P and Q (after a BOS) and tokens of their own: equal prompts, one a
+ * prefix of another, one of exactly 5 blocks of 8, and one ('M') whose first block is Q's and
+ * whose second is P's (a name is that of the whole prefix: it shares Q's first block only). */
+static void make_prefix_cases(tcase *t, int V, float temp)
+{
+    static const int from[N_REQ][2] = {{'P', 45}, {'P', 45}, {'=', 0}, {'Q', 30}, {'P', 40},
+                                       {'P', 20}, {'Q', 30}, {'P', 60}, {'P', 8}, {'M', 16}};
+    static const int own[N_REQ] = {3, 10, 0, 5, 0, 30, 5, 0, 1, 2};
+    int32_t P[64], Q[64];
+    P[0] = Q[0] = 1;
+    for (int j = 1; j < 64; j++) {
+        P[j] = (int32_t)(rnd_u32() % (uint32_t)(V - 3)) + 3;
+        Q[j] = (int32_t)(rnd_u32() % (uint32_t)(V - 3)) + 3;
+    }
+    for (int i = 0; i < N_REQ; i++) {
+        memset(&t[i], 0, sizeof t[i]);
+        if (from[i][0] == '=') { /* the one before, again */
+            memcpy(t[i].prompt, t[i - 1].prompt, sizeof t[i].prompt);
+            t[i].n_prompt = t[i - 1].n_prompt;
+        } else {
+            memcpy(t[i].prompt, from[i][0] == 'Q' ? Q : P, sizeof(int32_t) * (size_t)from[i][1]);
+            if (from[i][0] == 'M')
+                memcpy(t[i].prompt, Q, sizeof(int32_t) * 8);
+            t[i].n_prompt = from[i][1] + own[i];
+            for (int j = from[i][1]; j < t[i].n_prompt; j++)
+                t[i].prompt[j] = (int32_t)(rnd_u32() % (uint32_t)(V - 3)) + 3;
+        }
+        t[i].max_tokens = 8 + (i * 13) % 40;
+        t[i].sp = (iflow_sampler_params){.temp = temp, .top_k = 40, .top_p = 0.95f, .seed = 77 + (uint64_t)i};
+    }
+}
+
+/* The positions requests 0..n-1, admitted in order while nothing is evicted, take from the cache:
+ * for each, the most whole blocks of 8 before its last token that an earlier prompt has equal from
+ * position 0 (among that prompt's own whole blocks before its last token). Token comparison
+ * only: the reference for the names. */
+static int expected_cached(const tcase *t, int n)
+{
+    int sum = 0;
+    for (int i = 0; i < n; i++) {
+        int best = 0;
+        for (int j = 0; j < i; j++) {
+            int k = 0, lim_i = (t[i].n_prompt - 1) / 8, lim_j = (t[j].n_prompt - 1) / 8;
+            while (k < lim_i && k < lim_j &&
+                   memcmp(t[i].prompt, t[j].prompt, sizeof(int32_t) * 8 * (size_t)(k + 1)) == 0)
+                k++;
+            best = k > best ? k : best;
+        }
+        sum += 8 * best;
+    }
+    return sum;
+}
+
+/* Run cases through a batch of params p: all added at once (join 0), or a few at a time between
+ * steps. 0 or < 0; *st the batch's counters at the end. */
+static int run_cases(iflow_model *m, tcase *t, const iflow_batch_params *p, int join, iflow_batch_stats *st)
+{
+    iflow_batch *b;
+    int rc = iflow_batch_open(&b, m, p), next = 0;
+    CHECK(rc == 0, "open: %s", iflow_errmsg());
+    if (rc < 0)
+        return rc;
+    for (int round = 0; rc == 0 && (next < N_REQ || iflow_batch_pending(b)); round++) {
+        for (int k = 0; k < (join ? 1 + round % 3 : N_REQ) && next < N_REQ && rc == 0; k++)
+            rc = add_case(b, &t[next++]);
+        if (!join && rc == 0)
+            rc = drain(b) < 0 ? -1 : 0;
+        for (int s = 0; join && s < 1 + round % 4 && rc == 0; s++)
+            rc = iflow_batch_step(b) < 0 ? -1 : 0;
+        take_all(b);
+    }
+    CHECK(rc == 0, "run: %s", iflow_errmsg());
+    iflow_batch_get_stats(b, st);
+    CHECK(st->blocks_used == 0 && st->running == 0 && st->queued == 0, "%d blocks still held", st->blocks_used);
+    iflow_batch_close(b);
+    return rc;
+}
+
+static void prefix_cache(const char *path, float temp, int kv_type)
+{
+    iflow_model *m;
+    if (iflow_model_open(&m, path, 0) < 0) {
+        CHECK(0, "open %s: %s", path, iflow_errmsg());
+        return;
+    }
+    const int V = iflow_model_hparams(m)->vocab_size;
+    tcase ref[N_REQ], got[N_REQ];
+    make_prefix_cases(ref, V, temp);
+    int n_prompt = 0;
+    for (int i = 0; i < N_REQ; i++)
+        n_prompt += ref[i].n_prompt;
+    const int want = expected_cached(ref, N_REQ);
+    CHECK(want >= 150, "the cases share %d positions; they were made to share more", want);
+    iflow_batch_stats st;
+    /* the reference: one at a time, the cache off */
+    iflow_batch_params off = {.parallel = 1, .n_ctx = 128, .kv_type = kv_type, .n_threads = 1, .no_prefix_cache = 1};
+    if (run_cases(m, ref, &off, 1, &st) < 0) {
+        iflow_model_close(m);
+        return;
+    }
+    CHECK(st.prompt_cached == 0 && st.blocks_idle == 0, "the cache off: %llu positions from it, %d idle blocks",
+          (unsigned long long)st.prompt_cached, st.blocks_idle);
+    static const struct {
+        const char *what;
+        iflow_batch_params p;
+        int join, exact;            /* exact: the cached positions are `want` */
+    } runs[] = {
+        {"all at once", {.parallel = 10, .n_ctx = 128, .block = 8, .step_tokens = 32, .n_threads = 2}, 0, 1},
+        {"joining", {.parallel = 4, .n_ctx = 128, .block = 8, .step_tokens = 9, .n_threads = 2}, 1, 0},
+        {"one after another", {.parallel = 1, .n_ctx = 128, .block = 8, .n_blocks = 200, .n_threads = 1}, 1, 1},
+        {"evicting", {.parallel = 2, .n_ctx = 128, .block = 8, .n_blocks = 20, .step_tokens = 16, .n_threads = 2},
+         1, 0},
+    };
+    for (size_t k = 0; k < sizeof runs / sizeof *runs; k++) {
+        iflow_batch_params p = runs[k].p;
+        p.kv_type = kv_type;
+        memcpy(got, ref, sizeof got);
+        for (int i = 0; i < N_REQ; i++)
+            got[i].n_out = -1;
+        if (run_cases(m, got, &p, runs[k].join, &st) < 0)
+            continue;
+        for (int i = 0; i < N_REQ; i++)
+            CHECK(got[i].n_out == ref[i].n_out && got[i].finish == ref[i].finish &&
+                      memcmp(got[i].out, ref[i].out, sizeof(int32_t) * (size_t)ref[i].n_out) == 0,
+                  "%s temp %.1f kv %s, %s: request %d gives %d tokens (%s) with the prefix cache, %d (%s) without",
+                  path, temp, ifk_kv_type_name(kv_type), runs[k].what, i, got[i].n_out,
+                  iflow_finish_name(got[i].finish), ref[i].n_out, iflow_finish_name(ref[i].finish));
+        CHECK(st.prompt + st.prompt_cached == (uint64_t)n_prompt,
+              "%s: %llu prompt tokens evaluated + %llu cached != %d", runs[k].what, (unsigned long long)st.prompt,
+              (unsigned long long)st.prompt_cached, n_prompt);
+        if (runs[k].exact)
+            CHECK(st.prompt_cached == (uint64_t)want, "%s: %llu positions from the cache, the prompts share %d",
+                  runs[k].what, (unsigned long long)st.prompt_cached, want);
+        else
+            CHECK(st.prompt_cached > 0, "%s: nothing taken from the cache", runs[k].what);
+        CHECK(st.blocks_idle > 0 && st.blocks_idle <= st.blocks_total, "%s: %d idle blocks of %d", runs[k].what,
+              st.blocks_idle, st.blocks_total);
+    }
+    iflow_model_close(m);
+}
+
+static void test_prefix_cache(void)
+{
+    prefix_cache(s260, 0.0f, IFK_KV_F32);
+    prefix_cache(s260, 0.8f, IFK_KV_F32);
+    prefix_cache(xs, 0.0f, IFK_KV_F32);
+    prefix_cache(xs, 0.9f, IFK_KV_Q8);
 }
 
 /* ---- KV cache types: perplexity ---------------------------------------------------------- */
@@ -387,6 +543,7 @@ int main(void)
     }
     RUN(test_paged_vs_contiguous);
     RUN(test_batching);
+    RUN(test_prefix_cache);
     RUN(test_kv_types);
     RUN(test_finish_and_errors);
     char cmd[300];
