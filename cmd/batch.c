@@ -213,7 +213,8 @@ static item *parse_line(const reader *rd, const char *line, size_t len, long lin
     if (!it)
         return NULL;
     it->line = line_no;
-    iflow_request_defaults d = {.max_tokens = o->max_tokens, .context_shift = o->context_shift, .keep = o->keep, .sp = o->sp};
+    iflow_request_defaults d = {.max_tokens = o->max_tokens, .context_shift = o->context_shift, .keep = o->keep,
+                                .sp = o->sp, .logprobs = o->logprobs, .prompt_logprobs = o->prompt_logprobs};
     if (iflow_request_parse(&it->f, line, len, line_no, &d) < 0) {
         item_fail(it, "%s", iflow_errmsg());
         if (!it->f.id)
@@ -222,7 +223,8 @@ static item *parse_line(const reader *rd, const char *line, size_t len, long lin
     }
     iflow_request *q = &it->req;
     *q = (iflow_request){.max_tokens = it->f.max_tokens, .sampling = it->f.sp, .n_stop = it->f.n_stop,
-                         .context_shift = it->f.context_shift, .keep = it->f.keep, .user = it};
+                         .context_shift = it->f.context_shift, .keep = it->f.keep, .user = it,
+                         .logprobs = it->f.logprobs, .prompt_logprobs = it->f.prompt_logprobs};
     for (int i = 0; i < it->f.n_stop; i++)
         q->stop[i] = it->f.stop[i];
     int32_t *ids;
@@ -279,11 +281,12 @@ static void *reader_main(void *arg)
 
 typedef struct {
     queue *in;
+    const iflow_tokenizer *tok;   /* the tokens' text in log-probabilities */
     int failed;                   /* a write failed: the output is closed */
     iflow_metrics met;            /* of delivered results (read by the main thread after joining) */
 } writer;
 
-static json_t *result_json(const item *it)
+static json_t *result_json(const item *it, const iflow_tokenizer *tok)
 {
     json_error_t e;
     json_t *o = json_object(), *id = json_loads(it->f.id, JSON_DECODE_ANY, &e);
@@ -304,6 +307,11 @@ static json_t *result_json(const item *it)
     json_object_set_new(o, "ttft_ms", json_real(round((r->t_first - r->t_added) * 1e6) / 1e3));
     json_object_set_new(o, "tokens_per_s",
                         json_real(r->n_tokens > 1 && gen_s > 0 ? round((r->n_tokens - 1) / gen_s * 100) / 100 : 0));
+    if (r->logprobs)
+        json_object_set_new(o, "logprobs", logprobs_json(tok, r->logprobs, r->n_tokens, it->f.logprobs > 1));
+    if (r->prompt_logprobs)
+        json_object_set_new(o, "prompt_logprobs",
+                            logprobs_json(tok, r->prompt_logprobs, r->n_prompt, it->f.prompt_logprobs > 1));
     if (it->beams) { /* every beam, ranked (the best is the text above) */
         json_t *a = json_array();
         for (int i = 0; i < it->n_beams; i++) {
@@ -329,7 +337,7 @@ static void *writer_main(void *arg)
         if (!it)
             continue;
         if (!w->failed) {
-            json_t *js = json_schema(result_json(it));
+            json_t *js = json_schema(result_json(it, w->tok));
             char *s = json_dumps(js, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
             json_decref(js);
             if (!s || progress_write_line(s) == EOF)
@@ -434,7 +442,7 @@ int batch_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
     q_init(&in, 2 * bp->parallel);
     q_init(&out, 0);
     reader rd = {.o = o, .m = m, .out = &in, .n_ctx = bp->n_ctx, .stop_fd = stop[0]};
-    writer w = {.in = &out};
+    writer w = {.in = &out, .tok = iflow_model_tokenizer(m)};
     pthread_t rt, wt;
     if (pthread_create(&rt, NULL, reader_main, &rd) || pthread_create(&wt, NULL, writer_main, &w))
         die(t, "cannot start the reader and writer threads");

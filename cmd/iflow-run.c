@@ -27,7 +27,7 @@
 enum {
     O_MODEL = 'm', O_PROMPT = 'p', O_NPREDICT = 'n', O_THREADS = 't', O_CTX = 'c', O_VERBOSE = 'v',
     O_TEMP = 256, O_TOPK, O_TOPP, O_SEED, O_ECHO, O_JSON, O_TOKENIZE, O_BOS, O_PARSE_SPECIAL, O_DEVICE,
-    O_GPU_LAYERS, O_GPU_GRAPHS, O_NO_GPU_GRAPHS, O_LIST_DEVICES, O_PLAN, O_COMM, O_ACTIVATIONS, O_STOP, O_BATCH, O_PARALLEL, O_KV_TYPE, O_NO_PREFIX_CACHE, O_METRICS, O_DRY_RUN,
+    O_GPU_LAYERS, O_GPU_GRAPHS, O_NO_GPU_GRAPHS, O_LIST_DEVICES, O_PLAN, O_COMM, O_ACTIVATIONS, O_STOP, O_BATCH, O_PARALLEL, O_KV_TYPE, O_NO_PREFIX_CACHE, O_LOGPROBS, O_PROMPT_LOGPROBS, O_METRICS, O_DRY_RUN,
     O_CONTEXT_SHIFT, O_KEEP, O_DRAFT, O_DRAFT_N, O_DRAFT_TOP_K, O_DRAFT_TOP_P, O_BEAMS, O_LENGTH_PENALTY,
     /* sampling: set through iflow_sampler_params_set() by their long names */
     O_SAMPLER, O_MINP, O_TYPICAL, O_TFS, O_MIROSTAT_TAU, O_MIROSTAT_ETA, O_REPEAT_PENALTY, O_REPEAT_LAST_N,
@@ -81,6 +81,8 @@ static const iflow_opt opts[] = {
     {O_PARALLEL, "parallel", 0, "N", "with --batch: requests running at once (default 16)", NULL},
     {O_KV_TYPE, "kv-type", 0, "TYPE", "KV cache type f32, f16 or q8 (INT8 with a scale per group; default f32): f16 halves the cache and what decode reads of it", "f32 f16 q8"},
     {O_NO_PREFIX_CACHE, "no-prefix-cache", 0, NULL, "evaluate every prompt whole: by default a prompt takes the KV cache of the longest prefix it shares, in whole blocks, with an earlier prompt still cached (the same output, less prefill)", NULL},
+    {O_LOGPROBS, "logprobs", 0, "N", "with --json: each generated token's log-probability and the N most likely tokens at its position, 0 to 20 (with --batch: the requests' default \"logprobs\")", NULL},
+    {O_PROMPT_LOGPROBS, "prompt-logprobs", 0, "N", "with --json: each prompt token's log-probability given the ones before it, and the N most likely, 0 to 20 (with --batch: the requests' default \"prompt_logprobs\")", NULL},
     {O_METRICS, "metrics", 0, "FILE", "with --batch: write throughput and latency metrics to FILE as JSON", "file"},
     {O_DRY_RUN, "dry-run", 0, NULL, "print the memory plan of --batch (weights, KV cache per request and in total, scratch) and the largest --parallel that fits (with --json: one JSON object), then exit", NULL},
     {O_ECHO, "echo", 0, NULL, "print the prompt before its continuation", NULL},
@@ -106,6 +108,7 @@ typedef struct {
     const char *model, *prompt;
     int n_predict, threads, n_ctx, echo, json, tokenize, bos, parse_special, verbose, list_devices;
     int batch, parallel, kv_type, no_prefix_cache, dry_run, progress, embed;
+    int logprobs, prompt_logprobs; /* 0: none; 1 + N */
     int context_shift, keep;
     const char *draft;
     int draft_n, draft_top_k;
@@ -300,7 +303,7 @@ static void generate(generator *g, const char *prompt, size_t prompt_len)
     if (o->n_predict > 0) {
         iflow_request q = {.prompt = ids, .n_prompt = (int)n_ids, .max_tokens = o->n_predict, .sampling = o->sp,
                            .n_stop = o->n_stops, .context_shift = o->context_shift, .keep = o->keep, .user = g,
-                           .on_text = on_text};
+                           .on_text = on_text, .logprobs = o->logprobs, .prompt_logprobs = o->prompt_logprobs};
         q.sampling.seed += (uint64_t)g->n_prompts;
         for (int i = 0; i < o->n_stops; i++)
             q.stop[i] = o->stops[i];
@@ -326,6 +329,11 @@ static void generate(generator *g, const char *prompt, size_t prompt_len)
         json_object_set_new(js, "stop", json_string(r ? iflow_finish_name(r->finish) : "length"));
         if (r && r->stop_index >= 0)
             json_object_set_new(js, "stop_string", json_string(o->stops[r->stop_index]));
+        if (r && r->logprobs)
+            json_object_set_new(js, "logprobs", logprobs_json(g->tok, r->logprobs, r->n_tokens, o->logprobs > 1));
+        if (r && r->prompt_logprobs)
+            json_object_set_new(js, "prompt_logprobs",
+                                logprobs_json(g->tok, r->prompt_logprobs, r->n_prompt, o->prompt_logprobs > 1));
         js = json_schema(js);
         json_dumpf(js, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER);
         json_decref(js);
@@ -374,7 +382,8 @@ static int run_batch(const run_opts *o)
     if (!iflow_model_tokenizer(m))
         die(&tool, "model '%s' has no tokenizer", o->model);
     batch_opts b = {.parallel = o->parallel, .n_ctx = o->n_ctx, .kv_type = o->kv_type, .threads = o->threads,
-                    .no_prefix_cache = o->no_prefix_cache,
+                    .no_prefix_cache = o->no_prefix_cache, .logprobs = o->logprobs,
+                    .prompt_logprobs = o->prompt_logprobs,
                     .max_tokens = o->n_predict, .verbose = o->verbose, .json = o->json, .sp = o->sp,
                     .context_shift = o->context_shift, .keep = o->keep,
                     .metrics = o->metrics, .model = o->model, .progress = o->progress,
@@ -555,6 +564,10 @@ int main(int argc, char **argv)
                 die_usage(&tool, "--kv-type must be f32, f16 or q8, not '%s'", arg);
             break;
         case O_NO_PREFIX_CACHE: o.no_prefix_cache = 1; break;
+        case O_LOGPROBS: o.logprobs = 1 + (int)opt_long(&tool, "logprobs", arg, 0, IFLOW_MAX_TOP_LOGPROBS); break;
+        case O_PROMPT_LOGPROBS:
+            o.prompt_logprobs = 1 + (int)opt_long(&tool, "prompt-logprobs", arg, 0, IFLOW_MAX_TOP_LOGPROBS);
+            break;
         case O_METRICS: o.metrics = arg; break;
         case O_DRY_RUN: o.dry_run = 1; break;
         case O_CONTEXT_SHIFT:
@@ -598,6 +611,9 @@ int main(int argc, char **argv)
         die_usage(&tool, "--beams does not go with --batch: give \"beams\" in a request");
     if (o.beams && o.draft)
         die_usage(&tool, "--beams does not go with --draft: a draft proposes one sequence, beam search keeps several");
+    if ((o.logprobs || o.prompt_logprobs) && (o.beams || (!o.json && !o.batch)))
+        die_usage(&tool, "--%s goes with --json or --batch, and not with --beams",
+                  o.logprobs ? "logprobs" : "prompt-logprobs");
     if (o.beams && o.context_shift != IFLOW_SHIFT_NONE)
         die_usage(&tool, "--beams does not go with a context shift (--context-shift, --keep): beams end at the context");
     if ((o.draft_n != 5 || o.draft_top_k || o.draft_top_p) && !o.draft)

@@ -3,6 +3,7 @@
 #include "libcore/base/error.h"
 #include "libcore/base/util.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -74,4 +75,41 @@ json_t *json_schema(json_t *o)
         json_object_update(j, o);
     json_decref(o);
     return j;
+}
+
+/* A token as JSON: {"id", "token" (its text; null, with "bytes", when that is not valid UTF-8),
+ * "logprob"}. */
+static json_t *token_json(const iflow_tokenizer *tok, int32_t id, float logprob)
+{
+    char piece[256];
+    int n = iflow_tokenizer_piece(tok, id, 0, piece, sizeof piece);
+    json_t *o = json_object(), *t = json_stringn(piece, n > 0 ? (size_t)n : 0);
+    json_object_set_new(o, "id", json_integer(id));
+    if (t) {
+        json_object_set_new(o, "token", t);
+    } else {
+        json_t *a = json_array();
+        for (int i = 0; i < n; i++)
+            json_array_append_new(a, json_integer((unsigned char)piece[i]));
+        json_object_set_new(o, "token", json_null());
+        json_object_set_new(o, "bytes", a);
+    }
+    json_object_set_new(o, "logprob", isnan(logprob) ? json_null() : json_real(logprob));
+    return o;
+}
+
+json_t *logprobs_json(const iflow_tokenizer *tok, const iflow_token_logprob *e, int n, int with_top)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++) {
+        json_t *o = token_json(tok, e[i].id, e[i].logprob), *top = json_array();
+        for (int k = 0; k < e[i].n_top; k++)
+            json_array_append_new(top, token_json(tok, e[i].top_id[k], e[i].top_logprob[k]));
+        if (with_top)
+            json_object_set_new(o, "top", top);
+        else
+            json_decref(top);
+        json_array_append_new(a, o);
+    }
+    return a;
 }

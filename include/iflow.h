@@ -298,6 +298,18 @@ enum { IFLOW_SHIFT_NONE = 0, IFLOW_SHIFT_ROPE, IFLOW_SHIFT_RECOMPUTE };
 IFLOW_API const char *iflow_shift_name(int shift);
 IFLOW_API int iflow_shift_from_name(const char *name);
 
+#define IFLOW_MAX_TOP_LOGPROBS 20
+/* A position's log-probabilities, natural log, of the model's own distribution (log_softmax of
+ * its logits in double precision, before any sampling step): the token's, and those of the
+ * n_top most likely tokens there, most likely first (the lower id first among equals). */
+typedef struct {
+    int32_t id;
+    float logprob;
+    int n_top;
+    int32_t top_id[IFLOW_MAX_TOP_LOGPROBS];
+    float top_logprob[IFLOW_MAX_TOP_LOGPROBS];
+} iflow_token_logprob;
+
 typedef struct {
     const int32_t *prompt;          /* [n_prompt] token ids (a BOS included if wanted)       */
     int n_prompt;
@@ -312,6 +324,13 @@ typedef struct {
     /* Optional: called during a step with each piece of text as it becomes final (a tail
      * that may start a stop string is held back until it is settled). */
     void (*on_text)(void *user, const char *text, size_t n);
+    int logprobs;                   /* 0: none; n >= 1: each generated token's log-probability
+                                     * and the n - 1 most likely at its position (at most
+                                     * IFLOW_MAX_TOP_LOGPROBS + 1): iflow_result.logprobs     */
+    int prompt_logprobs;            /* the same for each prompt token after the first, given the
+                                     * ones before it (scoring; the prompt is evaluated whole,
+                                     * not taken from the prefix cache). Neither changes the
+                                     * tokens; a request with logprobs takes no draft proposals */
 } iflow_request;
 
 typedef struct {
@@ -323,6 +342,11 @@ typedef struct {
     int finish;                     /* IFLOW_FINISH_*                                        */
     int stop_index;                 /* IFLOW_FINISH_STOP: which stop string; else -1         */
     double t_added, t_started, t_first, t_done; /* seconds (CLOCK_MONOTONIC)                */
+    /* [n_tokens] with iflow_request.logprobs, else NULL */
+    iflow_token_logprob *logprobs;
+    /* [n_prompt] with iflow_request.prompt_logprobs (entry 0, nothing before it: logprob NAN),
+     * else NULL */
+    iflow_token_logprob *prompt_logprobs;
 } iflow_result;
 
 typedef struct {

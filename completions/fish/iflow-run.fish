@@ -44,6 +44,8 @@ complete -c iflow-run -l batch -d 'read JSON Lines requests from standard input,
 complete -c iflow-run -l parallel -x -d 'with --batch: requests running at once (default 16)'
 complete -c iflow-run -l kv-type -x -a 'f32 f16 q8' -d 'KV cache type f32, f16 or q8 (INT8 with a scale per group; default f32): f16 halves the cache and what decode reads of it'
 complete -c iflow-run -l no-prefix-cache -d 'evaluate every prompt whole: by default a prompt takes the KV cache of the longest prefix it shares, in whole blocks, with an earlier prompt still cached (the same output, less prefill)'
+complete -c iflow-run -l logprobs -x -d 'with --json: each generated token\'s log-probability and the N most likely tokens at its position, 0 to 20 (with --batch: the requests\' default "logprobs")'
+complete -c iflow-run -l prompt-logprobs -x -d 'with --json: each prompt token\'s log-probability given the ones before it, and the N most likely, 0 to 20 (with --batch: the requests\' default "prompt_logprobs")'
 complete -c iflow-run -l metrics -r -d 'with --batch: write throughput and latency metrics to FILE as JSON'
 complete -c iflow-run -l dry-run -d 'print the memory plan of --batch (weights, KV cache per request and in total, scratch) and the largest --parallel that fits (with --json: one JSON object), then exit'
 complete -c iflow-run -l echo -d 'print the prompt before its continuation'

@@ -5,6 +5,7 @@
 #include "libcore/engine/stop.h"
 #include "kernels/cpu/kvcache.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -44,7 +45,10 @@ typedef struct req {
     int n_named;                  /* blocks[n_shared .. n_named) are r's, named for others */
     int n_marked;                 /* of those, the ones r has written and marked ready     */
     iflow_sampler *sampler;
-    int greedy;                   /* the sampler always takes the argmax                   */
+    int greedy;                   /* the sampler always takes the argmax (and no log-probabilities
+                                   * are asked: the argmax is then found on the device)    */
+    int logprobs, prompt_logprobs; /* iflow_request's                                     */
+    iflow_token_logprob lp_next;  /* logprobs: the entry of the token being drawn          */
     iflow_stop *stop;             /* the stop strings' matcher                             */
     int first_piece;              /* the text starts at the first generated token           */
     void (*on_text)(void *user, const char *text, size_t n);
@@ -168,6 +172,8 @@ void iflow_result_free(iflow_result *r)
         return;
     free(r->tokens);
     free(r->text);
+    free(r->logprobs);
+    free(r->prompt_logprobs);
     free(r);
 }
 
@@ -286,6 +292,10 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
         return iflow_seterr(IFLOW_EINVAL, "max_tokens is %d; it must be at least 1", q->max_tokens);
     if (q->n_stop < 0 || q->n_stop > IFLOW_MAX_STOP)
         return iflow_seterr(IFLOW_EINVAL, "%d stop strings: at most %d", q->n_stop, IFLOW_MAX_STOP);
+    if (q->logprobs < 0 || q->logprobs > IFLOW_MAX_TOP_LOGPROBS + 1 || q->prompt_logprobs < 0 ||
+        q->prompt_logprobs > IFLOW_MAX_TOP_LOGPROBS + 1)
+        return iflow_seterr(IFLOW_EINVAL, "log-probabilities of %d and %d: from 0 (none) to %d", q->logprobs,
+                            q->prompt_logprobs, IFLOW_MAX_TOP_LOGPROBS + 1);
     for (int i = 0; i < q->n_prompt; i++)
         if (q->prompt[i] < 0 || q->prompt[i] >= hp->vocab_size)
             return iflow_seterr(IFLOW_ERANGE, "prompt token %d is id %d, outside the vocabulary (%d)", i, q->prompt[i],
@@ -322,13 +332,19 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
     /* prefix caching: the prompt's full blocks before its last token (that one is always
      * evaluated, for the logits); not where the cache moves (a shift) or a draft shares the
      * block tables (its cache would need the same blocks) */
-    r->n_names = b->share && !shift && !b->draft ? (q->n_prompt - 1) / b->p.block : 0;
+    r->n_names = b->share && !shift && !b->draft && !q->prompt_logprobs ? (q->n_prompt - 1) / b->p.block : 0;
     if (r->n_names)
         r->names = malloc((size_t)r->n_names * sizeof *r->names);
-    if (r->res)
+    if (r->res) {
         r->res->tokens = malloc((size_t)max_tokens * sizeof *r->res->tokens);
+        if (q->logprobs)
+            r->res->logprobs = malloc((size_t)max_tokens * sizeof *r->res->logprobs);
+        if (q->prompt_logprobs)
+            r->res->prompt_logprobs = malloc((size_t)q->n_prompt * sizeof *r->res->prompt_logprobs);
+    }
     if (!r->res || !r->prompt || !r->blocks || !r->res->tokens || (shift && !r->window) ||
-        (r->n_names && !r->names)) {
+        (r->n_names && !r->names) || (q->logprobs && !r->res->logprobs) ||
+        (q->prompt_logprobs && !r->res->prompt_logprobs)) {
         req_free(r);
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
     }
@@ -338,7 +354,8 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
         rc = iflow_sampler_accept(r->sampler, q->prompt[i]);
     if (rc == 0)
         rc = iflow_stop_open(&r->stop, q->stop, q->n_stop);
-    if (rc == 0 && b->draft && iflow_sampler_has_dist(r->sampler)) { /* the draft's own stream */
+    /* the draft's own stream (not with log-probabilities: a proposal accepted has no draw) */
+    if (rc == 0 && b->draft && !q->logprobs && iflow_sampler_has_dist(r->sampler)) {
         iflow_sampler_params dsp = q->sampling;
         dsp.seed ^= 0x9e3779b97f4a7c15ull;
         rc = iflow_sampler_open(&r->dsampler, &dsp, hp->vocab_size);
@@ -352,7 +369,11 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
         req_free(r);
         return rc;
     }
-    r->greedy = iflow_sampler_is_greedy(r->sampler);
+    r->logprobs = q->logprobs;
+    r->prompt_logprobs = q->prompt_logprobs;
+    r->greedy = iflow_sampler_is_greedy(r->sampler) && !q->logprobs && !q->prompt_logprobs;
+    if (q->prompt_logprobs)
+        r->res->prompt_logprobs[0] = (iflow_token_logprob){.id = q->prompt[0], .logprob = NAN};
     memcpy(r->prompt, q->prompt, (size_t)q->n_prompt * sizeof *r->prompt);
     iflow_blocks_names(r->prompt, r->n_names, b->p.block, r->names);
     r->n_prompt = q->n_prompt;
@@ -523,6 +544,45 @@ static int append_text(iflow_batch *b, req *r, int32_t id)
 /* r is done (why: IFLOW_FINISH_*): 1, or < 0 on failure. */
 static int ended(iflow_batch *b, req *r, int why) { return finish(b, r, why) < 0 ? -1 : 1; }
 
+/* e = the log-probabilities at a position of logits [vocab]: token id's and the n_top largest. */
+static void logprob_of(const float *logits, int V, int32_t id, int n_top, iflow_token_logprob *e)
+{
+    float mx = logits[0];
+    for (int i = 1; i < V; i++)
+        mx = logits[i] > mx ? logits[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < V; i++)
+        sum += exp((double)logits[i] - mx);
+    const double lse = mx + log(sum);
+    e->id = id;
+    e->logprob = (float)(logits[id] - lse);
+    e->n_top = 0;
+    for (int i = 0; i < V && n_top > 0; i++) { /* insertion into the sorted few: strict >, lower ids first */
+        int at = e->n_top;
+        while (at > 0 && logits[i] > logits[e->top_id[at - 1]])
+            at--;
+        if (at == n_top)
+            continue;
+        int last = e->n_top < n_top ? e->n_top : n_top - 1;
+        memmove(e->top_id + at + 1, e->top_id + at, (size_t)(last - at) * sizeof *e->top_id);
+        e->top_id[at] = i;
+        e->n_top = last + 1;
+    }
+    for (int k = 0; k < e->n_top; k++)
+        e->top_logprob[k] = (float)(logits[e->top_id[k]] - lse);
+}
+
+/* r draws its next token from logits [vocab] (its sampler's choice), noting its log-probabilities
+ * when it reports them. */
+static int32_t draw(iflow_batch *b, req *r, const float *logits)
+{
+    const int V = iflow_model_hparams(b->m)->vocab_size;
+    int32_t id = iflow_sampler_sample(r->sampler, logits);
+    if (r->logprobs)
+        logprob_of(logits, V, id, r->logprobs - 1, &r->lp_next);
+    return id;
+}
+
 /* r drew token id after its last cached position: record it, and finish r if it ends there.
  * 0 if r goes on, 1 if it ended (r is gone), < 0 on failure. */
 static int accept(iflow_batch *b, req *r, int32_t id)
@@ -533,6 +593,8 @@ static int accept(iflow_batch *b, req *r, int32_t id)
     if (iflow_model_is_eos(b->m, id))
         return ended(b, r, IFLOW_FINISH_EOS);
     res->tokens[res->n_tokens++] = id;
+    if (res->logprobs)
+        res->logprobs[res->n_tokens - 1] = r->lp_next;
     b->st.generated++;
     int stop = iflow_sampler_accept(r->sampler, id);
     if (stop == 0 && r->dsampler)
@@ -719,7 +781,7 @@ static int verify(iflow_batch *b, req *r, const iflow_step_seq *q)
             tok = iflow_spec_verify(b->p_dist, r->q + (size_t)i * V, V, r->vids[i + 1], u1, u2, b->accept_top_k,
                                     b->accept_top_p, &acc);
         } else {
-            tok = iflow_sampler_sample(r->sampler, q->logits + (size_t)i * V);
+            tok = draw(b, r, q->logits + (size_t)i * V);
         }
         if (i < k)
             b->st.accepted += (uint64_t)acc;
@@ -738,6 +800,7 @@ static int verify(iflow_batch *b, req *r, const iflow_step_seq *q)
 
 int iflow_batch_step(iflow_batch *b)
 {
+    const int V = iflow_model_hparams(b->m)->vocab_size;
     iflow_step_seq seqs[IFLOW_MAX_STEP];
     req *who[IFLOW_MAX_STEP];
     int n = 0, tokens = 0, out_row = 0, rc;
@@ -770,7 +833,9 @@ int iflow_batch_step(iflow_batch *b)
             hold_blocks(b, r, r->n_done + chunk);
             int last = r->n_done + chunk == r->n_fill;
             seqs[n] = (iflow_step_seq){.ids = r->fill + r->n_done, .n = chunk, .pos0 = r->n_done, .table = r->blocks};
-            if (last)
+            if (r->prompt_logprobs && r->fill == r->prompt) /* every row's logits: the prompt's log-probabilities */
+                wants_token(b, r, &seqs[n], chunk, &out_row);
+            else if (last)
                 wants_token(b, r, &seqs[n], 1, &out_row);
             who[n++] = r;
             tokens += chunk;
@@ -792,15 +857,19 @@ int iflow_batch_step(iflow_batch *b)
                 return rc;
             continue;
         }
+        if (r->prompt_logprobs && r->fill == r->prompt) /* row j: the logits after prompt token n_done + j */
+            for (int j = 0, p; j < seqs[i].n && (p = r->n_done + j + 1) < r->n_prompt; j++)
+                logprob_of(seqs[i].logits + (size_t)j * V, V, r->prompt[p], r->prompt_logprobs - 1,
+                           &r->res->prompt_logprobs[p]);
         r->n_done += seqs[i].n;
         r->n_past = r->n_done;
         for (int full = r->n_done / b->p.block; r->n_marked < full && r->n_marked < r->n_named; r->n_marked++)
             iflow_blocks_set_ready(b->pool, r->blocks[r->n_marked]);
         if (r->fill == r->prompt)
             b->st.prompt += (uint64_t)seqs[i].n;
-        if (!seqs[i].logits && !seqs[i].next)
+        if (r->n_done < r->n_fill)
             continue;
-        int32_t id = r->greedy ? r->vnext[0] : iflow_sampler_sample(r->sampler, seqs[i].logits);
+        int32_t id = r->greedy ? r->vnext[0] : draw(b, r, seqs[i].logits + (size_t)(seqs[i].n_out - 1) * V);
         if ((rc = accept(b, r, id)) < 0)
             return rc;
     }

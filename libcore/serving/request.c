@@ -93,6 +93,11 @@ static int parse_object(iflow_request_fields *f, const json_t *js)
                 return iflow_seterr(IFLOW_EINVAL, "field 'length_penalty' must be a number from -100 to 100");
             f->length_penalty = (float)json_number_value(v);
             lp_given = 1;
+        } else if (strcmp(key, "logprobs") == 0 || strcmp(key, "prompt_logprobs") == 0) {
+            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > IFLOW_MAX_TOP_LOGPROBS)
+                return iflow_seterr(IFLOW_EINVAL, "field '%s' must be an integer from 0 to %d", key,
+                                    IFLOW_MAX_TOP_LOGPROBS);
+            *(key[0] == 'l' ? &f->logprobs : &f->prompt_logprobs) = 1 + (int)json_integer_value(v);
         } else if (strcmp(key, "keep") == 0) {
             if (!json_is_integer(v) || json_integer_value(v) < -1 || json_integer_value(v) > (1 << 24))
                 return iflow_seterr(IFLOW_EINVAL, "field 'keep' must be an integer from -1 to %d", 1 << 24);
@@ -119,6 +124,9 @@ static int parse_object(iflow_request_fields *f, const json_t *js)
         return iflow_seterr(IFLOW_EINVAL, "field 'prompt' (a string) is missing");
     if (lp_given && !f->beams)
         return iflow_seterr(IFLOW_EINVAL, "field 'length_penalty' goes with 'beams'");
+    if (f->beams && (f->logprobs || f->prompt_logprobs))
+        return iflow_seterr(IFLOW_EINVAL, "fields 'logprobs' and 'prompt_logprobs' do not go with 'beams' (a beam's "
+                                          "result has its log-probability)");
     if (f->beams && f->context_shift)
         return iflow_seterr(IFLOW_EINVAL, "field 'beams' does not go with a context shift (beams end at the context; "
                                           "set 'context_shift' to \"none\")");
@@ -132,6 +140,8 @@ int iflow_request_parse(iflow_request_fields *f, const char *line, size_t len, l
     f->max_tokens = d->max_tokens;
     f->context_shift = d->context_shift;
     f->keep = d->keep;
+    f->logprobs = d->logprobs;
+    f->prompt_logprobs = d->prompt_logprobs;
     f->length_penalty = 1.0f;
     f->sp = d->sp;
     f->sp.seed = d->sp.seed + (uint64_t)(line_no - 1); /* line 1: the seed itself; a "seed" field overrides */

@@ -8,7 +8,10 @@
  *   integer >= 1), "stop" (a string, or an array of at most IFLOW_MAX_STOP non-empty strings),
  *   "context_shift" ("none", "rope" or "recompute": batch.h), "keep" (an integer >= -1), "beams"
  *   (an integer from 1 to IFLOW_MAX_BEAMS: beam search, beam.h, which honours "stop"; not with a
- *   context shift), "length_penalty" (a number, with "beams"), and every sampling parameter of sampler.h's name table ("temperature", "top_k", "top_p",
+ *   context shift), "length_penalty" (a number, with "beams"), "logprobs" and "prompt_logprobs"
+ *   (integers from 0 to IFLOW_MAX_TOP_LOGPROBS: the log-probabilities of the generated / the
+ *   prompt's tokens with that many most likely alternatives; not with "beams"), and every
+ *   sampling parameter of sampler.h's name table ("temperature", "top_k", "top_p",
  *   "min_p", "seed", "sampler", "mirostat", "repeat_penalty", ...: numbers, or a string for
  *   "sampler"). A field that is absent keeps the default given; "seed" defaults to the given
  *   seed plus the line number minus one (iflow-run's plain mode seeds its n-th prompt, from 0,
@@ -37,12 +40,14 @@ typedef struct {
     int context_shift, keep;        /* batch.h's iflow_request fields                      */
     int beams;                      /* 0: none; else beam search of that width (beam.h)    */
     float length_penalty;           /* with beams (default 1)                              */
+    int logprobs, prompt_logprobs;  /* 0: absent; else 1 + the field (batch.h's iflow_request) */
 } iflow_request_fields;
 
 /* What a field that is absent gets. */
 typedef struct {
     int max_tokens, context_shift, keep;
     iflow_sampler_params sp;
+    int logprobs, prompt_logprobs;  /* as in iflow_request_fields */
 } iflow_request_defaults;
 
 int  iflow_request_parse(iflow_request_fields *out, const char *line, size_t len, long line_no,

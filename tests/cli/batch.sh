@@ -69,6 +69,8 @@ not json
 {"id":"neg","prompt":"x","temperature":-1}
 ["an array"]
 {"id":"ok2","prompt":"One day","max_tokens":4}
+{"id":"lp21","prompt":"x","logprobs":21}
+{"id":"lpbeams","prompt":"x","beams":2,"prompt_logprobs":1}
 EOF
 run bash -c "$BIN/iflow-run -m '$TMP/s.ifs' --batch -c 64 <'$TMP/bad.jsonl'"
 expect_rc 0 "bad lines do not stop the batch"
@@ -80,8 +82,22 @@ expect_eq "$(jq -c 'select(.line == 5) | .error' <<<"$out")" '"duplicate id \"ok
 expect_match "$(line long)" '^\[7,"the prompt of [0-9]+ tokens does not fit the context of 64"\]$' "prompt longer than the context"
 expect_eq "$(line neg)" '[8,"invalid value '"'"'-1'"'"' for temperature (a number from 0 to 100)"]' "bad number"
 expect_eq "$(line 9)" '[9,"a request must be a JSON object"]' "not an object"
+expect_eq "$(line lp21)" '[11,"field '"'"'logprobs'"'"' must be an integer from 0 to 20"]' "logprobs out of range"
+msg="fields 'logprobs' and 'prompt_logprobs' do not go with 'beams' (a beam's result has its log-probability)"
+expect_eq "$(line lpbeams)" "$(jq -c -n --arg m "$msg" '[12, $m]')" "prompt_logprobs with beams"
 expect_eq "$(jq -r 'select(.text) | .id' <<<"$out" | sort | tr '\n' ' ')" "ok1 ok2 " "the good requests finish"
 expect_eq "$(jq -r 'select(.id == "ok2") | [.finish_reason, .completion_tokens] | @tsv' <<<"$out")" "length	4" "max_tokens"
+
+# ---- log-probabilities: a prompt scored token by token; what it generates, with the most likely ----
+run bash -c "echo '{\"prompt\":\"Once upon a time\",\"max_tokens\":6,\"temperature\":0,\"logprobs\":3,\"prompt_logprobs\":1}' |
+    $BIN/iflow-run -m '$TMP/s.ifs' --batch"
+expect_eq "$(jq -c '[.prompt_logprobs[].id]' <<<"$out")" "[1,403,407,261,378]" \
+    "prompt_logprobs: the prompt's ids (golden)"
+expect_eq "$(jq -c '[.prompt_logprobs[0].logprob, ([.prompt_logprobs[1:][] | .logprob < 0 and .top[0].logprob >= .logprob]
+    | all), ([.logprobs[] | .id == .top[0].id and (.top | length) == 3] | all), (.logprobs | length)]' <<<"$out")" \
+    "[null,true,true,6]" "log-probabilities: greedy tokens are the most likely, 3 shown"
+expect_eq "$(jq -r '[.logprobs[].token] | join("")' <<<"$out")" "$(jq -r .text <<<"$out")" \
+    "the tokens' text is the text"
 
 # ---- stop strings end the text before them ----
 full=$(echo '{"prompt":"Once upon a time","max_tokens":30,"temperature":0}' | $BIN/iflow-run -m "$TMP/s.ifs" --batch | jq -r .text)

@@ -94,15 +94,21 @@ check "iflow-run --json" "run --json with a stop string" <<<"$out"
     echo '{"id":{"k":[1]},"prompt":"Lily","max_tokens":3,"stop":["and"]}'
     echo '{"prompt":"Tom","max_tokens":12,"temperature":0,"stop":"the"}'
     echo '{"id":"beams","prompt":"Tom","max_tokens":6,"beams":2}'
+    echo '{"id":"lp","prompt":"Once upon","max_tokens":5,"temperature":0.7,"logprobs":2,"prompt_logprobs":0}'
     echo '{"id":"bad","prompt":5}'
     echo 'not json'
 } >"$TMP/req.jsonl"
 $BIN/iflow-quant -t q4_b32 -i "$TMP/s.ifs" -o "$TMP/draft.ifs" 2>/dev/null
 out=$($BIN/iflow-run -m "$TMP/s.ifs" --batch --draft "$TMP/draft.ifs" --metrics "$TMP/m.json" -v <"$TMP/req.jsonl" 2>"$TMP/err")
-expect_eq "$(wc -l <<<"$out")" 6 "one line per request"
+expect_eq "$(wc -l <<<"$out")" 7 "one line per request"
+expect_eq "$(jq -c 'select(.id == "lp") | [(.logprobs | length), (.logprobs[0].top | length), .prompt_logprobs[0].logprob,
+    (.prompt_logprobs | length) == .prompt_tokens, (.prompt_logprobs[1] | has("top"))]' <<<"$out")" \
+    "[5,2,null,true,false]" "log-probabilities in a result"
 expect_eq "$(jq -c 'select(.id == "beams") | .beams | length' <<<"$out")" 2 "a beam request's result lists its beams"
 expect_eq "$(jq -c 'has("draft")' "$TMP/m.json")" true "--draft: the metrics say what the draft did"
 check "iflow-run --json" "run --json with --beams" < <($BIN/iflow-run -m "$TMP/s.ifs" -p "Hi" -n 6 --beams 3 --json)
+check "iflow-run --json" "run --json with --logprobs" < <($BIN/iflow-run -m "$TMP/s.ifs" -p "Hi" -n 6 --logprobs 2 \
+    --prompt-logprobs 1 --json)
 check "iflow-run --batch: results" "batch results" < <(jq -c 'select(has("error") | not)' <<<"$out")
 expect_eq "$(jq -c 'select(has("error"))' <<<"$out" | wc -l)" 2 "two error results"
 check "iflow-run --batch: error results" "batch error results" < <(jq -c 'select(has("error"))' <<<"$out")

@@ -19,6 +19,11 @@
  *     in a cache so small that cached blocks are evicted: the tokens must be those of each
  *     request alone with the cache off, and the positions taken from the cache those that a
  *     comparison of the prompts' tokens predicts;
+ *   - log-probabilities: a prompt's (prompt_logprobs) against the float64 torch reference
+ *     ../shared/golden/stories260K.wiki1024.win256.logprobs.tsv within 1e-4, the prompt cut into
+ *     chunks beside another request; each generated token's against the same position scored as
+ *     part of a longer prompt (the same bits: decode and prefill rows are computed alike); the
+ *     tokens the same with log-probabilities asked or not, greedy and sampled;
  *   - finish reasons, stop strings across token boundaries, blocks returned, refused requests.
  */
 #include "tests/unit/testlib.h"
@@ -143,6 +148,31 @@ static int drain(iflow_batch *b)
     return rc;
 }
 
+/* Run cases through a batch of params p: all added at once (join 0), or a few at a time between
+ * steps. 0 or < 0; *st the batch's counters at the end. */
+static int run_cases(iflow_model *m, tcase *t, const iflow_batch_params *p, int join, iflow_batch_stats *st)
+{
+    iflow_batch *b;
+    int rc = iflow_batch_open(&b, m, p), next = 0;
+    CHECK(rc == 0, "open: %s", iflow_errmsg());
+    if (rc < 0)
+        return rc;
+    for (int round = 0; rc == 0 && (next < N_REQ || iflow_batch_pending(b)); round++) {
+        for (int k = 0; k < (join ? 1 + round % 3 : N_REQ) && next < N_REQ && rc == 0; k++)
+            rc = add_case(b, &t[next++]);
+        if (!join && rc == 0)
+            rc = drain(b) < 0 ? -1 : 0;
+        for (int s = 0; join && s < 1 + round % 4 && rc == 0; s++)
+            rc = iflow_batch_step(b) < 0 ? -1 : 0;
+        take_all(b);
+    }
+    CHECK(rc == 0, "run: %s", iflow_errmsg());
+    iflow_batch_get_stats(b, st);
+    CHECK(st->blocks_used == 0 && st->running == 0 && st->queued == 0, "%d blocks still held", st->blocks_used);
+    iflow_batch_close(b);
+    return rc;
+}
+
 static void batching_vs_alone(const char *path, float temp, int kv_type)
 {
     iflow_model *m;
@@ -156,37 +186,15 @@ static void batching_vs_alone(const char *path, float temp, int kv_type)
     memcpy(mixed, alone, sizeof mixed);
     /* alone: one request at a time, the whole prompt in one step */
     iflow_batch_params p1 = {.parallel = 1, .n_ctx = 128, .kv_type = kv_type, .n_threads = 1, .no_prefix_cache = 1};
-    iflow_batch *b;
-    int rc = iflow_batch_open(&b, m, &p1);
-    CHECK(rc == 0, "open alone: %s", iflow_errmsg());
-    for (int i = 0; i < N_REQ && rc == 0; i++) {
-        rc = add_case(b, &alone[i]);
-        if (rc == 0)
-            rc = drain(b);
-    }
-    CHECK(rc == 0, "alone: %s", iflow_errmsg());
-    iflow_batch_stats st;
-    iflow_batch_get_stats(b, &st);
-    CHECK(st.blocks_used == 0 && st.running == 0, "alone: %d blocks still held", st.blocks_used);
-    iflow_batch_close(b);
+    iflow_batch_stats st = {0};
+    int rc = run_cases(m, alone, &p1, 0, &st);
     /* mixed: 4 at a time, 9 tokens a step, requests joining while others run, 2 threads */
     iflow_batch_params p4 = {.parallel = 4, .n_ctx = 128, .kv_type = kv_type, .block = 8, .step_tokens = 9,
                              .n_threads = 2};
-    rc = iflow_batch_open(&b, m, &p4);
-    CHECK(rc == 0, "open mixed: %s", iflow_errmsg());
-    int next = 0;
-    for (int round = 0; rc == 0 && (next < N_REQ || iflow_batch_pending(b)); round++) {
-        for (int k = 0; k < 1 + round % 3 && next < N_REQ && rc == 0; k++)
-            rc = add_case(b, &mixed[next++]);
-        for (int s = 0; s < 1 + round % 4 && rc == 0; s++)
-            rc = iflow_batch_step(b) < 0 ? -1 : 0;
-        take_all(b);
-    }
-    CHECK(rc == 0, "mixed: %s", iflow_errmsg());
-    iflow_batch_get_stats(b, &st);
-    CHECK(st.blocks_used == 0 && st.running == 0 && st.queued == 0, "mixed: %d blocks still held", st.blocks_used);
-    CHECK(st.blocks_peak <= st.blocks_total && st.blocks_peak > 0, "block peak %d of %d", st.blocks_peak, st.blocks_total);
-    iflow_batch_close(b);
+    if (rc == 0)
+        rc = run_cases(m, mixed, &p4, 1, &st);
+    CHECK(st.blocks_peak <= st.blocks_total && st.blocks_peak > 0, "block peak %d of %d", st.blocks_peak,
+          st.blocks_total);
     int same = 0;
     for (int i = 0; i < N_REQ; i++) {
         int eq = alone[i].n_out == mixed[i].n_out && alone[i].finish == mixed[i].finish &&
@@ -282,31 +290,6 @@ static int expected_cached(const tcase *t, int n)
     return sum;
 }
 
-/* Run cases through a batch of params p: all added at once (join 0), or a few at a time between
- * steps. 0 or < 0; *st the batch's counters at the end. */
-static int run_cases(iflow_model *m, tcase *t, const iflow_batch_params *p, int join, iflow_batch_stats *st)
-{
-    iflow_batch *b;
-    int rc = iflow_batch_open(&b, m, p), next = 0;
-    CHECK(rc == 0, "open: %s", iflow_errmsg());
-    if (rc < 0)
-        return rc;
-    for (int round = 0; rc == 0 && (next < N_REQ || iflow_batch_pending(b)); round++) {
-        for (int k = 0; k < (join ? 1 + round % 3 : N_REQ) && next < N_REQ && rc == 0; k++)
-            rc = add_case(b, &t[next++]);
-        if (!join && rc == 0)
-            rc = drain(b) < 0 ? -1 : 0;
-        for (int s = 0; join && s < 1 + round % 4 && rc == 0; s++)
-            rc = iflow_batch_step(b) < 0 ? -1 : 0;
-        take_all(b);
-    }
-    CHECK(rc == 0, "run: %s", iflow_errmsg());
-    iflow_batch_get_stats(b, st);
-    CHECK(st->blocks_used == 0 && st->running == 0 && st->queued == 0, "%d blocks still held", st->blocks_used);
-    iflow_batch_close(b);
-    return rc;
-}
-
 static void prefix_cache(const char *path, float temp, int kv_type)
 {
     iflow_model *m;
@@ -376,6 +359,130 @@ static void test_prefix_cache(void)
     prefix_cache(s260, 0.8f, IFK_KV_F32);
     prefix_cache(xs, 0.0f, IFK_KV_F32);
     prefix_cache(xs, 0.9f, IFK_KV_Q8);
+}
+
+/* ---- log-probabilities ------------------------------------------------------------------------ */
+
+/* One request through a batch beside a distractor (step budget 100: prompts in chunks); the
+ * result (free it), or NULL. */
+static iflow_result *run_one(iflow_model *m, const iflow_request *q)
+{
+    iflow_batch_params p = {.parallel = 2, .n_ctx = 512, .step_tokens = 100, .n_threads = 2};
+    iflow_batch *b;
+    iflow_result *got = NULL, *r;
+    int32_t other[40];
+    for (int i = 0; i < 40; i++)
+        other[i] = i == 0 ? 1 : 3 + i * 7;
+    iflow_request o = {.prompt = other, .n_prompt = 40, .max_tokens = 30};
+    int rc = iflow_batch_open(&b, m, &p);
+    if (rc == 0)
+        rc = iflow_batch_add(b, &o);
+    if (rc == 0)
+        rc = iflow_batch_add(b, q);
+    for (int left = 1; rc == 0 && left > 0;)
+        rc = (left = iflow_batch_step(b)) < 0 ? left : 0;
+    CHECK(rc == 0, "run: %s", iflow_errmsg());
+    while (iflow_batch_take(b, &r) == 1)
+        if (r->user == q->user)
+            got = r;
+        else
+            iflow_result_free(r);
+    iflow_batch_close(b);
+    return got;
+}
+
+static void test_logprobs(void)
+{
+    char ids_path[4096]; /* test_data's buffer is static */
+    const char *tsv_path = test_data("golden/stories260K.wiki1024.ids.txt");
+    snprintf(ids_path, sizeof ids_path, "%s", tsv_path ? tsv_path : "");
+    if (!tsv_path || !(tsv_path = test_data("golden/stories260K.wiki1024.win256.logprobs.tsv")))
+        SKIP("golden log-probabilities missing");
+    enum { N = 256 };
+    int32_t ids[N + 40];
+    double ref[N];
+    FILE *f = fopen(ids_path, "r");
+    int n = 0;
+    while (f && n < N && fscanf(f, "%d", &ids[n]) == 1)
+        n++;
+    if (f)
+        fclose(f);
+    f = fopen(tsv_path, "r");
+    char line[256];
+    int rows = 0;
+    while (f && fgets(line, sizeof line, f) && rows < N - 1) {
+        long pos, win, wpos, in, next;
+        double lp;
+        if (sscanf(line, "%ld %ld %ld %ld %ld %lf", &pos, &win, &wpos, &in, &next, &lp) == 6 && win == 0)
+            ref[rows++] = lp; /* window 0: BOS + ids[1..255], row j scores ids[j + 1] */
+    }
+    if (f)
+        fclose(f);
+    CHECK(n == N && rows == N - 1, "read %d ids and %d reference rows", n, rows);
+    iflow_model *m;
+    if (n != N || iflow_model_open(&m, s260, 0) < 0)
+        return;
+    /* the prompt's log-probabilities, top 3, and those of 8 greedy tokens, top 2 */
+    iflow_request q = {.prompt = ids, .n_prompt = N, .max_tokens = 8, .prompt_logprobs = 4, .logprobs = 3, .user = &q};
+    iflow_result *r = run_one(m, &q);
+    double worst = 0;
+    int ok = r && r->prompt_logprobs && r->logprobs && r->prompt_logprobs[0].id == 1 &&
+             isnan(r->prompt_logprobs[0].logprob) && r->prompt_logprobs[0].n_top == 0;
+    for (int p = 1; ok && p < N; p++) {
+        const iflow_token_logprob *e = &r->prompt_logprobs[p];
+        double d = fabs(e->logprob - ref[p - 1]);
+        worst = d > worst ? d : worst;
+        ok &= e->id == ids[p] && e->n_top == 3 && e->top_logprob[0] >= e->top_logprob[1] &&
+              e->top_logprob[1] >= e->top_logprob[2] && e->logprob <= e->top_logprob[0];
+        for (int k = 0; k < e->n_top; k++)
+            ok &= e->top_id[k] != e->id || e->top_logprob[k] == e->logprob;
+    }
+    CHECK(ok, "prompt log-probabilities: ids, tops in order");
+    CHECK(worst <= 1e-4, "prompt log-probabilities: max |diff| %.3g from the float64 reference > 1e-4", worst);
+    if (getenv("BATCH_SHOW"))
+        fprintf(stderr, "prompt log-probabilities of 255 positions: max |diff| %.3g from the float64 reference\n", worst);
+    CHECK(r && r->n_tokens == 8, "8 tokens");
+    for (int i = 0; r && i < r->n_tokens; i++) /* greedy: each token is the most likely one */
+        CHECK(r->logprobs[i].id == r->tokens[i] && r->logprobs[i].n_top == 2 &&
+                  r->logprobs[i].top_id[0] == r->tokens[i],
+              "generated token %d: id %d, top %d", i, r->logprobs[i].id, r->logprobs[i].top_id[0]);
+    /* the same positions scored as a prompt: the generated tokens' log-probabilities, bit for bit */
+    if (r && r->n_tokens == 8) {
+        memcpy(ids + N, r->tokens, sizeof(int32_t) * 8);
+        iflow_request q2 = {.prompt = ids, .n_prompt = N + 8, .max_tokens = 1, .prompt_logprobs = 1, .user = &q2};
+        iflow_result *r2 = run_one(m, &q2);
+        for (int i = 0; r2 && i < 8; i++)
+            CHECK(r2->prompt_logprobs[N + i].logprob == r->logprobs[i].logprob,
+                  "generated token %d: log-probability %.9g, %.9g as a prompt token", i, r->logprobs[i].logprob,
+                  r2->prompt_logprobs[N + i].logprob);
+        iflow_result_free(r2);
+    }
+    /* asking for log-probabilities does not change the tokens: greedy and sampled */
+    for (int t = 0; t < 2; t++) {
+        iflow_request a = {.prompt = ids, .n_prompt = 30, .max_tokens = 40, .user = &a,
+                           .sampling = {.temp = t ? 0.9f : 0, .top_k = 40, .seed = 5}};
+        iflow_request with = a;
+        with.user = &with;
+        with.logprobs = 1;
+        iflow_result *ra = run_one(m, &a), *rw = run_one(m, &with);
+        CHECK(ra && rw && ra->n_tokens == rw->n_tokens && !ra->logprobs && rw->logprobs &&
+                  !memcmp(ra->tokens, rw->tokens, sizeof(int32_t) * (size_t)ra->n_tokens),
+              "temp %d: the tokens differ with log-probabilities asked", t);
+        for (int i = 0; rw && i < rw->n_tokens; i++)
+            CHECK(rw->logprobs[i].id == rw->tokens[i] && rw->logprobs[i].n_top == 0 && rw->logprobs[i].logprob <= 0,
+                  "temp %d token %d: entry id %d", t, i, rw->logprobs[i].id);
+        iflow_result_free(ra);
+        iflow_result_free(rw);
+    }
+    iflow_request bad = {.prompt = ids, .n_prompt = 3, .max_tokens = 1, .logprobs = IFLOW_MAX_TOP_LOGPROBS + 2};
+    iflow_batch *b;
+    iflow_batch_params bp = {.parallel = 1, .n_ctx = 64};
+    if (iflow_batch_open(&b, m, &bp) == 0) {
+        CHECK_ERR(iflow_batch_add(b, &bad), IFLOW_EINVAL, "log-probabilities", "from 0 (none) to 21");
+        iflow_batch_close(b);
+    }
+    iflow_result_free(r);
+    iflow_model_close(m);
 }
 
 /* ---- KV cache types: perplexity ---------------------------------------------------------- */
@@ -544,6 +651,7 @@ int main(void)
     RUN(test_paged_vs_contiguous);
     RUN(test_batching);
     RUN(test_prefix_cache);
+    RUN(test_logprobs);
     RUN(test_kv_types);
     RUN(test_finish_and_errors);
     char cmd[300];
