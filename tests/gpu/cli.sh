@@ -21,6 +21,8 @@
 #   - iflow-ppl on the GPU within 0.1 % of the CPU's perplexity; a 512-token window in one pass
 #     of 512 rows (the GPU's) within 0.01 % of passes of 128 (IFLOW_PASS=128), stories260K and
 #     the TinyLlama shape;
+#   - log-probabilities through --batch (a prompt scored, greedy tokens' with the most likely): the
+#     CPU's ids, every log-probability within 1e-3;
 #   - --kv-type f16 on the GPU: at least 32 of 64 greedy tokens the CPU's, perplexity within 0.1 %;
 #   - a placement that does not fit names the device and the bytes it lacks, before loading.
 # What is observed is printed on lines starting with "OBSERVED" (the make check-gpu log keeps them).
@@ -216,6 +218,24 @@ passes_close() { # model name
     expect_close "$p512" "$p128" 1e-4 "$2: passes of 512 and of 128 rows (0.01 %)"
 }
 passes_close "$TMP/s.ifs" stories260K
+
+# ---- log-probabilities through --batch: a prompt scored (every row of its prefill chunks copied
+# back) and the greedy tokens' log-probabilities, the GPU's within 1e-3 of the CPU's, the same ids ----
+logprobs_of() { # device -> {ids, lp: every log-probability of the result}
+    local act=()
+    [ "$1" = cpu ] && act=(--activations f32)
+    jq -cn '{prompt: "Once upon a time there was a little girl who liked to play", max_tokens: 24,
+             temperature: 0, logprobs: 2, prompt_logprobs: 1}' |
+        $BIN/iflow-run -m "$TMP/s.ifs" --device "$1" "${act[@]}" --batch |
+        jq -c '{ids: [.logprobs[].id], lp: ([.prompt_logprobs[1:][].logprob] + [.logprobs[].logprob])}'
+}
+a=$(logprobs_of cuda)
+b=$(logprobs_of cpu)
+expect_eq "$(jq -c .ids <<<"$a")" "$(jq -c .ids <<<"$b")" "log-probabilities: the GPU's greedy tokens are the CPU's"
+d=$(jq -n --argjson a "$a" --argjson b "$b" '[range($a.lp | length) | ($a.lp[.] - $b.lp[.]) | fabs] | max')
+echo "OBSERVED log-probabilities of $(jq '.lp | length' <<<"$a") positions: max |GPU - CPU| $d" >&2
+[ "$(jq -n --argjson a "$a" --argjson b "$b" '($a.lp | length) == ($b.lp | length) and ($a.lp | length) > 30')" = true ] &&
+    awk -v d="$d" 'BEGIN { exit !(d <= 1e-3) }' && ok || bad "log-probabilities: GPU and CPU differ by $d"
 
 # ---- --kv-type f16: the cache in half precision on the GPU (CUDA's F16 attention kernels) ----
 # The keys and values come from products summed in another order on each side, so one may round
