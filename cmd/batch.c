@@ -229,10 +229,33 @@ static item *parse_line(const reader *rd, const char *line, size_t len, long lin
         q->stop[i] = it->f.stop[i];
     int32_t *ids;
     size_t n;
-    if (iflow_tokenizer_encode(iflow_model_tokenizer(rd->m), it->f.prompt, it->f.prompt_len, IFLOW_TOK_ADD_BOS, &ids,
-                               &n) < 0) {
+    const iflow_tokenizer *tok = iflow_model_tokenizer(rd->m);
+    if (iflow_tokenizer_encode(tok, it->f.prompt, it->f.prompt_len, IFLOW_TOK_ADD_BOS, &ids, &n) < 0) {
         item_fail(it, "%s", iflow_errmsg());
         return it;
+    }
+    if (it->f.continuation && n > 0) { /* score it: the tokens of prompt + continuation after the prompt's count */
+        size_t n_context = n, total = it->f.prompt_len + it->f.continuation_len;
+        char *both = malloc(total + 1);
+        free(ids);
+        ids = NULL;
+        if (!both) {
+            item_fail(it, "out of memory");
+            return it;
+        }
+        memcpy(both, it->f.prompt, it->f.prompt_len);
+        memcpy(both + it->f.prompt_len, it->f.continuation, it->f.continuation_len + 1);
+        int rc = iflow_tokenizer_encode(tok, both, total, IFLOW_TOK_ADD_BOS, &ids, &n);
+        free(both);
+        if (rc < 0) {
+            item_fail(it, "%s", iflow_errmsg());
+            return it;
+        }
+        if (n <= n_context)
+            item_fail(it, "the continuation adds no tokens to the prompt's %zu", n_context);
+        q->prompt_logprobs_from = (int)n_context;
+        if (q->prompt_logprobs < 2)
+            q->prompt_logprobs = 2; /* the most likely token too: whether the continuation is greedy */
     }
     q->prompt = ids;
     q->n_prompt = (int)n;
@@ -309,9 +332,20 @@ static json_t *result_json(const item *it, const iflow_tokenizer *tok)
                         json_real(r->n_tokens > 1 && gen_s > 0 ? round((r->n_tokens - 1) / gen_s * 100) / 100 : 0));
     if (r->logprobs)
         json_object_set_new(o, "logprobs", logprobs_json(tok, r->logprobs, r->n_tokens, it->f.logprobs > 1));
-    if (r->prompt_logprobs)
+    if (r->prompt_logprobs && it->f.prompt_logprobs)
         json_object_set_new(o, "prompt_logprobs",
                             logprobs_json(tok, r->prompt_logprobs, r->n_prompt, it->f.prompt_logprobs > 1));
+    if (r->prompt_logprobs && it->f.continuation) { /* lm-eval's loglikelihood: the sum, and is it greedy */
+        double sum = 0;
+        int greedy = 1;
+        for (int p = it->req.prompt_logprobs_from; p < r->n_prompt; p++) {
+            sum += r->prompt_logprobs[p].logprob;
+            greedy &= r->prompt_logprobs[p].top_id[0] == r->prompt_logprobs[p].id;
+        }
+        json_object_set_new(o, "continuation_tokens", json_integer(r->n_prompt - it->req.prompt_logprobs_from));
+        json_object_set_new(o, "continuation_logprob", json_real(sum));
+        json_object_set_new(o, "continuation_greedy", json_boolean(greedy));
+    }
     if (it->beams) { /* every beam, ranked (the best is the text above) */
         json_t *a = json_array();
         for (int i = 0; i < it->n_beams; i++) {

@@ -313,7 +313,7 @@ typedef struct {
 typedef struct {
     const int32_t *prompt;          /* [n_prompt] token ids (a BOS included if wanted)       */
     int n_prompt;
-    int max_tokens;                 /* tokens to generate at most (>= 1)                     */
+    int max_tokens;                 /* tokens to generate at most (>= 1; 0 with prompt_logprobs) */
     iflow_sampler_params sampling;  /* temp 0: greedy                                        */
     const char *stop[IFLOW_MAX_STOP]; /* stop strings (copied, none empty); the text ends before one */
     int n_stop;
@@ -328,9 +328,12 @@ typedef struct {
                                      * and the n - 1 most likely at its position (at most
                                      * IFLOW_MAX_TOP_LOGPROBS + 1): iflow_result.logprobs     */
     int prompt_logprobs;            /* the same for each prompt token after the first, given the
-                                     * ones before it (scoring; the prompt is evaluated whole,
-                                     * not taken from the prefix cache). Neither changes the
-                                     * tokens; a request with logprobs takes no draft proposals */
+                                     * ones before it (scoring). Neither changes the tokens; a
+                                     * request with logprobs takes no draft proposals        */
+    int prompt_logprobs_from;       /* with prompt_logprobs: the first position scored (<= 1:
+                                     * the second token; those before get a NAN entry). The
+                                     * blocks wholly before the position before it may come from
+                                     * the prefix cache; max_tokens may then be 0: score only */
 } iflow_request;
 
 typedef struct {

@@ -48,6 +48,7 @@ typedef struct req {
     int greedy;                   /* the sampler always takes the argmax (and no log-probabilities
                                    * are asked: the argmax is then found on the device)    */
     int logprobs, prompt_logprobs; /* iflow_request's                                     */
+    int lp_from;                  /* prompt_logprobs: the first position scored (>= 1)     */
     iflow_token_logprob lp_next;  /* logprobs: the entry of the token being drawn          */
     iflow_stop *stop;             /* the stop strings' matcher                             */
     int first_piece;              /* the text starts at the first generated token           */
@@ -288,8 +289,9 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
     const iflow_hparams *hp = iflow_model_hparams(b->m);
     if (q->n_prompt <= 0)
         return iflow_seterr(IFLOW_EINVAL, "the prompt has no tokens");
-    if (q->max_tokens <= 0)
-        return iflow_seterr(IFLOW_EINVAL, "max_tokens is %d; it must be at least 1", q->max_tokens);
+    if (q->max_tokens < 0 || (q->max_tokens == 0 && !q->prompt_logprobs))
+        return iflow_seterr(IFLOW_EINVAL, "max_tokens is %d; it must be at least 1 (0 only to score a prompt)",
+                            q->max_tokens);
     if (q->n_stop < 0 || q->n_stop > IFLOW_MAX_STOP)
         return iflow_seterr(IFLOW_EINVAL, "%d stop strings: at most %d", q->n_stop, IFLOW_MAX_STOP);
     if (q->logprobs < 0 || q->logprobs > IFLOW_MAX_TOP_LOGPROBS + 1 || q->prompt_logprobs < 0 ||
@@ -317,7 +319,7 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
         max_tokens = b->p.n_ctx - q->n_prompt;
     /* the last drawn token is never stored: the cache holds n_prompt + max_tokens - 1 positions
      * (at most n_ctx when the context shifts) */
-    int64_t span = (int64_t)q->n_prompt + max_tokens - 1;
+    int64_t span = (int64_t)q->n_prompt + (max_tokens ? max_tokens : 1) - 1;
     int need = blocks_for(b, span < b->p.n_ctx ? (int)span : b->p.n_ctx);
     if (need > b->p.n_blocks)
         return iflow_seterr(IFLOW_ERANGE, "the request needs %d KV blocks; the cache has %d", need, b->p.n_blocks);
@@ -332,13 +334,16 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
     /* prefix caching: the prompt's full blocks before its last token (that one is always
      * evaluated, for the logits); not where the cache moves (a shift) or a draft shares the
      * block tables (its cache would need the same blocks) */
-    r->n_names = b->share && !shift && !b->draft && !q->prompt_logprobs ? (q->n_prompt - 1) / b->p.block : 0;
+    const int lp_from = q->prompt_logprobs_from > 1 ? q->prompt_logprobs_from : 1;
+    r->n_names = b->share && !shift && !b->draft ? (q->n_prompt - 1) / b->p.block : 0;
+    if (q->prompt_logprobs && r->n_names > (lp_from - 1) / b->p.block) /* the rows scored are evaluated */
+        r->n_names = (lp_from - 1) / b->p.block;
     if (r->n_names)
         r->names = malloc((size_t)r->n_names * sizeof *r->names);
     if (r->res) {
-        r->res->tokens = malloc((size_t)max_tokens * sizeof *r->res->tokens);
+        r->res->tokens = malloc((size_t)(max_tokens ? max_tokens : 1) * sizeof *r->res->tokens);
         if (q->logprobs)
-            r->res->logprobs = malloc((size_t)max_tokens * sizeof *r->res->logprobs);
+            r->res->logprobs = malloc((size_t)(max_tokens ? max_tokens : 1) * sizeof *r->res->logprobs);
         if (q->prompt_logprobs)
             r->res->prompt_logprobs = malloc((size_t)q->n_prompt * sizeof *r->res->prompt_logprobs);
     }
@@ -372,8 +377,9 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
     r->logprobs = q->logprobs;
     r->prompt_logprobs = q->prompt_logprobs;
     r->greedy = iflow_sampler_is_greedy(r->sampler) && !q->logprobs && !q->prompt_logprobs;
-    if (q->prompt_logprobs)
-        r->res->prompt_logprobs[0] = (iflow_token_logprob){.id = q->prompt[0], .logprob = NAN};
+    r->lp_from = lp_from;
+    for (int p = 0; q->prompt_logprobs && p < q->n_prompt && p < lp_from; p++) /* not scored */
+        r->res->prompt_logprobs[p] = (iflow_token_logprob){.id = q->prompt[p], .logprob = NAN};
     memcpy(r->prompt, q->prompt, (size_t)q->n_prompt * sizeof *r->prompt);
     iflow_blocks_names(r->prompt, r->n_names, b->p.block, r->names);
     r->n_prompt = q->n_prompt;
@@ -833,10 +839,15 @@ int iflow_batch_step(iflow_batch *b)
             hold_blocks(b, r, r->n_done + chunk);
             int last = r->n_done + chunk == r->n_fill;
             seqs[n] = (iflow_step_seq){.ids = r->fill + r->n_done, .n = chunk, .pos0 = r->n_done, .table = r->blocks};
-            if (r->prompt_logprobs && r->fill == r->prompt) /* every row's logits: the prompt's log-probabilities */
-                wants_token(b, r, &seqs[n], chunk, &out_row);
-            else if (last)
-                wants_token(b, r, &seqs[n], 1, &out_row);
+            int rows = 0; /* of logits: those of the positions scored, and the last one for a draw */
+            if (r->prompt_logprobs && r->fill == r->prompt) {
+                int first = r->lp_from - 1 > r->n_done ? r->lp_from - 1 : r->n_done;
+                rows = r->n_done + chunk - first > 0 ? r->n_done + chunk - first : 0;
+            }
+            if (last && rows == 0)
+                rows = 1;
+            if (rows)
+                wants_token(b, r, &seqs[n], rows, &out_row);
             who[n++] = r;
             tokens += chunk;
         }
@@ -857,10 +868,13 @@ int iflow_batch_step(iflow_batch *b)
                 return rc;
             continue;
         }
-        if (r->prompt_logprobs && r->fill == r->prompt) /* row j: the logits after prompt token n_done + j */
-            for (int j = 0, p; j < seqs[i].n && (p = r->n_done + j + 1) < r->n_prompt; j++)
-                logprob_of(seqs[i].logits + (size_t)j * V, V, r->prompt[p], r->prompt_logprobs - 1,
-                           &r->res->prompt_logprobs[p]);
+        if (r->prompt_logprobs && r->fill == r->prompt && seqs[i].logits) { /* the last n_out rows */
+            const int first = r->n_done + seqs[i].n - seqs[i].n_out; /* row j: the logits after first + j */
+            for (int j = 0, p; j < seqs[i].n_out && (p = first + j + 1) < r->n_prompt; j++)
+                if (p >= r->lp_from)
+                    logprob_of(seqs[i].logits + (size_t)j * V, V, r->prompt[p], r->prompt_logprobs - 1,
+                               &r->res->prompt_logprobs[p]);
+        }
         r->n_done += seqs[i].n;
         r->n_past = r->n_done;
         for (int full = r->n_done / b->p.block; r->n_marked < full && r->n_marked < r->n_named; r->n_marked++)
@@ -869,6 +883,12 @@ int iflow_batch_step(iflow_batch *b)
             b->st.prompt += (uint64_t)seqs[i].n;
         if (r->n_done < r->n_fill)
             continue;
+        if (r->max_tokens == 0) { /* a prompt scored, nothing to generate */
+            r->res->t_first = now();
+            if ((rc = finish(b, r, IFLOW_FINISH_LENGTH)) < 0)
+                return rc;
+            continue;
+        }
         int32_t id = r->greedy ? r->vnext[0] : draw(b, r, seqs[i].logits + (size_t)(seqs[i].n_out - 1) * V);
         if ((rc = accept(b, r, id)) < 0)
             return rc;

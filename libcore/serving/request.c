@@ -13,6 +13,7 @@ void iflow_request_fields_free(iflow_request_fields *f)
 {
     free(f->id);
     free(f->prompt);
+    free(f->continuation);
     for (int i = 0; i < f->n_stop; i++)
         free(f->stop[i]);
     memset(f, 0, sizeof *f);
@@ -66,7 +67,7 @@ static int parse_object(iflow_request_fields *f, const json_t *js)
     const char *names[MAX_SAMPLING];
     char values[MAX_SAMPLING][64];
     const char *vals[MAX_SAMPLING];
-    int n = 0, rc, lp_given = 0;
+    int n = 0, rc, lp_given = 0, max_given = 0;
     const char *key;
     json_t *v;
     json_object_foreach((json_t *)js, key, v)
@@ -84,6 +85,14 @@ static int parse_object(iflow_request_fields *f, const json_t *js)
             if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > (1 << 24))
                 return iflow_seterr(IFLOW_EINVAL, "field 'max_tokens' must be an integer from 1 to %d", 1 << 24);
             f->max_tokens = (int)json_integer_value(v);
+            max_given = 1;
+        } else if (strcmp(key, "continuation") == 0) {
+            if (!json_is_string(v) || json_string_length(v) == 0)
+                return iflow_seterr(IFLOW_EINVAL, "field 'continuation' must be a string, not empty");
+            if (!(f->continuation = malloc(json_string_length(v) + 1)))
+                return oom();
+            memcpy(f->continuation, json_string_value(v), json_string_length(v) + 1);
+            f->continuation_len = json_string_length(v);
         } else if (strcmp(key, "beams") == 0) {
             if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > IFLOW_MAX_BEAMS)
                 return iflow_seterr(IFLOW_EINVAL, "field 'beams' must be an integer from 1 to %d", IFLOW_MAX_BEAMS);
@@ -124,9 +133,11 @@ static int parse_object(iflow_request_fields *f, const json_t *js)
         return iflow_seterr(IFLOW_EINVAL, "field 'prompt' (a string) is missing");
     if (lp_given && !f->beams)
         return iflow_seterr(IFLOW_EINVAL, "field 'length_penalty' goes with 'beams'");
-    if (f->beams && (f->logprobs || f->prompt_logprobs))
-        return iflow_seterr(IFLOW_EINVAL, "fields 'logprobs' and 'prompt_logprobs' do not go with 'beams' (a beam's "
-                                          "result has its log-probability)");
+    if (f->beams && (f->logprobs || f->prompt_logprobs || f->continuation))
+        return iflow_seterr(IFLOW_EINVAL, "fields 'logprobs', 'prompt_logprobs' and 'continuation' do not go with "
+                                          "'beams' (a beam's result has its log-probability)");
+    if (f->continuation && !max_given)
+        f->max_tokens = 0; /* score only */
     if (f->beams && f->context_shift)
         return iflow_seterr(IFLOW_EINVAL, "field 'beams' does not go with a context shift (beams end at the context; "
                                           "set 'context_shift' to \"none\")");

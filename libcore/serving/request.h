@@ -10,7 +10,8 @@
  *   (an integer from 1 to IFLOW_MAX_BEAMS: beam search, beam.h, which honours "stop"; not with a
  *   context shift), "length_penalty" (a number, with "beams"), "logprobs" and "prompt_logprobs"
  *   (integers from 0 to IFLOW_MAX_TOP_LOGPROBS: the log-probabilities of the generated / the
- *   prompt's tokens with that many most likely alternatives; not with "beams"), and every
+ *   prompt's tokens with that many most likely alternatives; not with "beams"), "continuation" (a
+ *   string scored after the prompt: max_tokens then defaults to 0; not with "beams"), and every
  *   sampling parameter of sampler.h's name table ("temperature", "top_k", "top_p",
  *   "min_p", "seed", "sampler", "mirostat", "repeat_penalty", ...: numbers, or a string for
  *   "sampler"). A field that is absent keeps the default given; "seed" defaults to the given
@@ -41,6 +42,8 @@ typedef struct {
     int beams;                      /* 0: none; else beam search of that width (beam.h)    */
     float length_penalty;           /* with beams (default 1)                              */
     int logprobs, prompt_logprobs;  /* 0: absent; else 1 + the field (batch.h's iflow_request) */
+    char *continuation;             /* NUL-terminated, or NULL: a text to score after the prompt */
+    size_t continuation_len;
 } iflow_request_fields;
 
 /* What a field that is absent gets. */

@@ -83,7 +83,8 @@ expect_match "$(line long)" '^\[7,"the prompt of [0-9]+ tokens does not fit the 
 expect_eq "$(line neg)" '[8,"invalid value '"'"'-1'"'"' for temperature (a number from 0 to 100)"]' "bad number"
 expect_eq "$(line 9)" '[9,"a request must be a JSON object"]' "not an object"
 expect_eq "$(line lp21)" '[11,"field '"'"'logprobs'"'"' must be an integer from 0 to 20"]' "logprobs out of range"
-msg="fields 'logprobs' and 'prompt_logprobs' do not go with 'beams' (a beam's result has its log-probability)"
+msg="fields 'logprobs', 'prompt_logprobs' and 'continuation' do not go with 'beams'"
+msg+=" (a beam's result has its log-probability)"
 expect_eq "$(line lpbeams)" "$(jq -c -n --arg m "$msg" '[12, $m]')" "prompt_logprobs with beams"
 expect_eq "$(jq -r 'select(.text) | .id' <<<"$out" | sort | tr '\n' ' ')" "ok1 ok2 " "the good requests finish"
 expect_eq "$(jq -r 'select(.id == "ok2") | [.finish_reason, .completion_tokens] | @tsv' <<<"$out")" "length	4" "max_tokens"
@@ -98,6 +99,27 @@ expect_eq "$(jq -c '[.prompt_logprobs[0].logprob, ([.prompt_logprobs[1:][] | .lo
     "[null,true,true,6]" "log-probabilities: greedy tokens are the most likely, 3 shown"
 expect_eq "$(jq -r '[.logprobs[].token] | join("")' <<<"$out")" "$(jq -r .text <<<"$out")" \
     "the tokens' text is the text"
+
+# ---- scoring continuations (an evaluation's multiple choice): the sum of the continuation's
+# log-probabilities, whether it is the greedy one; the same with the context from the prefix cache ----
+ctx='Once upon a time, there was a little girl named Lily. She loved to play outside in the sun. One day, she'
+greedy=$(jq -cn --arg p "$ctx" '{prompt: $p, max_tokens: 6, temperature: 0}' | $BIN/iflow-run -m "$TMP/s.ifs" --batch |
+    jq -r .text)
+for c in "$greedy" ' ate a red apple' ' went to the moon' ' saw a big dog'; do
+    jq -cn --arg p "$ctx" --arg c "$c" '{prompt: $p, continuation: $c, prompt_logprobs: 0}'
+done >"$TMP/mc.jsonl"
+score() { # extra options -> per request [id, tokens, logprob, greedy, the logprob summed from prompt_logprobs]
+    $BIN/iflow-run -m "$TMP/s.ifs" --batch --parallel 4 "$@" <"$TMP/mc.jsonl" |
+        jq -c '[.id, .continuation_tokens, .continuation_logprob, .continuation_greedy, .completion_tokens,
+                ([.prompt_logprobs[-.continuation_tokens:][].logprob] | add)]' | sort
+}
+cached=$(score --metrics "$TMP/mc.json")
+expect_eq "$(score --no-prefix-cache)" "$cached" "continuation scores: the same without the prefix cache"
+expect_eq "$(jq -s -c 'map(.[3])' <<<"$cached")" "[true,false,false,false]" "continuation_greedy: the greedy text only"
+expect_eq "$(jq -s -c 'map(.[4] == 0 and .[1] > 2 and .[2] < 0 and ((.[2] - .[5]) | fabs) < 1e-5) | all' \
+    <<<"$cached")" \
+    true "continuations: scored only, the sum of their prompt_logprobs"
+expect_eq "$(jq -c '.prompt_tokens_cached > 0' "$TMP/mc.json")" true "continuations: the context from the prefix cache"
 
 # ---- stop strings end the text before them ----
 full=$(echo '{"prompt":"Once upon a time","max_tokens":30,"temperature":0}' | $BIN/iflow-run -m "$TMP/s.ifs" --batch | jq -r .text)

@@ -23,7 +23,8 @@
  *     ../shared/golden/stories260K.wiki1024.win256.logprobs.tsv within 1e-4, the prompt cut into
  *     chunks beside another request; each generated token's against the same position scored as
  *     part of a longer prompt (the same bits: decode and prefill rows are computed alike); the
- *     tokens the same with log-probabilities asked or not, greedy and sampled;
+ *     tokens the same with log-probabilities asked or not, greedy and sampled; continuations of one
+ *     context scored with the context from the prefix cache: the scores of the cache off;
  *   - finish reasons, stop strings across token boundaries, blocks returned, refused requests.
  */
 #include "tests/unit/testlib.h"
@@ -474,11 +475,57 @@ static void test_logprobs(void)
         iflow_result_free(ra);
         iflow_result_free(rw);
     }
+    /* scoring continuations of one context (an evaluation's multiple choice): positions from 40
+     * scored, nothing generated; the context's first 32 positions (4 blocks of 8 before position
+     * 39) from the prefix cache for all but the first; the scores those of the cache off */
+    enum { CH = 4, CTX = 40 };
+    int32_t prompts[CH][CTX + 8];
+    iflow_result *res[2][CH] = {{0}};
+    iflow_batch_stats st[2];
+    for (int off = 0; off < 2; off++) {
+        iflow_batch_params sp = {.parallel = CH, .n_ctx = 128, .block = 8, .step_tokens = 64, .n_threads = 2,
+                                 .no_prefix_cache = off};
+        iflow_batch *b;
+        int rc = iflow_batch_open(&b, m, &sp);
+        for (int c = 0; c < CH && rc == 0; c++) {
+            memcpy(prompts[c], ids, sizeof(int32_t) * CTX);
+            for (int j = 0; j < 3 + c; j++)
+                prompts[c][CTX + j] = 3 + (c * 37 + j * 11) % 400;
+            iflow_request sq = {.prompt = prompts[c], .n_prompt = CTX + 3 + c, .max_tokens = 0, .prompt_logprobs = 2,
+                                .prompt_logprobs_from = CTX, .user = &res[off][c]};
+            rc = iflow_batch_add(b, &sq);
+        }
+        for (int left = 1; rc == 0 && left > 0;)
+            rc = (left = iflow_batch_step(b)) < 0 ? left : 0;
+        CHECK(rc == 0, "scoring: %s", iflow_errmsg());
+        iflow_result *x;
+        while (iflow_batch_take(b, &x) == 1)
+            *(iflow_result **)x->user = x;
+        iflow_batch_get_stats(b, &st[off]);
+        iflow_batch_close(b);
+    }
+    CHECK(st[0].prompt_cached == (CH - 1) * 32 && st[1].prompt_cached == 0, "scoring: %llu positions from the cache",
+          (unsigned long long)st[0].prompt_cached);
+    for (int c = 0; c < CH; c++) {
+        iflow_result *a = res[0][c], *z = res[1][c];
+        int same = a && z && a->n_tokens == 0 && z->n_tokens == 0 && a->finish == IFLOW_FINISH_LENGTH;
+        for (int p = 0; same && p < CTX + 3 + c; p++)
+            same &= a->prompt_logprobs[p].id == prompts[c][p] &&
+                    (p < CTX ? isnan(a->prompt_logprobs[p].logprob)
+                             : a->prompt_logprobs[p].logprob == z->prompt_logprobs[p].logprob &&
+                                   a->prompt_logprobs[p].top_id[0] == z->prompt_logprobs[p].top_id[0]);
+        CHECK(same, "choice %d: scores with the prefix cache differ from those without", c);
+        iflow_result_free(a);
+        iflow_result_free(z);
+    }
     iflow_request bad = {.prompt = ids, .n_prompt = 3, .max_tokens = 1, .logprobs = IFLOW_MAX_TOP_LOGPROBS + 2};
     iflow_batch *b;
     iflow_batch_params bp = {.parallel = 1, .n_ctx = 64};
     if (iflow_batch_open(&b, m, &bp) == 0) {
         CHECK_ERR(iflow_batch_add(b, &bad), IFLOW_EINVAL, "log-probabilities", "from 0 (none) to 21");
+        bad.logprobs = 0;
+        bad.max_tokens = 0;
+        CHECK_ERR(iflow_batch_add(b, &bad), IFLOW_EINVAL, "max_tokens is 0", "0 only to score a prompt");
         iflow_batch_close(b);
     }
     iflow_result_free(r);
