@@ -277,7 +277,7 @@ typedef struct {
                         * earlier request's prompt had alike (the same tokens from position 0),
                         * instead of evaluating them: the same keys and values, so the same
                         * tokens; the blocks stay cached when their requests end, until their
-                        * room is needed. Not with a context shift or a draft model.           */
+                        * room is needed. Not for a request with a context shift.              */
 } iflow_batch_params;
 
 enum { IFLOW_FINISH_EOS = 0, IFLOW_FINISH_LENGTH, IFLOW_FINISH_STOP, IFLOW_FINISH_CONTEXT };

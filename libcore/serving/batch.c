@@ -36,6 +36,8 @@ typedef struct req {
     int32_t pending;              /* DECODE: the last drawn token, not yet in the cache    */
     int32_t *blocks;              /* [n_reserved] block table (n_held filled)              */
     int n_reserved, n_held;
+    int32_t *dblocks;             /* with a draft: [n_reserved] its cache's table (n_dheld filled) */
+    int n_dheld;
     int n_left;                   /* blocks reserved for r alone and not taken yet         */
     /* prefix caching (blocks.h): the prompt's full blocks before its last token */
     iflow_block_name *names;      /* [n_names] their names; n_names 0: r shares nothing     */
@@ -74,6 +76,7 @@ struct iflow_batch {
     /* speculative decoding: the draft model, its cache and step context */
     const iflow_model *draft;
     iflow_kv *dkv;
+    iflow_blocks *dpool;          /* the draft cache's blocks: its own, never shared        */
     iflow_ctx *dctx;
     int n_draft, accept_top_k;
     float accept_top_p;
@@ -185,6 +188,7 @@ static void req_free(req *r)
     free(r->prompt);
     free(r->window);
     free(r->blocks);
+    free(r->dblocks);
     free(r->names);
     free(r->q);
     iflow_sampler_close(r->dsampler);
@@ -210,6 +214,7 @@ void iflow_batch_close(iflow_batch *b)
     iflow_kv_close(b->kv);
     iflow_ctx_close(b->dctx);
     iflow_kv_close(b->dkv);
+    iflow_blocks_close(b->dpool);
     free(b->dlogits);
     free(b->p_dist);
     iflow_blocks_close(b->pool);
@@ -232,6 +237,8 @@ int iflow_batch_set_draft(iflow_batch *b, const iflow_model *draft, int n_draft,
                             b->p.n_ctx);
     int rc = iflow_kv_open(&b->dkv, draft, b->p.kv_type, b->p.block, b->p.n_blocks);
     if (rc == 0)
+        rc = iflow_blocks_open(&b->dpool, b->p.n_blocks);
+    if (rc == 0)
         rc = iflow_ctx_open_steps(&b->dctx, draft, b->p.n_threads);
     b->dlogits = malloc((size_t)b->p.parallel * hp->vocab_size * sizeof(float));
     float *p = malloc((size_t)hp->vocab_size * sizeof(float));
@@ -241,8 +248,9 @@ int iflow_batch_set_draft(iflow_batch *b, const iflow_model *draft, int n_draft,
         free(p);
         iflow_ctx_close(b->dctx);
         iflow_kv_close(b->dkv);
+        iflow_blocks_close(b->dpool);
         free(b->dlogits);
-        b->dctx = NULL, b->dkv = NULL, b->dlogits = NULL;
+        b->dctx = NULL, b->dkv = NULL, b->dlogits = NULL, b->dpool = NULL;
         return rc;
     }
     b->p_dist = p;
@@ -331,11 +339,12 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
     r->blocks = malloc((size_t)need * sizeof *r->blocks);
     if (shift)
         r->window = malloc(((size_t)b->p.n_ctx + 1) * sizeof *r->window);
+    if (b->draft)
+        r->dblocks = malloc((size_t)need * sizeof *r->dblocks);
     /* prefix caching: the prompt's full blocks before its last token (that one is always
-     * evaluated, for the logits); not where the cache moves (a shift) or a draft shares the
-     * block tables (its cache would need the same blocks) */
+     * evaluated, for the logits); not where the cache moves (a shift) */
     const int lp_from = q->prompt_logprobs_from > 1 ? q->prompt_logprobs_from : 1;
-    r->n_names = b->share && !shift && !b->draft ? (q->n_prompt - 1) / b->p.block : 0;
+    r->n_names = b->share && !shift ? (q->n_prompt - 1) / b->p.block : 0;
     if (q->prompt_logprobs && r->n_names > (lp_from - 1) / b->p.block) /* the rows scored are evaluated */
         r->n_names = (lp_from - 1) / b->p.block;
     if (r->n_names)
@@ -348,7 +357,7 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
             r->res->prompt_logprobs = malloc((size_t)q->n_prompt * sizeof *r->res->prompt_logprobs);
     }
     if (!r->res || !r->prompt || !r->blocks || !r->res->tokens || (shift && !r->window) ||
-        (r->n_names && !r->names) || (q->logprobs && !r->res->logprobs) ||
+        (r->n_names && !r->names) || (b->draft && !r->dblocks) || (q->logprobs && !r->res->logprobs) ||
         (q->prompt_logprobs && !r->res->prompt_logprobs)) {
         req_free(r);
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
@@ -432,6 +441,15 @@ static void start(iflow_batch *b, req *r, int m)
     r->n_named = r->n_marked = m;
     while (r->n_named < r->n_names && iflow_blocks_name(b->pool, r->blocks[r->n_named], &r->names[r->n_named]))
         r->n_named++;
+    if (b->dpool) /* the draft's cache shares nothing: it catches up from position 0 */
+        iflow_blocks_reserve(b->dpool, r->n_reserved);
+}
+
+/* With a draft: its cache's blocks for positions 0 .. end - 1 of r (reserved at admission). */
+static void hold_draft_blocks(iflow_batch *b, req *r, int end)
+{
+    for (int need = blocks_for(b, end); r->n_dheld < need;)
+        r->dblocks[r->n_dheld++] = iflow_blocks_take(b->dpool);
 }
 
 /* Start queued requests while there is room (arrival order: the first that does not fit
@@ -441,7 +459,8 @@ static int admit(iflow_batch *b)
     while (b->queue && b->n_running < b->p.parallel) {
         req *r = b->queue;
         int pins = 0, m = iflow_blocks_match(b->pool, r->names, r->n_names, &pins);
-        if (r->n_reserved - m + pins > iflow_blocks_room(b->pool))
+        if (r->n_reserved - m + pins > iflow_blocks_room(b->pool) ||
+            (b->dpool && r->n_reserved > iflow_blocks_room(b->dpool)))
             break;
         b->queue = r->next;
         if (!b->queue)
@@ -505,7 +524,9 @@ static int finish(iflow_batch *b, req *r, int why)
     b->done[(b->done_head + b->done_n++) % b->done_cap] = r->res;
     r->res = NULL;
     iflow_blocks_release(b->pool, r->blocks, r->n_held, r->n_left);
-    r->n_held = r->n_left = 0;
+    if (b->dpool)
+        iflow_blocks_release(b->dpool, r->dblocks, r->n_dheld, r->n_reserved - r->n_dheld);
+    r->n_held = r->n_left = r->n_dheld = 0;
     for (req **p = &b->running; *p; p = &(*p)->next)
         if (*p == r) {
             *p = r->next;
@@ -632,7 +653,7 @@ static int shift_context(iflow_batch *b, req *r)
         return rc;
     if (b->draft) {
         if (r->shift == IFLOW_SHIFT_ROPE && b->d_rotates && r->d_past >= r->keep + discard) {
-            if ((rc = iflow_kv_shift(b->dkv, r->blocks, r->d_past, r->keep, discard)) < 0)
+            if ((rc = iflow_kv_shift(b->dkv, r->dblocks, r->d_past, r->keep, discard)) < 0)
                 return rc;
             r->d_past -= discard;
         } else {
@@ -707,8 +728,10 @@ static int draft_phase(iflow_batch *b)
         r->n_prop = k > 0 ? k : 0;
         extra -= r->n_prop;
         max_k = r->n_prop > max_k ? r->n_prop : max_k;
-        if (r->n_prop)
+        if (r->n_prop) {
             hold_blocks(b, r, r->n_past + r->n_prop + 1);
+            hold_draft_blocks(b, r, r->n_past + r->n_prop);
+        }
     }
     for (;;) { /* catch up: the positions the model has and the draft has not */
         int n = 0, tokens = 0;
@@ -719,7 +742,7 @@ static int draft_phase(iflow_batch *b)
             chunk = chunk < IFLOW_MAX_STEP - tokens ? chunk : IFLOW_MAX_STEP - tokens;
             for (int i = 0; i < chunk; i++)
                 b->dids[tokens + i] = token_at(r, r->d_past + i);
-            seqs[n] = (iflow_step_seq){.ids = b->dids + tokens, .n = chunk, .pos0 = r->d_past, .table = r->blocks};
+            seqs[n] = (iflow_step_seq){.ids = b->dids + tokens, .n = chunk, .pos0 = r->d_past, .table = r->dblocks};
             who[n++] = r;
             tokens += chunk;
         }
@@ -737,7 +760,7 @@ static int draft_phase(iflow_batch *b)
                 continue;
             if (j == 0)
                 r->vids[0] = r->pending;
-            seqs[n] = (iflow_step_seq){.ids = &r->vids[j], .n = 1, .pos0 = r->n_past + j, .table = r->blocks};
+            seqs[n] = (iflow_step_seq){.ids = &r->vids[j], .n = 1, .pos0 = r->n_past + j, .table = r->dblocks};
             if (iflow_sampler_is_greedy(r->dsampler))
                 seqs[n].next = &r->vids[j + 1];
             else

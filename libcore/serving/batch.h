@@ -80,7 +80,8 @@ int  iflow_batch_set_comm(iflow_batch *b, struct iflow_comm *comm);
  * exactly those of decoding without a draft; sampled ones use speculative sampling's rule
  * (sampler.h's iflow_spec_verify), so their tokens are distributed as without a draft (the
  * draws differ), or, with accept_top_k > 0 or accept_top_p > 0, the flexible rule. The draft keeps its own paged
- * cache with the same block tables. Requests whose sampler draws from no fixed distribution
+ * cache with block tables of its own (never shared: a request that takes its prompt's prefix from
+ * the prefix cache has the draft evaluate it). Requests whose sampler draws from no fixed distribution
  * (mirostat, FSD) decode without proposals. With a context shift, the proposals stay inside the
  * context and a shift drops the same positions from the draft's cache (rotated like the model's, or
  * evaluated again from the kept tokens where the draft cannot rotate them).

@@ -19,6 +19,8 @@
  *     sampled requests with a draft give the same tokens alone and in a batch; a draft that
  *     holds fewer positions than the context is refused. (A draft of another vocabulary is
  *     refused too; no model of another vocabulary is small enough to test it here.)
+ *   - a draft with the prefix cache (requests sharing 32 positions of their prompts): greedy tokens
+ *     equal the model's without a draft and without the cache;
  *   - a draft with a context shift (rope and recompute; a context of 64, 300 and 350 tokens, two
  *     requests at once): greedy tokens equal the model's without a draft with the same shifts,
  *     as many shifts happen, and the draft saves steps.
@@ -154,7 +156,7 @@ static void test_dist(void)
 /* ---- the engine ----------------------------------------------------------------------------- */
 
 typedef struct {
-    int32_t prompt[8];
+    int32_t prompt[48];
     int n_prompt, max_tokens;
     float temp;
     uint64_t seed;
@@ -164,11 +166,13 @@ typedef struct {
 
 /* Run jobs[0..n) in one batch (parallel `par`, a context of n_ctx, a draft or none); tokens into
  * out + i * cap (n_out[i]). */
+static int no_prefix_cache; /* run_jobs' batches: 1 for the cache off */
+
 static int run_jobs(iflow_model *m, iflow_model *draft, int n_draft, const job *jobs, int n, int par, int n_ctx,
                     int32_t *out, int cap, int *n_out, iflow_batch_stats *st)
 {
     iflow_batch *b;
-    iflow_batch_params p = {.parallel = par, .n_ctx = n_ctx, .n_threads = 2};
+    iflow_batch_params p = {.parallel = par, .n_ctx = n_ctx, .n_threads = 2, .no_prefix_cache = no_prefix_cache};
     if (iflow_batch_open(&b, m, &p) < 0 || (draft && iflow_batch_set_draft(b, draft, n_draft, 0, 0) < 0)) {
         CHECK(0, "open: %s", iflow_errmsg());
         return -1;
@@ -235,6 +239,34 @@ static void shift_case(iflow_model *m, iflow_model *d, const char *what)
     }
 }
 
+/* A draft with the prefix cache: requests sharing a 40-token prefix (2 blocks of 16) take it from
+ * the cache while the draft's own cache evaluates it: the greedy tokens of no draft and no cache. */
+static void prefix_case(iflow_model *m, iflow_model *d, const char *what)
+{
+    const iflow_hparams *hp = iflow_model_hparams(m);
+    enum { NJ = 5 };
+    job jobs[NJ];
+    for (int i = 0; i < NJ; i++) {
+        jobs[i] = (job){.n_prompt = 40 + 1 + i, .max_tokens = 30 + 7 * i, .temp = i < 4 ? 0 : 0.9f, .seed = 7 + i};
+        for (int j = 0; j < jobs[i].n_prompt; j++)
+            jobs[i].prompt[j] = j == 0 ? hp->bos : j < 40 ? 3 + (j * 29) % 300 : 3 + (i * 13 + j) % 200;
+    }
+    static int32_t plain[NJ][96], spec[NJ][96];
+    int np[NJ], ns[NJ];
+    iflow_batch_stats s0, s1;
+    no_prefix_cache = 1;
+    int rc = run_jobs(m, NULL, 0, jobs, NJ, 3, 128, plain[0], 96, np, &s0);
+    no_prefix_cache = 0;
+    if (rc < 0 || run_jobs(m, d, 4, jobs, NJ, 3, 128, spec[0], 96, ns, &s1) < 0)
+        return;
+    for (int i = 0; i < 4; i++) /* greedy: the same tokens */
+        CHECK(np[i] == ns[i] && memcmp(plain[i], spec[i], sizeof(int32_t) * (size_t)np[i]) == 0,
+              "%s, prefix cache: greedy request %d differs with the draft (%d vs %d tokens)", what, i, ns[i], np[i]);
+    CHECK(s0.prompt_cached == 0 && s1.prompt_cached == (NJ - 1) * 32 && s1.accepted > 0,
+          "%s, prefix cache with a draft: %llu positions from the cache, %llu proposals accepted", what,
+          (unsigned long long)s1.prompt_cached, (unsigned long long)s1.accepted);
+}
+
 /* shifts: also shift_case() */
 static void engine_case(const char *target, const char *draft_path, const char *what, int shifts)
 {
@@ -280,6 +312,7 @@ static void engine_case(const char *target, const char *draft_path, const char *
     }
     if (shifts)
         shift_case(m, d, what);
+    prefix_case(m, d, what);
     iflow_model_close(d);
     iflow_model_close(m);
 }
