@@ -7,8 +7,7 @@
 
 #include "sampler.h"
 
-/* log-sum-exp of n logits, in double. */
-static double logsumexp(const float *x, int n)
+double iflow_logsumexp(const float *x, int n)
 {
     float mx = x[0];
     for (int i = 1; i < n; i++)
@@ -21,13 +20,13 @@ static double logsumexp(const float *x, int n)
 
 double iflow_logprob(const float *logits, int n_vocab, int32_t id)
 {
-    return (double)logits[id] - logsumexp(logits, n_vocab);
+    return (double)logits[id] - iflow_logsumexp(logits, n_vocab);
 }
 
 /* KL(P_base || P_model) for one position's logits. */
 static double kl_divergence(const float *base, const float *model, int n)
 {
-    double zb = logsumexp(base, n), zm = logsumexp(model, n), kl = 0;
+    double zb = iflow_logsumexp(base, n), zm = iflow_logsumexp(model, n), kl = 0;
     for (int i = 0; i < n; i++) {
         double lb = base[i] - zb;
         kl += exp(lb) * (lb - (model[i] - zm));

@@ -42,5 +42,7 @@ long iflow_ppl_windows(size_t n, const iflow_ppl_opts *o);
 
 /* log_softmax(logits)[id] in double precision. */
 double iflow_logprob(const float *logits, int n_vocab, int32_t id);
+/* log(sum(exp(x[0..n)))) in double, from the largest (log_softmax(x)[i] = x[i] minus it). */
+double iflow_logsumexp(const float *x, int n);
 
 #endif

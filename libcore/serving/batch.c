@@ -2,6 +2,7 @@
 #include "libcore/serving/batch.h"
 #include "libcore/base/error.h"
 #include "libcore/serving/blocks.h"
+#include "libcore/engine/ppl.h"
 #include "libcore/engine/stop.h"
 #include "kernels/cpu/kvcache.h"
 
@@ -574,13 +575,7 @@ static int ended(iflow_batch *b, req *r, int why) { return finish(b, r, why) < 0
 /* e = the log-probabilities at a position of logits [vocab]: token id's and the n_top largest. */
 static void logprob_of(const float *logits, int V, int32_t id, int n_top, iflow_token_logprob *e)
 {
-    float mx = logits[0];
-    for (int i = 1; i < V; i++)
-        mx = logits[i] > mx ? logits[i] : mx;
-    double sum = 0;
-    for (int i = 0; i < V; i++)
-        sum += exp((double)logits[i] - mx);
-    const double lse = mx + log(sum);
+    const double lse = iflow_logsumexp(logits, V);
     e->id = id;
     e->logprob = (float)(logits[id] - lse);
     e->n_top = 0;
