@@ -67,7 +67,7 @@ static int parse_object(iflow_request_fields *f, const json_t *js)
     const char *names[MAX_SAMPLING];
     char values[MAX_SAMPLING][64];
     const char *vals[MAX_SAMPLING];
-    int n = 0, rc, lp_given = 0, max_given = 0;
+    int n = 0, rc, lp_given = 0, max_given = 0, logprobs_given = 0;
     const char *key;
     json_t *v;
     json_object_foreach((json_t *)js, key, v)
@@ -107,6 +107,7 @@ static int parse_object(iflow_request_fields *f, const json_t *js)
                 return iflow_seterr(IFLOW_EINVAL, "field '%s' must be an integer from 0 to %d", key,
                                     IFLOW_MAX_TOP_LOGPROBS);
             *(key[0] == 'l' ? &f->logprobs : &f->prompt_logprobs) = 1 + (int)json_integer_value(v);
+            logprobs_given = 1;
         } else if (strcmp(key, "keep") == 0) {
             if (!json_is_integer(v) || json_integer_value(v) < -1 || json_integer_value(v) > (1 << 24))
                 return iflow_seterr(IFLOW_EINVAL, "field 'keep' must be an integer from -1 to %d", 1 << 24);
@@ -133,9 +134,11 @@ static int parse_object(iflow_request_fields *f, const json_t *js)
         return iflow_seterr(IFLOW_EINVAL, "field 'prompt' (a string) is missing");
     if (lp_given && !f->beams)
         return iflow_seterr(IFLOW_EINVAL, "field 'length_penalty' goes with 'beams'");
-    if (f->beams && (f->logprobs || f->prompt_logprobs || f->continuation))
+    if (f->beams && (logprobs_given || f->continuation))
         return iflow_seterr(IFLOW_EINVAL, "fields 'logprobs', 'prompt_logprobs' and 'continuation' do not go with "
                                           "'beams' (a beam's result has its log-probability)");
+    if (f->beams) /* the command line's defaults are for the other requests */
+        f->logprobs = f->prompt_logprobs = 0;
     if (f->continuation && !max_given)
         f->max_tokens = 0; /* score only */
     if (f->beams && f->context_shift)

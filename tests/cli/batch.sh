@@ -100,6 +100,12 @@ expect_eq "$(jq -c '[.prompt_logprobs[0].logprob, ([.prompt_logprobs[1:][] | .lo
 expect_eq "$(jq -r '[.logprobs[].token] | join("")' <<<"$out")" "$(jq -r .text <<<"$out")" \
     "the tokens' text is the text"
 
+# --logprobs is the requests' default, but not a beam request's (a beam has its log-probability)
+run bash -c "printf '%s\n' '{\"id\":\"b\",\"prompt\":\"Once\",\"max_tokens\":4,\"beams\":2}' \
+    '{\"id\":\"p\",\"prompt\":\"Once\",\"max_tokens\":2}' | $BIN/iflow-run -m '$TMP/s.ifs' --batch --logprobs 0"
+expect_eq "$(jq -c '[.id, (.logprobs | length), has("beams")]' <<<"$out" | sort | tr '\n' ' ')" '["b",0,true] ["p",2,false] ' \
+    "--logprobs: the default of plain requests, not of beam ones"
+
 # ---- scoring continuations (an evaluation's multiple choice): the sum of the continuation's
 # log-probabilities, whether it is the greedy one; the same with the context from the prefix cache ----
 ctx='Once upon a time, there was a little girl named Lily. She loved to play outside in the sun. One day, she'
