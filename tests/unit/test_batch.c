@@ -354,12 +354,76 @@ static void prefix_cache(const char *path, float temp, int kv_type)
     iflow_model_close(m);
 }
 
+/* Random batches over prefixes of three prompts: blocks of 4, 8 or 16, 1 to 6 requests at once,
+ * caches with a few blocks to spare (idle ones evicted all the time), requests joining between
+ * steps, six rounds; every request's tokens those of the cache off, one at a time. */
+static void prefix_stress(const char *path)
+{
+    iflow_model *m;
+    if (iflow_model_open(&m, path, 0) < 0) {
+        CHECK(0, "open %s: %s", path, iflow_errmsg());
+        return;
+    }
+    const int V = iflow_model_hparams(m)->vocab_size;
+    enum { NS = 48 };
+    static tcase ref[NS], got[NS];
+    int32_t base[3][64];
+    for (int k = 0; k < 3; k++)
+        for (int j = 0; j < 64; j++)
+            base[k][j] = j == 0 ? 1 : (int32_t)(rnd_u32() % (uint32_t)(V - 3)) + 3;
+    for (int round = 0; round < 6 && check_failed_ == 0; round++) {
+        int biggest = 0;
+        for (int i = 0; i < NS; i++) {
+            tcase *t = &ref[i];
+            memset(t, 0, sizeof *t);
+            int cut = 1 + (int)(rnd_u32() % 56), own = (int)(rnd_u32() % 8);
+            memcpy(t->prompt, base[rnd_u32() % 3], sizeof(int32_t) * (size_t)cut);
+            for (int j = cut; j < cut + own; j++)
+                t->prompt[j] = (int32_t)(rnd_u32() % (uint32_t)(V - 3)) + 3;
+            t->n_prompt = cut + own;
+            t->max_tokens = 1 + (int)(rnd_u32() % 40);
+            t->sp = (iflow_sampler_params){.temp = rnd_u32() % 2 ? 0.8f : 0, .top_k = 40, .seed = 900 + (uint64_t)i};
+            biggest = t->n_prompt + t->max_tokens > biggest ? t->n_prompt + t->max_tokens : biggest;
+        }
+        tcase *sets[2] = {ref, got};
+        memcpy(got, ref, sizeof got);
+        const int block = 4 << (round % 3);
+        iflow_batch_params off = {.parallel = 1, .n_ctx = 128, .n_threads = 1, .no_prefix_cache = 1};
+        iflow_batch_params on = {.parallel = 1 + (int)(rnd_u32() % 6), .n_ctx = 128, .block = block,
+                                 .n_blocks = (biggest + block - 1) / block + (int)(rnd_u32() % 6),
+                                 .step_tokens = 8 + (int)(rnd_u32() % 40), .n_threads = 2};
+        iflow_batch_stats st[2];
+        /* N_REQ requests a run: the cases in runs of N_REQ */
+        for (int k = 0; k < 2; k++)
+            for (int i = 0; i + N_REQ <= NS; i += N_REQ) {
+                iflow_batch_stats one;
+                if (run_cases(m, sets[k] + i, k ? &on : &off, k, &one) < 0)
+                    break;
+                st[k] = one;
+            }
+        int same = 0;
+        for (int i = 0; i < NS - NS % N_REQ; i++)
+            same += got[i].n_out == ref[i].n_out && got[i].finish == ref[i].finish &&
+                    !memcmp(got[i].out, ref[i].out, sizeof(int32_t) * (size_t)ref[i].n_out);
+        CHECK(same == NS - NS % N_REQ, "%s, round %d (blocks of %d, parallel %d, %d blocks): %d of %d the same",
+              path, round, block, on.parallel, on.n_blocks, same, NS - NS % N_REQ);
+        CHECK(st[1].prompt_cached > 0, "%s, round %d: nothing from the cache", path, round);
+        if (getenv("BATCH_SHOW"))
+            fprintf(stderr, "stress round %d: blocks of %d, parallel %d, %d blocks, %d tokens a step: %llu prompt "
+                    "positions evaluated, %llu from the cache, %d idle at the end\n", round, block, on.parallel,
+                    on.n_blocks, on.step_tokens, (unsigned long long)st[1].prompt,
+                    (unsigned long long)st[1].prompt_cached, st[1].blocks_idle);
+    }
+    iflow_model_close(m);
+}
+
 static void test_prefix_cache(void)
 {
     prefix_cache(s260, 0.0f, IFK_KV_F32);
     prefix_cache(s260, 0.8f, IFK_KV_F32);
     prefix_cache(xs, 0.0f, IFK_KV_F32);
     prefix_cache(xs, 0.9f, IFK_KV_Q8);
+    prefix_stress(s260);
 }
 
 /* ---- log-probabilities ------------------------------------------------------------------------ */
