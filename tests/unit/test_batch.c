@@ -505,7 +505,8 @@ static void test_logprobs(void)
     CHECK(ok, "prompt log-probabilities: ids, tops in order");
     CHECK(worst <= 1e-4, "prompt log-probabilities: max |diff| %.3g from the float64 reference > 1e-4", worst);
     if (getenv("BATCH_SHOW"))
-        fprintf(stderr, "prompt log-probabilities of 255 positions: max |diff| %.3g from the float64 reference\n", worst);
+        fprintf(stderr, "prompt log-probabilities of 255 positions: max |diff| %.3g from the float64 reference\n",
+                worst);
     CHECK(r && r->n_tokens == 8, "8 tokens");
     for (int i = 0; r && i < r->n_tokens; i++) /* greedy: each token is the most likely one */
         CHECK(r->logprobs[i].id == r->tokens[i] && r->logprobs[i].n_top == 2 &&
