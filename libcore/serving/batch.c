@@ -35,11 +35,11 @@ typedef struct req {
     int32_t vnext[IFLOW_MAX_DRAFT + 1]; /* greedy: the model's argmax after each row        */
     float *q;                     /* sampled: [n_draft][vocab] the draft's distributions   */
     int32_t pending;              /* DECODE: the last drawn token, not yet in the cache    */
-    int32_t *blocks;              /* [n_reserved] block table (n_held filled)              */
+    int32_t *blocks;              /* [n_reserved] block table (n_held filled, shared ones too:
+                                   * n_reserved - n_held are still reserved, not yet taken) */
     int n_reserved, n_held;
     int32_t *dblocks;             /* with a draft: [n_reserved] its cache's table (n_dheld filled) */
     int n_dheld;
-    int n_left;                   /* blocks reserved for r alone and not taken yet         */
     /* prefix caching (blocks.h): the prompt's full blocks before its last token */
     iflow_block_name *names;      /* [n_names] their names; n_names 0: r shares nothing     */
     int n_names;
@@ -418,13 +418,15 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
     return 0;
 }
 
-/* Blocks for positions 0 .. end - 1 of r, taken from the pool (reserved at admission). */
-static void hold_blocks(iflow_batch *b, req *r, int end)
+/* table[*n_held ..] filled from pool (from its reservation) to cover positions 0 .. end - 1. */
+static void take_blocks(const iflow_batch *b, iflow_blocks *pool, int32_t *table, int *n_held, int end)
 {
-    int need = blocks_for(b, end);
-    for (; r->n_held < need; r->n_left--)
-        r->blocks[r->n_held++] = iflow_blocks_take(b->pool);
+    for (int need = blocks_for(b, end); *n_held < need;)
+        table[(*n_held)++] = iflow_blocks_take(pool);
 }
+
+/* Blocks of r's table for positions 0 .. end - 1. */
+static void hold_blocks(iflow_batch *b, req *r, int end) { take_blocks(b, b->pool, r->blocks, &r->n_held, end); }
 
 /* r starts: it shares the blocks of its prompt's longest prefix that the cache holds (their
  * positions are not evaluated again), reserves the rest, and names the other full blocks of
@@ -434,8 +436,7 @@ static void start(iflow_batch *b, req *r, int m)
 {
     iflow_blocks_share(b->pool, r->names, m, r->blocks);
     r->n_held = r->n_shared = m;
-    r->n_left = r->n_reserved - m;
-    iflow_blocks_reserve(b->pool, r->n_left);
+    iflow_blocks_reserve(b->pool, r->n_reserved - m);
     r->n_done = r->n_past = m * b->p.block;
     b->st.prompt_cached += (uint64_t)r->n_done;
     hold_blocks(b, r, r->n_names * b->p.block);
@@ -446,11 +447,10 @@ static void start(iflow_batch *b, req *r, int m)
         iflow_blocks_reserve(b->dpool, r->n_reserved);
 }
 
-/* With a draft: its cache's blocks for positions 0 .. end - 1 of r (reserved at admission). */
+/* With a draft: its cache's blocks for positions 0 .. end - 1 of r. */
 static void hold_draft_blocks(iflow_batch *b, req *r, int end)
 {
-    for (int need = blocks_for(b, end); r->n_dheld < need;)
-        r->dblocks[r->n_dheld++] = iflow_blocks_take(b->dpool);
+    take_blocks(b, b->dpool, r->dblocks, &r->n_dheld, end);
 }
 
 /* Start queued requests while there is room (arrival order: the first that does not fit
@@ -524,10 +524,10 @@ static int finish(iflow_batch *b, req *r, int why)
     r->res->t_done = now();
     b->done[(b->done_head + b->done_n++) % b->done_cap] = r->res;
     r->res = NULL;
-    iflow_blocks_release(b->pool, r->blocks, r->n_held, r->n_left);
+    iflow_blocks_release(b->pool, r->blocks, r->n_held, r->n_reserved - r->n_held);
     if (b->dpool)
         iflow_blocks_release(b->dpool, r->dblocks, r->n_dheld, r->n_reserved - r->n_dheld);
-    r->n_held = r->n_left = r->n_dheld = 0;
+    r->n_held = r->n_dheld = 0;
     for (req **p = &b->running; *p; p = &(*p)->next)
         if (*p == r) {
             *p = r->next;
