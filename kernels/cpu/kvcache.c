@@ -196,8 +196,9 @@ static inline float h2f(uint16_t h)
 }
 
 /* *out = h2f of 16 halves at once (their bits in the low 16 bits of each lane of h). */
-static inline __attribute__((always_inline)) void h2f16(kv_f16x *out, kv_i16x h)
+static inline __attribute__((always_inline)) void h2f16(kv_f16x *out, const kv_i16x *hp)
 {
+    const kv_i16x h = *hp;
     const kv_i16x a = h & 0x7fff, m = h & 0x3ff, s = (h & 0x8000) << 16;
     const kv_i16x normal = s | ((a << 13) + (112 << 23)), e0 = a < 0x400, e31 = a >= 0x7c00;
     const kv_i16x special = s | 0x7f800000 | (m << 13) | ((m != 0) & 0x400000);
@@ -655,7 +656,7 @@ static inline __attribute__((always_inline)) void q8_scales(float *sc, const voi
             h[j] = x;
         }
     kv_f16x f;
-    h2f16(&f, h);
+    h2f16(&f, &h);
     memcpy(sc, &f, sizeof f);
 }
 
