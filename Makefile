@@ -263,6 +263,9 @@ demo: deps
 	bin/iflow-convert --info build/stories260K.ifs | head -n 12
 	bin/iflow-run -m build/stories260K.ifs -p "Once upon a time" -n 96 --temp 0.8 --top-p 0.9 --seed 42 --echo -v
 	@echo
+	@echo "== a real instruct model (SmolLM2-135M-Instruct), its chat template from the GGUF:"
+	bin/iflow-run -m $(IFLOW_TEST_DATA)/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf --chat \
+	  -p "What is the capital of France?" -n 64 --temp 0
 
 # ---- tests -----------------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@
 #include "libcore/base/error.h"
 #include "libcore/serving/batch.h"
 #include "libcore/serving/beam.h"
+#include "libcore/serving/chat.h"
 #include "libcore/serving/metrics.h"
 #include "libcore/serving/request.h"
 #include "libcore/tokenizers/tokenizer.h"
@@ -205,6 +206,23 @@ static void item_fail(item *it, const char *fmt, ...)
         it->error = strdup(buf);
 }
 
+/* A chat request's prompt: its messages through the chat template, into it->f.prompt. */
+static int chat_prompt(const reader *rd, item *it)
+{
+    if (!rd->o->chat)
+        return iflow_seterr(IFLOW_EINVAL, "field 'messages' needs a chat template: %s", rd->o->chat_error);
+    return iflow_chat_render(rd->o->chat, it->f.messages, it->f.chat_vars, it->f.add_generation_prompt, &it->f.prompt,
+                             &it->f.prompt_len);
+}
+
+/* Tokens of a request's text: a chat's as the template made it (chat.h), else with the BOS. */
+static int encode(const reader *rd, const item *it, const char *text, size_t len, int32_t **ids, size_t *n)
+{
+    if (it->f.messages)
+        return iflow_chat_encode(rd->o->chat, text, len, ids, n);
+    return iflow_tokenizer_encode(iflow_model_tokenizer(rd->m), text, len, IFLOW_TOK_ADD_BOS, ids, n);
+}
+
 /* One line -> one item (a request, or an error to report). */
 static item *parse_line(const reader *rd, const char *line, size_t len, long line_no)
 {
@@ -227,10 +245,13 @@ static item *parse_line(const reader *rd, const char *line, size_t len, long lin
                          .logprobs = it->f.logprobs, .prompt_logprobs = it->f.prompt_logprobs};
     for (int i = 0; i < it->f.n_stop; i++)
         q->stop[i] = it->f.stop[i];
+    if (it->f.messages && chat_prompt(rd, it) < 0) {
+        item_fail(it, "%s", iflow_errmsg());
+        return it;
+    }
     int32_t *ids;
     size_t n;
-    const iflow_tokenizer *tok = iflow_model_tokenizer(rd->m);
-    if (iflow_tokenizer_encode(tok, it->f.prompt, it->f.prompt_len, IFLOW_TOK_ADD_BOS, &ids, &n) < 0) {
+    if (encode(rd, it, it->f.prompt, it->f.prompt_len, &ids, &n) < 0) {
         item_fail(it, "%s", iflow_errmsg());
         return it;
     }
@@ -245,7 +266,7 @@ static item *parse_line(const reader *rd, const char *line, size_t len, long lin
         }
         memcpy(both, it->f.prompt, it->f.prompt_len);
         memcpy(both + it->f.prompt_len, it->f.continuation, it->f.continuation_len + 1);
-        int rc = iflow_tokenizer_encode(tok, both, total, IFLOW_TOK_ADD_BOS, &ids, &n);
+        int rc = encode(rd, it, both, total, &ids, &n);
         free(both);
         if (rc < 0) {
             item_fail(it, "%s", iflow_errmsg());

@@ -27,6 +27,8 @@ typedef struct {
     float draft_top_p;
     int gpu_graphs;              /* IFLOW_GRAPHS_* (--gpu-graphs, --no-gpu-graphs) */
     const char *model;           /* for messages */
+    const struct iflow_chat *chat; /* the chat template for requests with "messages", or NULL */
+    const char *chat_error;      /* then why there is none (said to such a request) */
 } batch_opts;
 
 /* Run every request of standard input; returns the exit status (0; 1 when a result could not

@@ -114,6 +114,16 @@ static void print_tokenizer(const json_t *d)
     putchar('\n');
 }
 
+/* "chat template: from tokenizer_config.json, 1234 bytes", when the shard has one. */
+static void print_chat_template(const json_t *d, const iflow_shard *sh)
+{
+    const char *record = json_string_value(json_object_get(d, "record")),
+               *from = json_string_value(json_object_get(d, "from"));
+    const iflow_shard_rec *r = record ? iflow_shard_find(sh, record) : NULL;
+    if (r)
+        printf("chat template: from %s, %zu bytes\n", from ? from : "?", r->nbytes);
+}
+
 static void print_blocks_hparams(const json_t *blocks, const json_t *hp)
 {
     const char *k;
@@ -201,6 +211,7 @@ static int info(const char *path, int as_json)
         printf("spec: %s\n", json_string_value(json_object_get(meta, "spec")));
         print_blocks_hparams(json_object_get(meta, "blocks"), json_object_get(meta, "hparams"));
         print_tokenizer(json_object_get(meta, "tokenizer"));
+        print_chat_template(json_object_get(meta, "chat_template"), sh);
         print_quantization(json_object_get(meta, "quantization"));
         printf("%-6s %-32s %-6s %-16s %12s %12s  %s\n", "kind", "name", "type", "shape", "offset", "bytes", "xxh64");
         for (size_t i = 0; i < json_array_size(tensors); i++) {

@@ -14,6 +14,7 @@
 #include "libcore/serving/batch.h"
 #include "libcore/serving/beam.h"
 #include "libcore/engine/stop.h"
+#include "libcore/serving/chat.h"
 #include "libcore/tokenizers/tokenizer.h"
 
 #include <jansson.h>
@@ -32,7 +33,7 @@ enum {
     /* sampling: set through iflow_sampler_params_set() by their long names */
     O_SAMPLER, O_MINP, O_TYPICAL, O_TFS, O_MIROSTAT_TAU, O_MIROSTAT_ETA, O_REPEAT_PENALTY, O_REPEAT_LAST_N,
     O_FREQUENCY_PENALTY, O_PRESENCE_PENALTY, O_FSD_ALPHA, O_FSD_K, O_FSD_N, O_FSD_BETA, O_FSD_RANDOM_STEPS,
-    O_EMBED, O_TRANSLATE, O_DECODER_PREFIX, O_SOURCE_PREFIX,
+    O_EMBED, O_TRANSLATE, O_DECODER_PREFIX, O_SOURCE_PREFIX, O_CHAT, O_SYSTEM, O_CHAT_TEMPLATE,
 };
 
 static const iflow_opt opts[] = {
@@ -40,6 +41,9 @@ static const iflow_opt opts[] = {
     {O_PROMPT, "prompt", 'p', "TEXT", "generate from TEXT (default: one prompt per line of standard input)", NULL},
     {O_NPREDICT, "n-predict", 'n', "N", "generate at most N tokens per prompt (default 128)", NULL},
     {O_STOP, "stop", 0, "TEXT", "end a continuation where TEXT appears, TEXT not printed (repeatable)", NULL},
+    {O_CHAT, "chat", 0, NULL, "each prompt is a user's message: the model's chat template (from its checkpoint) makes it a conversation and the assistant's reply is generated", NULL},
+    {O_SYSTEM, "system", 0, "TEXT", "with --chat: a system message before each user message", NULL},
+    {O_CHAT_TEMPLATE, "chat-template", 0, "FILE", "the chat template (Jinja, as Hugging Face's chat_template) for --chat and --batch's \"messages\" instead of the model's", "file"},
     {O_SAMPLER, "sampler", 0, "NAME", "chain (default: every cut set), greedy, top-k, top-p, min-p, typical, tfs (that cut alone), mirostat, mirostat2, fsd or rfsd", "chain greedy top-k top-p min-p typical tfs mirostat mirostat2 fsd rfsd"},
     {O_TEMP, "temp", 0, "T", "sampling temperature; 0 is greedy (default 0.8)", NULL},
     {O_TOPK, "top-k", 0, "K", "sample from the K most likely tokens; 0 for all (default 40)", NULL},
@@ -117,6 +121,9 @@ typedef struct {
     float length_penalty;
     int translate, n_given;
     const char *decoder_prefix, *source_prefix;
+    int chat;                 /* --chat */
+    const char *system;       /* --system TEXT, or NULL */
+    const char *chat_template; /* --chat-template FILE, or NULL */
     const char *metrics;
     const char *comm;     /* --comm: auto, mpi or nccl */
     device_opts dev;
@@ -198,6 +205,7 @@ typedef struct {
     const run_opts *o;
     const iflow_model *m;
     const iflow_tokenizer *tok;
+    const iflow_chat *chat;       /* --chat: the template, or NULL */
     iflow_batch *b;
     char *acc;                    /* --json: the text so far */
     size_t acc_len;
@@ -277,13 +285,34 @@ static void generate_beams(generator *g, const char *prompt, size_t prompt_len, 
     iflow_beams_free(bs, nb);
 }
 
+/* --chat: the conversation of one prompt ([--system's message,] the prompt as the user's) through
+ * the template, into *text (malloc'd). */
+static void chat_text(const generator *g, const char *prompt, size_t prompt_len, char **text, size_t *len)
+{
+    json_t *msgs = json_array(), *user = json_pack("{s:s, s:s%}", "role", "user", "content", prompt, prompt_len);
+    if (!user)
+        die(&tool, "prompt is not valid UTF-8, so it cannot be a chat message");
+    if (g->o->system)
+        json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content", g->o->system));
+    json_array_append_new(msgs, user);
+    if (iflow_chat_render(g->chat, msgs, NULL, 1, text, len) < 0)
+        die(&tool, NULL);
+    json_decref(msgs);
+}
+
 /* Generate the continuation of one prompt; prints it (or its JSON line). */
 static void generate(generator *g, const char *prompt, size_t prompt_len)
 {
     const run_opts *o = g->o;
     int32_t *ids;
     size_t n_ids;
-    if (iflow_tokenizer_encode(g->tok, prompt, prompt_len, IFLOW_TOK_ADD_BOS, &ids, &n_ids) < 0)
+    char *chat = NULL;
+    if (g->chat) { /* what the model continues, and what --echo and --json show: the conversation */
+        chat_text(g, prompt, prompt_len, &chat, &prompt_len);
+        prompt = chat;
+    }
+    if ((g->chat ? iflow_chat_encode(g->chat, prompt, prompt_len, &ids, &n_ids)
+                 : iflow_tokenizer_encode(g->tok, prompt, prompt_len, IFLOW_TOK_ADD_BOS, &ids, &n_ids)) < 0)
         die(&tool, NULL);
     if (n_ids == 0)
         die(&tool, "prompt is empty and the tokenizer adds no beginning-of-sequence token");
@@ -296,6 +325,7 @@ static void generate(generator *g, const char *prompt, size_t prompt_len)
         putchar('\n');
         fflush(stdout);
         free(ids);
+        free(chat);
         return;
     }
     iflow_result *r = NULL;
@@ -342,6 +372,7 @@ static void generate(generator *g, const char *prompt, size_t prompt_len)
     fflush(stdout);
     iflow_result_free(r);
     free(ids);
+    free(chat);
 }
 
 static void generate_line(void *g, const char *line, size_t len) { generate(g, line, len); }
@@ -368,6 +399,23 @@ static void check_generates(const iflow_model *m, const char *path)
                    "prompt", path);
 }
 
+/* The chat template: --chat-template's file, else the model's. Without `required`, a model with
+ * none (or with one that does not parse) gives NULL, and why[] says it (for the requests that need
+ * it); a --chat-template file that cannot be read or parsed is always an error. */
+static iflow_chat *open_chat(const run_opts *o, const iflow_model *m, int required, char *why, size_t cap)
+{
+    iflow_chat *c;
+    if (iflow_chat_open_as(&c, m, o->chat_template, o->model) == 0) {
+        if (o->verbose)
+            fprintf(stderr, "%s: chat: %s\n", tool.name, iflow_chat_source(c));
+        return c;
+    }
+    if (required || o->chat_template)
+        die(&tool, NULL);
+    snprintf(why, cap, "%s", iflow_errmsg());
+    return NULL;
+}
+
 /* --batch and --dry-run: the continuous-batching engine (cmd/batch.c). */
 static int run_batch(const run_opts *o)
 {
@@ -389,14 +437,19 @@ static int run_batch(const run_opts *o)
                     .metrics = o->metrics, .model = o->model, .progress = o->progress,
                     .gpu_graphs = o->dev.gpu_graphs};
     int rc;
+    char why[512];
+    iflow_chat *chat = NULL;
     if (o->dry_run) {
         rc = batch_dry_run(&tool, m, &b);
     } else {
+        b.chat = chat = open_chat(o, m, 0, why, sizeof why);
+        b.chat_error = why;
         placed pl, dpl;
         devices_place(&tool, m, &o->dev, &pl);
         iflow_model *d = o->draft ? open_draft(o, &dpl) : NULL;
         b.draft = d, b.draft_n = o->draft_n, b.draft_top_k = o->draft_top_k, b.draft_top_p = o->draft_top_p;
         rc = batch_run(&tool, m, &b);
+        iflow_chat_close(chat);
         if (d) {
             iflow_model_close(d);
             devices_release(&dpl);
@@ -433,6 +486,8 @@ static int run(const run_opts *o)
     g.m = m;
     if (!(g.tok = iflow_model_tokenizer(m)))
         die(&tool, "model '%s' has no tokenizer", o->model);
+    iflow_chat *chat = o->chat ? open_chat(o, m, 1, NULL, 0) : NULL;
+    g.chat = chat;
     placed pl, dpl;
     devices_place(&tool, m, &o->dev, &pl);
     iflow_comm *nccl = comm || nccl_alone ? devices_comm_nccl(&tool, o->comm, comm, m, &pl, o->verbose) : NULL;
@@ -479,6 +534,7 @@ static int run(const run_opts *o)
                 st.drafted ? 100.0 * (double)st.accepted / (double)st.drafted : 0.0,
                 st.steps ? (double)st.generated / (double)st.steps : 0.0, g.n_gen_tokens / (g.t_gen > 0 ? g.t_gen : 1));
     iflow_sampler_close(chain);
+    iflow_chat_close(chat);
     free(g.acc);
     iflow_batch_close(g.b);
     if (draft) {
@@ -541,6 +597,9 @@ int main(int argc, char **argv)
         case O_TRANSLATE: o.translate = 1; break;
         case O_DECODER_PREFIX: o.decoder_prefix = arg; break;
         case O_SOURCE_PREFIX: o.source_prefix = arg; break;
+        case O_CHAT: o.chat = 1; break;
+        case O_SYSTEM: o.system = arg; break;
+        case O_CHAT_TEMPLATE: o.chat_template = arg; break;
         case O_BOS: o.bos = 1; break;
         case O_PARSE_SPECIAL: o.parse_special = 1; break;
         case O_VERBOSE: o.verbose = 1; break;
@@ -625,6 +684,13 @@ int main(int argc, char **argv)
     if ((o.kv_type || o.no_prefix_cache) && (o.embed || o.translate))
         die_usage(&tool, "--%s goes with generation, not with --%s", o.kv_type ? "kv-type" : "no-prefix-cache",
                   o.embed ? "embed" : "translate");
+    if (o.system && !o.chat)
+        die_usage(&tool, "--system goes with --chat");
+    if (o.chat && (o.batch || o.dry_run || o.tokenize || o.embed || o.translate))
+        die_usage(&tool, "--chat goes with none of --batch (give \"messages\" in a request), --dry-run, --tokenize, "
+                         "--embed, --translate");
+    if (o.chat_template && !o.chat && !o.batch)
+        die_usage(&tool, "--chat-template goes with --chat or --batch");
     if ((o.decoder_prefix || o.source_prefix) && !o.translate)
         die_usage(&tool, "--%s goes with --translate", o.decoder_prefix ? "decoder-prefix" : "source-prefix");
     if (o.translate && (o.embed || o.batch || o.dry_run || o.tokenize || o.draft || o.n_stops || o.echo || so.n ||

@@ -403,6 +403,25 @@ IFLOW_API void iflow_generate_params_default(iflow_generate_params *p);
 IFLOW_API int iflow_generate(const iflow_model *m, const char *prompt, const iflow_generate_params *p,
                              iflow_result **out);
 
+/* ---- chat ------------------------------------------------------------------------------------
+ *
+ * A conversation made into prompt tokens by a chat template (the Jinja template a Hugging Face
+ * checkpoint carries), as transformers' apply_chat_template(tokenize=True) does. */
+
+typedef struct iflow_chat iflow_chat;
+
+/* The chat template of model m (its checkpoint's: a GGUF's tokenizer.chat_template, a model
+ * directory's chat_template.jinja or tokenizer_config.json "chat_template"), or with
+ * template_path non-NULL that file's. IFLOW_ENOTFOUND when the model has none. */
+IFLOW_API int  iflow_chat_open(iflow_chat **out, const iflow_model *m, const char *template_path);
+IFLOW_API void iflow_chat_close(iflow_chat *c);
+/* The prompt tokens of a conversation: messages_json is the JSON text of a list of messages,
+ * [{"role": "system" | "user" | "assistant" | ..., "content": "..."}, ...]; with
+ * add_generation_prompt the template opens the assistant's reply. *ids is malloc'd. Give them
+ * to iflow_batch_add() (iflow_request.prompt); the reply ends at the model's end-of-turn token. */
+IFLOW_API int iflow_chat_tokens(const iflow_chat *c, const char *messages_json, size_t len, int add_generation_prompt,
+                                int32_t **ids, size_t *n_ids);
+
 /* ---- perplexity ----------------------------------------------------------------------------
  *
  * IFLOW_PPL_WINDOWS: non-overlapping windows of n_ctx-1 text tokens, each after a BOS from an

@@ -37,6 +37,9 @@ typedef struct {
                                        rows of whole[i] (NAME[A:B/P]); gathered by the payload */
     iflow_tokrec tok;               /* the tokenizer's files, or a GGUF's vocabulary (vocab)  */
     void *vocab;                    /* malloc'd: a GGUF source's vocabulary, or NULL          */
+    char *chat;                     /* malloc'd: the chat template (a Jinja text), or NULL    */
+    size_t chat_len;
+    const char *chat_from;          /* where it was found (meta's "chat_template.from")      */
 } job;
 
 /* ---- the source: one of two readers ---- */
@@ -362,6 +365,8 @@ static json_t *build_meta(job *j)
     json_t *tok = iflow_tokrec_describe(&j->tok);
     if (tok)
         json_object_set_new(meta, "tokenizer", tok);
+    if (j->chat)
+        json_object_set_new(meta, "chat_template", json_pack("{s:s, s:s}", "record", "chat_template", "from", j->chat_from));
     const json_t *gen = j->dir ? iflow_hfdir_generation_config(j->dir) : NULL;
     if (gen)
         json_object_set(meta, "generation", (json_t *)gen);
@@ -387,6 +392,66 @@ static int find_tokenizer(job *j)
     return rc;
 }
 
+#define MAX_CHAT_TEMPLATE (1u << 20)
+
+static int keep_chat(job *j, const char *text, size_t len, const char *from)
+{
+    if (len > MAX_CHAT_TEMPLATE)
+        return iflow_seterr(IFLOW_ERANGE, "chat template of '%s' (%s) is %zu bytes, more than %u", src_path(j), from,
+                            len, MAX_CHAT_TEMPLATE);
+    if (!(j->chat = malloc(len + 1)))
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory copying the chat template of '%s'", src_path(j));
+    memcpy(j->chat, text, len);
+    j->chat[len] = 0;
+    j->chat_len = len;
+    j->chat_from = from;
+    return 0;
+}
+
+/* tokenizer_config.json's "chat_template": a string, or a list of {"name", "template"} of which
+ * the one named "default" (else the first) is taken, as transformers does without a name. */
+static int chat_from_config(job *j, const json_t *tc)
+{
+    const json_t *v = json_object_get(tc, "chat_template"), *pick = NULL;
+    if (!v || json_is_null(v))
+        return 0;
+    if (json_is_array(v)) {
+        for (size_t i = json_array_size(v); i-- > 0;) {
+            const char *name = json_string_value(json_object_get(json_array_get(v, i), "name"));
+            if (i == 0 || (name && strcmp(name, "default") == 0)) {
+                pick = json_object_get(json_array_get(v, i), "template");
+                break;
+            }
+        }
+    } else
+        pick = v;
+    if (!json_is_string(pick))
+        return iflow_seterr(IFLOW_EFORMAT, "'chat_template' in '%s/tokenizer_config.json' is not a string or a list of "
+                            "{\"name\", \"template\"}", src_path(j));
+    return keep_chat(j, json_string_value(pick), json_string_length(pick), "tokenizer_config.json");
+}
+
+/* The chat template, if the source has one: a GGUF's tokenizer.chat_template; a directory's
+ * chat_template.jinja, else its tokenizer_config.json's "chat_template". None is no error. */
+static int find_chat_template(job *j)
+{
+    const char *text;
+    size_t len;
+    if (j->gguf) {
+        int rc = iflow_ggufsrc_chat_template(j->gguf, &text, &len);
+        return rc == IFLOW_ENOTFOUND ? 0 : rc < 0 ? rc : keep_chat(j, text, len, "tokenizer.chat_template");
+    }
+    char path[4096], *data;
+    snprintf(path, sizeof path, "%s/chat_template.jinja", iflow_hfdir_path(j->dir));
+    int rc = iflow_read_file(path, MAX_CHAT_TEMPLATE, &data, &len);
+    if (rc == IFLOW_ENOTFOUND)
+        return j->o->flags & IFLOW_CONVERT_SYNTHETIC ? 0 : chat_from_config(j, iflow_hfdir_tokenizer_config(j->dir));
+    if (rc == 0)
+        rc = keep_chat(j, data, len, "chat_template.jinja");
+    free(data);
+    return rc;
+}
+
 static int write_header_records(job *j, iflow_shard_writer *w)
 {
     json_t *meta = build_meta(j);
@@ -395,6 +460,8 @@ static int write_header_records(job *j, iflow_shard_writer *w)
     int rc = text ? iflow_shard_write_blob(w, "meta", text, strlen(text)) : iflow_seterr(IFLOW_ENOMEM, "out of memory");
     if (rc == 0)
         rc = iflow_tokrec_write(&j->tok, w);
+    if (rc == 0 && j->chat)
+        rc = iflow_shard_write_blob(w, "chat_template", j->chat, j->chat_len);
     free(text);
     return rc;
 }
@@ -572,7 +639,8 @@ static int open_resolved(job *j, const char *src, int hfdir_flags)
 static int prepare(job *j, const char *src)
 {
     int synth = j->o->flags & IFLOW_CONVERT_SYNTHETIC, rc;
-    if ((rc = open_resolved(j, src, synth ? IFLOW_HFDIR_CONFIG_ONLY : 0)) < 0 || (rc = find_tokenizer(j)) < 0)
+    if ((rc = open_resolved(j, src, synth ? IFLOW_HFDIR_CONFIG_ONLY : 0)) < 0 || (rc = find_tokenizer(j)) < 0 ||
+        (rc = find_chat_template(j)) < 0)
         return rc;
     if ((rc = iflow_hparams_from_json(&j->hp, j->resolved, src)) < 0 ||
         (rc = iflow_model_tensors(&j->hp, &j->reqs, &j->n_reqs)) < 0)
@@ -593,6 +661,7 @@ static void job_close(job *j)
     free(j->row0);
     free(j->period);
     free(j->vocab);
+    free(j->chat);
     free(j->reqs);
     json_decref(j->resolved);
     iflow_spec_close(j->spec);

@@ -467,6 +467,13 @@ int iflow_ggufsrc_tokenizer(const iflow_ggufsrc *s, void **blob, size_t *len)
     return 0;
 }
 
+int iflow_ggufsrc_chat_template(const iflow_ggufsrc *s, const char **text, size_t *len)
+{
+    if (iflow_gguf_find_key(s->g, "tokenizer.chat_template") < 0)
+        return IFLOW_ENOTFOUND;
+    return iflow_gguf_get_str(s->g, "tokenizer.chat_template", text, len);
+}
+
 int iflow_ggufsrc_payload(const iflow_ggufsrc *s, const iflow_src_tensor *t, int dt, const void **data, void *buf)
 {
     /* t is one of ours, or a view of rows of one (a spec's NAME[A:B]: same name and type, its

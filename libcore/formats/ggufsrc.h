@@ -67,6 +67,9 @@ const iflow_src_tensor *iflow_ggufsrc_find(const iflow_ggufsrc *s, const char *n
 /* The vocabulary file (malloc'd; the caller frees *blob). IFLOW_ENOTFOUND when the file has no
  * tokenizer.ggml.model key. */
 int iflow_ggufsrc_tokenizer(const iflow_ggufsrc *s, void **blob, size_t *len);
+/* The chat template (key tokenizer.chat_template; *text NUL-terminated, owned by s): 0, or
+ * IFLOW_ENOTFOUND when the file has none, IFLOW_EFORMAT when the key is not a string. */
+int iflow_ggufsrc_chat_template(const iflow_ggufsrc *s, const char **text, size_t *len);
 
 /* Tensor t (from s, or a copy of one of s's records narrowed to some of its rows: data and
  * shape[0] a whole number of rows into it, as a spec's NAME[A:B] makes) in iflow type dt: *data

@@ -34,6 +34,9 @@
  *   Shards written before SentencePiece files were stored have {"format", "record":
  *   "tokenizer"} only, and read the same way (libcore/tokenizers/tok_shard.c reads,
  *   libcore/formats/tokrec.c writes).
+ *   A chat template (Jinja text) is the BLOB "chat_template", its bytes as the checkpoint had
+ *   them; meta's "chat_template" is {"record": "chat_template", "from": where convert found it}
+ *   (libcore/formats/convert.c writes, libcore/serving/chat.c reads).
  *
  * Why this shape: each record is complete when written (its checksum is of data in hand),
  * so a writer streams to a pipe with no seeking back and holds one tensor at a time; a

@@ -14,12 +14,63 @@ void iflow_request_fields_free(iflow_request_fields *f)
     free(f->id);
     free(f->prompt);
     free(f->continuation);
+    json_decref(f->messages);
+    json_decref(f->chat_vars);
     for (int i = 0; i < f->n_stop; i++)
         free(f->stop[i]);
     memset(f, 0, sizeof *f);
 }
 
 static int oom(void) { return iflow_seterr(IFLOW_ENOMEM, "out of memory"); }
+
+/* A template variable of the request's chat ("tools", or one of chat_template_kwargs). */
+static int chat_var(iflow_request_fields *f, const char *key, json_t *v)
+{
+    if (!f->chat_vars && !(f->chat_vars = json_object()))
+        return oom();
+    if (json_object_get(f->chat_vars, key))
+        return iflow_seterr(IFLOW_EINVAL, "template variable '%s' given twice", key);
+    return json_object_set(f->chat_vars, key, v) < 0 ? oom() : 0;
+}
+
+/* "messages", "add_generation_prompt", "tools", "chat_template_kwargs"; 1 when key is none of them. */
+static int parse_chat_field(iflow_request_fields *f, const char *key, json_t *v, int *chat_given)
+{
+    if (strcmp(key, "messages") == 0) {
+        if (!json_is_array(v) || json_array_size(v) == 0)
+            return iflow_seterr(IFLOW_EINVAL, "field 'messages' must be a non-empty list of messages");
+        f->messages = json_incref(v);
+        return 0;
+    }
+    if (strcmp(key, "add_generation_prompt") == 0 || strcmp(key, "tools") == 0 ||
+        strcmp(key, "chat_template_kwargs") == 0)
+        *chat_given = 1;
+    if (strcmp(key, "add_generation_prompt") == 0) {
+        if (!json_is_boolean(v))
+            return iflow_seterr(IFLOW_EINVAL, "field 'add_generation_prompt' must be true or false");
+        f->add_generation_prompt = json_is_true(v);
+        return 0;
+    }
+    if (strcmp(key, "tools") == 0) {
+        if (!json_is_array(v))
+            return iflow_seterr(IFLOW_EINVAL, "field 'tools' must be a list");
+        return chat_var(f, key, v);
+    }
+    if (strcmp(key, "chat_template_kwargs") == 0) {
+        if (!json_is_object(v))
+            return iflow_seterr(IFLOW_EINVAL, "field 'chat_template_kwargs' must be an object");
+        const char *k;
+        json_t *x;
+        json_object_foreach(v, k, x)
+        {
+            int rc = chat_var(f, k, x);
+            if (rc < 0)
+                return rc;
+        }
+        return 0;
+    }
+    return 1;
+}
 
 static int parse_stop(iflow_request_fields *f, const json_t *v)
 {
@@ -67,14 +118,17 @@ static int parse_object(iflow_request_fields *f, const json_t *js)
     const char *names[MAX_SAMPLING];
     char values[MAX_SAMPLING][64];
     const char *vals[MAX_SAMPLING];
-    int n = 0, rc, lp_given = 0, max_given = 0, logprobs_given = 0;
+    int n = 0, rc, lp_given = 0, max_given = 0, logprobs_given = 0, chat_given = 0;
     const char *key;
     json_t *v;
     json_object_foreach((json_t *)js, key, v)
     {
         if (strcmp(key, "id") == 0)
             continue;
-        if (strcmp(key, "prompt") == 0) {
+        if ((rc = parse_chat_field(f, key, v, &chat_given)) <= 0) {
+            if (rc < 0)
+                return rc;
+        } else if (strcmp(key, "prompt") == 0) {
             if (!json_is_string(v))
                 return iflow_seterr(IFLOW_EINVAL, "field 'prompt' must be a string");
             if (!(f->prompt = malloc(json_string_length(v) + 1)))
@@ -130,8 +184,13 @@ static int parse_object(iflow_request_fields *f, const json_t *js)
             n++;
         }
     }
-    if (!f->prompt)
-        return iflow_seterr(IFLOW_EINVAL, "field 'prompt' (a string) is missing");
+    if (!f->prompt && !f->messages)
+        return iflow_seterr(IFLOW_EINVAL, "field 'prompt' (a string) or 'messages' (a chat) is missing");
+    if (f->prompt && f->messages)
+        return iflow_seterr(IFLOW_EINVAL, "fields 'prompt' and 'messages' do not go together");
+    if (chat_given && !f->messages)
+        return iflow_seterr(IFLOW_EINVAL, "fields 'add_generation_prompt', 'tools' and 'chat_template_kwargs' go with "
+                                          "'messages'");
     if (lp_given && !f->beams)
         return iflow_seterr(IFLOW_EINVAL, "field 'length_penalty' goes with 'beams'");
     if (f->beams && (logprobs_given || f->continuation))
@@ -157,6 +216,7 @@ int iflow_request_parse(iflow_request_fields *f, const char *line, size_t len, l
     f->logprobs = d->logprobs;
     f->prompt_logprobs = d->prompt_logprobs;
     f->length_penalty = 1.0f;
+    f->add_generation_prompt = 1;
     f->sp = d->sp;
     f->sp.seed = d->sp.seed + (uint64_t)(line_no - 1); /* line 1: the seed itself; a "seed" field overrides */
     json_error_t jerr;

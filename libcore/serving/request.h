@@ -3,7 +3,11 @@
  * input: tests/fuzz/fuzz_request.c).
  *
  * Contract
- *   A request is a JSON object on one line. Fields: "prompt" (a string, required), "id" (any
+ *   A request is a JSON object on one line. Fields: "prompt" (a string) or "messages" (a chat:
+ *   a non-empty list of objects, each with a string "role"; made into the prompt by the chat
+ *   template, chat.h), one of the two required; with "messages": "add_generation_prompt" (true
+ *   or false, default true), "tools" (a list, the template's variable tools) and
+ *   "chat_template_kwargs" (an object: more template variables, as vLLM's); "id" (any
  *   JSON value, kept as compact JSON text; the line number when absent), "max_tokens" (an
  *   integer >= 1), "stop" (a string, or an array of at most IFLOW_MAX_STOP non-empty strings),
  *   "context_shift" ("none", "rope" or "recompute": batch.h), "keep" (an integer >= -1), "beams"
@@ -25,6 +29,7 @@
 #ifndef IFLOW_REQUEST_H
 #define IFLOW_REQUEST_H
 
+#include <jansson.h>
 #include <stddef.h>
 
 #include "libcore/engine/sampler.h"
@@ -32,7 +37,7 @@
 
 typedef struct {
     char *id;                       /* compact JSON                                        */
-    char *prompt;                   /* NUL-terminated (may hold NULs: prompt_len counts)  */
+    char *prompt;                   /* NUL-terminated (may hold NULs: prompt_len counts), or NULL */
     size_t prompt_len;
     int max_tokens;
     iflow_sampler_params sp;
@@ -44,6 +49,9 @@ typedef struct {
     int logprobs, prompt_logprobs;  /* 0: absent; else 1 + the field (batch.h's iflow_request) */
     char *continuation;             /* NUL-terminated, or NULL: a text to score after the prompt */
     size_t continuation_len;
+    json_t *messages;               /* a chat (prompt NULL), or NULL                       */
+    json_t *chat_vars;              /* with messages: "tools" and the chat_template_kwargs, or NULL */
+    int add_generation_prompt;      /* with messages (default 1)                           */
 } iflow_request_fields;
 
 /* What a field that is absent gets. */

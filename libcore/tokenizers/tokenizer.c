@@ -541,6 +541,14 @@ int iflow_tokenizer_affix(const iflow_tokenizer *t, int before, const int32_t **
 }
 
 int32_t iflow_tokenizer_n_vocab(const iflow_tokenizer *t) { return t->n_vocab; }
+
+const char *iflow_tokenizer_token_text(const iflow_tokenizer *t, int32_t id, size_t *len)
+{
+    if (id < 0 || id >= t->n_vocab)
+        return NULL;
+    *len = t->tok_len[id];
+    return tok_text(t, id);
+}
 int32_t iflow_tokenizer_bos(const iflow_tokenizer *t) { return t->bos; }
 int32_t iflow_tokenizer_eos(const iflow_tokenizer *t) { return t->eos; }
 const char *iflow_tokenizer_kind(const iflow_tokenizer *t) { return t->kind; }

@@ -172,6 +172,10 @@ int iflow_tokenizer_continuation(const iflow_tokenizer *t, const int32_t *ids, s
 int iflow_tokenizer_affix(const iflow_tokenizer *t, int before, const int32_t **ids);
 
 int32_t iflow_tokenizer_n_vocab(const iflow_tokenizer *t);
+/* The text of token `id` as the vocabulary spells it ("<|im_start|>", "<s>", "\u2581the"): *len
+ * bytes in the tokenizer, not NUL-terminated; NULL for an id outside the vocabulary. What a chat
+ * template's bos_token and eos_token are. */
+const char *iflow_tokenizer_token_text(const iflow_tokenizer *t, int32_t id, size_t *len);
 int32_t iflow_tokenizer_bos(const iflow_tokenizer *t); /* -1 if none */
 int32_t iflow_tokenizer_eos(const iflow_tokenizer *t); /* -1 if none */
 /* "bpe-bytelevel/<pre-tokenizer>", "spm-bpe", "bpe", "wordpiece", "spm-unigram" (a .spm),

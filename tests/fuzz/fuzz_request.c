@@ -23,10 +23,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         /* max_tokens is 0 only for a request that scores a continuation and asked for no tokens */
         int min_tokens = f.continuation ? 0 : 1;
-        if (!f.prompt || !f.id || f.max_tokens < min_tokens || f.keep < -1 || !iflow_shift_name(f.context_shift) ||
+        if (!f.prompt == !f.messages || !f.id || f.max_tokens < min_tokens || f.keep < -1 || !iflow_shift_name(f.context_shift) ||
             iflow_shift_name(f.context_shift)[0] == '?')
             abort();
         if (f.continuation && (f.continuation_len == 0 || f.beams))
+            abort();
+        if ((f.chat_vars || !f.add_generation_prompt) && !f.messages)
             abort();
         int lp_max = 1 + IFLOW_MAX_TOP_LOGPROBS; /* 0 absent, else 1 + the field */
         if (f.logprobs < 0 || f.logprobs > lp_max || f.prompt_logprobs < 0 || f.prompt_logprobs > lp_max ||

@@ -16,7 +16,10 @@
  *     prompts split over steps, each against an independent loop over the public evaluation and
  *     sampler API (iflow_ctx_eval, iflow_sampler_accept / _sample: the same tokens) and against
  *     itself alone through iflow_generate; a stop string, on_text pieces, user pointers, the
- *     stats, and the requests a batch refuses. */
+ *     stats, and the requests a batch refuses;
+ *   - chat: a model without a template refused, a conversation's tokens through Llama 2's template
+ *     file equal to the tokens of jinja2's rendering of it (tests/fixtures/chat/expected.jsonl),
+ *     messages that are not JSON or not a chat refused. */
 #pragma GCC diagnostic error "-Wimplicit-function-declaration"
 #include "include/iflow.h"
 #include "tests/unit/check.h"
@@ -508,6 +511,61 @@ static void test_batch(void)
     iflow_model_close(m);
 }
 
+/* The rendering jinja2 gave for template `tmpl` and the conversation named `conv` (malloc'd). */
+static char *expected_chat(const char *tmpl, const char *conv, int add_generation_prompt)
+{
+    size_t n;
+    char *all = test_read_file(test_fixture("chat/expected.jsonl"), &n), *line = all, *found = NULL;
+    for (char *end; !found && line && (end = strchr(line, '\n')); line = end + 1) {
+        json_t *js = json_loadb(line, (size_t)(end - line), 0, NULL);
+        if (js && strcmp(json_string_value(json_object_get(js, "template")), tmpl) == 0 &&
+            strcmp(json_string_value(json_object_get(js, "conversation")), conv) == 0 &&
+            json_is_true(json_object_get(js, "add_generation_prompt")) == add_generation_prompt)
+            found = strdup(json_string_value(json_object_get(js, "output")));
+        json_decref(js);
+    }
+    free(all);
+    return found;
+}
+
+static void test_chat(void)
+{
+    iflow_model *m;
+    iflow_chat *c = NULL;
+    if (iflow_model_open(&m, model_path, 0) < 0)
+        SKIP("cannot open %s: %s", model_path, iflow_errmsg());
+    int rc = iflow_chat_open(&c, m, NULL);
+    CHECK_ERR(rc, IFLOW_ENOTFOUND, "s.ifs", "has no chat template");
+    CHECK(c == NULL, "no chat handle on failure");
+    char *want = expected_chat("llama2", "system_user", 1);
+    CHECK(want != NULL, "fixture chat/expected.jsonl has llama2/system_user");
+    const char *msgs = "[{\"role\": \"system\", \"content\": \"You are a helpful assistant.\"},"
+                       " {\"role\": \"user\", \"content\": \"What is the capital of France?\"}]";
+    int32_t *ids = NULL, *ref = NULL;
+    size_t n = 0, n_ref = 0;
+    if (want && iflow_chat_open(&c, m, test_fixture("chat/templates/llama2.jinja")) == 0) {
+        CHECK(iflow_chat_tokens(c, msgs, strlen(msgs), 1, &ids, &n) == 0, "chat tokens: %s", iflow_errmsg());
+        CHECK(iflow_tokenizer_encode(iflow_model_tokenizer(m), want, strlen(want), IFLOW_TOK_PARSE_SPECIAL, &ref,
+                                     &n_ref) == 0, "encode jinja2's text");
+        CHECK(n == n_ref && n > 10 && memcmp(ids, ref, n * sizeof *ids) == 0, "the tokens of jinja2's text (%zu, %zu)",
+              n, n_ref);
+        CHECK(n > 0 && ids[0] == iflow_tokenizer_bos(iflow_model_tokenizer(m)), "the template's <s> is the BOS");
+        iflow_free(ids);
+        rc = iflow_chat_tokens(c, "[{\"role\": ", 11, 1, &ids, &n);
+        CHECK_ERR(rc, IFLOW_EFORMAT, "the messages", "invalid json");
+        const char *no_role = "[{\"content\": \"x\"}]";
+        rc = iflow_chat_tokens(c, no_role, strlen(no_role), 1, &ids, &n);
+        CHECK_ERR(rc, IFLOW_EINVAL, "message 0", "has no 'role'");
+        rc = iflow_chat_tokens(c, "{}", 2, 1, &ids, &n);
+        CHECK_ERR(rc, IFLOW_EINVAL, "'messages'", "must be a list");
+        iflow_chat_close(c);
+    } else
+        CHECK(0, "chat with llama2.jinja: %s", iflow_errmsg());
+    iflow_free(ref);
+    free(want);
+    iflow_model_close(m);
+}
+
 /* Only main() converts the test model, with the internal converter (not public API). */
 #include "tests/unit/testlib.h"
 
@@ -527,6 +585,7 @@ int main(void)
     RUN(test_generate);
     RUN(test_sampler);
     RUN(test_batch);
+    RUN(test_chat);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0)

@@ -1,0 +1,199 @@
+/* chat.c -- a conversation made into a prompt by the model's chat template. See chat.h. */
+#include "chat.h"
+#include "template.h"
+#include "libcore/base/error.h"
+#include "libcore/base/jsonutil.h"
+#include "libcore/base/util.h"
+#include "libcore/formats/gguf.h"
+#include "libcore/formats/shard.h"
+#include "libcore/tokenizers/tokenizer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_TEMPLATE_BYTES (1u << 20)
+
+struct iflow_chat {
+    iflow_template *t;
+    const iflow_tokenizer *tok;
+    char *bos, *eos;   /* the texts of the tokenizer's BOS and EOS, or NULL for none */
+    char source[4200]; /* where the template came from, for messages */
+};
+
+/* The text of token id into *out (malloc'd); *out NULL when the id is -1 (none). */
+static int token_text(const iflow_tokenizer *tok, int32_t id, char **out)
+{
+    size_t len = 0;
+    const char *s = iflow_tokenizer_token_text(tok, id, &len);
+    *out = NULL;
+    if (!s)
+        return 0;
+    if (!(*out = malloc(len + 1)))
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    memcpy(*out, s, len);
+    (*out)[len] = 0;
+    return 0;
+}
+
+/* A shard written before "chat_template" records: the key of its GGUF vocabulary record. The
+ * text is copied into *own. */
+static int template_of_gguf_vocab(const iflow_shard *sh, char **own, size_t *len)
+{
+    const iflow_shard_rec *r = iflow_shard_find(sh, "tokenizer");
+    if (!r || r->nbytes < 4 || memcmp(r->data, "GGUF", 4) != 0)
+        return IFLOW_ENOTFOUND;
+    iflow_gguf *g;
+    const char *text;
+    int rc = iflow_gguf_open_mem(&g, r->data, r->nbytes, iflow_shard_path(sh));
+    if (rc < 0)
+        return rc;
+    const char *key = "tokenizer.chat_template";
+    rc = iflow_gguf_find_key(g, key) < 0 ? IFLOW_ENOTFOUND : iflow_gguf_get_str(g, key, &text, len);
+    if (rc == 0 && !(*own = malloc(*len + 1)))
+        rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    if (rc == 0) {
+        memcpy(*own, text, *len);
+        (*own)[*len] = 0;
+    }
+    iflow_gguf_close(g);
+    return rc;
+}
+
+/* The model's template (*text points into the shard or into *own), or IFLOW_ENOTFOUND. */
+static int template_of_model(const iflow_model *m, const char **text, char **own, size_t *len)
+{
+    const iflow_shard *sh = iflow_model_shard(m);
+    const iflow_shard_rec *r = iflow_shard_find(sh, "chat_template");
+    if (r) {
+        *text = r->data;
+        *len = r->nbytes;
+        return 0;
+    }
+    int rc = template_of_gguf_vocab(sh, own, len);
+    *text = *own;
+    return rc;
+}
+
+int iflow_chat_open(iflow_chat **out, const iflow_model *m, const char *template_path)
+{
+    return iflow_chat_open_as(out, m, template_path, NULL);
+}
+
+int iflow_chat_open_as(iflow_chat **out, const iflow_model *m, const char *template_path, const char *model_name)
+{
+    *out = NULL;
+    const iflow_tokenizer *tok = iflow_model_tokenizer(m);
+    const char *path = model_name ? model_name : iflow_shard_path(iflow_model_shard(m));
+    if (!tok)
+        return iflow_seterr(IFLOW_ENOTFOUND, "model '%s' has no tokenizer", path);
+    iflow_chat *c = calloc(1, sizeof *c);
+    if (!c)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    c->tok = tok;
+    const char *text = NULL;
+    char *own = NULL;
+    size_t len = 0;
+    int rc;
+    if (template_path) {
+        snprintf(c->source, sizeof c->source, "chat template '%s'", template_path);
+        rc = iflow_read_file(template_path, MAX_TEMPLATE_BYTES, &own, &len);
+        text = own;
+    } else {
+        snprintf(c->source, sizeof c->source, "the chat template of '%s'", path);
+        rc = template_of_model(m, &text, &own, &len);
+        if (rc == IFLOW_ENOTFOUND)
+            rc = iflow_seterr(IFLOW_ENOTFOUND, "model '%s' has no chat template: give one with --chat-template", path);
+    }
+    if (rc == 0)
+        rc = iflow_template_open(&c->t, text, len, c->source);
+    if (rc == 0)
+        rc = token_text(tok, iflow_tokenizer_bos(tok), &c->bos);
+    if (rc == 0)
+        rc = token_text(tok, iflow_tokenizer_eos(tok), &c->eos);
+    free(own);
+    if (rc < 0) {
+        iflow_chat_close(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+void iflow_chat_close(iflow_chat *c)
+{
+    if (!c)
+        return;
+    iflow_template_close(c->t);
+    free(c->bos);
+    free(c->eos);
+    free(c);
+}
+
+const char *iflow_chat_source(const iflow_chat *c) { return c->source; }
+
+/* Each message an object with a string "role" and a "content" that is a string, a list (of
+ * parts: multimodal requests) or null (an assistant's tool call). */
+static int check_messages(const json_t *messages)
+{
+    if (!json_is_array(messages) || json_array_size(messages) == 0)
+        return iflow_seterr(IFLOW_EINVAL, "'messages' must be a list of messages, not empty");
+    for (size_t i = 0; i < json_array_size(messages); i++) {
+        const json_t *msg = json_array_get(messages, i), *content = json_object_get(msg, "content");
+        if (!json_is_object(msg))
+            return iflow_seterr(IFLOW_EINVAL, "message %zu is not an object", i);
+        if (!json_is_string(json_object_get(msg, "role")))
+            return iflow_seterr(IFLOW_EINVAL, "message %zu has no 'role' (a string)", i);
+        if (content && !json_is_string(content) && !json_is_array(content) && !json_is_null(content))
+            return iflow_seterr(IFLOW_EINVAL, "'content' of message %zu is not a string, a list or null", i);
+    }
+    return 0;
+}
+
+int iflow_chat_render(const iflow_chat *c, const json_t *messages, const json_t *extra, int add_generation_prompt,
+                      char **text, size_t *len)
+{
+    static const char *const own[] = {"messages", "add_generation_prompt", "bos_token", "eos_token"};
+    *text = NULL;
+    *len = 0;
+    IFLOW_TRY(check_messages(messages));
+    if (extra && !json_is_object(extra))
+        return iflow_seterr(IFLOW_EINVAL, "the template's extra variables must be an object");
+    for (size_t i = 0; extra && i < sizeof own / sizeof own[0]; i++)
+        if (json_object_get(extra, own[i]))
+            return iflow_seterr(IFLOW_EINVAL, "'%s' cannot be an extra template variable: the conversation sets it",
+                                own[i]);
+    json_t *vars = extra ? json_copy((json_t *)extra) : json_object();
+    if (!vars || json_object_set(vars, "messages", (json_t *)messages) < 0 ||
+        json_object_set_new(vars, "add_generation_prompt", json_boolean(add_generation_prompt)) < 0 ||
+        (c->bos && json_object_set_new(vars, "bos_token", json_stringn_nocheck(c->bos, strlen(c->bos))) < 0) ||
+        (c->eos && json_object_set_new(vars, "eos_token", json_stringn_nocheck(c->eos, strlen(c->eos))) < 0)) {
+        json_decref(vars);
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    }
+    int rc = iflow_template_render(c->t, vars, text, len);
+    json_decref(vars);
+    return rc;
+}
+
+int iflow_chat_encode(const iflow_chat *c, const char *text, size_t len, int32_t **ids, size_t *n_ids)
+{
+    return iflow_tokenizer_encode(c->tok, text, len, IFLOW_TOK_PARSE_SPECIAL, ids, n_ids);
+}
+
+int iflow_chat_tokens(const iflow_chat *c, const char *messages_json, size_t len, int add_generation_prompt,
+                      int32_t **ids, size_t *n_ids)
+{
+    *ids = NULL;
+    *n_ids = 0;
+    json_t *messages;
+    char *text;
+    size_t text_len;
+    IFLOW_TRY(iflow_json_load_buf(&messages, messages_json, len, "the messages"));
+    int rc = iflow_chat_render(c, messages, NULL, add_generation_prompt, &text, &text_len);
+    json_decref(messages);
+    if (rc == 0)
+        rc = iflow_chat_encode(c, text, text_len, ids, n_ids);
+    free(text);
+    return rc;
+}
