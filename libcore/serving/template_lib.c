@@ -554,6 +554,18 @@ static int fold(tpl_render *r, tval v, int case_sensitive, tval *out)
 }
 
 /* A stable merge sort of v by keys (reverse: by descending keys, equal ones still in order). */
+/* The tuple (k, v): a dict's item. */
+static int item_pair(tpl_render *r, tval k, tval v, tval *out)
+{
+    tv_list *pair = tpl_list_new(r, 2);
+    if (!pair)
+        return r->rc;
+    IFLOW_TRY(tpl_list_push(r, pair, k));
+    IFLOW_TRY(tpl_list_push(r, pair, v));
+    *out = tv_seq(pair, 1);
+    return 0;
+}
+
 static int sort_by(tpl_render *r, tval *v, tval *keys, size_t n, int reverse)
 {
     if (n < 2)
@@ -724,12 +736,9 @@ FILTER(dictsort)
     if (!keys)
         return r->rc;
     for (size_t i = 0; i < v.d->n; i++) {
-        tv_list *pair = tpl_list_new(r, 2);
-        if (!pair)
-            return r->rc;
-        IFLOW_TRY(tpl_list_push(r, pair, v.d->k[i]));
-        IFLOW_TRY(tpl_list_push(r, pair, v.d->v[i]));
-        IFLOW_TRY(tpl_list_push(r, l, tv_seq(pair, 1)));
+        tval pair;
+        IFLOW_TRY(item_pair(r, v.d->k[i], v.d->v[i], &pair));
+        IFLOW_TRY(tpl_list_push(r, l, pair));
         IFLOW_TRY(fold(r, by_value ? v.d->v[i] : v.d->k[i], given(p[0]) && tpl_truthy(p[0]), &keys[i]));
     }
     IFLOW_TRY(sort_by(r, l->v, keys, l->n, given(p[2]) && tpl_truthy(p[2])));
@@ -962,12 +971,9 @@ FILTER(items)
     if (!l)
         return r->rc;
     for (size_t i = 0; i < v.d->n; i++) {
-        tv_list *pair = tpl_list_new(r, 2);
-        if (!pair)
-            return r->rc;
-        IFLOW_TRY(tpl_list_push(r, pair, v.d->k[i]));
-        IFLOW_TRY(tpl_list_push(r, pair, v.d->v[i]));
-        IFLOW_TRY(tpl_list_push(r, l, tv_seq(pair, 1)));
+        tval pair;
+        IFLOW_TRY(item_pair(r, v.d->k[i], v.d->v[i], &pair));
+        IFLOW_TRY(tpl_list_push(r, l, pair));
     }
     *out = tv_seq(l, 0);
     return 0;
@@ -1644,14 +1650,8 @@ static int dict_method(tpl_render *r, const tv_dict *d, int id, tval *p, tval *o
         return r->rc;
     for (size_t i = 0; i < d->n; i++) {
         tval x = id == M_KEYS ? d->k[i] : d->v[i];
-        if (id == M_ITEMS) {
-            tv_list *pair = tpl_list_new(r, 2);
-            if (!pair)
-                return r->rc;
-            IFLOW_TRY(tpl_list_push(r, pair, d->k[i]));
-            IFLOW_TRY(tpl_list_push(r, pair, d->v[i]));
-            x = tv_seq(pair, 1);
-        }
+        if (id == M_ITEMS)
+            IFLOW_TRY(item_pair(r, d->k[i], d->v[i], &x));
         IFLOW_TRY(tpl_list_push(r, l, x));
     }
     l->view = id == M_KEYS ? "dict_keys" : id == M_VALUES ? "dict_values" : "dict_items";

@@ -1003,17 +1003,23 @@ static tnode *parse_subscript(tparser *P, tnode *x)
     return mk2(P, N_ITEM, 0, pos, x, key);
 }
 
+/* x(args...) */
+static tnode *parse_call(tparser *P, tnode *x)
+{
+    size_t pos = cur(P)->pos;
+    nvec args = {0};
+    if (parse_call_args(P, &args) < 0)
+        return NULL;
+    return mkv(P, N_CALL, pos, x, &args);
+}
+
 static tnode *parse_postfix(tparser *P, tnode *x)
 {
     while (x) {
         if (is_op(P, O_DOT) || is_op(P, O_LBRACKET)) {
             x = parse_subscript(P, x);
         } else if (is_op(P, O_LPAREN)) {
-            size_t pos = cur(P)->pos;
-            nvec args = {0};
-            if (parse_call_args(P, &args) < 0)
-                return NULL;
-            x = mkv(P, N_CALL, pos, x, &args);
+            x = parse_call(P, x);
         } else {
             break;
         }
@@ -1029,11 +1035,7 @@ static tnode *parse_filter_expr(tparser *P, tnode *x)
         } else if (is_name(P, "is")) {
             x = parse_test(P, x);
         } else if (is_op(P, O_LPAREN)) {
-            size_t pos = cur(P)->pos;
-            nvec args = {0};
-            if (parse_call_args(P, &args) < 0)
-                return NULL;
-            x = mkv(P, N_CALL, pos, x, &args);
+            x = parse_call(P, x);
         } else {
             break;
         }
