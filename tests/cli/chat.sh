@@ -6,7 +6,9 @@
 # jinja2 in transformers' environment, Hugging Face tokenizers, a float64 forward of the GGUF's
 # exactly dequantized weights): the rendered prompt and its ids exactly, the greedy reply token by
 # token up to the first step whose top-two logit margin is below 0.02 (the F32 path, --activations
-# f32, keeps logits within 2e-3 of float64 here: tests/unit/test_gguf_model.c). Errors: no template,
+# f32, keeps logits within 2e-3 of float64 here: tests/unit/test_gguf_model.c). Llama 2, Mistral
+# and Zephyr templates over stories260K's SentencePiece-style vocabulary: the prompt's ids those of
+# Hugging Face tokenizers (tests/fixtures/gen_chat_ids.py). Errors: no template,
 # a template that does not parse, a template's raise_exception, messages that are not a chat.
 . "$(dirname "$0")/lib.sh"
 F=tests/fixtures/chat
@@ -64,6 +66,16 @@ for name in A B C; do
     a=$(agree "$(jq -c '[.logprobs[].id]' <<<"$res")" "$ref")
     expect_match "$a" '^\[[0-9]+,true\]$' "batch $name: the greedy reply of the float64 reference"
 done
+
+# ---- templates that write <s> and </s> as text, over a SentencePiece-style vocabulary: the prompt's
+# ids are those of Hugging Face tokenizers on jinja2's text (tests/fixtures/gen_chat_ids.py) ----
+while IFS= read -r ref; do
+    t=$(jq -r .template <<<"$ref") c=$(jq -r .conversation <<<"$ref")
+    jq -c --arg c "$c" '.[] | select(.name == $c) | {messages, max_tokens: 1, prompt_logprobs: 0}' \
+        $F/conversations.json >"$TMP/req.jsonl"
+    run bash -c "$BIN/iflow-run -m '$TMP/s.ifs' --batch --chat-template $F/templates/$t.jinja <'$TMP/req.jsonl'"
+    expect_eq "$(jq -c '[.prompt_logprobs[].id]' <<<"$out")" "$(jq -c .ids <<<"$ref")" "$t, $c: the ids of HF tokenizers"
+done <$F/stories260K.ids.jsonl
 
 # ---- where a Hugging Face directory keeps its template ----
 mkdir -p "$TMP/hf"
