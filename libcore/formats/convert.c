@@ -366,7 +366,8 @@ static json_t *build_meta(job *j)
     if (tok)
         json_object_set_new(meta, "tokenizer", tok);
     if (j->chat)
-        json_object_set_new(meta, "chat_template", json_pack("{s:s, s:s}", "record", "chat_template", "from", j->chat_from));
+        json_object_set_new(meta, "chat_template",
+                            json_pack("{s:s, s:s}", "record", "chat_template", "from", j->chat_from));
     const json_t *gen = j->dir ? iflow_hfdir_generation_config(j->dir) : NULL;
     if (gen)
         json_object_set(meta, "generation", (json_t *)gen);
@@ -392,13 +393,11 @@ static int find_tokenizer(job *j)
     return rc;
 }
 
-#define MAX_CHAT_TEMPLATE (1u << 20)
-
 static int keep_chat(job *j, const char *text, size_t len, const char *from)
 {
-    if (len > MAX_CHAT_TEMPLATE)
+    if (len > IFLOW_MAX_CHAT_TEMPLATE)
         return iflow_seterr(IFLOW_ERANGE, "chat template of '%s' (%s) is %zu bytes, more than %u", src_path(j), from,
-                            len, MAX_CHAT_TEMPLATE);
+                            len, IFLOW_MAX_CHAT_TEMPLATE);
     if (!(j->chat = malloc(len + 1)))
         return iflow_seterr(IFLOW_ENOMEM, "out of memory copying the chat template of '%s'", src_path(j));
     memcpy(j->chat, text, len);
@@ -412,19 +411,19 @@ static int keep_chat(job *j, const char *text, size_t len, const char *from)
  * the one named "default" (else the first) is taken, as transformers does without a name. */
 static int chat_from_config(job *j, const json_t *tc)
 {
-    const json_t *v = json_object_get(tc, "chat_template"), *pick = NULL;
+    const json_t *v = json_object_get(tc, "chat_template"), *pick = v;
     if (!v || json_is_null(v))
         return 0;
     if (json_is_array(v)) {
-        for (size_t i = json_array_size(v); i-- > 0;) {
+        pick = json_object_get(json_array_get(v, 0), "template");
+        for (size_t i = 0; i < json_array_size(v); i++) {
             const char *name = json_string_value(json_object_get(json_array_get(v, i), "name"));
-            if (i == 0 || (name && strcmp(name, "default") == 0)) {
+            if (name && strcmp(name, "default") == 0) {
                 pick = json_object_get(json_array_get(v, i), "template");
                 break;
             }
         }
-    } else
-        pick = v;
+    }
     if (!json_is_string(pick))
         return iflow_seterr(IFLOW_EFORMAT, "'chat_template' in '%s/tokenizer_config.json' is not a string or a list of "
                             "{\"name\", \"template\"}", src_path(j));
@@ -443,9 +442,9 @@ static int find_chat_template(job *j)
     }
     char path[4096], *data;
     snprintf(path, sizeof path, "%s/chat_template.jinja", iflow_hfdir_path(j->dir));
-    int rc = iflow_read_file(path, MAX_CHAT_TEMPLATE, &data, &len);
+    int rc = iflow_read_file(path, IFLOW_MAX_CHAT_TEMPLATE, &data, &len);
     if (rc == IFLOW_ENOTFOUND)
-        return j->o->flags & IFLOW_CONVERT_SYNTHETIC ? 0 : chat_from_config(j, iflow_hfdir_tokenizer_config(j->dir));
+        return chat_from_config(j, iflow_hfdir_tokenizer_config(j->dir));
     if (rc == 0)
         rc = keep_chat(j, data, len, "chat_template.jinja");
     free(data);

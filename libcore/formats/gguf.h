@@ -105,6 +105,7 @@ const char *iflow_gguf_type_name(int type);
  * f32 and f64; get_bool accepts bool only.
  */
 int iflow_gguf_get_str(const iflow_gguf *g, const char *key, const char **s, size_t *len); /* NUL-terminated copy */
+#define IFLOW_GGUF_CHAT_TEMPLATE "tokenizer.chat_template" /* the key of a model's chat template (a string) */
 int iflow_gguf_get_u32(const iflow_gguf *g, const char *key, uint32_t *v);
 int iflow_gguf_get_i32(const iflow_gguf *g, const char *key, int32_t *v);
 int iflow_gguf_get_u64(const iflow_gguf *g, const char *key, uint64_t *v);

@@ -469,9 +469,7 @@ int iflow_ggufsrc_tokenizer(const iflow_ggufsrc *s, void **blob, size_t *len)
 
 int iflow_ggufsrc_chat_template(const iflow_ggufsrc *s, const char **text, size_t *len)
 {
-    if (iflow_gguf_find_key(s->g, "tokenizer.chat_template") < 0)
-        return IFLOW_ENOTFOUND;
-    return iflow_gguf_get_str(s->g, "tokenizer.chat_template", text, len);
+    return iflow_gguf_get_str(s->g, IFLOW_GGUF_CHAT_TEMPLATE, text, len);
 }
 
 int iflow_ggufsrc_payload(const iflow_ggufsrc *s, const iflow_src_tensor *t, int dt, const void **data, void *buf)

@@ -35,8 +35,8 @@
  *   "tokenizer"} only, and read the same way (libcore/tokenizers/tok_shard.c reads,
  *   libcore/formats/tokrec.c writes).
  *   A chat template (Jinja text) is the BLOB "chat_template", its bytes as the checkpoint had
- *   them; meta's "chat_template" is {"record": "chat_template", "from": where convert found it}
- *   (libcore/formats/convert.c writes, libcore/serving/chat.c reads).
+ *   them (at most IFLOW_MAX_CHAT_TEMPLATE); meta's "chat_template" is {"record": "chat_template",
+ *   "from": where convert found it} (libcore/formats/convert.c writes, libcore/serving/chat.c reads).
  *
  * Why this shape: each record is complete when written (its checksum is of data in hand),
  * so a writer streams to a pipe with no seeking back and holds one tensor at a time; a
@@ -61,6 +61,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#define IFLOW_MAX_CHAT_TEMPLATE (1u << 20) /* bytes of a chat template, read from any file */
 
 #define IFLOW_SHARD_VERSION 1
 #define IFLOW_SHARD_ALIGN   64

@@ -12,29 +12,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_TEMPLATE_BYTES (1u << 20)
-
 struct iflow_chat {
     iflow_template *t;
     const iflow_tokenizer *tok;
-    char *bos, *eos;   /* the texts of the tokenizer's BOS and EOS, or NULL for none */
     char source[4200]; /* where the template came from, for messages */
 };
-
-/* The text of token id into *out (malloc'd); *out NULL when the id is -1 (none). */
-static int token_text(const iflow_tokenizer *tok, int32_t id, char **out)
-{
-    size_t len = 0;
-    const char *s = iflow_tokenizer_token_text(tok, id, &len);
-    *out = NULL;
-    if (!s)
-        return 0;
-    if (!(*out = malloc(len + 1)))
-        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
-    memcpy(*out, s, len);
-    (*out)[len] = 0;
-    return 0;
-}
 
 /* A shard written before "chat_template" records: the key of its GGUF vocabulary record. The
  * text is copied into *own. */
@@ -48,8 +30,7 @@ static int template_of_gguf_vocab(const iflow_shard *sh, char **own, size_t *len
     int rc = iflow_gguf_open_mem(&g, r->data, r->nbytes, iflow_shard_path(sh));
     if (rc < 0)
         return rc;
-    const char *key = "tokenizer.chat_template";
-    rc = iflow_gguf_find_key(g, key) < 0 ? IFLOW_ENOTFOUND : iflow_gguf_get_str(g, key, &text, len);
+    rc = iflow_gguf_get_str(g, IFLOW_GGUF_CHAT_TEMPLATE, &text, len);
     if (rc == 0 && !(*own = malloc(*len + 1)))
         rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
     if (rc == 0) {
@@ -97,7 +78,7 @@ int iflow_chat_open_as(iflow_chat **out, const iflow_model *m, const char *templ
     int rc;
     if (template_path) {
         snprintf(c->source, sizeof c->source, "chat template '%s'", template_path);
-        rc = iflow_read_file(template_path, MAX_TEMPLATE_BYTES, &own, &len);
+        rc = iflow_read_file(template_path, IFLOW_MAX_CHAT_TEMPLATE, &own, &len);
         text = own;
     } else {
         snprintf(c->source, sizeof c->source, "the chat template of '%s'", path);
@@ -107,10 +88,6 @@ int iflow_chat_open_as(iflow_chat **out, const iflow_model *m, const char *templ
     }
     if (rc == 0)
         rc = iflow_template_open(&c->t, text, len, c->source);
-    if (rc == 0)
-        rc = token_text(tok, iflow_tokenizer_bos(tok), &c->bos);
-    if (rc == 0)
-        rc = token_text(tok, iflow_tokenizer_eos(tok), &c->eos);
     free(own);
     if (rc < 0) {
         iflow_chat_close(c);
@@ -125,8 +102,6 @@ void iflow_chat_close(iflow_chat *c)
     if (!c)
         return;
     iflow_template_close(c->t);
-    free(c->bos);
-    free(c->eos);
     free(c);
 }
 
@@ -150,6 +125,14 @@ static int check_messages(const json_t *messages)
     return 0;
 }
 
+/* vars[name] = the text of the tokenizer's token id, unless it has none (-1): then undefined. */
+static int set_token_text(json_t *vars, const char *name, const iflow_tokenizer *tok, int32_t id)
+{
+    size_t len;
+    const char *s = iflow_tokenizer_token_text(tok, id, &len);
+    return s ? json_object_set_new(vars, name, json_stringn_nocheck(s, len)) : 0;
+}
+
 int iflow_chat_render(const iflow_chat *c, const json_t *messages, const json_t *extra, int add_generation_prompt,
                       char **text, size_t *len)
 {
@@ -166,8 +149,8 @@ int iflow_chat_render(const iflow_chat *c, const json_t *messages, const json_t 
     json_t *vars = extra ? json_copy((json_t *)extra) : json_object();
     if (!vars || json_object_set(vars, "messages", (json_t *)messages) < 0 ||
         json_object_set_new(vars, "add_generation_prompt", json_boolean(add_generation_prompt)) < 0 ||
-        (c->bos && json_object_set_new(vars, "bos_token", json_stringn_nocheck(c->bos, strlen(c->bos))) < 0) ||
-        (c->eos && json_object_set_new(vars, "eos_token", json_stringn_nocheck(c->eos, strlen(c->eos))) < 0)) {
+        set_token_text(vars, "bos_token", c->tok, iflow_tokenizer_bos(c->tok)) < 0 ||
+        set_token_text(vars, "eos_token", c->tok, iflow_tokenizer_eos(c->tok)) < 0) {
         json_decref(vars);
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
     }

@@ -33,7 +33,8 @@ static int chat_var(iflow_request_fields *f, const char *key, json_t *v)
     return json_object_set(f->chat_vars, key, v) < 0 ? oom() : 0;
 }
 
-/* "messages", "add_generation_prompt", "tools", "chat_template_kwargs"; 1 when key is none of them. */
+/* "messages", "add_generation_prompt", "tools", "chat_template_kwargs"; 1 when key is none of them.
+ * *chat_given is set by the three that go with "messages". */
 static int parse_chat_field(iflow_request_fields *f, const char *key, json_t *v, int *chat_given)
 {
     if (strcmp(key, "messages") == 0) {
@@ -42,34 +43,29 @@ static int parse_chat_field(iflow_request_fields *f, const char *key, json_t *v,
         f->messages = json_incref(v);
         return 0;
     }
-    if (strcmp(key, "add_generation_prompt") == 0 || strcmp(key, "tools") == 0 ||
-        strcmp(key, "chat_template_kwargs") == 0)
-        *chat_given = 1;
+    int rc = 0;
     if (strcmp(key, "add_generation_prompt") == 0) {
         if (!json_is_boolean(v))
             return iflow_seterr(IFLOW_EINVAL, "field 'add_generation_prompt' must be true or false");
         f->add_generation_prompt = json_is_true(v);
-        return 0;
-    }
-    if (strcmp(key, "tools") == 0) {
+    } else if (strcmp(key, "tools") == 0) {
         if (!json_is_array(v))
             return iflow_seterr(IFLOW_EINVAL, "field 'tools' must be a list");
-        return chat_var(f, key, v);
-    }
-    if (strcmp(key, "chat_template_kwargs") == 0) {
+        rc = chat_var(f, key, v);
+    } else if (strcmp(key, "chat_template_kwargs") == 0) {
         if (!json_is_object(v))
             return iflow_seterr(IFLOW_EINVAL, "field 'chat_template_kwargs' must be an object");
         const char *k;
         json_t *x;
         json_object_foreach(v, k, x)
         {
-            int rc = chat_var(f, k, x);
-            if (rc < 0)
-                return rc;
+            if ((rc = chat_var(f, k, x)) < 0)
+                break;
         }
-        return 0;
-    }
-    return 1;
+    } else
+        return 1;
+    *chat_given = 1;
+    return rc;
 }
 
 static int parse_stop(iflow_request_fields *f, const json_t *v)

@@ -1041,15 +1041,25 @@ static tpl_args args_from(const tpl_args *a, int k)
     return rest;
 }
 
+/* The start of map, select and the like: *out = a new empty list *l, *items = v's items; 0 when
+ * v is falsy (the result stays empty: jinja2 looks at nothing else then), < 0 on failure. */
+static int list_filter_start(tpl_render *r, tval v, tv_list **l, tv_list **items, tval *out)
+{
+    if (!(*l = tpl_list_new(r, 0)))
+        return r->rc;
+    *out = tv_seq(*l, 0);
+    if (!tpl_truthy(v))
+        return 0;
+    IFLOW_TRY(tpl_items(r, v, items));
+    return 1;
+}
+
 FILTER(map)
 {
     tv_list *items, *l;
-    if (!(l = tpl_list_new(r, 0)))
-        return r->rc;
-    *out = tv_seq(l, 0);
-    if (!tpl_truthy(v)) /* jinja2 looks at nothing else then */
-        return 0;
-    IFLOW_TRY(tpl_items(r, v, &items));
+    int started = list_filter_start(r, v, &l, &items, out);
+    if (started <= 0)
+        return started;
     if (a->n == 0) { /* map(attribute=..., default=...) */
         PARAMS("map", "attribute", "default");
         if (!given(p[0]))
@@ -1106,12 +1116,9 @@ FILTER(min) { return min_or_max(r, v, a, -1, out); }
 static int select_items(tpl_render *r, tval v, tpl_args *a, int attr, int keep, tval *out)
 {
     tv_list *items, *l;
-    if (!(l = tpl_list_new(r, 0)))
-        return r->rc;
-    *out = tv_seq(l, 0);
-    if (!tpl_truthy(v)) /* jinja2 looks at nothing else then */
-        return 0;
-    IFLOW_TRY(tpl_items(r, v, &items));
+    int started = list_filter_start(r, v, &l, &items, out);
+    if (started <= 0)
+        return started;
     if (attr && (a->n < 1 || a->v[0].t != TV_STR))
         return tpl_fail(r, IFLOW_EINVAL, "%s() needs an attribute name", keep ? "selectattr" : "rejectattr");
     int id = -1;

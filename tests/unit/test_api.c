@@ -23,6 +23,7 @@
 #pragma GCC diagnostic error "-Wimplicit-function-declaration"
 #include "include/iflow.h"
 #include "tests/unit/check.h"
+#include "tests/unit/chatref.h"
 
 #include <jansson.h>
 
@@ -511,23 +512,6 @@ static void test_batch(void)
     iflow_model_close(m);
 }
 
-/* The rendering jinja2 gave for template `tmpl` and the conversation named `conv` (malloc'd). */
-static char *expected_chat(const char *tmpl, const char *conv, int add_generation_prompt)
-{
-    size_t n;
-    char *all = test_read_file(test_fixture("chat/expected.jsonl"), &n), *line = all, *found = NULL;
-    for (char *end; !found && line && (end = strchr(line, '\n')); line = end + 1) {
-        json_t *js = json_loadb(line, (size_t)(end - line), 0, NULL);
-        if (js && strcmp(json_string_value(json_object_get(js, "template")), tmpl) == 0 &&
-            strcmp(json_string_value(json_object_get(js, "conversation")), conv) == 0 &&
-            json_is_true(json_object_get(js, "add_generation_prompt")) == add_generation_prompt)
-            found = strdup(json_string_value(json_object_get(js, "output")));
-        json_decref(js);
-    }
-    free(all);
-    return found;
-}
-
 static void test_chat(void)
 {
     iflow_model *m;
@@ -537,7 +521,7 @@ static void test_chat(void)
     int rc = iflow_chat_open(&c, m, NULL);
     CHECK_ERR(rc, IFLOW_ENOTFOUND, "s.ifs", "has no chat template");
     CHECK(c == NULL, "no chat handle on failure");
-    char *want = expected_chat("llama2", "system_user", 1);
+    char *want = chatref_expected("llama2", "system_user", 1, NULL);
     CHECK(want != NULL, "fixture chat/expected.jsonl has llama2/system_user");
     const char *msgs = "[{\"role\": \"system\", \"content\": \"You are a helpful assistant.\"},"
                        " {\"role\": \"user\", \"content\": \"What is the capital of France?\"}]";

@@ -9,6 +9,7 @@
  *   - extra variables that would replace the conversation's own are refused.
  */
 #include "tests/unit/testlib.h"
+#include "tests/unit/chatref.h"
 #include "libcore/formats/gguf.h"
 #include "libcore/formats/shard.h"
 #include "libcore/serving/chat.h"
@@ -21,29 +22,6 @@
 
 static char dir[] = "/tmp/iflow-test-chat-XXXXXX";
 static char with_path[300], without_path[300];
-
-/* jinja2's rendering of template `tmpl`, conversation `conv` (malloc'd), and its messages. */
-static char *expected(const char *tmpl, const char *conv, int agp, json_t **messages)
-{
-    size_t n;
-    char *all = test_read_file(test_fixture("chat/expected.jsonl"), &n), *line = all, *found = NULL;
-    for (char *end; !found && line && (end = strchr(line, '\n')); line = end + 1) {
-        json_t *js = json_loadb(line, (size_t)(end - line), 0, NULL);
-        if (js && strcmp(json_string_value(json_object_get(js, "template")), tmpl) == 0 &&
-            strcmp(json_string_value(json_object_get(js, "conversation")), conv) == 0 &&
-            json_is_true(json_object_get(js, "add_generation_prompt")) == agp && !json_object_get(js, "vars"))
-            found = strdup(json_string_value(json_object_get(js, "output")));
-        json_decref(js);
-    }
-    free(all);
-    json_t *convs = json_load_file(test_fixture("chat/conversations.json"), 0, NULL);
-    *messages = NULL;
-    for (size_t i = 0; i < json_array_size(convs); i++)
-        if (strcmp(json_string_value(json_object_get(json_array_get(convs, i), "name")), conv) == 0)
-            *messages = json_incref(json_object_get(json_array_get(convs, i), "messages"));
-    json_decref(convs);
-    return found;
-}
 
 /* A copy of shard `from` without its "chat_template" record. */
 static int copy_without_template(const char *from, const char *to)
@@ -96,7 +74,7 @@ static void render_case(const char *what, const char *path)
     iflow_model *m;
     iflow_chat *c;
     json_t *messages;
-    char *want = expected("smollm2", "system_multi_ends_assistant", 1, &messages), *text;
+    char *want = chatref_expected("smollm2", "system_multi_ends_assistant", 1, &messages), *text;
     size_t len;
     CHECK(want && messages, "fixtures for smollm2");
     if (iflow_model_open(&m, path, 0) < 0) {
