@@ -290,10 +290,11 @@ static void generate_beams(generator *g, const char *prompt, size_t prompt_len, 
 static void chat_text(const generator *g, const char *prompt, size_t prompt_len, char **text, size_t *len)
 {
     json_t *msgs = json_array(), *user = json_pack("{s:s, s:s%}", "role", "user", "content", prompt, prompt_len);
-    if (!user)
-        die(&tool, "prompt is not valid UTF-8, so it cannot be a chat message");
-    if (g->o->system)
-        json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content", g->o->system));
+    json_t *sys = g->o->system ? json_pack("{s:s, s:s}", "role", "system", "content", g->o->system) : NULL;
+    if (!user || (g->o->system && !sys))
+        die(&tool, "%s is not valid UTF-8, so it cannot be a chat message", user ? "--system's text" : "prompt");
+    if (sys)
+        json_array_append_new(msgs, sys);
     json_array_append_new(msgs, user);
     if (iflow_chat_render(g->chat, msgs, NULL, 1, text, len) < 0)
         die(&tool, NULL);

@@ -110,6 +110,10 @@ run $BIN/iflow-run -m "$TMP/s.ifs" --chat --chat-template "$TMP/bad.jinja" -p "O
 expect_rc 1 "a template that does not parse"
 expect_match "$err" "^iflow-run: chat template '$TMP/bad.jinja' line 2, column [0-9]+: " "its message names the line"
 expect_one_line "a template that does not parse"
+run $BIN/iflow-run -m "$TMP/t1.ifs" --chat --system $'bad \xff' -p "Once"
+expect_rc 1 "--system text that is not UTF-8"
+expect_eq "$err" "iflow-run: --system's text is not valid UTF-8, so it cannot be a chat message" \
+    "--system text that is not UTF-8: refused, not dropped"
 run $BIN/iflow-run -m "$TMP/s.ifs" --system "x" -p "Once"
 expect_rc 2 "--system without --chat"
 expect_eq "$(head -n 1 <<<"$err")" "iflow-run: --system goes with --chat" "--system without --chat: the message"
