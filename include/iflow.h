@@ -280,8 +280,10 @@ typedef struct {
                         * room is needed. Not for a request with a context shift.              */
 } iflow_batch_params;
 
-enum { IFLOW_FINISH_EOS = 0, IFLOW_FINISH_LENGTH, IFLOW_FINISH_STOP, IFLOW_FINISH_CONTEXT };
-/* "eos", "length", "stop", "context". */
+/* GRAMMAR: the request's grammar (iflow_request.grammar) is complete and nothing may follow,
+ * or no token of the vocabulary can continue the text under it. */
+enum { IFLOW_FINISH_EOS = 0, IFLOW_FINISH_LENGTH, IFLOW_FINISH_STOP, IFLOW_FINISH_CONTEXT, IFLOW_FINISH_GRAMMAR };
+/* "eos", "length", "stop", "context", "grammar". */
 IFLOW_API const char *iflow_finish_name(int finish);
 
 /* What a request does when its context is full (iflow_request.context_shift):
@@ -334,6 +336,11 @@ typedef struct {
                                      * the second token; those before get a NAN entry). The
                                      * blocks wholly before the position before it may come from
                                      * the prefix cache; max_tokens may then be 0: score only */
+    /* Optional: the generated text must follow this grammar (constrained decoding: each draw
+     * only among the tokens it allows, end-of-sequence only where it may end). The batch holds
+     * a reference (iflow_grammar_open's object may be closed after iflow_batch_add). Not with a
+     * draft's proposals: such a request decodes without them */
+    const struct iflow_grammar *grammar;
 } iflow_request;
 
 typedef struct {
@@ -394,6 +401,7 @@ typedef struct {
     /* Optional: each piece of text as it becomes final, while generating. */
     void (*on_text)(void *user, const char *text, size_t n);
     void *user;
+    const struct iflow_grammar *grammar; /* NULL, or the text must follow it (iflow_request.grammar) */
 } iflow_generate_params;
 
 IFLOW_API void iflow_generate_params_default(iflow_generate_params *p);
@@ -421,6 +429,24 @@ IFLOW_API void iflow_chat_close(iflow_chat *c);
  * to iflow_batch_add() (iflow_request.prompt); the reply ends at the model's end-of-turn token. */
 IFLOW_API int iflow_chat_tokens(const iflow_chat *c, const char *messages_json, size_t len, int add_generation_prompt,
                                 int32_t **ids, size_t *n_ids);
+
+/* ---- grammars (constrained decoding) --------------------------------------------------------
+ *
+ * A grammar in GBNF (llama.cpp's grammar language: rules `name ::= ...`, "literals",
+ * [classes], ( ), * + ? {m,n}; the whole language in libcore/serving/grammar.h), or made from
+ * a JSON Schema or a regular expression. Give it to a request (iflow_request.grammar). */
+
+typedef struct iflow_grammar iflow_grammar;
+
+/* text [len] GBNF; root: the start rule (NULL: "root"). IFLOW_EINVAL naming line and column. */
+IFLOW_API int  iflow_grammar_open(iflow_grammar **out, const char *text, size_t len, const char *root);
+IFLOW_API void iflow_grammar_close(iflow_grammar *g);
+/* GBNF text (malloc'd, root rule "root") for JSON valid under a JSON Schema [len] (NULL or "{}":
+ * any JSON value); refuses, naming them, the keywords it cannot enforce. */
+IFLOW_API int  iflow_grammar_from_json_schema(const char *schema, size_t len, char **out);
+/* GBNF rules (malloc'd) for text that a regular expression [len] matches whole; the first rule
+ * is `name`. */
+IFLOW_API int  iflow_grammar_from_regex(const char *re, size_t len, const char *name, char **out);
 
 /* ---- perplexity ----------------------------------------------------------------------------
  *
