@@ -232,7 +232,8 @@ static item *parse_line(const reader *rd, const char *line, size_t len, long lin
         return NULL;
     it->line = line_no;
     iflow_request_defaults d = {.max_tokens = o->max_tokens, .context_shift = o->context_shift, .keep = o->keep,
-                                .sp = o->sp, .logprobs = o->logprobs, .prompt_logprobs = o->prompt_logprobs};
+                                .sp = o->sp, .logprobs = o->logprobs, .prompt_logprobs = o->prompt_logprobs,
+                                .grammar = o->grammar};
     if (iflow_request_parse(&it->f, line, len, line_no, &d) < 0) {
         item_fail(it, "%s", iflow_errmsg());
         if (!it->f.id)
@@ -242,7 +243,8 @@ static item *parse_line(const reader *rd, const char *line, size_t len, long lin
     iflow_request *q = &it->req;
     *q = (iflow_request){.max_tokens = it->f.max_tokens, .sampling = it->f.sp, .n_stop = it->f.n_stop,
                          .context_shift = it->f.context_shift, .keep = it->f.keep, .user = it,
-                         .logprobs = it->f.logprobs, .prompt_logprobs = it->f.prompt_logprobs};
+                         .logprobs = it->f.logprobs, .prompt_logprobs = it->f.prompt_logprobs,
+                         .grammar = it->f.grammar};
     for (int i = 0; i < it->f.n_stop; i++)
         q->stop[i] = it->f.stop[i];
     if (it->f.messages && chat_prompt(rd, it) < 0) {

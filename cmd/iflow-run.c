@@ -15,6 +15,7 @@
 #include "libcore/serving/beam.h"
 #include "libcore/engine/stop.h"
 #include "libcore/serving/chat.h"
+#include "libcore/serving/grammar.h"
 #include "libcore/tokenizers/tokenizer.h"
 
 #include <jansson.h>
@@ -34,6 +35,7 @@ enum {
     O_SAMPLER, O_MINP, O_TYPICAL, O_TFS, O_MIROSTAT_TAU, O_MIROSTAT_ETA, O_REPEAT_PENALTY, O_REPEAT_LAST_N,
     O_FREQUENCY_PENALTY, O_PRESENCE_PENALTY, O_FSD_ALPHA, O_FSD_K, O_FSD_N, O_FSD_BETA, O_FSD_RANDOM_STEPS,
     O_EMBED, O_TRANSLATE, O_DECODER_PREFIX, O_SOURCE_PREFIX, O_CHAT, O_SYSTEM, O_CHAT_TEMPLATE,
+    O_GRAMMAR, O_GRAMMAR_FILE, O_JSON_SCHEMA, O_JSON_SCHEMA_FILE, O_REGEX, O_CHOICE,
 };
 
 static const iflow_opt opts[] = {
@@ -44,6 +46,12 @@ static const iflow_opt opts[] = {
     {O_CHAT, "chat", 0, NULL, "each prompt is a user's message: the model's chat template (from its checkpoint) makes it a conversation and the assistant's reply is generated", NULL},
     {O_SYSTEM, "system", 0, "TEXT", "with --chat: a system message before each user message", NULL},
     {O_CHAT_TEMPLATE, "chat-template", 0, "FILE", "the chat template (Jinja, as Hugging Face's chat_template) for --chat and --batch's \"messages\" instead of the model's", "file"},
+    {O_GRAMMAR, "grammar", 0, "TEXT", "constrained decoding: the generated text follows the grammar TEXT (GBNF, llama.cpp's grammar language: rules name ::= ..., starting at the rule root; iflow-run(1), GRAMMARS)", NULL},
+    {O_GRAMMAR_FILE, "grammar-file", 0, "FILE", "the same, the grammar read from FILE", "file"},
+    {O_JSON_SCHEMA, "json-schema", 0, "TEXT", "constrained decoding: the generated text is JSON valid under the JSON Schema TEXT ('{}': any JSON value; '{\"type\":\"object\"}': any object)", NULL},
+    {O_JSON_SCHEMA_FILE, "json-schema-file", 0, "FILE", "the same, the schema read from FILE", "file"},
+    {O_REGEX, "regex", 0, "TEXT", "constrained decoding: the generated text matches the regular expression TEXT whole", NULL},
+    {O_CHOICE, "choice", 0, "TEXT", "constrained decoding: the generated text is one of the --choice texts (repeatable)", NULL},
     {O_SAMPLER, "sampler", 0, "NAME", "chain (default: every cut set), greedy, top-k, top-p, min-p, typical, tfs (that cut alone), mirostat, mirostat2, fsd or rfsd", "chain greedy top-k top-p min-p typical tfs mirostat mirostat2 fsd rfsd"},
     {O_TEMP, "temp", 0, "T", "sampling temperature; 0 is greedy (default 0.8)", NULL},
     {O_TOPK, "top-k", 0, "K", "sample from the K most likely tokens; 0 for all (default 40)", NULL},
@@ -124,6 +132,7 @@ typedef struct {
     int chat;                 /* --chat */
     const char *system;       /* --system TEXT, or NULL */
     const char *chat_template; /* --chat-template FILE, or NULL */
+    iflow_grammar *grammar;   /* --grammar, --json-schema, --regex, --choice (and the -file forms), or NULL */
     const char *metrics;
     const char *comm;     /* --comm: auto, mpi or nccl */
     device_opts dev;
@@ -334,7 +343,8 @@ static void generate(generator *g, const char *prompt, size_t prompt_len)
     if (o->n_predict > 0) {
         iflow_request q = {.prompt = ids, .n_prompt = (int)n_ids, .max_tokens = o->n_predict, .sampling = o->sp,
                            .n_stop = o->n_stops, .context_shift = o->context_shift, .keep = o->keep, .user = g,
-                           .on_text = on_text, .logprobs = o->logprobs, .prompt_logprobs = o->prompt_logprobs};
+                           .on_text = on_text, .logprobs = o->logprobs, .prompt_logprobs = o->prompt_logprobs,
+                           .grammar = o->grammar};
         q.sampling.seed += (uint64_t)g->n_prompts;
         for (int i = 0; i < o->n_stops; i++)
             q.stop[i] = o->stops[i];
@@ -436,7 +446,7 @@ static int run_batch(const run_opts *o)
                     .max_tokens = o->n_predict, .verbose = o->verbose, .json = o->json, .sp = o->sp,
                     .context_shift = o->context_shift, .keep = o->keep,
                     .metrics = o->metrics, .model = o->model, .progress = o->progress,
-                    .gpu_graphs = o->dev.gpu_graphs};
+                    .gpu_graphs = o->dev.gpu_graphs, .grammar = o->grammar};
     int rc;
     char why[512];
     iflow_chat *chat = NULL;
@@ -567,6 +577,66 @@ static void sampling_opt(sampling_opts *so, int id, const char *arg)
     so->value[so->n++] = arg;
 }
 
+/* The constraint options, one at most, made a grammar (before the model is loaded: a bad one
+ * fails fast). choices [n_choices]: the --choice texts. */
+typedef struct {
+    int id;              /* the option given (O_GRAMMAR ...), 0 for none */
+    const char *arg;
+    const char **choices;
+    int n_choices;
+} constraint_opts;
+
+static void constraint_opt(constraint_opts *co, int id, const char *arg)
+{
+    if (co->id && !(co->id == O_CHOICE && id == O_CHOICE))
+        die_usage(&tool, "--grammar, --grammar-file, --json-schema, --json-schema-file, --regex and --choice: one at "
+                         "most (--choice may be repeated)");
+    co->id = id;
+    co->arg = arg;
+    if (id == O_CHOICE)
+        co->choices[co->n_choices++] = arg;
+}
+
+static iflow_grammar *constraint_grammar(const constraint_opts *co)
+{
+    static const char *const names[] = {"grammar", "grammar-file", "json-schema", "json-schema-file", "regex"};
+    iflow_grammar *g = NULL;
+    char *text = NULL, *gbnf = NULL;
+    size_t len = 0;
+    int rc;
+    if (!co->id)
+        return NULL;
+    if (co->id == O_CHOICE) {
+        size_t *lens = malloc(sizeof *lens * (size_t)co->n_choices);
+        if (!lens)
+            die(&tool, "out of memory");
+        for (int i = 0; i < co->n_choices; i++)
+            lens[i] = strlen(co->choices[i]);
+        rc = iflow_grammar_from_choices(co->choices, lens, co->n_choices, &gbnf);
+        if (rc == 0)
+            rc = iflow_grammar_open(&g, gbnf, strlen(gbnf), NULL);
+        free(lens);
+        free(gbnf);
+        if (rc < 0)
+            die(&tool, "--choice: %s", iflow_errmsg());
+        return g;
+    }
+    const char *name = names[co->id - O_GRAMMAR];
+    int from_file = co->id == O_GRAMMAR_FILE || co->id == O_JSON_SCHEMA_FILE;
+    if (from_file && slurp(co->arg, &text, &len) < 0)
+        die(&tool, NULL);
+    int kind = co->id == O_REGEX ? IFLOW_GRAMMAR_REGEX
+             : co->id == O_JSON_SCHEMA || co->id == O_JSON_SCHEMA_FILE ? IFLOW_GRAMMAR_JSON_SCHEMA : IFLOW_GRAMMAR_GBNF;
+    rc = iflow_grammar_open_as(&g, kind, from_file ? text : co->arg, from_file ? len : strlen(co->arg));
+    free(text);
+    if (rc < 0) {
+        if (from_file)
+            die(&tool, "--%s '%s': %s", name, co->arg, iflow_errmsg());
+        die(&tool, "--%s: %s", name, iflow_errmsg());
+    }
+    return g;
+}
+
 int main(int argc, char **argv)
 {
     run_opts o = {.n_predict = 128, .dev = {.gpu_layers = -1, .gpu_graphs = IFLOW_GRAPHS_REPLAY}, .progress = PROGRESS_AUTO, .context_shift = -1,
@@ -575,13 +645,18 @@ int main(int argc, char **argv)
     iflow_sampler_params_default(&o.sp);
     o.sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
     sampling_opts so = {.n = 0};
-    if (!(o.stops = calloc((size_t)argc, sizeof *o.stops)))
+    constraint_opts co = {0};
+    if (!(o.stops = calloc((size_t)argc, sizeof *o.stops)) || !(co.choices = calloc((size_t)argc, sizeof *co.choices)))
         die(&tool, "out of memory");
     int c;
     const char *arg;
     while ((c = opt_next(&tool, argc, argv, &arg)) != 0) {
         if (c == O_TEMP || c == O_TOPK || c == O_TOPP || c == O_SEED || (c >= O_SAMPLER && c <= O_FSD_RANDOM_STEPS)) {
             sampling_opt(&so, c, arg);
+            continue;
+        }
+        if (c >= O_GRAMMAR && c <= O_CHOICE) {
+            constraint_opt(&co, c, arg);
             continue;
         }
         switch (c) {
@@ -692,6 +767,9 @@ int main(int argc, char **argv)
                          "--embed, --translate");
     if (o.chat_template && !o.chat && !o.batch)
         die_usage(&tool, "--chat-template goes with --chat or --batch");
+    if (co.id && (o.beams || o.embed || o.translate || o.tokenize))
+        die_usage(&tool, "a constraint (--grammar, --json-schema, --regex, --choice) goes with none of --beams, "
+                         "--embed, --translate, --tokenize");
     if ((o.decoder_prefix || o.source_prefix) && !o.translate)
         die_usage(&tool, "--%s goes with --translate", o.decoder_prefix ? "decoder-prefix" : "source-prefix");
     if (o.translate && (o.embed || o.batch || o.dry_run || o.tokenize || o.draft || o.n_stops || o.echo || so.n ||
@@ -716,7 +794,10 @@ int main(int argc, char **argv)
         free(o.stops);
         return embed_run(&tool, &eo);
     }
+    o.grammar = constraint_grammar(&co);
     int rc = o.tokenize ? tokenize(&o) : o.batch || o.dry_run ? run_batch(&o) : run(&o);
+    iflow_grammar_close(o.grammar);
+    free(co.choices);
     free(o.stops);
     return rc;
 }

@@ -2,6 +2,7 @@
 #include "libcore/serving/batch.h"
 #include "libcore/base/error.h"
 #include "libcore/serving/blocks.h"
+#include "libcore/serving/grammar.h"
 #include "libcore/engine/ppl.h"
 #include "libcore/engine/stop.h"
 #include "kernels/cpu/kvcache.h"
@@ -55,6 +56,8 @@ typedef struct req {
     iflow_token_logprob lp_next;  /* logprobs: the entry of the token being drawn          */
     iflow_stop *stop;             /* the stop strings' matcher                             */
     int first_piece;              /* the text starts at the first generated token           */
+    iflow_grammar *grammar;       /* constrained decoding (a reference), or NULL            */
+    iflow_gstate *gs;             /* with grammar: the text so far, parsed                  */
     void (*on_text)(void *user, const char *text, size_t n);
     iflow_result *res;
 } req;
@@ -85,6 +88,12 @@ struct iflow_batch {
     float *dlogits;               /* [parallel][vocab] the draft's logits of a step         */
     float *p_dist;                /* [vocab] scratch: the model's distribution              */
     int32_t dids[IFLOW_MAX_STEP]; /* a catch-up step's tokens                              */
+    /* constrained decoding (requests with a grammar), made at the first such request */
+    iflow_gvocab *gv;             /* the vocabulary's bytes, as a trie                     */
+    uint8_t *gmask;               /* [vocab] the tokens a grammar allows next              */
+    float *glogits;               /* [vocab] the logits, those not allowed -inf            */
+    int32_t *eos_ids;             /* [n_eos] the tokens that end a sequence                 */
+    int n_eos;
 };
 
 static double now(void)
@@ -111,8 +120,8 @@ int iflow_shift_from_name(const char *name)
 
 const char *iflow_finish_name(int finish)
 {
-    static const char *const names[] = {"eos", "length", "stop", "context"};
-    return finish >= 0 && finish <= IFLOW_FINISH_CONTEXT ? names[finish] : "?";
+    static const char *const names[] = {"eos", "length", "stop", "context", "grammar"};
+    return finish >= 0 && finish <= IFLOW_FINISH_GRAMMAR ? names[finish] : "?";
 }
 
 uint64_t iflow_batch_block_bytes(const iflow_model *m, int kv_type, int block)
@@ -195,6 +204,8 @@ static void req_free(req *r)
     iflow_sampler_close(r->dsampler);
     iflow_sampler_close(r->sampler);
     iflow_stop_close(r->stop);
+    iflow_gstate_close(r->gs);
+    iflow_grammar_close(r->grammar);
     iflow_result_free(r->res);
     free(r);
 }
@@ -218,6 +229,10 @@ void iflow_batch_close(iflow_batch *b)
     iflow_blocks_close(b->dpool);
     free(b->dlogits);
     free(b->p_dist);
+    iflow_gvocab_close(b->gv);
+    free(b->gmask);
+    free(b->glogits);
+    free(b->eos_ids);
     iflow_blocks_close(b->pool);
     free(b->logits);
     free(b);
@@ -292,6 +307,32 @@ void iflow_batch_get_stats(const iflow_batch *b, iflow_batch_stats *st)
 /* ---- requests ---------------------------------------------------------------------------- */
 
 static int blocks_for(const iflow_batch *b, int positions) { return (positions + b->p.block - 1) / b->p.block; }
+
+/* What requests with a grammar need, made once: the vocabulary's trie, the end tokens, scratch. */
+static int grammar_ready(iflow_batch *b)
+{
+    if (b->gv)
+        return 0;
+    if (!b->tok)
+        return iflow_seterr(IFLOW_EINVAL, "a grammar needs the model's tokenizer, and this model has none");
+    const int V = iflow_model_hparams(b->m)->vocab_size;
+    int rc = iflow_gvocab_open(&b->gv, b->tok);
+    if (rc == 0 && iflow_gvocab_n(b->gv) != V)
+        rc = iflow_seterr(IFLOW_EINVAL, "the tokenizer's %d tokens are not the model's %d", iflow_gvocab_n(b->gv), V);
+    b->gmask = malloc((size_t)V);
+    b->glogits = malloc((size_t)V * sizeof *b->glogits);
+    b->eos_ids = malloc((size_t)V * sizeof *b->eos_ids);
+    if (rc == 0 && (!b->gmask || !b->glogits || !b->eos_ids))
+        rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    for (int32_t id = 0; rc == 0 && id < V; id++)
+        if (iflow_model_is_eos(b->m, id))
+            b->eos_ids[b->n_eos++] = id;
+    if (rc < 0) {
+        iflow_gvocab_close(b->gv);
+        b->gv = NULL;
+    }
+    return rc;
+}
 
 int iflow_batch_add(iflow_batch *b, const iflow_request *q)
 {
@@ -369,8 +410,13 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
         rc = iflow_sampler_accept(r->sampler, q->prompt[i]);
     if (rc == 0)
         rc = iflow_stop_open(&r->stop, q->stop, q->n_stop);
-    /* the draft's own stream (not with log-probabilities: a proposal accepted has no draw) */
-    if (rc == 0 && b->draft && !q->logprobs && iflow_sampler_has_dist(r->sampler)) {
+    if (rc == 0 && q->grammar && (rc = grammar_ready(b)) == 0) {
+        r->grammar = iflow_grammar_ref((iflow_grammar *)q->grammar);
+        rc = iflow_gstate_open(&r->gs, q->grammar);
+    }
+    /* the draft's own stream (not with log-probabilities: a proposal accepted has no draw; not
+     * with a grammar: the draft's draws would have to follow it too) */
+    if (rc == 0 && b->draft && !q->logprobs && !q->grammar && iflow_sampler_has_dist(r->sampler)) {
         iflow_sampler_params dsp = q->sampling;
         dsp.seed ^= 0x9e3779b97f4a7c15ull;
         rc = iflow_sampler_open(&r->dsampler, &dsp, hp->vocab_size);
@@ -386,7 +432,7 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
     }
     r->logprobs = q->logprobs;
     r->prompt_logprobs = q->prompt_logprobs;
-    r->greedy = iflow_sampler_is_greedy(r->sampler) && !q->logprobs && !q->prompt_logprobs;
+    r->greedy = iflow_sampler_is_greedy(r->sampler) && !q->logprobs && !q->prompt_logprobs && !q->grammar;
     r->lp_from = lp_from;
     for (int p = 0; q->prompt_logprobs && p < q->n_prompt && p < lp_from; p++) /* not scored */
         r->res->prompt_logprobs[p] = (iflow_token_logprob){.id = q->prompt[p], .logprob = NAN};
@@ -594,13 +640,68 @@ static void logprob_of(const float *logits, int V, int32_t id, int n_top, iflow_
         e->top_logprob[k] = (float)(logits[e->top_id[k]] - lse);
 }
 
+/* The bytes token id adds to r's text at its next position (as append_text() gives them). */
+static int token_piece(iflow_batch *b, req *r, int32_t id, char *buf, size_t cap)
+{
+    return iflow_tokenizer_piece(b->tok, id, r->first_piece && r->res->n_tokens == 0, buf, cap);
+}
+
+/* b->gmask = the tokens r's grammar allows next: the trie's walk, or, for a text's first token
+ * whose piece loses its leading space there (sentencepiece), each token's piece tested. Returns
+ * how many, or < 0. */
+static int grammar_mask(iflow_batch *b, req *r)
+{
+    if (!(r->first_piece && r->res->n_tokens == 0))
+        return iflow_gstate_mask(r->gs, b->gv, b->gmask);
+    const int V = iflow_gvocab_n(b->gv);
+    int count = 0;
+    for (int32_t id = 0; id < V; id++) {
+        char piece[1024];
+        int n = token_piece(b, r, id, piece, sizeof piece), ok = 0;
+        if (n > 0 && (ok = iflow_gstate_test(r->gs, piece, (size_t)n)) < 0)
+            return ok;
+        b->gmask[id] = (uint8_t)(ok > 0);
+        count += ok > 0;
+    }
+    return count;
+}
+
+#define NO_TOKEN (-0x40000000) /* draw_constrained(): the grammar allows no token */
+
+/* r's draw under its grammar: the sampler sees the logits with every token the grammar does
+ * not allow next at -inf (the end tokens allowed where the text may end). A greedy sampler's
+ * argmax is tried first: when the grammar takes it, it is the choice and the mask is not made.
+ * The token, NO_TOKEN, or < 0 on failure. */
+static int32_t draw_constrained(iflow_batch *b, req *r, const float *logits)
+{
+    const int V = iflow_model_hparams(b->m)->vocab_size, can_end = iflow_gstate_can_end(r->gs);
+    if (iflow_sampler_is_greedy(r->sampler) && !(r->first_piece && r->res->n_tokens == 0)) {
+        int32_t id = iflow_argmax(logits, V);
+        int ok = iflow_model_is_eos(b->m, id) ? can_end : iflow_gstate_allows(r->gs, b->gv, id);
+        if (ok != 0)
+            return ok < 0 ? ok : id;
+    }
+    int n = grammar_mask(b, r);
+    if (n < 0)
+        return n;
+    for (int i = 0; i < b->n_eos; i++) {
+        b->gmask[b->eos_ids[i]] = (uint8_t)can_end;
+        n += can_end;
+    }
+    if (n == 0)
+        return NO_TOKEN;
+    for (int i = 0; i < V; i++)
+        b->glogits[i] = b->gmask[i] ? logits[i] : -INFINITY;
+    return iflow_sampler_sample(r->sampler, b->glogits);
+}
+
 /* r draws its next token from logits [vocab] (its sampler's choice), noting its log-probabilities
  * when it reports them. */
 static int32_t draw(iflow_batch *b, req *r, const float *logits)
 {
     const int V = iflow_model_hparams(b->m)->vocab_size;
-    int32_t id = iflow_sampler_sample(r->sampler, logits);
-    if (r->logprobs)
+    int32_t id = r->gs ? draw_constrained(b, r, logits) : iflow_sampler_sample(r->sampler, logits);
+    if (id >= 0 && r->logprobs)
         logprob_of(logits, V, id, r->logprobs - 1, &r->lp_next);
     return id;
 }
@@ -610,10 +711,21 @@ static int32_t draw(iflow_batch *b, req *r, const float *logits)
 static int accept(iflow_batch *b, req *r, int32_t id)
 {
     iflow_result *res = r->res;
+    if (id < 0 && id != NO_TOKEN)
+        return id; /* the grammar failed */
     if (res->n_tokens == 0)
         res->t_first = now();
+    if (id == NO_TOKEN)
+        return ended(b, r, IFLOW_FINISH_GRAMMAR);
     if (iflow_model_is_eos(b->m, id))
         return ended(b, r, IFLOW_FINISH_EOS);
+    if (r->gs) { /* before the token is counted: the piece's `first` is that of its position */
+        char piece[1024];
+        int n = token_piece(b, r, id, piece, sizeof piece);
+        int rc = n < 0 ? n : iflow_gstate_advance(r->gs, piece, (size_t)n);
+        if (rc < 0)
+            return rc;
+    }
     res->tokens[res->n_tokens++] = id;
     if (res->logprobs)
         res->logprobs[res->n_tokens - 1] = r->lp_next;
@@ -627,6 +739,8 @@ static int accept(iflow_batch *b, req *r, int32_t id)
         return stop;
     if (stop)
         return ended(b, r, IFLOW_FINISH_STOP);
+    if (r->gs && iflow_gstate_is_done(r->gs)) /* only an end could follow: it is taken as given */
+        return ended(b, r, IFLOW_FINISH_GRAMMAR);
     if (res->n_tokens == r->max_tokens) /* clipped by the context, or max_tokens itself */
         return ended(b, r, r->clipped ? IFLOW_FINISH_CONTEXT : IFLOW_FINISH_LENGTH);
     r->pending = id;

@@ -16,6 +16,7 @@ void iflow_request_fields_free(iflow_request_fields *f)
     free(f->continuation);
     json_decref(f->messages);
     json_decref(f->chat_vars);
+    iflow_grammar_close(f->grammar);
     for (int i = 0; i < f->n_stop; i++)
         free(f->stop[i]);
     memset(f, 0, sizeof *f);
@@ -92,6 +93,97 @@ static int parse_stop(iflow_request_fields *f, const json_t *v)
     return 0;
 }
 
+/* schema (a JSON Schema: an object or true) made the request's grammar. */
+static int schema_grammar(iflow_request_fields *f, const json_t *schema)
+{
+    char *text = json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (!text)
+        return oom();
+    int rc = iflow_grammar_open_as(&f->grammar, IFLOW_GRAMMAR_JSON_SCHEMA, text, strlen(text));
+    free(text);
+    return rc;
+}
+
+/* OpenAI's response_format. */
+static int response_format_grammar(iflow_request_fields *f, const json_t *v)
+{
+    const char *type = json_string_value(json_object_get(v, "type"));
+    if (!json_is_object(v) || !type)
+        return iflow_seterr(IFLOW_EINVAL, "it must be an object with a string \"type\"");
+    if (strcmp(type, "text") == 0)
+        return 0;
+    if (strcmp(type, "json_object") == 0)
+        return iflow_grammar_open_as(&f->grammar, IFLOW_GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\"}", 17);
+    const json_t *schema = json_object_get(json_object_get(v, "json_schema"), "schema");
+    if (strcmp(type, "json_schema") != 0)
+        return iflow_seterr(IFLOW_EINVAL, "type '%s' is not \"text\", \"json_object\" or \"json_schema\"", type);
+    if (!json_is_object(schema) && !json_is_boolean(schema))
+        return iflow_seterr(IFLOW_EINVAL, "type \"json_schema\" needs \"json_schema\": {\"schema\": {...}}");
+    return schema_grammar(f, schema);
+}
+
+/* "choice": the text is one of a list of strings. */
+static int choice_grammar(iflow_request_fields *f, const json_t *v)
+{
+    size_t n = json_array_size(v), i;
+    const char **texts = malloc((n ? n : 1) * sizeof *texts);
+    size_t *lens = malloc((n ? n : 1) * sizeof *lens);
+    int rc = texts && lens ? 0 : oom();
+    if (rc == 0 && (!json_is_array(v) || n == 0 || n > 65536))
+        rc = iflow_seterr(IFLOW_EINVAL, "it must be a list of 1 to 65536 strings");
+    json_t *x;
+    json_array_foreach(v, i, x)
+    {
+        if (rc < 0)
+            break;
+        if (!json_is_string(x) || json_string_length(x) == 0)
+            rc = iflow_seterr(IFLOW_EINVAL, "choice %zu is not a non-empty string", i + 1);
+        else {
+            texts[i] = json_string_value(x);
+            lens[i] = json_string_length(x);
+        }
+    }
+    char *gbnf = NULL;
+    if (rc == 0 && (rc = iflow_grammar_from_choices(texts, lens, (int)n, &gbnf)) == 0)
+        rc = iflow_grammar_open(&f->grammar, gbnf, strlen(gbnf), NULL);
+    free(gbnf);
+    free(texts);
+    free(lens);
+    return rc;
+}
+
+/* The constraint fields ("grammar", "json_schema", "regex", "choice", "response_format"): the
+ * request's grammar instead of the default one. 1 when key is none of them. */
+static int parse_grammar_field(iflow_request_fields *f, const char *key, const json_t *v, int *given)
+{
+    static const char *const keys[] = {"grammar", "json_schema", "regex", "choice", "response_format"};
+    int k = 0;
+    while (k < 5 && strcmp(key, keys[k]) != 0)
+        k++;
+    if (k == 5)
+        return 1;
+    if ((*given)++)
+        return iflow_seterr(IFLOW_EINVAL, "fields 'grammar', 'json_schema', 'regex', 'choice' and 'response_format': "
+                                          "one at most");
+    iflow_grammar_close(f->grammar); /* the default's reference */
+    f->grammar = NULL;
+    int rc;
+    if ((k == 0 || k == 2) && (!json_is_string(v) || strlen(json_string_value(v)) != json_string_length(v)))
+        rc = iflow_seterr(IFLOW_EINVAL, "it must be a string");
+    else if (k == 0 || k == 2)
+        rc = iflow_grammar_open_as(&f->grammar, k == 0 ? IFLOW_GRAMMAR_GBNF : IFLOW_GRAMMAR_REGEX,
+                                   json_string_value(v), json_string_length(v));
+    else if (k == 1 && json_is_string(v)) /* the schema's JSON text */
+        rc = iflow_grammar_open_as(&f->grammar, IFLOW_GRAMMAR_JSON_SCHEMA, json_string_value(v),
+                                   json_string_length(v));
+    else if (k == 1)
+        rc = json_is_object(v) || json_is_boolean(v) ? schema_grammar(f, v)
+                                                     : iflow_seterr(IFLOW_EINVAL, "it must be an object");
+    else
+        rc = k == 3 ? choice_grammar(f, v) : response_format_grammar(f, v);
+    return rc < 0 ? iflow_preperr(rc, "field '%s'", key) : 0;
+}
+
 /* A sampling field's value as the text iflow_sampler_params_set() reads. */
 static int value_text(const char *key, const json_t *v, char *buf, size_t cap)
 {
@@ -114,7 +206,7 @@ static int parse_object(iflow_request_fields *f, const json_t *js)
     const char *names[MAX_SAMPLING];
     char values[MAX_SAMPLING][64];
     const char *vals[MAX_SAMPLING];
-    int n = 0, rc, lp_given = 0, max_given = 0, logprobs_given = 0, chat_given = 0;
+    int n = 0, rc, lp_given = 0, max_given = 0, logprobs_given = 0, chat_given = 0, grammar_given = 0;
     const char *key;
     json_t *v;
     json_object_foreach((json_t *)js, key, v)
@@ -122,6 +214,9 @@ static int parse_object(iflow_request_fields *f, const json_t *js)
         if (strcmp(key, "id") == 0)
             continue;
         if ((rc = parse_chat_field(f, key, v, &chat_given)) <= 0) {
+            if (rc < 0)
+                return rc;
+        } else if ((rc = parse_grammar_field(f, key, v, &grammar_given)) <= 0) {
             if (rc < 0)
                 return rc;
         } else if (strcmp(key, "prompt") == 0) {
@@ -192,6 +287,10 @@ static int parse_object(iflow_request_fields *f, const json_t *js)
     if (f->beams && (logprobs_given || f->continuation))
         return iflow_seterr(IFLOW_EINVAL, "fields 'logprobs', 'prompt_logprobs' and 'continuation' do not go with "
                                           "'beams' (a beam's result has its log-probability)");
+    if (f->beams && f->grammar) /* the command line's too: a search that ignored it would mislead */
+        return iflow_seterr(IFLOW_EINVAL, "a constraint (%s) does not go with 'beams'",
+                            grammar_given ? "'grammar', 'json_schema', 'regex', 'choice' or 'response_format'"
+                                          : "the command line's");
     if (f->beams) /* the command line's defaults are for the other requests */
         f->logprobs = f->prompt_logprobs = 0;
     if (f->continuation && !max_given)
@@ -214,6 +313,7 @@ int iflow_request_parse(iflow_request_fields *f, const char *line, size_t len, l
     f->length_penalty = 1.0f;
     f->add_generation_prompt = 1;
     f->sp = d->sp;
+    f->grammar = iflow_grammar_ref(d->grammar);
     f->sp.seed = d->sp.seed + (uint64_t)(line_no - 1); /* line 1: the seed itself; a "seed" field overrides */
     json_error_t jerr;
     json_t *js = json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);

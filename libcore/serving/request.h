@@ -15,7 +15,12 @@
  *   context shift), "length_penalty" (a number, with "beams"), "logprobs" and "prompt_logprobs"
  *   (integers from 0 to IFLOW_MAX_TOP_LOGPROBS: the log-probabilities of the generated / the
  *   prompt's tokens with that many most likely alternatives; not with "beams"), "continuation" (a
- *   string scored after the prompt: max_tokens then defaults to 0; not with "beams"), and every
+ *   string scored after the prompt: max_tokens then defaults to 0; not with "beams"), one
+ *   constraint on the generated text (grammar.h; not with "beams"): "grammar" (GBNF text),
+ *   "json_schema" (a JSON Schema: an object, true, or its JSON text), "regex" (a string),
+ *   "choice" (a non-empty list of strings: the text is one of them) or "response_format"
+ *   (OpenAI's: {"type": "text"}, {"type": "json_object"} for any JSON object, or
+ *   {"type": "json_schema", "json_schema": {"schema": {...}, ...}}), and every
  *   sampling parameter of sampler.h's name table ("temperature", "top_k", "top_p",
  *   "min_p", "seed", "sampler", "mirostat", "repeat_penalty", ...: numbers, or a string for
  *   "sampler"). A field that is absent keeps the default given; "seed" defaults to the given
@@ -34,6 +39,7 @@
 
 #include "libcore/engine/sampler.h"
 #include "libcore/serving/batch.h"
+#include "libcore/serving/grammar.h"
 
 typedef struct {
     char *id;                       /* compact JSON                                        */
@@ -52,6 +58,7 @@ typedef struct {
     json_t *messages;               /* a chat (prompt NULL), or NULL                       */
     json_t *chat_vars;              /* with messages: "tools" and the chat_template_kwargs, or NULL */
     int add_generation_prompt;      /* with messages (default 1)                           */
+    iflow_grammar *grammar;         /* the text's grammar (a reference of its own), or NULL */
 } iflow_request_fields;
 
 /* What a field that is absent gets. */
@@ -59,6 +66,7 @@ typedef struct {
     int max_tokens, context_shift, keep;
     iflow_sampler_params sp;
     int logprobs, prompt_logprobs;  /* as in iflow_request_fields */
+    iflow_grammar *grammar;         /* NULL, or for every request that gives none           */
 } iflow_request_defaults;
 
 int  iflow_request_parse(iflow_request_fields *out, const char *line, size_t len, long line_no,

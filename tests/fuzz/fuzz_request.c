@@ -1,5 +1,7 @@
 /* fuzz_request.c -- a batch request line (libcore/serving/request.h): parsed with defaults,
- * then a sampler opened from the fields it set (what iflow-run --batch does before tokenizing). */
+ * then a sampler opened from the fields it set (what iflow-run --batch does before tokenizing),
+ * and a constraint's grammar ("grammar", "json_schema", "regex", "choice", "response_format")
+ * matched against a short text. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +35,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         int lp_max = 1 + IFLOW_MAX_TOP_LOGPROBS; /* 0 absent, else 1 + the field */
         if (f.logprobs < 0 || f.logprobs > lp_max || f.prompt_logprobs < 0 || f.prompt_logprobs > lp_max ||
             (f.beams && (f.logprobs || f.prompt_logprobs)))
+            abort();
+        /* a constraint never goes with beams; the grammar made matches some text or none */
+        if (f.grammar && (f.beams || iflow_grammar_match(f.grammar, "{}", 2, NULL) < 0))
             abort();
     }
     iflow_request_fields_free(&f);

@@ -17,6 +17,8 @@
  *     sampler API (iflow_ctx_eval, iflow_sampler_accept / _sample: the same tokens) and against
  *     itself alone through iflow_generate; a stop string, on_text pieces, user pointers, the
  *     stats, and the requests a batch refuses;
+ *   - grammars: iflow_generate under a GBNF grammar gives text of its shape; a bad grammar
+ *     refused; the regex and JSON Schema converters are exported;
  *   - chat: a model without a template refused, a conversation's tokens through Llama 2's template
  *     file equal to the tokens of jinja2's rendering of it (tests/fixtures/chat/expected.jsonl),
  *     messages that are not JSON or not a chat refused. */
@@ -230,6 +232,34 @@ static void test_generate(void)
     CHECK_ERR(iflow_generate(m, "x", &gp, &r), IFLOW_EINVAL, "stop strings", "from 0 to 8");
     gp.n_stop = 0, gp.add_bos = 0;
     CHECK_ERR(iflow_generate(m, "", &gp, &r), IFLOW_EINVAL, "prompt", "empty");
+    /* a grammar: the text is one of the choices, whatever the sampler draws; a bad one refused */
+    gp.add_bos = 1, gp.max_tokens = 16, gp.sampling.seed = 5;
+    iflow_grammar *g = NULL;
+    const char *gbnf = "root ::= \" \" (\"went\" | \"and\" | \"saw\") \" the \" [a-z]+ \".\"";
+    CHECK(iflow_grammar_open(&g, gbnf, strlen(gbnf), NULL) == 0, "grammar: %s", iflow_errmsg());
+    gp.grammar = g;
+    r = NULL;
+    CHECK(iflow_generate(m, "Lily and Tom", &gp, &r) == 0, "generate with a grammar: %s", iflow_errmsg());
+    if (r) {
+        size_t n_text = strlen(r->text);
+        int shaped = n_text > 7 && r->text[n_text - 1] == '.' &&
+                     (!strncmp(r->text, " went the ", 10) || !strncmp(r->text, " and the ", 9) ||
+                      !strncmp(r->text, " saw the ", 9));
+        CHECK(shaped || r->finish == IFLOW_FINISH_LENGTH, "'%s' (%s) follows the grammar", r->text,
+              iflow_finish_name(r->finish));
+        iflow_result_free(r);
+    }
+    iflow_grammar_close(g);
+    gp.grammar = NULL;
+    g = NULL;
+    CHECK_ERR(iflow_grammar_open(&g, "root ::= [", 10, NULL), IFLOW_EINVAL, "grammar:", "a class is not closed");
+    char *text = NULL;
+    CHECK(iflow_grammar_from_regex("[0-9]{2}", 8, "root", &text) == 0 && text, "regex: %s", iflow_errmsg());
+    free(text);
+    text = NULL;
+    CHECK(iflow_grammar_from_json_schema("{\"type\":\"integer\"}", 18, &text) == 0 && text, "schema: %s",
+          iflow_errmsg());
+    free(text);
     free(ids);
     iflow_ctx_close(c);
     iflow_model_close(m);
