@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # bench/bench.sh BUILD_DIR -- iflow's benchmarks as one JSON object on stdout (progress on stderr).
-# bench/bench.sh BUILD_DIR speculative -- the speculative decoding entries alone.
+# bench/bench.sh BUILD_DIR speculative -- the speculative decoding entries alone (grammar: the
+# constrained decoding entries alone).
 #
 # For stories260K (F32, from its HF folder) and the synthetic TinyLlama-1.1B shape (F16 and F32):
 # convert time and peak RSS, load time, prefill and decode tokens/s at 1 and 2 threads, and
@@ -22,7 +23,8 @@
 # and generation past the context (bench/shiftbench.c): perplexity and tokens/s of WikiText read
 # through a small context with RoPE-key shifts, recomputation, and restarts; and decode beside a
 # busy loop pinned to one of the two cores the run uses (the thread pool against OpenMP); and
-# decode after a 2,048-token prompt with each KV cache type (decode_at_depth).
+# decode after a 2,048-token prompt with each KV cache type (decode_at_depth); and constrained
+# decoding (bench/grammarbench.c, and SmolLM2's sampled reply with and without a grammar).
 # No thresholds: these are measurements.
 set -euo pipefail
 build=${1:?usage: bench/bench.sh BUILD_DIR}
@@ -83,9 +85,40 @@ speculative_entries() {
           smollm2: ({model: "smollm2-135m f32", draft: "smollm2-135m q4_b32"} + $smol)}'
 }
 
-# bench/bench.sh BUILD_DIR speculative: those entries alone
+# Constrained decoding: the masks of a JSON grammar over SmolLM2's vocabulary (bench/grammarbench.c),
+# and SmolLM2-135M-Instruct's sampled reply (temp 0.8, 2 threads, 96 tokens; best of 3 runs) with
+# no constraint, with a JSON grammar whose strings repeat their parser states, and with a regex
+# (a date) whose every step is a new state: generated tok/s from -v and their ratio.
+grammar_entries() {
+    log "grammar: masks over SmolLM2's vocabulary; SmolLM2 sampled with and without a constraint"
+    local gb gguf="$DATA/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf" free json date
+    gb=$("$build/grammarbench" "$DATA/models/tokenizers/smollm2-135m/tokenizer.json")
+    bin/iflow-convert "$gguf" -o "$work/smol.ifs" >&2
+    gen_tps() { # constraint args... -> best generated tok/s of 3 runs
+        local best=0 x _
+        for _ in 1 2 3; do
+            x=$(bin/iflow-run -m "$work/smol.ifs" --chat -p "Describe a person as JSON." --temp 0.8 --seed 1 -n 96 \
+                -t 2 -v "$@" 2>&1 >/dev/null | sed -nE 's/.*generated [0-9]+ tokens in [0-9.]+ s \(([0-9.]+) tok\/s\).*/\1/p')
+            best=$(jq -n "[$best, ${x:-0}] | max")
+        done
+        echo "$best"
+    }
+    free=$(gen_tps)
+    json=$(gen_tps --json-schema '{}')
+    date=$(gen_tps --regex '([0-9]{4}-[0-9]{2}-[0-9]{2}, )*[0-9]{4}-[0-9]{2}-[0-9]{2}')
+    rm -f "$work/smol.ifs"
+    jq -n --argjson gb "$gb" --argjson free "$free" --argjson json "$json" --argjson date "$date" \
+        '{masks: $gb, smollm2_sampled: {threads: 2, tokens: 96, free_tok_s: $free, json_tok_s: $json,
+          json_ratio: (if $free > 0 then $json / $free else null end), date_regex_tok_s: $date,
+          date_regex_ratio: (if $free > 0 then $date / $free else null end)}}'
+}
+# bench/bench.sh BUILD_DIR speculative (or grammar): those entries alone
 if [ "${2:-}" = speculative ]; then
     speculative_entries
+    exit
+fi
+if [ "${2:-}" = grammar ]; then
+    grammar_entries
     exit
 fi
 
@@ -320,13 +353,15 @@ depth_entries() {
 depth=$(depth_entries)
 spec=$(speculative_entries)
 
+grammar=$(grammar_entries)
+
 log "kernel micro-benchmarks"
 kern=$("$build/kbench" --quick | jq -s .)
 
 jq -n --argjson bw1 "$bw1" --argjson bw2 "$bw2" --argjson a "$s260" --argjson b "$tl16" --argjson c "$tl32" \
-    --argjson kern "$kern" --argjson roof "$roof" --argjson quant "$quant" --argjson float "$float" --argjson part "$part" --argjson batch "$batch" --argjson ctxshift "$ctxshift" --argjson spec "$spec" --argjson busy "$busy" --argjson depth "$depth" \
+    --argjson kern "$kern" --argjson roof "$roof" --argjson quant "$quant" --argjson float "$float" --argjson part "$part" --argjson batch "$batch" --argjson ctxshift "$ctxshift" --argjson spec "$spec" --argjson busy "$busy" --argjson depth "$depth" --argjson grammar "$grammar" \
     --arg cpu "$(sed -nE 's/^model name\s*: //p' /proc/cpuinfo | head -n 1)" --arg cores "$(nproc)" '
     {machine: {cpu: $cpu, cores: ($cores | tonumber), kernel_path: ($kern[0].isa // null),
                membw_read_gbps: {"1": $bw1, "2": $bw2}, roof: $roof},
-     models: [$a, $b, $c], quantized: $quant, float_weights: $float, partition: $part, batch: $batch, context_shift: $ctxshift, speculative: $spec, busy_core: $busy, decode_at_depth: $depth,
+     models: [$a, $b, $c], quantized: $quant, float_weights: $float, partition: $part, batch: $batch, context_shift: $ctxshift, speculative: $spec, busy_core: $busy, decode_at_depth: $depth, grammar: $grammar,
      kernels: $kern}'
