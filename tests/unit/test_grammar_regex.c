@@ -14,6 +14,7 @@
  *     a long regex gives GBNF of a size linear in it, which opens and matches.
  */
 #include "tests/unit/check.h"
+#include "tests/unit/jsonl.h"
 #include "libcore/base/error.h"
 #include "libcore/serving/grammar.h"
 
@@ -45,35 +46,6 @@ static int rules_named(const char *gbnf)
             return 0;
     }
     return 1;
-}
-
-/* The lines of a fixture file as JSON objects, or NULL. */
-static json_t **read_jsonl(const char *rel, size_t *count)
-{
-    const char *path = test_fixture(rel);
-    size_t n;
-    char *text = path ? test_read_file(path, &n) : NULL;
-    if (!text)
-        return NULL;
-    json_t **lines = calloc(n / 16 + 2, sizeof *lines);
-    size_t k = 0;
-    for (char *p = text, *end = text + n; lines && p < end;) {
-        char *nl = memchr(p, '\n', (size_t)(end - p));
-        size_t len = nl ? (size_t)(nl - p) : (size_t)(end - p);
-        if (len && (lines[k] = json_loadb(p, len, JSON_ALLOW_NUL, NULL)))
-            k++;
-        p += len + 1;
-    }
-    free(text);
-    *count = k;
-    return lines;
-}
-
-static void free_jsonl(json_t **lines, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        json_decref(lines[i]);
-    free(lines);
 }
 
 /* A refused regex: IFLOW_EINVAL, one line, "regex: " and then `want`. */
@@ -108,7 +80,7 @@ static void check_text(const char *re, const char *gbnf, const iflow_grammar *g,
 static void test_fixture_cases(void)
 {
     size_t n;
-    json_t **lines = read_jsonl("grammar/regex.jsonl", &n);
+    json_t **lines = test_read_jsonl("grammar/regex.jsonl", JSON_ALLOW_NUL, &n);
     if (!lines)
         SKIP("tests/fixtures/grammar/regex.jsonl is missing");
     CHECK(n >= 5000, "regex.jsonl has %zu lines", n);
@@ -148,7 +120,7 @@ static void test_fixture_cases(void)
     CHECK(n_regexes >= 500 && n_errors >= 80, "%zu regexes, %zu refused", n_regexes, n_errors);
     CHECK(n_match >= 1500 && n_prefix >= n_match + 500 && n - n_errors >= n_prefix + 1500,
           "labels: %zu match, %zu prefix of %zu", n_match, n_prefix, n - n_errors);
-    free_jsonl(lines, n);
+    test_free_jsonl(lines, n);
 }
 
 /* The GBNF of a few regexes, whole: the form the contract promises. */

@@ -13,39 +13,11 @@
  * On a failed match the schema, the text and the grammar are printed.
  */
 #include "tests/unit/check.h"
+#include "tests/unit/jsonl.h"
 #include "libcore/base/error.h"
 #include "libcore/serving/grammar.h"
 
 #include <jansson.h>
-
-/* The lines of a fixture file as JSON objects (a malloc'd array), or NULL. */
-static json_t **read_jsonl(const char *rel, size_t *count)
-{
-    const char *path = test_fixture(rel);
-    size_t n;
-    char *text = path ? test_read_file(path, &n) : NULL;
-    if (!text)
-        return NULL;
-    json_t **lines = calloc(n / 16 + 2, sizeof *lines);
-    size_t k = 0;
-    for (char *p = text, *end = text + n; lines && p < end;) {
-        char *nl = memchr(p, '\n', (size_t)(end - p));
-        size_t len = nl ? (size_t)(nl - p) : (size_t)(end - p);
-        if (len && (lines[k] = json_loadb(p, len, 0, NULL)))
-            k++;
-        p += len + 1;
-    }
-    free(text);
-    *count = k;
-    return lines;
-}
-
-static void free_jsonl(json_t **lines, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        json_decref(lines[i]);
-    free(lines);
-}
 
 /* The schema text of a fixture line: "schema_text", or "schema" written out. malloc'd. */
 static char *schema_text(const json_t *line)
@@ -137,7 +109,7 @@ static void check_refusal(const json_t *line)
 static void test_fixture_cases(void)
 {
     size_t n;
-    json_t **lines = read_jsonl("grammar/schema.jsonl", &n);
+    json_t **lines = test_read_jsonl("grammar/schema.jsonl", 0, &n);
     if (!lines)
         SKIP("tests/fixtures/grammar/schema.jsonl is missing");
     int n_schemas = 0, n_refused = 0, n_cases = 0, n_strict = 0;
@@ -152,7 +124,7 @@ static void test_fixture_cases(void)
     }
     CHECK(n_schemas >= 50 && n_cases >= 1000 && n_strict >= 20 && n_refused >= 40,
           "schema.jsonl: %d schemas, %d cases (%d strict), %d refusals", n_schemas, n_cases, n_strict, n_refused);
-    free_jsonl(lines, n);
+    test_free_jsonl(lines, n);
 }
 
 /* Texts any JSON value's grammar must accept, and reject. */

@@ -10,6 +10,7 @@
  * strftime_now's clock is pinned with "__now__" to 2024-07-26 00:00 in TZ=UTC, the fixtures' date.
  */
 #include "tests/unit/check.h"
+#include "tests/unit/jsonl.h"
 #include "libcore/base/error.h"
 #include "libcore/serving/template.h"
 
@@ -71,39 +72,10 @@ static void check_case(const char *what, const char *text, size_t len, json_t *v
     free(out);
 }
 
-/* The lines of a fixture file as JSON objects (NULL-terminated array), or NULL. */
-static json_t **read_jsonl(const char *rel, size_t *count)
-{
-    const char *path = test_fixture(rel);
-    size_t n;
-    char *text = path ? test_read_file(path, &n) : NULL;
-    if (!text)
-        return NULL;
-    json_t **lines = calloc(n / 16 + 2, sizeof *lines);
-    size_t k = 0;
-    for (char *p = text, *end = text + n; p < end;) {
-        char *nl = memchr(p, '\n', (size_t)(end - p));
-        size_t len = nl ? (size_t)(nl - p) : (size_t)(end - p);
-        if (len && (lines[k] = json_loadb(p, len, 0, NULL)))
-            k++;
-        p += len + 1;
-    }
-    free(text);
-    *count = k;
-    return lines;
-}
-
-static void free_jsonl(json_t **lines, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        json_decref(lines[i]);
-    free(lines);
-}
-
 static void test_features(void)
 {
     size_t n;
-    json_t **lines = read_jsonl("chat/features.jsonl", &n);
+    json_t **lines = test_read_jsonl("chat/features.jsonl", 0, &n);
     if (!lines)
         SKIP("tests/fixtures/chat/features.jsonl is missing");
     CHECK(n >= 150, "features.jsonl has %zu cases", n);
@@ -116,17 +88,17 @@ static void test_features(void)
                    json_string_length(tpl), vars, lines[i]);
         json_decref(vars);
     }
-    free_jsonl(lines, n);
+    test_free_jsonl(lines, n);
 }
 
 static void test_real_templates(void)
 {
     size_t n, len;
-    json_t **lines = read_jsonl("chat/expected.jsonl", &n);
+    json_t **lines = test_read_jsonl("chat/expected.jsonl", 0, &n);
     const char *path = test_fixture("chat/conversations.json");
     json_t *convs = path ? json_load_file(path, 0, NULL) : NULL;
     if (!lines || !convs) {
-        free_jsonl(lines, lines ? n : 0);
+        test_free_jsonl(lines, lines ? n : 0);
         json_decref(convs);
         SKIP("tests/fixtures/chat/expected.jsonl or conversations.json is missing");
     }
@@ -164,7 +136,7 @@ static void test_real_templates(void)
         free(text);
     }
     json_decref(convs);
-    free_jsonl(lines, n);
+    test_free_jsonl(lines, n);
 }
 
 /* The variables of this file's cases. */
