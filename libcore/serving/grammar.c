@@ -939,6 +939,19 @@ struct iflow_gstate {
     } mcache[GRAMMAR_MASK_CACHE];
     const void *mcache_vocab;
     uint64_t mcache_clock;
+    /* the vocabulary walk's sets of stacks, interned (sorted members in spool), and its steps:
+     * (set, byte) -> set, so that nodes whose parents hold the same set share one step */
+    struct iset {
+        uint32_t off, n;
+        uint64_t hash;
+    } *isets;
+    int32_t n_isets, cap_isets;
+    int32_t *spool;
+    int32_t n_spool, cap_spool;
+    uint32_t *iset_tab;   /* hash table of set ids + 1 */
+    uint32_t iset_tab_cap;
+    memo_slot *trans;     /* key (set << 8 | byte) + 1 -> off = the next set + 1 (0: none) */
+    uint32_t trans_cap, trans_n;
 };
 
 static uint32_t hash2(uint32_t a, uint32_t b)
@@ -1186,6 +1199,10 @@ void iflow_gstate_close(iflow_gstate *s)
         free(s->mcache[i].set);
         free(s->mcache[i].bits);
     }
+    free(s->isets);
+    free(s->spool);
+    free(s->iset_tab);
+    free(s->trans);
     free(s);
 }
 
@@ -1451,7 +1468,7 @@ int iflow_gvocab_open(iflow_gvocab **out, const iflow_tokenizer *tok)
 /* ---- masks ---------------------------------------------------------------------------------- */
 
 typedef struct {
-    int32_t node, off, n; /* a trie node whose children are next, and the state at it in buf */
+    int32_t node, set; /* a trie node whose children are next, and the interned set at it */
 } walk_item;
 
 static int cmp_i32(const void *a, const void *b)
@@ -1527,54 +1544,158 @@ int iflow_gstate_mask(iflow_gstate *s, const iflow_gvocab *v, uint8_t *allowed)
     return count;
 }
 
-/* The mask by the trie: a child's set is its parent's advanced by the child's byte; a subtree
- * whose set is empty is skipped whole. */
+/* ---- the walk's sets, interned ---- */
+
+#define ISET_LIMIT (1 << 22) /* members held by the interned sets before they are all forgotten */
+
+static uint64_t set_hash(const int32_t *m, int32_t n)
+{
+    return XXH3_64bits(m, (size_t)n * sizeof *m);
+}
+
+/* Forget every interned set and step (they are caches of what the frames say). */
+static void iset_clear(iflow_gstate *s)
+{
+    s->n_isets = 0;
+    s->n_spool = 0;
+    if (s->iset_tab)
+        memset(s->iset_tab, 0, (size_t)s->iset_tab_cap * sizeof *s->iset_tab);
+    if (s->trans)
+        memset(s->trans, 0, (size_t)s->trans_cap * sizeof *s->trans);
+    s->trans_n = 0;
+}
+
+static int iset_tab_grow(iflow_gstate *s)
+{
+    uint32_t nc = s->iset_tab_cap ? s->iset_tab_cap * 2 : 1024;
+    uint32_t *t = calloc(nc, sizeof *t);
+    if (!t)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    for (int32_t id = 0; id < s->n_isets; id++) {
+        uint32_t h = (uint32_t)s->isets[id].hash & (nc - 1);
+        while (t[h])
+            h = (h + 1) & (nc - 1);
+        t[h] = (uint32_t)id + 1;
+    }
+    free(s->iset_tab);
+    s->iset_tab = t;
+    s->iset_tab_cap = nc;
+    return 0;
+}
+
+/* The id of the set m [n] (sorted, distinct), interned if new; < 0 on error. */
+static int32_t iset_intern(iflow_gstate *s, const int32_t *m, int32_t n)
+{
+    if ((uint32_t)s->n_isets * 2 >= s->iset_tab_cap && iset_tab_grow(s) < 0)
+        return IFLOW_ENOMEM;
+    uint64_t h = set_hash(m, n);
+    uint32_t at = (uint32_t)h & (s->iset_tab_cap - 1);
+    for (; s->iset_tab[at]; at = (at + 1) & (s->iset_tab_cap - 1)) {
+        const struct iset *x = &s->isets[s->iset_tab[at] - 1];
+        if (x->hash == h && (int32_t)x->n == n && !memcmp(s->spool + x->off, m, (size_t)n * sizeof *m))
+            return (int32_t)s->iset_tab[at] - 1;
+    }
+    if (grow((void **)&s->isets, &s->cap_isets, s->n_isets + 1, sizeof *s->isets) < 0 ||
+        grow((void **)&s->spool, &s->cap_spool, s->n_spool + n, sizeof *s->spool) < 0)
+        return IFLOW_ENOMEM;
+    memcpy(s->spool + s->n_spool, m, (size_t)n * sizeof *m);
+    s->isets[s->n_isets] = (struct iset){.off = (uint32_t)s->n_spool, .n = (uint32_t)n, .hash = h};
+    s->n_spool += n;
+    s->iset_tab[at] = (uint32_t)s->n_isets + 1;
+    return s->n_isets++;
+}
+
+static int trans_grow(iflow_gstate *s)
+{
+    uint32_t nc = s->trans_cap ? s->trans_cap * 2 : 4096;
+    memo_slot *t = calloc(nc, sizeof *t);
+    if (!t)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    for (uint32_t i = 0; i < s->trans_cap; i++) {
+        if (!s->trans[i].key)
+            continue;
+        uint32_t h = hash2((uint32_t)(s->trans[i].key >> 32), (uint32_t)s->trans[i].key) & (nc - 1);
+        while (t[h].key)
+            h = (h + 1) & (nc - 1);
+        t[h] = s->trans[i];
+    }
+    free(s->trans);
+    s->trans = t;
+    s->trans_cap = nc;
+    return 0;
+}
+
+/* *next = the set that set `id` becomes after byte b (its id), or -1 when no stack takes b.
+ * 0, or < 0 on error. */
+static int iset_step(iflow_gstate *s, int32_t id, uint8_t b, int32_t *next)
+{
+    if (s->trans_n * 2 >= s->trans_cap && trans_grow(s) < 0)
+        return IFLOW_ENOMEM;
+    uint64_t key = ((uint64_t)(uint32_t)id << 8 | b) + 1;
+    uint32_t h = hash2((uint32_t)(key >> 32), (uint32_t)key) & (s->trans_cap - 1);
+    for (; s->trans[h].key; h = (h + 1) & (s->trans_cap - 1))
+        if (s->trans[h].key == key) {
+            *next = (int32_t)s->trans[h].off - 1;
+            return 0;
+        }
+    /* the members into buf, then advanced after them */
+    const struct iset x = s->isets[id];
+    s->n_buf = 0;
+    if (grow((void **)&s->buf, &s->cap_buf, (int32_t)x.n, sizeof *s->buf) < 0)
+        return IFLOW_ENOMEM;
+    memcpy(s->buf, s->spool + x.off, (size_t)x.n * sizeof *s->buf);
+    s->n_buf = (int32_t)x.n;
+    int cnt = advance_set(s, 0, (int32_t)x.n, &s->buf, &s->n_buf, &s->cap_buf, b);
+    if (cnt < 0)
+        return cnt;
+    *next = -1;
+    if (cnt > 0) {
+        int32_t *m = s->buf + x.n;
+        qsort(m, (size_t)cnt, sizeof *m, cmp_i32);
+        if ((*next = iset_intern(s, m, cnt)) < 0)
+            return *next;
+    }
+    s->trans[h] = (memo_slot){.key = key, .off = (uint32_t)(*next + 1)};
+    s->trans_n++;
+    return 0;
+}
+
+/* The mask by the trie: a child's set is its parent's stepped by the child's byte (looked up
+ * when the same set met the same byte before); a subtree whose set is empty is skipped whole. */
 static int mask_walk(iflow_gstate *s, const iflow_gvocab *v, uint8_t *allowed)
 {
     memset(allowed, 0, (size_t)v->n_vocab);
+    if (s->n_spool > ISET_LIMIT)
+        iset_clear(s);
     walk_item *stack = malloc(((size_t)v->max_len + 2) * sizeof *stack);
-    if (!stack)
-        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
-    s->n_buf = 0;
-    int rc = grow((void **)&s->buf, &s->cap_buf, s->n_cur, sizeof *s->buf);
-    if (rc == 0) {
-        memcpy(s->buf, s->cur, (size_t)s->n_cur * sizeof *s->buf);
-        s->n_buf = s->n_cur;
-    }
-    int count = 0, top = 0;
-    stack[top++] = (walk_item){.node = 0, .off = 0, .n = s->n_cur};
     int32_t *child_of = malloc(((size_t)v->max_len + 2) * sizeof *child_of); /* per depth: next child */
-    if (!child_of)
-        rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
-    if (rc == 0)
-        child_of[0] = v->node[0].child;
+    int rc = stack && child_of ? 0 : iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    int32_t root = rc == 0 ? iset_intern(s, s->cur, s->n_cur) : -1; /* s->cur is sorted (mask_slot) */
+    if (rc == 0 && root < 0)
+        rc = root;
+    int count = 0, top = 0;
+    if (rc == 0) {
+        stack[top] = (walk_item){.node = 0, .set = root};
+        child_of[top++] = v->node[0].child;
+    }
     while (rc == 0 && top > 0) {
-        walk_item *it = &stack[top - 1];
         int32_t c = child_of[top - 1];
-        if (c < 0) { /* every child done: drop this level's set */
-            s->n_buf = it->off + it->n;
+        if (c < 0) { /* every child done */
             top--;
-            if (top > 0)
-                s->n_buf = stack[top - 1].off + stack[top - 1].n;
             continue;
         }
         child_of[top - 1] = v->node[c].sibling;
-        s->n_buf = it->off + it->n; /* forget the previous child's subtree */
-        int32_t off = s->n_buf;
-        int cnt = advance_set(s, it->off, it->n, &s->buf, &s->n_buf, &s->cap_buf, v->node[c].byte);
-        if (cnt < 0) {
-            rc = cnt;
+        int32_t next;
+        if ((rc = iset_step(s, stack[top - 1].set, v->node[c].byte, &next)) < 0)
             break;
-        }
-        if (cnt == 0)
+        if (next < 0)
             continue;
         for (int32_t k = 0; k < v->node[c].n_tok; k++)
             allowed[v->ids[v->node[c].tok + k]] = 1;
         count += v->node[c].n_tok;
         if (v->node[c].child >= 0) {
-            stack[top] = (walk_item){.node = c, .off = off, .n = cnt};
-            child_of[top] = v->node[c].child;
-            top++;
+            stack[top] = (walk_item){.node = c, .set = next};
+            child_of[top++] = v->node[c].child;
         }
     }
     free(stack);

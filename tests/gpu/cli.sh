@@ -23,6 +23,7 @@
 #     the TinyLlama shape;
 #   - log-probabilities through --batch (a prompt scored, greedy tokens' with the most likely): the
 #     CPU's ids, every log-probability within 1e-3;
+#   - constrained decoding (--grammar): greedy, the CPU's tokens; sampled, text of the grammar;
 #   - --kv-type f16 on the GPU: at least 32 of 64 greedy tokens the CPU's, perplexity within 0.1 %;
 #   - a placement that does not fit names the device and the bytes it lacks, before loading.
 # What is observed is printed on lines starting with "OBSERVED" (the make check-gpu log keeps them).
@@ -236,6 +237,21 @@ d=$(jq -n --argjson a "$a" --argjson b "$b" '[range($a.lp | length) | ($a.lp[.] 
 echo "OBSERVED log-probabilities of $(jq '.lp | length' <<<"$a") positions: max |GPU - CPU| $d" >&2
 [ "$(jq -n --argjson a "$a" --argjson b "$b" '($a.lp | length) == ($b.lp | length) and ($a.lp | length) > 30')" = true ] &&
     awk -v d="$d" 'BEGIN { exit !(d <= 1e-3) }' && ok || bad "log-probabilities: GPU and CPU differ by $d"
+
+# ---- constrained decoding: a request with a grammar takes its logits back to the host for the
+# mask (not the device's argmax): greedy, the CPU's tokens; sampled, text that follows the grammar ----
+g='root ::= (" " [a-z]+){3,12} "."'
+constrained() { # device temp -> [ids, finish, text]
+    local act=()
+    [ "$1" = cpu ] && act=(--activations f32)
+    $BIN/iflow-run -m "$TMP/s.ifs" --device "$1" "${act[@]}" -p "Once upon a time" --grammar "$g" --temp "$2" \
+        --seed 4 -n 48 --json | jq -c '[.gen_ids, .stop, .text]'
+}
+a=$(constrained cuda 0)
+expect_eq "$a" "$(constrained cpu 0)" "a grammar on the GPU: the CPU's greedy tokens"
+echo "OBSERVED greedy under a grammar on the GPU: $(jq -c '.[1:]' <<<"$a")" >&2
+t=$(constrained cuda 1 | jq -r '.[2]')
+[[ $t =~ ^( [a-z]+){3,12}\.$ ]] && ok || bad "sampled under a grammar on the GPU: '$t' does not follow it"
 
 # ---- --kv-type f16: the cache in half precision on the GPU (CUDA's F16 attention kernels) ----
 # The keys and values come from products summed in another order on each side, so one may round

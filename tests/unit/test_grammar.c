@@ -9,7 +9,8 @@
  *     test_grammar_schema.c) check the recognizer against Python's re and jsonschema besides;
  *   - masks: for a JSON grammar over SmolLM2's 49152-token vocabulary, at every prefix of a JSON
  *     text, the trie walk's mask equals each token tested alone (its bytes run through the
- *     state), and a mask taken again from the state's cache equals a fresh walk;
+ *     state), and a mask taken again from the state's cache equals a fresh walk; the same for a
+ *     JSON Schema's bounded strings (every position a state of its own) over UTF-8 text;
  *   - limits: an ambiguous grammar whose parses double with each byte is stopped at
  *     IFLOW_GRAMMAR_MAX_STACKS with IFLOW_ERANGE; nesting and repetition bounds;
  *   - choices: texts with quotes, backslashes, control characters and UTF-8 match themselves
@@ -259,6 +260,34 @@ static void test_masks(void)
     ERR(s ? iflow_gstate_allows(s, v, V) : 0, IFLOW_ERANGE, "outside the vocabulary");
     free(mask);
     free(again);
+    iflow_gstate_close(s);
+    iflow_grammar_close(g);
+    /* a JSON Schema's bounded strings: every position a state of its own (no mask from the cache) */
+    const char *schema = "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":12},"
+                         "\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\",\"minLength\":2,"
+                         "\"maxLength\":4},\"maxItems\":3}},\"required\":[\"name\",\"tags\"]}";
+    const char *doc = "{\"name\": \"Z\u00e9 \\\"Q\\\" \u4e2d\", \"tags\": [\"ab\", \"\u00e9\u00e9\u00e9\u00e9\"]}";
+    g = NULL;
+    CHECK(iflow_grammar_open_as(&g, IFLOW_GRAMMAR_JSON_SCHEMA, schema, strlen(schema)) == 0, "schema: %s",
+          iflow_errmsg());
+    mask = malloc((size_t)V);
+    s = NULL;
+    CHECK(g && iflow_gstate_open(&s, g) == 0, "schema state");
+    len = strlen(doc);
+    agree = 1;
+    for (size_t i = 0; s && i <= len && agree; i++) {
+        iflow_gstate_mask(s, v, mask);
+        for (int32_t id = 0; id < V && agree; id++)
+            if (iflow_gstate_allows(s, v, id) != mask[id]) {
+                agree = 0;
+                CHECK(0, "schema, at byte %zu: token %d: mask %d", i, id, mask[id]);
+            }
+        if (i < len)
+            CHECK(iflow_gstate_advance(s, doc + i, 1) == 0, "schema: advance at %zu: %s", i, iflow_errmsg());
+    }
+    CHECK(agree && s && iflow_gstate_is_done(s), "a schema's masks: each token tested alone, at all %zu prefixes",
+          len + 1);
+    free(mask);
     iflow_gstate_close(s);
     iflow_grammar_close(g);
     iflow_gvocab_close(v);
