@@ -734,6 +734,7 @@ int main(int argc, char **argv)
     if (o.list_devices) {
         devices_list(&tool, o.json);
         free(o.stops);
+        free(co.choices);
         return 0;
     }
     if (opt_index() < argc)
@@ -784,6 +785,7 @@ int main(int argc, char **argv)
         if (strcmp(o.model, "-") == 0 && !o.prompt)
             die_usage(&tool, "the model comes from standard input, so the text must come from -p");
         free(o.stops);
+        free(co.choices);
         return translate_run(&tool, &to);
     }
     if (o.embed) {
@@ -792,12 +794,13 @@ int main(int argc, char **argv)
         if (strcmp(o.model, "-") == 0 && !o.prompt)
             die_usage(&tool, "the model comes from standard input, so the text must come from -p");
         free(o.stops);
+        free(co.choices);
         return embed_run(&tool, &eo);
     }
     o.grammar = constraint_grammar(&co);
     int rc = o.tokenize ? tokenize(&o) : o.batch || o.dry_run ? run_batch(&o) : run(&o);
     iflow_grammar_close(o.grammar);
-    free(co.choices);
     free(o.stops);
+    free(co.choices);
     return rc;
 }
