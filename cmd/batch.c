@@ -3,6 +3,7 @@
 #include "cmd/io.h"
 #include "cmd/progress.h"
 #include "libcore/base/error.h"
+#include "libcore/base/jsonutil.h"
 #include "libcore/serving/batch.h"
 #include "libcore/serving/beam.h"
 #include "libcore/serving/chat.h"
@@ -344,7 +345,7 @@ static json_t *result_json(const item *it, const iflow_tokenizer *tok)
     }
     const iflow_result *r = it->res;
     double gen_s = r->t_done - r->t_first;
-    json_object_set_new(o, "text", json_stringn(r->text ? r->text : "", r->text_len));
+    json_object_set_new(o, "text", iflow_json_text(r->text ? r->text : "", r->text_len));
     json_object_set_new(o, "finish_reason", json_string(iflow_finish_name(r->finish)));
     if (r->stop_index >= 0 && r->stop_index < it->f.n_stop)
         json_object_set_new(o, "stop_string", json_string(it->f.stop[r->stop_index]));

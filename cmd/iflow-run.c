@@ -9,6 +9,7 @@
 #include "cmd/progress.h"
 #include "cmd/translate.h"
 #include "libcore/base/error.h"
+#include "libcore/base/jsonutil.h"
 #include "libcore/engine/model.h"
 #include "libcore/engine/sampler.h"
 #include "libcore/serving/batch.h"
@@ -265,11 +266,11 @@ static void generate_beams(generator *g, const char *prompt, size_t prompt_len, 
         fwrite(bs[0].text, 1, bs[0].text_len, stdout);
     } else {
         json_t *js = json_object(), *arr = json_array();
-        json_object_set_new(js, "prompt", json_stringn(prompt, prompt_len));
+        json_object_set_new(js, "prompt", iflow_json_text(prompt, prompt_len));
         json_object_set_new(js, "prompt_ids", ids_json(ids, n_ids));
         for (int i = 0; i < nb; i++) {
             json_t *b = json_object();
-            json_object_set_new(b, "text", json_stringn(bs[i].text, bs[i].text_len));
+            json_object_set_new(b, "text", iflow_json_text(bs[i].text, bs[i].text_len));
             json_object_set_new(b, "gen_ids", ids_json(bs[i].tokens, (size_t)bs[i].n_tokens));
             json_object_set_new(b, "logprob", json_real(bs[i].logprob));
             json_object_set_new(b, "score", json_real(bs[i].score));
@@ -363,10 +364,10 @@ static void generate(generator *g, const char *prompt, size_t prompt_len)
     g->n_prompts++;
     if (o->json) {
         json_t *js = json_object();
-        json_object_set_new(js, "prompt", json_stringn(prompt, prompt_len));
+        json_object_set_new(js, "prompt", iflow_json_text(prompt, prompt_len));
         json_object_set_new(js, "prompt_ids", ids_json(ids, n_ids));
         json_object_set_new(js, "gen_ids", ids_json(r ? r->tokens : NULL, r ? (size_t)r->n_tokens : 0));
-        json_object_set_new(js, "text", json_stringn(g->acc ? g->acc : "", g->acc_len));
+        json_object_set_new(js, "text", iflow_json_text(g->acc ? g->acc : "", g->acc_len));
         json_object_set_new(js, "stop", json_string(r ? iflow_finish_name(r->finish) : "length"));
         if (r && r->stop_index >= 0)
             json_object_set_new(js, "stop_string", json_string(o->stops[r->stop_index]));

@@ -28,6 +28,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* A JSON string of text [n] that may not be valid UTF-8 (a generation cut inside a character,
+ * a model's stray bytes): each maximal invalid subpart becomes U+FFFD, as Python's
+ * bytes.decode("utf-8", "replace") does. NULL only when memory runs out. */
+json_t *iflow_json_text(const char *text, size_t n);
+
 /* Read and parse the file at `path` (any JSON value). IFLOW_ENOTFOUND if it does not exist,
  * IFLOW_EIO if it cannot be read, IFLOW_EFORMAT if it is not valid JSON. */
 int iflow_json_load_file(json_t **out, const char *path);

@@ -108,6 +108,22 @@ r=$(jq -r 'select(.id == "obj") | .finish_reason' <<<"$out")
 [ "$r" = length ] || expect_eq "$(jq -r type <<<"$t" 2>/dev/null)" "object" "json_object: '$t' is an object"
 [ "$r" != length ] || expect_match "$t" '^\{' "json_object, cut by max_tokens: '$t' opens an object"
 
+# ---- a reply cut inside a character (hiragana are two byte-level tokens here): --json's text is
+# still a string, the partial character U+FFFD (Python's decode with errors="replace") ----
+for n in 4 5; do
+    run $BIN/iflow-run -m "$TMP/smol.ifs" --chat -p "Write in Japanese." --grammar 'root ::= [ぁ-ゟ]+' --temp 0 -n $n --json
+    t=$(jq -r .text <<<"$out")
+    plain=$($BIN/iflow-run -m "$TMP/smol.ifs" --chat -p "Write in Japanese." --grammar 'root ::= [ぁ-ゟ]+' --temp 0 -n $n)
+    if [ $n = 4 ]; then
+        expect_eq "$t" "$plain" "-n $n: whole characters, the plain text"
+    else
+        head=$(jq -r '.text | .[:-1]' <<<"$out")
+        expect_eq "$(jq -r '.text | endswith("\ufffd")' <<<"$out")" true "-n $n: cut inside a character, U+FFFD last"
+        [ -n "$head" ] && [ "$(printf '%s' "$plain" | head -c "$(printf '%s' "$head" | wc -c)")" = "$head" ] && ok ||
+            bad "-n $n: '$head' does not begin the plain text"
+    fi
+done
+
 # ---- errors: said before the model is read ----
 run $BIN/iflow-run -m "$TMP/nonexistent.ifs" -p x --grammar 'root ::= x'
 expect_rc 1 "a grammar with an undefined rule"
