@@ -1085,23 +1085,25 @@ static int byte_ok(const iflow_grammar *g, const elem *e, uint8_t b)
     return e->kind == E_RANGE ? b >= e->lo && b <= e->hi : (g->sets[e->arg][b >> 6] >> (b & 63)) & 1;
 }
 
-static int memo_grow(iflow_gstate *s)
+/* Double a table of memo slots keyed by 64 bits (*tab [*cap], a power of two; 0 at first). */
+static int memo_table_grow(memo_slot **tab, uint32_t *cap)
 {
-    uint32_t nc = s->memo_cap ? s->memo_cap * 2 : 4096;
+    uint32_t nc = *cap ? *cap * 2 : 4096;
     memo_slot *t = calloc(nc, sizeof *t);
     if (!t)
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
-    for (uint32_t i = 0; i < s->memo_cap; i++) {
-        if (!s->memo[i].key)
+    for (uint32_t i = 0; i < *cap; i++) {
+        const memo_slot *x = &(*tab)[i];
+        if (!x->key)
             continue;
-        uint32_t h = hash2((uint32_t)(s->memo[i].key >> 32), (uint32_t)s->memo[i].key) & (nc - 1);
+        uint32_t h = hash2((uint32_t)(x->key >> 32), (uint32_t)x->key) & (nc - 1);
         while (t[h].key)
             h = (h + 1) & (nc - 1);
-        t[h] = s->memo[i];
+        t[h] = *x;
     }
-    free(s->memo);
-    s->memo = t;
-    s->memo_cap = nc;
+    free(*tab);
+    *tab = t;
+    *cap = nc;
     return 0;
 }
 
@@ -1114,7 +1116,7 @@ static int advance_frame(iflow_gstate *s, int32_t f, uint8_t b, const int32_t **
         *n = 0;
         return 0;
     }
-    if (s->memo_n * 2 >= s->memo_cap && memo_grow(s) < 0)
+    if (s->memo_n * 2 >= s->memo_cap && memo_table_grow(&s->memo, &s->memo_cap) < 0)
         return IFLOW_ENOMEM;
     uint64_t key = ((uint64_t)(uint32_t)f << 8 | b) + 1;
     uint32_t h = hash2((uint32_t)(key >> 32), (uint32_t)key) & (s->memo_cap - 1);
@@ -1605,31 +1607,11 @@ static int32_t iset_intern(iflow_gstate *s, const int32_t *m, int32_t n)
     return s->n_isets++;
 }
 
-static int trans_grow(iflow_gstate *s)
-{
-    uint32_t nc = s->trans_cap ? s->trans_cap * 2 : 4096;
-    memo_slot *t = calloc(nc, sizeof *t);
-    if (!t)
-        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
-    for (uint32_t i = 0; i < s->trans_cap; i++) {
-        if (!s->trans[i].key)
-            continue;
-        uint32_t h = hash2((uint32_t)(s->trans[i].key >> 32), (uint32_t)s->trans[i].key) & (nc - 1);
-        while (t[h].key)
-            h = (h + 1) & (nc - 1);
-        t[h] = s->trans[i];
-    }
-    free(s->trans);
-    s->trans = t;
-    s->trans_cap = nc;
-    return 0;
-}
-
 /* *next = the set that set `id` becomes after byte b (its id), or -1 when no stack takes b.
  * 0, or < 0 on error. */
 static int iset_step(iflow_gstate *s, int32_t id, uint8_t b, int32_t *next)
 {
-    if (s->trans_n * 2 >= s->trans_cap && trans_grow(s) < 0)
+    if (s->trans_n * 2 >= s->trans_cap && memo_table_grow(&s->trans, &s->trans_cap) < 0)
         return IFLOW_ENOMEM;
     uint64_t key = ((uint64_t)(uint32_t)id << 8 | b) + 1;
     uint32_t h = hash2((uint32_t)(key >> 32), (uint32_t)key) & (s->trans_cap - 1);
