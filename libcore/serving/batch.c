@@ -327,9 +327,12 @@ static int grammar_ready(iflow_batch *b)
     for (int32_t id = 0; rc == 0 && id < V; id++)
         if (iflow_model_is_eos(b->m, id))
             b->eos_ids[b->n_eos++] = id;
-    if (rc < 0) {
+    if (rc < 0) { /* nothing kept: the next request with a grammar tries again */
         iflow_gvocab_close(b->gv);
-        b->gv = NULL;
+        free(b->gmask);
+        free(b->glogits);
+        free(b->eos_ids);
+        b->gv = NULL, b->gmask = NULL, b->glogits = NULL, b->eos_ids = NULL, b->n_eos = 0;
     }
     return rc;
 }

@@ -21,7 +21,9 @@
  *        go through one step together and the weights are read once for all of them;
  *     3. each request whose logits the step computed draws its next token with its own
  *        sampler (sampler.h: it sees the prompt and every kept token; a greedy one takes the
- *        argmax on the device that computed the logits); one that ends (EOS, max_tokens, a stop string, the context) gives its blocks
+ *        argmax on the device that computed the logits; one with a grammar, grammar.h, draws only
+ *        among the tokens the grammar allows next, on the host); one that ends (EOS, max_tokens, a
+ *        stop string, the context, its grammar complete) gives its blocks
  *        back at once and its result waits for iflow_batch_take().
  *   A request's tokens depend only on the model, its prompt and its sampling parameters,
  *   never on the other requests, when they joined, or the step budget: the kernels are
