@@ -2,6 +2,7 @@
 #include "jsonutil.h"
 #include "error.h"
 #include "quote.h"
+#include "utf8.h"
 
 #include <errno.h>
 #include <math.h>
@@ -50,22 +51,6 @@ static int read_file(const char *path, char **buf_out, size_t *n_out)
     return 0;
 }
 
-/* Bytes of the well-formed UTF-8 sequence at u [left], or -(bytes of its maximal invalid subpart). */
-static int utf8_step(const unsigned char *u, size_t left)
-{
-    unsigned c = u[0];
-    int n = c < 0x80 ? 1 : c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
-    if (n <= 1)
-        return n ? 1 : -1;
-    /* the second byte's range narrows after E0, ED, F0, F4 (no overlongs, surrogates, > U+10FFFF) */
-    unsigned lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80, hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
-    for (int i = 1; i < n; i++) {
-        if ((size_t)i >= left || u[i] < (i == 1 ? lo : 0x80) || u[i] > (i == 1 ? hi : 0xBF))
-            return -i;
-    }
-    return n;
-}
-
 json_t *iflow_json_text(const char *text, size_t n)
 {
     json_t *j = json_stringn(text, n);
@@ -74,7 +59,8 @@ json_t *iflow_json_text(const char *text, size_t n)
     char *o = malloc(3 * n + 1); /* a byte becomes 3 at most */
     size_t k = 0;
     for (size_t i = 0; o && i < n;) {
-        int step = utf8_step((const unsigned char *)text + i, n - i);
+        uint32_t cp;
+        int step = iflow_utf8_decode(text + i, n - i, &cp);
         if (step > 0) {
             memcpy(o + k, text + i, (size_t)step);
             k += (size_t)step;

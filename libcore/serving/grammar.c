@@ -23,6 +23,7 @@
 #include "grammar.h"
 #include "libcore/base/error.h"
 #include "libcore/base/strmap.h"
+#include "libcore/base/utf8.h"
 
 #include <xxhash.h>
 
@@ -336,21 +337,10 @@ static int at_definition(parser *p)
 /* One UTF-8 character of the grammar text at p->s. */
 static int read_utf8(parser *p, uint32_t *cp)
 {
-    const uint8_t *u = (const uint8_t *)p->s;
-    size_t left = (size_t)(p->end - p->s);
-    int n = u[0] < 0x80 ? 1 : (u[0] & 0xE0) == 0xC0 ? 2 : (u[0] & 0xF0) == 0xE0 ? 3 : (u[0] & 0xF8) == 0xF0 ? 4 : 0;
-    if (n == 0 || (size_t)n > left)
-        return perr(p, p->s, "invalid UTF-8");
-    uint32_t c = n == 1 ? u[0] : (uint32_t)(u[0] & (0x7F >> n));
-    for (int i = 1; i < n; i++) {
-        if ((u[i] & 0xC0) != 0x80)
-            return perr(p, p->s, "invalid UTF-8");
-        c = c << 6 | (u[i] & 0x3F);
-    }
-    if (utf8_len(c) != n || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF))
+    int n = iflow_utf8_decode(p->s, (size_t)(p->end - p->s), cp);
+    if (n < 0)
         return perr(p, p->s, "invalid UTF-8");
     p->s += n;
-    *cp = c;
     return 0;
 }
 

@@ -55,6 +55,7 @@
 
 #include "libcore/base/error.h"
 #include "libcore/base/quote.h"
+#include "libcore/base/utf8.h"
 
 #define RX_MAX_DEPTH  256      /* groups nested deeper are refused */
 #define RX_MAX_INLINE 8        /* ( ) nesting printed inside one rule; deeper parts become rules */
@@ -154,31 +155,8 @@ static int push_range(rvec *v, uint32_t lo, uint32_t hi)
 /* Length of the well-formed UTF-8 character at s [n] (its code point in *cp), or 0. */
 static size_t utf8_decode(const unsigned char *s, size_t n, uint32_t *cp)
 {
-    uint32_t c = s[0], min;
-    size_t len;
-    if (c < 0x80) {
-        *cp = c;
-        return 1;
-    }
-    if (c >= 0xc2 && c <= 0xdf)
-        len = 2, c &= 0x1f, min = 0x80;
-    else if (c >= 0xe0 && c <= 0xef)
-        len = 3, c &= 0x0f, min = 0x800;
-    else if (c >= 0xf0 && c <= 0xf4)
-        len = 4, c &= 0x07, min = 0x10000;
-    else
-        return 0;
-    if (len > n)
-        return 0;
-    for (size_t k = 1; k < len; k++) {
-        if ((s[k] & 0xc0) != 0x80)
-            return 0;
-        c = c << 6 | (s[k] & 0x3f);
-    }
-    if (c < min || c > CP_LAST || (c >= 0xd800 && c <= 0xdfff))
-        return 0;
-    *cp = c;
-    return len;
+    int len = iflow_utf8_decode((const char *)s, n, cp);
+    return len > 0 ? (size_t)len : 0;
 }
 
 static int check_utf8(const char *s, size_t n)

@@ -75,6 +75,7 @@
  */
 #include "libcore/base/error.h"
 #include "libcore/base/quote.h"
+#include "libcore/base/utf8.h"
 #include "libcore/serving/grammar.h"
 
 #include <jansson.h>
@@ -351,25 +352,14 @@ static char *helper(conv *cv, unsigned h, const char *name)
 
 /* ---- text of code points ------------------------------------------------------------------- */
 
-/* The code point at s [n] from *i (valid UTF-8 expected); UINT32_MAX on a bad sequence. */
+/* The code point at s [n] from *i (valid UTF-8 expected); UINT32_MAX on a bad sequence, then
+ * past its maximal invalid subpart. */
 static uint32_t utf8_next(const char *s, size_t n, size_t *i)
 {
-    const unsigned char *u = (const unsigned char *)s;
-    unsigned c = u[*i];
-    int len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
-    if (!len || *i + (size_t)len > n)
-        return (*i)++, UINT32_MAX;
-    uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1F : len == 3 ? c & 0x0F : c & 0x07;
-    for (int k = 1; k < len; k++) {
-        if ((u[*i + k] & 0xC0) != 0x80)
-            return (*i)++, UINT32_MAX;
-        cp = cp << 6 | (u[*i + k] & 0x3F);
-    }
-    *i += (size_t)len;
-    static const uint32_t least[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < least[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-        return UINT32_MAX;
-    return cp;
+    uint32_t cp;
+    int len = iflow_utf8_decode(s + *i, n - *i, &cp);
+    *i += (size_t)(len > 0 ? len : -len);
+    return len > 0 ? cp : UINT32_MAX;
 }
 
 static void utf8_put(sbuf *b, uint32_t cp)

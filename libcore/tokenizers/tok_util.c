@@ -1,6 +1,7 @@
 /* tok_util.c -- growable buffers, UTF-8 and Unicode predicates for the tokenizer. */
 #include "libcore/base/error.h"
 #include "tok_internal.h"
+#include "libcore/base/utf8.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -70,46 +71,12 @@ int tok_spans_push(tok_spans *v, size_t off, size_t len)
 
 /* ---- UTF-8 ---------------------------------------------------------------------------------- */
 
-static int cont(unsigned char c)
-{
-    return (c & 0xC0) == 0x80;
-}
-
-/* Bounds of the second byte for a lead byte (UTF-8 without overlongs and surrogates). */
-static void second_range(unsigned char c, unsigned char *lo, unsigned char *hi)
-{
-    *lo = 0x80;
-    *hi = 0xBF;
-    if (c == 0xE0)
-        *lo = 0xA0;
-    else if (c == 0xED)
-        *hi = 0x9F;
-    else if (c == 0xF0)
-        *lo = 0x90;
-    else if (c == 0xF4)
-        *hi = 0x8F;
-}
-
 int tok_utf8_next(const char *str, size_t n, int32_t *cp)
 {
-    const unsigned char *s = (const unsigned char *)str;
-    int len = s[0] < 0x80 ? 1 : s[0] < 0xC2 ? 0 : s[0] < 0xE0 ? 2 : s[0] < 0xF0 ? 3 : s[0] < 0xF5 ? 4 : 0;
-    unsigned char lo, hi;
-    if (len == 1) {
-        *cp = s[0];
-        return 1;
-    }
-    second_range(s[0], &lo, &hi);
-    if (len == 0 || (size_t)len > n || s[1] < lo || s[1] > hi || (len > 2 && !cont(s[2])) ||
-        (len > 3 && !cont(s[3]))) {
-        *cp = -1;
-        return 1;
-    }
-    int32_t c = s[0] & (0x7F >> len);
-    for (int i = 1; i < len; i++)
-        c = c << 6 | (s[i] & 0x3F);
-    *cp = c;
-    return len;
+    uint32_t c;
+    int len = iflow_utf8_decode(str, n, &c);
+    *cp = len > 0 ? (int32_t)c : -1;
+    return len > 0 ? len : 1; /* a bad byte is passed one at a time */
 }
 
 int tok_utf8_sanitize(const char *s, size_t n, tok_buf *out)
