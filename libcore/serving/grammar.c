@@ -843,11 +843,6 @@ iflow_grammar *iflow_grammar_ref(iflow_grammar *g)
     return g;
 }
 
-int iflow_grammar_n_rules(const iflow_grammar *g)
-{
-    return g->n_r;
-}
-
 int iflow_grammar_open(iflow_grammar **out, const char *text, size_t len, const char *root)
 {
     *out = NULL;
@@ -1680,15 +1675,6 @@ int iflow_gstate_allows(iflow_gstate *s, const iflow_gvocab *v, int32_t id)
     if (id < 0 || id >= v->n_vocab)
         return iflow_seterr(IFLOW_ERANGE, "grammar: token %d is outside the vocabulary of %d", id, v->n_vocab);
     return v->piece[id] ? iflow_gstate_test(s, v->piece[id], v->plen[id]) : 0;
-}
-
-int iflow_gstate_accept_token(iflow_gstate *s, const iflow_gvocab *v, int32_t id)
-{
-    if (id < 0 || id >= v->n_vocab)
-        return iflow_seterr(IFLOW_ERANGE, "grammar: token %d is outside the vocabulary of %d", id, v->n_vocab);
-    if (!v->piece[id])
-        return iflow_seterr(IFLOW_EINVAL, "grammar: token %d has no text to match", id);
-    return iflow_gstate_advance(s, v->piece[id], v->plen[id]);
 }
 
 /* ---- grammars from other texts ----------------------------------------------------------- */

@@ -77,8 +77,6 @@ void iflow_grammar_close(iflow_grammar *g);
 /* One more owner: each iflow_grammar_close() drops one, the last frees it (atomically: owners
  * on several threads may take and drop references). */
 iflow_grammar *iflow_grammar_ref(iflow_grammar *g);
-/* Rules after compilation (repetitions and groups made rules of their own), for -v. */
-int  iflow_grammar_n_rules(const iflow_grammar *g);
 
 /* Whole-string test: 1 if text [n] is a sentence of g, 0 if not; *prefix (may be NULL) = 1 when
  * it is a prefix of one (a sentence included). < 0 on error (IFLOW_ENOMEM, IFLOW_ERANGE). */
@@ -103,8 +101,6 @@ int32_t iflow_gvocab_n(const iflow_gvocab *v);
 int  iflow_gstate_mask(iflow_gstate *s, const iflow_gvocab *v, uint8_t *allowed);
 /* 1 if token id's bytes are accepted next, 0 if not (control tokens: 0), < 0 on error. */
 int  iflow_gstate_allows(iflow_gstate *s, const iflow_gvocab *v, int32_t id);
-/* Consume token id's bytes (as _advance). */
-int  iflow_gstate_accept_token(iflow_gstate *s, const iflow_gvocab *v, int32_t id);
 
 /* GBNF for exactly one of the texts choices [n] (lens [n] bytes each; UTF-8): vLLM's
  * guided_choice. */
