@@ -1,0 +1,489 @@
+/* toolcall.c -- tool calls out of a reply, and the grammar of a call. See toolcall.h. */
+#include "libcore/serving/toolcall.h"
+#include "libcore/base/error.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+static int oom(void) { return iflow_seterr(IFLOW_ENOMEM, "out of memory"); }
+
+/* ---- formats ------------------------------------------------------------------------------ */
+
+static const struct {
+    const char *name;
+    const char *open, *close; /* the markers around the calls (close: hermes only)          */
+    const char *args;         /* the key the format's calls give their arguments under      */
+} FORMATS[IFLOW_TOOLS_COUNT] = {
+    [IFLOW_TOOLS_NONE] = {"none", NULL, NULL, "arguments"},
+    [IFLOW_TOOLS_HERMES] = {"hermes", "<tool_call>", "</tool_call>", "arguments"},
+    [IFLOW_TOOLS_LLAMA3_JSON] = {"llama3_json", "<|python_tag|>", NULL, "parameters"},
+    [IFLOW_TOOLS_MISTRAL] = {"mistral", "[TOOL_CALLS]", NULL, "arguments"},
+    [IFLOW_TOOLS_GRANITE] = {"granite", "<|tool_call|>", NULL, "arguments"},
+};
+
+const char *iflow_tool_format_name(int fmt)
+{
+    return fmt >= 0 && fmt < IFLOW_TOOLS_COUNT ? FORMATS[fmt].name : "?";
+}
+
+int iflow_tool_format_from_name(const char *name)
+{
+    for (int f = 0; name && f < IFLOW_TOOLS_COUNT; f++)
+        if (strcmp(name, FORMATS[f].name) == 0)
+            return f;
+    return -1;
+}
+
+/* s [n] contains the NUL-terminated needle: where, or NULL. */
+static const char *find(const char *s, size_t n, const char *needle)
+{
+    size_t k = strlen(needle);
+    for (size_t i = 0; k <= n && i <= n - k; i++)
+        if (s[i] == needle[0] && memcmp(s + i, needle, k) == 0)
+            return s + i;
+    return NULL;
+}
+
+int iflow_tool_format_detect(const char *text, size_t len)
+{
+    /* Llama 3.1's template names <|python_tag|> only for its built-in tools; what marks its
+     * JSON calls is the instruction to answer with "parameters". */
+    static const struct {
+        const char *marker;
+        int fmt;
+    } SIGNS[] = {{"<tool_call>", IFLOW_TOOLS_HERMES},
+                 {"[TOOL_CALLS]", IFLOW_TOOLS_MISTRAL},
+                 {"<|tool_call|>", IFLOW_TOOLS_GRANITE},
+                 {"<|python_tag|>", IFLOW_TOOLS_LLAMA3_JSON},
+                 {"\"parameters\": dictionary of argument name", IFLOW_TOOLS_LLAMA3_JSON}};
+    for (size_t i = 0; text && i < sizeof SIGNS / sizeof SIGNS[0]; i++)
+        if (find(text, len, SIGNS[i].marker))
+            return SIGNS[i].fmt;
+    return IFLOW_TOOLS_NONE;
+}
+
+/* ---- tools and their grammar ------------------------------------------------------------- */
+
+/* A schema's "type" (absent, a name or a list of names) allows objects. */
+static int type_allows_object(const json_t *type)
+{
+    if (!type)
+        return 1;
+    if (json_is_string(type))
+        return strcmp(json_string_value(type), "object") == 0;
+    for (size_t i = 0; i < json_array_size(type); i++)
+        if (json_is_string(json_array_get(type, i)) && strcmp(json_string_value(json_array_get(type, i)), "object") == 0)
+            return 1;
+    return 0;
+}
+
+int iflow_tools_check(const json_t *tools, const char *name)
+{
+    if (!json_is_array(tools) || json_array_size(tools) == 0)
+        return iflow_seterr(IFLOW_EINVAL, "'tools' must be a non-empty list");
+    int found = 0;
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t)
+    {
+        const json_t *type = json_object_get(t, "type"), *fn = json_object_get(t, "function");
+        const json_t *fname = json_object_get(fn, "name"), *params = json_object_get(fn, "parameters");
+        if (!json_is_object(t) || !json_is_string(type) || strcmp(json_string_value(type), "function") != 0)
+            return iflow_seterr(IFLOW_EINVAL, "tool %zu is not {\"type\": \"function\", \"function\": {...}}", i);
+        if (!json_is_object(fn))
+            return iflow_seterr(IFLOW_EINVAL, "tool %zu has no 'function' object", i);
+        if (!json_is_string(fname) || json_string_length(fname) == 0 ||
+            strlen(json_string_value(fname)) != json_string_length(fname))
+            return iflow_seterr(IFLOW_EINVAL, "tool %zu: 'function.name' must be a non-empty string", i);
+        if (params && !json_is_object(params))
+            return iflow_seterr(IFLOW_EINVAL, "tool %zu ('%s'): 'function.parameters' must be a JSON Schema object", i,
+                                json_string_value(fname));
+        if (params && !type_allows_object(json_object_get(params, "type")))
+            return iflow_seterr(IFLOW_EINVAL, "tool %zu ('%s'): 'function.parameters' must describe an object (its "
+                                "\"type\" does not allow \"object\")", i, json_string_value(fname));
+        found |= name && strcmp(name, json_string_value(fname)) == 0;
+    }
+    if (name && !found)
+        return iflow_seterr(IFLOW_EINVAL, "no tool is named '%s'", name);
+    return 0;
+}
+
+/* Every "$ref": "#..." below s made relative to the document root, s being placed at `at` (a
+ * JSON pointer). The values of const, enum, default and examples are data, not schemas. */
+static int rebase_refs(json_t *s, const char *at)
+{
+    static const char *const DATA[] = {"const", "enum", "default", "examples"};
+    if (json_is_array(s)) {
+        for (size_t i = 0; i < json_array_size(s); i++)
+            if (rebase_refs(json_array_get(s, i), at) < 0)
+                return IFLOW_ENOMEM;
+        return 0;
+    }
+    if (!json_is_object(s))
+        return 0;
+    const char *key;
+    json_t *v;
+    json_object_foreach(s, key, v)
+    {
+        int data = 0;
+        for (size_t i = 0; i < sizeof DATA / sizeof DATA[0]; i++)
+            data |= strcmp(key, DATA[i]) == 0;
+        if (strcmp(key, "$ref") == 0 && json_is_string(v) && json_string_value(v)[0] == '#') {
+            const char *ref = json_string_value(v);
+            size_t n = strlen(at) + strlen(ref) + 2;
+            char *r = malloc(n);
+            if (!r)
+                return oom();
+            snprintf(r, n, "#%s%s", at, ref + 1);
+            int rc = json_string_set(v, r);
+            free(r);
+            if (rc < 0)
+                return oom();
+        } else if (!data && rebase_refs(v, at) < 0)
+            return IFLOW_ENOMEM;
+    }
+    return 0;
+}
+
+/* The schema of one call of function fn: {"name": its name, <args>: its parameters}, the
+ * parameters' references rebased to `at` + "/properties/<args>". */
+static json_t *call_schema(const json_t *fn, const char *args, const char *at)
+{
+    const json_t *params = json_object_get(fn, "parameters");
+    json_t *p = params ? json_deep_copy(params) : json_pack("{s:s}", "type", "object");
+    char where[256];
+    snprintf(where, sizeof where, "%s/properties/%s", at, args);
+    if (!p || rebase_refs(p, where) < 0) {
+        json_decref(p);
+        return NULL;
+    }
+    json_object_del(p, "$id"); /* the parameters' own root annotations: no longer a root */
+    json_object_del(p, "$schema");
+    /* arguments are an object whatever else the schema allows (iflow_tools_check: it allows one) */
+    if (json_object_set_new(p, "type", json_string("object")) < 0) {
+        json_decref(p);
+        return NULL;
+    }
+    return json_pack("{s:s, s:{s:{s:O}, s:o}, s:[s,s]}", "type", "object", "properties", "name", "const",
+                     json_object_get(fn, "name"), args, p, "required", "name", args);
+}
+
+/* The JSON Schema of the value a constrained reply holds: one call (hermes, llama3_json) or a
+ * list of them (mistral, granite). */
+static json_t *calls_schema(int fmt, const json_t *tools, const char *name, int parallel)
+{
+    const int list = fmt == IFLOW_TOOLS_MISTRAL || fmt == IFLOW_TOOLS_GRANITE;
+    json_t *any = json_array();
+    size_t i, k = 0;
+    json_t *t;
+    json_array_foreach(tools, i, t)
+    {
+        const json_t *fn = json_object_get(t, "function");
+        if (!any || (name && strcmp(json_string_value(json_object_get(fn, "name")), name) != 0))
+            continue;
+        char at[64];
+        snprintf(at, sizeof at, "%s/anyOf/%zu", list ? "/items" : "", k++);
+        json_t *c = call_schema(fn, FORMATS[fmt].args, at);
+        if (!c || json_array_append_new(any, c) < 0) {
+            json_decref(any);
+            any = NULL;
+        }
+    }
+    json_t *one = any ? json_pack("{s:o}", "anyOf", any) : NULL;
+    if (!list || !one)
+        return one;
+    json_t *arr = json_pack("{s:s, s:o, s:i}", "type", "array", "items", one, "minItems", 1);
+    if (arr && !parallel && json_object_set_new(arr, "maxItems", json_integer(1)) < 0) {
+        json_decref(arr);
+        return NULL;
+    }
+    return arr;
+}
+
+int iflow_tool_grammar(iflow_grammar **out, int fmt, const json_t *tools, const char *name, int parallel)
+{
+    *out = NULL;
+    if (fmt <= IFLOW_TOOLS_NONE || fmt >= IFLOW_TOOLS_COUNT)
+        return iflow_seterr(IFLOW_EINVAL, "no tool-call format to constrain the reply to");
+    int rc = iflow_tools_check(tools, name);
+    if (rc < 0)
+        return rc;
+    /* each function's parameters alone first, so that an error points into them */
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t)
+    {
+        const json_t *fn = json_object_get(t, "function"), *params = json_object_get(fn, "parameters");
+        const char *fname = json_string_value(json_object_get(fn, "name"));
+        if (!params || (name && strcmp(fname, name) != 0))
+            continue;
+        char *ptext = json_dumps(params, JSON_COMPACT | JSON_PRESERVE_ORDER), *pg = NULL;
+        rc = ptext ? iflow_grammar_from_json_schema(ptext, strlen(ptext), &pg) : oom();
+        free(ptext);
+        free(pg);
+        if (rc < 0)
+            return iflow_preperr(rc, "tool %zu ('%s'): parameters", i, fname);
+    }
+    json_t *schema = calls_schema(fmt, tools, name, parallel);
+    char *text = schema ? json_dumps(schema, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL, *gbnf = NULL;
+    json_decref(schema);
+    if (!text)
+        return oom();
+    rc = iflow_grammar_from_json_schema(text, strlen(text), &gbnf);
+    free(text);
+    if (rc < 0)
+        return rc;
+    /* the schema's rules, then the format's frame around its root */
+    static const char *const FRAME[IFLOW_TOOLS_COUNT][2] = {
+        [IFLOW_TOOLS_HERMES] = {"tools-one ::= \"<tool_call>\\n\" root \"\\n</tool_call>\"\n"
+                                "tools-root ::= tools-one\n",
+                                "tools-one ::= \"<tool_call>\\n\" root \"\\n</tool_call>\"\n"
+                                "tools-root ::= tools-one (\"\\n\" tools-one)*\n"},
+        [IFLOW_TOOLS_LLAMA3_JSON] = {"tools-root ::= root\n", "tools-root ::= root (\"; \" root)*\n"},
+        [IFLOW_TOOLS_MISTRAL] = {"tools-root ::= root\n", "tools-root ::= root\n"},
+        [IFLOW_TOOLS_GRANITE] = {"tools-root ::= root\n", "tools-root ::= root\n"},
+    };
+    const char *frame = FRAME[fmt][parallel != 0];
+    size_t n = strlen(gbnf), m = strlen(frame);
+    char *all = malloc(n + m + 2);
+    if (!all) {
+        free(gbnf);
+        return oom();
+    }
+    memcpy(all, gbnf, n);
+    all[n] = '\n';
+    memcpy(all + n + 1, frame, m + 1);
+    free(gbnf);
+    rc = iflow_grammar_open(out, all, n + 1 + m, "tools-root");
+    free(all);
+    return rc;
+}
+
+/* ---- the markers a tokenizer hides -------------------------------------------------------- */
+
+/* Is id a token that decodes to nothing and is spelled `marker`? */
+static int hidden_marker(const iflow_tokenizer *tok, int32_t id, const char *marker)
+{
+    size_t n;
+    char c;
+    const char *s = iflow_tokenizer_token_text(tok, id, &n);
+    return marker && s && n == strlen(marker) && memcmp(s, marker, n) == 0 && iflow_tokenizer_piece(tok, id, 0, &c, 1) == 0;
+}
+
+int iflow_tool_text(int fmt, const iflow_tokenizer *tok, const int32_t *ids, int n, int starts, const char *text,
+                    size_t len, char **out, size_t *out_len)
+{
+    *out = NULL;
+    if (fmt < 0 || fmt >= IFLOW_TOOLS_COUNT)
+        fmt = IFLOW_TOOLS_NONE;
+    const char *marks[2] = {FORMATS[fmt].open, FORMATS[fmt].close};
+    size_t cap = len + 1, used = 0, from = 0;
+    char *s = malloc(cap);
+    if (!s)
+        return oom();
+    for (int i = 0; i < n && tok; i++) {
+        for (int k = 0; k < 2; k++) {
+            if (!hidden_marker(tok, ids[i], marks[k]))
+                continue;
+            char *before;
+            size_t at;
+            int rc = iflow_tokenizer_continuation(tok, ids, (size_t)i, starts, &before, &at);
+            if (rc < 0) {
+                free(s);
+                return rc;
+            }
+            free(before);
+            if (at > len || at < from)
+                break; /* cut off by a stop string (or a tokenizer that trims): left out */
+            size_t m = strlen(marks[k]);
+            char *t = realloc(s, cap + m);
+            if (!t) {
+                free(s);
+                return oom();
+            }
+            s = t, cap += m;
+            memcpy(s + used, text + from, at - from);
+            used += at - from, from = at;
+            memcpy(s + used, marks[k], m);
+            used += m;
+        }
+    }
+    memcpy(s + used, text + from, len - from);
+    used += len - from;
+    s[used] = 0;
+    *out = s;
+    if (out_len)
+        *out_len = used;
+    return 0;
+}
+
+/* ---- reading calls ------------------------------------------------------------------------ */
+
+static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+static size_t skip_ws(const char *s, size_t i, size_t n)
+{
+    while (i < n && is_ws(s[i]))
+        i++;
+    return i;
+}
+
+/* One JSON value at s [n]: the value, *used = the bytes it took; NULL if none reads. */
+static json_t *json_at(const char *s, size_t n, size_t *used)
+{
+    json_error_t e;
+    json_t *v = json_loadb(s, n, JSON_DISABLE_EOF_CHECK | JSON_DECODE_ANY, &e); /* a key twice: the last */
+    *used = v ? (size_t)e.position : 0;
+    return v;
+}
+
+/* Nine letters and digits from seed and the call's index. */
+static void call_id(const char *seed, size_t index, char out[10])
+{
+    static const char ALNUM[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    XXH64_hash_t h = XXH3_64bits_withSeed(seed ? seed : "", seed ? strlen(seed) : 0, (XXH64_hash_t)index);
+    for (int i = 0; i < 9; i++, h /= 62)
+        out[i] = ALNUM[h % 62];
+    out[9] = 0;
+}
+
+/* v (a call as the model wrote it) appended to calls in OpenAI's form: 0, or -1 when v is no
+ * call. */
+static int add_call(json_t *calls, const json_t *v, const char *seed)
+{
+    const json_t *name = json_object_get(v, "name"), *args = json_object_get(v, "arguments");
+    if (!args)
+        args = json_object_get(v, "parameters");
+    json_t *parsed = NULL;
+    if (json_is_string(args)) { /* arguments as JSON text, as OpenAI's API itself gives them */
+        json_error_t e;
+        parsed = json_loadb(json_string_value(args), json_string_length(args), 0, &e);
+        if (!parsed)
+            return -1;
+        args = parsed;
+    }
+    if (!json_is_object(v) || !json_is_string(name) || json_string_length(name) == 0 || (args && !json_is_object(args))) {
+        json_decref(parsed);
+        return -1;
+    }
+    char *text = args ? json_dumps(args, JSON_COMPACT | JSON_PRESERVE_ORDER) : strdup("{}"), id[10];
+    json_decref(parsed);
+    call_id(seed, json_array_size(calls), id);
+    json_t *c = text ? json_pack("{s:s, s:s, s:{s:O, s:s}}", "id", id, "type", "function", "function", "name", name,
+                                 "arguments", text)
+                     : NULL;
+    free(text);
+    return c && json_array_append_new(calls, c) == 0 ? 0 : -1;
+}
+
+/* hermes: every <tool_call> block (the last may lack its </tool_call>); *out = the text outside. */
+static int parse_hermes(const char *s, size_t n, const char *seed, json_t *calls, char *out, size_t *out_n)
+{
+    const char *open = FORMATS[IFLOW_TOOLS_HERMES].open, *close = FORMATS[IFLOW_TOOLS_HERMES].close;
+    size_t pos = 0, lo = strlen(open), lc = strlen(close);
+    *out_n = 0;
+    const char *at;
+    while ((at = find(s + pos, n - pos, open)) != NULL) {
+        size_t start = (size_t)(at - s);
+        memcpy(out + *out_n, s + pos, start - pos);
+        *out_n += start - pos;
+        size_t body = start + lo;
+        const char *end = find(s + body, n - body, close);
+        size_t stop = end ? (size_t)(end - s) : n, used;
+        size_t i = skip_ws(s, body, stop);
+        json_t *v = json_at(s + i, stop - i, &used);
+        int bad = !v || skip_ws(s, i + used, stop) != stop || add_call(calls, v, seed) < 0;
+        json_decref(v);
+        if (bad)
+            return -1;
+        pos = end ? stop + lc : n;
+    }
+    memcpy(out + *out_n, s + pos, n - pos);
+    *out_n += n - pos;
+    return 0;
+}
+
+/* llama3_json: the whole text is calls, after an optional <|python_tag|>, separated by ';'. */
+static int parse_llama3(const char *s, size_t n, const char *seed, json_t *calls)
+{
+    const char *tag = FORMATS[IFLOW_TOOLS_LLAMA3_JSON].open;
+    size_t i = skip_ws(s, 0, n), used;
+    if (n - i >= strlen(tag) && memcmp(s + i, tag, strlen(tag)) == 0)
+        i = skip_ws(s, i + strlen(tag), n);
+    if (i == n || s[i] != '{')
+        return -1;
+    while (i < n) {
+        json_t *v = json_at(s + i, n - i, &used);
+        int bad = !json_is_object(v) || add_call(calls, v, seed) < 0;
+        json_decref(v);
+        if (bad)
+            return -1;
+        i = skip_ws(s, i + used, n);
+        if (i < n && s[i] != ';')
+            return -1;
+        if (i < n)
+            i = skip_ws(s, i + 1, n);
+    }
+    return 0;
+}
+
+/* mistral, granite: a list of calls (or one call) after the marker, nothing after it; `bare`:
+ * the whole text is the list. *before = the text before the marker. */
+static int parse_list(int fmt, const char *s, size_t n, int bare, const char *seed, json_t *calls, size_t *before)
+{
+    const char *at = find(s, n, FORMATS[fmt].open);
+    if (!at && !bare)
+        return -1;
+    *before = at ? (size_t)(at - s) : 0;
+    size_t i = skip_ws(s, at ? *before + strlen(FORMATS[fmt].open) : 0, n), used;
+    json_t *v = json_at(s + i, n - i, &used);
+    int bad = !v || skip_ws(s, i + used, n) != n || (json_is_array(v) && json_array_size(v) == 0);
+    if (json_is_array(v))
+        for (size_t k = 0; !bad && k < json_array_size(v); k++)
+            bad = add_call(calls, json_array_get(v, k), seed) < 0;
+    else if (!bad)
+        bad = add_call(calls, v, seed) < 0;
+    json_decref(v);
+    return bad ? -1 : 0;
+}
+
+int iflow_tool_parse(int fmt, const char *text, size_t len, int bare, const char *seed, json_t **calls, char **content,
+                     size_t *content_len)
+{
+    *calls = json_array();
+    *content = malloc(len + 1);
+    if (!*calls || !*content) {
+        json_decref(*calls);
+        free(*content);
+        *calls = NULL, *content = NULL;
+        return oom();
+    }
+    size_t n_out = 0, before = 0;
+    int rc = -1;
+    if (fmt == IFLOW_TOOLS_HERMES)
+        rc = parse_hermes(text, len, seed, *calls, *content, &n_out);
+    else if (fmt == IFLOW_TOOLS_LLAMA3_JSON)
+        rc = parse_llama3(text, len, seed, *calls);
+    else if (fmt == IFLOW_TOOLS_MISTRAL || fmt == IFLOW_TOOLS_GRANITE) {
+        rc = parse_list(fmt, text, len, bare, seed, *calls, &before);
+        memcpy(*content, text, before);
+        n_out = before;
+    }
+    if (rc < 0 || json_array_size(*calls) == 0) { /* no call, or not all of them read: the text as it is */
+        json_array_clear(*calls);
+        memcpy(*content, text, len);
+        n_out = len;
+    } else { /* the text outside the calls, trimmed */
+        size_t a = skip_ws(*content, 0, n_out);
+        while (n_out > a && is_ws((*content)[n_out - 1]))
+            n_out--;
+        memmove(*content, *content + a, n_out - a);
+        n_out -= a;
+    }
+    (*content)[n_out] = 0;
+    if (content_len)
+        *content_len = n_out;
+    return (int)json_array_size(*calls);
+}
