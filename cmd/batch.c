@@ -9,6 +9,7 @@
 #include "libcore/serving/chat.h"
 #include "libcore/serving/metrics.h"
 #include "libcore/serving/request.h"
+#include "libcore/serving/toolcall.h"
 #include "libcore/tokenizers/tokenizer.h"
 
 #include <errno.h>
@@ -234,7 +235,7 @@ static item *parse_line(const reader *rd, const char *line, size_t len, long lin
     it->line = line_no;
     iflow_request_defaults d = {.max_tokens = o->max_tokens, .context_shift = o->context_shift, .keep = o->keep,
                                 .sp = o->sp, .logprobs = o->logprobs, .prompt_logprobs = o->prompt_logprobs,
-                                .grammar = o->grammar};
+                                .grammar = o->grammar, .tool_format = o->tool_format};
     if (iflow_request_parse(&it->f, line, len, line_no, &d) < 0) {
         item_fail(it, "%s", iflow_errmsg());
         if (!it->f.id)
@@ -333,6 +334,29 @@ typedef struct {
     iflow_metrics met;            /* of delivered results (read by the main thread after joining) */
 } writer;
 
+/* A reply with tools: "content" (the text outside the calls) and "tool_calls" (toolcall.h), and
+ * "tool_calls" as the finish reason when it called any and was not cut short. */
+static int tool_fields(json_t *o, const item *it, const iflow_tokenizer *tok)
+{
+    const iflow_result *r = it->res;
+    char *text, *content;
+    size_t len, content_len;
+    json_t *calls;
+    if (iflow_tool_text(it->f.tool_format, tok, r->tokens, r->n_tokens, r->n_prompt <= 1, r->text ? r->text : "",
+                        r->text_len, &text, &len) < 0)
+        return -1;
+    int n = iflow_tool_parse(it->f.tool_format, text, len, it->f.tool_bare, it->f.id, &calls, &content, &content_len);
+    free(text);
+    if (n < 0)
+        return -1;
+    json_object_set_new(o, "content", iflow_json_text(content, content_len));
+    json_object_set_new(o, "tool_calls", calls);
+    free(content);
+    if (n > 0 && r->finish != IFLOW_FINISH_LENGTH && r->finish != IFLOW_FINISH_CONTEXT)
+        json_object_set_new(o, "finish_reason", json_string("tool_calls"));
+    return 0;
+}
+
 static json_t *result_json(const item *it, const iflow_tokenizer *tok)
 {
     json_error_t e;
@@ -349,6 +373,10 @@ static json_t *result_json(const item *it, const iflow_tokenizer *tok)
     json_object_set_new(o, "finish_reason", json_string(iflow_finish_name(r->finish)));
     if (r->stop_index >= 0 && r->stop_index < it->f.n_stop)
         json_object_set_new(o, "stop_string", json_string(it->f.stop[r->stop_index]));
+    if (it->f.tool_format && tool_fields(o, it, tok) < 0) {
+        json_decref(o);
+        return NULL;
+    }
     json_object_set_new(o, "prompt_tokens", json_integer(r->n_prompt));
     json_object_set_new(o, "completion_tokens", json_integer(r->n_tokens));
     json_object_set_new(o, "ttft_ms", json_real(round((r->t_first - r->t_added) * 1e6) / 1e3));

@@ -1,6 +1,7 @@
 /* chat.c -- a conversation made into a prompt by the model's chat template. See chat.h. */
 #include "chat.h"
 #include "template.h"
+#include "toolcall.h"
 #include "libcore/base/error.h"
 #include "libcore/base/jsonutil.h"
 #include "libcore/base/util.h"
@@ -15,6 +16,7 @@
 struct iflow_chat {
     iflow_template *t;
     const iflow_tokenizer *tok;
+    int tool_format;   /* IFLOW_TOOLS_*: the calls the template asks for (toolcall.h) */
     char source[4200]; /* where the template came from, for messages */
 };
 
@@ -88,6 +90,8 @@ int iflow_chat_open_as(iflow_chat **out, const iflow_model *m, const char *templ
     }
     if (rc == 0)
         rc = iflow_template_open(&c->t, text, len, c->source);
+    if (rc == 0)
+        c->tool_format = iflow_tool_format_detect(text, len);
     free(own);
     if (rc < 0) {
         iflow_chat_close(c);
@@ -106,6 +110,8 @@ void iflow_chat_close(iflow_chat *c)
 }
 
 const char *iflow_chat_source(const iflow_chat *c) { return c->source; }
+
+int iflow_chat_tool_format(const iflow_chat *c) { return c->tool_format; }
 
 /* Each message an object with a string "role" and a "content" that is a string, a list (of
  * parts: multimodal requests) or null (an assistant's tool call). */
@@ -133,6 +139,38 @@ static int set_token_text(json_t *vars, const char *name, const iflow_tokenizer 
     return s ? json_object_set_new(vars, name, json_stringn_nocheck(s, len)) : 0;
 }
 
+/* The assistants' tool calls with their "arguments" as objects where they came as JSON text
+ * (OpenAI's API gives them so; templates write them with tojson): a new reference to messages
+ * itself when none needs it, NULL when out of memory. */
+static json_t *arguments_as_objects(const json_t *messages)
+{
+    json_t *copy = NULL;
+    for (size_t i = 0; i < json_array_size(messages); i++) {
+        const json_t *calls = json_object_get(json_array_get(messages, i), "tool_calls");
+        for (size_t k = 0; k < json_array_size(calls); k++) {
+            const json_t *args = json_object_get(json_object_get(json_array_get(calls, k), "function"), "arguments");
+            json_error_t e;
+            json_t *obj = json_is_string(args) ? json_loadb(json_string_value(args), json_string_length(args), 0, &e)
+                                               : NULL;
+            if (!json_is_object(obj)) {
+                json_decref(obj);
+                continue;
+            }
+            if (!copy && !(copy = json_deep_copy(messages))) {
+                json_decref(obj);
+                return NULL;
+            }
+            json_t *fn = json_object_get(json_array_get(json_object_get(json_array_get(copy, i), "tool_calls"), k),
+                                         "function");
+            if (json_object_set_new(fn, "arguments", obj) < 0) {
+                json_decref(copy);
+                return NULL;
+            }
+        }
+    }
+    return copy ? copy : json_incref((json_t *)messages);
+}
+
 int iflow_chat_render(const iflow_chat *c, const json_t *messages, const json_t *extra, int add_generation_prompt,
                       char **text, size_t *len)
 {
@@ -146,11 +184,13 @@ int iflow_chat_render(const iflow_chat *c, const json_t *messages, const json_t 
         if (json_object_get(extra, own[i]))
             return iflow_seterr(IFLOW_EINVAL, "'%s' cannot be an extra template variable: the conversation sets it",
                                 own[i]);
-    json_t *vars = extra ? json_copy((json_t *)extra) : json_object();
-    if (!vars || json_object_set(vars, "messages", (json_t *)messages) < 0 ||
+    json_t *vars = extra ? json_copy((json_t *)extra) : json_object(), *msgs = arguments_as_objects(messages);
+    if (!vars || !msgs || json_object_set_new(vars, "messages", msgs) < 0 ||
         json_object_set_new(vars, "add_generation_prompt", json_boolean(add_generation_prompt)) < 0 ||
         set_token_text(vars, "bos_token", c->tok, iflow_tokenizer_bos(c->tok)) < 0 ||
         set_token_text(vars, "eos_token", c->tok, iflow_tokenizer_eos(c->tok)) < 0) {
+        if (!vars) /* else msgs went to vars, or was dropped by the failed set */
+            json_decref(msgs);
         json_decref(vars);
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
     }

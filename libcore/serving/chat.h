@@ -17,6 +17,9 @@
  *   as transformers leaves them), and
  *   every member of `extra` (a JSON object, or NULL: "tools", "documents", a template's own
  *   switches such as "enable_thinking"; a member named like one of the four is refused).
+ *   An assistant's tool call whose function "arguments" is JSON text of an object (as OpenAI's
+ *   API returns it) reaches the template as that object (templates write it with tojson; vLLM
+ *   does the same).
  *   The messages are checked first: an error names the message (its index) and what is wrong.
  *   iflow_chat_encode() tokenizes a rendered conversation as apply_chat_template(tokenize=True)
  *   does: special-token text read as the special token, and nothing added around it (the
@@ -40,6 +43,8 @@ int  iflow_chat_open_as(iflow_chat **out, const iflow_model *m, const char *temp
 void iflow_chat_close(iflow_chat *c);
 /* Where the template came from, for -v ("the chat template of 'model.ifs'", or the file). */
 const char *iflow_chat_source(const iflow_chat *c);
+/* The format the template asks tool calls in (toolcall.h's IFLOW_TOOLS_*; NONE: it names none). */
+int iflow_chat_tool_format(const iflow_chat *c);
 
 /* *text is malloc'd and NUL-terminated; *len excludes the NUL. */
 int iflow_chat_render(const iflow_chat *c, const json_t *messages, const json_t *extra, int add_generation_prompt,

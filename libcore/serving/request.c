@@ -34,6 +34,60 @@ static int chat_var(iflow_request_fields *f, const char *key, json_t *v)
     return json_object_set(f->chat_vars, key, v) < 0 ? oom() : 0;
 }
 
+/* What a request asks of its tools. */
+typedef struct {
+    int given;            /* "tool_choice" was given                  */
+    int choice;           /* IFLOW_TOOL_CHOICE_*                      */
+    const char *name;     /* NAMED: the function (in the request's JSON) */
+    int parallel;         /* "parallel_tool_calls" (default 1)        */
+    int parallel_given;
+} tool_ask;
+
+/* "tool_choice": a string or {"type": "function", "function": {"name": N}}. */
+static int parse_tool_choice(tool_ask *t, const json_t *v)
+{
+    static const char *const names[] = {"auto", "none", "required"};
+    t->given = 1;
+    for (int i = 0; json_is_string(v) && i < 3; i++)
+        if (strcmp(json_string_value(v), names[i]) == 0) {
+            t->choice = i; /* IFLOW_TOOL_CHOICE_AUTO, _NONE, _REQUIRED */
+            return 0;
+        }
+    const char *type = json_string_value(json_object_get(v, "type"));
+    const json_t *name = json_object_get(json_object_get(v, "function"), "name");
+    if (!type || strcmp(type, "function") != 0 || !json_is_string(name))
+        return iflow_seterr(IFLOW_EINVAL, "field 'tool_choice' must be \"auto\", \"none\", \"required\" or "
+                                          "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+    t->choice = IFLOW_TOOL_CHOICE_NAMED;
+    t->name = json_string_value(name);
+    return 0;
+}
+
+/* After every field: whether the reply's calls are read, and the grammar of a required one. */
+static int tools_settle(iflow_request_fields *f, const tool_ask *t, int grammar_given, int fmt)
+{
+    const json_t *tools = json_object_get(f->chat_vars, "tools");
+    if ((t->given || t->parallel_given) && !tools)
+        return iflow_seterr(IFLOW_EINVAL, "fields 'tool_choice' and 'parallel_tool_calls' go with 'tools'");
+    if (!tools || t->choice == IFLOW_TOOL_CHOICE_NONE || (!fmt && !t->given))
+        return 0; /* tools the template may show; no calls read */
+    if (!fmt)
+        return iflow_seterr(IFLOW_EINVAL, "field 'tool_choice': the chat template names no tool-call format; give "
+                                          "one with --tool-parser (hermes, llama3_json, mistral, granite)");
+    f->tool_format = fmt;
+    if (t->choice == IFLOW_TOOL_CHOICE_AUTO)
+        return 0;
+    if (grammar_given || f->beams)
+        return iflow_seterr(IFLOW_EINVAL, "field 'tool_choice' \"required\" or a function constrains the reply: "
+                                          "it does not go with %s",
+                            f->beams ? "'beams'" : "another constraint");
+    iflow_grammar_close(f->grammar); /* the command line's constraint is for the other requests */
+    f->grammar = NULL;
+    f->tool_bare = 1;
+    int rc = iflow_tool_grammar(&f->grammar, fmt, tools, t->name, t->parallel);
+    return rc < 0 ? iflow_preperr(rc, "field 'tool_choice'") : 0;
+}
+
 /* "messages", "add_generation_prompt", "tools", "chat_template_kwargs"; 1 when key is none of them.
  * *chat_given is set by the three that go with "messages". */
 static int parse_chat_field(iflow_request_fields *f, const char *key, json_t *v, int *chat_given)
@@ -200,8 +254,9 @@ static int value_text(const char *key, const json_t *v, char *buf, size_t cap)
 }
 
 /* The fields of an object, checked; f->id is set already. */
-static int parse_object(iflow_request_fields *f, const json_t *js)
+static int parse_object(iflow_request_fields *f, const json_t *js, int tool_format)
 {
+    tool_ask ta = {.parallel = 1};
     enum { MAX_SAMPLING = 32 };
     const char *names[MAX_SAMPLING];
     char values[MAX_SAMPLING][64];
@@ -263,6 +318,14 @@ static int parse_object(iflow_request_fields *f, const json_t *js)
         } else if (strcmp(key, "stop") == 0) {
             if ((rc = parse_stop(f, v)) < 0)
                 return rc;
+        } else if (strcmp(key, "tool_choice") == 0) {
+            if ((rc = parse_tool_choice(&ta, v)) < 0)
+                return rc;
+        } else if (strcmp(key, "parallel_tool_calls") == 0) {
+            if (!json_is_boolean(v))
+                return iflow_seterr(IFLOW_EINVAL, "field 'parallel_tool_calls' must be true or false");
+            ta.parallel = json_is_true(v);
+            ta.parallel_given = 1;
         } else {
             if (!iflow_sampler_param_known(key))
                 return iflow_seterr(IFLOW_EINVAL, "unknown field '%s' (see iflow-run(1), BATCH GENERATION)", key);
@@ -284,6 +347,8 @@ static int parse_object(iflow_request_fields *f, const json_t *js)
                                           "'messages'");
     if (lp_given && !f->beams)
         return iflow_seterr(IFLOW_EINVAL, "field 'length_penalty' goes with 'beams'");
+    if ((rc = tools_settle(f, &ta, grammar_given, tool_format)) < 0)
+        return rc;
     if (f->beams && (logprobs_given || f->continuation))
         return iflow_seterr(IFLOW_EINVAL, "fields 'logprobs', 'prompt_logprobs' and 'continuation' do not go with "
                                           "'beams' (a beam's result has its log-probability)");
@@ -333,7 +398,7 @@ int iflow_request_parse(iflow_request_fields *f, const char *line, size_t len, l
     else if (!json_is_object(js))
         rc = iflow_seterr(IFLOW_EINVAL, "a request must be a JSON object");
     else
-        rc = parse_object(f, js);
+        rc = parse_object(f, js, d->tool_format);
     json_decref(js);
     return rc;
 }

@@ -7,7 +7,12 @@
  *   a non-empty list of objects, each with a string "role"; made into the prompt by the chat
  *   template, chat.h), one of the two required; with "messages": "add_generation_prompt" (true
  *   or false, default true), "tools" (a list, the template's variable tools) and
- *   "chat_template_kwargs" (an object: more template variables, as vLLM's); "id" (any
+ *   "chat_template_kwargs" (an object: more template variables, as vLLM's), and with "tools":
+ *   "tool_choice" (OpenAI's: "auto", the default: the reply's calls are read out when the
+ *   defaults' tool_format is known; "none": never read; "required": the reply is one or more
+ *   calls; {"type": "function", "function": {"name": N}}: a call of N; those two constrain
+ *   the reply with toolcall.h's grammar and do not go with another constraint or "beams") and
+ *   "parallel_tool_calls" (true, the default, or false: one call at most); "id" (any
  *   JSON value, kept as compact JSON text; the line number when absent), "max_tokens" (an
  *   integer >= 1), "stop" (a string, or an array of at most IFLOW_MAX_STOP non-empty strings),
  *   "context_shift" ("none", "rope" or "recompute": batch.h), "keep" (an integer >= -1), "beams"
@@ -40,6 +45,7 @@
 #include "libcore/engine/sampler.h"
 #include "libcore/serving/batch.h"
 #include "libcore/serving/grammar.h"
+#include "libcore/serving/toolcall.h"
 
 typedef struct {
     char *id;                       /* compact JSON                                        */
@@ -59,6 +65,8 @@ typedef struct {
     json_t *chat_vars;              /* with messages: "tools" and the chat_template_kwargs, or NULL */
     int add_generation_prompt;      /* with messages (default 1)                           */
     iflow_grammar *grammar;         /* the text's grammar (a reference of its own), or NULL */
+    int tool_format;                /* IFLOW_TOOLS_*: read the reply's tool calls in this format (0: not) */
+    int tool_bare;                  /* the calls are written without their marker (a constrained reply) */
 } iflow_request_fields;
 
 /* What a field that is absent gets. */
@@ -67,6 +75,7 @@ typedef struct {
     iflow_sampler_params sp;
     int logprobs, prompt_logprobs;  /* as in iflow_request_fields */
     iflow_grammar *grammar;         /* NULL, or for every request that gives none           */
+    int tool_format;                /* IFLOW_TOOLS_*: the format of the chat template's tool calls */
 } iflow_request_defaults;
 
 int  iflow_request_parse(iflow_request_fields *out, const char *line, size_t len, long line_no,

@@ -1,7 +1,8 @@
 /* fuzz_request.c -- a batch request line (libcore/serving/request.h): parsed with defaults,
  * then a sampler opened from the fields it set (what iflow-run --batch does before tokenizing),
- * and a constraint's grammar ("grammar", "json_schema", "regex", "choice", "response_format")
- * matched against a short text. */
+ * and a constraint's grammar ("grammar", "json_schema", "regex", "choice", "response_format",
+ * "tool_choice") matched against a short text. The chat template's tool-call format is the
+ * input's length mod 5, so every format (and none) is met. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,7 +12,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    iflow_request_defaults d = {.max_tokens = 16, .keep = 4};
+    iflow_request_defaults d = {.max_tokens = 16, .keep = 4, .tool_format = (int)(size % IFLOW_TOOLS_COUNT)};
     iflow_sampler_params_default(&d.sp);
     iflow_request_fields f;
     if (iflow_request_parse(&f, (const char *)data, size, 7, &d) == 0) {
@@ -38,6 +39,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
         /* a constraint never goes with beams; the grammar made matches some text or none */
         if (f.grammar && (f.beams || iflow_grammar_match(f.grammar, "{}", 2, NULL) < 0))
+            abort();
+        /* calls are read only from a chat with tools, in the template's format; a constrained
+         * call has its grammar */
+        if (f.tool_format && (f.tool_format != d.tool_format || !json_object_get(f.chat_vars, "tools")))
+            abort();
+        if (f.tool_bare && (!f.tool_format || !f.grammar))
             abort();
     }
     iflow_request_fields_free(&f);
