@@ -347,7 +347,7 @@ static void test_hidden_markers(void)
     /* "<repo_name>" (a special token, id 3) becomes "[TOOL_CALLS]": one byte longer */
     char *s = malloc(n * 2 + 64);
     size_t m = 0, from = 0;
-    while (json && (at = strstr(json + from, "<repo_name>")) != NULL) {
+    while (json && (at = memmem(json + from, n - from, "<repo_name>", 11)) != NULL) { /* the file has no NUL */
         memcpy(s + m, json + from, (size_t)(at - json) - from);
         m += (size_t)(at - json) - from;
         memcpy(s + m, "[TOOL_CALLS]", 12);
