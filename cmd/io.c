@@ -81,9 +81,9 @@ json_t *json_schema(json_t *o)
  * "logprob"}. */
 static json_t *token_json(const iflow_tokenizer *tok, int32_t id, float logprob)
 {
-    char piece[256];
-    int n = iflow_tokenizer_piece(tok, id, 0, piece, sizeof piece);
-    json_t *o = json_object(), *t = json_stringn(piece, n > 0 ? (size_t)n : 0);
+    char *piece = malloc(iflow_tokenizer_max_piece(tok));
+    int n = piece ? iflow_tokenizer_piece(tok, id, 0, piece, iflow_tokenizer_max_piece(tok)) : 0;
+    json_t *o = json_object(), *t = json_stringn(piece ? piece : "", n > 0 ? (size_t)n : 0);
     json_object_set_new(o, "id", json_integer(id));
     if (t) {
         json_object_set_new(o, "token", t);
@@ -95,6 +95,7 @@ static json_t *token_json(const iflow_tokenizer *tok, int32_t id, float logprob)
         json_object_set_new(o, "bytes", a);
     }
     json_object_set_new(o, "logprob", isnan(logprob) ? json_null() : json_real(logprob));
+    free(piece);
     return o;
 }
 

@@ -137,6 +137,8 @@ IFLOW_API int iflow_tokenizer_decode(const iflow_tokenizer *t, const int32_t *id
  * BOS, whose leading space SentencePiece drops). Writes at most cap bytes, no NUL; returns the
  * count, or IFLOW_ERANGE for an id outside the vocabulary. Control tokens give "". */
 IFLOW_API int iflow_tokenizer_piece(const iflow_tokenizer *t, int32_t id, int first, char *buf, size_t cap);
+/* A cap that holds any token's piece (tokens may be long: GPT-NeoX's vocabulary has 1024-byte ones). */
+IFLOW_API size_t iflow_tokenizer_max_piece(const iflow_tokenizer *t);
 IFLOW_API int32_t iflow_tokenizer_n_vocab(const iflow_tokenizer *t);
 IFLOW_API int32_t iflow_tokenizer_bos(const iflow_tokenizer *t); /* -1 if none */
 IFLOW_API int32_t iflow_tokenizer_eos(const iflow_tokenizer *t); /* -1 if none */

@@ -65,6 +65,8 @@ typedef struct req {
 struct iflow_batch {
     const iflow_model *m;
     const iflow_tokenizer *tok;
+    char *piece;                  /* [max_piece]: a token's bytes (tokenizer.h's bound)      */
+    size_t max_piece;
     iflow_batch_params p;
     iflow_kv *kv;
     iflow_ctx *ctx;
@@ -154,7 +156,10 @@ int iflow_batch_open(iflow_batch **out, const iflow_model *m, const iflow_batch_
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
     b->m = m;
     b->tok = iflow_model_tokenizer(m);
-    int rc = iflow_ctx_open_steps(&b->ctx, m, q.n_threads);
+    b->max_piece = b->tok ? iflow_tokenizer_max_piece(b->tok) : 1;
+    int rc = (b->piece = malloc(b->max_piece)) ? 0 : iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    if (rc == 0)
+        rc = iflow_ctx_open_steps(&b->ctx, m, q.n_threads);
     if (rc == 0) { /* a step holds the context's pass: 128 tokens, 512 on a GPU placement */
         const int most = iflow_ctx_step_tokens(b->ctx);
         if (q.step_tokens <= 0 || q.step_tokens > most)
@@ -231,6 +236,7 @@ void iflow_batch_close(iflow_batch *b)
     free(b->p_dist);
     iflow_gvocab_close(b->gv);
     free(b->gmask);
+    free(b->piece);
     free(b->glogits);
     free(b->eos_ids);
     iflow_blocks_close(b->pool);
@@ -598,12 +604,10 @@ int iflow_batch_take(iflow_batch *b, iflow_result **out)
     return 1;
 }
 
-/* Append token id's text: 1 if a stop string now appears in the text (it then ends before
- * it), 0 if not, < 0 on failure. */
-static int append_text(iflow_batch *b, req *r, int32_t id)
+/* Append a token's text, piece [n]: 1 if a stop string now appears in the text (it then ends
+ * before it), 0 if not, < 0 on failure. */
+static int append_text(req *r, const char *piece, int n)
 {
-    char piece[256];
-    int n = b->tok ? iflow_tokenizer_piece(b->tok, id, r->first_piece && r->res->n_tokens == 1, piece, sizeof piece) : 0;
     if (n <= 0)
         return 0;
     const char *emit;
@@ -643,10 +647,11 @@ static void logprob_of(const float *logits, int V, int32_t id, int n_top, iflow_
         e->top_logprob[k] = (float)(logits[e->top_id[k]] - lse);
 }
 
-/* The bytes token id adds to r's text at its next position (as append_text() gives them). */
-static int token_piece(iflow_batch *b, req *r, int32_t id, char *buf, size_t cap)
+/* b->piece = the bytes token id adds to r's text at its next position: their count, or < 0. */
+static int token_piece(iflow_batch *b, req *r, int32_t id)
 {
-    return iflow_tokenizer_piece(b->tok, id, r->first_piece && r->res->n_tokens == 0, buf, cap);
+    return b->tok ? iflow_tokenizer_piece(b->tok, id, r->first_piece && r->res->n_tokens == 0, b->piece, b->max_piece)
+                  : 0;
 }
 
 /* b->gmask = the tokens r's grammar allows next: the trie's walk, or, for a text's first token
@@ -659,9 +664,8 @@ static int grammar_mask(iflow_batch *b, req *r)
     const int V = iflow_gvocab_n(b->gv);
     int count = 0;
     for (int32_t id = 0; id < V; id++) {
-        char piece[1024];
-        int n = token_piece(b, r, id, piece, sizeof piece), ok = 0;
-        if (n > 0 && (ok = iflow_gstate_test(r->gs, piece, (size_t)n)) < 0)
+        int n = token_piece(b, r, id), ok = 0;
+        if (n > 0 && (ok = iflow_gstate_test(r->gs, b->piece, (size_t)n)) < 0)
             return ok;
         b->gmask[id] = (uint8_t)(ok > 0);
         count += ok > 0;
@@ -722,13 +726,13 @@ static int accept(iflow_batch *b, req *r, int32_t id)
         return ended(b, r, IFLOW_FINISH_GRAMMAR);
     if (iflow_model_is_eos(b->m, id))
         return ended(b, r, IFLOW_FINISH_EOS);
-    if (r->gs) { /* before the token is counted: the piece's `first` is that of its position */
-        char piece[1024];
-        int n = token_piece(b, r, id, piece, sizeof piece);
-        int rc = n < 0 ? n : iflow_gstate_advance(r->gs, piece, (size_t)n);
-        if (rc < 0)
-            return rc;
-    }
+    /* the piece once, before the token is counted (`first` is that of its position): the
+     * grammar's state and the text take the same bytes */
+    int n = token_piece(b, r, id), rc = n < 0 ? n : 0;
+    if (rc == 0 && r->gs)
+        rc = iflow_gstate_advance(r->gs, b->piece, (size_t)n);
+    if (rc < 0)
+        return rc;
     res->tokens[res->n_tokens++] = id;
     if (res->logprobs)
         res->logprobs[res->n_tokens - 1] = r->lp_next;
@@ -737,7 +741,7 @@ static int accept(iflow_batch *b, req *r, int32_t id)
     if (stop == 0 && r->dsampler)
         stop = iflow_sampler_accept(r->dsampler, id);
     if (stop == 0)
-        stop = append_text(b, r, id);
+        stop = append_text(r, b->piece, n);
     if (stop < 0)
         return stop;
     if (stop)

@@ -53,6 +53,8 @@ struct search {
     int n_free;
     int *ref;                     /* [n_blocks] hypotheses holding each block */
     const iflow_tokenizer *tok;   /* NULL: no text (and no stop string can match)  */
+    char *piece;                  /* [max_piece]: a token's bytes, with tok          */
+    size_t max_piece;
     iflow_stop *stop;             /* the stop strings' matcher, or NULL            */
     int starts;                   /* the generated tokens start the text (a lone BOS prompt) */
 };
@@ -229,9 +231,9 @@ static int finish_hyp(iflow_beam **res, int *n_res, int *cap, hyp *h, int why, f
  * bytes before it; child->stop_index: which), 0 if not (child holds back its own tail), < 0. */
 static int match_stop(search *s, hyp *child, const hyp *par)
 {
-    char piece[256];
+    const char *piece = s->piece;
     int32_t token = child->tokens[child->n_tokens - 1];
-    int n = iflow_tokenizer_piece(s->tok, token, s->starts && par->n_tokens == 0, piece, sizeof piece);
+    int n = iflow_tokenizer_piece(s->tok, token, s->starts && par->n_tokens == 0, s->piece, s->max_piece);
     if (n < 0)
         return n;
     const char *e1, *e2;
@@ -401,6 +403,9 @@ static int run_new(iflow_beam_run **out, const iflow_model *m, const int32_t *pr
         rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
     if (rc == 0 && p->n_stop > 0 && r->s.tok)
         rc = iflow_stop_open(&r->s.stop, p->stop, p->n_stop);
+    r->s.max_piece = r->s.tok ? iflow_tokenizer_max_piece(r->s.tok) : 0;
+    if (rc == 0 && r->s.tok && !(r->s.piece = malloc(r->s.max_piece)))
+        rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
     if (rc == 0)
         rc = hyp_alloc(&r->live[0], r->s.max_tab, p->max_tokens);
     r->live[0].eos = -1;
@@ -611,6 +616,7 @@ void iflow_beam_close(iflow_beam_run *r)
         hyp_release(&r->s, &r->live[i]);
     iflow_beams_free(r->res, r->n_res);
     iflow_stop_close(r->s.stop);
+    free(r->s.piece);
     free(r->prompt), free(r->logits), free(r->lp), free(r->cs), free(r->s.free_ids), free(r->s.ref);
     iflow_ctx_close(r->s.ctx);
     iflow_kv_close(r->s.kv);

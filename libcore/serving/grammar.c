@@ -1415,19 +1415,18 @@ int iflow_gvocab_open(iflow_gvocab **out, const iflow_tokenizer *tok)
     v->ids = malloc(((size_t)v->n_vocab + 1) * sizeof *v->ids);
     int rc = v->piece && v->plen && v->ids ? 0 : iflow_seterr(IFLOW_ENOMEM, "out of memory");
     int32_t n = 0;
-    char buf[1024];
+    const size_t cap = iflow_tokenizer_max_piece(tok);
+    char *buf = malloc(cap);
+    if (rc == 0 && !buf)
+        rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
     for (int32_t id = 0; id < v->n_vocab && rc == 0; id++) {
-        int len = iflow_tokenizer_piece(tok, id, 0, buf, sizeof buf);
+        int len = iflow_tokenizer_piece(tok, id, 0, buf, cap);
         if (len < 0) {
             rc = len;
             break;
         }
         if (len == 0)
             continue; /* control tokens: never allowed */
-        if (len >= (int)sizeof buf) {
-            rc = iflow_seterr(IFLOW_EINVAL, "grammar: token %d is longer than %zu bytes", id, sizeof buf - 1);
-            break;
-        }
         if (!(v->piece[id] = malloc((size_t)len))) {
             rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
             break;
@@ -1438,6 +1437,7 @@ int iflow_gvocab_open(iflow_gvocab **out, const iflow_tokenizer *tok)
             v->max_len = len;
         v->ids[n++] = id;
     }
+    free(buf);
     if (rc == 0) {
         sort_v = v;
         qsort(v->ids, (size_t)n, sizeof *v->ids, cmp_piece);

@@ -542,6 +542,8 @@ int iflow_tokenizer_affix(const iflow_tokenizer *t, int before, const int32_t **
 
 int32_t iflow_tokenizer_n_vocab(const iflow_tokenizer *t) { return t->n_vocab; }
 
+size_t iflow_tokenizer_max_piece(const iflow_tokenizer *t) { return (size_t)t->max_token_len + 1; }
+
 const char *iflow_tokenizer_token_text(const iflow_tokenizer *t, int32_t id, size_t *len)
 {
     if (id < 0 || id >= t->n_vocab)

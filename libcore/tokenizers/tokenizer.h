@@ -158,6 +158,9 @@ int iflow_tokenizer_encode(const iflow_tokenizer *t, const char *text, size_t le
  * Strip). Writes at most cap bytes (no NUL) and returns the number written, or < 0
  * (IFLOW_ERANGE for an id outside the vocabulary). Special/control tokens give "". */
 int iflow_tokenizer_piece(const iflow_tokenizer *t, int32_t id, int first, char *buf, size_t cap);
+/* Bytes enough for any token's piece (an upper bound: the longest token's text plus one, the
+ * space WordPiece puts before a word; no decoder makes a piece longer). */
+size_t iflow_tokenizer_max_piece(const iflow_tokenizer *t);
 
 /* Text of a whole sequence: *text is malloc'd and NUL-terminated, *len excludes the NUL. */
 int iflow_tokenizer_decode(const iflow_tokenizer *t, const int32_t *ids, size_t n, char **text, size_t *len);

@@ -327,6 +327,50 @@ static void test_limits(void)
 
 /* ---- choices ---------------------------------------------------------------------------------- */
 
+/* A vocabulary with long tokens (GPT-NeoX's: pieces of 512 bytes) builds, and its longest
+ * token is allowed by a grammar of exactly its text. */
+static void test_long_tokens(void)
+{
+    const char *path = test_data("tokenizer-tests/ggml-vocab-gpt-neox.gguf");
+    if (!path)
+        SKIP("no GPT-NeoX vocabulary");
+    iflow_tokenizer *t;
+    iflow_gvocab *v = NULL;
+    if (iflow_tokenizer_open(&t, path) < 0) {
+        CHECK(0, "gpt-neox: %s", iflow_errmsg());
+        return;
+    }
+    int rc = iflow_gvocab_open(&v, t);
+    CHECK(rc == 0, "the vocabulary's trie: %s", iflow_errmsg());
+    size_t cap = iflow_tokenizer_max_piece(t);
+    char *piece = malloc(cap), *best = malloc(cap);
+    int32_t best_id = -1;
+    int best_n = 0;
+    for (int32_t id = 0; id < iflow_tokenizer_n_vocab(t); id++) {
+        int n = iflow_tokenizer_piece(t, id, 0, piece, cap);
+        if (n > best_n)
+            best_n = n, best_id = id, memcpy(best, piece, (size_t)n);
+    }
+    CHECK(best_n > 256, "the longest piece is %d bytes", best_n);
+    const char *texts[] = {best};
+    size_t lens[] = {(size_t)best_n};
+    char *gbnf = NULL;
+    iflow_grammar *g = NULL;
+    iflow_gstate *st = NULL;
+    if (rc == 0 && iflow_grammar_from_choices(texts, lens, 1, &gbnf) == 0 &&
+        iflow_grammar_open(&g, gbnf, strlen(gbnf), NULL) == 0 && iflow_gstate_open(&st, g) == 0)
+        CHECK(iflow_gstate_allows(st, v, best_id) == 1, "token %d (%d bytes) allowed", best_id, best_n);
+    else
+        CHECK(0, "a grammar of the longest piece: %s", iflow_errmsg());
+    iflow_gstate_close(st);
+    iflow_grammar_close(g);
+    free(gbnf);
+    free(piece);
+    free(best);
+    iflow_gvocab_close(v);
+    iflow_tokenizer_close(t);
+}
+
 static void test_choices(void)
 {
     const char *c[] = {"yes", "no", "a \"quoted\" \\ word", "tab\there\nnewline", "caf\xC3\xA9 \xE2\x82\xAC", "y"};
@@ -451,6 +495,7 @@ int main(void)
     RUN(test_masks);
     RUN(test_limits);
     RUN(test_choices);
+    RUN(test_long_tokens);
     if (!mkdtemp(dir))
         return 1;
     char s260[600], xs[600];

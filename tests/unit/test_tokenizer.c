@@ -1043,9 +1043,46 @@ static void test_spm_unsupported(void)
     free(buf);
 }
 
+/* iflow_tokenizer_max_piece() holds every piece of every vocabulary of the test data whole (a
+ * piece read with twice the room is no longer), and GPT-NeoX's needs more than 256 bytes (the
+ * fixed buffers it replaced truncated such tokens' text). */
+static void test_max_piece(void)
+{
+    static const char *const fams[] = {"baichuan", "deepseek-llm", "falcon", "gpt-2", "gpt-neox", "llama-spm", "mpt",
+                                       "phi-3", "refact"};
+    for (size_t f = 0; f < sizeof fams / sizeof fams[0]; f++) {
+        char rel[160];
+        snprintf(rel, sizeof rel, "tokenizer-tests/ggml-vocab-%s.gguf", fams[f]);
+        const char *path = test_data(rel);
+        iflow_tokenizer *t;
+        if (!path)
+            SKIP("no %s", rel);
+        if (iflow_tokenizer_open(&t, path) < 0) {
+            CHECK(0, "%s: %s", fams[f], iflow_errmsg());
+            continue;
+        }
+        size_t cap = iflow_tokenizer_max_piece(t);
+        char *a = malloc(cap), *b = malloc(2 * cap);
+        int longest = 0, bad = 0;
+        for (int32_t id = 0; id < iflow_tokenizer_n_vocab(t); id++)
+            for (int first = 0; first < 2; first++) {
+                int na = iflow_tokenizer_piece(t, id, first, a, cap), nb = iflow_tokenizer_piece(t, id, first, b, 2 * cap);
+                bad += na != nb || (na > 0 && memcmp(a, b, (size_t)na) != 0);
+                longest = nb > longest ? nb : longest;
+            }
+        CHECK(bad == 0, "%s: %d pieces longer than max_piece %zu", fams[f], bad, cap);
+        if (strcmp(fams[f], "gpt-neox") == 0)
+            CHECK(longest > 256, "gpt-neox: its longest piece is %d bytes", longest);
+        free(a);
+        free(b);
+        iflow_tokenizer_close(t);
+    }
+}
+
 int main(void)
 {
     RUN(test_vocab_vectors);
+    RUN(test_max_piece);
     RUN(test_vocab_roundtrip_only);
     RUN(test_stories_golden);
     RUN(test_hf_fixtures);
