@@ -609,7 +609,7 @@ static iflow_grammar *constraint_grammar(const constraint_opts *co)
 {
     static const char *const names[] = {"grammar", "grammar-file", "json-schema", "json-schema-file", "regex"};
     iflow_grammar *g = NULL;
-    char *text = NULL, *gbnf = NULL;
+    char *text = NULL;
     size_t len = 0;
     int rc;
     if (!co->id)
@@ -620,11 +620,8 @@ static iflow_grammar *constraint_grammar(const constraint_opts *co)
             die(&tool, "out of memory");
         for (int i = 0; i < co->n_choices; i++)
             lens[i] = strlen(co->choices[i]);
-        rc = iflow_grammar_from_choices(co->choices, lens, co->n_choices, &gbnf);
-        if (rc == 0)
-            rc = iflow_grammar_open(&g, gbnf, strlen(gbnf), NULL);
+        rc = iflow_grammar_open_choices(&g, co->choices, lens, co->n_choices);
         free(lens);
-        free(gbnf);
         if (rc < 0)
             die(&tool, "--choice: %s", iflow_errmsg());
         return g;

@@ -1746,6 +1746,17 @@ int iflow_grammar_from_choices(const char *const *choices, const size_t *lens, i
     return 0;
 }
 
+int iflow_grammar_open_choices(iflow_grammar **out, const char *const *choices, const size_t *lens, int n)
+{
+    *out = NULL;
+    char *gbnf = NULL;
+    int rc = iflow_grammar_from_choices(choices, lens, n, &gbnf);
+    if (rc == 0)
+        rc = iflow_grammar_open(out, gbnf, strlen(gbnf), NULL);
+    free(gbnf);
+    return rc;
+}
+
 int iflow_grammar_open_as(iflow_grammar **out, int kind, const char *text, size_t len)
 {
     *out = NULL;

@@ -105,6 +105,8 @@ int  iflow_gstate_allows(iflow_gstate *s, const iflow_gvocab *v, int32_t id);
 /* GBNF for exactly one of the texts choices [n] (lens [n] bytes each; UTF-8): vLLM's
  * guided_choice. */
 int  iflow_grammar_from_choices(const char *const *choices, const size_t *lens, int n, char **out);
+/* Its grammar, opened. */
+int  iflow_grammar_open_choices(iflow_grammar **out, const char *const *choices, const size_t *lens, int n);
 
 /* A grammar from text of one kind: GBNF, a JSON Schema (NULL text: any JSON value) or a regex. */
 enum { IFLOW_GRAMMAR_GBNF = 0, IFLOW_GRAMMAR_JSON_SCHEMA, IFLOW_GRAMMAR_REGEX };

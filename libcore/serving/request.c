@@ -197,10 +197,8 @@ static int choice_grammar(iflow_request_fields *f, const json_t *v)
             lens[i] = json_string_length(x);
         }
     }
-    char *gbnf = NULL;
-    if (rc == 0 && (rc = iflow_grammar_from_choices(texts, lens, (int)n, &gbnf)) == 0)
-        rc = iflow_grammar_open(&f->grammar, gbnf, strlen(gbnf), NULL);
-    free(gbnf);
+    if (rc == 0)
+        rc = iflow_grammar_open_choices(&f->grammar, texts, lens, (int)n);
     free(texts);
     free(lens);
     return rc;
