@@ -8,6 +8,7 @@
 #include "libcore/serving/beam.h"
 #include "libcore/serving/chat.h"
 #include "libcore/serving/metrics.h"
+#include "libcore/serving/reasoning.h"
 #include "libcore/serving/request.h"
 #include "libcore/serving/toolcall.h"
 #include "libcore/tokenizers/tokenizer.h"
@@ -330,22 +331,38 @@ static void *reader_main(void *arg)
 typedef struct {
     queue *in;
     const iflow_tokenizer *tok;   /* the tokens' text in log-probabilities */
+    int reasoning;                /* split chat replies' <think> blocks out (batch_opts) */
     int failed;                   /* a write failed: the output is closed */
     iflow_metrics met;            /* of delivered results (read by the main thread after joining) */
 } writer;
 
-/* A reply with tools: "content" (the text outside the calls) and "tool_calls" (toolcall.h), and
- * "tool_calls" as the finish reason when it called any and was not cut short. */
-static int tool_fields(json_t *o, const item *it, const iflow_tokenizer *tok)
+/* A chat reply read as its parts: with a reasoning parser, "reasoning_content" (reasoning.h:
+ * the <think> block, or null) and the answer after it; with tools, the answer's "tool_calls"
+ * (toolcall.h) and "tool_calls" as the finish reason when it called any and was not cut short;
+ * "content": the answer (outside the calls). */
+static int reply_fields(json_t *o, const item *it, const iflow_tokenizer *tok, int reasoning)
 {
     const iflow_result *r = it->res;
+    reasoning = reasoning && it->f.messages;
+    if (!it->f.tool_format && !reasoning)
+        return 0;
     char *text, *content;
-    size_t len, content_len;
+    size_t len, content_len, r_off = 0, r_len = 0, c_off = 0;
     json_t *calls;
     if (iflow_tool_text(it->f.tool_format, tok, r->tokens, r->n_tokens, r->n_prompt <= 1, r->text ? r->text : "",
                         r->text_len, &text, &len) < 0)
         return -1;
-    int n = iflow_tool_parse(it->f.tool_format, text, len, it->f.tool_bare, it->f.id, &calls, &content, &content_len);
+    if (reasoning) {
+        int has = iflow_reasoning_split(it->f.prompt, it->f.prompt_len, text, len, &r_off, &r_len, &c_off);
+        json_object_set_new(o, "reasoning_content", has ? iflow_json_text(text + r_off, r_len) : json_null());
+    }
+    if (!it->f.tool_format) {
+        json_object_set_new(o, "content", iflow_json_text(text + c_off, len - c_off));
+        free(text);
+        return 0;
+    }
+    int n = iflow_tool_parse(it->f.tool_format, text + c_off, len - c_off, it->f.tool_bare, it->f.id, &calls, &content,
+                             &content_len);
     free(text);
     if (n < 0)
         return -1;
@@ -357,7 +374,7 @@ static int tool_fields(json_t *o, const item *it, const iflow_tokenizer *tok)
     return 0;
 }
 
-static json_t *result_json(const item *it, const iflow_tokenizer *tok)
+static json_t *result_json(const item *it, const iflow_tokenizer *tok, int reasoning)
 {
     json_error_t e;
     json_t *o = json_object(), *id = json_loads(it->f.id, JSON_DECODE_ANY, &e);
@@ -373,7 +390,7 @@ static json_t *result_json(const item *it, const iflow_tokenizer *tok)
     json_object_set_new(o, "finish_reason", json_string(iflow_finish_name(r->finish)));
     if (r->stop_index >= 0 && r->stop_index < it->f.n_stop)
         json_object_set_new(o, "stop_string", json_string(it->f.stop[r->stop_index]));
-    if (it->f.tool_format && tool_fields(o, it, tok) < 0) {
+    if (reply_fields(o, it, tok, reasoning) < 0) {
         json_decref(o);
         return NULL;
     }
@@ -423,7 +440,7 @@ static void *writer_main(void *arg)
         if (!it)
             continue;
         if (!w->failed) {
-            json_t *js = json_schema(result_json(it, w->tok));
+            json_t *js = json_schema(result_json(it, w->tok, w->reasoning));
             char *s = json_dumps(js, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
             json_decref(js);
             if (!s || progress_write_line(s) == EOF)
@@ -528,7 +545,7 @@ int batch_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
     q_init(&in, 2 * bp->parallel);
     q_init(&out, 0);
     reader rd = {.o = o, .m = m, .out = &in, .n_ctx = bp->n_ctx, .stop_fd = stop[0]};
-    writer w = {.in = &out, .tok = iflow_model_tokenizer(m)};
+    writer w = {.in = &out, .tok = iflow_model_tokenizer(m), .reasoning = o->reasoning};
     pthread_t rt, wt;
     if (pthread_create(&rt, NULL, reader_main, &rd) || pthread_create(&wt, NULL, writer_main, &w))
         die(t, "cannot start the reader and writer threads");

@@ -30,6 +30,7 @@ typedef struct {
     const struct iflow_chat *chat; /* the chat template for requests with "messages", or NULL */
     const char *chat_error;      /* then why there is none (said to such a request) */
     int tool_format;             /* IFLOW_TOOLS_*: how replies write tool calls (--tool-parser, the template's) */
+    int reasoning;               /* chat replies' <think> blocks go to "reasoning_content" (--reasoning-parser) */
     struct iflow_grammar *grammar; /* --grammar, --json-schema, ...: for requests that give none */
 } batch_opts;
 

@@ -36,7 +36,7 @@ enum {
     /* sampling: set through iflow_sampler_params_set() by their long names */
     O_SAMPLER, O_MINP, O_TYPICAL, O_TFS, O_MIROSTAT_TAU, O_MIROSTAT_ETA, O_REPEAT_PENALTY, O_REPEAT_LAST_N,
     O_FREQUENCY_PENALTY, O_PRESENCE_PENALTY, O_FSD_ALPHA, O_FSD_K, O_FSD_N, O_FSD_BETA, O_FSD_RANDOM_STEPS,
-    O_EMBED, O_TRANSLATE, O_DECODER_PREFIX, O_SOURCE_PREFIX, O_CHAT, O_SYSTEM, O_CHAT_TEMPLATE, O_TOOL_PARSER,
+    O_EMBED, O_TRANSLATE, O_DECODER_PREFIX, O_SOURCE_PREFIX, O_CHAT, O_SYSTEM, O_CHAT_TEMPLATE, O_TOOL_PARSER, O_REASONING_PARSER,
     O_GRAMMAR, O_GRAMMAR_FILE, O_JSON_SCHEMA, O_JSON_SCHEMA_FILE, O_REGEX, O_CHOICE,
 };
 
@@ -49,6 +49,7 @@ static const iflow_opt opts[] = {
     {O_SYSTEM, "system", 0, "TEXT", "with --chat: a system message before each user message", NULL},
     {O_CHAT_TEMPLATE, "chat-template", 0, "FILE", "the chat template (Jinja, as Hugging Face's chat_template) for --chat and --batch's \"messages\" instead of the model's", "file"},
     {O_TOOL_PARSER, "tool-parser", 0, "NAME", "with --batch: how the model writes tool calls, which requests with \"tools\" get back as \"tool_calls\": auto (default: the format the chat template names, if any), hermes, llama3_json, mistral, granite or none", "auto hermes llama3_json mistral granite none"},
+    {O_REASONING_PARSER, "reasoning-parser", 0, "NAME", "with --batch: where a chat reply's reasoning goes: auto (default: a <think> block is \"reasoning_content\" when the chat template names <think>), think (the same whatever the template; deepseek_r1 and qwen3 are its other names) or none", "auto think deepseek_r1 qwen3 none"},
     {O_GRAMMAR, "grammar", 0, "TEXT", "constrained decoding: the generated text follows the grammar TEXT (GBNF, llama.cpp's grammar language: rules name ::= ..., starting at the rule root; iflow-run(1), GRAMMARS)", NULL},
     {O_GRAMMAR_FILE, "grammar-file", 0, "FILE", "the same, the grammar read from FILE", "file"},
     {O_JSON_SCHEMA, "json-schema", 0, "TEXT", "constrained decoding: the generated text is JSON valid under the JSON Schema TEXT ('{}': any JSON value; '{\"type\":\"object\"}': any object)", NULL},
@@ -136,6 +137,7 @@ typedef struct {
     const char *system;       /* --system TEXT, or NULL */
     const char *chat_template; /* --chat-template FILE, or NULL */
     int tool_parser;           /* --tool-parser: IFLOW_TOOLS_*, or -1 (auto: the template's)      */
+    int reasoning_parser;      /* --reasoning-parser: 1 think, 0 none, -1 auto (the template's)  */
     iflow_grammar *grammar;   /* --grammar, --json-schema, --regex, --choice (and the -file forms), or NULL */
     const char *metrics;
     const char *comm;     /* --comm: auto, mpi or nccl */
@@ -460,9 +462,11 @@ static int run_batch(const run_opts *o)
         b.chat = chat = open_chat(o, m, 0, why, sizeof why);
         b.chat_error = why;
         b.tool_format = o->tool_parser >= 0 ? o->tool_parser : chat ? iflow_chat_tool_format(chat) : IFLOW_TOOLS_NONE;
+        b.reasoning = o->reasoning_parser >= 0 ? o->reasoning_parser : chat && iflow_chat_reasoning(chat);
         if (o->verbose && chat)
-            fprintf(stderr, "%s: tool calls: %s%s\n", tool.name, iflow_tool_format_name(b.tool_format),
-                    o->tool_parser >= 0 ? "" : " (the chat template's)");
+            fprintf(stderr, "%s: tool calls: %s%s; reasoning: %s%s\n", tool.name, iflow_tool_format_name(b.tool_format),
+                    o->tool_parser >= 0 ? "" : " (the chat template's)", b.reasoning ? "think" : "none",
+                    o->reasoning_parser >= 0 ? "" : " (the chat template's)");
         placed pl, dpl;
         devices_place(&tool, m, &o->dev, &pl);
         iflow_model *d = o->draft ? open_draft(o, &dpl) : NULL;
@@ -645,7 +649,8 @@ static iflow_grammar *constraint_grammar(const constraint_opts *co)
 int main(int argc, char **argv)
 {
     run_opts o = {.n_predict = 128, .dev = {.gpu_layers = -1, .gpu_graphs = IFLOW_GRAPHS_REPLAY}, .progress = PROGRESS_AUTO, .context_shift = -1,
-                  .keep = 4, .draft_n = 5, .length_penalty = 1.0f, .tool_parser = -1};
+                  .keep = 4, .draft_n = 5, .length_penalty = 1.0f, .tool_parser = -1,
+                  .reasoning_parser = -1};
     int keep_given = 0, lp_given = 0;
     iflow_sampler_params_default(&o.sp);
     o.sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
@@ -681,6 +686,16 @@ int main(int argc, char **argv)
         case O_CHAT: o.chat = 1; break;
         case O_SYSTEM: o.system = arg; break;
         case O_CHAT_TEMPLATE: o.chat_template = arg; break;
+        case O_REASONING_PARSER:
+            if (strcmp(arg, "auto") == 0)
+                o.reasoning_parser = -1;
+            else if (strcmp(arg, "none") == 0)
+                o.reasoning_parser = 0;
+            else if (strcmp(arg, "think") == 0 || strcmp(arg, "deepseek_r1") == 0 || strcmp(arg, "qwen3") == 0)
+                o.reasoning_parser = 1;
+            else
+                die_usage(&tool, "--reasoning-parser must be auto, think, deepseek_r1, qwen3 or none, not '%s'", arg);
+            break;
         case O_TOOL_PARSER:
             if (strcmp(arg, "auto") != 0 && (o.tool_parser = iflow_tool_format_from_name(arg)) < 0)
                 die_usage(&tool, "--tool-parser must be auto, hermes, llama3_json, mistral, granite or none, not '%s'",
@@ -780,6 +795,8 @@ int main(int argc, char **argv)
         die_usage(&tool, "--chat-template goes with --chat or --batch");
     if (o.tool_parser >= 0 && !o.batch)
         die_usage(&tool, "--tool-parser goes with --batch (its requests give \"tools\")");
+    if (o.reasoning_parser >= 0 && !o.batch)
+        die_usage(&tool, "--reasoning-parser goes with --batch (its requests' \"messages\")");
     if (co.id && (o.beams || o.embed || o.translate || o.tokenize))
         die_usage(&tool, "a constraint (--grammar, --json-schema, --regex, --choice) goes with none of --beams, "
                          "--embed, --translate, --tokenize");

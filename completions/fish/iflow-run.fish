@@ -7,6 +7,7 @@ complete -c iflow-run -l chat -d 'each prompt is a user\'s message: the model\'s
 complete -c iflow-run -l system -x -d 'with --chat: a system message before each user message'
 complete -c iflow-run -l chat-template -r -d 'the chat template (Jinja, as Hugging Face\'s chat_template) for --chat and --batch\'s "messages" instead of the model\'s'
 complete -c iflow-run -l tool-parser -x -a 'auto hermes llama3_json mistral granite none' -d 'with --batch: how the model writes tool calls, which requests with "tools" get back as "tool_calls": auto (default: the format the chat template names, if any), hermes, llama3_json, mistral, granite or none'
+complete -c iflow-run -l reasoning-parser -x -a 'auto think deepseek_r1 qwen3 none' -d 'with --batch: where a chat reply\'s reasoning goes: auto (default: a <think> block is "reasoning_content" when the chat template names <think>), think (the same whatever the template; deepseek_r1 and qwen3 are its other names) or none'
 complete -c iflow-run -l grammar -x -d 'constrained decoding: the generated text follows the grammar TEXT (GBNF, llama.cpp\'s grammar language: rules name ::= ..., starting at the rule root; iflow-run(1), GRAMMARS)'
 complete -c iflow-run -l grammar-file -r -d 'the same, the grammar read from FILE'
 complete -c iflow-run -l json-schema -x -d 'constrained decoding: the generated text is JSON valid under the JSON Schema TEXT (\'{}\': any JSON value; \'{"type":"object"}\': any object)'

@@ -1,6 +1,7 @@
 /* chat.c -- a conversation made into a prompt by the model's chat template. See chat.h. */
 #include "chat.h"
 #include "template.h"
+#include "reasoning.h"
 #include "toolcall.h"
 #include "libcore/base/error.h"
 #include "libcore/base/jsonutil.h"
@@ -17,6 +18,7 @@ struct iflow_chat {
     iflow_template *t;
     const iflow_tokenizer *tok;
     int tool_format;   /* IFLOW_TOOLS_*: the calls the template asks for (toolcall.h) */
+    int reasoning;     /* the template names <think> (reasoning.h) */
     char source[4200]; /* where the template came from, for messages */
 };
 
@@ -90,8 +92,10 @@ int iflow_chat_open_as(iflow_chat **out, const iflow_model *m, const char *templ
     }
     if (rc == 0)
         rc = iflow_template_open(&c->t, text, len, c->source);
-    if (rc == 0)
+    if (rc == 0) {
         c->tool_format = iflow_tool_format_detect(text, len);
+        c->reasoning = iflow_reasoning_detect(text, len);
+    }
     free(own);
     if (rc < 0) {
         iflow_chat_close(c);
@@ -112,6 +116,8 @@ void iflow_chat_close(iflow_chat *c)
 const char *iflow_chat_source(const iflow_chat *c) { return c->source; }
 
 int iflow_chat_tool_format(const iflow_chat *c) { return c->tool_format; }
+
+int iflow_chat_reasoning(const iflow_chat *c) { return c->reasoning; }
 
 /* Each message an object with a string "role" and a "content" that is a string, a list (of
  * parts: multimodal requests) or null (an assistant's tool call). */

@@ -45,6 +45,8 @@ void iflow_chat_close(iflow_chat *c);
 const char *iflow_chat_source(const iflow_chat *c);
 /* The format the template asks tool calls in (toolcall.h's IFLOW_TOOLS_*; NONE: it names none). */
 int iflow_chat_tool_format(const iflow_chat *c);
+/* 1 when the template names <think>: its model's replies may open with reasoning (reasoning.h). */
+int iflow_chat_reasoning(const iflow_chat *c);
 
 /* *text is malloc'd and NUL-terminated; *len excludes the NUL. */
 int iflow_chat_render(const iflow_chat *c, const json_t *messages, const json_t *extra, int add_generation_prompt,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# tests/cli/tools.sh -- tool calling in iflow-run --batch: "tools", "tool_choice",
-# "parallel_tool_calls", --tool-parser, and the results' "content", "tool_calls" and finish reason
-# "tool_calls". SmolLM2-135M-Instruct through Qwen2.5's chat template against an independent
+# tests/cli/tools.sh -- reading a chat reply's parts in iflow-run --batch: tool calls ("tools",
+# "tool_choice", "parallel_tool_calls", --tool-parser, and the results' "content", "tool_calls" and
+# finish reason "tool_calls") and reasoning (--reasoning-parser, "reasoning_content"). SmolLM2-135M-Instruct through Qwen2.5's chat template against an independent
 # reference (tests/fixtures/tools/smollm2.ref.jsonl, tests/fixtures/gen_tools_smollm2.py: the
 # float64 forward of gen_chat_smollm2.py, each step's allowed tokens found by Python's `regex`
 # module from a hand-written expression of the call's language): the reply's tokens (every
@@ -96,9 +96,46 @@ jq -c -n --argjson tools "$TOOLS" '{messages: [{role: "user", content: "Weather?
 run bash -c "$BIN/iflow-run -m '$TMP/smol.ifs' --batch -v <'$TMP/req.jsonl'"
 expect_eq "$(jq -c '[has("content"), has("tool_calls")]' <<<"$out")" '[false,false]' \
     "a template that names no format: nothing read"
-expect_match "$err" "tool calls: none \(the chat template's\)" "-v says which format"
+expect_match "$err" "tool calls: none \(the chat template's\); reasoning: none" "-v says which format"
 run bash -c "$BIN/iflow-run -m '$TMP/smol.ifs' --batch -v --chat-template $QWEN </dev/null"
 expect_match "$err" "tool calls: hermes \(the chat template's\)" "-v: Qwen2.5's template names hermes"
+
+# ---- reasoning: a <think> block is "reasoning_content", the rest "content" (the replies forced by
+# grammars, as above) ----
+R1=tests/fixtures/chat/templates/deepseek-r1.jinja
+g() { jq -c -n --arg t "$1" '"root ::= " + ($t | tojson)'; }
+jq -c -n --argjson g1 "$(g $'Let me add. 2+2=4.\n</think>\n\nThe answer is 4.')" '
+    {id: "r1", messages: [{role: "user", content: "2+2?"}], temperature: 0, grammar: $g1},
+    {id: "cut", messages: [{role: "user", content: "2+2?"}], temperature: 0, max_tokens: 3, grammar: $g1},
+    {id: "plain", prompt: "2+2?", temperature: 0, max_tokens: 2}' >"$TMP/req.jsonl"
+run bash -c "$BIN/iflow-run -m '$TMP/smol.ifs' --batch -v --chat-template $R1 <'$TMP/req.jsonl'"
+expect_rc 0 "reasoning"
+expect_match "$err" "reasoning: think \(the chat template's\)" "-v: DeepSeek-R1's template names <think>"
+expect_eq "$(jq -c 'select(.id == "r1") | [.reasoning_content, .content, .finish_reason]' <<<"$out")" \
+    '["Let me add. 2+2=4.","The answer is 4.","grammar"]' "the prompt opened the block: reasoning, then the answer"
+expect_eq "$(jq -c 'select(.id == "cut") | [(.reasoning_content | length > 0), .reasoning_content == .text, .content,
+    .finish_reason]' <<<"$out")" '[true,true,"","length"]' "cut inside the block: all reasoning, no answer"
+expect_eq "$(jq -c 'select(.id == "plain") | [has("reasoning_content"), has("content")]' <<<"$out")" '[false,false]' \
+    "a plain prompt: no such fields"
+run bash -c "$BIN/iflow-run -m '$TMP/smol.ifs' --batch --reasoning-parser none --chat-template $R1 <'$TMP/req.jsonl'"
+expect_eq "$(jq -c 'select(.id == "r1") | [has("reasoning_content"), has("content")]' <<<"$out")" '[false,false]' \
+    "--reasoning-parser none"
+# a template that does not name <think>, the parser asked for; with tools, the calls come from the answer
+jq -c -n --argjson tools "$TOOLS" --argjson g1 "$(g $'<think>Paris? The weather tool.</think>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')" \
+    --argjson g2 "$(g 'Four.')" '
+    {id: "t", messages: [{role: "user", content: "Weather in Paris?"}], tools: $tools, temperature: 0, grammar: $g1},
+    {id: "n", messages: [{role: "user", content: "2+2?"}], temperature: 0, grammar: $g2}' >"$TMP/req.jsonl"
+run bash -c "$BIN/iflow-run -m '$TMP/smol.ifs' --batch --reasoning-parser qwen3 --chat-template $QWEN <'$TMP/req.jsonl'"
+expect_eq "$(jq -c 'select(.id == "t") | [.reasoning_content, .content, .finish_reason, [.tool_calls[].function.name]]' <<<"$out")" \
+    '["Paris? The weather tool.","","tool_calls",["get_weather"]]' "reasoning, then a call"
+expect_eq "$(jq -c 'select(.id == "n") | [.reasoning_content, .content]' <<<"$out")" '[null,"Four."]' \
+    "no block: reasoning_content null, the whole reply content"
+run $BIN/iflow-run -m "$TMP/smol.ifs" --batch --reasoning-parser o1
+expect_eq "$err" "iflow-run: --reasoning-parser must be auto, think, deepseek_r1, qwen3 or none, not 'o1'
+Try 'iflow-run --help' for more information." "an unknown --reasoning-parser"
+run $BIN/iflow-run -m "$TMP/smol.ifs" -p x --reasoning-parser think
+expect_eq "$err" "iflow-run: --reasoning-parser goes with --batch (its requests' \"messages\")
+Try 'iflow-run --help' for more information." "--reasoning-parser without --batch"
 
 # ---- errors: one result line each, the others go on ----
 jq -c -n --argjson tools "$TOOLS" '
