@@ -27,13 +27,22 @@
 
 /* ---- a bounded queue of items between two threads ---------------------------------------- */
 
+struct item;
+typedef struct { /* what a completion's engine request carries as its user pointer */
+    struct item *it;
+    int k;                        /* which completion ("n")                                  */
+} choice_tag;
+
 typedef struct item {
     struct item *next;
     long line;                    /* 1-based input line                                      */
     iflow_request_fields f;       /* the parsed line (f.id: compact JSON, the line number if none) */
     char *error;                  /* a refused request: the message                          */
     iflow_request req;            /* the tokenized prompt (malloc'd) and f's parameters; user = this item */
-    iflow_result *res;            /* the finished result (writer side)                       */
+    iflow_result *res;            /* the finished result (writer side): completion 0's with "n" */
+    iflow_result **choices;       /* [f.n] the completions' results as they come (res is [0]) */
+    choice_tag *tags;             /* [f.n]                                                   */
+    int n_got;                    /* results in so far                                       */
     iflow_beam_run *beam;         /* a beam search while it runs                             */
     iflow_beam *beams;            /* its results, best first (res holds the best one too)   */
     int n_beams;
@@ -116,7 +125,13 @@ static void item_free(item *it)
     iflow_request_fields_free(&it->f);
     free(it->error);
     free((void *)it->req.prompt);
-    iflow_result_free(it->res);
+    if (it->choices) { /* res is choices[0] */
+        for (int k = 0; k < it->f.n; k++)
+            iflow_result_free(it->choices[k]);
+    } else
+        iflow_result_free(it->res);
+    free(it->choices);
+    free(it->tags);
     iflow_beam_close(it->beam);
     iflow_beams_free(it->beams, it->n_beams);
     free(it);
@@ -340,9 +355,8 @@ typedef struct {
  * the <think> block, or null) and the answer after it; with tools, the answer's "tool_calls"
  * (toolcall.h) and "tool_calls" as the finish reason when it called any and was not cut short;
  * "content": the answer (outside the calls). */
-static int reply_fields(json_t *o, const item *it, const iflow_tokenizer *tok, int reasoning)
+static int reply_fields(json_t *o, const item *it, const iflow_result *r, const iflow_tokenizer *tok, int reasoning)
 {
-    const iflow_result *r = it->res;
     reasoning = reasoning && it->f.messages;
     if (!it->f.tool_format && !reasoning)
         return 0;
@@ -374,6 +388,16 @@ static int reply_fields(json_t *o, const item *it, const iflow_tokenizer *tok, i
     return 0;
 }
 
+/* A completion's text, why it ended, and its parts (reply_fields). */
+static int text_fields(json_t *o, const item *it, const iflow_result *r, const iflow_tokenizer *tok, int reasoning)
+{
+    json_object_set_new(o, "text", iflow_json_text(r->text ? r->text : "", r->text_len));
+    json_object_set_new(o, "finish_reason", json_string(iflow_finish_name(r->finish)));
+    if (r->stop_index >= 0 && r->stop_index < it->f.n_stop)
+        json_object_set_new(o, "stop_string", json_string(it->f.stop[r->stop_index]));
+    return reply_fields(o, it, r, tok, reasoning);
+}
+
 static json_t *result_json(const item *it, const iflow_tokenizer *tok, int reasoning)
 {
     json_error_t e;
@@ -386,11 +410,7 @@ static json_t *result_json(const item *it, const iflow_tokenizer *tok, int reaso
     }
     const iflow_result *r = it->res;
     double gen_s = r->t_done - r->t_first;
-    json_object_set_new(o, "text", iflow_json_text(r->text ? r->text : "", r->text_len));
-    json_object_set_new(o, "finish_reason", json_string(iflow_finish_name(r->finish)));
-    if (r->stop_index >= 0 && r->stop_index < it->f.n_stop)
-        json_object_set_new(o, "stop_string", json_string(it->f.stop[r->stop_index]));
-    if (reply_fields(o, it, tok, reasoning) < 0) {
+    if (text_fields(o, it, r, tok, reasoning) < 0) {
         json_decref(o);
         return NULL;
     }
@@ -428,6 +448,22 @@ static json_t *result_json(const item *it, const iflow_tokenizer *tok, int reaso
         }
         json_object_set_new(o, "beams", a);
     }
+    if (it->f.n > 1) { /* every completion, in order (the first is the one above) */
+        json_t *a = json_array();
+        for (int k = 0; k < it->f.n; k++) {
+            const iflow_result *c = it->choices[k];
+            json_t *cj = json_pack("{s:i}", "index", k);
+            if (!cj || text_fields(cj, it, c, tok, reasoning) < 0) {
+                json_decref(cj), json_decref(a), json_decref(o);
+                return NULL;
+            }
+            json_object_set_new(cj, "completion_tokens", json_integer(c->n_tokens));
+            if (c->logprobs)
+                json_object_set_new(cj, "logprobs", logprobs_json(tok, c->logprobs, c->n_tokens, it->f.logprobs > 1));
+            json_array_append_new(a, cj);
+        }
+        json_object_set_new(o, "choices", a);
+    }
     return o;
 }
 
@@ -449,6 +485,9 @@ static void *writer_main(void *arg)
             if (!w->failed) {
                 if (it->error)
                     iflow_metrics_add_error(&w->met);
+                else if (it->choices)
+                    for (int k = 0; k < it->f.n; k++)
+                        iflow_metrics_add(&w->met, it->choices[k]);
                 else
                     iflow_metrics_add(&w->met, it->res);
             }
@@ -508,6 +547,36 @@ static int beam_advance(item *it)
     if (r->t_first == 0)
         r->t_first = r->t_done;
     return 0;
+}
+
+/* it's completions into the engine (f.n of them, each its own seed). 0; < 0 when the first could
+ * not be added (nothing was); 1 when a later one could not (out of memory: the run must stop). */
+static int add_choices(iflow_batch *b, item *it)
+{
+    const int n = it->f.n;
+    if (!(it->choices = calloc((size_t)n, sizeof *it->choices)) || !(it->tags = calloc((size_t)n, sizeof *it->tags)))
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    for (int k = 0; k < n; k++) {
+        iflow_request q = it->req;
+        q.sampling.seed = iflow_request_choice_seed(it->req.sampling.seed, k);
+        it->tags[k] = (choice_tag){.it = it, .k = k};
+        q.user = &it->tags[k];
+        if (iflow_batch_add(b, &q) < 0)
+            return k == 0 ? -1 : 1;
+    }
+    return 0;
+}
+
+/* A finished completion: 1 when its item has all of them (res set), else 0. */
+static int took(iflow_result *r)
+{
+    choice_tag *tag = r->user;
+    item *it = tag->it;
+    it->choices[tag->k] = r;
+    if (++it->n_got < it->f.n)
+        return 0;
+    it->res = it->choices[0];
+    return 1;
 }
 
 /* An id already running or queued in the engine: ids[0..n) are theirs. */
@@ -571,8 +640,14 @@ int batch_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
             }
             if (!it->error && id_in_flight(live, n_live, it->f.id))
                 item_fail(it, "duplicate id %s: a request with this id is still running", it->f.id);
-            if (!it->error && (it->f.beams ? beam_start(it, m, bp) : iflow_batch_add(b, &it->req)) < 0)
+            int added = it->error ? 0 : it->f.beams ? beam_start(it, m, bp) : add_choices(b, it);
+            if (added < 0)
                 item_fail(it, "%s", iflow_errmsg());
+            if (added > 0) { /* some of its completions are in the engine: freed with the run's end */
+                live[n_live++] = it;
+                rc = 1;
+                break;
+            }
             if (it->error) {
                 q_push(&out, it);
                 n_done++;
@@ -609,8 +684,9 @@ int batch_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
             break;
         iflow_result *r;
         while (iflow_batch_take(b, &r) == 1) {
-            item *it = r->user;
-            it->res = r;
+            item *it = ((choice_tag *)r->user)->it;
+            if (!took(r))
+                continue;
             forget(live, &n_live, it);
             q_push(&out, it);
             n_done++;

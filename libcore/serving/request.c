@@ -316,6 +316,10 @@ static int parse_object(iflow_request_fields *f, const json_t *js, int tool_form
         } else if (strcmp(key, "stop") == 0) {
             if ((rc = parse_stop(f, v)) < 0)
                 return rc;
+        } else if (strcmp(key, "n") == 0) {
+            if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > IFLOW_MAX_CHOICES)
+                return iflow_seterr(IFLOW_EINVAL, "field 'n' must be an integer from 1 to %d", IFLOW_MAX_CHOICES);
+            f->n = (int)json_integer_value(v);
         } else if (strcmp(key, "tool_choice") == 0) {
             if ((rc = parse_tool_choice(&ta, v)) < 0)
                 return rc;
@@ -347,6 +351,9 @@ static int parse_object(iflow_request_fields *f, const json_t *js, int tool_form
         return iflow_seterr(IFLOW_EINVAL, "field 'length_penalty' goes with 'beams'");
     if ((rc = tools_settle(f, &ta, grammar_given, tool_format)) < 0)
         return rc;
+    if (f->n > 1 && (f->beams || f->continuation))
+        return iflow_seterr(IFLOW_EINVAL, "field 'n' does not go with '%s' (%s)", f->beams ? "beams" : "continuation",
+                            f->beams ? "a beam search gives its beams" : "a score is the same every time");
     if (f->beams && (logprobs_given || f->continuation))
         return iflow_seterr(IFLOW_EINVAL, "fields 'logprobs', 'prompt_logprobs' and 'continuation' do not go with "
                                           "'beams' (a beam's result has its log-probability)");
@@ -364,6 +371,16 @@ static int parse_object(iflow_request_fields *f, const json_t *js, int tool_form
     return iflow_sampler_params_set_all(&f->sp, names, vals, n);
 }
 
+uint64_t iflow_request_choice_seed(uint64_t seed, int k)
+{
+    if (k == 0)
+        return seed;
+    uint64_t z = seed + (uint64_t)k * 0x9e3779b97f4a7c15ull; /* splitmix64's step and finalizer */
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
 int iflow_request_parse(iflow_request_fields *f, const char *line, size_t len, long line_no,
                         const iflow_request_defaults *d)
 {
@@ -375,6 +392,7 @@ int iflow_request_parse(iflow_request_fields *f, const char *line, size_t len, l
     f->prompt_logprobs = d->prompt_logprobs;
     f->length_penalty = 1.0f;
     f->add_generation_prompt = 1;
+    f->n = 1;
     f->sp = d->sp;
     f->grammar = iflow_grammar_ref(d->grammar);
     f->sp.seed = d->sp.seed + (uint64_t)(line_no - 1); /* line 1: the seed itself; a "seed" field overrides */

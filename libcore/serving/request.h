@@ -17,7 +17,9 @@
  *   integer >= 1), "stop" (a string, or an array of at most IFLOW_MAX_STOP non-empty strings),
  *   "context_shift" ("none", "rope" or "recompute": batch.h), "keep" (an integer >= -1), "beams"
  *   (an integer from 1 to IFLOW_MAX_BEAMS: beam search, beam.h, which honours "stop"; not with a
- *   context shift), "length_penalty" (a number, with "beams"), "logprobs" and "prompt_logprobs"
+ *   context shift), "length_penalty" (a number, with "beams"), "n" (an integer from 1 to
+ *   IFLOW_MAX_CHOICES: that many completions of the prompt, each with its own sampling stream,
+ *   iflow_request_choice_seed(); not with "beams" or "continuation"), "logprobs" and "prompt_logprobs"
  *   (integers from 0 to IFLOW_MAX_TOP_LOGPROBS: the log-probabilities of the generated / the
  *   prompt's tokens with that many most likely alternatives; not with "beams"), "continuation" (a
  *   string scored after the prompt: max_tokens then defaults to 0; not with "beams"), one
@@ -47,6 +49,8 @@
 #include "libcore/serving/grammar.h"
 #include "libcore/serving/toolcall.h"
 
+#define IFLOW_MAX_CHOICES 64 /* "n" */
+
 typedef struct {
     char *id;                       /* compact JSON                                        */
     char *prompt;                   /* NUL-terminated (may hold NULs: prompt_len counts), or NULL */
@@ -57,6 +61,7 @@ typedef struct {
     int n_stop;
     int context_shift, keep;        /* batch.h's iflow_request fields                      */
     int beams;                      /* 0: none; else beam search of that width (beam.h)    */
+    int n;                          /* completions of the prompt (1 .. IFLOW_MAX_CHOICES)   */
     float length_penalty;           /* with beams (default 1)                              */
     int logprobs, prompt_logprobs;  /* 0: absent; else 1 + the field (batch.h's iflow_request) */
     char *continuation;             /* NUL-terminated, or NULL: a text to score after the prompt */
@@ -80,6 +85,9 @@ typedef struct {
 
 int  iflow_request_parse(iflow_request_fields *out, const char *line, size_t len, long line_no,
                          const iflow_request_defaults *defaults);
+/* The seed of completion k of a request seeded `seed`: seed itself for k 0 (so "n": 1 changes
+ * nothing), else a mix of both (neighbouring lines' seeds differ by one: k must not add). */
+uint64_t iflow_request_choice_seed(uint64_t seed, int k);
 void iflow_request_fields_free(iflow_request_fields *f);
 
 #endif

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # iflow-run --batch: JSON Lines in and out through the continuous-batching engine. Greedy results
 # against ../shared/golden (every golden prompt in one batch), batch composition not changing a
-# seeded request's text, error results for bad lines (line number and id, the others going on),
-# a closed output, --dry-run, --metrics, and a soak of 10,000 short requests (each id exactly
+# seeded request's text, "n" completions of a prompt, error results for bad lines (line number
+# and id, the others going on), a closed output, --dry-run, --metrics, and a soak of 10,000 short requests (each id exactly
 # once, peak RSS flat between 1,000 and 10,000 requests).
 . "$(dirname "$0")/lib.sh"
 G=$DATA/golden
@@ -220,6 +220,41 @@ expect_rc 0 "the f32 cache"
 [ "$out" != "$one" ] && ok || bad "--kv-type q8 had no effect on the text (the q8 cache's text is the f32 one's)"
 run $BIN/iflow-run -m "$TMP/s.ifs" --batch --kv-type q4
 expect_rc 2 "bad --kv-type"
+
+# ---- "n": completions of one prompt. The first is the request's own; each is the same alone, in a
+# larger batch and at --parallel 1; the prompt is evaluated once (prefix cache) ----
+long="Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her dog."
+jq -c -n --arg p "$long" '{id: "n", prompt: $p, n: 4, temperature: 0.9, seed: 11, max_tokens: 24},
+    {id: "one", prompt: $p, temperature: 0.9, seed: 11, max_tokens: 24},
+    {id: "greedy", prompt: "Tom", n: 3, temperature: 0, max_tokens: 8}' >"$TMP/n.jsonl"
+run bash -c "$BIN/iflow-run -m '$TMP/s.ifs' --batch --metrics '$TMP/n.json' <'$TMP/n.jsonl'"
+expect_rc 0 "\"n\""
+choices=$(jq -c 'select(.id == "n") | [.choices[] | [.index, .text]]' <<<"$out")
+expect_eq "$(jq -c 'select(.id == "n") | [(.choices | length), .text == .choices[0].text]' <<<"$out")" "[4,true]" \
+    "four completions, the first at the top"
+expect_eq "$(jq -r 'select(.id == "n") | .choices[0].text' <<<"$out")" "$(jq -r 'select(.id == "one") | .text' <<<"$out")" \
+    "the first is the request without n"
+expect_eq "$(jq -r 'select(.id == "n") | [.choices[].text] | unique | length' <<<"$out")" 4 \
+    "each completion its own stream: four texts"
+expect_eq "$(jq -c 'select(.id == "greedy") | [.choices[].text] | unique | length' <<<"$out")" 1 "greedy: all alike"
+expect_eq "$(jq -c '[.requests, .prompt_tokens_cached > 0]' "$TMP/n.json")" "[8,true]" \
+    "metrics: every completion counted; the completions share the prompt's blocks"
+{
+    for i in 1 2 3 4 5; do echo "{\"id\":$i,\"prompt\":\"Lily and $i\",\"max_tokens\":$((8 + i * 3)),\"temperature\":0.8}"; done
+    head -1 "$TMP/n.jsonl"
+} >"$TMP/n2.jsonl"
+for par in 1 16; do
+    run bash -c "$BIN/iflow-run -m '$TMP/s.ifs' --batch --parallel $par <'$TMP/n2.jsonl'"
+    expect_eq "$(jq -c 'select(.id == "n") | [.choices[] | [.index, .text]]' <<<"$out")" "$choices" \
+        "the completions beside five other requests, --parallel $par"
+done
+jq -c -n '{id: 1, prompt: "x", n: 0}, {id: 2, prompt: "x", n: 65}, {id: 3, prompt: "x", n: 2, beams: 2},
+    {id: 4, prompt: "x", n: 2, continuation: " y"}, {id: 5, prompt: "x", n: 1.5}' >"$TMP/n.jsonl"
+run bash -c "$BIN/iflow-run -m '$TMP/s.ifs' --batch <'$TMP/n.jsonl'"
+expect_eq "$(jq -r '.error' <<<"$out" | sort | uniq -c | sed 's/^ *//')" \
+"1 field 'n' does not go with 'beams' (a beam search gives its beams)
+1 field 'n' does not go with 'continuation' (a score is the same every time)
+3 field 'n' must be an integer from 1 to 64" "\"n\": errors"
 
 # ---- soak: 10,000 short requests, each id once, memory flat ----
 if [[ ${IFLOW_TEST_BUILD:-} == *san* ]]; then

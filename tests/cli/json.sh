@@ -96,12 +96,15 @@ check "iflow-run --json" "run --json with a stop string" <<<"$out"
     echo '{"id":"beams","prompt":"Tom","max_tokens":6,"beams":2}'
     echo '{"id":"lp","prompt":"Once upon","max_tokens":5,"temperature":0.7,"logprobs":2,"prompt_logprobs":0}'
     echo '{"id":"cont","prompt":"Once upon","continuation":" a time","prompt_logprobs":1}'
+    echo '{"id":"n","prompt":"Tom","max_tokens":4,"n":2,"logprobs":1,"stop":"the"}'
     echo '{"id":"bad","prompt":5}'
     echo 'not json'
 } >"$TMP/req.jsonl"
 $BIN/iflow-quant -t q4_b32 -i "$TMP/s.ifs" -o "$TMP/draft.ifs" 2>/dev/null
 out=$($BIN/iflow-run -m "$TMP/s.ifs" --batch --draft "$TMP/draft.ifs" --metrics "$TMP/m.json" -v <"$TMP/req.jsonl" 2>"$TMP/err")
-expect_eq "$(wc -l <<<"$out")" 8 "one line per request"
+expect_eq "$(wc -l <<<"$out")" 9 "one line per request"
+expect_eq "$(jq -c 'select(.id == "n") | [(.choices | length), .choices[0].text == .text, (.choices[1].logprobs | length)
+    == .choices[1].completion_tokens]' <<<"$out")" "[2,true,true]" "\"n\": the completions listed"
 expect_eq "$(jq -c 'select(.id == "lp") | [(.logprobs | length), (.logprobs[0].top | length), .prompt_logprobs[0].logprob,
     (.prompt_logprobs | length) == .prompt_tokens, (.prompt_logprobs[1] | has("top"))]' <<<"$out")" \
     "[5,2,null,true,false]" "log-probabilities in a result"

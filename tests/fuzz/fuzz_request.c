@@ -46,6 +46,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
         if (f.tool_bare && (!f.tool_format || !f.grammar))
             abort();
+        if (f.n < 1 || f.n > IFLOW_MAX_CHOICES || (f.n > 1 && (f.beams || f.continuation)))
+            abort();
     }
     iflow_request_fields_free(&f);
     return 0;
