@@ -2,8 +2,8 @@
 # iflow-run --batch: JSON Lines in and out through the continuous-batching engine. Greedy results
 # against ../shared/golden (every golden prompt in one batch), batch composition not changing a
 # seeded request's text, "n" completions of a prompt, error results for bad lines (line number
-# and id, the others going on), a closed output, --dry-run, --metrics, and a soak of 10,000 short requests (each id exactly
-# once, peak RSS flat between 1,000 and 10,000 requests).
+# and id, the others going on), a closed output, --dry-run, --metrics, and a soak of 10,000 short
+# requests (each id exactly once, peak RSS flat between 1,000 and 10,000 requests).
 . "$(dirname "$0")/lib.sh"
 G=$DATA/golden
 $BIN/iflow-convert "$DATA/models/stories260K/hf" -o "$TMP/s.ifs" || { bad "convert"; summary; exit 1; }
