@@ -419,7 +419,8 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
         rc = iflow_sampler_accept(r->sampler, q->prompt[i]);
     if (rc == 0)
         rc = iflow_stop_open(&r->stop, q->stop, q->n_stop);
-    if (rc == 0 && q->grammar && (rc = grammar_ready(b)) == 0) {
+    if (rc == 0 && q->grammar && (rc = grammar_ready(b)) == 0 &&
+        (rc = iflow_grammar_check_vocab(q->grammar, b->gv)) == 0) {
         r->grammar = iflow_grammar_ref((iflow_grammar *)q->grammar);
         rc = iflow_gstate_open(&r->gs, q->grammar);
     }
@@ -665,7 +666,7 @@ static int grammar_mask(iflow_batch *b, req *r)
     int count = 0;
     for (int32_t id = 0; id < V; id++) {
         int n = token_piece(b, r, id), ok = 0;
-        if (n > 0 && (ok = iflow_gstate_test(r->gs, b->piece, (size_t)n)) < 0)
+        if (n >= 0 && (ok = iflow_gstate_test_token(r->gs, b->gv, id, b->piece, (size_t)n)) < 0)
             return ok;
         b->gmask[id] = (uint8_t)(ok > 0);
         count += ok > 0;
@@ -684,16 +685,19 @@ static int32_t draw_constrained(iflow_batch *b, req *r, const float *logits)
     const int V = iflow_model_hparams(b->m)->vocab_size, can_end = iflow_gstate_can_end(r->gs);
     if (iflow_sampler_is_greedy(r->sampler) && !(r->first_piece && r->res->n_tokens == 0)) {
         int32_t id = iflow_argmax(logits, V);
-        int ok = iflow_model_is_eos(b->m, id) ? can_end : iflow_gstate_allows(r->gs, b->gv, id);
+        int ok = iflow_model_is_eos(b->m, id) ? can_end || iflow_gstate_token_allows(r->gs, b->gv, id)
+                                              : iflow_gstate_allows(r->gs, b->gv, id);
         if (ok != 0)
             return ok < 0 ? ok : id;
     }
     int n = grammar_mask(b, r);
     if (n < 0)
         return n;
-    for (int i = 0; i < b->n_eos; i++) {
-        b->gmask[b->eos_ids[i]] = (uint8_t)can_end;
-        n += can_end;
+    for (int i = 0; i < b->n_eos; i++) { /* an end where the text may end, or where a token reference names it */
+        int32_t e = b->eos_ids[i];
+        uint8_t ok = (uint8_t)(can_end || iflow_gstate_token_allows(r->gs, b->gv, e));
+        n += (int)ok - (int)b->gmask[e];
+        b->gmask[e] = ok;
     }
     if (n == 0)
         return NO_TOKEN;
@@ -730,7 +734,7 @@ static int accept(iflow_batch *b, req *r, int32_t id)
      * grammar's state and the text take the same bytes */
     int n = token_piece(b, r, id), rc = n < 0 ? n : 0;
     if (rc == 0 && r->gs)
-        rc = iflow_gstate_advance(r->gs, b->piece, (size_t)n);
+        rc = iflow_gstate_advance_token(r->gs, b->gv, id, b->piece, (size_t)n);
     if (rc < 0)
         return rc;
     res->tokens[res->n_tokens++] = id;

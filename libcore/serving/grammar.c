@@ -10,7 +10,10 @@
  *     X*      R ::= X R | ""            X+   R ::= X R | X          X?   R ::= X | ""
  *     X{m,n}  m copies of X, then O1 ::= X O2 | "", ..., O(n-m) ::= X | ""
  * so that every alternative is a plain sequence and the recognizer knows two things: bytes and
- * rules.
+ * rules. A token reference (<[id]>, <text>; with '!' before it, any token but that one) is one
+ * element too (E_TOKEN, E_NTOKEN), which no byte matches: only a whole token, at a token
+ * boundary, passes it (iflow_gstate_advance_token); its id is looked up in the vocabulary the
+ * state is used with (a text reference: the token spelled so).
  *
  * The recognizer (iflow_gstate): a stack is the list of positions still to match, innermost
  * first, each frame interned as (position, the frame below) so that one integer names a whole
@@ -34,12 +37,18 @@
 
 /* ---- compiled grammar ------------------------------------------------------------------- */
 
-enum { E_END = 0, E_RANGE, E_SET, E_RULE };
+enum { E_END = 0, E_RANGE, E_SET, E_RULE, E_TOKEN, E_NTOKEN };
 
 typedef struct {
     uint8_t kind, lo, hi;
-    int32_t arg; /* E_SET: set index; E_RULE: rule index */
+    int32_t arg; /* E_SET: set index; E_RULE: rule index; E_TOKEN, E_NTOKEN: token reference */
 } elem;
+
+typedef struct {
+    int32_t id;    /* <[id]>, or -1 for a text reference                                    */
+    char *text;    /* <text>: the token's vocabulary text, brackets included; NUL-terminated */
+    int line, col; /* where it is written, for messages                                     */
+} tokref;
 
 typedef struct {
     int32_t *alt;  /* [n_alt] element index where each alternative starts */
@@ -61,6 +70,8 @@ struct iflow_grammar {
     int32_t n_r, cap_r;
     uint64_t (*sets)[4];
     int32_t n_sets, cap_sets;
+    tokref *toks;
+    int32_t n_toks, cap_toks;
     int32_t root;
     iflow_u64map set_index; /* while compiling: a set's hash -> its index */
     atomic_int refs; /* owners: a batch's reader thread takes references as the engine drops them */
@@ -633,6 +644,49 @@ static int parse_postfix(parser *p, seq *q, int from)
     }
 }
 
+/* A token reference at p->s: <[id]> or <text>, '!' before it for any token but that one. */
+static int parse_token(parser *p, seq *q)
+{
+    const char *at = p->s;
+    int neg = *p->s == '!';
+    p->s += neg;
+    const char *open = p->s, *close = open + 1;
+    while (close < p->end && *close != '>' && *close != '\n')
+        close++;
+    if (close >= p->end || *close != '>')
+        return perr(p, at, "a token reference is not closed by '>'");
+    tokref t = {.id = -1, .line = p->line, .col = (int)(at - p->line_start) + 1};
+    if (open[1] == '[') { /* <[id]> */
+        const char *d = open + 2;
+        long long id = 0;
+        if (d >= close - 1 || close[-1] != ']')
+            return perr(p, at, "a token id must be written <[digits]>");
+        for (; d < close - 1; d++) {
+            if (*d < '0' || *d > '9')
+                return perr(p, at, "a token id must be written <[digits]>");
+            if ((id = id * 10 + (*d - '0')) > INT32_MAX)
+                return perr(p, at, "a token id is too large");
+        }
+        t.id = (int32_t)id;
+    } else if (close == open + 1) {
+        return perr(p, at, "an empty token reference '<>'");
+    } else {
+        size_t n = (size_t)(close - open) + 1;
+        if (!(t.text = malloc(n + 1)))
+            return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+        memcpy(t.text, open, n);
+        t.text[n] = 0;
+    }
+    iflow_grammar *g = p->g;
+    if (grow((void **)&g->toks, &g->cap_toks, g->n_toks + 1, sizeof *g->toks) < 0) {
+        free(t.text);
+        return IFLOW_ENOMEM;
+    }
+    g->toks[g->n_toks] = t;
+    p->s = close + 1;
+    return seq_push(q, (elem){.kind = neg ? E_NTOKEN : E_TOKEN, .arg = g->n_toks++});
+}
+
 /* One item and its postfix operators; 0 if there is none here (the sequence ends). */
 static int parse_item(parser *p, seq *q)
 {
@@ -646,6 +700,8 @@ static int parse_item(parser *p, seq *q)
         rc = parse_literal(p, q); /* "" adds nothing: a repetition after it has nothing to repeat */
     } else if (c == '[') {
         rc = parse_class(p, q);
+    } else if (c == '<' || (c == '!' && p->end - p->s > 1 && p->s[1] == '<')) {
+        rc = parse_token(p, q);
     } else if (c == '.') {
         p->s++;
         cprange any = {0, 0x10FFFF};
@@ -832,6 +888,9 @@ void iflow_grammar_close(iflow_grammar *g)
     free(g->r);
     free(g->e);
     free(g->sets);
+    for (int32_t i = 0; i < g->n_toks; i++)
+        free(g->toks[i].text);
+    free(g->toks);
     iflow_u64map_free(&g->set_index);
     free(g);
 }
@@ -1039,7 +1098,7 @@ static int closure(iflow_gstate *s, int32_t f, int32_t **set, int32_t *n, int32_
     while (rc == 0 && nw > 0) {
         int32_t x = s->work[--nw];
         const elem *e = x ? &s->g->e[s->fr[x].pos] : NULL;
-        if (!e || e->kind != E_RULE) { /* a byte on top, or the empty stack */
+        if (!e || e->kind != E_RULE) { /* a byte or a token on top, or the empty stack */
             if (s->omark[x] != s->ostamp) {
                 s->omark[x] = s->ostamp;
                 if ((rc = grow((void **)set, cap, *n + 1, sizeof **set)) < 0)
@@ -1067,7 +1126,9 @@ static int new_ostamp(iflow_gstate *s)
 
 static int byte_ok(const iflow_grammar *g, const elem *e, uint8_t b)
 {
-    return e->kind == E_RANGE ? b >= e->lo && b <= e->hi : (g->sets[e->arg][b >> 6] >> (b & 63)) & 1;
+    if (e->kind == E_RANGE)
+        return b >= e->lo && b <= e->hi;
+    return e->kind == E_SET && (g->sets[e->arg][b >> 6] >> (b & 63)) & 1; /* no byte passes a token */
 }
 
 /* Double a table of memo slots keyed by 64 bits (*tab [*cap], a power of two; 0 at first). */
@@ -1297,6 +1358,108 @@ int iflow_grammar_match(const iflow_grammar *g, const char *text, size_t n, int 
     return whole;
 }
 
+/* ---- token references ---------------------------------------------------------------------- */
+
+/* The id reference k names in vocabulary v, or -1 (not one of its tokens). */
+static int32_t tokref_id(const iflow_grammar *g, const iflow_gvocab *v, int32_t k);
+
+/* The token element on top of stack f, or NULL (a byte, or the empty stack). */
+static const elem *token_top(const iflow_gstate *s, int32_t f)
+{
+    const elem *e = f ? &s->g->e[s->fr[f].pos] : NULL;
+    return e && (e->kind == E_TOKEN || e->kind == E_NTOKEN) ? e : NULL;
+}
+
+/* Does token element e let token id pass? */
+static int token_passes(const iflow_gstate *s, const iflow_gvocab *v, const elem *e, int32_t id)
+{
+    int32_t want = tokref_id(s->g, v, e->arg);
+    return e->kind == E_TOKEN ? id == want : want >= 0 && id != want;
+}
+
+int iflow_gstate_token_allows(const iflow_gstate *s, const iflow_gvocab *v, int32_t id)
+{
+    for (int32_t i = 0; i < s->n_cur; i++) {
+        const elem *e = token_top(s, s->cur[i]);
+        if (e && token_passes(s, v, e, id))
+            return 1;
+    }
+    return 0;
+}
+
+/* The state after token id, whose bytes are [n], into s->buf from offset 0: the stacks its bytes
+ * lead to (none when it has no bytes) and those a token reference on top lets it pass. Returns
+ * the count (0: rejected). */
+static int run_token(iflow_gstate *s, const iflow_gvocab *v, int32_t id, const char *bytes, size_t n)
+{
+    int cnt = n > 0 ? run_bytes(s, (const uint8_t *)bytes, n) : 0;
+    if (cnt < 0)
+        return cnt;
+    s->n_buf = cnt;
+    int marked = 0;
+    for (int32_t i = 0; i < s->n_cur; i++) {
+        const elem *e = token_top(s, s->cur[i]);
+        if (!e || !token_passes(s, v, e, id))
+            continue;
+        if (!marked) { /* the stacks so far, so that closure() adds each once */
+            new_ostamp(s);
+            for (int32_t k = 0; k < s->n_buf; k++)
+                s->omark[s->buf[k]] = s->ostamp;
+            marked = 1;
+        }
+        int32_t nxt = next_of(s, s->cur[i]);
+        int rc = nxt < 0 ? nxt : closure(s, nxt, &s->buf, &s->n_buf, &s->cap_buf);
+        if (rc < 0)
+            return rc;
+    }
+    if (s->n_buf > IFLOW_GRAMMAR_MAX_STACKS)
+        return iflow_seterr(IFLOW_ERANGE, "grammar: more than %d parses alive at once (IFLOW_GRAMMAR_MAX_STACKS): "
+                            "an ambiguous grammar, or that many alternatives open at once", IFLOW_GRAMMAR_MAX_STACKS);
+    return s->n_buf;
+}
+
+int iflow_gstate_advance_token(iflow_gstate *s, const iflow_gvocab *v, int32_t id, const char *bytes, size_t n)
+{
+    int cnt = run_token(s, v, id, bytes, n);
+    if (cnt < 0)
+        return cnt;
+    if (cnt == 0)
+        return iflow_seterr(IFLOW_EINVAL, "grammar: token %d does not follow the grammar", id);
+    int32_t c = s->cap_cur;
+    if (grow((void **)&s->cur, &c, cnt, sizeof *s->cur) < 0)
+        return IFLOW_ENOMEM;
+    s->cap_cur = c;
+    memcpy(s->cur, s->buf, (size_t)cnt * sizeof *s->cur);
+    s->n_cur = cnt;
+    return 0;
+}
+
+int iflow_gstate_test_token(iflow_gstate *s, const iflow_gvocab *v, int32_t id, const char *bytes, size_t n)
+{
+    int cnt = run_token(s, v, id, bytes, n);
+    return cnt < 0 ? cnt : cnt > 0;
+}
+
+/* allowed [n_vocab] |= the tokens a token reference on top of a stack lets pass; returns how
+ * many were added. */
+static int token_mask(const iflow_gstate *s, const iflow_gvocab *v, uint8_t *allowed)
+{
+    int added = 0;
+    for (int32_t i = 0; i < s->n_cur; i++) {
+        const elem *e = token_top(s, s->cur[i]);
+        int32_t want = e ? tokref_id(s->g, v, e->arg) : -1;
+        if (want < 0)
+            continue;
+        const int32_t lo = e->kind == E_TOKEN ? want : 0, hi = e->kind == E_TOKEN ? want + 1 : iflow_gvocab_n(v);
+        for (int32_t id = lo; id < hi; id++)
+            if (!allowed[id] && id != (e->kind == E_NTOKEN ? want : -1)) {
+                allowed[id] = 1;
+                added++;
+            }
+    }
+    return added;
+}
+
 /* ---- the vocabulary ------------------------------------------------------------------------ */
 
 typedef struct {
@@ -1313,6 +1476,8 @@ struct iflow_gvocab {
     char **piece;           /* [n_vocab] each token's bytes (NULL: none)                  */
     uint32_t *plen;         /* [n_vocab]                                                  */
     int32_t max_len;
+    iflow_strmap texts;     /* a token's vocabulary text ("<|im_end|>") -> its id          */
+    char *arena;            /* the texts' bytes (the map's keys)                          */
 };
 
 void iflow_gvocab_close(iflow_gvocab *v)
@@ -1326,12 +1491,57 @@ void iflow_gvocab_close(iflow_gvocab *v)
     free(v->plen);
     free(v->node);
     free(v->ids);
+    iflow_strmap_free(&v->texts);
+    free(v->arena);
     free(v);
+}
+
+/* texts: each token's vocabulary text -> its id (the first id when two share a text). */
+static int index_texts(iflow_gvocab *v, const iflow_tokenizer *tok)
+{
+    size_t total = 0, len, at = 0;
+    for (int32_t id = 0; id < v->n_vocab; id++)
+        if (iflow_tokenizer_token_text(tok, id, &len))
+            total += len;
+    if (!(v->arena = malloc(total + 1)) || iflow_strmap_reserve(&v->texts, (size_t)v->n_vocab) < 0)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    for (int32_t id = 0; id < v->n_vocab; id++) {
+        const char *s = iflow_tokenizer_token_text(tok, id, &len);
+        if (!s || !len || iflow_strmap_get(&v->texts, s, len) >= 0)
+            continue;
+        memcpy(v->arena + at, s, len);
+        if (iflow_strmap_put(&v->texts, v->arena + at, len, id) < 0)
+            return IFLOW_ENOMEM;
+        at += len;
+    }
+    return 0;
 }
 
 int32_t iflow_gvocab_n(const iflow_gvocab *v)
 {
     return v->n_vocab;
+}
+
+static int32_t tokref_id(const iflow_grammar *g, const iflow_gvocab *v, int32_t k)
+{
+    const tokref *t = &g->toks[k];
+    int32_t id = t->text ? iflow_strmap_get(&v->texts, t->text, strlen(t->text)) : t->id;
+    return id >= 0 && id < v->n_vocab ? id : -1;
+}
+
+int iflow_grammar_check_vocab(const iflow_grammar *g, const iflow_gvocab *v)
+{
+    for (int32_t k = 0; k < g->n_toks; k++) {
+        const tokref *t = &g->toks[k];
+        if (tokref_id(g, v, k) >= 0)
+            continue;
+        if (t->text)
+            return iflow_seterr(IFLOW_EINVAL, "grammar: %s is not a token of the vocabulary, line %d column %d",
+                                t->text, t->line, t->col);
+        return iflow_seterr(IFLOW_EINVAL, "grammar: token id %d is outside the vocabulary of %d, line %d column %d",
+                            t->id, v->n_vocab, t->line, t->col);
+    }
+    return 0;
 }
 
 static const iflow_gvocab *sort_v; /* qsort's context: set only inside iflow_gvocab_open */
@@ -1438,6 +1648,8 @@ int iflow_gvocab_open(iflow_gvocab **out, const iflow_tokenizer *tok)
         v->ids[n++] = id;
     }
     free(buf);
+    if (rc == 0)
+        rc = index_texts(v, tok);
     if (rc == 0) {
         sort_v = v;
         qsort(v->ids, (size_t)n, sizeof *v->ids, cmp_piece);
@@ -1510,6 +1722,7 @@ int iflow_gstate_mask(iflow_gstate *s, const iflow_gvocab *v, uint8_t *allowed)
     int count = mask_walk(s, v, allowed);
     if (count < 0)
         return count;
+    count += token_mask(s, v, allowed);
     /* keep it (when memory allows: the cache is an optimization) */
     int32_t *set = realloc(e->set, ((size_t)s->n_cur + 1) * sizeof *set);
     if (set)
@@ -1674,6 +1887,8 @@ int iflow_gstate_allows(iflow_gstate *s, const iflow_gvocab *v, int32_t id)
 {
     if (id < 0 || id >= v->n_vocab)
         return iflow_seterr(IFLOW_ERANGE, "grammar: token %d is outside the vocabulary of %d", id, v->n_vocab);
+    if (iflow_gstate_token_allows(s, v, id))
+        return 1;
     return v->piece[id] ? iflow_gstate_test(s, v->piece[id], v->plen[id]) : 0;
 }
 

@@ -13,6 +13,11 @@
  *   - terminals: "literal" (escapes \n \r \t \\ \" \' \[ \] \- \/ \xHH \uHHHH \UHHHHHHHH),
  *     [class] of characters and ranges, [^class] its complement, `.` any character: all of
  *     them over Unicode code points, written in UTF-8;
+ *   - tokens (llama.cpp's too): <[id]> the token of that id, <text> the token whose vocabulary
+ *     text is exactly <text> (brackets included: <|im_end|>, <think>), and !<[id]>, !<text> any
+ *     one token but that one; they match whole tokens only, never bytes, so a special token
+ *     that decodes to no text (a control token) can be asked for, and a grammar over text alone
+ *     never matches one;
  *   - ( grouping ), and after an item: * (0 or more), + (1 or more), ? (0 or 1), {m}, {m,},
  *     {m,n} (n <= IFLOW_GRAMMAR_MAX_REPEAT);
  *   - "" (or an empty alternative) matches nothing.
@@ -35,11 +40,17 @@
  *   iflow_gstate_open() starts a sentence; _advance() consumes bytes (all or none: a state that
  *   would reject them is left unchanged and IFLOW_EINVAL returned); _can_end() says whether the
  *   bytes so far are a whole sentence; _is_done() whether nothing more can follow.
+ *   _advance_token() consumes one token of a vocabulary: its bytes, or a token reference on top
+ *   that it passes (both, where both stacks exist); a token reference is looked up in the
+ *   vocabulary given, and iflow_grammar_check_vocab() says, before any state uses one, whether
+ *   every reference names a token of it (IFLOW_EINVAL naming the reference, line and column).
  *   The vocabulary (iflow_gvocab, built once per tokenizer from each token's decoded bytes,
  *   tokenizer.h's iflow_tokenizer_piece) lets a state say which tokens may come next:
  *   _mask() walks the vocabulary's byte trie once, pruning a subtree as soon as no stack
- *   survives its prefix. Tokens that decode to no bytes (control tokens) are never allowed; the
- *   end-of-sequence tokens are for the caller to allow when _can_end() says so.
+ *   survives its prefix, then adds the tokens a token reference on top of a stack passes.
+ *   Tokens that decode to no bytes (control tokens) are allowed only so; the end-of-sequence
+ *   tokens are for the caller to allow when _can_end() says so (or a token reference names one:
+ *   _token_allows()).
  *   A state's memory grows with what the stacks hold (nesting depth), bounded by
  *   IFLOW_GRAMMAR_MAX_FRAMES interned frames and IFLOW_GRAMMAR_MAX_STACKS live stacks: past
  *   either, _advance() and _mask() fail with IFLOW_ERANGE naming the limit (an ambiguous
@@ -93,13 +104,21 @@ int  iflow_gstate_can_end(const iflow_gstate *s);
 /* 1 if no byte can follow (a sentence is complete and cannot go on). */
 int  iflow_gstate_is_done(const iflow_gstate *s);
 
+/* The same for one token of v: id, its bytes [n] as its piece at this place. */
+int  iflow_gstate_advance_token(iflow_gstate *s, const iflow_gvocab *v, int32_t id, const char *bytes, size_t n);
+int  iflow_gstate_test_token(iflow_gstate *s, const iflow_gvocab *v, int32_t id, const char *bytes, size_t n);
+/* 1 if a token reference on top of a stack lets token id pass next (its bytes aside). */
+int  iflow_gstate_token_allows(const iflow_gstate *s, const iflow_gvocab *v, int32_t id);
+
 int  iflow_gvocab_open(iflow_gvocab **out, const iflow_tokenizer *tok);
 void iflow_gvocab_close(iflow_gvocab *v);
 int32_t iflow_gvocab_n(const iflow_gvocab *v);
+/* 0 when every token reference of g names a token of v; IFLOW_EINVAL naming the first that does not. */
+int  iflow_grammar_check_vocab(const iflow_grammar *g, const iflow_gvocab *v);
 /* allowed [n_vocab] = 1 for each token whose bytes s accepts next, else 0. Returns how many are
  * allowed (>= 0), or < 0 (IFLOW_ERANGE, IFLOW_ENOMEM). */
 int  iflow_gstate_mask(iflow_gstate *s, const iflow_gvocab *v, uint8_t *allowed);
-/* 1 if token id's bytes are accepted next, 0 if not (control tokens: 0), < 0 on error. */
+/* 1 if token id is accepted next (its bytes, or a token reference), 0 if not, < 0 on error. */
 int  iflow_gstate_allows(iflow_gstate *s, const iflow_gvocab *v, int32_t id);
 
 /* GBNF for exactly one of the texts choices [n] (lens [n] bytes each; UTF-8): vLLM's

@@ -73,9 +73,11 @@ static int type_allows_object(const json_t *type)
         return 1;
     if (json_is_string(type))
         return strcmp(json_string_value(type), "object") == 0;
-    for (size_t i = 0; i < json_array_size(type); i++)
-        if (json_is_string(json_array_get(type, i)) && strcmp(json_string_value(json_array_get(type, i)), "object") == 0)
+    for (size_t i = 0; i < json_array_size(type); i++) {
+        const char *t = json_string_value(json_array_get(type, i));
+        if (t && strcmp(t, "object") == 0)
             return 1;
+    }
     return 0;
 }
 
@@ -269,7 +271,8 @@ static int hidden_marker(const iflow_tokenizer *tok, int32_t id, const char *mar
     size_t n;
     char c;
     const char *s = iflow_tokenizer_token_text(tok, id, &n);
-    return marker && s && n == strlen(marker) && memcmp(s, marker, n) == 0 && iflow_tokenizer_piece(tok, id, 0, &c, 1) == 0;
+    return marker && s && n == strlen(marker) && memcmp(s, marker, n) == 0 &&
+           iflow_tokenizer_piece(tok, id, 0, &c, 1) == 0;
 }
 
 int iflow_tool_text(int fmt, const iflow_tokenizer *tok, const int32_t *ids, int n, int starts, const char *text,
@@ -364,7 +367,8 @@ static int add_call(json_t *calls, const json_t *v, const char *seed)
             return -1;
         args = parsed;
     }
-    if (!json_is_object(v) || !json_is_string(name) || json_string_length(name) == 0 || (args && !json_is_object(args))) {
+    if (!json_is_object(v) || !json_is_string(name) || json_string_length(name) == 0 ||
+        (args && !json_is_object(args))) {
         json_decref(parsed);
         return -1;
     }

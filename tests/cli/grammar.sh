@@ -7,7 +7,8 @@
 # partial matching over the tokens' byte-level strings): the reply's tokens up to the first step
 # whose top-two allowed logits are closer than 0.02 (the F32 path, --activations f32, keeps
 # logits within 2e-3 of float64 here), and where every step was compared, the reply's text and
-# finish reason. Sampled replies follow their constraint; errors are pinned.
+# finish reason. Token references (<|im_end|>, <[2]>, !<x>) end or shape a reply. Sampled replies
+# follow their constraint; errors are pinned.
 . "$(dirname "$0")/lib.sh"
 F=tests/fixtures/grammar
 SMOL=$DATA/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -51,6 +52,28 @@ jq -c -n '{id: "c", messages: [{role: "user", content: "Is the sky blue? Answer 
     choice: ["yes", "no"], temperature: 0}' >"$TMP/req.jsonl"
 run bash -c "$BIN/iflow-run -m '$TMP/smol.ifs' --batch <'$TMP/req.jsonl'"
 expect_eq "$(jq -r '[.text, .finish_reason] | @tsv' <<<"$out")" "no	grammar" "\"choice\": the same"
+
+# ---- token references: the end-of-turn token named in the grammar (a control token, no text):
+# the reference's choice, ended by that token; !<x> any token but x ----
+for ref in '<|im_end|>' '<[2]>'; do
+    run $BIN/iflow-run -m "$TMP/smol.ifs" --chat -p "Is the sky blue? Answer yes or no." --temp 0 --json \
+        --grammar "root ::= (\"yes\" | \"no\") $ref"
+    expect_eq "$(jq -r '[.text, .stop] | @tsv' <<<"$out")" "no	eos" "$ref: the reference's choice, then the end token"
+done
+for seed in 1 2 3; do
+    run $BIN/iflow-run -m "$TMP/smol.ifs" --chat -p "Tell me a story." --grammar 'root ::= (!<|im_end|>){3} <[2]>' \
+        --temp 1 --seed $seed --json
+    expect_eq "$(jq -c '[(.gen_ids | length), (.gen_ids | index(2)), .stop]' <<<"$out")" '[3,null,"eos"]' \
+        "seed $seed: three tokens but <|im_end|>, then it"
+done
+run $BIN/iflow-run -m "$TMP/smol.ifs" -p x --grammar $'root ::= "a"\n  <|nope|>'
+expect_rc 1 "a token the vocabulary lacks"
+expect_eq "$err" "iflow-run: grammar: <|nope|> is not a token of the vocabulary, line 2 column 3" \
+    "a token the vocabulary lacks: named, with its place"
+echo '{"id": "t", "prompt": "x", "grammar": "root ::= <[99999]>"}' >"$TMP/req.jsonl"
+run bash -c "$BIN/iflow-run -m '$TMP/smol.ifs' --batch <'$TMP/req.jsonl'"
+expect_eq "$(jq -r .error <<<"$out")" "grammar: token id 99999 is outside the vocabulary of 49152, line 1 column 10" \
+    "a token id outside the vocabulary: the request's error"
 
 # ---- sampled replies follow their constraint ----
 for seed in 1 2 3 4 5; do

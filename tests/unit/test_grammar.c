@@ -82,6 +82,14 @@ static void test_errors(void)
         {"root = \"a\"", "grammar: '::=' is expected after a rule name, line 1 column 6"},
         {"root ::= \"\xC3\x28\"", "grammar: invalid UTF-8, line 1 column 11"},
         {"::= \"a\"", "grammar: a rule name is expected, line 1 column 1"},
+        {"root ::= \"a\" <|end|", "grammar: a token reference is not closed by '>', line 1 column 14"},
+        {"root ::= <|end\n|>", "grammar: a token reference is not closed by '>', line 1 column 10"},
+        {"root ::= <>", "grammar: an empty token reference '<>', line 1 column 10"},
+        {"root ::= <[]>", "grammar: a token id must be written <[digits]>, line 1 column 10"},
+        {"root ::= <[1a]>", "grammar: a token id must be written <[digits]>, line 1 column 10"},
+        {"root ::= !<[12>", "grammar: a token id must be written <[digits]>, line 1 column 10"},
+        {"root ::= <[99999999999]>", "grammar: a token id is too large, line 1 column 10"},
+        {"root ::= !\"a\"", "grammar: unexpected character, line 1 column 10"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         iflow_grammar *g = NULL;
@@ -327,6 +335,102 @@ static void test_limits(void)
 
 /* ---- choices ---------------------------------------------------------------------------------- */
 
+/* Token references (<[id]>, <text>, !<...>) over SmolLM2's vocabulary, whose <|im_start|> (1) and
+ * <|im_end|> (2) are control tokens that decode to no text: they are allowed exactly where a
+ * reference names them; text matches around them as bytes; the mask is each token tested alone;
+ * references the vocabulary lacks are refused with their place. */
+static void test_tokens(void)
+{
+    const char *path = test_data("models/tokenizers/smollm2-135m/tokenizer.json");
+    if (!path)
+        SKIP("no SmolLM2 tokenizer in the test data");
+    iflow_tokenizer *tok;
+    iflow_gvocab *v;
+    if (iflow_tokenizer_open(&tok, path) < 0 || iflow_gvocab_open(&v, tok) < 0) {
+        CHECK(0, "tokenizer: %s", iflow_errmsg());
+        return;
+    }
+    const int V = iflow_gvocab_n(v);
+    uint8_t *mask = malloc((size_t)V);
+    char piece[64];
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    CHECK(iflow_tokenizer_encode(tok, "yes", 3, 0, &ids, &n_ids) == 0 && n_ids == 1, "'yes' is one token");
+    const int32_t yes = ids ? ids[0] : -1;
+    free(ids);
+    /* a byte-only text never passes a reference; a whole-string match cannot either */
+    iflow_grammar *g = open_ok("root ::= (\"yes\" | \"no\") <|im_end|>");
+    CHECK(g && iflow_grammar_match(g, "yes", 3, NULL) == 0, "bytes alone: not a sentence");
+    CHECK(g && iflow_grammar_check_vocab(g, v) == 0, "<|im_end|> is in the vocabulary");
+    iflow_gstate *s = NULL;
+    CHECK(g && iflow_gstate_open(&s, g) == 0, "state");
+    if (s) {
+        int n = iflow_gstate_mask(s, v, mask);
+        CHECK(n > 0 && mask[yes] && !mask[2] && !mask[1], "first: the words, not the end token (%d)", n);
+        int pl = iflow_tokenizer_piece(tok, yes, 0, piece, sizeof piece);
+        CHECK(iflow_gstate_advance_token(s, v, yes, piece, (size_t)pl) == 0, "yes: %s", iflow_errmsg());
+        n = iflow_gstate_mask(s, v, mask);
+        CHECK(n == 1 && mask[2], "then <|im_end|> alone (%d allowed)", n);
+        CHECK(iflow_gstate_token_allows(s, v, 2) == 1 && iflow_gstate_token_allows(s, v, 1) == 0 &&
+                  iflow_gstate_allows(s, v, 2) == 1 && iflow_gstate_can_end(s) == 0,
+              "<|im_end|> passes by reference; the text is not whole before it");
+        CHECK(iflow_gstate_advance_token(s, v, 1, "", 0) == IFLOW_EINVAL, "another control token is refused");
+        CHECK(iflow_gstate_advance(s, "x", 1) == IFLOW_EINVAL, "bytes are refused");
+        CHECK(iflow_gstate_advance_token(s, v, 2, "", 0) == 0 && iflow_gstate_is_done(s) == 1, "then done");
+    }
+    iflow_gstate_close(s);
+    iflow_grammar_close(g);
+    /* <[id]> is the same as <text>; !<x> passes every token but x, control tokens included */
+    g = open_ok("root ::= <[1]> (!<|im_end|>){2} <[2]>");
+    s = NULL;
+    CHECK(g && iflow_grammar_check_vocab(g, v) == 0 && iflow_gstate_open(&s, g) == 0, "state 2");
+    if (s) {
+        CHECK(iflow_gstate_mask(s, v, mask) == 1 && mask[1], "<[1]> first");
+        CHECK(iflow_gstate_advance_token(s, v, 1, "", 0) == 0, "advance <[1]>");
+        for (int k = 0; k < 2; k++) {
+            int n = iflow_gstate_mask(s, v, mask), agree = 1;
+            for (int32_t id = 0; id < V && agree; id++)
+                agree = mask[id] == (uint8_t)iflow_gstate_allows(s, v, id);
+            CHECK(n == V - 1 && !mask[2] && mask[1] && mask[yes], "step %d: all but <|im_end|> (%d of %d)", k, n, V);
+            CHECK(agree, "step %d: the mask is each token tested alone", k);
+            int pl = iflow_tokenizer_piece(tok, yes, 0, piece, sizeof piece);
+            CHECK(iflow_gstate_advance_token(s, v, k ? 1 : yes, piece, k ? 0 : (size_t)pl) == 0, "step %d", k);
+        }
+        CHECK(iflow_gstate_mask(s, v, mask) == 1 && mask[2], "then <[2]> alone");
+    }
+    iflow_gstate_close(s);
+    iflow_grammar_close(g);
+    /* text and a reference at one place: either passes */
+    g = open_ok("root ::= \"yes\" | <|im_start|> \"x\"");
+    s = NULL;
+    CHECK(g && iflow_gstate_open(&s, g) == 0, "state 3");
+    if (s) {
+        CHECK(iflow_gstate_test_token(s, v, 1, "", 0) == 1 && iflow_gstate_test_token(s, v, yes, "yes", 3) == 1 &&
+                  iflow_gstate_test_token(s, v, 2, "", 0) == 0,
+              "both branches, and nothing else");
+        CHECK(iflow_gstate_advance_token(s, v, 1, "", 0) == 0 && iflow_gstate_test(s, "x", 1) == 1,
+              "the reference's branch");
+    }
+    iflow_gstate_close(s);
+    iflow_grammar_close(g);
+    /* references the vocabulary does not have */
+    static const struct {
+        const char *gbnf, *msg;
+    } bad[] = {
+        {"root ::= \"a\"\n  <|nope|>", "grammar: <|nope|> is not a token of the vocabulary, line 2 column 3"},
+        {"root ::= !<[49152]>", "grammar: token id 49152 is outside the vocabulary of 49152, line 1 column 10"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        g = open_ok(bad[i].gbnf);
+        int rc = g ? iflow_grammar_check_vocab(g, v) : 0;
+        CHECK(rc == IFLOW_EINVAL && strcmp(iflow_errmsg(), bad[i].msg) == 0, "%s: '%s'", bad[i].gbnf, iflow_errmsg());
+        iflow_grammar_close(g);
+    }
+    free(mask);
+    iflow_gvocab_close(v);
+    iflow_tokenizer_close(tok);
+}
+
 /* A vocabulary with long tokens (GPT-NeoX's: pieces of 512 bytes) builds, and its longest
  * token is allowed by a grammar of exactly its text. */
 static void test_long_tokens(void)
@@ -496,6 +600,7 @@ int main(void)
     RUN(test_limits);
     RUN(test_choices);
     RUN(test_long_tokens);
+    RUN(test_tokens);
     if (!mkdtemp(dir))
         return 1;
     char s260[600], xs[600];

@@ -36,10 +36,12 @@ static void test_split(void)
     for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
         const rcase *c = &CASES[i];
         size_t r_off = 99, r_len = 99, c_off = 99, n = strlen(c->text);
-        int has = iflow_reasoning_split(c->prompt, c->prompt ? strlen(c->prompt) : 0, c->text, n, &r_off, &r_len, &c_off);
+        size_t plen = c->prompt ? strlen(c->prompt) : 0;
+        int has = iflow_reasoning_split(c->prompt, plen, c->text, n, &r_off, &r_len, &c_off);
         CHECK(has == c->has, "case %zu: has %d, want %d", i, has, c->has);
         if (c->reasoning)
-            CHECK(r_off + r_len <= n && r_len == strlen(c->reasoning) && memcmp(c->text + r_off, c->reasoning, r_len) == 0,
+            CHECK(r_off + r_len <= n && r_len == strlen(c->reasoning) &&
+                      memcmp(c->text + r_off, c->reasoning, r_len) == 0,
                   "case %zu: reasoning '%.*s', want '%s'", i, (int)r_len, c->text + r_off, c->reasoning);
         else
             CHECK(r_len == 0 && r_off == 0, "case %zu: no reasoning", i);

@@ -1066,7 +1066,8 @@ static void test_max_piece(void)
         int longest = 0, bad = 0;
         for (int32_t id = 0; id < iflow_tokenizer_n_vocab(t); id++)
             for (int first = 0; first < 2; first++) {
-                int na = iflow_tokenizer_piece(t, id, first, a, cap), nb = iflow_tokenizer_piece(t, id, first, b, 2 * cap);
+                int na = iflow_tokenizer_piece(t, id, first, a, cap);
+                int nb = iflow_tokenizer_piece(t, id, first, b, 2 * cap);
                 bad += na != nb || (na > 0 && memcmp(a, b, (size_t)na) != 0);
                 longest = nb > longest ? nb : longest;
             }
