@@ -340,8 +340,9 @@ typedef struct {
                                      * the prefix cache; max_tokens may then be 0: score only */
     /* Optional: the generated text must follow this grammar (constrained decoding: each draw
      * only among the tokens it allows, end-of-sequence only where it may end). The batch holds
-     * a reference (iflow_grammar_open's object may be closed after iflow_batch_add). Not with a
-     * draft's proposals: such a request decodes without them */
+     * a reference (iflow_grammar_open's object may be closed after iflow_batch_add). With a
+     * draft, its proposals are not constrained; the model's draws are, so a proposal the grammar
+     * refuses is never kept */
     const struct iflow_grammar *grammar;
 } iflow_request;
 

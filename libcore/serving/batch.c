@@ -424,9 +424,10 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
         r->grammar = iflow_grammar_ref((iflow_grammar *)q->grammar);
         rc = iflow_gstate_open(&r->gs, q->grammar);
     }
-    /* the draft's own stream (not with log-probabilities: a proposal accepted has no draw; not
-     * with a grammar: the draft's draws would have to follow it too) */
-    if (rc == 0 && b->draft && !q->logprobs && !q->grammar && iflow_sampler_has_dist(r->sampler)) {
+    /* the draft's own stream (not with log-probabilities: a proposal accepted has no draw). With a
+     * grammar the draft proposes freely: the model's draws follow the grammar, so a proposal it
+     * refuses is never accepted (fewer are, the tokens are the same) */
+    if (rc == 0 && b->draft && !q->logprobs && iflow_sampler_has_dist(r->sampler)) {
         iflow_sampler_params dsp = q->sampling;
         dsp.seed ^= 0x9e3779b97f4a7c15ull;
         rc = iflow_sampler_open(&r->dsampler, &dsp, hp->vocab_size);
@@ -680,30 +681,39 @@ static int grammar_mask(iflow_batch *b, req *r)
  * not allow next at -inf (the end tokens allowed where the text may end). A greedy sampler's
  * argmax is tried first: when the grammar takes it, it is the choice and the mask is not made.
  * The token, NO_TOKEN, or < 0 on failure. */
-static int32_t draw_constrained(iflow_batch *b, req *r, const float *logits)
+/* b->gmask = what r's grammar allows next, the end tokens included where the text may end (or
+ * where a token reference names one), and b->glogits = logits [vocab] with the rest at -inf.
+ * Returns how many are allowed (0: none), or < 0. */
+static int constrained_logits(iflow_batch *b, req *r, const float *logits)
 {
     const int V = iflow_model_hparams(b->m)->vocab_size, can_end = iflow_gstate_can_end(r->gs);
-    if (iflow_sampler_is_greedy(r->sampler) && !(r->first_piece && r->res->n_tokens == 0)) {
-        int32_t id = iflow_argmax(logits, V);
-        int ok = iflow_model_is_eos(b->m, id) ? can_end || iflow_gstate_token_allows(r->gs, b->gv, id)
-                                              : iflow_gstate_allows(r->gs, b->gv, id);
-        if (ok != 0)
-            return ok < 0 ? ok : id;
-    }
     int n = grammar_mask(b, r);
     if (n < 0)
         return n;
-    for (int i = 0; i < b->n_eos; i++) { /* an end where the text may end, or where a token reference names it */
+    for (int i = 0; i < b->n_eos; i++) {
         int32_t e = b->eos_ids[i];
         uint8_t ok = (uint8_t)(can_end || iflow_gstate_token_allows(r->gs, b->gv, e));
         n += (int)ok - (int)b->gmask[e];
         b->gmask[e] = ok;
     }
-    if (n == 0)
-        return NO_TOKEN;
     for (int i = 0; i < V; i++)
         b->glogits[i] = b->gmask[i] ? logits[i] : -INFINITY;
-    return iflow_sampler_sample(r->sampler, b->glogits);
+    return n;
+}
+
+static int32_t draw_constrained(iflow_batch *b, req *r, const float *logits)
+{
+    const int V = iflow_model_hparams(b->m)->vocab_size;
+    if (iflow_sampler_is_greedy(r->sampler) && !(r->first_piece && r->res->n_tokens == 0)) {
+        int32_t id = iflow_argmax(logits, V);
+        int ok = iflow_model_is_eos(b->m, id)
+                     ? iflow_gstate_can_end(r->gs) || iflow_gstate_token_allows(r->gs, b->gv, id)
+                     : iflow_gstate_allows(r->gs, b->gv, id);
+        if (ok != 0)
+            return ok < 0 ? ok : id;
+    }
+    int n = constrained_logits(b, r, logits);
+    return n < 0 ? n : n == 0 ? NO_TOKEN : iflow_sampler_sample(r->sampler, b->glogits);
 }
 
 /* r draws its next token from logits [vocab] (its sampler's choice), noting its log-probabilities
@@ -920,17 +930,30 @@ static int verify(iflow_batch *b, req *r, const iflow_step_seq *q)
     for (int i = 0; i <= k; i++) {
         int32_t tok;
         int acc = 0;
+        const float *logits = q->logits + (size_t)i * V;
         if (r->greedy) {
             tok = q->next[i];
             acc = i < k && tok == r->vids[i + 1];
+        } else if (i < k && r->gs && iflow_sampler_is_greedy(r->sampler)) { /* the grammar's greedy choice */
+            tok = draw(b, r, logits);
+            acc = tok == r->vids[i + 1];
         } else if (i < k) {
-            if ((rc = iflow_sampler_dist(r->sampler, q->logits + (size_t)i * V, b->p_dist)) < 0)
-                return rc;
-            double u1 = iflow_sampler_uniform(r->sampler), u2 = iflow_sampler_uniform(r->sampler);
-            tok = iflow_spec_verify(b->p_dist, r->q + (size_t)i * V, V, r->vids[i + 1], u1, u2, b->accept_top_k,
-                                    b->accept_top_p, &acc);
+            int allowed = r->gs ? constrained_logits(b, r, logits) : 1; /* p: the grammar's distribution */
+            if (allowed <= 0) {
+                tok = allowed < 0 ? allowed : NO_TOKEN;
+            } else {
+                if ((rc = iflow_sampler_dist(r->sampler, r->gs ? b->glogits : logits, b->p_dist)) < 0)
+                    return rc;
+                double u1 = iflow_sampler_uniform(r->sampler), u2 = iflow_sampler_uniform(r->sampler);
+                tok = iflow_spec_verify(b->p_dist, r->q + (size_t)i * V, V, r->vids[i + 1], u1, u2,
+                                        b->accept_top_k, b->accept_top_p, &acc);
+                if (acc && r->gs && !b->gmask[tok]) { /* a looser acceptance took what the grammar refuses */
+                    acc = 0;
+                    tok = iflow_argmax(b->p_dist, V);
+                }
+            }
         } else {
-            tok = draw(b, r, q->logits + (size_t)i * V);
+            tok = draw(b, r, logits);
         }
         if (i < k)
             b->st.accepted += (uint64_t)acc;

@@ -24,12 +24,16 @@
  *   - a draft with a context shift (rope and recompute; a context of 64, 300 and 350 tokens, two
  *     requests at once): greedy tokens equal the model's without a draft with the same shifts,
  *     as many shifts happen, and the draft saves steps.
+ *   - a draft with a grammar: greedy requests give the tokens they give without a draft (some
+ *     proposals kept), sampled ones text of the grammar.
  */
 #include "tests/unit/testlib.h"
 #include "libcore/engine/model.h"
 #include "libcore/engine/sampler.h"
 #include "libcore/formats/quant.h"
 #include "libcore/serving/batch.h"
+#include "libcore/serving/grammar.h"
+#include "libcore/tokenizers/tokenizer.h"
 
 #include <math.h>
 
@@ -162,6 +166,7 @@ typedef struct {
     uint64_t seed;
     const char *stop;
     int shift, keep;              /* context shift (IFLOW_SHIFT_*) and what it keeps */
+    const iflow_grammar *grammar; /* a constraint, or NULL */
 } job;
 
 /* Run jobs[0..n) in one batch (parallel `par`, a context of n_ctx, a draft or none); tokens into
@@ -179,7 +184,8 @@ static int run_jobs(iflow_model *m, iflow_model *draft, int n_draft, const job *
     }
     for (int i = 0; i < n; i++) {
         iflow_request r = {.prompt = jobs[i].prompt, .n_prompt = jobs[i].n_prompt, .max_tokens = jobs[i].max_tokens,
-                           .context_shift = jobs[i].shift, .keep = jobs[i].keep, .user = (void *)(intptr_t)i};
+                           .context_shift = jobs[i].shift, .keep = jobs[i].keep, .user = (void *)(intptr_t)i,
+                           .grammar = jobs[i].grammar};
         iflow_sampler_params_default(&r.sampling);
         r.sampling.temp = jobs[i].temp, r.sampling.seed = jobs[i].seed;
         if (jobs[i].stop)
@@ -267,6 +273,53 @@ static void prefix_case(iflow_model *m, iflow_model *d, const char *what)
           (unsigned long long)s1.prompt_cached, (unsigned long long)s1.accepted);
 }
 
+/* A draft with a grammar: the draft proposes freely, the model's draws follow the grammar. Greedy
+ * requests give the tokens they give without a draft, and some proposals are kept; sampled ones
+ * give text of the grammar (whole when it ended there, a prefix when cut by length). */
+static void grammar_case(iflow_model *m, iflow_model *d, const char *what)
+{
+    static const char *const gbnf = "root ::= (\" \" [a-z]+ (\",\" | \" and\")?){4,40} \".\"";
+    iflow_grammar *g;
+    if (iflow_grammar_open(&g, gbnf, strlen(gbnf), NULL) < 0) {
+        CHECK(0, "grammar: %s", iflow_errmsg());
+        return;
+    }
+    const iflow_hparams *hp = iflow_model_hparams(m);
+    const iflow_tokenizer *tok = iflow_model_tokenizer(m);
+    enum { NJ = 6 };
+    job jobs[NJ];
+    for (int i = 0; i < NJ; i++) {
+        jobs[i] = (job){.n_prompt = 4, .max_tokens = 40 + 9 * i, .temp = i < 3 ? 0 : 0.8f, .seed = 31 + i,
+                        .grammar = g, .prompt = {hp->bos, 3 + 17 * i, 40 + 11 * i, 90 + 5 * i}};
+    }
+    static int32_t plain[NJ][96], spec[NJ][96];
+    int np[NJ], ns[NJ];
+    iflow_batch_stats st;
+    if (run_jobs(m, NULL, 0, jobs, NJ, 3, 128, plain[0], 96, np, NULL) == 0 &&
+        run_jobs(m, d, 4, jobs, NJ, 3, 128, spec[0], 96, ns, &st) == 0) {
+        for (int i = 0; i < 3; i++)
+            CHECK(np[i] == ns[i] && memcmp(plain[i], spec[i], sizeof(int32_t) * (size_t)np[i]) == 0,
+                  "%s, a grammar: greedy request %d differs with the draft (%d vs %d tokens)", what, i, ns[i], np[i]);
+        CHECK(st.drafted > 0 && st.accepted > 0, "%s, a grammar: %llu proposed, %llu accepted", what,
+              (unsigned long long)st.drafted, (unsigned long long)st.accepted);
+        for (int i = 0; i < NJ; i++) {
+            char *text;
+            size_t len;
+            int prefix = 0, whole = -1;
+            if (iflow_tokenizer_continuation(tok, spec[i], (size_t)ns[i], 0, &text, &len) == 0) {
+                whole = iflow_grammar_match(g, text, len, &prefix);
+                free(text);
+            }
+            CHECK(prefix == 1 && (ns[i] == jobs[i].max_tokens || whole == 1),
+                  "%s, a grammar: request %d's text (%d tokens) is not of the grammar", what, i, ns[i]);
+        }
+        if (getenv("SPEC_SHOW"))
+            fprintf(stderr, "  %s, a grammar: %llu proposed, %llu accepted\n", what, (unsigned long long)st.drafted,
+                    (unsigned long long)st.accepted);
+    }
+    iflow_grammar_close(g);
+}
+
 /* shifts: also shift_case() */
 static void engine_case(const char *target, const char *draft_path, const char *what, int shifts)
 {
@@ -313,6 +366,7 @@ static void engine_case(const char *target, const char *draft_path, const char *
     if (shifts)
         shift_case(m, d, what);
     prefix_case(m, d, what);
+    grammar_case(m, d, what);
     iflow_model_close(d);
     iflow_model_close(m);
 }
