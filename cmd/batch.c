@@ -122,14 +122,14 @@ static void item_free(item *it)
 {
     if (!it)
         return;
-    iflow_request_fields_free(&it->f);
-    free(it->error);
-    free((void *)it->req.prompt);
     if (it->choices) { /* res is choices[0] */
         for (int k = 0; k < it->f.n; k++)
             iflow_result_free(it->choices[k]);
     } else
         iflow_result_free(it->res);
+    iflow_request_fields_free(&it->f); /* after the loop over f.n */
+    free(it->error);
+    free((void *)it->req.prompt);
     free(it->choices);
     free(it->tags);
     iflow_beam_close(it->beam);
