@@ -677,10 +677,6 @@ static int grammar_mask(iflow_batch *b, req *r)
 
 #define NO_TOKEN (-0x40000000) /* draw_constrained(): the grammar allows no token */
 
-/* r's draw under its grammar: the sampler sees the logits with every token the grammar does
- * not allow next at -inf (the end tokens allowed where the text may end). A greedy sampler's
- * argmax is tried first: when the grammar takes it, it is the choice and the mask is not made.
- * The token, NO_TOKEN, or < 0 on failure. */
 /* b->gmask = what r's grammar allows next, the end tokens included where the text may end (or
  * where a token reference names one), and b->glogits = logits [vocab] with the rest at -inf.
  * Returns how many are allowed (0: none), or < 0. */
@@ -701,6 +697,10 @@ static int constrained_logits(iflow_batch *b, req *r, const float *logits)
     return n;
 }
 
+/* r's draw under its grammar: the sampler sees the logits with every token the grammar does
+ * not allow next at -inf (the end tokens allowed where the text may end). A greedy sampler's
+ * argmax is tried first: when the grammar takes it, it is the choice and the mask is not made.
+ * The token, NO_TOKEN, or < 0 on failure. */
 static int32_t draw_constrained(iflow_batch *b, req *r, const float *logits)
 {
     const int V = iflow_model_hparams(b->m)->vocab_size;

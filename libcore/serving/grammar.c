@@ -1306,13 +1306,12 @@ static int run_bytes(iflow_gstate *s, const uint8_t *bytes, size_t n)
     return cnt;
 }
 
-int iflow_gstate_advance(iflow_gstate *s, const char *bytes, size_t n)
+/* The state becomes the cnt stacks run_bytes() or run_token() left in s->buf: 0, or cnt itself
+ * when < 0, or IFLOW_EINVAL when 0 (they were rejected; the state stays). */
+static int take_buf(iflow_gstate *s, int cnt)
 {
-    int cnt = run_bytes(s, (const uint8_t *)bytes, n);
-    if (cnt < 0)
-        return cnt;
-    if (cnt == 0)
-        return iflow_seterr(IFLOW_EINVAL, "grammar: the text does not follow the grammar");
+    if (cnt <= 0)
+        return cnt < 0 ? cnt : IFLOW_EINVAL;
     int32_t c = s->cap_cur;
     if (grow((void **)&s->cur, &c, cnt, sizeof *s->cur) < 0)
         return IFLOW_ENOMEM;
@@ -1320,6 +1319,12 @@ int iflow_gstate_advance(iflow_gstate *s, const char *bytes, size_t n)
     memcpy(s->cur, s->buf, (size_t)cnt * sizeof *s->cur);
     s->n_cur = cnt;
     return 0;
+}
+
+int iflow_gstate_advance(iflow_gstate *s, const char *bytes, size_t n)
+{
+    int rc = take_buf(s, run_bytes(s, (const uint8_t *)bytes, n));
+    return rc == IFLOW_EINVAL ? iflow_seterr(rc, "grammar: the text does not follow the grammar") : rc;
 }
 
 int iflow_gstate_test(iflow_gstate *s, const char *bytes, size_t n)
@@ -1420,18 +1425,8 @@ static int run_token(iflow_gstate *s, const iflow_gvocab *v, int32_t id, const c
 
 int iflow_gstate_advance_token(iflow_gstate *s, const iflow_gvocab *v, int32_t id, const char *bytes, size_t n)
 {
-    int cnt = run_token(s, v, id, bytes, n);
-    if (cnt < 0)
-        return cnt;
-    if (cnt == 0)
-        return iflow_seterr(IFLOW_EINVAL, "grammar: token %d does not follow the grammar", id);
-    int32_t c = s->cap_cur;
-    if (grow((void **)&s->cur, &c, cnt, sizeof *s->cur) < 0)
-        return IFLOW_ENOMEM;
-    s->cap_cur = c;
-    memcpy(s->cur, s->buf, (size_t)cnt * sizeof *s->cur);
-    s->n_cur = cnt;
-    return 0;
+    int rc = take_buf(s, run_token(s, v, id, bytes, n));
+    return rc == IFLOW_EINVAL ? iflow_seterr(rc, "grammar: token %d does not follow the grammar", id) : rc;
 }
 
 int iflow_gstate_test_token(iflow_gstate *s, const iflow_gvocab *v, int32_t id, const char *bytes, size_t n)
