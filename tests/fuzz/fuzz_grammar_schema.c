@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "libcore/base/error.h"
+#include "tests/fuzz/twopart.h"
 #include "libcore/serving/grammar.h"
 
 static const char *const TEXTS[] = {
@@ -36,8 +37,9 @@ static void match(const iflow_grammar *g, const char *text, size_t n)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    const char *in = (const char *)data, *sep = memmem(in, size, "\n%%\n", 4);
-    size_t slen = sep ? (size_t)(sep - in) : size;
+    const char *in = (const char *)data, *text;
+    size_t slen, tlen;
+    two_parts(in, size, &slen, &text, &tlen);
     char *gbnf = (char *)"untouched";
     int rc = iflow_grammar_from_json_schema(in, slen, &gbnf);
     if (rc < 0) {
@@ -55,8 +57,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (rc == 0) {
         for (size_t i = 0; i < sizeof TEXTS / sizeof *TEXTS; i++)
             match(g, TEXTS[i], strlen(TEXTS[i]));
-        if (sep)
-            match(g, sep + 4, size - slen - 4);
+        if (text)
+            match(g, text, tlen);
         iflow_grammar_close(g);
     }
     free(gbnf);

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "libcore/base/error.h"
+#include "tests/fuzz/twopart.h"
 #include "libcore/serving/grammar.h"
 #include "libcore/tokenizers/tokenizer.h"
 
@@ -45,10 +46,11 @@ static int setup(void)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     setup();
-    const char *in = (const char *)data, *sep = memmem(in, size, "\n%%\n", 4);
-    size_t glen = sep ? (size_t)(sep - in) : size;
-    const char *text = sep ? sep + 4 : "";
-    size_t tlen = sep ? size - glen - 4 : 0;
+    const char *in = (const char *)data, *text;
+    size_t glen, tlen;
+    two_parts(in, size, &glen, &text, &tlen);
+    if (!text)
+        text = "";
     iflow_grammar *g;
     if (iflow_grammar_open(&g, in, glen, NULL) < 0) {
         one_line();

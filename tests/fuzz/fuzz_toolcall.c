@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "libcore/base/error.h"
+#include "tests/fuzz/twopart.h"
 #include "libcore/serving/toolcall.h"
 
 static void one_line(void)
@@ -93,8 +94,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         parse(fmt, (data[0] >> 6) & 1, in, n, 0);
         return 0;
     }
-    const char *sep = memmem(in, n, "\n%%\n", 4);
-    size_t tlen = sep ? (size_t)(sep - in) : n;
+    const char *text;
+    size_t tlen, len;
+    two_parts(in, n, &tlen, &text, &len);
     json_error_t e;
     json_t *tools = json_loadb(in, tlen, 0, &e);
     if (!tools)
@@ -108,9 +110,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (g)
             abort();
         one_line();
-    } else if (sep) {
-        const char *text = sep + 4;
-        size_t len = n - tlen - 4;
+    } else if (text) {
         int m = iflow_grammar_match(g, text, len, NULL);
         if (m < 0 && m != IFLOW_ERANGE)
             abort();

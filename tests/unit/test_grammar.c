@@ -348,7 +348,7 @@ static void test_limits(void)
     iflow_grammar_close(h);
 }
 
-/* ---- choices ---------------------------------------------------------------------------------- */
+/* ---- a vocabulary: token references, long tokens --------------------------------------- */
 
 /* Token references (<[id]>, <text>, !<...>) over SmolLM2's vocabulary, whose <|im_start|> (1) and
  * <|im_end|> (2) are control tokens that decode to no text: they are allowed exactly where a
@@ -483,6 +483,8 @@ static void test_long_tokens(void)
     iflow_gvocab_close(v);
     iflow_tokenizer_close(t);
 }
+
+/* ---- choices ---------------------------------------------------------------------------------- */
 
 static void test_choices(void)
 {
