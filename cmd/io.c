@@ -81,8 +81,9 @@ json_t *json_schema(json_t *o)
  * "logprob"}. */
 static json_t *token_json(const iflow_tokenizer *tok, int32_t id, float logprob)
 {
-    char *piece = malloc(iflow_tokenizer_max_piece(tok));
-    int n = piece ? iflow_tokenizer_piece(tok, id, 0, piece, iflow_tokenizer_max_piece(tok)) : 0;
+    const size_t cap = iflow_tokenizer_max_piece(tok);
+    char *piece = malloc(cap);
+    int n = piece ? iflow_tokenizer_piece(tok, id, 0, piece, cap) : 0;
     json_t *o = json_object(), *t = json_stringn(piece ? piece : "", n > 0 ? (size_t)n : 0);
     json_object_set_new(o, "id", json_integer(id));
     if (t) {

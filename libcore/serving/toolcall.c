@@ -1,6 +1,7 @@
 /* toolcall.c -- tool calls out of a reply, and the grammar of a call. See toolcall.h. */
 #include "libcore/serving/toolcall.h"
 #include "libcore/base/error.h"
+#include "libcore/base/util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,14 +37,10 @@ int iflow_tool_format_from_name(const char *name)
     return -1;
 }
 
-/* s [n] contains the NUL-terminated needle: where, or NULL. */
+/* Where s [n] contains the NUL-terminated needle, or NULL. */
 static const char *find(const char *s, size_t n, const char *needle)
 {
-    size_t k = strlen(needle);
-    for (size_t i = 0; k <= n && i <= n - k; i++)
-        if (s[i] == needle[0] && memcmp(s + i, needle, k) == 0)
-            return s + i;
-    return NULL;
+    return memmem(s, n, needle, strlen(needle));
 }
 
 int iflow_tool_format_detect(const char *text, size_t len)
@@ -324,15 +321,6 @@ int iflow_tool_text(int fmt, const iflow_tokenizer *tok, const int32_t *ids, int
 
 /* ---- reading calls ------------------------------------------------------------------------ */
 
-static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-
-static size_t skip_ws(const char *s, size_t i, size_t n)
-{
-    while (i < n && is_ws(s[i]))
-        i++;
-    return i;
-}
-
 /* One JSON value at s [n]: the value, *used = the bytes it took; NULL if none reads. */
 static json_t *json_at(const char *s, size_t n, size_t *used)
 {
@@ -396,9 +384,9 @@ static int parse_hermes(const char *s, size_t n, const char *seed, json_t *calls
         size_t body = start + lo;
         const char *end = find(s + body, n - body, close);
         size_t stop = end ? (size_t)(end - s) : n, used;
-        size_t i = skip_ws(s, body, stop);
+        size_t i = iflow_skip_ws(s, body, stop);
         json_t *v = json_at(s + i, stop - i, &used);
-        int bad = !v || skip_ws(s, i + used, stop) != stop || add_call(calls, v, seed) < 0;
+        int bad = !v || iflow_skip_ws(s, i + used, stop) != stop || add_call(calls, v, seed) < 0;
         json_decref(v);
         if (bad)
             return -1;
@@ -413,9 +401,9 @@ static int parse_hermes(const char *s, size_t n, const char *seed, json_t *calls
 static int parse_llama3(const char *s, size_t n, const char *seed, json_t *calls)
 {
     const char *tag = FORMATS[IFLOW_TOOLS_LLAMA3_JSON].open;
-    size_t i = skip_ws(s, 0, n), used;
+    size_t i = iflow_skip_ws(s, 0, n), used;
     if (n - i >= strlen(tag) && memcmp(s + i, tag, strlen(tag)) == 0)
-        i = skip_ws(s, i + strlen(tag), n);
+        i = iflow_skip_ws(s, i + strlen(tag), n);
     if (i == n || s[i] != '{')
         return -1;
     while (i < n) {
@@ -424,11 +412,11 @@ static int parse_llama3(const char *s, size_t n, const char *seed, json_t *calls
         json_decref(v);
         if (bad)
             return -1;
-        i = skip_ws(s, i + used, n);
+        i = iflow_skip_ws(s, i + used, n);
         if (i < n && s[i] != ';')
             return -1;
         if (i < n)
-            i = skip_ws(s, i + 1, n);
+            i = iflow_skip_ws(s, i + 1, n);
     }
     return 0;
 }
@@ -441,9 +429,9 @@ static int parse_list(int fmt, const char *s, size_t n, int bare, const char *se
     if (!at && !bare)
         return -1;
     *before = at ? (size_t)(at - s) : 0;
-    size_t i = skip_ws(s, at ? *before + strlen(FORMATS[fmt].open) : 0, n), used;
+    size_t i = iflow_skip_ws(s, at ? *before + strlen(FORMATS[fmt].open) : 0, n), used;
     json_t *v = json_at(s + i, n - i, &used);
-    int bad = !v || skip_ws(s, i + used, n) != n || (json_is_array(v) && json_array_size(v) == 0);
+    int bad = !v || iflow_skip_ws(s, i + used, n) != n || (json_is_array(v) && json_array_size(v) == 0);
     if (json_is_array(v))
         for (size_t k = 0; !bad && k < json_array_size(v); k++)
             bad = add_call(calls, json_array_get(v, k), seed) < 0;
@@ -480,9 +468,8 @@ int iflow_tool_parse(int fmt, const char *text, size_t len, int bare, const char
         memcpy(*content, text, len);
         n_out = len;
     } else { /* the text outside the calls, trimmed */
-        size_t a = skip_ws(*content, 0, n_out);
-        while (n_out > a && is_ws((*content)[n_out - 1]))
-            n_out--;
+        size_t a = 0;
+        iflow_trim_ws(*content, &a, &n_out);
         memmove(*content, *content + a, n_out - a);
         n_out -= a;
     }
