@@ -9,14 +9,8 @@
 #include <string.h>
 
 #include "libcore/base/error.h"
-#include "tests/fuzz/twopart.h"
+#include "tests/fuzz/gfuzz.h"
 #include "libcore/serving/grammar.h"
-
-static void one_line(void)
-{
-    if (strchr(iflow_errmsg(), '\n'))
-        abort();
-}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

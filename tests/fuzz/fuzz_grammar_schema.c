@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "libcore/base/error.h"
-#include "tests/fuzz/twopart.h"
+#include "tests/fuzz/gfuzz.h"
 #include "libcore/serving/grammar.h"
 
 static const char *const TEXTS[] = {
@@ -16,12 +16,6 @@ static const char *const TEXTS[] = {
     "{\"a\":1}", "{\n  \"name\": \"Ann\",\n  \"age\": 30,\n  \"tags\": [\n    \"x\"\n  ]\n}", "2024-07-26",
     "\"2024-07-26T12:00:00Z\"", "{\"v\":1,\"next\":{\"v\":2,\"next\":null}}", "[[1,2],[3,4]]",
 };
-
-static void one_line(void)
-{
-    if (strchr(iflow_errmsg(), '\n'))
-        abort();
-}
 
 /* A match's result must be 0 or 1 (then a prefix), or a limit. */
 static void match(const iflow_grammar *g, const char *text, size_t n)

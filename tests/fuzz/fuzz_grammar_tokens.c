@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "libcore/base/error.h"
-#include "tests/fuzz/twopart.h"
+#include "tests/fuzz/gfuzz.h"
 #include "libcore/serving/grammar.h"
 #include "libcore/tokenizers/tokenizer.h"
 
@@ -23,12 +23,6 @@ static iflow_gvocab *voc;
 static uint8_t *mask, *again;
 static char *piece;
 static size_t cap;
-
-static void one_line(void)
-{
-    if (strchr(iflow_errmsg(), '\n'))
-        abort();
-}
 
 static int setup(void)
 {

@@ -14,14 +14,8 @@
 #include <string.h>
 
 #include "libcore/base/error.h"
-#include "tests/fuzz/twopart.h"
+#include "tests/fuzz/gfuzz.h"
 #include "libcore/serving/toolcall.h"
-
-static void one_line(void)
-{
-    if (strchr(iflow_errmsg(), '\n'))
-        abort();
-}
 
 static void check_calls(const json_t *calls, int n, const char *text, size_t len, const char *content, size_t clen)
 {
