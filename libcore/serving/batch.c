@@ -677,18 +677,25 @@ static int grammar_mask(iflow_batch *b, req *r)
 
 #define NO_TOKEN (-0x40000000) /* draw_constrained(): the grammar allows no token */
 
-/* b->gmask = what r's grammar allows next, the end tokens included where the text may end (or
- * where a token reference names one), and b->glogits = logits [vocab] with the rest at -inf.
- * Returns how many are allowed (0: none), or < 0. */
+/* May end token e come next under r's grammar: where the text may end, or where a token
+ * reference names it. */
+static int end_allowed(const iflow_batch *b, const req *r, int32_t e)
+{
+    return iflow_gstate_can_end(r->gs) || iflow_gstate_token_allows(r->gs, b->gv, e);
+}
+
+/* b->gmask = what r's grammar allows next, the end tokens included as end_allowed() says, and
+ * b->glogits = logits [vocab] with the rest at -inf. Returns how many are allowed (0: none), or
+ * < 0. */
 static int constrained_logits(iflow_batch *b, req *r, const float *logits)
 {
-    const int V = iflow_model_hparams(b->m)->vocab_size, can_end = iflow_gstate_can_end(r->gs);
+    const int V = iflow_model_hparams(b->m)->vocab_size;
     int n = grammar_mask(b, r);
     if (n < 0)
         return n;
     for (int i = 0; i < b->n_eos; i++) {
         int32_t e = b->eos_ids[i];
-        uint8_t ok = (uint8_t)(can_end || iflow_gstate_token_allows(r->gs, b->gv, e));
+        uint8_t ok = (uint8_t)end_allowed(b, r, e);
         n += (int)ok - (int)b->gmask[e];
         b->gmask[e] = ok;
     }
@@ -706,9 +713,7 @@ static int32_t draw_constrained(iflow_batch *b, req *r, const float *logits)
     const int V = iflow_model_hparams(b->m)->vocab_size;
     if (iflow_sampler_is_greedy(r->sampler) && !(r->first_piece && r->res->n_tokens == 0)) {
         int32_t id = iflow_argmax(logits, V);
-        int ok = iflow_model_is_eos(b->m, id)
-                     ? iflow_gstate_can_end(r->gs) || iflow_gstate_token_allows(r->gs, b->gv, id)
-                     : iflow_gstate_allows(r->gs, b->gv, id);
+        int ok = iflow_model_is_eos(b->m, id) ? end_allowed(b, r, id) : iflow_gstate_allows(r->gs, b->gv, id);
         if (ok != 0)
             return ok < 0 ? ok : id;
     }
