@@ -81,6 +81,7 @@ int iflow_preperr(int code, const char *fmt, ...)
     size_t rest = sizeof errbuf - n - 3;
     strncpy(errbuf + n + 2, old, rest);
     errbuf[sizeof errbuf - 1] = 0;
+    one_line(errbuf);
     return code;
 }
 

@@ -1,6 +1,7 @@
 /* toolcall.c -- tool calls out of a reply, and the grammar of a call. See toolcall.h. */
 #include "libcore/serving/toolcall.h"
 #include "libcore/base/error.h"
+#include "libcore/base/quote.h"
 #include "libcore/base/util.h"
 
 #include <stdio.h>
@@ -98,14 +99,15 @@ int iflow_tools_check(const json_t *tools, const char *name)
             return iflow_seterr(IFLOW_EINVAL, "tool %zu: 'function.name' must be a non-empty string", i);
         if (params && !json_is_object(params))
             return iflow_seterr(IFLOW_EINVAL, "tool %zu ('%s'): 'function.parameters' must be a JSON Schema object", i,
-                                json_string_value(fname));
+                                iflow_quote(json_string_value(fname)));
         if (params && !type_allows_object(json_object_get(params, "type")))
             return iflow_seterr(IFLOW_EINVAL, "tool %zu ('%s'): 'function.parameters' must describe an object (its "
-                                "\"type\" does not allow \"object\")", i, json_string_value(fname));
+                                "\"type\" does not allow \"object\")", i,
+                                iflow_quote(json_string_value(fname)));
         found |= name && strcmp(name, json_string_value(fname)) == 0;
     }
     if (name && !found)
-        return iflow_seterr(IFLOW_EINVAL, "no tool is named '%s'", name);
+        return iflow_seterr(IFLOW_EINVAL, "no tool is named '%s'", iflow_quote(name));
     return 0;
 }
 
@@ -223,7 +225,7 @@ int iflow_tool_grammar(iflow_grammar **out, int fmt, const json_t *tools, const 
         free(ptext);
         free(pg);
         if (rc < 0)
-            return iflow_preperr(rc, "tool %zu ('%s'): parameters", i, fname);
+            return iflow_preperr(rc, "tool %zu ('%s'): parameters", i, iflow_quote(fname));
     }
     json_t *schema = calls_schema(fmt, tools, name, parallel);
     char *text = schema ? json_dumps(schema, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL, *gbnf = NULL;

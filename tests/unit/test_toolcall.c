@@ -314,6 +314,11 @@ static void test_grammar(void)
         {"[{\"type\": \"function\", \"function\": {\"name\": \"a\"}}, {\"type\": \"function\", \"function\":"
          " {\"name\": \"b\", \"parameters\": {\"properties\": {\"x\": {\"not\": {}}}}}}]", NULL,
          "tool 1 ('b'): parameters: json schema: keyword 'not' is not supported, at /properties/x"},
+        /* a name with a newline is quoted, and the message stays one line */
+        {"[{\"type\": \"function\", \"function\": {\"name\": \"a\\nb\", \"parameters\": {\"not\": {}}}}]", NULL,
+         "tool 0 ('a\\x0ab'): parameters: json schema: keyword 'not'"},
+        {"[{\"type\": \"function\", \"function\": {\"name\": \"a\\nb\", \"parameters\": []}}]", NULL,
+         "tool 0 ('a\\x0ab'): 'function.parameters' must be"},
         {"[{\"type\": \"function\", \"function\": {\"name\": \"a\", \"parameters\": {\"not\": {}}}}, "
          "{\"type\": \"function\", \"function\": {\"name\": \"b\"}}]", "b", NULL},
     };
