@@ -18,13 +18,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-enum { O_OUTPUT = 'o', O_DTYPE = 't', O_VERBOSE = 'v', O_SPEC = 256, O_SYNTHETIC, O_SEED, O_ZSTD, O_INFO, O_JSON, O_TOKENIZER };
+enum { O_OUTPUT = 'o', O_DTYPE = 't', O_VERBOSE = 'v', O_SPEC = 256, O_SYNTHETIC, O_SEED, O_ZSTD, O_INFO, O_JSON, O_TOKENIZER, O_LORA,
+       O_LORA_SCALED };
 
 static const iflow_opt opts[] = {
     {O_OUTPUT, "output", 'o', "FILE", "write the shard to FILE (default: standard output, never a terminal)", "file"},
     {O_DTYPE, "dtype", 't', "TYPE", "store weight matrices as TYPE: f32, f16 or bf16 (default: as in the source, or its nearest exact iflow type)", "f32 f16 bf16"},
     {O_SPEC, "spec", 0, "FILE", "use this model spec instead of the one serving the source's architecture", "file"},
     {O_TOKENIZER, "tokenizer", 0, "PATH", "the tokenizer to store: a tokenizer file or folder for a model directory (default: its own files), a llama2.c checkpoint's tokenizer.bin (default: the one beside it)", "file"},
+    {O_LORA, "lora", 0, "FILE", "merge LoRA adapter FILE into the weights: a PEFT adapter (its directory, or adapter_model.safetensors with adapter_config.json beside it) for a Hugging Face checkpoint, a llama.cpp GGUF adapter for a GGUF file (repeatable; the changed matrices are written as --dtype, else as the source's float type, else F32)", "file"},
+    {O_LORA_SCALED, "lora-scaled", 0, "FILE:S", "the same, the adapter's deltas multiplied by S", "file"},
     {O_SYNTHETIC, "synthetic", 0, "DIR", "write seeded random weights of the shape in DIR/config.json", "dir"},
     {O_SEED, "seed", 0, "N", "seed of --synthetic weights (default 0)", NULL},
     {O_ZSTD, "zstd", 0, NULL, "compress the shard with zstd (an .ifs.zst file)", NULL},
@@ -237,6 +240,7 @@ int main(int argc, char **argv)
 {
     const char *out = "-", *info_path = NULL, *synthetic = NULL, *dirs[8];
     iflow_convert_opts o = {.dtype = -1};
+    cmd_loras loras = {0};
     int as_json = 0, verbose = 0, progress_mode = PROGRESS_AUTO, c;
     const char *arg;
     while ((c = opt_next(&tool, argc, argv, &arg)) != 0) {
@@ -253,6 +257,8 @@ int main(int argc, char **argv)
         case O_SYNTHETIC: synthetic = arg; o.flags |= IFLOW_CONVERT_SYNTHETIC; break;
         case O_SEED: o.seed = opt_u64(&tool, "seed", arg); break;
         case O_ZSTD: o.flags |= IFLOW_CONVERT_ZSTD; break;
+        case O_LORA: cmd_lora_add(&tool, &loras, arg, 0); break;
+        case O_LORA_SCALED: cmd_lora_add(&tool, &loras, arg, 1); break;
         case O_INFO: info_path = arg; break;
         case O_JSON: as_json = 1; break;
         case O_VERBOSE: verbose = 1; break;
@@ -263,6 +269,7 @@ int main(int argc, char **argv)
     int n_operands = argc - opt_index();
     o.spec_dirs = dirs;
     o.n_spec_dirs = (size_t)spec_dirs(dirs, 8);
+    cmd_lora_opts(&loras, &o.lora_paths, &o.lora_scales, &o.n_loras);
     if (info_path && n_operands)
         die_usage(&tool, "--info takes no other operand");
     if (info_path)

@@ -20,7 +20,7 @@
 enum {
     O_MODEL = 'm', O_FILE = 'f', O_CTX = 'c', O_THREADS = 't', O_VERBOSE = 'v',
     O_CHUNKS = 256, O_PROTOCOL, O_MAX_TOKENS, O_JSON, O_LOGPROBS, O_KL_BASE, O_KV_TYPE, O_DEVICE, O_GPU_LAYERS, O_PLAN, O_COMM,
-    O_SAVE_IMATRIX, O_ACTIVATIONS,
+    O_SAVE_IMATRIX, O_ACTIVATIONS, O_LORA, O_LORA_SCALED,
 };
 
 static const iflow_opt opts[] = {
@@ -30,6 +30,8 @@ static const iflow_opt opts[] = {
     {O_CHUNKS, "chunks", 0, "N", "score at most N windows (default: the whole text)", NULL},
     {O_PROTOCOL, "protocol", 0, "NAME", "windows (default: BOS + c-1 tokens, all scored) or llama.cpp (second halves)", "windows llama.cpp"},
     {O_MAX_TOKENS, "max-tokens", 0, "N", "use only the first N tokens of the text", NULL},
+    {O_LORA, "lora", 0, "FILE", "merge LoRA adapter FILE into a model given as a source (converted on the fly; repeatable): iflow-convert(1), --lora; --kl-base then measures what the adapter changes", "file"},
+    {O_LORA_SCALED, "lora-scaled", 0, "FILE:S", "the same, the adapter's deltas multiplied by S", "file"},
     {O_KL_BASE, "kl-base", 0, "FILE", "also compare with base model FILE: KL divergence, top-1 agreement, delta perplexity", "file"},
     {O_KV_TYPE, "kv-type", 0, "TYPE", "KV cache type f32, f16 or q8 (INT8 with a scale per group; default f32); the --kl-base model keeps f32, so '-m M --kv-type q8 --kl-base M' measures what the cache type costs", "f32 f16 q8"},
     {O_THREADS, "threads", 't', "N", "compute threads (default: all cores)", NULL},
@@ -101,6 +103,7 @@ int main(int argc, char **argv)
     int progress_mode = PROGRESS_AUTO, kv_type = 0;
     long chunks = 0, max_tokens = 0;
     device_opts dev = {.gpu_layers = -1};
+    cmd_loras loras = {0};
     const char *comm_kind = NULL; /* --comm */
     const char *arg;
     while ((c = opt_next(&tool, argc, argv, &arg)) != 0) {
@@ -114,6 +117,8 @@ int main(int argc, char **argv)
         case O_JSON: as_json = 1; break;
         case O_LOGPROBS: logprobs_path = arg; break;
         case O_KL_BASE: base_path = arg; break;
+        case O_LORA: cmd_lora_add(&tool, &loras, arg, 0); break;
+        case O_LORA_SCALED: cmd_lora_add(&tool, &loras, arg, 1); break;
         case O_KV_TYPE:
             if ((kv_type = ifk_kv_type_from_name(arg)) < 0)
                 die_usage(&tool, "--kv-type must be f32, f16 or q8, not '%s'", arg);
@@ -175,7 +180,7 @@ int main(int argc, char **argv)
     char *text;
     size_t len, n_ids;
     int32_t *ids;
-    if (cmd_model_open_device(&m, model, 0, comm ? comm->rank : nccl_alone ? 0 : -1) < 0) /* of a split: its own file */
+    if (cmd_model_open_lora(&m, model, 0, comm ? comm->rank : nccl_alone ? 0 : -1, &loras) < 0) /* of a split: its own file */
         die(&tool, NULL);
     if ((comm || nccl_alone) && !dev.plan && !iflow_model_split_plan(m))
         die_usage(&tool, "under mpirun or --comm nccl, --plan (or a split model's own plan) gives each process its device");

@@ -32,7 +32,7 @@ enum {
     O_MODEL = 'm', O_PROMPT = 'p', O_NPREDICT = 'n', O_THREADS = 't', O_CTX = 'c', O_VERBOSE = 'v',
     O_TEMP = 256, O_TOPK, O_TOPP, O_SEED, O_ECHO, O_JSON, O_TOKENIZE, O_BOS, O_PARSE_SPECIAL, O_DEVICE,
     O_GPU_LAYERS, O_GPU_GRAPHS, O_NO_GPU_GRAPHS, O_LIST_DEVICES, O_PLAN, O_COMM, O_ACTIVATIONS, O_STOP, O_BATCH, O_PARALLEL, O_KV_TYPE, O_NO_PREFIX_CACHE, O_LOGPROBS, O_PROMPT_LOGPROBS, O_METRICS, O_DRY_RUN,
-    O_CONTEXT_SHIFT, O_KEEP, O_DRAFT, O_DRAFT_N, O_DRAFT_TOP_K, O_DRAFT_TOP_P, O_BEAMS, O_LENGTH_PENALTY,
+    O_CONTEXT_SHIFT, O_KEEP, O_DRAFT, O_LORA, O_LORA_SCALED, O_DRAFT_N, O_DRAFT_TOP_K, O_DRAFT_TOP_P, O_BEAMS, O_LENGTH_PENALTY,
     /* sampling: set through iflow_sampler_params_set() by their long names */
     O_SAMPLER, O_MINP, O_TYPICAL, O_TFS, O_MIROSTAT_TAU, O_MIROSTAT_ETA, O_REPEAT_PENALTY, O_REPEAT_LAST_N,
     O_FREQUENCY_PENALTY, O_PRESENCE_PENALTY, O_FSD_ALPHA, O_FSD_K, O_FSD_N, O_FSD_BETA, O_FSD_RANDOM_STEPS,
@@ -79,6 +79,8 @@ static const iflow_opt opts[] = {
     {O_KEEP, "keep", 0, "N", "a context shift keeps the first N prompt tokens, the beginning-of-sequence token included; -1 for the whole prompt (default 4)", NULL},
     {O_BEAMS, "beams", 0, "N", "beam search with N beams (1 to 32) instead of sampling: print the most probable continuation found (with --json: every beam, ranked, with its log-probability and score)", NULL},
     {O_LENGTH_PENALTY, "length-penalty", 0, "P", "with --beams: rank beams by log-probability / length^P; 0 ranks by log-probability alone, more favours longer ones (default 1)", NULL},
+    {O_LORA, "lora", 0, "FILE", "merge LoRA adapter FILE into a model given as a source (converted on the fly; a PEFT adapter for a Hugging Face checkpoint, a llama.cpp GGUF adapter for a GGUF file; repeatable): iflow-convert(1), --lora", "file"},
+    {O_LORA_SCALED, "lora-scaled", 0, "FILE:S", "the same, the adapter's deltas multiplied by S", "file"},
     {O_DRAFT, "draft", 0, "FILE", "speculative decoding: draft model FILE (sharing the model's tokenizer) proposes tokens that the model checks in one step; greedy output is unchanged, sampled output keeps its distribution", "file"},
     {O_DRAFT_N, "draft-n", 0, "N", "with --draft: tokens the draft proposes per step, 1 to 16 (default 5)", NULL},
     {O_DRAFT_TOP_K, "draft-top-k", 0, "K", "with --draft: accept a proposal when it is among the model's K most likely tokens (faster, no longer the model's distribution; default 0: the exact rule)", NULL},
@@ -128,6 +130,7 @@ typedef struct {
     int logprobs, prompt_logprobs; /* 0: none; 1 + N */
     int context_shift, keep;
     const char *draft;
+    cmd_loras loras;              /* --lora, --lora-scaled: merged into a source model */
     int draft_n, draft_top_k;
     float draft_top_p;
     int beams;
@@ -442,7 +445,7 @@ static int run_batch(const run_opts *o)
     if (o->prompt)
         die_usage(&tool, "--batch reads its prompts from standard input; -p does not go with it");
     iflow_model *m;
-    if (cmd_model_open(&m, o->model, o->dry_run ? IFLOW_MODEL_NO_VERIFY : 0) < 0)
+    if (cmd_model_open_lora(&m, o->model, o->dry_run ? IFLOW_MODEL_NO_VERIFY : 0, -1, &o->loras) < 0)
         die(&tool, NULL);
     check_generates(m, o->model);
     if (!iflow_model_tokenizer(m))
@@ -502,7 +505,7 @@ static int run(const run_opts *o)
     if (comm && comm->rank != 0 && !freopen("/dev/null", "w", stdout))
         die(&tool, "cannot silence the output of process %d", comm->rank);
     double t0 = now_s();
-    if (cmd_model_open_device(&m, o->model, 0, comm ? comm->rank : nccl_alone ? 0 : -1) < 0) /* of a split: its own file */
+    if (cmd_model_open_lora(&m, o->model, 0, comm ? comm->rank : nccl_alone ? 0 : -1, &o->loras) < 0) /* of a split: its own file */
         die(&tool, NULL);
     if ((comm || nccl_alone) && !o->dev.plan && !iflow_model_split_plan(m))
         die_usage(&tool, "under mpirun or --comm nccl, --plan (or a split model's own plan) gives each process its device");
@@ -738,6 +741,8 @@ int main(int argc, char **argv)
         case O_BEAMS: o.beams = (int)opt_long(&tool, "beams", arg, 1, IFLOW_MAX_BEAMS); break;
         case O_LENGTH_PENALTY: o.length_penalty = (float)opt_double(&tool, "length-penalty", arg, -100, 100); lp_given = 1; break;
         case O_DRAFT: o.draft = arg; break;
+        case O_LORA: cmd_lora_add(&tool, &o.loras, arg, 0); break;
+        case O_LORA_SCALED: cmd_lora_add(&tool, &o.loras, arg, 1); break;
         case O_DRAFT_N: o.draft_n = (int)opt_long(&tool, "draft-n", arg, 1, IFLOW_MAX_DRAFT); break;
         case O_DRAFT_TOP_K: o.draft_top_k = (int)opt_long(&tool, "draft-top-k", arg, 0, 1 << 24); break;
         case O_DRAFT_TOP_P: o.draft_top_p = (float)opt_double(&tool, "draft-top-p", arg, 0, 1); break;
@@ -784,6 +789,9 @@ int main(int argc, char **argv)
         die_usage(&tool, "--parallel and --metrics go with --batch");
     if (o.embed && (o.batch || o.dry_run || o.tokenize || o.beams || o.draft || o.n_stops || o.json || o.echo))
         die_usage(&tool, "--embed goes with none of --batch, --dry-run, --tokenize, --beams, --draft, --stop, --json, --echo");
+    if (o.loras.n && (o.embed || o.translate || o.tokenize || o.list_devices))
+        die_usage(&tool, "--lora applies to generation, not to --%s",
+                  o.embed ? "embed" : o.translate ? "translate" : o.tokenize ? "tokenize" : "list-devices");
     if ((o.kv_type || o.no_prefix_cache) && (o.embed || o.translate))
         die_usage(&tool, "--%s goes with generation, not with --%s", o.kv_type ? "kv-type" : "no-prefix-cache",
                   o.embed ? "embed" : "translate");

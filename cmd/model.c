@@ -26,10 +26,43 @@ int cmd_is_source(const char *path)
     return iflow_is_gguf_file(path) || iflow_is_llama2c_file(path);
 }
 
-int cmd_model_open(iflow_model **out, const char *path, int flags) { return cmd_model_open_device(out, path, flags, -1); }
+int cmd_model_open(iflow_model **out, const char *path, int flags) { return cmd_model_open_lora(out, path, flags, -1, NULL); }
 
 int cmd_model_open_device(iflow_model **out, const char *path, int flags, int dev)
 {
+    return cmd_model_open_lora(out, path, flags, dev, NULL);
+}
+
+void cmd_lora_add(const iflow_tool *t, cmd_loras *l, const char *arg, int scaled)
+{
+    if (l->n == CMD_MAX_LORAS)
+        die_usage(t, "at most %d LoRA adapters", CMD_MAX_LORAS);
+    double scale = 1;
+    char *path = strdup(arg), *colon = scaled && path ? strrchr(path, ':') : NULL;
+    if (!path)
+        die(t, "out of memory");
+    if (scaled) {
+        if (!colon || colon == path)
+            die_usage(t, "--lora-scaled takes FILE:SCALE, not '%s'", arg);
+        *colon = 0;
+        scale = opt_double(t, "lora-scaled", colon + 1, -1e6, 1e6);
+    }
+    l->paths[l->n] = path; /* kept until exit */
+    l->scales[l->n++] = scale;
+}
+
+void cmd_lora_opts(const cmd_loras *l, const char *const **paths, const double **scales, size_t *n)
+{
+    *paths = l && l->n ? l->paths : NULL;
+    *scales = l && l->n ? l->scales : NULL;
+    *n = l ? l->n : 0;
+}
+
+int cmd_model_open_lora(iflow_model **out, const char *path, int flags, int dev, const cmd_loras *l)
+{
+    if (!cmd_is_source(path) && l && l->n)
+        return iflow_seterr(IFLOW_EINVAL, "'%s' is a converted model: a LoRA adapter is merged at conversion "
+                            "(iflow-convert --lora, or give the source checkpoint itself)", path);
     if (!cmd_is_source(path))
         return iflow_model_open_device(out, path, flags, dev);
     /* converted into a temporary directory, opened, and unlinked: the mapping keeps the data */
@@ -43,6 +76,7 @@ int cmd_model_open_device(iflow_model **out, const char *path, int flags, int de
     const char *dirs[8];
     iflow_convert_opts o = {.dtype = -1, .spec_dirs = dirs};
     o.n_spec_dirs = (size_t)spec_dirs(dirs, 8);
+    cmd_lora_opts(l, &o.lora_paths, &o.lora_scales, &o.n_loras);
     int rc = iflow_convert(path, shard, &o);
     if (rc == 0)
         rc = iflow_model_open_device(out, shard, flags, dev);

@@ -3,7 +3,10 @@
 #ifndef IFLOW_CMD_MODEL_H
 #define IFLOW_CMD_MODEL_H
 
+#include "cmd/opt.h"
 #include "libcore/engine/model.h"
+
+#include <stddef.h>
 
 /* 1 if path names a source to convert: a directory with a config.json, a GGUF file, a llama2.c
  * checkpoint. A shard ("-": on stdin) and iflow-partition's directories are models already. */
@@ -16,5 +19,23 @@ int cmd_is_source(const char *path);
 int cmd_model_open(iflow_model **out, const char *path, int flags);
 /* The same for the process computing plan device dev (iflow_model_open_device; dev < 0: all). */
 int cmd_model_open_device(iflow_model **out, const char *path, int flags, int dev);
+
+/* LoRA adapters from the command line (--lora FILE, --lora-scaled FILE:SCALE), merged into the
+ * weights when a source is converted (convert.h). */
+#define CMD_MAX_LORAS 16
+typedef struct {
+    const char *paths[CMD_MAX_LORAS];
+    double scales[CMD_MAX_LORAS];
+    size_t n;
+} cmd_loras;
+
+/* Add --lora's (scaled = 0) or --lora-scaled's (scaled = 1) argument; a usage error if bad. */
+void cmd_lora_add(const iflow_tool *t, cmd_loras *l, const char *arg, int scaled);
+/* The options' fields of iflow_convert_opts for l (NULL or empty: none). */
+void cmd_lora_opts(const cmd_loras *l, const char *const **paths, const double **scales, size_t *n);
+
+/* cmd_model_open_device() with adapters l merged into a source; a model already converted is
+ * refused (an adapter merges at conversion: iflow-convert --lora). l may be NULL. */
+int cmd_model_open_lora(iflow_model **out, const char *path, int flags, int dev, const cmd_loras *l);
 
 #endif

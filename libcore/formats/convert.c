@@ -5,6 +5,7 @@
 #include "ggufsrc.h"
 #include "llama2c.h"
 #include "hfdir.h"
+#include "lora.h"
 #include "libcore/engine/model.h"
 #include "shard.h"
 #include "spec.h"
@@ -40,6 +41,9 @@ typedef struct {
     char *chat;                     /* malloc'd: the chat template (a Jinja text), or NULL    */
     size_t chat_len;
     const char *chat_from;          /* where it was found (meta's "chat_template.from")      */
+    iflow_lora **loras;             /* [o->n_loras] the adapters merged in                    */
+    char *merged;                   /* [n_reqs] some adapter changes src[i]                   */
+    size_t *lora_used;              /* [o->n_loras] how many of the model's tensors each changes */
 } job;
 
 /* ---- the source: one of two readers ---- */
@@ -317,9 +321,13 @@ static int target_type(const job *j, const iflow_tensor_req *r, int src_type)
     return j->o->dtype >= 0 ? j->o->dtype : src_type;
 }
 
+/* A matrix an adapter changes keeps a float source type; a quantized one's becomes F32. */
 static int tensor_target(const job *j, size_t i)
 {
-    return target_type(j, &j->reqs[i], j->src[i] ? j->src[i]->dtype : IFLOW_DT_F32);
+    int src = j->src[i] ? j->src[i]->dtype : IFLOW_DT_F32;
+    if (j->merged && j->merged[i] && !iflow_dtype_is_float(src))
+        src = IFLOW_DT_F32;
+    return target_type(j, &j->reqs[i], src);
 }
 
 /* {"SRC -> DST": count}: how the source's types became the shard's (real models only). */
@@ -351,6 +359,13 @@ static json_t *source_meta(const job *j)
     }
     if (src && !(j->o->flags & IFLOW_CONVERT_SYNTHETIC))
         json_object_set_new(src, "tensors", conversions(j));
+    json_t *lora = j->o->n_loras && src ? json_array() : NULL;
+    for (size_t a = 0; lora && a < j->o->n_loras; a++)
+        json_array_append_new(lora, json_pack("{s:s, s:f, s:I}", "path", j->o->lora_paths[a], "scale",
+                                              j->o->lora_scales ? j->o->lora_scales[a] : 1.0, "tensors",
+                                              (json_int_t)j->lora_used[a]));
+    if (lora)
+        json_object_set_new(src, "lora", lora);
     return src;
 }
 
@@ -567,23 +582,108 @@ static int apply_norm_offset(job *j, size_t i, const void **data, size_t nbytes,
     return 0;
 }
 
+/* ---- LoRA adapters (lora.h) ---- */
+
+/* Open the adapters and find the model's tensors their deltas change, checking the shapes. */
+static int map_loras(job *j)
+{
+    const size_t n = j->o->n_loras;
+    if (n == 0)
+        return 0;
+    if (j->o->flags & IFLOW_CONVERT_SYNTHETIC)
+        return iflow_seterr(IFLOW_EINVAL, "a LoRA adapter cannot be merged into synthetic weights");
+    j->loras = calloc(n, sizeof *j->loras);
+    j->merged = calloc(j->n_reqs + 1, 1);
+    j->lora_used = calloc(n, sizeof *j->lora_used);
+    if (!j->loras || !j->merged || !j->lora_used)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    for (size_t a = 0; a < n; a++) {
+        const char *path = j->o->lora_paths[a];
+        IFLOW_TRY(iflow_lora_open(&j->loras[a], path, j->o->lora_scales ? j->o->lora_scales[a] : 1.0));
+        const iflow_lora *l = j->loras[a];
+        if (iflow_lora_naming(l) != (j->dir ? IFLOW_LORA_HF : IFLOW_LORA_GGUF))
+            return iflow_seterr(IFLOW_EUNSUPPORTED, "LoRA adapter '%s' names the tensors of a %s and '%s' is a %s: "
+                                "give the adapter in the model's form (llama.cpp's convert_lora_to_gguf.py turns a "
+                                "PEFT adapter into GGUF)", path, j->dir ? "GGUF file" : "Hugging Face checkpoint",
+                                src_path(j), j->dir ? "Hugging Face checkpoint" : "GGUF file");
+        for (size_t k = 0; k < iflow_lora_n_deltas(l); k++) {
+            const iflow_lora_delta *d = iflow_lora_delta_at(l, k);
+            size_t found = 0;
+            for (size_t i = 0; i < j->n_reqs; i++) {
+                const iflow_src_tensor *w = j->whole[i];
+                if (!w || strcmp(w->name, d->target) != 0)
+                    continue;
+                found++;
+                if (j->reqs[i].is_vector || j->reqs[i].n_dims != 2 || w->n_dims != 2)
+                    return iflow_seterr(IFLOW_ESHAPE, "LoRA adapter '%s' changes '%s', which is not a matrix", path,
+                                        d->target);
+                if (j->xpose[i] || j->period[i])
+                    return iflow_seterr(IFLOW_EUNSUPPORTED, "LoRA adapter '%s' changes '%s', which spec '%s' reads "
+                                        "transposed or strided: merging into it is not supported", path, d->target,
+                                        j->spec->path);
+                if (w->shape[0] != d->out || w->shape[1] != d->in)
+                    return iflow_seterr(IFLOW_ESHAPE, "LoRA adapter '%s': the delta of '%s' is [%lld, %lld] and the "
+                                        "tensor in '%s' [%lld, %lld]", path, d->target, (long long)d->out,
+                                        (long long)d->in, src_path(j), (long long)w->shape[0], (long long)w->shape[1]);
+                j->merged[i] = 1;
+            }
+            if (!found)
+                return iflow_seterr(IFLOW_ENOTFOUND, "LoRA adapter '%s' changes '%s', which the model in '%s' does "
+                                    "not use", path, d->target, src_path(j));
+            j->lora_used[a]++;
+        }
+    }
+    return 0;
+}
+
+/* Tensor i with every adapter's delta added, in type dt: computed in F32 in *fbuf, converted
+ * into *buf when dt is not F32. */
+static int merged_payload(job *j, size_t i, int dt, const void **data, size_t *nbytes, void **buf, size_t *cap,
+                          void **fbuf, size_t *fcap)
+{
+    const iflow_tensor_req *r = &j->reqs[i];
+    const void *f;
+    size_t fn;
+    IFLOW_TRY(tensor_payload(j, i, IFLOW_DT_F32, &f, &fn, fbuf, fcap));
+    if (f != *fbuf) { /* still the source's bytes */
+        if (grow(fbuf, fcap, fn, r->name) < 0)
+            return IFLOW_ENOMEM;
+        memcpy(*fbuf, f, fn);
+    }
+    for (size_t a = 0; a < j->o->n_loras; a++) {
+        const iflow_lora_delta *d = iflow_lora_find(j->loras[a], j->whole[i]->name);
+        if (d)
+            iflow_lora_add(d, *fbuf, j->row0[i], r->shape[0]);
+    }
+    *nbytes = iflow_tensor_nbytes(dt, r->n_dims, r->shape);
+    if (dt == IFLOW_DT_F32) {
+        *data = *fbuf;
+        return 0;
+    }
+    if (grow(buf, cap, *nbytes, r->name) < 0)
+        return IFLOW_ENOMEM;
+    *data = *buf;
+    return iflow_dtype_convert(*buf, dt, *fbuf, IFLOW_DT_F32, (size_t)r->shape[0] * (size_t)r->shape[1]);
+}
+
 static int write_tensors(job *j, iflow_shard_writer *w)
 {
-    void *buf = NULL;
-    size_t cap = 0;
+    void *buf = NULL, *fbuf = NULL;
+    size_t cap = 0, fcap = 0;
     int rc = 0;
     iflow_progress pr = {.total = j->n_reqs};
     for (size_t i = 0; i < j->n_reqs; i++) {
         const iflow_tensor_req *r = &j->reqs[i];
-        int dt = target_type(j, r, j->src[i] ? j->src[i]->dtype : IFLOW_DT_F32);
-        pr.total_bytes += iflow_dtype_nbytes(dt, (size_t)r->shape[0] * (size_t)(r->n_dims > 1 ? r->shape[1] : 1));
+        pr.total_bytes += iflow_dtype_nbytes(tensor_target(j, i),
+                                             (size_t)r->shape[0] * (size_t)(r->n_dims > 1 ? r->shape[1] : 1));
     }
     for (size_t i = 0; i < j->n_reqs && rc == 0; i++) {
         const iflow_tensor_req *r = &j->reqs[i];
         int dt = tensor_target(j, i);
         const void *data = NULL;
         size_t nbytes = 0;
-        if ((rc = tensor_payload(j, i, dt, &data, &nbytes, &buf, &cap)) == 0 &&
+        if ((rc = j->merged && j->merged[i] ? merged_payload(j, i, dt, &data, &nbytes, &buf, &cap, &fbuf, &fcap)
+                                            : tensor_payload(j, i, dt, &data, &nbytes, &buf, &cap)) == 0 &&
             (rc = apply_norm_offset(j, i, &data, nbytes, &buf, &cap)) == 0)
             rc = iflow_shard_write_tensor(w, r->name, dt, r->n_dims, r->shape, data, nbytes);
         if (j->src[i] && j->dir && j->whole[i] == j->src[i]) /* a fused tensor's pages stay for its other rows */
@@ -594,6 +694,7 @@ static int write_tensors(job *j, iflow_shard_writer *w)
         }
     }
     free(buf);
+    free(fbuf);
     return rc;
 }
 
@@ -646,13 +747,19 @@ static int prepare(job *j, const char *src)
         return rc;
     if (synth) {
         j->src = calloc(j->n_reqs, sizeof *j->src);
-        return j->src ? 0 : iflow_seterr(IFLOW_ENOMEM, "out of memory");
+        return j->src ? map_loras(j) : iflow_seterr(IFLOW_ENOMEM, "out of memory");
     }
-    return map_sources(j);
+    IFLOW_TRY(map_sources(j));
+    return map_loras(j);
 }
 
 static void job_close(job *j)
 {
+    for (size_t a = 0; j->loras && a < j->o->n_loras; a++)
+        iflow_lora_close(j->loras[a]);
+    free(j->loras);
+    free(j->merged);
+    free(j->lora_used);
     free(j->src);
     free(j->whole);
     free(j->rows);

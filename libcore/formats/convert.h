@@ -17,7 +17,14 @@
  *   It first checks every tensor the engine will need (name, shape, type) and that the
  *   checkpoint holds nothing unmapped, so a bad checkpoint fails before a byte is written; then
  *   it streams tensor by tensor (memory: one converted tensor). On failure no output file is
- *   left behind. With IFLOW_CONVERT_SYNTHETIC the directory needs only config.json and a
+ *   left behind. LoRA adapters (lora.h) named in opts are merged: each matrix an adapter names
+ *   becomes W + s B A (several adapters add up), computed in F32 from the source's values and
+ *   written in opts->dtype, else in the source's type when that is a float type, else in F32
+ *   (a quantized source's merged matrices are not quantized again: iflow-quant does that). The
+ *   adapter must name tensors as the source does (PEFT's Hugging Face names for a directory,
+ *   llama.cpp's GGUF names for a GGUF or llama2.c source); a delta whose target the model does
+ *   not use, or whose shape does not fit it, fails before anything is written. Meta's "source"
+ *   then holds "lora": [{"path", "scale", "tensors"}]. With IFLOW_CONVERT_SYNTHETIC the directory needs only config.json and a
  *   tokenizer, and every weight is seeded random data of the real shape (for benchmarks).
  */
 #ifndef IFLOW_CONVERT_H
@@ -40,6 +47,9 @@ typedef struct {
     const char *tokenizer_path;      /* a llama2.c checkpoint's tokenizer.bin (NULL: the one    */
                                      /* beside it); an error for other sources                  */
     int flags;                       /* IFLOW_CONVERT_*                                         */
+    const char *const *lora_paths;   /* LoRA adapters merged into the weights (lora.h), or NULL */
+    const double *lora_scales;       /* [n_loras] each one's scale, or NULL (all 1)             */
+    size_t n_loras;
     iflow_progress_fn progress;      /* NULL, or called after each tensor written (tensors and  */
     void *progress_user;             /* payload bytes written, of the totals)                   */
 } iflow_convert_opts;

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# LoRA adapters merged at conversion (iflow-convert --lora, and iflow-run / iflow-ppl on a source
+# converted on the fly), against independent float64 references (tests/fixtures/lora/refs.jsonl,
+# tests/fixtures/gen_lora_refs.py: the adapters written from PEFT's and llama.cpp's published
+# layouts, W + s B A in float64 over a GGUF's exactly dequantized weights):
+#   - stories260K (Hugging Face checkpoint) + a PEFT adapter of all seven matrices of its five
+#     layers (BF16, r 4, alpha 8);
+#   - SmolLM2-135M-Instruct (Q4_1 GGUF) + a llama.cpp GGUF adapter of attn_q, attn_v and
+#     ffn_down in four layers (F16, r 2, alpha 4), at scale 1 and 0.5 (--lora-scaled).
+# The greedy continuation (--activations f32: logits within 2e-3 of float64) equals the
+# reference's token for token up to the first step whose top-two margin is below 0.02 (and up
+# to the end of turn, where iflow stops and the reference goes on), and differs from the base
+# model's. What the shard says of its adapters; errors, each before anything is written.
+. "$(dirname "$0")/lib.sh"
+F=tests/fixtures/lora
+SMOL=$DATA/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf
+STORIES=$DATA/models/stories260K/hf
+[ -f "$SMOL" ] && [ -d "$STORIES" ] || { bad "missing $SMOL or $STORIES"; summary; exit 1; }
+
+# $1: our ids (JSON), $2: the reference line -> [tokens compared, equal]
+agree() {
+    jq -cn --argjson got "$1" --argjson ref "$2" \
+        '($ref.greedy_ids | index(2) // length) as $eos
+         | ([($ref.margin | to_entries | map(select(.value < 0.02)) | .[0].key // 1e9), $eos, ($got | length)] | min) as $n
+         | [$n, ($got[:$n] == $ref.greedy_ids[:$n])]'
+}
+check_case() { # $1: case name, $2: the continuation's ids (JSON)
+    local ref a
+    ref=$(jq -c --arg n "$1" 'select(.name == $n)' $F/refs.jsonl)
+    a=$(agree "$2" "$ref")
+    expect_match "$a" '^\[([5-9]|[1-9][0-9]),true\]$' "$1: the float64 reference's greedy tokens ([compared, equal])"
+    [ "$2" != "$(jq -c '.base_ids[:32]' <<<"$ref")" ] && ok || bad "$1: the adapter changed nothing"
+}
+
+# ---- stories260K + PEFT: convert, then run the shard ----
+run $BIN/iflow-convert "$STORIES" --lora $F/stories260K-peft -o "$TMP/s.ifs"
+expect_rc 0 "convert stories260K --lora (PEFT directory)"
+run $BIN/iflow-run -m "$TMP/s.ifs" -p "Once upon a time" -n 32 --temp 0 --activations f32 --json
+expect_eq "$(jq -c .prompt_ids <<<"$out")" "$(jq -c 'select(.name == "stories260K-peft") | .ids' $F/refs.jsonl)" \
+    "stories260K: the prompt's ids (Hugging Face tokenizers')"
+check_case stories260K-peft "$(jq -c .gen_ids <<<"$out")"
+run $BIN/iflow-convert --info "$TMP/s.ifs" --json
+expect_eq "$(jq -c '.meta.source.lora' <<<"$out")" "[{\"path\":\"$F/stories260K-peft\",\"scale\":1,\"tensors\":35}]" \
+    "meta.source.lora: the adapter, its scale, the 35 matrices it changed"
+expect_eq "$(jq -r '[.meta.source.tensors | to_entries[] | "\(.key) x\(.value)"] | join(", ")' <<<"$out")" \
+    "F32 -> f32 x47" "an F32 source stays F32"
+# the safetensors file named instead of its directory reads the same
+run $BIN/iflow-convert "$STORIES" --lora $F/stories260K-peft/adapter_model.safetensors -o "$TMP/s2.ifs"
+expect_rc 0 "convert with the adapter's .safetensors file"
+cmp -s "$TMP/s.ifs" "$TMP/s2.ifs" && bad "the path is in meta: the files differ there" || ok
+run $BIN/iflow-convert --info "$TMP/s2.ifs" --json
+expect_eq "$(jq -r '[.records[] | select(.kind == "tensor") | .xxh64] | join(" ")' <<<"$out")" \
+    "$($BIN/iflow-convert --info "$TMP/s.ifs" --json | jq -r '[.records[] | select(.kind == "tensor") | .xxh64] | join(" ")')" \
+    "the same tensors, bit for bit"
+
+# ---- SmolLM2 (Q4_1 GGUF) + a GGUF adapter, on the fly in iflow-run, at two scales ----
+run $BIN/iflow-run -m "$SMOL" --lora $F/smollm2-q-v-down.gguf -p "The capital of France is" -n 32 --temp 0 \
+    --activations f32 --json
+expect_rc 0 "iflow-run --lora on a GGUF source"
+check_case smollm2-gguf-x1.0 "$(jq -c .gen_ids <<<"$out")"
+run $BIN/iflow-run -m "$SMOL" --lora-scaled $F/smollm2-q-v-down.gguf:0.5 -p "The capital of France is" -n 32 \
+    --temp 0 --activations f32 --json
+check_case smollm2-gguf-x0.5 "$(jq -c .gen_ids <<<"$out")"
+# converted once: the twelve merged matrices are F32, the rest keep their exact types
+run $BIN/iflow-convert "$SMOL" --lora-scaled $F/smollm2-q-v-down.gguf:0.5 -o "$TMP/m.ifs"
+run $BIN/iflow-convert --info "$TMP/m.ifs"
+expect_match "$out" 'q4_1 -> f32 x12, q4_1 -> q4_b32 x198' "--info: the merged matrices from Q4_1 to F32"
+run $BIN/iflow-convert "$SMOL" --lora $F/smollm2-q-v-down.gguf -t f16 -o "$TMP/m16.ifs"
+run $BIN/iflow-convert --info "$TMP/m16.ifs"
+expect_match "$out" 'q4_1 -> f16 x' "-t f16: the merged matrices in F16 too"
+# two adapters add up: the adapter at 0.25 twice is the adapter at 0.5
+run $BIN/iflow-convert "$SMOL" --lora-scaled $F/smollm2-q-v-down.gguf:0.25 \
+    --lora-scaled $F/smollm2-q-v-down.gguf:0.25 -o "$TMP/m2.ifs"
+run $BIN/iflow-run -m "$TMP/m2.ifs" -p "The capital of France is" -n 32 --temp 0 --activations f32 --json
+check_case smollm2-gguf-x0.5 "$(jq -c .gen_ids <<<"$out")"
+# iflow-ppl: --kl-base against the base model measures what the adapter changes
+run $BIN/iflow-ppl -m "$SMOL" --lora $F/smollm2-q-v-down.gguf --kl-base "$SMOL" -f "$DATA/data/wikitext-2-raw/wiki.test.raw" \
+    --max-tokens 300 -c 128 --json
+expect_rc 0 "iflow-ppl --lora"
+expect_eq "$(jq ".mean_kld > 0.01" <<<"$out")" true "the adapter moves the distribution"
+
+# ---- errors: one line each, nothing written ----
+run $BIN/iflow-convert "$SMOL" --lora $F/stories260K-peft -o "$TMP/bad.ifs"
+expect_rc 1 "a PEFT adapter for a GGUF model"
+expect_match "$err" "^iflow-convert: LoRA adapter '$F/stories260K-peft' names the tensors of a Hugging Face checkpoint and '.*' is a GGUF file" \
+    "names the forms"
+run $BIN/iflow-convert "$DATA/models/stories260K/gguf/stories260K.gguf" --lora $F/smollm2-q-v-down.gguf -o "$TMP/bad.ifs"
+expect_rc 1 "an adapter of another model"
+expect_match "$err" "LoRA adapter '$F/smollm2-q-v-down.gguf': the delta of 'blk.0.attn_q.weight' is \[576, 576\] and the tensor in '.*stories260K.gguf' \[64, 64\]$" \
+    "names the tensor and both shapes"
+mkdir -p "$TMP/dora" && cp $F/stories260K-peft/* "$TMP/dora/"
+jq '.use_dora = true' $F/stories260K-peft/adapter_config.json >"$TMP/dora/adapter_config.json"
+run $BIN/iflow-convert "$STORIES" --lora "$TMP/dora" -o "$TMP/bad.ifs"
+expect_eq "$rc:$err" "1:iflow-convert: LoRA adapter '$TMP/dora': use_dora is true, which iflow does not merge" "DoRA refused"
+jq '.r = 8' $F/stories260K-peft/adapter_config.json >"$TMP/dora/adapter_config.json"
+run $BIN/iflow-convert "$STORIES" --lora "$TMP/dora" -o "$TMP/bad.ifs"
+expect_match "$err" "has rank 4, the config's r is 8$" "a rank the config does not say"
+run $BIN/iflow-convert "$STORIES" --lora "$TMP/none" -o "$TMP/bad.ifs"
+expect_eq "$rc:$err" "1:iflow-convert: cannot open LoRA adapter '$TMP/none': No such file or directory" "a missing adapter"
+run $BIN/iflow-convert "$STORIES" --lora-scaled $F/stories260K-peft -o "$TMP/bad.ifs"
+expect_rc 2 "--lora-scaled without :S"
+expect_match "$err" "--lora-scaled takes FILE:SCALE, not '$F/stories260K-peft'" "says the form"
+run $BIN/iflow-convert "$STORIES" --lora-scaled $F/stories260K-peft:x -o "$TMP/bad.ifs"
+expect_rc 2 "--lora-scaled with a scale that is no number"
+expect_no_file "$TMP/bad.ifs*" "nothing half-written"
+run $BIN/iflow-run -m "$TMP/s.ifs" --lora $F/stories260K-peft -p x
+expect_eq "$rc:$err" "1:iflow-run: '$TMP/s.ifs' is a converted model: a LoRA adapter is merged at conversion (iflow-convert --lora, or give the source checkpoint itself)" \
+    "a shard takes no adapter"
+run $BIN/iflow-run -m "$STORIES" --lora $F/stories260K-peft --tokenize
+expect_rc 2 "--lora with --tokenize"
+
+summary
