@@ -38,16 +38,16 @@ void cmd_lora_add(const iflow_tool *t, cmd_loras *l, const char *arg, int scaled
     if (l->n == CMD_MAX_LORAS)
         die_usage(t, "at most %d LoRA adapters", CMD_MAX_LORAS);
     double scale = 1;
-    char *path = strdup(arg), *colon = scaled && path ? strrchr(path, ':') : NULL;
-    if (!path)
-        die(t, "out of memory");
+    const char *colon = scaled ? strrchr(arg, ':') : NULL;
+    l->paths[l->n] = arg;
     if (scaled) {
-        if (!colon || colon == path)
+        if (!colon || colon == arg || (size_t)(colon - arg) >= sizeof l->names[0])
             die_usage(t, "--lora-scaled takes FILE:SCALE, not '%s'", arg);
-        *colon = 0;
         scale = opt_double(t, "lora-scaled", colon + 1, -1e6, 1e6);
+        memcpy(l->names[l->n], arg, (size_t)(colon - arg));
+        l->names[l->n][colon - arg] = 0;
+        l->paths[l->n] = l->names[l->n];
     }
-    l->paths[l->n] = path; /* kept until exit */
     l->scales[l->n++] = scale;
 }
 

@@ -24,9 +24,10 @@ int cmd_model_open_device(iflow_model **out, const char *path, int flags, int de
  * weights when a source is converted (convert.h). */
 #define CMD_MAX_LORAS 16
 typedef struct {
-    const char *paths[CMD_MAX_LORAS];
+    const char *paths[CMD_MAX_LORAS]; /* the arguments, or --lora-scaled's FILE in names[] */
     double scales[CMD_MAX_LORAS];
     size_t n;
+    char names[CMD_MAX_LORAS][4096];
 } cmd_loras;
 
 /* Add --lora's (scaled = 0) or --lora-scaled's (scaled = 1) argument; a usage error if bad. */
