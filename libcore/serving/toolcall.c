@@ -211,6 +211,7 @@ int iflow_tool_grammar(iflow_grammar **out, int fmt, const json_t *tools, const 
     int rc = iflow_tools_check(tools, name);
     if (rc < 0)
         return rc;
+    parallel &= !name; /* a named function is called once (OpenAI's forced call, vLLM's) */
     /* each function's parameters alone first, so that an error points into them */
     size_t i;
     json_t *t;

@@ -38,7 +38,8 @@
  *   allows "object"; optional}}; `name`, when given, must be one of them. Errors name the tool
  *   (its index) and the field.
  *   iflow_tool_grammar(): the grammar of one call (parallel 0) or one or more (parallel 1) of
- *   the functions of tools (of `name` only, when given) in the format: the arguments follow the
+ *   the functions of tools in the format, or of exactly one call of function `name` when given
+ *   (whatever parallel says, as OpenAI's and vLLM's forced call): the arguments follow the
  *   function's parameters, "type": "object" put in (grammar_schema.c's subset: an unenforceable
  *   keyword is refused, named with the tool and its place in the parameters); with no
  *   "parameters", any object. Every text the grammar accepts reads back as its calls (parsed

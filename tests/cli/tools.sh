@@ -49,6 +49,13 @@ if [ "$r" = tool_calls ]; then
 else
     expect_eq "$r" length "parallel calls: cut by max_tokens, or calls ($r)"
 fi
+# a named function is called once, parallel_tool_calls or not (the grammar ends after one call)
+jq -c -n --argjson tools "$TOOLS" '{id: "n", messages: [{role: "user", content: "Weather in Paris and Rome?"}],
+    tools: $tools, tool_choice: {type: "function", function: {name: "get_weather"}}, parallel_tool_calls: true,
+    temperature: 0.7, seed: 3, max_tokens: 400}' >"$TMP/req.jsonl"
+run bash -c "$BIN/iflow-run -m '$TMP/smol.ifs' --batch --chat-template $QWEN <'$TMP/req.jsonl'"
+expect_eq "$(jq -c '[.finish_reason, (.tool_calls | length), .tool_calls[0].function.name]' <<<"$out")" \
+    '["tool_calls",1,"get_weather"]' "a named function: one call, then the end"
 
 # ---- tool_choice "auto" (the default): a reply with calls is read, one without is content ----
 # The model's replies are its own; the test gives the assistant's turn with a grammar of the two
