@@ -143,6 +143,7 @@ typedef struct {
     int tool_parser;           /* --tool-parser: IFLOW_TOOLS_*, or -1 (auto: the template's)      */
     int reasoning_parser;      /* --reasoning-parser: 1 think, 0 none, -1 auto (the template's)  */
     iflow_grammar *grammar;   /* --grammar, --json-schema, --regex, --choice (and the -file forms), or NULL */
+    char grammar_opt[4200];   /* which of them, for messages: "--grammar-file 'g.gbnf'" */
     const char *metrics;
     const char *comm;     /* --comm: auto, mpi or nccl */
     device_opts dev;
@@ -489,6 +490,17 @@ static int run_batch(const run_opts *o)
     return rc;
 }
 
+/* A token a command-line grammar names (<[id]>, <text>) must be in the model's vocabulary. */
+static void check_grammar_vocab(const run_opts *o, const iflow_tokenizer *tok)
+{
+    iflow_gvocab *v = NULL;
+    if (!o->grammar)
+        return;
+    if (iflow_gvocab_open(&v, tok) < 0 || iflow_grammar_check_vocab(o->grammar, v) < 0)
+        die(&tool, "%s: %s", o->grammar_opt, iflow_errmsg());
+    iflow_gvocab_close(v);
+}
+
 static int run(const run_opts *o)
 {
     if (strcmp(o->model, "-") == 0 && !o->prompt)
@@ -513,6 +525,7 @@ static int run(const run_opts *o)
     g.m = m;
     if (!(g.tok = iflow_model_tokenizer(m)))
         die(&tool, "model '%s' has no tokenizer", o->model);
+    check_grammar_vocab(o, g.tok);
     iflow_chat *chat = o->chat ? open_chat(o, m, 1, NULL, 0) : NULL;
     g.chat = chat;
     placed pl, dpl;
@@ -613,9 +626,13 @@ static void constraint_opt(constraint_opts *co, int id, const char *arg)
         co->choices[co->n_choices++] = arg;
 }
 
-static iflow_grammar *constraint_grammar(const constraint_opts *co)
+static iflow_grammar *constraint_grammar(const constraint_opts *co, char *label, size_t cap)
 {
     static const char *const names[] = {"grammar", "grammar-file", "json-schema", "json-schema-file", "regex"};
+    if (co->id)
+        snprintf(label, cap, co->id == O_CHOICE ? "--choice" : co->id == O_GRAMMAR_FILE || co->id == O_JSON_SCHEMA_FILE
+                                                                   ? "--%s '%s'" : "--%s", names[co->id - O_GRAMMAR],
+                 co->arg);
     iflow_grammar *g = NULL;
     char *text = NULL;
     size_t len = 0;
@@ -835,7 +852,7 @@ int main(int argc, char **argv)
         free(co.choices);
         return embed_run(&tool, &eo);
     }
-    o.grammar = constraint_grammar(&co);
+    o.grammar = constraint_grammar(&co, o.grammar_opt, sizeof o.grammar_opt);
     int rc = o.tokenize ? tokenize(&o) : o.batch || o.dry_run ? run_batch(&o) : run(&o);
     iflow_grammar_close(o.grammar);
     free(o.stops);

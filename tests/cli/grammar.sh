@@ -68,7 +68,7 @@ for seed in 1 2 3; do
 done
 run $BIN/iflow-run -m "$TMP/smol.ifs" -p x --grammar $'root ::= "a"\n  <|nope|>'
 expect_rc 1 "a token the vocabulary lacks"
-expect_eq "$err" "iflow-run: grammar: <|nope|> is not a token of the vocabulary, line 2 column 3" \
+expect_eq "$err" "iflow-run: --grammar: grammar: <|nope|> is not a token of the vocabulary, line 2 column 3" \
     "a token the vocabulary lacks: named, with its place"
 echo '{"id": "t", "prompt": "x", "grammar": "root ::= <[99999]>"}' >"$TMP/req.jsonl"
 run bash -c "$BIN/iflow-run -m '$TMP/smol.ifs' --batch <'$TMP/req.jsonl'"
