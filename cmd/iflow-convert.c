@@ -26,7 +26,7 @@ static const iflow_opt opts[] = {
     {O_DTYPE, "dtype", 't', "TYPE", "store weight matrices as TYPE: f32, f16 or bf16 (default: as in the source, or its nearest exact iflow type)", "f32 f16 bf16"},
     {O_SPEC, "spec", 0, "FILE", "use this model spec instead of the one serving the source's architecture", "file"},
     {O_TOKENIZER, "tokenizer", 0, "PATH", "the tokenizer to store: a tokenizer file or folder for a model directory (default: its own files), a llama2.c checkpoint's tokenizer.bin (default: the one beside it)", "file"},
-    {O_LORA, "lora", 0, "FILE", "merge LoRA adapter FILE into the weights: a PEFT adapter (its directory, or adapter_model.safetensors with adapter_config.json beside it) for a Hugging Face checkpoint, a llama.cpp GGUF adapter for a GGUF file (repeatable; the changed matrices are written as --dtype, else as the source's float type, else F32)", "file"},
+    {O_LORA, "lora", 0, "FILE", "merge LoRA adapter FILE into the weights: a PEFT adapter (its directory, or adapter_model.safetensors with adapter_config.json beside it) or a llama.cpp GGUF adapter, for either kind of checkpoint (repeatable; the changed matrices are written as --dtype, else as the source's float type, else F32)", "file"},
     {O_LORA_SCALED, "lora-scaled", 0, "FILE:S", "the same, the adapter's deltas multiplied by S", "file"},
     {O_SYNTHETIC, "synthetic", 0, "DIR", "write seeded random weights of the shape in DIR/config.json", "dir"},
     {O_SEED, "seed", 0, "N", "seed of --synthetic weights (default 0)", NULL},

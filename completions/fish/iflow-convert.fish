@@ -3,7 +3,7 @@ complete -c iflow-convert -l output -s o -r -d 'write the shard to FILE (default
 complete -c iflow-convert -l dtype -s t -x -a 'f32 f16 bf16' -d 'store weight matrices as TYPE: f32, f16 or bf16 (default: as in the source, or its nearest exact iflow type)'
 complete -c iflow-convert -l spec -r -d 'use this model spec instead of the one serving the source\'s architecture'
 complete -c iflow-convert -l tokenizer -r -d 'the tokenizer to store: a tokenizer file or folder for a model directory (default: its own files), a llama2.c checkpoint\'s tokenizer.bin (default: the one beside it)'
-complete -c iflow-convert -l lora -r -d 'merge LoRA adapter FILE into the weights: a PEFT adapter (its directory, or adapter_model.safetensors with adapter_config.json beside it) for a Hugging Face checkpoint, a llama.cpp GGUF adapter for a GGUF file (repeatable; the changed matrices are written as --dtype, else as the source\'s float type, else F32)'
+complete -c iflow-convert -l lora -r -d 'merge LoRA adapter FILE into the weights: a PEFT adapter (its directory, or adapter_model.safetensors with adapter_config.json beside it) or a llama.cpp GGUF adapter, for either kind of checkpoint (repeatable; the changed matrices are written as --dtype, else as the source\'s float type, else F32)'
 complete -c iflow-convert -l lora-scaled -r -d 'the same, the adapter\'s deltas multiplied by S'
 complete -c iflow-convert -l synthetic -r -d 'write seeded random weights of the shape in DIR/config.json'
 complete -c iflow-convert -l seed -x -d 'seed of --synthetic weights (default 0)'

@@ -44,6 +44,12 @@ typedef struct {
     iflow_lora **loras;             /* [o->n_loras] the adapters merged in                    */
     char *merged;                   /* [n_reqs] some adapter changes src[i]                   */
     size_t *lora_used;              /* [o->n_loras] how many of the model's tensors each changes */
+    char **xnames;                  /* [n_reqs] the tensor's name in the other naming (Hugging Face's
+                                       for a GGUF source, GGUF's for a directory), or NULL: made
+                                       when an adapter names the other's tensors               */
+    int *xheads;                    /* [n_reqs] the other naming orders this tensor's rotary rows the
+                                       other way: its heads (> 0: the source is interleaved, < 0:
+                                       rotate-half), or 0                                       */
 } job;
 
 /* ---- the source: one of two readers ---- */
@@ -584,6 +590,76 @@ static int apply_norm_offset(job *j, size_t i, const void **data, size_t nbytes,
 
 /* ---- LoRA adapters (lora.h) ---- */
 
+/* A [blocks] key of a spec as its sections set it ([blocks.K=V] sections aside), or NULL. */
+static const char *spec_block(const iflow_spec *s, const char *key)
+{
+    const char *v = NULL;
+    for (size_t i = 0; i < s->n_blocks; i++)
+        if (strcmp(s->blocks[i].key, key) == 0)
+            v = s->blocks[i].value;
+    return v;
+}
+
+/* Each tensor's name in the naming the source does not use (the spec's other view: the GGUF
+ * variant for a directory, the Hugging Face names for a GGUF source), so that an adapter in that
+ * naming finds its tensors; and the q/k projections whose rotary rows that view orders the other
+ * way (rope_layout half in one, interleaved in the other: llama.cpp's converter permutes them).
+ * A tensor the source reads as rows of another, transposed, strided, or under alternatives is
+ * left out (an adapter naming it is then refused as naming what the model does not use). */
+static int map_other_naming(job *j)
+{
+    if (j->xnames)
+        return 0;
+    iflow_spec *o = NULL;
+    int rc = iflow_spec_load(&o, j->spec->path);
+    if (rc == 0 && j->dir)
+        rc = iflow_spec_use_source(o, "gguf");
+    if (rc < 0) {
+        iflow_spec_close(o);
+        return iflow_preperr(rc, "naming the tensors of '%s' as the other form of checkpoint does", src_path(j));
+    }
+    j->xnames = calloc(j->n_reqs + 1, sizeof *j->xnames);
+    j->xheads = calloc(j->n_reqs + 1, sizeof *j->xheads);
+    const char *mine = spec_block(j->spec, "rope_layout"), *theirs = spec_block(o, "rope_layout");
+    const int flip = mine && theirs && strcmp(mine, theirs) != 0 && j->hp.position == IFLOW_POS_ROPE;
+    for (size_t i = 0; rc == 0 && i < j->n_reqs; i++) {
+        char name[512];
+        const char *n = j->reqs[i].name;
+        size_t len = strlen(n);
+        if (!j->xnames || !j->xheads) {
+            rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
+            break;
+        }
+        if (j->src[i] != j->whole[i] || iflow_spec_source_name(o, n, name, sizeof name) < 0 || strpbrk(name, "|[^"))
+            continue;
+        if (!(j->xnames[i] = strdup(name)))
+            rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
+        int q = len > 3 && strcmp(n + len - 3, ".wq") == 0, k = len > 3 && strcmp(n + len - 3, ".wk") == 0;
+        if (flip && (q || k)) /* whole heads rotate: refused below otherwise */
+            j->xheads[i] = (q ? j->hp.n_heads : j->hp.n_kv_heads) * (strcmp(mine, "interleaved") == 0 ? 1 : -1);
+    }
+    iflow_spec_close(o);
+    return rc;
+}
+
+/* Row t of tensor i (of rows R, heads |h|) comes from the other naming's row rows[t]. */
+static void other_rows(int64_t *rows, int64_t R, int h)
+{
+    const int64_t hd = R / (h < 0 ? -h : h), half = hd / 2;
+    for (int64_t t = 0; t < R; t++) {
+        int64_t head = t / hd, x = t % hd;
+        /* interleaved x = 2 i + e  <->  rotate-half x = e * half + i */
+        rows[t] = head * hd + (h > 0 ? (x % 2) * half + x / 2 : (x % half) * 2 + x / half);
+    }
+}
+
+/* The name adapter a gives tensor i, or NULL when it names none. */
+static const char *lora_name(const job *j, size_t a, size_t i)
+{
+    int cross = iflow_lora_naming(j->loras[a]) != (j->dir ? IFLOW_LORA_HF : IFLOW_LORA_GGUF);
+    return cross ? (j->xnames ? j->xnames[i] : NULL) : j->whole[i] ? j->whole[i]->name : NULL;
+}
+
 /* Open the adapters and find the model's tensors their deltas change, checking the shapes. */
 static int map_loras(job *j)
 {
@@ -602,16 +678,14 @@ static int map_loras(job *j)
         IFLOW_TRY(iflow_lora_open(&j->loras[a], path, j->o->lora_scales ? j->o->lora_scales[a] : 1.0));
         const iflow_lora *l = j->loras[a];
         if (iflow_lora_naming(l) != (j->dir ? IFLOW_LORA_HF : IFLOW_LORA_GGUF))
-            return iflow_seterr(IFLOW_EUNSUPPORTED, "LoRA adapter '%s' names the tensors of a %s and '%s' is a %s: "
-                                "give the adapter in the model's form (llama.cpp's convert_lora_to_gguf.py turns a "
-                                "PEFT adapter into GGUF)", path, j->dir ? "GGUF file" : "Hugging Face checkpoint",
-                                src_path(j), j->dir ? "Hugging Face checkpoint" : "GGUF file");
+            IFLOW_TRY(map_other_naming(j));
         for (size_t k = 0; k < iflow_lora_n_deltas(l); k++) {
             const iflow_lora_delta *d = iflow_lora_delta_at(l, k);
             size_t found = 0;
             for (size_t i = 0; i < j->n_reqs; i++) {
                 const iflow_src_tensor *w = j->whole[i];
-                if (!w || strcmp(w->name, d->target) != 0)
+                const char *name = lora_name(j, a, i);
+                if (!w || !name || strcmp(name, d->target) != 0)
                     continue;
                 found++;
                 if (j->reqs[i].is_vector || j->reqs[i].n_dims != 2 || w->n_dims != 2)
@@ -625,6 +699,12 @@ static int map_loras(job *j)
                     return iflow_seterr(IFLOW_ESHAPE, "LoRA adapter '%s': the delta of '%s' is [%lld, %lld] and the "
                                         "tensor in '%s' [%lld, %lld]", path, d->target, (long long)d->out,
                                         (long long)d->in, src_path(j), (long long)w->shape[0], (long long)w->shape[1]);
+                const int h = j->xheads && lora_name(j, a, i) == j->xnames[i] ? j->xheads[i] : 0;
+                const int hd = h ? (int)(d->out / (h < 0 ? -h : h)) : 0;
+                if (h && (hd * (h < 0 ? -h : h) != d->out || hd % 2 || (j->hp.rope_dim && j->hp.rope_dim != hd)))
+                    return iflow_seterr(IFLOW_EUNSUPPORTED, "LoRA adapter '%s' changes '%s', whose rotary rows the "
+                                        "two namings order differently and not in whole heads: give the adapter in "
+                                        "the model's form", path, d->target);
                 j->merged[i] = 1;
             }
             if (!found)
@@ -651,9 +731,19 @@ static int merged_payload(job *j, size_t i, int dt, const void **data, size_t *n
         memcpy(*fbuf, f, fn);
     }
     for (size_t a = 0; a < j->o->n_loras; a++) {
-        const iflow_lora_delta *d = iflow_lora_find(j->loras[a], j->whole[i]->name);
-        if (d)
+        const char *name = lora_name(j, a, i);
+        const iflow_lora_delta *d = name ? iflow_lora_find(j->loras[a], name) : NULL;
+        const int h = d && j->xheads && name == j->xnames[i] ? j->xheads[i] : 0;
+        if (d && h) { /* the other naming's rotary order */
+            int64_t *rows = malloc((size_t)r->shape[0] * sizeof *rows);
+            if (!rows)
+                return iflow_seterr(IFLOW_ENOMEM, "out of memory merging into '%s'", r->name);
+            other_rows(rows, r->shape[0], h);
+            iflow_lora_add_rows(d, *fbuf, rows, r->shape[0]);
+            free(rows);
+        } else if (d) {
             iflow_lora_add(d, *fbuf, j->row0[i], r->shape[0]);
+        }
     }
     *nbytes = iflow_tensor_nbytes(dt, r->n_dims, r->shape);
     if (dt == IFLOW_DT_F32) {
@@ -760,6 +850,10 @@ static void job_close(job *j)
     free(j->loras);
     free(j->merged);
     free(j->lora_used);
+    for (size_t i = 0; j->xnames && i < j->n_reqs; i++)
+        free(j->xnames[i]);
+    free(j->xnames);
+    free(j->xheads);
     free(j->src);
     free(j->whole);
     free(j->rows);

@@ -20,10 +20,13 @@
  *   left behind. LoRA adapters (lora.h) named in opts are merged: each matrix an adapter names
  *   becomes W + s B A (several adapters add up), computed in F32 from the source's values and
  *   written in opts->dtype, else in the source's type when that is a float type, else in F32
- *   (a quantized source's merged matrices are not quantized again: iflow-quant does that). The
- *   adapter must name tensors as the source does (PEFT's Hugging Face names for a directory,
- *   llama.cpp's GGUF names for a GGUF or llama2.c source); a delta whose target the model does
- *   not use, or whose shape does not fit it, fails before anything is written. Meta's "source"
+ *   (a quantized source's merged matrices are not quantized again: iflow-quant does that). An
+ *   adapter may name tensors as the source does or as the other kind does (PEFT's Hugging Face
+ *   names for a GGUF file, llama.cpp's GGUF names for a directory): the spec's two views map one
+ *   naming to the other, and where their rope_layout differs the q/k projections' rows are
+ *   permuted between rotate-half and interleaved order, whole heads at a time. A delta whose
+ *   target the model does not use, or whose shape does not fit it, fails before anything is
+ *   written. Meta's "source"
  *   then holds "lora": [{"path", "scale", "tensors"}]. With IFLOW_CONVERT_SYNTHETIC the directory needs only config.json and a
  *   tokenizer, and every weight is seeded random data of the real shape (for benchmarks).
  */

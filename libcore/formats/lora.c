@@ -418,13 +418,14 @@ const iflow_lora_delta *iflow_lora_find(const iflow_lora *l, const char *target)
     return NULL;
 }
 
-void iflow_lora_add(const iflow_lora_delta *d, float *w, int64_t r0, int64_t n)
+/* Row i of w takes d's row rows[i], or r0 + i when rows is NULL. */
+static void add_rows(const iflow_lora_delta *d, float *w, int64_t r0, const int64_t *rows, int64_t n)
 {
     const int64_t in = d->in;
     const int r = d->rank;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) {
-        const float *b = d->b + (size_t)(r0 + i) * (size_t)r;
+        const float *b = d->b + (size_t)(rows ? rows[i] : r0 + i) * (size_t)r;
         float *row = w + (size_t)i * (size_t)in;
         for (int64_t k = 0; k < in; k++) {
             double s = 0;
@@ -433,4 +434,11 @@ void iflow_lora_add(const iflow_lora_delta *d, float *w, int64_t r0, int64_t n)
             row[k] = (float)((double)row[k] + d->scale * s);
         }
     }
+}
+
+void iflow_lora_add(const iflow_lora_delta *d, float *w, int64_t r0, int64_t n) { add_rows(d, w, r0, NULL, n); }
+
+void iflow_lora_add_rows(const iflow_lora_delta *d, float *w, const int64_t *rows, int64_t n)
+{
+    add_rows(d, w, 0, rows, n);
 }

@@ -24,8 +24,8 @@
  *
  *   A delta's `target` is the model tensor's name as the adapter names it: Hugging Face names
  *   ("model.layers.0.self_attn.q_proj.weight") for PEFT, GGUF names ("blk.0.attn_q.weight") for
- *   llama.cpp's form; iflow_lora_naming() says which, and the converter matches them with a
- *   source of the same naming. Whether the shapes fit the model is the converter's check
+ *   llama.cpp's form; iflow_lora_naming() says which, and the converter maps them onto its
+ *   source's naming (convert.h). Whether the shapes fit the model is the converter's check
  *   (in == W's columns, out == W's rows).
  *
  *   Errors name the file and the tensor. The handle owns everything it returns until close.
@@ -71,5 +71,8 @@ const iflow_lora_delta *iflow_lora_find(const iflow_lora *l, const char *target)
 /* Add rows r0 .. r0+n-1 of d's s B A into w [n][d->in] (F32, row-major): each value is
  * rounded once, from w + s (B A) computed in double. The caller checks r0 + n <= d->out. */
 void iflow_lora_add(const iflow_lora_delta *d, float *w, int64_t r0, int64_t n);
+/* The same with row i of w taking d's row rows[i] (a permutation of W's rows: the q/k rows of
+ * one naming in the other's rotary order). The caller checks every rows[i] < d->out. */
+void iflow_lora_add_rows(const iflow_lora_delta *d, float *w, const int64_t *rows, int64_t n);
 
 #endif

@@ -6,7 +6,10 @@
 #   - stories260K (Hugging Face checkpoint) + a PEFT adapter of all seven matrices of its five
 #     layers (BF16, r 4, alpha 8);
 #   - SmolLM2-135M-Instruct (Q4_1 GGUF) + a llama.cpp GGUF adapter of attn_q, attn_v and
-#     ffn_down in four layers (F16, r 2, alpha 4), at scale 1 and 0.5 (--lora-scaled).
+#     ffn_down in four layers (F16, r 2, alpha 4), at scale 1 and 0.5 (--lora-scaled);
+#   - crossed: SmolLM2's GGUF + a PEFT adapter of q, k, v, o_proj (Hugging Face names, q/k rows
+#     in rotate-half order: permuted into the GGUF's interleaved rows), stories260K's Hugging
+#     Face checkpoint + a GGUF adapter of attn_q, attn_k, ffn_up (the reverse permutation).
 # The greedy continuation (--activations f32: logits within 2e-3 of float64) equals the
 # reference's token for token up to the first step whose top-two margin is below 0.02 (and up
 # to the end of turn, where iflow stops and the reference goes on), and differs from the base
@@ -79,11 +82,20 @@ run $BIN/iflow-ppl -m "$SMOL" --lora $F/smollm2-q-v-down.gguf --kl-base "$SMOL" 
 expect_rc 0 "iflow-ppl --lora"
 expect_eq "$(jq ".mean_kld > 0.01" <<<"$out")" true "the adapter moves the distribution"
 
+# ---- crossed: each form of adapter for the other kind of checkpoint ----
+run $BIN/iflow-run -m "$SMOL" --lora $F/smollm2-peft -p "The capital of France is" -n 32 --temp 0 --activations f32 --json
+expect_rc 0 "a PEFT adapter on a GGUF file"
+check_case smollm2-peft "$(jq -c .gen_ids <<<"$out")"
+run $BIN/iflow-run -m "$STORIES" --lora $F/stories260K-q-k-up.gguf -p "Once upon a time" -n 32 --temp 0 \
+    --activations f32 --json
+expect_rc 0 "a GGUF adapter on a Hugging Face checkpoint"
+check_case stories260K-gguf "$(jq -c .gen_ids <<<"$out")"
+
 # ---- errors: one line each, nothing written ----
 run $BIN/iflow-convert "$SMOL" --lora $F/stories260K-peft -o "$TMP/bad.ifs"
-expect_rc 1 "a PEFT adapter for a GGUF model"
-expect_match "$err" "^iflow-convert: LoRA adapter '$F/stories260K-peft' names the tensors of a Hugging Face checkpoint and '.*' is a GGUF file" \
-    "names the forms"
+expect_rc 1 "a PEFT adapter of another model"
+expect_match "$err" "^iflow-convert: LoRA adapter '$F/stories260K-peft': the delta of 'model.layers.0.mlp.down_proj.weight' is \[64, 172\] and the tensor in '.*' \[576, 1536\]$" \
+    "names the tensor as the adapter does, and both shapes"
 run $BIN/iflow-convert "$DATA/models/stories260K/gguf/stories260K.gguf" --lora $F/smollm2-q-v-down.gguf -o "$TMP/bad.ifs"
 expect_rc 1 "an adapter of another model"
 expect_match "$err" "LoRA adapter '$F/smollm2-q-v-down.gguf': the delta of 'blk.0.attn_q.weight' is \[576, 576\] and the tensor in '.*stories260K.gguf' \[64, 64\]$" \
