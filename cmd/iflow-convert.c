@@ -78,6 +78,12 @@ static void print_source(const json_t *src)
         printf("%s%s x%lld", first ? "; tensors " : ", ", k, (long long)json_integer_value(v));
         first = 0;
     }
+    const json_t *lora = json_object_get(src, "lora");
+    for (size_t i = 0; i < json_array_size(lora); i++) {
+        const json_t *a = json_array_get(lora, i);
+        printf("%s%s (scale %g, %lld matrices)", i ? ", " : "; LoRA ", json_string_value(json_object_get(a, "path")),
+               json_number_value(json_object_get(a, "scale")), (long long)json_integer_value(json_object_get(a, "tensors")));
+    }
     putchar('\n');
 }
 
@@ -272,6 +278,8 @@ int main(int argc, char **argv)
     cmd_lora_opts(&loras, &o.lora_paths, &o.lora_scales, &o.n_loras);
     if (info_path && n_operands)
         die_usage(&tool, "--info takes no other operand");
+    if (info_path && loras.n && !cmd_is_source(info_path))
+        die_usage(&tool, "--lora goes with --info on a source, not on a shard");
     if (info_path)
         return cmd_is_source(info_path) ? info_source(info_path, &o, as_json) : info(info_path, as_json);
     if (synthetic ? n_operands != 0 : n_operands != 1)

@@ -68,6 +68,12 @@ check_case smollm2-gguf-x0.5 "$(jq -c .gen_ids <<<"$out")"
 run $BIN/iflow-convert "$SMOL" --lora-scaled $F/smollm2-q-v-down.gguf:0.5 -o "$TMP/m.ifs"
 run $BIN/iflow-convert --info "$TMP/m.ifs"
 expect_match "$out" 'q4_1 -> f32 x12, q4_1 -> q4_b32 x198' "--info: the merged matrices from Q4_1 to F32"
+expect_match "$out" "; LoRA $F/smollm2-q-v-down.gguf \\(scale 0.5, 12 matrices\\)"$'\n' "--info names the adapter"
+run $BIN/iflow-convert --info "$STORIES" --lora $F/stories260K-q-k-up.gguf
+expect_match "$out" $'\nsource: hf, architecture LlamaForCausalLM; tensors F32 -> f32 x47; LoRA '"$F/stories260K-q-k-up.gguf \\(scale 1, 15 matrices\\)"$'\n' \
+    "--info on a source: what the adapter would change"
+run $BIN/iflow-convert --info "$TMP/m.ifs" --lora $F/smollm2-q-v-down.gguf
+expect_rc 2 "--info on a shard takes no adapter"
 run $BIN/iflow-convert "$SMOL" --lora $F/smollm2-q-v-down.gguf -t f16 -o "$TMP/m16.ifs"
 run $BIN/iflow-convert --info "$TMP/m16.ifs"
 expect_match "$out" 'q4_1 -> f16 x' "-t f16: the merged matrices in F16 too"
