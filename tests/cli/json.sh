@@ -69,7 +69,8 @@ $BIN/iflow-quant -t q4_b64 -i "$TMP/s.ifs" -o "$TMP/q.ifs" 2>/dev/null
 check "iflow-convert --info FILE --json" "convert --info, quantized" < <($BIN/iflow-convert --info "$TMP/q.ifs" --json)
 
 M=$DATA/models/stories260K
-for src in "$M/hf" "$M/gguf/stories260K.gguf" "$M/llama2c/stories260K.bin --tokenizer $M/llama2c/tok512.bin"; do
+for src in "$M/hf" "$M/gguf/stories260K.gguf" "$M/llama2c/stories260K.bin --tokenizer $M/llama2c/tok512.bin" \
+    "$M/hf --lora tests/fixtures/lora/stories260K-q-k-up.gguf"; do
     # shellcheck disable=SC2086 # the llama2.c source is the checkpoint and its --tokenizer
     out=$($BIN/iflow-convert --info $src --json)
     check "iflow-convert --info SOURCE --json" "convert --info on a source: ${src%% *}" <<<"$out"
