@@ -30,7 +30,7 @@ static const iflow_opt opts[] = {
     {O_CHUNKS, "chunks", 0, "N", "score at most N windows (default: the whole text)", NULL},
     {O_PROTOCOL, "protocol", 0, "NAME", "windows (default: BOS + c-1 tokens, all scored) or llama.cpp (second halves)", "windows llama.cpp"},
     {O_MAX_TOKENS, "max-tokens", 0, "N", "use only the first N tokens of the text", NULL},
-    {O_LORA, "lora", 0, "FILE", "merge LoRA adapter FILE into a model given as a source (converted on the fly; repeatable): iflow-convert(1), --lora; --kl-base then measures what the adapter changes", "file"},
+    {O_LORA, "lora", 0, "FILE", "apply LoRA adapter FILE (repeatable): merged into a source as it is converted, or added at run time to a converted model, on the CPU (iflow-convert(1), LoRA adapters); --kl-base then measures what the adapter changes", "file"},
     {O_LORA_SCALED, "lora-scaled", 0, "FILE:S", "the same, the adapter's deltas multiplied by S", "file"},
     {O_KL_BASE, "kl-base", 0, "FILE", "also compare with base model FILE: KL divergence, top-1 agreement, delta perplexity", "file"},
     {O_KV_TYPE, "kv-type", 0, "TYPE", "KV cache type f32, f16 or q8 (INT8 with a scale per group; default f32); the --kl-base model keeps f32, so '-m M --kv-type q8 --kl-base M' measures what the cache type costs", "f32 f16 q8"},

@@ -79,7 +79,7 @@ static const iflow_opt opts[] = {
     {O_KEEP, "keep", 0, "N", "a context shift keeps the first N prompt tokens, the beginning-of-sequence token included; -1 for the whole prompt (default 4)", NULL},
     {O_BEAMS, "beams", 0, "N", "beam search with N beams (1 to 32) instead of sampling: print the most probable continuation found (with --json: every beam, ranked, with its log-probability and score)", NULL},
     {O_LENGTH_PENALTY, "length-penalty", 0, "P", "with --beams: rank beams by log-probability / length^P; 0 ranks by log-probability alone, more favours longer ones (default 1)", NULL},
-    {O_LORA, "lora", 0, "FILE", "merge LoRA adapter FILE into a model given as a source (converted on the fly; a PEFT adapter or a llama.cpp GGUF adapter; repeatable): iflow-convert(1), --lora", "file"},
+    {O_LORA, "lora", 0, "FILE", "apply LoRA adapter FILE (a PEFT adapter or a llama.cpp GGUF adapter; repeatable): merged into a source as it is converted, or added at run time to a converted model, on the CPU (iflow-convert(1), LoRA adapters)", "file"},
     {O_LORA_SCALED, "lora-scaled", 0, "FILE:S", "the same, the adapter's deltas multiplied by S", "file"},
     {O_DRAFT, "draft", 0, "FILE", "speculative decoding: draft model FILE (sharing the model's tokenizer) proposes tokens that the model checks in one step; greedy output is unchanged, sampled output keeps its distribution", "file"},
     {O_DRAFT_N, "draft-n", 0, "N", "with --draft: tokens the draft proposes per step, 1 to 16 (default 5)", NULL},

@@ -5,6 +5,7 @@
 #include "libcore/formats/convert.h"
 #include "libcore/formats/ggufsrc.h"
 #include "libcore/formats/llama2c.h"
+#include "libcore/formats/lora.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -58,13 +59,30 @@ void cmd_lora_opts(const cmd_loras *l, const char *const **paths, const double *
     *n = l ? l->n : 0;
 }
 
+/* A converted model with adapters l applied at run time (iflow_model_add_lora). */
+static int open_shard_lora(iflow_model **out, const char *path, int flags, int dev, const cmd_loras *l)
+{
+    const char *dirs[8];
+    size_t n_dirs = (size_t)spec_dirs(dirs, 8);
+    IFLOW_TRY(iflow_model_open_device(out, path, flags, dev));
+    int rc = 0;
+    for (size_t i = 0; l && i < l->n && rc == 0; i++) {
+        iflow_lora *a = NULL;
+        if ((rc = iflow_lora_open(&a, l->paths[i], l->scales[i])) == 0)
+            rc = iflow_model_add_lora(*out, a, dirs, n_dirs);
+        iflow_lora_close(a);
+    }
+    if (rc < 0) {
+        iflow_model_close(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
 int cmd_model_open_lora(iflow_model **out, const char *path, int flags, int dev, const cmd_loras *l)
 {
-    if (!cmd_is_source(path) && l && l->n)
-        return iflow_seterr(IFLOW_EINVAL, "'%s' is a converted model: a LoRA adapter is merged at conversion "
-                            "(iflow-convert --lora, or give the source checkpoint itself)", path);
     if (!cmd_is_source(path))
-        return iflow_model_open_device(out, path, flags, dev);
+        return open_shard_lora(out, path, flags, dev, l);
     /* converted into a temporary directory, opened, and unlinked: the mapping keeps the data */
     const char *tmp = getenv("TMPDIR");
     char dir[4096], shard[4200];

@@ -35,8 +35,9 @@ void cmd_lora_add(const iflow_tool *t, cmd_loras *l, const char *arg, int scaled
 /* The options' fields of iflow_convert_opts for l (NULL or empty: none). */
 void cmd_lora_opts(const cmd_loras *l, const char *const **paths, const double **scales, size_t *n);
 
-/* cmd_model_open_device() with adapters l merged into a source; a model already converted is
- * refused (an adapter merges at conversion: iflow-convert --lora). l may be NULL. */
+/* cmd_model_open_device() with adapters l: merged into a source as it is converted, applied at
+ * run time to a model already converted (iflow_model_add_lora, with the installed specs). l may
+ * be NULL. */
 int cmd_model_open_lora(iflow_model **out, const char *path, int flags, int dev, const cmd_loras *l);
 
 #endif

@@ -5,7 +5,7 @@ complete -c iflow-ppl -l ctx-size -s c -x -d 'window length in tokens, BOS inclu
 complete -c iflow-ppl -l chunks -x -d 'score at most N windows (default: the whole text)'
 complete -c iflow-ppl -l protocol -x -a 'windows llama.cpp' -d 'windows (default: BOS + c-1 tokens, all scored) or llama.cpp (second halves)'
 complete -c iflow-ppl -l max-tokens -x -d 'use only the first N tokens of the text'
-complete -c iflow-ppl -l lora -r -d 'merge LoRA adapter FILE into a model given as a source (converted on the fly; repeatable): iflow-convert(1), --lora; --kl-base then measures what the adapter changes'
+complete -c iflow-ppl -l lora -r -d 'apply LoRA adapter FILE (repeatable): merged into a source as it is converted, or added at run time to a converted model, on the CPU (iflow-convert(1), LoRA adapters); --kl-base then measures what the adapter changes'
 complete -c iflow-ppl -l lora-scaled -r -d 'the same, the adapter\'s deltas multiplied by S'
 complete -c iflow-ppl -l kl-base -r -d 'also compare with base model FILE: KL divergence, top-1 agreement, delta perplexity'
 complete -c iflow-ppl -l kv-type -x -a 'f32 f16 q8' -d 'KV cache type f32, f16 or q8 (INT8 with a scale per group; default f32); the --kl-base model keeps f32, so \'-m M --kv-type q8 --kl-base M\' measures what the cache type costs'

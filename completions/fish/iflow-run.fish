@@ -36,7 +36,7 @@ complete -c iflow-run -l context-shift -x -a 'none rope recompute' -d 'when the 
 complete -c iflow-run -l keep -x -d 'a context shift keeps the first N prompt tokens, the beginning-of-sequence token included; -1 for the whole prompt (default 4)'
 complete -c iflow-run -l beams -x -d 'beam search with N beams (1 to 32) instead of sampling: print the most probable continuation found (with --json: every beam, ranked, with its log-probability and score)'
 complete -c iflow-run -l length-penalty -x -d 'with --beams: rank beams by log-probability / length^P; 0 ranks by log-probability alone, more favours longer ones (default 1)'
-complete -c iflow-run -l lora -r -d 'merge LoRA adapter FILE into a model given as a source (converted on the fly; a PEFT adapter or a llama.cpp GGUF adapter; repeatable): iflow-convert(1), --lora'
+complete -c iflow-run -l lora -r -d 'apply LoRA adapter FILE (a PEFT adapter or a llama.cpp GGUF adapter; repeatable): merged into a source as it is converted, or added at run time to a converted model, on the CPU (iflow-convert(1), LoRA adapters)'
 complete -c iflow-run -l lora-scaled -r -d 'the same, the adapter\'s deltas multiplied by S'
 complete -c iflow-run -l draft -r -d 'speculative decoding: draft model FILE (sharing the model\'s tokenizer) proposes tokens that the model checks in one step; greedy output is unchanged, sampled output keeps its distribution'
 complete -c iflow-run -l draft-n -x -d 'with --draft: tokens the draft proposes per step, 1 to 16 (default 5)'

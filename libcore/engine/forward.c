@@ -18,6 +18,7 @@
 #include "model_impl.h"
 #include "comm.h"
 #include "observe.h"
+#include "libcore/base/dtype.h"
 #include "libcore/base/error.h"
 #include "kernels/cpu/bigmem.h"
 #include "kernels/cpu/kernels.h"
@@ -47,6 +48,8 @@ typedef struct {
     float *gate, *up;           /* [B][F]     FFN hidden              */
     float *kx, *vx;             /* [B][KV]    new keys and values, before they are stored */
     float *logits;              /* [logits_rows][vocab] (output device, not host memory) */
+    float *lt, *ly;             /* [n_lt], [n_ly]: a low-rank delta's a x and b (a x), grown on demand */
+    size_t n_lt, n_ly;
     int logits_rows;
 } dev_scratch;
 
@@ -93,7 +96,7 @@ static void scratch_free(dev_scratch *s)
     iflow_device *d = s->dev;
     if (!d)
         return;
-    float *bufs[] = {s->x, s->xb, s->xa, s->q, s->att, s->gate, s->up, s->kx, s->vx, s->logits};
+    float *bufs[] = {s->x, s->xb, s->xa, s->q, s->att, s->gate, s->up, s->kx, s->vx, s->logits, s->lt, s->ly};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             d->ops->free(d, bufs[i]);
@@ -465,6 +468,12 @@ int iflow_ffn_hidden(const iflow_hparams *hp, iflow_device *d, const layer_weigh
     IFLOW_TRY(iflow_linear_rows(d, gate, F, gated ? w->gate : w->up, gated ? w->gate_b : w->up_b, in, D, T, F, D));
     if (gated)
         IFLOW_TRY(iflow_linear_rows(d, up, F, w->up, w->up_b, in, D, T, F, D));
+    return iflow_ffn_act(hp, d, gate, up, T, F);
+}
+
+int iflow_ffn_act(const iflow_hparams *hp, iflow_device *d, float *gate, float *up, int T, int F)
+{
+    const int gated = hp->ffn == IFLOW_FFN_GATED;
     if (hp->activation == IFLOW_ACT_RELU) {
         if (!d->ops->relu_mul)
             return iflow_seterr(IFLOW_EUNSUPPORTED, "block activation = relu is not implemented on %s yet", d->info.name);
@@ -478,6 +487,34 @@ int iflow_ffn_hidden(const iflow_hparams *hp, iflow_device *d, const layer_weigh
         return d->ops->gelu_mul(d, gate, gated ? up : NULL, (size_t)T * F, exact);
     }
     return d->ops->silu_mul(d, gate, gated ? up : NULL, (size_t)T * F);
+}
+
+/* *buf holding at least n floats of s's device (grown, its old values lost). */
+static int grow_scratch(dev_scratch *s, float **buf, size_t *cap, size_t n)
+{
+    if (*cap >= n)
+        return 0;
+    if (*buf)
+        s->dev->ops->free(s->dev, *buf);
+    *buf = NULL;
+    *cap = 0;
+    IFLOW_TRY(s->dev->ops->alloc(s->dev, (void **)buf, n * sizeof(float)));
+    *cap = n;
+    return 0;
+}
+
+/* y [T][N] (rows of stride N) += b (a x) for x [T][K] at stride ldx: a matrix's low-rank delta,
+ * or nothing (rank 0). Two matrix products of F32 weights and an add, on s's device. */
+static int low_rank_rows(dev_scratch *s, float *y, const low_rank *l, const float *x, int ldx, int T, int N, int K)
+{
+    if (!l->rank)
+        return 0;
+    iflow_device *d = s->dev;
+    IFLOW_TRY(grow_scratch(s, &s->lt, &s->n_lt, (size_t)T * l->rank));
+    IFLOW_TRY(grow_scratch(s, &s->ly, &s->n_ly, (size_t)T * N));
+    IFLOW_TRY(d->ops->matmul(d, s->lt, (size_t)l->rank, l->a, IFLOW_DT_F32, x, (size_t)ldx, T, l->rank, K));
+    IFLOW_TRY(d->ops->matmul(d, s->ly, (size_t)N, l->b, IFLOW_DT_F32, s->lt, (size_t)l->rank, T, N, l->rank));
+    return d->ops->add(d, y, s->ly, (size_t)T * N);
 }
 
 int iflow_block_in(const iflow_model *m, iflow_device *d, float *x, float *xb, const float *w, const float *b, int T,
@@ -536,6 +573,9 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
         IFLOW_TRY(iflow_linear_rows(s->dev, s->kx, KV, w->wk, w->bk, in, D, T, KV, D));
         IFLOW_TRY(iflow_linear_rows(s->dev, s->vx, KV, w->wv, w->bv, in, D, T, KV, D));
     }
+    IFLOW_TRY(low_rank_rows(s, s->q, &w->lq, in, D, T, Q, D));
+    IFLOW_TRY(low_rank_rows(s, s->kx, &w->lk, in, D, T, KV, D));
+    IFLOW_TRY(low_rank_rows(s, s->vx, &w->lv, in, D, T, KV, D));
     if (w->q_norm) { /* qk_norm: each head's q and k (rows of head_dim) */
         IFLOW_TRY(d->ops->rmsnorm(d, s->q, s->q, w->q_norm, T * nq, hd, hp->norm_eps));
         IFLOW_TRY(d->ops->rmsnorm(d, s->kx, s->kx, w->k_norm, T * nkv, hd, hp->norm_eps));
@@ -567,6 +607,7 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
     if (d->host_memory)
         iflow_observe(c, layer_of_part(m, k), IFLOW_OBS_ATTN_OUT, p->q0 * hd, s->att, Q, T, Q);
     IFLOW_TRY(iflow_linear_rows(s->dev, s->xb, D, w->wo, w->bo, s->att, Q, T, D, Q));
+    IFLOW_TRY(low_rank_rows(s, s->xb, &w->lo, s->att, Q, T, D, Q));
     if (w->attn_post_norm) /* post_norms: on the whole output (a split layer is refused) */
         IFLOW_TRY(d->ops->rmsnorm(d, s->xb, s->xb, w->attn_post_norm, T, D, hp->norm_eps));
     return residual ? iflow_block_out(m, s->dev, s->x, s->xb, w->attn_norm, w->attn_norm_b, T) : 0;
@@ -586,10 +627,22 @@ static int ffn_block(iflow_ctx *c, dev_scratch *s, int k, int T, int residual, i
         IFLOW_TRY(iflow_block_in(c->m, s->dev, s->x, s->xb, w->ffn_norm, w->ffn_norm_b, T, &in));
     if (d->host_memory && p->f0 == 0)
         iflow_observe(c, layer_of_part(c->m, k), IFLOW_OBS_FFN_IN, 0, in, D, T, D);
-    IFLOW_TRY(iflow_ffn_hidden(hp, d, w, in, T, F, s->gate, s->up));
+    if (w->lgate.rank || w->lup.rank) { /* the deltas go in before the activation */
+        const int gated = hp->ffn == IFLOW_FFN_GATED;
+        IFLOW_TRY(iflow_linear_rows(d, s->gate, F, gated ? w->gate : w->up, gated ? w->gate_b : w->up_b, in, D, T, F, D));
+        IFLOW_TRY(low_rank_rows(s, s->gate, gated ? &w->lgate : &w->lup, in, D, T, F, D));
+        if (gated) {
+            IFLOW_TRY(iflow_linear_rows(d, s->up, F, w->up, w->up_b, in, D, T, F, D));
+            IFLOW_TRY(low_rank_rows(s, s->up, &w->lup, in, D, T, F, D));
+        }
+        IFLOW_TRY(iflow_ffn_act(hp, d, s->gate, s->up, T, F));
+    } else {
+        IFLOW_TRY(iflow_ffn_hidden(hp, d, w, in, T, F, s->gate, s->up));
+    }
     if (d->host_memory)
         iflow_observe(c, layer_of_part(c->m, k), IFLOW_OBS_FFN_MID, p->f0, s->gate, F, T, F);
     IFLOW_TRY(iflow_linear_rows(s->dev, s->xb, D, w->down, w->down_b, s->gate, F, T, D, F));
+    IFLOW_TRY(low_rank_rows(s, s->xb, &w->ldown, s->gate, F, T, D, F));
     if (w->ffn_post_norm)
         IFLOW_TRY(d->ops->rmsnorm(d, s->xb, s->xb, w->ffn_post_norm, T, D, hp->norm_eps));
     return residual ? iflow_block_out(c->m, s->dev, s->x, s->xb, w->ffn_norm, w->ffn_norm_b, T) : 0;

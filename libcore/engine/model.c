@@ -816,6 +816,7 @@ void iflow_model_close(iflow_model *m)
         return;
     ifk_pool_quiesce(); /* no kernel thread is still reading the weights (pool.h) */
     iflow_unplace(m);
+    iflow_model_free_lora(m);
     iflow_tokenizer_close(m->tok);
     iflow_tokenizer_close(m->tgt_tok);
     for (int i = 0; i < IFLOW_MAX_DEVICES; i++) /* a split model's files; shard is one of them */

@@ -155,6 +155,18 @@ int  iflow_model_open_device(iflow_model **out, const char *path, int flags, int
 /* The plan device a model was opened for (iflow_model_open_device), or -1. */
 int  iflow_model_own_device(const iflow_model *m);
 void iflow_model_close(iflow_model *m);
+
+/* Apply LoRA adapter l (libcore/formats/lora.h) at run time: each matrix it changes computes
+ * W x + s B (A x), W as the shard holds it (quantized or not), A and B in F32 on the host.
+ * Its tensor names are read through the spec the shard was converted with (meta.spec, found as
+ * NAME.ini in spec_dirs), in the adapter's naming (a PEFT adapter's Hugging Face names or a
+ * GGUF adapter's), q/k rows permuted where that naming's rotary order is not the shard's.
+ * Matrices that may change: q, k, v, o, gate, up, down of a decoder-only model; several
+ * adapters add up. Every delta must find its matrix with its shape, else nothing changes and
+ * the error names the delta. The model is placed on the host again: a placement that puts a
+ * layer with a delta elsewhere than on a host device, or splits it, is refused afterwards. */
+struct iflow_lora;
+int iflow_model_add_lora(iflow_model *m, const struct iflow_lora *l, const char *const *spec_dirs, size_t n_dirs);
 const iflow_hparams *iflow_model_hparams(const iflow_model *m);
 /* The tokenizer that encodes text for the model (an encoder-decoder's source side), or NULL
  * when the shard has none. */

@@ -1,8 +1,9 @@
 /*
- * model_impl.h -- the model's insides, shared by the four files of the engine and nothing
+ * model_impl.h -- the model's insides, shared by the five files of the engine and nothing
  * else: model.c (hyperparameters, binding a shard's tensors, or a split model's files), place.c (putting weights on
- * devices, by layer or by head and column ranges), forward.c (contexts, the forward pass) and
- * seq2seq.c (an encoder-decoder's forward pass, over forward.c's layer pieces).
+ * devices, by layer or by head and column ranges), forward.c (contexts, the forward pass),
+ * seq2seq.c (an encoder-decoder's forward pass, over forward.c's layer pieces) and lora_bind.c
+ * (LoRA adapters' deltas bound to the layers' matrices).
  */
 #ifndef IFLOW_MODEL_IMPL_H
 #define IFLOW_MODEL_IMPL_H
@@ -13,6 +14,14 @@
 #define MAX_PACKED 12            /* a layer's matrices: 7, and 4 of cross-attention */
 
 typedef struct { const void *data; int type; } weight;   /* a matrix [rows][cols] of type */
+
+/* A matrix's low-rank delta added at run time (LoRA adapters, iflow_model_add_lora): W x + b (a x),
+ * F32 on the host, the adapters' scales folded into b; rank 0: none. */
+typedef struct {
+    const float *a;   /* [rank][cols] */
+    const float *b;   /* [rows][rank] */
+    int rank;
+} low_rank;
 
 typedef struct {
     const float *attn_norm, *ffn_norm;                       /* [dim]                       */
@@ -28,6 +37,7 @@ typedef struct {
     const float *xattn_norm, *xattn_norm_b;                  /* [dim]; [dim] or NULL         */
     weight xq, xk, xv, xo;                                   /* [Q][dim] [KV][dim] x2 [dim][Q] */
     const float *xbq, *xbk, *xbv, *xbo;                      /* [Q] [KV] [KV] [dim] or NULL  */
+    low_rank lq, lk, lv, lo, lgate, lup, ldown;              /* deltas of wq .. down (rank 0: none) */
 } layer_weights;
 
 /* One device's share of one layer: query heads q0..q1-1 (and the kv heads kv0..kv1-1 they
@@ -67,6 +77,9 @@ struct iflow_model {
     const float *rope_freqs;      /* [rope_dim/2] (hparam rope_freqs) or NULL, in the mapping */
     float *rope_scale;            /* [rope_dim/2] or NULL, on the host */
     uint64_t decode_bytes;
+    float **lora_mem;             /* [n_lora_mem] the low_rank arrays of layers (iflow_model_add_lora) */
+    size_t n_lora_mem;
+    int lora_rank;                /* the largest rank of a delta, 0 when none */
 
     /* placement (place.c) */
     int n_devs;
@@ -107,6 +120,8 @@ int iflow_block_in(const iflow_model *m, iflow_device *d, float *x, float *xb, c
 int iflow_block_out(const iflow_model *m, iflow_device *d, float *x, const float *xb, const float *w, const float *b, int T);
 /* The FFN's hidden rows of F columns: gated, act(gate(in)) * up(in) into gate (up: scratch);
  * plain, act(up(in)) into gate; activation silu, gelu_tanh, gelu or relu. */
+/* The FFN's activation of T rows of F: act(gate) * up into gate (gated), act(gate) (plain; up unused). */
+int iflow_ffn_act(const iflow_hparams *hp, iflow_device *d, float *gate, float *up, int T, int F);
 int iflow_ffn_hidden(const iflow_hparams *hp, iflow_device *d, const layer_weights *w, const float *in, int T, int F,
                      float *gate, float *up);
 
@@ -120,6 +135,7 @@ uint64_t iflow_model_identity(const iflow_model *m);
 
 /* place.c: the placement every model starts with (every layer whole on the context's CPU). */
 int  iflow_place_on_host(iflow_model *m);
+void iflow_model_free_lora(iflow_model *m); /* lora_bind.c: the deltas' memory, at close */
 void iflow_unplace(iflow_model *m);
 
 #endif

@@ -423,6 +423,27 @@ static int copy_cross(iflow_model *m, layer_part *p, int *nd, int *nh, const lay
     return put_vector(m, p, nd, first ? w->xbo : NULL, 0, D, &o->xbo);
 }
 
+/* A layer's low-rank deltas (iflow_model_add_lora): host memory, read as they are by a part that
+ * holds the whole layer on a host device; anywhere else they are refused. */
+static int copy_low_rank(iflow_model *m, int l, layer_part *p, const layer_weights *w)
+{
+    const iflow_hparams *hp = &m->hp;
+    low_rank *const o[] = {&p->w.lq, &p->w.lk, &p->w.lv, &p->w.lo, &p->w.lgate, &p->w.lup, &p->w.ldown};
+    const low_rank *const in[] = {&w->lq, &w->lk, &w->lv, &w->lo, &w->lgate, &w->lup, &w->ldown};
+    int any = 0;
+    for (size_t i = 0; i < sizeof o / sizeof o[0]; i++)
+        any |= in[i]->rank > 0;
+    if (!any)
+        return 0;
+    if (!host_dev(dev_of(m, p->dev)) || p->q0 != 0 || p->q1 != hp->n_heads || p->f0 != 0 || p->f1 != hp->ffn_dim)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "cannot place layer %d on %s: a LoRA adapter applied at run time "
+                            "computes on the CPU, whole layers only (merge it at conversion: iflow-convert --lora)", l,
+                            dev_name(dev_of(m, p->dev)));
+    for (size_t i = 0; i < sizeof o / sizeof o[0]; i++)
+        *o[i] = *in[i];
+    return 0;
+}
+
 static int copy_part(iflow_model *m, int l, layer_part *p, int first)
 {
     const iflow_hparams *hp = &m->hp;
@@ -457,7 +478,7 @@ static int copy_part(iflow_model *m, int l, layer_part *p, int first)
         (rc = put_vector(m, p, &nd, first ? w->down_b : NULL, 0, D, &o->down_b)) ||
         (rc = copy_cross(m, p, &nd, &nh, w, q0, q1, k0, k1, first)))
         return iflow_preperr(rc, "cannot place layer %d on %s", l, dev_name(dev_of(m, p->dev)));
-    return 0;
+    return copy_low_rank(m, l, p, w);
 }
 
 /* The output matrix and the output norm on the output device. */

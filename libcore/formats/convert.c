@@ -642,17 +642,6 @@ static int map_other_naming(job *j)
     return rc;
 }
 
-/* Row t of tensor i (of rows R, heads |h|) comes from the other naming's row rows[t]. */
-static void other_rows(int64_t *rows, int64_t R, int h)
-{
-    const int64_t hd = R / (h < 0 ? -h : h), half = hd / 2;
-    for (int64_t t = 0; t < R; t++) {
-        int64_t head = t / hd, x = t % hd;
-        /* interleaved x = 2 i + e  <->  rotate-half x = e * half + i */
-        rows[t] = head * hd + (h > 0 ? (x % 2) * half + x / 2 : (x % half) * 2 + x / half);
-    }
-}
-
 /* The name adapter a gives tensor i, or NULL when it names none. */
 static const char *lora_name(const job *j, size_t a, size_t i)
 {
@@ -738,7 +727,7 @@ static int merged_payload(job *j, size_t i, int dt, const void **data, size_t *n
             int64_t *rows = malloc((size_t)r->shape[0] * sizeof *rows);
             if (!rows)
                 return iflow_seterr(IFLOW_ENOMEM, "out of memory merging into '%s'", r->name);
-            other_rows(rows, r->shape[0], h);
+            iflow_lora_rotary_rows(rows, r->shape[0], h < 0 ? -h : h, h > 0);
             iflow_lora_add_rows(d, *fbuf, rows, r->shape[0]);
             free(rows);
         } else if (d) {

@@ -442,3 +442,12 @@ void iflow_lora_add_rows(const iflow_lora_delta *d, float *w, const int64_t *row
 {
     add_rows(d, w, 0, rows, n);
 }
+
+void iflow_lora_rotary_rows(int64_t *rows, int64_t R, int heads, int to_interleaved)
+{
+    const int64_t hd = R / heads, half = hd / 2;
+    for (int64_t t = 0; t < R; t++) {
+        int64_t head = t / hd, x = t % hd;
+        rows[t] = head * hd + (to_interleaved ? (x % 2) * half + x / 2 : (x % half) * 2 + x / half);
+    }
+}

@@ -75,4 +75,10 @@ void iflow_lora_add(const iflow_lora_delta *d, float *w, int64_t r0, int64_t n);
  * one naming in the other's rotary order). The caller checks every rows[i] < d->out. */
 void iflow_lora_add_rows(const iflow_lora_delta *d, float *w, const int64_t *rows, int64_t n);
 
+/* The rows of a q or k projection [R][...] of `heads` whole rotary heads in the other naming's
+ * order: rows[t] is the other's row for row t. to_interleaved: t counts in GGUF's interleaved
+ * pair order (x = 2 i + e in a head) and the other is Hugging Face's rotate-half order (e * hd/2
+ * + i), as llama.cpp's converter permutes q_proj and k_proj; else the reverse. */
+void iflow_lora_rotary_rows(int64_t *rows, int64_t R, int heads, int to_interleaved);
+
 #endif
