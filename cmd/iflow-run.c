@@ -629,10 +629,11 @@ static void constraint_opt(constraint_opts *co, int id, const char *arg)
 static iflow_grammar *constraint_grammar(const constraint_opts *co, char *label, size_t cap)
 {
     static const char *const names[] = {"grammar", "grammar-file", "json-schema", "json-schema-file", "regex"};
-    if (co->id)
-        snprintf(label, cap, co->id == O_CHOICE ? "--choice" : co->id == O_GRAMMAR_FILE || co->id == O_JSON_SCHEMA_FILE
-                                                                   ? "--%s '%s'" : "--%s", names[co->id - O_GRAMMAR],
-                 co->arg);
+    if (co->id == O_CHOICE)
+        snprintf(label, cap, "--choice");
+    else if (co->id)
+        snprintf(label, cap, co->id == O_GRAMMAR_FILE || co->id == O_JSON_SCHEMA_FILE ? "--%s '%s'" : "--%s",
+                 names[co->id - O_GRAMMAR], co->arg);
     iflow_grammar *g = NULL;
     char *text = NULL;
     size_t len = 0;
