@@ -335,7 +335,7 @@ bench: deps
 	@$(MAKE) --no-print-directory all $(BUILD)/membw $(BENCH_BINS) >&2
 	@bench/bench.sh $(BUILD)
 
-BENCH_BINS := $(BUILD)/kbench $(BUILD)/qbench $(BUILD)/iflow-bench $(BUILD)/batchbench $(BUILD)/shiftbench $(BUILD)/grammarbench $(if $(filter 1,$(CUDA)),$(BUILD)/gpubench)
+BENCH_BINS := $(BUILD)/kbench $(BUILD)/qbench $(BUILD)/iflow-bench $(BUILD)/batchbench $(BUILD)/shiftbench $(BUILD)/grammarbench $(BUILD)/loragen $(if $(filter 1,$(CUDA)),$(BUILD)/gpubench)
 $(sort $(BENCH_BINS) $(BUILD)/gpubench): $(BUILD)/%: bench/%.c bench/bench.h $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIB) $(LDLIBS)

@@ -24,7 +24,8 @@
 # through a small context with RoPE-key shifts, recomputation, and restarts; and decode beside a
 # busy loop pinned to one of the two cores the run uses (the thread pool against OpenMP); and
 # decode after a 2,048-token prompt with each KV cache type (decode_at_depth); and constrained
-# decoding (bench/grammarbench.c, and SmolLM2's sampled reply with and without a grammar).
+# decoding (bench/grammarbench.c, and SmolLM2's sampled reply with and without a grammar); and a
+# LoRA adapter applied at run time (bench/loragen.c; prefill and decode with and without).
 # No thresholds: these are measurements.
 set -euo pipefail
 build=${1:?usage: bench/bench.sh BUILD_DIR}
@@ -112,7 +113,43 @@ grammar_entries() {
           json_ratio: (if $free > 0 then $json / $free else null end), date_regex_tok_s: $date,
           date_regex_ratio: (if $free > 0 then $date / $free else null end)}}'
 }
-# bench/bench.sh BUILD_DIR speculative (or grammar): those entries alone
+# LoRA adapters applied at run time (iflow-run --lora on a converted shard): the TinyLlama shape in
+# Q4_B64 with a seeded random adapter (bench/loragen.c) of rank 16 and 64 on all seven matrices of
+# every layer, against the shard alone: an 18-token prompt's prefill and 32 greedy tokens' decode
+# tok/s from -v (best of 3 runs, 2 threads), and the adapter's F32 bytes a decode step reads
+# beside the weights.
+lora_entries() {
+    log "LoRA at run time: TinyLlama Q4_B64 with adapters of rank 16 and 64"
+    tl_q4_pair
+    local cfg="$DATA/models/synthetic/tinyllama-1.1b/config.json" out=() r
+    speeds() { # iflow-run args... -> {prefill_tok_s, decode_tok_s}, best of 3
+        local p=0 d=0 line _
+        for _ in 1 2 3; do
+            line=$(bin/iflow-run -m "$work/tl-bq4.ifs" "$@" -p "Once upon a time there was a little girl who lived in a village near the forest" \
+                -n 32 --temp 0 -t 2 -v 2>&1 >/dev/null | grep 'generated')
+            p=$(jq -n "[$p, $(sed -nE 's/.*prompt [0-9]+ tokens in [0-9.]+ s \(([0-9.]+) tok\/s\).*/\1/p' <<<"$line")] | max")
+            d=$(jq -n "[$d, $(sed -nE 's/.*generated [0-9]+ tokens in [0-9.]+ s \(([0-9.]+) tok\/s\).*/\1/p' <<<"$line")] | max")
+        done
+        jq -n --argjson p "$p" --argjson d "$d" '{prefill_tok_s: $p, decode_tok_s: $d}'
+    }
+    out+=("$(speeds | jq '. + {rank: 0, adapter_bytes: 0}')")
+    for r in 16 64; do
+        rm -rf "$work/lora" && mkdir -p "$work/lora"
+        "$build/loragen" "$cfg" $r "$work/lora"
+        out+=("$(speeds --lora "$work/lora" | jq --argjson r $r --argjson b "$(($(stat -c %s "$work/lora/adapter_model.safetensors")))" \
+            '. + {rank: $r, adapter_bytes: $b}')")
+    done
+    rm -rf "$work/lora" "$work/tl-bq4.ifs" "$work/tl-bq2.ifs"
+    printf '%s\n' "${out[@]}" | jq -s '.[0] as $base | {model: "tinyllama-1.1b-q4_b64", threads: 2, prompt_tokens: 18, tokens: 32,
+        targets: "q k v o gate up down, every layer", runs: map(. + {
+        prefill_ratio: (if $base.prefill_tok_s > 0 then .prefill_tok_s / $base.prefill_tok_s else null end),
+        decode_ratio: (if $base.decode_tok_s > 0 then .decode_tok_s / $base.decode_tok_s else null end)})}'
+}
+# bench/bench.sh BUILD_DIR speculative (or grammar, lora): those entries alone
+if [ "${2:-}" = lora ]; then
+    lora_entries
+    exit
+fi
 if [ "${2:-}" = speculative ]; then
     speculative_entries
     exit
@@ -354,14 +391,15 @@ depth=$(depth_entries)
 spec=$(speculative_entries)
 
 grammar=$(grammar_entries)
+lora=$(lora_entries)
 
 log "kernel micro-benchmarks"
 kern=$("$build/kbench" --quick | jq -s .)
 
 jq -n --argjson bw1 "$bw1" --argjson bw2 "$bw2" --argjson a "$s260" --argjson b "$tl16" --argjson c "$tl32" \
-    --argjson kern "$kern" --argjson roof "$roof" --argjson quant "$quant" --argjson float "$float" --argjson part "$part" --argjson batch "$batch" --argjson ctxshift "$ctxshift" --argjson spec "$spec" --argjson busy "$busy" --argjson depth "$depth" --argjson grammar "$grammar" \
+    --argjson kern "$kern" --argjson roof "$roof" --argjson quant "$quant" --argjson float "$float" --argjson part "$part" --argjson batch "$batch" --argjson ctxshift "$ctxshift" --argjson spec "$spec" --argjson busy "$busy" --argjson depth "$depth" --argjson grammar "$grammar" --argjson lora "$lora" \
     --arg cpu "$(sed -nE 's/^model name\s*: //p' /proc/cpuinfo | head -n 1)" --arg cores "$(nproc)" '
     {machine: {cpu: $cpu, cores: ($cores | tonumber), kernel_path: ($kern[0].isa // null),
                membw_read_gbps: {"1": $bw1, "2": $bw2}, roof: $roof},
-     models: [$a, $b, $c], quantized: $quant, float_weights: $float, partition: $part, batch: $batch, context_shift: $ctxshift, speculative: $spec, busy_core: $busy, decode_at_depth: $depth, grammar: $grammar,
+     models: [$a, $b, $c], quantized: $quant, float_weights: $float, partition: $part, batch: $batch, context_shift: $ctxshift, speculative: $spec, busy_core: $busy, decode_at_depth: $depth, grammar: $grammar, lora: $lora,
      kernels: $kern}'
