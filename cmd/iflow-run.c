@@ -49,7 +49,7 @@ static const iflow_opt opts[] = {
     {O_CHAT, "chat", 0, NULL, "each prompt is a user's message: the model's chat template (from its checkpoint) makes it a conversation and the assistant's reply is generated", NULL},
     {O_SYSTEM, "system", 0, "TEXT", "with --chat: a system message before each user message", NULL},
     {O_CHAT_TEMPLATE, "chat-template", 0, "FILE", "the chat template (Jinja, as Hugging Face's chat_template) for --chat and --batch's \"messages\" instead of the model's", "file"},
-    {O_TOOL_PARSER, "tool-parser", 0, "NAME", "with --batch: how the model writes tool calls, which requests with \"tools\" get back as \"tool_calls\": auto (default: the format the chat template names, if any), hermes, llama3_json, mistral, granite or none", "auto hermes llama3_json mistral granite none"},
+    {O_TOOL_PARSER, "tool-parser", 0, "NAME", "with --batch: how the model writes tool calls, which requests with \"tools\" get back as \"tool_calls\": auto (default: the format the chat template names, if any), hermes, llama3_json, mistral, granite, pythonic (also llama4_pythonic) or none", "auto hermes llama3_json mistral granite pythonic llama4_pythonic none"},
     {O_REASONING_PARSER, "reasoning-parser", 0, "NAME", "with --batch: where a chat reply's reasoning goes: auto (default: a <think> block is \"reasoning_content\" when the chat template names <think>), think (the same whatever the template; deepseek_r1 and qwen3 are its other names) or none", "auto think deepseek_r1 qwen3 none"},
     {O_GRAMMAR, "grammar", 0, "TEXT", "constrained decoding: the generated text follows the grammar TEXT (GBNF, llama.cpp's grammar language: rules name ::= ..., starting at the rule root; iflow-run(1), GRAMMARS)", NULL},
     {O_GRAMMAR_FILE, "grammar-file", 0, "FILE", "the same, the grammar read from FILE", "file"},
@@ -720,7 +720,7 @@ int main(int argc, char **argv)
             break;
         case O_TOOL_PARSER:
             if (strcmp(arg, "auto") != 0 && (o.tool_parser = iflow_tool_format_from_name(arg)) < 0)
-                die_usage(&tool, "--tool-parser must be auto, hermes, llama3_json, mistral, granite or none, not '%s'",
+                die_usage(&tool, "--tool-parser must be auto, hermes, llama3_json, mistral, granite, pythonic or none, not '%s'",
                           arg);
             break;
         case O_BOS: o.bos = 1; break;

@@ -73,7 +73,7 @@ static int tools_settle(iflow_request_fields *f, const tool_ask *t, int grammar_
         return 0; /* tools the template may show; no calls read */
     if (!fmt)
         return iflow_seterr(IFLOW_EINVAL, "field 'tool_choice': the chat template names no tool-call format; give "
-                                          "one with --tool-parser (hermes, llama3_json, mistral, granite)");
+                                          "one with --tool-parser (hermes, llama3_json, mistral, granite, pythonic)");
     f->tool_format = fmt;
     if (t->choice == IFLOW_TOOL_CHOICE_AUTO)
         return 0;

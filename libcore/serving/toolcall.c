@@ -23,6 +23,7 @@ static const struct {
     [IFLOW_TOOLS_LLAMA3_JSON] = {"llama3_json", "<|python_tag|>", NULL, "parameters"},
     [IFLOW_TOOLS_MISTRAL] = {"mistral", "[TOOL_CALLS]", NULL, "arguments"},
     [IFLOW_TOOLS_GRANITE] = {"granite", "<|tool_call|>", NULL, "arguments"},
+    [IFLOW_TOOLS_PYTHONIC] = {"pythonic", "<|python_start|>", "<|python_end|>", "arguments"},
 };
 
 const char *iflow_tool_format_name(int fmt)
@@ -35,7 +36,7 @@ int iflow_tool_format_from_name(const char *name)
     for (int f = 0; name && f < IFLOW_TOOLS_COUNT; f++)
         if (strcmp(name, FORMATS[f].name) == 0)
             return f;
-    return -1;
+    return name && strcmp(name, "llama4_pythonic") == 0 ? IFLOW_TOOLS_PYTHONIC : -1;
 }
 
 /* Where s [n] contains the NUL-terminated needle, or NULL. */
@@ -51,7 +52,9 @@ int iflow_tool_format_detect(const char *text, size_t len)
     static const struct {
         const char *marker;
         int fmt;
-    } SIGNS[] = {{"<tool_call>", IFLOW_TOOLS_HERMES},
+    } SIGNS[] = {{"[func_name1(", IFLOW_TOOLS_PYTHONIC}, /* vLLM's Llama 3.2 pythonic template */
+                 {"<|python_start|>", IFLOW_TOOLS_PYTHONIC},
+                 {"<tool_call>", IFLOW_TOOLS_HERMES},
                  {"[TOOL_CALLS]", IFLOW_TOOLS_MISTRAL},
                  {"<|tool_call|>", IFLOW_TOOLS_GRANITE},
                  {"<|python_tag|>", IFLOW_TOOLS_LLAMA3_JSON},
@@ -208,6 +211,9 @@ int iflow_tool_grammar(iflow_grammar **out, int fmt, const json_t *tools, const 
     *out = NULL;
     if (fmt <= IFLOW_TOOLS_NONE || fmt >= IFLOW_TOOLS_COUNT)
         return iflow_seterr(IFLOW_EINVAL, "no tool-call format to constrain the reply to");
+    if (fmt == IFLOW_TOOLS_PYTHONIC)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "a required or named call in format pythonic is not supported yet "
+                            "(tool_choice \"auto\" reads its calls)");
     int rc = iflow_tools_check(tools, name);
     if (rc < 0)
         return rc;
@@ -424,6 +430,228 @@ static int parse_llama3(const char *s, size_t n, const char *seed, json_t *calls
     return 0;
 }
 
+/* ---- pythonic: Python call syntax, read as data ---- */
+
+typedef struct {
+    const char *s;
+    size_t n, i;
+    int depth;
+} pyread;
+
+static void py_ws(pyread *r) { r->i = iflow_skip_ws(r->s, r->i, r->n); }
+
+static int py_eat(pyread *r, char c)
+{
+    py_ws(r);
+    if (r->i < r->n && r->s[r->i] == c) {
+        r->i++;
+        return 1;
+    }
+    return 0;
+}
+
+static int py_ident_char(char c, int first)
+{
+    return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (!first && c >= '0' && c <= '9');
+}
+
+/* An identifier (dots allowed between parts when `dotted`): its bytes in a new string, or NULL. */
+static char *py_ident(pyread *r, int dotted)
+{
+    py_ws(r);
+    size_t a = r->i;
+    while (r->i < r->n && (py_ident_char(r->s[r->i], r->i == a || r->s[r->i - 1] == '.') ||
+                           (dotted && r->s[r->i] == '.' && r->i > a)))
+        r->i++;
+    if (r->i == a || r->s[r->i - 1] == '.')
+        return NULL;
+    return strndup(r->s + a, r->i - a);
+}
+
+static int hexval(char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1; }
+
+/* A string literal in single or double quotes: the escapes \n \t \r \\ \' \" \xNN \uNNNN read, others
+ * kept as Python keeps them; a NUL (\0) refuses the string (JSON text cannot carry it here). */
+static json_t *py_string(pyread *r)
+{
+    char q = r->s[r->i++], *out = malloc(r->n - r->i + 1);
+    size_t k = 0;
+    while (out && r->i < r->n && r->s[r->i] != q && r->s[r->i] != '\n') {
+        char c = r->s[r->i++];
+        if (c != '\\') {
+            out[k++] = c;
+            continue;
+        }
+        if (r->i >= r->n)
+            break;
+        c = r->s[r->i++];
+        int digits = c == 'x' ? 2 : c == 'u' ? 4 : 0;
+        if (digits) {
+            unsigned v = 0;
+            for (int d = 0; d < digits; d++) {
+                int h = r->i < r->n ? hexval(r->s[r->i]) : -1;
+                if (h < 0) {
+                    free(out);
+                    return NULL;
+                }
+                v = v * 16 + (unsigned)h, r->i++;
+            }
+            if (v >= 0xd800 && v < 0xe000)
+                v = 0xfffd; /* a lone surrogate: not UTF-8 */
+            if (v < 0x80) /* as UTF-8 */
+                out[k++] = (char)v;
+            else if (v < 0x800)
+                out[k++] = (char)(0xc0 | v >> 6), out[k++] = (char)(0x80 | (v & 0x3f));
+            else
+                out[k++] = (char)(0xe0 | v >> 12), out[k++] = (char)(0x80 | ((v >> 6) & 0x3f)),
+                out[k++] = (char)(0x80 | (v & 0x3f));
+            continue;
+        }
+        if (c == 'n' || c == 't' || c == 'r' || c == '0')
+            out[k++] = c == 'n' ? '\n' : c == 't' ? '\t' : c == 'r' ? '\r' : 0; /* NUL: refused below */
+        else if (c == '\\' || c == '\'' || c == '"')
+            out[k++] = c;
+        else if (c != '\n') /* a backslash-newline continues the line */
+            out[k++] = '\\', out[k++] = c; /* Python keeps an unknown escape as it is */
+    }
+    if (!out || r->i >= r->n || r->s[r->i] != q) {
+        free(out);
+        return NULL;
+    }
+    r->i++;
+    json_t *v = memchr(out, 0, k) ? NULL : json_stringn(out, k); /* NULL when not UTF-8, or holding a NUL */
+    free(out);
+    return v;
+}
+
+static json_t *py_value(pyread *r);
+
+/* The items of a list, a tuple or a dict up to `close` (a trailing comma allowed). */
+static json_t *py_items(pyread *r, char close, int dict)
+{
+    json_t *v = dict ? json_object() : json_array();
+    int done = 0;
+    for (int first = 1; v && !done; first = 0) {
+        if (py_eat(r, close)) {
+            done = 1;
+            break;
+        }
+        if (!first && !py_eat(r, ',')) /* no comma between two items */
+            break;
+        if (!first && py_eat(r, close)) { /* a trailing comma */
+            done = 1;
+            break;
+        }
+        json_t *key = dict ? py_value(r) : NULL;
+        json_t *item = !dict || (json_is_string(key) && py_eat(r, ':')) ? py_value(r) : NULL;
+        int ok = item && (dict ? json_object_set_new(v, json_string_value(key), item)
+                               : json_array_append_new(v, item)) == 0; /* both take item, also on failure */
+        json_decref(key);
+        if (!ok)
+            break;
+    }
+    if (done)
+        return v;
+    json_decref(v);
+    return NULL;
+}
+
+/* A Python literal as JSON: strings, numbers, True, False, None, lists, tuples, dicts. */
+static json_t *py_value(pyread *r)
+{
+    py_ws(r);
+    if (r->i >= r->n || r->depth >= 64)
+        return NULL;
+    char c = r->s[r->i];
+    if (c == '\'' || c == '"')
+        return py_string(r);
+    if (c == '[' || c == '(' || c == '{') {
+        r->i++, r->depth++;
+        json_t *v = py_items(r, c == '[' ? ']' : c == '(' ? ')' : '}', c == '{');
+        r->depth--;
+        return v;
+    }
+    static const struct {
+        const char *word;
+        json_t *(*make)(void);
+    } WORDS[] = {{"True", json_true}, {"False", json_false}, {"None", json_null}};
+    for (size_t k = 0; k < 3; k++) {
+        size_t l = strlen(WORDS[k].word);
+        if (r->n - r->i >= l && memcmp(r->s + r->i, WORDS[k].word, l) == 0 &&
+            (r->i + l == r->n || !py_ident_char(r->s[r->i + l], 0))) {
+            r->i += l;
+            return WORDS[k].make();
+        }
+    }
+    size_t used; /* a number as JSON reads it (Python's 1e5, -2, 0.5 alike) */
+    if (c != '-' && (c < '0' || c > '9'))
+        return NULL;
+    json_t *v = json_at(r->s + r->i, r->n - r->i, &used);
+    if (!json_is_number(v)) {
+        json_decref(v);
+        return NULL;
+    }
+    r->i += used;
+    return v;
+}
+
+/* One call: NAME(key=value, ...) -> {"name": NAME, "arguments": {...}}; a key twice is refused. */
+static json_t *py_call(pyread *r)
+{
+    char *name = py_ident(r, 1);
+    json_t *args = name && py_eat(r, '(') ? json_object() : NULL;
+    int done = 0;
+    for (int first = 1; args && !done; first = 0) {
+        if (py_eat(r, ')')) {
+            done = 1;
+            break;
+        }
+        if (!first && !py_eat(r, ',')) /* no comma between two arguments */
+            break;
+        if (!first && py_eat(r, ')')) { /* a trailing comma */
+            done = 1;
+            break;
+        }
+        char *key = py_ident(r, 0);
+        json_t *v = key && py_eat(r, '=') && !json_object_get(args, key) ? py_value(r) : NULL;
+        int ok = v && json_object_set_new(args, key, v) == 0; /* takes v, also on failure */
+        free(key);
+        if (!ok)
+            break;
+    }
+    json_t *call = done ? json_pack("{s:s, s:O}", "name", name, "arguments", args) : NULL;
+    json_decref(args);
+    free(name);
+    return call;
+}
+
+/* pythonic: the whole text is [call, ...], between an optional <|python_start|> and <|python_end|>. */
+static int parse_pythonic(const char *s, size_t n, const char *seed, json_t *calls)
+{
+    const char *open = FORMATS[IFLOW_TOOLS_PYTHONIC].open, *close = FORMATS[IFLOW_TOOLS_PYTHONIC].close;
+    pyread r = {.s = s, .n = n};
+    py_ws(&r);
+    if (n - r.i >= strlen(open) && memcmp(s + r.i, open, strlen(open)) == 0)
+        r.i += strlen(open);
+    if (!py_eat(&r, '['))
+        return -1;
+    while (!py_eat(&r, ']')) {
+        if (json_array_size(calls) && !py_eat(&r, ','))
+            return -1;
+        if (json_array_size(calls) && py_eat(&r, ']')) /* a trailing comma */
+            break;
+        json_t *c = py_call(&r);
+        int bad = !c || add_call(calls, c, seed) < 0;
+        json_decref(c);
+        if (bad)
+            return -1;
+    }
+    py_ws(&r);
+    if (n - r.i >= strlen(close) && memcmp(s + r.i, close, strlen(close)) == 0)
+        r.i += strlen(close);
+    return iflow_skip_ws(s, r.i, n) == n && json_array_size(calls) ? 0 : -1;
+}
+
 /* mistral, granite: a list of calls (or one call) after the marker, nothing after it; `bare`:
  * the whole text is the list. *before = the text before the marker. */
 static int parse_list(int fmt, const char *s, size_t n, int bare, const char *seed, json_t *calls, size_t *before)
@@ -461,6 +689,8 @@ int iflow_tool_parse(int fmt, const char *text, size_t len, int bare, const char
         rc = parse_hermes(text, len, seed, *calls, *content, &n_out);
     else if (fmt == IFLOW_TOOLS_LLAMA3_JSON)
         rc = parse_llama3(text, len, seed, *calls);
+    else if (fmt == IFLOW_TOOLS_PYTHONIC)
+        rc = parse_pythonic(text, len, seed, *calls);
     else if (fmt == IFLOW_TOOLS_MISTRAL || fmt == IFLOW_TOOLS_GRANITE) {
         rc = parse_list(fmt, text, len, bare, seed, *calls, &before);
         memcpy(*content, text, before);

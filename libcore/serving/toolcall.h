@@ -12,7 +12,12 @@
  *                <|python_tag|>; calls separated by ';' (Llama 3.1, 3.2, 3.3);
  *   mistral      [TOOL_CALLS] [{"name": N, "arguments": {...}}, ...] after any text (Mistral
  *                7B Instruct v0.3, Mixtral 8x22B Instruct, Mistral Nemo);
- *   granite      <|tool_call|>[{"name": N, "arguments": {...}}, ...] (Granite 3.x).
+ *   granite      <|tool_call|>[{"name": N, "arguments": {...}}, ...] (Granite 3.x);
+ *   pythonic     [N(key=value, ...), ...] as the whole reply, Python call syntax with literal
+ *                arguments (strings in either quotes, numbers, True, False, None, lists, tuples,
+ *                dicts with string keys), between an optional <|python_start|> and
+ *                <|python_end|> (Llama 3.2 with vLLM's pythonic template, Llama 4; also read
+ *                as llama4_pythonic). Read, never evaluated; nesting deeper than 64 is refused.
  * iflow_tool_format_detect() names the format a chat template writes in its instructions or its
  * history (the first of the markers above it contains), NONE for a template without one.
  *
@@ -44,7 +49,8 @@
  *   keyword is refused, named with the tool and its place in the parameters); with no
  *   "parameters", any object. Every text the grammar accepts reads back as its calls (parsed
  *   with `bare`), except where a number in it is out of a double's or an int64's range (the
- *   JSON reader refuses those). mistral and granite calls are written
+ *   JSON reader refuses those). pythonic has no such grammar yet (IFLOW_EUNSUPPORTED: use
+ *   tool_choice auto). mistral and granite calls are written
  *   without their marker (a control token, which a grammar over text cannot name): parse them
  *   with `bare`. Never prints; errors as iflow_seterr() says.
  */
@@ -59,7 +65,7 @@
 #include "libcore/tokenizers/tokenizer.h"
 
 enum { IFLOW_TOOLS_NONE = 0, IFLOW_TOOLS_HERMES, IFLOW_TOOLS_LLAMA3_JSON, IFLOW_TOOLS_MISTRAL, IFLOW_TOOLS_GRANITE,
-       IFLOW_TOOLS_COUNT };
+       IFLOW_TOOLS_PYTHONIC, IFLOW_TOOLS_COUNT };
 
 /* "none", "hermes", "llama3_json", "mistral", "granite"; and back (-1 for another name). */
 const char *iflow_tool_format_name(int fmt);

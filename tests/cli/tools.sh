@@ -179,13 +179,17 @@ jq -c -n --argjson tools "$TOOLS" '{messages: [{role: "user", content: "x"}], to
     >"$TMP/req.jsonl"
 run bash -c "$BIN/iflow-run -m '$TMP/smol.ifs' --batch <'$TMP/req.jsonl'"
 expect_eq "$(jq -r .error <<<"$out")" \
-    "field 'tool_choice': the chat template names no tool-call format; give one with --tool-parser (hermes, llama3_json, mistral, granite)" \
+    "field 'tool_choice': the chat template names no tool-call format; give one with --tool-parser (hermes, llama3_json, mistral, granite, pythonic)" \
     "a template without a format: tool_choice asks for --tool-parser"
 run bash -c "$BIN/iflow-run -m '$TMP/smol.ifs' --batch --tool-parser hermes <'$TMP/req.jsonl'"
 expect_eq "$(jq -r .finish_reason <<<"$out")" "tool_calls" "--tool-parser names it"
+run bash -c "$BIN/iflow-run -m '$TMP/smol.ifs' --batch --tool-parser pythonic <'$TMP/req.jsonl'"
+expect_eq "$(jq -r .error <<<"$out")" \
+    "field 'tool_choice': a required or named call in format pythonic is not supported yet (tool_choice \"auto\" reads its calls)" \
+    "pythonic: no constrained call yet"
 run $BIN/iflow-run -m "$TMP/smol.ifs" --batch --tool-parser xml
 expect_rc 2 "--tool-parser xml"
-expect_eq "$err" "iflow-run: --tool-parser must be auto, hermes, llama3_json, mistral, granite or none, not 'xml'
+expect_eq "$err" "iflow-run: --tool-parser must be auto, hermes, llama3_json, mistral, granite, pythonic or none, not 'xml'
 Try 'iflow-run --help' for more information." "an unknown --tool-parser"
 run $BIN/iflow-run -m "$TMP/smol.ifs" -p x --tool-parser hermes
 expect_rc 2 "--tool-parser without --batch"

@@ -1,4 +1,4 @@
-/* fuzz_toolcall.c -- tool calls (toolcall.h). The first byte picks the format (its value mod 5) and
+/* fuzz_toolcall.c -- tool calls (toolcall.h). The first byte picks the format (its value mod IFLOW_TOOLS_COUNT, 6) and
  * the mode (bit 3: the grammar, else parsing; bit 4: parallel calls; bit 5: the first tool by name).
  *   Parsing: the rest is a reply. The count returned is the array's; no call gives the whole text
  *   back as content, calls give at most its length; every call has a nine-character id of letters

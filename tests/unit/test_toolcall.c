@@ -30,6 +30,16 @@ static void test_formats(void)
     for (int f = 0; f < IFLOW_TOOLS_COUNT; f++)
         CHECK(iflow_tool_format_from_name(iflow_tool_format_name(f)) == f, "format %d's name", f);
     CHECK(iflow_tool_format_from_name("hermes2") == -1 && iflow_tool_format_from_name("") == -1, "unknown names");
+    CHECK(iflow_tool_format_from_name("llama4_pythonic") == IFLOW_TOOLS_PYTHONIC, "vLLM's Llama 4 name");
+    /* pythonic has no marker of its own in Llama 3.2's templates: vLLM's pythonic one shows its
+     * form (these words written here, not copied), Llama 4's wraps calls in <|python_start|> */
+    static const char *const py_templates[] = {
+        "You may call functions as [func_name1(params_name1=params_value1), func_name2(params)]",
+        "{%- if message.tool_calls %}<|python_start|>{{ call }}<|python_end|>{%- endif %}",
+    };
+    for (size_t i = 0; i < 2; i++)
+        CHECK(iflow_tool_format_detect(py_templates[i], strlen(py_templates[i])) == IFLOW_TOOLS_PYTHONIC,
+              "pythonic template %zu", i);
     static const struct {
         const char *file;
         int fmt;
@@ -144,6 +154,36 @@ static const parse_case PARSE[] = {
     {IFLOW_TOOLS_GRANITE, 0, "<|tool_call|>[" F "]", 1, "", "[" FC "]"},
     {IFLOW_TOOLS_GRANITE, 0, "[TOOL_CALLS] [" F "]", 0, NULL, "[]"},
     {IFLOW_TOOLS_GRANITE, 1, "\n[" G "]\n", 1, "", "[" GC "]"},
+    /* pythonic: Python's call syntax and literals, read as data */
+    {IFLOW_TOOLS_PYTHONIC, 0, "[f(a=1)]", 1, "", "[" FC "]"},
+    {IFLOW_TOOLS_PYTHONIC, 0, " [f(a=1), g()] ", 2, "", "[" FC "," GC "]"},
+    {IFLOW_TOOLS_PYTHONIC, 0, "<|python_start|>[f(a=1)]<|python_end|>", 1, "", "[" FC "]"},
+    {IFLOW_TOOLS_PYTHONIC, 0, "[get_weather(city='San Francisco', unit=\"c\", days=3, exact=True, when=None)]", 1,
+     "", "[[\"get_weather\",\"{\\\"city\\\":\\\"San Francisco\\\",\\\"unit\\\":\\\"c\\\",\\\"days\\\":3,"
+     "\\\"exact\\\":true,\\\"when\\\":null}\"]]"},
+    {IFLOW_TOOLS_PYTHONIC, 0, "[f(x=[1, 2.5, -3e2], y=(True, False), z={'k': [\"v\"], \"n\": {}},)]", 1, "",
+     "[[\"f\",\"{\\\"x\\\":[1,2.5,-300.0],\\\"y\\\":[true,false],\\\"z\\\":{\\\"k\\\":[\\\"v\\\"],\\\"n\\\":{}}}\"]]"},
+    {IFLOW_TOOLS_PYTHONIC, 0, "[f(s='it\\'s \\\"q\\\" \\n \\u00e9 \\x41')]", 1, "",
+     "[[\"f\",\"{\\\"s\\\":\\\"it's \\\\\\\"q\\\\\\\" \\\\n \xc3\xa9 A\\\"}\"]]"},
+    {IFLOW_TOOLS_PYTHONIC, 0, "[tools.search(q='x'), f(a=1,),]", 2, "",
+     "[[\"tools.search\",\"{\\\"q\\\":\\\"x\\\"}\"]," FC "]"},
+    {IFLOW_TOOLS_PYTHONIC, 0, "Sure: [f(a=1)]", 0, NULL, "[]"},
+    {IFLOW_TOOLS_PYTHONIC, 0, "[f(a=1)] done", 0, NULL, "[]"},
+    {IFLOW_TOOLS_PYTHONIC, 0, "[f(a=1, a=2)]", 0, NULL, "[]"},
+    {IFLOW_TOOLS_PYTHONIC, 0, "[f(1)]", 0, NULL, "[]"},
+    {IFLOW_TOOLS_PYTHONIC, 0, "[f(a=x)]", 0, NULL, "[]"},
+    {IFLOW_TOOLS_PYTHONIC, 0, "[f(a=__import__('os'))]", 0, NULL, "[]"},
+    {IFLOW_TOOLS_PYTHONIC, 0, "[f(a=1 b=2)]", 0, NULL, "[]"},
+    {IFLOW_TOOLS_PYTHONIC, 0, "[f(a={1: 2})]", 0, NULL, "[]"},
+    {IFLOW_TOOLS_PYTHONIC, 0, "[f(a='open)]", 0, NULL, "[]"},
+    {IFLOW_TOOLS_PYTHONIC, 0, "[f(a='x\\0y')]", 0, NULL, "[]"},
+    {IFLOW_TOOLS_PYTHONIC, 0, "[f(a='C:\\dir')]", 1, "", "[[\"f\",\"{\\\"a\\\":\\\"C:\\\\\\\\dir\\\"}\"]]"},
+    {IFLOW_TOOLS_PYTHONIC, 0, "[f(a=[1, 2)]", 0, NULL, "[]"},
+    {IFLOW_TOOLS_PYTHONIC, 0, "[f(a=1)", 0, NULL, "[]"},
+    {IFLOW_TOOLS_PYTHONIC, 0, "[]", 0, NULL, "[]"},
+    {IFLOW_TOOLS_PYTHONIC, 0, "[1f(a=1)]", 0, NULL, "[]"},
+    {IFLOW_TOOLS_PYTHONIC, 0, "[f.(a=1)]", 0, NULL, "[]"},
+    {IFLOW_TOOLS_PYTHONIC, 0, "[f(a=Truex)]", 0, NULL, "[]"},
     /* none */
     {IFLOW_TOOLS_NONE, 0, "<tool_call>" F "</tool_call>", 0, NULL, "[]"},
 };
@@ -341,6 +381,9 @@ static void test_grammar(void)
     }
     iflow_grammar *g = NULL;
     CHECK(iflow_tool_grammar(&g, IFLOW_TOOLS_NONE, tools, NULL, 1) == IFLOW_EINVAL && !g, "no format: refused");
+    CHECK_ERR(iflow_tool_grammar(&g, IFLOW_TOOLS_PYTHONIC, tools, NULL, 1), IFLOW_EUNSUPPORTED, "pythonic",
+              "not supported yet");
+    CHECK(!g, "pythonic: no grammar");
     json_decref(tools);
 }
 
