@@ -269,6 +269,11 @@ static item *parse_line(const reader *rd, const char *line, size_t len, long lin
         item_fail(it, "%s", iflow_errmsg());
         return it;
     }
+    /* a reasoning model thinks freely: its constraint applies once </think> has come (unless
+     * the prompt closed the block already, as Qwen3's template does without thinking) */
+    if (rd->o->reasoning && !rd->o->grammar_in_reasoning && it->f.messages && it->f.grammar &&
+        !iflow_reasoning_closed(it->f.prompt, it->f.prompt_len))
+        q->grammar_after = "</think>";
     int32_t *ids;
     size_t n;
     if (encode(rd, it, it->f.prompt, it->f.prompt_len, &ids, &n) < 0) {

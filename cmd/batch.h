@@ -31,6 +31,7 @@ typedef struct {
     const char *chat_error;      /* then why there is none (said to such a request) */
     int tool_format;             /* IFLOW_TOOLS_*: how replies write tool calls (--tool-parser, the template's) */
     int reasoning;               /* chat replies' <think> blocks go to "reasoning_content" (--reasoning-parser) */
+    int grammar_in_reasoning;    /* with reasoning: constraints hold from the first token, not after </think> */
     struct iflow_grammar *grammar; /* --grammar, --json-schema, ...: for requests that give none */
 } batch_opts;
 

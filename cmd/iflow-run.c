@@ -37,7 +37,7 @@ enum {
     O_SAMPLER, O_MINP, O_TYPICAL, O_TFS, O_MIROSTAT_TAU, O_MIROSTAT_ETA, O_REPEAT_PENALTY, O_REPEAT_LAST_N,
     O_FREQUENCY_PENALTY, O_PRESENCE_PENALTY, O_FSD_ALPHA, O_FSD_K, O_FSD_N, O_FSD_BETA, O_FSD_RANDOM_STEPS,
     O_EMBED, O_TRANSLATE, O_DECODER_PREFIX, O_SOURCE_PREFIX, O_CHAT, O_SYSTEM, O_CHAT_TEMPLATE, O_TOOL_PARSER,
-    O_REASONING_PARSER,
+    O_REASONING_PARSER, O_GRAMMAR_IN_REASONING,
     O_GRAMMAR, O_GRAMMAR_FILE, O_JSON_SCHEMA, O_JSON_SCHEMA_FILE, O_REGEX, O_CHOICE,
 };
 
@@ -50,6 +50,7 @@ static const iflow_opt opts[] = {
     {O_SYSTEM, "system", 0, "TEXT", "with --chat: a system message before each user message", NULL},
     {O_CHAT_TEMPLATE, "chat-template", 0, "FILE", "the chat template (Jinja, as Hugging Face's chat_template) for --chat and --batch's \"messages\" instead of the model's", "file"},
     {O_TOOL_PARSER, "tool-parser", 0, "NAME", "with --batch: how the model writes tool calls, which requests with \"tools\" get back as \"tool_calls\": auto (default: the format the chat template names, if any), hermes, llama3_json, mistral, granite, pythonic (also llama4_pythonic) or none", "auto hermes llama3_json mistral granite pythonic llama4_pythonic none"},
+    {O_GRAMMAR_IN_REASONING, "grammar-in-reasoning", 0, NULL, "with --batch and a reasoning parser: a chat request's constraint (grammar, json_schema, regex, choice, a required tool call) covers the reasoning too; by default it applies once </think> has come, as vLLM does", NULL},
     {O_REASONING_PARSER, "reasoning-parser", 0, "NAME", "with --batch: where a chat reply's reasoning goes: auto (default: a <think> block is \"reasoning_content\" when the chat template names <think>), think (the same whatever the template; deepseek_r1 and qwen3 are its other names) or none", "auto think deepseek_r1 qwen3 none"},
     {O_GRAMMAR, "grammar", 0, "TEXT", "constrained decoding: the generated text follows the grammar TEXT (GBNF, llama.cpp's grammar language: rules name ::= ..., starting at the rule root; iflow-run(1), GRAMMARS)", NULL},
     {O_GRAMMAR_FILE, "grammar-file", 0, "FILE", "the same, the grammar read from FILE", "file"},
@@ -142,6 +143,7 @@ typedef struct {
     const char *chat_template; /* --chat-template FILE, or NULL */
     int tool_parser;           /* --tool-parser: IFLOW_TOOLS_*, or -1 (auto: the template's)      */
     int reasoning_parser;      /* --reasoning-parser: 1 think, 0 none, -1 auto (the template's)  */
+    int grammar_in_reasoning;  /* --grammar-in-reasoning                                        */
     iflow_grammar *grammar;   /* --grammar, --json-schema, --regex, --choice (and the -file forms), or NULL */
     char grammar_opt[4200];   /* which of them, for messages: "--grammar-file 'g.gbnf'" */
     const char *metrics;
@@ -468,6 +470,7 @@ static int run_batch(const run_opts *o)
         b.chat_error = why;
         b.tool_format = o->tool_parser >= 0 ? o->tool_parser : chat ? iflow_chat_tool_format(chat) : IFLOW_TOOLS_NONE;
         b.reasoning = o->reasoning_parser >= 0 ? o->reasoning_parser : chat && iflow_chat_reasoning(chat);
+        b.grammar_in_reasoning = o->grammar_in_reasoning;
         if (o->verbose && chat)
             fprintf(stderr, "%s: tool calls: %s%s; reasoning: %s%s\n", tool.name, iflow_tool_format_name(b.tool_format),
                     o->tool_parser >= 0 ? "" : " (the chat template's)", b.reasoning ? "think" : "none",
@@ -708,6 +711,7 @@ int main(int argc, char **argv)
         case O_CHAT: o.chat = 1; break;
         case O_SYSTEM: o.system = arg; break;
         case O_CHAT_TEMPLATE: o.chat_template = arg; break;
+        case O_GRAMMAR_IN_REASONING: o.grammar_in_reasoning = 1; break;
         case O_REASONING_PARSER:
             if (strcmp(arg, "auto") == 0)
                 o.reasoning_parser = -1;
@@ -824,6 +828,8 @@ int main(int argc, char **argv)
         die_usage(&tool, "--tool-parser goes with --batch (its requests give \"tools\")");
     if (o.reasoning_parser >= 0 && !o.batch)
         die_usage(&tool, "--reasoning-parser goes with --batch (its requests' \"messages\")");
+    if (o.grammar_in_reasoning && !o.batch)
+        die_usage(&tool, "--grammar-in-reasoning goes with --batch (its requests' \"messages\")");
     if (co.id && (o.beams || o.embed || o.translate || o.tokenize))
         die_usage(&tool, "a constraint (--grammar, --json-schema, --regex, --choice) goes with none of --beams, "
                          "--embed, --translate, --tokenize");

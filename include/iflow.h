@@ -344,7 +344,15 @@ typedef struct {
      * draft, its proposals are not constrained; the model's draws are, so a proposal the grammar
      * refuses is never kept */
     const struct iflow_grammar *grammar;
+    /* Optional, with grammar: the grammar applies only once the generated text has held this
+     * marker (at most IFLOW_MAX_GRAMMAR_AFTER bytes; a reasoning model's "</think>": it thinks
+     * freely, then answers under the grammar), from the bytes after it, JSON whitespace right
+     * after it skipped (what the grammar refuses of the marker's own token is let go: it then
+     * begins at the next token). NULL or "": from the first token */
+    const char *grammar_after;
 } iflow_request;
+
+#define IFLOW_MAX_GRAMMAR_AFTER 63
 
 typedef struct {
     void *user;

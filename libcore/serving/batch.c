@@ -1,6 +1,7 @@
 /* batch.c -- continuous batching over a paged KV cache. See batch.h. */
 #include "libcore/serving/batch.h"
 #include "libcore/base/error.h"
+#include "libcore/base/util.h"
 #include "libcore/serving/blocks.h"
 #include "libcore/serving/grammar.h"
 #include "libcore/engine/ppl.h"
@@ -58,6 +59,10 @@ typedef struct req {
     int first_piece;              /* the text starts at the first generated token           */
     iflow_grammar *grammar;       /* constrained decoding (a reference), or NULL            */
     iflow_gstate *gs;             /* with grammar: the text so far, parsed                  */
+    int deferred;                 /* the grammar waits for `after` in the text (grammar_after) */
+    char after[IFLOW_MAX_GRAMMAR_AFTER + 1];
+    char tail[IFLOW_MAX_GRAMMAR_AFTER]; /* deferred: the text's last bytes, shorter than `after` */
+    size_t n_after, n_tail;
     void (*on_text)(void *user, const char *text, size_t n);
     iflow_result *res;
 } req;
@@ -423,6 +428,12 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
         (rc = iflow_grammar_check_vocab(q->grammar, b->gv)) == 0) {
         r->grammar = iflow_grammar_ref((iflow_grammar *)q->grammar);
         rc = iflow_gstate_open(&r->gs, q->grammar);
+        r->n_after = q->grammar_after ? strlen(q->grammar_after) : 0;
+        if (r->n_after > IFLOW_MAX_GRAMMAR_AFTER)
+            rc = iflow_seterr(IFLOW_EINVAL, "grammar_after: %zu bytes, at most %d", r->n_after,
+                              IFLOW_MAX_GRAMMAR_AFTER);
+        else if ((r->deferred = r->n_after > 0))
+            memcpy(r->after, q->grammar_after, r->n_after + 1);
     }
     /* the draft's own stream (not with log-probabilities: a proposal accepted has no draw). With a
      * grammar the draft proposes freely: the model's draws follow the grammar, so a proposal it
@@ -656,6 +667,32 @@ static int token_piece(iflow_batch *b, req *r, int32_t id)
                   : 0;
 }
 
+/* r's grammar constrains its next token: it has one, not waiting for its marker. */
+static int gs_on(const req *r) { return r->gs && !r->deferred; }
+
+/* r waits for its grammar's marker: the token's bytes [n] are looked through (with the text's
+ * last bytes before them) and, where the marker ends, the grammar begins with the token's bytes
+ * after it, JSON whitespace right after the marker gone by (bytes it refuses there are let go:
+ * it begins at the next token instead). 0, or < 0 on failure. */
+static int watch_marker(req *r, const char *bytes, size_t n)
+{
+    char buf[IFLOW_MAX_GRAMMAR_AFTER + 1];
+    for (size_t k = 0; k < n; k++) { /* byte by byte: the marker may end anywhere in the token */
+        memcpy(buf, r->tail, r->n_tail);
+        buf[r->n_tail] = bytes[k];
+        const size_t m = r->n_tail + 1, keep = m < r->n_after - 1 ? m : r->n_after - 1;
+        if (m == r->n_after && memcmp(buf, r->after, m) == 0) {
+            r->deferred = 0, r->n_tail = 0;
+            size_t i = iflow_skip_ws(bytes, k + 1, n);
+            int rc = i < n ? iflow_gstate_advance(r->gs, bytes + i, n - i) : 0;
+            return rc == IFLOW_EINVAL ? 0 : rc;
+        }
+        memcpy(r->tail, buf + m - keep, keep); /* the text's last n_after - 1 bytes */
+        r->n_tail = keep;
+    }
+    return 0;
+}
+
 /* b->gmask = the tokens r's grammar allows next: the trie's walk, or, for a text's first token
  * whose piece loses its leading space there (sentencepiece), each token's piece tested. Returns
  * how many, or < 0. */
@@ -726,7 +763,7 @@ static int32_t draw_constrained(iflow_batch *b, req *r, const float *logits)
 static int32_t draw(iflow_batch *b, req *r, const float *logits)
 {
     const int V = iflow_model_hparams(b->m)->vocab_size;
-    int32_t id = r->gs ? draw_constrained(b, r, logits) : iflow_sampler_sample(r->sampler, logits);
+    int32_t id = gs_on(r) ? draw_constrained(b, r, logits) : iflow_sampler_sample(r->sampler, logits);
     if (id >= 0 && r->logprobs)
         logprob_of(logits, V, id, r->logprobs - 1, &r->lp_next);
     return id;
@@ -748,8 +785,10 @@ static int accept(iflow_batch *b, req *r, int32_t id)
     /* the piece once, before the token is counted (`first` is that of its position): the
      * grammar's state and the text take the same bytes */
     int n = token_piece(b, r, id), rc = n < 0 ? n : 0;
-    if (rc == 0 && r->gs)
+    if (rc == 0 && gs_on(r))
         rc = iflow_gstate_advance_token(r->gs, b->gv, id, b->piece, (size_t)n);
+    else if (rc == 0 && r->gs)
+        rc = watch_marker(r, b->piece, (size_t)n);
     if (rc < 0)
         return rc;
     res->tokens[res->n_tokens++] = id;
@@ -765,7 +804,7 @@ static int accept(iflow_batch *b, req *r, int32_t id)
         return stop;
     if (stop)
         return ended(b, r, IFLOW_FINISH_STOP);
-    if (r->gs && iflow_gstate_is_done(r->gs)) /* only an end could follow: it is taken as given */
+    if (gs_on(r) && iflow_gstate_is_done(r->gs)) /* only an end could follow: it is taken as given */
         return ended(b, r, IFLOW_FINISH_GRAMMAR);
     if (res->n_tokens == r->max_tokens) /* clipped by the context, or max_tokens itself */
         return ended(b, r, r->clipped ? IFLOW_FINISH_CONTEXT : IFLOW_FINISH_LENGTH);
@@ -939,20 +978,20 @@ static int verify(iflow_batch *b, req *r, const iflow_step_seq *q)
         if (r->greedy) {
             tok = q->next[i];
             acc = i < k && tok == r->vids[i + 1];
-        } else if (i < k && r->gs && iflow_sampler_is_greedy(r->sampler)) { /* the grammar's greedy choice */
+        } else if (i < k && gs_on(r) && iflow_sampler_is_greedy(r->sampler)) { /* the grammar's greedy choice */
             tok = draw(b, r, logits);
             acc = tok == r->vids[i + 1];
         } else if (i < k) {
-            int allowed = r->gs ? constrained_logits(b, r, logits) : 1; /* p: the grammar's distribution */
+            int allowed = gs_on(r) ? constrained_logits(b, r, logits) : 1; /* p: the grammar's distribution */
             if (allowed <= 0) {
                 tok = allowed < 0 ? allowed : NO_TOKEN;
             } else {
-                if ((rc = iflow_sampler_dist(r->sampler, r->gs ? b->glogits : logits, b->p_dist)) < 0)
+                if ((rc = iflow_sampler_dist(r->sampler, gs_on(r) ? b->glogits : logits, b->p_dist)) < 0)
                     return rc;
                 double u1 = iflow_sampler_uniform(r->sampler), u2 = iflow_sampler_uniform(r->sampler);
                 tok = iflow_spec_verify(b->p_dist, r->q + (size_t)i * V, V, r->vids[i + 1], u1, u2,
                                         b->accept_top_k, b->accept_top_p, &acc);
-                if (acc && r->gs && !b->gmask[tok]) { /* a looser acceptance took what the grammar refuses */
+                if (acc && gs_on(r) && !b->gmask[tok]) { /* a looser acceptance took what the grammar refuses */
                     acc = 0;
                     tok = iflow_argmax(b->p_dist, V);
                 }

@@ -35,3 +35,5 @@ int iflow_reasoning_split(const char *prompt, size_t plen, const char *text, siz
     *r_off = i, *r_len = end - i, *c_off = iflow_skip_ws(text, c, len);
     return 1;
 }
+
+int iflow_reasoning_closed(const char *prompt, size_t plen) { return prompt && ends_with(prompt, plen, CLOSE); }

@@ -16,6 +16,9 @@
  *   *r_off and *r_len: the reasoning's span, whitespace at both ends left out; *c_off: where the
  *   answer starts, whitespace after </think> left out. Returns 1 when there is a reasoning
  *   block (possibly empty), 0 when not (*r_len 0, *c_off 0). Pure: no allocation, no error.
+ *   iflow_reasoning_closed(): whether the prompt closed the block itself (a constraint then holds
+ *   from the reply's first token; otherwise a batch waits for </think>: iflow_request's
+ *   grammar_after).
  */
 #ifndef IFLOW_REASONING_H
 #define IFLOW_REASONING_H
@@ -23,6 +26,8 @@
 #include <stddef.h>
 
 int iflow_reasoning_detect(const char *template_text, size_t len);
+/* 1 when prompt [plen] ends with </think> (whitespace after it aside): the reply is all answer. */
+int iflow_reasoning_closed(const char *prompt, size_t plen);
 int iflow_reasoning_split(const char *prompt, size_t plen, const char *text, size_t len, size_t *r_off, size_t *r_len,
                           size_t *c_off);
 

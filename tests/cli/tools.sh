@@ -115,7 +115,7 @@ jq -c -n --argjson g1 "$(g $'Let me add. 2+2=4.\n</think>\n\nThe answer is 4.')"
     {id: "r1", messages: [{role: "user", content: "2+2?"}], temperature: 0, grammar: $g1},
     {id: "cut", messages: [{role: "user", content: "2+2?"}], temperature: 0, max_tokens: 3, grammar: $g1},
     {id: "plain", prompt: "2+2?", temperature: 0, max_tokens: 2}' >"$TMP/req.jsonl"
-run bash -c "$BIN/iflow-run -m '$TMP/smol.ifs' --batch -v --chat-template $R1 <'$TMP/req.jsonl'"
+run bash -c "$BIN/iflow-run -m '$TMP/smol.ifs' --batch -v --grammar-in-reasoning --chat-template $R1 <'$TMP/req.jsonl'"
 expect_rc 0 "reasoning"
 expect_match "$err" "reasoning: think \(the chat template's\)" "-v: DeepSeek-R1's template names <think>"
 expect_eq "$(jq -c 'select(.id == "r1") | [.reasoning_content, .content, .finish_reason]' <<<"$out")" \
@@ -132,11 +132,25 @@ jq -c -n --argjson tools "$TOOLS" --argjson g1 "$(g $'<think>Paris? The weather 
     --argjson g2 "$(g 'Four.')" '
     {id: "t", messages: [{role: "user", content: "Weather in Paris?"}], tools: $tools, temperature: 0, grammar: $g1},
     {id: "n", messages: [{role: "user", content: "2+2?"}], temperature: 0, grammar: $g2}' >"$TMP/req.jsonl"
-run bash -c "$BIN/iflow-run -m '$TMP/smol.ifs' --batch --reasoning-parser qwen3 --chat-template $QWEN <'$TMP/req.jsonl'"
+run bash -c "$BIN/iflow-run -m '$TMP/smol.ifs' --batch --reasoning-parser qwen3 --grammar-in-reasoning --chat-template $QWEN <'$TMP/req.jsonl'"
 expect_eq "$(jq -c 'select(.id == "t") | [.reasoning_content, .content, .finish_reason, [.tool_calls[].function.name]]' <<<"$out")" \
     '["Paris? The weather tool.","","tool_calls",["get_weather"]]' "reasoning, then a call"
 expect_eq "$(jq -c 'select(.id == "n") | [.reasoning_content, .content]' <<<"$out")" '[null,"Four."]' \
     "no block: reasoning_content null, the whole reply content"
+# by default a constraint waits for </think> (as vLLM's structured outputs do): SmolLM2 never
+# closes the block the R1 template opens, so the reply is the free one, all reasoning
+jq -c -n --argjson g2 "$(g 'Four.')" '{id: "d", messages: [{role: "user", content: "2+2?"}], temperature: 0,
+    max_tokens: 24, grammar: $g2}, {id: "f", messages: [{role: "user", content: "2+2?"}], temperature: 0,
+    max_tokens: 24}' >"$TMP/req.jsonl"
+run bash -c "$BIN/iflow-run -m '$TMP/smol.ifs' --batch --chat-template $R1 <'$TMP/req.jsonl'"
+expect_eq "$(jq -s -c 'map(.text) | [.[0] == .[1], (.[0] | length > 5)]' <<<"$out")" '[true,true]' \
+    "the constraint waits for </think>: the free reply"
+expect_eq "$(jq -c 'select(.id == "d") | [.content, .finish_reason]' <<<"$out")" '["","length"]' \
+    "all of it reasoning, no answer yet"
+run bash -c "$BIN/iflow-run -m '$TMP/smol.ifs' --batch --reasoning-parser none --chat-template $R1 <'$TMP/req.jsonl'"
+expect_eq "$(jq -r 'select(.id == "d") | .text' <<<"$out")" "Four." "no reasoning parser: the constraint from the start"
+run $BIN/iflow-run -m "$TMP/smol.ifs" -p x --grammar-in-reasoning
+expect_rc 2 "--grammar-in-reasoning without --batch"
 run $BIN/iflow-run -m "$TMP/smol.ifs" --batch --reasoning-parser o1
 expect_eq "$err" "iflow-run: --reasoning-parser must be auto, think, deepseek_r1, qwen3 or none, not 'o1'
 Try 'iflow-run --help' for more information." "an unknown --reasoning-parser"

@@ -411,6 +411,79 @@ static void collect_req(void *user, const char *t, size_t n)
     collect(&((req_user *)user)->text, t, n);
 }
 
+/* One greedy request of prompt under grammar g from marker `after` on: its result (free it). */
+static iflow_result *one_request(iflow_model *m, const int32_t *ids, size_t n, const iflow_grammar *g,
+                                 const char *after, int max_tokens, int *add_rc)
+{
+    iflow_batch_params bp = {.parallel = 1, .n_threads = 1, .n_ctx = 128};
+    iflow_batch *b;
+    iflow_result *r = NULL;
+    if (iflow_batch_open(&b, m, &bp) < 0)
+        return NULL;
+    iflow_request q = {.prompt = ids, .n_prompt = (int)n, .max_tokens = max_tokens, .grammar = g,
+                       .grammar_after = after};
+    if ((*add_rc = iflow_batch_add(b, &q)) == 0) {
+        while (iflow_batch_step(b) > 0)
+            ;
+        if (iflow_batch_take(b, &r) != 1)
+            r = NULL;
+    }
+    iflow_batch_close(b);
+    return r;
+}
+
+/* A grammar that waits for a marker (iflow_request.grammar_after, a reasoning model's </think>):
+ * the greedy text is free up to the marker, then the grammar's. The marker is the text of
+ * stories260K's first two greedy tokens; after it the grammar allows " and the end." only. A
+ * marker that never comes leaves the whole reply free; one of 64 bytes is refused. */
+static void test_grammar_after(void)
+{
+    iflow_model *m;
+    iflow_ctx *c;
+    if (open_model(&m, &c, 0) < 0)
+        return;
+    const iflow_tokenizer *tok = iflow_model_tokenizer(m);
+    int32_t *ids;
+    size_t n;
+    iflow_tokenizer_encode(tok, "Once upon a time", 16, IFLOW_TOK_ADD_BOS, &ids, &n);
+    int rc;
+    iflow_result *free_run = one_request(m, ids, n, NULL, NULL, 24, &rc);
+    CHECK(free_run && free_run->n_tokens >= 3, "the free reply: %s", iflow_errmsg());
+    iflow_grammar *g = NULL;
+    const char *gbnf = "root ::= \" and the end.\"";
+    CHECK(iflow_grammar_open(&g, gbnf, strlen(gbnf), NULL) == 0, "grammar: %s", iflow_errmsg());
+    if (free_run && g) {
+        char marker[128], want[256];
+        size_t k = 0;
+        for (int i = 0; i < 2; i++) {
+            int p = iflow_tokenizer_piece(tok, free_run->tokens[i], i == 0, marker + k, 64);
+            k += p > 0 ? (size_t)p : 0;
+        }
+        marker[k] = 0;
+        snprintf(want, sizeof want, "%s and the end.", marker);
+        iflow_result *r = one_request(m, ids, n, g, marker, 24, &rc);
+        CHECK(r && strcmp(r->text, want) == 0 && r->finish == IFLOW_FINISH_GRAMMAR,
+              "free up to '%s', then the grammar: '%s' (%s)", marker, r ? r->text : iflow_errmsg(),
+              r ? iflow_finish_name(r->finish) : "");
+        iflow_result_free(r);
+        r = one_request(m, ids, n, g, "never in this story", 24, &rc);
+        CHECK(r && strcmp(r->text, free_run->text) == 0 && r->finish == free_run->finish,
+              "no marker: the free reply ('%s')", r ? r->text : iflow_errmsg());
+        iflow_result_free(r);
+        char too_long[IFLOW_MAX_GRAMMAR_AFTER + 2];
+        memset(too_long, 'x', sizeof too_long - 1);
+        too_long[sizeof too_long - 1] = 0;
+        r = one_request(m, ids, n, g, too_long, 24, &rc);
+        CHECK_ERR(rc, IFLOW_EINVAL, "grammar_after", "at most 63");
+        CHECK(!r, "refused: no result");
+    }
+    iflow_result_free(free_run);
+    iflow_grammar_close(g);
+    free(ids);
+    iflow_ctx_close(c);
+    iflow_model_close(m);
+}
+
 static void test_batch(void)
 {
     static const char *const prompts[N_REQ] = {"Lily and Tom", "Once upon a time", "The little dog",
@@ -599,6 +672,7 @@ int main(void)
     RUN(test_generate);
     RUN(test_sampler);
     RUN(test_batch);
+    RUN(test_grammar_after);
     RUN(test_chat);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

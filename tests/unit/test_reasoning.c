@@ -50,6 +50,14 @@ static void test_split(void)
     }
 }
 
+static void test_closed(void)
+{
+    CHECK(iflow_reasoning_closed("<|im_start|>assistant\n<think>\n\n</think>\n\n", 41), "Qwen3 without thinking");
+    CHECK(!iflow_reasoning_closed("<|im_start|>assistant\n<think>\n", 30), "an open block");
+    CHECK(!iflow_reasoning_closed("<|im_start|>assistant\n", 22), "no block");
+    CHECK(!iflow_reasoning_closed(NULL, 0), "no prompt");
+}
+
 static void test_detect(void)
 {
     static const char *const files[] = {"command-r", "deepseek-r1", "falcon", "gemma", "granite31", "llama2",
@@ -73,5 +81,6 @@ int main(void)
 {
     RUN(test_split);
     RUN(test_detect);
+    RUN(test_closed);
     return check_summary("test_reasoning");
 }
