@@ -116,8 +116,8 @@ grammar_entries() {
 # LoRA adapters applied at run time (iflow-run --lora on a converted shard): the TinyLlama shape in
 # Q4_B64 with a seeded random adapter (bench/loragen.c) of rank 16 and 64 on all seven matrices of
 # every layer, against the shard alone: an 18-token prompt's prefill and 32 greedy tokens' decode
-# tok/s from -v (best of 3 runs, 2 threads), and the adapter's F32 bytes a decode step reads
-# beside the weights.
+# tok/s from -v (best of 3 runs, 2 threads), and the adapter file's F32 bytes (a decode step
+# reads half of that beside the weights: iflow keeps a and b in F16).
 lora_entries() {
     log "LoRA at run time: TinyLlama Q4_B64 with adapters of rank 16 and 64"
     tl_q4_pair

@@ -504,7 +504,7 @@ static int grow_scratch(dev_scratch *s, float **buf, size_t *cap, size_t n)
 }
 
 /* y [T][N] (rows of stride N) += b (a x) for x [T][K] at stride ldx: a matrix's low-rank delta,
- * or nothing (rank 0). Two matrix products of F32 weights and an add, on s's device. */
+ * or nothing (rank 0). Two matrix products of F16 weights and an add, on s's device. */
 static int low_rank_rows(dev_scratch *s, float *y, const low_rank *l, const float *x, int ldx, int T, int N, int K)
 {
     if (!l->rank)
@@ -512,8 +512,8 @@ static int low_rank_rows(dev_scratch *s, float *y, const low_rank *l, const floa
     iflow_device *d = s->dev;
     IFLOW_TRY(grow_scratch(s, &s->lt, &s->n_lt, (size_t)T * l->rank));
     IFLOW_TRY(grow_scratch(s, &s->ly, &s->n_ly, (size_t)T * N));
-    IFLOW_TRY(d->ops->matmul(d, s->lt, (size_t)l->rank, l->a, IFLOW_DT_F32, x, (size_t)ldx, T, l->rank, K));
-    IFLOW_TRY(d->ops->matmul(d, s->ly, (size_t)N, l->b, IFLOW_DT_F32, s->lt, (size_t)l->rank, T, N, l->rank));
+    IFLOW_TRY(d->ops->matmul(d, s->lt, (size_t)l->rank, l->a, IFLOW_DT_F16, x, (size_t)ldx, T, l->rank, K));
+    IFLOW_TRY(d->ops->matmul(d, s->ly, (size_t)N, l->b, IFLOW_DT_F16, s->lt, (size_t)l->rank, T, N, l->rank));
     return d->ops->add(d, y, s->ly, (size_t)T * N);
 }
 

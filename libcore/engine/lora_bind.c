@@ -2,6 +2,7 @@
  * of an adapter bound to the matrix of the model it changes, found through the spec the shard
  * was converted with. */
 #include "model_impl.h"
+#include "libcore/base/dtype.h"
 #include "libcore/base/error.h"
 #include "libcore/base/quote.h"
 #include "libcore/formats/lora.h"
@@ -64,16 +65,17 @@ static const char *spec_rope_layout(const iflow_spec *s)
     return v;
 }
 
-/* lr += d: a stacked on a's rows, s b (rows permuted by rows, when given) beside b's columns. */
+/* lr += d: a stacked on a's rows, s b (rows permuted by rows, when given) beside b's columns,
+ * rounded to F16 once (the values of lr's earlier rows kept as they are). */
 static int stack(iflow_model *m, low_rank *lr, const iflow_lora_delta *d, const int64_t *rows)
 {
     const int r0 = lr->rank, r = r0 + d->rank;
     const int64_t K = d->in, N = d->out;
-    float **mem = realloc(m->lora_mem, (m->n_lora_mem + 2) * sizeof *mem);
+    uint16_t **mem = realloc(m->lora_mem, (m->n_lora_mem + 2) * sizeof *mem);
     if (!mem)
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
     m->lora_mem = mem;
-    float *a = malloc((size_t)r * (size_t)K * sizeof *a), *b = malloc((size_t)N * (size_t)r * sizeof *b);
+    uint16_t *a = malloc((size_t)r * (size_t)K * sizeof *a), *b = malloc((size_t)N * (size_t)r * sizeof *b);
     if (!a || !b) {
         free(a);
         free(b);
@@ -81,13 +83,14 @@ static int stack(iflow_model *m, low_rank *lr, const iflow_lora_delta *d, const 
     }
     if (r0)
         memcpy(a, lr->a, (size_t)r0 * (size_t)K * sizeof *a);
-    memcpy(a + (size_t)r0 * (size_t)K, d->a, (size_t)d->rank * (size_t)K * sizeof *a);
+    for (size_t i = 0; i < (size_t)d->rank * (size_t)K; i++)
+        a[(size_t)r0 * (size_t)K + i] = iflow_f32_to_f16(d->a[i]);
     for (int64_t i = 0; i < N; i++) {
         const float *src = d->b + (size_t)(rows ? rows[i] : i) * (size_t)d->rank;
         for (int q = 0; q < r0; q++)
             b[i * r + q] = lr->b[i * r0 + q];
         for (int q = 0; q < d->rank; q++)
-            b[i * r + r0 + q] = (float)(d->scale * src[q]);
+            b[i * r + r0 + q] = iflow_f32_to_f16((float)(d->scale * src[q]));
     }
     m->lora_mem[m->n_lora_mem++] = a;
     m->lora_mem[m->n_lora_mem++] = b;

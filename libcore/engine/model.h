@@ -157,7 +157,7 @@ int  iflow_model_own_device(const iflow_model *m);
 void iflow_model_close(iflow_model *m);
 
 /* Apply LoRA adapter l (libcore/formats/lora.h) at run time: each matrix it changes computes
- * W x + s B (A x), W as the shard holds it (quantized or not), A and B in F32 on the host.
+ * W x + s B (A x), W as the shard holds it (quantized or not), A and s B in F16 on the host.
  * Its tensor names are read through the spec the shard was converted with (meta.spec, found as
  * NAME.ini in spec_dirs), in the adapter's naming (a PEFT adapter's Hugging Face names or a
  * GGUF adapter's), q/k rows permuted where that naming's rotary order is not the shard's.

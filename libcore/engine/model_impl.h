@@ -16,10 +16,11 @@
 typedef struct { const void *data; int type; } weight;   /* a matrix [rows][cols] of type */
 
 /* A matrix's low-rank delta added at run time (LoRA adapters, iflow_model_add_lora): W x + b (a x),
- * F32 on the host, the adapters' scales folded into b; rank 0: none. */
+ * F16 on the host (IFLOW_DT_F16: half the bytes a decode step reads), the adapters' scales
+ * folded into b; rank 0: none. */
 typedef struct {
-    const float *a;   /* [rank][cols] */
-    const float *b;   /* [rows][rank] */
+    const uint16_t *a; /* [rank][cols] */
+    const uint16_t *b; /* [rows][rank] */
     int rank;
 } low_rank;
 
@@ -77,7 +78,7 @@ struct iflow_model {
     const float *rope_freqs;      /* [rope_dim/2] (hparam rope_freqs) or NULL, in the mapping */
     float *rope_scale;            /* [rope_dim/2] or NULL, on the host */
     uint64_t decode_bytes;
-    float **lora_mem;             /* [n_lora_mem] the low_rank arrays of layers (iflow_model_add_lora) */
+    uint16_t **lora_mem;          /* [n_lora_mem] the low_rank arrays of layers (iflow_model_add_lora) */
     size_t n_lora_mem;
     int lora_rank;                /* the largest rank of a delta, 0 when none */
 

@@ -98,7 +98,7 @@ run $BIN/iflow-run -m "$STORIES" --lora $F/stories260K-q-k-up.gguf -p "Once upon
 expect_rc 0 "a GGUF adapter on a Hugging Face checkpoint"
 check_case stories260K-gguf "$(jq -c .gen_ids <<<"$out")"
 
-# ---- at run time, on converted models: W x + s B (A x), W as the shard holds it ----
+# ---- at run time, on converted models: W x + s B (A x), W as the shard holds it, A and s B in F16 ----
 run $BIN/iflow-convert "$SMOL" -o "$TMP/smol.ifs"
 run $BIN/iflow-convert "$STORIES" -o "$TMP/st.ifs"
 for c in "smollm2-gguf-x1.0 smol --lora $F/smollm2-q-v-down.gguf" \
@@ -110,7 +110,9 @@ for c in "smollm2-gguf-x1.0 smol --lora $F/smollm2-q-v-down.gguf" \
     expect_rc 0 "$name at run time"
     check_case "$name" "$(jq -c .gen_ids <<<"$out")"
 done
-# merged and applied at run time: the same continuation, and the same perplexity within 1e-4
+# merged and applied at run time: the same continuation, and the same perplexity within 1e-3 (at
+# run time the delta's a and b are F16, and the default --activations rounds what meets F16
+# weights to BF16 on CPUs with AVX512_BF16: 3e-4 here)
 run $BIN/iflow-run -m "$TMP/s.ifs" -p "Once upon a time" -n 64 --temp 0 --json
 merged=$(jq -c .gen_ids <<<"$out") merged_text=$(jq -r .text <<<"$out")
 run $BIN/iflow-run -m "$TMP/st.ifs" --lora $F/stories260K-peft -p "Once upon a time" -n 64 --temp 0 --json
@@ -119,13 +121,13 @@ run $BIN/iflow-ppl -m "$TMP/s.ifs" -f "$DATA/data/wikitext-2-raw/wiki.test.raw" 
 a=$(jq .ppl <<<"$out")
 run $BIN/iflow-ppl -m "$TMP/st.ifs" --lora $F/stories260K-peft -f "$DATA/data/wikitext-2-raw/wiki.test.raw" \
     --max-tokens 2000 -c 256 --json
-expect_close "$(jq .ppl <<<"$out")" "$a" 1e-4 "stories260K: perplexity merged = at run time ($a)"
+expect_close "$(jq .ppl <<<"$out")" "$a" 1e-3 "stories260K: perplexity merged = at run time ($a)"
 # continuous batching with an adapter: each request's greedy reply is the one-prompt run's
 jq -nc '{id: 1, prompt: "Once upon a time", max_tokens: 64, temperature: 0}, {id: 2, prompt: "The cat", max_tokens: 16, temperature: 0}' \
     >"$TMP/req.jsonl"
 run bash -c "$BIN/iflow-run -m '$TMP/st.ifs' --lora $F/stories260K-peft --batch <'$TMP/req.jsonl'"
 expect_eq "$(jq -r 'select(.id == 1) | .text' <<<"$out")" "$merged_text" "--batch --lora: the same reply"
-# a quantized shard takes an adapter too (its matrices as they are, the delta in F32): the first
+# a quantized shard takes an adapter too (its matrices as they are, the delta in F16): the first
 # six tokens, whose reference margins are all above 0.19 (Q8 moves logits by a few hundredths)
 $BIN/iflow-quant -t q8_b32 -i "$TMP/st.ifs" -o "$TMP/q8.ifs" 2>/dev/null
 run $BIN/iflow-run -m "$TMP/q8.ifs" --lora $F/stories260K-peft -p "Once upon a time" -n 16 --temp 0 --json
