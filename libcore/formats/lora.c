@@ -266,6 +266,20 @@ static iflow_lora *lora_new(const char *path, int naming)
     return l;
 }
 
+/* The PEFT adapter l from its config c and its safetensors s (both released here), rc what
+ * opening them gave. */
+static int peft_finish(iflow_lora **out, iflow_lora *l, json_t *c, iflow_st *s, int rc, double scale)
+{
+    if (rc == 0)
+        rc = peft_build(l, c, s, scale);
+    json_decref(c);
+    iflow_st_close(s);
+    if (rc < 0)
+        return iflow_lora_close(l), rc;
+    *out = l;
+    return 0;
+}
+
 int iflow_lora_open_peft_mem(iflow_lora **out, const char *config, size_t config_len, const void *st, size_t st_len,
                              const char *name, double scale)
 {
@@ -278,14 +292,7 @@ int iflow_lora_open_peft_mem(iflow_lora **out, const char *config, size_t config
     int rc = iflow_json_load_buf(&c, config, config_len, name);
     if (rc == 0)
         rc = iflow_st_open_mem(&s, st, st_len, name);
-    if (rc == 0)
-        rc = peft_build(l, c, s, scale);
-    json_decref(c);
-    iflow_st_close(s);
-    if (rc < 0)
-        return iflow_lora_close(l), rc;
-    *out = l;
-    return 0;
+    return peft_finish(out, l, c, s, rc, scale);
 }
 
 static int peft_open(iflow_lora **out, const char *path, double scale)
@@ -312,14 +319,7 @@ static int peft_open(iflow_lora **out, const char *path, double scale)
         rc = iflow_seterr(rc, "LoRA adapter '%s': no adapter_config.json beside it (%s)", path, cfg);
     if (rc == 0 && (rc = iflow_st_open(&s, st_path)) == IFLOW_ENOTFOUND)
         rc = iflow_seterr(rc, "LoRA adapter '%s': no %s", path, st_path);
-    if (rc == 0)
-        rc = peft_build(l, c, s, scale);
-    json_decref(c);
-    iflow_st_close(s);
-    if (rc < 0)
-        return iflow_lora_close(l), rc;
-    *out = l;
-    return 0;
+    return peft_finish(out, l, c, s, rc, scale);
 }
 
 /* ---- GGUF ---- */
