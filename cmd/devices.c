@@ -72,6 +72,11 @@ void devices_place(const iflow_tool *t, iflow_model *m, const device_opts *o, pl
         place_plan(t, m, o, p);
         return;
     }
+    if (iflow_model_has_lora(m) && (!o->device || strcmp(o->device, "auto") == 0)) {
+        if (o->verbose) /* a run-time adapter computes on the CPU (iflow_model_add_lora) */
+            fprintf(stderr, "%s: device auto: running on the cpu (a LoRA adapter applied at run time)\n", t->name);
+        return;
+    }
     if (!(p->gpu = open_gpu(t, o)))
         return;
     const iflow_hparams *hp = iflow_model_hparams(m);

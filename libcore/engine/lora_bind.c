@@ -184,3 +184,5 @@ void iflow_model_free_lora(iflow_model *m)
     m->lora_mem = NULL;
     m->n_lora_mem = 0;
 }
+
+int iflow_model_has_lora(const iflow_model *m) { return m->lora_rank > 0; }

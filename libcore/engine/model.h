@@ -167,6 +167,8 @@ void iflow_model_close(iflow_model *m);
  * layer with a delta elsewhere than on a host device, or splits it, is refused afterwards. */
 struct iflow_lora;
 int iflow_model_add_lora(iflow_model *m, const struct iflow_lora *l, const char *const *spec_dirs, size_t n_dirs);
+/* 1 when an adapter was applied at run time (the model then runs on the CPU). */
+int iflow_model_has_lora(const iflow_model *m);
 const iflow_hparams *iflow_model_hparams(const iflow_model *m);
 /* The tokenizer that encodes text for the model (an encoder-decoder's source side), or NULL
  * when the shard has none. */

@@ -110,6 +110,8 @@ for c in "smollm2-gguf-x1.0 smol --lora $F/smollm2-q-v-down.gguf" \
     expect_rc 0 "$name at run time"
     check_case "$name" "$(jq -c .gen_ids <<<"$out")"
 done
+run $BIN/iflow-run -m "$TMP/st.ifs" --lora $F/stories260K-peft -p "Once" -n 2 -v
+expect_match "$err" "device auto: running on the cpu \\(a LoRA adapter applied at run time\\)" "-v: the adapter keeps the model on the CPU"
 # merged and applied at run time: the same continuation, and the same perplexity within 1e-3 (at
 # run time the delta's a and b are F16, and the default --activations rounds what meets F16
 # weights to BF16 on CPUs with AVX512_BF16: 3e-4 here)
