@@ -18,8 +18,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-enum { O_OUTPUT = 'o', O_DTYPE = 't', O_VERBOSE = 'v', O_SPEC = 256, O_SYNTHETIC, O_SEED, O_ZSTD, O_INFO, O_JSON, O_TOKENIZER, O_LORA,
-       O_LORA_SCALED };
+enum {
+    O_OUTPUT = 'o', O_DTYPE = 't', O_VERBOSE = 'v', O_SPEC = 256, O_SYNTHETIC, O_SEED, O_ZSTD, O_INFO, O_JSON,
+    O_TOKENIZER, O_LORA, O_LORA_SCALED
+};
 
 static const iflow_opt opts[] = {
     {O_OUTPUT, "output", 'o', "FILE", "write the shard to FILE (default: standard output, never a terminal)", "file"},
@@ -82,7 +84,8 @@ static void print_source(const json_t *src)
     for (size_t i = 0; i < json_array_size(lora); i++) {
         const json_t *a = json_array_get(lora, i);
         printf("%s%s (scale %g, %lld matrices)", i ? ", " : "; LoRA ", json_string_value(json_object_get(a, "path")),
-               json_number_value(json_object_get(a, "scale")), (long long)json_integer_value(json_object_get(a, "tensors")));
+               json_number_value(json_object_get(a, "scale")),
+               (long long)json_integer_value(json_object_get(a, "tensors")));
     }
     putchar('\n');
 }

@@ -180,7 +180,8 @@ int main(int argc, char **argv)
     char *text;
     size_t len, n_ids;
     int32_t *ids;
-    if (cmd_model_open_lora(&m, model, 0, comm ? comm->rank : nccl_alone ? 0 : -1, &loras) < 0) /* of a split: its own file */
+    /* of a split: its own file */
+    if (cmd_model_open_lora(&m, model, 0, comm ? comm->rank : nccl_alone ? 0 : -1, &loras) < 0)
         die(&tool, NULL);
     if ((comm || nccl_alone) && !dev.plan && !iflow_model_split_plan(m))
         die_usage(&tool, "under mpirun or --comm nccl, --plan (or a split model's own plan) gives each process its device");

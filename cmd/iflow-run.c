@@ -32,7 +32,8 @@ enum {
     O_MODEL = 'm', O_PROMPT = 'p', O_NPREDICT = 'n', O_THREADS = 't', O_CTX = 'c', O_VERBOSE = 'v',
     O_TEMP = 256, O_TOPK, O_TOPP, O_SEED, O_ECHO, O_JSON, O_TOKENIZE, O_BOS, O_PARSE_SPECIAL, O_DEVICE,
     O_GPU_LAYERS, O_GPU_GRAPHS, O_NO_GPU_GRAPHS, O_LIST_DEVICES, O_PLAN, O_COMM, O_ACTIVATIONS, O_STOP, O_BATCH, O_PARALLEL, O_KV_TYPE, O_NO_PREFIX_CACHE, O_LOGPROBS, O_PROMPT_LOGPROBS, O_METRICS, O_DRY_RUN,
-    O_CONTEXT_SHIFT, O_KEEP, O_DRAFT, O_LORA, O_LORA_SCALED, O_DRAFT_N, O_DRAFT_TOP_K, O_DRAFT_TOP_P, O_BEAMS, O_LENGTH_PENALTY,
+    O_CONTEXT_SHIFT, O_KEEP, O_DRAFT, O_LORA, O_LORA_SCALED, O_DRAFT_N, O_DRAFT_TOP_K, O_DRAFT_TOP_P, O_BEAMS,
+    O_LENGTH_PENALTY,
     /* sampling: set through iflow_sampler_params_set() by their long names */
     O_SAMPLER, O_MINP, O_TYPICAL, O_TFS, O_MIROSTAT_TAU, O_MIROSTAT_ETA, O_REPEAT_PENALTY, O_REPEAT_LAST_N,
     O_FREQUENCY_PENALTY, O_PRESENCE_PENALTY, O_FSD_ALPHA, O_FSD_K, O_FSD_N, O_FSD_BETA, O_FSD_RANDOM_STEPS,
@@ -520,7 +521,8 @@ static int run(const run_opts *o)
     if (comm && comm->rank != 0 && !freopen("/dev/null", "w", stdout))
         die(&tool, "cannot silence the output of process %d", comm->rank);
     double t0 = now_s();
-    if (cmd_model_open_lora(&m, o->model, 0, comm ? comm->rank : nccl_alone ? 0 : -1, &o->loras) < 0) /* of a split: its own file */
+    /* of a split: its own file */
+    if (cmd_model_open_lora(&m, o->model, 0, comm ? comm->rank : nccl_alone ? 0 : -1, &o->loras) < 0)
         die(&tool, NULL);
     if ((comm || nccl_alone) && !o->dev.plan && !iflow_model_split_plan(m))
         die_usage(&tool, "under mpirun or --comm nccl, --plan (or a split model's own plan) gives each process its device");
@@ -724,7 +726,8 @@ int main(int argc, char **argv)
             break;
         case O_TOOL_PARSER:
             if (strcmp(arg, "auto") != 0 && (o.tool_parser = iflow_tool_format_from_name(arg)) < 0)
-                die_usage(&tool, "--tool-parser must be auto, hermes, llama3_json, mistral, granite, pythonic or none, not '%s'",
+                die_usage(&tool, "--tool-parser must be auto, hermes, llama3_json, mistral, granite, pythonic or "
+                                 "none, not '%s'",
                           arg);
             break;
         case O_BOS: o.bos = 1; break;

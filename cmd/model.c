@@ -27,7 +27,10 @@ int cmd_is_source(const char *path)
     return iflow_is_gguf_file(path) || iflow_is_llama2c_file(path);
 }
 
-int cmd_model_open(iflow_model **out, const char *path, int flags) { return cmd_model_open_lora(out, path, flags, -1, NULL); }
+int cmd_model_open(iflow_model **out, const char *path, int flags)
+{
+    return cmd_model_open_lora(out, path, flags, -1, NULL);
+}
 
 int cmd_model_open_device(iflow_model **out, const char *path, int flags, int dev)
 {

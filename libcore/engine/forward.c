@@ -629,7 +629,8 @@ static int ffn_block(iflow_ctx *c, dev_scratch *s, int k, int T, int residual, i
         iflow_observe(c, layer_of_part(c->m, k), IFLOW_OBS_FFN_IN, 0, in, D, T, D);
     if (w->lgate.rank || w->lup.rank) { /* the deltas go in before the activation */
         const int gated = hp->ffn == IFLOW_FFN_GATED;
-        IFLOW_TRY(iflow_linear_rows(d, s->gate, F, gated ? w->gate : w->up, gated ? w->gate_b : w->up_b, in, D, T, F, D));
+        IFLOW_TRY(iflow_linear_rows(d, s->gate, F, gated ? w->gate : w->up, gated ? w->gate_b : w->up_b, in, D, T, F,
+                                    D));
         IFLOW_TRY(low_rank_rows(s, s->gate, gated ? &w->lgate : &w->lup, in, D, T, F, D));
         if (gated) {
             IFLOW_TRY(iflow_linear_rows(d, s->up, F, w->up, w->up_b, in, D, T, F, D));

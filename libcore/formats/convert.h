@@ -27,8 +27,9 @@
  *   permuted between rotate-half and interleaved order, whole heads at a time. A delta whose
  *   target the model does not use, or whose shape does not fit it, fails before anything is
  *   written. Meta's "source"
- *   then holds "lora": [{"path", "scale", "tensors"}]. With IFLOW_CONVERT_SYNTHETIC the directory needs only config.json and a
- *   tokenizer, and every weight is seeded random data of the real shape (for benchmarks).
+ *   then holds "lora": [{"path", "scale", "tensors"}]. With IFLOW_CONVERT_SYNTHETIC the
+ *   directory needs only config.json and a tokenizer, and every weight is seeded random data of
+ *   the real shape (for benchmarks).
  */
 #ifndef IFLOW_CONVERT_H
 #define IFLOW_CONVERT_H

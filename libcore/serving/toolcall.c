@@ -468,7 +468,13 @@ static char *py_ident(pyread *r, int dotted)
     return strndup(r->s + a, r->i - a);
 }
 
-static int hexval(char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1; }
+static int hexval(char c)
+{
+    return c >= '0' && c <= '9'   ? c - '0'
+         : c >= 'a' && c <= 'f' ? c - 'a' + 10
+         : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                : -1;
+}
 
 /* A string literal in single or double quotes: the escapes \n \t \r \\ \' \" \xNN \uNNNN read, others
  * kept as Python keeps them; a NUL (\0) refuses the string (JSON text cannot carry it here). */

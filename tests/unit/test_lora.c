@@ -97,7 +97,8 @@ static void test_peft(void)
         float w[6] = {0}, want[6];
         for (int i = 0; i < 2; i++)
             for (int k = 0; k < 3; k++)
-                want[i * 3 + k] = (float)(4.0 * ((double)QB[(1 + i) * 2] * QA[k] + (double)QB[(1 + i) * 2 + 1] * QA[3 + k]));
+                want[i * 3 + k] =
+                    (float)(4.0 * ((double)QB[(1 + i) * 2] * QA[k] + (double)QB[(1 + i) * 2 + 1] * QA[3 + k]));
         w[0] = 1;
         want[0] += 1;
         iflow_lora_add(q, w, 1, 2);

@@ -287,7 +287,8 @@ static const gcase GRAMMAR[] = {
     {IFLOW_TOOLS_HERMES, "convert", 0, "<tool_call>\n" CV "\n</tool_call>", 1, "[[\"convert\",\"{\\\"unit\\\":\\\"f\\\"}\"]]"},
     {IFLOW_TOOLS_HERMES, "convert", 0, "<tool_call>\n" W "\n</tool_call>", 0, NULL},
     /* a named function is called once, parallel or not */
-    {IFLOW_TOOLS_HERMES, "convert", 1, "<tool_call>\n" CV "\n</tool_call>", 1, "[[\"convert\",\"{\\\"unit\\\":\\\"f\\\"}\"]]"},
+    {IFLOW_TOOLS_HERMES, "convert", 1, "<tool_call>\n" CV "\n</tool_call>", 1,
+     "[[\"convert\",\"{\\\"unit\\\":\\\"f\\\"}\"]]"},
     {IFLOW_TOOLS_HERMES, "convert", 1, "<tool_call>\n" CV "\n</tool_call>\n<tool_call>\n" CV "\n</tool_call>", 0, NULL},
     {IFLOW_TOOLS_MISTRAL, "convert", 1, "[" CV ", " CV "]", 0, NULL},
     {IFLOW_TOOLS_LLAMA3_JSON, NULL, 0, WL, 1, "[[\"get_weather\",\"{\\\"city\\\":\\\"Paris\\\"}\"]]"},
