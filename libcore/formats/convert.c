@@ -48,8 +48,9 @@ typedef struct {
                                        for a GGUF source, GGUF's for a directory), or NULL: made
                                        when an adapter names the other's tensors               */
     int *xheads;                    /* [n_reqs] the other naming orders this tensor's rotary rows the
-                                       other way: its heads (> 0: the source is interleaved, < 0:
-                                       rotate-half), or 0                                       */
+                                       other way: its heads, or 0                               */
+    int x_interleaved;              /* the source's rotary rows are interleaved (the other's
+                                       rotate-half), for xheads                                 */
 } job;
 
 /* ---- the source: one of two readers ---- */
@@ -590,16 +591,6 @@ static int apply_norm_offset(job *j, size_t i, const void **data, size_t nbytes,
 
 /* ---- LoRA adapters (lora.h) ---- */
 
-/* A [blocks] key of a spec as its sections set it ([blocks.K=V] sections aside), or NULL. */
-static const char *spec_block(const iflow_spec *s, const char *key)
-{
-    const char *v = NULL;
-    for (size_t i = 0; i < s->n_blocks; i++)
-        if (strcmp(s->blocks[i].key, key) == 0)
-            v = s->blocks[i].value;
-    return v;
-}
-
 /* Each tensor's name in the naming the source does not use (the spec's other view: the GGUF
  * variant for a directory, the Hugging Face names for a GGUF source), so that an adapter in that
  * naming finds its tensors; and the q/k projections whose rotary rows that view orders the other
@@ -620,34 +611,41 @@ static int map_other_naming(job *j)
     }
     j->xnames = calloc(j->n_reqs + 1, sizeof *j->xnames);
     j->xheads = calloc(j->n_reqs + 1, sizeof *j->xheads);
-    const char *mine = spec_block(j->spec, "rope_layout"), *theirs = spec_block(o, "rope_layout");
+    if (!j->xnames || !j->xheads)
+        rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    const char *mine = iflow_spec_block(j->spec, "rope_layout"), *theirs = iflow_spec_block(o, "rope_layout");
     const int flip = mine && theirs && strcmp(mine, theirs) != 0 && j->hp.position == IFLOW_POS_ROPE;
+    j->x_interleaved = flip && strcmp(mine, "interleaved") == 0;
     for (size_t i = 0; rc == 0 && i < j->n_reqs; i++) {
         char name[512];
         const char *n = j->reqs[i].name;
         size_t len = strlen(n);
-        if (!j->xnames || !j->xheads) {
-            rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
-            break;
-        }
         if (j->src[i] != j->whole[i] || iflow_spec_source_name(o, n, name, sizeof name) < 0 || strpbrk(name, "|[^"))
             continue;
         if (!(j->xnames[i] = strdup(name)))
             rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
         int q = len > 3 && strcmp(n + len - 3, ".wq") == 0, k = len > 3 && strcmp(n + len - 3, ".wk") == 0;
-        if (flip && (q || k)) /* whole heads rotate: refused below otherwise */
-            j->xheads[i] = (q ? j->hp.n_heads : j->hp.n_kv_heads) * (strcmp(mine, "interleaved") == 0 ? 1 : -1);
+        if (flip && (q || k)) /* whole heads rotate: refused in map_loras otherwise */
+            j->xheads[i] = q ? j->hp.n_heads : j->hp.n_kv_heads;
     }
     iflow_spec_close(o);
     return rc;
 }
 
+/* Adapter a names tensors as the other kind of checkpoint does (map_other_naming). */
+static int lora_cross(const job *j, size_t a)
+{
+    return iflow_lora_naming(j->loras[a]) != (j->dir ? IFLOW_LORA_HF : IFLOW_LORA_GGUF);
+}
+
 /* The name adapter a gives tensor i, or NULL when it names none. */
 static const char *lora_name(const job *j, size_t a, size_t i)
 {
-    int cross = iflow_lora_naming(j->loras[a]) != (j->dir ? IFLOW_LORA_HF : IFLOW_LORA_GGUF);
-    return cross ? (j->xnames ? j->xnames[i] : NULL) : j->whole[i] ? j->whole[i]->name : NULL;
+    return lora_cross(j, a) ? (j->xnames ? j->xnames[i] : NULL) : j->whole[i] ? j->whole[i]->name : NULL;
 }
+
+/* The heads of tensor i whose rotary rows adapter a orders the other way, or 0. */
+static int lora_heads(const job *j, size_t a, size_t i) { return lora_cross(j, a) && j->xheads ? j->xheads[i] : 0; }
 
 /* Open the adapters and find the model's tensors their deltas change, checking the shapes. */
 static int map_loras(job *j)
@@ -666,7 +664,7 @@ static int map_loras(job *j)
         const char *path = j->o->lora_paths[a];
         IFLOW_TRY(iflow_lora_open(&j->loras[a], path, j->o->lora_scales ? j->o->lora_scales[a] : 1.0));
         const iflow_lora *l = j->loras[a];
-        if (iflow_lora_naming(l) != (j->dir ? IFLOW_LORA_HF : IFLOW_LORA_GGUF))
+        if (lora_cross(j, a))
             IFLOW_TRY(map_other_naming(j));
         for (size_t k = 0; k < iflow_lora_n_deltas(l); k++) {
             const iflow_lora_delta *d = iflow_lora_delta_at(l, k);
@@ -688,9 +686,7 @@ static int map_loras(job *j)
                     return iflow_seterr(IFLOW_ESHAPE, "LoRA adapter '%s': the delta of '%s' is [%lld, %lld] and the "
                                         "tensor in '%s' [%lld, %lld]", path, d->target, (long long)d->out,
                                         (long long)d->in, src_path(j), (long long)w->shape[0], (long long)w->shape[1]);
-                const int h = j->xheads && lora_name(j, a, i) == j->xnames[i] ? j->xheads[i] : 0;
-                const int hd = h ? (int)(d->out / (h < 0 ? -h : h)) : 0;
-                if (h && (hd * (h < 0 ? -h : h) != d->out || hd % 2 || (j->hp.rope_dim && j->hp.rope_dim != hd)))
+                if (lora_heads(j, a, i) && (j->hp.rope_dim != j->hp.head_dim || j->hp.head_dim % 2))
                     return iflow_seterr(IFLOW_EUNSUPPORTED, "LoRA adapter '%s' changes '%s', whose rotary rows the "
                                         "two namings order differently and not in whole heads: give the adapter in "
                                         "the model's form", path, d->target);
@@ -722,12 +718,12 @@ static int merged_payload(job *j, size_t i, int dt, const void **data, size_t *n
     for (size_t a = 0; a < j->o->n_loras; a++) {
         const char *name = lora_name(j, a, i);
         const iflow_lora_delta *d = name ? iflow_lora_find(j->loras[a], name) : NULL;
-        const int h = d && j->xheads && name == j->xnames[i] ? j->xheads[i] : 0;
+        const int h = lora_heads(j, a, i);
         if (d && h) { /* the other naming's rotary order */
             int64_t *rows = malloc((size_t)r->shape[0] * sizeof *rows);
             if (!rows)
                 return iflow_seterr(IFLOW_ENOMEM, "out of memory merging into '%s'", r->name);
-            iflow_lora_rotary_rows(rows, r->shape[0], h < 0 ? -h : h, h > 0);
+            iflow_lora_rotary_rows(rows, r->shape[0], h, j->x_interleaved);
             iflow_lora_add_rows(d, *fbuf, rows, r->shape[0]);
             free(rows);
         } else if (d) {

@@ -28,6 +28,15 @@ typedef struct {
     const iflow_src_tensor *t;
 } half;
 
+/* What scales an adapter's deltas: s = alpha / r (alpha / sqrt(r) with rslora; 1 when a GGUF
+ * adapter's alpha is 0 or absent, as llama.cpp reads it) times the caller's scale; a rank other
+ * than `rank` (> 0: the config's r) is refused. */
+typedef struct {
+    double alpha, scale;
+    int rslora;
+    int64_t rank;
+} scaling;
+
 /* How the halves' data is read: from safetensors (st) or through ggufsrc (gs). */
 typedef struct {
     iflow_st *st;
@@ -130,8 +139,8 @@ static int read_f32(const reader *r, const char *path, const iflow_src_tensor *t
 }
 
 /* A (shape [r][in]) and B ([out][r]) of one target: checked, then read. */
-static int make_delta(iflow_lora *l, const reader *r, const half *a, const half *b, double alpha, int rslora,
-                      int64_t cfg_rank, uint64_t *floats)
+static int make_delta(iflow_lora *l, const reader *r, const half *a, const half *b, const scaling *sc,
+                      uint64_t *floats)
 {
     const iflow_src_tensor *ta = a->t, *tb = b->t;
     const char *tn = iflow_quote(a->target);
@@ -143,9 +152,9 @@ static int make_delta(iflow_lora *l, const reader *r, const half *a, const half 
         return iflow_seterr(IFLOW_EFORMAT, "LoRA adapter '%s': '%s' has A [%lld, %lld] and B [%lld, %lld]: the rank "
                             "(A's rows, B's columns) must agree and lie in 1..%d", l->path, tn, (long long)rank,
                             (long long)in, (long long)out, (long long)tb->shape[1], IFLOW_LORA_MAX_RANK);
-    if (cfg_rank > 0 && cfg_rank != rank)
+    if (sc->rank > 0 && sc->rank != rank)
         return iflow_seterr(IFLOW_EFORMAT, "LoRA adapter '%s': '%s' has rank %lld, the config's r is %lld", l->path, tn,
-                            (long long)rank, (long long)cfg_rank);
+                            (long long)rank, (long long)sc->rank);
     uint64_t nf = (uint64_t)rank * (uint64_t)in + (uint64_t)out * (uint64_t)rank;
     if (nf > IFLOW_LORA_MAX_FLOATS - *floats)
         return iflow_seterr(IFLOW_ERANGE, "LoRA adapter '%s': its deltas hold more than %llu values", l->path,
@@ -153,7 +162,9 @@ static int make_delta(iflow_lora *l, const reader *r, const half *a, const half 
     *floats += nf;
     iflow_lora_delta *d = &l->d[l->n];
     d->rank = (int)rank, d->in = in, d->out = out;
-    d->scale = alpha == 0 && !rslora && r->gs ? 1.0 : alpha / (rslora ? sqrt((double)rank) : (double)rank);
+    d->scale = sc->scale * (sc->alpha == 0 && l->naming == IFLOW_LORA_GGUF
+                                ? 1.0
+                                : sc->alpha / (sc->rslora ? sqrt((double)rank) : (double)rank));
     float *fa = NULL, *fb = NULL;
     int rc = read_f32(r, l->path, ta, (size_t)(rank * in), &fa);
     if (rc == 0)
@@ -168,9 +179,9 @@ static int make_delta(iflow_lora *l, const reader *r, const half *a, const half 
     return 0;
 }
 
-/* Pair the halves of the n tensors (names from `name_of`), then read each pair. */
+/* Pair the halves of the n tensors (tensor i: at(r, i)), then read each pair. */
 static int build(iflow_lora *l, const reader *r, size_t n, const iflow_src_tensor *(*at)(const reader *, size_t),
-                 double alpha, int rslora, int64_t cfg_rank, double scale)
+                 const scaling *sc)
 {
     half *h = calloc(n ? n : 1, sizeof *h);
     l->d = calloc(n / 2 + 1, sizeof *l->d);
@@ -196,14 +207,12 @@ static int build(iflow_lora *l, const reader *r, size_t n, const iflow_src_tenso
                                                                           : "two of the same half");
             break;
         }
-        if ((rc = make_delta(l, r, &h[i], &h[i + 1], alpha, rslora, cfg_rank, &floats)) == 0)
+        if ((rc = make_delta(l, r, &h[i], &h[i + 1], sc, &floats)) == 0)
             h[i].target = NULL; /* the delta owns it */
     }
     for (size_t i = 0; i < got; i++)
         free(h[i].target);
     free(h);
-    for (size_t i = 0; i < l->n; i++)
-        l->d[i].scale *= scale;
     return rc;
 }
 
@@ -212,7 +221,7 @@ static int build(iflow_lora *l, const reader *r, size_t n, const iflow_src_tenso
 static const iflow_src_tensor *st_at(const reader *r, size_t i) { return iflow_st_tensor(r->st, i); }
 
 /* adapter_config.json: what iflow cannot merge is refused; alpha, rslora and r are read. */
-static int peft_config(const char *path, const json_t *c, double *alpha, int *rslora, int64_t *rank)
+static int peft_config(const char *path, const json_t *c, scaling *sc)
 {
     if (!json_is_object(c))
         return iflow_seterr(IFLOW_EFORMAT, "LoRA adapter '%s': adapter_config.json is not a JSON object", path);
@@ -236,22 +245,20 @@ static int peft_config(const char *path, const json_t *c, double *alpha, int *rs
     if (mts && !json_is_null(mts) && !(json_is_array(mts) && json_array_size(mts) == 0))
         return iflow_seterr(IFLOW_EUNSUPPORTED, "LoRA adapter '%s': modules_to_save (whole modules beside the "
                             "adapter) is not supported", path);
-    *alpha = iflow_json_number(c, "lora_alpha", 8); /* PEFT's default */
-    *rslora = iflow_json_bool(c, "use_rslora", 0);
-    *rank = iflow_json_int(c, "r", 0);
-    if (!isfinite(*alpha))
+    sc->alpha = iflow_json_number(c, "lora_alpha", 8); /* PEFT's default */
+    sc->rslora = iflow_json_bool(c, "use_rslora", 0);
+    sc->rank = iflow_json_int(c, "r", 0);
+    if (!isfinite(sc->alpha))
         return iflow_seterr(IFLOW_EFORMAT, "LoRA adapter '%s': lora_alpha is not a finite number", path);
     return 0;
 }
 
 static int peft_build(iflow_lora *l, const json_t *config, iflow_st *st, double scale)
 {
-    double alpha = 8;
-    int rslora = 0;
-    int64_t rank = 0;
-    IFLOW_TRY(peft_config(l->path, config, &alpha, &rslora, &rank));
+    scaling sc = {.scale = scale};
+    IFLOW_TRY(peft_config(l->path, config, &sc));
     reader r = {.st = st};
-    return build(l, &r, iflow_st_n_tensors(st), st_at, alpha, rslora, rank, scale);
+    return build(l, &r, iflow_st_n_tensors(st), st_at, &sc);
 }
 
 static iflow_lora *lora_new(const char *path, int naming)
@@ -335,11 +342,11 @@ static int gguf_build(iflow_lora *l, iflow_ggufsrc *gs, double scale)
         return iflow_seterr(IFLOW_EFORMAT, "'%s' is not a LoRA adapter: its general.type is '%s' and adapter.type "
                             "'%s' (a LoRA adapter says \"adapter\" and \"lora\")", l->path, iflow_quote(type),
                             iflow_quote(kind));
-    double alpha = iflow_json_number(c, "adapter.lora.alpha", 0);
-    if (!isfinite(alpha))
+    scaling sc = {.alpha = iflow_json_number(c, "adapter.lora.alpha", 0), .scale = scale};
+    if (!isfinite(sc.alpha))
         return iflow_seterr(IFLOW_EFORMAT, "LoRA adapter '%s': adapter.lora.alpha is not a finite number", l->path);
     reader r = {.gs = gs};
-    return build(l, &r, iflow_ggufsrc_n_tensors(gs), gs_at, alpha, 0, 0, scale);
+    return build(l, &r, iflow_ggufsrc_n_tensors(gs), gs_at, &sc);
 }
 
 static int gguf_finish(iflow_lora **out, iflow_lora *l, iflow_ggufsrc *gs, int rc, double scale)

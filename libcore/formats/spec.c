@@ -785,3 +785,12 @@ int iflow_spec_ignored(const iflow_spec *s, const char *source_name)
             return 1;
     return 0;
 }
+
+const char *iflow_spec_block(const iflow_spec *s, const char *key)
+{
+    const char *v = NULL;
+    for (size_t i = 0; i < s->n_blocks; i++)
+        if (strcmp(s->blocks[i].key, key) == 0)
+            v = s->blocks[i].value;
+    return v;
+}

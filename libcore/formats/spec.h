@@ -105,4 +105,8 @@ int iflow_spec_source_name(const iflow_spec *spec, const char *iflow_name, char 
 /* 1 if a source tensor name matches one of the [ignore] patterns. */
 int iflow_spec_ignored(const iflow_spec *spec, const char *source_name);
 
+/* A [blocks] key as the spec's sections set it (its variant's, when one is applied), before any
+ * [blocks.KEY=VALUE] section and any config: "half" for rope_layout. NULL when none sets it. */
+const char *iflow_spec_block(const iflow_spec *spec, const char *key);
+
 #endif
