@@ -465,10 +465,16 @@ int iflow_ffn_hidden(const iflow_hparams *hp, iflow_device *d, const layer_weigh
     if (gated && hp->activation == IFLOW_ACT_SILU && d->ops->glu && !w->gate_b && !w->up_b &&
         w->gate.type == w->up.type) /* SwiGLU in one op */
         return d->ops->glu(d, gate, up, (size_t)F, w->gate.data, w->up.data, w->gate.type, in, (size_t)D, T, F, D);
-    IFLOW_TRY(iflow_linear_rows(d, gate, F, gated ? w->gate : w->up, gated ? w->gate_b : w->up_b, in, D, T, F, D));
-    if (gated)
-        IFLOW_TRY(iflow_linear_rows(d, up, F, w->up, w->up_b, in, D, T, F, D));
+    IFLOW_TRY(iflow_ffn_linears(hp, d, w, in, T, F, gate, up));
     return iflow_ffn_act(hp, d, gate, up, T, F);
+}
+
+int iflow_ffn_linears(const iflow_hparams *hp, iflow_device *d, const layer_weights *w, const float *in, int T, int F,
+                      float *gate, float *up)
+{
+    const int D = hp->dim, gated = hp->ffn == IFLOW_FFN_GATED;
+    IFLOW_TRY(iflow_linear_rows(d, gate, F, gated ? w->gate : w->up, gated ? w->gate_b : w->up_b, in, D, T, F, D));
+    return gated ? iflow_linear_rows(d, up, F, w->up, w->up_b, in, D, T, F, D) : 0;
 }
 
 int iflow_ffn_act(const iflow_hparams *hp, iflow_device *d, float *gate, float *up, int T, int F)
@@ -573,9 +579,9 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
         IFLOW_TRY(iflow_linear_rows(s->dev, s->kx, KV, w->wk, w->bk, in, D, T, KV, D));
         IFLOW_TRY(iflow_linear_rows(s->dev, s->vx, KV, w->wv, w->bv, in, D, T, KV, D));
     }
-    IFLOW_TRY(low_rank_rows(s, s->q, &w->lq, in, D, T, Q, D));
-    IFLOW_TRY(low_rank_rows(s, s->kx, &w->lk, in, D, T, KV, D));
-    IFLOW_TRY(low_rank_rows(s, s->vx, &w->lv, in, D, T, KV, D));
+    IFLOW_TRY(low_rank_rows(s, s->q, &w->lr[LR_Q], in, D, T, Q, D));
+    IFLOW_TRY(low_rank_rows(s, s->kx, &w->lr[LR_K], in, D, T, KV, D));
+    IFLOW_TRY(low_rank_rows(s, s->vx, &w->lr[LR_V], in, D, T, KV, D));
     if (w->q_norm) { /* qk_norm: each head's q and k (rows of head_dim) */
         IFLOW_TRY(d->ops->rmsnorm(d, s->q, s->q, w->q_norm, T * nq, hd, hp->norm_eps));
         IFLOW_TRY(d->ops->rmsnorm(d, s->kx, s->kx, w->k_norm, T * nkv, hd, hp->norm_eps));
@@ -607,7 +613,7 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
     if (d->host_memory)
         iflow_observe(c, layer_of_part(m, k), IFLOW_OBS_ATTN_OUT, p->q0 * hd, s->att, Q, T, Q);
     IFLOW_TRY(iflow_linear_rows(s->dev, s->xb, D, w->wo, w->bo, s->att, Q, T, D, Q));
-    IFLOW_TRY(low_rank_rows(s, s->xb, &w->lo, s->att, Q, T, D, Q));
+    IFLOW_TRY(low_rank_rows(s, s->xb, &w->lr[LR_O], s->att, Q, T, D, Q));
     if (w->attn_post_norm) /* post_norms: on the whole output (a split layer is refused) */
         IFLOW_TRY(d->ops->rmsnorm(d, s->xb, s->xb, w->attn_post_norm, T, D, hp->norm_eps));
     return residual ? iflow_block_out(m, s->dev, s->x, s->xb, w->attn_norm, w->attn_norm_b, T) : 0;
@@ -627,15 +633,12 @@ static int ffn_block(iflow_ctx *c, dev_scratch *s, int k, int T, int residual, i
         IFLOW_TRY(iflow_block_in(c->m, s->dev, s->x, s->xb, w->ffn_norm, w->ffn_norm_b, T, &in));
     if (d->host_memory && p->f0 == 0)
         iflow_observe(c, layer_of_part(c->m, k), IFLOW_OBS_FFN_IN, 0, in, D, T, D);
-    if (w->lgate.rank || w->lup.rank) { /* the deltas go in before the activation */
+    if (w->lr[LR_GATE].rank || w->lr[LR_UP].rank) { /* the deltas go in before the activation */
         const int gated = hp->ffn == IFLOW_FFN_GATED;
-        IFLOW_TRY(iflow_linear_rows(d, s->gate, F, gated ? w->gate : w->up, gated ? w->gate_b : w->up_b, in, D, T, F,
-                                    D));
-        IFLOW_TRY(low_rank_rows(s, s->gate, gated ? &w->lgate : &w->lup, in, D, T, F, D));
-        if (gated) {
-            IFLOW_TRY(iflow_linear_rows(d, s->up, F, w->up, w->up_b, in, D, T, F, D));
-            IFLOW_TRY(low_rank_rows(s, s->up, &w->lup, in, D, T, F, D));
-        }
+        IFLOW_TRY(iflow_ffn_linears(hp, d, w, in, T, F, s->gate, s->up));
+        IFLOW_TRY(low_rank_rows(s, s->gate, &w->lr[gated ? LR_GATE : LR_UP], in, D, T, F, D));
+        if (gated)
+            IFLOW_TRY(low_rank_rows(s, s->up, &w->lr[LR_UP], in, D, T, F, D));
         IFLOW_TRY(iflow_ffn_act(hp, d, s->gate, s->up, T, F));
     } else {
         IFLOW_TRY(iflow_ffn_hidden(hp, d, w, in, T, F, s->gate, s->up));
@@ -643,7 +646,7 @@ static int ffn_block(iflow_ctx *c, dev_scratch *s, int k, int T, int residual, i
     if (d->host_memory)
         iflow_observe(c, layer_of_part(c->m, k), IFLOW_OBS_FFN_MID, p->f0, s->gate, F, T, F);
     IFLOW_TRY(iflow_linear_rows(s->dev, s->xb, D, w->down, w->down_b, s->gate, F, T, D, F));
-    IFLOW_TRY(low_rank_rows(s, s->xb, &w->ldown, s->gate, F, T, D, F));
+    IFLOW_TRY(low_rank_rows(s, s->xb, &w->lr[LR_DOWN], s->gate, F, T, D, F));
     if (w->ffn_post_norm)
         IFLOW_TRY(d->ops->rmsnorm(d, s->xb, s->xb, w->ffn_post_norm, T, D, hp->norm_eps));
     return residual ? iflow_block_out(c->m, s->dev, s->x, s->xb, w->ffn_norm, w->ffn_norm_b, T) : 0;

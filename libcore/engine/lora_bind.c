@@ -13,19 +13,18 @@
 #include <string.h>
 #include <unistd.h>
 
-/* The matrices a delta may change: their iflow names in a layer and shapes [N][K]. */
+/* The matrices a delta may change (layer_weights.lr's order): their iflow names in a layer and
+ * shapes [N][K]. */
 typedef struct {
     const char *role;
-    size_t off;   /* of its low_rank in layer_weights */
     char n, k;    /* 'D' dim, 'Q' query heads, 'V' kv heads, 'F' ffn columns */
     char rotary;  /* 'Q' or 'V': rows in rotary order, heads of that kind */
 } role;
 
-static const role ROLES[] = {
-    {"wq", offsetof(layer_weights, lq), 'Q', 'D', 'Q'},       {"wk", offsetof(layer_weights, lk), 'V', 'D', 'V'},
-    {"wv", offsetof(layer_weights, lv), 'V', 'D', 0},         {"wo", offsetof(layer_weights, lo), 'D', 'Q', 0},
-    {"ffn_gate", offsetof(layer_weights, lgate), 'F', 'D', 0}, {"ffn_up", offsetof(layer_weights, lup), 'F', 'D', 0},
-    {"ffn_down", offsetof(layer_weights, ldown), 'D', 'F', 0},
+static const role ROLES[LR_COUNT] = {
+    [LR_Q] = {"wq", 'Q', 'D', 'Q'},      [LR_K] = {"wk", 'V', 'D', 'V'},          [LR_V] = {"wv", 'V', 'D', 0},
+    [LR_O] = {"wo", 'D', 'Q', 0},        [LR_GATE] = {"ffn_gate", 'F', 'D', 0},  [LR_UP] = {"ffn_up", 'F', 'D', 0},
+    [LR_DOWN] = {"ffn_down", 'D', 'F', 0},
 };
 
 static int64_t size_of(const iflow_hparams *hp, char c)
@@ -55,26 +54,12 @@ static int load_spec(iflow_spec **out, const char *name, const char *const *dirs
                         iflow_quote(name), n_dirs);
 }
 
-/* [blocks] rope_layout of a spec's view, or NULL. */
-static const char *spec_rope_layout(const iflow_spec *s)
-{
-    const char *v = NULL;
-    for (size_t i = 0; i < s->n_blocks; i++)
-        if (strcmp(s->blocks[i].key, "rope_layout") == 0)
-            v = s->blocks[i].value;
-    return v;
-}
-
 /* lr += d: a stacked on a's rows, s b (rows permuted by rows, when given) beside b's columns,
- * rounded to F16 once (the values of lr's earlier rows kept as they are). */
-static int stack(iflow_model *m, low_rank *lr, const iflow_lora_delta *d, const int64_t *rows)
+ * rounded to F16 once (the values of lr's earlier rows kept as they are); lr's old arrays go. */
+static int stack(low_rank *lr, const iflow_lora_delta *d, const int64_t *rows)
 {
     const int r0 = lr->rank, r = r0 + d->rank;
     const int64_t K = d->in, N = d->out;
-    uint16_t **mem = realloc(m->lora_mem, (m->n_lora_mem + 2) * sizeof *mem);
-    if (!mem)
-        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
-    m->lora_mem = mem;
     uint16_t *a = malloc((size_t)r * (size_t)K * sizeof *a), *b = malloc((size_t)N * (size_t)r * sizeof *b);
     if (!a || !b) {
         free(a);
@@ -92,11 +77,9 @@ static int stack(iflow_model *m, low_rank *lr, const iflow_lora_delta *d, const 
         for (int q = 0; q < d->rank; q++)
             b[i * r + r0 + q] = iflow_f32_to_f16((float)(d->scale * src[q]));
     }
-    m->lora_mem[m->n_lora_mem++] = a;
-    m->lora_mem[m->n_lora_mem++] = b;
+    free((void *)lr->a);
+    free((void *)lr->b);
     *lr = (low_rank){.a = a, .b = b, .rank = r};
-    if (r > m->lora_rank)
-        m->lora_rank = r;
     return 0;
 }
 
@@ -105,10 +88,10 @@ static int bind(iflow_model *m, const iflow_lora *l, const iflow_spec *view, con
                 int apply)
 {
     const iflow_hparams *hp = &m->hp;
-    const char *theirs = spec_rope_layout(view);
+    const char *theirs = iflow_spec_block(view, "rope_layout");
     const int flip = hp->position == IFLOW_POS_ROPE && model_rope && theirs && strcmp(model_rope, theirs) != 0;
     for (int L = 0; L < hp->n_layers; L++)
-        for (size_t i = 0; i < sizeof ROLES / sizeof ROLES[0]; i++) {
+        for (int i = 0; i < LR_COUNT; i++) {
             const role *ro = &ROLES[i];
             char iname[64], sname[512];
             snprintf(iname, sizeof iname, "blk.%d.%s", L, ro->role);
@@ -135,7 +118,7 @@ static int bind(iflow_model *m, const iflow_lora *l, const iflow_spec *view, con
                     return iflow_seterr(IFLOW_ENOMEM, "out of memory");
                 iflow_lora_rotary_rows(rows, N, heads, strcmp(model_rope, "interleaved") == 0);
             }
-            int rc = stack(m, (low_rank *)((char *)&m->layers[L] + ro->off), d, rows);
+            int rc = stack(&m->layers[L].lr[i], d, rows);
             free(rows);
             IFLOW_TRY(rc);
         }
@@ -178,11 +161,19 @@ int iflow_model_add_lora(iflow_model *m, const iflow_lora *l, const char *const 
 
 void iflow_model_free_lora(iflow_model *m)
 {
-    for (size_t i = 0; i < m->n_lora_mem; i++)
-        free(m->lora_mem[i]);
-    free(m->lora_mem);
-    m->lora_mem = NULL;
-    m->n_lora_mem = 0;
+    for (int L = 0; m->layers && L < m->hp.n_layers; L++)
+        for (int i = 0; i < LR_COUNT; i++) {
+            free((void *)m->layers[L].lr[i].a);
+            free((void *)m->layers[L].lr[i].b);
+            m->layers[L].lr[i] = (low_rank){0};
+        }
 }
 
-int iflow_model_has_lora(const iflow_model *m) { return m->lora_rank > 0; }
+int iflow_model_has_lora(const iflow_model *m)
+{
+    for (int L = 0; m->layers && L < m->hp.n_layers; L++)
+        for (int i = 0; i < LR_COUNT; i++)
+            if (m->layers[L].lr[i].rank)
+                return 1;
+    return 0;
+}

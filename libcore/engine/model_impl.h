@@ -17,12 +17,16 @@ typedef struct { const void *data; int type; } weight;   /* a matrix [rows][cols
 
 /* A matrix's low-rank delta added at run time (LoRA adapters, iflow_model_add_lora): W x + b (a x),
  * F16 on the host (IFLOW_DT_F16: half the bytes a decode step reads), the adapters' scales
- * folded into b; rank 0: none. */
+ * folded into b; rank 0: none. A model's layers own theirs (lora_bind.c frees them); a part's
+ * are views of its layer's. */
 typedef struct {
     const uint16_t *a; /* [rank][cols] */
     const uint16_t *b; /* [rows][rank] */
     int rank;
 } low_rank;
+
+/* The matrices a low-rank delta may change, in layer_weights.lr. */
+enum { LR_Q, LR_K, LR_V, LR_O, LR_GATE, LR_UP, LR_DOWN, LR_COUNT };
 
 typedef struct {
     const float *attn_norm, *ffn_norm;                       /* [dim]                       */
@@ -38,7 +42,7 @@ typedef struct {
     const float *xattn_norm, *xattn_norm_b;                  /* [dim]; [dim] or NULL         */
     weight xq, xk, xv, xo;                                   /* [Q][dim] [KV][dim] x2 [dim][Q] */
     const float *xbq, *xbk, *xbv, *xbo;                      /* [Q] [KV] [KV] [dim] or NULL  */
-    low_rank lq, lk, lv, lo, lgate, lup, ldown;              /* deltas of wq .. down (rank 0: none) */
+    low_rank lr[LR_COUNT];                                   /* deltas of wq .. down (rank 0: none) */
 } layer_weights;
 
 /* One device's share of one layer: query heads q0..q1-1 (and the kv heads kv0..kv1-1 they
@@ -78,9 +82,6 @@ struct iflow_model {
     const float *rope_freqs;      /* [rope_dim/2] (hparam rope_freqs) or NULL, in the mapping */
     float *rope_scale;            /* [rope_dim/2] or NULL, on the host */
     uint64_t decode_bytes;
-    uint16_t **lora_mem;          /* [n_lora_mem] the low_rank arrays of layers (iflow_model_add_lora) */
-    size_t n_lora_mem;
-    int lora_rank;                /* the largest rank of a delta, 0 when none */
 
     /* placement (place.c) */
     int n_devs;
@@ -120,11 +121,16 @@ int iflow_block_in(const iflow_model *m, iflow_device *d, float *x, float *xb, c
 /* A sub-block's output xb added into x and, with post_ln, the norm (w, b) of the sum. */
 int iflow_block_out(const iflow_model *m, iflow_device *d, float *x, const float *xb, const float *w, const float *b, int T);
 /* The FFN's hidden rows of F columns: gated, act(gate(in)) * up(in) into gate (up: scratch);
- * plain, act(up(in)) into gate; activation silu, gelu_tanh, gelu or relu. */
-/* The FFN's activation of T rows of F: act(gate) * up into gate (gated), act(gate) (plain; up unused). */
-int iflow_ffn_act(const iflow_hparams *hp, iflow_device *d, float *gate, float *up, int T, int F);
+ * plain, act(up(in)) into gate; activation silu, gelu_tanh, gelu or relu. iflow_ffn_hidden() is
+ * iflow_ffn_linears() then iflow_ffn_act() (or one fused op where the device has it), the two
+ * halves apart for what goes between them (a run-time LoRA delta). */
 int iflow_ffn_hidden(const iflow_hparams *hp, iflow_device *d, const layer_weights *w, const float *in, int T, int F,
                      float *gate, float *up);
+/* gated: gate(in) into gate, up(in) into up; plain: up(in) into gate. */
+int iflow_ffn_linears(const iflow_hparams *hp, iflow_device *d, const layer_weights *w, const float *in, int T, int F,
+                      float *gate, float *up);
+/* act(gate) * up into gate (gated), act(gate) into gate (plain; up unused). */
+int iflow_ffn_act(const iflow_hparams *hp, iflow_device *d, float *gate, float *up, int T, int F);
 
 /* 1 if this process computes the parts of (plan) device dev: the others' parts of a model opened
  * for one device (iflow_model_open_device) are described but hold no weights and never run. */
@@ -136,7 +142,7 @@ uint64_t iflow_model_identity(const iflow_model *m);
 
 /* place.c: the placement every model starts with (every layer whole on the context's CPU). */
 int  iflow_place_on_host(iflow_model *m);
-void iflow_model_free_lora(iflow_model *m); /* lora_bind.c: the deltas' memory, at close */
+void iflow_model_free_lora(iflow_model *m); /* lora_bind.c: the layers' low_rank arrays, at close */
 void iflow_unplace(iflow_model *m);
 
 #endif

@@ -428,19 +428,16 @@ static int copy_cross(iflow_model *m, layer_part *p, int *nd, int *nh, const lay
 static int copy_low_rank(iflow_model *m, int l, layer_part *p, const layer_weights *w)
 {
     const iflow_hparams *hp = &m->hp;
-    low_rank *const o[] = {&p->w.lq, &p->w.lk, &p->w.lv, &p->w.lo, &p->w.lgate, &p->w.lup, &p->w.ldown};
-    const low_rank *const in[] = {&w->lq, &w->lk, &w->lv, &w->lo, &w->lgate, &w->lup, &w->ldown};
     int any = 0;
-    for (size_t i = 0; i < sizeof o / sizeof o[0]; i++)
-        any |= in[i]->rank > 0;
+    for (int i = 0; i < LR_COUNT; i++)
+        any |= w->lr[i].rank > 0;
     if (!any)
         return 0;
     if (!host_dev(dev_of(m, p->dev)) || p->q0 != 0 || p->q1 != hp->n_heads || p->f0 != 0 || p->f1 != hp->ffn_dim)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "cannot place layer %d on %s: a LoRA adapter applied at run time "
                             "computes on the CPU, whole layers only (merge it at conversion: iflow-convert --lora)", l,
                             dev_name(dev_of(m, p->dev)));
-    for (size_t i = 0; i < sizeof o / sizeof o[0]; i++)
-        *o[i] = *in[i];
+    memcpy(p->w.lr, w->lr, sizeof p->w.lr);
     return 0;
 }
 
