@@ -132,7 +132,7 @@ typedef struct {
     int logprobs, prompt_logprobs; /* 0: none; 1 + N */
     int context_shift, keep;
     const char *draft;
-    cmd_loras loras;              /* --lora, --lora-scaled: merged into a source model */
+    cmd_loras loras;              /* --lora, --lora-scaled (cmd_model_open_lora) */
     int draft_n, draft_top_k;
     float draft_top_p;
     int beams;
@@ -494,17 +494,6 @@ static int run_batch(const run_opts *o)
     return rc;
 }
 
-/* A token a command-line grammar names (<[id]>, <text>) must be in the model's vocabulary. */
-static void check_grammar_vocab(const run_opts *o, const iflow_tokenizer *tok)
-{
-    iflow_gvocab *v = NULL;
-    if (!o->grammar)
-        return;
-    if (iflow_gvocab_open(&v, tok) < 0 || iflow_grammar_check_vocab(o->grammar, v) < 0)
-        die(&tool, "%s: %s", o->grammar_opt, iflow_errmsg());
-    iflow_gvocab_close(v);
-}
-
 static int run(const run_opts *o)
 {
     if (strcmp(o->model, "-") == 0 && !o->prompt)
@@ -530,7 +519,6 @@ static int run(const run_opts *o)
     g.m = m;
     if (!(g.tok = iflow_model_tokenizer(m)))
         die(&tool, "model '%s' has no tokenizer", o->model);
-    check_grammar_vocab(o, g.tok);
     iflow_chat *chat = o->chat ? open_chat(o, m, 1, NULL, 0) : NULL;
     g.chat = chat;
     placed pl, dpl;
@@ -544,6 +532,8 @@ static int run(const run_opts *o)
         iflow_batch_set_comm(g.b, nccl ? nccl : comm) < 0 ||
         (draft && iflow_batch_set_draft(g.b, draft, o->draft_n, o->draft_top_k, o->draft_top_p) < 0))
         die(&tool, NULL);
+    if (o->grammar && iflow_batch_check_grammar(g.b, o->grammar) < 0) /* a token it names: once, with its option */
+        die(&tool, "%s: %s", o->grammar_opt, iflow_errmsg());
     iflow_batch_set_graphs(g.b, o->dev.gpu_graphs);
     double t_load = now_s() - t0;
     if (o->prompt)

@@ -348,6 +348,12 @@ static int grammar_ready(iflow_batch *b)
     return rc;
 }
 
+int iflow_batch_check_grammar(iflow_batch *b, const iflow_grammar *g)
+{
+    IFLOW_TRY(grammar_ready(b));
+    return iflow_grammar_check_vocab(g, b->gv);
+}
+
 int iflow_batch_add(iflow_batch *b, const iflow_request *q)
 {
     const iflow_hparams *hp = iflow_model_hparams(b->m);
@@ -424,8 +430,7 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
         rc = iflow_sampler_accept(r->sampler, q->prompt[i]);
     if (rc == 0)
         rc = iflow_stop_open(&r->stop, q->stop, q->n_stop);
-    if (rc == 0 && q->grammar && (rc = grammar_ready(b)) == 0 &&
-        (rc = iflow_grammar_check_vocab(q->grammar, b->gv)) == 0) {
+    if (rc == 0 && q->grammar && (rc = iflow_batch_check_grammar(b, q->grammar)) == 0) {
         r->grammar = iflow_grammar_ref((iflow_grammar *)q->grammar);
         rc = iflow_gstate_open(&r->gs, q->grammar);
         r->n_after = q->grammar_after ? strlen(q->grammar_after) : 0;

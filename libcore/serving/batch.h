@@ -58,6 +58,10 @@ void iflow_batch_close(iflow_batch *b);
 const iflow_batch_params *iflow_batch_params_of(const iflow_batch *b);
 
 int  iflow_batch_add(iflow_batch *b, const iflow_request *r);
+/* What add() checks of a grammar against the model's vocabulary (a token it names: <[id]>,
+ * <text>), alone: 0, or the error add() would give. For a grammar every request shares (a
+ * command line's), checked once before any is added. */
+int  iflow_batch_check_grammar(iflow_batch *b, const struct iflow_grammar *g);
 /* One step. Returns the number of requests running or queued after it (0: idle), or < 0. */
 int  iflow_batch_step(iflow_batch *b);
 /* 1 and *out set to a finished result (free it with iflow_result_free), or 0 if none. */
