@@ -45,6 +45,13 @@ static const char *find(const char *s, size_t n, const char *needle)
     return memmem(s, n, needle, strlen(needle));
 }
 
+/* Past the NUL-terminated tag when s [n] holds it at i, else i. */
+static size_t after_tag(const char *s, size_t i, size_t n, const char *tag)
+{
+    size_t k = strlen(tag);
+    return n - i >= k && memcmp(s + i, tag, k) == 0 ? i + k : i;
+}
+
 int iflow_tool_format_detect(const char *text, size_t len)
 {
     /* Llama 3.1's template names <|python_tag|> only for its built-in tools; what marks its
@@ -410,9 +417,7 @@ static int parse_hermes(const char *s, size_t n, const char *seed, json_t *calls
 static int parse_llama3(const char *s, size_t n, const char *seed, json_t *calls)
 {
     const char *tag = FORMATS[IFLOW_TOOLS_LLAMA3_JSON].open;
-    size_t i = iflow_skip_ws(s, 0, n), used;
-    if (n - i >= strlen(tag) && memcmp(s + i, tag, strlen(tag)) == 0)
-        i = iflow_skip_ws(s, i + strlen(tag), n);
+    size_t i = iflow_skip_ws(s, after_tag(s, iflow_skip_ws(s, 0, n), n, tag), n), used;
     if (i == n || s[i] != '{')
         return -1;
     while (i < n) {
@@ -532,31 +537,37 @@ static json_t *py_string(pyread *r)
 
 static json_t *py_value(pyread *r);
 
-/* The items of a list, a tuple or a dict up to `close` (a trailing comma allowed). */
+/* Where a comma-separated sequence ending at `close` stands (a trailing comma allowed; `first`:
+ * no item read yet): 1 when an item comes next, 0 when the sequence ended (close taken), -1 when
+ * neither (two items without a comma). */
+static int py_next(pyread *r, char close, int first)
+{
+    if (py_eat(r, close))
+        return 0;
+    if (first)
+        return 1;
+    if (!py_eat(r, ','))
+        return -1;
+    return py_eat(r, close) ? 0 : 1;
+}
+
+/* The items of a list, a tuple or a dict up to `close`. */
 static json_t *py_items(pyread *r, char close, int dict)
 {
     json_t *v = dict ? json_object() : json_array();
-    int done = 0;
-    for (int first = 1; v && !done; first = 0) {
-        if (py_eat(r, close)) {
-            done = 1;
-            break;
-        }
-        if (!first && !py_eat(r, ',')) /* no comma between two items */
-            break;
-        if (!first && py_eat(r, close)) { /* a trailing comma */
-            done = 1;
-            break;
-        }
+    int more = -1;
+    for (int first = 1; v && (more = py_next(r, close, first)) > 0; first = 0) {
         json_t *key = dict ? py_value(r) : NULL;
         json_t *item = !dict || (json_is_string(key) && py_eat(r, ':')) ? py_value(r) : NULL;
         int ok = item && (dict ? json_object_set_new(v, json_string_value(key), item)
                                : json_array_append_new(v, item)) == 0; /* both take item, also on failure */
         json_decref(key);
-        if (!ok)
+        if (!ok) {
+            more = -1;
             break;
+        }
     }
-    if (done)
+    if (more == 0)
         return v;
     json_decref(v);
     return NULL;
@@ -606,26 +617,18 @@ static json_t *py_call(pyread *r)
 {
     char *name = py_ident(r, 1);
     json_t *args = name && py_eat(r, '(') ? json_object() : NULL;
-    int done = 0;
-    for (int first = 1; args && !done; first = 0) {
-        if (py_eat(r, ')')) {
-            done = 1;
-            break;
-        }
-        if (!first && !py_eat(r, ',')) /* no comma between two arguments */
-            break;
-        if (!first && py_eat(r, ')')) { /* a trailing comma */
-            done = 1;
-            break;
-        }
+    int more = -1;
+    for (int first = 1; args && (more = py_next(r, ')', first)) > 0; first = 0) {
         char *key = py_ident(r, 0);
         json_t *v = key && py_eat(r, '=') && !json_object_get(args, key) ? py_value(r) : NULL;
         int ok = v && json_object_set_new(args, key, v) == 0; /* takes v, also on failure */
         free(key);
-        if (!ok)
+        if (!ok) {
+            more = -1;
             break;
+        }
     }
-    json_t *call = done ? json_pack("{s:s, s:O}", "name", name, "arguments", args) : NULL;
+    json_t *call = more == 0 ? json_pack("{s:s, s:O}", "name", name, "arguments", args) : NULL;
     json_decref(args);
     free(name);
     return call;
@@ -637,15 +640,11 @@ static int parse_pythonic(const char *s, size_t n, const char *seed, json_t *cal
     const char *open = FORMATS[IFLOW_TOOLS_PYTHONIC].open, *close = FORMATS[IFLOW_TOOLS_PYTHONIC].close;
     pyread r = {.s = s, .n = n};
     py_ws(&r);
-    if (n - r.i >= strlen(open) && memcmp(s + r.i, open, strlen(open)) == 0)
-        r.i += strlen(open);
+    r.i = after_tag(s, r.i, n, open);
     if (!py_eat(&r, '['))
         return -1;
-    while (!py_eat(&r, ']')) {
-        if (json_array_size(calls) && !py_eat(&r, ','))
-            return -1;
-        if (json_array_size(calls) && py_eat(&r, ']')) /* a trailing comma */
-            break;
+    int more;
+    for (int first = 1; (more = py_next(&r, ']', first)) > 0; first = 0) {
         json_t *c = py_call(&r);
         int bad = !c || add_call(calls, c, seed) < 0;
         json_decref(c);
@@ -653,9 +652,8 @@ static int parse_pythonic(const char *s, size_t n, const char *seed, json_t *cal
             return -1;
     }
     py_ws(&r);
-    if (n - r.i >= strlen(close) && memcmp(s + r.i, close, strlen(close)) == 0)
-        r.i += strlen(close);
-    return iflow_skip_ws(s, r.i, n) == n && json_array_size(calls) ? 0 : -1;
+    r.i = after_tag(s, r.i, n, close);
+    return more == 0 && iflow_skip_ws(s, r.i, n) == n && json_array_size(calls) ? 0 : -1;
 }
 
 /* mistral, granite: a list of calls (or one call) after the marker, nothing after it; `bare`:
