@@ -65,11 +65,13 @@ void cmd_lora_opts(const cmd_loras *l, const char *const **paths, const double *
 /* A converted model with adapters l applied at run time (iflow_model_add_lora). */
 static int open_shard_lora(iflow_model **out, const char *path, int flags, int dev, const cmd_loras *l)
 {
+    IFLOW_TRY(iflow_model_open_device(out, path, flags, dev));
+    if (!l || !l->n)
+        return 0;
     const char *dirs[8];
     size_t n_dirs = (size_t)spec_dirs(dirs, 8);
-    IFLOW_TRY(iflow_model_open_device(out, path, flags, dev));
     int rc = 0;
-    for (size_t i = 0; l && i < l->n && rc == 0; i++) {
+    for (size_t i = 0; i < l->n && rc == 0; i++) {
         iflow_lora *a = NULL;
         if ((rc = iflow_lora_open(&a, l->paths[i], l->scales[i])) == 0)
             rc = iflow_model_add_lora(*out, a, dirs, n_dirs);

@@ -20,8 +20,9 @@ int cmd_model_open(iflow_model **out, const char *path, int flags);
 /* The same for the process computing plan device dev (iflow_model_open_device; dev < 0: all). */
 int cmd_model_open_device(iflow_model **out, const char *path, int flags, int dev);
 
-/* LoRA adapters from the command line (--lora FILE, --lora-scaled FILE:SCALE), merged into the
- * weights when a source is converted (convert.h). */
+/* LoRA adapters from the command line (--lora FILE, --lora-scaled FILE:SCALE): merged into the
+ * weights of a source as it is converted (convert.h), or applied at run time to a converted model
+ * (cmd_model_open_lora). */
 #define CMD_MAX_LORAS 16
 typedef struct {
     const char *paths[CMD_MAX_LORAS]; /* the arguments, or --lora-scaled's FILE in names[] */
