@@ -117,7 +117,8 @@ grammar_entries() {
 # Q4_B64 with a seeded random adapter (bench/loragen.c) of rank 16 and 64 on all seven matrices of
 # every layer, against the shard alone: an 18-token prompt's prefill and 32 greedy tokens' decode
 # tok/s from -v (best of 3 runs, 2 threads), and the adapter file's F32 bytes (a decode step
-# reads half of that beside the weights: iflow keeps a and b in F16).
+# reads half of that beside the weights: iflow keeps a and b in F16); and a batch of four
+# requests, each with an adapter of its own, against the same batch without adapters.
 lora_entries() {
     log "LoRA at run time: TinyLlama Q4_B64 with adapters of rank 16 and 64"
     tl_q4_pair
@@ -139,11 +140,36 @@ lora_entries() {
         out+=("$(speeds --lora "$work/lora" | jq --argjson r $r --argjson b "$(($(stat -c %s "$work/lora/adapter_model.safetensors")))" \
             '. + {rank: $r, adapter_bytes: $b}')")
     done
-    rm -rf "$work/lora" "$work/tl-bq4.ifs" "$work/tl-bq2.ifs"
-    printf '%s\n' "${out[@]}" | jq -s '.[0] as $base | {model: "tinyllama-1.1b-q4_b64", threads: 2, prompt_tokens: 18, tokens: 32,
-        targets: "q k v o gate up down, every layer", runs: map(. + {
+    # adapters per request (--lora-module): 4 requests of 32 greedy tokens in one batch (--parallel 4),
+    # none with an adapter, then each with its own rank-16 adapter: the batch's generated tok/s
+    # (--metrics, best of 3)
+    rm -rf "$work/lora" && mkdir -p "$work/lora"
+    "$build/loragen" "$cfg" 16 "$work/lora"
+    local mods=() i
+    for i in 1 2 3 4; do mods+=(--lora-module "a$i=$work/lora"); done
+    batch_tps() { # $1: 1 to give each request its adapter; iflow-run args... -> generated tok/s
+        local with=$1 best=0 x _
+        shift
+        jq -nc --argjson w "$with" 'range(4) | {prompt: "Once upon a time there was a little girl named", max_tokens: 32,
+            temperature: 0} + (if $w == 1 then {lora: "a\(. + 1)"} else {} end)' >"$work/multi.jsonl"
+        for _ in 1 2 3; do
+            bin/iflow-run -m "$work/tl-bq4.ifs" "$@" --batch --parallel 4 -t 2 --metrics "$work/multi.json" \
+                <"$work/multi.jsonl" >/dev/null 2>&1
+            x=$(jq .generated_tokens_per_s "$work/multi.json")
+            best=$(jq -n "[$best, ${x:-0}] | max")
+        done
+        echo "$best"
+    }
+    local m0 m4
+    m0=$(batch_tps 0)
+    m4=$(batch_tps 1 "${mods[@]}")
+    rm -rf "$work/lora" "$work/tl-bq4.ifs" "$work/tl-bq2.ifs" "$work/multi.jsonl" "$work/multi.json"
+    printf '%s\n' "${out[@]}" | jq -s --argjson m0 "$m0" --argjson m4 "$m4" '.[0] as $base | {model: "tinyllama-1.1b-q4_b64",
+        threads: 2, prompt_tokens: 18, tokens: 32, targets: "q k v o gate up down, every layer", runs: map(. + {
         prefill_ratio: (if $base.prefill_tok_s > 0 then .prefill_tok_s / $base.prefill_tok_s else null end),
-        decode_ratio: (if $base.decode_tok_s > 0 then .decode_tok_s / $base.decode_tok_s else null end)})}'
+        decode_ratio: (if $base.decode_tok_s > 0 then .decode_tok_s / $base.decode_tok_s else null end)}),
+        per_request: {requests: 4, parallel: 4, tokens: 32, rank: 16, base_tok_s: $m0, four_adapters_tok_s: $m4,
+        ratio: (if $m0 > 0 then $m4 / $m0 else null end)}}'
 }
 # bench/bench.sh BUILD_DIR speculative (or grammar, lora): those entries alone
 if [ "${2:-}" = lora ]; then

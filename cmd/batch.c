@@ -251,7 +251,8 @@ static item *parse_line(const reader *rd, const char *line, size_t len, long lin
     it->line = line_no;
     iflow_request_defaults d = {.max_tokens = o->max_tokens, .context_shift = o->context_shift, .keep = o->keep,
                                 .sp = o->sp, .logprobs = o->logprobs, .prompt_logprobs = o->prompt_logprobs,
-                                .grammar = o->grammar, .tool_format = o->tool_format};
+                                .grammar = o->grammar, .tool_format = o->tool_format, .adapters = o->adapters,
+                                .n_adapters = o->n_adapters};
     if (iflow_request_parse(&it->f, line, len, line_no, &d) < 0) {
         item_fail(it, "%s", iflow_errmsg());
         if (!it->f.id)
@@ -262,7 +263,7 @@ static item *parse_line(const reader *rd, const char *line, size_t len, long lin
     *q = (iflow_request){.max_tokens = it->f.max_tokens, .sampling = it->f.sp, .n_stop = it->f.n_stop,
                          .context_shift = it->f.context_shift, .keep = it->f.keep, .user = it,
                          .logprobs = it->f.logprobs, .prompt_logprobs = it->f.prompt_logprobs,
-                         .grammar = it->f.grammar};
+                         .grammar = it->f.grammar, .adapter = it->f.adapter};
     for (int i = 0; i < it->f.n_stop; i++)
         q->stop[i] = it->f.stop[i];
     if (it->f.messages && chat_prompt(rd, it) < 0) {
@@ -512,7 +513,7 @@ static int beam_start(item *it, const iflow_model *m, const iflow_batch_params *
     iflow_beam_params p = {.n_beams = it->f.beams, .max_tokens = it->f.max_tokens,
                            .length_penalty = it->f.length_penalty, .n_ctx = bp->n_ctx, .kv_type = bp->kv_type,
                            .n_threads = bp->n_threads, .stop = (const char *const *)it->f.stop,
-                           .n_stop = it->f.n_stop};
+                           .n_stop = it->f.n_stop, .adapter = it->f.adapter};
     it->res = calloc(1, sizeof *it->res);
     if (!it->res)
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");

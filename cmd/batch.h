@@ -33,6 +33,8 @@ typedef struct {
     int reasoning;               /* chat replies' <think> blocks go to "reasoning_content" (--reasoning-parser) */
     int grammar_in_reasoning;    /* with reasoning: constraints hold from the first token, not after </think> */
     struct iflow_grammar *grammar; /* --grammar, --json-schema, ...: for requests that give none */
+    const char *const *adapters; /* [n_adapters] --lora-module's names: the model's adapters 1.. */
+    int n_adapters;
 } batch_opts;
 
 /* Run every request of standard input; returns the exit status (0; 1 when a result could not

@@ -32,7 +32,8 @@ enum {
     O_MODEL = 'm', O_PROMPT = 'p', O_NPREDICT = 'n', O_THREADS = 't', O_CTX = 'c', O_VERBOSE = 'v',
     O_TEMP = 256, O_TOPK, O_TOPP, O_SEED, O_ECHO, O_JSON, O_TOKENIZE, O_BOS, O_PARSE_SPECIAL, O_DEVICE,
     O_GPU_LAYERS, O_GPU_GRAPHS, O_NO_GPU_GRAPHS, O_LIST_DEVICES, O_PLAN, O_COMM, O_ACTIVATIONS, O_STOP, O_BATCH, O_PARALLEL, O_KV_TYPE, O_NO_PREFIX_CACHE, O_LOGPROBS, O_PROMPT_LOGPROBS, O_METRICS, O_DRY_RUN,
-    O_CONTEXT_SHIFT, O_KEEP, O_DRAFT, O_LORA, O_LORA_SCALED, O_DRAFT_N, O_DRAFT_TOP_K, O_DRAFT_TOP_P, O_BEAMS,
+    O_CONTEXT_SHIFT, O_KEEP, O_DRAFT, O_LORA, O_LORA_SCALED, O_LORA_MODULE, O_DRAFT_N, O_DRAFT_TOP_K, O_DRAFT_TOP_P,
+    O_BEAMS,
     O_LENGTH_PENALTY,
     /* sampling: set through iflow_sampler_params_set() by their long names */
     O_SAMPLER, O_MINP, O_TYPICAL, O_TFS, O_MIROSTAT_TAU, O_MIROSTAT_ETA, O_REPEAT_PENALTY, O_REPEAT_LAST_N,
@@ -83,6 +84,7 @@ static const iflow_opt opts[] = {
     {O_LENGTH_PENALTY, "length-penalty", 0, "P", "with --beams: rank beams by log-probability / length^P; 0 ranks by log-probability alone, more favours longer ones (default 1)", NULL},
     {O_LORA, "lora", 0, "FILE", "apply LoRA adapter FILE (a PEFT adapter or a llama.cpp GGUF adapter; repeatable): merged into a source as it is converted, or added at run time to a converted model, on the CPU (iflow-convert(1), LoRA adapters)", "file"},
     {O_LORA_SCALED, "lora-scaled", 0, "FILE:S", "the same, the adapter's deltas multiplied by S", "file"},
+    {O_LORA_MODULE, "lora-module", 0, "NAME=FILE", "with --batch: LoRA adapter FILE, applied at run time (on the CPU) to the requests that ask for it by NAME (\"lora\": \"NAME\"); requests of different adapters, and of none, share every step (repeatable: multi-LoRA serving)", "file"},
     {O_DRAFT, "draft", 0, "FILE", "speculative decoding: draft model FILE (sharing the model's tokenizer) proposes tokens that the model checks in one step; greedy output is unchanged, sampled output keeps its distribution", "file"},
     {O_DRAFT_N, "draft-n", 0, "N", "with --draft: tokens the draft proposes per step, 1 to 16 (default 5)", NULL},
     {O_DRAFT_TOP_K, "draft-top-k", 0, "K", "with --draft: accept a proposal when it is among the model's K most likely tokens (faster, no longer the model's distribution; default 0: the exact rule)", NULL},
@@ -460,7 +462,8 @@ static int run_batch(const run_opts *o)
                     .max_tokens = o->n_predict, .verbose = o->verbose, .json = o->json, .sp = o->sp,
                     .context_shift = o->context_shift, .keep = o->keep,
                     .metrics = o->metrics, .model = o->model, .progress = o->progress,
-                    .gpu_graphs = o->dev.gpu_graphs, .grammar = o->grammar};
+                    .gpu_graphs = o->dev.gpu_graphs, .grammar = o->grammar,
+                    .adapters = o->loras.modules, .n_adapters = (int)o->loras.n_modules};
     int rc;
     char why[512];
     iflow_chat *chat = NULL;
@@ -758,6 +761,7 @@ int main(int argc, char **argv)
         case O_DRAFT: o.draft = arg; break;
         case O_LORA: cmd_lora_add(&tool, &o.loras, arg, 0); break;
         case O_LORA_SCALED: cmd_lora_add(&tool, &o.loras, arg, 1); break;
+        case O_LORA_MODULE: cmd_lora_module_add(&tool, &o.loras, arg); break;
         case O_DRAFT_N: o.draft_n = (int)opt_long(&tool, "draft-n", arg, 1, IFLOW_MAX_DRAFT); break;
         case O_DRAFT_TOP_K: o.draft_top_k = (int)opt_long(&tool, "draft-top-k", arg, 0, 1 << 24); break;
         case O_DRAFT_TOP_P: o.draft_top_p = (float)opt_double(&tool, "draft-top-p", arg, 0, 1); break;
@@ -807,6 +811,9 @@ int main(int argc, char **argv)
     if (o.loras.n && (o.embed || o.translate || o.tokenize || o.list_devices))
         die_usage(&tool, "--lora applies to generation, not to --%s",
                   o.embed ? "embed" : o.translate ? "translate" : o.tokenize ? "tokenize" : "list-devices");
+    if (o.loras.n_modules && !o.batch)
+        die_usage(&tool, "--lora-module names adapters for --batch's requests (\"lora\": NAME); --lora applies one "
+                         "to every prompt");
     if ((o.kv_type || o.no_prefix_cache) && (o.embed || o.translate))
         die_usage(&tool, "--%s goes with generation, not with --%s", o.kv_type ? "kv-type" : "no-prefix-cache",
                   o.embed ? "embed" : "translate");

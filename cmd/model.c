@@ -55,6 +55,25 @@ void cmd_lora_add(const iflow_tool *t, cmd_loras *l, const char *arg, int scaled
     l->scales[l->n++] = scale;
 }
 
+void cmd_lora_module_add(const iflow_tool *t, cmd_loras *l, const char *arg)
+{
+    const char *eq = strchr(arg, '=');
+    size_t n = eq ? (size_t)(eq - arg) : 0;
+    static const char NAME_CHARS[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-";
+    if (!eq || n == 0 || !eq[1] || strspn(arg, NAME_CHARS) != n || strlen(arg) >= sizeof l->module_args[0])
+        die_usage(t, "--lora-module takes NAME=FILE, NAME of letters, digits, '.', '_' and '-', not '%s'", arg);
+    if (l->n_modules == CMD_MAX_LORAS)
+        die_usage(t, "at most %d LoRA modules", CMD_MAX_LORAS);
+    char *buf = l->module_args[l->n_modules];
+    memcpy(buf, arg, strlen(arg) + 1);
+    buf[n] = 0;
+    for (size_t i = 0; i < l->n_modules; i++)
+        if (strcmp(l->modules[i], buf) == 0)
+            die_usage(t, "--lora-module '%s' given twice", buf);
+    l->modules[l->n_modules] = buf;
+    l->module_paths[l->n_modules++] = buf + n + 1;
+}
+
 void cmd_lora_opts(const cmd_loras *l, const char *const **paths, const double **scales, size_t *n)
 {
     *paths = l && l->n ? l->paths : NULL;
@@ -62,21 +81,32 @@ void cmd_lora_opts(const cmd_loras *l, const char *const **paths, const double *
     *n = l ? l->n : 0;
 }
 
-/* A converted model with adapters l applied at run time (iflow_model_add_lora). */
-static int open_shard_lora(iflow_model **out, const char *path, int flags, int dev, const cmd_loras *l)
+/* Adapter file path (scale s) applied to m at run time: to every sequence (module NULL), or
+ * added as module `module` for the sequences that ask for it. */
+static int add_one(iflow_model *m, const char *path, double s, const char *module)
 {
-    IFLOW_TRY(iflow_model_open_device(out, path, flags, dev));
-    if (!l || !l->n)
-        return 0;
     const char *dirs[8];
     size_t n_dirs = (size_t)spec_dirs(dirs, 8);
+    iflow_lora *a = NULL;
+    int rc = iflow_lora_open(&a, path, s);
+    if (rc == 0)
+        rc = module ? iflow_model_add_adapter(m, a, dirs, n_dirs) : iflow_model_add_lora(m, a, dirs, n_dirs);
+    iflow_lora_close(a);
+    if (rc < 0 && module)
+        iflow_preperr(rc, "--lora-module '%s'", module);
+    return rc < 0 ? rc : 0;
+}
+
+/* The model converted (or not) at path opened, with l's adapters applied at run time (only its
+ * modules when `merged`: the others went into the conversion). */
+static int open_shard_lora(iflow_model **out, const char *path, int flags, int dev, const cmd_loras *l, int merged)
+{
+    IFLOW_TRY(iflow_model_open_device(out, path, flags, dev));
     int rc = 0;
-    for (size_t i = 0; i < l->n && rc == 0; i++) {
-        iflow_lora *a = NULL;
-        if ((rc = iflow_lora_open(&a, l->paths[i], l->scales[i])) == 0)
-            rc = iflow_model_add_lora(*out, a, dirs, n_dirs);
-        iflow_lora_close(a);
-    }
+    for (size_t i = 0; l && !merged && i < l->n && rc == 0; i++)
+        rc = add_one(*out, l->paths[i], l->scales[i], NULL);
+    for (size_t i = 0; l && i < l->n_modules && rc == 0; i++)
+        rc = add_one(*out, l->module_paths[i], 1, l->modules[i]);
     if (rc < 0) {
         iflow_model_close(*out);
         *out = NULL;
@@ -87,7 +117,7 @@ static int open_shard_lora(iflow_model **out, const char *path, int flags, int d
 int cmd_model_open_lora(iflow_model **out, const char *path, int flags, int dev, const cmd_loras *l)
 {
     if (!cmd_is_source(path))
-        return open_shard_lora(out, path, flags, dev, l);
+        return open_shard_lora(out, path, flags, dev, l, 0);
     /* converted into a temporary directory, opened, and unlinked: the mapping keeps the data */
     const char *tmp = getenv("TMPDIR");
     char dir[4096], shard[4200];
@@ -102,7 +132,7 @@ int cmd_model_open_lora(iflow_model **out, const char *path, int flags, int dev,
     cmd_lora_opts(l, &o.lora_paths, &o.lora_scales, &o.n_loras);
     int rc = iflow_convert(path, shard, &o);
     if (rc == 0)
-        rc = iflow_model_open_device(out, shard, flags, dev);
+        rc = open_shard_lora(out, shard, flags, dev, l, 1);
     else
         iflow_preperr(rc, "converting '%s'", path);
     unlink(shard);

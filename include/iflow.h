@@ -162,6 +162,16 @@ IFLOW_API const iflow_tokenizer *iflow_model_tokenizer(const iflow_model *m);
 IFLOW_API const iflow_tokenizer *iflow_model_target_tokenizer(const iflow_model *m);
 /* 1 if id is one of the model's end-of-sequence tokens. */
 IFLOW_API int iflow_model_is_eos(const iflow_model *m, int32_t id);
+/* Apply the LoRA adapter at path (a PEFT directory, or its adapter_model.safetensors beside its
+ * adapter_config.json, or a llama.cpp GGUF adapter), its deltas times scale, at run time on the
+ * CPU (q, k, v, o, gate, up, down of a decoder-only model): to every sequence (per_request 0:
+ * returns 0), or only to the batch requests that ask for it (per_request 1: returns its number
+ * for iflow_request.adapter, 1 for the first). spec_path: the directories (':' between them) in
+ * which to find the spec the model was converted with (its NAME.ini: the repository's specs/ or
+ * the installed share/iflow/specs), to name the model's tensors as the adapter does. On an error
+ * the model is as it was. */
+IFLOW_API int iflow_model_load_lora(iflow_model *m, const char *path, double scale, int per_request,
+                                    const char *spec_path);
 
 typedef struct {
     int n_vocab;        /* logits per position                                     */
@@ -350,6 +360,11 @@ typedef struct {
      * after it skipped (what the grammar refuses of the marker's own token is let go: it then
      * begins at the next token). NULL or "": from the first token */
     const char *grammar_after;
+    /* Optional: the model's LoRA adapter this request computes with (1, 2, ...: the numbers
+     * iflow_model_load_lora gave with per_request), or 0: none. Requests of different adapters share
+     * every step (the base weights read once for all); the prefix cache shares blocks only among
+     * requests of the same adapter. A draft model proposes without it */
+    int adapter;
 } iflow_request;
 
 #define IFLOW_MAX_GRAMMAR_AFTER 63

@@ -39,6 +39,7 @@ complete -c iflow-run -l beams -x -d 'beam search with N beams (1 to 32) instead
 complete -c iflow-run -l length-penalty -x -d 'with --beams: rank beams by log-probability / length^P; 0 ranks by log-probability alone, more favours longer ones (default 1)'
 complete -c iflow-run -l lora -r -d 'apply LoRA adapter FILE (a PEFT adapter or a llama.cpp GGUF adapter; repeatable): merged into a source as it is converted, or added at run time to a converted model, on the CPU (iflow-convert(1), LoRA adapters)'
 complete -c iflow-run -l lora-scaled -r -d 'the same, the adapter\'s deltas multiplied by S'
+complete -c iflow-run -l lora-module -r -d 'with --batch: LoRA adapter FILE, applied at run time (on the CPU) to the requests that ask for it by NAME ("lora": "NAME"); requests of different adapters, and of none, share every step (repeatable: multi-LoRA serving)'
 complete -c iflow-run -l draft -r -d 'speculative decoding: draft model FILE (sharing the model\'s tokenizer) proposes tokens that the model checks in one step; greedy output is unchanged, sampled output keeps its distribution'
 complete -c iflow-run -l draft-n -x -d 'with --draft: tokens the draft proposes per step, 1 to 16 (default 5)'
 complete -c iflow-run -l draft-top-k -x -d 'with --draft: accept a proposal when it is among the model\'s K most likely tokens (faster, no longer the model\'s distribution; default 0: the exact rule)'

@@ -36,11 +36,13 @@ typedef struct {
     void (*silu_mul)(float *g, const float *u, int n);
     void (*add)(float *y, const float *x, int n);
     void (*get_row)(float *out, const void *W, int wtype, size_t row, int K);
+    void (*lowrank_up)(float *y, size_t ldy, const uint16_t *bt, size_t ldb, const float *t, size_t ldt, int T, int N,
+                       int r, int add);
 } ifk_path;
 
 #define IFK_PATH(X)                                                                         \
     { ifk_##X##_matmul_rows, ifk_##X##_attend, ifk_##X##_rmsnorm, ifk_##X##_softmax,        \
-      ifk_##X##_silu_mul, ifk_##X##_add, ifk_##X##_get_row }
+      ifk_##X##_silu_mul, ifk_##X##_add, ifk_##X##_get_row, ifk_##X##_lowrank_up }
 
 static const ifk_path path_scalar = IFK_PATH(ref);
 #ifndef IFK_NO_SIMD
@@ -390,6 +392,61 @@ void ifk_layernorm(float *y, const float *x, const float *w, const float *b, int
 void ifk_silu_mul(float *g, const float *u, int n)
 {
     path()->silu_mul(g, u, n);
+}
+
+/* ifk_lowrank_up's items: columns n0 .. n1 of y, cpi a item (a multiple of 16). */
+typedef struct {
+    float *y;
+    size_t ldy;
+    const uint16_t *bt;
+    int T, N, r, cpi;
+} lr_args;
+
+static void lr_range(const lr_args *a, int i, int *n0, int *n1)
+{
+    *n0 = i * a->cpi;
+    *n1 = *n0 + a->cpi < a->N ? *n0 + a->cpi : a->N;
+}
+
+/* Item i against t (the job's input, [T][r]): added into y in place, or its sums alone into
+ * out [T][n1 - n0], which lr_commit adds (the same one addition). */
+static void lr_run(const void *args, const void *in, int i, float *out)
+{
+    const lr_args *a = args;
+    int n0, n1;
+    lr_range(a, i, &n0, &n1);
+    if (!out)
+        path()->lowrank_up(a->y + n0, a->ldy, a->bt + n0, (size_t)a->N, in, (size_t)a->r, a->T, n1 - n0, a->r, 1);
+    else
+        path()->lowrank_up(out, (size_t)(n1 - n0), a->bt + n0, (size_t)a->N, in, (size_t)a->r, a->T, n1 - n0, a->r, 0);
+}
+
+static void lr_commit(const void *args, int i, const float *out)
+{
+    const lr_args *a = args;
+    int n0, n1;
+    lr_range(a, i, &n0, &n1);
+    for (int t = 0; t < a->T; t++)
+        path()->add(a->y + (size_t)t * a->ldy + n0, out + (size_t)t * (size_t)(n1 - n0), n1 - n0);
+}
+
+void ifk_lowrank_up(float *y, size_t ldy, const uint16_t *bt, const float *t, size_t ldt, int T, int N, int r,
+                    int n_threads)
+{
+    if (T <= 0 || N <= 0)
+        return;
+    int nt = threads_for(n_threads, (double)T * N * r);
+    if (nt > (N + 15) / 16)
+        nt = (N + 15) / 16;
+    if (nt <= 1 || ldt != (size_t)r) {
+        path()->lowrank_up(y, ldy, bt, (size_t)N, t, ldt, T, N, r, 1);
+        return;
+    }
+    const int cpi = ifk_pool_rows_per_item(N, nt);
+    const lr_args a = {y, ldy, bt, T, N, r, cpi};
+    ifk_pool_run(&(ifk_pool_job){.run = lr_run, .commit = lr_commit, .args = &a, .args_size = sizeof a, .input = t,
+                                 .input_size = (size_t)T * (size_t)r * sizeof *t, .scratch_floats = (size_t)T * cpi,
+                                 .n_items = (N + cpi - 1) / cpi, .max_threads = nt});
 }
 
 void ifk_add(float *y, const float *x, int n)

@@ -124,6 +124,16 @@ void ifk_layernorm(float *y, const float *x, const float *w, const float *b, int
 /* y[i] += x[i]. */
 void ifk_add(float *y, const float *x, int n);
 
+/* The up-projection of a low-rank delta (a LoRA adapter's b (a x)): for each of T rows,
+ * y[i][n] += sum over q = 0 .. r-1 of t[i][q] * bt[q][n], with bt [r][N] F16 (b transposed) and
+ * t [T][r] at stride ldt, y [T][N] at stride ldy. Each element is one F32 fused multiply-add
+ * chain in q order from 0, then added to y: the same bits on every path, whatever T and
+ * whichever thread (batch invariant), where a matrix product of K = r would spend a row's
+ * reduction on 16 values. Columns are dealt to up to n_threads threads (pool.h) when the work
+ * pays for them. */
+void ifk_lowrank_up(float *y, size_t ldy, const uint16_t *bt, const float *t, size_t ldt, int T, int N, int r,
+                    int n_threads);
+
 /* Causal attention of T query tokens over a KV cache, grouped-query style.
  *   q:   [T][n_heads * head_dim]      query t sits at absolute position pos0 + t
  *   k,v: [n_ctx][n_kv_heads * head_dim] cache rows 0 .. pos0+T-1 are valid (row stride kv_ld)

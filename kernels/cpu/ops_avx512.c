@@ -110,6 +110,53 @@ void ifk_avx512_add(float *y, const float *x, int n)
     }
 }
 
+/* 16 columns (mask m) of bt's rows from column n, as F32. */
+IFK_INLINE __m512 bt16(const uint16_t *bt, size_t row, int n, __mmask16 m)
+{
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, bt + row + n));
+}
+
+/* y's 16 columns (mask m) at yn: + a (add), or a. */
+IFK_INLINE void put16(float *yn, __mmask16 m, __m512 a, int add)
+{
+    _mm512_mask_storeu_ps(yn, m, add ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, yn), a) : a);
+}
+
+/* ifk_lowrank_up (kernels.h, impl.h): columns 64 at a time in four independent chains (the
+ * chain of one column in q order, as ifk_ref_lowrank_up's), the rest 16 at a time, masked. */
+void ifk_avx512_lowrank_up(float *y, size_t ldy, const uint16_t *bt, size_t ldb, const float *t, size_t ldt, int T,
+                           int N, int r, int add)
+{
+    const __mmask16 all = 0xffff;
+    for (int i = 0; i < T; i++) {
+        const float *ti = t + (size_t)i * ldt;
+        float *yi = y + (size_t)i * ldy;
+        int n = 0;
+        for (; n + 64 <= N; n += 64) {
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int q = 0; q < r; q++) {
+                const __m512 tq = _mm512_set1_ps(ti[q]);
+                const size_t row = (size_t)q * ldb;
+                a0 = _mm512_fmadd_ps(tq, bt16(bt, row, n, all), a0);
+                a1 = _mm512_fmadd_ps(tq, bt16(bt, row, n + 16, all), a1);
+                a2 = _mm512_fmadd_ps(tq, bt16(bt, row, n + 32, all), a2);
+                a3 = _mm512_fmadd_ps(tq, bt16(bt, row, n + 48, all), a3);
+            }
+            put16(yi + n, all, a0, add);
+            put16(yi + n + 16, all, a1, add);
+            put16(yi + n + 32, all, a2, add);
+            put16(yi + n + 48, all, a3, add);
+        }
+        for (; n < N; n += 16) {
+            const __mmask16 m = v16_mask(N - n < 16 ? N - n : 16);
+            __m512 a = _mm512_setzero_ps();
+            for (int q = 0; q < r; q++)
+                a = _mm512_fmadd_ps(_mm512_set1_ps(ti[q]), bt16(bt, (size_t)q * ldb, n, m), a);
+            put16(yi + n, m, a, add);
+        }
+    }
+}
+
 /* s[j] = scale * (q . k_j) for j < nj.  q: [head_dim]; k: nj rows of [head_dim] at stride
  * kv_ld; s: [nj]. Called with a constant hd (a multiple of 16, at most 128) it keeps q in
  * registers and needs no masks; hd == 0 means any head_dim. */

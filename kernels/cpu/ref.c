@@ -153,6 +153,19 @@ void ifk_ref_add(float *y, const float *x, int n)
         y[i] += x[i];
 }
 
+/* y [T][N] at ldy (+)= t [T][r] at ldt times bt [r][N] (F16, rows ldb apart): impl.h. */
+void ifk_ref_lowrank_up(float *y, size_t ldy, const uint16_t *bt, size_t ldb, const float *t, size_t ldt, int T, int N,
+                        int r, int add)
+{
+    for (int i = 0; i < T; i++)
+        for (int n = 0; n < N; n++) {
+            float acc = 0.0f, *yn = &y[(size_t)i * ldy + n];
+            for (int q = 0; q < r; q++)
+                acc = fmaf(t[(size_t)i * ldt + q], ifk_f16_to_f32(bt[(size_t)q * ldb + n]), acc);
+            *yn = add ? *yn + acc : acc;
+        }
+}
+
 /* scale * (q . k_row); q, k_row: [head_dim]. */
 static float score(const float *q, const float *k_row, int head_dim, float scale)
 {

@@ -426,12 +426,22 @@ static int cpu_query(const iflow_device *d, iflow_device_info *info)
     return 0;
 }
 
+static int cpu_lowrank_up(iflow_device *d, float *y, size_t ldy, const uint16_t *bt, const float *t, size_t ldt, int T,
+                          int N, int r)
+{
+    int was = ifk_pool_set_take_back(1); /* bt lives until the model closes, after ifk_pool_quiesce */
+    ifk_lowrank_up(y, ldy, bt, t, ldt, T, N, r, d->n_threads);
+    ifk_pool_set_take_back(was);
+    return 0;
+}
+
 static const iflow_device_ops cpu_ops = {
     cpu_close, cpu_query, cpu_alloc, iflow_cpu_free, cpu_copy, cpu_copy, cpu_supports, cpu_matmul, cpu_rmsnorm,
     cpu_rope, cpu_attention, cpu_silu_mul, cpu_add, cpu_add_bias, cpu_argmax, cpu_kv_store, cpu_attention_paged, cpu_kv_shift,
     cpu_gelu_mul, cpu_layernorm, iflow_cpu_pack, cpu_attention_bias, cpu_relu_mul,
     NULL, NULL, NULL, NULL, NULL, /* record_begin .. replay: every op runs as it comes */
     NULL, NULL, NULL, NULL, /* add_rmsnorm, rope_store, glu, qkv: the engine runs the ops they stand for */
+    cpu_lowrank_up,
 };
 
 /* The CPU's brand string, from /proc/cpuinfo ("" if unreadable). */

@@ -48,8 +48,8 @@ typedef struct {
     float *gate, *up;           /* [B][F]     FFN hidden              */
     float *kx, *vx;             /* [B][KV]    new keys and values, before they are stored */
     float *logits;              /* [logits_rows][vocab] (output device, not host memory) */
-    float *lt, *ly;             /* [n_lt], [n_ly]: a low-rank delta's a x and b (a x), grown on demand */
-    size_t n_lt, n_ly;
+    float *lt;                  /* [n_lt]: a low-rank delta's a x, grown on demand            */
+    size_t n_lt;
     int logits_rows;
 } dev_scratch;
 
@@ -76,6 +76,7 @@ struct iflow_ctx {
     int pass;                   /* B: rows of one forward pass (the model's pass) */
     int32_t *step_ids;          /* [B] a step's tokens, gathered from its sequences           */
     ifk_kv_seq *step_seq;       /* [B] a step's sequences                                     */
+    int *step_adapter;          /* [B] their adapters (iflow_step_seq.adapter)                */
     int n_dev;
     dev_scratch dev[IFLOW_MAX_DEVICES];
     iflow_kv *kv;               /* the context's own cache (one block of n_ctx), or NULL     */
@@ -96,7 +97,7 @@ static void scratch_free(dev_scratch *s)
     iflow_device *d = s->dev;
     if (!d)
         return;
-    float *bufs[] = {s->x, s->xb, s->xa, s->q, s->att, s->gate, s->up, s->kx, s->vx, s->logits, s->lt, s->ly};
+    float *bufs[] = {s->x, s->xb, s->xa, s->q, s->att, s->gate, s->up, s->kx, s->vx, s->logits, s->lt};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             d->ops->free(d, bufs[i]);
@@ -371,7 +372,8 @@ static int ctx_open(iflow_ctx **out, const iflow_model *m, int n_ctx, int n_thre
     c->last_logits = malloc((size_t)hp->vocab_size * sizeof(float));
     c->step_ids = malloc((size_t)c->pass * sizeof *c->step_ids);
     c->step_seq = malloc((size_t)c->pass * sizeof *c->step_seq);
-    if (!c->stage || !c->xh || !c->acc || !c->last_logits || !c->step_ids || !c->step_seq)
+    c->step_adapter = malloc((size_t)c->pass * sizeof *c->step_adapter);
+    if (!c->stage || !c->xh || !c->acc || !c->last_logits || !c->step_ids || !c->step_seq || !c->step_adapter)
         rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
     for (int i = 0; i < m->n_devs && rc == 0; i++) {
         dev_scratch *s = &c->dev[i];
@@ -433,6 +435,7 @@ void iflow_ctx_close(iflow_ctx *c)
     free(c->out_logits);
     free(c->step_ids);
     free(c->step_seq);
+    free(c->step_adapter);
     free(c);
 }
 
@@ -510,17 +513,18 @@ static int grow_scratch(dev_scratch *s, float **buf, size_t *cap, size_t n)
 }
 
 /* y [T][N] (rows of stride N) += b (a x) for x [T][K] at stride ldx: a matrix's low-rank delta,
- * or nothing (rank 0). Two matrix products of F16 weights and an add, on s's device. */
+ * or nothing (rank 0). A matrix product of F16 weights, then the device's lowrank_up (b's
+ * F16 columns times a x, added into y), on s's device. */
 static int low_rank_rows(dev_scratch *s, float *y, const low_rank *l, const float *x, int ldx, int T, int N, int K)
 {
     if (!l->rank)
         return 0;
     iflow_device *d = s->dev;
+    if (!d->ops->lowrank_up)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "%s computes no LoRA adapter at run time", d->info.name);
     IFLOW_TRY(grow_scratch(s, &s->lt, &s->n_lt, (size_t)T * l->rank));
-    IFLOW_TRY(grow_scratch(s, &s->ly, &s->n_ly, (size_t)T * N));
     IFLOW_TRY(d->ops->matmul(d, s->lt, (size_t)l->rank, l->a, IFLOW_DT_F16, x, (size_t)ldx, T, l->rank, K));
-    IFLOW_TRY(d->ops->matmul(d, s->ly, (size_t)N, l->b, IFLOW_DT_F16, s->lt, (size_t)l->rank, T, N, l->rank));
-    return d->ops->add(d, y, s->ly, (size_t)T * N);
+    return d->ops->lowrank_up(d, y, (size_t)N, l->bt, s->lt, (size_t)l->rank, T, N, l->rank);
 }
 
 int iflow_block_in(const iflow_model *m, iflow_device *d, float *x, float *xb, const float *w, const float *b, int T,
@@ -546,7 +550,34 @@ typedef struct {
     iflow_kv *kv;
     const ifk_kv_seq *seq;
     int n_seq, T;
+    const int *adapter;    /* [n_seq] each sequence's adapter (model_impl.h), or NULL: none */
 } step_rows;
+
+/* y += the deltas of matrix i (LR_*) of part k for the step's rows x (at stride ldx; y [T][N]):
+ * the layer's own on every row, then each sequence's adapter's on its rows. */
+static int deltas(const iflow_model *m, dev_scratch *s, int k, int i, const step_rows *r, float *y, const float *x,
+                  int ldx, int N, int K)
+{
+    IFLOW_TRY(low_rank_rows(s, y, &m->parts[k].w.lr[i], x, ldx, r->T, N, K));
+    for (int j = 0; r->adapter && j < r->n_seq; j++) {
+        const ifk_kv_seq *q = &r->seq[j];
+        const low_rank *a = r->adapter[j] ? iflow_adapter_delta(m, r->adapter[j], layer_of_part(m, k), i) : NULL;
+        if (a)
+            IFLOW_TRY(low_rank_rows(s, y + (size_t)q->row0 * N, a, x + (size_t)q->row0 * ldx, ldx, q->n_rows, N, K));
+    }
+    return 0;
+}
+
+/* 1 if some row of the step has a delta of matrix i (LR_*) in part k. */
+static int has_delta(const iflow_model *m, int k, int i, const step_rows *r)
+{
+    if (m->parts[k].w.lr[i].rank)
+        return 1;
+    for (int j = 0; r->adapter && j < r->n_seq; j++)
+        if (r->adapter[j] && iflow_adapter_delta(m, r->adapter[j], layer_of_part(m, k), i)->rank)
+            return 1;
+    return 0;
+}
 
 /* Attention sub-block of part k (of a layer) for a step's rows on its device s: its heads'
  * output projection into s->xb (a partial sum when the layer is split), added into s->x when
@@ -579,9 +610,9 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
         IFLOW_TRY(iflow_linear_rows(s->dev, s->kx, KV, w->wk, w->bk, in, D, T, KV, D));
         IFLOW_TRY(iflow_linear_rows(s->dev, s->vx, KV, w->wv, w->bv, in, D, T, KV, D));
     }
-    IFLOW_TRY(low_rank_rows(s, s->q, &w->lr[LR_Q], in, D, T, Q, D));
-    IFLOW_TRY(low_rank_rows(s, s->kx, &w->lr[LR_K], in, D, T, KV, D));
-    IFLOW_TRY(low_rank_rows(s, s->vx, &w->lr[LR_V], in, D, T, KV, D));
+    IFLOW_TRY(deltas(m, s, k, LR_Q, r, s->q, in, D, Q, D));
+    IFLOW_TRY(deltas(m, s, k, LR_K, r, s->kx, in, D, KV, D));
+    IFLOW_TRY(deltas(m, s, k, LR_V, r, s->vx, in, D, KV, D));
     if (w->q_norm) { /* qk_norm: each head's q and k (rows of head_dim) */
         IFLOW_TRY(d->ops->rmsnorm(d, s->q, s->q, w->q_norm, T * nq, hd, hp->norm_eps));
         IFLOW_TRY(d->ops->rmsnorm(d, s->kx, s->kx, w->k_norm, T * nkv, hd, hp->norm_eps));
@@ -613,7 +644,7 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
     if (d->host_memory)
         iflow_observe(c, layer_of_part(m, k), IFLOW_OBS_ATTN_OUT, p->q0 * hd, s->att, Q, T, Q);
     IFLOW_TRY(iflow_linear_rows(s->dev, s->xb, D, w->wo, w->bo, s->att, Q, T, D, Q));
-    IFLOW_TRY(low_rank_rows(s, s->xb, &w->lr[LR_O], s->att, Q, T, D, Q));
+    IFLOW_TRY(deltas(m, s, k, LR_O, r, s->xb, s->att, Q, D, Q));
     if (w->attn_post_norm) /* post_norms: on the whole output (a split layer is refused) */
         IFLOW_TRY(d->ops->rmsnorm(d, s->xb, s->xb, w->attn_post_norm, T, D, hp->norm_eps));
     return residual ? iflow_block_out(m, s->dev, s->x, s->xb, w->attn_norm, w->attn_norm_b, T) : 0;
@@ -621,9 +652,11 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
 
 /* Gated FFN sub-block of part k for T tokens: its columns' down projection into s->xb, added
  * into s->x when `residual`. normed: s->xb holds the block's input already (add_rmsnorm). */
-static int ffn_block(iflow_ctx *c, dev_scratch *s, int k, int T, int residual, int normed)
+static int ffn_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows *r, int residual, int normed)
 {
-    const iflow_hparams *hp = &c->m->hp;
+    const iflow_model *m = c->m;
+    const iflow_hparams *hp = &m->hp;
+    const int T = r->T;
     const layer_part *p = &c->m->parts[k];
     const layer_weights *w = &p->w;
     iflow_device *d = s->dev;
@@ -633,12 +666,12 @@ static int ffn_block(iflow_ctx *c, dev_scratch *s, int k, int T, int residual, i
         IFLOW_TRY(iflow_block_in(c->m, s->dev, s->x, s->xb, w->ffn_norm, w->ffn_norm_b, T, &in));
     if (d->host_memory && p->f0 == 0)
         iflow_observe(c, layer_of_part(c->m, k), IFLOW_OBS_FFN_IN, 0, in, D, T, D);
-    if (w->lr[LR_GATE].rank || w->lr[LR_UP].rank) { /* the deltas go in before the activation */
+    if (has_delta(m, k, LR_GATE, r) || has_delta(m, k, LR_UP, r)) { /* the deltas go in before the activation */
         const int gated = hp->ffn == IFLOW_FFN_GATED;
         IFLOW_TRY(iflow_ffn_linears(hp, d, w, in, T, F, s->gate, s->up));
-        IFLOW_TRY(low_rank_rows(s, s->gate, &w->lr[gated ? LR_GATE : LR_UP], in, D, T, F, D));
+        IFLOW_TRY(deltas(m, s, k, gated ? LR_GATE : LR_UP, r, s->gate, in, D, F, D));
         if (gated)
-            IFLOW_TRY(low_rank_rows(s, s->up, &w->lr[LR_UP], in, D, T, F, D));
+            IFLOW_TRY(deltas(m, s, k, LR_UP, r, s->up, in, D, F, D));
         IFLOW_TRY(iflow_ffn_act(hp, d, s->gate, s->up, T, F));
     } else {
         IFLOW_TRY(iflow_ffn_hidden(hp, d, w, in, T, F, s->gate, s->up));
@@ -646,7 +679,7 @@ static int ffn_block(iflow_ctx *c, dev_scratch *s, int k, int T, int residual, i
     if (d->host_memory)
         iflow_observe(c, layer_of_part(c->m, k), IFLOW_OBS_FFN_MID, p->f0, s->gate, F, T, F);
     IFLOW_TRY(iflow_linear_rows(s->dev, s->xb, D, w->down, w->down_b, s->gate, F, T, D, F));
-    IFLOW_TRY(low_rank_rows(s, s->xb, &w->lr[LR_DOWN], s->gate, F, T, D, F));
+    IFLOW_TRY(deltas(m, s, k, LR_DOWN, r, s->xb, s->gate, F, D, F));
     if (w->ffn_post_norm)
         IFLOW_TRY(d->ops->rmsnorm(d, s->xb, s->xb, w->ffn_post_norm, T, D, hp->norm_eps));
     return residual ? iflow_block_out(c->m, s->dev, s->x, s->xb, w->ffn_norm, w->ffn_norm_b, T) : 0;
@@ -663,16 +696,16 @@ static int layer_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows *r)
         /* the attention's residual add and the FFN's norm in one op */
         IFLOW_TRY(attention_block(c, s, k, r, 0));
         IFLOW_TRY(d->ops->add_rmsnorm(d, s->x, s->xb, c->m->parts[k].w.ffn_norm, r->T, hp->dim, hp->norm_eps));
-        return ffn_block(c, s, k, r->T, 1, 1);
+        return ffn_block(c, s, k, r, 1, 1);
     }
     if (!hp->parallel_residual) {
         IFLOW_TRY(attention_block(c, s, k, r, 1));
-        return ffn_block(c, s, k, r->T, 1, 0);
+        return ffn_block(c, s, k, r, 1, 0);
     }
     IFLOW_TRY(attention_block(c, s, k, r, 0));
     float *t = s->xa;
     s->xa = s->xb, s->xb = t;
-    IFLOW_TRY(ffn_block(c, s, k, r->T, 1, 0));
+    IFLOW_TRY(ffn_block(c, s, k, r, 1, 0));
     return s->dev->ops->add(s->dev, s->x, s->xa, (size_t)r->T * c->m->hp.dim);
 }
 
@@ -742,7 +775,7 @@ static void *run_part(void *arg)
     int dv = j->c->m->parts[j->k].dev;
     j->rc = move_to(j->c, HOST, dv, j->r->T);
     if (j->rc == 0)
-        j->rc = j->is_ffn ? ffn_block(j->c, &j->c->dev[dv], j->k, j->r->T, 0, 0)
+        j->rc = j->is_ffn ? ffn_block(j->c, &j->c->dev[dv], j->k, j->r, 0, 0)
                           : attention_block(j->c, &j->c->dev[dv], j->k, j->r, 0);
     if (j->rc < 0)
         snprintf(j->err, sizeof j->err, "%s", iflow_errmsg());
@@ -944,7 +977,7 @@ static int split_block_comm(iflow_ctx *c, int *cur, int k0, int k1, const step_r
         IFLOW_TRY(move_to(c, *cur, me, r->T));
         *cur = me;
         if (mine >= 0)
-            IFLOW_TRY(is_ffn ? ffn_block(c, s, mine, r->T, 0, 0) : attention_block(c, s, mine, r, 0));
+            IFLOW_TRY(is_ffn ? ffn_block(c, s, mine, r, 0, 0) : attention_block(c, s, mine, r, 0));
         else { /* zeros into the all-reduce */
             memset(c->acc, 0, n * sizeof(float));
             IFLOW_TRY(s->dev->ops->upload(s->dev, s->xb, c->acc, n * sizeof(float)));
@@ -957,7 +990,7 @@ static int split_block_comm(iflow_ctx *c, int *cur, int k0, int k1, const step_r
     memset(c->acc, 0, n * sizeof(float));
     if (mine >= 0) {
         IFLOW_TRY(move_to(c, HOST, me, r->T));
-        IFLOW_TRY(is_ffn ? ffn_block(c, s, mine, r->T, 0, 0) : attention_block(c, s, mine, r, 0));
+        IFLOW_TRY(is_ffn ? ffn_block(c, s, mine, r, 0, 0) : attention_block(c, s, mine, r, 0));
         if (s->dev->host_memory)
             memcpy(c->acc, s->xb, n * sizeof(float));
         else
@@ -1457,7 +1490,7 @@ int iflow_ctx_step(iflow_ctx *c, iflow_kv *kv, const iflow_step_seq *seqs, int n
     int32_t *ids = c->step_ids;
     ifk_kv_seq *seq = c->step_seq;
     const int max_T = iflow_ctx_step_tokens(c);
-    int T = 0;
+    int T = 0, adapters = 0;
     if (kv->m != c->m)
         return iflow_seterr(IFLOW_EINVAL, "the KV cache belongs to another model");
     IFLOW_TRY(check_decoder(c));
@@ -1472,14 +1505,20 @@ int iflow_ctx_step(iflow_ctx *c, iflow_kv *kv, const iflow_step_seq *seqs, int n
                                 q->n);
         if (T + q->n > max_T)
             return iflow_seterr(IFLOW_ERANGE, "a step holds at most %d tokens", max_T);
+        if (q->adapter < 0 || q->adapter > c->m->n_adapters)
+            return iflow_seterr(IFLOW_EINVAL, "sequence %d of the step asks for adapter %d of the model's %d", i,
+                                q->adapter, c->m->n_adapters);
         IFLOW_TRY(check_ids(c, q->ids, q->n));
         memcpy(ids + T, q->ids, (size_t)q->n * sizeof *ids);
         seq[i] = (ifk_kv_seq){.row0 = T, .n_rows = q->n, .pos0 = q->pos0, .table = q->table};
+        c->step_adapter[i] = q->adapter;
+        adapters |= q->adapter;
         T += q->n;
     }
-    step_rows r = {.kv = kv, .seq = seq, .n_seq = n_seqs, .T = T};
+    step_rows r = {.kv = kv, .seq = seq, .n_seq = n_seqs, .T = T, .adapter = adapters ? c->step_adapter : NULL};
     dev_scratch *s;
-    if (!c->comm && T == n_seqs && recordable(c) && (n_seqs == 1 || c->record == IFLOW_GRAPHS_ALL)) /* one token each */
+    if (!c->comm && !adapters && T == n_seqs && recordable(c) &&
+        (n_seqs == 1 || c->record == IFLOW_GRAPHS_ALL)) /* one token each */
         return step_recorded(c, ids, &r, seqs, n_seqs);
     if (!c->comm) {
         IFLOW_TRY(forward_layers(c, ids, &r, &s));

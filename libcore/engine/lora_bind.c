@@ -7,6 +7,7 @@
 #include "libcore/base/quote.h"
 #include "libcore/formats/lora.h"
 #include "libcore/formats/spec.h"
+#include "kernels/cpu/pool.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,38 +55,48 @@ static int load_spec(iflow_spec **out, const char *name, const char *const *dirs
                         iflow_quote(name), n_dirs);
 }
 
-/* lr += d: a stacked on a's rows, s b (rows permuted by rows, when given) beside b's columns,
- * rounded to F16 once (the values of lr's earlier rows kept as they are); lr's old arrays go. */
+/* lr += d: a stacked on a's rows, s b (rows permuted by rows, when given) transposed and
+ * stacked on bt's rows, rounded to F16 once (lr's earlier rows kept as they are); lr's old
+ * arrays go. */
 static int stack(low_rank *lr, const iflow_lora_delta *d, const int64_t *rows)
 {
     const int r0 = lr->rank, r = r0 + d->rank;
-    const int64_t K = d->in, N = d->out;
-    uint16_t *a = malloc((size_t)r * (size_t)K * sizeof *a), *b = malloc((size_t)N * (size_t)r * sizeof *b);
-    if (!a || !b) {
+    const size_t K = (size_t)d->in, N = (size_t)d->out;
+    uint16_t *a = malloc((size_t)r * K * sizeof *a), *bt = malloc((size_t)r * N * sizeof *bt);
+    if (!a || !bt) {
         free(a);
-        free(b);
+        free(bt);
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
     }
-    if (r0)
-        memcpy(a, lr->a, (size_t)r0 * (size_t)K * sizeof *a);
-    for (size_t i = 0; i < (size_t)d->rank * (size_t)K; i++)
-        a[(size_t)r0 * (size_t)K + i] = iflow_f32_to_f16(d->a[i]);
-    for (int64_t i = 0; i < N; i++) {
-        const float *src = d->b + (size_t)(rows ? rows[i] : i) * (size_t)d->rank;
-        for (int q = 0; q < r0; q++)
-            b[i * r + q] = lr->b[i * r0 + q];
-        for (int q = 0; q < d->rank; q++)
-            b[i * r + r0 + q] = iflow_f32_to_f16((float)(d->scale * src[q]));
+    if (r0) {
+        memcpy(a, lr->a, (size_t)r0 * K * sizeof *a);
+        memcpy(bt, lr->bt, (size_t)r0 * N * sizeof *bt);
     }
+    for (size_t i = 0; i < (size_t)d->rank * K; i++)
+        a[(size_t)r0 * K + i] = iflow_f32_to_f16(d->a[i]);
+    for (size_t i = 0; i < N; i++) {
+        const float *src = d->b + (size_t)(rows ? rows[i] : (int64_t)i) * (size_t)d->rank; /* b [N][rank] */
+        for (int q = 0; q < d->rank; q++)
+            bt[(size_t)(r0 + q) * N + i] = iflow_f32_to_f16((float)(d->scale * src[q]));
+    }
+    if (r0)
+        ifk_pool_quiesce(); /* no kernel thread still reads the old arrays (pool.h) */
     free((void *)lr->a);
-    free((void *)lr->b);
-    *lr = (low_rank){.a = a, .b = b, .rank = r};
+    free((void *)lr->bt);
+    *lr = (low_rank){.a = a, .bt = bt, .rank = r};
     return 0;
 }
 
-/* Every delta of l on its matrix (apply 0: only checked), used[k] marking delta k. */
-static int bind(iflow_model *m, const iflow_lora *l, const iflow_spec *view, const char *model_rope, char *used,
-                int apply)
+/* Where matrix i of layer L keeps its delta: the layer's own (slot 0: every sequence), or adapter
+ * slot's (iflow_model_add_adapter). */
+static low_rank *slot_delta(iflow_model *m, int slot, int L, int i)
+{
+    return slot ? (low_rank *)iflow_adapter_delta(m, slot, L, i) : &m->layers[L].lr[i];
+}
+
+/* Every delta of l on its matrix in slot (apply 0: only checked), used[k] marking delta k. */
+static int bind(iflow_model *m, int slot, const iflow_lora *l, const iflow_spec *view, const char *model_rope,
+                char *used, int apply)
 {
     const iflow_hparams *hp = &m->hp;
     const char *theirs = iflow_spec_block(view, "rope_layout");
@@ -118,14 +129,23 @@ static int bind(iflow_model *m, const iflow_lora *l, const iflow_spec *view, con
                     return iflow_seterr(IFLOW_ENOMEM, "out of memory");
                 iflow_lora_rotary_rows(rows, N, heads, strcmp(model_rope, "interleaved") == 0);
             }
-            int rc = stack(&m->layers[L].lr[i], d, rows);
+            int rc = stack(slot_delta(m, slot, L, i), d, rows);
             free(rows);
             IFLOW_TRY(rc);
         }
     return 0;
 }
 
-int iflow_model_add_lora(iflow_model *m, const iflow_lora *l, const char *const *spec_dirs, size_t n_dirs)
+static void free_delta(low_rank *l)
+{
+    free((void *)l->a);
+    free((void *)l->bt);
+    *l = (low_rank){0};
+}
+
+/* l's deltas into slot (0: the layers' own), checked whole first, so that a refused adapter
+ * leaves the model as it was. */
+static int add_to(iflow_model *m, int slot, const iflow_lora *l, const char *const *spec_dirs, size_t n_dirs)
 {
     const iflow_hparams *hp = &m->hp;
     if (!m->layers || m->split_plan)
@@ -142,15 +162,15 @@ int iflow_model_add_lora(iflow_model *m, const iflow_lora *l, const char *const 
     int rc = !spec ? iflow_seterr(IFLOW_EFORMAT, "the meta of '%s' names no spec", iflow_shard_path(m->shard))
            : !used ? iflow_seterr(IFLOW_ENOMEM, "out of memory")
                    : load_spec(&view, spec, spec_dirs, n_dirs, iflow_lora_naming(l) == IFLOW_LORA_GGUF);
-    if (rc == 0) /* checked whole first, so that a refused adapter leaves the model as it was */
-        rc = bind(m, l, view, rope, used, 0);
+    if (rc == 0)
+        rc = bind(m, slot, l, view, rope, used, 0);
     for (size_t k = 0; rc == 0 && k < iflow_lora_n_deltas(l); k++)
         if (!used[k])
             rc = iflow_seterr(IFLOW_ENOTFOUND, "LoRA adapter '%s' changes '%s', which the model in '%s' does not use "
                               "(or not as a matrix iflow adapts at run time: q, k, v, o, gate, up, down)",
                               iflow_lora_path(l), iflow_lora_delta_at(l, k)->target, iflow_shard_path(m->shard));
     if (rc == 0)
-        rc = bind(m, l, view, rope, used, 1);
+        rc = bind(m, slot, l, view, rope, used, 1);
     free(used);
     iflow_spec_close(view);
     json_decref(meta);
@@ -159,18 +179,68 @@ int iflow_model_add_lora(iflow_model *m, const iflow_lora *l, const char *const 
     return rc;
 }
 
+int iflow_model_add_lora(iflow_model *m, const iflow_lora *l, const char *const *spec_dirs, size_t n_dirs)
+{
+    return add_to(m, 0, l, spec_dirs, n_dirs);
+}
+
+int iflow_model_add_adapter(iflow_model *m, const iflow_lora *l, const char *const *spec_dirs, size_t n_dirs)
+{
+    const size_t per = (size_t)m->hp.n_layers * LR_COUNT;
+    if (m->n_adapters >= IFLOW_MAX_ADAPTERS)
+        return iflow_seterr(IFLOW_ERANGE, "at most %d LoRA adapters for the sequences to choose from",
+                            IFLOW_MAX_ADAPTERS);
+    low_rank *grown = realloc(m->adapters, (size_t)(m->n_adapters + 1) * per * sizeof *grown);
+    if (!grown)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    m->adapters = grown;
+    memset(grown + (size_t)m->n_adapters * per, 0, per * sizeof *grown);
+    m->n_adapters++;
+    int rc = add_to(m, m->n_adapters, l, spec_dirs, n_dirs);
+    if (rc < 0) { /* out of memory half way through, at worst: the slot goes whole */
+        for (size_t k = 0; k < per; k++)
+            free_delta(&m->adapters[(size_t)(m->n_adapters - 1) * per + k]);
+        m->n_adapters--;
+    }
+    return rc < 0 ? rc : m->n_adapters;
+}
+
+int iflow_model_n_adapters(const iflow_model *m) { return m->n_adapters; }
+
+int iflow_model_load_lora(iflow_model *m, const char *path, double scale, int per_request, const char *spec_path)
+{
+    char buf[4096];
+    const char *dirs[16];
+    size_t n_dirs = 0;
+    if (!path || !spec_path || strlen(spec_path) >= sizeof buf)
+        return iflow_seterr(IFLOW_EINVAL, "a LoRA adapter needs a path and a spec path (of %zu bytes at most)",
+                            sizeof buf - 1);
+    memcpy(buf, spec_path, strlen(spec_path) + 1);
+    for (char *save = NULL, *d = strtok_r(buf, ":", &save); d && n_dirs < 16; d = strtok_r(NULL, ":", &save))
+        dirs[n_dirs++] = d;
+    iflow_lora *l = NULL;
+    IFLOW_TRY(iflow_lora_open(&l, path, scale));
+    int rc = per_request ? iflow_model_add_adapter(m, l, dirs, n_dirs) : iflow_model_add_lora(m, l, dirs, n_dirs);
+    iflow_lora_close(l);
+    return rc;
+}
+
 void iflow_model_free_lora(iflow_model *m)
 {
     for (int L = 0; m->layers && L < m->hp.n_layers; L++)
-        for (int i = 0; i < LR_COUNT; i++) {
-            free((void *)m->layers[L].lr[i].a);
-            free((void *)m->layers[L].lr[i].b);
-            m->layers[L].lr[i] = (low_rank){0};
-        }
+        for (int i = 0; i < LR_COUNT; i++)
+            free_delta(&m->layers[L].lr[i]);
+    for (size_t k = 0; k < (size_t)m->n_adapters * (size_t)m->hp.n_layers * LR_COUNT; k++)
+        free_delta(&m->adapters[k]);
+    free(m->adapters);
+    m->adapters = NULL;
+    m->n_adapters = 0;
 }
 
 int iflow_model_has_lora(const iflow_model *m)
 {
+    if (m->n_adapters)
+        return 1;
     for (int L = 0; m->layers && L < m->hp.n_layers; L++)
         for (int i = 0; i < LR_COUNT; i++)
             if (m->layers[L].lr[i].rank)

@@ -167,7 +167,15 @@ void iflow_model_close(iflow_model *m);
  * layer with a delta elsewhere than on a host device, or splits it, is refused afterwards. */
 struct iflow_lora;
 int iflow_model_add_lora(iflow_model *m, const struct iflow_lora *l, const char *const *spec_dirs, size_t n_dirs);
-/* 1 when an adapter was applied at run time (the model then runs on the CPU). */
+/* Adapter l, the same way, but for the sequences that ask for it only (iflow_step_seq.adapter:
+ * multi-LoRA serving, one model and many adapters in one batch): returns its number (1, 2, ...,
+ * in the order added; at most IFLOW_MAX_ADAPTERS), or < 0 with nothing changed. A sequence's
+ * adapter adds to those of iflow_model_add_lora, which every sequence has. */
+#define IFLOW_MAX_ADAPTERS 64
+int iflow_model_add_adapter(iflow_model *m, const struct iflow_lora *l, const char *const *spec_dirs, size_t n_dirs);
+int iflow_model_n_adapters(const iflow_model *m);
+/* 1 when an adapter was applied at run time, or added for sequences to ask for (the model then
+ * runs on the CPU). */
 int iflow_model_has_lora(const iflow_model *m);
 const iflow_hparams *iflow_model_hparams(const iflow_model *m);
 /* The tokenizer that encodes text for the model (an encoder-decoder's source side), or NULL
@@ -339,6 +347,8 @@ typedef struct {
                               * lowest id among equal logits) after each of them, found on the
                               * output device so that only the ids are copied back; NULL: none */
     int n_out;               /* rows of output (<= n): 0 means 1, the last token's           */
+    int adapter;             /* the model's adapter this sequence computes with (1 ..
+                              * iflow_model_n_adapters), or 0: none                          */
 } iflow_step_seq;
 
 /* A context with scratch but no cache of its own, for iflow_ctx_step. */

@@ -17,11 +17,12 @@ typedef struct { const void *data; int type; } weight;   /* a matrix [rows][cols
 
 /* A matrix's low-rank delta added at run time (LoRA adapters, iflow_model_add_lora): W x + b (a x),
  * F16 on the host (IFLOW_DT_F16: half the bytes a decode step reads), the adapters' scales
- * folded into b; rank 0: none. A model's layers own theirs (lora_bind.c frees them); a part's
- * are views of its layer's. */
+ * folded into b, which is kept transposed (the device's lowrank_up op reads it a rank at a
+ * time: several adapters stacked are its rows one after the other); rank 0: none. A model's
+ * layers own theirs (lora_bind.c frees them); a part's are views of its layer's. */
 typedef struct {
-    const uint16_t *a; /* [rank][cols] */
-    const uint16_t *b; /* [rows][rank] */
+    const uint16_t *a;  /* [rank][cols] */
+    const uint16_t *bt; /* [rank][rows]: b transposed */
     int rank;
 } low_rank;
 
@@ -105,7 +106,17 @@ struct iflow_model {
     char *split_dir;
     iflow_shard *split_shards[IFLOW_MAX_DEVICES];    /* [plan devices] (only own_dev's when set); the first is also shard */
     layer_weights *split_layers;                     /* [plan devices][n_layers]: device i's slices of layer l */
+
+    /* adapters a step's sequence may ask for (iflow_model_add_adapter; lora_bind.c owns them) */
+    int n_adapters;
+    low_rank *adapters;           /* [n_adapters][n_layers][LR_COUNT]: adapter a (from 1) at a - 1 */
 };
+
+/* The delta of matrix i (LR_*) of layer L for adapter a (1 .. n_adapters): rank 0 for none. */
+static inline const low_rank *iflow_adapter_delta(const iflow_model *m, int a, int L, int i)
+{
+    return &m->adapters[((size_t)(a - 1) * (size_t)m->hp.n_layers + (size_t)L) * LR_COUNT + (size_t)i];
+}
 
 /* forward.c: the pieces of a layer, shared with seq2seq.c (an encoder-decoder's forward pass).
  * Each runs on device d over T rows and returns 0 or a negative IFLOW_E* code. */

@@ -423,14 +423,18 @@ static int copy_cross(iflow_model *m, layer_part *p, int *nd, int *nh, const lay
     return put_vector(m, p, nd, first ? w->xbo : NULL, 0, D, &o->xbo);
 }
 
-/* A layer's low-rank deltas (iflow_model_add_lora): host memory, read as they are by a part that
- * holds the whole layer on a host device; anywhere else they are refused. */
+/* A layer's low-rank deltas (iflow_model_add_lora, and the adapters' of iflow_model_add_adapter,
+ * read from the model): host memory, read as they are by a part that holds the whole layer on a
+ * host device; anywhere else they are refused. */
 static int copy_low_rank(iflow_model *m, int l, layer_part *p, const layer_weights *w)
 {
     const iflow_hparams *hp = &m->hp;
     int any = 0;
-    for (int i = 0; i < LR_COUNT; i++)
+    for (int i = 0; i < LR_COUNT; i++) {
         any |= w->lr[i].rank > 0;
+        for (int a = 1; a <= m->n_adapters; a++)
+            any |= iflow_adapter_delta(m, a, l, i)->rank > 0;
+    }
     if (!any)
         return 0;
     if (!host_dev(dev_of(m, p->dev)) || p->q0 != 0 || p->q1 != hp->n_heads || p->f0 != 0 || p->f1 != hp->ffn_dim)

@@ -21,6 +21,7 @@ typedef struct req {
     int state;
     int32_t *prompt;              /* [n_prompt]                                             */
     int n_prompt, max_tokens;
+    int adapter;                  /* the model's adapter its steps compute with (0: none)  */
     int clipped;                  /* max_tokens was cut to what the context holds          */
     const int32_t *fill;          /* PREFILL: the tokens to evaluate from position 0: the
                                    * prompt, or after a RECOMPUTE shift the kept window    */
@@ -377,6 +378,8 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
                             b->p.n_ctx);
     if (q->context_shift < IFLOW_SHIFT_NONE || q->context_shift > IFLOW_SHIFT_RECOMPUTE)
         return iflow_seterr(IFLOW_EINVAL, "unknown context shift %d", q->context_shift);
+    if (q->adapter < 0 || q->adapter > iflow_model_n_adapters(b->m))
+        return iflow_seterr(IFLOW_EINVAL, "adapter %d: the model has %d", q->adapter, iflow_model_n_adapters(b->m));
     int shift = q->context_shift, keep = q->keep < 0 || q->keep > q->n_prompt ? q->n_prompt : q->keep;
     if (shift && keep > b->p.n_ctx - 2)
         return iflow_seterr(IFLOW_ERANGE, "keeping %d positions leaves nothing to shift in a context of %d", keep,
@@ -464,7 +467,8 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
     for (int p = 0; q->prompt_logprobs && p < q->n_prompt && p < lp_from; p++) /* not scored */
         r->res->prompt_logprobs[p] = (iflow_token_logprob){.id = q->prompt[p], .logprob = NAN};
     memcpy(r->prompt, q->prompt, (size_t)q->n_prompt * sizeof *r->prompt);
-    iflow_blocks_names(r->prompt, r->n_names, b->p.block, r->names);
+    iflow_blocks_names(r->prompt, r->n_names, b->p.block, (uint64_t)q->adapter, r->names);
+    r->adapter = q->adapter;
     r->n_prompt = q->n_prompt;
     r->max_tokens = max_tokens;
     r->clipped = max_tokens < q->max_tokens;
@@ -1041,7 +1045,8 @@ int iflow_batch_step(iflow_batch *b)
                 r->window[pos] = r->pending;
             r->vids[0] = r->pending; /* then the proposals, if any */
             hold_blocks(b, r, pos + 1 + r->n_prop);
-            seqs[n] = (iflow_step_seq){.ids = r->vids, .n = 1 + r->n_prop, .pos0 = pos, .table = r->blocks};
+            seqs[n] = (iflow_step_seq){.ids = r->vids, .n = 1 + r->n_prop, .pos0 = pos, .table = r->blocks,
+                                       .adapter = r->adapter};
             wants_token(b, r, &seqs[n], 1 + r->n_prop, &out_row);
             who[n++] = r;
             tokens += 1 + r->n_prop;
@@ -1053,7 +1058,8 @@ int iflow_batch_step(iflow_batch *b)
                 chunk = b->p.step_tokens - tokens;
             hold_blocks(b, r, r->n_done + chunk);
             int last = r->n_done + chunk == r->n_fill;
-            seqs[n] = (iflow_step_seq){.ids = r->fill + r->n_done, .n = chunk, .pos0 = r->n_done, .table = r->blocks};
+            seqs[n] = (iflow_step_seq){.ids = r->fill + r->n_done, .n = chunk, .pos0 = r->n_done, .table = r->blocks,
+                                       .adapter = r->adapter};
             int rows = 0; /* of logits: those of the positions scored, and the last one for a draw */
             if (r->prompt_logprobs && r->fill == r->prompt) {
                 int first = r->lp_from - 1 > r->n_done ? r->lp_from - 1 : r->n_done;

@@ -57,6 +57,7 @@ struct search {
     size_t max_piece;
     iflow_stop *stop;             /* the stop strings' matcher, or NULL            */
     int starts;                   /* the generated tokens start the text (a lone BOS prompt) */
+    int adapter;                  /* the model's adapter every step computes with (0: none)  */
 };
 
 typedef struct {
@@ -265,7 +266,7 @@ static int kv_prefill(search *s, hyp *h, const int32_t *prompt, int n, float *lo
             if (q % BLOCK == 0 && (rc = own_block(s, h, q)) < 0)
                 return rc;
         iflow_step_seq seq = {.ids = prompt + p, .n = k, .pos0 = p, .table = h->table,
-                              .logits = p + k == n ? logits : NULL};
+                              .logits = p + k == n ? logits : NULL, .adapter = s->adapter};
         if ((rc = iflow_ctx_step(s->ctx, s->kv, &seq, 1)) < 0)
             return rc;
         h->n_past = p + k;
@@ -283,7 +284,7 @@ static int kv_feed(search *s, hyp *live, int n, float *logits)
         hyp *h = &live[i];
         rc = own_block(s, h, h->n_past);
         seqs[i] = (iflow_step_seq){.ids = &h->tokens[h->n_tokens - 1], .n = 1, .pos0 = h->n_past, .table = h->table,
-                                   .logits = logits + (size_t)i * V};
+                                   .logits = logits + (size_t)i * V, .adapter = s->adapter};
     }
     if (rc == 0)
         rc = iflow_ctx_step(s->ctx, s->kv, seqs, n);
@@ -377,6 +378,9 @@ static int run_new(iflow_beam_run **out, const iflow_model *m, const int32_t *pr
     if (W < 1 || W > IFLOW_MAX_BEAMS || p->max_tokens < 1 || isnan(p->length_penalty))
         return iflow_seterr(IFLOW_EINVAL, "beam search: %d beams (1 to %d), %d tokens", W, IFLOW_MAX_BEAMS,
                             p->max_tokens);
+    if (p->adapter < 0 || p->adapter > iflow_model_n_adapters(m))
+        return iflow_seterr(IFLOW_EINVAL, "beam search: adapter %d of the model's %d", p->adapter,
+                            iflow_model_n_adapters(m));
     if (n_prompt <= 0)
         return iflow_seterr(IFLOW_EINVAL, "the prompt has no tokens");
     for (int i = 0; i < n_prompt; i++)
@@ -427,7 +431,7 @@ int iflow_beam_open(iflow_beam_run **out, const iflow_model *m, const int32_t *p
     const iflow_hparams *hp = iflow_model_hparams(m);
     int n_ctx = p->n_ctx > 0 && p->n_ctx <= hp->max_seq ? p->n_ctx : hp->max_seq, max_tab = (n_ctx + BLOCK - 1) / BLOCK;
     search sr = {.ops = &kv_ops, .max_tab = max_tab, .n_blocks = p->n_beams * (max_tab + 1) + 1,
-                 .starts = n_prompt == 1 && prompt[0] == hp->bos};
+                 .starts = n_prompt == 1 && prompt[0] == hp->bos, .adapter = p->adapter};
     int rc = run_new(out, m, prompt, n_prompt, p, n_ctx, &sr);
     if (rc == 0 && (rc = iflow_kv_open(&(*out)->s.kv, m, p->kv_type, BLOCK, (*out)->s.n_blocks)) == 0)
         rc = iflow_ctx_open_steps(&(*out)->s.ctx, m, p->n_threads);

@@ -49,6 +49,8 @@ typedef struct {
     int n_threads;          /* <= 0: all cores                                              */
     const char *const *stop; /* [n_stop] stop strings (copied), none empty; NULL when none   */
     int n_stop;
+    int adapter;            /* the model's adapter (model.h's iflow_model_add_adapter; 0: none;
+                               a decoder's only) */
 } iflow_beam_params;
 
 typedef struct {

@@ -67,9 +67,9 @@ void iflow_blocks_close(iflow_blocks *p)
     free(p);
 }
 
-void iflow_blocks_names(const int32_t *tokens, int n_full, int block, iflow_block_name *out)
+void iflow_blocks_names(const int32_t *tokens, int n_full, int block, uint64_t salt, iflow_block_name *out)
 {
-    iflow_block_name parent = {0, 0};
+    iflow_block_name parent = {salt, 0};
     for (int i = 0; i < n_full; i++) {
         XXH128_hash_t h = XXH3_128bits_withSeed(tokens + (size_t)i * block, (size_t)block * sizeof *tokens, parent.lo);
         uint64_t both[4] = {h.low64, h.high64, parent.lo, parent.hi};

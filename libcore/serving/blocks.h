@@ -10,9 +10,10 @@
  *            When the free stack is empty, taking a block evicts the idle block released
  *            longest ago (its name goes).
  * A name is the chain hash of a full block of a prompt: XXH3-128 of the hash of the blocks
- * before it followed by its `block` token ids, so one name means the same tokens at every
- * position from 0 to the block's end, and thus (the kernels being batch-invariant,
- * kernels/cpu/kvcache.h) the same keys and values bit for bit, whoever computed them. Names
+ * before it (for the first block: a salt) followed by its `block` token ids, so one name means
+ * the same tokens at every position from 0 to the block's end (and the same salt), and thus
+ * (the kernels being batch-invariant, kernels/cpu/kvcache.h) the same keys and values bit for
+ * bit, whoever computed them. Names
  * are unique: a block is named only when no other block has the name. A named block is
  * "ready" once its owner's prefill has written it; a request that shares a block that is not
  * ready yet waits for it (batch.c).
@@ -38,8 +39,10 @@ typedef struct iflow_blocks iflow_blocks;
 int  iflow_blocks_open(iflow_blocks **out, int n_blocks);
 void iflow_blocks_close(iflow_blocks *p);
 
-/* The names of the first n_full full blocks of tokens (block positions each) into out. */
-void iflow_blocks_names(const int32_t *tokens, int n_full, int block, iflow_block_name *out);
+/* The names of the first n_full full blocks of tokens (block positions each) into out. Names of
+ * different salts never meet (a salt stands for what else the keys and values depend on: a
+ * LoRA adapter's number; 0: none). */
+void iflow_blocks_names(const int32_t *tokens, int n_full, int block, uint64_t salt, iflow_block_name *out);
 
 /* How many of names[0..n) lead the run of blocks already named that way (the longest run
  * from the first); *pins (optional): how many of those are idle (sharing them costs room). */

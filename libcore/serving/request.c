@@ -1,6 +1,7 @@
 /* request.c -- a batch request line. See request.h. */
 #include "libcore/serving/request.h"
 #include "libcore/base/error.h"
+#include "libcore/base/quote.h"
 #include "libcore/serving/beam.h"
 
 #include <jansson.h>
@@ -251,8 +252,29 @@ static int value_text(const char *key, const json_t *v, char *buf, size_t cap)
     return 0;
 }
 
+/* "lora": the name of one of d's adapters, or "" (none). */
+static int parse_adapter(iflow_request_fields *f, const json_t *v, const iflow_request_defaults *d)
+{
+    const char *name = json_string_value(v);
+    if (!name)
+        return iflow_seterr(IFLOW_EINVAL, "field 'lora' must be a string: an adapter's name");
+    f->adapter = 0;
+    for (int i = 0; name[0] && i < d->n_adapters && !f->adapter; i++)
+        if (strcmp(name, d->adapters[i]) == 0)
+            f->adapter = i + 1;
+    if (!name[0] || f->adapter)
+        return 0;
+    char known[256] = "";
+    for (int i = 0; i < d->n_adapters; i++) { /* the names there are, as many as fit */
+        size_t at = strlen(known);
+        snprintf(known + at, sizeof known - at, "%s'%s'", i ? ", " : "", d->adapters[i]);
+    }
+    return iflow_seterr(IFLOW_EINVAL, "field 'lora': no adapter '%s' (%s%s)", iflow_quote(name),
+                        d->n_adapters ? "there are " : "none was given", known);
+}
+
 /* The fields of an object, checked; f->id is set already. */
-static int parse_object(iflow_request_fields *f, const json_t *js, int tool_format)
+static int parse_object(iflow_request_fields *f, const json_t *js, const iflow_request_defaults *d)
 {
     tool_ask ta = {.parallel = 1};
     enum { MAX_SAMPLING = 32 };
@@ -316,6 +338,9 @@ static int parse_object(iflow_request_fields *f, const json_t *js, int tool_form
         } else if (strcmp(key, "stop") == 0) {
             if ((rc = parse_stop(f, v)) < 0)
                 return rc;
+        } else if (strcmp(key, "lora") == 0) {
+            if ((rc = parse_adapter(f, v, d)) < 0)
+                return rc;
         } else if (strcmp(key, "n") == 0) {
             if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > IFLOW_MAX_CHOICES)
                 return iflow_seterr(IFLOW_EINVAL, "field 'n' must be an integer from 1 to %d", IFLOW_MAX_CHOICES);
@@ -349,7 +374,7 @@ static int parse_object(iflow_request_fields *f, const json_t *js, int tool_form
                                           "'messages'");
     if (lp_given && !f->beams)
         return iflow_seterr(IFLOW_EINVAL, "field 'length_penalty' goes with 'beams'");
-    if ((rc = tools_settle(f, &ta, grammar_given, tool_format)) < 0)
+    if ((rc = tools_settle(f, &ta, grammar_given, d->tool_format)) < 0)
         return rc;
     if (f->n > 1 && (f->beams || f->continuation))
         return iflow_seterr(IFLOW_EINVAL, "field 'n' does not go with '%s' (%s)", f->beams ? "beams" : "continuation",
@@ -414,7 +439,7 @@ int iflow_request_parse(iflow_request_fields *f, const char *line, size_t len, l
     else if (!json_is_object(js))
         rc = iflow_seterr(IFLOW_EINVAL, "a request must be a JSON object");
     else
-        rc = parse_object(f, js, d->tool_format);
+        rc = parse_object(f, js, d);
     json_decref(js);
     return rc;
 }

@@ -27,7 +27,8 @@
  *   "json_schema" (a JSON Schema: an object, true, or its JSON text), "regex" (a string),
  *   "choice" (a non-empty list of strings: the text is one of them) or "response_format"
  *   (OpenAI's: {"type": "text"}, {"type": "json_object"} for any JSON object, or
- *   {"type": "json_schema", "json_schema": {"schema": {...}, ...}}), and every
+ *   {"type": "json_schema", "json_schema": {"schema": {...}, ...}}), "lora" (the name of one of
+ *   the defaults' adapters, or "" for none: the LoRA adapter the request computes with), and every
  *   sampling parameter of sampler.h's name table ("temperature", "top_k", "top_p",
  *   "min_p", "seed", "sampler", "mirostat", "repeat_penalty", ...: numbers, or a string for
  *   "sampler"). A field that is absent keeps the default given; "seed" defaults to the given
@@ -72,6 +73,7 @@ typedef struct {
     iflow_grammar *grammar;         /* the text's grammar (a reference of its own), or NULL */
     int tool_format;                /* IFLOW_TOOLS_*: read the reply's tool calls in this format (0: not) */
     int tool_bare;                  /* the calls are written without their marker (a constrained reply) */
+    int adapter;                    /* "lora": 1 + its index in the defaults' adapters; 0: none */
 } iflow_request_fields;
 
 /* What a field that is absent gets. */
@@ -81,6 +83,9 @@ typedef struct {
     int logprobs, prompt_logprobs;  /* as in iflow_request_fields */
     iflow_grammar *grammar;         /* NULL, or for every request that gives none           */
     int tool_format;                /* IFLOW_TOOLS_*: the format of the chat template's tool calls */
+    const char *const *adapters;    /* [n_adapters] the names "lora" may give (iflow-run's
+                                     * --lora-module NAME=FILE), in the model's adapter order */
+    int n_adapters;
 } iflow_request_defaults;
 
 int  iflow_request_parse(iflow_request_fields *out, const char *line, size_t len, long line_no,

@@ -14,7 +14,8 @@
 # The greedy continuation (--activations f32: logits within 2e-3 of float64) equals the
 # reference's token for token up to the first step whose top-two margin is below 0.02 (and up
 # to the end of turn, where iflow stops and the reference goes on), and differs from the base
-# model's. What the shard says of its adapters; errors, each before anything is written.
+# model's. What the shard says of its adapters; errors, each before anything is written. Adapters
+# per request in one batch (--lora-module): each reply that of its prompt alone with its adapter.
 . "$(dirname "$0")/lib.sh"
 F=tests/fixtures/lora
 SMOL=$DATA/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -129,6 +130,50 @@ jq -nc '{id: 1, prompt: "Once upon a time", max_tokens: 64, temperature: 0}, {id
     >"$TMP/req.jsonl"
 run bash -c "$BIN/iflow-run -m '$TMP/st.ifs' --lora $F/stories260K-peft --batch <'$TMP/req.jsonl'"
 expect_eq "$(jq -r 'select(.id == 1) | .text' <<<"$out")" "$merged_text" "--batch --lora: the same reply"
+# ---- adapters per request (--lora-module NAME=FILE, "lora": NAME): one batch, each request its
+# adapter or none, every step shared; each reply is the one of its prompt alone with --lora FILE
+# (or none), also for a long prompt whose blocks a request of another adapter cached first, and
+# for a beam search
+P="The capital of France is"
+LP="Here is a list of the capital cities of the countries of Europe, with a short note on each one. $P"
+jq -nc --arg p "$P" --arg lp "$LP" '{id: 1, prompt: $p, max_tokens: 24, temperature: 0, lora: "qvd"},
+    {id: 2, prompt: $p, max_tokens: 24, temperature: 0}, {id: 3, prompt: $p, max_tokens: 24, temperature: 0, lora: "peft"},
+    {id: 4, prompt: $lp, max_tokens: 16, temperature: 0}, {id: 5, prompt: $lp, max_tokens: 16, temperature: 0, lora: "qvd"},
+    {id: 6, prompt: $p, max_tokens: 12, beams: 2, lora: "peft"}, {id: 7, prompt: $p, lora: "nope"},
+    {id: 8, prompt: $p, max_tokens: 24, temperature: 0, lora: ""}' >"$TMP/multi.jsonl"
+run bash -c "$BIN/iflow-run -m '$TMP/smol.ifs' --lora-module qvd=$F/smollm2-q-v-down.gguf --lora-module peft=$F/smollm2-peft \
+    --batch --metrics '$TMP/multi.json' <'$TMP/multi.jsonl'"
+expect_rc 0 "--batch with two --lora-module"
+multi=$out
+alone() { # $1: request id, $2..: iflow-run's options for that prompt alone
+    local id=$1
+    shift
+    run $BIN/iflow-run -m "$TMP/smol.ifs" "$@" --temp 0 --json
+    expect_eq "$(jq -r --argjson i "$id" 'select(.id == $i) | .text' <<<"$multi")" "$(jq -r .text <<<"$out")" \
+        "request $id: the reply alone with ${*:1:2}"
+}
+alone 1 --lora $F/smollm2-q-v-down.gguf -p "$P" -n 24
+alone 2 -p "$P" -n 24
+alone 3 --lora $F/smollm2-peft -p "$P" -n 24
+alone 4 -p "$LP" -n 16
+alone 5 --lora $F/smollm2-q-v-down.gguf -p "$LP" -n 16
+alone 6 --lora $F/smollm2-peft -p "$P" -n 12 --beams 2
+alone 8 -p "$P" -n 24
+[ "$(jq -r 'select(.id == 1) | .text' <<<"$multi")" != "$(jq -r 'select(.id == 2) | .text' <<<"$multi")" ] && ok ||
+    bad "the adapter changed nothing"
+expect_eq "$(jq -r 'select(.id == 7) | .error' <<<"$multi")" "field 'lora': no adapter 'nope' (there are 'qvd', 'peft')" \
+    "an unknown adapter: an error result naming those there are"
+expect_eq "$(jq .prompt_tokens_cached "$TMP/multi.json")" 0 "request 5 shares no block with request 4 (another adapter)"
+run $BIN/iflow-run -m "$TMP/smol.ifs" --lora-module qvd=$F/smollm2-q-v-down.gguf -p "$P"
+expect_eq "$rc:$err" "2:iflow-run: --lora-module names adapters for --batch's requests (\"lora\": NAME); --lora applies one to every prompt"$'\n'"Try 'iflow-run --help' for more information." \
+    "--lora-module without --batch"
+run $BIN/iflow-run -m "$TMP/smol.ifs" --lora-module "a b=$F/smollm2-peft" --batch </dev/null
+expect_match "$err" "^iflow-run: --lora-module takes NAME=FILE, NAME of letters, digits" "a name with a space"
+run $BIN/iflow-run -m "$TMP/smol.ifs" --lora-module a=$F/smollm2-peft --lora-module a=$F/smollm2-peft --batch </dev/null
+expect_match "$rc:$err" "^2:iflow-run: --lora-module 'a' given twice"$'\n' "a name twice"
+run $BIN/iflow-run -m "$TMP/smol.ifs" --lora-module st=$F/stories260K-peft --batch </dev/null
+expect_eq "$rc:$err" "1:iflow-run: --lora-module 'st': LoRA adapter '$F/stories260K-peft': the delta of 'model.layers.0.self_attn.q_proj.weight' is [64, 64] and the model's blk.0.wq [576, 576]" \
+    "an adapter of another model, named by its module"
 # a quantized shard takes an adapter too (its matrices as they are, the delta in F16): the first
 # six tokens, whose reference margins are all above 0.19 (Q8 moves logits by a few hundredths)
 $BIN/iflow-quant -t q8_b32 -i "$TMP/st.ifs" -o "$TMP/q8.ifs" 2>/dev/null

@@ -2,7 +2,8 @@
  * then a sampler opened from the fields it set (what iflow-run --batch does before tokenizing),
  * and a constraint's grammar ("grammar", "json_schema", "regex", "choice", "response_format",
  * "tool_choice") matched against a short text. The chat template's tool-call format is the
- * input's length mod 5, so every format (and none) is met. */
+ * input's length mod 5, so every format (and none) is met; the adapters "lora" may name are the
+ * first (length mod 3) of two. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,7 +13,9 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    iflow_request_defaults d = {.max_tokens = 16, .keep = 4, .tool_format = (int)(size % IFLOW_TOOLS_COUNT)};
+    static const char *const adapters[] = {"sql", "chat-v2"};
+    iflow_request_defaults d = {.max_tokens = 16, .keep = 4, .tool_format = (int)(size % IFLOW_TOOLS_COUNT),
+                                .adapters = adapters, .n_adapters = (int)(size % 3)};
     iflow_sampler_params_default(&d.sp);
     iflow_request_fields f;
     if (iflow_request_parse(&f, (const char *)data, size, 7, &d) == 0) {
@@ -47,6 +50,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (f.tool_bare && (!f.tool_format || !f.grammar))
             abort();
         if (f.n < 1 || f.n > IFLOW_MAX_CHOICES || (f.n > 1 && (f.beams || f.continuation)))
+            abort();
+        if (f.adapter < 0 || f.adapter > d.n_adapters) /* "lora" names one of the adapters there are */
             abort();
     }
     iflow_request_fields_free(&f);

@@ -653,6 +653,60 @@ static void test_chat(void)
     iflow_model_close(m);
 }
 
+/* LoRA adapters through the public API (iflow_model_load_lora): the PEFT fixture adapter for
+ * stories260K (tests/fixtures/lora) added per request to one model and to every sequence of
+ * another; in one batch a request asking for it gets the greedy tokens of the second model's own
+ * evaluation loop, a request asking for none those of the first's (the base). An adapter of
+ * another model and a spec path without the model's spec refused, naming what failed. */
+static void test_lora(void)
+{
+    const char *peft = "tests/fixtures/lora/stories260K-peft";
+    iflow_model *m, *all;
+    iflow_ctx *c, *call;
+    if (open_model(&m, &c, 0) < 0)
+        return;
+    if (open_model(&all, &call, 0) < 0) {
+        iflow_ctx_close(c);
+        iflow_model_close(m);
+        return;
+    }
+    CHECK(iflow_model_load_lora(m, peft, 1, 1, "/nonexistent:specs") == 1, "per request: %s", iflow_errmsg());
+    CHECK(iflow_model_load_lora(all, peft, 1, 0, "specs") == 0, "every sequence: %s", iflow_errmsg());
+    CHECK_ERR(iflow_model_load_lora(m, "tests/fixtures/lora/smollm2-peft", 1, 1, "specs"), IFLOW_ESHAPE,
+              "smollm2-peft", "[576, 576]");
+    CHECK_ERR(iflow_model_load_lora(m, peft, 1, 1, "/nonexistent"), IFLOW_ENOTFOUND, "no spec", "llama");
+    int32_t *ids, base[MAX_TOK], tuned[MAX_TOK];
+    size_t n;
+    iflow_tokenizer_encode(iflow_model_tokenizer(m), "Once upon a time", 16, IFLOW_TOK_ADD_BOS, &ids, &n);
+    int n_base = ref_continuation(m, c, ids, n, NULL, MAX_TOK, base);
+    int n_tuned = ref_continuation(all, call, ids, n, NULL, MAX_TOK, tuned);
+    CHECK(n_base != n_tuned || memcmp(base, tuned, sizeof(int32_t) * (size_t)n_base) != 0,
+          "the adapter changes the text");
+    iflow_batch_params bp = {.parallel = 2, .n_threads = 1, .n_ctx = 128};
+    iflow_batch *b;
+    if (iflow_batch_open(&b, m, &bp) == 0) {
+        iflow_request q[2] = {{.prompt = ids, .n_prompt = (int)n, .max_tokens = MAX_TOK, .adapter = 1},
+                              {.prompt = ids, .n_prompt = (int)n, .max_tokens = MAX_TOK, .user = &q[1]}};
+        CHECK(iflow_batch_add(b, &q[0]) == 0 && iflow_batch_add(b, &q[1]) == 0, "add: %s", iflow_errmsg());
+        while (iflow_batch_step(b) > 0)
+            ;
+        iflow_result *r;
+        while (iflow_batch_take(b, &r) == 1) {
+            const int *want = r->user ? base : tuned, n_want = r->user ? n_base : n_tuned;
+            CHECK(r->n_tokens == n_want && !memcmp(r->tokens, want, sizeof(int32_t) * (size_t)n_want),
+                  "the request of %s: the tokens of that model's own loop", r->user ? "no adapter" : "adapter 1");
+            iflow_result_free(r);
+        }
+        iflow_batch_close(b);
+    } else
+        CHECK(0, "batch: %s", iflow_errmsg());
+    iflow_free(ids);
+    iflow_ctx_close(c);
+    iflow_ctx_close(call);
+    iflow_model_close(m);
+    iflow_model_close(all);
+}
+
 /* Only main() converts the test model, with the internal converter (not public API). */
 #include "tests/unit/testlib.h"
 
@@ -674,6 +728,7 @@ int main(void)
     RUN(test_batch);
     RUN(test_grammar_after);
     RUN(test_chat);
+    RUN(test_lora);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0)

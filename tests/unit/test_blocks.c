@@ -7,7 +7,8 @@
  * home slots of the pool's table (its lookups run through long probe chains, and erasing a
  * name moves the chain behind it back): after every operation each of the 64 names must be
  * found exactly where the model has it, and the counts (free, idle, room) must agree.
- * Also: iflow_blocks_names() is a chain (a block's name depends on every block before it).
+ * Also: iflow_blocks_names() is a chain (a block's name depends on every block before it and
+ * on the salt).
  */
 #include "tests/unit/check.h"
 #include "libcore/serving/blocks.h"
@@ -208,15 +209,18 @@ static void test_names_chain(void)
         a[i] = b[i] = (int32_t)i * 7 + 3;
     b[2] = 99; /* the first block differs, the second and third are the same tokens */
     iflow_block_name na[3], nb[3];
-    iflow_blocks_names(a, 3, 8, na);
-    iflow_blocks_names(b, 3, 8, nb);
+    iflow_blocks_names(a, 3, 8, 0, na);
+    iflow_blocks_names(b, 3, 8, 0, nb);
     CHECK(na[0].lo != nb[0].lo && na[1].lo != nb[1].lo && na[2].lo != nb[2].lo,
           "a block's name depends on the blocks before it");
     iflow_block_name again[3];
-    iflow_blocks_names(a, 2, 8, again);
+    iflow_blocks_names(a, 2, 8, 0, again);
     CHECK(!memcmp(again, na, sizeof(iflow_block_name) * 2), "the same tokens, the same names");
-    iflow_blocks_names(a, 1, 12, again);
+    iflow_blocks_names(a, 1, 12, 0, again);
     CHECK(again[0].lo != na[0].lo || again[0].hi != na[0].hi, "a block of 12 is not a block of 8");
+    iflow_blocks_names(a, 3, 8, 1, again); /* another adapter's keys and values */
+    for (int i = 0; i < 3; i++)
+        CHECK(again[i].lo != na[i].lo || again[i].hi != na[i].hi, "block %d: salt 1 is not salt 0", i);
 }
 
 int main(void)

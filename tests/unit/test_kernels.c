@@ -20,6 +20,9 @@
  *   rmsnorm, softmax, silu_mul: |y - ref| <= 1e-6 * |ref| + 1e-30     (seen: 2.5e-7 * |ref|)
  *   vector exp:                 |e - exp| <= 2.5e-7 * exp              (seen: 8.4e-8, < 1 ulp)
  *   get_row, add:               bit-exact
+ *   lowrank_up (a LoRA delta's b (a x)): bit-exact against its contract written out here (one
+ *     fmaf chain per element in q order, then one add; iflow_f16_to_f32 for the weights) on
+ *     every path, on 1 and 2 threads, with padded strides; and within 1e-6 of the double sum
  */
 #include <math.h>
 #include <stdint.h>
@@ -672,6 +675,58 @@ static void test_elementwise(void)
     ifk_set_isa(IFK_ISA_AUTO);
 }
 
+static void test_lowrank_up(void)
+{
+    static const int Ns[] = {1, 7, 8, 17, 63, 64, 65, 200, 5632}, rs[] = {1, 4, 16, 64};
+    enum { MAXT = 3, LDT = 70, PAD = 5 };
+    const size_t ysize = sizeof(float) * MAXT * (5632 + PAD);
+    float t[MAXT * LDT], *y0 = malloc(ysize), *y = malloc(ysize), *want = malloc(ysize);
+    uint16_t *bt = malloc(sizeof(uint16_t) * 64 * 5632);
+    for (int ni = 0; ni < 9; ni++)
+        for (int ri = 0; ri < 4; ri++)
+            for (int T = 1; T <= MAXT; T += 2) {
+                const int N = Ns[ni], r = rs[ri];
+                const size_t ldy = (size_t)N + PAD, ldt = ri % 2 ? (size_t)r : LDT;
+                fill(t, MAXT * LDT, -2, 2);
+                fill(y0, (size_t)MAXT * ldy, -1, 1);
+                for (size_t k = 0; k < (size_t)r * N; k++)
+                    bt[k] = iflow_f32_to_f16(rnd(-0.5f, 0.5f));
+                double worst = 0;
+                for (int i = 0; i < T; i++)
+                    for (int n = 0; n < N; n++) {
+                        float acc = 0.0f;
+                        double d = 0, mag = 0;
+                        for (int q = 0; q < r; q++) {
+                            const float b = iflow_f16_to_f32(bt[(size_t)q * N + n]), v = t[(size_t)i * ldt + q];
+                            acc = fmaf(v, b, acc);
+                            d += (double)v * b, mag += fabs((double)v * b);
+                        }
+                        want[(size_t)i * ldy + n] = y0[(size_t)i * ldy + n] + acc;
+                        worst = fmax(worst, fabs(acc - d) / (mag + 1e-30));
+                    }
+                CHECK(worst <= 1e-6, "N=%d r=%d: the contract's sums within 1e-6 of double (%.3g)", N, r, worst);
+                for (int isa = IFK_ISA_SCALAR; isa < n_isas(); isa++)
+                    for (int nt = 1; nt <= 2; nt++) {
+                        ifk_set_isa(isa);
+                        memcpy(y, y0, sizeof(float) * (size_t)MAXT * ldy);
+                        ifk_lowrank_up(y, ldy, bt, t, ldt, T, N, r, nt);
+                        int same = 1;
+                        for (int i = 0; i < MAXT; i++)
+                            for (size_t n = 0; n < ldy; n++) { /* the padding and rows past T untouched */
+                                const float *w = i < T && n < (size_t)N ? want : y0;
+                                same &= memcmp(&y[i * ldy + n], &w[i * ldy + n], sizeof(float)) == 0;
+                            }
+                        CHECK(same, "lowrank_up %s, %d thread(s): N=%d r=%d T=%d, bit-exact", ifk_isa_name(isa), nt, N,
+                              r, T);
+                    }
+            }
+    ifk_set_isa(IFK_ISA_AUTO);
+    free(y0);
+    free(y);
+    free(want);
+    free(bt);
+}
+
 static void test_attention(void)
 {
     static const int cases[][5] = { /* T, pos0, n_heads, n_kv_heads, head_dim */
@@ -733,6 +788,7 @@ int main(void)
 #endif
     RUN(test_matmul);
     RUN(test_elementwise);
+    RUN(test_lowrank_up);
     RUN(test_attention);
     return check_summary("test_kernels");
 }

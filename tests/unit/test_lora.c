@@ -12,11 +12,21 @@
  *     vector, no tensors, another peft_type;
  *   - llama.cpp's GGUF form: tests/fixtures/lora/smollm2-q-v-down.gguf (gen_lora_refs.py) read
  *     from the file (24 deltas, GGUF names, s = alpha / r = 2, shapes of SmolLM2's matrices), and
- *     a model file refused as no adapter.
+ *     a model file refused as no adapter;
+ *   - adapters per sequence (iflow_model_add_adapter) on stories260K (converted here) with its two
+ *     fixture adapters: a step of three sequences asking for adapter 1, none and adapter 2 gives
+ *     each the logits, bit for bit, of its sequence alone in a model with that adapter applied to
+ *     every sequence (iflow_model_add_lora) or in the base model (the rows of a step are
+ *     independent: batch invariance); a batch of requests sharing one long prompt, each asking
+ *     for an adapter or none, gives each the greedy tokens of its request alone in that model (so
+ *     the prefix cache gave no request another adapter's keys and values), with the prefix cache
+ *     on, and shares blocks among the requests of one adapter; adapter numbers out of range and
+ *     an adapter of another model refused, the model unchanged.
  */
-#include "tests/unit/check.h"
+#include "tests/unit/testlib.h"
 #include "libcore/base/error.h"
 #include "libcore/formats/lora.h"
+#include "libcore/serving/batch.h"
 
 /* ---- a PEFT adapter in memory -------------------------------------------------------------- */
 
@@ -205,10 +215,185 @@ static void test_gguf(void)
               "no adapter_config.json");
 }
 
+/* ---- adapters per sequence ------------------------------------------------------------------ */
+
+static char dir[] = "/tmp/iflow-test-lora-XXXXXX";
+static char s260[512];
+static const char *const SPECS[] = {"specs"};
+static const char *const ADAPTERS[2] = {"tests/fixtures/lora/stories260K-peft",
+                                        "tests/fixtures/lora/stories260K-q-k-up.gguf"};
+
+/* stories260K with adapters[k] applied to every sequence (k < 0: none), or, with per_seq, both
+ * added as adapters 1 and 2. NULL after a failed check. */
+static iflow_model *open_with(int k, int per_seq)
+{
+    iflow_model *m = NULL;
+    if (iflow_model_open(&m, s260, 0) < 0) {
+        CHECK(0, "open: %s", iflow_errmsg());
+        return NULL;
+    }
+    for (int i = 0; i < 2; i++) {
+        if (!per_seq && i != k)
+            continue;
+        iflow_lora *l = NULL;
+        int rc = iflow_lora_open(&l, ADAPTERS[i], 1);
+        if (rc == 0)
+            rc = per_seq ? iflow_model_add_adapter(m, l, SPECS, 1) : iflow_model_add_lora(m, l, SPECS, 1);
+        iflow_lora_close(l);
+        CHECK(rc == (per_seq ? i + 1 : 0), "adapter %s: %d %s", ADAPTERS[i], rc, rc < 0 ? iflow_errmsg() : "");
+    }
+    return m;
+}
+
+/* The logits after each of ids[0..n) (V each) of one sequence alone in m. */
+static void alone(iflow_model *m, const int32_t *ids, int n, float *out)
+{
+    iflow_ctx *c;
+    iflow_kv *kv;
+    const int32_t table[1] = {0};
+    CHECK(iflow_ctx_open_steps(&c, m, 2) == 0 && iflow_kv_open(&kv, m, IFK_KV_F32, 64, 1) == 0, "%s", iflow_errmsg());
+    iflow_step_seq q = {.ids = ids, .n = n, .table = table, .logits = out, .n_out = n};
+    CHECK(iflow_ctx_step(c, kv, &q, 1) == 0, "alone: %s", iflow_errmsg());
+    iflow_kv_close(kv);
+    iflow_ctx_close(c);
+}
+
+static void test_adapter_steps(void)
+{
+    iflow_model *base = open_with(-1, 0), *each[2] = {open_with(0, 0), open_with(1, 0)}, *m = open_with(0, 1);
+    if (!base || !each[0] || !each[1] || !m)
+        return;
+    const int V = iflow_model_hparams(m)->vocab_size, N[3] = {9, 5, 12};
+    const int adapter[3] = {1, 0, 2};
+    int32_t ids[3][12];
+    for (int i = 0; i < 3; i++)
+        for (int t = 0; t < N[i]; t++)
+            ids[i][t] = t == 0 ? 1 : (int32_t)((7 * t + 31 * i) % (V - 3)) + 3;
+    float *got = malloc(sizeof(float) * 3 * 12 * (size_t)V), *want = malloc(sizeof(float) * 12 * (size_t)V);
+    iflow_ctx *c;
+    iflow_kv *kv;
+    CHECK(iflow_ctx_open_steps(&c, m, 2) == 0 && iflow_kv_open(&kv, m, IFK_KV_F32, 16, 3) == 0, "%s", iflow_errmsg());
+    int32_t tables[3][1] = {{0}, {1}, {2}};
+    iflow_step_seq q[3];
+    for (int i = 0; i < 3; i++)
+        q[i] = (iflow_step_seq){.ids = ids[i], .n = N[i], .table = tables[i], .logits = got + (size_t)i * 12 * V,
+                                .n_out = N[i], .adapter = adapter[i]};
+    CHECK(iflow_ctx_step(c, kv, q, 3) == 0, "step: %s", iflow_errmsg());
+    for (int i = 0; i < 3; i++) {
+        alone(adapter[i] ? each[adapter[i] - 1] : base, ids[i], N[i], want);
+        CHECK(!memcmp(got + (size_t)i * 12 * V, want, sizeof(float) * (size_t)N[i] * V),
+              "sequence %d (adapter %d): the logits of its sequence alone, bit for bit", i, adapter[i]);
+    }
+    /* and each adapter does change the logits */
+    alone(base, ids[0], N[0], want);
+    CHECK(memcmp(got, want, sizeof(float) * (size_t)N[0] * V) != 0, "adapter 1 changes the logits");
+    q[1].adapter = 3;
+    CHECK_ERR(iflow_ctx_step(c, kv, q, 3), IFLOW_EINVAL, "sequence 1", "adapter 3 of the model's 2");
+    /* an adapter of another model: refused, nothing added */
+    iflow_lora *l = NULL;
+    CHECK(iflow_lora_open(&l, "tests/fixtures/lora/smollm2-q-v-down.gguf", 1) == 0, "%s", iflow_errmsg());
+    CHECK_ERR(iflow_model_add_adapter(m, l, SPECS, 1), IFLOW_ESHAPE, "smollm2-q-v-down.gguf", "[576, 576]");
+    CHECK(iflow_model_n_adapters(m) == 2, "still two adapters");
+    iflow_lora_close(l);
+    iflow_kv_close(kv);
+    iflow_ctx_close(c);
+    free(got);
+    free(want);
+    iflow_model_close(base);
+    iflow_model_close(each[0]);
+    iflow_model_close(each[1]);
+    iflow_model_close(m);
+}
+
+/* Greedy tokens of requests r[0..n) in one batch over m (block positions per KV block), into
+ * out[i] (zeros after the last); the batch's stats into st. */
+static void run_batch(iflow_model *m, iflow_request *r, int n, int32_t out[][24], int block, iflow_batch_stats *st)
+{
+    iflow_batch_params p = {.n_ctx = 128, .parallel = n, .block = block, .n_threads = 2, .step_tokens = 32};
+    iflow_batch *b;
+    if (iflow_batch_open(&b, m, &p) < 0) {
+        CHECK(0, "batch: %s", iflow_errmsg());
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        r[i].user = (void *)(intptr_t)i;
+        CHECK(iflow_batch_add(b, &r[i]) == 0, "add %d: %s", i, iflow_errmsg());
+    }
+    int rc;
+    while ((rc = iflow_batch_step(b)) > 0) {
+    }
+    CHECK(rc == 0, "step: %s", iflow_errmsg());
+    iflow_result *res;
+    while (iflow_batch_take(b, &res)) {
+        int i = (int)(intptr_t)res->user;
+        memset(out[i], 0, sizeof out[i]);
+        memcpy(out[i], res->tokens, sizeof(int32_t) * (size_t)res->n_tokens);
+        iflow_result_free(res);
+    }
+    iflow_batch_get_stats(b, st);
+    iflow_batch_close(b);
+}
+
+static void test_adapter_batch(void)
+{
+    iflow_model *base = open_with(-1, 0), *each[2] = {open_with(0, 0), open_with(1, 0)}, *m = open_with(0, 1);
+    if (!base || !each[0] || !each[1] || !m)
+        return;
+    const iflow_tokenizer *tok = iflow_model_tokenizer(m);
+    const char *text = "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun.";
+    int32_t *ids;
+    size_t n;
+    CHECK(iflow_tokenizer_encode(tok, text, strlen(text), IFLOW_TOK_ADD_BOS, &ids, &n) == 0 && n > 20, "encode");
+    /* five requests of one prompt: adapters 1, 0, 2, 1, 0 (the cache shares among the same adapter) */
+    enum { R = 5 };
+    const int adapter[R] = {1, 0, 2, 1, 0};
+    iflow_request r[R];
+    for (int i = 0; i < R; i++)
+        r[i] = (iflow_request){.prompt = ids, .n_prompt = (int)n, .max_tokens = 24, .adapter = adapter[i]};
+    int32_t got[R][24], want[1][24];
+    iflow_batch_stats st;
+    run_batch(m, r, R, got, 8, &st);
+    CHECK(st.prompt_cached == 2 * (uint64_t)((n - 1) / 8) * 8, "the 2nd request of adapter 1 and of none share "
+          "the first's blocks: %llu positions from the cache", (unsigned long long)st.prompt_cached);
+    for (int i = 0; i < R; i++) {
+        iflow_request one = r[i];
+        one.adapter = 0;
+        run_batch(adapter[i] ? each[adapter[i] - 1] : base, &one, 1, want, 8, &st);
+        CHECK(!memcmp(got[i], want[0], sizeof want[0]), "request %d (adapter %d): the tokens alone", i, adapter[i]);
+    }
+    CHECK(memcmp(got[0], got[1], sizeof got[0]) && memcmp(got[2], got[1], sizeof got[0]),
+          "the adapters change the reply");
+    iflow_request bad = r[0];
+    bad.adapter = 3;
+    iflow_batch_params p = {.n_ctx = 128};
+    iflow_batch *b;
+    CHECK(iflow_batch_open(&b, m, &p) == 0, "%s", iflow_errmsg());
+    CHECK_ERR(iflow_batch_add(b, &bad), IFLOW_EINVAL, "adapter 3", "the model has 2");
+    iflow_batch_close(b);
+    free(ids);
+    iflow_model_close(base);
+    iflow_model_close(each[0]);
+    iflow_model_close(each[1]);
+    iflow_model_close(m);
+}
+
 int main(void)
 {
     RUN(test_peft);
     RUN(test_peft_refused);
     RUN(test_gguf);
+    if (!mkdtemp(dir))
+        return perror("mkdtemp"), 1;
+    snprintf(s260, sizeof s260, "%s/s.ifs", dir);
+    if (test_convert("models/stories260K/hf", s260, -1) != 0) {
+        fprintf(stderr, "test data missing or conversion failed\n");
+        return check_summary("test_lora") | 1;
+    }
+    RUN(test_adapter_steps);
+    RUN(test_adapter_batch);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", dir);
     return check_summary("test_lora");
 }
