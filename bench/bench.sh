@@ -141,17 +141,18 @@ lora_entries() {
             '. + {rank: $r, adapter_bytes: $b}')")
     done
     # adapters per request (--lora-module): 4 requests of 32 greedy tokens in one batch (--parallel 4),
-    # none with an adapter, then each with its own rank-16 adapter: the batch's generated tok/s
-    # (--metrics, best of 3)
+    # none with an adapter, each with its own rank-16 adapter, all four with the same one: the
+    # batch's generated tok/s (--metrics, best of 3)
     rm -rf "$work/lora" && mkdir -p "$work/lora"
     "$build/loragen" "$cfg" 16 "$work/lora"
     local mods=() i
     for i in 1 2 3 4; do mods+=(--lora-module "a$i=$work/lora"); done
-    batch_tps() { # $1: 1 to give each request its adapter; iflow-run args... -> generated tok/s
+    batch_tps() { # $1: 0 no adapter, 1 each request its own, 2 all a1; iflow-run args... -> generated tok/s
         local with=$1 best=0 x _
         shift
         jq -nc --argjson w "$with" 'range(4) | {prompt: "Once upon a time there was a little girl named", max_tokens: 32,
-            temperature: 0} + (if $w == 1 then {lora: "a\(. + 1)"} else {} end)' >"$work/multi.jsonl"
+            temperature: 0} + (if $w == 1 then {lora: "a\(. + 1)"} elif $w == 2 then {lora: "a1"} else {} end)' \
+            >"$work/multi.jsonl"
         for _ in 1 2 3; do
             bin/iflow-run -m "$work/tl-bq4.ifs" "$@" --batch --parallel 4 -t 2 --metrics "$work/multi.json" \
                 <"$work/multi.jsonl" >/dev/null 2>&1
@@ -160,16 +161,18 @@ lora_entries() {
         done
         echo "$best"
     }
-    local m0 m4
+    local m0 m4 m1
     m0=$(batch_tps 0)
     m4=$(batch_tps 1 "${mods[@]}")
+    m1=$(batch_tps 2 "${mods[@]}")
     rm -rf "$work/lora" "$work/tl-bq4.ifs" "$work/tl-bq2.ifs" "$work/multi.jsonl" "$work/multi.json"
-    printf '%s\n' "${out[@]}" | jq -s --argjson m0 "$m0" --argjson m4 "$m4" '.[0] as $base | {model: "tinyllama-1.1b-q4_b64",
+    printf '%s\n' "${out[@]}" | jq -s --argjson m0 "$m0" --argjson m4 "$m4" --argjson m1 "$m1" '.[0] as $base | {model: "tinyllama-1.1b-q4_b64",
         threads: 2, prompt_tokens: 18, tokens: 32, targets: "q k v o gate up down, every layer", runs: map(. + {
         prefill_ratio: (if $base.prefill_tok_s > 0 then .prefill_tok_s / $base.prefill_tok_s else null end),
         decode_ratio: (if $base.decode_tok_s > 0 then .decode_tok_s / $base.decode_tok_s else null end)}),
         per_request: {requests: 4, parallel: 4, tokens: 32, rank: 16, base_tok_s: $m0, four_adapters_tok_s: $m4,
-        ratio: (if $m0 > 0 then $m4 / $m0 else null end)}}'
+        four_adapters_ratio: (if $m0 > 0 then $m4 / $m0 else null end), one_adapter_tok_s: $m1,
+        one_adapter_ratio: (if $m0 > 0 then $m1 / $m0 else null end)}}'
 }
 # bench/bench.sh BUILD_DIR speculative (or grammar, lora): those entries alone
 if [ "${2:-}" = lora ]; then

@@ -36,8 +36,8 @@ typedef struct {
     void (*silu_mul)(float *g, const float *u, int n);
     void (*add)(float *y, const float *x, int n);
     void (*get_row)(float *out, const void *W, int wtype, size_t row, int K);
-    void (*lowrank_up)(float *y, size_t ldy, const uint16_t *bt, size_t ldb, const float *t, size_t ldt, int T, int N,
-                       int r, int add);
+    void (*lowrank_up)(float *y, size_t ldy, const uint16_t *bt, const float *t, size_t ldt, int T, int N, int r,
+                       int add);
 } ifk_path;
 
 #define IFK_PATH(X)                                                                         \
@@ -394,7 +394,8 @@ void ifk_silu_mul(float *g, const float *u, int n)
     path()->silu_mul(g, u, n);
 }
 
-/* ifk_lowrank_up's items: columns n0 .. n1 of y, cpi a item (a multiple of 16). */
+/* ifk_lowrank_up's items: columns n0 .. n1 of y, cpi an item (whole tiles: the last item's
+ * tiles are those of a matrix of n1 - n0 columns, so the kernel takes them as one). */
 typedef struct {
     float *y;
     size_t ldy;
@@ -415,10 +416,11 @@ static void lr_run(const void *args, const void *in, int i, float *out)
     const lr_args *a = args;
     int n0, n1;
     lr_range(a, i, &n0, &n1);
+    const uint16_t *bt = a->bt + (size_t)n0 * (size_t)a->r; /* tile n0 / IFK_LR_TILE */
     if (!out)
-        path()->lowrank_up(a->y + n0, a->ldy, a->bt + n0, (size_t)a->N, in, (size_t)a->r, a->T, n1 - n0, a->r, 1);
+        path()->lowrank_up(a->y + n0, a->ldy, bt, in, (size_t)a->r, a->T, n1 - n0, a->r, 1);
     else
-        path()->lowrank_up(out, (size_t)(n1 - n0), a->bt + n0, (size_t)a->N, in, (size_t)a->r, a->T, n1 - n0, a->r, 0);
+        path()->lowrank_up(out, (size_t)(n1 - n0), bt, in, (size_t)a->r, a->T, n1 - n0, a->r, 0);
 }
 
 static void lr_commit(const void *args, int i, const float *out)
@@ -435,14 +437,15 @@ void ifk_lowrank_up(float *y, size_t ldy, const uint16_t *bt, const float *t, si
 {
     if (T <= 0 || N <= 0)
         return;
+    const int tiles = (N + IFK_LR_TILE - 1) / IFK_LR_TILE;
     int nt = threads_for(n_threads, (double)T * N * r);
-    if (nt > (N + 15) / 16)
-        nt = (N + 15) / 16;
+    if (nt > tiles)
+        nt = tiles;
     if (nt <= 1 || ldt != (size_t)r) {
-        path()->lowrank_up(y, ldy, bt, (size_t)N, t, ldt, T, N, r, 1);
+        path()->lowrank_up(y, ldy, bt, t, ldt, T, N, r, 1);
         return;
     }
-    const int cpi = ifk_pool_rows_per_item(N, nt);
+    const int items = 4 * nt < tiles ? 4 * nt : tiles, cpi = (tiles + items - 1) / items * IFK_LR_TILE;
     const lr_args a = {y, ldy, bt, T, N, r, cpi};
     ifk_pool_run(&(ifk_pool_job){.run = lr_run, .commit = lr_commit, .args = &a, .args_size = sizeof a, .input = t,
                                  .input_size = (size_t)T * (size_t)r * sizeof *t, .scratch_floats = (size_t)T * cpi,

@@ -42,16 +42,16 @@
     void ifk_##X##_silu_mul(float *g, const float *u, int n);                               \
     void ifk_##X##_add(float *y, const float *x, int n);                                    \
     void ifk_##X##_get_row(float *out, const void *W, int wtype, size_t row, int K);        \
-    void ifk_##X##_lowrank_up(float *y, size_t ldy, const uint16_t *bt, size_t ldb, const float *t, size_t ldt, \
-                              int T, int N, int r, int add);
+    void ifk_##X##_lowrank_up(float *y, size_t ldy, const uint16_t *bt, const float *t, size_t ldt, int T, int N, \
+                              int r, int add);
 
 IFK_DECL_PATH(ref)
 IFK_DECL_PATH(avx2)
 IFK_DECL_PATH(avx512)
 
-/* ifk_X_lowrank_up: ifk_lowrank_up's sums (kernels.h) for columns 0 .. N of bt (rows ldb apart),
- * added into y (add 1) or stored there (add 0: what a stolen pool item computes, added by its
- * commit with the same one addition). */
+/* ifk_X_lowrank_up: ifk_lowrank_up's sums (kernels.h) for the N columns of tiles bt, added into
+ * y (add 1) or stored there (add 0: what a stolen pool item computes, added by its commit with
+ * the same one addition). */
 
 /* The matmul_rows of the path in use (dispatch.c), for the quantized product's F32-activation
  * path (qdispatch.c), which calls it from its own pool items. */

@@ -125,12 +125,21 @@ void ifk_layernorm(float *y, const float *x, const float *w, const float *b, int
 void ifk_add(float *y, const float *x, int n);
 
 /* The up-projection of a low-rank delta (a LoRA adapter's b (a x)): for each of T rows,
- * y[i][n] += sum over q = 0 .. r-1 of t[i][q] * bt[q][n], with bt [r][N] F16 (b transposed) and
- * t [T][r] at stride ldt, y [T][N] at stride ldy. Each element is one F32 fused multiply-add
- * chain in q order from 0, then added to y: the same bits on every path, whatever T and
- * whichever thread (batch invariant), where a matrix product of K = r would spend a row's
- * reduction on 16 values. Columns are dealt to up to n_threads threads (pool.h) when the work
- * pays for them. */
+ * y[i][n] += sum over q = 0 .. r-1 of t[i][q] * b[n][q], with t [T][r] at stride ldt, y [T][N]
+ * at stride ldy and b [N][r] F16 in column tiles bt: the columns in tiles of IFK_LR_TILE (the
+ * last one narrower, w = what is left), each tile b's rows q = 0 .. r-1 of its w columns one
+ * after the other, so that b[n][q] is at ifk_lr_at(n, q, N, r) and a tile is read as one run.
+ * Each element is one F32 fused multiply-add chain in q order from 0, then added to y: the same
+ * bits on every path, whatever T and whichever thread (batch invariant), where a matrix product
+ * of K = r would spend a row's reduction on 16 values. Tiles are dealt to up to n_threads
+ * threads (pool.h) when the work pays for them. */
+#define IFK_LR_TILE 64
+static inline size_t ifk_lr_at(size_t n, size_t q, size_t N, size_t r)
+{
+    const size_t tile = n / IFK_LR_TILE, c0 = tile * IFK_LR_TILE;
+    const size_t w = N - c0 < IFK_LR_TILE ? N - c0 : IFK_LR_TILE;
+    return c0 * r + q * w + (n - c0);
+}
 void ifk_lowrank_up(float *y, size_t ldy, const uint16_t *bt, const float *t, size_t ldt, int T, int N, int r,
                     int n_threads);
 

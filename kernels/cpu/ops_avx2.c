@@ -133,11 +133,8 @@ void ifk_avx2_add(float *y, const float *x, int n)
         y[i] += x[i];
 }
 
-/* 8 columns of bt's rows from column n, as F32. */
-static inline __m256 bt8(const uint16_t *bt, size_t row, int n)
-{
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(bt + row + n)));
-}
+/* 8 values of F16 from p, as F32. */
+static inline __m256 h8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
 /* y's 8 columns at yn: + a (add), or a. */
 static inline void put8(float *yn, __m256 a, int add)
@@ -145,41 +142,46 @@ static inline void put8(float *yn, __m256 a, int add)
     _mm256_storeu_ps(yn, add ? _mm256_add_ps(_mm256_loadu_ps(yn), a) : a);
 }
 
-/* ifk_lowrank_up (kernels.h, impl.h): columns 32 at a time in four independent chains, then 8
- * at a time, the last few in scalar code (fmaf: the same bits as the vector FMA). */
-void ifk_avx2_lowrank_up(float *y, size_t ldy, const uint16_t *bt, size_t ldb, const float *t, size_t ldt, int T,
-                         int N, int r, int add)
+/* ifk_lowrank_up (kernels.h, impl.h): a tile 32 columns at a time in four independent chains
+ * (each column's chain in q order), then 8 at a time, the last few in scalar code (fmaf: the
+ * same bits as the vector FMA). */
+void ifk_avx2_lowrank_up(float *y, size_t ldy, const uint16_t *bt, const float *t, size_t ldt, int T, int N, int r,
+                         int add)
 {
-    for (int i = 0; i < T; i++) {
-        const float *ti = t + (size_t)i * ldt;
-        float *yi = y + (size_t)i * ldy;
-        int n = 0;
-        for (; n + 32 <= N; n += 32) {
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int q = 0; q < r; q++) {
-                const __m256 tq = _mm256_set1_ps(ti[q]);
-                const size_t row = (size_t)q * ldb;
-                a0 = _mm256_fmadd_ps(tq, bt8(bt, row, n), a0);
-                a1 = _mm256_fmadd_ps(tq, bt8(bt, row, n + 8), a1);
-                a2 = _mm256_fmadd_ps(tq, bt8(bt, row, n + 16), a2);
-                a3 = _mm256_fmadd_ps(tq, bt8(bt, row, n + 24), a3);
+    for (int c0 = 0; c0 < N; c0 += IFK_LR_TILE) {
+        const int w = N - c0 < IFK_LR_TILE ? N - c0 : IFK_LR_TILE;
+        const uint16_t *tile = bt + (size_t)c0 * r;
+        for (int i = 0; i < T; i++) {
+            const float *ti = t + (size_t)i * ldt;
+            float *yi = y + (size_t)i * ldy + c0;
+            int n = 0;
+            for (; n + 32 <= w; n += 32) {
+                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                for (int q = 0; q < r; q++) {
+                    const __m256 tq = _mm256_set1_ps(ti[q]);
+                    const uint16_t *row = tile + (size_t)q * w + n;
+                    a0 = _mm256_fmadd_ps(tq, h8(row), a0);
+                    a1 = _mm256_fmadd_ps(tq, h8(row + 8), a1);
+                    a2 = _mm256_fmadd_ps(tq, h8(row + 16), a2);
+                    a3 = _mm256_fmadd_ps(tq, h8(row + 24), a3);
+                }
+                put8(yi + n, a0, add);
+                put8(yi + n + 8, a1, add);
+                put8(yi + n + 16, a2, add);
+                put8(yi + n + 24, a3, add);
             }
-            put8(yi + n, a0, add);
-            put8(yi + n + 8, a1, add);
-            put8(yi + n + 16, a2, add);
-            put8(yi + n + 24, a3, add);
-        }
-        for (; n + 8 <= N; n += 8) {
-            __m256 a = _mm256_setzero_ps();
-            for (int q = 0; q < r; q++)
-                a = _mm256_fmadd_ps(_mm256_set1_ps(ti[q]), bt8(bt, (size_t)q * ldb, n), a);
-            put8(yi + n, a, add);
-        }
-        for (; n < N; n++) {
-            float a = 0.0f;
-            for (int q = 0; q < r; q++)
-                a = fmaf(ti[q], ifk_f16_to_f32(bt[(size_t)q * ldb + n]), a);
-            yi[n] = add ? yi[n] + a : a;
+            for (; n + 8 <= w; n += 8) {
+                __m256 a = _mm256_setzero_ps();
+                for (int q = 0; q < r; q++)
+                    a = _mm256_fmadd_ps(_mm256_set1_ps(ti[q]), h8(tile + (size_t)q * w + n), a);
+                put8(yi + n, a, add);
+            }
+            for (; n < w; n++) {
+                float a = 0.0f;
+                for (int q = 0; q < r; q++)
+                    a = fmaf(ti[q], ifk_f16_to_f32(tile[(size_t)q * w + n]), a);
+                yi[n] = add ? yi[n] + a : a;
+            }
         }
     }
 }

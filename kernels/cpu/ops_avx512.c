@@ -110,11 +110,8 @@ void ifk_avx512_add(float *y, const float *x, int n)
     }
 }
 
-/* 16 columns (mask m) of bt's rows from column n, as F32. */
-IFK_INLINE __m512 bt16(const uint16_t *bt, size_t row, int n, __mmask16 m)
-{
-    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, bt + row + n));
-}
+/* 16 values (mask m) of F16 from p, as F32. */
+IFK_INLINE __m512 h16(const uint16_t *p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
 
 /* y's 16 columns (mask m) at yn: + a (add), or a. */
 IFK_INLINE void put16(float *yn, __mmask16 m, __m512 a, int add)
@@ -122,37 +119,42 @@ IFK_INLINE void put16(float *yn, __mmask16 m, __m512 a, int add)
     _mm512_mask_storeu_ps(yn, m, add ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, yn), a) : a);
 }
 
-/* ifk_lowrank_up (kernels.h, impl.h): columns 64 at a time in four independent chains (the
- * chain of one column in q order, as ifk_ref_lowrank_up's), the rest 16 at a time, masked. */
-void ifk_avx512_lowrank_up(float *y, size_t ldy, const uint16_t *bt, size_t ldb, const float *t, size_t ldt, int T,
-                           int N, int r, int add)
+/* ifk_lowrank_up (kernels.h, impl.h): a whole tile's 64 columns in four independent chains (the
+ * chain of one column in q order, as ifk_ref_lowrank_up's) reading the tile as one run; the last,
+ * narrower tile 16 columns at a time, masked. */
+void ifk_avx512_lowrank_up(float *y, size_t ldy, const uint16_t *bt, const float *t, size_t ldt, int T, int N, int r,
+                           int add)
 {
     const __mmask16 all = 0xffff;
-    for (int i = 0; i < T; i++) {
-        const float *ti = t + (size_t)i * ldt;
-        float *yi = y + (size_t)i * ldy;
-        int n = 0;
-        for (; n + 64 <= N; n += 64) {
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int q = 0; q < r; q++) {
-                const __m512 tq = _mm512_set1_ps(ti[q]);
-                const size_t row = (size_t)q * ldb;
-                a0 = _mm512_fmadd_ps(tq, bt16(bt, row, n, all), a0);
-                a1 = _mm512_fmadd_ps(tq, bt16(bt, row, n + 16, all), a1);
-                a2 = _mm512_fmadd_ps(tq, bt16(bt, row, n + 32, all), a2);
-                a3 = _mm512_fmadd_ps(tq, bt16(bt, row, n + 48, all), a3);
+    for (int c0 = 0; c0 < N; c0 += IFK_LR_TILE) {
+        const int w = N - c0 < IFK_LR_TILE ? N - c0 : IFK_LR_TILE;
+        const uint16_t *tile = bt + (size_t)c0 * r;
+        for (int i = 0; i < T; i++) {
+            const float *ti = t + (size_t)i * ldt;
+            float *yi = y + (size_t)i * ldy + c0;
+            if (w == IFK_LR_TILE) {
+                __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                for (int q = 0; q < r; q++) {
+                    const __m512 tq = _mm512_set1_ps(ti[q]);
+                    const uint16_t *row = tile + (size_t)q * IFK_LR_TILE;
+                    a0 = _mm512_fmadd_ps(tq, h16(row, all), a0);
+                    a1 = _mm512_fmadd_ps(tq, h16(row + 16, all), a1);
+                    a2 = _mm512_fmadd_ps(tq, h16(row + 32, all), a2);
+                    a3 = _mm512_fmadd_ps(tq, h16(row + 48, all), a3);
+                }
+                put16(yi, all, a0, add);
+                put16(yi + 16, all, a1, add);
+                put16(yi + 32, all, a2, add);
+                put16(yi + 48, all, a3, add);
+                continue;
             }
-            put16(yi + n, all, a0, add);
-            put16(yi + n + 16, all, a1, add);
-            put16(yi + n + 32, all, a2, add);
-            put16(yi + n + 48, all, a3, add);
-        }
-        for (; n < N; n += 16) {
-            const __mmask16 m = v16_mask(N - n < 16 ? N - n : 16);
-            __m512 a = _mm512_setzero_ps();
-            for (int q = 0; q < r; q++)
-                a = _mm512_fmadd_ps(_mm512_set1_ps(ti[q]), bt16(bt, (size_t)q * ldb, n, m), a);
-            put16(yi + n, m, a, add);
+            for (int n = 0; n < w; n += 16) {
+                const __mmask16 m = v16_mask(w - n < 16 ? w - n : 16);
+                __m512 a = _mm512_setzero_ps();
+                for (int q = 0; q < r; q++)
+                    a = _mm512_fmadd_ps(_mm512_set1_ps(ti[q]), h16(tile + (size_t)q * w + n, m), a);
+                put16(yi + n, m, a, add);
+            }
         }
     }
 }

@@ -153,15 +153,17 @@ void ifk_ref_add(float *y, const float *x, int n)
         y[i] += x[i];
 }
 
-/* y [T][N] at ldy (+)= t [T][r] at ldt times bt [r][N] (F16, rows ldb apart): impl.h. */
-void ifk_ref_lowrank_up(float *y, size_t ldy, const uint16_t *bt, size_t ldb, const float *t, size_t ldt, int T, int N,
-                        int r, int add)
+/* y [T][N] at ldy (+)= t [T][r] at ldt times b [N][r] (F16, in tiles bt: kernels.h): impl.h. */
+void ifk_ref_lowrank_up(float *y, size_t ldy, const uint16_t *bt, const float *t, size_t ldt, int T, int N, int r,
+                        int add)
 {
     for (int i = 0; i < T; i++)
         for (int n = 0; n < N; n++) {
             float acc = 0.0f, *yn = &y[(size_t)i * ldy + n];
-            for (int q = 0; q < r; q++)
-                acc = fmaf(t[(size_t)i * ldt + q], ifk_f16_to_f32(bt[(size_t)q * ldb + n]), acc);
+            for (int q = 0; q < r; q++) {
+                const float b = ifk_f16_to_f32(bt[ifk_lr_at((size_t)n, (size_t)q, (size_t)N, (size_t)r)]);
+                acc = fmaf(t[(size_t)i * ldt + q], b, acc);
+            }
             *yn = add ? *yn + acc : acc;
         }
 }

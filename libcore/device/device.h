@@ -149,9 +149,10 @@ typedef struct {
      * v = x Wv^T [T][Nkv] (ldkv), the weights of one wtype. */
     int  (*qkv)(iflow_device *d, float *q, size_t ldq, float *k, float *v, size_t ldkv, const void *Wq, const void *Wk,
                 const void *Wv, int wtype, const float *x, size_t ldx, int T, int Nq, int Nkv, int K);
-    /* lowrank_up: y [T][N] at ldy += t [T][r] at ldt times bt [r][N] (F16), the up-projection of
-     * a low-rank delta (a LoRA adapter's b (a x): kernels.h's ifk_lowrank_up). NULL: the device
-     * computes no run-time adapter (the engine refuses to place one there). */
+    /* lowrank_up: y [T][N] at ldy += t [T][r] at ldt times b [N][r]^T (F16 in the column tiles
+     * bt of kernels.h's ifk_lowrank_up), the up-projection of a low-rank delta (a LoRA adapter's
+     * b (a x)). NULL: the device computes no run-time adapter (the engine refuses to place one
+     * there). */
     int  (*lowrank_up)(iflow_device *d, float *y, size_t ldy, const uint16_t *bt, const float *t, size_t ldt, int T,
                        int N, int r);
 } iflow_device_ops;

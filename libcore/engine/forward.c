@@ -49,7 +49,9 @@ typedef struct {
     float *kx, *vx;             /* [B][KV]    new keys and values, before they are stored */
     float *logits;              /* [logits_rows][vocab] (output device, not host memory) */
     float *lt;                  /* [n_lt]: a low-rank delta's a x, grown on demand            */
-    size_t n_lt;
+    float *lx, *ly;             /* [n_lx], [n_ly]: the rows of an adapter's sequences gathered
+                                 * (input and output), when they are not one run            */
+    size_t n_lt, n_lx, n_ly;
     int logits_rows;
 } dev_scratch;
 
@@ -70,13 +72,25 @@ static uint64_t next_serial(void)
     return (uint64_t)atomic_fetch_add(&n, 1) + 1;
 }
 
+/* The sequences of a step that ask for one adapter (iflow_step_seq.adapter), so that its delta
+ * runs once over all their rows: one run of rows when they are consecutive sequences, else
+ * gathered (deltas()). */
+typedef struct {
+    int adapter;          /* 1 .. the model's n_adapters                                 */
+    const int *members;   /* [n_seq] the sequences' indices, ascending                    */
+    int n_seq;
+    int row0, n_rows;     /* the first sequence's first row; the rows of all of them     */
+    int contiguous;       /* the members are consecutive sequences: rows row0 .. + n_rows */
+} adapter_rows;
+
 struct iflow_ctx {
     const iflow_model *m;
     int n_ctx, n_past, n_threads;
     int pass;                   /* B: rows of one forward pass (the model's pass) */
     int32_t *step_ids;          /* [B] a step's tokens, gathered from its sequences           */
     ifk_kv_seq *step_seq;       /* [B] a step's sequences                                     */
-    int *step_adapter;          /* [B] their adapters (iflow_step_seq.adapter)                */
+    adapter_rows *step_groups;  /* [B] their sequences grouped by adapter (iflow_step_seq.adapter) */
+    int *step_members;          /* [B] the groups' sequences                                  */
     int n_dev;
     dev_scratch dev[IFLOW_MAX_DEVICES];
     iflow_kv *kv;               /* the context's own cache (one block of n_ctx), or NULL     */
@@ -97,7 +111,7 @@ static void scratch_free(dev_scratch *s)
     iflow_device *d = s->dev;
     if (!d)
         return;
-    float *bufs[] = {s->x, s->xb, s->xa, s->q, s->att, s->gate, s->up, s->kx, s->vx, s->logits, s->lt};
+    float *bufs[] = {s->x, s->xb, s->xa, s->q, s->att, s->gate, s->up, s->kx, s->vx, s->logits, s->lt, s->lx, s->ly};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             d->ops->free(d, bufs[i]);
@@ -372,8 +386,10 @@ static int ctx_open(iflow_ctx **out, const iflow_model *m, int n_ctx, int n_thre
     c->last_logits = malloc((size_t)hp->vocab_size * sizeof(float));
     c->step_ids = malloc((size_t)c->pass * sizeof *c->step_ids);
     c->step_seq = malloc((size_t)c->pass * sizeof *c->step_seq);
-    c->step_adapter = malloc((size_t)c->pass * sizeof *c->step_adapter);
-    if (!c->stage || !c->xh || !c->acc || !c->last_logits || !c->step_ids || !c->step_seq || !c->step_adapter)
+    c->step_groups = malloc((size_t)c->pass * sizeof *c->step_groups);
+    c->step_members = malloc((size_t)c->pass * sizeof *c->step_members);
+    if (!c->stage || !c->xh || !c->acc || !c->last_logits || !c->step_ids || !c->step_seq || !c->step_groups ||
+        !c->step_members)
         rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
     for (int i = 0; i < m->n_devs && rc == 0; i++) {
         dev_scratch *s = &c->dev[i];
@@ -435,7 +451,8 @@ void iflow_ctx_close(iflow_ctx *c)
     free(c->out_logits);
     free(c->step_ids);
     free(c->step_seq);
-    free(c->step_adapter);
+    free(c->step_groups);
+    free(c->step_members);
     free(c);
 }
 
@@ -550,20 +567,80 @@ typedef struct {
     iflow_kv *kv;
     const ifk_kv_seq *seq;
     int n_seq, T;
-    const int *adapter;    /* [n_seq] each sequence's adapter (model_impl.h), or NULL: none */
+    const adapter_rows *groups; /* [n_groups] the sequences that ask for an adapter, by adapter */
+    int n_groups;
 } step_rows;
 
+/* Group the step's sequences seqs[0..n) (rows seq[]) by the adapter they ask for, into c's
+ * step_groups; returns how many groups. */
+static int group_by_adapter(iflow_ctx *c, const iflow_step_seq *seqs, const ifk_kv_seq *seq, int n)
+{
+    int ng = 0, at = 0;
+    for (int a = 1; a <= c->m->n_adapters; a++) {
+        adapter_rows *g = &c->step_groups[ng];
+        *g = (adapter_rows){.adapter = a, .members = c->step_members + at, .contiguous = 1};
+        for (int i = 0; i < n; i++) {
+            if (seqs[i].adapter != a)
+                continue;
+            if (!g->n_seq)
+                g->row0 = seq[i].row0;
+            else if (g->members[g->n_seq - 1] != i - 1)
+                g->contiguous = 0;
+            c->step_members[at++] = i;
+            g->n_seq++;
+            g->n_rows += seq[i].n_rows;
+        }
+        ng += g->n_seq > 0;
+    }
+    return ng;
+}
+
+/* The rows of the group's sequences in src (rows of n at stride ld) into buf, one after the
+ * other. Host memory. */
+static void gather_rows(const step_rows *r, const adapter_rows *g, const float *src, size_t ld, float *buf, size_t n)
+{
+    for (int j = 0; j < g->n_seq; j++) {
+        const ifk_kv_seq *q = &r->seq[g->members[j]];
+        for (int t = 0; t < q->n_rows; t++, buf += n)
+            memcpy(buf, src + (size_t)(q->row0 + t) * ld, n * sizeof *buf);
+    }
+}
+
+/* And back: buf's rows to the group's rows of dst. */
+static void scatter_rows(const step_rows *r, const adapter_rows *g, float *dst, size_t ld, const float *buf, size_t n)
+{
+    for (int j = 0; j < g->n_seq; j++) {
+        const ifk_kv_seq *q = &r->seq[g->members[j]];
+        for (int t = 0; t < q->n_rows; t++, buf += n)
+            memcpy(dst + (size_t)(q->row0 + t) * ld, buf, n * sizeof *buf);
+    }
+}
+
 /* y += the deltas of matrix i (LR_*) of part k for the step's rows x (at stride ldx; y [T][N]):
- * the layer's own on every row, then each sequence's adapter's on its rows. */
+ * the layer's own on every row, then each adapter's on the rows of the sequences that ask for
+ * it, once for all of them (rows gathered when their sequences are not consecutive; every
+ * row's values are those of its sequence alone: the kernels are batch-invariant). */
 static int deltas(const iflow_model *m, dev_scratch *s, int k, int i, const step_rows *r, float *y, const float *x,
                   int ldx, int N, int K)
 {
     IFLOW_TRY(low_rank_rows(s, y, &m->parts[k].w.lr[i], x, ldx, r->T, N, K));
-    for (int j = 0; r->adapter && j < r->n_seq; j++) {
-        const ifk_kv_seq *q = &r->seq[j];
-        const low_rank *a = r->adapter[j] ? iflow_adapter_delta(m, r->adapter[j], layer_of_part(m, k), i) : NULL;
-        if (a)
-            IFLOW_TRY(low_rank_rows(s, y + (size_t)q->row0 * N, a, x + (size_t)q->row0 * ldx, ldx, q->n_rows, N, K));
+    for (int j = 0; j < r->n_groups; j++) {
+        const adapter_rows *g = &r->groups[j];
+        const low_rank *l = iflow_adapter_delta(m, g->adapter, layer_of_part(m, k), i);
+        if (!l->rank)
+            continue;
+        if (g->contiguous) {
+            IFLOW_TRY(low_rank_rows(s, y + (size_t)g->row0 * N, l, x + (size_t)g->row0 * ldx, ldx, g->n_rows, N, K));
+            continue;
+        }
+        if (!s->dev->host_memory)
+            return iflow_seterr(IFLOW_EUNSUPPORTED, "%s computes no LoRA adapter at run time", s->dev->info.name);
+        IFLOW_TRY(grow_scratch(s, &s->lx, &s->n_lx, (size_t)g->n_rows * K));
+        IFLOW_TRY(grow_scratch(s, &s->ly, &s->n_ly, (size_t)g->n_rows * N));
+        gather_rows(r, g, x, (size_t)ldx, s->lx, (size_t)K);
+        gather_rows(r, g, y, (size_t)N, s->ly, (size_t)N);
+        IFLOW_TRY(low_rank_rows(s, s->ly, l, s->lx, K, g->n_rows, N, K));
+        scatter_rows(r, g, y, (size_t)N, s->ly, (size_t)N);
     }
     return 0;
 }
@@ -573,8 +650,8 @@ static int has_delta(const iflow_model *m, int k, int i, const step_rows *r)
 {
     if (m->parts[k].w.lr[i].rank)
         return 1;
-    for (int j = 0; r->adapter && j < r->n_seq; j++)
-        if (r->adapter[j] && iflow_adapter_delta(m, r->adapter[j], layer_of_part(m, k), i)->rank)
+    for (int j = 0; j < r->n_groups; j++)
+        if (iflow_adapter_delta(m, r->groups[j].adapter, layer_of_part(m, k), i)->rank)
             return 1;
     return 0;
 }
@@ -1511,11 +1588,11 @@ int iflow_ctx_step(iflow_ctx *c, iflow_kv *kv, const iflow_step_seq *seqs, int n
         IFLOW_TRY(check_ids(c, q->ids, q->n));
         memcpy(ids + T, q->ids, (size_t)q->n * sizeof *ids);
         seq[i] = (ifk_kv_seq){.row0 = T, .n_rows = q->n, .pos0 = q->pos0, .table = q->table};
-        c->step_adapter[i] = q->adapter;
         adapters |= q->adapter;
         T += q->n;
     }
-    step_rows r = {.kv = kv, .seq = seq, .n_seq = n_seqs, .T = T, .adapter = adapters ? c->step_adapter : NULL};
+    step_rows r = {.kv = kv, .seq = seq, .n_seq = n_seqs, .T = T, .groups = c->step_groups,
+                   .n_groups = adapters ? group_by_adapter(c, seqs, seq, n_seqs) : 0};
     dev_scratch *s;
     if (!c->comm && !adapters && T == n_seqs && recordable(c) &&
         (n_seqs == 1 || c->record == IFLOW_GRAPHS_ALL)) /* one token each */

@@ -7,6 +7,7 @@
 #include "libcore/base/quote.h"
 #include "libcore/formats/lora.h"
 #include "libcore/formats/spec.h"
+#include "kernels/cpu/kernels.h"
 #include "kernels/cpu/pool.h"
 
 #include <stdio.h>
@@ -55,9 +56,9 @@ static int load_spec(iflow_spec **out, const char *name, const char *const *dirs
                         iflow_quote(name), n_dirs);
 }
 
-/* lr += d: a stacked on a's rows, s b (rows permuted by rows, when given) transposed and
- * stacked on bt's rows, rounded to F16 once (lr's earlier rows kept as they are); lr's old
- * arrays go. */
+/* lr += d: a stacked on a's rows, s b (rows permuted by rows, when given) beside b's columns in
+ * the up-projection's tiles, rounded to F16 once (lr's earlier values kept as they are); lr's
+ * old arrays go. */
 static int stack(low_rank *lr, const iflow_lora_delta *d, const int64_t *rows)
 {
     const int r0 = lr->rank, r = r0 + d->rank;
@@ -68,16 +69,16 @@ static int stack(low_rank *lr, const iflow_lora_delta *d, const int64_t *rows)
         free(bt);
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
     }
-    if (r0) {
+    if (r0)
         memcpy(a, lr->a, (size_t)r0 * K * sizeof *a);
-        memcpy(bt, lr->bt, (size_t)r0 * N * sizeof *bt);
-    }
     for (size_t i = 0; i < (size_t)d->rank * K; i++)
         a[(size_t)r0 * K + i] = iflow_f32_to_f16(d->a[i]);
-    for (size_t i = 0; i < N; i++) {
-        const float *src = d->b + (size_t)(rows ? rows[i] : (int64_t)i) * (size_t)d->rank; /* b [N][rank] */
+    for (size_t i = 0; i < N; i++) { /* b [N][r] in the kernel's tiles (kernels.h's ifk_lr_at) */
+        const float *src = d->b + (size_t)(rows ? rows[i] : (int64_t)i) * (size_t)d->rank; /* d's b [N][rank] */
+        for (int q = 0; q < r0; q++)
+            bt[ifk_lr_at(i, (size_t)q, N, (size_t)r)] = lr->bt[ifk_lr_at(i, (size_t)q, N, (size_t)r0)];
         for (int q = 0; q < d->rank; q++)
-            bt[(size_t)(r0 + q) * N + i] = iflow_f32_to_f16((float)(d->scale * src[q]));
+            bt[ifk_lr_at(i, (size_t)(r0 + q), N, (size_t)r)] = iflow_f32_to_f16((float)(d->scale * src[q]));
     }
     if (r0)
         ifk_pool_quiesce(); /* no kernel thread still reads the old arrays (pool.h) */

@@ -17,12 +17,12 @@ typedef struct { const void *data; int type; } weight;   /* a matrix [rows][cols
 
 /* A matrix's low-rank delta added at run time (LoRA adapters, iflow_model_add_lora): W x + b (a x),
  * F16 on the host (IFLOW_DT_F16: half the bytes a decode step reads), the adapters' scales
- * folded into b, which is kept transposed (the device's lowrank_up op reads it a rank at a
- * time: several adapters stacked are its rows one after the other); rank 0: none. A model's
- * layers own theirs (lora_bind.c frees them); a part's are views of its layer's. */
+ * folded into b, which is kept in the column tiles the device's lowrank_up op reads
+ * (kernels/cpu/kernels.h's ifk_lowrank_up; several adapters stacked: more ranks); rank 0: none.
+ * A model's layers own theirs (lora_bind.c frees them); a part's are views of its layer's. */
 typedef struct {
     const uint16_t *a;  /* [rank][cols] */
-    const uint16_t *bt; /* [rank][rows]: b transposed */
+    const uint16_t *bt; /* b [rows][rank] in tiles of IFK_LR_TILE rows (ifk_lr_at) */
     int rank;
 } low_rank;
 

@@ -677,12 +677,12 @@ static void test_elementwise(void)
 
 static void test_lowrank_up(void)
 {
-    static const int Ns[] = {1, 7, 8, 17, 63, 64, 65, 200, 5632}, rs[] = {1, 4, 16, 64};
+    static const int Ns[] = {1, 7, 8, 17, 63, 64, 65, 200, 5000, 5632}, rs[] = {1, 4, 16, 64};
     enum { MAXT = 3, LDT = 70, PAD = 5 };
     const size_t ysize = sizeof(float) * MAXT * (5632 + PAD);
     float t[MAXT * LDT], *y0 = malloc(ysize), *y = malloc(ysize), *want = malloc(ysize);
     uint16_t *bt = malloc(sizeof(uint16_t) * 64 * 5632);
-    for (int ni = 0; ni < 9; ni++)
+    for (int ni = 0; ni < 10; ni++)
         for (int ri = 0; ri < 4; ri++)
             for (int T = 1; T <= MAXT; T += 2) {
                 const int N = Ns[ni], r = rs[ri];
@@ -697,7 +697,8 @@ static void test_lowrank_up(void)
                         float acc = 0.0f;
                         double d = 0, mag = 0;
                         for (int q = 0; q < r; q++) {
-                            const float b = iflow_f16_to_f32(bt[(size_t)q * N + n]), v = t[(size_t)i * ldt + q];
+                            const float b = iflow_f16_to_f32(bt[ifk_lr_at((size_t)n, (size_t)q, (size_t)N, (size_t)r)]);
+                            const float v = t[(size_t)i * ldt + q];
                             acc = fmaf(v, b, acc);
                             d += (double)v * b, mag += fabs((double)v * b);
                         }

@@ -14,14 +14,15 @@
  *     from the file (24 deltas, GGUF names, s = alpha / r = 2, shapes of SmolLM2's matrices), and
  *     a model file refused as no adapter;
  *   - adapters per sequence (iflow_model_add_adapter) on stories260K (converted here) with its two
- *     fixture adapters: a step of three sequences asking for adapter 1, none and adapter 2 gives
- *     each the logits, bit for bit, of its sequence alone in a model with that adapter applied to
- *     every sequence (iflow_model_add_lora) or in the base model (the rows of a step are
- *     independent: batch invariance); a batch of requests sharing one long prompt, each asking
- *     for an adapter or none, gives each the greedy tokens of its request alone in that model (so
- *     the prefix cache gave no request another adapter's keys and values), with the prefix cache
- *     on, and shares blocks among the requests of one adapter; adapter numbers out of range and
- *     an adapter of another model refused, the model unchanged.
+ *     fixture adapters: a step of five sequences asking for adapters 1, none, 1, 2, 2 (adapter 1's
+ *     rows gathered, adapter 2's one run) gives each the logits, bit for bit, of its sequence
+ *     alone in a model with that adapter applied to every sequence (iflow_model_add_lora) or in
+ *     the base model (the rows of a step are independent: batch invariance); a batch of requests
+ *     sharing one long prompt, each asking for an adapter or none, gives each the greedy tokens
+ *     of its request alone in that model (so the prefix cache gave no request another adapter's
+ *     keys and values), with the prefix cache on, and shares blocks among the requests of one
+ *     adapter; adapter numbers out of range and an adapter of another model refused, the model
+ *     unchanged.
  */
 #include "tests/unit/testlib.h"
 #include "libcore/base/error.h"
@@ -263,23 +264,25 @@ static void test_adapter_steps(void)
     iflow_model *base = open_with(-1, 0), *each[2] = {open_with(0, 0), open_with(1, 0)}, *m = open_with(0, 1);
     if (!base || !each[0] || !each[1] || !m)
         return;
-    const int V = iflow_model_hparams(m)->vocab_size, N[3] = {9, 5, 12};
-    const int adapter[3] = {1, 0, 2};
-    int32_t ids[3][12];
-    for (int i = 0; i < 3; i++)
+    /* adapter 1's sequences apart (their rows gathered), adapter 2's one run of two */
+    enum { S = 5 };
+    const int V = iflow_model_hparams(m)->vocab_size, N[S] = {9, 5, 12, 1, 3};
+    const int adapter[S] = {1, 0, 1, 2, 2};
+    int32_t ids[S][12];
+    for (int i = 0; i < S; i++)
         for (int t = 0; t < N[i]; t++)
             ids[i][t] = t == 0 ? 1 : (int32_t)((7 * t + 31 * i) % (V - 3)) + 3;
-    float *got = malloc(sizeof(float) * 3 * 12 * (size_t)V), *want = malloc(sizeof(float) * 12 * (size_t)V);
+    float *got = malloc(sizeof(float) * S * 12 * (size_t)V), *want = malloc(sizeof(float) * 12 * (size_t)V);
     iflow_ctx *c;
     iflow_kv *kv;
-    CHECK(iflow_ctx_open_steps(&c, m, 2) == 0 && iflow_kv_open(&kv, m, IFK_KV_F32, 16, 3) == 0, "%s", iflow_errmsg());
-    int32_t tables[3][1] = {{0}, {1}, {2}};
-    iflow_step_seq q[3];
-    for (int i = 0; i < 3; i++)
+    CHECK(iflow_ctx_open_steps(&c, m, 2) == 0 && iflow_kv_open(&kv, m, IFK_KV_F32, 16, S) == 0, "%s", iflow_errmsg());
+    int32_t tables[S][1] = {{0}, {1}, {2}, {3}, {4}};
+    iflow_step_seq q[S];
+    for (int i = 0; i < S; i++)
         q[i] = (iflow_step_seq){.ids = ids[i], .n = N[i], .table = tables[i], .logits = got + (size_t)i * 12 * V,
                                 .n_out = N[i], .adapter = adapter[i]};
-    CHECK(iflow_ctx_step(c, kv, q, 3) == 0, "step: %s", iflow_errmsg());
-    for (int i = 0; i < 3; i++) {
+    CHECK(iflow_ctx_step(c, kv, q, S) == 0, "step: %s", iflow_errmsg());
+    for (int i = 0; i < S; i++) {
         alone(adapter[i] ? each[adapter[i] - 1] : base, ids[i], N[i], want);
         CHECK(!memcmp(got + (size_t)i * 12 * V, want, sizeof(float) * (size_t)N[i] * V),
               "sequence %d (adapter %d): the logits of its sequence alone, bit for bit", i, adapter[i]);
@@ -288,7 +291,7 @@ static void test_adapter_steps(void)
     alone(base, ids[0], N[0], want);
     CHECK(memcmp(got, want, sizeof(float) * (size_t)N[0] * V) != 0, "adapter 1 changes the logits");
     q[1].adapter = 3;
-    CHECK_ERR(iflow_ctx_step(c, kv, q, 3), IFLOW_EINVAL, "sequence 1", "adapter 3 of the model's 2");
+    CHECK_ERR(iflow_ctx_step(c, kv, q, S), IFLOW_EINVAL, "sequence 1", "adapter 3 of the model's 2");
     /* an adapter of another model: refused, nothing added */
     iflow_lora *l = NULL;
     CHECK(iflow_lora_open(&l, "tests/fixtures/lora/smollm2-q-v-down.gguf", 1) == 0, "%s", iflow_errmsg());
