@@ -768,17 +768,19 @@ int batch_dry_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
     uint64_t D = (uint64_t)hp->dim, Q = (uint64_t)hp->n_heads * hp->head_dim, F = (uint64_t)hp->ffn_dim,
              KV = (uint64_t)hp->n_kv_heads * hp->head_dim;
     uint64_t scratch = IFLOW_MAX_STEP * 4 * (5 * D + 2 * Q + 2 * F + 2 * KV) + IFLOW_MAX_STEP * 4ull * hp->vocab_size;
+    const uint64_t adapters = iflow_model_lora_bytes(m); /* run-time LoRA deltas, on the host */
     iflow_device_info info;
     iflow_device_query(NULL, &info);
-    uint64_t fixed = weights + scratch, avail = info.mem_free;
+    uint64_t fixed = weights + adapters + scratch, avail = info.mem_free;
     long fit = avail > fixed ? (long)((avail - fixed) / per_req) : 0;
     if (fit > IFLOW_MAX_STEP)
         fit = IFLOW_MAX_STEP;
     char a[32], b2[32], c[32], d[32], e[32], f[32];
     if (o->json) {
-        json_t *js = json_pack("{s:s, s:i, s:s, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:i}", "model", o->model, "n_ctx", n_ctx,
-                               "kv_type", ifk_kv_type_name(o->kv_type), "parallel", parallel, "weights_bytes",
-                               (json_int_t)weights, "kv_block_bytes", (json_int_t)per_block, "kv_per_request_bytes",
+        json_t *js = json_pack("{s:s, s:i, s:s, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:i}", "model", o->model, "n_ctx",
+                               n_ctx, "kv_type", ifk_kv_type_name(o->kv_type), "parallel", parallel, "weights_bytes",
+                               (json_int_t)weights, "adapter_bytes", (json_int_t)adapters, "kv_block_bytes",
+                               (json_int_t)per_block, "kv_per_request_bytes",
                                (json_int_t)per_req, "kv_total_bytes", (json_int_t)(per_req * (uint64_t)parallel),
                                "scratch_bytes", (json_int_t)scratch, "memory_available_bytes", (json_int_t)avail,
                                "max_parallel", (int)fit);
@@ -790,6 +792,8 @@ int batch_dry_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
     }
     printf("model             %s: %d layers, dim %d, context %d\n", o->model, hp->n_layers, hp->dim, n_ctx);
     printf("weights           %s\n", iflow_bytes_str(a, sizeof a, weights));
+    if (adapters)
+        printf("adapters          %s (LoRA deltas applied at run time)\n", iflow_bytes_str(a, sizeof a, adapters));
     printf("kv cache          %s, blocks of %d positions, %s a block\n", ifk_kv_type_name(o->kv_type), block,
            iflow_bytes_str(b2, sizeof b2, per_block));
     printf("kv per request    %s (%d positions)\n", iflow_bytes_str(c, sizeof c, per_req), n_ctx);

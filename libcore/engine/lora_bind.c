@@ -208,6 +208,19 @@ int iflow_model_add_adapter(iflow_model *m, const iflow_lora *l, const char *con
 
 int iflow_model_n_adapters(const iflow_model *m) { return m->n_adapters; }
 
+uint64_t iflow_model_lora_bytes(const iflow_model *m)
+{
+    uint64_t n = 0;
+    for (int L = 0; m->layers && L < m->hp.n_layers; L++)
+        for (int i = 0; i < LR_COUNT; i++) {
+            const uint64_t shape = (uint64_t)(size_of(&m->hp, ROLES[i].n) + size_of(&m->hp, ROLES[i].k));
+            n += (uint64_t)m->layers[L].lr[i].rank * shape * sizeof(uint16_t);
+            for (int a = 1; a <= m->n_adapters; a++)
+                n += (uint64_t)iflow_adapter_delta(m, a, L, i)->rank * shape * sizeof(uint16_t);
+        }
+    return n;
+}
+
 int iflow_model_load_lora(iflow_model *m, const char *path, double scale, int per_request, const char *spec_path)
 {
     char buf[4096];

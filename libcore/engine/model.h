@@ -174,6 +174,9 @@ int iflow_model_add_lora(iflow_model *m, const struct iflow_lora *l, const char 
 #define IFLOW_MAX_ADAPTERS 64
 int iflow_model_add_adapter(iflow_model *m, const struct iflow_lora *l, const char *const *spec_dirs, size_t n_dirs);
 int iflow_model_n_adapters(const iflow_model *m);
+/* Bytes the run-time adapters' deltas take (every sequence's and the numbered ones: a and b in
+ * F16), for memory plans; 0 without any. */
+uint64_t iflow_model_lora_bytes(const iflow_model *m);
 /* 1 when an adapter was applied at run time, or added for sequences to ask for (the model then
  * runs on the CPU). */
 int iflow_model_has_lora(const iflow_model *m);

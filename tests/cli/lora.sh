@@ -174,6 +174,14 @@ expect_match "$rc:$err" "^2:iflow-run: --lora-module 'a' given twice"$'\n' "a na
 run $BIN/iflow-run -m "$TMP/smol.ifs" --lora-module st=$F/stories260K-peft --batch </dev/null
 expect_eq "$rc:$err" "1:iflow-run: --lora-module 'st': LoRA adapter '$F/stories260K-peft': the delta of 'model.layers.0.self_attn.q_proj.weight' is [64, 64] and the model's blk.0.wq [576, 576]" \
     "an adapter of another model, named by its module"
+# --dry-run counts the deltas held at run time: stories260K's PEFT adapter, rank 4 on the seven
+# matrices of 5 layers (dim 64, q 64, kv 32, ffn 172): 5 x 4 x (128 + 96 + 96 + 128 + 3 x 236) x 2 bytes
+run $BIN/iflow-run -m "$TMP/st.ifs" --lora-module a=$F/stories260K-peft --batch --dry-run --json
+expect_eq "$(jq .adapter_bytes <<<"$out")" 46240 "--dry-run: a module's deltas (F16 a and b)"
+run $BIN/iflow-run -m "$TMP/st.ifs" --lora $F/stories260K-peft --lora-module a=$F/stories260K-peft --batch --dry-run
+expect_match "$out" $'\nadapters          92480 bytes \\(LoRA deltas applied at run time\\)\n' "--dry-run: --lora's and the module's"
+run $BIN/iflow-run -m "$TMP/st.ifs" --dry-run --json
+expect_eq "$(jq .adapter_bytes <<<"$out")" 0 "--dry-run: none"
 # a quantized shard takes an adapter too (its matrices as they are, the delta in F16): the first
 # six tokens, whose reference margins are all above 0.19 (Q8 moves logits by a few hundredths)
 $BIN/iflow-quant -t q8_b32 -i "$TMP/st.ifs" -o "$TMP/q8.ifs" 2>/dev/null
