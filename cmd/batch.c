@@ -777,13 +777,13 @@ int batch_dry_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
         fit = IFLOW_MAX_STEP;
     char a[32], b2[32], c[32], d[32], e[32], f[32];
     if (o->json) {
-        json_t *js = json_pack("{s:s, s:i, s:s, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:i}", "model", o->model, "n_ctx",
-                               n_ctx, "kv_type", ifk_kv_type_name(o->kv_type), "parallel", parallel, "weights_bytes",
-                               (json_int_t)weights, "adapter_bytes", (json_int_t)adapters, "kv_block_bytes",
-                               (json_int_t)per_block, "kv_per_request_bytes",
-                               (json_int_t)per_req, "kv_total_bytes", (json_int_t)(per_req * (uint64_t)parallel),
-                               "scratch_bytes", (json_int_t)scratch, "memory_available_bytes", (json_int_t)avail,
-                               "max_parallel", (int)fit);
+        json_t *js = json_pack("{s:s, s:i, s:s, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:i}", "model", o->model,
+                               "n_ctx", n_ctx, "kv_type", ifk_kv_type_name(o->kv_type), "parallel", parallel,
+                               "weights_bytes", (json_int_t)weights, "adapter_bytes", (json_int_t)adapters,
+                               "kv_block_bytes", (json_int_t)per_block, "kv_per_request_bytes", (json_int_t)per_req,
+                               "kv_total_bytes", (json_int_t)(per_req * (uint64_t)parallel), "scratch_bytes",
+                               (json_int_t)scratch, "memory_available_bytes", (json_int_t)avail, "max_parallel",
+                               (int)fit);
         js = json_schema(js);
         json_dumpf(js, stdout, JSON_COMPACT | JSON_PRESERVE_ORDER);
         putchar('\n');
