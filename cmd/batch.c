@@ -252,7 +252,8 @@ static item *parse_line(const reader *rd, const char *line, size_t len, long lin
     iflow_request_defaults d = {.max_tokens = o->max_tokens, .context_shift = o->context_shift, .keep = o->keep,
                                 .sp = o->sp, .logprobs = o->logprobs, .prompt_logprobs = o->prompt_logprobs,
                                 .grammar = o->grammar, .tool_format = o->tool_format, .adapters = o->adapters,
-                                .n_adapters = o->n_adapters};
+                                .n_adapters = o->n_adapters, .bias_ids = o->bias_ids, .bias_values = o->bias_values,
+                                .n_bias = o->n_bias, .min_tokens = o->min_tokens, .ignore_eos = o->ignore_eos};
     if (iflow_request_parse(&it->f, line, len, line_no, &d) < 0) {
         item_fail(it, "%s", iflow_errmsg());
         if (!it->f.id)
@@ -263,7 +264,9 @@ static item *parse_line(const reader *rd, const char *line, size_t len, long lin
     *q = (iflow_request){.max_tokens = it->f.max_tokens, .sampling = it->f.sp, .n_stop = it->f.n_stop,
                          .context_shift = it->f.context_shift, .keep = it->f.keep, .user = it,
                          .logprobs = it->f.logprobs, .prompt_logprobs = it->f.prompt_logprobs,
-                         .grammar = it->f.grammar, .adapter = it->f.adapter};
+                         .grammar = it->f.grammar, .adapter = it->f.adapter, .bias_ids = it->f.bias_ids,
+                         .bias_values = it->f.bias_values, .n_bias = it->f.n_bias, .min_tokens = it->f.min_tokens,
+                         .ignore_eos = it->f.ignore_eos};
     for (int i = 0; i < it->f.n_stop; i++)
         q->stop[i] = it->f.stop[i];
     if (it->f.messages && chat_prompt(rd, it) < 0) {

@@ -35,6 +35,10 @@ typedef struct {
     struct iflow_grammar *grammar; /* --grammar, --json-schema, ...: for requests that give none */
     const char *const *adapters; /* [n_adapters] --lora-module's names: the model's adapters 1.. */
     int n_adapters;
+    const int32_t *bias_ids;     /* [n_bias] --logit-bias: for requests that give no "logit_bias" */
+    const float *bias_values;
+    int n_bias;
+    int min_tokens, ignore_eos;  /* --min-tokens, --ignore-eos: defaults likewise */
 } batch_opts;
 
 /* Run every request of standard input; returns the exit status (0; 1 when a result could not

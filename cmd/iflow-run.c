@@ -20,7 +20,10 @@
 #include "libcore/serving/toolcall.h"
 #include "libcore/tokenizers/tokenizer.h"
 
+#include <errno.h>
 #include <jansson.h>
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +36,7 @@ enum {
     O_TEMP = 256, O_TOPK, O_TOPP, O_SEED, O_ECHO, O_JSON, O_TOKENIZE, O_BOS, O_PARSE_SPECIAL, O_DEVICE,
     O_GPU_LAYERS, O_GPU_GRAPHS, O_NO_GPU_GRAPHS, O_LIST_DEVICES, O_PLAN, O_COMM, O_ACTIVATIONS, O_STOP, O_BATCH, O_PARALLEL, O_KV_TYPE, O_NO_PREFIX_CACHE, O_LOGPROBS, O_PROMPT_LOGPROBS, O_METRICS, O_DRY_RUN,
     O_CONTEXT_SHIFT, O_KEEP, O_DRAFT, O_LORA, O_LORA_SCALED, O_LORA_MODULE, O_DRAFT_N, O_DRAFT_TOP_K, O_DRAFT_TOP_P,
-    O_BEAMS, O_LENGTH_PENALTY,
+    O_BEAMS, O_LENGTH_PENALTY, O_LOGIT_BIAS, O_MIN_TOKENS, O_IGNORE_EOS,
     /* sampling: set through iflow_sampler_params_set() by their long names */
     O_SAMPLER, O_MINP, O_TYPICAL, O_TFS, O_MIROSTAT_TAU, O_MIROSTAT_ETA, O_REPEAT_PENALTY, O_REPEAT_LAST_N,
     O_FREQUENCY_PENALTY, O_PRESENCE_PENALTY, O_FSD_ALPHA, O_FSD_K, O_FSD_N, O_FSD_BETA, O_FSD_RANDOM_STEPS,
@@ -47,6 +50,9 @@ static const iflow_opt opts[] = {
     {O_PROMPT, "prompt", 'p', "TEXT", "generate from TEXT (default: one prompt per line of standard input)", NULL},
     {O_NPREDICT, "n-predict", 'n', "N", "generate at most N tokens per prompt (default 128)", NULL},
     {O_STOP, "stop", 0, "TEXT", "end a continuation where TEXT appears, TEXT not printed (repeatable)", NULL},
+    {O_LOGIT_BIAS, "logit-bias", 0, "ID+B", "add B to token ID's logit before sampling: ID+B or ID-B, ID-inf bans the token (repeatable; a request's \"logit_bias\" replaces these)", NULL},
+    {O_MIN_TOKENS, "min-tokens", 0, "N", "generate at least N tokens: the model's end-of-sequence tokens are banned before (stop strings still end the text)", NULL},
+    {O_IGNORE_EOS, "ignore-eos", 0, NULL, "never end at an end-of-sequence token (it is banned): the text ends at -n, a stop string or the context", NULL},
     {O_CHAT, "chat", 0, NULL, "each prompt is a user's message: the model's chat template (from its checkpoint) makes it a conversation and the assistant's reply is generated", NULL},
     {O_SYSTEM, "system", 0, "TEXT", "with --chat: a system message before each user message", NULL},
     {O_CHAT_TEMPLATE, "chat-template", 0, "FILE", "the chat template (Jinja, as Hugging Face's chat_template) for --chat and --batch's \"messages\" instead of the model's", "file"},
@@ -154,7 +160,32 @@ typedef struct {
     iflow_sampler_params sp;
     const char **stops;   /* [n_stops] --stop strings */
     int n_stops;
+    int32_t *bias_ids;    /* [n_bias] --logit-bias */
+    float *bias_values;
+    int n_bias;
+    int min_tokens, ignore_eos; /* --min-tokens, --ignore-eos */
 } run_opts;
+
+/* --logit-bias ID+B, ID-B or ID-inf into o's lists (room for one per argument). */
+static void logit_bias_opt(run_opts *o, const char *arg)
+{
+    char *end;
+    errno = 0;
+    long id = strtol(arg, &end, 10);
+    const char *b = end;
+    double v = 0;
+    int ok = arg[0] >= '0' && arg[0] <= '9' && !errno && id <= INT32_MAX && (*b == '+' || *b == '-');
+    if (ok && strcmp(b, "-inf") == 0)
+        v = -INFINITY;
+    else if (ok) {
+        v = strtod(b, &end);
+        ok = *end == 0 && end != b + 1 && fabs(v) <= 100;
+    }
+    if (!ok)
+        die_usage(&tool, "--logit-bias takes ID+B or ID-B (B from 0 to 100) or ID-inf, not '%s'", arg);
+    o->bias_ids[o->n_bias] = (int32_t)id;
+    o->bias_values[o->n_bias++] = (float)v;
+}
 
 /* ---- --tokenize ---- */
 
@@ -359,7 +390,8 @@ static void generate(generator *g, const char *prompt, size_t prompt_len)
         iflow_request q = {.prompt = ids, .n_prompt = (int)n_ids, .max_tokens = o->n_predict, .sampling = o->sp,
                            .n_stop = o->n_stops, .context_shift = o->context_shift, .keep = o->keep, .user = g,
                            .on_text = on_text, .logprobs = o->logprobs, .prompt_logprobs = o->prompt_logprobs,
-                           .grammar = o->grammar};
+                           .grammar = o->grammar, .bias_ids = o->bias_ids, .bias_values = o->bias_values,
+                           .n_bias = o->n_bias, .min_tokens = o->min_tokens, .ignore_eos = o->ignore_eos};
         q.sampling.seed += (uint64_t)g->n_prompts;
         for (int i = 0; i < o->n_stops; i++)
             q.stop[i] = o->stops[i];
@@ -453,6 +485,10 @@ static int run_batch(const run_opts *o)
     if (cmd_model_open_lora(&m, o->model, o->dry_run ? IFLOW_MODEL_NO_VERIFY : 0, -1, &o->loras) < 0)
         die(&tool, NULL);
     check_generates(m, o->model);
+    for (int i = 0; i < o->n_bias; i++) /* once here, not in every request's error */
+        if (o->bias_ids[i] >= iflow_model_hparams(m)->vocab_size)
+            die_usage(&tool, "--logit-bias: logit bias of token %d, outside the vocabulary of %d", o->bias_ids[i],
+                      iflow_model_hparams(m)->vocab_size);
     if (!iflow_model_tokenizer(m))
         die(&tool, "model '%s' has no tokenizer", o->model);
     batch_opts b = {.parallel = o->parallel, .n_ctx = o->n_ctx, .kv_type = o->kv_type, .threads = o->threads,
@@ -462,7 +498,9 @@ static int run_batch(const run_opts *o)
                     .context_shift = o->context_shift, .keep = o->keep,
                     .metrics = o->metrics, .model = o->model, .progress = o->progress,
                     .gpu_graphs = o->dev.gpu_graphs, .grammar = o->grammar,
-                    .adapters = o->loras.modules, .n_adapters = (int)o->loras.n_modules};
+                    .adapters = o->loras.modules, .n_adapters = (int)o->loras.n_modules, .bias_ids = o->bias_ids,
+                    .bias_values = o->bias_values, .n_bias = o->n_bias, .min_tokens = o->min_tokens,
+                    .ignore_eos = o->ignore_eos};
     int rc;
     char why[512];
     iflow_chat *chat = NULL;
@@ -534,6 +572,9 @@ static int run(const run_opts *o)
         iflow_batch_set_comm(g.b, nccl ? nccl : comm) < 0 ||
         (draft && iflow_batch_set_draft(g.b, draft, o->draft_n, o->draft_top_k, o->draft_top_p) < 0))
         die(&tool, NULL);
+    for (int i = 0; i < o->n_bias; i++) /* checked here, before the first prompt; and shown by -v */
+        if (iflow_sampler_add_bias(chain, o->bias_ids[i], o->bias_values[i], -1) < 0)
+            die_usage(&tool, "--logit-bias: %s", iflow_errmsg());
     if (o->grammar && iflow_batch_check_grammar(g.b, o->grammar) < 0) /* a token it names: once, with its option */
         die(&tool, "%s: %s", o->grammar_opt, iflow_errmsg());
     iflow_batch_set_graphs(g.b, o->dev.gpu_graphs);
@@ -675,7 +716,11 @@ int main(int argc, char **argv)
     o.sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
     sampling_opts so = {.n = 0};
     constraint_opts co = {0};
-    if (!(o.stops = calloc((size_t)argc, sizeof *o.stops)) || !(co.choices = calloc((size_t)argc, sizeof *co.choices)))
+    o.stops = calloc((size_t)argc, sizeof *o.stops);
+    co.choices = calloc((size_t)argc, sizeof *co.choices);
+    o.bias_ids = calloc((size_t)argc, sizeof *o.bias_ids);
+    o.bias_values = calloc((size_t)argc, sizeof *o.bias_values);
+    if (!o.stops || !co.choices || !o.bias_ids || !o.bias_values)
         die(&tool, "out of memory");
     int c;
     const char *arg;
@@ -693,6 +738,9 @@ int main(int argc, char **argv)
         case O_PROMPT: o.prompt = arg; break;
         case O_NPREDICT: o.n_predict = (int)opt_long(&tool, "n-predict", arg, 0, 1 << 24); o.n_given = 1; break;
         case O_STOP: o.stops[o.n_stops++] = arg; break;
+        case O_LOGIT_BIAS: logit_bias_opt(&o, arg); break;
+        case O_MIN_TOKENS: o.min_tokens = (int)opt_long(&tool, "min-tokens", arg, 0, 1 << 24); break;
+        case O_IGNORE_EOS: o.ignore_eos = 1; break;
         case O_THREADS: o.threads = (int)opt_long(&tool, "threads", arg, 1, 1024); break;
         case O_CTX: o.n_ctx = (int)opt_long(&tool, "ctx-size", arg, 1, 1 << 24); break;
         case O_ECHO: o.echo = 1; break;
@@ -783,6 +831,8 @@ int main(int argc, char **argv)
     if (o.list_devices) {
         devices_list(&tool, o.json);
         free(o.stops);
+        free(o.bias_ids);
+        free(o.bias_values);
         free(co.choices);
         return 0;
     }
@@ -796,6 +846,13 @@ int main(int argc, char **argv)
         die_usage(&tool, "--beams does not go with --batch: give \"beams\" in a request");
     if (o.beams && o.draft)
         die_usage(&tool, "--beams does not go with --draft: a draft proposes one sequence, beam search keeps several");
+    if ((o.n_bias || o.min_tokens || o.ignore_eos) && (o.beams || o.embed || o.translate))
+        die_usage(&tool, "--logit-bias, --min-tokens and --ignore-eos go with sampling, not with --%s",
+                  o.beams ? "beams" : o.embed ? "embed" : "translate");
+    if (o.n_bias > IFLOW_MAX_BIAS)
+        die_usage(&tool, "at most %d --logit-bias", IFLOW_MAX_BIAS);
+    if (o.min_tokens > o.n_predict && !o.batch)
+        die_usage(&tool, "--min-tokens %d is more than -n %d", o.min_tokens, o.n_predict);
     if ((o.logprobs || o.prompt_logprobs) && (o.beams || (!o.json && !o.batch)))
         die_usage(&tool, "--%s goes with --json or --batch, and not with --beams",
                   o.logprobs ? "logprobs" : "prompt-logprobs");
@@ -846,6 +903,8 @@ int main(int argc, char **argv)
         if (strcmp(o.model, "-") == 0 && !o.prompt)
             die_usage(&tool, "the model comes from standard input, so the text must come from -p");
         free(o.stops);
+        free(o.bias_ids);
+        free(o.bias_values);
         free(co.choices);
         return translate_run(&tool, &to);
     }
@@ -855,6 +914,8 @@ int main(int argc, char **argv)
         if (strcmp(o.model, "-") == 0 && !o.prompt)
             die_usage(&tool, "the model comes from standard input, so the text must come from -p");
         free(o.stops);
+        free(o.bias_ids);
+        free(o.bias_values);
         free(co.choices);
         return embed_run(&tool, &eo);
     }
@@ -862,6 +923,8 @@ int main(int argc, char **argv)
     int rc = o.tokenize ? tokenize(&o) : o.batch || o.dry_run ? run_batch(&o) : run(&o);
     iflow_grammar_close(o.grammar);
     free(o.stops);
+    free(o.bias_ids);
+    free(o.bias_values);
     free(co.choices);
     return rc;
 }

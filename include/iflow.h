@@ -313,6 +313,7 @@ IFLOW_API const char *iflow_shift_name(int shift);
 IFLOW_API int iflow_shift_from_name(const char *name);
 
 #define IFLOW_MAX_TOP_LOGPROBS 20
+#define IFLOW_MAX_BIAS 1024 /* iflow_request.n_bias */
 /* A position's log-probabilities, natural log, of the model's own distribution (log_softmax of
  * its logits in double precision, before any sampling step): the token's, and those of the
  * n_top most likely tokens there, most likely first (the lower id first among equals). */
@@ -365,6 +366,20 @@ typedef struct {
      * every step (the base weights read once for all); the prefix cache shares blocks only among
      * requests of the same adapter. A draft model proposes without it */
     int adapter;
+    /* Optional: logit biases (OpenAI's logit_bias, llama.cpp's --logit-bias): bias_values[i] is
+     * added to token bias_ids[i]'s logit before any sampling step, -INFINITY bans it (copied; at
+     * most IFLOW_MAX_BIAS; a token may appear more than once: the biases add up). A biased
+     * request's draws are made on the host (the device's argmax is for plain greedy ones); its
+     * log-probabilities are still the model's own */
+    const int32_t *bias_ids;
+    const float *bias_values;
+    int n_bias;
+    int min_tokens;                 /* the model's end-of-sequence tokens are banned until this
+                                     * many tokens are generated (vLLM's min_tokens; stop strings
+                                     * still end the text); at most max_tokens             */
+    int ignore_eos;                 /* 1: they are banned throughout (llama.cpp's --ignore-eos):
+                                     * the text ends at max_tokens, a stop string, the context or
+                                     * the grammar                                          */
 } iflow_request;
 
 #define IFLOW_MAX_GRAMMAR_AFTER 63

@@ -10,9 +10,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A bias added to one token's logit while fewer than `until` tokens are accepted (< 0: always). */
+typedef struct {
+    int32_t id;
+    float bias;
+    int until;
+} bias_entry;
+
 struct iflow_sampler {
     iflow_sampler_params p; /* defaults filled in */
     int n_vocab;
+    bias_entry *bias;       /* [n_bias] in the order added */
+    int n_bias, cap_bias;
     uint64_t st[4];         /* xoshiro256** state */
     iflow_cand *c;          /* [n_vocab] scratch */
     int32_t *hist;          /* [cap] accepted tokens */
@@ -249,6 +258,7 @@ void iflow_sampler_close(iflow_sampler *s)
     if (s) {
         free(s->c);
         free(s->hist);
+        free(s->bias);
     }
     free(s);
 }
@@ -275,6 +285,25 @@ int iflow_sampler_accept(iflow_sampler *s, int32_t token)
     return 0;
 }
 
+int iflow_sampler_add_bias(iflow_sampler *s, int32_t id, float bias, int until)
+{
+    if (id < 0 || id >= s->n_vocab)
+        return iflow_seterr(IFLOW_ERANGE, "logit bias of token %d, outside the vocabulary of %d", id, s->n_vocab);
+    if (isnan(bias) || bias == INFINITY)
+        return iflow_seterr(IFLOW_EINVAL, "logit bias %g of token %d: a number, or -inf to ban it", bias, id);
+    if (s->n_bias == s->cap_bias) {
+        int cap = s->cap_bias ? 2 * s->cap_bias : 8;
+        bias_entry *b = realloc(s->bias, (size_t)cap * sizeof *b);
+        if (!b)
+            return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+        s->bias = b, s->cap_bias = cap;
+    }
+    s->bias[s->n_bias++] = (bias_entry){id, bias, until};
+    return 0;
+}
+
+void iflow_sampler_clear_bias(iflow_sampler *s) { s->n_bias = 0; }
+
 static int has_penalties(const iflow_sampler_params *p)
 {
     return p->repeat_penalty != 1 || p->frequency_penalty != 0 || p->presence_penalty != 0;
@@ -283,7 +312,7 @@ static int has_penalties(const iflow_sampler_params *p)
 int iflow_sampler_is_greedy(const iflow_sampler *s)
 {
     int k = s->p.kind;
-    return !has_penalties(&s->p) &&
+    return !has_penalties(&s->p) && !s->n_bias &&
            (k == IFLOW_SAMPLER_GREEDY ||
             (s->p.temp == 0 && (k == IFLOW_SAMPLER_CHAIN || k == IFLOW_SAMPLER_MIROSTAT || k == IFLOW_SAMPLER_MIROSTAT2)));
 }
@@ -297,11 +326,15 @@ int32_t iflow_argmax(const float *x, int n)
     return best;
 }
 
-/* The vocabulary as candidates, with the penalties of the recent tokens applied. */
+/* The vocabulary as candidates, with the biases in force (first, as llama.cpp's chain) and then
+ * the penalties of the recent tokens applied. */
 static void penalized(iflow_sampler *s, const float *logits, iflow_cands *cs)
 {
     const iflow_sampler_params *p = &s->p;
     iflow_cands_init(cs, s->c, logits, s->n_vocab);
+    for (int i = 0; i < s->n_bias; i++) /* the candidates are in id order still */
+        if (s->bias[i].until < 0 || s->n_hist < s->bias[i].until)
+            cs->c[s->bias[i].id].logit += s->bias[i].bias;
     int w = p->repeat_last_n < 0 || p->repeat_last_n > s->n_hist ? s->n_hist : p->repeat_last_n;
     if (w > 0)
         iflow_cands_penalize(cs, s->hist + s->n_hist - w, w, p->repeat_penalty, p->frequency_penalty,
@@ -463,6 +496,8 @@ const char *iflow_sampler_describe(const iflow_sampler *s, char *buf, int cap)
     int n = 0;
 #define ADD(...) (n += snprintf(buf + n, n < cap ? (size_t)(cap - n) : 0, __VA_ARGS__))
     buf[0] = 0;
+    if (s->n_bias)
+        ADD("logit bias (%d) -> ", s->n_bias);
     if (has_penalties(p)) {
         char last[16] = "all";
         if (p->repeat_last_n >= 0)

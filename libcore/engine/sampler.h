@@ -69,8 +69,16 @@ void iflow_sampler_reset(iflow_sampler *s);
 /* Record a token of the sequence (IFLOW_ERANGE outside the vocabulary, IFLOW_ENOMEM). */
 int iflow_sampler_accept(iflow_sampler *s, int32_t token);
 int32_t iflow_sampler_sample(iflow_sampler *s, const float *logits);
-/* 1 when the choice is always the argmax of the raw logits (greedy, no penalties): the caller
- * may then find it on the device that computed the logits and skip the sampler. */
+/* Add bias to token id's logit before every other step (penalties, cuts, greedy: llama.cpp's
+ * logit-bias sampler, OpenAI's logit_bias) while fewer than `until` tokens have been accepted
+ * since the last reset (until < 0: always): -INFINITY bans the token; min_tokens bans the
+ * end-of-sequence tokens until the prompt's count plus min_tokens. Biases of one token add up;
+ * they stay through iflow_sampler_reset() until iflow_sampler_clear_bias(). IFLOW_ERANGE for
+ * an id outside the vocabulary, IFLOW_EINVAL for NaN or +inf. */
+int  iflow_sampler_add_bias(iflow_sampler *s, int32_t id, float bias, int until);
+void iflow_sampler_clear_bias(iflow_sampler *s);
+/* 1 when the choice is always the argmax of the raw logits (greedy, no penalties, no bias): the
+ * caller may then find it on the device that computed the logits and skip the sampler. */
 int iflow_sampler_is_greedy(const iflow_sampler *s);
 /* ---- for speculative decoding ----
  * 1 when the choice is a draw from a fixed distribution of the logits (the chain, greedy;

@@ -355,6 +355,20 @@ int iflow_batch_check_grammar(iflow_batch *b, const iflow_grammar *g)
     return iflow_grammar_check_vocab(g, b->gv);
 }
 
+/* q's logit biases on sampler s (which has seen the prompt), and its end-of-sequence bans: for
+ * good (ignore_eos) or until min_tokens more tokens are accepted. */
+static int set_biases(const iflow_hparams *hp, iflow_sampler *s, const iflow_request *q)
+{
+    for (int i = 0; i < q->n_bias; i++)
+        IFLOW_TRY(iflow_sampler_add_bias(s, q->bias_ids[i], q->bias_values[i], -1));
+    if (!q->ignore_eos && q->min_tokens <= 0)
+        return 0;
+    const int until = q->ignore_eos ? -1 : iflow_sampler_n_accepted(s) + q->min_tokens;
+    for (int i = 0; i < hp->n_eos; i++)
+        IFLOW_TRY(iflow_sampler_add_bias(s, hp->eos[i], -INFINITY, until));
+    return 0;
+}
+
 int iflow_batch_add(iflow_batch *b, const iflow_request *q)
 {
     const iflow_hparams *hp = iflow_model_hparams(b->m);
@@ -380,6 +394,11 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
         return iflow_seterr(IFLOW_EINVAL, "unknown context shift %d", q->context_shift);
     if (q->adapter < 0 || q->adapter > iflow_model_n_adapters(b->m))
         return iflow_seterr(IFLOW_EINVAL, "adapter %d: the model has %d", q->adapter, iflow_model_n_adapters(b->m));
+    if (q->n_bias < 0 || q->n_bias > IFLOW_MAX_BIAS || (q->n_bias && (!q->bias_ids || !q->bias_values)))
+        return iflow_seterr(IFLOW_EINVAL, "%d logit biases: at most %d, with their ids and values", q->n_bias,
+                            IFLOW_MAX_BIAS);
+    if (q->min_tokens < 0 || q->min_tokens > q->max_tokens)
+        return iflow_seterr(IFLOW_EINVAL, "min_tokens %d: from 0 to max_tokens (%d)", q->min_tokens, q->max_tokens);
     int shift = q->context_shift, keep = q->keep < 0 || q->keep > q->n_prompt ? q->n_prompt : q->keep;
     if (shift && keep > b->p.n_ctx - 2)
         return iflow_seterr(IFLOW_ERANGE, "keeping %d positions leaves nothing to shift in a context of %d", keep,
@@ -432,6 +451,8 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
     for (int i = q->prompt[0] == hp->bos; i < q->n_prompt && rc == 0; i++)
         rc = iflow_sampler_accept(r->sampler, q->prompt[i]);
     if (rc == 0)
+        rc = set_biases(hp, r->sampler, q);
+    if (rc == 0)
         rc = iflow_stop_open(&r->stop, q->stop, q->n_stop);
     if (rc == 0 && q->grammar && (rc = iflow_batch_check_grammar(b, q->grammar)) == 0) {
         r->grammar = iflow_grammar_ref((iflow_grammar *)q->grammar);
@@ -452,6 +473,8 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
         rc = iflow_sampler_open(&r->dsampler, &dsp, hp->vocab_size);
         for (int i = q->prompt[0] == hp->bos; i < q->n_prompt && rc == 0; i++)
             rc = iflow_sampler_accept(r->dsampler, q->prompt[i]);
+        if (rc == 0) /* the draft proposes what the biases let the model choose */
+            rc = set_biases(hp, r->dsampler, q);
         if (rc == 0 && !iflow_sampler_is_greedy(r->sampler) &&
             !(r->q = malloc((size_t)b->n_draft * hp->vocab_size * sizeof *r->q)))
             rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");

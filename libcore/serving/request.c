@@ -4,8 +4,10 @@
 #include "libcore/base/quote.h"
 #include "libcore/serving/beam.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +17,8 @@ void iflow_request_fields_free(iflow_request_fields *f)
     free(f->id);
     free(f->prompt);
     free(f->continuation);
+    free(f->bias_ids);
+    free(f->bias_values);
     json_decref(f->messages);
     json_decref(f->chat_vars);
     iflow_grammar_close(f->grammar);
@@ -252,6 +256,49 @@ static int value_text(const char *key, const json_t *v, char *buf, size_t cap)
     return 0;
 }
 
+/* Biases ids[0..n), values[0..n) as f's own (replacing what it had). */
+static int set_bias(iflow_request_fields *f, const int32_t *ids, const float *values, int n)
+{
+    free(f->bias_ids);
+    free(f->bias_values);
+    f->bias_ids = NULL, f->bias_values = NULL, f->n_bias = 0;
+    if (n == 0)
+        return 0;
+    if (!(f->bias_ids = malloc((size_t)n * sizeof *ids)) || !(f->bias_values = malloc((size_t)n * sizeof *values)))
+        return oom();
+    memcpy(f->bias_ids, ids, (size_t)n * sizeof *ids);
+    memcpy(f->bias_values, values, (size_t)n * sizeof *values);
+    f->n_bias = n;
+    return 0;
+}
+
+/* "logit_bias": OpenAI's object of token ids (decimal strings) to biases from -100 to 100. */
+static int parse_logit_bias(iflow_request_fields *f, const json_t *v)
+{
+    if (!json_is_object(v) || json_object_size(v) > IFLOW_MAX_BIAS)
+        return iflow_seterr(IFLOW_EINVAL, "field 'logit_bias' must be an object of at most %d token ids",
+                            IFLOW_MAX_BIAS);
+    int32_t ids[IFLOW_MAX_BIAS];
+    float values[IFLOW_MAX_BIAS];
+    int n = 0;
+    const char *key;
+    json_t *b;
+    json_object_foreach((json_t *)v, key, b)
+    {
+        char *end;
+        errno = 0;
+        long id = strtol(key, &end, 10);
+        if (!*key || *end || errno || id < 0 || id > INT32_MAX || !(key[0] >= '0' && key[0] <= '9'))
+            return iflow_seterr(IFLOW_EINVAL, "field 'logit_bias': key '%s' is no token id", iflow_quote(key));
+        if (!json_is_number(b) || !(fabs(json_number_value(b)) <= 100))
+            return iflow_seterr(IFLOW_EINVAL, "field 'logit_bias': the bias of token %ld must be a number from -100 "
+                                "to 100", id);
+        ids[n] = (int32_t)id;
+        values[n++] = (float)json_number_value(b);
+    }
+    return set_bias(f, ids, values, n);
+}
+
 /* "lora": the name of one of d's adapters, or "" (none). */
 static int parse_adapter(iflow_request_fields *f, const json_t *v, const iflow_request_defaults *d)
 {
@@ -281,7 +328,7 @@ static int parse_object(iflow_request_fields *f, const json_t *js, const iflow_r
     const char *names[MAX_SAMPLING];
     char values[MAX_SAMPLING][64];
     const char *vals[MAX_SAMPLING];
-    int n = 0, rc, lp_given = 0, max_given = 0, logprobs_given = 0, chat_given = 0, grammar_given = 0;
+    int n = 0, rc, lp_given = 0, max_given = 0, logprobs_given = 0, chat_given = 0, grammar_given = 0, eos_given = 0;
     const char *key;
     json_t *v;
     json_object_foreach((json_t *)js, key, v)
@@ -338,6 +385,20 @@ static int parse_object(iflow_request_fields *f, const json_t *js, const iflow_r
         } else if (strcmp(key, "stop") == 0) {
             if ((rc = parse_stop(f, v)) < 0)
                 return rc;
+        } else if (strcmp(key, "logit_bias") == 0) {
+            if ((rc = parse_logit_bias(f, v)) < 0)
+                return rc;
+            eos_given = 1;
+        } else if (strcmp(key, "min_tokens") == 0) {
+            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > (1 << 24))
+                return iflow_seterr(IFLOW_EINVAL, "field 'min_tokens' must be an integer from 0 to %d", 1 << 24);
+            f->min_tokens = (int)json_integer_value(v);
+            eos_given = 1;
+        } else if (strcmp(key, "ignore_eos") == 0) {
+            if (!json_is_boolean(v))
+                return iflow_seterr(IFLOW_EINVAL, "field 'ignore_eos' must be true or false");
+            f->ignore_eos = json_is_true(v);
+            eos_given = 1;
         } else if (strcmp(key, "lora") == 0) {
             if ((rc = parse_adapter(f, v, d)) < 0)
                 return rc;
@@ -386,10 +447,22 @@ static int parse_object(iflow_request_fields *f, const json_t *js, const iflow_r
         return iflow_seterr(IFLOW_EINVAL, "a constraint (%s) does not go with 'beams'",
                             grammar_given ? "'grammar', 'json_schema', 'regex', 'choice' or 'response_format'"
                                           : "the command line's");
-    if (f->beams) /* the command line's defaults are for the other requests */
+    if (f->beams && eos_given && (f->n_bias || f->min_tokens || f->ignore_eos))
+        return iflow_seterr(IFLOW_EINVAL, "fields 'logit_bias', 'min_tokens' and 'ignore_eos' do not go with 'beams' "
+                                          "(a search ranks the model's own log-probabilities)");
+    if (f->beams) { /* the command line's defaults are for the other requests */
         f->logprobs = f->prompt_logprobs = 0;
+        f->min_tokens = f->ignore_eos = 0;
+        IFLOW_TRY(set_bias(f, NULL, NULL, 0));
+    }
     if (f->continuation && !max_given)
         f->max_tokens = 0; /* score only */
+    if (f->min_tokens > f->max_tokens) {
+        if (eos_given)
+            return iflow_seterr(IFLOW_EINVAL, "field 'min_tokens' (%d) is more than max_tokens (%d)", f->min_tokens,
+                                f->max_tokens);
+        f->min_tokens = f->max_tokens; /* the command line's, for a request that asks for fewer */
+    }
     if (f->beams && f->context_shift)
         return iflow_seterr(IFLOW_EINVAL, "field 'beams' does not go with a context shift (beams end at the context; "
                                           "set 'context_shift' to \"none\")");
@@ -420,6 +493,8 @@ int iflow_request_parse(iflow_request_fields *f, const char *line, size_t len, l
     f->n = 1;
     f->sp = d->sp;
     f->grammar = iflow_grammar_ref(d->grammar);
+    f->min_tokens = d->min_tokens;
+    f->ignore_eos = d->ignore_eos;
     f->sp.seed = d->sp.seed + (uint64_t)(line_no - 1); /* line 1: the seed itself; a "seed" field overrides */
     json_error_t jerr;
     json_t *js = json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);
@@ -431,14 +506,12 @@ int iflow_request_parse(iflow_request_fields *f, const char *line, size_t len, l
         snprintf(buf, sizeof buf, "%ld", line_no);
         f->id = strdup(buf);
     }
-    int rc;
-    if (!f->id)
-        rc = oom();
-    else if (!js)
+    int rc = f->id ? set_bias(f, d->bias_ids, d->bias_values, d->n_bias) : oom();
+    if (rc == 0 && !js)
         rc = iflow_seterr(IFLOW_EINVAL, "not JSON: %s (column %d)", jerr.text, jerr.column);
-    else if (!json_is_object(js))
+    else if (rc == 0 && !json_is_object(js))
         rc = iflow_seterr(IFLOW_EINVAL, "a request must be a JSON object");
-    else
+    else if (rc == 0)
         rc = parse_object(f, js, d);
     json_decref(js);
     return rc;

@@ -28,7 +28,10 @@
  *   "choice" (a non-empty list of strings: the text is one of them) or "response_format"
  *   (OpenAI's: {"type": "text"}, {"type": "json_object"} for any JSON object, or
  *   {"type": "json_schema", "json_schema": {"schema": {...}, ...}}), "lora" (the name of one of
- *   the defaults' adapters, or "" for none: the LoRA adapter the request computes with), and every
+ *   the defaults' adapters, or "" for none: the LoRA adapter the request computes with),
+ *   "logit_bias" (OpenAI's: an object of at most IFLOW_MAX_BIAS token ids, as decimal strings,
+ *   to numbers from -100 to 100; it replaces the defaults'), "min_tokens" (an integer from 0 to
+ *   max_tokens) and "ignore_eos" (true or false) (none of the three with "beams"), and every
  *   sampling parameter of sampler.h's name table ("temperature", "top_k", "top_p",
  *   "min_p", "seed", "sampler", "mirostat", "repeat_penalty", ...: numbers, or a string for
  *   "sampler"). A field that is absent keeps the default given; "seed" defaults to the given
@@ -74,6 +77,10 @@ typedef struct {
     int tool_format;                /* IFLOW_TOOLS_*: read the reply's tool calls in this format (0: not) */
     int tool_bare;                  /* the calls are written without their marker (a constrained reply) */
     int adapter;                    /* "lora": 1 + its index in the defaults' adapters; 0: none */
+    int32_t *bias_ids;              /* [n_bias] "logit_bias" (or the defaults'), its own copy */
+    float *bias_values;             /* [n_bias]                                              */
+    int n_bias;
+    int min_tokens, ignore_eos;     /* batch.h's iflow_request fields                        */
 } iflow_request_fields;
 
 /* What a field that is absent gets. */
@@ -86,6 +93,10 @@ typedef struct {
     const char *const *adapters;    /* [n_adapters] the names "lora" may give (iflow-run's
                                      * --lora-module NAME=FILE), in the model's adapter order */
     int n_adapters;
+    const int32_t *bias_ids;        /* [n_bias] logit biases (--logit-bias; -INFINITY bans) */
+    const float *bias_values;
+    int n_bias;
+    int min_tokens, ignore_eos;
 } iflow_request_defaults;
 
 int  iflow_request_parse(iflow_request_fields *out, const char *line, size_t len, long line_no,

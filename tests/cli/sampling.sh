@@ -2,6 +2,8 @@
 # iflow-run's samplers and stop strings on stories260K: --stop cuts the text (across token
 # boundaries, the stop string not printed) and --json says why; every --sampler runs, gives one
 # output per seed whatever the thread count; FSD and the penalties repeat less than greedy.
+# --logit-bias, --min-tokens, --ignore-eos (and a request's logit_bias, min_tokens, ignore_eos)
+# against the golden greedy ids (stories260K's greedy text holds no EOS, id 2, in 64 tokens).
 . "$(dirname "$0")/lib.sh"
 G=$DATA/golden
 $BIN/iflow-convert "$DATA/models/stories260K/hf" -o "$TMP/s.ifs" || { bad "convert"; summary; exit 1; }
@@ -88,5 +90,47 @@ Try 'iflow-run --help' for more information." "--min-p 2: message"
 R -p hi --repeat-last-n x
 expect_eq "$err" "iflow-run: invalid value 'x' for --repeat-last-n (an integer from -1 to 16777216)
 Try 'iflow-run --help' for more information." "--repeat-last-n x: message"
+
+# ---- logit biases and the end of a text ----
+gids=$(sed -n 1p "$G/stories260K.greedy64.jsonl" | jq -c .gen_ids)
+R -p "Once upon a time" -n 64 --temp 0 --logit-bias 2+100 --json
+expect_eq "$(jq -c '[.stop, .gen_ids, .text]' <<<"$out")" '["eos",[],""]' "--logit-bias 2+100: the EOS at once"
+R -p "Once upon a time" -n 64 --temp 0 --logit-bias 2+100 --min-tokens 5 --json
+expect_eq "$(jq -c '[.stop, .gen_ids]' <<<"$out")" "[\"eos\",$(jq -c '.[:5]' <<<"$gids")]" \
+    "--min-tokens 5: the 5 greedy tokens, then the EOS"
+R -p "Once upon a time" -n 64 --temp 0 --logit-bias 2+100 --ignore-eos --json
+expect_eq "$(jq -c '[.stop, .gen_ids]' <<<"$out")" "[\"length\",$gids]" "--ignore-eos: the 64 greedy tokens"
+first=$(jq '.[0]' <<<"$gids")
+R -p "Once upon a time" -n 4 --temp 0 --logit-bias "$first-inf" --json
+[ "$(jq '.gen_ids[0]' <<<"$out")" != "$first" ] && ok || bad "--logit-bias $first-inf: token $first still first"
+R -p "Once upon a time" -n 4 --temp 0 --logit-bias "$first-inf" -v
+expect_match "$err" "sampler: logit bias \\(1\\) -> greedy" "-v names the bias in the chain"
+R -p x --logit-bias 5
+expect_eq "$rc:$(head -1 <<<"$err")" "2:iflow-run: --logit-bias takes ID+B or ID-B (B from 0 to 100) or ID-inf, not '5'" \
+    "--logit-bias without a sign"
+R -p x --logit-bias 5+101
+expect_rc 2 "--logit-bias beyond 100"
+R -p x --min-tokens 65 -n 64
+expect_eq "$rc:$(head -1 <<<"$err")" "2:iflow-run: --min-tokens 65 is more than -n 64" "--min-tokens past -n"
+R -p x --beams 2 --ignore-eos
+expect_rc 2 "--ignore-eos with --beams"
+R -p x --logit-bias 512+1
+expect_eq "$rc:$(head -1 <<<"$err")" "2:iflow-run: --logit-bias: logit bias of token 512, outside the vocabulary of 512" \
+    "--logit-bias of a token the model does not have"
+# requests: the same fields; the command line's are defaults a request replaces
+printf '%s\n' '{"id": 1, "prompt": "Once upon a time", "max_tokens": 64, "temperature": 0, "logit_bias": {"2": 100}, "min_tokens": 5, "ignore_eos": false}' \
+    '{"id": 2, "prompt": "Once upon a time", "max_tokens": 64, "temperature": 0, "ignore_eos": false}' \
+    '{"id": 3, "prompt": "Once upon a time", "max_tokens": 64, "temperature": 0, "logit_bias": {}}' \
+    '{"id": 4, "prompt": "x", "logit_bias": {"two": 1}}' '{"id": 5, "prompt": "x", "beams": 2, "min_tokens": 1}' >"$TMP/bias.jsonl"
+run bash -c "$BIN/iflow-run -m '$TMP/s.ifs' --batch --logit-bias 2+100 --ignore-eos <'$TMP/bias.jsonl'"
+expect_eq "$(jq -c 'select(.id == 1) | [.finish_reason, .completion_tokens]' <<<"$out")" '["eos",5]' \
+    "a request's logit_bias and min_tokens"
+expect_eq "$(jq -c 'select(.id == 2) | [.finish_reason, .completion_tokens]' <<<"$out")" '["eos",0]' \
+    "ignore_eos false: the command line's bias ends it at once"
+expect_eq "$(jq -c 'select(.id == 3) | [.finish_reason, .completion_tokens]' <<<"$out")" '["length",64]' \
+    "an empty logit_bias replaces the command line's; its --ignore-eos stays"
+expect_eq "$(jq -r 'select(.id == 4) | .error' <<<"$out")" "field 'logit_bias': key 'two' is no token id" "a key that is no id"
+expect_match "$(jq -r 'select(.id == 5) | .error' <<<"$out")" "^fields 'logit_bias', 'min_tokens' and 'ignore_eos' do not go with 'beams'" \
+    "with beams"
 
 summary

@@ -4,6 +4,7 @@
  * "tool_choice") matched against a short text. The chat template's tool-call format is the
  * input's length mod 5, so every format (and none) is met; the adapters "lora" may name are the
  * first (length mod 3) of two. */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,8 +15,12 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static const char *const adapters[] = {"sql", "chat-v2"};
+    static const int32_t bias_ids[] = {2, 7};
+    static const float bias_values[] = {-INFINITY, 3.5f};
     iflow_request_defaults d = {.max_tokens = 16, .keep = 4, .tool_format = (int)(size % IFLOW_TOOLS_COUNT),
-                                .adapters = adapters, .n_adapters = (int)(size % 3)};
+                                .adapters = adapters, .n_adapters = (int)(size % 3), .bias_ids = bias_ids,
+                                .bias_values = bias_values, .n_bias = (int)(size % 3), .min_tokens = (int)(size % 4),
+                                .ignore_eos = (int)(size % 2)};
     iflow_sampler_params_default(&d.sp);
     iflow_request_fields f;
     if (iflow_request_parse(&f, (const char *)data, size, 7, &d) == 0) {
@@ -52,6 +57,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (f.n < 1 || f.n > IFLOW_MAX_CHOICES || (f.n > 1 && (f.beams || f.continuation)))
             abort();
         if (f.adapter < 0 || f.adapter > d.n_adapters) /* "lora" names one of the adapters there are */
+            abort();
+        /* biases: at most IFLOW_MAX_BIAS, ids >= 0, values finite within 100 or the defaults' -inf;
+         * min_tokens within max_tokens; none of them with beams */
+        if (f.n_bias < 0 || f.n_bias > IFLOW_MAX_BIAS || (f.n_bias && (!f.bias_ids || !f.bias_values)))
+            abort();
+        for (int i = 0; i < f.n_bias; i++)
+            if (f.bias_ids[i] < 0 || isnan(f.bias_values[i]) || f.bias_values[i] > 100)
+                abort();
+        if (f.min_tokens < 0 || f.min_tokens > f.max_tokens || (f.beams && (f.n_bias || f.min_tokens || f.ignore_eos)))
             abort();
     }
     iflow_request_fields_free(&f);

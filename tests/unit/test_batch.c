@@ -25,7 +25,13 @@
  *     part of a longer prompt (the same bits: decode and prefill rows are computed alike); the
  *     tokens the same with log-probabilities asked or not, greedy and sampled; continuations of one
  *     context scored with the context from the prefix cache: the scores of the cache off;
- *   - finish reasons, stop strings across token boundaries, blocks returned, refused requests.
+ *   - finish reasons, stop strings across token boundaries, blocks returned, refused requests;
+ *   - logit biases and end-of-sequence bans on stories260K (whose greedy text holds no EOS in 20
+ *     tokens): with its EOS raised by +100 a request ends at once; with min_tokens 5 too it gives
+ *     exactly the 5 greedy tokens, then the EOS; with ignore_eos its 20 greedy tokens; the same
+ *     three with a draft (the model itself) proposing; -inf on the first greedy token gives the
+ *     argmax of iflow_ctx_eval's logits without it; a sampled request never draws a banned token;
+ *     out-of-range biases and min_tokens refused.
  */
 #include "tests/unit/testlib.h"
 #include "libcore/engine/model.h"
@@ -750,6 +756,115 @@ static void test_finish_and_errors(void)
     iflow_model_close(m);
 }
 
+/* ---- logit biases, min_tokens, ignore_eos --------------------------------------------------- */
+
+/* q (user tag set) alone in a batch over m, with `draft` proposing 4 tokens when not NULL. */
+static iflow_result *run_biased(iflow_model *m, iflow_model *draft, const iflow_request *q)
+{
+    iflow_batch_params p = {.parallel = 1, .n_ctx = 64, .n_threads = 2};
+    iflow_batch *b;
+    iflow_result *r = NULL;
+    int rc = iflow_batch_open(&b, m, &p);
+    if (rc == 0 && draft)
+        rc = iflow_batch_set_draft(b, draft, 4, 0, 0);
+    if (rc == 0)
+        rc = iflow_batch_add(b, q);
+    while (rc == 0 && (rc = iflow_batch_step(b)) > 0)
+        rc = 0;
+    CHECK(rc == 0, "run: %s", iflow_errmsg());
+    if (rc == 0 && iflow_batch_take(b, &r) != 1)
+        r = NULL;
+    iflow_batch_close(b);
+    return r;
+}
+
+static int has_token(const iflow_result *r, int32_t t)
+{
+    for (int i = 0; r && i < r->n_tokens; i++)
+        if (r->tokens[i] == t)
+            return 1;
+    return 0;
+}
+
+static void test_bias_and_eos(void)
+{
+    iflow_model *m;
+    if (iflow_model_open(&m, s260, 0) < 0) {
+        CHECK(0, "open: %s", iflow_errmsg());
+        return;
+    }
+    const iflow_hparams *hp = iflow_model_hparams(m);
+    const int32_t prompt[5] = {1, 403, 407, 261, 378}, eos = hp->eos[0]; /* "Once upon a time" */
+    iflow_request q = {.prompt = prompt, .n_prompt = 5, .max_tokens = 20};
+    iflow_result *plain = run_biased(m, NULL, &q);
+    CHECK(plain && plain->n_tokens == 20 && !has_token(plain, eos), "the greedy text: 20 tokens, no EOS");
+    if (!plain) {
+        iflow_model_close(m);
+        return;
+    }
+    float up = 100;
+    q.bias_ids = &eos, q.bias_values = &up, q.n_bias = 1;
+    for (int d = 0; d < 2; d++) {
+        iflow_model *draft = d ? m : NULL;
+        q.min_tokens = 0, q.ignore_eos = 0;
+        iflow_result *r = run_biased(m, draft, &q);
+        CHECK(r && r->finish == IFLOW_FINISH_EOS && r->n_tokens == 0, "EOS +100%s: it ends at once (%d tokens)",
+              d ? ", a draft" : "", r ? r->n_tokens : -1);
+        iflow_result_free(r);
+        q.min_tokens = 5;
+        r = run_biased(m, draft, &q);
+        CHECK(r && r->finish == IFLOW_FINISH_EOS && r->n_tokens == 5 && !memcmp(r->tokens, plain->tokens, 5 * 4),
+              "EOS +100, min_tokens 5%s: the 5 greedy tokens, then the EOS (%d tokens)", d ? ", a draft" : "",
+              r ? r->n_tokens : -1);
+        iflow_result_free(r);
+        q.min_tokens = 0, q.ignore_eos = 1;
+        r = run_biased(m, draft, &q);
+        CHECK(r && r->finish == IFLOW_FINISH_LENGTH && r->n_tokens == 20 && !memcmp(r->tokens, plain->tokens, 20 * 4),
+              "EOS +100, ignore_eos%s: the 20 greedy tokens", d ? ", a draft" : "");
+        iflow_result_free(r);
+    }
+    /* -inf on the first greedy token: the next best of the prompt's logits */
+    const int V = hp->vocab_size;
+    float *logits = malloc(sizeof(float) * (size_t)V), ban = -INFINITY;
+    iflow_ctx *c;
+    CHECK(iflow_ctx_open(&c, m, 64, 2) == 0 && iflow_ctx_eval(c, prompt, 5, logits, 0) == 0, "%s", iflow_errmsg());
+    logits[plain->tokens[0]] = -INFINITY;
+    q = (iflow_request){.prompt = prompt, .n_prompt = 5, .max_tokens = 3, .bias_ids = &plain->tokens[0],
+                        .bias_values = &ban, .n_bias = 1};
+    iflow_result *r = run_biased(m, NULL, &q);
+    CHECK(r && r->n_tokens == 3 && r->tokens[0] == iflow_argmax(logits, V),
+          "the first greedy token banned: the argmax of the rest (%d)", iflow_argmax(logits, V));
+    iflow_result_free(r);
+    iflow_ctx_close(c);
+    free(logits);
+    /* sampled: the token an unbiased draw takes first never comes once banned */
+    q = (iflow_request){.prompt = prompt, .n_prompt = 5, .max_tokens = 40,
+                        .sampling = {.temp = 1.0f, .seed = 11}};
+    r = run_biased(m, NULL, &q);
+    const int32_t x = r && r->n_tokens ? r->tokens[0] : 0;
+    iflow_result_free(r);
+    q.bias_ids = &x, q.bias_values = &ban, q.n_bias = 1;
+    r = run_biased(m, NULL, &q);
+    CHECK(r && r->n_tokens == 40 && !has_token(r, x), "sampled, token %d banned: never drawn", x);
+    iflow_result_free(r);
+    /* refused */
+    iflow_batch_params p = {.n_ctx = 64};
+    iflow_batch *b;
+    CHECK(iflow_batch_open(&b, m, &p) == 0, "%s", iflow_errmsg());
+    int32_t far = V;
+    q = (iflow_request){.prompt = prompt, .n_prompt = 5, .max_tokens = 4, .min_tokens = 5};
+    CHECK_ERR(iflow_batch_add(b, &q), IFLOW_EINVAL, "min_tokens 5", "max_tokens (4)");
+    q = (iflow_request){.prompt = prompt, .n_prompt = 5, .max_tokens = 4, .bias_ids = &far, .bias_values = &up,
+                        .n_bias = 1};
+    CHECK_ERR(iflow_batch_add(b, &q), IFLOW_ERANGE, "token 512", "outside the vocabulary");
+    q.n_bias = IFLOW_MAX_BIAS + 1;
+    CHECK_ERR(iflow_batch_add(b, &q), IFLOW_EINVAL, "1025 logit biases", "at most 1024");
+    CHECK(iflow_batch_pending(b) == 0, "nothing queued");
+    iflow_batch_close(b);
+    iflow_result_free(plain);
+    iflow_model_close(m);
+}
+
 int main(void)
 {
     if (!mkdtemp(dir))
@@ -766,6 +881,7 @@ int main(void)
     RUN(test_logprobs);
     RUN(test_kv_types);
     RUN(test_finish_and_errors);
+    RUN(test_bias_and_eos);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0)

@@ -1,6 +1,7 @@
 /* test_sampler: every logit processor's distribution on hand-built logits against its
  * definition (computed here in double, independently of logits.c), the sampler's chain order,
- * penalties, mirostat's controller, FSD's anti-LM, seeds, and the parameter table. */
+ * penalties, logit biases (and their limits in accepted tokens), mirostat's controller, FSD's
+ * anti-LM, seeds, and the parameter table. */
 #include "check.h"
 #include "libcore/base/error.h"
 #include "libcore/engine/logits.h"
@@ -415,6 +416,57 @@ static void test_penalties(void)
     iflow_sampler_close(s);
 }
 
+/* Logit biases: added before everything else; -inf bans; until counts accepted tokens (a
+ * truncation brings the bias back); the distribution a draft is checked against has them. */
+static void test_bias(void)
+{
+    iflow_sampler *s;
+    iflow_sampler_params g = {0}; /* greedy */
+    CHECK(iflow_sampler_open(&s, &g, V) == 0, "open");
+    CHECK(iflow_sampler_is_greedy(s), "greedy without biases");
+    CHECK(iflow_sampler_add_bias(s, 3, 1.2f, -1) == 0, "add");
+    CHECK(!iflow_sampler_is_greedy(s), "a bias needs the logits");
+    CHECK(iflow_sampler_sample(s, L8) == 3, "token 3: 0.9 + 1.2 = 2.1 beats token 0's 2.0");
+    iflow_sampler_clear_bias(s);
+    CHECK(iflow_sampler_add_bias(s, 0, -INFINITY, 2) == 0 && iflow_sampler_add_bias(s, 1, -INFINITY, -1) == 0, "bans");
+    CHECK(iflow_sampler_sample(s, L8) == 2, "0 and 1 banned: token 2 (1.1)");
+    iflow_sampler_accept(s, 5);
+    iflow_sampler_accept(s, 6);
+    CHECK(iflow_sampler_sample(s, L8) == 0, "2 tokens accepted: the ban of 0 until 2 is over, 1's stays");
+    iflow_sampler_truncate(s, 1);
+    CHECK(iflow_sampler_sample(s, L8) == 2, "truncated to 1 token: 0 is banned again");
+    float probs[V];
+    CHECK(iflow_sampler_dist(s, L8, probs) == 0 && probs[2] == 1, "greedy's distribution: all on the biased choice");
+    iflow_sampler_reset(s);
+    CHECK(iflow_sampler_sample(s, L8) == 2, "a reset keeps the biases (and counts from 0)");
+    CHECK_ERR(iflow_sampler_add_bias(s, V, 1, -1), IFLOW_ERANGE, "token 8", "outside the vocabulary");
+    CHECK_ERR(iflow_sampler_add_bias(s, 1, NAN, -1), IFLOW_EINVAL, "token 1", "-inf to ban");
+    iflow_sampler_close(s);
+    /* sampled: the chain's distribution is the softmax of the biased logits (before the penalties:
+     * token 4 seen once, repetition 1.5 divides its biased logit 0.3 + 0.9) */
+    iflow_sampler_params p = {.temp = 1, .repeat_penalty = 1.5f, .seed = 3};
+    CHECK(iflow_sampler_open(&s, &p, V) == 0, "open");
+    iflow_sampler_accept(s, 4);
+    iflow_sampler_add_bias(s, 4, 0.9f, -1);
+    iflow_sampler_add_bias(s, 7, -INFINITY, -1);
+    double d[V], want[V];
+    int all[V] = {1, 1, 1, 1, 1, 1, 1, 0};
+    to_double(L8, d, V);
+    d[4] = (0.3 + 0.9) / 1.5;
+    ref_softmax(d, all, V, 1, want);
+    CHECK(iflow_sampler_dist(s, L8, probs) == 0, "dist");
+    double worst = 0;
+    for (int i = 0; i < V; i++)
+        worst = fmax(worst, fabs(probs[i] - want[i]));
+    CHECK(worst < 1e-6 && probs[7] == 0, "the biased distribution (%.3g off; the banned token 0)", worst);
+    double f[V] = {0};
+    int n = 100000;
+    for (int k = 0; k < n; k++)
+        f[iflow_sampler_sample(s, L8)] += 1.0 / n;
+    expect_dist(f, want, V, n, "draws of the biased chain");
+    iflow_sampler_close(s);
+}
+
 static void test_mirostat(void)
 {
     /* v2, one step: the prefix with surprise <= mu, renormalized; mu moves by eta * error. */
@@ -769,6 +821,7 @@ int main(void)
     RUN(test_typical);
     RUN(test_tail_free);
     RUN(test_penalties);
+    RUN(test_bias);
     RUN(test_mirostat);
     RUN(test_antilm);
     RUN(test_fsd);
