@@ -259,6 +259,11 @@ IFLOW_API void iflow_sampler_close(iflow_sampler *s);
 IFLOW_API void iflow_sampler_reset(iflow_sampler *s);
 IFLOW_API int  iflow_sampler_accept(iflow_sampler *s, int32_t token);
 IFLOW_API int32_t iflow_sampler_sample(iflow_sampler *s, const float *logits);
+/* Add bias to token id's logit before every other stage, while fewer than `until` tokens have
+ * been accepted since the last reset (until < 0: always); -INFINITY bans the token. Biases stay
+ * through reset() until clear_bias(). */
+IFLOW_API int  iflow_sampler_add_bias(iflow_sampler *s, int32_t id, float bias, int until);
+IFLOW_API void iflow_sampler_clear_bias(iflow_sampler *s);
 /* The chain as it runs, one line, into buf (cap bytes); returns buf. */
 IFLOW_API const char *iflow_sampler_describe(const iflow_sampler *s, char *buf, int cap);
 
@@ -443,6 +448,10 @@ typedef struct {
     void (*on_text)(void *user, const char *text, size_t n);
     void *user;
     const struct iflow_grammar *grammar; /* NULL, or the text must follow it (iflow_request.grammar) */
+    const int32_t *bias_ids;          /* logit biases, min_tokens, ignore_eos: iflow_request's */
+    const float *bias_values;
+    int n_bias;
+    int min_tokens, ignore_eos;
 } iflow_generate_params;
 
 IFLOW_API void iflow_generate_params_default(iflow_generate_params *p);

@@ -35,7 +35,9 @@ int iflow_generate(const iflow_model *m, const char *prompt, const iflow_generat
         return iflow_seterr(IFLOW_EINVAL, "the prompt is empty and no beginning-of-sequence token was added");
     iflow_batch_params bp = {.parallel = 1, .n_ctx = p->n_ctx, .n_threads = p->n_threads};
     iflow_request q = {.prompt = ids, .n_prompt = (int)n_ids, .max_tokens = p->max_tokens, .sampling = p->sampling,
-                       .n_stop = p->n_stop, .user = p->user, .on_text = p->on_text, .grammar = p->grammar};
+                       .n_stop = p->n_stop, .user = p->user, .on_text = p->on_text, .grammar = p->grammar,
+                       .bias_ids = p->bias_ids, .bias_values = p->bias_values, .n_bias = p->n_bias,
+                       .min_tokens = p->min_tokens, .ignore_eos = p->ignore_eos};
     memcpy(q.stop, p->stop, sizeof q.stop);
     iflow_batch *b = NULL;
     if ((rc = iflow_batch_open(&b, m, &bp)) == 0 && (rc = iflow_batch_add(b, &q)) == 0) {

@@ -7,7 +7,9 @@
  *   - iflow_ppl_windows() against the windows iflow_ppl_run() scores, for both protocols,
  *     text lengths around the window and a window limit;
  *   - iflow_generate() against an independent greedy loop (iflow_ctx_eval + iflow_argmax), its
- *     on_text pieces against its text, a seeded run repeating, and its argument errors;
+ *     on_text pieces against its text, a seeded run repeating, the EOS raised by a logit bias
+ *     (ending at once, after min_tokens greedy tokens, or never with ignore_eos), and its
+ *     argument errors;
  *   - the sampler: iflow-run's defaults, parameters set by name (and refused by name), the
  *     distribution of top-k and of min-p draws against softmax computed here in double, the
  *     repeat penalty against llama.cpp's rule, seeds and reset, greedy = iflow_argmax on the
@@ -21,7 +23,8 @@
  *     refused; the regex and JSON Schema converters are exported;
  *   - chat: a model without a template refused, a conversation's tokens through Llama 2's template
  *     file equal to the tokens of jinja2's rendering of it (tests/fixtures/chat/expected.jsonl),
- *     messages that are not JSON or not a chat refused. */
+ *     messages that are not JSON or not a chat refused;
+ *   - LoRA adapters: iflow_model_load_lora per request and for every sequence (test_lora). */
 #pragma GCC diagnostic error "-Wimplicit-function-declaration"
 #include "include/iflow.h"
 #include "tests/unit/check.h"
@@ -223,6 +226,23 @@ static void test_generate(void)
     CHECK(a && b && d && strcmp(a->text, b->text) == 0, "the same seed repeats");
     CHECK(a && d && strcmp(a->text, d->text) != 0, "another seed differs: '%s'", a ? a->text : "");
     iflow_result_free(a), iflow_result_free(b), iflow_result_free(d);
+    /* the model's EOS raised by +100 ends the text at once; with min_tokens 3, after the 3 greedy
+     * tokens; with ignore_eos never: the greedy tokens */
+    iflow_model_info info;
+    iflow_model_get_info(m, &info);
+    const float up = 100;
+    gp.sampling.temp = 0, gp.max_tokens = 12, gp.bias_ids = &info.eos, gp.bias_values = &up, gp.n_bias = 1;
+    for (int k = 0; k < 3; k++) {
+        gp.min_tokens = k == 1 ? 3 : 0, gp.ignore_eos = k == 2;
+        r = NULL;
+        CHECK(iflow_generate(m, "Lily and Tom", &gp, &r) == 0, "generate: %s", iflow_errmsg());
+        const int want = k == 0 ? 0 : k == 1 ? 3 : 12;
+        CHECK(r && r->n_tokens == want && !memcmp(r->tokens, ref, sizeof(int32_t) * (size_t)want) &&
+                  r->finish == (k == 2 ? IFLOW_FINISH_LENGTH : IFLOW_FINISH_EOS),
+              "EOS +100, min_tokens %d, ignore_eos %d: %d greedy tokens", gp.min_tokens, gp.ignore_eos, want);
+        iflow_result_free(r);
+    }
+    gp.n_bias = 0, gp.min_tokens = 0, gp.ignore_eos = 0;
     /* errors */
     gp.max_tokens = 0;
     r = NULL;
