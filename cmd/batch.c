@@ -253,7 +253,8 @@ static item *parse_line(const reader *rd, const char *line, size_t len, long lin
                                 .sp = o->sp, .logprobs = o->logprobs, .prompt_logprobs = o->prompt_logprobs,
                                 .grammar = o->grammar, .tool_format = o->tool_format, .adapters = o->adapters,
                                 .n_adapters = o->n_adapters, .bias_ids = o->bias_ids, .bias_values = o->bias_values,
-                                .n_bias = o->n_bias, .min_tokens = o->min_tokens, .ignore_eos = o->ignore_eos};
+                                .n_bias = o->n_bias, .min_tokens = o->min_tokens, .ignore_eos = o->ignore_eos,
+                                .stop_ids = o->stop_ids, .n_stop_ids = o->n_stop_ids};
     if (iflow_request_parse(&it->f, line, len, line_no, &d) < 0) {
         item_fail(it, "%s", iflow_errmsg());
         if (!it->f.id)
@@ -266,7 +267,8 @@ static item *parse_line(const reader *rd, const char *line, size_t len, long lin
                          .logprobs = it->f.logprobs, .prompt_logprobs = it->f.prompt_logprobs,
                          .grammar = it->f.grammar, .adapter = it->f.adapter, .bias_ids = it->f.bias_ids,
                          .bias_values = it->f.bias_values, .n_bias = it->f.n_bias, .min_tokens = it->f.min_tokens,
-                         .ignore_eos = it->f.ignore_eos};
+                         .ignore_eos = it->f.ignore_eos, .stop_ids = it->f.stop_ids,
+                         .n_stop_ids = it->f.n_stop_ids};
     for (int i = 0; i < it->f.n_stop; i++)
         q->stop[i] = it->f.stop[i];
     if (it->f.messages && chat_prompt(rd, it) < 0) {
@@ -404,6 +406,8 @@ static int text_fields(json_t *o, const item *it, const iflow_result *r, const i
     json_object_set_new(o, "finish_reason", json_string(iflow_finish_name(r->finish)));
     if (r->stop_index >= 0 && r->stop_index < it->f.n_stop)
         json_object_set_new(o, "stop_string", json_string(it->f.stop[r->stop_index]));
+    if (r->stop_token >= 0)
+        json_object_set_new(o, "stop_token", json_integer(r->stop_token));
     return reply_fields(o, it, r, tok, reasoning);
 }
 
@@ -523,6 +527,7 @@ static int beam_start(item *it, const iflow_model *m, const iflow_batch_params *
     it->res->t_added = it->res->t_started = now_s();
     it->res->n_prompt = it->req.n_prompt;
     it->res->stop_index = -1;
+    it->res->stop_token = -1;
     return iflow_beam_open(&it->beam, m, it->req.prompt, it->req.n_prompt, &p);
 }
 

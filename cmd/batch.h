@@ -39,6 +39,8 @@ typedef struct {
     const float *bias_values;
     int n_bias;
     int min_tokens, ignore_eos;  /* --min-tokens, --ignore-eos: defaults likewise */
+    const int32_t *stop_ids;     /* [n_stop_ids] --stop-token-id: likewise */
+    int n_stop_ids;
 } batch_opts;
 
 /* Run every request of standard input; returns the exit status (0; 1 when a result could not

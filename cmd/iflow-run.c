@@ -36,7 +36,7 @@ enum {
     O_TEMP = 256, O_TOPK, O_TOPP, O_SEED, O_ECHO, O_JSON, O_TOKENIZE, O_BOS, O_PARSE_SPECIAL, O_DEVICE,
     O_GPU_LAYERS, O_GPU_GRAPHS, O_NO_GPU_GRAPHS, O_LIST_DEVICES, O_PLAN, O_COMM, O_ACTIVATIONS, O_STOP, O_BATCH, O_PARALLEL, O_KV_TYPE, O_NO_PREFIX_CACHE, O_LOGPROBS, O_PROMPT_LOGPROBS, O_METRICS, O_DRY_RUN,
     O_CONTEXT_SHIFT, O_KEEP, O_DRAFT, O_LORA, O_LORA_SCALED, O_LORA_MODULE, O_DRAFT_N, O_DRAFT_TOP_K, O_DRAFT_TOP_P,
-    O_BEAMS, O_LENGTH_PENALTY, O_LOGIT_BIAS, O_MIN_TOKENS, O_IGNORE_EOS,
+    O_BEAMS, O_LENGTH_PENALTY, O_LOGIT_BIAS, O_MIN_TOKENS, O_IGNORE_EOS, O_STOP_TOKEN_ID,
     /* sampling: set through iflow_sampler_params_set() by their long names */
     O_SAMPLER, O_MINP, O_TYPICAL, O_TFS, O_MIROSTAT_TAU, O_MIROSTAT_ETA, O_REPEAT_PENALTY, O_REPEAT_LAST_N,
     O_FREQUENCY_PENALTY, O_PRESENCE_PENALTY, O_FSD_ALPHA, O_FSD_K, O_FSD_N, O_FSD_BETA, O_FSD_RANDOM_STEPS,
@@ -50,6 +50,7 @@ static const iflow_opt opts[] = {
     {O_PROMPT, "prompt", 'p', "TEXT", "generate from TEXT (default: one prompt per line of standard input)", NULL},
     {O_NPREDICT, "n-predict", 'n', "N", "generate at most N tokens per prompt (default 128)", NULL},
     {O_STOP, "stop", 0, "TEXT", "end a continuation where TEXT appears, TEXT not printed (repeatable)", NULL},
+    {O_STOP_TOKEN_ID, "stop-token-id", 0, "ID", "end a continuation at token ID as at an end-of-sequence token, ID not printed (repeatable, at most 16; a request's \"stop_token_ids\" replaces these)", NULL},
     {O_LOGIT_BIAS, "logit-bias", 0, "ID+B", "add B to token ID's logit before sampling: ID+B or ID-B, ID-inf bans the token (repeatable; a request's \"logit_bias\" replaces these)", NULL},
     {O_MIN_TOKENS, "min-tokens", 0, "N", "generate at least N tokens: the model's end-of-sequence tokens are banned before (stop strings still end the text)", NULL},
     {O_IGNORE_EOS, "ignore-eos", 0, NULL, "never end at an end-of-sequence token (it is banned): the text ends at -n, a stop string or the context", NULL},
@@ -164,7 +165,18 @@ typedef struct {
     float *bias_values;
     int n_bias;
     int min_tokens, ignore_eos; /* --min-tokens, --ignore-eos */
+    int32_t stop_ids[IFLOW_MAX_STOP_IDS]; /* --stop-token-id */
+    int n_stop_ids;
 } run_opts;
+
+/* --stop-token-id's ids are m's tokens (a usage error once, not an error for every prompt). */
+static void check_stop_ids(const run_opts *o, const iflow_model *m)
+{
+    for (int i = 0; i < o->n_stop_ids; i++)
+        if (o->stop_ids[i] >= iflow_model_hparams(m)->vocab_size)
+            die_usage(&tool, "--stop-token-id %d is outside the vocabulary (%d)", o->stop_ids[i],
+                      iflow_model_hparams(m)->vocab_size);
+}
 
 /* --logit-bias ID+B, ID-B or ID-inf into o's lists (room for one per argument). */
 static void logit_bias_opt(run_opts *o, const char *arg)
@@ -391,7 +403,8 @@ static void generate(generator *g, const char *prompt, size_t prompt_len)
                            .n_stop = o->n_stops, .context_shift = o->context_shift, .keep = o->keep, .user = g,
                            .on_text = on_text, .logprobs = o->logprobs, .prompt_logprobs = o->prompt_logprobs,
                            .grammar = o->grammar, .bias_ids = o->bias_ids, .bias_values = o->bias_values,
-                           .n_bias = o->n_bias, .min_tokens = o->min_tokens, .ignore_eos = o->ignore_eos};
+                           .n_bias = o->n_bias, .min_tokens = o->min_tokens, .ignore_eos = o->ignore_eos,
+                           .stop_ids = o->stop_ids, .n_stop_ids = o->n_stop_ids};
         q.sampling.seed += (uint64_t)g->n_prompts;
         for (int i = 0; i < o->n_stops; i++)
             q.stop[i] = o->stops[i];
@@ -417,6 +430,8 @@ static void generate(generator *g, const char *prompt, size_t prompt_len)
         json_object_set_new(js, "stop", json_string(r ? iflow_finish_name(r->finish) : "length"));
         if (r && r->stop_index >= 0)
             json_object_set_new(js, "stop_string", json_string(o->stops[r->stop_index]));
+        if (r && r->stop_token >= 0)
+            json_object_set_new(js, "stop_token", json_integer(r->stop_token));
         if (r && r->logprobs)
             json_object_set_new(js, "logprobs", logprobs_json(g->tok, r->logprobs, r->n_tokens, o->logprobs > 1));
         if (r && r->prompt_logprobs)
@@ -489,6 +504,7 @@ static int run_batch(const run_opts *o)
         if (o->bias_ids[i] >= iflow_model_hparams(m)->vocab_size)
             die_usage(&tool, "--logit-bias: logit bias of token %d, outside the vocabulary of %d", o->bias_ids[i],
                       iflow_model_hparams(m)->vocab_size);
+    check_stop_ids(o, m);
     if (!iflow_model_tokenizer(m))
         die(&tool, "model '%s' has no tokenizer", o->model);
     batch_opts b = {.parallel = o->parallel, .n_ctx = o->n_ctx, .kv_type = o->kv_type, .threads = o->threads,
@@ -500,7 +516,7 @@ static int run_batch(const run_opts *o)
                     .gpu_graphs = o->dev.gpu_graphs, .grammar = o->grammar,
                     .adapters = o->loras.modules, .n_adapters = (int)o->loras.n_modules, .bias_ids = o->bias_ids,
                     .bias_values = o->bias_values, .n_bias = o->n_bias, .min_tokens = o->min_tokens,
-                    .ignore_eos = o->ignore_eos};
+                    .ignore_eos = o->ignore_eos, .stop_ids = o->stop_ids, .n_stop_ids = o->n_stop_ids};
     int rc;
     char why[512];
     iflow_chat *chat = NULL;
@@ -575,6 +591,7 @@ static int run(const run_opts *o)
     for (int i = 0; i < o->n_bias; i++) /* checked here, before the first prompt; and shown by -v */
         if (iflow_sampler_add_bias(chain, o->bias_ids[i], o->bias_values[i], -1) < 0)
             die_usage(&tool, "--logit-bias: %s", iflow_errmsg());
+    check_stop_ids(o, m);
     if (o->grammar && iflow_batch_check_grammar(g.b, o->grammar) < 0) /* a token it names: once, with its option */
         die(&tool, "%s: %s", o->grammar_opt, iflow_errmsg());
     iflow_batch_set_graphs(g.b, o->dev.gpu_graphs);
@@ -741,6 +758,11 @@ int main(int argc, char **argv)
         case O_LOGIT_BIAS: logit_bias_opt(&o, arg); break;
         case O_MIN_TOKENS: o.min_tokens = (int)opt_long(&tool, "min-tokens", arg, 0, 1 << 24); break;
         case O_IGNORE_EOS: o.ignore_eos = 1; break;
+        case O_STOP_TOKEN_ID:
+            if (o.n_stop_ids == IFLOW_MAX_STOP_IDS)
+                die_usage(&tool, "at most %d --stop-token-id", IFLOW_MAX_STOP_IDS);
+            o.stop_ids[o.n_stop_ids++] = (int32_t)opt_long(&tool, "stop-token-id", arg, 0, INT32_MAX);
+            break;
         case O_THREADS: o.threads = (int)opt_long(&tool, "threads", arg, 1, 1024); break;
         case O_CTX: o.n_ctx = (int)opt_long(&tool, "ctx-size", arg, 1, 1 << 24); break;
         case O_ECHO: o.echo = 1; break;
@@ -846,8 +868,8 @@ int main(int argc, char **argv)
         die_usage(&tool, "--beams does not go with --batch: give \"beams\" in a request");
     if (o.beams && o.draft)
         die_usage(&tool, "--beams does not go with --draft: a draft proposes one sequence, beam search keeps several");
-    if ((o.n_bias || o.min_tokens || o.ignore_eos) && (o.beams || o.embed || o.translate))
-        die_usage(&tool, "--logit-bias, --min-tokens and --ignore-eos go with sampling, not with --%s",
+    if ((o.n_bias || o.min_tokens || o.ignore_eos || o.n_stop_ids) && (o.beams || o.embed || o.translate))
+        die_usage(&tool, "--logit-bias, --min-tokens, --ignore-eos and --stop-token-id go with sampling, not with --%s",
                   o.beams ? "beams" : o.embed ? "embed" : "translate");
     if (o.n_bias > IFLOW_MAX_BIAS)
         die_usage(&tool, "at most %d --logit-bias", IFLOW_MAX_BIAS);

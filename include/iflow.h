@@ -319,6 +319,7 @@ IFLOW_API int iflow_shift_from_name(const char *name);
 
 #define IFLOW_MAX_TOP_LOGPROBS 20
 #define IFLOW_MAX_BIAS 1024 /* iflow_request.n_bias */
+#define IFLOW_MAX_STOP_IDS 16 /* iflow_request.n_stop_ids */
 /* A position's log-probabilities, natural log, of the model's own distribution (log_softmax of
  * its logits in double precision, before any sampling step): the token's, and those of the
  * n_top most likely tokens there, most likely first (the lower id first among equals). */
@@ -385,6 +386,13 @@ typedef struct {
     int ignore_eos;                 /* 1: they are banned throughout (llama.cpp's --ignore-eos):
                                      * the text ends at max_tokens, a stop string, the context or
                                      * the grammar                                          */
+    /* Optional: more tokens that end the text as an end-of-sequence token does (vLLM's
+     * stop_token_ids: a chat model's end of turn its config does not list): the token is left
+     * out of the tokens and the text, the finish is IFLOW_FINISH_STOP and iflow_result.stop_token
+     * names it; min_tokens bans them too, ignore_eos does not (copied; at most
+     * IFLOW_MAX_STOP_IDS) */
+    const int32_t *stop_ids;
+    int n_stop_ids;
 } iflow_request;
 
 #define IFLOW_MAX_GRAMMAR_AFTER 63
@@ -397,6 +405,8 @@ typedef struct {
     size_t text_len;
     int finish;                     /* IFLOW_FINISH_*                                        */
     int stop_index;                 /* IFLOW_FINISH_STOP: which stop string; else -1         */
+    int32_t stop_token;             /* IFLOW_FINISH_STOP by a stop token (iflow_request.stop_ids):
+                                     * which; else -1                                        */
     double t_added, t_started, t_first, t_done; /* seconds (CLOCK_MONOTONIC)                */
     /* [n_tokens] with iflow_request.logprobs, else NULL */
     iflow_token_logprob *logprobs;

@@ -22,6 +22,8 @@ typedef struct req {
     int32_t *prompt;              /* [n_prompt]                                             */
     int n_prompt, max_tokens;
     int adapter;                  /* the model's adapter its steps compute with (0: none)  */
+    int32_t stop_ids[IFLOW_MAX_STOP_IDS]; /* tokens that end it (iflow_request.stop_ids)     */
+    int n_stop_ids;
     int clipped;                  /* max_tokens was cut to what the context holds          */
     const int32_t *fill;          /* PREFILL: the tokens to evaluate from position 0: the
                                    * prompt, or after a RECOMPUTE shift the kept window    */
@@ -356,16 +358,18 @@ int iflow_batch_check_grammar(iflow_batch *b, const iflow_grammar *g)
 }
 
 /* q's logit biases on sampler s (which has seen the prompt), and its end-of-sequence bans: for
- * good (ignore_eos) or until min_tokens more tokens are accepted. */
+ * good (ignore_eos) or until min_tokens more tokens are accepted (its stop tokens too, then). */
 static int set_biases(const iflow_hparams *hp, iflow_sampler *s, const iflow_request *q)
 {
     for (int i = 0; i < q->n_bias; i++)
         IFLOW_TRY(iflow_sampler_add_bias(s, q->bias_ids[i], q->bias_values[i], -1));
     if (!q->ignore_eos && q->min_tokens <= 0)
         return 0;
-    const int until = q->ignore_eos ? -1 : iflow_sampler_n_accepted(s) + q->min_tokens;
+    const int until = iflow_sampler_n_accepted(s) + q->min_tokens;
     for (int i = 0; i < hp->n_eos; i++)
-        IFLOW_TRY(iflow_sampler_add_bias(s, hp->eos[i], -INFINITY, until));
+        IFLOW_TRY(iflow_sampler_add_bias(s, hp->eos[i], -INFINITY, q->ignore_eos ? -1 : until));
+    for (int i = 0; i < q->n_stop_ids && q->min_tokens > 0; i++)
+        IFLOW_TRY(iflow_sampler_add_bias(s, q->stop_ids[i], -INFINITY, until));
     return 0;
 }
 
@@ -399,6 +403,12 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
                             IFLOW_MAX_BIAS);
     if (q->min_tokens < 0 || q->min_tokens > q->max_tokens)
         return iflow_seterr(IFLOW_EINVAL, "min_tokens %d: from 0 to max_tokens (%d)", q->min_tokens, q->max_tokens);
+    if (q->n_stop_ids < 0 || q->n_stop_ids > IFLOW_MAX_STOP_IDS || (q->n_stop_ids && !q->stop_ids))
+        return iflow_seterr(IFLOW_EINVAL, "%d stop tokens: at most %d", q->n_stop_ids, IFLOW_MAX_STOP_IDS);
+    for (int i = 0; i < q->n_stop_ids; i++)
+        if (q->stop_ids[i] < 0 || q->stop_ids[i] >= hp->vocab_size)
+            return iflow_seterr(IFLOW_ERANGE, "stop token %d is outside the vocabulary (%d)", q->stop_ids[i],
+                                hp->vocab_size);
     int shift = q->context_shift, keep = q->keep < 0 || q->keep > q->n_prompt ? q->n_prompt : q->keep;
     if (shift && keep > b->p.n_ctx - 2)
         return iflow_seterr(IFLOW_ERANGE, "keeping %d positions leaves nothing to shift in a context of %d", keep,
@@ -506,6 +516,9 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
     r->on_text = q->on_text;
     r->res->user = q->user;
     r->res->stop_index = -1;
+    r->res->stop_token = -1;
+    memcpy(r->stop_ids, q->stop_ids ? q->stop_ids : r->stop_ids, (size_t)q->n_stop_ids * sizeof *r->stop_ids);
+    r->n_stop_ids = q->n_stop_ids;
     r->res->n_prompt = q->n_prompt;
     r->res->t_added = now();
     r->state = QUEUED;
@@ -613,7 +626,8 @@ static int finish(iflow_batch *b, req *r, int why)
         b->done_head = 0;
         b->done_cap = cap;
     }
-    if (why != IFLOW_FINISH_STOP) { /* the tail held back for a stop string that did not come */
+    /* the tail held back for a stop string that did not come (a stop token is no stop string) */
+    if (why != IFLOW_FINISH_STOP || r->res->stop_token >= 0) {
         const char *e;
         size_t ne;
         iflow_stop_flush(r->stop, &e, &ne);
@@ -814,6 +828,11 @@ static int accept(iflow_batch *b, req *r, int32_t id)
         return ended(b, r, IFLOW_FINISH_GRAMMAR);
     if (iflow_model_is_eos(b->m, id))
         return ended(b, r, IFLOW_FINISH_EOS);
+    for (int i = 0; i < r->n_stop_ids; i++)
+        if (id == r->stop_ids[i]) {
+            res->stop_token = id;
+            return ended(b, r, IFLOW_FINISH_STOP);
+        }
     /* the piece once, before the token is counted (`first` is that of its position): the
      * grammar's state and the text take the same bytes */
     int n = token_piece(b, r, id), rc = n < 0 ? n : 0;

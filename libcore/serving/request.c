@@ -299,6 +299,24 @@ static int parse_logit_bias(iflow_request_fields *f, const json_t *v)
     return set_bias(f, ids, values, n);
 }
 
+/* "stop_token_ids": vLLM's list of token ids that end the text. */
+static int parse_stop_ids(iflow_request_fields *f, const json_t *v)
+{
+    if (!json_is_array(v) || json_array_size(v) > IFLOW_MAX_STOP_IDS)
+        return iflow_seterr(IFLOW_EINVAL, "field 'stop_token_ids' must be a list of at most %d token ids",
+                            IFLOW_MAX_STOP_IDS);
+    size_t i;
+    json_t *e;
+    f->n_stop_ids = 0;
+    json_array_foreach(v, i, e)
+    {
+        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > INT32_MAX)
+            return iflow_seterr(IFLOW_EINVAL, "field 'stop_token_ids' must hold token ids (integers from 0)");
+        f->stop_ids[f->n_stop_ids++] = (int32_t)json_integer_value(e);
+    }
+    return 0;
+}
+
 /* "lora": the name of one of d's adapters, or "" (none). */
 static int parse_adapter(iflow_request_fields *f, const json_t *v, const iflow_request_defaults *d)
 {
@@ -399,6 +417,10 @@ static int parse_object(iflow_request_fields *f, const json_t *js, const iflow_r
                 return iflow_seterr(IFLOW_EINVAL, "field 'ignore_eos' must be true or false");
             f->ignore_eos = json_is_true(v);
             eos_given = 1;
+        } else if (strcmp(key, "stop_token_ids") == 0) {
+            if ((rc = parse_stop_ids(f, v)) < 0)
+                return rc;
+            eos_given = 1;
         } else if (strcmp(key, "lora") == 0) {
             if ((rc = parse_adapter(f, v, d)) < 0)
                 return rc;
@@ -447,12 +469,12 @@ static int parse_object(iflow_request_fields *f, const json_t *js, const iflow_r
         return iflow_seterr(IFLOW_EINVAL, "a constraint (%s) does not go with 'beams'",
                             grammar_given ? "'grammar', 'json_schema', 'regex', 'choice' or 'response_format'"
                                           : "the command line's");
-    if (f->beams && eos_given && (f->n_bias || f->min_tokens || f->ignore_eos))
-        return iflow_seterr(IFLOW_EINVAL, "fields 'logit_bias', 'min_tokens' and 'ignore_eos' do not go with 'beams' "
-                                          "(a search ranks the model's own log-probabilities)");
+    if (f->beams && eos_given && (f->n_bias || f->min_tokens || f->ignore_eos || f->n_stop_ids))
+        return iflow_seterr(IFLOW_EINVAL, "fields 'logit_bias', 'min_tokens', 'ignore_eos' and 'stop_token_ids' do not "
+                                          "go with 'beams' (a search ranks the model's own log-probabilities)");
     if (f->beams) { /* the command line's defaults are for the other requests */
         f->logprobs = f->prompt_logprobs = 0;
-        f->min_tokens = f->ignore_eos = 0;
+        f->min_tokens = f->ignore_eos = f->n_stop_ids = 0;
         IFLOW_TRY(set_bias(f, NULL, NULL, 0));
     }
     if (f->continuation && !max_given)
@@ -495,6 +517,9 @@ int iflow_request_parse(iflow_request_fields *f, const char *line, size_t len, l
     f->grammar = iflow_grammar_ref(d->grammar);
     f->min_tokens = d->min_tokens;
     f->ignore_eos = d->ignore_eos;
+    f->n_stop_ids = d->n_stop_ids > IFLOW_MAX_STOP_IDS ? IFLOW_MAX_STOP_IDS : d->n_stop_ids;
+    if (f->n_stop_ids)
+        memcpy(f->stop_ids, d->stop_ids, (size_t)f->n_stop_ids * sizeof *f->stop_ids);
     f->sp.seed = d->sp.seed + (uint64_t)(line_no - 1); /* line 1: the seed itself; a "seed" field overrides */
     json_error_t jerr;
     json_t *js = json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);

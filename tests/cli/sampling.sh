@@ -2,8 +2,9 @@
 # iflow-run's samplers and stop strings on stories260K: --stop cuts the text (across token
 # boundaries, the stop string not printed) and --json says why; every --sampler runs, gives one
 # output per seed whatever the thread count; FSD and the penalties repeat less than greedy.
-# --logit-bias, --min-tokens, --ignore-eos (and a request's logit_bias, min_tokens, ignore_eos)
-# against the golden greedy ids (stories260K's greedy text holds no EOS, id 2, in 64 tokens).
+# --logit-bias, --min-tokens, --ignore-eos, --stop-token-id (and a request's logit_bias,
+# min_tokens, ignore_eos, stop_token_ids) against the golden greedy ids (stories260K's greedy
+# text holds no EOS, id 2, in 64 tokens).
 . "$(dirname "$0")/lib.sh"
 G=$DATA/golden
 $BIN/iflow-convert "$DATA/models/stories260K/hf" -o "$TMP/s.ifs" || { bad "convert"; summary; exit 1; }
@@ -130,7 +131,26 @@ expect_eq "$(jq -c 'select(.id == 2) | [.finish_reason, .completion_tokens]' <<<
 expect_eq "$(jq -c 'select(.id == 3) | [.finish_reason, .completion_tokens]' <<<"$out")" '["length",64]' \
     "an empty logit_bias replaces the command line's; its --ignore-eos stays"
 expect_eq "$(jq -r 'select(.id == 4) | .error' <<<"$out")" "field 'logit_bias': key 'two' is no token id" "a key that is no id"
-expect_match "$(jq -r 'select(.id == 5) | .error' <<<"$out")" "^fields 'logit_bias', 'min_tokens' and 'ignore_eos' do not go with 'beams'" \
+expect_match "$(jq -r 'select(.id == 5) | .error' <<<"$out")" "^fields 'logit_bias', 'min_tokens', 'ignore_eos' and 'stop_token_ids' do not go with 'beams'" \
     "with beams"
+# stop tokens: the 5th greedy token (376, not among the first 4) ends the text like an EOS
+R -p "Once upon a time" -n 64 --temp 0 --stop-token-id 376 --json
+expect_eq "$(jq -c '[.stop, .stop_token, .gen_ids]' <<<"$out")" "[\"stop\",376,$(jq -c '.[:4]' <<<"$gids")]" \
+    "--stop-token-id 376: the 4 greedy tokens before it, finish stop"
+R -p "Once upon a time" -n 64 --temp 0 --stop-token-id 376 --min-tokens 6 --json
+expect_eq "$(jq -c '[.gen_ids[:4] == '"$(jq -c '.[:4]' <<<"$gids")"', .gen_ids[4] != 376, (.gen_ids | length) >= 6]' <<<"$out")" \
+    "[true,true,true]" "--min-tokens 6 bans the stop token for the first 6"
+R -p x --stop-token-id 512
+expect_eq "$rc:$(head -1 <<<"$err")" "2:iflow-run: --stop-token-id 512 is outside the vocabulary (512)" "a stop token the model lacks"
+printf '%s\n' '{"id": 1, "prompt": "Once upon a time", "max_tokens": 64, "temperature": 0, "stop_token_ids": [376]}' \
+    '{"id": 2, "prompt": "Once upon a time", "max_tokens": 64, "temperature": 0, "stop_token_ids": []}' \
+    '{"id": 3, "prompt": "x", "stop_token_ids": [-1]}' >"$TMP/stopid.jsonl"
+run bash -c "$BIN/iflow-run -m '$TMP/s.ifs' --batch --stop-token-id 432 <'$TMP/stopid.jsonl'"
+expect_eq "$(jq -c 'select(.id == 1) | [.finish_reason, .stop_token, .completion_tokens]' <<<"$out")" '["stop",376,4]' \
+    "a request's stop_token_ids replace --stop-token-id"
+expect_eq "$(jq -c 'select(.id == 2) | [.finish_reason, .completion_tokens]' <<<"$out")" '["length",64]' \
+    "an empty list: no stop token"
+expect_eq "$(jq -r 'select(.id == 3) | .error' <<<"$out")" "field 'stop_token_ids' must hold token ids (integers from 0)" \
+    "a negative id"
 
 summary

@@ -29,7 +29,8 @@
  *   - logit biases and end-of-sequence bans on stories260K (whose greedy text holds no EOS in 20
  *     tokens): with its EOS raised by +100 a request ends at once; with min_tokens 5 too it gives
  *     exactly the 5 greedy tokens, then the EOS; with ignore_eos its 20 greedy tokens; the same
- *     three with a draft (the model itself) proposing; -inf on the first greedy token gives the
+ *     three with a draft (the model itself) proposing, and a stop token (a greedy token k) ending
+ *     it after the k before it, with and without the draft; -inf on the first greedy token gives the
  *     argmax of iflow_ctx_eval's logits without it; a sampled request never draws a banned token;
  *     out-of-range biases and min_tokens refused.
  */
@@ -821,6 +822,17 @@ static void test_bias_and_eos(void)
         r = run_biased(m, draft, &q);
         CHECK(r && r->finish == IFLOW_FINISH_LENGTH && r->n_tokens == 20 && !memcmp(r->tokens, plain->tokens, 20 * 4),
               "EOS +100, ignore_eos%s: the 20 greedy tokens", d ? ", a draft" : "");
+        iflow_result_free(r);
+        /* a stop token: greedy token k (the first not among those before it, from 4 on) */
+        int k = 4;
+        while (k < 19 && has_token(&(iflow_result){.tokens = plain->tokens, .n_tokens = k}, plain->tokens[k]))
+            k++;
+        iflow_request s = {.prompt = prompt, .n_prompt = 5, .max_tokens = 20, .stop_ids = &plain->tokens[k],
+                           .n_stop_ids = 1};
+        r = run_biased(m, draft, &s);
+        CHECK(r && r->finish == IFLOW_FINISH_STOP && r->stop_token == plain->tokens[k] && r->stop_index == -1 &&
+                  r->n_tokens == k && !memcmp(r->tokens, plain->tokens, (size_t)k * 4),
+              "stop token %d%s: the %d greedy tokens before it", plain->tokens[k], d ? ", a draft" : "", k);
         iflow_result_free(r);
     }
     /* -inf on the first greedy token: the next best of the prompt's logits */
