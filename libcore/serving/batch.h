@@ -22,11 +22,12 @@
  *     3. each request whose logits the step computed draws its next token with its own
  *        sampler (sampler.h: it sees the prompt and every kept token; a greedy one takes the
  *        argmax on the device that computed the logits; one with a grammar, grammar.h, draws only
- *        among the tokens the grammar allows next, on the host); one that ends (EOS, max_tokens, a
- *        stop string, the context, its grammar complete) gives its blocks
+ *        among the tokens the grammar allows next, on the host); one that ends (EOS or a stop token,
+ *        max_tokens, a stop string, the context, its grammar complete) gives its blocks
  *        back at once and its result waits for iflow_batch_take().
- *   A request's tokens depend only on the model, its prompt and its sampling parameters,
- *   never on the other requests, when they joined, or the step budget: the kernels are
+ *   A request's tokens depend only on the model, its prompt, its sampling parameters and
+ *   its adapter (iflow_request.adapter: each row adds its own request's LoRA delta), never on
+ *   the other requests, when they joined, or the step budget: the kernels are
  *   batch-invariant (kernels/cpu/kvcache.h, kernels.h) and every request has its own sampler.
  *   Errors: add() refuses a request that can never run (empty, a token outside the
  *   vocabulary, a prompt that fills the context, more blocks than the cache has) with
