@@ -254,7 +254,8 @@ static item *parse_line(const reader *rd, const char *line, size_t len, long lin
                                 .grammar = o->grammar, .tool_format = o->tool_format, .adapters = o->adapters,
                                 .n_adapters = o->n_adapters, .bias_ids = o->bias_ids, .bias_values = o->bias_values,
                                 .n_bias = o->n_bias, .min_tokens = o->min_tokens, .ignore_eos = o->ignore_eos,
-                                .stop_ids = o->stop_ids, .n_stop_ids = o->n_stop_ids};
+                                .stop_ids = o->stop_ids, .n_stop_ids = o->n_stop_ids,
+                                .include_stop = o->include_stop};
     if (iflow_request_parse(&it->f, line, len, line_no, &d) < 0) {
         item_fail(it, "%s", iflow_errmsg());
         if (!it->f.id)
@@ -268,7 +269,7 @@ static item *parse_line(const reader *rd, const char *line, size_t len, long lin
                          .grammar = it->f.grammar, .adapter = it->f.adapter, .bias_ids = it->f.bias_ids,
                          .bias_values = it->f.bias_values, .n_bias = it->f.n_bias, .min_tokens = it->f.min_tokens,
                          .ignore_eos = it->f.ignore_eos, .stop_ids = it->f.stop_ids,
-                         .n_stop_ids = it->f.n_stop_ids};
+                         .n_stop_ids = it->f.n_stop_ids, .include_stop = it->f.include_stop};
     for (int i = 0; i < it->f.n_stop; i++)
         q->stop[i] = it->f.stop[i];
     if (it->f.messages && chat_prompt(rd, it) < 0) {

@@ -41,6 +41,7 @@ typedef struct {
     int min_tokens, ignore_eos;  /* --min-tokens, --ignore-eos: defaults likewise */
     const int32_t *stop_ids;     /* [n_stop_ids] --stop-token-id: likewise */
     int n_stop_ids;
+    int include_stop;            /* --include-stop: likewise */
 } batch_opts;
 
 /* Run every request of standard input; returns the exit status (0; 1 when a result could not

@@ -37,6 +37,7 @@ enum {
     O_GPU_LAYERS, O_GPU_GRAPHS, O_NO_GPU_GRAPHS, O_LIST_DEVICES, O_PLAN, O_COMM, O_ACTIVATIONS, O_STOP, O_BATCH, O_PARALLEL, O_KV_TYPE, O_NO_PREFIX_CACHE, O_LOGPROBS, O_PROMPT_LOGPROBS, O_METRICS, O_DRY_RUN,
     O_CONTEXT_SHIFT, O_KEEP, O_DRAFT, O_LORA, O_LORA_SCALED, O_LORA_MODULE, O_DRAFT_N, O_DRAFT_TOP_K, O_DRAFT_TOP_P,
     O_BEAMS, O_LENGTH_PENALTY, O_LOGIT_BIAS, O_MIN_TOKENS, O_IGNORE_EOS, O_STOP_TOKEN_ID,
+    O_INCLUDE_STOP,
     /* sampling: set through iflow_sampler_params_set() by their long names */
     O_SAMPLER, O_MINP, O_TYPICAL, O_TFS, O_MIROSTAT_TAU, O_MIROSTAT_ETA, O_REPEAT_PENALTY, O_REPEAT_LAST_N,
     O_FREQUENCY_PENALTY, O_PRESENCE_PENALTY, O_FSD_ALPHA, O_FSD_K, O_FSD_N, O_FSD_BETA, O_FSD_RANDOM_STEPS,
@@ -50,6 +51,7 @@ static const iflow_opt opts[] = {
     {O_PROMPT, "prompt", 'p', "TEXT", "generate from TEXT (default: one prompt per line of standard input)", NULL},
     {O_NPREDICT, "n-predict", 'n', "N", "generate at most N tokens per prompt (default 128)", NULL},
     {O_STOP, "stop", 0, "TEXT", "end a continuation where TEXT appears, TEXT not printed (repeatable)", NULL},
+    {O_INCLUDE_STOP, "include-stop", 0, NULL, "with --stop: the stop string that ended a continuation stays at its end (vLLM's include_stop_str_in_output)", NULL},
     {O_STOP_TOKEN_ID, "stop-token-id", 0, "ID", "end a continuation at token ID as at an end-of-sequence token, ID not printed (repeatable, at most 16; a request's \"stop_token_ids\" replaces these)", NULL},
     {O_LOGIT_BIAS, "logit-bias", 0, "ID+B", "add B to token ID's logit before sampling: ID+B or ID-B, ID-inf bans the token (repeatable; a request's \"logit_bias\" replaces these)", NULL},
     {O_MIN_TOKENS, "min-tokens", 0, "N", "generate at least N tokens: the model's end-of-sequence tokens are banned before (stop strings still end the text)", NULL},
@@ -167,6 +169,7 @@ typedef struct {
     int min_tokens, ignore_eos; /* --min-tokens, --ignore-eos */
     int32_t stop_ids[IFLOW_MAX_STOP_IDS]; /* --stop-token-id */
     int n_stop_ids;
+    int include_stop;     /* --include-stop */
 } run_opts;
 
 /* --stop-token-id's ids are m's tokens (a usage error once, not an error for every prompt). */
@@ -404,7 +407,7 @@ static void generate(generator *g, const char *prompt, size_t prompt_len)
                            .on_text = on_text, .logprobs = o->logprobs, .prompt_logprobs = o->prompt_logprobs,
                            .grammar = o->grammar, .bias_ids = o->bias_ids, .bias_values = o->bias_values,
                            .n_bias = o->n_bias, .min_tokens = o->min_tokens, .ignore_eos = o->ignore_eos,
-                           .stop_ids = o->stop_ids, .n_stop_ids = o->n_stop_ids};
+                           .stop_ids = o->stop_ids, .n_stop_ids = o->n_stop_ids, .include_stop = o->include_stop};
         q.sampling.seed += (uint64_t)g->n_prompts;
         for (int i = 0; i < o->n_stops; i++)
             q.stop[i] = o->stops[i];
@@ -516,7 +519,8 @@ static int run_batch(const run_opts *o)
                     .gpu_graphs = o->dev.gpu_graphs, .grammar = o->grammar,
                     .adapters = o->loras.modules, .n_adapters = (int)o->loras.n_modules, .bias_ids = o->bias_ids,
                     .bias_values = o->bias_values, .n_bias = o->n_bias, .min_tokens = o->min_tokens,
-                    .ignore_eos = o->ignore_eos, .stop_ids = o->stop_ids, .n_stop_ids = o->n_stop_ids};
+                    .ignore_eos = o->ignore_eos, .stop_ids = o->stop_ids, .n_stop_ids = o->n_stop_ids,
+                    .include_stop = o->include_stop};
     int rc;
     char why[512];
     iflow_chat *chat = NULL;
@@ -758,6 +762,7 @@ int main(int argc, char **argv)
         case O_LOGIT_BIAS: logit_bias_opt(&o, arg); break;
         case O_MIN_TOKENS: o.min_tokens = (int)opt_long(&tool, "min-tokens", arg, 0, 1 << 24); break;
         case O_IGNORE_EOS: o.ignore_eos = 1; break;
+        case O_INCLUDE_STOP: o.include_stop = 1; break;
         case O_STOP_TOKEN_ID:
             if (o.n_stop_ids == IFLOW_MAX_STOP_IDS)
                 die_usage(&tool, "at most %d --stop-token-id", IFLOW_MAX_STOP_IDS);
@@ -871,6 +876,8 @@ int main(int argc, char **argv)
     if ((o.n_bias || o.min_tokens || o.ignore_eos || o.n_stop_ids) && (o.beams || o.embed || o.translate))
         die_usage(&tool, "--logit-bias, --min-tokens, --ignore-eos and --stop-token-id go with sampling, not with --%s",
                   o.beams ? "beams" : o.embed ? "embed" : "translate");
+    if (o.include_stop && (!o.n_stops || o.beams) && !o.batch)
+        die_usage(&tool, "--include-stop goes with --stop (and not with --beams)");
     if (o.n_bias > IFLOW_MAX_BIAS)
         die_usage(&tool, "at most %d --logit-bias", IFLOW_MAX_BIAS);
     if (o.min_tokens > o.n_predict && !o.batch)

@@ -393,6 +393,9 @@ typedef struct {
      * IFLOW_MAX_STOP_IDS) */
     const int32_t *stop_ids;
     int n_stop_ids;
+    int include_stop;               /* 1: the stop string that ended the text stays at its end
+                                     * (vLLM's include_stop_str_in_output; what followed it in
+                                     * the same token still goes)                          */
 } iflow_request;
 
 #define IFLOW_MAX_GRAMMAR_AFTER 63

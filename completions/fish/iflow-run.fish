@@ -3,6 +3,7 @@ complete -c iflow-run -l model -s m -r -d 'model shard file (\'-\': standard inp
 complete -c iflow-run -l prompt -s p -x -d 'generate from TEXT (default: one prompt per line of standard input)'
 complete -c iflow-run -l n-predict -s n -x -d 'generate at most N tokens per prompt (default 128)'
 complete -c iflow-run -l stop -x -d 'end a continuation where TEXT appears, TEXT not printed (repeatable)'
+complete -c iflow-run -l include-stop -d 'with --stop: the stop string that ended a continuation stays at its end (vLLM\'s include_stop_str_in_output)'
 complete -c iflow-run -l stop-token-id -x -d 'end a continuation at token ID as at an end-of-sequence token, ID not printed (repeatable, at most 16; a request\'s "stop_token_ids" replaces these)'
 complete -c iflow-run -l logit-bias -x -d 'add B to token ID\'s logit before sampling: ID+B or ID-B, ID-inf bans the token (repeatable; a request\'s "logit_bias" replaces these)'
 complete -c iflow-run -l min-tokens -x -d 'generate at least N tokens: the model\'s end-of-sequence tokens are banned before (stop strings still end the text)'

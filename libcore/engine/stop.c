@@ -57,6 +57,8 @@ void iflow_stop_reset(iflow_stop *s)
 
 int iflow_stop_which(const iflow_stop *s) { return s->which; }
 
+const char *iflow_stop_string(const iflow_stop *s, int i) { return i >= 0 && i < s->n ? s->str[i] : NULL; }
+
 /* Length of the longest tail of t[0..n) that is a proper prefix of a stop string. */
 static size_t held_tail(const iflow_stop *s, const char *t, size_t n)
 {

@@ -32,5 +32,7 @@ int  iflow_stop_feed(iflow_stop *s, const char *text, size_t n, const char **emi
 void iflow_stop_flush(iflow_stop *s, const char **emit, size_t *n_emit);
 /* The index of the stop string that matched, or -1. */
 int  iflow_stop_which(const iflow_stop *s);
+/* Stop string i (the matcher's copy), or NULL outside 0 .. n-1. */
+const char *iflow_stop_string(const iflow_stop *s, int i);
 
 #endif

@@ -24,6 +24,7 @@ typedef struct req {
     int adapter;                  /* the model's adapter its steps compute with (0: none)  */
     int32_t stop_ids[IFLOW_MAX_STOP_IDS]; /* tokens that end it (iflow_request.stop_ids)     */
     int n_stop_ids;
+    int include_stop;             /* the stop string that ends it stays in the text        */
     int clipped;                  /* max_tokens was cut to what the context holds          */
     const int32_t *fill;          /* PREFILL: the tokens to evaluate from position 0: the
                                    * prompt, or after a RECOMPUTE shift the kept window    */
@@ -519,6 +520,7 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
     r->res->stop_token = -1;
     memcpy(r->stop_ids, q->stop_ids ? q->stop_ids : r->stop_ids, (size_t)q->n_stop_ids * sizeof *r->stop_ids);
     r->n_stop_ids = q->n_stop_ids;
+    r->include_stop = q->include_stop;
     r->res->n_prompt = q->n_prompt;
     r->res->t_added = now();
     r->state = QUEUED;
@@ -678,6 +680,11 @@ static int append_text(req *r, const char *piece, int n)
         return -1;
     if (hit)
         r->res->stop_index = iflow_stop_which(r->stop);
+    if (hit && r->include_stop) {
+        const char *s = iflow_stop_string(r->stop, r->res->stop_index);
+        if (put_text(r, s, strlen(s)) < 0)
+            return -1;
+    }
     return hit;
 }
 

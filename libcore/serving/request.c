@@ -346,7 +346,8 @@ static int parse_object(iflow_request_fields *f, const json_t *js, const iflow_r
     const char *names[MAX_SAMPLING];
     char values[MAX_SAMPLING][64];
     const char *vals[MAX_SAMPLING];
-    int n = 0, rc, lp_given = 0, max_given = 0, logprobs_given = 0, chat_given = 0, grammar_given = 0, eos_given = 0;
+    int n = 0, rc, lp_given = 0, max_given = 0, logprobs_given = 0, chat_given = 0, grammar_given = 0, eos_given = 0,
+        include_given = 0;
     const char *key;
     json_t *v;
     json_object_foreach((json_t *)js, key, v)
@@ -421,6 +422,11 @@ static int parse_object(iflow_request_fields *f, const json_t *js, const iflow_r
             if ((rc = parse_stop_ids(f, v)) < 0)
                 return rc;
             eos_given = 1;
+        } else if (strcmp(key, "include_stop_str_in_output") == 0) {
+            if (!json_is_boolean(v))
+                return iflow_seterr(IFLOW_EINVAL, "field 'include_stop_str_in_output' must be true or false");
+            f->include_stop = json_is_true(v);
+            include_given = f->include_stop;
         } else if (strcmp(key, "lora") == 0) {
             if ((rc = parse_adapter(f, v, d)) < 0)
                 return rc;
@@ -472,7 +478,10 @@ static int parse_object(iflow_request_fields *f, const json_t *js, const iflow_r
     if (f->beams && eos_given && (f->n_bias || f->min_tokens || f->ignore_eos || f->n_stop_ids))
         return iflow_seterr(IFLOW_EINVAL, "fields 'logit_bias', 'min_tokens', 'ignore_eos' and 'stop_token_ids' do not "
                                           "go with 'beams' (a search ranks the model's own log-probabilities)");
+    if (f->beams && include_given)
+        return iflow_seterr(IFLOW_EINVAL, "field 'include_stop_str_in_output' does not go with 'beams'");
     if (f->beams) { /* the command line's defaults are for the other requests */
+        f->include_stop = 0;
         f->logprobs = f->prompt_logprobs = 0;
         f->min_tokens = f->ignore_eos = f->n_stop_ids = 0;
         IFLOW_TRY(set_bias(f, NULL, NULL, 0));
@@ -517,6 +526,7 @@ int iflow_request_parse(iflow_request_fields *f, const char *line, size_t len, l
     f->grammar = iflow_grammar_ref(d->grammar);
     f->min_tokens = d->min_tokens;
     f->ignore_eos = d->ignore_eos;
+    f->include_stop = d->include_stop;
     f->n_stop_ids = d->n_stop_ids > IFLOW_MAX_STOP_IDS ? IFLOW_MAX_STOP_IDS : d->n_stop_ids;
     if (f->n_stop_ids)
         memcpy(f->stop_ids, d->stop_ids, (size_t)f->n_stop_ids * sizeof *f->stop_ids);

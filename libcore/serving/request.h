@@ -33,7 +33,7 @@
  *   to numbers from -100 to 100; it replaces the defaults'), "min_tokens" (an integer from 0 to
  *   max_tokens), "ignore_eos" (true or false) and "stop_token_ids" (vLLM's: a list of at most
  *   IFLOW_MAX_STOP_IDS token ids; it replaces the defaults') (none of these four with "beams"),
- *   and every
+ *   "include_stop_str_in_output" (vLLM's: true or false; not with "beams"), and every
  *   sampling parameter of sampler.h's name table ("temperature", "top_k", "top_p",
  *   "min_p", "seed", "sampler", "mirostat", "repeat_penalty", ...: numbers, or a string for
  *   "sampler"). A field that is absent keeps the default given; "seed" defaults to the given
@@ -85,6 +85,7 @@ typedef struct {
     int min_tokens, ignore_eos;     /* batch.h's iflow_request fields                        */
     int32_t stop_ids[IFLOW_MAX_STOP_IDS]; /* "stop_token_ids" (or the defaults')               */
     int n_stop_ids;
+    int include_stop;               /* "include_stop_str_in_output" (or the default)         */
 } iflow_request_fields;
 
 /* What a field that is absent gets. */
@@ -103,6 +104,7 @@ typedef struct {
     int min_tokens, ignore_eos;
     const int32_t *stop_ids;        /* [n_stop_ids] --stop-token-id */
     int n_stop_ids;
+    int include_stop;               /* --include-stop */
 } iflow_request_defaults;
 
 int  iflow_request_parse(iflow_request_fields *out, const char *line, size_t len, long line_no,

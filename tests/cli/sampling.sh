@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # iflow-run's samplers and stop strings on stories260K: --stop cuts the text (across token
-# boundaries, the stop string not printed) and --json says why; every --sampler runs, gives one
-# output per seed whatever the thread count; FSD and the penalties repeat less than greedy.
+# boundaries, the stop string not printed, or kept with --include-stop) and --json says why;
+# every --sampler runs, gives one output per seed whatever the thread count; FSD and the
+# penalties repeat less than greedy.
 # --logit-bias, --min-tokens, --ignore-eos, --stop-token-id (and a request's logit_bias,
 # min_tokens, ignore_eos, stop_token_ids) against the golden greedy ids (stories260K's greedy
 # text holds no EOS, id 2, in 64 tokens).
@@ -33,6 +34,19 @@ R -p "Once upon a time" -n 64 --temp 0 --stop ""
 expect_rc 2 "--stop ''"
 expect_eq "$err" "iflow-run: --stop needs a non-empty string
 Try 'iflow-run --help' for more information." "--stop '': message"
+R -p "Once upon a time" -n 64 --temp 0 --stop park --include-stop
+expect_eq "$out" "${greedy%%park*}park" "--include-stop: the text up to and with 'park'"
+R -p "Once upon a time" -n 64 --temp 0 --include-stop
+expect_eq "$rc:$(head -1 <<<"$err")" "2:iflow-run: --include-stop goes with --stop (and not with --beams)" \
+    "--include-stop without --stop"
+printf '%s\n' '{"id": 1, "prompt": "Once upon a time", "max_tokens": 64, "temperature": 0, "stop": "park", "include_stop_str_in_output": true}' \
+    '{"id": 2, "prompt": "Once upon a time", "max_tokens": 64, "temperature": 0, "stop": "park"}' \
+    '{"id": 3, "prompt": "x", "beams": 2, "include_stop_str_in_output": true}' >"$TMP/incl.jsonl"
+run bash -c "$BIN/iflow-run -m '$TMP/s.ifs' --batch <'$TMP/incl.jsonl'"
+expect_eq "$(jq -r 'select(.id == 1) | .text' <<<"$out")" "${greedy%%park*}park" "include_stop_str_in_output: the stop string kept"
+expect_eq "$(jq -r 'select(.id == 2) | .text' <<<"$out")" "${greedy%%park*}" "without it: cut before"
+expect_eq "$(jq -r 'select(.id == 3) | .error' <<<"$out")" "field 'include_stop_str_in_output' does not go with 'beams'" \
+    "not with beams"
 
 # ---- every sampler: one output per seed, for any thread count ----
 for s in chain greedy top-k top-p min-p typical tfs mirostat mirostat2 fsd rfsd; do

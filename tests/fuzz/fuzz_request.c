@@ -20,7 +20,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     iflow_request_defaults d = {.max_tokens = 16, .keep = 4, .tool_format = (int)(size % IFLOW_TOOLS_COUNT),
                                 .adapters = adapters, .n_adapters = (int)(size % 3), .bias_ids = bias_ids,
                                 .bias_values = bias_values, .n_bias = (int)(size % 3), .min_tokens = (int)(size % 4),
-                                .ignore_eos = (int)(size % 2), .stop_ids = bias_ids, .n_stop_ids = (int)(size % 3)};
+                                .ignore_eos = (int)(size % 2), .stop_ids = bias_ids, .n_stop_ids = (int)(size % 3),
+                                .include_stop = (int)(size % 5 == 0)};
     iflow_sampler_params_default(&d.sp);
     iflow_request_fields f;
     if (iflow_request_parse(&f, (const char *)data, size, 7, &d) == 0) {
@@ -68,7 +69,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (f.min_tokens < 0 || f.min_tokens > f.max_tokens ||
             (f.beams && (f.n_bias || f.min_tokens || f.ignore_eos || f.n_stop_ids)))
             abort();
-        if (f.n_stop_ids < 0 || f.n_stop_ids > IFLOW_MAX_STOP_IDS)
+        if (f.n_stop_ids < 0 || f.n_stop_ids > IFLOW_MAX_STOP_IDS || (f.beams && f.include_stop))
             abort();
         for (int i = 0; i < f.n_stop_ids; i++)
             if (f.stop_ids[i] < 0)
