@@ -29,6 +29,24 @@ void iflow_request_fields_free(iflow_request_fields *f)
 
 static int oom(void) { return iflow_seterr(IFLOW_ENOMEM, "out of memory"); }
 
+/* Field `key`'s value v as true or false into *out. */
+static int field_bool(const char *key, const json_t *v, int *out)
+{
+    if (!json_is_boolean(v))
+        return iflow_seterr(IFLOW_EINVAL, "field '%s' must be true or false", key);
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* Field `key`'s value v as an integer from lo to hi into *out. */
+static int field_int(const char *key, const json_t *v, int lo, int hi, int *out)
+{
+    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
+        return iflow_seterr(IFLOW_EINVAL, "field '%s' must be an integer from %d to %d", key, lo, hi);
+    *out = (int)json_integer_value(v);
+    return 0;
+}
+
 /* A template variable of the request's chat ("tools", or one of chat_template_kwargs). */
 static int chat_var(iflow_request_fields *f, const char *key, json_t *v)
 {
@@ -105,9 +123,7 @@ static int parse_chat_field(iflow_request_fields *f, const char *key, json_t *v,
     }
     int rc = 0;
     if (strcmp(key, "add_generation_prompt") == 0) {
-        if (!json_is_boolean(v))
-            return iflow_seterr(IFLOW_EINVAL, "field 'add_generation_prompt' must be true or false");
-        f->add_generation_prompt = json_is_true(v);
+        rc = field_bool(key, v, &f->add_generation_prompt);
     } else if (strcmp(key, "tools") == 0) {
         if (!json_is_array(v))
             return iflow_seterr(IFLOW_EINVAL, "field 'tools' must be a list");
@@ -368,9 +384,7 @@ static int parse_object(iflow_request_fields *f, const json_t *js, const iflow_r
             memcpy(f->prompt, json_string_value(v), json_string_length(v) + 1);
             f->prompt_len = json_string_length(v);
         } else if (strcmp(key, "max_tokens") == 0) {
-            if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > (1 << 24))
-                return iflow_seterr(IFLOW_EINVAL, "field 'max_tokens' must be an integer from 1 to %d", 1 << 24);
-            f->max_tokens = (int)json_integer_value(v);
+            IFLOW_TRY(field_int(key, v, 1, 1 << 24, &f->max_tokens));
             max_given = 1;
         } else if (strcmp(key, "continuation") == 0) {
             if (!json_is_string(v) || json_string_length(v) == 0)
@@ -380,24 +394,19 @@ static int parse_object(iflow_request_fields *f, const json_t *js, const iflow_r
             memcpy(f->continuation, json_string_value(v), json_string_length(v) + 1);
             f->continuation_len = json_string_length(v);
         } else if (strcmp(key, "beams") == 0) {
-            if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > IFLOW_MAX_BEAMS)
-                return iflow_seterr(IFLOW_EINVAL, "field 'beams' must be an integer from 1 to %d", IFLOW_MAX_BEAMS);
-            f->beams = (int)json_integer_value(v);
+            IFLOW_TRY(field_int(key, v, 1, IFLOW_MAX_BEAMS, &f->beams));
         } else if (strcmp(key, "length_penalty") == 0) {
             if (!json_is_number(v) || !(fabs(json_number_value(v)) <= 100))
                 return iflow_seterr(IFLOW_EINVAL, "field 'length_penalty' must be a number from -100 to 100");
             f->length_penalty = (float)json_number_value(v);
             lp_given = 1;
         } else if (strcmp(key, "logprobs") == 0 || strcmp(key, "prompt_logprobs") == 0) {
-            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > IFLOW_MAX_TOP_LOGPROBS)
-                return iflow_seterr(IFLOW_EINVAL, "field '%s' must be an integer from 0 to %d", key,
-                                    IFLOW_MAX_TOP_LOGPROBS);
-            *(key[0] == 'l' ? &f->logprobs : &f->prompt_logprobs) = 1 + (int)json_integer_value(v);
+            int *lp = key[0] == 'l' ? &f->logprobs : &f->prompt_logprobs;
+            IFLOW_TRY(field_int(key, v, 0, IFLOW_MAX_TOP_LOGPROBS, lp));
+            *lp += 1; /* 0: absent */
             logprobs_given = 1;
         } else if (strcmp(key, "keep") == 0) {
-            if (!json_is_integer(v) || json_integer_value(v) < -1 || json_integer_value(v) > (1 << 24))
-                return iflow_seterr(IFLOW_EINVAL, "field 'keep' must be an integer from -1 to %d", 1 << 24);
-            f->keep = (int)json_integer_value(v);
+            IFLOW_TRY(field_int(key, v, -1, 1 << 24, &f->keep));
         } else if (strcmp(key, "context_shift") == 0) {
             if (!json_is_string(v) || (f->context_shift = iflow_shift_from_name(json_string_value(v))) < 0)
                 return iflow_seterr(IFLOW_EINVAL, "field 'context_shift' must be \"none\", \"rope\" or \"recompute\"");
@@ -409,38 +418,28 @@ static int parse_object(iflow_request_fields *f, const json_t *js, const iflow_r
                 return rc;
             eos_given = 1;
         } else if (strcmp(key, "min_tokens") == 0) {
-            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > (1 << 24))
-                return iflow_seterr(IFLOW_EINVAL, "field 'min_tokens' must be an integer from 0 to %d", 1 << 24);
-            f->min_tokens = (int)json_integer_value(v);
+            IFLOW_TRY(field_int(key, v, 0, 1 << 24, &f->min_tokens));
             eos_given = 1;
         } else if (strcmp(key, "ignore_eos") == 0) {
-            if (!json_is_boolean(v))
-                return iflow_seterr(IFLOW_EINVAL, "field 'ignore_eos' must be true or false");
-            f->ignore_eos = json_is_true(v);
+            IFLOW_TRY(field_bool(key, v, &f->ignore_eos));
             eos_given = 1;
         } else if (strcmp(key, "stop_token_ids") == 0) {
             if ((rc = parse_stop_ids(f, v)) < 0)
                 return rc;
             eos_given = 1;
         } else if (strcmp(key, "include_stop_str_in_output") == 0) {
-            if (!json_is_boolean(v))
-                return iflow_seterr(IFLOW_EINVAL, "field 'include_stop_str_in_output' must be true or false");
-            f->include_stop = json_is_true(v);
+            IFLOW_TRY(field_bool(key, v, &f->include_stop));
             include_given = f->include_stop;
         } else if (strcmp(key, "lora") == 0) {
             if ((rc = parse_adapter(f, v, d)) < 0)
                 return rc;
         } else if (strcmp(key, "n") == 0) {
-            if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > IFLOW_MAX_CHOICES)
-                return iflow_seterr(IFLOW_EINVAL, "field 'n' must be an integer from 1 to %d", IFLOW_MAX_CHOICES);
-            f->n = (int)json_integer_value(v);
+            IFLOW_TRY(field_int(key, v, 1, IFLOW_MAX_CHOICES, &f->n));
         } else if (strcmp(key, "tool_choice") == 0) {
             if ((rc = parse_tool_choice(&ta, v)) < 0)
                 return rc;
         } else if (strcmp(key, "parallel_tool_calls") == 0) {
-            if (!json_is_boolean(v))
-                return iflow_seterr(IFLOW_EINVAL, "field 'parallel_tool_calls' must be true or false");
-            ta.parallel = json_is_true(v);
+            IFLOW_TRY(field_bool(key, v, &ta.parallel));
             ta.parallel_given = 1;
         } else {
             if (!iflow_sampler_param_known(key))
