@@ -172,13 +172,17 @@ typedef struct {
     int include_stop;     /* --include-stop */
 } run_opts;
 
-/* --stop-token-id's ids are m's tokens (a usage error once, not an error for every prompt). */
-static void check_stop_ids(const run_opts *o, const iflow_model *m)
+/* --logit-bias's and --stop-token-id's ids are m's tokens (a usage error once, not an error for
+ * every prompt). */
+static void check_token_ids(const run_opts *o, const iflow_model *m)
 {
+    const int V = iflow_model_hparams(m)->vocab_size;
+    for (int i = 0; i < o->n_bias; i++)
+        if (o->bias_ids[i] >= V)
+            die_usage(&tool, "--logit-bias: logit bias of token %d, outside the vocabulary of %d", o->bias_ids[i], V);
     for (int i = 0; i < o->n_stop_ids; i++)
-        if (o->stop_ids[i] >= iflow_model_hparams(m)->vocab_size)
-            die_usage(&tool, "--stop-token-id %d is outside the vocabulary (%d)", o->stop_ids[i],
-                      iflow_model_hparams(m)->vocab_size);
+        if (o->stop_ids[i] >= V)
+            die_usage(&tool, "--stop-token-id %d is outside the vocabulary (%d)", o->stop_ids[i], V);
 }
 
 /* --logit-bias ID+B, ID-B or ID-inf into o's lists (room for one per argument). */
@@ -503,11 +507,7 @@ static int run_batch(const run_opts *o)
     if (cmd_model_open_lora(&m, o->model, o->dry_run ? IFLOW_MODEL_NO_VERIFY : 0, -1, &o->loras) < 0)
         die(&tool, NULL);
     check_generates(m, o->model);
-    for (int i = 0; i < o->n_bias; i++) /* once here, not in every request's error */
-        if (o->bias_ids[i] >= iflow_model_hparams(m)->vocab_size)
-            die_usage(&tool, "--logit-bias: logit bias of token %d, outside the vocabulary of %d", o->bias_ids[i],
-                      iflow_model_hparams(m)->vocab_size);
-    check_stop_ids(o, m);
+    check_token_ids(o, m);
     if (!iflow_model_tokenizer(m))
         die(&tool, "model '%s' has no tokenizer", o->model);
     batch_opts b = {.parallel = o->parallel, .n_ctx = o->n_ctx, .kv_type = o->kv_type, .threads = o->threads,
@@ -592,10 +592,10 @@ static int run(const run_opts *o)
         iflow_batch_set_comm(g.b, nccl ? nccl : comm) < 0 ||
         (draft && iflow_batch_set_draft(g.b, draft, o->draft_n, o->draft_top_k, o->draft_top_p) < 0))
         die(&tool, NULL);
-    for (int i = 0; i < o->n_bias; i++) /* checked here, before the first prompt; and shown by -v */
+    check_token_ids(o, m);
+    for (int i = 0; i < o->n_bias; i++) /* for -v's description of the chain */
         if (iflow_sampler_add_bias(chain, o->bias_ids[i], o->bias_values[i], -1) < 0)
-            die_usage(&tool, "--logit-bias: %s", iflow_errmsg());
-    check_stop_ids(o, m);
+            die(&tool, NULL);
     if (o->grammar && iflow_batch_check_grammar(g.b, o->grammar) < 0) /* a token it names: once, with its option */
         die(&tool, "%s: %s", o->grammar_opt, iflow_errmsg());
     iflow_batch_set_graphs(g.b, o->dev.gpu_graphs);
@@ -725,6 +725,15 @@ static iflow_grammar *constraint_grammar(const constraint_opts *co, char *label,
         die(&tool, "--%s: %s", name, iflow_errmsg());
     }
     return g;
+}
+
+/* What main() allocated for the options' lists. */
+static void opts_free(run_opts *o, constraint_opts *co)
+{
+    free(o->stops);
+    free(o->bias_ids);
+    free(o->bias_values);
+    free(co->choices);
 }
 
 int main(int argc, char **argv)
@@ -857,10 +866,7 @@ int main(int argc, char **argv)
     o.dev.verbose = o.verbose;
     if (o.list_devices) {
         devices_list(&tool, o.json);
-        free(o.stops);
-        free(o.bias_ids);
-        free(o.bias_values);
-        free(co.choices);
+        opts_free(&o, &co);
         return 0;
     }
     if (opt_index() < argc)
@@ -931,10 +937,7 @@ int main(int argc, char **argv)
                              .json = o.json, .verbose = o.verbose, .dev = o.dev};
         if (strcmp(o.model, "-") == 0 && !o.prompt)
             die_usage(&tool, "the model comes from standard input, so the text must come from -p");
-        free(o.stops);
-        free(o.bias_ids);
-        free(o.bias_values);
-        free(co.choices);
+        opts_free(&o, &co);
         return translate_run(&tool, &to);
     }
     if (o.embed) {
@@ -942,18 +945,12 @@ int main(int argc, char **argv)
                          .verbose = o.verbose, .dev = o.dev};
         if (strcmp(o.model, "-") == 0 && !o.prompt)
             die_usage(&tool, "the model comes from standard input, so the text must come from -p");
-        free(o.stops);
-        free(o.bias_ids);
-        free(o.bias_values);
-        free(co.choices);
+        opts_free(&o, &co);
         return embed_run(&tool, &eo);
     }
     o.grammar = constraint_grammar(&co, o.grammar_opt, sizeof o.grammar_opt);
     int rc = o.tokenize ? tokenize(&o) : o.batch || o.dry_run ? run_batch(&o) : run(&o);
     iflow_grammar_close(o.grammar);
-    free(o.stops);
-    free(o.bias_ids);
-    free(o.bias_values);
-    free(co.choices);
+    opts_free(&o, &co);
     return rc;
 }
