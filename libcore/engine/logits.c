@@ -399,6 +399,8 @@ void iflow_cands_fsd(iflow_cands *cs, const int32_t *hist, int n_hist, int k, fl
     float mx = max_logit(cs);
     double z = mx == -INFINITY ? cs->n : normalizer(cs, mx);
     iflow_cands_top_k(cs, k < 1 ? 1 : k);
+    while (cs->n > 1 && cs->c[cs->n - 1].logit == -INFINITY) /* banned: never scored above a possible token */
+        cs->n--;
     for (int i = 0; i < cs->n; i++) {
         double plm = (mx == -INFINITY ? 1 : expf(cs->c[i].logit - mx)) / z;
         cs->c[i].p = (float)((1 - alpha) * plm - alpha * iflow_antilm_prob(hist, n_hist, n, beta, cs->c[i].id));

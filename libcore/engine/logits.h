@@ -89,8 +89,9 @@ int32_t iflow_cands_mirostat2(iflow_cands *cs, float tau, float eta, float *mu, 
  */
 /* hist: [n_hist] the prefix. */
 float iflow_antilm_prob(const int32_t *hist, int n_hist, int n, float beta, int32_t y);
-/* Keep the k most likely candidates and set p to their FSD score (it may be negative); the list
- * is then ordered by falling score, ties by rising id, so c[0] is FSD's choice. */
+/* Keep the k most likely candidates (less those at -inf, banned, while another is left) and set
+ * p to their FSD score (it may be negative); the list is then ordered by falling score, ties by
+ * rising id, so c[0] is FSD's choice. */
 void iflow_cands_fsd(iflow_cands *cs, const int32_t *hist, int n_hist, int k, float alpha, int n, float beta);
 /* Randomized FSD's draw: token at u in the distribution proportional to max(score, 0) of a list
  * that iflow_cands_fsd() scored; c[0] when no score is positive. */

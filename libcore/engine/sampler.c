@@ -17,11 +17,23 @@ typedef struct {
     int until;
 } bias_entry;
 
+/* A banned sequence (a bad word's tokens): ban_ids[off + len - 1] is banned wherever the tokens
+ * accepted from hist[from] on end with ban_ids[off .. off + len - 1). */
+typedef struct {
+    int off, len, from;
+} ban_entry;
+
 struct iflow_sampler {
     iflow_sampler_params p; /* defaults filled in */
     int n_vocab;
     bias_entry *bias;       /* [n_bias] in the order added */
     int n_bias, cap_bias;
+    uint8_t *allowed;       /* [n_vocab] 1: may be drawn; NULL: every token may */
+    int n_allowed;
+    ban_entry *ban;         /* [n_ban] */
+    int n_ban, cap_ban;
+    int32_t *ban_ids;       /* [n_ban_ids] the sequences' tokens, end to end */
+    int n_ban_ids, cap_ban_ids;
     uint64_t st[4];         /* xoshiro256** state */
     iflow_cand *c;          /* [n_vocab] scratch */
     int32_t *hist;          /* [cap] accepted tokens */
@@ -259,6 +271,9 @@ void iflow_sampler_close(iflow_sampler *s)
         free(s->c);
         free(s->hist);
         free(s->bias);
+        free(s->allowed);
+        free(s->ban);
+        free(s->ban_ids);
     }
     free(s);
 }
@@ -266,6 +281,8 @@ void iflow_sampler_close(iflow_sampler *s)
 void iflow_sampler_reset(iflow_sampler *s)
 {
     s->n_hist = 0;
+    for (int i = 0; i < s->n_ban; i++)
+        s->ban[i].from = 0;
     s->mu = 2 * s->p.mirostat_tau;
     s->n_sampled = 0;
 }
@@ -302,7 +319,61 @@ int iflow_sampler_add_bias(iflow_sampler *s, int32_t id, float bias, int until)
     return 0;
 }
 
-void iflow_sampler_clear_bias(iflow_sampler *s) { s->n_bias = 0; }
+int iflow_sampler_allow(iflow_sampler *s, const int32_t *ids, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= s->n_vocab)
+            return iflow_seterr(IFLOW_ERANGE, "allowed token %d is outside the vocabulary of %d", ids[i], s->n_vocab);
+    if (n <= 0) {
+        free(s->allowed);
+        s->allowed = NULL, s->n_allowed = 0;
+        return 0;
+    }
+    if (!s->allowed && !(s->allowed = malloc((size_t)s->n_vocab)))
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    memset(s->allowed, 0, (size_t)s->n_vocab);
+    s->n_allowed = 0;
+    for (int i = 0; i < n; i++) {
+        s->n_allowed += !s->allowed[ids[i]];
+        s->allowed[ids[i]] = 1;
+    }
+    return 0;
+}
+
+int iflow_sampler_ban_sequence(iflow_sampler *s, const int32_t *ids, int n)
+{
+    if (n <= 0)
+        return iflow_seterr(IFLOW_EINVAL, "a banned sequence of %d tokens: at least 1", n);
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= s->n_vocab)
+            return iflow_seterr(IFLOW_ERANGE, "banned token %d is outside the vocabulary of %d", ids[i], s->n_vocab);
+    if (s->n_ban == s->cap_ban) {
+        int cap = s->cap_ban ? 2 * s->cap_ban : 8;
+        ban_entry *b = realloc(s->ban, (size_t)cap * sizeof *b);
+        if (!b)
+            return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+        s->ban = b, s->cap_ban = cap;
+    }
+    if (s->n_ban_ids + n > s->cap_ban_ids) {
+        int cap = 2 * (s->n_ban_ids + n) + 16;
+        int32_t *t = realloc(s->ban_ids, (size_t)cap * sizeof *t);
+        if (!t)
+            return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+        s->ban_ids = t, s->cap_ban_ids = cap;
+    }
+    memcpy(s->ban_ids + s->n_ban_ids, ids, (size_t)n * sizeof *ids);
+    s->ban[s->n_ban++] = (ban_entry){s->n_ban_ids, n, s->n_hist};
+    s->n_ban_ids += n;
+    return 0;
+}
+
+void iflow_sampler_clear_bias(iflow_sampler *s)
+{
+    s->n_bias = 0;
+    free(s->allowed);
+    s->allowed = NULL, s->n_allowed = 0;
+    s->n_ban = s->n_ban_ids = 0;
+}
 
 static int has_penalties(const iflow_sampler_params *p)
 {
@@ -312,7 +383,7 @@ static int has_penalties(const iflow_sampler_params *p)
 int iflow_sampler_is_greedy(const iflow_sampler *s)
 {
     int k = s->p.kind;
-    return !has_penalties(&s->p) && !s->n_bias &&
+    return !has_penalties(&s->p) && !s->n_bias && !s->allowed && !s->n_ban &&
            (k == IFLOW_SAMPLER_GREEDY ||
             (s->p.temp == 0 && (k == IFLOW_SAMPLER_CHAIN || k == IFLOW_SAMPLER_MIROSTAT || k == IFLOW_SAMPLER_MIROSTAT2)));
 }
@@ -326,8 +397,19 @@ int32_t iflow_argmax(const float *x, int n)
     return best;
 }
 
-/* The vocabulary as candidates, with the biases in force (first, as llama.cpp's chain) and then
- * the penalties of the recent tokens applied. */
+/* 1 when ban b is in force: the tokens accepted since it began end with its sequence's head. */
+static int ban_applies(const iflow_sampler *s, const ban_entry *b)
+{
+    int head = b->len - 1;
+    if (head == 0)
+        return 1;
+    return s->n_hist - b->from >= head &&
+           memcmp(s->hist + s->n_hist - head, s->ban_ids + b->off, (size_t)head * sizeof *s->hist) == 0;
+}
+
+/* The vocabulary as candidates, with the biases in force (first, as llama.cpp's chain), then the
+ * tokens not allowed and those banned by a sequence at -inf, then the penalties of the recent
+ * tokens applied. */
 static void penalized(iflow_sampler *s, const float *logits, iflow_cands *cs)
 {
     const iflow_sampler_params *p = &s->p;
@@ -335,6 +417,12 @@ static void penalized(iflow_sampler *s, const float *logits, iflow_cands *cs)
     for (int i = 0; i < s->n_bias; i++) /* the candidates are in id order still */
         if (s->bias[i].until < 0 || s->n_hist < s->bias[i].until)
             cs->c[s->bias[i].id].logit += s->bias[i].bias;
+    for (int i = 0; s->allowed && i < s->n_vocab; i++)
+        if (!s->allowed[i])
+            cs->c[i].logit = -INFINITY;
+    for (int i = 0; i < s->n_ban; i++)
+        if (ban_applies(s, &s->ban[i]))
+            cs->c[s->ban_ids[s->ban[i].off + s->ban[i].len - 1]].logit = -INFINITY;
     int w = p->repeat_last_n < 0 || p->repeat_last_n > s->n_hist ? s->n_hist : p->repeat_last_n;
     if (w > 0)
         iflow_cands_penalize(cs, s->hist + s->n_hist - w, w, p->repeat_penalty, p->frequency_penalty,
@@ -447,6 +535,9 @@ void iflow_sampler_truncate(iflow_sampler *s, int n)
 {
     if (n >= 0 && n < s->n_hist)
         s->n_hist = n;
+    for (int i = 0; i < s->n_ban; i++) /* a ban begun among the tokens forgotten begins where they did */
+        if (s->ban[i].from > s->n_hist)
+            s->ban[i].from = s->n_hist;
 }
 
 int32_t iflow_spec_verify(const float *p, const float *q, int n, int32_t d, double u_accept, double u_draw, int top_k,
@@ -498,6 +589,10 @@ const char *iflow_sampler_describe(const iflow_sampler *s, char *buf, int cap)
     buf[0] = 0;
     if (s->n_bias)
         ADD("logit bias (%d) -> ", s->n_bias);
+    if (s->allowed)
+        ADD("allowed (%d) -> ", s->n_allowed);
+    if (s->n_ban)
+        ADD("banned sequences (%d) -> ", s->n_ban);
     if (has_penalties(p)) {
         char last[16] = "all";
         if (p->repeat_last_n >= 0)

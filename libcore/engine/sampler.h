@@ -76,9 +76,19 @@ int32_t iflow_sampler_sample(iflow_sampler *s, const float *logits);
  * they stay through iflow_sampler_reset() until iflow_sampler_clear_bias(). IFLOW_ERANGE for
  * an id outside the vocabulary, IFLOW_EINVAL for NaN or +inf. */
 int  iflow_sampler_add_bias(iflow_sampler *s, int32_t id, float bias, int until);
+/* Only tokens ids [n] may be drawn from now on (vLLM's allowed_token_ids): every other logit is
+ * -inf after the biases; n 0 lifts the restriction. Stays through reset(). IFLOW_ERANGE for an
+ * id outside the vocabulary. */
+int  iflow_sampler_allow(iflow_sampler *s, const int32_t *ids, int n);
+/* Ban a sequence of tokens ids [n] (one of vLLM's bad_words, tokenized): its last token is -inf
+ * wherever the tokens accepted since this call (or the last reset, if later) end with its first
+ * n - 1; a sequence of one token is banned always. Stays through reset(). */
+int  iflow_sampler_ban_sequence(iflow_sampler *s, const int32_t *ids, int n);
+/* Drop every bias, the allowed set and the banned sequences. */
 void iflow_sampler_clear_bias(iflow_sampler *s);
-/* 1 when the choice is always the argmax of the raw logits (greedy, no penalties, no bias): the
- * caller may then find it on the device that computed the logits and skip the sampler. */
+/* 1 when the choice is always the argmax of the raw logits (greedy, no penalties, no bias, no
+ * allowed set or banned sequence): the caller may then find it on the device that computed the
+ * logits and skip the sampler. */
 int iflow_sampler_is_greedy(const iflow_sampler *s);
 /* ---- for speculative decoding ----
  * 1 when the choice is a draw from a fixed distribution of the logits (the chain, greedy;

@@ -9,6 +9,7 @@ struct iflow_stop {
     char **str;       /* [n] copies */
     size_t *len;      /* [n] */
     int n, which;
+    int disarmed;     /* iflow_stop_arm(s, 0): matches are not looked for */
     char *buf;        /* [cap]: buf[start .. len) is held back, not emitted yet */
     size_t start, used, cap;
 };
@@ -53,7 +54,10 @@ void iflow_stop_reset(iflow_stop *s)
 {
     s->start = s->used = 0;
     s->which = -1;
+    s->disarmed = 0;
 }
+
+void iflow_stop_arm(iflow_stop *s, int armed) { s->disarmed = !armed; }
 
 int iflow_stop_which(const iflow_stop *s) { return s->which; }
 
@@ -91,8 +95,10 @@ int iflow_stop_feed(iflow_stop *s, const char *text, size_t n, const char **emit
     s->used += n;
     const char *t = s->buf;
     size_t len = s->used, at = len;
-    for (int i = 0; i < s->n; i++) {
-        const char *m = memmem(t, len, s->str[i], s->len[i]);
+    for (int i = 0; i < s->n && !s->disarmed; i++) { /* a match must take a byte of text: one within the
+                                                      * held tail was passed while disarmed */
+        size_t from = held >= s->len[i] ? held - s->len[i] + 1 : 0;
+        const char *m = memmem(t + from, len - from, s->str[i], s->len[i]);
         if (m && (size_t)(m - t) < at)
             at = (size_t)(m - t), s->which = i;
     }

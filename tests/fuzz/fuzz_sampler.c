@@ -3,7 +3,10 @@
  * and the stop-string matcher fed the input in pieces.
  *
  * Input: lines "name=value" up to a line "--"; the rest is bytes: logits (int8 / 8), tokens
- * (byte % 16) and the text the stop matcher sees (stop strings: the first two 3-byte runs). */
+ * (byte % 16) and the text the stop matcher sees (stop strings: the first two 3-byte runs).
+ * When the first byte is odd the sampler allows four tokens (bytes 0-3 % 16) and bans a
+ * sequence (bytes 4-5, one or two tokens): a token drawn must be allowed and not banned where
+ * another is. The matcher is disarmed for the pieces whose length byte is >= 0x80. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,12 +48,30 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     iflow_sampler *s;
     if (iflow_sampler_open(&s, &p, NV) == 0) {
         float logits[NV];
+        const int limit = n >= 6 && (b[0] & 1);
+        int32_t allow[4] = {0}, ban[2] = {0}, last = -1;
+        const int ban_len = n >= 6 ? 1 + (b[1] & 1) : 0;
+        for (int j = 0; limit && j < 4; j++)
+            allow[j] = b[j] % NV;
+        for (int j = 0; limit && j < 2; j++)
+            ban[j] = b[4 + j] % NV;
+        if (limit && (iflow_sampler_allow(s, allow, 4) < 0 || iflow_sampler_ban_sequence(s, ban, ban_len) < 0))
+            abort();
         for (size_t i = 0; i + NV <= n && i < 64 * NV; i += NV) {
             for (int j = 0; j < NV; j++)
                 logits[j] = (float)(int8_t)b[i + (size_t)j] / 8.0f;
             int32_t t = iflow_sampler_sample(s, logits);
             if (t < 0 || t >= NV)
                 abort();
+            /* the token the sequence bans now (the accepted tokens end with its head), or -1 */
+            int32_t banned = limit && (ban_len == 1 || last == ban[0]) ? ban[ban_len - 1] : -1, ok = 0, open = 0;
+            for (int j = 0; limit && j < 4; j++) {
+                ok |= t == allow[j] && t != banned;
+                open |= allow[j] != banned;
+            }
+            if (limit && open && !ok)
+                abort();
+            last = b[i] % NV;
             iflow_sampler_accept(s, t);
             iflow_sampler_accept(s, b[i] % NV);
         }
@@ -71,6 +92,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                     k = n - at;
                 const char *e;
                 size_t ne;
+                iflow_stop_arm(m, b[at] < 0x80);
                 done = iflow_stop_feed(m, rest + at, k, &e, &ne) == 1;
                 emitted += ne;
                 at += k;

@@ -467,6 +467,73 @@ static void test_bias(void)
     iflow_sampler_close(s);
 }
 
+/* Allowed tokens and banned sequences (vLLM's allowed_token_ids and bad_words). */
+static void test_allow_and_ban(void)
+{
+    iflow_sampler *s;
+    iflow_sampler_params g = {0}; /* greedy */
+    CHECK(iflow_sampler_open(&s, &g, V) == 0, "open");
+    const int32_t some[3] = {5, 2, 5};
+    CHECK(iflow_sampler_allow(s, some, 3) == 0 && !iflow_sampler_is_greedy(s), "an allowed set needs the logits");
+    CHECK(iflow_sampler_sample(s, L8) == 2, "allowed {2, 5}: token 2 (1.1) over 5 (-0.2)");
+    float probs[V];
+    CHECK(iflow_sampler_dist(s, L8, probs) == 0 && probs[2] == 1, "greedy's distribution: all on the allowed best");
+    CHECK(iflow_sampler_allow(s, NULL, 0) == 0 && iflow_sampler_is_greedy(s), "lifted");
+    CHECK_ERR(iflow_sampler_allow(s, (int32_t[]){1, V}, 2), IFLOW_ERANGE, "allowed token 8", "outside the vocabulary");
+    /* the sequence 6 0: token 0 is banned right after a 6 accepted from now on */
+    iflow_sampler_accept(s, 6); /* before the ban: does not count */
+    CHECK(iflow_sampler_ban_sequence(s, (int32_t[]){6, 0}, 2) == 0 && !iflow_sampler_is_greedy(s), "ban 6 0");
+    CHECK(iflow_sampler_sample(s, L8) == 0, "the 6 came before the ban: 0 (2.0) stays");
+    iflow_sampler_accept(s, 6);
+    CHECK(iflow_sampler_sample(s, L8) == 1, "after a 6: 0 banned, the next best 1 (1.5)");
+    iflow_sampler_accept(s, 1);
+    CHECK(iflow_sampler_sample(s, L8) == 0, "after a 1: 0 again");
+    iflow_sampler_truncate(s, 0); /* forgets the tokens before the ban too: it counts from 0 */
+    iflow_sampler_accept(s, 6);
+    CHECK(iflow_sampler_sample(s, L8) == 1, "after a truncation below the ban's start, a 6 counts");
+    iflow_sampler_reset(s);
+    iflow_sampler_accept(s, 6);
+    CHECK(iflow_sampler_sample(s, L8) == 1, "a reset keeps the ban (and counts from 0)");
+    CHECK(iflow_sampler_ban_sequence(s, (int32_t[]){1}, 1) == 0, "a one-token sequence");
+    iflow_sampler_reset(s);
+    CHECK(iflow_sampler_sample(s, L8) == 0 && iflow_sampler_accept(s, 6) == 0, "0 first");
+    CHECK(iflow_sampler_sample(s, L8) == 2, "after a 6: 0 and 1 banned, 2 (1.1)");
+    CHECK_ERR(iflow_sampler_ban_sequence(s, (int32_t[]){1, V}, 2), IFLOW_ERANGE, "banned token 8",
+              "outside the vocabulary");
+    CHECK_ERR(iflow_sampler_ban_sequence(s, some, 0), IFLOW_EINVAL, "0 tokens", "at least 1");
+    iflow_sampler_clear_bias(s);
+    CHECK(iflow_sampler_is_greedy(s) && iflow_sampler_sample(s, L8) == 0, "cleared: greedy again");
+    iflow_sampler_close(s);
+    /* FSD with one token allowed and k 3: the anti-LM pushes that token's score below 0 (token 0
+     * after "0 0 0 0"), yet the two banned ones at -inf (score 0) are not FSD's to choose */
+    for (int kind = IFLOW_SAMPLER_FSD; kind <= IFLOW_SAMPLER_RFSD; kind++) {
+        iflow_sampler_params f = {.kind = kind, .fsd_k = 3, .fsd_alpha = 0.9f, .seed = 2};
+        CHECK(iflow_sampler_open(&s, &f, V) == 0 && iflow_sampler_allow(s, some + 1, 1) == 0, "open");
+        for (int i = 0; i < 6; i++)
+            iflow_sampler_accept(s, 2);
+        int only = 1;
+        for (int i = 0; i < 50; i++)
+            only &= iflow_sampler_sample(s, L8) == 2;
+        CHECK(only, "%s, only token 2 allowed: always 2", iflow_sampler_kind_name(kind));
+        iflow_sampler_close(s);
+    }
+    /* sampled: the chain's distribution is the softmax over the allowed tokens */
+    iflow_sampler_params p = {.temp = 1, .seed = 5};
+    CHECK(iflow_sampler_open(&s, &p, V) == 0, "open");
+    const int32_t three[3] = {1, 4, 7};
+    iflow_sampler_allow(s, three, 3);
+    double d[V], want[V];
+    int keep[V] = {0, 1, 0, 0, 1, 0, 0, 1};
+    to_double(L8, d, V);
+    ref_softmax(d, keep, V, 1, want);
+    CHECK(iflow_sampler_dist(s, L8, probs) == 0, "dist");
+    double worst = 0;
+    for (int i = 0; i < V; i++)
+        worst = fmax(worst, fabs(probs[i] - want[i]));
+    CHECK(worst < 1e-6, "the distribution over {1, 4, 7} (%.3g off)", worst);
+    iflow_sampler_close(s);
+}
+
 static void test_mirostat(void)
 {
     /* v2, one step: the prefix with surprise <= mu, renormalized; mu moves by eta * error. */
@@ -822,6 +889,7 @@ int main(void)
     RUN(test_tail_free);
     RUN(test_penalties);
     RUN(test_bias);
+    RUN(test_allow_and_ban);
     RUN(test_mirostat);
     RUN(test_antilm);
     RUN(test_fsd);

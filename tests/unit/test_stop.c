@@ -1,13 +1,15 @@
 /* test_stop: stop strings found across piece boundaries, against a brute-force search of the
  * text after each piece; nothing of a stop string is ever emitted, and nothing else is held
- * back at the end. */
+ * back at the end. Pieces fed disarmed (min_tokens) complete no stop string; the first armed
+ * piece completes one that began in them. */
 #include "check.h"
 #include "libcore/base/error.h"
 #include "libcore/engine/stop.h"
 
 /* Feed text in pieces cut at cuts[] (rising, < len); return what was emitted (malloc'd), the
  * matched index in *which. Checks on the way that the emitted text stays a prefix of want. */
-static char *run(iflow_stop *s, const char *text, const int *cuts, int n_cuts, const char *want, int *which)
+static char *run_armed(iflow_stop *s, const char *text, const int *cuts, int n_cuts, int armed_from, const char *want,
+                       int *which)
 {
     size_t len = strlen(text), out_len = 0;
     char *out = calloc(len + 1, 1);
@@ -16,6 +18,7 @@ static char *run(iflow_stop *s, const char *text, const int *cuts, int n_cuts, c
         int end = c < n_cuts ? cuts[c] : (int)len;
         const char *e;
         size_t ne;
+        iflow_stop_arm(s, c >= armed_from);
         int rc = iflow_stop_feed(s, text + at, (size_t)(end - at), &e, &ne);
         CHECK(rc >= 0, "feed: %s", iflow_errmsg());
         memcpy(out + out_len, e, ne);
@@ -36,30 +39,38 @@ static char *run(iflow_stop *s, const char *text, const int *cuts, int n_cuts, c
     return out;
 }
 
-/* Brute force: the earliest match over all strings in text[0..len) (ties: the first string). */
-static int first_match(const char *text, size_t len, const char *const *stops, int n, size_t *pos)
+static char *run(iflow_stop *s, const char *text, const int *cuts, int n_cuts, const char *want, int *which)
 {
-    char buf[128];
-    memcpy(buf, text, len);
-    buf[len] = 0;
+    return run_armed(s, text, cuts, n_cuts, 0, want, which);
+}
+
+/* Brute force: the earliest match over all strings in text[0..len) that ends after `after` (ties:
+ * the first string). */
+static int first_match(const char *text, size_t len, size_t after, const char *const *stops, int n, size_t *pos)
+{
     int w = -1;
     *pos = len;
     for (int i = 0; i < n; i++) {
-        const char *m = strstr(buf, stops[i]);
-        if (m && (size_t)(m - buf) < *pos)
-            *pos = (size_t)(m - buf), w = i;
+        size_t l = strlen(stops[i]);
+        for (size_t p = 0; p + l <= len && p < *pos; p++)
+            if (p + l > after && memcmp(text + p, stops[i], l) == 0) {
+                *pos = p, w = i;
+                break;
+            }
     }
     return w;
 }
 
-/* What a stream must do: stop at the first piece after which the text so far holds a stop
- * string (generation cannot wait for a longer one that began earlier), cutting at the earliest
- * match in that text. */
-static int stream_match(const char *text, const int *cuts, int n_cuts, const char *const *stops, int n, size_t *pos)
+/* What a stream must do: stop at the first piece from armed_from on that completes a stop string
+ * (generation cannot wait for a longer one that began earlier; one that a disarmed piece
+ * completed does not count), cutting at the earliest such match in the text so far. */
+static int stream_match(const char *text, const int *cuts, int n_cuts, int armed_from, const char *const *stops, int n,
+                        size_t *pos)
 {
     size_t len = strlen(text);
-    for (int c = 0; c <= n_cuts; c++) {
-        int w = first_match(text, c < n_cuts ? (size_t)cuts[c] : len, stops, n, pos);
+    for (int c = armed_from; c <= n_cuts; c++) {
+        size_t start = c > 0 ? (size_t)cuts[c - 1] : 0;
+        int w = first_match(text, c < n_cuts ? (size_t)cuts[c] : len, start, stops, n, pos);
         if (w >= 0)
             return w;
     }
@@ -84,6 +95,20 @@ static void test_examples(void)
     iflow_stop_reset(s);
     out = run(s, "no stop here: The en", NULL, 0, "no stop here: The en", &which);
     CHECK(strcmp(out, "no stop here: The en") == 0 && which == -1, "a partial stop string at the end is flushed");
+    free(out);
+    iflow_stop_close(s);
+
+    /* disarmed for the first piece: the 'b' it completed does not count, though the tail "ab"
+     * (a prefix of "abc") is still held; the armed piece completes "abc" across the boundary */
+    const char *nested[] = {"abc", "b"};
+    CHECK(iflow_stop_open(&s, nested, 2) == 0, "open");
+    int at3[] = {3};
+    out = run_armed(s, "xabz", at3, 1, 1, "xabz", &which);
+    CHECK(strcmp(out, "xabz") == 0 && which == -1, "a stop string passed while disarmed: '%s' (%d)", out, which);
+    free(out);
+    iflow_stop_reset(s);
+    out = run_armed(s, "xabcd", at3, 1, 1, "x", &which);
+    CHECK(strcmp(out, "x") == 0 && which == 0, "one completed by the first armed piece: '%s' (%d)", out, which);
     free(out);
     iflow_stop_close(s);
 
@@ -120,7 +145,8 @@ static void test_random(void)
             if (rnd_u32() % 3 == 0)
                 cuts[n_cuts++] = i;
         size_t pos;
-        int want_which = stream_match(text, cuts, n_cuts, stops, n, &pos);
+        int armed_from = trial % 2 ? 0 : (int)(rnd_u32() % (unsigned)(n_cuts + 2)); /* half of them armed throughout */
+        int want_which = stream_match(text, cuts, n_cuts, armed_from, stops, n, &pos);
         char want[64];
         memcpy(want, text, pos);
         want[pos] = 0;
@@ -130,9 +156,10 @@ static void test_random(void)
             return;
         }
         int which;
-        char *out = run(s, text, cuts, n_cuts, want, &which);
-        CHECK(strcmp(out, want) == 0 && which == want_which, "text '%s' stops '%s' '%s' '%s': got '%s' (%d), want '%s' (%d)",
-              text, stops[0], n > 1 ? stops[1] : "", n > 2 ? stops[2] : "", out, which, want, want_which);
+        char *out = run_armed(s, text, cuts, n_cuts, armed_from, want, &which);
+        CHECK(strcmp(out, want) == 0 && which == want_which,
+              "text '%s' stops '%s' '%s' '%s' armed from piece %d: got '%s' (%d), want '%s' (%d)", text, stops[0],
+              n > 1 ? stops[1] : "", n > 2 ? stops[2] : "", armed_from, out, which, want, want_which);
         free(out);
         iflow_stop_close(s);
     }
