@@ -269,9 +269,15 @@ static item *parse_line(const reader *rd, const char *line, size_t len, long lin
                          .grammar = it->f.grammar, .adapter = it->f.adapter, .bias_ids = it->f.bias_ids,
                          .bias_values = it->f.bias_values, .n_bias = it->f.n_bias, .min_tokens = it->f.min_tokens,
                          .ignore_eos = it->f.ignore_eos, .stop_ids = it->f.stop_ids,
-                         .n_stop_ids = it->f.n_stop_ids, .include_stop = it->f.include_stop};
+                         .n_stop_ids = it->f.n_stop_ids, .include_stop = it->f.include_stop,
+                         .allowed_ids = it->f.allowed_ids, .n_allowed = it->f.n_allowed};
     for (int i = 0; i < it->f.n_stop; i++)
         q->stop[i] = it->f.stop[i];
+    if (iflow_request_bad_words(&it->f, iflow_model_tokenizer(rd->m)) < 0) {
+        item_fail(it, "%s", iflow_errmsg());
+        return it;
+    }
+    q->bad_ids = it->f.bad_ids, q->bad_lens = it->f.bad_lens, q->n_bad = it->f.n_bad;
     if (it->f.messages && chat_prompt(rd, it) < 0) {
         item_fail(it, "%s", iflow_errmsg());
         return it;
@@ -309,6 +315,11 @@ static item *parse_line(const reader *rd, const char *line, size_t len, long lin
         q->prompt_logprobs_from = (int)n_context;
         if (q->prompt_logprobs < 2)
             q->prompt_logprobs = 2; /* the most likely token too: whether the continuation is greedy */
+    }
+    int keep = it->f.truncate_prompt_tokens < 0 ? rd->n_ctx - 1 : it->f.truncate_prompt_tokens;
+    if (keep > 0 && n > (size_t)keep) { /* vLLM's truncate_prompt_tokens: the last `keep` tokens */
+        memmove(ids, ids + (n - (size_t)keep), (size_t)keep * sizeof *ids);
+        n = (size_t)keep;
     }
     q->prompt = ids;
     q->n_prompt = (int)n;

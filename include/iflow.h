@@ -263,6 +263,11 @@ IFLOW_API int32_t iflow_sampler_sample(iflow_sampler *s, const float *logits);
  * been accepted since the last reset (until < 0: always); -INFINITY bans the token. Biases stay
  * through reset() until clear_bias(). */
 IFLOW_API int  iflow_sampler_add_bias(iflow_sampler *s, int32_t id, float bias, int until);
+/* Only tokens ids [n] may be drawn (vLLM's allowed_token_ids; n 0: any again). */
+IFLOW_API int  iflow_sampler_allow(iflow_sampler *s, const int32_t *ids, int n);
+/* Ban ids [n] as a sequence (vLLM's bad_words): its last token may not follow its first n - 1
+ * among the tokens accepted from now on (one token: never drawn). clear_bias() drops these too. */
+IFLOW_API int  iflow_sampler_ban_sequence(iflow_sampler *s, const int32_t *ids, int n);
 IFLOW_API void iflow_sampler_clear_bias(iflow_sampler *s);
 /* The chain as it runs, one line, into buf (cap bytes); returns buf. */
 IFLOW_API const char *iflow_sampler_describe(const iflow_sampler *s, char *buf, int cap);
@@ -320,6 +325,8 @@ IFLOW_API int iflow_shift_from_name(const char *name);
 #define IFLOW_MAX_TOP_LOGPROBS 20
 #define IFLOW_MAX_BIAS 1024 /* iflow_request.n_bias */
 #define IFLOW_MAX_STOP_IDS 16 /* iflow_request.n_stop_ids */
+#define IFLOW_MAX_BAD_WORDS 128 /* iflow_request.n_bad: sequences (vLLM's bounds) */
+#define IFLOW_MAX_BAD_TOKENS 1024 /* and their tokens together */
 /* A position's log-probabilities, natural log, of the model's own distribution (log_softmax of
  * its logits in double precision, before any sampling step): the token's, and those of the
  * n_top most likely tokens there, most likely first (the lower id first among equals). */
@@ -380,9 +387,10 @@ typedef struct {
     const int32_t *bias_ids;
     const float *bias_values;
     int n_bias;
-    int min_tokens;                 /* the model's end-of-sequence tokens are banned until this
-                                     * many tokens are generated (vLLM's min_tokens; stop strings
-                                     * still end the text); at most max_tokens             */
+    int min_tokens;                 /* the model's end-of-sequence tokens are banned, and no
+                                     * stop string ends the text, until this many tokens are
+                                     * generated (vLLM's min_tokens; a stop string that the
+                                     * token reaching it completes counts); <= max_tokens   */
     int ignore_eos;                 /* 1: they are banned throughout (llama.cpp's --ignore-eos):
                                      * the text ends at max_tokens, a stop string, the context or
                                      * the grammar                                          */
@@ -396,6 +404,17 @@ typedef struct {
     int include_stop;               /* 1: the stop string that ended the text stays at its end
                                      * (vLLM's include_stop_str_in_output; what followed it in
                                      * the same token still goes)                          */
+    /* Optional: only these tokens may be generated (vLLM's allowed_token_ids; copied; the
+     * end-of-sequence tokens too only if listed) */
+    const int32_t *allowed_ids;
+    int n_allowed;
+    /* Optional: banned token sequences (vLLM's bad_words, tokenized): the last token of each may
+     * not follow the rest of it among the generated tokens (one token: never generated).
+     * bad_ids holds them end to end, bad_lens [n_bad] their lengths (>= 1; copied; at most
+     * IFLOW_MAX_BAD_WORDS sequences of IFLOW_MAX_BAD_TOKENS tokens together) */
+    const int32_t *bad_ids;
+    const int *bad_lens;
+    int n_bad;
 } iflow_request;
 
 #define IFLOW_MAX_GRAMMAR_AFTER 63

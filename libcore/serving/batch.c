@@ -25,6 +25,7 @@ typedef struct req {
     int32_t stop_ids[IFLOW_MAX_STOP_IDS]; /* tokens that end it (iflow_request.stop_ids)     */
     int n_stop_ids;
     int include_stop;             /* the stop string that ends it stays in the text        */
+    int min_tokens;               /* no stop string ends it before this many tokens        */
     int clipped;                  /* max_tokens was cut to what the context holds          */
     const int32_t *fill;          /* PREFILL: the tokens to evaluate from position 0: the
                                    * prompt, or after a RECOMPUTE shift the kept window    */
@@ -358,12 +359,17 @@ int iflow_batch_check_grammar(iflow_batch *b, const iflow_grammar *g)
     return iflow_grammar_check_vocab(g, b->gv);
 }
 
-/* q's logit biases on sampler s (which has seen the prompt), and its end-of-sequence bans: for
- * good (ignore_eos) or until min_tokens more tokens are accepted (its stop tokens too, then). */
+/* q's logit biases on sampler s (which has seen the prompt), its allowed tokens and banned
+ * sequences (from the first generated token on), and its end-of-sequence bans: for good
+ * (ignore_eos) or until min_tokens more tokens are accepted (its stop tokens too, then). */
 static int set_biases(const iflow_hparams *hp, iflow_sampler *s, const iflow_request *q)
 {
     for (int i = 0; i < q->n_bias; i++)
         IFLOW_TRY(iflow_sampler_add_bias(s, q->bias_ids[i], q->bias_values[i], -1));
+    if (q->n_allowed)
+        IFLOW_TRY(iflow_sampler_allow(s, q->allowed_ids, q->n_allowed));
+    for (int i = 0, at = 0; i < q->n_bad; at += q->bad_lens[i++])
+        IFLOW_TRY(iflow_sampler_ban_sequence(s, q->bad_ids + at, q->bad_lens[i]));
     if (!q->ignore_eos && q->min_tokens <= 0)
         return 0;
     const int until = iflow_sampler_n_accepted(s) + q->min_tokens;
@@ -371,6 +377,30 @@ static int set_biases(const iflow_hparams *hp, iflow_sampler *s, const iflow_req
         IFLOW_TRY(iflow_sampler_add_bias(s, hp->eos[i], -INFINITY, q->ignore_eos ? -1 : until));
     for (int i = 0; i < q->n_stop_ids && q->min_tokens > 0; i++)
         IFLOW_TRY(iflow_sampler_add_bias(s, q->stop_ids[i], -INFINITY, until));
+    return 0;
+}
+
+/* q's allowed tokens and banned sequences: within their bounds and the vocabulary. */
+static int check_token_lists(const iflow_hparams *hp, const iflow_request *q)
+{
+    if (q->n_allowed < 0 || q->n_allowed > hp->vocab_size || (q->n_allowed && !q->allowed_ids))
+        return iflow_seterr(IFLOW_EINVAL, "%d allowed tokens: at most the vocabulary's %d", q->n_allowed,
+                            hp->vocab_size);
+    for (int i = 0; i < q->n_allowed; i++)
+        if (q->allowed_ids[i] < 0 || q->allowed_ids[i] >= hp->vocab_size)
+            return iflow_seterr(IFLOW_ERANGE, "allowed token %d is outside the vocabulary (%d)", q->allowed_ids[i],
+                                hp->vocab_size);
+    if (q->n_bad < 0 || q->n_bad > IFLOW_MAX_BAD_WORDS || (q->n_bad && (!q->bad_ids || !q->bad_lens)))
+        return iflow_seterr(IFLOW_EINVAL, "%d banned sequences: at most %d", q->n_bad, IFLOW_MAX_BAD_WORDS);
+    for (int i = 0, total = 0; i < q->n_bad; total += q->bad_lens[i++]) {
+        if (q->bad_lens[i] < 1 || q->bad_lens[i] > IFLOW_MAX_BAD_TOKENS - total)
+            return iflow_seterr(IFLOW_EINVAL, "banned sequence %d of %d tokens: at least 1, and at most %d tokens "
+                                "in all", i + 1, q->bad_lens[i], IFLOW_MAX_BAD_TOKENS);
+        for (int k = 0; k < q->bad_lens[i]; k++)
+            if (q->bad_ids[total + k] < 0 || q->bad_ids[total + k] >= hp->vocab_size)
+                return iflow_seterr(IFLOW_ERANGE, "banned sequence %d: token %d is outside the vocabulary (%d)",
+                                    i + 1, q->bad_ids[total + k], hp->vocab_size);
+    }
     return 0;
 }
 
@@ -410,6 +440,7 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
         if (q->stop_ids[i] < 0 || q->stop_ids[i] >= hp->vocab_size)
             return iflow_seterr(IFLOW_ERANGE, "stop token %d is outside the vocabulary (%d)", q->stop_ids[i],
                                 hp->vocab_size);
+    IFLOW_TRY(check_token_lists(hp, q));
     int shift = q->context_shift, keep = q->keep < 0 || q->keep > q->n_prompt ? q->n_prompt : q->keep;
     if (shift && keep > b->p.n_ctx - 2)
         return iflow_seterr(IFLOW_ERANGE, "keeping %d positions leaves nothing to shift in a context of %d", keep,
@@ -521,6 +552,7 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
     memcpy(r->stop_ids, q->stop_ids ? q->stop_ids : r->stop_ids, (size_t)q->n_stop_ids * sizeof *r->stop_ids);
     r->n_stop_ids = q->n_stop_ids;
     r->include_stop = q->include_stop;
+    r->min_tokens = q->min_tokens;
     r->res->n_prompt = q->n_prompt;
     r->res->t_added = now();
     r->state = QUEUED;
@@ -673,6 +705,7 @@ static int append_text(req *r, const char *piece, int n)
         return 0;
     const char *emit;
     size_t n_emit;
+    iflow_stop_arm(r->stop, r->res->n_tokens >= r->min_tokens); /* the token is counted already */
     int hit = iflow_stop_feed(r->stop, piece, (size_t)n, &emit, &n_emit);
     if (hit < 0)
         return hit;

@@ -19,6 +19,12 @@ void iflow_request_fields_free(iflow_request_fields *f)
     free(f->continuation);
     free(f->bias_ids);
     free(f->bias_values);
+    free(f->allowed_ids);
+    for (int i = 0; i < f->n_bad_words; i++)
+        free(f->bad_words[i]);
+    free(f->bad_words);
+    free(f->bad_ids);
+    free(f->bad_lens);
     json_decref(f->messages);
     json_decref(f->chat_vars);
     iflow_grammar_close(f->grammar);
@@ -333,6 +339,98 @@ static int parse_stop_ids(iflow_request_fields *f, const json_t *v)
     return 0;
 }
 
+/* "allowed_token_ids": vLLM's non-empty list of the only token ids generated. */
+static int parse_allowed(iflow_request_fields *f, const json_t *v)
+{
+    enum { MAX_ALLOWED = 1 << 20 };
+    if (!json_is_array(v) || json_array_size(v) == 0 || json_array_size(v) > MAX_ALLOWED)
+        return iflow_seterr(IFLOW_EINVAL, "field 'allowed_token_ids' must be a list of 1 to %d token ids", MAX_ALLOWED);
+    if (!(f->allowed_ids = malloc(json_array_size(v) * sizeof *f->allowed_ids)))
+        return oom();
+    size_t i;
+    json_t *e;
+    json_array_foreach(v, i, e)
+    {
+        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > INT32_MAX)
+            return iflow_seterr(IFLOW_EINVAL, "field 'allowed_token_ids' must hold token ids (integers from 0)");
+        f->allowed_ids[f->n_allowed++] = (int32_t)json_integer_value(e);
+    }
+    return 0;
+}
+
+/* "bad_words": vLLM's list of texts never generated (tokenized later: iflow_request_bad_words). */
+static int parse_bad_words(iflow_request_fields *f, const json_t *v)
+{
+    if (!json_is_array(v) || json_array_size(v) > IFLOW_MAX_BAD_WORDS)
+        return iflow_seterr(IFLOW_EINVAL, "field 'bad_words' must be a list of at most %d strings",
+                            IFLOW_MAX_BAD_WORDS);
+    if (!(f->bad_words = calloc(json_array_size(v) + 1, sizeof *f->bad_words)))
+        return oom();
+    size_t i;
+    json_t *e;
+    json_array_foreach(v, i, e)
+    {
+        const char *w = json_string_value(e);
+        if (!w || strlen(w) != json_string_length(e) || !w[strspn(w, " \t\n\r\f\v")])
+            return iflow_seterr(IFLOW_EINVAL, "field 'bad_words': word %zu must be a string with more than white "
+                                "space", i + 1);
+        if (!(f->bad_words[f->n_bad_words] = strdup(w)))
+            return oom();
+        f->n_bad_words++;
+    }
+    return 0;
+}
+
+/* ids [n] as f's next banned sequence, within the bounds. */
+static int add_bad_sequence(iflow_request_fields *f, const int32_t *ids, size_t n, int total, const char *word)
+{
+    if (f->n_bad == IFLOW_MAX_BAD_WORDS || n > (size_t)(IFLOW_MAX_BAD_TOKENS - total))
+        return iflow_seterr(IFLOW_EINVAL, "field 'bad_words': the words make more than %d token sequences or %d "
+                            "tokens (at '%s')", IFLOW_MAX_BAD_WORDS, IFLOW_MAX_BAD_TOKENS, iflow_quote(word));
+    memcpy(f->bad_ids + total, ids, n * sizeof *ids);
+    f->bad_lens[f->n_bad++] = (int)n;
+    return 0;
+}
+
+int iflow_request_bad_words(iflow_request_fields *f, const iflow_tokenizer *t)
+{
+    if (!f->n_bad_words)
+        return 0;
+    free(f->bad_ids);
+    free(f->bad_lens);
+    f->n_bad = 0;
+    f->bad_ids = malloc(IFLOW_MAX_BAD_TOKENS * sizeof *f->bad_ids);
+    f->bad_lens = malloc(IFLOW_MAX_BAD_WORDS * sizeof *f->bad_lens);
+    if (!f->bad_ids || !f->bad_lens)
+        return oom();
+    for (int w = 0, total = 0; w < f->n_bad_words; w++) {
+        const char *word = f->bad_words[w] + strspn(f->bad_words[w], " \t\n\r\f\v"); /* Python's lstrip() */
+        size_t len = strlen(word);
+        char *spaced = malloc(len + 2);
+        int32_t *plain = NULL, *inside = NULL;
+        size_t n_plain = 0, n_inside = 0;
+        int rc = spaced ? iflow_tokenizer_encode(t, word, len, 0, &plain, &n_plain) : oom();
+        if (rc == 0) {
+            spaced[0] = ' ';
+            memcpy(spaced + 1, word, len + 1);
+            rc = iflow_tokenizer_encode(t, spaced, len + 1, 0, &inside, &n_inside);
+        }
+        if (rc == 0 && n_plain == 0)
+            rc = iflow_seterr(IFLOW_EINVAL, "field 'bad_words': '%s' makes no tokens", iflow_quote(word));
+        if (rc == 0 && (rc = add_bad_sequence(f, plain, n_plain, total, word)) == 0)
+            total += (int)n_plain;
+        if (rc == 0 && n_inside == n_plain && inside[0] != plain[0] &&
+            (rc = add_bad_sequence(f, inside, n_inside, total, word)) == 0)
+            total += (int)n_inside;
+        free(spaced);
+        free(plain);
+        free(inside);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
 /* "lora": the name of one of d's adapters, or "" (none). */
 static int parse_adapter(iflow_request_fields *f, const json_t *v, const iflow_request_defaults *d)
 {
@@ -430,6 +528,16 @@ static int parse_object(iflow_request_fields *f, const json_t *js, const iflow_r
         } else if (strcmp(key, "include_stop_str_in_output") == 0) {
             IFLOW_TRY(field_bool(key, v, &f->include_stop));
             include_given = f->include_stop;
+        } else if (strcmp(key, "allowed_token_ids") == 0) {
+            if ((rc = parse_allowed(f, v)) < 0)
+                return rc;
+        } else if (strcmp(key, "bad_words") == 0) {
+            if ((rc = parse_bad_words(f, v)) < 0)
+                return rc;
+        } else if (strcmp(key, "truncate_prompt_tokens") == 0) {
+            IFLOW_TRY(field_int(key, v, -1, 1 << 24, &f->truncate_prompt_tokens));
+            if (f->truncate_prompt_tokens == 0)
+                return iflow_seterr(IFLOW_EINVAL, "field 'truncate_prompt_tokens' must be -1 or at least 1");
         } else if (strcmp(key, "lora") == 0) {
             if ((rc = parse_adapter(f, v, d)) < 0)
                 return rc;
@@ -477,6 +585,12 @@ static int parse_object(iflow_request_fields *f, const json_t *js, const iflow_r
     if (f->beams && eos_given && (f->n_bias || f->min_tokens || f->ignore_eos || f->n_stop_ids))
         return iflow_seterr(IFLOW_EINVAL, "fields 'logit_bias', 'min_tokens', 'ignore_eos' and 'stop_token_ids' do not "
                                           "go with 'beams' (a search ranks the model's own log-probabilities)");
+    if (f->beams && (f->n_allowed || f->n_bad_words))
+        return iflow_seterr(IFLOW_EINVAL, "fields 'allowed_token_ids' and 'bad_words' do not go with 'beams' (a "
+                                          "search ranks the model's own log-probabilities)");
+    if (f->truncate_prompt_tokens && f->continuation)
+        return iflow_seterr(IFLOW_EINVAL, "field 'truncate_prompt_tokens' does not go with 'continuation' (the "
+                                          "text scored follows the whole prompt)");
     if (f->beams && include_given)
         return iflow_seterr(IFLOW_EINVAL, "field 'include_stop_str_in_output' does not go with 'beams'");
     if (f->beams) { /* the command line's defaults are for the other requests */

@@ -33,7 +33,12 @@
  *   to numbers from -100 to 100; it replaces the defaults'), "min_tokens" (an integer from 0 to
  *   max_tokens), "ignore_eos" (true or false) and "stop_token_ids" (vLLM's: a list of at most
  *   IFLOW_MAX_STOP_IDS token ids; it replaces the defaults') (none of these four with "beams"),
- *   "include_stop_str_in_output" (vLLM's: true or false; not with "beams"), and every
+ *   "include_stop_str_in_output" (vLLM's: true or false; not with "beams"), "allowed_token_ids"
+ *   (vLLM's: a non-empty list of token ids, the only ones generated), "bad_words" (vLLM's: a
+ *   list of at most IFLOW_MAX_BAD_WORDS strings, each with more than white space, the texts
+ *   never generated: iflow_request_bad_words() tokenizes them) (neither with "beams"),
+ *   "truncate_prompt_tokens" (vLLM's: an integer >= 1, the prompt's last that many tokens kept,
+ *   or -1, as many as the context holds; the caller cuts; not with "continuation"), and every
  *   sampling parameter of sampler.h's name table ("temperature", "top_k", "top_p",
  *   "min_p", "seed", "sampler", "mirostat", "repeat_penalty", ...: numbers, or a string for
  *   "sampler"). A field that is absent keeps the default given; "seed" defaults to the given
@@ -54,6 +59,7 @@
 #include "libcore/serving/batch.h"
 #include "libcore/serving/grammar.h"
 #include "libcore/serving/toolcall.h"
+#include "libcore/tokenizers/tokenizer.h"
 
 #define IFLOW_MAX_CHOICES 64 /* "n" */
 
@@ -86,6 +92,14 @@ typedef struct {
     int32_t stop_ids[IFLOW_MAX_STOP_IDS]; /* "stop_token_ids" (or the defaults')               */
     int n_stop_ids;
     int include_stop;               /* "include_stop_str_in_output" (or the default)         */
+    int32_t *allowed_ids;           /* [n_allowed] "allowed_token_ids", or NULL              */
+    int n_allowed;
+    char **bad_words;               /* [n_bad_words] "bad_words" (NUL-terminated)             */
+    int n_bad_words;
+    int32_t *bad_ids;               /* iflow_request_bad_words(): iflow_request's bad_ids,    */
+    int *bad_lens;                  /* bad_lens and n_bad                                    */
+    int n_bad;
+    int truncate_prompt_tokens;     /* 0: none; k >= 1: keep the last k; -1: what fits       */
 } iflow_request_fields;
 
 /* What a field that is absent gets. */
@@ -109,6 +123,11 @@ typedef struct {
 
 int  iflow_request_parse(iflow_request_fields *out, const char *line, size_t len, long line_no,
                          const iflow_request_defaults *defaults);
+/* f's bad_words as iflow_request's token sequences (f->bad_ids, bad_lens, n_bad), by vLLM's rule:
+ * each word without its leading white space, tokenized by t without special tokens, and once
+ * more after a space where that gives as many tokens with another first one (the word inside
+ * a text). IFLOW_EINVAL past IFLOW_MAX_BAD_WORDS sequences or IFLOW_MAX_BAD_TOKENS tokens. */
+int iflow_request_bad_words(iflow_request_fields *f, const iflow_tokenizer *t);
 /* The seed of completion k of a request seeded `seed`: seed itself for k 0 (so "n": 1 changes
  * nothing), else a mix of both (neighbouring lines' seeds differ by one: k must not add). */
 uint64_t iflow_request_choice_seed(uint64_t seed, int k);

@@ -5,7 +5,8 @@
 # penalties repeat less than greedy.
 # --logit-bias, --min-tokens, --ignore-eos, --stop-token-id (and a request's logit_bias,
 # min_tokens, ignore_eos, stop_token_ids) against the golden greedy ids (stories260K's greedy
-# text holds no EOS, id 2, in 64 tokens).
+# text holds no EOS, id 2, in 64 tokens). min_tokens holding back a stop string; a request's
+# allowed_token_ids, bad_words and truncate_prompt_tokens (vLLM's), and their refusals.
 . "$(dirname "$0")/lib.sh"
 G=$DATA/golden
 $BIN/iflow-convert "$DATA/models/stories260K/hf" -o "$TMP/s.ifs" || { bad "convert"; summary; exit 1; }
@@ -166,5 +167,50 @@ expect_eq "$(jq -c 'select(.id == 2) | [.finish_reason, .completion_tokens]' <<<
     "an empty list: no stop token"
 expect_eq "$(jq -r 'select(.id == 3) | .error' <<<"$out")" "field 'stop_token_ids' must hold token ids (integers from 0)" \
     "a negative id"
+
+# ---- min_tokens and stop strings; allowed_token_ids, bad_words, truncate_prompt_tokens ----
+# "park" completes at the 26th greedy token: min_tokens 26 still stops there (vLLM's rule: the
+# token that reaches it counts), 27 lets it pass
+R -p "Once upon a time" -n 64 --temp 0 --stop park --min-tokens 26 --json
+expect_eq "$(jq -c '[.stop, (.gen_ids | length)]' <<<"$out")" '["stop",26]' "--min-tokens 26: 'park' (token 26) still stops"
+R -p "Once upon a time" -n 64 --temp 0 --stop park --min-tokens 27
+expect_eq "$out" "$greedy" "--min-tokens 27: no stop string before 27 tokens, the 64 greedy tokens"
+printf '%s\n' '{"id": 1, "prompt": "Once upon a time", "max_tokens": 64, "temperature": 0, "stop": "park", "min_tokens": 27}' \
+    '{"id": 2, "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0, "allowed_token_ids": [432, 383, 286]}' \
+    '{"id": 3, "prompt": "Once upon a time", "max_tokens": 64, "temperature": 0, "bad_words": ["Lily", " park"]}' \
+    '{"id": 4, "prompt": "Once upon a time", "max_tokens": 64, "temperature": 0, "truncate_prompt_tokens": 3, "prompt_logprobs": 0}' \
+    '{"id": 5, "prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, "truncate_prompt_tokens": -1}' \
+    '{"id": 6, "prompt": "x", "allowed_token_ids": []}' '{"id": 7, "prompt": "x", "allowed_token_ids": [1, 512]}' \
+    '{"id": 8, "prompt": "x", "bad_words": ["  "]}' '{"id": 9, "prompt": "x", "beams": 2, "bad_words": ["a"]}' \
+    '{"id": 10, "prompt": "x", "truncate_prompt_tokens": 0}' \
+    '{"id": 11, "prompt": "x", "continuation": "y", "truncate_prompt_tokens": 3}' >"$TMP/vllm.jsonl"
+run bash -c "$BIN/iflow-run -m '$TMP/s.ifs' --batch <'$TMP/vllm.jsonl'"
+expect_eq "$(jq -r 'select(.id == 1) | .text' <<<"$out")" "$greedy" "a request's min_tokens holds back its stop string"
+expect_eq "$(jq -c 'select(.id == 2) | .completion_tokens' <<<"$out")" 8 "allowed_token_ids: 8 tokens (no EOS allowed)"
+expect_eq "$(jq -r 'select(.id == 2) | .text' <<<"$out")" ", there was there was there was there" \
+    "allowed_token_ids [432 ',', 383 ' there', 286 ' was']: only those"
+t3=$(jq -r 'select(.id == 3) | .text' <<<"$out")
+expect_eq "${t3%%named*}" "${greedy%%named*}" "bad_words: the greedy text up to the word"
+[[ $t3 != *Lily* && $t3 != *" park"* && ${#t3} -gt 100 ]] && ok || bad "bad_words: 'Lily' or ' park' in '$t3'"
+expect_eq "$(jq -c 'select(.id == 4) | [.prompt_tokens, [.prompt_logprobs[].id]]' <<<"$out")" '[3,[407,261,378]]' \
+    "truncate_prompt_tokens 3: the last 3 prompt tokens (upon a time)"
+expect_eq "$(jq -c 'select(.id == 5) | .prompt_tokens' <<<"$out")" 5 "truncate_prompt_tokens -1: a prompt that fits stays whole"
+expect_eq "$(jq -r 'select(.id == 6) | .error' <<<"$out")" "field 'allowed_token_ids' must be a list of 1 to 1048576 token ids" \
+    "allowed_token_ids: an empty list"
+expect_eq "$(jq -r 'select(.id == 7) | .error' <<<"$out")" "allowed token 512 is outside the vocabulary (512)" \
+    "allowed_token_ids: an id the model lacks"
+expect_eq "$(jq -r 'select(.id == 8) | .error' <<<"$out")" "field 'bad_words': word 1 must be a string with more than white space" \
+    "bad_words: white space"
+expect_match "$(jq -r 'select(.id == 9) | .error' <<<"$out")" "^fields 'allowed_token_ids' and 'bad_words' do not go with 'beams'" \
+    "bad_words with beams"
+expect_eq "$(jq -r 'select(.id == 10) | .error' <<<"$out")" "field 'truncate_prompt_tokens' must be -1 or at least 1" \
+    "truncate_prompt_tokens 0"
+expect_match "$(jq -r 'select(.id == 11) | .error' <<<"$out")" "^field 'truncate_prompt_tokens' does not go with 'continuation'" \
+    "truncate_prompt_tokens with a continuation"
+# -1 keeps what the context holds, one position left to generate: a 5-token prompt in a context of 4
+echo '{"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, "truncate_prompt_tokens": -1}' >"$TMP/trunc.jsonl"
+run bash -c "$BIN/iflow-run -m '$TMP/s.ifs' --batch -c 4 <'$TMP/trunc.jsonl'"
+expect_eq "$(jq -c '[.prompt_tokens, .completion_tokens, .finish_reason]' <<<"$out")" '[3,1,"context"]' \
+    "truncate_prompt_tokens -1 in a context of 4: 3 prompt tokens, 1 generated"
 
 summary

@@ -3,14 +3,51 @@
  * and a constraint's grammar ("grammar", "json_schema", "regex", "choice", "response_format",
  * "tool_choice") matched against a short text. The chat template's tool-call format is the
  * input's length mod 5, so every format (and none) is met; the adapters "lora" may name are the
- * first (length mod 3) of two. */
+ * first (length mod 3) of two. A request's bad_words are tokenized with stories260K's tokenizer
+ * (from $IFLOW_TEST_DATA, default ../shared; skipped when missing) into banned sequences within
+ * their bounds and the vocabulary. */
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "libcore/engine/sampler.h"
 #include "libcore/serving/request.h"
+
+/* stories260K's tokenizer, loaded once; NULL when the test data is not there. */
+static const iflow_tokenizer *tokenizer(void)
+{
+    static iflow_tokenizer *t;
+    static int tried;
+    if (!tried++) {
+        const char *root = getenv("IFLOW_TEST_DATA");
+        char path[4096];
+        snprintf(path, sizeof path, "%s/models/stories260K/hf", root && *root ? root : "../shared");
+        if (iflow_tokenizer_open(&t, path) != 0)
+            t = NULL;
+    }
+    return t;
+}
+
+/* f's bad words made banned sequences: each of 1 or more tokens of the vocabulary, at most
+ * IFLOW_MAX_BAD_WORDS of IFLOW_MAX_BAD_TOKENS tokens together, two at most for each word. */
+static void check_bad_words(iflow_request_fields *f)
+{
+    const iflow_tokenizer *t = tokenizer();
+    if (!t || iflow_request_bad_words(f, t) < 0)
+        return;
+    if (f->n_bad < 0 || f->n_bad > IFLOW_MAX_BAD_WORDS || f->n_bad > 2 * f->n_bad_words ||
+        (f->n_bad_words && f->n_bad < 1))
+        abort();
+    for (int i = 0, total = 0; i < f->n_bad; total += f->bad_lens[i++]) {
+        if (f->bad_lens[i] < 1 || total + f->bad_lens[i] > IFLOW_MAX_BAD_TOKENS)
+            abort();
+        for (int k = 0; k < f->bad_lens[i]; k++)
+            if (f->bad_ids[total + k] < 0 || f->bad_ids[total + k] >= iflow_tokenizer_n_vocab(t))
+                abort();
+    }
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -74,6 +111,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         for (int i = 0; i < f.n_stop_ids; i++)
             if (f.stop_ids[i] < 0)
                 abort();
+        /* allowed tokens: a non-empty list of ids; bad words within their bound, more than white
+         * space each; neither with beams; truncation -1 or >= 1, not with a continuation */
+        if (f.n_allowed < 0 || (f.n_allowed && !f.allowed_ids) || (f.allowed_ids && !f.n_allowed))
+            abort();
+        for (int i = 0; i < f.n_allowed; i++)
+            if (f.allowed_ids[i] < 0)
+                abort();
+        if (f.n_bad_words < 0 || f.n_bad_words > IFLOW_MAX_BAD_WORDS || (f.beams && (f.n_allowed || f.n_bad_words)))
+            abort();
+        for (int i = 0; i < f.n_bad_words; i++)
+            if (!f.bad_words[i] || !f.bad_words[i][strspn(f.bad_words[i], " \t\n\r\f\v")])
+                abort();
+        if (f.truncate_prompt_tokens < -1 || (f.truncate_prompt_tokens && f.continuation))
+            abort();
+        check_bad_words(&f);
     }
     iflow_request_fields_free(&f);
     return 0;

@@ -32,7 +32,11 @@
  *     three with a draft (the model itself) proposing, and a stop token (a greedy token k) ending
  *     it after the k before it, with and without the draft; -inf on the first greedy token gives the
  *     argmax of iflow_ctx_eval's logits without it; a sampled request never draws a banned token;
- *     out-of-range biases and min_tokens refused.
+ *     out-of-range biases and min_tokens refused;
+ *   - allowed tokens (vLLM's allowed_token_ids): the tokens are the argmax among them at each
+ *     position of iflow_ctx_eval's logits, with and without a draft; a banned sequence (bad_words)
+ *     of the first two greedy tokens keeps the first and takes the next best after it; one whose
+ *     head is in the prompt bans nothing; out-of-range lists refused.
  */
 #include "tests/unit/testlib.h"
 #include "libcore/engine/model.h"
@@ -877,6 +881,109 @@ static void test_bias_and_eos(void)
     iflow_model_close(m);
 }
 
+/* ---- allowed tokens, banned sequences (vLLM's allowed_token_ids, bad_words) ---------------- */
+
+/* The argmax of logits [V] among the tokens with allow[id] (lowest id on ties). */
+static int32_t argmax_among(const float *logits, int V, const uint8_t *allow)
+{
+    int32_t best = -1;
+    for (int i = 0; i < V; i++)
+        if (allow[i] && (best < 0 || logits[i] > logits[best]))
+            best = i;
+    return best;
+}
+
+static void test_allowed_and_banned(void)
+{
+    iflow_model *m;
+    if (iflow_model_open(&m, s260, 0) < 0) {
+        CHECK(0, "open: %s", iflow_errmsg());
+        return;
+    }
+    const int V = iflow_model_hparams(m)->vocab_size;
+    const int32_t prompt[5] = {1, 403, 407, 261, 378}; /* "Once upon a time" */
+    iflow_request q = {.prompt = prompt, .n_prompt = 5, .max_tokens = 12};
+    iflow_result *plain = run_biased(m, NULL, &q);
+    float *logits = malloc(sizeof(float) * (size_t)V);
+    uint8_t *allow = calloc((size_t)V, 1);
+    iflow_ctx *c;
+    if (!plain || !logits || !allow || iflow_ctx_open(&c, m, 64, 2) < 0) {
+        CHECK(0, "setup: %s", iflow_errmsg());
+        return;
+    }
+    /* allowed: eight tokens, two of them greedy ones; the reference is the argmax among them at
+     * each position of iflow_ctx_eval's logits (the end-of-sequence token is not allowed) */
+    const int32_t allowed[8] = {300, 301, 302, 303, 304, 305, plain->tokens[2], plain->tokens[6]};
+    for (int i = 0; i < 8; i++)
+        allow[allowed[i]] = 1;
+    int32_t want[12];
+    int rc = iflow_ctx_eval(c, prompt, 5, logits, 0);
+    for (int i = 0; i < 12 && rc == 0; i++) {
+        want[i] = argmax_among(logits, V, allow);
+        rc = iflow_ctx_eval(c, &want[i], 1, logits, 0);
+    }
+    CHECK(rc == 0, "reference: %s", iflow_errmsg());
+    q.allowed_ids = allowed, q.n_allowed = 8;
+    for (int d = 0; d < 2; d++) {
+        iflow_result *r = run_biased(m, d ? m : NULL, &q);
+        CHECK(r && r->n_tokens == 12 && !memcmp(r->tokens, want, sizeof want),
+              "allowed_ids%s: the argmax among them at each position", d ? ", a draft" : "");
+        iflow_result_free(r);
+    }
+    /* banned: the first two greedy tokens as a sequence; the first stays, the second is the next
+     * best after it */
+    memset(allow, 1, (size_t)V);
+    allow[plain->tokens[1]] = 0;
+    iflow_ctx_reset(c);
+    rc = iflow_ctx_eval(c, prompt, 5, logits, 0);
+    if (rc == 0)
+        rc = iflow_ctx_eval(c, plain->tokens, 1, logits, 0);
+    CHECK(rc == 0, "reference: %s", iflow_errmsg());
+    const int32_t second = argmax_among(logits, V, allow);
+    int lens[2] = {2, 2};
+    int32_t seqs[4] = {plain->tokens[0], plain->tokens[1], prompt[4], plain->tokens[0]};
+    q = (iflow_request){.prompt = prompt, .n_prompt = 5, .max_tokens = 12, .bad_ids = seqs, .bad_lens = lens,
+                        .n_bad = 1};
+    for (int d = 0; d < 2; d++) {
+        iflow_result *r = run_biased(m, d ? m : NULL, &q);
+        CHECK(r && r->n_tokens == 12 && r->tokens[0] == plain->tokens[0] && r->tokens[1] == second,
+              "banned [%d %d]%s: %d, then the next best %d", seqs[0], seqs[1], d ? ", a draft" : "",
+              plain->tokens[0], second);
+        iflow_result_free(r);
+    }
+    /* a sequence whose head is the prompt's last token does not apply: only generated tokens count */
+    q.bad_ids = seqs + 2, q.bad_lens = lens + 1;
+    iflow_result *r = run_biased(m, NULL, &q);
+    CHECK(r && r->n_tokens == 12 && !memcmp(r->tokens, plain->tokens, 12 * sizeof *r->tokens),
+          "a sequence begun in the prompt bans nothing");
+    iflow_result_free(r);
+    /* refused */
+    iflow_batch_params p = {.n_ctx = 64};
+    iflow_batch *b;
+    CHECK(iflow_batch_open(&b, m, &p) == 0, "%s", iflow_errmsg());
+    int32_t far = V;
+    q = (iflow_request){.prompt = prompt, .n_prompt = 5, .max_tokens = 4, .allowed_ids = &far, .n_allowed = 1};
+    CHECK_ERR(iflow_batch_add(b, &q), IFLOW_ERANGE, "allowed token 512", "outside the vocabulary");
+    q = (iflow_request){.prompt = prompt, .n_prompt = 5, .max_tokens = 4, .bad_ids = seqs, .bad_lens = lens,
+                        .n_bad = IFLOW_MAX_BAD_WORDS + 1};
+    CHECK_ERR(iflow_batch_add(b, &q), IFLOW_EINVAL, "129 banned sequences", "at most 128");
+    int zero = 0, huge = IFLOW_MAX_BAD_TOKENS + 1;
+    q.n_bad = 1, q.bad_lens = &zero;
+    CHECK_ERR(iflow_batch_add(b, &q), IFLOW_EINVAL, "banned sequence 1 of 0 tokens", "at most 1024");
+    q.bad_lens = &huge;
+    CHECK_ERR(iflow_batch_add(b, &q), IFLOW_EINVAL, "banned sequence 1 of 1025 tokens", "at least 1");
+    q.bad_ids = &far, q.bad_lens = lens;
+    lens[0] = 1;
+    CHECK_ERR(iflow_batch_add(b, &q), IFLOW_ERANGE, "banned sequence 1: token 512", "outside the vocabulary");
+    CHECK(iflow_batch_pending(b) == 0, "nothing queued");
+    iflow_batch_close(b);
+    iflow_ctx_close(c);
+    free(logits);
+    free(allow);
+    iflow_result_free(plain);
+    iflow_model_close(m);
+}
+
 int main(void)
 {
     if (!mkdtemp(dir))
@@ -894,6 +1001,7 @@ int main(void)
     RUN(test_kv_types);
     RUN(test_finish_and_errors);
     RUN(test_bias_and_eos);
+    RUN(test_allowed_and_banned);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0)
