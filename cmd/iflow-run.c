@@ -70,7 +70,7 @@ static const iflow_opt opts[] = {
     {O_CHOICE, "choice", 0, "TEXT", "constrained decoding: the generated text is one of the --choice texts (repeatable)", NULL},
     {O_SAMPLER, "sampler", 0, "NAME", "chain (default: every cut set), greedy, top-k, top-p, min-p, typical, tfs (that cut alone), mirostat, mirostat2, fsd or rfsd", "chain greedy top-k top-p min-p typical tfs mirostat mirostat2 fsd rfsd"},
     {O_TEMP, "temp", 0, "T", "sampling temperature; 0 is greedy (default 0.8)", NULL},
-    {O_TOPK, "top-k", 0, "K", "sample from the K most likely tokens; 0 for all (default 40)", NULL},
+    {O_TOPK, "top-k", 0, "K", "sample from the K most likely tokens; 0 or -1 for all (default 40)", NULL},
     {O_TOPP, "top-p", 0, "P", "sample from the smallest set of tokens whose probability reaches P; 1 for all (default 0.95)", NULL},
     {O_MINP, "min-p", 0, "P", "drop the tokens less likely than P times the most likely one (default 0: off)", NULL},
     {O_TYPICAL, "typical", 0, "P", "locally typical sampling: keep the most typical tokens up to mass P (default 1: off)", NULL},

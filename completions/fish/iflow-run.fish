@@ -22,7 +22,7 @@ complete -c iflow-run -l regex -x -d 'constrained decoding: the generated text m
 complete -c iflow-run -l choice -x -d 'constrained decoding: the generated text is one of the --choice texts (repeatable)'
 complete -c iflow-run -l sampler -x -a 'chain greedy top-k top-p min-p typical tfs mirostat mirostat2 fsd rfsd' -d 'chain (default: every cut set), greedy, top-k, top-p, min-p, typical, tfs (that cut alone), mirostat, mirostat2, fsd or rfsd'
 complete -c iflow-run -l temp -x -d 'sampling temperature; 0 is greedy (default 0.8)'
-complete -c iflow-run -l top-k -x -d 'sample from the K most likely tokens; 0 for all (default 40)'
+complete -c iflow-run -l top-k -x -d 'sample from the K most likely tokens; 0 or -1 for all (default 40)'
 complete -c iflow-run -l top-p -x -d 'sample from the smallest set of tokens whose probability reaches P; 1 for all (default 0.95)'
 complete -c iflow-run -l min-p -x -d 'drop the tokens less likely than P times the most likely one (default 0: off)'
 complete -c iflow-run -l typical -x -d 'locally typical sampling: keep the most typical tokens up to mass P (default 1: off)'

@@ -85,7 +85,7 @@ typedef struct {
 static const field fields[] = {
     {"sampler", NULL, 's', 0, 0, 0},
     F("temperature", "temp", 'f', 0, 100, temp),
-    F("top_k", NULL, 'i', 0, 1 << 24, top_k),
+    F("top_k", NULL, 'i', -1, 1 << 24, top_k), /* 0 or -1 (vLLM's): off */
     F("top_p", NULL, 'f', 0, 1, top_p),
     F("min_p", NULL, 'f', 0, 1, min_p),
     F("typical_p", "typical", 'f', 0, 1, typical_p),
@@ -93,7 +93,7 @@ static const field fields[] = {
     {"mirostat", NULL, 'm', 0, 2, 0},
     F("mirostat_tau", NULL, 'f', 0, 100, mirostat_tau),
     F("mirostat_eta", NULL, 'f', 0, 1, mirostat_eta),
-    F("repeat_penalty", NULL, 'f', 0, 100, repeat_penalty),
+    F("repeat_penalty", "repetition_penalty", 'f', 0, 100, repeat_penalty), /* the alias: vLLM's, HF's */
     F("repeat_last_n", NULL, 'i', -1, 1 << 24, repeat_last_n),
     F("frequency_penalty", NULL, 'f', -2, 2, frequency_penalty),
     F("presence_penalty", NULL, 'f', -2, 2, presence_penalty),

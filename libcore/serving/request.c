@@ -185,6 +185,12 @@ static int schema_grammar(iflow_request_fields *f, const json_t *schema)
     return rc;
 }
 
+/* Any JSON object (OpenAI's json_object). */
+static int json_object_grammar(iflow_request_fields *f)
+{
+    return iflow_grammar_open_as(&f->grammar, IFLOW_GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\"}", 17);
+}
+
 /* OpenAI's response_format. */
 static int response_format_grammar(iflow_request_fields *f, const json_t *v)
 {
@@ -194,7 +200,7 @@ static int response_format_grammar(iflow_request_fields *f, const json_t *v)
     if (strcmp(type, "text") == 0)
         return 0;
     if (strcmp(type, "json_object") == 0)
-        return iflow_grammar_open_as(&f->grammar, IFLOW_GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\"}", 17);
+        return json_object_grammar(f);
     const json_t *schema = json_object_get(json_object_get(v, "json_schema"), "schema");
     if (strcmp(type, "json_schema") != 0)
         return iflow_seterr(IFLOW_EINVAL, "type '%s' is not \"text\", \"json_object\" or \"json_schema\"", type);
@@ -231,35 +237,71 @@ static int choice_grammar(iflow_request_fields *f, const json_t *v)
     return rc;
 }
 
-/* The constraint fields ("grammar", "json_schema", "regex", "choice", "response_format"): the
- * request's grammar instead of the default one. 1 when key is none of them. */
-static int parse_grammar_field(iflow_request_fields *f, const char *key, const json_t *v, int *given)
+enum { C_GRAMMAR, C_SCHEMA, C_REGEX, C_CHOICE, C_FORMAT, C_JSON_OBJECT, C_STRUCTURED, C_KINDS };
+
+/* The constraint a field names: iflow's names, then vLLM's older guided_* ones and its newer
+ * structured_outputs object; C_KINDS for another field. */
+static int constraint_kind(const char *key)
 {
     static const char *const keys[] = {"grammar", "json_schema", "regex", "choice", "response_format"};
-    int k = 0;
-    while (k < 5 && strcmp(key, keys[k]) != 0)
-        k++;
-    if (k == 5)
+    static const char *const guided[] = {"guided_grammar", "guided_json", "guided_regex", "guided_choice"};
+    for (int k = 0; k < 5; k++)
+        if (strcmp(key, keys[k]) == 0)
+            return k;
+    for (int k = 0; k < 4; k++)
+        if (strcmp(key, guided[k]) == 0)
+            return k;
+    return strcmp(key, "structured_outputs") == 0 ? C_STRUCTURED : C_KINDS;
+}
+
+/* vLLM's structured_outputs: an object of one member, "grammar", "json", "regex", "choice" or
+ * "json_object" (true); *k, *inner: which, and its value. */
+static int structured_outputs(const json_t *v, int *k, const json_t **inner)
+{
+    static const char *const names[] = {"grammar", "json", "regex", "choice", "", "json_object"};
+    const int one = json_is_object(v) && json_object_size(v) == 1;
+    const char *key = one ? json_object_iter_key(json_object_iter((json_t *)v)) : NULL;
+    for (int i = 0; key && i < 6; i++)
+        if (strcmp(key, names[i]) == 0 && (i != C_JSON_OBJECT || json_is_true(json_object_get(v, key)))) {
+            *k = i;
+            *inner = json_object_get(v, key);
+            return 0;
+        }
+    return iflow_seterr(IFLOW_EINVAL, "it must be an object of one of \"grammar\", \"json\", \"regex\", \"choice\" "
+                                      "or \"json_object\": true");
+}
+
+/* The constraint fields ("grammar", "json_schema", "regex", "choice", "response_format", and
+ * vLLM's names for them): the request's grammar instead of the default one. 1 when key is none
+ * of them. */
+static int parse_grammar_field(iflow_request_fields *f, const char *key, const json_t *v, int *given)
+{
+    int k = constraint_kind(key), rc = 0;
+    if (k == C_KINDS)
         return 1;
     if ((*given)++)
-        return iflow_seterr(IFLOW_EINVAL, "fields 'grammar', 'json_schema', 'regex', 'choice' and 'response_format': "
-                                          "one at most");
+        return iflow_seterr(IFLOW_EINVAL, "fields 'grammar', 'json_schema', 'regex', 'choice' and 'response_format' "
+                                          "(or vLLM's names for them): one at most");
     iflow_grammar_close(f->grammar); /* the default's reference */
     f->grammar = NULL;
-    int rc;
-    if ((k == 0 || k == 2) && (!json_is_string(v) || strlen(json_string_value(v)) != json_string_length(v)))
+    if (k == C_STRUCTURED && (rc = structured_outputs(v, &k, &v)) < 0)
+        return iflow_preperr(rc, "field '%s'", key);
+    int text = k == C_GRAMMAR || k == C_REGEX;
+    if (k == C_JSON_OBJECT)
+        rc = json_object_grammar(f);
+    else if (text && (!json_is_string(v) || strlen(json_string_value(v)) != json_string_length(v)))
         rc = iflow_seterr(IFLOW_EINVAL, "it must be a string");
-    else if (k == 0 || k == 2)
-        rc = iflow_grammar_open_as(&f->grammar, k == 0 ? IFLOW_GRAMMAR_GBNF : IFLOW_GRAMMAR_REGEX,
+    else if (text)
+        rc = iflow_grammar_open_as(&f->grammar, k == C_GRAMMAR ? IFLOW_GRAMMAR_GBNF : IFLOW_GRAMMAR_REGEX,
                                    json_string_value(v), json_string_length(v));
-    else if (k == 1 && json_is_string(v)) /* the schema's JSON text */
+    else if (k == C_SCHEMA && json_is_string(v)) /* the schema's JSON text */
         rc = iflow_grammar_open_as(&f->grammar, IFLOW_GRAMMAR_JSON_SCHEMA, json_string_value(v),
                                    json_string_length(v));
-    else if (k == 1)
+    else if (k == C_SCHEMA)
         rc = json_is_object(v) || json_is_boolean(v) ? schema_grammar(f, v)
                                                      : iflow_seterr(IFLOW_EINVAL, "it must be an object");
     else
-        rc = k == 3 ? choice_grammar(f, v) : response_format_grammar(f, v);
+        rc = k == C_CHOICE ? choice_grammar(f, v) : response_format_grammar(f, v);
     return rc < 0 ? iflow_preperr(rc, "field '%s'", key) : 0;
 }
 
@@ -481,7 +523,9 @@ static int parse_object(iflow_request_fields *f, const json_t *js, const iflow_r
                 return oom();
             memcpy(f->prompt, json_string_value(v), json_string_length(v) + 1);
             f->prompt_len = json_string_length(v);
-        } else if (strcmp(key, "max_tokens") == 0) {
+        } else if (strcmp(key, "max_tokens") == 0 || strcmp(key, "max_completion_tokens") == 0) {
+            if (max_given)
+                return iflow_seterr(IFLOW_EINVAL, "fields 'max_tokens' and 'max_completion_tokens': one at most");
             IFLOW_TRY(field_int(key, v, 1, 1 << 24, &f->max_tokens));
             max_given = 1;
         } else if (strcmp(key, "continuation") == 0) {

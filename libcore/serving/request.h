@@ -14,8 +14,9 @@
  *   the reply with toolcall.h's grammar and do not go with another constraint or "beams") and
  *   "parallel_tool_calls" (true, the default, or false: one call at most); "id" (any
  *   JSON value, kept as compact JSON text; the line number when absent), "max_tokens" (an
- *   integer >= 1), "stop" (a string, or an array of at most IFLOW_MAX_STOP non-empty strings),
- *   "context_shift" ("none", "rope" or "recompute": batch.h), "keep" (an integer >= -1), "beams"
+ *   integer >= 1; or "max_completion_tokens", OpenAI's name), "stop" (a string, or an array of
+ *   at most IFLOW_MAX_STOP non-empty strings), "context_shift" ("none", "rope" or "recompute":
+ *   batch.h), "keep" (an integer >= -1), "beams"
  *   (an integer from 1 to IFLOW_MAX_BEAMS: beam search, beam.h, which honours "stop"; not with a
  *   context shift), "length_penalty" (a number, with "beams"), "n" (an integer from 1 to
  *   IFLOW_MAX_CHOICES: that many completions of the prompt, each with its own sampling stream,
@@ -27,8 +28,11 @@
  *   "json_schema" (a JSON Schema: an object, true, or its JSON text), "regex" (a string),
  *   "choice" (a non-empty list of strings: the text is one of them) or "response_format"
  *   (OpenAI's: {"type": "text"}, {"type": "json_object"} for any JSON object, or
- *   {"type": "json_schema", "json_schema": {"schema": {...}, ...}}), "lora" (the name of one of
- *   the defaults' adapters, or "" for none: the LoRA adapter the request computes with),
+ *   {"type": "json_schema", "json_schema": {"schema": {...}, ...}}) -- or by vLLM's names,
+ *   "guided_grammar", "guided_json", "guided_regex", "guided_choice", or "structured_outputs"
+ *   (an object of one of "grammar", "json", "regex", "choice" or "json_object": true) --,
+ *   "lora" (the name of one of the defaults' adapters, or "" for none: the LoRA adapter the
+ *   request computes with),
  *   "logit_bias" (OpenAI's: an object of at most IFLOW_MAX_BIAS token ids, as decimal strings,
  *   to numbers from -100 to 100; it replaces the defaults'), "min_tokens" (an integer from 0 to
  *   max_tokens), "ignore_eos" (true or false) and "stop_token_ids" (vLLM's: a list of at most

@@ -192,7 +192,7 @@ e() { jq -r --arg i "$1" 'select(.id == $i) | .error // ([.text, .finish_reason]
 expect_eq "$(e ok)" " a	grammar" "a grammar request: its text, then done"
 expect_eq "$(e undef)" "field 'grammar': grammar: rule 'x' is used but never defined, line 1 column 10" "undefined rule"
 expect_eq "$(e type)" "field 'regex': it must be a string" "regex not a string"
-expect_eq "$(e two)" "fields 'grammar', 'json_schema', 'regex', 'choice' and 'response_format': one at most" \
+expect_eq "$(e two)" "fields 'grammar', 'json_schema', 'regex', 'choice' and 'response_format' (or vLLM's names for them): one at most" \
     "two constraints in a request"
 expect_eq "$(e beams)" "a constraint ('grammar', 'json_schema', 'regex', 'choice' or 'response_format') does not go with 'beams'" \
     "a constraint with beams"
@@ -212,4 +212,37 @@ run bash -c "$BIN/iflow-run -m '$TMP/s.ifs' --batch --choice ' upon' <'$TMP/d.js
 expect_eq "$(e d)" " upon	grammar" "the command line's constraint"
 expect_eq "$(e own)" " b	grammar" "a request's own"
 expect_eq "$(e beams)" "a constraint (the command line's) does not go with 'beams'" "the command line's with beams"
+
+# vLLM's names: guided_* (older) and structured_outputs give the same constraint as ours
+cat >"$TMP/vllm.jsonl" <<'EOF'
+{"id":"choice","prompt":"Once","choice":[" upon", " b"]}
+{"id":"guided_choice","prompt":"Once","guided_choice":[" upon", " b"]}
+{"id":"so_choice","prompt":"Once","structured_outputs":{"choice":[" upon", " b"]}}
+{"id":"regex","prompt":"Once","regex":" [a-z]+ [a-z]+","max_tokens":12}
+{"id":"guided_regex","prompt":"Once","guided_regex":" [a-z]+ [a-z]+","max_tokens":12}
+{"id":"so_regex","prompt":"Once","structured_outputs":{"regex":" [a-z]+ [a-z]+"},"max_tokens":12}
+{"id":"json_schema","prompt":"Once","json_schema":{"type":"integer"},"max_completion_tokens":6}
+{"id":"guided_json","prompt":"Once","guided_json":{"type":"integer"},"max_tokens":6}
+{"id":"so_json","prompt":"Once","structured_outputs":{"json":{"type":"integer"}},"max_tokens":6}
+{"id":"grammar","prompt":"Once","grammar":"root ::= \" a\" | \" upon\"","max_tokens":4}
+{"id":"guided_grammar","prompt":"Once","guided_grammar":"root ::= \" a\" | \" upon\"","max_tokens":4}
+{"id":"so_grammar","prompt":"Once","structured_outputs":{"grammar":"root ::= \" a\" | \" upon\""},"max_tokens":4}
+{"id":"so_object","prompt":"Once","structured_outputs":{"json_object":true},"max_tokens":3}
+{"id":"so_bad","prompt":"Once","structured_outputs":{"json_object":false}}
+{"id":"so_two","prompt":"Once","structured_outputs":{"regex":"a","choice":["b"]}}
+{"id":"two_names","prompt":"Once","guided_regex":"a","regex":"b"}
+{"id":"two_max","prompt":"Once","max_tokens":3,"max_completion_tokens":4}
+EOF
+run bash -c "$BIN/iflow-run -m '$TMP/s.ifs' --batch --temp 0 <'$TMP/vllm.jsonl'"
+for pair in choice:guided_choice choice:so_choice regex:guided_regex regex:so_regex json_schema:guided_json \
+    json_schema:so_json grammar:guided_grammar grammar:so_grammar; do
+    expect_eq "$(e "${pair#*:}")" "$(e "${pair%%:*}")" "${pair#*:}: as ${pair%%:*}"
+done
+expect_match "$(e choice)" $'\tgrammar$' "a choice request: done under its grammar"
+expect_eq "$(jq -c 'select(.id == "so_object") | .completion_tokens' <<<"$out")" 3 "structured_outputs json_object: runs"
+expect_eq "$(e so_bad)" "field 'structured_outputs': it must be an object of one of \"grammar\", \"json\", \"regex\", \"choice\" or \"json_object\": true" \
+    "structured_outputs json_object false"
+expect_match "$(e so_two)" "^field 'structured_outputs': it must be an object of one of" "structured_outputs with two members"
+expect_match "$(e two_names)" "\\(or vLLM's names for them\\): one at most$" "guided_regex and regex"
+expect_eq "$(e two_max)" "fields 'max_tokens' and 'max_completion_tokens': one at most" "max_tokens twice over"
 summary

@@ -834,8 +834,22 @@ static void test_params(void)
     CHECK(strcmp(iflow_errmsg(), "invalid value '-1' for --temp (a number from 0 to 100)") == 0, "message: %s",
           iflow_errmsg());
     CHECK(iflow_sampler_params_set(&p, "top_k", "ten") == IFLOW_EINVAL, "bad top_k");
-    CHECK(strcmp(iflow_errmsg(), "invalid value 'ten' for top_k (an integer from 0 to 16777216)") == 0, "message: %s",
+    CHECK(strcmp(iflow_errmsg(), "invalid value 'ten' for top_k (an integer from -1 to 16777216)") == 0, "message: %s",
           iflow_errmsg());
+    /* vLLM's names and values: repetition_penalty (HF's too), top_k -1 for all */
+    CHECK(iflow_sampler_params_set(&p, "repetition_penalty", "1.3") == 0 && p.repeat_penalty == 1.3f,
+          "repetition_penalty");
+    CHECK(iflow_sampler_params_set(&p, "top_k", "-1") == 0 && p.top_k == -1, "top_k -1");
+    {
+        iflow_sampler_params a = {.temp = 1, .top_k = -1}, z = {.temp = 1, .top_k = 0};
+        iflow_sampler *sa, *sz;
+        float pa[V], pz[V];
+        int ok = iflow_sampler_open(&sa, &a, V) == 0 && iflow_sampler_open(&sz, &z, V) == 0;
+        ok = ok && iflow_sampler_dist(sa, L8, pa) == 0 && iflow_sampler_dist(sz, L8, pz) == 0;
+        CHECK(ok && !memcmp(pa, pz, sizeof pa), "top_k -1 draws from the whole vocabulary, as 0 does");
+        iflow_sampler_close(sa);
+        iflow_sampler_close(sz);
+    }
     CHECK(iflow_sampler_params_set(&p, "min_p", "nan") == IFLOW_EINVAL, "nan min_p");
     CHECK(iflow_sampler_params_set(&p, "seed", "-3") == IFLOW_EINVAL, "negative seed");
     CHECK(iflow_sampler_params_set(&p, "top_q", "1") == IFLOW_EINVAL, "unknown name");
