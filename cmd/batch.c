@@ -1,6 +1,7 @@
 /* batch.c -- iflow-run --batch and --dry-run. See batch.h. */
 #include "cmd/batch.h"
 #include "cmd/io.h"
+#include "cmd/openai.h"
 #include "cmd/progress.h"
 #include "libcore/base/error.h"
 #include "libcore/base/jsonutil.h"
@@ -370,6 +371,7 @@ typedef struct {
     queue *in;
     const iflow_tokenizer *tok;   /* the tokens' text in log-probabilities */
     int reasoning;                /* split chat replies' <think> blocks out (batch_opts) */
+    const char *model;            /* the -m argument: an OpenAI reply's model by default */
     int failed;                   /* a write failed: the output is closed */
     iflow_metrics met;            /* of delivered results (read by the main thread after joining) */
 } writer;
@@ -501,7 +503,8 @@ static void *writer_main(void *arg)
         if (!it)
             continue;
         if (!w->failed) {
-            json_t *js = json_schema(result_json(it, w->tok, w->reasoning));
+            json_t *native = result_json(it, w->tok, w->reasoning);
+            json_t *js = it->f.api ? openai_batch_line(native, &it->f, it->line, w->model) : json_schema(native);
             char *s = json_dumps(js, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
             json_decref(js);
             if (!s || progress_write_line(s) == EOF)
@@ -640,7 +643,7 @@ int batch_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
     q_init(&in, 2 * bp->parallel);
     q_init(&out, 0);
     reader rd = {.o = o, .m = m, .out = &in, .n_ctx = bp->n_ctx, .stop_fd = stop[0]};
-    writer w = {.in = &out, .tok = iflow_model_tokenizer(m), .reasoning = o->reasoning};
+    writer w = {.in = &out, .tok = iflow_model_tokenizer(m), .reasoning = o->reasoning, .model = o->model};
     pthread_t rt, wt;
     if (pthread_create(&rt, NULL, reader_main, &rd) || pthread_create(&wt, NULL, writer_main, &w))
         die(t, "cannot start the reader and writer threads");

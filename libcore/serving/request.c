@@ -20,6 +20,7 @@ void iflow_request_fields_free(iflow_request_fields *f)
     free(f->bias_ids);
     free(f->bias_values);
     free(f->allowed_ids);
+    free(f->model);
     for (int i = 0; i < f->n_bad_words; i++)
         free(f->bad_words[i]);
     free(f->bad_words);
@@ -494,7 +495,33 @@ static int parse_adapter(iflow_request_fields *f, const json_t *v, const iflow_r
                         d->n_adapters ? "there are " : "none was given", known);
 }
 
-/* The fields of an object, checked; f->id is set already. */
+/* What an OpenAI body says that an iflow request does not: "model" (kept for the reply),
+ * "stream" (false), "user" (ignored), and the chat API's "logprobs" (true or false) with its
+ * "top_logprobs" (into *top: -1 absent). 1 when key is none of them. */
+static int parse_openai_field(iflow_request_fields *f, const char *key, const json_t *v, int *chat_lp, int *top)
+{
+    if (strcmp(key, "model") == 0) {
+        if (!json_is_string(v))
+            return iflow_seterr(IFLOW_EINVAL, "field 'model' must be a string");
+        free(f->model);
+        return (f->model = strdup(json_string_value(v))) ? 0 : oom();
+    }
+    if (strcmp(key, "stream") == 0)
+        return json_is_false(v) ? 0 : iflow_seterr(IFLOW_EINVAL, "field 'stream': a batch line's reply is not "
+                                                                 "streamed (false or absent)");
+    if (strcmp(key, "user") == 0)
+        return json_is_string(v) ? 0 : iflow_seterr(IFLOW_EINVAL, "field 'user' must be a string");
+    if (f->api == IFLOW_API_CHAT && strcmp(key, "logprobs") == 0)
+        return field_bool(key, v, chat_lp);
+    if (f->api == IFLOW_API_CHAT && strcmp(key, "top_logprobs") == 0)
+        return field_int(key, v, 0, IFLOW_MAX_TOP_LOGPROBS, top);
+    if (strcmp(key, "continuation") == 0 || strcmp(key, "prompt_logprobs") == 0)
+        return iflow_seterr(IFLOW_EINVAL, "field '%s' is iflow's own: give it in an iflow request line, not an "
+                            "OpenAI batch line", key);
+    return 1;
+}
+
+/* The fields of an object, checked; f->id is set already (f->api: an OpenAI batch line's body). */
 static int parse_object(iflow_request_fields *f, const json_t *js, const iflow_request_defaults *d)
 {
     tool_ask ta = {.parallel = 1};
@@ -503,14 +530,17 @@ static int parse_object(iflow_request_fields *f, const json_t *js, const iflow_r
     char values[MAX_SAMPLING][64];
     const char *vals[MAX_SAMPLING];
     int n = 0, rc, lp_given = 0, max_given = 0, logprobs_given = 0, chat_given = 0, grammar_given = 0, eos_given = 0,
-        include_given = 0;
+        include_given = 0, chat_lp = 0, top = -1;
     const char *key;
     json_t *v;
     json_object_foreach((json_t *)js, key, v)
     {
-        if (strcmp(key, "id") == 0)
+        if (strcmp(key, "id") == 0 && !f->api)
             continue;
-        if ((rc = parse_chat_field(f, key, v, &chat_given)) <= 0) {
+        if (f->api && (rc = parse_openai_field(f, key, v, &chat_lp, &top)) <= 0) {
+            if (rc < 0)
+                return rc;
+        } else if ((rc = parse_chat_field(f, key, v, &chat_given)) <= 0) {
             if (rc < 0)
                 return rc;
         } else if ((rc = parse_grammar_field(f, key, v, &grammar_given)) <= 0) {
@@ -605,6 +635,16 @@ static int parse_object(iflow_request_fields *f, const json_t *js, const iflow_r
             n++;
         }
     }
+    if (top >= 0 && !chat_lp)
+        return iflow_seterr(IFLOW_EINVAL, "field 'top_logprobs' goes with 'logprobs': true");
+    if (chat_lp) {
+        f->logprobs = 1 + (top > 0 ? top : 0);
+        logprobs_given = 1;
+    }
+    if (f->api == IFLOW_API_CHAT && !f->messages)
+        return iflow_seterr(IFLOW_EINVAL, "url '/v1/chat/completions': the body needs 'messages'");
+    if (f->api == IFLOW_API_COMPLETIONS && !f->prompt)
+        return iflow_seterr(IFLOW_EINVAL, "url '/v1/completions': the body needs 'prompt' (a string)");
     if (!f->prompt && !f->messages)
         return iflow_seterr(IFLOW_EINVAL, "field 'prompt' (a string) or 'messages' (a chat) is missing");
     if (f->prompt && f->messages)
@@ -657,6 +697,33 @@ static int parse_object(iflow_request_fields *f, const json_t *js, const iflow_r
     return iflow_sampler_params_set_all(&f->sp, names, vals, n);
 }
 
+/* An OpenAI batch line (the Batch API's input, vLLM's run-batch): {"custom_id": a string,
+ * "method": "POST", "url": "/v1/chat/completions" or "/v1/completions", "body": the request}.
+ * f->api says which API; *body: the request's object. */
+static int parse_envelope(iflow_request_fields *f, const json_t *js, const json_t **body)
+{
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)js, key, v)
+    {
+        if (strcmp(key, "custom_id") != 0 && strcmp(key, "method") != 0 && strcmp(key, "url") != 0 &&
+            strcmp(key, "body") != 0)
+            return iflow_seterr(IFLOW_EINVAL, "unknown field '%s' of an OpenAI batch line (custom_id, method, url, "
+                                "body)", key);
+    }
+    const char *method = json_string_value(json_object_get(js, "method"));
+    const char *url = json_string_value(json_object_get(js, "url"));
+    if (!json_is_string(json_object_get(js, "custom_id")))
+        return iflow_seterr(IFLOW_EINVAL, "an OpenAI batch line needs a string 'custom_id'");
+    if (json_object_get(js, "method") && (!method || strcmp(method, "POST") != 0))
+        return iflow_seterr(IFLOW_EINVAL, "field 'method' must be \"POST\"");
+    if (!url || (strcmp(url, "/v1/chat/completions") != 0 && strcmp(url, "/v1/completions") != 0))
+        return iflow_seterr(IFLOW_EINVAL, "field 'url' must be \"/v1/chat/completions\" or \"/v1/completions\"");
+    f->api = strcmp(url, "/v1/completions") == 0 ? IFLOW_API_COMPLETIONS : IFLOW_API_CHAT;
+    *body = json_object_get(js, "body");
+    return json_is_object(*body) ? 0 : iflow_seterr(IFLOW_EINVAL, "field 'body' must be an object: the request");
+}
+
 uint64_t iflow_request_choice_seed(uint64_t seed, int k)
 {
     if (k == 0)
@@ -690,8 +757,10 @@ int iflow_request_parse(iflow_request_fields *f, const char *line, size_t len, l
     f->sp.seed = d->sp.seed + (uint64_t)(line_no - 1); /* line 1: the seed itself; a "seed" field overrides */
     json_error_t jerr;
     json_t *js = json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);
-    const json_t *id = json_is_object(js) ? json_object_get(js, "id") : NULL;
-    if (id)
+    const json_t *body = js;
+    f->api = json_object_get(js, "body") || json_object_get(js, "custom_id") ? IFLOW_API_CHAT : IFLOW_API_NATIVE;
+    const json_t *id = json_object_get(js, f->api ? "custom_id" : "id");
+    if (json_is_string(id) || (id && !f->api))
         f->id = json_dumps(id, JSON_COMPACT | JSON_ENCODE_ANY);
     else {
         char buf[32];
@@ -703,8 +772,10 @@ int iflow_request_parse(iflow_request_fields *f, const char *line, size_t len, l
         rc = iflow_seterr(IFLOW_EINVAL, "not JSON: %s (column %d)", jerr.text, jerr.column);
     else if (rc == 0 && !json_is_object(js))
         rc = iflow_seterr(IFLOW_EINVAL, "a request must be a JSON object");
-    else if (rc == 0)
-        rc = parse_object(f, js, d);
+    else if (rc == 0 && f->api)
+        rc = parse_envelope(f, js, &body);
+    if (rc == 0)
+        rc = parse_object(f, body, d);
     json_decref(js);
     return rc;
 }

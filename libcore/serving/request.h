@@ -48,6 +48,12 @@
  *   "sampler"). A field that is absent keeps the default given; "seed" defaults to the given
  *   seed plus the line number minus one (iflow-run's plain mode seeds its n-th prompt, from 0,
  *   the same way), so every request has its own stream and a rerun repeats it.
+ *   An OpenAI batch line (the Batch API's input, vLLM's run-batch), {"custom_id": a string,
+ *   "method": "POST", "url": "/v1/chat/completions" or "/v1/completions", "body": {...}}, is
+ *   read as its body, which takes OpenAI's "model" (kept), "stream" (false) and "user" besides,
+ *   for the chat API "logprobs" as a boolean with "top_logprobs", and needs "messages" (chat) or
+ *   "prompt" (completions); "continuation" and "prompt_logprobs" are refused there. f->api says
+ *   which API the line is for (its reply's format: cmd/openai.h), f->id is its custom_id.
  *   An unknown field, a value of the wrong type or range, duplicate keys, or a line that is not
  *   one JSON object is IFLOW_EINVAL with a one-line message naming the field; the fields read
  *   so far (the id at least, when it could be read) are kept for the error result.
@@ -104,7 +110,12 @@ typedef struct {
     int *bad_lens;                  /* bad_lens and n_bad                                    */
     int n_bad;
     int truncate_prompt_tokens;     /* 0: none; k >= 1: keep the last k; -1: what fits       */
+    int api;                        /* IFLOW_API_*: the line's format, and its reply's        */
+    char *model;                    /* an OpenAI body's "model", or NULL                     */
 } iflow_request_fields;
+
+/* A line's format: iflow's request, or an OpenAI batch line for the chat or completions API. */
+enum { IFLOW_API_NATIVE = 0, IFLOW_API_CHAT, IFLOW_API_COMPLETIONS };
 
 /* What a field that is absent gets. */
 typedef struct {

@@ -126,6 +126,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (f.truncate_prompt_tokens < -1 || (f.truncate_prompt_tokens && f.continuation))
             abort();
         check_bad_words(&f);
+        /* an OpenAI batch line: chat with messages, completions with a prompt, none of iflow's
+         * scoring fields */
+        if (f.api < IFLOW_API_NATIVE || f.api > IFLOW_API_COMPLETIONS || (f.model && !f.api) ||
+            (f.api == IFLOW_API_CHAT && !f.messages) || (f.api == IFLOW_API_COMPLETIONS && !f.prompt) ||
+            (f.api && (f.continuation || f.prompt_logprobs)))
+            abort();
     }
     iflow_request_fields_free(&f);
     return 0;

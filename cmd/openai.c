@@ -1,0 +1,175 @@
+/* openai.c -- OpenAI batch output lines. See openai.h. */
+#include "cmd/openai.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+/* iflow's finish reason as OpenAI's. */
+static const char *finish_reason(const json_t *c)
+{
+    const char *why = json_string_value(json_object_get(c, "finish_reason"));
+    if (!why)
+        return "stop";
+    if (strcmp(why, "length") == 0 || strcmp(why, "context") == 0)
+        return "length";
+    return strcmp(why, "tool_calls") == 0 ? "tool_calls" : "stop";
+}
+
+/* A token entry's text (iflow's "token", or its "bytes" with U+FFFD for each byte past ASCII
+ * when they are not UTF-8 alone) and its bytes. */
+static void token_parts(const json_t *e, json_t **text, json_t **bytes)
+{
+    const json_t *t = json_object_get(e, "token"), *b = json_object_get(e, "bytes");
+    *bytes = json_array();
+    if (json_is_string(t)) {
+        const unsigned char *s = (const unsigned char *)json_string_value(t);
+        for (size_t i = 0; i < json_string_length(t); i++)
+            json_array_append_new(*bytes, json_integer(s[i]));
+        *text = json_incref((json_t *)t);
+        return;
+    }
+    char buf[1024];
+    size_t n = 0, i;
+    json_t *x;
+    json_array_foreach(b, i, x)
+    {
+        int c = (int)json_integer_value(x);
+        json_array_append_new(*bytes, json_integer(c));
+        const char *put = c < 0x80 ? (char[]){(char)c, 0} : "\xef\xbf\xbd";
+        size_t k = c < 0x80 ? 1 : 3;
+        if (n + k < sizeof buf)
+            memcpy(buf + n, put, k), n += k;
+    }
+    *text = json_stringn(buf, n);
+}
+
+/* The chat API's logprobs: {"content": [{"token", "logprob", "bytes", "top_logprobs"}]}. */
+static json_t *chat_logprobs(const json_t *native)
+{
+    json_t *content = json_array(), *e, *tp;
+    size_t i, k;
+    json_array_foreach(native, i, e)
+    {
+        json_t *text, *bytes, *top = json_array();
+        json_array_foreach(json_object_get(e, "top"), k, tp)
+        {
+            json_t *tt, *tb;
+            token_parts(tp, &tt, &tb);
+            json_array_append_new(top, json_pack("{s:o, s:O, s:o}", "token", tt, "logprob",
+                                                 json_object_get(tp, "logprob"), "bytes", tb));
+        }
+        token_parts(e, &text, &bytes);
+        json_array_append_new(content, json_pack("{s:o, s:O, s:o, s:o}", "token", text, "logprob",
+                                                 json_object_get(e, "logprob"), "bytes", bytes, "top_logprobs", top));
+    }
+    return json_pack("{s:o}", "content", content);
+}
+
+/* Characters (code points) of a UTF-8 string. */
+static size_t n_chars(const char *s)
+{
+    size_t n = 0;
+    for (; *s; s++)
+        n += ((unsigned char)*s & 0xC0) != 0x80;
+    return n;
+}
+
+/* The completions API's logprobs: {"tokens", "token_logprobs", "top_logprobs" (an object of
+ * token text to logprob a position), "text_offset" (in characters, from the text's start)}. */
+static json_t *completion_logprobs(const json_t *native)
+{
+    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offsets = json_array(), *e, *tp;
+    size_t i, k, at = 0;
+    json_array_foreach(native, i, e)
+    {
+        json_t *text, *bytes, *top = json_object();
+        token_parts(e, &text, &bytes);
+        json_decref(bytes);
+        json_array_foreach(json_object_get(e, "top"), k, tp)
+        {
+            json_t *tt, *tb;
+            token_parts(tp, &tt, &tb);
+            json_object_set(top, json_string_value(tt), json_object_get(tp, "logprob"));
+            json_decref(tt), json_decref(tb);
+        }
+        json_array_append_new(offsets, json_integer((json_int_t)at));
+        at += n_chars(json_string_value(text));
+        json_array_append_new(tokens, text);
+        json_array_append(lps, json_object_get(e, "logprob"));
+        json_array_append_new(tops, top);
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs", tops,
+                     "text_offset", offsets);
+}
+
+/* One choice of the body from iflow's completion c. */
+static json_t *choice(const json_t *c, int index, int api)
+{
+    const json_t *lp = json_object_get(c, "logprobs");
+    json_t *o = json_pack("{s:i}", "index", index);
+    if (api == IFLOW_API_CHAT) {
+        const json_t *content = json_object_get(c, "content"), *calls = json_object_get(c, "tool_calls");
+        json_t *msg = json_pack("{s:s, s:O}", "role", "assistant", "content",
+                                content ? content : json_object_get(c, "text"));
+        if (json_object_get(c, "reasoning_content"))
+            json_object_set(msg, "reasoning_content", json_object_get(c, "reasoning_content"));
+        if (json_array_size(calls) > 0)
+            json_object_set(msg, "tool_calls", (json_t *)calls);
+        json_object_set_new(o, "message", msg);
+        json_object_set_new(o, "logprobs", lp ? chat_logprobs(lp) : json_null());
+    } else {
+        json_object_set(o, "text", json_object_get(c, "text"));
+        json_object_set_new(o, "logprobs", lp ? completion_logprobs(lp) : json_null());
+    }
+    json_object_set_new(o, "finish_reason", json_string(finish_reason(c)));
+    return o;
+}
+
+/* The body of a refused line. */
+static json_t *error_body(const json_t *native)
+{
+    return json_pack("{s:{s:O, s:s, s:n, s:n}}", "error", "message", json_object_get(native, "error"), "type",
+                     "invalid_request_error", "param", "code");
+}
+
+json_t *openai_batch_line(json_t *native, const iflow_request_fields *f, long line, const char *model)
+{
+    if (!native)
+        return NULL;
+    char id[64], req[64], body_id[64];
+    snprintf(id, sizeof id, "batch_req_%ld", line);
+    snprintf(req, sizeof req, "req_%ld", line);
+    snprintf(body_id, sizeof body_id, "%s-%ld", f->api == IFLOW_API_CHAT ? "chatcmpl" : "cmpl", line);
+    json_t *body;
+    int status = 200;
+    if (json_object_get(native, "error")) {
+        status = 400;
+        body = error_body(native);
+    } else {
+        const json_t *many = json_object_get(native, "choices"), *c;
+        json_t *choices = json_array();
+        json_int_t completion = 0;
+        size_t k;
+        if (many) {
+            json_array_foreach(many, k, c)
+            {
+                json_array_append_new(choices, choice(c, (int)k, f->api));
+                completion += json_integer_value(json_object_get(c, "completion_tokens"));
+            }
+        } else {
+            json_array_append_new(choices, choice(native, 0, f->api));
+            completion = json_integer_value(json_object_get(native, "completion_tokens"));
+        }
+        json_int_t prompt = json_integer_value(json_object_get(native, "prompt_tokens"));
+        body = json_pack("{s:s, s:s, s:I, s:s, s:o, s:{s:I, s:I, s:I}}", "id", body_id, "object",
+                         f->api == IFLOW_API_CHAT ? "chat.completion" : "text_completion", "created",
+                         (json_int_t)time(NULL), "model", f->model ? f->model : model ? model : "", "choices", choices,
+                         "usage", "prompt_tokens", prompt, "completion_tokens", completion, "total_tokens",
+                         prompt + completion);
+    }
+    json_t *out = json_pack("{s:s, s:O, s:{s:i, s:s, s:o}, s:n}", "id", id, "custom_id", json_object_get(native, "id"),
+                            "response", "status_code", status, "request_id", req, "body", body, "error");
+    json_decref(native);
+    return out;
+}

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# tests/cli/openai.sh -- iflow-run --batch reading OpenAI batch lines (the Batch API's input, vLLM's
+# run-batch: {"custom_id", "method", "url", "body"}) and answering in that API's output format
+# (cmd/openai.h). Each reply is checked against iflow's own result of the same request (the body
+# as an iflow request line, same seed): texts, finish reasons, usage, log-probabilities (the
+# same numbers, reshaped), choices of "n"; chat replies on SmolLM2-135M-Instruct, tool calls
+# against tools.sh's independent reference; refused lines and their messages pinned.
+. "$(dirname "$0")/lib.sh"
+SMOL=$DATA/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf
+[ -f "$SMOL" ] || { bad "missing $SMOL"; summary; exit 1; }
+$BIN/iflow-convert "$DATA/models/stories260K/hf" -o "$TMP/s.ifs" || { bad "convert stories260K"; summary; exit 1; }
+$BIN/iflow-convert "$SMOL" -o "$TMP/smol.ifs" || { bad "convert smollm2"; summary; exit 1; }
+B() { run bash -c "$BIN/iflow-run -m '$1' --batch ${3:-} <'$2'"; }
+native() { jq -c --arg i "$1" 'select(.id == $i)' <<<"$out"; }
+reply() { jq -c --arg i "$1" 'select(.custom_id == $i)' <<<"$out"; }
+
+# ---- completions: the same request as an iflow line and as an OpenAI line ----
+body='{"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0, "logprobs": 3}'
+jq -c -n --argjson b "$body" '($b + {id: "n1"}), {custom_id: "o1", method: "POST", url: "/v1/completions",
+    body: ($b + {model: "tiny"})}' >"$TMP/c.jsonl"
+jq -c -n '{id: "n2", prompt: "Once", max_tokens: 6, n: 3, seed: 7, temperature: 1.2},
+    {custom_id: "o2", url: "/v1/completions", body: {prompt: "Once", max_tokens: 6, n: 3, seed: 7, temperature: 1.2}}' \
+    >>"$TMP/c.jsonl"
+B "$TMP/s.ifs" "$TMP/c.jsonl"
+expect_rc 0 "a batch of OpenAI and iflow lines"
+n=$(native n1) o=$(reply o1)
+expect_eq "$(jq -c '[.id, .response.status_code, .response.request_id, .error]' <<<"$o")" '["batch_req_2",200,"req_2",null]' \
+    "the envelope: its line's ids, status 200, no error"
+expect_eq "$(jq -c '.response.body | [.id, .object, .model, (.created | type)]' <<<"$o")" '["cmpl-2","text_completion","tiny","number"]' \
+    "the body: cmpl id, text_completion, the body's model, created"
+expect_eq "$(jq -r '.response.body.choices[0].text' <<<"$o")" "$(jq -r .text <<<"$n")" "the text: iflow's"
+expect_eq "$(jq -c '.response.body | [.choices[0].finish_reason, .usage]' <<<"$o")" \
+    "$(jq -c '["length", {prompt_tokens, completion_tokens, total_tokens: (.prompt_tokens + .completion_tokens)}]' <<<"$n")" \
+    "finish length, usage: iflow's counts"
+lp=$(jq -c '.response.body.choices[0].logprobs' <<<"$o")
+expect_eq "$(jq -c '[.tokens, .token_logprobs]' <<<"$lp")" "$(jq -c '[[.logprobs[].token], [.logprobs[].logprob]]' <<<"$n")" \
+    "logprobs: iflow's tokens and log-probabilities"
+expect_eq "$(jq -c '.top_logprobs | map(to_entries | map([.key, .value]))' <<<"$lp")" \
+    "$(jq -c '[.logprobs[].top | map([.token, .logprob])]' <<<"$n")" "top_logprobs: iflow's top 3, as objects"
+expect_eq "$(jq -r '.tokens | join("")' <<<"$lp")" "$(jq -r .text <<<"$n")" "the tokens make the text"
+expect_eq "$(jq -c '[.text_offset, ([.tokens[] | length] | [foreach .[] as $l (0; . + $l)] | [0] + .[:-1])] | .[0] == .[1]' <<<"$lp")" \
+    true "text_offset: where each token starts, in characters"
+expect_eq "$(jq -c '[.response.body.choices[] | [.index, .text, .finish_reason]]' <<<"$(reply o2)")" \
+    "$(jq -c '[.choices[] | [.index, .text, "length"]]' <<<"$(native n2)")" "n 3: iflow's choices, in order"
+expect_eq "$(jq -c '.response.body.usage.completion_tokens' <<<"$(reply o2)")" 18 "n 3: usage counts every choice"
+
+# ---- chat: SmolLM2's own template; logprobs true with top_logprobs ----
+msgs='[{"role": "user", "content": "What is the capital of France?"}]'
+jq -c -n --argjson m "$msgs" '{id: "n", messages: $m, max_tokens: 10, temperature: 0, logprobs: 2},
+    {custom_id: "o", method: "POST", url: "/v1/chat/completions", body: {messages: $m, max_completion_tokens: 10,
+    temperature: 0, logprobs: true, top_logprobs: 2, stream: false, user: "u1"}}' >"$TMP/chat.jsonl"
+B "$TMP/smol.ifs" "$TMP/chat.jsonl"
+n=$(native n) o=$(reply o)
+expect_eq "$(jq -c '.response.body | [.id, .object, .model]' <<<"$o")" "[\"chatcmpl-2\",\"chat.completion\",\"$TMP/smol.ifs\"]" \
+    "chat: chatcmpl id, chat.completion, the -m argument as the model"
+expect_eq "$(jq -c '.response.body.choices[0].message' <<<"$o")" "$(jq -c '{role: "assistant", content: .text}' <<<"$n")" \
+    "chat: the assistant's message is iflow's text"
+lp=$(jq -c '.response.body.choices[0].logprobs.content' <<<"$o")
+expect_eq "$(jq -c '[.[] | [.token, .logprob, (.top_logprobs | map([.token, .logprob]))]]' <<<"$lp")" \
+    "$(jq -c '[.logprobs[] | [.token, .logprob, (.top | map([.token, .logprob]))]]' <<<"$n")" \
+    "chat logprobs: iflow's tokens, log-probabilities and top 2"
+expect_eq "$(jq -c 'map(select(.token | test("^[ -~]*$")) | .bytes == (.token | explode)) | all' <<<"$lp")" true \
+    "chat logprobs: an ASCII token's bytes are its characters"
+expect_eq "$(jq -c 'map(.bytes | length) == map(.token | @uri | gsub("%[0-9A-F]{2}"; "x") | length)' <<<"$lp")" true \
+    "chat logprobs: one byte per UTF-8 byte of the token"
+
+# ---- tool calls: the reference reply's calls (tools.sh), in the message ----
+ref=$(head -n 1 tests/fixtures/tools/smollm2.ref.jsonl)
+jq -c --argjson tools "$(jq -c . tests/fixtures/tools/tools.json)" '{custom_id: .name, url: "/v1/chat/completions",
+    body: {messages: [{role: "user", content: .question}], tools: $tools, tool_choice, parallel_tool_calls: false,
+    temperature: 0, max_tokens: 96}}' <<<"$ref" >"$TMP/tools.jsonl"
+B "$TMP/smol.ifs" "$TMP/tools.jsonl" "--activations f32 --chat-template tests/fixtures/chat/templates/qwen25.jinja --tool-parser $(jq -r .format <<<"$ref")"
+c=$(jq -c '.response.body.choices[0]' <<<"$out")
+expect_eq "$(jq -c '[.finish_reason, .message.content, [.message.tool_calls[] | [.type, .function.name, (.function.arguments | fromjson)]]]' <<<"$c")" \
+    "$(jq -c '["tool_calls", "", [.calls[] | ["function"] + .]]' <<<"$ref")" "tool calls: the reference's, in OpenAI's message"
+
+# ---- refused lines: status 400 and the message; the others run ----
+cat >"$TMP/bad.jsonl" <<'EOF'
+{"custom_id": "e1", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}
+{"custom_id": "e2", "method": "GET", "url": "/v1/completions", "body": {"prompt": "x"}}
+{"custom_id": "e3", "url": "/v1/completions", "body": {"prompt": "x", "stream": true}}
+{"custom_id": "e4", "url": "/v1/completions", "body": {"messages": [{"role": "user", "content": "x"}]}}
+{"custom_id": "e5", "url": "/v1/chat/completions", "body": {"prompt": "x"}}
+{"custom_id": "e6", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}}
+{"custom_id": "e7", "url": "/v1/completions", "body": {"prompt": "x", "continuation": "y"}}
+{"custom_id": "e8", "url": "/v1/completions", "body": {"prompt": "x"}, "priority": 1}
+{"custom_id": 9, "url": "/v1/completions", "body": {"prompt": "x"}}
+{"custom_id": "e10", "url": "/v1/completions", "body": "x"}
+{"custom_id": "e11", "url": "/v1/completions", "body": {"prompt": "x", "temprature": 1}}
+{"custom_id": "ok", "url": "/v1/completions", "body": {"prompt": "x", "max_tokens": 2}}
+EOF
+B "$TMP/smol.ifs" "$TMP/bad.jsonl"
+expect_rc 0 "refused lines"
+err_of() { jq -r --arg i "$1" 'select(.custom_id == $i) | [.response.status_code, .response.body.error.type,
+    .response.body.error.message] | @tsv' <<<"$out"; }
+E=$'400\tinvalid_request_error\t'
+expect_eq "$(err_of e1)" "${E}field 'url' must be \"/v1/chat/completions\" or \"/v1/completions\"" "an API iflow has not"
+expect_eq "$(err_of e2)" "${E}field 'method' must be \"POST\"" "method GET"
+expect_eq "$(err_of e3)" "${E}field 'stream': a batch line's reply is not streamed (false or absent)" "stream true"
+expect_eq "$(err_of e4)" "${E}url '/v1/completions': the body needs 'prompt' (a string)" "completions with messages"
+expect_eq "$(err_of e5)" "${E}url '/v1/chat/completions': the body needs 'messages'" "chat with a prompt"
+expect_eq "$(err_of e6)" "${E}field 'top_logprobs' goes with 'logprobs': true" "top_logprobs alone"
+expect_eq "$(err_of e7)" "${E}field 'continuation' is iflow's own: give it in an iflow request line, not an OpenAI batch line" \
+    "continuation"
+expect_eq "$(err_of e8)" "${E}unknown field 'priority' of an OpenAI batch line (custom_id, method, url, body)" "an unknown envelope field"
+expect_eq "$(jq -r 'select(.custom_id == 9) | .response.body.error.message' <<<"$out")" \
+    "an OpenAI batch line needs a string 'custom_id'" "custom_id not a string"
+expect_eq "$(err_of e10)" "${E}field 'body' must be an object: the request" "body not an object"
+expect_eq "$(err_of e11)" "${E}unknown field 'temprature' (see iflow-run(1), BATCH GENERATION)" "a misspelt body field"
+expect_eq "$(jq -c 'select(.custom_id == "ok") | [.response.status_code, .response.body.usage.completion_tokens]' <<<"$out")" \
+    '[200,2]' "the good line ran"
+summary
