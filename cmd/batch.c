@@ -290,7 +290,11 @@ static item *parse_line(const reader *rd, const char *line, size_t len, long lin
         q->grammar_after = "</think>";
     int32_t *ids;
     size_t n;
-    if (encode(rd, it, it->f.prompt, it->f.prompt_len, &ids, &n) < 0) {
+    if (it->f.prompt_ids) { /* token ids as given (the engine checks them against the vocabulary) */
+        n = (size_t)it->f.n_prompt_ids;
+        ids = it->f.prompt_ids;
+        it->f.prompt_ids = NULL, it->f.n_prompt_ids = 0;
+    } else if (encode(rd, it, it->f.prompt, it->f.prompt_len, &ids, &n) < 0) {
         item_fail(it, "%s", iflow_errmsg());
         return it;
     }

@@ -16,6 +16,7 @@ void iflow_request_fields_free(iflow_request_fields *f)
 {
     free(f->id);
     free(f->prompt);
+    free(f->prompt_ids);
     free(f->continuation);
     free(f->bias_ids);
     free(f->bias_values);
@@ -382,6 +383,28 @@ static int parse_stop_ids(iflow_request_fields *f, const json_t *v)
     return 0;
 }
 
+/* "prompt" as token ids (OpenAI's completions take them; vLLM's prompt_token_ids): a non-empty
+ * list, used as it is (no BOS added). A list of texts is refused: one prompt a line. */
+static int parse_prompt_ids(iflow_request_fields *f, const json_t *v)
+{
+    enum { MAX_IDS = 1 << 24 };
+    if (json_array_size(v) == 0 || json_array_size(v) > MAX_IDS)
+        return iflow_seterr(IFLOW_EINVAL, "field 'prompt' must be a string or a list of 1 to %d token ids", MAX_IDS);
+    if (json_is_string(json_array_get(v, 0)))
+        return iflow_seterr(IFLOW_EINVAL, "field 'prompt': a list of texts is not supported (one prompt a line)");
+    if (!(f->prompt_ids = malloc(json_array_size(v) * sizeof *f->prompt_ids)))
+        return oom();
+    size_t i;
+    json_t *e;
+    json_array_foreach(v, i, e)
+    {
+        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > INT32_MAX)
+            return iflow_seterr(IFLOW_EINVAL, "field 'prompt': token %zu is not a token id (an integer from 0)", i + 1);
+        f->prompt_ids[f->n_prompt_ids++] = (int32_t)json_integer_value(e);
+    }
+    return 0;
+}
+
 /* "allowed_token_ids": vLLM's non-empty list of the only token ids generated. */
 static int parse_allowed(iflow_request_fields *f, const json_t *v)
 {
@@ -546,9 +569,12 @@ static int parse_object(iflow_request_fields *f, const json_t *js, const iflow_r
         } else if ((rc = parse_grammar_field(f, key, v, &grammar_given)) <= 0) {
             if (rc < 0)
                 return rc;
+        } else if (strcmp(key, "prompt") == 0 && json_is_array(v)) {
+            if ((rc = parse_prompt_ids(f, v)) < 0)
+                return rc;
         } else if (strcmp(key, "prompt") == 0) {
             if (!json_is_string(v))
-                return iflow_seterr(IFLOW_EINVAL, "field 'prompt' must be a string");
+                return iflow_seterr(IFLOW_EINVAL, "field 'prompt' must be a string or a list of token ids");
             if (!(f->prompt = malloc(json_string_length(v) + 1)))
                 return oom();
             memcpy(f->prompt, json_string_value(v), json_string_length(v) + 1);
@@ -643,12 +669,15 @@ static int parse_object(iflow_request_fields *f, const json_t *js, const iflow_r
     }
     if (f->api == IFLOW_API_CHAT && !f->messages)
         return iflow_seterr(IFLOW_EINVAL, "url '/v1/chat/completions': the body needs 'messages'");
-    if (f->api == IFLOW_API_COMPLETIONS && !f->prompt)
-        return iflow_seterr(IFLOW_EINVAL, "url '/v1/completions': the body needs 'prompt' (a string)");
-    if (!f->prompt && !f->messages)
-        return iflow_seterr(IFLOW_EINVAL, "field 'prompt' (a string) or 'messages' (a chat) is missing");
-    if (f->prompt && f->messages)
+    const int prompt = f->prompt || f->prompt_ids;
+    if (f->api == IFLOW_API_COMPLETIONS && !prompt)
+        return iflow_seterr(IFLOW_EINVAL, "url '/v1/completions': the body needs 'prompt' (a string or token ids)");
+    if (!prompt && !f->messages)
+        return iflow_seterr(IFLOW_EINVAL, "field 'prompt' (a string or token ids) or 'messages' (a chat) is missing");
+    if (prompt && f->messages)
         return iflow_seterr(IFLOW_EINVAL, "fields 'prompt' and 'messages' do not go together");
+    if (f->prompt_ids && f->continuation)
+        return iflow_seterr(IFLOW_EINVAL, "field 'continuation' goes with a text prompt, not token ids");
     if (chat_given && !f->messages)
         return iflow_seterr(IFLOW_EINVAL, "fields 'add_generation_prompt', 'tools' and 'chat_template_kwargs' go with "
                                           "'messages'");

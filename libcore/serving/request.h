@@ -3,8 +3,9 @@
  * input: tests/fuzz/fuzz_request.c).
  *
  * Contract
- *   A request is a JSON object on one line. Fields: "prompt" (a string) or "messages" (a chat:
- *   a non-empty list of objects, each with a string "role"; made into the prompt by the chat
+ *   A request is a JSON object on one line. Fields: "prompt" (a string, or a non-empty list of
+ *   token ids used as they are, no BOS added: OpenAI's completions take them) or "messages" (a
+ *   chat: a non-empty list of objects, each with a string "role"; made into the prompt by the chat
  *   template, chat.h), one of the two required; with "messages": "add_generation_prompt" (true
  *   or false, default true), "tools" (a list, the template's variable tools) and
  *   "chat_template_kwargs" (an object: more template variables, as vLLM's), and with "tools":
@@ -77,6 +78,8 @@ typedef struct {
     char *id;                       /* compact JSON                                        */
     char *prompt;                   /* NUL-terminated (may hold NULs: prompt_len counts), or NULL */
     size_t prompt_len;
+    int32_t *prompt_ids;            /* [n_prompt_ids] "prompt" given as token ids, or NULL   */
+    int n_prompt_ids;
     int max_tokens;
     iflow_sampler_params sp;
     char *stop[IFLOW_MAX_STOP];

@@ -76,7 +76,7 @@ run bash -c "$BIN/iflow-run -m '$TMP/s.ifs' --batch -c 64 <'$TMP/bad.jsonl'"
 expect_rc 0 "bad lines do not stop the batch"
 line() { jq -c --arg id "$1" 'select((.id | tostring) == $id) | [.line, .error]' <<<"$out"; }
 expect_eq "$(line 2)" '[2,"not JSON: '"'"'['"'"' or '"'"'{'"'"' expected near '"'"'not'"'"' (column 3)"]' "invalid JSON"
-expect_eq "$(line nop)" '[3,"field '"'"'prompt'"'"' (a string) or '"'"'messages'"'"' (a chat) is missing"]' "missing prompt"
+expect_eq "$(line nop)" '[3,"field '"'"'prompt'"'"' (a string or token ids) or '"'"'messages'"'"' (a chat) is missing"]' "missing prompt"
 expect_eq "$(line typo)" '[4,"unknown field '"'"'max_token'"'"' (see iflow-run(1), BATCH GENERATION)"]' "unknown field"
 expect_eq "$(jq -c 'select(.line == 5) | .error' <<<"$out")" '"duplicate id \"ok1\": a request with this id is still running"' "duplicate id"
 expect_match "$(line long)" '^\[7,"the prompt of [0-9]+ tokens does not fit the context of 64"\]$' "prompt longer than the context"

@@ -3,7 +3,7 @@
 # run-batch: {"custom_id", "method", "url", "body"}) and answering in that API's output format
 # (cmd/openai.h). Each reply is checked against iflow's own result of the same request (the body
 # as an iflow request line, same seed): texts, finish reasons, usage, log-probabilities (the
-# same numbers, reshaped), choices of "n"; chat replies on SmolLM2-135M-Instruct, tool calls
+# same numbers, reshaped), choices of "n"; a prompt of token ids gives what its text gives; chat replies on SmolLM2-135M-Instruct, tool calls
 # against tools.sh's independent reference; refused lines and their messages pinned.
 . "$(dirname "$0")/lib.sh"
 SMOL=$DATA/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -43,6 +43,24 @@ expect_eq "$(jq -c '[.text_offset, ([.tokens[] | length] | [foreach .[] as $l (0
 expect_eq "$(jq -c '[.response.body.choices[] | [.index, .text, .finish_reason]]' <<<"$(reply o2)")" \
     "$(jq -c '[.choices[] | [.index, .text, "length"]]' <<<"$(native n2)")" "n 3: iflow's choices, in order"
 expect_eq "$(jq -c '.response.body.usage.completion_tokens' <<<"$(reply o2)")" 18 "n 3: usage counts every choice"
+
+# ---- a prompt of token ids (OpenAI's completions take them): as the text's tokens give ----
+printf '%s\n' '{"id": "text", "prompt": "Once upon a time", "max_tokens": 16, "temperature": 0}' \
+    '{"id": "ids", "prompt": [1, 403, 407, 261, 378], "max_tokens": 16, "temperature": 0}' \
+    '{"custom_id": "oids", "url": "/v1/completions", "body": {"prompt": [1, 403, 407, 261, 378], "max_tokens": 16, "temperature": 0}}' \
+    '{"id": "strs", "prompt": ["a", "b"]}' '{"id": "empty", "prompt": []}' '{"id": "neg", "prompt": [1, -2]}' \
+    '{"id": "far", "prompt": [1, 512]}' '{"id": "cont", "prompt": [1, 403], "continuation": " upon"}' >"$TMP/ids.jsonl"
+B "$TMP/s.ifs" "$TMP/ids.jsonl"
+expect_eq "$(jq -c '[.text, .prompt_tokens]' <<<"$(native ids)")" "$(jq -c '[.text, .prompt_tokens]' <<<"$(native text)")" \
+    "prompt [1 403 407 261 378]: the text of 'Once upon a time' (its tokens, BOS included)"
+expect_eq "$(jq -r '.response.body.choices[0].text' <<<"$(reply oids)")" "$(jq -r .text <<<"$(native text)")" \
+    "token ids in an OpenAI completions body"
+e() { jq -r --arg i "$1" 'select(.id == $i) | .error' <<<"$out"; }
+expect_eq "$(e strs)" "field 'prompt': a list of texts is not supported (one prompt a line)" "a list of texts"
+expect_eq "$(e empty)" "field 'prompt' must be a string or a list of 1 to 16777216 token ids" "an empty list"
+expect_eq "$(e neg)" "field 'prompt': token 2 is not a token id (an integer from 0)" "a negative id"
+expect_eq "$(e far)" "prompt token 1 is id 512, outside the vocabulary (512)" "an id the model lacks"
+expect_eq "$(e cont)" "field 'continuation' goes with a text prompt, not token ids" "a continuation after ids"
 
 # ---- chat: SmolLM2's own template; logprobs true with top_logprobs ----
 msgs='[{"role": "user", "content": "What is the capital of France?"}]'
@@ -97,7 +115,7 @@ E=$'400\tinvalid_request_error\t'
 expect_eq "$(err_of e1)" "${E}field 'url' must be \"/v1/chat/completions\" or \"/v1/completions\"" "an API iflow has not"
 expect_eq "$(err_of e2)" "${E}field 'method' must be \"POST\"" "method GET"
 expect_eq "$(err_of e3)" "${E}field 'stream': a batch line's reply is not streamed (false or absent)" "stream true"
-expect_eq "$(err_of e4)" "${E}url '/v1/completions': the body needs 'prompt' (a string)" "completions with messages"
+expect_eq "$(err_of e4)" "${E}url '/v1/completions': the body needs 'prompt' (a string or token ids)" "completions with messages"
 expect_eq "$(err_of e5)" "${E}url '/v1/chat/completions': the body needs 'messages'" "chat with a prompt"
 expect_eq "$(err_of e6)" "${E}field 'top_logprobs' goes with 'logprobs': true" "top_logprobs alone"
 expect_eq "$(err_of e7)" "${E}field 'continuation' is iflow's own: give it in an iflow request line, not an OpenAI batch line" \

@@ -71,9 +71,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             iflow_sampler_close(s);
         }
         /* max_tokens is 0 only for a request that scores a continuation and asked for no tokens */
-        int min_tokens = f.continuation ? 0 : 1;
-        if (!f.prompt == !f.messages || !f.id || f.max_tokens < min_tokens || f.keep < -1 || !iflow_shift_name(f.context_shift) ||
-            iflow_shift_name(f.context_shift)[0] == '?')
+        int min_tokens = f.continuation ? 0 : 1, has_prompt = f.prompt || f.prompt_ids;
+        if (!has_prompt == !f.messages || (f.prompt && f.prompt_ids) || (f.prompt_ids && f.n_prompt_ids < 1) ||
+            (f.prompt_ids && f.continuation) || !f.id || f.max_tokens < min_tokens || f.keep < -1 ||
+            !iflow_shift_name(f.context_shift) || iflow_shift_name(f.context_shift)[0] == '?')
             abort();
         if (f.continuation && (f.continuation_len == 0 || f.beams))
             abort();
@@ -129,7 +130,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         /* an OpenAI batch line: chat with messages, completions with a prompt, none of iflow's
          * scoring fields */
         if (f.api < IFLOW_API_NATIVE || f.api > IFLOW_API_COMPLETIONS || (f.model && !f.api) ||
-            (f.api == IFLOW_API_CHAT && !f.messages) || (f.api == IFLOW_API_COMPLETIONS && !f.prompt) ||
+            (f.api == IFLOW_API_CHAT && !f.messages) || (f.api == IFLOW_API_COMPLETIONS && !has_prompt) ||
             (f.api && (f.continuation || f.prompt_logprobs)))
             abort();
     }
