@@ -365,22 +365,28 @@ static int parse_logit_bias(iflow_request_fields *f, const json_t *v)
     return set_bias(f, ids, values, n);
 }
 
+/* Field key's list v of token ids (integers from 0) into out [json_array_size(v)], *n of them. */
+static int read_ids(const char *key, const json_t *v, int32_t *out, int *n)
+{
+    size_t i;
+    json_t *e;
+    *n = 0;
+    json_array_foreach(v, i, e)
+    {
+        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > INT32_MAX)
+            return iflow_seterr(IFLOW_EINVAL, "field '%s' must hold token ids (integers from 0)", key);
+        out[(*n)++] = (int32_t)json_integer_value(e);
+    }
+    return 0;
+}
+
 /* "stop_token_ids": vLLM's list of token ids that end the text. */
 static int parse_stop_ids(iflow_request_fields *f, const json_t *v)
 {
     if (!json_is_array(v) || json_array_size(v) > IFLOW_MAX_STOP_IDS)
         return iflow_seterr(IFLOW_EINVAL, "field 'stop_token_ids' must be a list of at most %d token ids",
                             IFLOW_MAX_STOP_IDS);
-    size_t i;
-    json_t *e;
-    f->n_stop_ids = 0;
-    json_array_foreach(v, i, e)
-    {
-        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > INT32_MAX)
-            return iflow_seterr(IFLOW_EINVAL, "field 'stop_token_ids' must hold token ids (integers from 0)");
-        f->stop_ids[f->n_stop_ids++] = (int32_t)json_integer_value(e);
-    }
-    return 0;
+    return read_ids("stop_token_ids", v, f->stop_ids, &f->n_stop_ids);
 }
 
 /* "prompt" as token ids (OpenAI's completions take them; vLLM's prompt_token_ids): a non-empty
@@ -394,15 +400,7 @@ static int parse_prompt_ids(iflow_request_fields *f, const json_t *v)
         return iflow_seterr(IFLOW_EINVAL, "field 'prompt': a list of texts is not supported (one prompt a line)");
     if (!(f->prompt_ids = malloc(json_array_size(v) * sizeof *f->prompt_ids)))
         return oom();
-    size_t i;
-    json_t *e;
-    json_array_foreach(v, i, e)
-    {
-        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > INT32_MAX)
-            return iflow_seterr(IFLOW_EINVAL, "field 'prompt': token %zu is not a token id (an integer from 0)", i + 1);
-        f->prompt_ids[f->n_prompt_ids++] = (int32_t)json_integer_value(e);
-    }
-    return 0;
+    return read_ids("prompt", v, f->prompt_ids, &f->n_prompt_ids);
 }
 
 /* "allowed_token_ids": vLLM's non-empty list of the only token ids generated. */
@@ -413,15 +411,7 @@ static int parse_allowed(iflow_request_fields *f, const json_t *v)
         return iflow_seterr(IFLOW_EINVAL, "field 'allowed_token_ids' must be a list of 1 to %d token ids", MAX_ALLOWED);
     if (!(f->allowed_ids = malloc(json_array_size(v) * sizeof *f->allowed_ids)))
         return oom();
-    size_t i;
-    json_t *e;
-    json_array_foreach(v, i, e)
-    {
-        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > INT32_MAX)
-            return iflow_seterr(IFLOW_EINVAL, "field 'allowed_token_ids' must hold token ids (integers from 0)");
-        f->allowed_ids[f->n_allowed++] = (int32_t)json_integer_value(e);
-    }
-    return 0;
+    return read_ids("allowed_token_ids", v, f->allowed_ids, &f->n_allowed);
 }
 
 /* "bad_words": vLLM's list of texts never generated (tokenized later: iflow_request_bad_words). */

@@ -58,7 +58,7 @@ expect_eq "$(jq -r '.response.body.choices[0].text' <<<"$(reply oids)")" "$(jq -
 e() { jq -r --arg i "$1" 'select(.id == $i) | .error' <<<"$out"; }
 expect_eq "$(e strs)" "field 'prompt': a list of texts is not supported (one prompt a line)" "a list of texts"
 expect_eq "$(e empty)" "field 'prompt' must be a string or a list of 1 to 16777216 token ids" "an empty list"
-expect_eq "$(e neg)" "field 'prompt': token 2 is not a token id (an integer from 0)" "a negative id"
+expect_eq "$(e neg)" "field 'prompt' must hold token ids (integers from 0)" "a negative id"
 expect_eq "$(e far)" "prompt token 1 is id 512, outside the vocabulary (512)" "an id the model lacks"
 expect_eq "$(e cont)" "field 'continuation' goes with a text prompt, not token ids" "a continuation after ids"
 
