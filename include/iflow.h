@@ -484,6 +484,13 @@ typedef struct {
     const float *bias_values;
     int n_bias;
     int min_tokens, ignore_eos;
+    const int32_t *stop_ids;          /* stop tokens, include_stop, allowed tokens: iflow_request's */
+    int n_stop_ids;
+    int include_stop;
+    const int32_t *allowed_ids;
+    int n_allowed;
+    const char *const *bad_words;     /* [n_bad_words] texts never generated (vLLM's bad_words: each */
+    int n_bad_words;                  /* tokenized as it is and after a space; iflow_request.bad_ids) */
 } iflow_generate_params;
 
 IFLOW_API void iflow_generate_params_default(iflow_generate_params *p);

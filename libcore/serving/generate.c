@@ -3,6 +3,7 @@
 #include "include/iflow.h"
 #include "libcore/base/error.h"
 #include "libcore/serving/batch.h"
+#include "libcore/serving/request.h"
 #include "libcore/tokenizers/tokenizer.h"
 
 #include <stdlib.h>
@@ -26,9 +27,16 @@ int iflow_generate(const iflow_model *m, const char *prompt, const iflow_generat
         return iflow_seterr(IFLOW_EINVAL, "max_tokens %d must be at least 1", p->max_tokens);
     if (p->n_stop < 0 || p->n_stop > IFLOW_MAX_STOP)
         return iflow_seterr(IFLOW_EINVAL, "%d stop strings: from 0 to %d are allowed", p->n_stop, IFLOW_MAX_STOP);
-    int32_t *ids;
+    if (p->n_bad_words < 0 || p->n_bad_words > IFLOW_MAX_BAD_WORDS || (p->n_bad_words && !p->bad_words))
+        return iflow_seterr(IFLOW_EINVAL, "%d bad words: from 0 to %d are allowed", p->n_bad_words,
+                            IFLOW_MAX_BAD_WORDS);
+    int32_t bad_ids[IFLOW_MAX_BAD_TOKENS], *ids;
+    int bad_lens[IFLOW_MAX_BAD_WORDS], n_bad = 0;
     size_t n_ids;
-    int rc = iflow_tokenizer_encode(tok, prompt, strlen(prompt), p->add_bos ? IFLOW_TOK_ADD_BOS : 0, &ids, &n_ids);
+    int rc = iflow_bad_words_encode(tok, p->bad_words, p->n_bad_words, bad_ids, bad_lens, &n_bad);
+    if (rc < 0)
+        return rc;
+    rc = iflow_tokenizer_encode(tok, prompt, strlen(prompt), p->add_bos ? IFLOW_TOK_ADD_BOS : 0, &ids, &n_ids);
     if (rc < 0)
         return rc;
     if (n_ids == 0)
@@ -37,7 +45,9 @@ int iflow_generate(const iflow_model *m, const char *prompt, const iflow_generat
     iflow_request q = {.prompt = ids, .n_prompt = (int)n_ids, .max_tokens = p->max_tokens, .sampling = p->sampling,
                        .n_stop = p->n_stop, .user = p->user, .on_text = p->on_text, .grammar = p->grammar,
                        .bias_ids = p->bias_ids, .bias_values = p->bias_values, .n_bias = p->n_bias,
-                       .min_tokens = p->min_tokens, .ignore_eos = p->ignore_eos};
+                       .min_tokens = p->min_tokens, .ignore_eos = p->ignore_eos, .stop_ids = p->stop_ids,
+                       .n_stop_ids = p->n_stop_ids, .include_stop = p->include_stop, .allowed_ids = p->allowed_ids,
+                       .n_allowed = p->n_allowed, .bad_ids = bad_ids, .bad_lens = bad_lens, .n_bad = n_bad};
     memcpy(q.stop, p->stop, sizeof q.stop);
     iflow_batch *b = NULL;
     if ((rc = iflow_batch_open(&b, m, &bp)) == 0 && (rc = iflow_batch_add(b, &q)) == 0) {

@@ -437,14 +437,47 @@ static int parse_bad_words(iflow_request_fields *f, const json_t *v)
     return 0;
 }
 
-/* ids [n] as f's next banned sequence, within the bounds. */
-static int add_bad_sequence(iflow_request_fields *f, const int32_t *ids, size_t n, int total, const char *word)
+/* ids [n] as the next banned sequence of seqs [*n_seqs] (lens) in out, within the bounds. */
+static int add_bad_sequence(const int32_t *ids, size_t n, const char *word, int32_t *out, int *lens, int *n_seqs,
+                            int *total)
 {
-    if (f->n_bad == IFLOW_MAX_BAD_WORDS || n > (size_t)(IFLOW_MAX_BAD_TOKENS - total))
-        return iflow_seterr(IFLOW_EINVAL, "field 'bad_words': the words make more than %d token sequences or %d "
-                            "tokens (at '%s')", IFLOW_MAX_BAD_WORDS, IFLOW_MAX_BAD_TOKENS, iflow_quote(word));
-    memcpy(f->bad_ids + total, ids, n * sizeof *ids);
-    f->bad_lens[f->n_bad++] = (int)n;
+    if (*n_seqs == IFLOW_MAX_BAD_WORDS || n > (size_t)(IFLOW_MAX_BAD_TOKENS - *total))
+        return iflow_seterr(IFLOW_EINVAL, "the bad words make more than %d token sequences or %d tokens (at '%s')",
+                            IFLOW_MAX_BAD_WORDS, IFLOW_MAX_BAD_TOKENS, iflow_quote(word));
+    memcpy(out + *total, ids, n * sizeof *ids);
+    lens[(*n_seqs)++] = (int)n;
+    *total += (int)n;
+    return 0;
+}
+
+int iflow_bad_words_encode(const iflow_tokenizer *t, const char *const *words, int n_words, int32_t *ids, int *lens,
+                           int *n)
+{
+    *n = 0;
+    for (int w = 0, total = 0; w < n_words; w++) {
+        const char *word = words[w] + strspn(words[w], " \t\n\r\f\v"); /* Python's lstrip() */
+        size_t len = strlen(word);
+        char *spaced = malloc(len + 2);
+        int32_t *plain = NULL, *inside = NULL;
+        size_t n_plain = 0, n_inside = 0;
+        int rc = spaced ? iflow_tokenizer_encode(t, word, len, 0, &plain, &n_plain) : oom();
+        if (rc == 0) {
+            spaced[0] = ' ';
+            memcpy(spaced + 1, word, len + 1);
+            rc = iflow_tokenizer_encode(t, spaced, len + 1, 0, &inside, &n_inside);
+        }
+        if (rc == 0 && n_plain == 0)
+            rc = iflow_seterr(IFLOW_EINVAL, "bad word '%s' makes no tokens", iflow_quote(word));
+        if (rc == 0)
+            rc = add_bad_sequence(plain, n_plain, word, ids, lens, n, &total);
+        if (rc == 0 && n_inside == n_plain && inside[0] != plain[0])
+            rc = add_bad_sequence(inside, n_inside, word, ids, lens, n, &total);
+        free(spaced);
+        free(plain);
+        free(inside);
+        if (rc < 0)
+            return rc;
+    }
     return 0;
 }
 
@@ -459,32 +492,9 @@ int iflow_request_bad_words(iflow_request_fields *f, const iflow_tokenizer *t)
     f->bad_lens = malloc(IFLOW_MAX_BAD_WORDS * sizeof *f->bad_lens);
     if (!f->bad_ids || !f->bad_lens)
         return oom();
-    for (int w = 0, total = 0; w < f->n_bad_words; w++) {
-        const char *word = f->bad_words[w] + strspn(f->bad_words[w], " \t\n\r\f\v"); /* Python's lstrip() */
-        size_t len = strlen(word);
-        char *spaced = malloc(len + 2);
-        int32_t *plain = NULL, *inside = NULL;
-        size_t n_plain = 0, n_inside = 0;
-        int rc = spaced ? iflow_tokenizer_encode(t, word, len, 0, &plain, &n_plain) : oom();
-        if (rc == 0) {
-            spaced[0] = ' ';
-            memcpy(spaced + 1, word, len + 1);
-            rc = iflow_tokenizer_encode(t, spaced, len + 1, 0, &inside, &n_inside);
-        }
-        if (rc == 0 && n_plain == 0)
-            rc = iflow_seterr(IFLOW_EINVAL, "field 'bad_words': '%s' makes no tokens", iflow_quote(word));
-        if (rc == 0 && (rc = add_bad_sequence(f, plain, n_plain, total, word)) == 0)
-            total += (int)n_plain;
-        if (rc == 0 && n_inside == n_plain && inside[0] != plain[0] &&
-            (rc = add_bad_sequence(f, inside, n_inside, total, word)) == 0)
-            total += (int)n_inside;
-        free(spaced);
-        free(plain);
-        free(inside);
-        if (rc < 0)
-            return rc;
-    }
-    return 0;
+    int rc = iflow_bad_words_encode(t, (const char *const *)f->bad_words, f->n_bad_words, f->bad_ids, f->bad_lens,
+                                    &f->n_bad);
+    return rc < 0 ? iflow_preperr(rc, "field 'bad_words'") : 0;
 }
 
 /* "lora": the name of one of d's adapters, or "" (none). */

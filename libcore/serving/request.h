@@ -141,10 +141,14 @@ typedef struct {
 
 int  iflow_request_parse(iflow_request_fields *out, const char *line, size_t len, long line_no,
                          const iflow_request_defaults *defaults);
-/* f's bad_words as iflow_request's token sequences (f->bad_ids, bad_lens, n_bad), by vLLM's rule:
- * each word without its leading white space, tokenized by t without special tokens, and once
- * more after a space where that gives as many tokens with another first one (the word inside
- * a text). IFLOW_EINVAL past IFLOW_MAX_BAD_WORDS sequences or IFLOW_MAX_BAD_TOKENS tokens. */
+/* Bad words words [n_words] as banned token sequences (iflow_request's bad_ids, bad_lens), by
+ * vLLM's rule: each word without its leading white space, tokenized by t without special tokens,
+ * and once more after a space where that gives as many tokens with another first one (the word
+ * inside a text). ids: [IFLOW_MAX_BAD_TOKENS], lens: [IFLOW_MAX_BAD_WORDS], *n: the sequences.
+ * IFLOW_EINVAL past those bounds, or for a word that makes no tokens. */
+int iflow_bad_words_encode(const iflow_tokenizer *t, const char *const *words, int n_words, int32_t *ids, int *lens,
+                           int *n);
+/* f's bad_words so (f->bad_ids, bad_lens, n_bad); a message names the field. */
 int iflow_request_bad_words(iflow_request_fields *f, const iflow_tokenizer *t);
 /* The seed of completion k of a request seeded `seed`: seed itself for k 0 (so "n": 1 changes
  * nothing), else a mix of both (neighbouring lines' seeds differ by one: k must not add). */

@@ -8,8 +8,9 @@
  *     text lengths around the window and a window limit;
  *   - iflow_generate() against an independent greedy loop (iflow_ctx_eval + iflow_argmax), its
  *     on_text pieces against its text, a seeded run repeating, the EOS raised by a logit bias
- *     (ending at once, after min_tokens greedy tokens, or never with ignore_eos), and its
- *     argument errors;
+ *     (ending at once, after min_tokens greedy tokens, or never with ignore_eos), a stop token
+ *     (the greedy tokens before it), the greedy tokens as the allowed set (the greedy text), the
+ *     first greedy token's text as a bad word (not taken), and its argument errors;
  *   - the sampler: iflow-run's defaults, parameters set by name (and refused by name), the
  *     distribution of top-k and of min-p draws against softmax computed here in double, the
  *     repeat penalty against llama.cpp's rule, seeds and reset, greedy = iflow_argmax on the
@@ -243,6 +244,38 @@ static void test_generate(void)
         iflow_result_free(r);
     }
     gp.n_bias = 0, gp.min_tokens = 0, gp.ignore_eos = 0;
+    /* a stop token (the 4th greedy one, kept out); allowed tokens (the greedy ones: the same text);
+     * a bad word: the greedy text's 4th token's text, banned, is not where it was */
+    gp.stop_ids = &ref[3], gp.n_stop_ids = 1;
+    r = NULL;
+    CHECK(iflow_generate(m, "Lily and Tom", &gp, &r) == 0, "generate: %s", iflow_errmsg());
+    int first = 0; /* the first position of ref[3] among the greedy tokens */
+    while (ref[first] != ref[3])
+        first++;
+    CHECK(r && r->finish == IFLOW_FINISH_STOP && r->stop_token == ref[3] && r->n_tokens == first &&
+              !memcmp(r->tokens, ref, sizeof(int32_t) * (size_t)first),
+          "stop token %d: the %d greedy tokens before it", ref[3], first);
+    iflow_result_free(r);
+    gp.stop_ids = NULL, gp.n_stop_ids = 0;
+    gp.allowed_ids = ref, gp.n_allowed = 12;
+    r = NULL;
+    CHECK(iflow_generate(m, "Lily and Tom", &gp, &r) == 0, "generate: %s", iflow_errmsg());
+    CHECK(r && r->n_tokens == 12 && !memcmp(r->tokens, ref, sizeof(int32_t) * 12),
+          "allowed: the 12 greedy tokens, the greedy text");
+    iflow_result_free(r);
+    gp.allowed_ids = NULL, gp.n_allowed = 0;
+    char piece[64];
+    int np = iflow_tokenizer_piece(tok, ref[0], 1, piece, sizeof piece - 1);
+    piece[np > 0 ? np : 0] = 0;
+    const char *bad[1] = {piece};
+    gp.bad_words = bad, gp.n_bad_words = 1;
+    r = NULL;
+    CHECK(np > 0 && iflow_generate(m, "Lily and Tom", &gp, &r) == 0, "generate: %s", iflow_errmsg());
+    CHECK(r && r->n_tokens > 0 && r->tokens[0] != ref[0], "bad word '%s': the first greedy token is not taken", piece);
+    iflow_result_free(r);
+    gp.n_bad_words = IFLOW_MAX_BAD_WORDS + 1;
+    CHECK_ERR(iflow_generate(m, "x", &gp, &r), IFLOW_EINVAL, "129 bad words", "from 0 to 128");
+    gp.bad_words = NULL, gp.n_bad_words = 0;
     /* errors */
     gp.max_tokens = 0;
     r = NULL;
