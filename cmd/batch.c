@@ -37,6 +37,7 @@ typedef struct { /* what a completion's engine request carries as its user point
 typedef struct item {
     struct item *next;
     long line;                    /* 1-based input line                                      */
+    long seq;                     /* 0-based: the items before it (blank lines are none)     */
     iflow_request_fields f;       /* the parsed line (f.id: compact JSON, the line number if none) */
     char *error;                  /* a refused request: the message                          */
     iflow_request req;            /* the tokenized prompt (malloc'd) and f's parameters; user = this item */
@@ -341,7 +342,7 @@ static void *reader_main(void *arg)
     line_in in = {.fd = STDIN_FILENO, .stop_fd = rd->stop_fd};
     char *line;
     ssize_t len;
-    long line_no = 0;
+    long line_no = 0, seq = 0;
     while ((len = line_next(&in, &line)) >= 0) {
         line_no++;
         while (len && (line[len - 1] == '\n' || line[len - 1] == '\r'))
@@ -349,6 +350,8 @@ static void *reader_main(void *arg)
         if (len == 0)
             continue; /* blank lines are not requests */
         item *it = parse_line(rd, line, (size_t)len, line_no);
+        if (it)
+            it->seq = seq++;
         if (!it || !q_push(rd->out, it)) {
             item_free(it);
             break;
@@ -357,6 +360,7 @@ static void *reader_main(void *arg)
     if (len == -2) { /* report it, then read no further: the rest of the line cannot be skipped */
         item *it = calloc(1, sizeof *it);
         if (it) {
+            it->seq = seq;
             it->line = line_no + 1;
             it->f.id = strdup("null");
             item_fail(it, "the line is longer than %zu bytes", LINE_MAX_BYTES);
@@ -376,6 +380,10 @@ typedef struct {
     const iflow_tokenizer *tok;   /* the tokens' text in log-probabilities */
     int reasoning;                /* split chat replies' <think> blocks out (batch_opts) */
     const char *model;            /* the -m argument: an OpenAI reply's model by default */
+    /* --ordered: finished items wait in held [seq % window] until those before them are written */
+    item **held;                  /* [window], or NULL: written as they finish               */
+    long window;
+    long next_seq;                /* the next item to write (read by the main thread: atomic) */
     int failed;                   /* a write failed: the output is closed */
     iflow_metrics met;            /* of delivered results (read by the main thread after joining) */
 } writer;
@@ -498,34 +506,63 @@ static json_t *result_json(const item *it, const iflow_tokenizer *tok, int reaso
     return o;
 }
 
+/* Write it's result (unless a write failed before) and free it. */
+static void write_item(writer *w, item *it)
+{
+    if (!w->failed) {
+        json_t *native = result_json(it, w->tok, w->reasoning);
+        json_t *js = it->f.api ? openai_batch_line(native, &it->f, it->line, w->model) : json_schema(native);
+        char *s = json_dumps(js, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
+        json_decref(js);
+        if (!s || progress_write_line(s) == EOF)
+            w->failed = 1;
+        free(s);
+        if (!w->failed) {
+            if (it->error)
+                iflow_metrics_add_error(&w->met);
+            else if (it->choices)
+                for (int k = 0; k < it->f.n; k++)
+                    iflow_metrics_add(&w->met, it->choices[k]);
+            else
+                iflow_metrics_add(&w->met, it->res);
+        }
+    }
+    item_free(it);
+}
+
+/* --ordered: it waits for the items before it; then each in turn that is ready goes out. At the
+ * end (last), those still held go out in order past the gaps a failed run left. */
+static void write_in_order(writer *w, item *it, int last)
+{
+    if (it)
+        w->held[it->seq % w->window] = it;
+    long next = __atomic_load_n(&w->next_seq, __ATOMIC_RELAXED);
+    for (long k = 0; k < w->window; k++) {
+        item **slot = &w->held[(next + k) % w->window];
+        if (!*slot && !last)
+            break;
+        if (*slot) {
+            write_item(w, *slot);
+            *slot = NULL;
+        }
+        if (!last)
+            __atomic_store_n(&w->next_seq, next + k + 1, __ATOMIC_RELEASE);
+    }
+}
+
 static void *writer_main(void *arg)
 {
     writer *w = arg;
     int closed;
     item *it;
     while ((it = q_pop(w->in, 1, &closed)) != NULL || !closed) {
-        if (!it)
-            continue;
-        if (!w->failed) {
-            json_t *native = result_json(it, w->tok, w->reasoning);
-            json_t *js = it->f.api ? openai_batch_line(native, &it->f, it->line, w->model) : json_schema(native);
-            char *s = json_dumps(js, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
-            json_decref(js);
-            if (!s || progress_write_line(s) == EOF)
-                w->failed = 1;
-            free(s);
-            if (!w->failed) {
-                if (it->error)
-                    iflow_metrics_add_error(&w->met);
-                else if (it->choices)
-                    for (int k = 0; k < it->f.n; k++)
-                        iflow_metrics_add(&w->met, it->choices[k]);
-                else
-                    iflow_metrics_add(&w->met, it->res);
-            }
-        }
-        item_free(it);
+        if (it && w->held)
+            write_in_order(w, it, 0);
+        else if (it)
+            write_item(w, it);
     }
+    if (w->held)
+        write_in_order(w, NULL, 1);
     return NULL;
 }
 
@@ -647,13 +684,17 @@ int batch_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
     q_init(&in, 2 * bp->parallel);
     q_init(&out, 0);
     reader rd = {.o = o, .m = m, .out = &in, .n_ctx = bp->n_ctx, .stop_fd = stop[0]};
-    writer w = {.in = &out, .tok = iflow_model_tokenizer(m), .reasoning = o->reasoning, .model = o->model};
+    writer w = {.in = &out, .tok = iflow_model_tokenizer(m), .reasoning = o->reasoning, .model = o->model,
+                .window = 8L * bp->parallel};
+    if (o->ordered && !(w.held = calloc((size_t)w.window, sizeof *w.held)))
+        die(t, "out of memory");
     pthread_t rt, wt;
     if (pthread_create(&rt, NULL, reader_main, &rd) || pthread_create(&wt, NULL, writer_main, &w))
         die(t, "cannot start the reader and writer threads");
     const int max_live = 2 * bp->parallel;
     item **live = malloc(sizeof *live * (size_t)max_live);
     int n_live = 0, input_done = 0, rc = 0;
+    long n_popped = 0; /* items taken from the reader: the next one's seq */
     item **beams = malloc(sizeof *beams * (size_t)max_live); /* the beam searches running */
     int n_beams = 0;
     double t0 = now_s();
@@ -664,13 +705,17 @@ int batch_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
     long n_done = 0;
     while (rc == 0 && !w.failed) {
         /* feed the engine: keep up to `parallel` queued behind the running ones */
+        int ahead = 0; /* --ordered: the window past the oldest unwritten item is full */
         while (!input_done && n_live < max_live) {
             int closed;
+            if ((ahead = w.held && n_popped - __atomic_load_n(&w.next_seq, __ATOMIC_ACQUIRE) >= w.window))
+                break;
             item *it = q_pop(&in, iflow_batch_pending(b) == 0 && n_beams == 0, &closed);
             if (!it) {
                 input_done = closed;
                 break;
             }
+            n_popped++;
             if (!it->error && id_in_flight(live, n_live, it->f.id))
                 item_fail(it, "duplicate id %s: a request with this id is still running", it->f.id);
             int added = it->error ? 0 : it->f.beams ? beam_start(it, m, bp) : add_choices(b, it);
@@ -693,6 +738,8 @@ int batch_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
         if (iflow_batch_pending(b) == 0 && n_beams == 0) {
             if (input_done)
                 break;
+            if (ahead) /* nothing runs: the writer is catching up */
+                usleep(1000);
             continue;
         }
         for (int i = 0; i < n_beams && rc == 0;) { /* each search one step further */
@@ -771,6 +818,7 @@ int batch_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
     while ((it = q_pop(&out, 0, NULL)) != NULL || (it = q_pop(&in, 0, NULL)) != NULL)
         item_free(it);
     iflow_metrics_free(&w.met);
+    free(w.held);
     q_destroy(&in);
     q_destroy(&out);
     if (rc)

@@ -17,6 +17,7 @@
 typedef struct {
     int parallel, n_ctx, kv_type, threads, max_tokens, verbose, json;
     int no_prefix_cache;         /* --no-prefix-cache */
+    int ordered;                 /* --ordered: results in the input's order */
     int context_shift, keep;     /* defaults for requests that do not say */
     int logprobs, prompt_logprobs; /* the same (request.h: 0 none, 1 + N) */
     int progress;                /* PROGRESS_AUTO, _ON or _OFF (cmd/progress.h)     */

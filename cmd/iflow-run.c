@@ -34,7 +34,7 @@
 enum {
     O_MODEL = 'm', O_PROMPT = 'p', O_NPREDICT = 'n', O_THREADS = 't', O_CTX = 'c', O_VERBOSE = 'v',
     O_TEMP = 256, O_TOPK, O_TOPP, O_SEED, O_ECHO, O_JSON, O_TOKENIZE, O_BOS, O_PARSE_SPECIAL, O_DEVICE,
-    O_GPU_LAYERS, O_GPU_GRAPHS, O_NO_GPU_GRAPHS, O_LIST_DEVICES, O_PLAN, O_COMM, O_ACTIVATIONS, O_STOP, O_BATCH, O_PARALLEL, O_KV_TYPE, O_NO_PREFIX_CACHE, O_LOGPROBS, O_PROMPT_LOGPROBS, O_METRICS, O_DRY_RUN,
+    O_GPU_LAYERS, O_GPU_GRAPHS, O_NO_GPU_GRAPHS, O_LIST_DEVICES, O_PLAN, O_COMM, O_ACTIVATIONS, O_STOP, O_BATCH, O_PARALLEL, O_ORDERED, O_KV_TYPE, O_NO_PREFIX_CACHE, O_LOGPROBS, O_PROMPT_LOGPROBS, O_METRICS, O_DRY_RUN,
     O_CONTEXT_SHIFT, O_KEEP, O_DRAFT, O_LORA, O_LORA_SCALED, O_LORA_MODULE, O_DRAFT_N, O_DRAFT_TOP_K, O_DRAFT_TOP_P,
     O_BEAMS, O_LENGTH_PENALTY, O_LOGIT_BIAS, O_MIN_TOKENS, O_IGNORE_EOS, O_STOP_TOKEN_ID,
     O_INCLUDE_STOP,
@@ -110,6 +110,7 @@ static const iflow_opt opts[] = {
     {O_LIST_DEVICES, "list-devices", 0, NULL, "print the devices this machine has (with --json: JSON Lines) and exit", NULL},
     {O_BATCH, "batch", 0, NULL, "read JSON Lines requests from standard input, run them together (continuous batching) and write one JSON result per request as each finishes", NULL},
     {O_PARALLEL, "parallel", 0, "N", "with --batch: requests running at once (default 16)", NULL},
+    {O_ORDERED, "ordered", 0, NULL, "with --batch: write the results in the order of the input lines (as vLLM's run-batch does), not as they finish; a finished result waits for those before it, and requests start at most 8 x --parallel lines past the oldest unwritten one", NULL},
     {O_KV_TYPE, "kv-type", 0, "TYPE", "KV cache type f32, f16 or q8 (INT8 with a scale per group; default f32): f16 halves the cache and what decode reads of it", "f32 f16 q8"},
     {O_NO_PREFIX_CACHE, "no-prefix-cache", 0, NULL, "evaluate every prompt whole: by default a prompt takes the KV cache of the longest prefix it shares, in whole blocks, with an earlier prompt still cached (the same output, less prefill)", NULL},
     {O_LOGPROBS, "logprobs", 0, "N", "with --json: each generated token's log-probability and the N most likely tokens at its position, 0 to 20 (with --batch: the requests' default \"logprobs\")", NULL},
@@ -138,7 +139,7 @@ static const iflow_tool tool = {
 typedef struct {
     const char *model, *prompt;
     int n_predict, threads, n_ctx, echo, json, tokenize, bos, parse_special, verbose, list_devices;
-    int batch, parallel, kv_type, no_prefix_cache, dry_run, progress, embed;
+    int batch, parallel, ordered, kv_type, no_prefix_cache, dry_run, progress, embed;
     int logprobs, prompt_logprobs; /* 0: none; 1 + N */
     int context_shift, keep;
     const char *draft;
@@ -510,7 +511,8 @@ static int run_batch(const run_opts *o)
     check_token_ids(o, m);
     if (!iflow_model_tokenizer(m))
         die(&tool, "model '%s' has no tokenizer", o->model);
-    batch_opts b = {.parallel = o->parallel, .n_ctx = o->n_ctx, .kv_type = o->kv_type, .threads = o->threads,
+    batch_opts b = {.parallel = o->parallel, .ordered = o->ordered, .n_ctx = o->n_ctx, .kv_type = o->kv_type,
+                    .threads = o->threads,
                     .no_prefix_cache = o->no_prefix_cache, .logprobs = o->logprobs,
                     .prompt_logprobs = o->prompt_logprobs,
                     .max_tokens = o->n_predict, .verbose = o->verbose, .json = o->json, .sp = o->sp,
@@ -824,6 +826,7 @@ int main(int argc, char **argv)
         case O_ACTIVATIONS: devices_set_activations(&tool, arg); break;
         case O_BATCH: o.batch = 1; break;
         case O_PARALLEL: o.parallel = (int)opt_long(&tool, "parallel", arg, 1, IFLOW_MAX_STEP); break;
+        case O_ORDERED: o.ordered = 1; break;
         case O_KV_TYPE:
             if ((o.kv_type = ifk_kv_type_from_name(arg)) < 0)
                 die_usage(&tool, "--kv-type must be f32, f16 or q8, not '%s'", arg);
@@ -897,6 +900,8 @@ int main(int argc, char **argv)
         die_usage(&tool, "--draft-n, --draft-top-k and --draft-top-p go with --draft");
     if ((o.parallel || o.metrics) && !o.batch && !o.dry_run)
         die_usage(&tool, "--parallel and --metrics go with --batch");
+    if (o.ordered && !o.batch)
+        die_usage(&tool, "--ordered goes with --batch");
     if (o.embed && (o.batch || o.dry_run || o.tokenize || o.beams || o.draft || o.n_stops || o.json || o.echo))
         die_usage(&tool, "--embed goes with none of --batch, --dry-run, --tokenize, --beams, --draft, --stop, --json, --echo");
     if (o.loras.n && (o.embed || o.translate || o.tokenize || o.list_devices))

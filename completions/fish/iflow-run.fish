@@ -62,6 +62,7 @@ complete -c iflow-run -l comm -x -a 'auto mpi nccl' -d 'how the processes of a p
 complete -c iflow-run -l list-devices -d 'print the devices this machine has (with --json: JSON Lines) and exit'
 complete -c iflow-run -l batch -d 'read JSON Lines requests from standard input, run them together (continuous batching) and write one JSON result per request as each finishes'
 complete -c iflow-run -l parallel -x -d 'with --batch: requests running at once (default 16)'
+complete -c iflow-run -l ordered -d 'with --batch: write the results in the order of the input lines (as vLLM\'s run-batch does), not as they finish; a finished result waits for those before it, and requests start at most 8 x --parallel lines past the oldest unwritten one'
 complete -c iflow-run -l kv-type -x -a 'f32 f16 q8' -d 'KV cache type f32, f16 or q8 (INT8 with a scale per group; default f32): f16 halves the cache and what decode reads of it'
 complete -c iflow-run -l no-prefix-cache -d 'evaluate every prompt whole: by default a prompt takes the KV cache of the longest prefix it shares, in whole blocks, with an earlier prompt still cached (the same output, less prefill)'
 complete -c iflow-run -l logprobs -x -d 'with --json: each generated token\'s log-probability and the N most likely tokens at its position, 0 to 20 (with --batch: the requests\' default "logprobs")'

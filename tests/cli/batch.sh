@@ -2,8 +2,9 @@
 # iflow-run --batch: JSON Lines in and out through the continuous-batching engine. Greedy results
 # against ../shared/golden (every golden prompt in one batch), batch composition not changing a
 # seeded request's text, "n" completions of a prompt, error results for bad lines (line number
-# and id, the others going on), a closed output, --dry-run, --metrics, and a soak of 10,000 short
-# requests (each id exactly once, peak RSS flat between 1,000 and 10,000 requests).
+# and id, the others going on), a closed output, --dry-run, --metrics, --ordered (the input's
+# order, the same results), and a soak of 10,000 short requests (each id exactly once, peak RSS
+# flat between 1,000 and 10,000 requests; with --ordered too, every id in order).
 . "$(dirname "$0")/lib.sh"
 G=$DATA/golden
 $BIN/iflow-convert "$DATA/models/stories260K/hf" -o "$TMP/s.ifs" || { bad "convert"; summary; exit 1; }
@@ -256,13 +257,34 @@ expect_eq "$(jq -r '.error' <<<"$out" | sort | uniq -c | sed 's/^ *//')" \
 1 field 'n' does not go with 'continuation' (a score is the same every time)
 3 field 'n' must be an integer from 1 to 64" "\"n\": errors"
 
+# ---- --ordered: the results in the input's order, each as without it ----
+# long and short requests, refused lines and a blank line among them, through a window of
+# 8 x --parallel 2 = 16 lines (smaller than the input)
+for i in $(seq 1 40); do
+    if [ $((i % 7)) = 0 ]; then echo "{\"id\": $i, \"prompt\": 5}"
+    elif [ $((i % 3)) = 1 ]; then echo "{\"id\": $i, \"prompt\": \"Once upon a time\", \"max_tokens\": 60, \"temperature\": 0}"
+    else echo "{\"id\": $i, \"prompt\": \"Lily\", \"max_tokens\": 1}"; fi
+    [ "$i" = 20 ] && echo
+done >"$TMP/ord.jsonl"
+run bash -c "$BIN/iflow-run -m '$TMP/s.ifs' --batch --parallel 2 --seed 3 <'$TMP/ord.jsonl'"
+free=$out
+expect_eq "$([ "$(jq -c .id <<<"$free" | tr '\n' ' ')" != "$(seq 1 40 | tr '\n' ' ')" ] && echo shuffled)" shuffled \
+    "without --ordered: the short requests finish first"
+run bash -c "$BIN/iflow-run -m '$TMP/s.ifs' --batch --parallel 2 --seed 3 --ordered <'$TMP/ord.jsonl'"
+expect_rc 0 "--ordered"
+expect_eq "$(jq -c .id <<<"$out" | tr '\n' ' ')" "$(seq 1 40 | tr '\n' ' ')" "--ordered: ids 1 to 40 in order"
+expect_eq "$(jq -S -c 'del(.ttft_ms, .tokens_per_s)' <<<"$out" | sort)" \
+    "$(jq -S -c 'del(.ttft_ms, .tokens_per_s)' <<<"$free" | sort)" "--ordered: each result as without it"
+run $BIN/iflow-run -m "$TMP/s.ifs" -p x --ordered
+expect_eq "$rc:$(head -1 <<<"$err")" "2:iflow-run: --ordered goes with --batch" "--ordered without --batch"
+
 # ---- soak: 10,000 short requests, each id once, memory flat ----
 if [[ ${IFLOW_TEST_BUILD:-} == *san* ]]; then
     echo "SKIP $NAME: the 10,000-request soak (sanitizer build)" >&2
 else
-    soak() { # N -> peak RSS MiB
+    soak() { # N [options] -> peak RSS MiB
         seq 1 "$1" | awk '{ printf "{\"id\":%d,\"prompt\":\"Tom %d\",\"max_tokens\":%d}\n", $1, $1 % 97, 1 + $1 % 5 }' >"$TMP/soak.jsonl"
-        $BIN/iflow-run -m "$TMP/s.ifs" --batch --parallel 64 -c 64 -t 1 --metrics "$TMP/soak.json" <"$TMP/soak.jsonl" >"$TMP/soak.out"
+        $BIN/iflow-run -m "$TMP/s.ifs" --batch --parallel 64 -c 64 -t 1 --metrics "$TMP/soak.json" "${@:2}" <"$TMP/soak.jsonl" >"$TMP/soak.out"
         jq -r .peak_rss_mib "$TMP/soak.json"
     }
     rss1=$(soak 1000)
@@ -271,6 +293,10 @@ else
     expect_eq "$(jq -r 'select(.error) | .id' "$TMP/soak.out" | wc -l)" 0 "soak: no errors"
     awk -v a="$rss1" -v b="$rss10" 'BEGIN { exit !(b <= a + 8) }' && ok || bad "soak: peak RSS grew from $rss1 MiB (1,000 requests) to $rss10 MiB (10,000)"
     echo "soak: peak RSS $rss1 MiB for 1,000 requests, $rss10 MiB for 10,000" >&2
+    rss10o=$(soak 10000 --ordered)
+    expect_eq "$(jq -r .id "$TMP/soak.out" | awk '$1 != NR { n++ } END { print n + 0, NR }')" "0 10000" \
+        "soak --ordered: every id, in order"
+    awk -v a="$rss1" -v b="$rss10o" 'BEGIN { exit !(b <= a + 8) }' && ok || bad "soak --ordered: peak RSS $rss10o MiB for 10,000 requests against $rss1 MiB for 1,000"
 fi
 
 summary
