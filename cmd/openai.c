@@ -110,8 +110,11 @@ static json_t *choice(const json_t *c, int index, int api)
     json_t *o = json_pack("{s:i}", "index", index);
     if (api == IFLOW_API_CHAT) {
         const json_t *content = json_object_get(c, "content"), *calls = json_object_get(c, "tool_calls");
-        json_t *msg = json_pack("{s:s, s:O}", "role", "assistant", "content",
-                                content ? content : json_object_get(c, "text"));
+        if (!content)
+            content = json_object_get(c, "text");
+        if (json_array_size(calls) > 0 && json_string_length(content) == 0) /* OpenAI's: calls and no text */
+            content = json_null();
+        json_t *msg = json_pack("{s:s, s:O}", "role", "assistant", "content", content);
         if (json_object_get(c, "reasoning_content"))
             json_object_set(msg, "reasoning_content", json_object_get(c, "reasoning_content"));
         if (json_array_size(calls) > 0)

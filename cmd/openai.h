@@ -7,7 +7,8 @@
  *    "response": {"status_code": 200, "request_id": "req_<line>", "body": B}}
  *   B for /v1/chat/completions: {"id": "chatcmpl-<line>", "object": "chat.completion",
  *     "created": <unix seconds>, "model": M, "choices": [{"index", "message": {"role":
- *     "assistant", "content", and "reasoning_content", "tool_calls" where the reply has them},
+ *     "assistant", "content" (null for calls alone), and "reasoning_content", "tool_calls" where
+ *     the reply has them},
  *     "logprobs": null or {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]},
  *     "finish_reason"}], "usage": {"prompt_tokens", "completion_tokens", "total_tokens"}}
  *   B for /v1/completions: {"id": "cmpl-<line>", "object": "text_completion", "created", "model",

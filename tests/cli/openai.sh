@@ -90,7 +90,7 @@ jq -c --argjson tools "$(jq -c . tests/fixtures/tools/tools.json)" '{custom_id: 
 B "$TMP/smol.ifs" "$TMP/tools.jsonl" "--activations f32 --chat-template tests/fixtures/chat/templates/qwen25.jinja --tool-parser $(jq -r .format <<<"$ref")"
 c=$(jq -c '.response.body.choices[0]' <<<"$out")
 expect_eq "$(jq -c '[.finish_reason, .message.content, [.message.tool_calls[] | [.type, .function.name, (.function.arguments | fromjson)]]]' <<<"$c")" \
-    "$(jq -c '["tool_calls", "", [.calls[] | ["function"] + .]]' <<<"$ref")" "tool calls: the reference's, in OpenAI's message"
+    "$(jq -c '["tool_calls", null, [.calls[] | ["function"] + .]]' <<<"$ref")" "tool calls: the reference's, in OpenAI's message (content null)"
 
 # ---- refused lines: status 400 and the message; the others run ----
 cat >"$TMP/bad.jsonl" <<'EOF'
