@@ -2,8 +2,10 @@
 #include "cmd/embed.h"
 #include "cmd/io.h"
 #include "cmd/model.h"
+#include "cmd/openai.h"
 #include "libcore/base/error.h"
 #include "libcore/engine/model.h"
+#include "libcore/serving/request.h"
 #include "libcore/tokenizers/tokenizer.h"
 
 #include <jansson.h>
@@ -18,6 +20,8 @@ typedef struct {
     int limit, dim;
     float *vec; /* [dim] */
     long index, n_tokens;
+    const char *model; /* -m: an OpenAI reply's model by default */
+    long line;         /* --batch: the input line */
 } embedder;
 
 /* One input: tokenized with the template's tokens, truncated to e->limit, embedded, printed. */
@@ -52,6 +56,59 @@ static void embed_one(embedder *e, const char *text, size_t len)
 
 static void embed_line(void *e, const char *line, size_t len) { embed_one(e, line, len); }
 
+/* The embeddings of f's inputs into data; "" or why the line is refused in why[]. */
+static void embed_inputs(embedder *e, const iflow_embed_fields *f, json_t *data, long *tokens, char *why, size_t cap)
+{
+    if (f->dimensions && f->dimensions != e->dim) {
+        snprintf(why, cap, "field 'dimensions': %d, but this model's embeddings have %d", f->dimensions, e->dim);
+        return;
+    }
+    for (int k = 0; k < f->n_inputs; k++) {
+        int32_t *ids = f->ids[k];
+        size_t n = (size_t)f->n_ids[k];
+        if (f->texts[k] && iflow_tokenizer_encode(e->tok, f->texts[k], f->lens[k], IFLOW_TOK_ADD_BOS, &ids, &n) < 0) {
+            snprintf(why, cap, "input %d: %s", k + 1, iflow_errmsg());
+            return;
+        }
+        int rc = n > (size_t)e->limit ? -1 : iflow_ctx_embed(e->c, ids, (int)n, e->vec);
+        if (n > (size_t)e->limit)
+            snprintf(why, cap, "input %d has %zu tokens, more than the %d this model takes", k + 1, n, e->limit);
+        else if (rc < 0)
+            die(e->tool, "cannot embed input %d of line %ld: %s", k + 1, e->line, iflow_errmsg());
+        if (ids != f->ids[k])
+            free(ids);
+        if (why[0])
+            return;
+        json_array_append_new(data, openai_embedding(e->vec, e->dim, k, f->base64));
+        *tokens += (long)n;
+    }
+}
+
+/* --batch: one OpenAI embeddings line, answered. */
+static void embed_batch_line(void *arg, const char *line, size_t len)
+{
+    embedder *e = arg;
+    e->line++;
+    if (len == 0)
+        return; /* blank lines are not requests */
+    iflow_embed_fields f;
+    char why[1024] = "";
+    json_t *data = json_array();
+    long tokens = 0;
+    if (iflow_embed_request_parse(&f, line, len, e->line) < 0)
+        snprintf(why, sizeof why, "%s", iflow_errmsg());
+    else
+        embed_inputs(e, &f, data, &tokens, why, sizeof why);
+    json_t *o = openai_embedding_line(f.id ? f.id : "null", e->line, f.model ? f.model : e->model, data, tokens,
+                                      why[0] ? why : NULL);
+    if (!o || json_dumpf(o, stdout, JSON_COMPACT | JSON_REAL_PRECISION(9)) < 0 || fputc('\n', stdout) == EOF)
+        die(e->tool, "cannot write the reply to line %ld", e->line);
+    json_decref(o);
+    e->index += f.n_inputs;
+    e->n_tokens += tokens;
+    iflow_embed_fields_free(&f);
+}
+
 int embed_run(const iflow_tool *tool, const embed_opts *o)
 {
     iflow_model *m;
@@ -62,7 +119,7 @@ int embed_run(const iflow_tool *tool, const embed_opts *o)
     if (hp->layout != IFLOW_LAYOUT_ENCODER)
         die(tool, "model '%s' is %s: --embed needs an encoder (a BERT-like model)", o->model,
             hp->layout == IFLOW_LAYOUT_ENCODER_DECODER ? "an encoder-decoder" : "a decoder");
-    embedder e = {.tool = tool, .tok = iflow_model_tokenizer(m), .dim = hp->dim};
+    embedder e = {.tool = tool, .tok = iflow_model_tokenizer(m), .dim = hp->dim, .model = o->model};
     if (!e.tok)
         die(tool, "model '%s' has no tokenizer", o->model);
     int n_ctx = o->n_ctx ? o->n_ctx : hp->max_seq;
@@ -75,7 +132,7 @@ int embed_run(const iflow_tool *tool, const embed_opts *o)
     if (o->text)
         embed_one(&e, o->text, strlen(o->text));
     else
-        each_line(stdin, embed_line, &e);
+        each_line(stdin, o->batch ? embed_batch_line : embed_line, &e);
     if (fflush(stdout) != 0)
         die(tool, "cannot write the embeddings");
     double t = now_s() - t1;

@@ -10,6 +10,7 @@ typedef struct {
     const char *text;      /* -p: one input; NULL: one input per line of standard input */
     int n_ctx, threads;    /* 0: the model's positions (at most IFLOW_MAX_STEP), all cores */
     int verbose;
+    int batch;             /* --batch: standard input holds OpenAI batch lines for /v1/embeddings */
     device_opts dev;
 } embed_opts;
 
@@ -19,5 +20,9 @@ typedef struct {
  * tokens and its last one (the template's closing token, [SEP] for BERT) and says
  * "truncated": true. Failures die() naming what failed. Returns the exit status. */
 int embed_run(const iflow_tool *tool, const embed_opts *o);
+/* With o->batch each line of standard input is an OpenAI batch line for /v1/embeddings
+ * (libcore/serving/request.h), answered on one line in OpenAI's batch output format
+ * (cmd/openai.h), in the input's order; a refused line, or an input longer than a step, gets a
+ * 400 reply and the others go on. Blank lines are skipped. */
 
 #endif

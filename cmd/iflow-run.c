@@ -119,7 +119,7 @@ static const iflow_opt opts[] = {
     {O_DRY_RUN, "dry-run", 0, NULL, "print the memory plan of --batch (weights, KV cache per request and in total, scratch) and the largest --parallel that fits (with --json: one JSON object), then exit", NULL},
     {O_ECHO, "echo", 0, NULL, "print the prompt before its continuation", NULL},
     {O_JSON, "json", 0, NULL, "print one JSON object per prompt: prompt, ids, text, why it stopped", NULL},
-    {O_EMBED, "embed", 0, NULL, "with an encoder (a BERT-like model): print one JSON object per prompt with its pooled embedding (docs/JSON.md)", NULL},
+    {O_EMBED, "embed", 0, NULL, "with an encoder (a BERT-like model): print one JSON object per prompt with its pooled embedding (docs/JSON.md); with --batch, answer OpenAI batch lines for /v1/embeddings", NULL},
     {O_TRANSLATE, "translate", 0, NULL, "with an encoder-decoder (Marian/opus-mt, M2M100, T5): print one translation per input line (with --json: one JSON object each), greedy or with --beams; -n caps the tokens of each (default: the model's positions)", NULL},
     {O_DECODER_PREFIX, "decoder-prefix", 0, "TEXT", "with --translate: force these target tokens after the decoder's start token, special tokens read as such (M2M100's target language: __fr__)", NULL},
     {O_SOURCE_PREFIX, "source-prefix", 0, "TEXT", "with --translate: these tokens, special tokens read as such, instead of those the tokenizer puts before each source (M2M100's source language, __en__ by default: __de__)", NULL},
@@ -902,8 +902,12 @@ int main(int argc, char **argv)
         die_usage(&tool, "--parallel and --metrics go with --batch");
     if (o.ordered && !o.batch)
         die_usage(&tool, "--ordered goes with --batch");
-    if (o.embed && (o.batch || o.dry_run || o.tokenize || o.beams || o.draft || o.n_stops || o.json || o.echo))
-        die_usage(&tool, "--embed goes with none of --batch, --dry-run, --tokenize, --beams, --draft, --stop, --json, --echo");
+    if (o.embed && (o.dry_run || o.tokenize || o.beams || o.draft || o.n_stops || o.json || o.echo || o.parallel ||
+                    o.metrics || o.ordered))
+        die_usage(&tool, "--embed goes with none of --dry-run, --tokenize, --beams, --draft, --stop, --json, --echo, "
+                         "--parallel, --metrics, --ordered");
+    if (o.embed && o.batch && o.prompt)
+        die_usage(&tool, "--embed --batch reads OpenAI batch lines from standard input; -p does not go with it");
     if (o.loras.n && (o.embed || o.translate || o.tokenize || o.list_devices))
         die_usage(&tool, "--lora applies to generation, not to --%s",
                   o.embed ? "embed" : o.translate ? "translate" : o.tokenize ? "tokenize" : "list-devices");
@@ -947,7 +951,7 @@ int main(int argc, char **argv)
     }
     if (o.embed) {
         embed_opts eo = {.model = o.model, .text = o.prompt, .n_ctx = o.n_ctx, .threads = o.threads,
-                         .verbose = o.verbose, .dev = o.dev};
+                         .verbose = o.verbose, .batch = o.batch, .dev = o.dev};
         if (strcmp(o.model, "-") == 0 && !o.prompt)
             die_usage(&tool, "the model comes from standard input, so the text must come from -p");
         opts_free(&o, &co);

@@ -1,7 +1,9 @@
 /* openai.c -- OpenAI batch output lines. See openai.h. */
 #include "cmd/openai.h"
 
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -130,25 +132,93 @@ static json_t *choice(const json_t *c, int index, int api)
 }
 
 /* The body of a refused line. */
-static json_t *error_body(const json_t *native)
+static json_t *error_body(const char *message)
 {
-    return json_pack("{s:{s:O, s:s, s:n, s:n}}", "error", "message", json_object_get(native, "error"), "type",
-                     "invalid_request_error", "param", "code");
+    return json_pack("{s:{s:s, s:s, s:n, s:n}}", "error", "message", message, "type", "invalid_request_error", "param",
+                     "code");
+}
+
+/* The envelope around body: status 200, or 400 with an error body. */
+static json_t *envelope(json_t *custom_id, long line, int status, json_t *body)
+{
+    char id[64], req[64];
+    snprintf(id, sizeof id, "batch_req_%ld", line);
+    snprintf(req, sizeof req, "req_%ld", line);
+    return json_pack("{s:s, s:o, s:{s:i, s:s, s:o}, s:n}", "id", id, "custom_id", custom_id, "response", "status_code",
+                     status, "request_id", req, "body", body, "error");
+}
+
+/* n bytes in base64 (RFC 4648, padded). */
+static json_t *base64(const unsigned char *b, size_t n)
+{
+    static const char abc[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    char *out = malloc(4 * ((n + 2) / 3) + 1), *o = out;
+    if (!out)
+        return NULL;
+    for (size_t i = 0; i < n; i += 3) {
+        unsigned v = (unsigned)b[i] << 16 | (i + 1 < n ? (unsigned)b[i + 1] << 8 : 0) | (i + 2 < n ? b[i + 2] : 0);
+        *o++ = abc[v >> 18 & 63];
+        *o++ = abc[v >> 12 & 63];
+        *o++ = i + 1 < n ? abc[v >> 6 & 63] : '=';
+        *o++ = i + 2 < n ? abc[v & 63] : '=';
+    }
+    *o = 0;
+    json_t *s = json_string(out);
+    free(out);
+    return s;
+}
+
+json_t *openai_embedding(const float *v, int dim, int index, int b64)
+{
+    json_t *e;
+    if (b64) {
+        unsigned char *bytes = malloc((size_t)dim * 4);
+        for (int d = 0; bytes && d < dim; d++) {
+            uint32_t u;
+            memcpy(&u, &v[d], 4);
+            for (int k = 0; k < 4; k++)
+                bytes[4 * d + k] = (unsigned char)(u >> (8 * k));
+        }
+        e = bytes ? base64(bytes, (size_t)dim * 4) : NULL;
+        free(bytes);
+    } else {
+        e = json_array();
+        for (int d = 0; e && d < dim; d++)
+            json_array_append_new(e, json_real(v[d]));
+    }
+    return json_pack("{s:s, s:i, s:o}", "object", "embedding", "index", index, "embedding", e);
+}
+
+json_t *openai_embedding_line(const char *custom_id, long line, const char *model, json_t *data, long prompt_tokens,
+                              const char *error)
+{
+    json_error_t e;
+    json_t *cid = json_loads(custom_id, JSON_DECODE_ANY, &e);
+    if (!cid)
+        cid = json_string(custom_id);
+    if (error) {
+        json_decref(data);
+        return envelope(cid, line, 400, error_body(error));
+    }
+    char body_id[64];
+    snprintf(body_id, sizeof body_id, "embd-%ld", line);
+    json_t *body = json_pack("{s:s, s:s, s:I, s:s, s:o, s:{s:I, s:I}}", "id", body_id, "object", "list", "created",
+                             (json_int_t)time(NULL), "model", model ? model : "", "data", data, "usage",
+                             "prompt_tokens", (json_int_t)prompt_tokens, "total_tokens", (json_int_t)prompt_tokens);
+    return envelope(cid, line, 200, body);
 }
 
 json_t *openai_batch_line(json_t *native, const iflow_request_fields *f, long line, const char *model)
 {
     if (!native)
         return NULL;
-    char id[64], req[64], body_id[64];
-    snprintf(id, sizeof id, "batch_req_%ld", line);
-    snprintf(req, sizeof req, "req_%ld", line);
+    char body_id[64];
     snprintf(body_id, sizeof body_id, "%s-%ld", f->api == IFLOW_API_CHAT ? "chatcmpl" : "cmpl", line);
     json_t *body;
     int status = 200;
     if (json_object_get(native, "error")) {
         status = 400;
-        body = error_body(native);
+        body = error_body(json_string_value(json_object_get(native, "error")));
     } else {
         const json_t *many = json_object_get(native, "choices"), *c;
         json_t *choices = json_array();
@@ -171,8 +241,7 @@ json_t *openai_batch_line(json_t *native, const iflow_request_fields *f, long li
                          "usage", "prompt_tokens", prompt, "completion_tokens", completion, "total_tokens",
                          prompt + completion);
     }
-    json_t *out = json_pack("{s:s, s:O, s:{s:i, s:s, s:o}, s:n}", "id", id, "custom_id", json_object_get(native, "id"),
-                            "response", "status_code", status, "request_id", req, "body", body, "error");
+    json_t *out = envelope(json_incref(json_object_get(native, "id")), line, status, body);
     json_decref(native);
     return out;
 }

@@ -1,6 +1,7 @@
 /*
  * openai.h -- iflow-run --batch's replies to OpenAI batch lines: the output format of OpenAI's
- * Batch API (and of vLLM's run-batch), made from iflow's own result of the line.
+ * Batch API (and of vLLM's run-batch), made from iflow's own result of the line; and
+ * iflow-run --embed --batch's replies to embeddings lines.
  *
  * Layout (one JSON object a line):
  *   {"id": "batch_req_<line>", "custom_id": <the line's>, "error": null,
@@ -26,6 +27,18 @@
 #include <jansson.h>
 
 #include "libcore/serving/request.h"
+
+/* The reply to an embeddings line: body {"id": "embd-<line>", "object": "list", "created",
+ * "model", "data": [{"object": "embedding", "index", "embedding"}], "usage": {"prompt_tokens",
+ * "total_tokens"}} with data (taken over) and prompt_tokens; or, error not NULL, the 400 reply
+ * with that message. custom_id: the line's as compact JSON. */
+json_t *openai_embedding_line(const char *custom_id, long line, const char *model, json_t *data, long prompt_tokens,
+                              const char *error);
+
+/* One embedding v [dim] as an entry of data: {"object": "embedding", "index", "embedding": the
+ * floats, or with base64 their little-endian float32 bytes in base64 (OpenAI's
+ * encoding_format)}. */
+json_t *openai_embedding(const float *v, int dim, int index, int base64);
 
 /* native: the line's iflow result (cmd/batch.c's, docs/JSON.md), taken over (NULL gives NULL);
  * f: the line's fields; line: its number; model: the -m argument. The reply line, or NULL when

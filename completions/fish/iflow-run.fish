@@ -71,7 +71,7 @@ complete -c iflow-run -l metrics -r -d 'with --batch: write throughput and laten
 complete -c iflow-run -l dry-run -d 'print the memory plan of --batch (weights, KV cache per request and in total, scratch) and the largest --parallel that fits (with --json: one JSON object), then exit'
 complete -c iflow-run -l echo -d 'print the prompt before its continuation'
 complete -c iflow-run -l json -d 'print one JSON object per prompt: prompt, ids, text, why it stopped'
-complete -c iflow-run -l embed -d 'with an encoder (a BERT-like model): print one JSON object per prompt with its pooled embedding (docs/JSON.md)'
+complete -c iflow-run -l embed -d 'with an encoder (a BERT-like model): print one JSON object per prompt with its pooled embedding (docs/JSON.md); with --batch, answer OpenAI batch lines for /v1/embeddings'
 complete -c iflow-run -l translate -d 'with an encoder-decoder (Marian/opus-mt, M2M100, T5): print one translation per input line (with --json: one JSON object each), greedy or with --beams; -n caps the tokens of each (default: the model\'s positions)'
 complete -c iflow-run -l decoder-prefix -x -d 'with --translate: force these target tokens after the decoder\'s start token, special tokens read as such (M2M100\'s target language: __fr__)'
 complete -c iflow-run -l source-prefix -x -d 'with --translate: these tokens, special tokens read as such, instead of those the tokenizer puts before each source (M2M100\'s source language, __en__ by default: __de__)'

@@ -729,8 +729,9 @@ static int parse_object(iflow_request_fields *f, const json_t *js, const iflow_r
 /* An OpenAI batch line (the Batch API's input, vLLM's run-batch): {"custom_id": a string,
  * "method": "POST", "url": "/v1/chat/completions" or "/v1/completions", "body": the request}.
  * f->api says which API; *body: the request's object. */
-static int parse_envelope(iflow_request_fields *f, const json_t *js, const json_t **body)
+static int parse_envelope(const json_t *js, int *api, const json_t **body)
 {
+    static const char *const urls[] = {"", "/v1/chat/completions", "/v1/completions", "/v1/embeddings"};
     const char *key;
     json_t *v;
     json_object_foreach((json_t *)js, key, v)
@@ -746,9 +747,11 @@ static int parse_envelope(iflow_request_fields *f, const json_t *js, const json_
         return iflow_seterr(IFLOW_EINVAL, "an OpenAI batch line needs a string 'custom_id'");
     if (json_object_get(js, "method") && (!method || strcmp(method, "POST") != 0))
         return iflow_seterr(IFLOW_EINVAL, "field 'method' must be \"POST\"");
-    if (!url || (strcmp(url, "/v1/chat/completions") != 0 && strcmp(url, "/v1/completions") != 0))
-        return iflow_seterr(IFLOW_EINVAL, "field 'url' must be \"/v1/chat/completions\" or \"/v1/completions\"");
-    f->api = strcmp(url, "/v1/completions") == 0 ? IFLOW_API_COMPLETIONS : IFLOW_API_CHAT;
+    for (*api = IFLOW_API_CHAT; url && *api <= IFLOW_API_EMBEDDINGS && strcmp(url, urls[*api]) != 0; ++*api)
+        ;
+    if (!url || *api > IFLOW_API_EMBEDDINGS)
+        return iflow_seterr(IFLOW_EINVAL, "field 'url' must be \"/v1/chat/completions\", \"/v1/completions\" or "
+                                          "\"/v1/embeddings\"");
     *body = json_object_get(js, "body");
     return json_is_object(*body) ? 0 : iflow_seterr(IFLOW_EINVAL, "field 'body' must be an object: the request");
 }
@@ -801,10 +804,127 @@ int iflow_request_parse(iflow_request_fields *f, const char *line, size_t len, l
         rc = iflow_seterr(IFLOW_EINVAL, "not JSON: %s (column %d)", jerr.text, jerr.column);
     else if (rc == 0 && !json_is_object(js))
         rc = iflow_seterr(IFLOW_EINVAL, "a request must be a JSON object");
-    else if (rc == 0 && f->api)
-        rc = parse_envelope(f, js, &body);
+    else if (rc == 0 && f->api && (rc = parse_envelope(js, &f->api, &body)) == 0 && f->api == IFLOW_API_EMBEDDINGS)
+        rc = iflow_seterr(IFLOW_EINVAL, "url '/v1/embeddings' needs an encoder model (a BERT-like one) and "
+                                        "iflow-run --embed --batch");
     if (rc == 0)
         rc = parse_object(f, body, d);
+    json_decref(js);
+    return rc;
+}
+
+/* ---- embeddings: OpenAI batch lines for /v1/embeddings ---------------------------------------- */
+
+void iflow_embed_fields_free(iflow_embed_fields *f)
+{
+    for (int i = 0; i < f->n_inputs; i++) {
+        free(f->texts ? f->texts[i] : NULL);
+        free(f->ids ? f->ids[i] : NULL);
+    }
+    free(f->id);
+    free(f->model);
+    free(f->texts);
+    free(f->lens);
+    free(f->ids);
+    free(f->n_ids);
+    memset(f, 0, sizeof *f);
+}
+
+/* Input k of f: a text (a non-empty string) or token ids (a non-empty list of integers). */
+static int embed_input(iflow_embed_fields *f, int k, const json_t *v)
+{
+    if (json_is_string(v)) {
+        if (json_string_length(v) == 0)
+            return iflow_seterr(IFLOW_EINVAL, "field 'input': input %d is empty", k + 1);
+        if (!(f->texts[k] = malloc(json_string_length(v) + 1)))
+            return oom();
+        memcpy(f->texts[k], json_string_value(v), json_string_length(v) + 1);
+        f->lens[k] = json_string_length(v);
+        return 0;
+    }
+    if (!json_is_array(v) || json_array_size(v) == 0 || json_array_size(v) > (1u << 20))
+        return iflow_seterr(IFLOW_EINVAL, "field 'input': input %d must be a non-empty string or list of token ids",
+                            k + 1);
+    if (!(f->ids[k] = malloc(json_array_size(v) * sizeof *f->ids[k])))
+        return oom();
+    return read_ids("input", v, f->ids[k], &f->n_ids[k]);
+}
+
+/* "input": a string, a list of strings, a list of token ids (one input), or a list of lists. */
+static int embed_inputs(iflow_embed_fields *f, const json_t *v)
+{
+    const json_t *first = json_array_get(v, 0);
+    int many = json_is_array(v) && (json_is_string(first) || json_is_array(first));
+    size_t n = many ? json_array_size(v) : 1;
+    if (json_is_array(v) && (json_array_size(v) == 0 || n > IFLOW_MAX_EMBED_INPUTS))
+        return iflow_seterr(IFLOW_EINVAL, "field 'input' must hold 1 to %d inputs", IFLOW_MAX_EMBED_INPUTS);
+    f->texts = calloc(n, sizeof *f->texts);
+    f->lens = calloc(n, sizeof *f->lens);
+    f->ids = calloc(n, sizeof *f->ids);
+    f->n_ids = calloc(n, sizeof *f->n_ids);
+    if (!f->texts || !f->lens || !f->ids || !f->n_ids)
+        return oom();
+    f->n_inputs = (int)n;
+    for (size_t k = 0; k < n; k++)
+        IFLOW_TRY(embed_input(f, (int)k, many ? json_array_get(v, k) : v));
+    return 0;
+}
+
+static int embed_body(iflow_embed_fields *f, const json_t *body)
+{
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)body, key, v)
+    {
+        if (strcmp(key, "input") == 0) {
+            IFLOW_TRY(embed_inputs(f, v));
+        } else if (strcmp(key, "model") == 0) {
+            if (!json_is_string(v))
+                return iflow_seterr(IFLOW_EINVAL, "field 'model' must be a string");
+            if (!(f->model = strdup(json_string_value(v))))
+                return oom();
+        } else if (strcmp(key, "encoding_format") == 0) {
+            const char *e = json_string_value(v);
+            if (!e || (strcmp(e, "float") != 0 && strcmp(e, "base64") != 0))
+                return iflow_seterr(IFLOW_EINVAL, "field 'encoding_format' must be \"float\" or \"base64\"");
+            f->base64 = strcmp(e, "base64") == 0;
+        } else if (strcmp(key, "dimensions") == 0) {
+            IFLOW_TRY(field_int(key, v, 1, 1 << 20, &f->dimensions));
+        } else if (strcmp(key, "user") == 0) {
+            if (!json_is_string(v))
+                return iflow_seterr(IFLOW_EINVAL, "field 'user' must be a string");
+        } else
+            return iflow_seterr(IFLOW_EINVAL, "unknown field '%s' of an embeddings request (input, model, "
+                                "encoding_format, dimensions, user)", key);
+    }
+    return f->n_inputs ? 0 : iflow_seterr(IFLOW_EINVAL, "field 'input' is missing");
+}
+
+int iflow_embed_request_parse(iflow_embed_fields *f, const char *line, size_t len, long line_no)
+{
+    memset(f, 0, sizeof *f);
+    json_error_t jerr;
+    json_t *js = json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);
+    const json_t *id = json_object_get(js, "custom_id"), *body = NULL;
+    int api = 0, rc = 0;
+    if (json_is_string(id))
+        f->id = json_dumps(id, JSON_COMPACT | JSON_ENCODE_ANY);
+    else {
+        char buf[32];
+        snprintf(buf, sizeof buf, "%ld", line_no);
+        f->id = strdup(buf);
+    }
+    if (!f->id)
+        rc = oom();
+    else if (!js)
+        rc = iflow_seterr(IFLOW_EINVAL, "not JSON: %s (column %d)", jerr.text, jerr.column);
+    else if (!json_is_object(js))
+        rc = iflow_seterr(IFLOW_EINVAL, "a request must be a JSON object");
+    else if ((rc = parse_envelope(js, &api, &body)) == 0 && api != IFLOW_API_EMBEDDINGS)
+        rc = iflow_seterr(IFLOW_EINVAL, "an encoder answers '/v1/embeddings' lines, not '%s'",
+                          json_string_value(json_object_get(js, "url")));
+    if (rc == 0)
+        rc = embed_body(f, body);
     json_decref(js);
     return rc;
 }

@@ -117,8 +117,9 @@ typedef struct {
     char *model;                    /* an OpenAI body's "model", or NULL                     */
 } iflow_request_fields;
 
-/* A line's format: iflow's request, or an OpenAI batch line for the chat or completions API. */
-enum { IFLOW_API_NATIVE = 0, IFLOW_API_CHAT, IFLOW_API_COMPLETIONS };
+/* A line's format: iflow's request, or an OpenAI batch line for the chat, completions or
+ * embeddings API (the last for an encoder: iflow_embed_request_parse). */
+enum { IFLOW_API_NATIVE = 0, IFLOW_API_CHAT, IFLOW_API_COMPLETIONS, IFLOW_API_EMBEDDINGS };
 
 /* What a field that is absent gets. */
 typedef struct {
@@ -150,6 +151,27 @@ int iflow_bad_words_encode(const iflow_tokenizer *t, const char *const *words, i
                            int *n);
 /* f's bad_words so (f->bad_ids, bad_lens, n_bad); a message names the field. */
 int iflow_request_bad_words(iflow_request_fields *f, const iflow_tokenizer *t);
+/* An OpenAI batch line for /v1/embeddings (iflow-run --embed --batch; untrusted input, fuzzed
+ * with the requests): {"custom_id", "method": "POST", "url": "/v1/embeddings", "body":
+ * {"input": a string, a list of strings, a list of token ids or a list of such lists (1 to
+ * IFLOW_MAX_EMBED_INPUTS inputs, none empty), "model", "encoding_format": "float" or "base64",
+ * "dimensions", "user"}}. An unknown field, another url, or a value of the wrong type is
+ * IFLOW_EINVAL naming it; the id is read first (for the error reply). */
+#define IFLOW_MAX_EMBED_INPUTS 2048
+typedef struct {
+    char *id;                       /* custom_id as compact JSON (the line number when absent) */
+    char *model;                    /* the body's "model", or NULL                          */
+    int n_inputs;
+    char **texts;                   /* [n_inputs] a text (NUL-terminated), or NULL for ids   */
+    size_t *lens;                   /* [n_inputs] its length                                 */
+    int32_t **ids;                  /* [n_inputs] token ids as given, or NULL for a text     */
+    int *n_ids;                     /* [n_inputs]                                            */
+    int base64;                     /* encoding_format "base64": little-endian float32s      */
+    int dimensions;                 /* 0: absent                                             */
+} iflow_embed_fields;
+int  iflow_embed_request_parse(iflow_embed_fields *f, const char *line, size_t len, long line_no);
+void iflow_embed_fields_free(iflow_embed_fields *f);
+
 /* The seed of completion k of a request seeded `seed`: seed itself for k 0 (so "n": 1 changes
  * nothing), else a mix of both (neighbouring lines' seeds differ by one: k must not add). */
 uint64_t iflow_request_choice_seed(uint64_t seed, int k);

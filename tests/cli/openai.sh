@@ -106,13 +106,17 @@ cat >"$TMP/bad.jsonl" <<'EOF'
 {"custom_id": "e10", "url": "/v1/completions", "body": "x"}
 {"custom_id": "e11", "url": "/v1/completions", "body": {"prompt": "x", "temprature": 1}}
 {"custom_id": "ok", "url": "/v1/completions", "body": {"prompt": "x", "max_tokens": 2}}
+{"custom_id": "e12", "url": "/v1/moderations", "body": {"input": "x"}}
 EOF
 B "$TMP/smol.ifs" "$TMP/bad.jsonl"
 expect_rc 0 "refused lines"
 err_of() { jq -r --arg i "$1" 'select(.custom_id == $i) | [.response.status_code, .response.body.error.type,
     .response.body.error.message] | @tsv' <<<"$out"; }
 E=$'400\tinvalid_request_error\t'
-expect_eq "$(err_of e1)" "${E}field 'url' must be \"/v1/chat/completions\" or \"/v1/completions\"" "an API iflow has not"
+expect_eq "$(err_of e1)" "${E}url '/v1/embeddings' needs an encoder model (a BERT-like one) and iflow-run --embed --batch" \
+    "embeddings from a decoder"
+expect_eq "$(err_of e12)" "${E}field 'url' must be \"/v1/chat/completions\", \"/v1/completions\" or \"/v1/embeddings\"" \
+    "an API iflow has not"
 expect_eq "$(err_of e2)" "${E}field 'method' must be \"POST\"" "method GET"
 expect_eq "$(err_of e3)" "${E}field 'stream': a batch line's reply is not streamed (false or absent)" "stream true"
 expect_eq "$(err_of e4)" "${E}url '/v1/completions': the body needs 'prompt' (a string or token ids)" "completions with messages"

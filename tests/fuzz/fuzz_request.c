@@ -5,7 +5,7 @@
  * input's length mod 5, so every format (and none) is met; the adapters "lora" may name are the
  * first (length mod 3) of two. A request's bad_words are tokenized with stories260K's tokenizer
  * (from $IFLOW_TEST_DATA, default ../shared; skipped when missing) into banned sequences within
- * their bounds and the vocabulary. */
+ * their bounds and the vocabulary. The line is parsed as an embeddings request too. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -135,5 +135,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
     }
     iflow_request_fields_free(&f);
+    /* the same line as an embeddings request (iflow-run --embed --batch) */
+    iflow_embed_fields e;
+    if (iflow_embed_request_parse(&e, (const char *)data, size, 7) == 0) {
+        if (e.n_inputs < 1 || e.n_inputs > IFLOW_MAX_EMBED_INPUTS || !e.id || e.dimensions < 0)
+            abort();
+        for (int k = 0; k < e.n_inputs; k++) {
+            if (!e.texts[k] == !e.ids[k] || (e.texts[k] && e.lens[k] == 0) || (e.ids[k] && e.n_ids[k] < 1))
+                abort();
+            for (int i = 0; e.ids[k] && i < e.n_ids[k]; i++)
+                if (e.ids[k][i] < 0)
+                    abort();
+        }
+    }
+    iflow_embed_fields_free(&e);
     return 0;
 }
