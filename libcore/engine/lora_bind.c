@@ -208,17 +208,37 @@ int iflow_model_add_adapter(iflow_model *m, const iflow_lora *l, const char *con
 
 int iflow_model_n_adapters(const iflow_model *m) { return m->n_adapters; }
 
-uint64_t iflow_model_lora_bytes(const iflow_model *m)
+int iflow_layer_deltas(const iflow_model *m, int L, void (*fn)(void *user, int i, const low_rank *d), void *user)
 {
-    uint64_t n = 0;
-    for (int L = 0; m->layers && L < m->hp.n_layers; L++)
+    int n = 0;
+    for (int a = 0; m->layers && a <= m->n_adapters; a++)
         for (int i = 0; i < LR_COUNT; i++) {
-            const uint64_t shape = (uint64_t)(size_of(&m->hp, ROLES[i].n) + size_of(&m->hp, ROLES[i].k));
-            n += (uint64_t)m->layers[L].lr[i].rank * shape * sizeof(uint16_t);
-            for (int a = 1; a <= m->n_adapters; a++)
-                n += (uint64_t)iflow_adapter_delta(m, a, L, i)->rank * shape * sizeof(uint16_t);
+            const low_rank *d = a ? iflow_adapter_delta(m, a, L, i) : &m->layers[L].lr[i];
+            if (d->rank && fn)
+                fn(user, i, d);
+            n += d->rank > 0;
         }
     return n;
+}
+
+typedef struct {
+    const iflow_hparams *hp;
+    uint64_t bytes;
+} delta_bytes;
+
+static void add_delta_bytes(void *user, int i, const low_rank *d)
+{
+    delta_bytes *b = user;
+    b->bytes += (uint64_t)d->rank * (uint64_t)(size_of(b->hp, ROLES[i].n) + size_of(b->hp, ROLES[i].k)) *
+                sizeof(uint16_t);
+}
+
+uint64_t iflow_model_lora_bytes(const iflow_model *m)
+{
+    delta_bytes b = {.hp = &m->hp};
+    for (int L = 0; m->layers && L < m->hp.n_layers; L++)
+        iflow_layer_deltas(m, L, add_delta_bytes, &b);
+    return b.bytes;
 }
 
 int iflow_model_load_lora(iflow_model *m, const char *path, double scale, int per_request, const char *spec_path)
@@ -253,11 +273,8 @@ void iflow_model_free_lora(iflow_model *m)
 
 int iflow_model_has_lora(const iflow_model *m)
 {
-    if (m->n_adapters)
-        return 1;
-    for (int L = 0; m->layers && L < m->hp.n_layers; L++)
-        for (int i = 0; i < LR_COUNT; i++)
-            if (m->layers[L].lr[i].rank)
-                return 1;
-    return 0;
+    int any = m->n_adapters > 0;
+    for (int L = 0; m->layers && L < m->hp.n_layers && !any; L++)
+        any = iflow_layer_deltas(m, L, NULL, NULL) > 0;
+    return any;
 }

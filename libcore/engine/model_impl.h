@@ -118,6 +118,11 @@ static inline const low_rank *iflow_adapter_delta(const iflow_model *m, int a, i
     return &m->adapters[((size_t)(a - 1) * (size_t)m->hp.n_layers + (size_t)L) * LR_COUNT + (size_t)i];
 }
 
+/* Every low-rank delta of layer L with a rank, its own (iflow_model_add_lora) and each
+ * adapter's: fn(user, i, delta) with i its matrix (LR_*), when fn is not NULL. Returns how many
+ * there are (lora_bind.c). */
+int iflow_layer_deltas(const iflow_model *m, int L, void (*fn)(void *user, int i, const low_rank *d), void *user);
+
 /* forward.c: the pieces of a layer, shared with seq2seq.c (an encoder-decoder's forward pass).
  * Each runs on device d over T rows and returns 0 or a negative IFLOW_E* code. */
 /* The block norm of T rows of n: RMSNorm, or LayerNorm with its bias b. */

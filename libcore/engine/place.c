@@ -429,13 +429,7 @@ static int copy_cross(iflow_model *m, layer_part *p, int *nd, int *nh, const lay
 static int copy_low_rank(iflow_model *m, int l, layer_part *p, const layer_weights *w)
 {
     const iflow_hparams *hp = &m->hp;
-    int any = 0;
-    for (int i = 0; i < LR_COUNT; i++) {
-        any |= w->lr[i].rank > 0;
-        for (int a = 1; a <= m->n_adapters; a++)
-            any |= iflow_adapter_delta(m, a, l, i)->rank > 0;
-    }
-    if (!any)
+    if (iflow_layer_deltas(m, l, NULL, NULL) == 0)
         return 0;
     if (!host_dev(dev_of(m, p->dev)) || p->q0 != 0 || p->q1 != hp->n_heads || p->f0 != 0 || p->f1 != hp->ffn_dim)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "cannot place layer %d on %s: a LoRA adapter applied at run time "
