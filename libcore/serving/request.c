@@ -553,7 +553,7 @@ static int parse_object(iflow_request_fields *f, const json_t *js, const iflow_r
     char values[MAX_SAMPLING][64];
     const char *vals[MAX_SAMPLING];
     int n = 0, rc, lp_given = 0, max_given = 0, logprobs_given = 0, chat_given = 0, grammar_given = 0, eos_given = 0,
-        include_given = 0, chat_lp = 0, top = -1;
+        include_given = 0, chat_lp = 0, top = -1, lora_given = 0;
     const char *key;
     json_t *v;
     json_object_foreach((json_t *)js, key, v)
@@ -641,6 +641,7 @@ static int parse_object(iflow_request_fields *f, const json_t *js, const iflow_r
         } else if (strcmp(key, "lora") == 0) {
             if ((rc = parse_adapter(f, v, d)) < 0)
                 return rc;
+            lora_given = 1;
         } else if (strcmp(key, "n") == 0) {
             IFLOW_TRY(field_int(key, v, 1, IFLOW_MAX_CHOICES, &f->n));
         } else if (strcmp(key, "tool_choice") == 0) {
@@ -663,6 +664,9 @@ static int parse_object(iflow_request_fields *f, const json_t *js, const iflow_r
     }
     if (top >= 0 && !chat_lp)
         return iflow_seterr(IFLOW_EINVAL, "field 'top_logprobs' goes with 'logprobs': true");
+    for (int i = 0; f->model && !lora_given && i < d->n_adapters; i++) /* vLLM's: "model" names an adapter */
+        if (strcmp(f->model, d->adapters[i]) == 0)
+            f->adapter = i + 1;
     if (chat_lp) {
         f->logprobs = 1 + (top > 0 ? top : 0);
         logprobs_given = 1;

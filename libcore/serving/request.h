@@ -51,7 +51,9 @@
  *   the same way), so every request has its own stream and a rerun repeats it.
  *   An OpenAI batch line (the Batch API's input, vLLM's run-batch), {"custom_id": a string,
  *   "method": "POST", "url": "/v1/chat/completions" or "/v1/completions", "body": {...}}, is
- *   read as its body, which takes OpenAI's "model" (kept), "stream" (false) and "user" besides,
+ *   read as its body, which takes OpenAI's "model" (kept; the name of one of the defaults'
+ *   adapters selects it, as vLLM's --lora-modules, unless "lora" is given), "stream" (false) and
+ *   "user" besides,
  *   for the chat API "logprobs" as a boolean with "top_logprobs", and needs "messages" (chat) or
  *   "prompt" (completions); "continuation" and "prompt_logprobs" are refused there. f->api says
  *   which API the line is for (its reply's format: cmd/openai.h), f->id is its custom_id.

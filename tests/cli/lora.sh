@@ -164,6 +164,18 @@ alone 8 -p "$P" -n 24
 expect_eq "$(jq -r 'select(.id == 7) | .error' <<<"$multi")" "field 'lora': no adapter 'nope' (there are 'qvd', 'peft')" \
     "an unknown adapter: an error result naming those there are"
 expect_eq "$(jq .prompt_tokens_cached "$TMP/multi.json")" 0 "request 5 shares no block with request 4 (another adapter)"
+# OpenAI batch lines: "model" naming an adapter selects it (vLLM's --lora-modules), another name
+# is the base model; "lora" in the body wins
+jq -nc --arg p "$P" '{custom_id: "qvd", url: "/v1/completions", body: {model: "qvd", prompt: $p, max_tokens: 24, temperature: 0}},
+    {custom_id: "base", url: "/v1/completions", body: {model: "smollm2", prompt: $p, max_tokens: 24, temperature: 0}},
+    {custom_id: "both", url: "/v1/completions", body: {model: "qvd", lora: "peft", prompt: $p, max_tokens: 24, temperature: 0}}' \
+    >"$TMP/oa.jsonl"
+run bash -c "$BIN/iflow-run -m '$TMP/smol.ifs' --lora-module qvd=$F/smollm2-q-v-down.gguf --lora-module peft=$F/smollm2-peft \
+    --batch <'$TMP/oa.jsonl'"
+oa() { jq -r --arg i "$1" 'select(.custom_id == $i) | .response.body.choices[0].text' <<<"$out"; }
+expect_eq "$(oa qvd)" "$(jq -r 'select(.id == 1) | .text' <<<"$multi")" "an OpenAI line's model 'qvd': that adapter's reply"
+expect_eq "$(oa base)" "$(jq -r 'select(.id == 2) | .text' <<<"$multi")" "another model name: the base model's reply"
+expect_eq "$(oa both)" "$(jq -r 'select(.id == 3) | .text' <<<"$multi")" "model 'qvd' with lora 'peft': peft's reply"
 run $BIN/iflow-run -m "$TMP/smol.ifs" --lora-module qvd=$F/smollm2-q-v-down.gguf -p "$P"
 expect_eq "$rc:$err" "2:iflow-run: --lora-module names adapters for --batch's requests (\"lora\": NAME); --lora applies one to every prompt"$'\n'"Try 'iflow-run --help' for more information." \
     "--lora-module without --batch"
