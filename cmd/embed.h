@@ -22,7 +22,7 @@ typedef struct {
 int embed_run(const iflow_tool *tool, const embed_opts *o);
 /* With o->batch each line of standard input is an OpenAI batch line for /v1/embeddings
  * (libcore/serving/request.h), answered on one line in OpenAI's batch output format
- * (cmd/openai.h), in the input's order; a refused line, or an input longer than a step, gets a
- * 400 reply and the others go on. Blank lines are skipped. */
+ * (cmd/openai.h), in the input's order (--ordered changes nothing); a refused line, or an
+ * input longer than a step, gets a 400 reply and the others go on. Blank lines are skipped. */
 
 #endif

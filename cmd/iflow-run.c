@@ -903,9 +903,9 @@ int main(int argc, char **argv)
     if (o.ordered && !o.batch)
         die_usage(&tool, "--ordered goes with --batch");
     if (o.embed && (o.dry_run || o.tokenize || o.beams || o.draft || o.n_stops || o.json || o.echo || o.parallel ||
-                    o.metrics || o.ordered))
+                    o.metrics))
         die_usage(&tool, "--embed goes with none of --dry-run, --tokenize, --beams, --draft, --stop, --json, --echo, "
-                         "--parallel, --metrics, --ordered");
+                         "--parallel, --metrics");
     if (o.embed && o.batch && o.prompt)
         die_usage(&tool, "--embed --batch reads OpenAI batch lines from standard input; -p does not go with it");
     if (o.loras.n && (o.embed || o.translate || o.tokenize || o.list_devices))

@@ -50,7 +50,7 @@ printf '%s\n' '' '{"custom_id": "dims", "url": "/v1/embeddings", "body": {"input
     '{"custom_id": "field", "url": "/v1/embeddings", "body": {"input": "x", "truncate": true}}' \
     '{"custom_id": "long", "url": "/v1/embeddings", "body": {"input": [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31]]}}' \
     'not json' >>"$TMP/emb.jsonl"
-run bash -c "$BIN/iflow-run -m '$TMP/bert.ifs' --embed --batch -c 30 -t 1 <'$TMP/emb.jsonl'"
+run bash -c "$BIN/iflow-run -m '$TMP/bert.ifs' --embed --batch --ordered -c 30 -t 1 <'$TMP/emb.jsonl'"
 expect_rc 0 "--embed --batch"
 expect_eq "$(jq -r .custom_id <<<"$out" | tr '\n' ' ')" "texts ids one dims none empty chat field long 11 " \
     "one reply a line, in order, the blank line skipped (a line that is not JSON: its number)"
