@@ -5,6 +5,7 @@
 #include "toolcall.h"
 #include "libcore/base/error.h"
 #include "libcore/base/jsonutil.h"
+#include "libcore/base/quote.h"
 #include "libcore/base/util.h"
 #include "libcore/formats/gguf.h"
 #include "libcore/formats/shard.h"
@@ -177,6 +178,70 @@ static json_t *arguments_as_objects(const json_t *messages)
     return copy ? copy : json_incref((json_t *)messages);
 }
 
+/* A content given as a list of parts (OpenAI's newer form: [{"type": "text", "text": ...}]) as
+ * the text of its parts joined by newlines, as vLLM gives it to a template that reads strings
+ * (every template also takes a string: those that read parts test for one first). iflow reads
+ * text only: another part's type is refused, naming the message. Works on messages in place
+ * (the caller's copy). */
+static int contents_as_text(json_t *messages)
+{
+    for (size_t i = 0; i < json_array_size(messages); i++) {
+        json_t *msg = json_array_get(messages, i), *content = json_object_get(msg, "content"), *part;
+        if (!json_is_array(content))
+            continue;
+        size_t k, n = 0;
+        json_array_foreach(content, k, part)
+        {
+            const char *type = json_string_value(json_object_get(part, "type"));
+            const json_t *t = json_object_get(part, "text");
+            if (type && strcmp(type, "text") != 0)
+                return iflow_seterr(IFLOW_EINVAL, "message %zu: content part %zu is of type '%s': iflow reads text "
+                                    "only", i, k, iflow_quote(type));
+            if (!type || !json_is_string(t))
+                return iflow_seterr(IFLOW_EINVAL, "message %zu: content part %zu is not {\"type\": \"text\", "
+                                    "\"text\": a string}", i, k);
+            n += json_string_length(t) + 1;
+        }
+        char *text = malloc(n + 1), *at = text;
+        if (!text)
+            return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+        json_array_foreach(content, k, part)
+        {
+            const json_t *t = json_object_get(part, "text");
+            if (k)
+                *at++ = '\n';
+            memcpy(at, json_string_value(t), json_string_length(t));
+            at += json_string_length(t);
+        }
+        int rc = json_object_set_new(msg, "content", json_stringn_nocheck(text, (size_t)(at - text)));
+        free(text);
+        if (rc < 0)
+            return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    }
+    return 0;
+}
+
+/* *out = messages as the template reads them (arguments_as_objects, contents_as_text): a new
+ * reference. */
+static int messages_for_template(const json_t *messages, json_t **out)
+{
+    int parts = 0;
+    for (size_t i = 0; i < json_array_size(messages); i++)
+        parts |= json_is_array(json_object_get(json_array_get(messages, i), "content"));
+    json_t *m = arguments_as_objects(messages), *copy = parts && m ? json_deep_copy(m) : NULL;
+    if (parts) {
+        json_decref(m);
+        m = copy;
+    }
+    if (!m)
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    int rc = parts ? contents_as_text(m) : 0;
+    if (rc < 0)
+        json_decref(m);
+    *out = rc < 0 ? NULL : m;
+    return rc;
+}
+
 int iflow_chat_render(const iflow_chat *c, const json_t *messages, const json_t *extra, int add_generation_prompt,
                       char **text, size_t *len)
 {
@@ -190,8 +255,10 @@ int iflow_chat_render(const iflow_chat *c, const json_t *messages, const json_t 
         if (json_object_get(extra, own[i]))
             return iflow_seterr(IFLOW_EINVAL, "'%s' cannot be an extra template variable: the conversation sets it",
                                 own[i]);
-    json_t *vars = extra ? json_copy((json_t *)extra) : json_object(), *msgs = arguments_as_objects(messages);
-    if (!vars || !msgs || json_object_set_new(vars, "messages", msgs) < 0 ||
+    json_t *msgs = NULL;
+    IFLOW_TRY(messages_for_template(messages, &msgs));
+    json_t *vars = extra ? json_copy((json_t *)extra) : json_object();
+    if (!vars || json_object_set_new(vars, "messages", msgs) < 0 ||
         json_object_set_new(vars, "add_generation_prompt", json_boolean(add_generation_prompt)) < 0 ||
         set_token_text(vars, "bos_token", c->tok, iflow_tokenizer_bos(c->tok)) < 0 ||
         set_token_text(vars, "eos_token", c->tok, iflow_tokenizer_eos(c->tok)) < 0) {

@@ -19,7 +19,10 @@
  *   switches such as "enable_thinking"; a member named like one of the four is refused).
  *   An assistant's tool call whose function "arguments" is JSON text of an object (as OpenAI's
  *   API returns it) reaches the template as that object (templates write it with tojson; vLLM
- *   does the same).
+ *   does the same). A "content" given as a list of parts (OpenAI's [{"type": "text", "text":
+ *   ...}]) reaches it as the parts' texts joined by newlines, as vLLM gives it to templates that
+ *   read strings (those that read parts take a string too); a part of another type (an image) is
+ *   refused, naming the message and the part.
  *   The messages are checked first: an error names the message (its index) and what is wrong.
  *   iflow_chat_encode() tokenizes a rendered conversation as apply_chat_template(tokenize=True)
  *   does: special-token text read as the special token, and nothing added around it (the

@@ -10,6 +10,7 @@
 # and Zephyr templates over stories260K's SentencePiece-style vocabulary: the prompt's ids those of
 # Hugging Face tokenizers (tests/fixtures/gen_chat_ids.py). Errors: no template,
 # a template that does not parse, a template's raise_exception, messages that are not a chat.
+# OpenAI's content parts: the texts joined as vLLM joins them (the reference's ids), other parts refused.
 . "$(dirname "$0")/lib.sh"
 F=tests/fixtures/chat
 SMOL=$DATA/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -66,6 +67,25 @@ for name in A B C; do
     a=$(agree "$(jq -c '[.logprobs[].id]' <<<"$res")" "$ref")
     expect_match "$a" '^\[[0-9]+,true\]$' "batch $name: the greedy reply of the float64 reference"
 done
+
+# ---- OpenAI's content parts: their texts joined by newlines, as vLLM gives them to a template
+# that reads strings (SmolLM2's); other parts refused ----
+ref=$(jq -c 'select(.name == "A")' $F/smollm2.ref.jsonl)
+jq -c '{id: "parts", messages: [.messages[] | .content = [{type: "text", text: .content}]], max_tokens: 1, prompt_logprobs: 0},
+    {id: "two", messages: [{role: "user", content: [{type: "text", text: "Why is"}, {type: "text", text: "the sky blue?"}]}],
+     max_tokens: 1, prompt_logprobs: 0},
+    {id: "joined", messages: [{role: "user", content: "Why is\nthe sky blue?"}], max_tokens: 1, prompt_logprobs: 0},
+    {id: "image", messages: [{role: "user", content: [{type: "text", text: "x"}, {type: "image_url", image_url: {url: "y"}}]}]},
+    {id: "notext", messages: [{role: "user", content: [{type: "text"}]}]}' <<<"$ref" >"$TMP/parts.jsonl"
+run bash -c "$BIN/iflow-run -m '$TMP/smol.ifs' --batch <'$TMP/parts.jsonl'"
+expect_eq "$(jq -c 'select(.id == "parts") | [.prompt_logprobs[].id]' <<<"$out")" "$(jq -c .ids <<<"$ref")" \
+    "contents as one text part each: the reference's ids"
+expect_eq "$(jq -c 'select(.id == "two") | [.prompt_logprobs[].id]' <<<"$out")" \
+    "$(jq -c 'select(.id == "joined") | [.prompt_logprobs[].id]' <<<"$out")" "two text parts: the texts joined by a newline"
+expect_eq "$(jq -r 'select(.id == "image") | .error' <<<"$out")" "message 0: content part 1 is of type 'image_url': iflow reads text only" \
+    "an image part"
+expect_eq "$(jq -r 'select(.id == "notext") | .error' <<<"$out")" 'message 0: content part 0 is not {"type": "text", "text": a string}' \
+    "a text part without its text"
 
 # ---- templates that write <s> and </s> as text, over a SentencePiece-style vocabulary: the prompt's
 # ids are those of Hugging Face tokenizers on jinja2's text (tests/fixtures/gen_chat_ids.py) ----
