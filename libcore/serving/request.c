@@ -519,10 +519,26 @@ static int parse_adapter(iflow_request_fields *f, const json_t *v, const iflow_r
 }
 
 /* What an OpenAI body says that an iflow request does not: "model" (kept for the reply),
- * "stream" (false), "user" (ignored), and the chat API's "logprobs" (true or false) with its
+ * "stream" (false), the fields that change nothing in a reply ("user", "store", "metadata",
+ * "service_tier", "stream_options", "safety_identifier", "prompt_cache_key": ignored), a null
+ * (an optional field unset: absent), and the chat API's "logprobs" (true or false) with its
  * "top_logprobs" (into *top: -1 absent). 1 when key is none of them. */
+/* An OpenAI body's field that changes nothing in a reply, or a null (an optional field left
+ * unset, as SDKs write them): read as absent. */
+static int openai_ignored(const char *key, const json_t *v)
+{
+    static const char *const no_effect[] = {"user", "store", "metadata", "service_tier", "stream_options",
+                                            "safety_identifier", "prompt_cache_key"};
+    for (size_t i = 0; i < sizeof no_effect / sizeof *no_effect; i++)
+        if (strcmp(key, no_effect[i]) == 0)
+            return 1;
+    return json_is_null(v);
+}
+
 static int parse_openai_field(iflow_request_fields *f, const char *key, const json_t *v, int *chat_lp, int *top)
 {
+    if (openai_ignored(key, v))
+        return 0;
     if (strcmp(key, "model") == 0) {
         if (!json_is_string(v))
             return iflow_seterr(IFLOW_EINVAL, "field 'model' must be a string");
@@ -532,8 +548,6 @@ static int parse_openai_field(iflow_request_fields *f, const char *key, const js
     if (strcmp(key, "stream") == 0)
         return json_is_false(v) ? 0 : iflow_seterr(IFLOW_EINVAL, "field 'stream': a batch line's reply is not "
                                                                  "streamed (false or absent)");
-    if (strcmp(key, "user") == 0)
-        return json_is_string(v) ? 0 : iflow_seterr(IFLOW_EINVAL, "field 'user' must be a string");
     if (f->api == IFLOW_API_CHAT && strcmp(key, "logprobs") == 0)
         return field_bool(key, v, chat_lp);
     if (f->api == IFLOW_API_CHAT && strcmp(key, "top_logprobs") == 0)
@@ -880,6 +894,8 @@ static int embed_body(iflow_embed_fields *f, const json_t *body)
     json_t *v;
     json_object_foreach((json_t *)body, key, v)
     {
+        if (openai_ignored(key, v))
+            continue;
         if (strcmp(key, "input") == 0) {
             IFLOW_TRY(embed_inputs(f, v));
         } else if (strcmp(key, "model") == 0) {
@@ -894,9 +910,6 @@ static int embed_body(iflow_embed_fields *f, const json_t *body)
             f->base64 = strcmp(e, "base64") == 0;
         } else if (strcmp(key, "dimensions") == 0) {
             IFLOW_TRY(field_int(key, v, 1, 1 << 20, &f->dimensions));
-        } else if (strcmp(key, "user") == 0) {
-            if (!json_is_string(v))
-                return iflow_seterr(IFLOW_EINVAL, "field 'user' must be a string");
         } else
             return iflow_seterr(IFLOW_EINVAL, "unknown field '%s' of an embeddings request (input, model, "
                                 "encoding_format, dimensions, user)", key);

@@ -52,8 +52,9 @@
  *   An OpenAI batch line (the Batch API's input, vLLM's run-batch), {"custom_id": a string,
  *   "method": "POST", "url": "/v1/chat/completions" or "/v1/completions", "body": {...}}, is
  *   read as its body, which takes OpenAI's "model" (kept; the name of one of the defaults'
- *   adapters selects it, as vLLM's --lora-modules, unless "lora" is given), "stream" (false) and
- *   "user" besides,
+ *   adapters selects it, as vLLM's --lora-modules, unless "lora" is given) and "stream" (false)
+ *   besides, reads a null as an absent field and ignores those that change nothing in a reply
+ *   ("user", "store", "metadata", "service_tier", "stream_options", ...),
  *   for the chat API "logprobs" as a boolean with "top_logprobs", and needs "messages" (chat) or
  *   "prompt" (completions); "continuation" and "prompt_logprobs" are refused there. f->api says
  *   which API the line is for (its reply's format: cmd/openai.h), f->id is its custom_id.

@@ -18,6 +18,9 @@ reply() { jq -c --arg i "$1" 'select(.custom_id == $i)' <<<"$out"; }
 body='{"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0, "logprobs": 3}'
 jq -c -n --argjson b "$body" '($b + {id: "n1"}), {custom_id: "o1", method: "POST", url: "/v1/completions",
     body: ($b + {model: "tiny"})}' >"$TMP/c.jsonl"
+jq -c -n --argjson b "$body" '{custom_id: "o3", url: "/v1/completions", body: ($b + {model: "tiny", store: false,
+    metadata: {k: "v"}, service_tier: "auto", stream_options: null, user: "u", seed: null, stop: null, suffix: null})}' \
+    >>"$TMP/c.jsonl"
 jq -c -n '{id: "n2", prompt: "Once", max_tokens: 6, n: 3, seed: 7, temperature: 1.2},
     {custom_id: "o2", url: "/v1/completions", body: {prompt: "Once", max_tokens: 6, n: 3, seed: 7, temperature: 1.2}}' \
     >>"$TMP/c.jsonl"
@@ -29,6 +32,8 @@ expect_eq "$(jq -c '[.id, .response.status_code, .response.request_id, .error]' 
 expect_eq "$(jq -c '.response.body | [.id, .object, .model, (.created | type)]' <<<"$o")" '["cmpl-2","text_completion","tiny","number"]' \
     "the body: cmpl id, text_completion, the body's model, created"
 expect_eq "$(jq -r '.response.body.choices[0].text' <<<"$o")" "$(jq -r .text <<<"$n")" "the text: iflow's"
+expect_eq "$(jq -c '.response.body.choices' <<<"$(reply o3)")" "$(jq -c '.response.body.choices' <<<"$o")" \
+    "nulls and fields that change nothing (store, metadata, service_tier, user, ...): as if absent"
 expect_eq "$(jq -c '.response.body | [.choices[0].finish_reason, .usage]' <<<"$o")" \
     "$(jq -c '["length", {prompt_tokens, completion_tokens, total_tokens: (.prompt_tokens + .completion_tokens)}]' <<<"$n")" \
     "finish length, usage: iflow's counts"
