@@ -70,10 +70,9 @@ static void embed_inputs(embedder *e, const iflow_embed_fields *f, json_t *data,
             snprintf(why, cap, "input %d: %s", k + 1, iflow_errmsg());
             return;
         }
-        int rc = n > (size_t)e->limit ? -1 : iflow_ctx_embed(e->c, ids, (int)n, e->vec);
         if (n > (size_t)e->limit)
             snprintf(why, cap, "input %d has %zu tokens, more than the %d this model takes", k + 1, n, e->limit);
-        else if (rc < 0)
+        else if (iflow_ctx_embed(e->c, ids, (int)n, e->vec) < 0)
             die(e->tool, "cannot embed input %d of line %ld: %s", k + 1, e->line, iflow_errmsg());
         if (ids != f->ids[k])
             free(ids);

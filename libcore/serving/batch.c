@@ -380,16 +380,22 @@ static int set_biases(const iflow_hparams *hp, iflow_sampler *s, const iflow_req
     return 0;
 }
 
+/* Each of ids [n] in the vocabulary, or IFLOW_ERANGE naming the first outside as `what`. */
+static int in_vocab(const iflow_hparams *hp, const int32_t *ids, int n, const char *what)
+{
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= hp->vocab_size)
+            return iflow_seterr(IFLOW_ERANGE, "%s %d is outside the vocabulary (%d)", what, ids[i], hp->vocab_size);
+    return 0;
+}
+
 /* q's allowed tokens and banned sequences: within their bounds and the vocabulary. */
 static int check_token_lists(const iflow_hparams *hp, const iflow_request *q)
 {
     if (q->n_allowed < 0 || q->n_allowed > hp->vocab_size || (q->n_allowed && !q->allowed_ids))
         return iflow_seterr(IFLOW_EINVAL, "%d allowed tokens: at most the vocabulary's %d", q->n_allowed,
                             hp->vocab_size);
-    for (int i = 0; i < q->n_allowed; i++)
-        if (q->allowed_ids[i] < 0 || q->allowed_ids[i] >= hp->vocab_size)
-            return iflow_seterr(IFLOW_ERANGE, "allowed token %d is outside the vocabulary (%d)", q->allowed_ids[i],
-                                hp->vocab_size);
+    IFLOW_TRY(in_vocab(hp, q->allowed_ids, q->n_allowed, "allowed token"));
     if (q->n_bad < 0 || q->n_bad > IFLOW_MAX_BAD_WORDS || (q->n_bad && (!q->bad_ids || !q->bad_lens)))
         return iflow_seterr(IFLOW_EINVAL, "%d banned sequences: at most %d", q->n_bad, IFLOW_MAX_BAD_WORDS);
     for (int i = 0, total = 0; i < q->n_bad; total += q->bad_lens[i++]) {
@@ -436,10 +442,7 @@ int iflow_batch_add(iflow_batch *b, const iflow_request *q)
         return iflow_seterr(IFLOW_EINVAL, "min_tokens %d: from 0 to max_tokens (%d)", q->min_tokens, q->max_tokens);
     if (q->n_stop_ids < 0 || q->n_stop_ids > IFLOW_MAX_STOP_IDS || (q->n_stop_ids && !q->stop_ids))
         return iflow_seterr(IFLOW_EINVAL, "%d stop tokens: at most %d", q->n_stop_ids, IFLOW_MAX_STOP_IDS);
-    for (int i = 0; i < q->n_stop_ids; i++)
-        if (q->stop_ids[i] < 0 || q->stop_ids[i] >= hp->vocab_size)
-            return iflow_seterr(IFLOW_ERANGE, "stop token %d is outside the vocabulary (%d)", q->stop_ids[i],
-                                hp->vocab_size);
+    IFLOW_TRY(in_vocab(hp, q->stop_ids, q->n_stop_ids, "stop token"));
     IFLOW_TRY(check_token_lists(hp, q));
     int shift = q->context_shift, keep = q->keep < 0 || q->keep > q->n_prompt ? q->n_prompt : q->keep;
     if (shift && keep > b->p.n_ctx - 2)

@@ -535,16 +535,21 @@ static int openai_ignored(const char *key, const json_t *v)
     return json_is_null(v);
 }
 
+/* An OpenAI body's "model" (a string) into *model (its own copy). */
+static int read_model(const json_t *v, char **model)
+{
+    if (!json_is_string(v))
+        return iflow_seterr(IFLOW_EINVAL, "field 'model' must be a string");
+    free(*model);
+    return (*model = strdup(json_string_value(v))) ? 0 : oom();
+}
+
 static int parse_openai_field(iflow_request_fields *f, const char *key, const json_t *v, int *chat_lp, int *top)
 {
     if (openai_ignored(key, v))
         return 0;
-    if (strcmp(key, "model") == 0) {
-        if (!json_is_string(v))
-            return iflow_seterr(IFLOW_EINVAL, "field 'model' must be a string");
-        free(f->model);
-        return (f->model = strdup(json_string_value(v))) ? 0 : oom();
-    }
+    if (strcmp(key, "model") == 0)
+        return read_model(v, &f->model);
     if (strcmp(key, "stream") == 0)
         return json_is_false(v) ? 0 : iflow_seterr(IFLOW_EINVAL, "field 'stream': a batch line's reply is not "
                                                                  "streamed (false or absent)");
@@ -744,6 +749,17 @@ static int parse_object(iflow_request_fields *f, const json_t *js, const iflow_r
     return iflow_sampler_params_set_all(&f->sp, names, vals, n);
 }
 
+/* A line's id as compact JSON text: id's, or the line number when id is NULL (NULL: out of
+ * memory). */
+static char *id_text(const json_t *id, long line_no)
+{
+    if (id)
+        return json_dumps(id, JSON_COMPACT | JSON_ENCODE_ANY);
+    char buf[32];
+    snprintf(buf, sizeof buf, "%ld", line_no);
+    return strdup(buf);
+}
+
 /* An OpenAI batch line (the Batch API's input, vLLM's run-batch): {"custom_id": a string,
  * "method": "POST", "url": "/v1/chat/completions" or "/v1/completions", "body": the request}.
  * f->api says which API; *body: the request's object. */
@@ -810,13 +826,7 @@ int iflow_request_parse(iflow_request_fields *f, const char *line, size_t len, l
     const json_t *body = js;
     f->api = json_object_get(js, "body") || json_object_get(js, "custom_id") ? IFLOW_API_CHAT : IFLOW_API_NATIVE;
     const json_t *id = json_object_get(js, f->api ? "custom_id" : "id");
-    if (json_is_string(id) || (id && !f->api))
-        f->id = json_dumps(id, JSON_COMPACT | JSON_ENCODE_ANY);
-    else {
-        char buf[32];
-        snprintf(buf, sizeof buf, "%ld", line_no);
-        f->id = strdup(buf);
-    }
+    f->id = id_text(json_is_string(id) || !f->api ? id : NULL, line_no);
     int rc = f->id ? set_bias(f, d->bias_ids, d->bias_values, d->n_bias) : oom();
     if (rc == 0 && !js)
         rc = iflow_seterr(IFLOW_EINVAL, "not JSON: %s (column %d)", jerr.text, jerr.column);
@@ -899,10 +909,7 @@ static int embed_body(iflow_embed_fields *f, const json_t *body)
         if (strcmp(key, "input") == 0) {
             IFLOW_TRY(embed_inputs(f, v));
         } else if (strcmp(key, "model") == 0) {
-            if (!json_is_string(v))
-                return iflow_seterr(IFLOW_EINVAL, "field 'model' must be a string");
-            if (!(f->model = strdup(json_string_value(v))))
-                return oom();
+            IFLOW_TRY(read_model(v, &f->model));
         } else if (strcmp(key, "encoding_format") == 0) {
             const char *e = json_string_value(v);
             if (!e || (strcmp(e, "float") != 0 && strcmp(e, "base64") != 0))
@@ -924,13 +931,7 @@ int iflow_embed_request_parse(iflow_embed_fields *f, const char *line, size_t le
     json_t *js = json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);
     const json_t *id = json_object_get(js, "custom_id"), *body = NULL;
     int api = 0, rc = 0;
-    if (json_is_string(id))
-        f->id = json_dumps(id, JSON_COMPACT | JSON_ENCODE_ANY);
-    else {
-        char buf[32];
-        snprintf(buf, sizeof buf, "%ld", line_no);
-        f->id = strdup(buf);
-    }
+    f->id = id_text(json_is_string(id) ? id : NULL, line_no);
     if (!f->id)
         rc = oom();
     else if (!js)
