@@ -53,6 +53,7 @@ typedef struct {
                                  * (input and output), when they are not one run            */
     size_t n_lt, n_lx, n_ly;
     int logits_rows;
+    iflow_moe_scratch *moe;     /* a mixture of experts' buffers (moe.c), grown on demand */
 } dev_scratch;
 
 /* A paged KV cache: per layer part, a K pool and a V pool of the same layout. */
@@ -115,6 +116,7 @@ static void scratch_free(dev_scratch *s)
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             d->ops->free(d, bufs[i]);
+    iflow_moe_scratch_free(s->moe);
     memset(s, 0, sizeof *s);
 }
 
@@ -727,22 +729,17 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
     return residual ? iflow_block_out(m, s->dev, s->x, s->xb, w->attn_norm, w->attn_norm_b, T) : 0;
 }
 
-/* Gated FFN sub-block of part k for T tokens: its columns' down projection into s->xb, added
- * into s->x when `residual`. normed: s->xb holds the block's input already (add_rmsnorm). */
-static int ffn_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows *r, int residual, int normed)
+/* The dense FFN of part k for the step's rows `in` (its columns' share): the down projection
+ * into s->xb, with the run-time LoRA deltas of gate, up and down. */
+static int dense_ffn(iflow_ctx *c, dev_scratch *s, int k, const step_rows *r, const float *in)
 {
     const iflow_model *m = c->m;
     const iflow_hparams *hp = &m->hp;
     const int T = r->T;
-    const layer_part *p = &c->m->parts[k];
+    const layer_part *p = &m->parts[k];
     const layer_weights *w = &p->w;
     iflow_device *d = s->dev;
     int D = hp->dim, F = p->f1 - p->f0;
-    const float *in = s->xb;
-    if (!normed)
-        IFLOW_TRY(iflow_block_in(c->m, s->dev, s->x, s->xb, w->ffn_norm, w->ffn_norm_b, T, &in));
-    if (d->host_memory && p->f0 == 0)
-        iflow_observe(c, layer_of_part(c->m, k), IFLOW_OBS_FFN_IN, 0, in, D, T, D);
     if (has_delta(m, k, LR_GATE, r) || has_delta(m, k, LR_UP, r)) { /* the deltas go in before the activation */
         const int gated = hp->ffn == IFLOW_FFN_GATED;
         IFLOW_TRY(iflow_ffn_linears(hp, d, w, in, T, F, s->gate, s->up));
@@ -754,12 +751,37 @@ static int ffn_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows *r, in
         IFLOW_TRY(iflow_ffn_hidden(hp, d, w, in, T, F, s->gate, s->up));
     }
     if (d->host_memory)
-        iflow_observe(c, layer_of_part(c->m, k), IFLOW_OBS_FFN_MID, p->f0, s->gate, F, T, F);
-    IFLOW_TRY(iflow_linear_rows(s->dev, s->xb, D, w->down, w->down_b, s->gate, F, T, D, F));
-    IFLOW_TRY(deltas(m, s, k, LR_DOWN, r, s->xb, s->gate, F, D, F));
+        iflow_observe(c, layer_of_part(m, k), IFLOW_OBS_FFN_MID, p->f0, s->gate, F, T, F);
+    IFLOW_TRY(iflow_linear_rows(d, s->xb, D, w->down, w->down_b, s->gate, F, T, D, F));
+    return deltas(m, s, k, LR_DOWN, r, s->xb, s->gate, F, D, F);
+}
+
+/* FFN sub-block of part k for T tokens: its columns' down projection (dense), or the mixture
+ * of experts' output (moe.c: whole layers), into s->xb, added into s->x when `residual`.
+ * normed: s->xb holds the block's input already (add_rmsnorm). */
+static int ffn_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows *r, int residual, int normed)
+{
+    const iflow_model *m = c->m;
+    const iflow_hparams *hp = &m->hp;
+    const int T = r->T;
+    const layer_part *p = &m->parts[k];
+    const layer_weights *w = &p->w;
+    iflow_device *d = s->dev;
+    const float *in = s->xb;
+    if (!normed)
+        IFLOW_TRY(iflow_block_in(m, d, s->x, s->xb, w->ffn_norm, w->ffn_norm_b, T, &in));
+    if (d->host_memory && p->f0 == 0)
+        iflow_observe(c, layer_of_part(m, k), IFLOW_OBS_FFN_IN, 0, in, hp->dim, T, hp->dim);
+    if (!hp->n_experts) {
+        IFLOW_TRY(dense_ffn(c, s, k, r, in));
+    } else {
+        if (has_delta(m, k, LR_GATE, r) || has_delta(m, k, LR_UP, r) || has_delta(m, k, LR_DOWN, r))
+            return iflow_seterr(IFLOW_EUNSUPPORTED, "a LoRA adapter on a mixture of experts' FFN is not implemented");
+        IFLOW_TRY(iflow_moe_ffn(hp, d, &s->moe, w, in, T, s->xb));
+    }
     if (w->ffn_post_norm)
-        IFLOW_TRY(d->ops->rmsnorm(d, s->xb, s->xb, w->ffn_post_norm, T, D, hp->norm_eps));
-    return residual ? iflow_block_out(c->m, s->dev, s->x, s->xb, w->ffn_norm, w->ffn_norm_b, T) : 0;
+        IFLOW_TRY(d->ops->rmsnorm(d, s->xb, s->xb, w->ffn_post_norm, T, hp->dim, hp->norm_eps));
+    return residual ? iflow_block_out(m, d, s->x, s->xb, w->ffn_norm, w->ffn_norm_b, T) : 0;
 }
 
 /* A whole layer (part k) on device s: attention then FFN, each added into the residual stream;

@@ -125,6 +125,37 @@ static int get_token_or(const json_t *hp, const char *key, int *dst, const char 
     return json_object_get(hp, key) ? get_int(hp, key, dst, -1, what) : 0;
 }
 
+/* A mixture of experts' hyperparameters (n_experts > 0), none when absent. Every layer is a
+ * mixture: a spec's moe_step (Qwen's decoder_sparse_step) other than 1 and dense_layers (its
+ * mlp_only_layers) that name a layer are refused. */
+static int read_moe(iflow_hparams *hp, const json_t *h, const char *what)
+{
+    int rc, step;
+    const json_t *dense = json_object_get(h, "dense_layers");
+    if ((rc = get_int_or(h, "n_experts", 0, &hp->n_experts, what)) || !hp->n_experts)
+        return rc;
+    if ((rc = get_int(h, "n_experts_used", &hp->n_experts_used, 1, what)) ||
+        (rc = get_int(h, "expert_ffn_dim", &hp->expert_ffn_dim, 1, what)) ||
+        (rc = get_bool(h, "expert_norm", &hp->expert_norm, what)) ||
+        (rc = get_bool_or(h, "shared_expert", 0, &hp->shared_expert, what)) ||
+        (rc = get_bool_or(h, "shared_expert_gate", 0, &hp->shared_expert_gate, what)) ||
+        (rc = get_int_or(h, "moe_step", 1, &step, what)))
+        return rc;
+    if (hp->n_experts < 0 || hp->n_experts > IFLOW_MAX_EXPERTS || hp->n_experts_used > hp->n_experts)
+        return iflow_seterr(IFLOW_ERANGE, "n_experts %d with n_experts_used %d is not 1 <= used <= experts <= %d "
+                            "in '%s'", hp->n_experts, hp->n_experts_used, IFLOW_MAX_EXPERTS, what);
+    if (step != 1 || (dense && !(json_is_array(dense) && json_array_size(dense) == 0) &&
+                      !(json_is_string(dense) && strcmp(json_string_value(dense), "none") == 0)))
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "dense layers among mixture-of-experts ones (moe_step %d, "
+                            "dense_layers) are not implemented (in '%s')", step, what);
+    if (hp->shared_expert_gate && !hp->shared_expert)
+        return iflow_seterr(IFLOW_EFORMAT, "shared_expert_gate without shared_expert in '%s'", what);
+    if (hp->ffn != IFLOW_FFN_GATED || hp->layout != IFLOW_LAYOUT_DECODER || hp->mlp_bias)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "a mixture of experts is implemented for a decoder's gated FFN without "
+                            "biases only (in '%s')", what);
+    return 0;
+}
+
 /* An encoder-decoder's hyperparameters (block layout = encoder-decoder); defaults elsewhere. */
 static int read_encdec(iflow_hparams *hp, const json_t *h, const char *what)
 {
@@ -355,7 +386,7 @@ int iflow_hparams_from_json(iflow_hparams *hp, const json_t *resolved, const cha
         (rc = read_layer_types(hp, h, what)) ||
         (rc = get_bool(h, "tie_embeddings", &hp->tie_embeddings, what)) || (rc = read_blocks(hp, b, what)) ||
         (rc = read_rope_scaling(hp, h, what)) || (rc = read_special(hp, h, what)) || (rc = read_encdec(hp, h, what)) ||
-        (rc = read_banned(hp, h, what)) || (rc = read_forced_eos(hp, h, what)))
+        (rc = read_banned(hp, h, what)) || (rc = read_forced_eos(hp, h, what)) || (rc = read_moe(hp, h, what)))
         return rc;
     if (!hp->head_dim) {
         if (hp->dim % hp->n_heads)
@@ -444,10 +475,26 @@ static void layer_tensors(const iflow_hparams *hp, iflow_tensor_req *r, size_t *
     L("ffn_norm", D, 0);
     if (hp->norm == IFLOW_NORM_LAYER)
         L("ffn_norm_b", D, 0);
-    if (hp->ffn == IFLOW_FFN_GATED)
-        L("ffn_gate", F, D);
-    L("ffn_up", F, D);
-    L("ffn_down", D, F);
+    if (!hp->n_experts || hp->shared_expert) { /* the dense FFN, or a mixture's shared expert */
+        if (hp->ffn == IFLOW_FFN_GATED)
+            L("ffn_gate", F, D);
+        L("ffn_up", F, D);
+        L("ffn_down", D, F);
+    }
+    if (hp->n_experts) { /* a mixture of experts: the router (kept F32, as the routing's precision) and E gated FFNs */
+        const int64_t Fe = hp->expert_ffn_dim;
+        snprintf(name, sizeof name, "%sffn_router", prefix);
+        req_table(r, n, name, hp->n_experts, D);
+        if (hp->shared_expert_gate) {
+            snprintf(name, sizeof name, "%sffn_shexp_gate", prefix);
+            req_table(r, n, name, 1, D);
+        }
+        for (int e = 0; e < hp->n_experts; e++) {
+            snprintf(name, sizeof name, "%sffn_gate.%d", prefix, e), req(r, n, name, Fe, D);
+            snprintf(name, sizeof name, "%sffn_up.%d", prefix, e), req(r, n, name, Fe, D);
+            snprintf(name, sizeof name, "%sffn_down.%d", prefix, e), req(r, n, name, D, Fe);
+        }
+    }
     if (hp->post_norms)
         L("ffn_post_norm", D, 0);
     if (hp->mlp_bias) {
@@ -474,7 +521,7 @@ int iflow_model_tensors(const iflow_hparams *hp, iflow_tensor_req **reqs, size_t
 {
     const int encdec = hp->layout == IFLOW_LAYOUT_ENCODER_DECODER;
     /* every model-level and per-layer tensor there can be */
-    size_t cap = 16 + (size_t)(hp->n_layers + (encdec ? hp->n_enc_layers : 0)) * 40;
+    size_t cap = 16 + (size_t)(hp->n_layers + (encdec ? hp->n_enc_layers : 0)) * (40 + 3 * (size_t)hp->n_experts);
     iflow_tensor_req *r = calloc(cap, sizeof *r);
     if (!r)
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
@@ -547,8 +594,28 @@ static int bind(const iflow_shard *sh, const iflow_tensor_req *r, const iflow_sh
     return rc;
 }
 
-/* The slot of layer tensor "L.SUFFIX" (name after its blk. prefix) in layers[0..n). */
-static void *layer_slot(layer_weights *layers, int n, const char *name, int *is_weight)
+/* The slot of expert tensor SUFFIX (ffn_gate.E, ffn_up.E, ffn_down.E) of layer w, or NULL. */
+static void *expert_slot(layer_weights *w, int n_experts, const char *suffix, int *is_weight)
+{
+    static const char *const mats[3] = {"ffn_gate.", "ffn_up.", "ffn_down."};
+    for (int i = 0; i < 3 && w->experts; i++) {
+        size_t len = strlen(mats[i]);
+        char *end;
+        if (strncmp(suffix, mats[i], len) != 0 || suffix[len] < '0' || suffix[len] > '9')
+            continue;
+        long e = strtol(suffix + len, &end, 10);
+        if (*end || e >= n_experts)
+            return NULL;
+        *is_weight = 1;
+        expert_weights *x = &w->experts[e];
+        return i == 0 ? &x->gate : i == 1 ? &x->up : &x->down;
+    }
+    return NULL;
+}
+
+/* The slot of layer tensor "L.SUFFIX" (name after its blk. prefix) in layers[0..n), whose
+ * experts (when n_experts > 0) are allocated. */
+static void *layer_slot(layer_weights *layers, int n, int n_experts, const char *name, int *is_weight)
 {
     int l;
     char suffix[32];
@@ -565,6 +632,7 @@ static void *layer_slot(layer_weights *layers, int n, const char *name, int *is_
         F("attn_norm_b", attn_norm_b, 0), F("ffn_norm_b", ffn_norm_b, 0),
         F("xattn_norm", xattn_norm, 0), F("xattn_norm_b", xattn_norm_b, 0), F("xq", xq, 1), F("xk", xk, 1),
         F("xv", xv, 1), F("xo", xo, 1), F("xbq", xbq, 0), F("xbk", xbk, 0), F("xbv", xbv, 0), F("xbo", xbo, 0),
+        F("ffn_router", router, 0), F("ffn_shexp_gate", shexp_gate, 0),
 #undef F
     };
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
@@ -572,7 +640,7 @@ static void *layer_slot(layer_weights *layers, int n, const char *name, int *is_
             *is_weight = map[i].is_weight;
             return (char *)w + map[i].off;
         }
-    return NULL;
+    return expert_slot(w, n_experts, suffix, is_weight);
 }
 
 /* The slot of the model that tensor `name` fills; a layer's tensors go into layers[l] (an
@@ -596,9 +664,9 @@ static void *slot(iflow_model *m, layer_weights *layers, const char *name, int *
         if (strcmp(name, vecs[i].s) == 0)
             return (char *)m + vecs[i].off;
     if (strncmp(name, "enc.blk.", 8) == 0)
-        return layer_slot(m->enc_layers, m->hp.n_enc_layers, name + 8, is_weight);
+        return layer_slot(m->enc_layers, m->hp.n_enc_layers, 0, name + 8, is_weight);
     if (strncmp(name, "blk.", 4) == 0)
-        return layer_slot(layers, m->hp.n_layers, name + 4, is_weight);
+        return layer_slot(layers, m->hp.n_layers, m->hp.n_experts, name + 4, is_weight);
     return NULL;
 }
 
@@ -611,8 +679,11 @@ static int bind_all(iflow_model *m)
         return rc;
     m->layers = calloc((size_t)m->hp.n_layers, sizeof *m->layers);
     m->enc_layers = calloc((size_t)m->hp.n_enc_layers + 1, sizeof *m->enc_layers);
-    if (!m->layers || !m->enc_layers)
+    m->experts = calloc((size_t)m->hp.n_layers * (size_t)m->hp.n_experts + 1, sizeof *m->experts);
+    if (!m->layers || !m->enc_layers || !m->experts)
         rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    for (int l = 0; rc == 0 && m->hp.n_experts && l < m->hp.n_layers; l++)
+        m->layers[l].experts = m->experts + (size_t)l * (size_t)m->hp.n_experts;
     for (size_t i = 0; i < n && rc == 0; i++) {
         const iflow_shard_rec *t = NULL;
         int is_weight;
@@ -623,8 +694,11 @@ static int bind_all(iflow_model *m)
             *(weight *)dst = (weight){t->data, t->dtype};
         else
             *(const float **)dst = t->data;
-        if (!reqs[i].is_vector && strcmp(reqs[i].name, "tok_embd") != 0 && strcmp(reqs[i].name, "pos_embd") != 0 &&
-            strcmp(reqs[i].name, "tok_type_embd") != 0)
+        const char *dot = strrchr(reqs[i].name, '.');
+        if (dot && dot[1] >= '0' && dot[1] <= '9') /* an expert: a token reads n_experts_used of n_experts */
+            m->decode_bytes += t->nbytes * (uint64_t)m->hp.n_experts_used / (uint64_t)m->hp.n_experts;
+        else if (!reqs[i].is_vector && strcmp(reqs[i].name, "tok_embd") != 0 && strcmp(reqs[i].name, "pos_embd") != 0 &&
+                 strcmp(reqs[i].name, "tok_type_embd") != 0)
             m->decode_bytes += t->nbytes;
     }
     free(reqs);
@@ -828,6 +902,7 @@ void iflow_model_close(iflow_model *m)
     free(m->split_dir);
     free(m->layers);
     free(m->enc_layers);
+    free(m->experts);
     free(m->rope_scale);
     free(m);
 }

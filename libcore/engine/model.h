@@ -40,6 +40,7 @@
 enum { IFLOW_ROPE_SCALING_NONE = 0, IFLOW_ROPE_SCALING_LINEAR = 1, IFLOW_ROPE_SCALING_LLAMA3 = 2 };
 #define IFLOW_MAX_EOS 8
 #define IFLOW_MAX_BANNED 8
+#define IFLOW_MAX_EXPERTS 256     /* hparams n_experts */
 
 enum { IFLOW_ACT_SILU = 0, IFLOW_ACT_GELU_TANH = 1, IFLOW_ACT_GELU = 2, IFLOW_ACT_RELU = 3 }; /* GELU: the exact (erf) form */
 enum { IFLOW_NORM_RMS = 0, IFLOW_NORM_LAYER = 1 };   /* block norm */
@@ -77,6 +78,18 @@ typedef struct {
     float rope_theta_local;   /* > 0: the rope base of windowed layers (Gemma 3) */
     int parallel_residual;    /* x + attn(n1(x)) + ffn(n2(x)), both reading the layer's input
                                  (GPT-NeoX, GPT-J); else the FFN reads x + attn(n1(x)) */
+    /* a mixture of experts (Mixtral, Qwen2/3-MoE): each layer's FFN is n_experts FFNs of
+       expert_ffn_dim columns (ffn_gate.E, ffn_up.E, ffn_down.E) and a router [n_experts][dim]
+       (ffn_router); a row goes through the n_experts_used experts of largest softmax(router x),
+       their outputs weighted by those probabilities (renormalized to sum 1 with expert_norm) */
+    int n_experts;            /* 0: a dense FFN */
+    int n_experts_used;
+    int expert_ffn_dim;
+    int expert_norm;
+    int shared_expert;        /* the layer's dense FFN (ffn_gate, ffn_up, ffn_down of ffn_dim
+                                 columns) runs beside the experts, added to their sum (Qwen2-MoE) */
+    int shared_expert_gate;   /* its output scaled by sigmoid(ffn_shexp_gate . x) (ffn_shexp_gate
+                                 [1][dim]) */
     /* encoders (block layout = encoder: every position of the input attends to every other, the
        output is the last hidden states pooled into one vector, there is no LM head) */
     int layout;               /* IFLOW_LAYOUT_* */

@@ -1,7 +1,8 @@
 /*
  * model_impl.h -- the model's insides, shared by the five files of the engine and nothing
  * else: model.c (hyperparameters, binding a shard's tensors, or a split model's files), place.c (putting weights on
- * devices, by layer or by head and column ranges), forward.c (contexts, the forward pass),
+ * devices, by layer or by head and column ranges), forward.c (contexts, the forward pass), moe.c (a
+ * mixture-of-experts FFN),
  * seq2seq.c (an encoder-decoder's forward pass, over forward.c's layer pieces) and lora_bind.c
  * (LoRA adapters' deltas bound to the layers' matrices).
  */
@@ -29,6 +30,12 @@ typedef struct {
 /* The matrices a low-rank delta may change, in layer_weights.lr. */
 enum { LR_Q, LR_K, LR_V, LR_O, LR_GATE, LR_UP, LR_DOWN, LR_COUNT };
 
+/* One expert of a mixture-of-experts FFN (hparams n_experts): a gated FFN of expert_ffn_dim
+ * columns, no biases. */
+typedef struct {
+    weight gate, up, down;                                   /* [Fe][dim] [Fe][dim] [dim][Fe] */
+} expert_weights;
+
 typedef struct {
     const float *attn_norm, *ffn_norm;                       /* [dim]                       */
     const float *attn_norm_b, *ffn_norm_b;                   /* [dim] or NULL (norm = layer) */
@@ -38,6 +45,11 @@ typedef struct {
     const float *bq, *bk, *bv, *bo;                          /* [Q] [KV] [KV] [dim] or NULL  */
     weight gate, up, down;                                   /* [F][dim] [F][dim] [dim][F]  */
     const float *gate_b, *up_b, *down_b;                     /* [F] [F] [dim] or NULL        */
+    /* a mixture of experts (n_experts > 0); gate, up and down above are then its shared expert,
+     * or empty */
+    const float *router;                                     /* [E][dim] F32                 */
+    const float *shexp_gate;                                 /* [dim] F32 or NULL            */
+    expert_weights *experts;                                 /* [E] (the model's allocation) */
     /* an encoder-decoder's decoder layer: cross-attention over the encoder's output, between
      * the self-attention and the FFN (NULL / empty otherwise) */
     const float *xattn_norm, *xattn_norm_b;                  /* [dim]; [dim] or NULL         */
@@ -74,6 +86,7 @@ struct iflow_model {
     const float *embd_norm;       /* [dim] (embed_norm), in the mapping, used on the host */
     const float *embd_norm_b;     /* [dim] or NULL */
     layer_weights *layers;        /* [n_layers] in the mapping */
+    expert_weights *experts;      /* [n_layers][n_experts]: each layer's experts (layers[l].experts) */
     /* an encoder-decoder's encoder (layers is its decoder), in the mapping, never placed */
     layer_weights *enc_layers;    /* [n_enc_layers] */
     const float *enc_output_norm, *enc_output_norm_b; /* [dim] (final_norm); [dim] or NULL */
@@ -147,6 +160,16 @@ int iflow_ffn_linears(const iflow_hparams *hp, iflow_device *d, const layer_weig
                       float *gate, float *up);
 /* act(gate) * up into gate (gated), act(gate) into gate (plain; up unused). */
 int iflow_ffn_act(const iflow_hparams *hp, iflow_device *d, float *gate, float *up, int T, int F);
+
+/* moe.c: a mixture-of-experts FFN (n_experts > 0) of T rows in (normed) into out [T][dim]
+ * (which may be in): the router's choice of experts, each expert over the rows that chose it,
+ * their outputs weighted and summed, and the shared expert's (w's gate, up and down) added. On a
+ * device whose memory is the host's; *scratch is the caller's, grown on demand (NULL at first,
+ * freed with iflow_moe_scratch_free). */
+typedef struct iflow_moe_scratch iflow_moe_scratch;
+int  iflow_moe_ffn(const iflow_hparams *hp, iflow_device *d, iflow_moe_scratch **scratch, const layer_weights *w,
+                   const float *in, int T, float *out);
+void iflow_moe_scratch_free(iflow_moe_scratch *s);
 
 /* 1 if this process computes the parts of (plan) device dev: the others' parts of a model opened
  * for one device (iflow_model_open_device) are described but hold no weights and never run. */

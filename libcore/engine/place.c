@@ -109,6 +109,9 @@ static int check_splittable(const iflow_hparams *hp, int l)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "layer %d has post norms: it cannot be split over devices yet", l);
     if (hp->parallel_residual)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "layer %d has a parallel residual: it cannot be split over devices yet", l);
+    if (hp->n_experts) /* moe.c computes whole layers */
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "layer %d is a mixture of experts: it cannot be split over devices yet",
+                            l);
     return 0;
 }
 
@@ -439,6 +442,22 @@ static int copy_low_rank(iflow_model *m, int l, layer_part *p, const layer_weigh
     return 0;
 }
 
+/* A mixture of experts' router and experts (none elsewhere): read in place from the mapping by a
+ * part on a host device (moe.c); on any other device refused. */
+static int copy_experts(iflow_model *m, int l, layer_part *p, const layer_weights *w)
+{
+    const iflow_hparams *hp = &m->hp;
+    if (!hp->n_experts)
+        return 0;
+    if (!host_dev(dev_of(m, p->dev))) /* whole layers: check_splittable */
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "layer %d is a mixture of experts, which is not implemented on %s yet "
+                            "(it runs on the cpu)", l, dev_name(dev_of(m, p->dev)));
+    p->w.router = w->router;
+    p->w.shexp_gate = w->shexp_gate;
+    p->w.experts = w->experts;
+    return 0;
+}
+
 static int copy_part(iflow_model *m, int l, layer_part *p, int first)
 {
     const iflow_hparams *hp = &m->hp;
@@ -471,7 +490,7 @@ static int copy_part(iflow_model *m, int l, layer_part *p, int first)
         (rc = put_vector(m, p, &nd, w->gate_b, f0, f1, &o->gate_b)) ||
         (rc = put_vector(m, p, &nd, w->up_b, f0, f1, &o->up_b)) ||
         (rc = put_vector(m, p, &nd, first ? w->down_b : NULL, 0, D, &o->down_b)) ||
-        (rc = copy_cross(m, p, &nd, &nh, w, q0, q1, k0, k1, first)))
+        (rc = copy_cross(m, p, &nd, &nh, w, q0, q1, k0, k1, first)) || (rc = copy_experts(m, l, p, w)))
         return iflow_preperr(rc, "cannot place layer %d on %s", l, dev_name(dev_of(m, p->dev)));
     return copy_low_rank(m, l, p, w);
 }

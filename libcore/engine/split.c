@@ -251,8 +251,12 @@ static int read_meta(split_job *j, const iflow_shard_rec *r, json_t **meta)
     if (iflow_split_is_part(*meta, &index, &count))
         return iflow_seterr(IFLOW_EINVAL, "'%s' is device %d of a split model already: split the whole model", j->in,
                             index);
-    if ((rc = iflow_hparams_from_json(&j->hp, *meta, j->in)) ||
-        (rc = iflow_plan_check(j->p, j->hp.n_layers, j->hp.n_heads, j->hp.n_kv_heads, j->hp.ffn_dim)) ||
+    if ((rc = iflow_hparams_from_json(&j->hp, *meta, j->in)))
+        return rc;
+    if (j->hp.n_experts)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "'%s' is a mixture of experts: splitting one is not implemented yet",
+                            j->in);
+    if ((rc = iflow_plan_check(j->p, j->hp.n_layers, j->hp.n_heads, j->hp.n_kv_heads, j->hp.ffn_dim)) ||
         (rc = iflow_plan_splittable(j->p, &j->hp)) || (rc = iflow_model_tensors(&j->hp, &j->whole, &j->n_whole)))
         return rc;
     if (!(j->seen = calloc(j->n_whole, 1)))

@@ -735,43 +735,62 @@ int iflow_spec_resolve(const iflow_spec *s, const json_t *config, json_t **resol
     return rc;
 }
 
-/* Match `name` against `pattern` where "{L}" stands for a decimal layer index. */
-static int match_layer(const char *pattern, const char *name, long *layer)
+/* The index placeholders of a tensor-name pattern: {L} the layer, {E} the expert (a mixture of
+ * experts' FFN). */
+static const char *const placeholders[2] = {"{L}", "{E}"};
+
+/* The next placeholder in p at or after it (its kind in *which), or NULL. */
+static const char *next_placeholder(const char *p, int *which)
 {
-    const char *brace = strstr(pattern, "{L}");
-    if (!brace)
-        return strcmp(pattern, name) == 0;
-    size_t pre = (size_t)(brace - pattern);
-    if (strncmp(pattern, name, pre) != 0)
-        return 0;
-    char *end;
-    const char *num = name + pre;
-    if (*num < '0' || *num > '9')
-        return 0;
-    *layer = strtol(num, &end, 10);
-    return strcmp(end, brace + 3) == 0;
+    const char *best = NULL;
+    for (int i = 0; i < 2; i++) {
+        const char *b = strstr(p, placeholders[i]);
+        if (b && (!best || b < best))
+            best = b, *which = i;
+    }
+    return best;
 }
 
-/* pattern with every "{L}" replaced by the layer (alternatives "A | B" name it in each). */
-static void subst_layer(const char *pattern, long layer, char *buf, size_t cap)
+/* Match `name` against `pattern` where "{L}" and "{E}" stand for decimal indices: idx[0] the
+ * layer, idx[1] the expert. */
+static int match_indices(const char *pattern, const char *name, long idx[2])
+{
+    int which;
+    for (const char *brace; (brace = next_placeholder(pattern, &which)); pattern = brace + 3) {
+        size_t pre = (size_t)(brace - pattern);
+        if (strncmp(pattern, name, pre) != 0)
+            return 0;
+        char *end;
+        const char *num = name + pre;
+        if (*num < '0' || *num > '9')
+            return 0;
+        idx[which] = strtol(num, &end, 10);
+        name = end;
+    }
+    return strcmp(pattern, name) == 0;
+}
+
+/* pattern with every "{L}" and "{E}" replaced by its index (alternatives "A | B" name them in each). */
+static void subst_indices(const char *pattern, const long idx[2], char *buf, size_t cap)
 {
     size_t n = 0;
+    int which;
     buf[0] = 0;
     for (const char *p = pattern, *brace; n < cap; p = brace + 3) {
-        if (!(brace = strstr(p, "{L}"))) {
+        if (!(brace = next_placeholder(p, &which))) {
             snprintf(buf + n, cap - n, "%s", p);
             return;
         }
-        n += (size_t)snprintf(buf + n, cap - n, "%.*s%ld", (int)(brace - p), p, layer);
+        n += (size_t)snprintf(buf + n, cap - n, "%.*s%ld", (int)(brace - p), p, idx[which]);
     }
 }
 
 int iflow_spec_source_name(const iflow_spec *s, const char *iflow_name, char *buf, size_t cap)
 {
     for (size_t i = 0; i < s->n_tensors; i++) {
-        long layer = 0;
-        if (match_layer(s->tensors[i].key, iflow_name, &layer)) {
-            subst_layer(s->tensors[i].value, layer, buf, cap);
+        long idx[2] = {0, 0};
+        if (match_indices(s->tensors[i].key, iflow_name, idx)) {
+            subst_indices(s->tensors[i].value, idx, buf, cap);
             return 0;
         }
     }

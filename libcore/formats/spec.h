@@ -6,7 +6,8 @@
  *              base (optional: another spec of the same folder whose keys this one overrides)
  *   [blocks]   block = choice, e.g. norm = rms, activation = silu, ffn = gated, position = rope
  *   [hparams]  iflow hyperparameter = config.json keys or literals, first present wins
- *   [tensors]  iflow tensor name = source tensor name, "{L}" standing for the layer index
+ *   [tensors]  iflow tensor name = source tensor name, "{L}" standing for the layer index and
+ *              "{E}" for the expert (a mixture of experts' FFN)
  *   [ignore]   pattern = shell pattern of source tensors that carry nothing the engine needs
  *   [blocks.KEY=VALUE]  blocks that replace [blocks]' keys when config.json's KEY is VALUE (T5's
  *              feed_forward_proj = gated-gelu: a gated GELU FFN); when sections name KEY and
