@@ -455,6 +455,31 @@ static int copy_experts(iflow_model *m, int l, layer_part *p, const layer_weight
     p->w.router = w->router;
     p->w.shexp_gate = w->shexp_gate;
     p->w.experts = w->experts;
+    /* each expert's matrices in the device's own layout where it has one (its pack op: the
+     * CPU's int8 and AMX tiles), as the dense matrices are */
+    const int E = hp->n_experts;
+    const int64_t D = hp->dim, Fe = hp->expert_ffn_dim;
+    if (!(p->own_experts = calloc((size_t)E, sizeof *p->own_experts)) ||
+        !(p->packed_experts = calloc(3 * (size_t)E, sizeof *p->packed_experts)))
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    int any = 0;
+    for (int e = 0; e < E; e++) {
+        const expert_weights *x = &w->experts[e];
+        expert_weights *o = &p->own_experts[e];
+        weight *dst[3] = {&o->gate, &o->up, &o->down};
+        const weight src[3] = {x->gate, x->up, x->down};
+        for (int i = 0; i < 3; i++) {
+            const int64_t N = i == 2 ? D : Fe, K = i == 2 ? Fe : D;
+            *dst[i] = (weight){0};
+            IFLOW_TRY(pack_matrix(m, dev_of(m, p->dev), src[i].data, src[i].type, N, K, dst[i],
+                                  &p->packed_experts[3 * e + i]));
+            any |= dst[i]->data != NULL;
+            if (!dst[i]->data)
+                *dst[i] = src[i];
+        }
+    }
+    if (any)
+        p->w.experts = p->own_experts;
     return 0;
 }
 
@@ -537,6 +562,11 @@ void iflow_unplace(iflow_model *m)
         free(p->host_copy[1]);
         for (int i = 0; i < MAX_PACKED && p->packed[i]; i++)
             iflow_device_unpack(dev_of(m, p->dev), p->packed[i]);
+        for (int i = 0; p->packed_experts && i < 3 * m->hp.n_experts; i++)
+            if (p->packed_experts[i])
+                iflow_device_unpack(dev_of(m, p->dev), p->packed_experts[i]);
+        free(p->packed_experts);
+        free(p->own_experts);
     }
     if (m->n_devs) {
         iflow_device *od = dev_of(m, m->output_dev);

@@ -69,19 +69,20 @@ static double worst_diff(iflow_model *m, const json_t *ids, const json_t *want, 
     return worst;
 }
 
-/* The family's fixture converted with specs/ and opened, and its refs.json: 0, or -1 (the
- * failure checked and reported; a missing fixture skips the test). */
-static int open_fixture(const char *family, iflow_model **m, json_t **r)
+/* The family's fixture converted with specs/ (matrices as dtype: -1, as the source) into
+ * DIR/NAME.ifs and opened, and its refs.json: 0, or -1 (the failure checked and reported; a
+ * missing fixture skips the test). */
+static int open_fixture_as(const char *family, int dtype, const char *name, iflow_model **m, json_t **r)
 {
     const char *fx = fixture(family);
     if (!fx)
         SKIP_RET(-1, "no fixture for %s (run from the repository root)", family);
     char src[4096], out[300], refs[4200];
     snprintf(src, sizeof src, "%s", fx);
-    snprintf(out, sizeof out, "%s/%s.ifs", dir, family);
+    snprintf(out, sizeof out, "%s/%s.ifs", dir, name);
     snprintf(refs, sizeof refs, "%s/refs.json", src);
     const char *specs[] = {"specs"};
-    iflow_convert_opts o = {.dtype = -1, .spec_dirs = specs, .n_spec_dirs = 1};
+    iflow_convert_opts o = {.dtype = dtype, .spec_dirs = specs, .n_spec_dirs = 1};
     CHECK(iflow_convert(src, out, &o) == 0, "%s: convert: %s", family, iflow_errmsg());
     json_error_t je;
     *r = json_load_file(refs, 0, &je);
@@ -92,6 +93,11 @@ static int open_fixture(const char *family, iflow_model **m, json_t **r)
         return -1;
     }
     return 0;
+}
+
+static int open_fixture(const char *family, iflow_model **m, json_t **r)
+{
+    return open_fixture_as(family, -1, family, m, r);
 }
 
 /* check: what the family's spec must have made of its config (NULL: nothing to check) */
@@ -230,10 +236,10 @@ static int qwen2_moe_hp(const iflow_hparams *hp)
 
 /* A step of three sequences (rows of one choose other experts than another's) gives each
  * sequence's logits as it alone would (the experts' rows gathered and scattered back). */
-static void check_moe_step(const char *family)
+static void check_moe_step(const char *name)
 {
     char path[300];
-    snprintf(path, sizeof path, "%s/%s.ifs", dir, family);
+    snprintf(path, sizeof path, "%s/%s.ifs", dir, name);
     iflow_model *m;
     if (iflow_model_open(&m, path, 0) < 0)
         return;
@@ -260,7 +266,7 @@ static void check_moe_step(const char *family)
     double worst = 0;
     for (size_t i = 0; i < 15 * (size_t)V; i++)
         worst = fmax(worst, fabs((double)alone[i] - together[i]));
-    CHECK(worst == 0, "%s: a step of three sequences differs from each alone by %.3g", family, worst);
+    CHECK(worst == 0, "%s: a step of three sequences differs from each alone by %.3g", name, worst);
     iflow_ctx_close(sc);
     iflow_kv_close(kv);
     for (int i = 0; i < 3; i++)
@@ -292,6 +298,25 @@ static void test_mixtral(void)
               "split over devices");
     iflow_model_close(m);
     iflow_plan_close_devices(&p, devs);
+}
+
+/* The experts in F16, which the CPU packs for its BF16 product where it has one (AMX or
+ * AVX512-BF16: the products round activations to BF16), as the dense matrices: against the
+ * float64 reference within 2e-2 (the logits are O(1); F16 weights and BF16 activations), and a
+ * step of three sequences equal to each alone. */
+static void test_mixtral_f16(void)
+{
+    iflow_model *m;
+    json_t *r;
+    if (open_fixture_as("mixtral", IFLOW_DT_F16, "mixtral-f16", &m, &r) < 0)
+        return;
+    const json_t *ids = json_object_get(r, "ids"), *logits = json_object_get(r, "logits");
+    double a = worst_diff(m, ids, logits, 0), b = worst_diff(m, ids, logits, 1);
+    printf("mixtral f16: max |logit - transformers float64| = %.2e (prefill), %.2e (token by token)\n", a, b);
+    CHECK(a <= 2e-2 && b <= 2e-2, "mixtral f16: logits differ from transformers by %.3g / %.3g", a, b);
+    iflow_model_close(m);
+    json_decref(r);
+    check_moe_step("mixtral-f16");
 }
 
 static void test_qwen3_moe(void) { check_family("qwen3_moe", qwen3_moe_hp); }
@@ -465,6 +490,7 @@ int main(void)
     RUN(test_gptneox);
     RUN(test_qwen3);
     RUN(test_mixtral);
+    RUN(test_mixtral_f16);
     RUN(test_qwen3_moe);
     RUN(test_qwen2_moe);
     RUN(test_bert);
