@@ -25,7 +25,9 @@
 # busy loop pinned to one of the two cores the run uses (the thread pool against OpenMP); and
 # decode after a 2,048-token prompt with each KV cache type (decode_at_depth); and constrained
 # decoding (bench/grammarbench.c, and SmolLM2's sampled reply with and without a grammar); and a
-# LoRA adapter applied at run time (bench/loragen.c; prefill and decode with and without).
+# LoRA adapter applied at run time (bench/loragen.c; prefill and decode with and without); and a
+# mixture of experts (bench/configs/tinyllama-moe) against the dense TinyLlama whose FFN width a
+# token reads.
 # No thresholds: these are measurements.
 set -euo pipefail
 build=${1:?usage: bench/bench.sh BUILD_DIR}
@@ -417,6 +419,38 @@ depth_entries() {
         | {model: "tinyllama-1.1b-q4_b64", runs: .}'
 }
 depth=$(depth_entries)
+
+moe_entries() { # a mixture of experts against the dense model it matches token for token
+    # bench/configs/tinyllama-moe: TinyLlama's attention with 8 experts of 1408 columns, 4 per
+    # token, so a token's FFN reads 4 x 1408 = 5632 columns, TinyLlama's (fine-grained experts,
+    # as Qwen3-MoE's); both in Q4_B64, every matrix. Decode reads the chosen experts' rows (the
+    # model's decode_bytes_per_token counts n_experts_used / n_experts of each expert); a batch
+    # of 16 streams reads most experts every step.
+    log "moe: tinyllama-moe Q4_B64 against tinyllama Q4_B64"
+    tl_q4_pair
+    bin/iflow-convert --synthetic bench/configs/tinyllama-moe -t f16 -o "$work/moe-src.ifs" >&2
+    bin/iflow-quant -t q4_b64 --keep "*=q4_b64" -i "$work/moe-src.ifs" -o "$work/moe-q4.ifs" >&2
+    rm -f "$work/moe-src.ifs"
+    local moe dense mb db
+    moe=$("$build/iflow-bench" "$work/moe-q4.ifs" 128 32 1 2)
+    dense=$("$build/iflow-bench" "$work/tl-bq4.ifs" 128 32 1 2)
+    mb=$("$build/batchbench" "$work/moe-q4.ifs" streams 2 8 32 16)
+    db=$("$build/batchbench" "$work/tl-bq4.ifs" streams 2 8 32 16)
+    jq -n --argjson moe "$moe" --argjson dense "$dense" --argjson mb "$mb" --argjson db "$db" \
+        --argjson size "$(stat -c %s "$work/moe-q4.ifs")" --argjson bw1 "$bw1" --argjson bw2 "$bw2" '
+        {model: "tinyllama-moe-8x1408-top4-q4_b64", dense: "tinyllama-1.1b-q4_b64", file_bytes: $size,
+         decode_bytes_per_token: $moe.decode_bytes_per_token, dense_decode_bytes_per_token: $dense.decode_bytes_per_token,
+         runs: [$moe.runs[] | .threads as $n | ($dense.runs[] | select(.threads == $n)) as $d |
+                {threads: $n, prefill_tok_s, decode_tok_s, decode_weight_gbps,
+                 membw_gbps: (if $n == 1 then $bw1 else $bw2 end),
+                 dense_prefill_tok_s: $d.prefill_tok_s, dense_decode_tok_s: $d.decode_tok_s,
+                 prefill_ratio: (.prefill_tok_s / $d.prefill_tok_s), decode_ratio: (.decode_tok_s / $d.decode_tok_s)}
+                | . + {decode_fraction_of_bandwidth: (.decode_weight_gbps / .membw_gbps)}],
+         batched_decode_16_tok_s: ($mb[] | select(.streams == 16) | .decode_tok_s),
+         dense_batched_decode_16_tok_s: ($db[] | select(.streams == 16) | .decode_tok_s)}'
+    rm -f "$work/moe-q4.ifs"
+}
+moe=$(moe_entries)
 spec=$(speculative_entries)
 
 grammar=$(grammar_entries)
@@ -426,9 +460,9 @@ log "kernel micro-benchmarks"
 kern=$("$build/kbench" --quick | jq -s .)
 
 jq -n --argjson bw1 "$bw1" --argjson bw2 "$bw2" --argjson a "$s260" --argjson b "$tl16" --argjson c "$tl32" \
-    --argjson kern "$kern" --argjson roof "$roof" --argjson quant "$quant" --argjson float "$float" --argjson part "$part" --argjson batch "$batch" --argjson ctxshift "$ctxshift" --argjson spec "$spec" --argjson busy "$busy" --argjson depth "$depth" --argjson grammar "$grammar" --argjson lora "$lora" \
+    --argjson kern "$kern" --argjson roof "$roof" --argjson quant "$quant" --argjson float "$float" --argjson part "$part" --argjson batch "$batch" --argjson ctxshift "$ctxshift" --argjson spec "$spec" --argjson busy "$busy" --argjson depth "$depth" --argjson grammar "$grammar" --argjson lora "$lora" --argjson moe "$moe" \
     --arg cpu "$(sed -nE 's/^model name\s*: //p' /proc/cpuinfo | head -n 1)" --arg cores "$(nproc)" '
     {machine: {cpu: $cpu, cores: ($cores | tonumber), kernel_path: ($kern[0].isa // null),
                membw_read_gbps: {"1": $bw1, "2": $bw2}, roof: $roof},
-     models: [$a, $b, $c], quantized: $quant, float_weights: $float, partition: $part, batch: $batch, context_shift: $ctxshift, speculative: $spec, busy_core: $busy, decode_at_depth: $depth, grammar: $grammar, lora: $lora,
+     models: [$a, $b, $c], quantized: $quant, float_weights: $float, partition: $part, batch: $batch, context_shift: $ctxshift, speculative: $spec, busy_core: $busy, decode_at_depth: $depth, grammar: $grammar, lora: $lora, moe: $moe,
      kernels: $kern}'
