@@ -141,7 +141,10 @@ static int check_source(job *j, size_t i, const iflow_src_tensor *t, const char 
     if (t->dtype < 0)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "tensor '%s' in '%s' has type %s, which iflow cannot convert", src_name,
                             dir, t->dtype_name);
-    if (t->n_dims != r->n_dims || t->shape[0] != r->shape[0] || (r->n_dims == 2 && t->shape[1] != r->shape[1]))
+    /* a table of one row [1][N] may be stored as a vector [N] (llama.cpp's ffn_gate_inp_shexp) */
+    const int one_row = r->n_dims == 2 && r->shape[0] == 1 && t->n_dims == 1 && t->shape[0] == r->shape[1];
+    if (!one_row &&
+        (t->n_dims != r->n_dims || t->shape[0] != r->shape[0] || (r->n_dims == 2 && t->shape[1] != r->shape[1])))
         return iflow_seterr(IFLOW_ESHAPE, "tensor '%s' in '%s' has shape [%lld, %lld], the model needs [%lld, %lld]",
                             src_name, dir, (long long)t->shape[0], (long long)(t->n_dims > 1 ? t->shape[1] : 0),
                             (long long)r->shape[0], (long long)r->shape[1]);
@@ -149,8 +152,8 @@ static int check_source(job *j, size_t i, const iflow_src_tensor *t, const char 
 }
 
 /* One bound of a row range: terms joined by '+', each N, SYM or N*SYM, where SYM is D (dim),
- * Q (n_heads * head_dim), KV (n_kv_heads * head_dim), F (ffn_dim) or H (head_dim). -1 on a
- * syntax error. */
+ * Q (n_heads * head_dim), KV (n_kv_heads * head_dim), F (ffn_dim), FE (expert_ffn_dim) or H
+ * (head_dim). -1 on a syntax error. */
 static long row_expr(const char *s, size_t n, const iflow_hparams *hp)
 {
     long total = 0;
@@ -176,6 +179,7 @@ static long row_expr(const char *s, size_t n, const iflow_hparams *hp)
             else if (e - i == 1 && s[i] == 'Q') v = (long)hp->n_heads * hp->head_dim;
             else if (e - i == 2 && !strncmp(s + i, "KV", 2)) v = (long)hp->n_kv_heads * hp->head_dim;
             else if (e - i == 1 && s[i] == 'F') v = hp->ffn_dim;
+            else if (e - i == 2 && !strncmp(s + i, "FE", 2)) v = hp->expert_ffn_dim;
             else if (e - i == 1 && s[i] == 'H') v = hp->head_dim;
             else return -1;
             i = e;
@@ -215,7 +219,7 @@ static int parse_rows(const job *j, const char *iflow_name, const char *name, ch
     if (!colon || *r0 < 0 || *r1 <= *r0 || *period < 0 || (slash && *r1 > *period))
         return iflow_seterr(IFLOW_ESPEC,
                             "bad row range in '%s' for '%s' (spec '%s'): want [A:B] or [A:B/P], A < B <= P, over N, D, Q, "
-                            "KV, F, H",
+                            "KV, F, FE, H",
                             name, iflow_name, j->spec->path);
     if (slash && *xpose)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "periodic row ranges of transposed tensors ('%s') are not supported", name);
@@ -282,14 +286,19 @@ static int map_sources(job *j)
             t = j->src[i] = &j->rows[i];
         }
         if (t && r1 >= 0) { /* rows r0 .. r1-1 (of a vector: elements): a tensor of its own, in place */
-            if (t->n_dims > 2 || r1 > t->shape[0] || (period && t->shape[0] % period)) {
-                rc = iflow_seterr(IFLOW_ESHAPE, "tensor '%s' in '%s' has shape [%lld, %lld]: no rows %ld..%ld for '%s'",
+            /* a 3-D tensor [A][B][C] is A * B rows of C (llama.cpp's experts [E][F][D]: expert e
+             * is rows e * F .. e * F + F - 1) */
+            const int64_t n_rows = t->n_dims == 3 && !period ? t->shape[0] * t->shape[1] : t->shape[0];
+            if (t->n_dims > (period ? 2 : 3) || r1 > n_rows || (period && t->shape[0] % period)) {
+                rc = iflow_seterr(IFLOW_ESHAPE, "tensor '%s' in '%s' has shape [%lld, %lld%s]: no rows %ld..%ld for '%s'",
                                   name, src_path(j), (long long)t->shape[0], (long long)(t->n_dims > 1 ? t->shape[1] : 0),
-                                  r0, r1 - 1, j->reqs[i].name);
+                                  t->n_dims > 2 ? ", ..." : "", r0, r1 - 1, j->reqs[i].name);
                 break;
             }
-            size_t row = t->nbytes / (size_t)t->shape[0];
+            size_t row = t->nbytes / (size_t)n_rows;
             iflow_src_tensor s = *t;
+            if (t->n_dims == 3)
+                s.n_dims = 2, s.shape[1] = t->shape[2], s.shape[2] = 1;
             s.shape[0] = (r1 - r0) * (period ? t->shape[0] / period : 1);
             s.nbytes = (size_t)s.shape[0] * row;
             if (period) { /* gathered by the payload */

@@ -3,7 +3,7 @@
  * them. tests/fixtures/gguf-families/FAMILY.gguf is the tiny random-weight Hugging Face model of
  * tests/fixtures/families/FAMILY put through llama.cpp's own convert_hf_to_gguf.py (F32; made by
  * tests/fixtures/gen_gguf_families.py): its metadata keys, tensor names, fused q/k/v and
- * gate/up tensors, q/k row order and norm offsets are llama.cpp's. Each converts with the spec
+ * gate/up tensors, q/k row order, norm offsets and 3-D expert tensors are llama.cpp's. Each converts with the spec
  * whose [gguf] section serves its general.architecture, and the logits of every position (or
  * the pooled embedding) match transformers' float64 forward within 1e-4: the folder's refs.json,
  * or gguf-families/FAMILY.refs.json where llama.cpp runs the file otherwise than transformers
@@ -239,7 +239,40 @@ static int llama3_hp(const iflow_hparams *hp)
            hp->rope_layout == IFK_ROPE_INTERLEAVED && !hp->tie_embeddings;
 }
 
+/* qk-norm as attn_q_norm / attn_k_norm, q and k not permuted, head_dim from key_length */
+static int qwen3_hp(const iflow_hparams *hp)
+{
+    return hp->rope_layout == IFK_ROPE_HALF && hp->qk_norm && hp->head_dim == 12 && !hp->qkv_bias &&
+           hp->tie_embeddings && hp->rope_theta == 1e6f;
+}
+
+/* written as architecture llama (permuted q/k): experts as rows of the 3-D ffn_*_exps tensors,
+ * renormalized (llama.cpp's llama) */
+static int mixtral_hp(const iflow_hparams *hp)
+{
+    return hp->rope_layout == IFK_ROPE_INTERLEAVED && hp->n_experts == 4 && hp->n_experts_used == 2 &&
+           hp->expert_ffn_dim == 24 && hp->expert_norm && !hp->shared_expert;
+}
+
+/* qwen3moe: renormalized (llama.cpp's rule for it), expert_feed_forward_length */
+static int qwen3_moe_hp(const iflow_hparams *hp)
+{
+    return hp->rope_layout == IFK_ROPE_HALF && hp->qk_norm && hp->n_experts == 6 && hp->n_experts_used == 3 &&
+           hp->expert_ffn_dim == 20 && hp->expert_norm;
+}
+
+/* qwen2moe: not renormalized, the shared expert (ffn_*_shexp) and its gate (ffn_gate_inp_shexp) */
+static int qwen2_moe_hp(const iflow_hparams *hp)
+{
+    return hp->rope_layout == IFK_ROPE_HALF && hp->qkv_bias && hp->n_experts == 4 && hp->expert_ffn_dim == 24 &&
+           !hp->expert_norm && hp->shared_expert && hp->shared_expert_gate && hp->ffn_dim == 40;
+}
+
 static void test_qwen2(void) { check_gguf("qwen2", "qwen2", "qwen2", qwen2_hp); }
+static void test_qwen3(void) { check_gguf("qwen3", "qwen3", "qwen3", qwen3_hp); }
+static void test_mixtral(void) { check_gguf("mixtral", "mixtral", "llama", mixtral_hp); }
+static void test_qwen3_moe(void) { check_gguf("qwen3_moe", "qwen3_moe", "qwen3_moe", qwen3_moe_hp); }
+static void test_qwen2_moe(void) { check_gguf("qwen2_moe", "qwen2_moe", "qwen2_moe", qwen2_moe_hp); }
 static void test_mistral(void) { check_gguf("mistral", "mistral", "llama", mistral_hp); }
 static void test_gemma(void) { check_gguf("gemma", "gemma", "gemma", gemma_hp); }
 static void test_gemma2(void) { check_gguf("gemma2", "gemma2", "gemma2", gemma2_hp); }
@@ -369,6 +402,10 @@ int main(void)
     if (!mkdtemp(dir))
         return perror("mkdtemp"), 1;
     RUN(test_qwen2);
+    RUN(test_qwen3);
+    RUN(test_mixtral);
+    RUN(test_qwen3_moe);
+    RUN(test_qwen2_moe);
     RUN(test_mistral);
     RUN(test_gemma);
     RUN(test_gemma2);
