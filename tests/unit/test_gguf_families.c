@@ -271,6 +271,8 @@ static int qwen2_moe_hp(const iflow_hparams *hp)
 static void test_qwen2(void) { check_gguf("qwen2", "qwen2", "qwen2", qwen2_hp); }
 static void test_qwen3(void) { check_gguf("qwen3", "qwen3", "qwen3", qwen3_hp); }
 static void test_mixtral(void) { check_gguf("mixtral", "mixtral", "llama", mixtral_hp); }
+/* the same weights with one tensor per expert, as older converters wrote Mixtral */
+static void test_mixtral_old(void) { check_gguf("mixtral-old", "mixtral", "llama", mixtral_hp); }
 static void test_qwen3_moe(void) { check_gguf("qwen3_moe", "qwen3_moe", "qwen3_moe", qwen3_moe_hp); }
 static void test_qwen2_moe(void) { check_gguf("qwen2_moe", "qwen2_moe", "qwen2_moe", qwen2_moe_hp); }
 static void test_mistral(void) { check_gguf("mistral", "mistral", "llama", mistral_hp); }
@@ -404,6 +406,7 @@ int main(void)
     RUN(test_qwen2);
     RUN(test_qwen3);
     RUN(test_mixtral);
+    RUN(test_mixtral_old);
     RUN(test_qwen3_moe);
     RUN(test_qwen2_moe);
     RUN(test_mistral);
