@@ -49,8 +49,9 @@ iflow_part_bytes iflow_part_weight_bytes(const iflow_hparams *hp, const int *t, 
         b.attn += (uint64_t)D * sizeof(float);
     if (hp->post_norms)
         b.attn += (uint64_t)D * sizeof(float), b.ffn += (uint64_t)D * sizeof(float);
-    if (hp->qk_norm)
-        b.attn += 2ull * (uint64_t)hp->head_dim * sizeof(float);
+    if (hp->qk_norm) /* each head's, or the whole projections' (a whole layer) */
+        b.attn += (hp->qk_norm_full ? (uint64_t)(hp->n_heads + hp->n_kv_heads) : 2ull) * (uint64_t)hp->head_dim *
+                  sizeof(float);
     if (hp->mlp_bias)
         b.ffn += (uint64_t)((gated ? 2 : 1) * nf + D) * sizeof(float);
     return b;

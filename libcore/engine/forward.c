@@ -692,7 +692,10 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
     IFLOW_TRY(deltas(m, s, k, LR_Q, r, s->q, in, D, Q, D));
     IFLOW_TRY(deltas(m, s, k, LR_K, r, s->kx, in, D, KV, D));
     IFLOW_TRY(deltas(m, s, k, LR_V, r, s->vx, in, D, KV, D));
-    if (w->q_norm) { /* qk_norm: each head's q and k (rows of head_dim) */
+    if (w->q_norm && hp->qk_norm_full) { /* the whole projection's (a whole layer: check_splittable) */
+        IFLOW_TRY(d->ops->rmsnorm(d, s->q, s->q, w->q_norm, T, Q, hp->norm_eps));
+        IFLOW_TRY(d->ops->rmsnorm(d, s->kx, s->kx, w->k_norm, T, KV, hp->norm_eps));
+    } else if (w->q_norm) { /* qk_norm: each head's q and k (rows of head_dim) */
         IFLOW_TRY(d->ops->rmsnorm(d, s->q, s->q, w->q_norm, T * nq, hd, hp->norm_eps));
         IFLOW_TRY(d->ops->rmsnorm(d, s->kx, s->kx, w->k_norm, T * nkv, hd, hp->norm_eps));
     }

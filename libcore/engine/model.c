@@ -376,6 +376,7 @@ int iflow_hparams_from_json(iflow_hparams *hp, const json_t *resolved, const cha
         (rc = get_float_or(h, "logit_softcap", 0, &hp->logit_softcap, what)) ||
         (rc = get_bool_or(h, "post_norms", 0, &hp->post_norms, what)) ||
         (rc = get_bool_or(h, "qk_norm", 0, &hp->qk_norm, what)) ||
+        (rc = get_bool_or(h, "qk_norm_full", 0, &hp->qk_norm_full, what)) ||
         (rc = get_float_or(h, "rope_theta_local", 0, &hp->rope_theta_local, what)) ||
         (rc = get_bool_or(h, "parallel_residual", 0, &hp->parallel_residual, what)) ||
         (rc = get_bool_or(h, "post_ln", 0, &hp->post_ln, what)) ||
@@ -403,6 +404,13 @@ int iflow_hparams_from_json(iflow_hparams *hp, const json_t *resolved, const cha
     if (!hp->ffn_dim) /* 0: GPT-2's convention, 4 * dim */
         hp->ffn_dim = 4 * hp->dim;
     hp->qkv_bias |= hp->attn_bias;
+    hp->qk_norm_full &= hp->qk_norm;
+    float clip_qkv;
+    if ((rc = get_float_or(h, "clip_qkv", 0, &clip_qkv, what)))
+        return rc;
+    if (clip_qkv > 0)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "clip_qkv %g (q, k and v clamped) is not implemented (in '%s')",
+                            clip_qkv, what);
     /* attn_scale held query_pre_attn_scalar (0: head_dim); now the factor itself */
     hp->attn_scale = 1.0f / sqrtf(hp->attn_scale > 0 ? hp->attn_scale : (float)hp->head_dim);
     if (hp->embed_scale < 0) /* as transformers: the Python float sqrt, then rounded to F32 */
@@ -464,9 +472,9 @@ static void layer_tensors(const iflow_hparams *hp, iflow_tensor_req *r, size_t *
     char name[48];
 #define L(suffix, d0, d1) (snprintf(name, sizeof name, "%s" suffix, prefix), req(r, n, name, d0, d1))
     attn_tensors(hp, r, n, prefix, self);
-    if (hp->qk_norm) {
-        L("q_norm", hp->head_dim, 0);
-        L("k_norm", hp->head_dim, 0);
+    if (hp->qk_norm) { /* each head's, or the whole projection's (qk_norm_full) */
+        L("q_norm", hp->qk_norm_full ? (int64_t)hp->n_heads * hp->head_dim : hp->head_dim, 0);
+        L("k_norm", hp->qk_norm_full ? (int64_t)hp->n_kv_heads * hp->head_dim : hp->head_dim, 0);
     }
     if (hp->post_norms)
         L("attn_post_norm", D, 0);

@@ -75,6 +75,8 @@ typedef struct {
                                  residual add (attn_post_norm, ffn_post_norm; Gemma 2) */
     int qk_norm;              /* an RMSNorm over each head of q and of k before rope (q_norm,
                                  k_norm [head_dim]; Gemma 3) */
+    int qk_norm_full;         /* with qk_norm: over the whole projection instead (q_norm
+                                 [n_heads * head_dim], k_norm [n_kv_heads * head_dim]; OLMoE) */
     float rope_theta_local;   /* > 0: the rope base of windowed layers (Gemma 3) */
     int parallel_residual;    /* x + attn(n1(x)) + ffn(n2(x)), both reading the layer's input
                                  (GPT-NeoX, GPT-J); else the FFN reads x + attn(n1(x)) */

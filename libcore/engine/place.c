@@ -109,6 +109,9 @@ static int check_splittable(const iflow_hparams *hp, int l)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "layer %d has post norms: it cannot be split over devices yet", l);
     if (hp->parallel_residual)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "layer %d has a parallel residual: it cannot be split over devices yet", l);
+    if (hp->qk_norm_full) /* the norm of the whole q and k projections */
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "layer %d norms its whole q and k: it cannot be split over devices yet",
+                            l);
     if (hp->n_experts) /* moe.c computes whole layers */
         return iflow_seterr(IFLOW_EUNSUPPORTED, "layer %d is a mixture of experts: it cannot be split over devices yet",
                             l);
@@ -500,8 +503,8 @@ static int copy_part(iflow_model *m, int l, layer_part *p, int first)
         (rc = put_vector(m, p, &nd, w->ffn_norm_b, 0, D, &o->ffn_norm_b)) ||
         (rc = put_vector(m, p, &nd, w->attn_post_norm, 0, D, &o->attn_post_norm)) ||
         (rc = put_vector(m, p, &nd, w->ffn_post_norm, 0, D, &o->ffn_post_norm)) ||
-        (rc = put_vector(m, p, &nd, w->q_norm, 0, hd, &o->q_norm)) ||
-        (rc = put_vector(m, p, &nd, w->k_norm, 0, hd, &o->k_norm)) ||
+        (rc = put_vector(m, p, &nd, w->q_norm, 0, hp->qk_norm_full ? Q : hd, &o->q_norm)) ||
+        (rc = put_vector(m, p, &nd, w->k_norm, 0, hp->qk_norm_full ? (int64_t)hp->n_kv_heads * hd : hd, &o->k_norm)) ||
         (rc = put_weight(m, p, &nd, &nh, w->wq, 0, q0, q1, D, 0, &o->wq)) ||
         (rc = put_weight(m, p, &nd, &nh, w->wk, 0, k0, k1, D, 0, &o->wk)) ||
         (rc = put_weight(m, p, &nd, &nh, w->wv, 0, k0, k1, D, 0, &o->wv)) ||

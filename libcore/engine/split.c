@@ -90,9 +90,11 @@ int iflow_split_tensors(const iflow_hparams *hp, const iflow_plan *p, int dev, i
         }
         if (hp->attn_bias && first)
             L("bo", D, 0, 0, 0, D);
-        if (hp->qk_norm) { /* every part: its heads all use them */
-            L("q_norm", hp->head_dim, 0, 0, 0, hp->head_dim);
-            L("k_norm", hp->head_dim, 0, 0, 0, hp->head_dim);
+        if (hp->qk_norm) { /* every part: its heads all use them (qk_norm_full: whole layers only) */
+            const int64_t nq = hp->qk_norm_full ? (int64_t)hp->n_heads * hp->head_dim : hp->head_dim,
+                          nk = hp->qk_norm_full ? (int64_t)hp->n_kv_heads * hp->head_dim : hp->head_dim;
+            L("q_norm", nq, 0, 0, 0, nq);
+            L("k_norm", nk, 0, 0, 0, nk);
         }
         if (hp->post_norms)
             L("attn_post_norm", D, 0, 0, 0, D);

@@ -321,6 +321,19 @@ static void test_mixtral_f16(void)
 
 static void test_qwen3_moe(void) { check_family("qwen3_moe", qwen3_moe_hp); }
 
+/* q and k normed over their whole projections (32 and 16 wide), 8 experts of 16, 2 per token */
+static int olmoe_hp(const iflow_hparams *hp)
+{
+    return hp->qk_norm && hp->qk_norm_full && hp->n_experts == 8 && hp->n_experts_used == 2 &&
+           hp->expert_ffn_dim == 16 && !hp->expert_norm && !hp->shared_expert;
+}
+
+static void test_olmoe(void)
+{
+    check_family("olmoe", olmoe_hp);
+    check_moe_step("olmoe");
+}
+
 static void test_qwen2_moe(void)
 {
     check_family("qwen2_moe", qwen2_moe_hp);
@@ -493,6 +506,7 @@ int main(void)
     RUN(test_mixtral_f16);
     RUN(test_qwen3_moe);
     RUN(test_qwen2_moe);
+    RUN(test_olmoe);
     RUN(test_bert);
     RUN(test_bert_cls);
     RUN(test_bad_rows);

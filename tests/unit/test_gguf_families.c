@@ -268,7 +268,15 @@ static int qwen2_moe_hp(const iflow_hparams *hp)
            !hp->expert_norm && hp->shared_expert && hp->shared_expert_gate && hp->ffn_dim == 40;
 }
 
+/* olmoe: q and k normed over the whole projections, not renormalized */
+static int olmoe_hp(const iflow_hparams *hp)
+{
+    return hp->rope_layout == IFK_ROPE_HALF && hp->qk_norm_full && hp->n_experts == 8 && hp->expert_ffn_dim == 16 &&
+           !hp->expert_norm;
+}
+
 static void test_qwen2(void) { check_gguf("qwen2", "qwen2", "qwen2", qwen2_hp); }
+static void test_olmoe(void) { check_gguf("olmoe", "olmoe", "olmoe", olmoe_hp); }
 static void test_qwen3(void) { check_gguf("qwen3", "qwen3", "qwen3", qwen3_hp); }
 static void test_mixtral(void) { check_gguf("mixtral", "mixtral", "llama", mixtral_hp); }
 /* the same weights with one tensor per expert, as older converters wrote Mixtral */
@@ -409,6 +417,7 @@ int main(void)
     RUN(test_mixtral_old);
     RUN(test_qwen3_moe);
     RUN(test_qwen2_moe);
+    RUN(test_olmoe);
     RUN(test_mistral);
     RUN(test_gemma);
     RUN(test_gemma2);
