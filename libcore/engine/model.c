@@ -574,6 +574,16 @@ int iflow_model_tensors(const iflow_hparams *hp, iflow_tensor_req **reqs, size_t
     return 0;
 }
 
+int iflow_tensor_expert(const char *name)
+{
+    const char *dot = strrchr(name, '.');
+    char *end;
+    if (strncmp(name, "blk.", 4) != 0 || !dot || dot[1] < '0' || dot[1] > '9')
+        return -1;
+    long e = strtol(dot + 1, &end, 10);
+    return *end || e >= IFLOW_MAX_EXPERTS ? -1 : (int)e;
+}
+
 /* ===================================================================== model ============== */
 
 int iflow_tensor_check(const iflow_tensor_req *r, const iflow_shard_rec *t, const char *path)
@@ -702,8 +712,7 @@ static int bind_all(iflow_model *m)
             *(weight *)dst = (weight){t->data, t->dtype};
         else
             *(const float **)dst = t->data;
-        const char *dot = strrchr(reqs[i].name, '.');
-        if (dot && dot[1] >= '0' && dot[1] <= '9') /* an expert: a token reads n_experts_used of n_experts */
+        if (iflow_tensor_expert(reqs[i].name) >= 0) /* an expert: a token reads n_experts_used of n_experts */
             m->decode_bytes += t->nbytes * (uint64_t)m->hp.n_experts_used / (uint64_t)m->hp.n_experts;
         else if (!reqs[i].is_vector && strcmp(reqs[i].name, "tok_embd") != 0 && strcmp(reqs[i].name, "pos_embd") != 0 &&
                  strcmp(reqs[i].name, "tok_type_embd") != 0)

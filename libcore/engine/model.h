@@ -147,6 +147,10 @@ typedef struct {
     int     is_vector;   /* norms and biases: kept F32 by the converter */
 } iflow_tensor_req;
 
+/* The expert of tensor `name` (blk.L.ffn_gate.E, ffn_up.E, ffn_down.E: E), or -1 for a tensor
+ * that is no expert's. */
+int iflow_tensor_expert(const char *name);
+
 /* The tensors the engine needs for hp, in file order. *reqs is malloc'd; caller frees. */
 int iflow_model_tensors(const iflow_hparams *hp, iflow_tensor_req **reqs, size_t *n);
 

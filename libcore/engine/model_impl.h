@@ -168,10 +168,11 @@ int iflow_ffn_act(const iflow_hparams *hp, iflow_device *d, float *gate, float *
  * (which may be in): the router's choice of experts, each expert over the rows that chose it,
  * their outputs weighted and summed, and the shared expert's (w's gate, up and down) added. On a
  * device whose memory is the host's; *scratch is the caller's, grown on demand (NULL at first,
- * freed with iflow_moe_scratch_free). */
+ * freed with iflow_moe_scratch_free). The experts' inputs go to context c's observer as layer
+ * `layer`'s (observe.h). */
 typedef struct iflow_moe_scratch iflow_moe_scratch;
-int  iflow_moe_ffn(const iflow_hparams *hp, iflow_device *d, iflow_moe_scratch **scratch, const layer_weights *w,
-                   const float *in, int T, float *out);
+int  iflow_moe_ffn(const iflow_hparams *hp, const iflow_ctx *c, int layer, iflow_device *d,
+                   iflow_moe_scratch **scratch, const layer_weights *w, const float *in, int T, float *out);
 void iflow_moe_scratch_free(iflow_moe_scratch *s);
 
 /* 1 if this process computes the parts of (plan) device dev: the others' parts of a model opened

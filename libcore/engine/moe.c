@@ -9,9 +9,11 @@
  *            + [sigmoid(shexp_gate . x)] down(act(gate x) * up x)   (a shared expert)
  * The rows that chose expert e are gathered and go through its matrices together (one matrix
  * product per expert per step, as a prefill's dense FFN), then scattered back with their
- * weights. Every row's result is its own: the kernels are batch-invariant.
+ * weights. Every row's result is its own: the kernels are batch-invariant. Each expert's input
+ * rows and hidden rows go to the context's observer (observe.h: importance matrices).
  */
 #include "model_impl.h"
+#include "observe.h"
 
 #include "libcore/base/dtype.h"
 #include "libcore/base/error.h"
@@ -116,12 +118,22 @@ static void group_pairs(const iflow_hparams *hp, iflow_moe_scratch *s, int T)
     s->start[0] = 0;
 }
 
+/* Where a mixture's FFN runs: the device, the context (its observer) and the layer. */
+typedef struct {
+    const iflow_hparams *hp;
+    iflow_device *d;
+    const iflow_ctx *c;
+    int layer;
+} moe_site;
+
 /* The shared expert (the layer's dense FFN) of the T rows of s->x into out, scaled by its gate. */
-static int shared_expert(const iflow_hparams *hp, iflow_device *d, iflow_moe_scratch *s, const layer_weights *w, int T,
-                         float *out)
+static int shared_expert(const moe_site *at, iflow_moe_scratch *s, const layer_weights *w, int T, float *out)
 {
+    const iflow_hparams *hp = at->hp;
+    iflow_device *d = at->d;
     const int D = hp->dim, F = hp->ffn_dim;
     IFLOW_TRY(iflow_ffn_hidden(hp, d, w, s->x, T, F, s->gate, s->up));
+    iflow_observe(at->c, at->layer, IFLOW_OBS_FFN_MID, 0, s->gate, (size_t)F, T, F);
     IFLOW_TRY(iflow_linear_rows(d, out, D, w->down, NULL, s->gate, F, T, D, F));
     for (int t = 0; t < T && w->shexp_gate; t++) {
         const float *x = s->x + (size_t)t * D;
@@ -136,15 +148,18 @@ static int shared_expert(const iflow_hparams *hp, iflow_device *d, iflow_moe_scr
 }
 
 /* Expert e over its pairs: gathered, through its FFN, added into out with each pair's weight. */
-static int run_expert(const iflow_hparams *hp, iflow_device *d, iflow_moe_scratch *s, const expert_weights *x, int e,
-                      float *out)
+static int run_expert(const moe_site *at, iflow_moe_scratch *s, const expert_weights *x, int e, float *out)
 {
+    const iflow_hparams *hp = at->hp;
+    iflow_device *d = at->d;
     const int D = hp->dim, Fe = hp->expert_ffn_dim, K = hp->n_experts_used, n = s->start[e + 1] - s->start[e];
     const int *pairs = s->order + s->start[e];
     for (int j = 0; j < n; j++)
         memcpy(s->h + (size_t)j * D, s->x + (size_t)(pairs[j] / K) * D, (size_t)D * sizeof(float));
     layer_weights ew = {.gate = x->gate, .up = x->up};
+    iflow_observe(at->c, at->layer, IFLOW_OBS_EXPERT_IN(e), 0, s->h, (size_t)D, n, D);
     IFLOW_TRY(iflow_ffn_hidden(hp, d, &ew, s->h, n, Fe, s->gate, s->up));
+    iflow_observe(at->c, at->layer, IFLOW_OBS_EXPERT_MID(e), 0, s->gate, (size_t)Fe, n, Fe);
     IFLOW_TRY(iflow_linear_rows(d, s->h, D, x->down, NULL, s->gate, Fe, n, D, Fe));
     for (int j = 0; j < n; j++) {
         const float g = s->wt[pairs[j]], *y = s->h + (size_t)j * D;
@@ -155,9 +170,10 @@ static int run_expert(const iflow_hparams *hp, iflow_device *d, iflow_moe_scratc
     return 0;
 }
 
-int iflow_moe_ffn(const iflow_hparams *hp, iflow_device *d, iflow_moe_scratch **sp, const layer_weights *w,
-                  const float *in, int T, float *out)
+int iflow_moe_ffn(const iflow_hparams *hp, const iflow_ctx *c, int layer, iflow_device *d, iflow_moe_scratch **sp,
+                  const layer_weights *w, const float *in, int T, float *out)
 {
+    const moe_site at = {hp, d, c, layer};
     if (!d->host_memory)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "a mixture of experts is not implemented on %s yet", d->info.name);
     IFLOW_TRY(scratch_rows(hp, sp, T));
@@ -169,11 +185,11 @@ int iflow_moe_ffn(const iflow_hparams *hp, iflow_device *d, iflow_moe_scratch **
         route_row(hp, s->logits + (size_t)t * E, s->sel + (size_t)t * K, s->wt + (size_t)t * K);
     group_pairs(hp, s, T);
     if (hp->shared_expert)
-        IFLOW_TRY(shared_expert(hp, d, s, w, T, out));
+        IFLOW_TRY(shared_expert(&at, s, w, T, out));
     else
         memset(out, 0, (size_t)T * D * sizeof(float));
     for (int e = 0; e < E; e++)
         if (s->start[e + 1] > s->start[e])
-            IFLOW_TRY(run_expert(hp, d, s, &w->experts[e], e, out));
+            IFLOW_TRY(run_expert(&at, s, &w->experts[e], e, out));
     return 0;
 }

@@ -72,13 +72,16 @@ typedef struct {
 
 struct iflow_imatrix_collector {
     iflow_hparams hp;
-    site_acc *acc;       /* [n_layers * 4 + 1]: layer l's sites at 4 l .. 4 l + 3, the output last */
+    int per_layer;       /* sites of a layer: the 4 dense ones, then 2 per expert (in, mid)      */
+    site_acc *acc;       /* [n_layers * per_layer + 1]: layer l's at per_layer l .., the output last */
     uint64_t  n_bad;     /* calls outside the model */
     pthread_mutex_t lock;
 };
 
 static int site_K(const iflow_hparams *hp, int site)
 {
+    if (site >= IFLOW_OBS_N_) /* an expert's: in or mid */
+        return (site - IFLOW_OBS_N_) % 2 ? hp->expert_ffn_dim : hp->dim;
     switch (site) {
     case IFLOW_OBS_ATTN_OUT: return hp->n_heads * hp->head_dim;
     case IFLOW_OBS_FFN_MID: return hp->ffn_dim;
@@ -86,18 +89,24 @@ static int site_K(const iflow_hparams *hp, int site)
     }
 }
 
+/* The site of a layer's accumulator j (0 .. per_layer - 1), and back. */
+static int site_of(int j) { return j < 4 ? j : IFLOW_OBS_N_ + (j - 4); }
+static int slot_of(int site) { return site < 4 ? site : 4 + (site - IFLOW_OBS_N_); }
+
 int iflow_imatrix_collector_open(iflow_imatrix_collector **out, const iflow_hparams *hp)
 {
     iflow_imatrix_collector *c = calloc(1, sizeof *c);
-    size_t n = (size_t)hp->n_layers * 4 + 1;
+    const int per_layer = 4 + 2 * hp->n_experts;
+    size_t n = (size_t)hp->n_layers * (size_t)per_layer + 1;
     if (!c || !(c->acc = calloc(n, sizeof *c->acc))) {
         free(c);
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
     }
     c->hp = *hp;
+    c->per_layer = per_layer;
     pthread_mutex_init(&c->lock, NULL);
     for (size_t i = 0; i < n; i++) {
-        int site = i + 1 == n ? IFLOW_OBS_OUTPUT_IN : (int)(i % 4);
+        int site = i + 1 == n ? IFLOW_OBS_OUTPUT_IN : site_of((int)(i % (size_t)per_layer));
         c->acc[i].K = site_K(hp, site);
         if (!(c->acc[i].sum_sq = calloc((size_t)c->acc[i].K, sizeof(double)))) {
             *out = c;
@@ -114,7 +123,7 @@ void iflow_imatrix_collector_close(iflow_imatrix_collector *c)
 {
     if (!c)
         return;
-    for (size_t i = 0; c->acc && i < (size_t)c->hp.n_layers * 4 + 1; i++)
+    for (size_t i = 0; c->acc && i < (size_t)c->hp.n_layers * (size_t)c->per_layer + 1; i++)
         free(c->acc[i].sum_sq);
     free(c->acc);
     pthread_mutex_destroy(&c->lock);
@@ -126,10 +135,12 @@ void iflow_imatrix_collector_observe(void *user, int layer, int site, int col0, 
 {
     iflow_imatrix_collector *c = user;
     site_acc *a = NULL;
+    const int known = (site >= 0 && site < IFLOW_OBS_OUTPUT_IN) ||
+                      (site >= IFLOW_OBS_N_ && site < IFLOW_OBS_N_ + 2 * c->hp.n_experts);
     if (site == IFLOW_OBS_OUTPUT_IN)
-        a = &c->acc[(size_t)c->hp.n_layers * 4];
-    else if (site >= 0 && site < IFLOW_OBS_OUTPUT_IN && layer >= 0 && layer < c->hp.n_layers)
-        a = &c->acc[(size_t)layer * 4 + (size_t)site];
+        a = &c->acc[(size_t)c->hp.n_layers * (size_t)c->per_layer];
+    else if (known && layer >= 0 && layer < c->hp.n_layers)
+        a = &c->acc[(size_t)layer * (size_t)c->per_layer + (size_t)slot_of(site)];
     pthread_mutex_lock(&c->lock);
     if (!a || col0 < 0 || K < 1 || T < 0 || col0 > a->K - K) {
         c->n_bad++;
@@ -169,6 +180,7 @@ int iflow_imatrix_collector_result(iflow_imatrix_collector *c, iflow_imatrix **o
         goto out;
     }
     Kmax = Kmax > c->hp.ffn_dim ? Kmax : c->hp.ffn_dim;
+    Kmax = Kmax > c->hp.expert_ffn_dim ? Kmax : c->hp.expert_ffn_dim;
     Kmax = Kmax > c->hp.n_heads * c->hp.head_dim ? Kmax : c->hp.n_heads * c->hp.head_dim;
     float *tmp = malloc((size_t)Kmax * sizeof *tmp);
     if (!tmp || (rc = iflow_imatrix_new(&im)) < 0) {
@@ -178,14 +190,22 @@ int iflow_imatrix_collector_result(iflow_imatrix_collector *c, iflow_imatrix **o
     }
     im->n_tokens = c->acc[0].count; /* layer 0 ATTN_IN, or the output in a model of no layers */
     char name[64];
-    for (int l = 0; l < c->hp.n_layers && rc == 0; l++)
+    for (int l = 0; l < c->hp.n_layers && rc == 0; l++) {
+        const site_acc *layer = &c->acc[(size_t)l * (size_t)c->per_layer];
         for (int s = 0; s < 4 && rc == 0; s++)
             for (int j = 0; j < 3 && names[s][j] && rc == 0; j++) {
                 snprintf(name, sizeof name, "blk.%d.%s", l, names[s][j]);
-                rc = add_entry(im, name, &c->acc[(size_t)l * 4 + (size_t)s], tmp);
+                rc = add_entry(im, name, &layer[s], tmp);
             }
+        for (int e = 0; e < c->hp.n_experts && rc == 0; e++)
+            for (int j = 0; j < 3 && rc == 0; j++) { /* gate.e and up.e read the expert's input, down.e its mid */
+                snprintf(name, sizeof name, "blk.%d.%s.%d", l, names[2 + (j == 2)][j == 2 ? 0 : j], e);
+                rc = add_entry(im, name, &layer[4 + 2 * e + (j == 2)], tmp);
+            }
+    }
     if (rc == 0)
-        rc = add_entry(im, c->hp.tie_embeddings ? "tok_embd" : "output", &c->acc[(size_t)c->hp.n_layers * 4], tmp);
+        rc = add_entry(im, c->hp.tie_embeddings ? "tok_embd" : "output",
+                       &c->acc[(size_t)c->hp.n_layers * (size_t)c->per_layer], tmp);
     free(tmp);
     if (rc < 0) {
         iflow_imatrix_free(im);

@@ -288,8 +288,10 @@ static int map_sources(job *j)
         if (t && r1 >= 0) { /* rows r0 .. r1-1 (of a vector: elements): a tensor of its own, in place */
             /* a 3-D tensor [A][B][C] is A * B rows of C (llama.cpp's experts [E][F][D]: expert e
              * is rows e * F .. e * F + F - 1) */
-            const int64_t n_rows = t->n_dims == 3 && !period ? t->shape[0] * t->shape[1] : t->shape[0];
-            if (t->n_dims > (period ? 2 : 3) || r1 > n_rows || (period && t->shape[0] % period)) {
+            int64_t n_rows = t->shape[0];
+            if (t->n_dims == 3 && !period && __builtin_mul_overflow(t->shape[0], t->shape[1], &n_rows))
+                n_rows = -1;
+            if (t->n_dims > (period ? 2 : 3) || r1 > n_rows || (period && t->shape[0] % period) || !n_rows) {
                 rc = iflow_seterr(IFLOW_ESHAPE, "tensor '%s' in '%s' has shape [%lld, %lld%s]: no rows %ld..%ld for '%s'",
                                   name, src_path(j), (long long)t->shape[0], (long long)(t->n_dims > 1 ? t->shape[1] : 0),
                                   t->n_dims > 2 ? ", ..." : "", r0, r1 - 1, j->reqs[i].name);

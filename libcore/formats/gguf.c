@@ -355,12 +355,14 @@ static int rd_dims(cursor *c, iflow_gguf_tensor *t, uint64_t *nelem)
         return iflow_seterr(IFLOW_EFORMAT, "bad gguf tensor rank %u for '%s' at byte %zu in '%s'", t->n_dims, t->name,
                             at, c->name);
     *nelem = 1;
+    uint64_t bound = 1; /* the product of the nonzero dimensions: so that any product of some fits too */
     for (int d = 0; d < GGUF_MAX_DIMS; d++) {
         t->ne[d] = 1;
         if ((uint32_t)d < t->n_dims && (rc = rd_u64(c, &t->ne[d], "tensor shape")) < 0)
             return rc;
-        if (t->ne[d] > INT64_MAX || (t->ne[d] && *nelem > (uint64_t)INT64_MAX / t->ne[d]))
+        if (t->ne[d] > INT64_MAX || (t->ne[d] && bound > (uint64_t)INT64_MAX / t->ne[d]))
             return iflow_seterr(IFLOW_EFORMAT, "gguf tensor '%s' is too large at byte %zu in '%s'", t->name, at, c->name);
+        bound *= t->ne[d] ? t->ne[d] : 1;
         *nelem *= t->ne[d];
     }
     return 0;

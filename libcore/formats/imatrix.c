@@ -257,7 +257,7 @@ int iflow_imatrix_check_model(const iflow_imatrix *im, const char *const *names,
                                 im_name, e->K, e->name, model_name, (long long)cols[k]);
     }
     for (size_t k = 0; k < n; k++)
-        if (mult[k] && !iflow_imatrix_find(im, names[k]))
+        if (mult[k] == 1 && !iflow_imatrix_find(im, names[k]))
             return iflow_seterr(IFLOW_EINVAL, "imatrix '%s' has no entry for tensor '%s' of model '%s' (an imatrix of another model?)",
                                 im_name, names[k], model_name);
     return 0;

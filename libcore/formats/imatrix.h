@@ -15,7 +15,8 @@
  *   >= 0, the end marker and nothing after it) and names the entry and byte offset of the first
  *   problem. iflow_imatrix_check_model() checks it fits a model: every entry names a matrix of
  *   the model with the same number of columns, and every matrix the model multiplies with (all
- *   matrices but untied token embeddings) has an entry; the message names the tensor.
+ *   matrices but untied token embeddings; an expert no token was routed to may have none) has an
+ *   entry; the message names the tensor.
  *   Errors: IFLOW_EFORMAT (a bad file), IFLOW_EINVAL (another model's), IFLOW_EIO, IFLOW_ENOMEM.
  */
 #ifndef IFLOW_IMATRIX_H
@@ -55,8 +56,10 @@ int iflow_imatrix_save(const iflow_imatrix *im, const char *path);
 const iflow_imatrix_entry *iflow_imatrix_find(const iflow_imatrix *im, const char *name);
 
 /* Does im fit the model whose matrices are names[i] with cols[i] input columns (n of them)?
- * mult[i] is 1 for a matrix the model multiplies activations with, 0 for one it only looks rows
- * up in (untied token embeddings). im_name and model_name name both in messages. */
+ * mult[i] is 1 for a matrix the model multiplies activations with, 2 for one it multiplies only
+ * some rows with, which may have no entry (an expert of a mixture that the text never routed a
+ * token to), 0 for one it only looks rows up in (untied token embeddings). im_name and
+ * model_name name both in messages. */
 int iflow_imatrix_check_model(const iflow_imatrix *im, const char *const *names, const int64_t *cols,
                               const int *mult, size_t n, const char *im_name, const char *model_name);
 

@@ -415,6 +415,7 @@ static int read_model(qjob *j, const json_t *meta)
         for (size_t i = 0; cols && mult && i < n; i++) {
             cols[i] = reqs[i].shape[1];
             mult[i] = !reqs[i].is_vector && (j->tied || strcmp(names[i], "tok_embd") != 0);
+            mult[i] *= iflow_tensor_expert(names[i]) >= 0 ? 2 : 1; /* an expert may have seen no row */
         }
         rc = cols && mult ? iflow_imatrix_check_model(j->p->imatrix, names, cols, mult, n,
                                                       j->p->imatrix_name ? j->p->imatrix_name : "?", j->in_name)

@@ -94,7 +94,8 @@ static iflow_spec *specs_for_gguf[16];
 
 static const iflow_spec *spec_for(const char *arch)
 {
-    static const char *const archs[] = {"llama", "qwen2", "gemma", "gemma2", "gemma3", "phi3", "gpt2", "gptneox", "bert"};
+    static const char *const archs[] = {"llama", "qwen2", "gemma", "gemma2", "gemma3", "phi3",   "gpt2",
+                                        "gptneox", "bert", "qwen3", "qwen3moe", "qwen2moe", "olmoe"};
     static const char *const dirs[] = {"specs"};
     static int loaded;
     if (!loaded++)
@@ -143,10 +144,13 @@ static void use_source(iflow_ggufsrc *s)
             if (nb <= sizeof buf && iflow_ggufsrc_payload(s, t, dt, &out, buf) == 0 && nb)
                 sink += ((const uint8_t *)out)[nb - 1];
         }
-        if (t->n_dims == 2 && t->shape[0] >= 2) { /* rows 1.. in place, as convert.c's NAME[A:B] */
+        /* rows 1.. in place, as convert.c's NAME[A:B]; of a 3-D tensor, rows of its last dimension */
+        const int64_t n_rows = t->n_dims == 3 ? t->shape[0] * t->shape[1] : t->shape[0];
+        if ((t->n_dims == 2 || t->n_dims == 3) && n_rows >= 2) {
             iflow_src_tensor rows = *t;
-            size_t row = t->nbytes / (size_t)t->shape[0];
-            rows.shape[0]--, rows.nbytes -= row, rows.data = (const uint8_t *)t->data + row;
+            size_t row = t->nbytes / (size_t)n_rows;
+            rows.n_dims = 2, rows.shape[0] = n_rows - 1, rows.shape[1] = t->shape[t->n_dims - 1], rows.shape[2] = 1;
+            rows.nbytes -= row, rows.data = (const uint8_t *)t->data + row;
             const void *out;
             size_t nb = iflow_tensor_nbytes(IFLOW_DT_F32, 2, rows.shape);
             if (nb <= sizeof buf && iflow_ggufsrc_payload(s, &rows, IFLOW_DT_F32, &out, buf) == 0 && nb)

@@ -132,6 +132,9 @@ def family_seeds():
            ("rope_freqs.weight", [2], 0, 1024 + 32 * 34)]
     data = struct.pack("<192f", *[i / 64 for i in range(192)]) + b"\0" * 256
     data += bytes((i * 13) & 0xFF for i in range(32 * 34)) + struct.pack("<2f", 1.0, 0.0)
+    moe = [("blk.0.ffn_gate_exps.weight", [8, 4, 2], 0, 0), ("blk.0.ffn_down_exps.weight", [4, 8, 2], 0, 256),
+           ("blk.0.ffn_gate_inp.weight", [8, 2], 0, 512), ("blk.0.ffn_gate_inp_shexp.weight", [8], 0, 576)]
+    moe_data = struct.pack("<152f", *[(i % 17) / 16 for i in range(152)])
     return {
         "gemma2_27b.gguf": model("gemma2", [("gemma2.block_count", U32, 46), ("gemma2.attn_logit_softcapping", F32, 50.0),
                                             ("gemma2.attention.sliding_window", U32, 4)]),
@@ -141,6 +144,10 @@ def family_seeds():
         "phi3_fused.gguf": model("phi3", [("phi3.attention.sliding_window", U32, 3), ("phi3.rope.dimension_count", U32, 4)],
                                  qkv, data),
         "llama_rope_freqs.gguf": model("llama", [("llama.rope.scaling.type", STR, "linear")], qkv, data),
+        # a mixture of experts: 3-D expert tensors [E][F][D] (ggml [D, F, E]) read as row ranges
+        "qwen2moe_experts.gguf": model("qwen2moe", [("qwen2moe.expert_count", U32, 2), ("qwen2moe.expert_used_count", U32, 1),
+                                                    ("qwen2moe.expert_feed_forward_length", U32, 4),
+                                                    ("qwen2moe.expert_shared_feed_forward_length", U32, 4)], moe, moe_data),
     }
 
 

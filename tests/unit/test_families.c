@@ -18,6 +18,7 @@
 #include "libcore/base/dtype.h"
 #include "libcore/base/error.h"
 #include "libcore/engine/model.h"
+#include "libcore/engine/observe.h"
 #include "libcore/engine/plan.h"
 #include "libcore/formats/spec.h"
 
@@ -276,10 +277,55 @@ static void check_moe_step(const char *name)
     iflow_model_close(m);
 }
 
+/* An importance matrix of a mixture (observe.h): each expert's entries count the rows routed to
+ * it, n_experts_used per token in all, and there is no dense FFN's entry. */
+static void check_moe_imatrix(const char *name)
+{
+    char path[300];
+    snprintf(path, sizeof path, "%s/%s.ifs", dir, name);
+    iflow_model *m;
+    if (iflow_model_open(&m, path, 0) < 0)
+        return;
+    const iflow_hparams *hp = iflow_model_hparams(m);
+    const int32_t ids[12] = {1, 17, 5, 99, 42, 3, 64, 7, 120, 8, 8, 31};
+    iflow_imatrix_collector *col;
+    iflow_ctx *c;
+    iflow_imatrix *im = NULL;
+    float *logits = malloc(sizeof(float) * (size_t)hp->vocab_size);
+    CHECK(iflow_imatrix_collector_open(&col, hp) == 0 && iflow_ctx_open(&c, m, 16, 1) == 0, "open: %s", iflow_errmsg());
+    CHECK(iflow_ctx_set_observer(c, iflow_imatrix_collector_observe, col) == 0, "observe");
+    CHECK(iflow_ctx_eval(c, ids, 12, logits, 0) == 0, "eval: %s", iflow_errmsg());
+    iflow_ctx_set_observer(c, NULL, NULL);
+    CHECK(iflow_imatrix_collector_result(col, &im) == 0, "result: %s", iflow_errmsg());
+    for (int l = 0; im && l < hp->n_layers; l++) {
+        uint64_t rows = 0;
+        char g[48], d[48];
+        for (int e = 0; e < hp->n_experts; e++) {
+            snprintf(g, sizeof g, "blk.%d.ffn_gate.%d", l, e);
+            snprintf(d, sizeof d, "blk.%d.ffn_down.%d", l, e);
+            const iflow_imatrix_entry *eg = iflow_imatrix_find(im, g), *ed = iflow_imatrix_find(im, d);
+            CHECK(!eg == !ed && (!eg || (eg->count == ed->count && eg->K == hp->dim && ed->K == hp->expert_ffn_dim)),
+                  "%s: expert %d's entries agree", name, e);
+            rows += eg ? eg->count : 0;
+        }
+        CHECK(rows == 12u * (uint64_t)hp->n_experts_used, "%s: layer %d's experts saw %llu rows, want %d", name, l,
+              (unsigned long long)rows, 12 * hp->n_experts_used);
+        snprintf(g, sizeof g, "blk.%d.ffn_gate", l);
+        CHECK(!iflow_imatrix_find(im, g) == !hp->shared_expert, "%s: a dense ffn_gate entry only for a shared expert",
+              name);
+    }
+    iflow_imatrix_free(im);
+    iflow_ctx_close(c);
+    iflow_imatrix_collector_close(col);
+    free(logits);
+    iflow_model_close(m);
+}
+
 static void test_mixtral(void)
 {
     check_family("mixtral", mixtral_hp);
     check_moe_step("mixtral");
+    check_moe_imatrix("mixtral");
     /* a plan that splits a layer's heads and FFN columns over two devices is refused, naming the
      * block (moe.c computes whole layers) */
     char out[300], plan_path[300];
@@ -338,6 +384,7 @@ static void test_qwen2_moe(void)
 {
     check_family("qwen2_moe", qwen2_moe_hp);
     check_moe_step("qwen2_moe");
+    check_moe_imatrix("qwen2_moe");
 }
 
 /* parallel residual, rotary on half of each head (4 of 8), exact GELU, biases everywhere; q, k

@@ -8,7 +8,8 @@
  *   - the collector, fed activations directly, gives per column mean(x^2) over the rows (an
  *     independent double sum here, tolerance 1e-6 relative), count = rows, split columns (col0)
  *     land in place, tied models name the output tok_embd, and a call outside the model is
- *     reported; the hook calls only the observer of its own context;
+ *     reported; the hook calls only the observer of its own context; a mixture's experts get
+ *     entries of their own counted over the rows routed to them, none for an expert no row chose;
  *   - iflow_quantize_shard with an imatrix: the importance-weighted error (sum over columns of
  *     mean_sq (w - w')^2) is lower than without it, every tensor; another model's imatrix is
  *     refused before anything is written, naming the tensor.
@@ -152,6 +153,54 @@ static void test_check_model(void)
     CHECK_ERR(iflow_imatrix_check_model(im, names3, cols3, mult3, 5, "i", "m"), IFLOW_EINVAL, "'blk.1.wq'",
               "imatrix 'i' has no entry for tensor 'blk.1.wq' of model 'm'");
     iflow_imatrix_free(im);
+}
+
+/* A mixture of experts: each expert's input and hidden rows under its own names, counted over
+ * the rows routed to it; an expert no row chose has no entry, and check_model lets it be. */
+static void test_collector_experts(void)
+{
+    iflow_hparams hp = {.dim = 8, .n_layers = 1, .n_heads = 2, .head_dim = 4, .ffn_dim = 6, .n_experts = 3,
+                        .n_experts_used = 1, .expert_ffn_dim = 5};
+    iflow_imatrix_collector *c;
+    CHECK(iflow_imatrix_collector_open(&c, &hp) == 0, "open");
+    float x[4][8];
+    double want[8] = {0};
+    for (int t = 0; t < 4; t++)
+        for (int k = 0; k < 8; k++)
+            x[t][k] = (float)rnd_normal(), want[k] += t < 3 ? (double)x[t][k] * x[t][k] / 3 : 0;
+    iflow_imatrix_collector_observe(c, 0, IFLOW_OBS_ATTN_IN, 0, &x[0][0], 8, 4, 8);
+    iflow_imatrix_collector_observe(c, 0, IFLOW_OBS_EXPERT_IN(2), 0, &x[0][0], 8, 3, 8);  /* rows 0..2 chose 2 */
+    iflow_imatrix_collector_observe(c, 0, IFLOW_OBS_EXPERT_MID(2), 0, &x[0][0], 8, 3, 5);
+    iflow_imatrix_collector_observe(c, 0, IFLOW_OBS_EXPERT_IN(0), 0, &x[3][0], 8, 1, 8);  /* row 3 chose 0 */
+    iflow_imatrix_collector_observe(c, 0, IFLOW_OBS_EXPERT_MID(0), 0, &x[3][0], 8, 1, 5);
+    iflow_imatrix *im = NULL;
+    CHECK(iflow_imatrix_collector_result(c, &im) == 0, "result: %s", iflow_errmsg());
+    if (im) {
+        const iflow_imatrix_entry *g = iflow_imatrix_find(im, "blk.0.ffn_gate.2"),
+                                  *u = iflow_imatrix_find(im, "blk.0.ffn_up.2"),
+                                  *d = iflow_imatrix_find(im, "blk.0.ffn_down.2");
+        CHECK(g && u && d && g->K == 8 && u->K == 8 && d->K == 5 && g->count == 3 && d->count == 3,
+              "expert 2's entries");
+        for (int k = 0; g && k < 8; k++)
+            CHECK(fabs(g->mean_sq[k] - want[k]) <= 1e-6 * want[k], "column %d: %g, want %g", k, g->mean_sq[k], want[k]);
+        CHECK(iflow_imatrix_find(im, "blk.0.ffn_down.0") && iflow_imatrix_find(im, "blk.0.ffn_down.0")->count == 1,
+              "expert 0: one row");
+        CHECK(!iflow_imatrix_find(im, "blk.0.ffn_gate.1") && !iflow_imatrix_find(im, "blk.0.ffn_gate"),
+              "no entry for expert 1 (no row) nor a dense FFN");
+        static const char *const names[] = {"blk.0.ffn_gate.1", "blk.0.ffn_gate.2", "blk.0.ffn_up.2",
+                                            "blk.0.ffn_down.2", "blk.0.ffn_gate.0", "blk.0.ffn_up.0",
+                                            "blk.0.ffn_down.0", "blk.0.wq",         "blk.0.wk", "blk.0.wv"};
+        static const int64_t cols[] = {8, 8, 8, 5, 8, 8, 5, 8, 8, 8};
+        static const int optional[] = {2, 2, 2, 2, 2, 2, 2, 1, 1, 1}, required[] = {1, 2, 2, 2, 2, 2, 2, 1, 1, 1};
+        CHECK(iflow_imatrix_check_model(im, names, cols, optional, 10, "i", "m") == 0, "an expert without rows: %s",
+              iflow_errmsg());
+        CHECK_ERR(iflow_imatrix_check_model(im, names, cols, required, 10, "i", "m"), IFLOW_EINVAL,
+                  "'blk.0.ffn_gate.1'", "no entry for tensor");
+    }
+    iflow_imatrix_free(im);
+    iflow_imatrix_collector_observe(c, 0, IFLOW_OBS_EXPERT_IN(3), 0, &x[0][0], 8, 1, 8); /* no expert 3 */
+    CHECK_ERR(iflow_imatrix_collector_result(c, &im), IFLOW_EINVAL, "imatrix collector", "1 observations outside");
+    iflow_imatrix_collector_close(c);
 }
 
 static void test_collector(void)
@@ -311,6 +360,7 @@ int main(void)
     RUN(test_bad_files);
     RUN(test_check_model);
     RUN(test_collector);
+    RUN(test_collector_experts);
     RUN(test_quantize_with_imatrix);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
