@@ -223,8 +223,9 @@ void iflow_model_ban(const iflow_model *m, float *logits);
 int iflow_model_force_eos(const iflow_model *m, float *logits);
 /* The shape and special tokens, for API users (include/iflow.h). */
 void iflow_model_get_info(const iflow_model *m, iflow_model_info *info);
-/* Bytes of weights read per decoded token (all matrices but the embedding table; for a split
- * model, what its devices hold, KV heads replicated on several devices counted on each). */
+/* Bytes of weights read per decoded token (all matrices but the embedding table, each expert of
+ * a mixture as n_experts_used / n_experts of its bytes; for a split model, what its devices
+ * hold, KV heads replicated on several devices counted on each). */
 uint64_t iflow_model_decode_bytes(const iflow_model *m);
 /* The CPU kernel path this process computes with, chosen from cpuid: "scalar", "avx2",
  * "avx512" or "avx512gfni" (kernels/cpu/kernels.h). A static string. */
