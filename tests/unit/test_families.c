@@ -117,6 +117,26 @@ static void check_family(const char *family, int (*check)(const iflow_hparams *h
     json_decref(r);
 }
 
+/* The plan `text` (it splits layers over two CPU devices) refused for the family's converted
+ * model when it is placed: IFLOW_EUNSUPPORTED, the message naming `why` and "split over devices". */
+static void check_split_refused(const char *family, const char *text, const char *why)
+{
+    char out[300], plan_path[300];
+    snprintf(out, sizeof out, "%s/%s.ifs", dir, family);
+    snprintf(plan_path, sizeof plan_path, "%s/%s-plan.ini", dir, family);
+    test_write_file(plan_path, text, strlen(text));
+    iflow_model *m;
+    iflow_plan p;
+    iflow_device *devs[IFLOW_PLAN_MAX_DEVICES] = {0};
+    if (iflow_model_open(&m, out, 0) < 0)
+        return;
+    CHECK(iflow_plan_load(&p, plan_path) == 0 && iflow_plan_open_devices(&p, -1, devs) == 0, "plan: %s",
+          iflow_errmsg());
+    CHECK_ERR(iflow_model_place_plan(m, &p, devs, 16), IFLOW_EUNSUPPORTED, why, "split over devices");
+    iflow_model_close(m);
+    iflow_plan_close_devices(&p, devs);
+}
+
 /* biases on q, k, v only; transformers 5 keeps rope_theta in rope_parameters */
 static int qwen2_hp(const iflow_hparams *hp)
 {
@@ -328,22 +348,10 @@ static void test_mixtral(void)
     check_moe_imatrix("mixtral");
     /* a plan that splits a layer's heads and FFN columns over two devices is refused, naming the
      * block (moe.c computes whole layers) */
-    char out[300], plan_path[300];
-    snprintf(out, sizeof out, "%s/mixtral.ifs", dir);
-    snprintf(plan_path, sizeof plan_path, "%s/mixtral-plan.ini", dir);
-    const char *text = "[plan]\nlayers = 2\nheads = 4\nkv_heads = 2\nffn = 24\n"
-                       "[device cpu:0]\nheads = 0-1\nffn = 0-11\n[device cpu:1]\nheads = 2-3\nffn = 12-23\n";
-    test_write_file(plan_path, text, strlen(text));
-    iflow_model *m;
-    iflow_plan p;
-    iflow_device *devs[IFLOW_PLAN_MAX_DEVICES] = {0};
-    if (iflow_model_open(&m, out, 0) < 0)
-        return;
-    CHECK(iflow_plan_load(&p, plan_path) == 0 && iflow_plan_open_devices(&p, -1, devs) == 0, "plan: %s", iflow_errmsg());
-    CHECK_ERR(iflow_model_place_plan(m, &p, devs, 16), IFLOW_EUNSUPPORTED, "layer 0 is a mixture of experts",
-              "split over devices");
-    iflow_model_close(m);
-    iflow_plan_close_devices(&p, devs);
+    check_split_refused("mixtral",
+                        "[plan]\nlayers = 2\nheads = 4\nkv_heads = 2\nffn = 24\n[device cpu:0]\nheads = 0-1\n"
+                        "ffn = 0-11\n[device cpu:1]\nheads = 2-3\nffn = 12-23\n",
+                        "layer 0 is a mixture of experts");
 }
 
 /* The experts in F16, which the CPU packs for its BF16 product where it has one (AMX or
@@ -402,22 +410,10 @@ static void test_gptneox(void)
     /* its layers cannot be split over devices (each sub-block's parts are summed on their own):
      * the plan is refused when the model is placed, naming the block, not computed as a
      * sequential residual */
-    char out[300], plan_path[300];
-    snprintf(out, sizeof out, "%s/gptneox.ifs", dir);
-    snprintf(plan_path, sizeof plan_path, "%s/neox-plan.ini", dir);
-    const char *text = "[plan]\nlayers = 2\nheads = 4\nkv_heads = 4\nffn = 64\n"
-                       "[device cpu:0]\nheads = 0-1\nffn = 0-31\n[device cpu:1]\nheads = 2-3\nffn = 32-63\n";
-    test_write_file(plan_path, text, strlen(text));
-    iflow_model *m;
-    iflow_plan p;
-    iflow_device *devs[IFLOW_PLAN_MAX_DEVICES] = {0};
-    if (iflow_model_open(&m, out, 0) < 0)
-        return;
-    CHECK(iflow_plan_load(&p, plan_path) == 0 && iflow_plan_open_devices(&p, -1, devs) == 0, "plan: %s", iflow_errmsg());
-    int rc = iflow_model_place_plan(m, &p, devs, 16);
-    CHECK_ERR(rc, IFLOW_EUNSUPPORTED, "layer 0 has a parallel residual", "split over devices");
-    iflow_model_close(m);
-    iflow_plan_close_devices(&p, devs);
+    check_split_refused("gptneox",
+                        "[plan]\nlayers = 2\nheads = 4\nkv_heads = 4\nffn = 64\n[device cpu:0]\nheads = 0-1\n"
+                        "ffn = 0-31\n[device cpu:1]\nheads = 2-3\nffn = 32-63\n",
+                        "layer 0 has a parallel residual");
 }
 
 /* An encoder (specs/bert.ini): the pooled embedding of the fixture's ids against transformers'
