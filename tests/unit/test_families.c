@@ -528,6 +528,23 @@ static void test_spec_base(void)
     test_write_file(a, ab, strlen(ab));
     test_write_file(b, ba, strlen(ba));
     CHECK_ERR(iflow_spec_load(&s, a), IFLOW_ESPEC, "a.ini", "nests too deep");
+    /* {L} and {E} in either order, several times; a name that matches no pattern is not mapped */
+    const char *ex = "[model]\nname = ex\narchitectures = Ex\n[tensors]\n"
+                     "blk.{L}.ffn_up.{E} = experts.{E}.layer.{L}.up | layer.{L}.expert.{E}.up\n"
+                     "blk.{L}.ffn_up = layer.{L}.up\n";
+    test_write_file(a, ex, strlen(ex));
+    CHECK(iflow_spec_load(&s, a) == 0, "load: %s", iflow_errmsg());
+    if (s) {
+        char name[256];
+        CHECK(iflow_spec_source_name(s, "blk.12.ffn_up.7", name, sizeof name) == 0 &&
+                  strcmp(name, "experts.7.layer.12.up | layer.12.expert.7.up") == 0,
+              "an expert's name: %s", name);
+        CHECK(iflow_spec_source_name(s, "blk.12.ffn_up", name, sizeof name) == 0 && strcmp(name, "layer.12.up") == 0,
+              "the dense name: %s", name);
+        CHECK_ERR(iflow_spec_source_name(s, "blk.12.ffn_up.x", name, sizeof name), IFLOW_ENOTFOUND, "blk.12.ffn_up.x",
+                  "does not map");
+        iflow_spec_close(s);
+    }
 }
 
 int main(void)
