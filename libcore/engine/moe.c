@@ -83,16 +83,14 @@ static void route_row(const iflow_hparams *hp, const float *logits, int *sel, fl
         max = logits[e] > max ? logits[e] : max;
     for (int e = 0; e < E; e++)
         sum += exp((double)logits[e] - max);
+    unsigned char taken[IFLOW_MAX_EXPERTS] = {0};
     for (int j = 0; j < K; j++) {
         int best = -1;
-        for (int e = 0; e < E; e++) {
-            int taken = 0;
-            for (int i = 0; i < j; i++)
-                taken |= sel[i] == e;
-            if (!taken && (best < 0 || logits[e] > logits[best]))
+        for (int e = 0; e < E; e++)
+            if (!taken[e] && (best < 0 || logits[e] > logits[best]))
                 best = e;
-        }
         sel[j] = best;
+        taken[best] = 1;
         double p = exp((double)logits[best] - max) / sum;
         wt[j] = (float)p;
         chosen += p;
