@@ -78,12 +78,17 @@ static size_t n_chars(const char *s)
 }
 
 /* The completions API's logprobs: {"tokens", "token_logprobs", "top_logprobs" (an object of
- * token text to logprob a position), "text_offset" (in characters, from the text's start)}. */
-static json_t *completion_logprobs(const json_t *native)
+ * token text to logprob a position), "text_offset" (in characters, from the text's start)}, of
+ * the prompt's tokens (echo: iflow's prompt_logprobs, or NULL) and then the completion's. */
+static json_t *completion_logprobs(const json_t *prompt, const json_t *native)
 {
     json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offsets = json_array(), *e, *tp;
+    json_t *all = json_array();
     size_t i, k, at = 0;
-    json_array_foreach(native, i, e)
+    if (prompt)
+        json_array_extend(all, (json_t *)prompt);
+    json_array_extend(all, (json_t *)native);
+    json_array_foreach(all, i, e)
     {
         json_t *text, *bytes, *top = json_object();
         token_parts(e, &text, &bytes);
@@ -101,13 +106,33 @@ static json_t *completion_logprobs(const json_t *native)
         json_array_append(lps, json_object_get(e, "logprob"));
         json_array_append_new(tops, top);
     }
+    json_decref(all);
     return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs", tops,
                      "text_offset", offsets);
 }
 
-/* One choice of the body from iflow's completion c. */
-static json_t *choice(const json_t *c, int index, int api)
+/* A completion's text, after the prompt's with echo. */
+static json_t *completion_text(const json_t *c, const iflow_request_fields *f)
 {
+    const json_t *text = json_object_get(c, "text");
+    if (!f->echo || !f->prompt)
+        return json_incref((json_t *)text);
+    size_t n = json_string_length(text);
+    char *s = malloc(f->prompt_len + n + 1);
+    if (!s)
+        return NULL;
+    memcpy(s, f->prompt, f->prompt_len);
+    memcpy(s + f->prompt_len, json_string_value(text), n + 1);
+    json_t *out = json_stringn(s, f->prompt_len + n);
+    free(s);
+    return out;
+}
+
+/* One choice of the body from iflow's completion c (native: the line's result, whose
+ * prompt_logprobs an echo's logprobs begin with). */
+static json_t *choice(const json_t *c, int index, const iflow_request_fields *f, const json_t *native)
+{
+    const int api = f->api;
     const json_t *lp = json_object_get(c, "logprobs");
     json_t *o = json_pack("{s:i}", "index", index);
     if (api == IFLOW_API_CHAT) {
@@ -124,8 +149,9 @@ static json_t *choice(const json_t *c, int index, int api)
         json_object_set_new(o, "message", msg);
         json_object_set_new(o, "logprobs", lp ? chat_logprobs(lp) : json_null());
     } else {
-        json_object_set(o, "text", json_object_get(c, "text"));
-        json_object_set_new(o, "logprobs", lp ? completion_logprobs(lp) : json_null());
+        json_object_set_new(o, "text", completion_text(c, f));
+        const json_t *plp = f->echo ? json_object_get(native, "prompt_logprobs") : NULL;
+        json_object_set_new(o, "logprobs", lp ? completion_logprobs(plp, lp) : json_null());
     }
     json_object_set_new(o, "finish_reason", json_string(finish_reason(c)));
     return o;
@@ -227,11 +253,11 @@ json_t *openai_batch_line(json_t *native, const iflow_request_fields *f, long li
         if (many) {
             json_array_foreach(many, k, c)
             {
-                json_array_append_new(choices, choice(c, (int)k, f->api));
+                json_array_append_new(choices, choice(c, (int)k, f, native));
                 completion += json_integer_value(json_object_get(c, "completion_tokens"));
             }
         } else {
-            json_array_append_new(choices, choice(native, 0, f->api));
+            json_array_append_new(choices, choice(native, 0, f, native));
             completion = json_integer_value(json_object_get(native, "completion_tokens"));
         }
         json_int_t prompt = json_integer_value(json_object_get(native, "prompt_tokens"));

@@ -14,7 +14,9 @@
  *     "finish_reason"}], "usage": {"prompt_tokens", "completion_tokens", "total_tokens"}}
  *   B for /v1/completions: {"id": "cmpl-<line>", "object": "text_completion", "created", "model",
  *     "choices": [{"index", "text", "logprobs": null or {"tokens", "token_logprobs",
- *     "top_logprobs", "text_offset"}, "finish_reason"}], "usage"}
+ *     "top_logprobs", "text_offset"}, "finish_reason"}], "usage"}; with "echo" the text begins
+ *     with the prompt and the logprobs with the prompt's tokens (iflow's prompt_logprobs: the
+ *     first token's logprob null)
  *   A refused line: "status_code": 400 and B {"error": {"message", "type":
  *   "invalid_request_error", "param": null, "code": null}}.
  *   finish_reason: "stop" (an end-of-sequence token, a stop string or token, a complete

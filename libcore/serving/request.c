@@ -557,6 +557,8 @@ static int parse_openai_field(iflow_request_fields *f, const char *key, const js
         return field_bool(key, v, chat_lp);
     if (f->api == IFLOW_API_CHAT && strcmp(key, "top_logprobs") == 0)
         return field_int(key, v, 0, IFLOW_MAX_TOP_LOGPROBS, top);
+    if (f->api == IFLOW_API_COMPLETIONS && strcmp(key, "echo") == 0)
+        return field_bool(key, v, &f->echo);
     if (strcmp(key, "continuation") == 0 || strcmp(key, "prompt_logprobs") == 0)
         return iflow_seterr(IFLOW_EINVAL, "field '%s' is iflow's own: give it in an iflow request line, not an "
                             "OpenAI batch line", key);
@@ -601,7 +603,9 @@ static int parse_object(iflow_request_fields *f, const json_t *js, const iflow_r
         } else if (strcmp(key, "max_tokens") == 0 || strcmp(key, "max_completion_tokens") == 0) {
             if (max_given)
                 return iflow_seterr(IFLOW_EINVAL, "fields 'max_tokens' and 'max_completion_tokens': one at most");
-            IFLOW_TRY(field_int(key, v, 1, 1 << 24, &f->max_tokens));
+            /* 0 (the prompt scored, nothing generated) in OpenAI's completions bodies: lm-eval's
+             * loglikelihood asks so, with echo and logprobs */
+            IFLOW_TRY(field_int(key, v, f->api == IFLOW_API_COMPLETIONS ? 0 : 1, 1 << 24, &f->max_tokens));
             max_given = 1;
         } else if (strcmp(key, "continuation") == 0) {
             if (!json_is_string(v) || json_string_length(v) == 0)
@@ -690,6 +694,10 @@ static int parse_object(iflow_request_fields *f, const json_t *js, const iflow_r
         f->logprobs = 1 + (top > 0 ? top : 0);
         logprobs_given = 1;
     }
+    if (f->echo && f->prompt_ids)
+        return iflow_seterr(IFLOW_EINVAL, "field 'echo' goes with a text prompt, not token ids");
+    if (f->echo) /* the prompt's tokens begin the reply's logprobs (the first, BOS or not, has none) */
+        f->prompt_logprobs = f->logprobs;
     if (f->api == IFLOW_API_CHAT && !f->messages)
         return iflow_seterr(IFLOW_EINVAL, "url '/v1/chat/completions': the body needs 'messages'");
     const int prompt = f->prompt || f->prompt_ids;

@@ -55,8 +55,10 @@
  *   adapters selects it, as vLLM's --lora-modules, unless "lora" is given) and "stream" (false)
  *   besides, reads a null as an absent field and ignores those that change nothing in a reply
  *   ("user", "store", "metadata", "service_tier", "stream_options", ...),
- *   for the chat API "logprobs" as a boolean with "top_logprobs", and needs "messages" (chat) or
- *   "prompt" (completions); "continuation" and "prompt_logprobs" are refused there. f->api says
+ *   for the chat API "logprobs" as a boolean with "top_logprobs", for the completions API "echo"
+ *   (a boolean; with a text prompt: its tokens' log-probabilities are asked for when "logprobs"
+ *   is), and needs "messages" (chat) or "prompt" (completions); "continuation" and
+ *   "prompt_logprobs" are refused there. f->api says
  *   which API the line is for (its reply's format: cmd/openai.h), f->id is its custom_id.
  *   An unknown field, a value of the wrong type or range, duplicate keys, or a line that is not
  *   one JSON object is IFLOW_EINVAL with a one-line message naming the field; the fields read
@@ -97,6 +99,8 @@ typedef struct {
     json_t *messages;               /* a chat (prompt NULL), or NULL                       */
     json_t *chat_vars;              /* with messages: "tools" and the chat_template_kwargs, or NULL */
     int add_generation_prompt;      /* with messages (default 1)                           */
+    int echo;                       /* an OpenAI completions body's "echo": the reply's text and
+                                     * logprobs begin with the prompt's (prompt_logprobs set) */
     iflow_grammar *grammar;         /* the text's grammar (a reference of its own), or NULL */
     int tool_format;                /* IFLOW_TOOLS_*: read the reply's tool calls in this format (0: not) */
     int tool_bare;                  /* the calls are written without their marker (a constrained reply) */

@@ -3,7 +3,8 @@
 # run-batch: {"custom_id", "method", "url", "body"}) and answering in that API's output format
 # (cmd/openai.h). Each reply is checked against iflow's own result of the same request (the body
 # as an iflow request line, same seed): texts, finish reasons, usage, log-probabilities (the
-# same numbers, reshaped), choices of "n"; a prompt of token ids gives what its text gives; chat replies on SmolLM2-135M-Instruct, tool calls
+# same numbers, reshaped), choices of "n"; a prompt of token ids gives what its text gives; "echo"
+# (the prompt's text and logprobs first); chat replies on SmolLM2-135M-Instruct, tool calls
 # against tools.sh's independent reference; refused lines and their messages pinned.
 . "$(dirname "$0")/lib.sh"
 SMOL=$DATA/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -136,4 +137,37 @@ expect_eq "$(err_of e10)" "${E}field 'body' must be an object: the request" "bod
 expect_eq "$(err_of e11)" "${E}unknown field 'temprature' (see iflow-run(1), BATCH GENERATION)" "a misspelt body field"
 expect_eq "$(jq -c 'select(.custom_id == "ok") | [.response.status_code, .response.body.usage.completion_tokens]' <<<"$out")" \
     '[200,2]' "the good line ran"
+
+# ---- echo (completions): the prompt first, in the text and in the logprobs ----
+# lm-eval's loglikelihood asks max_tokens 0, echo and logprobs: the prompt's tokens' logprobs are
+# iflow's prompt_logprobs of the same prompt (the first null); with generation, the text is the
+# prompt then what the same request generates without echo
+cat >"$TMP/echo.jsonl" <<'EOF'
+{"custom_id": "score", "url": "/v1/completions", "body": {"prompt": "Once upon a time", "max_tokens": 0, "echo": true, "logprobs": 1}}
+{"id": "n-score", "prompt": "Once upon a time", "max_tokens": 1, "prompt_logprobs": 1, "temperature": 0}
+{"custom_id": "gen", "url": "/v1/completions", "body": {"prompt": "Once upon a time", "max_tokens": 6, "echo": true, "logprobs": 0, "temperature": 0}}
+{"id": "n-gen", "prompt": "Once upon a time", "max_tokens": 6, "logprobs": 1, "temperature": 0}
+{"custom_id": "e-ids", "url": "/v1/completions", "body": {"prompt": [1, 403], "echo": true}}
+{"custom_id": "e-zero", "url": "/v1/completions", "body": {"prompt": "Once", "max_tokens": 0}}
+EOF
+B "$TMP/s.ifs" "$TMP/echo.jsonl"
+expect_rc 0 "echo lines"
+sc=$(reply score) ns=$(native n-score) g=$(reply gen) ng=$(native n-gen)
+expect_eq "$(jq -c '.response.body.choices[0] | [.text, .finish_reason]' <<<"$sc")" '["Once upon a time","length"]' \
+    "echo, max_tokens 0: the prompt alone"
+expect_eq "$(jq -c '.response.body.choices[0].logprobs.token_logprobs' <<<"$sc")" \
+    "$(jq -c '[.prompt_logprobs[].logprob]' <<<"$ns")" "echo: the prompt's logprobs are iflow's prompt_logprobs"
+expect_eq "$(jq -c '.response.body.choices[0].logprobs.tokens' <<<"$sc")" "$(jq -c '[.prompt_logprobs[].token]' <<<"$ns")" \
+    "echo: the prompt's tokens"
+expect_eq "$(jq -c '.response.body.usage' <<<"$sc")" '{"prompt_tokens":5,"completion_tokens":0,"total_tokens":5}' \
+    "echo, max_tokens 0: usage"
+expect_eq "$(jq -r '.response.body.choices[0].text' <<<"$g")" "Once upon a time$(jq -r .text <<<"$ng")" \
+    "echo with generation: the prompt, then the text"
+expect_eq "$(jq -c '.response.body.choices[0].logprobs.token_logprobs[5:]' <<<"$g")" "$(jq -c '[.logprobs[].logprob]' <<<"$ng")" \
+    "echo with generation: the completion's logprobs after the prompt's"
+expect_eq "$(jq -c '.response.body.choices[0].logprobs.token_logprobs | length' <<<"$g")" 11 "5 prompt and 6 new tokens"
+expect_eq "$(jq -r '.response.body.error.message' <<<"$(reply e-ids)")" "field 'echo' goes with a text prompt, not token ids" \
+    "echo of token ids: refused"
+expect_eq "$(jq -r '.response.body.error.message' <<<"$(reply e-zero)")" \
+    "max_tokens is 0; it must be at least 1 (0 only to score a prompt)" "max_tokens 0 without echo: refused"
 summary

@@ -70,8 +70,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             iflow_sampler_sample(s, logits);
             iflow_sampler_close(s);
         }
-        /* max_tokens is 0 only for a request that scores a continuation and asked for no tokens */
-        int min_tokens = f.continuation ? 0 : 1, has_prompt = f.prompt || f.prompt_ids;
+        /* max_tokens is 0 only for a request that scores a continuation and asked for no tokens, or an
+         * OpenAI completions body that asked for none (echo's scoring); echo goes with a text prompt
+         * there, and asks for the prompt's logprobs as for the completion's */
+        int min_tokens = f.continuation || f.api == IFLOW_API_COMPLETIONS ? 0 : 1;
+        int has_prompt = f.prompt || f.prompt_ids;
+        if (f.echo && (f.api != IFLOW_API_COMPLETIONS || !f.prompt || f.prompt_logprobs != f.logprobs))
+            abort();
         if (!has_prompt == !f.messages || (f.prompt && f.prompt_ids) || (f.prompt_ids && f.n_prompt_ids < 1) ||
             (f.prompt_ids && f.continuation) || !f.id || f.max_tokens < min_tokens || f.keep < -1 ||
             !iflow_shift_name(f.context_shift) || iflow_shift_name(f.context_shift)[0] == '?')
@@ -128,10 +133,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
         check_bad_words(&f);
         /* an OpenAI batch line: chat with messages, completions with a prompt, none of iflow's
-         * scoring fields */
+         * scoring fields (the prompt's logprobs only through echo) */
         if (f.api < IFLOW_API_NATIVE || f.api > IFLOW_API_COMPLETIONS || (f.model && !f.api) ||
             (f.api == IFLOW_API_CHAT && !f.messages) || (f.api == IFLOW_API_COMPLETIONS && !has_prompt) ||
-            (f.api && (f.continuation || f.prompt_logprobs)))
+            (f.api && (f.continuation || (f.prompt_logprobs && !f.echo))))
             abort();
     }
     iflow_request_fields_free(&f);
