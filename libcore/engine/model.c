@@ -855,8 +855,10 @@ static int open_split(iflow_model *m, const char *dir, int flags, json_t **meta0
             m->shard = m->split_shards[i];
             snprintf(path0, sizeof path0, "%s", path);
             const iflow_hparams *hp = &m->hp;
-            if ((rc = iflow_hparams_from_json(&m->hp, *meta0, path)) == 0 &&
-                (rc = iflow_plan_check(p, hp->n_layers, hp->n_heads, hp->n_kv_heads, hp->ffn_dim)) == 0 &&
+            if ((rc = iflow_hparams_from_json(&m->hp, *meta0, path)) == 0 && hp->n_experts) /* split.c writes none */
+                rc = iflow_seterr(IFLOW_EUNSUPPORTED, "'%s' is a mixture of experts: a split one is not implemented",
+                                  path);
+            if (rc == 0 && (rc = iflow_plan_check(p, hp->n_layers, hp->n_heads, hp->n_kv_heads, hp->ffn_dim)) == 0 &&
                 !(m->split_layers = calloc((size_t)p->n_devices * hp->n_layers, sizeof *m->split_layers)))
                 rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
         }

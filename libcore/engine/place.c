@@ -452,6 +452,8 @@ static int copy_experts(iflow_model *m, int l, layer_part *p, const layer_weight
     const iflow_hparams *hp = &m->hp;
     if (!hp->n_experts)
         return 0;
+    if (!w->experts) /* a model from one shard binds them all (a split one is refused at open) */
+        return iflow_seterr(IFLOW_EINVAL, "layer %d is a mixture of experts without its experts", l);
     if (!host_dev(dev_of(m, p->dev))) /* whole layers: check_splittable */
         return iflow_seterr(IFLOW_EUNSUPPORTED, "layer %d is a mixture of experts, which is not implemented on %s yet "
                             "(it runs on the cpu)", l, dev_name(dev_of(m, p->dev)));

@@ -3,8 +3,9 @@
 # 4 experts, 2 per token) as llama.cpp's converter wrote it, with 3-D expert tensors and with
 # one tensor per expert (the same weights: the same greedy text); a batch of prompts gives each
 # the text it gets alone (rows of other requests choose other experts); an importance matrix
-# from iflow-ppl quantizes it although the text routed no token to some expert; partitioning and
-# a plan that splits a layer are refused, naming what. The logits are checked against
+# from iflow-ppl quantizes it although the text routed no token to some expert; a plan of whole
+# layers over two CPU devices gives the same text; partitioning, --split and a plan that splits a
+# layer are refused, naming what. The logits are checked against
 # transformers in tests/unit/test_families.c and test_gguf_families.c; here the plumbing.
 . "$(dirname "$0")/lib.sh"
 FX=tests/fixtures/gguf-families
@@ -48,4 +49,12 @@ run $BIN/iflow-run -m "$TMP/m.ifs" --plan "$TMP/plan.ini" -p "t5" -n 2
 expect_rc 1 "a plan splitting a layer"
 expect_match "$err" "layer 0 is a mixture of experts: it cannot be split over devices yet" "a split layer: refused, named"
 expect_one_line "a split layer"
+printf '[plan]\nlayers = 2\nheads = 4\nkv_heads = 2\nffn = 24\n[device cpu:0]\nlayers = 0-0\n[device cpu:1]\nlayers = 1-1\n' >"$TMP/layers.ini"
+run $BIN/iflow-run -m "$TMP/m.ifs" --plan "$TMP/layers.ini" -p "t5 t9 t17 t33" -n 12 --temp 0
+expect_eq "$out" "$want" "a plan of whole layers over two cpu devices: the same text"
+run $BIN/iflow-partition -m "$TMP/m.ifs" --plan "$TMP/layers.ini" --split "$TMP/split"
+expect_rc 1 "--split of a mixture"
+expect_eq "$err" "iflow-partition: cannot split '$TMP/m.ifs' into '$TMP/split': '$TMP/m.ifs' is a mixture of experts: splitting one is not implemented yet" \
+    "--split: refused, named"
+expect_no_file "$TMP/split" "--split: nothing written"
 summary
