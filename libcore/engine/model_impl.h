@@ -70,8 +70,8 @@ typedef struct {
     const void *dev_copy[32];     /* what was put on a device that is not the host (freed at unplace) */
     void *host_copy[2];           /* column slices built on the host for a host device (freed at unplace) */
     void *packed[MAX_PACKED];     /* matrices the device packed (its pack op; freed at unplace) */
-    expert_weights *own_experts;  /* [n_experts] a mixture's experts as the device packed them (w.experts
-                                   * then points here), or NULL: read in place (freed at unplace) */
+    expert_weights *own_experts;  /* [n_experts] a mixture's experts as the part reads them (w.experts
+                                   * points here): packed by the device, or the mapping's (freed at unplace) */
     void **packed_experts;        /* [3 * n_experts] the packed copies, NULL where none (freed at unplace) */
 } layer_part;
 

@@ -197,10 +197,12 @@ int iflow_imatrix_collector_result(iflow_imatrix_collector *c, iflow_imatrix **o
                 snprintf(name, sizeof name, "blk.%d.%s", l, names[s][j]);
                 rc = add_entry(im, name, &layer[s], tmp);
             }
+        static const char *const experts[3] = {"ffn_gate", "ffn_up", "ffn_down"};
         for (int e = 0; e < c->hp.n_experts && rc == 0; e++)
             for (int j = 0; j < 3 && rc == 0; j++) { /* gate.e and up.e read the expert's input, down.e its mid */
-                snprintf(name, sizeof name, "blk.%d.%s.%d", l, names[2 + (j == 2)][j == 2 ? 0 : j], e);
-                rc = add_entry(im, name, &layer[4 + 2 * e + (j == 2)], tmp);
+                const int site = j < 2 ? IFLOW_OBS_EXPERT_IN(e) : IFLOW_OBS_EXPERT_MID(e);
+                snprintf(name, sizeof name, "blk.%d.%s.%d", l, experts[j], e);
+                rc = add_entry(im, name, &layer[slot_of(site)], tmp);
             }
     }
     if (rc == 0)

@@ -459,15 +459,14 @@ static int copy_experts(iflow_model *m, int l, layer_part *p, const layer_weight
                             "(it runs on the cpu)", l, dev_name(dev_of(m, p->dev)));
     p->w.router = w->router;
     p->w.shexp_gate = w->shexp_gate;
-    p->w.experts = w->experts;
     /* each expert's matrices in the device's own layout where it has one (its pack op: the
-     * CPU's int8 and AMX tiles), as the dense matrices are */
+     * CPU's int8 and AMX tiles), as the dense matrices are; else the mapping's */
     const int E = hp->n_experts;
     const int64_t D = hp->dim, Fe = hp->expert_ffn_dim;
     if (!(p->own_experts = calloc((size_t)E, sizeof *p->own_experts)) ||
         !(p->packed_experts = calloc(3 * (size_t)E, sizeof *p->packed_experts)))
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
-    int any = 0;
+    p->w.experts = p->own_experts;
     for (int e = 0; e < E; e++) {
         const expert_weights *x = &w->experts[e];
         expert_weights *o = &p->own_experts[e];
@@ -478,13 +477,10 @@ static int copy_experts(iflow_model *m, int l, layer_part *p, const layer_weight
             *dst[i] = (weight){0};
             IFLOW_TRY(pack_matrix(m, dev_of(m, p->dev), src[i].data, src[i].type, N, K, dst[i],
                                   &p->packed_experts[3 * e + i]));
-            any |= dst[i]->data != NULL;
             if (!dst[i]->data)
                 *dst[i] = src[i];
         }
     }
-    if (any)
-        p->w.experts = p->own_experts;
     return 0;
 }
 
