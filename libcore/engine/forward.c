@@ -550,7 +550,7 @@ int iflow_block_in(const iflow_model *m, iflow_device *d, float *x, float *xb, c
                    const float **in)
 {
     *in = x;
-    if (m->hp.post_ln)
+    if (m->hp.post_ln || m->hp.post_norms_only)
         return 0;
     *in = xb;
     return iflow_norm_rows(m, d, xb, x, w, b, T, m->hp.dim);
@@ -658,6 +658,16 @@ static int has_delta(const iflow_model *m, int k, int i, const step_rows *r)
     return 0;
 }
 
+/* A sub-block's output times residual_scale (Granite's residual_multiplier), before the add;
+ * a part's partial sum too (the scale is linear). Host memory only (place.c refuses others). */
+static void scale_output(const iflow_hparams *hp, iflow_device *d, float *xb, int T)
+{
+    const size_t n = (size_t)T * hp->dim;
+    if (hp->residual_scale > 0 && hp->residual_scale != 1.0f && d->host_memory)
+        for (size_t i = 0; i < n; i++)
+            xb[i] *= hp->residual_scale;
+}
+
 /* Attention sub-block of part k (of a layer) for a step's rows on its device s: its heads'
  * output projection into s->xb (a partial sum when the layer is split), added into s->x when
  * `residual`. The new keys and values go through s->kx / s->vx into the cache's blocks. */
@@ -729,6 +739,7 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
     IFLOW_TRY(deltas(m, s, k, LR_O, r, s->xb, s->att, Q, D, Q));
     if (w->attn_post_norm) /* post_norms: on the whole output (a split layer is refused) */
         IFLOW_TRY(d->ops->rmsnorm(d, s->xb, s->xb, w->attn_post_norm, T, D, hp->norm_eps));
+    scale_output(hp, d, s->xb, T);
     return residual ? iflow_block_out(m, s->dev, s->x, s->xb, w->attn_norm, w->attn_norm_b, T) : 0;
 }
 
@@ -784,6 +795,7 @@ static int ffn_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows *r, in
     }
     if (w->ffn_post_norm)
         IFLOW_TRY(d->ops->rmsnorm(d, s->xb, s->xb, w->ffn_post_norm, T, hp->dim, hp->norm_eps));
+    scale_output(hp, d, s->xb, T);
     return residual ? iflow_block_out(m, d, s->x, s->xb, w->ffn_norm, w->ffn_norm_b, T) : 0;
 }
 
@@ -794,7 +806,8 @@ static int layer_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows *r)
 {
     const iflow_hparams *hp = &c->m->hp;
     iflow_device *d = s->dev;
-    if (!hp->parallel_residual && !hp->post_ln && hp->norm == IFLOW_NORM_RMS && d->ops->add_rmsnorm) {
+    if (!hp->parallel_residual && !hp->post_ln && !hp->post_norms_only && hp->norm == IFLOW_NORM_RMS &&
+        d->ops->add_rmsnorm) {
         /* the attention's residual add and the FFN's norm in one op */
         IFLOW_TRY(attention_block(c, s, k, r, 0));
         IFLOW_TRY(d->ops->add_rmsnorm(d, s->x, s->xb, c->m->parts[k].w.ffn_norm, r->T, hp->dim, hp->norm_eps));
@@ -1194,7 +1207,7 @@ static int project_logits(iflow_ctx *c, dev_scratch *s, int rows, float *host, f
         IFLOW_TRY(logits_rows(s, V, rows));
         *y = s->logits;
     }
-    return iflow_linear_rows(s->dev, *y, V, m->output_w, NULL, s->xb, D, rows, V, D);
+    return iflow_linear_rows(s->dev, *y, V, m->output_w, m->output_b_w, s->xb, D, rows, V, D);
 }
 
 /* Logits of `rows` hidden states of s->x starting at row r0 (see project_logits). */
@@ -1208,11 +1221,14 @@ static int compute_logits(iflow_ctx *c, dev_scratch *s, int r0, int rows, float 
     return project_logits(c, s, rows, host, y);
 }
 
-/* logit_softcap (Gemma 2): x = cap * tanh(x / cap) on logits handed out (argmax needs none: the
- * map keeps the order). */
-static void softcap_logits(const iflow_model *m, float *x, size_t n)
+/* logit_scale (Cohere, Granite) then logit_softcap (Gemma 2: x = cap * tanh(x / cap)) on logits
+ * handed out (argmax needs neither: both maps keep the order). */
+static void finish_logits(const iflow_model *m, float *x, size_t n)
 {
-    const float cap = m->hp.logit_softcap;
+    const float scale = m->hp.logit_scale, cap = m->hp.logit_softcap;
+    if (scale > 0 && scale != 1.0f)
+        for (size_t i = 0; i < n; i++)
+            x[i] *= scale;
     if (cap > 0)
         for (size_t i = 0; i < n; i++)
             x[i] = cap * tanhf(x[i] / cap);
@@ -1225,7 +1241,7 @@ static int output_logits(iflow_ctx *c, dev_scratch *s, int r0, int rows, float *
     IFLOW_TRY(compute_logits(c, s, r0, rows, dst, &y));
     if (y != dst)
         IFLOW_TRY(s->dev->ops->download(s->dev, dst, y, (size_t)rows * c->m->hp.vocab_size * sizeof(float)));
-    softcap_logits(c->m, dst, (size_t)rows * c->m->hp.vocab_size);
+    finish_logits(c->m, dst, (size_t)rows * c->m->hp.vocab_size);
     return 0;
 }
 
@@ -1444,7 +1460,7 @@ static int step_outputs(iflow_ctx *c, dev_scratch *s, const iflow_step_seq *seqs
                 memcpy(seqs[i].logits, c->out_logits + (size_t)j * V, (size_t)k * V * sizeof(float));
             else
                 IFLOW_TRY(d->ops->download(d, seqs[i].logits, row, (size_t)k * V * sizeof(float)));
-            softcap_logits(c->m, seqs[i].logits, (size_t)k * V);
+            finish_logits(c->m, seqs[i].logits, (size_t)k * V);
         } else {
             for (int t = 0; t < k; t++)
                 IFLOW_TRY(d->ops->argmax(d, seqs[i].next + t, row + (size_t)t * V, V));

@@ -78,9 +78,20 @@ static int get_float_or(const json_t *hp, const char *key, float fallback, float
     return rc;
 }
 
-/* layer_types (transformers' list of "sliding_attention" / "full_attention" per layer, or the
- * string none): a repeating pattern, every Nth layer global, becomes window_pattern = N (0:
- * every layer windowed; no windowed layer: no window). Other patterns are not implemented. */
+/* A layer_types entry: 1 windowed ("sliding_attention", or true: llama.cpp's
+ * sliding_window_pattern), 0 global ("full_attention", false), -1 neither. */
+static int layer_windowed(const json_t *v)
+{
+    const char *t = json_string_value(v);
+    if (json_is_boolean(v))
+        return json_is_true(v);
+    return !t ? -1 : strcmp(t, "sliding_attention") == 0 ? 1 : strcmp(t, "full_attention") == 0 ? 0 : -1;
+}
+
+/* layer_types (transformers' list of "sliding_attention" / "full_attention" per layer, a GGUF's
+ * list of booleans, or the string none): a repeating pattern, every Nth layer global, becomes
+ * window_pattern = N (0: every layer windowed; no windowed layer: no window). Other patterns
+ * are not implemented. */
 static int read_layer_types(iflow_hparams *hp, const json_t *h, const char *what)
 {
     const json_t *lt = json_object_get(h, "layer_types");
@@ -89,18 +100,19 @@ static int read_layer_types(iflow_hparams *hp, const json_t *h, const char *what
     size_t n = json_array_size(lt);
     long first_global = -1;
     for (size_t l = 0; l < n && first_global < 0; l++)
-        if (strcmp(json_string_value(json_array_get(lt, l)) ? json_string_value(json_array_get(lt, l)) : "",
-                   "full_attention") == 0)
+        if (layer_windowed(json_array_get(lt, l)) == 0)
             first_global = (long)l;
     int pattern = first_global < 0 ? 0 : (int)first_global + 1;
     for (size_t l = 0; l < n; l++) {
-        const char *t = json_string_value(json_array_get(lt, l));
-        int global = pattern > 0 && (l + 1) % (size_t)pattern == 0;
-        if (!t || strcmp(t, global ? "full_attention" : "sliding_attention") != 0)
+        const int windowed = layer_windowed(json_array_get(lt, l)),
+                  global = pattern > 0 && (l + 1) % (size_t)pattern == 0;
+        if (windowed != !global)
             return iflow_seterr(IFLOW_EUNSUPPORTED,
                                 "layer_types in '%s': layer %zu is %s, which is not every %d-th layer global (the "
                                 "pattern iflow implements)",
-                                what, l, t ? t : "not a string", pattern);
+                                what, l,
+                                windowed < 0 ? "neither windowed nor global" : windowed ? "windowed" : "global",
+                                pattern);
     }
     if (pattern == 1) /* every layer global */
         hp->sliding_window = 0;
@@ -125,6 +137,18 @@ static int get_token_or(const json_t *hp, const char *key, int *dst, const char 
     return json_object_get(hp, key) ? get_int(hp, key, dst, -1, what) : 0;
 }
 
+/* shared_expert: a boolean, or the shared expert's width (GraniteMoeShared's
+ * shared_intermediate_size; 0: none); absent: none. */
+static int get_shared_expert(const json_t *h, int *dst, const char *what)
+{
+    const json_t *v = json_object_get(h, "shared_expert");
+    if (json_is_integer(v) && json_integer_value(v) >= 0) {
+        *dst = json_integer_value(v) > 0;
+        return 0;
+    }
+    return get_bool_or(h, "shared_expert", 0, dst, what);
+}
+
 /* A mixture of experts' hyperparameters (n_experts > 0), none when absent. Every layer is a
  * mixture: a spec's moe_step (Qwen's decoder_sparse_step) other than 1 and dense_layers (its
  * mlp_only_layers) that name a layer are refused. */
@@ -137,7 +161,7 @@ static int read_moe(iflow_hparams *hp, const json_t *h, const char *what)
     if ((rc = get_int(h, "n_experts_used", &hp->n_experts_used, 1, what)) ||
         (rc = get_int(h, "expert_ffn_dim", &hp->expert_ffn_dim, 1, what)) ||
         (rc = get_bool(h, "expert_norm", &hp->expert_norm, what)) ||
-        (rc = get_bool_or(h, "shared_expert", 0, &hp->shared_expert, what)) ||
+        (rc = get_shared_expert(h, &hp->shared_expert, what)) ||
         (rc = get_bool_or(h, "shared_expert_gate", 0, &hp->shared_expert_gate, what)) ||
         (rc = get_int_or(h, "moe_step", 1, &step, what)))
         return rc;
@@ -153,6 +177,40 @@ static int read_moe(iflow_hparams *hp, const json_t *h, const char *what)
     if (hp->ffn != IFLOW_FFN_GATED || hp->layout != IFLOW_LAYOUT_DECODER || hp->mlp_bias)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "a mixture of experts is implemented for a decoder's gated FFN without "
                             "biases only (in '%s')", what);
+    return 0;
+}
+
+/* Scales some families put on the residual stream and the logits (Granite's multipliers,
+ * Cohere's logit_scale) and OLMo 2's norms after the sub-blocks instead of before; read after
+ * the rest (attn_scale and embed_scale are known). */
+static int read_scales(iflow_hparams *hp, const json_t *h, const char *what)
+{
+    float embed_mult, attn_mult, logit_div;
+    int rc;
+    int pre_norms;
+    if ((rc = get_bool_or(h, "pre_norms", 1, &pre_norms, what)) ||
+        (rc = get_float_or(h, "residual_scale", 1, &hp->residual_scale, what)) ||
+        (rc = get_float_or(h, "logit_scale", 1, &hp->logit_scale, what)) ||
+        (rc = get_float_or(h, "logit_divisor", 1, &logit_div, what)) ||
+        (rc = get_float_or(h, "embed_multiplier", 1, &embed_mult, what)) ||
+        (rc = get_float_or(h, "attn_multiplier", 0, &attn_mult, what)))
+        return rc;
+    const struct { const char *key; float v; } positive[] = {
+        {"residual_scale", hp->residual_scale}, {"logit_scale", hp->logit_scale}, {"logit_divisor", logit_div},
+        {"embed_multiplier", embed_mult}};
+    for (size_t i = 0; i < sizeof positive / sizeof positive[0]; i++)
+        if (!(positive[i].v > 0 && isfinite(positive[i].v)))
+            return iflow_seterr(IFLOW_ERANGE, "hyperparameter '%s' = %g is not a positive number in '%s'",
+                                positive[i].key, positive[i].v, what);
+    hp->logit_scale /= logit_div;
+    hp->embed_scale *= embed_mult;
+    if (attn_mult > 0)
+        hp->attn_scale = attn_mult;
+    hp->post_norms_only = !pre_norms;
+    if (!pre_norms && (!hp->post_norms || hp->parallel_residual || hp->post_ln ||
+                           hp->layout != IFLOW_LAYOUT_DECODER))
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "pre_norms = false is implemented for a decoder with post_norms and "
+                            "neither parallel_residual nor post_ln (in '%s')", what);
     return 0;
 }
 
@@ -415,6 +473,8 @@ int iflow_hparams_from_json(iflow_hparams *hp, const json_t *resolved, const cha
     hp->attn_scale = 1.0f / sqrtf(hp->attn_scale > 0 ? hp->attn_scale : (float)hp->head_dim);
     if (hp->embed_scale < 0) /* as transformers: the Python float sqrt, then rounded to F32 */
         hp->embed_scale = (float)sqrt((double)hp->dim);
+    if ((rc = read_scales(hp, h, what)))
+        return rc;
     if (hp->n_heads % hp->n_kv_heads)
         return iflow_seterr(IFLOW_ESHAPE, "n_heads %d is not a multiple of n_kv_heads %d in '%s'", hp->n_heads,
                             hp->n_kv_heads, what);
@@ -451,7 +511,7 @@ static void attn_tensors(const iflow_hparams *hp, iflow_tensor_req *r, size_t *n
     const int64_t rows[9] = {D, Q, KV, KV, D, Q, KV, KV, D}, cols[9] = {0, D, D, D, Q, 0, 0, 0, 0};
     char name[48], norm_b[48];
     for (int i = 0; i < 9; i++) {
-        if ((i >= 5 && i < 8 && !hp->qkv_bias) || (i == 8 && !hp->attn_bias))
+        if ((i >= 5 && i < 8 && !hp->qkv_bias) || (i == 8 && !hp->attn_bias) || (i == 0 && hp->post_norms_only))
             continue;
         snprintf(name, sizeof name, "%s%s", prefix, names[i]);
         req(r, n, name, rows[i], cols[i]);
@@ -480,8 +540,9 @@ static void layer_tensors(const iflow_hparams *hp, iflow_tensor_req *r, size_t *
         L("attn_post_norm", D, 0);
     if (cross)
         attn_tensors(hp, r, n, prefix, xattn);
-    L("ffn_norm", D, 0);
-    if (hp->norm == IFLOW_NORM_LAYER)
+    if (!hp->post_norms_only)
+        L("ffn_norm", D, 0);
+    if (!hp->post_norms_only && hp->norm == IFLOW_NORM_LAYER)
         L("ffn_norm_b", D, 0);
     if (!hp->n_experts || hp->shared_expert) { /* the dense FFN, or a mixture's shared expert */
         if (hp->ffn == IFLOW_FFN_GATED)

@@ -61,14 +61,16 @@ typedef struct {
     int activation;           /* IFLOW_ACT_*: of the gated FFN's gate (the plain FFN's up) */
     int norm, ffn, position;  /* IFLOW_NORM_*, IFLOW_FFN_*, IFLOW_POS_* */
     float embed_scale;        /* embedding rows are multiplied by it (block embedding = scaled:
-                                 sqrt(dim), Gemma's; else 1) */
+                                 sqrt(dim), Gemma's; else 1), times the hyperparameter
+                                 embed_multiplier (Granite's embedding_multiplier) */
     int attn_bias, mlp_bias, tie_embeddings;
     int qkv_bias;             /* biases on q, k and v (attn_bias adds the output's: o too) */
     int sliding_window;       /* a query attends to the last sliding_window positions; 0: all */
     int window_pattern;       /* > 1: layer l is windowed unless (l + 1) % window_pattern == 0
                                  (Gemma 2 and 3's local/global layers); else every layer */
     float attn_scale;         /* scores are q.k * attn_scale: 1/sqrt(query_pre_attn_scalar, or
-                                 head_dim when that hyperparameter is 0) */
+                                 head_dim when that hyperparameter is 0), or the hyperparameter
+                                 attn_multiplier itself when > 0 (Granite's) */
     float attn_softcap;       /* > 0: scores become cap * tanh(score / cap) (Gemma 2) */
     float logit_softcap;      /* > 0: the output logits likewise */
     int post_norms;           /* an RMSNorm on the attention's and the FFN's output before the
@@ -80,6 +82,13 @@ typedef struct {
     float rope_theta_local;   /* > 0: the rope base of windowed layers (Gemma 3) */
     int parallel_residual;    /* x + attn(n1(x)) + ffn(n2(x)), both reading the layer's input
                                  (GPT-NeoX, GPT-J); else the FFN reads x + attn(n1(x)) */
+    int post_norms_only;      /* the hyperparameter pre_norms = false: each sub-block reads x
+                                 itself, not a norm of it (no attn_norm, ffn_norm), and post_norms
+                                 normalize its output (OLMo 2) */
+    float residual_scale;     /* each sub-block's output times it before the residual add
+                                 (Granite's residual_multiplier; 0 or 1: none) */
+    float logit_scale;        /* the output logits times it (Cohere's logit_scale, 1 / Granite's
+                                 logits_scaling; 0 or 1: none) */
     /* a mixture of experts (Mixtral, Qwen2/3-MoE): each layer's FFN is n_experts FFNs of
        expert_ffn_dim columns (ffn_gate.E, ffn_up.E, ffn_down.E) and a router [n_experts][dim]
        (ffn_router); a row goes through the n_experts_used experts of largest softmax(router x),
@@ -113,7 +122,7 @@ typedef struct {
     int output_rescale;       /* the final hidden states times dim^-1/2 before the output matrix
                                  (T5 with tied embeddings) */
     int logits_bias;          /* a bias row added to the logits (output_b [1][vocab]: Marian's
-                                 final_logits_bias) */
+                                 final_logits_bias, Phi-2's lm_head.bias) */
     /* numbers */
     float norm_eps, rope_theta;
     int rope_dim;             /* rotated dimensions per head (head_dim unless partial; a spec's

@@ -110,6 +110,7 @@ struct iflow_model {
     void *output_packed;          /* output_w.data when that device packed it, else NULL */
     const float *output_norm_w;
     const float *output_norm_b_w;
+    const float *output_b_w;      /* output_b on devs[output_dev] (a decoder's logits_bias), or NULL */
     const float *rope_scale_w[IFLOW_MAX_DEVICES];
     int split;                    /* some layer has several parts */
     int own_dev;                  /* one process per device (comm.h): the plan device whose parts this

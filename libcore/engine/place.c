@@ -445,6 +445,16 @@ static int copy_low_rank(iflow_model *m, int l, layer_part *p, const layer_weigh
     return 0;
 }
 
+/* What the engine computes on the host only: residual_scale (forward.c scales in place). */
+static int check_host_only(const iflow_model *m, int l, const layer_part *p)
+{
+    if (m->hp.residual_scale > 0 && m->hp.residual_scale != 1.0f && !host_dev(dev_of(m, p->dev)))
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "layer %d scales its output by residual_scale %g, which is not "
+                            "implemented on %s yet (it runs on the cpu)", l, m->hp.residual_scale,
+                            dev_name(dev_of(m, p->dev)));
+    return 0;
+}
+
 /* A mixture of experts' router and experts (none elsewhere): read in place from the mapping by a
  * part on a host device (moe.c); on any other device refused. */
 static int copy_experts(iflow_model *m, int l, layer_part *p, const layer_weights *w)
@@ -516,7 +526,8 @@ static int copy_part(iflow_model *m, int l, layer_part *p, int first)
         (rc = put_vector(m, p, &nd, w->gate_b, f0, f1, &o->gate_b)) ||
         (rc = put_vector(m, p, &nd, w->up_b, f0, f1, &o->up_b)) ||
         (rc = put_vector(m, p, &nd, first ? w->down_b : NULL, 0, D, &o->down_b)) ||
-        (rc = copy_cross(m, p, &nd, &nh, w, q0, q1, k0, k1, first)) || (rc = copy_experts(m, l, p, w)))
+        (rc = copy_cross(m, p, &nd, &nh, w, q0, q1, k0, k1, first)) || (rc = copy_experts(m, l, p, w)) ||
+        (rc = check_host_only(m, l, p)))
         return iflow_preperr(rc, "cannot place layer %d on %s", l, dev_name(dev_of(m, p->dev)));
     return copy_low_rank(m, l, p, w);
 }
@@ -535,6 +546,8 @@ static int copy_output(iflow_model *m)
         rc = iflow_device_put(od, (const void **)&m->output_norm_w, m->output_norm, (size_t)hp->dim * sizeof(float));
     if (rc == 0 && m->output_norm_b)
         rc = iflow_device_put(od, (const void **)&m->output_norm_b_w, m->output_norm_b, (size_t)hp->dim * sizeof(float));
+    if (rc == 0 && m->output_b && hp->layout == IFLOW_LAYOUT_DECODER) /* an encoder-decoder adds it on the host */
+        rc = iflow_device_put(od, (const void **)&m->output_b_w, m->output_b, (size_t)hp->vocab_size * sizeof(float));
     return rc;
 }
 
@@ -578,6 +591,7 @@ void iflow_unplace(iflow_model *m)
         m->output_packed = NULL;
         iflow_device_unput(dev_of(m, m->output_dev), m->output_norm_w);
         iflow_device_unput(dev_of(m, m->output_dev), m->output_norm_b_w);
+        iflow_device_unput(dev_of(m, m->output_dev), m->output_b_w);
         for (int i = 0; i < m->n_devs; i++)
             iflow_device_unput(dev_of(m, i), m->rope_scale_w[i]);
     }
@@ -592,6 +606,7 @@ void iflow_unplace(iflow_model *m)
     m->output_w = (weight){0};
     m->output_norm_w = NULL;
     m->output_norm_b_w = NULL;
+    m->output_b_w = NULL;
 }
 
 /* Copy the weights as L says; on failure the model is back on the host. Takes L's arrays. */

@@ -76,8 +76,9 @@ int iflow_split_tensors(const iflow_hparams *hp, const iflow_plan *p, int dev, i
         add(t, n, "rope_freqs", hp->rope_dim / 2, 0, 0, 0, hp->rope_dim / 2);
     for (int l = l0; l < l0 + layers; l++) {
 #define L(suffix, d0, d1, cols, a0, a1) (snprintf(name, sizeof name, "blk.%d." suffix, l), add(t, n, name, d0, d1, cols, a0, a1))
-        L("attn_norm", D, 0, 0, 0, D);
-        if (hp->norm == IFLOW_NORM_LAYER)
+        if (!hp->post_norms_only)
+            L("attn_norm", D, 0, 0, 0, D);
+        if (!hp->post_norms_only && hp->norm == IFLOW_NORM_LAYER)
             L("attn_norm_b", D, 0, 0, 0, D);
         L("wq", q1 - q0, D, 0, q0, q1);
         L("wk", k1 - k0, D, 0, k0, k1);
@@ -98,8 +99,9 @@ int iflow_split_tensors(const iflow_hparams *hp, const iflow_plan *p, int dev, i
         }
         if (hp->post_norms)
             L("attn_post_norm", D, 0, 0, 0, D);
-        L("ffn_norm", D, 0, 0, 0, D);
-        if (hp->norm == IFLOW_NORM_LAYER)
+        if (!hp->post_norms_only)
+            L("ffn_norm", D, 0, 0, 0, D);
+        if (!hp->post_norms_only && hp->norm == IFLOW_NORM_LAYER)
             L("ffn_norm_b", D, 0, 0, 0, D);
         if (hp->ffn == IFLOW_FFN_GATED)
             L("ffn_gate", f1 - f0, D, 0, f0, f1);

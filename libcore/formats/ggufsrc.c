@@ -306,6 +306,18 @@ static json_t *kv_value(const iflow_gguf *g, int64_t i)
     int32_t i32;
     float f;
     int b;
+    const void *data;
+    size_t n;
+    int elem;
+    /* a short list of booleans (a per-layer pattern: OLMo 3's sliding_window_pattern) reads as a
+     * list; any other array as {"count": N} (the vocabulary: tokenizer.ggml.tokens.count) */
+    if (type == IFLOW_GGUF_ARR && iflow_gguf_arr_type(g, i) == IFLOW_GGUF_BOOL && iflow_gguf_arr_count(g, i) <= 4096 &&
+        iflow_gguf_get_arr(g, key, &elem, &data, &n) == 0) {
+        json_t *list = json_array();
+        for (size_t k = 0; list && k < n; k++)
+            json_array_append_new(list, json_boolean(((const uint8_t *)data)[k] != 0));
+        return list;
+    }
     if (type == IFLOW_GGUF_ARR)
         return json_pack("{s:I}", "count", (json_int_t)iflow_gguf_arr_count(g, i));
     if (type == IFLOW_GGUF_STR && iflow_gguf_get_str(g, key, &s, NULL) == 0)

@@ -416,6 +416,134 @@ static void test_gptneox(void)
                         "layer 0 has a parallel residual");
 }
 
+/* The plan `text` (it splits each layer's heads and FFN columns over two CPU devices) placed on
+ * the family's converted model: the logits still within 1e-4 of transformers' (each part's
+ * partial sums go through the same scales and biases once). */
+static void check_split_matches(const char *family, const char *text)
+{
+    char out[300], plan_path[300], refs[4200];
+    const char *fx = fixture(family);
+    snprintf(out, sizeof out, "%s/%s.ifs", dir, family);
+    snprintf(plan_path, sizeof plan_path, "%s/%s-split.ini", dir, family);
+    snprintf(refs, sizeof refs, "%s/refs.json", fx ? fx : ".");
+    test_write_file(plan_path, text, strlen(text));
+    iflow_model *m;
+    iflow_plan p;
+    iflow_device *devs[IFLOW_PLAN_MAX_DEVICES] = {0};
+    json_t *r = json_load_file(refs, 0, NULL);
+    if (!r || iflow_model_open(&m, out, 0) < 0) {
+        CHECK(0, "%s: open: %s", family, iflow_errmsg());
+        json_decref(r);
+        return;
+    }
+    CHECK(iflow_plan_load(&p, plan_path) == 0 && iflow_plan_open_devices(&p, -1, devs) == 0, "plan: %s",
+          iflow_errmsg());
+    CHECK(iflow_model_place_plan(m, &p, devs, 16) == 0, "%s: place: %s", family, iflow_errmsg());
+    const json_t *ids = json_object_get(r, "ids"), *logits = json_object_get(r, "logits");
+    double a = worst_diff(m, ids, logits, 0), b = worst_diff(m, ids, logits, 1);
+    printf("%s split over two devices: max |logit - transformers float64| = %.2e / %.2e\n", family, a, b);
+    CHECK(a <= 1e-4 && b <= 1e-4, "%s split: logits differ from transformers by %.3g / %.3g", family, a, b);
+    iflow_model_close(m);
+    iflow_plan_close_devices(&p, devs);
+    json_decref(r);
+}
+
+/* Granite's multipliers: embeddings x 3, scores x 0.3, sub-block outputs x 0.5, logits / 4 */
+static int granite_hp(const iflow_hparams *hp)
+{
+    return hp->embed_scale == 3.0f && hp->attn_scale == 0.3f && hp->residual_scale == 0.5f &&
+           hp->logit_scale == 0.25f && hp->tie_embeddings && !hp->n_experts;
+}
+
+static void test_granite(void)
+{
+    check_family("granite", granite_hp);
+    /* the residual scale applies to each part's partial sum: a column split matches too */
+    check_split_matches("granite", "[plan]\nlayers = 2\nheads = 4\nkv_heads = 2\nffn = 64\n[device cpu:0]\n"
+                                   "heads = 0-1\nffn = 0-31\n[device cpu:1]\nheads = 2-3\nffn = 32-63\n");
+}
+
+/* the multipliers and 4 experts of 24 columns (rows of input_linear [4][48][32]), 2 per token,
+ * the softmax of the chosen logits (renormalized); a shared expert of 40 in the second */
+static int granitemoe_hp(const iflow_hparams *hp)
+{
+    return hp->residual_scale == 0.5f && hp->logit_scale == 0.25f && hp->n_experts == 4 && hp->n_experts_used == 2 &&
+           hp->expert_ffn_dim == 24 && hp->expert_norm && !hp->shared_expert;
+}
+
+static int granitemoeshared_hp(const iflow_hparams *hp)
+{
+    return hp->residual_scale == 0.5f && hp->n_experts == 4 && hp->expert_ffn_dim == 24 && hp->shared_expert &&
+           !hp->shared_expert_gate && hp->ffn_dim == 40 && !hp->tie_embeddings;
+}
+
+static void test_granitemoe(void)
+{
+    check_family("granitemoe", granitemoe_hp);
+    check_moe_step("granitemoe");
+    check_family("granitemoeshared", granitemoeshared_hp);
+    check_moe_step("granitemoeshared");
+}
+
+/* norms after the sub-blocks only, q/k norms over the projections; OLMo 3: two windowed layers
+ * (5) then a global one */
+static int olmo2_hp(const iflow_hparams *hp)
+{
+    return hp->post_norms_only && hp->post_norms && hp->qk_norm && hp->qk_norm_full && hp->rope_theta == 5e5f &&
+           hp->sliding_window == 0;
+}
+
+static int olmo3_hp(const iflow_hparams *hp)
+{
+    return hp->post_norms_only && hp->qk_norm_full && hp->sliding_window == 5 && hp->window_pattern == 3 &&
+           hp->rope_theta == 5e5f;
+}
+
+static void test_olmo2(void)
+{
+    check_family("olmo2", olmo2_hp);
+    check_family("olmo3", olmo3_hp);
+}
+
+/* LayerNorm, rotary on half of each head (4 of 8), q/k/v biases without o's, a sequential
+ * residual; stablelm-par: a quarter of each head and a parallel residual over one norm */
+static int stablelm_hp(const iflow_hparams *hp)
+{
+    return hp->norm == IFLOW_NORM_LAYER && hp->rope_dim == 4 && hp->qkv_bias && !hp->attn_bias &&
+           !hp->parallel_residual && hp->ffn == IFLOW_FFN_GATED;
+}
+
+static int stablelm_par_hp(const iflow_hparams *hp)
+{
+    return hp->norm == IFLOW_NORM_LAYER && hp->rope_dim == 2 && !hp->qkv_bias && hp->parallel_residual;
+}
+
+static void test_stablelm(void)
+{
+    check_family("stablelm", stablelm_hp);
+    check_family("stablelm-par", stablelm_par_hp);
+}
+
+/* Phi-2: a parallel residual over one LayerNorm, rotary on half of each head, tanh GELU, the
+ * logits' bias */
+static int phi_hp(const iflow_hparams *hp)
+{
+    return hp->parallel_residual && hp->rope_dim == 4 && hp->activation == IFLOW_ACT_GELU_TANH &&
+           hp->ffn == IFLOW_FFN_PLAIN && hp->attn_bias && hp->mlp_bias && hp->logits_bias && !hp->tie_embeddings;
+}
+
+static void test_phi(void) { check_family("phi", phi_hp); }
+
+/* LayerNorm, biased GQA, tanh-GELU plain FFN with biases, tied embeddings */
+static int starcoder2_hp(const iflow_hparams *hp)
+{
+    return hp->norm == IFLOW_NORM_LAYER && hp->attn_bias && hp->mlp_bias && hp->ffn == IFLOW_FFN_PLAIN &&
+           hp->activation == IFLOW_ACT_GELU_TANH && hp->n_kv_heads == 2 && hp->tie_embeddings &&
+           hp->sliding_window == 0;
+}
+
+static void test_starcoder2(void) { check_family("starcoder2", starcoder2_hp); }
+
 /* An encoder (specs/bert.ini): the pooled embedding of the fixture's ids against transformers'
  * float64 BertModel with sentence-transformers' pooling, within 1e-5 (F32 against float64). */
 static void check_encoder(const char *family, int pooling, int normalize)
@@ -567,6 +695,12 @@ int main(void)
     RUN(test_qwen3_moe);
     RUN(test_qwen2_moe);
     RUN(test_olmoe);
+    RUN(test_granite);
+    RUN(test_granitemoe);
+    RUN(test_olmo2);
+    RUN(test_stablelm);
+    RUN(test_phi);
+    RUN(test_starcoder2);
     RUN(test_bert);
     RUN(test_bert_cls);
     RUN(test_bad_rows);

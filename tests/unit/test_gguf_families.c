@@ -275,6 +275,88 @@ static int olmoe_hp(const iflow_hparams *hp)
            !hp->expert_norm;
 }
 
+/* granite: llama.cpp's permuted q/k, the multipliers as embedding_scale, attention.scale,
+ * residual_scale and logit_scale (a divisor) */
+static int granite_hp(const iflow_hparams *hp)
+{
+    return hp->rope_layout == IFK_ROPE_INTERLEAVED && hp->embed_scale == 3.0f && hp->attn_scale == 0.3f &&
+           hp->residual_scale == 0.5f && hp->logit_scale == 0.25f && hp->tie_embeddings;
+}
+
+/* granitemoe: input_linear split by the converter into ffn_gate_exps and ffn_up_exps; renormalized */
+static int granitemoe_hp(const iflow_hparams *hp)
+{
+    return hp->rope_layout == IFK_ROPE_INTERLEAVED && hp->residual_scale == 0.5f && hp->n_experts == 4 &&
+           hp->expert_ffn_dim == 24 && hp->expert_norm && !hp->shared_expert;
+}
+
+/* and the shared expert as ffn_*_shexp of expert_shared_feed_forward_length, ungated */
+static int granitemoeshared_hp(const iflow_hparams *hp)
+{
+    return hp->n_experts == 4 && hp->expert_ffn_dim == 24 && hp->shared_expert && !hp->shared_expert_gate &&
+           hp->ffn_dim == 40 && !hp->tie_embeddings;
+}
+
+/* olmo2: no pre-norms, post_attention_norm and post_ffw_norm, q/k norms over the projections;
+ * OLMo 3's windowed layers as a list of booleans */
+static int olmo2_hp(const iflow_hparams *hp)
+{
+    return hp->rope_layout == IFK_ROPE_HALF && hp->post_norms_only && hp->qk_norm_full && hp->sliding_window == 0;
+}
+
+static int olmo3_hp(const iflow_hparams *hp)
+{
+    return hp->post_norms_only && hp->sliding_window == 5 && hp->window_pattern == 3 && hp->rope_theta == 5e5f;
+}
+
+/* stablelm: LayerNorm, rope.dimension_count 4 of 8, q/k/v biases; a parallel residual's one norm */
+static int stablelm_hp(const iflow_hparams *hp)
+{
+    return hp->rope_layout == IFK_ROPE_HALF && hp->norm == IFLOW_NORM_LAYER && hp->rope_dim == 4 && hp->qkv_bias &&
+           !hp->attn_bias && !hp->parallel_residual;
+}
+
+static int stablelm_par_hp(const iflow_hparams *hp)
+{
+    return hp->norm == IFLOW_NORM_LAYER && hp->rope_dim == 2 && !hp->qkv_bias && hp->parallel_residual;
+}
+
+/* phi2: one norm, rope on 4 of 8, the output's bias */
+static int phi_hp(const iflow_hparams *hp)
+{
+    return hp->rope_layout == IFK_ROPE_HALF && hp->parallel_residual && hp->rope_dim == 4 && hp->logits_bias &&
+           hp->activation == IFLOW_ACT_GELU_TANH && hp->ffn_dim == 128;
+}
+
+/* starcoder2: biases everywhere, tied, no window (llama.cpp's) */
+static int starcoder2_hp(const iflow_hparams *hp)
+{
+    return hp->rope_layout == IFK_ROPE_HALF && hp->norm == IFLOW_NORM_LAYER && hp->attn_bias && hp->mlp_bias &&
+           hp->tie_embeddings && hp->sliding_window == 0;
+}
+
+static void test_granite(void)
+{
+    check_gguf("granite", "granite", "granite", granite_hp);
+    check_gguf("granitemoe", "granitemoe", "granitemoe", granitemoe_hp);
+    check_gguf("granitemoeshared", "granitemoeshared", "granitemoe", granitemoeshared_hp);
+}
+
+static void test_olmo2(void)
+{
+    check_gguf("olmo2", "olmo2", "olmo2", olmo2_hp);
+    check_gguf("olmo3", "olmo3", "olmo2", olmo3_hp);
+}
+
+static void test_stablelm(void)
+{
+    check_gguf("stablelm", "stablelm", "stablelm", stablelm_hp);
+    check_gguf("stablelm-par", "stablelm-par", "stablelm", stablelm_par_hp);
+}
+
+static void test_phi(void) { check_gguf("phi", "phi", "phi", phi_hp); }
+static void test_starcoder2(void) { check_gguf("starcoder2", "starcoder2", "starcoder2", starcoder2_hp); }
+
 static void test_qwen2(void) { check_gguf("qwen2", "qwen2", "qwen2", qwen2_hp); }
 static void test_olmoe(void) { check_gguf("olmoe", "olmoe", "olmoe", olmoe_hp); }
 static void test_qwen3(void) { check_gguf("qwen3", "qwen3", "qwen3", qwen3_hp); }
@@ -418,6 +500,11 @@ int main(void)
     RUN(test_qwen3_moe);
     RUN(test_qwen2_moe);
     RUN(test_olmoe);
+    RUN(test_granite);
+    RUN(test_olmo2);
+    RUN(test_stablelm);
+    RUN(test_phi);
+    RUN(test_starcoder2);
     RUN(test_mistral);
     RUN(test_gemma);
     RUN(test_gemma2);
