@@ -148,6 +148,11 @@ def family_seeds():
         "qwen2moe_experts.gguf": model("qwen2moe", [("qwen2moe.expert_count", U32, 2), ("qwen2moe.expert_used_count", U32, 1),
                                                     ("qwen2moe.expert_feed_forward_length", U32, 4),
                                                     ("qwen2moe.expert_shared_feed_forward_length", U32, 4)], moe, moe_data),
+        # Granite's multipliers; OLMo 3's windowed layers as a list of booleans (read as a list)
+        "granite_scales.gguf": model("granite", [("granite.embedding_scale", F32, 3.0), ("granite.attention.scale", F32, 0.3),
+                                                 ("granite.residual_scale", F32, 0.5), ("granite.logit_scale", F32, 4.0)]),
+        "olmo3_pattern.gguf": model("olmo2", [("olmo2.attention.sliding_window", U32, 4),
+                                              ("olmo2.attention.sliding_window_pattern", ARR, (BOOL, [True, False]))]),
     }
 
 
