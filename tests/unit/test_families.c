@@ -288,6 +288,19 @@ static void check_moe_step(const char *name)
     for (size_t i = 0; i < 15 * (size_t)V; i++)
         worst = fmax(worst, fabs((double)alone[i] - together[i]));
     CHECK(worst == 0, "%s: a step of three sequences differs from each alone by %.3g", name, worst);
+    /* decode on two threads (each expert's products split over them) as on one, bit for bit */
+    float *one = malloc(sizeof(float) * 5 * (size_t)V), *two = malloc(sizeof(float) * 5 * (size_t)V);
+    iflow_ctx *c1, *c2;
+    CHECK(iflow_ctx_open(&c1, m, 16, 1) == 0 && iflow_ctx_open(&c2, m, 16, 2) == 0, "ctx: %s", iflow_errmsg());
+    for (int t = 0; t < 5; t++)
+        CHECK(iflow_ctx_eval(c1, seqs[1] + t, 1, one + (size_t)t * V, 0) == 0 &&
+                  iflow_ctx_eval(c2, seqs[1] + t, 1, two + (size_t)t * V, 0) == 0,
+              "eval: %s", iflow_errmsg());
+    CHECK(memcmp(one, two, sizeof(float) * 5 * (size_t)V) == 0, "%s: decode on two threads differs from one", name);
+    iflow_ctx_close(c1);
+    iflow_ctx_close(c2);
+    free(one);
+    free(two);
     iflow_ctx_close(sc);
     iflow_kv_close(kv);
     for (int i = 0; i < 3; i++)
