@@ -41,7 +41,7 @@ iflow_part_bytes iflow_part_weight_bytes(const iflow_hparams *hp, const int *t, 
     b.attn = mb[IFLOW_PM_WQ] + mb[IFLOW_PM_WK] + mb[IFLOW_PM_WV] + mb[IFLOW_PM_WO] + (uint64_t)D * sizeof(float);
     const int gated = hp->ffn == IFLOW_FFN_GATED;
     b.ffn = mb[IFLOW_PM_GATE] + mb[IFLOW_PM_UP] + mb[IFLOW_PM_DOWN] + (uint64_t)D * sizeof(float);
-    if (hp->norm == IFLOW_NORM_LAYER)
+    if (iflow_norm_biased(hp))
         b.attn += (uint64_t)D * sizeof(float), b.ffn += (uint64_t)D * sizeof(float);
     if (hp->qkv_bias)
         b.attn += (uint64_t)(nq + 2 * nkv) * sizeof(float);

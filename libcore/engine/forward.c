@@ -344,7 +344,9 @@ int iflow_kv_shift(iflow_kv *kv, const int32_t *table, int n_past, int keep, int
     for (int k = 0; k < kv->n_parts; k++) {
         if (!kv->k[k] || !kv->v[k])
             continue;
-        ifk_rope_params rp = {hp->rope_dim, layer_theta(m, &kv->L[k]), m->rope_scale, hp->rope_layout};
+        /* a NoPE layer's keys move unrotated (no rotated dimensions) */
+        ifk_rope_params rp = {iflow_layer_rotates(hp, layer_of_part(m, k)) ? hp->rope_dim : 0,
+                              layer_theta(m, &kv->L[k]), m->rope_scale, hp->rope_layout};
         iflow_device *d = kv->dev[k];
         if (!d) { /* pools in host memory */
             float *tmp = malloc((size_t)kv->L[k].n_kv_heads * kv->L[k].head_dim * sizeof(float));
@@ -710,7 +712,8 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
         IFLOW_TRY(d->ops->rmsnorm(d, s->kx, s->kx, w->k_norm, T * nkv, hd, hp->norm_eps));
     }
     const float theta = layer_theta(m, L);
-    if (hp->position == IFLOW_POS_ROPE && d->ops->rope_store) { /* RoPE and the cache store in one op */
+    const int rotates = iflow_layer_rotates(hp, layer_of_part(m, k)); /* NoPE layers: keys stored as they are */
+    if (rotates && d->ops->rope_store) { /* RoPE and the cache store in one op */
         const ifk_rope_params rp = {.rot_dim = hp->rope_dim, .theta = theta, .freq_scale = rope_scale,
                                     .layout = hp->rope_layout};
         for (int i = 0; i < r->n_seq; i++) {
@@ -720,7 +723,7 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
                                          &rp));
         }
     } else {
-        for (int i = 0; i < r->n_seq && hp->position == IFLOW_POS_ROPE; i++) {
+        for (int i = 0; i < r->n_seq && rotates; i++) {
             const ifk_kv_seq *q = &r->seq[i];
             IFLOW_TRY(d->ops->rope(d, s->q + (size_t)q->row0 * Q, (size_t)Q, q->n_rows, nq, hd, hp->rope_dim, q->pos0,
                                    theta, rope_scale, hp->rope_layout));

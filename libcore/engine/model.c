@@ -130,6 +130,38 @@ static int get_bool_or(const json_t *hp, const char *key, int fallback, int *dst
     return get_bool(hp, key, dst, what);
 }
 
+/* Layers without rotary positions (NoPE): nope_pattern N (every Nth layer), rope_layers (a
+ * per-layer list, 1 or true for a rotated layer: SmolLM3's no_rope_layers), which must repeat
+ * every Nth layer unrotated, or nope_global (the global layers of window_pattern: Cohere 2). */
+static int read_nope(iflow_hparams *hp, const json_t *h, const char *what)
+{
+    int rc, global;
+    const json_t *list = json_object_get(h, "rope_layers");
+    if ((rc = get_int_or(h, "nope_pattern", 0, &hp->nope_pattern, what)) ||
+        (rc = get_bool_or(h, "nope_global", 0, &global, what)))
+        return rc;
+    if (global)
+        hp->nope_pattern = hp->window_pattern > 1 ? hp->window_pattern : 0;
+    if (!json_is_array(list))
+        return 0;
+    const size_t n = json_array_size(list);
+    int pattern = 0;
+    for (size_t l = 0; l < n; l++) {
+        const json_t *v = json_array_get(list, l);
+        const int rotated = json_is_boolean(v) ? json_is_true(v) : json_is_integer(v) ? json_integer_value(v) != 0 : -1;
+        if (rotated < 0)
+            return iflow_seterr(IFLOW_EFORMAT, "rope_layers in '%s': entry %zu is not 0, 1, true or false", what, l);
+        if (!rotated && !pattern)
+            pattern = (int)l + 1;
+        if (rotated != !(pattern > 0 && (l + 1) % (size_t)pattern == 0))
+            return iflow_seterr(IFLOW_EUNSUPPORTED, "rope_layers in '%s': layer %zu is %s, which is not every %d-th "
+                                "layer without rotary positions (the pattern iflow implements)", what, l,
+                                rotated ? "rotated" : "not rotated", pattern);
+    }
+    hp->nope_pattern = pattern;
+    return 0;
+}
+
 /* A token id or -1 (none), -1 when absent. */
 static int get_token_or(const json_t *hp, const char *key, int *dst, const char *what)
 {
@@ -473,8 +505,11 @@ int iflow_hparams_from_json(iflow_hparams *hp, const json_t *resolved, const cha
     hp->attn_scale = 1.0f / sqrtf(hp->attn_scale > 0 ? hp->attn_scale : (float)hp->head_dim);
     if (hp->embed_scale < 0) /* as transformers: the Python float sqrt, then rounded to F32 */
         hp->embed_scale = (float)sqrt((double)hp->dim);
-    if ((rc = read_scales(hp, h, what)))
+    int norm_bias;
+    if ((rc = read_scales(hp, h, what)) || (rc = read_nope(hp, h, what)) ||
+        (rc = get_bool_or(h, "norm_bias", 1, &norm_bias, what)))
         return rc;
+    hp->norm_no_bias = !norm_bias;
     if (hp->n_heads % hp->n_kv_heads)
         return iflow_seterr(IFLOW_ESHAPE, "n_heads %d is not a multiple of n_kv_heads %d in '%s'", hp->n_heads,
                             hp->n_kv_heads, what);
@@ -515,7 +550,7 @@ static void attn_tensors(const iflow_hparams *hp, iflow_tensor_req *r, size_t *n
             continue;
         snprintf(name, sizeof name, "%s%s", prefix, names[i]);
         req(r, n, name, rows[i], cols[i]);
-        if (i == 0 && hp->norm == IFLOW_NORM_LAYER) {
+        if (i == 0 && iflow_norm_biased(hp)) {
             snprintf(norm_b, sizeof norm_b, "%s%s_b", prefix, names[0]);
             req(r, n, norm_b, D, 0);
         }
@@ -542,7 +577,7 @@ static void layer_tensors(const iflow_hparams *hp, iflow_tensor_req *r, size_t *
         attn_tensors(hp, r, n, prefix, xattn);
     if (!hp->post_norms_only)
         L("ffn_norm", D, 0);
-    if (!hp->post_norms_only && hp->norm == IFLOW_NORM_LAYER)
+    if (!hp->post_norms_only && iflow_norm_biased(hp))
         L("ffn_norm_b", D, 0);
     if (!hp->n_experts || hp->shared_expert) { /* the dense FFN, or a mixture's shared expert */
         if (hp->ffn == IFLOW_FFN_GATED)
@@ -582,7 +617,7 @@ static void final_norm(const iflow_hparams *hp, iflow_tensor_req *r, size_t *n, 
     snprintf(name, sizeof name, "%soutput_norm", prefix);
     req(r, n, name, hp->dim, 0);
     snprintf(name, sizeof name, "%soutput_norm_b", prefix);
-    if (hp->norm == IFLOW_NORM_LAYER)
+    if (iflow_norm_biased(hp))
         req(r, n, name, hp->dim, 0);
 }
 
@@ -606,7 +641,7 @@ int iflow_model_tensors(const iflow_hparams *hp, iflow_tensor_req **reqs, size_t
         req(r, n, "rope_freqs", hp->rope_dim / 2, 0);
     if (hp->embed_norm) {
         req(r, n, "embd_norm", D, 0);
-        if (hp->norm == IFLOW_NORM_LAYER)
+        if (iflow_norm_biased(hp))
             req(r, n, "embd_norm_b", D, 0);
     }
     for (int l = 0; encdec && l < hp->n_enc_layers; l++) {

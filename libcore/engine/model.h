@@ -82,6 +82,10 @@ typedef struct {
     float rope_theta_local;   /* > 0: the rope base of windowed layers (Gemma 3) */
     int parallel_residual;    /* x + attn(n1(x)) + ffn(n2(x)), both reading the layer's input
                                  (GPT-NeoX, GPT-J); else the FFN reads x + attn(n1(x)) */
+    int norm_no_bias;         /* the hyperparameter norm_bias = false: LayerNorms without a bias
+                                 (Cohere's); see iflow_norm_biased */
+    int nope_pattern;         /* N > 0: layer l has no rotary positions when (l + 1) % N == 0
+                                 (SmolLM3's NoPE layers, Cohere 2's global ones); 0: every layer */
     int post_norms_only;      /* the hyperparameter pre_norms = false: each sub-block reads x
                                  itself, not a norm of it (no attn_norm, ffn_norm), and post_norms
                                  normalize its output (OLMo 2) */
@@ -144,6 +148,14 @@ typedef struct {
        and beam search */
     int forced_eos;
 } iflow_hparams;
+
+/* 1 when the blocks' norms have biases (norm = layer, unless norm_bias = false). */
+static inline int iflow_norm_biased(const iflow_hparams *hp) { return hp->norm == IFLOW_NORM_LAYER && !hp->norm_no_bias; }
+/* 1 when layer l rotates q and k (position = rope, and not one of nope_pattern's layers). */
+static inline int iflow_layer_rotates(const iflow_hparams *hp, int l)
+{
+    return hp->position == IFLOW_POS_ROPE && !(hp->nope_pattern > 0 && (l + 1) % hp->nope_pattern == 0);
+}
 
 /* Read {"blocks": {...}, "hparams": {...}} (a resolved spec). A block choice the engine lacks
  * gives IFLOW_EUNSUPPORTED naming the block; `what` names the source in messages. */

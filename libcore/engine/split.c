@@ -69,7 +69,7 @@ int iflow_split_tensors(const iflow_hparams *hp, const iflow_plan *p, int dev, i
         add(t, n, "tok_type_embd", hp->token_types, D, 0, 0, hp->token_types);
     if (embed && hp->embed_norm) {
         add(t, n, "embd_norm", D, 0, 0, 0, D);
-        if (hp->norm == IFLOW_NORM_LAYER)
+        if (iflow_norm_biased(hp))
             add(t, n, "embd_norm_b", D, 0, 0, 0, D);
     }
     if (hp->rope_freqs && hp->position == IFLOW_POS_ROPE) /* every file: the model's rope_scale, on the host */
@@ -78,7 +78,7 @@ int iflow_split_tensors(const iflow_hparams *hp, const iflow_plan *p, int dev, i
 #define L(suffix, d0, d1, cols, a0, a1) (snprintf(name, sizeof name, "blk.%d." suffix, l), add(t, n, name, d0, d1, cols, a0, a1))
         if (!hp->post_norms_only)
             L("attn_norm", D, 0, 0, 0, D);
-        if (!hp->post_norms_only && hp->norm == IFLOW_NORM_LAYER)
+        if (!hp->post_norms_only && iflow_norm_biased(hp))
             L("attn_norm_b", D, 0, 0, 0, D);
         L("wq", q1 - q0, D, 0, q0, q1);
         L("wk", k1 - k0, D, 0, k0, k1);
@@ -101,7 +101,7 @@ int iflow_split_tensors(const iflow_hparams *hp, const iflow_plan *p, int dev, i
             L("attn_post_norm", D, 0, 0, 0, D);
         if (!hp->post_norms_only)
             L("ffn_norm", D, 0, 0, 0, D);
-        if (!hp->post_norms_only && hp->norm == IFLOW_NORM_LAYER)
+        if (!hp->post_norms_only && iflow_norm_biased(hp))
             L("ffn_norm_b", D, 0, 0, 0, D);
         if (hp->ffn == IFLOW_FFN_GATED)
             L("ffn_gate", f1 - f0, D, 0, f0, f1);
@@ -121,7 +121,7 @@ int iflow_split_tensors(const iflow_hparams *hp, const iflow_plan *p, int dev, i
     if (output && hp->layout != IFLOW_LAYOUT_ENCODER) { /* an encoder's output is its hidden states */
         if (hp->final_norm) {
             add(t, n, "output_norm", D, 0, 0, 0, D);
-            if (hp->norm == IFLOW_NORM_LAYER)
+            if (iflow_norm_biased(hp))
                 add(t, n, "output_norm_b", D, 0, 0, 0, D);
         }
         if (!hp->tie_embeddings)

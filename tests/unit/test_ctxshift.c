@@ -36,7 +36,7 @@
 #include <unistd.h>
 
 static char dir[] = "/tmp/iflow-test-ctxshift-XXXXXX";
-static char s260[512], xs[512], s_gguf[512], s_linear[512], s_llama3[512], s_gemma3[512];
+static char s260[512], xs[512], s_gguf[512], s_linear[512], s_llama3[512], s_gemma3[512], s_smollm3[512];
 
 static float urand(void) { return (float)(rnd_u32() % 20001) / 10000.0f - 1.0f; }
 
@@ -185,7 +185,7 @@ static void engine_case(const char *path)
             for (int q = 0; q < N - DISCARD; q++) {
                 int src = q < KEEP ? q : q + DISCARD;
                 float *want = before + (((size_t)l * 2 + w) * N + src) * KV;
-                if (w == 0 && q >= KEEP) /* keys: rotated back by DISCARD positions */
+                if (w == 0 && q >= KEEP && iflow_layer_rotates(hp, l)) /* keys: rotated back by DISCARD (NoPE: moved) */
                     ifk_rope(want, hp->n_kv_heads, hp->head_dim, hp->rope_dim, -DISCARD, ref_theta(hp, l), scale,
                              hp->rope_layout);
                 iflow_kv_read_row(kv, l, w, table, q, row);
@@ -307,6 +307,18 @@ static void test_engine(void)
                      s_gemma3, sizeof s_gemma3) == 0) {
         expect_rope(s_gemma3, IFLOW_ROPE_SCALING_NONE, 0, 10000);
         engine_case(s_gemma3);
+    }
+    /* SmolLM3's NoPE layers (every second here): their keys move without a rotation */
+    if (make_variant("smollm3",
+                     "{\"architectures\": [\"SmolLM3ForCausalLM\"], \"model_type\": \"smollm3\", "
+                     "\"no_rope_layers\": [1, 0, 1, 0, 1], \"no_rope_layer_interval\": 2}",
+                     s_smollm3, sizeof s_smollm3) == 0) {
+        iflow_model *m;
+        if (iflow_model_open(&m, s_smollm3, 0) == 0) {
+            CHECK(iflow_model_hparams(m)->nope_pattern == 2, "the SmolLM3 variant has NoPE layers");
+            iflow_model_close(m);
+        }
+        engine_case(s_smollm3);
     }
 }
 

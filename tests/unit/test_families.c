@@ -17,6 +17,7 @@
 #include "testlib.h"
 #include "libcore/base/dtype.h"
 #include "libcore/base/error.h"
+#include "kernels/cpu/kernels.h"
 #include "libcore/engine/model.h"
 #include "libcore/engine/observe.h"
 #include "libcore/engine/plan.h"
@@ -557,6 +558,34 @@ static int starcoder2_hp(const iflow_hparams *hp)
 
 static void test_starcoder2(void) { check_family("starcoder2", starcoder2_hp); }
 
+/* SmolLM3: layer 3 of 4 unrotated (no_rope_layers 1 1 1 0) */
+static int smollm3_hp(const iflow_hparams *hp)
+{
+    return hp->nope_pattern == 4 && iflow_layer_rotates(hp, 2) && !iflow_layer_rotates(hp, 3) && hp->tie_embeddings;
+}
+
+/* Cohere: a parallel residual over one LayerNorm without a bias, interleaved rope, logits x 0.5;
+ * Cohere 2: three windowed layers (5) rotated, then a global one unrotated */
+static int cohere_hp(const iflow_hparams *hp)
+{
+    return hp->norm == IFLOW_NORM_LAYER && !iflow_norm_biased(hp) && hp->parallel_residual &&
+           hp->rope_layout == IFK_ROPE_INTERLEAVED && hp->logit_scale == 0.5f && hp->tie_embeddings &&
+           !hp->nope_pattern;
+}
+
+static int cohere2_hp(const iflow_hparams *hp)
+{
+    return !iflow_norm_biased(hp) && hp->parallel_residual && hp->sliding_window == 5 && hp->window_pattern == 4 &&
+           hp->nope_pattern == 4 && iflow_layer_rotates(hp, 0) && !iflow_layer_rotates(hp, 3);
+}
+
+static void test_nope(void)
+{
+    check_family("smollm3", smollm3_hp);
+    check_family("cohere", cohere_hp);
+    check_family("cohere2", cohere2_hp);
+}
+
 /* An encoder (specs/bert.ini): the pooled embedding of the fixture's ids against transformers'
  * float64 BertModel with sentence-transformers' pooling, within 1e-5 (F32 against float64). */
 static void check_encoder(const char *family, int pooling, int normalize)
@@ -714,6 +743,7 @@ int main(void)
     RUN(test_stablelm);
     RUN(test_phi);
     RUN(test_starcoder2);
+    RUN(test_nope);
     RUN(test_bert);
     RUN(test_bert_cls);
     RUN(test_bad_rows);

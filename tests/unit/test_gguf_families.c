@@ -357,6 +357,32 @@ static void test_stablelm(void)
 static void test_phi(void) { check_gguf("phi", "phi", "phi", phi_hp); }
 static void test_starcoder2(void) { check_gguf("starcoder2", "starcoder2", "starcoder2", starcoder2_hp); }
 
+/* smollm3: llama's permuted q/k, every fourth layer unrotated (llama.cpp's fixed step) */
+static int smollm3_hp(const iflow_hparams *hp)
+{
+    return hp->rope_layout == IFK_ROPE_INTERLEAVED && hp->nope_pattern == 4 && hp->tie_embeddings;
+}
+
+/* command-r: one bias-free LayerNorm a layer, rotated in pairs, logit_scale; cohere2: the window
+ * from the metadata, llama.cpp's pattern of 4, the global layers unrotated */
+static int cohere_hp(const iflow_hparams *hp)
+{
+    return hp->rope_layout == IFK_ROPE_INTERLEAVED && !iflow_norm_biased(hp) && hp->parallel_residual &&
+           hp->logit_scale == 0.5f && hp->tie_embeddings;
+}
+
+static int cohere2_hp(const iflow_hparams *hp)
+{
+    return cohere_hp(hp) && hp->sliding_window == 5 && hp->window_pattern == 4 && hp->nope_pattern == 4;
+}
+
+static void test_nope(void)
+{
+    check_gguf("smollm3", "smollm3", "smollm3", smollm3_hp);
+    check_gguf("cohere", "cohere", "cohere", cohere_hp);
+    check_gguf("cohere2", "cohere2", "cohere2", cohere2_hp);
+}
+
 static void test_qwen2(void) { check_gguf("qwen2", "qwen2", "qwen2", qwen2_hp); }
 static void test_olmoe(void) { check_gguf("olmoe", "olmoe", "olmoe", olmoe_hp); }
 static void test_qwen3(void) { check_gguf("qwen3", "qwen3", "qwen3", qwen3_hp); }
@@ -505,6 +531,7 @@ int main(void)
     RUN(test_stablelm);
     RUN(test_phi);
     RUN(test_starcoder2);
+    RUN(test_nope);
     RUN(test_mistral);
     RUN(test_gemma);
     RUN(test_gemma2);
