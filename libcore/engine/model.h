@@ -150,7 +150,10 @@ typedef struct {
 } iflow_hparams;
 
 /* 1 when the blocks' norms have biases (norm = layer, unless norm_bias = false). */
-static inline int iflow_norm_biased(const iflow_hparams *hp) { return hp->norm == IFLOW_NORM_LAYER && !hp->norm_no_bias; }
+static inline int iflow_norm_biased(const iflow_hparams *hp)
+{
+    return hp->norm == IFLOW_NORM_LAYER && !hp->norm_no_bias;
+}
 /* 1 when layer l rotates q and k (position = rope, and not one of nope_pattern's layers). */
 static inline int iflow_layer_rotates(const iflow_hparams *hp, int l)
 {
