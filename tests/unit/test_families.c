@@ -586,6 +586,41 @@ static void test_nope(void)
     check_family("cohere2", cohere2_hp);
 }
 
+/* GLM: rotary on 4 of 8 dimensions in interleaved pairs, q/k/v biases, gate and up as rows of
+ * gate_up_proj; GLM-4-0414: post norms beside the pre norms */
+static int glm_hp(const iflow_hparams *hp)
+{
+    return hp->rope_layout == IFK_ROPE_INTERLEAVED && hp->rope_dim == 4 && hp->qkv_bias && !hp->attn_bias &&
+           !hp->post_norms;
+}
+
+static int glm4_hp(const iflow_hparams *hp)
+{
+    return hp->rope_layout == IFK_ROPE_INTERLEAVED && hp->rope_dim == 4 && hp->qkv_bias && hp->post_norms &&
+           !hp->post_norms_only;
+}
+
+/* EXAONE 4: post norms only, per-head q/k norms; -swa: three windowed layers (5), then an
+ * unrotated global one */
+static int exaone4_hp(const iflow_hparams *hp)
+{
+    return hp->post_norms_only && hp->qk_norm && !hp->qk_norm_full && hp->sliding_window == 0 && !hp->nope_pattern;
+}
+
+static int exaone4_swa_hp(const iflow_hparams *hp)
+{
+    return hp->post_norms_only && hp->qk_norm && hp->sliding_window == 5 && hp->window_pattern == 4 &&
+           hp->nope_pattern == 4;
+}
+
+static void test_glm_exaone(void)
+{
+    check_family("glm", glm_hp);
+    check_family("glm4", glm4_hp);
+    check_family("exaone4", exaone4_hp);
+    check_family("exaone4-swa", exaone4_swa_hp);
+}
+
 /* An encoder (specs/bert.ini): the pooled embedding of the fixture's ids against transformers'
  * float64 BertModel with sentence-transformers' pooling, within 1e-5 (F32 against float64). */
 static void check_encoder(const char *family, int pooling, int normalize)
@@ -744,6 +779,7 @@ int main(void)
     RUN(test_phi);
     RUN(test_starcoder2);
     RUN(test_nope);
+    RUN(test_glm_exaone);
     RUN(test_bert);
     RUN(test_bert_cls);
     RUN(test_bad_rows);

@@ -383,6 +383,29 @@ static void test_nope(void)
     check_gguf("cohere2", "cohere2", "cohere2", cohere2_hp);
 }
 
+/* glm4: q and k as stored (rotated in pairs), 4 of 8 dimensions, post norms, gate and up rows
+ * of the fused ffn_up */
+static int glm4_hp(const iflow_hparams *hp)
+{
+    return hp->rope_layout == IFK_ROPE_INTERLEAVED && hp->rope_dim == 4 && hp->qkv_bias && hp->post_norms &&
+           !hp->post_norms_only;
+}
+
+/* exaone4: post norms only, per-head q/k norms; the -swa file's window and pattern unused (not
+ * 64 layers: llama.cpp's rule), every layer rotated */
+static int exaone4_hp(const iflow_hparams *hp)
+{
+    return hp->rope_layout == IFK_ROPE_HALF && hp->post_norms_only && hp->qk_norm && !hp->qk_norm_full &&
+           hp->sliding_window == 0 && !hp->nope_pattern;
+}
+
+static void test_glm_exaone(void)
+{
+    check_gguf("glm4", "glm4", "glm4", glm4_hp);
+    check_gguf("exaone4", "exaone4", "exaone4", exaone4_hp);
+    check_gguf("exaone4-swa", "exaone4-swa", "exaone4", exaone4_hp);
+}
+
 static void test_qwen2(void) { check_gguf("qwen2", "qwen2", "qwen2", qwen2_hp); }
 static void test_olmoe(void) { check_gguf("olmoe", "olmoe", "olmoe", olmoe_hp); }
 static void test_qwen3(void) { check_gguf("qwen3", "qwen3", "qwen3", qwen3_hp); }
@@ -490,6 +513,16 @@ static void test_metadata_rules(void)
     r = resolve("gemma3", "gemma3", GEMMA_KEYS("gemma3", 46)); /* gemma2's 27B rule is not gemma3's */
     CHECK(r && hparam(r, "attn_scale_dim") == 0, "gemma3 with 46 layers: head_dim");
     json_decref(r);
+    /* exaone4: llama.cpp windows the 64-layer model alone (its window, a pattern of 4 unless the
+     * file lists one; the global layers unrotated) */
+    r = resolve("exaone4", "exaone4", GEMMA_KEYS("exaone4", 64));
+    CHECK(r && hparam(r, "sliding_window") == 5 && hparam(r, "window_pattern") == 4 &&
+              json_is_true(json_object_get(json_object_get(r, "hparams"), "nope_global")),
+          "exaone4 32B: windowed, every 4th layer global and unrotated");
+    json_decref(r);
+    r = resolve("exaone4", "exaone4", GEMMA_KEYS("exaone4", 30));
+    CHECK(r && hparam(r, "sliding_window") == 0, "exaone4 1.2B: no window, whatever the metadata");
+    json_decref(r);
     /* a factor without a type scales linearly, as llama.cpp reads it (older converters' key) */
     static const char llama[] = "{\"general\": {\"architecture\": \"llama\"}, \"llama\": {\"block_count\": 2, "
                                 "\"embedding_length\": 32, \"feed_forward_length\": 64, \"attention\": {\"head_count\": 4}, "
@@ -532,6 +565,7 @@ int main(void)
     RUN(test_phi);
     RUN(test_starcoder2);
     RUN(test_nope);
+    RUN(test_glm_exaone);
     RUN(test_mistral);
     RUN(test_gemma);
     RUN(test_gemma2);
