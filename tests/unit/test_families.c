@@ -621,6 +621,25 @@ static void test_glm_exaone(void)
     check_family("exaone4-swa", exaone4_swa_hp);
 }
 
+/* ERNIE 4.5: interleaved rope over the whole head, biases everywhere, tied; Seed-OSS: q/k/v
+ * biases without the output's, head_dim 12 */
+static int ernie4_5_hp(const iflow_hparams *hp)
+{
+    return hp->rope_layout == IFK_ROPE_INTERLEAVED && hp->rope_dim == 8 && hp->attn_bias && hp->mlp_bias &&
+           hp->tie_embeddings;
+}
+
+static int seed_oss_hp(const iflow_hparams *hp)
+{
+    return hp->rope_layout == IFK_ROPE_HALF && hp->qkv_bias && !hp->attn_bias && hp->head_dim == 12;
+}
+
+static void test_ernie_seed(void)
+{
+    check_family("ernie4_5", ernie4_5_hp);
+    check_family("seed_oss", seed_oss_hp);
+}
+
 /* An encoder (specs/bert.ini): the pooled embedding of the fixture's ids against transformers'
  * float64 BertModel with sentence-transformers' pooling, within 1e-5 (F32 against float64). */
 static void check_encoder(const char *family, int pooling, int normalize)
@@ -780,6 +799,7 @@ int main(void)
     RUN(test_starcoder2);
     RUN(test_nope);
     RUN(test_glm_exaone);
+    RUN(test_ernie_seed);
     RUN(test_bert);
     RUN(test_bert_cls);
     RUN(test_bad_rows);

@@ -406,6 +406,23 @@ static void test_glm_exaone(void)
     check_gguf("exaone4-swa", "exaone4-swa", "exaone4", exaone4_hp);
 }
 
+/* ernie4_5: rotated in pairs, biases; seed_oss: NEOX order, q/k/v biases only */
+static int ernie4_5_hp(const iflow_hparams *hp)
+{
+    return hp->rope_layout == IFK_ROPE_INTERLEAVED && hp->attn_bias && hp->mlp_bias && hp->tie_embeddings;
+}
+
+static int seed_oss_hp(const iflow_hparams *hp)
+{
+    return hp->rope_layout == IFK_ROPE_HALF && hp->qkv_bias && !hp->attn_bias && hp->head_dim == 12;
+}
+
+static void test_ernie_seed(void)
+{
+    check_gguf("ernie4_5", "ernie4_5", "ernie4_5", ernie4_5_hp);
+    check_gguf("seed_oss", "seed_oss", "seed_oss", seed_oss_hp);
+}
+
 static void test_qwen2(void) { check_gguf("qwen2", "qwen2", "qwen2", qwen2_hp); }
 static void test_olmoe(void) { check_gguf("olmoe", "olmoe", "olmoe", olmoe_hp); }
 static void test_qwen3(void) { check_gguf("qwen3", "qwen3", "qwen3", qwen3_hp); }
@@ -566,6 +583,7 @@ int main(void)
     RUN(test_starcoder2);
     RUN(test_nope);
     RUN(test_glm_exaone);
+    RUN(test_ernie_seed);
     RUN(test_mistral);
     RUN(test_gemma);
     RUN(test_gemma2);
