@@ -77,14 +77,35 @@ static size_t n_chars(const char *s)
     return n;
 }
 
+/* Characters by which the prompt's tokens' texts exceed the prompt (SentencePiece's dummy prefix:
+ * the first token reads " Once" where the prompt reads "Once"), 0 when they do not. */
+static size_t prompt_skew(const json_t *prompt_lps, const char *text, size_t len)
+{
+    size_t i, tokens = 0, chars = 0;
+    for (size_t j = 0; text && j < len; j++)
+        chars += ((unsigned char)text[j] & 0xC0) != 0x80;
+    json_t *e, *t, *b;
+    json_array_foreach(prompt_lps, i, e)
+    {
+        token_parts(e, &t, &b);
+        tokens += n_chars(json_string_value(t));
+        json_decref(t), json_decref(b);
+    }
+    return tokens > chars ? tokens - chars : 0;
+}
+
 /* The completions API's logprobs: {"tokens", "token_logprobs", "top_logprobs" (an object of
  * token text to logprob a position), "text_offset" (in characters, from the text's start)}, of
- * the prompt's tokens (echo: iflow's prompt_logprobs, or NULL) and then the completion's. */
-static json_t *completion_logprobs(const json_t *prompt, const json_t *native)
+ * the prompt's tokens (echo: iflow's prompt_logprobs of prompt_text, or NULL) and then the
+ * completion's. With echo an offset indexes the echoed text: characters the prompt's tokens add
+ * to it (a dummy prefix) are taken off, the first token's at 0. */
+static json_t *completion_logprobs(const json_t *prompt, const char *prompt_text, size_t prompt_len,
+                                   const json_t *native)
 {
     json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offsets = json_array(), *e, *tp;
     json_t *all = json_array();
     size_t i, k, at = 0;
+    const size_t skew = prompt ? prompt_skew(prompt, prompt_text, prompt_len) : 0;
     if (prompt)
         json_array_extend(all, (json_t *)prompt);
     json_array_extend(all, (json_t *)native);
@@ -100,7 +121,7 @@ static json_t *completion_logprobs(const json_t *prompt, const json_t *native)
             json_object_set(top, json_string_value(tt), json_object_get(tp, "logprob"));
             json_decref(tt), json_decref(tb);
         }
-        json_array_append_new(offsets, json_integer((json_int_t)at));
+        json_array_append_new(offsets, json_integer((json_int_t)(at > skew ? at - skew : 0)));
         at += n_chars(json_string_value(text));
         json_array_append_new(tokens, text);
         json_array_append(lps, json_object_get(e, "logprob"));
@@ -151,7 +172,7 @@ static json_t *choice(const json_t *c, int index, const iflow_request_fields *f,
     } else {
         json_object_set_new(o, "text", completion_text(c, f));
         const json_t *plp = f->echo ? json_object_get(native, "prompt_logprobs") : NULL;
-        json_object_set_new(o, "logprobs", lp ? completion_logprobs(plp, lp) : json_null());
+        json_object_set_new(o, "logprobs", lp ? completion_logprobs(plp, f->prompt, f->prompt_len, lp) : json_null());
     }
     json_object_set_new(o, "finish_reason", json_string(finish_reason(c)));
     return o;

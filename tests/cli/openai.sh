@@ -166,6 +166,13 @@ expect_eq "$(jq -r '.response.body.choices[0].text' <<<"$g")" "Once upon a time$
 expect_eq "$(jq -c '.response.body.choices[0].logprobs.token_logprobs[5:]' <<<"$g")" "$(jq -c '[.logprobs[].logprob]' <<<"$ng")" \
     "echo with generation: the completion's logprobs after the prompt's"
 expect_eq "$(jq -c '.response.body.choices[0].logprobs.token_logprobs | length' <<<"$g")" 11 "5 prompt and 6 new tokens"
+# text_offset indexes the echoed text: SentencePiece's dummy prefix (" Once" for "Once") is not in
+# it, so every token after the first starts where its text is, and the first at 0
+expect_eq "$(jq -c '.response.body.choices[0] | .text as $t | .logprobs | [.tokens, .text_offset] | transpose
+    | [.[2:][] | .[0] as $k | $t[.[1]:.[1] + ($k | length)] == $k] | all' <<<"$g")" true \
+    "echo: each token's text_offset is where its text starts in the echoed text"
+expect_eq "$(jq -c '.response.body.choices[0].logprobs.text_offset[:4]' <<<"$g")" '[0,0,4,9]' \
+    "echo: text_offset of <s>, \" Once\", \" upon\", \" a\" in \"Once upon a time\""
 expect_eq "$(jq -r '.response.body.error.message' <<<"$(reply e-ids)")" "field 'echo' goes with a text prompt, not token ids" \
     "echo of token ids: refused"
 expect_eq "$(jq -r '.response.body.error.message' <<<"$(reply e-zero)")" \
