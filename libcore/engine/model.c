@@ -218,8 +218,7 @@ static int read_moe(iflow_hparams *hp, const json_t *h, const char *what)
 static int read_scales(iflow_hparams *hp, const json_t *h, const char *what)
 {
     float embed_mult, attn_mult, logit_div;
-    int rc;
-    int pre_norms;
+    int rc, pre_norms;
     if ((rc = get_bool_or(h, "pre_norms", 1, &pre_norms, what)) ||
         (rc = get_float_or(h, "residual_scale", 1, &hp->residual_scale, what)) ||
         (rc = get_float_or(h, "logit_scale", 1, &hp->logit_scale, what)) ||
@@ -239,8 +238,7 @@ static int read_scales(iflow_hparams *hp, const json_t *h, const char *what)
     if (attn_mult > 0)
         hp->attn_scale = attn_mult;
     hp->post_norms_only = !pre_norms;
-    if (!pre_norms && (!hp->post_norms || hp->parallel_residual || hp->post_ln ||
-                           hp->layout != IFLOW_LAYOUT_DECODER))
+    if (!pre_norms && (!hp->post_norms || hp->parallel_residual || hp->post_ln || hp->layout != IFLOW_LAYOUT_DECODER))
         return iflow_seterr(IFLOW_EUNSUPPORTED, "pre_norms = false is implemented for a decoder with post_norms and "
                             "neither parallel_residual nor post_ln (in '%s')", what);
     return 0;
