@@ -48,7 +48,21 @@ typedef struct item {
     iflow_beam_run *beam;         /* a beam search while it runs                             */
     iflow_beam *beams;            /* its results, best first (res holds the best one too)   */
     int n_beams;
+    struct group *group;          /* one of an OpenAI completions line's prompts, or NULL      */
+    int gi;                       /* which one                                               */
 } item;
+
+/* The items of an OpenAI completions line whose "prompt" is a list: one a prompt, written as one
+ * reply (openai.c: choices prompt by prompt) once every one is in. Its items hold references;
+ * the last item_free frees it. */
+typedef struct group {
+    int n, done;                  /* prompts, and those the writer holds                     */
+    int refs;                     /* items alive (atomic)                                    */
+    item **members;               /* [n] the finished ones, by prompt (the writer's)         */
+    struct group *next_pending;   /* the writer's list of groups it holds members of         */
+} group;
+
+enum { MAX_PROMPTS = 2048 };      /* prompts of one completions line (OpenAI's limit for inputs) */
 
 typedef struct {
     pthread_mutex_t mu;
@@ -136,6 +150,10 @@ static void item_free(item *it)
     free(it->tags);
     iflow_beam_close(it->beam);
     iflow_beams_free(it->beams, it->n_beams);
+    if (it->group && __atomic_sub_fetch(&it->group->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+        free(it->group->members);
+        free(it->group);
+    }
     free(it);
 }
 
@@ -336,6 +354,72 @@ static item *parse_line(const reader *rd, const char *line, size_t len, long lin
     return it;
 }
 
+/* An OpenAI completions line whose body's "prompt" is a list of texts or of token-id lists
+ * (1 to MAX_PROMPTS): the line once for each, its body's prompt that one, into (*subs)[0..n)
+ * (malloc'd); 0 for any other line (parse_line judges it). */
+static int prompt_list(const char *line, size_t len, char ***subs)
+{
+    json_t *o = json_loadb(line, len, 0, NULL), *body = json_object_get(o, "body");
+    const json_t *list = json_object_get(body, "prompt"), *first = json_array_get(list, 0);
+    size_t n = json_array_size(list), j;
+    *subs = NULL;
+    if (!json_is_string(json_object_get(o, "url")) || !json_is_array(list) || n == 0 || n > MAX_PROMPTS ||
+        !(json_is_string(first) || json_is_array(first)) || !(*subs = calloc(n, sizeof **subs))) {
+        json_decref(o);
+        return 0;
+    }
+    json_t *each = json_incref((json_t *)list), *e;
+    json_array_foreach(each, j, e)
+    {
+        json_object_set(body, "prompt", e);
+        if (!((*subs)[j] = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER))) {
+            while (j > 0)
+                free((*subs)[--j]);
+            free(*subs);
+            *subs = NULL;
+            n = 0;
+            break;
+        }
+    }
+    json_decref(each);
+    json_decref(o);
+    return (int)n;
+}
+
+/* The items of line `line`: one, or one a prompt of a list (a group); *n of them into its[]
+ * (malloc'd). */
+static item **line_items(const reader *rd, const char *line, size_t len, long line_no, int *n)
+{
+    char **subs;
+    int k = prompt_list(line, len, &subs);
+    item **its = calloc(k > 0 ? (size_t)k : 1, sizeof *its);
+    group *g = k > 1 ? calloc(1, sizeof *g) : NULL;
+    if (g && !(g->members = calloc((size_t)k, sizeof *g->members)))
+        free(g), g = NULL;
+    *n = 0;
+    if (its && k > 1 && !g) {
+        free(its);
+        its = NULL;
+    }
+    for (int j = 0; its && j < (k > 0 ? k : 1); j++) {
+        item *it = k > 0 ? parse_line(rd, subs[j], strlen(subs[j]), line_no) : parse_line(rd, line, len, line_no);
+        if (!it)
+            break;
+        it->group = g;
+        its[(*n)++] = it;
+    }
+    for (int j = 0; g && j < *n; j++)
+        its[j]->gi = j;
+    if (g)
+        g->n = g->refs = *n;
+    if (g && *n == 0)
+        free(g->members), free(g);
+    for (int j = 0; j < k; j++)
+        free(subs[j]);
+    free(subs);
+    return its;
+}
+
 static void *reader_main(void *arg)
 {
     const reader *rd = arg;
@@ -349,13 +433,19 @@ static void *reader_main(void *arg)
             len--;
         if (len == 0)
             continue; /* blank lines are not requests */
-        item *it = parse_line(rd, line, (size_t)len, line_no);
-        if (it)
-            it->seq = seq++;
-        if (!it || !q_push(rd->out, it)) {
-            item_free(it);
-            break;
+        int n_items, pushed = 0;
+        item **its = line_items(rd, line, (size_t)len, line_no, &n_items);
+        for (; its && pushed < n_items; pushed++) {
+            its[pushed]->seq = seq++;
+            if (!q_push(rd->out, its[pushed]))
+                break;
         }
+        const int stopped = !its || n_items == 0 || pushed < n_items;
+        for (int j = pushed; its && j < n_items; j++) /* not handed on (the run is stopping) */
+            item_free(its[j]);
+        free(its);
+        if (stopped)
+            break;
     }
     if (len == -2) { /* report it, then read no further: the rest of the line cannot be skipped */
         item *it = calloc(1, sizeof *it);
@@ -386,6 +476,7 @@ typedef struct {
     long next_seq;                /* the next item to write (read by the main thread: atomic) */
     int failed;                   /* a write failed: the output is closed */
     iflow_metrics met;            /* of delivered results (read by the main thread after joining) */
+    group *pending;               /* groups some of whose items it holds, the rest not yet in */
 } writer;
 
 /* A chat reply read as its parts: with a reasoning parser, "reasoning_content" (reasoning.h:
@@ -506,28 +597,107 @@ static json_t *result_json(const item *it, const iflow_tokenizer *tok, int reaso
     return o;
 }
 
-/* Write it's result (unless a write failed before) and free it. */
+/* it's output line (NULL without memory). */
+static json_t *item_line(writer *w, const item *it)
+{
+    json_t *native = result_json(it, w->tok, w->reasoning);
+    return it->f.api ? openai_batch_line(native, &it->f, it->line, w->model) : json_schema(native);
+}
+
+/* Write js (taken) unless a write failed before; the metrics of its items its[0..n). */
+static void write_line(writer *w, json_t *js, item *const *its, int n)
+{
+    if (w->failed) {
+        json_decref(js);
+        return;
+    }
+    char *s = json_dumps(js, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
+    json_decref(js);
+    if (!s || progress_write_line(s) == EOF)
+        w->failed = 1;
+    free(s);
+    for (int i = 0; i < n && !w->failed; i++) {
+        const item *it = its[i];
+        if (it->error)
+            iflow_metrics_add_error(&w->met);
+        else if (it->choices)
+            for (int k = 0; k < it->f.n; k++)
+                iflow_metrics_add(&w->met, it->choices[k]);
+        else
+            iflow_metrics_add(&w->met, it->res);
+    }
+}
+
+/* A group's one reply: the first refused prompt's, else the first prompt's with every prompt's
+ * choices (their indexes prompt by prompt: prompt j's choice k is j * n + k) and usage summed. */
+static void write_group(writer *w, group *g)
+{
+    int bad = -1;
+    for (int j = 0; j < g->n && bad < 0; j++)
+        bad = g->members[j]->error ? j : -1;
+    json_t *out = item_line(w, g->members[bad >= 0 ? bad : 0]);
+    json_t *body = json_object_get(json_object_get(out, "response"), "body");
+    json_t *choices = json_object_get(body, "choices"), *usage = json_object_get(body, "usage");
+    for (int j = 1; bad < 0 && out && j < g->n; j++) {
+        json_t *line = item_line(w, g->members[j]), *c;
+        json_t *b = json_object_get(json_object_get(line, "response"), "body");
+        size_t k;
+        json_array_foreach(json_object_get(b, "choices"), k, c)
+        {
+            json_object_set_new(c, "index", json_integer((json_int_t)j * g->members[j]->f.n + (json_int_t)k));
+            json_array_append(choices, c);
+        }
+        static const char *const keys[] = {"prompt_tokens", "completion_tokens", "total_tokens"};
+        for (int i = 0; i < 3; i++)
+            json_object_set_new(usage, keys[i],
+                                json_integer(json_integer_value(json_object_get(usage, keys[i])) +
+                                             json_integer_value(json_object_get(json_object_get(b, "usage"), keys[i]))));
+        json_decref(line);
+    }
+    write_line(w, out, g->members, g->n);
+}
+
+/* Write it's result (unless a write failed before) and free it; one of a group's is held until
+ * the group is complete, then the group's reply goes out and its items are freed. */
 static void write_item(writer *w, item *it)
 {
-    if (!w->failed) {
-        json_t *native = result_json(it, w->tok, w->reasoning);
-        json_t *js = it->f.api ? openai_batch_line(native, &it->f, it->line, w->model) : json_schema(native);
-        char *s = json_dumps(js, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
-        json_decref(js);
-        if (!s || progress_write_line(s) == EOF)
-            w->failed = 1;
-        free(s);
-        if (!w->failed) {
-            if (it->error)
-                iflow_metrics_add_error(&w->met);
-            else if (it->choices)
-                for (int k = 0; k < it->f.n; k++)
-                    iflow_metrics_add(&w->met, it->choices[k]);
-            else
-                iflow_metrics_add(&w->met, it->res);
-        }
+    group *g = it->group;
+    if (!g) {
+        write_line(w, item_line(w, it), &it, 1);
+        item_free(it);
+        return;
     }
-    item_free(it);
+    if (g->done++ == 0) {
+        g->next_pending = w->pending;
+        w->pending = g;
+    }
+    g->members[it->gi] = it;
+    if (g->done < g->n)
+        return;
+    for (group **p = &w->pending; *p; p = &(*p)->next_pending)
+        if (*p == g) {
+            *p = g->next_pending;
+            break;
+        }
+    write_group(w, g);
+    for (int j = 0, n = g->n; j < n; j++) /* the last frees g */
+        item_free(g->members[j]);
+}
+
+/* Free the items of groups still incomplete when the run ends (it stopped before their last). */
+static void drop_pending(writer *w)
+{
+    while (w->pending) {
+        group *g = w->pending;
+        w->pending = g->next_pending;
+        item *held[MAX_PROMPTS];
+        int n = 0;
+        for (int j = 0; j < g->n; j++)
+            if (g->members[j])
+                held[n++] = g->members[j];
+        for (int j = 0; j < n; j++) /* the last may free g */
+            item_free(held[j]);
+    }
 }
 
 /* --ordered: it waits for the items before it; then each in turn that is ready goes out. At the
@@ -563,6 +733,7 @@ static void *writer_main(void *arg)
     }
     if (w->held)
         write_in_order(w, NULL, 1);
+    drop_pending(w);
     return NULL;
 }
 
@@ -649,11 +820,12 @@ static int took(iflow_result *r)
     return 1;
 }
 
-/* An id already running or queued in the engine: ids[0..n) are theirs. */
-static int id_in_flight(item **live, int n, const char *id)
+/* it's id already running or queued in the engine (live[0..n)), but for the other prompts of
+ * its own line (a group's items share the line's id). */
+static int id_in_flight(item **live, int n, const item *it)
 {
     for (int i = 0; i < n; i++)
-        if (strcmp(live[i]->f.id, id) == 0)
+        if (strcmp(live[i]->f.id, it->f.id) == 0 && !(it->group && live[i]->group == it->group))
             return 1;
     return 0;
 }
@@ -716,7 +888,7 @@ int batch_run(const iflow_tool *t, iflow_model *m, const batch_opts *o)
                 break;
             }
             n_popped++;
-            if (!it->error && id_in_flight(live, n_live, it->f.id))
+            if (!it->error && id_in_flight(live, n_live, it))
                 item_fail(it, "duplicate id %s: a request with this id is still running", it->f.id);
             int added = it->error ? 0 : it->f.beams ? beam_start(it, m, bp) : add_choices(b, it);
             if (added < 0)

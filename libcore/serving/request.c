@@ -390,14 +390,16 @@ static int parse_stop_ids(iflow_request_fields *f, const json_t *v)
 }
 
 /* "prompt" as token ids (OpenAI's completions take them; vLLM's prompt_token_ids): a non-empty
- * list, used as it is (no BOS added). A list of texts is refused: one prompt a line. */
+ * list, used as it is (no BOS added). A list of prompts (texts or id lists) is refused here:
+ * iflow-run --batch splits an OpenAI completions line's list into one request a prompt. */
 static int parse_prompt_ids(iflow_request_fields *f, const json_t *v)
 {
     enum { MAX_IDS = 1 << 24 };
     if (json_array_size(v) == 0 || json_array_size(v) > MAX_IDS)
         return iflow_seterr(IFLOW_EINVAL, "field 'prompt' must be a string or a list of 1 to %d token ids", MAX_IDS);
     if (json_is_string(json_array_get(v, 0)))
-        return iflow_seterr(IFLOW_EINVAL, "field 'prompt': a list of texts is not supported (one prompt a line)");
+        return iflow_seterr(IFLOW_EINVAL, "field 'prompt': a list of prompts goes in an OpenAI /v1/completions "
+                            "line, at most 2048 of them (else one prompt a line)");
     if (!(f->prompt_ids = malloc(json_array_size(v) * sizeof *f->prompt_ids)))
         return oom();
     return read_ids("prompt", v, f->prompt_ids, &f->n_prompt_ids);

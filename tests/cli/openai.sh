@@ -62,11 +62,47 @@ expect_eq "$(jq -c '[.text, .prompt_tokens]' <<<"$(native ids)")" "$(jq -c '[.te
 expect_eq "$(jq -r '.response.body.choices[0].text' <<<"$(reply oids)")" "$(jq -r .text <<<"$(native text)")" \
     "token ids in an OpenAI completions body"
 e() { jq -r --arg i "$1" 'select(.id == $i) | .error' <<<"$out"; }
-expect_eq "$(e strs)" "field 'prompt': a list of texts is not supported (one prompt a line)" "a list of texts"
+expect_eq "$(e strs)" \
+    "field 'prompt': a list of prompts goes in an OpenAI /v1/completions line, at most 2048 of them (else one prompt a line)" \
+    "a list of texts in an iflow line"
 expect_eq "$(e empty)" "field 'prompt' must be a string or a list of 1 to 16777216 token ids" "an empty list"
 expect_eq "$(e neg)" "field 'prompt' must hold token ids (integers from 0)" "a negative id"
 expect_eq "$(e far)" "prompt token 1 is id 512, outside the vocabulary (512)" "an id the model lacks"
 expect_eq "$(e cont)" "field 'continuation' goes with a text prompt, not token ids" "a continuation after ids"
+
+# ---- a list of prompts in one completions body (OpenAI's): one reply, the choices prompt by
+# prompt (prompt j's choice k at index j * n + k), each as its prompt alone gives it, usage summed;
+# a list of id lists too; one bad prompt refuses the line; written in order with --ordered too ----
+printf '%s\n' \
+    '{"custom_id": "l2", "url": "/v1/completions", "body": {"prompt": ["Once upon", "The dog"], "max_tokens": 5, "n": 2, "temperature": 0}}' \
+    '{"custom_id": "a", "url": "/v1/completions", "body": {"prompt": "Once upon", "max_tokens": 5, "temperature": 0}}' \
+    '{"custom_id": "b", "url": "/v1/completions", "body": {"prompt": "The dog", "max_tokens": 5, "temperature": 0}}' \
+    '{"custom_id": "lids", "url": "/v1/completions", "body": {"prompt": [[1, 403], [1, 500]], "max_tokens": 3, "temperature": 0}}' \
+    '{"custom_id": "one", "url": "/v1/completions", "body": {"prompt": ["Once upon"], "max_tokens": 5, "temperature": 0}}' \
+    '{"custom_id": "lbad", "url": "/v1/completions", "body": {"prompt": ["Once", [1, -2]], "max_tokens": 2}}' \
+    >"$TMP/list.jsonl"
+for mode in "" --ordered; do
+    B "$TMP/s.ifs" "$TMP/list.jsonl" "$mode"
+    expect_rc 0 "a list of prompts $mode"
+    expect_eq "$(jq -c '[.response.body.choices[] | [.index, .text]]' <<<"$(reply l2)")" \
+        "$(jq -c -n --argjson a "$(reply a)" --argjson b "$(reply b)" \
+            '[$a, $a, $b, $b] | to_entries | map([.key, .value.response.body.choices[0].text])')" \
+        "two prompts, n 2: four choices, each as its prompt alone $mode"
+    expect_eq "$(jq -c '.response.body.usage' <<<"$(reply l2)")" \
+        "$(jq -c -n --argjson a "$(reply a)" --argjson b "$(reply b)" '$a.response.body.usage as $x |
+            $b.response.body.usage as $y | {prompt_tokens: ($x.prompt_tokens + $y.prompt_tokens),
+            completion_tokens: (2 * ($x.completion_tokens + $y.completion_tokens)),
+            total_tokens: ($x.prompt_tokens + $y.prompt_tokens + 2 * ($x.completion_tokens + $y.completion_tokens))}')" \
+        "two prompts, n 2: usage, the prompts once each $mode"
+    expect_eq "$(jq -c '[.response.body.choices[] | .index]' <<<"$(reply lids)")" '[0,1]' "a list of id lists $mode"
+    expect_eq "$(jq -r '.response.body.choices[0].text' <<<"$(reply one)")" \
+        "$(jq -r '.response.body.choices[0].text' <<<"$(reply a)")" "a list of one prompt $mode"
+    expect_eq "$(jq -c '[.response.status_code, .response.body.error.message]' <<<"$(reply lbad)")" \
+        '[400,"field '"'"'prompt'"'"' must hold token ids (integers from 0)"]' "a bad prompt in a list refuses the line $mode"
+    expect_eq "$(jq -s -c 'map(.custom_id)' <<<"$out" | jq -c 'length')" 6 "one reply a line $mode"
+done
+[ -z "$mode" ] || expect_eq "$(jq -s -c 'map(.custom_id)' <<<"$out")" '["l2","a","b","lids","one","lbad"]' \
+    "--ordered: the lines' replies in input order"
 
 # ---- chat: SmolLM2's own template; logprobs true with top_logprobs ----
 msgs='[{"role": "user", "content": "What is the capital of France?"}]'
