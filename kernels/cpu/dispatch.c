@@ -386,7 +386,7 @@ void ifk_layernorm(float *y, const float *x, const float *w, const float *b, int
         var += (x[i] - mean) * (x[i] - mean);
     const double inv = 1.0 / sqrt(var / n + eps);
     for (int i = 0; i < n; i++)
-        y[i] = (float)((x[i] - mean) * inv * w[i] + (b ? b[i] : 0.0f));
+        y[i] = (float)((x[i] - mean) * inv * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f));
 }
 
 void ifk_silu_mul(float *g, const float *u, int n)

@@ -118,7 +118,8 @@ void ifk_silu_mul(float *g, const float *u, int n);
  * gelu(approximate="tanh"), Gemma's GeGLU), gelu(x) = x/2 * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)));
  * exact = 1: gelu(x) = x/2 * (1 + erf(x / sqrt(2))) (PyTorch's gelu, GPT-NeoX's, BERT's). */
 void ifk_gelu_mul(float *g, const float *u, int n, int exact); /* u NULL: g = gelu(g) */
-/* y = (x - mean) / sqrt(var + eps) * w + b over n (LayerNorm; mean and variance in double). */
+/* y = (x - mean) / sqrt(var + eps) * w + b over n (LayerNorm; mean and variance in double; w
+ * NULL: 1, b NULL: 0). */
 void ifk_layernorm(float *y, const float *x, const float *w, const float *b, int n, float eps);
 
 /* y[i] += x[i]. */

@@ -670,6 +670,13 @@ static void scale_output(const iflow_hparams *hp, iflow_device *d, float *xb, in
             xb[i] *= hp->residual_scale;
 }
 
+/* x[0..n) clamped to [-c, c]. */
+static void clamp_rows(float *x, size_t n, float c)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = x[i] > c ? c : x[i] < -c ? -c : x[i];
+}
+
 /* Attention sub-block of part k (of a layer) for a step's rows on its device s: its heads'
  * output projection into s->xb (a partial sum when the layer is split), added into s->x when
  * `residual`. The new keys and values go through s->kx / s->vx into the cache's blocks. */
@@ -710,6 +717,11 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
     } else if (w->q_norm) { /* qk_norm: each head's q and k (rows of head_dim) */
         IFLOW_TRY(d->ops->rmsnorm(d, s->q, s->q, w->q_norm, T * nq, hd, hp->norm_eps));
         IFLOW_TRY(d->ops->rmsnorm(d, s->kx, s->kx, w->k_norm, T * nkv, hd, hp->norm_eps));
+    }
+    if (hp->clip_qkv > 0 && d->host_memory) { /* OLMo's clamp (place.c refuses other devices) */
+        clamp_rows(s->q, (size_t)T * Q, hp->clip_qkv);
+        clamp_rows(s->kx, (size_t)T * KV, hp->clip_qkv);
+        clamp_rows(s->vx, (size_t)T * KV, hp->clip_qkv);
     }
     const float theta = layer_theta(m, L);
     const int rotates = iflow_layer_rotates(hp, layer_of_part(m, k)); /* NoPE layers: keys stored as they are */

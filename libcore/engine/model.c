@@ -493,21 +493,23 @@ int iflow_hparams_from_json(iflow_hparams *hp, const json_t *resolved, const cha
         hp->ffn_dim = 4 * hp->dim;
     hp->qkv_bias |= hp->attn_bias;
     hp->qk_norm_full &= hp->qk_norm;
-    float clip_qkv;
-    if ((rc = get_float_or(h, "clip_qkv", 0, &clip_qkv, what)))
+    if ((rc = get_float_or(h, "clip_qkv", 0, &hp->clip_qkv, what)))
         return rc;
-    if (clip_qkv > 0)
-        return iflow_seterr(IFLOW_EUNSUPPORTED, "clip_qkv %g (q, k and v clamped) is not implemented (in '%s')",
-                            clip_qkv, what);
     /* attn_scale held query_pre_attn_scalar (0: head_dim); now the factor itself */
     hp->attn_scale = 1.0f / sqrtf(hp->attn_scale > 0 ? hp->attn_scale : (float)hp->head_dim);
     if (hp->embed_scale < 0) /* as transformers: the Python float sqrt, then rounded to F32 */
         hp->embed_scale = (float)sqrt((double)hp->dim);
-    int norm_bias;
+    int norm_bias, norm_weight;
     if ((rc = read_scales(hp, h, what)) || (rc = read_nope(hp, h, what)) ||
-        (rc = get_bool_or(h, "norm_bias", 1, &norm_bias, what)))
+        (rc = get_bool_or(h, "norm_bias", 1, &norm_bias, what)) ||
+        (rc = get_bool_or(h, "norm_weight", 1, &norm_weight, what)))
         return rc;
     hp->norm_no_bias = !norm_bias;
+    hp->norm_no_weight = !norm_weight;
+    if (!norm_weight && (hp->norm != IFLOW_NORM_LAYER || hp->layout != IFLOW_LAYOUT_DECODER || hp->post_norms ||
+                         hp->qk_norm))
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "norm_weight = false is implemented for a decoder's LayerNorms "
+                            "(norm = layer) without post or q/k norms (in '%s')", what);
     if (hp->n_heads % hp->n_kv_heads)
         return iflow_seterr(IFLOW_ESHAPE, "n_heads %d is not a multiple of n_kv_heads %d in '%s'", hp->n_heads,
                             hp->n_kv_heads, what);
@@ -544,7 +546,8 @@ static void attn_tensors(const iflow_hparams *hp, iflow_tensor_req *r, size_t *n
     const int64_t rows[9] = {D, Q, KV, KV, D, Q, KV, KV, D}, cols[9] = {0, D, D, D, Q, 0, 0, 0, 0};
     char name[48], norm_b[48];
     for (int i = 0; i < 9; i++) {
-        if ((i >= 5 && i < 8 && !hp->qkv_bias) || (i == 8 && !hp->attn_bias) || (i == 0 && hp->post_norms_only))
+        if ((i >= 5 && i < 8 && !hp->qkv_bias) || (i == 8 && !hp->attn_bias) ||
+            (i == 0 && (hp->post_norms_only || hp->norm_no_weight)))
             continue;
         snprintf(name, sizeof name, "%s%s", prefix, names[i]);
         req(r, n, name, rows[i], cols[i]);
@@ -573,7 +576,7 @@ static void layer_tensors(const iflow_hparams *hp, iflow_tensor_req *r, size_t *
         L("attn_post_norm", D, 0);
     if (cross)
         attn_tensors(hp, r, n, prefix, xattn);
-    if (!hp->post_norms_only)
+    if (!hp->post_norms_only && !hp->norm_no_weight)
         L("ffn_norm", D, 0);
     if (!hp->post_norms_only && iflow_norm_biased(hp))
         L("ffn_norm_b", D, 0);
@@ -613,7 +616,8 @@ static void final_norm(const iflow_hparams *hp, iflow_tensor_req *r, size_t *n, 
 {
     char name[48];
     snprintf(name, sizeof name, "%soutput_norm", prefix);
-    req(r, n, name, hp->dim, 0);
+    if (!hp->norm_no_weight)
+        req(r, n, name, hp->dim, 0);
     snprintf(name, sizeof name, "%soutput_norm_b", prefix);
     if (iflow_norm_biased(hp))
         req(r, n, name, hp->dim, 0);

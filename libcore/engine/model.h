@@ -84,6 +84,10 @@ typedef struct {
                                  (GPT-NeoX, GPT-J); else the FFN reads x + attn(n1(x)) */
     int norm_no_bias;         /* the hyperparameter norm_bias = false: LayerNorms without a bias
                                  (Cohere's); see iflow_norm_biased */
+    int norm_no_weight;       /* the hyperparameter norm_weight = false: LayerNorms without
+                                 parameters at all (OLMo's): no attn_norm, ffn_norm, output_norm */
+    float clip_qkv;           /* > 0: q, k and v clamped to [-clip_qkv, clip_qkv] after their
+                                 projections (and q/k norms): OLMo's, OLMoE's */
     int nope_pattern;         /* N > 0: layer l has no rotary positions when (l + 1) % N == 0
                                  (SmolLM3's NoPE layers, Cohere 2's global ones); 0: every layer */
     int post_norms_only;      /* the hyperparameter pre_norms = false: each sub-block reads x
@@ -152,7 +156,7 @@ typedef struct {
 /* 1 when the blocks' norms have biases (norm = layer, unless norm_bias = false). */
 static inline int iflow_norm_biased(const iflow_hparams *hp)
 {
-    return hp->norm == IFLOW_NORM_LAYER && !hp->norm_no_bias;
+    return hp->norm == IFLOW_NORM_LAYER && !hp->norm_no_bias && !hp->norm_no_weight;
 }
 /* 1 when layer l rotates q and k (position = rope, and not one of nope_pattern's layers). */
 static inline int iflow_layer_rotates(const iflow_hparams *hp, int l)

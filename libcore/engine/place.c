@@ -445,13 +445,17 @@ static int copy_low_rank(iflow_model *m, int l, layer_part *p, const layer_weigh
     return 0;
 }
 
-/* What the engine computes on the host only: residual_scale (forward.c scales in place). */
+/* What the engine computes on the host only: residual_scale and clip_qkv (forward.c scales and
+ * clamps in place). */
 static int check_host_only(const iflow_model *m, int l, const layer_part *p)
 {
     if (m->hp.residual_scale > 0 && m->hp.residual_scale != 1.0f && !host_dev(dev_of(m, p->dev)))
         return iflow_seterr(IFLOW_EUNSUPPORTED, "layer %d scales its output by residual_scale %g, which is not "
                             "implemented on %s yet (it runs on the cpu)", l, m->hp.residual_scale,
                             dev_name(dev_of(m, p->dev)));
+    if (m->hp.clip_qkv > 0 && !host_dev(dev_of(m, p->dev)))
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "layer %d clamps q, k and v (clip_qkv %g), which is not implemented "
+                            "on %s yet (it runs on the cpu)", l, m->hp.clip_qkv, dev_name(dev_of(m, p->dev)));
     return 0;
 }
 
@@ -542,7 +546,7 @@ static int copy_output(iflow_model *m)
         rc = iflow_device_put(od, &m->output_w.data, m->output.data, iflow_matrix_bytes(m->output.type, hp->vocab_size, hp->dim));
         m->output_w.type = m->output.type;
     }
-    if (rc == 0)
+    if (rc == 0 && m->output_norm) /* none: a LayerNorm without parameters (norm_weight = false) */
         rc = iflow_device_put(od, (const void **)&m->output_norm_w, m->output_norm, (size_t)hp->dim * sizeof(float));
     if (rc == 0 && m->output_norm_b)
         rc = iflow_device_put(od, (const void **)&m->output_norm_b_w, m->output_norm_b, (size_t)hp->dim * sizeof(float));

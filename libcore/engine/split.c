@@ -76,7 +76,7 @@ int iflow_split_tensors(const iflow_hparams *hp, const iflow_plan *p, int dev, i
         add(t, n, "rope_freqs", hp->rope_dim / 2, 0, 0, 0, hp->rope_dim / 2);
     for (int l = l0; l < l0 + layers; l++) {
 #define L(suffix, d0, d1, cols, a0, a1) (snprintf(name, sizeof name, "blk.%d." suffix, l), add(t, n, name, d0, d1, cols, a0, a1))
-        if (!hp->post_norms_only)
+        if (!hp->post_norms_only && !hp->norm_no_weight)
             L("attn_norm", D, 0, 0, 0, D);
         if (!hp->post_norms_only && iflow_norm_biased(hp))
             L("attn_norm_b", D, 0, 0, 0, D);
@@ -99,7 +99,7 @@ int iflow_split_tensors(const iflow_hparams *hp, const iflow_plan *p, int dev, i
         }
         if (hp->post_norms)
             L("attn_post_norm", D, 0, 0, 0, D);
-        if (!hp->post_norms_only)
+        if (!hp->post_norms_only && !hp->norm_no_weight)
             L("ffn_norm", D, 0, 0, 0, D);
         if (!hp->post_norms_only && iflow_norm_biased(hp))
             L("ffn_norm_b", D, 0, 0, 0, D);
@@ -120,7 +120,8 @@ int iflow_split_tensors(const iflow_hparams *hp, const iflow_plan *p, int dev, i
     }
     if (output && hp->layout != IFLOW_LAYOUT_ENCODER) { /* an encoder's output is its hidden states */
         if (hp->final_norm) {
-            add(t, n, "output_norm", D, 0, 0, 0, D);
+            if (!hp->norm_no_weight)
+                add(t, n, "output_norm", D, 0, 0, 0, D);
             if (iflow_norm_biased(hp))
                 add(t, n, "output_norm_b", D, 0, 0, 0, D);
         }

@@ -640,6 +640,21 @@ static void test_ernie_seed(void)
     check_family("seed_oss", seed_oss_hp);
 }
 
+/* OLMo 1: LayerNorms without parameters (no norm records), q/k/v clamped to 0.3; OLMoE with its
+ * clamp (0.05) after the q/k norms */
+static int olmo_hp(const iflow_hparams *hp)
+{
+    return hp->norm == IFLOW_NORM_LAYER && hp->norm_no_weight && !iflow_norm_biased(hp) && hp->clip_qkv == 0.3f;
+}
+
+static int olmoe_clip_hp(const iflow_hparams *hp) { return hp->qk_norm_full && hp->clip_qkv == 0.05f; }
+
+static void test_olmo(void)
+{
+    check_family("olmo", olmo_hp);
+    check_family("olmoe-clip", olmoe_clip_hp);
+}
+
 /* An encoder (specs/bert.ini): the pooled embedding of the fixture's ids against transformers'
  * float64 BertModel with sentence-transformers' pooling, within 1e-5 (F32 against float64). */
 static void check_encoder(const char *family, int pooling, int normalize)
@@ -800,6 +815,7 @@ int main(void)
     RUN(test_nope);
     RUN(test_glm_exaone);
     RUN(test_ernie_seed);
+    RUN(test_olmo);
     RUN(test_bert);
     RUN(test_bert_cls);
     RUN(test_bad_rows);

@@ -423,6 +423,14 @@ static void test_ernie_seed(void)
     check_gguf("seed_oss", "seed_oss", "seed_oss", seed_oss_hp);
 }
 
+/* olmo: llama.cpp's permuted q/k, no norm tensors, the clamp as attention.clamp_kqv */
+static int olmo_hp(const iflow_hparams *hp)
+{
+    return hp->rope_layout == IFK_ROPE_INTERLEAVED && hp->norm_no_weight && hp->clip_qkv == 0.3f;
+}
+
+static void test_olmo(void) { check_gguf("olmo", "olmo", "olmo", olmo_hp); }
+
 static void test_qwen2(void) { check_gguf("qwen2", "qwen2", "qwen2", qwen2_hp); }
 static void test_olmoe(void) { check_gguf("olmoe", "olmoe", "olmoe", olmoe_hp); }
 static void test_qwen3(void) { check_gguf("qwen3", "qwen3", "qwen3", qwen3_hp); }
@@ -584,6 +592,7 @@ int main(void)
     RUN(test_nope);
     RUN(test_glm_exaone);
     RUN(test_ernie_seed);
+    RUN(test_olmo);
     RUN(test_mistral);
     RUN(test_gemma);
     RUN(test_gemma2);
