@@ -504,10 +504,12 @@ int iflow_ffn_linears(const iflow_hparams *hp, iflow_device *d, const layer_weig
 int iflow_ffn_act(const iflow_hparams *hp, iflow_device *d, float *gate, float *up, int T, int F)
 {
     const int gated = hp->ffn == IFLOW_FFN_GATED;
-    if (hp->activation == IFLOW_ACT_RELU) {
+    if (hp->activation == IFLOW_ACT_RELU || hp->activation == IFLOW_ACT_RELU2) { /* relu2: relu(x) * x, plain */
+        const int sq = hp->activation == IFLOW_ACT_RELU2;
         if (!d->ops->relu_mul)
-            return iflow_seterr(IFLOW_EUNSUPPORTED, "block activation = relu is not implemented on %s yet", d->info.name);
-        return d->ops->relu_mul(d, gate, gated ? up : NULL, (size_t)T * F);
+            return iflow_seterr(IFLOW_EUNSUPPORTED, "block activation = %s is not implemented on %s yet",
+                                sq ? "relu2" : "relu", d->info.name);
+        return d->ops->relu_mul(d, gate, sq ? gate : gated ? up : NULL, (size_t)T * F);
     }
     if (hp->activation != IFLOW_ACT_SILU) {
         const int exact = hp->activation == IFLOW_ACT_GELU;

@@ -294,7 +294,7 @@ static int read_blocks(iflow_hparams *hp, const json_t *blocks, const char *what
 {
     static const char *const layout[] = {"decoder", "encoder", "encoder-decoder", NULL},
                              *const norm[] = {"rms", "layer", NULL},
-                             *const act[] = {"silu", "gelu_tanh", "gelu", "relu", NULL}, *const ffn[] = {"gated", "plain", NULL},
+                             *const act[] = {"silu", "gelu_tanh", "gelu", "relu", "relu2", NULL}, *const ffn[] = {"gated", "plain", NULL},
                              *const pos[] = {"rope", "learned", "sinusoidal", "relative", NULL},
                              *const rope[] = {"half", "interleaved", NULL},
                              *const emb[] = {"plain", "scaled", NULL};
@@ -315,6 +315,9 @@ static int read_blocks(iflow_hparams *hp, const json_t *blocks, const char *what
         (rc = check_block(blocks, "ffn", ffn, &hp->ffn, what)) ||
         (rc = check_block(blocks, "position", pos, &hp->position, what)))
         return rc;
+    if (hp->activation == IFLOW_ACT_RELU2 && hp->ffn != IFLOW_FFN_PLAIN)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "block activation = relu2 is implemented for ffn = plain only (in '%s')",
+                            what);
     /* rope_layout only matters with rope */
     hp->rope_layout = 0;
     if (hp->position == IFLOW_POS_ROPE && (rc = check_block(blocks, "rope_layout", rope, &hp->rope_layout, what)))

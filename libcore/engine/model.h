@@ -42,7 +42,8 @@ enum { IFLOW_ROPE_SCALING_NONE = 0, IFLOW_ROPE_SCALING_LINEAR = 1, IFLOW_ROPE_SC
 #define IFLOW_MAX_BANNED 8
 #define IFLOW_MAX_EXPERTS 256     /* hparams n_experts */
 
-enum { IFLOW_ACT_SILU = 0, IFLOW_ACT_GELU_TANH = 1, IFLOW_ACT_GELU = 2, IFLOW_ACT_RELU = 3 }; /* GELU: the exact (erf) form */
+/* GELU: the exact (erf) form; RELU2: relu(x)^2 (Arcee's), plain FFNs only */
+enum { IFLOW_ACT_SILU = 0, IFLOW_ACT_GELU_TANH = 1, IFLOW_ACT_GELU = 2, IFLOW_ACT_RELU = 3, IFLOW_ACT_RELU2 = 4 };
 enum { IFLOW_NORM_RMS = 0, IFLOW_NORM_LAYER = 1 };   /* block norm */
 enum { IFLOW_FFN_GATED = 0, IFLOW_FFN_PLAIN = 1 };   /* block ffn: down(act(gate) * up), down(act(up)) */
 /* block position: rope; learned rows; a sinusoidal table (sin in the first half of a row, cos in

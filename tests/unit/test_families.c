@@ -655,6 +655,14 @@ static void test_olmo(void)
     check_family("olmoe-clip", olmoe_clip_hp);
 }
 
+/* Arcee: a plain FFN with the squared ReLU */
+static int arcee_hp(const iflow_hparams *hp)
+{
+    return hp->ffn == IFLOW_FFN_PLAIN && hp->activation == IFLOW_ACT_RELU2 && hp->rope_layout == IFK_ROPE_HALF;
+}
+
+static void test_arcee(void) { check_family("arcee", arcee_hp); }
+
 /* An encoder (specs/bert.ini): the pooled embedding of the fixture's ids against transformers'
  * float64 BertModel with sentence-transformers' pooling, within 1e-5 (F32 against float64). */
 static void check_encoder(const char *family, int pooling, int normalize)
@@ -816,6 +824,7 @@ int main(void)
     RUN(test_glm_exaone);
     RUN(test_ernie_seed);
     RUN(test_olmo);
+    RUN(test_arcee);
     RUN(test_bert);
     RUN(test_bert_cls);
     RUN(test_bad_rows);

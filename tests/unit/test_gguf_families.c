@@ -431,6 +431,14 @@ static int olmo_hp(const iflow_hparams *hp)
 
 static void test_olmo(void) { check_gguf("olmo", "olmo", "olmo", olmo_hp); }
 
+/* arcee: llama.cpp's permuted q/k, a plain squared-ReLU FFN */
+static int arcee_hp(const iflow_hparams *hp)
+{
+    return hp->rope_layout == IFK_ROPE_INTERLEAVED && hp->ffn == IFLOW_FFN_PLAIN && hp->activation == IFLOW_ACT_RELU2;
+}
+
+static void test_arcee(void) { check_gguf("arcee", "arcee", "arcee", arcee_hp); }
+
 static void test_qwen2(void) { check_gguf("qwen2", "qwen2", "qwen2", qwen2_hp); }
 static void test_olmoe(void) { check_gguf("olmoe", "olmoe", "olmoe", olmoe_hp); }
 static void test_qwen3(void) { check_gguf("qwen3", "qwen3", "qwen3", qwen3_hp); }
@@ -593,6 +601,7 @@ int main(void)
     RUN(test_glm_exaone);
     RUN(test_ernie_seed);
     RUN(test_olmo);
+    RUN(test_arcee);
     RUN(test_mistral);
     RUN(test_gemma);
     RUN(test_gemma2);
