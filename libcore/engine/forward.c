@@ -324,6 +324,11 @@ int iflow_kv_copy_block(iflow_kv *kv, int dst, int src)
 
 int iflow_kv_can_shift(const iflow_kv *kv, const char **device)
 {
+    if (kv->m->hp.qk_norm_late) { /* stored keys are norm(rope(k)): a rotation does not move them */
+        if (device)
+            *device = "a model that norms its keys after rotating them";
+        return 0;
+    }
     for (int k = 0; k < kv->n_parts; k++)
         if (kv->dev[k] && !kv->dev[k]->ops->kv_shift) {
             if (device)
@@ -341,6 +346,9 @@ int iflow_kv_shift(iflow_kv *kv, const int32_t *table, int n_past, int keep, int
         return iflow_seterr(IFLOW_EINVAL, "cannot drop %d positions after the first %d of %d", discard, keep, n_past);
     if (hp->position != IFLOW_POS_ROPE)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "a context shift rotates rope keys; this model's positions are learned");
+    if (hp->qk_norm_late)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "a context shift rotates stored keys; this model norms its keys after "
+                            "rotating them (qk_norm_after_rope)");
     for (int k = 0; k < kv->n_parts; k++) {
         if (!kv->k[k] || !kv->v[k])
             continue;
@@ -716,7 +724,7 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
     if (w->q_norm && hp->qk_norm_full) { /* the whole projection's (a whole layer: check_splittable) */
         IFLOW_TRY(d->ops->rmsnorm(d, s->q, s->q, w->q_norm, T, Q, hp->norm_eps));
         IFLOW_TRY(d->ops->rmsnorm(d, s->kx, s->kx, w->k_norm, T, KV, hp->norm_eps));
-    } else if (w->q_norm) { /* qk_norm: each head's q and k (rows of head_dim) */
+    } else if (w->q_norm && !hp->qk_norm_late) { /* qk_norm: each head's q and k (rows of head_dim) */
         IFLOW_TRY(d->ops->rmsnorm(d, s->q, s->q, w->q_norm, T * nq, hd, hp->norm_eps));
         IFLOW_TRY(d->ops->rmsnorm(d, s->kx, s->kx, w->k_norm, T * nkv, hd, hp->norm_eps));
     }
@@ -727,7 +735,8 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
     }
     const float theta = layer_theta(m, L);
     const int rotates = iflow_layer_rotates(hp, layer_of_part(m, k)); /* NoPE layers: keys stored as they are */
-    if (rotates && d->ops->rope_store) { /* RoPE and the cache store in one op */
+    const int late = w->q_norm && hp->qk_norm_late; /* each head's q and k normed after RoPE (Hunyuan) */
+    if (rotates && d->ops->rope_store && !late) { /* RoPE and the cache store in one op */
         const ifk_rope_params rp = {.rot_dim = hp->rope_dim, .theta = theta, .freq_scale = rope_scale,
                                     .layout = hp->rope_layout};
         for (int i = 0; i < r->n_seq; i++) {
@@ -743,6 +752,10 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
                                    theta, rope_scale, hp->rope_layout));
             IFLOW_TRY(d->ops->rope(d, s->kx + (size_t)q->row0 * KV, (size_t)KV, q->n_rows, nkv, hd, hp->rope_dim,
                                    q->pos0, theta, rope_scale, hp->rope_layout));
+        }
+        if (late) {
+            IFLOW_TRY(d->ops->rmsnorm(d, s->q, s->q, w->q_norm, T * nq, hd, hp->norm_eps));
+            IFLOW_TRY(d->ops->rmsnorm(d, s->kx, s->kx, w->k_norm, T * nkv, hd, hp->norm_eps));
         }
         IFLOW_TRY(d->ops->kv_store(d, r->kv->k[k], L, r->seq, r->n_seq, s->kx, (size_t)KV));
         IFLOW_TRY(d->ops->kv_store(d, r->kv->v[k], L, r->seq, r->n_seq, s->vx, (size_t)KV));

@@ -468,6 +468,7 @@ int iflow_hparams_from_json(iflow_hparams *hp, const json_t *resolved, const cha
         (rc = get_bool_or(h, "post_norms", 0, &hp->post_norms, what)) ||
         (rc = get_bool_or(h, "qk_norm", 0, &hp->qk_norm, what)) ||
         (rc = get_bool_or(h, "qk_norm_full", 0, &hp->qk_norm_full, what)) ||
+        (rc = get_bool_or(h, "qk_norm_after_rope", 0, &hp->qk_norm_late, what)) ||
         (rc = get_float_or(h, "rope_theta_local", 0, &hp->rope_theta_local, what)) ||
         (rc = get_bool_or(h, "parallel_residual", 0, &hp->parallel_residual, what)) ||
         (rc = get_bool_or(h, "post_ln", 0, &hp->post_ln, what)) ||
@@ -496,6 +497,18 @@ int iflow_hparams_from_json(iflow_hparams *hp, const json_t *resolved, const cha
         hp->ffn_dim = 4 * hp->dim;
     hp->qkv_bias |= hp->attn_bias;
     hp->qk_norm_full &= hp->qk_norm;
+    hp->qk_norm_late &= hp->qk_norm;
+    if (hp->qk_norm_late && hp->qk_norm_full)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "qk_norm_after_rope with qk_norm_full is not implemented (in '%s')",
+                            what);
+    /* rope_alpha (Hunyuan's NTK "dynamic" rope with a fixed alpha): the base stretched by
+     * alpha^(d / (d - 2)), d the rotated dimensions, as transformers computes it */
+    float rope_alpha;
+    if ((rc = get_float_or(h, "rope_alpha", 1, &rope_alpha, what)))
+        return rc;
+    if (rope_alpha > 0 && rope_alpha != 1 && hp->rope_dim > 2)
+        hp->rope_theta = (float)((double)hp->rope_theta * pow((double)rope_alpha,
+                                                              (double)hp->rope_dim / (hp->rope_dim - 2)));
     if ((rc = get_float_or(h, "clip_qkv", 0, &hp->clip_qkv, what)))
         return rc;
     /* attn_scale held query_pre_attn_scalar (0: head_dim); now the factor itself */

@@ -78,6 +78,8 @@ typedef struct {
                                  residual add (attn_post_norm, ffn_post_norm; Gemma 2) */
     int qk_norm;              /* an RMSNorm over each head of q and of k before rope (q_norm,
                                  k_norm [head_dim]; Gemma 3) */
+    int qk_norm_late;         /* with qk_norm: after the rotary embedding instead of before it
+                                 (the hyperparameter qk_norm_after_rope: Hunyuan's) */
     int qk_norm_full;         /* with qk_norm: over the whole projection instead (q_norm
                                  [n_heads * head_dim], k_norm [n_kv_heads * head_dim]; OLMoE) */
     float rope_theta_local;   /* > 0: the rope base of windowed layers (Gemma 3) */

@@ -663,6 +663,33 @@ static int arcee_hp(const iflow_hparams *hp)
 
 static void test_arcee(void) { check_family("arcee", arcee_hp); }
 
+/* Hunyuan: per-head q/k norms after rope; alpha 1000 stretches the base to 1e4 * 1000^(8/6) = 1e8 */
+static int hunyuan_hp(const iflow_hparams *hp)
+{
+    return hp->qk_norm && hp->qk_norm_late && !hp->qk_norm_full && fabsf(hp->rope_theta - 1e8f) < 1e3f &&
+           hp->rope_scaling == IFLOW_ROPE_SCALING_NONE && hp->tie_embeddings;
+}
+
+static void test_hunyuan(void)
+{
+    check_family("hunyuan_dense", hunyuan_hp);
+    /* its cached keys are normed after their rotation: a context shift (which rotates them) is refused */
+    char path[300];
+    snprintf(path, sizeof path, "%s/hunyuan_dense.ifs", dir);
+    iflow_model *m;
+    iflow_kv *kv;
+    const char *why = NULL;
+    if (iflow_model_open(&m, path, 0) < 0)
+        return;
+    CHECK(iflow_kv_open(&kv, m, IFLOW_DT_F32, 16, 2) == 0, "kv: %s", iflow_errmsg());
+    CHECK(!iflow_kv_can_shift(kv, &why) && why && strstr(why, "after rotating"), "hunyuan: no context shift (%s)",
+          why ? why : "?");
+    int32_t table[2] = {0, 1};
+    CHECK_ERR(iflow_kv_shift(kv, table, 20, 4, 8), IFLOW_EUNSUPPORTED, "after rotating them", "qk_norm_after_rope");
+    iflow_kv_close(kv);
+    iflow_model_close(m);
+}
+
 /* An encoder (specs/bert.ini): the pooled embedding of the fixture's ids against transformers'
  * float64 BertModel with sentence-transformers' pooling, within 1e-5 (F32 against float64). */
 static void check_encoder(const char *family, int pooling, int normalize)
@@ -825,6 +852,7 @@ int main(void)
     RUN(test_ernie_seed);
     RUN(test_olmo);
     RUN(test_arcee);
+    RUN(test_hunyuan);
     RUN(test_bert);
     RUN(test_bert_cls);
     RUN(test_bad_rows);

@@ -439,6 +439,14 @@ static int arcee_hp(const iflow_hparams *hp)
 
 static void test_arcee(void) { check_gguf("arcee", "arcee", "arcee", arcee_hp); }
 
+/* hunyuan-dense: q and k as stored, normed after rope; the stretched base as rope.freq_base */
+static int hunyuan_hp(const iflow_hparams *hp)
+{
+    return hp->rope_layout == IFK_ROPE_HALF && hp->qk_norm_late && fabsf(hp->rope_theta - 1e8f) < 1e3f;
+}
+
+static void test_hunyuan(void) { check_gguf("hunyuan_dense", "hunyuan_dense", "hunyuan_dense", hunyuan_hp); }
+
 static void test_qwen2(void) { check_gguf("qwen2", "qwen2", "qwen2", qwen2_hp); }
 static void test_olmoe(void) { check_gguf("olmoe", "olmoe", "olmoe", olmoe_hp); }
 static void test_qwen3(void) { check_gguf("qwen3", "qwen3", "qwen3", qwen3_hp); }
@@ -602,6 +610,7 @@ int main(void)
     RUN(test_ernie_seed);
     RUN(test_olmo);
     RUN(test_arcee);
+    RUN(test_hunyuan);
     RUN(test_mistral);
     RUN(test_gemma);
     RUN(test_gemma2);
