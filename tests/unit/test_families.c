@@ -690,6 +690,15 @@ static void test_hunyuan(void)
     iflow_model_close(m);
 }
 
+/* Nemotron: LayerNorm1P with biases, rotary on 4 of 8 dimensions, a plain squared-ReLU FFN */
+static int nemotron_hp(const iflow_hparams *hp)
+{
+    return hp->norm == IFLOW_NORM_LAYER && iflow_norm_biased(hp) && hp->rope_dim == 4 && hp->ffn == IFLOW_FFN_PLAIN &&
+           hp->activation == IFLOW_ACT_RELU2;
+}
+
+static void test_nemotron(void) { check_family("nemotron", nemotron_hp); }
+
 /* An encoder (specs/bert.ini): the pooled embedding of the fixture's ids against transformers'
  * float64 BertModel with sentence-transformers' pooling, within 1e-5 (F32 against float64). */
 static void check_encoder(const char *family, int pooling, int normalize)
@@ -853,6 +862,7 @@ int main(void)
     RUN(test_olmo);
     RUN(test_arcee);
     RUN(test_hunyuan);
+    RUN(test_nemotron);
     RUN(test_bert);
     RUN(test_bert_cls);
     RUN(test_bad_rows);

@@ -447,6 +447,15 @@ static int hunyuan_hp(const iflow_hparams *hp)
 
 static void test_hunyuan(void) { check_gguf("hunyuan_dense", "hunyuan_dense", "hunyuan_dense", hunyuan_hp); }
 
+/* nemotron: NEOX order, norm weights already 1 + w, biases, rope on 4 of 8 */
+static int nemotron_hp(const iflow_hparams *hp)
+{
+    return hp->rope_layout == IFK_ROPE_HALF && iflow_norm_biased(hp) && hp->rope_dim == 4 &&
+           hp->activation == IFLOW_ACT_RELU2;
+}
+
+static void test_nemotron(void) { check_gguf("nemotron", "nemotron", "nemotron", nemotron_hp); }
+
 static void test_qwen2(void) { check_gguf("qwen2", "qwen2", "qwen2", qwen2_hp); }
 static void test_olmoe(void) { check_gguf("olmoe", "olmoe", "olmoe", olmoe_hp); }
 static void test_qwen3(void) { check_gguf("qwen3", "qwen3", "qwen3", qwen3_hp); }
@@ -611,6 +620,7 @@ int main(void)
     RUN(test_olmo);
     RUN(test_arcee);
     RUN(test_hunyuan);
+    RUN(test_nemotron);
     RUN(test_mistral);
     RUN(test_gemma);
     RUN(test_gemma2);
