@@ -814,9 +814,10 @@ static int ffn_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows *r, in
     const float *in = s->xb;
     if (!normed)
         IFLOW_TRY(iflow_block_in(m, d, s->x, s->xb, w->ffn_norm, w->ffn_norm_b, T, &in));
-    if (d->host_memory && p->f0 == 0 && (!hp->n_experts || hp->shared_expert)) /* the dense FFN's (shared expert's) */
+    const int moe = iflow_layer_moe(hp, layer_of_part(m, k));
+    if (d->host_memory && p->f0 == 0 && (!moe || hp->shared_expert)) /* the dense FFN's (shared expert's) */
         iflow_observe(c, layer_of_part(m, k), IFLOW_OBS_FFN_IN, 0, in, hp->dim, T, hp->dim);
-    if (!hp->n_experts) {
+    if (!moe) {
         IFLOW_TRY(dense_ffn(c, s, k, r, in));
     } else {
         if (has_delta(m, k, LR_GATE, r) || has_delta(m, k, LR_UP, r) || has_delta(m, k, LR_DOWN, r))

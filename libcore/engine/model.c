@@ -186,7 +186,7 @@ static int get_shared_expert(const json_t *h, int *dst, const char *what)
  * mlp_only_layers) that name a layer are refused. */
 static int read_moe(iflow_hparams *hp, const json_t *h, const char *what)
 {
-    int rc, step;
+    int rc, step, shared_count;
     const json_t *dense = json_object_get(h, "dense_layers");
     if ((rc = get_int_or(h, "n_experts", 0, &hp->n_experts, what)) || !hp->n_experts)
         return rc;
@@ -195,8 +195,23 @@ static int read_moe(iflow_hparams *hp, const json_t *h, const char *what)
         (rc = get_bool(h, "expert_norm", &hp->expert_norm, what)) ||
         (rc = get_shared_expert(h, &hp->shared_expert, what)) ||
         (rc = get_bool_or(h, "shared_expert_gate", 0, &hp->shared_expert_gate, what)) ||
-        (rc = get_int_or(h, "moe_step", 1, &step, what)))
+        (rc = get_int_or(h, "moe_step", 1, &step, what)) ||
+        (rc = get_int_or(h, "shared_ffn_dim", 0, &hp->shared_ffn_dim, what)) ||
+        (rc = get_int_or(h, "shared_expert_count", 0, &shared_count, what)) ||
+        (rc = get_int_or(h, "moe_dense_first", 0, &hp->moe_dense_first, what)) ||
+        (rc = get_bool_or(h, "router_sigmoid", 0, &hp->router_sigmoid, what)) ||
+        (rc = get_bool_or(h, "router_bias", 0, &hp->router_bias, what)) ||
+        (rc = get_int_or(h, "router_groups", 1, &hp->router_groups, what)) ||
+        (rc = get_int_or(h, "router_topk_groups", 1, &hp->router_topk_groups, what)) ||
+        (rc = get_float_or(h, "expert_scale", 1, &hp->expert_scale, what)))
         return rc;
+    if (!hp->shared_ffn_dim) /* n_shared_experts experts' width in one (DeepSeek's), else the dense FFN's */
+        hp->shared_ffn_dim = shared_count > 0 ? shared_count * hp->expert_ffn_dim : hp->ffn_dim;
+    if (hp->router_groups < 1 || hp->n_experts % hp->router_groups || hp->router_topk_groups < 1 ||
+        hp->router_topk_groups > hp->router_groups ||
+        hp->n_experts_used > hp->router_topk_groups * (hp->n_experts / hp->router_groups))
+        return iflow_seterr(IFLOW_ERANGE, "router_groups %d with router_topk_groups %d do not hold %d of %d experts in "
+                            "'%s'", hp->router_groups, hp->router_topk_groups, hp->n_experts_used, hp->n_experts, what);
     if (hp->n_experts < 0 || hp->n_experts > IFLOW_MAX_EXPERTS || hp->n_experts_used > hp->n_experts)
         return iflow_seterr(IFLOW_ERANGE, "n_experts %d with n_experts_used %d is not 1 <= used <= experts <= %d "
                             "in '%s'", hp->n_experts, hp->n_experts_used, IFLOW_MAX_EXPERTS, what);
@@ -576,11 +591,13 @@ static void attn_tensors(const iflow_hparams *hp, iflow_tensor_req *r, size_t *n
 
 /* The tensors of one layer, PREFIX (blk.L. or enc.blk.L.) then the suffix; `cross`: a decoder
  * layer of an encoder-decoder, with cross-attention. */
-static void layer_tensors(const iflow_hparams *hp, iflow_tensor_req *r, size_t *n, const char *prefix, int cross)
+static void layer_tensors(const iflow_hparams *hp, iflow_tensor_req *r, size_t *n, const char *prefix, int l,
+                          int cross)
 {
     static const char *const self[9] = {"attn_norm", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "bo"},
                              *const xattn[9] = {"xattn_norm", "xq", "xk", "xv", "xo", "xbq", "xbk", "xbv", "xbo"};
-    int64_t D = hp->dim, F = hp->ffn_dim;
+    const int moe = l >= 0 && iflow_layer_moe(hp, l);
+    int64_t D = hp->dim, F = moe ? hp->shared_ffn_dim : hp->ffn_dim; /* the dense FFN's, or the shared expert's */
     char name[48];
 #define L(suffix, d0, d1) (snprintf(name, sizeof name, "%s" suffix, prefix), req(r, n, name, d0, d1))
     attn_tensors(hp, r, n, prefix, self);
@@ -596,16 +613,20 @@ static void layer_tensors(const iflow_hparams *hp, iflow_tensor_req *r, size_t *
         L("ffn_norm", D, 0);
     if (!hp->post_norms_only && iflow_norm_biased(hp))
         L("ffn_norm_b", D, 0);
-    if (!hp->n_experts || hp->shared_expert) { /* the dense FFN, or a mixture's shared expert */
+    if (!moe || hp->shared_expert) { /* the dense FFN, or a mixture's shared expert */
         if (hp->ffn == IFLOW_FFN_GATED)
             L("ffn_gate", F, D);
         L("ffn_up", F, D);
         L("ffn_down", D, F);
     }
-    if (hp->n_experts) { /* a mixture of experts: the router (kept F32, as the routing's precision) and E gated FFNs */
+    if (moe) { /* a mixture of experts: the router (kept F32, as the routing's precision) and E gated FFNs */
         const int64_t Fe = hp->expert_ffn_dim;
         snprintf(name, sizeof name, "%sffn_router", prefix);
         req_table(r, n, name, hp->n_experts, D);
+        if (hp->router_bias) {
+            snprintf(name, sizeof name, "%sffn_router_bias", prefix);
+            req(r, n, name, hp->n_experts, 0);
+        }
         if (hp->shared_expert_gate) {
             snprintf(name, sizeof name, "%sffn_shexp_gate", prefix);
             req_table(r, n, name, 1, D);
@@ -664,7 +685,7 @@ int iflow_model_tensors(const iflow_hparams *hp, iflow_tensor_req **reqs, size_t
     }
     for (int l = 0; encdec && l < hp->n_enc_layers; l++) {
         snprintf(prefix, sizeof prefix, "enc.blk.%d.", l);
-        layer_tensors(hp, r, n, prefix, 0);
+        layer_tensors(hp, r, n, prefix, -1, 0);
     }
     if (encdec && hp->position == IFLOW_POS_RELATIVE)
         req_table(r, n, "enc.rel_bias", hp->rel_buckets, hp->n_heads);
@@ -672,7 +693,7 @@ int iflow_model_tensors(const iflow_hparams *hp, iflow_tensor_req **reqs, size_t
         final_norm(hp, r, n, "enc.");
     for (int l = 0; l < hp->n_layers; l++) {
         snprintf(prefix, sizeof prefix, "blk.%d.", l);
-        layer_tensors(hp, r, n, prefix, encdec);
+        layer_tensors(hp, r, n, prefix, l, encdec);
     }
     if (encdec && hp->position == IFLOW_POS_RELATIVE)
         req_table(r, n, "rel_bias", hp->rel_buckets, hp->n_heads);
@@ -764,7 +785,7 @@ static void *layer_slot(layer_weights *layers, int n, int n_experts, const char 
         F("attn_norm_b", attn_norm_b, 0), F("ffn_norm_b", ffn_norm_b, 0),
         F("xattn_norm", xattn_norm, 0), F("xattn_norm_b", xattn_norm_b, 0), F("xq", xq, 1), F("xk", xk, 1),
         F("xv", xv, 1), F("xo", xo, 1), F("xbq", xbq, 0), F("xbk", xbk, 0), F("xbv", xbv, 0), F("xbo", xbo, 0),
-        F("ffn_router", router, 0), F("ffn_shexp_gate", shexp_gate, 0),
+        F("ffn_router", router, 0), F("ffn_shexp_gate", shexp_gate, 0), F("ffn_router_bias", router_bias, 0),
 #undef F
     };
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)

@@ -112,6 +112,16 @@ typedef struct {
                                  columns) runs beside the experts, added to their sum (Qwen2-MoE) */
     int shared_expert_gate;   /* its output scaled by sigmoid(ffn_shexp_gate . x) (ffn_shexp_gate
                                  [1][dim]) */
+    int shared_ffn_dim;       /* the shared expert's columns (GLM-4.5, DeepSeek: n_shared_experts x
+                                 moe_intermediate_size); ffn_dim unless the spec says */
+    int moe_dense_first;      /* the first layers that have a dense FFN of ffn_dim instead
+                                 (DeepSeek's and GLM-4.5's first_k_dense_replace); see iflow_layer_moe */
+    int router_sigmoid;       /* the experts' scores are sigmoid(router x), not its softmax */
+    int router_bias;          /* a bias ffn_router_bias [E] added to the scores for the choice
+                                 only (DeepSeek-V3's e_score_correction_bias) */
+    int router_groups, router_topk_groups; /* experts in router_groups groups: the choice is
+                                 among the router_topk_groups groups of largest top-2 score sum */
+    float expert_scale;       /* the chosen experts' weights times it (routed_scaling_factor; 0: 1) */
     /* encoders (block layout = encoder: every position of the input attends to every other, the
        output is the last hidden states pooled into one vector, there is no LM head) */
     int layout;               /* IFLOW_LAYOUT_* */
@@ -156,6 +166,11 @@ typedef struct {
     int forced_eos;
 } iflow_hparams;
 
+/* 1 when layer l's FFN is a mixture of experts (n_experts > 0, past the moe_dense_first dense ones). */
+static inline int iflow_layer_moe(const iflow_hparams *hp, int l)
+{
+    return hp->n_experts > 0 && l >= hp->moe_dense_first;
+}
 /* 1 when the blocks' norms have biases (norm = layer, unless norm_bias = false). */
 static inline int iflow_norm_biased(const iflow_hparams *hp)
 {

@@ -49,6 +49,7 @@ typedef struct {
      * or empty */
     const float *router;                                     /* [E][dim] F32                 */
     const float *shexp_gate;                                 /* [dim] F32 or NULL            */
+    const float *router_bias;                                /* [E] F32 or NULL (router_bias) */
     expert_weights *experts;                                 /* [E] (the model's allocation) */
     /* an encoder-decoder's decoder layer: cross-attention over the encoder's output, between
      * the self-attention and the FFN (NULL / empty otherwise) */

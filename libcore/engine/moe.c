@@ -54,7 +54,7 @@ static int scratch_rows(const iflow_hparams *hp, iflow_moe_scratch **sp, int T)
     if (!s)
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
     const size_t R = (size_t)T, D = (size_t)hp->dim, E = (size_t)hp->n_experts, K = (size_t)hp->n_experts_used,
-                 F = (size_t)(hp->ffn_dim > hp->expert_ffn_dim ? hp->ffn_dim : hp->expert_ffn_dim);
+                 F = (size_t)(hp->shared_ffn_dim > hp->expert_ffn_dim ? hp->shared_ffn_dim : hp->expert_ffn_dim);
     s->x = malloc(R * D * sizeof *s->x);
     s->h = malloc(R * D * sizeof *s->h);
     s->gate = malloc(R * F * sizeof *s->gate);
@@ -73,30 +73,59 @@ static int scratch_rows(const iflow_hparams *hp, iflow_moe_scratch **sp, int T)
     return 0;
 }
 
-/* One row's experts sel[K] and weights wt[K] from its router logits [E]: the K largest of the
- * softmax, in descending order (ties: the lower index), renormalized with expert_norm. */
-static void route_row(const iflow_hparams *hp, const float *logits, int *sel, float *wt)
+/* The index of the largest of v[0..n) not taken (ties: the lower index), or -1. */
+static int best_free(const double *v, const unsigned char *taken, int n)
 {
-    const int E = hp->n_experts, K = hp->n_experts_used;
-    double max = logits[0], sum = 0, chosen = 0;
+    int best = -1;
+    for (int e = 0; e < n; e++)
+        if (!taken[e] && (best < 0 || v[e] > v[best]))
+            best = e;
+    return best;
+}
+
+/* One row's experts sel[K] and weights wt[K] from its router logits [E] (descending choice order):
+ *   scores p = softmax(logits), or sigmoid(logits) with router_sigmoid;
+ *   the choice among p + router_bias (DeepSeek-V3's correction; the weights stay p), within the
+ *   router_topk_groups groups whose two best choice scores sum largest (router_groups > 1);
+ *   weights p of the chosen, renormalized to sum 1 with expert_norm, times expert_scale. */
+static void route_row(const iflow_hparams *hp, const float *logits, const float *bias, int *sel, float *wt)
+{
+    const int E = hp->n_experts, K = hp->n_experts_used, G = hp->router_groups, per = E / G;
+    double p[IFLOW_MAX_EXPERTS], choice[IFLOW_MAX_EXPERTS], max = logits[0], sum = 0, chosen = 0;
+    unsigned char taken[IFLOW_MAX_EXPERTS] = {0};
     for (int e = 1; e < E; e++)
         max = logits[e] > max ? logits[e] : max;
     for (int e = 0; e < E; e++)
-        sum += exp((double)logits[e] - max);
-    unsigned char taken[IFLOW_MAX_EXPERTS] = {0};
-    for (int j = 0; j < K; j++) {
-        int best = -1;
+        sum += p[e] = hp->router_sigmoid ? 1.0 / (1.0 + exp(-(double)logits[e])) : exp((double)logits[e] - max);
+    for (int e = 0; e < E; e++) {
+        p[e] = hp->router_sigmoid ? p[e] : p[e] / sum;
+        choice[e] = p[e] + (bias ? bias[e] : 0.0);
+    }
+    if (G > 1) { /* groups outside the best router_topk_groups are not chosen from */
+        double gs[IFLOW_MAX_EXPERTS];
+        unsigned char gtaken[IFLOW_MAX_EXPERTS] = {0};
+        for (int g = 0; g < G; g++) {
+            unsigned char t2[IFLOW_MAX_EXPERTS] = {0};
+            int a = best_free(choice + g * per, t2, per);
+            t2[a] = 1;
+            int b = per > 1 ? best_free(choice + g * per, t2, per) : -1;
+            gs[g] = choice[g * per + a] + (b >= 0 ? choice[g * per + b] : 0.0);
+        }
+        for (int k = 0; k < hp->router_topk_groups; k++)
+            gtaken[best_free(gs, gtaken, G)] = 1;
         for (int e = 0; e < E; e++)
-            if (!taken[e] && (best < 0 || logits[e] > logits[best]))
-                best = e;
+            taken[e] = !gtaken[e / per];
+    }
+    for (int j = 0; j < K; j++) {
+        const int best = best_free(choice, taken, E);
         sel[j] = best;
         taken[best] = 1;
-        double p = exp((double)logits[best] - max) / sum;
-        wt[j] = (float)p;
-        chosen += p;
+        wt[j] = (float)p[best];
+        chosen += p[best];
     }
-    for (int j = 0; j < K && hp->expert_norm; j++)
-        wt[j] = (float)((double)wt[j] / chosen);
+    const double scale = hp->expert_scale > 0 ? hp->expert_scale : 1.0;
+    for (int j = 0; j < K; j++)
+        wt[j] = (float)((hp->expert_norm ? (double)wt[j] / chosen : (double)wt[j]) * scale);
 }
 
 /* The (row, choice) pairs of the T rows grouped by expert, rows ascending within each. */
@@ -129,7 +158,7 @@ static int shared_expert(const moe_site *at, iflow_moe_scratch *s, const layer_w
 {
     const iflow_hparams *hp = at->hp;
     iflow_device *d = at->d;
-    const int D = hp->dim, F = hp->ffn_dim;
+    const int D = hp->dim, F = hp->shared_ffn_dim;
     IFLOW_TRY(iflow_ffn_hidden(hp, d, w, s->x, T, F, s->gate, s->up));
     iflow_observe(at->c, at->layer, IFLOW_OBS_FFN_MID, 0, s->gate, (size_t)F, T, F);
     IFLOW_TRY(iflow_linear_rows(d, out, D, w->down, NULL, s->gate, F, T, D, F));
@@ -180,7 +209,7 @@ int iflow_moe_ffn(const iflow_hparams *hp, const iflow_ctx *c, int layer, iflow_
     memcpy(s->x, in, (size_t)T * D * sizeof(float));
     IFLOW_TRY(d->ops->matmul(d, s->logits, (size_t)E, w->router, IFLOW_DT_F32, s->x, (size_t)D, T, E, D));
     for (int t = 0; t < T; t++)
-        route_row(hp, s->logits + (size_t)t * E, s->sel + (size_t)t * K, s->wt + (size_t)t * K);
+        route_row(hp, s->logits + (size_t)t * E, w->router_bias, s->sel + (size_t)t * K, s->wt + (size_t)t * K);
     group_pairs(hp, s, T);
     if (hp->shared_expert)
         IFLOW_TRY(shared_expert(&at, s, w, T, out));

@@ -112,7 +112,7 @@ static int check_splittable(const iflow_hparams *hp, int l)
     if (hp->qk_norm_full) /* the norm of the whole q and k projections */
         return iflow_seterr(IFLOW_EUNSUPPORTED, "layer %d norms its whole q and k: it cannot be split over devices yet",
                             l);
-    if (hp->n_experts) /* moe.c computes whole layers */
+    if (iflow_layer_moe(hp, l)) /* moe.c computes whole layers */
         return iflow_seterr(IFLOW_EUNSUPPORTED, "layer %d is a mixture of experts: it cannot be split over devices yet",
                             l);
     return 0;
@@ -464,7 +464,7 @@ static int check_host_only(const iflow_model *m, int l, const layer_part *p)
 static int copy_experts(iflow_model *m, int l, layer_part *p, const layer_weights *w)
 {
     const iflow_hparams *hp = &m->hp;
-    if (!hp->n_experts)
+    if (!iflow_layer_moe(hp, l))
         return 0;
     if (!w->experts) /* a model from one shard binds them all (a split one is refused at open) */
         return iflow_seterr(IFLOW_EINVAL, "layer %d is a mixture of experts without its experts", l);
@@ -472,6 +472,7 @@ static int copy_experts(iflow_model *m, int l, layer_part *p, const layer_weight
         return iflow_seterr(IFLOW_EUNSUPPORTED, "layer %d is a mixture of experts, which is not implemented on %s yet "
                             "(it runs on the cpu)", l, dev_name(dev_of(m, p->dev)));
     p->w.router = w->router;
+    p->w.router_bias = w->router_bias;
     p->w.shexp_gate = w->shexp_gate;
     /* each expert's matrices in the device's own layout where it has one (its pack op: the
      * CPU's int8 and AMX tiles), as the dense matrices are; else the mapping's */
@@ -509,6 +510,8 @@ static int copy_part(iflow_model *m, int l, layer_part *p, int first)
     int64_t q0 = (p->q0 - b.q0) * hd, q1 = (p->q1 - b.q0) * hd, k0 = (p->kv0 - b.kv0) * hd, k1 = (p->kv1 - b.kv0) * hd;
     int64_t f0 = p->f0 - b.f0, f1 = p->f1 - b.f0;
     int nd = 0, nh = 0, rc;
+    if (iflow_layer_moe(hp, l)) /* a whole layer (check_splittable): its shared expert's columns, if any */
+        f0 = 0, f1 = F = hp->shared_ffn_dim;
     if ((rc = put_vector(m, p, &nd, w->attn_norm, 0, D, &o->attn_norm)) ||
         (rc = put_vector(m, p, &nd, w->ffn_norm, 0, D, &o->ffn_norm)) ||
         (rc = put_vector(m, p, &nd, w->attn_norm_b, 0, D, &o->attn_norm_b)) ||

@@ -248,6 +248,24 @@ static void pick_alternative(const job *j, char *spec_name, size_t cap)
     snprintf(spec_name, cap, "%s", pick ? pick : first ? first : "");
 }
 
+/* A source tensor of a layer past the model's n_layers that the hyperparameter extra_layers
+ * covers (GLM-4.5's and DeepSeek-V3's multi-token-prediction layers, num_nextn_predict_layers:
+ * "model.layers.N." or "blk.N." with n_layers <= N < n_layers + extra_layers): carried by the
+ * checkpoint, never run by the engine. */
+static int extra_layer(const job *j, const char *name)
+{
+    const json_t *x = json_object_get(json_object_get(j->resolved, "hparams"), "extra_layers");
+    const long extra = json_is_integer(x) ? (long)json_integer_value(x) : 0;
+    const char *at = strncmp(name, "blk.", 4) == 0 ? name + 4 : strstr(name, "layers.");
+    char *end;
+    if (extra <= 0 || !at)
+        at = NULL;
+    else if (at != name + 4)
+        at += 7;
+    long l = at ? strtol(at, &end, 10) : -1;
+    return at && end != at && *end == '.' && l >= j->hp.n_layers && l < j->hp.n_layers + extra;
+}
+
 static int map_sources(job *j)
 {
     size_t n_src = src_n_tensors(j);
@@ -322,7 +340,7 @@ static int map_sources(job *j)
     }
     for (size_t s = 0; s < n_src && rc == 0; s++) {
         const iflow_src_tensor *t = src_tensor(j, s);
-        if (!used[s] && !iflow_spec_ignored(j->spec, t->name))
+        if (!used[s] && !iflow_spec_ignored(j->spec, t->name) && !extra_layer(j, t->name))
             rc = iflow_seterr(IFLOW_ESPEC, "unexpected tensor '%s' in '%s': spec '%s' does not use it", t->name,
                               src_path(j), j->spec->path);
     }

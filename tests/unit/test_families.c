@@ -342,11 +342,12 @@ static void check_moe_imatrix(const char *name)
                   "%s: expert %d's entries agree", name, e);
             rows += eg ? eg->count : 0;
         }
-        CHECK(rows == 12u * (uint64_t)hp->n_experts_used, "%s: layer %d's experts saw %llu rows, want %d", name, l,
-              (unsigned long long)rows, 12 * hp->n_experts_used);
+        const int moe = iflow_layer_moe(hp, l); /* a dense layer's experts see nothing: it has none */
+        CHECK(rows == (moe ? 12u * (uint64_t)hp->n_experts_used : 0), "%s: layer %d's experts saw %llu rows, want %d",
+              name, l, (unsigned long long)rows, moe ? 12 * hp->n_experts_used : 0);
         snprintf(g, sizeof g, "blk.%d.ffn_gate", l);
-        CHECK(!iflow_imatrix_find(im, g) == !hp->shared_expert, "%s: a dense ffn_gate entry only for a shared expert",
-              name);
+        CHECK(!iflow_imatrix_find(im, g) == (moe && !hp->shared_expert),
+              "%s: a dense ffn_gate entry only for a dense layer or a shared expert", name);
     }
     iflow_imatrix_free(im);
     iflow_ctx_close(c);
@@ -699,6 +700,26 @@ static int nemotron_hp(const iflow_hparams *hp)
 
 static void test_nemotron(void) { check_family("nemotron", nemotron_hp); }
 
+/* GLM-4.5: layer 0 dense (64), then 8 experts of 16 in 2 groups (1 chosen from), 3 a token by
+ * sigmoid scores and a correction bias, renormalized, times 1.5, a shared expert of 16 */
+static int glm4_moe_hp(const iflow_hparams *hp)
+{
+    return hp->n_experts == 8 && hp->n_experts_used == 3 && hp->expert_ffn_dim == 16 && hp->moe_dense_first == 1 &&
+           !iflow_layer_moe(hp, 0) && iflow_layer_moe(hp, 1) && hp->router_sigmoid && hp->router_bias &&
+           hp->router_groups == 2 && hp->router_topk_groups == 1 && hp->expert_scale == 1.5f && hp->expert_norm &&
+           hp->shared_expert && hp->shared_ffn_dim == 16 && hp->ffn_dim == 64 && hp->qk_norm && hp->rope_dim == 4;
+}
+
+static void test_glm4_moe(void)
+{
+    check_family("glm4_moe", glm4_moe_hp);
+    check_moe_step("glm4_moe");
+    check_moe_imatrix("glm4_moe");
+    /* a checkpoint with a multi-token-prediction layer (num_nextn_predict_layers: layer 3 of 3)
+     * converts, that layer's tensors carried and never run: the same logits */
+    check_family("glm4_moe-mtp", glm4_moe_hp);
+}
+
 /* An encoder (specs/bert.ini): the pooled embedding of the fixture's ids against transformers'
  * float64 BertModel with sentence-transformers' pooling, within 1e-5 (F32 against float64). */
 static void check_encoder(const char *family, int pooling, int normalize)
@@ -863,6 +884,7 @@ int main(void)
     RUN(test_arcee);
     RUN(test_hunyuan);
     RUN(test_nemotron);
+    RUN(test_glm4_moe);
     RUN(test_bert);
     RUN(test_bert_cls);
     RUN(test_bad_rows);
