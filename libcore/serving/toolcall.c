@@ -656,15 +656,12 @@ static int parse_pythonic(const char *s, size_t n, const char *seed, json_t *cal
     return more == 0 && iflow_skip_ws(s, r.i, n) == n && json_array_size(calls) ? 0 : -1;
 }
 
-/* mistral, granite: a list of calls (or one call) after the marker, nothing after it; `bare`:
- * the whole text is the list. *before = the text before the marker. */
-static int parse_list(int fmt, const char *s, size_t n, int bare, const char *seed, json_t *calls, size_t *before)
+/* A list of calls (or one call) from s[i..n), nothing after it, into calls: 0, or -1 (calls
+ * then cleared). */
+static int read_list(const char *s, size_t i, size_t n, const char *seed, json_t *calls)
 {
-    const char *at = find(s, n, FORMATS[fmt].open);
-    if (!at && !bare)
-        return -1;
-    *before = at ? (size_t)(at - s) : 0;
-    size_t i = iflow_skip_ws(s, at ? *before + strlen(FORMATS[fmt].open) : 0, n), used;
+    size_t used;
+    i = iflow_skip_ws(s, i, n);
     json_t *v = json_at(s + i, n - i, &used);
     int bad = !v || iflow_skip_ws(s, i + used, n) != n || (json_is_array(v) && json_array_size(v) == 0);
     if (json_is_array(v))
@@ -673,7 +670,24 @@ static int parse_list(int fmt, const char *s, size_t n, int bare, const char *se
     else if (!bad)
         bad = add_call(calls, v, seed) < 0;
     json_decref(v);
+    if (bad)
+        json_array_clear(calls);
     return bad ? -1 : 0;
+}
+
+/* mistral, granite: a list of calls (or one call) after the marker, nothing after it; `bare`:
+ * the whole text may be the list (a constrained reply: a marker in its strings is their text,
+ * found by fuzz_toolcall). *before = the text before the marker. */
+static int parse_list(int fmt, const char *s, size_t n, int bare, const char *seed, json_t *calls, size_t *before)
+{
+    *before = 0;
+    if (bare && read_list(s, 0, n, seed, calls) == 0)
+        return 0;
+    const char *at = find(s, n, FORMATS[fmt].open);
+    if (!at)
+        return -1;
+    *before = (size_t)(at - s);
+    return read_list(s, *before + strlen(FORMATS[fmt].open), n, seed, calls);
 }
 
 int iflow_tool_parse(int fmt, const char *text, size_t len, int bare, const char *seed, json_t **calls, char **content,

@@ -146,6 +146,11 @@ static const parse_case PARSE[] = {
     {IFLOW_TOOLS_MISTRAL, 0, "ok [TOOL_CALLS][" F ", " G "]", 2, "ok", "[" FC "," GC "]"},
     {IFLOW_TOOLS_MISTRAL, 0, "[TOOL_CALLS]" F, 1, "", "[" FC "]"},
     {IFLOW_TOOLS_MISTRAL, 1, "[" F "]", 1, "", "[" FC "]"},
+    /* a constrained (bare) list whose strings hold the marker: the whole text is the list, the
+     * marker in it text (fuzz_toolcall found the marker taken for the list's start) */
+    {IFLOW_TOOLS_MISTRAL, 1, "[{\"name\": \"f\", \"arguments\": {\"a\": \"x[TOOL_CALLS]\"}}]", 1, "",
+     "[[\"f\",\"{\\\"a\\\":\\\"x[TOOL_CALLS]\\\"}\"]]"},
+    {IFLOW_TOOLS_MISTRAL, 1, "[TOOL_CALLS][" F "]", 1, "", "[" FC "]"},
     {IFLOW_TOOLS_MISTRAL, 0, "[" F "]", 0, NULL, "[]"},
     {IFLOW_TOOLS_MISTRAL, 0, "[TOOL_CALLS] []", 0, NULL, "[]"},
     {IFLOW_TOOLS_MISTRAL, 0, "[TOOL_CALLS] [" F "] more", 0, NULL, "[]"},
