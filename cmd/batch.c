@@ -690,13 +690,13 @@ static void drop_pending(writer *w)
     while (w->pending) {
         group *g = w->pending;
         w->pending = g->next_pending;
-        item *held[MAX_PROMPTS];
-        int n = 0;
-        for (int j = 0; j < g->n; j++)
-            if (g->members[j])
-                held[n++] = g->members[j];
-        for (int j = 0; j < n; j++) /* the last may free g */
-            item_free(held[j]);
+        int left = g->done; /* g lives until the last of them is freed, which may free it */
+        for (int j = 0; left > 0; j++)
+            if (g->members[j]) {
+                item *it = g->members[j];
+                left--;
+                item_free(it);
+            }
     }
 }
 

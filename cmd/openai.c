@@ -68,12 +68,12 @@ static json_t *chat_logprobs(const json_t *native)
     return json_pack("{s:o}", "content", content);
 }
 
-/* Characters (code points) of a UTF-8 string. */
-static size_t n_chars(const char *s)
+/* Characters (code points) of UTF-8 text s[0..len). */
+static size_t n_chars(const char *s, size_t len)
 {
     size_t n = 0;
-    for (; *s; s++)
-        n += ((unsigned char)*s & 0xC0) != 0x80;
+    for (size_t i = 0; s && i < len; i++)
+        n += ((unsigned char)s[i] & 0xC0) != 0x80;
     return n;
 }
 
@@ -81,14 +81,12 @@ static size_t n_chars(const char *s)
  * the first token reads " Once" where the prompt reads "Once"), 0 when they do not. */
 static size_t prompt_skew(const json_t *prompt_lps, const char *text, size_t len)
 {
-    size_t i, tokens = 0, chars = 0;
-    for (size_t j = 0; text && j < len; j++)
-        chars += ((unsigned char)text[j] & 0xC0) != 0x80;
+    size_t i, tokens = 0, chars = n_chars(text, len);
     json_t *e, *t, *b;
     json_array_foreach(prompt_lps, i, e)
     {
         token_parts(e, &t, &b);
-        tokens += n_chars(json_string_value(t));
+        tokens += n_chars(json_string_value(t), json_string_length(t));
         json_decref(t), json_decref(b);
     }
     return tokens > chars ? tokens - chars : 0;
@@ -122,7 +120,7 @@ static json_t *completion_logprobs(const json_t *prompt, const char *prompt_text
             json_decref(tt), json_decref(tb);
         }
         json_array_append_new(offsets, json_integer((json_int_t)(at > skew ? at - skew : 0)));
-        at += n_chars(json_string_value(text));
+        at += n_chars(json_string_value(text), json_string_length(text));
         json_array_append_new(tokens, text);
         json_array_append(lps, json_object_get(e, "logprob"));
         json_array_append_new(tops, top);

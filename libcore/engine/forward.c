@@ -680,6 +680,14 @@ static void scale_output(const iflow_hparams *hp, iflow_device *d, float *xb, in
             xb[i] *= hp->residual_scale;
 }
 
+/* qk_norm per head: the q_rows heads of q and kv_rows of k (rows of head_dim) RMS-normed. */
+static int head_norms(const iflow_hparams *hp, iflow_device *d, dev_scratch *s, const layer_weights *w, int q_rows,
+                      int kv_rows)
+{
+    IFLOW_TRY(d->ops->rmsnorm(d, s->q, s->q, w->q_norm, q_rows, hp->head_dim, hp->norm_eps));
+    return d->ops->rmsnorm(d, s->kx, s->kx, w->k_norm, kv_rows, hp->head_dim, hp->norm_eps);
+}
+
 /* x[0..n) clamped to [-c, c]. */
 static void clamp_rows(float *x, size_t n, float c)
 {
@@ -725,8 +733,7 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
         IFLOW_TRY(d->ops->rmsnorm(d, s->q, s->q, w->q_norm, T, Q, hp->norm_eps));
         IFLOW_TRY(d->ops->rmsnorm(d, s->kx, s->kx, w->k_norm, T, KV, hp->norm_eps));
     } else if (w->q_norm && !hp->qk_norm_late) { /* qk_norm: each head's q and k (rows of head_dim) */
-        IFLOW_TRY(d->ops->rmsnorm(d, s->q, s->q, w->q_norm, T * nq, hd, hp->norm_eps));
-        IFLOW_TRY(d->ops->rmsnorm(d, s->kx, s->kx, w->k_norm, T * nkv, hd, hp->norm_eps));
+        IFLOW_TRY(head_norms(hp, d, s, w, T * nq, T * nkv));
     }
     if (hp->clip_qkv > 0 && d->host_memory) { /* OLMo's clamp (place.c refuses other devices) */
         clamp_rows(s->q, (size_t)T * Q, hp->clip_qkv);
@@ -753,10 +760,8 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
             IFLOW_TRY(d->ops->rope(d, s->kx + (size_t)q->row0 * KV, (size_t)KV, q->n_rows, nkv, hd, hp->rope_dim,
                                    q->pos0, theta, rope_scale, hp->rope_layout));
         }
-        if (late) {
-            IFLOW_TRY(d->ops->rmsnorm(d, s->q, s->q, w->q_norm, T * nq, hd, hp->norm_eps));
-            IFLOW_TRY(d->ops->rmsnorm(d, s->kx, s->kx, w->k_norm, T * nkv, hd, hp->norm_eps));
-        }
+        if (late)
+            IFLOW_TRY(head_norms(hp, d, s, w, T * nq, T * nkv));
         IFLOW_TRY(d->ops->kv_store(d, r->kv->k[k], L, r->seq, r->n_seq, s->kx, (size_t)KV));
         IFLOW_TRY(d->ops->kv_store(d, r->kv->v[k], L, r->seq, r->n_seq, s->vx, (size_t)KV));
     }
