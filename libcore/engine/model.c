@@ -353,7 +353,7 @@ static int read_blocks(iflow_hparams *hp, const json_t *blocks, const char *what
 
 static int read_rope_scaling(iflow_hparams *hp, const json_t *h, const char *what)
 {
-    static const char *const kinds[] = {"none", "linear", "llama3", "default", NULL};
+    static const char *const kinds[] = {"none", "linear", "llama3", "yarn", "default", NULL};
     const char *v = json_string_value(json_object_get(h, "rope_scaling"));
     int rc;
     if (!v)
@@ -361,17 +361,60 @@ static int read_rope_scaling(iflow_hparams *hp, const json_t *h, const char *wha
     hp->rope_scaling = -1;
     for (int i = 0; kinds[i]; i++)
         if (strcmp(v, kinds[i]) == 0)
-            hp->rope_scaling = i == 3 ? IFLOW_ROPE_SCALING_NONE : i;
+            hp->rope_scaling = i == 4 ? IFLOW_ROPE_SCALING_NONE : i;
     if (hp->rope_scaling < 0)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "block rope_scaling = %s is not implemented (in '%s')", v, what);
     if ((rc = get_float(h, "rope_factor", &hp->rope_factor, what)) || (rc = get_float(h, "rope_low_freq", &hp->rope_low_freq, what)) ||
         (rc = get_float(h, "rope_high_freq", &hp->rope_high_freq, what)) ||
-        (rc = get_int(h, "rope_orig_ctx", &hp->rope_orig_ctx, 1, what)))
+        (rc = get_int(h, "rope_orig_ctx", &hp->rope_orig_ctx, 1, what)) ||
+        (rc = get_float_or(h, "rope_beta_fast", 32, &hp->rope_beta_fast, what)) ||
+        (rc = get_float_or(h, "rope_beta_slow", 1, &hp->rope_beta_slow, what)) ||
+        (rc = get_bool_or(h, "rope_truncate", 1, &hp->rope_truncate, what)))
         return rc;
     if (hp->rope_scaling != IFLOW_ROPE_SCALING_NONE && !(hp->rope_factor > 0))
         return iflow_seterr(IFLOW_ERANGE, "rope_factor must be positive in '%s'", what);
+    if (hp->rope_scaling == IFLOW_ROPE_SCALING_YARN && !(hp->rope_beta_fast > 0 && hp->rope_beta_slow > 0))
+        return iflow_seterr(IFLOW_ERANGE, "yarn's rope_beta_fast and rope_beta_slow must be positive in '%s'", what);
     if (hp->rope_scaling == IFLOW_ROPE_SCALING_LINEAR && hp->rope_factor == 1.0f) /* GGUF's default */
         hp->rope_scaling = IFLOW_ROPE_SCALING_NONE;
+    return 0;
+}
+
+/* YaRN's mscale: 0.1 * m * ln(factor) + 1 (1 for a factor up to 1). */
+static double yarn_mscale(double factor, double m)
+{
+    return factor <= 1 ? 1.0 : 0.1 * m * log(factor) + 1.0;
+}
+
+/* YaRN's attention factors, folded into attn_scale (after attn_multiplier):
+ *   its cos/sin factor a (rope_attn_factor; else mscale(factor, rope_mscale) /
+ *   mscale(factor, rope_mscale_all_dim) when both are given, else mscale(factor, 1)) scales
+ *   both q and k's rotated pairs: the scores by a^2 when the whole head rotates (a partial
+ *   rotation with a != 1 is refused);
+ *   attn_mscale (DeepSeek's softmax scale): times mscale(factor, rope_mscale_all_dim)^2. GGUF
+ *   gives rope_yarn_log_mul, 0.1 * rope_mscale_all_dim. */
+static int read_yarn_scales(iflow_hparams *hp, const json_t *h, const char *what)
+{
+    float af, ms, ms_all, log_mul;
+    int rc, attn_mscale;
+    if ((rc = get_float_or(h, "rope_attn_factor", 0, &af, what)) ||
+        (rc = get_float_or(h, "rope_mscale", 0, &ms, what)) ||
+        (rc = get_float_or(h, "rope_mscale_all_dim", 0, &ms_all, what)) ||
+        (rc = get_float_or(h, "rope_yarn_log_mul", 0, &log_mul, what)) ||
+        (rc = get_bool_or(h, "attn_mscale", 0, &attn_mscale, what)))
+        return rc;
+    if (hp->rope_scaling == IFLOW_ROPE_SCALING_NONE)
+        return 0;
+    const double f = hp->rope_factor, all = log_mul > 0 ? 10.0 * log_mul : ms_all;
+    if (attn_mscale)
+        hp->attn_scale = (float)(hp->attn_scale * yarn_mscale(f, all) * yarn_mscale(f, all));
+    if (hp->rope_scaling != IFLOW_ROPE_SCALING_YARN)
+        return 0;
+    const double a = af > 0 ? af : ms > 0 && all > 0 ? yarn_mscale(f, ms) / yarn_mscale(f, all) : yarn_mscale(f, 1);
+    if (fabs(a - 1.0) > 1e-7 && hp->rope_dim != hp->head_dim)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "yarn's attention factor %g on a partial rotation (rope_dim %d of %d) "
+                            "is not implemented (in '%s')", a, hp->rope_dim, hp->head_dim, what);
+    hp->attn_scale = (float)(hp->attn_scale * a * a);
     return 0;
 }
 
@@ -531,7 +574,7 @@ int iflow_hparams_from_json(iflow_hparams *hp, const json_t *resolved, const cha
     if (hp->embed_scale < 0) /* as transformers: the Python float sqrt, then rounded to F32 */
         hp->embed_scale = (float)sqrt((double)hp->dim);
     int norm_bias, norm_weight;
-    if ((rc = read_scales(hp, h, what)) || (rc = read_nope(hp, h, what)) ||
+    if ((rc = read_scales(hp, h, what)) || (rc = read_yarn_scales(hp, h, what)) || (rc = read_nope(hp, h, what)) ||
         (rc = get_bool_or(h, "norm_bias", 1, &norm_bias, what)) ||
         (rc = get_bool_or(h, "norm_weight", 1, &norm_weight, what)))
         return rc;
@@ -870,8 +913,24 @@ static int make_rope_scale(iflow_model *m)
     int half = hp->rope_dim / 2;
     if (!(m->rope_scale = malloc((size_t)half * sizeof(float))))
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    double lo = 0, hi = 0; /* yarn: pairs below lo keep their frequency, above hi divide it by factor */
+    if (hp->rope_scaling == IFLOW_ROPE_SCALING_YARN) {
+        const double d = hp->rope_dim, base = hp->rope_theta, ctx = hp->rope_orig_ctx;
+        lo = d * log(ctx / (hp->rope_beta_fast * 2 * M_PI)) / (2 * log(base));
+        hi = d * log(ctx / (hp->rope_beta_slow * 2 * M_PI)) / (2 * log(base));
+        if (hp->rope_truncate)
+            lo = floor(lo), hi = ceil(hi);
+        lo = lo > 0 ? lo : 0, hi = hi < d - 1 ? hi : d - 1;
+        if (hi == lo)
+            hi += 0.001;
+    }
     for (int i = 0; i < half; i++) {
         float s = hp->rope_scaling == IFLOW_ROPE_SCALING_NONE ? 1.0f : 1.0f / hp->rope_factor;
+        if (hp->rope_scaling == IFLOW_ROPE_SCALING_YARN) { /* as transformers: a linear ramp between */
+            double ramp = (i - lo) / (hi - lo);
+            ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+            s = (float)(ramp / hp->rope_factor + (1 - ramp));
+        }
         if (hp->rope_scaling == IFLOW_ROPE_SCALING_LLAMA3) {
             /* Llama 3.1: keep high frequencies, divide low ones by factor, blend between. */
             double freq = pow(hp->rope_theta, -2.0 * i / hp->rope_dim), wavelen = 2 * M_PI / freq;

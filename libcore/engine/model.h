@@ -37,7 +37,12 @@
 #include "libcore/formats/shard.h"
 #include "libcore/tokenizers/tokenizer.h"
 
-enum { IFLOW_ROPE_SCALING_NONE = 0, IFLOW_ROPE_SCALING_LINEAR = 1, IFLOW_ROPE_SCALING_LLAMA3 = 2 };
+enum {
+    IFLOW_ROPE_SCALING_NONE = 0,
+    IFLOW_ROPE_SCALING_LINEAR = 1,
+    IFLOW_ROPE_SCALING_LLAMA3 = 2,
+    IFLOW_ROPE_SCALING_YARN = 3
+};
 #define IFLOW_MAX_EOS 8
 #define IFLOW_MAX_BANNED 8
 #define IFLOW_MAX_EXPERTS 256     /* hparams n_experts */
@@ -151,6 +156,9 @@ typedef struct {
     int rope_scaling;         /* IFLOW_ROPE_SCALING_* */
     float rope_factor, rope_low_freq, rope_high_freq;
     int rope_orig_ctx;
+    float rope_beta_fast, rope_beta_slow; /* yarn: the ramp between extrapolated (fast) and
+                                 interpolated (slow) pairs, in rotations over rope_orig_ctx */
+    int rope_truncate;        /* yarn: the ramp's ends rounded outward to whole pairs */
     int rope_freqs;           /* a tensor rope_freqs [rope_dim/2] divides each pair's frequency,
                                  after rope_scaling (llama.cpp's rope_freqs.weight: a Llama 3.1
                                  GGUF's llama3 scaling, which its metadata does not carry) */

@@ -144,7 +144,19 @@ static int qwen2_hp(const iflow_hparams *hp)
     return hp->qkv_bias && !hp->attn_bias && hp->rope_theta == 1e6f && !hp->tie_embeddings;
 }
 
-static void test_qwen2(void) { check_family("qwen2", qwen2_hp); }
+/* YaRN: factor 4 over an original context of 8, the scores scaled by (0.1 ln 4 + 1)^2 */
+static int qwen2_yarn_hp(const iflow_hparams *hp)
+{
+    const double a = 0.1 * log(4.0) + 1.0;
+    return hp->rope_scaling == IFLOW_ROPE_SCALING_YARN && hp->rope_factor == 4.0f && hp->rope_orig_ctx == 8 &&
+           fabs(hp->attn_scale - a * a / sqrt(8.0)) < 1e-6;
+}
+
+static void test_qwen2(void)
+{
+    check_family("qwen2", qwen2_hp);
+    check_family("qwen2-yarn", qwen2_yarn_hp);
+}
 
 /* a window of 5 positions (the fixture's logits differ without it: gen_family_refs.py checks) */
 static int mistral_hp(const iflow_hparams *hp)

@@ -456,7 +456,19 @@ static int nemotron_hp(const iflow_hparams *hp)
 
 static void test_nemotron(void) { check_gguf("nemotron", "nemotron", "nemotron", nemotron_hp); }
 
-static void test_qwen2(void) { check_gguf("qwen2", "qwen2", "qwen2", qwen2_hp); }
+/* yarn from rope.scaling.type, .factor and .original_context_length (beta 32 and 1 by default) */
+static int qwen2_yarn_hp(const iflow_hparams *hp)
+{
+    const double a = 0.1 * log(4.0) + 1.0;
+    return hp->rope_layout == IFK_ROPE_HALF && hp->rope_theta == 1e4f && hp->rope_scaling == IFLOW_ROPE_SCALING_YARN && hp->rope_orig_ctx == 8 &&
+           hp->rope_beta_fast == 32.0f && fabs(hp->attn_scale - a * a / sqrt(8.0)) < 1e-6;
+}
+
+static void test_qwen2(void)
+{
+    check_gguf("qwen2", "qwen2", "qwen2", qwen2_hp);
+    check_gguf("qwen2-yarn", "qwen2-yarn", "qwen2", qwen2_yarn_hp);
+}
 static void test_olmoe(void) { check_gguf("olmoe", "olmoe", "olmoe", olmoe_hp); }
 static void test_qwen3(void) { check_gguf("qwen3", "qwen3", "qwen3", qwen3_hp); }
 static void test_mixtral(void) { check_gguf("mixtral", "mixtral", "llama", mixtral_hp); }
