@@ -450,7 +450,8 @@ void ifk_kv_shift(void *k, void *v, const ifk_kv_layout *L, const int32_t *table
         ifk_kv_load_row(tmp, k, L, table, p);
         ifk_rope(tmp, L->n_kv_heads, L->head_dim, rp->rot_dim, -discard, rp->theta, rp->freq_scale, rp->layout);
         store_row(k, L, dst, tmp);
-        copy_row(v, L, dst, src);
+        if (v) /* NULL: values kept in the keys' rows (latent attention) */
+            copy_row(v, L, dst, src);
     }
 }
 

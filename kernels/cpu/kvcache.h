@@ -103,7 +103,8 @@ typedef struct {
 
 /* Context shift (StreamingLLM's attention sinks; Neural Speed's shift-RoPE-K): of a sequence's
  * n_past cached positions keep 0 .. keep - 1, drop keep .. keep + discard - 1, and move
- * keep + discard .. n_past - 1 down by `discard`. Values move as stored. Keys are rotated back
+ * keep + discard .. n_past - 1 down by `discard`. Values move as stored (v NULL: none, a
+ * latent attention's values are its keys' rows). Keys are rotated back
  * by `discard` positions instead of being recomputed: RoPE rotates pair i by pos * f_i, so
  * R(-d f_i) R(p f_i) k = R((p - d) f_i) k; each key row is loaded as F32, rotated by ifk_rope
  * at position -discard and stored again (F32 keys lose nothing but the rotation's rounding;

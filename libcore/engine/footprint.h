@@ -50,6 +50,10 @@ uint64_t iflow_part_kv_bytes(const iflow_hparams *hp, int n_kv_heads, int n_ctx)
  * rows, not at 128. */
 #define IFLOW_GPU_PASS 512
 
+/* Floats a row of latent attention's own scratch (forward.c's s->mla): q_lora_rank + the
+ * queries before their absorption, n_heads * (qk_nope_dim + rope_dim); 0 without it. */
+uint64_t iflow_mla_scratch(const iflow_hparams *hp);
+
 /* Scratch of a device that runs layers: activations of max(IFLOW_MAX_STEP, rows) tokens. */
 uint64_t iflow_scratch_bytes(const iflow_hparams *hp, int rows);
 

@@ -18,6 +18,8 @@
 #include "model_impl.h"
 #include "comm.h"
 #include "observe.h"
+#include "footprint.h"
+#include "slice.h"
 #include "libcore/base/dtype.h"
 #include "libcore/base/error.h"
 #include "kernels/cpu/bigmem.h"
@@ -47,6 +49,7 @@ typedef struct {
                                    parallel_residual only; else NULL) */
     float *gate, *up;           /* [B][F]     FFN hidden              */
     float *kx, *vx;             /* [B][KV]    new keys and values, before they are stored */
+    float *mla;                 /* [B][iflow_mla_scratch] latent attention's q_a and queries, or NULL */
     float *logits;              /* [logits_rows][vocab] (output device, not host memory) */
     float *lt;                  /* [n_lt]: a low-rank delta's a x, grown on demand            */
     float *lx, *ly;             /* [n_lx], [n_ly]: the rows of an adapter's sequences gathered
@@ -112,7 +115,8 @@ static void scratch_free(dev_scratch *s)
     iflow_device *d = s->dev;
     if (!d)
         return;
-    float *bufs[] = {s->x, s->xb, s->xa, s->q, s->att, s->gate, s->up, s->kx, s->vx, s->logits, s->lt, s->lx, s->ly};
+    float *bufs[] = {s->x,  s->xb,     s->xa, s->q,  s->att, s->gate, s->up,
+                     s->kx, s->vx, s->mla, s->logits, s->lt, s->lx, s->ly};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             d->ops->free(d, bufs[i]);
@@ -135,6 +139,8 @@ static int scratch_alloc(dev_scratch *s, const iflow_hparams *hp, size_t B)
         (rc = d->ops->alloc(d, (void **)&s->up, B * F * sizeof(float))) ||
         (rc = d->ops->alloc(d, (void **)&s->kx, B * KV * sizeof(float))) ||
         (rc = d->ops->alloc(d, (void **)&s->vx, B * KV * sizeof(float))))
+        return rc;
+    if (hp->kv_lora_rank && (rc = d->ops->alloc(d, (void **)&s->mla, B * iflow_mla_scratch(hp) * sizeof(float))))
         return rc;
     if (hp->parallel_residual)
         return d->ops->alloc(d, (void **)&s->xa, B * D * sizeof(float));
@@ -234,7 +240,7 @@ int iflow_kv_open(iflow_kv **out, const iflow_model *m, int type, int block, int
             continue;
         kv->dev[k] = d && !d->host_memory ? d : NULL;
         size_t n = ifk_kv_pool_bytes(&kv->L[k]);
-        if ((rc = kv_alloc(kv->dev[k], &kv->k[k], n)) == 0)
+        if ((rc = kv_alloc(kv->dev[k], &kv->k[k], n)) == 0 && !m->hp.kv_lora_rank) /* latent: values in the keys */
             rc = kv_alloc(kv->dev[k], &kv->v[k], n);
     }
     if (rc < 0) {
@@ -276,7 +282,8 @@ int iflow_kv_read_row(const iflow_kv *kv, int layer, int value, const int32_t *t
         if (kv->dev[k])
             return iflow_seterr(IFLOW_EUNSUPPORTED, "reading KV rows from %s", kv->dev[k]->info.name);
         const layer_part *p = &m->parts[k];
-        ifk_kv_load_row(out + (size_t)p->kv0 * m->hp.head_dim, value ? kv->v[k] : kv->k[k], &kv->L[k], table, pos);
+        ifk_kv_load_row(out + (size_t)p->kv0 * m->hp.head_dim, value && kv->v[k] ? kv->v[k] : kv->k[k], &kv->L[k],
+                        table, pos);
     }
     return 0;
 }
@@ -350,7 +357,7 @@ int iflow_kv_shift(iflow_kv *kv, const int32_t *table, int n_past, int keep, int
         return iflow_seterr(IFLOW_EUNSUPPORTED, "a context shift rotates stored keys; this model norms its keys after "
                             "rotating them (qk_norm_after_rope)");
     for (int k = 0; k < kv->n_parts; k++) {
-        if (!kv->k[k] || !kv->v[k])
+        if (!kv->k[k]) /* another process's part (a latent attention's has no value pool) */
             continue;
         /* a NoPE layer's keys move unrotated (no rotated dimensions) */
         ifk_rope_params rp = {iflow_layer_rotates(hp, layer_of_part(m, k)) ? hp->rope_dim : 0,
@@ -695,6 +702,78 @@ static void clamp_rows(float *x, size_t n, float c)
         x[i] = x[i] > c ? c : x[i] < -c ? -c : x[i];
 }
 
+/* Latent attention (model.h; DeepSeek-V2/V3) of part k, a whole layer, for a step's rows on its
+ * host device s, into s->xb (added into s->x when `residual`), absorbed as in DeepSeek-V2's
+ * paper, section 2.1.2 (and llama.cpp's MLA): the cache keeps one row a position,
+ * [rope(k_pe) | norm(c)] with [c | k_pe] = wkv_a x; head h's query is
+ * [rope(q_pe) | wk_b[h] q_nope] ([q_nope | q_pe] = wq x, or wq norm(wq_a x)), so that its score
+ * with a row is the expanded key's q_nope . (W_UK c) + q_pe . k_pe; its output's latent part o
+ * leaves through wv_b[h] o ([v_head_dim]), and wo takes the heads' [H * v_head_dim]. Scratch:
+ * s->mla holds q_a and the whole queries, s->vx the new latent rows before their norm, s->q
+ * the heads' values once attention has read the queries. */
+static int mla_attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows *r, int residual)
+{
+    const iflow_model *m = c->m;
+    const iflow_hparams *hp = &m->hp;
+    const layer_weights *w = &m->parts[k].w;
+    const ifk_kv_layout *L = &r->kv->L[k];
+    iflow_device *d = s->dev;
+    const float *rope_scale = m->rope_scale_w[m->parts[k].dev];
+    const int D = hp->dim, H = hp->n_heads, R = hp->kv_lora_rank, P = hp->rope_dim, N = hp->qk_nope_dim,
+              VH = hp->v_head_dim, QR = hp->q_lora_rank, T = r->T, layer = layer_of_part(m, k);
+    const int hd = R + P, Q = H * hd, QH = H * (N + P), VO = H * VH; /* a cache row, the queries, wq's, wo's */
+    float *qa = s->mla, *qf = s->mla + (size_t)T * QR, *vo = s->q;
+    const float *in;
+    IFLOW_TRY(iflow_block_in(m, d, s->x, s->xb, w->attn_norm, w->attn_norm_b, T, &in));
+    if (d->host_memory)
+        iflow_observe(c, layer, IFLOW_OBS_ATTN_IN, 0, in, D, T, D);
+    if (QR) { /* the queries [T][H][N + P] */
+        IFLOW_TRY(iflow_linear_rows(d, qa, QR, w->wq_a, NULL, in, D, T, QR, D));
+        IFLOW_TRY(d->ops->rmsnorm(d, qa, qa, w->q_a_norm, T, QR, hp->norm_eps));
+        IFLOW_TRY(iflow_linear_rows(d, qf, QH, w->wq, NULL, qa, QR, T, QH, QR));
+    } else {
+        IFLOW_TRY(iflow_linear_rows(d, qf, QH, w->wq, NULL, in, D, T, QH, D));
+    }
+    IFLOW_TRY(iflow_linear_rows(d, s->vx, hd, w->wkv_a, NULL, in, D, T, hd, D)); /* [c | k_pe] */
+    for (int t = 0; t < T; t++) { /* the rows to store: [k_pe | norm(c)] */
+        const float *src = s->vx + (size_t)t * hd;
+        float *dst = s->kx + (size_t)t * hd;
+        memcpy(dst, src + R, (size_t)P * sizeof(float));
+        IFLOW_TRY(d->ops->rmsnorm(d, dst + P, src, w->kv_a_norm, 1, R, hp->norm_eps));
+    }
+    for (int h = 0; h < H; h++) { /* head h's query: [q_pe | wk_b[h] q_nope] */
+        for (int t = 0; t < T; t++)
+            memcpy(s->q + (size_t)t * Q + (size_t)h * hd, qf + (size_t)t * QH + (size_t)h * (N + P) + N,
+                   (size_t)P * sizeof(float));
+        const weight kb = {iflow_slice_rows(w->wk_b.data, w->wk_b.type, (int64_t)h * R, N), w->wk_b.type};
+        IFLOW_TRY(iflow_linear_rows(d, s->q + (size_t)h * hd + P, Q, kb, NULL, qf + (size_t)h * (N + P), QH, T, R, N));
+    }
+    const float theta = layer_theta(m, L);
+    for (int i = 0; i < r->n_seq; i++) { /* rope on each head's first P dimensions, and on k_pe */
+        const ifk_kv_seq *q = &r->seq[i];
+        IFLOW_TRY(d->ops->rope(d, s->q + (size_t)q->row0 * Q, (size_t)Q, q->n_rows, H, hd, P, q->pos0, theta,
+                               rope_scale, hp->rope_layout));
+        IFLOW_TRY(d->ops->rope(d, s->kx + (size_t)q->row0 * hd, (size_t)hd, q->n_rows, 1, hd, P, q->pos0, theta,
+                               rope_scale, hp->rope_layout));
+    }
+    IFLOW_TRY(d->ops->kv_store(d, r->kv->k[k], L, r->seq, r->n_seq, s->kx, (size_t)hd));
+    /* multi-query attention over the rows, which are the values too (each head's first P
+     * output dimensions, the k_pe sums, are not read) */
+    IFLOW_TRY(d->ops->attention_paged(d, s->att, s->q, (size_t)Q, r->kv->k[k], r->kv->k[k], L, r->seq, r->n_seq, H,
+                                      hp->attn_scale));
+    for (int h = 0; h < H; h++) { /* head h's value: wv_b[h] o */
+        const weight vb = {iflow_slice_rows(w->wv_b.data, w->wv_b.type, (int64_t)h * VH, R), w->wv_b.type};
+        IFLOW_TRY(iflow_linear_rows(d, vo + (size_t)h * VH, VO, vb, NULL, s->att + (size_t)h * hd + P, Q, T, VH, R));
+    }
+    if (d->host_memory)
+        iflow_observe(c, layer, IFLOW_OBS_ATTN_OUT, 0, vo, VO, T, VO);
+    IFLOW_TRY(iflow_linear_rows(d, s->xb, D, w->wo, NULL, vo, VO, T, D, VO));
+    if (w->attn_post_norm)
+        IFLOW_TRY(d->ops->rmsnorm(d, s->xb, s->xb, w->attn_post_norm, T, D, hp->norm_eps));
+    scale_output(hp, d, s->xb, T);
+    return residual ? iflow_block_out(m, d, s->x, s->xb, w->attn_norm, w->attn_norm_b, T) : 0;
+}
+
 /* Attention sub-block of part k (of a layer) for a step's rows on its device s: its heads'
  * output projection into s->xb (a partial sum when the layer is split), added into s->x when
  * `residual`. The new keys and values go through s->kx / s->vx into the cache's blocks. */
@@ -702,6 +781,8 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
 {
     const iflow_model *m = c->m;
     const iflow_hparams *hp = &m->hp;
+    if (hp->kv_lora_rank)
+        return mla_attention_block(c, s, k, r, residual);
     const layer_part *p = &m->parts[k];
     const layer_weights *w = &p->w;
     const ifk_kv_layout *L = &r->kv->L[k];

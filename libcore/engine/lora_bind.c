@@ -154,6 +154,9 @@ static int add_to(iflow_model *m, int slot, const iflow_lora *l, const char *con
                             "--split): merge it before splitting (iflow-convert --lora)");
     if (hp->layout != IFLOW_LAYOUT_DECODER)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "a LoRA adapter is applied at run time to decoder-only models only");
+    if (hp->kv_lora_rank)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "a LoRA adapter is not applied at run time to latent attention "
+                            "(kv_lora_rank) yet: merge it at conversion (iflow-convert --lora)");
     json_error_t je;
     json_t *meta = json_loads(iflow_shard_meta(m->shard), 0, &je);
     const char *spec = json_string_value(json_object_get(meta, "spec"));

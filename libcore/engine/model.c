@@ -186,7 +186,7 @@ static int get_shared_expert(const json_t *h, int *dst, const char *what)
  * mlp_only_layers) that name a layer are refused. */
 static int read_moe(iflow_hparams *hp, const json_t *h, const char *what)
 {
-    int rc, step, shared_count;
+    int rc, step, shared_count, gating;
     const json_t *dense = json_object_get(h, "dense_layers");
     if ((rc = get_int_or(h, "n_experts", 0, &hp->n_experts, what)) || !hp->n_experts)
         return rc;
@@ -203,10 +203,19 @@ static int read_moe(iflow_hparams *hp, const json_t *h, const char *what)
         (rc = get_bool_or(h, "router_bias", 0, &hp->router_bias, what)) ||
         (rc = get_int_or(h, "router_groups", 1, &hp->router_groups, what)) ||
         (rc = get_int_or(h, "router_topk_groups", 1, &hp->router_topk_groups, what)) ||
+        (rc = get_int_or(h, "router_group_top", 0, &hp->router_group_top, what)) ||
+        (rc = get_int_or(h, "router_gating_func", 0, &gating, what)) ||
         (rc = get_float_or(h, "expert_scale", 1, &hp->expert_scale, what)))
         return rc;
+    if (gating == 2) /* llama.cpp's expert_gating_func: sigmoid scores (DeepSeek-V3's, with the correction bias) */
+        hp->router_sigmoid = hp->router_bias = 1;
+    if (!hp->router_group_top) /* a group's score: DeepSeek-V3's (sigmoid) top-2 sum, V2's (softmax) best */
+        hp->router_group_top = hp->router_sigmoid ? 2 : 1;
     if (!hp->shared_ffn_dim) /* n_shared_experts experts' width in one (DeepSeek's), else the dense FFN's */
         hp->shared_ffn_dim = shared_count > 0 ? shared_count * hp->expert_ffn_dim : hp->ffn_dim;
+    if (hp->router_groups > 1 && (hp->router_group_top < 1 || hp->router_group_top > hp->n_experts / hp->router_groups))
+        return iflow_seterr(IFLOW_ERANGE, "router_group_top %d is not 1 .. %d (a group's experts) in '%s'",
+                            hp->router_group_top, hp->n_experts / hp->router_groups, what);
     if (hp->router_groups < 1 || hp->n_experts % hp->router_groups || hp->router_topk_groups < 1 ||
         hp->router_topk_groups > hp->router_groups ||
         hp->n_experts_used > hp->router_topk_groups * (hp->n_experts / hp->router_groups))
@@ -224,6 +233,43 @@ static int read_moe(iflow_hparams *hp, const json_t *h, const char *what)
     if (hp->ffn != IFLOW_FFN_GATED || hp->layout != IFLOW_LAYOUT_DECODER || hp->mlp_bias)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "a mixture of experts is implemented for a decoder's gated FFN without "
                             "biases only (in '%s')", what);
+    return 0;
+}
+
+/* Multi-head latent attention (model.h): kv_lora_rank, q_lora_rank, qk_nope_dim (or qk_head_dim,
+ * nope + rope), v_head_dim and rope_dim (the rotated part of each head) make the cache's one head
+ * of R + rope_dim; the scores' scale the expanded heads' (nope + rope)^-1/2 unless attn_scale_dim says otherwise. */
+static int read_mla(iflow_hparams *hp, const json_t *h, const char *what)
+{
+    int rc, qk_head;
+    if ((rc = get_int_or(h, "kv_lora_rank", 0, &hp->kv_lora_rank, what)) ||
+        (rc = get_int_or(h, "q_lora_rank", 0, &hp->q_lora_rank, what)) ||
+        (rc = get_int_or(h, "qk_nope_dim", 0, &hp->qk_nope_dim, what)) ||
+        (rc = get_int_or(h, "qk_head_dim", 0, &qk_head, what)) ||
+        (rc = get_int_or(h, "v_head_dim", 0, &hp->v_head_dim, what)))
+        return rc;
+    if (!hp->kv_lora_rank)
+        return 0;
+    if (!hp->qk_nope_dim && qk_head > hp->rope_dim) /* GGUF: key_length_mla, nope + rope */
+        hp->qk_nope_dim = qk_head - hp->rope_dim;
+    if (hp->qk_nope_dim < 1 || hp->v_head_dim < 1 || hp->rope_dim < 2 || hp->rope_dim % 2 ||
+        hp->kv_lora_rank > (1 << 16) || hp->qk_nope_dim > (1 << 16) || hp->v_head_dim > (1 << 16) ||
+        hp->rope_dim > (1 << 16) || hp->q_lora_rank > (1 << 20))
+        return iflow_seterr(IFLOW_ERANGE, "latent attention (kv_lora_rank %d) needs qk_nope_dim %d, v_head_dim %d and "
+                            "an even rope_dim %d of 2 .. 65536 in '%s'", hp->kv_lora_rank, hp->qk_nope_dim,
+                            hp->v_head_dim, hp->rope_dim, what);
+    if (hp->layout != IFLOW_LAYOUT_DECODER || hp->position != IFLOW_POS_ROPE || hp->qkv_bias || hp->attn_bias ||
+        hp->qk_norm || hp->parallel_residual || hp->post_ln || hp->sliding_window)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "latent attention (kv_lora_rank) is implemented for a rope decoder "
+                            "without attention biases, q/k norms, windows, or a parallel or post-norm residual (in "
+                            "'%s')", what);
+    if (hp->v_head_dim > hp->kv_lora_rank + hp->rope_dim) /* the heads' values reuse the queries' scratch */
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "latent attention with v_head_dim %d above kv_lora_rank + rope_dim %d "
+                            "is not implemented (in '%s')", hp->v_head_dim, hp->kv_lora_rank + hp->rope_dim, what);
+    hp->head_dim = hp->kv_lora_rank + hp->rope_dim;
+    hp->n_kv_heads = 1;
+    if (hp->attn_scale <= 0) /* attn_scale_dim: the expanded heads' */
+        hp->attn_scale = (float)(hp->qk_nope_dim + hp->rope_dim);
     return 0;
 }
 
@@ -539,6 +585,8 @@ int iflow_hparams_from_json(iflow_hparams *hp, const json_t *resolved, const cha
         (rc = read_rope_scaling(hp, h, what)) || (rc = read_special(hp, h, what)) || (rc = read_encdec(hp, h, what)) ||
         (rc = read_banned(hp, h, what)) || (rc = read_forced_eos(hp, h, what)) || (rc = read_moe(hp, h, what)))
         return rc;
+    if ((rc = read_mla(hp, h, what)))
+        return rc;
     if (!hp->head_dim) {
         if (hp->dim % hp->n_heads)
             return iflow_seterr(IFLOW_ESHAPE, "dim %d is not a multiple of n_heads %d in '%s'", hp->dim, hp->n_heads, what);
@@ -632,6 +680,26 @@ static void attn_tensors(const iflow_hparams *hp, iflow_tensor_req *r, size_t *n
     }
 }
 
+/* Latent attention's tensors (model.h, model_impl.h): PREFIX{attn_norm, [wq_a, q_a_norm], wq,
+ * wkv_a, kv_a_norm, wk_b, wv_b, wo}. */
+static void mla_tensors(const iflow_hparams *hp, iflow_tensor_req *r, size_t *n, const char *prefix)
+{
+    const int64_t D = hp->dim, H = hp->n_heads, R = hp->kv_lora_rank, QR = hp->q_lora_rank;
+    const int64_t rows[8] = {D, QR, QR, H * (hp->qk_nope_dim + hp->rope_dim), R + hp->rope_dim, R, H * R,
+                             H * hp->v_head_dim},
+                  cols[8] = {0, D, 0, QR ? QR : D, D, 0, hp->qk_nope_dim, R};
+    static const char *const names[8] = {"attn_norm", "wq_a", "q_a_norm", "wq", "wkv_a", "kv_a_norm", "wk_b", "wv_b"};
+    char name[48];
+    for (int i = 0; i < 8; i++) {
+        if ((i == 1 || i == 2) && !QR)
+            continue;
+        snprintf(name, sizeof name, "%s%s", prefix, names[i]);
+        req(r, n, name, rows[i], cols[i]);
+    }
+    snprintf(name, sizeof name, "%swo", prefix);
+    req(r, n, name, D, H * hp->v_head_dim);
+}
+
 /* The tensors of one layer, PREFIX (blk.L. or enc.blk.L.) then the suffix; `cross`: a decoder
  * layer of an encoder-decoder, with cross-attention. */
 static void layer_tensors(const iflow_hparams *hp, iflow_tensor_req *r, size_t *n, const char *prefix, int l,
@@ -643,7 +711,10 @@ static void layer_tensors(const iflow_hparams *hp, iflow_tensor_req *r, size_t *
     int64_t D = hp->dim, F = moe ? hp->shared_ffn_dim : hp->ffn_dim; /* the dense FFN's, or the shared expert's */
     char name[48];
 #define L(suffix, d0, d1) (snprintf(name, sizeof name, "%s" suffix, prefix), req(r, n, name, d0, d1))
-    attn_tensors(hp, r, n, prefix, self);
+    if (hp->kv_lora_rank)
+        mla_tensors(hp, r, n, prefix);
+    else
+        attn_tensors(hp, r, n, prefix, self);
     if (hp->qk_norm) { /* each head's, or the whole projection's (qk_norm_full) */
         L("q_norm", hp->qk_norm_full ? (int64_t)hp->n_heads * hp->head_dim : hp->head_dim, 0);
         L("k_norm", hp->qk_norm_full ? (int64_t)hp->n_kv_heads * hp->head_dim : hp->head_dim, 0);
@@ -829,6 +900,8 @@ static void *layer_slot(layer_weights *layers, int n, int n_experts, const char 
         F("xattn_norm", xattn_norm, 0), F("xattn_norm_b", xattn_norm_b, 0), F("xq", xq, 1), F("xk", xk, 1),
         F("xv", xv, 1), F("xo", xo, 1), F("xbq", xbq, 0), F("xbk", xbk, 0), F("xbv", xbv, 0), F("xbo", xbo, 0),
         F("ffn_router", router, 0), F("ffn_shexp_gate", shexp_gate, 0), F("ffn_router_bias", router_bias, 0),
+        F("wq_a", wq_a, 1), F("wkv_a", wkv_a, 1), F("q_a_norm", q_a_norm, 0), F("kv_a_norm", kv_a_norm, 0),
+        F("wk_b", wk_b, 1), F("wv_b", wv_b, 1),
 #undef F
     };
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)

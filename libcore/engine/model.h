@@ -125,8 +125,20 @@ typedef struct {
     int router_bias;          /* a bias ffn_router_bias [E] added to the scores for the choice
                                  only (DeepSeek-V3's e_score_correction_bias) */
     int router_groups, router_topk_groups; /* experts in router_groups groups: the choice is
-                                 among the router_topk_groups groups of largest top-2 score sum */
+                                 among the router_topk_groups groups of largest score: the sum of
+                                 their router_group_top best choice scores (DeepSeek-V3: 2; V2: 1) */
+    int router_group_top;
     float expert_scale;       /* the chosen experts' weights times it (routed_scaling_factor; 0: 1) */
+    /* multi-head latent attention (MLA: DeepSeek-V2/V3, Kimi K2), kv_lora_rank R > 0: one latent
+     * row a position, c = norm(wkv_a x)[R] beside a shared rotated key k_pe [rope_dim], is what
+     * the cache keeps (n_kv_heads 1, head_dim R + rope_dim, stored [k_pe | c]; values are its
+     * last R), each head's query reads it through wk_b (absorbed: q_nope wk_b[h] -> [R]) and
+     * its output leaves through wv_b[h] ([R] -> [v_head_dim]). The scores' scale is
+     * (qk_nope_dim + rope_dim)^-1/2, as the expanded heads' would be. */
+    int kv_lora_rank;         /* R (0: plain attention) */
+    int q_lora_rank;          /* the queries' low-rank width (wq_a, q_a_norm; 0: wq reads x) */
+    int qk_nope_dim;          /* each query head's unrotated dimensions (then rope_dim rotated) */
+    int v_head_dim;           /* each head's value width (wo reads n_heads * v_head_dim) */
     /* encoders (block layout = encoder: every position of the input attends to every other, the
        output is the last hidden states pooled into one vector, there is no LM head) */
     int layout;               /* IFLOW_LAYOUT_* */
@@ -409,7 +421,8 @@ int iflow_kv_shift(iflow_kv *kv, const int32_t *table, int n_past, int keep, int
  * own copy of a partly filled block it shares. */
 int iflow_kv_copy_block(iflow_kv *kv, int dst, int src);
 /* Tests: out [n_kv_heads * head_dim] = layer's K (value 0) or V (value 1) row at position pos of
- * the sequence with block table `table`, as F32. Host pools only (else IFLOW_EUNSUPPORTED). */
+ * the sequence with block table `table`, as F32 (latent attention: its one row either way). Host
+ * pools only (else IFLOW_EUNSUPPORTED). */
 int iflow_kv_read_row(const iflow_kv *kv, int layer, int value, const int32_t *table, int pos, float *out);
 /* 1 if every device of kv can shift; else 0 and *device (if not NULL) names one that cannot. */
 int iflow_kv_can_shift(const iflow_kv *kv, const char **device);

@@ -56,6 +56,12 @@ typedef struct {
     const float *xattn_norm, *xattn_norm_b;                  /* [dim]; [dim] or NULL         */
     weight xq, xk, xv, xo;                                   /* [Q][dim] [KV][dim] x2 [dim][Q] */
     const float *xbq, *xbk, *xbv, *xbo;                      /* [Q] [KV] [KV] [dim] or NULL  */
+    /* multi-head latent attention (kv_lora_rank > 0): wq is [H * (nope + rope)][q_lora_rank or dim]
+     * and wo [dim][H * v_head_dim]; wk, wv and their biases are empty */
+    weight wq_a, wkv_a;                                      /* [q_lora_rank][dim] [R + rope][dim] */
+    const float *q_a_norm, *kv_a_norm;                       /* [q_lora_rank] [R]              */
+    weight wk_b, wv_b;                                       /* [H * R][nope] [H * v_head_dim][R]: a
+                                                                head's rows in turn, never packed */
     low_rank lr[LR_COUNT];                                   /* deltas of wq .. down (rank 0: none) */
 } layer_weights;
 

@@ -86,7 +86,8 @@ static int best_free(const double *v, const unsigned char *taken, int n)
 /* One row's experts sel[K] and weights wt[K] from its router logits [E] (descending choice order):
  *   scores p = softmax(logits), or sigmoid(logits) with router_sigmoid;
  *   the choice among p + router_bias (DeepSeek-V3's correction; the weights stay p), within the
- *   router_topk_groups groups whose two best choice scores sum largest (router_groups > 1);
+ *   router_topk_groups groups whose router_group_top best choice scores sum largest
+ *   (router_groups > 1; DeepSeek-V3 sums two, V2 takes the best one);
  *   weights p of the chosen, renormalized to sum 1 with expert_norm, times expert_scale. */
 static void route_row(const iflow_hparams *hp, const float *logits, const float *bias, int *sel, float *wt)
 {
@@ -104,12 +105,14 @@ static void route_row(const iflow_hparams *hp, const float *logits, const float 
     if (G > 1) { /* groups outside the best router_topk_groups are not chosen from */
         double gs[IFLOW_MAX_EXPERTS];
         unsigned char gtaken[IFLOW_MAX_EXPERTS] = {0};
-        for (int g = 0; g < G; g++) {
+        for (int g = 0; g < G; g++) { /* a group's score: its router_group_top best choice scores summed */
             unsigned char t2[IFLOW_MAX_EXPERTS] = {0};
-            int a = best_free(choice + g * per, t2, per);
-            t2[a] = 1;
-            int b = per > 1 ? best_free(choice + g * per, t2, per) : -1;
-            gs[g] = choice[g * per + a] + (b >= 0 ? choice[g * per + b] : 0.0);
+            gs[g] = 0;
+            for (int k = 0; k < hp->router_group_top && k < per; k++) {
+                const int a = best_free(choice + g * per, t2, per);
+                t2[a] = 1;
+                gs[g] += choice[g * per + a];
+            }
         }
         for (int k = 0; k < hp->router_topk_groups; k++)
             gtaken[best_free(gs, gtaken, G)] = 1;

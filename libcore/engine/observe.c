@@ -83,7 +83,7 @@ static int site_K(const iflow_hparams *hp, int site)
     if (site >= IFLOW_OBS_N_) /* an expert's: in or mid */
         return (site - IFLOW_OBS_N_) % 2 ? hp->expert_ffn_dim : hp->dim;
     switch (site) {
-    case IFLOW_OBS_ATTN_OUT: return hp->n_heads * hp->head_dim;
+    case IFLOW_OBS_ATTN_OUT: return hp->n_heads * (hp->kv_lora_rank ? hp->v_head_dim : hp->head_dim);
     case IFLOW_OBS_FFN_MID: return hp->ffn_dim;
     default: return hp->dim;
     }
@@ -168,8 +168,12 @@ static int add_entry(iflow_imatrix *im, const char *name, const site_acc *a, flo
 
 int iflow_imatrix_collector_result(iflow_imatrix_collector *c, iflow_imatrix **out)
 {
-    static const char *const names[4][3] = {
-        {"wq", "wk", "wv"}, {"wo", NULL, NULL}, {"ffn_gate", "ffn_up", NULL}, {"ffn_down", NULL, NULL}};
+    /* the matrices each site feeds; a latent attention's input feeds wq (or wq_a) and wkv_a (its
+     * inner products, wq after wq_a, wk_b and wv_b, get no entries) */
+    const int mla = c->hp.kv_lora_rank > 0;
+    const char *const names[4][3] = {{mla ? (c->hp.q_lora_rank ? "wq_a" : "wq") : "wq", mla ? "wkv_a" : "wk",
+                                      mla ? NULL : "wv"},
+                                     {"wo", NULL, NULL}, {"ffn_gate", "ffn_up", NULL}, {"ffn_down", NULL, NULL}};
     iflow_imatrix *im = NULL;
     int Kmax = c->hp.dim, rc;
     *out = NULL;

@@ -112,6 +112,8 @@ static int check_splittable(const iflow_hparams *hp, int l)
     if (hp->qk_norm_full) /* the norm of the whole q and k projections */
         return iflow_seterr(IFLOW_EUNSUPPORTED, "layer %d norms its whole q and k: it cannot be split over devices yet",
                             l);
+    if (hp->kv_lora_rank) /* every head reads the one latent row */
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "layer %d is latent attention: it cannot be split over devices yet", l);
     if (iflow_layer_moe(hp, l)) /* moe.c computes whole layers */
         return iflow_seterr(IFLOW_EUNSUPPORTED, "layer %d is a mixture of experts: it cannot be split over devices yet",
                             l);
@@ -212,6 +214,11 @@ static int part_bytes(const iflow_model *m, int l, const layer_part *p, iflow_de
         [IFLOW_PM_UP] = {"ffn_up", w->up, 0, 0, 0},
         [IFLOW_PM_DOWN] = {"ffn_down", w->down, p->f0 - b.f0, p->f1 - b.f0, b.f1 - b.f0},
     };
+    if (hp->kv_lora_rank) { /* latent attention (whole layers): its key and value matrices stand for wk, wv */
+        mats[IFLOW_PM_WK].name = "wkv_a", mats[IFLOW_PM_WK].W = w->wkv_a;
+        mats[IFLOW_PM_WV].name = "wv_b", mats[IFLOW_PM_WV].W = w->wv_b;
+        mats[IFLOW_PM_WO].K = 0;
+    }
     int types[IFLOW_PM_COUNT], rc;
     for (int i = 0; i < IFLOW_PM_COUNT; i++) {
         char name[64];
@@ -446,12 +453,16 @@ static int copy_low_rank(iflow_model *m, int l, layer_part *p, const layer_weigh
 }
 
 /* What the engine computes on the host only: residual_scale and clip_qkv (forward.c scales and
- * clamps in place). */
+ * clamps in place), latent attention (forward.c's mla_attention_block). */
 static int check_host_only(const iflow_model *m, int l, const layer_part *p)
 {
     if (m->hp.residual_scale > 0 && m->hp.residual_scale != 1.0f && !host_dev(dev_of(m, p->dev)))
         return iflow_seterr(IFLOW_EUNSUPPORTED, "layer %d scales its output by residual_scale %g, which is not "
                             "implemented on %s yet (it runs on the cpu)", l, m->hp.residual_scale,
+                            dev_name(dev_of(m, p->dev)));
+    if (m->hp.kv_lora_rank && !host_dev(dev_of(m, p->dev)))
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "layer %d is latent attention (kv_lora_rank %d), which is not "
+                            "implemented on %s yet (it runs on the cpu)", l, m->hp.kv_lora_rank,
                             dev_name(dev_of(m, p->dev)));
     if (m->hp.clip_qkv > 0 && !host_dev(dev_of(m, p->dev)))
         return iflow_seterr(IFLOW_EUNSUPPORTED, "layer %d clamps q, k and v (clip_qkv %g), which is not implemented "
@@ -499,6 +510,29 @@ static int copy_experts(iflow_model *m, int l, layer_part *p, const layer_weight
     return 0;
 }
 
+/* A latent attention's own matrices and norms (model_impl.h; none elsewhere): wq_a and wkv_a as
+ * any matrix, wk_b and wv_b as they are (forward.c reads each head's rows in place). */
+static int copy_mla(iflow_model *m, layer_part *p, int *nd, int *nh, const layer_weights *w)
+{
+    const iflow_hparams *hp = &m->hp;
+    if (!hp->kv_lora_rank)
+        return 0;
+    const int64_t D = hp->dim, H = hp->n_heads, R = hp->kv_lora_rank, QR = hp->q_lora_rank;
+    layer_weights *o = &p->w;
+    const void *kb, *vb;
+    int rc;
+    if ((rc = put_weight(m, p, nd, nh, w->wq_a, 0, 0, QR, D, 0, &o->wq_a)) ||
+        (rc = put_weight(m, p, nd, nh, w->wkv_a, 0, 0, R + hp->rope_dim, D, 0, &o->wkv_a)) ||
+        (rc = put_vector(m, p, nd, w->q_a_norm, 0, QR, &o->q_a_norm)) ||
+        (rc = put_vector(m, p, nd, w->kv_a_norm, 0, R, &o->kv_a_norm)) ||
+        (rc = put(m, p, nd, w->wk_b.data, iflow_matrix_bytes(w->wk_b.type, H * R, hp->qk_nope_dim), &kb)) ||
+        (rc = put(m, p, nd, w->wv_b.data, iflow_matrix_bytes(w->wv_b.type, H * hp->v_head_dim, R), &vb)))
+        return rc;
+    o->wk_b = (weight){kb, w->wk_b.type};
+    o->wv_b = (weight){vb, w->wv_b.type};
+    return 0;
+}
+
 static int copy_part(iflow_model *m, int l, layer_part *p, int first)
 {
     const iflow_hparams *hp = &m->hp;
@@ -512,6 +546,11 @@ static int copy_part(iflow_model *m, int l, layer_part *p, int first)
     int nd = 0, nh = 0, rc;
     if (iflow_layer_moe(hp, l)) /* a whole layer (check_splittable): its shared expert's columns, if any */
         f0 = 0, f1 = F = hp->shared_ffn_dim;
+    /* wq's rows and wo's columns: the part's heads', or a latent attention's whole layer */
+    int64_t wq0 = q0, wq1 = q1, wq_cols = D, wo0 = q0, wo1 = q1, wo_cols = Q;
+    if (hp->kv_lora_rank)
+        wq0 = wo0 = 0, wq1 = (int64_t)hp->n_heads * (hp->qk_nope_dim + hp->rope_dim),
+        wq_cols = hp->q_lora_rank ? hp->q_lora_rank : D, wo1 = wo_cols = (int64_t)hp->n_heads * hp->v_head_dim;
     if ((rc = put_vector(m, p, &nd, w->attn_norm, 0, D, &o->attn_norm)) ||
         (rc = put_vector(m, p, &nd, w->ffn_norm, 0, D, &o->ffn_norm)) ||
         (rc = put_vector(m, p, &nd, w->attn_norm_b, 0, D, &o->attn_norm_b)) ||
@@ -520,10 +559,10 @@ static int copy_part(iflow_model *m, int l, layer_part *p, int first)
         (rc = put_vector(m, p, &nd, w->ffn_post_norm, 0, D, &o->ffn_post_norm)) ||
         (rc = put_vector(m, p, &nd, w->q_norm, 0, hp->qk_norm_full ? Q : hd, &o->q_norm)) ||
         (rc = put_vector(m, p, &nd, w->k_norm, 0, hp->qk_norm_full ? (int64_t)hp->n_kv_heads * hd : hd, &o->k_norm)) ||
-        (rc = put_weight(m, p, &nd, &nh, w->wq, 0, q0, q1, D, 0, &o->wq)) ||
+        (rc = put_weight(m, p, &nd, &nh, w->wq, 0, wq0, wq1, wq_cols, 0, &o->wq)) ||
         (rc = put_weight(m, p, &nd, &nh, w->wk, 0, k0, k1, D, 0, &o->wk)) ||
         (rc = put_weight(m, p, &nd, &nh, w->wv, 0, k0, k1, D, 0, &o->wv)) ||
-        (rc = put_weight(m, p, &nd, &nh, w->wo, 1, q0, q1, D, Q, &o->wo)) ||
+        (rc = put_weight(m, p, &nd, &nh, w->wo, 1, wo0, wo1, D, wo_cols, &o->wo)) || (rc = copy_mla(m, p, &nd, &nh, w)) ||
         (rc = put_vector(m, p, &nd, w->bq, q0, q1, &o->bq)) || (rc = put_vector(m, p, &nd, w->bk, k0, k1, &o->bk)) ||
         (rc = put_vector(m, p, &nd, w->bv, k0, k1, &o->bv)) ||
         (rc = put_vector(m, p, &nd, first ? w->bo : NULL, 0, D, &o->bo)) ||

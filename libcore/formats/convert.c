@@ -151,52 +151,66 @@ static int check_source(job *j, size_t i, const iflow_src_tensor *t, const char 
     return 0;
 }
 
-/* One bound of a row range: terms joined by '+', each N, SYM or N*SYM, where SYM is D (dim),
- * Q (n_heads * head_dim), KV (n_kv_heads * head_dim), F (ffn_dim), FE (expert_ffn_dim) or H
- * (head_dim). -1 on a syntax error. */
+/* The value of symbol s[0..n) of a row range (see row_expr), -1 for none. */
+static long row_sym(const char *s, size_t n, const iflow_hparams *hp)
+{
+    static const char *const names[] = {"D", "Q", "KV", "F", "FE", "H", "NH", "KR", "NOPE", "VH"};
+    const long v[] = {hp->dim, (long)hp->n_heads * hp->head_dim, (long)hp->n_kv_heads * hp->head_dim, hp->ffn_dim,
+                      hp->expert_ffn_dim, hp->head_dim, hp->n_heads, hp->kv_lora_rank, hp->qk_nope_dim,
+                      hp->v_head_dim};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strlen(names[i]) == n && !strncmp(s, names[i], n))
+            return v[i];
+    return -1;
+}
+
+/* One bound of a row range: terms joined by '+', each a product of factors joined by '*', each
+ * a number N or a symbol SYM: D (dim), Q (n_heads * head_dim), KV (n_kv_heads * head_dim), F
+ * (ffn_dim), FE (expert_ffn_dim), H (head_dim), NH (n_heads), KR (kv_lora_rank), NOPE
+ * (qk_nope_dim) or VH (v_head_dim). -1 on a syntax error or a value of 2^40 or more. */
 static long row_expr(const char *s, size_t n, const iflow_hparams *hp)
 {
-    long total = 0;
+    long total = 0, term = 1;
     size_t i = 0;
+    if (!n)
+        return -1;
     while (i < n) {
-        long k = 1, v = 1;
-        int have_num = 0;
+        long v = 0;
+        size_t e = i;
         if (s[i] >= '0' && s[i] <= '9') {
-            for (k = 0; i < n && s[i] >= '0' && s[i] <= '9'; i++)
-                if ((k = k * 10 + (s[i] - '0')) >= (1L << 31))
+            for (; e < n && s[e] >= '0' && s[e] <= '9'; e++)
+                if ((v = v * 10 + (s[e] - '0')) >= (1L << 31))
                     return -1;
-            have_num = 1;
-            if (i < n && s[i] == '*')
-                i++;
-            else
-                v = 1, have_num = 2; /* a bare number */
-        }
-        if (have_num != 2) {
-            size_t e = i;
+        } else {
             while (e < n && s[e] >= 'A' && s[e] <= 'Z')
                 e++;
-            if (e - i == 1 && s[i] == 'D') v = hp->dim;
-            else if (e - i == 1 && s[i] == 'Q') v = (long)hp->n_heads * hp->head_dim;
-            else if (e - i == 2 && !strncmp(s + i, "KV", 2)) v = (long)hp->n_kv_heads * hp->head_dim;
-            else if (e - i == 1 && s[i] == 'F') v = hp->ffn_dim;
-            else if (e - i == 2 && !strncmp(s + i, "FE", 2)) v = hp->expert_ffn_dim;
-            else if (e - i == 1 && s[i] == 'H') v = hp->head_dim;
-            else return -1;
-            i = e;
+            if (e == i || (v = row_sym(s + i, e - i, hp)) < 0)
+                return -1;
         }
-        total += k * v; /* k < 2^31, v <= 2^31, total stays below 2^40 */
-        if (total >= (1L << 40) || (i < n && s[i] != '+'))
+        if (v >= (1L << 31) || (v && term >= ((1L << 40) + v - 1) / v)) /* the product would reach 2^40 */
             return -1;
+        term *= v;
+        i = e;
+        if (i < n && s[i] == '*') {
+            if (++i == n)
+                return -1;
+            continue;
+        }
+        if ((total += term) >= (1L << 40) || (i < n && (s[i] != '+' || i + 1 == n)))
+            return -1;
+        term = 1;
         i += i < n;
     }
-    return n ? total : -1;
+    return total;
 }
 
 /* "NAME[A:B]" (a spec's rows A .. B-1 of a fused source tensor, such as Phi-3's qkv_proj),
  * "NAME[A:B/P]" (rows A .. B-1 of every P rows: GPT-NeoX's query_key_value holds q, k and v
  * of each head in turn) and "NAME^T" (a matrix stored transposed, GPT-2's Conv1D weights;
- * "NAME^T[A:B]" for rows of the transposed matrix): the name into base, *xpose, and the range;
- * *r1 = -1 when there is none, *period = 0 when it is not periodic. */
+ * "NAME^T[A:B]" for rows of the transposed matrix; "NAME^T[A:B/P]" for rows A .. B-1 of every
+ * P, each period's block transposed: DeepSeek's kv_b_proj, each head's key rows [NOPE][KR] as
+ * [KR][NOPE]): the name into base, *xpose, and the range; *r1 = -1 when there is none,
+ * *period = 0 when it is not periodic. */
 static int parse_rows(const job *j, const char *iflow_name, const char *name, char *base, size_t cap, long *r0,
                       long *r1, long *period, int *xpose)
 {
@@ -219,10 +233,8 @@ static int parse_rows(const job *j, const char *iflow_name, const char *name, ch
     if (!colon || *r0 < 0 || *r1 <= *r0 || *period < 0 || (slash && *r1 > *period))
         return iflow_seterr(IFLOW_ESPEC,
                             "bad row range in '%s' for '%s' (spec '%s'): want [A:B] or [A:B/P], A < B <= P, over N, D, Q, "
-                            "KV, F, FE, H",
+                            "KV, F, FE, H, NH, KR, NOPE, VH",
                             name, iflow_name, j->spec->path);
-    if (slash && *xpose)
-        return iflow_seterr(IFLOW_EUNSUPPORTED, "periodic row ranges of transposed tensors ('%s') are not supported", name);
     if (j->gguf && slash) /* plain ranges are rows in place, whatever the ggml type */
         return iflow_seterr(IFLOW_EUNSUPPORTED, "periodic row ranges ('%s') are not supported for GGUF sources", name);
     return 0;
@@ -291,12 +303,24 @@ static int map_sources(job *j)
         const iflow_src_tensor *t = j->whole[i] = j->src[i] = src_find(j, name);
         if (t && xpose) { /* the matrix transposed: [cols][rows], gathered at write time */
             int es = t->dtype == IFLOW_DT_F32 ? 4 : t->dtype == IFLOW_DT_F16 || t->dtype == IFLOW_DT_BF16 ? 2 : 0;
-            if (t->n_dims != 2 || !es) {
-                rc = iflow_seterr(IFLOW_EUNSUPPORTED, "tensor '%s' in '%s' cannot be transposed (%d dimensions, %s): "
-                                  "a 2-D F32, F16 or BF16 matrix is needed for '%s'",
-                                  name, src_path(j), t->n_dims, t->dtype_name, j->reqs[i].name);
+            if (t->n_dims != 2 || !es || (period && t->shape[0] % period)) {
+                rc = iflow_seterr(IFLOW_EUNSUPPORTED, "tensor '%s' in '%s' cannot be transposed (%d dimensions, %s, "
+                                  "%lld rows): a 2-D F32, F16 or BF16 matrix (of whole periods) is needed for '%s'",
+                                  name, src_path(j), t->n_dims, t->dtype_name, (long long)t->shape[0],
+                                  j->reqs[i].name);
                 break;
             }
+            if (period) { /* each period's rows r0 .. r1-1 transposed: [N / P * C][r1 - r0] */
+                j->rows[i] = *t;
+                j->rows[i].shape[0] = t->shape[0] / period * t->shape[1], j->rows[i].shape[1] = r1 - r0;
+                j->rows[i].nbytes = (size_t)j->rows[i].shape[0] * (size_t)(r1 - r0) * (size_t)es;
+                j->rows[i].data = NULL;
+                j->xpose[i] = 1, j->period[i] = period, j->row0[i] = r0;
+                j->src[i] = &j->rows[i];
+                r1 = -1, t = NULL;
+            }
+        }
+        if (t && xpose) {
             j->rows[i] = *t;
             j->rows[i].shape[0] = t->shape[1], j->rows[i].shape[1] = t->shape[0];
             j->rows[i].data = NULL;
@@ -560,6 +584,22 @@ static int tensor_payload(job *j, size_t i, int dt, const void **data, size_t *n
     *data = *buf;
     if (t && j->gguf)
         return iflow_ggufsrc_payload(j->gguf, t, dt, data, *buf);
+    if (t && j->xpose[i] && j->period[i]) { /* each period's rows row0.. of whole, transposed */
+        const iflow_src_tensor *w = j->whole[i];
+        const size_t es = w->dtype == IFLOW_DT_F32 ? 4 : 2, C = (size_t)w->shape[1], P = (size_t)j->period[i];
+        const size_t take = (size_t)t->shape[1], blocks = (size_t)w->shape[0] / P;
+        unsigned char *g = malloc(n * es + 1);
+        if (!g)
+            return iflow_seterr(IFLOW_ENOMEM, "out of memory transposing '%s'", w->name);
+        for (size_t b = 0; b < blocks; b++) /* row b * C + c of the result = column c of block b's rows */
+            for (size_t c = 0; c < C; c++)
+                for (size_t r = 0; r < take; r++)
+                    memcpy(g + ((b * C + c) * take + r) * es,
+                           (const unsigned char *)w->data + ((b * P + (size_t)j->row0[i] + r) * C + c) * es, es);
+        int rc = iflow_dtype_convert(*buf, dt, g, t->dtype, n);
+        free(g);
+        return rc;
+    }
     if (t && j->xpose[i]) { /* rows row0.. of whole^T: its columns, gathered, then converted */
         const iflow_src_tensor *w = j->whole[i];
         const size_t es = w->dtype == IFLOW_DT_F32 ? 4 : 2, R = (size_t)w->shape[0], C = (size_t)w->shape[1];

@@ -132,6 +132,14 @@ static const float *ref_scale(const iflow_hparams *hp, float *out)
             out[i] = (float)(1 / f);
             continue;
         }
+        if (hp->rope_scaling == IFLOW_ROPE_SCALING_YARN) { /* _compute_yarn_parameters, truncated */
+            double d = hp->rope_dim, lo = floor(d * log(old / (hp->rope_beta_fast * 2 * M_PI)) / (2 * log(hp->rope_theta)));
+            double hi = ceil(d * log(old / (hp->rope_beta_slow * 2 * M_PI)) / (2 * log(hp->rope_theta)));
+            lo = fmax(lo, 0), hi = fmin(hi, d - 1), hi += hi == lo ? 0.001 : 0;
+            double ramp = fmin(fmax((i - lo) / (hi - lo), 0), 1), extra = 1 - ramp;
+            out[i] = (float)(((inv / f) * (1 - extra) + inv * extra) / inv);
+            continue;
+        }
         double wavelen = 2 * M_PI / inv, lo_wl = old / lf, hi_wl = old / hf, scaled = wavelen > lo_wl ? inv / f : inv;
         if (!(wavelen < hi_wl) && !(wavelen > lo_wl)) { /* medium: smooth between the two */
             double smooth = (old / wavelen - lf) / (hf - lf);
@@ -185,14 +193,16 @@ static void engine_case(const char *path)
             for (int q = 0; q < N - DISCARD; q++) {
                 int src = q < KEEP ? q : q + DISCARD;
                 float *want = before + (((size_t)l * 2 + w) * N + src) * KV;
-                if (w == 0 && q >= KEEP && iflow_layer_rotates(hp, l)) /* keys: rotated back by DISCARD (NoPE: moved) */
+                /* keys (and latent attention's rows, its values too): rotated back by DISCARD (NoPE: moved) */
+                const int keys = w == 0 || hp->kv_lora_rank;
+                if (keys && q >= KEEP && iflow_layer_rotates(hp, l))
                     ifk_rope(want, hp->n_kv_heads, hp->head_dim, hp->rope_dim, -DISCARD, ref_theta(hp, l), scale,
                              hp->rope_layout);
                 iflow_kv_read_row(kv, l, w, table, q, row);
                 for (int i = 0; i < KV; i++) {
                     double e = fabs((double)row[i] - want[i]);
                     worst = e > worst ? e : worst;
-                    if (w == 1 || q < KEEP)
+                    if (!keys || q < KEEP)
                         bad += row[i] != want[i];
                 }
             }
@@ -307,6 +317,19 @@ static void test_engine(void)
                      s_gemma3, sizeof s_gemma3) == 0) {
         expect_rope(s_gemma3, IFLOW_ROPE_SCALING_NONE, 0, 10000);
         engine_case(s_gemma3);
+    }
+    /* DeepSeek's latent attention (-lite: yarn): a cached row is [k_pe | norm(c)], its first
+     * rope_dim values rotated by the shift, the latent part moved as it is (no value pool) */
+    static const char *const mla[] = {"families/deepseek_v2", "families/deepseek_v2-lite"};
+    for (int i = 0; i < 2; i++) {
+        const char *fx = test_fixture(mla[i]), *specs[] = {"specs"};
+        char out[600];
+        iflow_convert_opts o = {.dtype = -1, .spec_dirs = specs, .n_spec_dirs = 1};
+        snprintf(out, sizeof out, "%s/mla%d.ifs", dir, i);
+        if (!fx)
+            SKIP("no fixture %s (run from the repository root)", mla[i]);
+        CHECK(iflow_convert(fx, out, &o) == 0, "convert %s: %s", mla[i], iflow_errmsg());
+        engine_case(out);
     }
     /* SmolLM3's NoPE layers (every second here): their keys move without a rotation */
     if (make_variant("smollm3",

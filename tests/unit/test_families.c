@@ -18,6 +18,7 @@
 #include "libcore/base/dtype.h"
 #include "libcore/base/error.h"
 #include "kernels/cpu/kernels.h"
+#include "libcore/engine/footprint.h"
 #include "libcore/engine/model.h"
 #include "libcore/engine/observe.h"
 #include "libcore/engine/plan.h"
@@ -732,6 +733,67 @@ static void test_glm4_moe(void)
     check_family("glm4_moe-mtp", glm4_moe_hp);
 }
 
+/* DeepSeek's latent attention: one kv head of the latent 16 + 4 rotated dims, the scores scaled
+ * as the expanded heads' (8 + 4)^-1/2, times yarn's mscale(4, mscale_all_dim)^2 where yarn */
+static int deepseek_common(const iflow_hparams *hp)
+{
+    return hp->kv_lora_rank == 16 && hp->qk_nope_dim == 8 && hp->rope_dim == 4 && hp->v_head_dim == 6 &&
+           hp->n_kv_heads == 1 && hp->head_dim == 20 && hp->rope_layout == IFK_ROPE_INTERLEAVED &&
+           hp->moe_dense_first == 1;
+}
+
+static int deepseek_v2_lite_hp(const iflow_hparams *hp)
+{
+    const double ms = 0.1 * 0.707 * log(4.0) + 1;
+    return deepseek_common(hp) && !hp->q_lora_rank && hp->rope_scaling == IFLOW_ROPE_SCALING_YARN &&
+           fabs(hp->attn_scale - ms * ms / sqrt(12.0)) < 1e-6 && !hp->router_sigmoid && !hp->expert_norm;
+}
+
+static int deepseek_v2_hp(const iflow_hparams *hp)
+{
+    return deepseek_common(hp) && hp->q_lora_rank == 12 && hp->rope_scaling == IFLOW_ROPE_SCALING_NONE &&
+           fabs(hp->attn_scale - 1 / sqrt(12.0)) < 1e-7 && hp->router_groups == 4 && hp->router_topk_groups == 2 &&
+           hp->router_group_top == 1 && hp->expert_scale == 2.0f && hp->shared_ffn_dim == 32;
+}
+
+static int deepseek_v3_hp(const iflow_hparams *hp)
+{
+    const double ms = 0.1 * log(4.0) + 1;
+    return deepseek_common(hp) && hp->q_lora_rank == 12 && fabs(hp->attn_scale - ms * ms / sqrt(12.0)) < 1e-6 &&
+           hp->router_sigmoid && hp->router_bias && hp->router_group_top == 2 && hp->expert_norm &&
+           hp->expert_scale == 2.5f;
+}
+
+/* The cache keeps one latent row a position and no value pool: a context of 64 positions holds
+ * 64 * 20 floats a layer (an expanded cache would hold 64 * 4 * (12 + 6)). */
+static void check_mla_cache(const char *family)
+{
+    char path[300];
+    snprintf(path, sizeof path, "%s/%s.ifs", dir, family);
+    iflow_model *m;
+    if (iflow_model_open(&m, path, 0) < 0)
+        return;
+    const iflow_hparams *hp = iflow_model_hparams(m);
+    CHECK(iflow_part_kv_bytes(hp, hp->n_kv_heads, 64) == 64 * 20 * sizeof(float), "%s: kv bytes %llu", family,
+          (unsigned long long)iflow_part_kv_bytes(hp, hp->n_kv_heads, 64));
+    iflow_model_close(m);
+}
+
+static void test_deepseek(void)
+{
+    check_family("deepseek_v2-lite", deepseek_v2_lite_hp);
+    check_family("deepseek_v2", deepseek_v2_hp);
+    check_family("deepseek_v3", deepseek_v3_hp);
+    check_moe_step("deepseek_v3");
+    check_moe_imatrix("deepseek_v3");
+    check_mla_cache("deepseek_v2-lite");
+    /* every head reads the one latent row: a layer split by heads is refused, naming the block */
+    check_split_refused("deepseek_v2-lite",
+                        "[plan]\nlayers = 3\nheads = 4\nkv_heads = 1\nffn = 64\n[device cpu:0]\nheads = 0-1\n"
+                        "ffn = 0-31\n[device cpu:1]\nheads = 2-3\nffn = 32-63\n",
+                        "layer 0 is latent attention");
+}
+
 /* An encoder (specs/bert.ini): the pooled embedding of the fixture's ids against transformers'
  * float64 BertModel with sentence-transformers' pooling, within 1e-5 (F32 against float64). */
 static void check_encoder(const char *family, int pooling, int normalize)
@@ -897,6 +959,7 @@ int main(void)
     RUN(test_hunyuan);
     RUN(test_nemotron);
     RUN(test_glm4_moe);
+    RUN(test_deepseek);
     RUN(test_bert);
     RUN(test_bert_cls);
     RUN(test_bad_rows);

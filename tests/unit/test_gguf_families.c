@@ -464,6 +464,42 @@ static int qwen2_yarn_hp(const iflow_hparams *hp)
            hp->rope_beta_fast == 32.0f && fabs(hp->attn_scale - a * a / sqrt(8.0)) < 1e-6;
 }
 
+/* deepseek2: latent attention from attn_kv_a_mqa, attn_k_b (3-D, each head's key rows
+ * transposed), attn_v_b; yarn's log multiplier (0.1 mscale_all_dim) for the softmax scale; the
+ * group score of V2 (softmax: the best) and V3 (sigmoid with exp_probs_b: the top two) */
+static int deepseek_common(const iflow_hparams *hp)
+{
+    return hp->kv_lora_rank == 16 && hp->qk_nope_dim == 8 && hp->rope_dim == 4 && hp->v_head_dim == 6 &&
+           hp->n_kv_heads == 1 && hp->head_dim == 20 && hp->rope_layout == IFK_ROPE_INTERLEAVED &&
+           hp->moe_dense_first == 1;
+}
+
+static int deepseek_v2_lite_hp(const iflow_hparams *hp)
+{
+    const double ms = 0.1 * 0.707 * log(4.0) + 1;
+    return deepseek_common(hp) && !hp->q_lora_rank && hp->rope_scaling == IFLOW_ROPE_SCALING_YARN &&
+           fabs(hp->attn_scale - ms * ms / sqrt(12.0)) < 1e-6 && !hp->router_sigmoid;
+}
+
+static int deepseek_v2_hp(const iflow_hparams *hp)
+{
+    return deepseek_common(hp) && hp->q_lora_rank == 12 && hp->router_groups == 4 && hp->router_group_top == 1 &&
+           !hp->router_sigmoid && hp->expert_scale == 2.0f;
+}
+
+static int deepseek_v3_hp(const iflow_hparams *hp)
+{
+    return deepseek_common(hp) && hp->router_sigmoid && hp->router_bias && hp->router_group_top == 2 &&
+           hp->expert_norm && hp->expert_scale == 2.5f;
+}
+
+static void test_deepseek(void)
+{
+    check_gguf("deepseek_v2-lite", "deepseek_v2-lite", "deepseek2", deepseek_v2_lite_hp);
+    check_gguf("deepseek_v2", "deepseek_v2", "deepseek2", deepseek_v2_hp);
+    check_gguf("deepseek_v3", "deepseek_v3", "deepseek2", deepseek_v3_hp);
+}
+
 static void test_qwen2(void)
 {
     check_gguf("qwen2", "qwen2", "qwen2", qwen2_hp);
@@ -615,6 +651,7 @@ int main(void)
     if (!mkdtemp(dir))
         return perror("mkdtemp"), 1;
     RUN(test_qwen2);
+    RUN(test_deepseek);
     RUN(test_qwen3);
     RUN(test_mixtral);
     RUN(test_mixtral_old);
