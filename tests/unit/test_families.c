@@ -22,6 +22,8 @@
 #include "libcore/engine/model.h"
 #include "libcore/engine/observe.h"
 #include "libcore/engine/plan.h"
+#include "libcore/formats/quant.h"
+#include "libcore/formats/shard.h"
 #include "libcore/formats/spec.h"
 
 #include <jansson.h>
@@ -779,8 +781,49 @@ static void check_mla_cache(const char *family)
     iflow_model_close(m);
 }
 
+/* Quantized: every product of deepseek_v2-q is 32 wide or a multiple, so Q8_B32 takes wk_b and
+ * wv_b too (each head's rows read in place, quantized); its logits within 1e-2 of transformers'
+ * float64 (the F32 conversion is within 1e-7; Q8_B32 moves them by about 1e-3). */
+static void check_mla_quantized(void)
+{
+    iflow_model *m;
+    json_t *r;
+    if (open_fixture("deepseek_v2-q", &m, &r) < 0)
+        return;
+    iflow_model_close(m);
+    char src[300], out[300];
+    snprintf(src, sizeof src, "%s/deepseek_v2-q.ifs", dir);
+    snprintf(out, sizeof out, "%s/deepseek_v2-q8.ifs", dir);
+    iflow_quant_policy p;
+    iflow_quant_policy_init(&p, IFLOW_DT_Q8_B32);
+    CHECK(iflow_quantize_shard(src, out, &p, 0, NULL) == 0, "quantize: %s", iflow_errmsg());
+    iflow_quant_policy_free(&p);
+    iflow_shard *sh;
+    if (iflow_shard_open(&sh, out, 0) == 0) {
+        static const char *const names[] = {"blk.1.wk_b", "blk.1.wv_b", "blk.1.wq_a", "blk.1.wkv_a", "blk.1.wo"};
+        for (int i = 0; i < 5; i++) {
+            const iflow_shard_rec *t = iflow_shard_find(sh, names[i]);
+            CHECK(t && t->dtype == IFLOW_DT_Q8_B32, "%s is %s", names[i], t ? iflow_dtype_name(t->dtype) : "missing");
+        }
+        iflow_shard_close(sh);
+    }
+    if (iflow_model_open(&m, out, 0) == 0) {
+        const json_t *ids = json_object_get(r, "ids"), *logits = json_object_get(r, "logits");
+        double a = worst_diff(m, ids, logits, 0), b = worst_diff(m, ids, logits, 1);
+        printf("deepseek_v2-q q8_b32: max |logit - transformers float64| = %.2e (prefill), %.2e (token by token)\n",
+               a, b);
+        CHECK(a <= 1e-2 && b <= 1e-2, "deepseek_v2-q q8_b32: logits differ from transformers by %.3g / %.3g", a, b);
+        iflow_model_close(m);
+    } else {
+        CHECK(0, "open %s: %s", out, iflow_errmsg());
+    }
+    json_decref(r);
+}
+
 static void test_deepseek(void)
 {
+    check_family("deepseek_v2-q", NULL);
+    check_mla_quantized();
     check_family("deepseek_v2-lite", deepseek_v2_lite_hp);
     check_family("deepseek_v2", deepseek_v2_hp);
     check_family("deepseek_v3", deepseek_v3_hp);
