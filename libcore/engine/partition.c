@@ -533,6 +533,9 @@ static int shape_check_hp(const iflow_model_shape *s)
     if (hp->n_experts) /* its experts are not in the cost model, nor in the plans' ranges */
         return iflow_seterr(IFLOW_EUNSUPPORTED, "'%s' is a mixture of experts: partitioning one is not implemented yet "
                             "(it runs on the cpu)", s->source);
+    if (hp->kv_lora_rank) /* its latent matrices are not in the cost model; its layers run on host memory */
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "'%s' has latent attention (kv_lora_rank): partitioning it is not "
+                            "implemented yet (it runs on the cpu)", s->source);
     if (hp->n_layers < 1 || hp->n_heads < 1 || hp->n_kv_heads < 1 || hp->n_heads % hp->n_kv_heads || hp->ffn_dim < 1 ||
         hp->dim < 1 || hp->head_dim < 1)
         return iflow_seterr(IFLOW_ESHAPE, "'%s': a model of %d layers, %d heads, %d kv heads, ffn %d cannot be partitioned",

@@ -261,6 +261,9 @@ static int read_meta(split_job *j, const iflow_shard_rec *r, json_t **meta)
     if (j->hp.n_experts)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "'%s' is a mixture of experts: splitting one is not implemented yet",
                             j->in);
+    if (j->hp.kv_lora_rank)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "'%s' has latent attention (kv_lora_rank): splitting it is not "
+                            "implemented yet", j->in);
     if ((rc = iflow_plan_check(j->p, j->hp.n_layers, j->hp.n_heads, j->hp.n_kv_heads, j->hp.ffn_dim)) ||
         (rc = iflow_plan_splittable(j->p, &j->hp)) || (rc = iflow_model_tensors(&j->hp, &j->whole, &j->n_whole)))
         return rc;

@@ -12,7 +12,9 @@ static const char config[] =
     "{\"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 8, \"rope_scaling\": "
     "{\"factor\": 2.0, \"rope_type\": \"llama3\"}, \"architectures\": [\"LlamaForCausalLM\"], "
     "\"eos_token_id\": [1, 2], \"num_local_experts\": 8, \"num_experts_per_tok\": 2, \"mlp_only_layers\": [], "
-    "\"norm_topk_prob\": null}";
+    "\"norm_topk_prob\": null, \"kv_lora_rank\": 16, \"q_lora_rank\": null, \"qk_nope_head_dim\": 8, "
+    "\"qk_rope_head_dim\": 4, \"v_head_dim\": 6, \"n_routed_experts\": 8, \"moe_intermediate_size\": 16, "
+    "\"intermediate_size\": 128, \"vocab_size\": 512}";
 static const char gguf_config[] =
     "{\"general\": {\"architecture\": \"llama\"}, \"llama\": {\"embedding_length\": 64, \"block_count\": 2, "
     "\"attention\": {\"head_count\": 8}, \"pooling_type\": 1}, \"tokenizer\": {\"ggml\": {\"tokens\": {\"count\": 512}}}, "

@@ -153,6 +153,17 @@ def family_seeds():
                                                  ("granite.residual_scale", F32, 0.5), ("granite.logit_scale", F32, 4.0)]),
         "olmo3_pattern.gguf": model("olmo2", [("olmo2.attention.sliding_window", U32, 4),
                                               ("olmo2.attention.sliding_window_pattern", ARR, (BOOL, [True, False]))]),
+        # DeepSeek's latent attention, yarn with its log multiplier, sigmoid gating in groups
+        "deepseek2_mla.gguf": model("deepseek2", [
+            ("deepseek2.attention.kv_lora_rank", U32, 4), ("deepseek2.attention.q_lora_rank", U32, 4),
+            ("deepseek2.attention.key_length_mla", U32, 6), ("deepseek2.attention.value_length_mla", U32, 2),
+            ("deepseek2.rope.dimension_count", U32, 2), ("deepseek2.rope.scaling.type", STR, "yarn"),
+            ("deepseek2.rope.scaling.factor", F32, 40.0), ("deepseek2.rope.scaling.original_context_length", U32, 16),
+            ("deepseek2.rope.scaling.yarn_log_multiplier", F32, 0.0707), ("deepseek2.expert_count", U32, 4),
+            ("deepseek2.expert_used_count", U32, 2), ("deepseek2.expert_feed_forward_length", U32, 4),
+            ("deepseek2.expert_shared_count", U32, 1), ("deepseek2.leading_dense_block_count", U32, 1),
+            ("deepseek2.expert_group_count", U32, 2), ("deepseek2.expert_group_used_count", U32, 1),
+            ("deepseek2.expert_gating_func", U32, 2), ("deepseek2.expert_weights_scale", F32, 2.5)]),
     }
 
 

@@ -902,6 +902,12 @@ static void test_bad_rows(void)
         {"[0:Q+99]", IFLOW_ESHAPE, "no rows 0..130"},
         {"[0:2*H/H]", IFLOW_ESPEC, "bad row range"},            /* B > P */
         {"[0:H/]", IFLOW_ESPEC, "bad row range"},
+        {"[0:H*]", IFLOW_ESPEC, "bad row range"},                /* a product missing a factor */
+        {"[0:*H]", IFLOW_ESPEC, "bad row range"},
+        {"[0:H+]", IFLOW_ESPEC, "bad row range"},
+        {"[0:H**H]", IFLOW_ESPEC, "bad row range"},
+        {"[0:D*D*D*D*D*D*D*D]", IFLOW_ESPEC, "bad row range"},   /* 32^8 = 2^40: too large */
+        {"[0:NH*H*2+Q]", IFLOW_ESHAPE, "no rows 0..95"},         /* products of symbols: 4 * 8 * 2 + 32 */
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         char text[1024];
