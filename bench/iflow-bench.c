@@ -24,8 +24,8 @@
  * the run (replays: steps run again from a recording at the next position, not recorded).
  * IFLOW_BENCH_KV=f32|f16|q8: the KV cache's type (iflow-run --kv-type; default f32). Decode at a
  * depth: PREFILL_TOKENS is the context the DECODE_TOKENS steps attend to, and
- * decode_kv_bytes_per_token the cache each of them reads there (K and V of every layer; the
- * steps' own positions aside).
+ * decode_kv_bytes_per_token the cache each of them reads there (K and V of every layer, a latent
+ * attention's one row; the steps' own positions aside).
  * IFLOW_BENCH_PLAN=FILE places the model as a partition plan says (plan.h; cpu:N devices get the
  * plan's thread counts, or the cores shared out), to compare with iflow-partition's estimates. */
 #include "bench/bench.h"
@@ -113,7 +113,8 @@ int main(int argc, char **argv)
     /* the cache a decode step reads at the prompt's length: K and V of every layer */
     const ifk_kv_layout kvl = {.type = kv_type, .block = 1, .n_kv_heads = hp->n_kv_heads, .head_dim = hp->head_dim,
                                .group = ifk_kv_group(hp->head_dim), .n_blocks = 1};
-    const double kv_bytes = 2.0 * hp->n_layers * n_prefill * (double)ifk_kv_row_bytes(&kvl);
+    /* latent attention (kv_lora_rank) reads its one row a position as keys and values */
+    const double kv_bytes = (hp->kv_lora_rank ? 1.0 : 2.0) * hp->n_layers * n_prefill * (double)ifk_kv_row_bytes(&kvl);
     printf("{\"model\": \"%s\", \"device\": \"%s\", \"kernel_path\": \"%s\", \"bf16_dot\": %s, \"kv_type\": \"%s\", "
            "\"load_s\": %.4f, \"decode_bytes_per_token\": %llu, \"decode_kv_bytes_per_token\": %.0f, \"runs\": [",
            argv[1], dev ? dev->info.name : plan.n_devices ? plan_path : "cpu", ifk_isa_name(ifk_isa_current()),

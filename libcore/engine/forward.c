@@ -745,8 +745,8 @@ static int mla_attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_r
         for (int t = 0; t < T; t++)
             memcpy(s->q + (size_t)t * Q + (size_t)h * hd, qf + (size_t)t * QH + (size_t)h * (N + P) + N,
                    (size_t)P * sizeof(float));
-        const weight kb = {iflow_slice_rows(w->wk_b.data, w->wk_b.type, (int64_t)h * R, N), w->wk_b.type};
-        IFLOW_TRY(iflow_linear_rows(d, s->q + (size_t)h * hd + P, Q, kb, NULL, qf + (size_t)h * (N + P), QH, T, R, N));
+        IFLOW_TRY(iflow_linear_rows(d, s->q + (size_t)h * hd + P, Q, w->mla_heads[h], NULL, qf + (size_t)h * (N + P),
+                                    QH, T, R, N));
     }
     const float theta = layer_theta(m, L);
     for (int i = 0; i < r->n_seq; i++) { /* rope on each head's first P dimensions, and on k_pe */
@@ -762,8 +762,8 @@ static int mla_attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_r
     IFLOW_TRY(d->ops->attention_paged(d, s->att, s->q, (size_t)Q, r->kv->k[k], r->kv->k[k], L, r->seq, r->n_seq, H,
                                       hp->attn_scale));
     for (int h = 0; h < H; h++) { /* head h's value: wv_b[h] o */
-        const weight vb = {iflow_slice_rows(w->wv_b.data, w->wv_b.type, (int64_t)h * VH, R), w->wv_b.type};
-        IFLOW_TRY(iflow_linear_rows(d, vo + (size_t)h * VH, VO, vb, NULL, s->att + (size_t)h * hd + P, Q, T, VH, R));
+        IFLOW_TRY(iflow_linear_rows(d, vo + (size_t)h * VH, VO, w->mla_heads[H + h], NULL, s->att + (size_t)h * hd + P,
+                                    Q, T, VH, R));
     }
     if (d->host_memory)
         iflow_observe(c, layer, IFLOW_OBS_ATTN_OUT, 0, vo, VO, T, VO);

@@ -61,7 +61,9 @@ typedef struct {
     weight wq_a, wkv_a;                                      /* [q_lora_rank][dim] [R + rope][dim] */
     const float *q_a_norm, *kv_a_norm;                       /* [q_lora_rank] [R]              */
     weight wk_b, wv_b;                                       /* [H * R][nope] [H * v_head_dim][R]: a
-                                                                head's rows in turn, never packed */
+                                                                head's rows in turn (the model's) */
+    const weight *mla_heads;                                 /* a part's: [2 * H] each head's wk_b
+                                                                [R][nope], then each head's wv_b */
     low_rank lr[LR_COUNT];                                   /* deltas of wq .. down (rank 0: none) */
 } layer_weights;
 
@@ -80,6 +82,9 @@ typedef struct {
     expert_weights *own_experts;  /* [n_experts] a mixture's experts as the part reads them (w.experts
                                    * points here): packed by the device, or the mapping's (freed at unplace) */
     void **packed_experts;        /* [3 * n_experts] the packed copies, NULL where none (freed at unplace) */
+    weight *own_mla;              /* [2 * n_heads] latent attention's per-head matrices (w.mla_heads
+                                   * points here): packed by the device, or the mapping's (freed at unplace) */
+    void **packed_mla;            /* [2 * n_heads] their packed copies, NULL where none (freed at unplace) */
 } layer_part;
 
 struct iflow_model {

@@ -510,26 +510,39 @@ static int copy_experts(iflow_model *m, int l, layer_part *p, const layer_weight
     return 0;
 }
 
-/* A latent attention's own matrices and norms (model_impl.h; none elsewhere): wq_a and wkv_a as
- * any matrix, wk_b and wv_b as they are (forward.c reads each head's rows in place). */
-static int copy_mla(iflow_model *m, layer_part *p, int *nd, int *nh, const layer_weights *w)
+/* A latent attention's own matrices and norms (model_impl.h; none elsewhere), on a host device
+ * (whole layers): wq_a and wkv_a as any matrix; each head's wk_b and wv_b rows a matrix of their
+ * own (mla_heads), in the device's layout where it has one (its pack op), else the mapping's. */
+static int copy_mla(iflow_model *m, int l, layer_part *p, int *nd, int *nh, const layer_weights *w)
 {
     const iflow_hparams *hp = &m->hp;
     if (!hp->kv_lora_rank)
         return 0;
+    iflow_device *d = dev_of(m, p->dev);
+    if (!host_dev(d))
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "layer %d is latent attention (kv_lora_rank %d), which is not "
+                            "implemented on %s yet (it runs on the cpu)", l, hp->kv_lora_rank, dev_name(d));
     const int64_t D = hp->dim, H = hp->n_heads, R = hp->kv_lora_rank, QR = hp->q_lora_rank;
+    const int64_t N = hp->qk_nope_dim, VH = hp->v_head_dim;
     layer_weights *o = &p->w;
-    const void *kb, *vb;
     int rc;
     if ((rc = put_weight(m, p, nd, nh, w->wq_a, 0, 0, QR, D, 0, &o->wq_a)) ||
         (rc = put_weight(m, p, nd, nh, w->wkv_a, 0, 0, R + hp->rope_dim, D, 0, &o->wkv_a)) ||
         (rc = put_vector(m, p, nd, w->q_a_norm, 0, QR, &o->q_a_norm)) ||
-        (rc = put_vector(m, p, nd, w->kv_a_norm, 0, R, &o->kv_a_norm)) ||
-        (rc = put(m, p, nd, w->wk_b.data, iflow_matrix_bytes(w->wk_b.type, H * R, hp->qk_nope_dim), &kb)) ||
-        (rc = put(m, p, nd, w->wv_b.data, iflow_matrix_bytes(w->wv_b.type, H * hp->v_head_dim, R), &vb)))
+        (rc = put_vector(m, p, nd, w->kv_a_norm, 0, R, &o->kv_a_norm)))
         return rc;
-    o->wk_b = (weight){kb, w->wk_b.type};
-    o->wv_b = (weight){vb, w->wv_b.type};
+    if (!(p->own_mla = calloc(2 * (size_t)H, sizeof *p->own_mla)) ||
+        !(p->packed_mla = calloc(2 * (size_t)H, sizeof *p->packed_mla)))
+        return iflow_seterr(IFLOW_ENOMEM, "out of memory");
+    o->mla_heads = p->own_mla;
+    for (int64_t i = 0; i < 2 * H; i++) { /* head h's wk_b [R][N], then its wv_b [VH][R] */
+        const weight src = i < H ? w->wk_b : w->wv_b;
+        const int64_t rows = i < H ? R : VH, cols = i < H ? N : R, h = i < H ? i : i - H;
+        const weight head = {iflow_slice_rows(src.data, src.type, h * rows, cols), src.type};
+        IFLOW_TRY(pack_matrix(m, d, head.data, head.type, rows, cols, &p->own_mla[i], &p->packed_mla[i]));
+        if (!p->own_mla[i].data)
+            p->own_mla[i] = head;
+    }
     return 0;
 }
 
@@ -562,7 +575,7 @@ static int copy_part(iflow_model *m, int l, layer_part *p, int first)
         (rc = put_weight(m, p, &nd, &nh, w->wq, 0, wq0, wq1, wq_cols, 0, &o->wq)) ||
         (rc = put_weight(m, p, &nd, &nh, w->wk, 0, k0, k1, D, 0, &o->wk)) ||
         (rc = put_weight(m, p, &nd, &nh, w->wv, 0, k0, k1, D, 0, &o->wv)) ||
-        (rc = put_weight(m, p, &nd, &nh, w->wo, 1, wo0, wo1, D, wo_cols, &o->wo)) || (rc = copy_mla(m, p, &nd, &nh, w)) ||
+        (rc = put_weight(m, p, &nd, &nh, w->wo, 1, wo0, wo1, D, wo_cols, &o->wo)) || (rc = copy_mla(m, l, p, &nd, &nh, w)) ||
         (rc = put_vector(m, p, &nd, w->bq, q0, q1, &o->bq)) || (rc = put_vector(m, p, &nd, w->bk, k0, k1, &o->bk)) ||
         (rc = put_vector(m, p, &nd, w->bv, k0, k1, &o->bv)) ||
         (rc = put_vector(m, p, &nd, first ? w->bo : NULL, 0, D, &o->bo)) ||
@@ -627,6 +640,11 @@ void iflow_unplace(iflow_model *m)
                 iflow_device_unpack(dev_of(m, p->dev), p->packed_experts[i]);
         free(p->packed_experts);
         free(p->own_experts);
+        for (int i = 0; p->packed_mla && i < 2 * m->hp.n_heads; i++)
+            if (p->packed_mla[i])
+                iflow_device_unpack(dev_of(m, p->dev), p->packed_mla[i]);
+        free(p->packed_mla);
+        free(p->own_mla);
     }
     if (m->n_devs) {
         iflow_device *od = dev_of(m, m->output_dev);
