@@ -236,6 +236,23 @@ static int read_moe(iflow_hparams *hp, const json_t *h, const char *what)
     return 0;
 }
 
+/* extra_layers (multi-token-prediction layers past n_layers: the converter carries them, the
+ * engine never runs them); layers_count_extra (a GGUF of glm4moe: its block_count counts them
+ * too, so n_layers is that less extra_layers). */
+static int read_extra_layers(iflow_hparams *hp, const json_t *h, const char *what)
+{
+    int rc, extra, counted;
+    if ((rc = get_int_or(h, "extra_layers", 0, &extra, what)) ||
+        (rc = get_bool_or(h, "layers_count_extra", 0, &counted, what)))
+        return rc;
+    if (counted && extra >= hp->n_layers)
+        return iflow_seterr(IFLOW_ESHAPE, "n_layers %d counts %d extra layers, leaving none, in '%s'", hp->n_layers,
+                            extra, what);
+    if (counted)
+        hp->n_layers -= extra;
+    return 0;
+}
+
 /* Multi-head latent attention (model.h): kv_lora_rank, q_lora_rank, qk_nope_dim (or qk_head_dim,
  * nope + rope), v_head_dim and rope_dim (the rotated part of each head) make the cache's one head
  * of R + rope_dim; the scores' scale the expanded heads' (nope + rope)^-1/2 unless attn_scale_dim says otherwise. */
@@ -585,7 +602,7 @@ int iflow_hparams_from_json(iflow_hparams *hp, const json_t *resolved, const cha
         (rc = read_rope_scaling(hp, h, what)) || (rc = read_special(hp, h, what)) || (rc = read_encdec(hp, h, what)) ||
         (rc = read_banned(hp, h, what)) || (rc = read_forced_eos(hp, h, what)) || (rc = read_moe(hp, h, what)))
         return rc;
-    if ((rc = read_mla(hp, h, what)))
+    if ((rc = read_mla(hp, h, what)) || (rc = read_extra_layers(hp, h, what)))
         return rc;
     if (!hp->head_dim) {
         if (hp->dim % hp->n_heads)

@@ -164,6 +164,12 @@ def family_seeds():
             ("deepseek2.expert_shared_count", U32, 1), ("deepseek2.leading_dense_block_count", U32, 1),
             ("deepseek2.expert_group_count", U32, 2), ("deepseek2.expert_group_used_count", U32, 1),
             ("deepseek2.expert_gating_func", U32, 2), ("deepseek2.expert_weights_scale", F32, 2.5)]),
+        # GLM-4.5: block_count counts its multi-token-prediction layer
+        "glm4moe_mtp.gguf": model("glm4moe", [
+            ("glm4moe.block_count", U32, 3), ("glm4moe.nextn_predict_layers", U32, 1), ("glm4moe.expert_count", U32, 4),
+            ("glm4moe.expert_used_count", U32, 2), ("glm4moe.expert_feed_forward_length", U32, 4),
+            ("glm4moe.expert_shared_count", U32, 1), ("glm4moe.leading_dense_block_count", U32, 1),
+            ("glm4moe.rope.dimension_count", U32, 2)]),
     }
 
 

@@ -493,6 +493,22 @@ static int deepseek_v3_hp(const iflow_hparams *hp)
            hp->expert_norm && hp->expert_scale == 2.5f;
 }
 
+/* glm4moe: half-head NEOX rope, q/k/v biases and norms, sigmoid routing with exp_probs_b in
+ * groups, a dense first layer; -mtp: block_count 4 with nextn_predict_layers 1, whose layer is
+ * carried and never run (the same logits as transformers' 3 layers) */
+static int glm4_moe_hp(const iflow_hparams *hp)
+{
+    return hp->n_layers == 3 && hp->rope_layout == IFK_ROPE_HALF && hp->rope_dim == 4 && hp->qkv_bias &&
+           hp->qk_norm && hp->router_sigmoid && hp->router_bias && hp->router_groups == 2 &&
+           hp->router_group_top == 2 && hp->moe_dense_first == 1 && hp->expert_scale == 1.5f && hp->expert_norm;
+}
+
+static void test_glm4_moe(void)
+{
+    check_gguf("glm4_moe", "glm4_moe", "glm4_moe", glm4_moe_hp);
+    check_gguf("glm4_moe-mtp", "glm4_moe-mtp", "glm4_moe", glm4_moe_hp);
+}
+
 static void test_deepseek(void)
 {
     check_gguf("deepseek_v2-lite", "deepseek_v2-lite", "deepseek2", deepseek_v2_lite_hp);
@@ -621,6 +637,24 @@ static void test_metadata_rules(void)
     r = resolve("exaone4", "exaone4", GEMMA_KEYS("exaone4", 30));
     CHECK(r && hparam(r, "sliding_window") == 0, "exaone4 1.2B: no window, whatever the metadata");
     json_decref(r);
+    /* glm4moe: block_count counts the nextn_predict_layers; none left is an error */
+    static const char glm[] = "{\"general\": {\"architecture\": \"glm4moe\"}, \"glm4moe\": {\"block_count\": %d, "
+                              "\"nextn_predict_layers\": 2, \"embedding_length\": 32, \"feed_forward_length\": 64, "
+                              "\"attention\": {\"head_count\": 4}, \"expert_count\": 4, \"expert_used_count\": 2, "
+                              "\"expert_feed_forward_length\": 16}, \"tokenizer\": {\"ggml\": {\"tokens\": {\"count\": 128}}}}";
+    for (int layers = 2; layers <= 5; layers += 3) {
+        char text[600];
+        iflow_hparams g;
+        snprintf(text, sizeof text, glm, layers);
+        r = resolve("glm4_moe", "glm4moe", text);
+        if (layers == 5)
+            CHECK(r && iflow_hparams_from_json(&g, r, "glm") == 0 && g.n_layers == 3, "glm4moe: 5 blocks, 2 extra: %s",
+                  iflow_errmsg());
+        else
+            CHECK_ERR(r ? iflow_hparams_from_json(&g, r, "glm") : 0, IFLOW_ESHAPE, "counts 2 extra layers",
+                      "leaving none");
+        json_decref(r);
+    }
     /* a factor without a type scales linearly, as llama.cpp reads it (older converters' key) */
     static const char llama[] = "{\"general\": {\"architecture\": \"llama\"}, \"llama\": {\"block_count\": 2, "
                                 "\"embedding_length\": 32, \"feed_forward_length\": 64, \"attention\": {\"head_count\": 4}, "
@@ -652,6 +686,7 @@ int main(void)
         return perror("mkdtemp"), 1;
     RUN(test_qwen2);
     RUN(test_deepseek);
+    RUN(test_glm4_moe);
     RUN(test_qwen3);
     RUN(test_mixtral);
     RUN(test_mixtral_old);
