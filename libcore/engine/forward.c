@@ -67,7 +67,21 @@ struct iflow_kv {
     void **k, **v;              /* [n_parts] pools on the part's device                        */
     iflow_device **dev;         /* [n_parts] the device that allocated them; NULL: the host    */
     uint64_t serial;            /* unique among the caches and contexts of this process        */
+    int rope_long;              /* longrope: the long factors rotate (iflow_kv_set_context)     */
 };
+
+/* The rope multipliers on device dev as cache kv rotates by them (longrope: short or long), or NULL. */
+static const float *rope_scale_of(const iflow_model *m, const iflow_kv *kv, int dev)
+{
+    const float *s = dev < 0 ? m->rope_scale : m->rope_scale_w[dev];
+    return s && kv->rope_long ? s + m->hp.rope_dim / 2 : s;
+}
+
+void iflow_kv_set_context(iflow_kv *kv, int n_ctx)
+{
+    const iflow_hparams *hp = &kv->m->hp;
+    kv->rope_long = hp->rope_scaling == IFLOW_ROPE_SCALING_LONGROPE && n_ctx > hp->rope_orig_ctx;
+}
 
 /* A number no other cache or context of this process has had (replayed steps' keys). */
 static uint64_t next_serial(void)
@@ -227,6 +241,7 @@ int iflow_kv_open(iflow_kv **out, const iflow_model *m, int type, int block, int
     kv->m = m;
     kv->n_parts = n_parts;
     kv->serial = next_serial();
+    iflow_kv_set_context(kv, (int)((int64_t)block * n_blocks < INT32_MAX ? (int64_t)block * n_blocks : INT32_MAX));
     kv->L = calloc((size_t)n_parts, sizeof *kv->L);
     kv->k = calloc((size_t)n_parts, sizeof *kv->k);
     kv->v = calloc((size_t)n_parts, sizeof *kv->v);
@@ -361,7 +376,7 @@ int iflow_kv_shift(iflow_kv *kv, const int32_t *table, int n_past, int keep, int
             continue;
         /* a NoPE layer's keys move unrotated (no rotated dimensions) */
         ifk_rope_params rp = {iflow_layer_rotates(hp, layer_of_part(m, k)) ? hp->rope_dim : 0,
-                              layer_theta(m, &kv->L[k]), m->rope_scale, hp->rope_layout};
+                              layer_theta(m, &kv->L[k]), rope_scale_of(m, kv, -1), hp->rope_layout};
         iflow_device *d = kv->dev[k];
         if (!d) { /* pools in host memory */
             float *tmp = malloc((size_t)kv->L[k].n_kv_heads * kv->L[k].head_dim * sizeof(float));
@@ -373,7 +388,7 @@ int iflow_kv_shift(iflow_kv *kv, const int32_t *table, int n_past, int keep, int
         }
         if (!d->ops->kv_shift)
             return iflow_seterr(IFLOW_EUNSUPPORTED, "context shift is not implemented on %s", d->info.name);
-        rp.freq_scale = m->rope_scale_w[m->parts[k].dev];
+        rp.freq_scale = rope_scale_of(m, kv, m->parts[k].dev);
         int rc = d->ops->kv_shift(d, kv->k[k], kv->v[k], &kv->L[k], table, n_past, keep, discard, &rp);
         if (rc < 0)
             return rc;
@@ -702,6 +717,18 @@ static void clamp_rows(float *x, size_t n, float c)
         x[i] = x[i] > c ? c : x[i] < -c ? -c : x[i];
 }
 
+/* The rotated dimensions of `heads` heads of hd in T rows (stride ld) times hp->rope_rot_scale,
+ * a rope scaling's attention factor on a partial rotation (host memory: place.c refuses others). */
+static void scale_rotated(const iflow_hparams *hp, float *x, size_t ld, int T, int heads, int hd)
+{
+    if (hp->rope_rot_scale == 1.0f)
+        return;
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < heads; h++)
+            for (int i = 0; i < hp->rope_dim; i++)
+                x[(size_t)t * ld + (size_t)h * hd + i] *= hp->rope_rot_scale;
+}
+
 /* Latent attention (model.h; DeepSeek-V2/V3) of part k, a whole layer, for a step's rows on its
  * host device s, into s->xb (added into s->x when `residual`), absorbed as in DeepSeek-V2's
  * paper, section 2.1.2 (and llama.cpp's MLA): the cache keeps one row a position,
@@ -718,7 +745,7 @@ static int mla_attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_r
     const layer_weights *w = &m->parts[k].w;
     const ifk_kv_layout *L = &r->kv->L[k];
     iflow_device *d = s->dev;
-    const float *rope_scale = m->rope_scale_w[m->parts[k].dev];
+    const float *rope_scale = rope_scale_of(m, r->kv, m->parts[k].dev);
     const int D = hp->dim, H = hp->n_heads, R = hp->kv_lora_rank, P = hp->rope_dim, N = hp->qk_nope_dim,
               VH = hp->v_head_dim, QR = hp->q_lora_rank, T = r->T, layer = layer_of_part(m, k);
     const int hd = R + P, Q = H * hd, QH = H * (N + P), VO = H * VH; /* a cache row, the queries, wq's, wo's */
@@ -756,6 +783,8 @@ static int mla_attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_r
         IFLOW_TRY(d->ops->rope(d, s->kx + (size_t)q->row0 * hd, (size_t)hd, q->n_rows, 1, hd, P, q->pos0, theta,
                                rope_scale, hp->rope_layout));
     }
+    scale_rotated(hp, s->q, (size_t)Q, T, H, hd);
+    scale_rotated(hp, s->kx, (size_t)hd, T, 1, hd);
     IFLOW_TRY(d->ops->kv_store(d, r->kv->k[k], L, r->seq, r->n_seq, s->kx, (size_t)hd));
     /* multi-query attention over the rows, which are the values too (each head's first P
      * output dimensions, the k_pe sums, are not read) */
@@ -787,7 +816,7 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
     const layer_weights *w = &p->w;
     const ifk_kv_layout *L = &r->kv->L[k];
     iflow_device *d = s->dev;
-    const float *rope_scale = m->rope_scale_w[p->dev];
+    const float *rope_scale = rope_scale_of(m, r->kv, p->dev);
     int D = hp->dim, hd = hp->head_dim, nq = p->q1 - p->q0, nkv = p->kv1 - p->kv0, Q = nq * hd, KV = nkv * hd, T = r->T;
     const float *in;
     IFLOW_TRY(iflow_block_in(m, s->dev, s->x, s->xb, w->attn_norm, w->attn_norm_b, T, &in));
@@ -824,7 +853,7 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
     const float theta = layer_theta(m, L);
     const int rotates = iflow_layer_rotates(hp, layer_of_part(m, k)); /* NoPE layers: keys stored as they are */
     const int late = w->q_norm && hp->qk_norm_late; /* each head's q and k normed after RoPE (Hunyuan) */
-    if (rotates && d->ops->rope_store && !late) { /* RoPE and the cache store in one op */
+    if (rotates && d->ops->rope_store && !late && hp->rope_rot_scale == 1.0f) { /* RoPE and the cache store in one op */
         const ifk_rope_params rp = {.rot_dim = hp->rope_dim, .theta = theta, .freq_scale = rope_scale,
                                     .layout = hp->rope_layout};
         for (int i = 0; i < r->n_seq; i++) {
@@ -840,6 +869,10 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
                                    theta, rope_scale, hp->rope_layout));
             IFLOW_TRY(d->ops->rope(d, s->kx + (size_t)q->row0 * KV, (size_t)KV, q->n_rows, nkv, hd, hp->rope_dim,
                                    q->pos0, theta, rope_scale, hp->rope_layout));
+        }
+        if (rotates) {
+            scale_rotated(hp, s->q, (size_t)Q, T, nq, hd);
+            scale_rotated(hp, s->kx, (size_t)KV, T, nkv, hd);
         }
         if (late)
             IFLOW_TRY(head_norms(hp, d, s, w, T * nq, T * nkv));

@@ -414,9 +414,45 @@ static int read_blocks(iflow_hparams *hp, const json_t *blocks, const char *what
     return 0;
 }
 
+/* A longrope factor list, KEY: up to IFLOW_MAX_ROPE_PAIRS positive numbers into out; its length. */
+static int read_factors(const json_t *h, const char *key, float *out, const char *what)
+{
+    const json_t *a = json_object_get(h, key);
+    const size_t n = json_array_size(a);
+    if (!json_is_array(a) || n < 1 || n > IFLOW_MAX_ROPE_PAIRS)
+        return iflow_seterr(IFLOW_EFORMAT, "longrope needs '%s', a list of 1 to %d factors, in '%s'", key,
+                            IFLOW_MAX_ROPE_PAIRS, what);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *v = json_array_get(a, i);
+        out[i] = (float)json_number_value(v);
+        if (!json_is_number(v) || !(out[i] > 0) || !isfinite(out[i]))
+            return iflow_seterr(IFLOW_ERANGE, "'%s'[%zu] is not a positive number in '%s'", key, i, what);
+    }
+    return (int)n;
+}
+
+/* longrope (Phi-3's "su"): rope_short_factor and rope_long_factor, lists of equal length (checked
+ * against rope_dim / 2 once that is known); factor 1 (none given) is max_seq / rope_orig_ctx, as
+ * transformers takes it. */
+static int read_longrope(iflow_hparams *hp, const json_t *h, const char *what)
+{
+    if (hp->max_seq > hp->rope_orig_ctx && hp->rope_factor == 1.0f)
+        hp->rope_factor = (float)hp->max_seq / (float)hp->rope_orig_ctx;
+    if (hp->rope_factor_tensors) /* rope_dim / 2 of each, read at open */
+        return 0;
+    int ns = read_factors(h, "rope_short_factor", hp->rope_short, what), nl;
+    if (ns < 0 || (nl = read_factors(h, "rope_long_factor", hp->rope_long, what)) < 0)
+        return ns < 0 ? ns : nl;
+    if (ns != nl)
+        return iflow_seterr(IFLOW_ESHAPE, "longrope's short and long factor lists differ in length (%d, %d) in '%s'",
+                            ns, nl, what);
+    hp->rope_n_factors = ns;
+    return 0;
+}
+
 static int read_rope_scaling(iflow_hparams *hp, const json_t *h, const char *what)
 {
-    static const char *const kinds[] = {"none", "linear", "llama3", "yarn", "default", NULL};
+    static const char *const kinds[] = {"none", "linear", "llama3", "yarn", "longrope", "default", "su", NULL};
     const char *v = json_string_value(json_object_get(h, "rope_scaling"));
     int rc;
     if (!v)
@@ -424,7 +460,7 @@ static int read_rope_scaling(iflow_hparams *hp, const json_t *h, const char *wha
     hp->rope_scaling = -1;
     for (int i = 0; kinds[i]; i++)
         if (strcmp(v, kinds[i]) == 0)
-            hp->rope_scaling = i == 4 ? IFLOW_ROPE_SCALING_NONE : i;
+            hp->rope_scaling = i == 5 ? IFLOW_ROPE_SCALING_NONE : i == 6 ? IFLOW_ROPE_SCALING_LONGROPE : i;
     if (hp->rope_scaling < 0)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "block rope_scaling = %s is not implemented (in '%s')", v, what);
     if ((rc = get_float(h, "rope_factor", &hp->rope_factor, what)) || (rc = get_float(h, "rope_low_freq", &hp->rope_low_freq, what)) ||
@@ -438,9 +474,13 @@ static int read_rope_scaling(iflow_hparams *hp, const json_t *h, const char *wha
         return iflow_seterr(IFLOW_ERANGE, "rope_factor must be positive in '%s'", what);
     if (hp->rope_scaling == IFLOW_ROPE_SCALING_YARN && !(hp->rope_beta_fast > 0 && hp->rope_beta_slow > 0))
         return iflow_seterr(IFLOW_ERANGE, "yarn's rope_beta_fast and rope_beta_slow must be positive in '%s'", what);
+    if ((rc = get_bool_or(h, "rope_factor_tensors", 0, &hp->rope_factor_tensors, what)))
+        return rc;
+    if (hp->rope_factor_tensors) /* a GGUF's longrope: the factors are tensors, its type key absent */
+        hp->rope_scaling = IFLOW_ROPE_SCALING_LONGROPE;
     if (hp->rope_scaling == IFLOW_ROPE_SCALING_LINEAR && hp->rope_factor == 1.0f) /* GGUF's default */
         hp->rope_scaling = IFLOW_ROPE_SCALING_NONE;
-    return 0;
+    return hp->rope_scaling == IFLOW_ROPE_SCALING_LONGROPE ? read_longrope(hp, h, what) : 0;
 }
 
 /* YaRN's mscale: 0.1 * m * ln(factor) + 1 (1 for a factor up to 1). */
@@ -449,15 +489,16 @@ static double yarn_mscale(double factor, double m)
     return factor <= 1 ? 1.0 : 0.1 * m * log(factor) + 1.0;
 }
 
-/* YaRN's attention factors, folded into attn_scale (after attn_multiplier):
- *   its cos/sin factor a (rope_attn_factor; else mscale(factor, rope_mscale) /
- *   mscale(factor, rope_mscale_all_dim) when both are given, else mscale(factor, 1)) scales
- *   both q and k's rotated pairs: the scores by a^2 when the whole head rotates (a partial
- *   rotation with a != 1 is refused);
+/* The rope scalings' attention factors, after attn_multiplier:
+ *   the cos/sin factor a (rope_attn_factor; else yarn's mscale(factor, rope_mscale) /
+ *   mscale(factor, rope_mscale_all_dim) when both are given, else mscale(factor, 1); longrope's
+ *   sqrt(1 + ln factor / ln rope_orig_ctx)) scales both q and k's rotated pairs: the scores by
+ *   a^2 (attn_scale) when the whole head rotates, else rope_rot_scale;
  *   attn_mscale (DeepSeek's softmax scale): times mscale(factor, rope_mscale_all_dim)^2. GGUF
  *   gives rope_yarn_log_mul, 0.1 * rope_mscale_all_dim. */
-static int read_yarn_scales(iflow_hparams *hp, const json_t *h, const char *what)
+static int read_rope_attn(iflow_hparams *hp, const json_t *h, const char *what)
 {
+    hp->rope_rot_scale = 1;
     float af, ms, ms_all, log_mul;
     int rc, attn_mscale;
     if ((rc = get_float_or(h, "rope_attn_factor", 0, &af, what)) ||
@@ -471,13 +512,20 @@ static int read_yarn_scales(iflow_hparams *hp, const json_t *h, const char *what
     const double f = hp->rope_factor, all = log_mul > 0 ? 10.0 * log_mul : ms_all;
     if (attn_mscale)
         hp->attn_scale = (float)(hp->attn_scale * yarn_mscale(f, all) * yarn_mscale(f, all));
-    if (hp->rope_scaling != IFLOW_ROPE_SCALING_YARN)
-        return 0;
-    const double a = af > 0 ? af : ms > 0 && all > 0 ? yarn_mscale(f, ms) / yarn_mscale(f, all) : yarn_mscale(f, 1);
-    if (fabs(a - 1.0) > 1e-7 && hp->rope_dim != hp->head_dim)
-        return iflow_seterr(IFLOW_EUNSUPPORTED, "yarn's attention factor %g on a partial rotation (rope_dim %d of %d) "
-                            "is not implemented (in '%s')", a, hp->rope_dim, hp->head_dim, what);
-    hp->attn_scale = (float)(hp->attn_scale * a * a);
+    if (hp->rope_factor_tensors)
+        hp->rope_n_factors = hp->rope_dim / 2;
+    if (hp->rope_scaling == IFLOW_ROPE_SCALING_LONGROPE && hp->rope_n_factors != hp->rope_dim / 2)
+        return iflow_seterr(IFLOW_ESHAPE, "longrope has %d factors for %d rotated pairs in '%s'", hp->rope_n_factors,
+                            hp->rope_dim / 2, what);
+    double a = 1.0;
+    if (hp->rope_scaling == IFLOW_ROPE_SCALING_YARN)
+        a = af > 0 ? af : ms > 0 && all > 0 ? yarn_mscale(f, ms) / yarn_mscale(f, all) : yarn_mscale(f, 1);
+    else if (hp->rope_scaling == IFLOW_ROPE_SCALING_LONGROPE) /* transformers' _compute_longrope_parameters */
+        a = af > 0 ? af : f <= 1 ? 1.0 : sqrt(1 + log(f) / log((double)hp->rope_orig_ctx));
+    if (hp->rope_dim == hp->head_dim)
+        hp->attn_scale = (float)(hp->attn_scale * a * a);
+    else
+        hp->rope_rot_scale = (float)a;
     return 0;
 }
 
@@ -639,7 +687,7 @@ int iflow_hparams_from_json(iflow_hparams *hp, const json_t *resolved, const cha
     if (hp->embed_scale < 0) /* as transformers: the Python float sqrt, then rounded to F32 */
         hp->embed_scale = (float)sqrt((double)hp->dim);
     int norm_bias, norm_weight;
-    if ((rc = read_scales(hp, h, what)) || (rc = read_yarn_scales(hp, h, what)) || (rc = read_nope(hp, h, what)) ||
+    if ((rc = read_scales(hp, h, what)) || (rc = read_rope_attn(hp, h, what)) || (rc = read_nope(hp, h, what)) ||
         (rc = get_bool_or(h, "norm_bias", 1, &norm_bias, what)) ||
         (rc = get_bool_or(h, "norm_weight", 1, &norm_weight, what)))
         return rc;
@@ -809,6 +857,10 @@ int iflow_model_tensors(const iflow_hparams *hp, iflow_tensor_req **reqs, size_t
         req(r, n, "tok_type_embd", hp->token_types, D);
     if (hp->rope_freqs && hp->position == IFLOW_POS_ROPE)
         req(r, n, "rope_freqs", hp->rope_dim / 2, 0);
+    if (hp->rope_factor_tensors && hp->position == IFLOW_POS_ROPE) {
+        req(r, n, "rope_short", hp->rope_dim / 2, 0);
+        req(r, n, "rope_long", hp->rope_dim / 2, 0);
+    }
     if (hp->embed_norm) {
         req(r, n, "embd_norm", D, 0);
         if (iflow_norm_biased(hp))
@@ -944,6 +996,7 @@ static void *slot(iflow_model *m, layer_weights *layers, const char *name, int *
         V("output_norm", output_norm), V("output_norm_b", output_norm_b), V("embd_norm", embd_norm),
         V("embd_norm_b", embd_norm_b), V("enc.output_norm", enc_output_norm), V("enc.output_norm_b", enc_output_norm_b),
         V("enc.rel_bias", enc_rel_bias), V("rel_bias", rel_bias), V("output_b", output_b), V("rope_freqs", rope_freqs),
+        V("rope_short", rope_short), V("rope_long", rope_long),
 #undef V
     };
     for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++)
@@ -1001,7 +1054,7 @@ static int make_rope_scale(iflow_model *m)
     if (hp->rope_scaling == IFLOW_ROPE_SCALING_NONE && !m->rope_freqs)
         return 0;
     int half = hp->rope_dim / 2;
-    if (!(m->rope_scale = malloc((size_t)half * sizeof(float))))
+    if (!(m->rope_scale = malloc(rope_scale_count(hp) * sizeof(float))))
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
     double lo = 0, hi = 0; /* yarn: pairs below lo keep their frequency, above hi divide it by factor */
     if (hp->rope_scaling == IFLOW_ROPE_SCALING_YARN) {
@@ -1040,6 +1093,16 @@ static int make_rope_scale(iflow_model *m)
             s /= f;
         }
         m->rope_scale[i] = s;
+        if (hp->rope_scaling == IFLOW_ROPE_SCALING_LONGROPE) { /* the short factors, then the long ones */
+            const float fr = m->rope_freqs ? m->rope_freqs[i] : 1.0f;
+            const float sf = m->rope_short ? m->rope_short[i] : hp->rope_short[i],
+                        lf = m->rope_long ? m->rope_long[i] : hp->rope_long[i];
+            if (!(sf > 0.0f) || !isfinite(sf) || !(lf > 0.0f) || !isfinite(lf))
+                return iflow_seterr(IFLOW_ERANGE, "longrope's factors for pair %d (%g, %g) in '%s' are not positive",
+                                    i, (double)sf, (double)lf, iflow_shard_path(m->shard));
+            m->rope_scale[i] = 1.0f / (sf * fr);
+            m->rope_scale[half + i] = 1.0f / (lf * fr);
+        }
     }
     return 0;
 }

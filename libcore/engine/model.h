@@ -41,8 +41,11 @@ enum {
     IFLOW_ROPE_SCALING_NONE = 0,
     IFLOW_ROPE_SCALING_LINEAR = 1,
     IFLOW_ROPE_SCALING_LLAMA3 = 2,
-    IFLOW_ROPE_SCALING_YARN = 3
+    IFLOW_ROPE_SCALING_YARN = 3,
+    IFLOW_ROPE_SCALING_LONGROPE = 4
 };
+
+#define IFLOW_MAX_ROPE_PAIRS 256 /* longrope's factor lists: rope_dim / 2 at most this */
 #define IFLOW_MAX_EOS 8
 #define IFLOW_MAX_BANNED 8
 #define IFLOW_MAX_EXPERTS 256     /* hparams n_experts */
@@ -171,6 +174,15 @@ typedef struct {
     float rope_beta_fast, rope_beta_slow; /* yarn: the ramp between extrapolated (fast) and
                                  interpolated (slow) pairs, in rotations over rope_orig_ctx */
     int rope_truncate;        /* yarn: the ramp's ends rounded outward to whole pairs */
+    int rope_n_factors;       /* longrope (Phi-3.5, Phi-4-mini): each pair's frequency divided by
+                                 rope_short[i], or by rope_long[i] in a cache whose context exceeds
+                                 rope_orig_ctx (iflow_kv_set_context); rope_dim / 2 of each */
+    int rope_factor_tensors;  /* longrope's factors are the tensors rope_short and rope_long
+                                 [rope_dim / 2] (a GGUF's rope_factors_short/long), not lists */
+    float rope_short[IFLOW_MAX_ROPE_PAIRS], rope_long[IFLOW_MAX_ROPE_PAIRS];
+    float rope_rot_scale;     /* the rotated dimensions of q and k times it after the rotation: a
+                                 yarn or longrope attention factor on a partial rotation (1: none;
+                                 on a whole head it is folded into attn_scale instead) */
     int rope_freqs;           /* a tensor rope_freqs [rope_dim/2] divides each pair's frequency,
                                  after rope_scaling (llama.cpp's rope_freqs.weight: a Llama 3.1
                                  GGUF's llama3 scaling, which its metadata does not carry) */
@@ -420,6 +432,11 @@ int iflow_kv_shift(iflow_kv *kv, const int32_t *table, int n_past, int keep, int
 /* Block dst = block src in every layer (K and V): a sequence that forks (beam search) gets its
  * own copy of a partly filled block it shares. */
 int iflow_kv_copy_block(iflow_kv *kv, int dst, int src);
+/* The context one sequence of cache kv may reach: with longrope scaling, a context past the
+ * model's original one (rope_orig_ctx) rotates by the long factors, else by the short ones, as
+ * llama.cpp chooses by its n_ctx per sequence (iflow_kv_open takes the cache's whole capacity).
+ * Set it before anything is stored. */
+void iflow_kv_set_context(iflow_kv *kv, int n_ctx);
 /* Tests: out [n_kv_heads * head_dim] = layer's K (value 0) or V (value 1) row at position pos of
  * the sequence with block table `table`, as F32 (latent attention: its one row either way). Host
  * pools only (else IFLOW_EUNSUPPORTED). */

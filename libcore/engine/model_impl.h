@@ -11,6 +11,12 @@
 
 #include "model.h"
 
+/* Floats of a model's rope_scale table: a multiplier a pair, twice over with longrope (short, long). */
+static inline size_t rope_scale_count(const iflow_hparams *hp)
+{
+    return (size_t)hp->rope_dim / 2 * (hp->rope_scaling == IFLOW_ROPE_SCALING_LONGROPE ? 2 : 1);
+}
+
 #define MAX_BATCH IFLOW_MAX_STEP /* tokens of one step (iflow_ctx_eval's passes: iflow_model.pass) */
 #define MAX_PACKED 12            /* a layer's matrices: 7, and 4 of cross-attention */
 
@@ -109,7 +115,9 @@ struct iflow_model {
     const float *rel_bias;        /* [rel_buckets][n_heads]: the decoder's */
     const float *output_b;        /* [vocab] (logits_bias), added to the logits */
     const float *rope_freqs;      /* [rope_dim/2] (hparam rope_freqs) or NULL, in the mapping */
-    float *rope_scale;            /* [rope_dim/2] or NULL, on the host */
+    const float *rope_short, *rope_long; /* [rope_dim/2] (hparam rope_factor_tensors) or NULL, in the mapping */
+    float *rope_scale;            /* [rope_scale_count] or NULL, on the host: [rope_dim/2], or with
+                                     longrope the short factors' then the long ones' */
     uint64_t decode_bytes;
 
     /* placement (place.c) */

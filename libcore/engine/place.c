@@ -296,7 +296,7 @@ static int measure(const iflow_model *m, const layout *L, int n_ctx, iflow_devic
         if (i == L->output_dev)
             need[i].scratch += (uint64_t)hp->vocab_size * sizeof(float); /* one row of logits */
         if (m->rope_scale && !host_dev(L->devs[i]))
-            need[i].weights += (uint64_t)hp->rope_dim / 2 * sizeof(float);
+            need[i].weights += (uint64_t)rope_scale_count(hp) * sizeof(float);
     }
     return 0;
 }
@@ -464,6 +464,10 @@ static int check_host_only(const iflow_model *m, int l, const layer_part *p)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "layer %d is latent attention (kv_lora_rank %d), which is not "
                             "implemented on %s yet (it runs on the cpu)", l, m->hp.kv_lora_rank,
                             dev_name(dev_of(m, p->dev)));
+    if (m->hp.rope_rot_scale != 1.0f && !host_dev(dev_of(m, p->dev)))
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "layer %d scales its rotated dimensions by %g (a rope scaling's "
+                            "attention factor on a partial rotation), which is not implemented on %s yet (it runs on "
+                            "the cpu)", l, m->hp.rope_rot_scale, dev_name(dev_of(m, p->dev)));
     if (m->hp.clip_qkv > 0 && !host_dev(dev_of(m, p->dev)))
         return iflow_seterr(IFLOW_EUNSUPPORTED, "layer %d clamps q, k and v (clip_qkv %g), which is not implemented "
                             "on %s yet (it runs on the cpu)", l, m->hp.clip_qkv, dev_name(dev_of(m, p->dev)));
@@ -620,7 +624,7 @@ static int copy_shared(iflow_model *m)
     for (int i = 0; rc == 0 && i < m->n_devs && m->rope_scale; i++)
         if (iflow_dev_is_mine(m, i))
             rc = iflow_device_put(dev_of(m, i), (const void **)&m->rope_scale_w[i], m->rope_scale,
-                                  (size_t)hp->rope_dim / 2 * sizeof(float));
+                                  rope_scale_count(hp) * sizeof(float));
     return rc;
 }
 

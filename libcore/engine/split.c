@@ -74,6 +74,10 @@ int iflow_split_tensors(const iflow_hparams *hp, const iflow_plan *p, int dev, i
     }
     if (hp->rope_freqs && hp->position == IFLOW_POS_ROPE) /* every file: the model's rope_scale, on the host */
         add(t, n, "rope_freqs", hp->rope_dim / 2, 0, 0, 0, hp->rope_dim / 2);
+    if (hp->rope_factor_tensors && hp->position == IFLOW_POS_ROPE) { /* longrope's, likewise */
+        add(t, n, "rope_short", hp->rope_dim / 2, 0, 0, 0, hp->rope_dim / 2);
+        add(t, n, "rope_long", hp->rope_dim / 2, 0, 0, 0, hp->rope_dim / 2);
+    }
     for (int l = l0; l < l0 + layers; l++) {
 #define L(suffix, d0, d1, cols, a0, a1) (snprintf(name, sizeof name, "blk.%d." suffix, l), add(t, n, name, d0, d1, cols, a0, a1))
         if (!hp->post_norms_only && !hp->norm_no_weight)

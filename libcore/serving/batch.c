@@ -183,8 +183,8 @@ int iflow_batch_open(iflow_batch **out, const iflow_model *m, const iflow_batch_
         rc = iflow_seterr(IFLOW_ENOMEM, "out of memory");
     if (rc == 0)
         rc = iflow_blocks_open(&b->pool, q.n_blocks);
-    if (rc == 0)
-        rc = iflow_kv_open(&b->kv, m, q.kv_type, q.block, q.n_blocks);
+    if (rc == 0 && (rc = iflow_kv_open(&b->kv, m, q.kv_type, q.block, q.n_blocks)) == 0)
+        iflow_kv_set_context(b->kv, q.n_ctx); /* longrope: a sequence's context, not the pool's */
     if (rc < 0) {
         iflow_batch_close(b);
         return rc;
@@ -268,8 +268,10 @@ int iflow_batch_set_draft(iflow_batch *b, const iflow_model *draft, int n_draft,
         return iflow_seterr(IFLOW_ERANGE, "the draft model holds %d positions, the context is %d", dp->max_seq,
                             b->p.n_ctx);
     int rc = iflow_kv_open(&b->dkv, draft, b->p.kv_type, b->p.block, b->p.n_blocks);
-    if (rc == 0)
+    if (rc == 0) {
+        iflow_kv_set_context(b->dkv, b->p.n_ctx);
         rc = iflow_blocks_open(&b->dpool, b->p.n_blocks);
+    }
     if (rc == 0)
         rc = iflow_ctx_open_steps(&b->dctx, draft, b->p.n_threads);
     b->dlogits = malloc((size_t)b->p.parallel * hp->vocab_size * sizeof(float));

@@ -433,8 +433,10 @@ int iflow_beam_open(iflow_beam_run **out, const iflow_model *m, const int32_t *p
     search sr = {.ops = &kv_ops, .max_tab = max_tab, .n_blocks = p->n_beams * (max_tab + 1) + 1,
                  .starts = n_prompt == 1 && prompt[0] == hp->bos, .adapter = p->adapter};
     int rc = run_new(out, m, prompt, n_prompt, p, n_ctx, &sr);
-    if (rc == 0 && (rc = iflow_kv_open(&(*out)->s.kv, m, p->kv_type, BLOCK, (*out)->s.n_blocks)) == 0)
+    if (rc == 0 && (rc = iflow_kv_open(&(*out)->s.kv, m, p->kv_type, BLOCK, (*out)->s.n_blocks)) == 0) {
+        iflow_kv_set_context((*out)->s.kv, n_ctx); /* longrope: a beam's context, not the pool's */
         rc = iflow_ctx_open_steps(&(*out)->s.ctx, m, p->n_threads);
+    }
     if (rc < 0 && *out) {
         iflow_beam_close(*out);
         *out = NULL;

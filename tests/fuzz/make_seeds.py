@@ -164,6 +164,12 @@ def family_seeds():
             ("deepseek2.expert_shared_count", U32, 1), ("deepseek2.leading_dense_block_count", U32, 1),
             ("deepseek2.expert_group_count", U32, 2), ("deepseek2.expert_group_used_count", U32, 1),
             ("deepseek2.expert_gating_func", U32, 2), ("deepseek2.expert_weights_scale", F32, 2.5)]),
+        # Phi-3.5's longrope: the factors as tensors, the attention factor as a key
+        "phi3_longrope.gguf": model("phi3", [("phi3.rope.dimension_count", U32, 4),
+                                             ("phi3.rope.scaling.attn_factor", F32, 1.19),
+                                             ("phi3.rope.scaling.original_context_length", U32, 16)],
+                                    [("rope_factors_long.weight", [2], 0, 0), ("rope_factors_short.weight", [2], 0, 8)],
+                                    struct.pack("<4f", 1.0, 4.0, 1.0, 1.5)),
         # GLM-4.5: block_count counts its multi-token-prediction layer
         "glm4moe_mtp.gguf": model("glm4moe", [
             ("glm4moe.block_count", U32, 3), ("glm4moe.nextn_predict_layers", U32, 1), ("glm4moe.expert_count", U32, 4),

@@ -203,7 +203,74 @@ static int phi3_hp(const iflow_hparams *hp)
     return hp->sliding_window == 6 && hp->n_kv_heads == 2 && !hp->tie_embeddings && hp->ffn_dim == 48;
 }
 
-static void test_phi3(void) { check_family("phi3", phi3_hp); }
+/* longrope: factor 64 / 8, attention factor sqrt(1 + ln 8 / ln 8) = sqrt(2): folded into the
+ * scores' scale when the whole head rotates, on the rotated half alone (-partial) */
+static int phi3_longrope_hp(const iflow_hparams *hp)
+{
+    return hp->rope_scaling == IFLOW_ROPE_SCALING_LONGROPE && hp->rope_orig_ctx == 8 && hp->rope_factor == 8.0f &&
+           hp->rope_n_factors == 4 && hp->rope_long[3] == 64.0f && hp->rope_rot_scale == 1.0f &&
+           fabs(hp->attn_scale - 2.0 / sqrt(8.0)) < 1e-6;
+}
+
+static int phi3_longrope_partial_hp(const iflow_hparams *hp)
+{
+    return hp->rope_scaling == IFLOW_ROPE_SCALING_LONGROPE && hp->rope_dim == 4 && hp->rope_n_factors == 2 &&
+           fabsf(hp->rope_rot_scale - sqrtf(2.0f)) < 1e-6f && fabs(hp->attn_scale - 1 / sqrt(8.0)) < 1e-7;
+}
+
+/* The first 8 ids in a context of 8 (not past the original one): the short factors, as
+ * transformers takes them for a sequence that short (refs' logits_short). */
+static void check_longrope_short(const char *family)
+{
+    char path[300];
+    snprintf(path, sizeof path, "%s/%s.ifs", dir, family);
+    char refs[4200];
+    const char *fx = fixture(family);
+    if (!fx)
+        return;
+    snprintf(refs, sizeof refs, "%s/refs.json", fx);
+    json_t *r = json_load_file(refs, 0, NULL);
+    iflow_model *m;
+    if (!r || iflow_model_open(&m, path, 0) < 0) {
+        CHECK(0, "%s: open: %s", family, iflow_errmsg());
+        json_decref(r);
+        return;
+    }
+    const json_t *want = json_object_get(r, "logits_short"), *ids = json_object_get(r, "ids");
+    const int n = (int)json_array_size(want), V = iflow_model_hparams(m)->vocab_size;
+    int32_t tok[16];
+    float *logits = malloc(sizeof(float) * (size_t)V * 16);
+    iflow_ctx *c;
+    double worst = INFINITY;
+    for (int i = 0; i < n && i < 16; i++)
+        tok[i] = (int32_t)json_integer_value(json_array_get(ids, (size_t)i));
+    if (n == 8 && iflow_ctx_open(&c, m, 8, 1) == 0) {
+        if (iflow_ctx_eval(c, tok, n, logits, 1) == 0) {
+            worst = 0;
+            for (int i = 0; i < n; i++)
+                for (int v = 0; v < V; v++) {
+                    double d = fabs(logits[(size_t)i * V + v] -
+                                    json_real_value(json_array_get(json_array_get(want, (size_t)i), (size_t)v)));
+                    worst = d > worst || d != d ? d : worst;
+                }
+        }
+        iflow_ctx_close(c);
+    }
+    printf("%s: short factors (a context of 8): max |logit - transformers float64| = %.2e\n", family, worst);
+    CHECK(worst <= 1e-4, "%s: the short factors' logits differ from transformers by %.3g", family, worst);
+    free(logits);
+    iflow_model_close(m);
+    json_decref(r);
+}
+
+static void test_phi3(void)
+{
+    check_family("phi3", phi3_hp);
+    check_family("phi3-longrope", phi3_longrope_hp);
+    check_longrope_short("phi3-longrope");
+    check_family("phi3-longrope-partial", phi3_longrope_partial_hp);
+    check_longrope_short("phi3-longrope-partial");
+}
 
 /* Llama 3.1's rope scaling (factor 8, low 1, high 4, original context 16: the fixture's scores
  * are sharp enough that it moves the logits by 0.2) */

@@ -77,17 +77,18 @@ static int open_gguf(const char *name, iflow_model **m)
     return rc < 0 ? -1 : 0;
 }
 
-/* max |iflow - reference| over every position's logits: one prefill, or token by token. */
-static double logits_diff(iflow_model *m, const json_t *ids, const json_t *want, int one_by_one)
+/* max |iflow - reference| over the logits of the positions `want` has (the first of ids'), in a
+ * context of n_ctx: one prefill, or token by token. */
+static double logits_diff(iflow_model *m, const json_t *ids, const json_t *want, int one_by_one, int n_ctx)
 {
-    const int n = (int)json_array_size(ids), V = iflow_model_hparams(m)->vocab_size;
+    const int n = (int)json_array_size(want), V = iflow_model_hparams(m)->vocab_size;
     int32_t *tok = malloc(sizeof *tok * (size_t)n);
     float *logits = malloc(sizeof(float) * (size_t)V * (size_t)n);
     iflow_ctx *c;
     double worst = INFINITY;
     for (int i = 0; i < n; i++)
         tok[i] = (int32_t)json_integer_value(json_array_get(ids, (size_t)i));
-    if (iflow_ctx_open(&c, m, 64, 1) == 0) {
+    if (n <= (int)json_array_size(ids) && iflow_ctx_open(&c, m, n_ctx, 1) == 0) {
         int rc = 0;
         for (int i = 0; one_by_one && i < n && rc == 0; i++)
             rc = iflow_ctx_eval(c, tok + i, 1, logits + (size_t)i * V, 0);
@@ -155,10 +156,16 @@ static void check_gguf(const char *name, const char *family, const char *spec, i
         printf("%s: max |embedding - transformers float64| = %.2e\n", name, a);
         CHECK(a <= 1e-4, "%s: the embedding differs from transformers by %.3g", name, a);
     } else {
-        const json_t *want = json_object_get(r, "logits");
-        double a = logits_diff(m, ids, want, 0), b = logits_diff(m, ids, want, 1);
+        const json_t *want = json_object_get(r, "logits"), *shorter = json_object_get(r, "logits_short");
+        double a = logits_diff(m, ids, want, 0, 64), b = logits_diff(m, ids, want, 1, 64);
         printf("%s: max |logit - transformers float64| = %.2e (prefill), %.2e (token by token)\n", name, a, b);
         CHECK(a <= 1e-4 && b <= 1e-4, "%s: logits differ from transformers by %.3g / %.3g", name, a, b);
+        if (shorter) { /* longrope: the first ids in a context of their own length, by the short factors */
+            const int n = (int)json_array_size(shorter);
+            a = logits_diff(m, ids, shorter, 0, n);
+            printf("%s: short factors (a context of %d): max |logit - transformers float64| = %.2e\n", name, n, a);
+            CHECK(a <= 1e-4, "%s: the short factors' logits differ from transformers by %.3g", name, a);
+        }
     }
     iflow_model_close(m);
     json_decref(r);
@@ -516,6 +523,21 @@ static void test_deepseek(void)
     check_gguf("deepseek_v3", "deepseek_v3", "deepseek2", deepseek_v3_hp);
 }
 
+/* phi3 longrope: the factors as tensors rope_factors_short/long, rope.scaling.attn_factor (sqrt 2),
+ * the original context; -partial: half of each head rotated, the factor on those dimensions */
+static int phi3_longrope_hp(const iflow_hparams *hp)
+{
+    return hp->rope_scaling == IFLOW_ROPE_SCALING_LONGROPE && hp->rope_factor_tensors && hp->rope_orig_ctx == 8 &&
+           (hp->rope_dim == hp->head_dim ? fabs(hp->attn_scale - 2.0 / sqrt(8.0)) < 1e-6
+                                         : fabsf(hp->rope_rot_scale - sqrtf(2.0f)) < 1e-6f);
+}
+
+static void test_phi3_longrope(void)
+{
+    check_gguf("phi3-longrope", "phi3-longrope", "phi3", phi3_longrope_hp);
+    check_gguf("phi3-longrope-partial", "phi3-longrope-partial", "phi3", phi3_longrope_hp);
+}
+
 static void test_qwen2(void)
 {
     check_gguf("qwen2", "qwen2", "qwen2", qwen2_hp);
@@ -710,6 +732,7 @@ int main(void)
     RUN(test_gemma2);
     RUN(test_gemma3);
     RUN(test_phi3);
+    RUN(test_phi3_longrope);
     RUN(test_gpt2);
     RUN(test_gptneox);
     RUN(test_bert);
