@@ -1074,6 +1074,13 @@ static inline __attribute__((always_inline)) void merge_part(float *restrict o, 
     }
 }
 
+/* A head's softmax sum l (over scores of maximum m) with its attention sink when the layout has
+ * them (query head g * nh + h): the sink's exp joins the sum, no value with it. */
+static inline float sink_sum(const ifk_kv_layout *L, int g, int nh, int h, float m, float l)
+{
+    return L->sinks ? l + expf(L->sinks[g * nh + h] - m) : l;
+}
+
 /* A row's running softmax (nh heads: sums c [nh][hd], maxima m, sums l) before its first key. */
 static inline __attribute__((always_inline)) void part_reset(float *c, float *m, float *l, int nh, int hd)
 {
@@ -1219,7 +1226,8 @@ static inline __attribute__((always_inline)) void attend_body(float *restrict ou
                 merge_part(out + (size_t)r * ldo, am[r], al[r], cur + (size_t)r * ldc, m[r], l[r], nh, hd);
     for (int r = 0; r < R; r++)
         for (int h = 0; h < nh; h++)
-            scale_row(out + (size_t)r * ldo + (size_t)h * hd, hd, 1.0f / (split ? al[r][h] : l[r][h]));
+            scale_row(out + (size_t)r * ldo + (size_t)h * hd, hd,
+                      1.0f / sink_sum(L, g, nh, h, split ? am[r][h] : m[r][h], split ? al[r][h] : l[r][h]));
 }
 
 #define ATTEND_ARGS                                                                                \
@@ -1375,7 +1383,7 @@ static void paged_combine(const void *args, const void *in, int item, float *unu
                     merge_part(o, m, l, pw + (size_t)r * H, pml, pml + nh, nh, hd);
             }
             for (int h = 0; h < nh; h++)
-                scale_row(o + (size_t)h * hd, hd, 1.0f / l[h]);
+                scale_row(o + (size_t)h * hd, hd, 1.0f / sink_sum(a->L, g, nh, h, m[h], l[h]));
         }
     }
 }

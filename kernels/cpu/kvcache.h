@@ -56,6 +56,9 @@ typedef struct {
     float softcap;      /* > 0: scaled scores become softcap * tanh(s / softcap) */
     int bidirectional;  /* an encoder's: every query row of a step also sees the positions
                            after it in that step (all of pos0 .. pos0 + n_rows - 1) */
+    const float *sinks; /* attention sinks (gpt-oss), [n_kv_heads * heads a kv head] by query
+                           head, or NULL: a logit each head's softmax counts in its sum and
+                           no value goes with (attention only; the cache ignores it) */
 } ifk_kv_layout;
 
 typedef struct {

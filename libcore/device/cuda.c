@@ -109,6 +109,8 @@ static int cu_kv_check(const iflow_device *d, const ifk_kv_layout *L, const ifk_
     if (L->type != IFK_KV_F32 && L->type != IFK_KV_F16)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "%s: a %s KV cache is not implemented on cuda yet", d->info.name,
                             ifk_kv_type_name(L->type));
+    if (L->sinks)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "%s: attention sinks are not implemented on cuda yet", d->info.name);
     if (L->softcap > 0)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "%s: attention soft-capping is not implemented on cuda yet", d->info.name);
     if (L->bidirectional)

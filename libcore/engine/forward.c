@@ -531,9 +531,26 @@ int iflow_ffn_linears(const iflow_hparams *hp, iflow_device *d, const layer_weig
     return gated ? iflow_linear_rows(d, up, F, w->up, w->up_b, in, D, T, F, D) : 0;
 }
 
+/* gpt-oss's clamped SwiGLU (activation swiglu_oai), on host memory:
+ * gate = (clamp(up, -L, L) + 1) * g sigmoid(alpha g), g = min(gate, L). */
+static int swiglu_oai(const iflow_hparams *hp, iflow_device *d, float *gate, const float *up, size_t n)
+{
+    if (!d->host_memory)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "block activation = swiglu_oai is not implemented on %s yet",
+                            d->info.name);
+    const float lim = hp->swiglu_limit, alpha = hp->swiglu_alpha;
+    for (size_t i = 0; i < n; i++) {
+        const float g = gate[i] < lim ? gate[i] : lim, u = up[i] > lim ? lim : up[i] < -lim ? -lim : up[i];
+        gate[i] = (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+    }
+    return 0;
+}
+
 int iflow_ffn_act(const iflow_hparams *hp, iflow_device *d, float *gate, float *up, int T, int F)
 {
     const int gated = hp->ffn == IFLOW_FFN_GATED;
+    if (hp->activation == IFLOW_ACT_SWIGLU_OAI)
+        return swiglu_oai(hp, d, gate, up, (size_t)T * F);
     if (hp->activation == IFLOW_ACT_RELU || hp->activation == IFLOW_ACT_RELU2) { /* relu2: relu(x) * x, plain */
         const int sq = hp->activation == IFLOW_ACT_RELU2;
         if (!d->ops->relu_mul)
@@ -879,8 +896,10 @@ static int attention_block(iflow_ctx *c, dev_scratch *s, int k, const step_rows 
         IFLOW_TRY(d->ops->kv_store(d, r->kv->k[k], L, r->seq, r->n_seq, s->kx, (size_t)KV));
         IFLOW_TRY(d->ops->kv_store(d, r->kv->v[k], L, r->seq, r->n_seq, s->vx, (size_t)KV));
     }
-    IFLOW_TRY(d->ops->attention_paged(d, s->att, s->q, (size_t)Q, r->kv->k[k], r->kv->v[k], L, r->seq, r->n_seq, nq,
-                                hp->attn_scale));
+    ifk_kv_layout La = *L; /* the cache's layout, with the part's heads' sinks */
+    La.sinks = w->sinks;
+    IFLOW_TRY(d->ops->attention_paged(d, s->att, s->q, (size_t)Q, r->kv->k[k], r->kv->v[k], &La, r->seq, r->n_seq, nq,
+                                      hp->attn_scale));
     /* o-projection into xb (free now), then the residual add */
     if (d->host_memory)
         iflow_observe(c, layer_of_part(m, k), IFLOW_OBS_ATTN_OUT, p->q0 * hd, s->att, Q, T, Q);

@@ -205,7 +205,9 @@ static int read_moe(iflow_hparams *hp, const json_t *h, const char *what)
         (rc = get_int_or(h, "router_topk_groups", 1, &hp->router_topk_groups, what)) ||
         (rc = get_int_or(h, "router_group_top", 0, &hp->router_group_top, what)) ||
         (rc = get_int_or(h, "router_gating_func", 0, &gating, what)) ||
-        (rc = get_float_or(h, "expert_scale", 1, &hp->expert_scale, what)))
+        (rc = get_float_or(h, "expert_scale", 1, &hp->expert_scale, what)) ||
+        (rc = get_bool_or(h, "expert_bias", 0, &hp->expert_bias, what)) ||
+        (rc = get_bool_or(h, "router_logit_bias", 0, &hp->router_logit_bias, what)))
         return rc;
     if (gating == 2) /* llama.cpp's expert_gating_func: sigmoid scores (DeepSeek-V3's, with the correction bias) */
         hp->router_sigmoid = hp->router_bias = 1;
@@ -372,7 +374,8 @@ static int read_blocks(iflow_hparams *hp, const json_t *blocks, const char *what
 {
     static const char *const layout[] = {"decoder", "encoder", "encoder-decoder", NULL},
                              *const norm[] = {"rms", "layer", NULL},
-                             *const act[] = {"silu", "gelu_tanh", "gelu", "relu", "relu2", NULL}, *const ffn[] = {"gated", "plain", NULL},
+                             *const act[] = {"silu", "gelu_tanh", "gelu", "relu", "relu2", "swiglu_oai", NULL},
+                             *const ffn[] = {"gated", "plain", NULL},
                              *const pos[] = {"rope", "learned", "sinusoidal", "relative", NULL},
                              *const rope[] = {"half", "interleaved", NULL},
                              *const emb[] = {"plain", "scaled", NULL};
@@ -393,6 +396,8 @@ static int read_blocks(iflow_hparams *hp, const json_t *blocks, const char *what
         (rc = check_block(blocks, "ffn", ffn, &hp->ffn, what)) ||
         (rc = check_block(blocks, "position", pos, &hp->position, what)))
         return rc;
+    if (hp->activation == IFLOW_ACT_SWIGLU_OAI && hp->ffn != IFLOW_FFN_GATED)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "block activation = swiglu_oai is a gated FFN's (in '%s')", what);
     if (hp->activation == IFLOW_ACT_RELU2 && hp->ffn != IFLOW_FFN_PLAIN)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "block activation = relu2 is implemented for ffn = plain only (in '%s')",
                             what);
@@ -650,7 +655,10 @@ int iflow_hparams_from_json(iflow_hparams *hp, const json_t *resolved, const cha
         (rc = read_rope_scaling(hp, h, what)) || (rc = read_special(hp, h, what)) || (rc = read_encdec(hp, h, what)) ||
         (rc = read_banned(hp, h, what)) || (rc = read_forced_eos(hp, h, what)) || (rc = read_moe(hp, h, what)))
         return rc;
-    if ((rc = read_mla(hp, h, what)) || (rc = read_extra_layers(hp, h, what)))
+    if ((rc = read_mla(hp, h, what)) || (rc = read_extra_layers(hp, h, what)) ||
+        (rc = get_bool_or(h, "attn_sinks", 0, &hp->attn_sinks, what)) ||
+        (rc = get_float_or(h, "swiglu_alpha", 1.702f, &hp->swiglu_alpha, what)) ||
+        (rc = get_float_or(h, "swiglu_limit", 7.0f, &hp->swiglu_limit, what)))
         return rc;
     if (!hp->head_dim) {
         if (hp->dim % hp->n_heads)
@@ -786,6 +794,8 @@ static void layer_tensors(const iflow_hparams *hp, iflow_tensor_req *r, size_t *
     }
     if (hp->post_norms)
         L("attn_post_norm", D, 0);
+    if (hp->attn_sinks)
+        L("attn_sinks", hp->n_heads, 0);
     if (cross)
         attn_tensors(hp, r, n, prefix, xattn);
     if (!hp->post_norms_only && !hp->norm_no_weight)
@@ -806,6 +816,10 @@ static void layer_tensors(const iflow_hparams *hp, iflow_tensor_req *r, size_t *
             snprintf(name, sizeof name, "%sffn_router_bias", prefix);
             req(r, n, name, hp->n_experts, 0);
         }
+        if (hp->router_logit_bias) {
+            snprintf(name, sizeof name, "%sffn_router_b", prefix);
+            req(r, n, name, hp->n_experts, 0);
+        }
         if (hp->shared_expert_gate) {
             snprintf(name, sizeof name, "%sffn_shexp_gate", prefix);
             req_table(r, n, name, 1, D);
@@ -814,6 +828,11 @@ static void layer_tensors(const iflow_hparams *hp, iflow_tensor_req *r, size_t *
             snprintf(name, sizeof name, "%sffn_gate.%d", prefix, e), req(r, n, name, Fe, D);
             snprintf(name, sizeof name, "%sffn_up.%d", prefix, e), req(r, n, name, Fe, D);
             snprintf(name, sizeof name, "%sffn_down.%d", prefix, e), req(r, n, name, D, Fe);
+            if (hp->expert_bias) {
+                snprintf(name, sizeof name, "%sffn_gate_b.%d", prefix, e), req(r, n, name, Fe, 0);
+                snprintf(name, sizeof name, "%sffn_up_b.%d", prefix, e), req(r, n, name, Fe, 0);
+                snprintf(name, sizeof name, "%sffn_down_b.%d", prefix, e), req(r, n, name, D, 0);
+            }
         }
     }
     if (hp->post_norms)
@@ -843,7 +862,7 @@ int iflow_model_tensors(const iflow_hparams *hp, iflow_tensor_req **reqs, size_t
 {
     const int encdec = hp->layout == IFLOW_LAYOUT_ENCODER_DECODER;
     /* every model-level and per-layer tensor there can be */
-    size_t cap = 16 + (size_t)(hp->n_layers + (encdec ? hp->n_enc_layers : 0)) * (40 + 3 * (size_t)hp->n_experts);
+    size_t cap = 16 + (size_t)(hp->n_layers + (encdec ? hp->n_enc_layers : 0)) * (40 + 6 * (size_t)hp->n_experts);
     iflow_tensor_req *r = calloc(cap, sizeof *r);
     if (!r)
         return iflow_seterr(IFLOW_ENOMEM, "out of memory");
@@ -933,8 +952,8 @@ static int bind(const iflow_shard *sh, const iflow_tensor_req *r, const iflow_sh
 /* The slot of expert tensor SUFFIX (ffn_gate.E, ffn_up.E, ffn_down.E) of layer w, or NULL. */
 static void *expert_slot(layer_weights *w, int n_experts, const char *suffix, int *is_weight)
 {
-    static const char *const mats[3] = {"ffn_gate.", "ffn_up.", "ffn_down."};
-    for (int i = 0; i < 3 && w->experts; i++) {
+    static const char *const mats[6] = {"ffn_gate.", "ffn_up.", "ffn_down.", "ffn_gate_b.", "ffn_up_b.", "ffn_down_b."};
+    for (int i = 0; i < 6 && w->experts; i++) {
         size_t len = strlen(mats[i]);
         char *end;
         if (strncmp(suffix, mats[i], len) != 0 || suffix[len] < '0' || suffix[len] > '9')
@@ -942,9 +961,10 @@ static void *expert_slot(layer_weights *w, int n_experts, const char *suffix, in
         long e = strtol(suffix + len, &end, 10);
         if (*end || e >= n_experts)
             return NULL;
-        *is_weight = 1;
+        *is_weight = i < 3;
         expert_weights *x = &w->experts[e];
-        return i == 0 ? &x->gate : i == 1 ? &x->up : &x->down;
+        void *const slots[6] = {&x->gate, &x->up, &x->down, &x->gate_b, &x->up_b, &x->down_b};
+        return slots[i];
     }
     return NULL;
 }
@@ -970,7 +990,7 @@ static void *layer_slot(layer_weights *layers, int n, int n_experts, const char 
         F("xv", xv, 1), F("xo", xo, 1), F("xbq", xbq, 0), F("xbk", xbk, 0), F("xbv", xbv, 0), F("xbo", xbo, 0),
         F("ffn_router", router, 0), F("ffn_shexp_gate", shexp_gate, 0), F("ffn_router_bias", router_bias, 0),
         F("wq_a", wq_a, 1), F("wkv_a", wkv_a, 1), F("q_a_norm", q_a_norm, 0), F("kv_a_norm", kv_a_norm, 0),
-        F("wk_b", wk_b, 1), F("wv_b", wv_b, 1),
+        F("wk_b", wk_b, 1), F("wv_b", wv_b, 1), F("ffn_router_b", router_b, 0), F("attn_sinks", sinks, 0),
 #undef F
     };
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)

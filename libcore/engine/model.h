@@ -51,7 +51,14 @@ enum {
 #define IFLOW_MAX_EXPERTS 256     /* hparams n_experts */
 
 /* GELU: the exact (erf) form; RELU2: relu(x)^2 (Arcee's), plain FFNs only */
-enum { IFLOW_ACT_SILU = 0, IFLOW_ACT_GELU_TANH = 1, IFLOW_ACT_GELU = 2, IFLOW_ACT_RELU = 3, IFLOW_ACT_RELU2 = 4 };
+enum {
+    IFLOW_ACT_SILU = 0,
+    IFLOW_ACT_GELU_TANH = 1,
+    IFLOW_ACT_GELU = 2,
+    IFLOW_ACT_RELU = 3,
+    IFLOW_ACT_RELU2 = 4,
+    IFLOW_ACT_SWIGLU_OAI = 5 /* gpt-oss: (min(u, L) .. clamped to +-L + 1) * g' sigmoid(alpha g'), g' = min(g, L) */
+};
 enum { IFLOW_NORM_RMS = 0, IFLOW_NORM_LAYER = 1 };   /* block norm */
 enum { IFLOW_FFN_GATED = 0, IFLOW_FFN_PLAIN = 1 };   /* block ffn: down(act(gate) * up), down(act(up)) */
 /* block position: rope; learned rows; a sinusoidal table (sin in the first half of a row, cos in
@@ -132,6 +139,13 @@ typedef struct {
                                  their router_group_top best choice scores (DeepSeek-V3: 2; V2: 1) */
     int router_group_top;
     float expert_scale;       /* the chosen experts' weights times it (routed_scaling_factor; 0: 1) */
+    int expert_bias;          /* each expert's gate, up and down have biases (ffn_gate_b.E,
+                                 ffn_up_b.E [expert_ffn_dim], ffn_down_b.E [dim]: gpt-oss) */
+    int router_logit_bias;    /* ffn_router_b [n_experts] is added to the router's logits (gpt-oss),
+                                 choice and weights alike (router_bias is the choice's alone) */
+    int attn_sinks;           /* attn_sinks [n_heads]: a logit each head's softmax counts, with no
+                                 value (gpt-oss's sinks; CPU only) */
+    float swiglu_alpha, swiglu_limit; /* activation swiglu_oai: 1.702 and 7 in gpt-oss */
     /* multi-head latent attention (MLA: DeepSeek-V2/V3, Kimi K2), kv_lora_rank R > 0: one latent
      * row a position, c = norm(wkv_a x)[R] beside a shared rotated key k_pe [rope_dim], is what
      * the cache keeps (n_kv_heads 1, head_dim R + rope_dim, stored [k_pe | c]; values are its

@@ -40,6 +40,7 @@ enum { LR_Q, LR_K, LR_V, LR_O, LR_GATE, LR_UP, LR_DOWN, LR_COUNT };
  * columns, no biases. */
 typedef struct {
     weight gate, up, down;                                   /* [Fe][dim] [Fe][dim] [dim][Fe] */
+    const float *gate_b, *up_b, *down_b;                     /* [Fe] [Fe] [dim] or NULL (expert_bias) */
 } expert_weights;
 
 typedef struct {
@@ -56,6 +57,8 @@ typedef struct {
     const float *router;                                     /* [E][dim] F32                 */
     const float *shexp_gate;                                 /* [dim] F32 or NULL            */
     const float *router_bias;                                /* [E] F32 or NULL (router_bias) */
+    const float *router_b;                                   /* [E] F32 or NULL (router_logit_bias) */
+    const float *sinks;                                      /* [heads] or NULL (attn_sinks; a part's heads) */
     expert_weights *experts;                                 /* [E] (the model's allocation) */
     /* an encoder-decoder's decoder layer: cross-attention over the encoder's output, between
      * the self-attention and the FFN (NULL / empty otherwise) */

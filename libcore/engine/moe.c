@@ -186,11 +186,11 @@ static int run_expert(const moe_site *at, iflow_moe_scratch *s, const expert_wei
     const int *pairs = s->order + s->start[e];
     for (int j = 0; j < n; j++)
         memcpy(s->h + (size_t)j * D, s->x + (size_t)(pairs[j] / K) * D, (size_t)D * sizeof(float));
-    layer_weights ew = {.gate = x->gate, .up = x->up};
+    layer_weights ew = {.gate = x->gate, .up = x->up, .gate_b = x->gate_b, .up_b = x->up_b};
     iflow_observe(at->c, at->layer, IFLOW_OBS_EXPERT_IN(e), 0, s->h, (size_t)D, n, D);
     IFLOW_TRY(iflow_ffn_hidden(hp, d, &ew, s->h, n, Fe, s->gate, s->up));
     iflow_observe(at->c, at->layer, IFLOW_OBS_EXPERT_MID(e), 0, s->gate, (size_t)Fe, n, Fe);
-    IFLOW_TRY(iflow_linear_rows(d, s->h, D, x->down, NULL, s->gate, Fe, n, D, Fe));
+    IFLOW_TRY(iflow_linear_rows(d, s->h, D, x->down, x->down_b, s->gate, Fe, n, D, Fe));
     for (int j = 0; j < n; j++) {
         const float g = s->wt[pairs[j]], *y = s->h + (size_t)j * D;
         float *o = out + (size_t)(pairs[j] / K) * D;
@@ -211,6 +211,9 @@ int iflow_moe_ffn(const iflow_hparams *hp, const iflow_ctx *c, int layer, iflow_
     const int D = hp->dim, E = hp->n_experts, K = hp->n_experts_used;
     memcpy(s->x, in, (size_t)T * D * sizeof(float));
     IFLOW_TRY(d->ops->matmul(d, s->logits, (size_t)E, w->router, IFLOW_DT_F32, s->x, (size_t)D, T, E, D));
+    for (int t = 0; t < T && w->router_b; t++) /* gpt-oss's router bias: on the logits, choice and weights */
+        for (int e = 0; e < E; e++)
+            s->logits[(size_t)t * E + e] += w->router_b[e];
     for (int t = 0; t < T; t++)
         route_row(hp, s->logits + (size_t)t * E, w->router_bias, s->sel + (size_t)t * K, s->wt + (size_t)t * K);
     group_pairs(hp, s, T);

@@ -464,6 +464,9 @@ static int check_host_only(const iflow_model *m, int l, const layer_part *p)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "layer %d is latent attention (kv_lora_rank %d), which is not "
                             "implemented on %s yet (it runs on the cpu)", l, m->hp.kv_lora_rank,
                             dev_name(dev_of(m, p->dev)));
+    if (m->hp.attn_sinks && !host_dev(dev_of(m, p->dev)))
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "layer %d has attention sinks, which are not implemented on %s yet (it "
+                            "runs on the cpu)", l, dev_name(dev_of(m, p->dev)));
     if (m->hp.rope_rot_scale != 1.0f && !host_dev(dev_of(m, p->dev)))
         return iflow_seterr(IFLOW_EUNSUPPORTED, "layer %d scales its rotated dimensions by %g (a rope scaling's "
                             "attention factor on a partial rotation), which is not implemented on %s yet (it runs on "
@@ -488,6 +491,7 @@ static int copy_experts(iflow_model *m, int l, layer_part *p, const layer_weight
                             "(it runs on the cpu)", l, dev_name(dev_of(m, p->dev)));
     p->w.router = w->router;
     p->w.router_bias = w->router_bias;
+    p->w.router_b = w->router_b;
     p->w.shexp_gate = w->shexp_gate;
     /* each expert's matrices in the device's own layout where it has one (its pack op: the
      * CPU's int8 and AMX tiles), as the dense matrices are; else the mapping's */
@@ -500,6 +504,7 @@ static int copy_experts(iflow_model *m, int l, layer_part *p, const layer_weight
     for (int e = 0; e < E; e++) {
         const expert_weights *x = &w->experts[e];
         expert_weights *o = &p->own_experts[e];
+        o->gate_b = x->gate_b, o->up_b = x->up_b, o->down_b = x->down_b; /* host memory: the mapping's */
         weight *dst[3] = {&o->gate, &o->up, &o->down};
         const weight src[3] = {x->gate, x->up, x->down};
         for (int i = 0; i < 3; i++) {
@@ -575,6 +580,7 @@ static int copy_part(iflow_model *m, int l, layer_part *p, int first)
         (rc = put_vector(m, p, &nd, w->attn_post_norm, 0, D, &o->attn_post_norm)) ||
         (rc = put_vector(m, p, &nd, w->ffn_post_norm, 0, D, &o->ffn_post_norm)) ||
         (rc = put_vector(m, p, &nd, w->q_norm, 0, hp->qk_norm_full ? Q : hd, &o->q_norm)) ||
+        (rc = put_vector(m, p, &nd, w->sinks, p->q0 - b.q0, p->q1 - b.q0, &o->sinks)) ||
         (rc = put_vector(m, p, &nd, w->k_norm, 0, hp->qk_norm_full ? (int64_t)hp->n_kv_heads * hd : hd, &o->k_norm)) ||
         (rc = put_weight(m, p, &nd, &nh, w->wq, 0, wq0, wq1, wq_cols, 0, &o->wq)) ||
         (rc = put_weight(m, p, &nd, &nh, w->wk, 0, k0, k1, D, 0, &o->wk)) ||

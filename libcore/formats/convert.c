@@ -36,6 +36,10 @@ typedef struct {
     long *row0;                     /* [n_reqs] its first row (in the transposed matrix)      */
     long *period;                   /* [n_reqs] > 0: src[i] is rows row0 .. of every `period`
                                        rows of whole[i] (NAME[A:B/P]); gathered by the payload */
+    struct chain {                  /* [n_reqs] NAME[^T][A:B][C:D(/P)] or a 3-D NAME^T[A:B]:  */
+        int on, xpose;              /*   rows of whole[i]'s view (3-D [E][R][C] transposed:  */
+        long a0, a1, c0, c1, P;     /*   each [R][C] as [C][R]): rows a0 .. a1 - 1, of them   */
+    } *chain;                       /*   rows c0 .. c1 - 1 (of every P: periodic; P 0: once)  */
     iflow_tokrec tok;               /* the tokenizer's files, or a GGUF's vocabulary (vocab)  */
     void *vocab;                    /* malloc'd: a GGUF source's vocabulary, or NULL          */
     char *chat;                     /* malloc'd: the chat template (a Jinja text), or NULL    */
@@ -141,8 +145,10 @@ static int check_source(job *j, size_t i, const iflow_src_tensor *t, const char 
     if (t->dtype < 0)
         return iflow_seterr(IFLOW_EUNSUPPORTED, "tensor '%s' in '%s' has type %s, which iflow cannot convert", src_name,
                             dir, t->dtype_name);
-    /* a table of one row [1][N] may be stored as a vector [N] (llama.cpp's ffn_gate_inp_shexp) */
-    const int one_row = r->n_dims == 2 && r->shape[0] == 1 && t->n_dims == 1 && t->shape[0] == r->shape[1];
+    /* a table of one row [1][N] may be stored as a vector [N] (llama.cpp's ffn_gate_inp_shexp), and a
+     * vector [N] come as a row [1][N] (a row of llama.cpp's expert biases [E][N]) */
+    const int one_row = (r->n_dims == 2 && r->shape[0] == 1 && t->n_dims == 1 && t->shape[0] == r->shape[1]) ||
+                        (r->n_dims == 1 && t->n_dims == 2 && t->shape[0] == 1 && t->shape[1] == r->shape[0]);
     if (!one_row &&
         (t->n_dims != r->n_dims || t->shape[0] != r->shape[0] || (r->n_dims == 2 && t->shape[1] != r->shape[1])))
         return iflow_seterr(IFLOW_ESHAPE, "tensor '%s' in '%s' has shape [%lld, %lld], the model needs [%lld, %lld]",
@@ -240,6 +246,69 @@ static int parse_rows(const job *j, const char *iflow_name, const char *name, ch
     return 0;
 }
 
+/* A chained row selection (gpt-oss's experts, stored [E][in][out] with gate and up interleaved):
+ * "NAME[A:B][C:D]" or "NAME[A:B][C:D/P]" (rows C .. D-1, of every P, of rows A .. B-1), and
+ * "NAME^T[A:B]..." on a 3-D tensor [E][R][C], whose view is each matrix transposed ([E][C][R]:
+ * E * C rows of R), or a 2-D one. A vector's rows are its elements. 0 when NAME is none of these
+ * (parse_rows reads it), 1 with *c filled and base the source name, < 0 on a bad range. */
+static int parse_chain(const job *j, const char *iflow_name, const char *name, char *base, size_t cap,
+                       struct chain *c, const iflow_src_tensor *(*find)(const job *, const char *))
+{
+    const size_t n = strlen(name);
+    const char *first = strchr(name, '['), *mid = strstr(name, "][");
+    if (!first || name[n - 1] != ']')
+        return 0;
+    const int xpose = first - name >= 2 && first[-2] == '^' && first[-1] == 'T';
+    snprintf(base, cap, "%.*s", (int)(first - name - (xpose ? 2 : 0)), name);
+    const iflow_src_tensor *t = find(j, base);
+    if (!mid && !(xpose && t && t->n_dims == 3))
+        return 0;
+    memset(c, 0, sizeof *c);
+    c->on = 1, c->xpose = xpose;
+    const char *colon = strchr(first, ':');
+    const char *end1 = mid ? mid : name + n - 1;
+    int bad = !colon || colon > end1;
+    if (!bad) {
+        c->a0 = row_expr(first + 1, (size_t)(colon - first - 1), &j->hp);
+        c->a1 = row_expr(colon + 1, (size_t)(end1 - colon - 1), &j->hp);
+    }
+    if (!bad && mid) {
+        const char *open2 = mid + 1, *colon2 = strchr(open2, ':'), *slash = colon2 ? strchr(colon2, '/') : NULL;
+        const char *close2 = name + n - 1, *e2 = slash ? slash : close2;
+        bad = !colon2 || strchr(open2 + 1, '[');
+        if (!bad) {
+            c->c0 = row_expr(open2 + 1, (size_t)(colon2 - open2 - 1), &j->hp);
+            c->c1 = row_expr(colon2 + 1, (size_t)(e2 - colon2 - 1), &j->hp);
+            c->P = slash ? row_expr(slash + 1, (size_t)(close2 - slash - 1), &j->hp) : 0;
+        }
+    } else if (!bad) {
+        c->c0 = 0, c->c1 = c->a1 - c->a0;
+    }
+    const long span = c->a1 - c->a0;
+    if (bad || c->a0 < 0 || c->a1 <= c->a0 || c->c0 < 0 || c->c1 <= c->c0 || c->P < 0 ||
+        (c->P && (c->c1 > c->P || span % c->P)) || (!c->P && c->c1 > span))
+        return iflow_seterr(IFLOW_ESPEC,
+                            "bad row range in '%s' for '%s' (spec '%s'): want NAME[A:B][C:D] or NAME[A:B][C:D/P] (D <= "
+                            "B - A, or D <= P dividing B - A), or NAME^T[A:B] of a 3-D tensor",
+                            name, iflow_name, j->spec->path);
+    if (j->gguf)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "chained or transposed row ranges ('%s') are not supported for GGUF "
+                            "sources", name);
+    return 1;
+}
+
+/* Rows of a chained selection, and view row k's of them. */
+static long chain_rows(const struct chain *c)
+{
+    return c->P ? (c->a1 - c->a0) / c->P * (c->c1 - c->c0) : c->c1 - c->c0;
+}
+
+static long chain_row(const struct chain *c, long k)
+{
+    const long per = c->c1 - c->c0;
+    return c->P ? c->a0 + k / per * c->P + c->c0 + k % per : c->a0 + c->c0 + k;
+}
+
 /* A spec's source name may list alternatives, "A | B": the first the source holds (T5's plain
  * FFN stores wi, its gated one wi_0 and wi_1), else the first, for the message. */
 static void pick_alternative(const job *j, char *spec_name, size_t cap)
@@ -278,6 +347,36 @@ static int extra_layer(const job *j, const char *name)
     return at && end != at && *end == '.' && l >= j->hp.n_layers && l < j->hp.n_layers + extra;
 }
 
+/* rows[i]: the chained selection of t (see parse_chain). The view: a 3-D tensor [E][R][C]'s
+ * E * R rows of C (transposed: E * C rows of R), a matrix's rows (transposed: its columns), and
+ * for a vector the model needs, the tensor's elements. */
+static int chain_source(job *j, size_t i, const iflow_src_tensor *t, const char *name)
+{
+    const struct chain *c = &j->chain[i];
+    const int es = t->dtype == IFLOW_DT_F32 ? 4 : t->dtype == IFLOW_DT_F16 || t->dtype == IFLOW_DT_BF16 ? 2 : 0;
+    const int vec = j->reqs[i].n_dims == 1;
+    int64_t view_rows = 0, cols = 1, n = 1;
+    for (int d = 0; d < t->n_dims; d++)
+        n *= t->shape[d];
+    if (es && vec && !c->xpose)
+        view_rows = n;
+    else if (es && !vec && t->n_dims == 3)
+        view_rows = t->shape[0] * t->shape[c->xpose ? 2 : 1], cols = t->shape[c->xpose ? 1 : 2];
+    else if (es && !vec && t->n_dims == 2)
+        view_rows = t->shape[c->xpose ? 1 : 0], cols = t->shape[c->xpose ? 0 : 1];
+    if (!view_rows || c->a1 > view_rows)
+        return iflow_seterr(IFLOW_ESHAPE, "tensor '%s' in '%s' (%d dimensions, %s) has no rows %ld..%ld to select for "
+                            "'%s' (an F32, F16 or BF16 tensor of that many is needed)",
+                            name, src_path(j), t->n_dims, t->dtype_name, c->a0, c->a1 - 1, j->reqs[i].name);
+    iflow_src_tensor s = *t;
+    s.n_dims = vec ? 1 : 2;
+    s.shape[0] = chain_rows(c), s.shape[1] = vec ? 0 : cols, s.shape[2] = 0;
+    s.nbytes = (size_t)s.shape[0] * (size_t)cols * (size_t)es;
+    s.data = NULL;
+    j->rows[i] = s;
+    return 0;
+}
+
 static int map_sources(job *j)
 {
     size_t n_src = src_n_tensors(j);
@@ -288,7 +387,8 @@ static int map_sources(job *j)
     j->xpose = calloc(j->n_reqs, 1);
     j->row0 = calloc(j->n_reqs, sizeof *j->row0);
     j->period = calloc(j->n_reqs, sizeof *j->period);
-    int rc = used && j->src && j->whole && j->rows && j->xpose && j->row0 && j->period
+    j->chain = calloc(j->n_reqs, sizeof *j->chain);
+    int rc = used && j->src && j->whole && j->rows && j->xpose && j->row0 && j->period && j->chain
                  ? 0
                  : iflow_seterr(IFLOW_ENOMEM, "out of memory");
     for (size_t i = 0; i < j->n_reqs && rc == 0; i++) {
@@ -298,6 +398,21 @@ static int map_sources(job *j)
         if ((rc = iflow_spec_source_name(j->spec, j->reqs[i].name, spec_name, sizeof spec_name)) < 0)
             break;
         pick_alternative(j, spec_name, sizeof spec_name);
+        if ((rc = parse_chain(j, j->reqs[i].name, spec_name, name, sizeof name, &j->chain[i], src_find)) < 0)
+            break;
+        if (rc == 1) { /* rows of a view of the tensor, gathered by the payload */
+            rc = 0;
+            const iflow_src_tensor *t = j->whole[i] = src_find(j, name);
+            if (t && (rc = chain_source(j, i, t, name)) < 0)
+                break;
+            j->src[i] = t ? &j->rows[i] : NULL;
+            if ((rc = check_source(j, i, j->src[i], spec_name)) < 0)
+                break;
+            for (size_t s = 0; s < n_src; s++)
+                if (src_tensor(j, s) == j->whole[i])
+                    used[s] = 1;
+            continue;
+        }
         if ((rc = parse_rows(j, j->reqs[i].name, spec_name, name, sizeof name, &r0, &r1, &period, &xpose)) < 0)
             break;
         const iflow_src_tensor *t = j->whole[i] = j->src[i] = src_find(j, name);
@@ -575,7 +690,7 @@ static int tensor_payload(job *j, size_t i, int dt, const void **data, size_t *n
     const iflow_src_tensor *t = j->src[i];
     *nbytes = iflow_tensor_nbytes(dt, r->n_dims, r->shape);
     size_t need = *nbytes + (t ? 0 : n * sizeof(float));
-    if (t && t->dtype == dt && !j->gguf && !j->xpose[i] && !j->period[i]) {
+    if (t && t->dtype == dt && !j->gguf && !j->xpose[i] && !j->period[i] && !j->chain[i].on) {
         *data = t->data;
         return 0;
     }
@@ -584,6 +699,32 @@ static int tensor_payload(job *j, size_t i, int dt, const void **data, size_t *n
     *data = *buf;
     if (t && j->gguf)
         return iflow_ggufsrc_payload(j->gguf, t, dt, data, *buf);
+    if (t && j->chain[i].on) { /* rows of a view of whole (parse_chain), gathered, then converted */
+        const iflow_src_tensor *w = j->whole[i];
+        const struct chain *c = &j->chain[i];
+        const size_t es = w->dtype == IFLOW_DT_F32 ? 4 : 2, rows = (size_t)t->shape[0];
+        const size_t cols = t->n_dims > 1 ? (size_t)t->shape[1] : 1;
+        const size_t R = w->n_dims == 3 ? (size_t)w->shape[1] : (size_t)w->shape[0], C = (size_t)w->shape[w->n_dims - 1];
+        unsigned char *g = malloc(rows * cols * es + 1);
+        if (!g)
+            return iflow_seterr(IFLOW_ENOMEM, "out of memory gathering rows of '%s'", w->name);
+        const unsigned char *src = w->data;
+        for (size_t k = 0; k < rows; k++) {
+            const size_t v = (size_t)chain_row(c, (long)k);
+            unsigned char *out = g + k * cols * es;
+            if (!c->xpose) { /* view row v: cols elements from element v * cols */
+                memcpy(out, src + v * cols * es, cols * es);
+                continue;
+            }
+            /* transposed: view row v = (matrix e, column b): element [e][r][b] for r < R */
+            const size_t e = w->n_dims == 3 ? v / C : 0, b = w->n_dims == 3 ? v % C : v;
+            for (size_t r = 0; r < cols; r++)
+                memcpy(out + r * es, src + ((e * R + r) * C + b) * es, es);
+        }
+        int rc = iflow_dtype_convert(*buf, dt, g, t->dtype, n);
+        free(g);
+        return rc;
+    }
     if (t && j->xpose[i] && j->period[i]) { /* each period's rows row0.. of whole, transposed */
         const iflow_src_tensor *w = j->whole[i];
         const size_t es = w->dtype == IFLOW_DT_F32 ? 4 : 2, C = (size_t)w->shape[1], P = (size_t)j->period[i];
@@ -747,7 +888,7 @@ static int map_loras(job *j)
                 if (j->reqs[i].is_vector || j->reqs[i].n_dims != 2 || w->n_dims != 2)
                     return iflow_seterr(IFLOW_ESHAPE, "LoRA adapter '%s' changes '%s', which is not a matrix", path,
                                         d->target);
-                if (j->xpose[i] || j->period[i])
+                if (j->xpose[i] || j->period[i] || j->chain[i].on)
                     return iflow_seterr(IFLOW_EUNSUPPORTED, "LoRA adapter '%s' changes '%s', which spec '%s' reads "
                                         "transposed or strided: merging into it is not supported", path, d->target,
                                         j->spec->path);
@@ -914,6 +1055,7 @@ static void job_close(job *j)
     free(j->xpose);
     free(j->row0);
     free(j->period);
+    free(j->chain);
     free(j->vocab);
     free(j->chat);
     free(j->reqs);

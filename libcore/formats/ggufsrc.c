@@ -14,6 +14,7 @@
 enum {
     GGML_F32 = 0, GGML_F16 = 1, GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q5_0 = 6, GGML_Q5_1 = 7, GGML_Q8_0 = 8,
     GGML_Q2_K = 10, GGML_Q3_K = 11, GGML_Q4_K = 12, GGML_Q5_K = 13, GGML_Q6_K = 14, GGML_BF16 = 30,
+    GGML_MXFP4 = 39,
 };
 
 struct iflow_ggufsrc {
@@ -175,6 +176,18 @@ static void deq_q6_k(float *y, const uint8_t *x) /* u8 ql[128]; u8 qh[64]; i8 sc
         }
 }
 
+/* MXFP4 (gpt-oss's experts): u8 e (E8M0); u8 qs[16]: element j the low nibble of qs[j], j + 16
+ * the high one, each an E2M1 value (ggml's kvalues_mxfp4, twice the value) times 2^(e - 128). */
+static void deq_mxfp4(float *y, const uint8_t *x)
+{
+    static const int8_t kv[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+    const float d = ldexpf(1.0f, (int)x[0] - 128);
+    for (int j = 0; j < 16; j++) {
+        y[j] = (float)kv[x[1 + j] & 15] * d;
+        y[j + 16] = (float)kv[x[1 + j] >> 4] * d;
+    }
+}
+
 /* Decode n values (a multiple of the type's block) of ggml type `type` at x into y. 0, or -1 for
  * a type this file cannot decode. */
 static int dequantize(float *y, const uint8_t *x, uint32_t type, uint64_t n)
@@ -196,6 +209,7 @@ static int dequantize(float *y, const uint8_t *x, uint32_t type, uint64_t n)
         case GGML_Q4_K: deq_q45_k(y, x, 0); break;
         case GGML_Q5_K: deq_q45_k(y, x, 1); break;
         case GGML_Q6_K: deq_q6_k(y, x); break;
+        case GGML_MXFP4: deq_mxfp4(y, x); break;
         default: return -1;
         }
     return 0;
@@ -205,7 +219,8 @@ static int can_dequantize(uint32_t type)
 {
     float y[256];
     static const uint8_t zero[512];
-    return type <= GGML_BF16 && iflow_ggml_nbytes(type, 256) && iflow_ggml_nbytes(type, 256) <= sizeof zero &&
+    return (type <= GGML_BF16 || type == GGML_MXFP4) && iflow_ggml_nbytes(type, 256) &&
+           iflow_ggml_nbytes(type, 256) <= sizeof zero &&
            dequantize(y, zero, type, 256) == 0;
 }
 

@@ -887,6 +887,22 @@ static void check_mla_quantized(void)
     json_decref(r);
 }
 
+/* gpt-oss: sinks, a window on every other layer, yarn without truncation, biased experts with
+ * the clamped SwiGLU (limit 0.3), the router's bias on its logits */
+static int gpt_oss_hp(const iflow_hparams *hp)
+{
+    return hp->attn_sinks && hp->sliding_window == 5 && hp->window_pattern == 2 && hp->activation == IFLOW_ACT_SWIGLU_OAI &&
+           hp->swiglu_limit == 0.3f && fabsf(hp->swiglu_alpha - 1.702f) < 1e-6f && hp->expert_bias &&
+           hp->router_logit_bias && hp->expert_norm && hp->n_experts == 4 && hp->rope_scaling == IFLOW_ROPE_SCALING_YARN &&
+           !hp->rope_truncate && hp->attn_bias;
+}
+
+static void test_gpt_oss(void)
+{
+    check_family("gpt_oss", gpt_oss_hp);
+    check_moe_step("gpt_oss");
+}
+
 static void test_deepseek(void)
 {
     check_family("deepseek_v2-q", NULL);
@@ -975,6 +991,9 @@ static void test_bad_rows(void)
         {"[0:H**H]", IFLOW_ESPEC, "bad row range"},
         {"[0:D*D*D*D*D*D*D*D]", IFLOW_ESPEC, "bad row range"},   /* 32^8 = 2^40: too large */
         {"[0:NH*H*2+Q]", IFLOW_ESHAPE, "no rows 0..95"},         /* products of symbols: 4 * 8 * 2 + 32 */
+        {"[0:Q][0:H/3]", IFLOW_ESPEC, "want NAME[A:B][C:D]"},    /* a period that does not divide 32 */
+        {"[0:Q][0:Q+1]", IFLOW_ESPEC, "want NAME[A:B][C:D]"},    /* more rows than the first range's */
+        {"[0:2*Q+2][0:1/2]", IFLOW_ESHAPE, "no rows 0..65"},     /* past qkv_proj's 64 rows */
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         char text[1024];
@@ -1076,6 +1095,7 @@ int main(void)
     RUN(test_nemotron);
     RUN(test_glm4_moe);
     RUN(test_deepseek);
+    RUN(test_gpt_oss);
     RUN(test_bert);
     RUN(test_bert_cls);
     RUN(test_bad_rows);

@@ -516,6 +516,18 @@ static void test_glm4_moe(void)
     check_gguf("glm4_moe-mtp", "glm4_moe-mtp", "glm4_moe", glm4_moe_hp);
 }
 
+/* gpt-oss: sinks as attn_sinks.weight, llama.cpp's fixed window pattern, clamp and rounded yarn
+ * ends (the reference: transformers with swiglu_limit 7 and truncate true), experts' biases as
+ * rows of ffn_*_exps.bias, the router's as ffn_gate_inp.bias */
+static int gpt_oss_hp(const iflow_hparams *hp)
+{
+    return hp->attn_sinks && hp->sliding_window == 5 && hp->window_pattern == 2 && hp->swiglu_limit == 7.0f &&
+           hp->rope_truncate && hp->expert_bias && hp->router_logit_bias && hp->head_dim == 8 &&
+           hp->rope_layout == IFK_ROPE_HALF;
+}
+
+static void test_gpt_oss(void) { check_gguf("gpt_oss", "gpt_oss", "gpt_oss", gpt_oss_hp); }
+
 static void test_deepseek(void)
 {
     check_gguf("deepseek_v2-lite", "deepseek_v2-lite", "deepseek2", deepseek_v2_lite_hp);
@@ -708,6 +720,7 @@ int main(void)
         return perror("mkdtemp"), 1;
     RUN(test_qwen2);
     RUN(test_deepseek);
+    RUN(test_gpt_oss);
     RUN(test_glm4_moe);
     RUN(test_qwen3);
     RUN(test_mixtral);
