@@ -99,7 +99,7 @@ static const iflow_spec *spec_for(const char *arch)
         "bert",      "qwen3",      "qwen3moe", "qwen2moe", "olmoe",   "granite",  "granitemoe",    "olmo2",
         "stablelm",  "phi2",       "starcoder2", "smollm3", "command-r", "cohere2", "glm4",         "exaone4",
         "ernie4_5",  "seed_oss",   "olmo",    "arcee",   "nemotron",  "hunyuan-dense", "deepseek2",
-        "glm4moe"};
+        "glm4moe",   "gpt-oss"};
     _Static_assert(sizeof archs / sizeof *archs <= sizeof specs_for_gguf / sizeof *specs_for_gguf, "specs_for_gguf");
     static const char *const dirs[] = {"specs"};
     static int loaded;

@@ -164,6 +164,15 @@ def family_seeds():
             ("deepseek2.expert_shared_count", U32, 1), ("deepseek2.leading_dense_block_count", U32, 1),
             ("deepseek2.expert_group_count", U32, 2), ("deepseek2.expert_group_used_count", U32, 1),
             ("deepseek2.expert_gating_func", U32, 2), ("deepseek2.expert_weights_scale", F32, 2.5)]),
+        # gpt-oss: the window, experts' biases as rows of a 2-D tensor, an MXFP4 expert tensor
+        "gpt_oss_experts.gguf": model("gpt-oss", [("gpt-oss.attention.sliding_window", U32, 4),
+                                                  ("gpt-oss.attention.key_length", U32, 4),
+                                                  ("gpt-oss.expert_count", U32, 2), ("gpt-oss.expert_used_count", U32, 1),
+                                                  ("gpt-oss.expert_feed_forward_length", U32, 4)],
+                                      [("blk.0.ffn_gate_exps.weight", [32, 4, 2], 39, 0),
+                                       ("blk.0.ffn_gate_exps.bias", [4, 2], 0, 160)],
+                                      bytes((i * 29 + 7) & 0xFF for i in range(17 * 8)) + b"\0" * 24 +
+                                      struct.pack("<8f", *range(8))),
         # Phi-3.5's longrope: the factors as tensors, the attention factor as a key
         "phi3_longrope.gguf": model("phi3", [("phi3.rope.dimension_count", U32, 4),
                                              ("phi3.rope.scaling.attn_factor", F32, 1.19),
