@@ -39,7 +39,10 @@ typedef struct {
     struct chain {                  /* [n_reqs] NAME[^T][A:B][C:D(/P)] or a 3-D NAME^T[A:B]:  */
         int on, xpose;              /*   rows of whole[i]'s view (3-D [E][R][C] transposed:  */
         long a0, a1, c0, c1, P;     /*   each [R][C] as [C][R]): rows a0 .. a1 - 1, of them   */
-    } *chain;                       /*   rows c0 .. c1 - 1 (of every P: periodic; P 0: once)  */
+                                    /*   rows c0 .. c1 - 1 (of every P: periodic; P 0: once)  */
+        const iflow_src_tensor *blocks, *scales; /* NAME(mxfp4): Hugging Face's MXFP4 pair,  */
+        iflow_src_tensor mx;        /*   read as mx, F32 [..][G * 32] without data (whole[i]) */
+    } *chain;
     iflow_tokrec tok;               /* the tokenizer's files, or a GGUF's vocabulary (vocab)  */
     void *vocab;                    /* malloc'd: a GGUF source's vocabulary, or NULL          */
     char *chat;                     /* malloc'd: the chat template (a Jinja text), or NULL    */
@@ -246,6 +249,58 @@ static int parse_rows(const job *j, const char *iflow_name, const char *name, ch
     return 0;
 }
 
+/* "STEM(mxfp4)": Hugging Face's MXFP4 pair (gpt-oss's released experts) STEM_blocks [..][G][16]
+ * and STEM_scales [..][G], U8, into c->mx: a tensor [..][G * 32] of F32 values without data (the
+ * payload decodes the rows it takes). 0 when name is no such form, 1, or < 0 when the pair is
+ * missing or misshapen. */
+static int mxfp4_pair(const job *j, const char *name, struct chain *c,
+                      const iflow_src_tensor *(*find)(const job *, const char *))
+{
+    const size_t n = strlen(name), sfx = strlen("(mxfp4)");
+    char stem[512];
+    if (n <= sfx || strcmp(name + n - sfx, "(mxfp4)") != 0 || n - sfx + 8 > sizeof stem)
+        return 0;
+    snprintf(stem, sizeof stem, "%.*s_blocks", (int)(n - sfx), name);
+    const iflow_src_tensor *b = find(j, stem);
+    snprintf(stem, sizeof stem, "%.*s_scales", (int)(n - sfx), name);
+    const iflow_src_tensor *s = find(j, stem);
+    int ok = b && s && b->n_dims >= 2 && b->n_dims <= IFLOW_SRC_MAX_DIMS && s->n_dims == b->n_dims - 1 &&
+             b->shape[b->n_dims - 1] == 16 && !strcmp(b->dtype_name, "U8") && !strcmp(s->dtype_name, "U8");
+    for (int d = 0; ok && d < s->n_dims; d++)
+        ok = s->shape[d] == b->shape[d];
+    if (!ok)
+        return iflow_seterr(IFLOW_EFORMAT, "'%s': no MXFP4 pair %.*s_blocks [..][G][16] and _scales [..][G], U8, in '%s'",
+                            name, (int)(n - sfx), name, src_path(j));
+    c->blocks = b, c->scales = s;
+    c->mx = *b;
+    c->mx.dtype = IFLOW_DT_F32, c->mx.dtype_name = "MXFP4", c->mx.data = NULL;
+    c->mx.n_dims = b->n_dims - 1;
+    c->mx.shape[c->mx.n_dims - 1] = b->shape[b->n_dims - 2] * 32;
+    c->mx.shape[b->n_dims - 1] = 1;
+    size_t count = 1;
+    for (int d = 0; d < c->mx.n_dims; d++)
+        count *= (size_t)c->mx.shape[d];
+    c->mx.nbytes = count * sizeof(float);
+    return 1;
+}
+
+/* Row v of an MXFP4 pair's values (cols of them) into out: byte k of a block holds values 2k
+ * (low nibble) and 2k + 1 (high), E2M1 times 2^(scale - 127), as transformers decodes them. */
+static void mxfp4_row(float *out, const struct chain *c, size_t v, size_t cols)
+{
+    static const float lut[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+    const uint8_t *blk = c->blocks->data, *sc = c->scales->data;
+    const size_t G = cols / 32;
+    for (size_t g = 0; g < G; g++) {
+        const uint8_t *b = blk + ((v * G + g) * 16);
+        const float d = ldexpf(1.0f, (int)sc[v * G + g] - 127);
+        for (int k = 0; k < 16; k++) {
+            out[g * 32 + 2 * k] = lut[b[k] & 15] * d;
+            out[g * 32 + 2 * k + 1] = lut[b[k] >> 4] * d;
+        }
+    }
+}
+
 /* A chained row selection (gpt-oss's experts, stored [E][in][out] with gate and up interleaved):
  * "NAME[A:B][C:D]" or "NAME[A:B][C:D/P]" (rows C .. D-1, of every P, of rows A .. B-1), and
  * "NAME^T[A:B]..." on a 3-D tensor [E][R][C], whose view is each matrix transposed ([E][C][R]:
@@ -260,10 +315,15 @@ static int parse_chain(const job *j, const char *iflow_name, const char *name, c
         return 0;
     const int xpose = first - name >= 2 && first[-2] == '^' && first[-1] == 'T';
     snprintf(base, cap, "%.*s", (int)(first - name - (xpose ? 2 : 0)), name);
-    const iflow_src_tensor *t = find(j, base);
-    if (!mid && !(xpose && t && t->n_dims == 3))
-        return 0;
     memset(c, 0, sizeof *c);
+    const int mx = mxfp4_pair(j, base, c, find);
+    if (mx < 0)
+        return mx;
+    const iflow_src_tensor *t = mx ? &c->mx : find(j, base);
+    if (!mid && !mx && !(xpose && t && t->n_dims == 3))
+        return 0;
+    if (mx && xpose)
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "'%s': an MXFP4 pair is not read transposed (it is [E][out][in])", name);
     c->on = 1, c->xpose = xpose;
     const char *colon = strchr(first, ':');
     const char *end1 = mid ? mid : name + n - 1;
@@ -324,6 +384,9 @@ static void pick_alternative(const job *j, char *spec_name, size_t cap)
         alt[strcspn(alt, " ")] = 0;
         snprintf(base, sizeof base, "%.*s", (int)strcspn(alt, "[^"), alt);
         first = first ? first : alt;
+        const size_t nb = strlen(base), sfx = strlen("(mxfp4)");
+        if (nb > sfx && strcmp(base + nb - sfx, "(mxfp4)") == 0) /* an MXFP4 pair: its blocks */
+            snprintf(base + nb - sfx, sizeof base - (nb - sfx), "_blocks");
         pick = src_find(j, base) ? alt : NULL;
     }
     snprintf(spec_name, cap, "%s", pick ? pick : first ? first : "");
@@ -402,14 +465,15 @@ static int map_sources(job *j)
             break;
         if (rc == 1) { /* rows of a view of the tensor, gathered by the payload */
             rc = 0;
-            const iflow_src_tensor *t = j->whole[i] = src_find(j, name);
+            const iflow_src_tensor *t = j->whole[i] = j->chain[i].blocks ? &j->chain[i].mx : src_find(j, name);
             if (t && (rc = chain_source(j, i, t, name)) < 0)
                 break;
             j->src[i] = t ? &j->rows[i] : NULL;
             if ((rc = check_source(j, i, j->src[i], spec_name)) < 0)
                 break;
             for (size_t s = 0; s < n_src; s++)
-                if (src_tensor(j, s) == j->whole[i])
+                if (src_tensor(j, s) == j->whole[i] || src_tensor(j, s) == j->chain[i].blocks ||
+                    src_tensor(j, s) == j->chain[i].scales)
                     used[s] = 1;
             continue;
         }
@@ -712,6 +776,10 @@ static int tensor_payload(job *j, size_t i, int dt, const void **data, size_t *n
         for (size_t k = 0; k < rows; k++) {
             const size_t v = (size_t)chain_row(c, (long)k);
             unsigned char *out = g + k * cols * es;
+            if (c->blocks) { /* an MXFP4 pair's row, decoded (F32) */
+                mxfp4_row((float *)(void *)out, c, v, cols);
+                continue;
+            }
             if (!c->xpose) { /* view row v: cols elements from element v * cols */
                 memcpy(out, src + v * cols * es, cols * es);
                 continue;

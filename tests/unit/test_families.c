@@ -897,9 +897,14 @@ static int gpt_oss_hp(const iflow_hparams *hp)
            !hp->rope_truncate && hp->attn_bias;
 }
 
+/* the release's form: the experts as MXFP4 pairs (blocks, scales), decoded by the converter; the
+ * reference decodes them with transformers' convert_moe_packed_tensors */
+static int gpt_oss_mxfp4_hp(const iflow_hparams *hp) { return hp->attn_sinks && hp->expert_ffn_dim == 32; }
+
 static void test_gpt_oss(void)
 {
     check_family("gpt_oss", gpt_oss_hp);
+    check_family("gpt_oss-mxfp4", gpt_oss_mxfp4_hp);
     check_moe_step("gpt_oss");
 }
 
