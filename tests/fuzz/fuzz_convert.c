@@ -3,7 +3,7 @@
  * (sums of products of symbols, periodic ranges, ^T, chained ranges over 3-D tensors) and
  * alternatives, checked against the source's shapes, and the payloads they gather. The first
  * byte picks the fixture (tests/fixtures/families/: gpt_oss's 3-D experts, deepseek_v2's
- * kv_b_proj, phi3's fused qkv_proj); the rest is the spec, written beside links to the .ini files of specs/
+ * kv_b_proj, phi3's fused qkv_proj, gpt_oss-mxfp4's MXFP4 pairs); the rest is the spec, written beside links to the .ini files of specs/
  * (a spec's base is looked up in its own folder). Run from the repository root. */
 #include <dirent.h>
 #include <limits.h>
@@ -61,7 +61,7 @@ static int make_dir(void)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static const char *const fixtures[] = {"tests/fixtures/families/gpt_oss", "tests/fixtures/families/deepseek_v2",
-                                           "tests/fixtures/families/phi3"};
+                                           "tests/fixtures/families/phi3", "tests/fixtures/families/gpt_oss-mxfp4"};
     static int ready;
     if (!ready)
         ready = make_dir() == 0 ? 1 : -1;
@@ -78,7 +78,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     const char *dirs[] = {"specs"};
     iflow_convert_opts o = {.dtype = -1, .spec_path = spec, .spec_dirs = dirs, .n_spec_dirs = 1};
-    iflow_convert(fixtures[data[0] % 3], out, &o);
+    iflow_convert(fixtures[data[0] % 4], out, &o);
     unlink(out);
     return 0;
 }
