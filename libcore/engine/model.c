@@ -257,7 +257,8 @@ static int read_extra_layers(iflow_hparams *hp, const json_t *h, const char *wha
 
 /* Multi-head latent attention (model.h): kv_lora_rank, q_lora_rank, qk_nope_dim (or qk_head_dim,
  * nope + rope), v_head_dim and rope_dim (the rotated part of each head) make the cache's one head
- * of R + rope_dim; the scores' scale the expanded heads' (nope + rope)^-1/2 unless attn_scale_dim says otherwise. */
+ * of R + rope_dim; the scores' scale is the expanded heads', (nope + rope)^-1/2, unless
+ * attn_scale_dim says otherwise. */
 static int read_mla(iflow_hparams *hp, const json_t *h, const char *what)
 {
     int rc, qk_head;

@@ -585,7 +585,8 @@ static int copy_part(iflow_model *m, int l, layer_part *p, int first)
         (rc = put_weight(m, p, &nd, &nh, w->wq, 0, wq0, wq1, wq_cols, 0, &o->wq)) ||
         (rc = put_weight(m, p, &nd, &nh, w->wk, 0, k0, k1, D, 0, &o->wk)) ||
         (rc = put_weight(m, p, &nd, &nh, w->wv, 0, k0, k1, D, 0, &o->wv)) ||
-        (rc = put_weight(m, p, &nd, &nh, w->wo, 1, wo0, wo1, D, wo_cols, &o->wo)) || (rc = copy_mla(m, l, p, &nd, &nh, w)) ||
+        (rc = put_weight(m, p, &nd, &nh, w->wo, 1, wo0, wo1, D, wo_cols, &o->wo)) ||
+        (rc = copy_mla(m, l, p, &nd, &nh, w)) ||
         (rc = put_vector(m, p, &nd, w->bq, q0, q1, &o->bq)) || (rc = put_vector(m, p, &nd, w->bk, k0, k1, &o->bk)) ||
         (rc = put_vector(m, p, &nd, w->bv, k0, k1, &o->bv)) ||
         (rc = put_vector(m, p, &nd, first ? w->bo : NULL, 0, D, &o->bo)) ||

@@ -269,8 +269,9 @@ static int mxfp4_pair(const job *j, const char *name, struct chain *c,
     for (int d = 0; ok && d < s->n_dims; d++)
         ok = s->shape[d] == b->shape[d];
     if (!ok)
-        return iflow_seterr(IFLOW_EFORMAT, "'%s': no MXFP4 pair %.*s_blocks [..][G][16] and _scales [..][G], U8, in '%s'",
-                            name, (int)(n - sfx), name, src_path(j));
+        return iflow_seterr(IFLOW_EFORMAT,
+                            "'%s': no MXFP4 pair %.*s_blocks [..][G][16] and _scales [..][G], U8, in '%s'", name,
+                            (int)(n - sfx), name, src_path(j));
     c->blocks = b, c->scales = s;
     c->mx = *b;
     c->mx.dtype = IFLOW_DT_F32, c->mx.dtype_name = "MXFP4", c->mx.data = NULL;
@@ -323,7 +324,8 @@ static int parse_chain(const job *j, const char *iflow_name, const char *name, c
     if (!mid && !mx && !(xpose && t && t->n_dims == 3))
         return 0;
     if (mx && xpose)
-        return iflow_seterr(IFLOW_EUNSUPPORTED, "'%s': an MXFP4 pair is not read transposed (it is [E][out][in])", name);
+        return iflow_seterr(IFLOW_EUNSUPPORTED, "'%s': an MXFP4 pair is not read transposed (it is [E][out][in])",
+                            name);
     c->on = 1, c->xpose = xpose;
     const char *colon = strchr(first, ':');
     const char *end1 = mid ? mid : name + n - 1;
@@ -768,7 +770,8 @@ static int tensor_payload(job *j, size_t i, int dt, const void **data, size_t *n
         const struct chain *c = &j->chain[i];
         const size_t es = w->dtype == IFLOW_DT_F32 ? 4 : 2, rows = (size_t)t->shape[0];
         const size_t cols = t->n_dims > 1 ? (size_t)t->shape[1] : 1;
-        const size_t R = w->n_dims == 3 ? (size_t)w->shape[1] : (size_t)w->shape[0], C = (size_t)w->shape[w->n_dims - 1];
+        const size_t R = w->n_dims == 3 ? (size_t)w->shape[1] : (size_t)w->shape[0];
+        const size_t C = (size_t)w->shape[w->n_dims - 1];
         unsigned char *g = malloc(rows * cols * es + 1);
         if (!g)
             return iflow_seterr(IFLOW_ENOMEM, "out of memory gathering rows of '%s'", w->name);

@@ -3,8 +3,9 @@
  * (sums of products of symbols, periodic ranges, ^T, chained ranges over 3-D tensors) and
  * alternatives, checked against the source's shapes, and the payloads they gather. The first
  * byte picks the fixture (tests/fixtures/families/: gpt_oss's 3-D experts, deepseek_v2's
- * kv_b_proj, phi3's fused qkv_proj, gpt_oss-mxfp4's MXFP4 pairs); the rest is the spec, written beside links to the .ini files of specs/
- * (a spec's base is looked up in its own folder). Run from the repository root. */
+ * kv_b_proj, phi3's fused qkv_proj, gpt_oss-mxfp4's MXFP4 pairs); the rest is the spec, written
+ * beside links to the .ini files of specs/ (a spec's base is looked up in its own folder). Run
+ * from the repository root. */
 #include <dirent.h>
 #include <limits.h>
 #include <stdint.h>

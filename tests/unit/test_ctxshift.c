@@ -133,8 +133,9 @@ static const float *ref_scale(const iflow_hparams *hp, float *out)
             continue;
         }
         if (hp->rope_scaling == IFLOW_ROPE_SCALING_YARN) { /* _compute_yarn_parameters, truncated */
-            double d = hp->rope_dim, lo = floor(d * log(old / (hp->rope_beta_fast * 2 * M_PI)) / (2 * log(hp->rope_theta)));
-            double hi = ceil(d * log(old / (hp->rope_beta_slow * 2 * M_PI)) / (2 * log(hp->rope_theta)));
+            const double d = hp->rope_dim, lb = 2 * log(hp->rope_theta);
+            double lo = floor(d * log(old / (hp->rope_beta_fast * 2 * M_PI)) / lb);
+            double hi = ceil(d * log(old / (hp->rope_beta_slow * 2 * M_PI)) / lb);
             lo = fmax(lo, 0), hi = fmin(hi, d - 1), hi += hi == lo ? 0.001 : 0;
             double ramp = fmin(fmax((i - lo) / (hi - lo), 0), 1), extra = 1 - ramp;
             out[i] = (float)(((inv / f) * (1 - extra) + inv * extra) / inv);

@@ -891,10 +891,10 @@ static void check_mla_quantized(void)
  * the clamped SwiGLU (limit 0.3), the router's bias on its logits */
 static int gpt_oss_hp(const iflow_hparams *hp)
 {
-    return hp->attn_sinks && hp->sliding_window == 5 && hp->window_pattern == 2 && hp->activation == IFLOW_ACT_SWIGLU_OAI &&
-           hp->swiglu_limit == 0.3f && fabsf(hp->swiglu_alpha - 1.702f) < 1e-6f && hp->expert_bias &&
-           hp->router_logit_bias && hp->expert_norm && hp->n_experts == 4 && hp->rope_scaling == IFLOW_ROPE_SCALING_YARN &&
-           !hp->rope_truncate && hp->attn_bias;
+    return hp->attn_sinks && hp->sliding_window == 5 && hp->window_pattern == 2 &&
+           hp->activation == IFLOW_ACT_SWIGLU_OAI && hp->swiglu_limit == 0.3f &&
+           fabsf(hp->swiglu_alpha - 1.702f) < 1e-6f && hp->expert_bias && hp->router_logit_bias && hp->expert_norm && hp->n_experts == 4 &&
+           hp->rope_scaling == IFLOW_ROPE_SCALING_YARN && !hp->rope_truncate && hp->attn_bias;
 }
 
 /* the release's form: the experts as MXFP4 pairs (blocks, scales), decoded by the converter; the

@@ -467,8 +467,8 @@ static void test_nemotron(void) { check_gguf("nemotron", "nemotron", "nemotron",
 static int qwen2_yarn_hp(const iflow_hparams *hp)
 {
     const double a = 0.1 * log(4.0) + 1.0;
-    return hp->rope_layout == IFK_ROPE_HALF && hp->rope_theta == 1e4f && hp->rope_scaling == IFLOW_ROPE_SCALING_YARN && hp->rope_orig_ctx == 8 &&
-           hp->rope_beta_fast == 32.0f && fabs(hp->attn_scale - a * a / sqrt(8.0)) < 1e-6;
+    return hp->rope_layout == IFK_ROPE_HALF && hp->rope_theta == 1e4f && hp->rope_scaling == IFLOW_ROPE_SCALING_YARN &&
+           hp->rope_orig_ctx == 8 && hp->rope_beta_fast == 32.0f && fabs(hp->attn_scale - a * a / sqrt(8.0)) < 1e-6;
 }
 
 /* deepseek2: latent attention from attn_kv_a_mqa, attn_k_b (3-D, each head's key rows
@@ -675,7 +675,8 @@ static void test_metadata_rules(void)
     static const char glm[] = "{\"general\": {\"architecture\": \"glm4moe\"}, \"glm4moe\": {\"block_count\": %d, "
                               "\"nextn_predict_layers\": 2, \"embedding_length\": 32, \"feed_forward_length\": 64, "
                               "\"attention\": {\"head_count\": 4}, \"expert_count\": 4, \"expert_used_count\": 2, "
-                              "\"expert_feed_forward_length\": 16}, \"tokenizer\": {\"ggml\": {\"tokens\": {\"count\": 128}}}}";
+                              "\"expert_feed_forward_length\": 16}, \"tokenizer\": {\"ggml\": {\"tokens\": "
+                              "{\"count\": 128}}}}";
     for (int layers = 2; layers <= 5; layers += 3) {
         char text[600];
         iflow_hparams g;
