@@ -562,10 +562,13 @@ static int target_type(const job *j, const iflow_tensor_req *r, int src_type)
     return j->o->dtype >= 0 ? j->o->dtype : src_type;
 }
 
-/* A matrix an adapter changes keeps a float source type; a quantized one's becomes F32. */
+/* A matrix an adapter changes keeps a float source type; a quantized one's becomes F32 (an
+ * MXFP4 pair's, BF16). */
 static int tensor_target(const job *j, size_t i)
 {
     int src = j->src[i] ? j->src[i]->dtype : IFLOW_DT_F32;
+    if (j->chain && j->chain[i].blocks) /* MXFP4's values (E2M1 times a power of two) are exact in BF16 */
+        src = IFLOW_DT_BF16;
     if (j->merged && j->merged[i] && !iflow_dtype_is_float(src))
         src = IFLOW_DT_F32;
     return target_type(j, &j->reqs[i], src);

@@ -261,10 +261,36 @@ static int q4_0_to_q4_b32(uint8_t *dst, const uint8_t *x, uint64_t n_blocks)
     return ok;
 }
 
-/* 1 if every block of a Q8_0 / Q4_0 tensor re-encodes exactly (its -128 d / -8 d fits F16). */
+/* MXFP4 (17 bytes) -> Q8_B32 (36): delta = 2^(e - 128), min = -12 delta, level = code + 12 (ggml's
+ * E2M1 codes are twice the value: -12 .. 12); element j and j + 16 from byte j's two nibbles. */
+static int mxfp4_to_q8_b32(uint8_t *dst, const uint8_t *x, uint64_t n_blocks)
+{
+    static const int8_t kv[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+    int ok = 1;
+    for (uint64_t b = 0; b < n_blocks && ok; b++, x += 17, dst += 36) {
+        const float d = ldexpf(1.0f, (int)x[0] - 128);
+        const uint16_t h = iflow_f32_to_f16(d), m = exact_min(d, 12.0f, &ok);
+        ok &= iflow_f16_to_f32(h) == d;
+        dst[0] = (uint8_t)h, dst[1] = (uint8_t)(h >> 8), dst[2] = (uint8_t)m, dst[3] = (uint8_t)(m >> 8);
+        for (int j = 0; j < 16; j++) {
+            dst[4 + j] = (uint8_t)(kv[x[1 + j] & 15] + 12);
+            dst[4 + j + 16] = (uint8_t)(kv[x[1 + j] >> 4] + 12);
+        }
+    }
+    return ok;
+}
+
+/* 1 if every block of a Q8_0 / Q4_0 tensor re-encodes exactly (its -128 d / -8 d fits F16), or
+ * of an MXFP4 one (its 2^(e - 128) and -12 times it fit F16). */
 static int reencodes_exactly(uint32_t type, const uint8_t *x, uint64_t n_blocks)
 {
     int ok = 1;
+    if (type == GGML_MXFP4) {
+        uint8_t tmp[36];
+        for (uint64_t b = 0; b < n_blocks && ok; b++)
+            ok = mxfp4_to_q8_b32(tmp, x + b * 17, 1);
+        return ok;
+    }
     size_t bb = type == GGML_Q8_0 ? 34 : 18;
     float scale = type == GGML_Q8_0 ? 128.0f : 8.0f;
     for (uint64_t b = 0; b < n_blocks && ok; b++)
@@ -282,6 +308,7 @@ static int native_dtype(uint32_t type, const uint8_t *data, uint64_t n)
     case GGML_Q4_1: return IFLOW_DT_Q4_B32;
     case GGML_Q4_0: return reencodes_exactly(type, data, n / 32) ? IFLOW_DT_Q4_B32 : IFLOW_DT_F32;
     case GGML_Q8_0: return reencodes_exactly(type, data, n / 32) ? IFLOW_DT_Q8_B32 : IFLOW_DT_F32;
+    case GGML_MXFP4: return reencodes_exactly(type, data, n / 32) ? IFLOW_DT_Q8_B32 : IFLOW_DT_F32;
     default: return can_dequantize(type) ? IFLOW_DT_F32 : -1;
     }
 }
@@ -520,6 +547,8 @@ int iflow_ggufsrc_payload(const iflow_ggufsrc *s, const iflow_src_tensor *t, int
     /* (a block that no longer re-encodes exactly means the file changed since it was opened) */
     if (dt == t->dtype && dt == IFLOW_DT_Q8_B32 && type == GGML_Q8_0)
         return q8_0_to_q8_b32(buf, x, n / 32) ? 0 : iflow_seterr(IFLOW_EIO, "tensor '%s' of '%s' changed while converting", t->name, iflow_gguf_name(s->g));
+    if (dt == t->dtype && dt == IFLOW_DT_Q8_B32 && type == GGML_MXFP4)
+        return mxfp4_to_q8_b32(buf, x, n / 32) ? 0 : iflow_seterr(IFLOW_EIO, "tensor '%s' of '%s' changed while converting", t->name, iflow_gguf_name(s->g));
     if (dt == t->dtype && dt == IFLOW_DT_Q4_B32 && type == GGML_Q4_0)
         return q4_0_to_q4_b32(buf, x, n / 32) ? 0 : iflow_seterr(IFLOW_EIO, "tensor '%s' of '%s' changed while converting", t->name, iflow_gguf_name(s->g));
     if (t->dtype < 0 || !iflow_dtype_is_float(dt))

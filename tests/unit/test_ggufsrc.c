@@ -30,7 +30,7 @@ static const struct {
     {"q5_0", "q5_0", IFLOW_DT_F32},     {"q5_1", "q5_1", IFLOW_DT_F32},     {"q2_k", "q2_k", IFLOW_DT_F32},
     {"q3_k", "q3_k", IFLOW_DT_F32},     {"q4_k", "q4_k", IFLOW_DT_F32},     {"q5_k", "q5_k", IFLOW_DT_F32},
     {"q6_k", "q6_k", IFLOW_DT_F32},     {"q4_0_big", "q4_0", IFLOW_DT_F32}, {"q8_0_big", "q8_0", IFLOW_DT_F32},
-    {"mxfp4", "mxfp4", IFLOW_DT_F32},
+    {"mxfp4", "mxfp4", IFLOW_DT_Q8_B32}, {"mxfp4_tiny", "mxfp4", IFLOW_DT_F32},
 };
 #define N_CASES (sizeof cases / sizeof cases[0])
 
