@@ -42,6 +42,7 @@ typedef struct {
                                     /*   rows c0 .. c1 - 1 (of every P: periodic; P 0: once)  */
         const iflow_src_tensor *blocks, *scales; /* NAME(mxfp4): Hugging Face's MXFP4 pair,  */
         iflow_src_tensor mx;        /*   read as mx, F32 [..][G * 32] without data (whole[i]) */
+        int q8;                     /*   every block re-encodes exactly as Q8_B32            */
     } *chain;
     iflow_tokrec tok;               /* the tokenizer's files, or a GGUF's vocabulary (vocab)  */
     void *vocab;                    /* malloc'd: a GGUF source's vocabulary, or NULL          */
@@ -249,6 +250,38 @@ static int parse_rows(const job *j, const char *iflow_name, const char *name, ch
     return 0;
 }
 
+/* MXFP4's E2M1 codes as twice their value (ggml's kvalues_mxfp4): value = code * 2^(scale - 128). */
+static const int8_t mxfp4_code[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* One MXFP4 group of an HF pair (16 bytes, its scale s) as a Q8_B32 block (36 bytes): delta
+ * 2^(s - 128), min -12 delta, level code + 12; a group of zeros with any scale: all zero. 0 when
+ * the delta or min does not fit F16 exactly. */
+static int mxfp4_q8_block(uint8_t *dst, const uint8_t *b, uint8_t s)
+{
+    int zeros = 1;
+    for (int k = 0; k < 16 && zeros; k++)
+        zeros = mxfp4_code[b[k] & 15] == 0 && mxfp4_code[b[k] >> 4] == 0;
+    const float d = zeros ? 0.0f : ldexpf(1.0f, (int)s - 128);
+    const uint16_t h = iflow_f32_to_f16(d), m = iflow_f32_to_f16(-12.0f * d);
+    dst[0] = (uint8_t)h, dst[1] = (uint8_t)(h >> 8), dst[2] = (uint8_t)m, dst[3] = (uint8_t)(m >> 8);
+    for (int k = 0; k < 16; k++) {
+        dst[4 + 2 * k] = (uint8_t)(mxfp4_code[b[k] & 15] + 12);
+        dst[4 + 2 * k + 1] = (uint8_t)(mxfp4_code[b[k] >> 4] + 12);
+    }
+    return iflow_f16_to_f32(h) == d && iflow_f16_to_f32(m) == -12.0f * d;
+}
+
+/* 1 if every group of pair c re-encodes exactly as Q8_B32. */
+static int mxfp4_fits_q8(const struct chain *c)
+{
+    const uint8_t *blk = c->blocks->data, *sc = c->scales->data;
+    uint8_t tmp[36];
+    for (size_t i = 0; i < c->scales->nbytes; i++)
+        if (!mxfp4_q8_block(tmp, blk + i * 16, sc[i]))
+            return 0;
+    return 1;
+}
+
 /* "STEM(mxfp4)": Hugging Face's MXFP4 pair (gpt-oss's released experts) STEM_blocks [..][G][16]
  * and STEM_scales [..][G], U8, into c->mx: a tensor [..][G * 32] of F32 values without data (the
  * payload decodes the rows it takes). 0 when name is no such form, 1, or < 0 when the pair is
@@ -282,6 +315,7 @@ static int mxfp4_pair(const job *j, const char *name, struct chain *c,
     for (int d = 0; d < c->mx.n_dims; d++)
         count *= (size_t)c->mx.shape[d];
     c->mx.nbytes = count * sizeof(float);
+    c->q8 = mxfp4_fits_q8(c);
     return 1;
 }
 
@@ -563,12 +597,12 @@ static int target_type(const job *j, const iflow_tensor_req *r, int src_type)
 }
 
 /* A matrix an adapter changes keeps a float source type; a quantized one's becomes F32 (an
- * MXFP4 pair's, BF16). */
+ * MXFP4 pair's: Q8_B32 when exact, else BF16). */
 static int tensor_target(const job *j, size_t i)
 {
     int src = j->src[i] ? j->src[i]->dtype : IFLOW_DT_F32;
-    if (j->chain && j->chain[i].blocks) /* MXFP4's values (E2M1 times a power of two) are exact in BF16 */
-        src = IFLOW_DT_BF16;
+    if (j->chain && j->chain[i].blocks) /* MXFP4 re-encodes exactly as Q8_B32 where its scales fit F16; */
+        src = j->chain[i].q8 ? IFLOW_DT_Q8_B32 : IFLOW_DT_BF16; /* its values are exact in BF16 anyway */
     if (j->merged && j->merged[i] && !iflow_dtype_is_float(src))
         src = IFLOW_DT_F32;
     return target_type(j, &j->reqs[i], src);
@@ -768,6 +802,18 @@ static int tensor_payload(job *j, size_t i, int dt, const void **data, size_t *n
     *data = *buf;
     if (t && j->gguf)
         return iflow_ggufsrc_payload(j->gguf, t, dt, data, *buf);
+    if (t && j->chain[i].blocks && dt == IFLOW_DT_Q8_B32 && j->chain[i].q8) { /* an MXFP4 pair's rows, exactly */
+        const struct chain *c = &j->chain[i];
+        const size_t cols = (size_t)t->shape[1], G = cols / 32;
+        const uint8_t *blk = c->blocks->data, *sc = c->scales->data;
+        uint8_t *out = *buf;
+        for (size_t k = 0; k < (size_t)t->shape[0]; k++) {
+            const size_t v = (size_t)chain_row(c, (long)k);
+            for (size_t g = 0; g < G; g++)
+                mxfp4_q8_block(out + (k * G + g) * 36, blk + (v * G + g) * 16, sc[v * G + g]);
+        }
+        return 0;
+    }
     if (t && j->chain[i].on) { /* rows of a view of whole (parse_chain), gathered, then converted */
         const iflow_src_tensor *w = j->whole[i];
         const struct chain *c = &j->chain[i];

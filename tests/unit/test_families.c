@@ -897,15 +897,32 @@ static int gpt_oss_hp(const iflow_hparams *hp)
            hp->rope_scaling == IFLOW_ROPE_SCALING_YARN && !hp->rope_truncate && hp->attn_bias;
 }
 
-/* the release's form: the experts as MXFP4 pairs (blocks, scales), decoded by the converter into
- * BF16 (exact for MXFP4's values; the BF16 products round the activations: 3.5e-5 of the 1e-4);
- * the reference decodes them with transformers' convert_moe_packed_tensors */
+/* the release's form: the experts as MXFP4 pairs (blocks, scales), re-encoded by the converter
+ * as Q8_B32 exactly (their scales fit F16); the products with F32 activations (the default
+ * rounds them to int8 a block: 3.8e-3 here), against transformers decoding the pairs with its
+ * convert_moe_packed_tensors */
 static int gpt_oss_mxfp4_hp(const iflow_hparams *hp) { return hp->attn_sinks && hp->expert_ffn_dim == 32; }
+
+static void check_gpt_oss_mxfp4(void)
+{
+    CHECK(iflow_kernel_set_activations("f32") == 0, "f32 activations");
+    check_family("gpt_oss-mxfp4", gpt_oss_mxfp4_hp);
+    iflow_kernel_set_activations("int");
+    char path[300];
+    snprintf(path, sizeof path, "%s/gpt_oss-mxfp4.ifs", dir);
+    iflow_shard *sh;
+    if (iflow_shard_open(&sh, path, 0) == 0) {
+        const iflow_shard_rec *t = iflow_shard_find(sh, "blk.1.ffn_up.3"), *b = iflow_shard_find(sh, "blk.1.ffn_up_b.3");
+        CHECK(t && t->dtype == IFLOW_DT_Q8_B32 && b && b->dtype == IFLOW_DT_F32, "an MXFP4 expert as Q8_B32 (%s)",
+              t ? iflow_dtype_name(t->dtype) : "missing");
+        iflow_shard_close(sh);
+    }
+}
 
 static void test_gpt_oss(void)
 {
     check_family("gpt_oss", gpt_oss_hp);
-    check_family("gpt_oss-mxfp4", gpt_oss_mxfp4_hp);
+    check_gpt_oss_mxfp4();
     check_moe_step("gpt_oss");
 }
 
