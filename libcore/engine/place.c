@@ -453,16 +453,13 @@ static int copy_low_rank(iflow_model *m, int l, layer_part *p, const layer_weigh
 }
 
 /* What the engine computes on the host only: residual_scale and clip_qkv (forward.c scales and
- * clamps in place), latent attention (forward.c's mla_attention_block). */
+ * clamps in place), attention sinks, rope_rot_scale; latent attention is refused by copy_mla,
+ * before it packs each head's matrices. */
 static int check_host_only(const iflow_model *m, int l, const layer_part *p)
 {
     if (m->hp.residual_scale > 0 && m->hp.residual_scale != 1.0f && !host_dev(dev_of(m, p->dev)))
         return iflow_seterr(IFLOW_EUNSUPPORTED, "layer %d scales its output by residual_scale %g, which is not "
                             "implemented on %s yet (it runs on the cpu)", l, m->hp.residual_scale,
-                            dev_name(dev_of(m, p->dev)));
-    if (m->hp.kv_lora_rank && !host_dev(dev_of(m, p->dev)))
-        return iflow_seterr(IFLOW_EUNSUPPORTED, "layer %d is latent attention (kv_lora_rank %d), which is not "
-                            "implemented on %s yet (it runs on the cpu)", l, m->hp.kv_lora_rank,
                             dev_name(dev_of(m, p->dev)));
     if (m->hp.attn_sinks && !host_dev(dev_of(m, p->dev)))
         return iflow_seterr(IFLOW_EUNSUPPORTED, "layer %d has attention sinks, which are not implemented on %s yet (it "
